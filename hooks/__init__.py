@@ -1,1 +1,35 @@
-"""Observers of a training run, one per file. The trainer calls the events of `hooks.base.Hook`."""
+"""Observers of a training run, one per file. The trainer calls the events of `hooks.base.Hook`.
+
+`build_hooks` is the standard set; the trainer calls each event on the hooks in list order.
+"""
+
+from __future__ import annotations
+
+from hooks.base import Hook, RunInfo, StopTraining
+from hooks.console import ConsoleHook
+from hooks.jsonl import JsonlHook, read_metrics
+from hooks.nan_guard import NanGuardHook
+from hooks.tensorboard import TensorBoardHook
+from hooks.total_batch import TotalBatchHook
+
+__all__ = [
+    "Hook", "RunInfo", "StopTraining", "ConsoleHook", "JsonlHook", "NanGuardHook",
+    "TensorBoardHook", "TotalBatchHook", "build_hooks", "read_metrics",
+]
+
+
+def build_hooks(workdir: str, *, log_every: int, nan_patience: int, tensorboard: bool = True,
+                console: bool = True) -> list[Hook]:
+    """The default hooks for a run writing under ``workdir``; build the same list on every rank.
+
+    Each hook decides for itself what a non-main rank does (only `NanGuardHook` acts there).
+    The NaN guard comes last so the step that stops the run is still logged by the others.
+    """
+    hooks: list[Hook] = [TotalBatchHook()]
+    if console:
+        hooks.append(ConsoleHook(log_every))
+    hooks.append(JsonlHook(workdir))
+    if tensorboard:
+        hooks.append(TensorBoardHook(workdir))
+    hooks.append(NanGuardHook(nan_patience))
+    return hooks

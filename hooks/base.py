@@ -11,7 +11,8 @@ Contract (who calls what, with which values):
   overflow skipped the update), ``images`` (int, images in this optimizer step over all ranks
   = the global batch), ``step_time`` (float s, wall time of this step), ``data_time`` (float s,
   of which waiting for the loader), ``images_per_s`` (float, all ranks), ``images_per_s_per_device``
-  (float), ``peak_mem_bytes`` (int, this process: CUDA max allocated on GPU, max RSS on CPU).
+  (float), ``peak_mem_bytes`` (int, this process: CUDA max allocated on GPU, max RSS on CPU),
+  ``allreduce_calls`` (int, gradient all-reduce calls this step on this rank; DDP buckets).
   Every rank receives the same values for the loss and the optimizer fields.
 * ``on_eval_end(run, m)``: ``m`` has ``step``, ``epoch``, ``val_top1``, ``val_top5`` (fractions in
   0..1), ``val_loss``, ``val_images`` (int, images counted over all ranks).

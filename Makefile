@@ -1,0 +1,31 @@
+# vitlarge: two commands on a fresh machine.
+#   make demo   creates .venv, installs requirements.txt, builds the digits data, trains on 2 CPU processes
+#   make test   the test suite (what CI runs)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+NPROC ?= 2
+
+.PHONY: demo test install bench clean-demo
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q -r requirements.txt
+	touch $@
+
+data/digits/dataset.json: | $(VENV)/.installed
+	$(PY) -m data_tools.make_demo_dataset data/digits
+
+demo: install data/digits/dataset.json
+	$(VENV)/bin/colossalai run --nproc_per_node $(NPROC) train.py --config recipes/demo_digits.py
+	$(PY) -m scripts.summarize runs/demo_digits
+
+test: install
+	$(PY) -m pytest tests
+
+bench: install
+	$(PY) -m benchmarks.run --quick
+
+clean-demo:
+	rm -rf runs/demo_digits

@@ -1,0 +1,114 @@
+"""Conversion throughput: data_tools.imagenet_to_tfrecord (2 workers) vs ``cp -r`` of the same tree.
+
+Run: ``python -m benchmarks.bench_convert [--quick]`` (CPU, 2 worker processes; quick: 1,200
+ImageNet-like JPEGs, ~75 MB, ~1 min including making the images once; full: 6,000).
+Writes ``benchmarks/results/convert.json``. Both sides read a page-cached source tree and write
+to the same file system; the converter also fsyncs every shard (cp does not). Each side runs
+``REPEATS`` times into a fresh directory, interleaved; we report medians of source bytes / wall
+seconds (converter: the whole ``convert()`` call, including starting its worker processes).
+Goal: converter >= 0.5x the bytes/s of ``cp -r``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results" / "convert.json"
+REPEATS = 3
+WORKERS = 2
+
+
+def bench_root() -> Path:
+    """Generated images and shards are cached here between runs (VITLARGE_BENCH_DIR overrides)."""
+    return Path(os.environ.get("VITLARGE_BENCH_DIR", os.path.join(tempfile.gettempdir(), "vitlarge-bench")))
+
+
+def bench_images(quick: bool) -> tuple[Path, int]:
+    """An ImageFolder tree of ImageNet-like JPEGs (made once); returns (root, total bytes)."""
+    from data_tools.make_bench_dataset import make_bench_dataset
+
+    n = 1200 if quick else 6000
+    root = bench_root() / f"jpeg-{n}"
+    make_bench_dataset(str(root), num_images=n, classes=10, val_fraction=0.1)
+    total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs if f.endswith(".JPEG"))
+    return root, total
+
+
+def bench_shards(quick: bool) -> Path:
+    """The same images converted to TFRecords (made once), for the loader benchmark."""
+    from data_tools.imagenet_to_tfrecord import convert
+
+    src, _ = bench_images(quick)
+    out = bench_root() / f"tfrecord-{src.name}"
+    if not (out / "dataset.json").exists():
+        convert(str(src), str(out), train_shards=8, val_shards=2, workers=WORKERS, progress=False)
+    return out
+
+
+def _warm(root: Path) -> None:
+    for d, _, fs in os.walk(root):
+        for f in fs:
+            with open(os.path.join(d, f), "rb") as fh:
+                while fh.read(1 << 20):
+                    pass
+
+
+def run(quick: bool) -> dict:
+    from data_tools.imagenet_to_tfrecord import convert
+
+    src, total = bench_images(quick)
+    _warm(src)
+    work = bench_root() / "convert-runs"
+    timings: dict[str, list[float]] = {"cp -r": [], "convert header-check": [], "convert decode-check": []}
+    for _ in range(REPEATS):
+        for name in timings:
+            shutil.rmtree(work, ignore_errors=True)
+            work.mkdir(parents=True)
+            t = time.perf_counter()
+            if name == "cp -r":
+                subprocess.run(["cp", "-r", str(src), str(work / "copy")], check=True)
+                subprocess.run(["sync"], check=True)  # the converter fsyncs; make cp pay for its writes too
+            else:
+                convert(str(src), str(work / "out"), train_shards=16, val_shards=2, workers=WORKERS, progress=False,
+                        check=name.split()[1].split("-")[0])
+            timings[name].append(time.perf_counter() - t)
+    shutil.rmtree(work, ignore_errors=True)
+    mbps = {k: total / statistics.median(v) / 1e6 for k, v in timings.items()}
+    result = {
+        "benchmark": "convert",
+        "quick": quick,
+        "images": len([1 for _, _, fs in os.walk(src) for f in fs if f.endswith(".JPEG")]),
+        "source_mb": round(total / 1e6, 1),
+        "workers": WORKERS,
+        "repeats": REPEATS,
+        "median_seconds": {k: round(statistics.median(v), 3) for k, v in timings.items()},
+        "all_seconds": {k: [round(x, 3) for x in v] for k, v in timings.items()},
+        "mb_per_s": {k: round(v, 1) for k, v in mbps.items()},
+        "ratio_vs_cp": {k: round(v / mbps["cp -r"], 2) for k, v in mbps.items() if k != "cp -r"},
+        "goal": "convert header-check >= 0.5x cp -r",
+        "cpu_count": os.cpu_count(),
+        "load_average_at_end": os.getloadavg(),
+    }
+    RESULTS.parent.mkdir(exist_ok=True)
+    tmp = RESULTS.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    os.replace(tmp, RESULTS)
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true")
+    print(json.dumps(run(p.parse_args().quick), indent=1))
+
+
+if __name__ == "__main__":
+    main()

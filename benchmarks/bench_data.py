@@ -1,0 +1,177 @@
+"""Training-input throughput on the CPU: our DALI TrainLoader vs torchvision, and DALI variants.
+
+Run: ``python -m benchmarks.bench_data [--quick]`` (CPU only, 2 DALI threads / 2 DataLoader
+workers; quick: 1,080 ImageNet-like train JPEGs (~62 KB, ~500x375), ~2 min; full: 5,400).
+Writes ``benchmarks/results/data.json``. Every contender produces 224x224 float CHW batches of
+64 with random-resized-crop (0.08-1 area, 3/4-4/3 ratio), horizontal flip and normalization.
+After warm-up batches we time ``batches`` batches; each contender runs ``REPEATS`` times,
+interleaved, and we report medians in images/s.
+
+Contenders:
+- ``dali_trainloader``: ``vitlarge.data.TrainLoader`` as the trainer uses it (into torch tensors).
+- ``dali_before_tuning``: the first version: ROI decode, then ``fn.resize`` with DALI's default
+  antialiasing, then crop_mirror_normalize.
+- ``dali_*`` variants: one change each (interpolation, full decode + ``random_resized_crop``,
+  prefetch depth), to show what mattered.
+- ``dali_decode_only``: reader + full-image decode and nothing else: the ceiling.
+- ``torchvision``: ``ImageFolder`` + ``RandomResizedCrop`` + flip + ``ToTensor`` + ``Normalize``,
+  ``DataLoader(num_workers=2)`` over the same JPEGs.
+Goal: ``dali_trainloader`` >= 2x ``torchvision``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results" / "data.json"
+REPEATS = 3
+BATCH, SIZE, THREADS = 64, 224, 2
+
+
+def _dali_variant(data_dir: str, *, decode: str = "roi", antialias: bool = False, interp: str = "linear",
+                  prefetch: int = 2, augment: bool = True):
+    """A raw DALI pipeline with one knob changed from the library's train pipeline."""
+    import nvidia.dali.fn as fn
+    import nvidia.dali.types as types
+    from nvidia.dali import pipeline_def
+
+    from vitlarge.data.loader import DEFAULT_MEAN, DEFAULT_STD
+    from vitlarge.data.manifest import check_shards, load_manifest
+    from vitlarge.data.pipelines import FEATURES
+
+    files = check_shards(load_manifest(data_dir), "train")
+    interp_type = {"linear": types.INTERP_LINEAR, "triangular": types.INTERP_TRIANGULAR, "nn": types.INTERP_NN}[interp]
+
+    @pipeline_def(batch_size=BATCH, num_threads=THREADS, device_id=None, seed=0, prefetch_queue_depth=prefetch)
+    def pipe():
+        data = fn.readers.tfrecord(path=[f for f, _ in files], index_path=[i for _, i in files], features=FEATURES,
+                                   random_shuffle=True, initial_fill=1024, stick_to_shard=True)
+        jpegs = data["image/encoded"]
+        if decode == "only":
+            return fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
+        if decode == "full":
+            images = fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
+            images = fn.random_resized_crop(images, size=[SIZE, SIZE], random_area=[0.08, 1.0],
+                                            random_aspect_ratio=[0.75, 4 / 3], antialias=antialias,
+                                            interp_type=interp_type)
+        else:
+            images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB,
+                                                   random_area=[0.08, 1.0], random_aspect_ratio=[0.75, 4 / 3])
+            images = fn.resize(images, size=[SIZE, SIZE], antialias=antialias, interp_type=interp_type)
+        return fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mean=list(DEFAULT_MEAN),
+                                        std=list(DEFAULT_STD), mirror=fn.random.coin_flip())
+
+    p = pipe()
+    p.build()
+    return p.run
+
+
+def _trainloader(data_dir: str):
+    import torch
+
+    from vitlarge.data import TrainLoader
+
+    loader = TrainLoader(data_dir, BATCH, SIZE, rank=0, world_size=1, device=torch.device("cpu"), seed=0,
+                         num_threads=THREADS, initial_fill=1024)
+    return lambda: next(loader)
+
+
+def _torchvision(image_root: str):
+    import torch
+    from torchvision import datasets, transforms
+
+    from vitlarge.data.loader import DEFAULT_MEAN, DEFAULT_STD
+
+    tf = transforms.Compose([
+        transforms.RandomResizedCrop(SIZE), transforms.RandomHorizontalFlip(), transforms.ToTensor(),
+        transforms.Normalize([m / 255 for m in DEFAULT_MEAN], [s / 255 for s in DEFAULT_STD]),
+    ])
+    ds = datasets.ImageFolder(os.path.join(image_root, "train"), tf)
+    dl = torch.utils.data.DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=THREADS, drop_last=True,
+                                     persistent_workers=True, prefetch_factor=2)
+    state = {"it": iter(dl)}
+
+    def step():
+        try:
+            return next(state["it"])
+        except StopIteration:
+            state["it"] = iter(dl)
+            return next(state["it"])
+
+    return step
+
+
+def _measure(step, batches: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        step()
+    t = time.perf_counter()
+    for _ in range(batches):
+        step()
+    return batches * BATCH / (time.perf_counter() - t)
+
+
+def run(quick: bool) -> dict:
+    import torch
+
+    from benchmarks.bench_convert import bench_images, bench_shards
+
+    torch.set_num_threads(1)  # the main process only copies; leave the cores to the pipelines
+    image_root, _ = bench_images(quick)
+    data_dir = str(bench_shards(quick))
+    batches = 15 if quick else 60
+    contenders = {
+        "dali_trainloader": lambda: _trainloader(data_dir),
+        "dali_before_tuning": lambda: _dali_variant(data_dir, antialias=True),
+        "dali_roi_linear_noaa": lambda: _dali_variant(data_dir),
+        "dali_roi_triangular": lambda: _dali_variant(data_dir, interp="triangular", antialias=True),
+        "dali_roi_nearest": lambda: _dali_variant(data_dir, interp="nn"),
+        "dali_fulldecode_random_resized_crop": lambda: _dali_variant(data_dir, decode="full"),
+        "dali_prefetch1": lambda: _dali_variant(data_dir, prefetch=1),
+        "dali_prefetch3": lambda: _dali_variant(data_dir, prefetch=3),
+        "dali_decode_only": lambda: _dali_variant(data_dir, decode="only"),
+        "torchvision": lambda: _torchvision(str(image_root)),
+    }
+    samples: dict[str, list[float]] = {k: [] for k in contenders}
+    for _ in range(REPEATS):
+        for name, make in contenders.items():
+            step = make()
+            samples[name].append(_measure(step, batches))
+            del step
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    result = {
+        "benchmark": "data",
+        "quick": quick,
+        "batch_size": BATCH,
+        "image_size": SIZE,
+        "threads_or_workers": THREADS,
+        "timed_batches": batches,
+        "repeats": REPEATS,
+        "images_per_s_median": {k: round(v, 1) for k, v in med.items()},
+        "images_per_s_all": {k: [round(x, 1) for x in v] for k, v in samples.items()},
+        "trainloader_vs_torchvision": round(med["dali_trainloader"] / med["torchvision"], 2),
+        "before_tuning_vs_torchvision": round(med["dali_before_tuning"] / med["torchvision"], 2),
+        "trainloader_pct_of_decode_only": round(100 * med["dali_trainloader"] / med["dali_decode_only"], 1),
+        "goal": "dali_trainloader >= 2x torchvision",
+        "cpu_count": os.cpu_count(),
+        "load_average_at_end": os.getloadavg(),
+    }
+    RESULTS.parent.mkdir(exist_ok=True)
+    tmp = RESULTS.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    os.replace(tmp, RESULTS)
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true")
+    print(json.dumps(run(p.parse_args().quick), indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,218 @@
+"""Find the images of an ImageFolder-style tree and their classes; prepare each for a record.
+
+Layout: ``ROOT/train/<class>/*`` and either ``ROOT/val/<class>/*`` or a flat ``ROOT/val/*`` with a
+labels file (Kaggle's ``LOC_val_solution.csv`` or ``filename class`` lines). Class names sort to
+labels; the ImageNet synsets get their WordNet lemmas (shipped with timm) as ``image/class/text``.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import io
+import os
+from dataclasses import dataclass
+
+from PIL import Image
+
+from vitlarge.errors import UserError
+
+Image.MAX_IMAGE_PIXELS = None  # local, trusted source images; some real photos are very large
+JPEG_QUALITY = 95  # for the few images we must re-encode (PNG, CMYK, grayscale)
+
+
+@dataclass(frozen=True)
+class Item:
+    """One source image and what its record will say about it."""
+
+    path: str
+    label: int  # stored label: class index + label offset
+    synset: str
+    text: str
+    size: int  # bytes on disk, for the resume digest and progress
+
+
+class BadImage(Exception):
+    """A source file that is not a readable image; ``args[0]`` is its path, ``args[1]`` why."""
+
+
+def _files(d: str) -> list[str]:
+    return sorted(
+        os.path.join(d, n) for n in os.listdir(d)
+        if not n.startswith(".") and os.path.isfile(os.path.join(d, n))
+    )
+
+
+def _class_dirs(split_dir: str) -> list[str]:
+    return sorted(
+        n for n in os.listdir(split_dir)
+        if not n.startswith(".") and os.path.isdir(os.path.join(split_dir, n))
+    )
+
+
+def class_texts(synsets: list[str]) -> dict[str, str]:
+    """WordNet lemmas for ImageNet synsets from timm's bundled table; other names map to ""."""
+    spec = importlib.util.find_spec("timm")  # locate the table without importing torch
+    texts: dict[str, str] = {}
+    if spec and spec.origin:
+        table = os.path.join(os.path.dirname(spec.origin), "data", "_info", "imagenet_synset_to_lemma.txt")
+        if os.path.exists(table):
+            wanted = set(synsets)
+            with open(table) as f:
+                for line in f:
+                    key, _, text = line.rstrip("\n").partition("\t")
+                    if key in wanted:
+                        texts[key] = text
+    return {s: texts.get(s, "") for s in synsets}
+
+
+def discover(src: str, val_labels: str | None, label_offset: int) -> tuple[list[str], dict[str, list[Item]]]:
+    """Return (sorted class names, {"train": items, "validation": items}); UserError on bad layout."""
+    if not os.path.isdir(src):
+        raise UserError(f"{src}: source directory does not exist; pass --src ROOT with ROOT/train/<class>/*")
+    train_dir = os.path.join(src, "train")
+    if not os.path.isdir(train_dir):
+        raise UserError(f"{train_dir}: missing; the source needs ROOT/train/<class>/* (ImageFolder layout)")
+    classes = _class_dirs(train_dir)
+    if not classes:
+        raise UserError(f"{train_dir}: no class directories; expected ROOT/train/<class>/<image>")
+    texts = class_texts(classes)
+    label_of = {c: i + label_offset for i, c in enumerate(classes)}
+
+    def item(path: str, cls: str) -> Item:
+        return Item(path, label_of[cls], cls, texts[cls], os.path.getsize(path))
+
+    splits = {"train": []}
+    for c in classes:
+        files = _files(os.path.join(train_dir, c))
+        if not files:
+            raise UserError(f"{os.path.join(train_dir, c)}: empty class directory; add images or remove it")
+        splits["train"] += [item(p, c) for p in files]
+
+    val_dir = os.path.join(src, "val")
+    if os.path.isdir(val_dir):
+        val_classes = _class_dirs(val_dir)
+        flat = _files(val_dir)
+        if val_classes and not flat:
+            splits["validation"] = []
+            for c in val_classes:
+                d = os.path.join(val_dir, c)
+                if c not in label_of:
+                    raise UserError(
+                        f"{d}: class '{c}' is not in {train_dir}; validation classes must be a subset "
+                        "of the training classes (rename or remove it)"
+                    )
+                files = _files(d)
+                if not files:
+                    raise UserError(f"{d}: empty class directory; add images or remove it")
+                splits["validation"] += [item(p, c) for p in files]
+        elif flat:
+            if not val_labels:
+                raise UserError(
+                    f"{val_dir}: flat validation directory needs labels; pass --val-labels "
+                    "LOC_val_solution.csv (Kaggle) or a file of 'filename class' lines"
+                )
+            labels = read_val_labels(val_labels)
+            splits["validation"] = []
+            for p in flat:
+                name = os.path.basename(p)
+                cls = labels.get(name, labels.get(os.path.splitext(name)[0]))
+                if cls is None:
+                    raise UserError(f"{p}: no label in {val_labels}; add a line for it or remove the image")
+                if cls not in label_of:
+                    raise UserError(
+                        f"{val_labels}: class '{cls}' (for {name}) is not in {train_dir}; "
+                        "fix the labels file or add the class to train"
+                    )
+                splits["validation"].append(item(p, cls))
+    return classes, splits
+
+
+def read_val_labels(path: str) -> dict[str, str]:
+    """{filename or stem: class} from Kaggle's LOC_val_solution.csv or ``filename class`` lines."""
+    if not os.path.isfile(path):
+        raise UserError(f"{path}: validation labels file not found; pass an existing --val-labels")
+    out: dict[str, str] = {}
+    with open(path, newline="") as f:
+        first = f.readline()
+        f.seek(0)
+        if first.startswith("ImageId,PredictionString"):
+            for row in csv.DictReader(f):
+                tokens = row["PredictionString"].split()
+                if tokens:
+                    out[row["ImageId"]] = tokens[0]
+        else:
+            for n, line in enumerate(f, 1):
+                parts = line.replace(",", " ").split()
+                if not parts:
+                    continue
+                if len(parts) != 2:
+                    raise UserError(
+                        f"{path}:{n}: expected 'filename class', got {line.strip()!r}; "
+                        "fix the line or use Kaggle's LOC_val_solution.csv"
+                    )
+                out[parts[0]] = parts[1]
+    if not out:
+        raise UserError(f"{path}: no labels found; expected 'filename class' lines or LOC_val_solution.csv")
+    return out
+
+
+# Frame headers we pass through untouched: baseline, extended and progressive Huffman JPEG.
+# Anything else (lossless, arithmetic coding, 12-bit) goes through PIL like a non-JPEG file.
+_SOF_FAST = {0xC0, 0xC1, 0xC2}
+
+
+def jpeg_frame(data: bytes) -> tuple[int, int, int] | None:
+    """(height, width, components) from a JPEG's frame header, or None if not a plain 8-bit JPEG.
+
+    Walks the marker segments up to the frame header (tens of microseconds; PIL's parser takes
+    ~10x longer and dominated the conversion time).
+    """
+    if data[:2] != b"\xff\xd8":
+        return None
+    i, n = 2, len(data)
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        length = (data[i + 2] << 8) | data[i + 3]
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            if marker not in _SOF_FAST or i + 10 > n or data[i + 4] != 8:
+                return None
+            return (data[i + 5] << 8) | data[i + 6], (data[i + 7] << 8) | data[i + 8], data[i + 9]
+        if marker in (0xD9, 0xDA):  # end of image or start of scan before any frame header
+            return None
+        i += 2 + length
+    return None
+
+
+def prepare_image(path: str, check: str = "header") -> tuple[bytes, int, int, bool]:
+    """Return (RGB JPEG bytes, height, width, re-encoded?) or raise BadImage.
+
+    Three-component 8-bit JPEGs keep their original bytes. Anything else PIL can read (PNG, CMYK
+    or grayscale JPEG, whatever the file extension says) is re-encoded as RGB JPEG.
+    ``check="header"`` parses the headers and requires the JPEG end marker, decoding only files
+    without it (truncated files fail the decode; files with trailing bytes pass);
+    ``check="decode"`` decodes every image.
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        frame = jpeg_frame(data)
+        if frame is not None and frame[2] == 3 and frame[0] > 0 and frame[1] > 0:
+            if check == "decode" or not data.endswith(b"\xff\xd9"):
+                Image.open(io.BytesIO(data)).load()
+            return data, frame[0], frame[1], False
+        im = Image.open(io.BytesIO(data))
+        width, height = im.size
+        im.load()
+        if im.format == "JPEG" and im.mode == "RGB":  # e.g. arithmetic-coded: PIL reads it as is
+            return data, height, width, False
+        out = io.BytesIO()
+        im.convert("RGB").save(out, "JPEG", quality=JPEG_QUALITY)
+        return out.getvalue(), height, width, True
+    except (OSError, SyntaxError, ValueError, IndexError, Image.DecompressionBombError) as e:
+        raise BadImage(path, str(e) or type(e).__name__) from None

@@ -1,0 +1,352 @@
+"""Convert an ImageFolder-style JPEG tree (ImageNet or any other) to TFRecord shards for DALI.
+
+    python -m data_tools.imagenet_to_tfrecord --src /data/imagenet --out /data/imagenet-tfr \\
+        --workers 16            # ImageNet: ~1.28M + 50K images, 1024 + 128 shards
+
+Output in OUT: ``train-NNNNN-of-01024`` / ``validation-NNNNN-of-00128`` shards of
+``tf.train.Example`` records with the schema of TensorFlow's ImageNet records (original JPEG
+bytes, ``image/class/label`` = 1 + sorted class index), a DALI index ``<shard>.idx`` next to each,
+and ``dataset.json`` (see vitlarge/data/manifest.py). Train examples are shuffled across shards
+with ``--seed``.
+
+Resumable: each committed shard gets a done-record in ``OUT/.progress/``; a rerun keeps shards
+whose record, size and index still match and whose input list is unchanged, and redoes the rest.
+Shards are written as ``*.tmp``, fsynced and renamed, so a killed run leaves no partial file
+under a final name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import queue
+import random
+import signal
+import sys
+import time
+from dataclasses import asdict
+
+from data_tools import imagefolder, tfrecord_io
+from data_tools.imagefolder import BadImage, Item
+from vitlarge.data.manifest import (
+    ClassInfo, Manifest, ShardInfo, load_manifest, shard_name, write_manifest,
+)
+from vitlarge.errors import UserError
+
+TOOL = "data_tools.imagenet_to_tfrecord"
+TOOL_VERSION = "1.0.0"
+LABEL_OFFSET = 1  # TF ImageNet records reserve label 0 for "background"
+PROGRESS_DIR = ".progress"
+KILL_ENV = "VITLARGE_TEST_KILL_AT"  # test-only: "<shard>:<record>" -> SIGKILL self mid-shard
+
+
+def example_features(item: Item, jpeg: bytes, height: int, width: int) -> dict:
+    return {
+        "image/encoded": (jpeg, "byte"),
+        "image/format": (b"JPEG", "byte"),
+        "image/colorspace": (b"RGB", "byte"),
+        "image/channels": (3, "int"),
+        "image/height": (height, "int"),
+        "image/width": (width, "int"),
+        "image/class/label": (item.label, "int"),
+        "image/class/synset": (item.synset.encode(), "byte"),
+        "image/class/text": (item.text.encode(), "byte"),
+        "image/filename": (os.path.basename(item.path).encode(), "byte"),
+    }
+
+
+def plan_shards(items: list[Item], num_shards: int, split: str, shuffle_seed: int | None) -> list[tuple[str, list[Item]]]:
+    """Split items into contiguous, near-equal shards; train is shuffled first with a fixed seed."""
+    items = list(items)
+    if shuffle_seed is not None:
+        random.Random(shuffle_seed).shuffle(items)
+    n = min(num_shards, len(items))  # never an empty shard: DALI can't index one
+    return [
+        (shard_name(split, i, n), items[i * len(items) // n:(i + 1) * len(items) // n])
+        for i in range(n)
+    ]
+
+
+def inputs_digest(items: list[Item], skip_bad: bool, check: str) -> str:
+    h = hashlib.sha256(f"{TOOL_VERSION}|{skip_bad}|{check}".encode())
+    for it in items:
+        h.update(f"\n{it.path}|{it.size}|{it.label}|{it.synset}".encode())
+    return h.hexdigest()
+
+
+# --- worker side -------------------------------------------------------------------------------
+
+_progress_queue = None
+
+
+def _init_worker(q) -> None:
+    global _progress_queue
+    _progress_queue = q
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and cleans up
+
+
+def write_shard(out_dir: str, name: str, items: list[Item], skip_bad: bool, check: str, digest: str) -> dict:
+    """Write one shard + index atomically and its done-record; return the done-record."""
+    path = os.path.join(out_dir, name)
+    kill_at = os.environ.get(KILL_ENV, "")
+    try:
+        record = _write_records(path, name, items, skip_bad, check, kill_at)
+    except OSError as e:  # name the file even when a buffered write or fsync failed
+        raise OSError(e.errno, e.strerror, e.filename or path + tfrecord_io.TMP_SUFFIX) from None
+    record["inputs"] = digest
+    tfrecord_io.write_text_atomic(os.path.join(out_dir, PROGRESS_DIR, name + ".json"), json.dumps(record))
+    return record
+
+
+def _write_records(path, name, items, skip_bad, check, kill_at) -> dict:
+    skipped, reencoded, pending = [], 0, [0, 0]
+    with tfrecord_io.ShardWriter(path) as writer:
+        for n, item in enumerate(items):
+            if kill_at == f"{name}:{n}":
+                writer.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
+            try:
+                jpeg, height, width, was_reencoded = imagefolder.prepare_image(item.path, check)
+            except BadImage as e:
+                if not skip_bad:
+                    raise
+                skipped.append([e.args[0], e.args[1]])
+                print(f"skipped {e.args[0]}: {e.args[1]}", file=sys.stderr)
+                continue
+            reencoded += was_reencoded
+            writer.write(tfrecord_io.encode_example(example_features(item, jpeg, height, width)))
+            pending[0] += 1
+            pending[1] += item.size
+            if pending[0] >= 32 and _progress_queue is not None:
+                _progress_queue.put(tuple(pending))
+                pending = [0, 0]
+        if not writer.num_records:
+            raise UserError(f"{path}: every image of this shard was unreadable; check the source")
+        written = writer.commit()
+    if _progress_queue is not None and pending[0]:
+        _progress_queue.put(tuple(pending))
+    return {
+        "shard": name, "num_records": written.num_records, "bytes": written.bytes,
+        "checksum": written.checksum, "skipped": skipped, "reencoded": reencoded,
+    }
+
+
+# --- driver side -------------------------------------------------------------------------------
+
+def _done_record(out_dir: str, name: str, digest: str) -> dict | None:
+    """The shard's done-record if the shard on disk is complete and made from the same inputs."""
+    try:
+        with open(os.path.join(out_dir, PROGRESS_DIR, name + ".json")) as f:
+            rec = json.load(f)
+        path = os.path.join(out_dir, name)
+        if rec["inputs"] != digest or os.path.getsize(path) != rec["bytes"]:
+            return None
+        with open(path + ".idx") as f:
+            if sum(1 for line in f if line.strip()) != rec["num_records"]:
+                return None
+        return rec
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _prepare_out_dir(out_dir: str) -> None:
+    try:
+        os.makedirs(os.path.join(out_dir, PROGRESS_DIR), exist_ok=True)
+        probe = os.path.join(out_dir, ".write-test.tmp")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        raise UserError(f"{out_dir}: output directory is not writable ({e.strerror}); choose another --out") from None
+    for n in os.listdir(out_dir):  # leftovers of a killed run; their shards are redone
+        if n.endswith(tfrecord_io.TMP_SUFFIX):
+            os.remove(os.path.join(out_dir, n))
+
+
+class _Rate:
+    """Images/s and MB/s over the whole run, for the progress bar and the summary."""
+
+    def __init__(self):
+        self.t0, self.images, self.bytes = time.perf_counter(), 0, 0
+
+    def __str__(self):
+        dt = max(time.perf_counter() - self.t0, 1e-9)
+        return f"{self.images / dt:,.0f} img/s, {self.bytes / dt / 1e6:,.0f} MB/s"
+
+
+def convert(src: str, out: str, *, train_shards: int = 1024, val_shards: int = 128, workers: int | None = None,
+            skip_bad: bool = False, val_labels: str | None = None, seed: int = 0, check: str = "header",
+            progress: bool = True) -> Manifest:
+    """Convert ``src`` into ``out``; return the manifest written. Raises UserError on bad input."""
+    if workers is None:
+        workers = os.cpu_count() or 1
+    classes, splits = imagefolder.discover(src, val_labels, LABEL_OFFSET)
+    texts = imagefolder.class_texts(classes)
+    _prepare_out_dir(out)
+
+    plans = {
+        "train": plan_shards(splits["train"], train_shards, "train", seed),
+    }
+    if splits.get("validation"):
+        plans["validation"] = plan_shards(splits["validation"], val_shards, "validation", None)
+    tasks, records = [], {}
+    for split, shards in plans.items():
+        for name, items in shards:
+            digest = inputs_digest(items, skip_bad, check)
+            rec = _done_record(out, name, digest)
+            if rec is None:
+                tasks.append((name, items, digest))
+            else:
+                records[name] = rec
+    todo_images = sum(len(t[1]) for t in tasks)
+    if tasks:
+        print(f"{src} -> {out}: {len(tasks)} shards to write ({todo_images:,} images), "
+              f"{len(records)} complete shards kept", file=sys.stderr)
+    rate = _Rate()
+    records.update(_run_tasks(out, tasks, skip_bad, check, workers, todo_images, rate, progress))
+
+    manifest = Manifest(
+        num_classes=len(classes),
+        label_offset=LABEL_OFFSET,
+        classes=[ClassInfo(i + LABEL_OFFSET, c, texts[c]) for i, c in enumerate(classes)],
+        splits={
+            split: [
+                ShardInfo(name, name + ".idx", records[name]["num_records"], records[name]["bytes"],
+                          records[name]["checksum"])
+                for name, _ in shards
+            ]
+            for split, shards in plans.items()
+        },
+        skipped={split: sum(len(records[n]["skipped"]) for n, _ in shards) for split, shards in plans.items()},
+        tool=TOOL,
+        tool_version=TOOL_VERSION,
+        data_dir=out,
+    )
+    write_manifest(manifest, out)
+    skipped = [s for r in records.values() for s in r["skipped"]]
+    if skipped:
+        tfrecord_io.write_text_atomic(os.path.join(out, "skipped.txt"), "".join(f"{p}\t{why}\n" for p, why in skipped))
+    counts = ", ".join(f"{s}: {manifest.num_examples(s):,} images in {len(manifest.shards(s))} shards" for s in plans)
+    extra = f"; {len(skipped)} unreadable images skipped (listed in {os.path.join(out, 'skipped.txt')})" if skipped else ""
+    reenc = sum(r["reencoded"] for r in records.values())
+    print(f"wrote {os.path.join(out, 'dataset.json')}: {counts}; {manifest.num_classes} classes; "
+          f"{reenc} images re-encoded as RGB JPEG{extra}" + (f"; {rate}" if tasks else ""), file=sys.stderr)
+    return load_manifest(out)
+
+
+def _run_tasks(out, tasks, skip_bad, check, workers, todo_images, rate, progress) -> dict:
+    if not tasks:
+        return {}
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    bar = Progress(TextColumn("converting"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
+                   TimeRemainingColumn(), disable=not progress, transient=False)
+    records = {}
+    with bar:
+        task = bar.add_task("convert", total=todo_images, rate="")
+
+        def advance(n, nbytes):
+            rate.images += n
+            rate.bytes += nbytes
+            bar.update(task, advance=n, rate=str(rate))
+
+        if workers <= 0:  # in-process: debugging and tests
+            for name, items, digest in tasks:
+                rec = _guard(lambda: write_shard(out, name, items, skip_bad, check, digest), skip_bad)
+                records[name] = rec
+                advance(rec["num_records"] + len(rec["skipped"]), sum(i.size for i in items))
+            return records
+        ctx = mp.get_context(_start_method())
+        q = ctx.Queue()
+        pool = cf.ProcessPoolExecutor(min(workers, len(tasks)), mp_context=ctx, initializer=_init_worker, initargs=(q,))
+        try:
+            futures = {pool.submit(write_shard, out, n, items, skip_bad, check, d): (n, items) for n, items, d in tasks}
+            pending = set(futures)
+            while pending:
+                done, pending = cf.wait(pending, timeout=0.2, return_when=cf.FIRST_COMPLETED)
+                _drain(q, advance)
+                for f in done:
+                    rec = _guard(f.result, skip_bad)
+                    records[rec["shard"]] = rec
+                    if skip_bad and rec["skipped"]:
+                        advance(len(rec["skipped"]), 0)
+            _drain(q, advance)
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
+    return records
+
+
+def _start_method() -> str:
+    """fork (workers start in milliseconds) unless this process has loaded torch or DALI.
+
+    Their thread pools may hold locks at fork time and deadlock the child, so a process that
+    imported them (a test session, a notebook) pays spawn's ~0.5 s of imports per worker instead.
+    """
+    threaded = any(m in sys.modules for m in ("torch", "nvidia.dali.backend_impl"))
+    return "fork" if not threaded and "fork" in mp.get_all_start_methods() else "spawn"
+
+
+def _drain(q, advance) -> None:
+    while True:
+        try:
+            n, nbytes = q.get_nowait()
+        except queue.Empty:
+            return
+        advance(n, nbytes)
+
+
+def _guard(fn, skip_bad: bool):
+    """Run a shard task, turning bad images and I/O failures into one-line UserErrors."""
+    try:
+        return fn()
+    except BadImage as e:
+        raise UserError(
+            f"{e.args[0]}: unreadable image ({e.args[1]}); replace or remove it, or rerun with --skip-bad "
+            "to skip and count such files (complete shards are kept)"
+        ) from None
+    except OSError as e:
+        where = e.filename or "output"
+        if e.errno == 28:  # ENOSPC
+            raise UserError(
+                f"{where}: disk full while writing (partial files removed); free space or choose another "
+                "--out, then rerun: complete shards are kept"
+            ) from None
+        raise UserError(f"{where}: {e.strerror or e}; fix the file system problem and rerun") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m data_tools.imagenet_to_tfrecord", description=__doc__.split("\n\n")[0])
+    p.add_argument("--src", required=True, help="ROOT with ROOT/train/<class>/* and ROOT/val/...")
+    p.add_argument("--out", required=True, help="output directory for shards, indexes and dataset.json")
+    p.add_argument("--train-shards", type=int, default=1024)
+    p.add_argument("--val-shards", type=int, default=128)
+    p.add_argument("--workers", type=int, default=os.cpu_count(), help="processes; 0 = in-process")
+    p.add_argument("--val-labels", help="labels for a flat ROOT/val: LOC_val_solution.csv or 'filename class' lines")
+    bad = p.add_mutually_exclusive_group()
+    bad.add_argument("--skip-bad", action="store_true", help="skip unreadable images, report and count them")
+    bad.add_argument("--fail-on-bad", dest="skip_bad", action="store_false", help="stop at the first unreadable image (default)")
+    p.add_argument("--check", choices=("header", "decode"), default="header",
+                   help="header: parse headers, require the JPEG end marker (fast); decode: decode every image")
+    p.add_argument("--seed", type=int, default=0, help="train shuffle seed")
+    p.add_argument("--no-progress", action="store_true")
+    a = p.parse_args(argv)
+    if a.train_shards < 1 or a.val_shards < 1:
+        p.error("--train-shards and --val-shards must be >= 1")
+    try:
+        convert(a.src, a.out, train_shards=a.train_shards, val_shards=a.val_shards, workers=a.workers,
+                skip_bad=a.skip_bad, val_labels=a.val_labels, seed=a.seed, check=a.check,
+                progress=not a.no_progress)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

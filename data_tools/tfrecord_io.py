@@ -1,0 +1,254 @@
+"""TFRecord framing, tf.train.Example encoding, DALI index files and atomic shard writing.
+
+A TFRecord file is a sequence of records framed as
+``uint64 length | uint32 masked_crc32c(length) | payload | uint32 masked_crc32c(payload)``
+(little endian); TensorFlow, DALI and the ``tfrecord`` package all read this framing. The payload
+is a serialized ``tf.train.Example`` built with the ``tfrecord`` package's protobuf classes; the
+tests read every shard back with that package's reader.
+
+A DALI index file (``<shard>.idx``) has one line ``offset size`` per record, where ``size``
+includes the 16 bytes of framing -- the format DALI's ``tfrecord2idx`` writes.
+
+Nothing here leaves a partial file under a final name: shards and indexes are written to
+``*.tmp``, fsynced and renamed.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import struct
+import sys
+from dataclasses import dataclass
+
+import crc32c
+
+from vitlarge.errors import UserError
+
+
+def example_pb2():
+    """The ``tfrecord`` package's protobuf module, imported without its torch helpers.
+
+    ``import tfrecord`` also imports ``tfrecord.torch``, i.e. torch (~3 s); hide it meanwhile.
+    """
+    hide = "tfrecord" not in sys.modules and "tfrecord.torch" not in sys.modules
+    if hide:
+        sys.modules["tfrecord.torch"] = None  # type: ignore[assignment]
+    try:
+        from tfrecord import example_pb2 as pb2
+    finally:
+        if hide:
+            del sys.modules["tfrecord.torch"]
+    return pb2
+
+
+_EXAMPLE = example_pb2().Example
+_HEADER = struct.Struct("<QI")
+_FOOTER = struct.Struct("<I")
+FRAMING_BYTES = _HEADER.size + _FOOTER.size  # 16
+TMP_SUFFIX = ".tmp"
+_CRC_MASK_DELTA = 0xA282EAD8
+
+# Test-only fault injection: a writer raises ENOSPC once a shard grows past this many bytes.
+# Lets tests on machines without a mountable small tmpfs exercise the disk-full path.
+ENOSPC_ENV = "VITLARGE_TEST_ENOSPC_AFTER_BYTES"
+
+
+def _mask(crc: int) -> bytes:
+    return _FOOTER.pack((((crc >> 15) | (crc << 17)) + _CRC_MASK_DELTA) & 0xFFFFFFFF)
+
+
+def _masked_crc(data: bytes) -> bytes:
+    return _mask(crc32c.crc32c(data))
+
+
+def frame(payload: bytes) -> bytes:
+    """One TFRecord record: length, masked CRC32C of length, payload, masked CRC32C of payload."""
+    length = struct.pack("<Q", len(payload))
+    return b"".join((length, _masked_crc(length), payload, _masked_crc(payload)))
+
+
+def encode_example(features: dict[str, tuple[object, str]]) -> bytes:
+    """Serialize a ``tf.train.Example``; ``features`` maps name -> (value, "byte"|"int"|"float").
+
+    Uses the ``tfrecord`` package's protobuf classes with deterministic serialization (map keys
+    sorted), so the same inputs give the same bytes in any process: a resumed conversion matches
+    an uninterrupted one byte for byte.
+    """
+    ex = _EXAMPLE()
+    fmap = ex.features.feature
+    for key, (value, kind) in features.items():
+        values = value if isinstance(value, (list, tuple)) else (value,)
+        feat = fmap[key]
+        {"byte": feat.bytes_list, "int": feat.int64_list, "float": feat.float_list}[kind].value.extend(values)
+    return ex.SerializeToString(deterministic=True)
+
+
+def decode_example(payload: bytes) -> dict[str, object]:
+    """Parse a ``tf.train.Example`` into {name: bytes | int | float | list}; single values unwrapped."""
+    ex = _EXAMPLE()
+    ex.ParseFromString(payload)
+    out: dict[str, object] = {}
+    for key, feat in ex.features.feature.items():
+        kind = feat.WhichOneof("kind")
+        values = list(getattr(feat, kind).value) if kind else []
+        out[key] = values[0] if len(values) == 1 else values
+    return out
+
+
+@dataclass(frozen=True)
+class WrittenShard:
+    """What a committed shard holds; goes into the manifest and the per-shard done-record."""
+
+    num_records: int
+    bytes: int
+    checksum: str  # "crc32c:<8 hex>" of the whole shard file
+
+
+class ShardWriter:
+    """Writes one shard and its DALI index as ``*.tmp``; ``commit()`` fsyncs and renames both.
+
+    Use as a context manager: leaving the block with an exception removes the temporary files,
+    so an interrupted or failed shard never appears under its final name.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self.index_path = path + ".idx"
+        self._tmp = path + TMP_SUFFIX
+        self._index_tmp = self.index_path + TMP_SUFFIX
+        self._file = open(self._tmp, "wb")
+        self._lines: list[str] = []
+        self._offset = 0
+        self._crc = 0
+        limit = os.environ.get(ENOSPC_ENV)
+        self._enospc_after = int(limit) if limit else None
+
+    def write(self, payload: bytes) -> None:
+        """Append one record (a serialized Example)."""
+        record_size = len(payload) + FRAMING_BYTES
+        if self._enospc_after is not None and self._offset + record_size > self._enospc_after:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self._tmp)
+        head = struct.pack("<Q", len(payload))
+        pieces = (head + _masked_crc(head), payload, _masked_crc(payload))
+        self._file.writelines(pieces)  # no join: the payload is not copied again
+        for p in pieces:
+            self._crc = crc32c.crc32c(p, value=self._crc)
+        self._lines.append(f"{self._offset} {record_size}\n")
+        self._offset += record_size
+
+    @property
+    def num_records(self) -> int:
+        return len(self._lines)
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def commit(self) -> WrittenShard:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        write_text_atomic(self.index_path, "".join(self._lines), rename=False)
+        os.replace(self._tmp, self.path)
+        os.replace(self._index_tmp, self.index_path)
+        fsync_dir(os.path.dirname(self.path))
+        return WrittenShard(len(self._lines), self._offset, f"crc32c:{self._crc:08x}")
+
+    def abort(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+        for p in (self._tmp, self._index_tmp):
+            try:
+                os.remove(p)
+            except FileNotFoundError:
+                pass
+
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
+
+
+def write_text_atomic(path: str, text: str, *, rename: bool = True) -> None:
+    """Write ``path + '.tmp'``, fsync, and (unless ``rename=False``) rename it to ``path``."""
+    tmp = path + TMP_SUFFIX
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        if rename:
+            os.replace(tmp, path)
+    except BaseException as e:
+        try:
+            os.remove(tmp)
+        except FileNotFoundError:
+            pass
+        if isinstance(e, OSError) and not e.filename:
+            raise OSError(e.errno, e.strerror, tmp) from None
+        raise
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path or ".", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def scan_records(path: str, *, parse=None):
+    """Yield ``(offset, size, payload_or_parsed)`` for each record of a TFRecord file.
+
+    Checks framing and CRCs; a file that ends mid-record or has a bad CRC raises UserError naming
+    the shard. ``parse`` (optional) is applied to each payload.
+    """
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        offset = 0
+        while offset < size:
+            header = f.read(_HEADER.size)
+            if len(header) < _HEADER.size:
+                raise _truncated(path, offset, size)
+            length, length_crc = _HEADER.unpack(header)
+            if _masked_crc(header[:8]) != struct.pack("<I", length_crc):
+                raise UserError(
+                    f"{path}: not a TFRecord file or corrupt at byte {offset} (bad length CRC); "
+                    "re-copy or re-convert this shard"
+                )
+            body = f.read(length + _FOOTER.size)
+            if len(body) < length + _FOOTER.size:
+                raise _truncated(path, offset, size)
+            payload = body[:length]
+            if _masked_crc(payload) != body[length:]:
+                raise UserError(
+                    f"{path}: corrupt record at byte {offset} (bad data CRC); "
+                    "re-copy or re-convert this shard"
+                )
+            rec = length + FRAMING_BYTES
+            yield offset, rec, (parse(payload) if parse else payload)
+            offset += rec
+
+
+def _truncated(path: str, offset: int, size: int) -> UserError:
+    return UserError(
+        f"{path}: truncated TFRecord (record at byte {offset} runs past the end of the "
+        f"{size}-byte file); re-copy or re-convert this shard"
+    )
+
+
+def write_index_for(shard_path: str, *, parse=None) -> tuple[int, int, str, list]:
+    """Scan a shard, write ``<shard>.idx`` atomically; return (records, bytes, checksum, parsed)."""
+    lines, parsed, crc = [], [], 0
+    for offset, rec, item in scan_records(shard_path, parse=parse):
+        lines.append(f"{offset} {rec}\n")
+        if parse:
+            parsed.append(item)
+    with open(shard_path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            crc = crc32c.crc32c(block, value=crc)
+    write_text_atomic(shard_path + ".idx", "".join(lines))
+    return len(lines), os.path.getsize(shard_path), f"crc32c:{crc:08x}", parsed
+

@@ -1,0 +1,120 @@
+"""Machine-readable run log: ``<workdir>/metrics.jsonl``, one JSON object per line and event.
+
+Main rank only. Contract (keys and units are listed in docs/LOGS.md):
+
+* every record has ``event`` (``start``, ``train``, ``eval``, ``checkpoint``, ``end``), ``step``
+  and ``time`` (Unix seconds); ``start.step`` is the step the run (re)started from;
+* one ``train`` record per optimizer step;
+* non-finite floats (nan, inf) are written as ``null``, so every line is strict JSON;
+* the file is opened in append mode with line buffering: a killed run leaves whole lines, and a
+  resumed run appends after them. A resumed run repeats the steps after its checkpoint, so read
+  the file with `read_metrics`, which keeps one record per step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Any
+
+from hooks.base import Hook, RunInfo
+
+FILENAME = "metrics.jsonl"
+TRAIN_KEYS = ("step", "epoch", "train_loss", "lr", "grad_norm", "loss_scale", "images_per_s",
+              "images_per_s_per_device", "skipped", "data_time", "step_time", "peak_mem_bytes",
+              "allreduce_calls")
+EVAL_KEYS = ("step", "epoch", "val_top1", "val_top5", "val_loss", "val_images")
+
+
+def _finite_or_none(x: Any) -> Any:
+    """Replace nan/inf (also nested) by None; leave everything else alone."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite_or_none(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite_or_none(v) for v in x]
+    return x
+
+
+class JsonlHook(Hook):
+    """Appends one line per event to ``<workdir>/metrics.jsonl``."""
+
+    def __init__(self, workdir: str):
+        self.path = os.path.join(workdir, FILENAME)
+        self._file = None
+
+    def on_train_start(self, run: RunInfo) -> None:
+        if not run.is_main:
+            return
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        # A run killed mid-write (or a full disk) may have left a partial last line; start on a
+        # fresh line so our first record stays parseable.
+        needs_newline = False
+        if os.path.exists(self.path) and os.path.getsize(self.path) > 0:
+            with open(self.path, "rb") as f:
+                f.seek(-1, os.SEEK_END)
+                needs_newline = f.read(1) != b"\n"
+        self._file = open(self.path, "a", buffering=1, encoding="utf-8")
+        if needs_newline:
+            self._file.write("\n")
+        self._write({
+            "event": "start", "step": run.start_step, "world_size": run.world_size,
+            "global_batch": run.global_batch, "micro_batch": run.micro_batch,
+            "accum_steps": run.accum_steps, "steps_per_epoch": run.steps_per_epoch,
+            "total_steps": run.total_steps, "warmup_steps": run.warmup_steps, "config": run.config,
+        })
+
+    def on_step_end(self, run: RunInfo, m: dict[str, Any]) -> None:
+        self._write({"event": "train", **{k: m[k] for k in TRAIN_KEYS if k in m}})
+
+    def on_eval_end(self, run: RunInfo, m: dict[str, Any]) -> None:
+        self._write({"event": "eval", **{k: m[k] for k in EVAL_KEYS}})
+
+    def on_checkpoint(self, run: RunInfo, step: int, path: str) -> None:
+        self._write({"event": "checkpoint", "step": step, "path": path})
+
+    def on_train_end(self, run: RunInfo, summary: dict[str, Any]) -> None:
+        self._write({**summary, "event": "end"})
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def _write(self, record: dict[str, Any]) -> None:
+        if self._file is None:  # not the main rank, or train start was never called
+            return
+        record = {**_finite_or_none(record), "time": round(time.time(), 3)}
+        # allow_nan=False guarantees strict JSON; default=str keeps odd config values loggable.
+        self._file.write(json.dumps(record, allow_nan=False, default=str) + "\n")
+
+
+def read_metrics(path: str) -> list[dict[str, Any]]:
+    """The records of ``path`` as the final run history sees them, in file order.
+
+    A resumed run restarts at its checkpoint's step and logs the following steps again. So a
+    ``start`` record at step S drops the earlier ``train``/``eval``/``checkpoint`` records with
+    step > S (they belong to the rolled-back attempt), and of records with the same event and
+    step only the last is kept. ``start``/``end`` records are all kept. Lines that do not parse
+    (a partial line from a killed writer) are skipped.
+    """
+    records: list[dict[str, Any]] = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if not isinstance(rec, dict):
+                continue
+            if rec.get("event") == "start":
+                s = rec.get("step", 0)
+                records = [r for r in records if r.get("event") in ("start", "end") or r.get("step", 0) <= s]
+            records.append(rec)
+    last: dict[tuple, int] = {}
+    for i, r in enumerate(records):
+        if r.get("event") not in ("start", "end"):
+            last[(r.get("event"), r.get("step"))] = i
+    return [r for i, r in enumerate(records)
+            if r.get("event") in ("start", "end") or last[(r.get("event"), r.get("step"))] == i]

@@ -1,0 +1,66 @@
+"""Stop a run whose loss stays non-finite, with a message that says what to do.
+
+Runs on ALL ranks: every rank receives the same ``train_loss`` (contract of hooks.base), so every
+rank raises `StopTraining` at the same step and none is left waiting in a collective.
+
+What counts: a step whose ``train_loss`` is nan or inf. An fp16 overflow step (``skipped=True``)
+with a finite loss is the loss scaler doing its job, not divergence: it does not count, and like
+any finite loss it resets the counter.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from hooks.base import Hook, RunInfo, StopTraining
+
+
+class NanGuardHook(Hook):
+    """Raises `StopTraining` once the loss has been non-finite for ``patience`` consecutive steps."""
+
+    def __init__(self, patience: int):
+        if patience < 1:
+            raise ValueError(f"nan patience must be >= 1 step, got {patience}")
+        self.patience = patience
+        self._bad_since: int | None = None  # first step of the current non-finite streak
+        self._bad_count = 0
+        self._last_finite: tuple[int, float] | None = None  # (step, loss)
+        self._checkpoints: list[tuple[int, str]] = []  # (step, path), in the order written
+        self._start_step = 0
+
+    def on_train_start(self, run: RunInfo) -> None:
+        self._start_step = run.start_step
+
+    def on_checkpoint(self, run: RunInfo, step: int, path: str) -> None:
+        self._checkpoints.append((step, path))
+
+    def on_step_end(self, run: RunInfo, m: dict[str, Any]) -> None:
+        step, loss = m["step"], m["train_loss"]
+        if math.isfinite(loss):
+            self._bad_since, self._bad_count = None, 0
+            self._last_finite = (step, loss)
+            return
+        if self._bad_since is None:
+            self._bad_since = step
+        self._bad_count += 1
+        if self._bad_count >= self.patience:
+            raise StopTraining(self._message(step))
+
+    def _message(self, step: int) -> str:
+        first = self._bad_since
+        if self._last_finite is None:
+            finite = f"no finite loss since this run started at step {self._start_step}"
+        else:
+            finite = f"last finite loss {self._last_finite[1]:.4f} at step {self._last_finite[0]}"
+        # A checkpoint written after the streak began may hold diverged weights; name the last one
+        # from before it.
+        good = [p for s, p in self._checkpoints if s < first]
+        if good:
+            ckpt = good[-1]
+        elif self._start_step > 0:
+            ckpt = f"none written by this run; it resumed from the checkpoint at step {self._start_step}"
+        else:
+            ckpt = "none"
+        return (f"loss was non-finite for steps {first}..{step}; {finite}; "
+                f"lower the lr or use bf16; last good checkpoint: {ckpt}")

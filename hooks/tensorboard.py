@@ -1,0 +1,70 @@
+"""TensorBoard scalars under ``<workdir>/tb``, at the optimizer step.
+
+Main rank only. The writer is created at train start (so building the hook list costs nothing and
+non-main ranks never import TensorBoard), flushed after each evaluation and closed at train end.
+
+Tags: ``train/loss``, ``train/lr``, ``train/grad_norm``, ``train/loss_scale``, ``train/skipped``
+(1 on an fp16 overflow step), ``perf/images_per_s`` (all devices), ``perf/data_wait`` (fraction of
+the step spent waiting for data), ``mem/peak_gib``, ``val/top1``, ``val/top5`` (fractions in 0..1,
+as in metrics.jsonl), ``val/loss``. Non-finite values are not written: one inf grad norm would
+flatten the whole chart; the gap shows where they were, and metrics.jsonl has every step.
+
+On resume the writer purges the events after the checkpoint's step, so TensorBoard shows one
+curve, not the rolled-back attempt overlaid on the resumed one.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+from hooks.base import Hook, RunInfo
+
+
+class TensorBoardHook(Hook):
+    """Writes the run's scalars with ``torch.utils.tensorboard.SummaryWriter``."""
+
+    def __init__(self, workdir: str):
+        self.logdir = os.path.join(workdir, "tb")
+        self._writer = None
+
+    def on_train_start(self, run: RunInfo) -> None:
+        if not run.is_main:
+            return
+        from torch.utils.tensorboard import SummaryWriter  # lazy: heavy import, main rank only
+
+        # purge_step makes TensorBoard drop earlier events at steps >= it, i.e. the steps a
+        # resumed run is about to log again.
+        purge = run.start_step + 1 if run.start_step > 0 else None
+        self._writer = SummaryWriter(self.logdir, purge_step=purge)
+
+    def on_step_end(self, run: RunInfo, m: dict[str, Any]) -> None:
+        step = m["step"]
+        self._add("train/loss", m["train_loss"], step)
+        self._add("train/lr", m["lr"], step)
+        self._add("train/grad_norm", m["grad_norm"], step)
+        self._add("train/loss_scale", m["loss_scale"], step)
+        self._add("train/skipped", float(m["skipped"]), step)
+        self._add("perf/images_per_s", m["images_per_s"], step)
+        if m["step_time"] > 0:
+            self._add("perf/data_wait", m["data_time"] / m["step_time"], step)
+        self._add("mem/peak_gib", m["peak_mem_bytes"] / 2**30, step)
+
+    def on_eval_end(self, run: RunInfo, m: dict[str, Any]) -> None:
+        step = m["step"]
+        self._add("val/top1", m["val_top1"], step)
+        self._add("val/top5", m["val_top5"], step)
+        self._add("val/loss", m["val_loss"], step)
+        if self._writer is not None:
+            self._writer.flush()
+
+    def on_train_end(self, run: RunInfo, summary: dict[str, Any]) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+            self._writer.close()
+            self._writer = None
+
+    def _add(self, tag: str, value: float, step: int) -> None:
+        if self._writer is not None and math.isfinite(value):
+            self._writer.add_scalar(tag, value, step)

@@ -1,0 +1,37 @@
+"""Print how the global batch is made and how long the run is, once, at train start.
+
+The counterpart of the original Colossal-AI ViT example's ``TotalBatchsizeHook``. Main rank only;
+writes through the ``logging`` logger ``"vitlarge"`` at INFO, so the trainer's logging setup
+decides where it goes.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from hooks.base import Hook, RunInfo
+
+log = logging.getLogger("vitlarge")
+
+
+class TotalBatchHook(Hook):
+    """Logs ``total batch size = G = micro (micro) x accum (accumulation) x world (devices)``."""
+
+    def on_train_start(self, run: RunInfo) -> None:
+        if not run.is_main:
+            return
+        log.info(
+            "total batch size = %d = %d (micro) x %d (accumulation) x %d (devices)",
+            run.global_batch, run.micro_batch, run.accum_steps, run.world_size,
+        )
+        if run.global_batch != run.micro_batch * run.accum_steps * run.world_size:
+            # The config validates this; a mismatch here means RunInfo was built wrongly.
+            log.warning("RunInfo is inconsistent: global_batch != micro_batch x accum_steps x world_size")
+        spe = max(run.steps_per_epoch, 1)
+        log.info(
+            "steps per epoch = %d, total steps = %d (%.1f epochs), warmup steps = %d (%.1f epochs)",
+            run.steps_per_epoch, run.total_steps, run.total_steps / spe,
+            run.warmup_steps, run.warmup_steps / spe,
+        )
+        if run.start_step > 0:
+            log.info("resuming at step %d of %d", run.start_step, run.total_steps)

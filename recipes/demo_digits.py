@@ -1,0 +1,44 @@
+"""Demo: a 0.46M-parameter ViT on scikit-learn's handwritten digits, on CPU, with the full machinery.
+
+    make demo      # = python -m data_tools.make_demo_dataset data/digits
+                   #   colossalai run --nproc_per_node 2 train.py --config recipes/demo_digits.py
+
+Hardware: 2 CPU processes (gloo). Global batch 128 = 16 (micro) x 4 (accumulation) x 2 (processes):
+large relative to the 1,437 training images, as 32K is for ImageNet. LAMB, fp16 autocast with
+dynamic loss scaling, clipping at 1.0, Mixup, linear warmup then cosine decay: the 32K recipe's
+machinery at toy scale.
+Expected: TBD top-1 on the 360 validation digits in TBD min (measured, see README).
+"""
+
+from recipes.vit_b16 import config as base
+
+
+def config():
+    c = base()
+    c.model.name = "vit_tiny_patch16_224"
+    c.model.kwargs = dict(patch_size=4, embed_dim=96, depth=4, num_heads=3)
+    c.model.pos_drop_rate = c.model.attn_drop_rate = c.model.proj_drop_rate = 0.0
+    c.data.path = "data/digits"
+    c.data.num_classes = 10
+    c.data.num_train_examples = 1437
+    c.data.image_size = 16
+    c.data.num_threads = 1
+    # Digits are small and not mirror-symmetric: gentle crops, no flips.
+    c.data.crop_scale = (0.6, 1.0)
+    c.data.crop_ratio = (0.8, 1.25)
+    c.data.hflip = False
+    c.data.val_crop_pct = 1.0
+    c.augment.mixup_alpha = 0.2
+    c.optim.lr = 2e-2
+    c.optim.weight_decay = 0.1
+    c.schedule.warmup_epochs = 5
+    c.schedule.decay = "cosine"
+    c.train.global_batch = 128
+    c.train.micro_batch = 16
+    c.train.epochs = 60
+    c.train.precision = "fp16"
+    c.train.eval_every_epochs = 10
+    c.train.checkpoint_every_steps = 100
+    c.train.log_every_steps = 25
+    c.workdir = "runs/demo_digits"
+    return c

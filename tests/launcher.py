@@ -1,0 +1,92 @@
+"""Runs train.py the way users do (plain python, torchrun, colossalai run) and kills whole process trees.
+
+torchrun (and so colossalai run) starts its workers in new sessions, so killing the launcher's
+process group leaves them running: `kill_tree` walks the tree with psutil instead.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = str(Path(sys.executable).parent)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env() -> dict:
+    e = dict(os.environ)
+    e["PATH"] = VENV_BIN + os.pathsep + e.get("PATH", "")  # colossalai run looks torchrun up on PATH
+    e["OMP_NUM_THREADS"] = "1"
+    e["PYTHONUNBUFFERED"] = "1"
+    return e
+
+
+def command(args: list[str], nproc: int = 1, launcher: str = "colossalai") -> list[str]:
+    if nproc == 1 and launcher == "python":
+        return [sys.executable, "train.py", *args]
+    if launcher == "torchrun":
+        return [f"{VENV_BIN}/torchrun", f"--nproc_per_node={nproc}", f"--master_port={free_port()}", "train.py", *args]
+    return [f"{VENV_BIN}/colossalai", "run", "--nproc_per_node", str(nproc), "--master_port", str(free_port()),
+            "train.py", *args]
+
+
+def run(args: list[str], nproc: int = 1, launcher: str = "colossalai", timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(command(args, nproc, launcher), cwd=ROOT, env=env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def start(args: list[str], nproc: int = 1, launcher: str = "colossalai", log: Path | None = None) -> subprocess.Popen:
+    out = open(log, "w") if log else subprocess.DEVNULL
+    return subprocess.Popen(command(args, nproc, launcher), cwd=ROOT, env=env(), stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:
+    try:
+        parent = psutil.Process(pid)
+        procs = parent.children(recursive=True) + [parent]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            p.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=30)
+
+
+def workers(pid: int) -> list[psutil.Process]:
+    """The train.py worker processes under a launcher (not the launcher, torchrun or a shell)."""
+    found = []
+    for p in psutil.Process(pid).children(recursive=True):
+        try:
+            cmd = p.cmdline()
+        except psutil.NoSuchProcess:
+            continue
+        if "train.py" in cmd and not any(x.endswith(("torchrun", "colossalai")) or x == "-c" for x in cmd):
+            found.append(p)
+    return found
+
+
+def wait_for(predicate, timeout: float, proc: subprocess.Popen | None = None, poll: float = 0.05) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        if proc is not None and proc.poll() is not None:
+            return predicate()
+        time.sleep(poll)
+    return False

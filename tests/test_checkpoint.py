@@ -1,0 +1,242 @@
+"""vitlarge/checkpoint.py in one process: layout, exact resume, pruning, atomicity, export.
+
+Uses the demo recipe's 0.46M-parameter ViT, the project's LAMB and a CPU GradScaler.
+"""
+
+import gc
+import json
+import random
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import timm
+import torch
+from safetensors.torch import load_file
+
+from vitlarge import checkpoint
+from vitlarge.config import load_recipe
+from vitlarge.errors import UserError
+from vitlarge.model import build_model
+from vitlarge.optim import build_optimizer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return load_recipe(ROOT / "recipes" / "demo_digits.py")
+
+
+def make(cfg, seed=0):
+    """A model, LAMB and a CPU loss scaler that grows every step (so its scale changes)."""
+    torch.manual_seed(seed)
+    model = build_model(cfg)
+    opt = build_optimizer(model, "lamb", lr=1e-2, weight_decay=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=1)
+    return model, opt, scaler
+
+
+def train_step(model, opt, scaler, seed):
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(4, 3, 16, 16, generator=g), torch.randint(0, 10, (4,), generator=g)
+    model.train()  # dropout draws from the global torch RNG, so a resumed run must restore it
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+
+
+def draw():
+    return torch.rand(3).tolist(), np.random.rand(3).tolist(), random.random(), random.gauss(0, 1)
+
+
+def trained(cfg, steps=2):
+    model, opt, scaler = make(cfg)
+    for s in range(steps):
+        train_step(model, opt, scaler, s)
+    return model, opt, scaler
+
+
+def save(workdir, step, model, opt, scaler, cfg, keep=3, data="loader-state"):
+    return checkpoint.save(workdir, step, model, opt, scaler, data, cfg, keep=keep)
+
+
+def test_layout(tmp_path, cfg):
+    model, opt, scaler = trained(cfg)
+    path = save(tmp_path, 100, model, opt, scaler, cfg)
+    assert path == tmp_path / "checkpoints" / "step_0000100"
+    assert sorted(p.name for p in path.iterdir()) == ["meta.json", "model.safetensors", "optimizer.pt", "rank_00000.pt"]
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_0000100"]  # no .tmp left
+    meta = json.loads((path / "meta.json").read_text())
+    assert meta["format_version"] == checkpoint.FORMAT_VERSION
+    assert (meta["step"], meta["world_size"], meta["model"]) == (100, 1, "vit_tiny_patch16_224")
+    assert meta["param_shapes"]["pos_embed"] == [1, 17, 96]
+    assert meta["config"] == json.loads(json.dumps(cfg.to_dict()))
+    assert checkpoint.read_meta(path)["step"] == 100
+    assert set(load_file(str(path / "model.safetensors"))) == set(model.state_dict())
+
+
+def test_files_hold_no_pickled_objects(tmp_path, cfg):
+    model, opt, scaler = trained(cfg)
+    path = save(tmp_path, 1, model, opt, scaler, cfg)
+    opt_state = torch.load(path / "optimizer.pt", weights_only=True)
+    rank = torch.load(path / "rank_00000.pt", weights_only=True)
+    assert len(opt_state["state"]) == len(list(model.parameters()))
+    assert set(rank) == {"rng", "scaler", "data"} and rank["data"] == "loader-state"
+    assert rank["scaler"]["scale"] == 2.0**12  # grew on each of the two steps
+
+
+def test_load_restores_weights_optimizer_scaler_and_rng(tmp_path, cfg):
+    model, opt, scaler = trained(cfg)
+    torch.manual_seed(123), np.random.seed(123), random.seed(123)
+    random.gauss(0, 1)  # leaves the second Gaussian cached in the Python RNG
+    path = save(tmp_path, 2, model, opt, scaler, cfg)
+    after_save = draw()
+    train_step(model, opt, scaler, seed=99)  # the run goes on; this is the reference continuation
+    reference = {k: v.clone() for k, v in model.state_dict().items()}
+
+    model2, opt2, scaler2 = make(cfg, seed=1)  # other weights, empty optimizer, initial scale
+    assert not torch.equal(model2.pos_embed, model.pos_embed)
+    torch.manual_seed(7), np.random.seed(7), random.seed(7)
+    state = checkpoint.load(path, model2, opt2, scaler2, cfg)
+    assert (state["step"], state["data"], state["same_world"]) == (2, "loader-state", True)
+    assert draw() == after_save
+
+    saved = load_file(str(path / "model.safetensors"))
+    assert all(torch.equal(v, saved[k]) for k, v in model2.state_dict().items())
+    assert scaler2.get_scale() == 2.0**12
+    s1 = torch.load(path / "optimizer.pt", weights_only=True)["state"]
+    s2 = opt2.state_dict()["state"]
+    assert s1.keys() == s2.keys()
+    for k in s1:
+        assert s1[k].keys() == s2[k].keys()
+        assert all(torch.equal(torch.as_tensor(s1[k][n]), torch.as_tensor(s2[k][n])) for n in s1[k])
+
+    # The same continuation from the restored state lands on bitwise the same weights.
+    checkpoint.load(path, model2, opt2, scaler2, cfg)
+    train_step(model2, opt2, scaler2, seed=99)
+    assert all(torch.equal(v, reference[k]) for k, v in model2.state_dict().items())
+
+
+def test_keep_newest_n(tmp_path, cfg):
+    model, opt, scaler = make(cfg)
+    for step in (100, 200, 300, 400, 500):
+        save(tmp_path, step, model, opt, scaler, cfg, keep=2)
+    names = [p.name for p in checkpoint.list_checkpoints(tmp_path)]
+    assert names == ["step_0000400", "step_0000500"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == names
+
+
+def test_steps_sort_numerically_past_seven_digits(tmp_path, cfg):
+    model, opt, scaler = make(cfg)
+    for step in (9_999_999, 10_000_000):
+        save(tmp_path, step, model, opt, scaler, cfg, keep=5)
+    assert checkpoint.latest(tmp_path).name == "step_10000000"
+
+
+def test_latest_ignores_incomplete_folders_and_save_removes_stale_tmp(tmp_path, cfg):
+    assert checkpoint.latest(tmp_path) is None
+    model, opt, scaler = make(cfg)
+    save(tmp_path, 5, model, opt, scaler, cfg)
+    root = tmp_path / "checkpoints"
+    (root / ".step_0000009.tmp").mkdir()  # a run killed mid-write
+    (root / ".step_0000009.tmp" / "model.safetensors").write_bytes(b"partial")
+    (root / "step_0000008").mkdir()  # a folder without meta.json is not a checkpoint
+    assert checkpoint.latest(tmp_path) == root / "step_0000005"
+    with pytest.raises(UserError, match="no meta.json"):
+        checkpoint.read_meta(root / "step_0000008")
+
+    save(tmp_path, 10, model, opt, scaler, cfg)
+    assert not (root / ".step_0000009.tmp").exists()
+    assert checkpoint.latest(tmp_path) == root / "step_0000010"
+
+
+def test_read_meta_errors(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        checkpoint.read_meta(tmp_path / "checkpoints" / "step_0000001")
+    bad = tmp_path / "step_0000002"
+    bad.mkdir()
+    (bad / "meta.json").write_text("{not json")
+    with pytest.raises(UserError, match="corrupt"):
+        checkpoint.read_meta(bad)
+    (bad / "meta.json").write_text(json.dumps({"format_version": 99}))
+    with pytest.raises(UserError, match="format 99"):
+        checkpoint.read_meta(bad)
+
+
+def test_load_into_another_model_shape(tmp_path, cfg):
+    model, opt, scaler = make(cfg)
+    path = save(tmp_path, 1, model, opt, scaler, cfg)
+    for kwargs in (dict(cfg.model.kwargs, depth=2), dict(cfg.model.kwargs, embed_dim=48)):
+        other = load_recipe(ROOT / "recipes" / "demo_digits.py")
+        other.model.kwargs = kwargs
+        m2, o2, s2 = make(other)
+        with pytest.raises(UserError, match="does not match"):
+            checkpoint.load(path, m2, o2, s2, other)
+        with pytest.raises(UserError, match="does not match"):
+            checkpoint.load_model_weights(path, m2, other)
+
+
+def _try_tmpfs(path: Path, size: str) -> bool:
+    path.mkdir(parents=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
+    return r.returncode == 0
+
+
+@pytest.mark.parametrize("how", ["tmpfs", "monkeypatch"])
+def test_disk_full_keeps_the_previous_checkpoint(tmp_path, cfg, monkeypatch, how):
+    model, opt, scaler = trained(cfg)
+    root = tmp_path / "checkpoints"
+    mounted = False
+    try:
+        if how == "tmpfs":
+            # Room for one checkpoint (~5.6 MB: weights plus two LAMB moments), not for two.
+            mounted = _try_tmpfs(root, "8m")
+            if not mounted:
+                pytest.skip("cannot mount a tmpfs here (not root); the monkeypatch case covers it")
+        first = save(tmp_path, 1, model, opt, scaler, cfg)
+        if how == "monkeypatch":
+            def full(*args, **kwargs):
+                raise OSError(28, "No space left on device")
+            monkeypatch.setattr(checkpoint, "save_file", full)
+
+        with pytest.raises(UserError) as e:
+            save(tmp_path, 2, model, opt, scaler, cfg)
+        assert "No space left" in str(e.value) and "step_0000002" in str(e.value)
+        assert "\n" not in str(e.value)
+        assert sorted(p.name for p in root.iterdir()) == ["step_0000001"]  # no step_0000002, no .tmp
+        assert checkpoint.latest(tmp_path) == first
+        m2, o2, s2 = make(cfg, seed=1)
+        assert checkpoint.load(first, m2, o2, s2, cfg)["step"] == 1
+        assert all(torch.equal(v, model.state_dict()[k]) for k, v in m2.state_dict().items())
+    finally:
+        if mounted:
+            gc.collect()  # drop file handles a failed assertion's traceback may still hold
+            if subprocess.run(["umount", str(root)]).returncode:
+                subprocess.run(["umount", "-l", str(root)], check=True)
+
+
+def test_export_loads_in_timm_with_identical_outputs(tmp_path, cfg):
+    model, opt, scaler = trained(cfg)
+    path = checkpoint.export(tmp_path, model)
+    assert path == tmp_path / "model.safetensors" and not (tmp_path / "model.safetensors.tmp").exists()
+    # num_classes in the overlay too: otherwise timm drops a head whose class count is not its 1000.
+    loaded = timm.create_model(
+        "vit_tiny_patch16_224", pretrained=True, pretrained_cfg_overlay=dict(file=str(path), num_classes=10),
+        num_classes=10, img_size=16, patch_size=4, embed_dim=96, depth=4, num_heads=3,
+    )
+    x = torch.randn(5, 3, 16, 16)
+    model.eval(), loaded.eval()
+    with torch.no_grad():
+        assert torch.equal(model(x), loaded(x))
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in loaded.state_dict().items())
+
+    fresh = build_model(cfg)
+    checkpoint.load_model_weights(path, fresh, cfg)  # evaluation reads the export too
+    with torch.no_grad():
+        assert torch.equal(fresh.eval()(x), model(x))

@@ -1,0 +1,205 @@
+"""data_tools: conversion round trip, index format, resume after a kill, make_index, demo data."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from PIL import Image
+from tfrecord.reader import tfrecord_loader
+from tfrecord.tools.tfrecord2idx import create_index
+
+from data_tools import imagenet_to_tfrecord, make_bench_dataset, make_index
+from tests.data_fixtures import SYNSETS, TINY_TRAIN_PER_CLASS, TINY_VAL_PER_CLASS
+from vitlarge.data.manifest import load_manifest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DESCRIPTION = {
+    "image/encoded": "byte", "image/class/label": "int", "image/class/synset": "byte", "image/class/text": "byte",
+    "image/height": "int", "image/width": "int", "image/channels": "int", "image/colorspace": "byte",
+    "image/format": "byte", "image/filename": "byte",
+}
+
+
+def read_split(out: str, split: str) -> list[dict]:
+    """All records of a split, read back with the ``tfrecord`` package's own reader."""
+    m = load_manifest(out)
+    return [rec for s in m.shards(split) for rec in tfrecord_loader(os.path.join(out, s.file), None, DESCRIPTION)]
+
+
+def files_by_name(root: str) -> dict[str, str]:
+    return {n: os.path.join(d, n) for d, _, names in os.walk(root) for n in names}
+
+
+@pytest.fixture(scope="module")
+def converted(tiny_imagefolder, tmp_path_factory) -> str:
+    out = str(tmp_path_factory.mktemp("converted"))
+    imagenet_to_tfrecord.convert(tiny_imagefolder, out, train_shards=3, val_shards=2, workers=0, progress=False)
+    return out
+
+
+def test_round_trip_bytes_labels_and_schema(tiny_imagefolder, converted):
+    sources = files_by_name(tiny_imagefolder)
+    m = load_manifest(converted)
+    assert (m.num_classes, m.label_offset) == (3, 1)
+    assert [c.synset for c in m.classes] == list(SYNSETS)
+    assert m.classes[0].text.startswith("tench")
+    assert m.num_examples("train") == 3 * TINY_TRAIN_PER_CLASS
+    assert m.num_examples("validation") == 3 * TINY_VAL_PER_CLASS
+    reencoded = 0
+    for split in ("train", "validation"):
+        records = read_split(converted, split)
+        assert len(records) == m.num_examples(split)
+        for rec in records:
+            name = rec["image/filename"].decode()
+            synset = rec["image/class/synset"].decode()
+            assert synset in name and rec["image/class/label"][0] == 1 + SYNSETS.index(synset)
+            assert rec["image/format"] == b"JPEG" and rec["image/colorspace"] == b"RGB"
+            assert rec["image/channels"][0] == 3
+            encoded = rec["image/encoded"]
+            with open(sources[name], "rb") as f:
+                original = f.read()
+            im = Image.open(io.BytesIO(encoded))
+            assert (im.format, im.mode) == ("JPEG", "RGB")
+            assert (rec["image/height"][0], rec["image/width"][0]) == (im.height, im.width)
+            if encoded != original:  # only the PNG, CMYK and grayscale files are re-encoded
+                reencoded += 1
+                assert Image.open(sources[name]).mode in ("RGBA", "RGB", "CMYK", "L") and "_0." in name
+    assert reencoded == 3
+
+
+def test_index_matches_tfrecord2idx_and_manifest(converted, tmp_path):
+    m = load_manifest(converted)
+    for split in ("train", "validation"):
+        for s in m.shards(split):
+            ref = tmp_path / (s.file + ".ref")
+            create_index(os.path.join(converted, s.file), str(ref))
+            with open(os.path.join(converted, s.index)) as f:
+                assert f.read() == ref.read_text()
+            assert os.path.getsize(os.path.join(converted, s.file)) == s.bytes
+            assert s.checksum.startswith("crc32c:")
+    assert not [n for n in os.listdir(converted) if n.endswith(".tmp")]
+
+
+def test_train_shuffled_across_shards_with_fixed_seed(tiny_imagefolder, converted, tmp_path):
+    labels = [r["image/class/label"][0] for r in read_split(converted, "train")]
+    assert labels != sorted(labels)
+    again = str(tmp_path / "again")
+    imagenet_to_tfrecord.convert(tiny_imagefolder, again, train_shards=3, val_shards=2, workers=0, progress=False)
+    for s in load_manifest(converted).shards("train"):
+        with open(os.path.join(converted, s.file), "rb") as a, open(os.path.join(again, s.file), "rb") as b:
+            assert a.read() == b.read()
+
+
+def test_parallel_workers_cli(tiny_imagefolder, converted, tmp_path):
+    """Real worker processes through the CLI give the same shards as the in-process run."""
+    out = tmp_path / "par"
+    r = subprocess.run(
+        [sys.executable, "-m", "data_tools.imagenet_to_tfrecord", "--src", tiny_imagefolder, "--out", str(out),
+         "--train-shards", "3", "--val-shards", "2", "--workers", "2", "--no-progress"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "wrote" in r.stderr and "train: 18 images in 3 shards" in r.stderr
+    for s in load_manifest(converted).shards("train") + load_manifest(converted).shards("validation"):
+        assert (out / s.file).read_bytes() == open(os.path.join(converted, s.file), "rb").read()
+
+
+@pytest.mark.parametrize("style", ["kaggle", "plain"])
+def test_flat_validation_with_labels_file(tiny_imagefolder, tmp_path, style):
+    src = tmp_path / "src"
+    os.makedirs(src / "val")
+    os.symlink(os.path.join(tiny_imagefolder, "train"), src / "train")
+    lines = ["ImageId,PredictionString"] if style == "kaggle" else []
+    for synset in SYNSETS:
+        d = os.path.join(tiny_imagefolder, "val", synset)
+        for n in sorted(os.listdir(d)):
+            os.symlink(os.path.join(d, n), src / "val" / n)
+            stem = os.path.splitext(n)[0]
+            lines.append(f"{stem},{synset} 1 2 3 4" if style == "kaggle" else f"{n} {synset}")
+    (src / "labels.txt").write_text("\n".join(lines) + "\n")
+    out = str(tmp_path / "out")
+    imagenet_to_tfrecord.convert(str(src), out, train_shards=2, val_shards=1, workers=0, val_labels=str(src / "labels.txt"),
+                                 progress=False)
+    records = read_split(out, "validation")
+    assert len(records) == 3 * TINY_VAL_PER_CLASS
+    for rec in records:
+        synset = rec["image/filename"].decode().split("_")[0]
+        assert rec["image/class/label"][0] == 1 + SYNSETS.index(synset)
+
+
+def test_resume_after_kill_keeps_complete_shards(tiny_imagefolder, converted, tmp_path):
+    out = tmp_path / "resumed"
+    cmd = [sys.executable, "-m", "data_tools.imagenet_to_tfrecord", "--src", tiny_imagefolder, "--out", str(out),
+           "--train-shards", "3", "--val-shards", "2", "--workers", "0", "--no-progress"]
+    env = dict(os.environ, **{imagenet_to_tfrecord.KILL_ENV: "train-00001-of-00003:2"})
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == -9  # SIGKILL mid-shard, as a kill -9 or an OOM kill would
+    names = set(os.listdir(out))
+    assert "train-00000-of-00003" in names and "train-00001-of-00003.tmp" in names
+    assert "train-00001-of-00003" not in names and "train-00001-of-00003.idx" not in names
+    assert "dataset.json" not in names
+    kept = os.stat(out / "train-00000-of-00003")
+
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "1 complete shards kept" in r.stderr
+    assert os.stat(out / "train-00000-of-00003").st_mtime_ns == kept.st_mtime_ns
+    assert not [n for n in os.listdir(out) if n.endswith(".tmp")]
+    ref = load_manifest(converted)
+    for s in ref.shards("train") + ref.shards("validation"):
+        assert (out / s.file).read_bytes() == open(os.path.join(converted, s.file), "rb").read()
+        assert (out / s.index).read_text() == open(os.path.join(converted, s.index)).read()
+
+
+def test_make_index_for_shards_without_index(converted, tmp_path):
+    tf_dir = tmp_path / "tf"
+    os.makedirs(tf_dir)
+    ref = load_manifest(converted)
+    for s in ref.shards("train") + ref.shards("validation"):
+        (tf_dir / s.file).write_bytes(open(os.path.join(converted, s.file), "rb").read())
+    r = subprocess.run([sys.executable, "-m", "data_tools.make_index", str(tf_dir)], cwd=REPO, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    m = load_manifest(str(tf_dir))
+    assert (m.num_classes, m.label_offset) == (3, 1)
+    assert [c.synset for c in m.classes] == list(SYNSETS)
+    for split in ("train", "validation"):
+        assert m.num_examples(split) == ref.num_examples(split)
+        for a, b in zip(m.shards(split), ref.shards(split)):
+            assert (a.file, a.num_records, a.bytes, a.checksum) == (b.file, b.num_records, b.bytes, b.checksum)
+            assert (tf_dir / a.index).read_text() == open(os.path.join(converted, b.index)).read()
+
+
+def test_make_index_num_classes_option(converted, tmp_path):
+    for n in os.listdir(converted):
+        if n.startswith("validation-") and not n.endswith(".idx"):
+            os.symlink(os.path.join(converted, n), tmp_path / n)
+    m = make_index.make_index(str(tmp_path), num_classes=1000)
+    assert m.num_classes == 1000 and "train" not in m.splits
+
+
+def test_demo_dataset_is_built_and_idempotent(demo_data):
+    m = load_manifest(demo_data)
+    assert (m.num_examples("train"), m.num_examples("validation"), m.num_classes) == (1437, 360, 10)
+    before = os.stat(os.path.join(demo_data, "dataset.json")).st_mtime_ns
+    t = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "data_tools.make_demo_dataset", demo_data], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert time.perf_counter() - t < 30
+    assert os.stat(os.path.join(demo_data, "dataset.json")).st_mtime_ns == before
+
+
+def test_bench_dataset_is_imagenet_like(tmp_path):
+    make_bench_dataset.make_bench_dataset(str(tmp_path), num_images=12, classes=3, val_fraction=0.25)
+    files = [os.path.join(d, n) for d, _, ns in os.walk(tmp_path / "train") for n in ns]
+    assert len(files) == 9 and len(os.listdir(tmp_path / "train")) == 3
+    sizes = {Image.open(f).size for f in files}
+    assert len(sizes) > 1 and all(200 <= w <= 640 and 150 <= h <= 640 for w, h in sizes)
+    assert json.loads((tmp_path / "bench.json").read_text())["num_images"] == 12

@@ -1,0 +1,142 @@
+"""vitlarge/launch.py: launcher detection from the environment, device choice, rendezvous errors."""
+
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from vitlarge.errors import UserError
+from vitlarge.launch import DistEnv, choose_device, detect
+
+ROOT = Path(__file__).resolve().parent.parent
+
+TORCHRUN = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29511"}
+SLURM = {"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "123456",
+         "SLURM_JOB_NODELIST": "node01"}
+
+
+def test_torchrun_variables():
+    env = detect(dict(TORCHRUN))
+    assert env == DistEnv(rank=3, world_size=8, local_rank=1, master_addr="10.0.0.5", master_port=29511,
+                          source="torchrun")
+    assert not env.is_main
+
+
+def test_torchrun_defaults():
+    env = detect({"RANK": "0", "WORLD_SIZE": "2"})
+    assert (env.local_rank, env.master_addr, env.master_port, env.is_main) == (0, "127.0.0.1", 29500, True)
+
+
+def test_slurm_variables():
+    env = detect(dict(SLURM))
+    assert env.source == "slurm"
+    assert (env.rank, env.world_size, env.local_rank) == (5, 16, 1)
+    assert env.master_addr == "node01"  # a single host is used as is, without scontrol
+    assert env.master_port == 20000 + 123456 % 20000 == 23456
+
+
+def test_slurm_port_is_the_same_on_every_rank_and_differs_between_jobs():
+    ports = {detect({**SLURM, "SLURM_PROCID": str(r)}).master_port for r in range(16)}
+    assert ports == {23456}
+    assert detect({**SLURM, "SLURM_JOB_ID": "123457"}).master_port == 23457
+
+
+def test_slurm_master_overrides():
+    env = detect({**SLURM, "MASTER_PORT": "31000", "MASTER_ADDR": "head"})
+    assert (env.master_addr, env.master_port) == ("head", 31000)
+
+
+def test_slurm_without_job_id_or_localid():
+    env = detect({"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_NODELIST": "gpu7"})
+    assert (env.local_rank, env.master_port, env.master_addr) == (0, 20000, "gpu7")
+
+
+def test_torchrun_wins_inside_a_slurm_allocation():
+    env = detect({**SLURM, **TORCHRUN})
+    assert env.source == "torchrun" and (env.rank, env.world_size) == (3, 8)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"RANK": "4", "WORLD_SIZE": "4"},
+        {"RANK": "-1", "WORLD_SIZE": "4"},
+        {"RANK": "0", "WORLD_SIZE": "0"},
+        {**SLURM, "SLURM_PROCID": "16"},
+    ],
+)
+def test_inconsistent_variables(env):
+    with pytest.raises(UserError, match="inconsistent launcher variables"):
+        detect(env)
+
+
+@pytest.mark.parametrize(
+    "env, var",
+    [
+        ({"RANK": "zero", "WORLD_SIZE": "2"}, "RANK"),
+        ({"RANK": "0", "WORLD_SIZE": "2x"}, "WORLD_SIZE"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": ""}, "LOCAL_RANK"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "http"}, "MASTER_PORT"),
+        ({**SLURM, "SLURM_NTASKS": "4(x2)"}, "SLURM_NTASKS"),
+        ({**SLURM, "SLURM_JOB_ID": "12_3a"}, "SLURM_JOB_ID"),
+        ({**SLURM, "MASTER_PORT": "auto"}, "MASTER_PORT"),
+    ],
+)
+def test_non_integer_names_the_variable(env, var):
+    with pytest.raises(UserError, match=f"environment variable {var}=.* is not an integer"):
+        detect(env)
+
+
+def test_no_variables_is_a_single_process():
+    env = detect({"SLURM_JOB_ID": "7", "PATH": "/bin"})  # an allocation without srun: still one process
+    assert (env.rank, env.world_size, env.local_rank, env.source, env.is_main) == (0, 1, 0, "single", True)
+    assert env.master_addr == "127.0.0.1" and 0 < env.master_port < 65536
+
+
+def test_auto_device_on_this_host():
+    device, backend = choose_device("auto")
+    if torch.cuda.is_available():
+        assert (device.type, backend) == ("cuda", "nccl")
+    else:
+        assert (device, backend) == (torch.device("cpu"), "gloo")
+    assert choose_device("cpu") == (torch.device("cpu"), "gloo")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a host without CUDA")
+def test_cuda_requested_without_cuda():
+    with pytest.raises(UserError, match="train.device=cuda but no CUDA device"):
+        choose_device("cuda")
+
+
+def test_rendezvous_nobody_listens():
+    """Rank 1 of 2 waits for a master that never starts: a one-line UserError naming host:port, in time.
+
+    A separate process, so no process-group state leaks into the other tests.
+    """
+    code = textwrap.dedent("""
+        import sys
+        from vitlarge.errors import UserError
+        from vitlarge.launch import DistEnv, _free_port, init_distributed
+        port = _free_port()  # bound and released: nobody listens on it
+        try:
+            init_distributed(DistEnv(1, 2, 1, "127.0.0.1", port, "test"), "gloo", timeout_s=2)
+        except UserError as e:
+            print(f"PORT {port}")
+            print(f"USERERROR {e}")
+            sys.exit(0)
+        sys.exit(1)
+    """)
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    elapsed = time.monotonic() - t0
+    assert r.returncode == 0, r.stdout + r.stderr
+    port = r.stdout.split("PORT ")[1].split()[0]
+    message = r.stdout.split("USERERROR ")[1].strip()
+    assert "\n" not in message
+    assert f"127.0.0.1:{port}" in message and "within 2s" in message and "rank 1 of 2" in message
+    assert elapsed < 45  # the timeout is honoured, not the 300 s default

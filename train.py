@@ -1,0 +1,153 @@
+"""Large-batch ViT pretraining: wires a recipe, the data, the model, the optimizer and the hooks.
+
+    colossalai run --nproc_per_node 4 train.py --config recipes/vit_b16.py --data /data/imagenet-tfrecord
+    srun python train.py --config recipes/vit_b16.py --data /data/imagenet-tfrecord --workdir runs/b16
+    python train.py --config recipes/demo_digits.py optim.lr=0.01      # dotted overrides
+    colossalai run --nproc_per_node 4 train.py --config recipes/vit_b16.py --dry-run
+
+A rerun with the same ``--workdir`` resumes from its newest complete checkpoint. Exit status: 0 done,
+2 bad input (one line says what to fix), 3 stopped by the NaN guard, 75 checkpointed on
+SIGTERM/SIGUSR1 (run again to continue).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+import sys
+from pathlib import Path
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="vitlarge: large-batch ViT pretraining on Colossal-AI")
+    p.add_argument("--config", required=True, help="recipe file, e.g. recipes/vit_b16.py")
+    p.add_argument("--data", help="TFRecord directory with dataset.json (sets data.path)")
+    p.add_argument("--workdir", help="logs, checkpoints and the exported model (sets workdir)")
+    p.add_argument("--resume", help="a checkpoints/step_* folder; default: the newest one in the workdir")
+    p.add_argument("--dry-run", action="store_true", help="print the resolved config and plan, touch no data")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    return p.parse_intermixed_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from vitlarge import launch
+
+    launch.quiet_imports()
+    from vitlarge.errors import UserError
+    from hooks.base import StopTraining
+    from vitlarge.trainer import EXIT_PREEMPTED, Preempted
+
+    env = None
+    try:
+        env = launch.detect()
+        logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING, format="%(message)s")
+        return run(args, env)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except StopTraining as e:
+        if env is None or env.is_main:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        return 3
+    except Preempted as e:
+        if env.is_main:
+            print(f"vitlarge: {e}", file=sys.stderr, flush=True)
+        return EXIT_PREEMPTED
+
+
+def run(args, env) -> int:
+    from vitlarge.config import load_config, make_plan
+    from vitlarge.plan import print_plan
+
+    cfg = load_config(args.config, args.overrides, data__path=args.data, workdir=args.workdir)
+    if args.dry_run:
+        if env.is_main:
+            print_plan(cfg, make_plan(cfg, env.world_size))
+        return 0
+
+    # Setup: device, process group, workdir.
+    import numpy as np
+    import torch
+    from colossalai.booster import Booster
+
+    from hooks import build_hooks
+    from hooks.base import RunInfo
+    from vitlarge import checkpoint, launch
+    from vitlarge.data import load_manifest
+    from vitlarge.data.build import train_loader, val_loader
+    from vitlarge.engine import Engine
+    from vitlarge.errors import UserError
+    from vitlarge.model import build_model
+    from vitlarge.optim import build_optimizer
+    from vitlarge.plugins import build_plugin
+    from vitlarge.precision import Precision
+    from vitlarge.trainer import Trainer
+
+    manifest = load_manifest(cfg.data.path)
+    if manifest.num_classes != cfg.data.num_classes:
+        raise UserError(
+            f"{cfg.data.path}/dataset.json has {manifest.num_classes} classes but data.num_classes="
+            f"{cfg.data.num_classes}; set data.num_classes={manifest.num_classes}"
+        )
+    plan = make_plan(cfg, env.world_size, manifest.num_examples("train"))
+    workdir = Path(cfg.workdir)
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / f".write_test_{env.rank}").touch()
+        (workdir / f".write_test_{env.rank}").unlink()
+    except OSError as e:
+        raise UserError(f"workdir {workdir} is not writable ({e.strerror}); pass a writable --workdir") from None
+    resume = Path(args.resume) if args.resume else checkpoint.latest(workdir)
+    if args.resume:
+        checkpoint.read_meta(resume)  # a missing or incomplete --resume path fails before any work
+    device, backend = launch.choose_device(cfg.train.device, env.local_rank)
+    launch.init_distributed(env, backend)
+
+    # Model and optimizer: identical initial weights on every rank, then per-rank randomness.
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg, device)
+    optimizer = build_optimizer(model, cfg.optim.name, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
+                                betas=tuple(cfg.optim.betas), eps=cfg.optim.eps, bias_correction=cfg.optim.bias_correction)
+    booster = Booster(plugin=build_plugin(cfg))
+    model, optimizer, *_ = booster.boost(model, optimizer)
+    # Under ZeRO the plugin owns mixed precision (it casts the model), so our autocast stays off.
+    amp = "fp32" if cfg.train.plugin == "zero" else cfg.train.precision
+    precision = Precision(amp, device, cfg.train.init_loss_scale, cfg.train.loss_scale_growth_interval)
+    engine = Engine(cfg, plan, booster, model, optimizer, precision)
+    torch.manual_seed(cfg.train.seed + env.rank)
+    np.random.seed(cfg.train.seed + env.rank)
+    random.seed(cfg.train.seed + env.rank)
+
+    # Resume: weights, optimizer, scaler, RNG, step and this rank's loader position.
+    start_step, data_state = 0, None
+    if resume is not None:
+        state = checkpoint.load(resume, model, optimizer, precision.scaler, cfg)
+        start_step, data_state = state["step"], state["data"]
+        if env.is_main:
+            logging.getLogger("vitlarge").info(f"resumed from {resume} at step {start_step}")
+
+    # Data.
+    train = train_loader(cfg, env.rank, env.world_size, device, state=data_state)
+    val = val_loader(cfg, env.rank, env.world_size, device)
+
+    # Loop, final evaluation, export.
+    run_info = RunInfo(
+        workdir=str(workdir), rank=env.rank, world_size=env.world_size, is_main=env.is_main, device=str(device),
+        global_batch=plan.global_batch, micro_batch=plan.micro_batch, accum_steps=plan.accum_steps,
+        steps_per_epoch=plan.steps_per_epoch, total_steps=plan.total_steps, warmup_steps=plan.warmup_steps,
+        start_step=start_step, config=cfg.to_dict(),
+    )
+    hooks = build_hooks(str(workdir), log_every=cfg.train.log_every_steps, nan_patience=cfg.train.nan_patience)
+    trainer = Trainer(cfg, plan, engine, train, val, hooks, run_info, start_step=start_step)
+    trainer.fit()
+    if env.is_main:
+        path = checkpoint.export(workdir, model)
+        logging.getLogger("vitlarge").info(f"exported {path}; metrics in {workdir / 'metrics.jsonl'}")
+    torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

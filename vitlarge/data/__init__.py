@@ -1,0 +1,26 @@
+"""Data for training: the dataset manifest and DALI loaders over TFRecord shards.
+
+    from vitlarge.data import load_manifest, TrainLoader, ValLoader
+
+``TrainLoader`` is an infinite, rank-sharded, exactly resumable stream of augmented batches;
+``ValLoader`` is one exact pass over the validation split per iteration. Both yield
+``(images float32 [B,3,H,W] normalized, labels int64 [B] in 0..C-1)`` on the given torch device.
+The loaders (DALI, torch) are imported lazily so that ``vitlarge.data.manifest`` stays light for
+the offline tools.
+"""
+
+from vitlarge.data.manifest import Manifest, load_manifest
+
+__all__ = ["Manifest", "load_manifest", "TrainLoader", "ValLoader", "build_mixup"]
+
+
+def __getattr__(name: str):
+    if name in ("TrainLoader", "ValLoader"):
+        from vitlarge.data import loader
+
+        return getattr(loader, name)
+    if name == "build_mixup":
+        from vitlarge.data.mixup import build_mixup
+
+        return build_mixup
+    raise AttributeError(f"module 'vitlarge.data' has no attribute {name!r}")

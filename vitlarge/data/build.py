@@ -1,0 +1,31 @@
+"""Builds the DALI loaders a config asks for; the one place config fields map to loader arguments."""
+
+from __future__ import annotations
+
+import torch
+
+from vitlarge.config import Config
+from vitlarge.data.loader import TrainLoader, ValLoader
+
+
+def _pixels(values) -> tuple:
+    return tuple(255.0 * v for v in values)  # the config keeps timm's 0..1 convention; DALI sees 0..255
+
+
+def train_loader(cfg: Config, rank: int, world_size: int, device: torch.device, state: str | None = None) -> TrainLoader:
+    d = cfg.data
+    return TrainLoader(
+        d.path, cfg.train.micro_batch, d.image_size, rank=rank, world_size=world_size, device=device,
+        seed=cfg.train.seed + rank, num_threads=d.num_threads, crop_scale=tuple(d.crop_scale),
+        crop_ratio=tuple(d.crop_ratio), hflip=d.hflip, randaugment=d.randaugment, mean=_pixels(d.mean),
+        std=_pixels(d.std), label_offset=d.label_offset, state=state,
+    )
+
+
+def val_loader(cfg: Config, rank: int, world_size: int, device: torch.device) -> ValLoader:
+    d = cfg.data
+    return ValLoader(
+        d.path, cfg.train.micro_batch, d.image_size, rank=rank, world_size=world_size, device=device,
+        num_threads=d.num_threads, crop_pct=d.val_crop_pct, mean=_pixels(d.mean), std=_pixels(d.std),
+        label_offset=d.label_offset,
+    )

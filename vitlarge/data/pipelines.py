@@ -1,0 +1,141 @@
+"""DALI pipeline definitions for training and validation over TFRecord shards.
+
+Both pipelines read ``image/encoded`` and ``image/class/label`` and return
+``(images float32 [B,3,S,S] normalized, labels int64 [B,1] as stored)``; images live on the
+DALI device (CPU or GPU), labels always on the CPU. The device is chosen once, in
+``dali_device``; everything below is the same code for both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import nvidia.dali.fn as fn
+import nvidia.dali.tfrecord as tfrec
+import nvidia.dali.types as types
+from nvidia.dali import pipeline_def
+
+from vitlarge.errors import UserError
+
+FEATURES = {
+    "image/encoded": tfrec.FixedLenFeature((), tfrec.string, ""),
+    "image/class/label": tfrec.FixedLenFeature([1], tfrec.int64, -1),
+}
+READER = "Reader"  # reader op name, for reader_meta()
+
+
+@dataclass(frozen=True)
+class DaliDevice:
+    """Where a pipeline runs: ``device_id`` None means CPU-only DALI (CPU operators only)."""
+
+    device_id: int | None
+    decoder: str  # "cpu" or "mixed" (nvJPEG, output on the GPU)
+
+
+def dali_device(device) -> DaliDevice:
+    """The one place a torch.device becomes DALI settings."""
+    if device.type == "cuda":
+        import torch
+
+        return DaliDevice(device.index if device.index is not None else torch.cuda.current_device(), "mixed")
+    if device.type == "cpu":
+        return DaliDevice(None, "cpu")
+    raise UserError(f"device {device}: DALI loaders support 'cpu' and 'cuda' devices; pass one of those")
+
+
+def parse_randaugment(spec) -> tuple[int, int] | None:
+    """``None``, ``(n, m)`` or timm-style ``"rand-m9-n2"`` -> (n, m)."""
+    if spec is None or spec == "":
+        return None
+    if isinstance(spec, (tuple, list)) and len(spec) == 2:
+        n, m = (int(x) for x in spec)
+    elif isinstance(spec, str) and spec.startswith("rand"):
+        parts = dict((p[0], p[1:]) for p in spec.split("-")[1:] if p)
+        try:
+            n, m = int(parts.get("n", 2)), int(parts["m"])
+        except (KeyError, ValueError):
+            n, m = -1, -1
+        unknown = set(parts) - {"n", "m"}
+        if unknown:
+            raise UserError(
+                f"randaugment={spec!r}: only the n and m fields are supported (got {sorted(unknown)}); "
+                "use e.g. 'rand-m9-n2'"
+            )
+    else:
+        n, m = -1, -1
+    if not (0 <= n and 0 <= m <= 30):
+        raise UserError(f"randaugment={spec!r}: expected 'rand-m<0..30>-n<ops>' or (n, m), e.g. 'rand-m9-n2'")
+    return n, m
+
+
+def _reader(paths, index_paths, *, shard_id, num_shards, seed, training: bool, initial_fill: int):
+    return fn.readers.tfrecord(
+        path=paths,
+        index_path=index_paths,
+        features=FEATURES,
+        shard_id=shard_id,
+        num_shards=num_shards,
+        # Each rank keeps its shard every epoch: rank-local page cache, stable shard sizes.
+        stick_to_shard=True,
+        random_shuffle=training,
+        initial_fill=initial_fill,
+        # Validation pads the last batch (repeating the last sample); the loader strips the padding.
+        pad_last_batch=not training,
+        seed=seed,
+        name=READER,
+    )
+
+
+@pipeline_def(enable_conditionals=True)
+def train_pipeline(paths, index_paths, *, shard_id, num_shards, reader_seed, image_size, decoder, crop_scale,
+                   crop_ratio, hflip, randaugment, mean, std, initial_fill, interp):
+    data = _reader(paths, index_paths, shard_id=shard_id, num_shards=num_shards, seed=reader_seed, training=True,
+                   initial_fill=initial_fill)
+    # Decodes only the random crop window (ROI decode), so the full image is never materialized.
+    images = fn.decoders.image_random_crop(
+        data["image/encoded"], device=decoder, output_type=types.RGB,
+        random_area=list(crop_scale), random_aspect_ratio=list(crop_ratio), num_attempts=10,
+    )
+    # antialias=False: the crop is usually larger than the output and antialiasing is the most
+    # expensive part of the CPU resize; torchvision's RandomResizedCrop on tensors skips it too.
+    images = fn.resize(images, size=[image_size, image_size], interp_type=interp, antialias=False)
+    mirror = fn.random.coin_flip(probability=0.5) if hflip else 0
+    if randaugment is not None:
+        from nvidia.dali.auto_aug import rand_augment
+
+        if hflip:  # RandAugment must see the flipped image, as in timm (flip, then RandAugment)
+            images = fn.flip(images, horizontal=mirror)
+            mirror = 0
+        n, m = randaugment
+        images = rand_augment.rand_augment(images, n=n, m=m, shape=[image_size, image_size])
+    images = fn.crop_mirror_normalize(
+        images, dtype=types.FLOAT, output_layout="CHW", mean=list(mean), std=list(std), mirror=mirror,
+    )
+    return images, data["image/class/label"]
+
+
+@pipeline_def
+def val_pipeline(paths, index_paths, *, shard_id, num_shards, image_size, crop_pct, decoder, mean, std, interp):
+    data = _reader(paths, index_paths, shard_id=shard_id, num_shards=num_shards, seed=0, training=False,
+                   initial_fill=1)
+    images = fn.decoders.image(data["image/encoded"], device=decoder, output_type=types.RGB)
+    # timm's eval transform: shorter side to floor(size / crop_pct), then a centre crop of size.
+    images = fn.resize(images, resize_shorter=float(int(image_size / crop_pct)), interp_type=interp)
+    images = fn.crop_mirror_normalize(
+        images, crop=(image_size, image_size), dtype=types.FLOAT, output_layout="CHW", mean=list(mean), std=list(std),
+    )
+    return images, data["image/class/label"]
+
+
+def interp_type(name: str):
+    table = {"bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC, "triangular": types.INTERP_TRIANGULAR,
+             "nearest": types.INTERP_NN}
+    if name not in table:
+        raise UserError(f"interpolation={name!r}: expected one of {sorted(table)}")
+    return table[name]
+
+
+def shard_range(num_examples: int, shard_id: int, num_shards: int) -> tuple[int, int]:
+    """The [begin, end) records DALI's reader gives shard ``shard_id`` (same formula as DALI)."""
+    return num_examples * shard_id // num_shards, num_examples * (shard_id + 1) // num_shards
+

@@ -1,0 +1,138 @@
+"""One optimizer step: accumulation micro-steps, autocast, loss scaling, clipping, LAMB.
+
+Contract: ``Engine.step(step, next_batch)`` takes the 0-based index of the optimizer step about to
+be taken and a callable returning one rank-local micro-batch ``(images, labels)`` on the device.
+It runs ``plan.accum_steps`` forward/backward passes; every pass but the last sits inside
+``booster.no_sync`` so DDP all-reduces gradients once per optimizer step. The loss returned is this
+rank's mean over its micro-batches (the trainer averages it over ranks). Gradients are unscaled
+before the global norm is measured and clipped; a step whose gradients are not finite is skipped
+(fp16: by the scaler, which also lowers the scale; bf16/fp32: by us) and reported as ``skipped``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from typing import Callable
+
+import torch
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+from vitlarge.config import Config, Plan
+from vitlarge.precision import Precision
+from vitlarge.schedule import lr_at
+
+
+class CommCounter:
+    """DDP comm hook state: counts gradient all-reduce calls and bytes (cheap; always on)."""
+
+    def __init__(self):
+        self.calls = 0
+        self.bytes = 0
+
+    @staticmethod
+    def hook(state: "CommCounter", bucket):
+        state.calls += 1
+        state.bytes += bucket.buffer().numel() * bucket.buffer().element_size()
+        return default_hooks.allreduce_hook(None, bucket)
+
+
+def build_criterion(cfg: Config):
+    """Loss and optional Mixup/CutMix from timm; soft targets whenever Mixup or CutMix is on."""
+    from timm.data import Mixup
+    from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+
+    a = cfg.augment
+    if a.mixup_alpha > 0 or a.cutmix_alpha > 0:
+        mixup = Mixup(
+            mixup_alpha=a.mixup_alpha,
+            cutmix_alpha=a.cutmix_alpha,
+            prob=a.mixup_prob,
+            label_smoothing=a.label_smoothing,
+            num_classes=cfg.data.num_classes,
+        )
+        return mixup, SoftTargetCrossEntropy()
+    if a.label_smoothing > 0:
+        return None, LabelSmoothingCrossEntropy(a.label_smoothing)
+    return None, torch.nn.CrossEntropyLoss()
+
+
+class Engine:
+    """Owns the boosted model and optimizer; knows nothing about data sources, logging or checkpoints."""
+
+    def __init__(self, cfg: Config, plan: Plan, booster, model, optimizer, precision: Precision):
+        self.cfg, self.plan = cfg, plan
+        self.booster, self.model, self.optimizer = booster, model, optimizer
+        self.precision = precision
+        self.mixup, self.criterion = build_criterion(cfg)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.comm = CommCounter()
+        ddp = getattr(model, "module", None)
+        if isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
+            ddp.register_comm_hook(self.comm, CommCounter.hook)
+        # ZeRO (CUDA only) scales, reduces and clips inside its optimizer wrapper; the engine then
+        # only runs backward through the booster and reads the norm back. Untested on CPU.
+        self.zero = hasattr(optimizer, "get_grad_norm") and not isinstance(ddp, torch.nn.parallel.DistributedDataParallel)
+
+    @property
+    def torch_optimizer(self) -> torch.optim.Optimizer:
+        return getattr(self.optimizer, "optim", self.optimizer)
+
+    def lr(self, step: int) -> float:
+        s = self.cfg.schedule
+        return lr_at(step, peak_lr=self.cfg.optim.lr, total_steps=self.plan.total_steps,
+                     warmup_steps=self.plan.warmup_steps, decay=s.decay, min_lr_ratio=s.min_lr_ratio)
+
+    def step(self, step: int, next_batch: Callable[[], tuple]) -> dict:
+        self.model.train()
+        opt, scaler = self.torch_optimizer, self.precision.scaler
+        lr = self.lr(step)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        accum = self.plan.accum_steps
+        loss_sum = torch.zeros((), dtype=torch.float32, device=self.params[0].device)
+        data_time = 0.0
+        calls_before = self.comm.calls
+        for micro in range(accum):
+            t0 = time.perf_counter()
+            images, labels = next_batch()
+            data_time += time.perf_counter() - t0
+            if self.mixup is not None:
+                images, labels = self.mixup(images, labels)
+            last = micro == accum - 1
+            with contextlib.nullcontext() if last else self.booster.no_sync(self.model, self.optimizer):
+                with self.precision.autocast():
+                    logits = self.model(images)
+                loss = self.criterion(logits.float(), labels)
+                if self.zero:
+                    self.booster.backward(loss / accum, self.optimizer)
+                else:
+                    scaler.scale(loss / accum).backward()
+            loss_sum += loss.detach()
+        if self.zero:
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+            grad_norm = float(self.optimizer.get_grad_norm() or math.nan)
+            return dict(loss=loss_sum / accum, lr=lr, grad_norm=grad_norm, loss_scale=float(getattr(self.optimizer, "loss_scale", 1.0)),
+                        skipped=not math.isfinite(grad_norm), data_time=data_time, allreduce_calls=0)
+        scale = self.precision.loss_scale
+        scaler.unscale_(opt)
+        max_norm = self.cfg.optim.clip_grad_norm if self.cfg.optim.clip_grad_norm > 0 else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        finite = math.isfinite(grad_norm)
+        if scaler.is_enabled():
+            scaler.step(opt)  # skips the update itself when unscale_ found inf/nan
+            scaler.update()
+        elif finite:
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+        return dict(
+            loss=loss_sum / accum,
+            lr=lr,
+            grad_norm=grad_norm,
+            loss_scale=scale,
+            skipped=not finite,
+            data_time=data_time,
+            allreduce_calls=self.comm.calls - calls_before,
+        )

@@ -1,0 +1,78 @@
+"""Exact top-1 / top-5 / loss over the validation split, and the command that evaluates a checkpoint.
+
+Contract: every rank iterates its own shard of the split (the loader strips DALI's padding), sums
+are all-reduced in float64, so each image counts once whatever the world size and batch size.
+
+    python -m vitlarge.evaluate --config recipes/demo_digits.py --checkpoint runs/demo/checkpoints/step_0000600
+    colossalai run --nproc_per_node 4 -m vitlarge.evaluate --config ... --checkpoint .../model.safetensors
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Iterable
+
+import torch
+import torch.distributed as dist
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, batches: Iterable, precision) -> dict:
+    """Returns ``val_top1``, ``val_top5`` (fractions), ``val_loss`` (mean CE) and ``val_images``."""
+    model.eval()
+    device = next(model.parameters()).device
+    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top1, top5, count
+    for images, labels in batches:
+        with precision.autocast():
+            logits = model(images)
+        logits = logits.float()
+        k = min(5, logits.shape[1])
+        top = logits.topk(k, dim=1).indices
+        hit = top.eq(labels[:, None])
+        sums[0] += torch.nn.functional.cross_entropy(logits, labels, reduction="sum").double()
+        sums[1] += hit[:, 0].sum()
+        sums[2] += hit.any(dim=1).sum()
+        sums[3] += labels.numel()
+    if dist.is_initialized():
+        dist.all_reduce(sums)
+    loss, top1, top5, n = sums.tolist()
+    n = max(n, 1.0)
+    return dict(val_top1=top1 / n, val_top5=top5 / n, val_loss=loss / n, val_images=int(sums[3].item()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from vitlarge import checkpoint, launch
+    from vitlarge.config import load_config
+    from vitlarge.data.build import val_loader
+    from vitlarge.errors import UserError
+    from vitlarge.model import build_model
+    from vitlarge.precision import Precision
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", required=True)
+    p.add_argument("--checkpoint", required=True, help="a step_* checkpoint directory or a model.safetensors file")
+    p.add_argument("--data", default=None)
+    p.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    args = p.parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides, data__path=args.data)
+        env = launch.detect()
+        device, backend = launch.choose_device(cfg.train.device, env.local_rank)
+        launch.init_distributed(env, backend)
+        model = build_model(cfg, device)
+        checkpoint.load_model_weights(args.checkpoint, model, cfg)
+        val = val_loader(cfg, env.rank, env.world_size, device)
+        metrics = evaluate(model, val, Precision(cfg.train.precision, device))
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if env.is_main:
+        print(json.dumps(metrics))
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""Process-group setup for every way a run is started, and the one place device and backend are chosen.
+
+Supported launchers, detected from the environment:
+
+* ``colossalai run`` / ``torchrun``: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``.
+* ``srun`` (Slurm): ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``; the master is the first host
+  of ``SLURM_JOB_NODELIST`` (expanded by ``scontrol show hostnames``) and the port is derived from the
+  job id unless ``MASTER_PORT`` is set.
+* plain ``python train.py``: one process, world size 1.
+
+We initialise ``torch.distributed`` ourselves instead of calling ``colossalai.launch``, which
+ignores its ``backend`` argument and takes the accelerator's (nccl), so it cannot give gloo on a
+CPU-only host. Booster and its plugins only need an initialised default process group.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import subprocess
+import warnings
+from dataclasses import dataclass
+
+from vitlarge.errors import UserError
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process sits in the job. ``source`` names the launcher that was detected."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    source: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _int_env(env, key: str) -> int:
+    try:
+        return int(env[key])
+    except ValueError:
+        raise UserError(f"environment variable {key}={env[key]!r} is not an integer; fix the launcher settings") from None
+
+
+def _first_slurm_host(nodelist: str) -> str:
+    if not any(c in nodelist for c in "[,"):
+        return nodelist
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
+        return out.stdout.split()[0]
+    except (OSError, subprocess.CalledProcessError, IndexError):
+        raise UserError(
+            f"cannot expand SLURM_JOB_NODELIST={nodelist!r} with 'scontrol show hostnames'; set MASTER_ADDR"
+        ) from None
+
+
+def detect(env=None) -> DistEnv:
+    """Reads the launcher's variables; torchrun's win over Slurm's (torchrun inside an allocation)."""
+    env = os.environ if env is None else env
+    if "RANK" in env and "WORLD_SIZE" in env:
+        rank, world = _int_env(env, "RANK"), _int_env(env, "WORLD_SIZE")
+        local = _int_env(env, "LOCAL_RANK") if "LOCAL_RANK" in env else rank
+        addr = env.get("MASTER_ADDR", "127.0.0.1")
+        port = _int_env(env, "MASTER_PORT") if "MASTER_PORT" in env else 29500
+        source = "torchrun"
+    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        rank, world = _int_env(env, "SLURM_PROCID"), _int_env(env, "SLURM_NTASKS")
+        local = _int_env(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0
+        addr = env.get("MASTER_ADDR") or _first_slurm_host(env.get("SLURM_JOB_NODELIST", "127.0.0.1"))
+        job = _int_env(env, "SLURM_JOB_ID") if env.get("SLURM_JOB_ID") else 0
+        port = _int_env(env, "MASTER_PORT") if env.get("MASTER_PORT") else 20000 + job % 20000
+        source = "slurm"
+    else:
+        rank, world, local = 0, 1, 0
+        addr, port, source = "127.0.0.1", _free_port(), "single"
+    if world < 1 or not 0 <= rank < world:
+        raise UserError(
+            f"inconsistent launcher variables ({source}): rank {rank} with world size {world}; "
+            "check --nproc_per_node / srun -n"
+        )
+    return DistEnv(rank, world, local, addr, port, source)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def choose_device(requested: str = "auto", local_rank: int = 0):
+    """The one place that maps the config's ``train.device`` to a torch device and a backend."""
+    import torch
+
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise UserError("train.device=cuda but no CUDA device is visible; use train.device=cpu or auto")
+    if requested != "cpu" and torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank), "nccl"
+    return torch.device("cpu"), "gloo"
+
+
+def init_distributed(dist_env: DistEnv, backend: str, timeout_s: float = 300.0) -> None:
+    """Initialises the default process group (also for world size 1, so one code path)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = dist_env.master_addr, str(dist_env.master_port)
+    try:
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{dist_env.master_addr}:{dist_env.master_port}",
+            rank=dist_env.rank,
+            world_size=dist_env.world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+    except (RuntimeError, dist.DistStoreError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(
+            f"rendezvous at {dist_env.master_addr}:{dist_env.master_port} did not complete within {timeout_s:.0f}s "
+            f"(rank {dist_env.rank} of {dist_env.world_size}, {dist_env.source}): {first}; "
+            "check that every process started and that the address is reachable"
+        ) from None
+
+
+def quiet_imports() -> None:
+    """Colossal-AI warns at import about optional CUDA extensions a CPU run never uses."""
+    warnings.filterwarnings("ignore", message=".*(tensornvme|apex|kernels).*")
+    warnings.filterwarnings("ignore", category=FutureWarning, module="colossalai")

@@ -1,0 +1,32 @@
+"""``--dry-run``: the resolved config and what it will do, computed without data or a process group."""
+
+from __future__ import annotations
+
+import json
+
+from vitlarge.config import Config, Plan
+from vitlarge.model import describe_model, memory_estimate
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def print_plan(cfg: Config, plan: Plan) -> None:
+    print("resolved config:")
+    print(json.dumps(cfg.to_dict(), indent=2))
+    info = describe_model(cfg)
+    mem = memory_estimate(info, plan.micro_batch, cfg.train.precision, cfg.model.grad_checkpointing,
+                          cfg.train.plugin == "zero", plan.world_size)
+    train_flops = 3 * info["fwd_flops"]  # backward costs about twice the forward
+    print("plan:")
+    print(f"  {plan.describe()}")
+    print(f"  {plan.global_batch} = {plan.micro_batch} x {plan.accum_steps} x {plan.world_size}")
+    print(f"  model {cfg.model.name}: {info['params'] / 1e6:.2f}M parameters, "
+          f"{info['fwd_flops'] / 1e9:.2f} GFLOPs/image forward, {train_flops / 1e9:.2f} GFLOPs/image train step")
+    print(f"  epochs {cfg.train.epochs} over {plan.num_train_examples} images; "
+          f"total {train_flops * plan.global_batch * plan.total_steps / 1e18:.2f} EFLOPs")
+    print(f"  memory per device (rough): weights+grads+LAMB states {_gib(mem['states'])}, "
+          f"activations {_gib(mem['activations'])}, total {_gib(mem['total'])}")
+    print(f"  eval every {plan.eval_every_steps} steps, checkpoint every {cfg.train.checkpoint_every_steps} steps "
+          f"into {cfg.workdir}/checkpoints")

@@ -1,0 +1,127 @@
+"""The loop: optimizer steps, evaluation and checkpoint cadence, preemption, and hook events.
+
+Contract: the trainer owns the step counter (optimizer steps done, restored from the checkpoint),
+calls the hooks' events in the order documented in ``hooks/base.py`` and never formats a log line
+itself. All ranks take the same decisions: the loss, the stop request (a signal delivered to any
+rank) and the hooks' view of the step are all-reduced once per optimizer step in one small message.
+"""
+
+from __future__ import annotations
+
+import resource
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from vitlarge import checkpoint
+from vitlarge.config import Config, Plan
+from vitlarge.engine import Engine
+from vitlarge.evaluate import evaluate
+
+EXIT_PREEMPTED = 75
+"""Exit status after a checkpoint on SIGTERM/SIGUSR1 (EX_TEMPFAIL): run the same command again to continue."""
+
+
+class Preempted(Exception):
+    """Training stopped at a step boundary on request, after writing a checkpoint."""
+
+    def __init__(self, step: int, path):
+        super().__init__(f"stopped on signal after step {step}; checkpoint {path}; run the same command to resume")
+        self.step, self.path = step, path
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+class Trainer:
+    def __init__(self, cfg: Config, plan: Plan, engine: Engine, train_loader, val_loader, hooks: list, run,
+                 start_step: int = 0):
+        self.cfg, self.plan, self.engine = cfg, plan, engine
+        self.train_loader, self.val_loader = train_loader, val_loader
+        self.hooks, self.run = hooks, run
+        self.step = start_step
+        self.device = engine.params[0].device
+        self._stop_signal = 0
+        self.last_eval: dict = {}
+
+    def _on_signal(self, signum, frame):
+        self._stop_signal = signum
+
+    def _emit(self, event: str, *args) -> None:
+        for hook in self.hooks:
+            getattr(hook, event)(self.run, *args)
+
+    def _sync(self, loss: torch.Tensor) -> tuple[float, bool]:
+        """Mean loss over ranks and whether any rank was asked to stop, in one all-reduce."""
+        buf = torch.stack([loss.float(), torch.tensor(float(self._stop_signal > 0), device=loss.device)])
+        if dist.is_initialized():
+            dist.all_reduce(buf)
+        loss_sum, stop = buf.tolist()
+        return loss_sum / self.plan.world_size, stop > 0
+
+    def _evaluate(self) -> dict:
+        m = evaluate(self.engine.model, self.val_loader, self.engine.precision)
+        m.update(step=self.step, epoch=self.step / self.plan.steps_per_epoch)
+        self.last_eval = m
+        self._emit("on_eval_end", m)
+        return m
+
+    def _checkpoint(self):
+        path = checkpoint.save(self.cfg.workdir, self.step, self.engine.model, self.engine.optimizer,
+                               self.engine.precision.scaler, self.train_loader.state(), self.cfg,
+                               keep=self.cfg.train.keep_checkpoints)
+        self._emit("on_checkpoint", self.step, str(path))
+        return path
+
+    def fit(self) -> dict:
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGUSR1)}
+        try:
+            return self._fit()
+        finally:
+            for s, handler in old.items():
+                signal.signal(s, handler)
+
+    def _fit(self) -> dict:
+        t, plan = self.cfg.train, self.plan
+        end = min(plan.total_steps, t.max_steps) if t.max_steps else plan.total_steps
+        self._emit("on_train_start")
+        while self.step < end:
+            t0 = time.perf_counter()
+            out = self.engine.step(self.step, lambda: next(self.train_loader))
+            loss, stop = self._sync(out["loss"])
+            self.step += 1
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            dt = time.perf_counter() - t0
+            m = dict(
+                step=self.step, epoch=self.step / plan.steps_per_epoch, train_loss=loss, lr=out["lr"],
+                grad_norm=out["grad_norm"], loss_scale=out["loss_scale"], skipped=out["skipped"],
+                images=plan.global_batch, step_time=dt, data_time=out["data_time"],
+                images_per_s=plan.global_batch / dt, images_per_s_per_device=plan.global_batch / dt / plan.world_size,
+                peak_mem_bytes=peak_memory_bytes(self.device), allreduce_calls=out["allreduce_calls"],
+            )
+            self._emit("on_step_end", m)
+            if plan.eval_every_steps and self.step % plan.eval_every_steps == 0 and self.step < end:
+                self._evaluate()
+            if stop:
+                raise Preempted(self.step, self._checkpoint())
+            if self.step % t.checkpoint_every_steps == 0 and self.step < end:
+                self._checkpoint()
+        final = self._evaluate()
+        if not checkpoint.latest(self.cfg.workdir) or checkpoint.latest(self.cfg.workdir).name != f"step_{self.step:07d}":
+            self._checkpoint()
+        summary = {**final, "step": self.step}
+        self._emit("on_train_end", summary)
+        return summary
+
+
+def exit_preempted(e: Preempted, is_main: bool) -> None:
+    if is_main:
+        print(f"vitlarge: {e}", file=sys.stderr, flush=True)
+    sys.exit(EXIT_PREEMPTED)
