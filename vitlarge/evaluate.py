@@ -4,7 +4,7 @@ Contract: every rank iterates its own shard of the split (the loader strips DALI
 are all-reduced in float64, so each image counts once whatever the world size and batch size.
 
     python -m vitlarge.evaluate --config recipes/demo_digits.py --checkpoint runs/demo/checkpoints/step_0000600
-    colossalai run --nproc_per_node 4 -m vitlarge.evaluate --config ... --checkpoint .../model.safetensors
+    torchrun --nproc_per_node 4 -m vitlarge.evaluate --config ... --checkpoint .../model.safetensors
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from vitlarge import checkpoint
+from vitlarge import checkpoint, faults
 from vitlarge.config import Config, Plan
 from vitlarge.engine import Engine
 from vitlarge.evaluate import evaluate
@@ -49,6 +49,7 @@ class Trainer:
         self.device = engine.params[0].device
         self._stop_signal = 0
         self.last_eval: dict = {}
+        self._poison = faults.poisoned_steps()
 
     def _on_signal(self, signum, frame):
         self._stop_signal = signum
@@ -93,7 +94,8 @@ class Trainer:
         self._emit("on_train_start")
         while self.step < end:
             t0 = time.perf_counter()
-            out = self.engine.step(self.step, lambda: next(self.train_loader))
+            batches = faults.poison_batches(lambda: next(self.train_loader), self.step + 1, self._poison)
+            out = self.engine.step(self.step, batches)
             loss, stop = self._sync(out["loss"])
             self.step += 1
             if self.device.type == "cuda":

@@ -13,6 +13,7 @@ import base64
 import hashlib
 import json
 import math
+import warnings
 
 import torch
 from nvidia.dali.plugin.pytorch import feed_ndarray
@@ -96,15 +97,25 @@ class TrainLoader:
         checkpoint = self._decode_state(state, data_dir) if state else None
         # Distinct augmentation streams per rank; the reader seed fixes the shuffle order.
         pipe_seed = (seed * 7919 + rank) % (2**31 - 1)
-        self._pipe = pipelines.train_pipeline(
+        with warnings.catch_warnings():  # DALI's RandAugment still calls its deprecated fn.experimental aliases
+            warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"nvidia\.dali")
+            self._pipe = self._build(files, rank, world_size, pipe_seed, image_size, dev, crop_scale, crop_ratio, hflip,
+                                     settings["randaugment"], mean, std, initial_fill, interpolation, batch_size,
+                                     num_threads, prefetch_queue_depth, checkpoint)
+
+    @staticmethod
+    def _build(files, rank, world_size, pipe_seed, image_size, dev, crop_scale, crop_ratio, hflip, randaugment, mean,
+               std, initial_fill, interpolation, batch_size, num_threads, prefetch_queue_depth, checkpoint):
+        pipe = pipelines.train_pipeline(
             [f for f, _ in files], [i for _, i in files], shard_id=rank, num_shards=world_size, reader_seed=pipe_seed,
             image_size=image_size, decoder=dev.decoder, crop_scale=crop_scale, crop_ratio=crop_ratio, hflip=hflip,
-            randaugment=settings["randaugment"], mean=mean, std=std, initial_fill=initial_fill,
+            randaugment=randaugment, mean=mean, std=std, initial_fill=initial_fill,
             interp=pipelines.interp_type(interpolation),
             batch_size=batch_size, num_threads=num_threads, device_id=dev.device_id, seed=pipe_seed,
             prefetch_queue_depth=prefetch_queue_depth, enable_checkpointing=True, checkpoint=checkpoint,
         )
-        self._pipe.build()
+        pipe.build()
+        return pipe
 
     def __iter__(self) -> "TrainLoader":
         return self
