@@ -35,9 +35,8 @@ def main(argv=None) -> int:
     from vitlarge import launch
 
     launch.quiet_imports()
-    from vitlarge.errors import UserError
     from hooks.base import StopTraining
-    from vitlarge.trainer import EXIT_PREEMPTED, Preempted
+    from vitlarge.errors import EXIT_PREEMPTED, Preempted, UserError
 
     env = None
     try:
@@ -59,10 +58,11 @@ def main(argv=None) -> int:
 
 def run(args, env) -> int:
     from vitlarge.config import load_config, make_plan
-    from vitlarge.plan import print_plan
 
     cfg = load_config(args.config, args.overrides, data__path=args.data, workdir=args.workdir)
     if args.dry_run:
+        from vitlarge.plan import print_plan
+
         if env.is_main:
             print_plan(cfg, make_plan(cfg, env.world_size))
         return 0

@@ -28,7 +28,6 @@ import random
 import signal
 import sys
 import time
-from dataclasses import asdict
 
 from data_tools import imagefolder, tfrecord_io
 from data_tools.imagefolder import BadImage, Item
@@ -59,7 +58,8 @@ def example_features(item: Item, jpeg: bytes, height: int, width: int) -> dict:
     }
 
 
-def plan_shards(items: list[Item], num_shards: int, split: str, shuffle_seed: int | None) -> list[tuple[str, list[Item]]]:
+def plan_shards(items: list[Item], num_shards: int, split: str,
+                shuffle_seed: int | None) -> list[tuple[str, list[Item]]]:
     """Split items into contiguous, near-equal shards; train is shuffled first with a fixed seed."""
     items = list(items)
     if shuffle_seed is not None:
@@ -228,10 +228,13 @@ def convert(src: str, out: str, *, train_shards: int = 1024, val_shards: int = 1
     )
     write_manifest(manifest, out)
     skipped = [s for r in records.values() for s in r["skipped"]]
+    skipped_list = os.path.join(out, "skipped.txt")
     if skipped:
-        tfrecord_io.write_text_atomic(os.path.join(out, "skipped.txt"), "".join(f"{p}\t{why}\n" for p, why in skipped))
+        tfrecord_io.write_text_atomic(skipped_list, "".join(f"{p}\t{why}\n" for p, why in skipped))
+    elif os.path.exists(skipped_list):  # from an earlier run whose bad files have since been fixed
+        os.remove(skipped_list)
     counts = ", ".join(f"{s}: {manifest.num_examples(s):,} images in {len(manifest.shards(s))} shards" for s in plans)
-    extra = f"; {len(skipped)} unreadable images skipped (listed in {os.path.join(out, 'skipped.txt')})" if skipped else ""
+    extra = f"; {len(skipped)} unreadable images skipped (listed in {skipped_list})" if skipped else ""
     reenc = sum(r["reencoded"] for r in records.values())
     print(f"wrote {os.path.join(out, 'dataset.json')}: {counts}; {manifest.num_classes} classes; "
           f"{reenc} images re-encoded as RGB JPEG{extra}" + (f"; {rate}" if tasks else ""), file=sys.stderr)
@@ -256,7 +259,7 @@ def _run_tasks(out, tasks, skip_bad, check, workers, todo_images, rate, progress
 
         if workers <= 0:  # in-process: debugging and tests
             for name, items, digest in tasks:
-                rec = _guard(lambda: write_shard(out, name, items, skip_bad, check, digest), skip_bad)
+                rec = _guard(lambda: write_shard(out, name, items, skip_bad, check, digest))
                 records[name] = rec
                 advance(rec["num_records"] + len(rec["skipped"]), sum(i.size for i in items))
             return records
@@ -270,7 +273,7 @@ def _run_tasks(out, tasks, skip_bad, check, workers, todo_images, rate, progress
                 done, pending = cf.wait(pending, timeout=0.2, return_when=cf.FIRST_COMPLETED)
                 _drain(q, advance)
                 for f in done:
-                    rec = _guard(f.result, skip_bad)
+                    rec = _guard(f.result)
                     records[rec["shard"]] = rec
                     if skip_bad and rec["skipped"]:
                         advance(len(rec["skipped"]), 0)
@@ -301,7 +304,7 @@ def _drain(q, advance) -> None:
         advance(n, nbytes)
 
 
-def _guard(fn, skip_bad: bool):
+def _guard(fn):
     """Run a shard task, turning bad images and I/O failures into one-line UserErrors."""
     try:
         return fn()
@@ -330,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--val-labels", help="labels for a flat ROOT/val: LOC_val_solution.csv or 'filename class' lines")
     bad = p.add_mutually_exclusive_group()
     bad.add_argument("--skip-bad", action="store_true", help="skip unreadable images, report and count them")
-    bad.add_argument("--fail-on-bad", dest="skip_bad", action="store_false", help="stop at the first unreadable image (default)")
+    bad.add_argument("--fail-on-bad", dest="skip_bad", action="store_false",
+                     help="stop at the first unreadable image (default)")
     p.add_argument("--check", choices=("header", "decode"), default="header",
                    help="header: parse headers, require the JPEG end marker (fast); decode: decode every image")
     p.add_argument("--seed", type=int, default=0, help="train shuffle seed")

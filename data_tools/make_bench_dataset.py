@@ -5,7 +5,8 @@
 Each image is a random crop (30-100% of a side) of one of the two 640x427 sample photos, flipped
 at random, colour- and brightness-shifted, resized to an ImageNet-typical size (500x375,
 375x500, 500x333, ... jittered), given mild sensor-like noise and saved as JPEG quality 92:
-about 60-150 KB, like ImageNet's ~110 KB average. Layout ``OUT/{train,val}/<class>/*.JPEG`` (class names ``c0000``...), with
+about 60-150 KB, like ImageNet's ~110 KB average. Layout ``OUT/{train,val}/<class>/*.JPEG``
+(class names ``c0000``...), with
 ``--val-fraction`` of the images in val. ``OUT/bench.json`` records the parameters; a rerun
 with the same parameters does nothing.
 """

@@ -59,7 +59,9 @@ def make_demo_dataset(out: str, *, workers: int = 0, progress: bool = False) -> 
         os.makedirs(out, exist_ok=True)
         write_digit_jpegs(os.path.join(out, "src"))
     except OSError as e:
-        raise UserError(f"{e.filename or out}: cannot write the demo data set ({e.strerror}); choose a writable OUT") from None
+        raise UserError(
+            f"{e.filename or out}: cannot write the demo data set ({e.strerror}); choose a writable OUT"
+        ) from None
     return imagenet_to_tfrecord.convert(os.path.join(out, "src"), out, train_shards=4, val_shards=2,
                                         workers=workers, progress=progress)
 

@@ -34,7 +34,8 @@ def _label_info(payload: bytes) -> tuple[int | None, str, str]:
     feat = ex.features.feature
 
     def text(key: str) -> str:
-        return feat[key].bytes_list.value[0].decode("utf-8", "replace") if key in feat and feat[key].bytes_list.value else ""
+        values = feat[key].bytes_list.value if key in feat else []
+        return values[0].decode("utf-8", "replace") if values else ""
 
     label = feat["image/class/label"].int64_list.value[0] if "image/class/label" in feat else None
     return label, text("image/class/synset"), text("image/class/text")

@@ -5,7 +5,10 @@ rank raises `StopTraining` at the same step and none is left waiting in a collec
 
 What counts: a step whose ``train_loss`` is nan or inf. An fp16 overflow step (``skipped=True``)
 with a finite loss is the loss scaler doing its job, not divergence: it does not count, and like
-any finite loss it resets the counter.
+any finite loss it resets the counter. Without a loss scaler (``train.precision`` bf16 or fp32) a
+skipped step means the gradients themselves were non-finite and nothing will lower a scale and
+retry: it counts, even when the loss is finite (a huge lr drives weights to where the loss is a
+finite 1e8 but every gradient is nan, and the run would otherwise skip every step to the end).
 """
 
 from __future__ import annotations
@@ -28,16 +31,18 @@ class NanGuardHook(Hook):
         self._last_finite: tuple[int, float] | None = None  # (step, loss)
         self._checkpoints: list[tuple[int, str]] = []  # (step, path), in the order written
         self._start_step = 0
+        self._skips_count = False  # True without a loss scaler: a skipped step is a non-finite gradient
 
     def on_train_start(self, run: RunInfo) -> None:
         self._start_step = run.start_step
+        self._skips_count = run.config.get("train", {}).get("precision", "fp16") != "fp16"
 
     def on_checkpoint(self, run: RunInfo, step: int, path: str) -> None:
         self._checkpoints.append((step, path))
 
     def on_step_end(self, run: RunInfo, m: dict[str, Any]) -> None:
         step, loss = m["step"], m["train_loss"]
-        if math.isfinite(loss):
+        if math.isfinite(loss) and not (self._skips_count and m.get("skipped")):
             self._bad_since, self._bad_count = None, 0
             self._last_finite = (step, loss)
             return
@@ -62,5 +67,6 @@ class NanGuardHook(Hook):
             ckpt = f"none written by this run; it resumed from the checkpoint at step {self._start_step}"
         else:
             ckpt = "none"
-        return (f"loss was non-finite for steps {first}..{step}; {finite}; "
-                f"lower the lr or use bf16; last good checkpoint: {ckpt}")
+        what, fix = ("loss or gradients were", "lower the lr") if self._skips_count else ("loss was", "lower the lr or use bf16")
+        return (f"{what} non-finite for steps {first}..{step}; {finite}; "
+                f"{fix}; last good checkpoint: {ckpt}")

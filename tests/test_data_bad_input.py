@@ -65,7 +65,8 @@ def train_loader(data_dir):
 def test_missing_source_cli(tmp_path):
     r = run_cli("data_tools.imagenet_to_tfrecord", "--src", str(tmp_path / "nope"), "--out", str(tmp_path / "out"))
     assert r.returncode == 2
-    assert r.stderr.strip() == f"error: {tmp_path / 'nope'}: source directory does not exist; pass --src ROOT with ROOT/train/<class>/*"
+    assert r.stderr.strip() == (f"error: {tmp_path / 'nope'}: source directory does not exist; "
+                                "pass --src ROOT with ROOT/train/<class>/*")
     assert "Traceback" not in r.stderr
 
 
@@ -73,7 +74,8 @@ def test_empty_class_directory(tiny_imagefolder, tmp_path, capsys):
     src = copy_imagefolder(tiny_imagefolder, str(tmp_path / "src"))
     os.makedirs(os.path.join(src, "train", "n09999999"))
     assert convert_main(src, tmp_path / "out") == 2
-    assert error_line(capsys) == f"error: {os.path.join(src, 'train', 'n09999999')}: empty class directory; add images or remove it"
+    empty = os.path.join(src, "train", "n09999999")
+    assert error_line(capsys) == f"error: {empty}: empty class directory; add images or remove it"
 
 
 def test_validation_class_not_in_train(tiny_imagefolder, tmp_path, capsys):
@@ -142,7 +144,8 @@ def tmpfs(tmp_path):
 def test_read_only_output_directory(tiny_imagefolder, tmpfs, capsys):
     mnt = tmpfs("size=1m", "ro")
     assert convert_main(tiny_imagefolder, mnt / "out") == 2
-    assert error_line(capsys) == f"error: {mnt / 'out'}: output directory is not writable (Read-only file system); choose another --out"
+    assert error_line(capsys) == (f"error: {mnt / 'out'}: output directory is not writable (Read-only file system); "
+                                  "choose another --out")
 
 
 def _assert_disk_full_handled(out, capsys, rc):
@@ -196,7 +199,8 @@ def test_missing_index(data_copy):
     os.remove(index)
     with pytest.raises(UserError) as e:
         ValLoader(data_copy, 4, 32, rank=0, world_size=1, device=CPU)
-    assert str(e.value) == (f"{index}: missing DALI index for {index[:-4]}; run python -m data_tools.make_index {data_copy}")
+    assert str(e.value) == (f"{index}: missing DALI index for {index[:-4]}; "
+                            f"run python -m data_tools.make_index {data_copy}")
 
 
 def test_stale_index(data_copy):
@@ -246,3 +250,33 @@ def test_no_partial_manifest_name_ever(tmp_path):
     with pytest.raises(TypeError):
         tfrecord_io.write_text_atomic(str(target), None)  # type: ignore[arg-type]
     assert os.listdir(tmp_path) == []
+
+
+def test_undecodable_image_inside_a_shard(tmp_path):
+    """Shards made elsewhere may hold a broken JPEG: one line naming the data and the fix, not a DALI dump."""
+    with tfrecord_io.ShardWriter(str(tmp_path / "train-00000-of-00001")) as w:
+        for i in range(12):
+            w.write(tfrecord_io.encode_example({
+                "image/encoded": (corrupt_jpeg_bytes() + b"garbage" if i == 5 else _tiny_jpeg(), "byte"),
+                "image/class/label": (1, "int"),
+            }))
+        w.commit()
+    make_index.make_index(str(tmp_path))
+    loader = TrainLoader(str(tmp_path), 4, 32, rank=0, world_size=1, device=CPU, seed=0, initial_fill=16)
+    with pytest.raises(UserError) as e:
+        for _ in range(6):
+            next(loader)
+    msg = str(e.value)
+    assert msg.startswith(f"{tmp_path}: an image in the train shards cannot be decoded (") and "\n" not in msg
+    assert msg.endswith("re-convert the source with python -m data_tools.imagenet_to_tfrecord "
+                        "--check decode --skip-bad")
+
+
+def _tiny_jpeg() -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (40, 30), (10, 200, 30)).save(buf, "JPEG")
+    return buf.getvalue()

@@ -124,8 +124,8 @@ def test_flat_validation_with_labels_file(tiny_imagefolder, tmp_path, style):
             lines.append(f"{stem},{synset} 1 2 3 4" if style == "kaggle" else f"{n} {synset}")
     (src / "labels.txt").write_text("\n".join(lines) + "\n")
     out = str(tmp_path / "out")
-    imagenet_to_tfrecord.convert(str(src), out, train_shards=2, val_shards=1, workers=0, val_labels=str(src / "labels.txt"),
-                                 progress=False)
+    imagenet_to_tfrecord.convert(str(src), out, train_shards=2, val_shards=1, workers=0,
+                                 val_labels=str(src / "labels.txt"), progress=False)
     records = read_split(out, "validation")
     assert len(records) == 3 * TINY_VAL_PER_CLASS
     for rec in records:

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 TORCHRUN = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29511"}
 SLURM = {"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "123456",
-         "SLURM_JOB_NODELIST": "node01"}
+         "SLURM_JOB_NODELIST": "node01", "SLURM_STEP_ID": "0"}  # srun sets SLURM_STEP_ID; a batch shell does not
 
 
 def test_torchrun_variables():

@@ -8,3 +8,15 @@ exit with status 2, without a traceback.
 
 class UserError(Exception):
     """Bad input: a missing file, a wrong key, a value out of range. Message names it and the fix."""
+
+
+EXIT_PREEMPTED = 75
+"""Exit status after a checkpoint on SIGTERM/SIGUSR1 (EX_TEMPFAIL): run the same command again to continue."""
+
+
+class Preempted(Exception):
+    """Training stopped at an optimizer-step boundary on a signal, after writing a checkpoint."""
+
+    def __init__(self, step: int, path):
+        super().__init__(f"stopped on signal after step {step}; checkpoint {path}; run the same command to resume")
+        self.step, self.path = step, path

@@ -4,8 +4,10 @@ Supported launchers, detected from the environment:
 
 * ``colossalai run`` / ``torchrun``: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``.
 * ``srun`` (Slurm): ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``; the master is the first host
-  of ``SLURM_JOB_NODELIST`` (expanded by ``scontrol show hostnames``) and the port is derived from the
-  job id unless ``MASTER_PORT`` is set.
+  of the step's node list (``SLURM_STEP_NODELIST``, else ``SLURM_JOB_NODELIST``, expanded by
+  ``scontrol show hostnames``) and the port is derived from the job id unless ``MASTER_PORT`` is set.
+  Only srun sets ``SLURM_STEP_ID``: a batch script also has ``SLURM_PROCID=0`` and the job's
+  ``SLURM_NTASKS``, and ``python train.py`` run there directly would wait for tasks that never start.
 * plain ``python train.py``: one process, world size 1.
 
 We initialise ``torch.distributed`` ourselves instead of calling ``colossalai.launch``, which
@@ -71,8 +73,14 @@ def detect(env=None) -> DistEnv:
         source = "torchrun"
     elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         rank, world = _int_env(env, "SLURM_PROCID"), _int_env(env, "SLURM_NTASKS")
+        if world > 1 and "SLURM_STEP_ID" not in env:
+            raise UserError(
+                f"this is a Slurm batch script (SLURM_NTASKS={world} but no SLURM_STEP_ID), not one of its "
+                "tasks; start train.py with srun (srun python train.py ...) so that every task runs"
+            )
         local = _int_env(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0
-        addr = env.get("MASTER_ADDR") or _first_slurm_host(env.get("SLURM_JOB_NODELIST", "127.0.0.1"))
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "127.0.0.1")
+        addr = env.get("MASTER_ADDR") or _first_slurm_host(nodelist)
         job = _int_env(env, "SLURM_JOB_ID") if env.get("SLURM_JOB_ID") else 0
         port = _int_env(env, "MASTER_PORT") if env.get("MASTER_PORT") else 20000 + job % 20000
         source = "slurm"
@@ -100,26 +108,59 @@ def choose_device(requested: str = "auto", local_rank: int = 0):
     if requested == "cuda" and not torch.cuda.is_available():
         raise UserError("train.device=cuda but no CUDA device is visible; use train.device=cpu or auto")
     if requested != "cpu" and torch.cuda.is_available():
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank), "nccl"
+        # One visible GPU per process (srun --gpus-per-task=1, --gpu-bind) is device 0 whatever the local rank.
+        count = torch.cuda.device_count()
+        index = 0 if count == 1 else local_rank
+        if index >= count:
+            raise UserError(
+                f"local rank {local_rank} but only {count} CUDA devices are visible to it; start one process "
+                "per GPU (srun --ntasks-per-node equal to --gpus-per-node)"
+            )
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index), "nccl"
     return torch.device("cpu"), "gloo"
 
 
-def init_distributed(dist_env: DistEnv, backend: str, timeout_s: float = 300.0) -> None:
-    """Initialises the default process group (also for world size 1, so one code path)."""
+RENDEZVOUS_TIMEOUT_ENV = "VITLARGE_RENDEZVOUS_TIMEOUT"
+"""Seconds to wait for every process to join (default 300): a missing task fails the run after this."""
+
+
+def rendezvous_timeout_s(env=None) -> float:
+    env = os.environ if env is None else env
+    raw = env.get(RENDEZVOUS_TIMEOUT_ENV, "300")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise UserError(f"environment variable {RENDEZVOUS_TIMEOUT_ENV}={raw!r} must be a positive number of seconds")
+    return value
+
+
+def init_distributed(dist_env: DistEnv, backend: str, timeout_s: float | None = None,
+                     collective_timeout_s: float = 300.0) -> None:
+    """Initialises the default process group (also for world size 1, so one code path).
+
+    ``timeout_s`` bounds the rendezvous only (every process connected to the master's store);
+    it defaults to ``$VITLARGE_RENDEZVOUS_TIMEOUT`` or 300 s. Collectives, and store operations
+    after the rendezvous, get ``collective_timeout_s``: a short rendezvous timeout must not make a
+    long checkpoint write on rank 0 look like a hang to the other ranks.
+    """
     import torch.distributed as dist
 
     if dist.is_initialized():
         return
+    if timeout_s is None:
+        timeout_s = rendezvous_timeout_s()
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = dist_env.master_addr, str(dist_env.master_port)
     try:
-        dist.init_process_group(
-            backend,
-            init_method=f"tcp://{dist_env.master_addr}:{dist_env.master_port}",
-            rank=dist_env.rank,
-            world_size=dist_env.world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
-        )
+        # The master waits for all world_size processes to connect: a missing task fails here, in time.
+        store = dist.TCPStore(dist_env.master_addr, dist_env.master_port, dist_env.world_size,
+                              is_master=dist_env.rank == 0, timeout=datetime.timedelta(seconds=timeout_s),
+                              wait_for_workers=True)
+        dist.init_process_group(backend, store=store, rank=dist_env.rank, world_size=dist_env.world_size,
+                                timeout=datetime.timedelta(seconds=collective_timeout_s))
+        store.set_timeout(datetime.timedelta(seconds=collective_timeout_s))
     except (RuntimeError, dist.DistStoreError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(

@@ -9,7 +9,7 @@ from vitlarge.model import describe_model, memory_estimate
 
 
 def _gib(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB"
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def print_plan(cfg: Config, plan: Plan) -> None:
@@ -25,7 +25,7 @@ def print_plan(cfg: Config, plan: Plan) -> None:
     print(f"  model {cfg.model.name}: {info['params'] / 1e6:.2f}M parameters, "
           f"{info['fwd_flops'] / 1e9:.2f} GFLOPs/image forward, {train_flops / 1e9:.2f} GFLOPs/image train step")
     print(f"  epochs {cfg.train.epochs} over {plan.num_train_examples} images; "
-          f"total {train_flops * plan.global_batch * plan.total_steps / 1e18:.2f} EFLOPs")
+          f"total {train_flops * plan.global_batch * plan.total_steps:.3g} FLOPs")
     print(f"  memory per device (rough): weights+grads+LAMB states {_gib(mem['states'])}, "
           f"activations {_gib(mem['activations'])}, total {_gib(mem['total'])}")
     print(f"  eval every {plan.eval_every_steps} steps, checkpoint every {cfg.train.checkpoint_every_steps} steps "

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import resource
 import signal
-import sys
 import time
 
 import torch
@@ -19,19 +18,8 @@ import torch.distributed as dist
 from vitlarge import checkpoint, faults
 from vitlarge.config import Config, Plan
 from vitlarge.engine import Engine
+from vitlarge.errors import Preempted
 from vitlarge.evaluate import evaluate
-
-EXIT_PREEMPTED = 75
-"""Exit status after a checkpoint on SIGTERM/SIGUSR1 (EX_TEMPFAIL): run the same command again to continue."""
-
-
-class Preempted(Exception):
-    """Training stopped at a step boundary on request, after writing a checkpoint."""
-
-    def __init__(self, step: int, path):
-        super().__init__(f"stopped on signal after step {step}; checkpoint {path}; run the same command to resume")
-        self.step, self.path = step, path
-
 
 def peak_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
@@ -122,8 +110,3 @@ class Trainer:
         self._emit("on_train_end", summary)
         return summary
 
-
-def exit_preempted(e: Preempted, is_main: bool) -> None:
-    if is_main:
-        print(f"vitlarge: {e}", file=sys.stderr, flush=True)
-    sys.exit(EXIT_PREEMPTED)

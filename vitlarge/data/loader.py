@@ -13,7 +13,6 @@ import base64
 import hashlib
 import json
 import math
-import warnings
 
 import torch
 from nvidia.dali.plugin.pytorch import feed_ndarray
@@ -60,6 +59,22 @@ class _Batches:
         return out, lab.to(self.device, non_blocking=True)
 
 
+def _run(pipe, manifest: Manifest, split: str):
+    """``pipe.run()``; an image DALI cannot decode becomes a one-line UserError with the fix."""
+    try:
+        return pipe.run()
+    except RuntimeError as e:
+        text = str(e)
+        if "decoders." not in text:
+            raise
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip() and "no longer valid" not in ln]
+        d = manifest.data_dir
+        raise UserError(
+            f"{d}: an image in the {split} shards cannot be decoded ({lines[-1] if lines else 'decoder error'}); "
+            "re-convert the source with python -m data_tools.imagenet_to_tfrecord --check decode --skip-bad"
+        ) from None
+
+
 class TrainLoader:
     """Infinite stream of augmented training batches for one rank; exactly resumable.
 
@@ -97,31 +112,23 @@ class TrainLoader:
         checkpoint = self._decode_state(state, data_dir) if state else None
         # Distinct augmentation streams per rank; the reader seed fixes the shuffle order.
         pipe_seed = (seed * 7919 + rank) % (2**31 - 1)
-        with warnings.catch_warnings():  # DALI's RandAugment still calls its deprecated fn.experimental aliases
-            warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"nvidia\.dali")
-            self._pipe = self._build(files, rank, world_size, pipe_seed, image_size, dev, crop_scale, crop_ratio, hflip,
-                                     settings["randaugment"], mean, std, initial_fill, interpolation, batch_size,
-                                     num_threads, prefetch_queue_depth, checkpoint)
-
-    @staticmethod
-    def _build(files, rank, world_size, pipe_seed, image_size, dev, crop_scale, crop_ratio, hflip, randaugment, mean,
-               std, initial_fill, interpolation, batch_size, num_threads, prefetch_queue_depth, checkpoint):
-        pipe = pipelines.train_pipeline(
+        # DALI's RandAugment uses fn.experimental aliases DALI itself deprecates; DALI forces those
+        # DeprecationWarnings on (its own catch_warnings), so they print once per build. Harmless.
+        self._pipe = pipelines.train_pipeline(
             [f for f, _ in files], [i for _, i in files], shard_id=rank, num_shards=world_size, reader_seed=pipe_seed,
             image_size=image_size, decoder=dev.decoder, crop_scale=crop_scale, crop_ratio=crop_ratio, hflip=hflip,
-            randaugment=randaugment, mean=mean, std=std, initial_fill=initial_fill,
+            randaugment=settings["randaugment"], mean=mean, std=std, initial_fill=initial_fill,
             interp=pipelines.interp_type(interpolation),
             batch_size=batch_size, num_threads=num_threads, device_id=dev.device_id, seed=pipe_seed,
             prefetch_queue_depth=prefetch_queue_depth, enable_checkpointing=True, checkpoint=checkpoint,
         )
-        pipe.build()
-        return pipe
+        self._pipe.build()
 
     def __iter__(self) -> "TrainLoader":
         return self
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
-        images, labels = self._pipe.run()
+        images, labels = _run(self._pipe, self.manifest, "train")
         return self._batches.convert(images, labels)
 
     def state(self) -> str:
@@ -188,11 +195,11 @@ class ValLoader:
 
     def __iter__(self):
         while 0 < self._runs_in_pass < self._batches_per_pass:  # finish an abandoned pass
-            self._pipe.run()
+            _run(self._pipe, self.manifest, "validation")
             self._runs_in_pass += 1
         self._runs_in_pass = 0
         for i in range(self._batches_per_pass):
-            images, labels = self._pipe.run()
+            images, labels = _run(self._pipe, self.manifest, "validation")
             self._runs_in_pass += 1
             keep = min(self.batch_size, self.num_examples_this_rank - i * self.batch_size)
             yield self._batches.convert(images, labels, keep)

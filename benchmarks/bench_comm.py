@@ -1,0 +1,159 @@
+"""Gradient all-reduces per optimizer step at accumulation 1, 4 and 32, on 2 real gloo processes.
+
+Run: ``python -m benchmarks.bench_comm [--quick]`` (CPU, 2 processes, ~30 s). Writes
+``benchmarks/results/comm.json``.
+
+Each rank builds the demo model (``recipes/demo_digits.py``, 0.45M parameters) through the Engine as
+train.py does (Booster + TorchDDPPlugin, bucket cap 25 MB) and takes optimizer steps on in-memory
+batches; the Engine's ``CommCounter`` DDP comm hook counts the gradient all-reduce calls and bytes
+per step. Every micro-step but the last runs under ``no_sync``, so the count must be the number of
+DDP buckets whatever the accumulation. The Trainer adds one 8-byte all-reduce per step (loss and
+stop flag), not counted here.
+
+For ViT-B/16 and ViT-L/16 the buckets are computed, not run: DDP's own assignment
+(``dist._compute_bucket_assignment_by_size``, 25 MB cap; with an explicit ``bucket_cap_mb`` DDP
+adds no small first bucket) over the parameters in
+reverse order, which is how DDP rebuilds its buckets after the first step. The same computation
+for the demo model is checked against the measured count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+ACCUMULATIONS = (1, 4, 32)
+WORLD = 2
+BUCKET_CAP_MB = 25  # vitlarge.plugins.build_plugin
+
+
+def demo_config(accum: int, tiny: bool):
+    from vitlarge.config import load_recipe
+
+    cfg = load_recipe(ROOT / "recipes" / "demo_digits.py")
+    cfg.train.micro_batch = 2 if tiny else 8
+    cfg.train.global_batch = cfg.train.micro_batch * accum * WORLD
+    cfg.train.precision = "fp32"
+    cfg.augment.mixup_alpha = 0.0
+    cfg.data.num_train_examples = 10**6
+    return cfg
+
+
+def _worker(rank: int, port: int, steps: int, tiny: bool, out: str) -> None:
+    import torch.distributed as dist
+
+    from benchmarks.bench_train import build_engine
+    from vitlarge import launch
+
+    torch.set_num_threads(1)
+    launch.init_distributed(launch.DistEnv(rank, WORLD, rank, "127.0.0.1", port, "bench"), "gloo")
+    results = {}
+    for accum in ACCUMULATIONS:
+        cfg = demo_config(accum, tiny)
+        engine = build_engine(cfg, WORLD)
+        g = torch.Generator().manual_seed(rank)
+        s, b = cfg.data.image_size, cfg.train.micro_batch
+        batch = (torch.randn(b, 3, s, s, generator=g), torch.randint(0, cfg.data.num_classes, (b,), generator=g))
+        calls, nbytes = [], []
+        for step in range(steps):
+            c0, b0 = engine.comm.calls, engine.comm.bytes
+            engine.step(step, lambda: batch)
+            calls.append(engine.comm.calls - c0)
+            nbytes.append(engine.comm.bytes - b0)
+        ddp = engine.model.module
+        log = ddp._get_ddp_logging_data()
+        results[accum] = {"calls_per_step": calls, "bytes_per_step": nbytes, "micro_steps_per_step": accum,
+                          "grad_bytes": sum(p.numel() * p.element_size() for p in ddp.parameters()),
+                          "params": sum(p.numel() for p in ddp.parameters()),
+                          "ddp_bucket_sizes": log.get("bucket_sizes"), "ddp_rebuilt_bucket_sizes": log.get("rebuilt_bucket_sizes")}
+        del engine
+    if rank == 0:
+        Path(out).write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+def ddp_buckets(model: torch.nn.Module, cap_mb: int = BUCKET_CAP_MB) -> list[int]:
+    """Bucket sizes in bytes as DDP lays them out after its first step (gradient-ready order)."""
+    import torch.distributed as dist
+
+    params = [p for p in model.parameters() if p.requires_grad][::-1]
+    # An explicit bucket_cap_mb (ours) also caps the first bucket; only DDP's default adds a 1 MB one.
+    limits = [cap_mb * 1024 * 1024]
+    buckets, _ = dist._compute_bucket_assignment_by_size(params, limits, [False] * len(params))
+    return [sum(params[i].numel() * params[i].element_size() for i in b) for b in buckets]
+
+
+def computed(name: str, **kwargs) -> dict:
+    import timm
+
+    with torch.device("meta"):
+        model = timm.create_model(name, **kwargs)
+    sizes = ddp_buckets(model)
+    return {"params": sum(p.numel() for p in model.parameters()), "buckets": len(sizes),
+            "bytes_per_step": sum(sizes), "bucket_bytes": sizes}
+
+
+def run(quick: bool = True, tiny: bool = False) -> dict:
+    import torch.multiprocessing as mp
+
+    from vitlarge import launch
+
+    tiny = common.is_tiny(tiny)
+    steps = 2 if tiny else 3
+    out = tempfile.mktemp(prefix="vitlarge-bench-comm-", suffix=".json")
+    mp.spawn(_worker, args=(launch._free_port(), steps, tiny, out), nprocs=WORLD, join=True)
+    measured = {int(k): v for k, v in json.loads(Path(out).read_text()).items()}
+    os.unlink(out)
+    demo_cfg = demo_config(1, tiny)
+    from vitlarge.model import build_model
+
+    demo_pred = ddp_buckets(build_model(demo_cfg, "meta"))
+    # After DDP's first step it rebuilds its buckets in gradient-ready order; steps 2.. are steady.
+    steady = {a: {"calls": m["calls_per_step"][-1], "bytes": m["bytes_per_step"][-1]} for a, m in measured.items()}
+    one_per_step = len({s["calls"] for s in steady.values()}) == 1 and all(
+        len(set(m["calls_per_step"][1:])) == 1 for m in measured.values())
+    result = {
+        "benchmark": "gradient all-reduces per optimizer step (DDP comm hook), 2 gloo processes",
+        "world_size": WORLD, "bucket_cap_mb": BUCKET_CAP_MB, "tiny": tiny, "quick": quick, "steps": steps,
+        "demo_model": {"name": demo_cfg.model.name, "kwargs": demo_cfg.model.kwargs,
+                       "params": measured[1]["params"], "grad_bytes": measured[1]["grad_bytes"],
+                       "predicted_buckets": len(demo_pred), "predicted_bucket_bytes": demo_pred},
+        "measured": measured,
+        "steady_per_step": steady,
+        "calls_independent_of_accumulation": one_per_step,
+        "prediction_matches_measurement": all(s["calls"] == len(demo_pred) for s in steady.values()),
+        "computed": {"vit_base_patch16_224": computed("vit_base_patch16_224"),
+                     "vit_large_patch16_224": computed("vit_large_patch16_224")},
+        "goal": "calls per optimizer step = number of DDP buckets, independent of accumulation",
+    }
+    common.write_result("comm", result)
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--tiny", action="store_true")
+    args = p.parse_args()
+    warnings.filterwarnings("ignore")
+    r = run(args.quick, args.tiny)
+    for a, s in r["steady_per_step"].items():
+        print(f"accumulation {a:3d}: {s['calls']} all-reduce calls, {s['bytes']:,} bytes per optimizer step "
+              f"(all steps: {r['measured'][a]['calls_per_step']})")
+    for name, c in r["computed"].items():
+        print(f"{name}: {c['params']:,} params -> {c['buckets']} buckets, {c['bytes_per_step']:,} bytes per step")
+    print(f"calls independent of accumulation: {r['calls_independent_of_accumulation']}; "
+          f"predicted buckets match: {r['prediction_matches_measurement']}")
+
+
+if __name__ == "__main__":
+    main()

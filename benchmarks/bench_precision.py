@@ -1,0 +1,95 @@
+"""Step time by precision on this CPU: fp32 vs bf16 vs fp16 autocast, through vitlarge's Engine.
+
+Run: ``python -m benchmarks.bench_precision [--quick]`` (CPU, 2 threads, ~2-3 min quick on an idle
+machine). Writes ``benchmarks/results/precision.json``.
+
+Same model, data and optimizer as ``bench_train`` (ViT-S/16 at 96 px, micro-batch 32, LAMB, one
+process, Booster DDP on gloo world 1). Contenders, timed step by step, interleaved:
+``fp32``, ``bf16``, ``fp16`` (with dynamic loss scaling; ``model.fused_attn=auto`` turns the fused
+SDPA attention off for fp16 on CPU) and ``fp16_fused_attn`` (forced on, to show why ``auto`` does that).
+The precision that is fastest on a GPU (bf16/fp16: tensor cores) need not be on a CPU: without AMX,
+low-precision matmuls run on AVX-512 and the casts autocast adds are pure overhead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import warnings
+
+from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
+
+import torch
+
+from benchmarks.bench_train import bench_config, build_engine, make_batches
+
+CONTENDERS = {  # name -> (train.precision, model.fused_attn)
+    "fp32": ("fp32", "auto"),
+    "bf16": ("bf16", "auto"),
+    "fp16": ("fp16", "auto"),
+    "fp16_fused_attn": ("fp16", "on"),
+}
+
+
+def run(quick: bool = True, tiny: bool = False) -> dict:
+    tiny = common.is_tiny(tiny)
+    threads = common.threads(tiny)
+    torch.set_num_threads(threads)
+    common.init_single_process_group()
+    repeats, steps = (1, 1) if tiny else (3, 1) if quick else (5, 3)
+    engines, batches = {}, None
+    for name, (precision, fused) in CONTENDERS.items():
+        cfg = bench_config(tiny, precision)
+        cfg.model.fused_attn = fused
+        batches = batches or make_batches(cfg)
+        engines[name] = build_engine(cfg)
+
+    def timed(name: str):
+        engine = engines[name]
+
+        def go():
+            for _ in range(steps):
+                engine._bench_step = getattr(engine, "_bench_step", 0) + 1
+                it = iter(batches)
+                engine.step(engine._bench_step, lambda: next(it))
+
+        w, c = common.timed(go)
+        return w / steps, c / steps
+
+    for name in engines:  # warm-up: optimizer state, oneDNN primitive caches
+        timed(name)
+    times = common.interleaved({name: (lambda n=name: timed(n)) for name in engines}, repeats)
+    micro = bench_config(tiny).train.micro_batch
+    res = {}
+    for name, t in times.items():
+        w, c = common.median(t["wall_s"]), common.median(t["cpu_s"])
+        res[name] = {"step_s": common.summary(t["wall_s"]), "cpu_s_per_step": common.summary(t["cpu_s"]),
+                     "images_per_s": round(micro / w, 2), "images_per_s_cpu": round(micro / (c / threads), 2)}
+    for r in res.values():
+        r["speed_vs_fp32"] = round(r["images_per_s"] / res["fp32"]["images_per_s"], 3)
+        r["speed_vs_fp32_cpu"] = round(r["images_per_s_cpu"] / res["fp32"]["images_per_s_cpu"], 3)
+    cfg = bench_config(tiny)
+    result = {
+        "benchmark": "precision: step time by autocast dtype, CPU",
+        "model": cfg.model.name, "model_kwargs": cfg.model.kwargs, "image_size": cfg.data.image_size,
+        "micro_batch": micro, "tiny": tiny, "quick": quick, "rounds": repeats, "steps_per_round": steps,
+        "threads": threads, "contenders": {k: {"precision": p, "fused_attn": f} for k, (p, f) in CONTENDERS.items()},
+        "results": res,
+    }
+    common.write_result("precision", result)
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--tiny", action="store_true", help="smoke-test sizes; numbers mean nothing")
+    args = p.parse_args()
+    warnings.filterwarnings("ignore")
+    r = run(args.quick, args.tiny)
+    print(json.dumps({k: {x: v[x] for x in ("images_per_s", "images_per_s_cpu", "speed_vs_fp32_cpu")}
+                      for k, v in r["results"].items()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
