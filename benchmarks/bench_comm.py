@@ -3,7 +3,8 @@
 Run: ``python -m benchmarks.bench_comm [--quick]`` (CPU, 2 processes, ~30 s). Writes
 ``benchmarks/results/comm.json``.
 
-Each rank builds the demo model (``recipes/demo_digits.py``, 0.45M parameters) through the Engine as
+Each rank builds the demo model (``recipes/demo_digits.py``, 0.45M parameters: one bucket) and, unless
+tiny, ViT-S/16 on 32 px images (22M parameters: four buckets) through the Engine as
 train.py does (Booster + TorchDDPPlugin, bucket cap 25 MB) and takes optimizer steps on in-memory
 batches; the Engine's ``CommCounter`` DDP comm hook counts the gradient all-reduce calls and bytes
 per step. Every micro-step but the last runs under ``no_sync``, so the count must be the number of
@@ -36,10 +37,15 @@ WORLD = 2
 BUCKET_CAP_MB = 25  # vitlarge.plugins.build_plugin
 
 
-def demo_config(accum: int, tiny: bool):
+def demo_config(accum: int, tiny: bool, model: str = "demo"):
+    """The demo recipe at ``accum`` micro-steps per optimizer step; ``model="vit_s16"`` swaps in
+    ViT-S/16 (22M parameters, 88 MB of gradients: several 25 MB buckets) on 32 px images."""
     from vitlarge.config import load_recipe
 
     cfg = load_recipe(ROOT / "recipes" / "demo_digits.py")
+    if model == "vit_s16":
+        cfg.model.name, cfg.model.kwargs = "vit_small_patch16_224", {}
+        cfg.data.image_size, cfg.data.num_classes = 32, 1000
     cfg.train.micro_batch = 2 if tiny else 8
     cfg.train.global_batch = cfg.train.micro_batch * accum * WORLD
     cfg.train.precision = "fp32"
@@ -57,8 +63,9 @@ def _worker(rank: int, port: int, steps: int, tiny: bool, out: str) -> None:
     torch.set_num_threads(1)
     launch.init_distributed(launch.DistEnv(rank, WORLD, rank, "127.0.0.1", port, "bench"), "gloo")
     results = {}
-    for accum in ACCUMULATIONS:
-        cfg = demo_config(accum, tiny)
+    models = ("demo",) if tiny else ("demo", "vit_s16")
+    for model, accum in [(m, a) for m in models for a in ACCUMULATIONS]:
+        cfg = demo_config(accum, tiny, model)
         engine = build_engine(cfg, WORLD)
         g = torch.Generator().manual_seed(rank)
         s, b = cfg.data.image_size, cfg.train.micro_batch
@@ -71,7 +78,7 @@ def _worker(rank: int, port: int, steps: int, tiny: bool, out: str) -> None:
             nbytes.append(engine.comm.bytes - b0)
         ddp = engine.model.module
         log = ddp._get_ddp_logging_data()
-        results[accum] = {"calls_per_step": calls, "bytes_per_step": nbytes, "micro_steps_per_step": accum,
+        results.setdefault(model, {})[accum] = {"calls_per_step": calls, "bytes_per_step": nbytes, "micro_steps_per_step": accum,
                           "grad_bytes": sum(p.numel() * p.element_size() for p in ddp.parameters()),
                           "params": sum(p.numel() for p in ddp.parameters()),
                           "ddp_bucket_sizes": log.get("bucket_sizes"), "ddp_rebuilt_bucket_sizes": log.get("rebuilt_bucket_sizes")}
@@ -111,16 +118,27 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
     steps = 2 if tiny else 3
     out = tempfile.mktemp(prefix="vitlarge-bench-comm-", suffix=".json")
     mp.spawn(_worker, args=(launch._free_port(), steps, tiny, out), nprocs=WORLD, join=True)
-    measured = {int(k): v for k, v in json.loads(Path(out).read_text()).items()}
-    os.unlink(out)
-    demo_cfg = demo_config(1, tiny)
     from vitlarge.model import build_model
 
+    all_measured = json.loads(Path(out).read_text())
+    os.unlink(out)
+    measured = {int(k): v for k, v in all_measured["demo"].items()}
+    demo_cfg = demo_config(1, tiny)
     demo_pred = ddp_buckets(build_model(demo_cfg, "meta"))
     # After DDP's first step it rebuilds its buckets in gradient-ready order; steps 2.. are steady.
     steady = {a: {"calls": m["calls_per_step"][-1], "bytes": m["bytes_per_step"][-1]} for a, m in measured.items()}
     one_per_step = len({s["calls"] for s in steady.values()}) == 1 and all(
         len(set(m["calls_per_step"][1:])) == 1 for m in measured.values())
+    multi = None
+    if "vit_s16" in all_measured:  # several buckets: the count is the bucket count, not 1
+        ms = {int(k): v for k, v in all_measured["vit_s16"].items()}
+        pred = ddp_buckets(build_model(demo_config(1, tiny, "vit_s16"), "meta"))
+        multi = {"params": ms[1]["params"], "grad_bytes": ms[1]["grad_bytes"], "predicted_buckets": len(pred),
+                 "predicted_bucket_bytes": pred, "measured": ms,
+                 "steady_per_step": {a: {"calls": m["calls_per_step"][-1], "bytes": m["bytes_per_step"][-1]}
+                                     for a, m in ms.items()}}
+        multi["matches"] = all(s["calls"] == len(pred) for s in multi["steady_per_step"].values())
+        one_per_step = one_per_step and len({s["calls"] for s in multi["steady_per_step"].values()}) == 1
     result = {
         "benchmark": "gradient all-reduces per optimizer step (DDP comm hook), 2 gloo processes",
         "world_size": WORLD, "bucket_cap_mb": BUCKET_CAP_MB, "tiny": tiny, "quick": quick, "steps": steps,
@@ -130,7 +148,9 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
         "measured": measured,
         "steady_per_step": steady,
         "calls_independent_of_accumulation": one_per_step,
-        "prediction_matches_measurement": all(s["calls"] == len(demo_pred) for s in steady.values()),
+        "prediction_matches_measurement": all(s["calls"] == len(demo_pred) for s in steady.values())
+        and (multi is None or multi["matches"]),
+        "vit_s16_32px": multi,
         "computed": {"vit_base_patch16_224": computed("vit_base_patch16_224"),
                      "vit_large_patch16_224": computed("vit_large_patch16_224")},
         "goal": "calls per optimizer step = number of DDP buckets, independent of accumulation",
@@ -149,6 +169,9 @@ def main() -> None:
     for a, s in r["steady_per_step"].items():
         print(f"accumulation {a:3d}: {s['calls']} all-reduce calls, {s['bytes']:,} bytes per optimizer step "
               f"(all steps: {r['measured'][a]['calls_per_step']})")
+    if r["vit_s16_32px"]:
+        v = r["vit_s16_32px"]
+        print(f"ViT-S/16: {v['steady_per_step']} (predicted {v['predicted_buckets']} buckets)")
     for name, c in r["computed"].items():
         print(f"{name}: {c['params']:,} params -> {c['buckets']} buckets, {c['bytes_per_step']:,} bytes per step")
     print(f"calls independent of accumulation: {r['calls_independent_of_accumulation']}; "

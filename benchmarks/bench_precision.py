@@ -6,7 +6,9 @@ machine). Writes ``benchmarks/results/precision.json``.
 Same model, data and optimizer as ``bench_train`` (ViT-S/16 at 96 px, micro-batch 32, LAMB, one
 process, Booster DDP on gloo world 1). Contenders, timed step by step, interleaved:
 ``fp32``, ``bf16``, ``fp16`` (with dynamic loss scaling; ``model.fused_attn=auto`` turns the fused
-SDPA attention off for fp16 on CPU) and ``fp16_fused_attn`` (forced on, to show why ``auto`` does that).
+SDPA attention off for fp16 on CPU, and the patch-embedding conv runs in fp32) and
+``fp16_conv_in_fp16`` (the conv left to autocast, as before ``vitlarge.model.Fp32Conv2d``: PyTorch
+2.5's fp16 conv backward on CPU is a slow fallback).
 The precision that is fastest on a GPU (bf16/fp16: tensor cores) need not be on a CPU: without AMX,
 low-precision matmuls run on AVX-512 and the casts autocast adds are pure overhead.
 """
@@ -23,12 +25,19 @@ import torch
 
 from benchmarks.bench_train import bench_config, build_engine, make_batches
 
-CONTENDERS = {  # name -> (train.precision, model.fused_attn)
-    "fp32": ("fp32", "auto"),
-    "bf16": ("bf16", "auto"),
-    "fp16": ("fp16", "auto"),
-    "fp16_fused_attn": ("fp16", "on"),
+CONTENDERS = {  # name -> (train.precision, patch-embedding conv as vitlarge builds it)
+    "fp32": ("fp32", True),
+    "bf16": ("bf16", True),
+    "fp16": ("fp16", True),
+    "fp16_conv_in_fp16": ("fp16", False),  # before vitlarge.model.Fp32Conv2d: plain Conv2d under autocast
 }
+
+
+def _plain_conv(engine) -> None:
+    model = engine.model
+    while hasattr(model, "module"):  # Booster wrapper -> DDP -> the timm model
+        model = model.module
+    model.patch_embed.proj.__class__ = torch.nn.Conv2d
 
 
 def run(quick: bool = True, tiny: bool = False) -> dict:
@@ -38,11 +47,12 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
     common.init_single_process_group()
     repeats, steps = (1, 1) if tiny else (3, 1) if quick else (5, 3)
     engines, batches = {}, None
-    for name, (precision, fused) in CONTENDERS.items():
+    for name, (precision, as_built) in CONTENDERS.items():
         cfg = bench_config(tiny, precision)
-        cfg.model.fused_attn = fused
         batches = batches or make_batches(cfg)
         engines[name] = build_engine(cfg)
+        if not as_built:
+            _plain_conv(engines[name])
 
     def timed(name: str):
         engine = engines[name]
@@ -73,7 +83,8 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
         "benchmark": "precision: step time by autocast dtype, CPU",
         "model": cfg.model.name, "model_kwargs": cfg.model.kwargs, "image_size": cfg.data.image_size,
         "micro_batch": micro, "tiny": tiny, "quick": quick, "rounds": repeats, "steps_per_round": steps,
-        "threads": threads, "contenders": {k: {"precision": p, "fused_attn": f} for k, (p, f) in CONTENDERS.items()},
+        "threads": threads, "contenders": {k: {"precision": p, "patch_conv": "as built" if b else "Conv2d under autocast"}
+                        for k, (p, b) in CONTENDERS.items()},
         "results": res,
     }
     common.write_result("precision", result)

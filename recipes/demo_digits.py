@@ -7,8 +7,8 @@ Hardware: 2 CPU processes (gloo). Global batch 128 = 16 (micro) x 4 (accumulatio
 large relative to the 1,437 training images, as 32K is for ImageNet. LAMB, fp16 autocast with
 dynamic loss scaling, clipping at 1.0, Mixup, linear warmup then cosine decay: the 32K recipe's
 machinery at toy scale.
-Expected: 98.61% top-1 on the 360 validation digits after 60 epochs (660 steps), about 6 min on
-2 CPU cores (measured 2026-11-22; 93% after 20 epochs).
+Expected: 99.17% top-1 on the 360 validation digits after 60 epochs (660 steps), about 3 min on
+2 CPU cores (measured 2026-11-22 on a busy machine; 92.8% after 20 epochs, 98.3% after 40).
 """
 
 from recipes.vit_b16 import config as base

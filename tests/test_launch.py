@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from vitlarge.errors import UserError
-from vitlarge.launch import DistEnv, choose_device, detect
+from vitlarge.launch import DistEnv, choose_device, detect, rendezvous_timeout_s
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,6 +53,27 @@ def test_slurm_master_overrides():
 def test_slurm_without_job_id_or_localid():
     env = detect({"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_NODELIST": "gpu7"})
     assert (env.local_rank, env.master_port, env.master_addr) == (0, 20000, "gpu7")
+
+
+def test_slurm_batch_shell_is_not_a_task():
+    """sbatch's shell has SLURM_PROCID=0 and the job's SLURM_NTASKS but no SLURM_STEP_ID: only srun starts tasks."""
+    batch = {k: v for k, v in SLURM.items() if k != "SLURM_STEP_ID"} | {"SLURM_PROCID": "0"}
+    with pytest.raises(UserError, match="start train.py with srun"):
+        detect(batch)
+    assert detect({**batch, "SLURM_NTASKS": "1"}).world_size == 1  # a one-task job may run python directly
+
+
+def test_slurm_master_is_the_first_node_of_the_step():
+    env = detect({**SLURM, "SLURM_JOB_NODELIST": "node01", "SLURM_STEP_NODELIST": "node07"})
+    assert env.master_addr == "node07"
+
+
+def test_rendezvous_timeout_from_the_environment():
+    assert rendezvous_timeout_s({}) == 300
+    assert rendezvous_timeout_s({"VITLARGE_RENDEZVOUS_TIMEOUT": "7.5"}) == 7.5
+    for bad in ("0", "-3", "5s", ""):
+        with pytest.raises(UserError, match="VITLARGE_RENDEZVOUS_TIMEOUT=.* must be a positive number"):
+            rendezvous_timeout_s({"VITLARGE_RENDEZVOUS_TIMEOUT": bad})
 
 
 def test_torchrun_wins_inside_a_slurm_allocation():
@@ -110,6 +131,24 @@ def test_auto_device_on_this_host():
 def test_cuda_requested_without_cuda():
     with pytest.raises(UserError, match="train.device=cuda but no CUDA device"):
         choose_device("cuda")
+
+
+@pytest.mark.parametrize("visible, local_rank, index", [(1, 3, 0), (4, 3, 3)])
+def test_cuda_device_follows_what_slurm_makes_visible(monkeypatch, visible, local_rank, index):
+    """srun --gpus-per-task=1 shows each task one GPU (device 0); --gpus-per-node shows all of them."""
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    assert choose_device("auto", local_rank) == (torch.device("cuda", index), "nccl")
+    assert chosen == [index]
+
+
+def test_more_local_ranks_than_visible_gpus(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    with pytest.raises(UserError, match="local rank 5 but only 4 CUDA devices"):
+        choose_device("auto", 5)
 
 
 def test_rendezvous_nobody_listens():

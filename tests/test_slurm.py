@@ -5,11 +5,12 @@ packages if needed, starts munged, slurmctld and slurmd; reuses a healthy runnin
 by PID, only the daemons it started. It needs root and apt-get; without them the tests skip, except
 under CI=true, where they fail: CI must exercise the cluster path.
 
-What is covered: world size and rank from SLURM_* under srun; an sbatch job to completion; the
-preemption path of scripts/slurm/requeue.sh (USR1 to the batch shell as at the time-limit warning,
-then an outside `scontrol requeue`, which sends TERM to every process of the job): checkpoint,
-exit 75, requeue, resume, with final weights bitwise equal to an uninterrupted run; and bad input
-(a missing task, a batch shell without srun, a checkpoint of another recipe).
+What is covered: world size and rank from SLURM_* under `srun -n 2` (12 steps, also the reference
+run); demo_cpu.sbatch through `sbatch --wait`; the preemption path of scripts/slurm/requeue.sh in one
+job stopped twice, by USR1 to the batch shell (the time-limit warning) and by an outside
+`scontrol requeue` (TERM to every process of the job, as preemption does): checkpoint, exit 75,
+requeue, resume, final weights bitwise equal to the srun reference (same world size, same code
+path); and bad input (a missing task, a batch shell without srun, a checkpoint of another recipe).
 
 The demo ViT runs 2 tasks on the 2-CPU node. ``srun -O`` (overcommit) lets steps start whatever
 the CPU count.
@@ -80,6 +81,11 @@ def sbatch(script_and_args: list[str], log: Path, *options: str, timeout: float 
     return subprocess.run(cmd, cwd=ROOT, env=launcher.env(), capture_output=True, text=True, timeout=timeout)
 
 
+def script_args(data: str, workdir: Path, *extra: str) -> list[str]:
+    """train.py arguments after demo_cpu.sbatch, which names the recipe itself."""
+    return ["--data", data, "--workdir", str(workdir), "train.log_every_steps=1", *extra]
+
+
 def job_info(job_id: str) -> dict[str, str]:
     """`scontrol show job` as a dict (there is no sacct without accounting); {} once the job is gone."""
     r = subprocess.run(["scontrol", "show", "job", "--oneliner", job_id], capture_output=True, text=True)
@@ -123,16 +129,17 @@ def _errors(stderr: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def srun_run(slurm, demo_data, tmp_path_factory):
+def srun_reference(slurm, demo_data, tmp_path_factory):
+    """`srun -n 2` for 12 uninterrupted steps: test (a), and the run the preempted job must match."""
     workdir = tmp_path_factory.mktemp("srun")
     t0 = time.monotonic()
-    r = srun(train_args(demo_data, workdir, "train.max_steps=3"))
-    print(f"srun run: {time.monotonic() - t0:.1f}s")
+    r = srun(train_args(demo_data, workdir, *PREEMPT_SETTINGS))
+    print(f"srun reference run: {time.monotonic() - t0:.1f}s")
     return workdir, r
 
 
-def test_srun_two_tasks_train_with_gloo(srun_run):
-    workdir, r = srun_run
+def test_srun_two_tasks_train_with_gloo(srun_reference):
+    workdir, r = srun_reference
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = r.stdout + r.stderr
     assert "total batch size = 128 = 16 (micro) x 4 (accumulation) x 2 (devices)" in out
@@ -140,7 +147,8 @@ def test_srun_two_tasks_train_with_gloo(srun_run):
     records = metrics(workdir)
     start = [x for x in records if x["event"] == "start"]
     assert len(start) == 1 and start[0]["world_size"] == 2 and start[0]["accum_steps"] == 4
-    assert [x["step"] for x in records if x["event"] == "train"] == [1, 2, 3]
+    assert [x["step"] for x in records if x["event"] == "train"] == list(range(1, 13))
+    assert [x["step"] for x in records if x["event"] == "checkpoint"] == [12]
     assert (workdir / "model.safetensors").is_file()
 
 
@@ -170,51 +178,46 @@ def test_train_py_in_a_batch_script_without_srun_says_use_srun(slurm, demo_data,
     assert "start train.py with srun" in _tail(log) and "SLURM_NTASKS=2" in _tail(log)
 
 
-def test_checkpoint_of_another_recipe_is_refused_under_srun(srun_run, demo_data):
+def test_checkpoint_of_another_recipe_is_refused_under_srun(srun_reference, demo_data):
     """What a requeued job finds when its workdir was reused for another model: exit 2, one clear line."""
-    workdir, first = srun_run
+    workdir, first = srun_reference
     assert first.returncode == 0
-    r = srun(train_args(demo_data, workdir, "train.max_steps=6",
+    r = srun(train_args(demo_data, workdir, "train.max_steps=20",
                         "model.kwargs={'patch_size': 4, 'embed_dim': 48, 'depth': 2, 'num_heads': 3}"))
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
     errors = _errors(r.stderr)
     assert errors and all("does not match the recipe" in e for e in errors), r.stderr[-3000:]
     assert "Traceback" not in r.stderr
-    assert last_step(workdir) == 3  # nothing trained on top of the foreign checkpoint
+    assert last_step(workdir) == 12  # nothing trained on top of the foreign checkpoint
 
 
 # --- sbatch and preemption -------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def reference_job(slurm, demo_data, tmp_path_factory):
-    """scripts/slurm/demo_cpu.sbatch run to completion with `sbatch --wait`: 12 uninterrupted steps."""
-    workdir = tmp_path_factory.mktemp("sbatch_reference")
-    log = workdir / "job.log"
+def test_sbatch_wait_job_completes(slurm, demo_data, tmp_path):
+    """demo_cpu.sbatch through `sbatch --wait`: batch shell, requeue.sh, a 2-task srun step, exit 0.
+
+    train.py --help keeps the job under two seconds: sbatch --wait polls after 2, 10 and 42 s. The
+    preemption test below runs the same script through real training to completion."""
+    log = tmp_path / "job.log"
     t0 = time.monotonic()
-    r = sbatch([DEMO_SBATCH, *train_args(demo_data, workdir, *PREEMPT_SETTINGS)], log, "--wait")
-    print(f"sbatch --wait reference: {time.monotonic() - t0:.1f}s")
-    return workdir, log, r
-
-
-def test_sbatch_wait_job_completes(reference_job):
-    workdir, log, r = reference_job
+    r = sbatch([DEMO_SBATCH, "--help"], log, "--wait")
+    print(f"sbatch --wait: {time.monotonic() - t0:.1f}s")
     assert r.returncode == 0, r.stderr + _tail(log)
     job = job_info(r.stdout.strip().split(";")[0])
     assert job.get("JobState") == "COMPLETED" and job.get("ExitCode") == "0:0" and job.get("Restarts") == "0", job
     text = log.read_text()
-    assert "x 2 (devices)" in text and "step exited with status 0" in text
-    assert [x["step"] for x in metrics(workdir) if x["event"] == "train"] == list(range(1, 13))
-    assert [x["step"] for x in metrics(workdir) if x["event"] == "checkpoint"] == [12]
+    assert text.count("usage: train.py") == 2, text  # one per task
+    assert "start (restart 0)" in text and "step exited with status 0" in text
 
 
-def test_preempted_job_checkpoints_requeues_and_resumes_bitwise_equal(reference_job, demo_data, tmp_path):
+def test_preempted_job_checkpoints_requeues_and_resumes_bitwise_equal(srun_reference, demo_data, tmp_path):
     """Two stops in one job: USR1 to the batch shell (the --signal=B:USR1@120 warning), then an outside
     `scontrol requeue` (TERM to every process of the job, srun included, as preemption does)."""
-    ref_dir, _, ref = reference_job
+    ref_dir, ref = srun_reference
     assert ref.returncode == 0
     log = tmp_path / "job.log"
-    r = sbatch([DEMO_SBATCH, *train_args(demo_data, tmp_path, *PREEMPT_SETTINGS)], log)
+    r = sbatch([DEMO_SBATCH, *script_args(demo_data, tmp_path, *PREEMPT_SETTINGS)], log)
     assert r.returncode == 0, r.stderr
     job_id = r.stdout.strip().split(";")[0]
     try:
@@ -242,7 +245,8 @@ def test_preempted_job_checkpoints_requeues_and_resumes_bitwise_equal(reference_
         assert f"stopped on signal after step {step}; checkpoint" in text, text[-4000:]
         assert f"resumed from {tmp_path / 'checkpoints'}/step_{step:07d} at step {step}" in text, text[-4000:]
     assert "got SIGUSR1" in text and "got SIGTERM" in text
-    assert text.count("Exited with exit code 75") == 2 and text.count("(exit 75)") == 2
+    assert text.count("x 4 (accumulation) x 2 (devices)") == 3  # srun took the job's 2 tasks, each run
+    assert "Exited with exit code 75" in text and text.count("(exit 75)") == 2  # srun's line, then ours
     assert "restart 1" in text and "restart 2" in text
     starts = [x["step"] for x in metrics(tmp_path) if x["event"] == "start"]
     assert starts == [0, *stops]

@@ -137,6 +137,15 @@ def rendezvous_timeout_s(env=None) -> float:
     return value
 
 
+# torch 2.5 deadlocks at exit, now and then, when the DDP Reducer drops the last reference to the
+# gloo process group: ~ProcessGroupGloo joins its worker threads while holding the GIL, and a worker
+# that is still releasing the tensors of the last all-reduce waits for the GIL (fixed upstream by
+# "Release GIL in PG destructor", pytorch#154976). Holding a reference here moves the destruction
+# to interpreter exit, when the workers are long idle. Seen as srun/torchrun never returning after
+# "exported ...".
+_KEEP_ALIVE: list = []
+
+
 def init_distributed(dist_env: DistEnv, backend: str, timeout_s: float | None = None,
                      collective_timeout_s: float = 300.0) -> None:
     """Initialises the default process group (also for world size 1, so one code path).
@@ -155,12 +164,18 @@ def init_distributed(dist_env: DistEnv, backend: str, timeout_s: float | None = 
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = dist_env.master_addr, str(dist_env.master_port)
     try:
         # The master waits for all world_size processes to connect: a missing task fails here, in time.
+        # Under torchrun (and so colossalai run) the agent already serves a store on MASTER_PORT:
+        # join it as a client, as torch's env:// rendezvous does, instead of listening on that port.
+        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
         store = dist.TCPStore(dist_env.master_addr, dist_env.master_port, dist_env.world_size,
-                              is_master=dist_env.rank == 0, timeout=datetime.timedelta(seconds=timeout_s),
-                              wait_for_workers=True)
+                              is_master=dist_env.rank == 0 and not agent, timeout=datetime.timedelta(seconds=timeout_s),
+                              wait_for_workers=not agent)
+        if agent:
+            store = dist.PrefixStore(f"/worker/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
         dist.init_process_group(backend, store=store, rank=dist_env.rank, world_size=dist_env.world_size,
                                 timeout=datetime.timedelta(seconds=collective_timeout_s))
         store.set_timeout(datetime.timedelta(seconds=collective_timeout_s))
+        _KEEP_ALIVE.append(dist.group.WORLD)
     except (RuntimeError, dist.DistStoreError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(

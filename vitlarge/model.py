@@ -42,7 +42,23 @@ def build_model(cfg: Config, device: torch.device | str = "cpu") -> torch.nn.Mod
     for module in model.modules():
         if hasattr(module, "fused_attn"):
             module.fused_attn = fused
+    proj = getattr(getattr(model, "patch_embed", None), "proj", None)
+    if torch.device(device).type == "cpu" and cfg.train.precision == "fp16" and type(proj) is torch.nn.Conv2d:
+        proj.__class__ = Fp32Conv2d
     return model
+
+
+class Fp32Conv2d(torch.nn.Conv2d):
+    """A Conv2d that runs in fp32 under autocast (same parameters and state dict as Conv2d).
+
+    PyTorch 2.5 has no fast fp16 convolution backward on CPU: the patch embedding's took 78% of
+    an fp16 ViT-S/16 step at 96 px, and the step ran 5.4x slower than with this conv in fp32
+    (measured, benchmarks/bench_precision.py).
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(x.device.type, enabled=False):
+            return super().forward(x.float())
 
 
 def describe_model(cfg: Config) -> dict:

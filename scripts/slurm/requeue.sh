@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Preemption-safe job steps for sbatch scripts. Source it, then run the step through `run_requeueable`:
 #
 #   source "${VITLARGE_ROOT:-$SLURM_SUBMIT_DIR}/scripts/slurm/requeue.sh"
@@ -29,7 +30,9 @@ run_requeueable() {
   _vitlarge_log "start (restart ${SLURM_RESTART_COUNT:-0}) on ${SLURM_JOB_NODELIST:-?}: $*"
   "$@" &
   local pid=$! rc
+  # shellcheck disable=SC2064  # the pid is meant to be expanded now
   trap "_vitlarge_forward USR1 $pid" USR1
+  # shellcheck disable=SC2064
   trap "_vitlarge_forward TERM $pid" TERM
   while :; do
     wait "$pid"

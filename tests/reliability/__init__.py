@@ -8,7 +8,6 @@ must see each worker's own exit status, as Slurm does.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -95,7 +94,3 @@ def kill_all(procs: list[subprocess.Popen]) -> None:
         launcher.kill_tree(p.pid)
     for p in procs:
         p.wait(timeout=60)
-
-
-def reliability_env() -> dict:
-    return dict(os.environ)

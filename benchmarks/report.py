@@ -1,0 +1,488 @@
+"""Regenerates docs/PERFORMANCE.md and docs/img/*.png from benchmarks/results/*.json.
+
+    python -m benchmarks.report            # after python -m benchmarks.run (which calls it)
+
+Contract: reads only the result files (a missing one becomes "not run" in the table), and the
+scaling section is computed here from the constants below, so the document is reproducible from
+the repository alone. Needs matplotlib (plots are skipped with a note if it is missing).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from benchmarks import common
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+# ---- Scaling on paper: the inputs, stated once ---------------------------------------------------
+IMAGENET_TRAIN = 1_281_167
+GLOBAL_BATCH = 32768
+GPUS = (4, 8, 32, 128, 512)
+# name -> (parameters (timm, 1000 classes), recipe micro-batch, training FLOPs relative to B/16)
+MODELS = {
+    "ViT-B/16": (86_567_656, 256, 1.0),
+    "ViT-L/16": (304_326_632, 128, 3.5),  # 61.6 vs 17.6 GFLOPs forward per image
+}
+# Images/s per A100 for ViT-B/16: Colossal-AI's 78.58 h for 300 epochs on 4 GPUs is ~340 img/s per
+# GPU; 660 is a well-tuned target (fused kernels, bf16, no accumulation overhead).
+IMG_PER_S = {"Colossal-AI measured": 340, "well-tuned target": 660}
+# Bus bandwidth a ring all-reduce gets per GPU (assumed, not measured here): NVLink inside an
+# 8-GPU node, one 200 Gb/s InfiniBand port per GPU across nodes at ~80% efficiency.
+BUSBW_GBPS = {"intra-node (NVLink)": 150.0, "inter-node (IB, 200 Gb/s per GPU)": 20.0}
+GRAD_BYTES = 4  # fp32 gradients (fp32 master weights; autocast leaves grads in fp32)
+DATA_SHARE = 0.05  # data loading may cost at most 5% of the step
+
+
+def micro_accum(n: int, micro: int) -> tuple[int, int]:
+    """The recipe's micro-batch unless n x micro exceeds the global batch; then fewer images per GPU."""
+    micro = min(micro, GLOBAL_BATCH // n)
+    return micro, GLOBAL_BATCH // (micro * n)
+
+
+def ring_bytes(n: int, params: int) -> float:
+    """Bytes each GPU sends (and receives) in one ring all-reduce of the gradients."""
+    return 2 * (n - 1) / n * params * GRAD_BYTES
+
+
+def scaling_rows() -> list[dict]:
+    steps_per_epoch = IMAGENET_TRAIN // GLOBAL_BATCH
+    rows = []
+    for model, (params, micro0, rel) in MODELS.items():
+        for n in GPUS:
+            micro, accum = micro_accum(n, micro0)
+            bw = BUSBW_GBPS["intra-node (NVLink)"] if n <= 8 else BUSBW_GBPS["inter-node (IB, 200 Gb/s per GPU)"]
+            vol = ring_bytes(n, params)
+            row = dict(model=model, gpus=n, micro=micro, accum=accum, allreduce_gb=vol / 1e9,
+                       allreduce_s=vol / (bw * 1e9), busbw=bw)
+            for label, ips in IMG_PER_S.items():
+                step = GLOBAL_BATCH / (n * ips / rel)
+                row[f"step_s[{label}]"] = step
+                row[f"epoch_h[{label}]"] = steps_per_epoch * step / 3600
+                row[f"comm_share[{label}]"] = row["allreduce_s"] / step
+            rows.append(row)
+    return rows
+
+
+# ---- Helpers -------------------------------------------------------------------------------------
+
+def _load(results: Path, name: str) -> dict | None:
+    path = results / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _yes(ok: bool | None) -> str:
+    return "not run" if ok is None else ("**met**" if ok else "**not met**")
+
+
+def _fmt(x, digits=2) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{digits}f}"
+
+
+def _plt():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        return plt
+    except ImportError:
+        return None
+
+
+def _barh(plt, path: Path, labels, series: dict, xlabel: str, title: str, goal_line: float | None = None):
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(labels) * max(1, len(series)) / 1.4 + 1.4))
+    y = np.arange(len(labels))
+    h = 0.8 / len(series)
+    for i, (name, values) in enumerate(series.items()):
+        bars = ax.barh(y + (i - (len(series) - 1) / 2) * h, values, h, label=name)
+        ax.bar_label(bars, fmt="%.3g", fontsize=7, padding=2)
+    if goal_line is not None:
+        ax.axvline(goal_line, color="k", ls="--", lw=1)
+    ax.set_yticks(y, labels)
+    ax.invert_yaxis()
+    ax.set_xlabel(xlabel)
+    ax.set_title(title, fontsize=10)
+    if len(series) > 1:
+        ax.legend(fontsize=8, loc="lower right")
+    ax.margins(x=0.15)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---- Sections ------------------------------------------------------------------------------------
+
+def data_section(d: dict | None, img: Path, plt) -> tuple[list[str], list[tuple]]:
+    if not d:
+        return ["## 1. Data loading\n", "not run\n"], [("Data: DALI train loader vs torchvision", ">= 2x", "not run", None),
+                                                     ("Data: % of decode-only", ">= 60%", "not run", None)]
+    w, c = d["images_per_s_median"], d.get("images_per_cpu_s_median", {})
+    ratio, ratio_c = d["trainloader_vs_torchvision"], d.get("trainloader_vs_torchvision_per_cpu_s")
+    pct, pct_c = d["trainloader_pct_of_decode_only"], d.get("trainloader_pct_of_decode_only_per_cpu_s")
+    if plt:
+        names = list(w)
+        series = {"images / wall s": [w[k] for k in names]}
+        if c:
+            series["images / CPU s"] = [c.get(k, 0) for k in names]
+        _barh(plt, img / "data.png", names, series, "images/s (higher is better)",
+              f"Train input, batch {d['batch_size']} at {d['image_size']} px, {d['threads_or_workers']} threads/workers")
+    lines = ["## 1. Data loading\n",
+             f"`benchmarks/bench_data.py`: {d['batch_size']}-image batches at {d['image_size']} px with random-resized-crop, "
+             f"flip and normalisation, {d['threads_or_workers']} DALI threads vs {d['threads_or_workers']} DataLoader workers, "
+             f"{d['repeats']} interleaved repeats of {d['timed_batches']} batches (medians). Load average at the end: "
+             f"{_fmt(d['load_average_at_end'][0], 1)}.\n",
+             "| contender | images/s (wall) | images per CPU-second |", "|---|---:|---:|"]
+    lines += [f"| `{k}` | {w[k]:.0f} | {c.get(k, float('nan')):.0f} |" for k in w]
+    lines += ["", f"DALI train loader vs torchvision: **{ratio:.2f}x** wall, **{_fmt(ratio_c)}x** per CPU-second; "
+              f"{pct:.0f}% of decode-only wall ({_fmt(pct_c, 0)}% per CPU-second).\n", "![data](img/data.png)\n"]
+    goals = [("Data: DALI train loader vs torchvision", ">= 2x", f"{ratio:.2f}x wall, {_fmt(ratio_c)}x per CPU-s",
+              ratio >= 2 or (ratio_c or 0) >= 2),
+             ("Data: % of decode-only", ">= 60%", f"{pct:.0f}% wall, {_fmt(pct_c, 0)}% per CPU-s",
+              pct >= 60 or (pct_c or 0) >= 60)]
+    return lines, goals
+
+
+def convert_section(d: dict | None, img: Path, plt):
+    if not d:
+        return ["## 2. Conversion\n", "not run\n"], [("Conversion vs `cp -r`", ">= 0.5x", "not run", None)]
+    mb = d["mb_per_s"]
+    if plt:
+        _barh(plt, img / "convert.png", list(mb), {"MB/s of source JPEGs": list(mb.values())}, "MB/s (higher is better)",
+              f"ImageNet folder -> TFRecord, {d['images']} JPEGs ({d['source_mb']} MB), {d['workers']} workers")
+    r = d["ratio_vs_cp"]["convert header-check"]
+    lines = ["## 2. Conversion\n",
+             f"`benchmarks/bench_convert.py`: {d['images']} JPEGs ({d['source_mb']} MB, page-cached), {d['workers']} workers, "
+             f"{d['repeats']} interleaved repeats (medians). The converter fsyncs every shard; `cp -r` is followed by `sync`.\n",
+             "| contender | median s | MB/s | vs `cp -r` |", "|---|---:|---:|---:|"]
+    lines += [f"| `{k}` | {d['median_seconds'][k]:.2f} | {mb[k]:.1f} | {d['ratio_vs_cp'].get(k, 1.0):.2f}x |" for k in mb]
+    lines += ["", "![convert](img/convert.png)\n"]
+    return lines, [("Conversion (header check) vs `cp -r`", ">= 0.5x", f"{r:.2f}x", r >= 0.5)]
+
+
+def train_section(d: dict | None, img: Path, plt):
+    if not d:
+        return ["## 3. Training loop and MFU\n", "not run\n"], [("Train loop vs bare PyTorch", ">= 0.97x", "not run", None),
+                                                              ("MFU (bf16)", ">= 30%", "not run", None)]
+    r, m = d["results"], d["mfu"]
+    th = d["threads"]
+    if plt:
+        names = list(r)
+        _barh(plt, img / "train.png", names,
+              {"wall s / step": [r[k]["step_s"]["median"] for k in names],
+               "CPU s / step / threads": [r[k]["cpu_s_per_step"]["median"] / th for k in names]},
+              "seconds per optimizer step (lower is better)",
+              f"{d['model']} {d['image_size']} px, micro-batch {d['micro_batch']}, {d['precision']}")
+        frac = m["profile"]["fraction"]
+        _barh(plt, img / "mfu_profile.png", list(frac), {"share of step time": [100 * v for v in frac.values()]},
+              "% of one bare bf16 step (torch.profiler self time)", "Where the bf16 training step's time goes")
+    peak = m["peak"]
+    lines = ["## 3. Training loop and MFU\n",
+             f"`benchmarks/bench_train.py`: `{d['model']}` at {d['image_size']} px ({d['micro_batch']} images per step, "
+             f"{d['precision']} autocast, LAMB, clip 1.0, {th} threads), fed from the same in-memory tensors on both sides. "
+             "`vitlarge` is train.py's path: Booster(TorchDDPPlugin) on a gloo group of 1, `Engine`, `Trainer.fit` with the "
+             "default hooks (metrics.jsonl, TensorBoard, NaN guard) and the per-step loss all-reduce. `bare` is model + "
+             f"autocast + GradScaler + `clip_grad_norm_` + `step()`. {d['rounds']} interleaved rounds of "
+             f"{d['steps_per_round']} steps after a warm-up step; medians of the per-round mean.\n",
+             "| loop | s/step (wall) | CPU s/step | images/s (wall) | images/s (CPU time / threads) |",
+             "|---|---:|---:|---:|---:|"]
+    lines += [f"| `{k}` | {v['step_s']['median']:.3f} | {v['cpu_s_per_step']['median']:.3f} | {v['images_per_s']:.1f} | "
+              f"{v['images_per_s_cpu']:.1f} |" for k, v in r.items()]
+    lines += ["", f"vitlarge / bare: **{d['speed_vs_bare']:.3f}x** wall, **{d['speed_vs_bare_cpu']:.3f}x** by CPU time.\n",
+              "![train](img/train.png)\n",
+              "### MFU on this CPU\n",
+              f"FLOPs of one training step (forward + backward, `FlopCounterMode`): {m['train_flops_per_step'] / 1e9:.1f} GFLOP "
+              f"(3x forward: {m['three_x_forward_flops'] / 1e9:.1f}). Matmuls are {100 * m['model_matmul_share_of_flops']:.0f}% "
+              f"of them, of which attention's (SDPA) {100 * m['attention_share_of_flops']:.1f}% of the total.\n",
+              "| | FLOP/s (wall) | FLOP/s (per CPU-second x threads) |", "|---|---:|---:|",
+              f"| bf16 matmul {peak['bf16']['n']}^3 (peak) | {peak['bf16']['flops_per_s'] / 1e9:.0f} G | "
+              f"{peak['bf16']['flops_per_cpu_s_x_threads'] / 1e9:.0f} G |",
+              f"| fp32 matmul {peak['fp32']['n']}^3 | {peak['fp32']['flops_per_s'] / 1e9:.0f} G | "
+              f"{peak['fp32']['flops_per_cpu_s_x_threads'] / 1e9:.0f} G |",
+              f"| bf16 training step (vitlarge) | {m['achieved_flops_per_s'] / 1e9:.0f} G | "
+              f"{m['achieved_flops_per_cpu_s_x_threads'] / 1e9:.0f} G |",
+              f"| the step's own matmuls (profiled bare step) | {_fmt((m['model_matmul_flops_per_s'] or 0) / 1e9, 0)} G | |",
+              "", f"MFU vs bf16 matmul: **{100 * m['mfu_vs_bf16_matmul']:.0f}%** wall, "
+              f"**{100 * m['mfu_vs_bf16_matmul_cpu']:.0f}%** by CPU time "
+              f"({100 * m['mfu_vs_fp32_matmul_cpu']:.0f}% of the fp32 matmul rate).\n",
+              "| share of the bf16 step (profiler self time) | % |", "|---|---:|"]
+    lines += [f"| {k} | {100 * v:.1f} |" for k, v in m["profile"]["fraction"].items()]
+    frac = m["profile"]["fraction"]
+    bf16_vs_fp32 = peak["bf16"]["flops_per_cpu_s_x_threads"] / peak["fp32"]["flops_per_cpu_s_x_threads"]
+    lines += ["", "![mfu](img/mfu_profile.png)\n",
+              f"Why it is what it is: {100 * frac.get('matmul', 0):.0f}% of the step is matmul, running at about the rate "
+              "of the large bf16 matmul, so the bf16 MFU is high; the rest is elementwise and autograd work "
+              f"({100 * frac.get('other (elementwise, autograd)', 0):.0f}%), autocast's casts "
+              f"({100 * frac.get('casts and copies', 0):.0f}%), GELU, layer norm and the optimizer, each a few percent. "
+              "Attention is small at 37 tokens. But the reference is low: this CPU has AVX512-BF16 and no AMX, so a bf16 "
+              f"matmul runs at {100 * bf16_vs_fp32:.0f}% of the fp32 rate, and against the fp32 matmul rate the bf16 step "
+              f"reaches {100 * m['mfu_vs_fp32_matmul_cpu']:.0f}%. On this CPU bf16 is slower than fp32 (section 6); on a GPU "
+              "(tensor cores) or an AMX CPU the order reverses. No cheap fix is left on the framework side: the loop "
+              "already matches the bare one, and the matmuls run at the machine's bf16 rate.\n"]
+    mfu = max(m["mfu_vs_bf16_matmul"], m["mfu_vs_bf16_matmul_cpu"])
+    goals = [("Train loop vs bare PyTorch", ">= 0.97x", f"{d['speed_vs_bare']:.3f}x wall, {d['speed_vs_bare_cpu']:.3f}x CPU",
+              d["speed_vs_bare"] >= 0.97 or d["speed_vs_bare_cpu"] >= 0.97),
+             ("MFU, bf16 step vs bf16 matmul", ">= 30%", f"{100 * m['mfu_vs_bf16_matmul']:.0f}% wall, "
+              f"{100 * m['mfu_vs_bf16_matmul_cpu']:.0f}% CPU", mfu >= 0.30)]
+    return lines, goals
+
+
+def optimizer_section(d: dict | None, img: Path, plt):
+    if not d:
+        return ["## 4. Optimizer\n", "not run\n"], [("LAMB vs Colossal-AI's", ">= 3x", "not run", None)]
+    r = d["results"]
+    if plt:
+        _barh(plt, img / "optimizer.png", list(r), {"wall ms": [v["median_ms"] for v in r.values()],
+                                                    "CPU ms": [v["median_cpu_ms"] for v in r.values()]},
+              "ms per optimizer step (lower is better)", f"Optimizer step on ViT-B/16's {d['num_params'] / 1e6:.1f}M parameters")
+    lines = ["## 4. Optimizer\n",
+             f"`benchmarks/bench_optimizer.py`: one step over ViT-B/16's {d['num_params']:,} parameters in {d['num_tensors']} "
+             f"tensors, fp32, {d['repeats']} interleaved repeats (medians).\n",
+             "| optimizer | ms (wall) | ms (CPU) | vs Colossal-AI's LAMB (wall / CPU) |", "|---|---:|---:|---:|"]
+    lines += [f"| `{k}` | {v['median_ms']:.0f} | {v['median_cpu_ms']:.0f} | {v['speedup_vs_colossalai']:.2f}x / "
+              f"{v['cpu_speedup_vs_colossalai']:.2f}x |" for k, v in r.items()]
+    lines += ["", "![optimizer](img/optimizer.png)\n"]
+    ours = r["vitlarge_lamb"]
+    s = max(ours["speedup_vs_colossalai"], ours["cpu_speedup_vs_colossalai"])
+    return lines, [("Our LAMB vs Colossal-AI's", ">= 3x", f"{ours['speedup_vs_colossalai']:.2f}x wall, "
+                    f"{ours['cpu_speedup_vs_colossalai']:.2f}x CPU", s >= 3)]
+
+
+def comm_section(d: dict | None, img: Path, plt):
+    if not d:
+        return ["## 5. Communication\n", "not run\n"], [("All-reduces per step independent of accumulation", "= buckets", "not run", None)]
+    steady = d["steady_per_step"]
+    accs = sorted(steady, key=int)
+    if plt:
+        import numpy as np
+
+        fig, ax = plt.subplots(figsize=(6.5, 3.2))
+        x = np.arange(len(accs))
+        vs = (d.get("vit_s16_32px") or {}).get("steady_per_step")
+        w = 0.8 / (3 if vs else 2)
+        ax.bar(x - w, [int(a) for a in accs], w, label="micro-steps (forward/backward) per optimizer step")
+        ax.bar(x, [steady[a]["calls"] for a in accs], w, label="all-reduce calls per step, demo model (1 bucket)")
+        if vs:
+            ax.bar(x + w, [vs[a]["calls"] for a in accs], w,
+                   label=f"all-reduce calls per step, ViT-S/16 ({d['vit_s16_32px']['predicted_buckets']} buckets)")
+        ax.set_yscale("log")
+        ax.set_xticks(x, [f"accumulation {a}" for a in accs])
+        ax.set_title(f"Gradient all-reduces per optimizer step, {d['world_size']} gloo processes", fontsize=10)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(img / "comm.png", dpi=110)
+        plt.close(fig)
+    demo = d["demo_model"]
+    lines = ["## 5. Communication\n",
+             f"`benchmarks/bench_comm.py`: {d['world_size']} real gloo processes (`torch.multiprocessing.spawn`), the Engine as "
+             f"train.py builds it (bucket cap {d['bucket_cap_mb']} MB), {d['steps']} optimizer steps per accumulation; the "
+             "Engine's `CommCounter` DDP comm hook counts calls and bytes. The Trainer adds one 8-byte all-reduce per step "
+             "(loss and stop flag).\n",
+             "| model | accumulation | all-reduce calls per step (each step) | bytes per step |", "|---|---:|---|---:|"]
+    for a in accs:
+        lines.append(f"| demo ({demo['params']:,} params) | {a} | {steady[a]['calls']} ({d['measured'][a]['calls_per_step']}) | "
+                     f"{steady[a]['bytes']:,} |")
+    vs = d.get("vit_s16_32px")
+    if vs:
+        for a in accs:
+            lines.append(f"| ViT-S/16, 32 px ({vs['params']:,} params) | {a} | {vs['steady_per_step'][a]['calls']} "
+                         f"({vs['measured'][a]['calls_per_step']}) | {vs['steady_per_step'][a]['bytes']:,} |")
+    for name, c in d["computed"].items():
+        lines.append(f"| {name} ({c['params']:,} params; computed) | any | {c['buckets']} | {c['bytes_per_step']:,} |")
+    lines += ["", f"Calls independent of accumulation: **{d['calls_independent_of_accumulation']}**; DDP's bucket assignment "
+              f"computed for the measured models ({demo['predicted_buckets']} bucket for the demo"
+              + (f", {vs['predicted_buckets']} for ViT-S/16" if vs else "") + ") matches the measured count: "
+              f"**{d['prediction_matches_measurement']}**. ViT-B/16 and ViT-L/16 are computed with the same function "
+              "(their bytes are the fp32 gradient bytes, whatever the bucketing). The very first step sends one all-reduce: DDP "
+              "starts with a single bucket and rebuilds its buckets in gradient-ready order after it.\n",
+              "![comm](img/comm.png)\n"]
+    ok = d["calls_independent_of_accumulation"] and d["prediction_matches_measurement"]
+    got = f"demo {steady[accs[0]]['calls']}" + (f", ViT-S/16 {vs['steady_per_step'][accs[0]]['calls']}" if vs else "")
+    return lines, [("Gradient all-reduces per optimizer step", "= DDP buckets at any accumulation",
+                    f"{got} call(s) per step at accumulation {', '.join(accs)}", ok)]
+
+
+def precision_section(d: dict | None, img: Path, plt):
+    if not d:
+        return ["## 6. Precision\n", "not run\n"]
+    r = d["results"]
+    if plt:
+        _barh(plt, img / "precision.png", list(r), {"images/s (wall)": [v["images_per_s"] for v in r.values()],
+                                                    "images/s (CPU time / threads)": [v["images_per_s_cpu"] for v in r.values()]},
+              "images/s (higher is better)", f"{d['model']} {d['image_size']} px, micro-batch {d['micro_batch']}, by precision")
+    lines = ["## 6. Precision\n",
+             f"`benchmarks/bench_precision.py`: the same model and Engine as section 3, {d['rounds']} interleaved rounds of "
+             f"{d['steps_per_round']} step(s) (medians). `fp16` is what vitlarge builds for fp16 on CPU: unfused attention "
+             "(`model.fused_attn=auto`) and the patch-embedding conv in fp32 (`vitlarge.model.Fp32Conv2d`); "
+             "`fp16_conv_in_fp16` leaves that conv to autocast, as before the fix: PyTorch 2.5's fp16 convolution "
+             "backward on CPU is a slow fallback that took 78% of the step.\n",
+             "| precision | s/step (wall) | CPU s/step | images/s (wall) | images/s (CPU) | vs fp32 (wall / CPU) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| `{k}` | {v['step_s']['median']:.3f} | {v['cpu_s_per_step']['median']:.3f} | {v['images_per_s']:.1f} | "
+              f"{v['images_per_s_cpu']:.1f} | {v['speed_vs_fp32']:.2f}x / {v['speed_vs_fp32_cpu']:.2f}x |" for k, v in r.items()]
+    lines += ["", "![precision](img/precision.png)\n"]
+    if "fp16_conv_in_fp16" in r:
+        a, b = r["fp16"], r["fp16_conv_in_fp16"]
+        lines.append(f"The fp32 patch-embedding conv makes fp16 steps {a['images_per_s'] / b['images_per_s']:.1f}x faster "
+                     f"(wall; {a['images_per_s_cpu'] / b['images_per_s_cpu']:.1f}x by CPU time). bf16 has no AMX here "
+                     "and pays autocast's casts, so it trails fp32; fp16 matmuls ran about as fast as fp32 in a side probe "
+                     "(the CPU has AVX512-FP16).\n")
+    return lines
+
+
+def scaling_section(img: Path, plt, data: dict | None) -> list[str]:
+    rows = scaling_rows()
+    labels = list(IMG_PER_S)
+    if plt:
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6))
+        for label in labels:
+            b16 = [r for r in rows if r["model"] == "ViT-B/16"]
+            a1.plot([r["gpus"] for r in b16], [r[f"epoch_h[{label}]"] * 60 for r in b16], "o-",
+                    label=f"ViT-B/16 at {IMG_PER_S[label]} img/s/GPU")
+        a1.set_xscale("log", base=2)
+        a1.set_yscale("log")
+        a1.set_xlabel("GPUs")
+        a1.set_ylabel("minutes per epoch")
+        a1.set_title("Time per ImageNet epoch (32K batch)", fontsize=10)
+        a1.legend(fontsize=8)
+        for model, style in zip(MODELS, ("o-", "s--")):
+            mr = [r for r in rows if r["model"] == model]
+            for label in labels:
+                a2.plot([r["gpus"] for r in mr], [100 * r[f"comm_share[{label}]"] for r in mr], style,
+                        label=f"{model}, B/16 at {IMG_PER_S[label]} img/s/GPU")
+        a2.axhline(100, color="k", ls=":", lw=1)
+        a2.set_xscale("log", base=2)
+        a2.set_yscale("log")
+        a2.set_xlabel("GPUs")
+        a2.set_ylabel("% of step time")
+        a2.set_title("Gradient all-reduce time / step time, if not overlapped\n(L/16: 3.5x the bytes, 3.5x the step)",
+                     fontsize=9)
+        a2.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(img / "scaling.png", dpi=110)
+        plt.close(fig)
+    lines = ["## 7. Scaling on paper\n",
+             f"Computed by `benchmarks/report.py` from the constants at its top, not measured. Global batch {GLOBAL_BATCH}; "
+             f"{IMAGENET_TRAIN // GLOBAL_BATCH} optimizer steps per ImageNet epoch ({IMAGENET_TRAIN:,} images, last partial "
+             f"batch dropped). Throughput per GPU for ViT-B/16: {IMG_PER_S['Colossal-AI measured']} img/s (Colossal-AI's "
+             f"reported 78.58 h for 300 epochs on 4x A100) and {IMG_PER_S['well-tuned target']} img/s (a well-tuned target); "
+             "ViT-L/16 at 1/3.5 of that (its FLOPs per image). The all-reduce is a ring over fp32 gradients: each GPU "
+             f"sends 2(n-1)/n x gradient bytes per optimizer step, at an assumed bus bandwidth of "
+             f"{BUSBW_GBPS['intra-node (NVLink)']:.0f} GB/s inside a node (n <= 8) and "
+             f"{BUSBW_GBPS['inter-node (IB, 200 Gb/s per GPU)']:.0f} GB/s across nodes. The micro-batch is the recipe's "
+             "(256 for B/16, 128 for L/16) until micro x GPUs would exceed 32K.\n",
+             "| model | GPUs | micro x accumulation | all-reduce per GPU per step | its time | step time at 340 / 660 img/s | "
+             "all-reduce share at 340 / 660 | epoch at 340 / 660 img/s | 300 epochs at 340 / 660 |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        a, b = labels
+        lines.append(
+            f"| {r['model']} | {r['gpus']} | {r['micro']} x {r['accum']} | {r['allreduce_gb']:.2f} GB | {1e3 * r['allreduce_s']:.0f} ms | "
+            f"{r[f'step_s[{a}]']:.2f} / {r[f'step_s[{b}]']:.2f} s | {100 * r[f'comm_share[{a}]']:.1f} / "
+            f"{100 * r[f'comm_share[{b}]']:.1f}% | {60 * r[f'epoch_h[{a}]']:.1f} / {60 * r[f'epoch_h[{b}]']:.1f} min | "
+            f"{300 * r[f'epoch_h[{a}]']:.1f} / {300 * r[f'epoch_h[{b}]']:.1f} h |")
+    lines += ["", "![scaling](img/scaling.png)\n",
+              "Reading it: the all-reduce volume per GPU is almost constant in n (2(n-1)/n -> 2), while the step time falls "
+              "as 1/n, so the communication share grows linearly with the GPU count. With accumulation DDP sends once per "
+              "optimizer step (section 5), so up to 128 GPUs the all-reduce is a few percent of a step and overlaps the last "
+              "micro-step's backward anyway; at 512 GPUs (micro 64, no accumulation) ViT-B/16's 0.69 GB per step is a "
+              "large share of a ~0.1-0.2 s step unless it overlaps backward (DDP's 25 MB buckets do) or the gradients are "
+              "reduced in bf16 (half the bytes).\n"]
+    lines += data_scaling(data)
+    return lines
+
+
+def data_scaling(d: dict | None) -> list[str]:
+    """What the input pipeline must deliver per GPU so waiting for data stays under DATA_SHARE of the step."""
+    lines = ["### Data loading at scale\n",
+             f"Waiting for data stays under {100 * DATA_SHARE:.0f}% of the step if the loader, running ahead with its "
+             "prefetch queue, sustains at least the training rate per GPU and whatever it takes from the GPU is under "
+             f"{100 * DATA_SHARE:.0f}% of the step. Per GPU that is {IMG_PER_S['Colossal-AI measured']} / "
+             f"{IMG_PER_S['well-tuned target']} img/s for ViT-B/16 "
+             f"({8 * IMG_PER_S['Colossal-AI measured']:,} / {8 * IMG_PER_S['well-tuned target']:,} per 8-GPU node), "
+             "independent of the GPU count: data loading is per-GPU work and scales with the nodes.\n"]
+    if d and d.get("images_per_cpu_s_median"):
+        per_core = d["images_per_cpu_s_median"]["dali_trainloader"]
+        lines.append(
+            f"- **CPU decode** (DALI on the CPU, measured in section 1 at 224 px): {per_core:.0f} images per CPU-second, "
+            f"so {IMG_PER_S['Colossal-AI measured'] / per_core:.1f} / {IMG_PER_S['well-tuned target'] / per_core:.1f} "
+            f"cores per GPU, {8 * IMG_PER_S['Colossal-AI measured'] / per_core:.0f} / "
+            f"{8 * IMG_PER_S['well-tuned target'] / per_core:.0f} cores per 8-GPU node just for decoding and augmenting "
+            "(this machine's cores; server cores are faster). More than most nodes have to spare at the tuned rate.")
+    lines += [
+        f"- **DALI GPU decode** (`mixed` decoder: Huffman decoding on the CPU or the A100's hardware JPEG decoder, the "
+        "rest on the GPU) moves the cost off the CPU. The GPU share must stay under "
+        f"{100 * DATA_SHARE:.0f}% of the step: decode + crop + resize on the GPU at >= "
+        f"{IMG_PER_S['Colossal-AI measured'] / DATA_SHARE:,.0f} / {IMG_PER_S['well-tuned target'] / DATA_SHARE:,.0f} img/s "
+        "per GPU (20x the training rate), or on the hardware decoder, which runs beside the SMs and then only needs "
+        "to keep up with the training rate.",
+        "- Storage: ImageNet-1k's ~140 GB of TFRecords per epoch at the tuned rate on 32 GPUs (one epoch in ~1 min) is "
+        "~2.3 GB/s across the job: local NVMe copies or a page cache that holds the data set, not a shared network "
+        "file system read every epoch.\n"]
+    return lines
+
+
+# ---- The document --------------------------------------------------------------------------------
+
+def generate(results: Path | None = None, out: Path | None = None, img: Path | None = None) -> Path:
+    results = results or common.results_dir()
+    out = out or DOCS / "PERFORMANCE.md"
+    img = img or out.parent / "img"
+    img.mkdir(parents=True, exist_ok=True)
+    plt = _plt()
+    r = {n: _load(results, n) for n in ("data", "convert", "train", "optimizer", "comm", "precision")}
+    sections, goals = [], []
+    for fn, name in ((data_section, "data"), (convert_section, "convert"), (train_section, "train"),
+                     (optimizer_section, "optimizer"), (comm_section, "comm")):
+        lines, g = fn(r[name], img, plt)
+        sections += lines
+        goals += g
+    sections += precision_section(r["precision"], img, plt)
+    sections += scaling_section(img, plt, r["data"])
+    machine = next((v["machine"] for v in r.values() if v and "machine" in v), None)
+    head = ["# Performance\n",
+            "Generated by `python -m benchmarks.run --quick` (`benchmarks/report.py`); do not edit by hand. Every comparison "
+            "runs its contenders in one process, interleaved, and reports medians of >= 3 repeats. The machine is shared "
+            "with other work, so wall-clock numbers are noisy: where the benchmark records CPU time, the ratio of CPU "
+            "times (what an idle machine would show) is given too, and a goal counts as met if either measure meets it.\n"]
+    if machine:
+        head.append(f"Machine: {machine['cpu']}, {machine['os_cpus']} CPUs ({', '.join(machine.get('cpu_flags', [])) or 'flags n/a'}; "
+                    f"{'AMX' if any(f.startswith('amx') for f in machine.get('cpu_flags', [])) else 'no AMX'}), torch {machine['torch']}, Python {machine['python']}, OpenMP wait policy "
+                    f"{machine.get('omp_wait_policy', 'default')}; load average at the end of the last benchmark "
+                    f"{machine['load_average'][0]}.\n")
+    head += [
+        "Findings that changed code or settings:\n",
+        "- **fp16 on CPU: the patch-embedding convolution now runs in fp32** (`vitlarge.model.Fp32Conv2d`). PyTorch "
+        "2.5's fp16 convolution backward on CPU is a slow fallback: it took 78% of an fp16 ViT-S/16 step; with the "
+        "conv in fp32 the step is ~5x faster (section 6). This affects `make demo` (fp16 on 2 CPU processes).",
+        "- **OpenMP wait policy on a shared CPU.** With libgomp's default policy, 2 threads on 2 cores that other "
+        "processes also use wait for a descheduled thread at every parallel region: a tiny ViT step took 0.74 s "
+        "instead of 0.01 s. The benchmarks set `OMP_WAIT_POLICY=PASSIVE` (before torch loads); an oversubscribed "
+        "CPU run of train.py benefits from the same setting.",
+        "- `model.fused_attn=auto` (unfused attention for fp16 on CPU) is confirmed: without attention dropout, an fp16 "
+        "ViT-S/16 step with the fused SDPA kernel took ~33 CPU-s against ~1.6 unfused (a one-off measurement). With "
+        "the recipes' attention dropout 0.1 the CPU kernel falls back to the math path anyway.\n",
+        "## Goals\n", "| goal | target | measured | status |", "|---|---|---|---|"]
+    head += [f"| {name} | {target} | {measured} | {_yes(ok)} |" for name, target, measured, ok in goals]
+    head.append("")
+    if plt is None:
+        head.append("_matplotlib is not installed: plots were not regenerated._\n")
+    text = "\n".join(head + sections).rstrip() + "\n"
+    tmp = out.with_suffix(".md.tmp")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp.write_text(text)
+    tmp.replace(out)
+    return out
+
+
+def main() -> None:
+    print(f"wrote {generate()}")
+
+
+if __name__ == "__main__":
+    main()
