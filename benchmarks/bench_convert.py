@@ -22,7 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results" / "convert.json"
+from benchmarks import common
+
 REPEATS = 3
 WORKERS = 2
 
@@ -102,10 +103,7 @@ def run(quick: bool) -> dict:
         "cpu_count": os.cpu_count(),
         "load_average_at_end": os.getloadavg(),
     }
-    RESULTS.parent.mkdir(exist_ok=True)
-    tmp = RESULTS.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(tmp, RESULTS)
+    common.write_result("convert", result)
     return result
 
 

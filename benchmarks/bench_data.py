@@ -27,9 +27,9 @@ import json
 import os
 import statistics
 import time
-from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results" / "data.json"
+from benchmarks import common
+
 REPEATS = 3
 BATCH, SIZE, THREADS = 64, 224, 2
 
@@ -193,10 +193,7 @@ def run(quick: bool) -> dict:
         "cpu_count": os.cpu_count(),
         "load_average_at_end": os.getloadavg(),
     }
-    RESULTS.parent.mkdir(exist_ok=True)
-    tmp = RESULTS.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(tmp, RESULTS)
+    common.write_result("data", result)
     return result
 
 

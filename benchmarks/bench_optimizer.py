@@ -11,28 +11,15 @@ Goal: ours >= 3x faster than ``colossalai.nn.optimizer.Lamb`` on CPU.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import time
 import warnings
-from pathlib import Path
+
+from benchmarks import common
 
 import torch
 
-RESULTS = Path(__file__).parent / "results" / "optimizer.json"
 LR, WEIGHT_DECAY = 1e-3, 0.05
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def _optimizers() -> dict:
@@ -92,16 +79,9 @@ def run(quick: bool) -> dict:
         "num_params": sum(p.numel() for p in params),
         "num_tensors": len(params),
         "repeats": repeats,
-        "machine": {"cpu": _cpu_model(), "torch_threads": torch.get_num_threads(),
-                    "os_cpus": os.cpu_count(), "torch": torch.__version__,
-                    "python": platform.python_version(),
-                    "load_average_1min": round(os.getloadavg()[0], 2)},  # others share the CPU
         "results": results,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    tmp = RESULTS.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    tmp.replace(RESULTS)
+    common.write_result("optimizer", report)
     return report
 
 
@@ -115,7 +95,7 @@ def main() -> None:
         print(f"{name:24s} {r['median_ms']:9.1f} ms/step ({r['median_cpu_ms']:9.1f} CPU ms)  "
               f"{r['speedup_vs_colossalai']:5.2f}x ({r['cpu_speedup_vs_colossalai']:5.2f}x CPU) "
               "vs colossalai")
-    print(f"wrote {RESULTS}")
+    print(f"wrote {common.results_dir() / 'optimizer.json'}")
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ def shrunk_external(name: str, results: Path):
     """
     import timm
 
-    from benchmarks import bench_convert, bench_data, bench_optimizer
+    from benchmarks import bench_convert, bench_data
 
     def tiny_images(quick: bool):
         from data_tools.make_bench_dataset import make_bench_dataset
@@ -60,12 +60,9 @@ def shrunk_external(name: str, results: Path):
         enter(mock.patch.dict(os.environ, {"VITLARGE_BENCH_DIR": str(results / "bench-data")}))
         enter(mock.patch.object(bench_convert, "bench_images", tiny_images))
         enter(mock.patch.object(bench_convert, "REPEATS", 1))
-        enter(mock.patch.object(bench_convert, "RESULTS", results / "convert.json"))
         enter(mock.patch.object(bench_data, "REPEATS", 1))
         enter(mock.patch.object(bench_data, "BATCH", 8))
-        enter(mock.patch.object(bench_data, "RESULTS", results / "data.json"))
         enter(mock.patch.object(bench_data, "_measure", lambda step, batches, warmup=3: real_measure(step, 2, 1)))
-        enter(mock.patch.object(bench_optimizer, "RESULTS", results / "optimizer.json"))
         if name == "optimizer":
             enter(mock.patch.object(timm, "create_model", lambda model, **kw: real_create(
                 model, **{**kw, "depth": 1, "embed_dim": 32, "num_heads": 2, "img_size": 32})))

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 
 import psutil
+import torch
+from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = str(Path(sys.executable).parent)
@@ -90,3 +92,14 @@ def wait_for(predicate, timeout: float, proc: subprocess.Popen | None = None, po
             return predicate()
         time.sleep(poll)
     return False
+
+
+def final_weights(workdir: Path) -> dict[str, torch.Tensor]:
+    """The exported ``<workdir>/model.safetensors`` of a finished run."""
+    return load_file(str(workdir / "model.safetensors"))
+
+
+def assert_bitwise_equal(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), f"{k} differs"

@@ -30,7 +30,8 @@ from pathlib import Path
 import pytest
 
 from tests import launcher
-from tests.test_train import assert_bitwise_equal, final_weights, train_args
+from tests.launcher import assert_bitwise_equal, final_weights
+from tests.test_train import train_args
 
 pytestmark = pytest.mark.slow
 ROOT = launcher.ROOT

@@ -14,11 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from hooks.jsonl import read_metrics
 from tests import launcher
+from tests.launcher import assert_bitwise_equal, final_weights
 
 pytestmark = pytest.mark.slow
 RECIPE = "recipes/demo_digits.py"
@@ -26,16 +25,6 @@ RECIPE = "recipes/demo_digits.py"
 
 def train_args(data: str, workdir: Path, *extra: str) -> list[str]:
     return ["--config", RECIPE, "--data", data, "--workdir", str(workdir), "train.log_every_steps=1", *extra]
-
-
-def final_weights(workdir: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(workdir / "model.safetensors"))
-
-
-def assert_bitwise_equal(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), f"{k} differs"
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ Contract:
 
 from __future__ import annotations
 
-import math
 from typing import Iterable
 
 import torch

@@ -13,10 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import torch
-from safetensors.torch import load_file
 
 from tests import launcher
+from tests.launcher import assert_bitwise_equal, final_weights  # noqa: F401 (re-exported for the tests here)
 
 RECIPE = "recipes/demo_digits.py"
 REFERENCE_STEPS = 12  # an epoch is 11 steps at global batch 128: every resumed run crosses an epoch boundary
@@ -40,16 +39,6 @@ def reference_run(demo_data: str, tmp_path_factory) -> Path:
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         _reference[demo_data] = workdir
     return _reference[demo_data]
-
-
-def final_weights(workdir: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(workdir / "model.safetensors"))
-
-
-def assert_bitwise_equal(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), f"{k} differs"
 
 
 def checkpoint_steps(workdir: Path) -> list[int]:
