@@ -17,8 +17,9 @@ $(VENV)/.installed: requirements.txt
 data/digits/dataset.json: | $(VENV)/.installed
 	$(PY) -m data_tools.make_demo_dataset data/digits
 
+# colossalai run starts torchrun by name, so the venv's bin goes first on PATH.
 demo: install data/digits/dataset.json
-	$(VENV)/bin/colossalai run --nproc_per_node $(NPROC) train.py --config recipes/demo_digits.py
+	PATH="$(abspath $(VENV))/bin:$$PATH" colossalai run --nproc_per_node $(NPROC) train.py --config recipes/demo_digits.py
 	$(PY) -m scripts.summarize runs/demo_digits
 
 test: install
