@@ -233,7 +233,9 @@ def test_export_loads_in_timm_with_identical_outputs(tmp_path, cfg):
     x = torch.randn(5, 3, 16, 16)
     model.eval(), loaded.eval()
     with torch.no_grad():
-        assert torch.equal(model(x), loaded(x))
+        # Same weights, different attention kernel: the recipe's model runs unfused attention (fp16 on
+        # CPU, model.fused_attn=auto), timm's default is fused SDPA, so outputs agree to rounding.
+        torch.testing.assert_close(model(x), loaded(x), rtol=1e-5, atol=1e-6)
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in loaded.state_dict().items())
 
     fresh = build_model(cfg)

@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from vitlarge.config import load_recipe, make_plan
 from vitlarge.engine import Engine
+from vitlarge.launch import DistEnv, init_distributed
 from vitlarge.model import build_model
 from vitlarge.optim import build_optimizer
 from vitlarge.plugins import build_plugin
@@ -19,10 +20,15 @@ from tests.launcher import free_port
 
 @pytest.fixture(scope="module", autouse=True)
 def process_group():
+    """A gloo group of one, as train.py makes it; reuses one an earlier in-process test left (benchmarks do)."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    ours = not dist.is_initialized()
+    if ours:
+        init_distributed(DistEnv(0, 1, 0, "127.0.0.1", free_port(), "single"), "gloo")
+    assert dist.get_world_size() == 1
     yield
-    dist.destroy_process_group()
+    if ours:
+        dist.destroy_process_group()
 
 
 def make_engine(precision="fp32", global_batch=32, micro_batch=8, clip=1.0, mixup=0.0, init_scale=2.0**16):
