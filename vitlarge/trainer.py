@@ -36,7 +36,6 @@ class Trainer:
         self.step = start_step
         self.device = engine.params[0].device
         self._stop_signal = 0
-        self.last_eval: dict = {}
         self._poison = faults.poisoned_steps()
 
     def _on_signal(self, signum, frame):
@@ -57,7 +56,6 @@ class Trainer:
     def _evaluate(self) -> dict:
         m = evaluate(self.engine.model, self.val_loader, self.engine.precision)
         m.update(step=self.step, epoch=self.step / self.plan.steps_per_epoch)
-        self.last_eval = m
         self._emit("on_eval_end", m)
         return m
 
@@ -84,10 +82,8 @@ class Trainer:
             t0 = time.perf_counter()
             batches = faults.poison_batches(lambda: next(self.train_loader), self.step + 1, self._poison)
             out = self.engine.step(self.step, batches)
-            loss, stop = self._sync(out["loss"])
+            loss, stop = self._sync(out["loss"])  # its .tolist() waits for the device: dt is the real step time
             self.step += 1
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
             dt = time.perf_counter() - t0
             m = dict(
                 step=self.step, epoch=self.step / plan.steps_per_epoch, train_loss=loss, lr=out["lr"],
@@ -104,7 +100,8 @@ class Trainer:
             if self.step % t.checkpoint_every_steps == 0 and self.step < end:
                 self._checkpoint()
         final = self._evaluate()
-        if not checkpoint.latest(self.cfg.workdir) or checkpoint.latest(self.cfg.workdir).name != f"step_{self.step:07d}":
+        newest = checkpoint.latest(self.cfg.workdir)
+        if newest is None or newest.name != f"step_{self.step:07d}":
             self._checkpoint()
         summary = {**final, "step": self.step}
         self._emit("on_train_end", summary)
