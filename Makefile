@@ -11,15 +11,17 @@ install: $(VENV)/.installed
 
 $(VENV)/.installed: requirements.txt
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q -r requirements.txt
+	@echo "installing requirements.txt into $(VENV) (about 4 minutes, 7 GB: torch's CUDA wheel, DALI)"
+	$(PY) -m pip install --progress-bar on -r requirements.txt
 	touch $@
 
 data/digits/dataset.json: | $(VENV)/.installed
 	$(PY) -m data_tools.make_demo_dataset data/digits
 
-# colossalai run starts torchrun by name, so the venv's bin goes first on PATH.
+# colossalai run starts torchrun by name, so the venv's bin goes first on PATH. One OpenMP thread
+# per process (NPROC processes share the cores), said explicitly: torchrun's banner about it goes.
 demo: install data/digits/dataset.json
-	PATH="$(abspath $(VENV))/bin:$$PATH" colossalai run --nproc_per_node $(NPROC) train.py --config recipes/demo_digits.py
+	PATH="$(abspath $(VENV))/bin:$$PATH" OMP_NUM_THREADS=1 colossalai run --nproc_per_node $(NPROC) train.py --config recipes/demo_digits.py
 	$(PY) -m scripts.summarize runs/demo_digits
 
 test: install

@@ -41,7 +41,10 @@ def main(argv=None) -> int:
     env = None
     try:
         env = launch.detect()
-        logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING, format="%(message)s")
+        # Our lines at INFO on the main rank; every other library stays at WARNING (matplotlib's
+        # "generated new fontManager" and the like are not the user's business).
+        logging.basicConfig(level=logging.WARNING, format="%(message)s")
+        logging.getLogger("vitlarge").setLevel(logging.INFO if env.is_main else logging.WARNING)
         return run(args, env)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
@@ -78,11 +81,12 @@ def run(args, env) -> int:
     from vitlarge.data import load_manifest
     from vitlarge.data.build import train_loader, val_loader
     from vitlarge.engine import Engine
+    from vitlarge.export import export
     from vitlarge.errors import UserError
     from vitlarge.model import build_model
     from vitlarge.optim import build_optimizer
     from vitlarge.plugins import build_plugin
-    from vitlarge.precision import Precision
+    from vitlarge.precision import Precision, resolve
     from vitlarge.trainer import Trainer
 
     manifest = load_manifest(cfg.data.path)
@@ -103,6 +107,10 @@ def run(args, env) -> int:
     if args.resume:
         checkpoint.read_meta(resume)  # a missing or incomplete --resume path fails before any work
     device, backend = launch.choose_device(cfg.train.device, env.local_rank)
+    requested = cfg.train.precision
+    cfg.train.precision, why = resolve(requested, device)  # before anything reads it: model, engine, checkpoints
+    if env.is_main and requested == "auto":
+        logging.getLogger("vitlarge").info(f"precision auto -> {cfg.train.precision}: {why}")
     launch.init_distributed(env, backend)
 
     # Model and optimizer: identical initial weights on every rank, then per-rank randomness.
@@ -143,8 +151,9 @@ def run(args, env) -> int:
     trainer = Trainer(cfg, plan, engine, train, val, hooks, run_info, start_step=start_step)
     trainer.fit()
     if env.is_main:
-        path = checkpoint.export(workdir, model)
-        logging.getLogger("vitlarge").info(f"exported {path}; metrics in {workdir / 'metrics.jsonl'}")
+        path = export(workdir, model, cfg, [c.synset for c in manifest.classes],
+                      {c.synset: c.text for c in manifest.classes if c.text} or None)
+        logging.getLogger("vitlarge").info(f"exported {path} (timm.create_model(\"local-dir:{path}\", pretrained=True))")
     torch.distributed.destroy_process_group()
     return 0
 

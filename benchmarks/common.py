@@ -55,14 +55,9 @@ def cpu_model() -> str:
 
 def cpu_flags() -> list[str]:
     """The instruction-set flags that decide low-precision matmul speed (AMX is absent on many VMs)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = line.split(":", 1)[1].split()
-                return sorted(f for f in flags if f.startswith(("amx", "avx512_bf16", "avx512_fp16", "avx512f")))
-    except OSError:
-        pass
-    return []
+    from vitlarge.precision import cpu_flags as all_flags
+
+    return sorted(f for f in all_flags() if f.startswith(("amx", "avx512_bf16", "avx512_fp16", "avx512f")))
 
 
 def machine() -> dict:

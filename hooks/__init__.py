@@ -9,17 +9,18 @@ from hooks.base import Hook, RunInfo, StopTraining
 from hooks.console import ConsoleHook
 from hooks.jsonl import JsonlHook, read_metrics
 from hooks.nan_guard import NanGuardHook
+from hooks.plot import PlotHook
 from hooks.tensorboard import TensorBoardHook
 from hooks.total_batch import TotalBatchHook
 
 __all__ = [
-    "Hook", "RunInfo", "StopTraining", "ConsoleHook", "JsonlHook", "NanGuardHook",
+    "Hook", "RunInfo", "StopTraining", "ConsoleHook", "JsonlHook", "NanGuardHook", "PlotHook",
     "TensorBoardHook", "TotalBatchHook", "build_hooks", "read_metrics",
 ]
 
 
 def build_hooks(workdir: str, *, log_every: int, nan_patience: int, tensorboard: bool = True,
-                console: bool = True) -> list[Hook]:
+                console: bool = True, plot: bool = True) -> list[Hook]:
     """The default hooks for a run writing under ``workdir``; build the same list on every rank.
 
     Each hook decides for itself what a non-main rank does (only `NanGuardHook` acts there).
@@ -31,5 +32,7 @@ def build_hooks(workdir: str, *, log_every: int, nan_patience: int, tensorboard:
     hooks.append(JsonlHook(workdir))
     if tensorboard:
         hooks.append(TensorBoardHook(workdir))
+    if plot:  # after JsonlHook: it draws what that hook wrote
+        hooks.append(PlotHook(workdir))
     hooks.append(NanGuardHook(nan_patience))
     return hooks

@@ -20,8 +20,8 @@ import time
 from typing import Any
 
 from hooks.base import Hook, RunInfo
+from vitlarge.metrics import FILENAME, read_metrics  # noqa: F401 (read_metrics re-exported)
 
-FILENAME = "metrics.jsonl"
 TRAIN_KEYS = ("step", "epoch", "train_loss", "lr", "grad_norm", "loss_scale", "images_per_s",
               "images_per_s_per_device", "skipped", "data_time", "step_time", "peak_mem_bytes",
               "allreduce_calls")
@@ -88,33 +88,3 @@ class JsonlHook(Hook):
         record = {**_finite_or_none(record), "time": round(time.time(), 3)}
         # allow_nan=False guarantees strict JSON; default=str keeps odd config values loggable.
         self._file.write(json.dumps(record, allow_nan=False, default=str) + "\n")
-
-
-def read_metrics(path: str) -> list[dict[str, Any]]:
-    """The records of ``path`` as the final run history sees them, in file order.
-
-    A resumed run restarts at its checkpoint's step and logs the following steps again. So a
-    ``start`` record at step S drops the earlier ``train``/``eval``/``checkpoint`` records with
-    step > S (they belong to the rolled-back attempt), and of records with the same event and
-    step only the last is kept. ``start``/``end`` records are all kept. Lines that do not parse
-    (a partial line from a killed writer) are skipped.
-    """
-    records: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if not isinstance(rec, dict):
-                continue
-            if rec.get("event") == "start":
-                s = rec.get("step", 0)
-                records = [r for r in records if r.get("event") in ("start", "end") or r.get("step", 0) <= s]
-            records.append(rec)
-    last: dict[tuple, int] = {}
-    for i, r in enumerate(records):
-        if r.get("event") not in ("start", "end"):
-            last[(r.get("event"), r.get("step"))] = i
-    return [r for i, r in enumerate(records)
-            if r.get("event") in ("start", "end") or last[(r.get("event"), r.get("step"))] == i]

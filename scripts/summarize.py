@@ -3,11 +3,12 @@
 import sys
 from pathlib import Path
 
-from hooks.jsonl import read_metrics
+from vitlarge.export import EXPORT_DIR
+from vitlarge.metrics import FILENAME, PLOT_FILENAME, read_metrics
 
 
 def main(workdir: str) -> int:
-    path = Path(workdir) / "metrics.jsonl"
+    path = Path(workdir) / FILENAME
     if not path.is_file():
         print(f"error: {path} does not exist; did the run start?", file=sys.stderr)
         return 2
@@ -18,8 +19,9 @@ def main(workdir: str) -> int:
     last = evals[-1]
     print(f"final validation top-1 {100 * last['val_top1']:.2f}% (top-5 {100 * last['val_top5']:.2f}%, "
           f"loss {last['val_loss']:.4f}) at step {last['step']} on {last['val_images']} images")
-    print(f"logs: {path}  TensorBoard: tensorboard --logdir {Path(workdir) / 'tb'}  "
-          f"model: {Path(workdir) / 'model.safetensors'}")
+    w = Path(workdir)
+    print(f"picture: {w / PLOT_FILENAME}  logs: {path}  TensorBoard: tensorboard --logdir {w / 'tb'}")
+    print(f'model: {w / EXPORT_DIR}  (timm.create_model("local-dir:{w / EXPORT_DIR}", pretrained=True))')
     return 0
 
 

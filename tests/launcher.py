@@ -95,8 +95,10 @@ def wait_for(predicate, timeout: float, proc: subprocess.Popen | None = None, po
 
 
 def final_weights(workdir: Path) -> dict[str, torch.Tensor]:
-    """The exported ``<workdir>/model.safetensors`` of a finished run."""
-    return load_file(str(workdir / "model.safetensors"))
+    """The exported weights (``<workdir>/model/model.safetensors``) of a finished run."""
+    from vitlarge.export import EXPORT_DIR
+
+    return load_file(str(workdir / EXPORT_DIR / "model.safetensors"))
 
 
 def assert_bitwise_equal(a: dict, b: dict) -> None:

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from vitlarge import checkpoint
 from vitlarge.config import load_recipe
 from vitlarge.errors import UserError
+from vitlarge.export import export
 from vitlarge.model import build_model
 from vitlarge.optim import build_optimizer
 
@@ -223,13 +224,17 @@ def test_disk_full_keeps_the_previous_checkpoint(tmp_path, cfg, monkeypatch, how
 
 def test_export_loads_in_timm_with_identical_outputs(tmp_path, cfg):
     model, opt, scaler = trained(cfg)
-    path = checkpoint.export(tmp_path, model)
-    assert path == tmp_path / "model.safetensors" and not (tmp_path / "model.safetensors.tmp").exists()
-    # num_classes in the overlay too: otherwise timm drops a head whose class count is not its 1000.
-    loaded = timm.create_model(
-        "vit_tiny_patch16_224", pretrained=True, pretrained_cfg_overlay=dict(file=str(path), num_classes=10),
-        num_classes=10, img_size=16, patch_size=4, embed_dim=96, depth=4, num_heads=3,
-    )
+    names = [f"n{i:08d}" for i in range(10)]
+    path = export(tmp_path, model, cfg, names, {"n00000003": "three"})
+    assert path == tmp_path / "model" and sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+    export(tmp_path, model, cfg, names)  # again (a rerun of a finished run): replaced whole, nothing left over
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+    # One line, nothing else to know: architecture, model arguments and class count come from config.json.
+    loaded = timm.create_model(f"local-dir:{path}", pretrained=True)
+    assert loaded.num_classes == 10 and loaded.pretrained_cfg["label_names"] == names
+    data_cfg = timm.data.resolve_data_config(model=loaded)
+    assert data_cfg["input_size"] == (3, 16, 16) and data_cfg["crop_pct"] == cfg.data.val_crop_pct
+    assert tuple(data_cfg["mean"]) == cfg.data.mean and tuple(data_cfg["std"]) == cfg.data.std
     x = torch.randn(5, 3, 16, 16)
     model.eval(), loaded.eval()
     with torch.no_grad():
@@ -239,6 +244,6 @@ def test_export_loads_in_timm_with_identical_outputs(tmp_path, cfg):
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in loaded.state_dict().items())
 
     fresh = build_model(cfg)
-    checkpoint.load_model_weights(path, fresh, cfg)  # evaluation reads the export too
+    checkpoint.load_model_weights(path, fresh, cfg)  # evaluation reads the export folder too
     with torch.no_grad():
         assert torch.equal(fresh.eval()(x), model(x))

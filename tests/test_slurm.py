@@ -150,7 +150,7 @@ def test_srun_two_tasks_train_with_gloo(srun_reference):
     assert len(start) == 1 and start[0]["world_size"] == 2 and start[0]["accum_steps"] == 4
     assert [x["step"] for x in records if x["event"] == "train"] == list(range(1, 13))
     assert [x["step"] for x in records if x["event"] == "checkpoint"] == [12]
-    assert (workdir / "model.safetensors").is_file()
+    assert (workdir / "model" / "model.safetensors").is_file()
 
 
 def test_missing_task_fails_at_the_rendezvous_naming_host_and_port(slurm, demo_data, tmp_path):

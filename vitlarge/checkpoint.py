@@ -1,4 +1,4 @@
-"""Checkpoints that resume exactly: save, find, load and export; atomic and never unpickling objects.
+"""Checkpoints that resume exactly: save, find and load; atomic and never unpickling objects.
 
 Layout of ``<workdir>/checkpoints/step_0000100/``:
 
@@ -231,28 +231,16 @@ def load(path: str | Path, model, optimizer, scaler, cfg: Config) -> dict:
 
 
 def load_model_weights(path: str | Path, model: torch.nn.Module, cfg: Config) -> None:
-    """Weights only, from a checkpoint folder or an exported ``model.safetensors`` (for evaluation)."""
-    path = Path(path)
-    if path.is_dir():
+    """Weights only, from a checkpoint folder, an export folder (`vitlarge.export`) or a ``model.safetensors``."""
+    given = path = Path(path)
+    if path.is_dir() and (path / "config.json").is_file() and not (path / "meta.json").exists():
+        path = path / "model.safetensors"  # an export: timm's config.json beside the weights
+    elif path.is_dir():
         check_compatible(read_meta(path), path, model, cfg)
         path = path / "model.safetensors"
     if not path.is_file():
-        raise UserError(f"checkpoint {path} does not exist; pass a checkpoints/step_* folder or model.safetensors")
+        raise UserError(f"checkpoint {path} does not exist; pass a checkpoints/step_* folder or an exported model folder")
     try:
         _unwrap(model).load_state_dict(load_file(str(path), device="cpu"))
     except RuntimeError as e:
-        raise UserError(f"{path} does not fit model {cfg.model.name}: {str(e).splitlines()[0]}") from None
-
-
-def export(workdir: str | Path, model) -> Path:
-    """Writes ``<workdir>/model.safetensors`` for ``timm.create_model(name, pretrained=True,
-    pretrained_cfg_overlay=dict(file=..., num_classes=N), num_classes=N, img_size=..., **model.kwargs)``.
-
-    ``num_classes`` must be in the overlay too: timm drops the classifier of a file whose
-    ``pretrained_cfg`` class count differs from the model's (1000 for the ImageNet-1K names)."""
-    out = Path(workdir) / "model.safetensors"
-    tmp = out.with_suffix(".safetensors.tmp")
-    tensors = {k: v.detach().contiguous().cpu() for k, v in _unwrap(model).state_dict().items()}
-    save_file(tensors, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, out)
-    return out
+        raise UserError(f"{given} does not fit model {cfg.model.name}: {str(e).splitlines()[0]}") from None

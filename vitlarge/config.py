@@ -117,7 +117,9 @@ class TrainConfig:
     """Images per device per forward/backward; accumulation = global / (micro x world)."""
     epochs: float = 300
     precision: str = "fp16"
-    """``fp16`` (autocast + dynamic loss scaling), ``bf16`` (autocast) or ``fp32``."""
+    """``fp16`` (autocast + dynamic loss scaling), ``bf16`` (autocast), ``fp32``, or ``auto``: the fastest
+    the device trains in, resolved at start (`vitlarge.precision.resolve`): bf16 on GPUs with bf16
+    tensor cores, else fp16; on CPUs fp16/bf16 only with fast units for them, else fp32."""
     init_loss_scale: float = 2.0**16
     loss_scale_growth_interval: int = 2000
     plugin: str = "ddp"
@@ -177,7 +179,7 @@ class Plan:
 CHOICES = {
     "optim.name": ("lamb", "adamw"),
     "schedule.decay": ("linear", "cosine", "constant"),
-    "train.precision": ("fp16", "bf16", "fp32"),
+    "train.precision": ("fp16", "bf16", "fp32", "auto"),
     "train.plugin": ("ddp", "zero"),
     "train.device": ("auto", "cuda", "cpu"),
     "model.fused_attn": ("auto", "on", "off"),

@@ -4,7 +4,7 @@ Contract: every rank iterates its own shard of the split (the loader strips DALI
 are all-reduced in float64, so each image counts once whatever the world size and batch size.
 
     python -m vitlarge.evaluate --config recipes/demo_digits.py --checkpoint runs/demo/checkpoints/step_0000600
-    torchrun --nproc_per_node 4 -m vitlarge.evaluate --config ... --checkpoint .../model.safetensors
+    torchrun --nproc_per_node 4 -m vitlarge.evaluate --config ... --checkpoint runs/demo/model
 """
 
 from __future__ import annotations
@@ -48,11 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     from vitlarge.data.build import val_loader
     from vitlarge.errors import UserError
     from vitlarge.model import build_model
-    from vitlarge.precision import Precision
+    from vitlarge.precision import Precision, resolve
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", required=True)
-    p.add_argument("--checkpoint", required=True, help="a step_* checkpoint directory or a model.safetensors file")
+    p.add_argument("--checkpoint", required=True, help="a checkpoints/step_* folder, an exported model folder (<workdir>/model) or a model.safetensors file")
     p.add_argument("--data", default=None)
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     args = p.parse_args(argv)
@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, args.overrides, data__path=args.data)
         env = launch.detect()
         device, backend = launch.choose_device(cfg.train.device, env.local_rank)
+        cfg.train.precision, _ = resolve(cfg.train.precision, device)
         launch.init_distributed(env, backend)
         model = build_model(cfg, device)
         checkpoint.load_model_weights(args.checkpoint, model, cfg)

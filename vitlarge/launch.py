@@ -186,6 +186,15 @@ def init_distributed(dist_env: DistEnv, backend: str, timeout_s: float | None = 
 
 
 def quiet_imports() -> None:
-    """Colossal-AI warns at import about optional CUDA extensions a CPU run never uses."""
+    """Silences, before they are imported, warnings about optional parts a vitlarge run never uses.
+
+    * Colossal-AI warns at import about optional CUDA extensions (tensornvme, apex).
+    * Colossal-AI imports bitsandbytes (for its GaLore optimizers), whose CPU backend logs "Failed to
+      load CPU gemm_4bit_forward from kernels-community" on CPUs with AVX512-BF16: 4-bit kernels
+      vitlarge never calls. Only that module's logger is raised to ERROR.
+    """
+    import logging
+
     warnings.filterwarnings("ignore", message=".*(tensornvme|apex|kernels).*")
     warnings.filterwarnings("ignore", category=FutureWarning, module="colossalai")
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)

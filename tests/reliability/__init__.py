@@ -41,6 +41,30 @@ def reference_run(demo_data: str, tmp_path_factory) -> Path:
     return _reference[demo_data]
 
 
+def assert_scaler_contract(train: list[dict], growth_interval: int) -> None:
+    """What dynamic loss scaling guarantees, step by step, on a run's ``train`` records (any precision).
+
+    A skipped step has a non-finite gradient norm and halves the scale for the next step; a scale
+    grows (x2) only after ``growth_interval`` finite steps in a row, and otherwise stays. Without
+    fp16 the scale is 1 and nothing is skipped unless the gradients were not finite.
+    """
+    import math
+
+    finite_run = 0
+    for prev, cur in zip(train, train[1:]):
+        assert prev["skipped"] == (prev["grad_norm"] is None or not math.isfinite(prev["grad_norm"])), prev
+        if prev["skipped"]:
+            finite_run, expected = 0, prev["loss_scale"] / 2
+        else:
+            finite_run += 1
+            grow = finite_run == growth_interval
+            finite_run = 0 if grow else finite_run
+            expected = prev["loss_scale"] * (2 if grow else 1)
+        if prev["loss_scale"] == 1.0 and cur["loss_scale"] == 1.0:
+            continue  # no scaler (bf16/fp32)
+        assert cur["loss_scale"] == expected, (prev, cur)
+
+
 def checkpoint_steps(workdir: Path) -> list[int]:
     """Steps of the complete checkpoints (final names) under ``workdir``, oldest first."""
     from vitlarge import checkpoint

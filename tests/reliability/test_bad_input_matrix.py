@@ -166,13 +166,12 @@ def truncated_tfrecord_train(c: Ctx) -> Run:
 
 def evaluate_on(c: Ctx, data) -> list[str]:
     """``python -m vitlarge.evaluate`` of a freshly exported demo model on ``data`` (reads the validation split)."""
-    from vitlarge import checkpoint
     from vitlarge.config import load_config
+    from vitlarge.export import export
     from vitlarge.model import build_model
 
-    model = build_model(load_config(RECIPE, []), CPU)
-    (c.tmp / "model").mkdir()
-    path = checkpoint.export(c.tmp / "model", model)
+    cfg = load_config(RECIPE, [])
+    path = export(c.tmp, build_model(cfg, CPU), cfg)
     return module("vitlarge.evaluate", "--config", RECIPE, "--data", str(data), "--checkpoint", str(path))
 
 
@@ -254,7 +253,7 @@ def incompatible_checkpoint(c: Ctx) -> Run:
 
     def after():
         assert sorted(p.name for p in (c.workdir / "checkpoints").iterdir()) == before  # untouched
-        assert not (c.workdir / "model.safetensors").exists()
+        assert not (c.workdir / "model").exists()
     return Run(c.train_on(c.demo_data), 2, [f"checkpoint {path} holds model", "does not match the recipe",
                                             "use another --workdir"], after)
 
@@ -266,7 +265,7 @@ def half_written_checkpoint(c: Ctx) -> Run:
     (tmp_ckpt / "model.safetensors").write_bytes(b"partial")
     return Run(c.train_on(c.demo_data, "--resume", str(tmp_ckpt)), 2,
                [f"{tmp_ckpt} is not a complete vitlarge checkpoint (no meta.json)", "pass a checkpoints/step_* folder"],
-               lambda: None if not (c.workdir / "model.safetensors").exists() else pytest.fail("exported"))
+               lambda: None if not (c.workdir / "model").exists() else pytest.fail("exported"))
 
 
 def evaluate_missing_checkpoint(c: Ctx) -> Run:

@@ -24,7 +24,9 @@ TIMEOUT = 600
 
 
 def args(data: str, workdir: Path, *extra: str) -> list[str]:
-    return ["--config", RECIPE, "--data", data, "--workdir", str(workdir), "train.log_every_steps=1", *extra]
+    """fp16 unless ``extra`` says otherwise: the demo's ``auto`` would be fp32 on CPUs without fast fp16."""
+    return ["--config", RECIPE, "--data", data, "--workdir", str(workdir), "train.log_every_steps=1",
+            "train.precision=fp16", *extra]
 
 
 def train_records(workdir: Path) -> dict[int, dict]:
@@ -54,7 +56,7 @@ def test_one_poisoned_fp16_step_is_skipped_and_the_scale_halves(demo_data, tmp_p
     assert not all(torch.equal(after[k], next_[k]) for k in after)
     opt2, opt3 = (torch.load(ckpt(tmp_path, s) / "optimizer.pt", weights_only=True)["state"] for s in (2, 3))
     assert all(torch.equal(torch.as_tensor(opt2[p][k]), torch.as_tensor(opt3[p][k])) for p in opt2 for k in opt2[p])
-    assert (tmp_path / "model.safetensors").is_file()
+    assert (tmp_path / "model" / "model.safetensors").is_file()
 
 
 def test_persistent_nan_stops_both_ranks_with_exit_3_and_keeps_the_last_good_checkpoint(demo_data, tmp_path,
@@ -75,7 +77,7 @@ def test_persistent_nan_stops_both_ranks_with_exit_3_and_keeps_the_last_good_che
     assert error.endswith(f"lower the lr or use bf16; last good checkpoint: {good}")
     assert "Traceback" not in log
     assert max(train_records(tmp_path)) == 10  # stopped at once, not at the end of the schedule
-    assert not (tmp_path / "model.safetensors").exists()
+    assert not (tmp_path / "model").exists()
     assert checkpoint_steps(tmp_path) == [3, 6, 9]
     assert not list((tmp_path / "checkpoints").glob(".step_*"))
 
@@ -114,4 +116,4 @@ def test_huge_lr_without_loss_scaling_stops_with_exit_3(demo_data, tmp_path, pre
     m = train_records(tmp_path)
     last = max(m)
     assert last < 30 and all(m[s]["skipped"] for s in range(last - 4, last + 1))  # patience 5, then stop
-    assert not (tmp_path / "model.safetensors").exists()
+    assert not (tmp_path / "model").exists()

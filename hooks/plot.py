@@ -1,0 +1,34 @@
+"""At the end of training, a picture of the run next to metrics.jsonl (``<workdir>/metrics.png``).
+
+Main rank only, after the final evaluation (so the picture holds it). It reads back what
+`JsonlHook` wrote, so it must come after that hook in the list. A failure to draw is one warning
+line, never a failed run: the model and checkpoints matter more than the picture, which
+``python -m vitlarge.plot WORKDIR`` can redraw at any time.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from hooks.base import Hook, RunInfo
+from vitlarge.errors import UserError
+
+
+class PlotHook(Hook):
+    def __init__(self, workdir: str):
+        self.workdir = workdir
+        self.path: str | None = None
+
+    def on_train_end(self, run: RunInfo, summary: dict[str, Any]) -> None:
+        if not run.is_main:
+            return
+        from vitlarge.plot import plot_run
+
+        log = logging.getLogger("vitlarge")
+        try:
+            self.path = str(plot_run(self.workdir))
+        except (UserError, OSError, ValueError, RuntimeError) as e:
+            log.warning(f"warning: no picture of the run ({e}); draw it with python -m vitlarge.plot {self.workdir}")
+            return
+        log.info(f"plot  {self.path}")

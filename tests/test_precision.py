@@ -1,0 +1,41 @@
+"""`train.precision=auto`: the precision a device trains fastest in, decided once from what it has."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vitlarge.precision import Precision, cpu_flags, resolve
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize("flags, expected", [
+    ({"avx", "avx2"}, "fp32"),                                  # AMD EPYC (these machines): no AVX-512 at all
+    ({"avx512f", "avx512_bf16"}, "fp32"),                       # AVX512-BF16 without AMX: bf16 trailed fp32
+    ({"avx512f", "avx512_bf16", "avx512_fp16"}, "fp16"),        # Intel Xeon with AVX512-FP16
+    ({"avx512f", "amx_bf16", "amx_tile"}, "bf16"),              # Sapphire Rapids without AMX-FP16
+    ({"amx_fp16", "amx_bf16"}, "fp16"),
+    (set(), "fp32"),                                            # no /proc/cpuinfo (macOS)
+])
+def test_auto_on_cpu_follows_the_instruction_set(flags, expected):
+    name, why = resolve("auto", CPU, frozenset(flags))
+    assert name == expected and why
+
+
+@pytest.mark.parametrize("name", ["fp16", "bf16", "fp32"])
+def test_an_explicit_precision_is_kept_whatever_the_cpu(name):
+    assert resolve(name, CPU, frozenset())[0] == name
+    assert resolve(name, CPU, frozenset({"avx512_fp16"}))[0] == name
+
+
+def test_this_machines_flags_are_read_and_resolve_to_a_concrete_precision():
+    flags = cpu_flags()
+    assert all(isinstance(f, str) for f in flags)
+    assert resolve("auto", CPU)[0] in ("fp16", "bf16", "fp32")
+
+
+def test_an_unresolved_precision_is_refused_by_the_engine_side():
+    with pytest.raises(ValueError, match="resolve"):
+        Precision("auto", CPU)
+    assert Precision("fp16", CPU).scaler.is_enabled() and not Precision("bf16", CPU).scaler.is_enabled()

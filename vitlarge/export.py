@@ -1,0 +1,88 @@
+"""The trained model in timm's own format: a folder that ``timm.create_model`` loads in one line.
+
+    model = timm.create_model("local-dir:runs/demo_digits/model", pretrained=True)
+    cfg = timm.data.resolve_data_config(model=model)            # the preprocessing it was trained with
+    transform = timm.data.create_transform(**cfg)
+
+``<workdir>/model/`` holds ``model.safetensors`` (the unwrapped model's state dict) and
+``config.json`` written by timm's own `save_config_for_hf`: architecture, the model arguments
+timm recorded when it built the model (patch size, depth, ...), class count, class names from the
+dataset manifest, and the evaluation preprocessing vitlarge used (input size, mean/std, crop
+fraction, interpolation), so timm's transform matches vitlarge's validation pipeline.
+
+The folder is written under a temporary name, fsynced and renamed: a reader sees the old export
+or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from vitlarge.config import Config
+
+EXPORT_DIR = "model"
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def data_config(cfg: Config) -> dict:
+    """vitlarge's evaluation preprocessing in timm's terms (see `vitlarge.data.pipelines.val_pipeline`)."""
+    import inspect
+
+    from vitlarge.data.loader import ValLoader
+
+    size = cfg.data.image_size
+    interpolation = inspect.signature(ValLoader).parameters["interpolation"].default  # what evaluation ran with
+    return dict(input_size=(3, size, size), mean=tuple(cfg.data.mean), std=tuple(cfg.data.std),
+                crop_pct=cfg.data.val_crop_pct, crop_mode="center", interpolation=interpolation)
+
+
+def export(workdir: str | Path, model: torch.nn.Module, cfg: Config, class_names: list[str] | None = None,
+           class_descriptions: dict[str, str] | None = None) -> Path:
+    """Writes ``<workdir>/model/`` (config.json + model.safetensors) and returns its path. Main rank only.
+
+    ``model`` may be wrapped (DDP, Booster): the timm module inside is exported. ``class_names`` are
+    the classifier's labels in index order (ImageNet synsets); ``class_descriptions`` maps a name to
+    its text ("tench, Tinca tinca").
+    """
+    from timm.models._hub import save_config_for_hf
+
+    raw = model.unwrap() if hasattr(model, "unwrap") else model
+    raw = getattr(raw, "module", raw)
+    workdir = Path(workdir)
+    out = workdir / EXPORT_DIR
+    tmp = workdir / f".{EXPORT_DIR}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model_config: dict = {
+        # timm copies the architecture's hub entry (tag, license) into the export; these weights are ours.
+        "pretrained_cfg": {"tag": "vitlarge", "license": None},
+    }
+    if class_names:
+        model_config["label_names"] = list(class_names)
+    if class_descriptions:
+        model_config["label_descriptions"] = dict(class_descriptions)
+    tensors = {k: v.detach().contiguous().cpu() for k, v in raw.state_dict().items()}
+    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    save_config_for_hf(raw, str(tmp / "config.json"), model_config=model_config, data_config=data_config(cfg))
+    for name in ("model.safetensors", "config.json"):
+        _fsync(tmp / name)
+    old = workdir / f".{EXPORT_DIR}.old"
+    if out.exists():  # a rerun of a finished run exports again: swap, then drop the old folder
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(out, old)
+    os.replace(tmp, out)
+    _fsync(workdir)
+    shutil.rmtree(old, ignore_errors=True)
+    return out

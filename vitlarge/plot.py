@@ -1,0 +1,137 @@
+"""A picture of a run: ``python -m vitlarge.plot RUN_DIR`` writes ``RUN_DIR/metrics.png``.
+
+Four panels against the optimizer step (epochs on a second axis along the top): train loss,
+learning rate, validation top-1/top-5, and throughput (images/s over all devices). The train loss
+and throughput are drawn raw (thin) and as a moving average over ~2% of the run, because one
+step's value is noisy at small batch and a resumed run's first step includes start-up. fp16
+overflow steps (skipped updates) are marked on the loss panel. Training writes the same picture at
+its end (`hooks.plot.PlotHook`).
+
+Reads metrics.jsonl with `vitlarge.metrics.read_metrics`, so a resumed run shows one history.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from pathlib import Path
+
+from vitlarge.errors import UserError
+from vitlarge.metrics import FILENAME, PLOT_FILENAME, read_metrics
+
+
+def _smooth(values: list[float], window: int) -> list[float]:
+    """Trailing mean over ``window`` finite values (non-finite ones are skipped, not spread)."""
+    out, buf = [], []
+    for v in values:
+        if v is not None and math.isfinite(v):
+            buf.append(v)
+            buf = buf[-window:]
+        out.append(sum(buf) / len(buf) if buf else math.nan)
+    return out
+
+
+def _num(x) -> float:
+    return math.nan if x is None else float(x)
+
+
+def plot_run(workdir: str | Path, out: str | Path | None = None) -> Path:
+    """Writes the run's picture (PNG, atomically) and returns its path; UserError without records."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed; also on a cluster's compute node
+    import matplotlib.pyplot as plt
+
+    workdir = Path(workdir)
+    path = workdir / FILENAME
+    if not path.is_file():
+        raise UserError(f"{path} does not exist; pass the --workdir of a run that has started")
+    records = read_metrics(str(path))
+    train = [r for r in records if r.get("event") == "train"]
+    evals = [r for r in records if r.get("event") == "eval"]
+    if not train:
+        raise UserError(f"{path} has no training steps yet; plot again after the first step")
+    start = next((r for r in records if r.get("event") == "start"), {})
+    steps_per_epoch = start.get("steps_per_epoch") or (train[-1]["step"] / max(train[-1]["epoch"], 1e-9))
+    steps = [r["step"] for r in train]
+    window = max(1, len(train) // 50)
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
+    (ax_loss, ax_lr), (ax_acc, ax_speed) = axes
+
+    loss = [_num(r.get("train_loss")) for r in train]
+    ax_loss.plot(steps, loss, color="tab:blue", alpha=0.25, linewidth=0.8)
+    ax_loss.plot(steps, _smooth(loss, window), color="tab:blue", label=f"train (mean of {window} steps)")
+    if evals:
+        ax_loss.plot([e["step"] for e in evals], [_num(e.get("val_loss")) for e in evals], "o-",
+                     color="tab:orange", label="validation")
+    skipped = [r["step"] for r in train if r.get("skipped")]
+    if skipped:
+        finite = [x for x in loss if math.isfinite(x)]
+        y = min(finite) if finite else 0.0
+        ax_loss.plot(skipped, [y] * len(skipped), "x", color="tab:red", label=f"skipped steps ({len(skipped)})")
+    ax_loss.set_ylabel("loss")
+    ax_loss.legend(loc="upper right", fontsize=8)
+
+    ax_lr.plot(steps, [_num(r.get("lr")) for r in train], color="tab:green")
+    ax_lr.set_ylabel("learning rate")
+    ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+
+    if evals:
+        es = [e["step"] for e in evals]
+        top1 = [100 * _num(e.get("val_top1")) for e in evals]
+        ax_acc.plot(es, top1, "o-", color="tab:purple", label="top-1")
+        ax_acc.plot(es, [100 * _num(e.get("val_top5")) for e in evals], "s--", color="tab:gray", label="top-5")
+        ax_acc.annotate(f"{top1[-1]:.2f}%", (es[-1], top1[-1]), textcoords="offset points", xytext=(-10, -14),
+                        ha="right", fontsize=9)
+        ax_acc.legend(loc="lower right", fontsize=8)
+    else:
+        ax_acc.text(0.5, 0.5, "no evaluation yet", ha="center", va="center", transform=ax_acc.transAxes)
+    ax_acc.set_ylabel("validation accuracy (%)")
+    ax_acc.set_ylim(0, 100)
+
+    speed = [_num(r.get("images_per_s")) for r in train]
+    ax_speed.plot(steps, speed, color="tab:brown", alpha=0.25, linewidth=0.8)
+    ax_speed.plot(steps, _smooth(speed, window), color="tab:brown")
+    ax_speed.set_ylabel(f"images/s ({start.get('world_size', '?')} devices)")
+    finite = sorted(x for x in speed if math.isfinite(x))
+    if finite:  # the first step of each (re)start includes warm-up: keep it from squashing the chart
+        ax_speed.set_ylim(0, finite[int(0.98 * (len(finite) - 1))] * 1.2)
+
+    for ax in axes[1]:
+        ax.set_xlabel("optimizer step")
+    for ax in axes[0]:
+        top = ax.secondary_xaxis("top", functions=(lambda s: s / steps_per_epoch, lambda e: e * steps_per_epoch))
+        top.set_xlabel("epoch", fontsize=8)
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+    name = (start.get("config") or {}).get("model", {}).get("name", "")
+    fig.suptitle(f"{workdir.name}: {name}, global batch {start.get('global_batch', '?')}, "
+                 f"{train[-1]['step']} steps", fontsize=11)
+    fig.tight_layout()
+
+    out = Path(out) if out else workdir / PLOT_FILENAME
+    tmp = out.with_name(f".{out.name}.tmp")
+    fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)
+    os.replace(tmp, out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("workdir", help="a run's --workdir (holds metrics.jsonl)")
+    p.add_argument("--out", help=f"PNG to write (default: WORKDIR/{PLOT_FILENAME})")
+    args = p.parse_args(argv)
+    try:
+        print(plot_run(args.workdir, args.out))
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
