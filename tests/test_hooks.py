@@ -259,7 +259,8 @@ def test_nan_guard_ignores_fp16_skips_and_resets_on_finite_loss(tmp_path):
 
 def test_build_hooks_logs_the_failing_step_before_the_guard_stops(tmp_path, capsys):
     hooks = build_hooks(str(tmp_path), log_every=5, nan_patience=1, tensorboard=False)
-    assert [type(h).__name__ for h in hooks] == ["TotalBatchHook", "ConsoleHook", "JsonlHook", "NanGuardHook"]
+    assert [type(h).__name__ for h in hooks] == ["TotalBatchHook", "ConsoleHook", "JsonlHook", "PlotHook",
+                                                 "NanGuardHook"]
     run = make_run(tmp_path)
     for h in hooks:
         h.on_train_start(run)
@@ -270,4 +271,4 @@ def test_build_hooks_logs_the_failing_step_before_the_guard_stops(tmp_path, caps
     assert last["step"] == 1 and last["train_loss"] is None
     assert "loss nan" in capsys.readouterr().out
     assert [type(h).__name__ for h in build_hooks("w", log_every=1, nan_patience=1, console=False)] == [
-        "TotalBatchHook", "JsonlHook", "TensorBoardHook", "NanGuardHook"]
+        "TotalBatchHook", "JsonlHook", "TensorBoardHook", "PlotHook", "NanGuardHook"]
