@@ -126,7 +126,7 @@ def test_validation_is_reiterable_and_survives_an_abandoned_pass(demo_data):
     assert len(first) == v.num_examples_this_rank == 120 and torch.equal(first, third)
 
 
-@pytest.mark.parametrize("randaugment", [None, "rand-m9-n2"])
+@pytest.mark.parametrize("randaugment", [None, "rand-m9-n2", "rand-m9-mstd0.5-inc1"])
 def test_restored_state_gives_bitwise_identical_batches(demo_data, randaugment):
     loader = train(demo_data, batch_size=64, randaugment=randaugment, seed=3)
     for _ in range(20):  # the restored stream crosses the epoch boundary at 1437 / 64 = 22.5 steps

@@ -171,8 +171,8 @@ def magnitude_bins(s: RandAugmentSpec):
         mag = fn.random.uniform(range=[0.0, float(s.m)], shape=(s.n,))
     else:
         mag = fn.random.normal(mean=float(s.m), stddev=float(s.mstd), shape=(s.n,))
-    mag = dmath.clamp(mag, 0.0, float(s.upper))
-    return fn.cast(mag * float(STEPS) + 0.5, dtype=types.INT32)  # round half up; mag >= 0
+    # Clip to 0..upper as timm does; DALI's cast to int rounds to the nearest bin.
+    return fn.cast(dmath.clamp(mag * float(STEPS), 0.0, float(s.upper * STEPS)), dtype=types.INT32)
 
 
 def apply(images, s: RandAugmentSpec, shape):
