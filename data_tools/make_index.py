@@ -7,7 +7,8 @@ writes ``<shard>.idx`` next to each shard and a manifest inferred from what it s
 the file names, record counts, label offset 1 (the TF ImageNet convention, ``--label-offset`` to
 change) and ``num_classes`` from the largest label seen (``--num-classes`` to state it, e.g. a
 split that lacks the last class). Each split must be one complete ``-of-N`` set: a directory
-that mixes sets or lacks a shard is refused, naming the files, before anything is written. Class synsets and texts come from the records when present.
+that mixes sets or lacks a shard is refused, naming the files, before anything is written.
+Class synsets and texts come from the records when present.
 Rerun it whenever a loader reports a missing or stale index.
 """
 
@@ -64,7 +65,8 @@ def make_index(data_dir: str, *, label_offset: int = 1, num_classes: int | None 
         )
     problem = shard_set_problem(names)
     if problem:
-        raise UserError(f"{data_dir}: {problem[0]}; {problem[1]}, then rerun python -m data_tools.make_index {data_dir}")
+        raise UserError(f"{data_dir}: {problem[0]}; {problem[1]}, then rerun "
+                        f"python -m data_tools.make_index {data_dir}")
     paths = [os.path.join(data_dir, n) for n in names]
     if workers > 1 and len(paths) > 1:
         with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:

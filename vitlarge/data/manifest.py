@@ -55,7 +55,8 @@ def shard_set_problem(names) -> tuple[str, str] | None:
             sets.setdefault(m.group(1), {}).setdefault(int(m.group(3)), set()).add(int(m.group(2)))
     for split, by_count in sorted(sets.items()):
         if len(by_count) > 1:
-            found = " and ".join(f"{split}-*-of-{count:05d} ({len(ix)} files)" for count, ix in sorted(by_count.items()))
+            found = " and ".join(f"{split}-*-of-{count:05d} ({len(ix)} files)"
+                                 for count, ix in sorted(by_count.items()))
             return (f"{len(by_count)} {split} shard sets, {found}",
                     "delete the set you do not want (or convert into an empty --out)")
         ((count, ix),) = by_count.items()
