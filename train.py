@@ -80,6 +80,7 @@ def run(args, env) -> int:
     from vitlarge import checkpoint, launch
     from vitlarge.data import load_manifest
     from vitlarge.data.build import train_loader, val_loader
+    from vitlarge.data.randaugment import spec as randaugment_spec
     from vitlarge.engine import Engine
     from vitlarge.export import export
     from vitlarge.errors import UserError
@@ -95,6 +96,7 @@ def run(args, env) -> int:
             f"{cfg.data.path}/dataset.json has {manifest.num_classes} classes but data.num_classes="
             f"{cfg.data.num_classes}; set data.num_classes={manifest.num_classes}"
         )
+    randaugment_spec(cfg.data.randaugment)  # a bad string fails here, before any work or file
     plan = make_plan(cfg, env.world_size, manifest.num_examples("train"))
     workdir = Path(cfg.workdir)
     try:

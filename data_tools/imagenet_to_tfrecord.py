@@ -12,7 +12,10 @@ with ``--seed``.
 Resumable: each committed shard gets a done-record in ``OUT/.progress/``; a rerun keeps shards
 whose record, size and index still match and whose input list is unchanged, and redoes the rest.
 Shards are written as ``*.tmp``, fsynced and renamed, so a killed run leaves no partial file
-under a final name.
+under a final name; a rerun removes only those temporary files of its own. One shard set at a
+time: converting again with other shard counts removes the earlier run's shards of the old set
+once the new manifest is written, and shard files in OUT that this converter did not write are
+refused with the fix.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import time
 from data_tools import imagefolder, tfrecord_io
 from data_tools.imagefolder import BadImage, Item
 from vitlarge.data.manifest import (
-    ClassInfo, Manifest, ShardInfo, load_manifest, shard_name, write_manifest,
+    MANIFEST_NAME, SHARD_RE, ClassInfo, Manifest, ShardInfo, load_manifest, shard_name, write_manifest,
 )
 from vitlarge.errors import UserError
 
@@ -40,6 +43,7 @@ TOOL = "data_tools.imagenet_to_tfrecord"
 TOOL_VERSION = "1.0.0"
 LABEL_OFFSET = 1  # TF ImageNet records reserve label 0 for "background"
 PROGRESS_DIR = ".progress"
+SKIPPED_LIST = "skipped.txt"
 KILL_ENV = "VITLARGE_TEST_KILL_AT"  # test-only: "<shard>:<record>" -> SIGKILL self mid-shard
 
 
@@ -153,18 +157,48 @@ def _done_record(out_dir: str, name: str, digest: str) -> dict | None:
         return None
 
 
-def _prepare_out_dir(out_dir: str) -> None:
+def _prepare_out_dir(out_dir: str, planned: list[str]) -> list[str]:
+    """Make ``out_dir`` ready for the shards ``planned``; return the stale shards to remove at the end.
+
+    Removes only this converter's own temporary files for the planned names (a killed run's
+    leftovers; any other ``*.tmp`` in the directory is not ours and stays). Shards of another
+    set (``-of-M`` for a count this run does not write) that an earlier run of this converter
+    wrote (they have a done-record) are returned, to be deleted once the new manifest is in
+    place; any other shard file is refused with the fix, before anything is written.
+    """
+    progress = os.path.join(out_dir, PROGRESS_DIR)
     try:
-        os.makedirs(os.path.join(out_dir, PROGRESS_DIR), exist_ok=True)
-        probe = os.path.join(out_dir, ".write-test.tmp")
+        os.makedirs(progress, exist_ok=True)
+        probe = os.path.join(out_dir, f".write-test-{os.getpid()}{tfrecord_io.TMP_SUFFIX}")
         with open(probe, "w") as f:
             f.write("ok")
         os.remove(probe)
+        names = os.listdir(out_dir)
     except OSError as e:
         raise UserError(f"{out_dir}: output directory is not writable ({e.strerror}); choose another --out") from None
-    for n in os.listdir(out_dir):  # leftovers of a killed run; their shards are redone
-        if n.endswith(tfrecord_io.TMP_SUFFIX):
+    ours = set(planned) | {n + ".idx" for n in planned} | {MANIFEST_NAME, SKIPPED_LIST}
+    for n in names:
+        if n.endswith(tfrecord_io.TMP_SUFFIX) and n[:-len(tfrecord_io.TMP_SUFFIX)] in ours:
             os.remove(os.path.join(out_dir, n))
+    stale = sorted(n for n in names if SHARD_RE.match(n) and n not in set(planned))
+    foreign = [n for n in stale if not os.path.exists(os.path.join(progress, n + ".json"))]
+    if foreign:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise UserError(f"{os.path.join(out_dir, foreign[0])}{more}: shards this conversion does not write, and not "
+                        "from an earlier run of this converter; move them out of --out or choose an empty --out")
+    return stale
+
+
+def _remove_shards(out_dir: str, names: list[str]) -> None:
+    """Delete shards of a replaced set with their indexes and done-records (after the new manifest)."""
+    for n in names:
+        for path in (os.path.join(out_dir, n), os.path.join(out_dir, n + ".idx"),
+                     os.path.join(out_dir, PROGRESS_DIR, n + ".json")):
+            for p in (path, path + tfrecord_io.TMP_SUFFIX):
+                try:
+                    os.remove(p)
+                except FileNotFoundError:
+                    pass
 
 
 class _Rate:
@@ -186,13 +220,12 @@ def convert(src: str, out: str, *, train_shards: int = 1024, val_shards: int = 1
         workers = os.cpu_count() or 1
     classes, splits = imagefolder.discover(src, val_labels, LABEL_OFFSET)
     texts = imagefolder.class_texts(classes)
-    _prepare_out_dir(out)
-
     plans = {
         "train": plan_shards(splits["train"], train_shards, "train", seed),
     }
     if splits.get("validation"):
         plans["validation"] = plan_shards(splits["validation"], val_shards, "validation", None)
+    stale = _prepare_out_dir(out, [name for shards in plans.values() for name, _ in shards])
     tasks, records = [], {}
     for split, shards in plans.items():
         for name, items in shards:
@@ -227,8 +260,11 @@ def convert(src: str, out: str, *, train_shards: int = 1024, val_shards: int = 1
         data_dir=out,
     )
     write_manifest(manifest, out)
+    _remove_shards(out, stale)  # only now: until the new manifest is in place, the old one stays valid
+    if stale:
+        print(f"removed {len(stale)} shards of the replaced shard set(s) ({stale[0]}, ...)", file=sys.stderr)
     skipped = [s for r in records.values() for s in r["skipped"]]
-    skipped_list = os.path.join(out, "skipped.txt")
+    skipped_list = os.path.join(out, SKIPPED_LIST)
     if skipped:
         tfrecord_io.write_text_atomic(skipped_list, "".join(f"{p}\t{why}\n" for p, why in skipped))
     elif os.path.exists(skipped_list):  # from an earlier run whose bad files have since been fixed

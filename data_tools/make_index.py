@@ -6,7 +6,9 @@ Reads every record once (checking framing and CRCs, so a truncated shard is repo
 writes ``<shard>.idx`` next to each shard and a manifest inferred from what it saw: splits from
 the file names, record counts, label offset 1 (the TF ImageNet convention, ``--label-offset`` to
 change) and ``num_classes`` from the largest label seen (``--num-classes`` to state it, e.g. a
-split that lacks the last class). Class synsets and texts come from the records when present.
+split that lacks the last class). Each split must be one complete ``-of-N`` set: a directory
+that mixes sets or lacks a shard is refused, naming the files, before anything is written.
+Class synsets and texts come from the records when present.
 Rerun it whenever a loader reports a missing or stale index.
 """
 
@@ -20,7 +22,7 @@ import sys
 
 from data_tools import tfrecord_io
 from vitlarge.data.manifest import (
-    MANIFEST_NAME, SHARD_RE, ClassInfo, Manifest, ShardInfo, load_manifest, write_manifest,
+    MANIFEST_NAME, SHARD_RE, ClassInfo, Manifest, ShardInfo, load_manifest, shard_set_problem, write_manifest,
 )
 from vitlarge.errors import UserError
 
@@ -61,6 +63,10 @@ def make_index(data_dir: str, *, label_offset: int = 1, num_classes: int | None 
             f"{data_dir}: no shards named train-NNNNN-of-NNNNN or validation-NNNNN-of-NNNNN; rename the shards "
             "to that scheme (TensorFlow's ImageNet script uses it)"
         )
+    problem = shard_set_problem(names)
+    if problem:
+        raise UserError(f"{data_dir}: {problem[0]}; {problem[1]}, then rerun "
+                        f"python -m data_tools.make_index {data_dir}")
     paths = [os.path.join(data_dir, n) for n in names]
     if workers > 1 and len(paths) > 1:
         with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:

@@ -81,3 +81,16 @@ def demo_data(tmp_path_factory) -> str:
     out = str(tmp_path_factory.mktemp("demo_data"))
     make_demo_dataset(out, workers=0)
     return out
+
+
+@pytest.fixture(scope="session")
+def id_datasets(tmp_path_factory):
+    """{n: data dir} of identifiable validation splits (label = record index), 3 shards each."""
+    from data_tools.make_id_dataset import make_id_dataset
+
+    root = tmp_path_factory.mktemp("id_datasets")
+    return {n: make_id_dataset(str(root / str(n)), train=9, train_shards=1, validation=n, val_shards=3).data_dir
+            for n in ID_SPLIT_SIZES}
+
+
+ID_SPLIT_SIZES = (24, 37, 50)  # 24 and 50 divide by some world sizes, 37 by none

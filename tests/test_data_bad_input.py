@@ -222,6 +222,31 @@ def test_shard_replaced_after_manifest(data_copy):
         train_loader(data_copy)
 
 
+def test_manifest_built_for_another_shard_set(data_copy):
+    """A second set beside the one dataset.json lists (what make_index would merge in) is refused."""
+    shutil.copy(os.path.join(data_copy, "train-00000-of-00003"), os.path.join(data_copy, "train-00000-of-00001"))
+    with pytest.raises(UserError) as e:
+        train_loader(data_copy)
+    assert str(e.value) == (
+        f"{data_copy}: holds 2 train shard sets, train-*-of-00001 (1 files) and train-*-of-00003 (3 files), but "
+        f"dataset.json was built for 3 of them; delete the set you do not use, then run "
+        f"python -m data_tools.make_index {data_copy}")
+
+
+def test_manifest_listing_two_sets_or_a_partial_set(data_copy):
+    path = os.path.join(data_copy, "dataset.json")
+    doc = json.loads(open(path).read())
+    shards = doc["splits"]["validation"]["shards"]
+    doc["splits"]["validation"]["shards"] = shards[:1]  # validation-00000-of-00002 alone
+    open(path, "w").write(json.dumps(doc))
+    with pytest.raises(UserError) as e:
+        ValLoader(data_copy, 4, 32, rank=0, world_size=1, device=CPU)
+    assert str(e.value) == (
+        f"{path}: the validation shards listed are not one complete set (the validation-*-of-00002 set lacks "
+        f"validation-00001-of-00002); restore the missing shards or re-convert, then run "
+        f"python -m data_tools.make_index {data_copy}")
+
+
 @pytest.mark.parametrize("loader", ["train", "val"])
 def test_label_outside_class_range(data_copy, loader):
     path = os.path.join(data_copy, "dataset.json")
@@ -280,3 +305,4 @@ def _tiny_jpeg() -> bytes:
     buf = io.BytesIO()
     Image.new("RGB", (40, 30), (10, 200, 30)).save(buf, "JPEG")
     return buf.getvalue()
+

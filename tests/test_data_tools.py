@@ -203,3 +203,50 @@ def test_bench_dataset_is_imagenet_like(tmp_path):
     sizes = {Image.open(f).size for f in files}
     assert len(sizes) > 1 and all(200 <= w <= 640 and 150 <= h <= 640 for w, h in sizes)
     assert json.loads((tmp_path / "bench.json").read_text())["num_images"] == 12
+
+
+# --- one shard set at a time --------------------------------------------------------------------
+
+def test_reconversion_with_another_shard_count_replaces_the_old_set(tiny_imagefolder, tmp_path):
+    out = tmp_path / "out"
+    imagenet_to_tfrecord.convert(tiny_imagefolder, str(out), train_shards=3, val_shards=2, workers=0, progress=False)
+    (out / "notes.tmp").write_text("someone else's")  # not ours: must survive
+    (out / "train-00002-of-00003.tmp").write_text("leftover of the old set")
+    imagenet_to_tfrecord.convert(tiny_imagefolder, str(out), train_shards=4, val_shards=2, workers=0, progress=False)
+    shards = sorted(n for n in os.listdir(out) if n.startswith("train-"))
+    assert shards == [f"train-0000{i}-of-00004{ext}" for i in range(4) for ext in ("", ".idx")]
+    assert not [n for n in os.listdir(out / ".progress") if "of-00003" in n]
+    assert (out / "notes.tmp").read_text() == "someone else's"
+    # What the docs advise for a stale index now sees one set: 18 images, not 18 + 18.
+    assert make_index.make_index(str(out)).num_examples("train") == 3 * TINY_TRAIN_PER_CLASS
+
+
+def test_converter_refuses_shards_it_did_not_write(tiny_imagefolder, converted, tmp_path):
+    out = tmp_path / "out"
+    os.makedirs(out)
+    foreign = out / "train-00000-of-00007"
+    foreign.write_bytes(open(os.path.join(converted, "train-00000-of-00003"), "rb").read())
+    with pytest.raises(imagenet_to_tfrecord.UserError) as e:
+        imagenet_to_tfrecord.convert(tiny_imagefolder, str(out), train_shards=3, val_shards=2, workers=0,
+                                     progress=False)
+    assert str(e.value).startswith(f"{foreign}: shards this conversion does not write") and "--out" in str(e.value)
+    assert sorted(n for n in os.listdir(out) if not n.startswith(".")) == ["train-00000-of-00007"]
+
+
+def test_make_index_refuses_mixed_sets_and_missing_shards(converted, tmp_path):
+    d = tmp_path / "d"
+    os.makedirs(d)
+    for n in os.listdir(converted):
+        if n.startswith("train-") and not n.endswith(".idx"):
+            os.symlink(os.path.join(converted, n), d / n)
+    os.symlink(os.path.join(converted, "train-00000-of-00003"), d / "train-00000-of-00001")
+    r = subprocess.run([sys.executable, "-m", "data_tools.make_index", str(d)], cwd=REPO, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"error: {d}: 2 train shard sets, train-*-of-00001 (1 files) and train-*-of-00003 (3 files); delete the "
+        f"set you do not want (or convert into an empty --out), then rerun python -m data_tools.make_index {d}")
+    os.remove(d / "train-00000-of-00001")
+    os.remove(d / "train-00001-of-00003")
+    with pytest.raises(make_index.UserError, match="train-\\*-of-00003 set lacks train-00001-of-00003; restore"):
+        make_index.make_index(str(d))
+    assert not [n for n in os.listdir(d) if n.endswith((".idx", ".json"))]  # nothing written

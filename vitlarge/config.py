@@ -68,7 +68,8 @@ class DataConfig:
     crop_ratio: tuple = (3 / 4, 4 / 3)
     hflip: bool = True
     randaugment: Optional[str] = None
-    """DALI RandAugment, e.g. ``"rand-m9-n2"``; None disables it."""
+    """timm's RandAugment string with timm's meaning, run in DALI: ``"rand-m9-n2"``, DeiT's
+    ``"rand-m9-mstd0.5-inc1"`` (parts m, n, p, mstd, mmax, inc; see docs/DATA.md); None disables it."""
     val_crop_pct: float = 0.875
     """Validation resizes the shorter side to ``image_size / val_crop_pct``, then centre-crops."""
     mean: tuple = IMAGENET_MEAN

@@ -164,6 +164,23 @@ def truncated_tfrecord_train(c: Ctx) -> Run:
     return Run(c.train_on(data), 2, [f"error: {shard}: truncated TFRecord"], no_training_output(c.workdir))
 
 
+def two_shard_sets_index(c: Ctx) -> Run:
+    data = c.data_copy()
+    shutil.copy(data / "train-00000-of-00004", data / "train-00000-of-00001")  # a leftover of another conversion
+    (data / "dataset.json").unlink()
+    return Run(module("data_tools.make_index", str(data)), 2,
+               [f"error: {data}: 2 train shard sets, train-*-of-00001 (1 files) and train-*-of-00004 (4 files)",
+                "delete the set you do not want"], no_dataset(data))
+
+
+def missing_shard_index(c: Ctx) -> Run:
+    data = c.data_copy()
+    (data / "train-00002-of-00004").unlink()
+    (data / "dataset.json").unlink()
+    return Run(module("data_tools.make_index", str(data)), 2,
+               [f"error: {data}: the train-*-of-00004 set lacks train-00002-of-00004", "restore"], no_dataset(data))
+
+
 def evaluate_on(c: Ctx, data) -> list[str]:
     """``python -m vitlarge.evaluate`` of a freshly exported demo model on ``data`` (reads the validation split)."""
     from vitlarge.config import load_config
@@ -187,6 +204,18 @@ def stale_index(c: Ctx) -> Run:
     index = data / "validation-00001-of-00002.idx"
     shutil.copy(data / "validation-00000-of-00002.idx", index)
     return Run(evaluate_on(c, data), 2, [f"{index}: stale DALI index", f"python -m data_tools.make_index {data}"])
+
+
+def manifest_for_another_set(c: Ctx) -> Run:
+    data = c.data_copy()
+    shutil.copy(data / "validation-00000-of-00002", data / "validation-00000-of-00001")
+    return Run(evaluate_on(c, data), 2, [f"error: {data}: holds 2 validation shard sets",
+                                         f"python -m data_tools.make_index {data}"])
+
+
+def bad_randaugment(c: Ctx) -> Run:
+    return Run(c.train_on(c.demo_data, "data.randaugment=rand-m9-w0"), 2,
+               ["error: randaugment='rand-m9-w0': part 'w0'", "rand-m9-n2"], no_training_output(c.workdir))
 
 
 def missing_manifest(c: Ctx) -> Run:
@@ -307,6 +336,8 @@ CASES = {
     "convert: grayscale JPEG is re-encoded": awkward_image("L"),
     "convert: empty class directory": empty_class_dir,
     "make_index: truncated TFRecord": truncated_tfrecord_index,
+    "make_index: two shard sets": two_shard_sets_index,
+    "make_index: a shard missing from its set": missing_shard_index,
     # loading: train.py
     "train: truncated TFRecord": truncated_tfrecord_train,
     "train: missing data directory": missing_data_dir,
@@ -314,12 +345,14 @@ CASES = {
     "evaluate: missing index": missing_index,
     "evaluate: stale index": stale_index,
     "evaluate: missing dataset.json": missing_manifest,
+    "evaluate: dataset.json built for another shard set": manifest_for_another_set,
     "evaluate: label out of range": label_out_of_range,
     # config: train.py
     "config: unknown key": unknown_key,
     "config: wrong type": wrong_type,
     "config: global batch does not divide": batch_does_not_divide,
     "config: missing recipe file": missing_recipe,
+    "config: RandAugment string with an unknown part": bad_randaugment,
     # workdir and checkpoints: train.py / vitlarge.evaluate
     "workdir: not writable": unwritable_workdir,
     "checkpoint: of another model in the workdir": incompatible_checkpoint,

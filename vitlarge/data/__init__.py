@@ -11,7 +11,7 @@ the offline tools.
 
 from vitlarge.data.manifest import Manifest, load_manifest
 
-__all__ = ["Manifest", "load_manifest", "TrainLoader", "ValLoader", "build_mixup"]
+__all__ = ["Manifest", "load_manifest", "TrainLoader", "ValLoader"]
 
 
 def __getattr__(name: str):
@@ -19,8 +19,4 @@ def __getattr__(name: str):
         from vitlarge.data import loader
 
         return getattr(loader, name)
-    if name == "build_mixup":
-        from vitlarge.data.mixup import build_mixup
-
-        return build_mixup
     raise AttributeError(f"module 'vitlarge.data' has no attribute {name!r}")

@@ -16,7 +16,7 @@ def train_loader(cfg: Config, rank: int, world_size: int, device: torch.device, 
     d = cfg.data
     return TrainLoader(
         d.path, cfg.train.micro_batch, d.image_size, rank=rank, world_size=world_size, device=device,
-        seed=cfg.train.seed + rank, num_threads=d.num_threads, crop_scale=tuple(d.crop_scale),
+        seed=cfg.train.seed, num_threads=d.num_threads, crop_scale=tuple(d.crop_scale),
         crop_ratio=tuple(d.crop_ratio), hflip=d.hflip, randaugment=d.randaugment, mean=_pixels(d.mean),
         std=_pixels(d.std), label_offset=d.label_offset, state=state,
     )

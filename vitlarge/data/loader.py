@@ -4,7 +4,9 @@ Contract shared by both loaders: batches are ``(images, labels)`` with images fl
 ``[B, 3, S, S]`` normalized by ``mean``/``std`` (0..255 scale) and labels int64 ``[B]`` in
 ``0..num_classes-1``, both on ``device``. Stored labels minus the manifest's ``label_offset``
 give the class; a label outside the range raises UserError (checked per batch with min/max).
-Everything is rank-local: each rank reads its own contiguous slice of the split's records.
+Everything is rank-local: each rank reads its own slice of the split's records (see
+``pipelines._reader`` for how the slices are chosen). On a GPU, DALI's output is copied into torch
+on PyTorch's current stream of ``device``, so the copy is ordered with the surrounding torch work.
 """
 
 from __future__ import annotations
@@ -20,16 +22,22 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from vitlarge.data import pipelines
 from vitlarge.data.manifest import MANIFEST_NAME, Manifest, check_shards, load_manifest
+from vitlarge.data.randaugment import spec as randaugment_spec
 from vitlarge.errors import UserError
 
 DEFAULT_MEAN = tuple(255.0 * x for x in IMAGENET_DEFAULT_MEAN)
 DEFAULT_STD = tuple(255.0 * x for x in IMAGENET_DEFAULT_STD)
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: per-epoch file-order shuffle (shuffle_after_epoch), one seed for all ranks
 
 
 def _check_rank(rank: int, world_size: int) -> None:
     if world_size < 1 or not 0 <= rank < world_size:
         raise UserError(f"rank={rank}, world_size={world_size}: need 0 <= rank < world_size")
+
+
+def torch_stream(device: torch.device):
+    """The stream DALI must copy on so that torch sees the copy in order: None on the CPU."""
+    return torch.cuda.current_stream(device) if device.type == "cuda" else None
 
 
 class _Batches:
@@ -41,7 +49,10 @@ class _Batches:
 
     def convert(self, images, labels, keep: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         images, labels = images.as_tensor(), labels.as_tensor()
-        out = feed_ndarray(images, torch.empty(images.shape(), dtype=torch.float32, device=self.device))
+        # The output tensor comes from torch's caching allocator, whose blocks are reused in the order
+        # of torch's current stream: DALI's copy must be queued on that stream, not DALI's own.
+        out = torch.empty(images.shape(), dtype=torch.float32, device=self.device)
+        out = feed_ndarray(images, out, cuda_stream=torch_stream(self.device))
         lab = feed_ndarray(labels, torch.empty(labels.shape(), dtype=torch.int64)).view(-1)
         if keep is not None:  # strip the validation padding
             out, lab = out[:keep], lab[:keep]
@@ -78,13 +89,17 @@ def _run(pipe, manifest: Manifest, split: str):
 class TrainLoader:
     """Infinite stream of augmented training batches for one rank; exactly resumable.
 
-    ``next(loader)`` never raises StopIteration: the reader wraps over epochs (each rank keeps its
-    slice of the shards, shuffled through a buffer of ``initial_fill`` records; the converter has
-    already shuffled records across shards). Augmentation: random-resized crop (area
-    ``crop_scale``, aspect ``crop_ratio``) decoded straight from the JPEG, resize to
-    ``image_size``, horizontal flip, optional RandAugment (``"rand-m9-n2"`` or ``(n, m)``),
-    normalize. ``state()`` is the DALI checkpoint after the last batch returned; a loader built
-    with ``state=`` and the same arguments yields bitwise the same batches from there on.
+    ``next(loader)`` never raises StopIteration: the reader wraps over epochs. Every epoch the
+    order of the shard files is permuted with ``seed`` (the run's seed: pass the same value on
+    every rank) and each rank reads its contiguous slice of the records in that order, shuffled
+    through a buffer of ``initial_fill`` records; so each epoch is a fresh order on every rank and
+    the ranks together read every record exactly once per epoch (``num_examples_this_rank``
+    records each). Augmentation: random-resized crop (area ``crop_scale``, aspect ``crop_ratio``)
+    decoded straight from the JPEG, resize to ``image_size``, horizontal flip, optional
+    RandAugment (timm's ``"rand-m9-n2"`` strings, see ``randaugment.py``), normalize. Per-rank
+    augmentation streams are derived from ``seed`` and ``rank``. ``state()`` is the DALI checkpoint
+    after the last batch returned; a loader built with ``state=`` and the same arguments yields
+    bitwise the same batches from there on.
     """
 
     def __init__(self, data_dir: str, batch_size: int, image_size: int, *, rank: int, world_size: int,
@@ -102,22 +117,23 @@ class TrainLoader:
             raise UserError(f"{data_dir}: {n} training examples cannot be split over world_size={world_size}")
         self._batches = _Batches(self.manifest, "train", device, label_offset)
         dev = pipelines.dali_device(device)
+        ra = randaugment_spec(randaugment)
         settings = dict(
             shards=[(s.file, s.bytes) for s in self.manifest.shards("train")], batch_size=batch_size,
             image_size=image_size, rank=rank, world_size=world_size, seed=seed, crop_scale=list(crop_scale),
-            crop_ratio=list(crop_ratio), hflip=hflip, randaugment=pipelines.parse_randaugment(randaugment),
+            crop_ratio=list(crop_ratio), hflip=hflip, randaugment=ra and ra.key(),
             mean=list(mean), std=list(std), initial_fill=initial_fill, interpolation=interpolation,
         )
         self._fingerprint = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
         checkpoint = self._decode_state(state, data_dir) if state else None
-        # Distinct augmentation streams per rank; the reader seed fixes the shuffle order.
+        # Distinct buffer and augmentation streams per rank; one file order for all ranks.
         pipe_seed = (seed * 7919 + rank) % (2**31 - 1)
         # DALI's RandAugment uses fn.experimental aliases DALI itself deprecates; DALI forces those
         # DeprecationWarnings on (its own catch_warnings), so they print once per build. Harmless.
         self._pipe = pipelines.train_pipeline(
             [f for f, _ in files], [i for _, i in files], shard_id=rank, num_shards=world_size, reader_seed=pipe_seed,
-            image_size=image_size, decoder=dev.decoder, crop_scale=crop_scale, crop_ratio=crop_ratio, hflip=hflip,
-            randaugment=settings["randaugment"], mean=mean, std=std, initial_fill=initial_fill,
+            file_order_seed=seed % (2**31 - 1), image_size=image_size, decoder=dev.decoder, crop_scale=crop_scale,
+            crop_ratio=crop_ratio, hflip=hflip, randaugment=ra, mean=mean, std=std, initial_fill=initial_fill,
             interp=pipelines.interp_type(interpolation),
             batch_size=batch_size, num_threads=num_threads, device_id=dev.device_id, seed=pipe_seed,
             prefetch_queue_depth=prefetch_queue_depth, enable_checkpointing=True, checkpoint=checkpoint,
@@ -139,12 +155,20 @@ class TrainLoader:
         })
 
     def _decode_state(self, state: str, data_dir: str) -> bytes:
+        """The DALI checkpoint inside ``state``; UserError for anything ``state()`` did not make."""
         try:
             doc = json.loads(state)
+            if not isinstance(doc, dict):
+                raise ValueError(f"a JSON {type(doc).__name__}, not an object")
+            missing = sorted({"version", "fingerprint", "dali"} - set(doc))
+            if missing:
+                raise ValueError(f"missing {', '.join(missing)}")
             if doc["version"] != STATE_VERSION:
-                raise ValueError(f"version {doc['version']}")
-            blob = base64.b64decode(doc["dali"])
-        except (ValueError, KeyError, TypeError) as e:
+                raise ValueError(f"version {doc['version']!r}, this vitlarge writes {STATE_VERSION}")
+            if not isinstance(doc["fingerprint"], str) or not isinstance(doc["dali"], str):
+                raise ValueError("fingerprint and dali must be strings")
+            blob = base64.b64decode(doc["dali"], validate=True)
+        except (ValueError, TypeError) as e:  # json and base64 errors are ValueErrors
             raise UserError(f"{data_dir}: TrainLoader state is not one TrainLoader.state() returned ({e}); "
                             "resume from the checkpoint's data state or start without state") from None
         if doc["fingerprint"] != self._fingerprint:
@@ -159,10 +183,14 @@ class TrainLoader:
 class ValLoader:
     """One exact pass over this rank's slice of the validation split per ``iter()``.
 
-    Every validation record is yielded exactly once across ranks for any world size and batch
-    size: DALI pads the last batch by repeating a record, and the padding is stripped here, so
-    the last batch may be smaller than ``batch_size``. Iterate again for another pass; a pass
-    abandoned early is drained first so the next one starts at the first record.
+    Every validation record is yielded exactly once per pass across ranks, for any world size,
+    batch size and number of passes. DALI pads each rank's slice to the largest rank's size
+    (``ceil(n / world_size)``) and then to whole batches, by repeating the slice's last record; a
+    pass therefore takes ``ceil(padded / batch_size)`` runs of the pipeline, where ``padded`` comes
+    from DALI's own reader metadata (``epoch_size_padded``). All of them are consumed, so the next
+    pass starts at the first record, and only the rank's ``num_examples_this_rank`` real records
+    are yielded: the last real batch may be short, and runs that hold only padding yield nothing.
+    A pass abandoned early is drained first.
     """
 
     def __init__(self, data_dir: str, batch_size: int, image_size: int, *, rank: int, world_size: int,
@@ -187,20 +215,23 @@ class ValLoader:
             batch_size=batch_size, num_threads=num_threads, device_id=dev.device_id, seed=0,
         )
         self._pipe.build()
-        self._batches_per_pass = math.ceil(self.num_examples_this_rank / batch_size)
+        padded = self._pipe.reader_meta(pipelines.READER)["epoch_size_padded"] // world_size  # records per rank
+        self._runs_per_pass = math.ceil(padded / batch_size)
         self._runs_in_pass = 0  # runs of the current pass already taken from the pipeline
 
     def __len__(self) -> int:
-        return self._batches_per_pass
+        """Batches one pass yields (padding-only runs are not counted)."""
+        return math.ceil(self.num_examples_this_rank / self.batch_size)
 
     def __iter__(self):
-        while 0 < self._runs_in_pass < self._batches_per_pass:  # finish an abandoned pass
+        while 0 < self._runs_in_pass < self._runs_per_pass:  # finish an abandoned pass
             _run(self._pipe, self.manifest, "validation")
             self._runs_in_pass += 1
         self._runs_in_pass = 0
-        for i in range(self._batches_per_pass):
+        for i in range(self._runs_per_pass):
             images, labels = _run(self._pipe, self.manifest, "validation")
             self._runs_in_pass += 1
             keep = min(self.batch_size, self.num_examples_this_rank - i * self.batch_size)
-            yield self._batches.convert(images, labels, keep)
+            if keep > 0:
+                yield self._batches.convert(images, labels, keep)
         self._runs_in_pass = 0

@@ -41,6 +41,36 @@ def shard_name(split: str, index: int, count: int) -> str:
     return f"{split}-{index:05d}-of-{count:05d}"
 
 
+def shard_set_problem(names) -> tuple[str, str] | None:
+    """Why the shard file names among ``names`` are not one complete set per split: (what, fix), or None.
+
+    A split's shards must be exactly ``<split>-00000-of-N`` .. ``<split>-(N-1)-of-N`` for one N: a
+    second ``-of-M`` set is a leftover of another conversion (reading both trains on every image
+    twice), a missing index is a partial copy. Names that are not shard names are ignored.
+    """
+    sets: dict[str, dict[int, set[int]]] = {}
+    for name in names:
+        m = SHARD_RE.match(os.path.basename(name))
+        if m:
+            sets.setdefault(m.group(1), {}).setdefault(int(m.group(3)), set()).add(int(m.group(2)))
+    for split, by_count in sorted(sets.items()):
+        if len(by_count) > 1:
+            found = " and ".join(f"{split}-*-of-{count:05d} ({len(ix)} files)"
+                                 for count, ix in sorted(by_count.items()))
+            return (f"{len(by_count)} {split} shard sets, {found}",
+                    "delete the set you do not want (or convert into an empty --out)")
+        ((count, ix),) = by_count.items()
+        missing = sorted(set(range(count)) - ix)
+        extra = sorted(i for i in ix if i >= count)
+        if missing or extra:
+            bad = [shard_name(split, i, count) for i in (missing or extra)]
+            more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+            what = "lacks" if missing else "has an index past its count:"
+            return (f"the {split}-*-of-{count:05d} set {what} {bad[0]}{more}",
+                    "restore the missing shards or re-convert" if missing else "rename or remove it")
+    return None
+
+
 @dataclass(frozen=True)
 class ShardInfo:
     file: str  # relative to the data directory
@@ -164,6 +194,8 @@ def write_manifest(manifest: Manifest, data_dir: str) -> str:
 def check_shards(manifest: Manifest, split: str) -> list[tuple[str, str]]:
     """Cheap consistency checks before DALI touches the files; return [(shard, index)] paths.
 
+    The manifest must list one complete shard set for the split and the directory must hold no
+    other shards of that split (a leftover set that a later ``make_index`` would merge in).
     Per shard (a stat, the index file, and one 8-byte read): the shard exists and has the size the
     manifest records (else truncated or replaced), its index exists, lists ``num_records`` records
     and ends exactly at the end of the file (else stale), and the last record's length header
@@ -172,6 +204,21 @@ def check_shards(manifest: Manifest, split: str) -> list[tuple[str, str]]:
     """
     d = manifest.data_dir
     fix = MAKE_INDEX_FIX.format(dir=d)
+    listed = [s.file for s in manifest.shards(split)]
+    problem = shard_set_problem(listed)
+    if problem:
+        raise UserError(f"{os.path.join(d, MANIFEST_NAME)}: the {split} shards listed are not one complete set "
+                        f"({problem[0]}); {problem[1]}, then run {fix}")
+    try:
+        present = os.listdir(d)
+    except OSError:
+        present = []
+    others = sorted(n for n in present if n not in set(listed) and (m := SHARD_RE.match(n)) and m.group(1) == split)
+    if others:
+        problem = shard_set_problem(listed + others)
+        what = problem[0] if problem else f"{split} shards it does not list ({others[0]})"
+        raise UserError(f"{d}: holds {what}, but {MANIFEST_NAME} was built for {len(listed)} of them; delete the "
+                        f"set you do not use, then run {fix}")
     out = []
     for s in manifest.shards(split):
         shard, index = os.path.join(d, s.file), os.path.join(d, s.index)

@@ -15,6 +15,7 @@ import nvidia.dali.tfrecord as tfrec
 import nvidia.dali.types as types
 from nvidia.dali import pipeline_def
 
+from vitlarge.data import randaugment as rand_augment
 from vitlarge.errors import UserError
 
 FEATURES = {
@@ -43,54 +44,34 @@ def dali_device(device) -> DaliDevice:
     raise UserError(f"device {device}: DALI loaders support 'cpu' and 'cuda' devices; pass one of those")
 
 
-def parse_randaugment(spec) -> tuple[int, int] | None:
-    """``None``, ``(n, m)`` or timm-style ``"rand-m9-n2"`` -> (n, m)."""
-    if spec is None or spec == "":
-        return None
-    if isinstance(spec, (tuple, list)) and len(spec) == 2:
-        n, m = (int(x) for x in spec)
-    elif isinstance(spec, str) and spec.startswith("rand"):
-        parts = dict((p[0], p[1:]) for p in spec.split("-")[1:] if p)
-        try:
-            n, m = int(parts.get("n", 2)), int(parts["m"])
-        except (KeyError, ValueError):
-            n, m = -1, -1
-        unknown = set(parts) - {"n", "m"}
-        if unknown:
-            raise UserError(
-                f"randaugment={spec!r}: only the n and m fields are supported (got {sorted(unknown)}); "
-                "use e.g. 'rand-m9-n2'"
-            )
+def _reader(paths, index_paths, *, shard_id, num_shards, seed, training: bool, initial_fill: int = 1,
+            file_order_seed: int = 0):
+    """The TFRecord reader both pipelines share; ``training`` picks the sample order.
+
+    Training: every epoch the reader permutes the order of the shard files with
+    ``file_order_seed`` (which must be the same on every rank) and each rank reads its contiguous
+    slice of the records in that order (``shuffle_after_epoch``), so a rank sees a different part
+    of the data, in a different order, every epoch, and the ranks still partition every epoch.
+    A buffer of ``initial_fill`` records (seeded per rank by ``seed``) shuffles within that.
+    Validation: each rank keeps its slice in stored order; DALI pads the slice to the largest
+    rank's size and then to whole batches (``pad_last_batch``), the loader drops the padding.
+    """
+    if training:
+        order = dict(random_shuffle=True, initial_fill=initial_fill, shuffle_after_epoch=True,
+                     shuffle_after_epoch_seed=file_order_seed, stick_to_shard=False)
     else:
-        n, m = -1, -1
-    if not (0 <= n and 0 <= m <= 30):
-        raise UserError(f"randaugment={spec!r}: expected 'rand-m<0..30>-n<ops>' or (n, m), e.g. 'rand-m9-n2'")
-    return n, m
-
-
-def _reader(paths, index_paths, *, shard_id, num_shards, seed, training: bool, initial_fill: int):
+        order = dict(random_shuffle=False, stick_to_shard=True, pad_last_batch=True)
     return fn.readers.tfrecord(
-        path=paths,
-        index_path=index_paths,
-        features=FEATURES,
-        shard_id=shard_id,
-        num_shards=num_shards,
-        # Each rank keeps its shard every epoch: rank-local page cache, stable shard sizes.
-        stick_to_shard=True,
-        random_shuffle=training,
-        initial_fill=initial_fill,
-        # Validation pads the last batch (repeating the last sample); the loader strips the padding.
-        pad_last_batch=not training,
-        seed=seed,
-        name=READER,
+        path=paths, index_path=index_paths, features=FEATURES, shard_id=shard_id, num_shards=num_shards,
+        seed=seed, name=READER, **order,
     )
 
 
 @pipeline_def(enable_conditionals=True)
-def train_pipeline(paths, index_paths, *, shard_id, num_shards, reader_seed, image_size, decoder, crop_scale,
-                   crop_ratio, hflip, randaugment, mean, std, initial_fill, interp):
+def train_pipeline(paths, index_paths, *, shard_id, num_shards, reader_seed, file_order_seed, image_size, decoder,
+                   crop_scale, crop_ratio, hflip, randaugment, mean, std, initial_fill, interp):
     data = _reader(paths, index_paths, shard_id=shard_id, num_shards=num_shards, seed=reader_seed, training=True,
-                   initial_fill=initial_fill)
+                   initial_fill=initial_fill, file_order_seed=file_order_seed)
     # Decodes only the random crop window (ROI decode), so the full image is never materialized.
     images = fn.decoders.image_random_crop(
         data["image/encoded"], device=decoder, output_type=types.RGB,
@@ -102,13 +83,10 @@ def train_pipeline(paths, index_paths, *, shard_id, num_shards, reader_seed, ima
     images = fn.resize(images, size=[image_size, image_size], interp_type=interp, antialias=False)
     mirror = fn.random.coin_flip(probability=0.5) if hflip else 0
     if randaugment is not None:
-        from nvidia.dali.auto_aug import rand_augment
-
         if hflip:  # RandAugment must see the flipped image, as in timm (flip, then RandAugment)
             images = fn.flip(images, horizontal=mirror)
             mirror = 0
-        n, m = randaugment
-        images = rand_augment.rand_augment(images, n=n, m=m, shape=[image_size, image_size])
+        images = rand_augment.apply(images, randaugment, [image_size, image_size])
     images = fn.crop_mirror_normalize(
         images, dtype=types.FLOAT, output_layout="CHW", mean=list(mean), std=list(std), mirror=mirror,
     )
@@ -117,8 +95,7 @@ def train_pipeline(paths, index_paths, *, shard_id, num_shards, reader_seed, ima
 
 @pipeline_def
 def val_pipeline(paths, index_paths, *, shard_id, num_shards, image_size, crop_pct, decoder, mean, std, interp):
-    data = _reader(paths, index_paths, shard_id=shard_id, num_shards=num_shards, seed=0, training=False,
-                   initial_fill=1)
+    data = _reader(paths, index_paths, shard_id=shard_id, num_shards=num_shards, seed=0, training=False)
     images = fn.decoders.image(data["image/encoded"], device=decoder, output_type=types.RGB)
     # timm's eval transform: shorter side to floor(size / crop_pct), then a centre crop of size.
     images = fn.resize(images, resize_shorter=float(int(image_size / crop_pct)), interp_type=interp)
