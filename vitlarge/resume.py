@@ -1,0 +1,97 @@
+"""Which checkpoint a run continues from, decided once by rank 0 for every rank.
+
+Contract (both functions are collectives: every rank calls ``choose``, then ``restore``):
+
+* ``choose`` without ``--resume``: rank 0 takes the workdir's newest checkpoint that passes
+  ``checkpoint.verify`` (every file's size and CRC32C against meta.json) and logs one warning line
+  for each newer one it passes over, naming it and why. With ``--resume PATH`` (any checkpoint, in
+  this workdir or another one): PATH must pass, else a one-line error.
+* The chosen checkpoint must hold this recipe's model (name and parameter shapes), else a one-line
+  error and nothing is moved.
+* The workdir's checkpoints newer than the chosen step (those passed over, and with ``--resume`` the
+  rest of the line the user went back from) are moved, never deleted, into
+  ``checkpoints/abandoned_<UTC time>_from_step_<N>/``, with one log line. This run's saves then
+  take those step names again, and the next automatic resume continues this run's line.
+* Rank 0 broadcasts its choice: no other rank lists the checkpoint folder (on a shared file system
+  with attribute caching ranks can see different folders).
+* ``restore``: every rank loads the chosen checkpoint; if one cannot, every rank raises the same
+  one-line error naming the lowest failing rank and the path, so all exit and none waits.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from vitlarge import checkpoint
+from vitlarge.collective import first_failure, rank0_decides
+from vitlarge.config import Config
+from vitlarge.errors import UserError
+
+log = logging.getLogger("vitlarge")
+
+
+def choose(workdir: str | Path, requested: str | Path | None, model, cfg: Config) -> Path | None:
+    """The checkpoint every rank loads (None: start from scratch). See the module docstring."""
+    return rank0_decides(lambda: _choose(Path(workdir), Path(requested) if requested else None, model, cfg))
+
+
+def _choose(workdir: Path, requested: Path | None, model, cfg: Config) -> Path | None:
+    if requested is not None:
+        problem = checkpoint.verify(requested)
+        if problem:
+            raise checkpoint.Unusable(requested, problem)
+        chosen = requested
+    else:
+        chosen, failed = checkpoint.newest_verified(workdir)
+        for path, problem in failed:
+            log.warning(f"warning: checkpoint {path} fails its check ({problem}); passed over")
+    step = 0
+    if chosen is not None:
+        meta = checkpoint.read_meta(chosen)
+        checkpoint.check_compatible(meta, chosen, model, cfg)
+        step = meta["step"]
+    _set_aside_newer(workdir, chosen, step)
+    return chosen
+
+
+def _set_aside_newer(workdir: Path, chosen: Path | None, step: int) -> None:
+    """Moves the workdir's checkpoints from another line out of the way (see the module docstring).
+
+    A checkpoint of the same step that is not the chosen one (``--resume`` from another workdir) goes too:
+    the final-save decision would otherwise take it for this run's."""
+    same = chosen.resolve() if chosen is not None else None
+    later = [p for p in checkpoint.list_checkpoints(workdir)
+             if checkpoint.step_of(p) > step or (checkpoint.step_of(p) == step and p.resolve() != same)]
+    if not later:
+        return
+    try:
+        dest = checkpoint.move_aside(workdir, later, step)
+    except OSError as e:
+        raise UserError(
+            f"cannot move checkpoints newer than step {step} aside in {workdir / 'checkpoints'} ({e.strerror}); "
+            "make it writable or pass another --workdir"
+        ) from None
+    log.warning(f"moved {len(later)} checkpoint(s) newer than step {step} ({', '.join(p.name for p in later)}) "
+                f"aside to {dest}; this run continues from {chosen or 'scratch'}")
+
+
+def restore(path: Path, model, optimizer, scaler, cfg: Config) -> dict:
+    """Every rank loads ``path`` (``checkpoint.load``); returns its state, or all ranks raise one agreed error."""
+    state, problem = None, None
+    try:
+        state = checkpoint.load(path, model, optimizer, scaler, cfg)
+    except checkpoint.Unusable as e:
+        problem = e.problem
+    except UserError as e:
+        problem = str(e)
+    except Exception as e:  # noqa: BLE001 - torch.load and safetensors raise many types on damaged files
+        problem = f"{type(e).__name__}: {checkpoint.reason_of(e)}"
+    failed = first_failure(problem)
+    if failed:
+        rank, why = failed
+        raise UserError(
+            f"rank {rank} cannot read checkpoint {path} ({why}); check that every node sees it whole (shared file "
+            "system), or --resume another checkpoint", same_on_all_ranks=True,
+        )
+    return state
