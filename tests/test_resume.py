@@ -84,13 +84,18 @@ def test_resume_of_an_older_step_sets_the_newer_line_aside_and_saves_over_its_na
     assert checkpoint.latest(tmp_path) == ckpts[2]
 
 
-def test_resume_from_another_workdir_sets_aside_this_workdirs_later_and_same_steps(tmp_path, cfg, parts):
+def test_resume_from_another_workdir_starts_this_workdirs_line_with_a_copy(tmp_path, cfg, parts):
+    """Its own step 4 and later are set aside; the run loads a copy, so a requeue before the first
+    save comes back to step 4 of the other workdir, not to this workdir's step 2."""
     other = line(tmp_path / "other", cfg, parts, (4,))[0]
     here = line(tmp_path / "here", cfg, parts, (2, 4, 6))
-    assert resume.choose(tmp_path / "here", other, parts[0], cfg) == other
+    chosen = resume.choose(tmp_path / "here", other, parts[0], cfg)
+    assert chosen == here[1] and checkpoint.verify(chosen) is None
+    assert {f.name: f.stat().st_ino for f in chosen.iterdir()} == {f.name: f.stat().st_ino for f in other.iterdir()}
     [aside] = abandoned(tmp_path / "here")
     assert names(aside) == ["step_0000004", "step_0000006"]
-    assert checkpoint.list_checkpoints(tmp_path / "here") == [here[0]]
+    assert checkpoint.latest(tmp_path / "here") == chosen
+    assert checkpoint.verify(other) is None and checkpoint.list_checkpoints(tmp_path / "other") == [other]
 
 
 def test_resume_of_a_bad_checkpoint_is_one_line_and_moves_nothing(tmp_path, cfg, parts):

@@ -292,6 +292,27 @@ def move_aside(workdir: str | Path, paths: list[Path], from_step: int) -> Path:
     return dest
 
 
+def adopt(src: str | Path, workdir: str | Path) -> Path:
+    """Publishes a copy of checkpoint ``src`` (from elsewhere) in the workdir, as ``checkpoints/step_<N>``;
+    returns it. Hard links where the file system allows (no bytes copied; checkpoint files are never
+    modified in place), else copies; fsynced and renamed like a save. The name must be free."""
+    src, root = Path(src), Path(workdir) / "checkpoints"
+    step = read_meta(src)["step"]
+    final, tmp = root / f"step_{step:07d}", root / f".step_{step:07d}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for f in src.iterdir():
+        try:
+            os.link(f, tmp / f.name)
+        except OSError:  # another file system, or links not allowed
+            shutil.copyfile(f, tmp / f.name)
+            fileio.sync_and_record(tmp / f.name)
+    fileio.fsync_dir(tmp)
+    os.replace(tmp, final)
+    fileio.fsync_dir(root)
+    return final
+
+
 def check_writable(workdir: str | Path, rank: int) -> None:
     """Every rank, before any work: the workdir and its checkpoints folder accept a new file, so a
     read-only mount fails now in one line rather than at the first checkpoint."""

@@ -12,6 +12,8 @@ Contract (both functions are collectives: every rank calls ``choose``, then ``re
   rest of the line the user went back from) are moved, never deleted, into
   ``checkpoints/abandoned_<UTC time>_from_step_<N>/``, with one log line. This run's saves then
   take those step names again, and the next automatic resume continues this run's line.
+* A checkpoint from outside the workdir's ``checkpoints/`` is first copied in (hard links where
+  possible) and the copy is used: the workdir's line then starts with it.
 * Rank 0 broadcasts its choice: no other rank lists the checkpoint folder (on a shared file system
   with attribute caching ranks can see different folders).
 * ``restore``: every rank loads the chosen checkpoint; if one cannot, every rank raises the same
@@ -52,6 +54,16 @@ def _choose(workdir: Path, requested: Path | None, model, cfg: Config) -> Path |
         checkpoint.check_compatible(meta, chosen, model, cfg)
         step = meta["step"]
     _set_aside_newer(workdir, chosen, step)
+    ours = workdir / "checkpoints"
+    if chosen is not None and chosen.resolve().parent != ours.resolve():
+        # From another workdir (or an abandoned_* folder): a copy here starts this run's line, so an
+        # automatic resume before the first save comes back to it, not to this workdir's older steps.
+        try:
+            chosen = checkpoint.adopt(chosen, workdir)
+        except OSError as e:
+            raise UserError(f"cannot copy checkpoint {chosen} into {ours} ({e.strerror}); free space there or pass "
+                            "another --workdir") from None
+        log.info(f"copied the checkpoint to resume from into {chosen}")
     return chosen
 
 
