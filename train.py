@@ -5,9 +5,9 @@
     python train.py --config recipes/demo_digits.py optim.lr=0.01      # dotted overrides
     colossalai run --nproc_per_node 4 train.py --config recipes/vit_b16.py --dry-run
 
-A rerun with the same ``--workdir`` resumes from its newest complete checkpoint. Exit status: 0 done,
-2 bad input (one line says what to fix), 3 stopped by the NaN guard, 75 checkpointed on
-SIGTERM/SIGUSR1 (run again to continue).
+A rerun with the same ``--workdir`` resumes from its newest checkpoint that passes its check
+(``--resume`` picks another; see vitlarge/resume.py). Exit status: 0 done, 2 bad input (one line
+says what to fix), 3 stopped by the NaN guard, 75 checkpointed on SIGTERM/SIGUSR1 (run again to continue).
 """
 
 from __future__ import annotations
