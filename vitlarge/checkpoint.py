@@ -48,6 +48,11 @@ STEP_DIR = re.compile(r"^step_(\d{7,})$")
 REQUIRED_META = ("step", "world_size", "model", "param_shapes")
 
 
+def step_name(step: int) -> str:
+    """The one spelling of a checkpoint folder's name (``STEP_DIR`` reads it back)."""
+    return f"step_{step:07d}"
+
+
 def rng_state() -> dict:
     np_state = np.random.get_state()
     state = {
@@ -86,8 +91,7 @@ def save(workdir: str | Path, step: int, model, optimizer, scaler, data_state: s
     Raises the same one-line ``UserError`` on every rank if any rank fails; earlier checkpoints stay."""
     rank, world = rank_and_world()
     root = Path(workdir) / "checkpoints"
-    final = root / f"step_{step:07d}"
-    tmp = root / f".step_{step:07d}.tmp"
+    final, tmp = root / step_name(step), root / f".{step_name(step)}.tmp"
     raw = _unwrap(model)
 
     def prepare():
@@ -180,7 +184,7 @@ def list_checkpoints(workdir: str | Path) -> list[Path]:
 
 def exists(workdir: str | Path, step: int) -> bool:
     """Whether the workdir holds a published checkpoint of ``step`` (a name and its meta.json; no checksums)."""
-    return (Path(workdir) / "checkpoints" / f"step_{step:07d}" / "meta.json").is_file()
+    return (Path(workdir) / "checkpoints" / step_name(step) / "meta.json").is_file()
 
 
 def _read_meta(path: Path) -> tuple[dict | None, str | None]:
@@ -277,7 +281,7 @@ def move_aside(workdir: str | Path, paths: list[Path], from_step: int) -> Path:
 
     Returns that folder. Its name matches no ``step_*`` pattern, so it is never chosen nor pruned."""
     root = Path(workdir) / "checkpoints"
-    base = f"abandoned_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}_from_step_{from_step:07d}"
+    base = f"abandoned_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}_from_{step_name(from_step)}"
     for i in itertools.count():
         dest = root / (base if i == 0 else f"{base}_{i}")
         try:
@@ -298,7 +302,7 @@ def adopt(src: str | Path, workdir: str | Path) -> Path:
     modified in place), else copies; fsynced and renamed like a save. The name must be free."""
     src, root = Path(src), Path(workdir) / "checkpoints"
     step = read_meta(src)["step"]
-    final, tmp = root / f"step_{step:07d}", root / f".step_{step:07d}.tmp"
+    final, tmp = root / step_name(step), root / f".{step_name(step)}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for f in src.iterdir():

@@ -32,14 +32,19 @@ def fsync_dir(path: str | Path) -> None:
 
 
 def write_atomic(path: str | Path, data: bytes | str) -> None:
-    """Writes ``path`` through ``<path>.tmp``: fsync, rename, fsync of the folder. Readers see old or new."""
+    """Writes ``path`` through ``<path>.tmp``: fsync, rename, fsync of the folder. Readers see the old
+    file or the new one; on failure the ``.tmp`` is removed and the error raised."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_dir(path.parent)
 
 
