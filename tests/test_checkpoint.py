@@ -263,13 +263,17 @@ def test_verify_names_the_damage_and_latest_passes_over_it(tmp_path, cfg, damage
 
 @pytest.mark.parametrize("name", ["model.safetensors", "rank_00000.pt"])
 def test_load_checks_the_sizes_of_the_files_it_reads(tmp_path, cfg, name):
-    """Each rank's cheap check (a stat per file) before it reads: a one-line error, not a traceback."""
+    """Each rank's cheap check (a stat per file) before it reads: a one-line error, not a traceback.
+    Evaluation (weights only) checks the weights the same way."""
     model, opt, scaler = make(cfg)
     path = save(tmp_path, 1, model, opt, scaler, cfg)
     truncate(path / name)
     with pytest.raises(checkpoint.Unusable, match=f"checkpoint {path} fails its check .{name} has ") as e:
         checkpoint.load(path, model, opt, scaler, cfg)
     assert "meta.json records" in e.value.problem
+    if name == "model.safetensors":
+        with pytest.raises(checkpoint.Unusable, match=f"{name} has "):
+            checkpoint.load_model_weights(path, model, cfg)
 
 
 def test_read_meta_errors(tmp_path):

@@ -375,7 +375,11 @@ def load_model_weights(path: str | Path, model: torch.nn.Module, cfg: Config) ->
     """Weights only, from a checkpoint folder or an exported ``model.safetensors`` (for evaluation)."""
     path = Path(path)
     if path.is_dir():
-        check_compatible(read_meta(path), path, model, cfg)
+        meta = read_meta(path)
+        check_compatible(meta, path, model, cfg)
+        problem = fileio.size_problem(path / "model.safetensors", expected_files(meta).get("model.safetensors"))
+        if problem:
+            raise Unusable(path, problem)
         path = path / "model.safetensors"
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist; pass a checkpoints/step_* folder or model.safetensors")
