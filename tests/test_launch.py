@@ -188,20 +188,21 @@ def test_launcher_rank_is_read_without_validation(env, rank):
 
 
 def test_an_error_every_rank_meets_is_printed_by_rank_0_only():
-    """Before the process group exists (the case here) an error comes from input all ranks read alike."""
-    import torch.distributed as dist
-
-    assert not dist.is_initialized()
     same = UserError("bad key")
     local = UserError("no GPU", same_on_all_ranks=False)
     agreed = UserError("rank 1 cannot read", same_on_all_ranks=True)
     rank = {r: DistEnv(r, 4, r, "127.0.0.1", 1, "torchrun") for r in (0, 1)}
-    assert [prints_error(same, rank[0]), prints_error(same, rank[1])] == [True, False]
-    assert [prints_error(local, rank[0]), prints_error(local, rank[1])] == [True, True]
-    assert [prints_error(agreed, rank[0]), prints_error(agreed, rank[1])] == [True, False]
+
+    def printed(error, group_exists):
+        return [prints_error(error, rank[r], group_exists) for r in (0, 1)]
+
+    # Before the process group exists an error comes from input all ranks read alike; after, a rank may fail alone.
+    assert printed(same, False) == [True, False] and printed(same, True) == [True, True]
+    assert printed(local, False) == [True, True] and printed(local, True) == [True, True]
+    assert printed(agreed, False) == [True, False] and printed(agreed, True) == [True, False]
     # detect() itself failed: the launcher's variable says who will be rank 0.
-    for env, printed in (({"RANK": "0", "WORLD_SIZE": "9"}, True), ({"RANK": "2", "WORLD_SIZE": "1"}, False)):
+    for env, expected in (({"RANK": "0", "WORLD_SIZE": "9"}, True), ({"RANK": "2", "WORLD_SIZE": "1"}, False)):
         with pytest.MonkeyPatch.context() as m:
             for k, v in env.items():
                 m.setenv(k, v)
-            assert prints_error(same, None) is printed
+            assert prints_error(same, None, group_exists=False) is expected

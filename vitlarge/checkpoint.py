@@ -318,10 +318,12 @@ def adopt(src: str | Path, workdir: str | Path) -> Path:
 
 
 def check_writable(workdir: str | Path, rank: int) -> None:
-    """Every rank, before any work: the workdir and its checkpoints folder accept a new file, so a
-    read-only mount fails now in one line rather than at the first checkpoint."""
+    """Every rank, before any work: the workdir (created if missing) and its checkpoints folder (if
+    there is one) accept a new file, so a read-only mount fails now in one line, not at the first save."""
     workdir = Path(workdir)
     for folder, what in ((workdir, "workdir"), (workdir / "checkpoints", "checkpoint folder")):
+        if what != "workdir" and not folder.is_dir():
+            continue
         probe = folder / f".write_test_{rank}"
         try:
             folder.mkdir(parents=True, exist_ok=True)

@@ -203,14 +203,15 @@ def launcher_rank(env=None) -> int | None:
         return None
 
 
-def prints_error(error: UserError, dist_env: DistEnv | None) -> bool:
+def prints_error(error: UserError, dist_env: DistEnv | None, group_exists: bool | None = None) -> bool:
     """Whether this process prints ``error``, so that an error every rank meets is printed once.
 
     See ``UserError.same_on_all_ranks``. Such an error is printed by rank 0 (the process that will
     be rank 0, before the process group exists); a rank-local one by the rank that raised it; a
-    process that cannot tell its rank prints."""
-    dist = sys.modules.get("torch.distributed")  # not imported yet: no process group yet
-    group_exists = dist is not None and dist.is_available() and dist.is_initialized()
+    process that cannot tell its rank prints. ``group_exists`` defaults to torch.distributed's state."""
+    if group_exists is None:
+        dist = sys.modules.get("torch.distributed")  # not imported yet: no process group yet
+        group_exists = dist is not None and dist.is_available() and dist.is_initialized()
     same = error.same_on_all_ranks if error.same_on_all_ranks is not None else not group_exists
     rank = dist_env.rank if dist_env is not None else launcher_rank()
     return not same or rank in (0, None)
