@@ -18,18 +18,17 @@ than the one just written is never pruned (there is none after a resume, see ``v
 
 Reading: ``verify`` re-reads every byte against ``meta.json`` (rank 0 does it once per resume);
 ``load`` checks only the sizes of the files its rank reads (a stat) before loading them.
-Folders named ``abandoned_*`` hold checkpoints moved aside by a resume; nothing here reads or prunes them.
+Folders named ``abandoned_*`` hold checkpoints moved aside by a resume (vitlarge/resume.py); nothing here
+reads or prunes them.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import random
 import re
 import shutil
-import time
 from pathlib import Path
 
 import numpy as np
@@ -274,47 +273,6 @@ def read_meta(path: str | Path) -> dict:
     if problem:
         raise Unusable(path, problem)
     return meta
-
-
-def move_aside(workdir: str | Path, paths: list[Path], from_step: int) -> Path:
-    """Moves checkpoint folders (never deletes them) into ``checkpoints/abandoned_<UTC time>_from_step_<N>/``.
-
-    Returns that folder. Its name matches no ``step_*`` pattern, so it is never chosen nor pruned."""
-    root = Path(workdir) / "checkpoints"
-    base = f"abandoned_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}_from_{step_name(from_step)}"
-    for i in itertools.count():
-        dest = root / (base if i == 0 else f"{base}_{i}")
-        try:
-            dest.mkdir()
-            break
-        except FileExistsError:
-            continue
-    for path in paths:
-        os.rename(path, dest / path.name)
-    fileio.fsync_dir(dest)
-    fileio.fsync_dir(root)
-    return dest
-
-
-def adopt(src: str | Path, workdir: str | Path) -> Path:
-    """Publishes a copy of checkpoint ``src`` (from elsewhere) in the workdir, as ``checkpoints/step_<N>``;
-    returns it. Hard links where the file system allows (no bytes copied; checkpoint files are never
-    modified in place), else copies; fsynced and renamed like a save. The name must be free."""
-    src, root = Path(src), Path(workdir) / "checkpoints"
-    step = read_meta(src)["step"]
-    final, tmp = root / step_name(step), root / f".{step_name(step)}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for f in src.iterdir():
-        try:
-            os.link(f, tmp / f.name)
-        except OSError:  # another file system, or links not allowed
-            shutil.copyfile(f, tmp / f.name)
-            fileio.sync_and_record(tmp / f.name)
-    fileio.fsync_dir(tmp)
-    os.replace(tmp, final)
-    fileio.fsync_dir(root)
-    return final
 
 
 def check_writable(workdir: str | Path, rank: int) -> None:

@@ -22,10 +22,14 @@ Contract (both functions are collectives: every rank calls ``choose``, then ``re
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
+import shutil
+import time
 from pathlib import Path
 
-from vitlarge import checkpoint
+from vitlarge import checkpoint, fileio
 from vitlarge.collective import first_failure, rank0_decides
 from vitlarge.config import Config
 from vitlarge.errors import UserError
@@ -59,7 +63,7 @@ def _choose(workdir: Path, requested: Path | None, model, cfg: Config) -> Path |
         # From another workdir (or an abandoned_* folder): a copy here starts this run's line, so an
         # automatic resume before the first save comes back to it, not to this workdir's older steps.
         try:
-            chosen = checkpoint.adopt(chosen, workdir)
+            chosen = _adopt(chosen, workdir)
         except OSError as e:
             raise UserError(f"cannot copy checkpoint {chosen} into {ours} ({e.strerror}); free space there or pass "
                             "another --workdir") from None
@@ -78,7 +82,7 @@ def _set_aside_newer(workdir: Path, chosen: Path | None, step: int) -> None:
     if not later:
         return
     try:
-        dest = checkpoint.move_aside(workdir, later, step)
+        dest = _move_aside(workdir, later, step)
     except OSError as e:
         raise UserError(
             f"cannot move checkpoints newer than step {step} aside in {workdir / 'checkpoints'} ({e.strerror}); "
@@ -86,6 +90,47 @@ def _set_aside_newer(workdir: Path, chosen: Path | None, step: int) -> None:
         ) from None
     log.warning(f"moved {len(later)} checkpoint(s) newer than step {step} ({', '.join(p.name for p in later)}) "
                 f"aside to {dest}; this run continues from {chosen or 'scratch'}")
+
+
+def _move_aside(workdir: str | Path, paths: list[Path], from_step: int) -> Path:
+    """Moves checkpoint folders (never deletes them) into ``checkpoints/abandoned_<UTC time>_from_step_<N>/``.
+
+    Returns that folder. Its name matches no ``step_*`` pattern, so it is never chosen nor pruned."""
+    root = Path(workdir) / "checkpoints"
+    base = f"abandoned_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}_from_{checkpoint.step_name(from_step)}"
+    for i in itertools.count():
+        dest = root / (base if i == 0 else f"{base}_{i}")
+        try:
+            dest.mkdir()
+            break
+        except FileExistsError:
+            continue
+    for path in paths:
+        os.rename(path, dest / path.name)
+    fileio.fsync_dir(dest)
+    fileio.fsync_dir(root)
+    return dest
+
+
+def _adopt(src: str | Path, workdir: str | Path) -> Path:
+    """Publishes a copy of checkpoint ``src`` (from elsewhere) in the workdir, as ``checkpoints/step_<N>``;
+    returns it. Hard links where the file system allows (no bytes copied; checkpoint files are never
+    modified in place), else copies; fsynced and renamed like a save. The name must be free."""
+    src, root = Path(src), Path(workdir) / "checkpoints"
+    step = checkpoint.read_meta(src)["step"]
+    final, tmp = root / checkpoint.step_name(step), root / f".{checkpoint.step_name(step)}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for f in src.iterdir():
+        try:
+            os.link(f, tmp / f.name)
+        except OSError:  # another file system, or links not allowed
+            shutil.copyfile(f, tmp / f.name)
+            fileio.sync_and_record(tmp / f.name)
+    fileio.fsync_dir(tmp)
+    os.replace(tmp, final)
+    fileio.fsync_dir(root)
+    return final
 
 
 def restore(path: Path, model, optimizer, scaler, cfg: Config) -> dict:
