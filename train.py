@@ -5,9 +5,9 @@
     python train.py --config recipes/demo_digits.py optim.lr=0.01      # dotted overrides
     colossalai run --nproc_per_node 4 train.py --config recipes/vit_b16.py --dry-run
 
-A rerun with the same ``--workdir`` resumes from its newest complete checkpoint. Exit status: 0 done,
-2 bad input (one line says what to fix), 3 stopped by the NaN guard, 75 checkpointed on
-SIGTERM/SIGUSR1 (run again to continue).
+A rerun with the same ``--workdir`` resumes from its newest checkpoint that passes its check
+(``--resume`` picks another; see vitlarge/resume.py). Exit status: 0 done, 2 bad input (one line
+says what to fix), 3 stopped by the NaN guard, 75 checkpointed on SIGTERM/SIGUSR1 (run again to continue).
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ def main(argv=None) -> int:
         logging.getLogger("vitlarge").setLevel(logging.INFO if env.is_main else logging.WARNING)
         return run(args, env)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
+        if launch.prints_error(e, env):  # once, by rank 0, when every rank meets the same error
+            print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
     except StopTraining as e:
         if env is None or env.is_main:
@@ -78,6 +79,7 @@ def run(args, env) -> int:
     from hooks import build_hooks
     from hooks.base import RunInfo
     from vitlarge import checkpoint, launch
+    from vitlarge import resume as resume_from
     from vitlarge.data import load_manifest
     from vitlarge.data.build import train_loader, val_loader
     from vitlarge.data.randaugment import spec as randaugment_spec
@@ -99,15 +101,9 @@ def run(args, env) -> int:
     randaugment_spec(cfg.data.randaugment)  # a bad string fails here, before any work or file
     plan = make_plan(cfg, env.world_size, manifest.num_examples("train"))
     workdir = Path(cfg.workdir)
-    try:
-        workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / f".write_test_{env.rank}").touch()
-        (workdir / f".write_test_{env.rank}").unlink()
-    except OSError as e:
-        raise UserError(f"workdir {workdir} is not writable ({e.strerror}); pass a writable --workdir") from None
-    resume = Path(args.resume) if args.resume else checkpoint.latest(workdir)
+    checkpoint.check_writable(workdir, env.rank)
     if args.resume:
-        checkpoint.read_meta(resume)  # a missing or incomplete --resume path fails before any work
+        checkpoint.read_meta(args.resume)  # a missing or incomplete --resume path fails before any work
     device, backend = launch.choose_device(cfg.train.device, env.local_rank)
     requested = cfg.train.precision
     cfg.train.precision, why = resolve(requested, device)  # before anything reads it: model, engine, checkpoints
@@ -120,7 +116,7 @@ def run(args, env) -> int:
     model = build_model(cfg, device)
     optimizer = build_optimizer(model, cfg.optim.name, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
                                 betas=tuple(cfg.optim.betas), eps=cfg.optim.eps, bias_correction=cfg.optim.bias_correction)
-    booster = Booster(plugin=build_plugin(cfg))
+    booster = Booster(plugin=build_plugin(cfg, device))
     model, optimizer, *_ = booster.boost(model, optimizer)
     # Under ZeRO the plugin owns mixed precision (it casts the model), so our autocast stays off.
     amp = "fp32" if cfg.train.plugin == "zero" else cfg.train.precision
@@ -130,10 +126,12 @@ def run(args, env) -> int:
     np.random.seed(cfg.train.seed + env.rank)
     random.seed(cfg.train.seed + env.rank)
 
-    # Resume: weights, optimizer, scaler, RNG, step and this rank's loader position.
+    # Resume: rank 0 picks a verified checkpoint for all ranks (vitlarge/resume.py); then weights,
+    # optimizer, scaler, RNG, step and this rank's loader position.
     start_step, data_state = 0, None
+    resume = resume_from.choose(workdir, args.resume, model, cfg)
     if resume is not None:
-        state = checkpoint.load(resume, model, optimizer, precision.scaler, cfg)
+        state = resume_from.restore(resume, model, optimizer, precision.scaler, cfg)
         start_step, data_state = state["step"], state["data"]
         if env.is_main:
             logging.getLogger("vitlarge").info(f"resumed from {resume} at step {start_step}")

@@ -129,7 +129,7 @@ def build_engine(cfg, world_size: int = 1):
     optimizer = build_optimizer(model, cfg.optim.name, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
                                 betas=tuple(cfg.optim.betas), eps=cfg.optim.eps,
                                 bias_correction=cfg.optim.bias_correction)
-    booster = Booster(plugin=build_plugin(cfg))
+    booster = Booster(plugin=build_plugin(cfg, torch.device("cpu")))
     model, optimizer, *_ = booster.boost(model, optimizer)
     precision = Precision(cfg.train.precision, torch.device("cpu"), cfg.train.init_loss_scale,
                           cfg.train.loss_scale_growth_interval)

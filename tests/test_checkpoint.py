@@ -6,9 +6,13 @@ Uses the demo recipe's 0.46M-parameter ViT, the project's LAMB and a CPU GradSca
 import gc
 import json
 import random
+import re
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
+import crc32c
 import numpy as np
 import pytest
 import timm
@@ -80,6 +84,58 @@ def test_layout(tmp_path, cfg):
     assert meta["config"] == json.loads(json.dumps(cfg.to_dict()))
     assert checkpoint.read_meta(path)["step"] == 100
     assert set(load_file(str(path / "model.safetensors"))) == set(model.state_dict())
+    # Every file's size and CRC32C, computed here independently of vitlarge.fileio.
+    assert sorted(meta["files"]) == ["model.safetensors", "optimizer.pt", "rank_00000.pt"]
+    for name, record in meta["files"].items():
+        data = (path / name).read_bytes()
+        assert record == {"bytes": len(data), "crc32c": f"{crc32c.crc32c(data):08x}"}
+    assert checkpoint.verify(path) is None
+
+
+SAVE_ONE = """
+import sys, torch
+from vitlarge import checkpoint
+from vitlarge.config import Config
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+checkpoint.save(sys.argv[1], 1, model, opt, torch.amp.GradScaler("cpu"), None, Config(), keep=2)
+"""
+
+
+def syscalls(log: str) -> list[tuple]:
+    """("fsync", path) and ("rename", old, new) in order, from an strace log of one process."""
+    fds, events = {}, []
+    for line in log.splitlines():
+        if m := re.search(r'openat\(AT_FDCWD, "([^"]+)", .*\) = (\d+)$', line):
+            fds[m[2]] = m[1]
+        elif m := re.search(r"fsync\((\d+)\)\s+= 0", line):
+            events.append(("fsync", fds[m[1]]))
+        elif m := re.search(r'rename(?:at2?)?\((?:AT_FDCWD, )?"([^"]+)", (?:AT_FDCWD, )?"([^"]+)"', line):
+            events.append(("rename", m[1], m[2]))
+    return events
+
+
+def test_every_file_is_fsynced_before_the_folder_is_published(tmp_path):
+    """Crash consistency, read from the system calls a real save makes (strace): each file's bytes,
+    then the folder's names, are on disk before the rename that gives the folder its final name."""
+    if not shutil.which("strace"):
+        pytest.skip("strace is not installed")
+    log = tmp_path / "strace.log"
+    r = subprocess.run(["strace", "-f", "-qq", "-e", "trace=openat,fsync,rename,renameat,renameat2", "-o", str(log),
+                        sys.executable, "-c", SAVE_ONE, str(tmp_path / "run")], cwd=ROOT, capture_output=True, text=True)
+    if r.returncode and "ptrace" in r.stderr:
+        pytest.skip(f"strace cannot trace here: {r.stderr.strip()}")
+    assert r.returncode == 0, r.stderr
+    root = tmp_path / "run" / "checkpoints"
+    tmp, final = str(root / ".step_0000001.tmp"), root / "step_0000001"
+    events = syscalls(log.read_text())
+    published = events.index(("rename", tmp, str(final)))
+    before, after = events[:published], events[published + 1:]
+    for name in sorted(p.name for p in final.iterdir()):
+        written = f"{tmp}/{name}.tmp" if name == "meta.json" else f"{tmp}/{name}"  # meta.json is itself atomic
+        assert ("fsync", written) in before, f"{name} was not fsynced before the folder was published"
+    assert before.index(("fsync", tmp)) > before.index(("rename", f"{tmp}/meta.json.tmp", f"{tmp}/meta.json"))
+    assert ("fsync", str(root)) in after and ("fsync", str(root.parent)) in after
 
 
 def test_files_hold_no_pickled_objects(tmp_path, cfg):
@@ -133,6 +189,16 @@ def test_keep_newest_n(tmp_path, cfg):
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == names
 
 
+def test_pruning_never_removes_the_checkpoint_just_written(tmp_path, cfg):
+    """A newer folder (another line, not moved aside) must not push the new checkpoint out of keep=1."""
+    model, opt, scaler = make(cfg)
+    for step in (1, 2, 10):
+        save(tmp_path, step, model, opt, scaler, cfg, keep=5)
+    new = save(tmp_path, 3, model, opt, scaler, cfg, keep=1)
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["step_0000003", "step_0000010"]
+    assert checkpoint.verify(new) is None
+
+
 def test_steps_sort_numerically_past_seven_digits(tmp_path, cfg):
     model, opt, scaler = make(cfg)
     for step in (9_999_999, 10_000_000):
@@ -147,8 +213,9 @@ def test_latest_ignores_incomplete_folders_and_save_removes_stale_tmp(tmp_path, 
     root = tmp_path / "checkpoints"
     (root / ".step_0000009.tmp").mkdir()  # a run killed mid-write
     (root / ".step_0000009.tmp" / "model.safetensors").write_bytes(b"partial")
-    (root / "step_0000008").mkdir()  # a folder without meta.json is not a checkpoint
+    (root / "step_0000008").mkdir()  # a folder without meta.json is not a usable checkpoint
     assert checkpoint.latest(tmp_path) == root / "step_0000005"
+    assert checkpoint.newest_verified(tmp_path)[1] == [(root / "step_0000008", "no meta.json")]
     with pytest.raises(UserError, match="no meta.json"):
         checkpoint.read_meta(root / "step_0000008")
 
@@ -157,13 +224,66 @@ def test_latest_ignores_incomplete_folders_and_save_removes_stale_tmp(tmp_path, 
     assert checkpoint.latest(tmp_path) == root / "step_0000010"
 
 
+def truncate(f: Path):
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+
+
+def flip_last_byte(f: Path):
+    data = bytearray(f.read_bytes())
+    data[-1] ^= 0xFF
+    f.write_bytes(bytes(data))
+
+
+def drop_files_record(f: Path):
+    meta = json.loads(f.read_text())
+    del meta["files"]
+    f.write_text(json.dumps(meta))
+
+
+DAMAGE = {  # what is done to the newest checkpoint, and the words of verify()'s answer
+    "weights truncated": ("model.safetensors", truncate, "bytes, meta.json records"),
+    "weights zero-length": ("model.safetensors", lambda f: f.write_bytes(b""), "model.safetensors has 0 bytes"),
+    "optimizer bit flip": ("optimizer.pt", flip_last_byte, "optimizer.pt has CRC32C"),
+    "rank file missing": ("rank_00000.pt", Path.unlink, "rank_00000.pt is missing"),
+    "meta.json missing": ("meta.json", Path.unlink, "no meta.json"),
+    "meta.json not JSON": ("meta.json", truncate, "meta.json is not JSON"),
+    "meta.json without records": ("meta.json", drop_files_record, "meta.json lacks 'files'"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE), ids=list(DAMAGE))
+def test_verify_names_the_damage_and_latest_passes_over_it(tmp_path, cfg, damage):
+    name, hurt, says = DAMAGE[damage]
+    model, opt, scaler = make(cfg)
+    older = save(tmp_path, 1, model, opt, scaler, cfg)
+    newest = save(tmp_path, 2, model, opt, scaler, cfg)
+    hurt(newest / name)
+    assert says in checkpoint.verify(newest)
+    assert checkpoint.latest(tmp_path) == older
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "rank_00000.pt"])
+def test_load_checks_the_sizes_of_the_files_it_reads(tmp_path, cfg, name):
+    """Each rank's cheap check (a stat per file) before it reads: a one-line error, not a traceback.
+    Evaluation (weights only) checks the weights the same way."""
+    model, opt, scaler = make(cfg)
+    path = save(tmp_path, 1, model, opt, scaler, cfg)
+    truncate(path / name)
+    with pytest.raises(checkpoint.Unusable, match=f"checkpoint {path} fails its check .{name} has ") as e:
+        checkpoint.load(path, model, opt, scaler, cfg)
+    assert "meta.json records" in e.value.problem
+    if name == "model.safetensors":
+        with pytest.raises(checkpoint.Unusable, match=f"{name} has "):
+            checkpoint.load_model_weights(path, model, cfg)
+
+
 def test_read_meta_errors(tmp_path):
     with pytest.raises(UserError, match="does not exist"):
         checkpoint.read_meta(tmp_path / "checkpoints" / "step_0000001")
     bad = tmp_path / "step_0000002"
     bad.mkdir()
     (bad / "meta.json").write_text("{not json")
-    with pytest.raises(UserError, match="corrupt"):
+    with pytest.raises(UserError, match="fails its check .meta.json is not JSON"):
         checkpoint.read_meta(bad)
     (bad / "meta.json").write_text(json.dumps({"format_version": 99}))
     with pytest.raises(UserError, match="format 99"):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from vitlarge.config import Config, apply_override, load_config, load_recipe, make_plan, validate
+from vitlarge.config import RANGES, Config, apply_override, load_config, load_recipe, make_plan, validate
 from vitlarge.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -291,6 +291,36 @@ def test_choices_are_listed():
 def test_cross_field_validation(item, match):
     with pytest.raises(UserError, match=match):
         load_config(recipe("vit_b16"), [item])
+
+
+def _bad_value(rule: str) -> str:
+    return "0" if rule == "positive" else "1.5" if rule.startswith("in [0, 1") else "-1"
+
+
+@pytest.mark.parametrize("key, rule", [(k, rule) for keys, _, rule in RANGES for k in keys])
+def test_every_duration_count_and_rate_is_range_checked_with_the_fix(key, rule):
+    """One line: the key, its rule (and what 0 means where 0 means something), the value, a valid setting."""
+    bad = _bad_value(rule)
+    with pytest.raises(UserError) as e:
+        load_config(recipe("demo_digits"), [f"{key}={bad}"])
+    message = str(e.value)
+    assert f"'{key}' must be {rule}, got " in message and f"; set it like {key}=" in message and "\n" not in message
+    fix = message.rsplit("set it like ", 1)[1]
+    load_config(recipe("vit_b16"), [fix])  # the suggested setting is valid (in the recipe closest to the defaults)
+
+
+@pytest.mark.parametrize("item", ["train.epochs=nan", "optim.lr=inf", "optim.betas=0.9,1.0", "optim.betas=0.9",
+                                  "data.crop_scale=0.5,0.2", "data.crop_ratio=0,1"])
+def test_non_finite_and_malformed_pairs_are_rejected(item):
+    key = item.split("=")[0]
+    with pytest.raises(UserError, match=f"'{key}' must be .*; set it like {key}="):
+        load_config(recipe("demo_digits"), [item])
+
+
+@pytest.mark.parametrize("item", ["train.checkpoint_every_steps=0", "train.eval_every_epochs=0", "train.max_steps=0",
+                                  "optim.clip_grad_norm=0", "schedule.warmup_epochs=0"])
+def test_zero_means_never_or_off_where_documented(item):
+    load_config(recipe("demo_digits"), [item])
 
 
 def test_mixup_needs_an_even_micro_batch():

@@ -45,7 +45,7 @@ def make_engine(precision="fp32", global_batch=32, micro_batch=8, clip=1.0, mixu
     model = build_model(cfg)
     opt = build_optimizer(model, "lamb", lr=cfg.optim.lr, weight_decay=0.1, betas=(0.9, 0.999), eps=1e-6,
                           bias_correction=True)
-    booster = Booster(plugin=build_plugin(cfg))
+    booster = Booster(plugin=build_plugin(cfg, torch.device("cpu")))
     model, opt, *_ = booster.boost(model, opt)
     return Engine(cfg, plan, booster, model, opt, Precision(precision, torch.device("cpu"), init_scale))
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from vitlarge.errors import UserError
-from vitlarge.launch import DistEnv, choose_device, detect, rendezvous_timeout_s
+from vitlarge.launch import DistEnv, choose_device, detect, launcher_rank, prints_error, rendezvous_timeout_s
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -179,3 +179,30 @@ def test_rendezvous_nobody_listens():
     assert "\n" not in message
     assert f"127.0.0.1:{port}" in message and "within 2s" in message and "rank 1 of 2" in message
     assert elapsed < 45  # the timeout is honoured, not the 300 s default
+
+
+@pytest.mark.parametrize("env, rank", [({}, 0), (TORCHRUN, 3), (SLURM, 5), ({"RANK": "1"}, 1), ({"RANK": "one"}, None),
+                                       ({"SLURM_PROCID": "x", "SLURM_NTASKS": "2"}, None)])
+def test_launcher_rank_is_read_without_validation(env, rank):
+    assert launcher_rank(env) == rank
+
+
+def test_an_error_every_rank_meets_is_printed_by_rank_0_only():
+    same = UserError("bad key")
+    local = UserError("no GPU", same_on_all_ranks=False)
+    agreed = UserError("rank 1 cannot read", same_on_all_ranks=True)
+    rank = {r: DistEnv(r, 4, r, "127.0.0.1", 1, "torchrun") for r in (0, 1)}
+
+    def printed(error, group_exists):
+        return [prints_error(error, rank[r], group_exists) for r in (0, 1)]
+
+    # Before the process group exists an error comes from input all ranks read alike; after, a rank may fail alone.
+    assert printed(same, False) == [True, False] and printed(same, True) == [True, True]
+    assert printed(local, False) == [True, True] and printed(local, True) == [True, True]
+    assert printed(agreed, False) == [True, False] and printed(agreed, True) == [True, False]
+    # detect() itself failed: the launcher's variable says who will be rank 0.
+    for env, expected in (({"RANK": "0", "WORLD_SIZE": "9"}, True), ({"RANK": "2", "WORLD_SIZE": "1"}, False)):
+        with pytest.MonkeyPatch.context() as m:
+            for k, v in env.items():
+                m.setenv(k, v)
+            assert prints_error(same, None, group_exists=False) is expected

@@ -1,16 +1,25 @@
-"""Checkpoints that resume exactly: save, find and load; atomic and never unpickling objects.
+"""Checkpoints that resume exactly: save, find, verify and load; crash-consistent, never unpickling objects.
 
 Layout of ``<workdir>/checkpoints/step_0000100/``:
 
 * ``model.safetensors``   weights (rank 0; DDP replicas are identical)
 * ``optimizer.pt``        optimizer state: tensors and numbers only, loaded with ``weights_only=True``
 * ``rank_00000.pt`` ...   per rank: RNG states (torch, CUDA, numpy, python), loss scaler, data-loader state
-* ``meta.json``           format version, step, world size, model name and parameter shapes, config
+* ``meta.json``           format version, step, world size, model name and parameter shapes, config,
+                          and ``files``: each file's size and CRC32C (``{"bytes": n, "crc32c": "..."}``)
 
-Every rank writes into ``.step_0000100.tmp/``; once all ranks report success, rank 0 writes
-``meta.json`` and renames the folder to its final name, so a folder named ``step_*`` is complete by
-construction and a run killed mid-write leaves only a ``.tmp`` folder, which is never chosen and is
-removed by the next save. Then rank 0 keeps the newest ``keep`` checkpoints.
+Publishing (``save``, a collective): every rank writes its files into ``.step_0000100.tmp/``, fsyncs
+them and checksums what it wrote; once every rank reports success, rank 0 writes ``meta.json``
+(atomically), fsyncs the folder, renames it to its final name and fsyncs ``checkpoints/``. So a
+folder named ``step_*`` was complete on disk before it got that name, whatever crashes when; a run
+killed mid-write leaves only a ``.tmp`` folder, never chosen and removed by the next save. Then rank
+0 prunes to the newest ``keep``, counting the new checkpoint and only older ones: a checkpoint newer
+than the one just written is never pruned (there is none after a resume, see ``vitlarge/resume.py``).
+
+Reading: ``verify`` re-reads every byte against ``meta.json`` (rank 0 does it once per resume);
+``load`` checks only the sizes of the files its rank reads (a stat) before loading them.
+Folders named ``abandoned_*`` hold checkpoints moved aside by a resume (vitlarge/resume.py); nothing here
+reads or prunes them.
 """
 
 from __future__ import annotations
@@ -24,32 +33,23 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from vitlarge import fileio
+from vitlarge.collective import gather, rank_and_world
 from vitlarge.config import Config
 from vitlarge.errors import UserError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_FORMATS = (1, 2)  # 1: before meta.json recorded sizes and checksums (only emptiness is checked)
 STEP_DIR = re.compile(r"^step_(\d{7,})$")
+REQUIRED_META = ("step", "world_size", "model", "param_shapes")
 
 
-def _world() -> tuple[int, int]:
-    if dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def _all_ok(ok: bool) -> bool:
-    """True on every rank only if every rank says ok; doubles as the barrier between write phases."""
-    if not dist.is_initialized():
-        return ok
-    flag = torch.tensor([0.0 if ok else 1.0])
-    if dist.get_backend() == "nccl":
-        flag = flag.cuda()
-    dist.all_reduce(flag)
-    return flag.item() == 0
+def step_name(step: int) -> str:
+    """The one spelling of a checkpoint folder's name (``STEP_DIR`` reads it back)."""
+    return f"step_{step:07d}"
 
 
 def rng_state() -> dict:
@@ -85,11 +85,12 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 def save(workdir: str | Path, step: int, model, optimizer, scaler, data_state: str | None, cfg: Config,
          keep: int, extra_meta: dict | None = None) -> Path:
-    """Collective: every rank calls it at the same optimizer-step boundary. Returns the final path."""
-    rank, world = _world()
+    """Collective: every rank calls it at the same optimizer-step boundary. Returns the final path.
+
+    Raises the same one-line ``UserError`` on every rank if any rank fails; earlier checkpoints stay."""
+    rank, world = rank_and_world()
     root = Path(workdir) / "checkpoints"
-    final = root / f"step_{step:07d}"
-    tmp = root / f".step_{step:07d}.tmp"
+    final, tmp = root / step_name(step), root / f".{step_name(step)}.tmp"
     raw = _unwrap(model)
 
     def prepare():
@@ -98,40 +99,53 @@ def save(workdir: str | Path, step: int, model, optimizer, scaler, data_state: s
             shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir()
 
-    def write():
+    def write() -> dict:
+        names = [f"rank_{rank:05d}.pt"]
         if rank == 0:
             tensors = {k: v.detach().contiguous().cpu() for k, v in raw.state_dict().items()}
             save_file(tensors, str(tmp / "model.safetensors"))
             _torch_save(getattr(optimizer, "optim", optimizer).state_dict(), tmp / "optimizer.pt")
-        _torch_save({"rng": rng_state(), "scaler": scaler.state_dict(), "data": data_state},
-                    tmp / f"rank_{rank:05d}.pt")
+            names += ["model.safetensors", "optimizer.pt"]
+        _torch_save({"rng": rng_state(), "scaler": scaler.state_dict(), "data": data_state}, tmp / names[0])
+        return {name: fileio.sync_and_record(tmp / name) for name in names}
 
-    def finish():
+    def publish(files: dict):
         meta = {"format_version": FORMAT_VERSION, "step": step, "world_size": world, "model": cfg.model.name,
-                "param_shapes": param_shapes(raw), "config": cfg.to_dict(), **(extra_meta or {})}
-        _write_json_atomic(tmp / "meta.json", meta)
+                "param_shapes": param_shapes(raw), "config": cfg.to_dict(), **(extra_meta or {}),
+                "files": dict(sorted(files.items()))}
+        fileio.write_atomic(tmp / "meta.json", json.dumps(meta, indent=1))  # also fsyncs tmp's names
         os.replace(tmp, final)
-        _fsync_dir(root)
-        for old in list_checkpoints(workdir)[:-keep]:
+        fileio.fsync_dir(root)
+        fileio.fsync_dir(root.parent)  # checkpoints/ itself may be new
+        older = [p for p in list_checkpoints(workdir) if step_of(p) < step]
+        for old in older[: max(0, len(older) - (keep - 1))]:
             shutil.rmtree(old, ignore_errors=True)
 
-    for phase, who in ((prepare, "main"), (write, "all"), (finish, "main")):
-        error = None
-        if who == "all" or rank == 0:
+    def phase(fn, here: bool) -> list:
+        result, error = None, None
+        if here:
             try:
-                phase()
+                result = fn()
             # A full disk surfaces as SafetensorError (safetensors) or RuntimeError (torch.save), not
-            # only OSError; every failure must reach _all_ok, or the other ranks would wait there forever.
+            # only OSError; every failure must reach the gather, or the other ranks would wait there forever.
             except (OSError, RuntimeError, SafetensorError) as e:
-                error = e
-        if not _all_ok(error is None):
+                error = reason_of(e)
+        outcomes = gather((result, error))
+        failed = [(r, why) for r, (_, why) in enumerate(outcomes) if why]
+        if failed:
             if rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
-            reason = _reason(error) if error else "another rank failed to write its part"
+            r, why = failed[0]
             raise UserError(
-                f"writing checkpoint {final} failed ({reason}); free space in {root} or point --workdir "
-                "elsewhere; earlier checkpoints are intact"
+                f"writing checkpoint {final} failed ({why}{f' on rank {r}' if world > 1 else ''}); free space in "
+                f"{root} (or make it writable) or point --workdir elsewhere; earlier checkpoints are intact",
+                same_on_all_ranks=True,
             )
+        return [result for result, _ in outcomes]
+
+    phase(prepare, rank == 0)
+    records = phase(write, True)
+    phase(lambda: publish({k: v for part in records for k, v in part.items()}), rank == 0)
     return final
 
 
@@ -142,7 +156,7 @@ def _torch_save(obj, path: Path) -> None:
         torch.save(obj, f)
 
 
-def _reason(error: BaseException) -> str:
+def reason_of(error: BaseException) -> str:
     """The OSError behind ``error`` if there is one ("No space left on device"), else its first line."""
     cause = error
     while cause is not None:
@@ -152,51 +166,131 @@ def _reason(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
-def _write_json_atomic(path: Path, obj) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def step_of(path: Path) -> int:
+    return int(STEP_DIR.match(path.name).group(1))
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _step_dirs(root: Path) -> list[Path]:
+    if not root.is_dir():
+        return []
+    return sorted((p for p in root.iterdir() if STEP_DIR.match(p.name) and p.is_dir()), key=step_of)
 
 
 def list_checkpoints(workdir: str | Path) -> list[Path]:
-    """Complete checkpoints, oldest first."""
-    root = Path(workdir) / "checkpoints"
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if STEP_DIR.match(p.name) and (p / "meta.json").is_file()]
-    return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
+    """Published checkpoint folders (``step_*``) of the workdir, oldest first, checked or not (see ``verify``)."""
+    return _step_dirs(Path(workdir) / "checkpoints")
+
+
+def exists(workdir: str | Path, step: int) -> bool:
+    """Whether the workdir holds a published checkpoint of ``step`` (a name and its meta.json; no checksums)."""
+    return (Path(workdir) / "checkpoints" / step_name(step) / "meta.json").is_file()
+
+
+def _read_meta(path: Path) -> tuple[dict | None, str | None]:
+    """``(meta, None)``, or ``(None, why it is not a checkpoint's meta.json)``."""
+    if not path.exists():
+        return None, "does not exist"
+    meta_file = path / "meta.json"
+    if not meta_file.is_file():
+        return None, "no meta.json"
+    try:
+        meta = json.loads(meta_file.read_bytes())
+    except OSError as e:
+        return None, f"meta.json cannot be read ({e.strerror})"
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
+        return None, f"meta.json is not JSON: {str(e).splitlines()[0]}"
+    if not isinstance(meta, dict):
+        return None, "meta.json is not a JSON object"
+    if meta.get("format_version") not in READABLE_FORMATS:
+        readable = " and ".join(map(str, READABLE_FORMATS))
+        return None, f"checkpoint format {meta.get('format_version')}, this vitlarge reads {readable}"
+    missing = [k for k in REQUIRED_META + (("files",) if meta["format_version"] >= 2 else ()) if k not in meta]
+    if missing:
+        return None, f"meta.json lacks '{missing[0]}'"
+    return meta, None
+
+
+def expected_files(meta: dict) -> dict[str, dict | None]:
+    """File name -> record (size, CRC32C) for every file the checkpoint must hold; None where format 1 kept none."""
+    if meta["format_version"] >= 2:
+        return meta["files"]
+    names = ["model.safetensors", "optimizer.pt"] + [f"rank_{r:05d}.pt" for r in range(meta["world_size"])]
+    return dict.fromkeys(names)
+
+
+def verify(path: str | Path) -> str | None:
+    """Why ``path`` is not a usable checkpoint, or None when meta.json parses and every file it lists
+    has its recorded size and CRC32C. Reads every byte (at 15 GB/s for the checksum itself)."""
+    path = Path(path)
+    meta, problem = _read_meta(path)
+    if problem:
+        return problem
+    for name, record in expected_files(meta).items():
+        problem = fileio.record_problem(path / name, record)
+        if problem:
+            return problem
+    return None
+
+
+def newest_verified(workdir: str | Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest checkpoint of the workdir that passes ``verify``, and the newer ones that failed (with why)."""
+    failed = []
+    for path in reversed(list_checkpoints(workdir)):
+        problem = verify(path)
+        if problem is None:
+            return path, failed
+        failed.append((path, problem))
+    return None, failed
 
 
 def latest(workdir: str | Path) -> Path | None:
-    found = list_checkpoints(workdir)
-    return found[-1] if found else None
+    """What an automatic resume of ``workdir`` continues from: its newest verified checkpoint, or None."""
+    return newest_verified(workdir)[0]
+
+
+class Unusable(UserError):
+    """A checkpoint that fails its check; ``problem`` says why in a few words ("no meta.json")."""
+
+    def __init__(self, path: str | Path, problem: str):
+        path = Path(path)
+        if problem == "does not exist":
+            message = f"checkpoint {path} does not exist; check --resume, or omit it to resume from the workdir"
+        elif problem == "no meta.json":
+            found = _step_dirs(path / "checkpoints") or _step_dirs(path)
+            example = f", e.g. {found[-1]}" if found else ""
+            message = (f"{path} is not a complete vitlarge checkpoint (no meta.json); "
+                       f"pass a checkpoints/step_* folder{example}")
+        else:
+            message = (f"checkpoint {path} fails its check ({problem}); --resume an older checkpoints/step_* "
+                       "folder, or omit --resume to take the newest one that passes")
+        super().__init__(message)
+        self.problem = problem
 
 
 def read_meta(path: str | Path) -> dict:
-    path = Path(path)
-    meta_file = path / "meta.json"
-    if not path.exists():
-        raise UserError(f"checkpoint {path} does not exist; check --resume, or omit it to resume from the workdir")
-    if not meta_file.is_file():
-        raise UserError(f"{path} is not a complete vitlarge checkpoint (no meta.json); pass a checkpoints/step_* folder")
-    try:
-        meta = json.loads(meta_file.read_text())
-    except json.JSONDecodeError as e:
-        raise UserError(f"{meta_file} is corrupt ({e}); resume from an older checkpoint with --resume") from None
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise UserError(f"{path} has checkpoint format {meta.get('format_version')}, this vitlarge reads {FORMAT_VERSION}")
+    """meta.json of a checkpoint folder; a one-line ``UserError`` if there is none or it is unreadable."""
+    meta, problem = _read_meta(Path(path))
+    if problem:
+        raise Unusable(path, problem)
     return meta
+
+
+def check_writable(workdir: str | Path, rank: int) -> None:
+    """Every rank, before any work: the workdir (created if missing) and its checkpoints folder (if
+    there is one) accept a new file, so a read-only mount fails now in one line, not at the first save."""
+    workdir = Path(workdir)
+    for folder, what in ((workdir, "workdir"), (workdir / "checkpoints", "checkpoint folder")):
+        if what != "workdir" and not folder.is_dir():
+            continue
+        probe = folder / f".write_test_{rank}"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            probe.touch()
+            probe.unlink()
+        except OSError as e:
+            fix = ("pass a writable --workdir" if what == "workdir" else "make it writable or pass another "
+                   "--workdir (--resume may still read a checkpoint from a read-only place)")
+            raise UserError(f"{what} {folder} is not writable ({e.strerror}); {fix}") from None
 
 
 def check_compatible(meta: dict, path: Path, model: torch.nn.Module, cfg: Config) -> None:
@@ -211,19 +305,26 @@ def check_compatible(meta: dict, path: Path, model: torch.nn.Module, cfg: Config
 
 
 def load(path: str | Path, model, optimizer, scaler, cfg: Config) -> dict:
-    """Restores weights, optimizer, scaler and RNG; returns meta plus ``data`` (this rank's loader state or None)."""
+    """Restores weights, optimizer, scaler and RNG; returns meta plus ``data`` (this rank's loader state or None).
+
+    Checks the sizes of the files this rank reads first (``verify`` is rank 0's job, see vitlarge/resume.py)."""
     path = Path(path)
     meta = read_meta(path)
     check_compatible(meta, path, model, cfg)
-    rank, world = _world()
+    rank, world = rank_and_world()
+    # With another world size the per-rank loader and RNG states do not map onto the new ranks:
+    # we keep weights, optimizer and step, and start the loaders afresh (documented; not bitwise).
+    same_world = meta["world_size"] == world
+    rank_file = f"rank_{rank:05d}.pt" if same_world else "rank_00000.pt"
+    files = expected_files(meta)
+    for name in ("model.safetensors", "optimizer.pt", rank_file):
+        problem = fileio.size_problem(path / name, files.get(name))
+        if problem:
+            raise Unusable(path, problem)
     _unwrap(model).load_state_dict(load_file(str(path / "model.safetensors"), device="cpu"))
     opt = getattr(optimizer, "optim", optimizer)
     opt.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True))
-    rank_file = path / f"rank_{rank:05d}.pt"
-    same_world = meta["world_size"] == world and rank_file.is_file()
-    # With another world size the per-rank loader and RNG states do not map onto the new ranks:
-    # we keep weights, optimizer and step, and start the loaders afresh (documented; not bitwise).
-    state = torch.load(rank_file if same_world else path / "rank_00000.pt", map_location="cpu", weights_only=True)
+    state = torch.load(path / rank_file, map_location="cpu", weights_only=True)
     scaler.load_state_dict(state["scaler"])
     if same_world:
         set_rng_state(state["rng"])
@@ -236,7 +337,11 @@ def load_model_weights(path: str | Path, model: torch.nn.Module, cfg: Config) ->
     if path.is_dir() and (path / "config.json").is_file() and not (path / "meta.json").exists():
         path = path / "model.safetensors"  # an export: timm's config.json beside the weights
     elif path.is_dir():
-        check_compatible(read_meta(path), path, model, cfg)
+        meta = read_meta(path)
+        check_compatible(meta, path, model, cfg)
+        problem = fileio.size_problem(path / "model.safetensors", expected_files(meta).get("model.safetensors"))
+        if problem:
+            raise Unusable(path, problem)
         path = path / "model.safetensors"
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist; pass a checkpoints/step_* folder or an exported model folder")

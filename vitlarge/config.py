@@ -130,8 +130,11 @@ class TrainConfig:
     seed: int = 42
     log_every_steps: int = 10
     eval_every_epochs: float = 10
+    """Evaluate every this many epochs (rounded to steps, at least 1); 0: only the final evaluation."""
     checkpoint_every_steps: int = 500
+    """0: never periodically; a checkpoint is still written at the end and on SIGTERM/SIGUSR1."""
     keep_checkpoints: int = 3
+    """Newest checkpoints kept (at least 1); older ones are deleted after each save."""
     nan_patience: int = 5
     """Stop when the loss is non-finite this many optimizer steps in a row."""
     max_steps: int = 0
@@ -288,6 +291,56 @@ def _check_types(cfg: Config, origin: str) -> None:
                 raise UserError(f"{origin}: '{key}' must be a {typ.__name__}, got {value!r}; fix the recipe or override")
 
 
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+# Every duration, count and rate: (keys, test, the rule in words). Counts and durations name their
+# unit (``_steps``, ``_epochs``); where 0 has a meaning, the rule says it.
+RANGES = [
+    (("train.global_batch", "train.micro_batch", "train.keep_checkpoints", "train.log_every_steps",
+      "train.nan_patience", "train.loss_scale_growth_interval", "data.image_size", "data.num_classes",
+      "data.num_threads", "data.num_train_examples"), lambda v: v >= 1, "positive"),
+    (("train.epochs", "optim.lr", "optim.eps", "train.init_loss_scale"), lambda v: v > 0, "positive"),
+    (("train.checkpoint_every_steps",), lambda v: v >= 0, ">= 0 (0: no periodic checkpoints)"),
+    (("train.max_steps",), lambda v: v >= 0, ">= 0 (0: the whole schedule)"),
+    (("train.eval_every_epochs",), lambda v: v >= 0, ">= 0 (0: only the final evaluation)"),
+    (("schedule.warmup_epochs", "optim.weight_decay", "augment.mixup_alpha", "augment.cutmix_alpha"),
+     lambda v: v >= 0, ">= 0"),
+    (("optim.clip_grad_norm",), lambda v: v >= 0, ">= 0 (0: no clipping)"),
+    (("train.seed",), lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
+    (("schedule.min_lr_ratio", "augment.mixup_prob"), lambda v: 0 <= v <= 1, "in [0, 1]"),
+    (("augment.label_smoothing", "model.pos_drop_rate", "model.attn_drop_rate", "model.proj_drop_rate",
+      "model.head_drop_rate", "model.drop_path_rate"), lambda v: 0 <= v < 1, "in [0, 1)"),
+]
+
+
+PAIRS = {
+    "optim.betas": (lambda a, b: 0 <= a < 1 and 0 <= b < 1, "two numbers in [0, 1)"),
+    "data.crop_scale": (lambda lo, hi: 0 < lo <= hi <= 1, "(low, high) with 0 < low <= high <= 1"),
+    "data.crop_ratio": (lambda lo, hi: 0 < lo <= hi, "(low, high) with 0 < low <= high"),
+}
+
+
+def _get(cfg: Config, key: str):
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+def _check_ranges(cfg: Config, origin: str) -> None:
+    """One line per bad value: the key, the rule, the value, and a valid setting (the schema's default)."""
+    for keys, ok, rule in RANGES:
+        for key in keys:
+            value = _get(cfg, key)
+            if not (_finite(value) and ok(value)):
+                raise UserError(f"{origin}: '{key}' must be {rule}, got {value}; set it like {key}={_get(Config(), key)}")
+    for key, (ok, rule) in PAIRS.items():
+        value = _get(cfg, key)
+        if not (len(value) == 2 and all(map(_finite, value)) and ok(*value)):
+            example = ",".join(f"{x:g}" for x in _get(Config(), key))
+            raise UserError(f"{origin}: '{key}' must be {rule}, got {value}; set it like {key}={example}")
+
+
 def validate(cfg: Config, origin: str = "config") -> None:
     """Checks everything that can be checked before the world size is known."""
     _check_types(cfg, origin)
@@ -296,21 +349,8 @@ def validate(cfg: Config, origin: str = "config") -> None:
         value = getattr(getattr(cfg, section), name)
         if value not in allowed:
             raise UserError(f"{origin}: '{key}' is '{value}'; choose one of {', '.join(allowed)}")
+    _check_ranges(cfg, origin)
     t = cfg.train
-    positive = {
-        "train.global_batch": t.global_batch,
-        "train.micro_batch": t.micro_batch,
-        "train.epochs": t.epochs,
-        "optim.lr": cfg.optim.lr,
-        "data.image_size": cfg.data.image_size,
-        "data.num_classes": cfg.data.num_classes,
-        "train.keep_checkpoints": t.keep_checkpoints,
-        "train.log_every_steps": t.log_every_steps,
-        "train.nan_patience": t.nan_patience,
-    }
-    for key, value in positive.items():
-        if value <= 0:
-            raise UserError(f"{origin}: '{key}' must be positive, got {value}")
     if t.global_batch % t.micro_batch:
         raise UserError(
             f"{origin}: train.global_batch={t.global_batch} is not a multiple of train.micro_batch={t.micro_batch}; "
@@ -318,12 +358,15 @@ def validate(cfg: Config, origin: str = "config") -> None:
         )
     if cfg.augment.mixup_alpha > 0 or cfg.augment.cutmix_alpha > 0:
         if t.micro_batch % 2:
-            raise UserError(f"{origin}: Mixup/CutMix need an even train.micro_batch, got {t.micro_batch}")
+            raise UserError(f"{origin}: Mixup/CutMix need an even train.micro_batch, got {t.micro_batch}; "
+                            "use an even micro batch or set augment.mixup_alpha=0 augment.cutmix_alpha=0")
     if not (0 < cfg.data.val_crop_pct <= 1):
-        raise UserError(f"{origin}: data.val_crop_pct must be in (0, 1], got {cfg.data.val_crop_pct}")
+        raise UserError(f"{origin}: data.val_crop_pct must be in (0, 1], got {cfg.data.val_crop_pct}; "
+                        "set it like data.val_crop_pct=0.875")
     if cfg.schedule.warmup_epochs > t.epochs:
         raise UserError(
-            f"{origin}: schedule.warmup_epochs={cfg.schedule.warmup_epochs} exceeds train.epochs={t.epochs}"
+            f"{origin}: schedule.warmup_epochs={cfg.schedule.warmup_epochs} exceeds train.epochs={t.epochs}; "
+            "lower the warmup or raise train.epochs"
         )
 
 

@@ -5,9 +5,22 @@ fix it. Entry points (train.py, data_tools, vitlarge.evaluate) print it as ``err
 exit with status 2, without a traceback.
 """
 
+from __future__ import annotations
+
 
 class UserError(Exception):
-    """Bad input: a missing file, a wrong key, a value out of range. Message names it and the fix."""
+    """Bad input: a missing file, a wrong key, a value out of range. Message names it and the fix.
+
+    ``same_on_all_ranks`` says who prints it (``vitlarge.launch.prints_error``): True when every rank
+    raises this same error (agreed through a collective, or computed from input all ranks read alike),
+    so that only rank 0 prints it; False when it concerns this process alone; None (the default)
+    decides by when it is raised: before the process group exists every process reads the same
+    config and files (True), after it a rank may fail alone (False).
+    """
+
+    def __init__(self, message: str, *, same_on_all_ranks: bool | None = None):
+        super().__init__(message)
+        self.same_on_all_ranks = same_on_all_ranks
 
 
 EXIT_PREEMPTED = 75

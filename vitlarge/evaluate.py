@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", default=None)
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     args = p.parse_args(argv)
+    env = None
     try:
         cfg = load_config(args.config, args.overrides, data__path=args.data)
         env = launch.detect()
@@ -67,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         val = val_loader(cfg, env.rank, env.world_size, device)
         metrics = evaluate(model, val, Precision(cfg.train.precision, device))
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        if launch.prints_error(e, env):  # once, by rank 0, when every rank meets the same error
+            print(f"error: {e}", file=sys.stderr)
         return 2
     if env.is_main:
         print(json.dumps(metrics))

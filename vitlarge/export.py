@@ -23,17 +23,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from vitlarge import fileio
 from vitlarge.config import Config
 
 EXPORT_DIR = "model"
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def data_config(cfg: Config) -> dict:
@@ -77,12 +70,13 @@ def export(workdir: str | Path, model: torch.nn.Module, cfg: Config, class_names
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     save_config_for_hf(raw, str(tmp / "config.json"), model_config=model_config, data_config=data_config(cfg))
     for name in ("model.safetensors", "config.json"):
-        _fsync(tmp / name)
+        fileio.fsync_path(tmp / name)
+    fileio.fsync_dir(tmp)
     old = workdir / f".{EXPORT_DIR}.old"
     if out.exists():  # a rerun of a finished run exports again: swap, then drop the old folder
         shutil.rmtree(old, ignore_errors=True)
         os.replace(out, old)
     os.replace(tmp, out)
-    _fsync(workdir)
+    fileio.fsync_dir(workdir)
     shutil.rmtree(old, ignore_errors=True)
     return out

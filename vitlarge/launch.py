@@ -21,6 +21,7 @@ import datetime
 import os
 import socket
 import subprocess
+import sys
 import warnings
 from dataclasses import dataclass
 
@@ -114,7 +115,7 @@ def choose_device(requested: str = "auto", local_rank: int = 0):
         if index >= count:
             raise UserError(
                 f"local rank {local_rank} but only {count} CUDA devices are visible to it; start one process "
-                "per GPU (srun --ntasks-per-node equal to --gpus-per-node)"
+                "per GPU (srun --ntasks-per-node equal to --gpus-per-node)", same_on_all_ranks=False,
             )
         torch.cuda.set_device(index)
         return torch.device("cuda", index), "nccl"
@@ -181,7 +182,7 @@ def init_distributed(dist_env: DistEnv, backend: str, timeout_s: float | None = 
         raise UserError(
             f"rendezvous at {dist_env.master_addr}:{dist_env.master_port} did not complete within {timeout_s:.0f}s "
             f"(rank {dist_env.rank} of {dist_env.world_size}, {dist_env.source}): {first}; "
-            "check that every process started and that the address is reachable"
+            "check that every process started and that the address is reachable", same_on_all_ranks=False,
         ) from None
 
 
@@ -198,3 +199,28 @@ def quiet_imports() -> None:
     warnings.filterwarnings("ignore", message=".*(tensornvme|apex|kernels).*")
     warnings.filterwarnings("ignore", category=FutureWarning, module="colossalai")
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+
+
+def launcher_rank(env=None) -> int | None:
+    """This process's rank as its launcher set it (``RANK``, else ``SLURM_PROCID``; 0 without a
+    launcher), read without validation; None when unreadable. Known before any process group."""
+    env = os.environ if env is None else env
+    key = "RANK" if "RANK" in env else "SLURM_PROCID" if "SLURM_PROCID" in env else None
+    try:
+        return int(env[key]) if key else 0
+    except ValueError:
+        return None
+
+
+def prints_error(error: UserError, dist_env: DistEnv | None, group_exists: bool | None = None) -> bool:
+    """Whether this process prints ``error``, so that an error every rank meets is printed once.
+
+    See ``UserError.same_on_all_ranks``. Such an error is printed by rank 0 (the process that will
+    be rank 0, before the process group exists); a rank-local one by the rank that raised it; a
+    process that cannot tell its rank prints. ``group_exists`` defaults to torch.distributed's state."""
+    if group_exists is None:
+        dist = sys.modules.get("torch.distributed")  # not imported yet: no process group yet
+        group_exists = dist is not None and dist.is_available() and dist.is_initialized()
+    same = error.same_on_all_ranks if error.same_on_all_ranks is not None else not group_exists
+    rank = dist_env.rank if dist_env is not None else launcher_rank()
+    return not same or rank in (0, None)

@@ -28,5 +28,7 @@ def print_plan(cfg: Config, plan: Plan) -> None:
           f"total {train_flops * plan.global_batch * plan.total_steps:.3g} FLOPs")
     print(f"  memory per device (rough): weights+grads+LAMB states {_gib(mem['states'])}, "
           f"activations {_gib(mem['activations'])}, total {_gib(mem['total'])}")
-    print(f"  eval every {plan.eval_every_steps} steps, checkpoint every {cfg.train.checkpoint_every_steps} steps "
-          f"into {cfg.workdir}/checkpoints")
+    every = cfg.train.checkpoint_every_steps
+    evals = f"every {plan.eval_every_steps} steps" if plan.eval_every_steps else "at the end only"
+    print(f"  eval {evals}, checkpoint "
+          f"{f'every {every} steps' if every else 'at the end only'} into {cfg.workdir}/checkpoints")

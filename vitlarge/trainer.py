@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from vitlarge import checkpoint, faults
+from vitlarge.collective import rank0_decides
 from vitlarge.config import Config, Plan
 from vitlarge.engine import Engine
 from vitlarge.errors import Preempted
@@ -97,11 +98,11 @@ class Trainer:
                 self._evaluate()
             if stop:
                 raise Preempted(self.step, self._checkpoint())
-            if self.step % t.checkpoint_every_steps == 0 and self.step < end:
+            if t.checkpoint_every_steps and self.step % t.checkpoint_every_steps == 0 and self.step < end:
                 self._checkpoint()
         final = self._evaluate()
-        newest = checkpoint.latest(self.cfg.workdir)
-        if newest is None or newest.name != f"step_{self.step:07d}":
+        # Rank 0 looks, all ranks follow: the save is a collective, so the answer must be the same everywhere.
+        if not rank0_decides(lambda: checkpoint.exists(self.cfg.workdir, self.step)):
             self._checkpoint()
         summary = {**final, "step": self.step}
         self._emit("on_train_end", summary)

@@ -287,6 +287,70 @@ def incompatible_checkpoint(c: Ctx) -> Run:
                                             "use another --workdir"], after)
 
 
+def demo_checkpoint(c: Ctx, step: int = 3) -> Path:
+    """A real checkpoint of the demo recipe in the workdir, written in-process (no training run)."""
+    from vitlarge import checkpoint
+    from vitlarge.config import load_config
+    from vitlarge.model import build_model
+    from vitlarge.optim import build_optimizer
+
+    cfg = load_config(RECIPE, [])
+    model = build_model(cfg, CPU)
+    opt = build_optimizer(model, "lamb", lr=1e-2, weight_decay=0.1)
+    return checkpoint.save(c.workdir, step, model, opt, torch.amp.GradScaler("cpu"), None, cfg, keep=3)
+
+
+def untouched(c: Ctx, path: Path) -> Callable[[], None]:
+    """Nothing lost: the checkpoint and its files are where they were, nothing was moved aside or exported."""
+    files = {f.name: f.stat().st_size for f in path.iterdir()}
+
+    def check():
+        assert {f.name: f.stat().st_size for f in path.iterdir()} == files
+        assert not list((c.workdir / "checkpoints").glob("abandoned_*"))
+        assert not (c.workdir / "model.safetensors").exists()
+    return check
+
+
+def resume_truncated_weights(c: Ctx) -> Run:
+    path = demo_checkpoint(c)
+    weights = path / "model.safetensors"
+    full = weights.stat().st_size
+    os.truncate(weights, 4096)
+    return Run(c.train_on(c.demo_data, "--resume", str(path)), 2,
+               [f"error: checkpoint {path} fails its check (model.safetensors has 4,096 bytes, meta.json records {full:,})",
+                "--resume an older checkpoints/step_* folder"], untouched(c, path))
+
+
+def resume_meta_not_json(c: Ctx) -> Run:
+    path = demo_checkpoint(c)
+    (path / "meta.json").write_text('{"format_version": 2, "st')
+    return Run(c.train_on(c.demo_data, "--resume", str(path)), 2,
+               [f"error: checkpoint {path} fails its check (meta.json is not JSON:"], untouched(c, path))
+
+
+def resume_not_a_checkpoint(c: Ctx) -> Run:
+    """--resume of the workdir itself: the error names a folder that would do."""
+    path = demo_checkpoint(c)
+    return Run(c.train_on(c.demo_data, "--resume", str(c.workdir)), 2,
+               [f"error: {c.workdir} is not a complete vitlarge checkpoint (no meta.json)",
+                f"pass a checkpoints/step_* folder, e.g. {path}"], untouched(c, path))
+
+
+def read_only_checkpoints(c: Ctx) -> Run:
+    """checkpoints/ on a read-only mount: refused before any work, not at the first save."""
+    path = demo_checkpoint(c)
+    ckpts = c.workdir / "checkpoints"
+    r = subprocess.run(f"mount --bind {ckpts} {ckpts} && mount -o remount,bind,ro {ckpts}", shell=True,
+                       capture_output=True, text=True)
+    if r.returncode:
+        subprocess.run(["umount", str(ckpts)], capture_output=True)
+        pytest.skip(f"cannot mount read-only here: {r.stderr.strip()}")
+    run = Run(c.train_on(c.demo_data), 2, [f"error: checkpoint folder {ckpts} is not writable (Read-only file system)",
+                                           "make it writable or pass another --workdir"], untouched(c, path))
+    run.cleanup.append(lambda: subprocess.run(["umount", str(ckpts)], check=True))
+    return run
+
+
 def half_written_checkpoint(c: Ctx) -> Run:
     """--resume pointed at the .tmp folder a run killed mid-checkpoint leaves behind."""
     tmp_ckpt = c.workdir / "checkpoints" / ".step_0000004.tmp"
@@ -357,6 +421,10 @@ CASES = {
     "workdir: not writable": unwritable_workdir,
     "checkpoint: of another model in the workdir": incompatible_checkpoint,
     "checkpoint: --resume of a half-written folder": half_written_checkpoint,
+    "checkpoint: --resume of one with truncated weights": resume_truncated_weights,
+    "checkpoint: --resume of one whose meta.json is not JSON": resume_meta_not_json,
+    "checkpoint: --resume of a folder that is not a checkpoint": resume_not_a_checkpoint,
+    "checkpoint: read-only checkpoint folder": read_only_checkpoints,
     "checkpoint: disk full while writing": disk_full_checkpoint,
     "evaluate: checkpoint does not exist": evaluate_missing_checkpoint,
     "evaluate: checkpoint of another model": evaluate_other_model,

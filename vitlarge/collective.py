@@ -1,0 +1,68 @@
+"""Decisions that every rank shares: rank 0 decides and tells the others, or every rank reports and all see all.
+
+Checkpoint code takes no file-system decision on a rank alone: on a shared file system with
+attribute caching (NFS, Lustre clients on several nodes) ranks can list different folders, and a
+decision that starts a collective (which checkpoint to load, whether to write a final one) must be
+the same everywhere or the run hangs. Every function here is a collective (all ranks call it, in
+the same order) and also works without a process group (one process).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, TypeVar
+
+import torch.distributed as dist
+
+from vitlarge.errors import UserError
+
+T = TypeVar("T")
+
+
+def rank_and_world() -> tuple[int, int]:
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def rank0_decides(decide: Callable[[], T]) -> T:
+    """Runs ``decide`` on rank 0 only and returns its (picklable) result on every rank.
+
+    A ``UserError`` raised by ``decide`` is raised on every rank (same message, printed once). Any
+    other exception is re-raised on rank 0 with its traceback, and the other ranks end with a
+    one-line ``UserError`` that points there, so that nobody waits for a decision that never comes.
+    """
+    rank, world = rank_and_world()
+    if world == 1:
+        return decide()
+    message = [None, None]  # (result, error text) from rank 0
+    failure = None
+    if rank == 0:
+        try:
+            message[0] = decide()
+        except UserError as e:
+            message[1] = str(e)
+        except Exception as e:  # noqa: BLE001 - re-raised below, after the others heard of it
+            failure = e
+            first = (str(e).strip().splitlines() or [""])[0]
+            message[1] = f"rank 0 failed ({type(e).__name__}: {first}); see its traceback"
+    dist.broadcast_object_list(message, src=0)
+    if failure is not None:
+        raise failure
+    if message[1] is not None:
+        raise UserError(message[1], same_on_all_ranks=True)
+    return message[0]
+
+
+def first_failure(problem: str | None) -> tuple[int, str] | None:
+    """Every rank passes what went wrong on it (None: nothing); all return the lowest failing rank and its text."""
+    return next(((r, p) for r, p in enumerate(gather(problem)) if p is not None), None)
+
+
+def gather(value: T) -> list[T]:
+    """Every rank's ``value``, in rank order, on every rank."""
+    _, world = rank_and_world()
+    if world == 1:
+        return [value]
+    values = [None] * world
+    dist.all_gather_object(values, value)
+    return values

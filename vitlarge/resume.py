@@ -1,0 +1,154 @@
+"""Which checkpoint a run continues from, decided once by rank 0 for every rank.
+
+Contract (both functions are collectives: every rank calls ``choose``, then ``restore``):
+
+* ``choose`` without ``--resume``: rank 0 takes the workdir's newest checkpoint that passes
+  ``checkpoint.verify`` (every file's size and CRC32C against meta.json) and logs one warning line
+  for each newer one it passes over, naming it and why. With ``--resume PATH`` (any checkpoint, in
+  this workdir or another one): PATH must pass, else a one-line error.
+* The chosen checkpoint must hold this recipe's model (name and parameter shapes), else a one-line
+  error and nothing is moved.
+* The workdir's checkpoints newer than the chosen step (those passed over, and with ``--resume`` the
+  rest of the line the user went back from) are moved, never deleted, into
+  ``checkpoints/abandoned_<UTC time>_from_step_<N>/``, with one log line. This run's saves then
+  take those step names again, and the next automatic resume continues this run's line.
+* A checkpoint from outside the workdir's ``checkpoints/`` is first copied in (hard links where
+  possible) and the copy is used: the workdir's line then starts with it.
+* Rank 0 broadcasts its choice: no other rank lists the checkpoint folder (on a shared file system
+  with attribute caching ranks can see different folders).
+* ``restore``: every rank loads the chosen checkpoint; if one cannot, every rank raises the same
+  one-line error naming the lowest failing rank and the path, so all exit and none waits.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+
+from vitlarge import checkpoint, fileio
+from vitlarge.collective import first_failure, rank0_decides
+from vitlarge.config import Config
+from vitlarge.errors import UserError
+
+log = logging.getLogger("vitlarge")
+
+
+def choose(workdir: str | Path, requested: str | Path | None, model, cfg: Config) -> Path | None:
+    """The checkpoint every rank loads (None: start from scratch). See the module docstring."""
+    return rank0_decides(lambda: _choose(Path(workdir), Path(requested) if requested else None, model, cfg))
+
+
+def _choose(workdir: Path, requested: Path | None, model, cfg: Config) -> Path | None:
+    if requested is not None:
+        problem = checkpoint.verify(requested)
+        if problem:
+            raise checkpoint.Unusable(requested, problem)
+        chosen = requested
+    else:
+        chosen, failed = checkpoint.newest_verified(workdir)
+        for path, problem in failed:
+            log.warning(f"warning: checkpoint {path} fails its check ({problem}); passed over")
+    step = 0
+    if chosen is not None:
+        meta = checkpoint.read_meta(chosen)
+        checkpoint.check_compatible(meta, chosen, model, cfg)
+        step = meta["step"]
+    _set_aside_newer(workdir, chosen, step)
+    ours = workdir / "checkpoints"
+    if chosen is not None and chosen.resolve().parent != ours.resolve():
+        # From another workdir (or an abandoned_* folder): a copy here starts this run's line, so an
+        # automatic resume before the first save comes back to it, not to this workdir's older steps.
+        try:
+            chosen = _adopt(chosen, workdir)
+        except OSError as e:
+            raise UserError(f"cannot copy checkpoint {chosen} into {ours} ({e.strerror}); free space there or pass "
+                            "another --workdir") from None
+        log.info(f"copied the checkpoint to resume from into {chosen}")
+    return chosen
+
+
+def _set_aside_newer(workdir: Path, chosen: Path | None, step: int) -> None:
+    """Moves the workdir's checkpoints from another line out of the way (see the module docstring).
+
+    A checkpoint of the same step that is not the chosen one (``--resume`` from another workdir) goes too:
+    the final-save decision would otherwise take it for this run's."""
+    same = chosen.resolve() if chosen is not None else None
+    later = [p for p in checkpoint.list_checkpoints(workdir)
+             if checkpoint.step_of(p) > step or (checkpoint.step_of(p) == step and p.resolve() != same)]
+    if not later:
+        return
+    try:
+        dest = _move_aside(workdir, later, step)
+    except OSError as e:
+        raise UserError(
+            f"cannot move checkpoints newer than step {step} aside in {workdir / 'checkpoints'} ({e.strerror}); "
+            "make it writable or pass another --workdir"
+        ) from None
+    log.warning(f"moved {len(later)} checkpoint(s) newer than step {step} ({', '.join(p.name for p in later)}) "
+                f"aside to {dest}; this run continues from {chosen or 'scratch'}")
+
+
+def _move_aside(workdir: str | Path, paths: list[Path], from_step: int) -> Path:
+    """Moves checkpoint folders (never deletes them) into ``checkpoints/abandoned_<UTC time>_from_step_<N>/``.
+
+    Returns that folder. Its name matches no ``step_*`` pattern, so it is never chosen nor pruned."""
+    root = Path(workdir) / "checkpoints"
+    base = f"abandoned_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}_from_{checkpoint.step_name(from_step)}"
+    for i in itertools.count():
+        dest = root / (base if i == 0 else f"{base}_{i}")
+        try:
+            dest.mkdir()
+            break
+        except FileExistsError:
+            continue
+    for path in paths:
+        os.rename(path, dest / path.name)
+    fileio.fsync_dir(dest)
+    fileio.fsync_dir(root)
+    return dest
+
+
+def _adopt(src: str | Path, workdir: str | Path) -> Path:
+    """Publishes a copy of checkpoint ``src`` (from elsewhere) in the workdir, as ``checkpoints/step_<N>``;
+    returns it. Hard links where the file system allows (no bytes copied; checkpoint files are never
+    modified in place), else copies; fsynced and renamed like a save. The name must be free."""
+    src, root = Path(src), Path(workdir) / "checkpoints"
+    step = checkpoint.read_meta(src)["step"]
+    final, tmp = root / checkpoint.step_name(step), root / f".{checkpoint.step_name(step)}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for f in src.iterdir():
+        try:
+            os.link(f, tmp / f.name)
+        except OSError:  # another file system, or links not allowed
+            shutil.copyfile(f, tmp / f.name)
+            fileio.sync_and_record(tmp / f.name)
+    fileio.fsync_dir(tmp)
+    os.replace(tmp, final)
+    fileio.fsync_dir(root)
+    return final
+
+
+def restore(path: Path, model, optimizer, scaler, cfg: Config) -> dict:
+    """Every rank loads ``path`` (``checkpoint.load``); returns its state, or all ranks raise one agreed error."""
+    state, problem = None, None
+    try:
+        state = checkpoint.load(path, model, optimizer, scaler, cfg)
+    except checkpoint.Unusable as e:
+        problem = e.problem
+    except UserError as e:
+        problem = str(e)
+    except Exception as e:  # noqa: BLE001 - torch.load and safetensors raise many types on damaged files
+        problem = f"{type(e).__name__}: {checkpoint.reason_of(e)}"
+    failed = first_failure(problem)
+    if failed:
+        rank, why = failed
+        raise UserError(
+            f"rank {rank} cannot read checkpoint {path} ({why}); check that every node sees it whole (shared file "
+            "system), or --resume another checkpoint", same_on_all_ranks=True,
+        )
+    return state
