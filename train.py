@@ -82,6 +82,7 @@ def run(args, env) -> int:
     from vitlarge import resume as resume_from
     from vitlarge.data import load_manifest
     from vitlarge.data.build import train_loader, val_loader
+    from vitlarge.data.loader import state_from_older_release
     from vitlarge.data.randaugment import spec as randaugment_spec
     from vitlarge.engine import Engine
     from vitlarge.export import export
@@ -136,7 +137,15 @@ def run(args, env) -> int:
         if env.is_main:
             logging.getLogger("vitlarge").info(f"resumed from {resume} at step {start_step}")
 
-    # Data.
+    # Data. A loader state from an older release cannot be continued (its pipeline differs): as after a
+    # change of world size, weights, optimizer and step resume exactly and the data stream starts afresh.
+    old = state_from_older_release(data_state)
+    if old is not None:
+        data_state = None
+        if env.is_main:
+            logging.getLogger("vitlarge").warning(
+                f"warning: {resume} holds a data-loader position from an older vitlarge (state version {old}); "
+                "the data stream restarts with a fresh epoch order, weights, optimizer and step resume exactly")
     train = train_loader(cfg, env.rank, env.world_size, device, state=data_state)
     val = val_loader(cfg, env.rank, env.world_size, device)
 

@@ -210,3 +210,35 @@ def test_every_kind_of_damage_is_one_warning_and_nothing_is_lost_then_no_periodi
     [aside] = ckpts.glob("abandoned_*")
     assert names(aside) == ["step_0000006", "step_0000008", "step_0000010", "step_0000012"]
     assert checkpoint_steps(workdir) == [2, 4, 7]
+
+
+def test_a_checkpoint_of_the_previous_release_resumes_with_a_fresh_data_stream(demo_data, tmp_path):
+    """v0.1 wrote format-1 checkpoints (no file records) whose loader state (version 1) belongs to a
+    pipeline this release changed. A user mid-run upgrades: the run resumes weights, optimizer and
+    step, says in one line that the data stream restarts, and finishes; nothing is refused."""
+    import json
+
+    import torch
+
+    workdir = tmp_path / "run"
+    first = launcher.run(train_args(demo_data, workdir, "train.max_steps=2"), launcher="python", timeout=TIMEOUT)
+    assert first.returncode == 0, first.stderr[-3000:]
+    ckpt = workdir / "checkpoints" / "step_0000002"
+    meta = json.loads((ckpt / "meta.json").read_text())
+    meta["format_version"] = 1
+    del meta["files"]
+    (ckpt / "meta.json").write_text(json.dumps(meta))
+    state = torch.load(ckpt / "rank_00000.pt", weights_only=True)
+    data = json.loads(state["data"])
+    state["data"] = json.dumps({**data, "version": 1})
+    torch.save(state, ckpt / "rank_00000.pt")
+    shutil.rmtree(workdir / "model")
+
+    r = launcher.run(train_args(demo_data, workdir, "train.max_steps=4"), launcher="python", timeout=TIMEOUT)
+    log = r.stdout + r.stderr
+    assert r.returncode == 0, log[-3000:]
+    assert resumed_at(log) == [(str(ckpt), 2)]
+    warnings = [x for x in log.splitlines() if "older vitlarge" in x]
+    assert len(warnings) == 1 and f"{ckpt} holds a data-loader position from an older vitlarge (state version 1)" \
+        in warnings[0]
+    assert checkpoint_steps(workdir) == [2, 4] and (workdir / "model" / "model.safetensors").is_file()

@@ -30,6 +30,17 @@ DEFAULT_STD = tuple(255.0 * x for x in IMAGENET_DEFAULT_STD)
 STATE_VERSION = 2  # 2: per-epoch file-order shuffle (shuffle_after_epoch), one seed for all ranks
 
 
+def state_from_older_release(state: str | None) -> int | None:
+    """The version of a loader state written by an older vitlarge (whose pipeline this one cannot
+    continue), else None: for the current version, and for anything malformed (the loader itself
+    refuses that with its one-line error)."""
+    try:
+        version = json.loads(state)["version"] if state else None
+    except (ValueError, TypeError, KeyError):
+        return None
+    return version if isinstance(version, int) and version < STATE_VERSION else None
+
+
 def _check_rank(rank: int, world_size: int) -> None:
     if world_size < 1 or not 0 <= rank < world_size:
         raise UserError(f"rank={rank}, world_size={world_size}: need 0 <= rank < world_size")
