@@ -5,6 +5,7 @@ Uses the demo recipe's 0.46M-parameter ViT, the project's LAMB and a CPU GradSca
 
 import gc
 import json
+import os
 import random
 import re
 import shutil
@@ -178,6 +179,19 @@ def test_load_restores_weights_optimizer_scaler_and_rng(tmp_path, cfg):
     checkpoint.load(path, model2, opt2, scaler2, cfg)
     train_step(model2, opt2, scaler2, seed=99)
     assert all(torch.equal(v, reference[k]) for k, v in model2.state_dict().items())
+
+
+def test_scaler_state_follows_the_precision_of_each_run(tmp_path, cfg, caplog):
+    """precision=auto resolves per machine: a checkpoint saved without fp16 (no scaler state) resumes
+    into an fp16 run at the initial scale with one warning, and an fp16 one into a bf16/fp32 run."""
+    model, opt, _ = trained(cfg)
+    path = save(tmp_path, 1, model, opt, torch.amp.GradScaler("cpu", enabled=False), cfg)
+    fp16 = torch.amp.GradScaler("cpu", init_scale=2.0**12)
+    checkpoint.load(path, *make(cfg)[:2], fp16, cfg)
+    assert fp16.get_scale() == 2.0**12 and "the loss scale starts at its initial value" in caplog.text
+    m2, o2, scaler = make(cfg)
+    path = save(tmp_path, 2, model, opt, scaler, cfg)
+    checkpoint.load(path, m2, o2, torch.amp.GradScaler("cpu", enabled=False), cfg)  # no error
 
 
 def test_keep_newest_n(tmp_path, cfg):
@@ -367,3 +381,23 @@ def test_export_loads_in_timm_with_identical_outputs(tmp_path, cfg):
     checkpoint.load_model_weights(path, fresh, cfg)  # evaluation reads the export folder too
     with torch.no_grad():
         assert torch.equal(fresh.eval()(x), model(x))
+
+
+def test_export_to_a_full_or_read_only_workdir_is_one_line_and_leaves_nothing(tmp_path, cfg):
+    model, _, _ = trained(cfg)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        if os.access(ro, os.W_OK):  # root ignores permission bits: make the file system itself read-only
+            subprocess.run(["mount", "--bind", "-o", "ro", str(ro), str(ro)], check=True)
+            mounted = True
+        else:
+            mounted = False
+        with pytest.raises(UserError, match=rf"exporting {ro / 'model'} failed .*run the same command again"):
+            export(ro, model, cfg)
+        assert list(ro.iterdir()) == []
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(ro)], check=True)
+        ro.chmod(0o700)

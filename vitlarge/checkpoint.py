@@ -25,6 +25,7 @@ reads or prunes them.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import re
@@ -325,7 +326,12 @@ def load(path: str | Path, model, optimizer, scaler, cfg: Config) -> dict:
     opt = getattr(optimizer, "optim", optimizer)
     opt.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True))
     state = torch.load(path / rank_file, map_location="cpu", weights_only=True)
-    scaler.load_state_dict(state["scaler"])
+    if state["scaler"] or not scaler.is_enabled():
+        scaler.load_state_dict(state["scaler"])
+    else:  # saved without fp16 (e.g. precision auto resolved to bf16/fp32 on the saving machine)
+        logging.getLogger("vitlarge").warning(
+            f"warning: {path} was trained in {meta['config']['train'].get('precision')}, this run is fp16: "
+            f"the loss scale starts at its initial value")
     if same_world:
         set_rng_state(state["rng"])
     return {**meta, "data": state["data"] if same_world else None, "same_world": same_world}

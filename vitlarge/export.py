@@ -21,10 +21,12 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from vitlarge import fileio
 from vitlarge.config import Config
+from vitlarge.errors import UserError
 
 EXPORT_DIR = "model"
 
@@ -56,8 +58,6 @@ def export(workdir: str | Path, model: torch.nn.Module, cfg: Config, class_names
     workdir = Path(workdir)
     out = workdir / EXPORT_DIR
     tmp = workdir / f".{EXPORT_DIR}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     model_config: dict = {
         # timm copies the architecture's hub entry (tag, license) into the export; these weights are ours.
         "pretrained_cfg": {"tag": "vitlarge", "license": None},
@@ -66,17 +66,25 @@ def export(workdir: str | Path, model: torch.nn.Module, cfg: Config, class_names
         model_config["label_names"] = list(class_names)
     if class_descriptions:
         model_config["label_descriptions"] = dict(class_descriptions)
-    tensors = {k: v.detach().contiguous().cpu() for k, v in raw.state_dict().items()}
-    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    save_config_for_hf(raw, str(tmp / "config.json"), model_config=model_config, data_config=data_config(cfg))
-    for name in ("model.safetensors", "config.json"):
-        fileio.fsync_path(tmp / name)
-    fileio.fsync_dir(tmp)
-    old = workdir / f".{EXPORT_DIR}.old"
-    if out.exists():  # a rerun of a finished run exports again: swap, then drop the old folder
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(out, old)
-    os.replace(tmp, out)
-    fileio.fsync_dir(workdir)
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        tensors = {k: v.detach().contiguous().cpu() for k, v in raw.state_dict().items()}
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        save_config_for_hf(raw, str(tmp / "config.json"), model_config=model_config, data_config=data_config(cfg))
+        for name in ("model.safetensors", "config.json"):
+            fileio.fsync_path(tmp / name)
+        fileio.fsync_dir(tmp)
+        old = workdir / f".{EXPORT_DIR}.old"
+        if out.exists():  # a rerun of a finished run exports again: swap, then drop the old folder
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(out, old)
+        os.replace(tmp, out)
+        fileio.fsync_dir(workdir)
+    except (OSError, SafetensorError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(f"exporting {out} failed ({getattr(e, 'strerror', None) or e}); free space in {workdir} and "
+                        "run the same command again: the final checkpoint holds the same weights",
+                        same_on_all_ranks=False) from None
     shutil.rmtree(old, ignore_errors=True)
     return out

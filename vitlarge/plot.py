@@ -16,6 +16,7 @@ import argparse
 import math
 import os
 import sys
+from collections import deque
 from pathlib import Path
 
 from vitlarge.errors import UserError
@@ -23,13 +24,16 @@ from vitlarge.metrics import FILENAME, PLOT_FILENAME, read_metrics
 
 
 def _smooth(values: list[float], window: int) -> list[float]:
-    """Trailing mean over ``window`` finite values (non-finite ones are skipped, not spread)."""
-    out, buf = [], []
+    """Trailing mean over the last ``window`` finite values (non-finite ones are skipped, not spread).
+    O(len(values)): a running sum, so a run of millions of steps plots in seconds."""
+    out, buf, total = [], deque(), 0.0
     for v in values:
         if v is not None and math.isfinite(v):
             buf.append(v)
-            buf = buf[-window:]
-        out.append(sum(buf) / len(buf) if buf else math.nan)
+            total += v
+            if len(buf) > window:
+                total -= buf.popleft()
+        out.append(total / len(buf) if buf else math.nan)
     return out
 
 

@@ -44,7 +44,8 @@ def resolve(name: str, device: torch.device, flags: frozenset[str] | None = None
     if name != "auto":
         return name, "set by the recipe"
     if device.type == "cuda":
-        if torch.cuda.is_bf16_supported():
+        # Without emulation: pre-Ampere GPUs (V100, T4) "support" bf16 only without tensor cores.
+        if torch.cuda.is_bf16_supported(including_emulation=False):
             return "bf16", f"{torch.cuda.get_device_name(device)} has bf16 tensor cores"
         return "fp16", f"{torch.cuda.get_device_name(device)} has no bf16 tensor cores"
     flags = cpu_flags() if flags is None else flags

@@ -81,10 +81,16 @@ class _Batches:
         return out, lab.to(self.device, non_blocking=True)
 
 
-def _run(pipe, manifest: Manifest, split: str):
-    """``pipe.run()``; an image DALI cannot decode becomes a one-line UserError with the fix."""
+def _run(pipe, manifest: Manifest, split: str, device: torch.device):
+    """``pipe.run()``; an image DALI cannot decode becomes a one-line UserError with the fix.
+
+    On a GPU the outputs are bound to torch's current stream (DALI's default execution model): their
+    buffers are then released in that stream's order, after the copy `_Batches.convert` queues there.
+    Host-synchronous outputs could be reused by DALI's next iteration while that copy still waits
+    behind the previous micro-step's backward."""
+    stream = torch_stream(device)
     try:
-        return pipe.run()
+        return pipe.run(stream) if stream is not None else pipe.run()
     except RuntimeError as e:
         text = str(e)
         if "decoders." not in text:
@@ -155,7 +161,7 @@ class TrainLoader:
         return self
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
-        images, labels = _run(self._pipe, self.manifest, "train")
+        images, labels = _run(self._pipe, self.manifest, "train", self._batches.device)
         return self._batches.convert(images, labels)
 
     def state(self) -> str:
@@ -236,11 +242,11 @@ class ValLoader:
 
     def __iter__(self):
         while 0 < self._runs_in_pass < self._runs_per_pass:  # finish an abandoned pass
-            _run(self._pipe, self.manifest, "validation")
+            _run(self._pipe, self.manifest, "validation", self._batches.device)
             self._runs_in_pass += 1
         self._runs_in_pass = 0
         for i in range(self._runs_per_pass):
-            images, labels = _run(self._pipe, self.manifest, "validation")
+            images, labels = _run(self._pipe, self.manifest, "validation", self._batches.device)
             self._runs_in_pass += 1
             keep = min(self.batch_size, self.num_examples_this_rank - i * self.batch_size)
             if keep > 0:
