@@ -88,7 +88,7 @@ def no_training_output(workdir: Path) -> Callable[[], None]:
     def check():
         ckpts = workdir / "checkpoints"
         assert not (ckpts.exists() and list(ckpts.iterdir())), f"partial checkpoint: {list(ckpts.iterdir())}"
-        assert not (workdir / "model.safetensors").exists()
+        assert not (workdir / "model").exists()
     return check
 
 
@@ -307,7 +307,7 @@ def untouched(c: Ctx, path: Path) -> Callable[[], None]:
     def check():
         assert {f.name: f.stat().st_size for f in path.iterdir()} == files
         assert not list((c.workdir / "checkpoints").glob("abandoned_*"))
-        assert not (c.workdir / "model.safetensors").exists()
+        assert not (c.workdir / "model").exists()
     return check
 
 

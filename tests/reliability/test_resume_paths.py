@@ -71,7 +71,7 @@ def reference(demo_data, tmp_path_factory) -> Path:
 def copy_run(ref: Path, dest: Path) -> Path:
     """The reference's workdir without its exported model: checkpoints 2..12, metrics, logs."""
     shutil.copytree(ref, dest, ignore=shutil.ignore_patterns("tb"))
-    (dest / "model.safetensors").unlink()
+    shutil.rmtree(dest / "model")
     return dest / "checkpoints"
 
 
