@@ -44,7 +44,6 @@ TOOL_VERSION = "1.0.0"
 LABEL_OFFSET = 1  # TF ImageNet records reserve label 0 for "background"
 PROGRESS_DIR = ".progress"
 SKIPPED_LIST = "skipped.txt"
-KILL_ENV = "VITLARGE_TEST_KILL_AT"  # test-only: "<shard>:<record>" -> SIGKILL self mid-shard
 
 
 def example_features(item: Item, jpeg: bytes, height: int, width: int) -> dict:
@@ -96,9 +95,8 @@ def _init_worker(q) -> None:
 def write_shard(out_dir: str, name: str, items: list[Item], skip_bad: bool, check: str, digest: str) -> dict:
     """Write one shard + index atomically and its done-record; return the done-record."""
     path = os.path.join(out_dir, name)
-    kill_at = os.environ.get(KILL_ENV, "")
     try:
-        record = _write_records(path, name, items, skip_bad, check, kill_at)
+        record = _write_records(path, name, items, skip_bad, check)
     except OSError as e:  # name the file even when a buffered write or fsync failed
         raise OSError(e.errno, e.strerror, e.filename or path + tfrecord_io.TMP_SUFFIX) from None
     record["inputs"] = digest
@@ -106,13 +104,10 @@ def write_shard(out_dir: str, name: str, items: list[Item], skip_bad: bool, chec
     return record
 
 
-def _write_records(path, name, items, skip_bad, check, kill_at) -> dict:
+def _write_records(path, name, items, skip_bad, check) -> dict:
     skipped, reencoded, pending = [], 0, [0, 0]
     with tfrecord_io.ShardWriter(path) as writer:
-        for n, item in enumerate(items):
-            if kill_at == f"{name}:{n}":
-                writer.flush()
-                os.kill(os.getpid(), signal.SIGKILL)
+        for item in items:
             try:
                 jpeg, height, width, was_reencoded = imagefolder.prepare_image(item.path, check)
             except BadImage as e:

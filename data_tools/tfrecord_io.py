@@ -15,7 +15,6 @@ Nothing here leaves a partial file under a final name: shards and indexes are wr
 
 from __future__ import annotations
 
-import errno
 import os
 import struct
 import sys
@@ -49,9 +48,6 @@ FRAMING_BYTES = _HEADER.size + _FOOTER.size  # 16
 TMP_SUFFIX = ".tmp"
 _CRC_MASK_DELTA = 0xA282EAD8
 
-# Test-only fault injection: a writer raises ENOSPC once a shard grows past this many bytes.
-# Lets tests on machines without a mountable small tmpfs exercise the disk-full path.
-ENOSPC_ENV = "VITLARGE_TEST_ENOSPC_AFTER_BYTES"
 
 
 def _mask(crc: int) -> bytes:
@@ -121,14 +117,10 @@ class ShardWriter:
         self._lines: list[str] = []
         self._offset = 0
         self._crc = 0
-        limit = os.environ.get(ENOSPC_ENV)
-        self._enospc_after = int(limit) if limit else None
 
     def write(self, payload: bytes) -> None:
         """Append one record (a serialized Example)."""
         record_size = len(payload) + FRAMING_BYTES
-        if self._enospc_after is not None and self._offset + record_size > self._enospc_after:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self._tmp)
         head = struct.pack("<Q", len(payload))
         pieces = (head + _masked_crc(head), payload, _masked_crc(payload))
         self._file.writelines(pieces)  # no join: the payload is not copied again

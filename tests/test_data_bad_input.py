@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -164,12 +165,35 @@ def test_disk_full_mid_shard_on_a_small_tmpfs(tiny_imagefolder, tmpfs, capsys):
     _assert_disk_full_handled(out, capsys, convert_main(tiny_imagefolder, out))
 
 
+class _SmallDisk:
+    """A shard file on a disk with ``limit`` bytes free: a write past them raises ENOSPC and writes nothing."""
+
+    def __init__(self, file, limit: int):
+        self.file, self.limit, self.size = file, limit, 0
+
+    def writelines(self, pieces) -> None:
+        pieces = list(pieces)
+        size = sum(len(p) for p in pieces)
+        if self.size + size > self.limit:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.size += size
+        self.file.writelines(pieces)
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
+
+
 def test_disk_full_mid_shard_injected(tiny_imagefolder, tmp_path, capsys, monkeypatch):
-    """The same path without mount privileges: the writer's test switch raises ENOSPC."""
-    monkeypatch.setenv(tfrecord_io.ENOSPC_ENV, "9000")
+    """The same path without mount privileges: a file-system shim under the shard writer raises ENOSPC
+    once a shard grows past 9000 bytes."""
+    def small_disk_open(path, mode="r", *args, **kwargs):
+        f = open(path, mode, *args, **kwargs)
+        return _SmallDisk(f, 9000) if mode == "wb" else f
+
+    monkeypatch.setattr(tfrecord_io, "open", small_disk_open, raising=False)  # the writer's module only
     out = tmp_path / "out"
     _assert_disk_full_handled(out, capsys, convert_main(tiny_imagefolder, out))
-    monkeypatch.delenv(tfrecord_io.ENOSPC_ENV)
+    monkeypatch.delattr(tfrecord_io, "open")
     assert convert_main(tiny_imagefolder, out) == 0  # space back: the rerun completes
 
 
