@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from vitlarge.fileio import write_atomic
+
 RESULTS_DIR = Path(__file__).parent / "results"
 TINY_ENV = "VITLARGE_BENCH_TINY"
 
@@ -110,13 +112,11 @@ def interleaved(contenders: dict[str, Callable[[], tuple[float, float]]], repeat
 
 
 def write_result(name: str, result: dict) -> Path:
-    """Writes ``<results>/<name>.json`` atomically (temp file + rename), with the machine added."""
+    """Writes ``<results>/<name>.json`` atomically (`vitlarge.fileio.write_atomic`), with the machine added."""
     result = {**result, "machine": machine(), "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     out = results_dir() / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(f".json.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(tmp, out)
+    write_atomic(out, json.dumps(result, indent=1) + "\n")
     return out
 
 

@@ -38,6 +38,7 @@ from vitlarge.data.manifest import (
     MANIFEST_NAME, SHARD_RE, ClassInfo, Manifest, ShardInfo, load_manifest, shard_name, write_manifest,
 )
 from vitlarge.errors import UserError
+from vitlarge.fileio import write_atomic
 
 TOOL = "data_tools.imagenet_to_tfrecord"
 TOOL_VERSION = "1.0.0"
@@ -100,7 +101,7 @@ def write_shard(out_dir: str, name: str, items: list[Item], skip_bad: bool, chec
     except OSError as e:  # name the file even when a buffered write or fsync failed
         raise OSError(e.errno, e.strerror, e.filename or path + tfrecord_io.TMP_SUFFIX) from None
     record["inputs"] = digest
-    tfrecord_io.write_text_atomic(os.path.join(out_dir, PROGRESS_DIR, name + ".json"), json.dumps(record))
+    write_atomic(os.path.join(out_dir, PROGRESS_DIR, name + ".json"), json.dumps(record))
     return record
 
 
@@ -261,7 +262,7 @@ def convert(src: str, out: str, *, train_shards: int = 1024, val_shards: int = 1
     skipped = [s for r in records.values() for s in r["skipped"]]
     skipped_list = os.path.join(out, SKIPPED_LIST)
     if skipped:
-        tfrecord_io.write_text_atomic(skipped_list, "".join(f"{p}\t{why}\n" for p, why in skipped))
+        write_atomic(skipped_list, "".join(f"{p}\t{why}\n" for p, why in skipped))
     elif os.path.exists(skipped_list):  # from an earlier run whose bad files have since been fixed
         os.remove(skipped_list)
     counts = ", ".join(f"{s}: {manifest.num_examples(s):,} images in {len(manifest.shards(s))} shards" for s in plans)

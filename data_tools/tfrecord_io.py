@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import crc32c
 
 from vitlarge.errors import UserError
+from vitlarge.fileio import fsync_dir, write_atomic
 
 
 def example_pb2():
@@ -140,10 +141,10 @@ class ShardWriter:
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
-        write_text_atomic(self.index_path, "".join(self._lines), rename=False)
+        write_atomic(self.index_path, "".join(self._lines), rename=False)
         os.replace(self._tmp, self.path)
         os.replace(self._index_tmp, self.index_path)
-        fsync_dir(os.path.dirname(self.path))
+        fsync_dir(os.path.dirname(self.path) or ".")
         return WrittenShard(len(self._lines), self._offset, f"crc32c:{self._crc:08x}")
 
     def abort(self) -> None:
@@ -161,34 +162,6 @@ class ShardWriter:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
             self.abort()
-
-
-def write_text_atomic(path: str, text: str, *, rename: bool = True) -> None:
-    """Write ``path + '.tmp'``, fsync, and (unless ``rename=False``) rename it to ``path``."""
-    tmp = path + TMP_SUFFIX
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        if rename:
-            os.replace(tmp, path)
-    except BaseException as e:
-        try:
-            os.remove(tmp)
-        except FileNotFoundError:
-            pass
-        if isinstance(e, OSError) and not e.filename:
-            raise OSError(e.errno, e.strerror, tmp) from None
-        raise
-
-
-def fsync_dir(path: str) -> None:
-    fd = os.open(path or ".", os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def scan_records(path: str, *, parse=None):
@@ -241,6 +214,6 @@ def write_index_for(shard_path: str, *, parse=None) -> tuple[int, int, str, list
     with open(shard_path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
             crc = crc32c.crc32c(block, value=crc)
-    write_text_atomic(shard_path + ".idx", "".join(lines))
+    write_atomic(shard_path + ".idx", "".join(lines))
     return len(lines), os.path.getsize(shard_path), f"crc32c:{crc:08x}", parsed
 

@@ -17,6 +17,7 @@ from data_tools import imagenet_to_tfrecord, make_index, tfrecord_io
 from tests.data_fixtures import SYNSETS, copy_imagefolder, corrupt_jpeg_bytes
 from vitlarge.data import TrainLoader, ValLoader, load_manifest
 from vitlarge.errors import UserError
+from vitlarge.fileio import write_atomic
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU = torch.device("cpu")
@@ -294,10 +295,10 @@ def test_make_index_without_shards(tmp_path):
 
 
 def test_no_partial_manifest_name_ever(tmp_path):
-    """write_text_atomic leaves nothing under the final name when the write fails."""
+    """write_atomic (the converter's, from vitlarge.fileio) leaves nothing under the final name when the write fails."""
     target = tmp_path / f"x-{uuid.uuid4().hex}"
     with pytest.raises(TypeError):
-        tfrecord_io.write_text_atomic(str(target), None)  # type: ignore[arg-type]
+        write_atomic(str(target), None)  # type: ignore[arg-type]
     assert os.listdir(tmp_path) == []
 
 

@@ -13,12 +13,13 @@ Reads metrics.jsonl with `vitlarge.metrics.read_metrics`, so a resumed run shows
 from __future__ import annotations
 
 import argparse
+import io
 import math
-import os
 import sys
 from pathlib import Path
 
 from vitlarge.errors import UserError
+from vitlarge.fileio import write_atomic
 from vitlarge.metrics import FILENAME, PLOT_FILENAME, read_metrics
 
 
@@ -113,10 +114,10 @@ def plot_run(workdir: str | Path, out: str | Path | None = None) -> Path:
     fig.tight_layout()
 
     out = Path(out) if out else workdir / PLOT_FILENAME
-    tmp = out.with_name(f".{out.name}.tmp")
-    fig.savefig(tmp, dpi=110, format="png")
+    png = io.BytesIO()
+    fig.savefig(png, dpi=110, format="png")
     plt.close(fig)
-    os.replace(tmp, out)
+    write_atomic(out, png.getvalue())
     return out
 
 
