@@ -37,7 +37,7 @@ from data_tools.imagefolder import BadImage, Item
 from vitlarge.data.manifest import (
     MANIFEST_NAME, SHARD_RE, ClassInfo, Manifest, ShardInfo, load_manifest, shard_name, write_manifest,
 )
-from vitlarge.errors import UserError
+from vitlarge.errors import UserError, cli_main
 from vitlarge.fileio import write_atomic
 
 TOOL = "data_tools.imagenet_to_tfrecord"
@@ -374,14 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.train_shards < 1 or a.val_shards < 1:
         p.error("--train-shards and --val-shards must be >= 1")
-    try:
-        convert(a.src, a.out, train_shards=a.train_shards, val_shards=a.val_shards, workers=a.workers,
-                skip_bad=a.skip_bad, val_labels=a.val_labels, seed=a.seed, check=a.check,
-                progress=not a.no_progress)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return cli_main(lambda: convert(a.src, a.out, train_shards=a.train_shards, val_shards=a.val_shards,
+                                    workers=a.workers, skip_bad=a.skip_bad, val_labels=a.val_labels, seed=a.seed,
+                                    check=a.check, progress=not a.no_progress))
 
 
 if __name__ == "__main__":

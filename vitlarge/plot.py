@@ -18,7 +18,7 @@ import math
 import sys
 from pathlib import Path
 
-from vitlarge.errors import UserError
+from vitlarge.errors import UserError, cli_main
 from vitlarge.fileio import write_atomic
 from vitlarge.metrics import FILENAME, PLOT_FILENAME, read_metrics
 
@@ -126,12 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("workdir", help="a run's --workdir (holds metrics.jsonl)")
     p.add_argument("--out", help=f"PNG to write (default: WORKDIR/{PLOT_FILENAME})")
     args = p.parse_args(argv)
-    try:
-        print(plot_run(args.workdir, args.out))
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return cli_main(lambda: print(plot_run(args.workdir, args.out)))
 
 
 if __name__ == "__main__":
