@@ -31,10 +31,11 @@ from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY bef
 
 import torch
 
+from vitlarge.plugins import DDP_BUCKET_CAP_MB as BUCKET_CAP_MB
+
 ROOT = Path(__file__).resolve().parent.parent
 ACCUMULATIONS = (1, 4, 32)
 WORLD = 2
-BUCKET_CAP_MB = 25  # vitlarge.plugins.build_plugin
 
 
 def demo_config(accum: int, tiny: bool, model: str = "demo"):

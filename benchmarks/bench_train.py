@@ -84,7 +84,7 @@ class StepTimer(Hook):
 
 def bench_config(tiny: bool, precision: str = "bf16", micro_batch: int = 32, image_size: int = 96):
     """The 32K recipe with a CPU-sized model: ViT-S/16 at 96 px (37 tokens), accumulation 1, no Mixup."""
-    from vitlarge.config import load_recipe, validate
+    from vitlarge.config import IMAGENET_TRAIN_EXAMPLES, load_recipe, validate
 
     cfg = load_recipe(ROOT / "recipes" / "vit_b16.py")
     cfg.model.name = "vit_small_patch16_224"
@@ -97,7 +97,7 @@ def bench_config(tiny: bool, precision: str = "bf16", micro_batch: int = 32, ima
     cfg.train.global_batch = cfg.train.micro_batch = micro_batch
     cfg.train.eval_every_epochs = 0
     cfg.train.checkpoint_every_steps = 10**9
-    cfg.data.num_train_examples = 1_281_167
+    cfg.data.num_train_examples = IMAGENET_TRAIN_EXAMPLES
     validate(cfg, "bench_train")
     return cfg
 
