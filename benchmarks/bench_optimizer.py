@@ -39,13 +39,14 @@ def _optimizers() -> dict:
     }
 
 
-def run(quick: bool) -> dict:
+def run(quick: bool, tiny: bool = False) -> dict:
     import timm
 
     torch.set_num_threads(2)
     torch.manual_seed(0)
     repeats = 3 if quick else 7
-    model = timm.create_model("vit_base_patch16_224", pretrained=False)
+    shrink = dict(depth=1, embed_dim=32, num_heads=2, img_size=32) if common.is_tiny(tiny) else {}  # smoke test
+    model = timm.create_model("vit_base_patch16_224", pretrained=False, **shrink)
     params = [p for p in model.parameters() if p.requires_grad]
     grads = [torch.randn_like(p) * 1e-3 for p in params]  # shared: no optimizer writes to grads
     del model
