@@ -13,8 +13,6 @@ Goal: converter >= 0.5x the bytes/s of ``cp -r``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
 import statistics
@@ -115,11 +113,5 @@ def run(quick: bool, tiny: bool = False) -> dict:
     return result
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true")
-    print(json.dumps(run(p.parse_args().quick), indent=1))
-
-
 if __name__ == "__main__":
-    main()
+    common.cli(run, __doc__)

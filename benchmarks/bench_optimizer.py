@@ -10,10 +10,8 @@ Goal: ours >= 3x faster than ``colossalai.nn.optimizer.Lamb`` on CPU.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
-import warnings
 
 from benchmarks import common
 
@@ -86,12 +84,7 @@ def run(quick: bool, tiny: bool = False) -> dict:
     return report
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="3 timed repeats instead of 7")
-    args = parser.parse_args()
-    warnings.filterwarnings("ignore")
-    report = run(args.quick)
+def show(report: dict) -> None:
     for name, r in report["results"].items():
         print(f"{name:24s} {r['median_ms']:9.1f} ms/step ({r['median_cpu_ms']:9.1f} CPU ms)  "
               f"{r['speedup_vs_colossalai']:5.2f}x ({r['cpu_speedup_vs_colossalai']:5.2f}x CPU) "
@@ -100,4 +93,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    common.cli(run, __doc__, show)

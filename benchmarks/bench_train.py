@@ -26,11 +26,9 @@ matmuls reach, which is what says why the MFU is what it is. Goal: >= 30%.
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
@@ -308,13 +306,7 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
     return result
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--tiny", action="store_true", help="smoke-test sizes; numbers mean nothing")
-    args = p.parse_args()
-    warnings.filterwarnings("ignore")
-    r = run(args.quick, args.tiny)
+def show(r: dict) -> None:
     for name, v in r["results"].items():
         print(f"{name:9s} {v['step_s']['median']:.3f} s/step  {v['images_per_s']:.1f} img/s "
               f"({v['images_per_s_cpu']:.1f} img/s by CPU time)")
@@ -325,4 +317,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    common.cli(run, __doc__, show)

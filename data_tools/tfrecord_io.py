@@ -81,18 +81,6 @@ def encode_example(features: dict[str, tuple[object, str]]) -> bytes:
     return ex.SerializeToString(deterministic=True)
 
 
-def decode_example(payload: bytes) -> dict[str, object]:
-    """Parse a ``tf.train.Example`` into {name: bytes | int | float | list}; single values unwrapped."""
-    ex = _EXAMPLE()
-    ex.ParseFromString(payload)
-    out: dict[str, object] = {}
-    for key, feat in ex.features.feature.items():
-        kind = feat.WhichOneof("kind")
-        values = list(getattr(feat, kind).value) if kind else []
-        out[key] = values[0] if len(values) == 1 else values
-    return out
-
-
 @dataclass(frozen=True)
 class WrittenShard:
     """What a committed shard holds; goes into the manifest and the per-shard done-record."""
