@@ -44,11 +44,12 @@ def evaluate(model: torch.nn.Module, batches: Iterable, precision) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     from vitlarge import checkpoint, launch
+    from vitlarge.build import resolve_precision
     from vitlarge.config import load_config
     from vitlarge.data.build import val_loader
     from vitlarge.errors import cli_main
     from vitlarge.model import build_model
-    from vitlarge.precision import Precision, resolve
+    from vitlarge.precision import Precision
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", required=True)
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, args.overrides, data__path=args.data)
         env = launch.detect()
         device, backend = launch.choose_device(cfg.train.device, env.local_rank)
-        cfg.train.precision, _ = resolve(cfg.train.precision, device)
+        resolve_precision(cfg, device)  # as train.py does (vitlarge/build.py)
         launch.init_distributed(env, backend)
         model = build_model(cfg, device)
         checkpoint.load_model_weights(args.checkpoint, model, cfg)
