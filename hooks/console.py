@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 
-
 from rich.console import Console
 
 from vitlarge.events import EvalMetrics, Hook, RunInfo, StepMetrics

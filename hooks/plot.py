@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 
-from vitlarge.events import EvalMetrics, Hook, RunInfo
 from vitlarge.errors import UserError
+from vitlarge.events import EvalMetrics, Hook, RunInfo
 
 
 class PlotHook(Hook):

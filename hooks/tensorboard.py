@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 import os
 
-from vitlarge.metrics import TB_DIRNAME
 from vitlarge.events import EvalMetrics, Hook, RunInfo, StepMetrics
+from vitlarge.metrics import TB_DIRNAME
 
 
 class TensorBoardHook(Hook):
