@@ -79,21 +79,12 @@ def run(args, env) -> int:
     from vitlarge import checkpoint, launch
     from vitlarge import resume as resume_from
     from vitlarge.build import build, resolve_precision
-    from vitlarge.data import load_manifest
-    from vitlarge.data.build import train_loader, val_loader
-    from vitlarge.data.randaugment import spec as randaugment_spec
-    from vitlarge.errors import UserError
+    from vitlarge.data.build import check_data, train_loader, val_loader
     from vitlarge.events import RunInfo
     from vitlarge.export import export
     from vitlarge.trainer import Trainer
 
-    manifest = load_manifest(cfg.data.path)
-    if manifest.num_classes != cfg.data.num_classes:
-        raise UserError(
-            f"{cfg.data.path}/dataset.json has {manifest.num_classes} classes but data.num_classes="
-            f"{cfg.data.num_classes}; set data.num_classes={manifest.num_classes}"
-        )
-    randaugment_spec(cfg.data.randaugment)  # a bad string fails here, before any work or file
+    manifest = check_data(cfg)  # class count and RandAugment string, before any work or file
     plan = make_plan(cfg, env.world_size, manifest.num_examples("train"))
     workdir = Path(cfg.workdir)
     checkpoint.check_writable(workdir, env.rank)
