@@ -35,8 +35,8 @@ def main(argv=None) -> int:
     from vitlarge import launch
 
     launch.quiet_imports()
-    from hooks.base import StopTraining
     from vitlarge.errors import EXIT_PREEMPTED, Preempted, UserError
+    from vitlarge.events import StopTraining
 
     env = None
     try:
@@ -74,55 +74,33 @@ def run(args, env) -> int:
     # Setup: device, process group, workdir.
     import numpy as np
     import torch
-    from colossalai.booster import Booster
 
     from hooks import build_hooks
-    from hooks.base import RunInfo
     from vitlarge import checkpoint, launch
     from vitlarge import resume as resume_from
-    from vitlarge.data import load_manifest
-    from vitlarge.data.build import train_loader, val_loader
+    from vitlarge.build import build, resolve_precision
+    from vitlarge.data.build import check_data, train_loader, val_loader
     from vitlarge.data.loader import state_from_older_release
-    from vitlarge.data.randaugment import spec as randaugment_spec
-    from vitlarge.engine import Engine
+    from vitlarge.events import RunInfo
     from vitlarge.export import export
-    from vitlarge.errors import UserError
-    from vitlarge.model import build_model
-    from vitlarge.optim import build_optimizer
-    from vitlarge.plugins import build_plugin
-    from vitlarge.precision import Precision, resolve
     from vitlarge.trainer import Trainer
 
-    manifest = load_manifest(cfg.data.path)
-    if manifest.num_classes != cfg.data.num_classes:
-        raise UserError(
-            f"{cfg.data.path}/dataset.json has {manifest.num_classes} classes but data.num_classes="
-            f"{cfg.data.num_classes}; set data.num_classes={manifest.num_classes}"
-        )
-    randaugment_spec(cfg.data.randaugment)  # a bad string fails here, before any work or file
+    manifest = check_data(cfg)  # class count and RandAugment string, before any work or file
     plan = make_plan(cfg, env.world_size, manifest.num_examples("train"))
     workdir = Path(cfg.workdir)
     checkpoint.check_writable(workdir, env.rank)
     if args.resume:
         checkpoint.read_meta(args.resume)  # a missing or incomplete --resume path fails before any work
     device, backend = launch.choose_device(cfg.train.device, env.local_rank)
-    requested = cfg.train.precision
-    cfg.train.precision, why = resolve(requested, device)  # before anything reads it: model, engine, checkpoints
-    if env.is_main and requested == "auto":
-        logging.getLogger("vitlarge").info(f"precision auto -> {cfg.train.precision}: {why}")
+    why = resolve_precision(cfg, device)  # before anything reads it: model, engine, checkpoints
+    if env.is_main and why:
+        logging.getLogger("vitlarge").info(why)
     launch.init_distributed(env, backend)
 
-    # Model and optimizer: identical initial weights on every rank, then per-rank randomness.
-    torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg, device)
-    optimizer = build_optimizer(model, cfg.optim.name, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
-                                betas=tuple(cfg.optim.betas), eps=cfg.optim.eps, bias_correction=cfg.optim.bias_correction)
-    booster = Booster(plugin=build_plugin(cfg, device))
-    model, optimizer, *_ = booster.boost(model, optimizer)
-    # Under ZeRO the plugin owns mixed precision (it casts the model), so our autocast stays off.
-    amp = "fp32" if cfg.train.plugin == "zero" else cfg.train.precision
-    precision = Precision(amp, device, cfg.train.init_loss_scale, cfg.train.loss_scale_growth_interval)
-    engine = Engine(cfg, plan, booster, model, optimizer, precision)
+    # Model, optimizer, plugin, precision, engine (vitlarge/build.py): identical initial weights on
+    # every rank, then per-rank randomness.
+    parts = build(cfg, plan, device)
+    model = parts.model
     torch.manual_seed(cfg.train.seed + env.rank)
     np.random.seed(cfg.train.seed + env.rank)
     random.seed(cfg.train.seed + env.rank)
@@ -132,7 +110,7 @@ def run(args, env) -> int:
     start_step, data_state = 0, None
     resume = resume_from.choose(workdir, args.resume, model, cfg)
     if resume is not None:
-        state = resume_from.restore(resume, model, optimizer, precision.scaler, cfg)
+        state = resume_from.restore(resume, model, parts.optimizer, parts.precision.scaler, cfg)
         start_step, data_state = state["step"], state["data"]
         if env.is_main:
             logging.getLogger("vitlarge").info(f"resumed from {resume} at step {start_step}")
@@ -150,15 +128,10 @@ def run(args, env) -> int:
     val = val_loader(cfg, env.rank, env.world_size, device)
 
     # Loop, final evaluation, export.
-    run_info = RunInfo(
-        workdir=str(workdir), rank=env.rank, world_size=env.world_size, is_main=env.is_main, device=str(device),
-        global_batch=plan.global_batch, micro_batch=plan.micro_batch, accum_steps=plan.accum_steps,
-        steps_per_epoch=plan.steps_per_epoch, total_steps=plan.total_steps, warmup_steps=plan.warmup_steps,
-        start_step=start_step, config=cfg.to_dict(),
-    )
+    run_info = RunInfo(workdir=str(workdir), rank=env.rank, is_main=env.is_main, device=str(device),
+                       start_step=start_step, plan=plan, cfg=cfg)
     hooks = build_hooks(str(workdir), log_every=cfg.train.log_every_steps, nan_patience=cfg.train.nan_patience)
-    trainer = Trainer(cfg, plan, engine, train, val, hooks, run_info, start_step=start_step)
-    trainer.fit()
+    Trainer(cfg, plan, parts.engine, train, val, hooks, run_info, start_step=start_step).fit()
     if env.is_main:
         path = export(workdir, model, cfg, [c.synset for c in manifest.classes],
                       {c.synset: c.text for c in manifest.classes if c.text} or None)

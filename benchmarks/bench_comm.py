@@ -20,21 +20,20 @@ for the demo model is checked against the measured count.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import tempfile
-import warnings
 from pathlib import Path
 
 from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
 
 import torch
 
+from vitlarge.plugins import DDP_BUCKET_CAP_MB as BUCKET_CAP_MB
+
 ROOT = Path(__file__).resolve().parent.parent
 ACCUMULATIONS = (1, 4, 32)
 WORLD = 2
-BUCKET_CAP_MB = 25  # vitlarge.plugins.build_plugin
 
 
 def demo_config(accum: int, tiny: bool, model: str = "demo"):
@@ -159,13 +158,7 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
     return result
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--tiny", action="store_true")
-    args = p.parse_args()
-    warnings.filterwarnings("ignore")
-    r = run(args.quick, args.tiny)
+def show(r: dict) -> None:
     for a, s in r["steady_per_step"].items():
         print(f"accumulation {a:3d}: {s['calls']} all-reduce calls, {s['bytes']:,} bytes per optimizer step "
               f"(all steps: {r['measured'][a]['calls_per_step']})")
@@ -179,4 +172,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    common.cli(run, __doc__, show)

@@ -13,8 +13,6 @@ Goal: converter >= 0.5x the bytes/s of ``cp -r``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
 import statistics
@@ -37,22 +35,22 @@ def bench_root() -> Path:
     return Path(os.environ.get("VITLARGE_BENCH_DIR", os.path.join(tempfile.gettempdir(), "vitlarge-bench")))
 
 
-def bench_images(quick: bool) -> tuple[Path, int]:
-    """An ImageFolder tree of ImageNet-like JPEGs (made once); returns (root, total bytes)."""
+def bench_images(quick: bool, tiny: bool = False) -> tuple[Path, int]:
+    """An ImageFolder tree of ImageNet-like JPEGs (made once); returns (root, total bytes). tiny: 40 images."""
     from data_tools.make_bench_dataset import make_bench_dataset
 
-    n = 1200 if quick else 6000
-    root = bench_root() / f"jpeg-{n}"
-    make_bench_dataset(str(root), num_images=n, classes=10, val_fraction=0.1)
+    n, classes = (40, 4) if tiny else (1200 if quick else 6000, 10)
+    root = bench_root() / (f"jpeg-tiny-{n}" if tiny else f"jpeg-{n}")
+    make_bench_dataset(str(root), num_images=n, classes=classes, val_fraction=0.1)
     total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs if f.endswith(".JPEG"))
     return root, total
 
 
-def bench_shards(quick: bool) -> Path:
+def bench_shards(quick: bool, tiny: bool = False) -> Path:
     """The same images converted to TFRecords (made once), for the loader benchmark."""
     from data_tools.imagenet_to_tfrecord import convert
 
-    src, _ = bench_images(quick)
+    src, _ = bench_images(quick, tiny)
     out = bench_root() / f"tfrecord-{src.name}"
     if not (out / "dataset.json").exists():
         convert(str(src), str(out), train_shards=8, val_shards=2, workers=WORKERS, progress=False)
@@ -67,13 +65,15 @@ def _warm(root: Path) -> None:
                     pass
 
 
-def run(quick: bool) -> dict:
-    src, total = bench_images(quick)
+def run(quick: bool, tiny: bool = False) -> dict:
+    tiny = common.is_tiny(tiny)
+    repeats = 1 if tiny else REPEATS
+    src, total = bench_images(quick, tiny)
     _warm(src)
     work = bench_root() / "convert-runs"
     timings: dict[str, list[float]] = {"cp -r": [], "cp -r + sync": [], "convert header-check": [],
                                        "convert decode-check": []}
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         for name in timings:
             shutil.rmtree(work, ignore_errors=True)
             work.mkdir(parents=True)
@@ -99,7 +99,7 @@ def run(quick: bool) -> dict:
         "images": len([1 for _, _, fs in os.walk(src) for f in fs if f.endswith(".JPEG")]),
         "source_mb": round(total / 1e6, 1),
         "workers": WORKERS,
-        "repeats": REPEATS,
+        "repeats": repeats,
         "median_seconds": {k: round(statistics.median(v), 3) for k, v in timings.items()},
         "all_seconds": {k: [round(x, 3) for x in v] for k, v in timings.items()},
         "mb_per_s": {k: round(v, 1) for k, v in mbps.items()},
@@ -113,11 +113,5 @@ def run(quick: bool) -> dict:
     return result
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true")
-    print(json.dumps(run(p.parse_args().quick), indent=1))
-
-
 if __name__ == "__main__":
-    main()
+    common.cli(run, __doc__)

@@ -22,8 +22,6 @@ Goal: ``dali_trainloader`` >= 2x ``torchvision``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import time
@@ -34,7 +32,7 @@ REPEATS = 3
 BATCH, SIZE, THREADS = 64, 224, 2
 
 
-def _dali_variant(data_dir: str, *, decode: str = "roi", antialias: bool = False, interp: str = "linear",
+def _dali_variant(data_dir: str, batch: int, *, decode: str = "roi", antialias: bool = False, interp: str = "linear",
                   prefetch: int = 2, augment: bool = True):
     """A raw DALI pipeline with one knob changed from the library's train pipeline."""
     import nvidia.dali.fn as fn
@@ -48,7 +46,7 @@ def _dali_variant(data_dir: str, *, decode: str = "roi", antialias: bool = False
     files = check_shards(load_manifest(data_dir), "train")
     interp_type = {"linear": types.INTERP_LINEAR, "triangular": types.INTERP_TRIANGULAR, "nn": types.INTERP_NN}[interp]
 
-    @pipeline_def(batch_size=BATCH, num_threads=THREADS, device_id=None, seed=0, prefetch_queue_depth=prefetch)
+    @pipeline_def(batch_size=batch, num_threads=THREADS, device_id=None, seed=0, prefetch_queue_depth=prefetch)
     def pipe():
         data = fn.readers.tfrecord(path=[f for f, _ in files], index_path=[i for _, i in files], features=FEATURES,
                                    random_shuffle=True, initial_fill=1024, stick_to_shard=True)
@@ -72,17 +70,17 @@ def _dali_variant(data_dir: str, *, decode: str = "roi", antialias: bool = False
     return p.run
 
 
-def _trainloader(data_dir: str, interpolation: str = "bilinear"):
+def _trainloader(data_dir: str, batch: int, interpolation: str = "bilinear"):
     import torch
 
     from vitlarge.data import TrainLoader
 
-    loader = TrainLoader(data_dir, BATCH, SIZE, rank=0, world_size=1, device=torch.device("cpu"), seed=0,
+    loader = TrainLoader(data_dir, batch, SIZE, rank=0, world_size=1, device=torch.device("cpu"), seed=0,
                          num_threads=THREADS, initial_fill=1024, interpolation=interpolation)
     return lambda: next(loader)
 
 
-def _torchvision(image_root: str):
+def _torchvision(image_root: str, batch: int):
     import torch
     from torchvision import datasets, transforms
 
@@ -93,7 +91,7 @@ def _torchvision(image_root: str):
         transforms.Normalize([m / 255 for m in DEFAULT_MEAN], [s / 255 for s in DEFAULT_STD]),
     ])
     ds = datasets.ImageFolder(os.path.join(image_root, "train"), tf)
-    dl = torch.utils.data.DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=THREADS, drop_last=True,
+    dl = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=THREADS, drop_last=True,
                                      persistent_workers=True, prefetch_factor=2)
     state = {"it": iter(dl)}
 
@@ -124,44 +122,47 @@ def _cpu_seconds() -> float:
     return total
 
 
-def _measure(step, batches: int, warmup: int = 3) -> tuple[float, float]:
+def _measure(step, batch: int, batches: int, warmup: int = 3) -> tuple[float, float]:
     """(images per wall second, images per CPU second) over ``batches`` batches after warm-up."""
     for _ in range(warmup):
         step()
     t, c = time.perf_counter(), _cpu_seconds()
     for _ in range(batches):
         step()
-    images = batches * BATCH
+    images = batches * batch
     return images / (time.perf_counter() - t), images / max(_cpu_seconds() - c, 1e-9)
 
 
-def run(quick: bool) -> dict:
+def run(quick: bool, tiny: bool = False) -> dict:
     import torch
 
     from benchmarks.bench_convert import bench_images, bench_shards
 
+    tiny = common.is_tiny(tiny)
     torch.set_num_threads(1)  # the main process only copies; leave the cores to the pipelines
-    image_root, _ = bench_images(quick)
-    data_dir = str(bench_shards(quick))
-    batches = 15 if quick else 60
+    image_root, _ = bench_images(quick, tiny)
+    data_dir = str(bench_shards(quick, tiny))
+    # tiny: two timed batches of 8 after one warm-up, once (the smoke test's sizes).
+    b = 8 if tiny else BATCH
+    batches, warmup, repeats = (2, 1, 1) if tiny else (15 if quick else 60, 3, REPEATS)
     contenders = {
-        "dali_trainloader": lambda: _trainloader(data_dir),
-        "dali_trainloader_nearest": lambda: _trainloader(data_dir, "nearest"),
-        "dali_before_tuning": lambda: _dali_variant(data_dir, antialias=True),
-        "dali_roi_linear_noaa": lambda: _dali_variant(data_dir),
-        "dali_roi_nearest": lambda: _dali_variant(data_dir, interp="nn"),
-        "dali_fulldecode_random_resized_crop": lambda: _dali_variant(data_dir, decode="full"),
-        "dali_prefetch1": lambda: _dali_variant(data_dir, prefetch=1),
-        "dali_prefetch3": lambda: _dali_variant(data_dir, prefetch=3),
-        "dali_decode_only": lambda: _dali_variant(data_dir, decode="only"),
-        "torchvision": lambda: _torchvision(str(image_root)),
+        "dali_trainloader": lambda: _trainloader(data_dir, b),
+        "dali_trainloader_nearest": lambda: _trainloader(data_dir, b, "nearest"),
+        "dali_before_tuning": lambda: _dali_variant(data_dir, b, antialias=True),
+        "dali_roi_linear_noaa": lambda: _dali_variant(data_dir, b),
+        "dali_roi_nearest": lambda: _dali_variant(data_dir, b, interp="nn"),
+        "dali_fulldecode_random_resized_crop": lambda: _dali_variant(data_dir, b, decode="full"),
+        "dali_prefetch1": lambda: _dali_variant(data_dir, b, prefetch=1),
+        "dali_prefetch3": lambda: _dali_variant(data_dir, b, prefetch=3),
+        "dali_decode_only": lambda: _dali_variant(data_dir, b, decode="only"),
+        "torchvision": lambda: _torchvision(str(image_root), b),
     }
     wall: dict[str, list[float]] = {k: [] for k in contenders}
     cpu: dict[str, list[float]] = {k: [] for k in contenders}
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         for name, make in contenders.items():
             step = make()
-            w, c = _measure(step, batches)
+            w, c = _measure(step, b, batches, warmup)
             wall[name].append(w)
             cpu[name].append(c)
             del step
@@ -170,11 +171,11 @@ def run(quick: bool) -> dict:
     result = {
         "benchmark": "data",
         "quick": quick,
-        "batch_size": BATCH,
+        "batch_size": b,
         "image_size": SIZE,
         "threads_or_workers": THREADS,
         "timed_batches": batches,
-        "repeats": REPEATS,
+        "repeats": repeats,
         "images_per_s_median": {k: round(v, 1) for k, v in med.items()},
         "images_per_s_all": {k: [round(x, 1) for x in v] for k, v in wall.items()},
         # Throughput per CPU-second is what 2 dedicated cores would give (x2), independent of
@@ -197,11 +198,5 @@ def run(quick: bool) -> dict:
     return result
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true")
-    print(json.dumps(run(p.parse_args().quick), indent=1))
-
-
 if __name__ == "__main__":
-    main()
+    common.cli(run, __doc__)

@@ -10,10 +10,8 @@ Goal: ours >= 3x faster than ``colossalai.nn.optimizer.Lamb`` on CPU.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
-import warnings
 
 from benchmarks import common
 
@@ -39,13 +37,14 @@ def _optimizers() -> dict:
     }
 
 
-def run(quick: bool) -> dict:
+def run(quick: bool, tiny: bool = False) -> dict:
     import timm
 
     torch.set_num_threads(2)
     torch.manual_seed(0)
     repeats = 3 if quick else 7
-    model = timm.create_model("vit_base_patch16_224", pretrained=False)
+    shrink = dict(depth=1, embed_dim=32, num_heads=2, img_size=32) if common.is_tiny(tiny) else {}  # smoke test
+    model = timm.create_model("vit_base_patch16_224", pretrained=False, **shrink)
     params = [p for p in model.parameters() if p.requires_grad]
     grads = [torch.randn_like(p) * 1e-3 for p in params]  # shared: no optimizer writes to grads
     del model
@@ -85,12 +84,7 @@ def run(quick: bool) -> dict:
     return report
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="3 timed repeats instead of 7")
-    args = parser.parse_args()
-    warnings.filterwarnings("ignore")
-    report = run(args.quick)
+def show(report: dict) -> None:
     for name, r in report["results"].items():
         print(f"{name:24s} {r['median_ms']:9.1f} ms/step ({r['median_cpu_ms']:9.1f} CPU ms)  "
               f"{r['speedup_vs_colossalai']:5.2f}x ({r['cpu_speedup_vs_colossalai']:5.2f}x CPU) "
@@ -99,4 +93,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    common.cli(run, __doc__, show)

@@ -15,9 +15,7 @@ low-precision matmuls run on AVX-512 and the casts autocast adds are pure overhe
 
 from __future__ import annotations
 
-import argparse
 import json
-import warnings
 
 from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
 
@@ -91,16 +89,10 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
     return result
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--tiny", action="store_true", help="smoke-test sizes; numbers mean nothing")
-    args = p.parse_args()
-    warnings.filterwarnings("ignore")
-    r = run(args.quick, args.tiny)
+def show(r: dict) -> None:
     print(json.dumps({k: {x: v[x] for x in ("images_per_s", "images_per_s_cpu", "speed_vs_fp32_cpu")}
                       for k, v in r["results"].items()}, indent=1))
 
 
 if __name__ == "__main__":
-    main()
+    common.cli(run, __doc__, show)

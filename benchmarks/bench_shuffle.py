@@ -24,6 +24,8 @@ import tempfile
 
 import numpy as np
 
+from vitlarge.config import IMAGENET_TRAIN_EXAMPLES
+
 NEAR = 0.05  # "near": within 5% of the epoch of the previous position
 
 
@@ -93,7 +95,21 @@ def reader_streams(data_dir: str, ranks: int, *, before: bool, seed: int = 42, b
     return streams
 
 
-def run(records: int = 1_281_167, shards: int = 1024, ranks: int = 4, workdir: str | None = None) -> dict:
+def run(quick: bool, tiny: bool = False) -> dict:
+    """common.py's contract: ImageNet-shaped (4 ranks); quick: 64,000 records, 64 shards, 1 rank; tiny: a smoke test."""
+    from benchmarks import common
+
+    if common.is_tiny(tiny):
+        sizes = (2000, 8, 2)
+    else:
+        sizes = (64000, 64, 1) if quick else (IMAGENET_TRAIN_EXAMPLES, 1024, 4)
+    result = measure(*sizes, workdir=os.environ.get("TMPDIR"))
+    common.write_result("shuffle", result)
+    return result
+
+
+def measure(records: int = IMAGENET_TRAIN_EXAMPLES, shards: int = 1024, ranks: int = 4,
+            workdir: str | None = None) -> dict:
     from data_tools.make_id_dataset import make_id_dataset
 
     with tempfile.TemporaryDirectory(dir=workdir) as d:
@@ -107,12 +123,12 @@ def run(records: int = 1_281_167, shards: int = 1024, ranks: int = 4, workdir: s
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_shuffle", description=__doc__.split("\n\n")[0])
-    p.add_argument("--records", type=int, default=1_281_167)
+    p.add_argument("--records", type=int, default=IMAGENET_TRAIN_EXAMPLES)
     p.add_argument("--shards", type=int, default=1024)
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--no-write", action="store_true", help="print only; keep benchmarks/results as it is")
     a = p.parse_args(argv)
-    result = run(a.records, a.shards, a.ranks, workdir=os.environ.get("TMPDIR"))
+    result = measure(a.records, a.shards, a.ranks, workdir=os.environ.get("TMPDIR"))
     if not a.no_write:
         from benchmarks import common
 

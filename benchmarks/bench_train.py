@@ -7,7 +7,7 @@ Both sides train the same model (ViT-S/16 at 96 px, 1000 classes, micro-batch 32
 recipe dropouts), with vitlarge's LAMB, clipping at 1.0, on the same pre-made in-memory batches (no
 DALI on either side: this measures the loop, not the input):
 
-- ``vitlarge``: train.py's wiring: ``build_model`` + ``build_optimizer`` + ``Booster(TorchDDPPlugin)``
+- ``vitlarge``: train.py's wiring, `vitlarge.build.build` (model, optimizer, ``Booster(TorchDDPPlugin)``)
   on a gloo process group of world size 1, ``Engine`` and ``Trainer.fit`` with the default hooks
   (metrics.jsonl, TensorBoard, NaN guard; no console) and the per-step loss all-reduce.
 - ``bare``: model, autocast, GradScaler, ``clip_grad_norm_``, ``optimizer.step()``; no DDP.
@@ -26,16 +26,16 @@ matmuls reach, which is what says why the MFU is what it is. Goal: >= 30%.
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
 
 import torch
+
+from vitlarge.events import Hook
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,7 +62,7 @@ class StopBench(Exception):
     """Raised by `StepTimer` to leave ``Trainer.fit`` after the steps we time."""
 
 
-class StepTimer:
+class StepTimer(Hook):
     """A hook (last in the list): per-step wall and CPU time between ``on_step_end`` events."""
 
     def __init__(self, steps: int):
@@ -79,15 +79,10 @@ class StepTimer:
         if len(self.wall) >= self.steps:
             raise StopBench
 
-    def __getattr__(self, name):  # the other events: nothing to do
-        if name.startswith("on_"):
-            return lambda *a, **k: None
-        raise AttributeError(name)
-
 
 def bench_config(tiny: bool, precision: str = "bf16", micro_batch: int = 32, image_size: int = 96):
     """The 32K recipe with a CPU-sized model: ViT-S/16 at 96 px (37 tokens), accumulation 1, no Mixup."""
-    from vitlarge.config import load_recipe, validate
+    from vitlarge.config import IMAGENET_TRAIN_EXAMPLES, load_recipe, validate
 
     cfg = load_recipe(ROOT / "recipes" / "vit_b16.py")
     cfg.model.name = "vit_small_patch16_224"
@@ -100,7 +95,7 @@ def bench_config(tiny: bool, precision: str = "bf16", micro_batch: int = 32, ima
     cfg.train.global_batch = cfg.train.micro_batch = micro_batch
     cfg.train.eval_every_epochs = 0
     cfg.train.checkpoint_every_steps = 10**9
-    cfg.data.num_train_examples = 1_281_167
+    cfg.data.num_train_examples = IMAGENET_TRAIN_EXAMPLES
     validate(cfg, "bench_train")
     return cfg
 
@@ -113,40 +108,21 @@ def make_batches(cfg, n: int = 4, seed: int = 0) -> list:
 
 
 def build_engine(cfg, world_size: int = 1):
-    """Model, optimizer, Booster and Engine exactly as train.py wires them (process group already up)."""
-    from colossalai.booster import Booster
-
+    """The engine exactly as train.py builds it (`vitlarge.build.build`; process group already up)."""
+    from vitlarge.build import build
     from vitlarge.config import make_plan
-    from vitlarge.engine import Engine
-    from vitlarge.model import build_model
-    from vitlarge.optim import build_optimizer
-    from vitlarge.plugins import build_plugin
-    from vitlarge.precision import Precision
 
-    plan = make_plan(cfg, world_size, cfg.data.num_train_examples)
-    torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg, "cpu")
-    optimizer = build_optimizer(model, cfg.optim.name, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
-                                betas=tuple(cfg.optim.betas), eps=cfg.optim.eps,
-                                bias_correction=cfg.optim.bias_correction)
-    booster = Booster(plugin=build_plugin(cfg, torch.device("cpu")))
-    model, optimizer, *_ = booster.boost(model, optimizer)
-    precision = Precision(cfg.train.precision, torch.device("cpu"), cfg.train.init_loss_scale,
-                          cfg.train.loss_scale_growth_interval)
-    return Engine(cfg, plan, booster, model, optimizer, precision)
+    return build(cfg, make_plan(cfg, world_size, cfg.data.num_train_examples), "cpu").engine
 
 
 def build_trainer(cfg, batches: list, workdir: str, timer: StepTimer):
     from hooks import build_hooks
-    from hooks.base import RunInfo
+    from vitlarge.events import RunInfo
     from vitlarge.trainer import Trainer
 
     engine = build_engine(cfg)
     plan = engine.plan
-    run_info = RunInfo(
-        workdir=workdir, rank=0, world_size=1, is_main=True, device="cpu", global_batch=plan.global_batch,
-        micro_batch=plan.micro_batch, accum_steps=plan.accum_steps, steps_per_epoch=plan.steps_per_epoch,
-        total_steps=plan.total_steps, warmup_steps=plan.warmup_steps, start_step=0, config=cfg.to_dict())
+    run_info = RunInfo(workdir=workdir, rank=0, is_main=True, device="cpu", start_step=0, plan=plan, cfg=cfg)
     hooks = build_hooks(workdir, log_every=cfg.train.log_every_steps, nan_patience=cfg.train.nan_patience,
                         console=False)
     return Trainer(cfg, plan, engine, InMemoryLoader(batches), [], hooks + [timer], run_info)
@@ -330,13 +306,7 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
     return result
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--tiny", action="store_true", help="smoke-test sizes; numbers mean nothing")
-    args = p.parse_args()
-    warnings.filterwarnings("ignore")
-    r = run(args.quick, args.tiny)
+def show(r: dict) -> None:
     for name, v in r["results"].items():
         print(f"{name:9s} {v['step_s']['median']:.3f} s/step  {v['images_per_s']:.1f} img/s "
               f"({v['images_per_s_cpu']:.1f} img/s by CPU time)")
@@ -347,4 +317,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    common.cli(run, __doc__, show)

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from vitlarge.fileio import write_atomic
+
 RESULTS_DIR = Path(__file__).parent / "results"
 TINY_ENV = "VITLARGE_BENCH_TINY"
 
@@ -109,20 +111,31 @@ def interleaved(contenders: dict[str, Callable[[], tuple[float, float]]], repeat
     return out
 
 
+def cli(run: Callable[[bool, bool], dict], doc: str, show: Callable[[dict], None] | None = None) -> None:
+    """A benchmark's command line: ``--quick`` and ``--tiny`` go to ``run(quick, tiny)``; ``show``
+    prints the result (default: as JSON)."""
+    import argparse
+    import warnings
+
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="fewer repeats and smaller inputs")
+    p.add_argument("--tiny", action="store_true", help="smoke-test sizes; the numbers mean nothing")
+    a = p.parse_args()
+    warnings.filterwarnings("ignore")
+    result = run(a.quick, a.tiny)
+    if show is None:
+        print(json.dumps(result, indent=1))
+    else:
+        show(result)
+
+
 def write_result(name: str, result: dict) -> Path:
-    """Writes ``<results>/<name>.json`` atomically (temp file + rename), with the machine added."""
+    """Writes ``<results>/<name>.json`` atomically (`vitlarge.fileio.write_atomic`), with the machine added."""
     result = {**result, "machine": machine(), "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     out = results_dir() / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(f".json.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(tmp, out)
+    write_atomic(out, json.dumps(result, indent=1) + "\n")
     return out
-
-
-def read_result(name: str) -> dict | None:
-    path = results_dir() / f"{name}.json"
-    return json.loads(path.read_text()) if path.exists() else None
 
 
 def init_single_process_group() -> None:

@@ -14,11 +14,12 @@ import math
 from pathlib import Path
 
 from benchmarks import common
+from vitlarge.config import IMAGENET_TRAIN_EXAMPLES
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 # ---- Scaling on paper: the inputs, stated once ---------------------------------------------------
-IMAGENET_TRAIN = 1_281_167
+IMAGENET_TRAIN = IMAGENET_TRAIN_EXAMPLES
 GLOBAL_BATCH = 32768
 GPUS = (4, 8, 32, 128, 512)
 # name -> (parameters (timm, 1000 classes), recipe micro-batch, training FLOPs relative to B/16)

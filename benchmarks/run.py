@@ -15,7 +15,6 @@ unless set), never over the real ones.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import os
 import subprocess
@@ -32,47 +31,11 @@ from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY bef
 # Order: cheap and independent first; train/precision share the model of bench_train.
 BENCHMARKS = ("data", "convert", "train", "optimizer", "comm", "precision")
 MODULES = {name: f"benchmarks.bench_{name}" for name in BENCHMARKS}
-OWN = ("train", "comm", "precision")  # take run(quick, tiny); the others take run(quick)
-
-
-@contextlib.contextmanager
-def shrunk_external(name: str, results: Path):
-    """Tiny sizes for the benchmarks whose ``run`` has no ``tiny`` argument (data, convert, optimizer).
-
-    Patches their module constants and helpers for the duration: 40 images instead of 1,200, one
-    repeat, two timed batches of 8, a 1-block ViT for the optimizer; results under ``results``.
-    Remove once those modules take ``tiny`` themselves.
-    """
-    import timm
-
-    from benchmarks import bench_convert, bench_data
-
-    def tiny_images(quick: bool):
-        from data_tools.make_bench_dataset import make_bench_dataset
-
-        root = bench_convert.bench_root() / "jpeg-tiny-40"
-        make_bench_dataset(str(root), num_images=40, classes=4, val_fraction=0.1)
-        total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs if f.endswith(".JPEG"))
-        return root, total
-
-    real_measure, real_create = bench_data._measure, timm.create_model
-    with contextlib.ExitStack() as stack:
-        enter = stack.enter_context
-        enter(mock.patch.dict(os.environ, {"VITLARGE_BENCH_DIR": str(results / "bench-data")}))
-        enter(mock.patch.object(bench_convert, "bench_images", tiny_images))
-        enter(mock.patch.object(bench_convert, "REPEATS", 1))
-        enter(mock.patch.object(bench_data, "REPEATS", 1))
-        enter(mock.patch.object(bench_data, "BATCH", 8))
-        enter(mock.patch.object(bench_data, "_measure", lambda step, batches, warmup=3: real_measure(step, 2, 1)))
-        if name == "optimizer":
-            enter(mock.patch.object(timm, "create_model", lambda model, **kw: real_create(
-                model, **{**kw, "depth": 1, "embed_dim": 32, "num_heads": 2, "img_size": 32})))
-        yield
 
 
 def run_one(name: str, quick: bool, tiny: bool) -> dict:
-    module = importlib.import_module(MODULES[name])
-    return module.run(quick, tiny) if name in OWN else module.run(quick)
+    """Every benchmark honours common.py's contract: ``run(quick, tiny)``."""
+    return importlib.import_module(MODULES[name]).run(quick, tiny)
 
 
 def run_all(quick: bool, tiny: bool = False, only: tuple[str, ...] = BENCHMARKS, report: bool = True) -> dict:
@@ -86,8 +49,8 @@ def run_all(quick: bool, tiny: bool = False, only: tuple[str, ...] = BENCHMARKS,
         t = time.perf_counter()
         print(f"== {name} ...", flush=True)
         try:
-            if tiny:  # in-process: the smoke test shrinks the inputs by patching module constants
-                with shrunk_external(name, results):
+            if tiny:  # in-process, each benchmark at its own tiny sizes; generated data under the results
+                with mock.patch.dict(os.environ, {"VITLARGE_BENCH_DIR": str(results / "bench-data")}):
                     run_one(name, quick, tiny)
             else:
                 # Each benchmark in a fresh process: what one leaves behind (GBs of freed optimizer

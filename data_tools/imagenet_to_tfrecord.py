@@ -37,14 +37,14 @@ from data_tools.imagefolder import BadImage, Item
 from vitlarge.data.manifest import (
     MANIFEST_NAME, SHARD_RE, ClassInfo, Manifest, ShardInfo, load_manifest, shard_name, write_manifest,
 )
-from vitlarge.errors import UserError
+from vitlarge.errors import UserError, cli_main
+from vitlarge.fileio import write_atomic
 
 TOOL = "data_tools.imagenet_to_tfrecord"
 TOOL_VERSION = "1.0.0"
 LABEL_OFFSET = 1  # TF ImageNet records reserve label 0 for "background"
 PROGRESS_DIR = ".progress"
 SKIPPED_LIST = "skipped.txt"
-KILL_ENV = "VITLARGE_TEST_KILL_AT"  # test-only: "<shard>:<record>" -> SIGKILL self mid-shard
 
 
 def example_features(item: Item, jpeg: bytes, height: int, width: int) -> dict:
@@ -96,23 +96,19 @@ def _init_worker(q) -> None:
 def write_shard(out_dir: str, name: str, items: list[Item], skip_bad: bool, check: str, digest: str) -> dict:
     """Write one shard + index atomically and its done-record; return the done-record."""
     path = os.path.join(out_dir, name)
-    kill_at = os.environ.get(KILL_ENV, "")
     try:
-        record = _write_records(path, name, items, skip_bad, check, kill_at)
+        record = _write_records(path, name, items, skip_bad, check)
     except OSError as e:  # name the file even when a buffered write or fsync failed
         raise OSError(e.errno, e.strerror, e.filename or path + tfrecord_io.TMP_SUFFIX) from None
     record["inputs"] = digest
-    tfrecord_io.write_text_atomic(os.path.join(out_dir, PROGRESS_DIR, name + ".json"), json.dumps(record))
+    write_atomic(os.path.join(out_dir, PROGRESS_DIR, name + ".json"), json.dumps(record))
     return record
 
 
-def _write_records(path, name, items, skip_bad, check, kill_at) -> dict:
+def _write_records(path, name, items, skip_bad, check) -> dict:
     skipped, reencoded, pending = [], 0, [0, 0]
     with tfrecord_io.ShardWriter(path) as writer:
-        for n, item in enumerate(items):
-            if kill_at == f"{name}:{n}":
-                writer.flush()
-                os.kill(os.getpid(), signal.SIGKILL)
+        for item in items:
             try:
                 jpeg, height, width, was_reencoded = imagefolder.prepare_image(item.path, check)
             except BadImage as e:
@@ -266,7 +262,7 @@ def convert(src: str, out: str, *, train_shards: int = 1024, val_shards: int = 1
     skipped = [s for r in records.values() for s in r["skipped"]]
     skipped_list = os.path.join(out, SKIPPED_LIST)
     if skipped:
-        tfrecord_io.write_text_atomic(skipped_list, "".join(f"{p}\t{why}\n" for p, why in skipped))
+        write_atomic(skipped_list, "".join(f"{p}\t{why}\n" for p, why in skipped))
     elif os.path.exists(skipped_list):  # from an earlier run whose bad files have since been fixed
         os.remove(skipped_list)
     counts = ", ".join(f"{s}: {manifest.num_examples(s):,} images in {len(manifest.shards(s))} shards" for s in plans)
@@ -378,14 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.train_shards < 1 or a.val_shards < 1:
         p.error("--train-shards and --val-shards must be >= 1")
-    try:
-        convert(a.src, a.out, train_shards=a.train_shards, val_shards=a.val_shards, workers=a.workers,
-                skip_bad=a.skip_bad, val_labels=a.val_labels, seed=a.seed, check=a.check,
-                progress=not a.no_progress)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return cli_main(lambda: convert(a.src, a.out, train_shards=a.train_shards, val_shards=a.val_shards,
+                                    workers=a.workers, skip_bad=a.skip_bad, val_labels=a.val_labels, seed=a.seed,
+                                    check=a.check, progress=not a.no_progress))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import sys
 
 import numpy as np
 
-from vitlarge.errors import UserError
+from vitlarge.errors import UserError, cli_main
 
 SIZES = ((500, 375), (375, 500), (500, 333), (333, 500), (500, 500), (400, 300), (640, 480))
 
@@ -78,12 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--val-fraction", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
-    try:
-        make_bench_dataset(a.out, num_images=a.num_images, classes=a.classes, val_fraction=a.val_fraction, seed=a.seed)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return cli_main(lambda: make_bench_dataset(a.out, num_images=a.num_images, classes=a.classes,
+                                               val_fraction=a.val_fraction, seed=a.seed))
 
 
 if __name__ == "__main__":

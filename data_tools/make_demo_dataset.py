@@ -17,7 +17,7 @@ import sys
 
 from data_tools import imagenet_to_tfrecord
 from vitlarge.data.manifest import MANIFEST_NAME, Manifest, load_manifest
-from vitlarge.errors import UserError
+from vitlarge.errors import UserError, cli_main
 
 IMAGE_SIZE = 32
 NUM_TRAIN, NUM_VAL = 1437, 360
@@ -70,14 +70,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m data_tools.make_demo_dataset", description=__doc__.split("\n\n")[0])
     p.add_argument("out")
     a = p.parse_args(argv)
-    try:
+
+    def work() -> None:
         m = make_demo_dataset(a.out, progress=True)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"{os.path.join(a.out, MANIFEST_NAME)}: {m.num_examples('train')} train, "
-          f"{m.num_examples('validation')} validation images, {m.num_classes} classes")
-    return 0
+        print(f"{os.path.join(a.out, MANIFEST_NAME)}: {m.num_examples('train')} train, "
+              f"{m.num_examples('validation')} validation images, {m.num_classes} classes")
+
+    return cli_main(work)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from data_tools import tfrecord_io
 from vitlarge.data.manifest import (
     MANIFEST_NAME, SHARD_RE, ClassInfo, Manifest, ShardInfo, load_manifest, shard_set_problem, write_manifest,
 )
-from vitlarge.errors import UserError
+from vitlarge.errors import UserError, cli_main
 
 TOOL = "data_tools.make_index"
 TOOL_VERSION = "1.0.0"
@@ -114,12 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-classes", type=int, help="default: inferred from the largest label")
     p.add_argument("--workers", type=int, default=os.cpu_count())
     a = p.parse_args(argv)
-    try:
-        make_index(a.data_dir, label_offset=a.label_offset, num_classes=a.num_classes, workers=a.workers)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return cli_main(lambda: make_index(a.data_dir, label_offset=a.label_offset, num_classes=a.num_classes,
+                                       workers=a.workers))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ Nothing here leaves a partial file under a final name: shards and indexes are wr
 
 from __future__ import annotations
 
-import errno
 import os
 import struct
 import sys
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 import crc32c
 
 from vitlarge.errors import UserError
+from vitlarge.fileio import fsync_dir, write_atomic
 
 
 def example_pb2():
@@ -49,9 +49,6 @@ FRAMING_BYTES = _HEADER.size + _FOOTER.size  # 16
 TMP_SUFFIX = ".tmp"
 _CRC_MASK_DELTA = 0xA282EAD8
 
-# Test-only fault injection: a writer raises ENOSPC once a shard grows past this many bytes.
-# Lets tests on machines without a mountable small tmpfs exercise the disk-full path.
-ENOSPC_ENV = "VITLARGE_TEST_ENOSPC_AFTER_BYTES"
 
 
 def _mask(crc: int) -> bytes:
@@ -84,18 +81,6 @@ def encode_example(features: dict[str, tuple[object, str]]) -> bytes:
     return ex.SerializeToString(deterministic=True)
 
 
-def decode_example(payload: bytes) -> dict[str, object]:
-    """Parse a ``tf.train.Example`` into {name: bytes | int | float | list}; single values unwrapped."""
-    ex = _EXAMPLE()
-    ex.ParseFromString(payload)
-    out: dict[str, object] = {}
-    for key, feat in ex.features.feature.items():
-        kind = feat.WhichOneof("kind")
-        values = list(getattr(feat, kind).value) if kind else []
-        out[key] = values[0] if len(values) == 1 else values
-    return out
-
-
 @dataclass(frozen=True)
 class WrittenShard:
     """What a committed shard holds; goes into the manifest and the per-shard done-record."""
@@ -121,14 +106,10 @@ class ShardWriter:
         self._lines: list[str] = []
         self._offset = 0
         self._crc = 0
-        limit = os.environ.get(ENOSPC_ENV)
-        self._enospc_after = int(limit) if limit else None
 
     def write(self, payload: bytes) -> None:
         """Append one record (a serialized Example)."""
         record_size = len(payload) + FRAMING_BYTES
-        if self._enospc_after is not None and self._offset + record_size > self._enospc_after:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self._tmp)
         head = struct.pack("<Q", len(payload))
         pieces = (head + _masked_crc(head), payload, _masked_crc(payload))
         self._file.writelines(pieces)  # no join: the payload is not copied again
@@ -148,10 +129,10 @@ class ShardWriter:
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
-        write_text_atomic(self.index_path, "".join(self._lines), rename=False)
+        write_atomic(self.index_path, "".join(self._lines), rename=False)
         os.replace(self._tmp, self.path)
         os.replace(self._index_tmp, self.index_path)
-        fsync_dir(os.path.dirname(self.path))
+        fsync_dir(os.path.dirname(self.path) or ".")
         return WrittenShard(len(self._lines), self._offset, f"crc32c:{self._crc:08x}")
 
     def abort(self) -> None:
@@ -169,34 +150,6 @@ class ShardWriter:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
             self.abort()
-
-
-def write_text_atomic(path: str, text: str, *, rename: bool = True) -> None:
-    """Write ``path + '.tmp'``, fsync, and (unless ``rename=False``) rename it to ``path``."""
-    tmp = path + TMP_SUFFIX
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        if rename:
-            os.replace(tmp, path)
-    except BaseException as e:
-        try:
-            os.remove(tmp)
-        except FileNotFoundError:
-            pass
-        if isinstance(e, OSError) and not e.filename:
-            raise OSError(e.errno, e.strerror, tmp) from None
-        raise
-
-
-def fsync_dir(path: str) -> None:
-    fd = os.open(path or ".", os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def scan_records(path: str, *, parse=None):
@@ -249,6 +202,6 @@ def write_index_for(shard_path: str, *, parse=None) -> tuple[int, int, str, list
     with open(shard_path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
             crc = crc32c.crc32c(block, value=crc)
-    write_text_atomic(shard_path + ".idx", "".join(lines))
+    write_atomic(shard_path + ".idx", "".join(lines))
     return len(lines), os.path.getsize(shard_path), f"crc32c:{crc:08x}", parsed
 

@@ -1,17 +1,17 @@
-"""Observers of a training run, one per file. The trainer calls the events of `hooks.base.Hook`.
+"""Observers of a training run, one per file; each implements `vitlarge.events.Hook`.
 
 `build_hooks` is the standard set; the trainer calls each event on the hooks in list order.
 """
 
 from __future__ import annotations
 
-from hooks.base import Hook, RunInfo, StopTraining
 from hooks.console import ConsoleHook
 from hooks.jsonl import JsonlHook, read_metrics
 from hooks.nan_guard import NanGuardHook
 from hooks.plot import PlotHook
 from hooks.tensorboard import TensorBoardHook
 from hooks.total_batch import TotalBatchHook
+from vitlarge.events import Hook, RunInfo, StopTraining
 
 __all__ = [
     "Hook", "RunInfo", "StopTraining", "ConsoleHook", "JsonlHook", "NanGuardHook", "PlotHook",

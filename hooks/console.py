@@ -12,11 +12,10 @@ Measurements (loss, grad norm, throughput, data wait, step time) are window aver
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from rich.console import Console
 
-from hooks.base import Hook, RunInfo
+from vitlarge.events import EvalMetrics, Hook, RunInfo, StepMetrics
 
 
 def format_duration(seconds: float) -> str:
@@ -51,62 +50,61 @@ class ConsoleHook(Hook):
             raise ValueError(f"log_every must be >= 1, got {log_every}")
         self.log_every = log_every
         self.console = console or Console(stderr=False)
-        self._window: list[dict[str, Any]] = []
+        self._window: list[StepMetrics] = []
         self._first_step = 1
 
     def on_train_start(self, run: RunInfo) -> None:
         self._window = []
         self._first_step = run.start_step + 1
 
-    def on_step_end(self, run: RunInfo, m: dict[str, Any]) -> None:
+    def on_step_end(self, run: RunInfo, m: StepMetrics) -> None:
         if not run.is_main:
             return
         self._window.append(m)
-        step = m["step"]
-        if step == self._first_step or step % self.log_every == 0 or step >= run.total_steps:
+        step = m.step
+        if step == self._first_step or step % self.log_every == 0 or step >= run.plan.total_steps:
             self._print(self.format_step_line(run, self._window))
             self._window = []
 
-    def on_eval_end(self, run: RunInfo, m: dict[str, Any]) -> None:
+    def on_eval_end(self, run: RunInfo, m: EvalMetrics) -> None:
         if run.is_main:
             self._print(
-                f"eval  step {m['step']} | epoch {m['epoch']:.2f} | top-1 {100 * m['val_top1']:.2f}% | "
-                f"top-5 {100 * m['val_top5']:.2f}% | loss {m['val_loss']:.4f} | {m['val_images']} images"
+                f"eval  step {m.step} | epoch {m.epoch:.2f} | top-1 {100 * m.val_top1:.2f}% | "
+                f"top-5 {100 * m.val_top5:.2f}% | loss {m.val_loss:.4f} | {m.val_images} images"
             )
 
     def on_checkpoint(self, run: RunInfo, step: int, path: str) -> None:
         if run.is_main:
             self._print(f"ckpt  step {step} | {path}")
 
-    def on_train_end(self, run: RunInfo, summary: dict[str, Any]) -> None:
+    def on_train_end(self, run: RunInfo, summary: EvalMetrics) -> None:
         if not run.is_main:
             return
-        line = f"done  step {summary.get('step', '?')}"
-        if "val_top1" in summary:
-            line += f" | top-1 {100 * summary['val_top1']:.2f}% | top-5 {100 * summary['val_top5']:.2f}%"
+        line = f"done  step {summary.step} | top-1 {100 * summary.val_top1:.2f}% | top-5 {100 * summary.val_top5:.2f}%"
         self._print(line)
 
     @staticmethod
-    def format_step_line(run: RunInfo, window: list[dict[str, Any]]) -> str:
+    def format_step_line(run: RunInfo, window: list[StepMetrics]) -> str:
         """The progress line for ``window`` (the steps since the last line, oldest first)."""
         last = window[-1]
-        step_time = sum(w["step_time"] for w in window)
-        data_time = sum(w["data_time"] for w in window)
-        images_per_s = sum(w["images"] for w in window) / step_time if step_time > 0 else math.nan
+        total = run.plan.total_steps
+        step_time = sum(w.step_time for w in window)
+        data_time = sum(w.data_time for w in window)
+        images_per_s = sum(w.images for w in window) / step_time if step_time > 0 else math.nan
         data_wait = data_time / step_time if step_time > 0 else math.nan
-        eta = step_time / len(window) * max(run.total_steps - last["step"], 0)
+        eta = step_time / len(window) * max(total - last.step, 0)
         # Overflowed fp16 steps report an inf grad norm by contract; averaging it in would hide
         # the real norm, and those steps are counted separately under "skipped".
-        grad_norm = _mean([w["grad_norm"] for w in window if not w["skipped"]])
-        skipped = sum(1 for w in window if w["skipped"])
-        width = len(str(run.total_steps))
+        grad_norm = _mean([w.grad_norm for w in window if not w.skipped])
+        skipped = sum(1 for w in window if w.skipped)
+        width = len(str(total))
         return (
-            f"train step {last['step']:>{width}}/{run.total_steps} | epoch {last['epoch']:.2f} | "
-            f"loss {_mean([w['train_loss'] for w in window]):.4f} | lr {last['lr']:.3e} | "
-            f"grad {grad_norm:.3f} | scale {_format_scale(last['loss_scale'])} | "
+            f"train step {last.step:>{width}}/{total} | epoch {last.epoch:.2f} | "
+            f"loss {_mean([w.train_loss for w in window]):.4f} | lr {last.lr:.3e} | "
+            f"grad {grad_norm:.3f} | scale {_format_scale(last.loss_scale)} | "
             f"{images_per_s:.1f} img/s ({images_per_s / max(run.world_size, 1):.1f}/dev) | "
             f"data {100 * data_wait:.1f}% | eta {format_duration(eta)} | "
-            f"mem {format_bytes(max(w['peak_mem_bytes'] for w in window))} | skipped {skipped}"
+            f"mem {format_bytes(max(w.peak_mem_bytes for w in window))} | skipped {skipped}"
         )
 
     def _print(self, line: str) -> None:

@@ -19,13 +19,8 @@ import os
 import time
 from typing import Any
 
-from hooks.base import Hook, RunInfo
+from vitlarge.events import EvalMetrics, Hook, RunInfo, StepMetrics
 from vitlarge.metrics import FILENAME, read_metrics  # noqa: F401 (read_metrics re-exported)
-
-TRAIN_KEYS = ("step", "epoch", "train_loss", "lr", "grad_norm", "loss_scale", "images_per_s",
-              "images_per_s_per_device", "skipped", "data_time", "step_time", "peak_mem_bytes",
-              "allreduce_calls")
-EVAL_KEYS = ("step", "epoch", "val_top1", "val_top5", "val_loss", "val_images")
 
 
 def _finite_or_none(x: Any) -> Any:
@@ -60,24 +55,28 @@ class JsonlHook(Hook):
         self._file = open(self.path, "a", buffering=1, encoding="utf-8")
         if needs_newline:
             self._file.write("\n")
+        p = run.plan
         self._write({
-            "event": "start", "step": run.start_step, "world_size": run.world_size,
-            "global_batch": run.global_batch, "micro_batch": run.micro_batch,
-            "accum_steps": run.accum_steps, "steps_per_epoch": run.steps_per_epoch,
-            "total_steps": run.total_steps, "warmup_steps": run.warmup_steps, "config": run.config,
+            "event": "start", "step": run.start_step, "world_size": p.world_size,
+            "global_batch": p.global_batch, "micro_batch": p.micro_batch,
+            "accum_steps": p.accum_steps, "steps_per_epoch": p.steps_per_epoch,
+            "total_steps": p.total_steps, "warmup_steps": p.warmup_steps, "config": run.cfg.to_dict(),
         })
 
-    def on_step_end(self, run: RunInfo, m: dict[str, Any]) -> None:
-        self._write({"event": "train", **{k: m[k] for k in TRAIN_KEYS if k in m}})
+    def on_step_end(self, run: RunInfo, m: StepMetrics) -> None:
+        self._write({"event": "train", **m.record()})
 
-    def on_eval_end(self, run: RunInfo, m: dict[str, Any]) -> None:
-        self._write({"event": "eval", **{k: m[k] for k in EVAL_KEYS}})
+    def on_eval_end(self, run: RunInfo, m: EvalMetrics) -> None:
+        self._write({"event": "eval", **m.record()})
 
     def on_checkpoint(self, run: RunInfo, step: int, path: str) -> None:
         self._write({"event": "checkpoint", "step": step, "path": path})
 
-    def on_train_end(self, run: RunInfo, summary: dict[str, Any]) -> None:
-        self._write({**summary, "event": "end"})
+    def on_train_end(self, run: RunInfo, summary: EvalMetrics) -> None:
+        # Key order as before the metrics were typed: the evaluation's values, then step and epoch.
+        rec = summary.record()
+        self._write({**{k: v for k, v in rec.items() if k.startswith("val_")},
+                     "step": summary.step, "epoch": summary.epoch, "event": "end"})
         if self._file is not None:
             self._file.close()
             self._file = None

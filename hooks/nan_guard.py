@@ -1,6 +1,6 @@
 """Stop a run whose loss stays non-finite, with a message that says what to do.
 
-Runs on ALL ranks: every rank receives the same ``train_loss`` (contract of hooks.base), so every
+Runs on ALL ranks: every rank receives the same ``train_loss`` (contract of vitlarge.events), so every
 rank raises `StopTraining` at the same step and none is left waiting in a collective.
 
 What counts: a step whose ``train_loss`` is nan or inf. An fp16 overflow step (``skipped=True``)
@@ -14,9 +14,8 @@ finite 1e8 but every gradient is nan, and the run would otherwise skip every ste
 from __future__ import annotations
 
 import math
-from typing import Any
 
-from hooks.base import Hook, RunInfo, StopTraining
+from vitlarge.events import Hook, RunInfo, StepMetrics, StopTraining
 
 
 class NanGuardHook(Hook):
@@ -35,14 +34,14 @@ class NanGuardHook(Hook):
 
     def on_train_start(self, run: RunInfo) -> None:
         self._start_step = run.start_step
-        self._skips_count = run.config.get("train", {}).get("precision", "fp16") != "fp16"
+        self._skips_count = run.cfg.train.precision != "fp16"
 
     def on_checkpoint(self, run: RunInfo, step: int, path: str) -> None:
         self._checkpoints.append((step, path))
 
-    def on_step_end(self, run: RunInfo, m: dict[str, Any]) -> None:
-        step, loss = m["step"], m["train_loss"]
-        if math.isfinite(loss) and not (self._skips_count and m.get("skipped")):
+    def on_step_end(self, run: RunInfo, m: StepMetrics) -> None:
+        step, loss = m.step, m.train_loss
+        if math.isfinite(loss) and not (self._skips_count and m.skipped):
             self._bad_since, self._bad_count = None, 0
             self._last_finite = (step, loss)
             return

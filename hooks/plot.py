@@ -9,9 +9,8 @@ line, never a failed run: the model and checkpoints matter more than the picture
 from __future__ import annotations
 
 import logging
-from typing import Any
 
-from hooks.base import Hook, RunInfo
+from vitlarge.events import EvalMetrics, Hook, RunInfo
 
 
 class PlotHook(Hook):
@@ -19,7 +18,7 @@ class PlotHook(Hook):
         self.workdir = workdir
         self.path: str | None = None
 
-    def on_train_end(self, run: RunInfo, summary: dict[str, Any]) -> None:
+    def on_train_end(self, run: RunInfo, summary: EvalMetrics) -> None:
         if not run.is_main:
             return
         from vitlarge.plot import plot_run

@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
 
-from hooks.base import Hook, RunInfo
+from vitlarge.events import EvalMetrics, Hook, RunInfo, StepMetrics
+from vitlarge.metrics import TB_DIRNAME
 
 
 class TensorBoardHook(Hook):
     """Writes the run's scalars with ``torch.utils.tensorboard.SummaryWriter``."""
 
     def __init__(self, workdir: str):
-        self.logdir = os.path.join(workdir, "tb")
+        self.logdir = os.path.join(workdir, TB_DIRNAME)
         self._writer = None
 
     def on_train_start(self, run: RunInfo) -> None:
@@ -39,27 +39,27 @@ class TensorBoardHook(Hook):
         purge = run.start_step + 1 if run.start_step > 0 else None
         self._writer = SummaryWriter(self.logdir, purge_step=purge)
 
-    def on_step_end(self, run: RunInfo, m: dict[str, Any]) -> None:
-        step = m["step"]
-        self._add("train/loss", m["train_loss"], step)
-        self._add("train/lr", m["lr"], step)
-        self._add("train/grad_norm", m["grad_norm"], step)
-        self._add("train/loss_scale", m["loss_scale"], step)
-        self._add("train/skipped", float(m["skipped"]), step)
-        self._add("perf/images_per_s", m["images_per_s"], step)
-        if m["step_time"] > 0:
-            self._add("perf/data_wait", m["data_time"] / m["step_time"], step)
-        self._add("mem/peak_gib", m["peak_mem_bytes"] / 2**30, step)
+    def on_step_end(self, run: RunInfo, m: StepMetrics) -> None:
+        step = m.step
+        self._add("train/loss", m.train_loss, step)
+        self._add("train/lr", m.lr, step)
+        self._add("train/grad_norm", m.grad_norm, step)
+        self._add("train/loss_scale", m.loss_scale, step)
+        self._add("train/skipped", float(m.skipped), step)
+        self._add("perf/images_per_s", m.images_per_s, step)
+        if m.step_time > 0:
+            self._add("perf/data_wait", m.data_time / m.step_time, step)
+        self._add("mem/peak_gib", m.peak_mem_bytes / 2**30, step)
 
-    def on_eval_end(self, run: RunInfo, m: dict[str, Any]) -> None:
-        step = m["step"]
-        self._add("val/top1", m["val_top1"], step)
-        self._add("val/top5", m["val_top5"], step)
-        self._add("val/loss", m["val_loss"], step)
+    def on_eval_end(self, run: RunInfo, m: EvalMetrics) -> None:
+        step = m.step
+        self._add("val/top1", m.val_top1, step)
+        self._add("val/top5", m.val_top5, step)
+        self._add("val/loss", m.val_loss, step)
         if self._writer is not None:
             self._writer.flush()
 
-    def on_train_end(self, run: RunInfo, summary: dict[str, Any]) -> None:
+    def on_train_end(self, run: RunInfo, summary: EvalMetrics) -> None:
         if self._writer is not None:
             self._writer.flush()
             self._writer.close()

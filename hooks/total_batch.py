@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from hooks.base import Hook, RunInfo
+from vitlarge.events import Hook, RunInfo
 
 log = logging.getLogger("vitlarge")
 
@@ -20,18 +20,19 @@ class TotalBatchHook(Hook):
     def on_train_start(self, run: RunInfo) -> None:
         if not run.is_main:
             return
+        p = run.plan
         log.info(
             "total batch size = %d = %d (micro) x %d (accumulation) x %d (devices)",
-            run.global_batch, run.micro_batch, run.accum_steps, run.world_size,
+            p.global_batch, p.micro_batch, p.accum_steps, p.world_size,
         )
-        if run.global_batch != run.micro_batch * run.accum_steps * run.world_size:
-            # The config validates this; a mismatch here means RunInfo was built wrongly.
-            log.warning("RunInfo is inconsistent: global_batch != micro_batch x accum_steps x world_size")
-        spe = max(run.steps_per_epoch, 1)
+        if p.global_batch != p.micro_batch * p.accum_steps * p.world_size:
+            # The config validates this; a mismatch here means the Plan was built wrongly.
+            log.warning("the plan is inconsistent: global_batch != micro_batch x accum_steps x world_size")
+        spe = max(p.steps_per_epoch, 1)
         log.info(
             "steps per epoch = %d, total steps = %d (%.1f epochs), warmup steps = %d (%.1f epochs)",
-            run.steps_per_epoch, run.total_steps, run.total_steps / spe,
-            run.warmup_steps, run.warmup_steps / spe,
+            p.steps_per_epoch, p.total_steps, p.total_steps / spe,
+            p.warmup_steps, p.warmup_steps / spe,
         )
         if run.start_step > 0:
-            log.info("resuming at step %d of %d", run.start_step, run.total_steps)
+            log.info("resuming at step %d of %d", run.start_step, p.total_steps)

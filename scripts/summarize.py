@@ -4,7 +4,7 @@ import sys
 from pathlib import Path
 
 from vitlarge.export import EXPORT_DIR
-from vitlarge.metrics import FILENAME, PLOT_FILENAME, read_metrics
+from vitlarge.metrics import FILENAME, PLOT_FILENAME, TB_DIRNAME, read_metrics
 
 
 def main(workdir: str) -> int:
@@ -20,7 +20,7 @@ def main(workdir: str) -> int:
     print(f"final validation top-1 {100 * last['val_top1']:.2f}% (top-5 {100 * last['val_top5']:.2f}%, "
           f"loss {last['val_loss']:.4f}) at step {last['step']} on {last['val_images']} images")
     w = Path(workdir)
-    print(f"picture: {w / PLOT_FILENAME}  logs: {path}  TensorBoard: tensorboard --logdir {w / 'tb'}")
+    print(f"picture: {w / PLOT_FILENAME}  logs: {path}  TensorBoard: tensorboard --logdir {w / TB_DIRNAME}")
     print(f'model: {w / EXPORT_DIR}  (timm.create_model("local-dir:{w / EXPORT_DIR}", pretrained=True))')
     return 0
 

@@ -36,17 +36,19 @@ def env() -> dict:
     return e
 
 
-def command(args: list[str], nproc: int = 1, launcher: str = "colossalai") -> list[str]:
+def command(args: list[str], nproc: int = 1, launcher: str = "colossalai", script: tuple = ("train.py",)) -> list[str]:
+    """``script``: the entry point and its own arguments (tests/poison_train.py wraps train.py)."""
     if nproc == 1 and launcher == "python":
-        return [sys.executable, "train.py", *args]
+        return [sys.executable, *script, *args]
     if launcher == "torchrun":
         return [f"{VENV_BIN}/torchrun", f"--nproc_per_node={nproc}", f"--master_port={free_port()}", "train.py", *args]
     return [f"{VENV_BIN}/colossalai", "run", "--nproc_per_node", str(nproc), "--master_port", str(free_port()),
             "train.py", *args]
 
 
-def run(args: list[str], nproc: int = 1, launcher: str = "colossalai", timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(command(args, nproc, launcher), cwd=ROOT, env=env(), capture_output=True, text=True,
+def run(args: list[str], nproc: int = 1, launcher: str = "colossalai", timeout: float = 600,
+        script: tuple = ("train.py",)) -> subprocess.CompletedProcess:
+    return subprocess.run(command(args, nproc, launcher, script), cwd=ROOT, env=env(), capture_output=True, text=True,
                           timeout=timeout)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ from data_tools import imagenet_to_tfrecord, make_index, tfrecord_io
 from tests.data_fixtures import SYNSETS, copy_imagefolder, corrupt_jpeg_bytes
 from vitlarge.data import TrainLoader, ValLoader, load_manifest
 from vitlarge.errors import UserError
+from vitlarge.fileio import write_atomic
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU = torch.device("cpu")
@@ -164,12 +166,35 @@ def test_disk_full_mid_shard_on_a_small_tmpfs(tiny_imagefolder, tmpfs, capsys):
     _assert_disk_full_handled(out, capsys, convert_main(tiny_imagefolder, out))
 
 
+class _SmallDisk:
+    """A shard file on a disk with ``limit`` bytes free: a write past them raises ENOSPC and writes nothing."""
+
+    def __init__(self, file, limit: int):
+        self.file, self.limit, self.size = file, limit, 0
+
+    def writelines(self, pieces) -> None:
+        pieces = list(pieces)
+        size = sum(len(p) for p in pieces)
+        if self.size + size > self.limit:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.size += size
+        self.file.writelines(pieces)
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
+
+
 def test_disk_full_mid_shard_injected(tiny_imagefolder, tmp_path, capsys, monkeypatch):
-    """The same path without mount privileges: the writer's test switch raises ENOSPC."""
-    monkeypatch.setenv(tfrecord_io.ENOSPC_ENV, "9000")
+    """The same path without mount privileges: a file-system shim under the shard writer raises ENOSPC
+    once a shard grows past 9000 bytes."""
+    def small_disk_open(path, mode="r", *args, **kwargs):
+        f = open(path, mode, *args, **kwargs)
+        return _SmallDisk(f, 9000) if mode == "wb" else f
+
+    monkeypatch.setattr(tfrecord_io, "open", small_disk_open, raising=False)  # the writer's module only
     out = tmp_path / "out"
     _assert_disk_full_handled(out, capsys, convert_main(tiny_imagefolder, out))
-    monkeypatch.delenv(tfrecord_io.ENOSPC_ENV)
+    monkeypatch.delattr(tfrecord_io, "open")
     assert convert_main(tiny_imagefolder, out) == 0  # space back: the rerun completes
 
 
@@ -270,10 +295,10 @@ def test_make_index_without_shards(tmp_path):
 
 
 def test_no_partial_manifest_name_ever(tmp_path):
-    """write_text_atomic leaves nothing under the final name when the write fails."""
+    """write_atomic (the converter's, from vitlarge.fileio) leaves nothing under the final name when the write fails."""
     target = tmp_path / f"x-{uuid.uuid4().hex}"
     with pytest.raises(TypeError):
-        tfrecord_io.write_text_atomic(str(target), None)  # type: ignore[arg-type]
+        write_atomic(str(target), None)  # type: ignore[arg-type]
     assert os.listdir(tmp_path) == []
 
 

@@ -135,10 +135,11 @@ def test_flat_validation_with_labels_file(tiny_imagefolder, tmp_path, style):
 
 def test_resume_after_kill_keeps_complete_shards(tiny_imagefolder, converted, tmp_path):
     out = tmp_path / "resumed"
-    cmd = [sys.executable, "-m", "data_tools.imagenet_to_tfrecord", "--src", tiny_imagefolder, "--out", str(out),
-           "--train-shards", "3", "--val-shards", "2", "--workers", "0", "--no-progress"]
-    env = dict(os.environ, **{imagenet_to_tfrecord.KILL_ENV: "train-00001-of-00003:2"})
-    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    args = ["--src", tiny_imagefolder, "--out", str(out), "--train-shards", "3", "--val-shards", "2", "--workers", "0",
+            "--no-progress"]
+    cmd = [sys.executable, "-m", "data_tools.imagenet_to_tfrecord", *args]
+    killed = [sys.executable, "-m", "tests.kill_convert", "train-00001-of-00003:2", *args]  # tests/kill_convert.py
+    r = subprocess.run(killed, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == -9  # SIGKILL mid-shard, as a kill -9 or an OOM kill would
     names = set(os.listdir(out))
     assert "train-00000-of-00003" in names and "train-00001-of-00003.tmp" in names

@@ -8,13 +8,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from vitlarge.build import build
 from vitlarge.config import load_recipe, make_plan
-from vitlarge.engine import Engine
 from vitlarge.launch import DistEnv, init_distributed
-from vitlarge.model import build_model
-from vitlarge.optim import build_optimizer
-from vitlarge.plugins import build_plugin
-from vitlarge.precision import Precision
 from tests.launcher import free_port
 
 
@@ -32,22 +28,14 @@ def process_group():
 
 
 def make_engine(precision="fp32", global_batch=32, micro_batch=8, clip=1.0, mixup=0.0, init_scale=2.0**16):
-    from colossalai.booster import Booster
-
+    """The engine as train.py builds it (`vitlarge.build.build`), for the demo recipe on CPU."""
     cfg = load_recipe("recipes/demo_digits.py")
     cfg.train.precision, cfg.train.global_batch, cfg.train.micro_batch = precision, global_batch, micro_batch
     cfg.train.init_loss_scale = init_scale
     cfg.optim.clip_grad_norm = clip
     cfg.augment.mixup_alpha = mixup
     cfg.schedule.warmup_epochs = 0
-    plan = make_plan(cfg, 1, 1437)
-    torch.manual_seed(0)
-    model = build_model(cfg)
-    opt = build_optimizer(model, "lamb", lr=cfg.optim.lr, weight_decay=0.1, betas=(0.9, 0.999), eps=1e-6,
-                          bias_correction=True)
-    booster = Booster(plugin=build_plugin(cfg, torch.device("cpu")))
-    model, opt, *_ = booster.boost(model, opt)
-    return Engine(cfg, plan, booster, model, opt, Precision(precision, torch.device("cpu"), init_scale))
+    return build(cfg, make_plan(cfg, 1, 1437), "cpu").engine
 
 
 def batches(n: int, micro: int, poison_at: int | None = None):

@@ -1,9 +1,10 @@
-"""Each hook driven with synthetic events as hooks/base.py describes them; asserts on real output."""
+"""Each hook driven with synthetic events as vitlarge/events.py describes them; asserts on real output."""
 
 from __future__ import annotations
 
 import io
 import json
+import dataclasses
 import logging
 
 import pytest
@@ -12,26 +13,33 @@ from rich.console import Console
 from hooks import (ConsoleHook, JsonlHook, NanGuardHook, RunInfo, StopTraining, TensorBoardHook,
                    TotalBatchHook, build_hooks, read_metrics)
 from hooks.console import format_bytes, format_duration
+from vitlarge.config import Config, Plan
+from vitlarge.events import EvalMetrics, StepMetrics
 
 NAN, INF = float("nan"), float("inf")
 
 
+PLAN = Plan(world_size=4, global_batch=32768, micro_batch=256, accum_steps=32, steps_per_epoch=39,
+            total_steps=11700, warmup_steps=390, eval_every_steps=0, num_train_examples=39 * 32768)
+
+
 def make_run(workdir, **kw) -> RunInfo:
-    base = dict(workdir=str(workdir), rank=0, world_size=4, is_main=True, device="cpu",
-                global_batch=32768, micro_batch=256, accum_steps=32, steps_per_epoch=39,
-                total_steps=11700, warmup_steps=390, start_step=0)
+    """``kw`` may set RunInfo fields and Plan fields (``total_steps=...``)."""
+    plan_kw = {k: kw.pop(k) for k in list(kw) if k in {f.name for f in dataclasses.fields(Plan)}}
+    base = dict(workdir=str(workdir), rank=0, is_main=True, device="cpu", start_step=0,
+                plan=dataclasses.replace(PLAN, **plan_kw), cfg=Config())
     return RunInfo(**{**base, **kw})
 
 
-def step_metrics(step, **kw) -> dict:
+def step_metrics(step, **kw) -> StepMetrics:
     m = dict(step=step, epoch=step / 39, train_loss=7.0 - 0.1 * step, lr=1.5e-3, grad_norm=1.5,
              loss_scale=32768.0, skipped=False, images=32768, step_time=2.0, data_time=0.5,
              images_per_s=16384.0, images_per_s_per_device=4096.0, peak_mem_bytes=3 * 2**30)
-    return {**m, **kw}
+    return StepMetrics(**{**m, **kw})
 
 
-EVAL = dict(step=3, epoch=3 / 39, val_top1=0.76543, val_top5=0.93217, val_loss=0.98765,
-            val_images=50000)
+EVAL = EvalMetrics(step=3, epoch=3 / 39, val_top1=0.76543, val_top5=0.93217, val_loss=0.98765,
+                   val_images=50000)
 
 
 def strict_json(line: str) -> dict:
@@ -102,7 +110,7 @@ def test_console_non_main_rank_prints_nothing(tmp_path):
     hook.on_train_start(run)
     hook.on_step_end(run, step_metrics(1))
     hook.on_eval_end(run, EVAL)
-    hook.on_train_end(run, {"step": 1})
+    hook.on_train_end(run, dataclasses.replace(EVAL, step=1))
     assert out.getvalue() == ""
 
 
@@ -123,7 +131,7 @@ def test_jsonl_records_are_strict_json_with_nan_as_null(tmp_path):
     hook.on_step_end(run, step_metrics(2, train_loss=NAN, grad_norm=INF, skipped=True))
     hook.on_eval_end(run, EVAL)
     hook.on_checkpoint(run, 2, "/ck/2")
-    hook.on_train_end(run, {**EVAL, "step": 3})
+    hook.on_train_end(run, EVAL)
     recs = [strict_json(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["event"] for r in recs] == ["start", "train", "train", "eval", "checkpoint", "end"]
     assert recs[0]["global_batch"] == 32768 and recs[0]["step"] == 0
@@ -153,7 +161,7 @@ def test_jsonl_resume_appends_and_read_metrics_keeps_the_last_history(tmp_path):
     second.on_train_start(run2)
     for s in (4, 5):
         second.on_step_end(run2, step_metrics(s, train_loss=2.0))
-    second.on_train_end(run2, {"step": 5})
+    second.on_train_end(run2, dataclasses.replace(EVAL, step=5))
 
     lines = path.read_text().splitlines()
     assert lines.count('{"event": "train", "st') == 1  # the partial line stays alone on its line
@@ -177,7 +185,7 @@ def test_jsonl_non_main_rank_writes_nothing(tmp_path):
     hook, run = JsonlHook(str(tmp_path / "w")), make_run(tmp_path, rank=1, is_main=False)
     hook.on_train_start(run)
     hook.on_step_end(run, step_metrics(1))
-    hook.on_train_end(run, {"step": 1})
+    hook.on_train_end(run, dataclasses.replace(EVAL, step=1))
     assert not (tmp_path / "w").exists()
 
 
@@ -196,7 +204,7 @@ def test_tensorboard_scalars_read_back_and_resume_purges(tmp_path):
     for s in (1, 2, 3):
         hook.on_step_end(run, step_metrics(s, train_loss=NAN if s == 2 else 5.0))
     hook.on_eval_end(run, EVAL)
-    hook.on_train_end(run, {"step": 3})
+    hook.on_train_end(run, dataclasses.replace(EVAL, step=3))
     sc = _scalars(tmp_path / "tb")
     assert set(sc) == {"train/loss", "train/lr", "train/grad_norm", "train/loss_scale", "train/skipped",
                        "perf/images_per_s", "perf/data_wait", "mem/peak_gib",
@@ -210,7 +218,7 @@ def test_tensorboard_scalars_read_back_and_resume_purges(tmp_path):
     resumed, run2 = TensorBoardHook(str(tmp_path)), make_run(tmp_path, start_step=2)
     resumed.on_train_start(run2)
     resumed.on_step_end(run2, step_metrics(3, train_loss=4.0))
-    resumed.on_train_end(run2, {"step": 3})
+    resumed.on_train_end(run2, dataclasses.replace(EVAL, step=3))
     assert _scalars(tmp_path / "tb")["train/loss"] == [(1, 5.0), (3, 4.0)]
 
 
@@ -219,7 +227,7 @@ def test_tensorboard_non_main_rank_writes_nothing(tmp_path):
     hook.on_train_start(run)
     hook.on_step_end(run, step_metrics(1))
     hook.on_eval_end(run, EVAL)
-    hook.on_train_end(run, {"step": 1})
+    hook.on_train_end(run, dataclasses.replace(EVAL, step=1))
     assert not (tmp_path / "tb").exists()
 
 

@@ -9,10 +9,11 @@ import sys
 import pytest
 from PIL import Image
 
-from hooks.base import RunInfo
 from hooks.jsonl import JsonlHook
 from hooks.plot import PlotHook
+from vitlarge.config import Config, Plan
 from vitlarge.errors import UserError
+from vitlarge.events import EvalMetrics, RunInfo, StepMetrics
 from vitlarge.metrics import PLOT_FILENAME
 from vitlarge.plot import _smooth, plot_run
 
@@ -20,15 +21,21 @@ ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 
 
 def run_info(workdir, start_step=0) -> RunInfo:
-    return RunInfo(workdir=str(workdir), rank=0, world_size=2, is_main=True, device="cpu", global_batch=128,
-                   micro_batch=16, accum_steps=4, steps_per_epoch=11, total_steps=40, warmup_steps=5,
-                   start_step=start_step, config={"model": {"name": "vit_tiny_patch16_224"}})
+    plan = Plan(world_size=2, global_batch=128, micro_batch=16, accum_steps=4, steps_per_epoch=11, total_steps=40,
+                warmup_steps=5, eval_every_steps=11, num_train_examples=11 * 128)
+    cfg = Config()
+    cfg.model.name = "vit_tiny_patch16_224"
+    return RunInfo(workdir=str(workdir), rank=0, is_main=True, device="cpu", start_step=start_step, plan=plan, cfg=cfg)
 
 
-def step(s: int, loss: float = 1.0, skipped: bool = False) -> dict:
-    return dict(step=s, epoch=s / 11, train_loss=loss, lr=1e-3 * s, grad_norm=math.inf if skipped else 1.0,
+def step(s: int, loss: float = 1.0, skipped: bool = False) -> StepMetrics:
+    return StepMetrics(step=s, epoch=s / 11, train_loss=loss, lr=1e-3 * s, grad_norm=math.inf if skipped else 1.0,
                 loss_scale=2.0**16, skipped=skipped, images=128, step_time=0.1, data_time=0.01,
                 images_per_s=1280.0, images_per_s_per_device=640.0, peak_mem_bytes=2**29, allreduce_calls=1)
+
+
+def evaluation(s: int) -> EvalMetrics:
+    return EvalMetrics(step=s, epoch=s / 11, val_top1=s / 50, val_top5=s / 45, val_loss=1 / s, val_images=360)
 
 
 def write_run(workdir, steps=40, evals=(11, 22, 33, 40)) -> None:
@@ -43,10 +50,9 @@ def write_run(workdir, steps=40, evals=(11, 22, 33, 40)) -> None:
             h.on_step_end(run, m)
         if s in evals:
             for h in hooks:
-                h.on_eval_end(run, dict(step=s, epoch=s / 11, val_top1=s / 50, val_top5=s / 45, val_loss=1 / s,
-                                        val_images=360))
+                h.on_eval_end(run, evaluation(s))
     for h in hooks:
-        h.on_train_end(run, {"step": steps})
+        h.on_train_end(run, evaluation(steps))
     return hooks[1]
 
 
@@ -82,7 +88,7 @@ def test_a_run_without_records_is_one_line_and_exit_2(tmp_path):
 
 def test_a_plot_failure_is_a_warning_not_a_failed_run(tmp_path, caplog):
     hook = PlotHook(str(tmp_path / "missing"))
-    hook.on_train_end(run_info(tmp_path), {"step": 1})  # no metrics.jsonl there
+    hook.on_train_end(run_info(tmp_path), evaluation(1))  # no metrics.jsonl there
     assert hook.path is None and "no picture of the run" in caplog.text
 
 

@@ -48,6 +48,10 @@ STEP_DIR = re.compile(r"^step_(\d{7,})$")
 REQUIRED_META = ("step", "world_size", "model", "param_shapes")
 
 
+CHECKPOINTS_DIR = "checkpoints"
+"""The folder under the workdir that holds one ``step_NNNNNNN`` folder per checkpoint."""
+
+
 def step_name(step: int) -> str:
     """The one spelling of a checkpoint folder's name (``STEP_DIR`` reads it back)."""
     return f"step_{step:07d}"
@@ -90,7 +94,7 @@ def save(workdir: str | Path, step: int, model, optimizer, scaler, data_state: s
 
     Raises the same one-line ``UserError`` on every rank if any rank fails; earlier checkpoints stay."""
     rank, world = rank_and_world()
-    root = Path(workdir) / "checkpoints"
+    root = Path(workdir) / CHECKPOINTS_DIR
     final, tmp = root / step_name(step), root / f".{step_name(step)}.tmp"
     raw = _unwrap(model)
 
@@ -179,12 +183,12 @@ def _step_dirs(root: Path) -> list[Path]:
 
 def list_checkpoints(workdir: str | Path) -> list[Path]:
     """Published checkpoint folders (``step_*``) of the workdir, oldest first, checked or not (see ``verify``)."""
-    return _step_dirs(Path(workdir) / "checkpoints")
+    return _step_dirs(Path(workdir) / CHECKPOINTS_DIR)
 
 
 def exists(workdir: str | Path, step: int) -> bool:
     """Whether the workdir holds a published checkpoint of ``step`` (a name and its meta.json; no checksums)."""
-    return (Path(workdir) / "checkpoints" / step_name(step) / "meta.json").is_file()
+    return (Path(workdir) / CHECKPOINTS_DIR / step_name(step) / "meta.json").is_file()
 
 
 def _read_meta(path: Path) -> tuple[dict | None, str | None]:
@@ -257,7 +261,7 @@ class Unusable(UserError):
         if problem == "does not exist":
             message = f"checkpoint {path} does not exist; check --resume, or omit it to resume from the workdir"
         elif problem == "no meta.json":
-            found = _step_dirs(path / "checkpoints") or _step_dirs(path)
+            found = _step_dirs(path / CHECKPOINTS_DIR) or _step_dirs(path)
             example = f", e.g. {found[-1]}" if found else ""
             message = (f"{path} is not a complete vitlarge checkpoint (no meta.json); "
                        f"pass a checkpoints/step_* folder{example}")
@@ -280,7 +284,7 @@ def check_writable(workdir: str | Path, rank: int) -> None:
     """Every rank, before any work: the workdir (created if missing) and its checkpoints folder (if
     there is one) accept a new file, so a read-only mount fails now in one line, not at the first save."""
     workdir = Path(workdir)
-    for folder, what in ((workdir, "workdir"), (workdir / "checkpoints", "checkpoint folder")):
+    for folder, what in ((workdir, "workdir"), (workdir / CHECKPOINTS_DIR, "checkpoint folder")):
         if what != "workdir" and not folder.is_dir():
             continue
         probe = folder / f".write_test_{rank}"

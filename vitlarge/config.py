@@ -21,7 +21,7 @@ import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from vitlarge.errors import UserError
 
@@ -46,7 +46,7 @@ class ModelConfig:
     """Stochastic depth."""
     grad_checkpointing: bool = False
     """Recompute block activations in backward (timm ``set_grad_checkpointing``): less memory, ~30% more compute."""
-    fused_attn: str = "auto"
+    fused_attn: Literal["auto", "on", "off"] = "auto"
     """``on``/``off``/``auto`` for scaled-dot-product attention; ``auto`` turns it off only for fp16 on CPU,
     where PyTorch 2.5's fused attention backward is ~5x slower than the unfused one (measured)."""
     kwargs: dict = field(default_factory=dict)
@@ -58,22 +58,28 @@ class DataConfig:
     path: str = ""
     """Directory of TFRecord shards with ``dataset.json`` (``--data`` sets it)."""
     num_classes: int = 1000
+    """Classes of the data set; must match ``dataset.json`` (the classifier has this many outputs)."""
     num_train_examples: int = IMAGENET_TRAIN_EXAMPLES
     """Used only by ``--dry-run`` without data; training takes the count from ``dataset.json``."""
     image_size: int = 224
+    """Side in pixels of the square training and validation images."""
     num_threads: int = 4
     """DALI worker threads per process."""
     crop_scale: tuple = (0.08, 1.0)
     """Area fraction range of the random-resized crop."""
     crop_ratio: tuple = (3 / 4, 4 / 3)
+    """Aspect ratio range (width / height) of the random-resized crop."""
     hflip: bool = True
+    """Random horizontal flips in training."""
     randaugment: Optional[str] = None
     """timm's RandAugment string with timm's meaning, run in DALI: ``"rand-m9-n2"``, DeiT's
     ``"rand-m9-mstd0.5-inc1"`` (parts m, n, p, mstd, mmax, inc; see docs/DATA.md); None disables it."""
     val_crop_pct: float = 0.875
     """Validation resizes the shorter side to ``image_size / val_crop_pct``, then centre-crops."""
     mean: tuple = IMAGENET_MEAN
+    """Per-channel RGB mean subtracted from the pixels, in timm's 0..1 convention (ImageNet's)."""
     std: tuple = IMAGENET_STD
+    """Per-channel RGB standard deviation the pixels are divided by, 0..1 convention (ImageNet's)."""
     label_offset: Optional[int] = None
     """Subtracted from stored labels; None takes it from ``dataset.json`` (1 for TF-made shards)."""
 
@@ -81,22 +87,29 @@ class DataConfig:
 @dataclass
 class AugmentConfig:
     mixup_alpha: float = 0.0
+    """Mixup Beta(alpha, alpha) parameter (timm ``Mixup``); 0 disables Mixup. Needs an even micro batch."""
     cutmix_alpha: float = 0.0
+    """CutMix Beta parameter; 0 disables CutMix. With both on, timm switches between them per batch."""
     mixup_prob: float = 1.0
+    """Probability that Mixup/CutMix is applied to a batch."""
     label_smoothing: float = 0.0
+    """Label smoothing of the targets (folded into the soft targets under Mixup/CutMix)."""
 
 
 @dataclass
 class OptimConfig:
-    name: str = "lamb"
+    name: Literal["lamb", "adamw"] = "lamb"
     """``lamb`` (vitlarge's multi-tensor LAMB) or ``adamw``."""
     lr: float = 1.8e-2
     """Peak learning rate, reached at the end of warmup."""
     weight_decay: float = 0.1
     """Applied to matrices only; biases, norms, pos-embed and cls token get none (and no trust ratio)."""
     betas: tuple = (0.9, 0.999)
+    """Adam/LAMB moment decay rates (beta1, beta2)."""
     eps: float = 1e-6
+    """Added to the second moment's square root for stability."""
     bias_correction: bool = True
+    """LAMB's Adam-style bias correction of the moments (vitlarge's LAMB; AdamW always corrects)."""
     clip_grad_norm: float = 1.0
     """Global L2 norm, applied after fp16 unscaling; 0 disables clipping (the norm is still logged)."""
 
@@ -104,7 +117,8 @@ class OptimConfig:
 @dataclass
 class ScheduleConfig:
     warmup_epochs: float = 0.0
-    decay: str = "linear"
+    """Linear warmup from 0 to ``optim.lr``, in epochs; converted once to optimizer steps."""
+    decay: Literal["linear", "cosine", "constant"] = "linear"
     """``linear``, ``cosine`` or ``constant`` after warmup."""
     min_lr_ratio: float = 0.0
     """Final lr as a fraction of the peak."""
@@ -117,18 +131,23 @@ class TrainConfig:
     micro_batch: int = 256
     """Images per device per forward/backward; accumulation = global / (micro x world)."""
     epochs: float = 300
-    precision: str = "fp16"
+    """Length of the schedule in epochs; converted once to optimizer steps."""
+    precision: Literal["fp16", "bf16", "fp32", "auto"] = "fp16"
     """``fp16`` (autocast + dynamic loss scaling), ``bf16`` (autocast), ``fp32``, or ``auto``: the fastest
     the device trains in, resolved at start (`vitlarge.precision.resolve`): bf16 on GPUs with bf16
     tensor cores, else fp16; on CPUs fp16/bf16 only with fast units for them, else fp32."""
     init_loss_scale: float = 2.0**16
+    """Initial fp16 loss scale (dynamic: halved on overflow, doubled after ``loss_scale_growth_interval``)."""
     loss_scale_growth_interval: int = 2000
-    plugin: str = "ddp"
+    """Optimizer steps without overflow after which the fp16 loss scale doubles."""
+    plugin: Literal["ddp", "zero"] = "ddp"
     """Colossal-AI Booster plugin: ``ddp`` (TorchDDPPlugin) or ``zero`` (LowLevelZeroPlugin stage 1; CUDA only)."""
-    device: str = "auto"
+    device: Literal["auto", "cuda", "cpu"] = "auto"
     """``auto`` (cuda when available), ``cuda`` or ``cpu``."""
     seed: int = 42
+    """Initial weights (same on every rank); data order and augmentation use it with the rank."""
     log_every_steps: int = 10
+    """A console progress line every this many optimizer steps (metrics.jsonl has every step)."""
     eval_every_epochs: float = 10
     """Evaluate every this many epochs (rounded to steps, at least 1); 0: only the final evaluation."""
     checkpoint_every_steps: int = 500
@@ -146,11 +165,17 @@ class Config:
     """A whole run. Recipes build one; ``--set`` style overrides edit it by dotted key."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
+    """What to train: the timm model and its dropouts."""
     data: DataConfig = field(default_factory=DataConfig)
+    """The TFRecord data set and its input pipeline."""
     augment: AugmentConfig = field(default_factory=AugmentConfig)
+    """Batch-level augmentation: Mixup, CutMix, label smoothing."""
     optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer and gradient clipping."""
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    """Learning-rate schedule: warmup, then decay."""
     train: TrainConfig = field(default_factory=TrainConfig)
+    """Batch sizes, length, precision, plugin and the run cadence."""
     workdir: str = "runs/default"
     """Logs, metrics, checkpoints and the exported model go here; a rerun resumes from it."""
 
@@ -178,16 +203,6 @@ class Plan:
             f"(accumulation) x {self.world_size} (devices); {self.steps_per_epoch} steps/epoch, "
             f"{self.total_steps} steps, {self.warmup_steps} warmup steps"
         )
-
-
-CHOICES = {
-    "optim.name": ("lamb", "adamw"),
-    "schedule.decay": ("linear", "cosine", "constant"),
-    "train.precision": ("fp16", "bf16", "fp32", "auto"),
-    "train.plugin": ("ddp", "zero"),
-    "train.device": ("auto", "cuda", "cpu"),
-    "model.fused_attn": ("auto", "on", "off"),
-}
 
 
 def _fields(obj) -> dict[str, dataclasses.Field]:
@@ -276,6 +291,10 @@ def _check_types(cfg: Config, origin: str) -> None:
         for name in _fields(section):
             key, value, typ = f"{section_name}.{name}", getattr(section, name), hints[name]
             args = typing.get_args(typ)
+            if typing.get_origin(typ) is Literal:  # allowed values are declared with the field
+                if value not in args:
+                    raise UserError(f"{origin}: '{key}' is '{value}'; choose one of {', '.join(args)}")
+                continue
             if typing.get_origin(typ) is typing.Union:
                 if value is None and type(None) in args:
                     continue
@@ -343,12 +362,7 @@ def _check_ranges(cfg: Config, origin: str) -> None:
 
 def validate(cfg: Config, origin: str = "config") -> None:
     """Checks everything that can be checked before the world size is known."""
-    _check_types(cfg, origin)
-    for key, allowed in CHOICES.items():
-        section, name = key.split(".")
-        value = getattr(getattr(cfg, section), name)
-        if value not in allowed:
-            raise UserError(f"{origin}: '{key}' is '{value}'; choose one of {', '.join(allowed)}")
+    _check_types(cfg, origin)  # also the allowed values of the Literal fields
     _check_ranges(cfg, origin)
     t = cfg.train
     if t.global_batch % t.micro_batch:

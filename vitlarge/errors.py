@@ -2,10 +2,13 @@
 
 Contract: the message is a single line that names the file or config key at fault and says how to
 fix it. Entry points (train.py, data_tools, vitlarge.evaluate) print it as ``error: <message>`` and
-exit with status 2, without a traceback.
+exit with status 2, without a traceback (`cli_main`).
 """
 
 from __future__ import annotations
+
+import sys
+from typing import Callable
 
 
 class UserError(Exception):
@@ -33,3 +36,20 @@ class Preempted(Exception):
     def __init__(self, step: int, path):
         super().__init__(f"stopped on signal after step {step}; checkpoint {path}; run the same command to resume")
         self.step, self.path = step, path
+
+
+def cli_main(work: Callable[[], object], *, prints: Callable[[UserError], bool] | None = None) -> int:
+    """The one guard of the command-line tools: runs ``work()``; exit status 0, or ``work()``'s result
+    where that is an int.
+
+    A `UserError` becomes one line ``error: <message>`` on stderr and exit status 2, without a
+    traceback; ``prints(e)`` decides whether this process prints it (default: always; multi-rank tools
+    pass ``vitlarge.launch.prints_error`` so that an error every rank meets is printed once).
+    """
+    try:
+        status = work()
+    except UserError as e:
+        if prints is None or prints(e):
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    return status if isinstance(status, int) else 0

@@ -44,11 +44,12 @@ def evaluate(model: torch.nn.Module, batches: Iterable, precision) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     from vitlarge import checkpoint, launch
+    from vitlarge.build import resolve_precision
     from vitlarge.config import load_config
     from vitlarge.data.build import val_loader
-    from vitlarge.errors import UserError
+    from vitlarge.errors import cli_main
     from vitlarge.model import build_model
-    from vitlarge.precision import Precision, resolve
+    from vitlarge.precision import Precision
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", required=True)
@@ -57,24 +58,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     args = p.parse_args(argv)
     env = None
-    try:
+
+    def work() -> None:
+        nonlocal env
         cfg = load_config(args.config, args.overrides, data__path=args.data)
         env = launch.detect()
         device, backend = launch.choose_device(cfg.train.device, env.local_rank)
-        cfg.train.precision, _ = resolve(cfg.train.precision, device)
+        resolve_precision(cfg, device)  # as train.py does (vitlarge/build.py)
         launch.init_distributed(env, backend)
         model = build_model(cfg, device)
         checkpoint.load_model_weights(args.checkpoint, model, cfg)
         val = val_loader(cfg, env.rank, env.world_size, device)
         metrics = evaluate(model, val, Precision(cfg.train.precision, device))
-    except UserError as e:
-        if launch.prints_error(e, env):  # once, by rank 0, when every rank meets the same error
-            print(f"error: {e}", file=sys.stderr)
-        return 2
-    if env.is_main:
-        print(json.dumps(metrics))
-    dist.destroy_process_group()
-    return 0
+        if env.is_main:
+            print(json.dumps(metrics))
+        dist.destroy_process_group()
+
+    # An error every rank meets is printed once, by rank 0.
+    return cli_main(work, prints=lambda e: launch.prints_error(e, env))
 
 
 if __name__ == "__main__":

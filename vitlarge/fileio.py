@@ -36,9 +36,11 @@ def fsync_dir(path: str | Path) -> None:
     fsync_path(path)
 
 
-def write_atomic(path: str | Path, data: bytes | str) -> None:
+def write_atomic(path: str | Path, data: bytes | str, *, rename: bool = True) -> None:
     """Writes ``path`` through ``<path>.tmp``: fsync, rename, fsync of the folder. Readers see the old
-    file or the new one; on failure the ``.tmp`` is removed and the error raised."""
+    file or the new one; on failure the ``.tmp`` is removed and the error raised (an OSError that
+    names no file names the ``.tmp``). ``rename=False`` stops after the fsync and leaves the ``.tmp``
+    for the caller to publish together with other files (a shard and its index)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
@@ -46,11 +48,15 @@ def write_atomic(path: str | Path, data: bytes | str) -> None:
             f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
+        if rename:
+            os.replace(tmp, path)
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and not e.filename:
+            raise OSError(e.errno, e.strerror, str(tmp)) from None
         raise
-    fsync_dir(path.parent)
+    if rename:
+        fsync_dir(path.parent)
 
 
 def sync_and_record(path: str | Path) -> dict:

@@ -11,6 +11,7 @@ from typing import Any
 
 FILENAME = "metrics.jsonl"
 PLOT_FILENAME = "metrics.png"
+TB_DIRNAME = "tb"  # TensorBoard event files, under the workdir
 
 
 def read_metrics(path: str) -> list[dict[str, Any]]:

@@ -13,13 +13,14 @@ Reads metrics.jsonl with `vitlarge.metrics.read_metrics`, so a resumed run shows
 from __future__ import annotations
 
 import argparse
+import io
 import math
-import os
 import sys
 from collections import deque
 from pathlib import Path
 
-from vitlarge.errors import UserError
+from vitlarge.errors import UserError, cli_main
+from vitlarge.fileio import write_atomic
 from vitlarge.metrics import FILENAME, PLOT_FILENAME, read_metrics
 
 
@@ -117,10 +118,10 @@ def plot_run(workdir: str | Path, out: str | Path | None = None) -> Path:
     fig.tight_layout()
 
     out = Path(out) if out else workdir / PLOT_FILENAME
-    tmp = out.with_name(f".{out.name}.tmp")
-    fig.savefig(tmp, dpi=110, format="png")
+    png = io.BytesIO()
+    fig.savefig(png, dpi=110, format="png")
     plt.close(fig)
-    os.replace(tmp, out)
+    write_atomic(out, png.getvalue())
     return out
 
 
@@ -129,12 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("workdir", help="a run's --workdir (holds metrics.jsonl)")
     p.add_argument("--out", help=f"PNG to write (default: WORKDIR/{PLOT_FILENAME})")
     args = p.parse_args(argv)
-    try:
-        print(plot_run(args.workdir, args.out))
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return cli_main(lambda: print(plot_run(args.workdir, args.out)))
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ def _choose(workdir: Path, requested: Path | None, model, cfg: Config) -> Path |
         checkpoint.check_compatible(meta, chosen, model, cfg)
         step = meta["step"]
     _set_aside_newer(workdir, chosen, step)
-    ours = workdir / "checkpoints"
+    ours = workdir / checkpoint.CHECKPOINTS_DIR
     if chosen is not None and chosen.resolve().parent != ours.resolve():
         # From another workdir (or an abandoned_* folder): a copy here starts this run's line, so an
         # automatic resume before the first save comes back to it, not to this workdir's older steps.
@@ -96,7 +96,7 @@ def _move_aside(workdir: str | Path, paths: list[Path], from_step: int) -> Path:
     """Moves checkpoint folders (never deletes them) into ``checkpoints/abandoned_<UTC time>_from_step_<N>/``.
 
     Returns that folder. Its name matches no ``step_*`` pattern, so it is never chosen nor pruned."""
-    root = Path(workdir) / "checkpoints"
+    root = Path(workdir) / checkpoint.CHECKPOINTS_DIR
     base = f"abandoned_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}_from_{checkpoint.step_name(from_step)}"
     for i in itertools.count():
         dest = root / (base if i == 0 else f"{base}_{i}")
@@ -116,7 +116,7 @@ def _adopt(src: str | Path, workdir: str | Path) -> Path:
     """Publishes a copy of checkpoint ``src`` (from elsewhere) in the workdir, as ``checkpoints/step_<N>``;
     returns it. Hard links where the file system allows (no bytes copied; checkpoint files are never
     modified in place), else copies; fsynced and renamed like a save. The name must be free."""
-    src, root = Path(src), Path(workdir) / "checkpoints"
+    src, root = Path(src), Path(workdir) / checkpoint.CHECKPOINTS_DIR
     step = checkpoint.read_meta(src)["step"]
     final, tmp = root / checkpoint.step_name(step), root / f".{checkpoint.step_name(step)}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)

@@ -1,9 +1,12 @@
 """The loop: optimizer steps, evaluation and checkpoint cadence, preemption, and hook events.
 
 Contract: the trainer owns the step counter (optimizer steps done, restored from the checkpoint),
-calls the hooks' events in the order documented in ``hooks/base.py`` and never formats a log line
-itself. All ranks take the same decisions: the loss, the stop request (a signal delivered to any
-rank) and the hooks' view of the step are all-reduced once per optimizer step in one small message.
+emits the events of `vitlarge.events` in the order documented there and never formats a log line
+itself. ``train_loader`` is any batch source: ``next()`` gives ``(images, labels)`` of one micro-batch
+and ``state()`` what a checkpoint stores to resume it (tests wrap it to inject faults).
+
+All ranks take the same decisions: the loss, the stop request (a signal delivered to any rank) and the
+hooks' view of the step are all-reduced once per optimizer step in one small message.
 """
 
 from __future__ import annotations
@@ -15,12 +18,13 @@ import time
 import torch
 import torch.distributed as dist
 
-from vitlarge import checkpoint, faults
+from vitlarge import checkpoint
 from vitlarge.collective import rank0_decides
 from vitlarge.config import Config, Plan
 from vitlarge.engine import Engine
 from vitlarge.errors import Preempted
 from vitlarge.evaluate import evaluate
+from vitlarge.events import EvalMetrics, Event, Hook, RunInfo, StepMetrics, emit
 
 def peak_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
@@ -29,7 +33,7 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 
 class Trainer:
-    def __init__(self, cfg: Config, plan: Plan, engine: Engine, train_loader, val_loader, hooks: list, run,
+    def __init__(self, cfg: Config, plan: Plan, engine: Engine, train_loader, val_loader, hooks: list[Hook], run: RunInfo,
                  start_step: int = 0):
         self.cfg, self.plan, self.engine = cfg, plan, engine
         self.train_loader, self.val_loader = train_loader, val_loader
@@ -37,14 +41,12 @@ class Trainer:
         self.step = start_step
         self.device = engine.params[0].device
         self._stop_signal = 0
-        self._poison = faults.poisoned_steps()
 
     def _on_signal(self, signum, frame):
         self._stop_signal = signum
 
-    def _emit(self, event: str, *args) -> None:
-        for hook in self.hooks:
-            getattr(hook, event)(self.run, *args)
+    def _emit(self, event: Event, *args) -> None:
+        emit(self.hooks, event, self.run, *args)
 
     def _sync(self, loss: torch.Tensor) -> tuple[float, bool]:
         """Mean loss over ranks and whether any rank was asked to stop, in one all-reduce."""
@@ -54,20 +56,20 @@ class Trainer:
         loss_sum, stop = buf.tolist()
         return loss_sum / self.plan.world_size, stop > 0
 
-    def _evaluate(self) -> dict:
-        m = evaluate(self.engine.model, self.val_loader, self.engine.precision)
-        m.update(step=self.step, epoch=self.step / self.plan.steps_per_epoch)
-        self._emit("on_eval_end", m)
+    def _evaluate(self) -> EvalMetrics:
+        m = EvalMetrics(step=self.step, epoch=self.step / self.plan.steps_per_epoch,
+                        **evaluate(self.engine.model, self.val_loader, self.engine.precision))
+        self._emit(Event.EVAL_END, m)
         return m
 
     def _checkpoint(self):
         path = checkpoint.save(self.cfg.workdir, self.step, self.engine.model, self.engine.optimizer,
                                self.engine.precision.scaler, self.train_loader.state(), self.cfg,
                                keep=self.cfg.train.keep_checkpoints)
-        self._emit("on_checkpoint", self.step, str(path))
+        self._emit(Event.CHECKPOINT, self.step, str(path))
         return path
 
-    def fit(self) -> dict:
+    def fit(self) -> EvalMetrics:
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGUSR1)}
         try:
             return self._fit()
@@ -75,25 +77,24 @@ class Trainer:
             for s, handler in old.items():
                 signal.signal(s, handler)
 
-    def _fit(self) -> dict:
+    def _fit(self) -> EvalMetrics:
         t, plan = self.cfg.train, self.plan
         end = min(plan.total_steps, t.max_steps) if t.max_steps else plan.total_steps
-        self._emit("on_train_start")
+        self._emit(Event.TRAIN_START)
         while self.step < end:
             t0 = time.perf_counter()
-            batches = faults.poison_batches(lambda: next(self.train_loader), self.step + 1, self._poison)
-            out = self.engine.step(self.step, batches)
+            out = self.engine.step(self.step, lambda: next(self.train_loader))
             loss, stop = self._sync(out["loss"])  # its .tolist() waits for the device: dt is the real step time
             self.step += 1
             dt = time.perf_counter() - t0
-            m = dict(
+            m = StepMetrics(
                 step=self.step, epoch=self.step / plan.steps_per_epoch, train_loss=loss, lr=out["lr"],
                 grad_norm=out["grad_norm"], loss_scale=out["loss_scale"], skipped=out["skipped"],
                 images=plan.global_batch, step_time=dt, data_time=out["data_time"],
                 images_per_s=plan.global_batch / dt, images_per_s_per_device=plan.global_batch / dt / plan.world_size,
                 peak_mem_bytes=peak_memory_bytes(self.device), allreduce_calls=out["allreduce_calls"],
             )
-            self._emit("on_step_end", m)
+            self._emit(Event.STEP_END, m)
             if plan.eval_every_steps and self.step % plan.eval_every_steps == 0 and self.step < end:
                 self._evaluate()
             if stop:
@@ -104,7 +105,6 @@ class Trainer:
         # Rank 0 looks, all ranks follow: the save is a collective, so the answer must be the same everywhere.
         if not rank0_decides(lambda: checkpoint.exists(self.cfg.workdir, self.step)):
             self._checkpoint()
-        summary = {**final, "step": self.step}
-        self._emit("on_train_end", summary)
-        return summary
+        self._emit(Event.TRAIN_END, final)
+        return final
 

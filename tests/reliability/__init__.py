@@ -76,10 +76,12 @@ def resumed_at(log: str) -> list[tuple[str, int]]:
     return [(path, int(step)) for path, step in RESUMED.findall(log)]
 
 
-def srun(args: list[str], ntasks: int, logs: list[Path], wrap: dict[int, list[str]] | None = None) -> list[subprocess.Popen]:
+def srun(args: list[str], ntasks: int, logs: list[Path], wrap: dict[int, list[str]] | None = None,
+         script: tuple = ("train.py",)) -> list[subprocess.Popen]:
     """Starts ``python train.py`` ``ntasks`` times with the variables srun sets (no launcher in between).
 
-    ``wrap`` puts a command in front of some ranks' (e.g. ``unshare`` to give one rank its own view of files)."""
+    ``wrap`` puts a command in front of some ranks' (e.g. ``unshare`` to give one rank its own view of files);
+    ``script`` is the entry point and its arguments (tests/poison_train.py wraps train.py)."""
     port = launcher.free_port()
     procs = []
     for rank, log in enumerate(logs[:ntasks]):
@@ -88,7 +90,7 @@ def srun(args: list[str], ntasks: int, logs: list[Path], wrap: dict[int, list[st
             env.pop(k, None)
         env.update(SLURM_PROCID=str(rank), SLURM_NTASKS=str(ntasks), SLURM_LOCALID=str(rank), SLURM_STEP_ID="0",
                    SLURM_JOB_NODELIST="127.0.0.1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        cmd = [*(wrap or {}).get(rank, []), sys.executable, "train.py", *args]
+        cmd = [*(wrap or {}).get(rank, []), sys.executable, *script, *args]
         procs.append(subprocess.Popen(cmd, cwd=launcher.ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT,
                                       start_new_session=True))
     return procs

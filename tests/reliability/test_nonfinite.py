@@ -1,7 +1,7 @@
 """Non-finite values on real runs: an fp16 overflow is skipped, persistent divergence stops with exit 3.
 
-Faults come from ``VITLARGE_TEST_POISON_STEPS`` (vitlarge/faults.py): the poisoned steps' images are
-inf on every rank. Single-process runs use micro batch 64 (accumulation 2) to stay fast; the
+Faults come from tests/poison_train.py, which wraps train.py's batch source: the poisoned steps'
+images are inf on every rank. Single-process runs use micro batch 64 (accumulation 2) to stay fast; the
 persistent case runs two ranks (srun-style) so that both are seen to stop, none left in a collective.
 """
 
@@ -17,10 +17,14 @@ from safetensors.torch import load_file
 from hooks.jsonl import read_metrics
 from tests import launcher
 from tests.reliability import RECIPE, checkpoint_steps, kill_all, srun
-from vitlarge import checkpoint, faults
+from vitlarge import checkpoint
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 600
+
+
+def poison(steps: str) -> tuple:
+    return ("tests/poison_train.py", steps)
 
 
 def args(data: str, workdir: Path, *extra: str) -> list[str]:
@@ -37,11 +41,10 @@ def ckpt(workdir: Path, step: int) -> Path:
     return workdir / "checkpoints" / f"step_{step:07d}"
 
 
-def test_one_poisoned_fp16_step_is_skipped_and_the_scale_halves(demo_data, tmp_path, monkeypatch):
-    monkeypatch.setenv(faults.ENV, "3")
+def test_one_poisoned_fp16_step_is_skipped_and_the_scale_halves(demo_data, tmp_path):
     r = launcher.run(args(demo_data, tmp_path, "train.max_steps=5", "train.micro_batch=64",
                           "train.checkpoint_every_steps=1", "train.keep_checkpoints=10"), launcher="python",
-                     timeout=TIMEOUT)
+                     timeout=TIMEOUT, script=poison("3"))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     m = train_records(tmp_path)
     assert [m[s]["skipped"] for s in range(1, 6)] == [False, False, True, False, False]
@@ -59,12 +62,11 @@ def test_one_poisoned_fp16_step_is_skipped_and_the_scale_halves(demo_data, tmp_p
     assert (tmp_path / "model" / "model.safetensors").is_file()
 
 
-def test_persistent_nan_stops_both_ranks_with_exit_3_and_keeps_the_last_good_checkpoint(demo_data, tmp_path,
-                                                                                          monkeypatch):
-    monkeypatch.setenv(faults.ENV, "6-")
+def test_persistent_nan_stops_both_ranks_with_exit_3_and_keeps_the_last_good_checkpoint(demo_data, tmp_path):
     logs = [tmp_path / f"rank{r}.log" for r in range(2)]
     procs = srun(args(demo_data, tmp_path, "train.max_steps=30", "train.checkpoint_every_steps=3",
-                      "train.keep_checkpoints=10", "train.nan_patience=5"), 2, logs)
+                      "train.keep_checkpoints=10", "train.nan_patience=5"), 2, logs,
+                 script=poison("6-"))
     try:
         codes = [p.wait(timeout=TIMEOUT) for p in procs]
     finally:

@@ -6,6 +6,22 @@ import torch
 
 from vitlarge.config import Config
 from vitlarge.data.loader import TrainLoader, ValLoader
+from vitlarge.data.manifest import Manifest, load_manifest
+from vitlarge.data.randaugment import spec as randaugment_spec
+from vitlarge.errors import UserError
+
+
+def check_data(cfg: Config) -> Manifest:
+    """The manifest of ``cfg.data.path`` after the checks that need no pipeline: its class count matches
+    ``data.num_classes`` and ``data.randaugment`` parses. Fails before any work or file is written."""
+    manifest = load_manifest(cfg.data.path)
+    if manifest.num_classes != cfg.data.num_classes:
+        raise UserError(
+            f"{cfg.data.path}/dataset.json has {manifest.num_classes} classes but data.num_classes="
+            f"{cfg.data.num_classes}; set data.num_classes={manifest.num_classes}"
+        )
+    randaugment_spec(cfg.data.randaugment)
+    return manifest
 
 
 def _pixels(values) -> tuple:

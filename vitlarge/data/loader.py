@@ -18,15 +18,15 @@ import math
 
 import torch
 from nvidia.dali.plugin.pytorch import feed_ndarray
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from vitlarge.data import pipelines
 from vitlarge.data.manifest import MANIFEST_NAME, Manifest, check_shards, load_manifest
 from vitlarge.data.randaugment import spec as randaugment_spec
+from vitlarge.config import IMAGENET_MEAN, IMAGENET_STD
 from vitlarge.errors import UserError
 
-DEFAULT_MEAN = tuple(255.0 * x for x in IMAGENET_DEFAULT_MEAN)
-DEFAULT_STD = tuple(255.0 * x for x in IMAGENET_DEFAULT_STD)
+DEFAULT_MEAN = tuple(255.0 * x for x in IMAGENET_MEAN)  # DALI normalizes 0..255 pixels
+DEFAULT_STD = tuple(255.0 * x for x in IMAGENET_STD)
 STATE_VERSION = 2  # 2: per-epoch file-order shuffle (shuffle_after_epoch), one seed for all ranks
 
 

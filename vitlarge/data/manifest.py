@@ -27,6 +27,7 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from vitlarge.errors import UserError
+from vitlarge.fileio import write_atomic
 
 MANIFEST_NAME = "dataset.json"
 FORMAT = "vitlarge.tfrecord"
@@ -175,19 +176,9 @@ def load_manifest(data_dir: str) -> Manifest:
 
 
 def write_manifest(manifest: Manifest, data_dir: str) -> str:
-    """Write ``dataset.json`` atomically (tmp, fsync, rename); return its path."""
+    """Write ``dataset.json`` atomically (`vitlarge.fileio.write_atomic`); return its path."""
     path = os.path.join(data_dir, MANIFEST_NAME)
-    tmp = path + ".tmp"
-    try:
-        with open(tmp, "w") as f:
-            f.write(manifest.to_json())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    write_atomic(path, manifest.to_json())
     return path
 
 

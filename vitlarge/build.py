@@ -1,0 +1,65 @@
+"""The one place where a run's parts are combined: model, optimizer, Booster plugin, precision, engine.
+
+train.py, the benchmarks and the tests call `build`, so a benchmark measures exactly what users run.
+The rules of how the parts combine live here and nowhere else:
+
+* ``train.precision: auto`` is resolved by device (`vitlarge.precision.resolve`) before anything
+  reads it (`resolve_precision`): the model's fused attention, the engine and the checkpoints do.
+* The model is built with the same seed on every rank (identical initial weights); fused attention
+  follows ``model.fused_attn`` and the resolved precision (`vitlarge.model.build_model`).
+* The optimizer's parameter groups (no weight decay and no trust ratio for biases, norms, position
+  embeddings and the cls token) come from `vitlarge.optim.build_optimizer`.
+* Under ZeRO the plugin owns mixed precision (it casts the model), so our autocast stays fp32.
+
+The process group must be up before `build` (the Booster wraps the model in DDP).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vitlarge.config import Config, Plan
+from vitlarge.engine import Engine
+from vitlarge.precision import Precision, resolve
+
+
+@dataclass
+class Parts:
+    """A built run. ``model`` and ``optimizer`` are the Booster's wrappers; ``engine`` holds them all."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    booster: object
+    precision: Precision
+    engine: Engine
+
+
+def resolve_precision(cfg: Config, device: torch.device) -> str | None:
+    """Replaces ``cfg.train.precision`` ``auto`` by what ``device`` trains in; returns why, or None
+    when the recipe named a precision itself."""
+    requested = cfg.train.precision
+    cfg.train.precision, why = resolve(requested, device)
+    return f"precision auto -> {cfg.train.precision}: {why}" if requested == "auto" else None
+
+
+def build(cfg: Config, plan: Plan, device: torch.device | str) -> Parts:
+    """Model, optimizer, Booster, precision and engine for ``cfg`` on ``device`` (precision resolved)."""
+    from colossalai.booster import Booster
+
+    from vitlarge.model import build_model
+    from vitlarge.optim import build_optimizer
+    from vitlarge.plugins import build_plugin
+
+    device = torch.device(device)
+    torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
+    model = build_model(cfg, device)
+    o = cfg.optim
+    optimizer = build_optimizer(model, o.name, lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas),
+                                eps=o.eps, bias_correction=o.bias_correction)
+    booster = Booster(plugin=build_plugin(cfg, device))
+    model, optimizer, *_ = booster.boost(model, optimizer)
+    amp = "fp32" if cfg.train.plugin == "zero" else cfg.train.precision
+    precision = Precision(amp, device, cfg.train.init_loss_scale, cfg.train.loss_scale_growth_interval)
+    return Parts(model, optimizer, booster, precision, Engine(cfg, plan, booster, model, optimizer, precision))

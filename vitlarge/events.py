@@ -1,0 +1,148 @@
+"""The run contract: the events a training run emits, what they carry, and the hook base class.
+
+The trainer (`vitlarge.trainer`) emits; observers in ``hooks/`` implement `Hook`. In order:
+
+* `Event.TRAIN_START` -> ``on_train_start(run)`` once per process, before the first step.
+* `Event.STEP_END` -> ``on_step_end(run, m: StepMetrics)`` after every optimizer step.
+* `Event.EVAL_END` -> ``on_eval_end(run, m: EvalMetrics)`` after every evaluation.
+* `Event.CHECKPOINT` -> ``on_checkpoint(run, step, path)`` after a checkpoint is complete under
+  its final name.
+* `Event.TRAIN_END` -> ``on_train_end(run, summary: EvalMetrics)`` once, after the final
+  evaluation; ``summary`` is that evaluation (its ``step`` is the last step).
+
+Hooks log only where ``run.is_main`` unless they say otherwise; a hook that must stop training
+raises `StopTraining` (all ranks see the same values, so they all raise at the same step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from vitlarge.config import Config, Plan
+
+
+class StopTraining(Exception):
+    """Raised by a hook to end the run with an error; the message says why and what to do."""
+
+
+class Event(enum.Enum):
+    TRAIN_START = "train_start"
+    STEP_END = "step_end"
+    EVAL_END = "eval_end"
+    CHECKPOINT = "checkpoint"
+    TRAIN_END = "train_end"
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What a hook may know about the run: where it writes, who this process is, the plan and config."""
+
+    workdir: str
+    rank: int
+    is_main: bool
+    device: str
+    start_step: int
+    """Optimizer steps done when this process started (0, or the resumed checkpoint's step)."""
+    plan: Plan
+    cfg: Config
+
+    @property
+    def world_size(self) -> int:
+        return self.plan.world_size
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepMetrics:
+    """One optimizer step, as every hook receives it. Fields in the order metrics.jsonl writes them.
+
+    Every rank receives the same values for the loss and the optimizer fields.
+    """
+
+    step: int
+    """Optimizer steps done, 1-based."""
+    epoch: float
+    """Epochs done."""
+    train_loss: float
+    """Mean over ranks of this step's micro-batch losses; may be nan/inf."""
+    lr: float
+    grad_norm: float
+    """Global norm after unscaling, before clipping; nan or inf when the step overflowed."""
+    loss_scale: float
+    """1.0 without fp16."""
+    images_per_s: float
+    """All ranks."""
+    images_per_s_per_device: float
+    skipped: bool
+    """An fp16 overflow (or non-finite gradients) skipped the update."""
+    data_time: float
+    """Seconds of ``step_time`` spent waiting for the loader."""
+    step_time: float
+    """Wall seconds of this step."""
+    peak_mem_bytes: int
+    """This process: CUDA max allocated on GPU, max RSS on CPU."""
+    allreduce_calls: int = 0
+    """Gradient all-reduce calls this step on this rank (DDP buckets)."""
+    images: int
+    """Images in this optimizer step over all ranks (the global batch); not logged, summed by the console."""
+
+    def record(self) -> dict[str, Any]:
+        """The fields metrics.jsonl writes for a ``train`` record, in order."""
+        d = dataclasses.asdict(self)
+        del d["images"]
+        return d
+
+
+@dataclass(frozen=True)
+class EvalMetrics:
+    """One evaluation over the whole validation split."""
+
+    step: int
+    epoch: float
+    val_top1: float
+    """Fraction in 0..1."""
+    val_top5: float
+    val_loss: float
+    """Mean cross-entropy."""
+    val_images: int
+    """Images counted over all ranks."""
+
+    def record(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class Hook:
+    """No-op base: override the events you need."""
+
+    def on_train_start(self, run: RunInfo) -> None:
+        pass
+
+    def on_step_end(self, run: RunInfo, m: StepMetrics) -> None:
+        pass
+
+    def on_eval_end(self, run: RunInfo, m: EvalMetrics) -> None:
+        pass
+
+    def on_checkpoint(self, run: RunInfo, step: int, path: str) -> None:
+        pass
+
+    def on_train_end(self, run: RunInfo, summary: EvalMetrics) -> None:
+        pass
+
+
+def emit(hooks: list[Hook], event: Event, run: RunInfo, *args) -> None:
+    """Calls ``event`` on each hook in list order."""
+    for hook in hooks:
+        match event:
+            case Event.TRAIN_START:
+                hook.on_train_start(run)
+            case Event.STEP_END:
+                hook.on_step_end(run, *args)
+            case Event.EVAL_END:
+                hook.on_eval_end(run, *args)
+            case Event.CHECKPOINT:
+                hook.on_checkpoint(run, *args)
+            case Event.TRAIN_END:
+                hook.on_train_end(run, *args)
