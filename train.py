@@ -95,6 +95,8 @@ def run(args, env) -> int:
     why = resolve_precision(cfg, device)  # before anything reads it: model, engine, checkpoints
     if env.is_main and why:
         logging.getLogger("vitlarge").info(why)
+    import colossalai.booster  # noqa: F401 (~10 s: before the rendezvous, whose timeout the user sets)
+
     launch.init_distributed(env, backend)
 
     # Model, optimizer, plugin, precision, engine (vitlarge/build.py): identical initial weights on

@@ -40,6 +40,8 @@ def command(args: list[str], nproc: int = 1, launcher: str = "colossalai", scrip
     """``script``: the entry point and its own arguments (tests/poison_train.py wraps train.py)."""
     if nproc == 1 and launcher == "python":
         return [sys.executable, *script, *args]
+    if tuple(script) != ("train.py",):  # a wrapper would be silently dropped: the test would not test it
+        raise ValueError(f"script={script} runs only with launcher='python' and nproc=1 (or through srun())")
     if launcher == "torchrun":
         return [f"{VENV_BIN}/torchrun", f"--nproc_per_node={nproc}", f"--master_port={free_port()}", "train.py", *args]
     return [f"{VENV_BIN}/colossalai", "run", "--nproc_per_node", str(nproc), "--master_port", str(free_port()),

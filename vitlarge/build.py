@@ -53,6 +53,7 @@ def build(cfg: Config, plan: Plan, device: torch.device | str) -> Parts:
     from vitlarge.plugins import build_plugin
 
     device = torch.device(device)
+    resolve_precision(cfg, device)  # no-op when resolved: the model's attention and patch conv depend on it
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     model = build_model(cfg, device)
     o = cfg.optim

@@ -2,7 +2,8 @@
 
 Contract: the message is a single line that names the file or config key at fault and says how to
 fix it. Entry points (train.py, data_tools, vitlarge.evaluate) print it as ``error: <message>`` and
-exit with status 2, without a traceback (`cli_main`).
+exit with status 2, without a traceback: `cli_main` for the tools; train.py has its own guard because
+it also maps exit statuses 3 (NaN guard) and 75 (preempted).
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def write_atomic(path: str | Path, data: bytes | str, *, rename: bool = True) ->
             os.replace(tmp, path)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError) and not e.filename:
+        if isinstance(e, OSError) and not e.filename and e.errno is not None:
             raise OSError(e.errno, e.strerror, str(tmp)) from None
         raise
     if rename:

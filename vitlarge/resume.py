@@ -85,7 +85,8 @@ def _set_aside_newer(workdir: Path, chosen: Path | None, step: int) -> None:
         dest = _move_aside(workdir, later, step)
     except OSError as e:
         raise UserError(
-            f"cannot move checkpoints newer than step {step} aside in {workdir / 'checkpoints'} ({e.strerror}); "
+            f"cannot move checkpoints newer than step {step} aside in {workdir / checkpoint.CHECKPOINTS_DIR} "
+            f"({e.strerror}); "
             "make it writable or pass another --workdir"
         ) from None
     log.warning(f"moved {len(later)} checkpoint(s) newer than step {step} ({', '.join(p.name for p in later)}) "
