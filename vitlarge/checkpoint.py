@@ -84,7 +84,7 @@ def param_shapes(model: torch.nn.Module) -> dict[str, list[int]]:
     return {k: list(v.shape) for k, v in model.state_dict().items()}
 
 
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model.unwrap() if hasattr(model, "unwrap") else model
 
 
@@ -96,7 +96,7 @@ def save(workdir: str | Path, step: int, model, optimizer, scaler, data_state: s
     rank, world = rank_and_world()
     root = Path(workdir) / CHECKPOINTS_DIR
     final, tmp = root / step_name(step), root / f".{step_name(step)}.tmp"
-    raw = _unwrap(model)
+    raw = unwrap(model)
 
     def prepare():
         root.mkdir(parents=True, exist_ok=True)
@@ -299,7 +299,7 @@ def check_writable(workdir: str | Path, rank: int) -> None:
 
 
 def check_compatible(meta: dict, path: Path, model: torch.nn.Module, cfg: Config) -> None:
-    shapes = param_shapes(_unwrap(model))
+    shapes = param_shapes(unwrap(model))
     if meta["model"] != cfg.model.name or meta["param_shapes"] != shapes:
         diff = next((k for k in shapes if meta["param_shapes"].get(k) != shapes[k]), None)
         detail = f"first difference at '{diff}'" if diff else "different parameter set"
@@ -326,7 +326,7 @@ def load(path: str | Path, model, optimizer, scaler, cfg: Config) -> dict:
         problem = fileio.size_problem(path / name, files.get(name))
         if problem:
             raise Unusable(path, problem)
-    _unwrap(model).load_state_dict(load_file(str(path / "model.safetensors"), device="cpu"))
+    unwrap(model).load_state_dict(load_file(str(path / "model.safetensors"), device="cpu"))
     opt = getattr(optimizer, "optim", optimizer)
     opt.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True))
     state = torch.load(path / rank_file, map_location="cpu", weights_only=True)
@@ -356,6 +356,6 @@ def load_model_weights(path: str | Path, model: torch.nn.Module, cfg: Config) ->
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist; pass a checkpoints/step_* folder or an exported model folder")
     try:
-        _unwrap(model).load_state_dict(load_file(str(path), device="cpu"))
+        unwrap(model).load_state_dict(load_file(str(path), device="cpu"))
     except RuntimeError as e:
         raise UserError(f"{given} does not fit model {cfg.model.name}: {str(e).splitlines()[0]}") from None

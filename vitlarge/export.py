@@ -24,7 +24,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
-from vitlarge import fileio
+from vitlarge import checkpoint, fileio
 from vitlarge.config import Config
 from vitlarge.errors import UserError
 
@@ -33,14 +33,11 @@ EXPORT_DIR = "model"
 
 def data_config(cfg: Config) -> dict:
     """vitlarge's evaluation preprocessing in timm's terms (see `vitlarge.data.pipelines.val_pipeline`)."""
-    import inspect
-
-    from vitlarge.data.loader import ValLoader
+    from vitlarge.data.loader import VAL_INTERPOLATION
 
     size = cfg.data.image_size
-    interpolation = inspect.signature(ValLoader).parameters["interpolation"].default  # what evaluation ran with
     return dict(input_size=(3, size, size), mean=tuple(cfg.data.mean), std=tuple(cfg.data.std),
-                crop_pct=cfg.data.val_crop_pct, crop_mode="center", interpolation=interpolation)
+                crop_pct=cfg.data.val_crop_pct, crop_mode="center", interpolation=VAL_INTERPOLATION)
 
 
 def export(workdir: str | Path, model: torch.nn.Module, cfg: Config, class_names: list[str] | None = None,
@@ -53,8 +50,7 @@ def export(workdir: str | Path, model: torch.nn.Module, cfg: Config, class_names
     """
     from timm.models._hub import save_config_for_hf
 
-    raw = model.unwrap() if hasattr(model, "unwrap") else model
-    raw = getattr(raw, "module", raw)
+    raw = checkpoint.unwrap(model)
     workdir = Path(workdir)
     out = workdir / EXPORT_DIR
     tmp = workdir / f".{EXPORT_DIR}.tmp"

@@ -86,8 +86,7 @@ def _set_aside_newer(workdir: Path, chosen: Path | None, step: int) -> None:
     except OSError as e:
         raise UserError(
             f"cannot move checkpoints newer than step {step} aside in {workdir / checkpoint.CHECKPOINTS_DIR} "
-            f"({e.strerror}); "
-            "make it writable or pass another --workdir"
+            f"({e.strerror}); make it writable or pass another --workdir"
         ) from None
     log.warning(f"moved {len(later)} checkpoint(s) newer than step {step} ({', '.join(p.name for p in later)}) "
                 f"aside to {dest}; this run continues from {chosen or 'scratch'}")
@@ -127,7 +126,7 @@ def _adopt(src: str | Path, workdir: str | Path) -> Path:
             os.link(f, tmp / f.name)
         except OSError:  # another file system, or links not allowed
             shutil.copyfile(f, tmp / f.name)
-            fileio.sync_and_record(tmp / f.name)
+            fileio.fsync_path(tmp / f.name)
     fileio.fsync_dir(tmp)
     os.replace(tmp, final)
     fileio.fsync_dir(root)

@@ -27,6 +27,7 @@ from vitlarge.errors import UserError
 
 DEFAULT_MEAN = tuple(255.0 * x for x in IMAGENET_MEAN)  # DALI normalizes 0..255 pixels
 DEFAULT_STD = tuple(255.0 * x for x in IMAGENET_STD)
+VAL_INTERPOLATION = "bicubic"  # timm's eval resize; the export declares it (vitlarge/export.py)
 STATE_VERSION = 2  # 2: per-epoch file-order shuffle (shuffle_after_epoch), one seed for all ranks
 
 
@@ -212,7 +213,7 @@ class ValLoader:
 
     def __init__(self, data_dir: str, batch_size: int, image_size: int, *, rank: int, world_size: int,
                  device: torch.device, num_threads: int = 2, crop_pct: float = 0.875, mean=DEFAULT_MEAN,
-                 std=DEFAULT_STD, label_offset: int | None = None, interpolation: str = "bicubic"):
+                 std=DEFAULT_STD, label_offset: int | None = None, interpolation: str = VAL_INTERPOLATION):
         _check_rank(rank, world_size)
         if not 0 < crop_pct <= 1:
             raise UserError(f"crop_pct={crop_pct}: must be in (0, 1]")
