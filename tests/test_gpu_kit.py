@@ -1,9 +1,9 @@
 """The GPU measurement kit (benchmarks/gpu.py) and its bundle (scripts/gpu_bundle.sh), on CPU.
 
-Two real runs of ``--device cpu --tiny`` in subprocesses, reused by every assertion:
+Two runs of ``--device cpu --tiny`` in subprocesses, reused by every assertion:
 - from the bundle, with cwd = the bundle and no PYTHONPATH, with Colossal-AI, DALI, TFRecord and
   crc32c made unimportable (tests/block_imports.py): the bare-GPU-machine case, plain path;
-- from the repository with Colossal-AI present: the Booster path (training section only).
+- in the test process, with Colossal-AI present: the Booster path (training section only).
 Asserts structure and sanity (every contender, positive finite numbers, the path named, valid
 JSON, the report section renders); never a speed.
 """
@@ -54,9 +54,17 @@ def bundle_run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def booster_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("gpukit-booster")
-    p = _kit([sys.executable, "-m", "benchmarks.gpu", "--device", "cpu", "--tiny", "--out", str(out), "--only", "train"], ROOT)
-    return json.loads((out / "gpu.json").read_text()), p.stdout
+    """In this process, like tests/test_benchmarks.py: the suite imports Colossal-AI once for all."""
+    import contextlib
+    import io
+    from unittest import mock
+
+    from benchmarks import gpu
+
+    out, stdout = tmp_path_factory.mktemp("gpukit-booster"), io.StringIO()
+    with mock.patch.dict(os.environ), contextlib.redirect_stdout(stdout):  # main sets VITLARGE_BENCH_RESULTS
+        assert gpu.main(["--device", "cpu", "--tiny", "--out", str(out), "--only", "train"]) == 0
+    return json.loads((out / "gpu.json").read_text()), stdout.getvalue()
 
 
 def test_bundle_is_small_and_runs_without_colossalai_dali_tfrecord_crc32c(bundle_run):
