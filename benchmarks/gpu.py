@@ -199,11 +199,16 @@ def large_section(device: torch.device, path: str, s: dict, peak: dict, tiny: bo
                  "image_size": cfg.data.image_size, "grad_checkpointing": True, "precision": "bf16",
                  "recipe_micro_batch": recipe_micro, "micro_batch": best, "search_cap": s["large_cap"],
                  "fit_tries": tries, "recipe_micro_batch_fits": best >= recipe_micro}
-        if best:
+        t = []
+        while best and not t:  # after an out-of-memory probe, fragmentation can fail the size that fit
             run.set_batch(synthetic_batch(cfg, device, best))
             dev.reset_peak(device)
-            t = [dev.time_call(lambda: [run.step() for _ in range(s["steps"])], device) / s["steps"]
-                 for _ in range(s["rounds"])]
+            if not dev.fits(lambda: t.extend(dev.time_call(lambda: [run.step() for _ in range(s["steps"])], device)
+                                             / s["steps"] for _ in range(s["rounds"])), device):
+                t.clear()
+                best = best * 7 // 8
+                entry.update(micro_batch=best, timed_lower=True)
+        if best:
             info = describe_model(cfg)
             ips = best / common.median(t)
             entry.update(step_s=common.summary(t), images_per_s=round(ips, 3), params=info["params"],

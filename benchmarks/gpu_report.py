@@ -39,6 +39,10 @@ def _gib(b) -> str:
     return "n/a" if b is None else f"{b / 2**30:.1f} GiB"
 
 
+def _flops(x: float) -> str:
+    return f"{x / 1e12:.1f} TFLOP/s" if x >= 1e12 else f"{x / 1e9:.1f} GFLOP/s"
+
+
 def _pct(x) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
@@ -53,9 +57,9 @@ def section(r: dict | None) -> list[str]:
     lines += [f"Device: {d['name']} ({d['type']}), torch {d['torch']}"
               + (f", CUDA {d.get('cuda')}" if d["type"] == "cuda" else "")
               + f"; path: **{r['path']}** ({r['path_why']}){'; --tiny: the numbers mean nothing' if r['tiny'] else ''}.\n",
-              "Peak: " + ", ".join(f"{k} matmul {v['n']}^3 {v['flops_per_s'] / 1e12:.1f} TFLOP/s"
+              "Peak: " + ", ".join(f"{k} matmul {v['n']}^3 {_flops(v['flops_per_s'])}"
                                    for k, v in peak["measured"].items())
-              + (f"; datasheet {sheet['board']} dense {sheet['dense_bf16_fp16_flops'] / 1e12:.0f} TFLOP/s" if sheet
+              + (f"; datasheet {sheet['board']} dense {_flops(sheet['dense_bf16_fp16_flops'])}" if sheet
                  else "; no datasheet entry for this device") + ".\n"]
     if "train" in r:
         t = r["train"]

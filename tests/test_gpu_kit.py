@@ -144,3 +144,31 @@ def test_report_section_without_a_gpu_run_says_so_and_has_no_numbers(bundle_run)
     full = gpu_report.section(bundle_run[2])
     assert sum(line.startswith("| `") for line in full) == len(CONTENDERS) + 3  # + 2 optimizers, 1 left out
     assert any(line.startswith("| ViT-H/14 |") for line in full)
+
+
+class _FitsUpTo:
+    """A step that runs out of device memory above ``limit`` images, as a CUDA step would (CPU has no limit)."""
+
+    def __init__(self, limit: int):
+        self.limit, self.sizes = limit, []
+
+    def set_batch(self, batch):
+        self.batch = batch
+
+    def step(self):
+        self.sizes.append(len(self.batch[0]))
+        if len(self.batch[0]) > self.limit:
+            raise gpu_device.torch.cuda.OutOfMemoryError("CUDA out of memory (test)")
+
+
+@pytest.mark.parametrize("limit,expected", [(200, 192), (5, 4), (4096, 1024), (0, 0)])
+def test_largest_fit_doubles_then_bisects_and_goes_down_from_a_failed_start(limit, expected):
+    from benchmarks.gpu import largest_fit
+    from benchmarks.gpu_train import kit_config
+
+    cfg = kit_config("vit_l16", "bf16", 4, 1, tiny=True)
+    run = _FitsUpTo(limit)
+    best, tries = largest_fit(run, cfg, gpu_device.torch.device("cpu"), start=16, cap=1024)
+    assert best == expected
+    assert [t["micro_batch"] for t in tries] == run.sizes
+    assert all(t["fits"] == (t["micro_batch"] <= limit) for t in tries)
