@@ -11,7 +11,9 @@ The rules of how the parts combine live here and nowhere else:
   embeddings and the cls token) come from `vitlarge.optim.build_optimizer`.
 * Under ZeRO the plugin owns mixed precision (it casts the model), so our autocast stays fp32.
 
-The process group must be up before `build` (the Booster wraps the model in DDP).
+The process group must be up before `build` (the Booster wraps the model in DDP). A caller on a
+machine without Colossal-AI (the GPU measurement kit, benchmarks/gpu.py) passes its own single-device
+``booster`` instead; everything else is combined exactly as for train.py.
 """
 
 from __future__ import annotations
@@ -44,10 +46,11 @@ def resolve_precision(cfg: Config, device: torch.device) -> str | None:
     return f"precision auto -> {cfg.train.precision}: {why}" if requested == "auto" else None
 
 
-def build(cfg: Config, plan: Plan, device: torch.device | str) -> Parts:
-    """Model, optimizer, Booster, precision and engine for ``cfg`` on ``device`` (precision resolved)."""
-    from colossalai.booster import Booster
+def build(cfg: Config, plan: Plan, device: torch.device | str, booster=None) -> Parts:
+    """Model, optimizer, Booster, precision and engine for ``cfg`` on ``device`` (precision resolved).
 
+    ``booster``: None makes Colossal-AI's ``Booster`` with the recipe's plugin; anything else must
+    offer what the engine uses (``boost(model, optimizer)``, ``no_sync``, ``backward``)."""
     from vitlarge.model import build_model
     from vitlarge.optim import build_optimizer
     from vitlarge.plugins import build_plugin
@@ -59,7 +62,10 @@ def build(cfg: Config, plan: Plan, device: torch.device | str) -> Parts:
     o = cfg.optim
     optimizer = build_optimizer(model, o.name, lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas),
                                 eps=o.eps, bias_correction=o.bias_correction)
-    booster = Booster(plugin=build_plugin(cfg, device))
+    if booster is None:
+        from colossalai.booster import Booster
+
+        booster = Booster(plugin=build_plugin(cfg, device))
     model, optimizer, *_ = booster.boost(model, optimizer)
     amp = "fp32" if cfg.train.plugin == "zero" else cfg.train.precision
     precision = Precision(amp, device, cfg.train.init_loss_scale, cfg.train.loss_scale_growth_interval)

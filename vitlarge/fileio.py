@@ -17,8 +17,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import crc32c
-
 CHUNK = 16 << 20  # bytes read at a time while checksumming
 
 
@@ -68,6 +66,8 @@ def sync_and_record(path: str | Path) -> dict:
 
 
 def _record(f) -> dict:
+    import crc32c  # here, not at module load: the GPU kit writes through this module on machines without it
+
     crc, size = 0, 0
     while chunk := f.read(CHUNK):
         crc = crc32c.crc32c(chunk, crc)

@@ -1,0 +1,297 @@
+"""GPU measurement kit: ViT training images/s, step time, memory and MFU per GPU from one command.
+
+    python -m benchmarks.gpu                        # on the CUDA device present (~5 min on one H100)
+    python -m benchmarks.gpu --out $OUT             # results elsewhere (the device tool returns $OUT)
+    python -m benchmarks.gpu --device cpu --tiny    # the same code on CPU at toy sizes (the test suite)
+
+On synthetic data already on the device (the compute side only), one process, contenders interleaved
+round by round, medians:
+
+1. ``peak``: bf16 and fp16 FLOP/s of an 8192^3 matmul (256^3 under ``--tiny``), and the dense
+   datasheet peak where the device's name is an H100, H200 or A100 (`gpu_device.DATASHEET_TFLOPS`).
+2. ``train``: ViT-B/16 at 224 px, micro-batch 256 (halved until it fits, reported), accumulation 4:
+   vitlarge's engine (`gpu_train.EngineRun`) in fp16 and bf16 against a bare loop with timm's Lamb
+   (`gpu_train.BareLoop`): images/s, step time, peak memory (each contender's own, above what the
+   others hold), MFU. Model FLOPs: 3 x the forward FLOPs that `vitlarge.model.describe_model` counts
+   (``FlopCounterMode`` on the meta device: every matmul, attention included); recomputation is
+   not counted, as usual for MFU.
+3. ``optimizer``: the step alone (`gpu_optim`): ms per step, kernel launches per step.
+4. ``large``: ViT-L/16 and ViT-H/14 with activation checkpointing, bf16, accumulation 1: the
+   largest micro-batch that fits (doubling until out of memory, then bisection), its images/s and
+   peak memory, next to the recipe's micro-batch.
+
+The engine's Booster is Colossal-AI's (`vitlarge.build.build`, TorchDDPPlugin at world size 1) when
+Colossal-AI imports with the torch present, else `gpu_train.PlainBooster`; the output names the path.
+Nothing imported at module load needs Colossal-AI, DALI, TFRecord or crc32c. Writes ``gpu.json``
+(atomically, `benchmarks.common.write_result`) and ``gpu.md`` (the docs/PERFORMANCE.md section,
+`benchmarks.gpu_report`) into ``--out``: benchmarks/results by default, a temp dir under ``--tiny``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
+
+import torch
+
+from benchmarks import gpu_device as dev
+from vitlarge.errors import UserError, cli_main
+
+SECTIONS = ("peak", "train", "optimizer", "large")
+
+
+def choose_path(requested: str) -> tuple[str, str]:
+    """``("colossalai" | "plain", why)``: Colossal-AI's Booster if it imports (``auto``), or as told."""
+    if requested == "plain":
+        return "plain", "--path plain"
+    try:
+        from colossalai.booster import Booster  # noqa: F401
+    except Exception as e:  # ImportError, or its torch version pin failing at import
+        if requested == "colossalai":
+            raise UserError(f"--path colossalai: Colossal-AI does not import ({type(e).__name__}: {e}); "
+                            "use --path auto or plain") from None
+        return "plain", (f"Colossal-AI does not import with torch {torch.__version__} "
+                         f"({type(e).__name__}: {str(e)[:120]}): vitlarge's Engine/LAMB/Precision without a Booster")
+    return "colossalai", "Colossal-AI imports: vitlarge.build.build with Booster(TorchDDPPlugin), world size 1"
+
+
+def init_process_group(device: torch.device) -> None:
+    """World size 1 through vitlarge.launch, as train.py does (DDP needs a process group)."""
+    from vitlarge import launch
+
+    env = launch.DistEnv(0, 1, 0, "127.0.0.1", launch._free_port(), "single")
+    launch.init_distributed(env, "nccl" if device.type == "cuda" else "gloo")
+
+
+def sizes(tiny: bool) -> dict:
+    if tiny:
+        return dict(matmul_n=256, micro=4, accum=2, rounds=2, steps=1, warmup=1, opt_rounds=2, profile_steps=1,
+                    large_start=2, large_cap=4)
+    return dict(matmul_n=8192, micro=256, accum=4, rounds=5, steps=3, warmup=2, opt_rounds=10, profile_steps=3,
+                large_start=16, large_cap=1024)
+
+
+def peak_section(device: torch.device, n: int) -> dict:
+    measured = {}
+    for _ in range(2):  # alternate so both dtypes see the same clocks
+        for name, dt in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+            measured.setdefault(name, []).append(dev.matmul_peak(device, n, dt)["flops_per_s"])
+    name = dev.device_info(device)["name"]
+    return {"measured": {k: {"n": n, "flops_per_s": common.median(v)} for k, v in measured.items()},
+            "datasheet": dev.datasheet_peak(name) if device.type == "cuda" else None}
+
+
+def mfu(flops_per_s: float, peak: dict, dtype: str) -> dict:
+    sheet = peak["datasheet"]
+    return {"vs_measured_matmul": round(flops_per_s / peak["measured"][dtype]["flops_per_s"], 4),
+            "vs_datasheet": round(flops_per_s / sheet["dense_bf16_fp16_flops"], 4) if sheet else None}
+
+
+def build_contenders(micro: int, s: dict, device, path: str, tiny: bool) -> tuple[dict, dict]:
+    """All four training contenders at ``micro``, each warmed up; its own peak memory measured then."""
+    from benchmarks.gpu_train import BareLoop, EngineRun, kit_config
+
+    made, memory = {}, {}
+    for prec in ("bf16", "fp16"):
+        for side in ("vitlarge", "bare"):
+            cfg = kit_config("vit_b16", prec, micro, s["accum"], tiny)
+            base = dev.allocated(device)
+            dev.reset_peak(device)
+            c = EngineRun(cfg, device, path) if side == "vitlarge" else BareLoop(cfg, device)
+            for _ in range(s["warmup"]):
+                c.step()
+            dev.synchronize(device)
+            made[f"{side}_{prec}"], memory[f"{side}_{prec}"] = c, dev.peak_since_reset(device, base)
+    return made, memory
+
+
+def train_section(device: torch.device, path: str, s: dict, peak: dict, tiny: bool) -> dict:
+    from benchmarks.gpu_train import kit_config
+    from vitlarge.model import describe_model
+
+    micro, tries, made = s["micro"], [], None
+    while micro >= 1:
+        box = {}
+        ok = dev.fits(lambda: box.update(zip(("made", "memory"), build_contenders(micro, s, device, path, tiny))), device)
+        tries.append({"micro_batch": micro, "fits": ok})
+        if ok:
+            made, memory = box["made"], box["memory"]
+            break
+        box.clear()
+        dev.free_memory(device)
+        micro //= 2
+    if made is None:
+        raise RuntimeError("ViT-B/16 does not fit at micro-batch 1")
+    cfg = kit_config("vit_b16", "bf16", micro, s["accum"], tiny)
+    info = describe_model(cfg)
+    per_image = 3 * info["fwd_flops"]
+    images = micro * s["accum"]
+    times = dev.interleaved({n: (lambda c=c: dev.time_call(lambda: [c.step() for _ in range(s["steps"])], device)
+                                 / s["steps"]) for n, c in made.items()}, s["rounds"])
+    res = {}
+    for name, t in times.items():
+        step_s = common.median(t)
+        ips = images / step_s
+        res[name] = {"precision": name.rsplit("_", 1)[1],
+                     "optimizer": "vitlarge Lamb" if name.startswith("vitlarge") else "timm Lamb",
+                     "step_s": common.summary(t), "images_per_s": round(ips, 3),
+                     "peak_memory_bytes": memory[name], "skipped_steps": getattr(made[name], "skipped", 0),
+                     "mfu": mfu(ips * per_image, peak, name.rsplit("_", 1)[1])}
+    for prec in ("bf16", "fp16"):
+        res[f"vitlarge_{prec}"]["vs_bare"] = round(res[f"vitlarge_{prec}"]["images_per_s"] / res[f"bare_{prec}"]["images_per_s"], 4)
+    return {"model": cfg.model.name, "model_kwargs": cfg.model.kwargs, "image_size": cfg.data.image_size,
+            "micro_batch_requested": s["micro"], "micro_batch": micro, "accum_steps": s["accum"], "fit_tries": tries,
+            "params": info["params"], "train_flops_per_image": per_image,
+            "six_params_tokens_flops_per_image": 6 * info["params"] * info["tokens"],
+            "rounds": s["rounds"], "steps_per_round": s["steps"], "results": res}
+
+
+def largest_fit(run, cfg, device, start: int, cap: int) -> tuple[int, list]:
+    """Largest micro-batch in [1, cap] for which one step of ``run`` fits: doubling, then bisection."""
+    from benchmarks.gpu_train import synthetic_batch
+
+    def ok(b: int) -> bool:
+        run.set_batch(synthetic_batch(cfg, device, b))
+        fit = dev.fits(run.step, device)
+        tries.append({"micro_batch": b, "fits": fit})
+        return fit
+
+    tries, good, bad, b = [], 0, None, start
+    while b <= cap:
+        if not ok(b):
+            bad = b
+            break
+        good, b = b, b * 2
+    if good == 0:  # even the start failed: go down
+        b = start // 2
+        while b >= 1 and not ok(b):
+            b //= 2
+        return max(b, 0), tries
+    if bad is not None:
+        for _ in range(3):  # bisection to within 1/8 of the doubling step
+            mid = (good + bad) // 2
+            if mid in (good, bad):
+                break
+            good, bad = (mid, bad) if ok(mid) else (good, mid)
+    return good, tries
+
+
+def large_section(device: torch.device, path: str, s: dict, peak: dict, tiny: bool) -> dict:
+    from benchmarks.gpu_train import RECIPES, ROOT, EngineRun, kit_config, synthetic_batch
+    from vitlarge.config import load_recipe
+    from vitlarge.model import describe_model
+
+    out = {}
+    for recipe in ("vit_l16", "vit_h14"):
+        recipe_micro = load_recipe(ROOT / "recipes" / f"{recipe}.py").train.micro_batch
+        cfg = kit_config(recipe, "bf16", recipe_micro, 1, tiny)
+        cfg.model.grad_checkpointing = True
+        dev.free_memory(device)
+        run = EngineRun(cfg, device, path)
+        best, tries = largest_fit(run, cfg, device, s["large_start"], s["large_cap"])
+        entry = {"name": RECIPES[recipe], "model": cfg.model.name, "model_kwargs": cfg.model.kwargs,
+                 "image_size": cfg.data.image_size, "grad_checkpointing": True, "precision": "bf16",
+                 "recipe_micro_batch": recipe_micro, "micro_batch": best, "search_cap": s["large_cap"],
+                 "fit_tries": tries, "recipe_micro_batch_fits": best >= recipe_micro}
+        t = []
+        while best and not t:  # after an out-of-memory probe, fragmentation can fail the size that fit
+            run.set_batch(synthetic_batch(cfg, device, best))
+            dev.reset_peak(device)
+            if not dev.fits(lambda: t.extend(dev.time_call(lambda: [run.step() for _ in range(s["steps"])], device)
+                                             / s["steps"] for _ in range(s["rounds"])), device):
+                t.clear()
+                best = best * 7 // 8
+                entry.update(micro_batch=best, timed_lower=True)
+        if best:
+            info = describe_model(cfg)
+            ips = best / common.median(t)
+            entry.update(step_s=common.summary(t), images_per_s=round(ips, 3), params=info["params"],
+                         peak_memory_bytes=dev.peak_since_reset(device), mfu=mfu(ips * 3 * info["fwd_flops"], peak, "bf16"))
+        out[recipe] = entry
+        del run
+    return out
+
+
+def run(device: torch.device, tiny: bool, path_request: str, only: tuple[str, ...]) -> dict:
+    s = sizes(tiny)
+    path, why = choose_path(path_request)
+    print(f"benchmarks.gpu: path {path}: {why}", flush=True)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = True  # what a user's fp32 parts run with on Ampere and newer
+    else:
+        torch.set_num_threads(common.threads(tiny))
+    if path == "colossalai":
+        init_process_group(device)
+    result = {"benchmark": "GPU kit: ViT training throughput and MFU per device, synthetic data on the device",
+              "device": dev.device_info(device), "path": path, "path_why": why, "tiny": tiny,
+              "flops_method": "3 x forward FLOPs from vitlarge.model.describe_model (FlopCounterMode, meta device; "
+                              "attention included, recomputation not)", "sections": list(only)}
+    t0 = time.perf_counter()
+    result["peak"] = peak_section(device, s["matmul_n"])  # MFU needs it, so it always runs
+    print(f"benchmarks.gpu: peak done ({time.perf_counter() - t0:.0f} s)", flush=True)
+    if "train" in only:
+        result["train"] = train_section(device, path, s, result["peak"], tiny)
+        print(f"benchmarks.gpu: train done ({time.perf_counter() - t0:.0f} s)", flush=True)
+        dev.free_memory(device)
+    if "optimizer" in only:
+        from benchmarks import gpu_optim
+        from benchmarks.gpu_train import kit_config
+
+        result["optimizer"] = gpu_optim.run(kit_config("vit_b16", "bf16", s["micro"], s["accum"], tiny), device,
+                                            s["opt_rounds"], s["profile_steps"])
+        print(f"benchmarks.gpu: optimizer done ({time.perf_counter() - t0:.0f} s)", flush=True)
+        dev.free_memory(device)
+    if "large" in only:
+        result["large"] = large_section(device, path, s, result["peak"], tiny)
+        print(f"benchmarks.gpu: large done ({time.perf_counter() - t0:.0f} s)", flush=True)
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    return result
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
+    p.add_argument("--tiny", action="store_true", help="toy sizes (seconds on a CPU); the numbers mean nothing")
+    p.add_argument("--out", help="folder for gpu.json and gpu.md (default: benchmarks/results; a temp dir with --tiny)")
+    p.add_argument("--path", choices=("auto", "plain", "colossalai"), default="auto",
+                   help="the engine's Booster: Colossal-AI's if it imports (auto), or forced")
+    p.add_argument("--only", nargs="+", choices=SECTIONS[1:], default=list(SECTIONS[1:]),
+                   help="sections to run (the matmul peak always runs)")
+    args = p.parse_args(argv)
+
+    def work():
+        import warnings
+
+        from benchmarks import gpu_report
+
+        device = torch.device(args.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise UserError(f"--device {args.device}: torch {torch.__version__} sees no CUDA device; "
+                            "run on a GPU machine, or --device cpu --tiny for the smoke run")
+        if device.type not in ("cuda", "cpu"):
+            raise UserError(f"--device {args.device}: use cuda, cuda:N or cpu")
+        out = args.out or (tempfile.mkdtemp(prefix="vitlarge-gpu-tiny-") if args.tiny else None)
+        if out:
+            os.environ["VITLARGE_BENCH_RESULTS"] = str(Path(out).resolve())
+        warnings.filterwarnings("ignore")
+        result = run(device, args.tiny, args.path, tuple(args.only))
+        path = common.write_result("gpu", result)
+        md = path.with_name("gpu.md")
+        from vitlarge.fileio import write_atomic
+
+        write_atomic(md, "\n".join(gpu_report.section(result)) + "\n")
+        print("\n".join(gpu_report.section(result)))
+        print(f"wrote {path} and {md}")
+
+    return cli_main(work)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""The device side of the GPU kit (benchmarks/gpu.py): timing, memory, out-of-memory, peak FLOP/s.
+
+Contract: every function takes the ``torch.device`` the kit runs on and behaves the same on CPU and
+CUDA, except where CUDA has something the CPU has not: CUDA times come from ``torch.cuda.Event``
+pairs around the work (the host does not wait between steps), CPU times from ``perf_counter``;
+peak memory is ``torch.cuda.max_memory_allocated`` and None on the CPU (no allocator statistics).
+Nothing here imports Colossal-AI, DALI or TFRecord.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from typing import Callable
+
+import torch
+
+# Dense (no 2:4 sparsity) bf16 = fp16 tensor-core peak from NVIDIA's datasheets, in TFLOP/s.
+# Matched against torch.cuda.get_device_name in order: the first entry whose words all occur wins,
+# so the PCIe and NVL variants come before the SXM default of their chip.
+DATASHEET_TFLOPS = (
+    (("H100", "PCIE"), "H100 PCIe", 756.0),
+    (("H100", "NVL"), "H100 NVL", 835.0),
+    (("H100",), "H100 SXM", 989.4),  # "NVIDIA H100 80GB HBM3" is the SXM5 board
+    (("H200", "NVL"), "H200 NVL", 835.0),
+    (("H200",), "H200 SXM", 989.4),
+    (("A100",), "A100 (SXM4 and PCIe)", 312.0),
+)
+
+
+def device_info(device: torch.device) -> dict:
+    """What the numbers were taken on: the GPU's name, memory and capability, or the CPU's model."""
+    from benchmarks.common import cpu_model
+
+    info = {"type": device.type, "torch": torch.__version__}
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        info.update(name=p.name, memory_bytes=p.total_memory, capability=f"{p.major}.{p.minor}",
+                    multiprocessors=p.multi_processor_count, cuda=torch.version.cuda)
+    else:
+        info.update(name=cpu_model(), threads=torch.get_num_threads())
+    return info
+
+
+def datasheet_peak(name: str) -> dict | None:
+    """``{"board", "dense_bf16_fp16_flops"}`` for an H100/H200/A100 ``name``, else None."""
+    upper = name.upper()
+    for words, board, tflops in DATASHEET_TFLOPS:
+        if all(w in upper for w in words):
+            return {"board": board, "dense_bf16_fp16_flops": tflops * 1e12}
+    return None
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_call(fn: Callable[[], object], device: torch.device) -> float:
+    """Seconds ``fn`` takes on ``device``: CUDA events around it (queued work included), or wall time."""
+    if device.type != "cuda":
+        t = time.perf_counter()
+        fn()
+        return time.perf_counter() - t
+    synchronize(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def interleaved(contenders: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
+    """Each contender once per round, round-robin, the first one rotating (as `benchmarks.common.interleaved`)."""
+    names = list(contenders)
+    out = {n: [] for n in names}
+    for r in range(rounds):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            out[n].append(contenders[n]())
+    return out
+
+
+def allocated(device: torch.device) -> int | None:
+    return torch.cuda.memory_allocated(device) if device.type == "cuda" else None
+
+
+def reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_since_reset(device: torch.device, baseline: int | None = 0) -> int | None:
+    """Peak bytes allocated since `reset_peak`, less ``baseline`` (what others held); None on CPU."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.max_memory_allocated(device) - (baseline or 0)
+
+
+def free_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def fits(fn: Callable[[], object], device: torch.device) -> bool:
+    """True if ``fn()`` ran, False if it ran out of device memory (other errors propagate).
+
+    The exception is dropped before memory is freed: its traceback holds the frames, and with them
+    the activations, that made it fail."""
+    ok = True
+    try:
+        fn()
+    except torch.cuda.OutOfMemoryError:
+        ok = False
+    if not ok:
+        free_memory(device)
+    return ok
+
+
+def matmul_peak(device: torch.device, n: int, dtype: torch.dtype, repeats: int = 5, iters: int = 10) -> dict:
+    """FLOP/s of ``iters`` back-to-back n x n x n matmuls in ``dtype``, median over ``repeats``."""
+    g = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, dtype=dtype, generator=g)
+    b = torch.randn(n, n, device=device, dtype=dtype, generator=g)
+    for _ in range(3):  # warm-up: cuBLAS heuristics, clocks up
+        torch.matmul(a, b)
+    times = sorted(time_call(lambda: [torch.matmul(a, b) for _ in range(iters)], device) for _ in range(repeats))
+    del a, b
+    return {"n": n, "dtype": str(dtype).removeprefix("torch."), "flops_per_s": 2 * n**3 * iters / times[len(times) // 2]}

@@ -1,0 +1,92 @@
+"""The GPU kit's section of docs/PERFORMANCE.md, from ``gpu.json`` (benchmarks/gpu.py).
+
+Contract: `section(result)` returns markdown lines; ``result`` None (no GPU run recorded in
+benchmarks/results) gives the commands and a table that says nothing was measured, never numbers.
+`benchmarks.report.generate` appends it to the document; benchmarks/gpu.py also writes it as
+``gpu.md`` next to ``gpu.json``.
+"""
+
+from __future__ import annotations
+
+TITLE = "## 8. GPU measurement kit\n"
+NOT_MEASURED = "not measured yet: no GPU lent on 2026-11-22"
+
+HOW = [
+    "`python -m benchmarks.gpu` (`benchmarks/gpu.py`): on the CUDA device present, synthetic data already on the "
+    "device (the compute side only), contenders interleaved, medians. It measures (1) the bf16/fp16 peak of an "
+    "8192^3 matmul and, for H100/H200/A100, the datasheet's dense peak; (2) ViT-B/16 at 224 px, micro-batch 256 "
+    "(halved until it fits), accumulation 4: vitlarge's engine (autocast, GradScaler for fp16, clipping after "
+    "unscale, vitlarge's LAMB with the no-decay groups) in fp16 and bf16 against a bare PyTorch loop with timm's "
+    "Lamb: images/s, step time, peak memory, MFU (model FLOPs = 3 x the forward FLOPs `vitlarge.model.describe_model` "
+    "counts, attention included, recomputation not); (3) the optimizer step alone: vitlarge's LAMB, timm's and "
+    "Colossal-AI's (where it imports), ms and kernel launches per step; (4) ViT-L/16 and ViT-H/14 with activation "
+    "checkpointing in bf16: the largest micro-batch that fits, images/s and memory, next to the recipe's micro-batch. "
+    "The engine runs under Colossal-AI's Booster when Colossal-AI imports, else under a plain single-device booster "
+    "(`benchmarks/gpu_train.py`); the output names the path.\n",
+    "On a bare CUDA machine with torch, timm and numpy (no DALI, no Colossal-AI, no network):\n",
+    "```",
+    "scripts/gpu_bundle.sh /tmp/vitlarge-gpu          # here: the project's Python files, < 64 MiB",
+    "cd /tmp/vitlarge-gpu && python -m benchmarks.gpu --out results   # there: gpu.json + gpu.md",
+    "```\n",
+    "Through this workplace's device tool (it copies the checkout and returns what is written under `$OUT`): "
+    "`run` with the command `PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu --out $OUT`, then copy the returned "
+    "`gpu.json` to `benchmarks/results/` and run `python -m benchmarks.report`. The smoke run, on any machine: "
+    "`python -m benchmarks.gpu --device cpu --tiny` (numbers mean nothing).\n",
+]
+
+
+def _gib(b) -> str:
+    return "n/a" if b is None else f"{b / 2**30:.1f} GiB"
+
+
+def _flops(x: float) -> str:
+    return f"{x / 1e12:.1f} TFLOP/s" if x >= 1e12 else f"{x / 1e9:.1f} GFLOP/s"
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def section(r: dict | None) -> list[str]:
+    lines = [TITLE] + HOW
+    if not r:
+        return lines + ["| device | ViT-B/16 bf16 img/s | fp16 img/s | MFU (bf16) | ViT-L/16 | ViT-H/14 |",
+                        "|---|---:|---:|---:|---:|---:|", f"| {NOT_MEASURED} | - | - | - | - | - |", ""]
+    d, peak = r["device"], r["peak"]
+    sheet = peak.get("datasheet")
+    lines += [f"Device: {d['name']} ({d['type']}), torch {d['torch']}"
+              + (f", CUDA {d.get('cuda')}" if d["type"] == "cuda" else "")
+              + f"; path: **{r['path']}** ({r['path_why']}){'; --tiny: the numbers mean nothing' if r['tiny'] else ''}.\n",
+              "Peak: " + ", ".join(f"{k} matmul {v['n']}^3 {_flops(v['flops_per_s'])}"
+                                   for k, v in peak["measured"].items())
+              + (f"; datasheet {sheet['board']} dense {_flops(sheet['dense_bf16_fp16_flops'])}" if sheet
+                 else "; no datasheet entry for this device") + ".\n"]
+    if "train" in r:
+        t = r["train"]
+        lines += [f"{t['model']} at {t['image_size']} px, micro-batch {t['micro_batch']} (asked {t['micro_batch_requested']})"
+                  f" x accumulation {t['accum_steps']}, {t['rounds']} rounds of {t['steps_per_round']} steps:\n",
+                  "| contender | optimizer | step (s) | images/s | vs bare | peak memory | MFU vs matmul | MFU vs datasheet |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| `{k}` | {v['optimizer']} | {v['step_s']['median']:.4f} | {v['images_per_s']:.1f} | "
+                  f"{v.get('vs_bare', 1.0):.3f} | {_gib(v['peak_memory_bytes'])} | {_pct(v['mfu']['vs_measured_matmul'])} | "
+                  f"{_pct(v['mfu']['vs_datasheet'])} |" for k, v in t["results"].items()]
+        lines.append("")
+    if "optimizer" in r:
+        o = r["optimizer"]
+        lines += [f"Optimizer step alone, {o['num_params']:,} fp32 parameters in {o['num_tensors']} tensors:\n",
+                  "| optimizer | ms per step | launches per step | counted as |", "|---|---:|---:|---|"]
+        lines += [f"| `{k}` | {v['ms_per_step']['median']:.3f} | {v['launches_per_step']:.0f} | {v['launch_kind']} |"
+                  for k, v in o["results"].items()]
+        lines += [f"| `{k}` | left out | | {why} |" for k, why in o["left_out"].items()]
+        lines.append("")
+    if "large" in r:
+        lines += ["Large models, bf16, activation checkpointing, accumulation 1:\n",
+                  "| model | recipe micro-batch | largest that fits (cap) | images/s | peak memory | MFU vs matmul | MFU vs datasheet |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        for v in r["large"].values():
+            m = v.get("mfu", {})
+            lines.append(f"| {v['name']} | {v['recipe_micro_batch']} | {v['micro_batch']} ({v['search_cap']}) | "
+                         f"{v.get('images_per_s', 0):.1f} | {_gib(v.get('peak_memory_bytes'))} | "
+                         f"{_pct(m.get('vs_measured_matmul'))} | {_pct(m.get('vs_datasheet'))} |")
+        lines.append("")
+    return lines
