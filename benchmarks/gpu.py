@@ -282,8 +282,8 @@ def run(device: torch.device, tiny: bool, path_request: str, only: tuple[str, ..
         except Exception as e:  # noqa: BLE001  (recorded and shown; the other sections still measure)
             traceback.print_exc()
             result["failed"][name] = f"{type(e).__name__}: {str(e)[:300]}"
-        dev.free_memory(device)
-        checkpoint(f"{name} {'FAILED' if name in result['failed'] else 'done'}")
+        checkpoint(f"{name} {'FAILED' if name in result['failed'] else 'done'}")  # before freeing: a sticky
+        dev.free_memory(device)  # CUDA error fails empty_cache too, and then the failure is on disk already
     result["complete"] = not result["failed"]
     checkpoint("complete" if result["complete"] else f"finished with failed sections: {', '.join(result['failed'])}")
     return result

@@ -34,7 +34,9 @@ HOW = [
     "Through this workplace's device tool (it copies the checkout and returns what is written under `$OUT`): "
     "`run` with the command `PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu --out $OUT`, then copy the returned "
     "`gpu.json` to `benchmarks/results/` and run `python -m benchmarks.report`. The smoke run, on any machine: "
-    "`python -m benchmarks.gpu --device cpu --tiny` (numbers mean nothing).\n",
+    "`python -m benchmarks.gpu --device cpu --tiny` (numbers mean nothing). A run cut short (a failed section, "
+    "the device tool's 10-minute limit) leaves what finished in both files, marked incomplete; run the rest "
+    "with `--only` (e.g. `--only large`) into another `--out` (each run writes its own `gpu.json`). Exit status: 0 complete, 1 a section failed, 2 a bad `--device`.\n",
 ]
 
 
