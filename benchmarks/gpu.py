@@ -7,15 +7,16 @@
 On synthetic data already on the device (the compute side only), one process, contenders interleaved
 round by round, medians:
 
-1. ``peak``: bf16 and fp16 FLOP/s of an 8192^3 matmul (256^3 under ``--tiny``), and the dense
-   datasheet peak where the device's name is an H100, H200 or A100 (`gpu_device.DATASHEET_TFLOPS`).
+1. ``peak``: bf16 and fp16 FLOP/s of an 8192^3 matmul (128^3 under ``--tiny``), and the dense
+   datasheet peak where the device's name is an H100, H200, GH200 or A100, a MIG slice's share of
+   it (`gpu_device.datasheet_peak`).
 2. ``train``: ViT-B/16 at 224 px, micro-batch 256 (halved until it fits, reported), accumulation 4:
    vitlarge's engine (`gpu_train.EngineRun`) in fp16 and bf16 against a bare loop with timm's Lamb
    (`gpu_train.BareLoop`): images/s, step time, peak memory (each contender's own, above what the
    others hold), MFU. Model FLOPs: 3 x the forward FLOPs that `vitlarge.model.describe_model` counts
    (``FlopCounterMode`` on the meta device: every matmul, attention included); recomputation is
    not counted, as usual for MFU.
-3. ``optimizer``: the step alone (`gpu_optim`): ms per step, kernel launches per step.
+3. ``optimizer``: the step alone (`gpu_optim`): ms per step, kernel launches and host syncs per step.
 4. ``large``: ViT-L/16 and ViT-H/14 with activation checkpointing, bf16, accumulation 1: the
    largest micro-batch that fits (doubling until out of memory, then bisection), its images/s and
    peak memory, next to the recipe's micro-batch.
@@ -24,7 +25,9 @@ The engine's Booster is Colossal-AI's (`vitlarge.build.build`, TorchDDPPlugin at
 Colossal-AI imports with the torch present, else `gpu_train.PlainBooster`; the output names the path.
 Nothing imported at module load needs Colossal-AI, DALI, TFRecord or crc32c. Writes ``gpu.json``
 (atomically, `benchmarks.common.write_result`) and ``gpu.md`` (the docs/PERFORMANCE.md section,
-`benchmarks.gpu_report`) into ``--out``: benchmarks/results by default, a temp dir under ``--tiny``.
+`benchmarks.gpu_report`) into ``--out``: benchmarks/results by default, a temp dir under ``--tiny``;
+both after every section (``"complete": false`` until the end: `run`). Exit 0 when complete, 1 when
+a section failed (its traceback printed, the other sections measured), 2 for a bad ``--device``.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ import os
 import sys
 import tempfile
 import time
+import traceback
+import warnings
 from pathlib import Path
 
 from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
@@ -71,7 +76,7 @@ def init_process_group(device: torch.device) -> None:
 
 def sizes(tiny: bool) -> dict:
     if tiny:
-        return dict(matmul_n=256, micro=4, accum=2, rounds=2, steps=1, warmup=1, opt_rounds=2, profile_steps=1,
+        return dict(matmul_n=128, micro=4, accum=2, rounds=2, steps=1, warmup=1, opt_rounds=2, profile_steps=1,
                     large_start=2, large_cap=4)
     return dict(matmul_n=8192, micro=256, accum=4, rounds=5, steps=3, warmup=2, opt_rounds=10, profile_steps=3,
                 large_start=16, large_cap=1024)
@@ -82,9 +87,9 @@ def peak_section(device: torch.device, n: int) -> dict:
     for _ in range(2):  # alternate so both dtypes see the same clocks
         for name, dt in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
             measured.setdefault(name, []).append(dev.matmul_peak(device, n, dt)["flops_per_s"])
-    name = dev.device_info(device)["name"]
+    info = dev.device_info(device)
     return {"measured": {k: {"n": n, "flops_per_s": common.median(v)} for k, v in measured.items()},
-            "datasheet": dev.datasheet_peak(name) if device.type == "cuda" else None}
+            "datasheet": dev.datasheet_peak(info["name"], info["multiprocessors"]) if device.type == "cuda" else None}
 
 
 def mfu(flops_per_s: float, peak: dict, dtype: str) -> dict:
@@ -132,6 +137,7 @@ def train_section(device: torch.device, path: str, s: dict, peak: dict, tiny: bo
     info = describe_model(cfg)
     per_image = 3 * info["fwd_flops"]
     images = micro * s["accum"]
+    skipped_before = {n: c.skipped for n, c in made.items()}  # warm-up steps; read outside the timing
     times = dev.interleaved({n: (lambda c=c: dev.time_call(lambda: [c.step() for _ in range(s["steps"])], device)
                                  / s["steps"]) for n, c in made.items()}, s["rounds"])
     res = {}
@@ -141,7 +147,7 @@ def train_section(device: torch.device, path: str, s: dict, peak: dict, tiny: bo
         res[name] = {"precision": name.rsplit("_", 1)[1],
                      "optimizer": "vitlarge Lamb" if name.startswith("vitlarge") else "timm Lamb",
                      "step_s": common.summary(t), "images_per_s": round(ips, 3),
-                     "peak_memory_bytes": memory[name], "skipped_steps": getattr(made[name], "skipped", 0),
+                     "peak_memory_bytes": memory[name], "skipped_steps": made[name].skipped - skipped_before[name],
                      "mfu": mfu(ips * per_image, peak, name.rsplit("_", 1)[1])}
     for prec in ("bf16", "fp16"):
         res[f"vitlarge_{prec}"]["vs_bare"] = round(res[f"vitlarge_{prec}"]["images_per_s"] / res[f"bare_{prec}"]["images_per_s"], 4)
@@ -149,11 +155,15 @@ def train_section(device: torch.device, path: str, s: dict, peak: dict, tiny: bo
             "micro_batch_requested": s["micro"], "micro_batch": micro, "accum_steps": s["accum"], "fit_tries": tries,
             "params": info["params"], "train_flops_per_image": per_image,
             "six_params_tokens_flops_per_image": 6 * info["params"] * info["tokens"],
-            "rounds": s["rounds"], "steps_per_round": s["steps"], "results": res}
+            "rounds": s["rounds"], "steps_per_round": s["steps"],
+            "skipped_steps_note": "optimizer steps skipped (non-finite gradients, fp16 scale dropped) among the "
+                                  "timed ones: a skipped step does no update and is cheaper", "results": res}
 
 
 def largest_fit(run, cfg, device, start: int, cap: int) -> tuple[int, list]:
-    """Largest micro-batch in [1, cap] for which one step of ``run`` fits: doubling, then bisection."""
+    """Largest micro-batch in [1, cap] for which one step of ``run`` fits, 0 if none: doubling from
+    ``start`` (halving if ``start`` fails) to the first size that fails, then 3 bisection steps
+    between the last size that fit and it (to within 1/8 of that interval)."""
     from benchmarks.gpu_train import synthetic_batch
 
     def ok(b: int) -> bool:
@@ -162,19 +172,22 @@ def largest_fit(run, cfg, device, start: int, cap: int) -> tuple[int, list]:
         tries.append({"micro_batch": b, "fits": fit})
         return fit
 
-    tries, good, bad, b = [], 0, None, start
-    while b <= cap:
-        if not ok(b):
-            bad = b
-            break
-        good, b = b, b * 2
-    if good == 0:  # even the start failed: go down
-        b = start // 2
-        while b >= 1 and not ok(b):
-            b //= 2
-        return max(b, 0), tries
+    tries, bad = [], None
+    if ok(start):
+        good = start
+        while good * 2 <= cap:
+            if not ok(good * 2):
+                bad = good * 2
+                break
+            good *= 2
+    else:  # even the start failed: go down, then bisect up from what fits
+        bad, good = start, start // 2
+        while good >= 1 and not ok(good):
+            bad, good = good, good // 2
+        if good < 1:
+            return 0, tries
     if bad is not None:
-        for _ in range(3):  # bisection to within 1/8 of the doubling step
+        for _ in range(3):
             mid = (good + bad) // 2
             if mid in (good, bad):
                 break
@@ -182,7 +195,8 @@ def largest_fit(run, cfg, device, start: int, cap: int) -> tuple[int, list]:
     return good, tries
 
 
-def large_section(device: torch.device, path: str, s: dict, peak: dict, tiny: bool) -> dict:
+def large_section(device: torch.device, path: str, s: dict, peak: dict, tiny: bool, done=lambda out: None) -> dict:
+    """ViT-L/16 then ViT-H/14; ``done(results so far)`` after each model (the caller saves them)."""
     from benchmarks.gpu_train import RECIPES, ROOT, EngineRun, kit_config, synthetic_batch
     from vitlarge.config import load_recipe
     from vitlarge.model import describe_model
@@ -215,16 +229,22 @@ def large_section(device: torch.device, path: str, s: dict, peak: dict, tiny: bo
                          peak_memory_bytes=dev.peak_since_reset(device), mfu=mfu(ips * 3 * info["fwd_flops"], peak, "bf16"))
         out[recipe] = entry
         del run
+        done(out)
     return out
 
 
-def run(device: torch.device, tiny: bool, path_request: str, only: tuple[str, ...]) -> dict:
+def run(device: torch.device, tiny: bool, path_request: str, only: tuple[str, ...], save=lambda result: None) -> dict:
+    """All sections in order; ``save(result)`` after each (and after each large model), so what finished
+    survives a later failure or a time limit, marked ``"complete": false`` until the end.
+
+    The peak runs first (MFU needs it) and a failure there ends the run. A failure in a later
+    section (a CUDA error other than out-of-memory, a bug) is printed with its traceback, recorded
+    under ``failed`` and the next section still runs; ``complete`` is then false at the end too."""
     s = sizes(tiny)
     path, why = choose_path(path_request)
     print(f"benchmarks.gpu: path {path}: {why}", flush=True)
     if device.type == "cuda":
-        torch.cuda.set_device(device)
-        torch.backends.cuda.matmul.allow_tf32 = True  # what a user's fp32 parts run with on Ampere and newer
+        torch.cuda.set_device(device)  # device has its index (gpu_device.resolve_device)
     else:
         torch.set_num_threads(common.threads(tiny))
     if path == "colossalai":
@@ -232,27 +252,65 @@ def run(device: torch.device, tiny: bool, path_request: str, only: tuple[str, ..
     result = {"benchmark": "GPU kit: ViT training throughput and MFU per device, synthetic data on the device",
               "device": dev.device_info(device), "path": path, "path_why": why, "tiny": tiny,
               "flops_method": "3 x forward FLOPs from vitlarge.model.describe_model (FlopCounterMode, meta device; "
-                              "attention included, recomputation not)", "sections": list(only)}
+                              "attention included, recomputation not)", "sections": list(only),
+              "complete": False, "failed": {}}
     t0 = time.perf_counter()
-    result["peak"] = peak_section(device, s["matmul_n"])  # MFU needs it, so it always runs
-    print(f"benchmarks.gpu: peak done ({time.perf_counter() - t0:.0f} s)", flush=True)
-    if "train" in only:
-        result["train"] = train_section(device, path, s, result["peak"], tiny)
-        print(f"benchmarks.gpu: train done ({time.perf_counter() - t0:.0f} s)", flush=True)
-        dev.free_memory(device)
-    if "optimizer" in only:
-        from benchmarks import gpu_optim
-        from benchmarks.gpu_train import kit_config
 
-        result["optimizer"] = gpu_optim.run(kit_config("vit_b16", "bf16", s["micro"], s["accum"], tiny), device,
-                                            s["opt_rounds"], s["profile_steps"])
-        print(f"benchmarks.gpu: optimizer done ({time.perf_counter() - t0:.0f} s)", flush=True)
-        dev.free_memory(device)
-    if "large" in only:
-        result["large"] = large_section(device, path, s, result["peak"], tiny)
-        print(f"benchmarks.gpu: large done ({time.perf_counter() - t0:.0f} s)", flush=True)
-    result["seconds"] = round(time.perf_counter() - t0, 1)
+    def checkpoint(what: str) -> None:
+        result["seconds"] = round(time.perf_counter() - t0, 1)
+        save(result)
+        print(f"benchmarks.gpu: {what} ({result['seconds']:.0f} s, saved)", flush=True)
+
+    result["peak"] = peak_section(device, s["matmul_n"])
+    checkpoint("peak done")
+    for name in (n for n in SECTIONS[1:] if n in only):
+        try:
+            if name == "train":
+                result["train"] = train_section(device, path, s, result["peak"], tiny)
+            elif name == "optimizer":
+                from benchmarks import gpu_optim
+                from benchmarks.gpu_train import kit_config
+
+                result["optimizer"] = gpu_optim.run(kit_config("vit_b16", "bf16", s["micro"], s["accum"], tiny),
+                                                    device, s["opt_rounds"], s["profile_steps"])
+            else:
+                def model_done(out: dict) -> None:
+                    result["large"] = out
+                    checkpoint(f"large: {list(out)[-1]} done")
+
+                large_section(device, path, s, result["peak"], tiny, model_done)
+        except Exception as e:  # noqa: BLE001  (recorded and shown; the other sections still measure)
+            traceback.print_exc()
+            result["failed"][name] = f"{type(e).__name__}: {str(e)[:300]}"
+        checkpoint(f"{name} {'FAILED' if name in result['failed'] else 'done'}")  # before freeing: a sticky
+        dev.free_memory(device)  # CUDA error fails empty_cache too, and then the failure is on disk already
+    result["complete"] = not result["failed"]
+    checkpoint("complete" if result["complete"] else f"finished with failed sections: {', '.join(result['failed'])}")
     return result
+
+
+def quiet_known_warnings() -> None:
+    """Silences Colossal-AI's import-time notices (no apex, no tensornvme): nothing the kit runs uses
+    them. Every other warning prints (torch's deprecations included)."""
+    warnings.filterwarnings("ignore", module=r"colossalai(\.|$)")
+
+
+def pick_device(spec: str) -> torch.device:
+    """The ``--device`` value as a device with its index (`gpu_device.resolve_device`), or a UserError."""
+    try:
+        kind = torch.device(spec).type
+    except RuntimeError:
+        kind = None
+    if kind not in ("cuda", "cpu"):
+        raise UserError(f"--device {spec}: use cuda, cuda:N or cpu")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {spec}: torch {torch.__version__} sees no CUDA device; "
+                        "run on a GPU machine, or --device cpu --tiny for the smoke run")
+    device = dev.resolve_device(spec)
+    if device.type == "cuda" and device.index >= torch.cuda.device_count():
+        raise UserError(f"--device {spec}: torch sees {torch.cuda.device_count()} CUDA device(s), "
+                        f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    return device
 
 
 def main(argv=None) -> int:
@@ -267,28 +325,30 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     def work():
-        import warnings
-
         from benchmarks import gpu_report
+        from vitlarge.fileio import write_atomic
 
-        device = torch.device(args.device)
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise UserError(f"--device {args.device}: torch {torch.__version__} sees no CUDA device; "
-                            "run on a GPU machine, or --device cpu --tiny for the smoke run")
-        if device.type not in ("cuda", "cpu"):
-            raise UserError(f"--device {args.device}: use cuda, cuda:N or cpu")
+        device = pick_device(args.device)
         out = args.out or (tempfile.mkdtemp(prefix="vitlarge-gpu-tiny-") if args.tiny else None)
         if out:
             os.environ["VITLARGE_BENCH_RESULTS"] = str(Path(out).resolve())
-        warnings.filterwarnings("ignore")
-        result = run(device, args.tiny, args.path, tuple(args.only))
-        path = common.write_result("gpu", result)
-        md = path.with_name("gpu.md")
-        from vitlarge.fileio import write_atomic
+        written = []
 
-        write_atomic(md, "\n".join(gpu_report.section(result)) + "\n")
+        def save(result: dict) -> None:
+            path = common.write_result("gpu", result)
+            write_atomic(path.with_name("gpu.md"), "\n".join(gpu_report.section(result)) + "\n")
+            written[:] = [path, path.with_name("gpu.md")]
+
+        with warnings.catch_warnings():
+            quiet_known_warnings()
+            result = run(device, args.tiny, args.path, tuple(args.only), save)
         print("\n".join(gpu_report.section(result)))
-        print(f"wrote {path} and {md}")
+        print(f"wrote {written[0]} and {written[1]}")
+        if not result["complete"]:
+            print(f"benchmarks.gpu: sections failed: {', '.join(result['failed'])} (tracebacks above); "
+                  "the others are in the files", file=sys.stderr)
+            return 1
+        return 0
 
     return cli_main(work)
 

@@ -10,22 +10,59 @@ Nothing here imports Colossal-AI, DALI or TFRecord.
 from __future__ import annotations
 
 import gc
+import re
 import time
 from typing import Callable
 
 import torch
 
-# Dense (no 2:4 sparsity) bf16 = fp16 tensor-core peak from NVIDIA's datasheets, in TFLOP/s.
-# Matched against torch.cuda.get_device_name in order: the first entry whose words all occur wins,
-# so the PCIe and NVL variants come before the SXM default of their chip.
+# Dense (no 2:4 sparsity) bf16 = fp16 tensor-core peak from NVIDIA's datasheets, in TFLOP/s, and the
+# streaming multiprocessors of the whole chip. Matched against torch.cuda.get_device_name's words
+# (split at spaces and dashes, upper case) in order: the first entry whose words all occur wins, so
+# the PCIe and NVL variants come before the SXM default of their chip.
 DATASHEET_TFLOPS = (
-    (("H100", "PCIE"), "H100 PCIe", 756.0),
-    (("H100", "NVL"), "H100 NVL", 835.0),
-    (("H100",), "H100 SXM", 989.4),  # "NVIDIA H100 80GB HBM3" is the SXM5 board
-    (("H200", "NVL"), "H200 NVL", 835.0),
-    (("H200",), "H200 SXM", 989.4),
-    (("A100",), "A100 (SXM4 and PCIe)", 312.0),
+    (("GH200",), "GH200 (Hopper GPU)", 989.4, 132),  # its own word: not "H200"
+    (("H100", "PCIE"), "H100 PCIe", 756.0, 114),
+    (("H100", "NVL"), "H100 NVL", 835.0, 132),
+    (("H100",), "H100 SXM", 989.4, 132),  # "NVIDIA H100 80GB HBM3" is the SXM5 board
+    (("H200", "NVL"), "H200 NVL", 835.0, 132),
+    (("H200",), "H200 SXM", 989.4, 132),
+    (("A100",), "A100 (SXM4 and PCIe)", 312.0, 108),
 )
+
+
+def resolve_device(spec: str, current_index: int | None = None) -> torch.device:
+    """``spec`` (``cuda``, ``cuda:N``, ``cpu``) with the CUDA index filled in.
+
+    ``torch.cuda.set_device`` and the per-device statistics need an index: a bare ``cuda`` becomes
+    ``cuda:<current_index>`` (default: ``torch.cuda.current_device()``, which initialises CUDA, so
+    callers check ``torch.cuda.is_available()`` first). Raises ValueError for other device types and
+    RuntimeError (torch's) for a malformed ``spec``."""
+    device = torch.device(spec)
+    if device.type not in ("cuda", "cpu"):
+        raise ValueError(f"device type {device.type!r}: use cuda, cuda:N or cpu")
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device() if current_index is None else current_index)
+    return device
+
+
+def datasheet_peak(name: str, multiprocessors: int | None = None) -> dict | None:
+    """``{"board", "dense_bf16_fp16_flops", "sm_fraction"}`` for an H100/H200/GH200/A100 ``name``, else None.
+
+    A MIG slice (``MIG`` among the words, e.g. "NVIDIA H100 80GB HBM3 MIG 1g.10gb") has only part
+    of the chip's multiprocessors: its peak is the chip's scaled by ``multiprocessors`` / the chip's
+    (what ``get_device_properties`` reports for the slice), or None when that count is not given."""
+    words = set(re.split(r"[\s\-_]+", name.upper()))
+    for need, board, tflops, chip_sms in DATASHEET_TFLOPS:
+        if all(w in words for w in need):
+            fraction = 1.0
+            if "MIG" in words:
+                if not multiprocessors:
+                    return None
+                fraction = min(1.0, multiprocessors / chip_sms)
+                board = f"{board}, MIG slice {multiprocessors}/{chip_sms} SMs"
+            return {"board": board, "dense_bf16_fp16_flops": tflops * 1e12 * fraction, "sm_fraction": round(fraction, 4)}
+    return None
 
 
 def device_info(device: torch.device) -> dict:
@@ -40,15 +77,6 @@ def device_info(device: torch.device) -> dict:
     else:
         info.update(name=cpu_model(), threads=torch.get_num_threads())
     return info
-
-
-def datasheet_peak(name: str) -> dict | None:
-    """``{"board", "dense_bf16_fp16_flops"}`` for an H100/H200/A100 ``name``, else None."""
-    upper = name.upper()
-    for words, board, tflops in DATASHEET_TFLOPS:
-        if all(w in upper for w in words):
-            return {"board": board, "dense_bf16_fp16_flops": tflops * 1e12}
-    return None
 
 
 def synchronize(device: torch.device) -> None:

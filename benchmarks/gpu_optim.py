@@ -3,22 +3,27 @@
 Each optimizer owns a copy of ViT-B/16's fp32 parameters (the recipe's no-decay groups from
 `vitlarge.optim.param_groups`) with the same random gradients; steps are timed interleaved, one
 optimizer after the other (`benchmarks.gpu_device.interleaved`), medians reported. Launches per
-step come from ``torch.profiler`` over a few steps: on CUDA the GPU kernels it records (copies and
-memsets left out) and the host's kernel-launch API calls; on the CPU there are no kernels, so it
-counts ``aten::`` operator calls (nested calls included) and says so in ``launch_kind``.
+step come from ``torch.profiler`` over a few steps (`count_events`): on CUDA the GPU kernels it
+records (copies and memsets left out), the host's kernel-launch API calls, and the host's waits on
+the device (``syncs_per_step``: a ``.item()`` or ``float(tensor)`` in the step, each a device-to-host
+copy and a stream synchronize); on the CPU there are no kernels, so it counts ``aten::`` operator
+calls (nested calls included), says so in ``launch_kind`` and gives None for the CUDA-only counts.
 Colossal-AI's Lamb is left out, with the reason recorded, where Colossal-AI does not import.
 """
 
 from __future__ import annotations
 
+import collections
 import copy
+import re
 
 import torch
 
 from benchmarks import common
 from benchmarks import gpu_device as dev
 
-LAUNCH_APIS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
+LAUNCH_API = re.compile(r"Launch\w*Kernel")  # the launch call's name varies with CUDA and CUPTI versions
+MARK = "vitlarge_kit_optimizer_steps"  # the profiled steps' range (torch.profiler.record_function)
 
 
 def factories(cfg) -> tuple[dict, dict]:
@@ -44,25 +49,58 @@ def factories(cfg) -> tuple[dict, dict]:
     return makers, skipped
 
 
+def count_events(events: list[tuple[str, bool, float]], steps: int, window: tuple[float, float]) -> dict:
+    """Per-step counts from profiler events ``(name, on_the_GPU, host start in us)`` of a CUDA run.
+
+    ``window`` is the host interval of the profiled steps (the `MARK` range): host calls outside it,
+    such as the profiler's own closing ``cudaDeviceSynchronize``, are not counted. Counts:
+
+    - ``launches_per_step``: GPU kernels (copies, memsets and the `MARK` annotation left out);
+    - ``launch_api_calls_per_step``: host calls whose name has ``Launch...Kernel`` in it, whatever
+      the suffix (``cudaLaunchKernelExC_v11060``, ``_ptsz``, ``__cudaLaunchKernel``, ``cuLaunchKernelEx``);
+    - ``syncs_per_step``: host waits on the device: ``*Synchronize`` calls and blocking ``cudaMemcpy``
+      (a tensor's ``.item()`` is a ``cudaMemcpyAsync`` then a ``cudaStreamSynchronize``: one);
+    - ``dtoh_copies_per_step``: device-to-host copies on the GPU (``Memcpy DtoH``);
+    - ``api_calls``: every CUDA runtime/driver call in the window by name, per step (what was matched).
+
+    No kernel recorded (CUPTI unavailable) means nothing was measured: the counts are None, not 0."""
+    lo, hi = window
+    host = [n for n, on_gpu, t in events if not on_gpu and lo <= t <= hi]
+    gpu = [n for n, on_gpu, _ in events if on_gpu and n != MARK]
+    kernels = sum(1 for n in gpu if not n.startswith(("Memcpy", "Memset", "[memory]")))
+    api = collections.Counter(n for n in host if n.startswith(("cu", "__cu")))
+    if kernels == 0:
+        return {"launches_per_step": None, "launch_api_calls_per_step": None, "syncs_per_step": None,
+                "dtoh_copies_per_step": None, "api_calls": dict(api),
+                "launch_kind": "not measured: the profiler recorded no CUDA kernel (CUPTI unavailable?)"}
+    return {"launches_per_step": kernels / steps,
+            "launch_api_calls_per_step": sum(c for n, c in api.items() if LAUNCH_API.search(n)) / steps,
+            "syncs_per_step": sum(c for n, c in api.items() if "Synchronize" in n or n == "cudaMemcpy") / steps,
+            "dtoh_copies_per_step": sum(1 for n in gpu if n.startswith("Memcpy DtoH")) / steps,
+            "api_calls": {n: c / steps for n, c in sorted(api.items())},
+            "launch_kind": "CUDA kernels recorded by torch.profiler (copies and memsets left out)"}
+
+
 def launches(opt, device: torch.device, steps: int) -> dict:
-    """Kernel launches (CUDA) or aten op calls (CPU) per ``opt.step()``, from the profiler."""
+    """Kernel launches and host syncs (CUDA) or aten op calls (CPU) per ``opt.step()``, from the profiler."""
     from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    dev.synchronize(device)  # earlier work finishes outside the profile
     with profile(activities=acts) as prof:
-        for _ in range(steps):
-            opt.step()
-        dev.synchronize(device)
+        with record_function(MARK):
+            for _ in range(steps):
+                opt.step()
     events = prof.events()
+    mark = next(e for e in events if e.name == MARK and e.device_type == DeviceType.CPU)
+    window = (mark.time_range.start, mark.time_range.end)
     if device.type == "cuda":
-        kernels = sum(1 for e in events if e.device_type == DeviceType.CUDA
-                      and not e.name.startswith(("Memcpy", "Memset", "[memory]")))
-        api = sum(1 for e in events if e.name in LAUNCH_APIS)
-        return {"launches_per_step": kernels / steps, "launch_api_calls_per_step": api / steps,
-                "launch_kind": "CUDA kernels recorded by torch.profiler (copies and memsets left out)"}
-    ops = sum(1 for e in events if e.name.startswith("aten::"))
-    return {"launches_per_step": ops / steps, "launch_api_calls_per_step": None,
+        return count_events([(e.name, e.device_type == DeviceType.CUDA, e.time_range.start) for e in events],
+                            steps, window)
+    ops = sum(1 for e in events if e.name.startswith("aten::") and window[0] <= e.time_range.start <= window[1])
+    return {"launches_per_step": ops / steps, "launch_api_calls_per_step": None, "syncs_per_step": None,
+            "dtoh_copies_per_step": None, "api_calls": {},
             "launch_kind": "CPU: aten operator calls, nested included (no kernels without a GPU)"}
 
 

@@ -14,15 +14,18 @@ NOT_MEASURED = "not measured yet: no GPU lent on 2026-11-22"
 HOW = [
     "`python -m benchmarks.gpu` (`benchmarks/gpu.py`): on the CUDA device present, synthetic data already on the "
     "device (the compute side only), contenders interleaved, medians. It measures (1) the bf16/fp16 peak of an "
-    "8192^3 matmul and, for H100/H200/A100, the datasheet's dense peak; (2) ViT-B/16 at 224 px, micro-batch 256 "
+    "8192^3 matmul and, for H100/H200/GH200/A100, the datasheet's dense peak (scaled by the multiprocessors of a MIG "
+    "slice); (2) ViT-B/16 at 224 px, micro-batch 256 "
     "(halved until it fits), accumulation 4: vitlarge's engine (autocast, GradScaler for fp16, clipping after "
     "unscale, vitlarge's LAMB with the no-decay groups) in fp16 and bf16 against a bare PyTorch loop with timm's "
-    "Lamb: images/s, step time, peak memory, MFU (model FLOPs = 3 x the forward FLOPs `vitlarge.model.describe_model` "
+    "Lamb on the same no-decay groups: images/s, step time, peak memory, optimizer steps skipped by the fp16 scaler "
+    "among the timed ones, MFU (model FLOPs = 3 x the forward FLOPs `vitlarge.model.describe_model` "
     "counts, attention included, recomputation not); (3) the optimizer step alone: vitlarge's LAMB, timm's and "
-    "Colossal-AI's (where it imports), ms and kernel launches per step; (4) ViT-L/16 and ViT-H/14 with activation "
+    "Colossal-AI's (where it imports), ms, kernel launches and host syncs (device-to-host waits) per step; (4) ViT-L/16 and ViT-H/14 with activation "
     "checkpointing in bf16: the largest micro-batch that fits, images/s and memory, next to the recipe's micro-batch. "
     "The engine runs under Colossal-AI's Booster when Colossal-AI imports, else under a plain single-device booster "
-    "(`benchmarks/gpu_train.py`); the output names the path.\n",
+    "(`benchmarks/gpu_train.py`); the output names the path. `gpu.json` and `gpu.md` are rewritten after each "
+    "section, marked incomplete until the end, so a failure or a time limit keeps what finished.\n",
     "On a bare CUDA machine with torch, timm and numpy (no DALI, no Colossal-AI, no network):\n",
     "```",
     "scripts/gpu_bundle.sh /tmp/vitlarge-gpu          # here: the project's Python files, < 64 MiB",
@@ -31,7 +34,9 @@ HOW = [
     "Through this workplace's device tool (it copies the checkout and returns what is written under `$OUT`): "
     "`run` with the command `PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu --out $OUT`, then copy the returned "
     "`gpu.json` to `benchmarks/results/` and run `python -m benchmarks.report`. The smoke run, on any machine: "
-    "`python -m benchmarks.gpu --device cpu --tiny` (numbers mean nothing).\n",
+    "`python -m benchmarks.gpu --device cpu --tiny` (numbers mean nothing). A run cut short (a failed section, "
+    "the device tool's 10-minute limit) leaves what finished in both files, marked incomplete; run the rest "
+    "with `--only` (e.g. `--only large`) into another `--out` (each run writes its own `gpu.json`). Exit status: 0 complete, 1 a section failed, 2 a bad `--device`.\n",
 ]
 
 
@@ -41,6 +46,10 @@ def _gib(b) -> str:
 
 def _flops(x: float) -> str:
     return f"{x / 1e12:.1f} TFLOP/s" if x >= 1e12 else f"{x / 1e9:.1f} GFLOP/s"
+
+
+def _count(x) -> str:
+    return "n/a" if x is None else f"{x:.0f}"
 
 
 def _pct(x) -> str:
@@ -54,6 +63,10 @@ def section(r: dict | None) -> list[str]:
                         "|---|---:|---:|---:|---:|---:|", f"| {NOT_MEASURED} | - | - | - | - | - |", ""]
     d, peak = r["device"], r["peak"]
     sheet = peak.get("datasheet")
+    if not r.get("complete", True):
+        failed = r.get("failed") or {}
+        lines.append("**Incomplete run**: " + (", ".join(f"{k} failed ({v})" for k, v in failed.items())
+                                              if failed else "stopped or still running after the sections below") + ".\n")
     lines += [f"Device: {d['name']} ({d['type']}), torch {d['torch']}"
               + (f", CUDA {d.get('cuda')}" if d["type"] == "cuda" else "")
               + f"; path: **{r['path']}** ({r['path_why']}){'; --tiny: the numbers mean nothing' if r['tiny'] else ''}.\n",
@@ -65,19 +78,21 @@ def section(r: dict | None) -> list[str]:
         t = r["train"]
         lines += [f"{t['model']} at {t['image_size']} px, micro-batch {t['micro_batch']} (asked {t['micro_batch_requested']})"
                   f" x accumulation {t['accum_steps']}, {t['rounds']} rounds of {t['steps_per_round']} steps:\n",
-                  "| contender | optimizer | step (s) | images/s | vs bare | peak memory | MFU vs matmul | MFU vs datasheet |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|"]
+                  "| contender | optimizer | step (s) | images/s | vs bare | skipped steps | peak memory | MFU vs matmul | MFU vs datasheet |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
         lines += [f"| `{k}` | {v['optimizer']} | {v['step_s']['median']:.4f} | {v['images_per_s']:.1f} | "
-                  f"{v.get('vs_bare', 1.0):.3f} | {_gib(v['peak_memory_bytes'])} | {_pct(v['mfu']['vs_measured_matmul'])} | "
+                  f"{v.get('vs_bare', 1.0):.3f} | {v['skipped_steps']} of {t['rounds'] * t['steps_per_round']} | "
+                  f"{_gib(v['peak_memory_bytes'])} | {_pct(v['mfu']['vs_measured_matmul'])} | "
                   f"{_pct(v['mfu']['vs_datasheet'])} |" for k, v in t["results"].items()]
         lines.append("")
     if "optimizer" in r:
         o = r["optimizer"]
         lines += [f"Optimizer step alone, {o['num_params']:,} fp32 parameters in {o['num_tensors']} tensors:\n",
-                  "| optimizer | ms per step | launches per step | counted as |", "|---|---:|---:|---|"]
-        lines += [f"| `{k}` | {v['ms_per_step']['median']:.3f} | {v['launches_per_step']:.0f} | {v['launch_kind']} |"
-                  for k, v in o["results"].items()]
-        lines += [f"| `{k}` | left out | | {why} |" for k, why in o["left_out"].items()]
+                  "| optimizer | ms per step | launches per step | host syncs per step | counted as |",
+                  "|---|---:|---:|---:|---|"]
+        lines += [f"| `{k}` | {v['ms_per_step']['median']:.3f} | {_count(v['launches_per_step'])} | "
+                  f"{_count(v.get('syncs_per_step'))} | {v['launch_kind']} |" for k, v in o["results"].items()]
+        lines += [f"| `{k}` | left out | | | {why} |" for k, why in o["left_out"].items()]
         lines.append("")
     if "large" in r:
         lines += ["Large models, bf16, activation checkpointing, accumulation 1:\n",
@@ -85,8 +100,9 @@ def section(r: dict | None) -> list[str]:
                   "|---|---:|---:|---:|---:|---:|---:|"]
         for v in r["large"].values():
             m = v.get("mfu", {})
-            lines.append(f"| {v['name']} | {v['recipe_micro_batch']} | {v['micro_batch']} ({v['search_cap']}) | "
-                         f"{v.get('images_per_s', 0):.1f} | {_gib(v.get('peak_memory_bytes'))} | "
+            fit = f"{v['micro_batch']} ({v['search_cap']})" + (", stepped down to time it" if v.get("timed_lower") else "")
+            ips = "does not fit" if not v["micro_batch"] else f"{v['images_per_s']:.1f}"
+            lines.append(f"| {v['name']} | {v['recipe_micro_batch']} | {fit} | {ips} | {_gib(v.get('peak_memory_bytes'))} | "
                          f"{_pct(m.get('vs_measured_matmul'))} | {_pct(m.get('vs_datasheet'))} |")
         lines.append("")
     return lines

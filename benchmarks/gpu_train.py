@@ -8,16 +8,19 @@ on CUDA) on one synthetic batch already on the device, so the figure is the comp
   vitlarge's LAMB with the no-decay groups, the lr schedule). Its Booster is Colossal-AI's
   (TorchDDPPlugin at world size 1) when Colossal-AI imports, else `PlainBooster`.
 - ``BareLoop``: what a user writes: autocast, GradScaler, accumulation, ``clip_grad_norm_`` and
-  timm's ``Lamb`` over timm's weight-decay groups; no DDP, no schedule.
+  timm's ``Lamb`` over timm's weight-decay groups with the model's no-decay names (the same split as
+  vitlarge's); no DDP, no schedule.
 
 Contract: ``step()`` runs one optimizer step (``accum_steps`` forward/backward passes of
 ``micro_batch`` images) and returns nothing the host must wait for beyond what the loop itself
-reads (the engine reads the gradient norm, as in training).
+reads (the engine reads the gradient norm, as in training). ``skipped`` counts the steps that did
+not update (non-finite gradients) so far; read it outside timed regions.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from pathlib import Path
 
 import torch
@@ -107,15 +110,30 @@ class BareLoop:
         torch.manual_seed(cfg.train.seed)
         self.model = build_model(cfg, device)
         o = cfg.optim
-        groups = timm.optim.param_groups_weight_decay(self.model, o.weight_decay)
+        # the model's no-decay names (pos_embed, cls_token) as in vitlarge.optim.param_groups: like for like
+        groups = timm.optim.param_groups_weight_decay(self.model, o.weight_decay,
+                                                      no_weight_decay_list=self.model.no_weight_decay())
         self.opt = timm.optim.Lamb(groups, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay,
                                    max_grad_norm=None)
         self.device, self.dtype = device, DTYPES[cfg.train.precision]
         self.scaler = torch.amp.GradScaler(device.type, enabled=cfg.train.precision == "fp16")
         self.accum = cfg.train.global_batch // cfg.train.micro_batch
-        self.clip = cfg.optim.clip_grad_norm
+        self.clip = cfg.optim.clip_grad_norm if cfg.optim.clip_grad_norm > 0 else math.inf  # as the engine: <= 0 is off
         self.batch = synthetic_batch(cfg, device)
         self.steps = 0
+        # The scale after every step, kept on the device (no host read in the timed loop): a step the
+        # scaler skips lowers it, so `skipped` counts the drops afterwards.
+        self._scales = [self._scale()] if self.scaler.is_enabled() else []
+
+    def _scale(self) -> torch.Tensor:
+        if self.scaler._scale is None:  # created lazily by the first scale(); same initial value
+            self.scaler.scale(torch.zeros((), device=self.device))
+        return self.scaler._scale.detach().clone()
+
+    @property
+    def skipped(self) -> int:
+        """Optimizer steps the GradScaler skipped so far (its scale dropped); reads the device."""
+        return sum(int(b < a) for a, b in zip(self._scales, self._scales[1:]))
 
     def step(self) -> None:
         images, labels = self.batch
@@ -131,3 +149,5 @@ class BareLoop:
         self.scaler.update()
         self.opt.zero_grad(set_to_none=True)
         self.steps += 1
+        if self._scales:
+            self._scales.append(self._scale())
