@@ -24,10 +24,13 @@ def print_plan(cfg: Config, plan: Plan) -> None:
     print(f"  {plan.global_batch} = {plan.micro_batch} x {plan.accum_steps} x {plan.world_size}")
     print(f"  model {cfg.model.name}: {info['params'] / 1e6:.2f}M parameters, "
           f"{info['fwd_flops'] / 1e9:.2f} GFLOPs/image forward, {train_flops / 1e9:.2f} GFLOPs/image train step")
-    print(f"  epochs {cfg.train.epochs} over {plan.num_train_examples} images; "
-          f"total {train_flops * plan.global_batch * plan.total_steps:.3g} FLOPs")
-    print(f"  memory per device (rough): weights+grads+LAMB states {_gib(mem['states'])}, "
-          f"activations {_gib(mem['activations'])}, total {_gib(mem['total'])}")
+    if plan.phases:  # FLOPs and memory differ per phase: the table below
+        print(f"  epochs {cfg.train.epochs} over {plan.num_train_examples} images in {len(plan.phases)} phases")
+    else:
+        print(f"  epochs {cfg.train.epochs} over {plan.num_train_examples} images; "
+              f"total {train_flops * plan.global_batch * plan.total_steps:.3g} FLOPs")
+        print(f"  memory per device (rough): weights+grads+LAMB states {_gib(mem['states'])}, "
+              f"activations {_gib(mem['activations'])}, total {_gib(mem['total'])}")
     every = cfg.train.checkpoint_every_steps
     evals = f"every {plan.eval_every_steps} steps" if plan.eval_every_steps else "at the end only"
     print(f"  eval {evals}, checkpoint "
