@@ -140,11 +140,11 @@ def test_dry_run_prints_the_phase_table(capsys):
     out = capsys.readouterr().out
     table = out[out.index("phases:"):].splitlines()
     assert "batch = micro x accum x dev" in table[1] and len(table) == 6
-    assert table[2].split()[:8] == ["0", "0-30", "8", "8", "128", "=", "16", "x"]
-    assert table[4].split()[1:4] == ["48-60", "16", "16"]
+    assert table[2].split()[:10] == ["0", "0-20", "8", "8", "128", "=", "64", "x", "1", "x"]
+    assert table[4].split()[1:9] == ["36-60", "16", "16", "128", "=", "16", "x", "4"]
     assert "of the same images at 16 px" in table[5]
     share = float(table[5].split("=")[1].split("%")[0])
-    assert 40 < share < 60  # 8 px for half the run: 1/4 of the tokens (plus the fixed head cost)
+    assert 60 < share < 70  # 20 epochs at 5/17 of the tokens, 16 at 10/17, 24 full
 
 
 def test_loaders_are_rebuilt_at_a_boundary_at_the_phase_size_and_resume_exactly(demo_data):
