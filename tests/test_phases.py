@@ -49,10 +49,12 @@ def test_phases_plan_per_phase_batches_steps_and_accumulation_over_uneven_bounda
 
 
 def test_first_phase_after_epoch_0_gets_the_recipes_values_and_keys_carry_over():
-    c = demo([{"epoch": 10, "image_size": 8, "eval_size": 16}, {"epoch": 20, "lr_scale": 0.5}])
+    c = demo([{"epoch": 10, "image_size": 8, "eval_size": 16}, {"epoch": 20, "lr_scale": 0.5, "lr": (1e-3, 1e-4)},
+              {"epoch": 30}])
     plan = make_plan(c, 2, N)
-    assert [(p.start_epoch, p.image_size, p.eval_size, p.lr_scale) for p in plan.phases] == [
-        (0, 16, 16, 1.0), (10, 8, 16, 1.0), (20, 8, 8, 0.5)]  # eval_size is per phase, the size carries
+    assert [(p.start_epoch, p.image_size, p.eval_size, p.lr_scale, p.lr) for p in plan.phases] == [
+        (0, 16, 16, 1.0, None), (10, 8, 16, 1.0, None), (20, 8, 8, 0.5, (1e-3, 1e-4)), (30, 8, 8, 0.5, None)]
+    # eval_size and an lr segment are their phase's own; the size and lr_scale carry over
 
 
 def test_without_phases_the_plan_and_lr_are_todays():

@@ -12,8 +12,9 @@ or builds them in one line from composer's parameters (`progressive`). Keys (`PH
 ``epoch`` (start, required), ``image_size``, ``eval_size`` (validation size; default the phase's
 ``image_size``), ``global_batch``, ``micro_batch``, ``crop_scale``, ``lr_scale`` (multiplies the
 recipe's schedule) or ``lr`` (a segment ``(start, end)``: linear over the phase's steps, replacing the
-schedule there). A key not given carries over from the phase before; the first phase starts from the
-recipe (``data.image_size``, ``train.global_batch``, ...). A first phase after epoch 0 gets an implicit
+schedule there). A key not given carries over from the phase before (except ``eval_size`` and ``lr``,
+which are the phase's own); the first phase starts from the recipe (``data.image_size``,
+``train.global_batch``, ...). A first phase after epoch 0 gets an implicit
 phase 0 with the recipe's values. A phase ends where the next starts, the last at ``train.epochs``.
 
 Contracts:
@@ -26,6 +27,8 @@ Contracts:
 * `lr_at_step` is a pure function of the optimizer step: the recipe's warmup/decay over the whole
   run's steps (warmup ends at the step where ``schedule.warmup_epochs`` is reached), times the
   phase's ``lr_scale``, or the phase's own ``lr`` segment. Resuming is restoring the step.
+* Periodic evaluation (``train.eval_every_epochs``) is converted to steps with the first phase's
+  steps per epoch; ``epoch`` in the logs follows each phase's own.
 * The model keeps the pos-embed grid of ``data.image_size`` and is built with timm's
   ``dynamic_img_size=True``: every forward resamples it (bicubic) to the input's grid, so parameter
   shapes, optimizer state and checkpoints never change with the phase.
@@ -107,9 +110,8 @@ def resolve(cfg: Config, origin: str = "config") -> list[dict]:
             raise UserError(f"{origin}: {key} has unknown key '{unknown[0]}'; use {', '.join(PHASE_KEYS)}")
         if "epoch" not in p:
             raise UserError(f"{origin}: {key} has no 'epoch'; give the epoch the phase starts at, e.g. {{'epoch': 0, ...}}")
-        cur = {**prev, "eval_size": None, **p}  # eval_size follows the phase's image size unless given
-        if "lr" not in p and "lr_scale" in p:
-            cur["lr"] = None
+        # eval_size follows the phase's image size and an lr segment belongs to its phase, unless given.
+        cur = {**prev, "eval_size": None, "lr": None, **p}
         if "lr_scale" not in p and "lr" in p:
             cur["lr_scale"] = 1.0
         e = cur["epoch"]
