@@ -6,7 +6,8 @@
 ``model.init_from`` loads the export's weights and resamples the position embedding from the 4x4
 to the 6x6 token grid (vitlarge/init_from.py); the classifier is kept (same 10 classes). The
 hyper-parameters follow the high-resolution fine-tunes of recipes/vit_b16_ft384.py at toy scale: a
-small lr with a short warmup and cosine decay, tiny weight decay, no Mixup, gentle crops. Evaluated
+small lr (a tenth of the demo's) with a short warmup and cosine decay, tiny weight decay, no Mixup,
+gentle crops; the optimizer stays the demo's LAMB. Evaluated
 every epoch, at 24 px. Measured: docs/PROGRESSIVE.md.
 """
 
