@@ -33,7 +33,7 @@ def args(data: str, workdir: Path) -> list[str]:
             "train.keep_checkpoints=5"]
 
 
-def test_kill_9_after_a_phase_boundary_and_inside_a_phase_resumes_bitwise(demo_data, tmp_path):
+def test_kill_9_just_after_a_phase_boundary_resumes_bitwise(demo_data, tmp_path):
     ref = tmp_path / "ref"
     r = launcher.run(args(demo_data, ref), nproc=2, launcher=LAUNCHER, timeout=TIMEOUT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
