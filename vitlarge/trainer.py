@@ -24,8 +24,8 @@ from vitlarge.config import Config, Plan
 from vitlarge.engine import Engine
 from vitlarge.errors import Preempted
 from vitlarge.evaluate import evaluate
-from vitlarge.phases import PhasedLoaders, epoch_at, phase_at
 from vitlarge.events import EvalMetrics, Event, Hook, RunInfo, StepMetrics, emit
+from vitlarge.phases import PhasedLoaders, epoch_at, phase_at
 
 def peak_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
