@@ -64,6 +64,10 @@ def run(args, env) -> int:
     from vitlarge.config import load_config, make_plan
 
     cfg = load_config(args.config, args.overrides, data__path=args.data, workdir=args.workdir)
+    if cfg.model.init_from:
+        from vitlarge.init_from import check_source
+
+        check_source(cfg)  # a missing file, another architecture or patch size: one line, before any data
     if args.dry_run:
         from vitlarge.plan import print_plan
 
@@ -126,14 +130,20 @@ def run(args, env) -> int:
             logging.getLogger("vitlarge").warning(
                 f"warning: {resume} holds a data-loader position from an older vitlarge (state version {old}); "
                 "the data stream restarts with a fresh epoch order, weights, optimizer and step resume exactly")
-    train = train_loader(cfg, env.rank, env.world_size, device, state=data_state)
-    val = val_loader(cfg, env.rank, env.world_size, device)
+    phased = None
+    if plan.phases:  # each phase's loaders are built at its first step (vitlarge/phases.py)
+        from vitlarge.phases import PhasedLoaders
+
+        phased, train, val = PhasedLoaders(cfg, plan, env.rank, env.world_size, device, state=data_state), None, None
+    else:
+        train = train_loader(cfg, env.rank, env.world_size, device, state=data_state)
+        val = val_loader(cfg, env.rank, env.world_size, device)
 
     # Loop, final evaluation, export.
     run_info = RunInfo(workdir=str(workdir), rank=env.rank, is_main=env.is_main, device=str(device),
                        start_step=start_step, plan=plan, cfg=cfg)
     hooks = build_hooks(str(workdir), log_every=cfg.train.log_every_steps, nan_patience=cfg.train.nan_patience)
-    Trainer(cfg, plan, parts.engine, train, val, hooks, run_info, start_step=start_step).fit()
+    Trainer(cfg, plan, parts.engine, train, val, hooks, run_info, start_step=start_step, phased=phased).fit()
     if env.is_main:
         path = export(workdir, model, cfg, [c.synset for c in manifest.classes],
                       {c.synset: c.text for c in manifest.classes if c.text} or None)

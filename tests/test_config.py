@@ -11,7 +11,8 @@ from vitlarge.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "recipes"
-ALL_RECIPES = ["vit_b16", "vit_b32", "vit_l32", "vit_l16", "vit_h14", "demo_digits"]
+ALL_RECIPES = ["vit_b16", "vit_b32", "vit_l32", "vit_l16", "vit_h14", "demo_digits", "demo_digits_progressive",
+               "demo_digits_ft24", "vit_b16_progressive", "vit_b16_ft384"]
 
 
 def recipe(name: str) -> Path:

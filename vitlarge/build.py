@@ -18,6 +18,7 @@ machine without Colossal-AI (the GPU measurement kit, benchmarks/gpu.py) passes 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -59,6 +60,11 @@ def build(cfg: Config, plan: Plan, device: torch.device | str, booster=None) -> 
     resolve_precision(cfg, device)  # no-op when resolved: the model's attention and patch conv depend on it
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     model = build_model(cfg, device)
+    if cfg.model.init_from:  # fine-tuning: pretrained weights, before the optimizer sees them
+        from vitlarge.init_from import load_into
+
+        for note in load_into(model, cfg):
+            logging.getLogger("vitlarge").info(note)  # train.py keeps other ranks at WARNING
     o = cfg.optim
     optimizer = build_optimizer(model, o.name, lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas),
                                 eps=o.eps, bias_correction=o.bias_correction)

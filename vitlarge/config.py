@@ -51,6 +51,11 @@ class ModelConfig:
     where PyTorch 2.5's fused attention backward is ~5x slower than the unfused one (measured)."""
     kwargs: dict = field(default_factory=dict)
     """Extra keyword arguments for ``timm.create_model`` (e.g. ``patch_size``, ``embed_dim``, ``depth``)."""
+    init_from: str = ""
+    """Start from these weights (fine-tuning): an export folder or its ``model.safetensors``, a
+    ``checkpoints/step_*`` folder, or a timm checkpoint file. Weights only; the position embedding is
+    resampled to ``data.image_size`` and a classifier of another class count re-initialised
+    (`vitlarge.init_from`). A resumed run takes its checkpoint's weights instead."""
 
 
 @dataclass
@@ -158,6 +163,10 @@ class TrainConfig:
     """Stop when the loss is non-finite this many optimizer steps in a row."""
     max_steps: int = 0
     """Stop after this many optimizer steps (0: run the whole schedule). The schedule still spans all epochs."""
+    phases: list = field(default_factory=list)
+    """Progressive resolution: phases with their own image size, batch, crop scale and lr, as dicts
+    (``[{"epoch": 0, "image_size": 128}, {"epoch": 80, "image_size": 224}]``); [] trains one phase
+    from the fields above. Keys and rules: `vitlarge.phases`."""
 
 
 @dataclass
@@ -196,6 +205,8 @@ class Plan:
     warmup_steps: int
     eval_every_steps: int
     num_train_examples: int
+    phases: tuple = ()
+    """`vitlarge.phases.Phase` per phase (empty without ``train.phases``); the fields above are the first phase's."""
 
     def describe(self) -> str:
         return (
@@ -247,11 +258,11 @@ def _parse_value(text: str, typ, key: str, origin: str):
             return float(text)
         if typ is tuple:
             return tuple(float(x) for x in text.strip("()[] ").split(",") if x.strip())
-        if typ is dict:
+        if typ in (dict, list):
             import ast
 
             value = ast.literal_eval(text)
-            if not isinstance(value, dict):
+            if not isinstance(value, typ):
                 raise ValueError
             return value
         return text
@@ -305,6 +316,9 @@ def _check_types(cfg: Config, origin: str) -> None:
                 ok = True
             if typ is tuple and isinstance(value, list):
                 setattr(section, name, tuple(value))
+                ok = True
+            if typ is list and isinstance(value, tuple):
+                setattr(section, name, list(value))
                 ok = True
             if not ok:
                 raise UserError(f"{origin}: '{key}' must be a {typ.__name__}, got {value!r}; fix the recipe or override")
@@ -382,6 +396,10 @@ def validate(cfg: Config, origin: str = "config") -> None:
             f"{origin}: schedule.warmup_epochs={cfg.schedule.warmup_epochs} exceeds train.epochs={t.epochs}; "
             "lower the warmup or raise train.epochs"
         )
+    if t.phases:
+        from vitlarge.phases import check
+
+        check(cfg, origin)
 
 
 def make_plan(cfg: Config, world_size: int, num_train_examples: int | None = None) -> Plan:
@@ -394,6 +412,8 @@ def make_plan(cfg: Config, world_size: int, num_train_examples: int | None = Non
             f"{t.micro_batch} x {world_size} = {per_step}; pick a micro_batch or device count that divides it"
         )
     n = num_train_examples or cfg.data.num_train_examples
+    if t.phases:
+        return _phased_plan(cfg, world_size, n)
     # Drop the last partial global batch of each epoch, as the original did: every optimizer step
     # sees exactly global_batch images, so the lr schedule means the same at any world size.
     steps_per_epoch = n // t.global_batch
@@ -413,6 +433,19 @@ def make_plan(cfg: Config, world_size: int, num_train_examples: int | None = Non
         eval_every_steps=max(1, epochs_to_steps(t.eval_every_epochs, steps_per_epoch)) if t.eval_every_epochs > 0 else 0,
         num_train_examples=n,
     )
+
+
+def _phased_plan(cfg: Config, world_size: int, n: int) -> Plan:
+    """A plan whose per-phase batches and steps come from `vitlarge.phases`; its scalar fields are the first phase's."""
+    from vitlarge.phases import plan_phases, step_at_epoch
+
+    phases = plan_phases(cfg, world_size, n)
+    first, t = phases[0], cfg.train
+    eval_every = max(1, epochs_to_steps(t.eval_every_epochs, first.steps_per_epoch)) if t.eval_every_epochs > 0 else 0
+    return Plan(world_size=world_size, global_batch=first.global_batch, micro_batch=first.micro_batch,
+                accum_steps=first.accum_steps, steps_per_epoch=first.steps_per_epoch,
+                total_steps=max(1, phases[-1].end_step), warmup_steps=step_at_epoch(phases, cfg.schedule.warmup_epochs),
+                eval_every_steps=eval_every, num_train_examples=n, phases=phases)
 
 
 def load_recipe(path: str | Path) -> Config:

@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+from vitlarge import phases
 from vitlarge.config import Config, Plan
 from vitlarge.precision import Precision
 from vitlarge.schedule import lr_at
@@ -80,6 +81,8 @@ class Engine:
         return getattr(self.optimizer, "optim", self.optimizer)
 
     def lr(self, step: int) -> float:
+        if self.plan.phases:
+            return phases.lr_at_step(self.cfg, self.plan, step)
         s = self.cfg.schedule
         return lr_at(step, peak_lr=self.cfg.optim.lr, total_steps=self.plan.total_steps,
                      warmup_steps=self.plan.warmup_steps, decay=s.decay, min_lr_ratio=s.min_lr_ratio)
@@ -90,7 +93,7 @@ class Engine:
         lr = self.lr(step)
         for group in opt.param_groups:
             group["lr"] = lr
-        accum = self.plan.accum_steps
+        accum = phases.phase_at(self.plan, step).accum_steps if self.plan.phases else self.plan.accum_steps
         loss_sum = torch.zeros((), dtype=torch.float32, device=self.params[0].device)
         data_time = 0.0
         calls_before = self.comm.calls

@@ -20,6 +20,9 @@ def model_kwargs(cfg: Config) -> dict:
         attn_drop_rate=m.attn_drop_rate,
         proj_drop_rate=m.proj_drop_rate,
         drop_path_rate=m.drop_path_rate,
+        # With phases the input size changes during the run: the position embedding (of the
+        # data.image_size grid) is resampled to each input's grid (vitlarge/phases.py).
+        **(dict(dynamic_img_size=True) if cfg.train.phases else {}),
         **m.kwargs,
     )
 

@@ -25,6 +25,7 @@ from vitlarge.engine import Engine
 from vitlarge.errors import Preempted
 from vitlarge.evaluate import evaluate
 from vitlarge.events import EvalMetrics, Event, Hook, RunInfo, StepMetrics, emit
+from vitlarge.phases import PhasedLoaders, epoch_at, phase_at
 
 def peak_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
@@ -34,8 +35,10 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 class Trainer:
     def __init__(self, cfg: Config, plan: Plan, engine: Engine, train_loader, val_loader, hooks: list[Hook], run: RunInfo,
-                 start_step: int = 0):
+                 start_step: int = 0, phased: PhasedLoaders | None = None):
+        """``phased``: for a plan with phases, gives each phase's loaders (``train_loader``/``val_loader`` None)."""
         self.cfg, self.plan, self.engine = cfg, plan, engine
+        self.phased = phased
         self.train_loader, self.val_loader = train_loader, val_loader
         self.hooks, self.run = hooks, run
         self.step = start_step
@@ -57,7 +60,7 @@ class Trainer:
         return loss_sum / self.plan.world_size, stop > 0
 
     def _evaluate(self) -> EvalMetrics:
-        m = EvalMetrics(step=self.step, epoch=self.step / self.plan.steps_per_epoch,
+        m = EvalMetrics(step=self.step, epoch=epoch_at(self.plan, self.step),
                         **evaluate(self.engine.model, self.val_loader, self.engine.precision))
         self._emit(Event.EVAL_END, m)
         return m
@@ -68,6 +71,12 @@ class Trainer:
                                keep=self.cfg.train.keep_checkpoints)
         self._emit(Event.CHECKPOINT, self.step, str(path))
         return path
+
+    def _enter_phase(self, step: int | None = None) -> None:
+        """At a phase boundary (or the first step), the phase's loaders replace the previous ones."""
+        loaders = self.phased.enter(self.step if step is None else step)
+        if loaders is not None:
+            self.train_loader, self.val_loader = loaders
 
     def fit(self) -> EvalMetrics:
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGUSR1)}
@@ -82,16 +91,19 @@ class Trainer:
         end = min(plan.total_steps, t.max_steps) if t.max_steps else plan.total_steps
         self._emit(Event.TRAIN_START)
         while self.step < end:
+            if self.phased is not None:
+                self._enter_phase()
             t0 = time.perf_counter()
             out = self.engine.step(self.step, lambda: next(self.train_loader))
             loss, stop = self._sync(out["loss"])  # its .tolist() waits for the device: dt is the real step time
             self.step += 1
             dt = time.perf_counter() - t0
+            batch = phase_at(plan, self.step - 1).global_batch if plan.phases else plan.global_batch
             m = StepMetrics(
-                step=self.step, epoch=self.step / plan.steps_per_epoch, train_loss=loss, lr=out["lr"],
+                step=self.step, epoch=epoch_at(plan, self.step), train_loss=loss, lr=out["lr"],
                 grad_norm=out["grad_norm"], loss_scale=out["loss_scale"], skipped=out["skipped"],
-                images=plan.global_batch, step_time=dt, data_time=out["data_time"],
-                images_per_s=plan.global_batch / dt, images_per_s_per_device=plan.global_batch / dt / plan.world_size,
+                images=batch, step_time=dt, data_time=out["data_time"],
+                images_per_s=batch / dt, images_per_s_per_device=batch / dt / plan.world_size,
                 peak_mem_bytes=peak_memory_bytes(self.device), allreduce_calls=out["allreduce_calls"],
             )
             self._emit(Event.STEP_END, m)
@@ -101,6 +113,8 @@ class Trainer:
                 raise Preempted(self.step, self._checkpoint())
             if t.checkpoint_every_steps and self.step % t.checkpoint_every_steps == 0 and self.step < end:
                 self._checkpoint()
+        if self.phased is not None and self.val_loader is None:  # resumed at the very end: no step ran
+            self._enter_phase(self.step - 1)
         final = self._evaluate()
         # Rank 0 looks, all ranks follow: the save is a collective, so the answer must be the same everywhere.
         if not rank0_decides(lambda: checkpoint.exists(self.cfg.workdir, self.step)):

@@ -1,0 +1,96 @@
+"""Progressive resolution vs fixed resolution on the digits demo, and fine-tuning its export at 24 px.
+
+Run: ``python -m benchmarks.bench_progressive [--rounds 2]`` (2 CPU processes through
+``colossalai run``, OMP_NUM_THREADS=1; ~3 min per training run on an idle 2-core machine). Writes
+``benchmarks/results/progressive.json`` and ``docs/img/progressive.png``.
+
+Each round trains ``recipes/demo_digits.py`` then ``recipes/demo_digits_progressive.py`` (A B A B...),
+full 60-epoch schedules, the same command line otherwise, so load from other processes on a shared
+machine hits both alike. Reported per run: final top-1, the wall time of the whole command and the
+training time (sum of the step times in metrics.jsonl). Then ``recipes/demo_digits_ft24.py`` fine-tunes
+the first fixed run's export at 24 px: top-1 after each epoch. Goals (docs/PROGRESSIVE.md): progressive
+>= 97% top-1, within 0.5 point of fixed, and faster. Not part of ``benchmarks/run.py``: it trains
+whole schedules, which the benchmark smoke test cannot afford.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks import common
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = str(Path(sys.executable).parent)
+
+
+def train(recipe: str, workdir: Path, *extra: str) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PATH=VENV_BIN + os.pathsep + os.environ.get("PATH", ""))
+    cmd = [f"{VENV_BIN}/colossalai", "run", "--nproc_per_node", "2", "--master_port", str(29500 + os.getpid() % 1000),
+           "train.py", "--config", recipe, "--workdir", str(workdir), *extra]
+    t0 = time.time()
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    wall = time.time() - t0
+    if r.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [x for x in records if x["event"] == "train"]
+    evals = [x for x in records if x["event"] == "eval"]
+    spent = {}  # training seconds done at each step
+    for x in steps:
+        spent[x["step"]] = spent.get(x["step"] - 1, 0.0) + x["step_time"]
+    return dict(recipe=recipe, wall_s=round(wall, 1), train_s=round(spent[steps[-1]["step"]], 1),
+                top1=evals[-1]["val_top1"],
+                evals=[(round(x["epoch"], 2), x["val_top1"], round(spent[x["step"]], 1)) for x in evals],
+                started=time.strftime("%H:%M:%S", time.gmtime(t0)))
+
+
+def plot(result: dict, path: Path) -> None:
+    """Top-1 against training seconds (fixed vs progressive, every round), and the fine-tune's top-1 per epoch."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for run in result["runs"]:
+        prog = "progressive" in run["recipe"]
+        a.plot([t for _, _, t in run["evals"]], [100 * v for _, v, _ in run["evals"]], "o-" if prog else "s--",
+               color="tab:orange" if prog else "tab:blue", alpha=0.8,
+               label=f"{'progressive' if prog else 'fixed 16 px'}: {100 * run['top1']:.2f}%, {run['train_s']:.0f} s")
+    a.set(xlabel="training seconds (sum of step times, 2 CPU processes)", ylabel="val top-1 (%)", ylim=(85, 100),
+          title="digits demo: fixed vs progressive resolution")
+    a.legend(fontsize=8)
+    ft = result["finetune"]["evals"]
+    b.plot([e for e, _, _ in ft], [100 * v for _, v, _ in ft], "o-", color="tab:green")
+    b.set(xlabel="epoch", ylabel="val top-1 at 24 px (%)", title="fine-tuning the demo export at 24 px")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--workdir", default="runs/bench_progressive")
+    args = p.parse_args()
+    root = Path(args.workdir)
+    runs = []
+    for i in range(args.rounds):
+        for name in ("demo_digits", "demo_digits_progressive"):
+            runs.append(train(f"recipes/{name}.py", root / f"{name}_{i}"))
+            print(json.dumps(runs[-1]), flush=True)
+    ft = train("recipes/demo_digits_ft24.py", root / "ft24", f"model.init_from={root / 'demo_digits_0' / 'model'}")
+    print(json.dumps(ft), flush=True)
+    result = dict(runs=runs, finetune=ft)
+    out = common.write_result("progressive", result)
+    plot(result, ROOT / "docs" / "img" / "progressive.png")
+    print(f"wrote {out} and docs/img/progressive.png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""vitlarge/phases.py: phase planning, the lr over phase boundaries, the generator, bad phases, the table,
+and the DALI loaders rebuilt at a boundary (real pipelines over the digits data)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from vitlarge import phases
+from vitlarge.config import load_config, load_recipe, make_plan, validate
+from vitlarge.errors import UserError
+from vitlarge.schedule import lr_at
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "recipes" / "demo_digits.py"
+N = 1437  # digits training images: 11 steps/epoch at 128, 22 at 64 (the last partial batch dropped)
+
+
+def demo(phase_list, **train):
+    c = load_recipe(DEMO)
+    c.train.phases = phase_list
+    for k, v in train.items():
+        setattr(c.train, k, v)
+    validate(c)
+    return c
+
+
+def test_phases_plan_per_phase_batches_steps_and_accumulation_over_uneven_boundaries():
+    c = demo([{"epoch": 0, "image_size": 8},
+              {"epoch": 12.5, "image_size": 12, "global_batch": 64, "micro_batch": 8},
+              {"epoch": 40, "image_size": 16, "crop_scale": (0.8, 1.0)}])
+    plan = make_plan(c, 2, N)
+    p0, p1, p2 = plan.phases
+    assert [p.image_size for p in plan.phases] == [8, 12, 16]
+    assert [(p.global_batch, p.micro_batch, p.accum_steps, p.steps_per_epoch) for p in plan.phases] == [
+        (128, 16, 4, 11), (64, 8, 4, 22), (64, 8, 4, 22)]  # carried over: batch into phase 2
+    assert [p.crop_scale for p in plan.phases] == [(0.6, 1.0), (0.6, 1.0), (0.8, 1.0)]
+    assert (p0.start_step, p0.end_step) == (0, 138)  # 12.5 epochs x 11 = 137.5 -> 138
+    assert (p1.start_step, p1.end_step) == (138, 138 + 605)  # 27.5 x 22
+    assert (p2.start_step, p2.end_step, plan.total_steps) == (743, 743 + 440, 1183)
+    assert phases.phase_at(plan, 137).index == 0 and phases.phase_at(plan, 138).index == 1
+    assert phases.epoch_at(plan, 138) == pytest.approx(138 / 11) and phases.epoch_at(plan, 1183) == 60
+    assert plan.warmup_steps == 55  # 5 epochs, inside phase 0
+    # World size 4 changes the accumulation only; the same run in optimizer steps.
+    plan4 = make_plan(c, 4, N)
+    assert [p.accum_steps for p in plan4.phases] == [2, 2, 2] and plan4.total_steps == plan.total_steps
+
+
+def test_first_phase_after_epoch_0_gets_the_recipes_values_and_keys_carry_over():
+    c = demo([{"epoch": 10, "image_size": 8, "eval_size": 16}, {"epoch": 20, "lr_scale": 0.5, "lr": (1e-3, 1e-4)},
+              {"epoch": 30}])
+    plan = make_plan(c, 2, N)
+    assert [(p.start_epoch, p.image_size, p.eval_size, p.lr_scale, p.lr) for p in plan.phases] == [
+        (0, 16, 16, 1.0, None), (10, 8, 16, 1.0, None), (20, 8, 8, 0.5, (1e-3, 1e-4)), (30, 8, 8, 0.5, None)]
+    # eval_size and an lr segment are their phase's own; the size and lr_scale carry over
+
+
+def test_without_phases_the_plan_and_lr_are_todays():
+    c = load_recipe(DEMO)
+    plan = make_plan(c, 2, N)
+    assert plan.phases == () and phases.phase_at(plan, 0) is None and phases.epoch_at(plan, 22) == 2
+
+
+def test_lr_is_a_pure_function_of_the_step_across_boundaries():
+    same = demo([{"epoch": 0, "image_size": 8}, {"epoch": 30, "image_size": 12}, {"epoch": 48, "image_size": 16}])
+    plain = load_recipe(DEMO)
+    p_same, p_plain = make_plan(same, 2, N), make_plan(plain, 2, N)
+    kw = dict(peak_lr=plain.optim.lr, total_steps=p_plain.total_steps, warmup_steps=p_plain.warmup_steps,
+              decay="cosine")
+    # Same batch in every phase: exactly the fixed-resolution schedule, continuous over boundaries.
+    assert [phases.lr_at_step(same, p_same, s) for s in range(p_same.total_steps)] == [
+        lr_at(s, **kw) for s in range(p_plain.total_steps)]
+    # Halved batch with lr_scale 0.5 from epoch 30; an explicit lr segment for the last 10 epochs.
+    c = demo([{"epoch": 0}, {"epoch": 30, "global_batch": 64, "lr_scale": 0.5}, {"epoch": 50, "lr": (1e-3, 0.0)}])
+    plan = make_plan(c, 2, N)
+    p0, p1, p2 = plan.phases
+    assert (p0.end_step, p1.steps_per_epoch, p1.end_step, plan.total_steps) == (330, 22, 770, 990)
+    lrs = [phases.lr_at_step(c, plan, s) for s in range(plan.total_steps)]
+    assert lrs == [phases.lr_at_step(c, plan, s) for s in range(plan.total_steps)]  # no hidden state
+    assert lrs[329] == lr_at(329, peak_lr=2e-2, total_steps=990, warmup_steps=55, decay="cosine")
+    assert lrs[330] == 0.5 * lr_at(330, peak_lr=2e-2, total_steps=990, warmup_steps=55, decay="cosine")
+    assert lrs[770] == 1e-3 and lrs[989] == pytest.approx(1e-3 / 220)
+    assert all(a >= b for a, b in zip(lrs[55:], lrs[56:]))  # decays monotonically after warmup
+
+
+def test_progressive_generator_builds_composer_phases_in_one_line():
+    c = load_recipe(DEMO)
+    c.data.image_size, c.model.kwargs = 32, dict(c.model.kwargs)  # patch 4: sizes 16, 20, ..., 32
+    c.train.phases = phases.progressive(c, initial_scale=0.5, delay_fraction=0.5, finetune_fraction=0.2)
+    validate(c)
+    sizes = [p["image_size"] for p in c.train.phases]
+    starts = [p["epoch"] for p in c.train.phases]
+    # Sizes round down to the increment, as composer's: 20 px from scale 0.625, 57.5% into the run.
+    assert sizes == [16, 20, 24, 28, 32] and starts[0] == 0 and starts[1] == pytest.approx(34.5, abs=0.05)
+    assert starts[-1] == pytest.approx(48, abs=0.05) and starts == sorted(starts)
+    c.train.phases = phases.progressive(c, initial_scale=0.5, size_increment=8)
+    assert [p["image_size"] for p in c.train.phases] == [16, 24, 32]
+    with pytest.raises(UserError, match=r"size_increment=6\): not a multiple of the patch size 4; use 4"):
+        phases.progressive(c, size_increment=6)
+
+
+@pytest.mark.parametrize("bad, message", [
+    ([{"epoch": 0}, {"epoch": 20}, {"epoch": 10}],
+     "train.phases[2].epoch=10 is not after train.phases[1].epoch=20; list phases in increasing order"),
+    ([{"epoch": 0}, {"epoch": 0, "image_size": 8}], "train.phases[1].epoch=0 is not after train.phases[0].epoch=0"),
+    ([{"epoch": 0, "image_size": 10}], "train.phases[0].image_size=10 is not a multiple of the patch size 4; use 8 or 12"),
+    ([{"epoch": 0, "eval_size": 18}], "train.phases[0].eval_size=18 is not a multiple of the patch size 4"),
+    ([{"epoch": 0, "sz": 8}], "train.phases[0] has unknown key 'sz'; use epoch, image_size"),
+    ([{"image_size": 8}], "train.phases[0] has no 'epoch'"),
+    ([{"epoch": 60}], "train.phases[0].epoch=60 must be in [0, train.epochs=60.0)"),
+    ([{"epoch": 0, "global_batch": 100}], "train.phases[0]: global_batch=100 is not a multiple of micro_batch=16"),
+    ([{"epoch": 0, "crop_scale": (0.5, 2)}], "train.phases[0].crop_scale=(0.5, 2) must be (low, high)"),
+    ([{"epoch": 0, "micro_batch": 9, "global_batch": 144}], "Mixup/CutMix need an even micro batch"),
+])
+def test_bad_phases_are_one_line_naming_the_key(bad, message):
+    c = load_recipe(DEMO)
+    c.train.phases = bad
+    with pytest.raises(UserError) as e:
+        validate(c, "recipe.py")
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_phase_batch_the_world_size_cannot_divide_fails_in_train_py_before_the_data(tmp_path):
+    """Exit 2 with one line, although --data does not exist: the phases are checked first."""
+    r = subprocess.run(
+        [sys.executable, "train.py", "--config", str(DEMO), "--data", str(tmp_path / "none"), "--dry-run",
+         "train.phases=[{'epoch': 0}, {'epoch': 30, 'global_batch': 96, 'micro_batch': 16}]"],
+        cwd=ROOT, capture_output=True, text=True, env={"WORLD_SIZE": "4", "RANK": "0", "LOCAL_RANK": "0",
+                                                       "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == ("error: train.phases[1]: global_batch=96 is not divisible by micro_batch x world size = "
+                                "16 x 4 = 64; pick a micro_batch or device count that divides it")
+
+
+def test_dry_run_prints_the_phase_table(capsys):
+    from vitlarge.plan import print_plan
+
+    cfg = load_config(ROOT / "recipes" / "demo_digits_progressive.py")
+    print_plan(cfg, make_plan(cfg, 2))
+    out = capsys.readouterr().out
+    table = out[out.index("phases:"):].splitlines()
+    assert "batch = micro x accum x dev" in table[1] and len(table) == 6
+    assert table[2].split()[:10] == ["0", "0-20", "8", "8", "128", "=", "64", "x", "1", "x"]
+    assert table[4].split()[1:9] == ["36-60", "16", "16", "128", "=", "16", "x", "4"]
+    assert "of the same images at 16 px" in table[5]
+    share = float(table[5].split("=")[1].split("%")[0])
+    assert 60 < share < 70  # 20 epochs at 5/17 of the tokens, 16 at 10/17, 24 full
+
+
+def test_loaders_are_rebuilt_at_a_boundary_at_the_phase_size_and_resume_exactly(demo_data):
+    """Real DALI: phase 0 decodes to 8 px, phase 1 to 12 px (eval 16 px); a phase's state continues it bitwise,
+    a state from the phase before is dropped and the new phase starts as an uninterrupted run does."""
+    c = demo([{"epoch": 0, "image_size": 8}, {"epoch": 1, "image_size": 12, "global_batch": 64, "eval_size": 16}],
+             micro_batch=16)
+    c.data.path = demo_data
+    c.augment.mixup_alpha = 0.0
+    plan = make_plan(c, 1, N)
+    dev = torch.device("cpu")
+    loaders = phases.PhasedLoaders(c, plan, 0, 1, dev)
+    train, val = loaders.enter(0)
+    assert loaders.enter(10) is None  # same phase: nothing rebuilt
+    x, y = next(train)
+    assert x.shape == (16, 3, 8, 8) and y.dtype == torch.int64
+    state0 = train.state()
+    after = next(train)[0]
+    assert next(iter(val))[0].shape[-1] == 8
+    train1, val1 = loaders.enter(11)
+    b1 = [next(train1)[0] for _ in range(2)]
+    assert b1[0].shape == (16, 3, 12, 12) and next(iter(val1))[0].shape[-1] == 16
+    # Resume inside phase 0: the same next batch.
+    again = phases.PhasedLoaders(c, plan, 0, 1, dev, state=state0)
+    assert torch.equal(next(again.enter(5)[0])[0], after)
+    # Resume at the boundary with phase 0's state: phase 1's stream from its start, as above.
+    at_boundary = phases.PhasedLoaders(c, plan, 0, 1, dev, state=state0)
+    t = at_boundary.enter(11)[0]
+    assert all(torch.equal(next(t)[0], b) for b in b1)

@@ -1,0 +1,133 @@
+"""``model.init_from=PATH``: start training from pretrained weights (fine-tuning), weights only.
+
+PATH is one of: an export folder (`vitlarge.export`: ``config.json`` + ``model.safetensors``) or its
+``model.safetensors``; a ``checkpoints/step_*`` folder (its ``model.safetensors``); a timm checkpoint
+file (``.safetensors``, or ``.pth``/``.pt``/``.bin`` holding a state dict, possibly under
+``state_dict``/``model``/``state_dict_ema``, with DDP's ``module.`` prefixes). Loaded with
+``weights_only=True``: no objects are unpickled.
+
+Contract: every tensor of the recipe's model must be in the file with its shape, except
+
+* ``pos_embed``: resampled to the recipe's token grid (timm ``resample_abs_pos_embed``, bicubic),
+  prefix tokens (class token) kept as they are; the patch size must be the same;
+* the classifier (``head.weight``/``head.bias``): when its class count differs it keeps its fresh
+  initialisation, and the log says so.
+
+Anything else (a missing file, another architecture, a different patch size or width) is one
+line naming the file and the fix (`check_source`, run by train.py before any data is touched).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from vitlarge.config import Config
+from vitlarge.errors import UserError
+
+log = logging.getLogger("vitlarge")
+HEAD_KEYS = ("head.weight", "head.bias")
+POS_EMBED = "pos_embed"
+PATCH_WEIGHT = "patch_embed.proj.weight"
+
+
+def weights_file(path: str | Path) -> Path:
+    """The weights file PATH names (export or checkpoint folder, or a file); UserError if none."""
+    p = Path(path)
+    if p.is_dir():
+        if (p / "model.safetensors").is_file():
+            return p / "model.safetensors"
+        raise UserError(f"model.init_from={path}: the folder holds no model.safetensors; pass an export folder "
+                        "(<workdir>/model), a checkpoints/step_* folder or a timm checkpoint file")
+    if not p.is_file():
+        raise UserError(f"model.init_from={path} does not exist; pass an export folder (<workdir>/model), a "
+                        "checkpoints/step_* folder or a timm checkpoint file")
+    return p
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """The state dict in PATH (see the module docstring), on the CPU."""
+    f = weights_file(path)
+    try:
+        if f.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            sd = load_file(str(f), device="cpu")
+        else:
+            sd = torch.load(f, map_location="cpu", weights_only=True)
+            for key in ("state_dict_ema", "state_dict", "model"):  # timm train.py / DeiT / MAE checkpoints
+                if isinstance(sd, dict) and isinstance(sd.get(key), dict):
+                    sd = sd[key]
+                    break
+    except Exception as e:  # noqa: BLE001 - torch.load and safetensors raise many types on foreign files
+        raise UserError(f"model.init_from={path}: {f} is not a readable state dict ({type(e).__name__}); pass a "
+                        "model.safetensors or a torch checkpoint of a timm model") from None
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise UserError(f"model.init_from={path}: {f} holds no state dict of tensors; pass a timm model's weights")
+    return {k.removeprefix("module."): v for k, v in sd.items()}
+
+
+def _grid(model) -> tuple[int, int]:
+    return tuple(model.patch_embed.grid_size)
+
+
+def adapt(sd: dict[str, torch.Tensor], model: torch.nn.Module, source: str) -> tuple[dict, list[str]]:
+    """The source state dict made to fit ``model``: pos-embed resampled, a head of another size dropped.
+
+    Returns (state dict to load, notes for the log); UserError when the architecture differs."""
+    from timm.layers import resample_abs_pos_embed
+
+    target = model.state_dict()
+    notes = []
+    if PATCH_WEIGHT in target and PATCH_WEIGHT in sd and sd[PATCH_WEIGHT].shape != target[PATCH_WEIGHT].shape:
+        got, want = tuple(sd[PATCH_WEIGHT].shape), tuple(target[PATCH_WEIGHT].shape)
+        raise UserError(f"model.init_from={source}: its patch embedding is {got[2]}x{got[3]} px, {got[0]} wide; the "
+                        f"recipe's model is {want[2]}x{want[3]} px, {want[0]} wide; fine-tune from a model with the "
+                        "same patch size and width, or set model.name/model.kwargs to match it")
+    missing = [k for k in target if k not in sd]
+    if missing:
+        raise UserError(f"model.init_from={source} is another architecture: it lacks '{missing[0]}' "
+                        f"({len(missing)} of the recipe's {len(target)} tensors missing); set model.name/model.kwargs "
+                        "to the architecture it was trained with")
+    out = {}
+    for k, want in target.items():
+        v = sd[k]
+        if k == POS_EMBED and v.shape != want.shape:
+            prefix = getattr(model, "num_prefix_tokens", 1) if not getattr(model, "no_embed_class", False) else 0
+            old = int(round((v.shape[1] - prefix) ** 0.5))
+            if old * old + prefix != v.shape[1] or v.shape[2] != want.shape[2]:
+                raise UserError(f"model.init_from={source}: pos_embed {tuple(v.shape)} cannot be resampled to "
+                                f"{tuple(want.shape)}; fine-tune from the same architecture")
+            v = resample_abs_pos_embed(v.float(), new_size=list(_grid(model)), old_size=[old, old],
+                                       num_prefix_tokens=prefix).to(want.dtype)
+            notes.append(f"position embedding resampled from a {old}x{old} to a "
+                         f"{_grid(model)[0]}x{_grid(model)[1]} token grid")
+        elif k in HEAD_KEYS and v.shape != want.shape:
+            if k == HEAD_KEYS[0]:
+                notes.append(f"classifier re-initialised: {v.shape[0]} classes in the source, {want.shape[0]} here")
+            continue
+        elif v.shape != want.shape:
+            raise UserError(f"model.init_from={source} is another architecture: '{k}' is {tuple(v.shape)}, the "
+                            f"recipe's model has {tuple(want.shape)}; set model.name/model.kwargs to match it")
+        out[k] = v
+    return out, notes
+
+
+def load_into(model: torch.nn.Module, cfg: Config) -> list[str]:
+    """Loads ``cfg.model.init_from`` into the (unwrapped, unboosted) ``model``; returns the log notes."""
+    sd, notes = adapt(read_state_dict(cfg.model.init_from), model, cfg.model.init_from)
+    with torch.no_grad():
+        target = model.state_dict()
+        for k, v in sd.items():
+            target[k].copy_(v.to(target[k].device, target[k].dtype))
+    return [f"initialised from {cfg.model.init_from}"] + notes
+
+
+def check_source(cfg: Config) -> None:
+    """Fails (one line) when ``model.init_from`` cannot initialise the recipe's model; reads the file once
+    but builds the model on the meta device, so it costs no memory for the model."""
+    from vitlarge.model import build_model
+
+    adapt(read_state_dict(cfg.model.init_from), build_model(cfg, "meta"), cfg.model.init_from)
