@@ -15,7 +15,7 @@ Contract of `FSDPPlugin.configure`:
 * precision (``train.precision``): ``bf16``/``fp16`` compute with ``param_dtype`` copies gathered for
   forward/backward while the sharded masters and LAMB states stay fp32; gradients are reduced in
   fp32; ``LayerNorm`` runs in fp32 (FSDP wraps each one separately without mixed precision and
-  casts its input up and its output back). ``fp32``: no casts. Autocast is not used.
+  casts its input up and its output back), so does `vitlarge.model.Fp32Conv2d`. ``fp32``: no casts. Autocast is not used.
 * ``device_id`` is our device, CPU included: without it FSDP looks for an accelerator and refuses a
   CPU-only host ("FSDP needs a non-CPU accelerator device").
 * the optimizer becomes `vitlarge.sharded_optim.ShardedLamb` when it is our ``Lamb``, so trust
@@ -50,10 +50,13 @@ def block_classes(model: nn.Module) -> set[type]:
 
 def mixed_precision(precision: str) -> MixedPrecision | None:
     """FSDP's casts for ``precision``: compute dtype for parameters, fp32 reduction and buffers, fp32 LayerNorm."""
+    from vitlarge.model import Fp32Conv2d
+
     if precision == "fp32":
         return None
+    # Fp32Conv2d: the patch embedding that vitlarge.model keeps in fp32 on CPU under fp16 (slow backward).
     return MixedPrecision(param_dtype=DTYPES[precision], reduce_dtype=torch.float32, buffer_dtype=torch.float32,
-                          _module_classes_to_ignore=(nn.LayerNorm,))
+                          _module_classes_to_ignore=(nn.LayerNorm, Fp32Conv2d))
 
 
 def wrap(model: nn.Module, precision: str, device: torch.device) -> FSDP:
