@@ -306,6 +306,10 @@ def check_writable(workdir: str | Path, rank: int) -> None:
 
 
 def check_compatible(meta: dict, path: Path, model: torch.nn.Module, cfg: Config) -> None:
+    """A one-line ``UserError`` unless the checkpoint holds this recipe's model in a layout this run reads
+    (sharded optimizer state only by an fsdp run of the same world size, see vitlarge/sharded_checkpoint.py)."""
+    rank, world = rank_and_world()
+    sharded_checkpoint.optimizer_file(path, expected_files(meta), model, rank, world, meta["world_size"])
     shapes = param_shapes(unwrap(model))
     if meta["model"] != cfg.model.name or meta["param_shapes"] != shapes:
         diff = next((k for k in shapes if meta["param_shapes"].get(k) != shapes[k]), None)
@@ -329,7 +333,7 @@ def load(path: str | Path, model, optimizer, scaler, cfg: Config) -> dict:
     same_world = meta["world_size"] == world
     rank_file = f"rank_{rank:05d}.pt" if same_world else "rank_00000.pt"
     files = expected_files(meta)
-    optimizer_file = sharded_checkpoint.optimizer_file(path, files, model, rank, world, meta["world_size"])
+    optimizer_file = sharded_checkpoint.optimizer_file(path, files, model, rank, world, meta["world_size"])  # checked above
     for name in ("model.safetensors", optimizer_file, rank_file):
         problem = fileio.size_problem(path / name, files.get(name))
         if problem:
