@@ -193,3 +193,22 @@ def test_activation_checkpointing_per_block_leaves_the_step_unchanged(process_gr
     assert norm_b == pytest.approx(norm_a, rel=1e-6)
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=1e-6, atol=1e-7)
+
+
+def test_a_sharded_checkpoint_missing_a_rank_shard_or_of_another_model_is_refused(runs, tmp_path):
+    import shutil
+
+    from vitlarge import checkpoint
+    from vitlarge.config import load_recipe
+    from vitlarge.errors import UserError
+    from vitlarge.model import build_model
+
+    ckpt = tmp_path / f"step_{STEPS:07d}"
+    shutil.copytree(runs["fsdp", 3] / "checkpoints" / ckpt.name, ckpt)
+    assert checkpoint.verify(ckpt) is None
+    other = load_recipe(RECIPE)
+    other.model.kwargs = dict(other.model.kwargs, embed_dim=48)
+    with pytest.raises(UserError, match="does not match the recipe's"):
+        checkpoint.check_compatible(checkpoint.read_meta(ckpt), ckpt, build_model(other), other)
+    (ckpt / "optimizer_rank_00001.pt").unlink()
+    assert "optimizer_rank_00001.pt" in checkpoint.verify(ckpt)  # resume passes it over / --resume refuses it

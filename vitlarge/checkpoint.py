@@ -308,8 +308,6 @@ def check_writable(workdir: str | Path, rank: int) -> None:
 def check_compatible(meta: dict, path: Path, model: torch.nn.Module, cfg: Config) -> None:
     """A one-line ``UserError`` unless the checkpoint holds this recipe's model in a layout this run reads
     (sharded optimizer state only by an fsdp run of the same world size, see vitlarge/sharded_checkpoint.py)."""
-    rank, world = rank_and_world()
-    sharded_checkpoint.optimizer_file(path, expected_files(meta), model, rank, world, meta["world_size"])
     shapes = param_shapes(unwrap(model))
     if meta["model"] != cfg.model.name or meta["param_shapes"] != shapes:
         diff = next((k for k in shapes if meta["param_shapes"].get(k) != shapes[k]), None)
@@ -318,6 +316,8 @@ def check_compatible(meta: dict, path: Path, model: torch.nn.Module, cfg: Config
             f"checkpoint {path} holds model {meta['model']} that does not match the recipe's {cfg.model.name} "
             f"({detail}); use another --workdir or --resume a checkpoint of this recipe"
         )
+    rank, world = rank_and_world()
+    sharded_checkpoint.optimizer_file(path, expected_files(meta), model, rank, world, meta["world_size"])
 
 
 def load(path: str | Path, model, optimizer, scaler, cfg: Config) -> dict:
