@@ -73,11 +73,6 @@ def wrap(model: nn.Module, precision: str, device: torch.device) -> FSDP:
     return fsdp
 
 
-def is_fsdp(model: nn.Module) -> bool:
-    """Whether ``model`` (a Booster wrapper or the module itself) is sharded by FSDP."""
-    return isinstance(model.unwrap() if isinstance(model, ModelWrapper) else model, FSDP)
-
-
 class FSDPModel(ModelWrapper):
     """Booster wrapper; ``unwrap()`` is the FSDP root (its ``.module`` the timm model)."""
 

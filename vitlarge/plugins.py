@@ -14,7 +14,6 @@ CUDA host keeps the model on the CPU, next to its data, autocast and gloo.
 from __future__ import annotations
 
 from vitlarge.config import Config
-from vitlarge.errors import UserError
 
 DDP_BUCKET_CAP_MB = 25
 """DDP's gradient bucket size: ViT-B/16's 86M fp32 gradients go out in ~14 all-reduces."""
