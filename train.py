@@ -87,6 +87,7 @@ def run(args, env) -> int:
     from vitlarge.data.loader import state_from_older_release
     from vitlarge.events import RunInfo
     from vitlarge.export import export
+    from vitlarge.sharded_checkpoint import model_tensors
     from vitlarge.trainer import Trainer
 
     manifest = check_data(cfg)  # class count and RandAugment string, before any work or file
@@ -144,9 +145,10 @@ def run(args, env) -> int:
                        start_step=start_step, plan=plan, cfg=cfg)
     hooks = build_hooks(str(workdir), log_every=cfg.train.log_every_steps, nan_patience=cfg.train.nan_patience)
     Trainer(cfg, plan, parts.engine, train, val, hooks, run_info, start_step=start_step, phased=phased).fit()
+    weights = model_tensors(model, env.rank)  # a collective under fsdp (gathers the shards to rank 0)
     if env.is_main:
         path = export(workdir, model, cfg, [c.synset for c in manifest.classes],
-                      {c.synset: c.text for c in manifest.classes if c.text} or None)
+                      {c.synset: c.text for c in manifest.classes if c.text} or None, tensors=weights)
         logging.getLogger("vitlarge").info(f"exported {path} (timm.create_model(\"local-dir:{path}\", pretrained=True))")
     torch.distributed.destroy_process_group()
     return 0

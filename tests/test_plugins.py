@@ -67,8 +67,19 @@ def test_without_the_explicit_device_colossalai_moves_the_model_to_cuda(cuda_hos
             boost(TorchDDPPlugin())
 
 
-def test_zero_needs_a_cuda_device(cuda_host_accelerator):
+def test_zero_is_refused_with_a_pointer_to_fsdp():
+    from vitlarge.config import validate
+
     cfg = Config()
     cfg.train.plugin = "zero"
-    with pytest.raises(UserError, match="train.plugin=zero needs CUDA"):
-        build_plugin(cfg, CPU)
+    with pytest.raises(UserError, match="train.plugin=zero was removed; use train.plugin=fsdp"):
+        validate(cfg)
+
+
+def test_fsdp_refuses_a_model_without_transformer_blocks():
+    from vitlarge.fsdp import FSDPPlugin
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(UserError, match="train.plugin=fsdp needs a model with transformer blocks"):
+        Booster(plugin=FSDPPlugin("fp32", CPU)).boost(model, opt)

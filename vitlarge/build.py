@@ -9,7 +9,8 @@ The rules of how the parts combine live here and nowhere else:
   follows ``model.fused_attn`` and the resolved precision (`vitlarge.model.build_model`).
 * The optimizer's parameter groups (no weight decay and no trust ratio for biases, norms, position
   embeddings and the cls token) come from `vitlarge.optim.build_optimizer`.
-* Under ZeRO the plugin owns mixed precision (it casts the model), so our autocast stays fp32.
+* Under FSDP the plugin owns mixed precision (it casts the gathered parameters), so there is no
+  autocast and the loss scaler is sharded (`vitlarge.precision.Precision`, ``sharded``).
 
 The process group must be up before `build` (the Booster wraps the model in DDP). A caller on a
 machine without Colossal-AI (the GPU measurement kit, benchmarks/gpu.py) passes its own single-device
@@ -73,6 +74,6 @@ def build(cfg: Config, plan: Plan, device: torch.device | str, booster=None) -> 
 
         booster = Booster(plugin=build_plugin(cfg, device))
     model, optimizer, *_ = booster.boost(model, optimizer)
-    amp = "fp32" if cfg.train.plugin == "zero" else cfg.train.precision
-    precision = Precision(amp, device, cfg.train.init_loss_scale, cfg.train.loss_scale_growth_interval)
+    precision = Precision(cfg.train.precision, device, cfg.train.init_loss_scale, cfg.train.loss_scale_growth_interval,
+                          sharded=cfg.train.plugin == "fsdp")
     return Parts(model, optimizer, booster, precision, Engine(cfg, plan, booster, model, optimizer, precision))

@@ -4,6 +4,8 @@ Layout of ``<workdir>/checkpoints/step_0000100/``:
 
 * ``model.safetensors``   weights (rank 0; DDP replicas are identical)
 * ``optimizer.pt``        optimizer state: tensors and numbers only, loaded with ``weights_only=True``
+                          (``train.plugin=fsdp``: ``optimizer_rank_00000.pt`` ..., each rank's shard;
+                          ``model.safetensors`` is then gathered from the shards, see vitlarge/sharded_checkpoint.py)
 * ``rank_00000.pt`` ...   per rank: RNG states (torch, CUDA, numpy, python), loss scaler, data-loader state
 * ``meta.json``           format version, step, world size, model name and parameter shapes, config,
                           and ``files``: each file's size and CRC32C (``{"bytes": n, "crc32c": "..."}``)
@@ -37,7 +39,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from vitlarge import fileio
+from vitlarge import fileio, sharded_checkpoint
 from vitlarge.collective import gather, rank_and_world
 from vitlarge.config import Config
 from vitlarge.errors import UserError
@@ -81,7 +83,8 @@ def set_rng_state(state: dict) -> None:
 
 
 def param_shapes(model: torch.nn.Module) -> dict[str, list[int]]:
-    return {k: list(v.shape) for k, v in model.state_dict().items()}
+    """The unsharded state dict's shapes (never a collective: FSDP's are recorded when it wraps)."""
+    return sharded_checkpoint.full_shapes(model) or {k: list(v.shape) for k, v in model.state_dict().items()}
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -97,6 +100,9 @@ def save(workdir: str | Path, step: int, model, optimizer, scaler, data_state: s
     root = Path(workdir) / CHECKPOINTS_DIR
     final, tmp = root / step_name(step), root / f".{step_name(step)}.tmp"
     raw = unwrap(model)
+    # Collectives under FSDP (the weights are gathered to rank 0), so before any rank can fail alone.
+    tensors = sharded_checkpoint.model_tensors(model, rank)
+    optimizer_files = sharded_checkpoint.optimizer_files(model, optimizer, rank)
 
     def prepare():
         root.mkdir(parents=True, exist_ok=True)
@@ -107,10 +113,11 @@ def save(workdir: str | Path, step: int, model, optimizer, scaler, data_state: s
     def write() -> dict:
         names = [f"rank_{rank:05d}.pt"]
         if rank == 0:
-            tensors = {k: v.detach().contiguous().cpu() for k, v in raw.state_dict().items()}
             save_file(tensors, str(tmp / "model.safetensors"))
-            _torch_save(getattr(optimizer, "optim", optimizer).state_dict(), tmp / "optimizer.pt")
-            names += ["model.safetensors", "optimizer.pt"]
+            names.append("model.safetensors")
+        for name, state in optimizer_files.items():
+            _torch_save(state, tmp / name)
+            names.append(name)
         _torch_save({"rng": rng_state(), "scaler": scaler.state_dict(), "data": data_state}, tmp / names[0])
         return {name: fileio.sync_and_record(tmp / name) for name in names}
 
@@ -299,6 +306,8 @@ def check_writable(workdir: str | Path, rank: int) -> None:
 
 
 def check_compatible(meta: dict, path: Path, model: torch.nn.Module, cfg: Config) -> None:
+    """A one-line ``UserError`` unless the checkpoint holds this recipe's model in a layout this run reads
+    (sharded optimizer state only by an fsdp run of the same world size, see vitlarge/sharded_checkpoint.py)."""
     shapes = param_shapes(unwrap(model))
     if meta["model"] != cfg.model.name or meta["param_shapes"] != shapes:
         diff = next((k for k in shapes if meta["param_shapes"].get(k) != shapes[k]), None)
@@ -307,6 +316,8 @@ def check_compatible(meta: dict, path: Path, model: torch.nn.Module, cfg: Config
             f"checkpoint {path} holds model {meta['model']} that does not match the recipe's {cfg.model.name} "
             f"({detail}); use another --workdir or --resume a checkpoint of this recipe"
         )
+    rank, world = rank_and_world()
+    sharded_checkpoint.optimizer_file(path, expected_files(meta), model, rank, world, meta["world_size"])
 
 
 def load(path: str | Path, model, optimizer, scaler, cfg: Config) -> dict:
@@ -322,13 +333,14 @@ def load(path: str | Path, model, optimizer, scaler, cfg: Config) -> dict:
     same_world = meta["world_size"] == world
     rank_file = f"rank_{rank:05d}.pt" if same_world else "rank_00000.pt"
     files = expected_files(meta)
-    for name in ("model.safetensors", "optimizer.pt", rank_file):
+    optimizer_file = sharded_checkpoint.optimizer_file(path, files, model, rank, world, meta["world_size"])  # checked above
+    for name in ("model.safetensors", optimizer_file, rank_file):
         problem = fileio.size_problem(path / name, files.get(name))
         if problem:
             raise Unusable(path, problem)
-    unwrap(model).load_state_dict(load_file(str(path / "model.safetensors"), device="cpu"))
+    sharded_checkpoint.load_model(model, load_file(str(path / "model.safetensors"), device="cpu"))
     opt = getattr(optimizer, "optim", optimizer)
-    opt.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True))
+    opt.load_state_dict(torch.load(path / optimizer_file, map_location="cpu", weights_only=True))
     state = torch.load(path / rank_file, map_location="cpu", weights_only=True)
     if state["scaler"] or not scaler.is_enabled():
         scaler.load_state_dict(state["scaler"])

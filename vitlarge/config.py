@@ -145,8 +145,9 @@ class TrainConfig:
     """Initial fp16 loss scale (dynamic: halved on overflow, doubled after ``loss_scale_growth_interval``)."""
     loss_scale_growth_interval: int = 2000
     """Optimizer steps without overflow after which the fp16 loss scale doubles."""
-    plugin: Literal["ddp", "zero"] = "ddp"
-    """Colossal-AI Booster plugin: ``ddp`` (TorchDDPPlugin) or ``zero`` (LowLevelZeroPlugin stage 1; CUDA only)."""
+    plugin: Literal["ddp", "fsdp"] = "ddp"
+    """Colossal-AI Booster plugin: ``ddp`` (TorchDDPPlugin: replicas) or ``fsdp`` (`vitlarge.fsdp`: weights,
+    gradients and LAMB states sharded over the ranks, one unit per transformer block; CPU and CUDA)."""
     device: Literal["auto", "cuda", "cpu"] = "auto"
     """``auto`` (cuda when available), ``cuda`` or ``cpu``."""
     seed: int = 42
@@ -376,6 +377,9 @@ def _check_ranges(cfg: Config, origin: str) -> None:
 
 def validate(cfg: Config, origin: str = "config") -> None:
     """Checks everything that can be checked before the world size is known."""
+    if cfg.train.plugin == "zero":  # removed (issue 12): it needed CUDA, no test ran it, and it was broken
+        raise UserError(f"{origin}: train.plugin=zero was removed; use train.plugin=fsdp (sharded weights, "
+                        "gradients and optimizer states; CPU and CUDA)")
     _check_types(cfg, origin)  # also the allowed values of the Literal fields
     _check_ranges(cfg, origin)
     t = cfg.train

@@ -3,7 +3,7 @@
 Contract: ``Engine.step(step, next_batch)`` takes the 0-based index of the optimizer step about to
 be taken and a callable returning one rank-local micro-batch ``(images, labels)`` on the device.
 It runs ``plan.accum_steps`` forward/backward passes; every pass but the last sits inside
-``booster.no_sync`` so DDP all-reduces gradients once per optimizer step. The loss returned is this
+``booster.no_sync`` so DDP all-reduces (FSDP reduce-scatters) gradients once per optimizer step. The loss returned is this
 rank's mean over its micro-batches (the trainer averages it over ranks). Gradients are unscaled
 before the global norm is measured and clipped; a step whose gradients are not finite is skipped
 (fp16: by the scaler, which also lowers the scale; bf16/fp32: by us) and reported as ``skipped``.
@@ -18,6 +18,7 @@ from typing import Callable
 
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
 from vitlarge import phases
 from vitlarge.config import Config, Plan
@@ -72,9 +73,8 @@ class Engine:
         ddp = getattr(model, "module", None)
         if isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
             ddp.register_comm_hook(self.comm, CommCounter.hook)
-        # ZeRO (CUDA only) scales, reduces and clips inside its optimizer wrapper; the engine then
-        # only runs backward through the booster and reads the norm back. Untested on CPU.
-        self.zero = hasattr(optimizer, "get_grad_norm") and not isinstance(ddp, torch.nn.parallel.DistributedDataParallel)
+        # FSDP: each rank holds a piece of every gradient, so the global norm is FSDP's (one all-reduce).
+        self.fsdp = isinstance(ddp, FSDP)
 
     @property
     def torch_optimizer(self) -> torch.optim.Optimizer:
@@ -108,21 +108,15 @@ class Engine:
                 with self.precision.autocast():
                     logits = self.model(images)
                 loss = self.criterion(logits.float(), labels)
-                if self.zero:
-                    self.booster.backward(loss / accum, self.optimizer)
-                else:
-                    scaler.scale(loss / accum).backward()
+                scaler.scale(loss / accum).backward()
             loss_sum += loss.detach()
-        if self.zero:
-            self.optimizer.step()
-            self.optimizer.zero_grad()
-            grad_norm = float(self.optimizer.get_grad_norm() or math.nan)
-            return dict(loss=loss_sum / accum, lr=lr, grad_norm=grad_norm, loss_scale=float(getattr(self.optimizer, "loss_scale", 1.0)),
-                        skipped=not math.isfinite(grad_norm), data_time=data_time, allreduce_calls=0)
         scale = self.precision.loss_scale
         scaler.unscale_(opt)
         max_norm = self.cfg.optim.clip_grad_norm if self.cfg.optim.clip_grad_norm > 0 else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        if self.fsdp:
+            grad_norm = float(self.model.unwrap().clip_grad_norm_(max_norm))
+        else:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
         finite = math.isfinite(grad_norm)
         if scaler.is_enabled():
             scaler.step(opt)  # skips the update itself when unscale_ found inf/nan

@@ -24,7 +24,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
-from vitlarge import checkpoint, fileio
+from vitlarge import fileio, sharded_checkpoint
 from vitlarge.config import Config
 from vitlarge.errors import UserError
 
@@ -41,16 +41,17 @@ def data_config(cfg: Config) -> dict:
 
 
 def export(workdir: str | Path, model: torch.nn.Module, cfg: Config, class_names: list[str] | None = None,
-           class_descriptions: dict[str, str] | None = None) -> Path:
+           class_descriptions: dict[str, str] | None = None, tensors: dict[str, torch.Tensor] | None = None) -> Path:
     """Writes ``<workdir>/model/`` (config.json + model.safetensors) and returns its path. Main rank only.
 
     ``model`` may be wrapped (DDP, Booster): the timm module inside is exported. ``class_names`` are
     the classifier's labels in index order (ImageNet synsets); ``class_descriptions`` maps a name to
-    its text ("tench, Tinca tinca").
+    its text ("tench, Tinca tinca"). ``tensors``: the full state dict when the caller gathered it
+    (``sharded_checkpoint.model_tensors``, a collective under FSDP); else read from ``model`` here.
     """
     from timm.models._hub import save_config_for_hf
 
-    raw = checkpoint.unwrap(model)
+    raw = sharded_checkpoint.inner(model)
     workdir = Path(workdir)
     out = workdir / EXPORT_DIR
     tmp = workdir / f".{EXPORT_DIR}.tmp"
@@ -65,7 +66,8 @@ def export(workdir: str | Path, model: torch.nn.Module, cfg: Config, class_names
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        tensors = {k: v.detach().contiguous().cpu() for k, v in raw.state_dict().items()}
+        if tensors is None:
+            tensors = {k: v.detach().contiguous().cpu() for k, v in raw.state_dict().items()}
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         save_config_for_hf(raw, str(tmp / "config.json"), model_config=model_config, data_config=data_config(cfg))
         for name in ("model.safetensors", "config.json"):

@@ -81,17 +81,25 @@ def describe_model(cfg: Config) -> dict:
     return dict(params=params, fwd_flops=counter.get_total_flops(), depth=depth, dim=dim, heads=heads, tokens=tokens)
 
 
-def memory_estimate(info: dict, micro_batch: int, precision: str, grad_checkpointing: bool, zero: bool, world: int) -> dict:
-    """Rough bytes per device: fp32 weights + grads + two LAMB moments, plus activations.
+def memory_estimate(info: dict, micro_batch: int, precision: str, grad_checkpointing: bool, sharded: bool,
+                    world: int) -> dict:
+    """Rough bytes per device: fp32 ``weights``, fp32 ``grads``, two fp32 LAMB moments (``optimizer``),
+    their sum ``states``, ``activations`` and the ``total``.
 
-    Activations use Korthikanti et al. (2022): per layer s*b*h*(34 + 5*a*s/h) bytes in half
-    precision; fp32 doubles it. With activation checkpointing only each block's input is kept.
+    ``sharded`` (``train.plugin=fsdp``): weights, grads and moments are split over ``world`` ranks, and
+    the weights add the blocks FSDP gathers at a time (the current one and the prefetched next) in the
+    compute dtype. Activations use Korthikanti et al. (2022): per layer s*b*h*(34 + 5*a*s/h) bytes in
+    half precision; fp32 doubles it. With activation checkpointing only each block's input is kept.
     """
     p = info["params"]
-    states = 4 * p + 4 * p + 8 * p / (world if zero else 1)
+    share = world if sharded else 1
+    weights, grads, optimizer = 4 * p / share, 4 * p / share, 8 * p / share
+    if sharded:
+        weights += 2 * p / max(info["depth"], 1) * (4 if precision == "fp32" else 2)
+    states = weights + grads + optimizer
     s, h, a, L = info["tokens"], info["dim"], info["heads"], info["depth"]
     per_layer = s * micro_batch * h * (34 + 5 * a * s / max(h, 1))
     if precision == "fp32":
         per_layer *= 2
     act = L * (2 * s * micro_batch * h if grad_checkpointing else per_layer)
-    return dict(states=states, activations=act, total=states + act)
+    return dict(weights=weights, grads=grads, optimizer=optimizer, states=states, activations=act, total=states + act)

@@ -118,26 +118,32 @@ class Lamb(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            by_kind: dict[tuple[torch.device, torch.dtype], list] = {}
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("Lamb does not support sparse gradients")
-                state = self.state[p]
-                if not state:
-                    state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                elif state["step"].device != p.device:  # checkpoint loaded with map_location="cpu"
-                    state["step"] = state["step"].to(p.device)
-                by_kind.setdefault((p.device, p.dtype), []).append(
-                    (p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"]))
-            for (device, dtype), items in by_kind.items():
-                torch._foreach_add_([it[4] for it in items], 1.0)
+            for (device, dtype), items in self._with_grads(group).items():
                 for chunk in self._chunks(items):
                     self._update_chunk(group, chunk, self._scratch_for(device, dtype, chunk))
         return loss
+
+    def _with_grads(self, group: dict) -> dict[tuple[torch.device, torch.dtype], list]:
+        """``(p, grad, exp_avg, exp_avg_sq, step)`` of the group's parameters that have a gradient, by
+        device and dtype, states created where missing and step counters already advanced."""
+        by_kind: dict[tuple[torch.device, torch.dtype], list] = {}
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            if p.grad.is_sparse:
+                raise RuntimeError("Lamb does not support sparse gradients")
+            state = self.state[p]
+            if not state:
+                state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            elif state["step"].device != p.device:  # checkpoint loaded with map_location="cpu"
+                state["step"] = state["step"].to(p.device)
+            by_kind.setdefault((p.device, p.dtype), []).append(
+                (p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"]))
+        for items in by_kind.values():
+            torch._foreach_add_([it[4] for it in items], 1.0)
+        return by_kind
 
     def _chunks(self, items: list) -> Iterable[list]:
         chunk, numel = [], 0
@@ -167,6 +173,17 @@ class Lamb(torch.optim.Optimizer):
         return views
 
     def _update_chunk(self, group: dict, chunk: list, updates: list[torch.Tensor]) -> None:
+        self._direction(group, chunk, updates)
+        params = [it[0] for it in chunk]
+        ratio = None
+        if group["trust_ratio"]:
+            # Two reductions for all norms of the chunk; the ratios stay on the device.
+            ratio = trust_ratio(torch.stack(torch._foreach_norm(params)), torch.stack(torch._foreach_norm(updates)),
+                                group["max_trust_ratio"])
+        self._apply(group, params, updates, ratio)
+
+    def _direction(self, group: dict, chunk: list, updates: list[torch.Tensor]) -> None:
+        """Advances the chunk's moments and writes its update directions ``u`` into ``updates``."""
         params, grads, exp_avgs, exp_avg_sqs, steps = (list(x) for x in zip(*chunk))
         beta1, beta2 = group["betas"]
         if self.fused and group["bias_correction"] and group["grad_averaging"]:
@@ -177,20 +194,23 @@ class Lamb(torch.optim.Optimizer):
                                beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
                                bias_correction=group["bias_correction"],
                                grad_averaging=group["grad_averaging"])
+
+    @staticmethod
+    def _apply(group: dict, params: list, updates: list, ratio: torch.Tensor | None) -> None:
+        """``p -= lr * ratio * u`` (ratio 1 where None)."""
         neg_lr = -group["lr"]
-        if group["trust_ratio"]:
-            # Two reductions for all norms of the chunk; the ratios stay on the device.
-            w_norm = torch.stack(torch._foreach_norm(params))
-            u_norm = torch.stack(torch._foreach_norm(updates))
-            ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, 1.0)
-            if group["max_trust_ratio"] is not None:
-                ratio = ratio.clamp(max=group["max_trust_ratio"])
+        if ratio is not None:
             torch._foreach_addcmul_(params, updates, list((ratio * neg_lr).unbind()))
         elif isinstance(neg_lr, torch.Tensor):
             torch._foreach_addcmul_(params, updates, [neg_lr.to(params[0].device)] * len(params))
         else:
             torch._foreach_add_(params, updates, alpha=neg_lr)
 
+
+def trust_ratio(w_norm: torch.Tensor, u_norm: torch.Tensor, max_trust_ratio: float | None) -> torch.Tensor:
+    """``||w|| / ||u||`` per tensor, 1 where either norm is 0, clamped to ``max_trust_ratio`` if set."""
+    ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, 1.0)
+    return ratio if max_trust_ratio is None else ratio.clamp(max=max_trust_ratio)
 
 def _direction_fused(params, grads, exp_avgs, exp_avg_sqs, steps, updates, *, beta1, beta2, eps,
                      weight_decay) -> None:

@@ -17,7 +17,7 @@ def print_plan(cfg: Config, plan: Plan) -> None:
     print(json.dumps(cfg.to_dict(), indent=2))
     info = describe_model(cfg)
     mem = memory_estimate(info, plan.micro_batch, cfg.train.precision, cfg.model.grad_checkpointing,
-                          cfg.train.plugin == "zero", plan.world_size)
+                          cfg.train.plugin == "fsdp", plan.world_size)
     train_flops = 3 * info["fwd_flops"]  # backward costs about twice the forward
     print("plan:")
     print(f"  {plan.describe()}")
@@ -29,7 +29,8 @@ def print_plan(cfg: Config, plan: Plan) -> None:
     else:
         print(f"  epochs {cfg.train.epochs} over {plan.num_train_examples} images; "
               f"total {train_flops * plan.global_batch * plan.total_steps:.3g} FLOPs")
-        print(f"  memory per device (rough): weights+grads+LAMB states {_gib(mem['states'])}, "
+        print(f"  memory per device (rough, train.plugin={cfg.train.plugin}, {plan.world_size} devices): "
+              f"weights {_gib(mem['weights'])}, grads {_gib(mem['grads'])}, LAMB states {_gib(mem['optimizer'])}, "
               f"activations {_gib(mem['activations'])}, total {_gib(mem['total'])}")
     every = cfg.train.checkpoint_every_steps
     evals = f"every {plan.eval_every_steps} steps" if plan.eval_every_steps else "at the end only"
@@ -51,7 +52,7 @@ def print_phases(cfg: Config, plan: Plan) -> None:
     for ph in plan.phases:
         info = describe_model(phase_config(cfg, ph))
         mem = memory_estimate(info, ph.micro_batch, cfg.train.precision, cfg.model.grad_checkpointing,
-                              cfg.train.plugin == "zero", plan.world_size)
+                              cfg.train.plugin == "fsdp", plan.world_size)
         flops = 3 * info["fwd_flops"] * ph.global_batch * ph.steps
         total += flops
         fixed += full * ph.global_batch * ph.steps

@@ -1,11 +1,11 @@
 """The Colossal-AI Booster plugin a recipe asks for, on the device ``launch.choose_device`` chose.
 
-``ddp`` (TorchDDPPlugin) runs anywhere, CPU included. ``zero`` (LowLevelZeroPlugin, stage 1:
-optimizer states sharded over the data-parallel ranks) needs CUDA; it is for models whose LAMB
-states do not fit next to the weights (ViT-H/14 and up). Its fp16/bf16 handling and clipping live
-inside the plugin, so the engine's own scaler is disabled for it (fp32 here means "let ZeRO cast").
+``ddp`` (TorchDDPPlugin) replicates the model; ``fsdp`` (`vitlarge.fsdp.FSDPPlugin`) shards weights,
+gradients and LAMB states over the ranks, for models whose states do not fit next to the weights
+(ViT-H/14 and up). Both run on CPU (gloo) and CUDA (NCCL). Under ``fsdp`` the plugin owns the
+compute precision (FSDP's casts, no autocast); the engine's loss scaler is then a sharded one.
 
-Device: both plugins move the model to Colossal-AI's "current device" (``colossalai.utils.
+Device: the DDP plugin moves the model to Colossal-AI's "current device" (``colossalai.utils.
 get_current_device()``, i.e. its global accelerator, which it detects as CUDA whenever CUDA is
 available). ``build_plugin`` sets that accelerator from our device, so ``train.device=cpu`` on a
 CUDA host keeps the model on the CPU, next to its data, autocast and gloo.
@@ -14,7 +14,6 @@ CUDA host keeps the model on the CPU, next to its data, autocast and gloo.
 from __future__ import annotations
 
 from vitlarge.config import Config
-from vitlarge.errors import UserError
 
 DDP_BUCKET_CAP_MB = 25
 """DDP's gradient bucket size: ViT-B/16's 86M fp32 gradients go out in ~14 all-reduces."""
@@ -34,9 +33,6 @@ def build_plugin(cfg: Config, device):
         # One bucket per ~25 MB: ViT-B/16's 86M fp32 gradients go out in ~14 all-reduces, overlapped
         # with the last micro-step's backward; earlier micro-steps run under no_sync.
         return TorchDDPPlugin(bucket_cap_mb=DDP_BUCKET_CAP_MB, broadcast_buffers=False)
-    if torch.device(device).type != "cuda":
-        raise UserError("train.plugin=zero needs CUDA (Colossal-AI's ZeRO kernels); use train.plugin=ddp on CPU")
-    from colossalai.booster.plugin import LowLevelZeroPlugin
+    from vitlarge.fsdp import FSDPPlugin
 
-    return LowLevelZeroPlugin(stage=1, precision=cfg.train.precision, max_norm=cfg.optim.clip_grad_norm,
-                              initial_scale=cfg.train.init_loss_scale)
+    return FSDPPlugin(cfg.train.precision, torch.device(device))

@@ -57,20 +57,31 @@ def resolve(name: str, device: torch.device, flags: frozenset[str] | None = None
 
 
 class Precision:
-    """Owns autocast and the loss scaler for one run; ``scaler`` is disabled unless fp16."""
+    """Owns autocast and the loss scaler for one run; ``scaler`` is disabled unless fp16.
 
-    def __init__(self, name: str, device: torch.device, init_scale: float = 2.0**16, growth_interval: int = 2000):
+    ``sharded`` (``train.plugin=fsdp``): FSDP casts parameters itself (`vitlarge.fsdp`), so there is no
+    autocast, and the scaler is torch's ShardedGradScaler, whose overflow check spans all ranks' shards."""
+
+    def __init__(self, name: str, device: torch.device, init_scale: float = 2.0**16, growth_interval: int = 2000,
+                 sharded: bool = False):
         if name not in DTYPES:
             raise ValueError(f"precision {name!r} is not resolved; call vitlarge.precision.resolve first")
         self.name = name
         self.device_type = device.type
         self.dtype = DTYPES[name]
-        self.scaler = torch.amp.GradScaler(
-            self.device_type, init_scale=init_scale, growth_interval=growth_interval, enabled=name == "fp16"
-        )
+        self.sharded = sharded
+        if sharded:
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            self.scaler = ShardedGradScaler(self.device_type, init_scale=init_scale, growth_interval=growth_interval,
+                                            enabled=name == "fp16")
+        else:
+            self.scaler = torch.amp.GradScaler(
+                self.device_type, init_scale=init_scale, growth_interval=growth_interval, enabled=name == "fp16"
+            )
 
     def autocast(self):
-        if self.name == "fp32":
+        if self.name == "fp32" or self.sharded:
             return contextlib.nullcontext()
         return torch.autocast(self.device_type, dtype=self.dtype)
 

@@ -1,0 +1,121 @@
+"""Per-rank memory of ``ddp`` vs ``fsdp`` at world size 1, 2 and 3, on real gloo processes (CPU).
+
+Run: ``python -m benchmarks.bench_fsdp_memory [--quick] [--tiny]`` (~2 min on 2 cores). Writes
+``benchmarks/results/fsdp_memory.json``. Not part of ``benchmarks.run`` (yet): run it on its own.
+
+Each rank builds ViT-S/16 on 32 px images (22M parameters; ``--tiny``: the demo model) exactly as
+train.py does (`vitlarge.build.build`, fp32, LAMB) and takes 2 optimizer steps on in-memory
+batches. The state bytes are measured directly, not inferred from RSS: in an optimizer-step
+pre-hook (the moment gradients, weights and LAMB moments all exist) we sum the bytes of this rank's
+parameter tensors (under FSDP: its views of the flat shard), their gradients and every tensor in
+the optimizer state. The goal (issue 12): fsdp's parameter + gradient + optimizer bytes per rank
+within 10% of 1/W of the unsharded total. Peak RSS is reported too (it includes ~0.5 GB of
+Python, torch and Colossal-AI, and FSDP's gathered blocks during forward/backward).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import tempfile
+from pathlib import Path
+
+from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+WORLDS = (1, 2, 3)
+PLUGINS = ("ddp", "fsdp")
+
+
+def config(plugin: str, world: int, tiny: bool):
+    from vitlarge.config import load_recipe
+
+    cfg = load_recipe(ROOT / "recipes" / "demo_digits.py")
+    if not tiny:
+        cfg.model.name, cfg.model.kwargs = "vit_small_patch16_224", {}
+        cfg.data.image_size, cfg.data.num_classes = 32, 1000
+    cfg.train.plugin, cfg.train.precision = plugin, "fp32"
+    cfg.train.micro_batch = 4
+    cfg.train.global_batch = 4 * world
+    cfg.augment.mixup_alpha = 0.0
+    cfg.data.num_train_examples = 10**6
+    return cfg
+
+
+def nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+def _worker(rank: int, world: int, port: int, plugin: str, tiny: bool, out: str) -> None:
+    import torch.distributed as dist
+
+    from benchmarks.bench_train import build_engine
+    from vitlarge import launch
+
+    torch.set_num_threads(1)
+    launch.init_distributed(launch.DistEnv(rank, world, rank, "127.0.0.1", port, "bench"), "gloo")
+    cfg = config(plugin, world, tiny)
+    engine = build_engine(cfg, world)
+    opt = engine.torch_optimizer
+    seen = {}
+
+    def measure(optimizer, args, kwargs):
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        seen.update(params=nbytes(params), grads=nbytes(p.grad for p in params if p.grad is not None),
+                    optimizer=nbytes(v for s in optimizer.state.values() for v in s.values()))
+
+    opt.register_step_pre_hook(measure)
+    g = torch.Generator().manual_seed(rank)
+    s, b = cfg.data.image_size, cfg.train.micro_batch
+    batch = (torch.randn(b, 3, s, s, generator=g), torch.randint(0, cfg.data.num_classes, (b,), generator=g))
+    for step in range(2):  # the second step sees the LAMB moments the first created
+        engine.step(step, lambda: batch)
+    seen["total"] = seen["params"] + seen["grads"] + seen["optimizer"]
+    seen["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    seen["model_params"] = sum(p.numel() for p in engine.model.parameters())
+    gathered = [None] * world
+    dist.all_gather_object(gathered, seen)
+    if rank == 0:
+        Path(out).write_text(json.dumps(gathered))
+    dist.destroy_process_group()
+
+
+def run(quick: bool = True, tiny: bool = False) -> dict:
+    import torch.multiprocessing as mp
+
+    from vitlarge import launch
+
+    tiny = common.is_tiny(tiny)
+    ranks = {}
+    for plugin in PLUGINS:
+        for world in WORLDS:
+            out = tempfile.mktemp(prefix="vitlarge-bench-fsdp-", suffix=".json")
+            mp.spawn(_worker, args=(world, launch._free_port(), plugin, tiny, out), nprocs=world, join=True)
+            ranks[f"{plugin}/{world}"] = json.loads(Path(out).read_text())
+            os.unlink(out)
+    unsharded = ranks["ddp/1"][0]["total"]
+    summary = {}
+    for key, per_rank in ranks.items():
+        world = int(key.split("/")[1])
+        worst = max(r["total"] for r in per_rank)
+        summary[key] = {"state_bytes_per_rank_max": worst, "ratio_to_unsharded_over_world": worst / (unsharded / world),
+                        "peak_rss_max": max(r["peak_rss"] for r in per_rank)}
+    result = {"model": "demo" if tiny else "vit_small_patch16_224@32px", "unsharded_state_bytes": unsharded,
+              "per_rank": ranks, "summary": summary}
+    common.write_result("fsdp_memory", result)
+    return result
+
+
+def show(result: dict) -> None:
+    print(f"model {result['model']}: unsharded params+grads+LAMB states {result['unsharded_state_bytes'] / 2**20:.1f} MiB")
+    print("plugin/W  state MiB per rank (max)  x (unsharded/W)  peak RSS MiB (max)")
+    for key, s in result["summary"].items():
+        print(f"{key:8}  {s['state_bytes_per_rank_max'] / 2**20:24.1f}  {s['ratio_to_unsharded_over_world']:15.3f}"
+              f"  {s['peak_rss_max'] / 2**20:18.0f}")
+
+
+if __name__ == "__main__":
+    common.cli(run, __doc__, show)
