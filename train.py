@@ -91,6 +91,7 @@ def run(args, env) -> int:
     checkpoint.check_writable(workdir, env.rank)
     if args.resume:
         checkpoint.read_meta(args.resume)  # a missing or incomplete --resume path fails before any work
+    launch.size_thread_pools(env)  # before any pool starts: PyTorch's and DALI's (data.num_threads=0)
     device, backend = launch.choose_device(cfg.train.device, env.local_rank)
     why = resolve_precision(cfg, device)  # before anything reads it: model, engine, checkpoints
     if env.is_main and why:
