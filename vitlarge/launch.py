@@ -284,10 +284,12 @@ def init_distributed(dist_env: DistEnv, backend: str, timeout_s: float | None = 
         store = dist.TCPStore(dist_env.master_addr, dist_env.master_port, dist_env.world_size,
                               is_master=dist_env.rank == 0 and not agent, timeout=datetime.timedelta(seconds=timeout_s),
                               wait_for_workers=not agent)
-        if agent:
-            store = dist.PrefixStore(f"/worker/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
-        dist.init_process_group(backend, store=store, rank=dist_env.rank, world_size=dist_env.world_size,
-                                timeout=datetime.timedelta(seconds=collective_timeout_s))
+        # Always a PrefixStore: torch's c10d logger formats init_process_group's arguments, and
+        # TCPStore's repr asks its socket for its addresses, which fails ("failed to format addr,
+        # unknown family=0") in the network namespaces of tests/test_slurm_multinode.py (gVisor).
+        attempt = f"/worker/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}" if agent else "vitlarge"
+        dist.init_process_group(backend, store=dist.PrefixStore(attempt, store), rank=dist_env.rank,
+                                world_size=dist_env.world_size, timeout=datetime.timedelta(seconds=collective_timeout_s))
         store.set_timeout(datetime.timedelta(seconds=collective_timeout_s))
         _KEEP_ALIVE.append(dist.group.WORLD)
     except (RuntimeError, dist.DistStoreError) as e:
