@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -134,11 +135,10 @@ def _tasks_on_this_node(env) -> tuple[int, str] | None:
         if env.get(key):
             counts = []
             for part in env[key].split(","):
-                count, _, times = part.partition("(x")
-                try:
-                    counts += [int(count)] * (int(times.rstrip(")")) if times else 1)
-                except ValueError:
-                    raise UserError(f"environment variable {key}={env[key]!r} is not a Slurm task count list") from None
+                m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+                if not m:
+                    raise UserError(f"environment variable {key}={env[key]!r} is not a Slurm task count list")
+                counts += [int(m[1])] * int(m[2] or 1)
             node = _int_env(env, "SLURM_NODEID") if env.get("SLURM_NODEID") else 0
             if node < len(counts):
                 return counts[node], key
