@@ -267,3 +267,29 @@ def test_size_thread_pools_in_a_fresh_process_sets_torch_and_omp():
         assert f"RESULT {want} {want} {want}" in r.stdout, r.stdout
         logged = f"threads: {want} per process ({cpus} usable CPUs / 2 tasks on this node" in r.stderr
         assert logged == (rank == 0), r.stderr
+
+
+# --- the interface gloo and NCCL bind to across nodes -------------------------------------------------------
+
+
+def test_route_interface_to_loopback_and_to_an_unknown_host():
+    from vitlarge.launch import route_interface
+
+    assert route_interface("127.0.0.1", 29500) == ("lo", "127.0.0.1")
+    with pytest.raises(UserError, match=r"cannot resolve or route to the master no-such-host.invalid:29500"):
+        route_interface("no-such-host.invalid", 29500)
+
+
+def test_bind_interface_fills_only_what_the_user_left_unset():
+    from vitlarge.launch import bind_interface
+
+    slurm = DistEnv(1, 2, 0, "127.0.0.1", 29500, "slurm")
+    env = {}
+    assert bind_interface(slurm, env) == "lo" and env == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+    env = {"NCCL_SOCKET_IFNAME": "ib0"}
+    assert bind_interface(slurm, env) == "lo" and env["NCCL_SOCKET_IFNAME"] == "ib0"
+    env = {"GLOO_SOCKET_IFNAME": "eth1", "NCCL_SOCKET_IFNAME": "ib0"}
+    assert bind_interface(slurm, env) == "eth1" and env == {"GLOO_SOCKET_IFNAME": "eth1", "NCCL_SOCKET_IFNAME": "ib0"}
+    for other in (DistEnv(0, 1, 0, "127.0.0.1", 29500, "slurm"), DistEnv(0, 2, 0, "127.0.0.1", 29500, "torchrun")):
+        env = {}
+        assert bind_interface(other, env) == "" and env == {}  # one process, or torchrun: left as it was

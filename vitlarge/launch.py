@@ -222,7 +222,7 @@ def bind_interface(dist_env: DistEnv, env=None) -> str:
     env = os.environ if env is None else env
     if dist_env.source != "slurm" or dist_env.world_size == 1 or all(env.get(k) for k in SOCKET_IFNAME_ENVS):
         return env.get("GLOO_SOCKET_IFNAME", "")
-    name, local = route_interface(dist_env.master_addr, dist_env.master_port)
+    name, _ = route_interface(dist_env.master_addr, dist_env.master_port)
     if name:
         for key in SOCKET_IFNAME_ENVS:
             env.setdefault(key, name)
