@@ -45,6 +45,7 @@ def main(argv=None) -> int:
         # "generated new fontManager" and the like are not the user's business).
         logging.basicConfig(level=logging.WARNING, format="%(message)s")
         logging.getLogger("vitlarge").setLevel(logging.INFO if env.is_main else logging.WARNING)
+        launch.size_thread_pools(env)  # before torch loads: its pool, OpenMP's, DALI's (data.num_threads=0)
         return run(args, env)
     except UserError as e:
         if launch.prints_error(e, env):  # once, by rank 0, when every rank meets the same error
@@ -91,7 +92,6 @@ def run(args, env) -> int:
     checkpoint.check_writable(workdir, env.rank)
     if args.resume:
         checkpoint.read_meta(args.resume)  # a missing or incomplete --resume path fails before any work
-    launch.size_thread_pools(env)  # before any pool starts: PyTorch's and DALI's (data.num_threads=0)
     device, backend = launch.choose_device(cfg.train.device, env.local_rank)
     why = resolve_precision(cfg, device)  # before anything reads it: model, engine, checkpoints
     if env.is_main and why:

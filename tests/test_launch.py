@@ -245,14 +245,17 @@ def test_thread_budget_bad_values_name_the_variable(env):
 
 
 def test_size_thread_pools_in_a_fresh_process_sets_torch_and_omp():
-    """In a real process as srun starts it (2 tasks on this node, no OMP_NUM_THREADS): PyTorch's pool and
-    OMP_NUM_THREADS follow the affinity mask / tasks, and rank 0 logs it once."""
+    """In a real process as srun starts it (2 tasks on this node, no OMP_NUM_THREADS), sized before torch
+    loads as train.py does: PyTorch's pool and OMP_NUM_THREADS follow the affinity mask / tasks, and
+    rank 0 logs it once."""
     code = textwrap.dedent("""
-        import logging, os, torch
+        import logging, os, sys
         logging.basicConfig(level=logging.INFO, format="%(message)s")
         from vitlarge import launch
         env = launch.detect()
+        assert "torch" not in sys.modules  # as in train.py: torch loads after, and takes the size
         n = launch.size_thread_pools(env)
+        import torch
         print("RESULT", n, torch.get_num_threads(), os.environ["OMP_NUM_THREADS"], flush=True)
     """)
     import os

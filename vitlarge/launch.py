@@ -166,7 +166,8 @@ def thread_budget(env, usable_cpus: int) -> tuple[int, str]:
 
 
 def size_thread_pools(dist_env: DistEnv, env=None) -> int:
-    """Sizes PyTorch's intra-op pool (and ``OMP_NUM_THREADS`` for child processes) by ``thread_budget``.
+    """Sizes PyTorch's intra-op pool and ``OMP_NUM_THREADS`` by ``thread_budget``; imports no torch, so that
+    train.py calls it before torch loads (PyTorch then takes the size from ``OMP_NUM_THREADS``).
 
     Without it every srun task runs a pool as large as the node, and N tasks fight for the cores
     (the issue-16 measurement: 2 srun tasks on 2 cores trained 3x slower than colossalai run, which
@@ -174,12 +175,13 @@ def size_thread_pools(dist_env: DistEnv, env=None) -> int:
     ``data.num_threads`` (``vitlarge.data.build``)."""
     import logging
 
-    import torch
-
     env = os.environ if env is None else env
     n, why = thread_budget(env, len(os.sched_getaffinity(0)))
-    torch.set_num_threads(n)
+    # Best before torch (and with it libgomp, OpenBLAS) is first imported: they size their pools from
+    # OMP_NUM_THREADS when they load. set_num_threads covers a torch that is already loaded.
     os.environ.setdefault("OMP_NUM_THREADS", str(n))
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(n)
     if dist_env.is_main:
         logging.getLogger("vitlarge").info(f"threads: {n} per process ({why})")
     return n
