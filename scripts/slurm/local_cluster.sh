@@ -239,10 +239,12 @@ up() {
   [[ $(id -u) == 0 ]] || cannot "needs root (installs packages, starts munged/slurmctld/slurmd); run with sudo"
   mkdir -p "$STATE"
   if command -v scontrol >/dev/null && healthy && { ((NODES == 1)) || net_ok; }; then
+    if ((NODES == 1)); then stop_net; fi  # leftovers of a multi-node cluster; the one node does not use them
     say "reused"
     return 0
   fi
   if [[ $(running_nodes) != "$NODES" ]]; then stop_slurm; fi  # another shape: restart in this one
+  if ((NODES == 1)); then stop_net; fi
   STARTED=()
   install_packages
   start_munge
