@@ -319,7 +319,8 @@ def launch_section(d: dict | None):
              f"`benchmarks/bench_launch.py` (needs root and Slurm; not part of `benchmarks.run`): the demo recipe, "
              f"{d['processes']} processes on the same {d['cores']} cores, {d['steps']} steps per run; images/s = median "
              "of the steps after the second; images per CPU-second = those steps' images over the CPU time the workers "
-             f"spent in them; {d['repeats']} interleaved rounds (medians).\n",
+             f"spent in them; {d['repeats']} interleaved rounds (medians). Machine: {d['machine']['cpu']}, "
+             f"{d['machine']['os_cpus']} CPUs, load average at the end {d['machine']['load_average'][0]}.\n",
              "| contender | images/s | images per CPU-s | every round (images/s) |", "|---|---:|---:|---|"]
     names = {"srun": "`srun -N 1 -n 2` (pools sized by vitlarge.launch)", "colossalai": "`colossalai run --nproc_per_node 2`",
              "srun_full_pools": "`srun -N 1 -n 2`, OMP_NUM_THREADS = all cores (the pools before)"}
