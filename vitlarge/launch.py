@@ -165,16 +165,15 @@ def thread_budget(env, usable_cpus: int) -> tuple[int, str]:
     return max(1, usable_cpus // tasks[0]), f"{usable_cpus} usable CPUs / {tasks[0]} tasks on this node ({tasks[1]})"
 
 
-def size_thread_pools(dist_env: DistEnv, env=None) -> int:
+def size_thread_pools(env=None) -> tuple[int, str]:
     """Sizes PyTorch's intra-op pool and ``OMP_NUM_THREADS`` by ``thread_budget``; imports no torch, so that
     train.py calls it before torch loads (PyTorch then takes the size from ``OMP_NUM_THREADS``).
 
     Without it every srun task runs a pool as large as the node, and N tasks fight for the cores
     (the issue-16 measurement: 2 srun tasks on 2 cores trained 3x slower than colossalai run, which
-    exports OMP_NUM_THREADS=1). Logged once, by rank 0. Returns the budget, DALI's default
-    ``data.num_threads`` (``vitlarge.data.build``)."""
-    import logging
-
+    exports OMP_NUM_THREADS=1). Returns ``thread_budget``'s (threads, why) for the caller to log once
+    (rank 0), after the config checks, so that bad input stays one line; the budget is also DALI's
+    default ``data.num_threads`` (``vitlarge.data.build``)."""
     env = os.environ if env is None else env
     n, why = thread_budget(env, len(os.sched_getaffinity(0)))
     # Best before torch (and with it libgomp, OpenBLAS) is first imported: they size their pools from
@@ -182,9 +181,7 @@ def size_thread_pools(dist_env: DistEnv, env=None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", str(n))
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(n)
-    if dist_env.is_main:
-        logging.getLogger("vitlarge").info(f"threads: {n} per process ({why})")
-    return n
+    return n, why
 
 
 SOCKET_IFNAME_ENVS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
