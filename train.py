@@ -45,7 +45,8 @@ def main(argv=None) -> int:
         # "generated new fontManager" and the like are not the user's business).
         logging.basicConfig(level=logging.WARNING, format="%(message)s")
         logging.getLogger("vitlarge").setLevel(logging.INFO if env.is_main else logging.WARNING)
-        return run(args, env)
+        threads = launch.size_thread_pools()  # before torch loads: its pool, OpenMP's, DALI's (data.num_threads=0)
+        return run(args, env, threads)
     except UserError as e:
         if launch.prints_error(e, env):  # once, by rank 0, when every rank meets the same error
             print(f"error: {e}", file=sys.stderr, flush=True)
@@ -60,7 +61,7 @@ def main(argv=None) -> int:
         return EXIT_PREEMPTED
 
 
-def run(args, env) -> int:
+def run(args, env, threads: tuple[int, str]) -> int:
     from vitlarge.config import load_config, make_plan
 
     cfg = load_config(args.config, args.overrides, data__path=args.data, workdir=args.workdir)
@@ -96,6 +97,8 @@ def run(args, env) -> int:
     checkpoint.check_writable(workdir, env.rank)
     if args.resume:
         checkpoint.read_meta(args.resume)  # a missing or incomplete --resume path fails before any work
+    if env.is_main:
+        logging.getLogger("vitlarge").info(f"threads: {threads[0]} per process ({threads[1]})")
     device, backend = launch.choose_device(cfg.train.device, env.local_rank)
     why = resolve_precision(cfg, device)  # before anything reads it: model, engine, checkpoints
     if env.is_main and why:

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from vitlarge.errors import UserError
-from vitlarge.launch import DistEnv, choose_device, detect, launcher_rank, prints_error, rendezvous_timeout_s
+from vitlarge.launch import (DistEnv, choose_device, detect, launcher_rank, prints_error, rendezvous_timeout_s,
+                             thread_budget)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -206,3 +207,90 @@ def test_an_error_every_rank_meets_is_printed_by_rank_0_only():
             for k, v in env.items():
                 m.setenv(k, v)
             assert prints_error(same, None, group_exists=False) is expected
+
+
+# --- thread pools (issue 16): sized from what the launcher gave the process ---------------------------------
+
+# What srun -N 2 -n 4 exports to a task on the second node (no --cpus-per-task): tasks per node "2(x2)".
+SRUN_NODE2 = {"SLURM_PROCID": "2", "SLURM_NTASKS": "4", "SLURM_LOCALID": "0", "SLURM_NODEID": "1",
+              "SLURM_STEP_ID": "0", "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_TASKS_PER_NODE": "2(x2)"}
+
+
+@pytest.mark.parametrize("env, cpus, threads, why", [
+    ({}, 16, 16, "16 usable CPUs, one process"),  # plain python: the whole affinity mask
+    ({"OMP_NUM_THREADS": "3"}, 16, 3, "OMP_NUM_THREADS=3"),  # the user's value wins
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}, 2, 1,
+     "OMP_NUM_THREADS=1"),  # torchrun / colossalai run with --nproc_per_node 2
+    ({"RANK": "0", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}, 32, 8, "32 usable CPUs / 4 tasks"),
+    ({**SRUN_NODE2, "SLURM_CPUS_PER_TASK": "6"}, 48, 6, "SLURM_CPUS_PER_TASK=6"),  # srun -c 6
+    ({**SRUN_NODE2, "SLURM_CPUS_PER_TASK": "6", "OMP_NUM_THREADS": "2"}, 48, 2, "OMP_NUM_THREADS=2"),
+    (SRUN_NODE2, 2, 1, "2 usable CPUs / 2 tasks on this node (SLURM_STEP_TASKS_PER_NODE)"),  # the issue's case
+    (SRUN_NODE2, 3, 1, "3 usable CPUs / 2 tasks"),  # rounds down: never more threads than cores
+    # Uneven: 7 tasks on 3 nodes are 3,2,2; the third node (SLURM_NODEID=2) has 2 of them.
+    ({"SLURM_STEP_TASKS_PER_NODE": "3,2(x2)", "SLURM_NODEID": "2"}, 8, 4, "8 usable CPUs / 2 tasks"),
+    ({"SLURM_STEP_TASKS_PER_NODE": "3,2(x2)", "SLURM_NODEID": "0"}, 8, 2, "8 usable CPUs / 3 tasks"),
+    ({"SLURM_NTASKS_PER_NODE": "4"}, 8, 2, "(SLURM_NTASKS_PER_NODE)"),
+    ({"SLURM_STEP_TASKS_PER_NODE": "8"}, 2, 1, "2 usable CPUs / 8 tasks"),  # oversubscribed: still 1
+])
+def test_thread_budget(env, cpus, threads, why):
+    n, reason = thread_budget(env, cpus)
+    assert n == threads and why in reason, (n, reason)
+
+
+@pytest.mark.parametrize("env", [{"OMP_NUM_THREADS": "0"}, {"SLURM_CPUS_PER_TASK": "x"},
+                                 {"SLURM_STEP_TASKS_PER_NODE": "2(x"}])
+def test_thread_budget_bad_values_name_the_variable(env):
+    with pytest.raises(UserError, match=next(iter(env))):
+        thread_budget(env, 4)
+
+
+def test_size_thread_pools_in_a_fresh_process_sets_torch_and_omp():
+    """In a real process as srun starts it (2 tasks on this node, no OMP_NUM_THREADS), sized before torch
+    loads as train.py does: PyTorch's pool and OMP_NUM_THREADS follow the affinity mask / tasks."""
+    code = textwrap.dedent("""
+        import logging, os, sys
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        from vitlarge import launch
+        env = launch.detect()
+        assert "torch" not in sys.modules  # as in train.py: torch loads after, and takes the size
+        n, why = launch.size_thread_pools()
+        import torch
+        print("RESULT", n, torch.get_num_threads(), os.environ["OMP_NUM_THREADS"], why, flush=True)
+    """)
+    import os
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMP_", "RANK", "WORLD_SIZE"))}
+    cpus = len(os.sched_getaffinity(0))
+    for rank in (0, 1):
+        env = {**base, "SLURM_PROCID": str(rank), "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0",
+               "SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_JOB_NODELIST": "localhost"}
+        r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        want = max(1, cpus // 2)
+        assert f"RESULT {want} {want} {want}" in r.stdout, r.stdout
+        assert f"{cpus} usable CPUs / 2 tasks on this node (SLURM_STEP_TASKS_PER_NODE)" in r.stdout, r.stdout
+
+
+# --- the interface gloo and NCCL bind to across nodes -------------------------------------------------------
+
+
+def test_route_interface_to_loopback_and_to_an_unknown_host():
+    from vitlarge.launch import route_interface
+
+    assert route_interface("127.0.0.1", 29500) == ("lo", "127.0.0.1")
+    with pytest.raises(UserError, match=r"cannot resolve or route to the master no-such-host.invalid:29500"):
+        route_interface("no-such-host.invalid", 29500)
+
+
+def test_bind_interface_fills_only_what_the_user_left_unset():
+    from vitlarge.launch import bind_interface
+
+    slurm = DistEnv(1, 2, 0, "127.0.0.1", 29500, "slurm")
+    env = {}
+    assert bind_interface(slurm, env) == "lo" and env == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+    env = {"NCCL_SOCKET_IFNAME": "ib0"}
+    assert bind_interface(slurm, env) == "lo" and env["NCCL_SOCKET_IFNAME"] == "ib0"
+    env = {"GLOO_SOCKET_IFNAME": "eth1", "NCCL_SOCKET_IFNAME": "ib0"}
+    assert bind_interface(slurm, env) == "eth1" and env == {"GLOO_SOCKET_IFNAME": "eth1", "NCCL_SOCKET_IFNAME": "ib0"}
+    for other in (DistEnv(0, 1, 0, "127.0.0.1", 29500, "slurm"), DistEnv(0, 2, 0, "127.0.0.1", 29500, "torchrun")):
+        env = {}
+        assert bind_interface(other, env) == "" and env == {}  # one process, or torchrun: left as it was

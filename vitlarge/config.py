@@ -68,8 +68,9 @@ class DataConfig:
     """Used only by ``--dry-run`` without data; training takes the count from ``dataset.json``."""
     image_size: int = 224
     """Side in pixels of the square training and validation images."""
-    num_threads: int = 4
-    """DALI worker threads per process."""
+    num_threads: int = 0
+    """DALI worker threads per process; 0: the process's CPU budget from its launcher, the size
+    ``vitlarge.launch.size_thread_pools`` gave PyTorch's intra-op pool. A recipe's value wins."""
     crop_scale: tuple = (0.08, 1.0)
     """Area fraction range of the random-resized crop."""
     crop_ratio: tuple = (3 / 4, 4 / 3)
@@ -334,7 +335,8 @@ def _finite(v) -> bool:
 RANGES = [
     (("train.global_batch", "train.micro_batch", "train.keep_checkpoints", "train.log_every_steps",
       "train.nan_patience", "train.loss_scale_growth_interval", "data.image_size", "data.num_classes",
-      "data.num_threads", "data.num_train_examples"), lambda v: v >= 1, "positive"),
+      "data.num_train_examples"), lambda v: v >= 1, "positive"),
+    (("data.num_threads",), lambda v: v >= 0, ">= 0 (0: the process's CPU budget from its launcher)"),
     (("train.epochs", "optim.lr", "optim.eps", "train.init_loss_scale"), lambda v: v > 0, "positive"),
     (("train.checkpoint_every_steps",), lambda v: v >= 0, ">= 0 (0: no periodic checkpoints)"),
     (("train.max_steps",), lambda v: v >= 0, ">= 0 (0: the whole schedule)"),

@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         nonlocal env
         cfg = load_config(args.config, args.overrides, data__path=args.data)
         env = launch.detect()
+        launch.size_thread_pools()
         device, backend = launch.choose_device(cfg.train.device, env.local_rank)
         resolve_precision(cfg, device)  # as train.py does (vitlarge/build.py)
         launch.init_distributed(env, backend)

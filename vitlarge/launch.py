@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -122,6 +123,111 @@ def choose_device(requested: str = "auto", local_rank: int = 0):
     return torch.device("cpu"), "gloo"
 
 
+def _tasks_on_this_node(env) -> tuple[int, str] | None:
+    """How many tasks of this job step share this node, from the launcher's variables (None: unknown).
+
+    Slurm: ``SLURM_STEP_TASKS_PER_NODE`` / ``SLURM_TASKS_PER_NODE`` (``"2(x3),1"``: 2 tasks on each of
+    the first 3 nodes, 1 on the fourth), indexed by ``SLURM_NODEID``; else ``SLURM_NTASKS_PER_NODE``.
+    torchrun: ``LOCAL_WORLD_SIZE``."""
+    if "LOCAL_WORLD_SIZE" in env:
+        return _int_env(env, "LOCAL_WORLD_SIZE"), "LOCAL_WORLD_SIZE"
+    for key in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        if env.get(key):
+            counts = []
+            for part in env[key].split(","):
+                m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+                if not m:
+                    raise UserError(f"environment variable {key}={env[key]!r} is not a Slurm task count list")
+                counts += [int(m[1])] * int(m[2] or 1)
+            node = _int_env(env, "SLURM_NODEID") if env.get("SLURM_NODEID") else 0
+            if node < len(counts):
+                return counts[node], key
+    if env.get("SLURM_NTASKS_PER_NODE"):
+        return _int_env(env, "SLURM_NTASKS_PER_NODE"), "SLURM_NTASKS_PER_NODE"
+    return None
+
+
+def thread_budget(env, usable_cpus: int) -> tuple[int, str]:
+    """CPU threads one process should run (PyTorch's intra-op pool, DALI's default), and why.
+
+    The first of: ``OMP_NUM_THREADS`` (torchrun sets 1 per worker; a user's value always wins),
+    ``SLURM_CPUS_PER_TASK`` (``--cpus-per-task``), else ``usable_cpus`` (this process's CPU affinity)
+    divided by the tasks on this node (at least 1). Pure: ``env`` and the CPU count are arguments."""
+    for key in ("OMP_NUM_THREADS", "SLURM_CPUS_PER_TASK"):
+        if env.get(key):
+            n = _int_env(env, key)
+            if n < 1:
+                raise UserError(f"environment variable {key}={env[key]} must be a positive thread count")
+            return n, f"{key}={n}"
+    tasks = _tasks_on_this_node(env)
+    if tasks is None or tasks[0] < 1:
+        return max(1, usable_cpus), f"{usable_cpus} usable CPUs, one process on this node"
+    return max(1, usable_cpus // tasks[0]), f"{usable_cpus} usable CPUs / {tasks[0]} tasks on this node ({tasks[1]})"
+
+
+def size_thread_pools(env=None) -> tuple[int, str]:
+    """Sizes PyTorch's intra-op pool and ``OMP_NUM_THREADS`` by ``thread_budget``; imports no torch, so that
+    train.py calls it before torch loads (PyTorch then takes the size from ``OMP_NUM_THREADS``).
+
+    Without it every srun task runs a pool as large as the node, and N tasks fight for the cores
+    (the issue-16 measurement: 2 srun tasks on 2 cores trained 3x slower than colossalai run, which
+    exports OMP_NUM_THREADS=1). Returns ``thread_budget``'s (threads, why) for the caller to log once
+    (rank 0), after the config checks, so that bad input stays one line; the budget is also DALI's
+    default ``data.num_threads`` (``vitlarge.data.build``)."""
+    env = os.environ if env is None else env
+    n, why = thread_budget(env, len(os.sched_getaffinity(0)))
+    # Best before torch (and with it libgomp, OpenBLAS) is first imported: they size their pools from
+    # OMP_NUM_THREADS when they load. set_num_threads covers a torch that is already loaded.
+    os.environ.setdefault("OMP_NUM_THREADS", str(n))
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(n)
+    return n, why
+
+
+SOCKET_IFNAME_ENVS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def route_interface(host: str, port: int) -> tuple[str, str]:
+    """The network interface (name, this node's IPv4 address on it) through which this node reaches
+    ``host``, as this node resolves the name. A UDP ``connect`` picks the route and sends nothing."""
+    import fcntl
+    import struct
+
+    try:
+        addr = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_DGRAM)[0][4][0]
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((addr, port))
+            local = s.getsockname()[0]
+    except OSError as e:
+        raise UserError(f"cannot resolve or route to the master {host}:{port} from {socket.gethostname()} ({e}); "
+                        "set MASTER_ADDR to an address every node reaches", same_on_all_ranks=False) from None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:  # SIOCGIFADDR: the interface's IPv4 address
+                raw = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue  # no IPv4 address on it
+            if socket.inet_ntoa(raw[20:24]) == local:
+                return name, local
+    return "lo" if local.startswith("127.") else "", local
+
+
+def bind_interface(dist_env: DistEnv, env=None) -> str:
+    """Under Slurm, points gloo and NCCL at the interface that routes to the master, unless the user set
+    ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME``; returns the interface gloo will use ("" when
+    left to gloo). Without it gloo binds to the address this node's hostname resolves to, which on
+    many clusters (and in network namespaces) is loopback or a management network the other nodes
+    cannot reach, and the first collective hangs."""
+    env = os.environ if env is None else env
+    if dist_env.source != "slurm" or dist_env.world_size == 1 or all(env.get(k) for k in SOCKET_IFNAME_ENVS):
+        return env.get("GLOO_SOCKET_IFNAME", "")
+    name, _ = route_interface(dist_env.master_addr, dist_env.master_port)
+    if name:
+        for key in SOCKET_IFNAME_ENVS:
+            env.setdefault(key, name)
+    return env.get("GLOO_SOCKET_IFNAME", "")
+
+
 RENDEZVOUS_TIMEOUT_ENV = "VITLARGE_RENDEZVOUS_TIMEOUT"
 """Seconds to wait for every process to join (default 300): a missing task fails the run after this."""
 
@@ -163,6 +269,12 @@ def init_distributed(dist_env: DistEnv, backend: str, timeout_s: float | None = 
     if timeout_s is None:
         timeout_s = rendezvous_timeout_s()
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = dist_env.master_addr, str(dist_env.master_port)
+    ifname = bind_interface(dist_env)
+    if dist_env.is_main and dist_env.source == "slurm" and dist_env.world_size > 1:
+        import logging
+
+        logging.getLogger("vitlarge").info(
+            f"rendezvous at {dist_env.master_addr}:{dist_env.master_port}, gloo/NCCL interface {ifname or '(gloo default)'}")
     try:
         # The master waits for all world_size processes to connect: a missing task fails here, in time.
         # Under torchrun (and so colossalai run) the agent already serves a store on MASTER_PORT:
@@ -171,10 +283,12 @@ def init_distributed(dist_env: DistEnv, backend: str, timeout_s: float | None = 
         store = dist.TCPStore(dist_env.master_addr, dist_env.master_port, dist_env.world_size,
                               is_master=dist_env.rank == 0 and not agent, timeout=datetime.timedelta(seconds=timeout_s),
                               wait_for_workers=not agent)
-        if agent:
-            store = dist.PrefixStore(f"/worker/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
-        dist.init_process_group(backend, store=store, rank=dist_env.rank, world_size=dist_env.world_size,
-                                timeout=datetime.timedelta(seconds=collective_timeout_s))
+        # Always a PrefixStore: torch's c10d logger formats init_process_group's arguments, and
+        # TCPStore's repr asks its socket for its addresses, which fails ("failed to format addr,
+        # unknown family=0") in the network namespaces of tests/test_slurm_multinode.py (gVisor).
+        attempt = f"/worker/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}" if agent else "vitlarge"
+        dist.init_process_group(backend, store=dist.PrefixStore(attempt, store), rank=dist_env.rank,
+                                world_size=dist_env.world_size, timeout=datetime.timedelta(seconds=collective_timeout_s))
         store.set_timeout(datetime.timedelta(seconds=collective_timeout_s))
         _KEEP_ALIVE.append(dist.group.WORLD)
     except (RuntimeError, dist.DistStoreError) as e:

@@ -28,11 +28,17 @@ def _pixels(values) -> tuple:
     return tuple(255.0 * v for v in values)  # the config keeps timm's 0..1 convention; DALI sees 0..255
 
 
+def num_threads(cfg: Config) -> int:
+    """DALI threads: the recipe's ``data.num_threads``, or with 0 the size of PyTorch's intra-op pool,
+    which ``vitlarge.launch.size_thread_pools`` set from what the launcher gave this process."""
+    return cfg.data.num_threads or torch.get_num_threads()
+
+
 def train_loader(cfg: Config, rank: int, world_size: int, device: torch.device, state: str | None = None) -> TrainLoader:
     d = cfg.data
     return TrainLoader(
         d.path, cfg.train.micro_batch, d.image_size, rank=rank, world_size=world_size, device=device,
-        seed=cfg.train.seed, num_threads=d.num_threads, crop_scale=tuple(d.crop_scale),
+        seed=cfg.train.seed, num_threads=num_threads(cfg), crop_scale=tuple(d.crop_scale),
         crop_ratio=tuple(d.crop_ratio), hflip=d.hflip, randaugment=d.randaugment, mean=_pixels(d.mean),
         std=_pixels(d.std), label_offset=d.label_offset, state=state,
     )
@@ -42,6 +48,6 @@ def val_loader(cfg: Config, rank: int, world_size: int, device: torch.device) ->
     d = cfg.data
     return ValLoader(
         d.path, cfg.train.micro_batch, d.image_size, rank=rank, world_size=world_size, device=device,
-        num_threads=d.num_threads, crop_pct=d.val_crop_pct, mean=_pixels(d.mean), std=_pixels(d.std),
+        num_threads=num_threads(cfg), crop_pct=d.val_crop_pct, mean=_pixels(d.mean), std=_pixels(d.std),
         label_offset=d.label_offset,
     )
