@@ -90,6 +90,35 @@ def test_a_checkpoint_folder_and_a_timm_checkpoint_file_load_the_same_weights(so
         assert all(torch.equal(model.state_dict()[k], v) for k, v in src.state_dict().items())
 
 
+def test_a_timm_training_checkpoint_with_args_loads_its_ema_weights_and_says_so(source, tmp_path):
+    """timm/DeiT/MAE checkpoints hold 'args': argparse.Namespace; weights_only alone refuses them."""
+    import argparse
+
+    src, _ = source
+    sd = src.state_dict()
+    ema = {k: v + 1 for k, v in sd.items()}
+    pth = tmp_path / "checkpoint-3.pth.tar"
+    torch.save({"epoch": 3, "arch": "vit", "args": argparse.Namespace(lr=5e-4, model="vit", betas=None, drop=[0.1]),
+                "state_dict": {f"module.{k}": v for k, v in sd.items()},
+                "state_dict_ema": {**ema, "dist_token": torch.zeros(1, 1, 96)}}, pth)
+    c = cfg(model__init_from=str(pth))
+    check_source(c)
+    model = fresh(c)
+    notes = load_into(model, c)
+    assert notes == [f"initialised from {pth} (its 'state_dict_ema')",
+                     "warning: 1 source tensor(s) not in the recipe's model, dropped: dist_token"]
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in ema.items())
+
+
+def test_a_global_pool_mismatch_is_one_line_naming_it(source):
+    _, path = source
+    c = cfg(model__init_from=str(path))
+    c.model.kwargs = {**c.model.kwargs, "global_pool": "avg"}
+    with pytest.raises(UserError, match=r"was trained with global_pool=token \(norm\), the recipe's model uses "
+                                        r"global_pool=avg \(fc_norm\); set model.kwargs global_pool"):
+        check_source(c)
+
+
 @pytest.mark.parametrize("change, message", [
     (dict(kwargs=dict(patch_size=2, embed_dim=96, depth=4, num_heads=3)),
      "its patch embedding is 4x4 px, 96 wide; the recipe's model is 2x2 px, 96 wide; fine-tune from a model with "
