@@ -61,10 +61,16 @@ def main(argv=None) -> int:
 
 
 def run(args, env) -> int:
+    from vitlarge.checkpoint import list_checkpoints
     from vitlarge.config import load_config, make_plan
+    from vitlarge.errors import UserError
 
     cfg = load_config(args.config, args.overrides, data__path=args.data, workdir=args.workdir)
-    if cfg.model.init_from:
+
+    # A resume takes its weights from the checkpoint: model.init_from is neither checked nor read
+    # (the pretrained file may be gone from scratch space by then).
+    resuming = bool(args.resume) or bool(list_checkpoints(cfg.workdir))
+    if cfg.model.init_from and not resuming:
         from vitlarge.init_from import check_source
 
         check_source(cfg)  # a missing file, another architecture or patch size: one line, before any data
@@ -105,7 +111,7 @@ def run(args, env) -> int:
 
     # Model, optimizer, plugin, precision, engine (vitlarge/build.py): identical initial weights on
     # every rank, then per-rank randomness.
-    parts = build(cfg, plan, device)
+    parts = build(cfg, plan, device, init_from=not resuming)
     model = parts.model
     torch.manual_seed(cfg.train.seed + env.rank)
     np.random.seed(cfg.train.seed + env.rank)
@@ -115,6 +121,9 @@ def run(args, env) -> int:
     # optimizer, scaler, RNG, step and this rank's loader position.
     start_step, data_state = 0, None
     resume = resume_from.choose(workdir, args.resume, model, cfg)
+    if resume is None and resuming and cfg.model.init_from:
+        raise UserError(f"{workdir}/{checkpoint.CHECKPOINTS_DIR} holds no usable checkpoint, and without one this run "
+                        f"would start from scratch instead of model.init_from; move them aside or pass another --workdir")
     if resume is not None:
         state = resume_from.restore(resume, model, parts.optimizer, parts.precision.scaler, cfg)
         start_step, data_state = state["step"], state["data"]

@@ -144,3 +144,14 @@ def test_a_missing_path_fails_in_train_py_before_the_data(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip() == (f"error: model.init_from={missing} does not exist; pass an export folder "
                                 "(<workdir>/model), a checkpoints/step_* folder or a timm checkpoint file")
+
+
+def test_a_resume_does_not_need_the_init_from_file(tmp_path):
+    """With a checkpoint in the workdir the run resumes from it: a pretrained file deleted since is not
+    looked at, so train.py gets past it and stops at the next problem (here: no data)."""
+    missing = tmp_path / "gone" / "model"
+    work = tmp_path / "run"
+    (work / "checkpoints" / checkpoint.step_name(10)).mkdir(parents=True)
+    r = subprocess.run([sys.executable, "train.py", "--config", str(DEMO), "--data", str(tmp_path / "no_data"),
+                        "--workdir", str(work), f"model.init_from={missing}"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 2 and "init_from" not in r.stderr and "no_data" in r.stderr, r.stderr
