@@ -141,7 +141,15 @@ def run(args, env) -> int:
                 "the data stream restarts with a fresh epoch order, weights, optimizer and step resume exactly")
     phased = None
     if plan.phases:  # each phase's loaders are built at its first step (vitlarge/phases.py)
-        from vitlarge.phases import PhasedLoaders
+        from vitlarge.phases import PhasedLoaders, state_of_other_phases
+
+        if state_of_other_phases(data_state, cfg):
+            data_state = None
+            if env.is_main:
+                logging.getLogger("vitlarge").warning(
+                    f"warning: {resume} was written under another train.phases list (or none); the data stream "
+                    "restarts with a fresh epoch order, weights, optimizer and step resume; lr and phase follow the "
+                    "new list at that step")
 
         phased, train, val = PhasedLoaders(cfg, plan, env.rank, env.world_size, device, state=data_state), None, None
     else:

@@ -233,3 +233,11 @@ def test_loaders_are_rebuilt_at_a_boundary_at_the_phase_size_and_resume_exactly(
     at_boundary = phases.PhasedLoaders(c, plan, 0, 1, dev, state=state0)
     t = at_boundary.enter(11)[0]
     assert all(torch.equal(next(t)[0], b) for b in b1)
+    # The state is tied to the phase list: an edit of train.phases (a phase inserted) or a state
+    # written without phases is "another phase list", and train.py drops it with a warning.
+    assert not phases.state_of_other_phases(state0, c) and not phases.state_of_other_phases(None, c)
+    edited = demo([{"epoch": 0, "image_size": 8}, {"epoch": 0.5, "image_size": 8, "crop_scale": (0.5, 1.0)},
+                   {"epoch": 1, "image_size": 12, "global_batch": 64, "eval_size": 16}], micro_batch=16)
+    assert phases.state_of_other_phases(state0, edited)
+    assert phases.state_of_other_phases(train.loader.state(), c)  # a TrainLoader state without phases
+    assert phases.fingerprint(c) == phases.fingerprint(demo(list(c.train.phases), micro_batch=16))

@@ -38,12 +38,15 @@ Contracts:
   Each phase's train stream starts afresh with its own seed (``train.seed + 1000 * phase``); the
   loader state in a checkpoint records its phase, so a resume in the same phase continues the
   stream exactly and a resume at a boundary starts the new phase's stream exactly as an
-  uninterrupted run does.
+  uninterrupted run does. The state also holds a `fingerprint` of the phase list: after an edit of
+  ``train.phases`` train.py drops it with one warning (weights, optimizer and step resume; the lr
+  and the phase follow the new list at that step).
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import math
 import re
@@ -294,11 +297,30 @@ def progressive(cfg: Config, initial_scale: float = 0.5, delay_fraction: float =
     return phases
 
 
-class _PhaseTrain:
-    """A phase's TrainLoader whose ``state()`` also records the phase it belongs to."""
+def fingerprint(cfg: Config) -> str:
+    """A short hash of the resolved phase list (world-size independent): a checkpoint's data state is
+    tied to it, so a resume after an edit of ``train.phases`` does not continue another phase's stream."""
+    doc = json.dumps(resolve(cfg), sort_keys=True, default=list)
+    return hashlib.sha256(doc.encode()).hexdigest()[:16]
 
-    def __init__(self, loader, phase: int):
-        self.loader, self.phase = loader, phase
+
+def state_of_other_phases(state: str | None, cfg: Config) -> bool:
+    """Whether a checkpoint's data state was written under another phase list than ``cfg``'s (or
+    without phases): train.py then drops it with one warning and each phase's stream starts afresh."""
+    if not state:
+        return False
+    try:
+        doc = json.loads(state)
+        return doc.get("phases") != fingerprint(cfg)
+    except (ValueError, TypeError, AttributeError):
+        return True
+
+
+class _PhaseTrain:
+    """A phase's TrainLoader whose ``state()`` also records the phase it belongs to and the phase list."""
+
+    def __init__(self, loader, phase: int, phases_hash: str):
+        self.loader, self.phase, self.phases_hash = loader, phase, phases_hash
 
     def __iter__(self):
         return self
@@ -309,7 +331,8 @@ class _PhaseTrain:
     def state(self) -> str:
         from vitlarge.data.loader import STATE_VERSION
 
-        return json.dumps({"version": STATE_VERSION, "phase": self.phase, "loader": self.loader.state()})
+        return json.dumps({"version": STATE_VERSION, "phase": self.phase, "phases": self.phases_hash,
+                           "loader": self.loader.state()})
 
 
 def split_state(state: str | None) -> tuple[int | None, str | None]:
@@ -348,7 +371,8 @@ class PhasedLoaders:
         self._state_phase = self._state = None  # used once, by the phase it belongs to
         self.current = ph
         pc = phase_config(self.cfg, ph)
-        train = _PhaseTrain(train_loader(pc, self.rank, self.world_size, self.device, state=state), ph.index)
+        train = _PhaseTrain(train_loader(pc, self.rank, self.world_size, self.device, state=state), ph.index,
+                            fingerprint(self.cfg))
         vc = copy.deepcopy(pc)
         vc.data.image_size = ph.eval_size
         return train, val_loader(vc, self.rank, self.world_size, self.device)
