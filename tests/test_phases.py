@@ -241,3 +241,35 @@ def test_loaders_are_rebuilt_at_a_boundary_at_the_phase_size_and_resume_exactly(
     assert phases.state_of_other_phases(state0, edited)
     assert phases.state_of_other_phases(train.loader.state(), c)  # a TrainLoader state without phases
     assert phases.fingerprint(c) == phases.fingerprint(demo(list(c.train.phases), micro_batch=16))
+
+
+def test_position_embedding_resample_is_timms_as_a_cached_matmul():
+    """The phased model resamples pos_embed by a cached matrix (deterministic backward on CUDA, argued from
+    PyTorch's source: not run here) instead of timm's bicubic F.interpolate: the same values and gradients
+    up to fp32 rounding, on CPU, at grids below, at and above the base grid."""
+    from timm.layers import resample_abs_pos_embed
+    from timm.models.vision_transformer import VisionTransformer
+
+    from vitlarge.model import build_model, pos_embed_matrix
+
+    c = load_recipe(ROOT / "recipes" / "demo_digits_progressive.py")
+    torch.manual_seed(0)
+    model = build_model(c)
+    assert type(model) is not VisionTransformer and type(model)._pos_embed is not VisionTransformer._pos_embed
+    base = model.pos_embed.detach()  # (1, 1 + 4x4, 96)
+    for grid in [(2, 2), (3, 3), (4, 4), (5, 5), (3, 5)]:
+        pos = base.clone().requires_grad_(True)
+        want = resample_abs_pos_embed(pos, new_size=list(grid), old_size=[4, 4], num_prefix_tokens=1)
+        up = torch.randn_like(want)
+        (g_want,) = torch.autograd.grad((want * up).sum(), pos)
+        pos2 = base.clone().requires_grad_(True)
+        got = torch.cat([pos2[:, :1], (pos_embed_matrix((4, 4), grid, "cpu") @ pos2[0, 1:]).unsqueeze(0)], dim=1)
+        (g_got,) = torch.autograd.grad((got * up).sum(), pos2)
+        assert torch.allclose(got, want, atol=1e-6, rtol=0) and torch.allclose(g_got, g_want, atol=1e-6, rtol=0), grid
+    # The model's forward equals timm's own (the stock class on the same weights) and caches one matrix per grid.
+    ref = VisionTransformer.__new__(VisionTransformer)
+    ref.__dict__ = dict(model.__dict__)
+    x = torch.randn(2, 3, 12, 12)
+    assert torch.allclose(model(x), ref(x), atol=1e-5, rtol=0)
+    model(torch.randn(1, 3, 12, 12))
+    assert list(model._pos_embed_matrices) == [(3, 3, torch.device("cpu"))]
