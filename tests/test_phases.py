@@ -217,7 +217,7 @@ def test_loaders_are_rebuilt_at_a_boundary_at_the_phase_size_and_resume_exactly(
     dev = torch.device("cpu")
     loaders = phases.PhasedLoaders(c, plan, 0, 1, dev)
     train, val = loaders.enter(0)
-    assert loaders.enter(10) is None  # same phase: nothing rebuilt
+    assert loaders.enter(10) is None and not loaders.changes_at(10) and loaders.changes_at(11)  # same phase: kept
     x, y = next(train)
     assert x.shape == (16, 3, 8, 8) and y.dtype == torch.int64
     state0 = train.state()

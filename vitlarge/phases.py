@@ -361,11 +361,15 @@ class PhasedLoaders:
         self.current: Phase | None = None
         self._state_phase, self._state = split_state(state)
 
+    def changes_at(self, step: int) -> bool:
+        """Whether ``enter(step)`` builds new loaders (the caller drops the old ones first)."""
+        return self.current is None or phase_at(self.plan, step).index != self.current.index
+
     def enter(self, step: int):
         from vitlarge.data.build import train_loader, val_loader
 
         ph = phase_at(self.plan, step)
-        if self.current is not None and ph.index == self.current.index:
+        if not self.changes_at(step):
             return None
         state = self._state if self._state_phase == ph.index else None
         self._state_phase = self._state = None  # used once, by the phase it belongs to
@@ -376,3 +380,18 @@ class PhasedLoaders:
         vc = copy.deepcopy(pc)
         vc.data.image_size = ph.eval_size
         return train, val_loader(vc, self.rank, self.world_size, self.device)
+
+
+def release_loader_memory(device) -> None:
+    """After the old phase's loaders are dropped: collect their pipelines and, on a GPU, hand DALI's
+    freed pool blocks back (``nvidia.dali.backend.ReleaseUnusedMemory``, where this DALI has it), so the
+    new phase's pipelines do not stack on the old ones' memory. The GPU branch is not run by the tests."""
+    import gc
+
+    gc.collect()
+    if getattr(device, "type", str(device)) == "cuda":
+        from nvidia.dali import backend
+
+        release = getattr(backend, "ReleaseUnusedMemory", None)
+        if release is not None:
+            release()
