@@ -273,3 +273,12 @@ def test_position_embedding_resample_is_timms_as_a_cached_matmul():
     assert torch.allclose(model(x), ref(x), atol=1e-5, rtol=0)
     model(torch.randn(1, 3, 12, 12))
     assert list(model._pos_embed_matrices) == [(3, 3, torch.device("cpu"))]
+
+
+def test_the_export_declares_the_last_phases_eval_size():
+    from vitlarge.export import data_config
+
+    c = demo([{"epoch": 0, "image_size": 8}, {"epoch": 40, "image_size": 16, "eval_size": 20}])
+    assert data_config(c)["input_size"] == (3, 20, 20) and c.data.image_size == 16
+    assert data_config(demo([{"epoch": 0, "image_size": 8}, {"epoch": 40, "image_size": 12}]))["input_size"] == (3, 12, 12)
+    assert data_config(load_recipe(DEMO))["input_size"] == (3, 16, 16)
