@@ -41,6 +41,13 @@ PATCH_WEIGHT = "patch_embed.proj.weight"
 def weights_file(path: str | Path) -> Path:
     """The weights file PATH names (export or checkpoint folder, or a file); UserError if none."""
     p = Path(path)
+    if p.is_dir() and (p / "meta.json").is_file():  # a checkpoint folder: its size check, as a resume does
+        from vitlarge import checkpoint, fileio
+
+        meta = checkpoint.read_meta(p)
+        problem = fileio.size_problem(p / "model.safetensors", checkpoint.expected_files(meta).get("model.safetensors"))
+        if problem:
+            raise UserError(f"model.init_from={path}: {problem}; pass a complete checkpoint or an export folder")
     if p.is_dir():
         if (p / "model.safetensors").is_file():
             return p / "model.safetensors"
