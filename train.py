@@ -62,10 +62,16 @@ def main(argv=None) -> int:
 
 
 def run(args, env, threads: tuple[int, str]) -> int:
+    from vitlarge.checkpoint import list_checkpoints
     from vitlarge.config import load_config, make_plan
+    from vitlarge.errors import UserError
 
     cfg = load_config(args.config, args.overrides, data__path=args.data, workdir=args.workdir)
-    if cfg.model.init_from:
+
+    # A resume takes its weights from the checkpoint: model.init_from is neither checked nor read
+    # (the pretrained file may be gone from scratch space by then).
+    resuming = bool(args.resume) or bool(list_checkpoints(cfg.workdir))
+    if cfg.model.init_from and not resuming:
         from vitlarge.init_from import check_source
 
         check_source(cfg)  # a missing file, another architecture or patch size: one line, before any data
@@ -109,7 +115,7 @@ def run(args, env, threads: tuple[int, str]) -> int:
 
     # Model, optimizer, plugin, precision, engine (vitlarge/build.py): identical initial weights on
     # every rank, then per-rank randomness.
-    parts = build(cfg, plan, device)
+    parts = build(cfg, plan, device, init_from=not resuming)
     model = parts.model
     torch.manual_seed(cfg.train.seed + env.rank)
     np.random.seed(cfg.train.seed + env.rank)
@@ -119,6 +125,9 @@ def run(args, env, threads: tuple[int, str]) -> int:
     # optimizer, scaler, RNG, step and this rank's loader position.
     start_step, data_state = 0, None
     resume = resume_from.choose(workdir, args.resume, model, cfg)
+    if resume is None and resuming and cfg.model.init_from:
+        raise UserError(f"{workdir}/{checkpoint.CHECKPOINTS_DIR} holds no usable checkpoint, and without one this run "
+                        f"would start from scratch instead of model.init_from; move them aside or pass another --workdir")
     if resume is not None:
         state = resume_from.restore(resume, model, parts.optimizer, parts.precision.scaler, cfg)
         start_step, data_state = state["step"], state["data"]
@@ -136,7 +145,15 @@ def run(args, env, threads: tuple[int, str]) -> int:
                 "the data stream restarts with a fresh epoch order, weights, optimizer and step resume exactly")
     phased = None
     if plan.phases:  # each phase's loaders are built at its first step (vitlarge/phases.py)
-        from vitlarge.phases import PhasedLoaders
+        from vitlarge.phases import PhasedLoaders, state_of_other_phases
+
+        if state_of_other_phases(data_state, cfg):
+            data_state = None
+            if env.is_main:
+                logging.getLogger("vitlarge").warning(
+                    f"warning: {resume} was written under another train.phases list (or none); the data stream "
+                    "restarts with a fresh epoch order, weights, optimizer and step resume; lr and phase follow the "
+                    "new list at that step")
 
         phased, train, val = PhasedLoaders(cfg, plan, env.rank, env.world_size, device, state=data_state), None, None
     else:

@@ -88,6 +88,40 @@ def test_a_checkpoint_folder_and_a_timm_checkpoint_file_load_the_same_weights(so
         model = fresh(c)
         load_into(model, c)
         assert all(torch.equal(model.state_dict()[k], v) for k, v in src.state_dict().items())
+    weights = ckpt / "model.safetensors"  # a checkpoint cut short: its meta.json's size check, one line
+    weights.write_bytes(weights.read_bytes()[:-10])
+    c.model.init_from = str(ckpt)
+    with pytest.raises(UserError, match=r"model.safetensors has [\d,]+ bytes, meta.json records [\d,]+; pass a complete"):
+        check_source(c)
+
+
+def test_a_timm_training_checkpoint_with_args_loads_its_ema_weights_and_says_so(source, tmp_path):
+    """timm/DeiT/MAE checkpoints hold 'args': argparse.Namespace; weights_only alone refuses them."""
+    import argparse
+
+    src, _ = source
+    sd = src.state_dict()
+    ema = {k: v + 1 for k, v in sd.items()}
+    pth = tmp_path / "checkpoint-3.pth.tar"
+    torch.save({"epoch": 3, "arch": "vit", "args": argparse.Namespace(lr=5e-4, model="vit", betas=None, drop=[0.1]),
+                "state_dict": {f"module.{k}": v for k, v in sd.items()},
+                "state_dict_ema": {**ema, "dist_token": torch.zeros(1, 1, 96)}}, pth)
+    c = cfg(model__init_from=str(pth))
+    check_source(c)
+    model = fresh(c)
+    notes = load_into(model, c)
+    assert notes == [f"initialised from {pth} (its 'state_dict_ema')",
+                     "warning: 1 source tensor(s) not in the recipe's model, dropped: dist_token"]
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in ema.items())
+
+
+def test_a_global_pool_mismatch_is_one_line_naming_it(source):
+    _, path = source
+    c = cfg(model__init_from=str(path))
+    c.model.kwargs = {**c.model.kwargs, "global_pool": "avg"}
+    with pytest.raises(UserError, match=r"was trained with global_pool=token \(norm\), the recipe's model uses "
+                                        r"global_pool=avg \(fc_norm\); set model.kwargs global_pool"):
+        check_source(c)
 
 
 @pytest.mark.parametrize("change, message", [
@@ -115,3 +149,14 @@ def test_a_missing_path_fails_in_train_py_before_the_data(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip() == (f"error: model.init_from={missing} does not exist; pass an export folder "
                                 "(<workdir>/model), a checkpoints/step_* folder or a timm checkpoint file")
+
+
+def test_a_resume_does_not_need_the_init_from_file(tmp_path):
+    """With a checkpoint in the workdir the run resumes from it: a pretrained file deleted since is not
+    looked at, so train.py gets past it and stops at the next problem (here: no data)."""
+    missing = tmp_path / "gone" / "model"
+    work = tmp_path / "run"
+    (work / "checkpoints" / checkpoint.step_name(10)).mkdir(parents=True)
+    r = subprocess.run([sys.executable, "train.py", "--config", str(DEMO), "--data", str(tmp_path / "no_data"),
+                        "--workdir", str(work), f"model.init_from={missing}"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 2 and "init_from" not in r.stderr and "no_data" in r.stderr, r.stderr

@@ -78,11 +78,68 @@ def test_lr_is_a_pure_function_of_the_step_across_boundaries():
     p0, p1, p2 = plan.phases
     assert (p0.end_step, p1.steps_per_epoch, p1.end_step, plan.total_steps) == (330, 22, 770, 990)
     lrs = [phases.lr_at_step(c, plan, s) for s in range(plan.total_steps)]
-    assert lrs == [phases.lr_at_step(c, plan, s) for s in range(plan.total_steps)]  # no hidden state
     assert lrs[329] == lr_at(329, peak_lr=2e-2, total_steps=990, warmup_steps=55, decay="cosine")
     assert lrs[330] == 0.5 * lr_at(330, peak_lr=2e-2, total_steps=990, warmup_steps=55, decay="cosine")
-    assert lrs[770] == 1e-3 and lrs[989] == pytest.approx(1e-3 / 220)
+    assert lrs[770] == 1e-3 and lrs[988] == pytest.approx(1e-3 / 219) and lrs[989] == 0.0  # reaches its end
     assert all(a >= b for a, b in zip(lrs[55:], lrs[56:]))  # decays monotonically after warmup
+
+
+IMAGENET = 1_281_167
+
+
+def test_vit_b16_progressive_plans_at_every_world_size_vit_b16_does_at_imagenet_size():
+    """The phase micro batch is capped at global/world: 128 and 256 GPUs plan (phase 0 asks for 512 per
+    device); world sizes that do not divide 32K fail with one line, as vit_b16.py's do. Same schedule:
+    the same total steps and warmup, and the same lr at every step as the unphased recipe."""
+    prog = load_recipe(ROOT / "recipes" / "vit_b16_progressive.py")
+    base = load_recipe(ROOT / "recipes" / "vit_b16.py")
+    validate(prog)
+    for world in [1, 2, 3, 4, 5, 6, 7, 8, 9, 128, 256]:
+        if 32768 % world:
+            for c in (prog, base):
+                with pytest.raises(UserError, match="micro_batch x world size = .* pick a micro_batch") as e:
+                    make_plan(c, world, IMAGENET)
+                assert "\n" not in str(e.value)
+            continue
+        plan = make_plan(prog, world, IMAGENET)
+        micro = [p.micro_batch for p in plan.phases]
+        assert micro == [min(512, 32768 // world), min(256, 32768 // world), min(256, 32768 // world)], world
+        assert all(p.micro_batch * p.accum_steps * world == 32768 for p in plan.phases)
+        if world <= 128:  # vit_b16.py itself (micro 256) stops at 128 devices
+            ref = make_plan(base, world, IMAGENET)
+            assert (plan.total_steps, plan.warmup_steps) == (ref.total_steps, ref.warmup_steps) == (11700, 5850)
+    plan, ref = make_plan(prog, 128, IMAGENET), make_plan(base, 128, IMAGENET)
+    assert [(p.start_step, p.end_step) for p in plan.phases] == [(0, 5850), (5850, 9360), (9360, 11700)]
+    kw = dict(peak_lr=base.optim.lr, total_steps=ref.total_steps, warmup_steps=ref.warmup_steps,
+              decay=base.schedule.decay, min_lr_ratio=base.schedule.min_lr_ratio)
+    assert [phases.lr_at_step(prog, plan, s) for s in range(plan.total_steps)] == [
+        lr_at(s, **kw) for s in range(ref.total_steps)]
+
+
+def test_phase_boundaries_round_cumulatively_so_total_steps_do_not_drift():
+    """progressive() starts phases at fractional epochs; rounded piece by piece they drifted by a step
+    (11701 vs 11700). Rounded from absolute epochs, every boundary is round(epoch x steps per epoch)."""
+    c = load_recipe(ROOT / "recipes" / "vit_b16.py")
+    ref = make_plan(c, 4, IMAGENET)
+    c.train.phases = phases.progressive(c)
+    validate(c)
+    plan = make_plan(c, 4, IMAGENET)
+    assert len(plan.phases) > 5 and plan.total_steps == ref.total_steps == 11700
+    assert plan.warmup_steps == ref.warmup_steps
+    spe = ref.steps_per_epoch
+    assert all(p.start_step == int(p.start_epoch * spe + 0.5) for p in plan.phases)
+    assert all(a.end_step == b.start_step for a, b in zip(plan.phases, plan.phases[1:]))
+
+
+def test_progressive_without_a_finetune_part_still_ends_at_the_full_size():
+    c = load_recipe(ROOT / "recipes" / "vit_b16.py")
+    for ff in (0.0, 0.2):
+        ph = phases.progressive(c, initial_scale=0.5, delay_fraction=0.0, finetune_fraction=ff)
+        assert ph[-1]["image_size"] == 224 and ph[0]["image_size"] == 112, ff
+        sizes = [p["image_size"] for p in ph]
+        assert sizes == sorted(set(sizes))
+    c.train.phases = ph
+    validate(c)
 
 
 def test_progressive_generator_builds_composer_phases_in_one_line():
@@ -160,7 +217,7 @@ def test_loaders_are_rebuilt_at_a_boundary_at_the_phase_size_and_resume_exactly(
     dev = torch.device("cpu")
     loaders = phases.PhasedLoaders(c, plan, 0, 1, dev)
     train, val = loaders.enter(0)
-    assert loaders.enter(10) is None  # same phase: nothing rebuilt
+    assert loaders.enter(10) is None and not loaders.changes_at(10) and loaders.changes_at(11)  # same phase: kept
     x, y = next(train)
     assert x.shape == (16, 3, 8, 8) and y.dtype == torch.int64
     state0 = train.state()
@@ -176,3 +233,52 @@ def test_loaders_are_rebuilt_at_a_boundary_at_the_phase_size_and_resume_exactly(
     at_boundary = phases.PhasedLoaders(c, plan, 0, 1, dev, state=state0)
     t = at_boundary.enter(11)[0]
     assert all(torch.equal(next(t)[0], b) for b in b1)
+    # The state is tied to the phase list: an edit of train.phases (a phase inserted) or a state
+    # written without phases is "another phase list", and train.py drops it with a warning.
+    assert not phases.state_of_other_phases(state0, c) and not phases.state_of_other_phases(None, c)
+    edited = demo([{"epoch": 0, "image_size": 8}, {"epoch": 0.5, "image_size": 8, "crop_scale": (0.5, 1.0)},
+                   {"epoch": 1, "image_size": 12, "global_batch": 64, "eval_size": 16}], micro_batch=16)
+    assert phases.state_of_other_phases(state0, edited)
+    assert phases.state_of_other_phases(train.loader.state(), c)  # a TrainLoader state without phases
+    assert phases.fingerprint(c) == phases.fingerprint(demo(list(c.train.phases), micro_batch=16))
+
+
+def test_position_embedding_resample_is_timms_as_a_cached_matmul():
+    """The phased model resamples pos_embed by a cached matrix (deterministic backward on CUDA, argued from
+    PyTorch's source: not run here) instead of timm's bicubic F.interpolate: the same values and gradients
+    up to fp32 rounding, on CPU, at grids below, at and above the base grid."""
+    from timm.layers import resample_abs_pos_embed
+    from timm.models.vision_transformer import VisionTransformer
+
+    from vitlarge.model import build_model, pos_embed_matrix
+
+    c = load_recipe(ROOT / "recipes" / "demo_digits_progressive.py")
+    torch.manual_seed(0)
+    model = build_model(c)
+    assert type(model) is not VisionTransformer and type(model)._pos_embed is not VisionTransformer._pos_embed
+    base = model.pos_embed.detach()  # (1, 1 + 4x4, 96)
+    for grid in [(2, 2), (3, 3), (4, 4), (5, 5), (3, 5)]:
+        pos = base.clone().requires_grad_(True)
+        want = resample_abs_pos_embed(pos, new_size=list(grid), old_size=[4, 4], num_prefix_tokens=1)
+        up = torch.randn_like(want)
+        (g_want,) = torch.autograd.grad((want * up).sum(), pos)
+        pos2 = base.clone().requires_grad_(True)
+        got = torch.cat([pos2[:, :1], (pos_embed_matrix((4, 4), grid, "cpu") @ pos2[0, 1:]).unsqueeze(0)], dim=1)
+        (g_got,) = torch.autograd.grad((got * up).sum(), pos2)
+        assert torch.allclose(got, want, atol=1e-6, rtol=0) and torch.allclose(g_got, g_want, atol=1e-6, rtol=0), grid
+    # The model's forward equals timm's own (the stock class on the same weights) and caches one matrix per grid.
+    ref = VisionTransformer.__new__(VisionTransformer)
+    ref.__dict__ = dict(model.__dict__)
+    x = torch.randn(2, 3, 12, 12)
+    assert torch.allclose(model(x), ref(x), atol=1e-5, rtol=0)
+    model(torch.randn(1, 3, 12, 12))
+    assert list(model._pos_embed_matrices) == [(3, 3, torch.device("cpu"))]
+
+
+def test_the_export_declares_the_last_phases_eval_size():
+    from vitlarge.export import data_config
+
+    c = demo([{"epoch": 0, "image_size": 8}, {"epoch": 40, "image_size": 16, "eval_size": 20}])
+    assert data_config(c)["input_size"] == (3, 20, 20) and c.data.image_size == 16
+    assert data_config(demo([{"epoch": 0, "image_size": 8}, {"epoch": 40, "image_size": 12}]))["input_size"] == (3, 12, 12)
+    assert data_config(load_recipe(DEMO))["input_size"] == (3, 16, 16)

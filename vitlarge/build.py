@@ -48,11 +48,12 @@ def resolve_precision(cfg: Config, device: torch.device) -> str | None:
     return f"precision auto -> {cfg.train.precision}: {why}" if requested == "auto" else None
 
 
-def build(cfg: Config, plan: Plan, device: torch.device | str, booster=None) -> Parts:
+def build(cfg: Config, plan: Plan, device: torch.device | str, booster=None, init_from: bool = True) -> Parts:
     """Model, optimizer, Booster, precision and engine for ``cfg`` on ``device`` (precision resolved).
 
     ``booster``: None makes Colossal-AI's ``Booster`` with the recipe's plugin; anything else must
-    offer what the engine uses (``boost(model, optimizer)``, ``no_sync``, ``backward``)."""
+    offer what the engine uses (``boost(model, optimizer)``, ``no_sync``, ``backward``).
+    ``init_from=False`` skips ``model.init_from`` (a resume: the checkpoint's weights replace them)."""
     from vitlarge.model import build_model
     from vitlarge.optim import build_optimizer
     from vitlarge.plugins import build_plugin
@@ -61,7 +62,7 @@ def build(cfg: Config, plan: Plan, device: torch.device | str, booster=None) -> 
     resolve_precision(cfg, device)  # no-op when resolved: the model's attention and patch conv depend on it
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     model = build_model(cfg, device)
-    if cfg.model.init_from:  # fine-tuning: pretrained weights, before the optimizer sees them
+    if cfg.model.init_from and init_from:  # fine-tuning: pretrained weights, before the optimizer sees them
         from vitlarge.init_from import load_into
 
         for note in load_into(model, cfg):

@@ -411,15 +411,15 @@ def validate(cfg: Config, origin: str = "config") -> None:
 def make_plan(cfg: Config, world_size: int, num_train_examples: int | None = None) -> Plan:
     """Derives accumulation and step counts; raises UserError when the batch does not divide."""
     t = cfg.train
+    n = num_train_examples or cfg.data.num_train_examples
+    if t.phases:  # each phase derives and checks its own micro batch (vitlarge.phases.plan_phases)
+        return _phased_plan(cfg, world_size, n)
     per_step = t.micro_batch * world_size
     if t.global_batch % per_step:
         raise UserError(
             f"train.global_batch={t.global_batch} is not divisible by train.micro_batch x world size = "
             f"{t.micro_batch} x {world_size} = {per_step}; pick a micro_batch or device count that divides it"
         )
-    n = num_train_examples or cfg.data.num_train_examples
-    if t.phases:
-        return _phased_plan(cfg, world_size, n)
     # Drop the last partial global batch of each epoch, as the original did: every optimizer step
     # sees exactly global_batch images, so the lr schedule means the same at any world size.
     steps_per_epoch = n // t.global_batch

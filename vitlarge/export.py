@@ -32,10 +32,17 @@ EXPORT_DIR = "model"
 
 
 def data_config(cfg: Config) -> dict:
-    """vitlarge's evaluation preprocessing in timm's terms (see `vitlarge.data.pipelines.val_pipeline`)."""
+    """vitlarge's evaluation preprocessing in timm's terms (see `vitlarge.data.pipelines.val_pipeline`).
+
+    With ``train.phases`` the input size is the last phase's ``eval_size`` (where the final top-1 was
+    measured, e.g. FixRes' 256 px after 224 px training), not ``data.image_size``."""
     from vitlarge.data.loader import VAL_INTERPOLATION
 
     size = cfg.data.image_size
+    if cfg.train.phases:
+        from vitlarge.phases import resolve
+
+        size = resolve(cfg)[-1]["eval_size"]
     return dict(input_size=(3, size, size), mean=tuple(cfg.data.mean), std=tuple(cfg.data.std),
                 crop_pct=cfg.data.val_crop_pct, crop_mode="center", interpolation=VAL_INTERPOLATION)
 

@@ -3,15 +3,19 @@
 PATH is one of: an export folder (`vitlarge.export`: ``config.json`` + ``model.safetensors``) or its
 ``model.safetensors``; a ``checkpoints/step_*`` folder (its ``model.safetensors``); a timm checkpoint
 file (``.safetensors``, or ``.pth``/``.pt``/``.bin`` holding a state dict, possibly under
-``state_dict``/``model``/``state_dict_ema``, with DDP's ``module.`` prefixes). Loaded with
-``weights_only=True``: no objects are unpickled.
+``state_dict_ema`` (preferred, as timm's own fine-tuning does), ``state_dict`` or ``model``, with DDP's
+``module.`` prefixes; the key used is logged). Loaded with ``weights_only=True``, with only
+``argparse.Namespace`` (the ``args`` of timm/DeiT/MAE checkpoints) allowed, scoped to this load:
+no other objects are unpickled.
 
 Contract: every tensor of the recipe's model must be in the file with its shape, except
 
 * ``pos_embed``: resampled to the recipe's token grid (timm ``resample_abs_pos_embed``, bicubic),
   prefix tokens (class token) kept as they are; the patch size must be the same;
 * the classifier (``head.weight``/``head.bias``): when its class count differs it keeps its fresh
-  initialisation, and the log says so.
+  initialisation, and the log says so;
+* source tensors the model has no place for (register or distillation tokens) are dropped with a
+  warning in the log; a ``global_pool`` mismatch (``fc_norm`` vs ``norm``) is one line naming it.
 
 Anything else (a missing file, another architecture, a different patch size or width) is one
 line naming the file and the fix (`check_source`, run by train.py before any data is touched).
@@ -19,6 +23,7 @@ line naming the file and the fix (`check_source`, run by train.py before any dat
 
 from __future__ import annotations
 
+import argparse
 import logging
 from pathlib import Path
 
@@ -36,6 +41,13 @@ PATCH_WEIGHT = "patch_embed.proj.weight"
 def weights_file(path: str | Path) -> Path:
     """The weights file PATH names (export or checkpoint folder, or a file); UserError if none."""
     p = Path(path)
+    if p.is_dir() and (p / "meta.json").is_file():  # a checkpoint folder: its size check, as a resume does
+        from vitlarge import checkpoint, fileio
+
+        meta = checkpoint.read_meta(p)
+        problem = fileio.size_problem(p / "model.safetensors", checkpoint.expected_files(meta).get("model.safetensors"))
+        if problem:
+            raise UserError(f"model.init_from={path}: {problem}; pass a complete checkpoint or an export folder")
     if p.is_dir():
         if (p / "model.safetensors").is_file():
             return p / "model.safetensors"
@@ -47,26 +59,32 @@ def weights_file(path: str | Path) -> Path:
     return p
 
 
-def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """The state dict in PATH (see the module docstring), on the CPU."""
+def read_state_dict(path: str | Path) -> tuple[dict[str, torch.Tensor], str | None]:
+    """The state dict in PATH (see the module docstring), on the CPU, and the checkpoint key it came
+    from (``state_dict_ema``, ``state_dict``, ``model``; None for a bare state dict)."""
     f = weights_file(path)
+    key = None
     try:
         if f.suffix == ".safetensors":
             from safetensors.torch import load_file
 
             sd = load_file(str(f), device="cpu")
         else:
-            sd = torch.load(f, map_location="cpu", weights_only=True)
-            for key in ("state_dict_ema", "state_dict", "model"):  # timm train.py / DeiT / MAE checkpoints
-                if isinstance(sd, dict) and isinstance(sd.get(key), dict):
-                    sd = sd[key]
+            # timm, DeiT and MAE training checkpoints carry their argparse.Namespace 'args': allowed for
+            # this load only (a plain attribute bag, no code runs); weights_only stays on, so any other
+            # object in a foreign file is still refused.
+            with torch.serialization.safe_globals([argparse.Namespace]):
+                sd = torch.load(f, map_location="cpu", weights_only=True)
+            for k in ("state_dict_ema", "state_dict", "model"):  # timm train.py / DeiT / MAE checkpoints
+                if isinstance(sd, dict) and isinstance(sd.get(k), dict):
+                    sd, key = sd[k], k
                     break
     except Exception as e:  # noqa: BLE001 - torch.load and safetensors raise many types on foreign files
         raise UserError(f"model.init_from={path}: {f} is not a readable state dict ({type(e).__name__}); pass a "
                         "model.safetensors or a torch checkpoint of a timm model") from None
     if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise UserError(f"model.init_from={path}: {f} holds no state dict of tensors; pass a timm model's weights")
-    return {k.removeprefix("module."): v for k, v in sd.items()}
+    return {k.removeprefix("module."): v for k, v in sd.items()}, key
 
 
 def _grid(model) -> tuple[int, int]:
@@ -87,6 +105,11 @@ def adapt(sd: dict[str, torch.Tensor], model: torch.nn.Module, source: str) -> t
                         f"recipe's model is {want[2]}x{want[3]} px, {want[0]} wide; fine-tune from a model with the "
                         "same patch size and width, or set model.name/model.kwargs to match it")
     missing = [k for k in target if k not in sd]
+    pool = {"fc_norm.weight": "avg (fc_norm)", "norm.weight": "token (norm)"}
+    for k, theirs in (("fc_norm.weight", "norm.weight"), ("norm.weight", "fc_norm.weight")):
+        if k in missing and theirs in sd and theirs not in target:
+            raise UserError(f"model.init_from={source} was trained with global_pool={pool[theirs]}, the recipe's "
+                            f"model uses global_pool={pool[k]}; set model.kwargs global_pool to match the source")
     if missing:
         raise UserError(f"model.init_from={source} is another architecture: it lacks '{missing[0]}' "
                         f"({len(missing)} of the recipe's {len(target)} tensors missing); set model.name/model.kwargs "
@@ -112,17 +135,23 @@ def adapt(sd: dict[str, torch.Tensor], model: torch.nn.Module, source: str) -> t
             raise UserError(f"model.init_from={source} is another architecture: '{k}' is {tuple(v.shape)}, the "
                             f"recipe's model has {tuple(want.shape)}; set model.name/model.kwargs to match it")
         out[k] = v
+    extra = sorted(k for k in sd if k not in target)
+    if extra:  # register/distillation tokens and the like: the recipe's model has no place for them
+        notes.append(f"warning: {len(extra)} source tensor(s) not in the recipe's model, dropped: "
+                     f"{', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}")
     return out, notes
 
 
 def load_into(model: torch.nn.Module, cfg: Config) -> list[str]:
     """Loads ``cfg.model.init_from`` into the (unwrapped, unboosted) ``model``; returns the log notes."""
-    sd, notes = adapt(read_state_dict(cfg.model.init_from), model, cfg.model.init_from)
+    sd, key = read_state_dict(cfg.model.init_from)
+    sd, notes = adapt(sd, model, cfg.model.init_from)
     with torch.no_grad():
         target = model.state_dict()
         for k, v in sd.items():
             target[k].copy_(v.to(target[k].device, target[k].dtype))
-    return [f"initialised from {cfg.model.init_from}"] + notes
+    where = f" (its '{key}')" if key else ""
+    return [f"initialised from {cfg.model.init_from}{where}"] + notes
 
 
 def check_source(cfg: Config) -> None:
@@ -130,4 +159,4 @@ def check_source(cfg: Config) -> None:
     but builds the model on the meta device, so it costs no memory for the model."""
     from vitlarge.model import build_model
 
-    adapt(read_state_dict(cfg.model.init_from), build_model(cfg, "meta"), cfg.model.init_from)
+    adapt(read_state_dict(cfg.model.init_from)[0], build_model(cfg, "meta"), cfg.model.init_from)

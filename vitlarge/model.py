@@ -21,7 +21,8 @@ def model_kwargs(cfg: Config) -> dict:
         proj_drop_rate=m.proj_drop_rate,
         drop_path_rate=m.drop_path_rate,
         # With phases the input size changes during the run: the position embedding (of the
-        # data.image_size grid) is resampled to each input's grid (vitlarge/phases.py).
+        # data.image_size grid) is resampled to each input's grid (vitlarge/phases.py), by a cached
+        # matrix with a deterministic backward (_deterministic_pos_embed_class).
         **(dict(dynamic_img_size=True) if cfg.train.phases else {}),
         **m.kwargs,
     )
@@ -45,10 +46,76 @@ def build_model(cfg: Config, device: torch.device | str = "cpu") -> torch.nn.Mod
     for module in model.modules():
         if hasattr(module, "fused_attn"):
             module.fused_attn = fused
+    if getattr(model, "dynamic_img_size", False) and _plain_pos_embed(model):
+        model.__class__ = _deterministic_pos_embed_class(type(model))
     proj = getattr(getattr(model, "patch_embed", None), "proj", None)
     if torch.device(device).type == "cpu" and cfg.train.precision == "fp16" and type(proj) is torch.nn.Conv2d:
         proj.__class__ = Fp32Conv2d
     return model
+
+
+def pos_embed_matrix(old_size: tuple[int, int], new_size: tuple[int, int], device) -> torch.Tensor:
+    """The (new_h*new_w, old_h*old_w) fp32 matrix M with ``timm resample_abs_pos_embed(pos) == M @ pos``
+    (grid tokens), built by resampling an identity basis once: the resample is linear per channel."""
+    from timm.layers import resample_abs_pos_embed
+
+    n = old_size[0] * old_size[1]
+    eye = torch.eye(n, device=device, dtype=torch.float32).unsqueeze(0)  # channel c = basis vector e_c
+    with torch.no_grad():
+        return resample_abs_pos_embed(eye, new_size=list(new_size), old_size=list(old_size), num_prefix_tokens=0)[0]
+
+
+def _plain_pos_embed(model) -> bool:
+    """A timm VisionTransformer whose ``_pos_embed`` is the stock one (the override below replicates it)."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    return isinstance(model, VisionTransformer) and type(model)._pos_embed is VisionTransformer._pos_embed and \
+        getattr(model, "pos_embed", None) is not None
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def _deterministic_pos_embed_class(base: type) -> type:
+    """``base`` with a position-embedding resample that is a cached matmul instead of timm's per-forward
+    bicubic ``F.interpolate``: the same numbers (up to fp32 rounding), but a deterministic backward.
+
+    Why: the CUDA backward of antialiased bicubic interpolation accumulates with atomicAdd (PyTorch marks
+    it non-deterministic), so a phase below ``data.image_size`` would break the bitwise resume promise
+    and raise under ``torch.use_deterministic_algorithms``; a matmul's backward is a plain GEMM.
+    Parameters, state dict and checkpoints are unchanged (M is a cache, not a buffer)."""
+    if base in _CLASSES:
+        return _CLASSES[base]
+
+    def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
+        B, H, W, C = x.shape
+        prefix = 0 if self.no_embed_class else self.num_prefix_tokens
+        pos = self.pos_embed
+        old = tuple(self.patch_embed.grid_size)
+        if (H, W) != old:
+            cache = self.__dict__.setdefault("_pos_embed_matrices", {})
+            key = (H, W, pos.device)
+            if key not in cache:
+                cache[key] = pos_embed_matrix(old, (H, W), pos.device)
+            with torch.autocast(pos.device.type, enabled=False):  # fp32, as timm's resample
+                grid = (cache[key] @ pos[0, prefix:].float()).to(pos.dtype).unsqueeze(0)
+            pos = torch.cat([pos[:, :prefix], grid], dim=1) if prefix else grid
+        x = x.view(B, -1, C)
+        to_cat = [t.expand(B, -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
+        if self.no_embed_class:
+            x = x + pos
+            if to_cat:
+                x = torch.cat(to_cat + [x], dim=1)
+        else:
+            if to_cat:
+                x = torch.cat(to_cat + [x], dim=1)
+            x = x + pos
+        return self.pos_drop(x)
+
+    cls = type(base.__name__, (base,), {"_pos_embed": _pos_embed, "__module__": base.__module__,
+                                         "__qualname__": base.__qualname__})
+    _CLASSES[base] = cls
+    return cls
 
 
 class Fp32Conv2d(torch.nn.Conv2d):

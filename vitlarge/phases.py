@@ -23,7 +23,9 @@ Contracts:
   batches); `plan_phases` derives each phase's accumulation and steps for a world size (a phase
   batch it cannot divide is a UserError). Both raise before any data is touched.
 * Steps: phase i covers optimizer steps ``[start_step, end_step)``; its length is
-  ``epochs_to_steps(its epochs, its steps per epoch)``, so steps per epoch differ where batches do.
+  its epochs x its steps per epoch, boundaries rounded once from the cumulative count (no drift: with
+  one batch throughout the total is the unphased plan's). A phase's micro batch is capped at
+  ``global_batch / world size`` (the recipe's value is a per-device ceiling).
 * `lr_at_step` is a pure function of the optimizer step: the recipe's warmup/decay over the whole
   run's steps (warmup ends at the step where ``schedule.warmup_epochs`` is reached), times the
   phase's ``lr_scale``, or the phase's own ``lr`` segment. Resuming is restoring the step.
@@ -36,12 +38,15 @@ Contracts:
   Each phase's train stream starts afresh with its own seed (``train.seed + 1000 * phase``); the
   loader state in a checkpoint records its phase, so a resume in the same phase continues the
   stream exactly and a resume at a boundary starts the new phase's stream exactly as an
-  uninterrupted run does.
+  uninterrupted run does. The state also holds a `fingerprint` of the phase list: after an edit of
+  ``train.phases`` train.py drops it with one warning (weights, optimizer and step resume; the lr
+  and the phase follow the new list at that step).
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import math
 import re
@@ -165,36 +170,47 @@ def check(cfg: Config, origin: str = "config") -> None:
 
 
 def plan_phases(cfg: Config, world_size: int, num_train_examples: int) -> tuple[Phase, ...]:
-    """Per-phase accumulation, steps per epoch and step range; UserError when a batch does not divide."""
-    phases, start_step = [], 0
+    """Per-phase accumulation, steps per epoch and step range; UserError when a batch does not divide.
+
+    A phase's micro batch is ``min(its micro_batch, its global_batch / world size)``: a recipe's
+    per-device micro batch is a memory ceiling, so the same recipe runs on more devices (fewer
+    accumulation steps) as a fixed-resolution recipe does. Step boundaries are rounded from the
+    cumulative (fractional) step count at each absolute start epoch, so rounding never drifts: with
+    one steps-per-epoch throughout, the total equals the unphased plan's."""
+    phases, exact = [], 0.0  # exact: the fractional optimizer step where the current phase starts
     resolved = resolve(cfg)
     for i, p in enumerate(resolved):
         key = f"train.phases[{i}]"
-        per_step = p["micro_batch"] * world_size
-        if p["global_batch"] % per_step:
+        gb = p["global_batch"]
+        micro = min(p["micro_batch"], gb // world_size) if gb % world_size == 0 else p["micro_batch"]
+        per_step = micro * world_size
+        if gb % per_step:
             raise UserError(
-                f"{key}: global_batch={p['global_batch']} is not divisible by micro_batch x world size = "
-                f"{p['micro_batch']} x {world_size} = {per_step}; pick a micro_batch or device count that divides it")
-        spe = num_train_examples // p["global_batch"]
+                f"{key}: global_batch={gb} is not divisible by micro_batch x world size = "
+                f"{micro} x {world_size} = {per_step}; pick a micro_batch or device count that divides it")
+        spe = num_train_examples // gb
         if spe == 0:
-            raise UserError(f"{key}: global_batch={p['global_batch']} is larger than the {num_train_examples} "
+            raise UserError(f"{key}: global_batch={gb} is larger than the {num_train_examples} "
                             "training images; lower it")
         end_epoch = resolved[i + 1]["epoch"] if i + 1 < len(resolved) else cfg.train.epochs
-        steps = epochs_to_steps(end_epoch - p["epoch"], spe)
+        start_step = epochs_to_steps(exact, 1)
+        exact += (end_epoch - p["epoch"]) * spe
         phases.append(Phase(
             index=i, start_epoch=float(p["epoch"]), end_epoch=float(end_epoch), image_size=p["image_size"],
-            eval_size=p["eval_size"], global_batch=p["global_batch"], micro_batch=p["micro_batch"],
-            accum_steps=p["global_batch"] // per_step, crop_scale=p["crop_scale"], lr_scale=float(p["lr_scale"]),
-            lr=p["lr"], steps_per_epoch=spe, start_step=start_step, end_step=start_step + steps))
-        start_step += steps
+            eval_size=p["eval_size"], global_batch=gb, micro_batch=micro,
+            accum_steps=gb // per_step, crop_scale=p["crop_scale"], lr_scale=float(p["lr_scale"]),
+            lr=p["lr"], steps_per_epoch=spe, start_step=start_step, end_step=epochs_to_steps(exact, 1)))
     return tuple(phases)
 
 
 def step_at_epoch(phases, epochs: float) -> int:
-    """The optimizer step at which ``epochs`` of training are done (phase by phase)."""
+    """The optimizer step at which ``epochs`` of training are done (phase by phase, rounded once from
+    the cumulative fractional step count, as the phase boundaries are)."""
+    exact = 0.0
     for ph in phases:
         if epochs <= ph.end_epoch or ph is phases[-1]:
-            return ph.start_step + epochs_to_steps(max(0.0, epochs - ph.start_epoch), ph.steps_per_epoch)
+            return epochs_to_steps(exact + max(0.0, epochs - ph.start_epoch) * ph.steps_per_epoch, 1)
+        exact += (ph.end_epoch - ph.start_epoch) * ph.steps_per_epoch
     return 0
 
 
@@ -223,7 +239,7 @@ def lr_at_step(cfg: Config, plan: Plan, step: int) -> float:
     ph = phase_at(plan, step)
     if ph.lr is not None:
         start, end = ph.lr
-        return start + (end - start) * (step - ph.start_step) / max(1, ph.steps)
+        return start + (end - start) * (step - ph.start_step) / max(1, ph.steps - 1)  # ends at its last step
     s = cfg.schedule
     return ph.lr_scale * lr_at(step, peak_lr=cfg.optim.lr, total_steps=plan.total_steps,
                                warmup_steps=plan.warmup_steps, decay=s.decay, min_lr_ratio=s.min_lr_ratio)
@@ -247,6 +263,8 @@ def progressive(cfg: Config, initial_scale: float = 0.5, delay_fraction: float =
     for the last ``finetune_fraction``; sizes are rounded down to ``size_increment`` (default: and at
     least: the patch size; it must be a multiple of it). Each distinct size is one phase, starting
     where composer's schedule first reaches it; batch and lr carry over (edit the phases to change them).
+    The last phase is always ``data.image_size`` (with ``finetune_fraction=0`` it replaces the last
+    rounded-down size), so the model trains and is evaluated at the size its export declares.
     """
     patch = patch_size(cfg)
     inc = size_increment or patch
@@ -272,14 +290,37 @@ def progressive(cfg: Config, initial_scale: float = 0.5, delay_fraction: float =
         size = size_at(k / grid)
         if not phases or size != phases[-1]["image_size"]:
             phases.append({"epoch": round(epochs * k / grid, 6), "image_size": size})
+    # The last phase trains (and is evaluated) at the full size even when the ramp only reaches it
+    # at the very end (finetune_fraction=0): it replaces the last rounded-down size.
+    if phases[-1]["image_size"] != full:
+        phases[-1]["image_size"] = full
     return phases
 
 
-class _PhaseTrain:
-    """A phase's TrainLoader whose ``state()`` also records the phase it belongs to."""
+def fingerprint(cfg: Config) -> str:
+    """A short hash of the resolved phase list (world-size independent): a checkpoint's data state is
+    tied to it, so a resume after an edit of ``train.phases`` does not continue another phase's stream."""
+    doc = json.dumps(resolve(cfg), sort_keys=True, default=list)
+    return hashlib.sha256(doc.encode()).hexdigest()[:16]
 
-    def __init__(self, loader, phase: int):
-        self.loader, self.phase = loader, phase
+
+def state_of_other_phases(state: str | None, cfg: Config) -> bool:
+    """Whether a checkpoint's data state was written under another phase list than ``cfg``'s (or
+    without phases): train.py then drops it with one warning and each phase's stream starts afresh."""
+    if not state:
+        return False
+    try:
+        doc = json.loads(state)
+        return doc.get("phases") != fingerprint(cfg)
+    except (ValueError, TypeError, AttributeError):
+        return True
+
+
+class _PhaseTrain:
+    """A phase's TrainLoader whose ``state()`` also records the phase it belongs to and the phase list."""
+
+    def __init__(self, loader, phase: int, phases_hash: str):
+        self.loader, self.phase, self.phases_hash = loader, phase, phases_hash
 
     def __iter__(self):
         return self
@@ -290,7 +331,8 @@ class _PhaseTrain:
     def state(self) -> str:
         from vitlarge.data.loader import STATE_VERSION
 
-        return json.dumps({"version": STATE_VERSION, "phase": self.phase, "loader": self.loader.state()})
+        return json.dumps({"version": STATE_VERSION, "phase": self.phase, "phases": self.phases_hash,
+                           "loader": self.loader.state()})
 
 
 def split_state(state: str | None) -> tuple[int | None, str | None]:
@@ -319,17 +361,37 @@ class PhasedLoaders:
         self.current: Phase | None = None
         self._state_phase, self._state = split_state(state)
 
+    def changes_at(self, step: int) -> bool:
+        """Whether ``enter(step)`` builds new loaders (the caller drops the old ones first)."""
+        return self.current is None or phase_at(self.plan, step).index != self.current.index
+
     def enter(self, step: int):
         from vitlarge.data.build import train_loader, val_loader
 
         ph = phase_at(self.plan, step)
-        if self.current is not None and ph.index == self.current.index:
+        if not self.changes_at(step):
             return None
         state = self._state if self._state_phase == ph.index else None
         self._state_phase = self._state = None  # used once, by the phase it belongs to
         self.current = ph
         pc = phase_config(self.cfg, ph)
-        train = _PhaseTrain(train_loader(pc, self.rank, self.world_size, self.device, state=state), ph.index)
+        train = _PhaseTrain(train_loader(pc, self.rank, self.world_size, self.device, state=state), ph.index,
+                            fingerprint(self.cfg))
         vc = copy.deepcopy(pc)
         vc.data.image_size = ph.eval_size
         return train, val_loader(vc, self.rank, self.world_size, self.device)
+
+
+def release_loader_memory(device) -> None:
+    """After the old phase's loaders are dropped: collect their pipelines and, on a GPU, hand DALI's
+    freed pool blocks back (``nvidia.dali.backend.ReleaseUnusedMemory``, where this DALI has it), so the
+    new phase's pipelines do not stack on the old ones' memory. The GPU branch is not run by the tests."""
+    import gc
+
+    gc.collect()
+    if getattr(device, "type", str(device)) == "cuda":
+        from nvidia.dali import backend
+
+        release = getattr(backend, "ReleaseUnusedMemory", None)
+        if release is not None:
+            release()

@@ -25,7 +25,7 @@ from vitlarge.engine import Engine
 from vitlarge.errors import Preempted
 from vitlarge.evaluate import evaluate
 from vitlarge.events import EvalMetrics, Event, Hook, RunInfo, StepMetrics, emit
-from vitlarge.phases import PhasedLoaders, epoch_at, phase_at
+from vitlarge.phases import PhasedLoaders, epoch_at, phase_at, release_loader_memory
 
 def peak_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
@@ -74,9 +74,13 @@ class Trainer:
 
     def _enter_phase(self, step: int | None = None) -> None:
         """At a phase boundary (or the first step), the phase's loaders replace the previous ones."""
-        loaders = self.phased.enter(self.step if step is None else step)
-        if loaders is not None:
-            self.train_loader, self.val_loader = loaders
+        step = self.step if step is None else step
+        if not self.phased.changes_at(step):
+            return
+        # The old pipelines go (threads, pinned and device pools) before the new ones are built.
+        self.train_loader = self.val_loader = None
+        release_loader_memory(self.device)
+        self.train_loader, self.val_loader = self.phased.enter(step)
 
     def fit(self) -> EvalMetrics:
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGUSR1)}
