@@ -153,7 +153,9 @@ def _worker(rank: int, port: int, out: str) -> None:
 
     torch.set_num_threads(1)
     init_distributed(DistEnv(rank, WORLD, rank, "127.0.0.1", port, "test"), "gloo", collective_timeout_s=120)
-    result = {}
+    t0 = time.perf_counter()
+    import vitlarge.build, vitlarge.fsdp  # noqa: F401  (torch, timm, Colossal-AI, DALI: timed apart)
+    result = {"import_s": time.perf_counter() - t0}
     for name, fn in (("broadcast", _initial_broadcast), ("bf16", _bf16), ("fp16", _fp16_overflow_on_one_rank),
                      ("checkpointing", _checkpointing)):
         t0 = time.perf_counter()
