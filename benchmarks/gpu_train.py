@@ -48,7 +48,7 @@ class PlainBooster:
 
 def kit_config(recipe: str, precision: str, micro_batch: int, accum_steps: int, tiny: bool):
     """The recipe with the kit's batch: ``micro_batch`` x ``accum_steps`` on one device; no Mixup/CutMix
-    (the same timm call on both sides, left out of both), plugin ddp (ZeRO on one rank shards nothing)."""
+    (the same timm call on both sides, left out of both), plugin ddp (one device: fsdp would shard nothing)."""
     from vitlarge.config import IMAGENET_TRAIN_EXAMPLES, load_recipe, validate
 
     cfg = load_recipe(ROOT / "recipes" / f"{recipe}.py")

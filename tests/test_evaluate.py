@@ -10,10 +10,15 @@ evaluation counts each image once.
 from __future__ import annotations
 
 import json
+import math
+import os
 import subprocess
 import sys
+import time
 
 import pytest
+import torch
+import torch.distributed as dist
 
 from hooks.jsonl import read_metrics
 from tests import launcher
@@ -44,3 +49,92 @@ def test_seven_process_evaluations_equal_one_process_evaluations_of_the_same_che
         assert evals[step]["val_images"] == single["val_images"] == 360
         assert evals[step]["val_loss"] == pytest.approx(single["val_loss"], abs=1e-5), step
         assert evals[step]["val_top1"] == pytest.approx(single["val_top1"], abs=1e-9), step
+
+
+# Issue 12 review, finding 1: under fsdp every forward is collective, so every rank must run the same
+# number of evaluation forwards. The loader used to skip DALI's padding-only runs: a rank whose slice
+# is a whole number of batches ran one forward fewer than a rank holding one more record.
+
+IMAGENET_VAL = 50_000
+
+
+@pytest.mark.parametrize("world_size", [*range(1, 10), 71, 130, 156])
+def test_every_rank_runs_the_same_number_of_forwards_on_imagenet_val(world_size):
+    from vitlarge.data.loader import val_forwards
+    from vitlarge.data.pipelines import shard_range
+
+    mb = 64
+    forwards = val_forwards(IMAGENET_VAL, world_size, mb)  # what ValLoader.masked gives every rank
+    real = [shard_range(IMAGENET_VAL, r, world_size) for r in range(world_size)]
+    real = [end - begin for begin, end in real]
+    assert sum(real) == IMAGENET_VAL
+    assert all(math.ceil(n / mb) <= forwards for n in real)  # every real record fits the forwards
+    skipped = {math.ceil(n / mb) for n in real}  # the old count: padding-only runs skipped
+    if world_size in (71, 130, 156):  # the review's cases: 11/12, 6/7, 5/6 forwards
+        assert len(skipped) == 2 and max(skipped) == forwards
+
+
+def _fsdp_eval_worker(rank: int, port: int, data: str, out: str) -> None:
+    from vitlarge.config import load_recipe
+    from vitlarge.data import ValLoader
+    from vitlarge.evaluate import evaluate
+    from vitlarge.fsdp import FSDPPlugin
+    from vitlarge.launch import DistEnv, init_distributed
+    from vitlarge.model import build_model
+    from vitlarge.precision import Precision
+
+    cpu = torch.device("cpu")
+    torch.set_num_threads(1)
+    init_distributed(DistEnv(rank, 2, rank, "127.0.0.1", port, "test"), "gloo", collective_timeout_s=60)
+    cfg = load_recipe(RECIPE)
+    cfg.data.num_classes = 129
+    torch.manual_seed(0)
+    model = FSDPPlugin("fp32", cpu).configure(build_model(cfg))[0]
+    forwards = []
+    model.unwrap().register_forward_pre_hook(lambda m, args: forwards.append(len(args[0])))
+    loader = ValLoader(data, 64, 16, rank=rank, world_size=2, device=cpu, num_threads=1)
+    passes = [evaluate(model, loader, Precision("fp32", cpu)) for _ in range(2)]
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(dict(passes=passes, forwards=forwards, real=loader.num_examples_this_rank), f)
+    dist.destroy_process_group()
+
+
+def test_two_rank_fsdp_evaluation_of_129_images_at_micro_batch_64_finishes_exactly(tmp_path):
+    """Rank 0 holds 64 records (1 batch + DALI's padding-only run), rank 1 65 (2 batches): the case
+    that left rank 1 alone in an all-gather. Labels are record indexes (identical images), so the
+    mean loss identifies the set of records counted; it must equal one unsharded process's."""
+    import torch.multiprocessing as mp
+
+    from data_tools.make_id_dataset import make_id_dataset
+    from vitlarge.config import load_recipe
+    from vitlarge.data import ValLoader
+    from vitlarge.evaluate import evaluate
+    from vitlarge.model import build_model
+    from vitlarge.precision import Precision
+
+    data = str(tmp_path / "ids")
+    make_id_dataset(data, train=129, train_shards=1, validation=129, val_shards=2)
+    ctx = mp.start_processes(_fsdp_eval_worker, args=(launcher.free_port(), data, str(tmp_path)), nprocs=2,
+                             join=False, start_method="spawn")
+    deadline = time.monotonic() + 300
+    while not ctx.join(timeout=5):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail("2-rank fsdp evaluation did not finish in 300 s (ranks ran different numbers of forwards)")
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["real"] for r in ranks] == [64, 65]
+    assert [r["forwards"] for r in ranks] == [[64, 64] * 2, [64, 1] * 2]  # 2 per pass on each; padding forwarded whole
+
+    cpu = torch.device("cpu")
+    cfg = load_recipe(RECIPE)
+    cfg.data.num_classes = 129
+    torch.manual_seed(0)
+    ref = evaluate(build_model(cfg), ValLoader(data, 64, 16, rank=0, world_size=1, device=cpu), Precision("fp32", cpu))
+    assert ref["val_images"] == 129
+    for r in ranks:
+        for got in r["passes"]:  # both ranks, both passes
+            assert got["val_images"] == 129
+            assert round(got["val_top1"] * 129) == round(ref["val_top1"] * 129)
+            assert round(got["val_top5"] * 129) == round(ref["val_top5"] * 129)
+            assert got["val_loss"] == pytest.approx(ref["val_loss"], rel=1e-6)

@@ -131,5 +131,7 @@ class Engine:
             loss_scale=scale,
             skipped=not finite,
             data_time=data_time,
-            allreduce_calls=self.comm.calls - calls_before,
+            # FSDP reduces through its own reduce-scatters (one per unit, or an all-reduce for NO_SHARD) that
+            # no DDP comm hook sees: None, not a count of 0 (docs/LOGS.md).
+            allreduce_calls=None if self.fsdp else self.comm.calls - calls_before,
         )

@@ -83,8 +83,8 @@ class StepMetrics:
     """Wall seconds of this step."""
     peak_mem_bytes: int
     """This process: CUDA max allocated on GPU, max RSS on CPU."""
-    allreduce_calls: int = 0
-    """Gradient all-reduce calls this step on this rank (DDP buckets)."""
+    allreduce_calls: int | None = 0
+    """Gradient all-reduce calls this step on this rank (DDP buckets); None under fsdp (not counted)."""
     images: int
     """Images in this optimizer step over all ranks (the global batch); not logged, summed by the console."""
 

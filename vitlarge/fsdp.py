@@ -16,6 +16,11 @@ Contract of `FSDPPlugin.configure`:
   forward/backward while the sharded masters and LAMB states stay fp32; gradients are reduced in
   fp32; ``LayerNorm`` runs in fp32 (FSDP wraps each one separately without mixed precision and
   casts its input up and its output back), so does `vitlarge.model.Fp32Conv2d`. ``fp32``: no casts. Autocast is not used.
+* every rank starts from rank 0's parameters and buffers: they are broadcast before wrapping, as
+  DDP does at construction (a rank-dependent RNG draw before the build, or an ``init_from`` race,
+  would otherwise give a mosaic of shards). FSDP's own ``sync_module_states=True`` does the same
+  broadcast but refuses CPU tensors in torch 2.5.1 ("requires them to be on GPU"), so we call the
+  helper both share (``torch.distributed.utils._sync_module_states``) on every device: one path.
 * ``device_id`` is our device, CPU included: without it FSDP looks for an accelerator and refuses a
   CPU-only host ("FSDP needs a non-CPU accelerator device").
 * the optimizer becomes `vitlarge.sharded_optim.ShardedLamb` when it is our ``Lamb``, so trust
@@ -27,16 +32,19 @@ from __future__ import annotations
 from typing import Callable, Iterator
 
 import torch
+import torch.distributed as dist
 from colossalai.booster.plugin.dp_plugin_base import DPPluginBase
 from colossalai.interface import ModelWrapper, OptimizerWrapper
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+from torch.distributed.utils import _sync_module_states
 
 from vitlarge.errors import UserError
 from vitlarge.precision import DTYPES
 
+BROADCAST_BUCKET_BYTES = 250 * 1024 * 1024  # DDP's and FSDP's bucket for the initial broadcast
 FULL_SHAPES_ATTR = "vitlarge_full_shapes"
 """Attribute of the FSDP root holding the unsharded state dict's shapes (read without a collective)."""
 
@@ -66,6 +74,8 @@ def wrap(model: nn.Module, precision: str, device: torch.device) -> FSDP:
         raise UserError(f"train.plugin=fsdp needs a model with transformer blocks to shard one by one; "
                         f"{type(model).__name__} has no timm Block: use train.plugin=ddp or a timm ViT")
     shapes = {k: list(v.shape) for k, v in model.state_dict().items()}
+    if dist.get_world_size() > 1:
+        _sync_module_states(model, dist.group.WORLD, BROADCAST_BUCKET_BYTES, src=0, params_and_buffers_to_ignore=())
     fsdp = FSDP(model, auto_wrap_policy=ModuleWrapPolicy(blocks), sharding_strategy=ShardingStrategy.FULL_SHARD,
                 mixed_precision=mixed_precision(precision), use_orig_params=True,
                 device_id=device, limit_all_gathers=True)

@@ -59,15 +59,13 @@ class _Batches:
         self.manifest, self.split, self.device = manifest, split, device
         self.label_offset = manifest.label_offset if label_offset is None else label_offset
 
-    def convert(self, images, labels, keep: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def convert(self, images, labels) -> tuple[torch.Tensor, torch.Tensor]:
         images, labels = images.as_tensor(), labels.as_tensor()
         # The output tensor comes from torch's caching allocator, whose blocks are reused in the order
         # of torch's current stream: DALI's copy must be queued on that stream, not DALI's own.
         out = torch.empty(images.shape(), dtype=torch.float32, device=self.device)
         out = feed_ndarray(images, out, cuda_stream=torch_stream(self.device))
         lab = feed_ndarray(labels, torch.empty(labels.shape(), dtype=torch.int64)).view(-1)
-        if keep is not None:  # strip the validation padding
-            out, lab = out[:keep], lab[:keep]
         lab = lab - self.label_offset
         lo, hi = int(lab.min()), int(lab.max())
         if lo < 0 or hi >= self.manifest.num_classes:
@@ -209,6 +207,10 @@ class ValLoader:
     pass starts at the first record, and only the rank's ``num_examples_this_rank`` real records
     are yielded: the last real batch may be short, and runs that hold only padding yield nothing.
     A pass abandoned early is drained first.
+
+    ``masked()`` is the same pass as ``(images, labels, keep)`` for every run, padding-only runs
+    included (``keep`` 0, a full batch of repeated records): the same number of batches on every
+    rank (`val_forwards`), which a sharded model needs, since each of its forwards is collective.
     """
 
     def __init__(self, data_dir: str, batch_size: int, image_size: int, *, rank: int, world_size: int,
@@ -235,6 +237,10 @@ class ValLoader:
         self._pipe.build()
         padded = self._pipe.reader_meta(pipelines.READER)["epoch_size_padded"] // world_size  # records per rank
         self._runs_per_pass = math.ceil(padded / batch_size)
+        if self._runs_per_pass != val_forwards(n, world_size, batch_size):  # DALI's padding rule changed
+            raise RuntimeError(f"DALI pads {n} validation records over {world_size} ranks to {padded} per rank: "
+                               f"{self._runs_per_pass} runs, vitlarge.data.loader.val_forwards expects "
+                               f"{val_forwards(n, world_size, batch_size)}")
         self._runs_in_pass = 0  # runs of the current pass already taken from the pipeline
 
     def __len__(self) -> int:
@@ -242,6 +248,12 @@ class ValLoader:
         return math.ceil(self.num_examples_this_rank / self.batch_size)
 
     def __iter__(self):
+        for images, labels, keep in self.masked():
+            if keep > 0:
+                yield images[:keep], labels[:keep]
+
+    def masked(self):
+        """One pass as ``(images, labels, keep)`` per pipeline run: only the first ``keep`` rows are real."""
         while 0 < self._runs_in_pass < self._runs_per_pass:  # finish an abandoned pass
             _run(self._pipe, self.manifest, "validation", self._batches.device)
             self._runs_in_pass += 1
@@ -249,7 +261,12 @@ class ValLoader:
         for i in range(self._runs_per_pass):
             images, labels = _run(self._pipe, self.manifest, "validation", self._batches.device)
             self._runs_in_pass += 1
-            keep = min(self.batch_size, self.num_examples_this_rank - i * self.batch_size)
-            if keep > 0:
-                yield self._batches.convert(images, labels, keep)
+            keep = max(0, min(self.batch_size, self.num_examples_this_rank - i * self.batch_size))
+            yield (*self._batches.convert(images, labels), keep)
         self._runs_in_pass = 0
+
+
+def val_forwards(num_examples: int, world_size: int, batch_size: int) -> int:
+    """Batches per validation pass on every rank (`ValLoader.masked`): DALI pads each rank's slice to
+    the largest one's size, ``ceil(num_examples / world_size)``, then to whole batches."""
+    return math.ceil(math.ceil(num_examples / world_size) / batch_size)
