@@ -3,7 +3,8 @@
 Contract: ``Engine.step(step, next_batch)`` takes the 0-based index of the optimizer step about to
 be taken and a callable returning one rank-local micro-batch ``(images, labels)`` on the device.
 It runs ``plan.accum_steps`` forward/backward passes; every pass but the last sits inside
-``booster.no_sync`` so DDP all-reduces (FSDP reduce-scatters) gradients once per optimizer step. The loss returned is this
+``booster.no_sync`` so DDP all-reduces (FSDP reduce-scatters) gradients once per optimizer step (FSDP with
+``train.fsdp_accumulation=reduce_scatter``: every micro-step, keeping only sharded gradients). The loss returned is this
 rank's mean over its micro-batches (the trainer averages it over ranks). Gradients are unscaled
 before the global norm is measured and clipped; a step whose gradients are not finite is skipped
 (fp16: by the scaler, which also lowers the scale; bf16/fp32: by us) and reported as ``skipped``.
@@ -103,8 +104,8 @@ class Engine:
             data_time += time.perf_counter() - t0
             if self.mixup is not None:
                 images, labels = self.mixup(images, labels)
-            last = micro == accum - 1
-            with contextlib.nullcontext() if last else self.booster.no_sync(self.model, self.optimizer):
+            sync = micro == accum - 1 or (self.fsdp and self.cfg.train.fsdp_accumulation == "reduce_scatter")
+            with contextlib.nullcontext() if sync else self.booster.no_sync(self.model, self.optimizer):
                 with self.precision.autocast():
                     logits = self.model(images)
                 loss = self.criterion(logits.float(), labels)
