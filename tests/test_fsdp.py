@@ -112,15 +112,41 @@ def _reshard_probe(rank: int, world: int, port: int, ckpts: dict, out: str) -> N
         found[name] = (model_tensors(parts.model, rank), pieces if plugin == "fsdp" else pieces[:1], names)
     # One step (2 micro-steps) of a fresh model each, the same batches on every rank: no_sync accumulation
     # (the default), then with activation checkpointing, then reduce-scattering every micro-step.
+    # bf16 (accumulation auto): which gradient tensors FSDP holds between the two micro-steps, and their dtype.
     for name, setting in {"plain": {}, "checkpointing": {"checkpointing": True},
-                          "reduce_scatter": {"fsdp_accumulation": "reduce_scatter"}}.items():
-        parts = built("fp32", world, global_batch=96, **setting)
+                          "reduce_scatter": {"fsdp_accumulation": "reduce_scatter"}, "bf16": {}}.items():
+        parts = built("bf16" if name == "bf16" else "fp32", world, global_batch=96, **setting)
         assert parts.model.unwrap().module.grad_checkpointing == (name == "checkpointing")
-        stepped = parts.engine.step(0, batches())
-        found[name] = (stepped["grad_norm"], model_tensors(parts.model, rank))
+        source, held = batches(), set()
+
+        def next_batch():
+            if not held:  # first call: before micro-step 0; later: between micro-steps
+                held.add(("start", None))
+            else:
+                held.update(accumulators(parts.model.unwrap()))
+            return source()
+
+        stepped = parts.engine.step(0, next_batch)
+        found[name] = (stepped["grad_norm"], model_tensors(parts.model, rank), sorted(held - {("start", None)}))
     if rank == 0:
         torch.save(found, out)
     dist.destroy_process_group()
+
+
+def accumulators(root) -> set[tuple[str, str]]:
+    """(kind, dtype) of the gradient tensors every FSDP unit holds: the unsharded ``grad`` of its flat
+    parameter and the sharded ``_saved_grad_shard`` (torch 2.5.1 FSDP1's names)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    out = set()
+    for m in root.modules():
+        if isinstance(m, FSDP) and m._handle is not None:
+            flat = m._handle.flat_param
+            for t in (flat.grad, getattr(flat, "_saved_grad_shard", None)):
+                if t is not None and t.numel():
+                    whole = t.numel() >= flat._unpadded_unsharded_size.numel()  # world size >= 2
+                    out.add(("unsharded" if whole else "sharded", str(t.dtype)))
+    return out
 
 
 def whole_optimizer_state(shards: list[dict], names: list[str], shapes: dict) -> dict:
@@ -157,12 +183,28 @@ def probe3(runs, tmp_path_factory) -> tuple[dict, dict]:
 @pytest.mark.parametrize("setting", ["checkpointing", "reduce_scatter"])
 def test_activation_checkpointing_and_per_micro_step_reduce_scatter_leave_a_3_rank_step_unchanged(probe3, setting):
     """Against the plain step (no_sync accumulation, no recompute), 2 micro-steps, world size 3."""
-    (norm_a, a), (norm_b, b) = probe3[1]["plain"], probe3[1][setting]
+    (norm_a, a, held_a), (norm_b, b, held_b) = probe3[1]["plain"], probe3[1][setting]
+    assert held_a == [("unsharded", "torch.float32")]  # fp32 default: no_sync
+    if setting == "reduce_scatter":
+        assert held_b == [("sharded", "torch.float32")]
     assert norm_b == pytest.approx(norm_a, rel=1e-6)
     assert a.keys() == b.keys() and len(a) > 0
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=1e-6, atol=1e-7)
     assert norm_a > 0
+
+
+def test_bf16_accumulates_the_micro_steps_in_fp32_shards(probe3):
+    """Under bf16, ``no_sync`` would add the micro-steps' gradients in bf16 (FSDP keeps the unsharded
+    gradient in the compute dtype): the default reduce-scatters every micro-step into fp32 shards."""
+    from vitlarge.engine import fsdp_reduce_every_micro_step
+    from vitlarge.errors import UserError
+
+    norm, _, held = probe3[1]["bf16"]
+    assert held == [("sharded", "torch.float32")] and norm > 0
+    cfg = recipe("bf16", fsdp_accumulation="no_sync")
+    with pytest.raises(UserError, match="fsdp_accumulation=no_sync with train.precision=bf16"):
+        fsdp_reduce_every_micro_step(cfg)
 
 
 def test_resume_at_world_size_3_reshards_exactly_and_continues_the_schedule(runs, probe3, demo_data, tmp_path):
@@ -297,5 +339,9 @@ def test_a_sharded_checkpoint_missing_a_rank_shard_or_of_another_model_is_refuse
     other.model.kwargs = dict(other.model.kwargs, embed_dim=48)
     with pytest.raises(UserError, match="does not match the recipe's"):
         checkpoint.check_compatible(checkpoint.read_meta(ckpt), ckpt, build_model(other), other)
+    same = load_recipe(RECIPE)  # weights only (python -m vitlarge.evaluate --checkpoint): a plain model reads it
+    plain = build_model(same)
+    checkpoint.load_model_weights(ckpt, plain, same)
+    assert_bitwise_equal(plain.state_dict(), final_weights(runs["fsdp", 3]))
     (ckpt / "optimizer_rank_00001.pt").unlink()
     assert "optimizer_rank_00001.pt" in checkpoint.verify(ckpt)  # resume passes it over / --resume refuses it

@@ -320,8 +320,14 @@ def check_compatible(meta: dict, path: Path, model: torch.nn.Module, cfg: Config
 
 def load(path: str | Path, model, optimizer, scaler, cfg: Config) -> dict:
     """Restores weights, optimizer, scaler and RNG; returns meta plus ``data`` (this rank's loader state or None).
+    ``read`` then ``apply``: a collective under fsdp (vitlarge/resume.py agrees on ``read``'s failures first)."""
+    return apply(read(path, model, cfg), model, optimizer, scaler)
 
-    Checks the sizes of the files this rank reads first (``verify`` is rank 0's job, see vitlarge/resume.py)."""
+
+def read(path: str | Path, model, cfg: Config) -> dict:
+    """Rank-local, no collective: checks the checkpoint (model, sizes of the files this rank reads;
+    ``verify`` is rank 0's job, see vitlarge/resume.py) and reads those files into host memory.
+    A ``UserError`` here can be one rank's alone: agree on it before ``apply``."""
     path = Path(path)
     meta = read_meta(path)
     check_compatible(meta, path, model, cfg)
@@ -336,9 +342,19 @@ def load(path: str | Path, model, optimizer, scaler, cfg: Config) -> dict:
         problem = fileio.size_problem(path / name, files.get(name))
         if problem:
             raise Unusable(path, problem)
-    sharded_checkpoint.load_model(model, load_file(str(path / "model.safetensors"), device="cpu"))
-    sharded_checkpoint.load_optimizer(path, optimizer_files, reshard, model, optimizer)
-    state = torch.load(path / rank_file, map_location="cpu", weights_only=True)
+    return {"path": path, "meta": meta, "same_world": same_world, "reshard": reshard,
+            "model": load_file(str(path / "model.safetensors"), device="cpu"),
+            "optimizer": [torch.load(path / name, map_location="cpu", weights_only=True) for name in optimizer_files],
+            "optimizer_from_ddp": optimizer_files == [sharded_checkpoint.FULL_OPTIMIZER],
+            "rank": torch.load(path / rank_file, map_location="cpu", weights_only=True)}
+
+
+def apply(loaded: dict, model, optimizer, scaler) -> dict:
+    """Every rank, after ``read``: loads what it read (collectives under fsdp); returns ``load``'s dict."""
+    path, meta, state, same_world = loaded["path"], loaded["meta"], loaded["rank"], loaded["same_world"]
+    sharded_checkpoint.load_model(model, loaded["model"])
+    sharded_checkpoint.load_optimizer(path, loaded["optimizer"], loaded["optimizer_from_ddp"], loaded["reshard"],
+                                      model, optimizer)
     if state["scaler"] or not scaler.is_enabled():
         scaler.load_state_dict(state["scaler"])
     else:  # saved without fp16 (e.g. precision auto resolved to bf16/fp32 on the saving machine)

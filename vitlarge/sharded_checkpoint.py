@@ -120,16 +120,16 @@ def full_optimizer_state(path, states: list[dict], shapes: list[list[int]]) -> d
     return {"state": whole, "param_groups": states[0]["param_groups"]}
 
 
-def load_optimizer(path, files: list[str], reshard: bool, model: nn.Module, optimizer) -> None:
-    """Loads the optimizer files ``optimizer_sources`` named: as they are, or re-sharded for this run."""
+def load_optimizer(path, states: list[dict], from_ddp: bool, reshard: bool, model: nn.Module, optimizer) -> None:
+    """Loads the optimizer state dicts read from the files ``optimizer_sources`` named (a ddp run's whole
+    one when ``from_ddp``): as they are, or re-sharded for this run. A collective under fsdp."""
     opt = getattr(optimizer, "optim", optimizer)
-    states = [torch.load(path / name, map_location="cpu", weights_only=True) for name in files]
     if not reshard:
         opt.load_state_dict(states[0])
         return
     names = param_names(model, opt)
     shapes = full_shapes(model) or {k: list(v.shape) for k, v in _root(model).state_dict().items()}
-    whole = states[0] if files == [FULL_OPTIMIZER] else full_optimizer_state(path, states, [shapes[n] for n in names])
+    whole = states[0] if from_ddp else full_optimizer_state(path, states, [shapes[n] for n in names])
     if not is_sharded(model):
         opt.load_state_dict(whole)
         return
