@@ -104,7 +104,8 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
 
 
 def show(result: dict) -> None:
-    print(f"fsdp, world size {result['world_size']}, fp32, {result['accum_steps']} micro-steps of {result['micro_batch']}")
+    print(f"fsdp, world size {result['world_size']}, fp32, "
+          f"{result['accum_steps']} micro-steps of {result['micro_batch']}")
     print("model/mode                         gradient MiB between micro-steps  param shard MiB (max over ranks)")
     for key, s in result["summary"].items():
         print(f"{key:34} {s['between_micro_steps'] / 2**20:32.1f} {s['params'] / 2**20:17.1f}")

@@ -97,8 +97,8 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
         mp.spawn(_worker, args=(launch._free_port(), checkpointing, tiny, out), nprocs=WORLD, join=True)
         ranks.setdefault(f"grad_checkpointing={checkpointing}", []).append(json.loads(Path(out).read_text()))
         os.unlink(out)
-    summary = {key: {k: max(r[k] for rep in reps for r in rep) for k in ("saved_for_backward", "params_saved", "peak_rss_growth", "peak_rss")}
-               for key, reps in ranks.items()}
+    fields = ("saved_for_backward", "params_saved", "peak_rss_growth", "peak_rss")
+    summary = {key: {k: max(r[k] for rep in reps for r in rep) for k in fields} for key, reps in ranks.items()}
     off, on = summary["grad_checkpointing=False"], summary["grad_checkpointing=True"]
     result = {"model": "demo" if tiny else "vit_small_patch16_224@128px", "world_size": WORLD, "micro_batch": MICRO,
               "per_rank": ranks, "summary": summary,
@@ -108,7 +108,8 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
 
 
 def show(result: dict) -> None:
-    print(f"model {result['model']}, fsdp, world size {result['world_size']}, micro-batch {result['micro_batch']}, fp32")
+    print(f"model {result['model']}, fsdp, world size {result['world_size']}, "
+          f"micro-batch {result['micro_batch']}, fp32")
     print("setting                    saved for backward MiB  peak RSS growth MiB  peak RSS MiB (max over ranks/reps)")
     for key, s in result["summary"].items():
         print(f"{key:26} {s['saved_for_backward'] / 2**20:22.1f} {s['peak_rss_growth'] / 2**20:20.0f}"
