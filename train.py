@@ -133,6 +133,12 @@ def run(args, env, threads: tuple[int, str]) -> int:
         start_step, data_state = state["step"], state["data"]
         if env.is_main:
             logging.getLogger("vitlarge").info(f"resumed from {resume} at step {start_step}")
+        if env.is_main and not state["same_world"]:
+            logging.getLogger("vitlarge").warning(
+                f"warning: {resume} was written by {state['world_size']} processes, this run has {env.world_size}: "
+                f"weights, optimizer (re-sharded), step and lr schedule resume exactly, the global batch stays "
+                f"{plan.global_batch} ({plan.accum_steps} micro-steps per step now), the data stream restarts "
+                "with a fresh epoch order")
 
     # Data. A loader state from an older release cannot be continued (its pipeline differs): as after a
     # change of world size, weights, optimizer and step resume exactly and the data stream starts afresh.

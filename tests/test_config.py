@@ -56,7 +56,7 @@ def test_recipe_files_are_all_covered():
         ("vit_l32", {"model.name", "workdir"}),
         ("vit_l16", {"model.name", "model.grad_checkpointing", "train.micro_batch", "workdir"}),
         ("vit_h14", {"model.name", "model.grad_checkpointing", "train.micro_batch", "train.precision",
-                     "train.plugin", "workdir"}),
+                     "train.plugin", "train.fsdp_accumulation", "workdir"}),
     ],
 )
 def test_derived_recipes_change_only_what_they_say(name, expected):

@@ -93,14 +93,156 @@ def test_sharded_checkpoint_holds_one_optimizer_shard_per_rank_and_a_timm_loadab
     assert_bitwise_equal({k: v for k, v in model.state_dict().items()}, final_weights(runs["fsdp", 3]))
 
 
-def test_resume_at_another_world_size_is_one_clear_line(runs, demo_data, tmp_path):
-    ckpt = runs["fsdp", 2] / "checkpoints" / f"step_{STEPS:07d}"
-    r = launcher.run(train_args(demo_data, tmp_path, "train.plugin=fsdp") + ["--resume", str(ckpt)], nproc=3)
+def _reshard_probe(rank: int, world: int, port: int, ckpts: dict, out: str) -> None:
+    """One of ``world`` gloo processes: loads each checkpoint into a freshly built model (the same
+    code as train.py's resume) and gathers what it holds, with FSDP's own gather (not our code)."""
+    from vitlarge import checkpoint
+    from vitlarge.launch import DistEnv, init_distributed
+    from vitlarge.sharded_checkpoint import model_tensors, param_names
+
+    init_distributed(DistEnv(rank, world, rank, "127.0.0.1", port, "spawn"), "gloo")
+    found = {}
+    for name, (plugin, path) in ckpts.items():
+        parts = built("fp32", world, plugin=plugin, global_batch=96)
+        checkpoint.load(path, parts.model, parts.optimizer, parts.precision.scaler, recipe("fp32", plugin=plugin))
+        opt = parts.engine.torch_optimizer
+        names = param_names(parts.model, opt)  # in the optimizer's index order
+        pieces = [None] * world  # every rank's local optimizer state, as it would save it
+        dist.all_gather_object(pieces, opt.state_dict()["state"])
+        found[name] = (model_tensors(parts.model, rank), pieces if plugin == "fsdp" else pieces[:1], names)
+    # One step (2 micro-steps) of a fresh model each, the same batches on every rank: no_sync accumulation
+    # (the default), then with activation checkpointing, then reduce-scattering every micro-step.
+    # bf16 (accumulation auto): which gradient tensors FSDP holds between the two micro-steps, and their dtype.
+    for name, setting in {"plain": {}, "checkpointing": {"checkpointing": True},
+                          "reduce_scatter": {"fsdp_accumulation": "reduce_scatter"}, "bf16": {}}.items():
+        parts = built("bf16" if name == "bf16" else "fp32", world, global_batch=96, **setting)
+        assert parts.model.unwrap().module.grad_checkpointing == (name == "checkpointing")
+        source, held = batches(), set()
+
+        def next_batch():
+            if not held:  # first call: before micro-step 0; later: between micro-steps
+                held.add(("start", None))
+            else:
+                held.update(accumulators(parts.model.unwrap()))
+            return source()
+
+        stepped = parts.engine.step(0, next_batch)
+        found[name] = (stepped["grad_norm"], model_tensors(parts.model, rank), sorted(held - {("start", None)}))
+    if rank == 0:
+        torch.save(found, out)
+    dist.destroy_process_group()
+
+
+def accumulators(root) -> set[tuple[str, str]]:
+    """(kind, dtype) of the gradient tensors every FSDP unit holds: the unsharded ``grad`` of its flat
+    parameter and the sharded ``_saved_grad_shard`` (torch 2.5.1 FSDP1's names)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    out = set()
+    for m in root.modules():
+        if isinstance(m, FSDP) and m._handle is not None:
+            flat = m._handle.flat_param
+            for t in (flat.grad, getattr(flat, "_saved_grad_shard", None)):
+                if t is not None and t.numel():
+                    whole = t.numel() >= flat._unpadded_unsharded_size.numel()  # world size >= 2
+                    out.add(("unsharded" if whole else "sharded", str(t.dtype)))
+    return out
+
+
+def whole_optimizer_state(shards: list[dict], names: list[str], shapes: dict) -> dict:
+    """FQN -> whole LAMB state from optimizer state dicts' ``state`` (one whole, or every rank's shard
+    in rank order), concatenated by hand: the pieces of a tensor lie in rank order in FSDP's flat shards."""
+    out = {}
+    for i, name in enumerate(names):
+        held = [s[i] for s in shards if i in s]
+        out[name] = {"step": held[0]["step"], **{k: torch.cat([h[k].flatten() for h in held]).reshape(shapes[name])
+                                                   for k in ("exp_avg", "exp_avg_sq")}}
+    return out
+
+
+def saved_optimizer_state(ckpt, names: list[str]) -> dict:
+    from safetensors.torch import load_file
+
+    shapes = {k: v.shape for k, v in load_file(str(ckpt / "model.safetensors")).items()}
+    files = sorted(ckpt.glob("optimizer_rank_*.pt")) or [ckpt / "optimizer.pt"]
+    return whole_optimizer_state([torch.load(f, weights_only=True)["state"] for f in files], names, shapes)
+
+
+@pytest.fixture(scope="module")
+def probe3(runs, tmp_path_factory) -> tuple[dict, dict]:
+    """One spawn of 3 gloo processes (`_reshard_probe`): the checkpoints it loads, and what it found."""
+    import torch.multiprocessing as mp
+
+    fsdp2, ddp2 = (runs[p, 2] / "checkpoints" / "step_0000016" for p in ("fsdp", "ddp"))
+    ckpts = {"fsdp2->fsdp3": ("fsdp", fsdp2), "ddp2->fsdp3": ("fsdp", ddp2), "fsdp2->ddp3": ("ddp", fsdp2)}
+    out = tmp_path_factory.mktemp("probe3") / "found.pt"
+    mp.spawn(_reshard_probe, args=(3, launcher.free_port(), ckpts, str(out)), nprocs=3)
+    return ckpts, torch.load(out, weights_only=True)
+
+
+@pytest.mark.parametrize("setting", ["checkpointing", "reduce_scatter"])
+def test_activation_checkpointing_and_per_micro_step_reduce_scatter_leave_a_3_rank_step_unchanged(probe3, setting):
+    """Against the plain step (no_sync accumulation, no recompute), 2 micro-steps, world size 3."""
+    (norm_a, a, held_a), (norm_b, b, held_b) = probe3[1]["plain"], probe3[1][setting]
+    assert held_a == [("unsharded", "torch.float32")]  # fp32 default: no_sync
+    if setting == "reduce_scatter":
+        assert held_b == [("sharded", "torch.float32")]
+    assert norm_b == pytest.approx(norm_a, rel=1e-6)
+    assert a.keys() == b.keys() and len(a) > 0
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-6, atol=1e-7)
+    assert norm_a > 0
+
+
+def test_bf16_accumulates_the_micro_steps_in_fp32_shards(probe3):
+    """Under bf16, ``no_sync`` would add the micro-steps' gradients in bf16 (FSDP keeps the unsharded
+    gradient in the compute dtype): the default reduce-scatters every micro-step into fp32 shards."""
+    from vitlarge.engine import fsdp_reduce_every_micro_step
+    from vitlarge.errors import UserError
+
+    norm, _, held = probe3[1]["bf16"]
+    assert held == [("sharded", "torch.float32")] and norm > 0
+    cfg = recipe("bf16", fsdp_accumulation="no_sync")
+    with pytest.raises(UserError, match="fsdp_accumulation=no_sync with train.precision=bf16"):
+        fsdp_reduce_every_micro_step(cfg)
+
+
+def test_resume_at_world_size_3_reshards_exactly_and_continues_the_schedule(runs, probe3, demo_data, tmp_path):
+    """fsdp at 2 -> fsdp at 3 (and ddp at 2 -> fsdp at 3, fsdp at 2 -> ddp at 3): weights and every
+    LAMB moment loaded bit for bit; then train.py continues with the same global batch and lr schedule."""
+    from safetensors.torch import load_file
+
+    from vitlarge.config import load_recipe
+    from vitlarge.schedule import lr_at
+
+    ckpts, found = probe3
+    fsdp2 = ckpts["fsdp2->fsdp3"][1]
+    for name, (_, ckpt) in ckpts.items():
+        weights, pieces, names = found[name]
+        assert_bitwise_equal(weights, load_file(str(ckpt / "model.safetensors")))
+        state = whole_optimizer_state(pieces, names, {k: v.shape for k, v in weights.items()})
+        saved = saved_optimizer_state(ckpt, names)
+        assert state.keys() == saved.keys() and len(state) == len(weights), name  # every parameter has a state
+        for k in saved:
+            for m in ("step", "exp_avg", "exp_avg_sq"):
+                assert torch.equal(state[k][m], saved[k][m]), (name, k, m)
+
+    r = launcher.run(train_args(demo_data, tmp_path / "w3", "train.plugin=fsdp") + ["--resume", str(fsdp2)], nproc=3)
     out = r.stdout + r.stderr
-    assert r.returncode != 0 and "(exitcode: 2)" in out, out[-3000:]  # the launcher itself exits 1
-    lines = [x for x in out.splitlines() if "optimizer shards for 2 processes" in x]
-    assert len(lines) == 1 and lines[0].startswith("error: checkpoint") and "resume with 2 processes" in lines[0], out[-3000:]
-    assert not (tmp_path / "checkpoints").exists()  # refused before the copy into this workdir
+    assert r.returncode == 0, out[-3000:]
+    lines = [x for x in out.splitlines() if "was written by 2 processes, this run has 3" in x]
+    assert len(lines) == 1 and "data stream restarts" in lines[0], out[-3000:]  # rank 0 only
+    start = [x for x in read_metrics(str(tmp_path / "w3" / "metrics.jsonl")) if x["event"] == "start"][-1]
+    assert (start["world_size"], start["global_batch"], start["accum_steps"], start["step"]) == (3, 96, 2, 16)
+    resumed, before = train_records(tmp_path / "w3"), train_records(runs["fsdp", 2])
+    assert [x["step"] for x in resumed] == [17, 18, 19, 20]
+    s = load_recipe(RECIPE).schedule
+    first = [x for x in read_metrics(str(runs["fsdp", 2] / "metrics.jsonl")) if x["event"] == "start"][0]
+    assert (first["total_steps"], first["warmup_steps"]) == (start["total_steps"], start["warmup_steps"])
+    for x, y in zip(resumed, before[16:]):
+        expected = lr_at(x["step"] - 1, peak_lr=start["config"]["optim"]["lr"], total_steps=start["total_steps"],
+                         warmup_steps=start["warmup_steps"], decay=s.decay, min_lr_ratio=s.min_lr_ratio)
+        assert x["lr"] == pytest.approx(expected, rel=1e-12) and x["lr"] == pytest.approx(y["lr"], rel=1e-12)
 
 
 # In-process (one gloo process): what FSDP computes in, and the sharded loss scaler's contract.
@@ -118,16 +260,24 @@ def process_group():
         dist.destroy_process_group()
 
 
-def built(precision: str, **train):
-    from vitlarge.build import build
-    from vitlarge.config import load_recipe, make_plan
+def recipe(precision: str, checkpointing: bool = False, **train):
+    from vitlarge.config import load_recipe
 
     cfg = load_recipe(RECIPE)
+    cfg.model.grad_checkpointing = checkpointing
     cfg.train.plugin, cfg.train.precision, cfg.train.global_batch = "fsdp", precision, 32
     cfg.augment.mixup_alpha = 0.0  # any batch size
     for k, v in train.items():
         setattr(cfg.train, k, v)
-    return build(cfg, make_plan(cfg, 1, 1437), "cpu")
+    return cfg
+
+
+def built(precision: str, world: int = 1, checkpointing: bool = False, **train):
+    from vitlarge.build import build
+    from vitlarge.config import make_plan
+
+    cfg = recipe(precision, checkpointing, **train)
+    return build(cfg, make_plan(cfg, world, 1437), "cpu")
 
 
 def batches(n: int = 16):
@@ -174,27 +324,6 @@ def test_fp16_sharded_scaler_skips_halves_and_grows_like_ddp(process_group):
     assert any(r["skipped"] for r in records) and not all(r["skipped"] for r in records), records
 
 
-def test_activation_checkpointing_per_block_leaves_the_step_unchanged(process_group):
-    """One process only (FSDP then keeps whole tensors, but wraps and hooks as at any world size)."""
-    after = []
-    for ckpt in (False, True):
-        from vitlarge.build import build
-        from vitlarge.config import load_recipe, make_plan
-
-        cfg = load_recipe(RECIPE)
-        cfg.train.plugin, cfg.train.precision, cfg.train.global_batch = "fsdp", "fp32", 32
-        cfg.model.grad_checkpointing = ckpt
-        cfg.augment.mixup_alpha = 0.0  # Mixup draws from the global RNGs, which the first run advanced
-        parts = build(cfg, make_plan(cfg, 1, 1437), "cpu")
-        assert parts.model.unwrap().module.grad_checkpointing == ckpt
-        out = parts.engine.step(0, batches())
-        after.append((out["grad_norm"], {k: v.clone() for k, v in parts.model.unwrap().state_dict().items()}))
-    (norm_a, a), (norm_b, b) = after
-    assert norm_b == pytest.approx(norm_a, rel=1e-6)
-    for k in a:
-        torch.testing.assert_close(b[k], a[k], rtol=1e-6, atol=1e-7)
-
-
 def test_a_sharded_checkpoint_missing_a_rank_shard_or_of_another_model_is_refused(runs, tmp_path):
     import shutil
 
@@ -210,5 +339,9 @@ def test_a_sharded_checkpoint_missing_a_rank_shard_or_of_another_model_is_refuse
     other.model.kwargs = dict(other.model.kwargs, embed_dim=48)
     with pytest.raises(UserError, match="does not match the recipe's"):
         checkpoint.check_compatible(checkpoint.read_meta(ckpt), ckpt, build_model(other), other)
+    same = load_recipe(RECIPE)  # weights only (python -m vitlarge.evaluate --checkpoint): a plain model reads it
+    plain = build_model(same)
+    checkpoint.load_model_weights(ckpt, plain, same)
+    assert_bitwise_equal(plain.state_dict(), final_weights(runs["fsdp", 3]))
     (ckpt / "optimizer_rank_00001.pt").unlink()
     assert "optimizer_rank_00001.pt" in checkpoint.verify(ckpt)  # resume passes it over / --resume refuses it

@@ -78,6 +78,8 @@ def test_memory_estimate_scales_as_documented():
     fsdp = memory_estimate(info, 256, "fp16", False, sharded=True, world=4)
     gathered = 2 * info["params"] / 12 * 2  # two bf16/fp16 blocks of twelve
     assert fsdp["states"] == pytest.approx(16 * info["params"] / 4 + gathered)
+    no_sync = memory_estimate(info, 256, "fp32", False, sharded=True, world=4, unsharded_grads=True)
+    assert no_sync["grads"] == 4 * info["params"] == 4 * fsdp["grads"]  # whole fp32 gradients between micro-steps
     assert memory_estimate(info, 256, "fp32", False, False, 4)["activations"] == 2 * base["activations"]
     assert memory_estimate(info, 256, "fp16", True, False, 4)["activations"] < base["activations"] / 10
 

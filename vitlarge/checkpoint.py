@@ -307,7 +307,7 @@ def check_writable(workdir: str | Path, rank: int) -> None:
 
 def check_compatible(meta: dict, path: Path, model: torch.nn.Module, cfg: Config) -> None:
     """A one-line ``UserError`` unless the checkpoint holds this recipe's model in a layout this run reads
-    (sharded optimizer state only by an fsdp run of the same world size, see vitlarge/sharded_checkpoint.py)."""
+    (any plugin and world size: the optimizer state is re-sharded where needed, see vitlarge/sharded_checkpoint.py)."""
     shapes = param_shapes(unwrap(model))
     if meta["model"] != cfg.model.name or meta["param_shapes"] != shapes:
         diff = next((k for k in shapes if meta["param_shapes"].get(k) != shapes[k]), None)
@@ -316,32 +316,45 @@ def check_compatible(meta: dict, path: Path, model: torch.nn.Module, cfg: Config
             f"checkpoint {path} holds model {meta['model']} that does not match the recipe's {cfg.model.name} "
             f"({detail}); use another --workdir or --resume a checkpoint of this recipe"
         )
-    rank, world = rank_and_world()
-    sharded_checkpoint.optimizer_file(path, expected_files(meta), model, rank, world, meta["world_size"])
 
 
 def load(path: str | Path, model, optimizer, scaler, cfg: Config) -> dict:
     """Restores weights, optimizer, scaler and RNG; returns meta plus ``data`` (this rank's loader state or None).
+    ``read`` then ``apply``: a collective under fsdp (vitlarge/resume.py agrees on ``read``'s failures first)."""
+    return apply(read(path, model, cfg), model, optimizer, scaler)
 
-    Checks the sizes of the files this rank reads first (``verify`` is rank 0's job, see vitlarge/resume.py)."""
+
+def read(path: str | Path, model, cfg: Config) -> dict:
+    """Rank-local, no collective: checks the checkpoint (model, sizes of the files this rank reads;
+    ``verify`` is rank 0's job, see vitlarge/resume.py) and reads those files into host memory.
+    A ``UserError`` here can be one rank's alone: agree on it before ``apply``."""
     path = Path(path)
     meta = read_meta(path)
     check_compatible(meta, path, model, cfg)
     rank, world = rank_and_world()
     # With another world size the per-rank loader and RNG states do not map onto the new ranks:
-    # we keep weights, optimizer and step, and start the loaders afresh (documented; not bitwise).
+    # we keep weights, optimizer (re-sharded exactly) and step, and start the loaders afresh (documented; not bitwise).
     same_world = meta["world_size"] == world
     rank_file = f"rank_{rank:05d}.pt" if same_world else "rank_00000.pt"
     files = expected_files(meta)
-    optimizer_file = sharded_checkpoint.optimizer_file(path, files, model, rank, world, meta["world_size"])  # checked above
-    for name in ("model.safetensors", optimizer_file, rank_file):
+    optimizer_files, reshard = sharded_checkpoint.optimizer_sources(files, model, rank, world, meta["world_size"])
+    for name in ("model.safetensors", *optimizer_files, rank_file):
         problem = fileio.size_problem(path / name, files.get(name))
         if problem:
             raise Unusable(path, problem)
-    sharded_checkpoint.load_model(model, load_file(str(path / "model.safetensors"), device="cpu"))
-    opt = getattr(optimizer, "optim", optimizer)
-    opt.load_state_dict(torch.load(path / optimizer_file, map_location="cpu", weights_only=True))
-    state = torch.load(path / rank_file, map_location="cpu", weights_only=True)
+    return {"path": path, "meta": meta, "same_world": same_world, "reshard": reshard,
+            "model": load_file(str(path / "model.safetensors"), device="cpu"),
+            "optimizer": [torch.load(path / name, map_location="cpu", weights_only=True) for name in optimizer_files],
+            "optimizer_from_ddp": optimizer_files == [sharded_checkpoint.FULL_OPTIMIZER],
+            "rank": torch.load(path / rank_file, map_location="cpu", weights_only=True)}
+
+
+def apply(loaded: dict, model, optimizer, scaler) -> dict:
+    """Every rank, after ``read``: loads what it read (collectives under fsdp); returns ``load``'s dict."""
+    path, meta, state, same_world = loaded["path"], loaded["meta"], loaded["rank"], loaded["same_world"]
+    sharded_checkpoint.load_model(model, loaded["model"])
+    sharded_checkpoint.load_optimizer(path, loaded["optimizer"], loaded["optimizer_from_ddp"], loaded["reshard"],
+                                      model, optimizer)
     if state["scaler"] or not scaler.is_enabled():
         scaler.load_state_dict(state["scaler"])
     else:  # saved without fp16 (e.g. precision auto resolved to bf16/fp32 on the saving machine)

@@ -149,6 +149,12 @@ class TrainConfig:
     plugin: Literal["ddp", "fsdp"] = "ddp"
     """Colossal-AI Booster plugin: ``ddp`` (TorchDDPPlugin: replicas) or ``fsdp`` (`vitlarge.fsdp`: weights,
     gradients and LAMB states sharded over the ranks, one unit per transformer block; CPU and CUDA)."""
+    fsdp_accumulation: Literal["auto", "no_sync", "reduce_scatter"] = "auto"
+    """``fsdp`` with gradient accumulation: ``no_sync`` keeps full unsharded gradients between micro-steps
+    and reduce-scatters once per optimizer step (least traffic, +1 unsharded gradient of memory per rank;
+    fp32 only: under bf16/fp16 FSDP would add them in that dtype); ``reduce_scatter`` reduce-scatters
+    every micro-step into this rank's fp32 shard (least memory, ``accum_steps`` x the gradient traffic);
+    ``auto``: reduce_scatter under bf16/fp16, no_sync under fp32. See docs/FSDP.md."""
     device: Literal["auto", "cuda", "cpu"] = "auto"
     """``auto`` (cuda when available), ``cuda`` or ``cpu``."""
     seed: int = 42

@@ -3,7 +3,9 @@
 Contract: ``Engine.step(step, next_batch)`` takes the 0-based index of the optimizer step about to
 be taken and a callable returning one rank-local micro-batch ``(images, labels)`` on the device.
 It runs ``plan.accum_steps`` forward/backward passes; every pass but the last sits inside
-``booster.no_sync`` so DDP all-reduces (FSDP reduce-scatters) gradients once per optimizer step. The loss returned is this
+``booster.no_sync`` so DDP all-reduces (FSDP reduce-scatters) gradients once per optimizer step (FSDP with
+``train.fsdp_accumulation`` reduce_scatter, the default under bf16/fp16: every micro-step, keeping only sharded
+fp32 gradients). The loss returned is this
 rank's mean over its micro-batches (the trainer averages it over ranks). Gradients are unscaled
 before the global norm is measured and clipped; a step whose gradients are not finite is skipped
 (fp16: by the scaler, which also lowers the scale; bf16/fp32: by us) and reported as ``skipped``.
@@ -22,6 +24,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
 from vitlarge import phases
 from vitlarge.config import Config, Plan
+from vitlarge.errors import UserError
 from vitlarge.precision import Precision
 from vitlarge.schedule import lr_at
 
@@ -60,6 +63,18 @@ def build_criterion(cfg: Config):
     return None, torch.nn.CrossEntropyLoss()
 
 
+def fsdp_reduce_every_micro_step(cfg: Config) -> bool:
+    """``train.fsdp_accumulation`` resolved: ``auto`` reduce-scatters every micro-step under bf16/fp16
+    (under ``no_sync`` FSDP would add the micro-steps' unsharded gradients in the compute dtype, bf16's
+    8-bit mantissa; the sharded accumulator is fp32) and uses ``no_sync`` under fp32. ``no_sync`` with
+    bf16/fp16 is refused with one line (precision resolved first, see vitlarge/build.py)."""
+    mode, precision = cfg.train.fsdp_accumulation, cfg.train.precision
+    if mode == "no_sync" and precision in ("bf16", "fp16"):
+        raise UserError(f"train.fsdp_accumulation=no_sync with train.precision={precision} would add the "
+                        f"micro-steps' gradients in {precision}; use train.fsdp_accumulation=auto or reduce_scatter")
+    return mode == "reduce_scatter" or (mode == "auto" and precision != "fp32")
+
+
 class Engine:
     """Owns the boosted model and optimizer; knows nothing about data sources, logging or checkpoints."""
 
@@ -75,6 +90,7 @@ class Engine:
             ddp.register_comm_hook(self.comm, CommCounter.hook)
         # FSDP: each rank holds a piece of every gradient, so the global norm is FSDP's (one all-reduce).
         self.fsdp = isinstance(ddp, FSDP)
+        self.reduce_every_micro_step = self.fsdp and fsdp_reduce_every_micro_step(cfg)
 
     @property
     def torch_optimizer(self) -> torch.optim.Optimizer:
@@ -103,8 +119,8 @@ class Engine:
             data_time += time.perf_counter() - t0
             if self.mixup is not None:
                 images, labels = self.mixup(images, labels)
-            last = micro == accum - 1
-            with contextlib.nullcontext() if last else self.booster.no_sync(self.model, self.optimizer):
+            sync = micro == accum - 1 or self.reduce_every_micro_step
+            with contextlib.nullcontext() if sync else self.booster.no_sync(self.model, self.optimizer):
                 with self.precision.autocast():
                     logits = self.model(images)
                 loss = self.criterion(logits.float(), labels)

@@ -149,18 +149,21 @@ def describe_model(cfg: Config) -> dict:
 
 
 def memory_estimate(info: dict, micro_batch: int, precision: str, grad_checkpointing: bool, sharded: bool,
-                    world: int) -> dict:
+                    world: int, unsharded_grads: bool = False) -> dict:
     """Rough bytes per device: fp32 ``weights``, fp32 ``grads``, two fp32 LAMB moments (``optimizer``),
     their sum ``states``, ``activations`` and the ``total``.
 
     ``sharded`` (``train.plugin=fsdp``): weights, grads and moments are split over ``world`` ranks, and
     the weights add the blocks FSDP gathers at a time (the current one and the prefetched next) in the
-    compute dtype. Activations use Korthikanti et al. (2022): per layer s*b*h*(34 + 5*a*s/h) bytes in
+    compute dtype. ``unsharded_grads`` (fsdp accumulating under ``no_sync``, fp32): every rank holds the
+    whole fp32 gradient between micro-steps, so ``grads`` is the unsharded 4 bytes per parameter. Activations use Korthikanti et al. (2022): per layer s*b*h*(34 + 5*a*s/h) bytes in
     half precision; fp32 doubles it. With activation checkpointing only each block's input is kept.
     """
     p = info["params"]
     share = world if sharded else 1
     weights, grads, optimizer = 4 * p / share, 4 * p / share, 8 * p / share
+    if sharded and unsharded_grads:
+        grads = 4 * p
     if sharded:
         weights += 2 * p / max(info["depth"], 1) * (4 if precision == "fp32" else 2)
     states = weights + grads + optimizer

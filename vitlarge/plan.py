@@ -12,12 +12,19 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
+def _no_sync(cfg: Config, accum_steps: int) -> bool:
+    """Whether fsdp keeps whole gradients between micro-steps (``train.fsdp_accumulation``, see vitlarge/engine.py)."""
+    from vitlarge.engine import fsdp_reduce_every_micro_step
+
+    return cfg.train.plugin == "fsdp" and accum_steps > 1 and not fsdp_reduce_every_micro_step(cfg)
+
+
 def print_plan(cfg: Config, plan: Plan) -> None:
     print("resolved config:")
     print(json.dumps(cfg.to_dict(), indent=2))
     info = describe_model(cfg)
     mem = memory_estimate(info, plan.micro_batch, cfg.train.precision, cfg.model.grad_checkpointing,
-                          cfg.train.plugin == "fsdp", plan.world_size)
+                          cfg.train.plugin == "fsdp", plan.world_size, _no_sync(cfg, plan.accum_steps))
     train_flops = 3 * info["fwd_flops"]  # backward costs about twice the forward
     print("plan:")
     print(f"  {plan.describe()}")
@@ -52,7 +59,7 @@ def print_phases(cfg: Config, plan: Plan) -> None:
     for ph in plan.phases:
         info = describe_model(phase_config(cfg, ph))
         mem = memory_estimate(info, ph.micro_batch, cfg.train.precision, cfg.model.grad_checkpointing,
-                              cfg.train.plugin == "fsdp", plan.world_size)
+                              cfg.train.plugin == "fsdp", plan.world_size, _no_sync(cfg, ph.accum_steps))
         flops = 3 * info["fwd_flops"] * ph.global_batch * ph.steps
         total += flops
         fixed += full * ph.global_batch * ph.steps

@@ -135,9 +135,9 @@ def _adopt(src: str | Path, workdir: str | Path) -> Path:
 
 def restore(path: Path, model, optimizer, scaler, cfg: Config) -> dict:
     """Every rank loads ``path`` (``checkpoint.load``); returns its state, or all ranks raise one agreed error."""
-    state, problem = None, None
-    try:
-        state = checkpoint.load(path, model, optimizer, scaler, cfg)
+    loaded, problem = None, None
+    try:  # rank-local reads first: a rank that cannot read must not leave the others in a collective load
+        loaded = checkpoint.read(path, model, cfg)
     except checkpoint.Unusable as e:
         problem = e.problem
     except UserError as e:
@@ -151,4 +151,4 @@ def restore(path: Path, model, optimizer, scaler, cfg: Config) -> dict:
             f"rank {rank} cannot read checkpoint {path} ({why}); check that every node sees it whole (shared file "
             "system), or --resume another checkpoint", same_on_all_ranks=True,
         )
-    return state
+    return checkpoint.apply(loaded, model, optimizer, scaler)  # collectives under fsdp, every rank together

@@ -6,13 +6,19 @@ numbers only, each parameter's state being this rank's piece of it, possibly emp
 ``model.safetensors`` is the full, unsharded model gathered to rank 0 (so the checkpoint's weights
 and the export load in timm as they are). Resuming it is bitwise exact at the same world size
 (each rank reloads its own pieces; the weights are re-sharded from the full tensors, which are
-the fp32 masters bit for bit). At another world size, or from/to a ``ddp`` checkpoint, the
-optimizer's pieces do not map onto the new shards: refused with one line (not supported yet).
+the fp32 masters bit for bit). At another world size, or from/to a ``ddp`` checkpoint, every rank
+reads all the saved optimizer files, rebuilds each parameter's whole (unflattened) LAMB state
+(`full_optimizer_state`: the pieces of one tensor lie in rank order, each rank's flat shard being
+a contiguous slice of its unit's flat parameter) and loads it through FSDP's public
+``optim_state_dict_to_load``, which cuts this rank's new pieces: exact, bit for bit. It costs one
+unsharded copy of the optimizer state in host memory per rank, once, at the resume.
 
 Every function taking a model is a collective under FSDP: call it on every rank.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -75,17 +81,60 @@ def optimizer_files(model: nn.Module, optimizer, rank: int) -> dict[str, dict]:
     return {FULL_OPTIMIZER: opt.state_dict()} if rank == 0 else {}
 
 
-def optimizer_file(path, files: dict, model: nn.Module, rank: int, world: int, saved_world: int) -> str:
-    """The optimizer file this rank loads from a checkpoint listing ``files``; a one-line ``UserError``
-    where the checkpoint's layout does not fit this run (sharded vs not, another world size)."""
-    saved_sharded = FULL_OPTIMIZER not in files
-    if saved_sharded != is_sharded(model):
-        saved, now = ("fsdp", "ddp") if saved_sharded else ("ddp", "fsdp")
-        raise UserError(f"checkpoint {path} was written by train.plugin={saved}, this run uses {now}: its optimizer "
-                        f"state does not fit; resume with train.plugin={saved} (or start a new --workdir)")
-    if not saved_sharded:
-        return FULL_OPTIMIZER
-    if saved_world != world:
-        raise UserError(f"checkpoint {path} holds optimizer shards for {saved_world} processes, this run has {world}; "
-                        f"resume with {saved_world} processes (resharding to another world size is not supported yet)")
-    return SHARDED_OPTIMIZER.format(rank=rank)
+def optimizer_sources(files: dict, model: nn.Module, rank: int, world: int, saved_world: int) -> tuple[list[str], bool]:
+    """The optimizer files this rank reads from a checkpoint listing ``files``, and whether they must be
+    re-sharded (another world size, or ddp <-> fsdp) rather than loaded as they are."""
+    if FULL_OPTIMIZER in files:
+        return [FULL_OPTIMIZER], is_sharded(model)
+    if is_sharded(model) and saved_world == world:
+        return [SHARDED_OPTIMIZER.format(rank=rank)], False
+    return [SHARDED_OPTIMIZER.format(rank=r) for r in range(saved_world)], True
+
+
+def param_names(model: nn.Module, opt) -> list[str]:
+    """The state-dict name of every optimizer parameter, in the order of the optimizer state dict's indices."""
+    from torch.distributed.fsdp._common_utils import FSDP_WRAPPED_MODULE
+
+    names = {id(p): n.replace(f"{FSDP_WRAPPED_MODULE}.", "") for n, p in _root(model).named_parameters()}
+    return [names[id(p)] for group in opt.param_groups for p in group["params"]]
+
+
+def full_optimizer_state(path, states: list[dict], shapes: list[list[int]]) -> dict:
+    """An optimizer state dict with whole tensors (as a ddp run saves) from every rank's shard of it
+    (in rank order). ``shapes``: each parameter's full shape, by index; ``path`` names the checkpoint."""
+    whole = {}
+    for i, shape in enumerate(shapes):
+        held = [s["state"][i] for s in states if i in s["state"]]  # ranks without a piece hold no state
+        if not held:
+            continue
+        whole[i] = {}
+        for key, value in held[0].items():
+            if torch.is_tensor(value) and value.dim() > 0:
+                flat = torch.cat([h[key].reshape(-1) for h in held])
+                if flat.numel() != math.prod(shape):
+                    raise UserError(f"checkpoint {path}: the optimizer shards hold {flat.numel()} values of "
+                                    f"'{key}' for parameter {i}, its shape {shape} needs {math.prod(shape)}; "
+                                    "resume an older checkpoint")
+                value = flat.reshape(shape)
+            whole[i][key] = value
+    return {"state": whole, "param_groups": states[0]["param_groups"]}
+
+
+def load_optimizer(path, states: list[dict], from_ddp: bool, reshard: bool, model: nn.Module, optimizer) -> None:
+    """Loads the optimizer state dicts read from the files ``optimizer_sources`` named (a ddp run's whole
+    one when ``from_ddp``): as they are, or re-sharded for this run. A collective under fsdp."""
+    opt = getattr(optimizer, "optim", optimizer)
+    if not reshard:
+        opt.load_state_dict(states[0])
+        return
+    names = param_names(model, opt)
+    shapes = full_shapes(model) or {k: list(v.shape) for k, v in _root(model).state_dict().items()}
+    whole = states[0] if from_ddp else full_optimizer_state(path, states, [shapes[n] for n in names])
+    if not is_sharded(model):
+        opt.load_state_dict(whole)
+        return
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    by_name = {"state": {names[i]: s for i, s in whole["state"].items()},
+               "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in whole["param_groups"]]}
+    opt.load_state_dict(FSDP.optim_state_dict_to_load(_root(model), opt, by_name))

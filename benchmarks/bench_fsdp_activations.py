@@ -1,0 +1,121 @@
+"""Activation memory under ``fsdp`` with and without ``model.grad_checkpointing``, at world size 2 (gloo, CPU).
+
+Run: ``python -m benchmarks.bench_fsdp_activations [--quick] [--tiny]`` (~2 min on 2 cores). Writes
+``benchmarks/results/fsdp_activations.json``. Not part of ``benchmarks.run``: run it on its own.
+
+Each rank builds ViT-S/16 on 128 px images (``--tiny``: the demo model) exactly as train.py does
+(`vitlarge.build.build`, fp32, LAMB, ``train.plugin=fsdp``) and runs one micro-step (forward,
+loss, backward) of 16 images. Two figures per setting, the settings run one after the other in
+fresh processes:
+
+* **saved for backward**: the bytes of every activation autograd keeps for backward during the forward
+  (``torch.autograd.graph.saved_tensors_hooks``, each storage counted once; FSDP's gathered
+  parameters are counted apart, ``params_saved``: they are freed after each block). With checkpointing,
+  timm's non-reentrant ``checkpoint_seq`` keeps only each block's input (its own inner hooks take
+  the rest), so this is the activation memory the recompute saves, exactly.
+* **peak RSS growth**: ``ru_maxrss`` after the micro-step minus before it (the process's peak, so
+  it includes FSDP's gathered block parameters and the backward's transients; noisy on a shared host).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import tempfile
+from pathlib import Path
+
+from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+WORLD = 2
+MICRO = 16
+
+
+def config(checkpointing: bool, tiny: bool):
+    from vitlarge.config import load_recipe
+
+    cfg = load_recipe(ROOT / "recipes" / "demo_digits.py")
+    if not tiny:
+        cfg.model.name, cfg.model.kwargs = "vit_small_patch16_224", {}
+        cfg.data.image_size, cfg.data.num_classes = 128, 1000
+    cfg.model.grad_checkpointing = checkpointing
+    cfg.train.plugin, cfg.train.precision = "fsdp", "fp32"
+    cfg.train.micro_batch, cfg.train.global_batch = MICRO, MICRO * WORLD
+    cfg.augment.mixup_alpha = 0.0
+    cfg.data.num_train_examples = 10**6
+    return cfg
+
+
+def _worker(rank: int, port: int, checkpointing: bool, tiny: bool, out: str) -> None:
+    import torch.distributed as dist
+
+    from benchmarks.bench_train import build_engine
+    from vitlarge import launch
+
+    torch.set_num_threads(1)
+    launch.init_distributed(launch.DistEnv(rank, WORLD, rank, "127.0.0.1", port, "bench"), "gloo")
+    cfg = config(checkpointing, tiny)
+    engine = build_engine(cfg, WORLD)
+    model = engine.model.unwrap()  # the FSDP root
+    g = torch.Generator().manual_seed(rank)
+    s = cfg.data.image_size
+    x, y = torch.randn(MICRO, 3, s, s, generator=g), torch.randint(0, cfg.data.num_classes, (MICRO,), generator=g)
+    storages = {False: {}, True: {}}  # is a (gathered) parameter -> storage -> bytes
+
+    def pack(t):
+        param = isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter)
+        storages[param][t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    dist.barrier()
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()  # the recompute (with checkpointing) runs outside our hook: not counted as saved
+    seen = {"saved_for_backward": sum(storages[False].values()), "params_saved": sum(storages[True].values()),
+            "peak_rss_growth": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before,
+            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    gathered = [None] * WORLD
+    dist.all_gather_object(gathered, seen)
+    if rank == 0:
+        Path(out).write_text(json.dumps(gathered))
+    dist.destroy_process_group()
+
+
+def run(quick: bool = True, tiny: bool = False) -> dict:
+    import torch.multiprocessing as mp
+
+    from vitlarge import launch
+
+    tiny = common.is_tiny(tiny)
+    ranks = {}
+    for checkpointing in (False, True, False, True)[: 2 if quick else 4]:  # interleaved: shared-host noise
+        out = tempfile.mktemp(prefix="vitlarge-bench-act-", suffix=".json")
+        mp.spawn(_worker, args=(launch._free_port(), checkpointing, tiny, out), nprocs=WORLD, join=True)
+        ranks.setdefault(f"grad_checkpointing={checkpointing}", []).append(json.loads(Path(out).read_text()))
+        os.unlink(out)
+    fields = ("saved_for_backward", "params_saved", "peak_rss_growth", "peak_rss")
+    summary = {key: {k: max(r[k] for rep in reps for r in rep) for k in fields} for key, reps in ranks.items()}
+    off, on = summary["grad_checkpointing=False"], summary["grad_checkpointing=True"]
+    result = {"model": "demo" if tiny else "vit_small_patch16_224@128px", "world_size": WORLD, "micro_batch": MICRO,
+              "per_rank": ranks, "summary": summary,
+              "saved_ratio_on_over_off": on["saved_for_backward"] / off["saved_for_backward"]}
+    common.write_result("fsdp_activations", result)
+    return result
+
+
+def show(result: dict) -> None:
+    print(f"model {result['model']}, fsdp, world size {result['world_size']}, "
+          f"micro-batch {result['micro_batch']}, fp32")
+    print("setting                    saved for backward MiB  peak RSS growth MiB  peak RSS MiB (max over ranks/reps)")
+    for key, s in result["summary"].items():
+        print(f"{key:26} {s['saved_for_backward'] / 2**20:22.1f} {s['peak_rss_growth'] / 2**20:20.0f}"
+              f" {s['peak_rss'] / 2**20:13.0f}")
+    print(f"saved for backward, on / off: {result['saved_ratio_on_over_off']:.3f}")
+
+
+if __name__ == "__main__":
+    common.cli(run, __doc__, show)
