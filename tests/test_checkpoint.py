@@ -103,11 +103,25 @@ checkpoint.save(sys.argv[1], 1, model, opt, torch.amp.GradScaler("cpu"), None, C
 """
 
 
+def _joined(log: str):
+    """strace -f lines with each call whole: another thread's call can split one into
+    ``123 fsync(5 <unfinished ...>`` and ``123 <... fsync resumed>) = 0`` (often, on a loaded machine)."""
+    pending = {}
+    for line in log.splitlines():
+        pid, rest = (line.split(None, 1) + [""])[:2]
+        if rest.endswith("<unfinished ...>"):
+            pending[pid] = rest[: -len("<unfinished ...>")].rstrip()
+        elif m := re.match(r"<\.\.\. \w+ resumed>(.*)$", rest):
+            yield pending.pop(pid, "") + m[1]
+        else:
+            yield line
+
+
 def syscalls(log: str) -> list[tuple]:
     """("fsync", path) and ("rename", old, new) in order, from an strace log of one process."""
     fds, events = {}, []
-    for line in log.splitlines():
-        if m := re.search(r'openat\(AT_FDCWD, "([^"]+)", .*\) = (\d+)$', line):
+    for line in _joined(log):
+        if m := re.search(r'openat\(AT_FDCWD, "([^"]+)", .*\)\s+= (\d+)$', line):
             fds[m[2]] = m[1]
         elif m := re.search(r"fsync\((\d+)\)\s+= 0", line):
             events.append(("fsync", fds[m[1]]))
