@@ -231,13 +231,46 @@ SRUN_NODE2 = {"SLURM_PROCID": "2", "SLURM_NTASKS": "4", "SLURM_LOCALID": "0", "S
     ({"SLURM_STEP_TASKS_PER_NODE": "3,2(x2)", "SLURM_NODEID": "0"}, 8, 2, "8 usable CPUs / 3 tasks"),
     ({"SLURM_NTASKS_PER_NODE": "4"}, 8, 2, "(SLURM_NTASKS_PER_NODE)"),
     ({"SLURM_STEP_TASKS_PER_NODE": "8"}, 2, 1, "2 usable CPUs / 8 tasks"),  # oversubscribed: still 1
+    # Review findings 2, 3, 7: a mask Slurm bound to the task is its share as it is.
+    ({"SLURM_STEP_TASKS_PER_NODE": "8(x16)", "SLURM_NODEID": "3", "SLURM_JOB_CPUS_PER_NODE": "64(x16)"}, 8, 8,
+     "8 CPUs bound to this task"),  # task/cgroup --cpu-bind=cores: mask 8 of the node's 64
+    ({"SLURM_STEP_TASKS_PER_NODE": "8(x16)", "SLURM_CPU_BIND_TYPE": "mask_cpu:"}, 8, 8, "bound to this task"),
+    ({"SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_CPU_BIND_TYPE": "none", "SLURM_JOB_CPUS_PER_NODE": "2"}, 2, 1,
+     "2 usable CPUs / 2 tasks"),  # --cpu-bind=none, mask = the whole allocation: divided
+    ({"SLURM_CPUS_PER_TASK": "8"}, 1, 1, "SLURM_CPUS_PER_TASK=8 capped by the 1 usable CPUs"),
+    ({"SLURM_TASKS_PER_NODE": "4", "SLURM_NODEID": "5", "SLURM_STEP_NUM_TASKS": "24", "SLURM_STEP_NUM_NODES": "6"},
+     64, 16, "64 usable CPUs / 4 tasks on this node (SLURM_STEP_NUM_TASKS / SLURM_STEP_NUM_NODES"),  # not 64
+    ({"SLURM_TASKS_PER_NODE": "4", "SLURM_NODEID": "5"}, 64, 16, "SLURM_TASKS_PER_NODE, largest entry"),
+    ({"SLURM_STEP_TASKS_PER_NODE": "3", "SLURM_NODEID": "1", "SLURM_NTASKS": "5", "SLURM_NNODES": "2"}, 12, 4,
+     "12 usable CPUs / 3 tasks"),  # ceil(5 / 2)
+    ({"OMP_NUM_THREADS": "4,2"}, 16, 4, "OMP_NUM_THREADS=4"),  # OpenMP nested form: the first level
 ])
 def test_thread_budget(env, cpus, threads, why):
     n, reason = thread_budget(env, cpus)
     assert n == threads and why in reason, (n, reason)
 
 
-@pytest.mark.parametrize("env", [{"OMP_NUM_THREADS": "0"}, {"SLURM_CPUS_PER_TASK": "x"},
+# DALI's default (review finding 1): the CPU share, never torchrun's blanket OMP_NUM_THREADS=1.
+@pytest.mark.parametrize("env, cpus, threads, why", [
+    # colossalai run / torchrun --nproc_per_node 8 on a 64-core node: 8, not 1 (the old fixed 4 was below it)
+    ({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8", "OMP_NUM_THREADS": "1"}, 64, 8, "64 usable CPUs / 8 tasks"),
+    # torchrun 2 workers on 2 cores: 1 each, the share (more would fight PyTorch's threads)
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}, 2, 1, "2 usable CPUs / 2 tasks"),
+    # srun bound to 8 cores per task on 16 nodes
+    ({**SRUN_NODE2, "SLURM_STEP_TASKS_PER_NODE": "8(x16)", "SLURM_CPU_BIND_TYPE": "cores", "OMP_NUM_THREADS": "1"},
+     8, 8, "8 CPUs bound to this task"),
+    ({**SRUN_NODE2, "SLURM_CPUS_PER_TASK": "6", "OMP_NUM_THREADS": "2"}, 48, 6, "SLURM_CPUS_PER_TASK=6"),
+    ({**SRUN_NODE2, "SLURM_CPUS_PER_TASK": "16"}, 4, 4, "capped by the 4 usable CPUs"),
+    ({"OMP_NUM_THREADS": "1"}, 16, 16, "16 usable CPUs, one process"),  # plain python with a user's OMP=1
+])
+def test_dali_threads_follow_the_cpu_share_not_omp(env, cpus, threads, why):
+    from vitlarge.launch import dali_threads
+
+    n, reason = dali_threads(env, cpus)
+    assert n == threads and why in reason, (n, reason)
+
+
+@pytest.mark.parametrize("env", [{"OMP_NUM_THREADS": "0"}, {"SLURM_CPUS_PER_TASK": "x"}, {"OMP_NUM_THREADS": "x,2"},
                                  {"SLURM_STEP_TASKS_PER_NODE": "2(x"}])
 def test_thread_budget_bad_values_name_the_variable(env):
     with pytest.raises(UserError, match=next(iter(env))):

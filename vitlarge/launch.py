@@ -123,46 +123,105 @@ def choose_device(requested: str = "auto", local_rank: int = 0):
     return torch.device("cpu"), "gloo"
 
 
+def _slurm_counts(env, key: str) -> list[int]:
+    """A Slurm per-node count list (``"2(x3),1"``: 2 on each of the first 3 nodes, 1 on the fourth)."""
+    counts = []
+    for part in env[key].split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not m:
+            raise UserError(f"environment variable {key}={env[key]!r} is not a Slurm per-node count list")
+        counts += [int(m[1])] * int(m[2] or 1)
+    return counts
+
+
+def _node_entry(env, key: str) -> int | None:
+    """This node's entry (``SLURM_NODEID``) of the count list ``key``; None when unset or out of range
+    (heterogeneous steps; the job-level lists are indexed by job nodes, SLURM_NODEID by step nodes)."""
+    if not env.get(key):
+        return None
+    counts = _slurm_counts(env, key)
+    node = _int_env(env, "SLURM_NODEID") if env.get("SLURM_NODEID") else 0
+    return counts[node] if node < len(counts) else None
+
+
 def _tasks_on_this_node(env) -> tuple[int, str] | None:
     """How many tasks of this job step share this node, from the launcher's variables (None: unknown).
 
-    Slurm: ``SLURM_STEP_TASKS_PER_NODE`` / ``SLURM_TASKS_PER_NODE`` (``"2(x3),1"``: 2 tasks on each of
-    the first 3 nodes, 1 on the fourth), indexed by ``SLURM_NODEID``; else ``SLURM_NTASKS_PER_NODE``.
+    Slurm: ``SLURM_STEP_TASKS_PER_NODE`` / ``SLURM_TASKS_PER_NODE`` indexed by ``SLURM_NODEID``; if the
+    node is not in the list, the step's average rounded up (``SLURM_STEP_NUM_TASKS`` / ``SLURM_STEP_NUM_NODES``,
+    never "one task": that would give every task the whole node); else ``SLURM_NTASKS_PER_NODE``.
     torchrun: ``LOCAL_WORLD_SIZE``."""
     if "LOCAL_WORLD_SIZE" in env:
         return _int_env(env, "LOCAL_WORLD_SIZE"), "LOCAL_WORLD_SIZE"
-    for key in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
-        if env.get(key):
-            counts = []
-            for part in env[key].split(","):
-                m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
-                if not m:
-                    raise UserError(f"environment variable {key}={env[key]!r} is not a Slurm task count list")
-                counts += [int(m[1])] * int(m[2] or 1)
-            node = _int_env(env, "SLURM_NODEID") if env.get("SLURM_NODEID") else 0
-            if node < len(counts):
-                return counts[node], key
+    listed = [k for k in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE") if env.get(k)]
+    for key in listed:
+        n = _node_entry(env, key)
+        if n is not None:
+            return n, key
+    for tasks, nodes in (("SLURM_STEP_NUM_TASKS", "SLURM_STEP_NUM_NODES"), ("SLURM_NTASKS", "SLURM_NNODES")):
+        if env.get(tasks) and env.get(nodes) and _int_env(env, nodes) >= 1:
+            return -(-_int_env(env, tasks) // _int_env(env, nodes)), f"{tasks} / {nodes}, rounded up"
     if env.get("SLURM_NTASKS_PER_NODE"):
         return _int_env(env, "SLURM_NTASKS_PER_NODE"), "SLURM_NTASKS_PER_NODE"
+    if listed:  # a list that does not cover this node and nothing to average: the largest entry
+        return max(_slurm_counts(env, listed[0])), f"{listed[0]}, largest entry"
     return None
 
 
-def thread_budget(env, usable_cpus: int) -> tuple[int, str]:
-    """CPU threads one process should run (PyTorch's intra-op pool, DALI's default), and why.
+def _bound_per_task(env, usable_cpus: int) -> bool:
+    """Whether Slurm already bound this task to its own CPUs (task/affinity or task/cgroup with
+    ``--cpu-bind=cores`` etc.): the mask is then this task's share, not the node's."""
+    bind = env.get("SLURM_CPU_BIND_TYPE", "").strip().lower()
+    if bind and not bind.startswith("none"):
+        return True
+    allocated = _node_entry(env, "SLURM_JOB_CPUS_PER_NODE") if env.get("SLURM_JOB_CPUS_PER_NODE") else None
+    return allocated is not None and usable_cpus < allocated
 
-    The first of: ``OMP_NUM_THREADS`` (torchrun sets 1 per worker; a user's value always wins),
-    ``SLURM_CPUS_PER_TASK`` (``--cpus-per-task``), else ``usable_cpus`` (this process's CPU affinity)
-    divided by the tasks on this node (at least 1). Pure: ``env`` and the CPU count are arguments."""
-    for key in ("OMP_NUM_THREADS", "SLURM_CPUS_PER_TASK"):
-        if env.get(key):
-            n = _int_env(env, key)
-            if n < 1:
-                raise UserError(f"environment variable {key}={env[key]} must be a positive thread count")
-            return n, f"{key}={n}"
+
+def cpu_share(env, usable_cpus: int) -> tuple[int, str]:
+    """The CPUs this process may use, and why; the size of DALI's default pool (``data.num_threads=0``) and,
+    unless ``OMP_NUM_THREADS`` is set, of PyTorch's. Ignores ``OMP_NUM_THREADS`` on purpose: torchrun
+    exports 1 to every worker whatever the CPUs, which says nothing about how many a data pipeline may use.
+
+    ``usable_cpus`` is this process's affinity mask. A mask Slurm bound to this task alone is the share as
+    it is; ``SLURM_CPUS_PER_TASK`` (capped by the mask: from 22.05 srun does not inherit it from sbatch, yet
+    the variable still reaches the tasks); else the mask divided by the tasks on this node. At least 1.
+    Pure: ``env`` and the CPU count are arguments."""
+    usable_cpus = max(1, usable_cpus)
+    if _bound_per_task(env, usable_cpus):
+        return usable_cpus, f"{usable_cpus} CPUs bound to this task by Slurm"
+    if env.get("SLURM_CPUS_PER_TASK"):
+        n = _int_env(env, "SLURM_CPUS_PER_TASK")
+        if n < 1:
+            raise UserError(f"environment variable SLURM_CPUS_PER_TASK={env['SLURM_CPUS_PER_TASK']} must be a positive CPU count")
+        if n > usable_cpus:
+            return usable_cpus, f"SLURM_CPUS_PER_TASK={n} capped by the {usable_cpus} usable CPUs"
+        return n, f"SLURM_CPUS_PER_TASK={n}"
     tasks = _tasks_on_this_node(env)
     if tasks is None or tasks[0] < 1:
-        return max(1, usable_cpus), f"{usable_cpus} usable CPUs, one process on this node"
+        return usable_cpus, f"{usable_cpus} usable CPUs, one process on this node"
     return max(1, usable_cpus // tasks[0]), f"{usable_cpus} usable CPUs / {tasks[0]} tasks on this node ({tasks[1]})"
+
+
+def thread_budget(env, usable_cpus: int) -> tuple[int, str]:
+    """PyTorch's intra-op threads for one process, and why: ``OMP_NUM_THREADS`` if set (torchrun sets 1 per
+    worker; a user's value always wins; OpenMP's nested form ``"4,2"`` gives its first level), else
+    ``cpu_share``. Pure: ``env`` and the CPU count are arguments."""
+    raw = env.get("OMP_NUM_THREADS", "").strip()
+    if raw:
+        first = raw.split(",")[0].strip()
+        if not first.isdigit() or int(first) < 1:
+            raise UserError(f"environment variable OMP_NUM_THREADS={raw} must be a positive thread count")
+        return int(first), f"OMP_NUM_THREADS={first}"
+    return cpu_share(env, usable_cpus)
+
+
+def dali_threads(env, usable_cpus: int) -> tuple[int, str]:
+    """DALI's default ``num_threads`` (recipe ``data.num_threads=0``): the process's ``cpu_share``, never
+    ``OMP_NUM_THREADS`` (torchrun's blanket 1 would leave one decode/read thread per GPU). Where the share
+    is 4 CPUs or more this is at least the old fixed default of 4; below that the share wins, since more
+    DALI threads than CPUs only fight PyTorch's for them. Pure."""
+    return cpu_share(env, usable_cpus)
 
 
 def size_thread_pools(env=None) -> tuple[int, str]:
