@@ -76,11 +76,13 @@ def cluster2():
 
 
 def srun(nodes: int, ntasks: int, args: list[str], before: list[str] = (), env: dict | None = None,
-         timeout: float = 300, command: list[str] | None = None) -> subprocess.CompletedProcess:
-    """`srun -N nodes -n ntasks -O [before...] python train.py args` from the repository root."""
+         timeout: float = 300, command: list[str] | None = None, drop: tuple = ()) -> subprocess.CompletedProcess:
+    """`srun -N nodes -n ntasks -O [before...] python train.py args` from the repository root; ``drop``:
+    variables of the tests' usual environment (tests/launcher.py) the tasks must not get."""
     cmd = ["srun", "-N", str(nodes), "-n", str(ntasks), "-O", f"--job-name={JOB_NAME}", "--time=5", *before,
            *(command or [sys.executable, "train.py"]), *args]
-    return subprocess.run(cmd, cwd=ROOT, env={**launcher.env(), **(env or {})}, capture_output=True, text=True,
+    full = {k: v for k, v in {**launcher.env(), **(env or {})}.items() if k not in drop}
+    return subprocess.run(cmd, cwd=ROOT, env=full, capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -123,14 +125,19 @@ def test_srun_one_task_per_node_matches_one_node_bitwise(two_nodes_2, one_node_2
 
 
 def test_srun_two_tasks_per_node_matches_one_node_bitwise(cluster2, demo_data, tmp_path):
-    """4 ranks, 2 per node: SLURM_LOCALID is 0 and 1 on each node; 4 processes on 2 CPUs."""
+    """4 ranks, 2 per node: SLURM_LOCALID is 0 and 1 on each node; 4 processes on 2 CPUs. The srun tasks get
+    no OMP_NUM_THREADS, as srun starts them: the thread budget comes from Slurm's tasks per node (still 1
+    thread, so the bitwise comparison with 4 colossalai-run processes holds)."""
     steps = ("train.max_steps=3", "train.checkpoint_every_steps=1000")
     one = tmp_path / "one_node"
     assert_ok(timed("colossalai run, 4 processes", launcher.run, train_args(demo_data, one, *steps), nproc=4))
     two = tmp_path / "two_nodes"
-    r = timed("srun -N 2 -n 4", srun, 2, 4, train_args(demo_data, two, *steps), before=["--ntasks-per-node=2"])
+    r = timed("srun -N 2 -n 4", srun, 2, 4, train_args(demo_data, two, *steps), before=["--ntasks-per-node=2"],
+              drop=("OMP_NUM_THREADS",))
     assert_ok(r)
     assert "x 4 (devices)" in r.stdout + r.stderr
+    assert re.search(r"threads: 1 per process \(\d+ usable CPUs / 2 tasks on this node \(SLURM_STEP_TASKS_PER_NODE\)\)",
+                     r.stdout + r.stderr), (r.stdout + r.stderr)[-3000:]
     assert sorted(p.name for p in (two / "checkpoints" / "step_0000003").glob("rank_*.pt")) == \
         [f"rank_{i:05d}.pt" for i in range(4)]
     assert_bitwise_equal(final_weights(one), final_weights(two))
@@ -195,7 +202,8 @@ def test_node_whose_tasks_never_join_times_out_naming_host_and_port(cluster2, de
     for rank in (0, 1):  # every surviving task says where it waited
         mine = [e for e in errors if f"(rank {rank} of 4, slurm)" in e]
         assert mine and re.search(r"rendezvous at vlnode1:2\d{4} did not complete within 5s", mine[0]), errors
-    assert elapsed < 100, f"took {elapsed:.0f}s: the 5 s rendezvous timeout was not honoured"
+    # The tasks of node 2 sleep 120 s: ending before that proves nobody waited for them (the 5 s is in the message).
+    assert elapsed < 120, f"took {elapsed:.0f}s: the 5 s rendezvous timeout was not honoured"
     assert not (tmp_path / "checkpoints").exists()
 
 
