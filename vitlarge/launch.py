@@ -23,6 +23,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 import warnings
 from dataclasses import dataclass
 
@@ -52,16 +53,24 @@ def _int_env(env, key: str) -> int:
         raise UserError(f"environment variable {key}={env[key]!r} is not an integer; fix the launcher settings") from None
 
 
-def _first_slurm_host(nodelist: str) -> str:
+def _slurm_hosts(nodelist: str) -> list[str]:
+    """The host names of a Slurm node list (``vlnode[1-2]``), expanded by ``scontrol show hostnames``."""
     if not any(c in nodelist for c in "[,"):
-        return nodelist
+        return [nodelist]
     try:
         out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
-        return out.stdout.split()[0]
+        hosts = out.stdout.split()
+        if not hosts:
+            raise IndexError
+        return hosts
     except (OSError, subprocess.CalledProcessError, IndexError):
         raise UserError(
             f"cannot expand SLURM_JOB_NODELIST={nodelist!r} with 'scontrol show hostnames'; set MASTER_ADDR"
         ) from None
+
+
+def _first_slurm_host(nodelist: str) -> str:
+    return _slurm_hosts(nodelist)[0]
 
 
 def detect(env=None) -> DistEnv:
@@ -246,20 +255,23 @@ def size_thread_pools(env=None) -> tuple[int, str]:
 SOCKET_IFNAME_ENVS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
-def route_interface(host: str, port: int) -> tuple[str, str]:
-    """The network interface (name, this node's IPv4 address on it) through which this node reaches
-    ``host``, as this node resolves the name. A UDP ``connect`` picks the route and sends nothing."""
+def _interface_of(local: str) -> str:
+    """The name of the interface that holds the address ``local`` (IPv4 or IPv6); "" if none does."""
     import fcntl
+    import ipaddress
     import struct
 
-    try:
-        addr = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_DGRAM)[0][4][0]
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((addr, port))
-            local = s.getsockname()[0]
-    except OSError as e:
-        raise UserError(f"cannot resolve or route to the master {host}:{port} from {socket.gethostname()} ({e}); "
-                        "set MASTER_ADDR to an address every node reaches", same_on_all_ranks=False) from None
+    ip = ipaddress.ip_address(local.split("%")[0])
+    if ip.version == 6:
+        try:  # /proc/net/if_inet6: address (32 hex digits), index, prefix, scope, flags, name
+            with open("/proc/net/if_inet6") as f:
+                for line in f:
+                    fields = line.split()
+                    if len(fields) >= 6 and ipaddress.ip_address(int(fields[0], 16)) == ip:
+                        return fields[5]
+        except OSError:
+            pass
+        return "lo" if ip.is_loopback else ""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         for _, name in socket.if_nameindex():
             try:  # SIOCGIFADDR: the interface's IPv4 address
@@ -267,24 +279,88 @@ def route_interface(host: str, port: int) -> tuple[str, str]:
             except OSError:
                 continue  # no IPv4 address on it
             if socket.inet_ntoa(raw[20:24]) == local:
-                return name, local
-    return "lo" if local.startswith("127.") else "", local
+                return name
+    return "lo" if ip.is_loopback else ""
+
+
+def route_interface(host: str, port: int) -> tuple[str, str]:
+    """The network interface (name, this node's address on it) through which this node reaches ``host``,
+    as this node resolves the name (IPv4 or IPv6: ``AF_UNSPEC``). A UDP ``connect`` picks the route and
+    sends nothing. Raises ``OSError`` when the name does not resolve or no route leads there."""
+    family, _, _, _, addr = socket.getaddrinfo(host, port, socket.AF_UNSPEC, socket.SOCK_DGRAM)[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect(addr)
+        local = s.getsockname()[0]
+    return _interface_of(local), local
+
+
+def _is_loopback(local: str) -> bool:
+    import ipaddress
+
+    return ipaddress.ip_address(local.split("%")[0]).is_loopback
+
+
+def _step_nodes(env) -> int:
+    for key in ("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
+        if env.get(key, "").isdigit():
+            return int(env[key])
+    return 1
+
+
+def choose_interface(dist_env: DistEnv, env) -> tuple[str, str]:
+    """(interface for gloo, why) for a Slurm task; ("", reason) to leave gloo's default.
+
+    The interface that routes to the master as this node resolves its name. When that is loopback
+    (Debian/Ubuntu's ``127.0.1.1 <hostname>`` line on the master's own node) and the step spans several
+    nodes, gloo there would listen where no other node reaches it: the route to another host of the step
+    is taken instead; if there is none, a ``UserError`` names the /etc/hosts entry. A name that does not
+    resolve or route leaves the choice to gloo (TCPStore then reports the real problem)."""
+    where = socket.gethostname()
+    try:
+        name, local = route_interface(dist_env.master_addr, dist_env.master_port)
+    except OSError as e:
+        return "", f"cannot resolve or route to the master {dist_env.master_addr} from {where} ({e})"
+    if not _is_loopback(local) or _step_nodes(env) <= 1:
+        return name, f"routes to the master {dist_env.master_addr}"
+    me = {env.get("SLURMD_NODENAME", ""), where, where.split(".")[0]}
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")
+    for host in (h for h in (_slurm_hosts(nodelist) if nodelist else []) if h not in me):
+        try:
+            other, mine = route_interface(host, dist_env.master_port)
+        except OSError:
+            continue
+        if other and not _is_loopback(mine):
+            return other, f"routes to {host} (the master {dist_env.master_addr} resolves to loopback here)"
+    resolved = socket.getaddrinfo(dist_env.master_addr, dist_env.master_port, socket.AF_UNSPEC, socket.SOCK_DGRAM)[0][4][0]
+    raise UserError(
+        f"on {where} the master {dist_env.master_addr} resolves to the loopback address {resolved} (an /etc/hosts "
+        f"entry such as '127.0.1.1 {dist_env.master_addr}'), and no other node of the step routes elsewhere: the "
+        "other nodes could not reach gloo here; fix that /etc/hosts entry or set GLOO_SOCKET_IFNAME to the "
+        "interface the nodes share", same_on_all_ranks=False)
 
 
 def bind_interface(dist_env: DistEnv, env=None) -> str:
-    """Under Slurm, points gloo and NCCL at the interface that routes to the master, unless the user set
-    ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME``; returns the interface gloo will use ("" when
-    left to gloo). Without it gloo binds to the address this node's hostname resolves to, which on
-    many clusters (and in network namespaces) is loopback or a management network the other nodes
-    cannot reach, and the first collective hangs."""
+    """Under Slurm (world > 1), points gloo at ``choose_interface`` unless the user set
+    ``GLOO_SOCKET_IFNAME``; returns the interface gloo will use ("" when left to gloo, with a warning if
+    no route was found). Without it gloo binds to the address this node's hostname resolves to, which on
+    many clusters (and in network namespaces) is loopback or a network the other nodes cannot reach.
+
+    ``NCCL_SOCKET_IFNAME`` is left to NCCL (decided after review 16, finding 5): NCCL already skips
+    ``lo`` and ``docker*`` and prefers ``ib*``; forcing the interface that routes to the master would move
+    its bootstrap and socket fallback onto a management network on IB + Ethernet nodes, and a bare name
+    is a prefix to NCCL (``eth0`` also matches ``eth0.100``). Users set it themselves (``=ib0``: exact)."""
     env = os.environ if env is None else env
-    if dist_env.source != "slurm" or dist_env.world_size == 1 or all(env.get(k) for k in SOCKET_IFNAME_ENVS):
+    if dist_env.source != "slurm" or dist_env.world_size == 1 or env.get("GLOO_SOCKET_IFNAME"):
         return env.get("GLOO_SOCKET_IFNAME", "")
-    name, _ = route_interface(dist_env.master_addr, dist_env.master_port)
+    name, why = choose_interface(dist_env, env)
     if name:
-        for key in SOCKET_IFNAME_ENVS:
-            env.setdefault(key, name)
-    return env.get("GLOO_SOCKET_IFNAME", "")
+        env["GLOO_SOCKET_IFNAME"] = name
+    else:
+        import logging
+
+        logging.getLogger("vitlarge").warning(
+            f"{why}: gloo's interface left to its default; set GLOO_SOCKET_IFNAME if the rendezvous fails")
+    return name
 
 
 RENDEZVOUS_TIMEOUT_ENV = "VITLARGE_RENDEZVOUS_TIMEOUT"
@@ -329,11 +405,13 @@ def init_distributed(dist_env: DistEnv, backend: str, timeout_s: float | None = 
         timeout_s = rendezvous_timeout_s()
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = dist_env.master_addr, str(dist_env.master_port)
     ifname = bind_interface(dist_env)
-    if dist_env.is_main and dist_env.source == "slurm" and dist_env.world_size > 1:
-        import logging
+    if dist_env.local_rank == 0 and dist_env.source == "slurm" and dist_env.world_size > 1:
+        import logging  # every node's first task: the interface is chosen per node
 
         logging.getLogger("vitlarge").info(
-            f"rendezvous at {dist_env.master_addr}:{dist_env.master_port}, gloo/NCCL interface {ifname or '(gloo default)'}")
+            f"rendezvous at {dist_env.master_addr}:{dist_env.master_port}, gloo interface on {socket.gethostname()}: "
+            f"{ifname or '(gloo default)'}")
+    t0 = time.monotonic()
     try:
         # The master waits for all world_size processes to connect: a missing task fails here, in time.
         # Under torchrun (and so colossalai run) the agent already serves a store on MASTER_PORT:
@@ -351,12 +429,19 @@ def init_distributed(dist_env: DistEnv, backend: str, timeout_s: float | None = 
         store.set_timeout(datetime.timedelta(seconds=collective_timeout_s))
         _KEEP_ALIVE.append(dist.group.WORLD)
     except (RuntimeError, dist.DistStoreError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(
-            f"rendezvous at {dist_env.master_addr}:{dist_env.master_port} did not complete within {timeout_s:.0f}s "
-            f"(rank {dist_env.rank} of {dist_env.world_size}, {dist_env.source}): {first}; "
-            "check that every process started and that the address is reachable", same_on_all_ranks=False,
-        ) from None
+        raise UserError(rendezvous_error(dist_env, e, time.monotonic() - t0, timeout_s, ifname),
+                        same_on_all_ranks=False) from None
+
+
+def rendezvous_error(dist_env: DistEnv, error: BaseException, elapsed_s: float, timeout_s: float, ifname: str) -> str:
+    """The one line a failed rendezvous prints: master, this task's host and interface, the measured time;
+    "did not complete within" only for a timeout (a store timeout, or the time spent reached the limit)."""
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    timed_out = "timed out" in first.lower() or "timeout" in first.lower() or elapsed_s >= 0.95 * timeout_s
+    what = f"did not complete within {timeout_s:.0f}s" if timed_out else f"failed after {elapsed_s:.1f}s"
+    return (f"rendezvous at {dist_env.master_addr}:{dist_env.master_port} {what} (rank {dist_env.rank} of "
+            f"{dist_env.world_size}, {dist_env.source}; on {socket.gethostname()}, interface {ifname or 'default'}, "
+            f"{elapsed_s:.1f}s): {first}; check that every process started and that the address is reachable")
 
 
 def quiet_imports() -> None:
