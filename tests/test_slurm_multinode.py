@@ -240,9 +240,8 @@ def test_kill_9_of_a_rank_on_node_2_fails_the_job_and_the_rerun_resumes(cluster2
     out = r.stderr + r.stdout
     assert f"resumed from {tmp_path / 'checkpoints'}/step_{complete[-1]:07d} at step {complete[-1]}" in out
     # srun -N 2 -n 2 (one task per node): the master is vlnode1 as each node resolves it, reached over the
-    # namespace's eth0, not loopback; each node's first task logs its own choice (gloo only; NCCL picks its own).
-    for node in NODES:
-        assert re.search(rf"rendezvous at vlnode1:2\d{{4}}, gloo interface on {node}: eth0", out), out[-3000:]
+    # namespace's eth0, not loopback (gloo only; NCCL picks its own). Only rank 0 logs INFO lines.
+    assert re.search(r"rendezvous at vlnode1:2\d{4}, gloo interface on vlnode1: eth0", out), out[-3000:]
     assert "x 2 (devices)" in out and "threads: 1 per process (OMP_NUM_THREADS=1)" in out
     # The same world size on one node (colossalai run): with gloo's ring order the same, this shows the rank /
     # shard mapping across nodes and the resume, not the network path.
