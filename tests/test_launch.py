@@ -231,13 +231,46 @@ SRUN_NODE2 = {"SLURM_PROCID": "2", "SLURM_NTASKS": "4", "SLURM_LOCALID": "0", "S
     ({"SLURM_STEP_TASKS_PER_NODE": "3,2(x2)", "SLURM_NODEID": "0"}, 8, 2, "8 usable CPUs / 3 tasks"),
     ({"SLURM_NTASKS_PER_NODE": "4"}, 8, 2, "(SLURM_NTASKS_PER_NODE)"),
     ({"SLURM_STEP_TASKS_PER_NODE": "8"}, 2, 1, "2 usable CPUs / 8 tasks"),  # oversubscribed: still 1
+    # Review findings 2, 3, 7: a mask Slurm bound to the task is its share as it is.
+    ({"SLURM_STEP_TASKS_PER_NODE": "8(x16)", "SLURM_NODEID": "3", "SLURM_JOB_CPUS_PER_NODE": "64(x16)"}, 8, 8,
+     "8 CPUs bound to this task"),  # task/cgroup --cpu-bind=cores: mask 8 of the node's 64
+    ({"SLURM_STEP_TASKS_PER_NODE": "8(x16)", "SLURM_CPU_BIND_TYPE": "mask_cpu:"}, 8, 8, "bound to this task"),
+    ({"SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_CPU_BIND_TYPE": "none", "SLURM_JOB_CPUS_PER_NODE": "2"}, 2, 1,
+     "2 usable CPUs / 2 tasks"),  # --cpu-bind=none, mask = the whole allocation: divided
+    ({"SLURM_CPUS_PER_TASK": "8"}, 1, 1, "SLURM_CPUS_PER_TASK=8 capped by the 1 usable CPUs"),
+    ({"SLURM_TASKS_PER_NODE": "4", "SLURM_NODEID": "5", "SLURM_STEP_NUM_TASKS": "24", "SLURM_STEP_NUM_NODES": "6"},
+     64, 16, "64 usable CPUs / 4 tasks on this node (SLURM_STEP_NUM_TASKS / SLURM_STEP_NUM_NODES"),  # not 64
+    ({"SLURM_TASKS_PER_NODE": "4", "SLURM_NODEID": "5"}, 64, 16, "SLURM_TASKS_PER_NODE, largest entry"),
+    ({"SLURM_STEP_TASKS_PER_NODE": "3", "SLURM_NODEID": "1", "SLURM_NTASKS": "5", "SLURM_NNODES": "2"}, 12, 4,
+     "12 usable CPUs / 3 tasks"),  # ceil(5 / 2)
+    ({"OMP_NUM_THREADS": "4,2"}, 16, 4, "OMP_NUM_THREADS=4"),  # OpenMP nested form: the first level
 ])
 def test_thread_budget(env, cpus, threads, why):
     n, reason = thread_budget(env, cpus)
     assert n == threads and why in reason, (n, reason)
 
 
-@pytest.mark.parametrize("env", [{"OMP_NUM_THREADS": "0"}, {"SLURM_CPUS_PER_TASK": "x"},
+# DALI's default (review finding 1): the CPU share, never torchrun's blanket OMP_NUM_THREADS=1.
+@pytest.mark.parametrize("env, cpus, threads, why", [
+    # colossalai run / torchrun --nproc_per_node 8 on a 64-core node: 8, not 1 (the old fixed 4 was below it)
+    ({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8", "OMP_NUM_THREADS": "1"}, 64, 8, "64 usable CPUs / 8 tasks"),
+    # torchrun 2 workers on 2 cores: 1 each, the share (more would fight PyTorch's threads)
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}, 2, 1, "2 usable CPUs / 2 tasks"),
+    # srun bound to 8 cores per task on 16 nodes
+    ({**SRUN_NODE2, "SLURM_STEP_TASKS_PER_NODE": "8(x16)", "SLURM_CPU_BIND_TYPE": "cores", "OMP_NUM_THREADS": "1"},
+     8, 8, "8 CPUs bound to this task"),
+    ({**SRUN_NODE2, "SLURM_CPUS_PER_TASK": "6", "OMP_NUM_THREADS": "2"}, 48, 6, "SLURM_CPUS_PER_TASK=6"),
+    ({**SRUN_NODE2, "SLURM_CPUS_PER_TASK": "16"}, 4, 4, "capped by the 4 usable CPUs"),
+    ({"OMP_NUM_THREADS": "1"}, 16, 16, "16 usable CPUs, one process"),  # plain python with a user's OMP=1
+])
+def test_dali_threads_follow_the_cpu_share_not_omp(env, cpus, threads, why):
+    from vitlarge.launch import dali_threads
+
+    n, reason = dali_threads(env, cpus)
+    assert n == threads and why in reason, (n, reason)
+
+
+@pytest.mark.parametrize("env", [{"OMP_NUM_THREADS": "0"}, {"SLURM_CPUS_PER_TASK": "x"}, {"OMP_NUM_THREADS": "x,2"},
                                  {"SLURM_STEP_TASKS_PER_NODE": "2(x"}])
 def test_thread_budget_bad_values_name_the_variable(env):
     with pytest.raises(UserError, match=next(iter(env))):
@@ -273,24 +306,73 @@ def test_size_thread_pools_in_a_fresh_process_sets_torch_and_omp():
 # --- the interface gloo and NCCL bind to across nodes -------------------------------------------------------
 
 
-def test_route_interface_to_loopback_and_to_an_unknown_host():
+def test_route_interface_to_loopback_ipv6_and_an_unknown_host():
     from vitlarge.launch import route_interface
 
     assert route_interface("127.0.0.1", 29500) == ("lo", "127.0.0.1")
-    with pytest.raises(UserError, match=r"cannot resolve or route to the master no-such-host.invalid:29500"):
+    assert route_interface("::1", 29500) == ("lo", "::1")  # AF_UNSPEC: an IPv6 master is routed too (finding 6)
+    with pytest.raises(OSError):
         route_interface("no-such-host.invalid", 29500)
 
 
-def test_bind_interface_fills_only_what_the_user_left_unset():
+def test_bind_interface_sets_only_gloo_and_only_what_the_user_left_unset():
+    """NCCL picks its own interface (review finding 5); gloo gets the route to the master."""
     from vitlarge.launch import bind_interface
 
-    slurm = DistEnv(1, 2, 0, "127.0.0.1", 29500, "slurm")
+    slurm = DistEnv(1, 2, 0, "127.0.0.1", 29500, "slurm")  # one node (no SLURM_STEP_NUM_NODES): loopback is right
     env = {}
-    assert bind_interface(slurm, env) == "lo" and env == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
-    env = {"NCCL_SOCKET_IFNAME": "ib0"}
-    assert bind_interface(slurm, env) == "lo" and env["NCCL_SOCKET_IFNAME"] == "ib0"
-    env = {"GLOO_SOCKET_IFNAME": "eth1", "NCCL_SOCKET_IFNAME": "ib0"}
-    assert bind_interface(slurm, env) == "eth1" and env == {"GLOO_SOCKET_IFNAME": "eth1", "NCCL_SOCKET_IFNAME": "ib0"}
+    assert bind_interface(slurm, env) == "lo" and env == {"GLOO_SOCKET_IFNAME": "lo"}
+    env = {"NCCL_SOCKET_IFNAME": "=ib0"}
+    assert bind_interface(slurm, env) == "lo" and env == {"NCCL_SOCKET_IFNAME": "=ib0", "GLOO_SOCKET_IFNAME": "lo"}
+    env = {"GLOO_SOCKET_IFNAME": "eth1"}
+    assert bind_interface(slurm, env) == "eth1" and env == {"GLOO_SOCKET_IFNAME": "eth1"}
     for other in (DistEnv(0, 1, 0, "127.0.0.1", 29500, "slurm"), DistEnv(0, 2, 0, "127.0.0.1", 29500, "torchrun")):
         env = {}
         assert bind_interface(other, env) == "" and env == {}  # one process, or torchrun: left as it was
+
+
+def test_unroutable_master_leaves_gloo_to_its_default_with_a_warning(caplog):
+    from vitlarge.launch import bind_interface
+
+    env = {"SLURM_STEP_NUM_NODES": "2"}
+    with caplog.at_level("WARNING", logger="vitlarge"):
+        assert bind_interface(DistEnv(1, 2, 0, "no-such-host.invalid", 29500, "slurm"), env) == ""
+    assert "GLOO_SOCKET_IFNAME" not in env and "cannot resolve or route to the master no-such-host.invalid" in caplog.text
+
+
+def test_loopback_master_on_a_multi_node_step_is_never_exported():
+    """Review finding 4: the master's name resolves to 127.0.1.1 on its own node (Debian's /etc/hosts). With
+    several nodes, lo is never exported: the route to another host of the step, or one line naming the entry."""
+    from vitlarge.launch import bind_interface, route_interface
+
+    master = DistEnv(0, 2, 0, "127.0.1.1", 29500, "slurm")
+    env = {"SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NODELIST": "127.0.0.2"}  # the other "node" is loopback too
+    with pytest.raises(UserError, match=r"resolves to the loopback address 127\.0\.1\.1 \(an /etc/hosts entry"):
+        bind_interface(master, env)
+    assert "GLOO_SOCKET_IFNAME" not in env
+    other = "10.255.255.1"  # a host of the step reached through this machine's default route
+    try:
+        expected = route_interface(other, 29500)[0]
+    except OSError:
+        expected = ""
+    env = {"SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NODELIST": other}
+    if expected in ("", "lo"):  # no default route here: the clear line again
+        with pytest.raises(UserError, match="/etc/hosts"):
+            bind_interface(master, env)
+    else:
+        assert bind_interface(master, env) == expected != "lo" and env["GLOO_SOCKET_IFNAME"] == expected
+
+
+def test_rendezvous_error_names_host_interface_time_and_claims_a_timeout_only_for_one():
+    import socket as _socket
+
+    from vitlarge.launch import rendezvous_error
+
+    env = DistEnv(1, 4, 1, "node1", 21234, "slurm")
+    timeout = rendezvous_error(env, RuntimeError("Socket Timeout"), 5.2, 5.0, "eth0")
+    assert timeout.startswith("rendezvous at node1:21234 did not complete within 5s (rank 1 of 4, slurm; on "
+                              f"{_socket.gethostname()}, interface eth0, 5.2s): Socket Timeout")
+    other = rendezvous_error(env, RuntimeError("Connection reset by peer\nmore"), 0.4, 300.0, "")
+    assert "failed after 0.4s" in other and "did not complete" not in other
+    assert "interface default" in other and other.endswith("Connection reset by peer; check that every process "
+                                                           "started and that the address is reachable")

@@ -69,8 +69,9 @@ class DataConfig:
     image_size: int = 224
     """Side in pixels of the square training and validation images."""
     num_threads: int = 0
-    """DALI worker threads per process; 0: the process's CPU budget from its launcher, the size
-    ``vitlarge.launch.size_thread_pools`` gave PyTorch's intra-op pool. A recipe's value wins."""
+    """DALI worker threads per process; 0: the process's CPU share from its launcher
+    (``vitlarge.launch.dali_threads``: affinity mask / tasks on the node, Slurm's binding and
+    ``--cpus-per-task``; not torchrun's blanket ``OMP_NUM_THREADS=1``). A recipe's value wins."""
     crop_scale: tuple = (0.08, 1.0)
     """Area fraction range of the random-resized crop."""
     crop_ratio: tuple = (3 / 4, 4 / 3)
@@ -342,7 +343,7 @@ RANGES = [
     (("train.global_batch", "train.micro_batch", "train.keep_checkpoints", "train.log_every_steps",
       "train.nan_patience", "train.loss_scale_growth_interval", "data.image_size", "data.num_classes",
       "data.num_train_examples"), lambda v: v >= 1, "positive"),
-    (("data.num_threads",), lambda v: v >= 0, ">= 0 (0: the process's CPU budget from its launcher)"),
+    (("data.num_threads",), lambda v: v >= 0, ">= 0 (0: the process's CPU share from its launcher)"),
     (("train.epochs", "optim.lr", "optim.eps", "train.init_loss_scale"), lambda v: v > 0, "positive"),
     (("train.checkpoint_every_steps",), lambda v: v >= 0, ">= 0 (0: no periodic checkpoints)"),
     (("train.max_steps",), lambda v: v >= 0, ">= 0 (0: the whole schedule)"),

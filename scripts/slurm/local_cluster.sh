@@ -158,9 +158,16 @@ start_net() {  # bridge vlbr0 = NET.1 in the host namespace; netns vlnodeI with 
     cannot "--nodes $NODES needs iproute2 (ip netns), unshare and nsenter (util-linux)"
   if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
     if ip -4 addr | grep -q " $NET\\."; then cannot "$NET.0/24 is already used on this machine; cannot make the test network"; fi
+    # A network reached through a gateway is not a local address, but vlbr0's connected /24 would take it
+    # over for the whole run (NFS or CI hosts there would become unreachable): any route other than the
+    # default one that covers $NET.2 means the subnet is in use.
+    local routed; routed=$(ip -4 route show match "$NET.2" 2>/dev/null | grep -v '^default' || true)
+    [[ -z $routed ]] || cannot "$NET.0/24 is routed on this machine ($routed); cannot make the test network"
     ip link add "$BRIDGE" type bridge 2>/dev/null || cannot "cannot create a bridge (ip link add $BRIDGE type bridge); needs CAP_NET_ADMIN"
+    echo "bridge $BRIDGE" >>"$STATE/made"
+    # br_netfilter (Docker hosts) would pass bridged frames through iptables, where FORWARD DROP eats them.
+    ip link set "$BRIDGE" type bridge nf_call_iptables 0 nf_call_ip6tables 0 2>/dev/null || true
     ip addr add "$NET.1/24" dev "$BRIDGE" && ip link set "$BRIDGE" up || die "cannot configure $BRIDGE"
-    echo "$BRIDGE" >>"$STATE/made"
   fi
   {
     echo "127.0.0.1 localhost"
@@ -177,6 +184,7 @@ start_net() {  # bridge vlbr0 = NET.1 in the host namespace; netns vlnodeI with 
     if ! ip netns exec "$ns" ip link show eth0 >/dev/null 2>&1; then
       ip link del "vlh$i" 2>/dev/null || true
       ip link add "vlh$i" type veth peer name eth0 netns "$ns" || die "cannot create veth pair vlh$i/$ns:eth0"
+      echo "veth vlh$i" >>"$STATE/made"
       ip link set "vlh$i" master "$BRIDGE" && ip link set "vlh$i" up || die "cannot attach vlh$i to $BRIDGE"
       ip netns exec "$ns" ip addr add "$NET.$((1 + i))/24" dev eth0 &&
         ip netns exec "$ns" ip link set eth0 up && ip netns exec "$ns" ip link set lo up || die "cannot configure eth0 in $ns"
@@ -185,14 +193,44 @@ start_net() {  # bridge vlbr0 = NET.1 in the host namespace; netns vlnodeI with 
   wait_until 10 net_ok || die "the test network did not come up (ip netns exec vlnode1 ip addr)"
 }
 
-stop_net() {  # removes what start_net made: namespaces (with their veth pairs), the bridge, the hosts file
-  local i
-  for ((i = 1; i <= 8; i++)); do
-    if ip netns list 2>/dev/null | grep -qw "^vlnode$i"; then ip netns del "vlnode$i" && say "removed network namespace vlnode$i"; fi
-    ip link del "vlh$i" 2>/dev/null || true
-  done
-  if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link del "$BRIDGE" && say "removed bridge $BRIDGE"; fi
+stop_net() {  # removes what start_net recorded in $STATE/made, nothing else: namespaces, veth pairs, the bridge
+  local kind name pids
+  if [[ -s $STATE/made ]]; then
+    # Namespaces first: processes still inside one (slurmstepd and its tasks outlive slurmd by KillWait)
+    # would keep it alive after `ip netns del`. Wait for them (bounded), then stop them.
+    while read -r kind name; do
+      [[ $kind == netns ]] || continue
+      ip netns list 2>/dev/null | grep -qw "^$name" || continue
+      if ! wait_until 20 bash -c "[[ -z \$(ip netns pids $name 2>/dev/null) ]]"; then
+        pids=$(ip netns pids "$name" 2>/dev/null | tr '\n' ' ')
+        say "stopping processes still in $name: $pids"
+        kill -KILL $pids 2>/dev/null || true
+      fi
+      ip netns del "$name" && say "removed network namespace $name"
+    done <"$STATE/made"
+    while read -r kind name; do
+      [[ -n $name ]] || { name=$kind; kind=bridge; }  # older state files listed the bridge alone
+      case $kind in
+        veth) ip link del "$name" 2>/dev/null || true ;;  # usually gone with its namespace
+        bridge) if ip link show "$name" >/dev/null 2>&1; then ip link del "$name" && say "removed bridge $name"; fi ;;
+      esac
+    done <"$STATE/made"
+  fi
   rm -f "$STATE/hosts" "$STATE/made"
+}
+
+probe_failed() { stop_slurm; stop_net; cannot "$1"; }  # leave nothing half made behind
+
+net_probe() {  # bounded TCP probes: every node -> the controller's port, node 1 -> every other node's slurmd
+  local i port
+  port=$(sed -n 's/^SlurmctldPort=//p' "$CONF" 2>/dev/null); port=${port:-6817}
+  for ((i = 1; i <= NODES; i++)); do
+    nsenter --net="/run/netns/vlnode$i" timeout 5 bash -c "exec 3<>/dev/tcp/$NET.1/$port" 2>/dev/null ||
+      probe_failed "vlnode$i cannot open TCP $NET.1:$port (slurmctld) over $BRIDGE: a firewall drops it (host INPUT rules, or br_netfilter with iptables FORWARD DROP, e.g. Docker); allow $NET.0/24 or run elsewhere"
+    ((i == 1)) && continue
+    nsenter --net=/run/netns/vlnode1 timeout 5 bash -c "exec 3<>/dev/tcp/$NET.$((1 + i))/6818" 2>/dev/null ||
+      probe_failed "vlnode1 cannot open TCP $NET.$((1 + i)):6818 (slurmd of vlnode$i) over $BRIDGE: bridged traffic is dropped (br_netfilter with iptables FORWARD DROP, e.g. Docker); allow it or run elsewhere"
+  done
 }
 
 start_slurmd() {  # start_slurmd NODE: one slurmd, in the host namespace (1 node) or in the node's namespaces
@@ -225,6 +263,7 @@ start_slurm() {
   fi
   local n
   for n in $(node_names); do start_slurmd "$n"; done
+  if ((NODES > 1)); then net_probe; fi
   if ! wait_until 30 nodes_ok; then
     # A node that was down (e.g. slurmd killed earlier) returns to service on registration
     # (ReturnToService=2); one that was drained by hand needs an explicit resume.

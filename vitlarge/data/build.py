@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from vitlarge.config import Config
@@ -29,9 +31,14 @@ def _pixels(values) -> tuple:
 
 
 def num_threads(cfg: Config) -> int:
-    """DALI threads: the recipe's ``data.num_threads``, or with 0 the size of PyTorch's intra-op pool,
-    which ``vitlarge.launch.size_thread_pools`` set from what the launcher gave this process."""
-    return cfg.data.num_threads or torch.get_num_threads()
+    """DALI threads: the recipe's ``data.num_threads``, or with 0 this process's CPU share from its launcher
+    (``vitlarge.launch.dali_threads``: affinity mask, Slurm binding, tasks on the node; not torchrun's
+    blanket ``OMP_NUM_THREADS=1``)."""
+    if cfg.data.num_threads:
+        return cfg.data.num_threads
+    from vitlarge.launch import dali_threads
+
+    return dali_threads(os.environ, len(os.sched_getaffinity(0)))[0]
 
 
 def train_loader(cfg: Config, rank: int, world_size: int, device: torch.device, state: str | None = None) -> TrainLoader:
