@@ -145,7 +145,7 @@ def test_another_architecture_or_patch_size_is_one_line(source, change, message)
 def test_a_missing_path_fails_in_train_py_before_the_data(tmp_path):
     missing = tmp_path / "nothing" / "model"
     r = subprocess.run([sys.executable, "train.py", "--config", str(DEMO), "--data", str(tmp_path / "no_data"),
-                        f"model.init_from={missing}"], cwd=ROOT, capture_output=True, text=True)
+                        "--workdir", str(tmp_path / "run"), f"model.init_from={missing}"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 2
     assert r.stderr.strip() == (f"error: model.init_from={missing} does not exist; pass an export folder "
                                 "(<workdir>/model), a checkpoints/step_* folder or a timm checkpoint file")
