@@ -331,6 +331,23 @@ def test_load_into_another_model_shape(tmp_path, cfg):
             checkpoint.load_model_weights(path, m2, other)
 
 
+def test_a_zero_checkpoint_is_refused_for_resume_but_its_weights_still_load(tmp_path, cfg):
+    """train.plugin=zero (removed) saved rank 0's optimizer shard only: resuming it would silently
+    restart the other ranks' LAMB states, so it is refused; its model.safetensors is whole."""
+    model, opt, scaler = trained(cfg)
+    path = save(tmp_path, 1, model, opt, scaler, cfg)
+    meta = json.loads((path / "meta.json").read_text())
+    meta["config"]["train"]["plugin"] = "zero"  # what a 0.1 ZeRO run recorded
+    (path / "meta.json").write_text(json.dumps(meta))
+    m2, o2, s2 = make(cfg, seed=1)
+    with pytest.raises(UserError) as e:
+        checkpoint.load(path, m2, o2, s2, cfg)
+    assert str(e.value) == (f"checkpoint {path} was written by train.plugin=zero (removed), whose optimizer file holds "
+                            f"rank 0's shard only and cannot be resumed; start a new --workdir with model.init_from={path}")
+    checkpoint.load_model_weights(path, m2, cfg)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), m2.state_dict().values()))
+
+
 def _try_tmpfs(path: Path, size: str) -> bool:
     path.mkdir(parents=True)
     r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)

@@ -331,6 +331,9 @@ def read(path: str | Path, model, cfg: Config) -> dict:
     path = Path(path)
     meta = read_meta(path)
     check_compatible(meta, path, model, cfg)
+    if meta.get("config", {}).get("train", {}).get("plugin") == "zero":  # removed in issue 12
+        raise UserError(f"checkpoint {path} was written by train.plugin=zero (removed), whose optimizer file holds "
+                        f"rank 0's shard only and cannot be resumed; start a new --workdir with model.init_from={path}")
     rank, world = rank_and_world()
     # With another world size the per-rank loader and RNG states do not map onto the new ranks:
     # we keep weights, optimizer (re-sharded exactly) and step, and start the loaders afresh (documented; not bitwise).

@@ -47,9 +47,11 @@ def inner(model: nn.Module) -> nn.Module:
 
 def full_shapes(model: nn.Module) -> dict[str, list[int]] | None:
     """The unsharded state dict's shapes, recorded when FSDP wrapped the model; None unless sharded."""
+    if not is_sharded(model):
+        return None  # and no import of vitlarge.fsdp (Colossal-AI's Booster: seconds, and it draws from `random`)
     from vitlarge.fsdp import FULL_SHAPES_ATTR
 
-    return getattr(_root(model), FULL_SHAPES_ATTR, None) if is_sharded(model) else None
+    return getattr(_root(model), FULL_SHAPES_ATTR, None)
 
 
 def model_tensors(model: nn.Module, rank: int) -> dict[str, torch.Tensor]:
