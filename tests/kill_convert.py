@@ -18,14 +18,14 @@ from data_tools import imagenet_to_tfrecord, tfrecord_io
 def kill_at(shard: str, record: int) -> None:
     """Patches `tfrecord_io.ShardWriter.write` in this process to SIGKILL it at ``shard:record``."""
     real = tfrecord_io.ShardWriter.write
-    written: dict[int, int] = {}
+    written: dict[str, int] = {}  # by path: a finished writer's id() can be reused by the next shard's
 
     def write(self, payload: bytes) -> None:
-        n = written.get(id(self), 0)
+        n = written.get(self.path, 0)
         if os.path.basename(self.path) == shard and n == record:
             self.flush()
             os.kill(os.getpid(), signal.SIGKILL)
-        written[id(self)] = n + 1
+        written[self.path] = n + 1
         real(self, payload)
 
     tfrecord_io.ShardWriter.write = write
