@@ -4,18 +4,24 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 NPROC ?= 2
+# STACK=cuda12 (default: torch 2.10, CUDA 12.8 wheel, driver >= 570) or cuda13 (newest torch, driver >= 580).
+STACK ?= cuda12
+STACK_FILE := $(if $(filter cuda13,$(STACK)),requirements/cuda13.txt,$(if $(filter cuda12,$(STACK)),requirements.txt,$(error STACK=$(STACK): use cuda12 or cuda13)))
 
 .PHONY: demo test install bench clean-demo
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed-$(STACK)
 
-$(VENV)/.installed: requirements.txt
+# Two steps: the stack, then Colossal-AI without its declared torch<=2.5.1 cap (requirements/colossalai.txt).
+$(VENV)/.installed-$(STACK): $(STACK_FILE) requirements/common.txt requirements/colossalai.txt
 	test -x $(PY) || python3 -m venv $(VENV)
-	@echo "installing requirements.txt into $(VENV) (about 4 minutes, 7 GB: torch's CUDA wheel, DALI)"
-	$(PY) -m pip install --progress-bar on -r requirements.txt
+	@echo "installing $(STACK_FILE) into $(VENV) (about 4 minutes, 7 GB: torch's CUDA wheel, DALI)"
+	$(PY) -m pip install --progress-bar on -r $(STACK_FILE)
+	$(PY) -m pip install --progress-bar on --no-deps -r requirements/colossalai.txt
+	rm -f $(VENV)/.installed-*
 	touch $@
 
-data/digits/dataset.json: | $(VENV)/.installed
+data/digits/dataset.json: | $(VENV)/.installed-$(STACK)
 	$(PY) -m data_tools.make_demo_dataset data/digits
 
 # colossalai run starts torchrun by name, so the venv's bin goes first on PATH. One OpenMP thread
