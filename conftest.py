@@ -15,9 +15,11 @@ DEPENDENCY_DEPRECATIONS = [
     # torch 2.10 warns from torch/jit/_script.py: its own torch/utils/mkldnn.py uses
     # torch.jit.script_method at import (reached from torch._inductor, which Colossal-AI and
     # torch.compile import), and Colossal-AI's shardformer calls torch.jit.script at import.
-    # vitlarge calls neither. By module: PYTHONWARNINGS matches a message only from its start,
-    # and these begin with a backtick, which `colossalai run` passes through a shell unquoted.
+    # vitlarge calls neither. torch 2.15 raises the same as FutureWarning. By module:
+    # PYTHONWARNINGS matches a message only from its start, and these begin with a backtick,
+    # which `colossalai run` passes through a shell unquoted.
     "ignore::DeprecationWarning:torch.jit._script",
+    "ignore::FutureWarning:torch.jit._script",
 ]
 
 
