@@ -26,13 +26,15 @@ Contract of `FSDPPlugin.configure`:
   input's dtype; same parameters and state dict), and so does the
   CPU-fp16 patch convolution `vitlarge.model.Fp32Conv2d` (`_ShardedFp32Conv2d`). Why a forward
   wrapper rather than a ``fully_shard`` group per LayerNorm with an fp32 policy (what FSDP1's
-  ``_module_classes_to_ignore`` amounted to): it costs no extra collective, where the groups would add
-  one all-gather per LayerNorm per forward and backward (and recompute) and one reduce-scatter
-  (2 x depth + 1 = 65 of each per micro-step on ViT-H/14, latency-bound at a few KB each); one group
-  for all LayerNorms would still add two collectives and breaks FSDP2's group hooks under
-  activation checkpointing (a recompute runs only some of the group's modules). The price: the
-  LayerNorm weight and bias enter the fp32 computation rounded to the compute dtype (as every Linear
-  weight does), while the normalisation itself (mean, variance, scaling) is fp32. ``fp32``: no casts.
+  ``_module_classes_to_ignore`` amounted to): it costs no extra collective, where such groups add two
+  all-gathers (forward, backward) and one reduce-scatter per LayerNorm per micro-step (2 x depth + 1
+  = 65 LayerNorms on ViT-H/14, latency-bound at a few KB each; benchmarks/bench_fsdp_collectives.py
+  counted 6 x depth + 3 all-gathers per micro-step with FSDP1's LayerNorm units, 2 x depth + 1 now). One group for all
+  LayerNorms would still add collectives, and FSDP2's multi-module groups expect their modules to run
+  forward together, which a per-block recompute under activation checkpointing does not. The price:
+  the LayerNorm weight and bias enter the fp32 computation rounded to the compute dtype (as every
+  Linear weight does), while the normalisation itself (mean, variance, scaling) is fp32. ``fp32``: no
+  casts.
 * every rank starts from rank 0's parameters and buffers: ``fully_shard`` keeps each rank's own rows
   of its own tensors (no broadcast), so a rank-dependent RNG draw before the build, or an
   ``init_from`` race, would give a mosaic of shards. We broadcast before sharding with the helper

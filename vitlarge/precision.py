@@ -63,7 +63,7 @@ class Precision:
     autocast. The scaler is ``torch.amp.GradScaler`` there too: the gradients are DTensors, and DTensor's
     handler for the unscale kernel (``_amp_foreach_non_finite_check_and_unscale_``) reduces ``found_inf``
     with a max over the mesh, so one rank's inf skips the step and lowers the scale on every rank.
-    (FSDP1's ``ShardedGradScaler`` would all-reduce it a second time and, on DTensor gradients in torch
+    (torch's ``ShardedGradScaler`` would all-reduce it a second time and, on DTensor gradients in torch
     2.10, warns about its non-scalar ``found_inf``.)"""
 
     def __init__(self, name: str, device: torch.device, init_scale: float = 2.0**16, growth_interval: int = 2000,
