@@ -149,11 +149,11 @@ class TrainConfig:
     """Optimizer steps without overflow after which the fp16 loss scale doubles."""
     plugin: Literal["ddp", "fsdp"] = "ddp"
     """Colossal-AI Booster plugin: ``ddp`` (TorchDDPPlugin: replicas) or ``fsdp`` (`vitlarge.fsdp`: weights,
-    gradients and LAMB states sharded over the ranks, one unit per transformer block; CPU and CUDA)."""
+    gradients and LAMB states sharded over the ranks by FSDP2, one group per transformer block; CPU and CUDA)."""
     fsdp_accumulation: Literal["auto", "no_sync", "reduce_scatter"] = "auto"
     """``fsdp`` with gradient accumulation: ``no_sync`` keeps full unsharded gradients between micro-steps
-    and reduce-scatters once per optimizer step (least traffic, +1 unsharded gradient of memory per rank;
-    fp32 only: under bf16/fp16 FSDP would add them in that dtype); ``reduce_scatter`` reduce-scatters
+    and reduce-scatters once per optimizer step (least traffic, +1 unsharded fp32 gradient of memory per rank;
+    FSDP2 accumulates it in fp32 under bf16/fp16 too); ``reduce_scatter`` reduce-scatters
     every micro-step into this rank's fp32 shard (least memory, ``accum_steps`` x the gradient traffic);
     ``auto``: reduce_scatter under bf16/fp16, no_sync under fp32. See docs/FSDP.md."""
     device: Literal["auto", "cuda", "cpu"] = "auto"
