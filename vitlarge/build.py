@@ -84,8 +84,15 @@ def compile_model(model: torch.nn.Module, plan: Plan) -> None:
     own fully specialised graph, compiled once and reused (``recompile_limit`` of them), rather than one
     graph with symbolic sizes that Inductor optimises less. Dynamo's recompile limit is a process-wide
     setting: raised here, never lowered."""
+    import warnings
+
     import torch._dynamo
 
+    with warnings.catch_warnings():
+        # torch 2.10's Inductor imports torch.utils.mkldnn, whose classes use the deprecated
+        # torch.jit.script_method: torch's own import-time warning, not a call of ours.
+        warnings.filterwarnings("ignore", message="`torch.jit.script_method` is deprecated", category=DeprecationWarning)
+        import torch._inductor.compile_fx  # noqa: F401
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, recompile_limit(plan))
     model.compile(dynamic=False)
 
