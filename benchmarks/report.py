@@ -358,7 +358,12 @@ def compile_section(d: dict | None) -> list[str]:
              f"{d['precision']}, LAMB, one process, {d['threads']} threads, engines built by `vitlarge.build.build` with "
              f"`train.compile` off and on; {d['rounds']} interleaved rounds of {d['steps_per_round']} step(s), medians. "
              f"Compiling ({d['graphs']} graph, forward and backward) took **{d['compile_s']:.0f} s** (the compiled "
-             "engine's first step minus the eager one's).\n",
+             "engine's first step minus the eager one's). "
+             f"Machine: {d['machine']['cpu']}, {d['machine']['os_cpus']} cores "
+             f"({'AVX-512' if any(f.startswith('avx512') for f in d['machine']['cpu_flags']) else 'no AVX-512'}), torch "
+             f"{d['machine']['torch']}; shared: load average {d['machine']['load_average'][1]} over the run's last 5 "
+             "minutes (other jobs' tests), so the compile time is longer than on an idle machine and the step "
+             "ratios are the figure to read.\n",
              "| contender | s/step (wall) | CPU s/step | images/s (wall) | vs eager (wall / CPU) | first step (s) |",
              "|---|---:|---:|---:|---:|---:|"]
     lines += [f"| `{k}` | {v['step_s']['median']:.3f} | {v['cpu_s_per_step']['median']:.3f} | {v['images_per_s']:.1f} | "

@@ -55,15 +55,15 @@ def resolve_compile(cfg: Config, device: torch.device) -> str:
     """Replaces ``cfg.train.compile`` ``auto`` by ``on`` (CUDA) or ``off`` (CPU); returns the line the run
     logs: which, and why.
 
-    CPU is off because there it does not pay: on 2 cores of an AMD EPYC (AVX2) the compiled demo model
-    stepped no faster than eager and compiling took ~1 minute (ViT-S/16: docs/PERFORMANCE.md, "torch.compile").
+    CPU is off because there it does not pay: on 2 cores of an AMD EPYC (AVX2, shared) a compiled
+    ViT-S/16 step took 1.25x the eager one and compiling it took minutes (docs/PERFORMANCE.md, section 10).
     On CUDA Inductor fuses the norms, GELUs, residual adds and casts between the matmuls into a few
     kernels, which is where a ViT step spends its non-matmul time."""
     requested = cfg.train.compile
     if requested == "auto":
         cfg.train.compile = "on" if device.type == "cuda" else "off"
         why = ("CUDA: Inductor fuses the elementwise work between the matmuls" if device.type == "cuda" else
-               "CPU: measured no faster than eager here, and compiling costs about a minute (docs/PERFORMANCE.md)")
+               "CPU: measured slower than eager (ViT-S/16: 0.8x), and compiling takes minutes (docs/PERFORMANCE.md)")
         return f"compile auto -> {cfg.train.compile}: {why}"
     return f"compile {requested}: set by the recipe"
 

@@ -151,7 +151,7 @@ class TrainConfig:
     """``on``: the model's forward (and so its backward) runs through ``torch.compile`` (`nn.Module.compile`
     before the Booster: parameter names, checkpoints and exports unchanged; static shapes, one graph per
     input shape and train/eval, the recompile limit sized to the phases: `vitlarge.build.compile_model`).
-    ``auto``: on with CUDA, off on CPU, where it measured slower and costs a minute of compiling
+    ``auto``: on with CUDA, off on CPU, where it measured slower (0.8x) and costs minutes of compiling
     (docs/PERFORMANCE.md); resolved at start and logged (`vitlarge.build.resolve_compile`)."""
     plugin: Literal["ddp", "fsdp"] = "ddp"
     """Colossal-AI Booster plugin: ``ddp`` (TorchDDPPlugin: replicas) or ``fsdp`` (`vitlarge.fsdp`: weights,
