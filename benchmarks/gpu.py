@@ -12,7 +12,8 @@ round by round, medians:
    it (`gpu_device.datasheet_peak`).
 2. ``train``: ViT-B/16 at 224 px, micro-batch 256 (halved until it fits, reported), accumulation 4:
    vitlarge's engine (`gpu_train.EngineRun`) in fp16 and bf16 against a bare loop with timm's Lamb
-   (`gpu_train.BareLoop`): images/s, step time, peak memory (each contender's own, above what the
+   (`gpu_train.BareLoop`), and the bf16 engine with ``train.compile=on`` (``vitlarge_compiled_bf16``;
+   compiled in its warm-up, not under ``--tiny``): images/s, step time, peak memory (each contender's own, above what the
    others hold), MFU. Model FLOPs: 3 x the forward FLOPs that `vitlarge.model.describe_model` counts
    (``FlopCounterMode`` on the meta device: every matmul, attention included); recomputation is
    not counted, as usual for MFU.
@@ -98,21 +99,26 @@ def mfu(flops_per_s: float, peak: dict, dtype: str) -> dict:
             "vs_datasheet": round(flops_per_s / sheet["dense_bf16_fp16_flops"], 4) if sheet else None}
 
 
+COMPILE_SKIPPED = "not compiled under --tiny (compiling takes about a minute on a CPU): the eager engine's code"
+
+
 def build_contenders(micro: int, s: dict, device, path: str, tiny: bool) -> tuple[dict, dict]:
-    """All four training contenders at ``micro``, each warmed up; its own peak memory measured then."""
+    """All five training contenders at ``micro``, each warmed up (the compiled one compiles in its warm-up,
+    outside the timing); its own peak memory measured then. ``vitlarge_compiled_bf16`` is the bf16 engine
+    with ``train.compile=on`` (what ``auto`` gives on CUDA), except under ``--tiny`` (`COMPILE_SKIPPED`)."""
     from benchmarks.gpu_train import BareLoop, EngineRun, kit_config
 
     made, memory = {}, {}
-    for prec in ("bf16", "fp16"):
-        for side in ("vitlarge", "bare"):
-            cfg = kit_config("vit_b16", prec, micro, s["accum"], tiny)
-            base = dev.allocated(device)
-            dev.reset_peak(device)
-            c = EngineRun(cfg, device, path) if side == "vitlarge" else BareLoop(cfg, device)
-            for _ in range(s["warmup"]):
-                c.step()
-            dev.synchronize(device)
-            made[f"{side}_{prec}"], memory[f"{side}_{prec}"] = c, dev.peak_since_reset(device, base)
+    for prec, side in (("bf16", "vitlarge"), ("bf16", "bare"), ("fp16", "vitlarge"), ("fp16", "bare"),
+                       ("bf16", "vitlarge_compiled")):
+        cfg = kit_config("vit_b16", prec, micro, s["accum"], tiny, compile=side.endswith("compiled") and not tiny)
+        base = dev.allocated(device)
+        dev.reset_peak(device)
+        c = EngineRun(cfg, device, path) if side.startswith("vitlarge") else BareLoop(cfg, device)
+        for _ in range(s["warmup"]):
+            c.step()
+        dev.synchronize(device)
+        made[f"{side}_{prec}"], memory[f"{side}_{prec}"] = c, dev.peak_since_reset(device, base)
     return made, memory
 
 
@@ -151,6 +157,10 @@ def train_section(device: torch.device, path: str, s: dict, peak: dict, tiny: bo
                      "mfu": mfu(ips * per_image, peak, name.rsplit("_", 1)[1])}
     for prec in ("bf16", "fp16"):
         res[f"vitlarge_{prec}"]["vs_bare"] = round(res[f"vitlarge_{prec}"]["images_per_s"] / res[f"bare_{prec}"]["images_per_s"], 4)
+    compiled = res["vitlarge_compiled_bf16"]
+    compiled.update(vs_bare=round(compiled["images_per_s"] / res["bare_bf16"]["images_per_s"], 4),
+                    vs_eager=round(compiled["images_per_s"] / res["vitlarge_bf16"]["images_per_s"], 4),
+                    compiled=not tiny, **({"note": COMPILE_SKIPPED} if tiny else {}))
     return {"model": cfg.model.name, "model_kwargs": cfg.model.kwargs, "image_size": cfg.data.image_size,
             "micro_batch_requested": s["micro"], "micro_batch": micro, "accum_steps": s["accum"], "fit_tries": tries,
             "params": info["params"], "train_flops_per_image": per_image,

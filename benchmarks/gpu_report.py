@@ -18,7 +18,7 @@ HOW = [
     "slice); (2) ViT-B/16 at 224 px, micro-batch 256 "
     "(halved until it fits), accumulation 4: vitlarge's engine (autocast, GradScaler for fp16, clipping after "
     "unscale, vitlarge's LAMB with the no-decay groups) in fp16 and bf16 against a bare PyTorch loop with timm's "
-    "Lamb on the same no-decay groups: images/s, step time, peak memory, optimizer steps skipped by the fp16 scaler "
+    "Lamb on the same no-decay groups, and the bf16 engine with `train.compile=on` (`vitlarge_compiled_bf16`, compiled during its warm-up; left eager under `--tiny`, where the row says so): images/s, step time, peak memory, optimizer steps skipped by the fp16 scaler "
     "among the timed ones, MFU (model FLOPs = 3 x the forward FLOPs `vitlarge.model.describe_model` "
     "counts, attention included, recomputation not); (3) the optimizer step alone: vitlarge's LAMB, timm's and "
     "Colossal-AI's (where it imports), ms, kernel launches and host syncs (device-to-host waits) per step; (4) ViT-L/16 and ViT-H/14 with activation "
@@ -80,7 +80,7 @@ def section(r: dict | None) -> list[str]:
                   f" x accumulation {t['accum_steps']}, {t['rounds']} rounds of {t['steps_per_round']} steps:\n",
                   "| contender | optimizer | step (s) | images/s | vs bare | skipped steps | peak memory | MFU vs matmul | MFU vs datasheet |",
                   "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-        lines += [f"| `{k}` | {v['optimizer']} | {v['step_s']['median']:.4f} | {v['images_per_s']:.1f} | "
+        lines += [f"| `{k}`{' (not compiled: --tiny)' if v.get('compiled') is False else ''} | {v['optimizer']} | {v['step_s']['median']:.4f} | {v['images_per_s']:.1f} | "
                   f"{v.get('vs_bare', 1.0):.3f} | {v['skipped_steps']} of {t['rounds'] * t['steps_per_round']} | "
                   f"{_gib(v['peak_memory_bytes'])} | {_pct(v['mfu']['vs_measured_matmul'])} | "
                   f"{_pct(v['mfu']['vs_datasheet'])} |" for k, v in t["results"].items()]

@@ -5,7 +5,7 @@ on CUDA) on one synthetic batch already on the device, so the figure is the comp
 
 - ``EngineRun``: what train.py runs per optimizer step, built by `vitlarge.build.build`
   (autocast, GradScaler for fp16, accumulation micro-steps, global-norm clipping after unscale,
-  vitlarge's LAMB with the no-decay groups, the lr schedule). Its Booster is Colossal-AI's
+  vitlarge's LAMB with the no-decay groups, the lr schedule), with ``train.compile`` off or on. Its Booster is Colossal-AI's
   (TorchDDPPlugin at world size 1) when Colossal-AI imports, else `PlainBooster`.
 - ``BareLoop``: what a user writes: autocast, GradScaler, accumulation, ``clip_grad_norm_`` and
   timm's ``Lamb`` over timm's weight-decay groups with the model's no-decay names (the same split as
@@ -46,9 +46,11 @@ class PlainBooster:
         loss.backward()
 
 
-def kit_config(recipe: str, precision: str, micro_batch: int, accum_steps: int, tiny: bool):
+def kit_config(recipe: str, precision: str, micro_batch: int, accum_steps: int, tiny: bool, compile: bool = False):
     """The recipe with the kit's batch: ``micro_batch`` x ``accum_steps`` on one device; no Mixup/CutMix
-    (the same timm call on both sides, left out of both), plugin ddp (one device: fsdp would shard nothing)."""
+    (the same timm call on both sides, left out of both), plugin ddp (one device: fsdp would shard nothing).
+    ``train.compile`` is set, never ``auto`` (which is on with CUDA): the eager rows stay eager and the
+    compiled contender says so in its name."""
     from vitlarge.config import IMAGENET_TRAIN_EXAMPLES, load_recipe, validate
 
     cfg = load_recipe(ROOT / "recipes" / f"{recipe}.py")
@@ -59,6 +61,7 @@ def kit_config(recipe: str, precision: str, micro_batch: int, accum_steps: int, 
     cfg.augment.mixup_alpha = cfg.augment.cutmix_alpha = 0.0
     cfg.train.precision = precision
     cfg.train.plugin = "ddp"
+    cfg.train.compile = "on" if compile else "off"
     cfg.train.micro_batch = micro_batch
     cfg.train.global_batch = micro_batch * accum_steps
     cfg.data.num_train_examples = IMAGENET_TRAIN_EXAMPLES

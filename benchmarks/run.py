@@ -28,8 +28,9 @@ from unittest import mock
 
 from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
 
-# Order: cheap and independent first; train/precision share the model of bench_train.
-BENCHMARKS = ("data", "convert", "train", "optimizer", "comm", "precision")
+# Order: cheap and independent first; train/precision/compile share the model of bench_train; compile
+# last: it spends minutes compiling ViT-S/16 (about one under --tiny, where it still compiles, a 1-block model).
+BENCHMARKS = ("data", "convert", "train", "optimizer", "comm", "precision", "compile")
 MODULES = {name: f"benchmarks.bench_{name}" for name in BENCHMARKS}
 
 

@@ -46,7 +46,7 @@ def _load(out, name):
 def test_every_benchmark_ran(suite):
     out, status = suite
     assert {k: v["error"] for k, v in status.items() if not v["ok"]} == {}
-    for name in ("data", "convert", "train", "optimizer", "comm", "precision"):
+    for name in ("data", "convert", "train", "optimizer", "comm", "precision", "compile"):
         assert (out / f"{name}.json").exists(), name
 
 
@@ -70,6 +70,8 @@ def test_numbers_are_present_and_positive(suite):
     precision = _load(out, "precision")
     assert set(precision["results"]) == {"fp32", "bf16", "fp16", "fp16_conv_in_fp16"}
     assert all(_positive(v["images_per_s"]) for v in precision["results"].values())
+    compiled = _load(out, "compile")  # one graph: the train step's shape never changed
+    assert compiled["graphs"] == 1 and all(_positive(v["images_per_s"]) for v in compiled["results"].values())
     for name in ("train", "precision", "comm"):
         assert _load(out, name)["machine"]["os_cpus"] >= 1
 

@@ -26,7 +26,7 @@ from benchmarks import gpu_device, gpu_report
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCKED = "colossalai,nvidia.dali,tfrecord,crc32c"
-CONTENDERS = {"vitlarge_bf16", "bare_bf16", "vitlarge_fp16", "bare_fp16"}
+CONTENDERS = {"vitlarge_bf16", "bare_bf16", "vitlarge_fp16", "bare_fp16", "vitlarge_compiled_bf16"}
 
 
 def _positive(x) -> bool:
@@ -111,6 +111,8 @@ def test_every_contender_has_positive_finite_numbers(bundle_run):
         assert len(v["step_s"]["all"]) == t["rounds"] and _positive(v["mfu"]["vs_measured_matmul"]), name
         assert v["peak_memory_bytes"] is None and v["mfu"]["vs_datasheet"] is None  # no allocator stats on CPU
     assert all(_positive(t["results"][f"vitlarge_{p}"]["vs_bare"]) for p in ("bf16", "fp16"))
+    compiled = t["results"]["vitlarge_compiled_bf16"]  # --tiny skips the compile, and says so
+    assert compiled["compiled"] is False and "--tiny" in compiled["note"] and _positive(compiled["vs_eager"])
     o = r["optimizer"]
     assert set(o["results"]) == {"vitlarge_lamb", "timm_lamb"} and set(o["left_out"]) == {"colossalai_lamb"}
     for v in o["results"].values():

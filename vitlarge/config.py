@@ -156,6 +156,12 @@ class TrainConfig:
     """Initial fp16 loss scale (dynamic: halved on overflow, doubled after ``loss_scale_growth_interval``)."""
     loss_scale_growth_interval: int = 2000
     """Optimizer steps without overflow after which the fp16 loss scale doubles."""
+    compile: Literal["auto", "on", "off"] = "auto"
+    """``on``: the model's forward (and so its backward) runs through ``torch.compile`` (`nn.Module.compile`
+    before the Booster: parameter names, checkpoints and exports unchanged; static shapes, one graph per
+    input shape and train/eval, the recompile limit sized to the phases: `vitlarge.build.compile_model`).
+    ``auto``: on with CUDA, off on CPU, where it measured slower (0.8x) and costs minutes of compiling
+    (docs/PERFORMANCE.md); resolved at start and logged (`vitlarge.build.resolve_compile`)."""
     plugin: Literal["ddp", "fsdp"] = "ddp"
     """Colossal-AI Booster plugin: ``ddp`` (TorchDDPPlugin: replicas) or ``fsdp`` (`vitlarge.fsdp`: weights,
     gradients and LAMB states sharded over the ranks by FSDP2, one group per transformer block; CPU and CUDA)."""

@@ -93,12 +93,18 @@ def _deterministic_pos_embed_class(base: type) -> type:
         pos = self.pos_embed
         old = tuple(self.patch_embed.grid_size)
         if (H, W) != old:
-            cache = self.__dict__.setdefault("_pos_embed_matrices", {})
-            key = (H, W, pos.device)
-            if key not in cache:
-                cache[key] = pos_embed_matrix(old, (H, W), pos.device)
+            if torch.compiler.is_compiling():
+                # Traced into the graph (shapes are static there): Dynamo cannot follow the eager cache's
+                # __dict__ mutation and would break the graph in two around it, at every forward.
+                matrix = pos_embed_matrix(old, (H, W), pos.device)
+            else:
+                cache = self.__dict__.setdefault("_pos_embed_matrices", {})
+                key = (H, W, pos.device)
+                if key not in cache:
+                    cache[key] = pos_embed_matrix(old, (H, W), pos.device)
+                matrix = cache[key]
             with torch.autocast(pos.device.type, enabled=False):  # fp32, as timm's resample
-                grid = (cache[key] @ pos[0, prefix:].float()).to(pos.dtype).unsqueeze(0)
+                grid = (matrix @ pos[0, prefix:].float()).to(pos.dtype).unsqueeze(0)
             pos = torch.cat([pos[:, :prefix], grid], dim=1) if prefix else grid
         x = x.view(B, -1, C)
         to_cat = [t.expand(B, -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]

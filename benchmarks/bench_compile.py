@@ -1,0 +1,90 @@
+"""Step time with and without torch.compile on this CPU, through vitlarge's Engine (``train.compile``).
+
+Run: ``python -m benchmarks.bench_compile [--quick]`` (CPU, 2 threads; compiling ViT-S/16 takes
+minutes on 2 cores). Writes ``benchmarks/results/compile.json``.
+
+ViT-S/16 at 64 px (17 tokens), micro-batch 32, fp32 (what ``precision: auto`` picks on a CPU without
+fp16/bf16 matrix units), LAMB, one process, Booster DDP on gloo world 1: two engines built by
+`vitlarge.build.build`, ``train.compile=off`` and ``on``. The first step of each is timed apart (the
+compiled one's is the compile time: Dynamo tracing, AOTAutograd, Inductor's C++ code generation and
+build, forward and backward); then both are timed step by step, interleaved, medians.
+"""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
+
+import torch
+
+from benchmarks.bench_train import bench_config, build_engine, make_batches
+
+CONTENDERS = ("eager", "compiled")
+
+
+def config(tiny: bool, mode: str):
+    cfg = bench_config(tiny, "fp32", image_size=64)
+    if tiny:  # still compiled (the smoke test runs the path), one block: half the compile time
+        cfg.model.kwargs["depth"] = 1
+    cfg.train.compile = "on" if mode == "compiled" else "off"
+    return cfg
+
+
+def run(quick: bool = True, tiny: bool = False) -> dict:
+    tiny = common.is_tiny(tiny)
+    threads = common.threads(tiny)
+    torch.set_num_threads(threads)
+    common.init_single_process_group()
+    repeats, steps = (1, 1) if tiny else (3, 2) if quick else (5, 4)
+    batches = make_batches(config(tiny, "eager"))
+    engines, first = {}, {}
+    counter = {"step": 0}
+
+    def step(engine) -> None:
+        counter["step"] += 1
+        it = iter(batches)
+        engine.step(counter["step"], lambda: next(it))
+
+    for name in CONTENDERS:
+        engines[name] = build_engine(config(tiny, name))
+        first[name] = common.timed(lambda e=engines[name]: step(e))  # the compiled engine compiles here
+        step(engines[name])  # warm-up: optimizer state, oneDNN primitive caches
+
+    def timed(name: str):
+        w, c = common.timed(lambda: [step(engines[name]) for _ in range(steps)])
+        return w / steps, c / steps
+
+    times = common.interleaved({name: (lambda n=name: timed(n)) for name in CONTENDERS}, repeats)
+    cfg = config(tiny, "eager")
+    micro = cfg.train.micro_batch
+    res = {}
+    for name, t in times.items():
+        w = common.median(t["wall_s"])
+        res[name] = {"step_s": common.summary(t["wall_s"]), "cpu_s_per_step": common.summary(t["cpu_s"]),
+                     "images_per_s": round(micro / w, 2), "first_step_s": round(first[name][0], 2),
+                     "first_step_cpu_s": round(first[name][1], 2)}
+    for r in res.values():
+        r["speed_vs_eager"] = round(res["eager"]["step_s"]["median"] / r["step_s"]["median"], 3)
+        r["speed_vs_eager_cpu"] = round(res["eager"]["cpu_s_per_step"]["median"] / r["cpu_s_per_step"]["median"], 3)
+    from torch._dynamo.utils import counters
+
+    result = {
+        "benchmark": "compile: step time with train.compile on vs off, CPU",
+        "model": cfg.model.name, "model_kwargs": cfg.model.kwargs, "image_size": cfg.data.image_size,
+        "micro_batch": micro, "precision": "fp32", "tiny": tiny, "quick": quick, "rounds": repeats,
+        "steps_per_round": steps, "threads": threads, "graphs": int(counters["stats"]["unique_graphs"]),
+        "compile_s": round(first["compiled"][0] - first["eager"][0], 1), "results": res,
+    }
+    common.write_result("compile", result)
+    return result
+
+
+def show(r: dict) -> None:
+    print(json.dumps({"compile_s": r["compile_s"], **{k: {x: v[x] for x in ("step_s", "images_per_s", "speed_vs_eager",
+                                                                        "speed_vs_eager_cpu", "first_step_s")}
+                                                    for k, v in r["results"].items()}}, indent=1))
+
+
+if __name__ == "__main__":
+    common.cli(run, __doc__, show)
