@@ -5,7 +5,15 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 NPROC ?= 2
 # STACK=cuda12 (default: torch 2.10, CUDA 12.8 wheel, driver >= 570) or cuda13 (newest torch, driver >= 580).
-STACK ?= cuda12
+# A venv keeps the stack it was installed with: later targets default to it, and another is refused
+# (two stacks in one venv would overwrite each other's torch and DALI files).
+INSTALLED := $(patsubst $(VENV)/.installed-%,%,$(wildcard $(VENV)/.installed-*))
+STACK ?= $(or $(INSTALLED),cuda12)
+ifneq ($(INSTALLED),)
+ifneq ($(INSTALLED),$(STACK))
+$(error $(VENV) holds the $(INSTALLED) stack, not STACK=$(STACK); to change it: rm -rf $(VENV) && make install STACK=$(STACK))
+endif
+endif
 STACK_FILE := $(if $(filter cuda13,$(STACK)),requirements/cuda13.txt,$(if $(filter cuda12,$(STACK)),requirements.txt,$(error STACK=$(STACK): use cuda12 or cuda13)))
 
 .PHONY: demo test install bench clean-demo
@@ -18,7 +26,6 @@ $(VENV)/.installed-$(STACK): $(STACK_FILE) requirements/common.txt requirements/
 	@echo "installing $(STACK_FILE) into $(VENV) (about 4 minutes, 7 GB: torch's CUDA wheel, DALI)"
 	$(PY) -m pip install --progress-bar on -r $(STACK_FILE)
 	$(PY) -m pip install --progress-bar on --no-deps -r requirements/colossalai.txt
-	rm -f $(VENV)/.installed-*
 	touch $@
 
 data/digits/dataset.json: | $(VENV)/.installed-$(STACK)

@@ -59,6 +59,22 @@ def test_make_install_takes_the_stack_file_and_colossalai_without_its_dependenci
     assert bad.returncode != 0 and "STACK=cuda11: use cuda12 or cuda13" in bad.stderr
 
 
+def test_a_venv_keeps_its_stack_and_refuses_another(tmp_path):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    (venv / ".installed-cuda13").touch()
+
+    def dry(*args):
+        return subprocess.run(["make", "-n", "test", f"VENV={venv}", *args], cwd=ROOT, capture_output=True, text=True)
+
+    same = dry()
+    assert same.returncode == 0 and "requirements.txt" not in same.stdout, same.stdout  # cuda13, installed: nothing to do
+    other = dry("STACK=cuda12")
+    assert other.returncode != 0
+    assert f"{venv} holds the cuda13 stack, not STACK=cuda12; to change it: rm -rf {venv}" in other.stderr
+
+
 @pytest.mark.slow
 def test_cuda13_stack_resolves_to_a_cuda13_torch_and_dali(tmp_path):
     report = tmp_path / "report.json"
