@@ -99,7 +99,8 @@ def param_shapes(model: torch.nn.Module) -> dict[str, list[int]]:
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    return model.unwrap() if hasattr(model, "unwrap") else model
+    """The module under a Booster wrapper or DDP (an FSDP1 root stays: see `sharded_checkpoint`)."""
+    return sharded_checkpoint._root(model)
 
 
 def save(workdir: str | Path, step: int, model, optimizer, scaler, data_state: str | None, cfg: Config,

@@ -53,7 +53,12 @@ def dcp_files_of(rank: int, folder: Path) -> list[str]:
 
 
 def _root(model: nn.Module) -> nn.Module:
-    return model.unwrap() if hasattr(model, "unwrap") else model
+    """The module whose state dict has the model's own names: under a Booster wrapper and torch's DDP
+    (whose replicas are the module itself); an FSDP1 root stays (its state dict is the collective one)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = model.unwrap() if hasattr(model, "unwrap") else model
+    return model.module if isinstance(model, DistributedDataParallel) else model
 
 
 def _optim(optimizer):
@@ -96,8 +101,11 @@ def model_tensors(model: nn.Module, rank: int) -> dict[str, torch.Tensor]:
     root = _root(model)
     if not is_sharded(model):
         return {k: v.detach().contiguous().cpu() for k, v in root.state_dict().items()} if rank == 0 else {}
-    # full_state_dict + cpu_offload: gathered to rank 0 only, the others get {} (no full copy per rank).
-    state = get_model_state_dict(root, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    # From a GPU, cpu_offload gathers to rank 0's host memory only (the others get {}). On a CPU model it
+    # is off: FSDP1 then clones freed memory (segfault, measured on torch 2.5 and 2.10), and the full
+    # copy on every rank is the model once, at export time.
+    on_gpu = next(root.parameters()).device.type != "cpu"
+    state = get_model_state_dict(root, options=StateDictOptions(full_state_dict=True, cpu_offload=on_gpu))
     return {k: v.detach().contiguous().cpu() for k, v in state.items()} if rank == 0 else {}
 
 
@@ -133,7 +141,16 @@ def save(folder: Path, model: nn.Module, optimizer, with_optimizer: bool) -> Non
 
 
 class _WeightsOnlyLoadPlanner(DefaultLoadPlanner):
-    """DCP's planner, reading non-tensor leaves with ``weights_only=True`` (DCP's own unpickles objects)."""
+    """DCP's planner, reading non-tensor leaves with ``weights_only=True`` (DCP's own unpickles objects),
+    and without its guess at pre-2.4 checkpoints: a checkpoint key this rank does not hold (FSDP1 leaves
+    out the optimizer state of a parameter of which a rank holds no piece) made it re-flatten the state
+    dict the old way, which then misses ``optimizer.param_groups``. Every key this rank holds must still
+    be in the checkpoint (strict)."""
+
+    def create_local_plan(self):
+        from torch.distributed.checkpoint.default_planner import create_default_local_load_plan
+
+        return create_default_local_load_plan(self.state_dict, self.metadata, not self.allow_partial_load)
 
     def load_bytes(self, read_item, value: io.BytesIO) -> None:
         obj = torch.load(value, weights_only=True)
