@@ -456,3 +456,56 @@ def test_export_to_a_full_or_read_only_workdir_is_one_line_and_leaves_nothing(tm
         if mounted:
             subprocess.run(["umount", str(ro)], check=True)
         ro.chmod(0o700)
+
+
+def write_format2(path: Path, model, opt, scaler, cfg, step: int) -> None:
+    """A checkpoint as vitlarge wrote them before DCP (format 2, one process): full weights in
+    model.safetensors, the optimizer state dict in optimizer.pt, records in meta.json."""
+    from safetensors.torch import save_file
+
+    from vitlarge import fileio
+
+    path.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path / "model.safetensors"))
+    torch.save(opt.state_dict(), path / "optimizer.pt")
+    torch.save({"rng": checkpoint.rng_state(), "scaler": scaler.state_dict(), "data": "loader-state"},
+               path / "rank_00000.pt")
+    files = {n: fileio.sync_and_record(path / n) for n in ("model.safetensors", "optimizer.pt", "rank_00000.pt")}
+    meta = {"format_version": 2, "step": step, "world_size": 1, "model": cfg.model.name,
+            "param_shapes": checkpoint.param_shapes(model), "config": cfg.to_dict(), "files": files}
+    (path / "meta.json").write_text(json.dumps(meta))
+
+
+def test_a_format_2_checkpoint_still_resumes_exactly_and_its_weights_load(tmp_path, cfg):
+    model, opt, scaler = trained(cfg)
+    path = tmp_path / "checkpoints" / "step_0000002"
+    write_format2(path, model, opt, scaler, cfg, 2)
+    assert checkpoint.verify(path) is None and checkpoint.latest(tmp_path) == path
+    train_step(model, opt, scaler, seed=99)
+    reference = {k: v.clone() for k, v in model.state_dict().items()}
+
+    model2, opt2, scaler2 = make(cfg, seed=1)
+    state = checkpoint.load(path, model2, opt2, scaler2, cfg)
+    assert (state["step"], state["data"], state["format_version"]) == (2, "loader-state", 2)
+    train_step(model2, opt2, scaler2, seed=99)
+    assert all(torch.equal(v, reference[k]) for k, v in model2.state_dict().items())
+
+    fresh = build_model(cfg)  # evaluate --checkpoint of an old checkpoint
+    checkpoint.load_model_weights(path, fresh, cfg)
+    assert all(torch.equal(v, load_file(str(path / "model.safetensors"))[k]) for k, v in fresh.state_dict().items())
+    # ... and the next save is format 3, in the same line
+    new = save(tmp_path, 3, model2, opt2, scaler2, cfg)
+    assert checkpoint.read_meta(new)["format_version"] == 3 and checkpoint.latest(tmp_path) == new
+
+
+def test_dcp_index_is_read_without_unpickling_foreign_objects(tmp_path, cfg):
+    """DCP's .metadata is a pickle: our reader admits its metadata classes only."""
+    import argparse
+    import pickle
+
+    model, opt, scaler = trained(cfg)
+    path = save(tmp_path, 1, model, opt, scaler, cfg)
+    assert sharded_checkpoint.Reader(path).read_metadata().state_dict_metadata  # the real index reads
+    (path / ".metadata").write_bytes(pickle.dumps(argparse.Namespace(x=1)))
+    with pytest.raises(pickle.UnpicklingError, match="argparse.Namespace, which a DCP index never holds"):
+        sharded_checkpoint.Reader(path).read_metadata()
