@@ -120,9 +120,12 @@ def _worker(rank: int, world: int, port: int, root: str, plugin: str, action: st
 
 
 def _spawn(world, root, plugin, action, workdir, out):
-    from vitlarge.launch import _free_port
+    import socket
 
-    mp.spawn(_worker, args=(world, _free_port(), root, plugin, action, str(workdir), str(out)), nprocs=world)
+    with socket.socket() as sock:  # a free port (vitlarge.launch has one, but the parent imports no vitlarge:
+        sock.bind(("127.0.0.1", 0))  # the workers take it from --root)
+        port = sock.getsockname()[1]
+    mp.spawn(_worker, args=(world, port, root, plugin, action, str(workdir), str(out)), nprocs=world)
     return json.loads(Path(out).read_text())
 
 
@@ -131,7 +134,6 @@ def main(argv=None) -> int:
     p.add_argument("--root", default=str(HERE.parent), help="checkout whose vitlarge is measured")
     p.add_argument("--out", default=str(HERE / "results" / "checkpoint_io.json"))
     args = p.parse_args(argv)
-    sys.path.insert(0, args.root)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

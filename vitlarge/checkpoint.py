@@ -112,7 +112,8 @@ def save(workdir: str | Path, step: int, model, optimizer, scaler, data_state: s
     root = Path(workdir) / CHECKPOINTS_DIR
     final, tmp = root / step_name(step), root / f".{step_name(step)}.tmp"
     raw = unwrap(model)
-    with_optimizer = sharded_checkpoint.has_optimizer_state(optimizer)
+    # Every rank must make the same choice: the two state dicts are built by different collectives.
+    with_optimizer = all(gather(sharded_checkpoint.has_optimizer_state(optimizer)))
 
     def prepare():
         root.mkdir(parents=True, exist_ok=True)
