@@ -4,6 +4,7 @@
     srun python train.py --config recipes/vit_b16.py --data /data/imagenet-tfrecord --workdir runs/b16
     python train.py --config recipes/demo_digits.py optim.lr=0.01      # dotted overrides
     colossalai run --nproc_per_node 4 train.py --config recipes/vit_b16.py --dry-run
+    torchrun --nproc_per_node 8 train.py --config recipes/vit_b16.py data.source=synthetic   # no data set
 
 A rerun with the same ``--workdir`` resumes from its newest checkpoint that passes its check
 (``--resume`` picks another; see vitlarge/resume.py). Exit status: 0 done, 2 bad input (one line
@@ -22,7 +23,7 @@ from pathlib import Path
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="vitlarge: large-batch ViT pretraining on Colossal-AI")
     p.add_argument("--config", required=True, help="recipe file, e.g. recipes/vit_b16.py")
-    p.add_argument("--data", help="TFRecord directory with dataset.json (sets data.path)")
+    p.add_argument("--data", help="TFRecord directory with dataset.json (sets data.path; none with data.source=synthetic)")
     p.add_argument("--workdir", help="logs, checkpoints and the exported model (sets workdir)")
     p.add_argument("--resume", help="a checkpoints/step_* folder; default: the newest one in the workdir")
     p.add_argument("--dry-run", action="store_true", help="print the resolved config and plan, touch no data")
@@ -91,7 +92,7 @@ def run(args, env, threads: tuple[int, str]) -> int:
     from vitlarge import resume as resume_from
     from vitlarge.build import build, resolve_precision
     from vitlarge.data.build import check_data, train_loader, val_loader
-    from vitlarge.data.loader import state_from_older_release
+    from vitlarge.data.common import state_from_older_release
     from vitlarge.events import RunInfo
     from vitlarge.export import export
     from vitlarge.sharded_checkpoint import model_tensors
@@ -105,6 +106,10 @@ def run(args, env, threads: tuple[int, str]) -> int:
         checkpoint.read_meta(args.resume)  # a missing or incomplete --resume path fails before any work
     if env.is_main:
         logging.getLogger("vitlarge").info(f"threads: {threads[0]} per process ({threads[1]})")
+        if cfg.data.source == "synthetic":  # images/s then measure the model and the loop, not the input pipeline
+            logging.getLogger("vitlarge").info(
+                f"data: synthetic, made on the device ({plan.num_train_examples} images per epoch, "
+                f"{cfg.data.synthetic_val_examples} validation images, {cfg.data.num_classes} classes)")
     device, backend = launch.choose_device(cfg.train.device, env.local_rank)
     why = resolve_precision(cfg, device)  # before anything reads it: model, engine, checkpoints
     if env.is_main and why:

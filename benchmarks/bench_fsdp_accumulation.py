@@ -6,9 +6,10 @@ Run: ``python -m benchmarks.bench_fsdp_accumulation [--quick] [--tiny]`` (~2 min
 World size 2 (gloo, CPU), fp32, 2 micro-steps of 2 images per optimizer step, the real engine
 (`vitlarge.build.build`). Models: the demo ViT and ViT-B/16 on 64 px images (``--tiny``: the demo
 only). Measured between the two micro-steps (inside the engine's ``next_batch`` call for the
-second one), on every rank: the bytes of gradient storage FSDP holds, each storage once: every
-unit's ``flat_param.grad`` (unsharded under ``no_sync``) and its ``_saved_grad_shard`` (the sharded
-accumulator under ``reduce_scatter``); torch 2.5.1's FSDP1 attribute names.
+second one), on every rank: the bytes of gradient storage FSDP2 holds, each storage once: every
+parameter's unsharded gradient (``unsharded_accumulated_grad`` or the unsharded parameter's ``grad``,
+under ``no_sync``) and its sharded DTensor ``grad`` (the accumulator under ``reduce_scatter``);
+torch 2.10's FSDP2 attribute names.
 """
 
 from __future__ import annotations
@@ -42,13 +43,16 @@ def config(model: str, mode: str):
 
 
 def grad_bytes(model: torch.nn.Module) -> int:
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import FSDPModule
 
     storages = {}
     for m in model.modules():
-        if isinstance(m, FSDP) and m._handle is not None:
-            flat = m._handle.flat_param
-            for t in (flat.grad, getattr(flat, "_saved_grad_shard", None)):
+        group = m._get_fsdp_state()._fsdp_param_group if isinstance(m, FSDPModule) else None
+        for fp in group.fsdp_params if group else ():
+            unsharded = getattr(fp, "_unsharded_param", None)
+            sharded = fp.sharded_param.grad
+            for t in (fp.unsharded_accumulated_grad, None if unsharded is None else unsharded.grad,
+                      None if sharded is None else sharded.to_local()):
                 if t is not None:
                     storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
     return sum(storages.values())
@@ -76,7 +80,7 @@ def _worker(rank: int, port: int, model: str, mode: str, out: str) -> None:
         return batch
 
     engine.step(0, next_batch)
-    seen["params"] = sum(p.numel() for p in engine.model.parameters()) * 4  # this rank's fp32 shard
+    seen["params"] = sum(p.to_local().numel() for p in engine.model.parameters()) * 4  # this rank's fp32 shard
     gathered = [None] * WORLD
     dist.all_gather_object(gathered, seen)
     if rank == 0:

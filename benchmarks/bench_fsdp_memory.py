@@ -7,8 +7,8 @@ Each rank builds ViT-S/16 on 32 px images (22M parameters; ``--tiny``: the demo 
 train.py does (`vitlarge.build.build`, fp32, LAMB) and takes 2 optimizer steps on in-memory
 batches. The state bytes are measured directly, not inferred from RSS: in an optimizer-step
 pre-hook (the moment gradients, weights and LAMB moments all exist) we sum the bytes of this rank's
-parameter tensors (under FSDP: its views of the flat shard), their gradients and every tensor in
-the optimizer state. The goal (issue 12): fsdp's parameter + gradient + optimizer bytes per rank
+parameter tensors (under FSDP2: the local pieces of its DTensors), their gradients and every tensor in
+the optimizer state. The goal: fsdp's parameter + gradient + optimizer bytes per rank
 within 10% of 1/W of the unsharded total. Peak RSS is reported too (it includes ~0.5 GB of
 Python, torch and Colossal-AI, and FSDP's gathered blocks during forward/backward).
 """
@@ -46,7 +46,11 @@ def config(plugin: str, world: int, tiny: bool):
 
 
 def nbytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+    """Bytes this rank holds: a DTensor (FSDP2) counts its local piece."""
+    from torch.distributed.tensor import DTensor
+
+    local = (t.to_local() if isinstance(t, DTensor) else t for t in tensors if isinstance(t, torch.Tensor))
+    return sum(t.numel() * t.element_size() for t in local)
 
 
 def _worker(rank: int, world: int, port: int, plugin: str, tiny: bool, out: str) -> None:

@@ -6,10 +6,9 @@
 #     cd /tmp/vitlarge-gpu && python -m benchmarks.gpu --out results    # there
 #
 # What travels: the Python sources of vitlarge/, benchmarks/ and recipes/ (the kit builds the models
-# from the recipes). Not the benchmark results, not data, not the venv. Colossal-AI does not travel:
-# its wheel is pure Python (~19 MiB installed) but 0.5.0 pins torch<=2.5.1 and requires transformers
-# 4.51.3, peft<=0.13.2, ray, diffusers and more at install, so on a machine with a newer torch the
-# kit takes its plain single-device path (it says so in its output).
+# from the recipes). Not the benchmark results, not data, not the venv. Colossal-AI travels separately,
+# as wheels (scripts/gpu_wheels.sh, about 60 MiB); without them the kit takes its plain
+# single-device path and says so in its output.
 set -euo pipefail
 
 dest=${1:?usage: scripts/gpu_bundle.sh DEST_DIR}

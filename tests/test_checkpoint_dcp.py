@@ -5,7 +5,7 @@ processes on CPU (torch.multiprocessing), the demo recipe's ViT.
   fsdp@2 -> fsdp@3, fsdp@2 -> ddp@3, ddp@2 -> fsdp@3. Each loaded run's weights and every optimizer
   state tensor, gathered by torch's own ``get_state_dict(full_state_dict=True)``, equal the saving run's
   bit for bit.
-* ``train.plugin=fsdp`` as vitlarge wraps it today (`vitlarge.fsdp.wrap`, ShardedLamb): fsdp@2 -> fsdp@3 and
+* ``train.plugin=fsdp`` as vitlarge wraps it (`vitlarge.fsdp.wrap`, ShardedLamb): fsdp@2 -> fsdp@3 and
   -> ddp@3 (LAMB), and a format-2 checkpoint of the same run (``optimizer_rank_*.pt``, the old writer's
   layout) resumed at 3 ranks.
 * Every rank writes its own ``__<rank>_0.distcp``; meta.json lists them all with their checksums.
@@ -85,7 +85,7 @@ def _full(model, opt) -> dict:
 
 def _write_format2(folder: Path, model, opt, rank: int, world: int) -> None:
     """A checkpoint as vitlarge wrote them before DCP (format 2): full model.safetensors gathered to rank 0,
-    each rank's FSDP1 optimizer shard, per-rank files, meta.json with records. A collective."""
+    each rank's optimizer pieces as plain tensors, per-rank files, meta.json with records. A collective."""
     from safetensors.torch import save_file
 
     from vitlarge import checkpoint, fileio, sharded_checkpoint
@@ -95,7 +95,12 @@ def _write_format2(folder: Path, model, opt, rank: int, world: int) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     names = [f"rank_{rank:05d}.pt", f"optimizer_rank_{rank:05d}.pt"]
     torch.save({"rng": checkpoint.rng_state(), "scaler": {}, "data": None}, folder / names[0])
-    torch.save(opt.state_dict(), folder / names[1])
+    from torch.distributed.tensor import DTensor
+
+    state = opt.state_dict()  # this rank's pieces as plain tensors, as the format-2 writer saved them
+    state["state"] = {i: {k: v.to_local().clone() if isinstance(v, DTensor) else v for k, v in s.items()}
+                      for i, s in state["state"].items()}
+    torch.save(state, folder / names[1])
     if rank == 0:
         save_file(tensors, str(folder / "model.safetensors"))
         names.append("model.safetensors")

@@ -2,7 +2,7 @@
 `colossalai run` processes with gloo, real DALI, the demo recipe; and in-process checks of precision.
 
 Parity: 20 fp32 optimizer steps of the demo ViT with ``fsdp`` equal ``ddp`` to 1e-5 relative per
-tensor at world size 2 and 3 (3 splits every flat shard unevenly, so some tensors are cut between
+tensor at world size 2 and 3 (3 splits every tensor's rows unevenly, so some tensors are cut between
 ranks and some ranks hold none of a tensor), and so do the clipped global gradient norms of every
 step. Global batch 96 = 16 x 3 x 2 = 16 x 2 x 3, clipping at 1.0 active (norms ~2).
 Resume: a kill -9 of the 2-rank fsdp run after a checkpoint, then the same command, ends bitwise
@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from hooks.jsonl import read_metrics
 from tests import launcher
@@ -95,7 +96,7 @@ def test_sharded_checkpoint_holds_one_shard_file_per_rank_and_a_timm_loadable_ex
 
 def _reshard_probe(rank: int, world: int, port: int, ckpts: dict, out: str) -> None:
     """One of ``world`` gloo processes: loads each checkpoint into a freshly built model (the same
-    code as train.py's resume) and gathers what it holds, with FSDP's own gather (not our code)."""
+    code as train.py's resume) and gathers what it holds, with torch's own gather (not our code)."""
     from vitlarge import checkpoint
     from vitlarge.launch import DistEnv, init_distributed
     from vitlarge.sharded_checkpoint import model_tensors, param_names
@@ -108,15 +109,18 @@ def _reshard_probe(rank: int, world: int, port: int, ckpts: dict, out: str) -> N
         opt = parts.engine.torch_optimizer
         names = param_names(parts.model, opt)  # in the optimizer's index order
         pieces = [None] * world  # every rank's local optimizer state, as it would save it
-        dist.all_gather_object(pieces, opt.state_dict()["state"])
+        state = {i: {k: v.to_local() if isinstance(v, DTensor) else v for k, v in s.items()}
+                 for i, s in opt.state_dict()["state"].items()}
+        dist.all_gather_object(pieces, state)
         found[name] = (model_tensors(parts.model, rank), pieces if plugin == "fsdp" else pieces[:1], names)
     # One step (2 micro-steps) of a fresh model each, the same batches on every rank: no_sync accumulation
     # (the default), then with activation checkpointing, then reduce-scattering every micro-step.
-    # bf16 (accumulation auto): which gradient tensors FSDP holds between the two micro-steps, and their dtype.
+    # bf16 (accumulation auto, then no_sync): which gradient tensors FSDP holds between the two micro-steps.
     for name, setting in {"plain": {}, "checkpointing": {"checkpointing": True},
-                          "reduce_scatter": {"fsdp_accumulation": "reduce_scatter"}, "bf16": {}}.items():
-        parts = built("bf16" if name == "bf16" else "fp32", world, global_batch=96, **setting)
-        assert parts.model.unwrap().module.grad_checkpointing == (name == "checkpointing")
+                          "reduce_scatter": {"fsdp_accumulation": "reduce_scatter"}, "bf16": {},
+                          "bf16_no_sync": {"fsdp_accumulation": "no_sync"}}.items():
+        parts = built("bf16" if name.startswith("bf16") else "fp32", world, global_batch=96, **setting)
+        assert parts.model.unwrap().grad_checkpointing == (name == "checkpointing")
         source, held = batches(), set()
 
         def next_batch():
@@ -134,24 +138,27 @@ def _reshard_probe(rank: int, world: int, port: int, ckpts: dict, out: str) -> N
 
 
 def accumulators(root) -> set[tuple[str, str]]:
-    """(kind, dtype) of the gradient tensors every FSDP unit holds: the unsharded ``grad`` of its flat
-    parameter and the sharded ``_saved_grad_shard`` (torch 2.5.1 FSDP1's names)."""
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    """(kind, dtype) of the gradient tensors FSDP2 holds for every parameter: the unsharded gradient kept
+    under ``set_requires_gradient_sync(False)`` (``unsharded_accumulated_grad`` when upcast to the reduce
+    dtype, else the unsharded parameter's ``grad``) and the sharded DTensor ``grad`` (torch 2.10's names)."""
+    from torch.distributed.fsdp import FSDPModule
 
     out = set()
     for m in root.modules():
-        if isinstance(m, FSDP) and m._handle is not None:
-            flat = m._handle.flat_param
-            for t in (flat.grad, getattr(flat, "_saved_grad_shard", None)):
-                if t is not None and t.numel():
-                    whole = t.numel() >= flat._unpadded_unsharded_size.numel()  # world size >= 2
-                    out.add(("unsharded" if whole else "sharded", str(t.dtype)))
+        group = m._get_fsdp_state()._fsdp_param_group if isinstance(m, FSDPModule) else None
+        for fp in group.fsdp_params if group else ():
+            unsharded = getattr(fp, "_unsharded_param", None)
+            for kind, t in (("unsharded", fp.unsharded_accumulated_grad),
+                            ("unsharded", None if unsharded is None else unsharded.grad),
+                            ("sharded", fp.sharded_param.grad)):
+                if t is not None:
+                    out.add((kind, str(t.dtype)))
     return out
 
 
 def whole_optimizer_state(shards: list[dict], names: list[str], shapes: dict) -> dict:
     """FQN -> whole LAMB state from optimizer state dicts' ``state`` (one whole, or every rank's shard
-    in rank order), concatenated by hand: the pieces of a tensor lie in rank order in FSDP's flat shards."""
+    in rank order), concatenated by hand: FSDP2 shards dim 0, so the flattened pieces lie in rank order."""
     out = {}
     for i, name in enumerate(names):
         held = [s[i] for s in shards if i in s]
@@ -200,17 +207,14 @@ def test_activation_checkpointing_and_per_micro_step_reduce_scatter_leave_a_3_ra
     assert norm_a > 0
 
 
-def test_bf16_accumulates_the_micro_steps_in_fp32_shards(probe3):
-    """Under bf16, ``no_sync`` would add the micro-steps' gradients in bf16 (FSDP keeps the unsharded
-    gradient in the compute dtype): the default reduce-scatters every micro-step into fp32 shards."""
-    from vitlarge.engine import fsdp_reduce_every_micro_step
-    from vitlarge.errors import UserError
-
+def test_bf16_accumulates_the_micro_steps_in_fp32(probe3):
+    """Under bf16 the default (``auto``) reduce-scatters every micro-step into fp32 shards; ``no_sync``
+    keeps an unsharded fp32 accumulator (FSDP2 upcasts to ``reduce_dtype``), never bf16 sums."""
     norm, _, held = probe3[1]["bf16"]
     assert held == [("sharded", "torch.float32")] and norm > 0
-    cfg = recipe("bf16", fsdp_accumulation="no_sync")
-    with pytest.raises(UserError, match="fsdp_accumulation=no_sync with train.precision=bf16"):
-        fsdp_reduce_every_micro_step(cfg)
+    norm_no_sync, _, held_no_sync = probe3[1]["bf16_no_sync"]
+    assert held_no_sync == [("unsharded", "torch.float32")]
+    assert norm_no_sync == pytest.approx(norm, rel=1e-3)  # the same bf16 gradients, summed in another order
 
 
 def test_resume_at_world_size_3_reshards_exactly_and_continues_the_schedule(runs, probe3, demo_data, tmp_path):
@@ -291,6 +295,8 @@ def batches(n: int = 16):
 
 
 def test_bf16_computes_in_bf16_with_fp32_layernorm_masters_and_states(process_group):
+    from tests.test_fsdp_precision import LayerNormDtypes
+
     parts = built("bf16")
     seen = {"norm": [], "linear": []}
 
@@ -300,27 +306,30 @@ def test_bf16_computes_in_bf16_with_fp32_layernorm_masters_and_states(process_gr
         return hook
 
     for m in parts.model.modules():
-        if isinstance(m, torch.nn.LayerNorm):  # prepend: before FSDP casts the output back down
+        if isinstance(m, torch.nn.LayerNorm):
             m.register_forward_hook(record("norm"), prepend=True)
         elif isinstance(m, torch.nn.Linear):
             m.register_forward_hook(record("linear"), prepend=True)
-    out = parts.engine.step(0, batches())
+    with LayerNormDtypes() as norms:
+        out = parts.engine.step(0, batches())
     depth = 4
     assert len(seen["norm"]) == 2 * 2 * depth + 2  # 2 per block + final norm, forward of 2 micro-steps
-    assert set(seen["norm"]) == {(torch.float32, torch.float32)}
+    assert set(seen["norm"]) == {(torch.bfloat16, torch.bfloat16)}  # the residual stream stays bf16
+    f32 = str(torch.float32)
+    assert norms.seen == {(f32, f32, f32)}  # ... and the normalisation computes in fp32
     assert set(seen["linear"]) == {(torch.bfloat16, torch.bfloat16)}
     assert not out["skipped"] and out["loss_scale"] == 1.0
     opt = parts.engine.torch_optimizer
     assert type(opt).__name__ == "ShardedLamb"
     params = [p for g in opt.param_groups for p in g["params"]]
-    assert {p.dtype for p in params} == {torch.float32}
+    assert {p.dtype for p in params} == {torch.float32} and all(isinstance(p, DTensor) for p in params)
     assert {opt.state[p]["exp_avg"].dtype for p in params if p in opt.state} == {torch.float32}
 
 
 def test_fp16_sharded_scaler_skips_halves_and_grows_like_ddp(process_group):
     # fp16 matmuls are slow on a CPU without fp16 units: tiny micro-batches, few steps.
     parts = built("fp16", init_loss_scale=2.0**14, loss_scale_growth_interval=1, micro_batch=2, global_batch=4)
-    assert type(parts.precision.scaler).__name__ == "ShardedGradScaler"
+    assert type(parts.precision.scaler) is torch.amp.GradScaler
     records = []
     for step in range(6):  # the scale doubles every finite step until fp16 overflows, then halves
         out = parts.engine.step(step, batches(2))

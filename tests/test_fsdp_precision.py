@@ -1,10 +1,10 @@
-"""train.plugin=fsdp at world size 2 (FULL_SHARD: each rank holds half of every unit), real gloo
-processes: what bf16 computes in, the fp16 sharded loss scaler when only ONE rank overflows,
-activation checkpointing, and the initial broadcast of rank 0's weights (issue 12 review, 6/8/9).
+"""train.plugin=fsdp (FSDP2) at world size 2 (each rank holds about half of every parameter's rows),
+real gloo processes: what bf16 computes in, the fp16 loss scaler when only ONE rank overflows,
+activation checkpointing, and the initial broadcast of rank 0's weights.
 
-At world size 1 FSDP switches to NO_SHARD and the cross-rank parts (the found_inf all-reduce, the
-sharded gradients) never run; so one spawned 2-rank job measures everything once (`results`) and
-each test asserts one claim on what it recorded.
+At world size 1 the cross-rank parts (the found_inf reduction, the sharded gradients) never run; so
+one spawned 2-rank job measures everything once (`results`) and each test asserts one claim on what
+it recorded.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests import launcher
 
@@ -44,12 +45,8 @@ def batches(rank: int, n: int = 16):
 
 
 def full_weights(model) -> dict[str, torch.Tensor]:
-    """The unsharded parameters (a collective: every rank calls it)."""
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-    root = model.unwrap()
-    with FSDP.summon_full_params(root, writeback=False):
-        return {k.replace("_fsdp_wrapped_module.", ""): p.detach().clone() for k, p in root.module.named_parameters()}
+    """The unsharded parameters (a collective: every rank calls it), gathered by DTensor, not our code."""
+    return {k: p.detach().full_tensor() for k, p in model.unwrap().named_parameters()}
 
 
 def digest(weights: dict) -> str:
@@ -59,12 +56,25 @@ def digest(weights: dict) -> str:
     return h.hexdigest()
 
 
+class LayerNormDtypes(TorchDispatchMode):
+    """Records (input, weight, output) dtypes of every ``native_layer_norm`` the forward computes."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten.native_layer_norm.default:
+            self.seen.add((str(args[0].dtype), str(args[2].dtype), str(out[0].dtype)))
+        return out
+
+
 def _bf16(rank: int) -> dict:
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from timm.models.vision_transformer import Block
 
     parts = built("bf16")
-    seen = {"norm": set(), "norm_unit": set(), "block": set(), "linear": set(), "logits": set()}
+    seen = {"norm": set(), "block": set(), "linear": set(), "logits": set()}
 
     def record(kind, inputs=True):
         def hook(module, args, output):
@@ -73,16 +83,16 @@ def _bf16(rank: int) -> dict:
 
     root = parts.model.unwrap()
     for m in root.modules():
-        if isinstance(m, torch.nn.LayerNorm):  # prepend: inside FSDP's casts around the LayerNorm unit
-            m.register_forward_hook(record("norm"), prepend=True)
-        elif isinstance(m, FSDP) and isinstance(m.module, torch.nn.LayerNorm):
-            m.register_forward_hook(record("norm_unit"))  # what the next layer gets
+        if isinstance(m, torch.nn.LayerNorm):
+            m.register_forward_hook(record("norm"))  # what the LayerNorm gets and what the next layer gets
         elif isinstance(m, Block):
             m.register_forward_hook(record("block"))  # the residual stream between blocks
-        elif isinstance(m, torch.nn.Linear) and m is not root.module.head:
+        elif isinstance(m, torch.nn.Linear) and m is not root.head:
             m.register_forward_hook(record("linear"), prepend=True)
-    root.module.head.register_forward_hook(record("logits"))
-    out = parts.engine.step(0, batches(rank))
+    root.head.register_forward_hook(record("logits"))
+    with LayerNormDtypes() as norms:
+        out = parts.engine.step(0, batches(rank))
+    seen["norm_compute"] = norms.seen
     return dict(seen=seen, skipped=out["skipped"], allreduce_calls=out["allreduce_calls"])
 
 
@@ -90,13 +100,14 @@ def _fp16_overflow_on_one_rank(rank: int) -> dict:
     # fp16 matmuls crawl on CPUs without fp16 units: 2 images per rank and micro-step.
     parts = built("fp16", init_loss_scale=2.0**10, loss_scale_growth_interval=1000, micro_batch=2, global_batch=4)
     scaler = parts.precision.scaler
-    assert type(scaler).__name__ == "ShardedGradScaler"
+    assert type(scaler) is torch.amp.GradScaler  # DTensor gradients: found_inf is reduced over the mesh
     real_unscale = scaler.unscale_
     poisoned = {"step": None}
 
     def unscale_(optimizer):  # the fault, injected at the edge: rank 1's own gradient shard overflows
         if rank == 1 and poisoned["step"] == OVERFLOW_STEP:
-            grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None and p.grad.numel()]
+            grads = [p.grad.to_local() for g in optimizer.param_groups for p in g["params"]
+                     if p.grad is not None and p.grad.to_local().numel()]
             grads[0].view(-1)[0] = float("inf")
         return real_unscale(optimizer)
 
@@ -123,13 +134,13 @@ def _checkpointing(rank: int) -> dict:
         cfg.model.grad_checkpointing = ckpt
         cfg.augment.mixup_alpha = 0.0
         parts = build(cfg, make_plan(cfg, WORLD, 1437), "cpu")
-        assert parts.model.unwrap().module.grad_checkpointing == ckpt
+        assert parts.model.unwrap().grad_checkpointing == ckpt
         grads = {}
 
         def keep_grads(optimizer, args, kwargs):  # this rank's gradient shards as the optimizer sees them
-            for n, p in parts.model.unwrap().module.named_parameters():
+            for n, p in parts.model.unwrap().named_parameters():
                 if p.grad is not None:
-                    grads[n] = p.grad.detach().clone()
+                    grads[n] = p.grad.to_local().detach().clone()
 
         parts.engine.torch_optimizer.register_step_pre_hook(keep_grads)
         step = parts.engine.step(0, batches(rank))
@@ -193,13 +204,14 @@ def test_every_rank_starts_from_rank_0s_weights(results):
 
 
 def test_bf16_under_fsdp_keeps_the_residual_stream_in_bf16_and_layernorm_in_fp32(results):
-    """What docs/FSDP.md says: LayerNorm computes in fp32 (input cast up, output cast back to bf16 for
-    the next layer); every Linear, every block's output (the residual stream) and the logits are bf16."""
+    """What docs/FSDP.md says: LayerNorm computes in fp32 (input, weight and bias cast up inside, output
+    cast back to bf16 for the next layer); every Linear, every block's output (the residual stream) and
+    the logits are bf16."""
     bf16, fp32 = str(torch.bfloat16), str(torch.float32)
     for r in results:
         seen = r["bf16"]["seen"]
-        assert seen["norm"] == {(fp32, fp32)}
-        assert seen["norm_unit"] == {(bf16, bf16)}
+        assert seen["norm_compute"] == {(fp32, fp32, fp32)}
+        assert seen["norm"] == {(bf16, bf16)}
         assert seen["block"] == {(bf16, bf16)}
         assert seen["linear"] == {(bf16, bf16)}
         assert seen["logits"] == {(bf16, bf16)}

@@ -60,12 +60,21 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
+    source: Literal["tfrecord", "synthetic"] = "tfrecord"
+    """``tfrecord``: DALI over the shards in ``data.path``. ``synthetic``: random images and labels made on the
+    device (`vitlarge.data.synthetic`: no files, no DALI, ``data.path`` unused), for throughput checks and
+    runs on a machine without the data set: ``data.num_train_examples`` per epoch, a fixed validation set of
+    ``data.synthetic_val_examples``, ``data.num_classes`` classes named ``class_0000``...; the crop, flip and
+    RandAugment settings do not apply (Mixup/CutMix and label smoothing do). See docs/DATA.md."""
     path: str = ""
     """Directory of TFRecord shards with ``dataset.json`` (``--data`` sets it)."""
     num_classes: int = 1000
     """Classes of the data set; must match ``dataset.json`` (the classifier has this many outputs)."""
     num_train_examples: int = IMAGENET_TRAIN_EXAMPLES
-    """Used only by ``--dry-run`` without data; training takes the count from ``dataset.json``."""
+    """Examples per epoch for ``--dry-run`` and for ``data.source=synthetic`` (ImageNet-1k's train split by
+    default, so the recipes' step counts are ImageNet's); a tfrecord run takes the count from ``dataset.json``."""
+    synthetic_val_examples: int = 512
+    """Size of the fixed validation set of ``data.source=synthetic`` (the same images at any world size)."""
     image_size: int = 224
     """Side in pixels of the square training and validation images."""
     num_threads: int = 0
@@ -149,11 +158,11 @@ class TrainConfig:
     """Optimizer steps without overflow after which the fp16 loss scale doubles."""
     plugin: Literal["ddp", "fsdp"] = "ddp"
     """Colossal-AI Booster plugin: ``ddp`` (TorchDDPPlugin: replicas) or ``fsdp`` (`vitlarge.fsdp`: weights,
-    gradients and LAMB states sharded over the ranks, one unit per transformer block; CPU and CUDA)."""
+    gradients and LAMB states sharded over the ranks by FSDP2, one group per transformer block; CPU and CUDA)."""
     fsdp_accumulation: Literal["auto", "no_sync", "reduce_scatter"] = "auto"
     """``fsdp`` with gradient accumulation: ``no_sync`` keeps full unsharded gradients between micro-steps
-    and reduce-scatters once per optimizer step (least traffic, +1 unsharded gradient of memory per rank;
-    fp32 only: under bf16/fp16 FSDP would add them in that dtype); ``reduce_scatter`` reduce-scatters
+    and reduce-scatters once per optimizer step (least traffic, +1 unsharded fp32 gradient of memory per rank;
+    FSDP2 accumulates it in fp32 under bf16/fp16 too); ``reduce_scatter`` reduce-scatters
     every micro-step into this rank's fp32 shard (least memory, ``accum_steps`` x the gradient traffic);
     ``auto``: reduce_scatter under bf16/fp16, no_sync under fp32. See docs/FSDP.md."""
     device: Literal["auto", "cuda", "cpu"] = "auto"
@@ -185,7 +194,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     """What to train: the timm model and its dropouts."""
     data: DataConfig = field(default_factory=DataConfig)
-    """The TFRecord data set and its input pipeline."""
+    """The data set (TFRecord shards, or synthetic) and its input pipeline."""
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     """Batch-level augmentation: Mixup, CutMix, label smoothing."""
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -342,7 +351,7 @@ def _finite(v) -> bool:
 RANGES = [
     (("train.global_batch", "train.micro_batch", "train.keep_checkpoints", "train.log_every_steps",
       "train.nan_patience", "train.loss_scale_growth_interval", "data.image_size", "data.num_classes",
-      "data.num_train_examples"), lambda v: v >= 1, "positive"),
+      "data.num_train_examples", "data.synthetic_val_examples"), lambda v: v >= 1, "positive"),
     (("data.num_threads",), lambda v: v >= 0, ">= 0 (0: the process's CPU share from its launcher)"),
     (("train.epochs", "optim.lr", "optim.eps", "train.init_loss_scale"), lambda v: v > 0, "positive"),
     (("train.checkpoint_every_steps",), lambda v: v >= 0, ">= 0 (0: no periodic checkpoints)"),

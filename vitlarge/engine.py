@@ -3,7 +3,7 @@
 Contract: ``Engine.step(step, next_batch)`` takes the 0-based index of the optimizer step about to
 be taken and a callable returning one rank-local micro-batch ``(images, labels)`` on the device.
 It runs ``plan.accum_steps`` forward/backward passes; every pass but the last sits inside
-``booster.no_sync`` so DDP all-reduces (FSDP reduce-scatters) gradients once per optimizer step (FSDP with
+``booster.no_sync`` so DDP all-reduces (FSDP2 reduce-scatters) gradients once per optimizer step (FSDP2 with
 ``train.fsdp_accumulation`` reduce_scatter, the default under bf16/fp16: every micro-step, keeping only sharded
 fp32 gradients). The loss returned is this
 rank's mean over its micro-batches (the trainer averages it over ranks). Gradients are unscaled
@@ -20,11 +20,11 @@ from typing import Callable
 
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 from vitlarge import phases
 from vitlarge.config import Config, Plan
-from vitlarge.errors import UserError
 from vitlarge.precision import Precision
 from vitlarge.schedule import lr_at
 
@@ -64,14 +64,12 @@ def build_criterion(cfg: Config):
 
 
 def fsdp_reduce_every_micro_step(cfg: Config) -> bool:
-    """``train.fsdp_accumulation`` resolved: ``auto`` reduce-scatters every micro-step under bf16/fp16
-    (under ``no_sync`` FSDP would add the micro-steps' unsharded gradients in the compute dtype, bf16's
-    8-bit mantissa; the sharded accumulator is fp32) and uses ``no_sync`` under fp32. ``no_sync`` with
-    bf16/fp16 is refused with one line (precision resolved first, see vitlarge/build.py)."""
+    """``train.fsdp_accumulation`` resolved: ``reduce_scatter`` reduces every micro-step into this rank's fp32
+    gradient shard; ``no_sync`` keeps the unsharded gradient between micro-steps (FSDP2 accumulates it in
+    ``reduce_dtype``, fp32, also under bf16/fp16: the whole fp32 gradient on every rank) and reduces once per
+    optimizer step. ``auto``: ``reduce_scatter`` under bf16/fp16 (the large recipes, where the unsharded fp32
+    gradient is what does not fit), ``no_sync`` under fp32 (precision resolved first, see vitlarge/build.py)."""
     mode, precision = cfg.train.fsdp_accumulation, cfg.train.precision
-    if mode == "no_sync" and precision in ("bf16", "fp16"):
-        raise UserError(f"train.fsdp_accumulation=no_sync with train.precision={precision} would add the "
-                        f"micro-steps' gradients in {precision}; use train.fsdp_accumulation=auto or reduce_scatter")
     return mode == "reduce_scatter" or (mode == "auto" and precision != "fp32")
 
 
@@ -88,8 +86,8 @@ class Engine:
         ddp = getattr(model, "module", None)
         if isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
             ddp.register_comm_hook(self.comm, CommCounter.hook)
-        # FSDP: each rank holds a piece of every gradient, so the global norm is FSDP's (one all-reduce).
-        self.fsdp = isinstance(ddp, FSDP)
+        # FSDP2: each rank holds a piece of every gradient (DTensors); the global norm sums them over the ranks.
+        self.fsdp = isinstance(ddp, FSDPModule)
         self.reduce_every_micro_step = self.fsdp and fsdp_reduce_every_micro_step(cfg)
 
     @property
@@ -129,10 +127,9 @@ class Engine:
         scale = self.precision.loss_scale
         scaler.unscale_(opt)
         max_norm = self.cfg.optim.clip_grad_norm if self.cfg.optim.clip_grad_norm > 0 else math.inf
-        if self.fsdp:
-            grad_norm = float(self.model.unwrap().clip_grad_norm_(max_norm))
-        else:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+        # Under FSDP2 the norm of DTensor gradients is a replicated DTensor (one all-reduce of the squares).
+        grad_norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
         finite = math.isfinite(grad_norm)
         if scaler.is_enabled():
             scaler.step(opt)  # skips the update itself when unscale_ found inf/nan
@@ -147,7 +144,7 @@ class Engine:
             loss_scale=scale,
             skipped=not finite,
             data_time=data_time,
-            # FSDP reduces through its own reduce-scatters (one per unit, or an all-reduce for NO_SHARD) that
+            # FSDP2 reduces through its own reduce-scatters (one per parameter group) that
             # no DDP comm hook sees: None, not a count of 0 (docs/LOGS.md).
             allreduce_calls=None if self.fsdp else self.comm.calls - calls_before,
         )

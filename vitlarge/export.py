@@ -36,7 +36,7 @@ def data_config(cfg: Config) -> dict:
 
     With ``train.phases`` the input size is the last phase's ``eval_size`` (where the final top-1 was
     measured, e.g. FixRes' 256 px after 224 px training), not ``data.image_size``."""
-    from vitlarge.data.loader import VAL_INTERPOLATION
+    from vitlarge.data.common import VAL_INTERPOLATION
 
     size = cfg.data.image_size
     if cfg.train.phases:

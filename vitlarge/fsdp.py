@@ -1,34 +1,51 @@
-"""``train.plugin=fsdp``: fully sharded data parallel (torch FSDP1) under the Colossal-AI Booster.
+"""``train.plugin=fsdp``: fully sharded data parallel (torch FSDP2, ``fully_shard``) under the Colossal-AI Booster.
 
-Why our own plugin: Colossal-AI 0.5.0's TorchFSDPPlugin needs an NVIDIA driver (and re-creates the
-optimizer from ``model.parameters()``, dropping our no-decay / no-trust-ratio groups); FSDP2
-(``fully_shard``) needs CUDA streams. FSDP1 runs on CPU with gloo and on CUDA with NCCL through
-the same code, so this path is tested here and runs on GPUs.
+Why our own plugin: Colossal-AI 0.5.0's TorchFSDPPlugin needs an NVIDIA driver and re-creates the
+optimizer from ``model.parameters()``, dropping our no-decay / no-trust-ratio groups. FSDP2 runs on
+CPU with gloo and on CUDA with NCCL through the same code (torch 2.10), so this path is tested here
+and runs on GPUs.
 
 Contract of `FSDPPlugin.configure`:
 
-* one FSDP unit per timm transformer ``Block`` plus the root (patch embedding, tokens, final norm,
-  head); a model without ``Block`` modules is refused (`UserError`).
-* ``FULL_SHARD`` (parameters, gradients and optimizer states sharded over the ranks) and
-  ``use_orig_params=True``: the optimizer keeps the model's own ``nn.Parameter`` objects (and so its
-  parameter groups), each a view of this rank's piece of its unit's flat shard, possibly empty.
-* precision (``train.precision``): ``bf16``/``fp16`` compute with ``param_dtype`` copies gathered for
-  forward/backward while the sharded masters and LAMB states stay fp32; gradients are reduced in
-  fp32; ``LayerNorm`` runs in fp32 (FSDP wraps each one separately without mixed precision and
-  casts its input up and its output back), so does `vitlarge.model.Fp32Conv2d`. ``fp32``: no casts. Autocast is not used.
-* every rank starts from rank 0's parameters and buffers: they are broadcast before wrapping, as
-  DDP does at construction (a rank-dependent RNG draw before the build, or an ``init_from`` race,
-  would otherwise give a mosaic of shards). FSDP's own ``sync_module_states=True`` does the same
-  broadcast but refuses CPU tensors in torch 2.5.1 ("requires them to be on GPU"), so we call the
-  helper both share (``torch.distributed.utils._sync_module_states``) on every device: one path.
-* ``device_id`` is our device, CPU included: without it FSDP looks for an accelerator and refuses a
-  CPU-only host ("FSDP needs a non-CPU accelerator device").
-* the optimizer becomes `vitlarge.sharded_optim.ShardedLamb` when it is our ``Lamb``, so trust
-  ratios use the norms of whole tensors, whatever the world size.
+* ``fully_shard`` on every timm transformer ``Block``, then on the root (patch embedding, tokens,
+  final norm, head): one parameter group per block, all-gathered before its forward (and again
+  before its backward) and reduce-scattered after its backward. A model without ``Block`` modules
+  is refused (`UserError`). FQNs and the model's class hierarchy are unchanged (FSDP2 only prepends
+  ``FSDPModule`` to the class), so ``model.unwrap()`` is the timm model itself.
+* every parameter becomes a ``DTensor`` sharded on dim 0 (``Shard(0)``) over a 1-D device mesh of
+  all ranks; each rank's local piece is a contiguous run of rows (torch.chunk sizes: possibly empty,
+  e.g. a ``(1, 65, 384)`` position embedding lives whole on rank 0). FSDP2 replaces the module's
+  ``nn.Parameter`` objects, so the optimizer (built before wrapping) is pointed at the new ones by
+  name; a `vitlarge.optim.Lamb` becomes `vitlarge.sharded_optim.ShardedLamb`, whose trust ratios use
+  the norms of whole tensors, whatever the world size.
+* precision (``train.precision``): ``bf16``/``fp16``: ``MixedPrecisionPolicy(param_dtype, reduce_dtype=
+  float32)``: blocks compute with gathered half-precision copies, the sharded fp32 parameters are the
+  masters, LAMB states fp32, gradients reduced (and, under ``set_requires_gradient_sync(False)``,
+  accumulated) in fp32. No autocast. ``LayerNorm`` computes in fp32 (each becomes timm's
+  ``LayerNormFp32``: input, weight and bias cast up inside its forward, output cast back to the
+  input's dtype; same parameters and state dict), and so does the
+  CPU-fp16 patch convolution `vitlarge.model.Fp32Conv2d` (`_ShardedFp32Conv2d`). Why a forward
+  wrapper rather than a ``fully_shard`` group per LayerNorm with an fp32 policy (what FSDP1's
+  ``_module_classes_to_ignore`` amounted to): it costs no extra collective, where such groups add two
+  all-gathers (forward, backward) and one reduce-scatter per LayerNorm per micro-step (2 x depth + 1
+  = 65 LayerNorms on ViT-H/14, latency-bound at a few KB each; benchmarks/bench_fsdp_collectives.py
+  counted 6 x depth + 3 all-gathers per micro-step with FSDP1's LayerNorm units, 2 x depth + 1 now). One group for all
+  LayerNorms would still add collectives, and FSDP2's multi-module groups expect their modules to run
+  forward together, which a per-block recompute under activation checkpointing does not. The price:
+  the LayerNorm weight and bias enter the fp32 computation rounded to the compute dtype (as every
+  Linear weight does), while the normalisation itself (mean, variance, scaling) is fp32. ``fp32``: no
+  casts.
+* every rank starts from rank 0's parameters and buffers: ``fully_shard`` keeps each rank's own rows
+  of its own tensors (no broadcast), so a rank-dependent RNG draw before the build, or an
+  ``init_from`` race, would give a mosaic of shards. We broadcast before sharding with the helper
+  DDP uses at construction (``torch.distributed.utils._sync_module_states``), on CPU and CUDA: one path.
+* gradient accumulation: `FSDPPlugin.no_sync` is ``set_requires_gradient_sync(False)`` on every
+  FSDP module for the micro-steps that should not reduce (see `vitlarge.engine`).
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, Iterator
 
 import torch
@@ -36,59 +53,86 @@ import torch.distributed as dist
 from colossalai.booster.plugin.dp_plugin_base import DPPluginBase
 from colossalai.interface import ModelWrapper, OptimizerWrapper
 from torch import nn
-from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
-from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.utils import _sync_module_states
 
 from vitlarge.errors import UserError
+from vitlarge.model import Fp32Conv2d
 from vitlarge.precision import DTYPES
 
-BROADCAST_BUCKET_BYTES = 250 * 1024 * 1024  # DDP's and FSDP's bucket for the initial broadcast
+BROADCAST_BUCKET_BYTES = 250 * 1024 * 1024  # DDP's bucket for the initial broadcast
 FULL_SHAPES_ATTR = "vitlarge_full_shapes"
 """Attribute of the FSDP root holding the unsharded state dict's shapes (read without a collective)."""
 
 
+class _ShardedFp32Conv2d(Fp32Conv2d):
+    """`Fp32Conv2d` whose weight arrives in the compute dtype (FSDP's gathered copy): cast up too."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.float()
+        return self._conv_forward(x.float(), self.weight.float(), bias).to(x.dtype)
+
+
 def block_classes(model: nn.Module) -> set[type]:
-    """The transformer block classes FSDP wraps one by one (timm's ``Block`` and its subclasses)."""
+    """The transformer block classes FSDP shards one by one (timm's ``Block`` and its subclasses)."""
     from timm.models.vision_transformer import Block
 
     return {type(m) for m in model.modules() if isinstance(m, Block)}
 
 
-def mixed_precision(precision: str) -> MixedPrecision | None:
-    """FSDP's casts for ``precision``: compute dtype for parameters, fp32 reduction and buffers, fp32 LayerNorm."""
-    from vitlarge.model import Fp32Conv2d
-
+def mp_policy(precision: str) -> MixedPrecisionPolicy:
+    """FSDP2's casts for ``precision``: compute-dtype parameters, fp32 gradient reduction; none for fp32."""
     if precision == "fp32":
-        return None
-    # Fp32Conv2d: the patch embedding that vitlarge.model keeps in fp32 on CPU under fp16 (slow backward).
-    return MixedPrecision(param_dtype=DTYPES[precision], reduce_dtype=torch.float32, buffer_dtype=torch.float32,
-                          _module_classes_to_ignore=(nn.LayerNorm, Fp32Conv2d))
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=DTYPES[precision], reduce_dtype=torch.float32)
 
 
-def wrap(model: nn.Module, precision: str, device: torch.device) -> FSDP:
-    """``model`` sharded as the module docstring says; identical on every rank (same seed) before."""
-    blocks = block_classes(model)
+def wrap(model: nn.Module, precision: str, device: torch.device) -> nn.Module:
+    """``model`` sharded in place as the module docstring says (and returned); every rank must call it."""
+    blocks = [m for m in model.modules() if type(m) in block_classes(model)]
     if not blocks:
         raise UserError(f"train.plugin=fsdp needs a model with transformer blocks to shard one by one; "
                         f"{type(model).__name__} has no timm Block: use train.plugin=ddp or a timm ViT")
     shapes = {k: list(v.shape) for k, v in model.state_dict().items()}
     if dist.get_world_size() > 1:
         _sync_module_states(model, dist.group.WORLD, BROADCAST_BUCKET_BYTES, src=0, params_and_buffers_to_ignore=())
-    fsdp = FSDP(model, auto_wrap_policy=ModuleWrapPolicy(blocks), sharding_strategy=ShardingStrategy.FULL_SHARD,
-                mixed_precision=mixed_precision(precision), use_orig_params=True,
-                device_id=device, limit_all_gathers=True)
-    setattr(fsdp, FULL_SHAPES_ATTR, shapes)
-    return fsdp
+    if precision != "fp32":
+        from timm.layers import LayerNorm, LayerNormFp32
+
+        for m in model.modules():
+            if type(m) in (nn.LayerNorm, LayerNorm):  # same parameters, state dict and maths; no fast-norm path
+                m.__class__ = LayerNormFp32
+            elif isinstance(m, nn.LayerNorm) and type(m) is not LayerNormFp32:
+                raise UserError(f"train.plugin=fsdp with train.precision={precision} computes LayerNorm in fp32 and "
+                                f"knows torch's and timm's LayerNorm only, not {type(m).__name__}: use "
+                                "train.precision=fp32 or train.plugin=ddp")
+            elif type(m) is Fp32Conv2d:
+                m.__class__ = _ShardedFp32Conv2d
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    policy = mp_policy(precision)
+    for block in blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    setattr(model, FULL_SHAPES_ATTR, shapes)
+    return model
+
+
+def _repoint(optimizer: torch.optim.Optimizer, before: dict[int, str], model: nn.Module) -> None:
+    """Points ``optimizer``'s groups at ``model``'s parameters of the same names (FSDP2 replaced them)."""
+    if optimizer.state:
+        raise RuntimeError("the optimizer must not have stepped before FSDP wraps the model")
+    now = dict(model.named_parameters())
+    for group in optimizer.param_groups:
+        group["params"] = [now[before[id(p)]] for p in group["params"]]
 
 
 class FSDPModel(ModelWrapper):
-    """Booster wrapper; ``unwrap()`` is the FSDP root (its ``.module`` the timm model)."""
+    """Booster wrapper; ``unwrap()`` is the timm model, sharded in place (an ``FSDPModule``)."""
 
 
 class FSDPPlugin(DPPluginBase):
-    """A Colossal-AI Booster plugin over torch FSDP1 that runs on CPU (gloo) and CUDA (NCCL)."""
+    """A Colossal-AI Booster plugin over torch FSDP2 that runs on CPU (gloo) and CUDA (NCCL)."""
 
     def __init__(self, precision: str, device: torch.device):
         super().__init__()
@@ -121,8 +165,16 @@ class FSDPPlugin(DPPluginBase):
     def enable_lora(self, *args, **kwargs):
         raise NotImplementedError("LoRA is not supported by vitlarge's fsdp plugin")
 
+    @contextlib.contextmanager
     def no_sync(self, model: nn.Module, optimizer: OptimizerWrapper) -> Iterator[None]:
-        return model.unwrap().no_sync()
+        """Backward passes inside keep (and add to) unsharded gradients instead of reduce-scattering
+        them; FSDP2 accumulates them in ``reduce_dtype`` (fp32) when the compute dtype is lower."""
+        root = model.unwrap()
+        root.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            root.set_requires_gradient_sync(True)
 
     def configure(self, model: nn.Module, optimizer=None, criterion: Callable | None = None, dataloader=None,
                   lr_scheduler=None):
@@ -130,9 +182,12 @@ class FSDPPlugin(DPPluginBase):
         from vitlarge.sharded_optim import ShardedLamb
 
         model = model.to(self.device)
-        fsdp = wrap(model, self.precision, self.device)
+        names = {id(p): n for n, p in model.named_parameters()}
+        sharded = wrap(model, self.precision, self.device)
+        assert isinstance(sharded, FSDPModule)
         if optimizer is not None:
+            _repoint(optimizer, names, sharded)
             if type(optimizer) is Lamb:  # same groups and settings; step() reduces the norms over the ranks
                 optimizer = ShardedLamb.like(optimizer)
             optimizer = OptimizerWrapper(optimizer)
-        return FSDPModel(fsdp), optimizer, criterion, dataloader, lr_scheduler
+        return FSDPModel(sharded), optimizer, criterion, dataloader, lr_scheduler

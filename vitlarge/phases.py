@@ -34,7 +34,8 @@ Contracts:
 * The model keeps the pos-embed grid of ``data.image_size`` and is built with timm's
   ``dynamic_img_size=True``: every forward resamples it (bicubic) to the input's grid, so parameter
   shapes, optimizer state and checkpoints never change with the phase.
-* `PhasedLoaders` rebuilds the DALI pipelines at a boundary, decoding straight to the phase's size.
+* `PhasedLoaders` rebuilds the loaders at a boundary (`vitlarge.data.build`: DALI pipelines decoding
+  straight to the phase's size, or the synthetic source at that size).
   Each phase's train stream starts afresh with its own seed (``train.seed + 1000 * phase``); the
   loader state in a checkpoint records its phase, so a resume in the same phase continues the
   stream exactly and a resume at a boundary starts the new phase's stream exactly as an
@@ -329,7 +330,7 @@ class _PhaseTrain:
         return next(self.loader)
 
     def state(self) -> str:
-        from vitlarge.data.loader import STATE_VERSION
+        from vitlarge.data.common import STATE_VERSION
 
         return json.dumps({"version": STATE_VERSION, "phase": self.phase, "phases": self.phases_hash,
                            "loader": self.loader.state()})
@@ -385,13 +386,14 @@ class PhasedLoaders:
 def release_loader_memory(device) -> None:
     """After the old phase's loaders are dropped: collect their pipelines and, on a GPU, hand DALI's
     freed pool blocks back (``nvidia.dali.backend.ReleaseUnusedMemory``, where this DALI has it), so the
-    new phase's pipelines do not stack on the old ones' memory. The GPU branch is not run by the tests."""
+    new phase's pipelines do not stack on the old ones' memory. The GPU branch is not run by the tests.
+    A process that never loaded DALI (``data.source=synthetic``) has no DALI pool, and may have no DALI."""
     import gc
+    import sys
 
     gc.collect()
-    if getattr(device, "type", str(device)) == "cuda":
-        from nvidia.dali import backend
-
+    backend = sys.modules.get("nvidia.dali.backend")
+    if getattr(device, "type", str(device)) == "cuda" and backend is not None:
         release = getattr(backend, "ReleaseUnusedMemory", None)
         if release is not None:
             release()

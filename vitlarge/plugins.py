@@ -3,7 +3,7 @@
 ``ddp`` (TorchDDPPlugin) replicates the model; ``fsdp`` (`vitlarge.fsdp.FSDPPlugin`) shards weights,
 gradients and LAMB states over the ranks, for models whose states do not fit next to the weights
 (ViT-H/14 and up). Both run on CPU (gloo) and CUDA (NCCL). Under ``fsdp`` the plugin owns the
-compute precision (FSDP's casts, no autocast); the engine's loss scaler is then a sharded one.
+compute precision (FSDP2's casts, no autocast); the fp16 loss scaler's overflow check then spans all ranks.
 
 Device: the DDP plugin moves the model to Colossal-AI's "current device" (``colossalai.utils.
 get_current_device()``, i.e. its global accelerator, which it detects as CUDA whenever CUDA is

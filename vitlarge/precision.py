@@ -59,8 +59,12 @@ def resolve(name: str, device: torch.device, flags: frozenset[str] | None = None
 class Precision:
     """Owns autocast and the loss scaler for one run; ``scaler`` is disabled unless fp16.
 
-    ``sharded`` (``train.plugin=fsdp``): FSDP casts parameters itself (`vitlarge.fsdp`), so there is no
-    autocast, and the scaler is torch's ShardedGradScaler, whose overflow check spans all ranks' shards."""
+    ``sharded`` (``train.plugin=fsdp``): FSDP2 casts parameters itself (`vitlarge.fsdp`), so there is no
+    autocast. The scaler is ``torch.amp.GradScaler`` there too: the gradients are DTensors, and DTensor's
+    handler for the unscale kernel (``_amp_foreach_non_finite_check_and_unscale_``) reduces ``found_inf``
+    with a max over the mesh, so one rank's inf skips the step and lowers the scale on every rank.
+    (torch's ``ShardedGradScaler`` would all-reduce it a second time and, on DTensor gradients in torch
+    2.10, warns about its non-scalar ``found_inf``.)"""
 
     def __init__(self, name: str, device: torch.device, init_scale: float = 2.0**16, growth_interval: int = 2000,
                  sharded: bool = False):
@@ -70,15 +74,9 @@ class Precision:
         self.device_type = device.type
         self.dtype = DTYPES[name]
         self.sharded = sharded
-        if sharded:
-            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-            self.scaler = ShardedGradScaler(self.device_type, init_scale=init_scale, growth_interval=growth_interval,
-                                            enabled=name == "fp16")
-        else:
-            self.scaler = torch.amp.GradScaler(
-                self.device_type, init_scale=init_scale, growth_interval=growth_interval, enabled=name == "fp16"
-            )
+        self.scaler = torch.amp.GradScaler(
+            self.device_type, init_scale=init_scale, growth_interval=growth_interval, enabled=name == "fp16"
+        )
 
     def autocast(self):
         if self.name == "fp32" or self.sharded:

@@ -72,11 +72,13 @@ def _is_fsdp1(root: nn.Module) -> bool:
 
 
 def is_sharded(model: nn.Module) -> bool:
-    """FSDP1 root, or FSDP2 (``fully_shard``: DTensor parameters). Never a collective."""
+    """FSDP2 (``fully_shard``: DTensor parameters) or an FSDP1 root. Never a collective."""
+    from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
     root = _root(model)
-    return _is_fsdp1(root) or any(isinstance(p, DTensor) for p in root.parameters())
+    return (isinstance(root, FSDPModule) or _is_fsdp1(root)
+            or any(isinstance(p, DTensor) for p in root.parameters()))
 
 
 def inner(model: nn.Module) -> nn.Module:
@@ -101,11 +103,10 @@ def model_tensors(model: nn.Module, rank: int) -> dict[str, torch.Tensor]:
     root = _root(model)
     if not is_sharded(model):
         return {k: v.detach().contiguous().cpu() for k, v in root.state_dict().items()} if rank == 0 else {}
-    # From a GPU, cpu_offload gathers to rank 0's host memory only (the others get {}). On a CPU model it
-    # is off: FSDP1 then clones freed memory (segfault, measured on torch 2.5 and 2.10), and the full
-    # copy on every rank is the model once, at export time.
-    on_gpu = next(root.parameters()).device.type != "cpu"
-    state = get_model_state_dict(root, options=StateDictOptions(full_state_dict=True, cpu_offload=on_gpu))
+    # cpu_offload: gathered on rank 0 only (the others get {}), each tensor moved to the host as it comes.
+    # Not for an FSDP1 model on the CPU: FSDP1 then clones freed memory (segfault, measured on torch 2.10).
+    offload = not _is_fsdp1(root) or next(root.parameters()).device.type != "cpu"
+    state = get_model_state_dict(root, options=StateDictOptions(full_state_dict=True, cpu_offload=offload))
     return {k: v.detach().contiguous().cpu() for k, v in state.items()} if rank == 0 else {}
 
 
@@ -236,9 +237,8 @@ def legacy_optimizer_sources(files: dict) -> list[str]:
 
 def param_names(model: nn.Module, opt) -> list[str]:
     """The state-dict name of every optimizer parameter, in the order of the optimizer state dict's indices."""
-    from torch.distributed.fsdp._common_utils import FSDP_WRAPPED_MODULE
-
-    names = {id(p): n.replace(f"{FSDP_WRAPPED_MODULE}.", "") for n, p in _root(model).named_parameters()}
+    prefix = "_fsdp_wrapped_module."  # FSDP1's; FSDP2 and DDP (under `_root`) keep the model's names
+    names = {id(p): n.replace(prefix, "") for n, p in _root(model).named_parameters()}
     return [names[id(p)] for group in opt.param_groups for p in group["params"]]
 
 

@@ -1,28 +1,37 @@
-"""LAMB over sharded parameters that is the same optimizer as unsharded LAMB.
+"""LAMB over FSDP2's sharded parameters that is the same optimizer as unsharded LAMB.
 
-Under FSDP with ``use_orig_params`` each rank's ``nn.Parameter`` is its piece of the tensor (a view
-of the unit's flat shard, possibly empty, split anywhere). Moments and update directions are
-elementwise, so a piece's are the whole tensor's; only the trust ratio ``||w|| / ||u||`` needs the
-whole tensor. `ShardedLamb` computes the squared norms of every local piece, sums them over the
-ranks in ONE all-reduce per step (a ``2 x T`` fp32 tensor, T = tensors with a trust ratio), then
-applies the per-tensor ratios: the update equals `vitlarge.optim.Lamb`'s on the unsharded model up
-to float summation order, whatever the world size. Cost: the update directions of this rank's
-shard are held until the all-reduce (one shard-sized buffer instead of one reused chunk).
+Under FSDP2 (`vitlarge.fsdp`) every parameter and gradient is a ``DTensor`` sharded on dim 0: each
+rank holds a run of rows of the tensor (possibly none). Moments and update directions are
+elementwise, so they are computed on the local pieces (``to_local()``: plain tensors, torch's fused
+Adam kernel and ``_foreach`` ops, no DTensor dispatch); the moments are stored as DTensors like
+their parameters (so ``torch.distributed.checkpoint.state_dict`` can gather or re-shard them). Only
+the trust ratio ``||w|| / ||u||`` needs the whole tensor: `ShardedLamb` computes the squared norms of
+every local piece, sums them over the ranks in ONE all-reduce per step (a ``2 x T`` fp32 tensor,
+T = tensors with a trust ratio), then applies the per-tensor ratios: the update equals
+`vitlarge.optim.Lamb`'s on the unsharded model up to float summation order, whatever the world
+size. Cost: the update directions of this rank's shard are held until the all-reduce (one
+shard-sized buffer instead of one reused chunk).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from vitlarge.optim import Lamb, trust_ratio
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's piece of ``t`` (a view: in-place ops on it update ``t``), or ``t`` itself if not a DTensor."""
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 class ShardedLamb(Lamb):
     """`Lamb` whose trust ratios use the norms of whole tensors summed over the default process group.
 
     Every rank must call ``step()`` (it is a collective), with the same parameter groups in the
-    same order (FSDP's views keep the model's parameter order)."""
+    same order (the model's parameter order)."""
 
     @classmethod
     def like(cls, lamb: Lamb) -> "ShardedLamb":
@@ -30,6 +39,12 @@ class ShardedLamb(Lamb):
         sharded = cls(lamb.param_groups, **lamb.defaults)
         sharded.fused, sharded.chunk_numel = lamb.fused, lamb.chunk_numel
         return sharded
+
+    def _with_grads(self, group: dict) -> dict[tuple[torch.device, torch.dtype], list]:
+        """`Lamb._with_grads` over local pieces, plus each item's column key (the parameter itself)."""
+        by_kind = super()._with_grads(group)
+        return {kind: [(local(p), local(p.grad), local(m), local(v), s, p) for p, _, m, v, s in items]
+                for kind, items in by_kind.items()}
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -42,27 +57,27 @@ class ShardedLamb(Lamb):
             if group["trust_ratio"]:
                 for p in group["params"]:
                     column[p] = len(column)
-        first = self.param_groups[0]["params"][0]
-        squares = torch.zeros(2, len(column), dtype=torch.float32, device=first.device)
+        device = local(self.param_groups[0]["params"][0]).device
+        squares = torch.zeros(2, len(column), dtype=torch.float32, device=device)
         pending = []
         for group in self.param_groups:
             for items in self._with_grads(group).values():
                 for chunk in self._chunks(items):
                     updates = [torch.empty_like(it[0]) for it in chunk]
-                    self._direction(group, chunk, updates)
+                    self._direction(group, [it[:5] for it in chunk], updates)
                     params = [it[0] for it in chunk]
+                    cols = None
                     if group["trust_ratio"]:
-                        cols = torch.tensor([column[p] for p in params], device=first.device)
+                        cols = torch.tensor([column[it[5]] for it in chunk], device=device)
                         squares[0, cols] = torch.stack(torch._foreach_norm(params)).float() ** 2
                         squares[1, cols] = torch.stack(torch._foreach_norm(updates)).float() ** 2
-                    pending.append((group, params, updates))
+                    pending.append((group, params, updates, cols))
         if column and dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(squares)
         norms = squares.sqrt()
-        for group, params, updates in pending:
+        for group, params, updates, cols in pending:
             ratio = None
-            if group["trust_ratio"]:
-                cols = torch.tensor([column[p] for p in params], device=first.device)
+            if cols is not None:
                 ratio = trust_ratio(norms[0, cols], norms[1, cols], group["max_trust_ratio"]).to(params[0].dtype)
             self._apply(group, params, updates, ratio)
         return loss

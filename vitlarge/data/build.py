@@ -1,4 +1,10 @@
-"""Builds the DALI loaders a config asks for; the one place config fields map to loader arguments."""
+"""Builds the loaders a config asks for; the one place config fields map to loader arguments.
+
+``data.source`` picks the batch source: ``tfrecord`` (DALI over the shards in ``data.path``) or
+``synthetic`` (`vitlarge.data.synthetic`: random batches made on the device). Both give the same
+contract (`vitlarge.data.loader`), so nothing after these functions knows which one runs. DALI is
+imported only for ``tfrecord``.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +13,20 @@ import os
 import torch
 
 from vitlarge.config import Config
-from vitlarge.data.loader import TrainLoader, ValLoader
+from vitlarge.data import synthetic
 from vitlarge.data.manifest import Manifest, load_manifest
-from vitlarge.data.randaugment import spec as randaugment_spec
 from vitlarge.errors import UserError
 
 
 def check_data(cfg: Config) -> Manifest:
     """The manifest of ``cfg.data.path`` after the checks that need no pipeline: its class count matches
-    ``data.num_classes`` and ``data.randaugment`` parses. Fails before any work or file is written."""
+    ``data.num_classes`` and ``data.randaugment`` parses. Fails before any work or file is written.
+    For ``data.source=synthetic``: a manifest with ``data.num_classes`` synthetic classes and
+    ``data.num_train_examples`` training examples; no file is read."""
+    if cfg.data.source == "synthetic":
+        return synthetic.manifest(cfg.data.num_classes, cfg.data.num_train_examples, cfg.data.synthetic_val_examples)
+    from vitlarge.data.randaugment import spec as randaugment_spec
+
     manifest = load_manifest(cfg.data.path)
     if manifest.num_classes != cfg.data.num_classes:
         raise UserError(
@@ -41,8 +52,28 @@ def num_threads(cfg: Config) -> int:
     return dali_threads(os.environ, len(os.sched_getaffinity(0)))[0]
 
 
-def train_loader(cfg: Config, rank: int, world_size: int, device: torch.device, state: str | None = None) -> TrainLoader:
+def _check_state_source(cfg: Config, state: str | None) -> None:
+    """A checkpoint's data state continues only the source that wrote it (a synthetic position means
+    nothing to DALI, and weights trained on noise are not a start for real data, nor the reverse)."""
+    if not state:
+        return
+    written = "synthetic" if synthetic.is_state(state) else "tfrecord"
+    if written != cfg.data.source:
+        raise UserError(f"the checkpoint being resumed was trained with data.source={written}, this run has "
+                        f"data.source={cfg.data.source}; resume with data.source={written}, or pass another --workdir")
+
+
+def train_loader(cfg: Config, rank: int, world_size: int, device: torch.device, state: str | None = None):
+    """The infinite, resumable train stream of this rank (`TrainLoader` or `SyntheticTrain`)."""
+    _check_state_source(cfg, state)
     d = cfg.data
+    if d.source == "synthetic":
+        return synthetic.SyntheticTrain(
+            cfg.train.micro_batch, d.image_size, d.num_classes, rank=rank, world_size=world_size, device=device,
+            seed=cfg.train.seed, num_examples=d.num_train_examples, mean=d.mean, std=d.std, state=state,
+        )
+    from vitlarge.data.loader import TrainLoader
+
     return TrainLoader(
         d.path, cfg.train.micro_batch, d.image_size, rank=rank, world_size=world_size, device=device,
         seed=cfg.train.seed, num_threads=num_threads(cfg), crop_scale=tuple(d.crop_scale),
@@ -51,8 +82,16 @@ def train_loader(cfg: Config, rank: int, world_size: int, device: torch.device, 
     )
 
 
-def val_loader(cfg: Config, rank: int, world_size: int, device: torch.device) -> ValLoader:
+def val_loader(cfg: Config, rank: int, world_size: int, device: torch.device):
+    """One exact validation pass per ``iter()`` over this rank's slice (`ValLoader` or `SyntheticVal`)."""
     d = cfg.data
+    if d.source == "synthetic":
+        return synthetic.SyntheticVal(
+            cfg.train.micro_batch, d.image_size, d.num_classes, rank=rank, world_size=world_size, device=device,
+            num_examples=d.synthetic_val_examples, mean=d.mean, std=d.std,
+        )
+    from vitlarge.data.loader import ValLoader
+
     return ValLoader(
         d.path, cfg.train.micro_batch, d.image_size, rank=rank, world_size=world_size, device=device,
         num_threads=num_threads(cfg), crop_pct=d.val_crop_pct, mean=_pixels(d.mean), std=_pixels(d.std),

@@ -20,6 +20,7 @@ import torch
 from nvidia.dali.plugin.pytorch import feed_ndarray
 
 from vitlarge.data import pipelines
+from vitlarge.data.common import STATE_VERSION, VAL_INTERPOLATION, state_from_older_release, val_forwards  # noqa: F401
 from vitlarge.data.manifest import MANIFEST_NAME, Manifest, check_shards, load_manifest
 from vitlarge.data.randaugment import spec as randaugment_spec
 from vitlarge.config import IMAGENET_MEAN, IMAGENET_STD
@@ -27,19 +28,6 @@ from vitlarge.errors import UserError
 
 DEFAULT_MEAN = tuple(255.0 * x for x in IMAGENET_MEAN)  # DALI normalizes 0..255 pixels
 DEFAULT_STD = tuple(255.0 * x for x in IMAGENET_STD)
-VAL_INTERPOLATION = "bicubic"  # timm's eval resize; the export declares it (vitlarge/export.py)
-STATE_VERSION = 2  # 2: per-epoch file-order shuffle (shuffle_after_epoch), one seed for all ranks
-
-
-def state_from_older_release(state: str | None) -> int | None:
-    """The version of a loader state written by an older vitlarge (whose pipeline this one cannot
-    continue), else None: for the current version, and for anything malformed (the loader itself
-    refuses that with its one-line error)."""
-    try:
-        version = json.loads(state)["version"] if state else None
-    except (ValueError, TypeError, KeyError):
-        return None
-    return version if isinstance(version, int) and version < STATE_VERSION else None
 
 
 def _check_rank(rank: int, world_size: int) -> None:
@@ -264,9 +252,3 @@ class ValLoader:
             keep = max(0, min(self.batch_size, self.num_examples_this_rank - i * self.batch_size))
             yield (*self._batches.convert(images, labels), keep)
         self._runs_in_pass = 0
-
-
-def val_forwards(num_examples: int, world_size: int, batch_size: int) -> int:
-    """Batches per validation pass on every rank (`ValLoader.masked`): DALI pads each rank's slice to
-    the largest one's size, ``ceil(num_examples / world_size)``, then to whole batches."""
-    return math.ceil(math.ceil(num_examples / world_size) / batch_size)

@@ -16,6 +16,7 @@ import nvidia.dali.types as types
 from nvidia.dali import pipeline_def
 
 from vitlarge.data import randaugment as rand_augment
+from vitlarge.data.common import shard_range  # noqa: F401 (the readers' rank slices; loaders import it from here)
 from vitlarge.errors import UserError
 
 FEATURES = {
@@ -111,9 +112,3 @@ def interp_type(name: str):
     if name not in table:
         raise UserError(f"interpolation={name!r}: expected one of {sorted(table)}")
     return table[name]
-
-
-def shard_range(num_examples: int, shard_id: int, num_shards: int) -> tuple[int, int]:
-    """The [begin, end) records DALI's reader gives shard ``shard_id`` (same formula as DALI)."""
-    return num_examples * shard_id // num_shards, num_examples * (shard_id + 1) // num_shards
-

@@ -1,0 +1,36 @@
+"""What both data sources (DALI over TFRecords, synthetic) share, importable without DALI.
+
+The validation interpolation the export declares, the version of a checkpoint's data state, how a
+split's examples are divided over the ranks and how many forwards a validation pass takes: the
+synthetic source, the export and train.py need them on a machine where DALI is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+VAL_INTERPOLATION = "bicubic"  # timm's eval resize; the export declares it (vitlarge/export.py)
+STATE_VERSION = 2  # 2: per-epoch file-order shuffle (shuffle_after_epoch), one seed for all ranks
+
+
+def state_from_older_release(state: str | None) -> int | None:
+    """The version of a loader state written by an older vitlarge (whose pipeline this one cannot
+    continue), else None: for the current version, and for anything malformed (the loader itself
+    refuses that with its one-line error)."""
+    try:
+        version = json.loads(state)["version"] if state else None
+    except (ValueError, TypeError, KeyError):
+        return None
+    return version if isinstance(version, int) and version < STATE_VERSION else None
+
+
+def shard_range(num_examples: int, shard_id: int, num_shards: int) -> tuple[int, int]:
+    """The [begin, end) records DALI's reader gives shard ``shard_id`` (same formula as DALI)."""
+    return num_examples * shard_id // num_shards, num_examples * (shard_id + 1) // num_shards
+
+
+def val_forwards(num_examples: int, world_size: int, batch_size: int) -> int:
+    """Batches per validation pass on every rank (`ValLoader.masked`): DALI pads each rank's slice to
+    the largest one's size, ``ceil(num_examples / world_size)``, then to whole batches."""
+    return math.ceil(math.ceil(num_examples / world_size) / batch_size)
