@@ -56,11 +56,10 @@ def _build(plugin: str):
     torch.manual_seed(0)
     model = timm.create_model("vit_small_patch16_224", **MODEL_KWARGS)
     opt = build_optimizer(model, "lamb", lr=1e-3, weight_decay=0.05)
-    if plugin == "fsdp":
-        from vitlarge.fsdp import wrap
-        from vitlarge.sharded_optim import ShardedLamb
+    if plugin == "fsdp":  # as train.py builds it (the plugin shards, re-points and swaps the optimizer)
+        from vitlarge.fsdp import FSDPPlugin
 
-        return wrap(model, "fp32", torch.device("cpu")), ShardedLamb.like(opt)
+        return FSDPPlugin("fp32", torch.device("cpu")).configure(model, opt)[:2]
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     return _Booster(DDP(model)), opt

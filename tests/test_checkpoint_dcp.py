@@ -27,13 +27,13 @@ from tests import launcher
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _cfg():
+def _cfg(recipe: str | None = None):
     from vitlarge.config import load_recipe
 
-    return load_recipe(ROOT / "recipes" / "demo_digits.py")
+    return load_recipe(recipe or ROOT / "recipes" / "demo_digits.py")
 
 
-def _build(mode: str, seed: int):
+def _build(mode: str, seed: int, recipe: str | None = None):
     """(model as the checkpoint code sees it, optimizer) for ``mode``; weights from ``seed`` on every rank."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -41,7 +41,7 @@ def _build(mode: str, seed: int):
     from vitlarge.optim import build_optimizer
 
     torch.manual_seed(seed)
-    model = build_model(_cfg())
+    model = build_model(_cfg(recipe))
     if mode == "fsdp2":
         from torch.distributed.fsdp import fully_shard
 
@@ -53,12 +53,11 @@ def _build(mode: str, seed: int):
         return DDP(model), torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     if mode == "ddp_lamb":
         return DDP(model), build_optimizer(model, "lamb", lr=1e-2, weight_decay=0.1)
-    assert mode == "plugin_fsdp"
-    from vitlarge.fsdp import wrap
-    from vitlarge.sharded_optim import ShardedLamb
+    assert mode == "plugin_fsdp"  # as train.py builds it: the Booster plugin shards and re-points the optimizer
+    from vitlarge.fsdp import FSDPPlugin
 
-    opt = build_optimizer(model, "lamb", lr=1e-2, weight_decay=0.1)
-    return wrap(model, "fp32", torch.device("cpu")), ShardedLamb.like(opt)
+    return FSDPPlugin("fp32", torch.device("cpu")).configure(model, build_optimizer(model, "lamb", lr=1e-2,
+                                                                                    weight_decay=0.1))[:2]
 
 
 def _train(model, opt, rank: int, world: int, steps: int = 2) -> None:
@@ -78,9 +77,16 @@ def _full(model, opt) -> dict:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
     root = model.unwrap() if hasattr(model, "unwrap") else model
-    m, o = get_state_dict(root, opt, options=StateDictOptions(full_state_dict=True))
+    m, o = get_state_dict(root, getattr(opt, "optim", opt), options=StateDictOptions(full_state_dict=True))
     return {"model": {k: v.clone() for k, v in m.items()},
             "optimizer": {k: {n: torch.as_tensor(t).clone() for n, t in s.items()} for k, s in o["state"].items()}}
+
+
+def _names(model, opt) -> list[str]:
+    """Each optimizer parameter's name, in the optimizer's index order (a format-2 file's indices)."""
+    root = model.unwrap() if hasattr(model, "unwrap") else getattr(model, "module", model)
+    names = {id(p): n for n, p in root.named_parameters()}
+    return [names[id(p)] for g in getattr(opt, "optim", opt).param_groups for p in g["params"]]
 
 
 def _write_format2(folder: Path, model, opt, rank: int, world: int) -> None:
@@ -97,7 +103,7 @@ def _write_format2(folder: Path, model, opt, rank: int, world: int) -> None:
     torch.save({"rng": checkpoint.rng_state(), "scaler": {}, "data": None}, folder / names[0])
     from torch.distributed.tensor import DTensor
 
-    state = opt.state_dict()  # this rank's pieces as plain tensors, as the format-2 writer saved them
+    state = getattr(opt, "optim", opt).state_dict()  # this rank's pieces as plain tensors, as the format-2 writer saved them
     state["state"] = {i: {k: v.to_local().clone() if isinstance(v, DTensor) else v for k, v in s.items()}
                       for i, s in state["state"].items()}
     torch.save(state, folder / names[1])
@@ -123,7 +129,8 @@ def _worker(rank: int, world: int, port: int, job: dict, out: str) -> None:
     found = {}
     try:
         for name, (mode, action, workdir) in job.items():
-            model, opt = _build(mode, seed=0 if action == "save" else 1)
+            recipe = None if action == "save" else workdir  # a load's third item: its recipe (None: the demo)
+            model, opt = _build(mode, seed=0 if action == "save" else 1, recipe=recipe)
             scaler = torch.amp.GradScaler("cpu", enabled=False)
             if action == "save":
                 _train(model, opt, rank, world)
@@ -131,11 +138,12 @@ def _worker(rank: int, world: int, port: int, job: dict, out: str) -> None:
                 if mode == "plugin_fsdp":
                     _write_format2(Path(workdir) / "format2" / "step_0000002", model, opt, rank, world)
             else:
-                state = checkpoint.load(action, model, opt, scaler, _cfg())
-                assert state["step"] == 2
+                state = checkpoint.load(action, model, opt, scaler, _cfg(recipe))
+                found[f"{name} step"] = state["step"]
             full = _full(model, opt)
             if rank == 0:
                 found[name] = full
+                found[f"{name} names"] = _names(model, opt)
     finally:
         if rank == 0:
             torch.save(found, out)
@@ -210,3 +218,29 @@ def test_plugin_fsdp_reshards_exactly_and_a_format_2_checkpoint_still_resumes(sa
     found = _spawn(3, job, tmp_path / "found.pt")
     for name in job:
         _assert_same(found[name], ref["plugin_fsdp"], name)
+
+
+def test_format_2_checkpoints_of_torch_2_5_1_resume_exactly_at_3_ranks(tmp_path):
+    """The ddp and FSDP1 checkpoints vitlarge 0.2 wrote under torch 2.5.1 (tests/data/torch251), loaded into
+    FSDP2 and DDP runs at 3 ranks: weights equal model.safetensors, every LAMB moment equals the saved
+    pieces concatenated in rank order (the whole tensor), step 20."""
+    from safetensors.torch import load_file
+
+    data = ROOT / "tests" / "data" / "torch251"
+    recipe = str(data / "recipe.py")
+    job = {f"{src}->{mode}@3": (mode, str(data / src / "step_0000020"), recipe)
+           for src in ("ddp", "fsdp") for mode in ("plugin_fsdp", "ddp_lamb")}
+    found = _spawn(3, job, tmp_path / "found.pt")
+    for name, (_, path, _) in job.items():
+        path = Path(path)
+        assert found[f"{name} step"] == 20
+        weights = load_file(str(path / "model.safetensors"))
+        assert found[name]["model"].keys() == weights.keys()
+        assert all(torch.equal(found[name]["model"][k], v) for k, v in weights.items()), name
+        files = sorted(path.glob("optimizer_rank_*.pt")) or [path / "optimizer.pt"]
+        saved = [torch.load(f, weights_only=True)["state"] for f in files]
+        names = found[f"{name} names"]
+        for i, fqn in enumerate(names):
+            for m in ("exp_avg", "exp_avg_sq"):
+                whole = torch.cat([s[i][m].reshape(-1) for s in saved if i in s])
+                assert torch.equal(found[name]["optimizer"][fqn][m].reshape(-1), whole), (name, fqn, m)
