@@ -114,7 +114,7 @@ def _write_format2(folder: Path, model, opt, rank: int, world: int) -> None:
     if rank == 0:
         cfg = _cfg()
         meta = {"format_version": 2, "step": 2, "world_size": world, "model": cfg.model.name,
-                "param_shapes": checkpoint.param_shapes(model), "config": cfg.to_dict(),
+                "param_shapes": checkpoint.param_shapes(checkpoint.unwrap(model)), "config": cfg.to_dict(),
                 "files": {k: v for part in records for k, v in part.items()}}
         (folder / "meta.json").write_text(json.dumps(meta))
     dist.barrier()
