@@ -212,6 +212,41 @@ def test_every_kind_of_damage_is_one_warning_and_nothing_is_lost_then_no_periodi
     assert checkpoint_steps(workdir) == [2, 4, 7]
 
 
+def as_format_1(ckpt: Path) -> None:
+    """Rewrites a one-process checkpoint in v0.1's layout: model.safetensors, optimizer.pt (by parameter
+    index), rank_00000.pt, meta.json without file records."""
+    import json
+    import warnings
+
+    import torch
+    from safetensors.torch import save_file
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    from vitlarge.config import load_recipe
+    from vitlarge.model import build_model
+    from vitlarge.optim import build_optimizer
+    from vitlarge.sharded_checkpoint import Reader, param_names
+
+    meta = json.loads((ckpt / "meta.json").read_text())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "assuming the intent is to load in a single process"
+        saved = _load_state_dict_from_keys(storage_reader=Reader(ckpt))
+    cfg = load_recipe(RECIPE)
+    model = build_model(cfg)
+    names = param_names(model, build_optimizer(model, cfg.optim.name, lr=1.0, weight_decay=0.1))
+    index = {n: i for i, n in enumerate(names)}
+    optim = {"state": {index[n]: s for n, s in saved["optimizer"]["state"].items()},
+             "param_groups": [{**g, "params": [index[n] for n in g["params"]]}
+                              for g in saved["optimizer"]["param_groups"]]}
+    for f in [*ckpt.glob("*.distcp"), ckpt / ".metadata"]:
+        f.unlink()
+    save_file({k: v.contiguous() for k, v in saved["model"].items()}, str(ckpt / "model.safetensors"))
+    torch.save(optim, ckpt / "optimizer.pt")
+    meta["format_version"] = 1
+    del meta["files"], meta["optimizer_state"]
+    (ckpt / "meta.json").write_text(json.dumps(meta))
+
+
 def test_a_checkpoint_of_the_previous_release_resumes_with_a_fresh_data_stream(demo_data, tmp_path):
     """v0.1 wrote format-1 checkpoints (no file records) whose loader state (version 1) belongs to a
     pipeline this release changed. A user mid-run upgrades: the run resumes weights, optimizer and
@@ -224,10 +259,7 @@ def test_a_checkpoint_of_the_previous_release_resumes_with_a_fresh_data_stream(d
     first = launcher.run(train_args(demo_data, workdir, "train.max_steps=2"), launcher="python", timeout=TIMEOUT)
     assert first.returncode == 0, first.stderr[-3000:]
     ckpt = workdir / "checkpoints" / "step_0000002"
-    meta = json.loads((ckpt / "meta.json").read_text())
-    meta["format_version"] = 1
-    del meta["files"]
-    (ckpt / "meta.json").write_text(json.dumps(meta))
+    as_format_1(ckpt)
     state = torch.load(ckpt / "rank_00000.pt", weights_only=True)
     data = json.loads(state["data"])
     state["data"] = json.dumps({**data, "version": 1})
