@@ -20,7 +20,7 @@ import timm
 import torch
 from safetensors.torch import load_file
 
-from vitlarge import checkpoint
+from vitlarge import checkpoint, sharded_checkpoint
 from vitlarge.config import load_recipe
 from vitlarge.errors import UserError
 from vitlarge.export import export
@@ -72,11 +72,30 @@ def save(workdir, step, model, opt, scaler, cfg, keep=3, data="loader-state"):
     return checkpoint.save(workdir, step, model, opt, scaler, data, cfg, keep=keep)
 
 
+def weights(path: Path) -> dict:
+    """A checkpoint's full weights, read on this process (as evaluate and init_from do)."""
+    return checkpoint.weights_of(path, checkpoint.read_meta(path))
+
+
+def optimizer_state(path: Path) -> dict:
+    """A one-process checkpoint's optimizer state, keyed by parameter name (DCP's layout)."""
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "assuming the intent is to load in a single process"
+        return _load_state_dict_from_keys(storage_reader=sharded_checkpoint.Reader(path))["optimizer"]
+
+
+LAYOUT = [".metadata", "__0_0.distcp", "meta.json", "rank_00000.pt"]
+
+
 def test_layout(tmp_path, cfg):
     model, opt, scaler = trained(cfg)
     path = save(tmp_path, 100, model, opt, scaler, cfg)
     assert path == tmp_path / "checkpoints" / "step_0000100"
-    assert sorted(p.name for p in path.iterdir()) == ["meta.json", "model.safetensors", "optimizer.pt", "rank_00000.pt"]
+    assert sorted(p.name for p in path.iterdir()) == LAYOUT
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_0000100"]  # no .tmp left
     meta = json.loads((path / "meta.json").read_text())
     assert meta["format_version"] == checkpoint.FORMAT_VERSION
@@ -84,9 +103,10 @@ def test_layout(tmp_path, cfg):
     assert meta["param_shapes"]["pos_embed"] == [1, 17, 96]
     assert meta["config"] == json.loads(json.dumps(cfg.to_dict()))
     assert checkpoint.read_meta(path)["step"] == 100
-    assert set(load_file(str(path / "model.safetensors"))) == set(model.state_dict())
-    # Every file's size and CRC32C, computed here independently of vitlarge.fileio.
-    assert sorted(meta["files"]) == ["model.safetensors", "optimizer.pt", "rank_00000.pt"]
+    assert meta["optimizer_state"] is True
+    assert set(weights(path)) == set(model.state_dict())
+    # Every file's size and CRC32C (DCP's included), computed here independently of vitlarge.fileio.
+    assert sorted(meta["files"]) == [n for n in LAYOUT if n != "meta.json"]
     for name, record in meta["files"].items():
         data = (path / name).read_bytes()
         assert record == {"bytes": len(data), "crc32c": f"{crc32c.crc32c(data):08x}"}
@@ -95,7 +115,7 @@ def test_layout(tmp_path, cfg):
 
 SAVE_ONE = """
 import sys, torch
-from vitlarge import checkpoint
+from vitlarge import checkpoint, sharded_checkpoint
 from vitlarge.config import Config
 model = torch.nn.Linear(4, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -156,9 +176,9 @@ def test_every_file_is_fsynced_before_the_folder_is_published(tmp_path):
 def test_files_hold_no_pickled_objects(tmp_path, cfg):
     model, opt, scaler = trained(cfg)
     path = save(tmp_path, 1, model, opt, scaler, cfg)
-    opt_state = torch.load(path / "optimizer.pt", weights_only=True)
+    opt_state = optimizer_state(path)  # DCP's index through the restricted unpickler, its values weights_only
     rank = torch.load(path / "rank_00000.pt", weights_only=True)
-    assert len(opt_state["state"]) == len(list(model.parameters()))
+    assert set(opt_state["state"]) == {n for n, p in model.named_parameters()}
     assert set(rank) == {"rng", "scaler", "data"} and rank["data"] == "loader-state"
     assert rank["scaler"]["scale"] == 2.0**12  # grew on each of the two steps
 
@@ -179,11 +199,12 @@ def test_load_restores_weights_optimizer_scaler_and_rng(tmp_path, cfg):
     assert (state["step"], state["data"], state["same_world"]) == (2, "loader-state", True)
     assert draw() == after_save
 
-    saved = load_file(str(path / "model.safetensors"))
+    saved = weights(path)
     assert all(torch.equal(v, saved[k]) for k, v in model2.state_dict().items())
     assert scaler2.get_scale() == 2.0**12
-    s1 = torch.load(path / "optimizer.pt", weights_only=True)["state"]
-    s2 = opt2.state_dict()["state"]
+    s1 = optimizer_state(path)["state"]
+    names = sharded_checkpoint.param_names(model2, opt2)
+    s2 = {names[i]: s for i, s in opt2.state_dict()["state"].items()}
     assert s1.keys() == s2.keys()
     for k in s1:
         assert s1[k].keys() == s2[k].keys()
@@ -240,7 +261,7 @@ def test_latest_ignores_incomplete_folders_and_save_removes_stale_tmp(tmp_path, 
     save(tmp_path, 5, model, opt, scaler, cfg)
     root = tmp_path / "checkpoints"
     (root / ".step_0000009.tmp").mkdir()  # a run killed mid-write
-    (root / ".step_0000009.tmp" / "model.safetensors").write_bytes(b"partial")
+    (root / ".step_0000009.tmp" / "__0_0.distcp").write_bytes(b"partial")
     (root / "step_0000008").mkdir()  # a folder without meta.json is not a usable checkpoint
     assert checkpoint.latest(tmp_path) == root / "step_0000005"
     assert checkpoint.newest_verified(tmp_path)[1] == [(root / "step_0000008", "no meta.json")]
@@ -269,9 +290,10 @@ def drop_files_record(f: Path):
 
 
 DAMAGE = {  # what is done to the newest checkpoint, and the words of verify()'s answer
-    "weights truncated": ("model.safetensors", truncate, "bytes, meta.json records"),
-    "weights zero-length": ("model.safetensors", lambda f: f.write_bytes(b""), "model.safetensors has 0 bytes"),
-    "optimizer bit flip": ("optimizer.pt", flip_last_byte, "optimizer.pt has CRC32C"),
+    "shards truncated": ("__0_0.distcp", truncate, "bytes, meta.json records"),
+    "shards zero-length": ("__0_0.distcp", lambda f: f.write_bytes(b""), "__0_0.distcp has 0 bytes"),
+    "shards bit flip": ("__0_0.distcp", flip_last_byte, "__0_0.distcp has CRC32C"),
+    "DCP index bit flip": (".metadata", flip_last_byte, ".metadata has CRC32C"),
     "rank file missing": ("rank_00000.pt", Path.unlink, "rank_00000.pt is missing"),
     "meta.json missing": ("meta.json", Path.unlink, "no meta.json"),
     "meta.json not JSON": ("meta.json", truncate, "meta.json is not JSON"),
@@ -290,7 +312,7 @@ def test_verify_names_the_damage_and_latest_passes_over_it(tmp_path, cfg, damage
     assert checkpoint.latest(tmp_path) == older
 
 
-@pytest.mark.parametrize("name", ["model.safetensors", "rank_00000.pt"])
+@pytest.mark.parametrize("name", ["__0_0.distcp", "rank_00000.pt"])
 def test_load_checks_the_sizes_of_the_files_it_reads(tmp_path, cfg, name):
     """Each rank's cheap check (a stat per file) before it reads: a one-line error, not a traceback.
     Evaluation (weights only) checks the weights the same way."""
@@ -300,7 +322,7 @@ def test_load_checks_the_sizes_of_the_files_it_reads(tmp_path, cfg, name):
     with pytest.raises(checkpoint.Unusable, match=f"checkpoint {path} fails its check .{name} has ") as e:
         checkpoint.load(path, model, opt, scaler, cfg)
     assert "meta.json records" in e.value.problem
-    if name == "model.safetensors":
+    if name.endswith(".distcp"):
         with pytest.raises(checkpoint.Unusable, match=f"{name} has "):
             checkpoint.load_model_weights(path, model, cfg)
 
@@ -333,7 +355,7 @@ def test_load_into_another_model_shape(tmp_path, cfg):
 
 def test_a_zero_checkpoint_is_refused_for_resume_but_its_weights_still_load(tmp_path, cfg):
     """train.plugin=zero (removed) saved rank 0's optimizer shard only: resuming it would silently
-    restart the other ranks' LAMB states, so it is refused; its model.safetensors is whole."""
+    restart the other ranks' LAMB states, so it is refused; its weights are whole."""
     model, opt, scaler = trained(cfg)
     path = save(tmp_path, 1, model, opt, scaler, cfg)
     meta = json.loads((path / "meta.json").read_text())
@@ -369,7 +391,9 @@ def test_disk_full_keeps_the_previous_checkpoint(tmp_path, cfg, monkeypatch, how
         if how == "monkeypatch":
             def full(*args, **kwargs):
                 raise OSError(28, "No space left on device")
-            monkeypatch.setattr(checkpoint, "save_file", full)
+            import torch.distributed.checkpoint.filesystem as dcp_fs
+
+            monkeypatch.setattr(dcp_fs, "_write_item", full)  # DCP's writer of each tensor
 
         with pytest.raises(UserError) as e:
             save(tmp_path, 2, model, opt, scaler, cfg)
@@ -432,3 +456,56 @@ def test_export_to_a_full_or_read_only_workdir_is_one_line_and_leaves_nothing(tm
         if mounted:
             subprocess.run(["umount", str(ro)], check=True)
         ro.chmod(0o700)
+
+
+def write_format2(path: Path, model, opt, scaler, cfg, step: int) -> None:
+    """A checkpoint as vitlarge wrote them before DCP (format 2, one process): full weights in
+    model.safetensors, the optimizer state dict in optimizer.pt, records in meta.json."""
+    from safetensors.torch import save_file
+
+    from vitlarge import fileio
+
+    path.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path / "model.safetensors"))
+    torch.save(opt.state_dict(), path / "optimizer.pt")
+    torch.save({"rng": checkpoint.rng_state(), "scaler": scaler.state_dict(), "data": "loader-state"},
+               path / "rank_00000.pt")
+    files = {n: fileio.sync_and_record(path / n) for n in ("model.safetensors", "optimizer.pt", "rank_00000.pt")}
+    meta = {"format_version": 2, "step": step, "world_size": 1, "model": cfg.model.name,
+            "param_shapes": checkpoint.param_shapes(model), "config": cfg.to_dict(), "files": files}
+    (path / "meta.json").write_text(json.dumps(meta))
+
+
+def test_a_format_2_checkpoint_still_resumes_exactly_and_its_weights_load(tmp_path, cfg):
+    model, opt, scaler = trained(cfg)
+    path = tmp_path / "checkpoints" / "step_0000002"
+    write_format2(path, model, opt, scaler, cfg, 2)
+    assert checkpoint.verify(path) is None and checkpoint.latest(tmp_path) == path
+    train_step(model, opt, scaler, seed=99)
+    reference = {k: v.clone() for k, v in model.state_dict().items()}
+
+    model2, opt2, scaler2 = make(cfg, seed=1)
+    state = checkpoint.load(path, model2, opt2, scaler2, cfg)
+    assert (state["step"], state["data"], state["format_version"]) == (2, "loader-state", 2)
+    train_step(model2, opt2, scaler2, seed=99)
+    assert all(torch.equal(v, reference[k]) for k, v in model2.state_dict().items())
+
+    fresh = build_model(cfg)  # evaluate --checkpoint of an old checkpoint
+    checkpoint.load_model_weights(path, fresh, cfg)
+    assert all(torch.equal(v, load_file(str(path / "model.safetensors"))[k]) for k, v in fresh.state_dict().items())
+    # ... and the next save is format 3, in the same line
+    new = save(tmp_path, 3, model2, opt2, scaler2, cfg)
+    assert checkpoint.read_meta(new)["format_version"] == 3 and checkpoint.latest(tmp_path) == new
+
+
+def test_dcp_index_is_read_without_unpickling_foreign_objects(tmp_path, cfg):
+    """DCP's .metadata is a pickle: our reader admits its metadata classes only."""
+    import argparse
+    import pickle
+
+    model, opt, scaler = trained(cfg)
+    path = save(tmp_path, 1, model, opt, scaler, cfg)
+    assert sharded_checkpoint.Reader(path).read_metadata().state_dict_metadata  # the real index reads
+    (path / ".metadata").write_bytes(pickle.dumps(argparse.Namespace(x=1)))
+    with pytest.raises(pickle.UnpicklingError, match="argparse.Namespace, which a DCP index never holds"):
+        sharded_checkpoint.Reader(path).read_metadata()

@@ -81,15 +81,15 @@ def test_kill_9_then_the_same_command_ends_bitwise_equal(runs, demo_data, tmp_pa
     assert_bitwise_equal(final_weights(tmp_path), final_weights(runs["fsdp", 2]))
 
 
-def test_sharded_checkpoint_holds_one_optimizer_shard_per_rank_and_a_timm_loadable_export(runs):
+def test_sharded_checkpoint_holds_one_shard_file_per_rank_and_a_timm_loadable_export(runs):
     import timm
 
     ckpt = runs["fsdp", 3] / "checkpoints" / f"step_{STEPS:07d}"
-    shards = sorted(p.name for p in ckpt.glob("optimizer_rank_*.pt"))
-    assert shards == [f"optimizer_rank_{r:05d}.pt" for r in range(3)]
-    assert not (ckpt / "optimizer.pt").exists()
+    shards = sorted(p.name for p in ckpt.glob("__*_0.distcp"))  # DCP: each rank's weights and LAMB states
+    assert shards == [f"__{r}_0.distcp" for r in range(3)]
+    assert not (ckpt / "optimizer.pt").exists() and not (ckpt / "model.safetensors").exists()
     sizes = [(ckpt / s).stat().st_size for s in shards]
-    assert max(sizes) < 0.5 * sum(sizes)  # each rank holds about a third of the LAMB states
+    assert max(sizes) < 0.5 * sum(sizes)  # each rank holds about a third
     model = timm.create_model(f"local-dir:{runs['fsdp', 3] / 'model'}", pretrained=True)
     assert_bitwise_equal({k: v for k, v in model.state_dict().items()}, final_weights(runs["fsdp", 3]))
 
@@ -168,11 +168,17 @@ def whole_optimizer_state(shards: list[dict], names: list[str], shapes: dict) ->
 
 
 def saved_optimizer_state(ckpt, names: list[str]) -> dict:
-    from safetensors.torch import load_file
+    """FQN -> whole LAMB state, read from the checkpoint's DCP files on this process."""
+    import warnings
 
-    shapes = {k: v.shape for k, v in load_file(str(ckpt / "model.safetensors")).items()}
-    files = sorted(ckpt.glob("optimizer_rank_*.pt")) or [ckpt / "optimizer.pt"]
-    return whole_optimizer_state([torch.load(f, weights_only=True)["state"] for f in files], names, shapes)
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    from vitlarge.sharded_checkpoint import Reader
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "assuming the intent is to load in a single process"
+        state = _load_state_dict_from_keys(storage_reader=Reader(ckpt))["optimizer"]["state"]
+    return {n: state[n] for n in names}
 
 
 @pytest.fixture(scope="module")
@@ -214,8 +220,7 @@ def test_bf16_accumulates_the_micro_steps_in_fp32(probe3):
 def test_resume_at_world_size_3_reshards_exactly_and_continues_the_schedule(runs, probe3, demo_data, tmp_path):
     """fsdp at 2 -> fsdp at 3 (and ddp at 2 -> fsdp at 3, fsdp at 2 -> ddp at 3): weights and every
     LAMB moment loaded bit for bit; then train.py continues with the same global batch and lr schedule."""
-    from safetensors.torch import load_file
-
+    from vitlarge import checkpoint
     from vitlarge.config import load_recipe
     from vitlarge.schedule import lr_at
 
@@ -223,7 +228,7 @@ def test_resume_at_world_size_3_reshards_exactly_and_continues_the_schedule(runs
     fsdp2 = ckpts["fsdp2->fsdp3"][1]
     for name, (_, ckpt) in ckpts.items():
         weights, pieces, names = found[name]
-        assert_bitwise_equal(weights, load_file(str(ckpt / "model.safetensors")))
+        assert_bitwise_equal(weights, checkpoint.weights_of(ckpt, checkpoint.read_meta(ckpt)))
         state = whole_optimizer_state(pieces, names, {k: v.shape for k, v in weights.items()})
         saved = saved_optimizer_state(ckpt, names)
         assert state.keys() == saved.keys() and len(state) == len(weights), name  # every parameter has a state
@@ -352,5 +357,5 @@ def test_a_sharded_checkpoint_missing_a_rank_shard_or_of_another_model_is_refuse
     plain = build_model(same)
     checkpoint.load_model_weights(ckpt, plain, same)
     assert_bitwise_equal(plain.state_dict(), final_weights(runs["fsdp", 3]))
-    (ckpt / "optimizer_rank_00001.pt").unlink()
-    assert "optimizer_rank_00001.pt" in checkpoint.verify(ckpt)  # resume passes it over / --resume refuses it
+    (ckpt / "__1_0.distcp").unlink()
+    assert "__1_0.distcp" in checkpoint.verify(ckpt)  # resume passes it over / --resume refuses it

@@ -88,10 +88,10 @@ def test_a_checkpoint_folder_and_a_timm_checkpoint_file_load_the_same_weights(so
         model = fresh(c)
         load_into(model, c)
         assert all(torch.equal(model.state_dict()[k], v) for k, v in src.state_dict().items())
-    weights = ckpt / "model.safetensors"  # a checkpoint cut short: its meta.json's size check, one line
+    weights = ckpt / "__0_0.distcp"  # a checkpoint cut short: its meta.json's size check, one line
     weights.write_bytes(weights.read_bytes()[:-10])
     c.model.init_from = str(ckpt)
-    with pytest.raises(UserError, match=r"model.safetensors has [\d,]+ bytes, meta.json records [\d,]+; pass a complete"):
+    with pytest.raises(UserError, match=r"__0_0.distcp has [\d,]+ bytes, meta.json records [\d,]+; pass a complete"):
         check_source(c)
 
 

@@ -48,15 +48,15 @@ def abandoned(workdir: Path) -> list[Path]:
 
 def test_automatic_resume_takes_the_newest_that_passes_and_moves_the_failed_aside(tmp_path, cfg, parts, caplog):
     ckpts = line(tmp_path, cfg, parts, (2, 4, 6))
-    (ckpts[2] / "model.safetensors").write_bytes(b"")  # zero-length weights in the newest
+    (ckpts[2] / "__0_0.distcp").write_bytes(b"")  # zero-length weights in the newest
     (ckpts[1] / "meta.json").write_text("{")  # meta.json not JSON in the one before
     with caplog.at_level(logging.INFO, logger="vitlarge"):
         chosen = resume.choose(tmp_path, None, parts[0], cfg)
     assert chosen == ckpts[0]
-    warnings = [r.getMessage() for r in caplog.records]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "vitlarge"]
     assert warnings[:2] == [
-        f"warning: checkpoint {ckpts[2]} fails its check (model.safetensors has 0 bytes, meta.json records "
-        f"{checkpoint.read_meta(ckpts[0])['files']['model.safetensors']['bytes']:,}); passed over",
+        f"warning: checkpoint {ckpts[2]} fails its check (__0_0.distcp has 0 bytes, meta.json records "
+        f"{checkpoint.read_meta(ckpts[0])['files']['__0_0.distcp']['bytes']:,}); passed over",
         f"warning: checkpoint {ckpts[1]} fails its check (meta.json is not JSON: Expecting property name enclosed "
         "in double quotes: line 1 column 2 (char 1)); passed over",
     ]
@@ -75,7 +75,7 @@ def test_resume_of_an_older_step_sets_the_newer_line_aside_and_saves_over_its_na
     with caplog.at_level(logging.INFO, logger="vitlarge"):
         assert resume.choose(tmp_path, ckpts[1], parts[0], cfg) == ckpts[1]
     [aside] = abandoned(tmp_path)
-    assert [r.getMessage() for r in caplog.records] == [
+    assert [r.getMessage() for r in caplog.records if r.name == "vitlarge"] == [
         f"moved 2 checkpoint(s) newer than step 4 (step_0000006, step_0000008) aside to {aside}; "
         f"this run continues from {ckpts[1]}"]
     assert names(aside) == ["step_0000006", "step_0000008"]
@@ -100,12 +100,12 @@ def test_resume_from_another_workdir_starts_this_workdirs_line_with_a_copy(tmp_p
 
 def test_resume_of_a_bad_checkpoint_is_one_line_and_moves_nothing(tmp_path, cfg, parts):
     ckpts = line(tmp_path, cfg, parts, (2, 4, 6))
-    f = ckpts[1] / "optimizer.pt"
+    f = ckpts[1] / ".metadata"
     f.write_bytes(f.read_bytes()[:100])
     with pytest.raises(UserError) as e:
         resume.choose(tmp_path, ckpts[1], parts[0], cfg)
-    assert str(e.value) == (f"checkpoint {ckpts[1]} fails its check (optimizer.pt has 100 bytes, meta.json records "
-                            f"{checkpoint.read_meta(ckpts[0])['files']['optimizer.pt']['bytes']:,}); --resume an older "
+    assert str(e.value) == (f"checkpoint {ckpts[1]} fails its check (.metadata has 100 bytes, meta.json records "
+                            f"{checkpoint.read_meta(ckpts[0])['files']['.metadata']['bytes']:,}); --resume an older "
                             "checkpoints/step_* folder, or omit --resume to take the newest one that passes")
     assert abandoned(tmp_path) == [] and checkpoint.list_checkpoints(tmp_path) == ckpts
 
@@ -128,7 +128,7 @@ def test_checkpoint_of_another_recipe_is_refused_and_nothing_moves(tmp_path, cfg
     torch.manual_seed(0)
     model = build_model(other)
     ckpts = line(tmp_path, other, (model, build_optimizer(model, "lamb", lr=1e-2, weight_decay=0.1), torch.amp.GradScaler("cpu")), (2, 4))
-    (ckpts[1] / "model.safetensors").write_bytes(b"")
+    (ckpts[1] / "__0_0.distcp").write_bytes(b"")
     with pytest.raises(UserError, match=f"checkpoint {ckpts[0]} holds model .* does not match the recipe"):
         resume.choose(tmp_path, None, parts[0], cfg)
     assert abandoned(tmp_path) == [] and checkpoint.list_checkpoints(tmp_path) == ckpts

@@ -1,25 +1,34 @@
-"""Checkpoints that resume exactly: save, find, verify and load; crash-consistent, never unpickling objects.
+"""Checkpoints that resume exactly: save, find, verify and load; crash-consistent.
 
-Layout of ``<workdir>/checkpoints/step_0000100/``:
+Layout of ``<workdir>/checkpoints/step_0000100/`` (format 3):
 
-* ``model.safetensors``   weights (rank 0; DDP replicas are identical)
-* ``optimizer.pt``        optimizer state: tensors and numbers only, loaded with ``weights_only=True``
-                          (``train.plugin=fsdp``: ``optimizer_rank_00000.pt`` ..., each rank's shard;
-                          ``model.safetensors`` is then gathered from the shards, see vitlarge/sharded_checkpoint.py)
+* ``__0_0.distcp`` ...    weights and optimizer state through ``torch.distributed.checkpoint`` (DCP): each
+                          rank writes its own shards (ddp: each replicated tensor once, spread over the
+                          ranks); a resume at any world size, ddp or fsdp, reads only what its shards need
+                          (vitlarge/sharded_checkpoint.py). A checkpoint of an optimizer that never stepped
+                          holds the weights only (meta.json ``optimizer_state: false``).
+* ``.metadata``           DCP's index of those files (rank 0)
 * ``rank_00000.pt`` ...   per rank: RNG states (torch, CUDA, numpy, python), loss scaler, data-loader state
 * ``meta.json``           format version, step, world size, model name and parameter shapes, config,
                           and ``files``: each file's size and CRC32C (``{"bytes": n, "crc32c": "..."}``)
 
+There is no full ``model.safetensors`` in a checkpoint: the export (vitlarge/export.py) gathers the
+model once at the end of a run, and ``load_model_weights`` / ``model.init_from`` / ``vitlarge.evaluate``
+read the weights of a checkpoint folder on one process (``sharded_checkpoint.read_full_model``).
+Format 2 (``model.safetensors`` + ``optimizer.pt`` or ``optimizer_rank_NNNNN.pt``) still resumes.
+
 Publishing (``save``, a collective): every rank writes its files into ``.step_0000100.tmp/``, fsyncs
-them and checksums what it wrote; once every rank reports success, rank 0 writes ``meta.json``
-(atomically), fsyncs the folder, renames it to its final name and fsyncs ``checkpoints/``. So a
-folder named ``step_*`` was complete on disk before it got that name, whatever crashes when; a run
+them (DCP's ``sync_files``) and checksums what it wrote; once every rank reports success, rank 0 writes
+``meta.json`` (atomically), fsyncs the folder, renames it to its final name and fsyncs ``checkpoints/``.
+So a folder named ``step_*`` was complete on disk before it got that name, whatever crashes when; a run
 killed mid-write leaves only a ``.tmp`` folder, never chosen and removed by the next save. Then rank
 0 prunes to the newest ``keep``, counting the new checkpoint and only older ones: a checkpoint newer
 than the one just written is never pruned (there is none after a resume, see ``vitlarge/resume.py``).
 
 Reading: ``verify`` re-reads every byte against ``meta.json`` (rank 0 does it once per resume);
-``load`` checks only the sizes of the files its rank reads (a stat) before loading them.
+``read`` checks the sizes of the files listed (a stat each) and reads this rank's own file; ``apply``
+loads the weights and optimizer state (a collective). Nothing is unpickled beyond tensors and numbers
+(``weights_only=True``; DCP's index through a restricted unpickler).
 Folders named ``abandoned_*`` hold checkpoints moved aside by a resume (vitlarge/resume.py); nothing here
 reads or prunes them.
 """
@@ -36,16 +45,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from torch.distributed.checkpoint.api import CheckpointException
 
 from vitlarge import fileio, sharded_checkpoint
 from vitlarge.collective import gather, rank_and_world
 from vitlarge.config import Config
 from vitlarge.errors import UserError
 
-FORMAT_VERSION = 2
-READABLE_FORMATS = (1, 2)  # 1: before meta.json recorded sizes and checksums (only emptiness is checked)
+FORMAT_VERSION = 3
+# 1: before meta.json recorded sizes and checksums (only emptiness is checked); 1 and 2: model.safetensors
+# and torch.save optimizer files (read by `sharded_checkpoint.load_legacy`); 3: DCP.
+READABLE_FORMATS = (1, 2, 3)
 STEP_DIR = re.compile(r"^step_(\d{7,})$")
 REQUIRED_META = ("step", "world_size", "model", "param_shapes")
 
@@ -88,7 +99,8 @@ def param_shapes(model: torch.nn.Module) -> dict[str, list[int]]:
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    return model.unwrap() if hasattr(model, "unwrap") else model
+    """The module under a Booster wrapper or DDP (an FSDP1 root stays: see `sharded_checkpoint`)."""
+    return sharded_checkpoint._root(model)
 
 
 def save(workdir: str | Path, step: int, model, optimizer, scaler, data_state: str | None, cfg: Config,
@@ -100,9 +112,8 @@ def save(workdir: str | Path, step: int, model, optimizer, scaler, data_state: s
     root = Path(workdir) / CHECKPOINTS_DIR
     final, tmp = root / step_name(step), root / f".{step_name(step)}.tmp"
     raw = unwrap(model)
-    # Collectives under FSDP (the weights are gathered to rank 0), so before any rank can fail alone.
-    tensors = sharded_checkpoint.model_tensors(model, rank)
-    optimizer_files = sharded_checkpoint.optimizer_files(model, optimizer, rank)
+    # Every rank must make the same choice: the two state dicts are built by different collectives.
+    with_optimizer = all(gather(sharded_checkpoint.has_optimizer_state(optimizer)))
 
     def prepare():
         root.mkdir(parents=True, exist_ok=True)
@@ -112,18 +123,16 @@ def save(workdir: str | Path, step: int, model, optimizer, scaler, data_state: s
 
     def write() -> dict:
         names = [f"rank_{rank:05d}.pt"]
-        if rank == 0:
-            save_file(tensors, str(tmp / "model.safetensors"))
-            names.append("model.safetensors")
-        for name, state in optimizer_files.items():
-            _torch_save(state, tmp / name)
-            names.append(name)
+        # Before DCP's save: its planning and index are collectives, a failure there reaches every rank.
         _torch_save({"rng": rng_state(), "scaler": scaler.state_dict(), "data": data_state}, tmp / names[0])
+        sharded_checkpoint.save(tmp, model, optimizer, with_optimizer)  # a collective; fsyncs its files
+        names += sharded_checkpoint.dcp_files_of(rank, tmp)
         return {name: fileio.sync_and_record(tmp / name) for name in names}
 
     def publish(files: dict):
         meta = {"format_version": FORMAT_VERSION, "step": step, "world_size": world, "model": cfg.model.name,
-                "param_shapes": param_shapes(raw), "config": cfg.to_dict(), **(extra_meta or {}),
+                "param_shapes": param_shapes(raw), "config": cfg.to_dict(), "optimizer_state": with_optimizer,
+                **(extra_meta or {}),
                 "files": dict(sorted(files.items()))}
         fileio.write_atomic(tmp / "meta.json", json.dumps(meta, indent=1))  # also fsyncs tmp's names
         os.replace(tmp, final)
@@ -138,9 +147,10 @@ def save(workdir: str | Path, step: int, model, optimizer, scaler, data_state: s
         if here:
             try:
                 result = fn()
-            # A full disk surfaces as SafetensorError (safetensors) or RuntimeError (torch.save), not
-            # only OSError; every failure must reach the gather, or the other ranks would wait there forever.
-            except (OSError, RuntimeError, SafetensorError) as e:
+            # A full disk surfaces as RuntimeError (torch.save) or DCP's CheckpointException (a
+            # BaseException, raised on every rank when one fails), not only OSError; every failure
+            # must reach the gather, or the other ranks would wait there forever.
+            except (OSError, RuntimeError, CheckpointException) as e:
                 error = reason_of(e)
         outcomes = gather((result, error))
         failed = [(r, why) for r, (_, why) in enumerate(outcomes) if why]
@@ -170,6 +180,8 @@ def _torch_save(obj, path: Path) -> None:
 
 def reason_of(error: BaseException) -> str:
     """The OSError behind ``error`` if there is one ("No space left on device"), else its first line."""
+    if isinstance(error, CheckpointException) and error.failures:  # DCP: the first failing rank's own error
+        error = next(iter(error.failures.values()))[0]
     cause = error
     while cause is not None:
         if isinstance(cause, OSError) and cause.strerror:
@@ -325,9 +337,10 @@ def load(path: str | Path, model, optimizer, scaler, cfg: Config) -> dict:
 
 
 def read(path: str | Path, model, cfg: Config) -> dict:
-    """Rank-local, no collective: checks the checkpoint (model, sizes of the files this rank reads;
-    ``verify`` is rank 0's job, see vitlarge/resume.py) and reads those files into host memory.
-    A ``UserError`` here can be one rank's alone: agree on it before ``apply``."""
+    """Rank-local, no collective: checks the checkpoint (model, sizes of the files this run reads;
+    ``verify`` is rank 0's job, see vitlarge/resume.py) and reads this rank's own file into host memory
+    (format 2: also the full weights and the optimizer files). A ``UserError`` here can be one rank's
+    alone: agree on it before ``apply``."""
     path = Path(path)
     meta = read_meta(path)
     check_compatible(meta, path, model, cfg)
@@ -340,24 +353,39 @@ def read(path: str | Path, model, cfg: Config) -> dict:
     same_world = meta["world_size"] == world
     rank_file = f"rank_{rank:05d}.pt" if same_world else "rank_00000.pt"
     files = expected_files(meta)
-    optimizer_files, reshard = sharded_checkpoint.optimizer_sources(files, model, rank, world, meta["world_size"])
-    for name in ("model.safetensors", *optimizer_files, rank_file):
+    dcp_format = meta["format_version"] >= 3
+    if dcp_format:  # which .distcp files this rank reads is DCP's plan: a stat of all of them is cheap
+        names = [n for n in files if not n.startswith("rank_")] + [rank_file]
+    else:
+        names = ["model.safetensors", *sharded_checkpoint.legacy_optimizer_sources(files), rank_file]
+    for name in names:
         problem = fileio.size_problem(path / name, files.get(name))
         if problem:
             raise Unusable(path, problem)
-    return {"path": path, "meta": meta, "same_world": same_world, "reshard": reshard,
-            "model": load_file(str(path / "model.safetensors"), device="cpu"),
-            "optimizer": [torch.load(path / name, map_location="cpu", weights_only=True) for name in optimizer_files],
-            "optimizer_from_ddp": optimizer_files == [sharded_checkpoint.FULL_OPTIMIZER],
-            "rank": torch.load(path / rank_file, map_location="cpu", weights_only=True)}
+    loaded = {"path": path, "meta": meta, "same_world": same_world, "dcp": dcp_format,
+              "rank": torch.load(path / rank_file, map_location="cpu", weights_only=True)}
+    if not dcp_format:
+        optimizer_files = names[1:-1]
+        loaded["model"] = load_file(str(path / "model.safetensors"), device="cpu")
+        loaded["optimizer"] = [torch.load(path / n, map_location="cpu", weights_only=True) for n in optimizer_files]
+        loaded["optimizer_from_ddp"] = optimizer_files == [sharded_checkpoint.FULL_OPTIMIZER]
+    return loaded
 
 
 def apply(loaded: dict, model, optimizer, scaler) -> dict:
-    """Every rank, after ``read``: loads what it read (collectives under fsdp); returns ``load``'s dict."""
+    """Every rank, after ``read``: loads weights and optimizer state (a collective: DCP's load, or the
+    format-2 reader) and the scaler and RNG; returns ``load``'s dict. A DCP read that fails on any rank
+    raises the same one-line ``UserError`` on every rank."""
     path, meta, state, same_world = loaded["path"], loaded["meta"], loaded["rank"], loaded["same_world"]
-    sharded_checkpoint.load_model(model, loaded["model"])
-    sharded_checkpoint.load_optimizer(path, loaded["optimizer"], loaded["optimizer_from_ddp"], loaded["reshard"],
-                                      model, optimizer)
+    if loaded["dcp"]:
+        try:
+            sharded_checkpoint.load(path, model, optimizer, meta.get("optimizer_state", True))
+        except CheckpointException as e:
+            raise UserError(f"cannot read checkpoint {path} ({reason_of(e)}); check that every node sees it whole "
+                            "(shared file system), or --resume another checkpoint", same_on_all_ranks=True) from None
+    else:
+        sharded_checkpoint.load_legacy(path, loaded["model"], loaded["optimizer"], loaded["optimizer_from_ddp"],
+                                       model, optimizer)
     if state["scaler"] or not scaler.is_enabled():
         scaler.load_state_dict(state["scaler"])
     else:  # saved without fp16 (e.g. precision auto resolved to bf16/fp32 on the saving machine)
@@ -369,6 +397,25 @@ def apply(loaded: dict, model, optimizer, scaler) -> dict:
     return {**meta, "data": state["data"] if same_world else None, "same_world": same_world}
 
 
+def weights_of(path: str | Path, meta: dict, like: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The full model state dict of checkpoint folder ``path`` (``meta``: its meta.json), on this process's
+    CPU, no collective, after a size check of the files it reads (``Unusable`` if one is short).
+    ``like``: a plain model's state dict to fill (format 3); allocated from the checkpoint otherwise."""
+    path = Path(path)
+    files = expected_files(meta)
+    names = [n for n in files if not n.startswith("rank_")] if meta["format_version"] >= 3 else ["model.safetensors"]
+    for name in names:
+        problem = fileio.size_problem(path / name, files.get(name))
+        if problem:
+            raise Unusable(path, problem)
+    if meta["format_version"] < 3:
+        return load_file(str(path / "model.safetensors"), device="cpu")
+    try:
+        return sharded_checkpoint.read_full_model(path, like)
+    except CheckpointException as e:
+        raise Unusable(path, reason_of(e)) from None
+
+
 def load_model_weights(path: str | Path, model: torch.nn.Module, cfg: Config) -> None:
     """Weights only, from a checkpoint folder, an export folder (`vitlarge.export`) or a ``model.safetensors``."""
     given = path = Path(path)
@@ -377,10 +424,10 @@ def load_model_weights(path: str | Path, model: torch.nn.Module, cfg: Config) ->
     elif path.is_dir():
         meta = read_meta(path)
         check_compatible(meta, path, model, cfg)
-        problem = fileio.size_problem(path / "model.safetensors", expected_files(meta).get("model.safetensors"))
-        if problem:
-            raise Unusable(path, problem)
-        path = path / "model.safetensors"
+        target = sharded_checkpoint.inner(model)
+        like = {k: torch.empty_like(v, device="cpu") for k, v in target.state_dict().items()}
+        target.load_state_dict(weights_of(path, meta, like))
+        return
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist; pass a checkpoints/step_* folder or an exported model folder")
     try:

@@ -1,7 +1,8 @@
 """``model.init_from=PATH``: start training from pretrained weights (fine-tuning), weights only.
 
 PATH is one of: an export folder (`vitlarge.export`: ``config.json`` + ``model.safetensors``) or its
-``model.safetensors``; a ``checkpoints/step_*`` folder (its ``model.safetensors``); a timm checkpoint
+``model.safetensors``; a ``checkpoints/step_*`` folder (its weights, read on this process alone: DCP's
+files, or a format-2 checkpoint's ``model.safetensors``); a timm checkpoint
 file (``.safetensors``, or ``.pth``/``.pt``/``.bin`` holding a state dict, possibly under
 ``state_dict_ema`` (preferred, as timm's own fine-tuning does), ``state_dict`` or ``model``, with DDP's
 ``module.`` prefixes; the key used is logged). Loaded with ``weights_only=True``, with only
@@ -38,16 +39,22 @@ POS_EMBED = "pos_embed"
 PATCH_WEIGHT = "patch_embed.proj.weight"
 
 
-def weights_file(path: str | Path) -> Path:
-    """The weights file PATH names (export or checkpoint folder, or a file); UserError if none."""
+def _checkpoint_weights(path: str | Path) -> dict[str, torch.Tensor] | None:
+    """The weights of PATH when it is a checkpoint folder (after its size check, as a resume does), else None."""
     p = Path(path)
-    if p.is_dir() and (p / "meta.json").is_file():  # a checkpoint folder: its size check, as a resume does
-        from vitlarge import checkpoint, fileio
+    if not (p.is_dir() and (p / "meta.json").is_file()):
+        return None
+    from vitlarge import checkpoint
 
-        meta = checkpoint.read_meta(p)
-        problem = fileio.size_problem(p / "model.safetensors", checkpoint.expected_files(meta).get("model.safetensors"))
-        if problem:
-            raise UserError(f"model.init_from={path}: {problem}; pass a complete checkpoint or an export folder")
+    try:
+        return checkpoint.weights_of(p, checkpoint.read_meta(p))
+    except checkpoint.Unusable as e:
+        raise UserError(f"model.init_from={path}: {e.problem}; pass a complete checkpoint or an export folder") from None
+
+
+def weights_file(path: str | Path) -> Path:
+    """The weights file PATH names (export folder or a file); UserError if none."""
+    p = Path(path)
     if p.is_dir():
         if (p / "model.safetensors").is_file():
             return p / "model.safetensors"
@@ -62,6 +69,9 @@ def weights_file(path: str | Path) -> Path:
 def read_state_dict(path: str | Path) -> tuple[dict[str, torch.Tensor], str | None]:
     """The state dict in PATH (see the module docstring), on the CPU, and the checkpoint key it came
     from (``state_dict_ema``, ``state_dict``, ``model``; None for a bare state dict)."""
+    sd = _checkpoint_weights(path)
+    if sd is not None:
+        return sd, None
     f = weights_file(path)
     key = None
     try:

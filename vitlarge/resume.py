@@ -151,4 +151,4 @@ def restore(path: Path, model, optimizer, scaler, cfg: Config) -> dict:
             f"rank {rank} cannot read checkpoint {path} ({why}); check that every node sees it whole (shared file "
             "system), or --resume another checkpoint", same_on_all_ranks=True,
         )
-    return checkpoint.apply(loaded, model, optimizer, scaler)  # collectives under fsdp, every rank together
+    return checkpoint.apply(loaded, model, optimizer, scaler)  # DCP's load is a collective: every rank together

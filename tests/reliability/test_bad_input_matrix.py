@@ -313,11 +313,11 @@ def untouched(c: Ctx, path: Path) -> Callable[[], None]:
 
 def resume_truncated_weights(c: Ctx) -> Run:
     path = demo_checkpoint(c)
-    weights = path / "model.safetensors"
+    weights = path / "__0_0.distcp"  # this rank's shard of weights and optimizer state (DCP)
     full = weights.stat().st_size
     os.truncate(weights, 4096)
     return Run(c.train_on(c.demo_data, "--resume", str(path)), 2,
-               [f"error: checkpoint {path} fails its check (model.safetensors has 4,096 bytes, meta.json records {full:,})",
+               [f"error: checkpoint {path} fails its check (__0_0.distcp has 4,096 bytes, meta.json records {full:,})",
                 "--resume an older checkpoints/step_* folder"], untouched(c, path))
 
 

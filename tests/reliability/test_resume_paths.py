@@ -119,11 +119,11 @@ def test_rank_0_chooses_for_every_rank_and_passes_over_damaged_checkpoints(refer
     stale = tmp_path / "stale_step_12"
     shutil.copytree(ckpts / "step_0000012", stale)
     (ckpts / "step_0000012" / "meta.json").unlink()
-    (ckpts / "step_0000010" / "model.safetensors").write_bytes(b"")
-    opt = ckpts / "step_0000008" / "optimizer.pt"
+    (ckpts / "step_0000010" / "__0_0.distcp").write_bytes(b"")
+    opt = ckpts / "step_0000008" / ".metadata"  # DCP's index
     full = opt.stat().st_size
     opt.write_bytes(opt.read_bytes()[:1000])
-    weights = (ckpts / "step_0000002" / "model.safetensors").stat().st_size
+    weights = (ckpts / "step_0000002" / "__0_0.distcp").stat().st_size
 
     logs = [tmp_path / f"rank{r}.log" for r in range(2)]
     codes, (log0, log1) = run_srun(train_args(demo_data, workdir), logs,
@@ -131,9 +131,9 @@ def test_rank_0_chooses_for_every_rank_and_passes_over_damaged_checkpoints(refer
     assert codes == [0, 0], log0[-3000:] + log1[-3000:]
     assert WARNED.findall(log0) == [
         f"warning: checkpoint {ckpts / 'step_0000012'} fails its check (no meta.json); passed over",
-        f"warning: checkpoint {ckpts / 'step_0000010'} fails its check (model.safetensors has 0 bytes, meta.json "
+        f"warning: checkpoint {ckpts / 'step_0000010'} fails its check (__0_0.distcp has 0 bytes, meta.json "
         f"records {weights:,}); passed over",
-        f"warning: checkpoint {ckpts / 'step_0000008'} fails its check (optimizer.pt has 1,000 bytes, meta.json "
+        f"warning: checkpoint {ckpts / 'step_0000008'} fails its check (.metadata has 1,000 bytes, meta.json "
         f"records {full:,}); passed over",
     ]
     assert resumed_at(log0) == [(str(ckpts / "step_0000006"), 6)]
@@ -191,8 +191,8 @@ def test_every_kind_of_damage_is_one_warning_and_nothing_is_lost_then_no_periodi
     ckpts = copy_run(reference, workdir)
     (ckpts / "step_0000012" / "meta.json").unlink()
     (ckpts / "step_0000010" / "meta.json").write_text('{"format_version": 2, "st')
-    (ckpts / "step_0000008" / "model.safetensors").write_bytes(b"")
-    w = ckpts / "step_0000006" / "model.safetensors"
+    (ckpts / "step_0000008" / "__0_0.distcp").write_bytes(b"")
+    w = ckpts / "step_0000006" / "__0_0.distcp"
     w.write_bytes(w.read_bytes()[:4096])
     cmd = launcher.command(train_args(demo_data, workdir, "train.max_steps=7", "train.checkpoint_every_steps=0"),
                            1, launcher="python")
@@ -200,8 +200,8 @@ def test_every_kind_of_damage_is_one_warning_and_nothing_is_lost_then_no_periodi
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     warned = WARNED.findall(out)
-    why = {12: "no meta.json", 10: "meta.json is not JSON: ", 8: "model.safetensors has 0 bytes, meta.json records ",
-           6: "model.safetensors has 4,096 bytes, meta.json records "}
+    why = {12: "no meta.json", 10: "meta.json is not JSON: ", 8: "__0_0.distcp has 0 bytes, meta.json records ",
+           6: "__0_0.distcp has 4,096 bytes, meta.json records "}
     assert len(warned) == len(why), out[-3000:]
     for line, (step, reason) in zip(warned, why.items()):
         assert line.startswith(f"warning: checkpoint {ckpts}/step_{step:07d} fails its check ({reason}"), line
@@ -210,6 +210,41 @@ def test_every_kind_of_damage_is_one_warning_and_nothing_is_lost_then_no_periodi
     [aside] = ckpts.glob("abandoned_*")
     assert names(aside) == ["step_0000006", "step_0000008", "step_0000010", "step_0000012"]
     assert checkpoint_steps(workdir) == [2, 4, 7]
+
+
+def as_format_1(ckpt: Path) -> None:
+    """Rewrites a one-process checkpoint in v0.1's layout: model.safetensors, optimizer.pt (by parameter
+    index), rank_00000.pt, meta.json without file records."""
+    import json
+    import warnings
+
+    import torch
+    from safetensors.torch import save_file
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    from vitlarge.config import load_recipe
+    from vitlarge.model import build_model
+    from vitlarge.optim import build_optimizer
+    from vitlarge.sharded_checkpoint import Reader, param_names
+
+    meta = json.loads((ckpt / "meta.json").read_text())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "assuming the intent is to load in a single process"
+        saved = _load_state_dict_from_keys(storage_reader=Reader(ckpt))
+    cfg = load_recipe(RECIPE)
+    model = build_model(cfg)
+    names = param_names(model, build_optimizer(model, cfg.optim.name, lr=1.0, weight_decay=0.1))
+    index = {n: i for i, n in enumerate(names)}
+    optim = {"state": {index[n]: s for n, s in saved["optimizer"]["state"].items()},
+             "param_groups": [{**g, "params": [index[n] for n in g["params"]]}
+                              for g in saved["optimizer"]["param_groups"]]}
+    for f in [*ckpt.glob("*.distcp"), ckpt / ".metadata"]:
+        f.unlink()
+    save_file({k: v.contiguous() for k, v in saved["model"].items()}, str(ckpt / "model.safetensors"))
+    torch.save(optim, ckpt / "optimizer.pt")
+    meta["format_version"] = 1
+    del meta["files"], meta["optimizer_state"]
+    (ckpt / "meta.json").write_text(json.dumps(meta))
 
 
 def test_a_checkpoint_of_the_previous_release_resumes_with_a_fresh_data_stream(demo_data, tmp_path):
@@ -224,10 +259,7 @@ def test_a_checkpoint_of_the_previous_release_resumes_with_a_fresh_data_stream(d
     first = launcher.run(train_args(demo_data, workdir, "train.max_steps=2"), launcher="python", timeout=TIMEOUT)
     assert first.returncode == 0, first.stderr[-3000:]
     ckpt = workdir / "checkpoints" / "step_0000002"
-    meta = json.loads((ckpt / "meta.json").read_text())
-    meta["format_version"] = 1
-    del meta["files"]
-    (ckpt / "meta.json").write_text(json.dumps(meta))
+    as_format_1(ckpt)
     state = torch.load(ckpt / "rank_00000.pt", weights_only=True)
     data = json.loads(state["data"])
     state["data"] = json.dumps({**data, "version": 1})
