@@ -2,7 +2,7 @@
 
 Run: ``python -m benchmarks.bench_checkpoint_io [--root DIR]`` (CPU, gloo, ~5 min on 2 cores). Writes
 ``benchmarks/results/checkpoint_io.json`` and prints a table. ``--root`` points at another checkout's
-``vitlarge`` (e.g. ``/work/main``) to measure its checkpoint code with the same harness: the script
+``vitlarge`` (e.g. a ``git worktree`` of an older commit) to measure its checkpoint code with the same harness: the script
 calls only ``checkpoint.save`` / ``checkpoint.load``, whose signatures did not change.
 
 Model: ViT-S/16 (timm ``vit_small_patch16_224`` at 32 px: 21.7M parameters, 87 MB fp32) with LAMB
