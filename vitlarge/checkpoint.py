@@ -35,6 +35,7 @@ reads or prunes them.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -151,7 +152,7 @@ def save(workdir: str | Path, step: int, model, optimizer, scaler, data_state: s
             # BaseException, raised on every rank when one fails), not only OSError; every failure
             # must reach the gather, or the other ranks would wait there forever.
             except (OSError, RuntimeError, CheckpointException) as e:
-                error = reason_of(e)
+                error = reason_of(e, written_in=root)
         outcomes = gather((result, error))
         failed = [(r, why) for r, (_, why) in enumerate(outcomes) if why]
         if failed:
@@ -178,8 +179,16 @@ def _torch_save(obj, path: Path) -> None:
         torch.save(obj, f)
 
 
-def reason_of(error: BaseException) -> str:
-    """The OSError behind ``error`` if there is one ("No space left on device"), else its first line."""
+FULL_BELOW_BYTES = 1 << 20
+"""A failed write with less free space than this in its folder is reported as a full disk."""
+
+
+def reason_of(error: BaseException, written_in: Path | None = None) -> str:
+    """The OSError behind ``error`` if there is one ("No space left on device"), else its first line.
+
+    ``written_in``: the folder a failed write went to. DCP gathers each rank's failure across the
+    ranks by pickling it, which drops the OSError a full disk raised (only torch's "unexpected pos"
+    is left), so a folder with under `FULL_BELOW_BYTES` free is reported as full, as it is."""
     if isinstance(error, CheckpointException) and error.failures:  # DCP: the first failing rank's own error
         error = next(iter(error.failures.values()))[0]
     cause = error
@@ -187,6 +196,12 @@ def reason_of(error: BaseException) -> str:
         if isinstance(cause, OSError) and cause.strerror:
             return cause.strerror
         cause = cause.__cause__ or cause.__context__
+    if written_in is not None:
+        try:
+            if shutil.disk_usage(written_in).free < FULL_BELOW_BYTES:
+                return os.strerror(errno.ENOSPC)
+        except OSError:
+            pass
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
