@@ -23,7 +23,9 @@ from pathlib import Path
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="vitlarge: large-batch ViT pretraining on Colossal-AI")
     p.add_argument("--config", required=True, help="recipe file, e.g. recipes/vit_b16.py")
-    p.add_argument("--data", help="TFRecord directory with dataset.json (sets data.path; none with data.source=synthetic)")
+    p.add_argument(
+        "--data", help="TFRecord directory with dataset.json (sets data.path; none with data.source=synthetic)"
+    )
     p.add_argument("--workdir", help="logs, checkpoints and the exported model (sets workdir)")
     p.add_argument("--resume", help="a checkpoints/step_* folder; default: the newest one in the workdir")
     p.add_argument("--dry-run", action="store_true", help="print the resolved config and plan, touch no data")
@@ -109,7 +111,8 @@ def run(args, env, threads: tuple[int, str]) -> int:
         if cfg.data.source == "synthetic":  # images/s then measure the model and the loop, not the input pipeline
             logging.getLogger("vitlarge").info(
                 f"data: synthetic, made on the device ({plan.num_train_examples} images per epoch, "
-                f"{cfg.data.synthetic_val_examples} validation images, {cfg.data.num_classes} classes)")
+                f"{cfg.data.synthetic_val_examples} validation images, {cfg.data.num_classes} classes)"
+            )
     device, backend = launch.choose_device(cfg.train.device, env.local_rank)
     why = resolve_precision(cfg, device)  # before anything reads it: model, engine, checkpoints
     if env.is_main and why:
@@ -131,8 +134,10 @@ def run(args, env, threads: tuple[int, str]) -> int:
     start_step, data_state = 0, None
     resume = resume_from.choose(workdir, args.resume, model, cfg)
     if resume is None and resuming and cfg.model.init_from:
-        raise UserError(f"{workdir}/{checkpoint.CHECKPOINTS_DIR} holds no usable checkpoint, and without one this run "
-                        f"would start from scratch instead of model.init_from; move them aside or pass another --workdir")
+        raise UserError(
+            f"{workdir}/{checkpoint.CHECKPOINTS_DIR} holds no usable checkpoint, and without one this run "
+            f"would start from scratch instead of model.init_from; move them aside or pass another --workdir"
+        )
     if resume is not None:
         state = resume_from.restore(resume, model, parts.optimizer, parts.precision.scaler, cfg)
         start_step, data_state = state["step"], state["data"]
@@ -143,7 +148,8 @@ def run(args, env, threads: tuple[int, str]) -> int:
                 f"warning: {resume} was written by {state['world_size']} processes, this run has {env.world_size}: "
                 f"weights, optimizer (re-sharded), step and lr schedule resume exactly, the global batch stays "
                 f"{plan.global_batch} ({plan.accum_steps} micro-steps per step now), the data stream restarts "
-                "with a fresh epoch order")
+                "with a fresh epoch order"
+            )
 
     # Data. A loader state from an older release cannot be continued (its pipeline differs): as after a
     # change of world size, weights, optimizer and step resume exactly and the data stream starts afresh.
@@ -153,7 +159,8 @@ def run(args, env, threads: tuple[int, str]) -> int:
         if env.is_main:
             logging.getLogger("vitlarge").warning(
                 f"warning: {resume} holds a data-loader position from an older vitlarge (state version {old}); "
-                "the data stream restarts with a fresh epoch order, weights, optimizer and step resume exactly")
+                "the data stream restarts with a fresh epoch order, weights, optimizer and step resume exactly"
+            )
     phased = None
     if plan.phases:  # each phase's loaders are built at its first step (vitlarge/phases.py)
         from vitlarge.phases import PhasedLoaders, state_of_other_phases
@@ -164,7 +171,8 @@ def run(args, env, threads: tuple[int, str]) -> int:
                 logging.getLogger("vitlarge").warning(
                     f"warning: {resume} was written under another train.phases list (or none); the data stream "
                     "restarts with a fresh epoch order, weights, optimizer and step resume; lr and phase follow the "
-                    "new list at that step")
+                    "new list at that step"
+                )
 
         phased, train, val = PhasedLoaders(cfg, plan, env.rank, env.world_size, device, state=data_state), None, None
     else:
@@ -172,15 +180,28 @@ def run(args, env, threads: tuple[int, str]) -> int:
         val = val_loader(cfg, env.rank, env.world_size, device)
 
     # Loop, final evaluation, export.
-    run_info = RunInfo(workdir=str(workdir), rank=env.rank, is_main=env.is_main, device=str(device),
-                       start_step=start_step, plan=plan, cfg=cfg)
+    run_info = RunInfo(
+        workdir=str(workdir),
+        rank=env.rank,
+        is_main=env.is_main,
+        device=str(device),
+        start_step=start_step,
+        plan=plan,
+        cfg=cfg,
+    )
     hooks = build_hooks(str(workdir), log_every=cfg.train.log_every_steps, nan_patience=cfg.train.nan_patience)
     Trainer(cfg, plan, parts.engine, train, val, hooks, run_info, start_step=start_step, phased=phased).fit()
     weights = model_tensors(model, env.rank)  # a collective under fsdp (gathers the shards to rank 0)
     if env.is_main:
-        path = export(workdir, model, cfg, [c.synset for c in manifest.classes],
-                      {c.synset: c.text for c in manifest.classes if c.text} or None, tensors=weights)
-        logging.getLogger("vitlarge").info(f"exported {path} (timm.create_model(\"local-dir:{path}\", pretrained=True))")
+        path = export(
+            workdir,
+            model,
+            cfg,
+            [c.synset for c in manifest.classes],
+            {c.synset: c.text for c in manifest.classes if c.text} or None,
+            tensors=weights,
+        )
+        logging.getLogger("vitlarge").info(f'exported {path} (timm.create_model("local-dir:{path}", pretrained=True))')
     torch.distributed.destroy_process_group()
     return 0
 

@@ -44,8 +44,9 @@ def _status(key: str) -> int:
 
 
 def _rchar() -> int:
-    return int(next(line for line in Path("/proc/self/io").read_text().splitlines()
-                    if line.startswith("rchar:")).split()[1])
+    return int(
+        next(line for line in Path("/proc/self/io").read_text().splitlines() if line.startswith("rchar:")).split()[1]
+    )
 
 
 def _build(plugin: str):
@@ -142,9 +143,15 @@ def main(argv=None) -> int:
             size = sum(f.stat().st_size for f in ckpt.iterdir()) / 1e6
             for plugin, world in ((saved, 2), (saved, 3), ("fsdp" if saved == "ddp" else "ddp", 3)):
                 per_rank = _spawn(world, args.root, plugin, str(ckpt), None, tmp / "out.json")
-                rows.append({"saved": f"{saved}@2", "loaded": f"{plugin}@{world}", "checkpoint_MB": round(size, 1),
-                             "read_MB_per_rank": [round(r["read_MB"], 1) for r in per_rank],
-                             "peak_MB_per_rank": [round(r["peak_MB"], 1) for r in per_rank]})
+                rows.append(
+                    {
+                        "saved": f"{saved}@2",
+                        "loaded": f"{plugin}@{world}",
+                        "checkpoint_MB": round(size, 1),
+                        "read_MB_per_rank": [round(r["read_MB"], 1) for r in per_rank],
+                        "peak_MB_per_rank": [round(r["peak_MB"], 1) for r in per_rank],
+                    }
+                )
                 print(json.dumps(rows[-1]), flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"root": args.root, "rows": rows}, indent=1))

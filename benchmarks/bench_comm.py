@@ -25,10 +25,9 @@ import os
 import tempfile
 from pathlib import Path
 
-from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
-
 import torch
 
+from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
 from vitlarge.plugins import DDP_BUCKET_CAP_MB as BUCKET_CAP_MB
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,10 +76,15 @@ def _worker(rank: int, port: int, steps: int, tiny: bool, out: str) -> None:
             nbytes.append(engine.comm.bytes - b0)
         ddp = engine.model.module
         log = ddp._get_ddp_logging_data()
-        results.setdefault(model, {})[accum] = {"calls_per_step": calls, "bytes_per_step": nbytes, "micro_steps_per_step": accum,
-                          "grad_bytes": sum(p.numel() * p.element_size() for p in ddp.parameters()),
-                          "params": sum(p.numel() for p in ddp.parameters()),
-                          "ddp_bucket_sizes": log.get("bucket_sizes"), "ddp_rebuilt_bucket_sizes": log.get("rebuilt_bucket_sizes")}
+        results.setdefault(model, {})[accum] = {
+            "calls_per_step": calls,
+            "bytes_per_step": nbytes,
+            "micro_steps_per_step": accum,
+            "grad_bytes": sum(p.numel() * p.element_size() for p in ddp.parameters()),
+            "params": sum(p.numel() for p in ddp.parameters()),
+            "ddp_bucket_sizes": log.get("bucket_sizes"),
+            "ddp_rebuilt_bucket_sizes": log.get("rebuilt_bucket_sizes"),
+        }
         del engine
     if rank == 0:
         Path(out).write_text(json.dumps(results))
@@ -104,8 +108,12 @@ def computed(name: str, **kwargs) -> dict:
     with torch.device("meta"):
         model = timm.create_model(name, **kwargs)
     sizes = ddp_buckets(model)
-    return {"params": sum(p.numel() for p in model.parameters()), "buckets": len(sizes),
-            "bytes_per_step": sum(sizes), "bucket_bytes": sizes}
+    return {
+        "params": sum(p.numel() for p in model.parameters()),
+        "buckets": len(sizes),
+        "bytes_per_step": sum(sizes),
+        "bucket_bytes": sizes,
+    }
 
 
 def run(quick: bool = True, tiny: bool = False) -> dict:
@@ -127,31 +135,49 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
     # After DDP's first step it rebuilds its buckets in gradient-ready order; steps 2.. are steady.
     steady = {a: {"calls": m["calls_per_step"][-1], "bytes": m["bytes_per_step"][-1]} for a, m in measured.items()}
     one_per_step = len({s["calls"] for s in steady.values()}) == 1 and all(
-        len(set(m["calls_per_step"][1:])) == 1 for m in measured.values())
+        len(set(m["calls_per_step"][1:])) == 1 for m in measured.values()
+    )
     multi = None
     if "vit_s16" in all_measured:  # several buckets: the count is the bucket count, not 1
         ms = {int(k): v for k, v in all_measured["vit_s16"].items()}
         pred = ddp_buckets(build_model(demo_config(1, tiny, "vit_s16"), "meta"))
-        multi = {"params": ms[1]["params"], "grad_bytes": ms[1]["grad_bytes"], "predicted_buckets": len(pred),
-                 "predicted_bucket_bytes": pred, "measured": ms,
-                 "steady_per_step": {a: {"calls": m["calls_per_step"][-1], "bytes": m["bytes_per_step"][-1]}
-                                     for a, m in ms.items()}}
+        multi = {
+            "params": ms[1]["params"],
+            "grad_bytes": ms[1]["grad_bytes"],
+            "predicted_buckets": len(pred),
+            "predicted_bucket_bytes": pred,
+            "measured": ms,
+            "steady_per_step": {
+                a: {"calls": m["calls_per_step"][-1], "bytes": m["bytes_per_step"][-1]} for a, m in ms.items()
+            },
+        }
         multi["matches"] = all(s["calls"] == len(pred) for s in multi["steady_per_step"].values())
         one_per_step = one_per_step and len({s["calls"] for s in multi["steady_per_step"].values()}) == 1
     result = {
         "benchmark": "gradient all-reduces per optimizer step (DDP comm hook), 2 gloo processes",
-        "world_size": WORLD, "bucket_cap_mb": BUCKET_CAP_MB, "tiny": tiny, "quick": quick, "steps": steps,
-        "demo_model": {"name": demo_cfg.model.name, "kwargs": demo_cfg.model.kwargs,
-                       "params": measured[1]["params"], "grad_bytes": measured[1]["grad_bytes"],
-                       "predicted_buckets": len(demo_pred), "predicted_bucket_bytes": demo_pred},
+        "world_size": WORLD,
+        "bucket_cap_mb": BUCKET_CAP_MB,
+        "tiny": tiny,
+        "quick": quick,
+        "steps": steps,
+        "demo_model": {
+            "name": demo_cfg.model.name,
+            "kwargs": demo_cfg.model.kwargs,
+            "params": measured[1]["params"],
+            "grad_bytes": measured[1]["grad_bytes"],
+            "predicted_buckets": len(demo_pred),
+            "predicted_bucket_bytes": demo_pred,
+        },
         "measured": measured,
         "steady_per_step": steady,
         "calls_independent_of_accumulation": one_per_step,
         "prediction_matches_measurement": all(s["calls"] == len(demo_pred) for s in steady.values())
         and (multi is None or multi["matches"]),
         "vit_s16_32px": multi,
-        "computed": {"vit_base_patch16_224": computed("vit_base_patch16_224"),
-                     "vit_large_patch16_224": computed("vit_large_patch16_224")},
+        "computed": {
+            "vit_base_patch16_224": computed("vit_base_patch16_224"),
+            "vit_large_patch16_224": computed("vit_large_patch16_224"),
+        },
         "goal": "calls per optimizer step = number of DDP buckets, independent of accumulation",
     }
     common.write_result("comm", result)
@@ -160,15 +186,19 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
 
 def show(r: dict) -> None:
     for a, s in r["steady_per_step"].items():
-        print(f"accumulation {a:3d}: {s['calls']} all-reduce calls, {s['bytes']:,} bytes per optimizer step "
-              f"(all steps: {r['measured'][a]['calls_per_step']})")
+        print(
+            f"accumulation {a:3d}: {s['calls']} all-reduce calls, {s['bytes']:,} bytes per optimizer step "
+            f"(all steps: {r['measured'][a]['calls_per_step']})"
+        )
     if r["vit_s16_32px"]:
         v = r["vit_s16_32px"]
         print(f"ViT-S/16: {v['steady_per_step']} (predicted {v['predicted_buckets']} buckets)")
     for name, c in r["computed"].items():
         print(f"{name}: {c['params']:,} params -> {c['buckets']} buckets, {c['bytes_per_step']:,} bytes per step")
-    print(f"calls independent of accumulation: {r['calls_independent_of_accumulation']}; "
-          f"predicted buckets match: {r['prediction_matches_measurement']}")
+    print(
+        f"calls independent of accumulation: {r['calls_independent_of_accumulation']}; "
+        f"predicted buckets match: {r['prediction_matches_measurement']}"
+    )
 
 
 if __name__ == "__main__":

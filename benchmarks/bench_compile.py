@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import json
 
-from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
-
 import torch
 
+from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
 from benchmarks.bench_train import bench_config, build_engine, make_batches
 
 CONTENDERS = ("eager", "compiled")
@@ -61,9 +60,13 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
     res = {}
     for name, t in times.items():
         w = common.median(t["wall_s"])
-        res[name] = {"step_s": common.summary(t["wall_s"]), "cpu_s_per_step": common.summary(t["cpu_s"]),
-                     "images_per_s": round(micro / w, 2), "first_step_s": round(first[name][0], 2),
-                     "first_step_cpu_s": round(first[name][1], 2)}
+        res[name] = {
+            "step_s": common.summary(t["wall_s"]),
+            "cpu_s_per_step": common.summary(t["cpu_s"]),
+            "images_per_s": round(micro / w, 2),
+            "first_step_s": round(first[name][0], 2),
+            "first_step_cpu_s": round(first[name][1], 2),
+        }
     for r in res.values():
         r["speed_vs_eager"] = round(res["eager"]["step_s"]["median"] / r["step_s"]["median"], 3)
         r["speed_vs_eager_cpu"] = round(res["eager"]["cpu_s_per_step"]["median"] / r["cpu_s_per_step"]["median"], 3)
@@ -71,19 +74,40 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
 
     result = {
         "benchmark": "compile: step time with train.compile on vs off, CPU",
-        "model": cfg.model.name, "model_kwargs": cfg.model.kwargs, "image_size": cfg.data.image_size,
-        "micro_batch": micro, "precision": "fp32", "tiny": tiny, "quick": quick, "rounds": repeats,
-        "steps_per_round": steps, "threads": threads, "graphs": int(counters["stats"]["unique_graphs"]),
-        "compile_s": round(first["compiled"][0] - first["eager"][0], 1), "results": res,
+        "model": cfg.model.name,
+        "model_kwargs": cfg.model.kwargs,
+        "image_size": cfg.data.image_size,
+        "micro_batch": micro,
+        "precision": "fp32",
+        "tiny": tiny,
+        "quick": quick,
+        "rounds": repeats,
+        "steps_per_round": steps,
+        "threads": threads,
+        "graphs": int(counters["stats"]["unique_graphs"]),
+        "compile_s": round(first["compiled"][0] - first["eager"][0], 1),
+        "results": res,
     }
     common.write_result("compile", result)
     return result
 
 
 def show(r: dict) -> None:
-    print(json.dumps({"compile_s": r["compile_s"], **{k: {x: v[x] for x in ("step_s", "images_per_s", "speed_vs_eager",
-                                                                        "speed_vs_eager_cpu", "first_step_s")}
-                                                    for k, v in r["results"].items()}}, indent=1))
+    print(
+        json.dumps(
+            {
+                "compile_s": r["compile_s"],
+                **{
+                    k: {
+                        x: v[x]
+                        for x in ("step_s", "images_per_s", "speed_vs_eager", "speed_vs_eager_cpu", "first_step_s")
+                    }
+                    for k, v in r["results"].items()
+                },
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

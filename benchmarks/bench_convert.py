@@ -71,8 +71,12 @@ def run(quick: bool, tiny: bool = False) -> dict:
     src, total = bench_images(quick, tiny)
     _warm(src)
     work = bench_root() / "convert-runs"
-    timings: dict[str, list[float]] = {"cp -r": [], "cp -r + sync": [], "convert header-check": [],
-                                       "convert decode-check": []}
+    timings: dict[str, list[float]] = {
+        "cp -r": [],
+        "cp -r + sync": [],
+        "convert header-check": [],
+        "convert decode-check": [],
+    }
     for _ in range(repeats):
         for name in timings:
             shutil.rmtree(work, ignore_errors=True)
@@ -86,10 +90,29 @@ def run(quick: bool, tiny: bool = False) -> dict:
             else:
                 # The CLI in its own process, as users run it (and as cp runs): this process has
                 # loaded torch, which would make convert() spawn its workers instead of forking.
-                subprocess.run([sys.executable, "-m", "data_tools.imagenet_to_tfrecord", "--src", str(src),
-                                "--out", str(work / "out"), "--train-shards", "16", "--val-shards", "2",
-                                "--workers", str(WORKERS), "--check", name.split()[1].split("-")[0],
-                                "--no-progress"], check=True, stderr=subprocess.DEVNULL, cwd=ROOT)
+                subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "data_tools.imagenet_to_tfrecord",
+                        "--src",
+                        str(src),
+                        "--out",
+                        str(work / "out"),
+                        "--train-shards",
+                        "16",
+                        "--val-shards",
+                        "2",
+                        "--workers",
+                        str(WORKERS),
+                        "--check",
+                        name.split()[1].split("-")[0],
+                        "--no-progress",
+                    ],
+                    check=True,
+                    stderr=subprocess.DEVNULL,
+                    cwd=ROOT,
+                )
             timings[name].append(time.perf_counter() - t)
     shutil.rmtree(work, ignore_errors=True)
     mbps = {k: total / statistics.median(v) / 1e6 for k, v in timings.items()}

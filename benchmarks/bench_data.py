@@ -32,8 +32,16 @@ REPEATS = 3
 BATCH, SIZE, THREADS = 64, 224, 2
 
 
-def _dali_variant(data_dir: str, batch: int, *, decode: str = "roi", antialias: bool = False, interp: str = "linear",
-                  prefetch: int = 2, augment: bool = True):
+def _dali_variant(
+    data_dir: str,
+    batch: int,
+    *,
+    decode: str = "roi",
+    antialias: bool = False,
+    interp: str = "linear",
+    prefetch: int = 2,
+    augment: bool = True,
+):
     """A raw DALI pipeline with one knob changed from the library's train pipeline."""
     import nvidia.dali.fn as fn
     import nvidia.dali.types as types
@@ -48,22 +56,40 @@ def _dali_variant(data_dir: str, batch: int, *, decode: str = "roi", antialias: 
 
     @pipeline_def(batch_size=batch, num_threads=THREADS, device_id=None, seed=0, prefetch_queue_depth=prefetch)
     def pipe():
-        data = fn.readers.tfrecord(path=[f for f, _ in files], index_path=[i for _, i in files], features=FEATURES,
-                                   random_shuffle=True, initial_fill=1024, stick_to_shard=True)
+        data = fn.readers.tfrecord(
+            path=[f for f, _ in files],
+            index_path=[i for _, i in files],
+            features=FEATURES,
+            random_shuffle=True,
+            initial_fill=1024,
+            stick_to_shard=True,
+        )
         jpegs = data["image/encoded"]
         if decode == "only":
             return fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
         if decode == "full":
             images = fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
-            images = fn.random_resized_crop(images, size=[SIZE, SIZE], random_area=[0.08, 1.0],
-                                            random_aspect_ratio=[0.75, 4 / 3], antialias=antialias,
-                                            interp_type=interp_type)
+            images = fn.random_resized_crop(
+                images,
+                size=[SIZE, SIZE],
+                random_area=[0.08, 1.0],
+                random_aspect_ratio=[0.75, 4 / 3],
+                antialias=antialias,
+                interp_type=interp_type,
+            )
         else:
-            images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB,
-                                                   random_area=[0.08, 1.0], random_aspect_ratio=[0.75, 4 / 3])
+            images = fn.decoders.image_random_crop(
+                jpegs, device="cpu", output_type=types.RGB, random_area=[0.08, 1.0], random_aspect_ratio=[0.75, 4 / 3]
+            )
             images = fn.resize(images, size=[SIZE, SIZE], antialias=antialias, interp_type=interp_type)
-        return fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mean=list(DEFAULT_MEAN),
-                                        std=list(DEFAULT_STD), mirror=fn.random.coin_flip())
+        return fn.crop_mirror_normalize(
+            images,
+            dtype=types.FLOAT,
+            output_layout="CHW",
+            mean=list(DEFAULT_MEAN),
+            std=list(DEFAULT_STD),
+            mirror=fn.random.coin_flip(),
+        )
 
     p = pipe()
     p.build()
@@ -75,8 +101,18 @@ def _trainloader(data_dir: str, batch: int, interpolation: str = "bilinear"):
 
     from vitlarge.data import TrainLoader
 
-    loader = TrainLoader(data_dir, batch, SIZE, rank=0, world_size=1, device=torch.device("cpu"), seed=0,
-                         num_threads=THREADS, initial_fill=1024, interpolation=interpolation)
+    loader = TrainLoader(
+        data_dir,
+        batch,
+        SIZE,
+        rank=0,
+        world_size=1,
+        device=torch.device("cpu"),
+        seed=0,
+        num_threads=THREADS,
+        initial_fill=1024,
+        interpolation=interpolation,
+    )
     return lambda: next(loader)
 
 
@@ -86,13 +122,24 @@ def _torchvision(image_root: str, batch: int):
 
     from vitlarge.data.loader import DEFAULT_MEAN, DEFAULT_STD
 
-    tf = transforms.Compose([
-        transforms.RandomResizedCrop(SIZE), transforms.RandomHorizontalFlip(), transforms.ToTensor(),
-        transforms.Normalize([m / 255 for m in DEFAULT_MEAN], [s / 255 for s in DEFAULT_STD]),
-    ])
+    tf = transforms.Compose(
+        [
+            transforms.RandomResizedCrop(SIZE),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            transforms.Normalize([m / 255 for m in DEFAULT_MEAN], [s / 255 for s in DEFAULT_STD]),
+        ]
+    )
     ds = datasets.ImageFolder(os.path.join(image_root, "train"), tf)
-    dl = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=THREADS, drop_last=True,
-                                     persistent_workers=True, prefetch_factor=2)
+    dl = torch.utils.data.DataLoader(
+        ds,
+        batch_size=batch,
+        shuffle=True,
+        num_workers=THREADS,
+        drop_last=True,
+        persistent_workers=True,
+        prefetch_factor=2,
+    )
     state = {"it": iter(dl)}
 
     def step():
@@ -186,10 +233,12 @@ def run(quick: bool, tiny: bool = False) -> dict:
         "before_tuning_vs_torchvision": round(med["dali_before_tuning"] / med["torchvision"], 2),
         "before_tuning_vs_torchvision_per_cpu_s": round(med_cpu["dali_before_tuning"] / med_cpu["torchvision"], 2),
         "trainloader_nearest_vs_torchvision_per_cpu_s": round(
-            med_cpu["dali_trainloader_nearest"] / med_cpu["torchvision"], 2),
+            med_cpu["dali_trainloader_nearest"] / med_cpu["torchvision"], 2
+        ),
         "trainloader_pct_of_decode_only": round(100 * med["dali_trainloader"] / med["dali_decode_only"], 1),
         "trainloader_pct_of_decode_only_per_cpu_s": round(
-            100 * med_cpu["dali_trainloader"] / med_cpu["dali_decode_only"], 1),
+            100 * med_cpu["dali_trainloader"] / med_cpu["dali_decode_only"], 1
+        ),
         "goal": "dali_trainloader >= 2x torchvision",
         "cpu_count": os.cpu_count(),
         "load_average_at_end": os.getloadavg(),

@@ -19,9 +19,9 @@ import os
 import tempfile
 from pathlib import Path
 
-from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
-
 import torch
+
+from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
 
 ROOT = Path(__file__).resolve().parent.parent
 WORLD, MICRO, ACCUM = 2, 2, 2
@@ -51,8 +51,11 @@ def grad_bytes(model: torch.nn.Module) -> int:
         for fp in group.fsdp_params if group else ():
             unsharded = getattr(fp, "_unsharded_param", None)
             sharded = fp.sharded_param.grad
-            for t in (fp.unsharded_accumulated_grad, None if unsharded is None else unsharded.grad,
-                      None if sharded is None else sharded.to_local()):
+            for t in (
+                fp.unsharded_accumulated_grad,
+                None if unsharded is None else unsharded.grad,
+                None if sharded is None else sharded.to_local(),
+            ):
                 if t is not None:
                     storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
     return sum(storages.values())
@@ -108,8 +111,9 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
 
 
 def show(result: dict) -> None:
-    print(f"fsdp, world size {result['world_size']}, fp32, "
-          f"{result['accum_steps']} micro-steps of {result['micro_batch']}")
+    print(
+        f"fsdp, world size {result['world_size']}, fp32, {result['accum_steps']} micro-steps of {result['micro_batch']}"
+    )
     print("model/mode                         gradient MiB between micro-steps  param shard MiB (max over ranks)")
     for key, s in result["summary"].items():
         print(f"{key:34} {s['between_micro_steps'] / 2**20:32.1f} {s['params'] / 2**20:17.1f}")

@@ -25,9 +25,9 @@ import resource
 import tempfile
 from pathlib import Path
 
-from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
-
 import torch
+
+from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
 
 ROOT = Path(__file__).resolve().parent.parent
 WORLD = 2
@@ -75,9 +75,12 @@ def _worker(rank: int, port: int, checkpointing: bool, tiny: bool, out: str) -> 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         loss = torch.nn.functional.cross_entropy(model(x), y)
     loss.backward()  # the recompute (with checkpointing) runs outside our hook: not counted as saved
-    seen = {"saved_for_backward": sum(storages[False].values()), "params_saved": sum(storages[True].values()),
-            "peak_rss_growth": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before,
-            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    seen = {
+        "saved_for_backward": sum(storages[False].values()),
+        "params_saved": sum(storages[True].values()),
+        "peak_rss_growth": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before,
+        "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }
     gathered = [None] * WORLD
     dist.all_gather_object(gathered, seen)
     if rank == 0:
@@ -100,20 +103,28 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
     fields = ("saved_for_backward", "params_saved", "peak_rss_growth", "peak_rss")
     summary = {key: {k: max(r[k] for rep in reps for r in rep) for k in fields} for key, reps in ranks.items()}
     off, on = summary["grad_checkpointing=False"], summary["grad_checkpointing=True"]
-    result = {"model": "demo" if tiny else "vit_small_patch16_224@128px", "world_size": WORLD, "micro_batch": MICRO,
-              "per_rank": ranks, "summary": summary,
-              "saved_ratio_on_over_off": on["saved_for_backward"] / off["saved_for_backward"]}
+    result = {
+        "model": "demo" if tiny else "vit_small_patch16_224@128px",
+        "world_size": WORLD,
+        "micro_batch": MICRO,
+        "per_rank": ranks,
+        "summary": summary,
+        "saved_ratio_on_over_off": on["saved_for_backward"] / off["saved_for_backward"],
+    }
     common.write_result("fsdp_activations", result)
     return result
 
 
 def show(result: dict) -> None:
-    print(f"model {result['model']}, fsdp, world size {result['world_size']}, "
-          f"micro-batch {result['micro_batch']}, fp32")
+    print(
+        f"model {result['model']}, fsdp, world size {result['world_size']}, micro-batch {result['micro_batch']}, fp32"
+    )
     print("setting                    saved for backward MiB  peak RSS growth MiB  peak RSS MiB (max over ranks/reps)")
     for key, s in result["summary"].items():
-        print(f"{key:26} {s['saved_for_backward'] / 2**20:22.1f} {s['peak_rss_growth'] / 2**20:20.0f}"
-              f" {s['peak_rss'] / 2**20:13.0f}")
+        print(
+            f"{key:26} {s['saved_for_backward'] / 2**20:22.1f} {s['peak_rss_growth'] / 2**20:20.0f}"
+            f" {s['peak_rss'] / 2**20:13.0f}"
+        )
     print(f"saved for backward, on / off: {result['saved_ratio_on_over_off']:.3f}")
 
 

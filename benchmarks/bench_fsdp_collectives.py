@@ -21,16 +21,20 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
-
 import torch
+
+from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
 
 ROOT = Path(__file__).resolve().parent.parent
 WORLD, MICRO = 2, 2
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
-PATCHED = (("dist", "all_gather_into_tensor", "all_gather"), ("dist", "all_gather", "all_gather"),
-           ("dist", "reduce_scatter_tensor", "reduce_scatter"), ("dist", "all_reduce", "all_reduce"),
-           ("funcol", "all_reduce", "all_reduce"))
+PATCHED = (
+    ("dist", "all_gather_into_tensor", "all_gather"),
+    ("dist", "all_gather", "all_gather"),
+    ("dist", "reduce_scatter_tensor", "reduce_scatter"),
+    ("dist", "all_reduce", "all_reduce"),
+    ("funcol", "all_reduce", "all_reduce"),
+)
 
 
 def config(model: str, accum: int):
@@ -73,7 +77,10 @@ def _worker(rank: int, port: int, model: str, out: str) -> None:
         engine = build_engine(cfg, WORLD)
         g = torch.Generator().manual_seed(rank)
         s = cfg.data.image_size
-        batch = (torch.randn(MICRO, 3, s, s, generator=g), torch.randint(0, cfg.data.num_classes, (MICRO,), generator=g))
+        batch = (
+            torch.randn(MICRO, 3, s, s, generator=g),
+            torch.randint(0, cfg.data.num_classes, (MICRO,), generator=g),
+        )
         engine.step(0, lambda: batch)  # lazy init
         counts.clear()
         counting[0] = True
@@ -99,9 +106,11 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
         seen = json.loads(Path(out).read_text())
         os.unlink(out)
         one, two = seen["1"], seen["2"]
-        summary[model] = {"depth": seen["depth"],
-                          "per_micro_step": {c: two.get(c, 0) - one.get(c, 0) for c in COLLECTIVES},
-                          "per_optimizer_step": {c: 2 * one.get(c, 0) - two.get(c, 0) for c in COLLECTIVES}}
+        summary[model] = {
+            "depth": seen["depth"],
+            "per_micro_step": {c: two.get(c, 0) - one.get(c, 0) for c in COLLECTIVES},
+            "per_optimizer_step": {c: 2 * one.get(c, 0) - two.get(c, 0) for c in COLLECTIVES},
+        }
     result = {"world_size": WORLD, "precision": "bf16", "fsdp_accumulation": "reduce_scatter", "summary": summary}
     common.write_result("fsdp_collectives", result)
     return result
@@ -112,8 +121,10 @@ def show(result: dict) -> None:
     print("model                    depth  per micro-step (all-gather / reduce-scatter / all-reduce)  per step")
     for model, s in result["summary"].items():
         m, o = s["per_micro_step"], s["per_optimizer_step"]
-        print(f"{model:24} {s['depth']:5}  {' / '.join(str(m[c]) for c in COLLECTIVES):>20}"
-              f"  {' / '.join(str(o[c]) for c in COLLECTIVES):>30}")
+        print(
+            f"{model:24} {s['depth']:5}  {' / '.join(str(m[c]) for c in COLLECTIVES):>20}"
+            f"  {' / '.join(str(o[c]) for c in COLLECTIVES):>30}"
+        )
 
 
 if __name__ == "__main__":

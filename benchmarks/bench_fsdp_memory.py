@@ -21,9 +21,9 @@ import resource
 import tempfile
 from pathlib import Path
 
-from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
-
 import torch
+
+from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
 
 ROOT = Path(__file__).resolve().parent.parent
 WORLDS = (1, 2, 3)
@@ -68,8 +68,11 @@ def _worker(rank: int, world: int, port: int, plugin: str, tiny: bool, out: str)
 
     def measure(optimizer, args, kwargs):
         params = [p for g in optimizer.param_groups for p in g["params"]]
-        seen.update(params=nbytes(params), grads=nbytes(p.grad for p in params if p.grad is not None),
-                    optimizer=nbytes(v for s in optimizer.state.values() for v in s.values()))
+        seen.update(
+            params=nbytes(params),
+            grads=nbytes(p.grad for p in params if p.grad is not None),
+            optimizer=nbytes(v for s in optimizer.state.values() for v in s.values()),
+        )
 
     opt.register_step_pre_hook(measure)
     g = torch.Generator().manual_seed(rank)
@@ -105,20 +108,31 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
     for key, per_rank in ranks.items():
         world = int(key.split("/")[1])
         worst = max(r["total"] for r in per_rank)
-        summary[key] = {"state_bytes_per_rank_max": worst, "ratio_to_unsharded_over_world": worst / (unsharded / world),
-                        "peak_rss_max": max(r["peak_rss"] for r in per_rank)}
-    result = {"model": "demo" if tiny else "vit_small_patch16_224@32px", "unsharded_state_bytes": unsharded,
-              "per_rank": ranks, "summary": summary}
+        summary[key] = {
+            "state_bytes_per_rank_max": worst,
+            "ratio_to_unsharded_over_world": worst / (unsharded / world),
+            "peak_rss_max": max(r["peak_rss"] for r in per_rank),
+        }
+    result = {
+        "model": "demo" if tiny else "vit_small_patch16_224@32px",
+        "unsharded_state_bytes": unsharded,
+        "per_rank": ranks,
+        "summary": summary,
+    }
     common.write_result("fsdp_memory", result)
     return result
 
 
 def show(result: dict) -> None:
-    print(f"model {result['model']}: unsharded params+grads+LAMB states {result['unsharded_state_bytes'] / 2**20:.1f} MiB")
+    print(
+        f"model {result['model']}: unsharded params+grads+LAMB states {result['unsharded_state_bytes'] / 2**20:.1f} MiB"
+    )
     print("plugin/W  state MiB per rank (max)  x (unsharded/W)  peak RSS MiB (max)")
     for key, s in result["summary"].items():
-        print(f"{key:8}  {s['state_bytes_per_rank_max'] / 2**20:24.1f}  {s['ratio_to_unsharded_over_world']:15.3f}"
-              f"  {s['peak_rss_max'] / 2**20:18.0f}")
+        print(
+            f"{key:8}  {s['state_bytes_per_rank_max'] / 2**20:24.1f}  {s['ratio_to_unsharded_over_world']:15.3f}"
+            f"  {s['peak_rss_max'] / 2**20:18.0f}"
+        )
 
 
 if __name__ == "__main__":

@@ -69,8 +69,11 @@ def _workers_cpu(workdir: Path, seen: dict[int, float]) -> float:
 
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info["cmdline"] or []
-        if "train.py" in cmd and str(workdir) in cmd and not any(
-                Path(c).name in ("srun", "colossalai", "torchrun") for c in cmd[:2]):
+        if (
+            "train.py" in cmd
+            and str(workdir) in cmd
+            and not any(Path(c).name in ("srun", "colossalai", "torchrun") for c in cmd[:2])
+        ):
             try:
                 t = p.cpu_times()
                 seen[p.pid] = t.user + t.system
@@ -87,8 +90,17 @@ def _contender(cmd_prefix: list[str], env: dict, args: list[str], steps: int, tm
 
     def run() -> tuple[float, float]:
         workdir = tmp / f"{name}-{next(counter)}"
-        cmd = [*cmd_prefix, "train.py", "--config", "recipes/demo_digits.py", "--data", "data/digits",
-               "--workdir", str(workdir), *args]
+        cmd = [
+            *cmd_prefix,
+            "train.py",
+            "--config",
+            "recipes/demo_digits.py",
+            "--data",
+            "data/digits",
+            "--workdir",
+            str(workdir),
+            *args,
+        ]
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         seen: dict[int, float] = {}
         cpu = {}
@@ -114,16 +126,25 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
     tiny = common.is_tiny(tiny)
     steps = 4 if tiny else 12 if quick else 24
     repeats = 1 if tiny else 3
-    up = subprocess.run([str(CLUSTER), "up"] if subprocess.run([str(CLUSTER), "status"], capture_output=True)
-                        .returncode else ["true"], capture_output=True, text=True)
+    up = subprocess.run(
+        [str(CLUSTER), "up"] if subprocess.run([str(CLUSTER), "status"], capture_output=True).returncode else ["true"],
+        capture_output=True,
+        text=True,
+    )
     started = "local_cluster: started" in up.stderr
     if up.returncode != 0:
         raise RuntimeError(f"no Slurm cluster: {up.stderr.strip()}")
     cores = len(os.sched_getaffinity(0))
     args = [f"train.max_steps={steps}", "train.checkpoint_every_steps=1000", "train.eval_every_epochs=1000"]
     srun = ["srun", "-N", "1", "-n", "2", "-O", "--job-name=vitlarge-bench-launch", sys.executable]
-    colossal = [f"{Path(sys.executable).parent}/colossalai", "run", "--nproc_per_node", "2", "--master_port",
-                str(launch._free_port())]
+    colossal = [
+        f"{Path(sys.executable).parent}/colossalai",
+        "run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(launch._free_port()),
+    ]
     try:
         with tempfile.TemporaryDirectory(prefix="vitlarge-bench-launch-") as d:
             tmp = Path(d)
@@ -132,7 +153,9 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
                 "colossalai": _contender(colossal, _env(), args, steps, tmp, "colossalai"),
             }
             if not quick:  # ~30x slower on a shared 2-core machine: minutes per run
-                contenders["srun_full_pools"] = _contender(srun, _env(OMP_NUM_THREADS=str(cores)), args, steps, tmp, "srun_full")
+                contenders["srun_full_pools"] = _contender(
+                    srun, _env(OMP_NUM_THREADS=str(cores)), args, steps, tmp, "srun_full"
+                )
             # common.interleaved's rotation; its slots hold each run's images/s ("wall_s") and images per
             # CPU-second ("cpu_s") here.
             raw = common.interleaved(contenders, repeats)
@@ -143,10 +166,18 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
     per_cpu = {n: common.summary(v["cpu_s"], 2) for n, v in raw.items()}
     ratio = images["srun"]["median"] / images["colossalai"]["median"]
     ratio_cpu = per_cpu["srun"]["median"] / per_cpu["colossalai"]["median"]
-    result = {"steps": steps, "repeats": repeats, "processes": 2, "cores": cores, "images_per_s": images,
-              "images_per_cpu_s": per_cpu, "srun_vs_colossalai": round(ratio, 3),
-              "srun_vs_colossalai_cpu": round(ratio_cpu, 3), "goal": "srun >= 0.9x colossalai run (wall or CPU)",
-              "met": max(ratio, ratio_cpu) >= 0.9}
+    result = {
+        "steps": steps,
+        "repeats": repeats,
+        "processes": 2,
+        "cores": cores,
+        "images_per_s": images,
+        "images_per_cpu_s": per_cpu,
+        "srun_vs_colossalai": round(ratio, 3),
+        "srun_vs_colossalai_cpu": round(ratio_cpu, 3),
+        "goal": "srun >= 0.9x colossalai run (wall or CPU)",
+        "met": max(ratio, ratio_cpu) >= 0.9,
+    }
     if not tiny:
         common.write_result("launch", result)
     return result

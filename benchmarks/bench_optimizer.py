@@ -13,9 +13,9 @@ from __future__ import annotations
 import statistics
 import time
 
-from benchmarks import common
-
 import torch
+
+from benchmarks import common
 
 LR, WEIGHT_DECAY = 1e-3, 0.05
 
@@ -65,10 +65,14 @@ def run(quick: bool, tiny: bool = False) -> dict:
             opt.step()
             wall[name].append((time.perf_counter() - t0) * 1e3)
             cpu[name].append((time.process_time() - c0) * 1e3)
-    results = {name: {"median_ms": round(statistics.median(wall[name]), 2),
-                      "median_cpu_ms": round(statistics.median(cpu[name]), 2),
-                      "all_ms": [round(x, 2) for x in wall[name]]}
-               for name in optimizers}
+    results = {
+        name: {
+            "median_ms": round(statistics.median(wall[name]), 2),
+            "median_cpu_ms": round(statistics.median(cpu[name]), 2),
+            "all_ms": [round(x, 2) for x in wall[name]],
+        }
+        for name in optimizers
+    }
     colossal = results["colossalai_lamb"]
     for r in results.values():
         r["speedup_vs_colossalai"] = round(colossal["median_ms"] / r["median_ms"], 2)
@@ -86,9 +90,11 @@ def run(quick: bool, tiny: bool = False) -> dict:
 
 def show(report: dict) -> None:
     for name, r in report["results"].items():
-        print(f"{name:24s} {r['median_ms']:9.1f} ms/step ({r['median_cpu_ms']:9.1f} CPU ms)  "
-              f"{r['speedup_vs_colossalai']:5.2f}x ({r['cpu_speedup_vs_colossalai']:5.2f}x CPU) "
-              "vs colossalai")
+        print(
+            f"{name:24s} {r['median_ms']:9.1f} ms/step ({r['median_cpu_ms']:9.1f} CPU ms)  "
+            f"{r['speedup_vs_colossalai']:5.2f}x ({r['cpu_speedup_vs_colossalai']:5.2f}x CPU) "
+            "vs colossalai"
+        )
     print(f"wrote {common.results_dir() / 'optimizer.json'}")
 
 

@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import json
 
-from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
-
 import torch
 
+from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
 from benchmarks.bench_train import bench_config, build_engine, make_batches
 
 CONTENDERS = {  # name -> (train.precision, patch-embedding conv as vitlarge builds it)
@@ -71,18 +70,31 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
     res = {}
     for name, t in times.items():
         w, c = common.median(t["wall_s"]), common.median(t["cpu_s"])
-        res[name] = {"step_s": common.summary(t["wall_s"]), "cpu_s_per_step": common.summary(t["cpu_s"]),
-                     "images_per_s": round(micro / w, 2), "images_per_s_cpu": round(micro / (c / threads), 2)}
+        res[name] = {
+            "step_s": common.summary(t["wall_s"]),
+            "cpu_s_per_step": common.summary(t["cpu_s"]),
+            "images_per_s": round(micro / w, 2),
+            "images_per_s_cpu": round(micro / (c / threads), 2),
+        }
     for r in res.values():
         r["speed_vs_fp32"] = round(r["images_per_s"] / res["fp32"]["images_per_s"], 3)
         r["speed_vs_fp32_cpu"] = round(r["images_per_s_cpu"] / res["fp32"]["images_per_s_cpu"], 3)
     cfg = bench_config(tiny)
     result = {
         "benchmark": "precision: step time by autocast dtype, CPU",
-        "model": cfg.model.name, "model_kwargs": cfg.model.kwargs, "image_size": cfg.data.image_size,
-        "micro_batch": micro, "tiny": tiny, "quick": quick, "rounds": repeats, "steps_per_round": steps,
-        "threads": threads, "contenders": {k: {"precision": p, "patch_conv": "as built" if b else "Conv2d under autocast"}
-                        for k, (p, b) in CONTENDERS.items()},
+        "model": cfg.model.name,
+        "model_kwargs": cfg.model.kwargs,
+        "image_size": cfg.data.image_size,
+        "micro_batch": micro,
+        "tiny": tiny,
+        "quick": quick,
+        "rounds": repeats,
+        "steps_per_round": steps,
+        "threads": threads,
+        "contenders": {
+            k: {"precision": p, "patch_conv": "as built" if b else "Conv2d under autocast"}
+            for k, (p, b) in CONTENDERS.items()
+        },
         "results": res,
     }
     common.write_result("precision", result)
@@ -90,8 +102,15 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
 
 
 def show(r: dict) -> None:
-    print(json.dumps({k: {x: v[x] for x in ("images_per_s", "images_per_s_cpu", "speed_vs_fp32_cpu")}
-                      for k, v in r["results"].items()}, indent=1))
+    print(
+        json.dumps(
+            {
+                k: {x: v[x] for x in ("images_per_s", "images_per_s_cpu", "speed_vs_fp32_cpu")}
+                for k, v in r["results"].items()
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

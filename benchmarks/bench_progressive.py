@@ -31,8 +31,20 @@ VENV_BIN = str(Path(sys.executable).parent)
 
 def train(recipe: str, workdir: Path, *extra: str) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", PATH=VENV_BIN + os.pathsep + os.environ.get("PATH", ""))
-    cmd = [f"{VENV_BIN}/colossalai", "run", "--nproc_per_node", "2", "--master_port", str(29500 + os.getpid() % 1000),
-           "train.py", "--config", recipe, "--workdir", str(workdir), *extra]
+    cmd = [
+        f"{VENV_BIN}/colossalai",
+        "run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(29500 + os.getpid() % 1000),
+        "train.py",
+        "--config",
+        recipe,
+        "--workdir",
+        str(workdir),
+        *extra,
+    ]
     t0 = time.time()
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.time() - t0
@@ -44,10 +56,14 @@ def train(recipe: str, workdir: Path, *extra: str) -> dict:
     spent = {}  # training seconds done at each step
     for x in steps:
         spent[x["step"]] = spent.get(x["step"] - 1, 0.0) + x["step_time"]
-    return dict(recipe=recipe, wall_s=round(wall, 1), train_s=round(spent[steps[-1]["step"]], 1),
-                top1=evals[-1]["val_top1"],
-                evals=[(round(x["epoch"], 2), x["val_top1"], round(spent[x["step"]], 1)) for x in evals],
-                started=time.strftime("%H:%M:%S", time.gmtime(t0)))
+    return dict(
+        recipe=recipe,
+        wall_s=round(wall, 1),
+        train_s=round(spent[steps[-1]["step"]], 1),
+        top1=evals[-1]["val_top1"],
+        evals=[(round(x["epoch"], 2), x["val_top1"], round(spent[x["step"]], 1)) for x in evals],
+        started=time.strftime("%H:%M:%S", time.gmtime(t0)),
+    )
 
 
 def plot(result: dict, path: Path) -> None:
@@ -60,11 +76,20 @@ def plot(result: dict, path: Path) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for run in result["runs"]:
         prog = "progressive" in run["recipe"]
-        a.plot([t for _, _, t in run["evals"]], [100 * v for _, v, _ in run["evals"]], "o-" if prog else "s--",
-               color="tab:orange" if prog else "tab:blue", alpha=0.8,
-               label=f"{'progressive' if prog else 'fixed 16 px'}: {100 * run['top1']:.2f}%, {run['train_s']:.0f} s")
-    a.set(xlabel="training seconds (sum of step times, 2 CPU processes)", ylabel="val top-1 (%)", ylim=(85, 100),
-          title="digits demo: fixed vs progressive resolution")
+        a.plot(
+            [t for _, _, t in run["evals"]],
+            [100 * v for _, v, _ in run["evals"]],
+            "o-" if prog else "s--",
+            color="tab:orange" if prog else "tab:blue",
+            alpha=0.8,
+            label=f"{'progressive' if prog else 'fixed 16 px'}: {100 * run['top1']:.2f}%, {run['train_s']:.0f} s",
+        )
+    a.set(
+        xlabel="training seconds (sum of step times, 2 CPU processes)",
+        ylabel="val top-1 (%)",
+        ylim=(85, 100),
+        title="digits demo: fixed vs progressive resolution",
+    )
     a.legend(fontsize=8)
     ft = result["finetune"]["evals"]
     b.plot([e for e, _, _ in ft], [100 * v for _, v, _ in ft], "o-", color="tab:green")

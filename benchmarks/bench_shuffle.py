@@ -43,19 +43,25 @@ def epoch_order_stats(streams: list[np.ndarray], num_records: int) -> dict:
     for ids in streams:
         share = len(ids) // 2
         for epoch in range(2):
-            window = np.asarray(ids[epoch * share:(epoch + 1) * share])
+            window = np.asarray(ids[epoch * share : (epoch + 1) * share])
             first = np.unique(window, return_index=True)
             unseen = np.isnan(pos[epoch, first[0]])  # a record read by two ranks keeps its first position
             pos[epoch, first[0][unseen]] = first[1][unseen] / share
-        np.add.at(counts, np.asarray(ids[:2 * share]), 1)
+        np.add.at(counts, np.asarray(ids[: 2 * share]), 1)
     both = ~np.isnan(pos).any(axis=0)
     p1, p2 = pos[0, both], pos[1, both]
-    return dict(near=float(np.mean(np.abs(p2 - p1) < NEAR)), corr=float(np.corrcoef(p1, p2)[0, 1]),
-                min_seen=int(counts.min()), max_seen=int(counts.max()), in_both=float(both.mean()))
+    return dict(
+        near=float(np.mean(np.abs(p2 - p1) < NEAR)),
+        corr=float(np.corrcoef(p1, p2)[0, 1]),
+        min_seen=int(counts.min()),
+        max_seen=int(counts.max()),
+        in_both=float(both.mean()),
+    )
 
 
-def reader_streams(data_dir: str, ranks: int, *, before: bool, seed: int = 42, batch: int = 1024,
-                   initial_fill: int = 4096) -> list[np.ndarray]:
+def reader_streams(
+    data_dir: str, ranks: int, *, before: bool, seed: int = 42, batch: int = 1024, initial_fill: int = 4096
+) -> list[np.ndarray]:
     """Each rank's record ids over two epochs' worth, from the training reader alone."""
     import nvidia.dali.fn as fn
     from nvidia.dali import pipeline_def
@@ -70,14 +76,28 @@ def reader_streams(data_dir: str, ranks: int, *, before: bool, seed: int = 42, b
     @pipeline_def
     def ids(rank):
         if before:
-            data = fn.readers.tfrecord(path=[f for f, _ in files], index_path=[i for _, i in files],
-                                       features=pipelines.FEATURES, shard_id=rank, num_shards=ranks,
-                                       stick_to_shard=True, random_shuffle=True, initial_fill=initial_fill,
-                                       seed=(seed * 7919 + rank) % (2**31 - 1))
+            data = fn.readers.tfrecord(
+                path=[f for f, _ in files],
+                index_path=[i for _, i in files],
+                features=pipelines.FEATURES,
+                shard_id=rank,
+                num_shards=ranks,
+                stick_to_shard=True,
+                random_shuffle=True,
+                initial_fill=initial_fill,
+                seed=(seed * 7919 + rank) % (2**31 - 1),
+            )
         else:  # the TrainLoader's seeds: one file order for all ranks, a buffer seed per rank
-            data = pipelines._reader([f for f, _ in files], [i for _, i in files], shard_id=rank, num_shards=ranks,
-                                     seed=(seed * 7919 + rank) % (2**31 - 1), training=True,
-                                     initial_fill=initial_fill, file_order_seed=seed % (2**31 - 1))
+            data = pipelines._reader(
+                [f for f, _ in files],
+                [i for _, i in files],
+                shard_id=rank,
+                num_shards=ranks,
+                seed=(seed * 7919 + rank) % (2**31 - 1),
+                training=True,
+                initial_fill=initial_fill,
+                file_order_seed=seed % (2**31 - 1),
+            )
         return data["image/class/label"]
 
     streams = []
@@ -108,8 +128,9 @@ def run(quick: bool, tiny: bool = False) -> dict:
     return result
 
 
-def measure(records: int = IMAGENET_TRAIN_EXAMPLES, shards: int = 1024, ranks: int = 4,
-            workdir: str | None = None) -> dict:
+def measure(
+    records: int = IMAGENET_TRAIN_EXAMPLES, shards: int = 1024, ranks: int = 4, workdir: str | None = None
+) -> dict:
     from data_tools.make_id_dataset import make_id_dataset
 
     with tempfile.TemporaryDirectory(dir=workdir) as d:

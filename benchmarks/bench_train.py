@@ -31,10 +31,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
-
 import torch
 
+from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
 from vitlarge.events import Hook
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,8 +102,10 @@ def bench_config(tiny: bool, precision: str = "bf16", micro_batch: int = 32, ima
 def make_batches(cfg, n: int = 4, seed: int = 0) -> list:
     g = torch.Generator().manual_seed(seed)
     s, b = cfg.data.image_size, cfg.train.micro_batch
-    return [(torch.randn(b, 3, s, s, generator=g), torch.randint(0, cfg.data.num_classes, (b,), generator=g))
-            for _ in range(n)]
+    return [
+        (torch.randn(b, 3, s, s, generator=g), torch.randint(0, cfg.data.num_classes, (b,), generator=g))
+        for _ in range(n)
+    ]
 
 
 def build_engine(cfg, world_size: int = 1):
@@ -123,8 +124,9 @@ def build_trainer(cfg, batches: list, workdir: str, timer: StepTimer):
     engine = build_engine(cfg)
     plan = engine.plan
     run_info = RunInfo(workdir=workdir, rank=0, is_main=True, device="cpu", start_step=0, plan=plan, cfg=cfg)
-    hooks = build_hooks(workdir, log_every=cfg.train.log_every_steps, nan_patience=cfg.train.nan_patience,
-                        console=False)
+    hooks = build_hooks(
+        workdir, log_every=cfg.train.log_every_steps, nan_patience=cfg.train.nan_patience, console=False
+    )
     return Trainer(cfg, plan, engine, InMemoryLoader(batches), [], hooks + [timer], run_info)
 
 
@@ -138,8 +140,14 @@ class BareLoop:
 
         torch.manual_seed(cfg.train.seed)
         self.model = build_model(cfg, "cpu")
-        self.opt = build_optimizer(self.model, cfg.optim.name, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
-                                   betas=tuple(cfg.optim.betas), eps=cfg.optim.eps)
+        self.opt = build_optimizer(
+            self.model,
+            cfg.optim.name,
+            lr=cfg.optim.lr,
+            weight_decay=cfg.optim.weight_decay,
+            betas=tuple(cfg.optim.betas),
+            eps=cfg.optim.eps,
+        )
         self.dtype = DTYPES[cfg.train.precision]
         self.scaler = torch.amp.GradScaler("cpu", enabled=cfg.train.precision == "fp16")
         self.clip = cfg.optim.clip_grad_norm
@@ -212,8 +220,11 @@ def matmul_peak(n: int, dtype, repeats: int) -> dict:
         wall.append(w)
         cpu.append(c)
     flops = 2 * n**3
-    return {"n": n, "flops_per_s": flops / common.median(wall), "flops_per_cpu_s_x_threads":
-            flops / common.median(cpu) * torch.get_num_threads()}
+    return {
+        "n": n,
+        "flops_per_s": flops / common.median(wall),
+        "flops_per_cpu_s_x_threads": flops / common.median(cpu) * torch.get_num_threads(),
+    }
 
 
 def profile_breakdown(bare: BareLoop) -> dict:
@@ -228,8 +239,11 @@ def profile_breakdown(bare: BareLoop) -> dict:
         all_us += us
         cat = next((c for c, keys in CATEGORIES if any(k in ev.key for k in keys)), "other (elementwise, autograd)")
         totals[cat] = totals.get(cat, 0.0) + us
-    return {"step_s": all_us / 1e6, "seconds": {k: round(v / 1e6, 4) for k, v in totals.items()},
-            "fraction": {k: round(v / all_us, 3) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}}
+    return {
+        "step_s": all_us / 1e6,
+        "seconds": {k: round(v / 1e6, 4) for k, v in totals.items()},
+        "fraction": {k: round(v / all_us, 3) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])},
+    }
 
 
 def run(quick: bool = True, tiny: bool = False) -> dict:
@@ -246,14 +260,19 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
     bare = BareLoop(cfg, batches)
     run_trainer_steps(trainer, timer, 1)  # warm-up: optimizer state, allocator, first-touch pages
     bare.timed_steps(1)
-    times = common.interleaved({"vitlarge": lambda: run_trainer_steps(trainer, timer, steps),
-                                "bare": lambda: bare.timed_steps(steps)}, repeats)
+    times = common.interleaved(
+        {"vitlarge": lambda: run_trainer_steps(trainer, timer, steps), "bare": lambda: bare.timed_steps(steps)}, repeats
+    )
     micro = cfg.train.micro_batch
     res = {}
     for name, t in times.items():
         w, c = common.median(t["wall_s"]), common.median(t["cpu_s"])
-        res[name] = {"step_s": common.summary(t["wall_s"]), "cpu_s_per_step": common.summary(t["cpu_s"]),
-                     "images_per_s": round(micro / w, 2), "images_per_s_cpu": round(micro / (c / threads), 2)}
+        res[name] = {
+            "step_s": common.summary(t["wall_s"]),
+            "cpu_s_per_step": common.summary(t["cpu_s"]),
+            "images_per_s": round(micro / w, 2),
+            "images_per_s_cpu": round(micro / (c / threads), 2),
+        }
     speed = res["vitlarge"]["images_per_s"] / res["bare"]["images_per_s"]
     speed_cpu = res["vitlarge"]["images_per_s_cpu"] / res["bare"]["images_per_s_cpu"]
 
@@ -265,9 +284,14 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
     for _ in range(1 if tiny else 3):  # alternate so both see the same load
         peaks["bf16"].append(matmul_peak(n, torch.bfloat16, 3))
         peaks["fp32"].append(matmul_peak(n, torch.float32, 3))
-    peak = {k: {"n": n, "flops_per_s": common.median([p["flops_per_s"] for p in v]),
-                "flops_per_cpu_s_x_threads": common.median([p["flops_per_cpu_s_x_threads"] for p in v])}
-            for k, v in peaks.items()}
+    peak = {
+        k: {
+            "n": n,
+            "flops_per_s": common.median([p["flops_per_s"] for p in v]),
+            "flops_per_cpu_s_x_threads": common.median([p["flops_per_cpu_s_x_threads"] for p in v]),
+        }
+        for k, v in peaks.items()
+    }
     step_w = res["vitlarge"]["step_s"]["median"]
     step_c = res["vitlarge"]["cpu_s_per_step"]["median"] / threads
     achieved_w, achieved_c = flops["train"] / step_w, flops["train"] / step_c
@@ -294,11 +318,19 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
     }
     result = {
         "benchmark": "train loop: train.py (Engine + Booster DDP + Trainer) vs bare PyTorch",
-        "model": cfg.model.name, "model_kwargs": cfg.model.kwargs, "image_size": cfg.data.image_size,
-        "micro_batch": micro, "precision": cfg.train.precision, "tiny": tiny, "quick": quick,
-        "rounds": repeats, "steps_per_round": steps, "threads": threads,
+        "model": cfg.model.name,
+        "model_kwargs": cfg.model.kwargs,
+        "image_size": cfg.data.image_size,
+        "micro_batch": micro,
+        "precision": cfg.train.precision,
+        "tiny": tiny,
+        "quick": quick,
+        "rounds": repeats,
+        "steps_per_round": steps,
+        "threads": threads,
         "results": res,
-        "speed_vs_bare": round(speed, 3), "speed_vs_bare_cpu": round(speed_cpu, 3),
+        "speed_vs_bare": round(speed, 3),
+        "speed_vs_bare_cpu": round(speed_cpu, 3),
         "goal": "vitlarge >= 0.97x bare images/s; MFU >= 30% of bf16 matmul FLOP/s",
         "mfu": mfu,
     }
@@ -308,11 +340,15 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
 
 def show(r: dict) -> None:
     for name, v in r["results"].items():
-        print(f"{name:9s} {v['step_s']['median']:.3f} s/step  {v['images_per_s']:.1f} img/s "
-              f"({v['images_per_s_cpu']:.1f} img/s by CPU time)")
+        print(
+            f"{name:9s} {v['step_s']['median']:.3f} s/step  {v['images_per_s']:.1f} img/s "
+            f"({v['images_per_s_cpu']:.1f} img/s by CPU time)"
+        )
     m = r["mfu"]
     print(f"vitlarge / bare: {r['speed_vs_bare']:.3f} (CPU time: {r['speed_vs_bare_cpu']:.3f})")
-    print(f"MFU vs bf16 matmul: {100 * m['mfu_vs_bf16_matmul']:.1f}% (CPU time: {100 * m['mfu_vs_bf16_matmul_cpu']:.1f}%)")
+    print(
+        f"MFU vs bf16 matmul: {100 * m['mfu_vs_bf16_matmul']:.1f}% (CPU time: {100 * m['mfu_vs_bf16_matmul_cpu']:.1f}%)"
+    )
     print(json.dumps(m["profile"]["fraction"], indent=1))
 
 

@@ -22,8 +22,8 @@ import json
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from vitlarge.fileio import write_atomic
 
@@ -104,7 +104,7 @@ def interleaved(contenders: dict[str, Callable[[], tuple[float, float]]], repeat
     names = list(contenders)
     out = {n: {"wall_s": [], "cpu_s": []} for n in names}
     for r in range(repeats):
-        for n in names[r % len(names):] + names[:r % len(names)]:
+        for n in names[r % len(names) :] + names[: r % len(names)]:
             w, c = contenders[n]()
             out[n]["wall_s"].append(w)
             out[n]["cpu_s"].append(c)

@@ -42,10 +42,9 @@ import traceback
 import warnings
 from pathlib import Path
 
-from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
-
 import torch
 
+from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
 from benchmarks import gpu_device as dev
 from vitlarge.errors import UserError, cli_main
 
@@ -60,10 +59,13 @@ def choose_path(requested: str) -> tuple[str, str]:
         from colossalai.booster import Booster  # noqa: F401
     except Exception as e:  # ImportError, or its torch version pin failing at import
         if requested == "colossalai":
-            raise UserError(f"--path colossalai: Colossal-AI does not import ({type(e).__name__}: {e}); "
-                            "use --path auto or plain") from None
-        return "plain", (f"Colossal-AI does not import with torch {torch.__version__} "
-                         f"({type(e).__name__}: {str(e)[:120]}): vitlarge's Engine/LAMB/Precision without a Booster")
+            raise UserError(
+                f"--path colossalai: Colossal-AI does not import ({type(e).__name__}: {e}); use --path auto or plain"
+            ) from None
+        return "plain", (
+            f"Colossal-AI does not import with torch {torch.__version__} "
+            f"({type(e).__name__}: {str(e)[:120]}): vitlarge's Engine/LAMB/Precision without a Booster"
+        )
     return "colossalai", "Colossal-AI imports: vitlarge.build.build with Booster(TorchDDPPlugin), world size 1"
 
 
@@ -77,10 +79,30 @@ def init_process_group(device: torch.device) -> None:
 
 def sizes(tiny: bool) -> dict:
     if tiny:
-        return dict(matmul_n=128, micro=4, accum=2, rounds=2, steps=1, warmup=1, opt_rounds=2, profile_steps=1,
-                    large_start=2, large_cap=4)
-    return dict(matmul_n=8192, micro=256, accum=4, rounds=5, steps=3, warmup=2, opt_rounds=10, profile_steps=3,
-                large_start=16, large_cap=1024)
+        return dict(
+            matmul_n=128,
+            micro=4,
+            accum=2,
+            rounds=2,
+            steps=1,
+            warmup=1,
+            opt_rounds=2,
+            profile_steps=1,
+            large_start=2,
+            large_cap=4,
+        )
+    return dict(
+        matmul_n=8192,
+        micro=256,
+        accum=4,
+        rounds=5,
+        steps=3,
+        warmup=2,
+        opt_rounds=10,
+        profile_steps=3,
+        large_start=16,
+        large_cap=1024,
+    )
 
 
 def peak_section(device: torch.device, n: int) -> dict:
@@ -89,14 +111,18 @@ def peak_section(device: torch.device, n: int) -> dict:
         for name, dt in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
             measured.setdefault(name, []).append(dev.matmul_peak(device, n, dt)["flops_per_s"])
     info = dev.device_info(device)
-    return {"measured": {k: {"n": n, "flops_per_s": common.median(v)} for k, v in measured.items()},
-            "datasheet": dev.datasheet_peak(info["name"], info["multiprocessors"]) if device.type == "cuda" else None}
+    return {
+        "measured": {k: {"n": n, "flops_per_s": common.median(v)} for k, v in measured.items()},
+        "datasheet": dev.datasheet_peak(info["name"], info["multiprocessors"]) if device.type == "cuda" else None,
+    }
 
 
 def mfu(flops_per_s: float, peak: dict, dtype: str) -> dict:
     sheet = peak["datasheet"]
-    return {"vs_measured_matmul": round(flops_per_s / peak["measured"][dtype]["flops_per_s"], 4),
-            "vs_datasheet": round(flops_per_s / sheet["dense_bf16_fp16_flops"], 4) if sheet else None}
+    return {
+        "vs_measured_matmul": round(flops_per_s / peak["measured"][dtype]["flops_per_s"], 4),
+        "vs_datasheet": round(flops_per_s / sheet["dense_bf16_fp16_flops"], 4) if sheet else None,
+    }
 
 
 COMPILE_SKIPPED = "not compiled under --tiny (compiling takes about a minute on a CPU): the eager engine's code"
@@ -109,8 +135,13 @@ def build_contenders(micro: int, s: dict, device, path: str, tiny: bool) -> tupl
     from benchmarks.gpu_train import BareLoop, EngineRun, kit_config
 
     made, memory = {}, {}
-    for prec, side in (("bf16", "vitlarge"), ("bf16", "bare"), ("fp16", "vitlarge"), ("fp16", "bare"),
-                       ("bf16", "vitlarge_compiled")):
+    for prec, side in (
+        ("bf16", "vitlarge"),
+        ("bf16", "bare"),
+        ("fp16", "vitlarge"),
+        ("fp16", "bare"),
+        ("bf16", "vitlarge_compiled"),
+    ):
         cfg = kit_config("vit_b16", prec, micro, s["accum"], tiny, compile=side.endswith("compiled") and not tiny)
         base = dev.allocated(device)
         dev.reset_peak(device)
@@ -129,7 +160,9 @@ def train_section(device: torch.device, path: str, s: dict, peak: dict, tiny: bo
     micro, tries, made = s["micro"], [], None
     while micro >= 1:
         box = {}
-        ok = dev.fits(lambda: box.update(zip(("made", "memory"), build_contenders(micro, s, device, path, tiny))), device)
+        ok = dev.fits(
+            lambda: box.update(zip(("made", "memory"), build_contenders(micro, s, device, path, tiny))), device
+        )
         tries.append({"micro_batch": micro, "fits": ok})
         if ok:
             made, memory = box["made"], box["memory"]
@@ -144,30 +177,54 @@ def train_section(device: torch.device, path: str, s: dict, peak: dict, tiny: bo
     per_image = 3 * info["fwd_flops"]
     images = micro * s["accum"]
     skipped_before = {n: c.skipped for n, c in made.items()}  # warm-up steps; read outside the timing
-    times = dev.interleaved({n: (lambda c=c: dev.time_call(lambda: [c.step() for _ in range(s["steps"])], device)
-                                 / s["steps"]) for n, c in made.items()}, s["rounds"])
+    times = dev.interleaved(
+        {
+            n: (lambda c=c: dev.time_call(lambda: [c.step() for _ in range(s["steps"])], device) / s["steps"])
+            for n, c in made.items()
+        },
+        s["rounds"],
+    )
     res = {}
     for name, t in times.items():
         step_s = common.median(t)
         ips = images / step_s
-        res[name] = {"precision": name.rsplit("_", 1)[1],
-                     "optimizer": "vitlarge Lamb" if name.startswith("vitlarge") else "timm Lamb",
-                     "step_s": common.summary(t), "images_per_s": round(ips, 3),
-                     "peak_memory_bytes": memory[name], "skipped_steps": made[name].skipped - skipped_before[name],
-                     "mfu": mfu(ips * per_image, peak, name.rsplit("_", 1)[1])}
+        res[name] = {
+            "precision": name.rsplit("_", 1)[1],
+            "optimizer": "vitlarge Lamb" if name.startswith("vitlarge") else "timm Lamb",
+            "step_s": common.summary(t),
+            "images_per_s": round(ips, 3),
+            "peak_memory_bytes": memory[name],
+            "skipped_steps": made[name].skipped - skipped_before[name],
+            "mfu": mfu(ips * per_image, peak, name.rsplit("_", 1)[1]),
+        }
     for prec in ("bf16", "fp16"):
-        res[f"vitlarge_{prec}"]["vs_bare"] = round(res[f"vitlarge_{prec}"]["images_per_s"] / res[f"bare_{prec}"]["images_per_s"], 4)
+        res[f"vitlarge_{prec}"]["vs_bare"] = round(
+            res[f"vitlarge_{prec}"]["images_per_s"] / res[f"bare_{prec}"]["images_per_s"], 4
+        )
     compiled = res["vitlarge_compiled_bf16"]
-    compiled.update(vs_bare=round(compiled["images_per_s"] / res["bare_bf16"]["images_per_s"], 4),
-                    vs_eager=round(compiled["images_per_s"] / res["vitlarge_bf16"]["images_per_s"], 4),
-                    compiled=not tiny, **({"note": COMPILE_SKIPPED} if tiny else {}))
-    return {"model": cfg.model.name, "model_kwargs": cfg.model.kwargs, "image_size": cfg.data.image_size,
-            "micro_batch_requested": s["micro"], "micro_batch": micro, "accum_steps": s["accum"], "fit_tries": tries,
-            "params": info["params"], "train_flops_per_image": per_image,
-            "six_params_tokens_flops_per_image": 6 * info["params"] * info["tokens"],
-            "rounds": s["rounds"], "steps_per_round": s["steps"],
-            "skipped_steps_note": "optimizer steps skipped (non-finite gradients, fp16 scale dropped) among the "
-                                  "timed ones: a skipped step does no update and is cheaper", "results": res}
+    compiled.update(
+        vs_bare=round(compiled["images_per_s"] / res["bare_bf16"]["images_per_s"], 4),
+        vs_eager=round(compiled["images_per_s"] / res["vitlarge_bf16"]["images_per_s"], 4),
+        compiled=not tiny,
+        **({"note": COMPILE_SKIPPED} if tiny else {}),
+    )
+    return {
+        "model": cfg.model.name,
+        "model_kwargs": cfg.model.kwargs,
+        "image_size": cfg.data.image_size,
+        "micro_batch_requested": s["micro"],
+        "micro_batch": micro,
+        "accum_steps": s["accum"],
+        "fit_tries": tries,
+        "params": info["params"],
+        "train_flops_per_image": per_image,
+        "six_params_tokens_flops_per_image": 6 * info["params"] * info["tokens"],
+        "rounds": s["rounds"],
+        "steps_per_round": s["steps"],
+        "skipped_steps_note": "optimizer steps skipped (non-finite gradients, fp16 scale dropped) among the "
+        "timed ones: a skipped step does no update and is cheaper",
+        "results": res,
+    }
 
 
 def largest_fit(run, cfg, device, start: int, cap: int) -> tuple[int, list]:
@@ -219,24 +276,43 @@ def large_section(device: torch.device, path: str, s: dict, peak: dict, tiny: bo
         dev.free_memory(device)
         run = EngineRun(cfg, device, path)
         best, tries = largest_fit(run, cfg, device, s["large_start"], s["large_cap"])
-        entry = {"name": RECIPES[recipe], "model": cfg.model.name, "model_kwargs": cfg.model.kwargs,
-                 "image_size": cfg.data.image_size, "grad_checkpointing": True, "precision": "bf16",
-                 "recipe_micro_batch": recipe_micro, "micro_batch": best, "search_cap": s["large_cap"],
-                 "fit_tries": tries, "recipe_micro_batch_fits": best >= recipe_micro}
+        entry = {
+            "name": RECIPES[recipe],
+            "model": cfg.model.name,
+            "model_kwargs": cfg.model.kwargs,
+            "image_size": cfg.data.image_size,
+            "grad_checkpointing": True,
+            "precision": "bf16",
+            "recipe_micro_batch": recipe_micro,
+            "micro_batch": best,
+            "search_cap": s["large_cap"],
+            "fit_tries": tries,
+            "recipe_micro_batch_fits": best >= recipe_micro,
+        }
         t = []
         while best and not t:  # after an out-of-memory probe, fragmentation can fail the size that fit
             run.set_batch(synthetic_batch(cfg, device, best))
             dev.reset_peak(device)
-            if not dev.fits(lambda: t.extend(dev.time_call(lambda: [run.step() for _ in range(s["steps"])], device)
-                                             / s["steps"] for _ in range(s["rounds"])), device):
+            if not dev.fits(
+                lambda: t.extend(
+                    dev.time_call(lambda: [run.step() for _ in range(s["steps"])], device)  # noqa: F821 / s["steps"]
+                    for _ in range(s["rounds"])
+                ),
+                device,
+            ):
                 t.clear()
                 best = best * 7 // 8
                 entry.update(micro_batch=best, timed_lower=True)
         if best:
             info = describe_model(cfg)
             ips = best / common.median(t)
-            entry.update(step_s=common.summary(t), images_per_s=round(ips, 3), params=info["params"],
-                         peak_memory_bytes=dev.peak_since_reset(device), mfu=mfu(ips * 3 * info["fwd_flops"], peak, "bf16"))
+            entry.update(
+                step_s=common.summary(t),
+                images_per_s=round(ips, 3),
+                params=info["params"],
+                peak_memory_bytes=dev.peak_since_reset(device),
+                mfu=mfu(ips * 3 * info["fwd_flops"], peak, "bf16"),
+            )
         out[recipe] = entry
         del run
         done(out)
@@ -259,11 +335,18 @@ def run(device: torch.device, tiny: bool, path_request: str, only: tuple[str, ..
         torch.set_num_threads(common.threads(tiny))
     if path == "colossalai":
         init_process_group(device)
-    result = {"benchmark": "GPU kit: ViT training throughput and MFU per device, synthetic data on the device",
-              "device": dev.device_info(device), "path": path, "path_why": why, "tiny": tiny,
-              "flops_method": "3 x forward FLOPs from vitlarge.model.describe_model (FlopCounterMode, meta device; "
-                              "attention included, recomputation not)", "sections": list(only),
-              "complete": False, "failed": {}}
+    result = {
+        "benchmark": "GPU kit: ViT training throughput and MFU per device, synthetic data on the device",
+        "device": dev.device_info(device),
+        "path": path,
+        "path_why": why,
+        "tiny": tiny,
+        "flops_method": "3 x forward FLOPs from vitlarge.model.describe_model (FlopCounterMode, meta device; "
+        "attention included, recomputation not)",
+        "sections": list(only),
+        "complete": False,
+        "failed": {},
+    }
     t0 = time.perf_counter()
 
     def checkpoint(what: str) -> None:
@@ -281,9 +364,14 @@ def run(device: torch.device, tiny: bool, path_request: str, only: tuple[str, ..
                 from benchmarks import gpu_optim
                 from benchmarks.gpu_train import kit_config
 
-                result["optimizer"] = gpu_optim.run(kit_config("vit_b16", "bf16", s["micro"], s["accum"], tiny),
-                                                    device, s["opt_rounds"], s["profile_steps"])
+                result["optimizer"] = gpu_optim.run(
+                    kit_config("vit_b16", "bf16", s["micro"], s["accum"], tiny),
+                    device,
+                    s["opt_rounds"],
+                    s["profile_steps"],
+                )
             else:
+
                 def model_done(out: dict) -> None:
                     result["large"] = out
                     checkpoint(f"large: {list(out)[-1]} done")
@@ -314,12 +402,16 @@ def pick_device(spec: str) -> torch.device:
     if kind not in ("cuda", "cpu"):
         raise UserError(f"--device {spec}: use cuda, cuda:N or cpu")
     if kind == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--device {spec}: torch {torch.__version__} sees no CUDA device; "
-                        "run on a GPU machine, or --device cpu --tiny for the smoke run")
+        raise UserError(
+            f"--device {spec}: torch {torch.__version__} sees no CUDA device; "
+            "run on a GPU machine, or --device cpu --tiny for the smoke run"
+        )
     device = dev.resolve_device(spec)
     if device.type == "cuda" and device.index >= torch.cuda.device_count():
-        raise UserError(f"--device {spec}: torch sees {torch.cuda.device_count()} CUDA device(s), "
-                        f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+        raise UserError(
+            f"--device {spec}: torch sees {torch.cuda.device_count()} CUDA device(s), "
+            f"cuda:0 to cuda:{torch.cuda.device_count() - 1}"
+        )
     return device
 
 
@@ -328,10 +420,19 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
     p.add_argument("--tiny", action="store_true", help="toy sizes (seconds on a CPU); the numbers mean nothing")
     p.add_argument("--out", help="folder for gpu.json and gpu.md (default: benchmarks/results; a temp dir with --tiny)")
-    p.add_argument("--path", choices=("auto", "plain", "colossalai"), default="auto",
-                   help="the engine's Booster: Colossal-AI's if it imports (auto), or forced")
-    p.add_argument("--only", nargs="+", choices=SECTIONS[1:], default=list(SECTIONS[1:]),
-                   help="sections to run (the matmul peak always runs)")
+    p.add_argument(
+        "--path",
+        choices=("auto", "plain", "colossalai"),
+        default="auto",
+        help="the engine's Booster: Colossal-AI's if it imports (auto), or forced",
+    )
+    p.add_argument(
+        "--only",
+        nargs="+",
+        choices=SECTIONS[1:],
+        default=list(SECTIONS[1:]),
+        help="sections to run (the matmul peak always runs)",
+    )
     args = p.parse_args(argv)
 
     def work():
@@ -355,8 +456,11 @@ def main(argv=None) -> int:
         print("\n".join(gpu_report.section(result)))
         print(f"wrote {written[0]} and {written[1]}")
         if not result["complete"]:
-            print(f"benchmarks.gpu: sections failed: {', '.join(result['failed'])} (tracebacks above); "
-                  "the others are in the files", file=sys.stderr)
+            print(
+                f"benchmarks.gpu: sections failed: {', '.join(result['failed'])} (tracebacks above); "
+                "the others are in the files",
+                file=sys.stderr,
+            )
             return 1
         return 0
 

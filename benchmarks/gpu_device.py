@@ -12,7 +12,7 @@ from __future__ import annotations
 import gc
 import re
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -61,7 +61,11 @@ def datasheet_peak(name: str, multiprocessors: int | None = None) -> dict | None
                     return None
                 fraction = min(1.0, multiprocessors / chip_sms)
                 board = f"{board}, MIG slice {multiprocessors}/{chip_sms} SMs"
-            return {"board": board, "dense_bf16_fp16_flops": tflops * 1e12 * fraction, "sm_fraction": round(fraction, 4)}
+            return {
+                "board": board,
+                "dense_bf16_fp16_flops": tflops * 1e12 * fraction,
+                "sm_fraction": round(fraction, 4),
+            }
     return None
 
 
@@ -72,8 +76,13 @@ def device_info(device: torch.device) -> dict:
     info = {"type": device.type, "torch": torch.__version__}
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
-        info.update(name=p.name, memory_bytes=p.total_memory, capability=f"{p.major}.{p.minor}",
-                    multiprocessors=p.multi_processor_count, cuda=torch.version.cuda)
+        info.update(
+            name=p.name,
+            memory_bytes=p.total_memory,
+            capability=f"{p.major}.{p.minor}",
+            multiprocessors=p.multi_processor_count,
+            cuda=torch.version.cuda,
+        )
     else:
         info.update(name=cpu_model(), threads=torch.get_num_threads())
     return info
@@ -104,7 +113,7 @@ def interleaved(contenders: dict[str, Callable[[], float]], rounds: int) -> dict
     names = list(contenders)
     out = {n: [] for n in names}
     for r in range(rounds):
-        for n in names[r % len(names):] + names[:r % len(names)]:
+        for n in names[r % len(names) :] + names[: r % len(names)]:
             out[n].append(contenders[n]())
     return out
 
@@ -153,6 +162,10 @@ def matmul_peak(device: torch.device, n: int, dtype: torch.dtype, repeats: int =
     b = torch.randn(n, n, device=device, dtype=dtype, generator=g)
     for _ in range(3):  # warm-up: cuBLAS heuristics, clocks up
         torch.matmul(a, b)
-    times = sorted(time_call(lambda: [torch.matmul(a, b) for _ in range(iters)], device) for _ in range(repeats))
+    times = sorted(time_call(lambda: [torch.matmul(a, b) for _ in range(iters)], device) for _ in range(repeats))  # noqa: F821 (ruff misreads the del below)
     del a, b
-    return {"n": n, "dtype": str(dtype).removeprefix("torch."), "flops_per_s": 2 * n**3 * iters / times[len(times) // 2]}
+    return {
+        "n": n,
+        "dtype": str(dtype).removeprefix("torch."),
+        "flops_per_s": 2 * n**3 * iters / times[len(times) // 2],
+    }

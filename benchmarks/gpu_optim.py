@@ -70,15 +70,22 @@ def count_events(events: list[tuple[str, bool, float]], steps: int, window: tupl
     kernels = sum(1 for n in gpu if not n.startswith(("Memcpy", "Memset", "[memory]")))
     api = collections.Counter(n for n in host if n.startswith(("cu", "__cu")))
     if kernels == 0:
-        return {"launches_per_step": None, "launch_api_calls_per_step": None, "syncs_per_step": None,
-                "dtoh_copies_per_step": None, "api_calls": dict(api),
-                "launch_kind": "not measured: the profiler recorded no CUDA kernel (CUPTI unavailable?)"}
-    return {"launches_per_step": kernels / steps,
-            "launch_api_calls_per_step": sum(c for n, c in api.items() if LAUNCH_API.search(n)) / steps,
-            "syncs_per_step": sum(c for n, c in api.items() if "Synchronize" in n or n == "cudaMemcpy") / steps,
-            "dtoh_copies_per_step": sum(1 for n in gpu if n.startswith("Memcpy DtoH")) / steps,
-            "api_calls": {n: c / steps for n, c in sorted(api.items())},
-            "launch_kind": "CUDA kernels recorded by torch.profiler (copies and memsets left out)"}
+        return {
+            "launches_per_step": None,
+            "launch_api_calls_per_step": None,
+            "syncs_per_step": None,
+            "dtoh_copies_per_step": None,
+            "api_calls": dict(api),
+            "launch_kind": "not measured: the profiler recorded no CUDA kernel (CUPTI unavailable?)",
+        }
+    return {
+        "launches_per_step": kernels / steps,
+        "launch_api_calls_per_step": sum(c for n, c in api.items() if LAUNCH_API.search(n)) / steps,
+        "syncs_per_step": sum(c for n, c in api.items() if "Synchronize" in n or n == "cudaMemcpy") / steps,
+        "dtoh_copies_per_step": sum(1 for n in gpu if n.startswith("Memcpy DtoH")) / steps,
+        "api_calls": {n: c / steps for n, c in sorted(api.items())},
+        "launch_kind": "CUDA kernels recorded by torch.profiler (copies and memsets left out)",
+    }
 
 
 def launches(opt, device: torch.device, steps: int) -> dict:
@@ -96,12 +103,18 @@ def launches(opt, device: torch.device, steps: int) -> dict:
     mark = next(e for e in events if e.name == MARK and e.device_type == DeviceType.CPU)
     window = (mark.time_range.start, mark.time_range.end)
     if device.type == "cuda":
-        return count_events([(e.name, e.device_type == DeviceType.CUDA, e.time_range.start) for e in events],
-                            steps, window)
+        return count_events(
+            [(e.name, e.device_type == DeviceType.CUDA, e.time_range.start) for e in events], steps, window
+        )
     ops = sum(1 for e in events if e.name.startswith("aten::") and window[0] <= e.time_range.start <= window[1])
-    return {"launches_per_step": ops / steps, "launch_api_calls_per_step": None, "syncs_per_step": None,
-            "dtoh_copies_per_step": None, "api_calls": {},
-            "launch_kind": "CPU: aten operator calls, nested included (no kernels without a GPU)"}
+    return {
+        "launches_per_step": ops / steps,
+        "launch_api_calls_per_step": None,
+        "syncs_per_step": None,
+        "dtoh_copies_per_step": None,
+        "api_calls": {},
+        "launch_kind": "CPU: aten operator calls, nested included (no kernels without a GPU)",
+    }
 
 
 def run(cfg, device: torch.device, rounds: int, profile_steps: int) -> dict:
@@ -123,7 +136,14 @@ def run(cfg, device: torch.device, rounds: int, profile_steps: int) -> dict:
     times = dev.interleaved({n: (lambda o=o: dev.time_call(o.step, device)) for n, o in opts.items()}, rounds)
     out = {}
     for name, opt in opts.items():
-        out[name] = {"ms_per_step": common.summary([t * 1e3 for t in times[name]]),
-                     **launches(opt, device, profile_steps)}
-    return {"num_params": sum(p.numel() for p in model.parameters()), "num_tensors": len(grads),
-            "rounds": rounds, "results": out, "left_out": skipped}
+        out[name] = {
+            "ms_per_step": common.summary([t * 1e3 for t in times[name]]),
+            **launches(opt, device, profile_steps),
+        }
+    return {
+        "num_params": sum(p.numel() for p in model.parameters()),
+        "num_tensors": len(grads),
+        "rounds": rounds,
+        "results": out,
+        "left_out": skipped,
+    }

@@ -59,50 +59,83 @@ def _pct(x) -> str:
 def section(r: dict | None) -> list[str]:
     lines = [TITLE] + HOW
     if not r:
-        return lines + ["| device | ViT-B/16 bf16 img/s | fp16 img/s | MFU (bf16) | ViT-L/16 | ViT-H/14 |",
-                        "|---|---:|---:|---:|---:|---:|", f"| {NOT_MEASURED} | - | - | - | - | - |", ""]
+        return lines + [
+            "| device | ViT-B/16 bf16 img/s | fp16 img/s | MFU (bf16) | ViT-L/16 | ViT-H/14 |",
+            "|---|---:|---:|---:|---:|---:|",
+            f"| {NOT_MEASURED} | - | - | - | - | - |",
+            "",
+        ]
     d, peak = r["device"], r["peak"]
     sheet = peak.get("datasheet")
     if not r.get("complete", True):
         failed = r.get("failed") or {}
-        lines.append("**Incomplete run**: " + (", ".join(f"{k} failed ({v})" for k, v in failed.items())
-                                              if failed else "stopped or still running after the sections below") + ".\n")
-    lines += [f"Device: {d['name']} ({d['type']}), torch {d['torch']}"
-              + (f", CUDA {d.get('cuda')}" if d["type"] == "cuda" else "")
-              + f"; path: **{r['path']}** ({r['path_why']}){'; --tiny: the numbers mean nothing' if r['tiny'] else ''}.\n",
-              "Peak: " + ", ".join(f"{k} matmul {v['n']}^3 {_flops(v['flops_per_s'])}"
-                                   for k, v in peak["measured"].items())
-              + (f"; datasheet {sheet['board']} dense {_flops(sheet['dense_bf16_fp16_flops'])}" if sheet
-                 else "; no datasheet entry for this device") + ".\n"]
+        lines.append(
+            "**Incomplete run**: "
+            + (
+                ", ".join(f"{k} failed ({v})" for k, v in failed.items())
+                if failed
+                else "stopped or still running after the sections below"
+            )
+            + ".\n"
+        )
+    lines += [
+        f"Device: {d['name']} ({d['type']}), torch {d['torch']}"
+        + (f", CUDA {d.get('cuda')}" if d["type"] == "cuda" else "")
+        + f"; path: **{r['path']}** ({r['path_why']}){'; --tiny: the numbers mean nothing' if r['tiny'] else ''}.\n",
+        "Peak: "
+        + ", ".join(f"{k} matmul {v['n']}^3 {_flops(v['flops_per_s'])}" for k, v in peak["measured"].items())
+        + (
+            f"; datasheet {sheet['board']} dense {_flops(sheet['dense_bf16_fp16_flops'])}"
+            if sheet
+            else "; no datasheet entry for this device"
+        )
+        + ".\n",
+    ]
     if "train" in r:
         t = r["train"]
-        lines += [f"{t['model']} at {t['image_size']} px, micro-batch {t['micro_batch']} (asked {t['micro_batch_requested']})"
-                  f" x accumulation {t['accum_steps']}, {t['rounds']} rounds of {t['steps_per_round']} steps:\n",
-                  "| contender | optimizer | step (s) | images/s | vs bare | skipped steps | peak memory | MFU vs matmul | MFU vs datasheet |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-        lines += [f"| `{k}`{' (not compiled: --tiny)' if v.get('compiled') is False else ''} | {v['optimizer']} | {v['step_s']['median']:.4f} | {v['images_per_s']:.1f} | "
-                  f"{v.get('vs_bare', 1.0):.3f} | {v['skipped_steps']} of {t['rounds'] * t['steps_per_round']} | "
-                  f"{_gib(v['peak_memory_bytes'])} | {_pct(v['mfu']['vs_measured_matmul'])} | "
-                  f"{_pct(v['mfu']['vs_datasheet'])} |" for k, v in t["results"].items()]
+        lines += [
+            f"{t['model']} at {t['image_size']} px, micro-batch {t['micro_batch']} (asked {t['micro_batch_requested']})"
+            f" x accumulation {t['accum_steps']}, {t['rounds']} rounds of {t['steps_per_round']} steps:\n",
+            "| contender | optimizer | step (s) | images/s | vs bare | skipped steps | peak memory | MFU vs matmul | MFU vs datasheet |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| `{k}`{' (not compiled: --tiny)' if v.get('compiled') is False else ''} | {v['optimizer']} | {v['step_s']['median']:.4f} | {v['images_per_s']:.1f} | "
+            f"{v.get('vs_bare', 1.0):.3f} | {v['skipped_steps']} of {t['rounds'] * t['steps_per_round']} | "
+            f"{_gib(v['peak_memory_bytes'])} | {_pct(v['mfu']['vs_measured_matmul'])} | "
+            f"{_pct(v['mfu']['vs_datasheet'])} |"
+            for k, v in t["results"].items()
+        ]
         lines.append("")
     if "optimizer" in r:
         o = r["optimizer"]
-        lines += [f"Optimizer step alone, {o['num_params']:,} fp32 parameters in {o['num_tensors']} tensors:\n",
-                  "| optimizer | ms per step | launches per step | host syncs per step | counted as |",
-                  "|---|---:|---:|---:|---|"]
-        lines += [f"| `{k}` | {v['ms_per_step']['median']:.3f} | {_count(v['launches_per_step'])} | "
-                  f"{_count(v.get('syncs_per_step'))} | {v['launch_kind']} |" for k, v in o["results"].items()]
+        lines += [
+            f"Optimizer step alone, {o['num_params']:,} fp32 parameters in {o['num_tensors']} tensors:\n",
+            "| optimizer | ms per step | launches per step | host syncs per step | counted as |",
+            "|---|---:|---:|---:|---|",
+        ]
+        lines += [
+            f"| `{k}` | {v['ms_per_step']['median']:.3f} | {_count(v['launches_per_step'])} | "
+            f"{_count(v.get('syncs_per_step'))} | {v['launch_kind']} |"
+            for k, v in o["results"].items()
+        ]
         lines += [f"| `{k}` | left out | | | {why} |" for k, why in o["left_out"].items()]
         lines.append("")
     if "large" in r:
-        lines += ["Large models, bf16, activation checkpointing, accumulation 1:\n",
-                  "| model | recipe micro-batch | largest that fits (cap) | images/s | peak memory | MFU vs matmul | MFU vs datasheet |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "Large models, bf16, activation checkpointing, accumulation 1:\n",
+            "| model | recipe micro-batch | largest that fits (cap) | images/s | peak memory | MFU vs matmul | MFU vs datasheet |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
         for v in r["large"].values():
             m = v.get("mfu", {})
-            fit = f"{v['micro_batch']} ({v['search_cap']})" + (", stepped down to time it" if v.get("timed_lower") else "")
+            fit = f"{v['micro_batch']} ({v['search_cap']})" + (
+                ", stepped down to time it" if v.get("timed_lower") else ""
+            )
             ips = "does not fit" if not v["micro_batch"] else f"{v['images_per_s']:.1f}"
-            lines.append(f"| {v['name']} | {v['recipe_micro_batch']} | {fit} | {ips} | {_gib(v.get('peak_memory_bytes'))} | "
-                         f"{_pct(m.get('vs_measured_matmul'))} | {_pct(m.get('vs_datasheet'))} |")
+            lines.append(
+                f"| {v['name']} | {v['recipe_micro_batch']} | {fit} | {ips} | {_gib(v.get('peak_memory_bytes'))} | "
+                f"{_pct(m.get('vs_measured_matmul'))} | {_pct(m.get('vs_datasheet'))} |"
+            )
         lines.append("")
     return lines

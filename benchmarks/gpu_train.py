@@ -73,8 +73,10 @@ def synthetic_batch(cfg, device: torch.device, size: int | None = None) -> tuple
     """One fixed batch of normalised-looking images and labels on ``device`` (fp32, like the loader's)."""
     g = torch.Generator(device=device).manual_seed(0)
     b, s = size or cfg.train.micro_batch, cfg.data.image_size
-    return (torch.randn(b, 3, s, s, device=device, generator=g),
-            torch.randint(0, cfg.data.num_classes, (b,), device=device, generator=g))
+    return (
+        torch.randn(b, 3, s, s, device=device, generator=g),
+        torch.randint(0, cfg.data.num_classes, (b,), device=device, generator=g),
+    )
 
 
 class EngineRun:
@@ -114,10 +116,12 @@ class BareLoop:
         self.model = build_model(cfg, device)
         o = cfg.optim
         # the model's no-decay names (pos_embed, cls_token) as in vitlarge.optim.param_groups: like for like
-        groups = timm.optim.param_groups_weight_decay(self.model, o.weight_decay,
-                                                      no_weight_decay_list=self.model.no_weight_decay())
-        self.opt = timm.optim.Lamb(groups, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay,
-                                   max_grad_norm=None)
+        groups = timm.optim.param_groups_weight_decay(
+            self.model, o.weight_decay, no_weight_decay_list=self.model.no_weight_decay()
+        )
+        self.opt = timm.optim.Lamb(
+            groups, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay, max_grad_norm=None
+        )
         self.device, self.dtype = device, DTYPES[cfg.train.precision]
         self.scaler = torch.amp.GradScaler(device.type, enabled=cfg.train.precision == "fp16")
         self.accum = cfg.train.global_batch // cfg.train.micro_batch

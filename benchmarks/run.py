@@ -64,8 +64,11 @@ def run_all(quick: bool, tiny: bool = False, only: tuple[str, ...] = BENCHMARKS,
             traceback.print_exc()
             status[name] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
         status[name]["seconds"] = round(time.perf_counter() - t, 1)
-        print(f"== {name}: {'ok' if status[name]['ok'] else 'FAILED'} in {status[name]['seconds']} s "
-              f"(load {os.getloadavg()[0]:.1f})", flush=True)
+        print(
+            f"== {name}: {'ok' if status[name]['ok'] else 'FAILED'} in {status[name]['seconds']} s "
+            f"(load {os.getloadavg()[0]:.1f})",
+            flush=True,
+        )
     if report:
         from benchmarks import report as rep
 
@@ -85,8 +88,10 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore")
     t = time.perf_counter()
     status = run_all(args.quick, args.tiny, tuple(args.only), report=not args.no_report)
-    print(f"suite: {time.perf_counter() - t:.0f} s; " + ", ".join(
-        f"{k} {'ok' if v['ok'] else 'FAILED'} ({v['seconds']} s)" for k, v in status.items()))
+    print(
+        f"suite: {time.perf_counter() - t:.0f} s; "
+        + ", ".join(f"{k} {'ok' if v['ok'] else 'FAILED'} ({v['seconds']} s)" for k, v in status.items())
+    )
     return 0 if all(v["ok"] for v in status.values()) else 1
 
 

@@ -38,15 +38,13 @@ class BadImage(Exception):
 
 def _files(d: str) -> list[str]:
     return sorted(
-        os.path.join(d, n) for n in os.listdir(d)
-        if not n.startswith(".") and os.path.isfile(os.path.join(d, n))
+        os.path.join(d, n) for n in os.listdir(d) if not n.startswith(".") and os.path.isfile(os.path.join(d, n))
     )
 
 
 def _class_dirs(split_dir: str) -> list[str]:
     return sorted(
-        n for n in os.listdir(split_dir)
-        if not n.startswith(".") and os.path.isdir(os.path.join(split_dir, n))
+        n for n in os.listdir(split_dir) if not n.startswith(".") and os.path.isdir(os.path.join(split_dir, n))
     )
 
 

@@ -35,7 +35,14 @@ import time
 from data_tools import imagefolder, tfrecord_io
 from data_tools.imagefolder import BadImage, Item
 from vitlarge.data.manifest import (
-    MANIFEST_NAME, SHARD_RE, ClassInfo, Manifest, ShardInfo, load_manifest, shard_name, write_manifest,
+    MANIFEST_NAME,
+    SHARD_RE,
+    ClassInfo,
+    Manifest,
+    ShardInfo,
+    load_manifest,
+    shard_name,
+    write_manifest,
 )
 from vitlarge.errors import UserError, cli_main
 from vitlarge.fileio import write_atomic
@@ -62,17 +69,15 @@ def example_features(item: Item, jpeg: bytes, height: int, width: int) -> dict:
     }
 
 
-def plan_shards(items: list[Item], num_shards: int, split: str,
-                shuffle_seed: int | None) -> list[tuple[str, list[Item]]]:
+def plan_shards(
+    items: list[Item], num_shards: int, split: str, shuffle_seed: int | None
+) -> list[tuple[str, list[Item]]]:
     """Split items into contiguous, near-equal shards; train is shuffled first with a fixed seed."""
     items = list(items)
     if shuffle_seed is not None:
         random.Random(shuffle_seed).shuffle(items)
     n = min(num_shards, len(items))  # never an empty shard: DALI can't index one
-    return [
-        (shard_name(split, i, n), items[i * len(items) // n:(i + 1) * len(items) // n])
-        for i in range(n)
-    ]
+    return [(shard_name(split, i, n), items[i * len(items) // n : (i + 1) * len(items) // n]) for i in range(n)]
 
 
 def inputs_digest(items: list[Item], skip_bad: bool, check: str) -> str:
@@ -130,12 +135,17 @@ def _write_records(path, name, items, skip_bad, check) -> dict:
     if _progress_queue is not None and pending[0]:
         _progress_queue.put(tuple(pending))
     return {
-        "shard": name, "num_records": written.num_records, "bytes": written.bytes,
-        "checksum": written.checksum, "skipped": skipped, "reencoded": reencoded,
+        "shard": name,
+        "num_records": written.num_records,
+        "bytes": written.bytes,
+        "checksum": written.checksum,
+        "skipped": skipped,
+        "reencoded": reencoded,
     }
 
 
 # --- driver side -------------------------------------------------------------------------------
+
 
 def _done_record(out_dir: str, name: str, digest: str) -> dict | None:
     """The shard's done-record if the shard on disk is complete and made from the same inputs."""
@@ -174,22 +184,27 @@ def _prepare_out_dir(out_dir: str, planned: list[str]) -> list[str]:
         raise UserError(f"{out_dir}: output directory is not writable ({e.strerror}); choose another --out") from None
     ours = set(planned) | {n + ".idx" for n in planned} | {MANIFEST_NAME, SKIPPED_LIST}
     for n in names:
-        if n.endswith(tfrecord_io.TMP_SUFFIX) and n[:-len(tfrecord_io.TMP_SUFFIX)] in ours:
+        if n.endswith(tfrecord_io.TMP_SUFFIX) and n[: -len(tfrecord_io.TMP_SUFFIX)] in ours:
             os.remove(os.path.join(out_dir, n))
     stale = sorted(n for n in names if SHARD_RE.match(n) and n not in set(planned))
     foreign = [n for n in stale if not os.path.exists(os.path.join(progress, n + ".json"))]
     if foreign:
         more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
-        raise UserError(f"{os.path.join(out_dir, foreign[0])}{more}: shards this conversion does not write, and not "
-                        "from an earlier run of this converter; move them out of --out or choose an empty --out")
+        raise UserError(
+            f"{os.path.join(out_dir, foreign[0])}{more}: shards this conversion does not write, and not "
+            "from an earlier run of this converter; move them out of --out or choose an empty --out"
+        )
     return stale
 
 
 def _remove_shards(out_dir: str, names: list[str]) -> None:
     """Delete shards of a replaced set with their indexes and done-records (after the new manifest)."""
     for n in names:
-        for path in (os.path.join(out_dir, n), os.path.join(out_dir, n + ".idx"),
-                     os.path.join(out_dir, PROGRESS_DIR, n + ".json")):
+        for path in (
+            os.path.join(out_dir, n),
+            os.path.join(out_dir, n + ".idx"),
+            os.path.join(out_dir, PROGRESS_DIR, n + ".json"),
+        ):
             for p in (path, path + tfrecord_io.TMP_SUFFIX):
                 try:
                     os.remove(p)
@@ -208,9 +223,19 @@ class _Rate:
         return f"{self.images / dt:,.0f} img/s, {self.bytes / dt / 1e6:,.0f} MB/s"
 
 
-def convert(src: str, out: str, *, train_shards: int = 1024, val_shards: int = 128, workers: int | None = None,
-            skip_bad: bool = False, val_labels: str | None = None, seed: int = 0, check: str = "header",
-            progress: bool = True) -> Manifest:
+def convert(
+    src: str,
+    out: str,
+    *,
+    train_shards: int = 1024,
+    val_shards: int = 128,
+    workers: int | None = None,
+    skip_bad: bool = False,
+    val_labels: str | None = None,
+    seed: int = 0,
+    check: str = "header",
+    progress: bool = True,
+) -> Manifest:
     """Convert ``src`` into ``out``; return the manifest written. Raises UserError on bad input."""
     if workers is None:
         workers = os.cpu_count() or 1
@@ -223,7 +248,7 @@ def convert(src: str, out: str, *, train_shards: int = 1024, val_shards: int = 1
         plans["validation"] = plan_shards(splits["validation"], val_shards, "validation", None)
     stale = _prepare_out_dir(out, [name for shards in plans.values() for name, _ in shards])
     tasks, records = [], {}
-    for split, shards in plans.items():
+    for shards in plans.values():
         for name, items in shards:
             digest = inputs_digest(items, skip_bad, check)
             rec = _done_record(out, name, digest)
@@ -233,8 +258,11 @@ def convert(src: str, out: str, *, train_shards: int = 1024, val_shards: int = 1
                 records[name] = rec
     todo_images = sum(len(t[1]) for t in tasks)
     if tasks:
-        print(f"{src} -> {out}: {len(tasks)} shards to write ({todo_images:,} images), "
-              f"{len(records)} complete shards kept", file=sys.stderr)
+        print(
+            f"{src} -> {out}: {len(tasks)} shards to write ({todo_images:,} images), "
+            f"{len(records)} complete shards kept",
+            file=sys.stderr,
+        )
     rate = _Rate()
     records.update(_run_tasks(out, tasks, skip_bad, check, workers, todo_images, rate, progress))
 
@@ -244,8 +272,9 @@ def convert(src: str, out: str, *, train_shards: int = 1024, val_shards: int = 1
         classes=[ClassInfo(i + LABEL_OFFSET, c, texts[c]) for i, c in enumerate(classes)],
         splits={
             split: [
-                ShardInfo(name, name + ".idx", records[name]["num_records"], records[name]["bytes"],
-                          records[name]["checksum"])
+                ShardInfo(
+                    name, name + ".idx", records[name]["num_records"], records[name]["bytes"], records[name]["checksum"]
+                )
                 for name, _ in shards
             ]
             for split, shards in plans.items()
@@ -268,8 +297,11 @@ def convert(src: str, out: str, *, train_shards: int = 1024, val_shards: int = 1
     counts = ", ".join(f"{s}: {manifest.num_examples(s):,} images in {len(manifest.shards(s))} shards" for s in plans)
     extra = f"; {len(skipped)} unreadable images skipped (listed in {skipped_list})" if skipped else ""
     reenc = sum(r["reencoded"] for r in records.values())
-    print(f"wrote {os.path.join(out, 'dataset.json')}: {counts}; {manifest.num_classes} classes; "
-          f"{reenc} images re-encoded as RGB JPEG{extra}" + (f"; {rate}" if tasks else ""), file=sys.stderr)
+    print(
+        f"wrote {os.path.join(out, 'dataset.json')}: {counts}; {manifest.num_classes} classes; "
+        f"{reenc} images re-encoded as RGB JPEG{extra}" + (f"; {rate}" if tasks else ""),
+        file=sys.stderr,
+    )
     return load_manifest(out)
 
 
@@ -278,8 +310,15 @@ def _run_tasks(out, tasks, skip_bad, check, workers, todo_images, rate, progress
         return {}
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    bar = Progress(TextColumn("converting"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
-                   TimeRemainingColumn(), disable=not progress, transient=False)
+    bar = Progress(
+        TextColumn("converting"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeRemainingColumn(),
+        disable=not progress,
+        transient=False,
+    )
     records = {}
     with bar:
         task = bar.add_task("convert", total=todo_images, rate="")
@@ -365,18 +404,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--val-labels", help="labels for a flat ROOT/val: LOC_val_solution.csv or 'filename class' lines")
     bad = p.add_mutually_exclusive_group()
     bad.add_argument("--skip-bad", action="store_true", help="skip unreadable images, report and count them")
-    bad.add_argument("--fail-on-bad", dest="skip_bad", action="store_false",
-                     help="stop at the first unreadable image (default)")
-    p.add_argument("--check", choices=("header", "decode"), default="header",
-                   help="header: parse headers, require the JPEG end marker (fast); decode: decode every image")
+    bad.add_argument(
+        "--fail-on-bad", dest="skip_bad", action="store_false", help="stop at the first unreadable image (default)"
+    )
+    p.add_argument(
+        "--check",
+        choices=("header", "decode"),
+        default="header",
+        help="header: parse headers, require the JPEG end marker (fast); decode: decode every image",
+    )
     p.add_argument("--seed", type=int, default=0, help="train shuffle seed")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
     if a.train_shards < 1 or a.val_shards < 1:
         p.error("--train-shards and --val-shards must be >= 1")
-    return cli_main(lambda: convert(a.src, a.out, train_shards=a.train_shards, val_shards=a.val_shards,
-                                    workers=a.workers, skip_bad=a.skip_bad, val_labels=a.val_labels, seed=a.seed,
-                                    check=a.check, progress=not a.no_progress))
+    return cli_main(
+        lambda: convert(
+            a.src,
+            a.out,
+            train_shards=a.train_shards,
+            val_shards=a.val_shards,
+            workers=a.workers,
+            skip_bad=a.skip_bad,
+            val_labels=a.val_labels,
+            seed=a.seed,
+            check=a.check,
+            progress=not a.no_progress,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -51,18 +51,20 @@ def make_bench_dataset(out: str, *, num_images: int, classes: int, val_fraction:
             h = int(p.shape[0] * rng.uniform(0.3, 1.0))
             w = int(p.shape[1] * rng.uniform(0.3, 1.0))
             y, x = int(rng.integers(0, p.shape[0] - h + 1)), int(rng.integers(0, p.shape[1] - w + 1))
-            crop = p[y:y + h, x:x + w].astype(np.float32)
+            crop = p[y : y + h, x : x + w].astype(np.float32)
             if rng.random() < 0.5:
                 crop = crop[:, ::-1]
             crop = crop * rng.uniform(0.75, 1.25, size=3) + rng.uniform(-25, 25)
             tw, th = SIZES[int(rng.integers(len(SIZES)))]
             jitter = rng.uniform(0.85, 1.0)
-            im = Image.fromarray(crop.clip(0, 255).astype(np.uint8)).resize((int(tw * jitter), int(th * jitter)),
-                                                                             Image.BILINEAR)
+            im = Image.fromarray(crop.clip(0, 255).astype(np.uint8)).resize(
+                (int(tw * jitter), int(th * jitter)), Image.BILINEAR
+            )
             # Sensor-like noise gives the JPEG the entropy (size, decode cost) of a real photo.
             pixels = np.asarray(im, dtype=np.float32) + rng.normal(0, rng.uniform(4, 8), (im.height, im.width, 3))
             Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(
-                os.path.join(d, f"img_{i:07d}.JPEG"), "JPEG", quality=92)
+                os.path.join(d, f"img_{i:07d}.JPEG"), "JPEG", quality=92
+            )
         with open(meta, "w") as f:
             json.dump(params, f)
     except OSError as e:
@@ -78,8 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--val-fraction", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
-    return cli_main(lambda: make_bench_dataset(a.out, num_images=a.num_images, classes=a.classes,
-                                               val_fraction=a.val_fraction, seed=a.seed))
+    return cli_main(
+        lambda: make_bench_dataset(
+            a.out, num_images=a.num_images, classes=a.classes, val_fraction=a.val_fraction, seed=a.seed
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -62,8 +62,9 @@ def make_demo_dataset(out: str, *, workers: int = 0, progress: bool = False) -> 
         raise UserError(
             f"{e.filename or out}: cannot write the demo data set ({e.strerror}); choose a writable OUT"
         ) from None
-    return imagenet_to_tfrecord.convert(os.path.join(out, "src"), out, train_shards=4, val_shards=2,
-                                        workers=workers, progress=progress)
+    return imagenet_to_tfrecord.convert(
+        os.path.join(out, "src"), out, train_shards=4, val_shards=2, workers=workers, progress=progress
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,8 +74,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def work() -> None:
         m = make_demo_dataset(a.out, progress=True)
-        print(f"{os.path.join(a.out, MANIFEST_NAME)}: {m.num_examples('train')} train, "
-              f"{m.num_examples('validation')} validation images, {m.num_classes} classes")
+        print(
+            f"{os.path.join(a.out, MANIFEST_NAME)}: {m.num_examples('train')} train, "
+            f"{m.num_examples('validation')} validation images, {m.num_classes} classes"
+        )
 
     return cli_main(work)
 

@@ -31,8 +31,9 @@ def tiny_jpeg(size: int) -> bytes:
     return buf.getvalue()
 
 
-def make_id_dataset(out: str, *, train: int, train_shards: int, validation: int = 0, val_shards: int = 1,
-                    size: int = 8) -> Manifest:
+def make_id_dataset(
+    out: str, *, train: int, train_shards: int, validation: int = 0, val_shards: int = 1, size: int = 8
+) -> Manifest:
     """Write the shards and manifest into ``out``; return the manifest."""
     os.makedirs(out, exist_ok=True)
     jpeg = tiny_jpeg(size)
@@ -45,12 +46,20 @@ def make_id_dataset(out: str, *, train: int, train_shards: int, validation: int 
             name = shard_name(split, s, shards)
             with tfrecord_io.ShardWriter(os.path.join(out, name)) as w:
                 for i in range(count * s // shards, count * (s + 1) // shards):
-                    w.write(tfrecord_io.encode_example({"image/encoded": (jpeg, "byte"),
-                                                        "image/class/label": (i, "int")}))
+                    w.write(
+                        tfrecord_io.encode_example({"image/encoded": (jpeg, "byte"), "image/class/label": (i, "int")})
+                    )
                 done = w.commit()
             splits[split].append(ShardInfo(name, name + ".idx", done.num_records, done.bytes, done.checksum))
-    m = Manifest(num_classes=max(train, validation), label_offset=0, classes=[], splits=splits, tool=TOOL,
-                 tool_version="1.0.0", data_dir=out)
+    m = Manifest(
+        num_classes=max(train, validation),
+        label_offset=0,
+        classes=[],
+        splits=splits,
+        tool=TOOL,
+        tool_version="1.0.0",
+        data_dir=out,
+    )
     write_manifest(m, out)
     return m
 
@@ -66,8 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if min(a.train, a.train_shards, a.val_shards, a.size) < 1 or a.validation < 0 or a.train < a.train_shards:
         p.error("need --train >= --train-shards >= 1, --validation >= 0 and sizes >= 1")
-    make_id_dataset(a.out, train=a.train, train_shards=a.train_shards, validation=a.validation,
-                    val_shards=a.val_shards, size=a.size)
+    make_id_dataset(
+        a.out, train=a.train, train_shards=a.train_shards, validation=a.validation, val_shards=a.val_shards, size=a.size
+    )
     print(f"wrote {os.path.join(a.out, 'dataset.json')}", file=sys.stderr)
     return 0
 

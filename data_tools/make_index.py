@@ -22,7 +22,14 @@ import sys
 
 from data_tools import tfrecord_io
 from vitlarge.data.manifest import (
-    MANIFEST_NAME, SHARD_RE, ClassInfo, Manifest, ShardInfo, load_manifest, shard_set_problem, write_manifest,
+    MANIFEST_NAME,
+    SHARD_RE,
+    ClassInfo,
+    Manifest,
+    ShardInfo,
+    load_manifest,
+    shard_set_problem,
+    write_manifest,
 )
 from vitlarge.errors import UserError, cli_main
 
@@ -65,8 +72,9 @@ def make_index(data_dir: str, *, label_offset: int = 1, num_classes: int | None 
         )
     problem = shard_set_problem(names)
     if problem:
-        raise UserError(f"{data_dir}: {problem[0]}; {problem[1]}, then rerun "
-                        f"python -m data_tools.make_index {data_dir}")
+        raise UserError(
+            f"{data_dir}: {problem[0]}; {problem[1]}, then rerun python -m data_tools.make_index {data_dir}"
+        )
     paths = [os.path.join(data_dir, n) for n in names]
     if workers > 1 and len(paths) > 1:
         with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
@@ -91,19 +99,32 @@ def make_index(data_dir: str, *, label_offset: int = 1, num_classes: int | None 
     if num_classes is None:
         num_classes = inferred
     elif num_classes < inferred:
-        raise UserError(f"{data_dir}: label {hi} is outside --num-classes {num_classes} with offset {label_offset}; "
-                        f"pass --num-classes {inferred} or more")
+        raise UserError(
+            f"{data_dir}: label {hi} is outside --num-classes {num_classes} with offset {label_offset}; "
+            f"pass --num-classes {inferred} or more"
+        )
     classes = [ClassInfo(k, *seen[k]) for k in sorted(seen)] if all(s for s, _ in seen.values()) else []
-    m = Manifest(num_classes=num_classes, label_offset=label_offset, classes=classes, splits=splits,
-                 tool=TOOL, tool_version=TOOL_VERSION, data_dir=data_dir)
+    m = Manifest(
+        num_classes=num_classes,
+        label_offset=label_offset,
+        classes=classes,
+        splits=splits,
+        tool=TOOL,
+        tool_version=TOOL_VERSION,
+        data_dir=data_dir,
+    )
     try:
         write_manifest(m, data_dir)
     except OSError as e:
-        raise UserError(f"{os.path.join(data_dir, MANIFEST_NAME)}: cannot write ({e.strerror}); "
-                        "make the directory writable") from None
+        raise UserError(
+            f"{os.path.join(data_dir, MANIFEST_NAME)}: cannot write ({e.strerror}); make the directory writable"
+        ) from None
     counts = ", ".join(f"{s}: {m.num_examples(s):,} records in {len(v)} shards" for s, v in splits.items())
-    print(f"wrote {len(paths)} indexes and {os.path.join(data_dir, MANIFEST_NAME)}: {counts}; "
-          f"{num_classes} classes, label offset {label_offset}", file=sys.stderr)
+    print(
+        f"wrote {len(paths)} indexes and {os.path.join(data_dir, MANIFEST_NAME)}: {counts}; "
+        f"{num_classes} classes, label offset {label_offset}",
+        file=sys.stderr,
+    )
     return load_manifest(data_dir)
 
 
@@ -114,8 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-classes", type=int, help="default: inferred from the largest label")
     p.add_argument("--workers", type=int, default=os.cpu_count())
     a = p.parse_args(argv)
-    return cli_main(lambda: make_index(a.data_dir, label_offset=a.label_offset, num_classes=a.num_classes,
-                                       workers=a.workers))
+    return cli_main(
+        lambda: make_index(a.data_dir, label_offset=a.label_offset, num_classes=a.num_classes, workers=a.workers)
+    )
 
 
 if __name__ == "__main__":

@@ -50,7 +50,6 @@ TMP_SUFFIX = ".tmp"
 _CRC_MASK_DELTA = 0xA282EAD8
 
 
-
 def _mask(crc: int) -> bytes:
     return _FOOTER.pack((((crc >> 15) | (crc << 17)) + _CRC_MASK_DELTA) & 0xFFFFFFFF)
 
@@ -144,7 +143,7 @@ class ShardWriter:
             except FileNotFoundError:
                 pass
 
-    def __enter__(self) -> "ShardWriter":
+    def __enter__(self) -> ShardWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -177,8 +176,7 @@ def scan_records(path: str, *, parse=None):
             payload = body[:length]
             if _masked_crc(payload) != body[length:]:
                 raise UserError(
-                    f"{path}: corrupt record at byte {offset} (bad data CRC); "
-                    "re-copy or re-convert this shard"
+                    f"{path}: corrupt record at byte {offset} (bad data CRC); re-copy or re-convert this shard"
                 )
             rec = length + FRAMING_BYTES
             yield offset, rec, (parse(payload) if parse else payload)
@@ -204,4 +202,3 @@ def write_index_for(shard_path: str, *, parse=None) -> tuple[int, int, str, list
             crc = crc32c.crc32c(block, value=crc)
     write_atomic(shard_path + ".idx", "".join(lines))
     return len(lines), os.path.getsize(shard_path), f"crc32c:{crc:08x}", parsed
-

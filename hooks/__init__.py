@@ -14,13 +14,29 @@ from hooks.total_batch import TotalBatchHook
 from vitlarge.events import Hook, RunInfo, StopTraining
 
 __all__ = [
-    "Hook", "RunInfo", "StopTraining", "ConsoleHook", "JsonlHook", "NanGuardHook", "PlotHook",
-    "TensorBoardHook", "TotalBatchHook", "build_hooks", "read_metrics",
+    "Hook",
+    "RunInfo",
+    "StopTraining",
+    "ConsoleHook",
+    "JsonlHook",
+    "NanGuardHook",
+    "PlotHook",
+    "TensorBoardHook",
+    "TotalBatchHook",
+    "build_hooks",
+    "read_metrics",
 ]
 
 
-def build_hooks(workdir: str, *, log_every: int, nan_patience: int, tensorboard: bool = True,
-                console: bool = True, plot: bool = True) -> list[Hook]:
+def build_hooks(
+    workdir: str,
+    *,
+    log_every: int,
+    nan_patience: int,
+    tensorboard: bool = True,
+    console: bool = True,
+    plot: bool = True,
+) -> list[Hook]:
     """The default hooks for a run writing under ``workdir``; build the same list on every rank.
 
     Each hook decides for itself what a non-main rank does (only `NanGuardHook` acts there).

@@ -56,12 +56,20 @@ class JsonlHook(Hook):
         if needs_newline:
             self._file.write("\n")
         p = run.plan
-        self._write({
-            "event": "start", "step": run.start_step, "world_size": p.world_size,
-            "global_batch": p.global_batch, "micro_batch": p.micro_batch,
-            "accum_steps": p.accum_steps, "steps_per_epoch": p.steps_per_epoch,
-            "total_steps": p.total_steps, "warmup_steps": p.warmup_steps, "config": run.cfg.to_dict(),
-        })
+        self._write(
+            {
+                "event": "start",
+                "step": run.start_step,
+                "world_size": p.world_size,
+                "global_batch": p.global_batch,
+                "micro_batch": p.micro_batch,
+                "accum_steps": p.accum_steps,
+                "steps_per_epoch": p.steps_per_epoch,
+                "total_steps": p.total_steps,
+                "warmup_steps": p.warmup_steps,
+                "config": run.cfg.to_dict(),
+            }
+        )
 
     def on_step_end(self, run: RunInfo, m: StepMetrics) -> None:
         self._write({"event": "train", **m.record()})
@@ -75,8 +83,14 @@ class JsonlHook(Hook):
     def on_train_end(self, run: RunInfo, summary: EvalMetrics) -> None:
         # Key order as before the metrics were typed: the evaluation's values, then step and epoch.
         rec = summary.record()
-        self._write({**{k: v for k, v in rec.items() if k.startswith("val_")},
-                     "step": summary.step, "epoch": summary.epoch, "event": "end"})
+        self._write(
+            {
+                **{k: v for k, v in rec.items() if k.startswith("val_")},
+                "step": summary.step,
+                "epoch": summary.epoch,
+                "event": "end",
+            }
+        )
         if self._file is not None:
             self._file.close()
             self._file = None

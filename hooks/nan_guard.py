@@ -66,6 +66,9 @@ class NanGuardHook(Hook):
             ckpt = f"none written by this run; it resumed from the checkpoint at step {self._start_step}"
         else:
             ckpt = "none"
-        what, fix = ("loss or gradients were", "lower the lr") if self._skips_count else ("loss was", "lower the lr or use bf16")
-        return (f"{what} non-finite for steps {first}..{step}; {finite}; "
-                f"{fix}; last good checkpoint: {ckpt}")
+        what, fix = (
+            ("loss or gradients were", "lower the lr")
+            if self._skips_count
+            else ("loss was", "lower the lr or use bf16")
+        )
+        return f"{what} non-finite for steps {first}..{step}; {finite}; {fix}; last good checkpoint: {ckpt}"

@@ -23,7 +23,10 @@ class TotalBatchHook(Hook):
         p = run.plan
         log.info(
             "total batch size = %d = %d (micro) x %d (accumulation) x %d (devices)",
-            p.global_batch, p.micro_batch, p.accum_steps, p.world_size,
+            p.global_batch,
+            p.micro_batch,
+            p.accum_steps,
+            p.world_size,
         )
         if p.global_batch != p.micro_batch * p.accum_steps * p.world_size:
             # The config validates this; a mismatch here means the Plan was built wrongly.
@@ -31,8 +34,11 @@ class TotalBatchHook(Hook):
         spe = max(p.steps_per_epoch, 1)
         log.info(
             "steps per epoch = %d, total steps = %d (%.1f epochs), warmup steps = %d (%.1f epochs)",
-            p.steps_per_epoch, p.total_steps, p.total_steps / spe,
-            p.warmup_steps, p.warmup_steps / spe,
+            p.steps_per_epoch,
+            p.total_steps,
+            p.total_steps / spe,
+            p.warmup_steps,
+            p.warmup_steps / spe,
         )
         if run.start_step > 0:
             log.info("resuming at step %d of %d", run.start_step, p.total_steps)

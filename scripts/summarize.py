@@ -17,8 +17,10 @@ def main(workdir: str) -> int:
         print(f"error: {path} has no evaluation yet", file=sys.stderr)
         return 2
     last = evals[-1]
-    print(f"final validation top-1 {100 * last['val_top1']:.2f}% (top-5 {100 * last['val_top5']:.2f}%, "
-          f"loss {last['val_loss']:.4f}) at step {last['step']} on {last['val_images']} images")
+    print(
+        f"final validation top-1 {100 * last['val_top1']:.2f}% (top-5 {100 * last['val_top5']:.2f}%, "
+        f"loss {last['val_loss']:.4f}) at step {last['step']} on {last['val_images']} images"
+    )
     w = Path(workdir)
     print(f"picture: {w / PLOT_FILENAME}  logs: {path}  TensorBoard: tensorboard --logdir {w / TB_DIRNAME}")
     print(f'model: {w / EXPORT_DIR}  (timm.create_model("local-dir:{w / EXPORT_DIR}", pretrained=True))')

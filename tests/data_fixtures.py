@@ -31,7 +31,7 @@ def _photo_crops(count: int, seed: int) -> list[Image.Image]:
         p = photos[i % len(photos)]
         h, w = int(rng.integers(40, 90)), int(rng.integers(40, 90))
         y, x = int(rng.integers(0, p.shape[0] - h)), int(rng.integers(0, p.shape[1] - w))
-        out.append(Image.fromarray(p[y:y + h, x:x + w]))
+        out.append(Image.fromarray(p[y : y + h, x : x + w]))
     return out
 
 
@@ -89,8 +89,10 @@ def id_datasets(tmp_path_factory):
     from data_tools.make_id_dataset import make_id_dataset
 
     root = tmp_path_factory.mktemp("id_datasets")
-    return {n: make_id_dataset(str(root / str(n)), train=9, train_shards=1, validation=n, val_shards=3).data_dir
-            for n in ID_SPLIT_SIZES}
+    return {
+        n: make_id_dataset(str(root / str(n)), train=9, train_shards=1, validation=n, val_shards=3).data_dir
+        for n in ID_SPLIT_SIZES
+    }
 
 
 ID_SPLIT_SIZES = (24, 37, 50)  # 24 and 50 divide by some world sizes, 37 by none

@@ -44,20 +44,36 @@ def command(args: list[str], nproc: int = 1, launcher: str = "colossalai", scrip
         raise ValueError(f"script={script} runs only with launcher='python' and nproc=1 (or through srun())")
     if launcher == "torchrun":
         return [f"{VENV_BIN}/torchrun", f"--nproc_per_node={nproc}", f"--master_port={free_port()}", "train.py", *args]
-    return [f"{VENV_BIN}/colossalai", "run", "--nproc_per_node", str(nproc), "--master_port", str(free_port()),
-            "train.py", *args]
+    return [
+        f"{VENV_BIN}/colossalai",
+        "run",
+        "--nproc_per_node",
+        str(nproc),
+        "--master_port",
+        str(free_port()),
+        "train.py",
+        *args,
+    ]
 
 
-def run(args: list[str], nproc: int = 1, launcher: str = "colossalai", timeout: float = 600,
-        script: tuple = ("train.py",)) -> subprocess.CompletedProcess:
-    return subprocess.run(command(args, nproc, launcher, script), cwd=ROOT, env=env(), capture_output=True, text=True,
-                          timeout=timeout)
+def run(
+    args: list[str], nproc: int = 1, launcher: str = "colossalai", timeout: float = 600, script: tuple = ("train.py",)
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        command(args, nproc, launcher, script), cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def start(args: list[str], nproc: int = 1, launcher: str = "colossalai", log: Path | None = None) -> subprocess.Popen:
     out = open(log, "w") if log else subprocess.DEVNULL
-    return subprocess.Popen(command(args, nproc, launcher), cwd=ROOT, env=env(), stdout=out, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(
+        command(args, nproc, launcher),
+        cwd=ROOT,
+        env=env(),
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:

@@ -60,7 +60,9 @@ def test_numbers_are_present_and_positive(suite):
     assert all(_positive(v) for v in convert["mb_per_s"].values())
     train = _load(out, "train")
     for side in ("vitlarge", "bare"):
-        assert _positive(train["results"][side]["step_s"]["median"]) and _positive(train["results"][side]["images_per_s"])
+        assert _positive(train["results"][side]["step_s"]["median"]) and _positive(
+            train["results"][side]["images_per_s"]
+        )
     assert _positive(train["speed_vs_bare"])
     mfu = train["mfu"]
     assert _positive(mfu["train_flops_per_step"]) and _positive(mfu["peak"]["bf16"]["flops_per_s"])
@@ -86,15 +88,26 @@ def test_comm_counts_one_all_reduce_per_bucket_at_any_accumulation(suite):
     steady = comm["steady_per_step"]["4"]
     assert steady["calls"] == comm["demo_model"]["predicted_buckets"]
     assert steady["bytes"] == comm["demo_model"]["grad_bytes"]
-    assert comm["computed"]["vit_base_patch16_224"]["bytes_per_step"] == 4 * comm["computed"]["vit_base_patch16_224"]["params"]
+    assert (
+        comm["computed"]["vit_base_patch16_224"]["bytes_per_step"]
+        == 4 * comm["computed"]["vit_base_patch16_224"]["params"]
+    )
 
 
 @pytest.mark.slow
 def test_report_renders_every_section(suite):
     out, _ = suite
     text = (out / "PERFORMANCE.md").read_text()
-    for heading in ("## Goals", "## 1. Data", "## 2. Conversion", "## 3. Training loop", "## 4. Optimizer",
-                    "## 5. Communication", "## 6. Precision", "## 7. Scaling on paper"):
+    for heading in (
+        "## Goals",
+        "## 1. Data",
+        "## 2. Conversion",
+        "## 3. Training loop",
+        "## 4. Optimizer",
+        "## 5. Communication",
+        "## 6. Precision",
+        "## 7. Scaling on paper",
+    ):
         assert heading in text
     assert "not run" not in text
 

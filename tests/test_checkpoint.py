@@ -79,9 +79,9 @@ def weights(path: Path) -> dict:
 
 def optimizer_state(path: Path) -> dict:
     """A one-process checkpoint's optimizer state, keyed by parameter name (DCP's layout)."""
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
-
     import warnings
+
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "assuming the intent is to load in a single process"
@@ -156,8 +156,24 @@ def test_every_file_is_fsynced_before_the_folder_is_published(tmp_path):
     if not shutil.which("strace"):
         pytest.skip("strace is not installed")
     log = tmp_path / "strace.log"
-    r = subprocess.run(["strace", "-f", "-qq", "-e", "trace=openat,fsync,rename,renameat,renameat2", "-o", str(log),
-                        sys.executable, "-c", SAVE_ONE, str(tmp_path / "run")], cwd=ROOT, capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            "strace",
+            "-f",
+            "-qq",
+            "-e",
+            "trace=openat,fsync,rename,renameat,renameat2",
+            "-o",
+            str(log),
+            sys.executable,
+            "-c",
+            SAVE_ONE,
+            str(tmp_path / "run"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     if r.returncode and "ptrace" in r.stderr:
         pytest.skip(f"strace cannot trace here: {r.stderr.strip()}")
     assert r.returncode == 0, r.stderr
@@ -165,7 +181,7 @@ def test_every_file_is_fsynced_before_the_folder_is_published(tmp_path):
     tmp, final = str(root / ".step_0000001.tmp"), root / "step_0000001"
     events = syscalls(log.read_text())
     published = events.index(("rename", tmp, str(final)))
-    before, after = events[:published], events[published + 1:]
+    before, after = events[:published], events[published + 1 :]
     for name in sorted(p.name for p in final.iterdir()):
         written = f"{tmp}/{name}.tmp" if name == "meta.json" else f"{tmp}/{name}"  # meta.json is itself atomic
         assert ("fsync", written) in before, f"{name} was not fsynced before the folder was published"
@@ -364,8 +380,10 @@ def test_a_zero_checkpoint_is_refused_for_resume_but_its_weights_still_load(tmp_
     m2, o2, s2 = make(cfg, seed=1)
     with pytest.raises(UserError) as e:
         checkpoint.load(path, m2, o2, s2, cfg)
-    assert str(e.value) == (f"checkpoint {path} was written by train.plugin=zero (removed), whose optimizer file holds "
-                            f"rank 0's shard only and cannot be resumed; start a new --workdir with model.init_from={path}")
+    assert str(e.value) == (
+        f"checkpoint {path} was written by train.plugin=zero (removed), whose optimizer file holds "
+        f"rank 0's shard only and cannot be resumed; start a new --workdir with model.init_from={path}"
+    )
     checkpoint.load_model_weights(path, m2, cfg)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), m2.state_dict().values()))
 
@@ -389,8 +407,10 @@ def test_disk_full_keeps_the_previous_checkpoint(tmp_path, cfg, monkeypatch, how
                 pytest.skip("cannot mount a tmpfs here (not root); the monkeypatch case covers it")
         first = save(tmp_path, 1, model, opt, scaler, cfg)
         if how == "monkeypatch":
+
             def full(*args, **kwargs):
                 raise OSError(28, "No space left on device")
+
             import torch.distributed.checkpoint.filesystem as dcp_fs
 
             monkeypatch.setattr(dcp_fs, "_write_item", full)  # DCP's writer of each tensor
@@ -468,11 +488,19 @@ def write_format2(path: Path, model, opt, scaler, cfg, step: int) -> None:
     path.mkdir(parents=True)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path / "model.safetensors"))
     torch.save(opt.state_dict(), path / "optimizer.pt")
-    torch.save({"rng": checkpoint.rng_state(), "scaler": scaler.state_dict(), "data": "loader-state"},
-               path / "rank_00000.pt")
+    torch.save(
+        {"rng": checkpoint.rng_state(), "scaler": scaler.state_dict(), "data": "loader-state"}, path / "rank_00000.pt"
+    )
     files = {n: fileio.sync_and_record(path / n) for n in ("model.safetensors", "optimizer.pt", "rank_00000.pt")}
-    meta = {"format_version": 2, "step": step, "world_size": 1, "model": cfg.model.name,
-            "param_shapes": checkpoint.param_shapes(model), "config": cfg.to_dict(), "files": files}
+    meta = {
+        "format_version": 2,
+        "step": step,
+        "world_size": 1,
+        "model": cfg.model.name,
+        "param_shapes": checkpoint.param_shapes(model),
+        "config": cfg.to_dict(),
+        "files": files,
+    }
     (path / "meta.json").write_text(json.dumps(meta))
 
 

@@ -56,8 +56,9 @@ def _build(mode: str, seed: int, recipe: str | None = None):
     assert mode == "plugin_fsdp"  # as train.py builds it: the Booster plugin shards and re-points the optimizer
     from vitlarge.fsdp import FSDPPlugin
 
-    return FSDPPlugin("fp32", torch.device("cpu")).configure(model, build_optimizer(model, "lamb", lr=1e-2,
-                                                                                    weight_decay=0.1))[:2]
+    return FSDPPlugin("fp32", torch.device("cpu")).configure(
+        model, build_optimizer(model, "lamb", lr=1e-2, weight_decay=0.1)
+    )[:2]
 
 
 def _train(model, opt, rank: int, world: int, steps: int = 2) -> None:
@@ -66,7 +67,7 @@ def _train(model, opt, rank: int, world: int, steps: int = 2) -> None:
         g = torch.Generator().manual_seed(s)
         x, y = torch.randn(12, 3, 16, 16, generator=g), torch.randint(0, 10, (12,), generator=g)
         n = 12 // world
-        loss = torch.nn.functional.cross_entropy(model(x[rank * n:(rank + 1) * n]), y[rank * n:(rank + 1) * n])
+        loss = torch.nn.functional.cross_entropy(model(x[rank * n : (rank + 1) * n]), y[rank * n : (rank + 1) * n])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -78,8 +79,10 @@ def _full(model, opt) -> dict:
 
     root = model.unwrap() if hasattr(model, "unwrap") else model
     m, o = get_state_dict(root, getattr(opt, "optim", opt), options=StateDictOptions(full_state_dict=True))
-    return {"model": {k: v.clone() for k, v in m.items()},
-            "optimizer": {k: {n: torch.as_tensor(t).clone() for n, t in s.items()} for k, s in o["state"].items()}}
+    return {
+        "model": {k: v.clone() for k, v in m.items()},
+        "optimizer": {k: {n: torch.as_tensor(t).clone() for n, t in s.items()} for k, s in o["state"].items()},
+    }
 
 
 def _names(model, opt) -> list[str]:
@@ -103,9 +106,13 @@ def _write_format2(folder: Path, model, opt, rank: int, world: int) -> None:
     torch.save({"rng": checkpoint.rng_state(), "scaler": {}, "data": None}, folder / names[0])
     from torch.distributed.tensor import DTensor
 
-    state = getattr(opt, "optim", opt).state_dict()  # this rank's pieces as plain tensors, as the format-2 writer saved them
-    state["state"] = {i: {k: v.to_local().clone() if isinstance(v, DTensor) else v for k, v in s.items()}
-                      for i, s in state["state"].items()}
+    state = getattr(
+        opt, "optim", opt
+    ).state_dict()  # this rank's pieces as plain tensors, as the format-2 writer saved them
+    state["state"] = {
+        i: {k: v.to_local().clone() if isinstance(v, DTensor) else v for k, v in s.items()}
+        for i, s in state["state"].items()
+    }
     torch.save(state, folder / names[1])
     if rank == 0:
         save_file(tensors, str(folder / "model.safetensors"))
@@ -113,9 +120,15 @@ def _write_format2(folder: Path, model, opt, rank: int, world: int) -> None:
     records = gather({n: fileio.sync_and_record(folder / n) for n in names})
     if rank == 0:
         cfg = _cfg()
-        meta = {"format_version": 2, "step": 2, "world_size": world, "model": cfg.model.name,
-                "param_shapes": checkpoint.param_shapes(checkpoint.unwrap(model)), "config": cfg.to_dict(),
-                "files": {k: v for part in records for k, v in part.items()}}
+        meta = {
+            "format_version": 2,
+            "step": 2,
+            "world_size": world,
+            "model": cfg.model.name,
+            "param_shapes": checkpoint.param_shapes(checkpoint.unwrap(model)),
+            "config": cfg.to_dict(),
+            "files": {k: v for part in records for k, v in part.items()},
+        }
         (folder / "meta.json").write_text(json.dumps(meta))
     dist.barrier()
 
@@ -134,7 +147,7 @@ def _worker(rank: int, world: int, port: int, job: dict, out: str) -> None:
             scaler = torch.amp.GradScaler("cpu", enabled=False)
             if action == "save":
                 _train(model, opt, rank, world)
-                path = checkpoint.save(workdir, 2, model, opt, scaler, None, _cfg(), keep=2)
+                checkpoint.save(workdir, 2, model, opt, scaler, None, _cfg(), keep=2)
                 if mode == "plugin_fsdp":
                     _write_format2(Path(workdir) / "format2" / "step_0000002", model, opt, rank, world)
             else:
@@ -185,7 +198,13 @@ def test_every_rank_writes_its_shards_and_meta_json_records_them(saved):
     for mode in ("fsdp2", "ddp_adamw", "plugin_fsdp"):
         path = Path(ckpt(root, mode))
         assert sorted(p.name for p in path.iterdir()) == [
-            ".metadata", "__0_0.distcp", "__1_0.distcp", "meta.json", "rank_00000.pt", "rank_00001.pt"], mode
+            ".metadata",
+            "__0_0.distcp",
+            "__1_0.distcp",
+            "meta.json",
+            "rank_00000.pt",
+            "rank_00001.pt",
+        ], mode
         meta = checkpoint.read_meta(path)
         assert meta["format_version"] == 3 and meta["world_size"] == 2
         assert sorted(meta["files"]) == sorted(p.name for p in path.iterdir() if p.name != "meta.json")
@@ -197,9 +216,11 @@ def test_every_rank_writes_its_shards_and_meta_json_records_them(saved):
 
 def test_fsdp2_and_ddp_reshard_exactly_at_2_and_3_ranks(saved, tmp_path):
     root, ref = saved
-    job3 = {"fsdp2->fsdp2@3": ("fsdp2", ckpt(root, "fsdp2"), None),
-            "fsdp2->ddp@3": ("ddp_adamw", ckpt(root, "fsdp2"), None),
-            "ddp->fsdp2@3": ("fsdp2", ckpt(root, "ddp_adamw"), None)}
+    job3 = {
+        "fsdp2->fsdp2@3": ("fsdp2", ckpt(root, "fsdp2"), None),
+        "fsdp2->ddp@3": ("ddp_adamw", ckpt(root, "fsdp2"), None),
+        "ddp->fsdp2@3": ("fsdp2", ckpt(root, "ddp_adamw"), None),
+    }
     found = _spawn(3, job3, tmp_path / "found3.pt")
     for name, (_, source, _) in job3.items():
         _assert_same(found[name], ref[Path(source).parent.parent.name], name)
@@ -211,10 +232,12 @@ def test_plugin_fsdp_reshards_exactly_and_a_format_2_checkpoint_still_resumes(sa
     """vitlarge's fsdp plugin (ShardedLamb) to 3 ranks, fsdp and ddp, from DCP and from the old format."""
     root, ref = saved
     old = str(root / "plugin_fsdp" / "format2" / "step_0000002")
-    job = {"fsdp->fsdp@3": ("plugin_fsdp", ckpt(root, "plugin_fsdp"), None),
-           "fsdp->ddp@3": ("ddp_lamb", ckpt(root, "plugin_fsdp"), None),
-           "format2 fsdp->fsdp@3": ("plugin_fsdp", old, None),
-           "format2 fsdp->ddp@3": ("ddp_lamb", old, None)}
+    job = {
+        "fsdp->fsdp@3": ("plugin_fsdp", ckpt(root, "plugin_fsdp"), None),
+        "fsdp->ddp@3": ("ddp_lamb", ckpt(root, "plugin_fsdp"), None),
+        "format2 fsdp->fsdp@3": ("plugin_fsdp", old, None),
+        "format2 fsdp->ddp@3": ("ddp_lamb", old, None),
+    }
     found = _spawn(3, job, tmp_path / "found.pt")
     for name in job:
         _assert_same(found[name], ref["plugin_fsdp"], name)
@@ -228,8 +251,11 @@ def test_format_2_checkpoints_of_torch_2_5_1_resume_exactly_at_3_ranks(tmp_path)
 
     data = ROOT / "tests" / "data" / "torch251"
     recipe = str(data / "recipe.py")
-    job = {f"{src}->{mode}@3": (mode, str(data / src / "step_0000020"), recipe)
-           for src in ("ddp", "fsdp") for mode in ("plugin_fsdp", "ddp_lamb")}
+    job = {
+        f"{src}->{mode}@3": (mode, str(data / src / "step_0000020"), recipe)
+        for src in ("ddp", "fsdp")
+        for mode in ("plugin_fsdp", "ddp_lamb")
+    }
     found = _spawn(3, job, tmp_path / "found.pt")
     for name, (_, path, _) in job.items():
         path = Path(path)

@@ -68,7 +68,8 @@ def test_compiled_model_saves_exports_and_initialises_under_the_plain_names(tmp_
     model = build_model(c)
     compile_model(model, plan)
     assert list(model.state_dict()) == names and [n for n, _ in model.named_parameters()] == [
-        n for n, _ in eager.named_parameters()]
+        n for n, _ in eager.named_parameters()
+    ]
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.01)  # weights no fresh model has
@@ -118,7 +119,7 @@ def test_compiled_losses_follow_eager_over_300_steps():
         c.schedule.warmup_epochs = 1
         plan = make_plan(c, 1, 512)
         parts = build(c, plan, "cpu", booster=PlainBooster())
-        batches = iter([(images[i:i + 32], labels[i:i + 32]) for _ in range(20) for i in range(0, 512, 32)])
+        batches = iter([(images[i : i + 32], labels[i : i + 32]) for _ in range(20) for i in range(0, 512, 32)])
         losses[mode] = [float(parts.engine.step(s, lambda: next(batches))["loss"]) for s in range(300)]
     eager, compiled = losses["off"], losses["on"]
     assert eager[0] > 2.0 and eager[-1] < 0.5, eager[::50]  # it trains: the comparison means something
@@ -131,18 +132,33 @@ def test_compiled_losses_follow_eager_over_300_steps():
 # Phase 0 at 8 px, phase 1 at 12 px from step 6 (epoch 0.5); both evaluate at 8 px with the same batch:
 # evaluation's graphs are reused across the phase change, so the run needs exactly 4 graphs.
 PHASES = "train.phases=[{'epoch': 0, 'image_size': 8}, {'epoch': 0.5, 'image_size': 12, 'eval_size': 8}]"
-COUNTING = ("import json, sys, train; from torch._dynamo.utils import counters; rc = train.main(sys.argv[1:]); "
-            "print('DYNAMO ' + json.dumps({k: dict(v) for k, v in counters.items()}), flush=True); sys.exit(rc)")
+COUNTING = (
+    "import json, sys, train; from torch._dynamo.utils import counters; rc = train.main(sys.argv[1:]); "
+    "print('DYNAMO ' + json.dumps({k: dict(v) for k, v in counters.items()}), flush=True); sys.exit(rc)"
+)
 
 
 def phased_args(data: str, workdir: Path, steps: int) -> list[str]:
-    return ["--config", "recipes/demo_digits_progressive.py", "--data", data, "--workdir", str(workdir), PHASES, TINY,
-            "train.compile=on", "train.precision=fp32", "train.log_every_steps=1", f"train.max_steps={steps}",
-            "train.eval_every_epochs=0.3", "train.checkpoint_every_steps=0"]
+    return [
+        "--config",
+        "recipes/demo_digits_progressive.py",
+        "--data",
+        data,
+        "--workdir",
+        str(workdir),
+        PHASES,
+        TINY,
+        "train.compile=on",
+        "train.precision=fp32",
+        "train.log_every_steps=1",
+        f"train.max_steps={steps}",
+        "train.eval_every_epochs=0.3",
+        "train.checkpoint_every_steps=0",
+    ]
 
 
 def dynamo_counters(output: str) -> dict:
-    return json.loads(next(line for line in output.splitlines() if line.startswith("DYNAMO "))[len("DYNAMO "):])
+    return json.loads(next(line for line in output.splitlines() if line.startswith("DYNAMO "))[len("DYNAMO ") :])
 
 
 @pytest.mark.slow
@@ -189,9 +205,21 @@ def test_ddp_over_two_gloo_processes_wraps_the_compiled_model(demo_data, tmp_pat
     losses = {}
     for mode in ("off", "on"):
         workdir = tmp_path / mode
-        args = ["--config", str(DEMO.relative_to(ROOT)), "--data", demo_data, "--workdir", str(workdir), TINY,
-                f"train.compile={mode}", "train.precision=fp32", "train.log_every_steps=1", "train.max_steps=2",
-                "train.eval_every_epochs=0", "train.checkpoint_every_steps=0"]
+        args = [
+            "--config",
+            str(DEMO.relative_to(ROOT)),
+            "--data",
+            demo_data,
+            "--workdir",
+            str(workdir),
+            TINY,
+            f"train.compile={mode}",
+            "train.precision=fp32",
+            "train.log_every_steps=1",
+            "train.max_steps=2",
+            "train.eval_every_epochs=0",
+            "train.checkpoint_every_steps=0",
+        ]
         r = launcher.run(args, nproc=2, launcher="torchrun", timeout=900)
         assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
         records = read_metrics(str(workdir / "metrics.jsonl"))

@@ -11,8 +11,18 @@ from vitlarge.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "recipes"
-ALL_RECIPES = ["vit_b16", "vit_b32", "vit_l32", "vit_l16", "vit_h14", "demo_digits", "demo_digits_progressive",
-               "demo_digits_ft24", "vit_b16_progressive", "vit_b16_ft384"]
+ALL_RECIPES = [
+    "vit_b16",
+    "vit_b32",
+    "vit_l32",
+    "vit_l16",
+    "vit_h14",
+    "demo_digits",
+    "demo_digits_progressive",
+    "demo_digits_ft24",
+    "vit_b16_progressive",
+    "vit_b16_ft384",
+]
 
 
 def recipe(name: str) -> Path:
@@ -55,8 +65,18 @@ def test_recipe_files_are_all_covered():
         ("vit_b32", {"model.name", "workdir"}),
         ("vit_l32", {"model.name", "workdir"}),
         ("vit_l16", {"model.name", "model.grad_checkpointing", "train.micro_batch", "workdir"}),
-        ("vit_h14", {"model.name", "model.grad_checkpointing", "train.micro_batch", "train.precision",
-                     "train.plugin", "train.fsdp_accumulation", "workdir"}),
+        (
+            "vit_h14",
+            {
+                "model.name",
+                "model.grad_checkpointing",
+                "train.micro_batch",
+                "train.precision",
+                "train.plugin",
+                "train.fsdp_accumulation",
+                "workdir",
+            },
+        ),
     ],
 )
 def test_derived_recipes_change_only_what_they_say(name, expected):
@@ -74,18 +94,18 @@ def test_overrides_of_every_type_apply():
     cfg = load_config(
         recipe("vit_b16"),
         [
-            "train.micro_batch=128",            # int
-            "train.global_batch=4.096e3",       # int written as a float literal
-            "optim.lr=0.005",                   # float
-            "schedule.warmup_epochs=10",        # float from an int literal
-            "data.hflip=false",                 # bool
-            "model.grad_checkpointing=yes",     # bool
-            "optim.betas=(0.8, 0.95)",          # tuple
-            "data.crop_scale=[0.5,1]",          # tuple from list syntax
-            "data.randaugment=rand-m9-n2",      # Optional[str], a value
-            "data.label_offset=1",              # Optional[int]
+            "train.micro_batch=128",  # int
+            "train.global_batch=4.096e3",  # int written as a float literal
+            "optim.lr=0.005",  # float
+            "schedule.warmup_epochs=10",  # float from an int literal
+            "data.hflip=false",  # bool
+            "model.grad_checkpointing=yes",  # bool
+            "optim.betas=(0.8, 0.95)",  # tuple
+            "data.crop_scale=[0.5,1]",  # tuple from list syntax
+            "data.randaugment=rand-m9-n2",  # Optional[str], a value
+            "data.label_offset=1",  # Optional[int]
             "model.kwargs={'depth': 2, 'embed_dim': 64}",  # dict
-            "workdir=runs/elsewhere",           # top-level str
+            "workdir=runs/elsewhere",  # top-level str
         ],
     )
     assert cfg.train.micro_batch == 128 and type(cfg.train.micro_batch) is int
@@ -310,16 +330,33 @@ def test_every_duration_count_and_rate_is_range_checked_with_the_fix(key, rule):
     load_config(recipe("vit_b16"), [fix])  # the suggested setting is valid (in the recipe closest to the defaults)
 
 
-@pytest.mark.parametrize("item", ["train.epochs=nan", "optim.lr=inf", "optim.betas=0.9,1.0", "optim.betas=0.9",
-                                  "data.crop_scale=0.5,0.2", "data.crop_ratio=0,1"])
+@pytest.mark.parametrize(
+    "item",
+    [
+        "train.epochs=nan",
+        "optim.lr=inf",
+        "optim.betas=0.9,1.0",
+        "optim.betas=0.9",
+        "data.crop_scale=0.5,0.2",
+        "data.crop_ratio=0,1",
+    ],
+)
 def test_non_finite_and_malformed_pairs_are_rejected(item):
     key = item.split("=")[0]
     with pytest.raises(UserError, match=f"'{key}' must be .*; set it like {key}="):
         load_config(recipe("demo_digits"), [item])
 
 
-@pytest.mark.parametrize("item", ["train.checkpoint_every_steps=0", "train.eval_every_epochs=0", "train.max_steps=0",
-                                  "optim.clip_grad_norm=0", "schedule.warmup_epochs=0"])
+@pytest.mark.parametrize(
+    "item",
+    [
+        "train.checkpoint_every_steps=0",
+        "train.eval_every_epochs=0",
+        "train.max_steps=0",
+        "optim.clip_grad_norm=0",
+        "schedule.warmup_epochs=0",
+    ],
+)
 def test_zero_means_never_or_off_where_documented(item):
     load_config(recipe("demo_digits"), [item])
 
@@ -337,8 +374,17 @@ def train_runs():
         "bad": ["--config", "recipes/vit_b16.py", "--dry-run", "optim.lrr=0.1"],
     }
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}  # no launcher variables: one process
-    procs = {k: subprocess.Popen([sys.executable, "train.py", *a], cwd=ROOT, env=env, text=True,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE) for k, a in runs.items()}
+    procs = {
+        k: subprocess.Popen(
+            [sys.executable, "train.py", *a],
+            cwd=ROOT,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for k, a in runs.items()
+    }
     out = {}
     for k, proc in procs.items():
         stdout, stderr = proc.communicate(timeout=120)

@@ -24,13 +24,33 @@ CPU = torch.device("cpu")
 
 
 def run_cli(module: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=120, env=dict(os.environ, **(env or {})))
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, **(env or {})),
+    )
 
 
 def convert_main(src, out, *extra) -> int:
-    return imagenet_to_tfrecord.main(["--src", str(src), "--out", str(out), "--train-shards", "3", "--val-shards", "1",
-                                      "--workers", "0", "--no-progress", *extra])
+    return imagenet_to_tfrecord.main(
+        [
+            "--src",
+            str(src),
+            "--out",
+            str(out),
+            "--train-shards",
+            "3",
+            "--val-shards",
+            "1",
+            "--workers",
+            "0",
+            "--no-progress",
+            *extra,
+        ]
+    )
 
 
 def error_line(capsys) -> str:
@@ -64,11 +84,13 @@ def train_loader(data_dir):
 
 # --- conversion ---------------------------------------------------------------------------------
 
+
 def test_missing_source_cli(tmp_path):
     r = run_cli("data_tools.imagenet_to_tfrecord", "--src", str(tmp_path / "nope"), "--out", str(tmp_path / "out"))
     assert r.returncode == 2
-    assert r.stderr.strip() == (f"error: {tmp_path / 'nope'}: source directory does not exist; "
-                                "pass --src ROOT with ROOT/train/<class>/*")
+    assert r.stderr.strip() == (
+        f"error: {tmp_path / 'nope'}: source directory does not exist; pass --src ROOT with ROOT/train/<class>/*"
+    )
     assert "Traceback" not in r.stderr
 
 
@@ -123,8 +145,9 @@ def test_output_under_a_regular_file_is_not_writable(tiny_imagefolder, tmp_path,
     blocker = tmp_path / "file"
     blocker.write_text("x")
     assert convert_main(tiny_imagefolder, blocker / "out") == 2
-    assert error_line(capsys) == (f"error: {blocker / 'out'}: output directory is not writable (Not a directory); "
-                                  "choose another --out")
+    assert error_line(capsys) == (
+        f"error: {blocker / 'out'}: output directory is not writable (Not a directory); choose another --out"
+    )
 
 
 @pytest.fixture
@@ -146,8 +169,9 @@ def tmpfs(tmp_path):
 def test_read_only_output_directory(tiny_imagefolder, tmpfs, capsys):
     mnt = tmpfs("size=1m", "ro")
     assert convert_main(tiny_imagefolder, mnt / "out") == 2
-    assert error_line(capsys) == (f"error: {mnt / 'out'}: output directory is not writable (Read-only file system); "
-                                  "choose another --out")
+    assert error_line(capsys) == (
+        f"error: {mnt / 'out'}: output directory is not writable (Read-only file system); choose another --out"
+    )
 
 
 def _assert_disk_full_handled(out, capsys, rc):
@@ -187,6 +211,7 @@ class _SmallDisk:
 def test_disk_full_mid_shard_injected(tiny_imagefolder, tmp_path, capsys, monkeypatch):
     """The same path without mount privileges: a file-system shim under the shard writer raises ENOSPC
     once a shard grows past 9000 bytes."""
+
     def small_disk_open(path, mode="r", *args, **kwargs):
         f = open(path, mode, *args, **kwargs)
         return _SmallDisk(f, 9000) if mode == "wb" else f
@@ -199,6 +224,7 @@ def test_disk_full_mid_shard_injected(tiny_imagefolder, tmp_path, capsys, monkey
 
 
 # --- reading ------------------------------------------------------------------------------------
+
 
 def test_missing_manifest(tmp_path):
     with pytest.raises(UserError) as e:
@@ -224,8 +250,9 @@ def test_missing_index(data_copy):
     os.remove(index)
     with pytest.raises(UserError) as e:
         ValLoader(data_copy, 4, 32, rank=0, world_size=1, device=CPU)
-    assert str(e.value) == (f"{index}: missing DALI index for {index[:-4]}; "
-                            f"run python -m data_tools.make_index {data_copy}")
+    assert str(e.value) == (
+        f"{index}: missing DALI index for {index[:-4]}; run python -m data_tools.make_index {data_copy}"
+    )
 
 
 def test_stale_index(data_copy):
@@ -233,8 +260,9 @@ def test_stale_index(data_copy):
     shutil.copy(os.path.join(data_copy, "train-00000-of-00003.idx"), index)
     with pytest.raises(UserError) as e:
         train_loader(data_copy)
-    assert str(e.value) == (f"{index}: stale DALI index (does not match {index[:-4]}); "
-                            f"run python -m data_tools.make_index {data_copy}")
+    assert str(e.value) == (
+        f"{index}: stale DALI index (does not match {index[:-4]}); run python -m data_tools.make_index {data_copy}"
+    )
     assert make_index.main([data_copy]) == 0  # the advertised fix works
     train_loader(data_copy)
 
@@ -255,7 +283,8 @@ def test_manifest_built_for_another_shard_set(data_copy):
     assert str(e.value) == (
         f"{data_copy}: holds 2 train shard sets, train-*-of-00001 (1 files) and train-*-of-00003 (3 files), but "
         f"dataset.json was built for 3 of them; delete the set you do not use, then run "
-        f"python -m data_tools.make_index {data_copy}")
+        f"python -m data_tools.make_index {data_copy}"
+    )
 
 
 def test_manifest_listing_two_sets_or_a_partial_set(data_copy):
@@ -269,7 +298,8 @@ def test_manifest_listing_two_sets_or_a_partial_set(data_copy):
     assert str(e.value) == (
         f"{path}: the validation shards listed are not one complete set (the validation-*-of-00002 set lacks "
         f"validation-00001-of-00002); restore the missing shards or re-convert, then run "
-        f"python -m data_tools.make_index {data_copy}")
+        f"python -m data_tools.make_index {data_copy}"
+    )
 
 
 @pytest.mark.parametrize("loader", ["train", "val"])
@@ -306,10 +336,14 @@ def test_undecodable_image_inside_a_shard(tmp_path):
     """Shards made elsewhere may hold a broken JPEG: one line naming the data and the fix, not a DALI dump."""
     with tfrecord_io.ShardWriter(str(tmp_path / "train-00000-of-00001")) as w:
         for i in range(12):
-            w.write(tfrecord_io.encode_example({
-                "image/encoded": (corrupt_jpeg_bytes() + b"garbage" if i == 5 else _tiny_jpeg(), "byte"),
-                "image/class/label": (1, "int"),
-            }))
+            w.write(
+                tfrecord_io.encode_example(
+                    {
+                        "image/encoded": (corrupt_jpeg_bytes() + b"garbage" if i == 5 else _tiny_jpeg(), "byte"),
+                        "image/class/label": (1, "int"),
+                    }
+                )
+            )
         w.commit()
     make_index.make_index(str(tmp_path))
     loader = TrainLoader(str(tmp_path), 4, 32, rank=0, world_size=1, device=CPU, seed=0, initial_fill=16)
@@ -318,8 +352,9 @@ def test_undecodable_image_inside_a_shard(tmp_path):
             next(loader)
     msg = str(e.value)
     assert msg.startswith(f"{tmp_path}: an image in the train shards cannot be decoded (") and "\n" not in msg
-    assert msg.endswith("re-convert the source with python -m data_tools.imagenet_to_tfrecord "
-                        "--check decode --skip-bad")
+    assert msg.endswith(
+        "re-convert the source with python -m data_tools.imagenet_to_tfrecord --check decode --skip-bad"
+    )
 
 
 def _tiny_jpeg() -> bytes:
@@ -330,4 +365,3 @@ def _tiny_jpeg() -> bytes:
     buf = io.BytesIO()
     Image.new("RGB", (40, 30), (10, 200, 30)).save(buf, "JPEG")
     return buf.getvalue()
-

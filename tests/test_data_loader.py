@@ -92,8 +92,10 @@ def test_every_validation_image_counts_once_per_pass_for_any_world_and_batch_siz
     for n in ID_SPLIT_SIZES:
         for batch_size in (1, 2, 3, 4, 5, 6, 8, 9, 12):
             for world_size in range(1, 10):
-                ranks = [ValLoader(id_datasets[n], batch_size, 8, rank=r, world_size=world_size, device=CPU,
-                                   num_threads=1) for r in range(world_size)]
+                ranks = [
+                    ValLoader(id_datasets[n], batch_size, 8, rank=r, world_size=world_size, device=CPU, num_threads=1)
+                    for r in range(world_size)
+                ]
                 for _ in range(3):
                     seen = Counter(x for v in ranks for _, labels in v for x in labels.tolist())
                     assert seen == Counter(range(n)), (n, batch_size, world_size, cases)
@@ -153,6 +155,7 @@ def test_randaugment_spec_is_validated(demo_data):
 
 # --- epochs: a fresh order every epoch, exact partition, exact resume ----------------------------
 
+
 def label_stream(loader, batches: int) -> np.ndarray:
     return np.concatenate([next(loader)[1].numpy() for _ in range(batches)])
 
@@ -182,8 +185,10 @@ def ids_600(tmp_path_factory) -> str:
 
 def test_ranks_partition_every_epoch_and_their_slices_move(ids_600):
     world, batch = 3, 50  # 200 records per rank: 4 batches per epoch
-    ranks = [TrainLoader(ids_600, batch, 8, rank=r, world_size=world, device=CPU, seed=5, initial_fill=64)
-             for r in range(world)]
+    ranks = [
+        TrainLoader(ids_600, batch, 8, rank=r, world_size=world, device=CPU, seed=5, initial_fill=64)
+        for r in range(world)
+    ]
     per_epoch = [[set(label_stream(loader, 4).tolist()) for _ in range(3)] for loader in ranks]
     for epoch in range(3):
         assert sorted(x for r in range(world) for x in per_epoch[r][epoch]) == list(range(600))
@@ -202,10 +207,17 @@ def test_resume_mid_epoch_and_at_the_epoch_boundary_is_exact(ids_600, stop_after
         assert torch.equal(lab_a, lab_b) and torch.equal(img_a, img_b)
 
 
-@pytest.mark.parametrize("edit", [
-    lambda d: d.pop("fingerprint"), lambda d: d.pop("dali"), lambda d: d.pop("version"),
-    lambda d: d.update(version=1), lambda d: d.update(fingerprint=7), lambda d: d.update(dali="not base64!"),
-])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda d: d.pop("fingerprint"),
+        lambda d: d.pop("dali"),
+        lambda d: d.pop("version"),
+        lambda d: d.update(version=1),
+        lambda d: d.update(fingerprint=7),
+        lambda d: d.update(dali="not base64!"),
+    ],
+)
 def test_state_with_missing_or_malformed_fields_is_one_user_error(demo_data, edit):
     doc = json.loads(train(demo_data, batch_size=16).state())
     edit(doc)

@@ -71,10 +71,19 @@ def test_deits_string_is_parsed_as_timm_does():
     assert ra.spec(None) is None and ra.spec("") is None
 
 
-@pytest.mark.parametrize("text, part", [
-    ("rand-m9-w0", "'w0'"), ("rand-m9-tweights", "'tweights'"), ("rand-x9", "'x9'"), ("rand-m", "'m'"),
-    ("rand-m9.5", "'m9.5'"), ("rand-m9-inc2", "'inc2'"), ("rand-m9-p1.5", "'p1.5'"), ("rand-m9-mstd", "'mstd'"),
-])
+@pytest.mark.parametrize(
+    "text, part",
+    [
+        ("rand-m9-w0", "'w0'"),
+        ("rand-m9-tweights", "'tweights'"),
+        ("rand-x9", "'x9'"),
+        ("rand-m", "'m'"),
+        ("rand-m9.5", "'m9.5'"),
+        ("rand-m9-inc2", "'inc2'"),
+        ("rand-m9-p1.5", "'p1.5'"),
+        ("rand-m9-mstd", "'mstd'"),
+    ],
+)
 def test_unknown_or_malformed_parts_are_one_line_errors_naming_the_part(text, part):
     with pytest.raises(UserError) as e:
         ra.spec(text)
@@ -96,8 +105,9 @@ def unchanged_fraction(text: str, batches: int = 2, batch_size: int = 256) -> fl
 
     @pipeline_def(enable_conditionals=True)
     def pipe():
-        noise = fn.reshape(fn.cast(fn.random.uniform(range=[50, 200], shape=[16, 16, 3]), dtype=types.UINT8),
-                           layout="HWC")
+        noise = fn.reshape(
+            fn.cast(fn.random.uniform(range=[50, 200], shape=[16, 16, 3]), dtype=types.UINT8), layout="HWC"
+        )
         return noise, ra.apply(noise, ra.spec(text), [16, 16])
 
     p = pipe(batch_size=batch_size, num_threads=1, device_id=None, seed=7)

@@ -20,9 +20,16 @@ from vitlarge.data.manifest import load_manifest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DESCRIPTION = {
-    "image/encoded": "byte", "image/class/label": "int", "image/class/synset": "byte", "image/class/text": "byte",
-    "image/height": "int", "image/width": "int", "image/channels": "int", "image/colorspace": "byte",
-    "image/format": "byte", "image/filename": "byte",
+    "image/encoded": "byte",
+    "image/class/label": "int",
+    "image/class/synset": "byte",
+    "image/class/text": "byte",
+    "image/height": "int",
+    "image/width": "int",
+    "image/channels": "int",
+    "image/colorspace": "byte",
+    "image/format": "byte",
+    "image/filename": "byte",
 }
 
 
@@ -100,9 +107,26 @@ def test_parallel_workers_cli(tiny_imagefolder, converted, tmp_path):
     """Real worker processes through the CLI give the same shards as the in-process run."""
     out = tmp_path / "par"
     r = subprocess.run(
-        [sys.executable, "-m", "data_tools.imagenet_to_tfrecord", "--src", tiny_imagefolder, "--out", str(out),
-         "--train-shards", "3", "--val-shards", "2", "--workers", "2", "--no-progress"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "data_tools.imagenet_to_tfrecord",
+            "--src",
+            tiny_imagefolder,
+            "--out",
+            str(out),
+            "--train-shards",
+            "3",
+            "--val-shards",
+            "2",
+            "--workers",
+            "2",
+            "--no-progress",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert r.returncode == 0, r.stderr
     assert "wrote" in r.stderr and "train: 18 images in 3 shards" in r.stderr
@@ -124,8 +148,9 @@ def test_flat_validation_with_labels_file(tiny_imagefolder, tmp_path, style):
             lines.append(f"{stem},{synset} 1 2 3 4" if style == "kaggle" else f"{n} {synset}")
     (src / "labels.txt").write_text("\n".join(lines) + "\n")
     out = str(tmp_path / "out")
-    imagenet_to_tfrecord.convert(str(src), out, train_shards=2, val_shards=1, workers=0,
-                                 val_labels=str(src / "labels.txt"), progress=False)
+    imagenet_to_tfrecord.convert(
+        str(src), out, train_shards=2, val_shards=1, workers=0, val_labels=str(src / "labels.txt"), progress=False
+    )
     records = read_split(out, "validation")
     assert len(records) == 3 * TINY_VAL_PER_CLASS
     for rec in records:
@@ -135,8 +160,19 @@ def test_flat_validation_with_labels_file(tiny_imagefolder, tmp_path, style):
 
 def test_resume_after_kill_keeps_complete_shards(tiny_imagefolder, converted, tmp_path):
     out = tmp_path / "resumed"
-    args = ["--src", tiny_imagefolder, "--out", str(out), "--train-shards", "3", "--val-shards", "2", "--workers", "0",
-            "--no-progress"]
+    args = [
+        "--src",
+        tiny_imagefolder,
+        "--out",
+        str(out),
+        "--train-shards",
+        "3",
+        "--val-shards",
+        "2",
+        "--workers",
+        "0",
+        "--no-progress",
+    ]
     cmd = [sys.executable, "-m", "data_tools.imagenet_to_tfrecord", *args]
     killed = [sys.executable, "-m", "tests.kill_convert", "train-00001-of-00003:2", *args]  # tests/kill_convert.py
     r = subprocess.run(killed, cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -164,8 +200,13 @@ def test_make_index_for_shards_without_index(converted, tmp_path):
     ref = load_manifest(converted)
     for s in ref.shards("train") + ref.shards("validation"):
         (tf_dir / s.file).write_bytes(open(os.path.join(converted, s.file), "rb").read())
-    r = subprocess.run([sys.executable, "-m", "data_tools.make_index", str(tf_dir)], cwd=REPO, capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "data_tools.make_index", str(tf_dir)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     m = load_manifest(str(tf_dir))
     assert (m.num_classes, m.label_offset) == (3, 1)
@@ -190,8 +231,13 @@ def test_demo_dataset_is_built_and_idempotent(demo_data):
     assert (m.num_examples("train"), m.num_examples("validation"), m.num_classes) == (1437, 360, 10)
     before = os.stat(os.path.join(demo_data, "dataset.json")).st_mtime_ns
     t = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "data_tools.make_demo_dataset", demo_data], cwd=REPO,
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "data_tools.make_demo_dataset", demo_data],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert time.perf_counter() - t < 30
     assert os.stat(os.path.join(demo_data, "dataset.json")).st_mtime_ns == before
@@ -207,6 +253,7 @@ def test_bench_dataset_is_imagenet_like(tmp_path):
 
 
 # --- one shard set at a time --------------------------------------------------------------------
+
 
 def test_reconversion_with_another_shard_count_replaces_the_old_set(tiny_imagefolder, tmp_path):
     out = tmp_path / "out"
@@ -228,8 +275,9 @@ def test_converter_refuses_shards_it_did_not_write(tiny_imagefolder, converted, 
     foreign = out / "train-00000-of-00007"
     foreign.write_bytes(open(os.path.join(converted, "train-00000-of-00003"), "rb").read())
     with pytest.raises(imagenet_to_tfrecord.UserError) as e:
-        imagenet_to_tfrecord.convert(tiny_imagefolder, str(out), train_shards=3, val_shards=2, workers=0,
-                                     progress=False)
+        imagenet_to_tfrecord.convert(
+            tiny_imagefolder, str(out), train_shards=3, val_shards=2, workers=0, progress=False
+        )
     assert str(e.value).startswith(f"{foreign}: shards this conversion does not write") and "--out" in str(e.value)
     assert sorted(n for n in os.listdir(out) if not n.startswith(".")) == ["train-00000-of-00007"]
 
@@ -241,11 +289,13 @@ def test_make_index_refuses_mixed_sets_and_missing_shards(converted, tmp_path):
         if n.startswith("train-") and not n.endswith(".idx"):
             os.symlink(os.path.join(converted, n), d / n)
     os.symlink(os.path.join(converted, "train-00000-of-00003"), d / "train-00000-of-00001")
-    r = subprocess.run([sys.executable, "-m", "data_tools.make_index", str(d)], cwd=REPO, capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "data_tools.make_index", str(d)], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 2 and r.stderr.strip() == (
         f"error: {d}: 2 train shard sets, train-*-of-00001 (1 files) and train-*-of-00003 (3 files); delete the "
-        f"set you do not want (or convert into an empty --out), then rerun python -m data_tools.make_index {d}")
+        f"set you do not want (or convert into an empty --out), then rerun python -m data_tools.make_index {d}"
+    )
     os.remove(d / "train-00000-of-00001")
     os.remove(d / "train-00001-of-00003")
     with pytest.raises(make_index.UserError, match="train-\\*-of-00003 set lacks train-00001-of-00003; restore"):

@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tests.launcher import free_port
 from vitlarge.build import build
 from vitlarge.config import load_recipe, make_plan
 from vitlarge.launch import DistEnv, init_distributed
-from tests.launcher import free_port
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -26,22 +26,55 @@ from tests import launcher
 pytestmark = pytest.mark.slow
 RECIPE = "recipes/demo_digits.py"
 # fp32 (fp16 matmuls crawl on CPUs without avx512_fp16), no Mixup (51 is odd), 4 steps/epoch.
-OVERRIDES = ["train.micro_batch=51", "train.global_batch=357", "train.precision=fp32", "augment.mixup_alpha=0",
-             "augment.cutmix_alpha=0"]
+OVERRIDES = [
+    "train.micro_batch=51",
+    "train.global_batch=357",
+    "train.precision=fp32",
+    "augment.mixup_alpha=0",
+    "augment.cutmix_alpha=0",
+]
 
 
 def test_seven_process_evaluations_equal_one_process_evaluations_of_the_same_checkpoints(demo_data, tmp_path):
-    args = ["--config", RECIPE, "--data", demo_data, "--workdir", str(tmp_path), *OVERRIDES, "train.max_steps=6",
-            "train.eval_every_epochs=0.5", "train.checkpoint_every_steps=2", "train.log_every_steps=1"]
+    args = [
+        "--config",
+        RECIPE,
+        "--data",
+        demo_data,
+        "--workdir",
+        str(tmp_path),
+        *OVERRIDES,
+        "train.max_steps=6",
+        "train.eval_every_epochs=0.5",
+        "train.checkpoint_every_steps=2",
+        "train.log_every_steps=1",
+    ]
     r = launcher.run(args, nproc=7, launcher="torchrun", timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     evals = {x["step"]: x for x in read_metrics(str(tmp_path / "metrics.jsonl")) if x["event"] == "eval"}
     assert sorted(evals) == [2, 4, 6]  # periodic at 2 and 4, final at 6: three passes of the same loaders
-    procs = {step: subprocess.Popen(
-        [sys.executable, "-m", "vitlarge.evaluate", "--config", RECIPE, "--data", demo_data, "--checkpoint",
-         str(tmp_path / "checkpoints" / f"step_{step:07d}"), *OVERRIDES],
-        cwd=launcher.ROOT, env=launcher.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for step in evals}
+    procs = {
+        step: subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "vitlarge.evaluate",
+                "--config",
+                RECIPE,
+                "--data",
+                demo_data,
+                "--checkpoint",
+                str(tmp_path / "checkpoints" / f"step_{step:07d}"),
+                *OVERRIDES,
+            ],
+            cwd=launcher.ROOT,
+            env=launcher.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for step in evals
+    }
     for step, proc in procs.items():
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err[-2000:]
@@ -114,8 +147,9 @@ def test_two_rank_fsdp_evaluation_of_129_images_at_micro_batch_64_finishes_exact
 
     data = str(tmp_path / "ids")
     make_id_dataset(data, train=129, train_shards=1, validation=129, val_shards=2)
-    ctx = mp.start_processes(_fsdp_eval_worker, args=(launcher.free_port(), data, str(tmp_path)), nprocs=2,
-                             join=False, start_method="spawn")
+    ctx = mp.start_processes(
+        _fsdp_eval_worker, args=(launcher.free_port(), data, str(tmp_path)), nprocs=2, join=False, start_method="spawn"
+    )
     deadline = time.monotonic() + 300
     while not ctx.join(timeout=5):
         if time.monotonic() > deadline:

@@ -28,9 +28,21 @@ RTOL = 1e-5
 
 
 def train_args(data: str, workdir, *extra: str) -> list[str]:
-    return ["--config", RECIPE, "--data", data, "--workdir", str(workdir), "train.log_every_steps=1",
-            "train.precision=fp32", "train.global_batch=96", f"train.max_steps={STEPS}",
-            "train.checkpoint_every_steps=8", "train.eval_every_epochs=0", *extra]
+    return [
+        "--config",
+        RECIPE,
+        "--data",
+        data,
+        "--workdir",
+        str(workdir),
+        "train.log_every_steps=1",
+        "train.precision=fp32",
+        "train.global_batch=96",
+        f"train.max_steps={STEPS}",
+        "train.checkpoint_every_steps=8",
+        "train.eval_every_epochs=0",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +83,9 @@ def test_kill_9_then_the_same_command_ends_bitwise_equal(runs, demo_data, tmp_pa
     args = train_args(demo_data, tmp_path, "train.plugin=fsdp")
     proc = launcher.start(args, nproc=2, log=tmp_path / "killed.log")
     try:
-        assert launcher.wait_for(metrics_has_step(tmp_path, 11), 600, proc), (tmp_path / "killed.log").read_text()[-3000:]
+        assert launcher.wait_for(metrics_has_step(tmp_path, 11), 600, proc), (tmp_path / "killed.log").read_text()[
+            -3000:
+        ]
     finally:
         launcher.kill_tree(proc.pid)  # SIGKILL, whole tree
         proc.wait(timeout=60)
@@ -109,16 +123,22 @@ def _reshard_probe(rank: int, world: int, port: int, ckpts: dict, out: str) -> N
         opt = parts.engine.torch_optimizer
         names = param_names(parts.model, opt)  # in the optimizer's index order
         pieces = [None] * world  # every rank's local optimizer state, as it would save it
-        state = {i: {k: v.to_local() if isinstance(v, DTensor) else v for k, v in s.items()}
-                 for i, s in opt.state_dict()["state"].items()}
+        state = {
+            i: {k: v.to_local() if isinstance(v, DTensor) else v for k, v in s.items()}
+            for i, s in opt.state_dict()["state"].items()
+        }
         dist.all_gather_object(pieces, state)
         found[name] = (model_tensors(parts.model, rank), pieces if plugin == "fsdp" else pieces[:1], names)
     # One step (2 micro-steps) of a fresh model each, the same batches on every rank: no_sync accumulation
     # (the default), then with activation checkpointing, then reduce-scattering every micro-step.
     # bf16 (accumulation auto, then no_sync): which gradient tensors FSDP holds between the two micro-steps.
-    for name, setting in {"plain": {}, "checkpointing": {"checkpointing": True},
-                          "reduce_scatter": {"fsdp_accumulation": "reduce_scatter"}, "bf16": {},
-                          "bf16_no_sync": {"fsdp_accumulation": "no_sync"}}.items():
+    for name, setting in {
+        "plain": {},
+        "checkpointing": {"checkpointing": True},
+        "reduce_scatter": {"fsdp_accumulation": "reduce_scatter"},
+        "bf16": {},
+        "bf16_no_sync": {"fsdp_accumulation": "no_sync"},
+    }.items():
         parts = built("bf16" if name.startswith("bf16") else "fp32", world, global_batch=96, **setting)
         assert parts.model.unwrap().grad_checkpointing == (name == "checkpointing")
         source, held = batches(), set()
@@ -148,9 +168,11 @@ def accumulators(root) -> set[tuple[str, str]]:
         group = m._get_fsdp_state()._fsdp_param_group if isinstance(m, FSDPModule) else None
         for fp in group.fsdp_params if group else ():
             unsharded = getattr(fp, "_unsharded_param", None)
-            for kind, t in (("unsharded", fp.unsharded_accumulated_grad),
-                            ("unsharded", None if unsharded is None else unsharded.grad),
-                            ("sharded", fp.sharded_param.grad)):
+            for kind, t in (
+                ("unsharded", fp.unsharded_accumulated_grad),
+                ("unsharded", None if unsharded is None else unsharded.grad),
+                ("sharded", fp.sharded_param.grad),
+            ):
                 if t is not None:
                     out.add((kind, str(t.dtype)))
     return out
@@ -162,8 +184,10 @@ def whole_optimizer_state(shards: list[dict], names: list[str], shapes: dict) ->
     out = {}
     for i, name in enumerate(names):
         held = [s[i] for s in shards if i in s]
-        out[name] = {"step": held[0]["step"], **{k: torch.cat([h[k].flatten() for h in held]).reshape(shapes[name])
-                                                   for k in ("exp_avg", "exp_avg_sq")}}
+        out[name] = {
+            "step": held[0]["step"],
+            **{k: torch.cat([h[k].flatten() for h in held]).reshape(shapes[name]) for k in ("exp_avg", "exp_avg_sq")},
+        }
     return out
 
 
@@ -249,8 +273,14 @@ def test_resume_at_world_size_3_reshards_exactly_and_continues_the_schedule(runs
     first = [x for x in read_metrics(str(runs["fsdp", 2] / "metrics.jsonl")) if x["event"] == "start"][0]
     assert (first["total_steps"], first["warmup_steps"]) == (start["total_steps"], start["warmup_steps"])
     for x, y in zip(resumed, before[16:]):
-        expected = lr_at(x["step"] - 1, peak_lr=start["config"]["optim"]["lr"], total_steps=start["total_steps"],
-                         warmup_steps=start["warmup_steps"], decay=s.decay, min_lr_ratio=s.min_lr_ratio)
+        expected = lr_at(
+            x["step"] - 1,
+            peak_lr=start["config"]["optim"]["lr"],
+            total_steps=start["total_steps"],
+            warmup_steps=start["warmup_steps"],
+            decay=s.decay,
+            min_lr_ratio=s.min_lr_ratio,
+        )
         assert x["lr"] == pytest.approx(expected, rel=1e-12) and x["lr"] == pytest.approx(y["lr"], rel=1e-12)
 
 
@@ -303,6 +333,7 @@ def test_bf16_computes_in_bf16_with_fp32_layernorm_masters_and_states(process_gr
     def record(kind):
         def hook(module, args, output):
             seen[kind].append((args[0].dtype, output.dtype))
+
         return hook
 
     for m in parts.model.modules():

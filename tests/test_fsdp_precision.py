@@ -79,6 +79,7 @@ def _bf16(rank: int) -> dict:
     def record(kind, inputs=True):
         def hook(module, args, output):
             seen[kind].add((str(args[0].dtype) if inputs else None, str(output.dtype)))
+
         return hook
 
     root = parts.model.unwrap()
@@ -106,8 +107,12 @@ def _fp16_overflow_on_one_rank(rank: int) -> dict:
 
     def unscale_(optimizer):  # the fault, injected at the edge: rank 1's own gradient shard overflows
         if rank == 1 and poisoned["step"] == OVERFLOW_STEP:
-            grads = [p.grad.to_local() for g in optimizer.param_groups for p in g["params"]
-                     if p.grad is not None and p.grad.to_local().numel()]
+            grads = [
+                p.grad.to_local()
+                for g in optimizer.param_groups
+                for p in g["params"]
+                if p.grad is not None and p.grad.to_local().numel()
+            ]
             grads[0].view(-1)[0] = float("inf")
         return real_unscale(optimizer)
 
@@ -165,10 +170,16 @@ def _worker(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     init_distributed(DistEnv(rank, WORLD, rank, "127.0.0.1", port, "test"), "gloo", collective_timeout_s=120)
     t0 = time.perf_counter()
-    import vitlarge.build, vitlarge.fsdp  # noqa: F401  (torch, timm, Colossal-AI, DALI: timed apart)
+    import vitlarge.build
+    import vitlarge.fsdp  # noqa: F401  (torch, timm, Colossal-AI, DALI: timed apart)
+
     result = {"import_s": time.perf_counter() - t0}
-    for name, fn in (("broadcast", _initial_broadcast), ("bf16", _bf16), ("fp16", _fp16_overflow_on_one_rank),
-                     ("checkpointing", _checkpointing)):
+    for name, fn in (
+        ("broadcast", _initial_broadcast),
+        ("bf16", _bf16),
+        ("fp16", _fp16_overflow_on_one_rank),
+        ("checkpointing", _checkpointing),
+    ):
         t0 = time.perf_counter()
         result[name] = fn(rank)
         result[name + "_s"] = time.perf_counter() - t0
@@ -181,8 +192,9 @@ def results(tmp_path_factory) -> list[dict]:
     import torch.multiprocessing as mp
 
     out = tmp_path_factory.mktemp("fsdp_precision")
-    ctx = mp.start_processes(_worker, args=(launcher.free_port(), str(out)), nprocs=WORLD, join=False,
-                             start_method="spawn")
+    ctx = mp.start_processes(
+        _worker, args=(launcher.free_port(), str(out)), nprocs=WORLD, join=False, start_method="spawn"
+    )
     deadline = time.monotonic() + 600
     while not ctx.join(timeout=5):
         if time.monotonic() > deadline:

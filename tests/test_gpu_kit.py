@@ -50,8 +50,20 @@ def bundle_run(tmp_path_factory):
     bundle = tmp / "bundle"
     subprocess.run(["bash", str(ROOT / "scripts" / "gpu_bundle.sh"), str(bundle)], check=True, capture_output=True)
     out = tmp / "out"
-    p = _kit([sys.executable, str(ROOT / "tests" / "block_imports.py"), BLOCKED, "benchmarks.gpu",
-              "--device", "cpu", "--tiny", "--out", str(out)], bundle)
+    p = _kit(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "block_imports.py"),
+            BLOCKED,
+            "benchmarks.gpu",
+            "--device",
+            "cpu",
+            "--tiny",
+            "--out",
+            str(out),
+        ],
+        bundle,
+    )
     return bundle, out, json.loads((out / "gpu.json").read_text()), p.stdout
 
 
@@ -76,13 +88,24 @@ def booster_run(tmp_path_factory):
         def done_then_fail(out):
             done(out)
             raise RuntimeError(INJECTED)
+
         return real(device, path, s, peak, tiny, done_then_fail)
 
     out, stdout, stderr = tmp_path_factory.mktemp("gpukit-booster"), io.StringIO(), io.StringIO()
-    with (mock.patch.dict(os.environ), mock.patch.object(gpu, "large_section", fails_after_the_first_model),
-          contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr)):  # main sets VITLARGE_BENCH_RESULTS
+    with (
+        mock.patch.dict(os.environ),
+        mock.patch.object(gpu, "large_section", fails_after_the_first_model),
+        contextlib.redirect_stdout(stdout),
+        contextlib.redirect_stderr(stderr),
+    ):  # main sets VITLARGE_BENCH_RESULTS
         rc = gpu.main(["--device", "cpu", "--tiny", "--out", str(out), "--only", "train", "large"])
-    return rc, json.loads((out / "gpu.json").read_text()), (out / "gpu.md").read_text(), stdout.getvalue(), stderr.getvalue()
+    return (
+        rc,
+        json.loads((out / "gpu.json").read_text()),
+        (out / "gpu.md").read_text(),
+        stdout.getvalue(),
+        stderr.getvalue(),
+    )
 
 
 def test_bundle_is_small_and_runs_without_colossalai_dali_tfrecord_crc32c(bundle_run):
@@ -142,9 +165,11 @@ def test_booster_path_and_a_failing_section_keeps_what_finished(booster_run):
 def test_module_load_imports_nothing_heavy_and_no_cuda_is_one_line_exit_2(tmp_path):
     """One process: importing the kit loads no Colossal-AI/DALI/TFRecord/crc32c; then, without a GPU,
     the default ``--device cuda`` is refused in one line, exit 2, nothing written."""
-    code = ("import sys, json, benchmarks.gpu, benchmarks.gpu_train, benchmarks.gpu_optim, benchmarks.gpu_report; "
-            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('colossalai', 'tfrecord', 'crc32c') "
-            f"or m.startswith('nvidia.dali'))), flush=True); sys.exit(benchmarks.gpu.main(['--out', {str(tmp_path)!r}]))")
+    code = (
+        "import sys, json, benchmarks.gpu, benchmarks.gpu_train, benchmarks.gpu_optim, benchmarks.gpu_report; "
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('colossalai', 'tfrecord', 'crc32c') "
+        f"or m.startswith('nvidia.dali'))), flush=True); sys.exit(benchmarks.gpu.main(['--out', {str(tmp_path)!r}]))"
+    )
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True)
     assert json.loads(p.stdout.strip().splitlines()[0]) == []
     if gpu_device.torch.cuda.is_available():
@@ -176,20 +201,23 @@ def test_cuda_device_gets_its_index_as_set_device_needs():
             pick_device(bad)
 
 
-@pytest.mark.parametrize("name,sms,board,tflops", [
-    ("NVIDIA H100 80GB HBM3", 132, "H100 SXM", 989.4),
-    ("NVIDIA H100 PCIe", 114, "H100 PCIe", 756.0),
-    ("NVIDIA H100 NVL", 132, "H100 NVL", 835.0),
-    ("NVIDIA H200", 132, "H200 SXM", 989.4),
-    ("NVIDIA H200 NVL", 132, "H200 NVL", 835.0),
-    ("NVIDIA GH200 480GB", 132, "GH200 (Hopper GPU)", 989.4),  # not "H200 SXM"
-    ("NVIDIA GH200 144G HBM3e", 132, "GH200 (Hopper GPU)", 989.4),
-    ("NVIDIA A100-SXM4-80GB", 108, "A100 (SXM4 and PCIe)", 312.0),
-    ("NVIDIA A100-PCIE-40GB", 108, "A100 (SXM4 and PCIe)", 312.0),
-    ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", 16, "H100 SXM, MIG slice 16/132 SMs", 989.4 * 16 / 132),
-    ("NVIDIA H100 80GB HBM3 MIG 3g.40gb", 60, "H100 SXM, MIG slice 60/132 SMs", 989.4 * 60 / 132),
-    ("NVIDIA A100-SXM4-40GB MIG 1g.5gb", 14, "A100 (SXM4 and PCIe), MIG slice 14/108 SMs", 312.0 * 14 / 108),
-])
+@pytest.mark.parametrize(
+    "name,sms,board,tflops",
+    [
+        ("NVIDIA H100 80GB HBM3", 132, "H100 SXM", 989.4),
+        ("NVIDIA H100 PCIe", 114, "H100 PCIe", 756.0),
+        ("NVIDIA H100 NVL", 132, "H100 NVL", 835.0),
+        ("NVIDIA H200", 132, "H200 SXM", 989.4),
+        ("NVIDIA H200 NVL", 132, "H200 NVL", 835.0),
+        ("NVIDIA GH200 480GB", 132, "GH200 (Hopper GPU)", 989.4),  # not "H200 SXM"
+        ("NVIDIA GH200 144G HBM3e", 132, "GH200 (Hopper GPU)", 989.4),
+        ("NVIDIA A100-SXM4-80GB", 108, "A100 (SXM4 and PCIe)", 312.0),
+        ("NVIDIA A100-PCIE-40GB", 108, "A100 (SXM4 and PCIe)", 312.0),
+        ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", 16, "H100 SXM, MIG slice 16/132 SMs", 989.4 * 16 / 132),
+        ("NVIDIA H100 80GB HBM3 MIG 3g.40gb", 60, "H100 SXM, MIG slice 60/132 SMs", 989.4 * 60 / 132),
+        ("NVIDIA A100-SXM4-40GB MIG 1g.5gb", 14, "A100 (SXM4 and PCIe), MIG slice 14/108 SMs", 312.0 * 14 / 108),
+    ],
+)
 def test_datasheet_peak_matches_board_variants_and_mig_slices(name, sms, board, tflops):
     got = gpu_device.datasheet_peak(name, sms)
     assert got["board"] == board and got["dense_bf16_fp16_flops"] == pytest.approx(tflops * 1e12)
@@ -207,14 +235,30 @@ def test_profiler_counts_every_launch_name_the_syncs_and_not_a_silent_zero():
     synchronize) do not count; no kernel recorded means not measured (None), not 0."""
     from benchmarks.gpu_optim import MARK, count_events
 
-    launch_names = ["cudaLaunchKernel", "cudaLaunchKernelExC_v11060", "cudaLaunchKernel_ptsz", "__cudaLaunchKernel",
-                    "cuLaunchKernel", "cuLaunchKernelEx"]
+    launch_names = [
+        "cudaLaunchKernel",
+        "cudaLaunchKernelExC_v11060",
+        "cudaLaunchKernel_ptsz",
+        "__cudaLaunchKernel",
+        "cuLaunchKernel",
+        "cuLaunchKernelEx",
+    ]
     host = [(n, False, 10.0 + i) for i, n in enumerate(launch_names)]
-    host += [("cudaMemcpyAsync", False, 20.0), ("cudaStreamSynchronize", False, 21.0), ("cudaMemcpyAsync", False, 22.0),
-             ("cudaStreamSynchronize", False, 23.0), ("cudaDeviceSynchronize", False, 99.0),  # after the window
-             ("cudaLaunchKernel", False, 1.0), ("aten::add_", False, 12.0), (MARK, False, 5.0)]
-    gpu = [("void at::native::multi_tensor_apply_kernel<...>", True, 0.0)] * 6 + [
-        ("Memcpy DtoH (Device -> Pinned)", True, 0.0)] * 2 + [("Memset (Device)", True, 0.0), (MARK, True, 0.0)]
+    host += [
+        ("cudaMemcpyAsync", False, 20.0),
+        ("cudaStreamSynchronize", False, 21.0),
+        ("cudaMemcpyAsync", False, 22.0),
+        ("cudaStreamSynchronize", False, 23.0),
+        ("cudaDeviceSynchronize", False, 99.0),  # after the window
+        ("cudaLaunchKernel", False, 1.0),
+        ("aten::add_", False, 12.0),
+        (MARK, False, 5.0),
+    ]
+    gpu = (
+        [("void at::native::multi_tensor_apply_kernel<...>", True, 0.0)] * 6
+        + [("Memcpy DtoH (Device -> Pinned)", True, 0.0)] * 2
+        + [("Memset (Device)", True, 0.0), (MARK, True, 0.0)]
+    )
     c = count_events(host + gpu, steps=2, window=(5.0, 50.0))
     assert c["launches_per_step"] == 3 and c["launch_api_calls_per_step"] == 3
     assert c["syncs_per_step"] == 1 and c["dtoh_copies_per_step"] == 1
@@ -256,6 +300,7 @@ def test_bare_loop_uses_the_same_no_decay_names_and_clip_off_at_zero():
 
     def no_decay(groups):
         return {id(p) for g in groups if g["weight_decay"] == 0 for p in g["params"]}
+
     assert no_decay(theirs) == no_decay(ours) and id(loop.model.pos_embed) in no_decay(theirs)
     cfg.optim.clip_grad_norm = 1e30  # never reached: no clipping
     unclipped = BareLoop(cfg, torch.device("cpu"))  # same seed, same batch

@@ -28,8 +28,11 @@ TOOL_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
 
 
 def _distribution_names() -> list[str]:
-    names = [line.split("==")[0] for line in KIT_REQUIREMENTS.read_text().splitlines()
-             if line.strip() and not line.startswith("#")]
+    names = [
+        line.split("==")[0]
+        for line in KIT_REQUIREMENTS.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     return [re.sub(r"[-.]", "_", n).lower() for n in names]
 
 
@@ -49,8 +52,13 @@ def _site_without(dropped: list[str], dest: Path) -> Path:
 def test_kit_runs_the_colossalai_path_from_the_wheels_alone(tmp_path):
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     wheels = tmp_path / "whl"
-    made = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_wheels.sh"), str(wheels), version],
-                          env=TOOL_ENV, capture_output=True, text=True, timeout=600)
+    made = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_wheels.sh"), str(wheels), version],
+        env=TOOL_ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert made.returncode == 0, made.stdout + made.stderr
     assert {w.name.split("-")[0].lower() for w in wheels.glob("*.whl")} == set(_distribution_names())
 
@@ -61,12 +69,45 @@ def test_kit_runs_the_colossalai_path_from_the_wheels_alone(tmp_path):
     assert missing.returncode != 0 and "No module named 'colossalai'" in missing.stderr
 
     site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(site),
-                    *map(str, sorted(wheels.glob("*.whl")))], env=TOOL_ENV, check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--no-deps",
+            "--target",
+            str(site),
+            *map(str, sorted(wheels.glob("*.whl"))),
+        ],
+        env=TOOL_ENV,
+        check=True,
+        capture_output=True,
+    )
     out = tmp_path / "out"
-    run = subprocess.run([str(python), "-m", "benchmarks.gpu", "--device", "cpu", "--tiny", "--path", "colossalai",
-                          "--only", "train", "--out", str(out)],
-                         cwd=ROOT, env=env | {"PYTHONPATH": str(site)}, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            str(python),
+            "-m",
+            "benchmarks.gpu",
+            "--device",
+            "cpu",
+            "--tiny",
+            "--path",
+            "colossalai",
+            "--only",
+            "train",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env | {"PYTHONPATH": str(site)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     result = json.loads((out / "gpu.json").read_text())
     assert result["path"] == "colossalai", result["path_why"]

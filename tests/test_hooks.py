@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
-import dataclasses
 import logging
 
 import pytest
 from rich.console import Console
 
-from hooks import (ConsoleHook, JsonlHook, NanGuardHook, RunInfo, StopTraining, TensorBoardHook,
-                   TotalBatchHook, build_hooks, read_metrics)
+from hooks import (
+    ConsoleHook,
+    JsonlHook,
+    NanGuardHook,
+    RunInfo,
+    StopTraining,
+    TensorBoardHook,
+    TotalBatchHook,
+    build_hooks,
+    read_metrics,
+)
 from hooks.console import format_bytes, format_duration
 from vitlarge.config import Config, Plan
 from vitlarge.events import EvalMetrics, StepMetrics
@@ -19,37 +28,67 @@ from vitlarge.events import EvalMetrics, StepMetrics
 NAN, INF = float("nan"), float("inf")
 
 
-PLAN = Plan(world_size=4, global_batch=32768, micro_batch=256, accum_steps=32, steps_per_epoch=39,
-            total_steps=11700, warmup_steps=390, eval_every_steps=0, num_train_examples=39 * 32768)
+PLAN = Plan(
+    world_size=4,
+    global_batch=32768,
+    micro_batch=256,
+    accum_steps=32,
+    steps_per_epoch=39,
+    total_steps=11700,
+    warmup_steps=390,
+    eval_every_steps=0,
+    num_train_examples=39 * 32768,
+)
 
 
 def make_run(workdir, **kw) -> RunInfo:
     """``kw`` may set RunInfo fields and Plan fields (``total_steps=...``)."""
     plan_kw = {k: kw.pop(k) for k in list(kw) if k in {f.name for f in dataclasses.fields(Plan)}}
-    base = dict(workdir=str(workdir), rank=0, is_main=True, device="cpu", start_step=0,
-                plan=dataclasses.replace(PLAN, **plan_kw), cfg=Config())
+    base = dict(
+        workdir=str(workdir),
+        rank=0,
+        is_main=True,
+        device="cpu",
+        start_step=0,
+        plan=dataclasses.replace(PLAN, **plan_kw),
+        cfg=Config(),
+    )
     return RunInfo(**{**base, **kw})
 
 
 def step_metrics(step, **kw) -> StepMetrics:
-    m = dict(step=step, epoch=step / 39, train_loss=7.0 - 0.1 * step, lr=1.5e-3, grad_norm=1.5,
-             loss_scale=32768.0, skipped=False, images=32768, step_time=2.0, data_time=0.5,
-             images_per_s=16384.0, images_per_s_per_device=4096.0, peak_mem_bytes=3 * 2**30)
+    m = dict(
+        step=step,
+        epoch=step / 39,
+        train_loss=7.0 - 0.1 * step,
+        lr=1.5e-3,
+        grad_norm=1.5,
+        loss_scale=32768.0,
+        skipped=False,
+        images=32768,
+        step_time=2.0,
+        data_time=0.5,
+        images_per_s=16384.0,
+        images_per_s_per_device=4096.0,
+        peak_mem_bytes=3 * 2**30,
+    )
     return StepMetrics(**{**m, **kw})
 
 
-EVAL = EvalMetrics(step=3, epoch=3 / 39, val_top1=0.76543, val_top5=0.93217, val_loss=0.98765,
-                   val_images=50000)
+EVAL = EvalMetrics(step=3, epoch=3 / 39, val_top1=0.76543, val_top5=0.93217, val_loss=0.98765, val_images=50000)
 
 
 def strict_json(line: str) -> dict:
     """json.loads that rejects NaN/Infinity, which Python's json would otherwise accept."""
+
     def reject(c):
         raise ValueError(f"non-strict JSON constant {c}")
+
     return json.loads(line, parse_constant=reject)
 
 
 # --- TotalBatchHook -----------------------------------------------------------------------------
+
 
 def test_total_batch_logs_the_equation_on_main_rank_only(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="vitlarge")
@@ -62,6 +101,7 @@ def test_total_batch_logs_the_equation_on_main_rank_only(tmp_path, caplog):
 
 
 # --- ConsoleHook --------------------------------------------------------------------------------
+
 
 def test_console_window_averages_eta_and_data_wait(tmp_path):
     out = io.StringIO()
@@ -96,8 +136,7 @@ def test_console_prints_last_step_eval_and_plain_text_when_piped(tmp_path, capsy
     out = capsys.readouterr().out
     assert "\x1b" not in out
     lines = out.splitlines()
-    assert [ln.split(" | ")[0] for ln in lines] == [
-        "train step 2/3", "train step 3/3", "eval  step 3", "ckpt  step 3"]
+    assert [ln.split(" | ")[0] for ln in lines] == ["train step 2/3", "train step 3/3", "eval  step 3", "ckpt  step 3"]
     assert "mem 300 MiB" in lines[1] and "eta 0:00:00" in lines[1]
     assert "top-1 76.54% | top-5 93.22% | loss 0.9877 | 50000 images" in lines[2]
     assert lines[3].endswith("/runs/x/ckpt[3]")
@@ -124,6 +163,7 @@ def test_formatters():
 
 # --- JsonlHook ----------------------------------------------------------------------------------
 
+
 def test_jsonl_records_are_strict_json_with_nan_as_null(tmp_path):
     hook, run = JsonlHook(str(tmp_path)), make_run(tmp_path)
     hook.on_train_start(run)
@@ -136,8 +176,20 @@ def test_jsonl_records_are_strict_json_with_nan_as_null(tmp_path):
     assert [r["event"] for r in recs] == ["start", "train", "train", "eval", "checkpoint", "end"]
     assert recs[0]["global_batch"] == 32768 and recs[0]["step"] == 0
     t1 = recs[1]
-    assert {"step", "epoch", "train_loss", "lr", "grad_norm", "loss_scale", "images_per_s", "skipped",
-            "data_time", "step_time", "peak_mem_bytes", "time"} <= t1.keys()
+    assert {
+        "step",
+        "epoch",
+        "train_loss",
+        "lr",
+        "grad_norm",
+        "loss_scale",
+        "images_per_s",
+        "skipped",
+        "data_time",
+        "step_time",
+        "peak_mem_bytes",
+        "time",
+    } <= t1.keys()
     assert t1["train_loss"] == pytest.approx(6.9) and t1["peak_mem_bytes"] == 3 * 2**30
     assert recs[2]["train_loss"] is None and recs[2]["grad_norm"] is None and recs[2]["skipped"] is True
     assert recs[3]["val_top1"] == 0.76543 and recs[3]["val_images"] == 50000
@@ -175,8 +227,12 @@ def test_jsonl_resume_appends_and_read_metrics_keeps_the_last_history(tmp_path):
 
 def test_read_metrics_rolls_back_steps_the_resumed_run_never_reached(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    rows = ([{"event": "start", "step": 0}] + [{"event": "train", "step": s} for s in range(1, 9)]
-            + [{"event": "start", "step": 4}] + [{"event": "train", "step": s} for s in (5, 6)])
+    rows = (
+        [{"event": "start", "step": 0}]
+        + [{"event": "train", "step": s} for s in range(1, 9)]
+        + [{"event": "start", "step": 4}]
+        + [{"event": "train", "step": s} for s in (5, 6)]
+    )
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert [r["step"] for r in read_metrics(str(path)) if r["event"] == "train"] == [1, 2, 3, 4, 5, 6]
 
@@ -191,8 +247,10 @@ def test_jsonl_non_main_rank_writes_nothing(tmp_path):
 
 # --- TensorBoardHook ----------------------------------------------------------------------------
 
+
 def _scalars(logdir):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     acc = EventAccumulator(str(logdir))
     acc.Reload()
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
@@ -206,9 +264,19 @@ def test_tensorboard_scalars_read_back_and_resume_purges(tmp_path):
     hook.on_eval_end(run, EVAL)
     hook.on_train_end(run, dataclasses.replace(EVAL, step=3))
     sc = _scalars(tmp_path / "tb")
-    assert set(sc) == {"train/loss", "train/lr", "train/grad_norm", "train/loss_scale", "train/skipped",
-                       "perf/images_per_s", "perf/data_wait", "mem/peak_gib",
-                       "val/top1", "val/top5", "val/loss"}
+    assert set(sc) == {
+        "train/loss",
+        "train/lr",
+        "train/grad_norm",
+        "train/loss_scale",
+        "train/skipped",
+        "perf/images_per_s",
+        "perf/data_wait",
+        "mem/peak_gib",
+        "val/top1",
+        "val/top5",
+        "val/loss",
+    }
     assert sc["train/loss"] == [(1, 5.0), (3, 5.0)]  # the nan step is left out
     assert sc["train/lr"][0] == (1, pytest.approx(1.5e-3))
     assert sc["perf/data_wait"][0][1] == pytest.approx(0.25)
@@ -232,6 +300,7 @@ def test_tensorboard_non_main_rank_writes_nothing(tmp_path):
 
 
 # --- NanGuardHook -------------------------------------------------------------------------------
+
 
 def test_nan_guard_raises_after_exactly_patience_steps(tmp_path):
     guard, run = NanGuardHook(patience=3), make_run(tmp_path, rank=1, is_main=False)  # all ranks
@@ -258,17 +327,26 @@ def test_nan_guard_ignores_fp16_skips_and_resets_on_finite_loss(tmp_path):
         guard.on_step_end(run, step_metrics(s, skipped=True, grad_norm=INF))
     for s, loss in zip(range(21, 26), (NAN, 3.0, NAN, 3.0, NAN)):
         guard.on_step_end(run, step_metrics(s, train_loss=loss))
-    with pytest.raises(StopTraining, match=r"steps 25\.\.26; last finite loss 3\.0000 at step 24.*"
-                                           r"none written by this run; it resumed .* step 10"):
+    with pytest.raises(
+        StopTraining,
+        match=r"steps 25\.\.26; last finite loss 3\.0000 at step 24.*"
+        r"none written by this run; it resumed .* step 10",
+    ):
         guard.on_step_end(run, step_metrics(26, train_loss=NAN))
 
 
 # --- build_hooks --------------------------------------------------------------------------------
 
+
 def test_build_hooks_logs_the_failing_step_before_the_guard_stops(tmp_path, capsys):
     hooks = build_hooks(str(tmp_path), log_every=5, nan_patience=1, tensorboard=False)
-    assert [type(h).__name__ for h in hooks] == ["TotalBatchHook", "ConsoleHook", "JsonlHook", "PlotHook",
-                                                 "NanGuardHook"]
+    assert [type(h).__name__ for h in hooks] == [
+        "TotalBatchHook",
+        "ConsoleHook",
+        "JsonlHook",
+        "PlotHook",
+        "NanGuardHook",
+    ]
     run = make_run(tmp_path)
     for h in hooks:
         h.on_train_start(run)
@@ -279,4 +357,9 @@ def test_build_hooks_logs_the_failing_step_before_the_guard_stops(tmp_path, caps
     assert last["step"] == 1 and last["train_loss"] is None
     assert "loss nan" in capsys.readouterr().out
     assert [type(h).__name__ for h in build_hooks("w", log_every=1, nan_patience=1, console=False)] == [
-        "TotalBatchHook", "JsonlHook", "TensorBoardHook", "PlotHook", "NanGuardHook"]
+        "TotalBatchHook",
+        "JsonlHook",
+        "TensorBoardHook",
+        "PlotHook",
+        "NanGuardHook",
+    ]

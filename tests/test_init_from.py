@@ -1,7 +1,6 @@
 """vitlarge/init_from.py: fine-tuning starts from an export, a checkpoint folder or a timm checkpoint file,
 with the position embedding resampled to the recipe's grid and a classifier of another class count new."""
 
-import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -79,8 +78,16 @@ def test_another_class_count_gets_a_new_classifier_and_says_so(source):
 def test_a_checkpoint_folder_and_a_timm_checkpoint_file_load_the_same_weights(source, tmp_path):
     src, _ = source
     c = cfg()
-    ckpt = checkpoint.save(tmp_path / "run", 7, src, build_optimizer(src, "lamb", lr=1e-2, weight_decay=0.1),
-                           torch.amp.GradScaler("cpu"), None, c, keep=1)
+    ckpt = checkpoint.save(
+        tmp_path / "run",
+        7,
+        src,
+        build_optimizer(src, "lamb", lr=1e-2, weight_decay=0.1),
+        torch.amp.GradScaler("cpu"),
+        None,
+        c,
+        keep=1,
+    )
     pth = tmp_path / "timm.pth"  # timm's train.py layout, saved from a DDP model
     torch.save({"epoch": 3, "state_dict": {f"module.{k}": v for k, v in src.state_dict().items()}}, pth)
     for path in (ckpt, pth):
@@ -103,15 +110,24 @@ def test_a_timm_training_checkpoint_with_args_loads_its_ema_weights_and_says_so(
     sd = src.state_dict()
     ema = {k: v + 1 for k, v in sd.items()}
     pth = tmp_path / "checkpoint-3.pth.tar"
-    torch.save({"epoch": 3, "arch": "vit", "args": argparse.Namespace(lr=5e-4, model="vit", betas=None, drop=[0.1]),
-                "state_dict": {f"module.{k}": v for k, v in sd.items()},
-                "state_dict_ema": {**ema, "dist_token": torch.zeros(1, 1, 96)}}, pth)
+    torch.save(
+        {
+            "epoch": 3,
+            "arch": "vit",
+            "args": argparse.Namespace(lr=5e-4, model="vit", betas=None, drop=[0.1]),
+            "state_dict": {f"module.{k}": v for k, v in sd.items()},
+            "state_dict_ema": {**ema, "dist_token": torch.zeros(1, 1, 96)},
+        },
+        pth,
+    )
     c = cfg(model__init_from=str(pth))
     check_source(c)
     model = fresh(c)
     notes = load_into(model, c)
-    assert notes == [f"initialised from {pth} (its 'state_dict_ema')",
-                     "warning: 1 source tensor(s) not in the recipe's model, dropped: dist_token"]
+    assert notes == [
+        f"initialised from {pth} (its 'state_dict_ema')",
+        "warning: 1 source tensor(s) not in the recipe's model, dropped: dist_token",
+    ]
     assert all(torch.equal(model.state_dict()[k], v) for k, v in ema.items())
 
 
@@ -119,20 +135,32 @@ def test_a_global_pool_mismatch_is_one_line_naming_it(source):
     _, path = source
     c = cfg(model__init_from=str(path))
     c.model.kwargs = {**c.model.kwargs, "global_pool": "avg"}
-    with pytest.raises(UserError, match=r"was trained with global_pool=token \(norm\), the recipe's model uses "
-                                        r"global_pool=avg \(fc_norm\); set model.kwargs global_pool"):
+    with pytest.raises(
+        UserError,
+        match=r"was trained with global_pool=token \(norm\), the recipe's model uses "
+        r"global_pool=avg \(fc_norm\); set model.kwargs global_pool",
+    ):
         check_source(c)
 
 
-@pytest.mark.parametrize("change, message", [
-    (dict(kwargs=dict(patch_size=2, embed_dim=96, depth=4, num_heads=3)),
-     "its patch embedding is 4x4 px, 96 wide; the recipe's model is 2x2 px, 96 wide; fine-tune from a model with "
-     "the same patch size"),
-    (dict(kwargs=dict(patch_size=4, embed_dim=96, depth=6, num_heads=3)),
-     "is another architecture: it lacks 'blocks.4.norm1.weight' (24 of the recipe's 80 tensors missing)"),
-    (dict(kwargs=dict(patch_size=4, embed_dim=96, depth=4, num_heads=3, mlp_ratio=2.0)),
-     "is another architecture: 'blocks.0.mlp.fc1.weight' is (384, 96), the recipe's model has (192, 96)"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            dict(kwargs=dict(patch_size=2, embed_dim=96, depth=4, num_heads=3)),
+            "its patch embedding is 4x4 px, 96 wide; the recipe's model is 2x2 px, 96 wide; fine-tune from a model with "
+            "the same patch size",
+        ),
+        (
+            dict(kwargs=dict(patch_size=4, embed_dim=96, depth=6, num_heads=3)),
+            "is another architecture: it lacks 'blocks.4.norm1.weight' (24 of the recipe's 80 tensors missing)",
+        ),
+        (
+            dict(kwargs=dict(patch_size=4, embed_dim=96, depth=4, num_heads=3, mlp_ratio=2.0)),
+            "is another architecture: 'blocks.0.mlp.fc1.weight' is (384, 96), the recipe's model has (192, 96)",
+        ),
+    ],
+)
 def test_another_architecture_or_patch_size_is_one_line(source, change, message):
     _, path = source
     c = cfg(model__init_from=str(path))
@@ -144,11 +172,27 @@ def test_another_architecture_or_patch_size_is_one_line(source, change, message)
 
 def test_a_missing_path_fails_in_train_py_before_the_data(tmp_path):
     missing = tmp_path / "nothing" / "model"
-    r = subprocess.run([sys.executable, "train.py", "--config", str(DEMO), "--data", str(tmp_path / "no_data"),
-                        "--workdir", str(tmp_path / "run"), f"model.init_from={missing}"], cwd=ROOT, capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "--config",
+            str(DEMO),
+            "--data",
+            str(tmp_path / "no_data"),
+            "--workdir",
+            str(tmp_path / "run"),
+            f"model.init_from={missing}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2
-    assert r.stderr.strip() == (f"error: model.init_from={missing} does not exist; pass an export folder "
-                                "(<workdir>/model), a checkpoints/step_* folder or a timm checkpoint file")
+    assert r.stderr.strip() == (
+        f"error: model.init_from={missing} does not exist; pass an export folder "
+        "(<workdir>/model), a checkpoints/step_* folder or a timm checkpoint file"
+    )
 
 
 def test_a_resume_does_not_need_the_init_from_file(tmp_path):
@@ -157,6 +201,20 @@ def test_a_resume_does_not_need_the_init_from_file(tmp_path):
     missing = tmp_path / "gone" / "model"
     work = tmp_path / "run"
     (work / "checkpoints" / checkpoint.step_name(10)).mkdir(parents=True)
-    r = subprocess.run([sys.executable, "train.py", "--config", str(DEMO), "--data", str(tmp_path / "no_data"),
-                        "--workdir", str(work), f"model.init_from={missing}"], cwd=ROOT, capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "--config",
+            str(DEMO),
+            "--data",
+            str(tmp_path / "no_data"),
+            "--workdir",
+            str(work),
+            f"model.init_from={missing}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "init_from" not in r.stderr and "no_data" in r.stderr, r.stderr

@@ -10,20 +10,34 @@ import pytest
 import torch
 
 from vitlarge.errors import UserError
-from vitlarge.launch import (DistEnv, choose_device, detect, launcher_rank, prints_error, rendezvous_timeout_s,
-                             thread_budget)
+from vitlarge.launch import (
+    DistEnv,
+    choose_device,
+    detect,
+    launcher_rank,
+    prints_error,
+    rendezvous_timeout_s,
+    thread_budget,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
 TORCHRUN = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29511"}
-SLURM = {"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "123456",
-         "SLURM_JOB_NODELIST": "node01", "SLURM_STEP_ID": "0"}  # srun sets SLURM_STEP_ID; a batch shell does not
+SLURM = {
+    "SLURM_PROCID": "5",
+    "SLURM_NTASKS": "16",
+    "SLURM_LOCALID": "1",
+    "SLURM_JOB_ID": "123456",
+    "SLURM_JOB_NODELIST": "node01",
+    "SLURM_STEP_ID": "0",
+}  # srun sets SLURM_STEP_ID; a batch shell does not
 
 
 def test_torchrun_variables():
     env = detect(dict(TORCHRUN))
-    assert env == DistEnv(rank=3, world_size=8, local_rank=1, master_addr="10.0.0.5", master_port=29511,
-                          source="torchrun")
+    assert env == DistEnv(
+        rank=3, world_size=8, local_rank=1, master_addr="10.0.0.5", master_port=29511, source="torchrun"
+    )
     assert not env.is_main
 
 
@@ -171,8 +185,14 @@ def test_rendezvous_nobody_listens():
         sys.exit(1)
     """)
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                       env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+    )
     elapsed = time.monotonic() - t0
     assert r.returncode == 0, r.stdout + r.stderr
     port = r.stdout.split("PORT ")[1].split()[0]
@@ -182,8 +202,17 @@ def test_rendezvous_nobody_listens():
     assert elapsed < 45  # the timeout is honoured, not the 300 s default
 
 
-@pytest.mark.parametrize("env, rank", [({}, 0), (TORCHRUN, 3), (SLURM, 5), ({"RANK": "1"}, 1), ({"RANK": "one"}, None),
-                                       ({"SLURM_PROCID": "x", "SLURM_NTASKS": "2"}, None)])
+@pytest.mark.parametrize(
+    "env, rank",
+    [
+        ({}, 0),
+        (TORCHRUN, 3),
+        (SLURM, 5),
+        ({"RANK": "1"}, 1),
+        ({"RANK": "one"}, None),
+        ({"SLURM_PROCID": "x", "SLURM_NTASKS": "2"}, None),
+    ],
+)
 def test_launcher_rank_is_read_without_validation(env, rank):
     assert launcher_rank(env) == rank
 
@@ -212,57 +241,114 @@ def test_an_error_every_rank_meets_is_printed_by_rank_0_only():
 # --- thread pools (issue 16): sized from what the launcher gave the process ---------------------------------
 
 # What srun -N 2 -n 4 exports to a task on the second node (no --cpus-per-task): tasks per node "2(x2)".
-SRUN_NODE2 = {"SLURM_PROCID": "2", "SLURM_NTASKS": "4", "SLURM_LOCALID": "0", "SLURM_NODEID": "1",
-              "SLURM_STEP_ID": "0", "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_TASKS_PER_NODE": "2(x2)"}
+SRUN_NODE2 = {
+    "SLURM_PROCID": "2",
+    "SLURM_NTASKS": "4",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "1",
+    "SLURM_STEP_ID": "0",
+    "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+    "SLURM_TASKS_PER_NODE": "2(x2)",
+}
 
 
-@pytest.mark.parametrize("env, cpus, threads, why", [
-    ({}, 16, 16, "16 usable CPUs, one process"),  # plain python: the whole affinity mask
-    ({"OMP_NUM_THREADS": "3"}, 16, 3, "OMP_NUM_THREADS=3"),  # the user's value wins
-    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}, 2, 1,
-     "OMP_NUM_THREADS=1"),  # torchrun / colossalai run with --nproc_per_node 2
-    ({"RANK": "0", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}, 32, 8, "32 usable CPUs / 4 tasks"),
-    ({**SRUN_NODE2, "SLURM_CPUS_PER_TASK": "6"}, 48, 6, "SLURM_CPUS_PER_TASK=6"),  # srun -c 6
-    ({**SRUN_NODE2, "SLURM_CPUS_PER_TASK": "6", "OMP_NUM_THREADS": "2"}, 48, 2, "OMP_NUM_THREADS=2"),
-    (SRUN_NODE2, 2, 1, "2 usable CPUs / 2 tasks on this node (SLURM_STEP_TASKS_PER_NODE)"),  # the issue's case
-    (SRUN_NODE2, 3, 1, "3 usable CPUs / 2 tasks"),  # rounds down: never more threads than cores
-    # Uneven: 7 tasks on 3 nodes are 3,2,2; the third node (SLURM_NODEID=2) has 2 of them.
-    ({"SLURM_STEP_TASKS_PER_NODE": "3,2(x2)", "SLURM_NODEID": "2"}, 8, 4, "8 usable CPUs / 2 tasks"),
-    ({"SLURM_STEP_TASKS_PER_NODE": "3,2(x2)", "SLURM_NODEID": "0"}, 8, 2, "8 usable CPUs / 3 tasks"),
-    ({"SLURM_NTASKS_PER_NODE": "4"}, 8, 2, "(SLURM_NTASKS_PER_NODE)"),
-    ({"SLURM_STEP_TASKS_PER_NODE": "8"}, 2, 1, "2 usable CPUs / 8 tasks"),  # oversubscribed: still 1
-    # Review findings 2, 3, 7: a mask Slurm bound to the task is its share as it is.
-    ({"SLURM_STEP_TASKS_PER_NODE": "8(x16)", "SLURM_NODEID": "3", "SLURM_JOB_CPUS_PER_NODE": "64(x16)"}, 8, 8,
-     "8 CPUs bound to this task"),  # task/cgroup --cpu-bind=cores: mask 8 of the node's 64
-    ({"SLURM_STEP_TASKS_PER_NODE": "8(x16)", "SLURM_CPU_BIND_TYPE": "mask_cpu:"}, 8, 8, "bound to this task"),
-    ({"SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_CPU_BIND_TYPE": "none", "SLURM_JOB_CPUS_PER_NODE": "2"}, 2, 1,
-     "2 usable CPUs / 2 tasks"),  # --cpu-bind=none, mask = the whole allocation: divided
-    ({"SLURM_CPUS_PER_TASK": "8"}, 1, 1, "SLURM_CPUS_PER_TASK=8 capped by the 1 usable CPUs"),
-    ({"SLURM_TASKS_PER_NODE": "4", "SLURM_NODEID": "5", "SLURM_STEP_NUM_TASKS": "24", "SLURM_STEP_NUM_NODES": "6"},
-     64, 16, "64 usable CPUs / 4 tasks on this node (SLURM_STEP_NUM_TASKS / SLURM_STEP_NUM_NODES"),  # not 64
-    ({"SLURM_TASKS_PER_NODE": "4", "SLURM_NODEID": "5"}, 64, 16, "SLURM_TASKS_PER_NODE, largest entry"),
-    ({"SLURM_STEP_TASKS_PER_NODE": "3", "SLURM_NODEID": "1", "SLURM_NTASKS": "5", "SLURM_NNODES": "2"}, 12, 4,
-     "12 usable CPUs / 3 tasks"),  # ceil(5 / 2)
-    ({"OMP_NUM_THREADS": "4,2"}, 16, 4, "OMP_NUM_THREADS=4"),  # OpenMP nested form: the first level
-])
+@pytest.mark.parametrize(
+    "env, cpus, threads, why",
+    [
+        ({}, 16, 16, "16 usable CPUs, one process"),  # plain python: the whole affinity mask
+        ({"OMP_NUM_THREADS": "3"}, 16, 3, "OMP_NUM_THREADS=3"),  # the user's value wins
+        (
+            {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"},
+            2,
+            1,
+            "OMP_NUM_THREADS=1",
+        ),  # torchrun / colossalai run with --nproc_per_node 2
+        ({"RANK": "0", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}, 32, 8, "32 usable CPUs / 4 tasks"),
+        ({**SRUN_NODE2, "SLURM_CPUS_PER_TASK": "6"}, 48, 6, "SLURM_CPUS_PER_TASK=6"),  # srun -c 6
+        ({**SRUN_NODE2, "SLURM_CPUS_PER_TASK": "6", "OMP_NUM_THREADS": "2"}, 48, 2, "OMP_NUM_THREADS=2"),
+        (SRUN_NODE2, 2, 1, "2 usable CPUs / 2 tasks on this node (SLURM_STEP_TASKS_PER_NODE)"),  # the issue's case
+        (SRUN_NODE2, 3, 1, "3 usable CPUs / 2 tasks"),  # rounds down: never more threads than cores
+        # Uneven: 7 tasks on 3 nodes are 3,2,2; the third node (SLURM_NODEID=2) has 2 of them.
+        ({"SLURM_STEP_TASKS_PER_NODE": "3,2(x2)", "SLURM_NODEID": "2"}, 8, 4, "8 usable CPUs / 2 tasks"),
+        ({"SLURM_STEP_TASKS_PER_NODE": "3,2(x2)", "SLURM_NODEID": "0"}, 8, 2, "8 usable CPUs / 3 tasks"),
+        ({"SLURM_NTASKS_PER_NODE": "4"}, 8, 2, "(SLURM_NTASKS_PER_NODE)"),
+        ({"SLURM_STEP_TASKS_PER_NODE": "8"}, 2, 1, "2 usable CPUs / 8 tasks"),  # oversubscribed: still 1
+        # Review findings 2, 3, 7: a mask Slurm bound to the task is its share as it is.
+        (
+            {"SLURM_STEP_TASKS_PER_NODE": "8(x16)", "SLURM_NODEID": "3", "SLURM_JOB_CPUS_PER_NODE": "64(x16)"},
+            8,
+            8,
+            "8 CPUs bound to this task",
+        ),  # task/cgroup --cpu-bind=cores: mask 8 of the node's 64
+        ({"SLURM_STEP_TASKS_PER_NODE": "8(x16)", "SLURM_CPU_BIND_TYPE": "mask_cpu:"}, 8, 8, "bound to this task"),
+        (
+            {"SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_CPU_BIND_TYPE": "none", "SLURM_JOB_CPUS_PER_NODE": "2"},
+            2,
+            1,
+            "2 usable CPUs / 2 tasks",
+        ),  # --cpu-bind=none, mask = the whole allocation: divided
+        ({"SLURM_CPUS_PER_TASK": "8"}, 1, 1, "SLURM_CPUS_PER_TASK=8 capped by the 1 usable CPUs"),
+        (
+            {
+                "SLURM_TASKS_PER_NODE": "4",
+                "SLURM_NODEID": "5",
+                "SLURM_STEP_NUM_TASKS": "24",
+                "SLURM_STEP_NUM_NODES": "6",
+            },
+            64,
+            16,
+            "64 usable CPUs / 4 tasks on this node (SLURM_STEP_NUM_TASKS / SLURM_STEP_NUM_NODES",
+        ),  # not 64
+        ({"SLURM_TASKS_PER_NODE": "4", "SLURM_NODEID": "5"}, 64, 16, "SLURM_TASKS_PER_NODE, largest entry"),
+        (
+            {"SLURM_STEP_TASKS_PER_NODE": "3", "SLURM_NODEID": "1", "SLURM_NTASKS": "5", "SLURM_NNODES": "2"},
+            12,
+            4,
+            "12 usable CPUs / 3 tasks",
+        ),  # ceil(5 / 2)
+        ({"OMP_NUM_THREADS": "4,2"}, 16, 4, "OMP_NUM_THREADS=4"),  # OpenMP nested form: the first level
+    ],
+)
 def test_thread_budget(env, cpus, threads, why):
     n, reason = thread_budget(env, cpus)
     assert n == threads and why in reason, (n, reason)
 
 
 # DALI's default (review finding 1): the CPU share, never torchrun's blanket OMP_NUM_THREADS=1.
-@pytest.mark.parametrize("env, cpus, threads, why", [
-    # colossalai run / torchrun --nproc_per_node 8 on a 64-core node: 8, not 1 (the old fixed 4 was below it)
-    ({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8", "OMP_NUM_THREADS": "1"}, 64, 8, "64 usable CPUs / 8 tasks"),
-    # torchrun 2 workers on 2 cores: 1 each, the share (more would fight PyTorch's threads)
-    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}, 2, 1, "2 usable CPUs / 2 tasks"),
-    # srun bound to 8 cores per task on 16 nodes
-    ({**SRUN_NODE2, "SLURM_STEP_TASKS_PER_NODE": "8(x16)", "SLURM_CPU_BIND_TYPE": "cores", "OMP_NUM_THREADS": "1"},
-     8, 8, "8 CPUs bound to this task"),
-    ({**SRUN_NODE2, "SLURM_CPUS_PER_TASK": "6", "OMP_NUM_THREADS": "2"}, 48, 6, "SLURM_CPUS_PER_TASK=6"),
-    ({**SRUN_NODE2, "SLURM_CPUS_PER_TASK": "16"}, 4, 4, "capped by the 4 usable CPUs"),
-    ({"OMP_NUM_THREADS": "1"}, 16, 16, "16 usable CPUs, one process"),  # plain python with a user's OMP=1
-])
+@pytest.mark.parametrize(
+    "env, cpus, threads, why",
+    [
+        # colossalai run / torchrun --nproc_per_node 8 on a 64-core node: 8, not 1 (the old fixed 4 was below it)
+        (
+            {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8", "OMP_NUM_THREADS": "1"},
+            64,
+            8,
+            "64 usable CPUs / 8 tasks",
+        ),
+        # torchrun 2 workers on 2 cores: 1 each, the share (more would fight PyTorch's threads)
+        (
+            {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"},
+            2,
+            1,
+            "2 usable CPUs / 2 tasks",
+        ),
+        # srun bound to 8 cores per task on 16 nodes
+        (
+            {
+                **SRUN_NODE2,
+                "SLURM_STEP_TASKS_PER_NODE": "8(x16)",
+                "SLURM_CPU_BIND_TYPE": "cores",
+                "OMP_NUM_THREADS": "1",
+            },
+            8,
+            8,
+            "8 CPUs bound to this task",
+        ),
+        ({**SRUN_NODE2, "SLURM_CPUS_PER_TASK": "6", "OMP_NUM_THREADS": "2"}, 48, 6, "SLURM_CPUS_PER_TASK=6"),
+        ({**SRUN_NODE2, "SLURM_CPUS_PER_TASK": "16"}, 4, 4, "capped by the 4 usable CPUs"),
+        ({"OMP_NUM_THREADS": "1"}, 16, 16, "16 usable CPUs, one process"),  # plain python with a user's OMP=1
+    ],
+)
 def test_dali_threads_follow_the_cpu_share_not_omp(env, cpus, threads, why):
     from vitlarge.launch import dali_threads
 
@@ -270,8 +356,15 @@ def test_dali_threads_follow_the_cpu_share_not_omp(env, cpus, threads, why):
     assert n == threads and why in reason, (n, reason)
 
 
-@pytest.mark.parametrize("env", [{"OMP_NUM_THREADS": "0"}, {"SLURM_CPUS_PER_TASK": "x"}, {"OMP_NUM_THREADS": "x,2"},
-                                 {"SLURM_STEP_TASKS_PER_NODE": "2(x"}])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"OMP_NUM_THREADS": "0"},
+        {"SLURM_CPUS_PER_TASK": "x"},
+        {"OMP_NUM_THREADS": "x,2"},
+        {"SLURM_STEP_TASKS_PER_NODE": "2(x"},
+    ],
+)
 def test_thread_budget_bad_values_name_the_variable(env):
     with pytest.raises(UserError, match=next(iter(env))):
         thread_budget(env, 4)
@@ -291,11 +384,18 @@ def test_size_thread_pools_in_a_fresh_process_sets_torch_and_omp():
         print("RESULT", n, torch.get_num_threads(), os.environ["OMP_NUM_THREADS"], why, flush=True)
     """)
     import os
+
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMP_", "RANK", "WORLD_SIZE"))}
     cpus = len(os.sched_getaffinity(0))
     for rank in (0, 1):
-        env = {**base, "SLURM_PROCID": str(rank), "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0",
-               "SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_JOB_NODELIST": "localhost"}
+        env = {
+            **base,
+            "SLURM_PROCID": str(rank),
+            "SLURM_NTASKS": "2",
+            "SLURM_STEP_ID": "0",
+            "SLURM_STEP_TASKS_PER_NODE": "2",
+            "SLURM_JOB_NODELIST": "localhost",
+        }
         r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
         want = max(1, cpus // 2)
@@ -337,7 +437,9 @@ def test_unroutable_master_leaves_gloo_to_its_default_with_a_warning(caplog):
     env = {"SLURM_STEP_NUM_NODES": "2"}
     with caplog.at_level("WARNING", logger="vitlarge"):
         assert bind_interface(DistEnv(1, 2, 0, "no-such-host.invalid", 29500, "slurm"), env) == ""
-    assert "GLOO_SOCKET_IFNAME" not in env and "cannot resolve or route to the master no-such-host.invalid" in caplog.text
+    assert (
+        "GLOO_SOCKET_IFNAME" not in env and "cannot resolve or route to the master no-such-host.invalid" in caplog.text
+    )
 
 
 def test_loopback_master_on_a_multi_node_step_is_never_exported():
@@ -370,9 +472,12 @@ def test_rendezvous_error_names_host_interface_time_and_claims_a_timeout_only_fo
 
     env = DistEnv(1, 4, 1, "node1", 21234, "slurm")
     timeout = rendezvous_error(env, RuntimeError("Socket Timeout"), 5.2, 5.0, "eth0")
-    assert timeout.startswith("rendezvous at node1:21234 did not complete within 5s (rank 1 of 4, slurm; on "
-                              f"{_socket.gethostname()}, interface eth0, 5.2s): Socket Timeout")
+    assert timeout.startswith(
+        "rendezvous at node1:21234 did not complete within 5s (rank 1 of 4, slurm; on "
+        f"{_socket.gethostname()}, interface eth0, 5.2s): Socket Timeout"
+    )
     other = rendezvous_error(env, RuntimeError("Connection reset by peer\nmore"), 0.4, 300.0, "")
     assert "failed after 0.4s" in other and "did not complete" not in other
-    assert "interface default" in other and other.endswith("Connection reset by peer; check that every process "
-                                                           "started and that the address is reachable")
+    assert "interface default" in other and other.endswith(
+        "Connection reset by peer; check that every process started and that the address is reachable"
+    )

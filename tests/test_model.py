@@ -84,10 +84,13 @@ def test_memory_estimate_scales_as_documented():
     assert memory_estimate(info, 256, "fp16", True, False, 4)["activations"] < base["activations"] / 10
 
 
-@pytest.mark.parametrize("field, value, match", [
-    ("name", "vit_nonexistent_patch3", "vit_nonexistent_patch3"),
-    ("kwargs", {"not_a_timm_kwarg": 1}, "not_a_timm_kwarg"),
-])
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("name", "vit_nonexistent_patch3", "vit_nonexistent_patch3"),
+        ("kwargs", {"not_a_timm_kwarg": 1}, "not_a_timm_kwarg"),
+    ],
+)
 def test_unknown_model_or_kwarg(field, value, match):
     cfg = demo()
     setattr(cfg.model, field, value)

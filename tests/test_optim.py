@@ -34,8 +34,10 @@ def _groups(ps: list[nn.Parameter], wd: float, trust_for_no_decay: bool) -> list
     """Matrices decayed and trust-ratio'd; 1-D and the token-shaped (1, 3, 5) tensor excluded."""
     no_decay = [p for p in ps if p.ndim <= 1 or p.shape[0] == 1]
     decay = [p for p in ps if not any(p is q for q in no_decay)]
-    return [{"params": decay, "weight_decay": wd, "trust_ratio": True},
-            {"params": no_decay, "weight_decay": 0.0, "trust_ratio": trust_for_no_decay}]
+    return [
+        {"params": decay, "weight_decay": wd, "trust_ratio": True},
+        {"params": no_decay, "weight_decay": 0.0, "trust_ratio": trust_for_no_decay},
+    ]
 
 
 def _run(make_opt, steps=6, seed=0) -> list[torch.Tensor]:
@@ -77,8 +79,11 @@ def test_matches_timm_lamb(fused, grad_averaging):
     # "trust_ratio": False says explicitly. timm folds the bias corrections into scalars, we apply
     # them to the tensors: equal up to rounding.
     kw = dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-6, grad_averaging=grad_averaging)
-    ref = _run(lambda ps: timm.optim.Lamb(_groups(ps, 0.1, False), max_grad_norm=None,
-                                          trust_clip=False, always_adapt=False, **kw))
+    ref = _run(
+        lambda ps: timm.optim.Lamb(
+            _groups(ps, 0.1, False), max_grad_norm=None, trust_clip=False, always_adapt=False, **kw
+        )
+    )
     ours = _run(lambda ps: Lamb(_groups(ps, 0.1, False), fused=fused, **kw))
     _assert_close(ours, ref)
 
@@ -187,7 +192,8 @@ def test_rosenbrock_converges():
 
 def _tiny_vit() -> nn.Module:
     return timm.models.vision_transformer.VisionTransformer(
-        img_size=16, patch_size=8, embed_dim=16, depth=2, num_heads=2, num_classes=5, reg_tokens=2)
+        img_size=16, patch_size=8, embed_dim=16, depth=2, num_heads=2, num_classes=5, reg_tokens=2
+    )
 
 
 def test_param_groups_on_timm_vit():
@@ -198,11 +204,18 @@ def test_param_groups_on_timm_vit():
     names = {id(p): n for n, p in model.named_parameters()}
     decay_names = {names[id(p)] for p in decay["params"]}
     no_decay_names = {names[id(p)] for p in no_decay["params"]}
-    assert {"pos_embed", "cls_token", "reg_token", "norm.weight", "norm.bias",
-            "blocks.0.norm1.weight", "blocks.0.attn.qkv.bias", "head.bias",
-            "patch_embed.proj.bias"} <= no_decay_names
-    assert decay_names == {n for n, p in model.named_parameters()
-                           if n.endswith(".weight") and p.ndim > 1}
+    assert {
+        "pos_embed",
+        "cls_token",
+        "reg_token",
+        "norm.weight",
+        "norm.bias",
+        "blocks.0.norm1.weight",
+        "blocks.0.attn.qkv.bias",
+        "head.bias",
+        "patch_embed.proj.bias",
+    } <= no_decay_names
+    assert decay_names == {n for n, p in model.named_parameters() if n.endswith(".weight") and p.ndim > 1}
     assert "patch_embed.proj.weight" in decay_names and "head.weight" in decay_names
     assert len(decay_names) + len(no_decay_names) == len(list(model.parameters()))
 

@@ -28,14 +28,21 @@ def demo(phase_list, **train):
 
 
 def test_phases_plan_per_phase_batches_steps_and_accumulation_over_uneven_boundaries():
-    c = demo([{"epoch": 0, "image_size": 8},
-              {"epoch": 12.5, "image_size": 12, "global_batch": 64, "micro_batch": 8},
-              {"epoch": 40, "image_size": 16, "crop_scale": (0.8, 1.0)}])
+    c = demo(
+        [
+            {"epoch": 0, "image_size": 8},
+            {"epoch": 12.5, "image_size": 12, "global_batch": 64, "micro_batch": 8},
+            {"epoch": 40, "image_size": 16, "crop_scale": (0.8, 1.0)},
+        ]
+    )
     plan = make_plan(c, 2, N)
     p0, p1, p2 = plan.phases
     assert [p.image_size for p in plan.phases] == [8, 12, 16]
     assert [(p.global_batch, p.micro_batch, p.accum_steps, p.steps_per_epoch) for p in plan.phases] == [
-        (128, 16, 4, 11), (64, 8, 4, 22), (64, 8, 4, 22)]  # carried over: batch into phase 2
+        (128, 16, 4, 11),
+        (64, 8, 4, 22),
+        (64, 8, 4, 22),
+    ]  # carried over: batch into phase 2
     assert [p.crop_scale for p in plan.phases] == [(0.6, 1.0), (0.6, 1.0), (0.8, 1.0)]
     assert (p0.start_step, p0.end_step) == (0, 138)  # 12.5 epochs x 11 = 137.5 -> 138
     assert (p1.start_step, p1.end_step) == (138, 138 + 605)  # 27.5 x 22
@@ -49,11 +56,20 @@ def test_phases_plan_per_phase_batches_steps_and_accumulation_over_uneven_bounda
 
 
 def test_first_phase_after_epoch_0_gets_the_recipes_values_and_keys_carry_over():
-    c = demo([{"epoch": 10, "image_size": 8, "eval_size": 16}, {"epoch": 20, "lr_scale": 0.5, "lr": (1e-3, 1e-4)},
-              {"epoch": 30}])
+    c = demo(
+        [
+            {"epoch": 10, "image_size": 8, "eval_size": 16},
+            {"epoch": 20, "lr_scale": 0.5, "lr": (1e-3, 1e-4)},
+            {"epoch": 30},
+        ]
+    )
     plan = make_plan(c, 2, N)
     assert [(p.start_epoch, p.image_size, p.eval_size, p.lr_scale, p.lr) for p in plan.phases] == [
-        (0, 16, 16, 1.0, None), (10, 8, 16, 1.0, None), (20, 8, 8, 0.5, (1e-3, 1e-4)), (30, 8, 8, 0.5, None)]
+        (0, 16, 16, 1.0, None),
+        (10, 8, 16, 1.0, None),
+        (20, 8, 8, 0.5, (1e-3, 1e-4)),
+        (30, 8, 8, 0.5, None),
+    ]
     # eval_size and an lr segment are their phase's own; the size and lr_scale carry over
 
 
@@ -67,11 +83,13 @@ def test_lr_is_a_pure_function_of_the_step_across_boundaries():
     same = demo([{"epoch": 0, "image_size": 8}, {"epoch": 30, "image_size": 12}, {"epoch": 48, "image_size": 16}])
     plain = load_recipe(DEMO)
     p_same, p_plain = make_plan(same, 2, N), make_plan(plain, 2, N)
-    kw = dict(peak_lr=plain.optim.lr, total_steps=p_plain.total_steps, warmup_steps=p_plain.warmup_steps,
-              decay="cosine")
+    kw = dict(
+        peak_lr=plain.optim.lr, total_steps=p_plain.total_steps, warmup_steps=p_plain.warmup_steps, decay="cosine"
+    )
     # Same batch in every phase: exactly the fixed-resolution schedule, continuous over boundaries.
     assert [phases.lr_at_step(same, p_same, s) for s in range(p_same.total_steps)] == [
-        lr_at(s, **kw) for s in range(p_plain.total_steps)]
+        lr_at(s, **kw) for s in range(p_plain.total_steps)
+    ]
     # Halved batch with lr_scale 0.5 from epoch 30; an explicit lr segment for the last 10 epochs.
     c = demo([{"epoch": 0}, {"epoch": 30, "global_batch": 64, "lr_scale": 0.5}, {"epoch": 50, "lr": (1e-3, 0.0)}])
     plan = make_plan(c, 2, N)
@@ -110,10 +128,16 @@ def test_vit_b16_progressive_plans_at_every_world_size_vit_b16_does_at_imagenet_
             assert (plan.total_steps, plan.warmup_steps) == (ref.total_steps, ref.warmup_steps) == (11700, 5850)
     plan, ref = make_plan(prog, 128, IMAGENET), make_plan(base, 128, IMAGENET)
     assert [(p.start_step, p.end_step) for p in plan.phases] == [(0, 5850), (5850, 9360), (9360, 11700)]
-    kw = dict(peak_lr=base.optim.lr, total_steps=ref.total_steps, warmup_steps=ref.warmup_steps,
-              decay=base.schedule.decay, min_lr_ratio=base.schedule.min_lr_ratio)
+    kw = dict(
+        peak_lr=base.optim.lr,
+        total_steps=ref.total_steps,
+        warmup_steps=ref.warmup_steps,
+        decay=base.schedule.decay,
+        min_lr_ratio=base.schedule.min_lr_ratio,
+    )
     assert [phases.lr_at_step(prog, plan, s) for s in range(plan.total_steps)] == [
-        lr_at(s, **kw) for s in range(ref.total_steps)]
+        lr_at(s, **kw) for s in range(ref.total_steps)
+    ]
 
 
 def test_phase_boundaries_round_cumulatively_so_total_steps_do_not_drift():
@@ -158,19 +182,27 @@ def test_progressive_generator_builds_composer_phases_in_one_line():
         phases.progressive(c, size_increment=6)
 
 
-@pytest.mark.parametrize("bad, message", [
-    ([{"epoch": 0}, {"epoch": 20}, {"epoch": 10}],
-     "train.phases[2].epoch=10 is not after train.phases[1].epoch=20; list phases in increasing order"),
-    ([{"epoch": 0}, {"epoch": 0, "image_size": 8}], "train.phases[1].epoch=0 is not after train.phases[0].epoch=0"),
-    ([{"epoch": 0, "image_size": 10}], "train.phases[0].image_size=10 is not a multiple of the patch size 4; use 8 or 12"),
-    ([{"epoch": 0, "eval_size": 18}], "train.phases[0].eval_size=18 is not a multiple of the patch size 4"),
-    ([{"epoch": 0, "sz": 8}], "train.phases[0] has unknown key 'sz'; use epoch, image_size"),
-    ([{"image_size": 8}], "train.phases[0] has no 'epoch'"),
-    ([{"epoch": 60}], "train.phases[0].epoch=60 must be in [0, train.epochs=60.0)"),
-    ([{"epoch": 0, "global_batch": 100}], "train.phases[0]: global_batch=100 is not a multiple of micro_batch=16"),
-    ([{"epoch": 0, "crop_scale": (0.5, 2)}], "train.phases[0].crop_scale=(0.5, 2) must be (low, high)"),
-    ([{"epoch": 0, "micro_batch": 9, "global_batch": 144}], "Mixup/CutMix need an even micro batch"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (
+            [{"epoch": 0}, {"epoch": 20}, {"epoch": 10}],
+            "train.phases[2].epoch=10 is not after train.phases[1].epoch=20; list phases in increasing order",
+        ),
+        ([{"epoch": 0}, {"epoch": 0, "image_size": 8}], "train.phases[1].epoch=0 is not after train.phases[0].epoch=0"),
+        (
+            [{"epoch": 0, "image_size": 10}],
+            "train.phases[0].image_size=10 is not a multiple of the patch size 4; use 8 or 12",
+        ),
+        ([{"epoch": 0, "eval_size": 18}], "train.phases[0].eval_size=18 is not a multiple of the patch size 4"),
+        ([{"epoch": 0, "sz": 8}], "train.phases[0] has unknown key 'sz'; use epoch, image_size"),
+        ([{"image_size": 8}], "train.phases[0] has no 'epoch'"),
+        ([{"epoch": 60}], "train.phases[0].epoch=60 must be in [0, train.epochs=60.0)"),
+        ([{"epoch": 0, "global_batch": 100}], "train.phases[0]: global_batch=100 is not a multiple of micro_batch=16"),
+        ([{"epoch": 0, "crop_scale": (0.5, 2)}], "train.phases[0].crop_scale=(0.5, 2) must be (low, high)"),
+        ([{"epoch": 0, "micro_batch": 9, "global_batch": 144}], "Mixup/CutMix need an even micro batch"),
+    ],
+)
 def test_bad_phases_are_one_line_naming_the_key(bad, message):
     c = load_recipe(DEMO)
     c.train.phases = bad
@@ -182,13 +214,26 @@ def test_bad_phases_are_one_line_naming_the_key(bad, message):
 def test_a_phase_batch_the_world_size_cannot_divide_fails_in_train_py_before_the_data(tmp_path):
     """Exit 2 with one line, although --data does not exist: the phases are checked first."""
     r = subprocess.run(
-        [sys.executable, "train.py", "--config", str(DEMO), "--data", str(tmp_path / "none"), "--dry-run",
-         "train.phases=[{'epoch': 0}, {'epoch': 30, 'global_batch': 96, 'micro_batch': 16}]"],
-        cwd=ROOT, capture_output=True, text=True, env={"WORLD_SIZE": "4", "RANK": "0", "LOCAL_RANK": "0",
-                                                       "PATH": "/usr/bin:/bin"})
+        [
+            sys.executable,
+            "train.py",
+            "--config",
+            str(DEMO),
+            "--data",
+            str(tmp_path / "none"),
+            "--dry-run",
+            "train.phases=[{'epoch': 0}, {'epoch': 30, 'global_batch': 96, 'micro_batch': 16}]",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"WORLD_SIZE": "4", "RANK": "0", "LOCAL_RANK": "0", "PATH": "/usr/bin:/bin"},
+    )
     assert r.returncode == 2, r.stderr
-    assert r.stderr.strip() == ("error: train.phases[1]: global_batch=96 is not divisible by micro_batch x world size = "
-                                "16 x 4 = 64; pick a micro_batch or device count that divides it")
+    assert r.stderr.strip() == (
+        "error: train.phases[1]: global_batch=96 is not divisible by micro_batch x world size = "
+        "16 x 4 = 64; pick a micro_batch or device count that divides it"
+    )
 
 
 def test_dry_run_prints_the_phase_table(capsys):
@@ -197,7 +242,7 @@ def test_dry_run_prints_the_phase_table(capsys):
     cfg = load_config(ROOT / "recipes" / "demo_digits_progressive.py")
     print_plan(cfg, make_plan(cfg, 2))
     out = capsys.readouterr().out
-    table = out[out.index("phases:"):].splitlines()
+    table = out[out.index("phases:") :].splitlines()
     assert "batch = micro x accum x dev" in table[1] and len(table) == 6
     assert table[2].split()[:10] == ["0", "0-20", "8", "8", "128", "=", "64", "x", "1", "x"]
     assert table[4].split()[1:9] == ["36-60", "16", "16", "128", "=", "16", "x", "4"]
@@ -209,8 +254,10 @@ def test_dry_run_prints_the_phase_table(capsys):
 def test_loaders_are_rebuilt_at_a_boundary_at_the_phase_size_and_resume_exactly(demo_data):
     """Real DALI: phase 0 decodes to 8 px, phase 1 to 12 px (eval 16 px); a phase's state continues it bitwise,
     a state from the phase before is dropped and the new phase starts as an uninterrupted run does."""
-    c = demo([{"epoch": 0, "image_size": 8}, {"epoch": 1, "image_size": 12, "global_batch": 64, "eval_size": 16}],
-             micro_batch=16)
+    c = demo(
+        [{"epoch": 0, "image_size": 8}, {"epoch": 1, "image_size": 12, "global_batch": 64, "eval_size": 16}],
+        micro_batch=16,
+    )
     c.data.path = demo_data
     c.augment.mixup_alpha = 0.0
     plan = make_plan(c, 1, N)
@@ -236,8 +283,14 @@ def test_loaders_are_rebuilt_at_a_boundary_at_the_phase_size_and_resume_exactly(
     # The state is tied to the phase list: an edit of train.phases (a phase inserted) or a state
     # written without phases is "another phase list", and train.py drops it with a warning.
     assert not phases.state_of_other_phases(state0, c) and not phases.state_of_other_phases(None, c)
-    edited = demo([{"epoch": 0, "image_size": 8}, {"epoch": 0.5, "image_size": 8, "crop_scale": (0.5, 1.0)},
-                   {"epoch": 1, "image_size": 12, "global_batch": 64, "eval_size": 16}], micro_batch=16)
+    edited = demo(
+        [
+            {"epoch": 0, "image_size": 8},
+            {"epoch": 0.5, "image_size": 8, "crop_scale": (0.5, 1.0)},
+            {"epoch": 1, "image_size": 12, "global_batch": 64, "eval_size": 16},
+        ],
+        micro_batch=16,
+    )
     assert phases.state_of_other_phases(state0, edited)
     assert phases.state_of_other_phases(train.loader.state(), c)  # a TrainLoader state without phases
     assert phases.fingerprint(c) == phases.fingerprint(demo(list(c.train.phases), micro_batch=16))
@@ -280,5 +333,9 @@ def test_the_export_declares_the_last_phases_eval_size():
 
     c = demo([{"epoch": 0, "image_size": 8}, {"epoch": 40, "image_size": 16, "eval_size": 20}])
     assert data_config(c)["input_size"] == (3, 20, 20) and c.data.image_size == 16
-    assert data_config(demo([{"epoch": 0, "image_size": 8}, {"epoch": 40, "image_size": 12}]))["input_size"] == (3, 12, 12)
+    assert data_config(demo([{"epoch": 0, "image_size": 8}, {"epoch": 40, "image_size": 12}]))["input_size"] == (
+        3,
+        12,
+        12,
+    )
     assert data_config(load_recipe(DEMO))["input_size"] == (3, 16, 16)

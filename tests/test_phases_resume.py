@@ -23,14 +23,26 @@ pytestmark = pytest.mark.slow
 TIMEOUT = 600
 LAUNCHER = "torchrun"  # colossalai run passes its arguments through a shell, which the phase list's brackets break
 STEPS = 9
-PHASES = ("train.phases=[{'epoch': 0, 'image_size': 8}, "
-          "{'epoch': 0.5, 'image_size': 12, 'crop_scale': (0.8, 1.0), 'eval_size': 16}]")
+PHASES = (
+    "train.phases=[{'epoch': 0, 'image_size': 8}, "
+    "{'epoch': 0.5, 'image_size': 12, 'crop_scale': (0.8, 1.0), 'eval_size': 16}]"
+)
 
 
 def args(data: str, workdir: Path) -> list[str]:
-    return ["--config", "recipes/demo_digits_progressive.py", "--data", data, "--workdir", str(workdir), PHASES,
-            "train.log_every_steps=1", f"train.max_steps={STEPS}", "train.checkpoint_every_steps=2",
-            "train.keep_checkpoints=5"]
+    return [
+        "--config",
+        "recipes/demo_digits_progressive.py",
+        "--data",
+        data,
+        "--workdir",
+        str(workdir),
+        PHASES,
+        "train.log_every_steps=1",
+        f"train.max_steps={STEPS}",
+        "train.checkpoint_every_steps=2",
+        "train.keep_checkpoints=5",
+    ]
 
 
 def test_kill_9_just_after_a_phase_boundary_resumes_bitwise(demo_data, tmp_path):
@@ -62,4 +74,7 @@ def test_kill_9_just_after_a_phase_boundary_resumes_bitwise(demo_data, tmp_path)
     assert sorted(last) == list(range(1, STEPS + 1))
     assert [last[s] for s in range(1, STEPS + 1)] == [m["train_loss"] for m in ref_train]
     evals = [m for m in read_metrics(str(workdir / "metrics.jsonl")) if m["event"] == "eval"]
-    assert evals[-1]["val_top1"] == [m for m in read_metrics(str(ref / "metrics.jsonl")) if m["event"] == "eval"][-1]["val_top1"]
+    assert (
+        evals[-1]["val_top1"]
+        == [m for m in read_metrics(str(ref / "metrics.jsonl")) if m["event"] == "eval"][-1]["val_top1"]
+    )

@@ -21,17 +21,39 @@ ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 
 
 def run_info(workdir, start_step=0) -> RunInfo:
-    plan = Plan(world_size=2, global_batch=128, micro_batch=16, accum_steps=4, steps_per_epoch=11, total_steps=40,
-                warmup_steps=5, eval_every_steps=11, num_train_examples=11 * 128)
+    plan = Plan(
+        world_size=2,
+        global_batch=128,
+        micro_batch=16,
+        accum_steps=4,
+        steps_per_epoch=11,
+        total_steps=40,
+        warmup_steps=5,
+        eval_every_steps=11,
+        num_train_examples=11 * 128,
+    )
     cfg = Config()
     cfg.model.name = "vit_tiny_patch16_224"
     return RunInfo(workdir=str(workdir), rank=0, is_main=True, device="cpu", start_step=start_step, plan=plan, cfg=cfg)
 
 
 def step(s: int, loss: float = 1.0, skipped: bool = False) -> StepMetrics:
-    return StepMetrics(step=s, epoch=s / 11, train_loss=loss, lr=1e-3 * s, grad_norm=math.inf if skipped else 1.0,
-                loss_scale=2.0**16, skipped=skipped, images=128, step_time=0.1, data_time=0.01,
-                images_per_s=1280.0, images_per_s_per_device=640.0, peak_mem_bytes=2**29, allreduce_calls=1)
+    return StepMetrics(
+        step=s,
+        epoch=s / 11,
+        train_loss=loss,
+        lr=1e-3 * s,
+        grad_norm=math.inf if skipped else 1.0,
+        loss_scale=2.0**16,
+        skipped=skipped,
+        images=128,
+        step_time=0.1,
+        data_time=0.01,
+        images_per_s=1280.0,
+        images_per_s_per_device=640.0,
+        peak_mem_bytes=2**29,
+        allreduce_calls=1,
+    )
 
 
 def evaluation(s: int) -> EvalMetrics:
@@ -70,17 +92,20 @@ def test_the_hook_draws_the_run_at_its_end_next_to_metrics_jsonl(tmp_path):
 def test_the_cli_redraws_a_run_and_names_the_file(tmp_path):
     write_run(tmp_path)
     (tmp_path / PLOT_FILENAME).unlink()
-    r = subprocess.run([sys.executable, "-m", "vitlarge.plot", str(tmp_path)], cwd=ROOT, capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "vitlarge.plot", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(tmp_path / PLOT_FILENAME) and (tmp_path / PLOT_FILENAME).is_file()
 
 
 def test_a_run_without_records_is_one_line_and_exit_2(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "vitlarge.plot", str(tmp_path)], cwd=ROOT, capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "vitlarge.plot", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        f"error: {tmp_path / 'metrics.jsonl'} does not exist; pass the --workdir of a run that has started"]
+        f"error: {tmp_path / 'metrics.jsonl'} does not exist; pass the --workdir of a run that has started"
+    ]
     (tmp_path / "metrics.jsonl").write_text('{"event": "start", "step": 0}\n')
     with pytest.raises(UserError, match="has no training steps yet"):
         plot_run(tmp_path)

@@ -10,14 +10,17 @@ from vitlarge.precision import Precision, cpu_flags, resolve
 CPU = torch.device("cpu")
 
 
-@pytest.mark.parametrize("flags, expected", [
-    ({"avx", "avx2"}, "fp32"),                                  # AMD EPYC (these machines): no AVX-512 at all
-    ({"avx512f", "avx512_bf16"}, "fp32"),                       # AVX512-BF16 without AMX: bf16 trailed fp32
-    ({"avx512f", "avx512_bf16", "avx512_fp16"}, "fp16"),        # Intel Xeon with AVX512-FP16
-    ({"avx512f", "amx_bf16", "amx_tile"}, "bf16"),              # Sapphire Rapids without AMX-FP16
-    ({"amx_fp16", "amx_bf16"}, "fp16"),
-    (set(), "fp32"),                                            # no /proc/cpuinfo (macOS)
-])
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        ({"avx", "avx2"}, "fp32"),  # AMD EPYC (these machines): no AVX-512 at all
+        ({"avx512f", "avx512_bf16"}, "fp32"),  # AVX512-BF16 without AMX: bf16 trailed fp32
+        ({"avx512f", "avx512_bf16", "avx512_fp16"}, "fp16"),  # Intel Xeon with AVX512-FP16
+        ({"avx512f", "amx_bf16", "amx_tile"}, "bf16"),  # Sapphire Rapids without AMX-FP16
+        ({"amx_fp16", "amx_bf16"}, "fp16"),
+        (set(), "fp32"),  # no /proc/cpuinfo (macOS)
+    ],
+)
 def test_auto_on_cpu_follows_the_instruction_set(flags, expected):
     name, why = resolve("auto", CPU, frozenset(flags))
     assert name == expected and why

@@ -64,8 +64,9 @@ def test_automatic_resume_takes_the_newest_that_passes_and_moves_the_failed_asid
     [aside] = abandoned(tmp_path)
     assert aside.name.startswith("abandoned_") and aside.name.endswith("_from_step_0000002")
     assert names(aside) == ["step_0000004", "step_0000006"] and names(aside / "step_0000006") == names(ckpts[0])
-    assert len(warnings) == 3 and warnings[2].startswith("moved 2 checkpoint(s) newer than step 2 (step_0000004, "
-                                                         f"step_0000006) aside to {aside}")
+    assert len(warnings) == 3 and warnings[2].startswith(
+        f"moved 2 checkpoint(s) newer than step 2 (step_0000004, step_0000006) aside to {aside}"
+    )
     assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["step_0000002"]
     assert resume.choose(tmp_path, None, parts[0], cfg) == ckpts[0]
 
@@ -77,7 +78,8 @@ def test_resume_of_an_older_step_sets_the_newer_line_aside_and_saves_over_its_na
     [aside] = abandoned(tmp_path)
     assert [r.getMessage() for r in caplog.records if r.name == "vitlarge"] == [
         f"moved 2 checkpoint(s) newer than step 4 (step_0000006, step_0000008) aside to {aside}; "
-        f"this run continues from {ckpts[1]}"]
+        f"this run continues from {ckpts[1]}"
+    ]
     assert names(aside) == ["step_0000006", "step_0000008"]
     assert all(checkpoint.verify(p) is None for p in aside.iterdir())  # moved whole
     line(tmp_path, cfg, parts, (6,))  # before: os.replace onto step_0000006 raised ENOTEMPTY
@@ -104,9 +106,11 @@ def test_resume_of_a_bad_checkpoint_is_one_line_and_moves_nothing(tmp_path, cfg,
     f.write_bytes(f.read_bytes()[:100])
     with pytest.raises(UserError) as e:
         resume.choose(tmp_path, ckpts[1], parts[0], cfg)
-    assert str(e.value) == (f"checkpoint {ckpts[1]} fails its check (.metadata has 100 bytes, meta.json records "
-                            f"{checkpoint.read_meta(ckpts[0])['files']['.metadata']['bytes']:,}); --resume an older "
-                            "checkpoints/step_* folder, or omit --resume to take the newest one that passes")
+    assert str(e.value) == (
+        f"checkpoint {ckpts[1]} fails its check (.metadata has 100 bytes, meta.json records "
+        f"{checkpoint.read_meta(ckpts[0])['files']['.metadata']['bytes']:,}); --resume an older "
+        "checkpoints/step_* folder, or omit --resume to take the newest one that passes"
+    )
     assert abandoned(tmp_path) == [] and checkpoint.list_checkpoints(tmp_path) == ckpts
 
 
@@ -118,8 +122,9 @@ def test_resume_of_a_folder_that_is_not_a_checkpoint_says_which_to_pass(tmp_path
     with pytest.raises(UserError) as e:
         resume.choose(tmp_path, target, parts[0], cfg)
     example = "" if where == "elsewhere" else f", e.g. {ckpts[1]}"
-    assert str(e.value) == (f"{target} is not a complete vitlarge checkpoint (no meta.json); "
-                            f"pass a checkpoints/step_* folder{example}")
+    assert str(e.value) == (
+        f"{target} is not a complete vitlarge checkpoint (no meta.json); pass a checkpoints/step_* folder{example}"
+    )
 
 
 def test_checkpoint_of_another_recipe_is_refused_and_nothing_moves(tmp_path, cfg, parts):
@@ -127,7 +132,12 @@ def test_checkpoint_of_another_recipe_is_refused_and_nothing_moves(tmp_path, cfg
     other.model.kwargs = dict(cfg.model.kwargs, depth=2)
     torch.manual_seed(0)
     model = build_model(other)
-    ckpts = line(tmp_path, other, (model, build_optimizer(model, "lamb", lr=1e-2, weight_decay=0.1), torch.amp.GradScaler("cpu")), (2, 4))
+    ckpts = line(
+        tmp_path,
+        other,
+        (model, build_optimizer(model, "lamb", lr=1e-2, weight_decay=0.1), torch.amp.GradScaler("cpu")),
+        (2, 4),
+    )
     (ckpts[1] / "__0_0.distcp").write_bytes(b"")
     with pytest.raises(UserError, match=f"checkpoint {ckpts[0]} holds model .* does not match the recipe"):
         resume.choose(tmp_path, None, parts[0], cfg)

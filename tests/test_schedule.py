@@ -10,8 +10,10 @@ PEAK = 1.8e-2
 
 
 def lrs(total=100, warmup=10, decay="linear", min_lr_ratio=0.0, peak=PEAK):
-    return [lr_at(s, peak_lr=peak, total_steps=total, warmup_steps=warmup, decay=decay, min_lr_ratio=min_lr_ratio)
-            for s in range(total + 1)]
+    return [
+        lr_at(s, peak_lr=peak, total_steps=total, warmup_steps=warmup, decay=decay, min_lr_ratio=min_lr_ratio)
+        for s in range(total + 1)
+    ]
 
 
 @pytest.mark.parametrize("decay", ["linear", "cosine", "constant"])
@@ -27,7 +29,7 @@ def test_warmup_is_linear_and_starts_above_zero(decay):
 def test_warmup_reaches_the_peak_exactly(warmup):
     at = lambda s: lr_at(s, peak_lr=PEAK, total_steps=2 * warmup, warmup_steps=warmup)
     assert at(warmup - 1) == PEAK  # the last warmup step
-    assert at(warmup) == PEAK      # decay starts from the peak
+    assert at(warmup) == PEAK  # decay starts from the peak
     assert at(warmup - 2) < PEAK
 
 

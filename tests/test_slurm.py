@@ -67,13 +67,25 @@ def slurm():
         subprocess.run([str(CLUSTER), "down"], capture_output=True, timeout=120)
 
 
-def srun(args: list[str], ntasks: int = 2, before: list[str] = (), env: dict | None = None,
-         timeout: float = 300) -> subprocess.CompletedProcess:
+def srun(
+    args: list[str], ntasks: int = 2, before: list[str] = (), env: dict | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
     """`srun -n N -O [before...] python train.py args` from the repository root, as a user would."""
-    cmd = ["srun", "-n", str(ntasks), "-O", f"--job-name={JOB_NAME}", "--time=5", *before,
-           sys.executable, "train.py", *args]
-    return subprocess.run(cmd, cwd=ROOT, env={**launcher.env(), **(env or {})}, capture_output=True, text=True,
-                          timeout=timeout)
+    cmd = [
+        "srun",
+        "-n",
+        str(ntasks),
+        "-O",
+        f"--job-name={JOB_NAME}",
+        "--time=5",
+        *before,
+        sys.executable,
+        "train.py",
+        *args,
+    ]
+    return subprocess.run(
+        cmd, cwd=ROOT, env={**launcher.env(), **(env or {})}, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def sbatch(script_and_args: list[str], log: Path, *options: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -156,8 +168,12 @@ def test_srun_two_tasks_train_with_gloo(srun_reference):
 def test_missing_task_fails_at_the_rendezvous_naming_host_and_port(slurm, demo_data, tmp_path):
     """SLURM_NTASKS says 4 but srun starts 2: the rendezvous times out with host:port, not a hang."""
     t0 = time.monotonic()
-    r = srun(train_args(demo_data, tmp_path, "train.max_steps=1"), before=["env", "SLURM_NTASKS=4"],
-             env={"VITLARGE_RENDEZVOUS_TIMEOUT": "5"}, timeout=240)
+    r = srun(
+        train_args(demo_data, tmp_path, "train.max_steps=1"),
+        before=["env", "SLURM_NTASKS=4"],
+        env={"VITLARGE_RENDEZVOUS_TIMEOUT": "5"},
+        timeout=240,
+    )
     elapsed = time.monotonic() - t0
     assert r.returncode == 2, r.stderr[-3000:]
     errors = _errors(r.stderr)
@@ -165,8 +181,9 @@ def test_missing_task_fails_at_the_rendezvous_naming_host_and_port(slurm, demo_d
     host = subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip()
     master = [e for e in errors if "rank 0 of 4" in e]
     assert master, r.stderr[-3000:]
-    assert re.search(rf"rendezvous at {re.escape(host)}:2\d{{4}} did not complete within 5s \(rank 0 of 4, slurm; on ",
-                     master[0]), master[0]
+    assert re.search(
+        rf"rendezvous at {re.escape(host)}:2\d{{4}} did not complete within 5s \(rank 0 of 4, slurm; on ", master[0]
+    ), master[0]
     assert elapsed < 120, f"took {elapsed:.0f}s: the 5 s rendezvous timeout was not honoured"
     assert not (tmp_path / "checkpoints").exists()
 
@@ -183,8 +200,14 @@ def test_checkpoint_of_another_recipe_is_refused_under_srun(srun_reference, demo
     """What a requeued job finds when its workdir was reused for another model: exit 2, one clear line."""
     workdir, first = srun_reference
     assert first.returncode == 0
-    r = srun(train_args(demo_data, workdir, "train.max_steps=20",
-                        "model.kwargs={'patch_size': 4, 'embed_dim': 48, 'depth': 2, 'num_heads': 3}"))
+    r = srun(
+        train_args(
+            demo_data,
+            workdir,
+            "train.max_steps=20",
+            "model.kwargs={'patch_size': 4, 'embed_dim': 48, 'depth': 2, 'num_heads': 3}",
+        )
+    )
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
     errors = _errors(r.stderr)
     assert errors and all("does not match the recipe" in e for e in errors), r.stderr[-3000:]

@@ -34,8 +34,19 @@ import pytest
 
 from tests import launcher
 from tests.launcher import assert_bitwise_equal, final_weights
-from tests.test_slurm import CLUSTER, DEMO_SBATCH, JOB_NAME, _errors, _tail, job_info, last_step, metrics, sbatch, \
-    script_args, wait_for
+from tests.test_slurm import (
+    CLUSTER,
+    DEMO_SBATCH,
+    JOB_NAME,
+    _errors,
+    _tail,
+    job_info,
+    last_step,
+    metrics,
+    sbatch,
+    script_args,
+    wait_for,
+)
 from tests.test_train import train_args
 
 pytestmark = pytest.mark.slow
@@ -80,15 +91,33 @@ def cluster2():
     assert "vlnode" not in left, f"namespaces left behind: {left}"
 
 
-def srun(nodes: int, ntasks: int, args: list[str], before: list[str] = (), env: dict | None = None,
-         timeout: float = 300, command: list[str] | None = None, drop: tuple = ()) -> subprocess.CompletedProcess:
+def srun(
+    nodes: int,
+    ntasks: int,
+    args: list[str],
+    before: list[str] = (),
+    env: dict | None = None,
+    timeout: float = 300,
+    command: list[str] | None = None,
+    drop: tuple = (),
+) -> subprocess.CompletedProcess:
     """`srun -N nodes -n ntasks -O [before...] python train.py args` from the repository root; ``drop``:
     variables of the tests' usual environment (tests/launcher.py) the tasks must not get."""
-    cmd = ["srun", "-N", str(nodes), "-n", str(ntasks), "-O", f"--job-name={JOB_NAME}", "--time=5", *before,
-           *(command or [sys.executable, "train.py"]), *args]
+    cmd = [
+        "srun",
+        "-N",
+        str(nodes),
+        "-n",
+        str(ntasks),
+        "-O",
+        f"--job-name={JOB_NAME}",
+        "--time=5",
+        *before,
+        *(command or [sys.executable, "train.py"]),
+        *args,
+    ]
     full = {k: v for k, v in {**launcher.env(), **(env or {})}.items() if k not in drop}
-    return subprocess.run(cmd, cwd=ROOT, env=full, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(cmd, cwd=ROOT, env=full, capture_output=True, text=True, timeout=timeout)
 
 
 def timed(what: str, fn, *args, **kwargs):
@@ -118,31 +147,52 @@ def test_srun_two_tasks_per_node_matches_one_node_bitwise(cluster2, demo_data, t
     one = tmp_path / "one_node"
     assert_ok(timed("colossalai run, 4 processes", launcher.run, train_args(demo_data, one, *steps), nproc=4))
     two = tmp_path / "two_nodes"
-    r = timed("srun -N 2 -n 4", srun, 2, 4, train_args(demo_data, two, *steps), before=["--ntasks-per-node=2"],
-              drop=("OMP_NUM_THREADS",))
+    r = timed(
+        "srun -N 2 -n 4",
+        srun,
+        2,
+        4,
+        train_args(demo_data, two, *steps),
+        before=["--ntasks-per-node=2"],
+        drop=("OMP_NUM_THREADS",),
+    )
     assert_ok(r)
     assert "x 4 (devices)" in r.stdout + r.stderr
-    assert re.search(r"threads: 1 per process \(\d+ usable CPUs / 2 tasks on this node \(SLURM_STEP_TASKS_PER_NODE\)\)",
-                     r.stdout + r.stderr), (r.stdout + r.stderr)[-3000:]
-    assert sorted(p.name for p in (two / "checkpoints" / "step_0000003").glob("rank_*.pt")) == \
-        [f"rank_{i:05d}.pt" for i in range(4)]
+    assert re.search(
+        r"threads: 1 per process \(\d+ usable CPUs / 2 tasks on this node \(SLURM_STEP_TASKS_PER_NODE\)\)",
+        r.stdout + r.stderr,
+    ), (r.stdout + r.stderr)[-3000:]
+    assert sorted(p.name for p in (two / "checkpoints" / "step_0000003").glob("rank_*.pt")) == [
+        f"rank_{i:05d}.pt" for i in range(4)
+    ]
     assert_bitwise_equal(final_weights(one), final_weights(two))
 
 
 def test_where_tasks_run(cluster2):
     """The layout the other tests rely on: ranks 0..3 on vlnode1, vlnode1, vlnode2, vlnode2, with their own
     hostnames and addresses, and SLURM_LOCALID counting per node."""
-    r = srun(2, 4, [], before=["--ntasks-per-node=2", "--label"],
-             command=["bash", "-c", 'echo "$(hostname) $SLURM_LOCALID $(hostname -I)"'], timeout=60)
+    r = srun(
+        2,
+        4,
+        [],
+        before=["--ntasks-per-node=2", "--label"],
+        command=["bash", "-c", 'echo "$(hostname) $SLURM_LOCALID $(hostname -I)"'],
+        timeout=60,
+    )
     assert_ok(r)
     lines = sorted(r.stdout.split("\n"))
     assert [line.split()[:3] for line in lines if line] == [
-        ["0:", "vlnode1", "0"], ["1:", "vlnode1", "1"], ["2:", "vlnode2", "0"], ["3:", "vlnode2", "1"]], r.stdout
+        ["0:", "vlnode1", "0"],
+        ["1:", "vlnode1", "1"],
+        ["2:", "vlnode2", "0"],
+        ["3:", "vlnode2", "1"],
+    ], r.stdout
     assert "10.213.0.3" in lines[-1] and "10.213.0.2" in lines[-3], r.stdout
 
 
-def test_preempted_two_node_job_checkpoints_requeues_and_resumes_bitwise_equal(cluster2, one_node_2, demo_data,
-                                                                               tmp_path):
+def test_preempted_two_node_job_checkpoints_requeues_and_resumes_bitwise_equal(
+    cluster2, one_node_2, demo_data, tmp_path
+):
     """demo_cpu.sbatch on 2 nodes (--nodes=2 --ntasks-per-node=1): USR1 to the batch shell mid-run."""
     ref_dir = one_node_2  # colossalai run, the same world size on one node
     log = tmp_path / "job.log"
@@ -175,12 +225,23 @@ def test_preempted_two_node_job_checkpoints_requeues_and_resumes_bitwise_equal(c
 def test_node_whose_tasks_never_join_times_out_naming_host_and_port(cluster2, demo_data, tmp_path):
     """vlnode2's task never starts train.py: the task on vlnode1 fails the rendezvous, naming vlnode1:port, its
     host, interface and time (one task per node: tests/test_slurm.py shows every surviving task reports it)."""
-    wrapper = ['bash', '-c', 'if [ "$SLURM_NODEID" = 1 ]; then exec sleep 120; fi; exec "$0" "$@"', sys.executable,
-               "train.py"]
+    wrapper = [
+        "bash",
+        "-c",
+        'if [ "$SLURM_NODEID" = 1 ]; then exec sleep 120; fi; exec "$0" "$@"',
+        sys.executable,
+        "train.py",
+    ]
     t0 = time.monotonic()
-    r = srun(2, 2, train_args(demo_data, tmp_path, "train.max_steps=1"), command=wrapper,
-             before=["--ntasks-per-node=1", "--kill-on-bad-exit=1"], env={"VITLARGE_RENDEZVOUS_TIMEOUT": "5"},
-             timeout=240)
+    r = srun(
+        2,
+        2,
+        train_args(demo_data, tmp_path, "train.max_steps=1"),
+        command=wrapper,
+        before=["--ntasks-per-node=1", "--kill-on-bad-exit=1"],
+        env={"VITLARGE_RENDEZVOUS_TIMEOUT": "5"},
+        timeout=240,
+    )
     elapsed = time.monotonic() - t0
     print(f"missing node: {elapsed:.1f}s")
     assert r.returncode != 0, r.stderr[-3000:]

@@ -49,8 +49,13 @@ def test_batches_match_the_dali_loaders_contract(demo_data):
         xd, yd = next(train_loader(real, rank, 2, CPU))
         xs, ys = next(train_loader(synth, rank, 2, CPU))
         for a, b in ((xd, xs), (yd, ys)):
-            assert (a.shape, a.dtype, a.device, a.stride(), a.is_contiguous()) == \
-                   (b.shape, b.dtype, b.device, b.stride(), b.is_contiguous())
+            assert (a.shape, a.dtype, a.device, a.stride(), a.is_contiguous()) == (
+                b.shape,
+                b.dtype,
+                b.device,
+                b.stride(),
+                b.is_contiguous(),
+            )
         assert xs.shape == (16, 3, 16, 16) and xs.dtype == torch.float32 and ys.dtype == torch.int64
         assert 0 <= int(ys.min()) and int(ys.max()) < 10
         for x in (xd, xs):  # both normalised the same way: inside the normalised pixel range
@@ -98,8 +103,12 @@ def test_validation_set_is_the_same_at_any_world_size_and_batch_size():
     rank runs the same number of forwards (`val_forwards`), as a sharded model needs."""
     passes = []
     for world, batch in ((1, 64), (2, 16), (3, 7), (4, 100)):
-        cfg = demo(f"train.micro_batch={batch}", f"train.global_batch={batch * world}", "augment.mixup_alpha=0",
-                   "data.synthetic_val_examples=50")
+        cfg = demo(
+            f"train.micro_batch={batch}",
+            f"train.global_batch={batch * world}",
+            "augment.mixup_alpha=0",
+            "data.synthetic_val_examples=50",
+        )
         images, labels = [], []
         for rank in range(world):
             v = val_loader(cfg, rank, world, CPU)
@@ -139,8 +148,18 @@ def test_a_checkpoint_continues_only_the_source_that_wrote_it(demo_data):
 
 def train_args(workdir: Path, *extra: str) -> list[str]:
     """No --data: the recipe's data.path is replaced by a directory that does not exist."""
-    return ["--config", RECIPE, "data.source=synthetic", NO_DATA, "--workdir", str(workdir),
-            "train.log_every_steps=1", "train.checkpoint_every_steps=4", "train.keep_checkpoints=5", *extra]
+    return [
+        "--config",
+        RECIPE,
+        "data.source=synthetic",
+        NO_DATA,
+        "--workdir",
+        str(workdir),
+        "train.log_every_steps=1",
+        "train.checkpoint_every_steps=4",
+        "train.keep_checkpoints=5",
+        *extra,
+    ]
 
 
 def losses(workdir: Path) -> dict[int, float]:
@@ -185,11 +204,26 @@ PHASES = "train.phases=[{'epoch': 0, 'image_size': 8}, {'epoch': 0.5, 'image_siz
 
 def no_dali_run(workdir: Path, steps: int) -> subprocess.CompletedProcess:
     """One process, with DALI (and the TFRecord reader) made unimportable, as on a machine without them."""
-    args = ["--config", "recipes/demo_digits_progressive.py", "data.source=synthetic", NO_DATA, PHASES,
-            "--workdir", str(workdir), "train.log_every_steps=1", "train.checkpoint_every_steps=0",
-            f"train.max_steps={steps}"]
-    return subprocess.run([sys.executable, "tests/block_imports.py", "nvidia.dali,tfrecord", "train", *args],
-                          cwd=ROOT, env=launcher.env(), capture_output=True, text=True, timeout=600)
+    args = [
+        "--config",
+        "recipes/demo_digits_progressive.py",
+        "data.source=synthetic",
+        NO_DATA,
+        PHASES,
+        "--workdir",
+        str(workdir),
+        "train.log_every_steps=1",
+        "train.checkpoint_every_steps=0",
+        f"train.max_steps={steps}",
+    ]
+    return subprocess.run(
+        [sys.executable, "tests/block_imports.py", "nvidia.dali,tfrecord", "train", *args],
+        cwd=ROOT,
+        env=launcher.env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.slow
@@ -212,9 +246,24 @@ def test_phased_run_without_dali_resumes_inside_a_phase_exactly(tmp_path):
 
 def test_dry_run_needs_no_data_and_plans_imagenet_steps():
     """--dry-run with the synthetic source: no data, DALI unimportable, the recipe's ImageNet step counts."""
-    r = subprocess.run([sys.executable, "tests/block_imports.py", "nvidia.dali,tfrecord", "train", "--config",
-                        "recipes/vit_b16.py", "data.source=synthetic", NO_DATA, "--dry-run"],
-                       cwd=ROOT, env=launcher.env(), capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "tests/block_imports.py",
+            "nvidia.dali,tfrecord",
+            "train",
+            "--config",
+            "recipes/vit_b16.py",
+            "data.source=synthetic",
+            NO_DATA,
+            "--dry-run",
+        ],
+        cwd=ROOT,
+        env=launcher.env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert '"source": "synthetic"' in r.stdout
     assert "39 steps/epoch, 11700 steps, 5850 warmup steps" in r.stdout  # 1,281,167 // 32768 = 39

@@ -107,7 +107,9 @@ def timm_accuracy(export_dir: Path, data: str) -> tuple[float, int]:
     hits = n = 0
     with torch.no_grad():
         for shard in manifest.shards("validation"):
-            records = tfrecord_loader(str(Path(data) / shard.file), None, {"image/encoded": "byte", "image/class/label": "int"})
+            records = tfrecord_loader(
+                str(Path(data) / shard.file), None, {"image/encoded": "byte", "image/class/label": "int"}
+            )
             for rec in records:
                 image = Image.open(io.BytesIO(bytes(rec["image/encoded"]))).convert("RGB")
                 label = int(rec["image/class/label"][0]) - manifest.label_offset
@@ -129,9 +131,22 @@ def test_export_loads_into_timm_and_evaluate_cli_matches(reference_run, demo_dat
     top1, n = timm_accuracy(workdir / "model", demo_data)
     assert n == 360 and abs(top1 - last_eval["val_top1"]) <= 3 / 360, (top1, last_eval["val_top1"])
     r = subprocess.run(
-        [sys.executable, "-m", "vitlarge.evaluate", "--config", RECIPE, "--data", demo_data,
-         "--checkpoint", str(workdir / "checkpoints" / "step_0000012")],
-        cwd=launcher.ROOT, env=launcher.env(), capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "vitlarge.evaluate",
+            "--config",
+            RECIPE,
+            "--data",
+            demo_data,
+            "--checkpoint",
+            str(workdir / "checkpoints" / "step_0000012"),
+        ],
+        cwd=launcher.ROOT,
+        env=launcher.env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert r.returncode == 0, r.stderr[-2000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
@@ -177,9 +192,16 @@ def test_world_size_that_does_not_divide_the_batch_fails_before_training(demo_da
 def test_checkpoint_of_another_model_is_refused(reference_run, demo_data, tmp_path):
     workdir, _ = reference_run
     r = launcher.run(
-        train_args(demo_data, tmp_path, "train.max_steps=1", "model.kwargs={'patch_size': 4, 'embed_dim': 48, "
-                   "'depth': 2, 'num_heads': 3}", "--resume", str(workdir / "checkpoints" / "step_0000012")),
-        launcher="python", timeout=300,
+        train_args(
+            demo_data,
+            tmp_path,
+            "train.max_steps=1",
+            "model.kwargs={'patch_size': 4, 'embed_dim': 48, 'depth': 2, 'num_heads': 3}",
+            "--resume",
+            str(workdir / "checkpoints" / "step_0000012"),
+        ),
+        launcher="python",
+        timeout=300,
     )
     assert r.returncode == 2, r.stderr[-2000:]
     assert "does not match the recipe" in r.stderr.strip().splitlines()[-1]

@@ -62,8 +62,11 @@ def resolve_compile(cfg: Config, device: torch.device) -> str:
     requested = cfg.train.compile
     if requested == "auto":
         cfg.train.compile = "on" if device.type == "cuda" else "off"
-        why = ("CUDA: Inductor fuses the elementwise work between the matmuls" if device.type == "cuda" else
-               "CPU: measured slower than eager (ViT-S/16: 0.8x), and compiling takes minutes (docs/PERFORMANCE.md)")
+        why = (
+            "CUDA: Inductor fuses the elementwise work between the matmuls"
+            if device.type == "cuda"
+            else "CPU: measured slower than eager (ViT-S/16: 0.8x), and compiling takes minutes (docs/PERFORMANCE.md)"
+        )
         return f"compile auto -> {cfg.train.compile}: {why}"
     return f"compile {requested}: set by the recipe"
 
@@ -91,7 +94,9 @@ def compile_model(model: torch.nn.Module, plan: Plan) -> None:
     with warnings.catch_warnings():
         # torch 2.10's Inductor imports torch.utils.mkldnn, whose classes use the deprecated
         # torch.jit.script_method: torch's own import-time warning, not a call of ours.
-        warnings.filterwarnings("ignore", message="`torch.jit.script_method` is deprecated", category=DeprecationWarning)
+        warnings.filterwarnings(
+            "ignore", message="`torch.jit.script_method` is deprecated", category=DeprecationWarning
+        )
         import torch._inductor.compile_fx  # noqa: F401
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, recompile_limit(plan))
     model.compile(dynamic=False)
@@ -120,13 +125,25 @@ def build(cfg: Config, plan: Plan, device: torch.device | str, booster=None, ini
     if cfg.train.compile == "on":  # after init_from: the weights are in place; before the Booster wraps it
         compile_model(model, plan)
     o = cfg.optim
-    optimizer = build_optimizer(model, o.name, lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas),
-                                eps=o.eps, bias_correction=o.bias_correction)
+    optimizer = build_optimizer(
+        model,
+        o.name,
+        lr=o.lr,
+        weight_decay=o.weight_decay,
+        betas=tuple(o.betas),
+        eps=o.eps,
+        bias_correction=o.bias_correction,
+    )
     if booster is None:
         from colossalai.booster import Booster
 
         booster = Booster(plugin=build_plugin(cfg, device))
     model, optimizer, *_ = booster.boost(model, optimizer)
-    precision = Precision(cfg.train.precision, device, cfg.train.init_loss_scale, cfg.train.loss_scale_growth_interval,
-                          sharded=cfg.train.plugin == "fsdp")
+    precision = Precision(
+        cfg.train.precision,
+        device,
+        cfg.train.init_loss_scale,
+        cfg.train.loss_scale_growth_interval,
+        sharded=cfg.train.plugin == "fsdp",
+    )
     return Parts(model, optimizer, booster, precision, Engine(cfg, plan, booster, model, optimizer, precision))

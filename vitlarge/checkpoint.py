@@ -75,8 +75,12 @@ def rng_state() -> dict:
     np_state = np.random.get_state()
     state = {
         "torch": torch.get_rng_state(),
-        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
-                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "numpy": {
+            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
         "python": random.getstate()[1],
         "python_gauss": random.getstate()[2],  # random.gauss() caches its second value
     }
@@ -88,7 +92,9 @@ def rng_state() -> dict:
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     n = state["numpy"]
-    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    np.random.set_state(
+        ("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    )
     random.setstate((3, tuple(state["python"]), state.get("python_gauss")))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
@@ -104,8 +110,17 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return sharded_checkpoint._root(model)
 
 
-def save(workdir: str | Path, step: int, model, optimizer, scaler, data_state: str | None, cfg: Config,
-         keep: int, extra_meta: dict | None = None) -> Path:
+def save(
+    workdir: str | Path,
+    step: int,
+    model,
+    optimizer,
+    scaler,
+    data_state: str | None,
+    cfg: Config,
+    keep: int,
+    extra_meta: dict | None = None,
+) -> Path:
     """Collective: every rank calls it at the same optimizer-step boundary. Returns the final path.
 
     Raises the same one-line ``UserError`` on every rank if any rank fails; earlier checkpoints stay."""
@@ -131,10 +146,17 @@ def save(workdir: str | Path, step: int, model, optimizer, scaler, data_state: s
         return {name: fileio.sync_and_record(tmp / name) for name in names}
 
     def publish(files: dict):
-        meta = {"format_version": FORMAT_VERSION, "step": step, "world_size": world, "model": cfg.model.name,
-                "param_shapes": param_shapes(raw), "config": cfg.to_dict(), "optimizer_state": with_optimizer,
-                **(extra_meta or {}),
-                "files": dict(sorted(files.items()))}
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "step": step,
+            "world_size": world,
+            "model": cfg.model.name,
+            "param_shapes": param_shapes(raw),
+            "config": cfg.to_dict(),
+            "optimizer_state": with_optimizer,
+            **(extra_meta or {}),
+            "files": dict(sorted(files.items())),
+        }
         fileio.write_atomic(tmp / "meta.json", json.dumps(meta, indent=1))  # also fsyncs tmp's names
         os.replace(tmp, final)
         fileio.fsync_dir(root)
@@ -297,11 +319,15 @@ class Unusable(UserError):
         elif problem == "no meta.json":
             found = _step_dirs(path / CHECKPOINTS_DIR) or _step_dirs(path)
             example = f", e.g. {found[-1]}" if found else ""
-            message = (f"{path} is not a complete vitlarge checkpoint (no meta.json); "
-                       f"pass a checkpoints/step_* folder{example}")
+            message = (
+                f"{path} is not a complete vitlarge checkpoint (no meta.json); "
+                f"pass a checkpoints/step_* folder{example}"
+            )
         else:
-            message = (f"checkpoint {path} fails its check ({problem}); --resume an older checkpoints/step_* "
-                       "folder, or omit --resume to take the newest one that passes")
+            message = (
+                f"checkpoint {path} fails its check ({problem}); --resume an older checkpoints/step_* "
+                "folder, or omit --resume to take the newest one that passes"
+            )
         super().__init__(message)
         self.problem = problem
 
@@ -327,8 +353,12 @@ def check_writable(workdir: str | Path, rank: int) -> None:
             probe.touch()
             probe.unlink()
         except OSError as e:
-            fix = ("pass a writable --workdir" if what == "workdir" else "make it writable or pass another "
-                   "--workdir (--resume may still read a checkpoint from a read-only place)")
+            fix = (
+                "pass a writable --workdir"
+                if what == "workdir"
+                else "make it writable or pass another "
+                "--workdir (--resume may still read a checkpoint from a read-only place)"
+            )
             raise UserError(f"{what} {folder} is not writable ({e.strerror}); {fix}") from None
 
 
@@ -360,8 +390,10 @@ def read(path: str | Path, model, cfg: Config) -> dict:
     meta = read_meta(path)
     check_compatible(meta, path, model, cfg)
     if meta.get("config", {}).get("train", {}).get("plugin") == "zero":  # removed in issue 12
-        raise UserError(f"checkpoint {path} was written by train.plugin=zero (removed), whose optimizer file holds "
-                        f"rank 0's shard only and cannot be resumed; start a new --workdir with model.init_from={path}")
+        raise UserError(
+            f"checkpoint {path} was written by train.plugin=zero (removed), whose optimizer file holds "
+            f"rank 0's shard only and cannot be resumed; start a new --workdir with model.init_from={path}"
+        )
     rank, world = rank_and_world()
     # With another world size the per-rank loader and RNG states do not map onto the new ranks:
     # we keep weights, optimizer (re-sharded exactly) and step, and start the loaders afresh (documented; not bitwise).
@@ -377,8 +409,13 @@ def read(path: str | Path, model, cfg: Config) -> dict:
         problem = fileio.size_problem(path / name, files.get(name))
         if problem:
             raise Unusable(path, problem)
-    loaded = {"path": path, "meta": meta, "same_world": same_world, "dcp": dcp_format,
-              "rank": torch.load(path / rank_file, map_location="cpu", weights_only=True)}
+    loaded = {
+        "path": path,
+        "meta": meta,
+        "same_world": same_world,
+        "dcp": dcp_format,
+        "rank": torch.load(path / rank_file, map_location="cpu", weights_only=True),
+    }
     if not dcp_format:
         optimizer_files = names[1:-1]
         loaded["model"] = load_file(str(path / "model.safetensors"), device="cpu")
@@ -396,17 +433,22 @@ def apply(loaded: dict, model, optimizer, scaler) -> dict:
         try:
             sharded_checkpoint.load(path, model, optimizer, meta.get("optimizer_state", True))
         except CheckpointException as e:
-            raise UserError(f"cannot read checkpoint {path} ({reason_of(e)}); check that every node sees it whole "
-                            "(shared file system), or --resume another checkpoint", same_on_all_ranks=True) from None
+            raise UserError(
+                f"cannot read checkpoint {path} ({reason_of(e)}); check that every node sees it whole "
+                "(shared file system), or --resume another checkpoint",
+                same_on_all_ranks=True,
+            ) from None
     else:
-        sharded_checkpoint.load_legacy(path, loaded["model"], loaded["optimizer"], loaded["optimizer_from_ddp"],
-                                       model, optimizer)
+        sharded_checkpoint.load_legacy(
+            path, loaded["model"], loaded["optimizer"], loaded["optimizer_from_ddp"], model, optimizer
+        )
     if state["scaler"] or not scaler.is_enabled():
         scaler.load_state_dict(state["scaler"])
     else:  # saved without fp16 (e.g. precision auto resolved to bf16/fp32 on the saving machine)
         logging.getLogger("vitlarge").warning(
             f"warning: {path} was trained in {meta['config']['train'].get('precision')}, this run is fp16: "
-            f"the loss scale starts at its initial value")
+            f"the loss scale starts at its initial value"
+        )
     if same_world:
         set_rng_state(state["rng"])
     return {**meta, "data": state["data"] if same_world else None, "same_world": same_world}
@@ -444,7 +486,9 @@ def load_model_weights(path: str | Path, model: torch.nn.Module, cfg: Config) ->
         target.load_state_dict(weights_of(path, meta, like))
         return
     if not path.is_file():
-        raise UserError(f"checkpoint {path} does not exist; pass a checkpoints/step_* folder or an exported model folder")
+        raise UserError(
+            f"checkpoint {path} does not exist; pass a checkpoints/step_* folder or an exported model folder"
+        )
     try:
         unwrap(model).load_state_dict(load_file(str(path), device="cpu"))
     except RuntimeError as e:

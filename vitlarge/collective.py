@@ -9,7 +9,8 @@ the same order) and also works without a process group (one process).
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch.distributed as dist
 

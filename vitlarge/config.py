@@ -18,10 +18,11 @@ import difflib
 import importlib.util
 import math
 import sys
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from vitlarge.errors import UserError
 
@@ -87,7 +88,7 @@ class DataConfig:
     """Aspect ratio range (width / height) of the random-resized crop."""
     hflip: bool = True
     """Random horizontal flips in training."""
-    randaugment: Optional[str] = None
+    randaugment: str | None = None
     """timm's RandAugment string with timm's meaning, run in DALI: ``"rand-m9-n2"``, DeiT's
     ``"rand-m9-mstd0.5-inc1"`` (parts m, n, p, mstd, mmax, inc; see docs/DATA.md); None disables it."""
     val_crop_pct: float = 0.875
@@ -96,7 +97,7 @@ class DataConfig:
     """Per-channel RGB mean subtracted from the pixels, in timm's 0..1 convention (ImageNet's)."""
     std: tuple = IMAGENET_STD
     """Per-channel RGB standard deviation the pixels are divided by, 0..1 convention (ImageNet's)."""
-    label_offset: Optional[int] = None
+    label_offset: int | None = None
     """Subtracted from stored labels; None takes it from ``dataset.json`` (1 for TF-made shards)."""
 
 
@@ -246,7 +247,7 @@ def _fields(obj) -> dict[str, dataclasses.Field]:
 
 def all_keys(cfg: Config) -> list[str]:
     keys = []
-    for name, f in _fields(cfg).items():
+    for name in _fields(cfg):
         value = getattr(cfg, name)
         if dataclasses.is_dataclass(value):
             keys += [f"{name}.{sub}" for sub in _fields(value)]
@@ -265,7 +266,7 @@ def _parse_value(text: str, typ, key: str, origin: str):
     """Turns override text into the declared type of ``key``; ``None``/``none`` where Optional."""
     origin_t = typing.get_origin(typ)
     args = typing.get_args(typ)
-    if origin_t is typing.Union and type(None) in args:
+    if origin_t in (typing.Union, types.UnionType) and type(None) in args:
         if text.lower() in ("none", "null"):
             return None
         typ = next(a for a in args if a is not type(None))
@@ -312,7 +313,9 @@ def apply_override(cfg: Config, item: str, origin: str = "command line") -> None
     if not dataclasses.is_dataclass(target) or parts[-1] not in _fields(target):
         raise _unknown_key(key, cfg, origin)
     if dataclasses.is_dataclass(getattr(target, parts[-1])):
-        raise UserError(f"{origin}: '{key}' is a section; set one of its fields, e.g. {key}.{next(iter(_fields(getattr(target, parts[-1]))))}=...")
+        raise UserError(
+            f"{origin}: '{key}' is a section; set one of its fields, e.g. {key}.{next(iter(_fields(getattr(target, parts[-1]))))}=..."
+        )
     hints = typing.get_type_hints(type(target))
     setattr(target, parts[-1], _parse_value(text.strip(), hints[parts[-1]], key, origin))
 
@@ -330,7 +333,7 @@ def _check_types(cfg: Config, origin: str) -> None:
                 if value not in args:
                     raise UserError(f"{origin}: '{key}' is '{value}'; choose one of {', '.join(args)}")
                 continue
-            if typing.get_origin(typ) is typing.Union:
+            if typing.get_origin(typ) in (typing.Union, types.UnionType):  # Optional[X] or X | None
                 if value is None and type(None) in args:
                     continue
                 typ = next(a for a in args if a is not type(None))
@@ -345,7 +348,9 @@ def _check_types(cfg: Config, origin: str) -> None:
                 setattr(section, name, list(value))
                 ok = True
             if not ok:
-                raise UserError(f"{origin}: '{key}' must be a {typ.__name__}, got {value!r}; fix the recipe or override")
+                raise UserError(
+                    f"{origin}: '{key}' must be a {typ.__name__}, got {value!r}; fix the recipe or override"
+                )
 
 
 def _finite(v) -> bool:
@@ -355,21 +360,47 @@ def _finite(v) -> bool:
 # Every duration, count and rate: (keys, test, the rule in words). Counts and durations name their
 # unit (``_steps``, ``_epochs``); where 0 has a meaning, the rule says it.
 RANGES = [
-    (("train.global_batch", "train.micro_batch", "train.keep_checkpoints", "train.log_every_steps",
-      "train.nan_patience", "train.loss_scale_growth_interval", "data.image_size", "data.num_classes",
-      "data.num_train_examples", "data.synthetic_val_examples"), lambda v: v >= 1, "positive"),
+    (
+        (
+            "train.global_batch",
+            "train.micro_batch",
+            "train.keep_checkpoints",
+            "train.log_every_steps",
+            "train.nan_patience",
+            "train.loss_scale_growth_interval",
+            "data.image_size",
+            "data.num_classes",
+            "data.num_train_examples",
+            "data.synthetic_val_examples",
+        ),
+        lambda v: v >= 1,
+        "positive",
+    ),
     (("data.num_threads",), lambda v: v >= 0, ">= 0 (0: the process's CPU share from its launcher)"),
     (("train.epochs", "optim.lr", "optim.eps", "train.init_loss_scale"), lambda v: v > 0, "positive"),
     (("train.checkpoint_every_steps",), lambda v: v >= 0, ">= 0 (0: no periodic checkpoints)"),
     (("train.max_steps",), lambda v: v >= 0, ">= 0 (0: the whole schedule)"),
     (("train.eval_every_epochs",), lambda v: v >= 0, ">= 0 (0: only the final evaluation)"),
-    (("schedule.warmup_epochs", "optim.weight_decay", "augment.mixup_alpha", "augment.cutmix_alpha"),
-     lambda v: v >= 0, ">= 0"),
+    (
+        ("schedule.warmup_epochs", "optim.weight_decay", "augment.mixup_alpha", "augment.cutmix_alpha"),
+        lambda v: v >= 0,
+        ">= 0",
+    ),
     (("optim.clip_grad_norm",), lambda v: v >= 0, ">= 0 (0: no clipping)"),
     (("train.seed",), lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
     (("schedule.min_lr_ratio", "augment.mixup_prob"), lambda v: 0 <= v <= 1, "in [0, 1]"),
-    (("augment.label_smoothing", "model.pos_drop_rate", "model.attn_drop_rate", "model.proj_drop_rate",
-      "model.head_drop_rate", "model.drop_path_rate"), lambda v: 0 <= v < 1, "in [0, 1)"),
+    (
+        (
+            "augment.label_smoothing",
+            "model.pos_drop_rate",
+            "model.attn_drop_rate",
+            "model.proj_drop_rate",
+            "model.head_drop_rate",
+            "model.drop_path_rate",
+        ),
+        lambda v: 0 <= v < 1,
+        "in [0, 1)",
+    ),
 ]
 
 
@@ -391,7 +422,9 @@ def _check_ranges(cfg: Config, origin: str) -> None:
         for key in keys:
             value = _get(cfg, key)
             if not (_finite(value) and ok(value)):
-                raise UserError(f"{origin}: '{key}' must be {rule}, got {value}; set it like {key}={_get(Config(), key)}")
+                raise UserError(
+                    f"{origin}: '{key}' must be {rule}, got {value}; set it like {key}={_get(Config(), key)}"
+                )
     for key, (ok, rule) in PAIRS.items():
         value = _get(cfg, key)
         if not (len(value) == 2 and all(map(_finite, value)) and ok(*value)):
@@ -402,8 +435,10 @@ def _check_ranges(cfg: Config, origin: str) -> None:
 def validate(cfg: Config, origin: str = "config") -> None:
     """Checks everything that can be checked before the world size is known."""
     if cfg.train.plugin == "zero":  # removed (issue 12): it needed CUDA, no test ran it, and it was broken
-        raise UserError(f"{origin}: train.plugin=zero was removed; use train.plugin=fsdp (sharded weights, "
-                        "gradients and optimizer states; CPU and CUDA)")
+        raise UserError(
+            f"{origin}: train.plugin=zero was removed; use train.plugin=fsdp (sharded weights, "
+            "gradients and optimizer states; CPU and CUDA)"
+        )
     _check_types(cfg, origin)  # also the allowed values of the Literal fields
     _check_ranges(cfg, origin)
     t = cfg.train
@@ -414,11 +449,15 @@ def validate(cfg: Config, origin: str = "config") -> None:
         )
     if cfg.augment.mixup_alpha > 0 or cfg.augment.cutmix_alpha > 0:
         if t.micro_batch % 2:
-            raise UserError(f"{origin}: Mixup/CutMix need an even train.micro_batch, got {t.micro_batch}; "
-                            "use an even micro batch or set augment.mixup_alpha=0 augment.cutmix_alpha=0")
+            raise UserError(
+                f"{origin}: Mixup/CutMix need an even train.micro_batch, got {t.micro_batch}; "
+                "use an even micro batch or set augment.mixup_alpha=0 augment.cutmix_alpha=0"
+            )
     if not (0 < cfg.data.val_crop_pct <= 1):
-        raise UserError(f"{origin}: data.val_crop_pct must be in (0, 1], got {cfg.data.val_crop_pct}; "
-                        "set it like data.val_crop_pct=0.875")
+        raise UserError(
+            f"{origin}: data.val_crop_pct must be in (0, 1], got {cfg.data.val_crop_pct}; "
+            "set it like data.val_crop_pct=0.875"
+        )
     if cfg.schedule.warmup_epochs > t.epochs:
         raise UserError(
             f"{origin}: schedule.warmup_epochs={cfg.schedule.warmup_epochs} exceeds train.epochs={t.epochs}; "
@@ -458,7 +497,9 @@ def make_plan(cfg: Config, world_size: int, num_train_examples: int | None = Non
         steps_per_epoch=steps_per_epoch,
         total_steps=total,
         warmup_steps=epochs_to_steps(cfg.schedule.warmup_epochs, steps_per_epoch),
-        eval_every_steps=max(1, epochs_to_steps(t.eval_every_epochs, steps_per_epoch)) if t.eval_every_epochs > 0 else 0,
+        eval_every_steps=max(1, epochs_to_steps(t.eval_every_epochs, steps_per_epoch))
+        if t.eval_every_epochs > 0
+        else 0,
         num_train_examples=n,
     )
 
@@ -470,10 +511,18 @@ def _phased_plan(cfg: Config, world_size: int, n: int) -> Plan:
     phases = plan_phases(cfg, world_size, n)
     first, t = phases[0], cfg.train
     eval_every = max(1, epochs_to_steps(t.eval_every_epochs, first.steps_per_epoch)) if t.eval_every_epochs > 0 else 0
-    return Plan(world_size=world_size, global_batch=first.global_batch, micro_batch=first.micro_batch,
-                accum_steps=first.accum_steps, steps_per_epoch=first.steps_per_epoch,
-                total_steps=max(1, phases[-1].end_step), warmup_steps=step_at_epoch(phases, cfg.schedule.warmup_epochs),
-                eval_every_steps=eval_every, num_train_examples=n, phases=phases)
+    return Plan(
+        world_size=world_size,
+        global_batch=first.global_batch,
+        micro_batch=first.micro_batch,
+        accum_steps=first.accum_steps,
+        steps_per_epoch=first.steps_per_epoch,
+        total_steps=max(1, phases[-1].end_step),
+        warmup_steps=step_at_epoch(phases, cfg.schedule.warmup_epochs),
+        eval_every_steps=eval_every,
+        num_train_examples=n,
+        phases=phases,
+    )
 
 
 def load_recipe(path: str | Path) -> Config:
@@ -505,7 +554,7 @@ def load_recipe(path: str | Path) -> Config:
     return cfg
 
 
-def load_config(path: str | Path, overrides: list[str] = (), **direct: Optional[str]) -> Config:
+def load_config(path: str | Path, overrides: list[str] = (), **direct: str | None) -> Config:
     """Recipe + direct settings (``data.path``, ``workdir``) + dotted overrides, validated."""
     cfg = load_recipe(path)
     for key, value in direct.items():

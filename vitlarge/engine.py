@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -37,7 +37,7 @@ class CommCounter:
         self.bytes = 0
 
     @staticmethod
-    def hook(state: "CommCounter", bucket):
+    def hook(state: CommCounter, bucket):
         state.calls += 1
         state.bytes += bucket.buffer().numel() * bucket.buffer().element_size()
         return default_hooks.allreduce_hook(None, bucket)
@@ -98,8 +98,14 @@ class Engine:
         if self.plan.phases:
             return phases.lr_at_step(self.cfg, self.plan, step)
         s = self.cfg.schedule
-        return lr_at(step, peak_lr=self.cfg.optim.lr, total_steps=self.plan.total_steps,
-                     warmup_steps=self.plan.warmup_steps, decay=s.decay, min_lr_ratio=s.min_lr_ratio)
+        return lr_at(
+            step,
+            peak_lr=self.cfg.optim.lr,
+            total_steps=self.plan.total_steps,
+            warmup_steps=self.plan.warmup_steps,
+            decay=s.decay,
+            min_lr_ratio=s.min_lr_ratio,
+        )
 
     def step(self, step: int, next_batch: Callable[[], tuple]) -> dict:
         self.model.train()

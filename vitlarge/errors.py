@@ -9,7 +9,7 @@ it also maps exit statuses 3 (NaN guard) and 75 (preempted).
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 
 class UserError(Exception):

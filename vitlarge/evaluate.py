@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
@@ -35,7 +35,7 @@ def evaluate(model: torch.nn.Module, batches: Iterable, precision) -> dict:
         images, labels = (images, labels[:0]) if keep == 0 else (images[:keep], labels[:keep])
         with precision.autocast():
             logits = model(images)
-        logits = logits.float()[:len(labels)]
+        logits = logits.float()[: len(labels)]
         k = min(5, logits.shape[1])
         top = logits.topk(k, dim=1).indices
         hit = top.eq(labels[:, None])
@@ -61,7 +61,11 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", required=True)
-    p.add_argument("--checkpoint", required=True, help="a checkpoints/step_* folder, an exported model folder (<workdir>/model) or a model.safetensors file")
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        help="a checkpoints/step_* folder, an exported model folder (<workdir>/model) or a model.safetensors file",
+    )
     p.add_argument("--data", default=None)
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     args = p.parse_args(argv)

@@ -43,12 +43,24 @@ def data_config(cfg: Config) -> dict:
         from vitlarge.phases import resolve
 
         size = resolve(cfg)[-1]["eval_size"]
-    return dict(input_size=(3, size, size), mean=tuple(cfg.data.mean), std=tuple(cfg.data.std),
-                crop_pct=cfg.data.val_crop_pct, crop_mode="center", interpolation=VAL_INTERPOLATION)
+    return dict(
+        input_size=(3, size, size),
+        mean=tuple(cfg.data.mean),
+        std=tuple(cfg.data.std),
+        crop_pct=cfg.data.val_crop_pct,
+        crop_mode="center",
+        interpolation=VAL_INTERPOLATION,
+    )
 
 
-def export(workdir: str | Path, model: torch.nn.Module, cfg: Config, class_names: list[str] | None = None,
-           class_descriptions: dict[str, str] | None = None, tensors: dict[str, torch.Tensor] | None = None) -> Path:
+def export(
+    workdir: str | Path,
+    model: torch.nn.Module,
+    cfg: Config,
+    class_names: list[str] | None = None,
+    class_descriptions: dict[str, str] | None = None,
+    tensors: dict[str, torch.Tensor] | None = None,
+) -> Path:
     """Writes ``<workdir>/model/`` (config.json + model.safetensors) and returns its path. Main rank only.
 
     ``model`` may be wrapped (DDP, Booster): the timm module inside is exported. ``class_names`` are
@@ -88,8 +100,10 @@ def export(workdir: str | Path, model: torch.nn.Module, cfg: Config, class_names
         fileio.fsync_dir(workdir)
     except (OSError, SafetensorError) as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise UserError(f"exporting {out} failed ({getattr(e, 'strerror', None) or e}); free space in {workdir} and "
-                        "run the same command again: the final checkpoint holds the same weights",
-                        same_on_all_ranks=False) from None
+        raise UserError(
+            f"exporting {out} failed ({getattr(e, 'strerror', None) or e}); free space in {workdir} and "
+            "run the same command again: the final checkpoint holds the same weights",
+            same_on_all_ranks=False,
+        ) from None
     shutil.rmtree(old, ignore_errors=True)
     return out

@@ -46,7 +46,7 @@ Contract of `FSDPPlugin.configure`:
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -92,8 +92,10 @@ def wrap(model: nn.Module, precision: str, device: torch.device) -> nn.Module:
     """``model`` sharded in place as the module docstring says (and returned); every rank must call it."""
     blocks = [m for m in model.modules() if type(m) in block_classes(model)]
     if not blocks:
-        raise UserError(f"train.plugin=fsdp needs a model with transformer blocks to shard one by one; "
-                        f"{type(model).__name__} has no timm Block: use train.plugin=ddp or a timm ViT")
+        raise UserError(
+            f"train.plugin=fsdp needs a model with transformer blocks to shard one by one; "
+            f"{type(model).__name__} has no timm Block: use train.plugin=ddp or a timm ViT"
+        )
     shapes = {k: list(v.shape) for k, v in model.state_dict().items()}
     if dist.get_world_size() > 1:
         _sync_module_states(model, dist.group.WORLD, BROADCAST_BUCKET_BYTES, src=0, params_and_buffers_to_ignore=())
@@ -104,9 +106,11 @@ def wrap(model: nn.Module, precision: str, device: torch.device) -> nn.Module:
             if type(m) in (nn.LayerNorm, LayerNorm):  # same parameters, state dict and maths; no fast-norm path
                 m.__class__ = LayerNormFp32
             elif isinstance(m, nn.LayerNorm) and type(m) is not LayerNormFp32:
-                raise UserError(f"train.plugin=fsdp with train.precision={precision} computes LayerNorm in fp32 and "
-                                f"knows torch's and timm's LayerNorm only, not {type(m).__name__}: use "
-                                "train.precision=fp32 or train.plugin=ddp")
+                raise UserError(
+                    f"train.plugin=fsdp with train.precision={precision} computes LayerNorm in fp32 and "
+                    f"knows torch's and timm's LayerNorm only, not {type(m).__name__}: use "
+                    "train.precision=fp32 or train.plugin=ddp"
+                )
             elif type(m) is Fp32Conv2d:
                 m.__class__ = _ShardedFp32Conv2d
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
@@ -176,8 +180,9 @@ class FSDPPlugin(DPPluginBase):
         finally:
             root.set_requires_gradient_sync(True)
 
-    def configure(self, model: nn.Module, optimizer=None, criterion: Callable | None = None, dataloader=None,
-                  lr_scheduler=None):
+    def configure(
+        self, model: nn.Module, optimizer=None, criterion: Callable | None = None, dataloader=None, lr_scheduler=None
+    ):
         from vitlarge.optim import Lamb
         from vitlarge.sharded_optim import ShardedLamb
 

@@ -49,7 +49,9 @@ def _checkpoint_weights(path: str | Path) -> dict[str, torch.Tensor] | None:
     try:
         return checkpoint.weights_of(p, checkpoint.read_meta(p))
     except checkpoint.Unusable as e:
-        raise UserError(f"model.init_from={path}: {e.problem}; pass a complete checkpoint or an export folder") from None
+        raise UserError(
+            f"model.init_from={path}: {e.problem}; pass a complete checkpoint or an export folder"
+        ) from None
 
 
 def weights_file(path: str | Path) -> Path:
@@ -58,11 +60,15 @@ def weights_file(path: str | Path) -> Path:
     if p.is_dir():
         if (p / "model.safetensors").is_file():
             return p / "model.safetensors"
-        raise UserError(f"model.init_from={path}: the folder holds no model.safetensors; pass an export folder "
-                        "(<workdir>/model), a checkpoints/step_* folder or a timm checkpoint file")
+        raise UserError(
+            f"model.init_from={path}: the folder holds no model.safetensors; pass an export folder "
+            "(<workdir>/model), a checkpoints/step_* folder or a timm checkpoint file"
+        )
     if not p.is_file():
-        raise UserError(f"model.init_from={path} does not exist; pass an export folder (<workdir>/model), a "
-                        "checkpoints/step_* folder or a timm checkpoint file")
+        raise UserError(
+            f"model.init_from={path} does not exist; pass an export folder (<workdir>/model), a "
+            "checkpoints/step_* folder or a timm checkpoint file"
+        )
     return p
 
 
@@ -90,8 +96,10 @@ def read_state_dict(path: str | Path) -> tuple[dict[str, torch.Tensor], str | No
                     sd, key = sd[k], k
                     break
     except Exception as e:  # noqa: BLE001 - torch.load and safetensors raise many types on foreign files
-        raise UserError(f"model.init_from={path}: {f} is not a readable state dict ({type(e).__name__}); pass a "
-                        "model.safetensors or a torch checkpoint of a timm model") from None
+        raise UserError(
+            f"model.init_from={path}: {f} is not a readable state dict ({type(e).__name__}); pass a "
+            "model.safetensors or a torch checkpoint of a timm model"
+        ) from None
     if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise UserError(f"model.init_from={path}: {f} holds no state dict of tensors; pass a timm model's weights")
     return {k.removeprefix("module."): v for k, v in sd.items()}, key
@@ -111,19 +119,25 @@ def adapt(sd: dict[str, torch.Tensor], model: torch.nn.Module, source: str) -> t
     notes = []
     if PATCH_WEIGHT in target and PATCH_WEIGHT in sd and sd[PATCH_WEIGHT].shape != target[PATCH_WEIGHT].shape:
         got, want = tuple(sd[PATCH_WEIGHT].shape), tuple(target[PATCH_WEIGHT].shape)
-        raise UserError(f"model.init_from={source}: its patch embedding is {got[2]}x{got[3]} px, {got[0]} wide; the "
-                        f"recipe's model is {want[2]}x{want[3]} px, {want[0]} wide; fine-tune from a model with the "
-                        "same patch size and width, or set model.name/model.kwargs to match it")
+        raise UserError(
+            f"model.init_from={source}: its patch embedding is {got[2]}x{got[3]} px, {got[0]} wide; the "
+            f"recipe's model is {want[2]}x{want[3]} px, {want[0]} wide; fine-tune from a model with the "
+            "same patch size and width, or set model.name/model.kwargs to match it"
+        )
     missing = [k for k in target if k not in sd]
     pool = {"fc_norm.weight": "avg (fc_norm)", "norm.weight": "token (norm)"}
     for k, theirs in (("fc_norm.weight", "norm.weight"), ("norm.weight", "fc_norm.weight")):
         if k in missing and theirs in sd and theirs not in target:
-            raise UserError(f"model.init_from={source} was trained with global_pool={pool[theirs]}, the recipe's "
-                            f"model uses global_pool={pool[k]}; set model.kwargs global_pool to match the source")
+            raise UserError(
+                f"model.init_from={source} was trained with global_pool={pool[theirs]}, the recipe's "
+                f"model uses global_pool={pool[k]}; set model.kwargs global_pool to match the source"
+            )
     if missing:
-        raise UserError(f"model.init_from={source} is another architecture: it lacks '{missing[0]}' "
-                        f"({len(missing)} of the recipe's {len(target)} tensors missing); set model.name/model.kwargs "
-                        "to the architecture it was trained with")
+        raise UserError(
+            f"model.init_from={source} is another architecture: it lacks '{missing[0]}' "
+            f"({len(missing)} of the recipe's {len(target)} tensors missing); set model.name/model.kwargs "
+            "to the architecture it was trained with"
+        )
     out = {}
     for k, want in target.items():
         v = sd[k]
@@ -131,24 +145,32 @@ def adapt(sd: dict[str, torch.Tensor], model: torch.nn.Module, source: str) -> t
             prefix = getattr(model, "num_prefix_tokens", 1) if not getattr(model, "no_embed_class", False) else 0
             old = int(round((v.shape[1] - prefix) ** 0.5))
             if old * old + prefix != v.shape[1] or v.shape[2] != want.shape[2]:
-                raise UserError(f"model.init_from={source}: pos_embed {tuple(v.shape)} cannot be resampled to "
-                                f"{tuple(want.shape)}; fine-tune from the same architecture")
-            v = resample_abs_pos_embed(v.float(), new_size=list(_grid(model)), old_size=[old, old],
-                                       num_prefix_tokens=prefix).to(want.dtype)
-            notes.append(f"position embedding resampled from a {old}x{old} to a "
-                         f"{_grid(model)[0]}x{_grid(model)[1]} token grid")
+                raise UserError(
+                    f"model.init_from={source}: pos_embed {tuple(v.shape)} cannot be resampled to "
+                    f"{tuple(want.shape)}; fine-tune from the same architecture"
+                )
+            v = resample_abs_pos_embed(
+                v.float(), new_size=list(_grid(model)), old_size=[old, old], num_prefix_tokens=prefix
+            ).to(want.dtype)
+            notes.append(
+                f"position embedding resampled from a {old}x{old} to a {_grid(model)[0]}x{_grid(model)[1]} token grid"
+            )
         elif k in HEAD_KEYS and v.shape != want.shape:
             if k == HEAD_KEYS[0]:
                 notes.append(f"classifier re-initialised: {v.shape[0]} classes in the source, {want.shape[0]} here")
             continue
         elif v.shape != want.shape:
-            raise UserError(f"model.init_from={source} is another architecture: '{k}' is {tuple(v.shape)}, the "
-                            f"recipe's model has {tuple(want.shape)}; set model.name/model.kwargs to match it")
+            raise UserError(
+                f"model.init_from={source} is another architecture: '{k}' is {tuple(v.shape)}, the "
+                f"recipe's model has {tuple(want.shape)}; set model.name/model.kwargs to match it"
+            )
         out[k] = v
     extra = sorted(k for k in sd if k not in target)
     if extra:  # register/distillation tokens and the like: the recipe's model has no place for them
-        notes.append(f"warning: {len(extra)} source tensor(s) not in the recipe's model, dropped: "
-                     f"{', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}")
+        notes.append(
+            f"warning: {len(extra)} source tensor(s) not in the recipe's model, dropped: "
+            f"{', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}"
+        )
     return out, notes
 
 

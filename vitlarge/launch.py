@@ -50,7 +50,9 @@ def _int_env(env, key: str) -> int:
     try:
         return int(env[key])
     except ValueError:
-        raise UserError(f"environment variable {key}={env[key]!r} is not an integer; fix the launcher settings") from None
+        raise UserError(
+            f"environment variable {key}={env[key]!r} is not an integer; fix the launcher settings"
+        ) from None
 
 
 def _slurm_hosts(nodelist: str) -> list[str]:
@@ -125,7 +127,8 @@ def choose_device(requested: str = "auto", local_rank: int = 0):
         if index >= count:
             raise UserError(
                 f"local rank {local_rank} but only {count} CUDA devices are visible to it; start one process "
-                "per GPU (srun --ntasks-per-node equal to --gpus-per-node)", same_on_all_ranks=False,
+                "per GPU (srun --ntasks-per-node equal to --gpus-per-node)",
+                same_on_all_ranks=False,
             )
         torch.cuda.set_device(index)
         return torch.device("cuda", index), "nccl"
@@ -202,7 +205,9 @@ def cpu_share(env, usable_cpus: int) -> tuple[int, str]:
     if env.get("SLURM_CPUS_PER_TASK"):
         n = _int_env(env, "SLURM_CPUS_PER_TASK")
         if n < 1:
-            raise UserError(f"environment variable SLURM_CPUS_PER_TASK={env['SLURM_CPUS_PER_TASK']} must be a positive CPU count")
+            raise UserError(
+                f"environment variable SLURM_CPUS_PER_TASK={env['SLURM_CPUS_PER_TASK']} must be a positive CPU count"
+            )
         if n > usable_cpus:
             return usable_cpus, f"SLURM_CPUS_PER_TASK={n} capped by the {usable_cpus} usable CPUs"
         return n, f"SLURM_CPUS_PER_TASK={n}"
@@ -331,12 +336,16 @@ def choose_interface(dist_env: DistEnv, env) -> tuple[str, str]:
             continue
         if other and not _is_loopback(mine):
             return other, f"routes to {host} (the master {dist_env.master_addr} resolves to loopback here)"
-    resolved = socket.getaddrinfo(dist_env.master_addr, dist_env.master_port, socket.AF_UNSPEC, socket.SOCK_DGRAM)[0][4][0]
+    resolved = socket.getaddrinfo(dist_env.master_addr, dist_env.master_port, socket.AF_UNSPEC, socket.SOCK_DGRAM)[0][
+        4
+    ][0]
     raise UserError(
         f"on {where} the master {dist_env.master_addr} resolves to the loopback address {resolved} (an /etc/hosts "
         f"entry such as '127.0.1.1 {dist_env.master_addr}'), and no other node of the step routes elsewhere: the "
         "other nodes could not reach gloo here; fix that /etc/hosts entry or set GLOO_SOCKET_IFNAME to the "
-        "interface the nodes share", same_on_all_ranks=False)
+        "interface the nodes share",
+        same_on_all_ranks=False,
+    )
 
 
 def bind_interface(dist_env: DistEnv, env=None) -> str:
@@ -359,7 +368,8 @@ def bind_interface(dist_env: DistEnv, env=None) -> str:
         import logging
 
         logging.getLogger("vitlarge").warning(
-            f"{why}: gloo's interface left to its default; set GLOO_SOCKET_IFNAME if the rendezvous fails")
+            f"{why}: gloo's interface left to its default; set GLOO_SOCKET_IFNAME if the rendezvous fails"
+        )
     return name
 
 
@@ -388,8 +398,9 @@ def rendezvous_timeout_s(env=None) -> float:
 _KEEP_ALIVE: list = []
 
 
-def init_distributed(dist_env: DistEnv, backend: str, timeout_s: float | None = None,
-                     collective_timeout_s: float = 300.0) -> None:
+def init_distributed(
+    dist_env: DistEnv, backend: str, timeout_s: float | None = None, collective_timeout_s: float = 300.0
+) -> None:
     """Initialises the default process group (also for world size 1, so one code path).
 
     ``timeout_s`` bounds the rendezvous only (every process connected to the master's store);
@@ -410,27 +421,39 @@ def init_distributed(dist_env: DistEnv, backend: str, timeout_s: float | None = 
 
         logging.getLogger("vitlarge").info(
             f"rendezvous at {dist_env.master_addr}:{dist_env.master_port}, gloo interface on {socket.gethostname()}: "
-            f"{ifname or '(gloo default)'}")
+            f"{ifname or '(gloo default)'}"
+        )
     t0 = time.monotonic()
     try:
         # The master waits for all world_size processes to connect: a missing task fails here, in time.
         # Under torchrun (and so colossalai run) the agent already serves a store on MASTER_PORT:
         # join it as a client, as torch's env:// rendezvous does, instead of listening on that port.
         agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-        store = dist.TCPStore(dist_env.master_addr, dist_env.master_port, dist_env.world_size,
-                              is_master=dist_env.rank == 0 and not agent, timeout=datetime.timedelta(seconds=timeout_s),
-                              wait_for_workers=not agent)
+        store = dist.TCPStore(
+            dist_env.master_addr,
+            dist_env.master_port,
+            dist_env.world_size,
+            is_master=dist_env.rank == 0 and not agent,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            wait_for_workers=not agent,
+        )
         # Always a PrefixStore: torch's c10d logger formats init_process_group's arguments, and
         # TCPStore's repr asks its socket for its addresses, which fails ("failed to format addr,
         # unknown family=0") in the network namespaces of tests/test_slurm_multinode.py (gVisor).
         attempt = f"/worker/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}" if agent else "vitlarge"
-        dist.init_process_group(backend, store=dist.PrefixStore(attempt, store), rank=dist_env.rank,
-                                world_size=dist_env.world_size, timeout=datetime.timedelta(seconds=collective_timeout_s))
+        dist.init_process_group(
+            backend,
+            store=dist.PrefixStore(attempt, store),
+            rank=dist_env.rank,
+            world_size=dist_env.world_size,
+            timeout=datetime.timedelta(seconds=collective_timeout_s),
+        )
         store.set_timeout(datetime.timedelta(seconds=collective_timeout_s))
         _KEEP_ALIVE.append(dist.group.WORLD)
     except (RuntimeError, dist.DistStoreError) as e:
-        raise UserError(rendezvous_error(dist_env, e, time.monotonic() - t0, timeout_s, ifname),
-                        same_on_all_ranks=False) from None
+        raise UserError(
+            rendezvous_error(dist_env, e, time.monotonic() - t0, timeout_s, ifname), same_on_all_ranks=False
+        ) from None
 
 
 def rendezvous_error(dist_env: DistEnv, error: BaseException, elapsed_s: float, timeout_s: float, ifname: str) -> str:
@@ -439,9 +462,11 @@ def rendezvous_error(dist_env: DistEnv, error: BaseException, elapsed_s: float, 
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     timed_out = "timed out" in first.lower() or "timeout" in first.lower() or elapsed_s >= 0.95 * timeout_s
     what = f"did not complete within {timeout_s:.0f}s" if timed_out else f"failed after {elapsed_s:.1f}s"
-    return (f"rendezvous at {dist_env.master_addr}:{dist_env.master_port} {what} (rank {dist_env.rank} of "
-            f"{dist_env.world_size}, {dist_env.source}; on {socket.gethostname()}, interface {ifname or 'default'}, "
-            f"{elapsed_s:.1f}s): {first}; check that every process started and that the address is reachable")
+    return (
+        f"rendezvous at {dist_env.master_addr}:{dist_env.master_port} {what} (rank {dist_env.rank} of "
+        f"{dist_env.world_size}, {dist_env.source}; on {socket.gethostname()}, interface {ifname or 'default'}, "
+        f"{elapsed_s:.1f}s): {first}; check that every process started and that the address is reachable"
+    )
 
 
 def quiet_imports() -> None:

@@ -40,5 +40,8 @@ def read_metrics(path: str) -> list[dict[str, Any]]:
     for i, r in enumerate(records):
         if r.get("event") not in ("start", "end"):
             last[(r.get("event"), r.get("step"))] = i
-    return [r for i, r in enumerate(records)
-            if r.get("event") in ("start", "end") or last[(r.get("event"), r.get("step"))] == i]
+    return [
+        r
+        for i, r in enumerate(records)
+        if r.get("event") in ("start", "end") or last[(r.get("event"), r.get("step"))] == i
+    ]

@@ -36,7 +36,9 @@ def build_model(cfg: Config, device: torch.device | str = "cpu") -> torch.nn.Mod
             model = timm.create_model(cfg.model.name, pretrained=False, **model_kwargs(cfg))
     except (RuntimeError, TypeError) as e:
         if "Unknown model" in str(e) or "unexpected keyword" in str(e):
-            raise UserError(f"model.name={cfg.model.name!r} / model.kwargs: {e}; see timm.list_models('vit_*')") from None
+            raise UserError(
+                f"model.name={cfg.model.name!r} / model.kwargs: {e}; see timm.list_models('vit_*')"
+            ) from None
         raise
     if cfg.model.grad_checkpointing:
         model.set_grad_checkpointing(True)
@@ -69,8 +71,11 @@ def _plain_pos_embed(model) -> bool:
     """A timm VisionTransformer whose ``_pos_embed`` is the stock one (the override below replicates it)."""
     from timm.models.vision_transformer import VisionTransformer
 
-    return isinstance(model, VisionTransformer) and type(model)._pos_embed is VisionTransformer._pos_embed and \
-        getattr(model, "pos_embed", None) is not None
+    return (
+        isinstance(model, VisionTransformer)
+        and type(model)._pos_embed is VisionTransformer._pos_embed
+        and getattr(model, "pos_embed", None) is not None
+    )
 
 
 _CLASSES: dict[type, type] = {}
@@ -118,8 +123,11 @@ def _deterministic_pos_embed_class(base: type) -> type:
             x = x + pos
         return self.pos_drop(x)
 
-    cls = type(base.__name__, (base,), {"_pos_embed": _pos_embed, "__module__": base.__module__,
-                                         "__qualname__": base.__qualname__})
+    cls = type(
+        base.__name__,
+        (base,),
+        {"_pos_embed": _pos_embed, "__module__": base.__module__, "__qualname__": base.__qualname__},
+    )
     _CLASSES[base] = cls
     return cls
 
@@ -150,12 +158,21 @@ def describe_model(cfg: Config) -> dict:
     depth = len(blocks)
     dim = getattr(model, "embed_dim", 0)
     heads = blocks[0].attn.num_heads if depth else 1
-    tokens = model.patch_embed.num_patches + getattr(model, "num_prefix_tokens", 1) if hasattr(model, "patch_embed") else 0
+    tokens = (
+        model.patch_embed.num_patches + getattr(model, "num_prefix_tokens", 1) if hasattr(model, "patch_embed") else 0
+    )
     return dict(params=params, fwd_flops=counter.get_total_flops(), depth=depth, dim=dim, heads=heads, tokens=tokens)
 
 
-def memory_estimate(info: dict, micro_batch: int, precision: str, grad_checkpointing: bool, sharded: bool,
-                    world: int, unsharded_grads: bool = False) -> dict:
+def memory_estimate(
+    info: dict,
+    micro_batch: int,
+    precision: str,
+    grad_checkpointing: bool,
+    sharded: bool,
+    world: int,
+    unsharded_grads: bool = False,
+) -> dict:
     """Rough bytes per device: fp32 ``weights``, fp32 ``grads``, two fp32 LAMB moments (``optimizer``),
     their sum ``states``, ``activations`` and the ``total``.
 

@@ -12,7 +12,7 @@ Contract:
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -103,8 +103,14 @@ class Lamb(torch.optim.Optimizer):
         if max_trust_ratio is not None and max_trust_ratio <= 0:
             raise ValueError(f"Invalid max_trust_ratio: {max_trust_ratio}, must be > 0 or None")
         defaults = dict(
-            lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=bias_correction,
-            grad_averaging=grad_averaging, trust_ratio=trust_ratio, max_trust_ratio=max_trust_ratio,
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            bias_correction=bias_correction,
+            grad_averaging=grad_averaging,
+            trust_ratio=trust_ratio,
+            max_trust_ratio=max_trust_ratio,
         )
         super().__init__(params, defaults)
         self.fused = fused
@@ -140,7 +146,8 @@ class Lamb(torch.optim.Optimizer):
             elif state["step"].device != p.device:  # checkpoint loaded with map_location="cpu"
                 state["step"] = state["step"].to(p.device)
             by_kind.setdefault((p.device, p.dtype), []).append(
-                (p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"]))
+                (p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"])
+            )
         for items in by_kind.values():
             torch._foreach_add_([it[4] for it in items], 1.0)
         return by_kind
@@ -164,11 +171,10 @@ class Lamb(torch.optim.Optimizer):
         else:
             buf = self._scratch.get((device, dtype))
             if buf is None:
-                buf = self._scratch[(device, dtype)] = torch.empty(
-                    self.chunk_numel, device=device, dtype=dtype)
+                buf = self._scratch[(device, dtype)] = torch.empty(self.chunk_numel, device=device, dtype=dtype)
         views, offset = [], 0
         for it in chunk:
-            views.append(buf[offset:offset + it[0].numel()].view_as(it[0]))
+            views.append(buf[offset : offset + it[0].numel()].view_as(it[0]))
             offset += it[0].numel()
         return views
 
@@ -178,8 +184,11 @@ class Lamb(torch.optim.Optimizer):
         ratio = None
         if group["trust_ratio"]:
             # Two reductions for all norms of the chunk; the ratios stay on the device.
-            ratio = trust_ratio(torch.stack(torch._foreach_norm(params)), torch.stack(torch._foreach_norm(updates)),
-                                group["max_trust_ratio"])
+            ratio = trust_ratio(
+                torch.stack(torch._foreach_norm(params)),
+                torch.stack(torch._foreach_norm(updates)),
+                group["max_trust_ratio"],
+            )
         self._apply(group, params, updates, ratio)
 
     def _direction(self, group: dict, chunk: list, updates: list[torch.Tensor]) -> None:
@@ -187,13 +196,33 @@ class Lamb(torch.optim.Optimizer):
         params, grads, exp_avgs, exp_avg_sqs, steps = (list(x) for x in zip(*chunk))
         beta1, beta2 = group["betas"]
         if self.fused and group["bias_correction"] and group["grad_averaging"]:
-            _direction_fused(params, grads, exp_avgs, exp_avg_sqs, steps, updates, beta1=beta1,
-                             beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"])
+            _direction_fused(
+                params,
+                grads,
+                exp_avgs,
+                exp_avg_sqs,
+                steps,
+                updates,
+                beta1=beta1,
+                beta2=beta2,
+                eps=group["eps"],
+                weight_decay=group["weight_decay"],
+            )
         else:
-            _direction_foreach(params, grads, exp_avgs, exp_avg_sqs, steps, updates, beta1=beta1,
-                               beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
-                               bias_correction=group["bias_correction"],
-                               grad_averaging=group["grad_averaging"])
+            _direction_foreach(
+                params,
+                grads,
+                exp_avgs,
+                exp_avg_sqs,
+                steps,
+                updates,
+                beta1=beta1,
+                beta2=beta2,
+                eps=group["eps"],
+                weight_decay=group["weight_decay"],
+                bias_correction=group["bias_correction"],
+                grad_averaging=group["grad_averaging"],
+            )
 
     @staticmethod
     def _apply(group: dict, params: list, updates: list, ratio: torch.Tensor | None) -> None:
@@ -212,8 +241,8 @@ def trust_ratio(w_norm: torch.Tensor, u_norm: torch.Tensor, max_trust_ratio: flo
     ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, 1.0)
     return ratio if max_trust_ratio is None else ratio.clamp(max=max_trust_ratio)
 
-def _direction_fused(params, grads, exp_avgs, exp_avg_sqs, steps, updates, *, beta1, beta2, eps,
-                     weight_decay) -> None:
+
+def _direction_fused(params, grads, exp_avgs, exp_avg_sqs, steps, updates, *, beta1, beta2, eps, weight_decay) -> None:
     """Moments in place; ``updates = m_hat / (sqrt(v_hat) + eps) + weight_decay * params``.
 
     torch's fused Adam kernel does ``x -= lr * m_hat / (sqrt(v_hat) + eps)`` after updating the
@@ -222,12 +251,38 @@ def _direction_fused(params, grads, exp_avgs, exp_avg_sqs, steps, updates, *, be
     """
     for p, u in zip(params, updates):
         torch.mul(p, weight_decay, out=u)
-    torch._fused_adamw_(updates, grads, exp_avgs, exp_avg_sqs, [], steps, lr=-1.0, beta1=beta1,
-                        beta2=beta2, weight_decay=0.0, eps=eps, amsgrad=False, maximize=False)
+    torch._fused_adamw_(
+        updates,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
+        [],
+        steps,
+        lr=-1.0,
+        beta1=beta1,
+        beta2=beta2,
+        weight_decay=0.0,
+        eps=eps,
+        amsgrad=False,
+        maximize=False,
+    )
 
 
-def _direction_foreach(params, grads, exp_avgs, exp_avg_sqs, steps, updates, *, beta1, beta2, eps,
-                       weight_decay, bias_correction, grad_averaging) -> None:
+def _direction_foreach(
+    params,
+    grads,
+    exp_avgs,
+    exp_avg_sqs,
+    steps,
+    updates,
+    *,
+    beta1,
+    beta2,
+    eps,
+    weight_decay,
+    bias_correction,
+    grad_averaging,
+) -> None:
     """Same contract as ``_direction_fused``, any ``bias_correction`` / ``grad_averaging``."""
     if grad_averaging:
         torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
@@ -272,9 +327,15 @@ def build_optimizer(
     """
     groups = param_groups(model, weight_decay)
     if name == "lamb":
-        return Lamb(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                    bias_correction=bias_correction, max_trust_ratio=max_trust_ratio)
+        return Lamb(
+            groups,
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            bias_correction=bias_correction,
+            max_trust_ratio=max_trust_ratio,
+        )
     if name == "adamw":
-        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                                 foreach=True)
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=True)
     raise UserError(f"optimizer name {name!r} is unknown; use 'lamb' or 'adamw'")

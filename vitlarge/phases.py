@@ -52,7 +52,6 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Optional
 
 from vitlarge.config import Config, Plan, epochs_to_steps
 from vitlarge.errors import UserError
@@ -75,7 +74,7 @@ class Phase:
     accum_steps: int
     crop_scale: tuple
     lr_scale: float
-    lr: Optional[tuple]
+    lr: tuple | None
     steps_per_epoch: int
     start_step: int
     end_step: int
@@ -103,30 +102,45 @@ def resolve(cfg: Config, origin: str = "config") -> list[dict]:
     raw = cfg.train.phases
     if not raw:
         return []
-    base = dict(epoch=0.0, image_size=cfg.data.image_size, eval_size=None, global_batch=cfg.train.global_batch,
-                micro_batch=cfg.train.micro_batch, crop_scale=tuple(cfg.data.crop_scale), lr_scale=1.0, lr=None)
+    base = dict(
+        epoch=0.0,
+        image_size=cfg.data.image_size,
+        eval_size=None,
+        global_batch=cfg.train.global_batch,
+        micro_batch=cfg.train.micro_batch,
+        crop_scale=tuple(cfg.data.crop_scale),
+        lr_scale=1.0,
+        lr=None,
+    )
     patch, out, prev = patch_size(cfg), [], base
     for i, p in enumerate(raw):
         key = f"train.phases[{i}]"
         if not isinstance(p, dict):
-            raise UserError(f"{origin}: {key} is a {type(p).__name__}; give a dict like "
-                            "{'epoch': 0, 'image_size': 128}")
+            raise UserError(
+                f"{origin}: {key} is a {type(p).__name__}; give a dict like {{'epoch': 0, 'image_size': 128}}"
+            )
         unknown = sorted(set(p) - set(PHASE_KEYS))
         if unknown:
             raise UserError(f"{origin}: {key} has unknown key '{unknown[0]}'; use {', '.join(PHASE_KEYS)}")
         if "epoch" not in p:
-            raise UserError(f"{origin}: {key} has no 'epoch'; give the epoch the phase starts at, e.g. {{'epoch': 0, ...}}")
+            raise UserError(
+                f"{origin}: {key} has no 'epoch'; give the epoch the phase starts at, e.g. {{'epoch': 0, ...}}"
+            )
         # eval_size follows the phase's image size and an lr segment belongs to its phase, unless given.
         cur = {**prev, "eval_size": None, "lr": None, **p}
         if "lr_scale" not in p and "lr" in p:
             cur["lr_scale"] = 1.0
         e = cur["epoch"]
         if not (isinstance(e, (int, float)) and math.isfinite(e) and 0 <= e < cfg.train.epochs):
-            raise UserError(f"{origin}: {key}.epoch={e} must be in [0, train.epochs={cfg.train.epochs}); "
-                            "start every phase inside the schedule")
+            raise UserError(
+                f"{origin}: {key}.epoch={e} must be in [0, train.epochs={cfg.train.epochs}); "
+                "start every phase inside the schedule"
+            )
         if out and e <= out[-1]["epoch"]:
-            raise UserError(f"{origin}: {key}.epoch={e} is not after train.phases[{i - 1}].epoch={out[-1]['epoch']}; "
-                            "list phases in increasing order of their start epoch, without overlap")
+            raise UserError(
+                f"{origin}: {key}.epoch={e} is not after train.phases[{i - 1}].epoch={out[-1]['epoch']}; "
+                "list phases in increasing order of their start epoch, without overlap"
+            )
         for name in ("image_size", "eval_size", "global_batch", "micro_batch"):
             v = cur[name]
             if v is None and name == "eval_size":
@@ -136,23 +150,30 @@ def resolve(cfg: Config, origin: str = "config") -> list[dict]:
         for name in ("image_size", "eval_size"):
             v = cur[name]
             if v is not None and v % patch:
-                raise UserError(f"{origin}: {key}.{name}={v} is not a multiple of the patch size {patch}; "
-                                f"{_fix_size(v, patch)}")
+                raise UserError(
+                    f"{origin}: {key}.{name}={v} is not a multiple of the patch size {patch}; {_fix_size(v, patch)}"
+                )
         if cur["global_batch"] % cur["micro_batch"]:
-            raise UserError(f"{origin}: {key}: global_batch={cur['global_batch']} is not a multiple of "
-                            f"micro_batch={cur['micro_batch']}; change one of them")
+            raise UserError(
+                f"{origin}: {key}: global_batch={cur['global_batch']} is not a multiple of "
+                f"micro_batch={cur['micro_batch']}; change one of them"
+            )
         cs = tuple(cur["crop_scale"])
         if not (len(cs) == 2 and all(isinstance(x, (int, float)) for x in cs) and 0 < cs[0] <= cs[1] <= 1):
-            raise UserError(f"{origin}: {key}.crop_scale={cur['crop_scale']} must be (low, high) with "
-                            "0 < low <= high <= 1, e.g. (0.35, 1.0)")
+            raise UserError(
+                f"{origin}: {key}.crop_scale={cur['crop_scale']} must be (low, high) with "
+                "0 < low <= high <= 1, e.g. (0.35, 1.0)"
+            )
         cur["crop_scale"] = tuple(float(x) for x in cs)
         if not (isinstance(cur["lr_scale"], (int, float)) and cur["lr_scale"] > 0):
             raise UserError(f"{origin}: {key}.lr_scale={cur['lr_scale']} must be positive, e.g. 0.5")
         if cur["lr"] is not None:
             seg = tuple(cur["lr"]) if isinstance(cur["lr"], (list, tuple)) else ()
             if not (len(seg) == 2 and all(isinstance(x, (int, float)) and x >= 0 for x in seg)):
-                raise UserError(f"{origin}: {key}.lr={cur['lr']} must be a segment (start, end) of two "
-                                "non-negative rates, e.g. (1e-3, 1e-4)")
+                raise UserError(
+                    f"{origin}: {key}.lr={cur['lr']} must be a segment (start, end) of two "
+                    "non-negative rates, e.g. (1e-3, 1e-4)"
+                )
             cur["lr"] = tuple(float(x) for x in seg)
         if (cfg.augment.mixup_alpha > 0 or cfg.augment.cutmix_alpha > 0) and cur["micro_batch"] % 2:
             raise UserError(f"{origin}: {key}.micro_batch={cur['micro_batch']}: Mixup/CutMix need an even micro batch")
@@ -188,19 +209,34 @@ def plan_phases(cfg: Config, world_size: int, num_train_examples: int) -> tuple[
         if gb % per_step:
             raise UserError(
                 f"{key}: global_batch={gb} is not divisible by micro_batch x world size = "
-                f"{micro} x {world_size} = {per_step}; pick a micro_batch or device count that divides it")
+                f"{micro} x {world_size} = {per_step}; pick a micro_batch or device count that divides it"
+            )
         spe = num_train_examples // gb
         if spe == 0:
-            raise UserError(f"{key}: global_batch={gb} is larger than the {num_train_examples} "
-                            "training images; lower it")
+            raise UserError(
+                f"{key}: global_batch={gb} is larger than the {num_train_examples} training images; lower it"
+            )
         end_epoch = resolved[i + 1]["epoch"] if i + 1 < len(resolved) else cfg.train.epochs
         start_step = epochs_to_steps(exact, 1)
         exact += (end_epoch - p["epoch"]) * spe
-        phases.append(Phase(
-            index=i, start_epoch=float(p["epoch"]), end_epoch=float(end_epoch), image_size=p["image_size"],
-            eval_size=p["eval_size"], global_batch=gb, micro_batch=micro,
-            accum_steps=gb // per_step, crop_scale=p["crop_scale"], lr_scale=float(p["lr_scale"]),
-            lr=p["lr"], steps_per_epoch=spe, start_step=start_step, end_step=epochs_to_steps(exact, 1)))
+        phases.append(
+            Phase(
+                index=i,
+                start_epoch=float(p["epoch"]),
+                end_epoch=float(end_epoch),
+                image_size=p["image_size"],
+                eval_size=p["eval_size"],
+                global_batch=gb,
+                micro_batch=micro,
+                accum_steps=gb // per_step,
+                crop_scale=p["crop_scale"],
+                lr_scale=float(p["lr_scale"]),
+                lr=p["lr"],
+                steps_per_epoch=spe,
+                start_step=start_step,
+                end_step=epochs_to_steps(exact, 1),
+            )
+        )
     return tuple(phases)
 
 
@@ -242,8 +278,14 @@ def lr_at_step(cfg: Config, plan: Plan, step: int) -> float:
         start, end = ph.lr
         return start + (end - start) * (step - ph.start_step) / max(1, ph.steps - 1)  # ends at its last step
     s = cfg.schedule
-    return ph.lr_scale * lr_at(step, peak_lr=cfg.optim.lr, total_steps=plan.total_steps,
-                               warmup_steps=plan.warmup_steps, decay=s.decay, min_lr_ratio=s.min_lr_ratio)
+    return ph.lr_scale * lr_at(
+        step,
+        peak_lr=cfg.optim.lr,
+        total_steps=plan.total_steps,
+        warmup_steps=plan.warmup_steps,
+        decay=s.decay,
+        min_lr_ratio=s.min_lr_ratio,
+    )
 
 
 def phase_config(cfg: Config, ph: Phase) -> Config:
@@ -255,8 +297,13 @@ def phase_config(cfg: Config, ph: Phase) -> Config:
     return c
 
 
-def progressive(cfg: Config, initial_scale: float = 0.5, delay_fraction: float = 0.5, finetune_fraction: float = 0.2,
-                size_increment: int | None = None) -> list[dict]:
+def progressive(
+    cfg: Config,
+    initial_scale: float = 0.5,
+    delay_fraction: float = 0.5,
+    finetune_fraction: float = 0.2,
+    size_increment: int | None = None,
+) -> list[dict]:
     """Phases after MosaicML composer's ``ProgressiveResizing``, in one line.
 
     The side is ``initial_scale * data.image_size`` for the first ``delay_fraction`` of
@@ -270,10 +317,19 @@ def progressive(cfg: Config, initial_scale: float = 0.5, delay_fraction: float =
     patch = patch_size(cfg)
     inc = size_increment or patch
     if inc % patch:
-        raise UserError(f"progressive(size_increment={inc}): not a multiple of the patch size {patch}; use {patch * max(1, inc // patch)}")
-    if not (0 < initial_scale <= 1 and 0 <= delay_fraction and 0 <= finetune_fraction and delay_fraction + finetune_fraction <= 1):
-        raise UserError("progressive(): need 0 < initial_scale <= 1, delay_fraction, finetune_fraction >= 0 and "
-                        "delay_fraction + finetune_fraction <= 1")
+        raise UserError(
+            f"progressive(size_increment={inc}): not a multiple of the patch size {patch}; use {patch * max(1, inc // patch)}"
+        )
+    if not (
+        0 < initial_scale <= 1
+        and 0 <= delay_fraction
+        and 0 <= finetune_fraction
+        and delay_fraction + finetune_fraction <= 1
+    ):
+        raise UserError(
+            "progressive(): need 0 < initial_scale <= 1, delay_fraction, finetune_fraction >= 0 and "
+            "delay_fraction + finetune_fraction <= 1"
+        )
     full, epochs = cfg.data.image_size, cfg.train.epochs
 
     def size_at(frac: float) -> int:
@@ -332,8 +388,9 @@ class _PhaseTrain:
     def state(self) -> str:
         from vitlarge.data.common import STATE_VERSION
 
-        return json.dumps({"version": STATE_VERSION, "phase": self.phase, "phases": self.phases_hash,
-                           "loader": self.loader.state()})
+        return json.dumps(
+            {"version": STATE_VERSION, "phase": self.phase, "phases": self.phases_hash, "loader": self.loader.state()}
+        )
 
 
 def split_state(state: str | None) -> tuple[int | None, str | None]:
@@ -376,8 +433,9 @@ class PhasedLoaders:
         self._state_phase = self._state = None  # used once, by the phase it belongs to
         self.current = ph
         pc = phase_config(self.cfg, ph)
-        train = _PhaseTrain(train_loader(pc, self.rank, self.world_size, self.device, state=state), ph.index,
-                            fingerprint(self.cfg))
+        train = _PhaseTrain(
+            train_loader(pc, self.rank, self.world_size, self.device, state=state), ph.index, fingerprint(self.cfg)
+        )
         vc = copy.deepcopy(pc)
         vc.data.image_size = ph.eval_size
         return train, val_loader(vc, self.rank, self.world_size, self.device)

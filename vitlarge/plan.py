@@ -23,26 +23,41 @@ def print_plan(cfg: Config, plan: Plan) -> None:
     print("resolved config:")
     print(json.dumps(cfg.to_dict(), indent=2))
     info = describe_model(cfg)
-    mem = memory_estimate(info, plan.micro_batch, cfg.train.precision, cfg.model.grad_checkpointing,
-                          cfg.train.plugin == "fsdp", plan.world_size, _no_sync(cfg, plan.accum_steps))
+    mem = memory_estimate(
+        info,
+        plan.micro_batch,
+        cfg.train.precision,
+        cfg.model.grad_checkpointing,
+        cfg.train.plugin == "fsdp",
+        plan.world_size,
+        _no_sync(cfg, plan.accum_steps),
+    )
     train_flops = 3 * info["fwd_flops"]  # backward costs about twice the forward
     print("plan:")
     print(f"  {plan.describe()}")
     print(f"  {plan.global_batch} = {plan.micro_batch} x {plan.accum_steps} x {plan.world_size}")
-    print(f"  model {cfg.model.name}: {info['params'] / 1e6:.2f}M parameters, "
-          f"{info['fwd_flops'] / 1e9:.2f} GFLOPs/image forward, {train_flops / 1e9:.2f} GFLOPs/image train step")
+    print(
+        f"  model {cfg.model.name}: {info['params'] / 1e6:.2f}M parameters, "
+        f"{info['fwd_flops'] / 1e9:.2f} GFLOPs/image forward, {train_flops / 1e9:.2f} GFLOPs/image train step"
+    )
     if plan.phases:  # FLOPs and memory differ per phase: the table below
         print(f"  epochs {cfg.train.epochs} over {plan.num_train_examples} images in {len(plan.phases)} phases")
     else:
-        print(f"  epochs {cfg.train.epochs} over {plan.num_train_examples} images; "
-              f"total {train_flops * plan.global_batch * plan.total_steps:.3g} FLOPs")
-        print(f"  memory per device (rough, train.plugin={cfg.train.plugin}, {plan.world_size} devices): "
-              f"weights {_gib(mem['weights'])}, grads {_gib(mem['grads'])}, LAMB states {_gib(mem['optimizer'])}, "
-              f"activations {_gib(mem['activations'])}, total {_gib(mem['total'])}")
+        print(
+            f"  epochs {cfg.train.epochs} over {plan.num_train_examples} images; "
+            f"total {train_flops * plan.global_batch * plan.total_steps:.3g} FLOPs"
+        )
+        print(
+            f"  memory per device (rough, train.plugin={cfg.train.plugin}, {plan.world_size} devices): "
+            f"weights {_gib(mem['weights'])}, grads {_gib(mem['grads'])}, LAMB states {_gib(mem['optimizer'])}, "
+            f"activations {_gib(mem['activations'])}, total {_gib(mem['total'])}"
+        )
     every = cfg.train.checkpoint_every_steps
     evals = f"every {plan.eval_every_steps} steps" if plan.eval_every_steps else "at the end only"
-    print(f"  eval {evals}, checkpoint "
-          f"{f'every {every} steps' if every else 'at the end only'} into {cfg.workdir}/checkpoints")
+    print(
+        f"  eval {evals}, checkpoint "
+        f"{f'every {every} steps' if every else 'at the end only'} into {cfg.workdir}/checkpoints"
+    )
     if plan.phases:
         print_phases(cfg, plan)
 
@@ -52,21 +67,34 @@ def print_phases(cfg: Config, plan: Plan) -> None:
     from vitlarge.phases import lr_at_step, phase_config
 
     print("phases:")
-    print(f"  {'#':>2} {'epochs':>15} {'size':>5} {'eval':>5} {'batch = micro x accum x dev':>28} {'steps':>7} "
-          f"{'lr range':>19} {'GFLOPs/img':>10} {'total FLOPs':>11} {'memory':>9}")
+    print(
+        f"  {'#':>2} {'epochs':>15} {'size':>5} {'eval':>5} {'batch = micro x accum x dev':>28} {'steps':>7} "
+        f"{'lr range':>19} {'GFLOPs/img':>10} {'total FLOPs':>11} {'memory':>9}"
+    )
     total, fixed = 0.0, 0.0
     full = describe_model(cfg)["fwd_flops"] * 3
     for ph in plan.phases:
         info = describe_model(phase_config(cfg, ph))
-        mem = memory_estimate(info, ph.micro_batch, cfg.train.precision, cfg.model.grad_checkpointing,
-                              cfg.train.plugin == "fsdp", plan.world_size, _no_sync(cfg, ph.accum_steps))
+        mem = memory_estimate(
+            info,
+            ph.micro_batch,
+            cfg.train.precision,
+            cfg.model.grad_checkpointing,
+            cfg.train.plugin == "fsdp",
+            plan.world_size,
+            _no_sync(cfg, ph.accum_steps),
+        )
         flops = 3 * info["fwd_flops"] * ph.global_batch * ph.steps
         total += flops
         fixed += full * ph.global_batch * ph.steps
         lrs = [lr_at_step(cfg, plan, s) for s in range(ph.start_step, ph.end_step)] or [0.0]
         batch = f"{ph.global_batch} = {ph.micro_batch} x {ph.accum_steps} x {plan.world_size}"
-        print(f"  {ph.index:>2} {ph.start_epoch:>7g}-{ph.end_epoch:<7g} {ph.image_size:>5} {ph.eval_size:>5} "
-              f"{batch:>28} {ph.steps:>7} {min(lrs):>9.3g}-{max(lrs):<9.3g} {3 * info['fwd_flops'] / 1e9:>10.3g} "
-              f"{flops:>11.3g} {_gib(mem['total']):>9}")
-    print(f"  total {total:.3g} FLOPs = {total / fixed:.1%} of the same images at {cfg.data.image_size} px "
-          f"({fixed:.3g} FLOPs)")
+        print(
+            f"  {ph.index:>2} {ph.start_epoch:>7g}-{ph.end_epoch:<7g} {ph.image_size:>5} {ph.eval_size:>5} "
+            f"{batch:>28} {ph.steps:>7} {min(lrs):>9.3g}-{max(lrs):<9.3g} {3 * info['fwd_flops'] / 1e9:>10.3g} "
+            f"{flops:>11.3g} {_gib(mem['total']):>9}"
+        )
+    print(
+        f"  total {total:.3g} FLOPs = {total / fixed:.1%} of the same images at {cfg.data.image_size} px "
+        f"({fixed:.3g} FLOPs)"
+    )

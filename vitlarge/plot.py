@@ -70,8 +70,13 @@ def plot_run(workdir: str | Path, out: str | Path | None = None) -> Path:
     ax_loss.plot(steps, loss, color="tab:blue", alpha=0.25, linewidth=0.8)
     ax_loss.plot(steps, _smooth(loss, window), color="tab:blue", label=f"train (mean of {window} steps)")
     if evals:
-        ax_loss.plot([e["step"] for e in evals], [_num(e.get("val_loss")) for e in evals], "o-",
-                     color="tab:orange", label="validation")
+        ax_loss.plot(
+            [e["step"] for e in evals],
+            [_num(e.get("val_loss")) for e in evals],
+            "o-",
+            color="tab:orange",
+            label="validation",
+        )
     skipped = [r["step"] for r in train if r.get("skipped")]
     if skipped:
         finite = [x for x in loss if math.isfinite(x)]
@@ -89,8 +94,14 @@ def plot_run(workdir: str | Path, out: str | Path | None = None) -> Path:
         top1 = [100 * _num(e.get("val_top1")) for e in evals]
         ax_acc.plot(es, top1, "o-", color="tab:purple", label="top-1")
         ax_acc.plot(es, [100 * _num(e.get("val_top5")) for e in evals], "s--", color="tab:gray", label="top-5")
-        ax_acc.annotate(f"{top1[-1]:.2f}%", (es[-1], top1[-1]), textcoords="offset points", xytext=(-10, -14),
-                        ha="right", fontsize=9)
+        ax_acc.annotate(
+            f"{top1[-1]:.2f}%",
+            (es[-1], top1[-1]),
+            textcoords="offset points",
+            xytext=(-10, -14),
+            ha="right",
+            fontsize=9,
+        )
         ax_acc.legend(loc="lower right", fontsize=8)
     else:
         ax_acc.text(0.5, 0.5, "no evaluation yet", ha="center", va="center", transform=ax_acc.transAxes)
@@ -113,8 +124,9 @@ def plot_run(workdir: str | Path, out: str | Path | None = None) -> Path:
     for ax in axes.flat:
         ax.grid(alpha=0.3)
     name = (start.get("config") or {}).get("model", {}).get("name", "")
-    fig.suptitle(f"{workdir.name}: {name}, global batch {start.get('global_batch', '?')}, "
-                 f"{train[-1]['step']} steps", fontsize=11)
+    fig.suptitle(
+        f"{workdir.name}: {name}, global batch {start.get('global_batch', '?')}, {train[-1]['step']} steps", fontsize=11
+    )
     fig.tight_layout()
 
     out = Path(out) if out else workdir / PLOT_FILENAME

@@ -66,8 +66,14 @@ class Precision:
     (torch's ``ShardedGradScaler`` would all-reduce it a second time and, on DTensor gradients in torch
     2.10, warns about its non-scalar ``found_inf``.)"""
 
-    def __init__(self, name: str, device: torch.device, init_scale: float = 2.0**16, growth_interval: int = 2000,
-                 sharded: bool = False):
+    def __init__(
+        self,
+        name: str,
+        device: torch.device,
+        init_scale: float = 2.0**16,
+        growth_interval: int = 2000,
+        sharded: bool = False,
+    ):
         if name not in DTYPES:
             raise ValueError(f"precision {name!r} is not resolved; call vitlarge.precision.resolve first")
         self.name = name

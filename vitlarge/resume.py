@@ -65,8 +65,10 @@ def _choose(workdir: Path, requested: Path | None, model, cfg: Config) -> Path |
         try:
             chosen = _adopt(chosen, workdir)
         except OSError as e:
-            raise UserError(f"cannot copy checkpoint {chosen} into {ours} ({e.strerror}); free space there or pass "
-                            "another --workdir") from None
+            raise UserError(
+                f"cannot copy checkpoint {chosen} into {ours} ({e.strerror}); free space there or pass "
+                "another --workdir"
+            ) from None
         log.info(f"copied the checkpoint to resume from into {chosen}")
     return chosen
 
@@ -77,8 +79,11 @@ def _set_aside_newer(workdir: Path, chosen: Path | None, step: int) -> None:
     A checkpoint of the same step that is not the chosen one (``--resume`` from another workdir) goes too:
     the final-save decision would otherwise take it for this run's."""
     same = chosen.resolve() if chosen is not None else None
-    later = [p for p in checkpoint.list_checkpoints(workdir)
-             if checkpoint.step_of(p) > step or (checkpoint.step_of(p) == step and p.resolve() != same)]
+    later = [
+        p
+        for p in checkpoint.list_checkpoints(workdir)
+        if checkpoint.step_of(p) > step or (checkpoint.step_of(p) == step and p.resolve() != same)
+    ]
     if not later:
         return
     try:
@@ -88,8 +93,10 @@ def _set_aside_newer(workdir: Path, chosen: Path | None, step: int) -> None:
             f"cannot move checkpoints newer than step {step} aside in {workdir / checkpoint.CHECKPOINTS_DIR} "
             f"({e.strerror}); make it writable or pass another --workdir"
         ) from None
-    log.warning(f"moved {len(later)} checkpoint(s) newer than step {step} ({', '.join(p.name for p in later)}) "
-                f"aside to {dest}; this run continues from {chosen or 'scratch'}")
+    log.warning(
+        f"moved {len(later)} checkpoint(s) newer than step {step} ({', '.join(p.name for p in later)}) "
+        f"aside to {dest}; this run continues from {chosen or 'scratch'}"
+    )
 
 
 def _move_aside(workdir: str | Path, paths: list[Path], from_step: int) -> Path:
@@ -149,6 +156,7 @@ def restore(path: Path, model, optimizer, scaler, cfg: Config) -> dict:
         rank, why = failed
         raise UserError(
             f"rank {rank} cannot read checkpoint {path} ({why}); check that every node sees it whole (shared file "
-            "system), or --resume another checkpoint", same_on_all_ranks=True,
+            "system), or --resume another checkpoint",
+            same_on_all_ranks=True,
         )
     return checkpoint.apply(loaded, model, optimizer, scaler)  # DCP's load is a collective: every rank together

@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 
 
-def lr_at(step: int, *, peak_lr: float, total_steps: int, warmup_steps: int, decay: str = "linear",
-          min_lr_ratio: float = 0.0) -> float:
+def lr_at(
+    step: int, *, peak_lr: float, total_steps: int, warmup_steps: int, decay: str = "linear", min_lr_ratio: float = 0.0
+) -> float:
     """The lr for optimizer step ``step`` (0-based: the step about to be taken).
 
     Linear warmup from ``peak_lr / warmup_steps`` to ``peak_lr`` over ``warmup_steps`` steps, then

@@ -77,8 +77,7 @@ def is_sharded(model: nn.Module) -> bool:
     from torch.distributed.tensor import DTensor
 
     root = _root(model)
-    return (isinstance(root, FSDPModule) or _is_fsdp1(root)
-            or any(isinstance(p, DTensor) for p in root.parameters()))
+    return isinstance(root, FSDPModule) or _is_fsdp1(root) or any(isinstance(p, DTensor) for p in root.parameters())
 
 
 def inner(model: nn.Module) -> nn.Module:
@@ -200,11 +199,13 @@ def load(folder: Path, model: nn.Module, optimizer, with_optimizer: bool) -> Non
     """Every rank: fills this run's model (and optimizer) state from ``folder``, reading only its shards."""
     state = _state(model, optimizer, with_optimizer)
     with _quiet_single_process():
-        dcp.load(state, storage_reader=Reader(folder), planner=_WeightsOnlyLoadPlanner(),
-                 no_dist=not dist.is_initialized())
+        dcp.load(
+            state, storage_reader=Reader(folder), planner=_WeightsOnlyLoadPlanner(), no_dist=not dist.is_initialized()
+        )
     if with_optimizer:
-        set_state_dict(_root(model), _optim(optimizer), model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"])
+        set_state_dict(
+            _root(model), _optim(optimizer), model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+        )
     else:
         set_state_dict(_root(model), [], model_state_dict=state["model"], optim_state_dict={})
 
@@ -217,8 +218,11 @@ def read_full_model(folder: Path, like: dict[str, torch.Tensor] | None = None) -
 
     if like is None:
         index = Reader(folder).read_metadata().state_dict_metadata
-        like = {k.removeprefix("model."): torch.empty(md.size, dtype=md.properties.dtype)
-                for k, md in index.items() if k.startswith("model.") and isinstance(md, TensorStorageMetadata)}
+        like = {
+            k.removeprefix("model."): torch.empty(md.size, dtype=md.properties.dtype)
+            for k, md in index.items()
+            if k.startswith("model.") and isinstance(md, TensorStorageMetadata)
+        }
     state = {"model": like}
     with _quiet_single_process():
         dcp.load(state, storage_reader=Reader(folder), planner=_WeightsOnlyLoadPlanner(), no_dist=True)
@@ -256,9 +260,11 @@ def full_optimizer_state(path, states: list[dict], shapes: list[list[int]]) -> d
             if torch.is_tensor(value) and value.dim() > 0:
                 flat = torch.cat([h[key].reshape(-1) for h in held])
                 if flat.numel() != math.prod(shape):
-                    raise UserError(f"checkpoint {path}: the optimizer shards hold {flat.numel()} values of "
-                                    f"'{key}' for parameter {i}, its shape {shape} needs {math.prod(shape)}; "
-                                    "resume an older checkpoint")
+                    raise UserError(
+                        f"checkpoint {path}: the optimizer shards hold {flat.numel()} values of "
+                        f"'{key}' for parameter {i}, its shape {shape} needs {math.prod(shape)}; "
+                        "resume an older checkpoint"
+                    )
                 value = flat.reshape(shape)
             whole[i][key] = value
     return {"state": whole, "param_groups": states[0]["param_groups"]}
@@ -272,8 +278,14 @@ def load_legacy(path, tensors: dict, states: list[dict], from_ddp: bool, model: 
     names = param_names(model, opt)
     shapes = full_shapes(model) or {k: list(v.shape) for k, v in _root(model).state_dict().items()}
     whole = states[0] if from_ddp else full_optimizer_state(path, states, [shapes[n] for n in names])
-    by_name = {"state": {names[i]: s for i, s in whole["state"].items()},
-               "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in whole["param_groups"]]}
-    set_state_dict(_root(model), opt, model_state_dict=tensors, optim_state_dict=by_name,
-                   options=StateDictOptions(full_state_dict=True))
-
+    by_name = {
+        "state": {names[i]: s for i, s in whole["state"].items()},
+        "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in whole["param_groups"]],
+    }
+    set_state_dict(
+        _root(model),
+        opt,
+        model_state_dict=tensors,
+        optim_state_dict=by_name,
+        options=StateDictOptions(full_state_dict=True),
+    )

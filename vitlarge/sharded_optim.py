@@ -34,7 +34,7 @@ class ShardedLamb(Lamb):
     same order (the model's parameter order)."""
 
     @classmethod
-    def like(cls, lamb: Lamb) -> "ShardedLamb":
+    def like(cls, lamb: Lamb) -> ShardedLamb:
         """A ShardedLamb with ``lamb``'s parameter groups and settings (``lamb`` must not have stepped)."""
         sharded = cls(lamb.param_groups, **lamb.defaults)
         sharded.fused, sharded.chunk_numel = lamb.fused, lamb.chunk_numel
@@ -43,8 +43,10 @@ class ShardedLamb(Lamb):
     def _with_grads(self, group: dict) -> dict[tuple[torch.device, torch.dtype], list]:
         """`Lamb._with_grads` over local pieces, plus each item's column key (the parameter itself)."""
         by_kind = super()._with_grads(group)
-        return {kind: [(local(p), local(p.grad), local(m), local(v), s, p) for p, _, m, v, s in items]
-                for kind, items in by_kind.items()}
+        return {
+            kind: [(local(p), local(p.grad), local(m), local(v), s, p) for p, _, m, v, s in items]
+            for kind, items in by_kind.items()
+        }
 
     @torch.no_grad()
     def step(self, closure=None):

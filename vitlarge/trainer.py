@@ -27,6 +27,7 @@ from vitlarge.evaluate import evaluate
 from vitlarge.events import EvalMetrics, Event, Hook, RunInfo, StepMetrics, emit
 from vitlarge.phases import PhasedLoaders, epoch_at, phase_at, release_loader_memory
 
+
 def peak_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
@@ -34,8 +35,18 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 
 class Trainer:
-    def __init__(self, cfg: Config, plan: Plan, engine: Engine, train_loader, val_loader, hooks: list[Hook], run: RunInfo,
-                 start_step: int = 0, phased: PhasedLoaders | None = None):
+    def __init__(
+        self,
+        cfg: Config,
+        plan: Plan,
+        engine: Engine,
+        train_loader,
+        val_loader,
+        hooks: list[Hook],
+        run: RunInfo,
+        start_step: int = 0,
+        phased: PhasedLoaders | None = None,
+    ):
         """``phased``: for a plan with phases, gives each phase's loaders (``train_loader``/``val_loader`` None)."""
         self.cfg, self.plan, self.engine = cfg, plan, engine
         self.phased = phased
@@ -60,15 +71,25 @@ class Trainer:
         return loss_sum / self.plan.world_size, stop > 0
 
     def _evaluate(self) -> EvalMetrics:
-        m = EvalMetrics(step=self.step, epoch=epoch_at(self.plan, self.step),
-                        **evaluate(self.engine.model, self.val_loader, self.engine.precision))
+        m = EvalMetrics(
+            step=self.step,
+            epoch=epoch_at(self.plan, self.step),
+            **evaluate(self.engine.model, self.val_loader, self.engine.precision),
+        )
         self._emit(Event.EVAL_END, m)
         return m
 
     def _checkpoint(self):
-        path = checkpoint.save(self.cfg.workdir, self.step, self.engine.model, self.engine.optimizer,
-                               self.engine.precision.scaler, self.train_loader.state(), self.cfg,
-                               keep=self.cfg.train.keep_checkpoints)
+        path = checkpoint.save(
+            self.cfg.workdir,
+            self.step,
+            self.engine.model,
+            self.engine.optimizer,
+            self.engine.precision.scaler,
+            self.train_loader.state(),
+            self.cfg,
+            keep=self.cfg.train.keep_checkpoints,
+        )
         self._emit(Event.CHECKPOINT, self.step, str(path))
         return path
 
@@ -104,11 +125,20 @@ class Trainer:
             dt = time.perf_counter() - t0
             batch = phase_at(plan, self.step - 1).global_batch if plan.phases else plan.global_batch
             m = StepMetrics(
-                step=self.step, epoch=epoch_at(plan, self.step), train_loss=loss, lr=out["lr"],
-                grad_norm=out["grad_norm"], loss_scale=out["loss_scale"], skipped=out["skipped"],
-                images=batch, step_time=dt, data_time=out["data_time"],
-                images_per_s=batch / dt, images_per_s_per_device=batch / dt / plan.world_size,
-                peak_mem_bytes=peak_memory_bytes(self.device), allreduce_calls=out["allreduce_calls"],
+                step=self.step,
+                epoch=epoch_at(plan, self.step),
+                train_loss=loss,
+                lr=out["lr"],
+                grad_norm=out["grad_norm"],
+                loss_scale=out["loss_scale"],
+                skipped=out["skipped"],
+                images=batch,
+                step_time=dt,
+                data_time=out["data_time"],
+                images_per_s=batch / dt,
+                images_per_s_per_device=batch / dt / plan.world_size,
+                peak_mem_bytes=peak_memory_bytes(self.device),
+                allreduce_calls=out["allreduce_calls"],
             )
             self._emit(Event.STEP_END, m)
             if plan.eval_every_steps and self.step % plan.eval_every_steps == 0 and self.step < end:
@@ -125,4 +155,3 @@ class Trainer:
             self._checkpoint()
         self._emit(Event.TRAIN_END, final)
         return final
-

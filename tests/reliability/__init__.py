@@ -13,7 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 from tests import launcher
 from tests.launcher import assert_bitwise_equal, final_weights  # noqa: F401 (re-exported for the tests here)
 
@@ -24,8 +23,19 @@ RESUMED = re.compile(r"resumed from (\S+) at step (\d+)")
 
 def train_args(data: str, workdir: Path, *extra: str) -> list[str]:
     """The command line shared by the reference and every run compared with it (only --workdir differs)."""
-    return ["--config", RECIPE, "--data", data, "--workdir", str(workdir), "train.log_every_steps=1",
-            f"train.max_steps={REFERENCE_STEPS}", "train.checkpoint_every_steps=2", "train.keep_checkpoints=3", *extra]
+    return [
+        "--config",
+        RECIPE,
+        "--data",
+        data,
+        "--workdir",
+        str(workdir),
+        "train.log_every_steps=1",
+        f"train.max_steps={REFERENCE_STEPS}",
+        "train.checkpoint_every_steps=2",
+        "train.keep_checkpoints=3",
+        *extra,
+    ]
 
 
 _reference: dict[str, Path] = {}
@@ -76,8 +86,13 @@ def resumed_at(log: str) -> list[tuple[str, int]]:
     return [(path, int(step)) for path, step in RESUMED.findall(log)]
 
 
-def srun(args: list[str], ntasks: int, logs: list[Path], wrap: dict[int, list[str]] | None = None,
-         script: tuple = ("train.py",)) -> list[subprocess.Popen]:
+def srun(
+    args: list[str],
+    ntasks: int,
+    logs: list[Path],
+    wrap: dict[int, list[str]] | None = None,
+    script: tuple = ("train.py",),
+) -> list[subprocess.Popen]:
     """Starts ``python train.py`` ``ntasks`` times with the variables srun sets (no launcher in between).
 
     ``wrap`` puts a command in front of some ranks' (e.g. ``unshare`` to give one rank its own view of files);
@@ -88,11 +103,21 @@ def srun(args: list[str], ntasks: int, logs: list[Path], wrap: dict[int, list[st
         env = launcher.env()
         for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
             env.pop(k, None)
-        env.update(SLURM_PROCID=str(rank), SLURM_NTASKS=str(ntasks), SLURM_LOCALID=str(rank), SLURM_STEP_ID="0",
-                   SLURM_JOB_NODELIST="127.0.0.1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        env.update(
+            SLURM_PROCID=str(rank),
+            SLURM_NTASKS=str(ntasks),
+            SLURM_LOCALID=str(rank),
+            SLURM_STEP_ID="0",
+            SLURM_JOB_NODELIST="127.0.0.1",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
         cmd = [*(wrap or {}).get(rank, []), sys.executable, *script, *args]
-        procs.append(subprocess.Popen(cmd, cwd=launcher.ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                                      start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                cmd, cwd=launcher.ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True
+            )
+        )
     return procs
 
 

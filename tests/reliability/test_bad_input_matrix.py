@@ -17,9 +17,9 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import torch
@@ -52,8 +52,21 @@ def module(name: str, *args: str) -> list[str]:
 
 
 def convert(src, out, *extra) -> list[str]:
-    return module("data_tools.imagenet_to_tfrecord", "--src", str(src), "--out", str(out), "--train-shards", "2",
-                  "--val-shards", "1", "--workers", "0", "--no-progress", *extra)
+    return module(
+        "data_tools.imagenet_to_tfrecord",
+        "--src",
+        str(src),
+        "--out",
+        str(out),
+        "--train-shards",
+        "2",
+        "--val-shards",
+        "1",
+        "--workers",
+        "0",
+        "--no-progress",
+        *extra,
+    )
 
 
 @dataclass
@@ -84,11 +97,13 @@ class Ctx:
 
 # --- after-checks -------------------------------------------------------------------------------
 
+
 def no_training_output(workdir: Path) -> Callable[[], None]:
     def check():
         ckpts = workdir / "checkpoints"
         assert not (ckpts.exists() and list(ckpts.iterdir())), f"partial checkpoint: {list(ckpts.iterdir())}"
         assert not (workdir / "model").exists()
+
     return check
 
 
@@ -97,6 +112,7 @@ def no_dataset(out: Path) -> Callable[[], None]:
         assert not (out / "dataset.json").exists()
         if out.exists():
             assert not list(out.glob("*.tmp")), list(out.glob("*.tmp"))
+
     return check
 
 
@@ -110,13 +126,16 @@ def decodes_through_dali(out: Path, images: int) -> Callable[[], None]:
             assert x.shape[1:] == (3, 32, 32) and torch.isfinite(x).all()
             seen += y.numel()
         assert seen == images
+
     return check
 
 
 # --- the cases ----------------------------------------------------------------------------------
 
+
 def awkward_image(mode: str):
     """A valid image in ``mode`` added to the validation split: converts (re-encoded) and decodes."""
+
     def setup(c: Ctx) -> Run:
         src = c.plain_src()
         val = src / "val" / SYNSETS[0]
@@ -129,6 +148,7 @@ def awkward_image(mode: str):
         out = c.tmp / "out"
         n_val = len(SYNSETS) * 2 + 1
         return Run(convert(src, out), 0, ["1 images re-encoded as RGB JPEG"], decodes_through_dali(out, n_val))
+
     return setup
 
 
@@ -144,8 +164,12 @@ def empty_class_dir(c: Ctx) -> Run:
     src = c.plain_src()
     (src / "train" / "n09999999").mkdir()
     out = c.tmp / "out"
-    return Run(convert(src, out), 2, [f"{src / 'train' / 'n09999999'}: empty class directory", "add images or remove it"],
-               no_dataset(out))
+    return Run(
+        convert(src, out),
+        2,
+        [f"{src / 'train' / 'n09999999'}: empty class directory", "add images or remove it"],
+        no_dataset(out),
+    )
 
 
 def truncated_tfrecord_index(c: Ctx) -> Run:
@@ -153,8 +177,7 @@ def truncated_tfrecord_index(c: Ctx) -> Run:
     shard = data / "train-00001-of-00004"
     os.truncate(shard, shard.stat().st_size - 100)
     (data / "dataset.json").unlink()
-    return Run(module("data_tools.make_index", str(data)), 2, [f"error: {shard}: truncated TFRecord"],
-               no_dataset(data))
+    return Run(module("data_tools.make_index", str(data)), 2, [f"error: {shard}: truncated TFRecord"], no_dataset(data))
 
 
 def truncated_tfrecord_train(c: Ctx) -> Run:
@@ -168,17 +191,27 @@ def two_shard_sets_index(c: Ctx) -> Run:
     data = c.data_copy()
     shutil.copy(data / "train-00000-of-00004", data / "train-00000-of-00001")  # a leftover of another conversion
     (data / "dataset.json").unlink()
-    return Run(module("data_tools.make_index", str(data)), 2,
-               [f"error: {data}: 2 train shard sets, train-*-of-00001 (1 files) and train-*-of-00004 (4 files)",
-                "delete the set you do not want"], no_dataset(data))
+    return Run(
+        module("data_tools.make_index", str(data)),
+        2,
+        [
+            f"error: {data}: 2 train shard sets, train-*-of-00001 (1 files) and train-*-of-00004 (4 files)",
+            "delete the set you do not want",
+        ],
+        no_dataset(data),
+    )
 
 
 def missing_shard_index(c: Ctx) -> Run:
     data = c.data_copy()
     (data / "train-00002-of-00004").unlink()
     (data / "dataset.json").unlink()
-    return Run(module("data_tools.make_index", str(data)), 2,
-               [f"error: {data}: the train-*-of-00004 set lacks train-00002-of-00004", "restore"], no_dataset(data))
+    return Run(
+        module("data_tools.make_index", str(data)),
+        2,
+        [f"error: {data}: the train-*-of-00004 set lacks train-00002-of-00004", "restore"],
+        no_dataset(data),
+    )
 
 
 def evaluate_on(c: Ctx, data) -> list[str]:
@@ -209,13 +242,20 @@ def stale_index(c: Ctx) -> Run:
 def manifest_for_another_set(c: Ctx) -> Run:
     data = c.data_copy()
     shutil.copy(data / "validation-00000-of-00002", data / "validation-00000-of-00001")
-    return Run(evaluate_on(c, data), 2, [f"error: {data}: holds 2 validation shard sets",
-                                         f"python -m data_tools.make_index {data}"])
+    return Run(
+        evaluate_on(c, data),
+        2,
+        [f"error: {data}: holds 2 validation shard sets", f"python -m data_tools.make_index {data}"],
+    )
 
 
 def bad_randaugment(c: Ctx) -> Run:
-    return Run(c.train_on(c.demo_data, "data.randaugment=rand-m9-w0"), 2,
-               ["error: randaugment='rand-m9-w0': part 'w0'", "rand-m9-n2"], no_training_output(c.workdir))
+    return Run(
+        c.train_on(c.demo_data, "data.randaugment=rand-m9-w0"),
+        2,
+        ["error: randaugment='rand-m9-w0': part 'w0'", "rand-m9-n2"],
+        no_training_output(c.workdir),
+    )
 
 
 def missing_manifest(c: Ctx) -> Run:
@@ -238,19 +278,30 @@ def missing_data_dir(c: Ctx) -> Run:
 
 
 def unknown_key(c: Ctx) -> Run:
-    return Run(c.train_on(c.demo_data, "train.micro_bach=8"), 2,
-               ["unknown config key 'train.micro_bach'", "did you mean 'train.micro_batch'"], no_training_output(c.workdir))
+    return Run(
+        c.train_on(c.demo_data, "train.micro_bach=8"),
+        2,
+        ["unknown config key 'train.micro_bach'", "did you mean 'train.micro_batch'"],
+        no_training_output(c.workdir),
+    )
 
 
 def wrong_type(c: Ctx) -> Run:
-    return Run(c.train_on(c.demo_data, "train.micro_batch=sixteen"), 2,
-               ["'train.micro_batch=sixteen' is not a valid int"], no_training_output(c.workdir))
+    return Run(
+        c.train_on(c.demo_data, "train.micro_batch=sixteen"),
+        2,
+        ["'train.micro_batch=sixteen' is not a valid int"],
+        no_training_output(c.workdir),
+    )
 
 
 def batch_does_not_divide(c: Ctx) -> Run:
-    return Run(c.train_on(c.demo_data, "train.global_batch=120"), 2,
-               ["train.global_batch=120 is not a multiple of train.micro_batch=16", "change one of them"],
-               no_training_output(c.workdir))
+    return Run(
+        c.train_on(c.demo_data, "train.global_batch=120"),
+        2,
+        ["train.global_batch=120 is not a multiple of train.micro_batch=16", "change one of them"],
+        no_training_output(c.workdir),
+    )
 
 
 def missing_recipe(c: Ctx) -> Run:
@@ -262,9 +313,12 @@ def unwritable_workdir(c: Ctx) -> Run:
     blocker = c.tmp / "a_file"
     blocker.write_text("x")
     workdir = blocker / "run"
-    return Run(train("--data", c.demo_data, "--workdir", str(workdir), "train.max_steps=1"), 2,
-               [f"workdir {workdir} is not writable (Not a directory)", "pass a writable --workdir"],
-               lambda: None if not workdir.exists() else pytest.fail("workdir created"))
+    return Run(
+        train("--data", c.demo_data, "--workdir", str(workdir), "train.max_steps=1"),
+        2,
+        [f"workdir {workdir} is not writable (Not a directory)", "pass a writable --workdir"],
+        lambda: None if not workdir.exists() else pytest.fail("workdir created"),
+    )
 
 
 def incompatible_checkpoint(c: Ctx) -> Run:
@@ -283,8 +337,13 @@ def incompatible_checkpoint(c: Ctx) -> Run:
     def after():
         assert sorted(p.name for p in (c.workdir / "checkpoints").iterdir()) == before  # untouched
         assert not (c.workdir / "model").exists()
-    return Run(c.train_on(c.demo_data), 2, [f"checkpoint {path} holds model", "does not match the recipe",
-                                            "use another --workdir"], after)
+
+    return Run(
+        c.train_on(c.demo_data),
+        2,
+        [f"checkpoint {path} holds model", "does not match the recipe", "use another --workdir"],
+        after,
+    )
 
 
 def demo_checkpoint(c: Ctx, step: int = 3) -> Path:
@@ -308,6 +367,7 @@ def untouched(c: Ctx, path: Path) -> Callable[[], None]:
         assert {f.name: f.stat().st_size for f in path.iterdir()} == files
         assert not list((c.workdir / "checkpoints").glob("abandoned_*"))
         assert not (c.workdir / "model").exists()
+
     return check
 
 
@@ -316,37 +376,61 @@ def resume_truncated_weights(c: Ctx) -> Run:
     weights = path / "__0_0.distcp"  # this rank's shard of weights and optimizer state (DCP)
     full = weights.stat().st_size
     os.truncate(weights, 4096)
-    return Run(c.train_on(c.demo_data, "--resume", str(path)), 2,
-               [f"error: checkpoint {path} fails its check (__0_0.distcp has 4,096 bytes, meta.json records {full:,})",
-                "--resume an older checkpoints/step_* folder"], untouched(c, path))
+    return Run(
+        c.train_on(c.demo_data, "--resume", str(path)),
+        2,
+        [
+            f"error: checkpoint {path} fails its check (__0_0.distcp has 4,096 bytes, meta.json records {full:,})",
+            "--resume an older checkpoints/step_* folder",
+        ],
+        untouched(c, path),
+    )
 
 
 def resume_meta_not_json(c: Ctx) -> Run:
     path = demo_checkpoint(c)
     (path / "meta.json").write_text('{"format_version": 2, "st')
-    return Run(c.train_on(c.demo_data, "--resume", str(path)), 2,
-               [f"error: checkpoint {path} fails its check (meta.json is not JSON:"], untouched(c, path))
+    return Run(
+        c.train_on(c.demo_data, "--resume", str(path)),
+        2,
+        [f"error: checkpoint {path} fails its check (meta.json is not JSON:"],
+        untouched(c, path),
+    )
 
 
 def resume_not_a_checkpoint(c: Ctx) -> Run:
     """--resume of the workdir itself: the error names a folder that would do."""
     path = demo_checkpoint(c)
-    return Run(c.train_on(c.demo_data, "--resume", str(c.workdir)), 2,
-               [f"error: {c.workdir} is not a complete vitlarge checkpoint (no meta.json)",
-                f"pass a checkpoints/step_* folder, e.g. {path}"], untouched(c, path))
+    return Run(
+        c.train_on(c.demo_data, "--resume", str(c.workdir)),
+        2,
+        [
+            f"error: {c.workdir} is not a complete vitlarge checkpoint (no meta.json)",
+            f"pass a checkpoints/step_* folder, e.g. {path}",
+        ],
+        untouched(c, path),
+    )
 
 
 def read_only_checkpoints(c: Ctx) -> Run:
     """checkpoints/ on a read-only mount: refused before any work, not at the first save."""
     path = demo_checkpoint(c)
     ckpts = c.workdir / "checkpoints"
-    r = subprocess.run(f"mount --bind {ckpts} {ckpts} && mount -o remount,bind,ro {ckpts}", shell=True,
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        f"mount --bind {ckpts} {ckpts} && mount -o remount,bind,ro {ckpts}", shell=True, capture_output=True, text=True
+    )
     if r.returncode:
         subprocess.run(["umount", str(ckpts)], capture_output=True)
         pytest.skip(f"cannot mount read-only here: {r.stderr.strip()}")
-    run = Run(c.train_on(c.demo_data), 2, [f"error: checkpoint folder {ckpts} is not writable (Read-only file system)",
-                                           "make it writable or pass another --workdir"], untouched(c, path))
+    run = Run(
+        c.train_on(c.demo_data),
+        2,
+        [
+            f"error: checkpoint folder {ckpts} is not writable (Read-only file system)",
+            "make it writable or pass another --workdir",
+        ],
+        untouched(c, path),
+    )
     run.cleanup.append(lambda: subprocess.run(["umount", str(ckpts)], check=True))
     return run
 
@@ -356,21 +440,29 @@ def half_written_checkpoint(c: Ctx) -> Run:
     tmp_ckpt = c.workdir / "checkpoints" / ".step_0000004.tmp"
     tmp_ckpt.mkdir(parents=True)
     (tmp_ckpt / "model.safetensors").write_bytes(b"partial")
-    return Run(c.train_on(c.demo_data, "--resume", str(tmp_ckpt)), 2,
-               [f"{tmp_ckpt} is not a complete vitlarge checkpoint (no meta.json)", "pass a checkpoints/step_* folder"],
-               lambda: None if not (c.workdir / "model").exists() else pytest.fail("exported"))
+    return Run(
+        c.train_on(c.demo_data, "--resume", str(tmp_ckpt)),
+        2,
+        [f"{tmp_ckpt} is not a complete vitlarge checkpoint (no meta.json)", "pass a checkpoints/step_* folder"],
+        lambda: None if not (c.workdir / "model").exists() else pytest.fail("exported"),
+    )
 
 
 def evaluate_missing_checkpoint(c: Ctx) -> Run:
     missing = c.tmp / "runs" / "checkpoints" / "step_0000100"
-    return Run(module("vitlarge.evaluate", "--config", RECIPE, "--data", c.demo_data, "--checkpoint", str(missing)), 2,
-               [f"checkpoint {missing} does not exist"])
+    return Run(
+        module("vitlarge.evaluate", "--config", RECIPE, "--data", c.demo_data, "--checkpoint", str(missing)),
+        2,
+        [f"checkpoint {missing} does not exist"],
+    )
 
 
 def disk_full_checkpoint(c: Ctx) -> Run:
     """The workdir on a 3 MiB tmpfs: logs fit, the ~5.6 MB checkpoint does not."""
     c.workdir.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(c.workdir)], capture_output=True, text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(c.workdir)], capture_output=True, text=True
+    )
     if r.returncode:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()} (tests/test_checkpoint.py injects the failure)")
 
@@ -379,17 +471,27 @@ def disk_full_checkpoint(c: Ctx) -> Run:
             subprocess.run(["umount", "-l", str(c.workdir)], check=True)
 
     final = c.workdir / "checkpoints" / "step_0000001"
-    run = Run(c.train_on(c.demo_data, "train.micro_batch=64"), 2,
-              [f"writing checkpoint {final} failed (No space left on device)", "free space", "earlier checkpoints are intact"],
-              no_training_output(c.workdir))
+    run = Run(
+        c.train_on(c.demo_data, "train.micro_batch=64"),
+        2,
+        [
+            f"writing checkpoint {final} failed (No space left on device)",
+            "free space",
+            "earlier checkpoints are intact",
+        ],
+        no_training_output(c.workdir),
+    )
     run.cleanup.append(unmount)
     return run
 
 
 def evaluate_other_model(c: Ctx) -> Run:
     cmd = evaluate_on(c, c.demo_data)
-    return Run(cmd + ["model.kwargs={'patch_size': 4, 'embed_dim': 48, 'depth': 2, 'num_heads': 3}"], 2,
-               [f"{cmd[-1]} does not fit model vit_tiny_patch16_224"])
+    return Run(
+        cmd + ["model.kwargs={'patch_size': 4, 'embed_dim': 48, 'depth': 2, 'num_heads': 3}"],
+        2,
+        [f"{cmd[-1]} does not fit model vit_tiny_patch16_224"],
+    )
 
 
 CASES = {

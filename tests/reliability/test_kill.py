@@ -18,8 +18,16 @@ import pytest
 
 from hooks.jsonl import read_metrics
 from tests import launcher
-from tests.reliability import (REFERENCE_STEPS, assert_bitwise_equal, checkpoint_steps, final_weights,
-                               metrics_has_step, reference_run, resumed_at, train_args)
+from tests.reliability import (
+    REFERENCE_STEPS,
+    assert_bitwise_equal,
+    checkpoint_steps,
+    final_weights,
+    metrics_has_step,
+    reference_run,
+    resumed_at,
+    train_args,
+)
 from vitlarge import checkpoint
 
 pytestmark = pytest.mark.slow
@@ -68,7 +76,9 @@ def test_kill_9_at_five_points_resumes_from_newest_complete_checkpoint_bitwise(d
         return lambda proc: launcher.wait_for(metrics_has_step(workdir, n), TIMEOUT, proc)
 
     def checkpoint_appears(n):
-        return lambda proc: launcher.wait_for((ckpt_root / f"step_{n:07d}" / "meta.json").exists, TIMEOUT, proc, poll=0.005)
+        return lambda proc: launcher.wait_for(
+            (ckpt_root / f"step_{n:07d}" / "meta.json").exists, TIMEOUT, proc, poll=0.005
+        )
 
     mid_write_step = 4
     points = [

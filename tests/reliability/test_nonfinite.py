@@ -28,8 +28,17 @@ def poison(steps: str) -> tuple:
 
 def args(data: str, workdir: Path, *extra: str) -> list[str]:
     """fp16 unless ``extra`` says otherwise: the demo's ``auto`` would be fp32 on CPUs without fast fp16."""
-    return ["--config", RECIPE, "--data", data, "--workdir", str(workdir), "train.log_every_steps=1",
-            "train.precision=fp16", *extra]
+    return [
+        "--config",
+        RECIPE,
+        "--data",
+        data,
+        "--workdir",
+        str(workdir),
+        "train.log_every_steps=1",
+        "train.precision=fp16",
+        *extra,
+    ]
 
 
 def train_records(workdir: Path) -> dict[int, dict]:
@@ -59,9 +68,19 @@ def ckpt(workdir: Path, step: int) -> Path:
 
 
 def test_one_poisoned_fp16_step_is_skipped_and_the_scale_halves(demo_data, tmp_path):
-    r = launcher.run(args(demo_data, tmp_path, "train.max_steps=5", "train.micro_batch=64",
-                          "train.checkpoint_every_steps=1", "train.keep_checkpoints=10"), launcher="python",
-                     timeout=TIMEOUT, script=poison("3"))
+    r = launcher.run(
+        args(
+            demo_data,
+            tmp_path,
+            "train.max_steps=5",
+            "train.micro_batch=64",
+            "train.checkpoint_every_steps=1",
+            "train.keep_checkpoints=10",
+        ),
+        launcher="python",
+        timeout=TIMEOUT,
+        script=poison("3"),
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     m = train_records(tmp_path)
     assert [m[s]["skipped"] for s in range(1, 6)] == [False, False, True, False, False]
@@ -81,9 +100,19 @@ def test_one_poisoned_fp16_step_is_skipped_and_the_scale_halves(demo_data, tmp_p
 
 def test_persistent_nan_stops_both_ranks_with_exit_3_and_keeps_the_last_good_checkpoint(demo_data, tmp_path):
     logs = [tmp_path / f"rank{r}.log" for r in range(2)]
-    procs = srun(args(demo_data, tmp_path, "train.max_steps=30", "train.checkpoint_every_steps=3",
-                      "train.keep_checkpoints=10", "train.nan_patience=5"), 2, logs,
-                 script=poison("6-"))
+    procs = srun(
+        args(
+            demo_data,
+            tmp_path,
+            "train.max_steps=30",
+            "train.checkpoint_every_steps=3",
+            "train.keep_checkpoints=10",
+            "train.nan_patience=5",
+        ),
+        2,
+        logs,
+        script=poison("6-"),
+    )
     try:
         codes = [p.wait(timeout=TIMEOUT) for p in procs]
     finally:
@@ -126,8 +155,18 @@ def test_huge_lr_without_loss_scaling_stops_with_exit_3(demo_data, tmp_path, pre
     """lr 1e6: after one update the loss is a finite ~1e8 but every gradient is nan, so every later step
     is skipped. Without a loss scaler nothing can recover from that; the guard counts those steps
     (before the fix the run skipped all its steps and exited 0 with the weights of step 1)."""
-    r = launcher.run(args(demo_data, tmp_path, "train.max_steps=30", "train.micro_batch=64", "optim.lr=1e6",
-                          f"train.precision={precision}"), launcher="python", timeout=TIMEOUT)
+    r = launcher.run(
+        args(
+            demo_data,
+            tmp_path,
+            "train.max_steps=30",
+            "train.micro_batch=64",
+            "optim.lr=1e6",
+            f"train.precision={precision}",
+        ),
+        launcher="python",
+        timeout=TIMEOUT,
+    )
     assert r.returncode == 3, r.stdout[-3000:] + r.stderr[-3000:]
     error = r.stderr.strip().splitlines()[-1]
     assert error.startswith("error: loss or gradients were non-finite for steps "), error

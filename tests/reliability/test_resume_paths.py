@@ -31,9 +31,20 @@ ERRORS = re.compile(r"^error: .*", re.M)
 
 
 def train_args(data: str, workdir: Path, *extra: str) -> list[str]:
-    return ["--config", RECIPE, "--data", data, "--workdir", str(workdir), "train.precision=fp32",
-            "train.log_every_steps=1", "train.max_steps=12", "train.checkpoint_every_steps=2",
-            "train.keep_checkpoints=10", *extra]
+    return [
+        "--config",
+        RECIPE,
+        "--data",
+        data,
+        "--workdir",
+        str(workdir),
+        "train.precision=fp32",
+        "train.log_every_steps=1",
+        "train.max_steps=12",
+        "train.checkpoint_every_steps=2",
+        "train.keep_checkpoints=10",
+        *extra,
+    ]
 
 
 def run_srun(args, logs: list[Path], wrap=None) -> tuple[list[int], list[str]]:
@@ -47,8 +58,18 @@ def run_srun(args, logs: list[Path], wrap=None) -> tuple[list[int], list[str]]:
 
 def own_view(src: Path, dst: Path) -> list[str]:
     """A command prefix: run in a private mount namespace where folder ``dst`` shows ``src``."""
-    return ["unshare", "-m", "--propagation", "private", "sh", "-c", 'mount --bind "$1" "$2" && shift 2 && exec "$@"',
-            "sh", str(src), str(dst)]
+    return [
+        "unshare",
+        "-m",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        'mount --bind "$1" "$2" && shift 2 && exec "$@"',
+        "sh",
+        str(src),
+        str(dst),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +117,8 @@ def test_resume_of_an_older_step_into_the_same_workdir_then_kill_9_and_requeue(r
     [aside] = ckpts.glob("abandoned_*")
     assert MOVED.findall(text) == [
         f"moved 4 checkpoint(s) newer than step 4 (step_0000006, step_0000008, step_0000010, step_0000012) aside to "
-        f"{aside}; this run continues from {ckpts / 'step_0000004'}"]
+        f"{aside}; this run continues from {ckpts / 'step_0000004'}"
+    ]
     assert resumed_at(text) == [(str(ckpts / "step_0000004"), 4)]
     assert names(aside) == ["step_0000006", "step_0000008", "step_0000010", "step_0000012"]
     newest = checkpoint.latest(workdir)
@@ -126,8 +148,9 @@ def test_rank_0_chooses_for_every_rank_and_passes_over_damaged_checkpoints(refer
     weights = (ckpts / "step_0000002" / "__0_0.distcp").stat().st_size
 
     logs = [tmp_path / f"rank{r}.log" for r in range(2)]
-    codes, (log0, log1) = run_srun(train_args(demo_data, workdir), logs,
-                                   wrap={1: own_view(stale, ckpts / "step_0000012")})
+    codes, (log0, log1) = run_srun(
+        train_args(demo_data, workdir), logs, wrap={1: own_view(stale, ckpts / "step_0000012")}
+    )
     assert codes == [0, 0], log0[-3000:] + log1[-3000:]
     assert WARNED.findall(log0) == [
         f"warning: checkpoint {ckpts / 'step_0000012'} fails its check (no meta.json); passed over",
@@ -144,8 +167,9 @@ def test_rank_0_chooses_for_every_rank_and_passes_over_damaged_checkpoints(refer
     assert checkpoint_steps(workdir) == [2, 4, 6, 8, 10, 12]
 
 
-def test_a_rank_that_cannot_read_the_chosen_checkpoint_fails_every_rank_in_one_line(reference, demo_data, tmp_path,
-                                                                                     can_mount):
+def test_a_rank_that_cannot_read_the_chosen_checkpoint_fails_every_rank_in_one_line(
+    reference, demo_data, tmp_path, can_mount
+):
     workdir = tmp_path / "run"
     ckpts = copy_run(reference, workdir)
     view = tmp_path / "rank1_view"
@@ -156,12 +180,14 @@ def test_a_rank_that_cannot_read_the_chosen_checkpoint_fails_every_rank_in_one_l
     before = names(ckpts)
 
     logs = [tmp_path / f"rank{r}.log" for r in range(2)]
-    codes, (log0, log1) = run_srun(train_args(demo_data, workdir), logs,
-                                   wrap={1: own_view(view, ckpts / "step_0000012")})
+    codes, (log0, log1) = run_srun(
+        train_args(demo_data, workdir), logs, wrap={1: own_view(view, ckpts / "step_0000012")}
+    )
     assert codes == [2, 2], log0[-3000:] + log1[-3000:]  # both exit: nobody waits for the other
     assert ERRORS.findall(log0) == [
         f"error: rank 1 cannot read checkpoint {ckpts / 'step_0000012'} (rank_00001.pt has 100 bytes, meta.json "
-        f"records {full:,}); check that every node sees it whole (shared file system), or --resume another checkpoint"]
+        f"records {full:,}); check that every node sees it whole (shared file system), or --resume another checkpoint"
+    ]
     assert not ERRORS.findall(log1) and "Traceback" not in log0 + log1
     assert names(ckpts) == before and not (workdir / "model").exists()
 
@@ -180,11 +206,13 @@ def test_an_error_before_the_process_group_exists_is_printed_once(demo_data, tmp
         text = r.stdout + r.stderr
     assert ERRORS.findall(text) == [
         f"error: {RECIPE}: 'train.checkpoint_every_steps' must be >= 0 (0: no periodic checkpoints), got -1; "
-        "set it like train.checkpoint_every_steps=500"]
+        "set it like train.checkpoint_every_steps=500"
+    ]
 
 
-def test_every_kind_of_damage_is_one_warning_and_nothing_is_lost_then_no_periodic_checkpoints(reference, demo_data,
-                                                                                               tmp_path):
+def test_every_kind_of_damage_is_one_warning_and_nothing_is_lost_then_no_periodic_checkpoints(
+    reference, demo_data, tmp_path
+):
     """One process: four damaged newest checkpoints, then steps 5..7 with train.checkpoint_every_steps=0
     (which used to divide by zero after the first step): only the final checkpoint is written."""
     workdir = tmp_path / "run"
@@ -194,14 +222,19 @@ def test_every_kind_of_damage_is_one_warning_and_nothing_is_lost_then_no_periodi
     (ckpts / "step_0000008" / "__0_0.distcp").write_bytes(b"")
     w = ckpts / "step_0000006" / "__0_0.distcp"
     w.write_bytes(w.read_bytes()[:4096])
-    cmd = launcher.command(train_args(demo_data, workdir, "train.max_steps=7", "train.checkpoint_every_steps=0"),
-                           1, launcher="python")
+    cmd = launcher.command(
+        train_args(demo_data, workdir, "train.max_steps=7", "train.checkpoint_every_steps=0"), 1, launcher="python"
+    )
     r = subprocess.run(cmd, cwd=launcher.ROOT, env=launcher.env(), capture_output=True, text=True, timeout=TIMEOUT)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     warned = WARNED.findall(out)
-    why = {12: "no meta.json", 10: "meta.json is not JSON: ", 8: "__0_0.distcp has 0 bytes, meta.json records ",
-           6: "__0_0.distcp has 4,096 bytes, meta.json records "}
+    why = {
+        12: "no meta.json",
+        10: "meta.json is not JSON: ",
+        8: "__0_0.distcp has 0 bytes, meta.json records ",
+        6: "__0_0.distcp has 4,096 bytes, meta.json records ",
+    }
     assert len(warned) == len(why), out[-3000:]
     for line, (step, reason) in zip(warned, why.items()):
         assert line.startswith(f"warning: checkpoint {ckpts}/step_{step:07d} fails its check ({reason}"), line
@@ -235,9 +268,10 @@ def as_format_1(ckpt: Path) -> None:
     model = build_model(cfg)
     names = param_names(model, build_optimizer(model, cfg.optim.name, lr=1.0, weight_decay=0.1))
     index = {n: i for i, n in enumerate(names)}
-    optim = {"state": {index[n]: s for n, s in saved["optimizer"]["state"].items()},
-             "param_groups": [{**g, "params": [index[n] for n in g["params"]]}
-                              for g in saved["optimizer"]["param_groups"]]}
+    optim = {
+        "state": {index[n]: s for n, s in saved["optimizer"]["state"].items()},
+        "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in saved["optimizer"]["param_groups"]],
+    }
     for f in [*ckpt.glob("*.distcp"), ckpt / ".metadata"]:
         f.unlink()
     save_file({k: v.contiguous() for k, v in saved["model"].items()}, str(ckpt / "model.safetensors"))
@@ -271,6 +305,8 @@ def test_a_checkpoint_of_the_previous_release_resumes_with_a_fresh_data_stream(d
     assert r.returncode == 0, log[-3000:]
     assert resumed_at(log) == [(str(ckpt), 2)]
     warnings = [x for x in log.splitlines() if "older vitlarge" in x]
-    assert len(warnings) == 1 and f"{ckpt} holds a data-loader position from an older vitlarge (state version 1)" \
-        in warnings[0]
+    assert (
+        len(warnings) == 1
+        and f"{ckpt} holds a data-loader position from an older vitlarge (state version 1)" in warnings[0]
+    )
     assert checkpoint_steps(workdir) == [2, 4] and (workdir / "model" / "model.safetensors").is_file()

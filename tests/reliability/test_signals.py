@@ -20,8 +20,17 @@ import pytest
 
 from hooks.jsonl import read_metrics
 from tests import launcher
-from tests.reliability import (REFERENCE_STEPS, assert_bitwise_equal, final_weights, kill_all, metrics_has_step,
-                               reference_run, resumed_at, srun, train_args)
+from tests.reliability import (
+    REFERENCE_STEPS,
+    assert_bitwise_equal,
+    final_weights,
+    kill_all,
+    metrics_has_step,
+    reference_run,
+    resumed_at,
+    srun,
+    train_args,
+)
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 600
@@ -33,7 +42,7 @@ def stopped_run(args, workdir, logs, wait_step: int, sig: int, targets: str) -> 
     procs = srun(args, 2, logs)
     try:
         assert launcher.wait_for(metrics_has_step(workdir, wait_step), TIMEOUT, procs[0]), logs[0].read_text()[-3000:]
-        for p in (procs[1:] if targets == "one" else procs):
+        for p in procs[1:] if targets == "one" else procs:
             p.send_signal(sig)
         codes = [p.wait(timeout=TIMEOUT) for p in procs]
     finally:
@@ -57,8 +66,14 @@ def preempted_sequence(demo_data, tmp_path_factory):
         final_codes = [p.wait(timeout=TIMEOUT) for p in procs]
     finally:
         kill_all(procs)
-    return dict(ref=ref, workdir=workdir, usr1=usr1, usr1_ckpts=usr1_ckpts, term=term,
-                final=(final_codes, logs("final")[0].read_text()))
+    return dict(
+        ref=ref,
+        workdir=workdir,
+        usr1=usr1,
+        usr1_ckpts=usr1_ckpts,
+        term=term,
+        final=(final_codes, logs("final")[0].read_text()),
+    )
 
 
 def stop_step(log: str) -> int:

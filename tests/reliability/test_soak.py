@@ -61,9 +61,21 @@ class Sampler(threading.Thread):
 
 def test_2000_steps_keep_memory_flat_and_checkpoints_at_keep_n(demo_data, tmp_path):
     workdir = tmp_path / "soak"
-    args = ["--config", RECIPE, "--data", demo_data, "--workdir", str(workdir), "train.global_batch=32",
-            "train.micro_batch=16", "train.epochs=46", "train.eval_every_epochs=0", "train.log_every_steps=500",
-            "train.checkpoint_every_steps=100", f"train.keep_checkpoints={KEEP}"]
+    args = [
+        "--config",
+        RECIPE,
+        "--data",
+        demo_data,
+        "--workdir",
+        str(workdir),
+        "train.global_batch=32",
+        "train.micro_batch=16",
+        "train.epochs=46",
+        "train.eval_every_epochs=0",
+        "train.log_every_steps=500",
+        "train.checkpoint_every_steps=100",
+        f"train.keep_checkpoints={KEEP}",
+    ]
     t0 = time.time()
     proc = launcher.start(args, nproc=2, log=tmp_path / "soak.log")
     sampler = Sampler(proc, workdir)
@@ -93,12 +105,14 @@ def test_2000_steps_keep_memory_flat_and_checkpoints_at_keep_n(demo_data, tmp_pa
     # Before the last step: after it come the final evaluation, the picture (matplotlib: ~35 MiB) and
     # the export, one-off costs that are not a per-step leak.
     late_rss = [max(r[i] for s, r in sampler.samples if steps[-1] - 100 < s < steps[-1]) for i in range(2)]
-    print(f"\nsoak: {steps[-1]} steps in {wall:.0f} s; rank-0 peak RSS {early / MiB:.1f} MiB (steps 100-200) -> "
-          f"{late / MiB:.1f} MiB (last 100); sampled RSS per rank {[f'{x / MiB:.1f}' for x in early_rss]} -> "
-          f"{[f'{x / MiB:.1f}' for x in late_rss]} MiB; max complete checkpoints seen {sampler.max_ckpts}")
+    print(
+        f"\nsoak: {steps[-1]} steps in {wall:.0f} s; rank-0 peak RSS {early / MiB:.1f} MiB (steps 100-200) -> "
+        f"{late / MiB:.1f} MiB (last 100); sampled RSS per rank {[f'{x / MiB:.1f}' for x in early_rss]} -> "
+        f"{[f'{x / MiB:.1f}' for x in late_rss]} MiB; max complete checkpoints seen {sampler.max_ckpts}"
+    )
     assert late - early < GROWTH_BOUND
-    for e, l in zip(early_rss, late_rss):
-        assert l - e < GROWTH_BOUND
+    for before, after in zip(early_rss, late_rss):
+        assert after - before < GROWTH_BOUND
 
     # keep-N: 20 periodic saves plus the final one, never more than N (+1 between rename and prune).
     assert checkpoint_steps(workdir) == [1900, 2000, 2024]

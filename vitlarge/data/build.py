@@ -59,8 +59,10 @@ def _check_state_source(cfg: Config, state: str | None) -> None:
         return
     written = "synthetic" if synthetic.is_state(state) else "tfrecord"
     if written != cfg.data.source:
-        raise UserError(f"the checkpoint being resumed was trained with data.source={written}, this run has "
-                        f"data.source={cfg.data.source}; resume with data.source={written}, or pass another --workdir")
+        raise UserError(
+            f"the checkpoint being resumed was trained with data.source={written}, this run has "
+            f"data.source={cfg.data.source}; resume with data.source={written}, or pass another --workdir"
+        )
 
 
 def train_loader(cfg: Config, rank: int, world_size: int, device: torch.device, state: str | None = None):
@@ -69,16 +71,37 @@ def train_loader(cfg: Config, rank: int, world_size: int, device: torch.device, 
     d = cfg.data
     if d.source == "synthetic":
         return synthetic.SyntheticTrain(
-            cfg.train.micro_batch, d.image_size, d.num_classes, rank=rank, world_size=world_size, device=device,
-            seed=cfg.train.seed, num_examples=d.num_train_examples, mean=d.mean, std=d.std, state=state,
+            cfg.train.micro_batch,
+            d.image_size,
+            d.num_classes,
+            rank=rank,
+            world_size=world_size,
+            device=device,
+            seed=cfg.train.seed,
+            num_examples=d.num_train_examples,
+            mean=d.mean,
+            std=d.std,
+            state=state,
         )
     from vitlarge.data.loader import TrainLoader
 
     return TrainLoader(
-        d.path, cfg.train.micro_batch, d.image_size, rank=rank, world_size=world_size, device=device,
-        seed=cfg.train.seed, num_threads=num_threads(cfg), crop_scale=tuple(d.crop_scale),
-        crop_ratio=tuple(d.crop_ratio), hflip=d.hflip, randaugment=d.randaugment, mean=_pixels(d.mean),
-        std=_pixels(d.std), label_offset=d.label_offset, state=state,
+        d.path,
+        cfg.train.micro_batch,
+        d.image_size,
+        rank=rank,
+        world_size=world_size,
+        device=device,
+        seed=cfg.train.seed,
+        num_threads=num_threads(cfg),
+        crop_scale=tuple(d.crop_scale),
+        crop_ratio=tuple(d.crop_ratio),
+        hflip=d.hflip,
+        randaugment=d.randaugment,
+        mean=_pixels(d.mean),
+        std=_pixels(d.std),
+        label_offset=d.label_offset,
+        state=state,
     )
 
 
@@ -87,13 +110,28 @@ def val_loader(cfg: Config, rank: int, world_size: int, device: torch.device):
     d = cfg.data
     if d.source == "synthetic":
         return synthetic.SyntheticVal(
-            cfg.train.micro_batch, d.image_size, d.num_classes, rank=rank, world_size=world_size, device=device,
-            num_examples=d.synthetic_val_examples, mean=d.mean, std=d.std,
+            cfg.train.micro_batch,
+            d.image_size,
+            d.num_classes,
+            rank=rank,
+            world_size=world_size,
+            device=device,
+            num_examples=d.synthetic_val_examples,
+            mean=d.mean,
+            std=d.std,
         )
     from vitlarge.data.loader import ValLoader
 
     return ValLoader(
-        d.path, cfg.train.micro_batch, d.image_size, rank=rank, world_size=world_size, device=device,
-        num_threads=num_threads(cfg), crop_pct=d.val_crop_pct, mean=_pixels(d.mean), std=_pixels(d.std),
+        d.path,
+        cfg.train.micro_batch,
+        d.image_size,
+        rank=rank,
+        world_size=world_size,
+        device=device,
+        num_threads=num_threads(cfg),
+        crop_pct=d.val_crop_pct,
+        mean=_pixels(d.mean),
+        std=_pixels(d.std),
         label_offset=d.label_offset,
     )

@@ -19,11 +19,11 @@ import math
 import torch
 from nvidia.dali.plugin.pytorch import feed_ndarray
 
+from vitlarge.config import IMAGENET_MEAN, IMAGENET_STD
 from vitlarge.data import pipelines
 from vitlarge.data.common import STATE_VERSION, VAL_INTERPOLATION, state_from_older_release, val_forwards  # noqa: F401
 from vitlarge.data.manifest import MANIFEST_NAME, Manifest, check_shards, load_manifest
 from vitlarge.data.randaugment import spec as randaugment_spec
-from vitlarge.config import IMAGENET_MEAN, IMAGENET_STD
 from vitlarge.errors import UserError
 
 DEFAULT_MEAN = tuple(255.0 * x for x in IMAGENET_MEAN)  # DALI normalizes 0..255 pixels
@@ -106,11 +106,29 @@ class TrainLoader:
     bitwise the same batches from there on.
     """
 
-    def __init__(self, data_dir: str, batch_size: int, image_size: int, *, rank: int, world_size: int,
-                 device: torch.device, seed: int, num_threads: int = 2, crop_scale=(0.08, 1.0),
-                 crop_ratio=(3 / 4, 4 / 3), hflip: bool = True, randaugment=None, mean=DEFAULT_MEAN,
-                 std=DEFAULT_STD, label_offset: int | None = None, state: str | None = None,
-                 initial_fill: int = 4096, prefetch_queue_depth: int = 2, interpolation: str = "bilinear"):
+    def __init__(
+        self,
+        data_dir: str,
+        batch_size: int,
+        image_size: int,
+        *,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        seed: int,
+        num_threads: int = 2,
+        crop_scale=(0.08, 1.0),
+        crop_ratio=(3 / 4, 4 / 3),
+        hflip: bool = True,
+        randaugment=None,
+        mean=DEFAULT_MEAN,
+        std=DEFAULT_STD,
+        label_offset: int | None = None,
+        state: str | None = None,
+        initial_fill: int = 4096,
+        prefetch_queue_depth: int = 2,
+        interpolation: str = "bilinear",
+    ):
         _check_rank(rank, world_size)
         self.manifest = load_manifest(data_dir)
         files = check_shards(self.manifest, "train")
@@ -123,10 +141,20 @@ class TrainLoader:
         dev = pipelines.dali_device(device)
         ra = randaugment_spec(randaugment)
         settings = dict(
-            shards=[(s.file, s.bytes) for s in self.manifest.shards("train")], batch_size=batch_size,
-            image_size=image_size, rank=rank, world_size=world_size, seed=seed, crop_scale=list(crop_scale),
-            crop_ratio=list(crop_ratio), hflip=hflip, randaugment=ra and ra.key(),
-            mean=list(mean), std=list(std), initial_fill=initial_fill, interpolation=interpolation,
+            shards=[(s.file, s.bytes) for s in self.manifest.shards("train")],
+            batch_size=batch_size,
+            image_size=image_size,
+            rank=rank,
+            world_size=world_size,
+            seed=seed,
+            crop_scale=list(crop_scale),
+            crop_ratio=list(crop_ratio),
+            hflip=hflip,
+            randaugment=ra and ra.key(),
+            mean=list(mean),
+            std=list(std),
+            initial_fill=initial_fill,
+            interpolation=interpolation,
         )
         self._fingerprint = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
         checkpoint = self._decode_state(state, data_dir) if state else None
@@ -135,16 +163,33 @@ class TrainLoader:
         # DALI's RandAugment uses fn.experimental aliases DALI itself deprecates; DALI forces those
         # DeprecationWarnings on (its own catch_warnings), so they print once per build. Harmless.
         self._pipe = pipelines.train_pipeline(
-            [f for f, _ in files], [i for _, i in files], shard_id=rank, num_shards=world_size, reader_seed=pipe_seed,
-            file_order_seed=seed % (2**31 - 1), image_size=image_size, decoder=dev.decoder, crop_scale=crop_scale,
-            crop_ratio=crop_ratio, hflip=hflip, randaugment=ra, mean=mean, std=std, initial_fill=initial_fill,
+            [f for f, _ in files],
+            [i for _, i in files],
+            shard_id=rank,
+            num_shards=world_size,
+            reader_seed=pipe_seed,
+            file_order_seed=seed % (2**31 - 1),
+            image_size=image_size,
+            decoder=dev.decoder,
+            crop_scale=crop_scale,
+            crop_ratio=crop_ratio,
+            hflip=hflip,
+            randaugment=ra,
+            mean=mean,
+            std=std,
+            initial_fill=initial_fill,
             interp=pipelines.interp_type(interpolation),
-            batch_size=batch_size, num_threads=num_threads, device_id=dev.device_id, seed=pipe_seed,
-            prefetch_queue_depth=prefetch_queue_depth, enable_checkpointing=True, checkpoint=checkpoint,
+            batch_size=batch_size,
+            num_threads=num_threads,
+            device_id=dev.device_id,
+            seed=pipe_seed,
+            prefetch_queue_depth=prefetch_queue_depth,
+            enable_checkpointing=True,
+            checkpoint=checkpoint,
         )
         self._pipe.build()
 
-    def __iter__(self) -> "TrainLoader":
+    def __iter__(self) -> TrainLoader:
         return self
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,10 +198,13 @@ class TrainLoader:
 
     def state(self) -> str:
         """Opaque string; pass it back as ``state=`` to continue after the last batch returned."""
-        return json.dumps({
-            "version": STATE_VERSION, "fingerprint": self._fingerprint,
-            "dali": base64.b64encode(self._pipe.checkpoint()).decode("ascii"),
-        })
+        return json.dumps(
+            {
+                "version": STATE_VERSION,
+                "fingerprint": self._fingerprint,
+                "dali": base64.b64encode(self._pipe.checkpoint()).decode("ascii"),
+            }
+        )
 
     def _decode_state(self, state: str, data_dir: str) -> bytes:
         """The DALI checkpoint inside ``state``; UserError for anything ``state()`` did not make."""
@@ -173,8 +221,10 @@ class TrainLoader:
                 raise ValueError("fingerprint and dali must be strings")
             blob = base64.b64decode(doc["dali"], validate=True)
         except (ValueError, TypeError) as e:  # json and base64 errors are ValueErrors
-            raise UserError(f"{data_dir}: TrainLoader state is not one TrainLoader.state() returned ({e}); "
-                            "resume from the checkpoint's data state or start without state") from None
+            raise UserError(
+                f"{data_dir}: TrainLoader state is not one TrainLoader.state() returned ({e}); "
+                "resume from the checkpoint's data state or start without state"
+            ) from None
         if doc["fingerprint"] != self._fingerprint:
             raise UserError(
                 f"{data_dir}: TrainLoader state was saved with different data or loader settings (shards, batch "
@@ -201,9 +251,22 @@ class ValLoader:
     rank (`val_forwards`), which a sharded model needs, since each of its forwards is collective.
     """
 
-    def __init__(self, data_dir: str, batch_size: int, image_size: int, *, rank: int, world_size: int,
-                 device: torch.device, num_threads: int = 2, crop_pct: float = 0.875, mean=DEFAULT_MEAN,
-                 std=DEFAULT_STD, label_offset: int | None = None, interpolation: str = VAL_INTERPOLATION):
+    def __init__(
+        self,
+        data_dir: str,
+        batch_size: int,
+        image_size: int,
+        *,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        num_threads: int = 2,
+        crop_pct: float = 0.875,
+        mean=DEFAULT_MEAN,
+        std=DEFAULT_STD,
+        label_offset: int | None = None,
+        interpolation: str = VAL_INTERPOLATION,
+    ):
         _check_rank(rank, world_size)
         if not 0 < crop_pct <= 1:
             raise UserError(f"crop_pct={crop_pct}: must be in (0, 1]")
@@ -218,17 +281,30 @@ class ValLoader:
         self._batches = _Batches(self.manifest, "validation", device, label_offset)
         dev = pipelines.dali_device(device)
         self._pipe = pipelines.val_pipeline(
-            [f for f, _ in files], [i for _, i in files], shard_id=rank, num_shards=world_size, image_size=image_size,
-            crop_pct=crop_pct, decoder=dev.decoder, mean=mean, std=std, interp=pipelines.interp_type(interpolation),
-            batch_size=batch_size, num_threads=num_threads, device_id=dev.device_id, seed=0,
+            [f for f, _ in files],
+            [i for _, i in files],
+            shard_id=rank,
+            num_shards=world_size,
+            image_size=image_size,
+            crop_pct=crop_pct,
+            decoder=dev.decoder,
+            mean=mean,
+            std=std,
+            interp=pipelines.interp_type(interpolation),
+            batch_size=batch_size,
+            num_threads=num_threads,
+            device_id=dev.device_id,
+            seed=0,
         )
         self._pipe.build()
         padded = self._pipe.reader_meta(pipelines.READER)["epoch_size_padded"] // world_size  # records per rank
         self._runs_per_pass = math.ceil(padded / batch_size)
         if self._runs_per_pass != val_forwards(n, world_size, batch_size):  # DALI's padding rule changed
-            raise RuntimeError(f"DALI pads {n} validation records over {world_size} ranks to {padded} per rank: "
-                               f"{self._runs_per_pass} runs, vitlarge.data.loader.val_forwards expects "
-                               f"{val_forwards(n, world_size, batch_size)}")
+            raise RuntimeError(
+                f"DALI pads {n} validation records over {world_size} ranks to {padded} per rank: "
+                f"{self._runs_per_pass} runs, vitlarge.data.loader.val_forwards expects "
+                f"{val_forwards(n, world_size, batch_size)}"
+            )
         self._runs_in_pass = 0  # runs of the current pass already taken from the pipeline
 
     def __len__(self) -> int:

@@ -56,10 +56,13 @@ def shard_set_problem(names) -> tuple[str, str] | None:
             sets.setdefault(m.group(1), {}).setdefault(int(m.group(3)), set()).add(int(m.group(2)))
     for split, by_count in sorted(sets.items()):
         if len(by_count) > 1:
-            found = " and ".join(f"{split}-*-of-{count:05d} ({len(ix)} files)"
-                                 for count, ix in sorted(by_count.items()))
-            return (f"{len(by_count)} {split} shard sets, {found}",
-                    "delete the set you do not want (or convert into an empty --out)")
+            found = " and ".join(
+                f"{split}-*-of-{count:05d} ({len(ix)} files)" for count, ix in sorted(by_count.items())
+            )
+            return (
+                f"{len(by_count)} {split} shard sets, {found}",
+                "delete the set you do not want (or convert into an empty --out)",
+            )
         ((count, ix),) = by_count.items()
         missing = sorted(set(range(count)) - ix)
         extra = sorted(i for i in ix if i >= count)
@@ -67,8 +70,10 @@ def shard_set_problem(names) -> tuple[str, str] | None:
             bad = [shard_name(split, i, count) for i in (missing or extra)]
             more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
             what = "lacks" if missing else "has an index past its count:"
-            return (f"the {split}-*-of-{count:05d} set {what} {bad[0]}{more}",
-                    "restore the missing shards or re-convert" if missing else "rename or remove it")
+            return (
+                f"the {split}-*-of-{count:05d} set {what} {bad[0]}{more}",
+                "restore the missing shards or re-convert" if missing else "rename or remove it",
+            )
     return None
 
 
@@ -119,8 +124,12 @@ class Manifest:
             return "[\n" + ",\n".join(indent + " " + json.dumps(asdict(x)) for x in items) + "\n" + indent + "]"
 
         head = {
-            "format": FORMAT, "format_version": FORMAT_VERSION, "tool": self.tool, "tool_version": self.tool_version,
-            "num_classes": self.num_classes, "label_offset": self.label_offset,
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "tool": self.tool,
+            "tool_version": self.tool_version,
+            "num_classes": self.num_classes,
+            "label_offset": self.label_offset,
         }
         parts = [f" {json.dumps(k)}: {json.dumps(v)}" for k, v in head.items()]
         parts.append(f' "classes": {rows(self.classes, " ")}')
@@ -159,10 +168,7 @@ def load_manifest(data_dir: str) -> Manifest:
             num_classes=int(doc["num_classes"]),
             label_offset=int(doc["label_offset"]),
             classes=[ClassInfo(**c) for c in doc.get("classes", [])],
-            splits={
-                split: [ShardInfo(**s) for s in body["shards"]]
-                for split, body in doc["splits"].items()
-            },
+            splits={split: [ShardInfo(**s) for s in body["shards"]] for split, body in doc["splits"].items()},
             skipped={split: int(body.get("skipped", 0)) for split, body in doc["splits"].items()},
             tool=doc.get("tool", ""),
             tool_version=doc.get("tool_version", ""),
@@ -198,8 +204,10 @@ def check_shards(manifest: Manifest, split: str) -> list[tuple[str, str]]:
     listed = [s.file for s in manifest.shards(split)]
     problem = shard_set_problem(listed)
     if problem:
-        raise UserError(f"{os.path.join(d, MANIFEST_NAME)}: the {split} shards listed are not one complete set "
-                        f"({problem[0]}); {problem[1]}, then run {fix}")
+        raise UserError(
+            f"{os.path.join(d, MANIFEST_NAME)}: the {split} shards listed are not one complete set "
+            f"({problem[0]}); {problem[1]}, then run {fix}"
+        )
     try:
         present = os.listdir(d)
     except OSError:
@@ -208,8 +216,10 @@ def check_shards(manifest: Manifest, split: str) -> list[tuple[str, str]]:
     if others:
         problem = shard_set_problem(listed + others)
         what = problem[0] if problem else f"{split} shards it does not list ({others[0]})"
-        raise UserError(f"{d}: holds {what}, but {MANIFEST_NAME} was built for {len(listed)} of them; delete the "
-                        f"set you do not use, then run {fix}")
+        raise UserError(
+            f"{d}: holds {what}, but {MANIFEST_NAME} was built for {len(listed)} of them; delete the "
+            f"set you do not use, then run {fix}"
+        )
     out = []
     for s in manifest.shards(split):
         shard, index = os.path.join(d, s.file), os.path.join(d, s.index)
@@ -217,8 +227,7 @@ def check_shards(manifest: Manifest, split: str) -> list[tuple[str, str]]:
             size = os.path.getsize(shard)
         except OSError:
             raise UserError(
-                f"{shard}: shard listed in {MANIFEST_NAME} is missing; restore it, or re-convert "
-                f"and rerun {fix}"
+                f"{shard}: shard listed in {MANIFEST_NAME} is missing; restore it, or re-convert and rerun {fix}"
             ) from None
         if size < s.bytes:
             raise UserError(

@@ -45,8 +45,9 @@ def dali_device(device) -> DaliDevice:
     raise UserError(f"device {device}: DALI loaders support 'cpu' and 'cuda' devices; pass one of those")
 
 
-def _reader(paths, index_paths, *, shard_id, num_shards, seed, training: bool, initial_fill: int = 1,
-            file_order_seed: int = 0):
+def _reader(
+    paths, index_paths, *, shard_id, num_shards, seed, training: bool, initial_fill: int = 1, file_order_seed: int = 0
+):
     """The TFRecord reader both pipelines share; ``training`` picks the sample order.
 
     Training: every epoch the reader permutes the order of the shard files with
@@ -58,25 +59,65 @@ def _reader(paths, index_paths, *, shard_id, num_shards, seed, training: bool, i
     rank's size and then to whole batches (``pad_last_batch``), the loader drops the padding.
     """
     if training:
-        order = dict(random_shuffle=True, initial_fill=initial_fill, shuffle_after_epoch=True,
-                     shuffle_after_epoch_seed=file_order_seed, stick_to_shard=False)
+        order = dict(
+            random_shuffle=True,
+            initial_fill=initial_fill,
+            shuffle_after_epoch=True,
+            shuffle_after_epoch_seed=file_order_seed,
+            stick_to_shard=False,
+        )
     else:
         order = dict(random_shuffle=False, stick_to_shard=True, pad_last_batch=True)
     return fn.readers.tfrecord(
-        path=paths, index_path=index_paths, features=FEATURES, shard_id=shard_id, num_shards=num_shards,
-        seed=seed, name=READER, **order,
+        path=paths,
+        index_path=index_paths,
+        features=FEATURES,
+        shard_id=shard_id,
+        num_shards=num_shards,
+        seed=seed,
+        name=READER,
+        **order,
     )
 
 
 @pipeline_def(enable_conditionals=True)
-def train_pipeline(paths, index_paths, *, shard_id, num_shards, reader_seed, file_order_seed, image_size, decoder,
-                   crop_scale, crop_ratio, hflip, randaugment, mean, std, initial_fill, interp):
-    data = _reader(paths, index_paths, shard_id=shard_id, num_shards=num_shards, seed=reader_seed, training=True,
-                   initial_fill=initial_fill, file_order_seed=file_order_seed)
+def train_pipeline(
+    paths,
+    index_paths,
+    *,
+    shard_id,
+    num_shards,
+    reader_seed,
+    file_order_seed,
+    image_size,
+    decoder,
+    crop_scale,
+    crop_ratio,
+    hflip,
+    randaugment,
+    mean,
+    std,
+    initial_fill,
+    interp,
+):
+    data = _reader(
+        paths,
+        index_paths,
+        shard_id=shard_id,
+        num_shards=num_shards,
+        seed=reader_seed,
+        training=True,
+        initial_fill=initial_fill,
+        file_order_seed=file_order_seed,
+    )
     # Decodes only the random crop window (ROI decode), so the full image is never materialized.
     images = fn.decoders.image_random_crop(
-        data["image/encoded"], device=decoder, output_type=types.RGB,
-        random_area=list(crop_scale), random_aspect_ratio=list(crop_ratio), num_attempts=10,
+        data["image/encoded"],
+        device=decoder,
+        output_type=types.RGB,
+        random_area=list(crop_scale),
+        random_aspect_ratio=list(crop_ratio),
+        num_attempts=10,
     )
     # antialias=False saves ~15% of the CPU pipeline's time (benchmarks/bench_data.py). Even so,
     # DALI's CPU bilinear resize costs about as much as the JPEG decode; interp "nearest" is ~8x
@@ -89,7 +130,12 @@ def train_pipeline(paths, index_paths, *, shard_id, num_shards, reader_seed, fil
             mirror = 0
         images = rand_augment.apply(images, randaugment, [image_size, image_size])
     images = fn.crop_mirror_normalize(
-        images, dtype=types.FLOAT, output_layout="CHW", mean=list(mean), std=list(std), mirror=mirror,
+        images,
+        dtype=types.FLOAT,
+        output_layout="CHW",
+        mean=list(mean),
+        std=list(std),
+        mirror=mirror,
     )
     return images, data["image/class/label"]
 
@@ -101,14 +147,23 @@ def val_pipeline(paths, index_paths, *, shard_id, num_shards, image_size, crop_p
     # timm's eval transform: shorter side to floor(size / crop_pct), then a centre crop of size.
     images = fn.resize(images, resize_shorter=float(int(image_size / crop_pct)), interp_type=interp)
     images = fn.crop_mirror_normalize(
-        images, crop=(image_size, image_size), dtype=types.FLOAT, output_layout="CHW", mean=list(mean), std=list(std),
+        images,
+        crop=(image_size, image_size),
+        dtype=types.FLOAT,
+        output_layout="CHW",
+        mean=list(mean),
+        std=list(std),
     )
     return images, data["image/class/label"]
 
 
 def interp_type(name: str):
-    table = {"bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC, "triangular": types.INTERP_TRIANGULAR,
-             "nearest": types.INTERP_NN}
+    table = {
+        "bilinear": types.INTERP_LINEAR,
+        "bicubic": types.INTERP_CUBIC,
+        "triangular": types.INTERP_TRIANGULAR,
+        "nearest": types.INTERP_NN,
+    }
     if name not in table:
         raise UserError(f"interpolation={name!r}: expected one of {sorted(table)}")
     return table[name]

@@ -30,8 +30,23 @@ from vitlarge.errors import UserError
 LEVEL_DENOM = 10  # timm's _LEVEL_DENOM: m10 is the full range of an op
 STEPS = 10  # magnitude bins per unit of m: random magnitudes are rounded to 0.1
 FILL = 128  # timm's img_mean fill for rotate/shear/translate
-TIMM_OPS = ("AutoContrast", "Equalize", "Invert", "Rotate", "Posterize", "Solarize", "SolarizeAdd", "Color",
-            "Contrast", "Brightness", "Sharpness", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel")
+TIMM_OPS = (
+    "AutoContrast",
+    "Equalize",
+    "Invert",
+    "Rotate",
+    "Posterize",
+    "Solarize",
+    "SolarizeAdd",
+    "Color",
+    "Contrast",
+    "Brightness",
+    "Sharpness",
+    "ShearX",
+    "ShearY",
+    "TranslateXRel",
+    "TranslateYRel",
+)
 INCREASING = {"Posterize", "Solarize", "Color", "Contrast", "Brightness", "Sharpness"}  # "<name>Increasing" with inc1
 _EXAMPLE = "use e.g. 'rand-m9-n2' or DeiT's 'rand-m9-mstd0.5-inc1'"
 
@@ -78,12 +93,13 @@ def spec(value) -> RandAugmentSpec | None:
 def _parse_part(value: str, part: str) -> dict:
     bad = f"randaugment={value!r}: part {part!r}"
     if part.startswith("t") or part.startswith("w"):
-        raise UserError(f"{bad}: weighted or named op sets ('t<name>', 'w<n>') are not supported with DALI; "
-                        f"drop the part; {_EXAMPLE}")
+        raise UserError(
+            f"{bad}: weighted or named op sets ('t<name>', 'w<n>') are not supported with DALI; "
+            f"drop the part; {_EXAMPLE}"
+        )
     key_value = re.fullmatch(r"([a-z]+)(\d+(?:\.\d*)?)", part)
     if not key_value or key_value.group(1) not in ("m", "n", "p", "mstd", "mmax", "inc"):
-        raise UserError(f"{bad} is not one of m<int>, n<int>, p<float>, mstd<float>, mmax<int>, inc<0|1>; "
-                        f"{_EXAMPLE}")
+        raise UserError(f"{bad} is not one of m<int>, n<int>, p<float>, mstd<float>, mmax<int>, inc<0|1>; {_EXAMPLE}")
     key, text = key_value.groups()
     try:
         if key == "p":
@@ -132,8 +148,9 @@ def op_table(s: RandAugmentSpec) -> list[tuple[str, object]]:
         "Rotate": a.rotate.augmentation(mag_range=table(frac * 30), randomly_negate=True),
         "Posterize": a.posterize.augmentation(mag_range=table(posterize_bits), mag_to_param=_posterize_mask),
         "Solarize": a.solarize.augmentation(mag_range=table(solarize)),
-        "SolarizeAdd": a.solarize_add.augmentation(mag_range=table(np.minimum(128, np.floor(frac * 110))),
-                                                   mag_to_param=_solarize_add),
+        "SolarizeAdd": a.solarize_add.augmentation(
+            mag_range=table(np.minimum(128, np.floor(frac * 110))), mag_to_param=_solarize_add
+        ),
         "Color": a.color.augmentation(**enhance),
         "Contrast": a.contrast.augmentation(**enhance),
         "Brightness": a.brightness.augmentation(**enhance),
@@ -196,6 +213,13 @@ def apply(images, s: RandAugmentSpec, shape):
     choice = op * run + k * (1 - run)  # k: the identity
     bins = signed_bin(magnitude_bins(s), shape=(s.n,))
     for layer in range(s.n):
-        images = select(ops, choice[layer], images, magnitude_bin=bins[layer], num_magnitude_bins=s.num_bins,
-                        shape=shape, fill_value=FILL)
+        images = select(
+            ops,
+            choice[layer],
+            images,
+            magnitude_bin=bins[layer],
+            num_magnitude_bins=s.num_bins,
+            shape=shape,
+            fill_value=FILL,
+        )
     return images

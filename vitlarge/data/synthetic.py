@@ -57,7 +57,10 @@ class SyntheticManifest(Manifest):
 def manifest(num_classes: int, num_train_examples: int, num_val_examples: int) -> SyntheticManifest:
     """What train.py reads from ``dataset.json`` (class count and names, the train split's size), made up."""
     return SyntheticManifest(
-        num_classes=num_classes, label_offset=0, splits={}, tool="vitlarge.data.synthetic",
+        num_classes=num_classes,
+        label_offset=0,
+        splits={},
+        tool="vitlarge.data.synthetic",
         classes=[ClassInfo(label=i, synset=name) for i, name in enumerate(class_names(num_classes))],
         counts={"train": num_train_examples, "validation": num_val_examples},
     )
@@ -89,8 +92,10 @@ class _Maker:
         self.shift = (-torch.tensor(mean, dtype=torch.float32).view(3, 1, 1) / std_t).to(self.device)
 
     def empty(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return (torch.empty(batch_size, 3, self.size, self.size, dtype=torch.float32, device=self.device),
-                torch.empty(batch_size, dtype=torch.int64, device=self.device))
+        return (
+            torch.empty(batch_size, 3, self.size, self.size, dtype=torch.float32, device=self.device),
+            torch.empty(batch_size, dtype=torch.int64, device=self.device),
+        )
 
     def fill(self, images: torch.Tensor, labels: torch.Tensor, seed: int) -> None:
         self.gen.manual_seed(seed)
@@ -106,8 +111,10 @@ def _check(rank: int, world_size: int, num_examples: int, what: str) -> tuple[in
         raise UserError(f"rank={rank}, world_size={world_size}: need 0 <= rank < world_size")
     begin, end = shard_range(num_examples, rank, world_size)
     if end <= begin:
-        raise UserError(f"{what}={num_examples} synthetic examples cannot be split over world_size={world_size}; "
-                        f"set {what} to at least {world_size}")
+        raise UserError(
+            f"{what}={num_examples} synthetic examples cannot be split over world_size={world_size}; "
+            f"set {what} to at least {world_size}"
+        )
     return begin, end
 
 
@@ -118,18 +125,39 @@ class SyntheticTrain:
     returned; a loader built with ``state=`` and the same arguments yields bitwise the same batches
     from there on (on the same device type)."""
 
-    def __init__(self, batch_size: int, image_size: int, num_classes: int, *, rank: int, world_size: int,
-                 device: torch.device, seed: int, num_examples: int, mean, std, state: str | None = None):
+    def __init__(
+        self,
+        batch_size: int,
+        image_size: int,
+        num_classes: int,
+        *,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        seed: int,
+        num_examples: int,
+        mean,
+        std,
+        state: str | None = None,
+    ):
         begin, end = _check(rank, world_size, num_examples, "data.num_train_examples")
         self.num_examples_this_rank = end - begin
         self.batch_size, self.seed, self.rank = batch_size, seed, rank
         self._maker = _Maker(image_size, num_classes, device, mean, std)
-        settings = dict(batch_size=batch_size, image_size=image_size, num_classes=num_classes, rank=rank,
-                        world_size=world_size, seed=seed, mean=list(mean), std=list(std))
+        settings = dict(
+            batch_size=batch_size,
+            image_size=image_size,
+            num_classes=num_classes,
+            rank=rank,
+            world_size=world_size,
+            seed=seed,
+            mean=list(mean),
+            std=list(std),
+        )
         self._fingerprint = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
         self._batches = self._decode_state(state) if state else 0
 
-    def __iter__(self) -> "SyntheticTrain":
+    def __iter__(self) -> SyntheticTrain:
         return self
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,8 +168,9 @@ class SyntheticTrain:
 
     def state(self) -> str:
         """Opaque string; pass it back as ``state=`` to continue after the last batch returned."""
-        return json.dumps({"version": STATE_VERSION, "source": SOURCE, "fingerprint": self._fingerprint,
-                           "batches": self._batches})
+        return json.dumps(
+            {"version": STATE_VERSION, "source": SOURCE, "fingerprint": self._fingerprint, "batches": self._batches}
+        )
 
     def _decode_state(self, state: str) -> int:
         try:
@@ -152,11 +181,15 @@ class SyntheticTrain:
             if not isinstance(batches, int) or batches < 0 or not isinstance(doc["fingerprint"], str):
                 raise ValueError(f"batches={batches!r}")
         except (ValueError, TypeError, KeyError) as e:
-            raise UserError(f"SyntheticTrain state is not one SyntheticTrain.state() returned ({e}); resume from "
-                            "the checkpoint's data state or start without state") from None
+            raise UserError(
+                f"SyntheticTrain state is not one SyntheticTrain.state() returned ({e}); resume from "
+                "the checkpoint's data state or start without state"
+            ) from None
         if doc["fingerprint"] != self._fingerprint:
-            raise UserError("SyntheticTrain state was saved with different settings (batch size, image size, classes, "
-                            "rank/world size, seed, mean/std); resume with the same settings or start without state")
+            raise UserError(
+                "SyntheticTrain state was saved with different settings (batch size, image size, classes, "
+                "rank/world size, seed, mean/std); resume with the same settings or start without state"
+            )
         return batches
 
 
@@ -167,8 +200,19 @@ class SyntheticVal:
     `val_forwards` ``(images, labels, keep)`` batches on every rank (only the first ``keep`` rows
     are real; padding rows repeat the slice's last example), ``iter()`` the real rows only."""
 
-    def __init__(self, batch_size: int, image_size: int, num_classes: int, *, rank: int, world_size: int,
-                 device: torch.device, num_examples: int, mean, std):
+    def __init__(
+        self,
+        batch_size: int,
+        image_size: int,
+        num_classes: int,
+        *,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        num_examples: int,
+        mean,
+        std,
+    ):
         self._begin, self._end = _check(rank, world_size, num_examples, "data.synthetic_val_examples")
         self.num_examples_this_rank = self._end - self._begin
         self.batch_size = batch_size
@@ -192,5 +236,5 @@ class SyntheticVal:
             images, labels = self._maker.empty(self.batch_size)
             for row in range(self.batch_size):  # one seed per example: the same image at any world/batch size
                 example = min(first + row, self._end - 1)
-                self._maker.fill(images[row], labels[row:row + 1], _seed("validation", example))
+                self._maker.fill(images[row], labels[row : row + 1], _seed("validation", example))
             yield self._maker.normalise(images), labels, keep
