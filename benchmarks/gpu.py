@@ -295,7 +295,7 @@ def large_section(device: torch.device, path: str, s: dict, peak: dict, tiny: bo
             dev.reset_peak(device)
             if not dev.fits(
                 lambda: t.extend(
-                    dev.time_call(lambda: [run.step() for _ in range(s["steps"])], device)  # noqa: F821 / s["steps"]
+                    dev.time_call(lambda: [run.step() for _ in range(s["steps"])], device) / s["steps"]  # noqa: F821
                     for _ in range(s["rounds"])
                 ),
                 device,
