@@ -124,7 +124,7 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
     tiny = common.is_tiny(tiny)
     steps = 2 if tiny else 3
     out = tempfile.mktemp(prefix="vitlarge-bench-comm-", suffix=".json")
-    mp.spawn(_worker, args=(launch._free_port(), steps, tiny, out), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(launch.free_port(), steps, tiny, out), nprocs=WORLD, join=True)
     from vitlarge.model import build_model
 
     all_measured = json.loads(Path(out).read_text())

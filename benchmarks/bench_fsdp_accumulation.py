@@ -101,7 +101,7 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
     for model in models:
         for mode in MODES:
             out = tempfile.mktemp(prefix="vitlarge-bench-accum-", suffix=".json")
-            mp.spawn(_worker, args=(launch._free_port(), model, mode, out), nprocs=WORLD, join=True)
+            mp.spawn(_worker, args=(launch.free_port(), model, mode, out), nprocs=WORLD, join=True)
             ranks[f"{model}/{mode}"] = per_rank = json.loads(Path(out).read_text())
             os.unlink(out)
             summary[f"{model}/{mode}"] = {k: max(r[k] for r in per_rank) for k in ("between_micro_steps", "params")}

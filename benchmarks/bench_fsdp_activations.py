@@ -97,7 +97,7 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
     ranks = {}
     for checkpointing in (False, True, False, True)[: 2 if quick else 4]:  # interleaved: shared-host noise
         out = tempfile.mktemp(prefix="vitlarge-bench-act-", suffix=".json")
-        mp.spawn(_worker, args=(launch._free_port(), checkpointing, tiny, out), nprocs=WORLD, join=True)
+        mp.spawn(_worker, args=(launch.free_port(), checkpointing, tiny, out), nprocs=WORLD, join=True)
         ranks.setdefault(f"grad_checkpointing={checkpointing}", []).append(json.loads(Path(out).read_text()))
         os.unlink(out)
     fields = ("saved_for_backward", "params_saved", "peak_rss_growth", "peak_rss")

@@ -102,7 +102,7 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
     summary = {}
     for model in models:
         out = tempfile.mktemp(prefix="vitlarge-bench-coll-", suffix=".json")
-        mp.spawn(_worker, args=(launch._free_port(), model, out), nprocs=WORLD, join=True)
+        mp.spawn(_worker, args=(launch.free_port(), model, out), nprocs=WORLD, join=True)
         seen = json.loads(Path(out).read_text())
         os.unlink(out)
         one, two = seen["1"], seen["2"]

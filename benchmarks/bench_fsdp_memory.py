@@ -100,7 +100,7 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
     for plugin in PLUGINS:
         for world in WORLDS:
             out = tempfile.mktemp(prefix="vitlarge-bench-fsdp-", suffix=".json")
-            mp.spawn(_worker, args=(world, launch._free_port(), plugin, tiny, out), nprocs=world, join=True)
+            mp.spawn(_worker, args=(world, launch.free_port(), plugin, tiny, out), nprocs=world, join=True)
             ranks[f"{plugin}/{world}"] = json.loads(Path(out).read_text())
             os.unlink(out)
     unsharded = ranks["ddp/1"][0]["total"]

@@ -143,7 +143,7 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
         "--nproc_per_node",
         "2",
         "--master_port",
-        str(launch._free_port()),
+        str(launch.free_port()),
     ]
     try:
         with tempfile.TemporaryDirectory(prefix="vitlarge-bench-launch-") as d:

@@ -145,5 +145,5 @@ def init_single_process_group() -> None:
     from vitlarge import launch
 
     if not dist.is_initialized():
-        env = launch.DistEnv(0, 1, 0, "127.0.0.1", launch._free_port(), "single")
+        env = launch.DistEnv(0, 1, 0, "127.0.0.1", launch.free_port(), "single")
         launch.init_distributed(env, "gloo")

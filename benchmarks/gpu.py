@@ -73,7 +73,7 @@ def init_process_group(device: torch.device) -> None:
     """World size 1 through vitlarge.launch, as train.py does (DDP needs a process group)."""
     from vitlarge import launch
 
-    env = launch.DistEnv(0, 1, 0, "127.0.0.1", launch._free_port(), "single")
+    env = launch.DistEnv(0, 1, 0, "127.0.0.1", launch.free_port(), "single")
     launch.init_distributed(env, "nccl" if device.type == "cuda" else "gloo")
 
 

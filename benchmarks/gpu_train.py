@@ -100,7 +100,7 @@ class EngineRun:
     def step(self) -> None:
         m = self.engine.step(self.steps, lambda: self.batch)
         self.steps += 1
-        self.skipped += bool(m["skipped"])
+        self.skipped += m.skipped
 
 
 class BareLoop:

@@ -120,7 +120,7 @@ def test_compiled_losses_follow_eager_over_300_steps():
         plan = make_plan(c, 1, 512)
         parts = build(c, plan, "cpu", booster=PlainBooster())
         batches = iter([(images[i : i + 32], labels[i : i + 32]) for _ in range(20) for i in range(0, 512, 32)])
-        losses[mode] = [float(parts.engine.step(s, lambda: next(batches))["loss"]) for s in range(300)]
+        losses[mode] = [float(parts.engine.step(s, lambda: next(batches)).loss) for s in range(300)]
     eager, compiled = losses["off"], losses["on"]
     assert eager[0] > 2.0 and eager[-1] < 0.5, eager[::50]  # it trains: the comparison means something
     worst = max(abs(a - b) for a, b in zip(eager, compiled))

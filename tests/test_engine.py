@@ -62,8 +62,8 @@ def test_accumulation_equals_one_big_batch():
     it = iter(parts)
     out_a = a.step(0, lambda: next(it))
     out_b = b.step(0, lambda: next(big))
-    assert out_a["grad_norm"] == pytest.approx(out_b["grad_norm"], rel=1e-4)
-    assert float(out_a["loss"]) == pytest.approx(float(out_b["loss"]), rel=1e-5)
+    assert out_a.grad_norm == pytest.approx(out_b.grad_norm, rel=1e-4)
+    assert float(out_a.loss) == pytest.approx(float(out_b.loss), rel=1e-5)
     for pa, pb in zip(params(a), params(b)):
         torch.testing.assert_close(pa, pb, rtol=1e-4, atol=1e-5)  # float re-association only
 
@@ -72,11 +72,11 @@ def test_fp16_overflow_skips_the_step_and_lowers_the_scale():
     engine = make_engine("fp16", init_scale=2.0**16)
     before = params(engine)
     out = engine.step(0, batches(4, 8, poison_at=2))
-    assert out["skipped"] and not math.isfinite(out["grad_norm"])
-    assert out["loss_scale"] == 2.0**16 and engine.precision.loss_scale == 2.0**15
+    assert out.skipped and not math.isfinite(out.grad_norm)
+    assert out.loss_scale == 2.0**16 and engine.precision.loss_scale == 2.0**15
     assert all(torch.equal(a, b) for a, b in zip(before, params(engine)))
     out = engine.step(1, batches(4, 8))
-    assert not out["skipped"] and math.isfinite(out["grad_norm"])
+    assert not out.skipped and math.isfinite(out.grad_norm)
     assert not all(torch.equal(a, b) for a, b in zip(before, params(engine)))
 
 
@@ -84,8 +84,8 @@ def test_fp16_grad_norm_is_measured_after_unscaling():
     """The logged norm is the true gradient norm (scale 2^16 removed), so clipping at 1.0 means 1.0."""
     fp16 = make_engine("fp16", clip=0.0).step(0, batches(4, 8))
     fp32 = make_engine("fp32", clip=0.0).step(0, batches(4, 8))
-    assert fp16["grad_norm"] == pytest.approx(fp32["grad_norm"], rel=0.05)
-    assert fp16["grad_norm"] < 100
+    assert fp16.grad_norm == pytest.approx(fp32.grad_norm, rel=0.05)
+    assert fp16.grad_norm < 100
 
 
 def test_clipping_bounds_the_update_norm():
@@ -93,7 +93,7 @@ def test_clipping_bounds_the_update_norm():
     moments differ, so compare the first-moment state, which is (1-beta1) * clipped grad after step 1."""
     engine = make_engine("fp32", clip=1e-3)
     out = engine.step(0, batches(4, 8))
-    assert out["grad_norm"] > 1e-3
+    assert out.grad_norm > 1e-3
     state = engine.torch_optimizer.state
     m = [state[p]["exp_avg"] for p in engine.model.parameters() if p in state]
     total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in m]))
@@ -104,11 +104,11 @@ def test_bf16_non_finite_gradients_skip_the_update():
     engine = make_engine("bf16")
     before = params(engine)
     out = engine.step(0, batches(4, 8, poison_at=0))
-    assert out["skipped"] and out["loss_scale"] == 1.0
+    assert out.skipped and out.loss_scale == 1.0
     assert all(torch.equal(a, b) for a, b in zip(before, params(engine)))
 
 
 def test_mixup_runs_on_soft_targets():
     engine = make_engine("bf16", mixup=0.2)
     out = engine.step(0, batches(4, 8))
-    assert math.isfinite(float(out["loss"])) and not out["skipped"]
+    assert math.isfinite(float(out.loss)) and not out.skipped

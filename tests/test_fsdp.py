@@ -151,7 +151,7 @@ def _reshard_probe(rank: int, world: int, port: int, ckpts: dict, out: str) -> N
             return source()
 
         stepped = parts.engine.step(0, next_batch)
-        found[name] = (stepped["grad_norm"], model_tensors(parts.model, rank), sorted(held - {("start", None)}))
+        found[name] = (stepped.grad_norm, model_tensors(parts.model, rank), sorted(held - {("start", None)}))
     if rank == 0:
         torch.save(found, out)
     dist.destroy_process_group()
@@ -349,7 +349,7 @@ def test_bf16_computes_in_bf16_with_fp32_layernorm_masters_and_states(process_gr
     f32 = str(torch.float32)
     assert norms.seen == {(f32, f32, f32)}  # ... and the normalisation computes in fp32
     assert set(seen["linear"]) == {(torch.bfloat16, torch.bfloat16)}
-    assert not out["skipped"] and out["loss_scale"] == 1.0
+    assert not out.skipped and out.loss_scale == 1.0
     opt = parts.engine.torch_optimizer
     assert type(opt).__name__ == "ShardedLamb"
     params = [p for g in opt.param_groups for p in g["params"]]
@@ -364,7 +364,7 @@ def test_fp16_sharded_scaler_skips_halves_and_grows_like_ddp(process_group):
     records = []
     for step in range(6):  # the scale doubles every finite step until fp16 overflows, then halves
         out = parts.engine.step(step, batches(2))
-        records.append({k: out[k] for k in ("skipped", "grad_norm", "loss_scale")})
+        records.append({k: getattr(out, k) for k in ("skipped", "grad_norm", "loss_scale")})
     assert_scaler_contract(records, growth_interval=1)
     assert any(r["skipped"] for r in records) and not all(r["skipped"] for r in records), records
 

@@ -94,7 +94,7 @@ def _bf16(rank: int) -> dict:
     with LayerNormDtypes() as norms:
         out = parts.engine.step(0, batches(rank))
     seen["norm_compute"] = norms.seen
-    return dict(seen=seen, skipped=out["skipped"], allreduce_calls=out["allreduce_calls"])
+    return dict(seen=seen, skipped=out.skipped, allreduce_calls=out.allreduce_calls)
 
 
 def _fp16_overflow_on_one_rank(rank: int) -> dict:
@@ -122,7 +122,7 @@ def _fp16_overflow_on_one_rank(rank: int) -> dict:
     for step in range(3):
         poisoned["step"] = step
         out = parts.engine.step(step, data)
-        records.append({k: out[k] for k in ("skipped", "loss_scale", "grad_norm")})
+        records.append({k: getattr(out, k) for k in ("skipped", "loss_scale", "grad_norm")})
         records[-1]["scale_after"] = scaler.get_scale()
         digests.append(digest(full_weights(parts.model)))
     return dict(records=records, digests=digests)
@@ -149,7 +149,7 @@ def _checkpointing(rank: int) -> dict:
 
         parts.engine.torch_optimizer.register_step_pre_hook(keep_grads)
         step = parts.engine.step(0, batches(rank))
-        out[ckpt] = dict(grad_norm=step["grad_norm"], grads=grads, weights=full_weights(parts.model))
+        out[ckpt] = dict(grad_norm=step.grad_norm, grads=grads, weights=full_weights(parts.model))
     return out
 
 

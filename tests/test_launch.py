@@ -174,8 +174,8 @@ def test_rendezvous_nobody_listens():
     code = textwrap.dedent("""
         import sys
         from vitlarge.errors import UserError
-        from vitlarge.launch import DistEnv, _free_port, init_distributed
-        port = _free_port()  # bound and released: nobody listens on it
+        from vitlarge.launch import DistEnv, free_port, init_distributed
+        port = free_port()  # bound and released: nobody listens on it
         try:
             init_distributed(DistEnv(1, 2, 1, "127.0.0.1", port, "test"), "gloo", timeout_s=2)
         except UserError as e:

@@ -17,6 +17,7 @@ import contextlib
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -73,6 +74,20 @@ def fsdp_reduce_every_micro_step(cfg: Config) -> bool:
     return mode == "reduce_scatter" or (mode == "auto" and precision != "fp32")
 
 
+@dataclass(frozen=True)
+class StepResult:
+    """What one optimizer step did. ``loss`` stays on the device (reading it waits for the step)."""
+
+    loss: torch.Tensor  # mean over the step's micro-batches, fp32, before loss scaling
+    lr: float
+    grad_norm: float  # after unscaling, before clipping; inf or nan on an overflowed step
+    loss_scale: float  # the fp16 scale the step ran with (1.0 without scaling)
+    skipped: bool  # the update was not applied (non-finite gradients)
+    data_time: float  # seconds spent waiting for the loader
+    # All-reduce calls a DDP comm hook saw; None under FSDP2, which reduce-scatters outside any hook.
+    allreduce_calls: int | None
+
+
 class Engine:
     """Owns the boosted model and optimizer; knows nothing about data sources, logging or checkpoints."""
 
@@ -107,7 +122,7 @@ class Engine:
             min_lr_ratio=s.min_lr_ratio,
         )
 
-    def step(self, step: int, next_batch: Callable[[], tuple]) -> dict:
+    def step(self, step: int, next_batch: Callable[[], tuple]) -> StepResult:
         self.model.train()
         opt, scaler = self.torch_optimizer, self.precision.scaler
         lr = self.lr(step)
@@ -143,14 +158,12 @@ class Engine:
         elif finite:
             opt.step()
         opt.zero_grad(set_to_none=True)
-        return dict(
+        return StepResult(
             loss=loss_sum / accum,
             lr=lr,
             grad_norm=grad_norm,
             loss_scale=scale,
             skipped=not finite,
             data_time=data_time,
-            # FSDP2 reduces through its own reduce-scatters (one per parameter group) that
-            # no DDP comm hook sees: None, not a count of 0 (docs/LOGS.md).
             allreduce_calls=None if self.fsdp else self.comm.calls - calls_before,
         )

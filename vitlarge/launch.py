@@ -99,7 +99,7 @@ def detect(env=None) -> DistEnv:
         source = "slurm"
     else:
         rank, world, local = 0, 1, 0
-        addr, port, source = "127.0.0.1", _free_port(), "single"
+        addr, port, source = "127.0.0.1", free_port(), "single"
     if world < 1 or not 0 <= rank < world:
         raise UserError(
             f"inconsistent launcher variables ({source}): rank {rank} with world size {world}; "
@@ -108,7 +108,7 @@ def detect(env=None) -> DistEnv:
     return DistEnv(rank, world, local, addr, port, source)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -120,7 +120,7 @@ class Trainer:
                 self._enter_phase()
             t0 = time.perf_counter()
             out = self.engine.step(self.step, lambda: next(self.train_loader))
-            loss, stop = self._sync(out["loss"])  # its .tolist() waits for the device: dt is the real step time
+            loss, stop = self._sync(out.loss)  # its .tolist() waits for the device: dt is the real step time
             self.step += 1
             dt = time.perf_counter() - t0
             batch = phase_at(plan, self.step - 1).global_batch if plan.phases else plan.global_batch
@@ -128,17 +128,17 @@ class Trainer:
                 step=self.step,
                 epoch=epoch_at(plan, self.step),
                 train_loss=loss,
-                lr=out["lr"],
-                grad_norm=out["grad_norm"],
-                loss_scale=out["loss_scale"],
-                skipped=out["skipped"],
+                lr=out.lr,
+                grad_norm=out.grad_norm,
+                loss_scale=out.loss_scale,
+                skipped=out.skipped,
                 images=batch,
                 step_time=dt,
-                data_time=out["data_time"],
+                data_time=out.data_time,
                 images_per_s=batch / dt,
                 images_per_s_per_device=batch / dt / plan.world_size,
                 peak_mem_bytes=peak_memory_bytes(self.device),
-                allreduce_calls=out["allreduce_calls"],
+                allreduce_calls=out.allreduce_calls,
             )
             self._emit(Event.STEP_END, m)
             if plan.eval_every_steps and self.step % plan.eval_every_steps == 0 and self.step < end:
