@@ -3,14 +3,14 @@
 Run: ``python -m benchmarks.bench_checkpoint_io [--root DIR]`` (CPU, gloo, ~5 min on 2 cores). Writes
 ``benchmarks/results/checkpoint_io.json`` and prints a table. ``--root`` points at another checkout's
 ``vitlarge`` (e.g. a ``git worktree`` of an older commit) to measure its checkpoint code with the same harness: the script
-calls only ``checkpoint.save`` / ``checkpoint.load``, whose signatures did not change.
+calls only ``store.save`` / ``store.load``, whose signatures did not change.
 
 Model: ViT-S/16 (timm ``vit_small_patch16_224`` at 32 px: 21.7M parameters, 87 MB fp32) with LAMB
-(two moments: 174 MB), as train.py builds it for ``train.plugin=ddp`` (plain module, `vitlarge.optim`)
-and ``train.plugin=fsdp`` (`vitlarge.fsdp.wrap`, ShardedLamb). One optimizer step, a save at 2 ranks, then
+(two moments: 174 MB), as train.py builds it for ``train.plugin=ddp`` (plain module, `vitlarge.optim.lamb`)
+and ``train.plugin=fsdp`` (`vitlarge.distributed.fsdp.wrap`, ShardedLamb). One optimizer step, a save at 2 ranks, then
 every load in a fresh set of processes (so the peaks do not mix).
 
-Measured per rank around ``checkpoint.load`` only:
+Measured per rank around ``store.load`` only:
 
 * ``read_MB``: ``rchar`` of ``/proc/self/io`` (bytes through read()/pread(), page cache or not), plus
   the size of every ``model.safetensors`` the rank loads: safetensors maps the file and copies each
@@ -52,13 +52,13 @@ def _rchar() -> int:
 def _build(plugin: str):
     import timm
 
-    from vitlarge.optim import build_optimizer
+    from vitlarge.optim.lamb import build_optimizer
 
     torch.manual_seed(0)
     model = timm.create_model("vit_small_patch16_224", **MODEL_KWARGS)
     opt = build_optimizer(model, "lamb", lr=1e-3, weight_decay=0.05)
     if plugin == "fsdp":  # as train.py builds it (the plugin shards, re-points and swaps the optimizer)
-        from vitlarge.fsdp import FSDPPlugin
+        from vitlarge.distributed.fsdp import FSDPPlugin
 
         return FSDPPlugin("fp32", torch.device("cpu")).configure(model, opt)[:2]
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -81,7 +81,7 @@ class _Booster(torch.nn.Module):
 
 
 def _cfg(model):
-    from vitlarge.config import load_recipe
+    from vitlarge.config.load import load_recipe
 
     cfg = load_recipe(HERE.parent / "recipes" / "demo_digits.py")
     cfg.model.name = "vit_small_patch16_224"
@@ -93,7 +93,7 @@ def _worker(rank: int, world: int, port: int, root: str, plugin: str, action: st
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    from vitlarge import checkpoint
+    from vitlarge.checkpoint import store
 
     model, opt = _build(plugin)
     cfg = _cfg(model)
@@ -103,14 +103,14 @@ def _worker(rank: int, world: int, port: int, root: str, plugin: str, action: st
         x, y = torch.randn(2, 3, 32, 32), torch.randint(0, 10, (2,))
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
-        checkpoint.save(workdir, 1, model, opt, scaler, None, cfg, keep=1)
+        store.save(workdir, 1, model, opt, scaler, None, cfg, keep=1)
     else:
         path = Path(action)
         mapped = (path / "model.safetensors").stat().st_size if (path / "model.safetensors").exists() else 0
         dist.barrier()
         Path(f"/proc/{os.getpid()}/clear_refs").write_text("5")  # VmHWM := VmRSS
         rss, rchar = _status("VmRSS"), _rchar()
-        checkpoint.load(path, model, opt, scaler, cfg)
+        store.load(path, model, opt, scaler, cfg)
         result = {"read_MB": (_rchar() - rchar + mapped) / 1e6, "peak_MB": (_status("VmHWM") - rss) / 1e6}
     gathered = [None] * world
     dist.all_gather_object(gathered, result)
@@ -122,7 +122,9 @@ def _worker(rank: int, world: int, port: int, root: str, plugin: str, action: st
 def _spawn(world, root, plugin, action, workdir, out):
     import socket
 
-    with socket.socket() as sock:  # a free port (vitlarge.launch has one, but the parent imports no vitlarge:
+    with (
+        socket.socket() as sock
+    ):  # a free port (vitlarge.distributed.launch has one, but the parent imports no vitlarge:
         sock.bind(("127.0.0.1", 0))  # the workers take it from --root)
         port = sock.getsockname()[1]
     mp.spawn(_worker, args=(world, port, root, plugin, action, str(workdir), str(out)), nprocs=world)

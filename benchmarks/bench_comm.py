@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
-from vitlarge.plugins import DDP_BUCKET_CAP_MB as BUCKET_CAP_MB
+from vitlarge.distributed.plugins import DDP_BUCKET_CAP_MB as BUCKET_CAP_MB
 
 ROOT = Path(__file__).resolve().parent.parent
 ACCUMULATIONS = (1, 4, 32)
@@ -38,7 +38,7 @@ WORLD = 2
 def demo_config(accum: int, tiny: bool, model: str = "demo"):
     """The demo recipe at ``accum`` micro-steps per optimizer step; ``model="vit_s16"`` swaps in
     ViT-S/16 (22M parameters, 88 MB of gradients: several 25 MB buckets) on 32 px images."""
-    from vitlarge.config import load_recipe
+    from vitlarge.config.load import load_recipe
 
     cfg = load_recipe(ROOT / "recipes" / "demo_digits.py")
     if model == "vit_s16":
@@ -56,10 +56,10 @@ def _worker(rank: int, port: int, steps: int, tiny: bool, out: str) -> None:
     import torch.distributed as dist
 
     from benchmarks.bench_train import build_engine
-    from vitlarge import launch
+    from vitlarge.distributed import launch, launcher
 
     torch.set_num_threads(1)
-    launch.init_distributed(launch.DistEnv(rank, WORLD, rank, "127.0.0.1", port, "bench"), "gloo")
+    launch.init_distributed(launcher.DistEnv(rank, WORLD, rank, "127.0.0.1", port, "bench"), "gloo")
     results = {}
     models = ("demo",) if tiny else ("demo", "vit_s16")
     for model, accum in [(m, a) for m in models for a in ACCUMULATIONS]:
@@ -119,13 +119,13 @@ def computed(name: str, **kwargs) -> dict:
 def run(quick: bool = True, tiny: bool = False) -> dict:
     import torch.multiprocessing as mp
 
-    from vitlarge import launch
+    from vitlarge.distributed import launcher
 
     tiny = common.is_tiny(tiny)
     steps = 2 if tiny else 3
     out = tempfile.mktemp(prefix="vitlarge-bench-comm-", suffix=".json")
-    mp.spawn(_worker, args=(launch.free_port(), steps, tiny, out), nprocs=WORLD, join=True)
-    from vitlarge.model import build_model
+    mp.spawn(_worker, args=(launcher.free_port(), steps, tiny, out), nprocs=WORLD, join=True)
+    from vitlarge.model.vit import build_model
 
     all_measured = json.loads(Path(out).read_text())
     os.unlink(out)

@@ -5,7 +5,7 @@ minutes on 2 cores). Writes ``benchmarks/results/compile.json``.
 
 ViT-S/16 at 64 px (17 tokens), micro-batch 32, fp32 (what ``precision: auto`` picks on a CPU without
 fp16/bf16 matrix units), LAMB, one process, Booster DDP on gloo world 1: two engines built by
-`vitlarge.build.build`, ``train.compile=off`` and ``on``. The first step of each is timed apart (the
+`vitlarge.train.assemble.build`, ``train.compile=off`` and ``on``. The first step of each is timed apart (the
 compiled one's is the compile time: Dynamo tracing, AOTAutograd, Inductor's C++ code generation and
 build, forward and backward); then both are timed step by step, interleaved, medians.
 """

@@ -4,7 +4,7 @@ Run: ``python -m benchmarks.bench_fsdp_accumulation [--quick] [--tiny]`` (~2 min
 ``benchmarks/results/fsdp_accumulation.json``. Not part of ``benchmarks.run``: run it on its own.
 
 World size 2 (gloo, CPU), fp32, 2 micro-steps of 2 images per optimizer step, the real engine
-(`vitlarge.build.build`). Models: the demo ViT and ViT-B/16 on 64 px images (``--tiny``: the demo
+(`vitlarge.train.assemble.build`). Models: the demo ViT and ViT-B/16 on 64 px images (``--tiny``: the demo
 only). Measured between the two micro-steps (inside the engine's ``next_batch`` call for the
 second one), on every rank: the bytes of gradient storage FSDP2 holds, each storage once: every
 parameter's unsharded gradient (``unsharded_accumulated_grad`` or the unsharded parameter's ``grad``,
@@ -29,7 +29,7 @@ MODES = ("no_sync", "reduce_scatter")
 
 
 def config(model: str, mode: str):
-    from vitlarge.config import load_recipe
+    from vitlarge.config.load import load_recipe
 
     cfg = load_recipe(ROOT / "recipes" / "demo_digits.py")
     if model != "demo":
@@ -65,10 +65,10 @@ def _worker(rank: int, port: int, model: str, mode: str, out: str) -> None:
     import torch.distributed as dist
 
     from benchmarks.bench_train import build_engine
-    from vitlarge import launch
+    from vitlarge.distributed import launch, launcher
 
     torch.set_num_threads(1)
-    launch.init_distributed(launch.DistEnv(rank, WORLD, rank, "127.0.0.1", port, "bench"), "gloo")
+    launch.init_distributed(launcher.DistEnv(rank, WORLD, rank, "127.0.0.1", port, "bench"), "gloo")
     cfg = config(model, mode)
     engine = build_engine(cfg, WORLD)
     g = torch.Generator().manual_seed(rank)
@@ -94,14 +94,14 @@ def _worker(rank: int, port: int, model: str, mode: str, out: str) -> None:
 def run(quick: bool = True, tiny: bool = False) -> dict:
     import torch.multiprocessing as mp
 
-    from vitlarge import launch
+    from vitlarge.distributed import launcher
 
     models = ("demo",) if common.is_tiny(tiny) else ("demo", "vit_base_patch16_224")
     ranks, summary = {}, {}
     for model in models:
         for mode in MODES:
             out = tempfile.mktemp(prefix="vitlarge-bench-accum-", suffix=".json")
-            mp.spawn(_worker, args=(launch.free_port(), model, mode, out), nprocs=WORLD, join=True)
+            mp.spawn(_worker, args=(launcher.free_port(), model, mode, out), nprocs=WORLD, join=True)
             ranks[f"{model}/{mode}"] = per_rank = json.loads(Path(out).read_text())
             os.unlink(out)
             summary[f"{model}/{mode}"] = {k: max(r[k] for r in per_rank) for k in ("between_micro_steps", "params")}

@@ -4,7 +4,7 @@ Run: ``python -m benchmarks.bench_fsdp_activations [--quick] [--tiny]`` (~2 min 
 ``benchmarks/results/fsdp_activations.json``. Not part of ``benchmarks.run``: run it on its own.
 
 Each rank builds ViT-S/16 on 128 px images (``--tiny``: the demo model) exactly as train.py does
-(`vitlarge.build.build`, fp32, LAMB, ``train.plugin=fsdp``) and runs one micro-step (forward,
+(`vitlarge.train.assemble.build`, fp32, LAMB, ``train.plugin=fsdp``) and runs one micro-step (forward,
 loss, backward) of 16 images. Two figures per setting, the settings run one after the other in
 fresh processes:
 
@@ -35,7 +35,7 @@ MICRO = 16
 
 
 def config(checkpointing: bool, tiny: bool):
-    from vitlarge.config import load_recipe
+    from vitlarge.config.load import load_recipe
 
     cfg = load_recipe(ROOT / "recipes" / "demo_digits.py")
     if not tiny:
@@ -53,10 +53,10 @@ def _worker(rank: int, port: int, checkpointing: bool, tiny: bool, out: str) -> 
     import torch.distributed as dist
 
     from benchmarks.bench_train import build_engine
-    from vitlarge import launch
+    from vitlarge.distributed import launch, launcher
 
     torch.set_num_threads(1)
-    launch.init_distributed(launch.DistEnv(rank, WORLD, rank, "127.0.0.1", port, "bench"), "gloo")
+    launch.init_distributed(launcher.DistEnv(rank, WORLD, rank, "127.0.0.1", port, "bench"), "gloo")
     cfg = config(checkpointing, tiny)
     engine = build_engine(cfg, WORLD)
     model = engine.model.unwrap()  # the FSDP root
@@ -91,13 +91,13 @@ def _worker(rank: int, port: int, checkpointing: bool, tiny: bool, out: str) -> 
 def run(quick: bool = True, tiny: bool = False) -> dict:
     import torch.multiprocessing as mp
 
-    from vitlarge import launch
+    from vitlarge.distributed import launcher
 
     tiny = common.is_tiny(tiny)
     ranks = {}
     for checkpointing in (False, True, False, True)[: 2 if quick else 4]:  # interleaved: shared-host noise
         out = tempfile.mktemp(prefix="vitlarge-bench-act-", suffix=".json")
-        mp.spawn(_worker, args=(launch.free_port(), checkpointing, tiny, out), nprocs=WORLD, join=True)
+        mp.spawn(_worker, args=(launcher.free_port(), checkpointing, tiny, out), nprocs=WORLD, join=True)
         ranks.setdefault(f"grad_checkpointing={checkpointing}", []).append(json.loads(Path(out).read_text()))
         os.unlink(out)
     fields = ("saved_for_backward", "params_saved", "peak_rss_growth", "peak_rss")

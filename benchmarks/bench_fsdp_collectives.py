@@ -3,7 +3,7 @@
 Run: ``python -m benchmarks.bench_fsdp_collectives [--quick] [--tiny]`` (~1 min on 2 cores). Writes
 ``benchmarks/results/fsdp_collectives.json``. Not part of ``benchmarks.run``: run it on its own.
 
-Each rank builds the model train.py builds (`vitlarge.build.build`, ``train.plugin=fsdp``, bf16,
+Each rank builds the model train.py builds (`vitlarge.train.assemble.build`, ``train.plugin=fsdp``, bf16,
 ``train.fsdp_accumulation=reduce_scatter``), takes one warm-up step (FSDP's lazy init), then counts
 the calls of ``torch.distributed.all_gather_into_tensor`` and ``all_gather`` (FSDP1's CPU path used
 the latter), ``reduce_scatter_tensor``, ``all_reduce`` and the functional ``all_reduce`` DTensor uses
@@ -38,7 +38,7 @@ PATCHED = (
 
 
 def config(model: str, accum: int):
-    from vitlarge.config import load_recipe
+    from vitlarge.config.load import load_recipe
 
     cfg = load_recipe(ROOT / "recipes" / "demo_digits.py")
     if model != "demo":
@@ -56,10 +56,10 @@ def _worker(rank: int, port: int, model: str, out: str) -> None:
     import torch.distributed._functional_collectives as funcol
 
     from benchmarks.bench_train import build_engine
-    from vitlarge import launch
+    from vitlarge.distributed import launch, launcher
 
     torch.set_num_threads(1)
-    launch.init_distributed(launch.DistEnv(rank, WORLD, rank, "127.0.0.1", port, "bench"), "gloo")
+    launch.init_distributed(launcher.DistEnv(rank, WORLD, rank, "127.0.0.1", port, "bench"), "gloo")
     counts, counting = Counter(), [False]
     for module, name, label in PATCHED:
         module = {"dist": dist, "funcol": funcol}[module]
@@ -96,13 +96,13 @@ def _worker(rank: int, port: int, model: str, out: str) -> None:
 def run(quick: bool = True, tiny: bool = False) -> dict:
     import torch.multiprocessing as mp
 
-    from vitlarge import launch
+    from vitlarge.distributed import launcher
 
     models = ("demo",) if common.is_tiny(tiny) else ("demo", "vit_small_patch16_224")
     summary = {}
     for model in models:
         out = tempfile.mktemp(prefix="vitlarge-bench-coll-", suffix=".json")
-        mp.spawn(_worker, args=(launch.free_port(), model, out), nprocs=WORLD, join=True)
+        mp.spawn(_worker, args=(launcher.free_port(), model, out), nprocs=WORLD, join=True)
         seen = json.loads(Path(out).read_text())
         os.unlink(out)
         one, two = seen["1"], seen["2"]

@@ -4,7 +4,7 @@ Run: ``python -m benchmarks.bench_fsdp_memory [--quick] [--tiny]`` (~2 min on 2 
 ``benchmarks/results/fsdp_memory.json``. Not part of ``benchmarks.run`` (yet): run it on its own.
 
 Each rank builds ViT-S/16 on 32 px images (22M parameters; ``--tiny``: the demo model) exactly as
-train.py does (`vitlarge.build.build`, fp32, LAMB) and takes 2 optimizer steps on in-memory
+train.py does (`vitlarge.train.assemble.build`, fp32, LAMB) and takes 2 optimizer steps on in-memory
 batches. The state bytes are measured directly, not inferred from RSS: in an optimizer-step
 pre-hook (the moment gradients, weights and LAMB moments all exist) we sum the bytes of this rank's
 parameter tensors (under FSDP2: the local pieces of its DTensors), their gradients and every tensor in
@@ -31,7 +31,7 @@ PLUGINS = ("ddp", "fsdp")
 
 
 def config(plugin: str, world: int, tiny: bool):
-    from vitlarge.config import load_recipe
+    from vitlarge.config.load import load_recipe
 
     cfg = load_recipe(ROOT / "recipes" / "demo_digits.py")
     if not tiny:
@@ -57,10 +57,10 @@ def _worker(rank: int, world: int, port: int, plugin: str, tiny: bool, out: str)
     import torch.distributed as dist
 
     from benchmarks.bench_train import build_engine
-    from vitlarge import launch
+    from vitlarge.distributed import launch, launcher
 
     torch.set_num_threads(1)
-    launch.init_distributed(launch.DistEnv(rank, world, rank, "127.0.0.1", port, "bench"), "gloo")
+    launch.init_distributed(launcher.DistEnv(rank, world, rank, "127.0.0.1", port, "bench"), "gloo")
     cfg = config(plugin, world, tiny)
     engine = build_engine(cfg, world)
     opt = engine.torch_optimizer
@@ -93,14 +93,14 @@ def _worker(rank: int, world: int, port: int, plugin: str, tiny: bool, out: str)
 def run(quick: bool = True, tiny: bool = False) -> dict:
     import torch.multiprocessing as mp
 
-    from vitlarge import launch
+    from vitlarge.distributed import launcher
 
     tiny = common.is_tiny(tiny)
     ranks = {}
     for plugin in PLUGINS:
         for world in WORLDS:
             out = tempfile.mktemp(prefix="vitlarge-bench-fsdp-", suffix=".json")
-            mp.spawn(_worker, args=(world, launch.free_port(), plugin, tiny, out), nprocs=world, join=True)
+            mp.spawn(_worker, args=(world, launcher.free_port(), plugin, tiny, out), nprocs=world, join=True)
             ranks[f"{plugin}/{world}"] = json.loads(Path(out).read_text())
             os.unlink(out)
     unsharded = ranks["ddp/1"][0]["total"]

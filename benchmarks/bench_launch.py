@@ -7,7 +7,7 @@ when none is up, and stops it again): ``python -m benchmarks.bench_launch [--qui
 Contenders, each ``train.py --config recipes/demo_digits.py`` for ``steps`` optimizer steps on one node:
 
 - ``srun``: ``srun -N 1 -n 2`` as a user types it, with no OMP_NUM_THREADS and no --cpus-per-task
-  (the issue's case): vitlarge.launch sizes each task's pools to usable cores / tasks on the node.
+  (the issue's case): vitlarge.distributed.launch sizes each task's pools to usable cores / tasks on the node.
 - ``colossalai``: ``colossalai run --nproc_per_node 2`` (torchrun exports OMP_NUM_THREADS=1).
 - ``srun_full_pools`` (not with ``--quick``): ``srun`` with OMP_NUM_THREADS set to the node's core count,
   which is what every task ran before vitlarge sized its pools (PyTorch's default pool is the physical
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
-from vitlarge import launch
+from vitlarge.distributed import launcher
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = ROOT / "scripts" / "slurm" / "local_cluster.sh"
@@ -143,7 +143,7 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
         "--nproc_per_node",
         "2",
         "--master_port",
-        str(launch.free_port()),
+        str(launcher.free_port()),
     ]
     try:
         with tempfile.TemporaryDirectory(prefix="vitlarge-bench-launch-") as d:

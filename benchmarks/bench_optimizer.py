@@ -25,7 +25,7 @@ def _optimizers() -> dict:
     import timm.optim
     from colossalai.nn.optimizer import Lamb as ColossalLamb
 
-    from vitlarge.optim import Lamb
+    from vitlarge.optim.lamb import Lamb
 
     kw = dict(lr=LR, weight_decay=WEIGHT_DECAY, eps=1e-6)
     return {

@@ -7,7 +7,7 @@ Same model, data and optimizer as ``bench_train`` (ViT-S/16 at 96 px, micro-batc
 process, Booster DDP on gloo world 1). Contenders, timed step by step, interleaved:
 ``fp32``, ``bf16``, ``fp16`` (with dynamic loss scaling; ``model.fused_attn=auto`` turns the fused
 SDPA attention off for fp16 on CPU, and the patch-embedding conv runs in fp32) and
-``fp16_conv_in_fp16`` (the conv left to autocast, as before ``vitlarge.model.Fp32Conv2d``: PyTorch
+``fp16_conv_in_fp16`` (the conv left to autocast, as before ``vitlarge.model.vit.Fp32Conv2d``: PyTorch
 2.5's fp16 conv backward on CPU is a slow fallback).
 The precision that is fastest on a GPU (bf16/fp16: tensor cores) need not be on a CPU: without AMX,
 low-precision matmuls run on AVX-512 and the casts autocast adds are pure overhead.
@@ -26,7 +26,7 @@ CONTENDERS = {  # name -> (train.precision, patch-embedding conv as vitlarge bui
     "fp32": ("fp32", True),
     "bf16": ("bf16", True),
     "fp16": ("fp16", True),
-    "fp16_conv_in_fp16": ("fp16", False),  # before vitlarge.model.Fp32Conv2d: plain Conv2d under autocast
+    "fp16_conv_in_fp16": ("fp16", False),  # before vitlarge.model.vit.Fp32Conv2d: plain Conv2d under autocast
 }
 
 

@@ -24,7 +24,7 @@ import tempfile
 
 import numpy as np
 
-from vitlarge.config import IMAGENET_TRAIN_EXAMPLES
+from vitlarge.constants import IMAGENET_TRAIN_EXAMPLES
 
 NEAR = 0.05  # "near": within 5% of the epoch of the previous position
 

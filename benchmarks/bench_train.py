@@ -7,7 +7,7 @@ Both sides train the same model (ViT-S/16 at 96 px, 1000 classes, micro-batch 32
 recipe dropouts), with vitlarge's LAMB, clipping at 1.0, on the same pre-made in-memory batches (no
 DALI on either side: this measures the loop, not the input):
 
-- ``vitlarge``: train.py's wiring, `vitlarge.build.build` (model, optimizer, ``Booster(TorchDDPPlugin)``)
+- ``vitlarge``: train.py's wiring, `vitlarge.train.assemble.build` (model, optimizer, ``Booster(TorchDDPPlugin)``)
   on a gloo process group of world size 1, ``Engine`` and ``Trainer.fit`` with the default hooks
   (metrics.jsonl, TensorBoard, NaN guard; no console) and the per-step loss all-reduce.
 - ``bare``: model, autocast, GradScaler, ``clip_grad_norm_``, ``optimizer.step()``; no DDP.
@@ -81,7 +81,8 @@ class StepTimer(Hook):
 
 def bench_config(tiny: bool, precision: str = "bf16", micro_batch: int = 32, image_size: int = 96):
     """The 32K recipe with a CPU-sized model: ViT-S/16 at 96 px (37 tokens), accumulation 1, no Mixup."""
-    from vitlarge.config import IMAGENET_TRAIN_EXAMPLES, load_recipe, validate
+    from vitlarge.config.load import load_recipe, validate
+    from vitlarge.constants import IMAGENET_TRAIN_EXAMPLES
 
     cfg = load_recipe(ROOT / "recipes" / "vit_b16.py")
     cfg.model.name = "vit_small_patch16_224"
@@ -109,9 +110,9 @@ def make_batches(cfg, n: int = 4, seed: int = 0) -> list:
 
 
 def build_engine(cfg, world_size: int = 1):
-    """The engine exactly as train.py builds it (`vitlarge.build.build`; process group already up)."""
-    from vitlarge.build import build
-    from vitlarge.config import make_plan
+    """The engine exactly as train.py builds it (`vitlarge.train.assemble.build`; process group already up)."""
+    from vitlarge.plan.plan import make_plan
+    from vitlarge.train.assemble import build
 
     return build(cfg, make_plan(cfg, world_size, cfg.data.num_train_examples), "cpu").engine
 
@@ -119,7 +120,7 @@ def build_engine(cfg, world_size: int = 1):
 def build_trainer(cfg, batches: list, workdir: str, timer: StepTimer):
     from hooks import build_hooks
     from vitlarge.events import RunInfo
-    from vitlarge.trainer import Trainer
+    from vitlarge.train.trainer import Trainer
 
     engine = build_engine(cfg)
     plan = engine.plan
@@ -127,16 +128,30 @@ def build_trainer(cfg, batches: list, workdir: str, timer: StepTimer):
     hooks = build_hooks(
         workdir, log_every=cfg.train.log_every_steps, nan_patience=cfg.train.nan_patience, console=False
     )
-    return Trainer(cfg, plan, engine, InMemoryLoader(batches), [], hooks + [timer], run_info)
+    return Trainer(cfg, plan, engine, OnePhase(InMemoryLoader(batches)), hooks + [timer], run_info)
+
+
+class OnePhase:
+    """The trainer's phase loaders for one phase of in-memory batches (no validation set)."""
+
+    def __init__(self, train):
+        self.train, self.entered = train, False
+
+    def changes_at(self, step: int) -> bool:
+        return not self.entered
+
+    def enter(self, step: int):
+        self.entered = True
+        return self.train, []
 
 
 class BareLoop:
     """What a user would write: autocast, GradScaler, clip_grad_norm_, step; no DDP, no schedule."""
 
     def __init__(self, cfg, batches: list):
-        from vitlarge.model import build_model
-        from vitlarge.optim import build_optimizer
-        from vitlarge.precision import DTYPES
+        from vitlarge.model.precision import DTYPES
+        from vitlarge.model.vit import build_model
+        from vitlarge.optim.lamb import build_optimizer
 
         torch.manual_seed(cfg.train.seed)
         self.model = build_model(cfg, "cpu")

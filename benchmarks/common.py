@@ -57,7 +57,7 @@ def cpu_model() -> str:
 
 def cpu_flags() -> list[str]:
     """The instruction-set flags that decide low-precision matmul speed (AMX is absent on many VMs)."""
-    from vitlarge.precision import cpu_flags as all_flags
+    from vitlarge.model.precision import cpu_flags as all_flags
 
     return sorted(f for f in all_flags() if f.startswith(("amx", "avx512_bf16", "avx512_fp16", "avx512f")))
 
@@ -139,11 +139,11 @@ def write_result(name: str, result: dict) -> Path:
 
 
 def init_single_process_group() -> None:
-    """gloo, world size 1, through vitlarge.launch as train.py does (no-op if already initialised)."""
+    """gloo, world size 1, through vitlarge.distributed.launch as train.py does (no-op if already initialised)."""
     import torch.distributed as dist
 
-    from vitlarge import launch
+    from vitlarge.distributed import launch, launcher
 
     if not dist.is_initialized():
-        env = launch.DistEnv(0, 1, 0, "127.0.0.1", launch.free_port(), "single")
+        env = launcher.DistEnv(0, 1, 0, "127.0.0.1", launcher.free_port(), "single")
         launch.init_distributed(env, "gloo")

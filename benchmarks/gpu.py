@@ -14,7 +14,7 @@ round by round, medians:
    vitlarge's engine (`gpu_train.EngineRun`) in fp16 and bf16 against a bare loop with timm's Lamb
    (`gpu_train.BareLoop`), and the bf16 engine with ``train.compile=on`` (``vitlarge_compiled_bf16``;
    compiled in its warm-up, not under ``--tiny``): images/s, step time, peak memory (each contender's own, above what the
-   others hold), MFU. Model FLOPs: 3 x the forward FLOPs that `vitlarge.model.describe_model` counts
+   others hold), MFU. Model FLOPs: 3 x the forward FLOPs that `vitlarge.model.vit.describe_model` counts
    (``FlopCounterMode`` on the meta device: every matmul, attention included); recomputation is
    not counted, as usual for MFU.
 3. ``optimizer``: the step alone (`gpu_optim`): ms per step, kernel launches and host syncs per step.
@@ -22,7 +22,7 @@ round by round, medians:
    largest micro-batch that fits (doubling until out of memory, then bisection), its images/s and
    peak memory, next to the recipe's micro-batch.
 
-The engine's Booster is Colossal-AI's (`vitlarge.build.build`, TorchDDPPlugin at world size 1) when
+The engine's Booster is Colossal-AI's (`vitlarge.train.assemble.build`, TorchDDPPlugin at world size 1) when
 Colossal-AI imports with the torch present, else `gpu_train.PlainBooster`; the output names the path.
 Nothing imported at module load needs Colossal-AI, DALI, TFRecord or crc32c. Writes ``gpu.json``
 (atomically, `benchmarks.common.write_result`) and ``gpu.md`` (the docs/PERFORMANCE.md section,
@@ -66,14 +66,14 @@ def choose_path(requested: str) -> tuple[str, str]:
             f"Colossal-AI does not import with torch {torch.__version__} "
             f"({type(e).__name__}: {str(e)[:120]}): vitlarge's Engine/LAMB/Precision without a Booster"
         )
-    return "colossalai", "Colossal-AI imports: vitlarge.build.build with Booster(TorchDDPPlugin), world size 1"
+    return "colossalai", "Colossal-AI imports: vitlarge.train.assemble.build with Booster(TorchDDPPlugin), world size 1"
 
 
 def init_process_group(device: torch.device) -> None:
-    """World size 1 through vitlarge.launch, as train.py does (DDP needs a process group)."""
-    from vitlarge import launch
+    """World size 1 through vitlarge.distributed.launch, as train.py does (DDP needs a process group)."""
+    from vitlarge.distributed import launch, launcher
 
-    env = launch.DistEnv(0, 1, 0, "127.0.0.1", launch.free_port(), "single")
+    env = launcher.DistEnv(0, 1, 0, "127.0.0.1", launcher.free_port(), "single")
     launch.init_distributed(env, "nccl" if device.type == "cuda" else "gloo")
 
 
@@ -155,7 +155,7 @@ def build_contenders(micro: int, s: dict, device, path: str, tiny: bool) -> tupl
 
 def train_section(device: torch.device, path: str, s: dict, peak: dict, tiny: bool) -> dict:
     from benchmarks.gpu_train import kit_config
-    from vitlarge.model import describe_model
+    from vitlarge.model.vit import describe_model
 
     micro, tries, made = s["micro"], [], None
     while micro >= 1:
@@ -265,8 +265,8 @@ def largest_fit(run, cfg, device, start: int, cap: int) -> tuple[int, list]:
 def large_section(device: torch.device, path: str, s: dict, peak: dict, tiny: bool, done=lambda out: None) -> dict:
     """ViT-L/16 then ViT-H/14; ``done(results so far)`` after each model (the caller saves them)."""
     from benchmarks.gpu_train import RECIPES, ROOT, EngineRun, kit_config, synthetic_batch
-    from vitlarge.config import load_recipe
-    from vitlarge.model import describe_model
+    from vitlarge.config.load import load_recipe
+    from vitlarge.model.vit import describe_model
 
     out = {}
     for recipe in ("vit_l16", "vit_h14"):
@@ -341,7 +341,7 @@ def run(device: torch.device, tiny: bool, path_request: str, only: tuple[str, ..
         "path": path,
         "path_why": why,
         "tiny": tiny,
-        "flops_method": "3 x forward FLOPs from vitlarge.model.describe_model (FlopCounterMode, meta device; "
+        "flops_method": "3 x forward FLOPs from vitlarge.model.vit.describe_model (FlopCounterMode, meta device; "
         "attention included, recomputation not)",
         "sections": list(only),
         "complete": False,

@@ -1,7 +1,7 @@
 """The optimizer step alone, for the GPU kit: vitlarge's LAMB vs timm's Lamb vs Colossal-AI's Lamb.
 
 Each optimizer owns a copy of ViT-B/16's fp32 parameters (the recipe's no-decay groups from
-`vitlarge.optim.param_groups`) with the same random gradients; steps are timed interleaved, one
+`vitlarge.optim.lamb.param_groups`) with the same random gradients; steps are timed interleaved, one
 optimizer after the other (`benchmarks.gpu_device.interleaved`), medians reported. Launches per
 step come from ``torch.profiler`` over a few steps (`count_events`): on CUDA the GPU kernels it
 records (copies and memsets left out), the host's kernel-launch API calls, and the host's waits on
@@ -30,7 +30,7 @@ def factories(cfg) -> tuple[dict, dict]:
     """``({name: make(param_groups)}, {name: why it was left out})``, same hyper-parameters for all."""
     import timm.optim
 
-    from vitlarge.optim import Lamb
+    from vitlarge.optim.lamb import Lamb
 
     o = cfg.optim
     kw = dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
@@ -118,8 +118,8 @@ def launches(opt, device: torch.device, steps: int) -> dict:
 
 
 def run(cfg, device: torch.device, rounds: int, profile_steps: int) -> dict:
-    from vitlarge.model import build_model
-    from vitlarge.optim import param_groups
+    from vitlarge.model.vit import build_model
+    from vitlarge.optim.lamb import param_groups
 
     torch.manual_seed(0)
     model = build_model(cfg, device)

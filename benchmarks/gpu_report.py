@@ -19,7 +19,7 @@ HOW = [
     "(halved until it fits), accumulation 4: vitlarge's engine (autocast, GradScaler for fp16, clipping after "
     "unscale, vitlarge's LAMB with the no-decay groups) in fp16 and bf16 against a bare PyTorch loop with timm's "
     "Lamb on the same no-decay groups, and the bf16 engine with `train.compile=on` (`vitlarge_compiled_bf16`, compiled during its warm-up; left eager under `--tiny`, where the row says so): images/s, step time, peak memory, optimizer steps skipped by the fp16 scaler "
-    "among the timed ones, MFU (model FLOPs = 3 x the forward FLOPs `vitlarge.model.describe_model` "
+    "among the timed ones, MFU (model FLOPs = 3 x the forward FLOPs `vitlarge.model.vit.describe_model` "
     "counts, attention included, recomputation not); (3) the optimizer step alone: vitlarge's LAMB, timm's and "
     "Colossal-AI's (where it imports), ms, kernel launches and host syncs (device-to-host waits) per step; (4) ViT-L/16 and ViT-H/14 with activation "
     "checkpointing in bf16: the largest micro-batch that fits, images/s and memory, next to the recipe's micro-batch. "

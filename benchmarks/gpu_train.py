@@ -1,9 +1,9 @@
 """The training contenders of the GPU kit (benchmarks/gpu.py): vitlarge's engine and a bare PyTorch loop.
 
-Both train the same timm ViT (`vitlarge.model.build_model`, the recipe's dropouts, fused attention
+Both train the same timm ViT (`vitlarge.model.vit.build_model`, the recipe's dropouts, fused attention
 on CUDA) on one synthetic batch already on the device, so the figure is the compute side only:
 
-- ``EngineRun``: what train.py runs per optimizer step, built by `vitlarge.build.build`
+- ``EngineRun``: what train.py runs per optimizer step, built by `vitlarge.train.assemble.build`
   (autocast, GradScaler for fp16, accumulation micro-steps, global-norm clipping after unscale,
   vitlarge's LAMB with the no-decay groups, the lr schedule), with ``train.compile`` off or on. Its Booster is Colossal-AI's
   (TorchDDPPlugin at world size 1) when Colossal-AI imports, else `PlainBooster`.
@@ -31,7 +31,7 @@ TINY_MODEL = dict(depth=2, embed_dim=64, num_heads=2)  # --tiny: same code, a mo
 
 
 class PlainBooster:
-    """What `vitlarge.engine.Engine` uses of Colossal-AI's Booster, on one device without it.
+    """What `vitlarge.train.engine.Engine` uses of Colossal-AI's Booster, on one device without it.
 
     At world size 1 DDP's only effect is its bucketed all-reduce with itself, so leaving the model
     unwrapped measures the same compute; ``no_sync`` then has nothing to suppress."""
@@ -51,7 +51,8 @@ def kit_config(recipe: str, precision: str, micro_batch: int, accum_steps: int, 
     (the same timm call on both sides, left out of both), plugin ddp (one device: fsdp would shard nothing).
     ``train.compile`` is set, never ``auto`` (which is on with CUDA): the eager rows stay eager and the
     compiled contender says so in its name."""
-    from vitlarge.config import IMAGENET_TRAIN_EXAMPLES, load_recipe, validate
+    from vitlarge.config.load import load_recipe, validate
+    from vitlarge.constants import IMAGENET_TRAIN_EXAMPLES
 
     cfg = load_recipe(ROOT / "recipes" / f"{recipe}.py")
     if tiny:
@@ -83,8 +84,8 @@ class EngineRun:
     """vitlarge's engine exactly as train.py builds it (one builder), on synthetic data."""
 
     def __init__(self, cfg, device: torch.device, path: str):
-        from vitlarge.build import build
-        from vitlarge.config import make_plan
+        from vitlarge.plan.plan import make_plan
+        from vitlarge.train.assemble import build
 
         plan = make_plan(cfg, 1, cfg.data.num_train_examples)
         parts = build(cfg, plan, device, booster=None if path == "colossalai" else PlainBooster())
@@ -109,13 +110,13 @@ class BareLoop:
     def __init__(self, cfg, device: torch.device):
         import timm.optim
 
-        from vitlarge.model import build_model
-        from vitlarge.precision import DTYPES
+        from vitlarge.model.precision import DTYPES
+        from vitlarge.model.vit import build_model
 
         torch.manual_seed(cfg.train.seed)
         self.model = build_model(cfg, device)
         o = cfg.optim
-        # the model's no-decay names (pos_embed, cls_token) as in vitlarge.optim.param_groups: like for like
+        # the model's no-decay names (pos_embed, cls_token) as in vitlarge.optim.lamb.param_groups: like for like
         groups = timm.optim.param_groups_weight_decay(
             self.model, o.weight_decay, no_weight_decay_list=self.model.no_weight_decay()
         )

@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 
 from benchmarks import common, gpu_report
-from vitlarge.config import IMAGENET_TRAIN_EXAMPLES
+from vitlarge.constants import IMAGENET_TRAIN_EXAMPLES
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -449,7 +449,7 @@ def launch_section(d: dict | None):
         "|---|---:|---:|---|",
     ]
     names = {
-        "srun": "`srun -N 1 -n 2` (pools sized by vitlarge.launch)",
+        "srun": "`srun -N 1 -n 2` (pools sized by vitlarge.distributed.launch)",
         "colossalai": "`colossalai run --nproc_per_node 2`",
         "srun_full_pools": "`srun -N 1 -n 2`, OMP_NUM_THREADS = all cores (the pools before)",
     }
@@ -473,7 +473,7 @@ def launch_section(d: dict | None):
 
 
 COMPILE_NOTES = [
-    "What `train.compile=on` does and guarantees (`vitlarge/build.py`, tests/test_compile.py): the model's forward is "
+    "What `train.compile=on` does and guarantees (`vitlarge/train/assemble.py`, tests/test_compile.py): the model's forward is "
     "compiled in place (`nn.Module.compile`, before the Booster), so parameter names, checkpoints, the export and "
     "`model.init_from` are the plain model's; shapes are static (`dynamic=False`): one graph per phase for training and "
     "two for evaluation (full and last partial batch), compiled once each and reused (a 2-phase run with 3 evaluations: "
@@ -496,7 +496,7 @@ def compile_section(d: dict | None) -> list[str]:
     lines = [
         title,
         f"`benchmarks/bench_compile.py`: {d['model']} at {d['image_size']} px, micro-batch {d['micro_batch']}, "
-        f"{d['precision']}, LAMB, one process, {d['threads']} threads, engines built by `vitlarge.build.build` with "
+        f"{d['precision']}, LAMB, one process, {d['threads']} threads, engines built by `vitlarge.train.assemble.build` with "
         f"`train.compile` off and on; {d['rounds']} interleaved rounds of {d['steps_per_round']} step(s), medians. "
         f"Compiling ({d['graphs']} graph, forward and backward) took **{d['compile_s']:.0f} s** (the compiled "
         "engine's first step minus the eager one's). "
@@ -536,7 +536,7 @@ def precision_section(d: dict | None, img: Path, plt):
         "## 6. Precision\n",
         f"`benchmarks/bench_precision.py`: the same model and Engine as section 3, {d['rounds']} interleaved rounds of "
         f"{d['steps_per_round']} step(s) (medians). `fp16` is what vitlarge builds for fp16 on CPU: unfused attention "
-        "(`model.fused_attn=auto`) and the patch-embedding conv in fp32 (`vitlarge.model.Fp32Conv2d`); "
+        "(`model.fused_attn=auto`) and the patch-embedding conv in fp32 (`vitlarge.model.vit.Fp32Conv2d`); "
         "`fp16_conv_in_fp16` leaves that conv to autocast, as before the fix: PyTorch 2.5's fp16 convolution "
         "backward on CPU is a slow fallback that took 78% of the step.\n",
         "| precision | s/step (wall) | CPU s/step | images/s (wall) | images/s (CPU) | vs fp32 (wall / CPU) |",
@@ -715,7 +715,7 @@ def generate(results: Path | None = None, out: Path | None = None, img: Path | N
         )
     head += [
         "Findings that changed code or settings:\n",
-        "- **fp16 on CPU: the patch-embedding convolution now runs in fp32** (`vitlarge.model.Fp32Conv2d`). PyTorch "
+        "- **fp16 on CPU: the patch-embedding convolution now runs in fp32** (`vitlarge.model.vit.Fp32Conv2d`). PyTorch "
         "2.5's fp16 convolution backward on CPU is a slow fallback: it took 78% of an fp16 ViT-S/16 step; with the "
         "conv in fp32 the step is ~5x faster (section 6). This affects `make demo` (fp16 on 2 CPU processes).",
         "- **OpenMP wait policy on a shared CPU.** With libgomp's default policy, 2 threads on 2 cores that other "

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from vitlarge.events import EvalMetrics, Hook, RunInfo, StepMetrics
-from vitlarge.metrics import FILENAME, read_metrics  # noqa: F401 (read_metrics re-exported)
+from vitlarge.report.metrics_log import FILENAME, read_metrics  # noqa: F401 (read_metrics re-exported)
 
 
 def _finite_or_none(x: Any) -> Any:
@@ -56,15 +56,16 @@ class JsonlHook(Hook):
         if needs_newline:
             self._file.write("\n")
         p = run.plan
+        ph = p.phase_at(run.start_step)  # the phase this run starts (or resumes) in
         self._write(
             {
                 "event": "start",
                 "step": run.start_step,
                 "world_size": p.world_size,
-                "global_batch": p.global_batch,
-                "micro_batch": p.micro_batch,
-                "accum_steps": p.accum_steps,
-                "steps_per_epoch": p.steps_per_epoch,
+                "global_batch": ph.global_batch,
+                "micro_batch": ph.micro_batch,
+                "accum_steps": ph.accum_steps,
+                "steps_per_epoch": ph.steps_per_epoch,
                 "total_steps": p.total_steps,
                 "warmup_steps": p.warmup_steps,
                 "config": run.cfg.to_dict(),

@@ -3,7 +3,7 @@
 Main rank only, after the final evaluation (so the picture holds it). It reads back what
 `JsonlHook` wrote, so it must come after that hook in the list. A failure to draw is one warning
 line, never a failed run: the model and checkpoints matter more than the picture, which
-``python -m vitlarge.plot WORKDIR`` can redraw at any time.
+``python -m vitlarge.report.plot WORKDIR`` can redraw at any time.
 """
 
 from __future__ import annotations
@@ -21,12 +21,14 @@ class PlotHook(Hook):
     def on_train_end(self, run: RunInfo, summary: EvalMetrics) -> None:
         if not run.is_main:
             return
-        from vitlarge.plot import plot_run
+        from vitlarge.report.plot import plot_run
 
         log = logging.getLogger("vitlarge")
         try:
             self.path = str(plot_run(self.workdir))
         except Exception as e:  # noqa: BLE001 (whatever breaks the drawing must not fail a finished run)
-            log.warning(f"warning: no picture of the run ({e}); draw it with python -m vitlarge.plot {self.workdir}")
+            log.warning(
+                f"warning: no picture of the run ({e}); draw it with python -m vitlarge.report.plot {self.workdir}"
+            )
             return
         log.info(f"plot  {self.path}")

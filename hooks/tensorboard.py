@@ -19,7 +19,7 @@ import math
 import os
 
 from vitlarge.events import EvalMetrics, Hook, RunInfo, StepMetrics
-from vitlarge.metrics import TB_DIRNAME
+from vitlarge.report.metrics_log import TB_DIRNAME
 
 
 class TensorBoardHook(Hook):

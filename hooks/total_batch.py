@@ -21,24 +21,24 @@ class TotalBatchHook(Hook):
         if not run.is_main:
             return
         p = run.plan
+        ph = p.phase_at(run.start_step)  # the phase this run starts (or resumes) in
         log.info(
             "total batch size = %d = %d (micro) x %d (accumulation) x %d (devices)",
-            p.global_batch,
-            p.micro_batch,
-            p.accum_steps,
+            ph.global_batch,
+            ph.micro_batch,
+            ph.accum_steps,
             p.world_size,
         )
-        if p.global_batch != p.micro_batch * p.accum_steps * p.world_size:
+        if ph.global_batch != ph.micro_batch * ph.accum_steps * p.world_size:
             # The config validates this; a mismatch here means the Plan was built wrongly.
             log.warning("the plan is inconsistent: global_batch != micro_batch x accum_steps x world_size")
-        spe = max(p.steps_per_epoch, 1)
         log.info(
             "steps per epoch = %d, total steps = %d (%.1f epochs), warmup steps = %d (%.1f epochs)",
-            p.steps_per_epoch,
+            ph.steps_per_epoch,
             p.total_steps,
-            p.total_steps / spe,
+            p.epoch_at(p.total_steps),
             p.warmup_steps,
-            p.warmup_steps / spe,
+            p.epoch_at(p.warmup_steps),
         )
         if run.start_step > 0:
             log.info("resuming at step %d of %d", run.start_step, p.total_steps)

@@ -4,7 +4,7 @@
     colossalai run --nproc_per_node 2 train.py --config recipes/demo_digits_ft24.py
 
 ``model.init_from`` loads the export's weights and resamples the position embedding from the 4x4
-to the 6x6 token grid (vitlarge/init_from.py); the classifier is kept (same 10 classes). The
+to the 6x6 token grid (vitlarge/checkpoint/init_from.py); the classifier is kept (same 10 classes). The
 hyper-parameters follow the high-resolution fine-tunes of recipes/vit_b16_ft384.py at toy scale: a
 small lr (a tenth of the demo's) with a short warmup and cosine decay, tiny weight decay, no Mixup,
 gentle crops; the optimizer stays the demo's LAMB. Evaluated

@@ -3,7 +3,7 @@
     colossalai run --nproc_per_node 2 train.py --config recipes/demo_digits_progressive.py
 
 Same model, data, global batch 128, optimizer, lr schedule and 60 epochs as recipes/demo_digits.py;
-the resolution changes in phases (fast.ai/DIUx imagenet18 style, vitlarge/phases.py): 8 px (2x2
+the resolution changes in phases (fast.ai/DIUx imagenet18 style, vitlarge/plan/phases.py): 8 px (2x2
 tokens) for epochs 0-20, 12 px (3x3) for 20-36, 16 px (4x4) for the last 24 epochs, with gentler
 crops there (crop_scale 0.8-1, as fast.ai's last phase). Low-resolution steps are cheap, so their
 per-step overhead dominates: those phases take bigger micro batches (64 and 32 images, accumulation

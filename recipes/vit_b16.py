@@ -13,7 +13,7 @@ stepping the lr once per epoch (39 optimizer steps at one lr). We keep that shap
 its accuracy was measured with, but step it every optimizer step: 5,850 warmup steps, 11,700 total.
 """
 
-from vitlarge.config import Config
+from vitlarge.config.schema import Config
 
 
 def config() -> Config:

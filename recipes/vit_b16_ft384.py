@@ -4,12 +4,12 @@
     colossalai run --nproc_per_node 4 train.py --config recipes/vit_b16_ft384.py --data /data/imagenet-tfrecord
 
 ``model.init_from`` loads runs/vit_b16/model (weights only) and resamples the position embedding
-from 14x14 to 24x24 tokens (vitlarge/init_from.py); the classifier is kept (same 1000 classes).
+from 14x14 to 24x24 tokens (vitlarge/checkpoint/init_from.py); the classifier is kept (same 1000 classes).
 Hyper-parameters, after the published high-resolution fine-tunes:
 
 * NVIDIA's VOLO training (github.com/NVIDIA/DeepLearningExamples, and Yuan et al. 2021, "VOLO"): fine-tune
   224 -> 384/448/512 from the pretrained weights with a small batch, lr 2.3e-5, weight decay 1e-8,
-  5 warmup epochs, 30 epochs (values as quoted in vitlarge issue 13).
+  5 warmup epochs, 30 epochs.
 * DeiT (Touvron et al. 2021, github.com/facebookresearch/deit README, "fine-tuning at 384"): AdamW,
   lr 5e-6 per 512 images, weight decay 1e-8, 30 epochs, evaluation at crop_pct 1.0 for 384 px.
 * Touvron et al. 2019, "Fixing the train-test resolution discrepancy" (FixRes): fine-tuning at the test

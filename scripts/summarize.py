@@ -3,8 +3,8 @@
 import sys
 from pathlib import Path
 
-from vitlarge.export import EXPORT_DIR
-from vitlarge.metrics import FILENAME, PLOT_FILENAME, TB_DIRNAME, read_metrics
+from vitlarge.checkpoint.export import EXPORT_DIR
+from vitlarge.report.metrics_log import FILENAME, PLOT_FILENAME, TB_DIRNAME, read_metrics
 
 
 def main(workdir: str) -> int:

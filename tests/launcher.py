@@ -116,7 +116,7 @@ def wait_for(predicate, timeout: float, proc: subprocess.Popen | None = None, po
 
 def final_weights(workdir: Path) -> dict[str, torch.Tensor]:
     """The exported weights (``<workdir>/model/model.safetensors``) of a finished run."""
-    from vitlarge.export import EXPORT_DIR
+    from vitlarge.checkpoint.export import EXPORT_DIR
 
     return load_file(str(workdir / EXPORT_DIR / "model.safetensors"))
 

@@ -50,15 +50,15 @@ class PoisonedBatches:
 
 def main(argv: list[str]) -> int:
     import train
-    from vitlarge.data import build
+    from vitlarge.data import sources
 
-    steps, real = poisoned_steps(argv[0]), build.train_loader
+    steps, real = poisoned_steps(argv[0]), sources.train_loader
 
     def train_loader(cfg, rank, world_size, *args, **kwargs):
         accum = cfg.train.global_batch // (cfg.train.micro_batch * world_size)
         return PoisonedBatches(real(cfg, rank, world_size, *args, **kwargs), steps, accum)
 
-    build.train_loader = train_loader  # train.run imports it from vitlarge.data.build at call time
+    sources.train_loader = train_loader  # train.run imports it from vitlarge.data.sources at call time
     return train.main(argv[1:])
 
 

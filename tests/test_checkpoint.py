@@ -1,4 +1,4 @@
-"""vitlarge/checkpoint.py in one process: layout, exact resume, pruning, atomicity, export.
+"""vitlarge/checkpoint/store.py in one process: layout, exact resume, pruning, atomicity, export.
 
 Uses the demo recipe's 0.46M-parameter ViT, the project's LAMB and a CPU GradScaler.
 """
@@ -20,12 +20,12 @@ import timm
 import torch
 from safetensors.torch import load_file
 
-from vitlarge import checkpoint, sharded_checkpoint
-from vitlarge.config import load_recipe
+from vitlarge.checkpoint import sharded, store
+from vitlarge.checkpoint.export import export
+from vitlarge.config.load import load_recipe
 from vitlarge.errors import UserError
-from vitlarge.export import export
-from vitlarge.model import build_model
-from vitlarge.optim import build_optimizer
+from vitlarge.model.vit import build_model
+from vitlarge.optim.lamb import build_optimizer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -69,12 +69,12 @@ def trained(cfg, steps=2):
 
 
 def save(workdir, step, model, opt, scaler, cfg, keep=3, data="loader-state"):
-    return checkpoint.save(workdir, step, model, opt, scaler, data, cfg, keep=keep)
+    return store.save(workdir, step, model, opt, scaler, data, cfg, keep=keep)
 
 
 def weights(path: Path) -> dict:
     """A checkpoint's full weights, read on this process (as evaluate and init_from do)."""
-    return checkpoint.weights_of(path, checkpoint.read_meta(path))
+    return store.weights_of(path, store.read_meta(path))
 
 
 def optimizer_state(path: Path) -> dict:
@@ -85,7 +85,7 @@ def optimizer_state(path: Path) -> dict:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "assuming the intent is to load in a single process"
-        return _load_state_dict_from_keys(storage_reader=sharded_checkpoint.Reader(path))["optimizer"]
+        return _load_state_dict_from_keys(storage_reader=sharded.Reader(path))["optimizer"]
 
 
 LAYOUT = [".metadata", "__0_0.distcp", "meta.json", "rank_00000.pt"]
@@ -98,11 +98,11 @@ def test_layout(tmp_path, cfg):
     assert sorted(p.name for p in path.iterdir()) == LAYOUT
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_0000100"]  # no .tmp left
     meta = json.loads((path / "meta.json").read_text())
-    assert meta["format_version"] == checkpoint.FORMAT_VERSION
+    assert meta["format_version"] == store.FORMAT_VERSION
     assert (meta["step"], meta["world_size"], meta["model"]) == (100, 1, "vit_tiny_patch16_224")
     assert meta["param_shapes"]["pos_embed"] == [1, 17, 96]
     assert meta["config"] == json.loads(json.dumps(cfg.to_dict()))
-    assert checkpoint.read_meta(path)["step"] == 100
+    assert store.read_meta(path)["step"] == 100
     assert meta["optimizer_state"] is True
     assert set(weights(path)) == set(model.state_dict())
     # Every file's size and CRC32C (DCP's included), computed here independently of vitlarge.fileio.
@@ -110,16 +110,17 @@ def test_layout(tmp_path, cfg):
     for name, record in meta["files"].items():
         data = (path / name).read_bytes()
         assert record == {"bytes": len(data), "crc32c": f"{crc32c.crc32c(data):08x}"}
-    assert checkpoint.verify(path) is None
+    assert store.verify(path) is None
 
 
 SAVE_ONE = """
 import sys, torch
-from vitlarge import checkpoint, sharded_checkpoint
-from vitlarge.config import Config
+from vitlarge.checkpoint import store
+from vitlarge.checkpoint import sharded
+from vitlarge.config.schema import Config
 model = torch.nn.Linear(4, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-checkpoint.save(sys.argv[1], 1, model, opt, torch.amp.GradScaler("cpu"), None, Config(), keep=2)
+store.save(sys.argv[1], 1, model, opt, torch.amp.GradScaler("cpu"), None, Config(), keep=2)
 """
 
 
@@ -211,7 +212,7 @@ def test_load_restores_weights_optimizer_scaler_and_rng(tmp_path, cfg):
     model2, opt2, scaler2 = make(cfg, seed=1)  # other weights, empty optimizer, initial scale
     assert not torch.equal(model2.pos_embed, model.pos_embed)
     torch.manual_seed(7), np.random.seed(7), random.seed(7)
-    state = checkpoint.load(path, model2, opt2, scaler2, cfg)
+    state = store.load(path, model2, opt2, scaler2, cfg)
     assert (state["step"], state["data"], state["same_world"]) == (2, "loader-state", True)
     assert draw() == after_save
 
@@ -219,7 +220,7 @@ def test_load_restores_weights_optimizer_scaler_and_rng(tmp_path, cfg):
     assert all(torch.equal(v, saved[k]) for k, v in model2.state_dict().items())
     assert scaler2.get_scale() == 2.0**12
     s1 = optimizer_state(path)["state"]
-    names = sharded_checkpoint.param_names(model2, opt2)
+    names = sharded.param_names(model2, opt2)
     s2 = {names[i]: s for i, s in opt2.state_dict()["state"].items()}
     assert s1.keys() == s2.keys()
     for k in s1:
@@ -227,7 +228,7 @@ def test_load_restores_weights_optimizer_scaler_and_rng(tmp_path, cfg):
         assert all(torch.equal(torch.as_tensor(s1[k][n]), torch.as_tensor(s2[k][n])) for n in s1[k])
 
     # The same continuation from the restored state lands on bitwise the same weights.
-    checkpoint.load(path, model2, opt2, scaler2, cfg)
+    store.load(path, model2, opt2, scaler2, cfg)
     train_step(model2, opt2, scaler2, seed=99)
     assert all(torch.equal(v, reference[k]) for k, v in model2.state_dict().items())
 
@@ -238,18 +239,18 @@ def test_scaler_state_follows_the_precision_of_each_run(tmp_path, cfg, caplog):
     model, opt, _ = trained(cfg)
     path = save(tmp_path, 1, model, opt, torch.amp.GradScaler("cpu", enabled=False), cfg)
     fp16 = torch.amp.GradScaler("cpu", init_scale=2.0**12)
-    checkpoint.load(path, *make(cfg)[:2], fp16, cfg)
+    store.load(path, *make(cfg)[:2], fp16, cfg)
     assert fp16.get_scale() == 2.0**12 and "the loss scale starts at its initial value" in caplog.text
     m2, o2, scaler = make(cfg)
     path = save(tmp_path, 2, model, opt, scaler, cfg)
-    checkpoint.load(path, m2, o2, torch.amp.GradScaler("cpu", enabled=False), cfg)  # no error
+    store.load(path, m2, o2, torch.amp.GradScaler("cpu", enabled=False), cfg)  # no error
 
 
 def test_keep_newest_n(tmp_path, cfg):
     model, opt, scaler = make(cfg)
     for step in (100, 200, 300, 400, 500):
         save(tmp_path, step, model, opt, scaler, cfg, keep=2)
-    names = [p.name for p in checkpoint.list_checkpoints(tmp_path)]
+    names = [p.name for p in store.list_checkpoints(tmp_path)]
     assert names == ["step_0000400", "step_0000500"]
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == names
 
@@ -260,33 +261,33 @@ def test_pruning_never_removes_the_checkpoint_just_written(tmp_path, cfg):
     for step in (1, 2, 10):
         save(tmp_path, step, model, opt, scaler, cfg, keep=5)
     new = save(tmp_path, 3, model, opt, scaler, cfg, keep=1)
-    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["step_0000003", "step_0000010"]
-    assert checkpoint.verify(new) is None
+    assert [p.name for p in store.list_checkpoints(tmp_path)] == ["step_0000003", "step_0000010"]
+    assert store.verify(new) is None
 
 
 def test_steps_sort_numerically_past_seven_digits(tmp_path, cfg):
     model, opt, scaler = make(cfg)
     for step in (9_999_999, 10_000_000):
         save(tmp_path, step, model, opt, scaler, cfg, keep=5)
-    assert checkpoint.latest(tmp_path).name == "step_10000000"
+    assert store.latest(tmp_path).name == "step_10000000"
 
 
 def test_latest_ignores_incomplete_folders_and_save_removes_stale_tmp(tmp_path, cfg):
-    assert checkpoint.latest(tmp_path) is None
+    assert store.latest(tmp_path) is None
     model, opt, scaler = make(cfg)
     save(tmp_path, 5, model, opt, scaler, cfg)
     root = tmp_path / "checkpoints"
     (root / ".step_0000009.tmp").mkdir()  # a run killed mid-write
     (root / ".step_0000009.tmp" / "__0_0.distcp").write_bytes(b"partial")
     (root / "step_0000008").mkdir()  # a folder without meta.json is not a usable checkpoint
-    assert checkpoint.latest(tmp_path) == root / "step_0000005"
-    assert checkpoint.newest_verified(tmp_path)[1] == [(root / "step_0000008", "no meta.json")]
+    assert store.latest(tmp_path) == root / "step_0000005"
+    assert store.newest_verified(tmp_path)[1] == [(root / "step_0000008", "no meta.json")]
     with pytest.raises(UserError, match="no meta.json"):
-        checkpoint.read_meta(root / "step_0000008")
+        store.read_meta(root / "step_0000008")
 
     save(tmp_path, 10, model, opt, scaler, cfg)
     assert not (root / ".step_0000009.tmp").exists()
-    assert checkpoint.latest(tmp_path) == root / "step_0000010"
+    assert store.latest(tmp_path) == root / "step_0000010"
 
 
 def truncate(f: Path):
@@ -324,8 +325,8 @@ def test_verify_names_the_damage_and_latest_passes_over_it(tmp_path, cfg, damage
     older = save(tmp_path, 1, model, opt, scaler, cfg)
     newest = save(tmp_path, 2, model, opt, scaler, cfg)
     hurt(newest / name)
-    assert says in checkpoint.verify(newest)
-    assert checkpoint.latest(tmp_path) == older
+    assert says in store.verify(newest)
+    assert store.latest(tmp_path) == older
 
 
 @pytest.mark.parametrize("name", ["__0_0.distcp", "rank_00000.pt"])
@@ -335,25 +336,25 @@ def test_load_checks_the_sizes_of_the_files_it_reads(tmp_path, cfg, name):
     model, opt, scaler = make(cfg)
     path = save(tmp_path, 1, model, opt, scaler, cfg)
     truncate(path / name)
-    with pytest.raises(checkpoint.Unusable, match=f"checkpoint {path} fails its check .{name} has ") as e:
-        checkpoint.load(path, model, opt, scaler, cfg)
+    with pytest.raises(store.Unusable, match=f"checkpoint {path} fails its check .{name} has ") as e:
+        store.load(path, model, opt, scaler, cfg)
     assert "meta.json records" in e.value.problem
     if name.endswith(".distcp"):
-        with pytest.raises(checkpoint.Unusable, match=f"{name} has "):
-            checkpoint.load_model_weights(path, model, cfg)
+        with pytest.raises(store.Unusable, match=f"{name} has "):
+            store.load_model_weights(path, model, cfg)
 
 
 def test_read_meta_errors(tmp_path):
     with pytest.raises(UserError, match="does not exist"):
-        checkpoint.read_meta(tmp_path / "checkpoints" / "step_0000001")
+        store.read_meta(tmp_path / "checkpoints" / "step_0000001")
     bad = tmp_path / "step_0000002"
     bad.mkdir()
     (bad / "meta.json").write_text("{not json")
     with pytest.raises(UserError, match="fails its check .meta.json is not JSON"):
-        checkpoint.read_meta(bad)
+        store.read_meta(bad)
     (bad / "meta.json").write_text(json.dumps({"format_version": 99}))
     with pytest.raises(UserError, match="format 99"):
-        checkpoint.read_meta(bad)
+        store.read_meta(bad)
 
 
 def test_load_into_another_model_shape(tmp_path, cfg):
@@ -364,9 +365,9 @@ def test_load_into_another_model_shape(tmp_path, cfg):
         other.model.kwargs = kwargs
         m2, o2, s2 = make(other)
         with pytest.raises(UserError, match="does not match"):
-            checkpoint.load(path, m2, o2, s2, other)
+            store.load(path, m2, o2, s2, other)
         with pytest.raises(UserError, match="does not match"):
-            checkpoint.load_model_weights(path, m2, other)
+            store.load_model_weights(path, m2, other)
 
 
 def test_a_zero_checkpoint_is_refused_for_resume_but_its_weights_still_load(tmp_path, cfg):
@@ -379,12 +380,12 @@ def test_a_zero_checkpoint_is_refused_for_resume_but_its_weights_still_load(tmp_
     (path / "meta.json").write_text(json.dumps(meta))
     m2, o2, s2 = make(cfg, seed=1)
     with pytest.raises(UserError) as e:
-        checkpoint.load(path, m2, o2, s2, cfg)
+        store.load(path, m2, o2, s2, cfg)
     assert str(e.value) == (
         f"checkpoint {path} was written by train.plugin=zero (removed), whose optimizer file holds "
         f"rank 0's shard only and cannot be resumed; start a new --workdir with model.init_from={path}"
     )
-    checkpoint.load_model_weights(path, m2, cfg)
+    store.load_model_weights(path, m2, cfg)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), m2.state_dict().values()))
 
 
@@ -420,9 +421,9 @@ def test_disk_full_keeps_the_previous_checkpoint(tmp_path, cfg, monkeypatch, how
         assert "No space left" in str(e.value) and "step_0000002" in str(e.value)
         assert "\n" not in str(e.value)
         assert sorted(p.name for p in root.iterdir()) == ["step_0000001"]  # no step_0000002, no .tmp
-        assert checkpoint.latest(tmp_path) == first
+        assert store.latest(tmp_path) == first
         m2, o2, s2 = make(cfg, seed=1)
-        assert checkpoint.load(first, m2, o2, s2, cfg)["step"] == 1
+        assert store.load(first, m2, o2, s2, cfg)["step"] == 1
         assert all(torch.equal(v, model.state_dict()[k]) for k, v in m2.state_dict().items())
     finally:
         if mounted:
@@ -453,7 +454,7 @@ def test_export_loads_in_timm_with_identical_outputs(tmp_path, cfg):
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in loaded.state_dict().items())
 
     fresh = build_model(cfg)
-    checkpoint.load_model_weights(path, fresh, cfg)  # evaluation reads the export folder too
+    store.load_model_weights(path, fresh, cfg)  # evaluation reads the export folder too
     with torch.no_grad():
         assert torch.equal(fresh.eval()(x), model(x))
 
@@ -489,7 +490,7 @@ def write_format2(path: Path, model, opt, scaler, cfg, step: int) -> None:
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path / "model.safetensors"))
     torch.save(opt.state_dict(), path / "optimizer.pt")
     torch.save(
-        {"rng": checkpoint.rng_state(), "scaler": scaler.state_dict(), "data": "loader-state"}, path / "rank_00000.pt"
+        {"rng": store.rng_state(), "scaler": scaler.state_dict(), "data": "loader-state"}, path / "rank_00000.pt"
     )
     files = {n: fileio.sync_and_record(path / n) for n in ("model.safetensors", "optimizer.pt", "rank_00000.pt")}
     meta = {
@@ -497,7 +498,7 @@ def write_format2(path: Path, model, opt, scaler, cfg, step: int) -> None:
         "step": step,
         "world_size": 1,
         "model": cfg.model.name,
-        "param_shapes": checkpoint.param_shapes(model),
+        "param_shapes": store.param_shapes(model),
         "config": cfg.to_dict(),
         "files": files,
     }
@@ -508,22 +509,22 @@ def test_a_format_2_checkpoint_still_resumes_exactly_and_its_weights_load(tmp_pa
     model, opt, scaler = trained(cfg)
     path = tmp_path / "checkpoints" / "step_0000002"
     write_format2(path, model, opt, scaler, cfg, 2)
-    assert checkpoint.verify(path) is None and checkpoint.latest(tmp_path) == path
+    assert store.verify(path) is None and store.latest(tmp_path) == path
     train_step(model, opt, scaler, seed=99)
     reference = {k: v.clone() for k, v in model.state_dict().items()}
 
     model2, opt2, scaler2 = make(cfg, seed=1)
-    state = checkpoint.load(path, model2, opt2, scaler2, cfg)
+    state = store.load(path, model2, opt2, scaler2, cfg)
     assert (state["step"], state["data"], state["format_version"]) == (2, "loader-state", 2)
     train_step(model2, opt2, scaler2, seed=99)
     assert all(torch.equal(v, reference[k]) for k, v in model2.state_dict().items())
 
     fresh = build_model(cfg)  # evaluate --checkpoint of an old checkpoint
-    checkpoint.load_model_weights(path, fresh, cfg)
+    store.load_model_weights(path, fresh, cfg)
     assert all(torch.equal(v, load_file(str(path / "model.safetensors"))[k]) for k, v in fresh.state_dict().items())
     # ... and the next save is format 3, in the same line
     new = save(tmp_path, 3, model2, opt2, scaler2, cfg)
-    assert checkpoint.read_meta(new)["format_version"] == 3 and checkpoint.latest(tmp_path) == new
+    assert store.read_meta(new)["format_version"] == 3 and store.latest(tmp_path) == new
 
 
 def test_dcp_index_is_read_without_unpickling_foreign_objects(tmp_path, cfg):
@@ -533,7 +534,7 @@ def test_dcp_index_is_read_without_unpickling_foreign_objects(tmp_path, cfg):
 
     model, opt, scaler = trained(cfg)
     path = save(tmp_path, 1, model, opt, scaler, cfg)
-    assert sharded_checkpoint.Reader(path).read_metadata().state_dict_metadata  # the real index reads
+    assert sharded.Reader(path).read_metadata().state_dict_metadata  # the real index reads
     (path / ".metadata").write_bytes(pickle.dumps(argparse.Namespace(x=1)))
     with pytest.raises(pickle.UnpicklingError, match="argparse.Namespace, which a DCP index never holds"):
-        sharded_checkpoint.Reader(path).read_metadata()
+        sharded.Reader(path).read_metadata()

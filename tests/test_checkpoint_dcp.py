@@ -1,11 +1,11 @@
-"""vitlarge/checkpoint.py + sharded_checkpoint.py across processes: DCP re-sharding, exact, with real gloo
+"""vitlarge/checkpoint/store.py + sharded_checkpoint.py across processes: DCP re-sharding, exact, with real gloo
 processes on CPU (torch.multiprocessing), the demo recipe's ViT.
 
 * FSDP2 (``fully_shard`` per block and at the root, built here) and DDP with AdamW: fsdp@2 -> fsdp@2,
   fsdp@2 -> fsdp@3, fsdp@2 -> ddp@3, ddp@2 -> fsdp@3. Each loaded run's weights and every optimizer
   state tensor, gathered by torch's own ``get_state_dict(full_state_dict=True)``, equal the saving run's
   bit for bit.
-* ``train.plugin=fsdp`` as vitlarge wraps it (`vitlarge.fsdp.wrap`, ShardedLamb): fsdp@2 -> fsdp@3 and
+* ``train.plugin=fsdp`` as vitlarge wraps it (`vitlarge.distributed.fsdp.wrap`, ShardedLamb): fsdp@2 -> fsdp@3 and
   -> ddp@3 (LAMB), and a format-2 checkpoint of the same run (``optimizer_rank_*.pt``, the old writer's
   layout) resumed at 3 ranks.
 * Every rank writes its own ``__<rank>_0.distcp``; meta.json lists them all with their checksums.
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _cfg(recipe: str | None = None):
-    from vitlarge.config import load_recipe
+    from vitlarge.config.load import load_recipe
 
     return load_recipe(recipe or ROOT / "recipes" / "demo_digits.py")
 
@@ -37,8 +37,8 @@ def _build(mode: str, seed: int, recipe: str | None = None):
     """(model as the checkpoint code sees it, optimizer) for ``mode``; weights from ``seed`` on every rank."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from vitlarge.model import build_model
-    from vitlarge.optim import build_optimizer
+    from vitlarge.model.vit import build_model
+    from vitlarge.optim.lamb import build_optimizer
 
     torch.manual_seed(seed)
     model = build_model(_cfg(recipe))
@@ -54,7 +54,7 @@ def _build(mode: str, seed: int, recipe: str | None = None):
     if mode == "ddp_lamb":
         return DDP(model), build_optimizer(model, "lamb", lr=1e-2, weight_decay=0.1)
     assert mode == "plugin_fsdp"  # as train.py builds it: the Booster plugin shards and re-points the optimizer
-    from vitlarge.fsdp import FSDPPlugin
+    from vitlarge.distributed.fsdp import FSDPPlugin
 
     return FSDPPlugin("fp32", torch.device("cpu")).configure(
         model, build_optimizer(model, "lamb", lr=1e-2, weight_decay=0.1)
@@ -97,13 +97,14 @@ def _write_format2(folder: Path, model, opt, rank: int, world: int) -> None:
     each rank's optimizer pieces as plain tensors, per-rank files, meta.json with records. A collective."""
     from safetensors.torch import save_file
 
-    from vitlarge import checkpoint, fileio, sharded_checkpoint
-    from vitlarge.collective import gather
+    from vitlarge import fileio
+    from vitlarge.checkpoint import sharded, store
+    from vitlarge.distributed.collective import gather
 
-    tensors = sharded_checkpoint.model_tensors(model, rank)
+    tensors = sharded.model_tensors(model, rank)
     folder.mkdir(parents=True, exist_ok=True)
     names = [f"rank_{rank:05d}.pt", f"optimizer_rank_{rank:05d}.pt"]
-    torch.save({"rng": checkpoint.rng_state(), "scaler": {}, "data": None}, folder / names[0])
+    torch.save({"rng": store.rng_state(), "scaler": {}, "data": None}, folder / names[0])
     from torch.distributed.tensor import DTensor
 
     state = getattr(
@@ -125,7 +126,7 @@ def _write_format2(folder: Path, model, opt, rank: int, world: int) -> None:
             "step": 2,
             "world_size": world,
             "model": cfg.model.name,
-            "param_shapes": checkpoint.param_shapes(checkpoint.unwrap(model)),
+            "param_shapes": store.param_shapes(store.unwrap(model)),
             "config": cfg.to_dict(),
             "files": {k: v for part in records for k, v in part.items()},
         }
@@ -137,7 +138,7 @@ def _worker(rank: int, world: int, port: int, job: dict, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    from vitlarge import checkpoint
+    from vitlarge.checkpoint import store
 
     found = {}
     try:
@@ -147,11 +148,11 @@ def _worker(rank: int, world: int, port: int, job: dict, out: str) -> None:
             scaler = torch.amp.GradScaler("cpu", enabled=False)
             if action == "save":
                 _train(model, opt, rank, world)
-                checkpoint.save(workdir, 2, model, opt, scaler, None, _cfg(), keep=2)
+                store.save(workdir, 2, model, opt, scaler, None, _cfg(), keep=2)
                 if mode == "plugin_fsdp":
                     _write_format2(Path(workdir) / "format2" / "step_0000002", model, opt, rank, world)
             else:
-                state = checkpoint.load(action, model, opt, scaler, _cfg(recipe))
+                state = store.load(action, model, opt, scaler, _cfg(recipe))
                 found[f"{name} step"] = state["step"]
             full = _full(model, opt)
             if rank == 0:
@@ -192,7 +193,7 @@ def ckpt(root: Path, mode: str) -> str:
 
 
 def test_every_rank_writes_its_shards_and_meta_json_records_them(saved):
-    from vitlarge import checkpoint
+    from vitlarge.checkpoint import store
 
     root, _ = saved
     for mode in ("fsdp2", "ddp_adamw", "plugin_fsdp"):
@@ -205,10 +206,10 @@ def test_every_rank_writes_its_shards_and_meta_json_records_them(saved):
             "rank_00000.pt",
             "rank_00001.pt",
         ], mode
-        meta = checkpoint.read_meta(path)
+        meta = store.read_meta(path)
         assert meta["format_version"] == 3 and meta["world_size"] == 2
         assert sorted(meta["files"]) == sorted(p.name for p in path.iterdir() if p.name != "meta.json")
-        assert checkpoint.verify(path) is None
+        assert store.verify(path) is None
         if mode == "fsdp2":  # sharded: both ranks hold a real share of the bytes
             sizes = [meta["files"][f"__{r}_0.distcp"]["bytes"] for r in (0, 1)]
             assert min(sizes) > 0.3 * sum(sizes), sizes

@@ -1,4 +1,4 @@
-"""train.compile (vitlarge/build.py): the model's forward through torch.compile, in place, before the Booster.
+"""train.compile (vitlarge/train/assemble.py): the model's forward through torch.compile, in place, before the Booster.
 
 What must hold with compile on: the parameter names of the plain module everywhere (checkpoints, the
 export, model.init_from); a bounded number of compiled graphs across phases and evaluations; losses
@@ -18,12 +18,14 @@ from safetensors.torch import load_file
 
 from hooks.jsonl import read_metrics
 from tests import launcher
-from vitlarge import checkpoint
-from vitlarge.build import build, compile_model, recompile_limit, resolve_compile
-from vitlarge.config import load_recipe, make_plan
-from vitlarge.export import export
-from vitlarge.init_from import load_into
-from vitlarge.model import build_model
+from vitlarge.checkpoint import store
+from vitlarge.checkpoint.export import export
+from vitlarge.checkpoint.init_from import load_into
+from vitlarge.config.load import load_recipe
+from vitlarge.model.vit import build_model
+from vitlarge.plan.plan import make_plan
+from vitlarge.train.assemble import build, compile_model, recompile_limit
+from vitlarge.train.settings import compile_choice, resolve
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "recipes" / "demo_digits.py"
@@ -43,12 +45,14 @@ def tiny_cfg(**train):
 
 
 def test_auto_is_on_with_cuda_off_on_cpu_and_the_log_line_says_why():
+    on, why = compile_choice("auto", torch.device("cpu"))
+    assert not on and why.startswith("compile auto -> off: CPU: ")
+    on, why = compile_choice("auto", torch.device("cuda"))
+    assert on and why.startswith("compile auto -> on: CUDA")
+    assert compile_choice("on", torch.device("cpu")) == (True, "compile on: set by the recipe")
     c = tiny_cfg(compile="auto")
-    assert resolve_compile(c, torch.device("cpu")).startswith("compile auto -> off: CPU: ") and c.train.compile == "off"
-    c = tiny_cfg(compile="auto")
-    assert resolve_compile(c, torch.device("cuda")).startswith("compile auto -> on: CUDA") and c.train.compile == "on"
-    c = tiny_cfg(compile="on")
-    assert resolve_compile(c, torch.device("cpu")) == "compile on: set by the recipe" and c.train.compile == "on"
+    settings = resolve(c, "cpu")
+    assert c.train.compile == "auto" and settings.config(c).train.compile == "off"  # the recipe's object untouched
 
 
 def test_recompile_limit_fits_three_graphs_per_phase():
@@ -74,8 +78,8 @@ def test_compiled_model_saves_exports_and_initialises_under_the_plain_names(tmp_
         for p in model.parameters():
             p.add_(0.01)  # weights no fresh model has
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    ckpt = checkpoint.save(tmp_path, 1, model, opt, torch.amp.GradScaler("cpu", enabled=False), None, c, keep=1)
-    assert sorted(checkpoint.weights_of(ckpt, checkpoint.read_meta(ckpt))) == sorted(names)
+    ckpt = store.save(tmp_path, 1, model, opt, torch.amp.GradScaler("cpu", enabled=False), None, c, keep=1)
+    assert sorted(store.weights_of(ckpt, store.read_meta(ckpt))) == sorted(names)
     out = export(tmp_path, model, c, [str(i) for i in range(10)])
     assert sorted(load_file(str(Path(out) / "model.safetensors"))) == sorted(names)
 
@@ -89,7 +93,7 @@ def test_compiled_model_saves_exports_and_initialises_under_the_plain_names(tmp_
         assert torch.equal(a, b), n
     again = build_model(target)
     compile_model(again, plan)
-    checkpoint.load_model_weights(ckpt, again, target)
+    store.load_model_weights(ckpt, again, target)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
 
 
@@ -181,7 +185,7 @@ def test_phased_run_compiles_four_graphs_and_resumes_bitwise(demo_data, tmp_path
     assert [m["step"] for m in evals] == [3, 6, 9] and all(m["val_images"] == 360 for m in evals)
     names = set(build_model(tiny_cfg()).state_dict())
     step9 = run / "checkpoints" / "step_0000009"
-    assert set(checkpoint.weights_of(step9, checkpoint.read_meta(step9))) == names
+    assert set(store.weights_of(step9, store.read_meta(step9))) == names
     assert set(launcher.final_weights(run)) == names
 
     r = launcher.run(phased_args(demo_data, run, 11), launcher="python", timeout=900)

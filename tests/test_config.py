@@ -1,4 +1,4 @@
-"""vitlarge/config.py: recipes load, overrides are typed and strict, the plan is derived once."""
+"""vitlarge/config/load.py: recipes load, overrides are typed and strict, the plan is derived once."""
 
 import subprocess
 import sys
@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from vitlarge.config import RANGES, Config, apply_override, load_config, load_recipe, make_plan, validate
+from vitlarge.config.load import RANGES, apply_override, load_config, load_recipe, validate
+from vitlarge.config.schema import Config
 from vitlarge.errors import UserError
+from vitlarge.plan.plan import make_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "recipes"
@@ -151,7 +153,7 @@ def test_unknown_key_names_it_and_suggests(item, suggestion):
 
 
 def test_unknown_key_without_close_match_points_to_schema():
-    with pytest.raises(UserError, match="unknown config key 'zzzz'.*vitlarge/config.py"):
+    with pytest.raises(UserError, match="unknown config key 'zzzz'.*vitlarge/config/load.py"):
         apply_override(Config(), "zzzz=1")
 
 
@@ -187,26 +189,29 @@ def test_override_without_equals_sign():
 
 def test_vit_b16_plan_at_four_devices():
     plan = make_plan(load_config(recipe("vit_b16")), world_size=4)
-    assert plan.global_batch == 32768
-    assert plan.accum_steps == 32
-    assert plan.steps_per_epoch == 39  # 1,281,167 // 32,768, last partial batch dropped
+    (ph,) = plan.phases  # a recipe without train.phases is one phase
+    assert ph.global_batch == 32768
+    assert ph.accum_steps == 32
+    assert ph.steps_per_epoch == 39  # 1,281,167 // 32,768, last partial batch dropped
     assert plan.total_steps == 11700
     assert plan.warmup_steps == 5850
     assert plan.eval_every_steps == 390
-    assert plan.global_batch == plan.micro_batch * plan.accum_steps * plan.world_size
+    assert ph.global_batch == ph.micro_batch * ph.accum_steps * plan.world_size
     assert "32768 = 256 (micro) x 32 (accumulation) x 4 (devices)" in plan.describe()
 
 
 @pytest.mark.parametrize("world", [1, 2, 8, 128])
 def test_global_batch_is_fixed_whatever_the_world_size(world):
     plan = make_plan(load_config(recipe("vit_b16")), world_size=world)
-    assert plan.micro_batch * plan.accum_steps * world == 32768
+    (ph,) = plan.phases
+    assert ph.micro_batch * ph.accum_steps * world == 32768
     assert plan.total_steps == 11700
 
 
 def test_plan_uses_the_data_set_size_given():
     plan = make_plan(load_config(recipe("demo_digits")), world_size=2, num_train_examples=1437)
-    assert (plan.accum_steps, plan.steps_per_epoch, plan.total_steps, plan.warmup_steps) == (4, 11, 660, 55)
+    (ph,) = plan.phases
+    assert (ph.accum_steps, ph.steps_per_epoch, plan.total_steps, plan.warmup_steps) == (4, 11, 660, 55)
 
 
 def test_world_size_that_does_not_divide():
@@ -274,7 +279,7 @@ def test_wrong_type_assigned_in_a_recipe(tmp_path):
 def test_recipe_ints_become_floats_and_lists_tuples(tmp_path):
     f = tmp_path / "loose_recipe.py"
     f.write_text(
-        "from vitlarge.config import Config\n"
+        "from vitlarge.config.load import Config\n"
         "def config():\n"
         "    c = Config()\n"
         "    c.optim.lr = 1\n"

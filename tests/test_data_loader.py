@@ -12,9 +12,9 @@ import torch
 from benchmarks.bench_shuffle import epoch_order_stats
 from data_tools.make_id_dataset import make_id_dataset
 from tests.data_fixtures import ID_SPLIT_SIZES
-from vitlarge.config import Config
+from vitlarge.config.schema import Config
 from vitlarge.data import TrainLoader, ValLoader, load_manifest
-from vitlarge.data.build import train_loader
+from vitlarge.data.sources import train_loader
 from vitlarge.errors import UserError
 
 CPU = torch.device("cpu")

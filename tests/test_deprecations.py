@@ -30,7 +30,7 @@ def test_only_the_named_dependency_module_is_excused():
     code = (
         "import torch.jit._script as s, warnings\n"
         "warnings.warn_explicit('old', DeprecationWarning, 'x.py', 1, module='torch.jit._script')\n"
-        "warnings.warn_explicit('old', DeprecationWarning, 'x.py', 1, module='vitlarge.model')\n"
+        "warnings.warn_explicit('old', DeprecationWarning, 'x.py', 1, module='vitlarge.model.vit')\n"
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert p.returncode != 0 and "DeprecationWarning: old" in p.stderr and p.stderr.count("DeprecationWarning") == 1

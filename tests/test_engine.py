@@ -9,9 +9,11 @@ import torch
 import torch.distributed as dist
 
 from tests.launcher import free_port
-from vitlarge.build import build
-from vitlarge.config import load_recipe, make_plan
-from vitlarge.launch import DistEnv, init_distributed
+from vitlarge.config.load import load_recipe
+from vitlarge.distributed.launch import init_distributed
+from vitlarge.distributed.launcher import DistEnv
+from vitlarge.plan.plan import make_plan
+from vitlarge.train.assemble import build
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -28,7 +30,7 @@ def process_group():
 
 
 def make_engine(precision="fp32", global_batch=32, micro_batch=8, clip=1.0, mixup=0.0, init_scale=2.0**16):
-    """The engine as train.py builds it (`vitlarge.build.build`), for the demo recipe on CPU."""
+    """The engine as train.py builds it (`vitlarge.train.assemble.build`), for the demo recipe on CPU."""
     cfg = load_recipe("recipes/demo_digits.py")
     cfg.train.precision, cfg.train.global_batch, cfg.train.micro_batch = precision, global_batch, micro_batch
     cfg.train.init_loss_scale = init_scale
@@ -55,7 +57,7 @@ def test_accumulation_equals_one_big_batch():
     """4 micro-batches of 8 under no_sync give the same update as one batch of 32 (fp32, no dropout)."""
     a = make_engine(global_batch=32, micro_batch=8)
     b = make_engine(global_batch=32, micro_batch=32)
-    assert a.plan.accum_steps == 4 and b.plan.accum_steps == 1
+    assert a.plan.phases[0].accum_steps == 4 and b.plan.phases[0].accum_steps == 1
     micro = batches(4, 8)
     parts = [micro() for _ in range(4)]
     big = iter([(torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts]))])

@@ -108,13 +108,14 @@ def test_every_rank_runs_the_same_number_of_forwards_on_imagenet_val(world_size)
 
 
 def _fsdp_eval_worker(rank: int, port: int, data: str, out: str) -> None:
-    from vitlarge.config import load_recipe
+    from vitlarge.config.load import load_recipe
     from vitlarge.data import ValLoader
-    from vitlarge.evaluate import evaluate
-    from vitlarge.fsdp import FSDPPlugin
-    from vitlarge.launch import DistEnv, init_distributed
-    from vitlarge.model import build_model
-    from vitlarge.precision import Precision
+    from vitlarge.distributed.fsdp import FSDPPlugin
+    from vitlarge.distributed.launch import init_distributed
+    from vitlarge.distributed.launcher import DistEnv
+    from vitlarge.model.precision import Precision
+    from vitlarge.model.vit import build_model
+    from vitlarge.train.evaluation import evaluate
 
     cpu = torch.device("cpu")
     torch.set_num_threads(1)
@@ -139,11 +140,11 @@ def test_two_rank_fsdp_evaluation_of_129_images_at_micro_batch_64_finishes_exact
     import torch.multiprocessing as mp
 
     from data_tools.make_id_dataset import make_id_dataset
-    from vitlarge.config import load_recipe
+    from vitlarge.config.load import load_recipe
     from vitlarge.data import ValLoader
-    from vitlarge.evaluate import evaluate
-    from vitlarge.model import build_model
-    from vitlarge.precision import Precision
+    from vitlarge.model.precision import Precision
+    from vitlarge.model.vit import build_model
+    from vitlarge.train.evaluation import evaluate
 
     data = str(tmp_path / "ids")
     make_id_dataset(data, train=129, train_shards=1, validation=129, val_shards=2)

@@ -1,4 +1,4 @@
-"""train.plugin=fsdp end to end (vitlarge/fsdp.py, sharded_optim.py, sharded_checkpoint.py): real
+"""train.plugin=fsdp end to end (vitlarge/distributed/fsdp.py, sharded_optim.py, sharded_checkpoint.py): real
 `colossalai run` processes with gloo, real DALI, the demo recipe; and in-process checks of precision.
 
 Parity: 20 fp32 optimizer steps of the demo ViT with ``fsdp`` equal ``ddp`` to 1e-5 relative per
@@ -111,15 +111,16 @@ def test_sharded_checkpoint_holds_one_shard_file_per_rank_and_a_timm_loadable_ex
 def _reshard_probe(rank: int, world: int, port: int, ckpts: dict, out: str) -> None:
     """One of ``world`` gloo processes: loads each checkpoint into a freshly built model (the same
     code as train.py's resume) and gathers what it holds, with torch's own gather (not our code)."""
-    from vitlarge import checkpoint
-    from vitlarge.launch import DistEnv, init_distributed
-    from vitlarge.sharded_checkpoint import model_tensors, param_names
+    from vitlarge.checkpoint import store
+    from vitlarge.checkpoint.sharded import model_tensors, param_names
+    from vitlarge.distributed.launch import init_distributed
+    from vitlarge.distributed.launcher import DistEnv
 
     init_distributed(DistEnv(rank, world, rank, "127.0.0.1", port, "spawn"), "gloo")
     found = {}
     for name, (plugin, path) in ckpts.items():
         parts = built("fp32", world, plugin=plugin, global_batch=96)
-        checkpoint.load(path, parts.model, parts.optimizer, parts.precision.scaler, recipe("fp32", plugin=plugin))
+        store.load(path, parts.model, parts.optimizer, parts.precision.scaler, recipe("fp32", plugin=plugin))
         opt = parts.engine.torch_optimizer
         names = param_names(parts.model, opt)  # in the optimizer's index order
         pieces = [None] * world  # every rank's local optimizer state, as it would save it
@@ -197,7 +198,7 @@ def saved_optimizer_state(ckpt, names: list[str]) -> dict:
 
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
-    from vitlarge.sharded_checkpoint import Reader
+    from vitlarge.checkpoint.sharded import Reader
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "assuming the intent is to load in a single process"
@@ -244,15 +245,15 @@ def test_bf16_accumulates_the_micro_steps_in_fp32(probe3):
 def test_resume_at_world_size_3_reshards_exactly_and_continues_the_schedule(runs, probe3, demo_data, tmp_path):
     """fsdp at 2 -> fsdp at 3 (and ddp at 2 -> fsdp at 3, fsdp at 2 -> ddp at 3): weights and every
     LAMB moment loaded bit for bit; then train.py continues with the same global batch and lr schedule."""
-    from vitlarge import checkpoint
-    from vitlarge.config import load_recipe
-    from vitlarge.schedule import lr_at
+    from vitlarge.checkpoint import store
+    from vitlarge.config.load import load_recipe
+    from vitlarge.plan.schedule import lr_at
 
     ckpts, found = probe3
     fsdp2 = ckpts["fsdp2->fsdp3"][1]
     for name, (_, ckpt) in ckpts.items():
         weights, pieces, names = found[name]
-        assert_bitwise_equal(weights, checkpoint.weights_of(ckpt, checkpoint.read_meta(ckpt)))
+        assert_bitwise_equal(weights, store.weights_of(ckpt, store.read_meta(ckpt)))
         state = whole_optimizer_state(pieces, names, {k: v.shape for k, v in weights.items()})
         saved = saved_optimizer_state(ckpt, names)
         assert state.keys() == saved.keys() and len(state) == len(weights), name  # every parameter has a state
@@ -289,7 +290,8 @@ def test_resume_at_world_size_3_reshards_exactly_and_continues_the_schedule(runs
 
 @pytest.fixture(scope="module")
 def process_group():
-    from vitlarge.launch import DistEnv, init_distributed
+    from vitlarge.distributed.launch import init_distributed
+    from vitlarge.distributed.launcher import DistEnv
 
     ours = not dist.is_initialized()
     if ours:
@@ -300,7 +302,7 @@ def process_group():
 
 
 def recipe(precision: str, checkpointing: bool = False, **train):
-    from vitlarge.config import load_recipe
+    from vitlarge.config.load import load_recipe
 
     cfg = load_recipe(RECIPE)
     cfg.model.grad_checkpointing = checkpointing
@@ -312,8 +314,8 @@ def recipe(precision: str, checkpointing: bool = False, **train):
 
 
 def built(precision: str, world: int = 1, checkpointing: bool = False, **train):
-    from vitlarge.build import build
-    from vitlarge.config import make_plan
+    from vitlarge.plan.plan import make_plan
+    from vitlarge.train.assemble import build
 
     cfg = recipe(precision, checkpointing, **train)
     return build(cfg, make_plan(cfg, world, 1437), "cpu")
@@ -372,21 +374,21 @@ def test_fp16_sharded_scaler_skips_halves_and_grows_like_ddp(process_group):
 def test_a_sharded_checkpoint_missing_a_rank_shard_or_of_another_model_is_refused(runs, tmp_path):
     import shutil
 
-    from vitlarge import checkpoint
-    from vitlarge.config import load_recipe
+    from vitlarge.checkpoint import store
+    from vitlarge.config.load import load_recipe
     from vitlarge.errors import UserError
-    from vitlarge.model import build_model
+    from vitlarge.model.vit import build_model
 
     ckpt = tmp_path / f"step_{STEPS:07d}"
     shutil.copytree(runs["fsdp", 3] / "checkpoints" / ckpt.name, ckpt)
-    assert checkpoint.verify(ckpt) is None
+    assert store.verify(ckpt) is None
     other = load_recipe(RECIPE)
     other.model.kwargs = dict(other.model.kwargs, embed_dim=48)
     with pytest.raises(UserError, match="does not match the recipe's"):
-        checkpoint.check_compatible(checkpoint.read_meta(ckpt), ckpt, build_model(other), other)
+        store.check_compatible(store.read_meta(ckpt), ckpt, build_model(other), other)
     same = load_recipe(RECIPE)  # weights only (python -m vitlarge.evaluate --checkpoint): a plain model reads it
     plain = build_model(same)
-    checkpoint.load_model_weights(ckpt, plain, same)
+    store.load_model_weights(ckpt, plain, same)
     assert_bitwise_equal(plain.state_dict(), final_weights(runs["fsdp", 3]))
     (ckpt / "__1_0.distcp").unlink()
-    assert "__1_0.distcp" in checkpoint.verify(ckpt)  # resume passes it over / --resume refuses it
+    assert "__1_0.distcp" in store.verify(ckpt)  # resume passes it over / --resume refuses it

@@ -28,8 +28,9 @@ OVERFLOW_STEP = 1  # fp16 steps 0..2; rank 1 alone sees an inf gradient at this 
 
 
 def built(precision: str, **train):
-    from vitlarge.build import build
-    from vitlarge.config import load_recipe, make_plan
+    from vitlarge.config.load import load_recipe
+    from vitlarge.plan.plan import make_plan
+    from vitlarge.train.assemble import build
 
     cfg = load_recipe(RECIPE)
     cfg.train.plugin, cfg.train.precision, cfg.train.global_batch = "fsdp", precision, 16 * WORLD
@@ -131,8 +132,9 @@ def _fp16_overflow_on_one_rank(rank: int) -> dict:
 def _checkpointing(rank: int) -> dict:
     out = {}
     for ckpt in (False, True):
-        from vitlarge.build import build
-        from vitlarge.config import load_recipe, make_plan
+        from vitlarge.config.load import load_recipe
+        from vitlarge.plan.plan import make_plan
+        from vitlarge.train.assemble import build
 
         cfg = load_recipe(RECIPE)
         cfg.train.plugin, cfg.train.precision, cfg.train.global_batch = "fsdp", "fp32", 16 * WORLD
@@ -154,9 +156,9 @@ def _checkpointing(rank: int) -> dict:
 
 
 def _initial_broadcast(rank: int) -> dict:
-    from vitlarge.config import load_recipe
-    from vitlarge.fsdp import FSDPPlugin
-    from vitlarge.model import build_model
+    from vitlarge.config.load import load_recipe
+    from vitlarge.distributed.fsdp import FSDPPlugin
+    from vitlarge.model.vit import build_model
 
     cfg = load_recipe(RECIPE)
     torch.manual_seed(rank)  # a rank-dependent draw before the build: rank 0's weights must win
@@ -165,7 +167,8 @@ def _initial_broadcast(rank: int) -> dict:
 
 
 def _worker(rank: int, port: int, out: str) -> None:
-    from vitlarge.launch import DistEnv, init_distributed
+    from vitlarge.distributed.launch import init_distributed
+    from vitlarge.distributed.launcher import DistEnv
 
     torch.set_num_threads(1)
     init_distributed(DistEnv(rank, WORLD, rank, "127.0.0.1", port, "test"), "gloo", collective_timeout_s=120)
@@ -207,8 +210,8 @@ def results(tmp_path_factory) -> list[dict]:
 
 
 def test_every_rank_starts_from_rank_0s_weights(results):
-    from vitlarge.config import load_recipe
-    from vitlarge.model import build_model
+    from vitlarge.config.load import load_recipe
+    from vitlarge.model.vit import build_model
 
     torch.manual_seed(0)
     ref = digest({k: p.detach() for k, p in build_model(load_recipe(RECIPE)).named_parameters()})

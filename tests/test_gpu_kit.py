@@ -289,7 +289,7 @@ def test_bare_loop_counts_the_steps_the_fp16_scaler_skips():
 
 def test_bare_loop_uses_the_same_no_decay_names_and_clip_off_at_zero():
     from benchmarks.gpu_train import BareLoop, kit_config
-    from vitlarge.optim import param_groups
+    from vitlarge.optim.lamb import param_groups
 
     torch = gpu_device.torch
     cfg = kit_config("vit_b16", "bf16", 2, 1, tiny=True)

@@ -22,13 +22,37 @@ from hooks import (
     read_metrics,
 )
 from hooks.console import format_bytes, format_duration
-from vitlarge.config import Config, Plan
+from vitlarge.config.schema import Config
 from vitlarge.events import EvalMetrics, StepMetrics
+from vitlarge.plan.phases import Phase
+from vitlarge.plan.plan import Plan
+
+
+def one_phase_plan(world_size, global_batch, micro_batch, accum_steps, steps_per_epoch, total_steps, **kw) -> Plan:
+    """A plan of one phase (a recipe without train.phases) with these figures."""
+    phase = Phase(
+        index=0,
+        start_epoch=0.0,
+        end_epoch=total_steps / steps_per_epoch,
+        image_size=224,
+        eval_size=224,
+        global_batch=global_batch,
+        micro_batch=micro_batch,
+        accum_steps=accum_steps,
+        crop_scale=(0.08, 1.0),
+        lr_scale=1.0,
+        lr=None,
+        steps_per_epoch=steps_per_epoch,
+        start_step=0,
+        end_step=total_steps,
+    )
+    return Plan(world_size=world_size, phases=(phase,), total_steps=total_steps, **kw)
+
 
 NAN, INF = float("nan"), float("inf")
 
 
-PLAN = Plan(
+PLAN = one_phase_plan(
     world_size=4,
     global_batch=32768,
     micro_batch=256,

@@ -1,4 +1,4 @@
-"""vitlarge/init_from.py: fine-tuning starts from an export, a checkpoint folder or a timm checkpoint file,
+"""vitlarge/checkpoint/init_from.py: fine-tuning starts from an export, a checkpoint folder or a timm checkpoint file,
 with the position embedding resampled to the recipe's grid and a classifier of another class count new."""
 
 import subprocess
@@ -9,13 +9,13 @@ import pytest
 import torch
 from timm.layers import resample_abs_pos_embed
 
-from vitlarge import checkpoint
-from vitlarge.config import load_recipe
+from vitlarge.checkpoint import store
+from vitlarge.checkpoint.export import export
+from vitlarge.checkpoint.init_from import check_source, load_into
+from vitlarge.config.load import load_recipe
 from vitlarge.errors import UserError
-from vitlarge.export import export
-from vitlarge.init_from import check_source, load_into
-from vitlarge.model import build_model
-from vitlarge.optim import build_optimizer
+from vitlarge.model.vit import build_model
+from vitlarge.optim.lamb import build_optimizer
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "recipes" / "demo_digits.py"
@@ -78,7 +78,7 @@ def test_another_class_count_gets_a_new_classifier_and_says_so(source):
 def test_a_checkpoint_folder_and_a_timm_checkpoint_file_load_the_same_weights(source, tmp_path):
     src, _ = source
     c = cfg()
-    ckpt = checkpoint.save(
+    ckpt = store.save(
         tmp_path / "run",
         7,
         src,
@@ -200,7 +200,7 @@ def test_a_resume_does_not_need_the_init_from_file(tmp_path):
     looked at, so train.py gets past it and stops at the next problem (here: no data)."""
     missing = tmp_path / "gone" / "model"
     work = tmp_path / "run"
-    (work / "checkpoints" / checkpoint.step_name(10)).mkdir(parents=True)
+    (work / "checkpoints" / store.step_name(10)).mkdir(parents=True)
     r = subprocess.run(
         [
             sys.executable,

@@ -1,4 +1,4 @@
-"""vitlarge/launch.py: launcher detection from the environment, device choice, rendezvous errors."""
+"""vitlarge/distributed/launch.py: launcher detection from the environment, device choice, rendezvous errors."""
 
 import subprocess
 import sys
@@ -9,16 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from vitlarge.distributed.launch import choose_device, prints_error, rendezvous_timeout_s
+from vitlarge.distributed.launcher import DistEnv, detect, launcher_rank
+from vitlarge.distributed.threads import thread_budget
 from vitlarge.errors import UserError
-from vitlarge.launch import (
-    DistEnv,
-    choose_device,
-    detect,
-    launcher_rank,
-    prints_error,
-    rendezvous_timeout_s,
-    thread_budget,
-)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -174,7 +168,8 @@ def test_rendezvous_nobody_listens():
     code = textwrap.dedent("""
         import sys
         from vitlarge.errors import UserError
-        from vitlarge.launch import DistEnv, free_port, init_distributed
+        from vitlarge.distributed.launcher import DistEnv, free_port
+        from vitlarge.distributed.launch import init_distributed
         port = free_port()  # bound and released: nobody listens on it
         try:
             init_distributed(DistEnv(1, 2, 1, "127.0.0.1", port, "test"), "gloo", timeout_s=2)
@@ -350,7 +345,7 @@ def test_thread_budget(env, cpus, threads, why):
     ],
 )
 def test_dali_threads_follow_the_cpu_share_not_omp(env, cpus, threads, why):
-    from vitlarge.launch import dali_threads
+    from vitlarge.distributed.threads import dali_threads
 
     n, reason = dali_threads(env, cpus)
     assert n == threads and why in reason, (n, reason)
@@ -376,10 +371,11 @@ def test_size_thread_pools_in_a_fresh_process_sets_torch_and_omp():
     code = textwrap.dedent("""
         import logging, os, sys
         logging.basicConfig(level=logging.INFO, format="%(message)s")
-        from vitlarge import launch
-        env = launch.detect()
+        from vitlarge.distributed import launcher
+        from vitlarge.distributed import threads
+        env = launcher.detect()
         assert "torch" not in sys.modules  # as in train.py: torch loads after, and takes the size
-        n, why = launch.size_thread_pools()
+        n, why = threads.size_thread_pools()
         import torch
         print("RESULT", n, torch.get_num_threads(), os.environ["OMP_NUM_THREADS"], why, flush=True)
     """)
@@ -407,7 +403,7 @@ def test_size_thread_pools_in_a_fresh_process_sets_torch_and_omp():
 
 
 def test_route_interface_to_loopback_ipv6_and_an_unknown_host():
-    from vitlarge.launch import route_interface
+    from vitlarge.distributed.network import route_interface
 
     assert route_interface("127.0.0.1", 29500) == ("lo", "127.0.0.1")
     assert route_interface("::1", 29500) == ("lo", "::1")  # AF_UNSPEC: an IPv6 master is routed too (finding 6)
@@ -417,7 +413,7 @@ def test_route_interface_to_loopback_ipv6_and_an_unknown_host():
 
 def test_bind_interface_sets_only_gloo_and_only_what_the_user_left_unset():
     """NCCL picks its own interface (review finding 5); gloo gets the route to the master."""
-    from vitlarge.launch import bind_interface
+    from vitlarge.distributed.network import bind_interface
 
     slurm = DistEnv(1, 2, 0, "127.0.0.1", 29500, "slurm")  # one node (no SLURM_STEP_NUM_NODES): loopback is right
     env = {}
@@ -432,7 +428,7 @@ def test_bind_interface_sets_only_gloo_and_only_what_the_user_left_unset():
 
 
 def test_unroutable_master_leaves_gloo_to_its_default_with_a_warning(caplog):
-    from vitlarge.launch import bind_interface
+    from vitlarge.distributed.network import bind_interface
 
     env = {"SLURM_STEP_NUM_NODES": "2"}
     with caplog.at_level("WARNING", logger="vitlarge"):
@@ -445,7 +441,7 @@ def test_unroutable_master_leaves_gloo_to_its_default_with_a_warning(caplog):
 def test_loopback_master_on_a_multi_node_step_is_never_exported():
     """Review finding 4: the master's name resolves to 127.0.1.1 on its own node (Debian's /etc/hosts). With
     several nodes, lo is never exported: the route to another host of the step, or one line naming the entry."""
-    from vitlarge.launch import bind_interface, route_interface
+    from vitlarge.distributed.network import bind_interface, route_interface
 
     master = DistEnv(0, 2, 0, "127.0.1.1", 29500, "slurm")
     env = {"SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NODELIST": "127.0.0.2"}  # the other "node" is loopback too
@@ -468,7 +464,7 @@ def test_loopback_master_on_a_multi_node_step_is_never_exported():
 def test_rendezvous_error_names_host_interface_time_and_claims_a_timeout_only_for_one():
     import socket as _socket
 
-    from vitlarge.launch import rendezvous_error
+    from vitlarge.distributed.launch import rendezvous_error
 
     env = DistEnv(1, 4, 1, "node1", 21234, "slurm")
     timeout = rendezvous_error(env, RuntimeError("Socket Timeout"), 5.2, 5.0, "eth0")

@@ -1,13 +1,13 @@
-"""vitlarge/model.py: recipe fields reach the timm modules; sizes match the published ViT-B/16."""
+"""vitlarge/model/vit.py: recipe fields reach the timm modules; sizes match the published ViT-B/16."""
 
 from pathlib import Path
 
 import pytest
 import torch
 
-from vitlarge.config import load_recipe
+from vitlarge.config.load import load_recipe
 from vitlarge.errors import UserError
-from vitlarge.model import build_model, describe_model, memory_estimate
+from vitlarge.model.vit import build_model, describe_model, memory_estimate
 
 ROOT = Path(__file__).resolve().parent.parent
 

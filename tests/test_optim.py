@@ -1,4 +1,4 @@
-"""vitlarge/optim.py: LAMB against timm's and Colossal-AI's, parameter groups on a real timm ViT,
+"""vitlarge/optim/lamb.py: LAMB against timm's and Colossal-AI's, parameter groups on a real timm ViT,
 Rosenbrock, exact resume, zero-norm tensors. CPU, seconds (mostly importing torch, timm)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from vitlarge.errors import UserError
-from vitlarge.optim import Lamb, build_optimizer, param_groups
+from vitlarge.optim.lamb import Lamb, build_optimizer, param_groups
 
 # Shapes like a ViT's, plus one all-zero matrix (zero weight norm: trust ratio must fall back to 1).
 SHAPES = [(6, 5), (6,), (3, 4, 2), (1, 3, 5), (5,), (4, 4)]

@@ -1,4 +1,4 @@
-"""vitlarge/phases.py: phase planning, the lr over phase boundaries, the generator, bad phases, the table,
+"""vitlarge/plan/phases.py: phase planning, the lr over phase boundaries, the generator, bad phases, the table,
 and the DALI loaders rebuilt at a boundary (real pipelines over the digits data)."""
 
 import subprocess
@@ -8,10 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from vitlarge import phases
-from vitlarge.config import load_config, load_recipe, make_plan, validate
+from vitlarge.config import phase_list
+from vitlarge.config.load import load_config, load_recipe, validate
+from vitlarge.data import phased
 from vitlarge.errors import UserError
-from vitlarge.schedule import lr_at
+from vitlarge.plan.plan import make_plan
+from vitlarge.plan.schedule import lr_at
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "recipes" / "demo_digits.py"
@@ -47,8 +49,8 @@ def test_phases_plan_per_phase_batches_steps_and_accumulation_over_uneven_bounda
     assert (p0.start_step, p0.end_step) == (0, 138)  # 12.5 epochs x 11 = 137.5 -> 138
     assert (p1.start_step, p1.end_step) == (138, 138 + 605)  # 27.5 x 22
     assert (p2.start_step, p2.end_step, plan.total_steps) == (743, 743 + 440, 1183)
-    assert phases.phase_at(plan, 137).index == 0 and phases.phase_at(plan, 138).index == 1
-    assert phases.epoch_at(plan, 138) == pytest.approx(138 / 11) and phases.epoch_at(plan, 1183) == 60
+    assert plan.phase_at(137).index == 0 and plan.phase_at(138).index == 1
+    assert plan.epoch_at(138) == pytest.approx(138 / 11) and plan.epoch_at(1183) == 60
     assert plan.warmup_steps == 55  # 5 epochs, inside phase 0
     # World size 4 changes the accumulation only; the same run in optimizer steps.
     plan4 = make_plan(c, 4, N)
@@ -73,10 +75,18 @@ def test_first_phase_after_epoch_0_gets_the_recipes_values_and_keys_carry_over()
     # eval_size and an lr segment are their phase's own; the size and lr_scale carry over
 
 
-def test_without_phases_the_plan_and_lr_are_todays():
+def test_without_phases_the_plan_is_one_phase_with_the_recipes_values():
     c = load_recipe(DEMO)
     plan = make_plan(c, 2, N)
-    assert plan.phases == () and phases.phase_at(plan, 0) is None and phases.epoch_at(plan, 22) == 2
+    (ph,) = plan.phases
+    assert plan.phase_at(0) is ph and plan.phase_at(plan.total_steps) is ph and plan.epoch_at(22) == 2
+    assert (ph.image_size, ph.global_batch, ph.micro_batch, ph.crop_scale) == (
+        c.data.image_size,
+        c.train.global_batch,
+        c.train.micro_batch,
+        tuple(c.data.crop_scale),
+    )
+    assert (ph.start_step, ph.end_step, ph.lr_scale, ph.lr) == (0, plan.total_steps, 1.0, None)
 
 
 def test_lr_is_a_pure_function_of_the_step_across_boundaries():
@@ -87,7 +97,7 @@ def test_lr_is_a_pure_function_of_the_step_across_boundaries():
         peak_lr=plain.optim.lr, total_steps=p_plain.total_steps, warmup_steps=p_plain.warmup_steps, decay="cosine"
     )
     # Same batch in every phase: exactly the fixed-resolution schedule, continuous over boundaries.
-    assert [phases.lr_at_step(same, p_same, s) for s in range(p_same.total_steps)] == [
+    assert [p_same.lr_at(same, s) for s in range(p_same.total_steps)] == [
         lr_at(s, **kw) for s in range(p_plain.total_steps)
     ]
     # Halved batch with lr_scale 0.5 from epoch 30; an explicit lr segment for the last 10 epochs.
@@ -95,7 +105,7 @@ def test_lr_is_a_pure_function_of_the_step_across_boundaries():
     plan = make_plan(c, 2, N)
     p0, p1, p2 = plan.phases
     assert (p0.end_step, p1.steps_per_epoch, p1.end_step, plan.total_steps) == (330, 22, 770, 990)
-    lrs = [phases.lr_at_step(c, plan, s) for s in range(plan.total_steps)]
+    lrs = [plan.lr_at(c, s) for s in range(plan.total_steps)]
     assert lrs[329] == lr_at(329, peak_lr=2e-2, total_steps=990, warmup_steps=55, decay="cosine")
     assert lrs[330] == 0.5 * lr_at(330, peak_lr=2e-2, total_steps=990, warmup_steps=55, decay="cosine")
     assert lrs[770] == 1e-3 and lrs[988] == pytest.approx(1e-3 / 219) and lrs[989] == 0.0  # reaches its end
@@ -135,9 +145,7 @@ def test_vit_b16_progressive_plans_at_every_world_size_vit_b16_does_at_imagenet_
         decay=base.schedule.decay,
         min_lr_ratio=base.schedule.min_lr_ratio,
     )
-    assert [phases.lr_at_step(prog, plan, s) for s in range(plan.total_steps)] == [
-        lr_at(s, **kw) for s in range(ref.total_steps)
-    ]
+    assert [plan.lr_at(prog, s) for s in range(plan.total_steps)] == [lr_at(s, **kw) for s in range(ref.total_steps)]
 
 
 def test_phase_boundaries_round_cumulatively_so_total_steps_do_not_drift():
@@ -145,12 +153,12 @@ def test_phase_boundaries_round_cumulatively_so_total_steps_do_not_drift():
     (11701 vs 11700). Rounded from absolute epochs, every boundary is round(epoch x steps per epoch)."""
     c = load_recipe(ROOT / "recipes" / "vit_b16.py")
     ref = make_plan(c, 4, IMAGENET)
-    c.train.phases = phases.progressive(c)
+    c.train.phases = phase_list.progressive(c)
     validate(c)
     plan = make_plan(c, 4, IMAGENET)
     assert len(plan.phases) > 5 and plan.total_steps == ref.total_steps == 11700
     assert plan.warmup_steps == ref.warmup_steps
-    spe = ref.steps_per_epoch
+    spe = ref.phases[0].steps_per_epoch
     assert all(p.start_step == int(p.start_epoch * spe + 0.5) for p in plan.phases)
     assert all(a.end_step == b.start_step for a, b in zip(plan.phases, plan.phases[1:]))
 
@@ -158,7 +166,7 @@ def test_phase_boundaries_round_cumulatively_so_total_steps_do_not_drift():
 def test_progressive_without_a_finetune_part_still_ends_at_the_full_size():
     c = load_recipe(ROOT / "recipes" / "vit_b16.py")
     for ff in (0.0, 0.2):
-        ph = phases.progressive(c, initial_scale=0.5, delay_fraction=0.0, finetune_fraction=ff)
+        ph = phase_list.progressive(c, initial_scale=0.5, delay_fraction=0.0, finetune_fraction=ff)
         assert ph[-1]["image_size"] == 224 and ph[0]["image_size"] == 112, ff
         sizes = [p["image_size"] for p in ph]
         assert sizes == sorted(set(sizes))
@@ -169,17 +177,17 @@ def test_progressive_without_a_finetune_part_still_ends_at_the_full_size():
 def test_progressive_generator_builds_composer_phases_in_one_line():
     c = load_recipe(DEMO)
     c.data.image_size, c.model.kwargs = 32, dict(c.model.kwargs)  # patch 4: sizes 16, 20, ..., 32
-    c.train.phases = phases.progressive(c, initial_scale=0.5, delay_fraction=0.5, finetune_fraction=0.2)
+    c.train.phases = phase_list.progressive(c, initial_scale=0.5, delay_fraction=0.5, finetune_fraction=0.2)
     validate(c)
     sizes = [p["image_size"] for p in c.train.phases]
     starts = [p["epoch"] for p in c.train.phases]
     # Sizes round down to the increment, as composer's: 20 px from scale 0.625, 57.5% into the run.
     assert sizes == [16, 20, 24, 28, 32] and starts[0] == 0 and starts[1] == pytest.approx(34.5, abs=0.05)
     assert starts[-1] == pytest.approx(48, abs=0.05) and starts == sorted(starts)
-    c.train.phases = phases.progressive(c, initial_scale=0.5, size_increment=8)
+    c.train.phases = phase_list.progressive(c, initial_scale=0.5, size_increment=8)
     assert [p["image_size"] for p in c.train.phases] == [16, 24, 32]
     with pytest.raises(UserError, match=r"size_increment=6\): not a multiple of the patch size 4; use 4"):
-        phases.progressive(c, size_increment=6)
+        phase_list.progressive(c, size_increment=6)
 
 
 @pytest.mark.parametrize(
@@ -237,7 +245,7 @@ def test_a_phase_batch_the_world_size_cannot_divide_fails_in_train_py_before_the
 
 
 def test_dry_run_prints_the_phase_table(capsys):
-    from vitlarge.plan import print_plan
+    from vitlarge.run.dry_run import print_plan
 
     cfg = load_config(ROOT / "recipes" / "demo_digits_progressive.py")
     print_plan(cfg, make_plan(cfg, 2))
@@ -262,7 +270,7 @@ def test_loaders_are_rebuilt_at_a_boundary_at_the_phase_size_and_resume_exactly(
     c.augment.mixup_alpha = 0.0
     plan = make_plan(c, 1, N)
     dev = torch.device("cpu")
-    loaders = phases.PhasedLoaders(c, plan, 0, 1, dev)
+    loaders = phased.PhasedLoaders(c, plan, 0, 1, dev)
     train, val = loaders.enter(0)
     assert loaders.enter(10) is None and not loaders.changes_at(10) and loaders.changes_at(11)  # same phase: kept
     x, y = next(train)
@@ -274,15 +282,15 @@ def test_loaders_are_rebuilt_at_a_boundary_at_the_phase_size_and_resume_exactly(
     b1 = [next(train1)[0] for _ in range(2)]
     assert b1[0].shape == (16, 3, 12, 12) and next(iter(val1))[0].shape[-1] == 16
     # Resume inside phase 0: the same next batch.
-    again = phases.PhasedLoaders(c, plan, 0, 1, dev, state=state0)
+    again = phased.PhasedLoaders(c, plan, 0, 1, dev, state=state0)
     assert torch.equal(next(again.enter(5)[0])[0], after)
     # Resume at the boundary with phase 0's state: phase 1's stream from its start, as above.
-    at_boundary = phases.PhasedLoaders(c, plan, 0, 1, dev, state=state0)
+    at_boundary = phased.PhasedLoaders(c, plan, 0, 1, dev, state=state0)
     t = at_boundary.enter(11)[0]
     assert all(torch.equal(next(t)[0], b) for b in b1)
     # The state is tied to the phase list: an edit of train.phases (a phase inserted) or a state
     # written without phases is "another phase list", and train.py drops it with a warning.
-    assert not phases.state_of_other_phases(state0, c) and not phases.state_of_other_phases(None, c)
+    assert not phased.state_of_other_phases(state0, c) and not phased.state_of_other_phases(None, c)
     edited = demo(
         [
             {"epoch": 0, "image_size": 8},
@@ -291,9 +299,9 @@ def test_loaders_are_rebuilt_at_a_boundary_at_the_phase_size_and_resume_exactly(
         ],
         micro_batch=16,
     )
-    assert phases.state_of_other_phases(state0, edited)
-    assert phases.state_of_other_phases(train.loader.state(), c)  # a TrainLoader state without phases
-    assert phases.fingerprint(c) == phases.fingerprint(demo(list(c.train.phases), micro_batch=16))
+    assert phased.state_of_other_phases(state0, edited)
+    assert phased.state_of_other_phases(train.loader.state(), c)  # a TrainLoader state without phases
+    assert phased.fingerprint(c) == phased.fingerprint(demo(list(c.train.phases), micro_batch=16))
 
 
 def test_position_embedding_resample_is_timms_as_a_cached_matmul():
@@ -303,7 +311,7 @@ def test_position_embedding_resample_is_timms_as_a_cached_matmul():
     from timm.layers import resample_abs_pos_embed
     from timm.models.vision_transformer import VisionTransformer
 
-    from vitlarge.model import build_model, pos_embed_matrix
+    from vitlarge.model.vit import build_model, pos_embed_matrix
 
     c = load_recipe(ROOT / "recipes" / "demo_digits_progressive.py")
     torch.manual_seed(0)
@@ -329,7 +337,7 @@ def test_position_embedding_resample_is_timms_as_a_cached_matmul():
 
 
 def test_the_export_declares_the_last_phases_eval_size():
-    from vitlarge.export import data_config
+    from vitlarge.checkpoint.export import data_config
 
     c = demo([{"epoch": 0, "image_size": 8}, {"epoch": 40, "image_size": 16, "eval_size": 20}])
     assert data_config(c)["input_size"] == (3, 20, 20) and c.data.image_size == 16

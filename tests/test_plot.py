@@ -1,4 +1,4 @@
-"""The picture of a run: `vitlarge.plot` and `hooks.plot.PlotHook` over a real metrics.jsonl."""
+"""The picture of a run: `vitlarge.report.plot` and `hooks.plot.PlotHook` over a real metrics.jsonl."""
 
 from __future__ import annotations
 
@@ -11,17 +11,41 @@ from PIL import Image
 
 from hooks.jsonl import JsonlHook
 from hooks.plot import PlotHook
-from vitlarge.config import Config, Plan
+from vitlarge.config.schema import Config
 from vitlarge.errors import UserError
 from vitlarge.events import EvalMetrics, RunInfo, StepMetrics
-from vitlarge.metrics import PLOT_FILENAME
-from vitlarge.plot import _smooth, plot_run
+from vitlarge.plan.phases import Phase
+from vitlarge.plan.plan import Plan
+from vitlarge.report.metrics_log import PLOT_FILENAME
+from vitlarge.report.plot import _smooth, plot_run
+
+
+def one_phase_plan(world_size, global_batch, micro_batch, accum_steps, steps_per_epoch, total_steps, **kw) -> Plan:
+    """A plan of one phase (a recipe without train.phases) with these figures."""
+    phase = Phase(
+        index=0,
+        start_epoch=0.0,
+        end_epoch=total_steps / steps_per_epoch,
+        image_size=224,
+        eval_size=224,
+        global_batch=global_batch,
+        micro_batch=micro_batch,
+        accum_steps=accum_steps,
+        crop_scale=(0.08, 1.0),
+        lr_scale=1.0,
+        lr=None,
+        steps_per_epoch=steps_per_epoch,
+        start_step=0,
+        end_step=total_steps,
+    )
+    return Plan(world_size=world_size, phases=(phase,), total_steps=total_steps, **kw)
+
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 
 
 def run_info(workdir, start_step=0) -> RunInfo:
-    plan = Plan(
+    plan = one_phase_plan(
         world_size=2,
         global_batch=128,
         micro_batch=16,
@@ -93,7 +117,11 @@ def test_the_cli_redraws_a_run_and_names_the_file(tmp_path):
     write_run(tmp_path)
     (tmp_path / PLOT_FILENAME).unlink()
     r = subprocess.run(
-        [sys.executable, "-m", "vitlarge.plot", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "vitlarge.report.plot", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(tmp_path / PLOT_FILENAME) and (tmp_path / PLOT_FILENAME).is_file()
@@ -101,7 +129,11 @@ def test_the_cli_redraws_a_run_and_names_the_file(tmp_path):
 
 def test_a_run_without_records_is_one_line_and_exit_2(tmp_path):
     r = subprocess.run(
-        [sys.executable, "-m", "vitlarge.plot", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "vitlarge.report.plot", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         f"error: {tmp_path / 'metrics.jsonl'} does not exist; pass the --workdir of a run that has started"

@@ -1,4 +1,4 @@
-"""vitlarge/plugins.py: the Booster plugin puts the model on the device we chose, not on Colossal-AI's guess.
+"""vitlarge/distributed/plugins.py: the Booster plugin puts the model on the device we chose, not on Colossal-AI's guess.
 
 Colossal-AI's TorchDDPPlugin moves the model to its global accelerator's current device, which it
 detects as CUDA whenever CUDA is available. These tests put Colossal-AI in that state (its CUDA
@@ -17,10 +17,11 @@ from colossalai.booster import Booster
 from colossalai.booster.plugin import TorchDDPPlugin
 
 from tests.launcher import free_port
-from vitlarge.config import Config
+from vitlarge.config.schema import Config
+from vitlarge.distributed.launch import init_distributed
+from vitlarge.distributed.launcher import DistEnv
+from vitlarge.distributed.plugins import build_plugin
 from vitlarge.errors import UserError
-from vitlarge.launch import DistEnv, init_distributed
-from vitlarge.plugins import build_plugin
 
 CPU = torch.device("cpu")
 
@@ -68,7 +69,7 @@ def test_without_the_explicit_device_colossalai_moves_the_model_to_cuda(cuda_hos
 
 
 def test_zero_is_refused_with_a_pointer_to_fsdp():
-    from vitlarge.config import validate
+    from vitlarge.config.load import validate
 
     cfg = Config()
     cfg.train.plugin = "zero"
@@ -77,7 +78,7 @@ def test_zero_is_refused_with_a_pointer_to_fsdp():
 
 
 def test_fsdp_refuses_a_model_without_transformer_blocks():
-    from vitlarge.fsdp import FSDPPlugin
+    from vitlarge.distributed.fsdp import FSDPPlugin
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

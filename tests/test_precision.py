@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitlarge.precision import Precision, cpu_flags, resolve
+from vitlarge.model.precision import Precision, cpu_flags, resolve
 
 CPU = torch.device("cpu")
 

@@ -1,4 +1,4 @@
-"""vitlarge/resume.py in one process: which checkpoint a run continues from, and what is moved aside.
+"""vitlarge/checkpoint/resume.py in one process: which checkpoint a run continues from, and what is moved aside.
 
 The multi-process paths (rank 0's choice broadcast to ranks that see other folders, a rank that
 cannot read the choice) are in tests/reliability/test_resume_paths.py.
@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from vitlarge import checkpoint, resume
-from vitlarge.config import load_recipe
+from vitlarge.checkpoint import resume, store
+from vitlarge.config.load import load_recipe
 from vitlarge.errors import UserError
-from vitlarge.model import build_model
-from vitlarge.optim import build_optimizer
+from vitlarge.model.vit import build_model
+from vitlarge.optim.lamb import build_optimizer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,7 +35,7 @@ def parts(cfg):
 
 def line(workdir: Path, cfg, parts, steps) -> list[Path]:
     model, opt, scaler = parts
-    return [checkpoint.save(workdir, s, model, opt, scaler, f"data@{s}", cfg, keep=10) for s in steps]
+    return [store.save(workdir, s, model, opt, scaler, f"data@{s}", cfg, keep=10) for s in steps]
 
 
 def names(folder: Path) -> list[str]:
@@ -56,7 +56,7 @@ def test_automatic_resume_takes_the_newest_that_passes_and_moves_the_failed_asid
     warnings = [r.getMessage() for r in caplog.records if r.name == "vitlarge"]
     assert warnings[:2] == [
         f"warning: checkpoint {ckpts[2]} fails its check (__0_0.distcp has 0 bytes, meta.json records "
-        f"{checkpoint.read_meta(ckpts[0])['files']['__0_0.distcp']['bytes']:,}); passed over",
+        f"{store.read_meta(ckpts[0])['files']['__0_0.distcp']['bytes']:,}); passed over",
         f"warning: checkpoint {ckpts[1]} fails its check (meta.json is not JSON: Expecting property name enclosed "
         "in double quotes: line 1 column 2 (char 1)); passed over",
     ]
@@ -67,7 +67,7 @@ def test_automatic_resume_takes_the_newest_that_passes_and_moves_the_failed_asid
     assert len(warnings) == 3 and warnings[2].startswith(
         f"moved 2 checkpoint(s) newer than step 2 (step_0000004, step_0000006) aside to {aside}"
     )
-    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["step_0000002"]
+    assert [p.name for p in store.list_checkpoints(tmp_path)] == ["step_0000002"]
     assert resume.choose(tmp_path, None, parts[0], cfg) == ckpts[0]
 
 
@@ -81,9 +81,9 @@ def test_resume_of_an_older_step_sets_the_newer_line_aside_and_saves_over_its_na
         f"this run continues from {ckpts[1]}"
     ]
     assert names(aside) == ["step_0000006", "step_0000008"]
-    assert all(checkpoint.verify(p) is None for p in aside.iterdir())  # moved whole
+    assert all(store.verify(p) is None for p in aside.iterdir())  # moved whole
     line(tmp_path, cfg, parts, (6,))  # before: os.replace onto step_0000006 raised ENOTEMPTY
-    assert checkpoint.latest(tmp_path) == ckpts[2]
+    assert store.latest(tmp_path) == ckpts[2]
 
 
 def test_resume_from_another_workdir_starts_this_workdirs_line_with_a_copy(tmp_path, cfg, parts):
@@ -92,12 +92,12 @@ def test_resume_from_another_workdir_starts_this_workdirs_line_with_a_copy(tmp_p
     other = line(tmp_path / "other", cfg, parts, (4,))[0]
     here = line(tmp_path / "here", cfg, parts, (2, 4, 6))
     chosen = resume.choose(tmp_path / "here", other, parts[0], cfg)
-    assert chosen == here[1] and checkpoint.verify(chosen) is None
+    assert chosen == here[1] and store.verify(chosen) is None
     assert {f.name: f.stat().st_ino for f in chosen.iterdir()} == {f.name: f.stat().st_ino for f in other.iterdir()}
     [aside] = abandoned(tmp_path / "here")
     assert names(aside) == ["step_0000004", "step_0000006"]
-    assert checkpoint.latest(tmp_path / "here") == chosen
-    assert checkpoint.verify(other) is None and checkpoint.list_checkpoints(tmp_path / "other") == [other]
+    assert store.latest(tmp_path / "here") == chosen
+    assert store.verify(other) is None and store.list_checkpoints(tmp_path / "other") == [other]
 
 
 def test_resume_of_a_bad_checkpoint_is_one_line_and_moves_nothing(tmp_path, cfg, parts):
@@ -108,10 +108,10 @@ def test_resume_of_a_bad_checkpoint_is_one_line_and_moves_nothing(tmp_path, cfg,
         resume.choose(tmp_path, ckpts[1], parts[0], cfg)
     assert str(e.value) == (
         f"checkpoint {ckpts[1]} fails its check (.metadata has 100 bytes, meta.json records "
-        f"{checkpoint.read_meta(ckpts[0])['files']['.metadata']['bytes']:,}); --resume an older "
+        f"{store.read_meta(ckpts[0])['files']['.metadata']['bytes']:,}); --resume an older "
         "checkpoints/step_* folder, or omit --resume to take the newest one that passes"
     )
-    assert abandoned(tmp_path) == [] and checkpoint.list_checkpoints(tmp_path) == ckpts
+    assert abandoned(tmp_path) == [] and store.list_checkpoints(tmp_path) == ckpts
 
 
 @pytest.mark.parametrize("where", ["workdir", "checkpoints", "elsewhere"])
@@ -141,13 +141,13 @@ def test_checkpoint_of_another_recipe_is_refused_and_nothing_moves(tmp_path, cfg
     (ckpts[1] / "__0_0.distcp").write_bytes(b"")
     with pytest.raises(UserError, match=f"checkpoint {ckpts[0]} holds model .* does not match the recipe"):
         resume.choose(tmp_path, None, parts[0], cfg)
-    assert abandoned(tmp_path) == [] and checkpoint.list_checkpoints(tmp_path) == ckpts
+    assert abandoned(tmp_path) == [] and store.list_checkpoints(tmp_path) == ckpts
 
 
 def test_restore_loads_the_choice(tmp_path, cfg, parts):
     ckpt = line(tmp_path, cfg, parts, (3,))[0]
     state = resume.restore(ckpt, *parts, cfg)
-    assert (state["step"], state["data"]) == (3, "data@3")
+    assert (state.step, state.data_state) == (3, "data@3")
 
 
 def test_restore_names_the_rank_and_the_path(tmp_path, cfg, parts):

@@ -1,10 +1,10 @@
-"""vitlarge/schedule.py: the lr is a pure function of the optimizer step."""
+"""vitlarge/plan/schedule.py: the lr is a pure function of the optimizer step."""
 
 import math
 
 import pytest
 
-from vitlarge.schedule import lr_at
+from vitlarge.plan.schedule import lr_at
 
 PEAK = 1.8e-2
 

@@ -21,10 +21,11 @@ import torch
 
 from hooks.jsonl import read_metrics
 from tests import launcher
-from vitlarge.config import IMAGENET_MEAN, IMAGENET_STD, load_config
+from vitlarge.config.load import load_config
+from vitlarge.constants import IMAGENET_MEAN, IMAGENET_STD
 from vitlarge.data import synthetic
-from vitlarge.data.build import check_data, train_loader, val_loader
 from vitlarge.data.common import val_forwards
+from vitlarge.data.sources import check_data, train_loader, val_loader
 from vitlarge.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,7 +15,7 @@ from collections.abc import Callable
 class UserError(Exception):
     """Bad input: a missing file, a wrong key, a value out of range. Message names it and the fix.
 
-    ``same_on_all_ranks`` says who prints it (``vitlarge.launch.prints_error``): True when every rank
+    ``same_on_all_ranks`` says who prints it (``vitlarge.distributed.launch.prints_error``): True when every rank
     raises this same error (agreed through a collective, or computed from input all ranks read alike),
     so that only rank 0 prints it; False when it concerns this process alone; None (the default)
     decides by when it is raised: before the process group exists every process reads the same
@@ -45,7 +45,7 @@ def cli_main(work: Callable[[], object], *, prints: Callable[[UserError], bool] 
 
     A `UserError` becomes one line ``error: <message>`` on stderr and exit status 2, without a
     traceback; ``prints(e)`` decides whether this process prints it (default: always; multi-rank tools
-    pass ``vitlarge.launch.prints_error`` so that an error every rank meets is printed once).
+    pass ``vitlarge.distributed.launch.prints_error`` so that an error every rank meets is printed once).
     """
     try:
         status = work()

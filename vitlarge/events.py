@@ -1,6 +1,6 @@
 """The run contract: the events a training run emits, what they carry, and the hook base class.
 
-The trainer (`vitlarge.trainer`) emits; observers in ``hooks/`` implement `Hook`. In order:
+The trainer (`vitlarge.train.trainer`) emits; observers in ``hooks/`` implement `Hook`. In order:
 
 * `Event.TRAIN_START` -> ``on_train_start(run)`` once per process, before the first step.
 * `Event.STEP_END` -> ``on_step_end(run, m: StepMetrics)`` after every optimizer step.
@@ -21,7 +21,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from vitlarge.config import Config, Plan
+from vitlarge.config.schema import Config
+from vitlarge.plan.plan import Plan
 
 
 class StopTraining(Exception):

@@ -77,9 +77,9 @@ def assert_scaler_contract(train: list[dict], growth_interval: int) -> None:
 
 def checkpoint_steps(workdir: Path) -> list[int]:
     """Steps of the complete checkpoints (final names) under ``workdir``, oldest first."""
-    from vitlarge import checkpoint
+    from vitlarge.checkpoint import store
 
-    return [int(p.name[5:]) for p in checkpoint.list_checkpoints(workdir)]
+    return [int(p.name[5:]) for p in store.list_checkpoints(workdir)]
 
 
 def resumed_at(log: str) -> list[tuple[str, int]]:

@@ -216,9 +216,9 @@ def missing_shard_index(c: Ctx) -> Run:
 
 def evaluate_on(c: Ctx, data) -> list[str]:
     """``python -m vitlarge.evaluate`` of a freshly exported demo model on ``data`` (reads the validation split)."""
-    from vitlarge.config import load_config
-    from vitlarge.export import export
-    from vitlarge.model import build_model
+    from vitlarge.checkpoint.export import export
+    from vitlarge.config.load import load_config
+    from vitlarge.model.vit import build_model
 
     cfg = load_config(RECIPE, [])
     path = export(c.tmp, build_model(cfg, CPU), cfg)
@@ -323,15 +323,15 @@ def unwritable_workdir(c: Ctx) -> Run:
 
 def incompatible_checkpoint(c: Ctx) -> Run:
     """A workdir holding a checkpoint of another model (the recipe changed): the rerun must not resume it."""
-    from vitlarge import checkpoint
-    from vitlarge.config import load_config
-    from vitlarge.model import build_model
-    from vitlarge.optim import build_optimizer
+    from vitlarge.checkpoint import store
+    from vitlarge.config.load import load_config
+    from vitlarge.model.vit import build_model
+    from vitlarge.optim.lamb import build_optimizer
 
     other = load_config(RECIPE, ["model.kwargs={'patch_size': 4, 'embed_dim': 48, 'depth': 2, 'num_heads': 3}"])
     model = build_model(other, CPU)
     opt = build_optimizer(model, "lamb", lr=1e-2, weight_decay=0.1)
-    path = checkpoint.save(c.workdir, 7, model, opt, torch.amp.GradScaler("cpu"), None, other, keep=3)
+    path = store.save(c.workdir, 7, model, opt, torch.amp.GradScaler("cpu"), None, other, keep=3)
     before = sorted(p.name for p in (c.workdir / "checkpoints").iterdir())
 
     def after():
@@ -348,15 +348,15 @@ def incompatible_checkpoint(c: Ctx) -> Run:
 
 def demo_checkpoint(c: Ctx, step: int = 3) -> Path:
     """A real checkpoint of the demo recipe in the workdir, written in-process (no training run)."""
-    from vitlarge import checkpoint
-    from vitlarge.config import load_config
-    from vitlarge.model import build_model
-    from vitlarge.optim import build_optimizer
+    from vitlarge.checkpoint import store
+    from vitlarge.config.load import load_config
+    from vitlarge.model.vit import build_model
+    from vitlarge.optim.lamb import build_optimizer
 
     cfg = load_config(RECIPE, [])
     model = build_model(cfg, CPU)
     opt = build_optimizer(model, "lamb", lr=1e-2, weight_decay=0.1)
-    return checkpoint.save(c.workdir, step, model, opt, torch.amp.GradScaler("cpu"), None, cfg, keep=3)
+    return store.save(c.workdir, step, model, opt, torch.amp.GradScaler("cpu"), None, cfg, keep=3)
 
 
 def untouched(c: Ctx, path: Path) -> Callable[[], None]:

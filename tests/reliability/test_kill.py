@@ -28,7 +28,7 @@ from tests.reliability import (
     resumed_at,
     train_args,
 )
-from vitlarge import checkpoint
+from vitlarge.checkpoint import store
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 600
@@ -113,7 +113,7 @@ def test_kill_9_at_five_points_resumes_from_newest_complete_checkpoint_bitwise(d
         else:
             assert resumed_at(text) == [(str(ckpt_root / f"step_{expected_resume:07d}"), expected_resume)], text[-3000:]
 
-        newest = checkpoint.latest(workdir)
+        newest = store.latest(workdir)
         expected_resume = int(newest.name[5:]) if newest else None
         if reached is None:
             # The half-written checkpoint is left as .tmp only; the newest complete one is older.

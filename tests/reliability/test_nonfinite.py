@@ -16,7 +16,7 @@ import torch
 from hooks.jsonl import read_metrics
 from tests import launcher
 from tests.reliability import RECIPE, checkpoint_steps, kill_all, srun
-from vitlarge import checkpoint
+from vitlarge.checkpoint import store
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 600
@@ -47,7 +47,7 @@ def train_records(workdir: Path) -> dict[int, dict]:
 
 def weights(path: Path) -> dict:
     """A checkpoint's full weights, read on this process (DCP's files)."""
-    return checkpoint.weights_of(path, checkpoint.read_meta(path))
+    return store.weights_of(path, store.read_meta(path))
 
 
 def optimizer_state(path: Path) -> dict:
@@ -56,7 +56,7 @@ def optimizer_state(path: Path) -> dict:
 
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
-    from vitlarge.sharded_checkpoint import Reader
+    from vitlarge.checkpoint.sharded import Reader
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "assuming the intent is to load in a single process"
@@ -130,16 +130,16 @@ def test_persistent_nan_stops_both_ranks_with_exit_3_and_keeps_the_last_good_che
     assert not list((tmp_path / "checkpoints").glob(".step_*"))
 
     # The named checkpoint is intact: it loads into a fresh model, optimizer and scaler, all finite.
-    from vitlarge.config import load_config
-    from vitlarge.model import build_model
-    from vitlarge.optim import build_optimizer
+    from vitlarge.config.load import load_config
+    from vitlarge.model.vit import build_model
+    from vitlarge.optim.lamb import build_optimizer
 
     cfg = load_config(RECIPE, [], data__path=demo_data)
     torch.manual_seed(123)
     model = build_model(cfg, torch.device("cpu"))
     opt = build_optimizer(model, cfg.optim.name, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     scaler = torch.amp.GradScaler("cpu", enabled=True)
-    state = checkpoint.load(good, model, opt, scaler, cfg)
+    state = store.load(good, model, opt, scaler, cfg)
     assert state["step"] == 3 and state["world_size"] == 2
     saved = weights(good)
     for k, v in model.state_dict().items():

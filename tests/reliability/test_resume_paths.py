@@ -21,7 +21,7 @@ import pytest
 
 from tests import launcher
 from tests.reliability import RECIPE, assert_bitwise_equal, checkpoint_steps, final_weights, kill_all, resumed_at, srun
-from vitlarge import checkpoint
+from vitlarge.checkpoint import store
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 300
@@ -121,16 +121,16 @@ def test_resume_of_an_older_step_into_the_same_workdir_then_kill_9_and_requeue(r
     ]
     assert resumed_at(text) == [(str(ckpts / "step_0000004"), 4)]
     assert names(aside) == ["step_0000006", "step_0000008", "step_0000010", "step_0000012"]
-    newest = checkpoint.latest(workdir)
-    assert newest.parent == ckpts and checkpoint.step_of(newest) >= 8
+    newest = store.latest(workdir)
+    assert newest.parent == ckpts and store.step_of(newest) >= 8
 
     r = launcher.run(args, nproc=2, timeout=TIMEOUT)  # the requeue: same command, no --resume
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
-    assert resumed_at(out) == [(str(newest), checkpoint.step_of(newest))] and not MOVED.findall(out)
+    assert resumed_at(out) == [(str(newest), store.step_of(newest))] and not MOVED.findall(out)
     assert_bitwise_equal(final_weights(reference), final_weights(workdir))
     assert checkpoint_steps(workdir) == [2, 4, 6, 8, 10, 12]
-    assert [checkpoint.verify(p) for p in aside.iterdir()] == [None] * 4  # nothing lost
+    assert [store.verify(p) for p in aside.iterdir()] == [None] * 4  # nothing lost
 
 
 def test_rank_0_chooses_for_every_rank_and_passes_over_damaged_checkpoints(reference, demo_data, tmp_path, can_mount):
@@ -255,10 +255,10 @@ def as_format_1(ckpt: Path) -> None:
     from safetensors.torch import save_file
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
-    from vitlarge.config import load_recipe
-    from vitlarge.model import build_model
-    from vitlarge.optim import build_optimizer
-    from vitlarge.sharded_checkpoint import Reader, param_names
+    from vitlarge.checkpoint.sharded import Reader, param_names
+    from vitlarge.config.load import load_recipe
+    from vitlarge.model.vit import build_model
+    from vitlarge.optim.lamb import build_optimizer
 
     meta = json.loads((ckpt / "meta.json").read_text())
     with warnings.catch_warnings():

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 
-VAL_INTERPOLATION = "bicubic"  # timm's eval resize; the export declares it (vitlarge/export.py)
+VAL_INTERPOLATION = "bicubic"  # timm's eval resize; the export declares it (vitlarge/checkpoint/export.py)
 STATE_VERSION = 2  # 2: per-epoch file-order shuffle (shuffle_after_epoch), one seed for all ranks
 
 

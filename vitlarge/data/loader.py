@@ -19,7 +19,7 @@ import math
 import torch
 from nvidia.dali.plugin.pytorch import feed_ndarray
 
-from vitlarge.config import IMAGENET_MEAN, IMAGENET_STD
+from vitlarge.constants import IMAGENET_MEAN, IMAGENET_STD
 from vitlarge.data import pipelines
 from vitlarge.data.common import STATE_VERSION, VAL_INTERPOLATION, state_from_older_release, val_forwards  # noqa: F401
 from vitlarge.data.manifest import MANIFEST_NAME, Manifest, check_shards, load_manifest

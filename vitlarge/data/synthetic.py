@@ -1,6 +1,6 @@
 """Synthetic data: random images and labels made on the device, for runs without a data set or DALI.
 
-``data.source=synthetic`` (`vitlarge.data.build`) gives train.py these loaders in place of the DALI
+``data.source=synthetic`` (`vitlarge.data.sources`) gives train.py these loaders in place of the DALI
 ones, so a throughput check or a run on a GPU machine without ImageNet goes through exactly the
 same trainer, engine, checkpoints and evaluation; only the batch source differs (timm's
 ``benchmark.py`` and torchtitan's synthetic datasets measure the same way).

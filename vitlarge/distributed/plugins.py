@@ -1,6 +1,6 @@
 """The Colossal-AI Booster plugin a recipe asks for, on the device ``launch.choose_device`` chose.
 
-``ddp`` (TorchDDPPlugin) replicates the model; ``fsdp`` (`vitlarge.fsdp.FSDPPlugin`) shards weights,
+``ddp`` (TorchDDPPlugin) replicates the model; ``fsdp`` (`vitlarge.distributed.fsdp.FSDPPlugin`) shards weights,
 gradients and LAMB states over the ranks, for models whose states do not fit next to the weights
 (ViT-H/14 and up). Both run on CPU (gloo) and CUDA (NCCL). Under ``fsdp`` the plugin owns the
 compute precision (FSDP2's casts, no autocast); the fp16 loss scaler's overflow check then spans all ranks.
@@ -13,7 +13,7 @@ CUDA host keeps the model on the CPU, next to its data, autocast and gloo.
 
 from __future__ import annotations
 
-from vitlarge.config import Config
+from vitlarge.config.schema import Config
 
 DDP_BUCKET_CAP_MB = 25
 """DDP's gradient bucket size: ViT-B/16's 86M fp32 gradients go out in ~14 all-reduces."""
@@ -33,6 +33,6 @@ def build_plugin(cfg: Config, device):
         # One bucket per ~25 MB: ViT-B/16's 86M fp32 gradients go out in ~14 all-reduces, overlapped
         # with the last micro-step's backward; earlier micro-steps run under no_sync.
         return TorchDDPPlugin(bucket_cap_mb=DDP_BUCKET_CAP_MB, broadcast_buffers=False)
-    from vitlarge.fsdp import FSDPPlugin
+    from vitlarge.distributed.fsdp import FSDPPlugin
 
     return FSDPPlugin(cfg.train.precision, torch.device(device))

@@ -16,7 +16,7 @@ Contract of `FSDPPlugin.configure`:
   all ranks; each rank's local piece is a contiguous run of rows (torch.chunk sizes: possibly empty,
   e.g. a ``(1, 65, 384)`` position embedding lives whole on rank 0). FSDP2 replaces the module's
   ``nn.Parameter`` objects, so the optimizer (built before wrapping) is pointed at the new ones by
-  name; a `vitlarge.optim.Lamb` becomes `vitlarge.sharded_optim.ShardedLamb`, whose trust ratios use
+  name; a `vitlarge.optim.lamb.Lamb` becomes `vitlarge.optim.sharded_lamb.ShardedLamb`, whose trust ratios use
   the norms of whole tensors, whatever the world size.
 * precision (``train.precision``): ``bf16``/``fp16``: ``MixedPrecisionPolicy(param_dtype, reduce_dtype=
   float32)``: blocks compute with gathered half-precision copies, the sharded fp32 parameters are the
@@ -24,7 +24,7 @@ Contract of `FSDPPlugin.configure`:
   accumulated) in fp32. No autocast. ``LayerNorm`` computes in fp32 (each becomes timm's
   ``LayerNormFp32``: input, weight and bias cast up inside its forward, output cast back to the
   input's dtype; same parameters and state dict), and so does the
-  CPU-fp16 patch convolution `vitlarge.model.Fp32Conv2d` (`_ShardedFp32Conv2d`). Why a forward
+  CPU-fp16 patch convolution `vitlarge.model.vit.Fp32Conv2d` (`_ShardedFp32Conv2d`). Why a forward
   wrapper rather than a ``fully_shard`` group per LayerNorm with an fp32 policy (what FSDP1's
   ``_module_classes_to_ignore`` amounted to): it costs no extra collective, where such groups add two
   all-gathers (forward, backward) and one reduce-scatter per LayerNorm per micro-step (2 x depth + 1
@@ -40,7 +40,7 @@ Contract of `FSDPPlugin.configure`:
   ``init_from`` race, would give a mosaic of shards. We broadcast before sharding with the helper
   DDP uses at construction (``torch.distributed.utils._sync_module_states``), on CPU and CUDA: one path.
 * gradient accumulation: `FSDPPlugin.no_sync` is ``set_requires_gradient_sync(False)`` on every
-  FSDP module for the micro-steps that should not reduce (see `vitlarge.engine`).
+  FSDP module for the micro-steps that should not reduce (see `vitlarge.train.engine`).
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.utils import _sync_module_states
 
 from vitlarge.errors import UserError
-from vitlarge.model import Fp32Conv2d
-from vitlarge.precision import DTYPES
+from vitlarge.model.precision import DTYPES
+from vitlarge.model.vit import Fp32Conv2d
 
 BROADCAST_BUCKET_BYTES = 250 * 1024 * 1024  # DDP's bucket for the initial broadcast
 FULL_SHAPES_ATTR = "vitlarge_full_shapes"
@@ -161,10 +161,10 @@ class FSDPPlugin(DPPluginBase):
         return False
 
     def control_checkpoint_io(self) -> bool:
-        return False  # vitlarge/checkpoint.py writes sharded runs itself (exact resume, atomic)
+        return False  # vitlarge/checkpoint/store.py writes sharded runs itself (exact resume, atomic)
 
     def get_checkpoint_io(self):
-        raise NotImplementedError("vitlarge/checkpoint.py saves fsdp runs")
+        raise NotImplementedError("vitlarge/checkpoint/store.py saves fsdp runs")
 
     def enable_lora(self, *args, **kwargs):
         raise NotImplementedError("LoRA is not supported by vitlarge's fsdp plugin")
@@ -183,8 +183,8 @@ class FSDPPlugin(DPPluginBase):
     def configure(
         self, model: nn.Module, optimizer=None, criterion: Callable | None = None, dataloader=None, lr_scheduler=None
     ):
-        from vitlarge.optim import Lamb
-        from vitlarge.sharded_optim import ShardedLamb
+        from vitlarge.optim.lamb import Lamb
+        from vitlarge.optim.sharded_lamb import ShardedLamb
 
         model = model.to(self.device)
         names = {id(p): n for n, p in model.named_parameters()}

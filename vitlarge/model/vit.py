@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from vitlarge.config import Config
+from vitlarge.config.schema import Config
 from vitlarge.errors import UserError
 
 
@@ -21,7 +21,7 @@ def model_kwargs(cfg: Config) -> dict:
         proj_drop_rate=m.proj_drop_rate,
         drop_path_rate=m.drop_path_rate,
         # With phases the input size changes during the run: the position embedding (of the
-        # data.image_size grid) is resampled to each input's grid (vitlarge/phases.py), by a cached
+        # data.image_size grid) is resampled to each input's grid (vitlarge/plan/phases.py), by a cached
         # matrix with a deterministic backward (_deterministic_pos_embed_class).
         **(dict(dynamic_img_size=True) if cfg.train.phases else {}),
         **m.kwargs,

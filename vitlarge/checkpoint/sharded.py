@@ -1,6 +1,6 @@
 """Weights and optimizer state through ``torch.distributed.checkpoint`` (DCP), for any wrapper and world size.
 
-A checkpoint (format 3, see vitlarge/checkpoint.py) stores the model and optimizer state dicts that
+A checkpoint (format 3, see vitlarge/checkpoint/store.py) stores the model and optimizer state dicts that
 ``torch.distributed.checkpoint.state_dict.get_state_dict`` returns, under the keys ``model`` and
 ``optimizer``: plain tensors under DDP, this rank's shards (DTensor under FSDP2, ShardedTensor/DTensor
 under FSDP1) when sharded. ``dcp.save`` writes one ``__<rank>_0.distcp`` file per rank (replicated
@@ -91,8 +91,8 @@ def full_shapes(model: nn.Module) -> dict[str, list[int]] | None:
     (DDP: plain tensors; FSDP2: DTensors report their global shape). FSDP1 records them when it wraps."""
     root = _root(model)
     if not _is_fsdp1(root):
-        return None  # and no import of vitlarge.fsdp (Colossal-AI's Booster: seconds, and it draws from `random`)
-    from vitlarge.fsdp import FULL_SHAPES_ATTR
+        return None  # and no import of vitlarge.distributed.fsdp (Colossal-AI's Booster: seconds, and it draws from `random`)
+    from vitlarge.distributed.fsdp import FULL_SHAPES_ATTR
 
     return getattr(root, FULL_SHAPES_ATTR, None)
 

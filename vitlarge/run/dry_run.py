@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 
-from vitlarge.config import Config, Plan
-from vitlarge.model import describe_model, memory_estimate
+from vitlarge.config.schema import Config
+from vitlarge.model.vit import describe_model, memory_estimate
+from vitlarge.plan.plan import Plan
 
 
 def _gib(n: float) -> str:
@@ -13,39 +14,44 @@ def _gib(n: float) -> str:
 
 
 def _no_sync(cfg: Config, accum_steps: int) -> bool:
-    """Whether fsdp keeps whole gradients between micro-steps (``train.fsdp_accumulation``, see vitlarge/engine.py)."""
-    from vitlarge.engine import fsdp_reduce_every_micro_step
+    """Whether fsdp keeps whole gradients between micro-steps (``train.fsdp_accumulation``, see vitlarge/train/engine.py)."""
+    from vitlarge.train.engine import fsdp_reduce_every_micro_step
 
-    return cfg.train.plugin == "fsdp" and accum_steps > 1 and not fsdp_reduce_every_micro_step(cfg)
+    return (
+        cfg.train.plugin == "fsdp"
+        and accum_steps > 1
+        and not fsdp_reduce_every_micro_step(cfg.train.fsdp_accumulation, cfg.train.precision)
+    )
 
 
 def print_plan(cfg: Config, plan: Plan) -> None:
     print("resolved config:")
     print(json.dumps(cfg.to_dict(), indent=2))
     info = describe_model(cfg)
+    first = plan.phases[0]
     mem = memory_estimate(
         info,
-        plan.micro_batch,
+        first.micro_batch,
         cfg.train.precision,
         cfg.model.grad_checkpointing,
         cfg.train.plugin == "fsdp",
         plan.world_size,
-        _no_sync(cfg, plan.accum_steps),
+        _no_sync(cfg, first.accum_steps),
     )
     train_flops = 3 * info["fwd_flops"]  # backward costs about twice the forward
     print("plan:")
     print(f"  {plan.describe()}")
-    print(f"  {plan.global_batch} = {plan.micro_batch} x {plan.accum_steps} x {plan.world_size}")
+    print(f"  {first.global_batch} = {first.micro_batch} x {first.accum_steps} x {plan.world_size}")
     print(
         f"  model {cfg.model.name}: {info['params'] / 1e6:.2f}M parameters, "
         f"{info['fwd_flops'] / 1e9:.2f} GFLOPs/image forward, {train_flops / 1e9:.2f} GFLOPs/image train step"
     )
-    if plan.phases:  # FLOPs and memory differ per phase: the table below
+    if cfg.train.phases:  # FLOPs and memory differ per phase: the table below
         print(f"  epochs {cfg.train.epochs} over {plan.num_train_examples} images in {len(plan.phases)} phases")
     else:
         print(
             f"  epochs {cfg.train.epochs} over {plan.num_train_examples} images; "
-            f"total {train_flops * plan.global_batch * plan.total_steps:.3g} FLOPs"
+            f"total {train_flops * first.global_batch * plan.total_steps:.3g} FLOPs"
         )
         print(
             f"  memory per device (rough, train.plugin={cfg.train.plugin}, {plan.world_size} devices): "
@@ -58,13 +64,13 @@ def print_plan(cfg: Config, plan: Plan) -> None:
         f"  eval {evals}, checkpoint "
         f"{f'every {every} steps' if every else 'at the end only'} into {cfg.workdir}/checkpoints"
     )
-    if plan.phases:
+    if cfg.train.phases:
         print_phases(cfg, plan)
 
 
 def print_phases(cfg: Config, plan: Plan) -> None:
     """The phase table: epochs, size, batch = micro x accum x devices, steps, lr range, FLOPs and memory."""
-    from vitlarge.phases import lr_at_step, phase_config
+    from vitlarge.plan.phases import phase_config
 
     print("phases:")
     print(
@@ -87,7 +93,7 @@ def print_phases(cfg: Config, plan: Plan) -> None:
         flops = 3 * info["fwd_flops"] * ph.global_batch * ph.steps
         total += flops
         fixed += full * ph.global_batch * ph.steps
-        lrs = [lr_at_step(cfg, plan, s) for s in range(ph.start_step, ph.end_step)] or [0.0]
+        lrs = [plan.lr_at(cfg, s) for s in range(ph.start_step, ph.end_step)] or [0.0]
         batch = f"{ph.global_batch} = {ph.micro_batch} x {ph.accum_steps} x {plan.world_size}"
         print(
             f"  {ph.index:>2} {ph.start_epoch:>7g}-{ph.end_epoch:<7g} {ph.image_size:>5} {ph.eval_size:>5} "

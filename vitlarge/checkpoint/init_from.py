@@ -1,6 +1,6 @@
 """``model.init_from=PATH``: start training from pretrained weights (fine-tuning), weights only.
 
-PATH is one of: an export folder (`vitlarge.export`: ``config.json`` + ``model.safetensors``) or its
+PATH is one of: an export folder (`vitlarge.checkpoint.export`: ``config.json`` + ``model.safetensors``) or its
 ``model.safetensors``; a ``checkpoints/step_*`` folder (its weights, read on this process alone: DCP's
 files, or a format-2 checkpoint's ``model.safetensors``); a timm checkpoint
 file (``.safetensors``, or ``.pth``/``.pt``/``.bin`` holding a state dict, possibly under
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from vitlarge.config import Config
+from vitlarge.config.schema import Config
 from vitlarge.errors import UserError
 
 log = logging.getLogger("vitlarge")
@@ -44,11 +44,11 @@ def _checkpoint_weights(path: str | Path) -> dict[str, torch.Tensor] | None:
     p = Path(path)
     if not (p.is_dir() and (p / "meta.json").is_file()):
         return None
-    from vitlarge import checkpoint
+    from vitlarge.checkpoint import store
 
     try:
-        return checkpoint.weights_of(p, checkpoint.read_meta(p))
-    except checkpoint.Unusable as e:
+        return store.weights_of(p, store.read_meta(p))
+    except store.Unusable as e:
         raise UserError(
             f"model.init_from={path}: {e.problem}; pass a complete checkpoint or an export folder"
         ) from None
@@ -189,6 +189,6 @@ def load_into(model: torch.nn.Module, cfg: Config) -> list[str]:
 def check_source(cfg: Config) -> None:
     """Fails (one line) when ``model.init_from`` cannot initialise the recipe's model; reads the file once
     but builds the model on the meta device, so it costs no memory for the model."""
-    from vitlarge.model import build_model
+    from vitlarge.model.vit import build_model
 
     adapt(read_state_dict(cfg.model.init_from)[0], build_model(cfg, "meta"), cfg.model.init_from)

@@ -5,16 +5,16 @@ Layout of ``<workdir>/checkpoints/step_0000100/`` (format 3):
 * ``__0_0.distcp`` ...    weights and optimizer state through ``torch.distributed.checkpoint`` (DCP): each
                           rank writes its own shards (ddp: each replicated tensor once, spread over the
                           ranks); a resume at any world size, ddp or fsdp, reads only what its shards need
-                          (vitlarge/sharded_checkpoint.py). A checkpoint of an optimizer that never stepped
+                          (vitlarge/checkpoint/sharded.py). A checkpoint of an optimizer that never stepped
                           holds the weights only (meta.json ``optimizer_state: false``).
 * ``.metadata``           DCP's index of those files (rank 0)
 * ``rank_00000.pt`` ...   per rank: RNG states (torch, CUDA, numpy, python), loss scaler, data-loader state
 * ``meta.json``           format version, step, world size, model name and parameter shapes, config,
                           and ``files``: each file's size and CRC32C (``{"bytes": n, "crc32c": "..."}``)
 
-There is no full ``model.safetensors`` in a checkpoint: the export (vitlarge/export.py) gathers the
+There is no full ``model.safetensors`` in a checkpoint: the export (vitlarge/checkpoint/export.py) gathers the
 model once at the end of a run, and ``load_model_weights`` / ``model.init_from`` / ``vitlarge.evaluate``
-read the weights of a checkpoint folder on one process (``sharded_checkpoint.read_full_model``).
+read the weights of a checkpoint folder on one process (``sharded.read_full_model``).
 Format 2 (``model.safetensors`` + ``optimizer.pt`` or ``optimizer_rank_NNNNN.pt``) still resumes.
 
 Publishing (``save``, a collective): every rank writes its files into ``.step_0000100.tmp/``, fsyncs
@@ -23,13 +23,13 @@ them (DCP's ``sync_files``) and checksums what it wrote; once every rank reports
 So a folder named ``step_*`` was complete on disk before it got that name, whatever crashes when; a run
 killed mid-write leaves only a ``.tmp`` folder, never chosen and removed by the next save. Then rank
 0 prunes to the newest ``keep``, counting the new checkpoint and only older ones: a checkpoint newer
-than the one just written is never pruned (there is none after a resume, see ``vitlarge/resume.py``).
+than the one just written is never pruned (there is none after a resume, see ``vitlarge/checkpoint/resume.py``).
 
 Reading: ``verify`` re-reads every byte against ``meta.json`` (rank 0 does it once per resume);
 ``read`` checks the sizes of the files listed (a stat each) and reads this rank's own file; ``apply``
 loads the weights and optimizer state (a collective). Nothing is unpickled beyond tensors and numbers
 (``weights_only=True``; DCP's index through a restricted unpickler).
-Folders named ``abandoned_*`` hold checkpoints moved aside by a resume (vitlarge/resume.py); nothing here
+Folders named ``abandoned_*`` hold checkpoints moved aside by a resume (vitlarge/checkpoint/resume.py); nothing here
 reads or prunes them.
 """
 
@@ -49,14 +49,15 @@ import torch
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.api import CheckpointException
 
-from vitlarge import fileio, sharded_checkpoint
-from vitlarge.collective import gather, rank_and_world
-from vitlarge.config import Config
+from vitlarge import fileio
+from vitlarge.checkpoint import sharded
+from vitlarge.config.schema import Config
+from vitlarge.distributed.collective import gather, rank_and_world
 from vitlarge.errors import UserError
 
 FORMAT_VERSION = 3
 # 1: before meta.json recorded sizes and checksums (only emptiness is checked); 1 and 2: model.safetensors
-# and torch.save optimizer files (read by `sharded_checkpoint.load_legacy`); 3: DCP.
+# and torch.save optimizer files (read by `sharded.load_legacy`); 3: DCP.
 READABLE_FORMATS = (1, 2, 3)
 STEP_DIR = re.compile(r"^step_(\d{7,})$")
 REQUIRED_META = ("step", "world_size", "model", "param_shapes")
@@ -102,12 +103,12 @@ def set_rng_state(state: dict) -> None:
 
 def param_shapes(model: torch.nn.Module) -> dict[str, list[int]]:
     """The unsharded state dict's shapes (never a collective: FSDP's are recorded when it wraps)."""
-    return sharded_checkpoint.full_shapes(model) or {k: list(v.shape) for k, v in model.state_dict().items()}
+    return sharded.full_shapes(model) or {k: list(v.shape) for k, v in model.state_dict().items()}
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The module under a Booster wrapper or DDP (an FSDP1 root stays: see `sharded_checkpoint`)."""
-    return sharded_checkpoint._root(model)
+    return sharded._root(model)
 
 
 def save(
@@ -129,7 +130,7 @@ def save(
     final, tmp = root / step_name(step), root / f".{step_name(step)}.tmp"
     raw = unwrap(model)
     # Every rank must make the same choice: the two state dicts are built by different collectives.
-    with_optimizer = all(gather(sharded_checkpoint.has_optimizer_state(optimizer)))
+    with_optimizer = all(gather(sharded.has_optimizer_state(optimizer)))
 
     def prepare():
         root.mkdir(parents=True, exist_ok=True)
@@ -141,8 +142,8 @@ def save(
         names = [f"rank_{rank:05d}.pt"]
         # Before DCP's save: its planning and index are collectives, a failure there reaches every rank.
         _torch_save({"rng": rng_state(), "scaler": scaler.state_dict(), "data": data_state}, tmp / names[0])
-        sharded_checkpoint.save(tmp, model, optimizer, with_optimizer)  # a collective; fsyncs its files
-        names += sharded_checkpoint.dcp_files_of(rank, tmp)
+        sharded.save(tmp, model, optimizer, with_optimizer)  # a collective; fsyncs its files
+        names += sharded.dcp_files_of(rank, tmp)
         return {name: fileio.sync_and_record(tmp / name) for name in names}
 
     def publish(files: dict):
@@ -364,7 +365,7 @@ def check_writable(workdir: str | Path, rank: int) -> None:
 
 def check_compatible(meta: dict, path: Path, model: torch.nn.Module, cfg: Config) -> None:
     """A one-line ``UserError`` unless the checkpoint holds this recipe's model in a layout this run reads
-    (any plugin and world size: the optimizer state is re-sharded where needed, see vitlarge/sharded_checkpoint.py)."""
+    (any plugin and world size: the optimizer state is re-sharded where needed, see vitlarge/checkpoint/sharded.py)."""
     shapes = param_shapes(unwrap(model))
     if meta["model"] != cfg.model.name or meta["param_shapes"] != shapes:
         diff = next((k for k in shapes if meta["param_shapes"].get(k) != shapes[k]), None)
@@ -377,19 +378,19 @@ def check_compatible(meta: dict, path: Path, model: torch.nn.Module, cfg: Config
 
 def load(path: str | Path, model, optimizer, scaler, cfg: Config) -> dict:
     """Restores weights, optimizer, scaler and RNG; returns meta plus ``data`` (this rank's loader state or None).
-    ``read`` then ``apply``: a collective under fsdp (vitlarge/resume.py agrees on ``read``'s failures first)."""
+    ``read`` then ``apply``: a collective under fsdp (vitlarge/checkpoint/resume.py agrees on ``read``'s failures first)."""
     return apply(read(path, model, cfg), model, optimizer, scaler)
 
 
 def read(path: str | Path, model, cfg: Config) -> dict:
     """Rank-local, no collective: checks the checkpoint (model, sizes of the files this run reads;
-    ``verify`` is rank 0's job, see vitlarge/resume.py) and reads this rank's own file into host memory
+    ``verify`` is rank 0's job, see vitlarge/checkpoint/resume.py) and reads this rank's own file into host memory
     (format 2: also the full weights and the optimizer files). A ``UserError`` here can be one rank's
     alone: agree on it before ``apply``."""
     path = Path(path)
     meta = read_meta(path)
     check_compatible(meta, path, model, cfg)
-    if meta.get("config", {}).get("train", {}).get("plugin") == "zero":  # removed in issue 12
+    if meta.get("config", {}).get("train", {}).get("plugin") == "zero":  # the removed plugin
         raise UserError(
             f"checkpoint {path} was written by train.plugin=zero (removed), whose optimizer file holds "
             f"rank 0's shard only and cannot be resumed; start a new --workdir with model.init_from={path}"
@@ -404,7 +405,7 @@ def read(path: str | Path, model, cfg: Config) -> dict:
     if dcp_format:  # which .distcp files this rank reads is DCP's plan: a stat of all of them is cheap
         names = [n for n in files if not n.startswith("rank_")] + [rank_file]
     else:
-        names = ["model.safetensors", *sharded_checkpoint.legacy_optimizer_sources(files), rank_file]
+        names = ["model.safetensors", *sharded.legacy_optimizer_sources(files), rank_file]
     for name in names:
         problem = fileio.size_problem(path / name, files.get(name))
         if problem:
@@ -420,7 +421,7 @@ def read(path: str | Path, model, cfg: Config) -> dict:
         optimizer_files = names[1:-1]
         loaded["model"] = load_file(str(path / "model.safetensors"), device="cpu")
         loaded["optimizer"] = [torch.load(path / n, map_location="cpu", weights_only=True) for n in optimizer_files]
-        loaded["optimizer_from_ddp"] = optimizer_files == [sharded_checkpoint.FULL_OPTIMIZER]
+        loaded["optimizer_from_ddp"] = optimizer_files == [sharded.FULL_OPTIMIZER]
     return loaded
 
 
@@ -431,7 +432,7 @@ def apply(loaded: dict, model, optimizer, scaler) -> dict:
     path, meta, state, same_world = loaded["path"], loaded["meta"], loaded["rank"], loaded["same_world"]
     if loaded["dcp"]:
         try:
-            sharded_checkpoint.load(path, model, optimizer, meta.get("optimizer_state", True))
+            sharded.load(path, model, optimizer, meta.get("optimizer_state", True))
         except CheckpointException as e:
             raise UserError(
                 f"cannot read checkpoint {path} ({reason_of(e)}); check that every node sees it whole "
@@ -439,9 +440,7 @@ def apply(loaded: dict, model, optimizer, scaler) -> dict:
                 same_on_all_ranks=True,
             ) from None
     else:
-        sharded_checkpoint.load_legacy(
-            path, loaded["model"], loaded["optimizer"], loaded["optimizer_from_ddp"], model, optimizer
-        )
+        sharded.load_legacy(path, loaded["model"], loaded["optimizer"], loaded["optimizer_from_ddp"], model, optimizer)
     if state["scaler"] or not scaler.is_enabled():
         scaler.load_state_dict(state["scaler"])
     else:  # saved without fp16 (e.g. precision auto resolved to bf16/fp32 on the saving machine)
@@ -468,20 +467,20 @@ def weights_of(path: str | Path, meta: dict, like: dict[str, torch.Tensor] | Non
     if meta["format_version"] < 3:
         return load_file(str(path / "model.safetensors"), device="cpu")
     try:
-        return sharded_checkpoint.read_full_model(path, like)
+        return sharded.read_full_model(path, like)
     except CheckpointException as e:
         raise Unusable(path, reason_of(e)) from None
 
 
 def load_model_weights(path: str | Path, model: torch.nn.Module, cfg: Config) -> None:
-    """Weights only, from a checkpoint folder, an export folder (`vitlarge.export`) or a ``model.safetensors``."""
+    """Weights only, from a checkpoint folder, an export folder (`vitlarge.checkpoint.export`) or a ``model.safetensors``."""
     given = path = Path(path)
     if path.is_dir() and (path / "config.json").is_file() and not (path / "meta.json").exists():
         path = path / "model.safetensors"  # an export: timm's config.json beside the weights
     elif path.is_dir():
         meta = read_meta(path)
         check_compatible(meta, path, model, cfg)
-        target = sharded_checkpoint.inner(model)
+        target = sharded.inner(model)
         like = {k: torch.empty_like(v, device="cpu") for k, v in target.state_dict().items()}
         target.load_state_dict(weights_of(path, meta, like))
         return

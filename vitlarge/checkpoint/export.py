@@ -24,8 +24,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
-from vitlarge import fileio, sharded_checkpoint
-from vitlarge.config import Config
+from vitlarge import fileio
+from vitlarge.checkpoint import sharded
+from vitlarge.config.schema import Config
 from vitlarge.errors import UserError
 
 EXPORT_DIR = "model"
@@ -40,7 +41,7 @@ def data_config(cfg: Config) -> dict:
 
     size = cfg.data.image_size
     if cfg.train.phases:
-        from vitlarge.phases import resolve
+        from vitlarge.config.phase_list import resolve
 
         size = resolve(cfg)[-1]["eval_size"]
     return dict(
@@ -66,11 +67,11 @@ def export(
     ``model`` may be wrapped (DDP, Booster): the timm module inside is exported. ``class_names`` are
     the classifier's labels in index order (ImageNet synsets); ``class_descriptions`` maps a name to
     its text ("tench, Tinca tinca"). ``tensors``: the full state dict when the caller gathered it
-    (``sharded_checkpoint.model_tensors``, a collective under FSDP); else read from ``model`` here.
+    (``sharded.model_tensors``, a collective under FSDP); else read from ``model`` here.
     """
     from timm.models._hub import save_config_for_hf
 
-    raw = sharded_checkpoint.inner(model)
+    raw = sharded.inner(model)
     workdir = Path(workdir)
     out = workdir / EXPORT_DIR
     tmp = workdir / f".{EXPORT_DIR}.tmp"

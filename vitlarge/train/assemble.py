@@ -3,17 +3,17 @@
 train.py, the benchmarks and the tests call `build`, so a benchmark measures exactly what users run.
 The rules of how the parts combine live here and nowhere else:
 
-* ``train.precision: auto`` is resolved by device (`vitlarge.precision.resolve`) before anything
-  reads it (`resolve_precision`): the model's fused attention, the engine and the checkpoints do.
+* ``train.precision: auto`` and ``train.compile: auto`` are resolved by device once
+  (`vitlarge.train.settings.resolve`) and the parts are built from the resolved copy of the config
+  (`Parts.cfg`): the model's fused attention, the engine and the checkpoints read it.
 * The model is built with the same seed on every rank (identical initial weights); fused attention
-  follows ``model.fused_attn`` and the resolved precision (`vitlarge.model.build_model`).
+  follows ``model.fused_attn`` and the resolved precision (`vitlarge.model.vit.build_model`).
 * The optimizer's parameter groups (no weight decay and no trust ratio for biases, norms, position
-  embeddings and the cls token) come from `vitlarge.optim.build_optimizer`.
-* ``train.compile`` is resolved by device (`resolve_compile`: on with CUDA, off on CPU) and, when on, the
-  model's forward is compiled in place before the Booster wraps it (`compile_model`): DDP then wraps
+  embeddings and the cls token) come from `vitlarge.optim.lamb.build_optimizer`.
+* When compile is on (CUDA by default, `vitlarge.train.settings.compile_choice`), the model's forward is compiled in place before the Booster wraps it (`compile_model`): DDP then wraps
   a module whose parameter names, state dict, checkpoints and exports are the plain model's.
 * Under FSDP the plugin owns mixed precision (it casts the gathered parameters), so there is no
-  autocast and the loss scaler is sharded (`vitlarge.precision.Precision`, ``sharded``).
+  autocast and the loss scaler is sharded (`vitlarge.model.precision.Precision`, ``sharded``).
 
 The process group must be up before `build` (the Booster wraps the model in DDP). A caller on a
 machine without Colossal-AI (the GPU measurement kit, benchmarks/gpu.py) passes its own single-device
@@ -27,9 +27,11 @@ from dataclasses import dataclass
 
 import torch
 
-from vitlarge.config import Config, Plan
-from vitlarge.engine import Engine
-from vitlarge.precision import Precision, resolve
+from vitlarge.config.schema import Config
+from vitlarge.model.precision import Precision
+from vitlarge.plan.plan import Plan
+from vitlarge.train.engine import Engine
+from vitlarge.train.settings import Settings, resolve
 
 
 @dataclass
@@ -41,34 +43,9 @@ class Parts:
     booster: object
     precision: Precision
     engine: Engine
-
-
-def resolve_precision(cfg: Config, device: torch.device) -> str | None:
-    """Replaces ``cfg.train.precision`` ``auto`` by what ``device`` trains in; returns why, or None
-    when the recipe named a precision itself."""
-    requested = cfg.train.precision
-    cfg.train.precision, why = resolve(requested, device)
-    return f"precision auto -> {cfg.train.precision}: {why}" if requested == "auto" else None
-
-
-def resolve_compile(cfg: Config, device: torch.device) -> str:
-    """Replaces ``cfg.train.compile`` ``auto`` by ``on`` (CUDA) or ``off`` (CPU); returns the line the run
-    logs: which, and why.
-
-    CPU is off because there it does not pay: on 2 cores of an AMD EPYC (AVX2, shared) a compiled
-    ViT-S/16 step took 1.25x the eager one and compiling it took minutes (docs/PERFORMANCE.md, section 10).
-    On CUDA Inductor fuses the norms, GELUs, residual adds and casts between the matmuls into a few
-    kernels, which is where a ViT step spends its non-matmul time."""
-    requested = cfg.train.compile
-    if requested == "auto":
-        cfg.train.compile = "on" if device.type == "cuda" else "off"
-        why = (
-            "CUDA: Inductor fuses the elementwise work between the matmuls"
-            if device.type == "cuda"
-            else "CPU: measured slower than eager (ViT-S/16: 0.8x), and compiling takes minutes (docs/PERFORMANCE.md)"
-        )
-        return f"compile auto -> {cfg.train.compile}: {why}"
-    return f"compile {requested}: set by the recipe"
+    cfg: Config
+    """The config the parts were built from: the recipe's, its ``auto`` values resolved."""
+    settings: Settings
 
 
 def recompile_limit(plan: Plan) -> int:
@@ -102,27 +79,36 @@ def compile_model(model: torch.nn.Module, plan: Plan) -> None:
     model.compile(dynamic=False)
 
 
-def build(cfg: Config, plan: Plan, device: torch.device | str, booster=None, init_from: bool = True) -> Parts:
+def build(
+    cfg: Config,
+    plan: Plan,
+    device: torch.device | str,
+    booster=None,
+    init_from: bool = True,
+    settings: Settings | None = None,
+) -> Parts:
     """Model, optimizer, Booster, precision and engine for ``cfg`` on ``device`` (precision resolved).
 
     ``booster``: None makes Colossal-AI's ``Booster`` with the recipe's plugin; anything else must
     offer what the engine uses (``boost(model, optimizer)``, ``no_sync``, ``backward``).
-    ``init_from=False`` skips ``model.init_from`` (a resume: the checkpoint's weights replace them)."""
-    from vitlarge.model import build_model
-    from vitlarge.optim import build_optimizer
-    from vitlarge.plugins import build_plugin
+    ``init_from=False`` skips ``model.init_from`` (a resume: the checkpoint's weights replace them).
+    ``settings``: what the caller resolved for ``device`` (train.py logs it first); None resolves here.
+    ``cfg`` is not changed: the parts read ``Parts.cfg``, its resolved copy."""
+    from vitlarge.distributed.plugins import build_plugin
+    from vitlarge.model.vit import build_model
+    from vitlarge.optim.lamb import build_optimizer
 
-    device = torch.device(device)
-    resolve_precision(cfg, device)  # no-op when resolved: the model's attention and patch conv depend on it
+    settings = settings or resolve(cfg, device)
+    cfg, device = settings.config(cfg), settings.device  # the model's attention and patch conv read precision
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     model = build_model(cfg, device)
     if cfg.model.init_from and init_from:  # fine-tuning: pretrained weights, before the optimizer sees them
-        from vitlarge.init_from import load_into
+        from vitlarge.checkpoint.init_from import load_into
 
         for note in load_into(model, cfg):
             logging.getLogger("vitlarge").info(note)  # train.py keeps other ranks at WARNING
-    logging.getLogger("vitlarge").info(resolve_compile(cfg, device))
-    if cfg.train.compile == "on":  # after init_from: the weights are in place; before the Booster wraps it
+    logging.getLogger("vitlarge").info(settings.compile_why)
+    if settings.compile:  # after init_from: the weights are in place; before the Booster wraps it
         compile_model(model, plan)
     o = cfg.optim
     optimizer = build_optimizer(
@@ -146,4 +132,5 @@ def build(cfg: Config, plan: Plan, device: torch.device | str, booster=None, ini
         cfg.train.loss_scale_growth_interval,
         sharded=cfg.train.plugin == "fsdp",
     )
-    return Parts(model, optimizer, booster, precision, Engine(cfg, plan, booster, model, optimizer, precision))
+    engine = Engine(cfg, plan, booster, model, optimizer, precision)
+    return Parts(model, optimizer, booster, precision, engine, cfg, settings)

@@ -1,6 +1,6 @@
 """LAMB over FSDP2's sharded parameters that is the same optimizer as unsharded LAMB.
 
-Under FSDP2 (`vitlarge.fsdp`) every parameter and gradient is a ``DTensor`` sharded on dim 0: each
+Under FSDP2 (`vitlarge.distributed.fsdp`) every parameter and gradient is a ``DTensor`` sharded on dim 0: each
 rank holds a run of rows of the tensor (possibly none). Moments and update directions are
 elementwise, so they are computed on the local pieces (``to_local()``: plain tensors, torch's fused
 Adam kernel and ``_foreach`` ops, no DTensor dispatch); the moments are stored as DTensors like
@@ -8,7 +8,7 @@ their parameters (so ``torch.distributed.checkpoint.state_dict`` can gather or r
 the trust ratio ``||w|| / ||u||`` needs the whole tensor: `ShardedLamb` computes the squared norms of
 every local piece, sums them over the ranks in ONE all-reduce per step (a ``2 x T`` fp32 tensor,
 T = tensors with a trust ratio), then applies the per-tensor ratios: the update equals
-`vitlarge.optim.Lamb`'s on the unsharded model up to float summation order, whatever the world
+`vitlarge.optim.lamb.Lamb`'s on the unsharded model up to float summation order, whatever the world
 size. Cost: the update directions of this rank's shard are held until the all-reduce (one
 shard-sized buffer instead of one reused chunk).
 """
@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from vitlarge.optim import Lamb, trust_ratio
+from vitlarge.optim.lamb import Lamb, trust_ratio
 
 
 def local(t: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ import os
 
 import torch
 
-from vitlarge.config import Config
+from vitlarge.config.schema import Config
 from vitlarge.data import synthetic
 from vitlarge.data.manifest import Manifest, load_manifest
 from vitlarge.errors import UserError
@@ -43,11 +43,11 @@ def _pixels(values) -> tuple:
 
 def num_threads(cfg: Config) -> int:
     """DALI threads: the recipe's ``data.num_threads``, or with 0 this process's CPU share from its launcher
-    (``vitlarge.launch.dali_threads``: affinity mask, Slurm binding, tasks on the node; not torchrun's
+    (``vitlarge.distributed.threads.dali_threads``: affinity mask, Slurm binding, tasks on the node; not torchrun's
     blanket ``OMP_NUM_THREADS=1``)."""
     if cfg.data.num_threads:
         return cfg.data.num_threads
-    from vitlarge.launch import dali_threads
+    from vitlarge.distributed.threads import dali_threads
 
     return dali_threads(os.environ, len(os.sched_getaffinity(0)))[0]
 

@@ -2,7 +2,7 @@
 
 Contract: ``Engine.step(step, next_batch)`` takes the 0-based index of the optimizer step about to
 be taken and a callable returning one rank-local micro-batch ``(images, labels)`` on the device.
-It runs ``plan.accum_steps`` forward/backward passes; every pass but the last sits inside
+It runs the step's phase's ``accum_steps`` forward/backward passes; every pass but the last sits inside
 ``booster.no_sync`` so DDP all-reduces (FSDP2 reduce-scatters) gradients once per optimizer step (FSDP2 with
 ``train.fsdp_accumulation`` reduce_scatter, the default under bf16/fp16: every micro-step, keeping only sharded
 fp32 gradients). The loss returned is this
@@ -24,10 +24,9 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from vitlarge import phases
-from vitlarge.config import Config, Plan
-from vitlarge.precision import Precision
-from vitlarge.schedule import lr_at
+from vitlarge.config.schema import Config
+from vitlarge.model.precision import Precision
+from vitlarge.plan.plan import Plan
 
 
 class CommCounter:
@@ -64,13 +63,12 @@ def build_criterion(cfg: Config):
     return None, torch.nn.CrossEntropyLoss()
 
 
-def fsdp_reduce_every_micro_step(cfg: Config) -> bool:
+def fsdp_reduce_every_micro_step(mode: str, precision: str) -> bool:
     """``train.fsdp_accumulation`` resolved: ``reduce_scatter`` reduces every micro-step into this rank's fp32
     gradient shard; ``no_sync`` keeps the unsharded gradient between micro-steps (FSDP2 accumulates it in
     ``reduce_dtype``, fp32, also under bf16/fp16: the whole fp32 gradient on every rank) and reduces once per
     optimizer step. ``auto``: ``reduce_scatter`` under bf16/fp16 (the large recipes, where the unsharded fp32
-    gradient is what does not fit), ``no_sync`` under fp32 (precision resolved first, see vitlarge/build.py)."""
-    mode, precision = cfg.train.fsdp_accumulation, cfg.train.precision
+    gradient is what does not fit), ``no_sync`` under fp32 (``precision`` resolved first: vitlarge/train/settings.py)."""
     return mode == "reduce_scatter" or (mode == "auto" and precision != "fp32")
 
 
@@ -103,24 +101,16 @@ class Engine:
             ddp.register_comm_hook(self.comm, CommCounter.hook)
         # FSDP2: each rank holds a piece of every gradient (DTensors); the global norm sums them over the ranks.
         self.fsdp = isinstance(ddp, FSDPModule)
-        self.reduce_every_micro_step = self.fsdp and fsdp_reduce_every_micro_step(cfg)
+        self.reduce_every_micro_step = self.fsdp and fsdp_reduce_every_micro_step(
+            cfg.train.fsdp_accumulation, cfg.train.precision
+        )
 
     @property
     def torch_optimizer(self) -> torch.optim.Optimizer:
         return getattr(self.optimizer, "optim", self.optimizer)
 
     def lr(self, step: int) -> float:
-        if self.plan.phases:
-            return phases.lr_at_step(self.cfg, self.plan, step)
-        s = self.cfg.schedule
-        return lr_at(
-            step,
-            peak_lr=self.cfg.optim.lr,
-            total_steps=self.plan.total_steps,
-            warmup_steps=self.plan.warmup_steps,
-            decay=s.decay,
-            min_lr_ratio=s.min_lr_ratio,
-        )
+        return self.plan.lr_at(self.cfg, step)
 
     def step(self, step: int, next_batch: Callable[[], tuple]) -> StepResult:
         self.model.train()
@@ -128,7 +118,7 @@ class Engine:
         lr = self.lr(step)
         for group in opt.param_groups:
             group["lr"] = lr
-        accum = phases.phase_at(self.plan, step).accum_steps if self.plan.phases else self.plan.accum_steps
+        accum = self.plan.phase_at(step).accum_steps
         loss_sum = torch.zeros((), dtype=torch.float32, device=self.params[0].device)
         data_time = 0.0
         calls_before = self.comm.calls

@@ -59,7 +59,7 @@ def resolve(name: str, device: torch.device, flags: frozenset[str] | None = None
 class Precision:
     """Owns autocast and the loss scaler for one run; ``scaler`` is disabled unless fp16.
 
-    ``sharded`` (``train.plugin=fsdp``): FSDP2 casts parameters itself (`vitlarge.fsdp`), so there is no
+    ``sharded`` (``train.plugin=fsdp``): FSDP2 casts parameters itself (`vitlarge.distributed.fsdp`), so there is no
     autocast. The scaler is ``torch.amp.GradScaler`` there too: the gradients are DTensors, and DTensor's
     handler for the unscale kernel (``_amp_foreach_non_finite_check_and_unscale_``) reduces ``found_inf``
     with a max over the mesh, so one rank's inf skips the step and lowers the scale on every rank.
@@ -75,7 +75,7 @@ class Precision:
         sharded: bool = False,
     ):
         if name not in DTYPES:
-            raise ValueError(f"precision {name!r} is not resolved; call vitlarge.precision.resolve first")
+            raise ValueError(f"precision {name!r} is not resolved; call vitlarge.model.precision.resolve first")
         self.name = name
         self.device_type = device.type
         self.dtype = DTYPES[name]

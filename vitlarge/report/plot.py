@@ -1,4 +1,4 @@
-"""A picture of a run: ``python -m vitlarge.plot RUN_DIR`` writes ``RUN_DIR/metrics.png``.
+"""A picture of a run: ``python -m vitlarge.report.plot RUN_DIR`` writes ``RUN_DIR/metrics.png``.
 
 Four panels against the optimizer step (epochs on a second axis along the top): train loss,
 learning rate, validation top-1/top-5, and throughput (images/s over all devices). The train loss
@@ -7,7 +7,7 @@ step's value is noisy at small batch and a resumed run's first step includes sta
 overflow steps (skipped updates) are marked on the loss panel. Training writes the same picture at
 its end (`hooks.plot.PlotHook`).
 
-Reads metrics.jsonl with `vitlarge.metrics.read_metrics`, so a resumed run shows one history.
+Reads metrics.jsonl with `vitlarge.report.metrics_log.read_metrics`, so a resumed run shows one history.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from vitlarge.errors import UserError, cli_main
 from vitlarge.fileio import write_atomic
-from vitlarge.metrics import FILENAME, PLOT_FILENAME, read_metrics
+from vitlarge.report.metrics_log import FILENAME, PLOT_FILENAME, read_metrics
 
 
 def _smooth(values: list[float], window: int) -> list[float]:

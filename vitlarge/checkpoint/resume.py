@@ -3,7 +3,7 @@
 Contract (both functions are collectives: every rank calls ``choose``, then ``restore``):
 
 * ``choose`` without ``--resume``: rank 0 takes the workdir's newest checkpoint that passes
-  ``checkpoint.verify`` (every file's size and CRC32C against meta.json) and logs one warning line
+  ``store.verify`` (every file's size and CRC32C against meta.json) and logs one warning line
   for each newer one it passes over, naming it and why. With ``--resume PATH`` (any checkpoint, in
   this workdir or another one): PATH must pass, else a one-line error.
 * The chosen checkpoint must hold this recipe's model (name and parameter shapes), else a one-line
@@ -27,12 +27,15 @@ import logging
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from vitlarge import checkpoint, fileio
-from vitlarge.collective import first_failure, rank0_decides
-from vitlarge.config import Config
+from vitlarge import fileio
+from vitlarge.checkpoint import store
+from vitlarge.config.schema import Config
+from vitlarge.distributed.collective import first_failure, rank0_decides
 from vitlarge.errors import UserError
+from vitlarge.plan.plan import Plan
 
 log = logging.getLogger("vitlarge")
 
@@ -44,21 +47,21 @@ def choose(workdir: str | Path, requested: str | Path | None, model, cfg: Config
 
 def _choose(workdir: Path, requested: Path | None, model, cfg: Config) -> Path | None:
     if requested is not None:
-        problem = checkpoint.verify(requested)
+        problem = store.verify(requested)
         if problem:
-            raise checkpoint.Unusable(requested, problem)
+            raise store.Unusable(requested, problem)
         chosen = requested
     else:
-        chosen, failed = checkpoint.newest_verified(workdir)
+        chosen, failed = store.newest_verified(workdir)
         for path, problem in failed:
             log.warning(f"warning: checkpoint {path} fails its check ({problem}); passed over")
     step = 0
     if chosen is not None:
-        meta = checkpoint.read_meta(chosen)
-        checkpoint.check_compatible(meta, chosen, model, cfg)
+        meta = store.read_meta(chosen)
+        store.check_compatible(meta, chosen, model, cfg)
         step = meta["step"]
     _set_aside_newer(workdir, chosen, step)
-    ours = workdir / checkpoint.CHECKPOINTS_DIR
+    ours = workdir / store.CHECKPOINTS_DIR
     if chosen is not None and chosen.resolve().parent != ours.resolve():
         # From another workdir (or an abandoned_* folder): a copy here starts this run's line, so an
         # automatic resume before the first save comes back to it, not to this workdir's older steps.
@@ -81,8 +84,8 @@ def _set_aside_newer(workdir: Path, chosen: Path | None, step: int) -> None:
     same = chosen.resolve() if chosen is not None else None
     later = [
         p
-        for p in checkpoint.list_checkpoints(workdir)
-        if checkpoint.step_of(p) > step or (checkpoint.step_of(p) == step and p.resolve() != same)
+        for p in store.list_checkpoints(workdir)
+        if store.step_of(p) > step or (store.step_of(p) == step and p.resolve() != same)
     ]
     if not later:
         return
@@ -90,7 +93,7 @@ def _set_aside_newer(workdir: Path, chosen: Path | None, step: int) -> None:
         dest = _move_aside(workdir, later, step)
     except OSError as e:
         raise UserError(
-            f"cannot move checkpoints newer than step {step} aside in {workdir / checkpoint.CHECKPOINTS_DIR} "
+            f"cannot move checkpoints newer than step {step} aside in {workdir / store.CHECKPOINTS_DIR} "
             f"({e.strerror}); make it writable or pass another --workdir"
         ) from None
     log.warning(
@@ -103,8 +106,8 @@ def _move_aside(workdir: str | Path, paths: list[Path], from_step: int) -> Path:
     """Moves checkpoint folders (never deletes them) into ``checkpoints/abandoned_<UTC time>_from_step_<N>/``.
 
     Returns that folder. Its name matches no ``step_*`` pattern, so it is never chosen nor pruned."""
-    root = Path(workdir) / checkpoint.CHECKPOINTS_DIR
-    base = f"abandoned_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}_from_{checkpoint.step_name(from_step)}"
+    root = Path(workdir) / store.CHECKPOINTS_DIR
+    base = f"abandoned_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}_from_{store.step_name(from_step)}"
     for i in itertools.count():
         dest = root / (base if i == 0 else f"{base}_{i}")
         try:
@@ -123,9 +126,9 @@ def _adopt(src: str | Path, workdir: str | Path) -> Path:
     """Publishes a copy of checkpoint ``src`` (from elsewhere) in the workdir, as ``checkpoints/step_<N>``;
     returns it. Hard links where the file system allows (no bytes copied; checkpoint files are never
     modified in place), else copies; fsynced and renamed like a save. The name must be free."""
-    src, root = Path(src), Path(workdir) / checkpoint.CHECKPOINTS_DIR
-    step = checkpoint.read_meta(src)["step"]
-    final, tmp = root / checkpoint.step_name(step), root / f".{checkpoint.step_name(step)}.tmp"
+    src, root = Path(src), Path(workdir) / store.CHECKPOINTS_DIR
+    step = store.read_meta(src)["step"]
+    final, tmp = root / store.step_name(step), root / f".{store.step_name(step)}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for f in src.iterdir():
@@ -140,17 +143,60 @@ def _adopt(src: str | Path, workdir: str | Path) -> Path:
     return final
 
 
-def restore(path: Path, model, optimizer, scaler, cfg: Config) -> dict:
-    """Every rank loads ``path`` (``checkpoint.load``); returns its state, or all ranks raise one agreed error."""
+@dataclass(frozen=True)
+class Resumed:
+    """What a run restored from a checkpoint, and the rules for what of it this run can use."""
+
+    path: Path
+    step: int
+    world_size: int
+    """The number of processes that wrote the checkpoint."""
+    data_state: str | None
+    """This rank's loader position as saved; None when it was written by another world size."""
+
+    def usable_data_state(self, cfg: Config, plan: Plan) -> tuple[str | None, str | None]:
+        """``(state, warning)``: the loader position this run continues, and the one line that says
+        what was dropped and why (None when everything resumes). Weights, optimizer, step and the lr
+        schedule always resume exactly; the data stream restarts with a fresh epoch order when the
+        position was written by another world size, by an older vitlarge (another pipeline), or
+        under another ``train.phases`` list."""
+        from vitlarge.data.common import state_from_older_release
+        from vitlarge.data.phased import state_of_other_phases
+
+        if self.world_size != plan.world_size:
+            ph = plan.phase_at(self.step)
+            return None, (
+                f"warning: {self.path} was written by {self.world_size} processes, this run has {plan.world_size}: "
+                "weights, optimizer (re-sharded), step and lr schedule resume exactly, the global batch stays "
+                f"{ph.global_batch} ({ph.accum_steps} micro-steps per step now), the data stream restarts "
+                "with a fresh epoch order"
+            )
+        old = state_from_older_release(self.data_state)
+        if old is not None:
+            return None, (
+                f"warning: {self.path} holds a data-loader position from an older vitlarge (state version {old}); "
+                "the data stream restarts with a fresh epoch order, weights, optimizer and step resume exactly"
+            )
+        if state_of_other_phases(self.data_state, cfg):
+            return None, (
+                f"warning: {self.path} was written under another train.phases list (or none); the data stream "
+                "restarts with a fresh epoch order, weights, optimizer and step resume; lr and phase follow the "
+                "new list at that step"
+            )
+        return self.data_state, None
+
+
+def restore(path: Path, model, optimizer, scaler, cfg: Config) -> Resumed:
+    """Every rank loads ``path`` (``store.load``); returns what it restored, or all ranks raise one agreed error."""
     loaded, problem = None, None
     try:  # rank-local reads first: a rank that cannot read must not leave the others in a collective load
-        loaded = checkpoint.read(path, model, cfg)
-    except checkpoint.Unusable as e:
+        loaded = store.read(path, model, cfg)
+    except store.Unusable as e:
         problem = e.problem
     except UserError as e:
         problem = str(e)
     except Exception as e:  # noqa: BLE001 - torch.load and safetensors raise many types on damaged files
-        problem = f"{type(e).__name__}: {checkpoint.reason_of(e)}"
+        problem = f"{type(e).__name__}: {store.reason_of(e)}"
     failed = first_failure(problem)
     if failed:
         rank, why = failed
@@ -159,4 +205,5 @@ def restore(path: Path, model, optimizer, scaler, cfg: Config) -> dict:
             "system), or --resume another checkpoint",
             same_on_all_ranks=True,
         )
-    return checkpoint.apply(loaded, model, optimizer, scaler)  # DCP's load is a collective: every rank together
+    state = store.apply(loaded, model, optimizer, scaler)  # DCP's load is a collective: every rank together
+    return Resumed(path=Path(path), step=state["step"], world_size=state["world_size"], data_state=state["data"])

@@ -18,14 +18,15 @@ import time
 import torch
 import torch.distributed as dist
 
-from vitlarge import checkpoint
-from vitlarge.collective import rank0_decides
-from vitlarge.config import Config, Plan
-from vitlarge.engine import Engine
+from vitlarge.checkpoint import store
+from vitlarge.config.schema import Config
+from vitlarge.data.phased import PhasedLoaders, release_loader_memory
+from vitlarge.distributed.collective import rank0_decides
 from vitlarge.errors import Preempted
-from vitlarge.evaluate import evaluate
 from vitlarge.events import EvalMetrics, Event, Hook, RunInfo, StepMetrics, emit
-from vitlarge.phases import PhasedLoaders, epoch_at, phase_at, release_loader_memory
+from vitlarge.plan.plan import Plan
+from vitlarge.train.engine import Engine
+from vitlarge.train.evaluation import evaluate
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -40,17 +41,15 @@ class Trainer:
         cfg: Config,
         plan: Plan,
         engine: Engine,
-        train_loader,
-        val_loader,
+        loaders: PhasedLoaders,
         hooks: list[Hook],
         run: RunInfo,
         start_step: int = 0,
-        phased: PhasedLoaders | None = None,
     ):
-        """``phased``: for a plan with phases, gives each phase's loaders (``train_loader``/``val_loader`` None)."""
+        """``loaders`` gives each phase's train and validation loaders, built at the phase's first step."""
         self.cfg, self.plan, self.engine = cfg, plan, engine
-        self.phased = phased
-        self.train_loader, self.val_loader = train_loader, val_loader
+        self.loaders = loaders
+        self.train_loader = self.val_loader = None
         self.hooks, self.run = hooks, run
         self.step = start_step
         self.device = engine.params[0].device
@@ -73,14 +72,14 @@ class Trainer:
     def _evaluate(self) -> EvalMetrics:
         m = EvalMetrics(
             step=self.step,
-            epoch=epoch_at(self.plan, self.step),
+            epoch=self.plan.epoch_at(self.step),
             **evaluate(self.engine.model, self.val_loader, self.engine.precision),
         )
         self._emit(Event.EVAL_END, m)
         return m
 
     def _checkpoint(self):
-        path = checkpoint.save(
+        path = store.save(
             self.cfg.workdir,
             self.step,
             self.engine.model,
@@ -96,12 +95,12 @@ class Trainer:
     def _enter_phase(self, step: int | None = None) -> None:
         """At a phase boundary (or the first step), the phase's loaders replace the previous ones."""
         step = self.step if step is None else step
-        if not self.phased.changes_at(step):
+        if not self.loaders.changes_at(step):
             return
         # The old pipelines go (threads, pinned and device pools) before the new ones are built.
         self.train_loader = self.val_loader = None
         release_loader_memory(self.device)
-        self.train_loader, self.val_loader = self.phased.enter(step)
+        self.train_loader, self.val_loader = self.loaders.enter(step)
 
     def fit(self) -> EvalMetrics:
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGUSR1)}
@@ -116,17 +115,16 @@ class Trainer:
         end = min(plan.total_steps, t.max_steps) if t.max_steps else plan.total_steps
         self._emit(Event.TRAIN_START)
         while self.step < end:
-            if self.phased is not None:
-                self._enter_phase()
+            self._enter_phase()
             t0 = time.perf_counter()
             out = self.engine.step(self.step, lambda: next(self.train_loader))
             loss, stop = self._sync(out.loss)  # its .tolist() waits for the device: dt is the real step time
             self.step += 1
             dt = time.perf_counter() - t0
-            batch = phase_at(plan, self.step - 1).global_batch if plan.phases else plan.global_batch
+            batch = plan.phase_at(self.step - 1).global_batch
             m = StepMetrics(
                 step=self.step,
-                epoch=epoch_at(plan, self.step),
+                epoch=plan.epoch_at(self.step),
                 train_loss=loss,
                 lr=out.lr,
                 grad_norm=out.grad_norm,
@@ -147,11 +145,11 @@ class Trainer:
                 raise Preempted(self.step, self._checkpoint())
             if t.checkpoint_every_steps and self.step % t.checkpoint_every_steps == 0 and self.step < end:
                 self._checkpoint()
-        if self.phased is not None and self.val_loader is None:  # resumed at the very end: no step ran
+        if self.val_loader is None:  # resumed at the very end: no step ran
             self._enter_phase(self.step - 1)
         final = self._evaluate()
         # Rank 0 looks, all ranks follow: the save is a collective, so the answer must be the same everywhere.
-        if not rank0_decides(lambda: checkpoint.exists(self.cfg.workdir, self.step)):
+        if not rank0_decides(lambda: store.exists(self.cfg.workdir, self.step)):
             self._checkpoint()
         self._emit(Event.TRAIN_END, final)
         return final

@@ -1,0 +1,201 @@
+"""The one config schema every part of vitlarge reads: a dataclass per section, with units in the names.
+
+A recipe is a Python file that defines ``config() -> Config``; derived recipes call their base and
+change a few fields (vitlarge/config/load.py runs it, applies overrides and validates). Units are in
+the names (``warmup_epochs``, ``checkpoint_every_steps``); inside the trainer every duration is an
+optimizer step. Nothing here imports torch, so recipes load fast and ``--dry-run`` touches no data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from vitlarge.constants import IMAGENET_MEAN, IMAGENET_STD, IMAGENET_TRAIN_EXAMPLES
+
+
+@dataclass
+class ModelConfig:
+    name: str = "vit_base_patch16_224"
+    """timm model name; the classifier gets ``data.num_classes`` outputs."""
+    pos_drop_rate: float = 0.0
+    """Dropout after adding position embeddings (timm ``pos_drop_rate``)."""
+    attn_drop_rate: float = 0.0
+    """Dropout on attention probabilities (timm ``attn_drop_rate``)."""
+    proj_drop_rate: float = 0.0
+    """Dropout after the attention projection and in the MLP (timm ``proj_drop_rate``)."""
+    head_drop_rate: float = 0.0
+    """Dropout before the classifier; timm 1.x calls this ``drop_rate``."""
+    drop_path_rate: float = 0.0
+    """Stochastic depth."""
+    grad_checkpointing: bool = False
+    """Recompute block activations in backward (timm ``set_grad_checkpointing``): less memory, ~30% more compute."""
+    fused_attn: Literal["auto", "on", "off"] = "auto"
+    """``on``/``off``/``auto`` for scaled-dot-product attention; ``auto`` turns it off only for fp16 on CPU,
+    where PyTorch 2.5's fused attention backward is ~5x slower than the unfused one (measured)."""
+    kwargs: dict = field(default_factory=dict)
+    """Extra keyword arguments for ``timm.create_model`` (e.g. ``patch_size``, ``embed_dim``, ``depth``)."""
+    init_from: str = ""
+    """Start from these weights (fine-tuning): an export folder or its ``model.safetensors``, a
+    ``checkpoints/step_*`` folder, or a timm checkpoint file. Weights only; the position embedding is
+    resampled to ``data.image_size`` and a classifier of another class count re-initialised
+    (`vitlarge.checkpoint.init_from`). A resumed run takes its checkpoint's weights instead."""
+
+
+@dataclass
+class DataConfig:
+    source: Literal["tfrecord", "synthetic"] = "tfrecord"
+    """``tfrecord``: DALI over the shards in ``data.path``. ``synthetic``: random images and labels made on the
+    device (`vitlarge.data.synthetic`: no files, no DALI, ``data.path`` unused), for throughput checks and
+    runs on a machine without the data set: ``data.num_train_examples`` per epoch, a fixed validation set of
+    ``data.synthetic_val_examples``, ``data.num_classes`` classes named ``class_0000``...; the crop, flip and
+    RandAugment settings do not apply (Mixup/CutMix and label smoothing do). See docs/DATA.md."""
+    path: str = ""
+    """Directory of TFRecord shards with ``dataset.json`` (``--data`` sets it)."""
+    num_classes: int = 1000
+    """Classes of the data set; must match ``dataset.json`` (the classifier has this many outputs)."""
+    num_train_examples: int = IMAGENET_TRAIN_EXAMPLES
+    """Examples per epoch for ``--dry-run`` and for ``data.source=synthetic`` (ImageNet-1k's train split by
+    default, so the recipes' step counts are ImageNet's); a tfrecord run takes the count from ``dataset.json``."""
+    synthetic_val_examples: int = 512
+    """Size of the fixed validation set of ``data.source=synthetic`` (the same images at any world size)."""
+    image_size: int = 224
+    """Side in pixels of the square training and validation images."""
+    num_threads: int = 0
+    """DALI worker threads per process; 0: the process's CPU share from its launcher
+    (``vitlarge.distributed.threads.dali_threads``: affinity mask / tasks on the node, Slurm's binding and
+    ``--cpus-per-task``; not torchrun's blanket ``OMP_NUM_THREADS=1``). A recipe's value wins."""
+    crop_scale: tuple = (0.08, 1.0)
+    """Area fraction range of the random-resized crop."""
+    crop_ratio: tuple = (3 / 4, 4 / 3)
+    """Aspect ratio range (width / height) of the random-resized crop."""
+    hflip: bool = True
+    """Random horizontal flips in training."""
+    randaugment: str | None = None
+    """timm's RandAugment string with timm's meaning, run in DALI: ``"rand-m9-n2"``, DeiT's
+    ``"rand-m9-mstd0.5-inc1"`` (parts m, n, p, mstd, mmax, inc; see docs/DATA.md); None disables it."""
+    val_crop_pct: float = 0.875
+    """Validation resizes the shorter side to ``image_size / val_crop_pct``, then centre-crops."""
+    mean: tuple = IMAGENET_MEAN
+    """Per-channel RGB mean subtracted from the pixels, in timm's 0..1 convention (ImageNet's)."""
+    std: tuple = IMAGENET_STD
+    """Per-channel RGB standard deviation the pixels are divided by, 0..1 convention (ImageNet's)."""
+    label_offset: int | None = None
+    """Subtracted from stored labels; None takes it from ``dataset.json`` (1 for TF-made shards)."""
+
+
+@dataclass
+class AugmentConfig:
+    mixup_alpha: float = 0.0
+    """Mixup Beta(alpha, alpha) parameter (timm ``Mixup``); 0 disables Mixup. Needs an even micro batch."""
+    cutmix_alpha: float = 0.0
+    """CutMix Beta parameter; 0 disables CutMix. With both on, timm switches between them per batch."""
+    mixup_prob: float = 1.0
+    """Probability that Mixup/CutMix is applied to a batch."""
+    label_smoothing: float = 0.0
+    """Label smoothing of the targets (folded into the soft targets under Mixup/CutMix)."""
+
+
+@dataclass
+class OptimConfig:
+    name: Literal["lamb", "adamw"] = "lamb"
+    """``lamb`` (vitlarge's multi-tensor LAMB) or ``adamw``."""
+    lr: float = 1.8e-2
+    """Peak learning rate, reached at the end of warmup."""
+    weight_decay: float = 0.1
+    """Applied to matrices only; biases, norms, pos-embed and cls token get none (and no trust ratio)."""
+    betas: tuple = (0.9, 0.999)
+    """Adam/LAMB moment decay rates (beta1, beta2)."""
+    eps: float = 1e-6
+    """Added to the second moment's square root for stability."""
+    bias_correction: bool = True
+    """LAMB's Adam-style bias correction of the moments (vitlarge's LAMB; AdamW always corrects)."""
+    clip_grad_norm: float = 1.0
+    """Global L2 norm, applied after fp16 unscaling; 0 disables clipping (the norm is still logged)."""
+
+
+@dataclass
+class ScheduleConfig:
+    warmup_epochs: float = 0.0
+    """Linear warmup from 0 to ``optim.lr``, in epochs; converted once to optimizer steps."""
+    decay: Literal["linear", "cosine", "constant"] = "linear"
+    """``linear``, ``cosine`` or ``constant`` after warmup."""
+    min_lr_ratio: float = 0.0
+    """Final lr as a fraction of the peak."""
+
+
+@dataclass
+class TrainConfig:
+    global_batch: int = 32768
+    """Images per optimizer step over all devices; fixed by the recipe, whatever the world size."""
+    micro_batch: int = 256
+    """Images per device per forward/backward; accumulation = global / (micro x world)."""
+    epochs: float = 300
+    """Length of the schedule in epochs; converted once to optimizer steps."""
+    precision: Literal["fp16", "bf16", "fp32", "auto"] = "fp16"
+    """``fp16`` (autocast + dynamic loss scaling), ``bf16`` (autocast), ``fp32``, or ``auto``: the fastest
+    the device trains in, resolved at start (`vitlarge.model.precision.resolve`): bf16 on GPUs with bf16
+    tensor cores, else fp16; on CPUs fp16/bf16 only with fast units for them, else fp32."""
+    init_loss_scale: float = 2.0**16
+    """Initial fp16 loss scale (dynamic: halved on overflow, doubled after ``loss_scale_growth_interval``)."""
+    loss_scale_growth_interval: int = 2000
+    """Optimizer steps without overflow after which the fp16 loss scale doubles."""
+    compile: Literal["auto", "on", "off"] = "auto"
+    """``on``: the model's forward (and so its backward) runs through ``torch.compile`` (`nn.Module.compile`
+    before the Booster: parameter names, checkpoints and exports unchanged; static shapes, one graph per
+    input shape and train/eval, the recompile limit sized to the phases: `vitlarge.train.assemble.compile_model`).
+    ``auto``: on with CUDA, off on CPU, where it measured slower (0.8x) and costs minutes of compiling
+    (docs/PERFORMANCE.md); resolved at start and logged (`vitlarge.train.settings.compile_choice`)."""
+    plugin: Literal["ddp", "fsdp"] = "ddp"
+    """Colossal-AI Booster plugin: ``ddp`` (TorchDDPPlugin: replicas) or ``fsdp`` (`vitlarge.distributed.fsdp`: weights,
+    gradients and LAMB states sharded over the ranks by FSDP2, one group per transformer block; CPU and CUDA)."""
+    fsdp_accumulation: Literal["auto", "no_sync", "reduce_scatter"] = "auto"
+    """``fsdp`` with gradient accumulation: ``no_sync`` keeps full unsharded gradients between micro-steps
+    and reduce-scatters once per optimizer step (least traffic, +1 unsharded fp32 gradient of memory per rank;
+    FSDP2 accumulates it in fp32 under bf16/fp16 too); ``reduce_scatter`` reduce-scatters
+    every micro-step into this rank's fp32 shard (least memory, ``accum_steps`` x the gradient traffic);
+    ``auto``: reduce_scatter under bf16/fp16, no_sync under fp32. See docs/FSDP.md."""
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    """``auto`` (cuda when available), ``cuda`` or ``cpu``."""
+    seed: int = 42
+    """Initial weights (same on every rank); data order and augmentation use it with the rank."""
+    log_every_steps: int = 10
+    """A console progress line every this many optimizer steps (metrics.jsonl has every step)."""
+    eval_every_epochs: float = 10
+    """Evaluate every this many epochs (rounded to steps, at least 1); 0: only the final evaluation."""
+    checkpoint_every_steps: int = 500
+    """0: never periodically; a checkpoint is still written at the end and on SIGTERM/SIGUSR1."""
+    keep_checkpoints: int = 3
+    """Newest checkpoints kept (at least 1); older ones are deleted after each save."""
+    nan_patience: int = 5
+    """Stop when the loss is non-finite this many optimizer steps in a row."""
+    max_steps: int = 0
+    """Stop after this many optimizer steps (0: run the whole schedule). The schedule still spans all epochs."""
+    phases: list = field(default_factory=list)
+    """Progressive resolution: phases with their own image size, batch, crop scale and lr, as dicts
+    (``[{"epoch": 0, "image_size": 128}, {"epoch": 80, "image_size": 224}]``); [] trains one phase
+    from the fields above. Keys and rules: `vitlarge.config.phase_list`."""
+
+
+@dataclass
+class Config:
+    """A whole run. Recipes build one; ``--set`` style overrides edit it by dotted key."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """What to train: the timm model and its dropouts."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """The data set (TFRecord shards, or synthetic) and its input pipeline."""
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+    """Batch-level augmentation: Mixup, CutMix, label smoothing."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer and gradient clipping."""
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    """Learning-rate schedule: warmup, then decay."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Batch sizes, length, precision, plugin and the run cadence."""
+    workdir: str = "runs/default"
+    """Logs, metrics, checkpoints and the exported model go here; a rerun resumes from it."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

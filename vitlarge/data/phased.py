@@ -1,0 +1,141 @@
+"""Each phase's loaders, built at its first step, and the data state a checkpoint keeps for them.
+
+Every run goes through `PhasedLoaders` (a recipe without ``train.phases`` is one phase). A
+checkpoint's data state is ``{"version", "phase", "phases": fingerprint, "loader": the loader's
+own state}``: a resume in the same phase under the same phase list continues the stream exactly.
+Checkpoints of runs without phases written before every run had phases hold the loader's own state
+alone; it is read as phase 0's under the empty phase list, which is what it was.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+
+from vitlarge.config.phase_list import resolve
+from vitlarge.config.schema import Config
+from vitlarge.plan.phases import Phase, phase_config
+from vitlarge.plan.plan import Plan
+
+
+def fingerprint(cfg: Config) -> str:
+    """A short hash of the resolved phase list (world-size independent): a checkpoint's data state is
+    tied to it, so a resume after an edit of ``train.phases`` does not continue another phase's stream."""
+    # A recipe without train.phases hashes the empty list, as the state of its one phase always has.
+    doc = json.dumps(resolve(cfg) if cfg.train.phases else [], sort_keys=True, default=list)
+    return hashlib.sha256(doc.encode()).hexdigest()[:16]
+
+
+def _parts(state: str) -> tuple[int, str, str]:
+    """(phase, phase-list fingerprint, loader state) of a checkpoint's data state; ValueError if malformed."""
+    try:
+        doc = json.loads(state)
+    except (ValueError, TypeError) as e:
+        raise ValueError(str(e)) from None
+    if not isinstance(doc, dict):
+        raise ValueError("not an object")
+    if "phase" not in doc:  # a loader's own state: written by a run without phases before they all had one
+        return 0, NO_PHASES, state
+    try:
+        return int(doc["phase"]), doc.get("phases"), doc["loader"]
+    except (KeyError, TypeError) as e:
+        raise ValueError(str(e)) from None
+
+
+NO_PHASES = hashlib.sha256(b"[]").hexdigest()[:16]  # the fingerprint of a recipe without train.phases
+
+
+def state_of_other_phases(state: str | None, cfg: Config) -> bool:
+    """Whether a checkpoint's data state was written under another phase list than ``cfg``'s (one with
+    phases and one without count as different): the run then drops it with one warning and each
+    phase's stream starts afresh."""
+    if not state:
+        return False
+    try:
+        return _parts(state)[1] != fingerprint(cfg)
+    except ValueError:
+        return True
+
+
+class _PhaseTrain:
+    """A phase's TrainLoader whose ``state()`` also records the phase it belongs to and the phase list."""
+
+    def __init__(self, loader, phase: int, phases_hash: str):
+        self.loader, self.phase, self.phases_hash = loader, phase, phases_hash
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self.loader)
+
+    def state(self) -> str:
+        from vitlarge.data.common import STATE_VERSION
+
+        return json.dumps(
+            {"version": STATE_VERSION, "phase": self.phase, "phases": self.phases_hash, "loader": self.loader.state()}
+        )
+
+
+def split_state(state: str | None) -> tuple[int | None, str | None]:
+    """(phase, loader state) of a checkpoint's data state; (None, None) for none or a malformed one."""
+    if not state:
+        return None, None
+    try:
+        phase, _, loader = _parts(state)
+    except ValueError:
+        return None, None
+    return phase, loader
+
+
+class PhasedLoaders:
+    """The train and validation loaders of the phase a step belongs to, rebuilt at boundaries.
+
+    ``enter(step)`` returns ``(train, val)`` when ``step`` starts a phase other than the current one
+    (the first call always does), else None. A checkpoint's state from the same phase continues that
+    phase's stream; from an earlier phase it is dropped: the new phase starts its stream afresh, as
+    an uninterrupted run does at the boundary.
+    """
+
+    def __init__(self, cfg: Config, plan: Plan, rank: int, world_size: int, device, state: str | None = None):
+        self.cfg, self.plan, self.rank, self.world_size, self.device = cfg, plan, rank, world_size, device
+        self.current: Phase | None = None
+        self._state_phase, self._state = split_state(state)
+
+    def changes_at(self, step: int) -> bool:
+        """Whether ``enter(step)`` builds new loaders (the caller drops the old ones first)."""
+        return self.current is None or self.plan.phase_at(step).index != self.current.index
+
+    def enter(self, step: int):
+        from vitlarge.data.sources import train_loader, val_loader
+
+        ph = self.plan.phase_at(step)
+        if not self.changes_at(step):
+            return None
+        state = self._state if self._state_phase == ph.index else None
+        self._state_phase = self._state = None  # used once, by the phase it belongs to
+        self.current = ph
+        pc = phase_config(self.cfg, ph)
+        train = _PhaseTrain(
+            train_loader(pc, self.rank, self.world_size, self.device, state=state), ph.index, fingerprint(self.cfg)
+        )
+        vc = copy.deepcopy(pc)
+        vc.data.image_size = ph.eval_size
+        return train, val_loader(vc, self.rank, self.world_size, self.device)
+
+
+def release_loader_memory(device) -> None:
+    """After the old phase's loaders are dropped: collect their pipelines and, on a GPU, hand DALI's
+    freed pool blocks back (``nvidia.dali.backend.ReleaseUnusedMemory``, where this DALI has it), so the
+    new phase's pipelines do not stack on the old ones' memory. The GPU branch is not run by the tests.
+    A process that never loaded DALI (``data.source=synthetic``) has no DALI pool, and may have no DALI."""
+    import gc
+    import sys
+
+    gc.collect()
+    backend = sys.modules.get("nvidia.dali.backend")
+    if getattr(device, "type", str(device)) == "cuda" and backend is not None:
+        release = getattr(backend, "ReleaseUnusedMemory", None)
+        if release is not None:
+            release()

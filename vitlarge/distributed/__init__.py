@@ -1,0 +1,1 @@
+"""Processes and devices: what the launcher says (`launcher`), the rendezvous and device (`launch`), thread budgets (`threads`), network interfaces (`network`), collectives (`collective`), Booster plugins (`plugins`) and FSDP2 (`fsdp`)."""

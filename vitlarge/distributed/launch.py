@@ -1,0 +1,175 @@
+"""Process-group setup for every way a run is started, and the one place device and backend are chosen.
+
+Supported launchers, detected from the environment:
+
+* ``colossalai run`` / ``torchrun``: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``.
+* ``srun`` (Slurm): ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``; the master is the first host
+  of the step's node list (``SLURM_STEP_NODELIST``, else ``SLURM_JOB_NODELIST``, expanded by
+  ``scontrol show hostnames``) and the port is derived from the job id unless ``MASTER_PORT`` is set.
+  Only srun sets ``SLURM_STEP_ID``: a batch script also has ``SLURM_PROCID=0`` and the job's
+  ``SLURM_NTASKS``, and ``python train.py`` run there directly would wait for tasks that never start.
+* plain ``python train.py``: one process, world size 1.
+
+We initialise ``torch.distributed`` ourselves instead of calling ``colossalai.launch``, which
+ignores its ``backend`` argument and takes the accelerator's (nccl), so it cannot give gloo on a
+CPU-only host. Booster and its plugins only need an initialised default process group.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import sys
+import time
+import warnings
+
+from vitlarge.distributed.launcher import DistEnv, launcher_rank
+from vitlarge.distributed.network import bind_interface
+from vitlarge.errors import UserError
+
+
+def choose_device(requested: str = "auto", local_rank: int = 0):
+    """The one place that maps the config's ``train.device`` to a torch device and a backend."""
+    import torch
+
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise UserError("train.device=cuda but no CUDA device is visible; use train.device=cpu or auto")
+    if requested != "cpu" and torch.cuda.is_available():
+        # One visible GPU per process (srun --gpus-per-task=1, --gpu-bind) is device 0 whatever the local rank.
+        count = torch.cuda.device_count()
+        index = 0 if count == 1 else local_rank
+        if index >= count:
+            raise UserError(
+                f"local rank {local_rank} but only {count} CUDA devices are visible to it; start one process "
+                "per GPU (srun --ntasks-per-node equal to --gpus-per-node)",
+                same_on_all_ranks=False,
+            )
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index), "nccl"
+    return torch.device("cpu"), "gloo"
+
+
+RENDEZVOUS_TIMEOUT_ENV = "VITLARGE_RENDEZVOUS_TIMEOUT"
+"""Seconds to wait for every process to join (default 300): a missing task fails the run after this."""
+
+
+def rendezvous_timeout_s(env=None) -> float:
+    env = os.environ if env is None else env
+    raw = env.get(RENDEZVOUS_TIMEOUT_ENV, "300")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise UserError(f"environment variable {RENDEZVOUS_TIMEOUT_ENV}={raw!r} must be a positive number of seconds")
+    return value
+
+
+# torch 2.5 deadlocks at exit, now and then, when the DDP Reducer drops the last reference to the
+# gloo process group: ~ProcessGroupGloo joins its worker threads while holding the GIL, and a worker
+# that is still releasing the tensors of the last all-reduce waits for the GIL (fixed upstream by
+# "Release GIL in PG destructor", pytorch#154976). Holding a reference here moves the destruction
+# to interpreter exit, when the workers are long idle. Seen as srun/torchrun never returning after
+# "exported ...".
+_KEEP_ALIVE: list = []
+
+
+def init_distributed(
+    dist_env: DistEnv, backend: str, timeout_s: float | None = None, collective_timeout_s: float = 300.0
+) -> None:
+    """Initialises the default process group (also for world size 1, so one code path).
+
+    ``timeout_s`` bounds the rendezvous only (every process connected to the master's store);
+    it defaults to ``$VITLARGE_RENDEZVOUS_TIMEOUT`` or 300 s. Collectives, and store operations
+    after the rendezvous, get ``collective_timeout_s``: a short rendezvous timeout must not make a
+    long checkpoint write on rank 0 look like a hang to the other ranks.
+    """
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    if timeout_s is None:
+        timeout_s = rendezvous_timeout_s()
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = dist_env.master_addr, str(dist_env.master_port)
+    ifname = bind_interface(dist_env)
+    if dist_env.local_rank == 0 and dist_env.source == "slurm" and dist_env.world_size > 1:
+        import logging  # every node's first task: the interface is chosen per node
+
+        logging.getLogger("vitlarge").info(
+            f"rendezvous at {dist_env.master_addr}:{dist_env.master_port}, gloo interface on {socket.gethostname()}: "
+            f"{ifname or '(gloo default)'}"
+        )
+    t0 = time.monotonic()
+    try:
+        # The master waits for all world_size processes to connect: a missing task fails here, in time.
+        # Under torchrun (and so colossalai run) the agent already serves a store on MASTER_PORT:
+        # join it as a client, as torch's env:// rendezvous does, instead of listening on that port.
+        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        store = dist.TCPStore(
+            dist_env.master_addr,
+            dist_env.master_port,
+            dist_env.world_size,
+            is_master=dist_env.rank == 0 and not agent,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            wait_for_workers=not agent,
+        )
+        # Always a PrefixStore: torch's c10d logger formats init_process_group's arguments, and
+        # TCPStore's repr asks its socket for its addresses, which fails ("failed to format addr,
+        # unknown family=0") in the network namespaces of tests/test_slurm_multinode.py (gVisor).
+        attempt = f"/worker/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}" if agent else "vitlarge"
+        dist.init_process_group(
+            backend,
+            store=dist.PrefixStore(attempt, store),
+            rank=dist_env.rank,
+            world_size=dist_env.world_size,
+            timeout=datetime.timedelta(seconds=collective_timeout_s),
+        )
+        store.set_timeout(datetime.timedelta(seconds=collective_timeout_s))
+        _KEEP_ALIVE.append(dist.group.WORLD)
+    except (RuntimeError, dist.DistStoreError) as e:
+        raise UserError(
+            rendezvous_error(dist_env, e, time.monotonic() - t0, timeout_s, ifname), same_on_all_ranks=False
+        ) from None
+
+
+def rendezvous_error(dist_env: DistEnv, error: BaseException, elapsed_s: float, timeout_s: float, ifname: str) -> str:
+    """The one line a failed rendezvous prints: master, this task's host and interface, the measured time;
+    "did not complete within" only for a timeout (a store timeout, or the time spent reached the limit)."""
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    timed_out = "timed out" in first.lower() or "timeout" in first.lower() or elapsed_s >= 0.95 * timeout_s
+    what = f"did not complete within {timeout_s:.0f}s" if timed_out else f"failed after {elapsed_s:.1f}s"
+    return (
+        f"rendezvous at {dist_env.master_addr}:{dist_env.master_port} {what} (rank {dist_env.rank} of "
+        f"{dist_env.world_size}, {dist_env.source}; on {socket.gethostname()}, interface {ifname or 'default'}, "
+        f"{elapsed_s:.1f}s): {first}; check that every process started and that the address is reachable"
+    )
+
+
+def quiet_imports() -> None:
+    """Silences, before they are imported, warnings about optional parts a vitlarge run never uses.
+
+    * Colossal-AI warns at import about optional CUDA extensions (tensornvme, apex).
+    * Colossal-AI imports bitsandbytes (for its GaLore optimizers), whose CPU backend logs "Failed to
+      load CPU gemm_4bit_forward from kernels-community" on CPUs with AVX512-BF16: 4-bit kernels
+      vitlarge never calls. Only that module's logger is raised to ERROR.
+    """
+    import logging
+
+    warnings.filterwarnings("ignore", message=".*(tensornvme|apex|kernels).*")
+    warnings.filterwarnings("ignore", category=FutureWarning, module="colossalai")
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+
+
+def prints_error(error: UserError, dist_env: DistEnv | None, group_exists: bool | None = None) -> bool:
+    """Whether this process prints ``error``, so that an error every rank meets is printed once.
+
+    See ``UserError.same_on_all_ranks``. Such an error is printed by rank 0 (the process that will
+    be rank 0, before the process group exists); a rank-local one by the rank that raised it; a
+    process that cannot tell its rank prints. ``group_exists`` defaults to torch.distributed's state."""
+    if group_exists is None:
+        dist = sys.modules.get("torch.distributed")  # not imported yet: no process group yet
+        group_exists = dist is not None and dist.is_available() and dist.is_initialized()
+    same = error.same_on_all_ranks if error.same_on_all_ranks is not None else not group_exists
+    rank = dist_env.rank if dist_env is not None else launcher_rank()
+    return not same or rank in (0, None)

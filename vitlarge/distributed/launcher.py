@@ -1,0 +1,105 @@
+"""What the launcher (torchrun, `colossalai run`, srun, or none) tells this process: rank, world size, rendezvous address."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from dataclasses import dataclass
+
+from vitlarge.errors import UserError
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process sits in the job. ``source`` names the launcher that was detected."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    source: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def int_env(env, key: str) -> int:
+    try:
+        return int(env[key])
+    except ValueError:
+        raise UserError(
+            f"environment variable {key}={env[key]!r} is not an integer; fix the launcher settings"
+        ) from None
+
+
+def slurm_hosts(nodelist: str) -> list[str]:
+    """The host names of a Slurm node list (``vlnode[1-2]``), expanded by ``scontrol show hostnames``."""
+    if not any(c in nodelist for c in "[,"):
+        return [nodelist]
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
+        hosts = out.stdout.split()
+        if not hosts:
+            raise IndexError
+        return hosts
+    except (OSError, subprocess.CalledProcessError, IndexError):
+        raise UserError(
+            f"cannot expand SLURM_JOB_NODELIST={nodelist!r} with 'scontrol show hostnames'; set MASTER_ADDR"
+        ) from None
+
+
+def _first_slurm_host(nodelist: str) -> str:
+    return slurm_hosts(nodelist)[0]
+
+
+def detect(env=None) -> DistEnv:
+    """Reads the launcher's variables; torchrun's win over Slurm's (torchrun inside an allocation)."""
+    env = os.environ if env is None else env
+    if "RANK" in env and "WORLD_SIZE" in env:
+        rank, world = int_env(env, "RANK"), int_env(env, "WORLD_SIZE")
+        local = int_env(env, "LOCAL_RANK") if "LOCAL_RANK" in env else rank
+        addr = env.get("MASTER_ADDR", "127.0.0.1")
+        port = int_env(env, "MASTER_PORT") if "MASTER_PORT" in env else 29500
+        source = "torchrun"
+    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        rank, world = int_env(env, "SLURM_PROCID"), int_env(env, "SLURM_NTASKS")
+        if world > 1 and "SLURM_STEP_ID" not in env:
+            raise UserError(
+                f"this is a Slurm batch script (SLURM_NTASKS={world} but no SLURM_STEP_ID), not one of its "
+                "tasks; start train.py with srun (srun python train.py ...) so that every task runs"
+            )
+        local = int_env(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "127.0.0.1")
+        addr = env.get("MASTER_ADDR") or _first_slurm_host(nodelist)
+        job = int_env(env, "SLURM_JOB_ID") if env.get("SLURM_JOB_ID") else 0
+        port = int_env(env, "MASTER_PORT") if env.get("MASTER_PORT") else 20000 + job % 20000
+        source = "slurm"
+    else:
+        rank, world, local = 0, 1, 0
+        addr, port, source = "127.0.0.1", free_port(), "single"
+    if world < 1 or not 0 <= rank < world:
+        raise UserError(
+            f"inconsistent launcher variables ({source}): rank {rank} with world size {world}; "
+            "check --nproc_per_node / srun -n"
+        )
+    return DistEnv(rank, world, local, addr, port, source)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launcher_rank(env=None) -> int | None:
+    """This process's rank as its launcher set it (``RANK``, else ``SLURM_PROCID``; 0 without a
+    launcher), read without validation; None when unreadable. Known before any process group."""
+    env = os.environ if env is None else env
+    key = "RANK" if "RANK" in env else "SLURM_PROCID" if "SLURM_PROCID" in env else None
+    try:
+        return int(env[key]) if key else 0
+    except ValueError:
+        return None

@@ -1,0 +1,1 @@
+"""Optimizers: LAMB with its parameter groups (`lamb`) and its sharded version for fsdp (`sharded_lamb`)."""

@@ -1,0 +1,162 @@
+"""Training phases: each with its own image size, batch, crop scale and lr; a run without phases is one.
+
+A recipe sets ``train.phases`` to a list of dicts, fast.ai/DIUx style::
+
+    c.train.phases = [
+        {"epoch": 0, "image_size": 128, "crop_scale": (0.35, 1.0)},
+        {"epoch": 40, "image_size": 192, "global_batch": 16384, "lr_scale": 0.5},
+        {"epoch": 85, "image_size": 224, "crop_scale": (0.08, 1.0), "eval_size": 256},
+    ]
+
+or builds them in one line from composer's parameters (`progressive`). Keys (`PHASE_KEYS`):
+``epoch`` (start, required), ``image_size``, ``eval_size`` (validation size; default the phase's
+``image_size``), ``global_batch``, ``micro_batch``, ``crop_scale``, ``lr_scale`` (multiplies the
+recipe's schedule) or ``lr`` (a segment ``(start, end)``: linear over the phase's steps, replacing the
+schedule there). A key not given carries over from the phase before (except ``eval_size`` and ``lr``,
+which are the phase's own); the first phase starts from the recipe (``data.image_size``,
+``train.global_batch``, ...). A first phase after epoch 0 gets an implicit
+phase 0 with the recipe's values. A phase ends where the next starts, the last at ``train.epochs``. A recipe without
+``train.phases`` is one phase with the recipe's values: every run takes the same path.
+
+Contracts:
+
+* `check` validates the list with no world size (order, keys, sizes divisible by the patch size,
+  batches); `plan_phases` derives each phase's accumulation and steps for a world size (a phase
+  batch it cannot divide is a UserError). Both raise before any data is touched.
+* Steps: phase i covers optimizer steps ``[start_step, end_step)``; its length is
+  its epochs x its steps per epoch, boundaries rounded once from the cumulative count (no drift: with
+  one batch throughout the total is the unphased plan's). A phase's micro batch is capped at
+  ``global_batch / world size`` (the recipe's value is a per-device ceiling); the one phase of a
+  recipe without ``train.phases`` takes ``train.micro_batch`` as given.
+* `Plan.lr_at` is a pure function of the optimizer step: the recipe's warmup/decay over the whole
+  run's steps (warmup ends at the step where ``schedule.warmup_epochs`` is reached), times the
+  phase's ``lr_scale``, or the phase's own ``lr`` segment. Resuming is restoring the step.
+* Periodic evaluation (``train.eval_every_epochs``) is converted to steps with the first phase's
+  steps per epoch; ``epoch`` in the logs follows each phase's own.
+* The model keeps the pos-embed grid of ``data.image_size`` and is built with timm's
+  ``dynamic_img_size=True``: every forward resamples it (bicubic) to the input's grid, so parameter
+  shapes, optimizer state and checkpoints never change with the phase.
+* `vitlarge.data.phased.PhasedLoaders` rebuilds the loaders at a boundary (`vitlarge.data.sources`: DALI pipelines decoding
+  straight to the phase's size, or the synthetic source at that size).
+  Each phase's train stream starts afresh with its own seed (``train.seed + 1000 * phase``); the
+  loader state in a checkpoint records its phase, so a resume in the same phase continues the
+  stream exactly and a resume at a boundary starts the new phase's stream exactly as an
+  uninterrupted run does. The state also holds a `fingerprint` of the phase list: after an edit of
+  ``train.phases`` train.py drops it with one warning (weights, optimizer and step resume; the lr
+  and the phase follow the new list at that step).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+from vitlarge.config.phase_list import resolve
+from vitlarge.config.schema import Config
+from vitlarge.errors import UserError
+
+PHASE_SEED_STRIDE = 1000  # phase i's data stream uses train.seed + 1000 * i
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase, every key resolved, for one world size."""
+
+    index: int
+    start_epoch: float
+    end_epoch: float
+    image_size: int
+    eval_size: int
+    global_batch: int
+    micro_batch: int
+    accum_steps: int
+    crop_scale: tuple
+    lr_scale: float
+    lr: tuple | None
+    steps_per_epoch: int
+    start_step: int
+    end_step: int
+
+    @property
+    def steps(self) -> int:
+        return self.end_step - self.start_step
+
+
+def plan_phases(cfg: Config, world_size: int, num_train_examples: int) -> tuple[Phase, ...]:
+    """Per-phase accumulation, steps per epoch and step range; UserError when a batch does not divide.
+
+    A phase's micro batch is ``min(its micro_batch, its global_batch / world size)``: a recipe's
+    per-device micro batch is a memory ceiling, so the same recipe runs on more devices (fewer
+    accumulation steps) as a fixed-resolution recipe does. Step boundaries are rounded from the
+    cumulative (fractional) step count at each absolute start epoch, so rounding never drifts: with
+    one steps-per-epoch throughout, the total equals the unphased plan's."""
+    phases, exact = [], 0.0  # exact: the fractional optimizer step where the current phase starts
+    listed = bool(cfg.train.phases)
+    resolved = resolve(cfg)
+    for i, p in enumerate(resolved):
+        key = f"train.phases[{i}]"
+        gb = p["global_batch"]
+        capped = listed and gb % world_size == 0
+        micro = min(p["micro_batch"], gb // world_size) if capped else p["micro_batch"]
+        per_step = micro * world_size
+        if gb % per_step:
+            names = (f"{key}: global_batch", "micro_batch") if listed else ("train.global_batch", "train.micro_batch")
+            raise UserError(
+                f"{names[0]}={gb} is not divisible by {names[1]} x world size = "
+                f"{micro} x {world_size} = {per_step}; pick a micro_batch or device count that divides it"
+            )
+        # Drop the last partial global batch of each epoch, as the original did: every optimizer step
+        # sees exactly global_batch images, so the lr schedule means the same at any world size.
+        spe = num_train_examples // gb
+        if spe == 0:
+            where = f"{key}: global_batch={gb}" if listed else f"train.global_batch={gb}"
+            fix = "lower it" if listed else "lower train.global_batch"
+            raise UserError(f"{where} is larger than the {num_train_examples} training images; {fix}")
+        end_epoch = resolved[i + 1]["epoch"] if i + 1 < len(resolved) else cfg.train.epochs
+        start_step = epochs_to_steps(exact, 1)
+        exact += (end_epoch - p["epoch"]) * spe
+        phases.append(
+            Phase(
+                index=i,
+                start_epoch=float(p["epoch"]),
+                end_epoch=float(end_epoch),
+                image_size=p["image_size"],
+                eval_size=p["eval_size"],
+                global_batch=gb,
+                micro_batch=micro,
+                accum_steps=gb // per_step,
+                crop_scale=p["crop_scale"],
+                lr_scale=float(p["lr_scale"]),
+                lr=p["lr"],
+                steps_per_epoch=spe,
+                start_step=start_step,
+                end_step=epochs_to_steps(exact, 1),
+            )
+        )
+    return tuple(phases)
+
+
+def step_at_epoch(phases, epochs: float) -> int:
+    """The optimizer step at which ``epochs`` of training are done (phase by phase, rounded once from
+    the cumulative fractional step count, as the phase boundaries are)."""
+    exact = 0.0
+    for ph in phases:
+        if epochs <= ph.end_epoch or ph is phases[-1]:
+            return epochs_to_steps(exact + max(0.0, epochs - ph.start_epoch) * ph.steps_per_epoch, 1)
+        exact += (ph.end_epoch - ph.start_epoch) * ph.steps_per_epoch
+    return 0
+
+
+def phase_config(cfg: Config, ph: Phase) -> Config:
+    """A copy of ``cfg`` with the phase's image size, batches and crop scale: what its loaders are built from."""
+    c = copy.deepcopy(cfg)
+    c.data.image_size, c.data.crop_scale = ph.image_size, tuple(ph.crop_scale)
+    c.train.global_batch, c.train.micro_batch = ph.global_batch, ph.micro_batch
+    c.train.seed = cfg.train.seed + PHASE_SEED_STRIDE * ph.index
+    return c
+
+
+def epochs_to_steps(epochs: float, steps_per_epoch: int) -> int:
+    """The one conversion from an epoch count to optimizer steps."""
+    return int(math.floor(epochs * steps_per_epoch + 0.5))

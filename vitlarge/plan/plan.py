@@ -1,0 +1,83 @@
+"""The plan of a run: its phases and step counts for one world size and data set size.
+
+`make_plan` is the one place a config becomes step counts; everything that runs, logs or resumes a
+step asks the plan (`Plan.phase_at`, `Plan.epoch_at`, `Plan.lr_at`) rather than the config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vitlarge.config.schema import Config
+from vitlarge.plan.phases import Phase, epochs_to_steps, plan_phases, step_at_epoch
+from vitlarge.plan.schedule import lr_at
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Step counts derived once from the config, the world size and the data set size."""
+
+    world_size: int
+    phases: tuple[Phase, ...]
+    """One or more; a recipe without ``train.phases`` is one phase with its own values."""
+    total_steps: int
+    warmup_steps: int
+    eval_every_steps: int
+    """0: no periodic evaluation (``train.eval_every_epochs`` converted with the first phase's epochs)."""
+    num_train_examples: int
+
+    def phase_at(self, step: int) -> Phase:
+        """The phase optimizer step ``step`` (0-based) belongs to (the last phase past the end)."""
+        for ph in self.phases:
+            if step < ph.end_step:
+                return ph
+        return self.phases[-1]
+
+    def epoch_at(self, step: int) -> float:
+        """Epochs done after ``step`` optimizer steps."""
+        ph = self.phase_at(max(0, step - 1)) if step else self.phases[0]
+        return ph.start_epoch + (step - ph.start_step) / ph.steps_per_epoch
+
+    def lr_at(self, cfg: Config, step: int) -> float:
+        """The lr of optimizer step ``step``: the recipe's warmup and decay over the whole run, times the
+        phase's ``lr_scale``, or the phase's own ``lr`` segment (vitlarge/plan/phases.py)."""
+        ph = self.phase_at(step)
+        if ph.lr is not None:
+            start, end = ph.lr
+            return start + (end - start) * (step - ph.start_step) / max(1, ph.steps - 1)  # ends at its last step
+        s = cfg.schedule
+        return ph.lr_scale * lr_at(
+            step,
+            peak_lr=cfg.optim.lr,
+            total_steps=self.total_steps,
+            warmup_steps=self.warmup_steps,
+            decay=s.decay,
+            min_lr_ratio=s.min_lr_ratio,
+        )
+
+    def describe(self, step: int = 0) -> str:
+        """The batch arithmetic of the phase ``step`` is in, and the run's step counts."""
+        ph = self.phase_at(step)
+        return (
+            f"global batch {ph.global_batch} = {ph.micro_batch} (micro) x {ph.accum_steps} "
+            f"(accumulation) x {self.world_size} (devices); {ph.steps_per_epoch} steps/epoch, "
+            f"{self.total_steps} steps, {self.warmup_steps} warmup steps"
+        )
+
+
+def make_plan(cfg: Config, world_size: int, num_train_examples: int | None = None) -> Plan:
+    """Derives each phase's accumulation and steps; raises UserError when a batch does not divide."""
+    n = num_train_examples or cfg.data.num_train_examples
+    phases = plan_phases(cfg, world_size, n)
+    t = cfg.train
+    eval_every = 0
+    if t.eval_every_epochs > 0:
+        eval_every = max(1, epochs_to_steps(t.eval_every_epochs, phases[0].steps_per_epoch))
+    return Plan(
+        world_size=world_size,
+        phases=phases,
+        total_steps=max(1, phases[-1].end_step),
+        warmup_steps=step_at_epoch(phases, cfg.schedule.warmup_epochs),
+        eval_every_steps=eval_every,
+        num_train_examples=n,
+    )

@@ -1,0 +1,155 @@
+"""A training run from a loaded config: every step from the checks to the export, in order.
+
+`build_run` checks the inputs (data, workdir, ``--resume``, ``model.init_from``) before any work,
+resolves the device settings once (`vitlarge.train.settings`), joins the process group, builds the
+parts (`vitlarge.train.assemble.build`), seeds, resumes (`vitlarge.checkpoint.resume`: rank 0 picks
+the checkpoint, `Resumed` says what of it this run can use) and makes the phase loaders and hooks.
+`TrainingRun.fit` trains, evaluates, checkpoints and exports. train.py is these two calls.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from vitlarge.config.schema import Config
+from vitlarge.distributed.launcher import DistEnv
+from vitlarge.errors import UserError
+from vitlarge.plan.plan import Plan
+
+log = logging.getLogger("vitlarge")
+
+
+@dataclass
+class TrainingRun:
+    """A built run on this rank: ``fit`` trains it to the end (or a stop) and exports the model."""
+
+    cfg: Config
+    """The recipe's config with its device-dependent ``auto`` values resolved (`Settings.config`)."""
+    plan: Plan
+    env: DistEnv
+    parts: object  # vitlarge.train.assemble.Parts
+    trainer: object  # vitlarge.train.trainer.Trainer
+    manifest: object  # vitlarge.data.manifest.Manifest
+
+    def fit(self) -> int:
+        """Trains, evaluates and exports; 0 when done (a stop raises `Preempted` or `StopTraining`)."""
+        import torch.distributed as dist
+
+        from vitlarge.checkpoint.export import export
+        from vitlarge.checkpoint.sharded import model_tensors
+
+        self.trainer.fit()
+        weights = model_tensors(self.parts.model, self.env.rank)  # a collective under fsdp (gathers to rank 0)
+        if self.env.is_main:
+            classes = self.manifest.classes
+            path = export(
+                Path(self.cfg.workdir),
+                self.parts.model,
+                self.cfg,
+                [c.synset for c in classes],
+                {c.synset: c.text for c in classes if c.text} or None,
+                tensors=weights,
+            )
+            log.info(f'exported {path} (timm.create_model("local-dir:{path}", pretrained=True))')
+        dist.destroy_process_group()
+        return 0
+
+
+def is_resume(cfg: Config, resume: str | None) -> bool:
+    """Whether this run continues from a checkpoint (``--resume``, or any in the workdir)."""
+    from vitlarge.checkpoint.store import list_checkpoints
+
+    return bool(resume) or bool(list_checkpoints(cfg.workdir))
+
+
+def check_inputs(cfg: Config, resume: str | None) -> None:
+    """What can fail before any data is read: a fine-tuning source of another architecture or patch
+    size. A resume takes its weights from the checkpoint: ``model.init_from`` is neither checked nor
+    read then (the pretrained file may be gone from scratch space by then)."""
+    if cfg.model.init_from and not is_resume(cfg, resume):
+        from vitlarge.checkpoint.init_from import check_source
+
+        check_source(cfg)
+
+
+def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tuple[int, str] = (0, "")) -> TrainingRun:
+    """Everything before the first step (see the module docstring); ``resume``: a ``--resume`` path."""
+    import numpy as np
+    import torch
+
+    from hooks import build_hooks
+    from vitlarge.checkpoint import resume as resume_from
+    from vitlarge.checkpoint import store
+    from vitlarge.data.phased import PhasedLoaders
+    from vitlarge.data.sources import check_data
+    from vitlarge.distributed import launch
+    from vitlarge.events import RunInfo
+    from vitlarge.plan.plan import make_plan
+    from vitlarge.train.assemble import build
+    from vitlarge.train.settings import resolve
+    from vitlarge.train.trainer import Trainer
+
+    resuming = is_resume(cfg, resume)
+    check_inputs(cfg, resume)
+    manifest = check_data(cfg)  # class count and RandAugment string, before any work or file
+    plan = make_plan(cfg, env.world_size, manifest.num_examples("train"))
+    workdir = Path(cfg.workdir)
+    store.check_writable(workdir, env.rank)
+    if resume:
+        store.read_meta(resume)  # a missing or incomplete --resume path fails before any work
+    device, backend = launch.choose_device(cfg.train.device, env.local_rank)
+    settings = resolve(cfg, device, backend, threads)
+    cfg = settings.config(cfg)  # before anything reads it: model, engine, checkpoints
+    if env.is_main:
+        for line in settings.lines():
+            log.info(line)
+        if cfg.data.source == "synthetic":  # images/s then measure the model and the loop, not the input pipeline
+            log.info(
+                f"data: synthetic, made on the device ({plan.num_train_examples} images per epoch, "
+                f"{cfg.data.synthetic_val_examples} validation images, {cfg.data.num_classes} classes)"
+            )
+    import colossalai.booster  # noqa: F401 (~10 s: before the rendezvous, whose timeout the user sets)
+
+    launch.init_distributed(env, backend)
+
+    # Identical initial weights on every rank (build seeds), then per-rank randomness.
+    parts = build(cfg, plan, device, init_from=not resuming, settings=settings)
+    torch.manual_seed(cfg.train.seed + env.rank)
+    np.random.seed(cfg.train.seed + env.rank)
+    random.seed(cfg.train.seed + env.rank)
+
+    # Rank 0 picks a verified checkpoint for all ranks; then weights, optimizer, scaler, RNG and step,
+    # and the loader position where this run can still use it.
+    start_step, data_state = 0, None
+    chosen = resume_from.choose(workdir, resume, parts.model, cfg)
+    if chosen is None and resuming and cfg.model.init_from:
+        raise UserError(
+            f"{workdir}/{store.CHECKPOINTS_DIR} holds no usable checkpoint, and without one this run "
+            f"would start from scratch instead of model.init_from; move them aside or pass another --workdir"
+        )
+    if chosen is not None:
+        resumed = resume_from.restore(chosen, parts.model, parts.optimizer, parts.precision.scaler, cfg)
+        start_step = resumed.step
+        data_state, warning = resumed.usable_data_state(cfg, plan)
+        if env.is_main:
+            log.info(f"resumed from {chosen} at step {start_step}")
+            if warning:
+                log.warning(warning)
+
+    # Each phase's loaders are built at its first step (a recipe without train.phases is one phase).
+    loaders = PhasedLoaders(cfg, plan, env.rank, env.world_size, device, state=data_state)
+    info = RunInfo(
+        workdir=str(workdir),
+        rank=env.rank,
+        is_main=env.is_main,
+        device=str(device),
+        start_step=start_step,
+        plan=plan,
+        cfg=cfg,
+    )
+    hooks = build_hooks(str(workdir), log_every=cfg.train.log_every_steps, nan_patience=cfg.train.nan_patience)
+    trainer = Trainer(cfg, plan, parts.engine, loaders, hooks, info, start_step=start_step)
+    return TrainingRun(cfg=cfg, plan=plan, env=env, parts=parts, trainer=trainer, manifest=manifest)

@@ -1,0 +1,44 @@
+"""Exact top-1 / top-5 / loss over the validation split (the trainer's evaluation and the evaluate CLI's).
+
+Contract: every rank iterates its own shard of the split, sums are all-reduced in float64, so each
+image counts once whatever the world size and batch size. Every rank runs the same number of
+forwards (`ValLoader.masked`: batches of DALI's padding are forwarded and counted as nothing), as a
+sharded (fsdp) model's forward is collective: a rank with one forward fewer would leave the others
+waiting in an all-gather.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, batches: Iterable, precision) -> dict:
+    """Returns ``val_top1``, ``val_top5`` (fractions), ``val_loss`` (mean CE) and ``val_images``.
+
+    ``batches``: a `ValLoader` (its ``masked()`` pass is used) or any iterable of ``(images, labels)``."""
+    model.eval()
+    device = next(model.parameters()).device
+    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top1, top5, count
+    masked = batches.masked() if hasattr(batches, "masked") else ((x, y, len(y)) for x, y in batches)
+    for images, labels, keep in masked:
+        # A padding-only batch is forwarded for the collectives only; real rows are forwarded alone.
+        images, labels = (images, labels[:0]) if keep == 0 else (images[:keep], labels[:keep])
+        with precision.autocast():
+            logits = model(images)
+        logits = logits.float()[: len(labels)]
+        k = min(5, logits.shape[1])
+        top = logits.topk(k, dim=1).indices
+        hit = top.eq(labels[:, None])
+        sums[0] += torch.nn.functional.cross_entropy(logits, labels, reduction="sum").double()
+        sums[1] += hit[:, 0].sum()
+        sums[2] += hit.any(dim=1).sum()
+        sums[3] += labels.numel()
+    if dist.is_initialized():
+        dist.all_reduce(sums)
+    loss, top1, top5, n = sums.tolist()
+    n = max(n, 1.0)
+    return dict(val_top1=top1 / n, val_top5=top5 / n, val_loss=loss / n, val_images=int(sums[3].item()))
