@@ -25,7 +25,7 @@ from vitlarge.config.load import load_recipe
 from vitlarge.model.vit import build_model
 from vitlarge.plan.plan import make_plan
 from vitlarge.train.assemble import build, compile_model, recompile_limit
-from vitlarge.train.settings import compile_choice, resolve
+from vitlarge.train.settings import compile_choice, resolve_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "recipes" / "demo_digits.py"
@@ -51,7 +51,7 @@ def test_auto_is_on_with_cuda_off_on_cpu_and_the_log_line_says_why():
     assert on and why.startswith("compile auto -> on: CUDA")
     assert compile_choice("on", torch.device("cpu")) == (True, "compile on: set by the recipe")
     c = tiny_cfg(compile="auto")
-    settings = resolve(c, "cpu")
+    settings = resolve_settings(c, "cpu")
     assert c.train.compile == "auto" and settings.config(c).train.compile == "off"  # the recipe's object untouched
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitlarge.model.precision import Precision, cpu_flags, resolve
+from vitlarge.model.precision import Precision, choose_precision, cpu_flags
 
 CPU = torch.device("cpu")
 
@@ -22,20 +22,20 @@ CPU = torch.device("cpu")
     ],
 )
 def test_auto_on_cpu_follows_the_instruction_set(flags, expected):
-    name, why = resolve("auto", CPU, frozenset(flags))
+    name, why = choose_precision("auto", CPU, frozenset(flags))
     assert name == expected and why
 
 
 @pytest.mark.parametrize("name", ["fp16", "bf16", "fp32"])
 def test_an_explicit_precision_is_kept_whatever_the_cpu(name):
-    assert resolve(name, CPU, frozenset())[0] == name
-    assert resolve(name, CPU, frozenset({"avx512_fp16"}))[0] == name
+    assert choose_precision(name, CPU, frozenset())[0] == name
+    assert choose_precision(name, CPU, frozenset({"avx512_fp16"}))[0] == name
 
 
 def test_this_machines_flags_are_read_and_resolve_to_a_concrete_precision():
     flags = cpu_flags()
     assert all(isinstance(f, str) for f in flags)
-    assert resolve("auto", CPU)[0] in ("fp16", "bf16", "fp32")
+    assert choose_precision("auto", CPU)[0] in ("fp16", "bf16", "fp32")
 
 
 def test_an_unresolved_precision_is_refused_by_the_engine_side():

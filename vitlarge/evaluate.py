@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     from vitlarge.model.precision import Precision
     from vitlarge.model.vit import build_model
     from vitlarge.train.evaluation import evaluate
-    from vitlarge.train.settings import resolve
+    from vitlarge.train.settings import resolve_settings
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", required=True)
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         env = launcher.detect()
         threads.size_thread_pools()
         device, backend = launch.choose_device(cfg.train.device, env.local_rank)
-        cfg = resolve(cfg, device, backend).config(cfg)  # precision auto resolved as train.py does
+        cfg = resolve_settings(cfg, device, backend).config(cfg)  # precision auto resolved as train.py does
         launch.init_distributed(env, backend)
         model = build_model(cfg, device)
         store.load_model_weights(args.checkpoint, model, cfg)

@@ -160,7 +160,7 @@ class Resumed:
         schedule always resume exactly; the data stream restarts with a fresh epoch order when the
         position was written by another world size, by an older vitlarge (another pipeline), or
         under another ``train.phases`` list."""
-        from vitlarge.data.common import state_from_older_release
+        from vitlarge.data.common import older_state_version
         from vitlarge.data.phased import state_of_other_phases
 
         if self.world_size != plan.world_size:
@@ -171,7 +171,7 @@ class Resumed:
                 f"{ph.global_batch} ({ph.accum_steps} micro-steps per step now), the data stream restarts "
                 "with a fresh epoch order"
             )
-        old = state_from_older_release(self.data_state)
+        old = older_state_version(self.data_state)
         if old is not None:
             return None, (
                 f"warning: {self.path} holds a data-loader position from an older vitlarge (state version {old}); "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 
 from vitlarge.config.schema import Config
 from vitlarge.errors import UserError
@@ -28,7 +29,21 @@ def _fix_size(size: int, patch: int) -> str:
     return f"use {lo} or {lo + patch}"
 
 
-def resolve(cfg: Config, origin: str = "config") -> list[dict]:
+@dataclass(frozen=True)
+class PhaseSpec:
+    """One entry of ``train.phases`` with every key filled in (`PHASE_KEYS`, values as the recipe wrote them)."""
+
+    epoch: float
+    image_size: int
+    eval_size: int
+    global_batch: int
+    micro_batch: int
+    crop_scale: tuple
+    lr_scale: float
+    lr: tuple | None
+
+
+def resolve_phases(cfg: Config, origin: str = "config") -> list[PhaseSpec]:
     """The phases with every key filled in (carried over), validated; a recipe without ``train.phases``
     is one phase with its own values (validated by `vitlarge.config.load.validate`)."""
     raw = cfg.train.phases
@@ -43,7 +58,7 @@ def resolve(cfg: Config, origin: str = "config") -> list[dict]:
         lr=None,
     )
     if not raw:
-        return [dict(base, eval_size=base["image_size"])]
+        return [PhaseSpec(**dict(base, eval_size=base["image_size"]))]
     patch, out, prev = patch_size(cfg), [], base
     for i, p in enumerate(raw):
         key = f"train.phases[{i}]"
@@ -113,14 +128,12 @@ def resolve(cfg: Config, origin: str = "config") -> list[dict]:
             out.append(dict(base, crop_scale=tuple(base["crop_scale"])))
         out.append(cur)
         prev = cur
-    for p in out:
-        p["eval_size"] = p["eval_size"] or p["image_size"]
-    return out
+    return [PhaseSpec(**dict(p, eval_size=p["eval_size"] or p["image_size"])) for p in out]
 
 
 def check(cfg: Config, origin: str = "config") -> None:
     """Validates ``train.phases`` (called by `vitlarge.config.load.validate`)."""
-    resolve(cfg, origin)
+    resolve_phases(cfg, origin)
 
 
 def progressive(

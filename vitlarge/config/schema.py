@@ -135,7 +135,7 @@ class TrainConfig:
     """Length of the schedule in epochs; converted once to optimizer steps."""
     precision: Literal["fp16", "bf16", "fp32", "auto"] = "fp16"
     """``fp16`` (autocast + dynamic loss scaling), ``bf16`` (autocast), ``fp32``, or ``auto``: the fastest
-    the device trains in, resolved at start (`vitlarge.model.precision.resolve`): bf16 on GPUs with bf16
+    the device trains in, resolved at start (`vitlarge.model.precision.choose_precision`): bf16 on GPUs with bf16
     tensor cores, else fp16; on CPUs fp16/bf16 only with fast units for them, else fp32."""
     init_loss_scale: float = 2.0**16
     """Initial fp16 loss scale (dynamic: halved on overflow, doubled after ``loss_scale_growth_interval``)."""

@@ -14,7 +14,7 @@ VAL_INTERPOLATION = "bicubic"  # timm's eval resize; the export declares it (vit
 STATE_VERSION = 2  # 2: per-epoch file-order shuffle (shuffle_after_epoch), one seed for all ranks
 
 
-def state_from_older_release(state: str | None) -> int | None:
+def older_state_version(state: str | None) -> int | None:
     """The version of a loader state written by an older vitlarge (whose pipeline this one cannot
     continue), else None: for the current version, and for anything malformed (the loader itself
     refuses that with its one-line error)."""

@@ -21,7 +21,7 @@ from nvidia.dali.plugin.pytorch import feed_ndarray
 
 from vitlarge.constants import IMAGENET_MEAN, IMAGENET_STD
 from vitlarge.data import pipelines
-from vitlarge.data.common import STATE_VERSION, VAL_INTERPOLATION, state_from_older_release, val_forwards  # noqa: F401
+from vitlarge.data.common import STATE_VERSION, VAL_INTERPOLATION, older_state_version, val_forwards  # noqa: F401
 from vitlarge.data.manifest import MANIFEST_NAME, Manifest, check_shards, load_manifest
 from vitlarge.data.randaugment import spec as randaugment_spec
 from vitlarge.errors import UserError

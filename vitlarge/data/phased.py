@@ -10,10 +10,11 @@ alone; it is read as phase 0's under the empty phase list, which is what it was.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 
-from vitlarge.config.phase_list import resolve
+from vitlarge.config.phase_list import resolve_phases
 from vitlarge.config.schema import Config
 from vitlarge.plan.phases import Phase, phase_config
 from vitlarge.plan.plan import Plan
@@ -23,7 +24,8 @@ def fingerprint(cfg: Config) -> str:
     """A short hash of the resolved phase list (world-size independent): a checkpoint's data state is
     tied to it, so a resume after an edit of ``train.phases`` does not continue another phase's stream."""
     # A recipe without train.phases hashes the empty list, as the state of its one phase always has.
-    doc = json.dumps(resolve(cfg) if cfg.train.phases else [], sort_keys=True, default=list)
+    listed = [dataclasses.asdict(p) for p in resolve_phases(cfg)] if cfg.train.phases else []
+    doc = json.dumps(listed, sort_keys=True, default=list)
     return hashlib.sha256(doc.encode()).hexdigest()[:16]
 
 

@@ -5,7 +5,7 @@ CPU-only host) and wraps the model a second time. ``torch.autocast(device_type, 
 ``torch.amp.GradScaler(device_type)`` behaves the same on CPU and GPU, so one code path is tested
 here and runs on GPUs.
 
-``train.precision=auto`` is resolved once, at start, by `resolve`: the fastest precision the device
+``train.precision=auto`` is resolved once, at start, by `choose_precision`: the fastest precision the device
 trains in. Without it a recipe written for GPUs (fp16) runs 10x slower on a CPU that has no fp16
 vector unit (an AMD EPYC: fp16 matmul ~1 GFLOP/s against ~60 for fp32, measured).
 """
@@ -31,7 +31,7 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-def resolve(name: str, device: torch.device, flags: frozenset[str] | None = None) -> tuple[str, str]:
+def choose_precision(name: str, device: torch.device, flags: frozenset[str] | None = None) -> tuple[str, str]:
     """``(precision, why)``: ``name`` itself unless it is ``auto``, which picks by device.
 
     * CUDA: ``bf16`` where the GPU has bf16 tensor cores (Ampere and newer: no loss scaling needed),
@@ -75,7 +75,9 @@ class Precision:
         sharded: bool = False,
     ):
         if name not in DTYPES:
-            raise ValueError(f"precision {name!r} is not resolved; call vitlarge.model.precision.resolve first")
+            raise ValueError(
+                f"precision {name!r} is not resolved; call vitlarge.model.precision.choose_precision first"
+            )
         self.name = name
         self.device_type = device.type
         self.dtype = DTYPES[name]

@@ -52,7 +52,7 @@ import copy
 import math
 from dataclasses import dataclass
 
-from vitlarge.config.phase_list import resolve
+from vitlarge.config.phase_list import resolve_phases
 from vitlarge.config.schema import Config
 from vitlarge.errors import UserError
 
@@ -93,12 +93,12 @@ def plan_phases(cfg: Config, world_size: int, num_train_examples: int) -> tuple[
     one steps-per-epoch throughout, the total equals the unphased plan's."""
     phases, exact = [], 0.0  # exact: the fractional optimizer step where the current phase starts
     listed = bool(cfg.train.phases)
-    resolved = resolve(cfg)
+    resolved = resolve_phases(cfg)
     for i, p in enumerate(resolved):
         key = f"train.phases[{i}]"
-        gb = p["global_batch"]
+        gb = p.global_batch
         capped = listed and gb % world_size == 0
-        micro = min(p["micro_batch"], gb // world_size) if capped else p["micro_batch"]
+        micro = min(p.micro_batch, gb // world_size) if capped else p.micro_batch
         per_step = micro * world_size
         if gb % per_step:
             names = (f"{key}: global_batch", "micro_batch") if listed else ("train.global_batch", "train.micro_batch")
@@ -113,22 +113,22 @@ def plan_phases(cfg: Config, world_size: int, num_train_examples: int) -> tuple[
             where = f"{key}: global_batch={gb}" if listed else f"train.global_batch={gb}"
             fix = "lower it" if listed else "lower train.global_batch"
             raise UserError(f"{where} is larger than the {num_train_examples} training images; {fix}")
-        end_epoch = resolved[i + 1]["epoch"] if i + 1 < len(resolved) else cfg.train.epochs
+        end_epoch = resolved[i + 1].epoch if i + 1 < len(resolved) else cfg.train.epochs
         start_step = epochs_to_steps(exact, 1)
-        exact += (end_epoch - p["epoch"]) * spe
+        exact += (end_epoch - p.epoch) * spe
         phases.append(
             Phase(
                 index=i,
-                start_epoch=float(p["epoch"]),
+                start_epoch=float(p.epoch),
                 end_epoch=float(end_epoch),
-                image_size=p["image_size"],
-                eval_size=p["eval_size"],
+                image_size=p.image_size,
+                eval_size=p.eval_size,
                 global_batch=gb,
                 micro_batch=micro,
                 accum_steps=gb // per_step,
-                crop_scale=p["crop_scale"],
-                lr_scale=float(p["lr_scale"]),
-                lr=p["lr"],
+                crop_scale=p.crop_scale,
+                lr_scale=float(p.lr_scale),
+                lr=p.lr,
                 steps_per_epoch=spe,
                 start_step=start_step,
                 end_step=epochs_to_steps(exact, 1),

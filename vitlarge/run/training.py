@@ -89,7 +89,7 @@ def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tup
     from vitlarge.events import RunInfo
     from vitlarge.plan.plan import make_plan
     from vitlarge.train.assemble import build
-    from vitlarge.train.settings import resolve
+    from vitlarge.train.settings import resolve_settings
     from vitlarge.train.trainer import Trainer
 
     resuming = is_resume(cfg, resume)
@@ -101,7 +101,7 @@ def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tup
     if resume:
         store.read_meta(resume)  # a missing or incomplete --resume path fails before any work
     device, backend = launch.choose_device(cfg.train.device, env.local_rank)
-    settings = resolve(cfg, device, backend, threads)
+    settings = resolve_settings(cfg, device, backend, threads)
     cfg = settings.config(cfg)  # before anything reads it: model, engine, checkpoints
     if env.is_main:
         for line in settings.lines():

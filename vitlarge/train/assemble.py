@@ -4,7 +4,7 @@ train.py, the benchmarks and the tests call `build`, so a benchmark measures exa
 The rules of how the parts combine live here and nowhere else:
 
 * ``train.precision: auto`` and ``train.compile: auto`` are resolved by device once
-  (`vitlarge.train.settings.resolve`) and the parts are built from the resolved copy of the config
+  (`vitlarge.train.settings.resolve_settings`) and the parts are built from the resolved copy of the config
   (`Parts.cfg`): the model's fused attention, the engine and the checkpoints read it.
 * The model is built with the same seed on every rank (identical initial weights); fused attention
   follows ``model.fused_attn`` and the resolved precision (`vitlarge.model.vit.build_model`).
@@ -31,7 +31,7 @@ from vitlarge.config.schema import Config
 from vitlarge.model.precision import Precision
 from vitlarge.plan.plan import Plan
 from vitlarge.train.engine import Engine
-from vitlarge.train.settings import Settings, resolve
+from vitlarge.train.settings import Settings, resolve_settings
 
 
 @dataclass
@@ -98,7 +98,7 @@ def build(
     from vitlarge.model.vit import build_model
     from vitlarge.optim.lamb import build_optimizer
 
-    settings = settings or resolve(cfg, device)
+    settings = settings or resolve_settings(cfg, device)
     cfg, device = settings.config(cfg), settings.device  # the model's attention and patch conv read precision
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     model = build_model(cfg, device)

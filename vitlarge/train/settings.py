@@ -1,7 +1,7 @@
 """What a run resolves once for its device, in one frozen object; the validated config is never rewritten.
 
 ``train.precision: auto`` and ``train.compile: auto`` depend on the device; the device, its backend and
-the thread counts depend on the launcher and the machine. `resolve` decides all of them at start, with
+the thread counts depend on the launcher and the machine. `resolve_settings` decides all of them at start, with
 the reason for each, and `Settings.config` gives the copy of the recipe's config that the run's parts
 read (its ``auto`` values replaced). The recipe's own object is left as the user wrote it.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from vitlarge.config.schema import Config
-from vitlarge.model.precision import resolve as resolve_precision
+from vitlarge.model.precision import choose_precision
 
 
 @dataclass(frozen=True)
@@ -61,12 +61,14 @@ def compile_choice(requested: str, device: torch.device) -> tuple[bool, str]:
     )
 
 
-def resolve(cfg: Config, device: torch.device | str, backend: str = "", threads: tuple[int, str] = (0, "")) -> Settings:
+def resolve_settings(
+    cfg: Config, device: torch.device | str, backend: str = "", threads: tuple[int, str] = (0, "")
+) -> Settings:
     """Every device-dependent setting of ``cfg`` on ``device``, decided once."""
     from vitlarge.train.engine import fsdp_reduce_every_micro_step
 
     device = torch.device(device)
-    precision, why = resolve_precision(cfg.train.precision, device)
+    precision, why = choose_precision(cfg.train.precision, device)
     compile_on, compile_why = compile_choice(cfg.train.compile, device)
     return Settings(
         device=device,
