@@ -174,6 +174,7 @@ def _worker(rank: int, port: int, out: str) -> None:
     init_distributed(DistEnv(rank, WORLD, rank, "127.0.0.1", port, "test"), "gloo", collective_timeout_s=120)
     t0 = time.perf_counter()
     import vitlarge.distributed.fsdp  # noqa: F401  (torch, timm, Colossal-AI, DALI: timed apart)
+    import vitlarge.train.assemble  # noqa: F401
 
     result = {"import_s": time.perf_counter() - t0}
     for name, fn in (
