@@ -28,8 +28,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# A test that joins a process group in the pytest process leaves these set (init_distributed exports
+# them, as torchrun would): a child started afterwards must get its launcher's, not that dead rendezvous.
+LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
 def env() -> dict:
-    e = dict(os.environ)
+    e = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
     e["PATH"] = VENV_BIN + os.pathsep + e.get("PATH", "")  # colossalai run looks torchrun up on PATH
     e["OMP_NUM_THREADS"] = "1"
     e["PYTHONUNBUFFERED"] = "1"
