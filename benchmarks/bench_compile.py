@@ -16,8 +16,9 @@ import json
 
 import torch
 
-from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
-from benchmarks.bench_train import bench_config, build_engine, make_batches
+from benchmarks.bench_train import bench_config
+from benchmarks.harness import results, spawn, timing
+from benchmarks.harness.loop import build_engine, make_batches
 
 CONTENDERS = ("eager", "compiled")
 
@@ -31,10 +32,10 @@ def config(tiny: bool, mode: str):
 
 
 def run(quick: bool = True, tiny: bool = False) -> dict:
-    tiny = common.is_tiny(tiny)
-    threads = common.threads(tiny)
+    tiny = results.is_tiny(tiny)
+    threads = results.threads(tiny)
     torch.set_num_threads(threads)
-    common.init_single_process_group()
+    spawn.init_single_process_group()
     repeats, steps = (1, 1) if tiny else (3, 2) if quick else (5, 4)
     batches = make_batches(config(tiny, "eager"))
     engines, first = {}, {}
@@ -47,22 +48,20 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
 
     for name in CONTENDERS:
         engines[name] = build_engine(config(tiny, name))
-        first[name] = common.timed(lambda e=engines[name]: step(e))  # the compiled engine compiles here
+        first[name] = timing.timed(lambda e=engines[name]: step(e))  # the compiled engine compiles here
         step(engines[name])  # warm-up: optimizer state, oneDNN primitive caches
 
-    def timed(name: str):
-        w, c = common.timed(lambda: [step(engines[name]) for _ in range(steps)])
-        return w / steps, c / steps
-
-    times = common.interleaved({name: (lambda n=name: timed(n)) for name in CONTENDERS}, repeats)
+    times = timing.interleaved_wall_cpu(
+        {name: (lambda n=name: timing.per_step(lambda: step(engines[n]), steps)) for name in CONTENDERS}, repeats
+    )
     cfg = config(tiny, "eager")
     micro = cfg.train.micro_batch
     res = {}
     for name, t in times.items():
-        w = common.median(t["wall_s"])
+        w = timing.median(t["wall_s"])
         res[name] = {
-            "step_s": common.summary(t["wall_s"]),
-            "cpu_s_per_step": common.summary(t["cpu_s"]),
+            "step_s": timing.summary(t["wall_s"]),
+            "cpu_s_per_step": timing.summary(t["cpu_s"]),
             "images_per_s": round(micro / w, 2),
             "first_step_s": round(first[name][0], 2),
             "first_step_cpu_s": round(first[name][1], 2),
@@ -88,7 +87,7 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
         "compile_s": round(first["compiled"][0] - first["eager"][0], 1),
         "results": res,
     }
-    common.write_result("compile", result)
+    results.write_result("compile", result)
     return result
 
 
@@ -111,4 +110,4 @@ def show(r: dict) -> None:
 
 
 if __name__ == "__main__":
-    common.cli(run, __doc__, show)
+    results.cli(run, __doc__, show)

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import common
+from benchmarks.harness import results
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,7 +66,7 @@ def _warm(root: Path) -> None:
 
 
 def run(quick: bool, tiny: bool = False) -> dict:
-    tiny = common.is_tiny(tiny)
+    tiny = results.is_tiny(tiny)
     repeats = 1 if tiny else REPEATS
     src, total = bench_images(quick, tiny)
     _warm(src)
@@ -132,9 +132,9 @@ def run(quick: bool, tiny: bool = False) -> dict:
         "cpu_count": os.cpu_count(),
         "load_average_at_end": os.getloadavg(),
     }
-    common.write_result("convert", result)
+    results.write_result("convert", result)
     return result
 
 
 if __name__ == "__main__":
-    common.cli(run, __doc__)
+    results.cli(run, __doc__)

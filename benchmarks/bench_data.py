@@ -26,7 +26,7 @@ import os
 import statistics
 import time
 
-from benchmarks import common
+from benchmarks.harness import results
 
 REPEATS = 3
 BATCH, SIZE, THREADS = 64, 224, 2
@@ -185,7 +185,7 @@ def run(quick: bool, tiny: bool = False) -> dict:
 
     from benchmarks.bench_convert import bench_images, bench_shards
 
-    tiny = common.is_tiny(tiny)
+    tiny = results.is_tiny(tiny)
     torch.set_num_threads(1)  # the main process only copies; leave the cores to the pipelines
     image_root, _ = bench_images(quick, tiny)
     data_dir = str(bench_shards(quick, tiny))
@@ -243,9 +243,9 @@ def run(quick: bool, tiny: bool = False) -> dict:
         "cpu_count": os.cpu_count(),
         "load_average_at_end": os.getloadavg(),
     }
-    common.write_result("data", result)
+    results.write_result("data", result)
     return result
 
 
 if __name__ == "__main__":
-    common.cli(run, __doc__)
+    results.cli(run, __doc__)

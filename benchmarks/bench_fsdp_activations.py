@@ -19,50 +19,42 @@ fresh processes:
 
 from __future__ import annotations
 
-import json
-import os
 import resource
-import tempfile
-from pathlib import Path
 
 import torch
 
-from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
+from benchmarks.harness import results  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
+from benchmarks.harness.loop import build_engine, make_batches
+from benchmarks.harness.recipe import bench_config, swap_model
+from benchmarks.harness.spawn import spawn_gather
 
-ROOT = Path(__file__).resolve().parent.parent
 WORLD = 2
 MICRO = 16
 
 
 def config(checkpointing: bool, tiny: bool):
-    from vitlarge.config import load_recipe
+    return bench_config(
+        "demo_digits",
+        ({} if tiny else swap_model("vit_small_patch16_224", 128))
+        | {
+            "model.grad_checkpointing": checkpointing,
+            "train.plugin": "fsdp",
+            "train.precision": "fp32",
+            "train.micro_batch": MICRO,
+            "train.global_batch": MICRO * WORLD,
+            "augment.mixup_alpha": 0.0,
+            "data.num_train_examples": 10**6,
+        },
+    )
 
-    cfg = load_recipe(ROOT / "recipes" / "demo_digits.py")
-    if not tiny:
-        cfg.model.name, cfg.model.kwargs = "vit_small_patch16_224", {}
-        cfg.data.image_size, cfg.data.num_classes = 128, 1000
-    cfg.model.grad_checkpointing = checkpointing
-    cfg.train.plugin, cfg.train.precision = "fsdp", "fp32"
-    cfg.train.micro_batch, cfg.train.global_batch = MICRO, MICRO * WORLD
-    cfg.augment.mixup_alpha = 0.0
-    cfg.data.num_train_examples = 10**6
-    return cfg
 
-
-def _worker(rank: int, port: int, checkpointing: bool, tiny: bool, out: str) -> None:
+def _worker(rank: int, world: int, checkpointing: bool, tiny: bool) -> dict:
     import torch.distributed as dist
 
-    from benchmarks.bench_train import build_engine
-    from vitlarge import launch
-
-    torch.set_num_threads(1)
-    launch.init_distributed(launch.DistEnv(rank, WORLD, rank, "127.0.0.1", port, "bench"), "gloo")
     cfg = config(checkpointing, tiny)
-    engine = build_engine(cfg, WORLD)
+    engine = build_engine(cfg, world)
     model = engine.model.unwrap()  # the FSDP root
-    g = torch.Generator().manual_seed(rank)
-    s = cfg.data.image_size
-    x, y = torch.randn(MICRO, 3, s, s, generator=g), torch.randint(0, cfg.data.num_classes, (MICRO,), generator=g)
+    ((x, y),) = make_batches(cfg, 1, seed=rank)
     storages = {False: {}, True: {}}  # is a (gathered) parameter -> storage -> bytes
 
     def pack(t):
@@ -81,25 +73,15 @@ def _worker(rank: int, port: int, checkpointing: bool, tiny: bool, out: str) -> 
         "peak_rss_growth": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before,
         "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
-    gathered = [None] * WORLD
-    dist.all_gather_object(gathered, seen)
-    if rank == 0:
-        Path(out).write_text(json.dumps(gathered))
-    dist.destroy_process_group()
+    return seen
 
 
 def run(quick: bool = True, tiny: bool = False) -> dict:
-    import torch.multiprocessing as mp
-
-    from vitlarge import launch
-
-    tiny = common.is_tiny(tiny)
+    tiny = results.is_tiny(tiny)
     ranks = {}
     for checkpointing in (False, True, False, True)[: 2 if quick else 4]:  # interleaved: shared-host noise
-        out = tempfile.mktemp(prefix="vitlarge-bench-act-", suffix=".json")
-        mp.spawn(_worker, args=(launch.free_port(), checkpointing, tiny, out), nprocs=WORLD, join=True)
-        ranks.setdefault(f"grad_checkpointing={checkpointing}", []).append(json.loads(Path(out).read_text()))
-        os.unlink(out)
+        per_rank = spawn_gather(_worker, WORLD, checkpointing, tiny)
+        ranks.setdefault(f"grad_checkpointing={checkpointing}", []).append(per_rank)
     fields = ("saved_for_backward", "params_saved", "peak_rss_growth", "peak_rss")
     summary = {key: {k: max(r[k] for rep in reps for r in rep) for k in fields} for key, reps in ranks.items()}
     off, on = summary["grad_checkpointing=False"], summary["grad_checkpointing=True"]
@@ -111,7 +93,7 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
         "summary": summary,
         "saved_ratio_on_over_off": on["saved_for_backward"] / off["saved_for_backward"],
     }
-    common.write_result("fsdp_activations", result)
+    results.write_result("fsdp_activations", result)
     return result
 
 
@@ -129,4 +111,4 @@ def show(result: dict) -> None:
 
 
 if __name__ == "__main__":
-    common.cli(run, __doc__, show)
+    results.cli(run, __doc__, show)

@@ -19,8 +19,9 @@ import json
 
 import torch
 
-from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
-from benchmarks.bench_train import bench_config, build_engine, make_batches
+from benchmarks.bench_train import bench_config
+from benchmarks.harness import results, spawn, timing
+from benchmarks.harness.loop import build_engine, make_batches
 
 CONTENDERS = {  # name -> (train.precision, patch-embedding conv as vitlarge builds it)
     "fp32": ("fp32", True),
@@ -38,10 +39,10 @@ def _plain_conv(engine) -> None:
 
 
 def run(quick: bool = True, tiny: bool = False) -> dict:
-    tiny = common.is_tiny(tiny)
-    threads = common.threads(tiny)
+    tiny = results.is_tiny(tiny)
+    threads = results.threads(tiny)
     torch.set_num_threads(threads)
-    common.init_single_process_group()
+    spawn.init_single_process_group()
     repeats, steps = (1, 1) if tiny else (3, 1) if quick else (5, 3)
     engines, batches = {}, None
     for name, (precision, as_built) in CONTENDERS.items():
@@ -54,28 +55,18 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
     def timed(name: str):
         engine = engines[name]
 
-        def go():
-            for _ in range(steps):
-                engine._bench_step = getattr(engine, "_bench_step", 0) + 1
-                it = iter(batches)
-                engine.step(engine._bench_step, lambda: next(it))
+        def one():
+            engine._bench_step = getattr(engine, "_bench_step", 0) + 1
+            it = iter(batches)
+            engine.step(engine._bench_step, lambda: next(it))
 
-        w, c = common.timed(go)
-        return w / steps, c / steps
+        return timing.per_step(one, steps)
 
     for name in engines:  # warm-up: optimizer state, oneDNN primitive caches
         timed(name)
-    times = common.interleaved({name: (lambda n=name: timed(n)) for name in engines}, repeats)
+    times = timing.interleaved_wall_cpu({name: (lambda n=name: timed(n)) for name in engines}, repeats)
     micro = bench_config(tiny).train.micro_batch
-    res = {}
-    for name, t in times.items():
-        w, c = common.median(t["wall_s"]), common.median(t["cpu_s"])
-        res[name] = {
-            "step_s": common.summary(t["wall_s"]),
-            "cpu_s_per_step": common.summary(t["cpu_s"]),
-            "images_per_s": round(micro / w, 2),
-            "images_per_s_cpu": round(micro / (c / threads), 2),
-        }
+    res = timing.images_per_s(times, micro, threads)
     for r in res.values():
         r["speed_vs_fp32"] = round(r["images_per_s"] / res["fp32"]["images_per_s"], 3)
         r["speed_vs_fp32_cpu"] = round(r["images_per_s_cpu"] / res["fp32"]["images_per_s_cpu"], 3)
@@ -97,7 +88,7 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
         },
         "results": res,
     }
-    common.write_result("precision", result)
+    results.write_result("precision", result)
     return result
 
 
@@ -114,4 +105,4 @@ def show(r: dict) -> None:
 
 
 if __name__ == "__main__":
-    common.cli(run, __doc__, show)
+    results.cli(run, __doc__, show)

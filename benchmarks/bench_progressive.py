@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import common
+from benchmarks.harness import results
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = str(Path(sys.executable).parent)
@@ -112,7 +112,7 @@ def main() -> None:
     ft = train("recipes/demo_digits_ft24.py", root / "ft24", f"model.init_from={root / 'demo_digits_0' / 'model'}")
     print(json.dumps(ft), flush=True)
     result = dict(runs=runs, finetune=ft)
-    out = common.write_result("progressive", result)
+    out = results.write_result("progressive", result)
     plot(result, ROOT / "docs" / "img" / "progressive.png")
     print(f"wrote {out} and docs/img/progressive.png")
 

@@ -116,15 +116,15 @@ def reader_streams(
 
 
 def run(quick: bool, tiny: bool = False) -> dict:
-    """common.py's contract: ImageNet-shaped (4 ranks); quick: 64,000 records, 64 shards, 1 rank; tiny: a smoke test."""
-    from benchmarks import common
+    """benchmarks.harness.results' contract: ImageNet-shaped (4 ranks); quick: 64,000 records, 64 shards, 1 rank; tiny: a smoke test."""
+    from benchmarks.harness import results
 
-    if common.is_tiny(tiny):
+    if results.is_tiny(tiny):
         sizes = (2000, 8, 2)
     else:
         sizes = (64000, 64, 1) if quick else (IMAGENET_TRAIN_EXAMPLES, 1024, 4)
     result = measure(*sizes, workdir=os.environ.get("TMPDIR"))
-    common.write_result("shuffle", result)
+    results.write_result("shuffle", result)
     return result
 
 
@@ -151,9 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     result = measure(a.records, a.shards, a.ranks, workdir=os.environ.get("TMPDIR"))
     if not a.no_write:
-        from benchmarks import common
+        from benchmarks.harness import results
 
-        print(common.write_result("shuffle", result), file=sys.stderr)
+        print(results.write_result("shuffle", result), file=sys.stderr)
     return 0
 
 
