@@ -1,5 +1,8 @@
 """Bytes each rank reads, and its peak host memory, when it resumes a checkpoint (ddp and fsdp, 2 and 3 ranks).
 
+Question: What does each rank read, and how much host memory does it need, to resume a checkpoint?
+Goal: no target: the figures are ``read_MB_per_rank`` and ``peak_MB_per_rank`` per row.
+
 Run: ``python -m benchmarks.bench_checkpoint_io [--root DIR]`` (CPU, gloo, ~5 min on 2 cores). Writes
 ``benchmarks/results/checkpoint_io.json`` and prints a table. ``--root`` points at another checkout's
 ``vitlarge`` (e.g. a ``git worktree`` of an older commit) to measure its checkpoint code with the same harness: the script

@@ -1,7 +1,12 @@
 """Gradient memory of ``fsdp`` accumulation: ``no_sync`` vs ``reduce_scatter`` (``train.fsdp_accumulation``).
 
+Question: How much gradient memory does each ``train.fsdp_accumulation`` mode hold between micro-
+steps?
+Goal: no target: the figure is ``summary[model/mode].between_micro_steps`` (reduce_scatter ~ 1/W of
+no_sync).
+
 Run: ``python -m benchmarks.bench_fsdp_accumulation [--quick] [--tiny]`` (~2 min on 2 cores). Writes
-``benchmarks/results/fsdp_accumulation.json``. Not part of ``benchmarks.run``: run it on its own.
+``benchmarks/results/fsdp_accumulation.json``. Not in the suite: on its own or ``python -m benchmarks.run --only fsdp_accumulation``.
 
 World size 2 (gloo, CPU), fp32, 2 micro-steps of 2 images per optimizer step, the real engine
 (`vitlarge.build.build`). Models: the demo ViT and ViT-B/16 on 64 px images (``--tiny``: the demo

@@ -1,7 +1,10 @@
 """Activation memory under ``fsdp`` with and without ``model.grad_checkpointing``, at world size 2 (gloo, CPU).
 
+Question: How much activation memory does ``model.grad_checkpointing`` save under fsdp?
+Goal: no target: the figure is ``saved_ratio_on_over_off``.
+
 Run: ``python -m benchmarks.bench_fsdp_activations [--quick] [--tiny]`` (~2 min on 2 cores). Writes
-``benchmarks/results/fsdp_activations.json``. Not part of ``benchmarks.run``: run it on its own.
+``benchmarks/results/fsdp_activations.json``. Not in the suite: on its own or ``python -m benchmarks.run --only fsdp_activations``.
 
 Each rank builds ViT-S/16 on 128 px images (``--tiny``: the demo model) exactly as train.py does
 (`vitlarge.build.build`, fp32, LAMB, ``train.plugin=fsdp``) and runs one micro-step (forward,

@@ -1,7 +1,10 @@
 """Collectives per micro-step and per optimizer step under ``fsdp`` (world size 2, gloo, CPU).
 
+Question: How many collectives does fsdp issue per micro-step and per optimizer step?
+Goal: no target: the figures are ``summary[model].per_micro_step`` and ``per_optimizer_step``.
+
 Run: ``python -m benchmarks.bench_fsdp_collectives [--quick] [--tiny]`` (~1 min on 2 cores). Writes
-``benchmarks/results/fsdp_collectives.json``. Not part of ``benchmarks.run``: run it on its own.
+``benchmarks/results/fsdp_collectives.json``. Not in the suite: on its own or ``python -m benchmarks.run --only fsdp_collectives``.
 
 Each rank builds the model train.py builds (`vitlarge.build.build`, ``train.plugin=fsdp``, bf16,
 ``train.fsdp_accumulation=reduce_scatter``), takes one warm-up step (FSDP's lazy init), then counts

@@ -1,7 +1,10 @@
 """Per-rank memory of ``ddp`` vs ``fsdp`` at world size 1, 2 and 3, on real gloo processes (CPU).
 
+Question: Does fsdp shard the training state: per-rank bytes ~ 1/W of the unsharded total?
+Goal: ``summary[fsdp/W].ratio_to_unsharded_over_world`` <= 1.10.
+
 Run: ``python -m benchmarks.bench_fsdp_memory [--quick] [--tiny]`` (~2 min on 2 cores). Writes
-``benchmarks/results/fsdp_memory.json``. Not part of ``benchmarks.run`` (yet): run it on its own.
+``benchmarks/results/fsdp_memory.json``. Not in the suite: on its own or ``python -m benchmarks.run --only fsdp_memory``.
 
 Each rank builds ViT-S/16 on 32 px images (22M parameters; ``--tiny``: the demo model) exactly as
 train.py does (`vitlarge.build.build`, fp32, LAMB) and takes 2 optimizer steps on in-memory

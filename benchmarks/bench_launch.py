@@ -1,17 +1,20 @@
-"""srun vs colossalai run: the demo recipe on 2 processes sharing the same cores (issue 16).
+"""srun vs colossalai run: the demo recipe on 2 processes sharing the same cores.
+
+Question: Does ``srun`` start training as fast as ``colossalai run`` on the same cores?
+Goal: srun within 10% of colossalai run (``srun_vs_colossalai`` or ``srun_vs_colossalai_cpu``).
 
 Run (root, a local Slurm cluster; brings up the single-node one with scripts/slurm/local_cluster.sh
 when none is up, and stops it again): ``python -m benchmarks.bench_launch [--quick]``. Writes
-``benchmarks/results/launch.json``. Not part of ``benchmarks.run`` (it needs root and Slurm).
+``benchmarks/results/launch.json``. Not in the suite of ``benchmarks.run`` (it needs root and Slurm; ``--only launch`` runs it).
 
 Contenders, each ``train.py --config recipes/demo_digits.py`` for ``steps`` optimizer steps on one node:
 
 - ``srun``: ``srun -N 1 -n 2`` as a user types it, with no OMP_NUM_THREADS and no --cpus-per-task
-  (the issue's case): vitlarge.launch sizes each task's pools to usable cores / tasks on the node.
+  (a user's first try): vitlarge.launch sizes each task's pools to usable cores / tasks on the node.
 - ``colossalai``: ``colossalai run --nproc_per_node 2`` (torchrun exports OMP_NUM_THREADS=1).
 - ``srun_full_pools`` (not with ``--quick``): ``srun`` with OMP_NUM_THREADS set to the node's core count,
   which is what every task ran before vitlarge sized its pools (PyTorch's default pool is the physical
-  cores). On the loaded 2-core machine of issue 16 one such run trained at ~7 images/s.
+  cores). On a loaded 2-core machine one such run trained at ~7 images/s.
 
 Images/s of a run is the median over its steps after the first two (startup is not training) of the
 train records' ``images_per_s``; images per CPU-second divides the images of those steps by the CPU

@@ -1,5 +1,9 @@
 """Optimizer step time on ViT-B/16's parameters: our LAMB vs Colossal-AI's, timm's, AdamW.
 
+Question: Is vitlarge's LAMB step faster than Colossal-AI's (and timm's, and AdamW's) on the same
+parameters?
+Goal: ``results.vitlarge_lamb.speedup_vs_colossalai`` (or the CPU-time one) >= 3.
+
 Run: ``python -m benchmarks.bench_optimizer [--quick]`` (CPU, fp32, 2 threads, ~6 GB RAM;
 ~1-2 min on an idle machine).
 Writes ``benchmarks/results/optimizer.json``. All optimizers run in one process on the same

@@ -1,4 +1,8 @@
-"""How much one training epoch's order resembles the previous one: before and after issue 10.
+"""How much one training epoch's order resembles the previous one: before and after each rank read every file.
+
+Question: How much does one training epoch's order resemble the previous one's?
+Goal: no target: the figures are ``before`` and ``after`` (``epoch_order_stats``), quoted in
+docs/DATA.md.
 
     python -m benchmarks.bench_shuffle             # 4 ranks, ImageNet-shaped: 1,281,167 records, 1,024 shards
     python -m benchmarks.bench_shuffle --records 64000 --shards 64 --ranks 1

@@ -1,5 +1,9 @@
 """Training-loop overhead and MFU on the CPU: train.py's steps vs a bare PyTorch loop.
 
+Question: What does train.py's loop cost over a bare PyTorch loop, and how much of the CPU's matmul
+rate does a step use?
+Goal: ``speed_vs_bare`` (or ``speed_vs_bare_cpu``) >= 0.97 and ``mfu.mfu_vs_bf16_matmul`` >= 0.30.
+
 Run: ``python -m benchmarks.bench_train [--quick]`` (CPU, 2 threads, ~2-4 min quick on an idle
 machine). Writes ``benchmarks/results/train.json``.
 
@@ -32,8 +36,15 @@ import time
 
 import torch
 
-from benchmarks.harness import results, spawn, timing  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
-from benchmarks.harness.loop import BareLoop, InMemoryLoader, build_engine, make_batches, vitlarge_optimizer
+from benchmarks.harness import results, timing  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
+from benchmarks.harness.loop import (
+    BareLoop,
+    InMemoryLoader,
+    build_engine,
+    make_batches,
+    single_process,
+    vitlarge_optimizer,
+)
 from benchmarks.harness.recipe import bench_config as recipe_config
 from vitlarge.events import Hook
 
@@ -162,9 +173,7 @@ def profile_breakdown(bare: BareLoop) -> dict:
 
 def run(quick: bool = True, tiny: bool = False) -> dict:
     tiny = results.is_tiny(tiny)
-    threads = results.threads(tiny)
-    torch.set_num_threads(threads)
-    spawn.init_single_process_group()
+    threads = single_process(tiny)
     repeats, steps = (1, 1) if tiny else (3, 2) if quick else (5, 4)
     cfg = bench_config(tiny)
     batches = make_batches(cfg)
@@ -224,16 +233,7 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
     }
     result = {
         "benchmark": "train loop: train.py (Engine + Booster DDP + Trainer) vs bare PyTorch",
-        "model": cfg.model.name,
-        "model_kwargs": cfg.model.kwargs,
-        "image_size": cfg.data.image_size,
-        "micro_batch": micro,
-        "precision": cfg.train.precision,
-        "tiny": tiny,
-        "quick": quick,
-        "rounds": repeats,
-        "steps_per_round": steps,
-        "threads": threads,
+        **results.describe(cfg, tiny, quick, repeats, steps, threads, precision=True),
         "results": res,
         "speed_vs_bare": round(speed, 3),
         "speed_vs_bare_cpu": round(speed_cpu, 3),

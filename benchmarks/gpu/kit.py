@@ -267,7 +267,8 @@ def largest_fit(run, cfg, device, start: int, cap: int) -> tuple[int, list]:
 
 def large_section(device: torch.device, path: str, s: dict, peak: dict, tiny: bool, done=lambda out: None) -> dict:
     """ViT-L/16 then ViT-H/14; ``done(results so far)`` after each model (the caller saves them)."""
-    from benchmarks.gpu.train import RECIPES, ROOT, EngineRun, kit_config, synthetic_batch
+    from benchmarks.gpu.train import RECIPES, EngineRun, kit_config, synthetic_batch
+    from benchmarks.harness.recipe import ROOT
     from vitlarge.config import load_recipe
     from vitlarge.model import describe_model
 

@@ -135,3 +135,27 @@ class BareLoop:
         if self._scales:
             self._scales.append(self._scale())
         return loss
+
+
+def single_process(tiny: bool) -> int:
+    """Setup of a one-process engine benchmark: torch threads (`results.threads`) and a gloo group of
+    one, as train.py makes it; returns the threads."""
+    from benchmarks.harness import results, spawn
+
+    threads = results.threads(tiny)
+    torch.set_num_threads(threads)
+    spawn.init_single_process_group()
+    return threads
+
+
+def engine_stepper(engine, batches: list) -> Callable[[], None]:
+    """One optimizer step of ``engine`` per call, on ``batches`` from the first (the engine takes as
+    many as its accumulation needs), its step count going up by one each time."""
+    count = [0]
+
+    def step() -> None:
+        count[0] += 1
+        it = iter(batches)
+        engine.step(count[0], lambda: next(it))
+
+    return step

@@ -92,3 +92,16 @@ def write_result(name: str, result: dict) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out, json.dumps(result, indent=1) + "\n")
     return out
+
+
+def describe(cfg, tiny: bool, quick: bool, rounds: int, steps: int, threads: int, precision: bool = False) -> dict:
+    """The fields every one-process engine benchmark's result opens with: model, sizes, repeats, threads."""
+    head = {
+        "model": cfg.model.name,
+        "model_kwargs": cfg.model.kwargs,
+        "image_size": cfg.data.image_size,
+        "micro_batch": cfg.train.micro_batch,
+    }
+    if precision:
+        head["precision"] = cfg.train.precision
+    return head | {"tiny": tiny, "quick": quick, "rounds": rounds, "steps_per_round": steps, "threads": threads}
