@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.harness import results  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
+from benchmarks.harness import recipe, results  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
 from benchmarks.harness.loop import build_engine, make_batches
-from benchmarks.harness.recipe import bench_config, swap_model
 from benchmarks.harness.spawn import spawn_gather
 from vitlarge.plugins import DDP_BUCKET_CAP_MB as BUCKET_CAP_MB
 
@@ -40,16 +39,14 @@ def demo_config(accum: int, tiny: bool, model: str = "demo"):
     """The demo recipe at ``accum`` micro-steps per optimizer step; ``model="vit_s16"`` swaps in
     ViT-S/16 (22M parameters, 88 MB of gradients: several 25 MB buckets) on 32 px images."""
     micro = 2 if tiny else 8
-    return bench_config(
-        "demo_digits",
-        (swap_model("vit_small_patch16_224", 32) if model == "vit_s16" else {})
-        | {
+    return recipe.demo_config(
+        {
             "train.micro_batch": micro,
             "train.global_batch": micro * accum * WORLD,
             "train.precision": "fp32",
-            "augment.mixup_alpha": 0.0,
-            "data.num_train_examples": 10**6,
         },
+        "vit_small_patch16_224" if model == "vit_s16" else None,
+        32,
     )
 
 

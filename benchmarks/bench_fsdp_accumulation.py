@@ -23,7 +23,7 @@ import torch
 
 from benchmarks.harness import results  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
 from benchmarks.harness.loop import build_engine, make_batches
-from benchmarks.harness.recipe import bench_config, swap_model
+from benchmarks.harness.recipe import demo_config
 from benchmarks.harness.spawn import spawn_gather
 
 WORLD, MICRO, ACCUM = 2, 2, 2
@@ -31,18 +31,16 @@ MODES = ("no_sync", "reduce_scatter")
 
 
 def config(model: str, mode: str):
-    return bench_config(
-        "demo_digits",
-        (swap_model(model, 64) if model != "demo" else {})
-        | {
+    return demo_config(
+        {
             "train.plugin": "fsdp",
             "train.precision": "fp32",
             "train.fsdp_accumulation": mode,
             "train.micro_batch": MICRO,
             "train.global_batch": MICRO * ACCUM * WORLD,
-            "augment.mixup_alpha": 0.0,
-            "data.num_train_examples": 10**6,
         },
+        None if model == "demo" else model,
+        64,
     )
 
 

@@ -28,7 +28,7 @@ import torch
 
 from benchmarks.harness import results  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
 from benchmarks.harness.loop import build_engine, make_batches
-from benchmarks.harness.recipe import bench_config, swap_model
+from benchmarks.harness.recipe import demo_config
 from benchmarks.harness.spawn import spawn_gather
 
 WORLD = 2
@@ -36,18 +36,16 @@ MICRO = 16
 
 
 def config(checkpointing: bool, tiny: bool):
-    return bench_config(
-        "demo_digits",
-        ({} if tiny else swap_model("vit_small_patch16_224", 128))
-        | {
+    return demo_config(
+        {
             "model.grad_checkpointing": checkpointing,
             "train.plugin": "fsdp",
             "train.precision": "fp32",
             "train.micro_batch": MICRO,
             "train.global_batch": MICRO * WORLD,
-            "augment.mixup_alpha": 0.0,
-            "data.num_train_examples": 10**6,
         },
+        None if tiny else "vit_small_patch16_224",
+        128,
     )
 
 

@@ -22,7 +22,7 @@ from collections import Counter
 
 from benchmarks.harness import results  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
 from benchmarks.harness.loop import build_engine, make_batches
-from benchmarks.harness.recipe import bench_config, swap_model
+from benchmarks.harness.recipe import demo_config
 from benchmarks.harness.spawn import spawn_gather
 
 WORLD, MICRO = 2, 2
@@ -37,18 +37,16 @@ PATCHED = (
 
 
 def config(model: str, accum: int):
-    return bench_config(
-        "demo_digits",
-        (swap_model(model, 32) if model != "demo" else {})
-        | {
+    return demo_config(
+        {
             "train.plugin": "fsdp",
             "train.precision": "bf16",
             "train.fsdp_accumulation": "reduce_scatter",
             "train.micro_batch": MICRO,
             "train.global_batch": MICRO * accum * WORLD,
-            "augment.mixup_alpha": 0.0,
-            "data.num_train_examples": 10**6,
         },
+        None if model == "demo" else model,
+        32,
     )
 
 

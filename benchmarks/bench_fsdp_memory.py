@@ -24,7 +24,7 @@ import torch
 
 from benchmarks.harness import results  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
 from benchmarks.harness.loop import build_engine, make_batches
-from benchmarks.harness.recipe import bench_config, swap_model
+from benchmarks.harness.recipe import demo_config
 from benchmarks.harness.spawn import spawn_gather
 
 WORLDS = (1, 2, 3)
@@ -32,17 +32,15 @@ PLUGINS = ("ddp", "fsdp")
 
 
 def config(plugin: str, world: int, tiny: bool):
-    return bench_config(
-        "demo_digits",
-        ({} if tiny else swap_model("vit_small_patch16_224", 32))
-        | {
+    return demo_config(
+        {
             "train.plugin": plugin,
             "train.precision": "fp32",
             "train.micro_batch": 4,
             "train.global_batch": 4 * world,
-            "augment.mixup_alpha": 0.0,
-            "data.num_train_examples": 10**6,
         },
+        None if tiny else "vit_small_patch16_224",
+        32,
     )
 
 
