@@ -1,5 +1,8 @@
 """Bytes each rank reads, and its peak host memory, when it resumes a checkpoint (ddp and fsdp, 2 and 3 ranks).
 
+Question: What does each rank read, and how much host memory does it need, to resume a checkpoint?
+Goal: no target: the figures are ``read_MB_per_rank`` and ``peak_MB_per_rank`` per row.
+
 Run: ``python -m benchmarks.bench_checkpoint_io [--root DIR]`` (CPU, gloo, ~5 min on 2 cores). Writes
 ``benchmarks/results/checkpoint_io.json`` and prints a table. ``--root`` points at another checkout's
 ``vitlarge`` (e.g. a ``git worktree`` of an older commit) to measure its checkpoint code with the same harness: the script
@@ -30,7 +33,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from benchmarks.harness.recipe import bench_config
+from benchmarks.harness.spawn import spawn_gather
 
 HERE = Path(__file__).resolve().parent
 MODEL_KWARGS = dict(img_size=32, num_classes=10)
@@ -80,23 +85,12 @@ class _Booster(torch.nn.Module):
         return self.ddp.module
 
 
-def _cfg(model):
-    from vitlarge.config.load import load_recipe
-
-    cfg = load_recipe(HERE.parent / "recipes" / "demo_digits.py")
-    cfg.model.name = "vit_small_patch16_224"
-    return cfg
-
-
-def _worker(rank: int, world: int, port: int, root: str, plugin: str, action: str, workdir: str, out: str):
-    sys.path.insert(0, root)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def _worker(rank: int, world: int, root: str, plugin: str, action: str, workdir: str) -> dict:
+    sys.path.insert(0, root)  # before any vitlarge import: the group is up without one (plain_init)
     from vitlarge.checkpoint import store
 
     model, opt = _build(plugin)
-    cfg = _cfg(model)
+    cfg = bench_config("demo_digits", {"model.name": "vit_small_patch16_224"})
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     result = {}
     if action == "save":
@@ -112,23 +106,12 @@ def _worker(rank: int, world: int, port: int, root: str, plugin: str, action: st
         rss, rchar = _status("VmRSS"), _rchar()
         store.load(path, model, opt, scaler, cfg)
         result = {"read_MB": (_rchar() - rchar + mapped) / 1e6, "peak_MB": (_status("VmHWM") - rss) / 1e6}
-    gathered = [None] * world
-    dist.all_gather_object(gathered, result)
-    if rank == 0:
-        Path(out).write_text(json.dumps(gathered))
-    dist.destroy_process_group()
+    return result
 
 
-def _spawn(world, root, plugin, action, workdir, out):
-    import socket
-
-    with (
-        socket.socket() as sock
-    ):  # a free port (vitlarge.distributed.launch has one, but the parent imports no vitlarge:
-        sock.bind(("127.0.0.1", 0))  # the workers take it from --root)
-        port = sock.getsockname()[1]
-    mp.spawn(_worker, args=(world, port, root, plugin, action, str(workdir), str(out)), nprocs=world)
-    return json.loads(Path(out).read_text())
+def _spawn(world, root, plugin, action, workdir):
+    """The workers import vitlarge from ``root`` (spawned processes: this one's imports do not carry over)."""
+    return spawn_gather(_worker, world, root, plugin, action, str(workdir), plain_init=True)
 
 
 def main(argv=None) -> int:
@@ -140,11 +123,11 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         for saved in ("ddp", "fsdp"):
-            _spawn(2, args.root, saved, "save", tmp / saved, tmp / "out.json")
+            _spawn(2, args.root, saved, "save", tmp / saved)
             ckpt = tmp / saved / "checkpoints" / "step_0000001"
             size = sum(f.stat().st_size for f in ckpt.iterdir()) / 1e6
             for plugin, world in ((saved, 2), (saved, 3), ("fsdp" if saved == "ddp" else "ddp", 3)):
-                per_rank = _spawn(world, args.root, plugin, str(ckpt), None, tmp / "out.json")
+                per_rank = _spawn(world, args.root, plugin, str(ckpt), None)
                 rows.append(
                     {
                         "saved": f"{saved}@2",

@@ -1,5 +1,9 @@
 """Gradient all-reduces per optimizer step at accumulation 1, 4 and 32, on 2 real gloo processes.
 
+Question: Does gradient accumulation add gradient all-reduces, or is there one per DDP bucket per
+optimizer step?
+Goal: ``calls_independent_of_accumulation`` and ``prediction_matches_measurement`` both true.
+
 Run: ``python -m benchmarks.bench_comm [--quick]`` (CPU, 2 processes, ~30 s). Writes
 ``benchmarks/results/comm.json``.
 
@@ -20,17 +24,13 @@ for the demo model is checked against the measured count.
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
-from pathlib import Path
-
 import torch
 
-from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
+from benchmarks.harness import recipe, results  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
+from benchmarks.harness.loop import build_engine, make_batches
+from benchmarks.harness.spawn import spawn_gather
 from vitlarge.distributed.plugins import DDP_BUCKET_CAP_MB as BUCKET_CAP_MB
 
-ROOT = Path(__file__).resolve().parent.parent
 ACCUMULATIONS = (1, 4, 32)
 WORLD = 2
 
@@ -38,36 +38,25 @@ WORLD = 2
 def demo_config(accum: int, tiny: bool, model: str = "demo"):
     """The demo recipe at ``accum`` micro-steps per optimizer step; ``model="vit_s16"`` swaps in
     ViT-S/16 (22M parameters, 88 MB of gradients: several 25 MB buckets) on 32 px images."""
-    from vitlarge.config.load import load_recipe
-
-    cfg = load_recipe(ROOT / "recipes" / "demo_digits.py")
-    if model == "vit_s16":
-        cfg.model.name, cfg.model.kwargs = "vit_small_patch16_224", {}
-        cfg.data.image_size, cfg.data.num_classes = 32, 1000
-    cfg.train.micro_batch = 2 if tiny else 8
-    cfg.train.global_batch = cfg.train.micro_batch * accum * WORLD
-    cfg.train.precision = "fp32"
-    cfg.augment.mixup_alpha = 0.0
-    cfg.data.num_train_examples = 10**6
-    return cfg
+    micro = 2 if tiny else 8
+    return recipe.demo_config(
+        {
+            "train.micro_batch": micro,
+            "train.global_batch": micro * accum * WORLD,
+            "train.precision": "fp32",
+        },
+        "vit_small_patch16_224" if model == "vit_s16" else None,
+        32,
+    )
 
 
-def _worker(rank: int, port: int, steps: int, tiny: bool, out: str) -> None:
-    import torch.distributed as dist
-
-    from benchmarks.bench_train import build_engine
-    from vitlarge.distributed import launch, launcher
-
-    torch.set_num_threads(1)
-    launch.init_distributed(launcher.DistEnv(rank, WORLD, rank, "127.0.0.1", port, "bench"), "gloo")
-    results = {}
+def _worker(rank: int, world: int, steps: int, tiny: bool) -> dict:
+    measured = {}
     models = ("demo",) if tiny else ("demo", "vit_s16")
     for model, accum in [(m, a) for m in models for a in ACCUMULATIONS]:
         cfg = demo_config(accum, tiny, model)
-        engine = build_engine(cfg, WORLD)
-        g = torch.Generator().manual_seed(rank)
-        s, b = cfg.data.image_size, cfg.train.micro_batch
-        batch = (torch.randn(b, 3, s, s, generator=g), torch.randint(0, cfg.data.num_classes, (b,), generator=g))
+        engine = build_engine(cfg, world)
+        (batch,) = make_batches(cfg, 1, seed=rank)
         calls, nbytes = [], []
         for step in range(steps):
             c0, b0 = engine.comm.calls, engine.comm.bytes
@@ -76,7 +65,7 @@ def _worker(rank: int, port: int, steps: int, tiny: bool, out: str) -> None:
             nbytes.append(engine.comm.bytes - b0)
         ddp = engine.model.module
         log = ddp._get_ddp_logging_data()
-        results.setdefault(model, {})[accum] = {
+        measured.setdefault(model, {})[accum] = {
             "calls_per_step": calls,
             "bytes_per_step": nbytes,
             "micro_steps_per_step": accum,
@@ -86,9 +75,7 @@ def _worker(rank: int, port: int, steps: int, tiny: bool, out: str) -> None:
             "ddp_rebuilt_bucket_sizes": log.get("rebuilt_bucket_sizes"),
         }
         del engine
-    if rank == 0:
-        Path(out).write_text(json.dumps(results))
-    dist.destroy_process_group()
+    return measured
 
 
 def ddp_buckets(model: torch.nn.Module, cap_mb: int = BUCKET_CAP_MB) -> list[int]:
@@ -117,18 +104,11 @@ def computed(name: str, **kwargs) -> dict:
 
 
 def run(quick: bool = True, tiny: bool = False) -> dict:
-    import torch.multiprocessing as mp
-
-    from vitlarge.distributed import launcher
-
-    tiny = common.is_tiny(tiny)
-    steps = 2 if tiny else 3
-    out = tempfile.mktemp(prefix="vitlarge-bench-comm-", suffix=".json")
-    mp.spawn(_worker, args=(launcher.free_port(), steps, tiny, out), nprocs=WORLD, join=True)
     from vitlarge.model.vit import build_model
 
-    all_measured = json.loads(Path(out).read_text())
-    os.unlink(out)
+    tiny = results.is_tiny(tiny)
+    steps = 2 if tiny else 3
+    all_measured = spawn_gather(_worker, WORLD, steps, tiny)[0]  # rank 0's counts
     measured = {int(k): v for k, v in all_measured["demo"].items()}
     demo_cfg = demo_config(1, tiny)
     demo_pred = ddp_buckets(build_model(demo_cfg, "meta"))
@@ -180,7 +160,7 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
         },
         "goal": "calls per optimizer step = number of DDP buckets, independent of accumulation",
     }
-    common.write_result("comm", result)
+    results.write_result("comm", result)
     return result
 
 
@@ -202,4 +182,4 @@ def show(r: dict) -> None:
 
 
 if __name__ == "__main__":
-    common.cli(run, __doc__, show)
+    results.cli(run, __doc__, show)

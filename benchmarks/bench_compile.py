@@ -1,5 +1,8 @@
 """Step time with and without torch.compile on this CPU, through vitlarge's Engine (``train.compile``).
 
+Question: Does ``train.compile=on`` pay for its compile time on this CPU?
+Goal: no target: the figures are ``speed_vs_eager`` per step and ``compile_s``.
+
 Run: ``python -m benchmarks.bench_compile [--quick]`` (CPU, 2 threads; compiling ViT-S/16 takes
 minutes on 2 cores). Writes ``benchmarks/results/compile.json``.
 
@@ -14,10 +17,9 @@ from __future__ import annotations
 
 import json
 
-import torch
-
-from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
-from benchmarks.bench_train import bench_config, build_engine, make_batches
+from benchmarks.bench_train import bench_config
+from benchmarks.harness import results, timing
+from benchmarks.harness.loop import build_engine, engine_stepper, make_batches, single_process
 
 CONTENDERS = ("eager", "compiled")
 
@@ -31,38 +33,27 @@ def config(tiny: bool, mode: str):
 
 
 def run(quick: bool = True, tiny: bool = False) -> dict:
-    tiny = common.is_tiny(tiny)
-    threads = common.threads(tiny)
-    torch.set_num_threads(threads)
-    common.init_single_process_group()
+    tiny = results.is_tiny(tiny)
+    threads = single_process(tiny)
     repeats, steps = (1, 1) if tiny else (3, 2) if quick else (5, 4)
     batches = make_batches(config(tiny, "eager"))
-    engines, first = {}, {}
-    counter = {"step": 0}
-
-    def step(engine) -> None:
-        counter["step"] += 1
-        it = iter(batches)
-        engine.step(counter["step"], lambda: next(it))
-
+    steppers, first = {}, {}
     for name in CONTENDERS:
-        engines[name] = build_engine(config(tiny, name))
-        first[name] = common.timed(lambda e=engines[name]: step(e))  # the compiled engine compiles here
-        step(engines[name])  # warm-up: optimizer state, oneDNN primitive caches
+        steppers[name] = engine_stepper(build_engine(config(tiny, name)), batches)
+        first[name] = timing.timed(steppers[name])  # the compiled engine compiles here
+        steppers[name]()  # warm-up: optimizer state, oneDNN primitive caches
 
-    def timed(name: str):
-        w, c = common.timed(lambda: [step(engines[name]) for _ in range(steps)])
-        return w / steps, c / steps
-
-    times = common.interleaved({name: (lambda n=name: timed(n)) for name in CONTENDERS}, repeats)
+    times = timing.interleaved_wall_cpu(
+        {name: (lambda s=s: timing.per_step(s, steps)) for name, s in steppers.items()}, repeats
+    )
     cfg = config(tiny, "eager")
     micro = cfg.train.micro_batch
     res = {}
     for name, t in times.items():
-        w = common.median(t["wall_s"])
+        w = timing.median(t["wall_s"])
         res[name] = {
-            "step_s": common.summary(t["wall_s"]),
-            "cpu_s_per_step": common.summary(t["cpu_s"]),
+            "step_s": timing.summary(t["wall_s"]),
+            "cpu_s_per_step": timing.summary(t["cpu_s"]),
             "images_per_s": round(micro / w, 2),
             "first_step_s": round(first[name][0], 2),
             "first_step_cpu_s": round(first[name][1], 2),
@@ -74,21 +65,12 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
 
     result = {
         "benchmark": "compile: step time with train.compile on vs off, CPU",
-        "model": cfg.model.name,
-        "model_kwargs": cfg.model.kwargs,
-        "image_size": cfg.data.image_size,
-        "micro_batch": micro,
-        "precision": "fp32",
-        "tiny": tiny,
-        "quick": quick,
-        "rounds": repeats,
-        "steps_per_round": steps,
-        "threads": threads,
+        **results.describe(cfg, tiny, quick, repeats, steps, threads, precision=True),
         "graphs": int(counters["stats"]["unique_graphs"]),
         "compile_s": round(first["compiled"][0] - first["eager"][0], 1),
         "results": res,
     }
-    common.write_result("compile", result)
+    results.write_result("compile", result)
     return result
 
 
@@ -111,4 +93,4 @@ def show(r: dict) -> None:
 
 
 if __name__ == "__main__":
-    common.cli(run, __doc__, show)
+    results.cli(run, __doc__, show)

@@ -1,5 +1,8 @@
 """Conversion throughput: data_tools.imagenet_to_tfrecord (2 workers) vs ``cp -r`` of the same tree.
 
+Question: Does converting JPEGs to TFRecords run near the speed of merely copying them?
+Goal: ``ratio_vs_cp`` of ``convert header-check`` >= 0.5.
+
 Run: ``python -m benchmarks.bench_convert [--quick]`` (CPU, 2 worker processes; quick: 1,200
 ImageNet-like JPEGs, ~75 MB, ~1 min including making the images once; full: 6,000).
 Writes ``benchmarks/results/convert.json``. Both sides read a page-cached source tree and write
@@ -22,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import common
+from benchmarks.harness import results, timing
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,19 +69,14 @@ def _warm(root: Path) -> None:
 
 
 def run(quick: bool, tiny: bool = False) -> dict:
-    tiny = common.is_tiny(tiny)
+    tiny = results.is_tiny(tiny)
     repeats = 1 if tiny else REPEATS
     src, total = bench_images(quick, tiny)
     _warm(src)
     work = bench_root() / "convert-runs"
-    timings: dict[str, list[float]] = {
-        "cp -r": [],
-        "cp -r + sync": [],
-        "convert header-check": [],
-        "convert decode-check": [],
-    }
-    for _ in range(repeats):
-        for name in timings:
+
+    def contender(name: str):
+        def once() -> float:
             shutil.rmtree(work, ignore_errors=True)
             work.mkdir(parents=True)
             subprocess.run(["sync"], check=True)  # start each contender with no dirty pages pending
@@ -91,29 +89,19 @@ def run(quick: bool, tiny: bool = False) -> dict:
                 # The CLI in its own process, as users run it (and as cp runs): this process has
                 # loaded torch, which would make convert() spawn its workers instead of forking.
                 subprocess.run(
-                    [
-                        sys.executable,
-                        "-m",
-                        "data_tools.imagenet_to_tfrecord",
-                        "--src",
-                        str(src),
-                        "--out",
-                        str(work / "out"),
-                        "--train-shards",
-                        "16",
-                        "--val-shards",
-                        "2",
-                        "--workers",
-                        str(WORKERS),
-                        "--check",
-                        name.split()[1].split("-")[0],
-                        "--no-progress",
-                    ],
+                    [sys.executable, "-m", "data_tools.imagenet_to_tfrecord", "--src", str(src)]
+                    + ["--out", str(work / "out"), "--train-shards", "16", "--val-shards", "2"]
+                    + ["--workers", str(WORKERS), "--check", name.split()[1].split("-")[0], "--no-progress"],
                     check=True,
                     stderr=subprocess.DEVNULL,
                     cwd=ROOT,
                 )
-            timings[name].append(time.perf_counter() - t)
+            return time.perf_counter() - t
+
+        return once
+
+    names = ("cp -r", "cp -r + sync", "convert header-check", "convert decode-check")
+    timings = timing.interleaved({name: contender(name) for name in names}, repeats)
     shutil.rmtree(work, ignore_errors=True)
     mbps = {k: total / statistics.median(v) / 1e6 for k, v in timings.items()}
     result = {
@@ -132,9 +120,9 @@ def run(quick: bool, tiny: bool = False) -> dict:
         "cpu_count": os.cpu_count(),
         "load_average_at_end": os.getloadavg(),
     }
-    common.write_result("convert", result)
+    results.write_result("convert", result)
     return result
 
 
 if __name__ == "__main__":
-    common.cli(run, __doc__)
+    results.cli(run, __doc__)

@@ -1,5 +1,9 @@
 """Training-input throughput on the CPU: our DALI TrainLoader vs torchvision, and DALI variants.
 
+Question: Does the DALI TrainLoader feed the training loop at least twice as fast as torchvision's
+DataLoader?
+Goal: ``trainloader_vs_torchvision`` (or its per-CPU-second form) >= 2.
+
 Run: ``python -m benchmarks.bench_data [--quick]`` (CPU only, 2 DALI threads / 2 DataLoader
 workers; quick: 1,080 ImageNet-like train JPEGs (~62 KB, ~500x375), ~2 min; full: 5,400).
 Writes ``benchmarks/results/data.json``. Every contender produces 224x224 float CHW batches of
@@ -26,7 +30,7 @@ import os
 import statistics
 import time
 
-from benchmarks import common
+from benchmarks.harness import results, timing
 
 REPEATS = 3
 BATCH, SIZE, THREADS = 64, 224, 2
@@ -185,7 +189,7 @@ def run(quick: bool, tiny: bool = False) -> dict:
 
     from benchmarks.bench_convert import bench_images, bench_shards
 
-    tiny = common.is_tiny(tiny)
+    tiny = results.is_tiny(tiny)
     torch.set_num_threads(1)  # the main process only copies; leave the cores to the pipelines
     image_root, _ = bench_images(quick, tiny)
     data_dir = str(bench_shards(quick, tiny))
@@ -204,15 +208,12 @@ def run(quick: bool, tiny: bool = False) -> dict:
         "dali_decode_only": lambda: _dali_variant(data_dir, b, decode="only"),
         "torchvision": lambda: _torchvision(str(image_root), b),
     }
-    wall: dict[str, list[float]] = {k: [] for k in contenders}
-    cpu: dict[str, list[float]] = {k: [] for k in contenders}
-    for _ in range(repeats):
-        for name, make in contenders.items():
-            step = make()
-            w, c = _measure(step, b, batches, warmup)
-            wall[name].append(w)
-            cpu[name].append(c)
-            del step
+    # A contender's pipeline is made afresh each round and dropped after it (its threads with it).
+    times = timing.interleaved_wall_cpu(
+        {name: (lambda m=make: _measure(m(), b, batches, warmup)) for name, make in contenders.items()}, repeats
+    )
+    wall = {k: t["wall_s"] for k, t in times.items()}  # images/s here, not seconds
+    cpu = {k: t["cpu_s"] for k, t in times.items()}
     med = {k: statistics.median(v) for k, v in wall.items()}
     med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
     result = {
@@ -243,9 +244,9 @@ def run(quick: bool, tiny: bool = False) -> dict:
         "cpu_count": os.cpu_count(),
         "load_average_at_end": os.getloadavg(),
     }
-    common.write_result("data", result)
+    results.write_result("data", result)
     return result
 
 
 if __name__ == "__main__":
-    common.cli(run, __doc__)
+    results.cli(run, __doc__)

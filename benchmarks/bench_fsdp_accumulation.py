@@ -1,7 +1,12 @@
 """Gradient memory of ``fsdp`` accumulation: ``no_sync`` vs ``reduce_scatter`` (``train.fsdp_accumulation``).
 
+Question: How much gradient memory does each ``train.fsdp_accumulation`` mode hold between micro-
+steps?
+Goal: no target: the figure is ``summary[model/mode].between_micro_steps`` (reduce_scatter ~ 1/W of
+no_sync).
+
 Run: ``python -m benchmarks.bench_fsdp_accumulation [--quick] [--tiny]`` (~2 min on 2 cores). Writes
-``benchmarks/results/fsdp_accumulation.json``. Not part of ``benchmarks.run``: run it on its own.
+``benchmarks/results/fsdp_accumulation.json``. Not in the suite: on its own or ``python -m benchmarks.run --only fsdp_accumulation``.
 
 World size 2 (gloo, CPU), fp32, 2 micro-steps of 2 images per optimizer step, the real engine
 (`vitlarge.train.assemble.build`). Models: the demo ViT and ViT-B/16 on 64 px images (``--tiny``: the demo
@@ -14,32 +19,29 @@ torch 2.10's FSDP2 attribute names.
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
-from pathlib import Path
-
 import torch
 
-from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
+from benchmarks.harness import results  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
+from benchmarks.harness.loop import build_engine, make_batches
+from benchmarks.harness.recipe import demo_config
+from benchmarks.harness.spawn import spawn_gather
 
-ROOT = Path(__file__).resolve().parent.parent
 WORLD, MICRO, ACCUM = 2, 2, 2
 MODES = ("no_sync", "reduce_scatter")
 
 
 def config(model: str, mode: str):
-    from vitlarge.config.load import load_recipe
-
-    cfg = load_recipe(ROOT / "recipes" / "demo_digits.py")
-    if model != "demo":
-        cfg.model.name, cfg.model.kwargs = model, {}
-        cfg.data.image_size, cfg.data.num_classes = 64, 1000
-    cfg.train.plugin, cfg.train.precision, cfg.train.fsdp_accumulation = "fsdp", "fp32", mode
-    cfg.train.micro_batch, cfg.train.global_batch = MICRO, MICRO * ACCUM * WORLD
-    cfg.augment.mixup_alpha = 0.0
-    cfg.data.num_train_examples = 10**6
-    return cfg
+    return demo_config(
+        {
+            "train.plugin": "fsdp",
+            "train.precision": "fp32",
+            "train.fsdp_accumulation": mode,
+            "train.micro_batch": MICRO,
+            "train.global_batch": MICRO * ACCUM * WORLD,
+        },
+        None if model == "demo" else model,
+        64,
+    )
 
 
 def grad_bytes(model: torch.nn.Module) -> int:
@@ -61,19 +63,10 @@ def grad_bytes(model: torch.nn.Module) -> int:
     return sum(storages.values())
 
 
-def _worker(rank: int, port: int, model: str, mode: str, out: str) -> None:
-    import torch.distributed as dist
-
-    from benchmarks.bench_train import build_engine
-    from vitlarge.distributed import launch, launcher
-
-    torch.set_num_threads(1)
-    launch.init_distributed(launcher.DistEnv(rank, WORLD, rank, "127.0.0.1", port, "bench"), "gloo")
+def _worker(rank: int, world: int, model: str, mode: str) -> dict:
     cfg = config(model, mode)
-    engine = build_engine(cfg, WORLD)
-    g = torch.Generator().manual_seed(rank)
-    s = cfg.data.image_size
-    batch = (torch.randn(MICRO, 3, s, s, generator=g), torch.randint(0, cfg.data.num_classes, (MICRO,), generator=g))
+    engine = build_engine(cfg, world)
+    (batch,) = make_batches(cfg, 1, seed=rank)
     seen, calls = {}, [0]
 
     def next_batch():
@@ -84,29 +77,18 @@ def _worker(rank: int, port: int, model: str, mode: str, out: str) -> None:
 
     engine.step(0, next_batch)
     seen["params"] = sum(p.to_local().numel() for p in engine.model.parameters()) * 4  # this rank's fp32 shard
-    gathered = [None] * WORLD
-    dist.all_gather_object(gathered, seen)
-    if rank == 0:
-        Path(out).write_text(json.dumps(gathered))
-    dist.destroy_process_group()
+    return seen
 
 
 def run(quick: bool = True, tiny: bool = False) -> dict:
-    import torch.multiprocessing as mp
-
-    from vitlarge.distributed import launcher
-
-    models = ("demo",) if common.is_tiny(tiny) else ("demo", "vit_base_patch16_224")
+    models = ("demo",) if results.is_tiny(tiny) else ("demo", "vit_base_patch16_224")
     ranks, summary = {}, {}
     for model in models:
         for mode in MODES:
-            out = tempfile.mktemp(prefix="vitlarge-bench-accum-", suffix=".json")
-            mp.spawn(_worker, args=(launcher.free_port(), model, mode, out), nprocs=WORLD, join=True)
-            ranks[f"{model}/{mode}"] = per_rank = json.loads(Path(out).read_text())
-            os.unlink(out)
+            ranks[f"{model}/{mode}"] = per_rank = spawn_gather(_worker, WORLD, model, mode)
             summary[f"{model}/{mode}"] = {k: max(r[k] for r in per_rank) for k in ("between_micro_steps", "params")}
     result = {"world_size": WORLD, "micro_batch": MICRO, "accum_steps": ACCUM, "per_rank": ranks, "summary": summary}
-    common.write_result("fsdp_accumulation", result)
+    results.write_result("fsdp_accumulation", result)
     return result
 
 
@@ -120,4 +102,4 @@ def show(result: dict) -> None:
 
 
 if __name__ == "__main__":
-    common.cli(run, __doc__, show)
+    results.cli(run, __doc__, show)

@@ -1,7 +1,10 @@
 """Activation memory under ``fsdp`` with and without ``model.grad_checkpointing``, at world size 2 (gloo, CPU).
 
+Question: How much activation memory does ``model.grad_checkpointing`` save under fsdp?
+Goal: no target: the figure is ``saved_ratio_on_over_off``.
+
 Run: ``python -m benchmarks.bench_fsdp_activations [--quick] [--tiny]`` (~2 min on 2 cores). Writes
-``benchmarks/results/fsdp_activations.json``. Not part of ``benchmarks.run``: run it on its own.
+``benchmarks/results/fsdp_activations.json``. Not in the suite: on its own or ``python -m benchmarks.run --only fsdp_activations``.
 
 Each rank builds ViT-S/16 on 128 px images (``--tiny``: the demo model) exactly as train.py does
 (`vitlarge.train.assemble.build`, fp32, LAMB, ``train.plugin=fsdp``) and runs one micro-step (forward,
@@ -19,50 +22,40 @@ fresh processes:
 
 from __future__ import annotations
 
-import json
-import os
 import resource
-import tempfile
-from pathlib import Path
 
 import torch
 
-from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
+from benchmarks.harness import results  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
+from benchmarks.harness.loop import build_engine, make_batches
+from benchmarks.harness.recipe import demo_config
+from benchmarks.harness.spawn import spawn_gather
 
-ROOT = Path(__file__).resolve().parent.parent
 WORLD = 2
 MICRO = 16
 
 
 def config(checkpointing: bool, tiny: bool):
-    from vitlarge.config.load import load_recipe
+    return demo_config(
+        {
+            "model.grad_checkpointing": checkpointing,
+            "train.plugin": "fsdp",
+            "train.precision": "fp32",
+            "train.micro_batch": MICRO,
+            "train.global_batch": MICRO * WORLD,
+        },
+        None if tiny else "vit_small_patch16_224",
+        128,
+    )
 
-    cfg = load_recipe(ROOT / "recipes" / "demo_digits.py")
-    if not tiny:
-        cfg.model.name, cfg.model.kwargs = "vit_small_patch16_224", {}
-        cfg.data.image_size, cfg.data.num_classes = 128, 1000
-    cfg.model.grad_checkpointing = checkpointing
-    cfg.train.plugin, cfg.train.precision = "fsdp", "fp32"
-    cfg.train.micro_batch, cfg.train.global_batch = MICRO, MICRO * WORLD
-    cfg.augment.mixup_alpha = 0.0
-    cfg.data.num_train_examples = 10**6
-    return cfg
 
-
-def _worker(rank: int, port: int, checkpointing: bool, tiny: bool, out: str) -> None:
+def _worker(rank: int, world: int, checkpointing: bool, tiny: bool) -> dict:
     import torch.distributed as dist
 
-    from benchmarks.bench_train import build_engine
-    from vitlarge.distributed import launch, launcher
-
-    torch.set_num_threads(1)
-    launch.init_distributed(launcher.DistEnv(rank, WORLD, rank, "127.0.0.1", port, "bench"), "gloo")
     cfg = config(checkpointing, tiny)
-    engine = build_engine(cfg, WORLD)
+    engine = build_engine(cfg, world)
     model = engine.model.unwrap()  # the FSDP root
-    g = torch.Generator().manual_seed(rank)
-    s = cfg.data.image_size
-    x, y = torch.randn(MICRO, 3, s, s, generator=g), torch.randint(0, cfg.data.num_classes, (MICRO,), generator=g)
+    ((x, y),) = make_batches(cfg, 1, seed=rank)
     storages = {False: {}, True: {}}  # is a (gathered) parameter -> storage -> bytes
 
     def pack(t):
@@ -81,25 +74,15 @@ def _worker(rank: int, port: int, checkpointing: bool, tiny: bool, out: str) -> 
         "peak_rss_growth": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before,
         "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
-    gathered = [None] * WORLD
-    dist.all_gather_object(gathered, seen)
-    if rank == 0:
-        Path(out).write_text(json.dumps(gathered))
-    dist.destroy_process_group()
+    return seen
 
 
 def run(quick: bool = True, tiny: bool = False) -> dict:
-    import torch.multiprocessing as mp
-
-    from vitlarge.distributed import launcher
-
-    tiny = common.is_tiny(tiny)
+    tiny = results.is_tiny(tiny)
     ranks = {}
     for checkpointing in (False, True, False, True)[: 2 if quick else 4]:  # interleaved: shared-host noise
-        out = tempfile.mktemp(prefix="vitlarge-bench-act-", suffix=".json")
-        mp.spawn(_worker, args=(launcher.free_port(), checkpointing, tiny, out), nprocs=WORLD, join=True)
-        ranks.setdefault(f"grad_checkpointing={checkpointing}", []).append(json.loads(Path(out).read_text()))
-        os.unlink(out)
+        per_rank = spawn_gather(_worker, WORLD, checkpointing, tiny)
+        ranks.setdefault(f"grad_checkpointing={checkpointing}", []).append(per_rank)
     fields = ("saved_for_backward", "params_saved", "peak_rss_growth", "peak_rss")
     summary = {key: {k: max(r[k] for rep in reps for r in rep) for k in fields} for key, reps in ranks.items()}
     off, on = summary["grad_checkpointing=False"], summary["grad_checkpointing=True"]
@@ -111,7 +94,7 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
         "summary": summary,
         "saved_ratio_on_over_off": on["saved_for_backward"] / off["saved_for_backward"],
     }
-    common.write_result("fsdp_activations", result)
+    results.write_result("fsdp_activations", result)
     return result
 
 
@@ -129,4 +112,4 @@ def show(result: dict) -> None:
 
 
 if __name__ == "__main__":
-    common.cli(run, __doc__, show)
+    results.cli(run, __doc__, show)

@@ -1,7 +1,10 @@
 """Collectives per micro-step and per optimizer step under ``fsdp`` (world size 2, gloo, CPU).
 
+Question: How many collectives does fsdp issue per micro-step and per optimizer step?
+Goal: no target: the figures are ``summary[model].per_micro_step`` and ``per_optimizer_step``.
+
 Run: ``python -m benchmarks.bench_fsdp_collectives [--quick] [--tiny]`` (~1 min on 2 cores). Writes
-``benchmarks/results/fsdp_collectives.json``. Not part of ``benchmarks.run``: run it on its own.
+``benchmarks/results/fsdp_collectives.json``. Not in the suite: on its own or ``python -m benchmarks.run --only fsdp_collectives``.
 
 Each rank builds the model train.py builds (`vitlarge.train.assemble.build`, ``train.plugin=fsdp``, bf16,
 ``train.fsdp_accumulation=reduce_scatter``), takes one warm-up step (FSDP's lazy init), then counts
@@ -15,17 +18,13 @@ ViT (4 blocks) and ViT-S/16 at 32 px (12 blocks; ``--tiny``: the demo only).
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from collections import Counter
-from pathlib import Path
 
-import torch
+from benchmarks.harness import results  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
+from benchmarks.harness.loop import build_engine, make_batches
+from benchmarks.harness.recipe import demo_config
+from benchmarks.harness.spawn import spawn_gather
 
-from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
-
-ROOT = Path(__file__).resolve().parent.parent
 WORLD, MICRO = 2, 2
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
 PATCHED = (
@@ -38,28 +37,23 @@ PATCHED = (
 
 
 def config(model: str, accum: int):
-    from vitlarge.config.load import load_recipe
+    return demo_config(
+        {
+            "train.plugin": "fsdp",
+            "train.precision": "bf16",
+            "train.fsdp_accumulation": "reduce_scatter",
+            "train.micro_batch": MICRO,
+            "train.global_batch": MICRO * accum * WORLD,
+        },
+        None if model == "demo" else model,
+        32,
+    )
 
-    cfg = load_recipe(ROOT / "recipes" / "demo_digits.py")
-    if model != "demo":
-        cfg.model.name, cfg.model.kwargs = model, {}
-        cfg.data.image_size, cfg.data.num_classes = 32, 1000
-    cfg.train.plugin, cfg.train.precision, cfg.train.fsdp_accumulation = "fsdp", "bf16", "reduce_scatter"
-    cfg.train.micro_batch, cfg.train.global_batch = MICRO, MICRO * accum * WORLD
-    cfg.augment.mixup_alpha = 0.0
-    cfg.data.num_train_examples = 10**6
-    return cfg
 
-
-def _worker(rank: int, port: int, model: str, out: str) -> None:
+def _worker(rank: int, world: int, model: str) -> dict:
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
 
-    from benchmarks.bench_train import build_engine
-    from vitlarge.distributed import launch, launcher
-
-    torch.set_num_threads(1)
-    launch.init_distributed(launcher.DistEnv(rank, WORLD, rank, "127.0.0.1", port, "bench"), "gloo")
     counts, counting = Counter(), [False]
     for module, name, label in PATCHED:
         module = {"dist": dist, "funcol": funcol}[module]
@@ -74,13 +68,8 @@ def _worker(rank: int, port: int, model: str, out: str) -> None:
     seen = {}
     for accum in (1, 2):
         cfg = config(model, accum)
-        engine = build_engine(cfg, WORLD)
-        g = torch.Generator().manual_seed(rank)
-        s = cfg.data.image_size
-        batch = (
-            torch.randn(MICRO, 3, s, s, generator=g),
-            torch.randint(0, cfg.data.num_classes, (MICRO,), generator=g),
-        )
+        engine = build_engine(cfg, world)
+        (batch,) = make_batches(cfg, 1, seed=rank)
         engine.step(0, lambda: batch)  # lazy init
         counts.clear()
         counting[0] = True
@@ -88,23 +77,14 @@ def _worker(rank: int, port: int, model: str, out: str) -> None:
         counting[0] = False
         seen[accum] = dict(counts)
     seen["depth"] = len(getattr(engine.model.unwrap(), "blocks", []))
-    if rank == 0:
-        Path(out).write_text(json.dumps(seen))
-    dist.destroy_process_group()
+    return seen  # its keys become strings ("1", "2") on the way back (JSON)
 
 
 def run(quick: bool = True, tiny: bool = False) -> dict:
-    import torch.multiprocessing as mp
-
-    from vitlarge.distributed import launcher
-
-    models = ("demo",) if common.is_tiny(tiny) else ("demo", "vit_small_patch16_224")
+    models = ("demo",) if results.is_tiny(tiny) else ("demo", "vit_small_patch16_224")
     summary = {}
     for model in models:
-        out = tempfile.mktemp(prefix="vitlarge-bench-coll-", suffix=".json")
-        mp.spawn(_worker, args=(launcher.free_port(), model, out), nprocs=WORLD, join=True)
-        seen = json.loads(Path(out).read_text())
-        os.unlink(out)
+        seen = spawn_gather(_worker, WORLD, model)[0]  # rank 0's counts
         one, two = seen["1"], seen["2"]
         summary[model] = {
             "depth": seen["depth"],
@@ -112,7 +92,7 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
             "per_optimizer_step": {c: 2 * one.get(c, 0) - two.get(c, 0) for c in COLLECTIVES},
         }
     result = {"world_size": WORLD, "precision": "bf16", "fsdp_accumulation": "reduce_scatter", "summary": summary}
-    common.write_result("fsdp_collectives", result)
+    results.write_result("fsdp_collectives", result)
     return result
 
 
@@ -128,4 +108,4 @@ def show(result: dict) -> None:
 
 
 if __name__ == "__main__":
-    common.cli(run, __doc__, show)
+    results.cli(run, __doc__, show)

@@ -1,7 +1,10 @@
 """Per-rank memory of ``ddp`` vs ``fsdp`` at world size 1, 2 and 3, on real gloo processes (CPU).
 
+Question: Does fsdp shard the training state: per-rank bytes ~ 1/W of the unsharded total?
+Goal: ``summary[fsdp/W].ratio_to_unsharded_over_world`` <= 1.10.
+
 Run: ``python -m benchmarks.bench_fsdp_memory [--quick] [--tiny]`` (~2 min on 2 cores). Writes
-``benchmarks/results/fsdp_memory.json``. Not part of ``benchmarks.run`` (yet): run it on its own.
+``benchmarks/results/fsdp_memory.json``. Not in the suite: on its own or ``python -m benchmarks.run --only fsdp_memory``.
 
 Each rank builds ViT-S/16 on 32 px images (22M parameters; ``--tiny``: the demo model) exactly as
 train.py does (`vitlarge.train.assemble.build`, fp32, LAMB) and takes 2 optimizer steps on in-memory
@@ -15,34 +18,30 @@ Python, torch and Colossal-AI, and FSDP's gathered blocks during forward/backwar
 
 from __future__ import annotations
 
-import json
-import os
 import resource
-import tempfile
-from pathlib import Path
 
 import torch
 
-from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
+from benchmarks.harness import results  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
+from benchmarks.harness.loop import build_engine, make_batches
+from benchmarks.harness.recipe import demo_config
+from benchmarks.harness.spawn import spawn_gather
 
-ROOT = Path(__file__).resolve().parent.parent
 WORLDS = (1, 2, 3)
 PLUGINS = ("ddp", "fsdp")
 
 
 def config(plugin: str, world: int, tiny: bool):
-    from vitlarge.config.load import load_recipe
-
-    cfg = load_recipe(ROOT / "recipes" / "demo_digits.py")
-    if not tiny:
-        cfg.model.name, cfg.model.kwargs = "vit_small_patch16_224", {}
-        cfg.data.image_size, cfg.data.num_classes = 32, 1000
-    cfg.train.plugin, cfg.train.precision = plugin, "fp32"
-    cfg.train.micro_batch = 4
-    cfg.train.global_batch = 4 * world
-    cfg.augment.mixup_alpha = 0.0
-    cfg.data.num_train_examples = 10**6
-    return cfg
+    return demo_config(
+        {
+            "train.plugin": plugin,
+            "train.precision": "fp32",
+            "train.micro_batch": 4,
+            "train.global_batch": 4 * world,
+        },
+        None if tiny else "vit_small_patch16_224",
+        32,
+    )
 
 
 def nbytes(tensors) -> int:
@@ -53,14 +52,7 @@ def nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in local)
 
 
-def _worker(rank: int, world: int, port: int, plugin: str, tiny: bool, out: str) -> None:
-    import torch.distributed as dist
-
-    from benchmarks.bench_train import build_engine
-    from vitlarge.distributed import launch, launcher
-
-    torch.set_num_threads(1)
-    launch.init_distributed(launcher.DistEnv(rank, world, rank, "127.0.0.1", port, "bench"), "gloo")
+def _worker(rank: int, world: int, plugin: str, tiny: bool) -> dict:
     cfg = config(plugin, world, tiny)
     engine = build_engine(cfg, world)
     opt = engine.torch_optimizer
@@ -75,34 +67,21 @@ def _worker(rank: int, world: int, port: int, plugin: str, tiny: bool, out: str)
         )
 
     opt.register_step_pre_hook(measure)
-    g = torch.Generator().manual_seed(rank)
-    s, b = cfg.data.image_size, cfg.train.micro_batch
-    batch = (torch.randn(b, 3, s, s, generator=g), torch.randint(0, cfg.data.num_classes, (b,), generator=g))
+    (batch,) = make_batches(cfg, 1, seed=rank)
     for step in range(2):  # the second step sees the LAMB moments the first created
         engine.step(step, lambda: batch)
     seen["total"] = seen["params"] + seen["grads"] + seen["optimizer"]
     seen["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     seen["model_params"] = sum(p.numel() for p in engine.model.parameters())
-    gathered = [None] * world
-    dist.all_gather_object(gathered, seen)
-    if rank == 0:
-        Path(out).write_text(json.dumps(gathered))
-    dist.destroy_process_group()
+    return seen
 
 
 def run(quick: bool = True, tiny: bool = False) -> dict:
-    import torch.multiprocessing as mp
-
-    from vitlarge.distributed import launcher
-
-    tiny = common.is_tiny(tiny)
+    tiny = results.is_tiny(tiny)
     ranks = {}
     for plugin in PLUGINS:
         for world in WORLDS:
-            out = tempfile.mktemp(prefix="vitlarge-bench-fsdp-", suffix=".json")
-            mp.spawn(_worker, args=(world, launcher.free_port(), plugin, tiny, out), nprocs=world, join=True)
-            ranks[f"{plugin}/{world}"] = json.loads(Path(out).read_text())
-            os.unlink(out)
+            ranks[f"{plugin}/{world}"] = spawn_gather(_worker, world, plugin, tiny)
     unsharded = ranks["ddp/1"][0]["total"]
     summary = {}
     for key, per_rank in ranks.items():
@@ -119,7 +98,7 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
         "per_rank": ranks,
         "summary": summary,
     }
-    common.write_result("fsdp_memory", result)
+    results.write_result("fsdp_memory", result)
     return result
 
 
@@ -136,4 +115,4 @@ def show(result: dict) -> None:
 
 
 if __name__ == "__main__":
-    common.cli(run, __doc__, show)
+    results.cli(run, __doc__, show)

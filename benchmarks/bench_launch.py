@@ -1,17 +1,20 @@
-"""srun vs colossalai run: the demo recipe on 2 processes sharing the same cores (issue 16).
+"""srun vs colossalai run: the demo recipe on 2 processes sharing the same cores.
+
+Question: Does ``srun`` start training as fast as ``colossalai run`` on the same cores?
+Goal: srun within 10% of colossalai run (``srun_vs_colossalai`` or ``srun_vs_colossalai_cpu``).
 
 Run (root, a local Slurm cluster; brings up the single-node one with scripts/slurm/local_cluster.sh
 when none is up, and stops it again): ``python -m benchmarks.bench_launch [--quick]``. Writes
-``benchmarks/results/launch.json``. Not part of ``benchmarks.run`` (it needs root and Slurm).
+``benchmarks/results/launch.json``. Not in the suite of ``benchmarks.run`` (it needs root and Slurm; ``--only launch`` runs it).
 
 Contenders, each ``train.py --config recipes/demo_digits.py`` for ``steps`` optimizer steps on one node:
 
 - ``srun``: ``srun -N 1 -n 2`` as a user types it, with no OMP_NUM_THREADS and no --cpus-per-task
-  (the issue's case): vitlarge.distributed.launch sizes each task's pools to usable cores / tasks on the node.
+  (a user's first try): vitlarge.distributed.launch sizes each task's pools to usable cores / tasks on the node.
 - ``colossalai``: ``colossalai run --nproc_per_node 2`` (torchrun exports OMP_NUM_THREADS=1).
 - ``srun_full_pools`` (not with ``--quick``): ``srun`` with OMP_NUM_THREADS set to the node's core count,
   which is what every task ran before vitlarge sized its pools (PyTorch's default pool is the physical
-  cores). On the loaded 2-core machine of issue 16 one such run trained at ~7 images/s.
+  cores). On a loaded 2-core machine one such run trained at ~7 images/s.
 
 Images/s of a run is the median over its steps after the first two (startup is not training) of the
 train records' ``images_per_s``; images per CPU-second divides the images of those steps by the CPU
@@ -31,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
+from benchmarks.harness import results, timing  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
 from vitlarge.distributed import launcher
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,7 +44,7 @@ GLOBAL_BATCH = 128  # recipes/demo_digits.py
 
 def _env(**extra: str) -> dict:
     """The caller's environment as a user's shell has it, plus ``extra``."""
-    # As a user's shell has it: common.py set OMP_WAIT_POLICY for the in-process benchmarks, not for these.
+    # As a user's shell has it: benchmarks.harness set OMP_WAIT_POLICY for the in-process benchmarks, not for these.
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     return {**env, "PYTHONUNBUFFERED": "1", **extra}
@@ -123,7 +126,7 @@ def _contender(cmd_prefix: list[str], env: dict, args: list[str], steps: int, tm
 
 
 def run(quick: bool = True, tiny: bool = False) -> dict:
-    tiny = common.is_tiny(tiny)
+    tiny = results.is_tiny(tiny)
     steps = 4 if tiny else 12 if quick else 24
     repeats = 1 if tiny else 3
     up = subprocess.run(
@@ -156,14 +159,14 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
                 contenders["srun_full_pools"] = _contender(
                     srun, _env(OMP_NUM_THREADS=str(cores)), args, steps, tmp, "srun_full"
                 )
-            # common.interleaved's rotation; its slots hold each run's images/s ("wall_s") and images per
+            # timing.interleaved's rotation; its slots hold each run's images/s ("wall_s") and images per
             # CPU-second ("cpu_s") here.
-            raw = common.interleaved(contenders, repeats)
+            raw = timing.interleaved_wall_cpu(contenders, repeats)
     finally:
         if started:
             subprocess.run([str(CLUSTER), "down"], capture_output=True)
-    images = {n: common.summary(v["wall_s"], 1) for n, v in raw.items()}
-    per_cpu = {n: common.summary(v["cpu_s"], 2) for n, v in raw.items()}
+    images = {n: timing.summary(v["wall_s"], 1) for n, v in raw.items()}
+    per_cpu = {n: timing.summary(v["cpu_s"], 2) for n, v in raw.items()}
     ratio = images["srun"]["median"] / images["colossalai"]["median"]
     ratio_cpu = per_cpu["srun"]["median"] / per_cpu["colossalai"]["median"]
     result = {
@@ -179,9 +182,9 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
         "met": max(ratio, ratio_cpu) >= 0.9,
     }
     if not tiny:
-        common.write_result("launch", result)
+        results.write_result("launch", result)
     return result
 
 
 if __name__ == "__main__":
-    common.cli(run, __doc__)
+    results.cli(run, __doc__)

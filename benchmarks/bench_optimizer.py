@@ -1,5 +1,9 @@
 """Optimizer step time on ViT-B/16's parameters: our LAMB vs Colossal-AI's, timm's, AdamW.
 
+Question: Is vitlarge's LAMB step faster than Colossal-AI's (and timm's, and AdamW's) on the same
+parameters?
+Goal: ``results.vitlarge_lamb.speedup_vs_colossalai`` (or the CPU-time one) >= 3.
+
 Run: ``python -m benchmarks.bench_optimizer [--quick]`` (CPU, fp32, 2 threads, ~6 GB RAM;
 ~1-2 min on an idle machine).
 Writes ``benchmarks/results/optimizer.json``. All optimizers run in one process on the same
@@ -11,11 +15,10 @@ Goal: ours >= 3x faster than ``colossalai.nn.optimizer.Lamb`` on CPU.
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 
-from benchmarks import common
+from benchmarks.harness import results, timing
 
 LR, WEIGHT_DECAY = 1e-3, 0.05
 
@@ -43,7 +46,7 @@ def run(quick: bool, tiny: bool = False) -> dict:
     torch.set_num_threads(2)
     torch.manual_seed(0)
     repeats = 3 if quick else 7
-    shrink = dict(depth=1, embed_dim=32, num_heads=2, img_size=32) if common.is_tiny(tiny) else {}  # smoke test
+    shrink = dict(depth=1, embed_dim=32, num_heads=2, img_size=32) if results.is_tiny(tiny) else {}  # smoke test
     model = timm.create_model("vit_base_patch16_224", pretrained=False, **shrink)
     params = [p for p in model.parameters() if p.requires_grad]
     grads = [torch.randn_like(p) * 1e-3 for p in params]  # shared: no optimizer writes to grads
@@ -57,15 +60,10 @@ def run(quick: bool, tiny: bool = False) -> dict:
         optimizers[name].step()  # warm-up: allocates state and scratch, first-touch page faults
     # Round-robin, so load from other processes on a shared machine hits every optimizer alike.
     # CPU time (both threads) is recorded too: on a shared machine it is steadier than wall time.
-    wall = {name: [] for name in optimizers}
-    cpu = {name: [] for name in optimizers}
-    for _ in range(repeats):
-        for name, opt in optimizers.items():
-            t0, c0 = time.perf_counter(), time.process_time()
-            opt.step()
-            wall[name].append((time.perf_counter() - t0) * 1e3)
-            cpu[name].append((time.process_time() - c0) * 1e3)
-    results = {
+    times = timing.interleaved_wall_cpu({n: (lambda o=o: timing.timed(o.step)) for n, o in optimizers.items()}, repeats)
+    wall = {n: [w * 1e3 for w in t["wall_s"]] for n, t in times.items()}
+    cpu = {n: [c * 1e3 for c in t["cpu_s"]] for n, t in times.items()}
+    per_optimizer = {
         name: {
             "median_ms": round(statistics.median(wall[name]), 2),
             "median_cpu_ms": round(statistics.median(cpu[name]), 2),
@@ -73,8 +71,8 @@ def run(quick: bool, tiny: bool = False) -> dict:
         }
         for name in optimizers
     }
-    colossal = results["colossalai_lamb"]
-    for r in results.values():
+    colossal = per_optimizer["colossalai_lamb"]
+    for r in per_optimizer.values():
         r["speedup_vs_colossalai"] = round(colossal["median_ms"] / r["median_ms"], 2)
         r["cpu_speedup_vs_colossalai"] = round(colossal["median_cpu_ms"] / r["median_cpu_ms"], 2)
     report = {
@@ -82,9 +80,9 @@ def run(quick: bool, tiny: bool = False) -> dict:
         "num_params": sum(p.numel() for p in params),
         "num_tensors": len(params),
         "repeats": repeats,
-        "results": results,
+        "results": per_optimizer,
     }
-    common.write_result("optimizer", report)
+    results.write_result("optimizer", report)
     return report
 
 
@@ -95,8 +93,8 @@ def show(report: dict) -> None:
             f"{r['speedup_vs_colossalai']:5.2f}x ({r['cpu_speedup_vs_colossalai']:5.2f}x CPU) "
             "vs colossalai"
         )
-    print(f"wrote {common.results_dir() / 'optimizer.json'}")
+    print(f"wrote {results.results_dir() / 'optimizer.json'}")
 
 
 if __name__ == "__main__":
-    common.cli(run, __doc__, show)
+    results.cli(run, __doc__, show)

@@ -1,5 +1,9 @@
 """Step time by precision on this CPU: fp32 vs bf16 vs fp16 autocast, through vitlarge's Engine.
 
+Question: Which autocast dtype trains fastest on this CPU (what should ``train.precision=auto``
+pick)?
+Goal: no target: the figure is ``speed_vs_fp32`` (and ``speed_vs_fp32_cpu``) per contender.
+
 Run: ``python -m benchmarks.bench_precision [--quick]`` (CPU, 2 threads, ~2-3 min quick on an idle
 machine). Writes ``benchmarks/results/precision.json``.
 
@@ -19,8 +23,9 @@ import json
 
 import torch
 
-from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
-from benchmarks.bench_train import bench_config, build_engine, make_batches
+from benchmarks.bench_train import bench_config
+from benchmarks.harness import results, timing
+from benchmarks.harness.loop import build_engine, engine_stepper, make_batches, single_process
 
 CONTENDERS = {  # name -> (train.precision, patch-embedding conv as vitlarge builds it)
     "fp32": ("fp32", True),
@@ -38,10 +43,8 @@ def _plain_conv(engine) -> None:
 
 
 def run(quick: bool = True, tiny: bool = False) -> dict:
-    tiny = common.is_tiny(tiny)
-    threads = common.threads(tiny)
-    torch.set_num_threads(threads)
-    common.init_single_process_group()
+    tiny = results.is_tiny(tiny)
+    threads = single_process(tiny)
     repeats, steps = (1, 1) if tiny else (3, 1) if quick else (5, 3)
     engines, batches = {}, None
     for name, (precision, as_built) in CONTENDERS.items():
@@ -51,53 +54,28 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
         if not as_built:
             _plain_conv(engines[name])
 
-    def timed(name: str):
-        engine = engines[name]
-
-        def go():
-            for _ in range(steps):
-                engine._bench_step = getattr(engine, "_bench_step", 0) + 1
-                it = iter(batches)
-                engine.step(engine._bench_step, lambda: next(it))
-
-        w, c = common.timed(go)
-        return w / steps, c / steps
-
-    for name in engines:  # warm-up: optimizer state, oneDNN primitive caches
-        timed(name)
-    times = common.interleaved({name: (lambda n=name: timed(n)) for name in engines}, repeats)
+    steppers = {name: engine_stepper(engine, batches) for name, engine in engines.items()}
+    for step in steppers.values():  # warm-up: optimizer state, oneDNN primitive caches
+        timing.per_step(step, steps)
+    times = timing.interleaved_wall_cpu(
+        {n: (lambda s=s: timing.per_step(s, steps)) for n, s in steppers.items()}, repeats
+    )
     micro = bench_config(tiny).train.micro_batch
-    res = {}
-    for name, t in times.items():
-        w, c = common.median(t["wall_s"]), common.median(t["cpu_s"])
-        res[name] = {
-            "step_s": common.summary(t["wall_s"]),
-            "cpu_s_per_step": common.summary(t["cpu_s"]),
-            "images_per_s": round(micro / w, 2),
-            "images_per_s_cpu": round(micro / (c / threads), 2),
-        }
+    res = timing.images_per_s(times, micro, threads)
     for r in res.values():
         r["speed_vs_fp32"] = round(r["images_per_s"] / res["fp32"]["images_per_s"], 3)
         r["speed_vs_fp32_cpu"] = round(r["images_per_s_cpu"] / res["fp32"]["images_per_s_cpu"], 3)
     cfg = bench_config(tiny)
     result = {
         "benchmark": "precision: step time by autocast dtype, CPU",
-        "model": cfg.model.name,
-        "model_kwargs": cfg.model.kwargs,
-        "image_size": cfg.data.image_size,
-        "micro_batch": micro,
-        "tiny": tiny,
-        "quick": quick,
-        "rounds": repeats,
-        "steps_per_round": steps,
-        "threads": threads,
+        **results.describe(cfg, tiny, quick, repeats, steps, threads, precision=False),
         "contenders": {
             k: {"precision": p, "patch_conv": "as built" if b else "Conv2d under autocast"}
             for k, (p, b) in CONTENDERS.items()
         },
         "results": res,
     }
-    common.write_result("precision", result)
+    results.write_result("precision", result)
     return result
 
 
@@ -114,4 +92,4 @@ def show(r: dict) -> None:
 
 
 if __name__ == "__main__":
-    common.cli(run, __doc__, show)
+    results.cli(run, __doc__, show)

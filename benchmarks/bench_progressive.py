@@ -1,5 +1,8 @@
 """Progressive resolution vs fixed resolution on the digits demo, and fine-tuning its export at 24 px.
 
+Question: Does progressive resolution reach fixed resolution's accuracy in less time?
+Goal: progressive >= 97% top-1, within 0.5 point of fixed, and a shorter ``train_s``.
+
 Run: ``python -m benchmarks.bench_progressive [--rounds 2]`` (2 CPU processes through
 ``colossalai run``, OMP_NUM_THREADS=1; ~3 min per training run on an idle 2-core machine). Writes
 ``benchmarks/results/progressive.json`` and ``docs/img/progressive.png``.
@@ -9,7 +12,7 @@ full 60-epoch schedules, the same command line otherwise, so load from other pro
 machine hits both alike. Reported per run: final top-1, the wall time of the whole command and the
 training time (sum of the step times in metrics.jsonl). Then ``recipes/demo_digits_ft24.py`` fine-tunes
 the first fixed run's export at 24 px: top-1 after each epoch. Goals (docs/PROGRESSIVE.md): progressive
->= 97% top-1, within 0.5 point of fixed, and faster. Not part of ``benchmarks/run.py``: it trains
+>= 97% top-1, within 0.5 point of fixed, and faster. Not run by ``benchmarks.run`` (listed there): it trains
 whole schedules, which the benchmark smoke test cannot afford.
 """
 
@@ -23,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import common
+from benchmarks.harness import results
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = str(Path(sys.executable).parent)
@@ -112,7 +115,7 @@ def main() -> None:
     ft = train("recipes/demo_digits_ft24.py", root / "ft24", f"model.init_from={root / 'demo_digits_0' / 'model'}")
     print(json.dumps(ft), flush=True)
     result = dict(runs=runs, finetune=ft)
-    out = common.write_result("progressive", result)
+    out = results.write_result("progressive", result)
     plot(result, ROOT / "docs" / "img" / "progressive.png")
     print(f"wrote {out} and docs/img/progressive.png")
 

@@ -1,4 +1,8 @@
-"""How much one training epoch's order resembles the previous one: before and after issue 10.
+"""How much one training epoch's order resembles the previous one: before and after each rank read every file.
+
+Question: How much does one training epoch's order resemble the previous one's?
+Goal: no target: the figures are ``before`` and ``after`` (``epoch_order_stats``), quoted in
+docs/DATA.md.
 
     python -m benchmarks.bench_shuffle             # 4 ranks, ImageNet-shaped: 1,281,167 records, 1,024 shards
     python -m benchmarks.bench_shuffle --records 64000 --shards 64 --ranks 1
@@ -116,15 +120,15 @@ def reader_streams(
 
 
 def run(quick: bool, tiny: bool = False) -> dict:
-    """common.py's contract: ImageNet-shaped (4 ranks); quick: 64,000 records, 64 shards, 1 rank; tiny: a smoke test."""
-    from benchmarks import common
+    """benchmarks.harness.results' contract: ImageNet-shaped (4 ranks); quick: 64,000 records, 64 shards, 1 rank; tiny: a smoke test."""
+    from benchmarks.harness import results
 
-    if common.is_tiny(tiny):
+    if results.is_tiny(tiny):
         sizes = (2000, 8, 2)
     else:
         sizes = (64000, 64, 1) if quick else (IMAGENET_TRAIN_EXAMPLES, 1024, 4)
     result = measure(*sizes, workdir=os.environ.get("TMPDIR"))
-    common.write_result("shuffle", result)
+    results.write_result("shuffle", result)
     return result
 
 
@@ -151,9 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     result = measure(a.records, a.shards, a.ranks, workdir=os.environ.get("TMPDIR"))
     if not a.no_write:
-        from benchmarks import common
+        from benchmarks.harness import results
 
-        print(common.write_result("shuffle", result), file=sys.stderr)
+        print(results.write_result("shuffle", result), file=sys.stderr)
     return 0
 
 

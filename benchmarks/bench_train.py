@@ -1,5 +1,9 @@
 """Training-loop overhead and MFU on the CPU: train.py's steps vs a bare PyTorch loop.
 
+Question: What does train.py's loop cost over a bare PyTorch loop, and how much of the CPU's matmul
+rate does a step use?
+Goal: ``speed_vs_bare`` (or ``speed_vs_bare_cpu``) >= 0.97 and ``mfu.mfu_vs_bf16_matmul`` >= 0.30.
+
 Run: ``python -m benchmarks.bench_train [--quick]`` (CPU, 2 threads, ~2-4 min quick on an idle
 machine). Writes ``benchmarks/results/train.json``.
 
@@ -29,32 +33,20 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 
-from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
+from benchmarks.harness import results, timing  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
+from benchmarks.harness.loop import (
+    BareLoop,
+    InMemoryLoader,
+    build_engine,
+    make_batches,
+    single_process,
+    vitlarge_optimizer,
+)
+from benchmarks.harness.recipe import bench_config as recipe_config
 from vitlarge.events import Hook
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-class InMemoryLoader:
-    """A train loader over pre-made batches, cycling; has what the Trainer uses (``next``, ``state``)."""
-
-    def __init__(self, batches: list):
-        self.batches, self.i = batches, 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        batch = self.batches[self.i % len(self.batches)]
-        self.i += 1
-        return batch
-
-    def state(self) -> str:
-        return json.dumps({"i": self.i})
 
 
 class StopBench(Exception):
@@ -81,40 +73,26 @@ class StepTimer(Hook):
 
 def bench_config(tiny: bool, precision: str = "bf16", micro_batch: int = 32, image_size: int = 96):
     """The 32K recipe with a CPU-sized model: ViT-S/16 at 96 px (37 tokens), accumulation 1, no Mixup."""
-    from vitlarge.config.load import load_recipe, validate
     from vitlarge.constants import IMAGENET_TRAIN_EXAMPLES
 
-    cfg = load_recipe(ROOT / "recipes" / "vit_b16.py")
-    cfg.model.name = "vit_small_patch16_224"
-    cfg.data.image_size = image_size
+    over = {"model.name": "vit_small_patch16_224", "data.image_size": image_size}
     if tiny:
-        cfg.model.kwargs = dict(depth=2, embed_dim=64, num_heads=2)
-        cfg.data.image_size, micro_batch = 32, 4
-    cfg.augment.mixup_alpha = 0.0  # Mixup is the same timm call on either side; leave it out of both
-    cfg.train.precision = precision
-    cfg.train.global_batch = cfg.train.micro_batch = micro_batch
-    cfg.train.eval_every_epochs = 0
-    cfg.train.checkpoint_every_steps = 10**9
-    cfg.data.num_train_examples = IMAGENET_TRAIN_EXAMPLES
-    validate(cfg, "bench_train")
-    return cfg
-
-
-def make_batches(cfg, n: int = 4, seed: int = 0) -> list:
-    g = torch.Generator().manual_seed(seed)
-    s, b = cfg.data.image_size, cfg.train.micro_batch
-    return [
-        (torch.randn(b, 3, s, s, generator=g), torch.randint(0, cfg.data.num_classes, (b,), generator=g))
-        for _ in range(n)
-    ]
-
-
-def build_engine(cfg, world_size: int = 1):
-    """The engine exactly as train.py builds it (`vitlarge.train.assemble.build`; process group already up)."""
-    from vitlarge.plan.plan import make_plan
-    from vitlarge.train.assemble import build
-
-    return build(cfg, make_plan(cfg, world_size, cfg.data.num_train_examples), "cpu").engine
+        over |= {"model.kwargs": dict(depth=2, embed_dim=64, num_heads=2), "data.image_size": 32}
+        micro_batch = 4
+    return recipe_config(
+        "vit_b16",
+        over
+        | {
+            "augment.mixup_alpha": 0.0,  # Mixup is the same timm call on either side; leave it out of both
+            "train.precision": precision,
+            "train.global_batch": micro_batch,
+            "train.micro_batch": micro_batch,
+            "train.eval_every_epochs": 0,
+            "train.checkpoint_every_steps": 10**9,
+            "data.num_train_examples": IMAGENET_TRAIN_EXAMPLES,
+        },
+        check="bench_train",
+    )
 
 
 def build_trainer(cfg, batches: list, workdir: str, timer: StepTimer):
@@ -145,46 +123,9 @@ class OnePhase:
         return self.train, []
 
 
-class BareLoop:
-    """What a user would write: autocast, GradScaler, clip_grad_norm_, step; no DDP, no schedule."""
-
-    def __init__(self, cfg, batches: list):
-        from vitlarge.model.precision import DTYPES
-        from vitlarge.model.vit import build_model
-        from vitlarge.optim.lamb import build_optimizer
-
-        torch.manual_seed(cfg.train.seed)
-        self.model = build_model(cfg, "cpu")
-        self.opt = build_optimizer(
-            self.model,
-            cfg.optim.name,
-            lr=cfg.optim.lr,
-            weight_decay=cfg.optim.weight_decay,
-            betas=tuple(cfg.optim.betas),
-            eps=cfg.optim.eps,
-        )
-        self.dtype = DTYPES[cfg.train.precision]
-        self.scaler = torch.amp.GradScaler("cpu", enabled=cfg.train.precision == "fp16")
-        self.clip = cfg.optim.clip_grad_norm
-        self.loader = InMemoryLoader(batches)
-
-    def step(self) -> float:
-        images, labels = next(self.loader)
-        self.model.train()
-        with torch.autocast("cpu", dtype=self.dtype, enabled=self.dtype != torch.float32):
-            logits = self.model(images)
-        loss = torch.nn.functional.cross_entropy(logits.float(), labels)
-        self.scaler.scale(loss).backward()
-        self.scaler.unscale_(self.opt)
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
-        self.scaler.step(self.opt)
-        self.scaler.update()
-        self.opt.zero_grad(set_to_none=True)
-        return loss.item()
-
-    def timed_steps(self, steps: int) -> tuple[float, float]:
-        w, c = common.timed(lambda: [self.step() for _ in range(steps)])
-        return w / steps, c / steps
+def bare_steps(bare: BareLoop, steps: int) -> tuple[float, float]:
+    """Per-step (wall, CPU) seconds of ``steps`` bare steps, each reading its loss as a user's loop would."""
+    return timing.per_step(lambda: bare.step().item(), steps)
 
 
 def run_trainer_steps(trainer, timer: StepTimer, steps: int) -> tuple[float, float]:
@@ -225,23 +166,6 @@ def train_flops(model, images, labels, dtype) -> dict:
     return {"train": counter.get_total_flops(), "forward": fwd, "by_op": by_op}
 
 
-def matmul_peak(n: int, dtype, repeats: int) -> dict:
-    """FLOP/s of an n x n x n torch.matmul (wall and per CPU-second x threads), median of repeats."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    torch.matmul(a, b)
-    wall, cpu = [], []
-    for _ in range(repeats):
-        w, c = common.timed(lambda: torch.matmul(a, b))
-        wall.append(w)
-        cpu.append(c)
-    flops = 2 * n**3
-    return {
-        "n": n,
-        "flops_per_s": flops / common.median(wall),
-        "flops_per_cpu_s_x_threads": flops / common.median(cpu) * torch.get_num_threads(),
-    }
-
-
 def profile_breakdown(bare: BareLoop) -> dict:
     """Self time of one bare step by op category (fractions of the step), from torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
@@ -262,32 +186,22 @@ def profile_breakdown(bare: BareLoop) -> dict:
 
 
 def run(quick: bool = True, tiny: bool = False) -> dict:
-    tiny = common.is_tiny(tiny)
-    threads = common.threads(tiny)
-    torch.set_num_threads(threads)
-    common.init_single_process_group()
+    tiny = results.is_tiny(tiny)
+    threads = single_process(tiny)
     repeats, steps = (1, 1) if tiny else (3, 2) if quick else (5, 4)
     cfg = bench_config(tiny)
     batches = make_batches(cfg)
     workdir = tempfile.mkdtemp(prefix="vitlarge-bench-train-")
     timer = StepTimer(1)
     trainer = build_trainer(cfg, batches, workdir, timer)
-    bare = BareLoop(cfg, batches)
+    bare = BareLoop(cfg, "cpu", vitlarge_optimizer, batches)
     run_trainer_steps(trainer, timer, 1)  # warm-up: optimizer state, allocator, first-touch pages
-    bare.timed_steps(1)
-    times = common.interleaved(
-        {"vitlarge": lambda: run_trainer_steps(trainer, timer, steps), "bare": lambda: bare.timed_steps(steps)}, repeats
+    bare_steps(bare, 1)
+    times = timing.interleaved_wall_cpu(
+        {"vitlarge": lambda: run_trainer_steps(trainer, timer, steps), "bare": lambda: bare_steps(bare, steps)}, repeats
     )
     micro = cfg.train.micro_batch
-    res = {}
-    for name, t in times.items():
-        w, c = common.median(t["wall_s"]), common.median(t["cpu_s"])
-        res[name] = {
-            "step_s": common.summary(t["wall_s"]),
-            "cpu_s_per_step": common.summary(t["cpu_s"]),
-            "images_per_s": round(micro / w, 2),
-            "images_per_s_cpu": round(micro / (c / threads), 2),
-        }
+    res = timing.images_per_s(times, micro, threads)
     speed = res["vitlarge"]["images_per_s"] / res["bare"]["images_per_s"]
     speed_cpu = res["vitlarge"]["images_per_s_cpu"] / res["bare"]["images_per_s_cpu"]
 
@@ -297,13 +211,13 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
     n = 256 if tiny else 2048 if quick else 4096
     peaks = {"bf16": [], "fp32": []}
     for _ in range(1 if tiny else 3):  # alternate so both see the same load
-        peaks["bf16"].append(matmul_peak(n, torch.bfloat16, 3))
-        peaks["fp32"].append(matmul_peak(n, torch.float32, 3))
+        peaks["bf16"].append(timing.matmul_peak(n, torch.bfloat16, 3))
+        peaks["fp32"].append(timing.matmul_peak(n, torch.float32, 3))
     peak = {
         k: {
             "n": n,
-            "flops_per_s": common.median([p["flops_per_s"] for p in v]),
-            "flops_per_cpu_s_x_threads": common.median([p["flops_per_cpu_s_x_threads"] for p in v]),
+            "flops_per_s": timing.median([p["flops_per_s"] for p in v]),
+            "flops_per_cpu_s_x_threads": timing.median([p["flops_per_cpu_s_x_threads"] for p in v]),
         }
         for k, v in peaks.items()
     }
@@ -333,23 +247,14 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
     }
     result = {
         "benchmark": "train loop: train.py (Engine + Booster DDP + Trainer) vs bare PyTorch",
-        "model": cfg.model.name,
-        "model_kwargs": cfg.model.kwargs,
-        "image_size": cfg.data.image_size,
-        "micro_batch": micro,
-        "precision": cfg.train.precision,
-        "tiny": tiny,
-        "quick": quick,
-        "rounds": repeats,
-        "steps_per_round": steps,
-        "threads": threads,
+        **results.describe(cfg, tiny, quick, repeats, steps, threads, precision=True),
         "results": res,
         "speed_vs_bare": round(speed, 3),
         "speed_vs_bare_cpu": round(speed_cpu, 3),
         "goal": "vitlarge >= 0.97x bare images/s; MFU >= 30% of bf16 matmul FLOP/s",
         "mfu": mfu,
     }
-    common.write_result("train", result)
+    results.write_result("train", result)
     return result
 
 
@@ -368,4 +273,4 @@ def show(r: dict) -> None:
 
 
 if __name__ == "__main__":
-    common.cli(run, __doc__, show)
+    results.cli(run, __doc__, show)

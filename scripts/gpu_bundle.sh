@@ -5,8 +5,8 @@
 #     scripts/gpu_bundle.sh /tmp/vitlarge-gpu            # here (about 1 MiB; refused over 64 MiB)
 #     cd /tmp/vitlarge-gpu && python -m benchmarks.gpu --out results    # there
 #
-# What travels: the Python sources of vitlarge/, benchmarks/ and recipes/ (the kit builds the models
-# from the recipes). Not the benchmark results, not data, not the venv. Colossal-AI travels separately,
+# What travels: the Python sources of vitlarge/, the kit (benchmarks/gpu/) and the harness it shares
+# with the CPU benchmarks (benchmarks/harness/), and recipes/ (the kit builds the models from them). Not the benchmark results, not data, not the venv. Colossal-AI travels separately,
 # as wheels (scripts/gpu_wheels.sh, about 60 MiB); without them the kit takes its plain
 # single-device path and says so in its output.
 set -euo pipefail
@@ -20,7 +20,8 @@ if [ -e "$dest" ] && [ -n "$(ls -A "$dest" 2>/dev/null)" ]; then
     exit 2
 fi
 mkdir -p "$dest"
-(cd "$root" && find vitlarge benchmarks recipes -name '*.py' -not -path '*/__pycache__/*' -print0 \
+(cd "$root" && find vitlarge benchmarks/__init__.py benchmarks/gpu benchmarks/harness recipes -name '*.py' \
+    -not -path '*/__pycache__/*' -print0 \
     | tar --null -cf - -T -) | tar -xf - -C "$dest"
 cat > "$dest/README.txt" <<'TXT'
 vitlarge GPU measurement kit (made by scripts/gpu_bundle.sh). Needs python with torch, timm, numpy.

@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from benchmarks import report
+from benchmarks.report import performance as report
 
 
 def _positive(x) -> bool:

@@ -114,7 +114,7 @@ def test_compiled_losses_follow_eager_over_300_steps():
     EPYC (AVX2): 2.4e-7 apart at most (the loss falls from 2.3 to 6e-4); the tolerance, 1e-4, leaves
     400x for other vector widths (AVX-512 reduces in other orders) and is still 20,000x below the
     loss's own change over the run."""
-    from benchmarks.gpu_train import PlainBooster
+    from benchmarks.gpu.train import PlainBooster
 
     images, labels = synthetic_digits(512, 16)
     losses = {}

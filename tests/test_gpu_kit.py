@@ -1,4 +1,4 @@
-"""The GPU measurement kit (benchmarks/gpu.py) and its bundle (scripts/gpu_bundle.sh), on CPU.
+"""The GPU measurement kit (benchmarks/gpu/) and its bundle (scripts/gpu_bundle.sh), on CPU.
 
 Two runs of ``--device cpu --tiny`` in subprocesses, reused by every assertion:
 - from the bundle, with cwd = the bundle and no PYTHONPATH, with Colossal-AI, DALI, TFRecord and
@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import gpu_device, gpu_report
+from benchmarks.gpu import device as gpu_device
+from benchmarks.gpu import report as gpu_report
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCKED = "colossalai,nvidia.dali,tfrecord,crc32c"
@@ -80,7 +81,7 @@ def booster_run(tmp_path_factory):
     import io
     from unittest import mock
 
-    from benchmarks import gpu
+    from benchmarks.gpu import kit as gpu
 
     real = gpu.large_section
 
@@ -112,7 +113,7 @@ def test_bundle_is_small_and_runs_without_colossalai_dali_tfrecord_crc32c(bundle
     bundle, out, r, stdout = bundle_run
     size = sum(f.stat().st_size for f in bundle.rglob("*") if f.is_file())
     assert size < 64 * 2**20
-    assert (bundle / "benchmarks" / "gpu.py").is_file() and (bundle / "recipes" / "vit_h14.py").is_file()
+    assert (bundle / "benchmarks" / "gpu" / "__main__.py").is_file() and (bundle / "recipes" / "vit_h14.py").is_file()
     assert not list(bundle.rglob("*.json")), "results or data travelled with the bundle"
     assert r["path"] == "plain" and "Colossal-AI does not import" in r["path_why"]
     assert "path plain" in stdout
@@ -166,9 +167,9 @@ def test_module_load_imports_nothing_heavy_and_no_cuda_is_one_line_exit_2(tmp_pa
     """One process: importing the kit loads no Colossal-AI/DALI/TFRecord/crc32c; then, without a GPU,
     the default ``--device cuda`` is refused in one line, exit 2, nothing written."""
     code = (
-        "import sys, json, benchmarks.gpu, benchmarks.gpu_train, benchmarks.gpu_optim, benchmarks.gpu_report; "
+        "import sys, json, benchmarks.gpu.kit, benchmarks.gpu.train, benchmarks.gpu.optim, benchmarks.gpu.report; "
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('colossalai', 'tfrecord', 'crc32c') "
-        f"or m.startswith('nvidia.dali'))), flush=True); sys.exit(benchmarks.gpu.main(['--out', {str(tmp_path)!r}]))"
+        f"or m.startswith('nvidia.dali'))), flush=True); sys.exit(benchmarks.gpu.kit.main(['--out', {str(tmp_path)!r}]))"
     )
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True)
     assert json.loads(p.stdout.strip().splitlines()[0]) == []
@@ -183,7 +184,7 @@ def test_cuda_device_gets_its_index_as_set_device_needs():
     """Bare ``cuda`` (the default) had no index, and torch.cuda.set_device refused it (ValueError)."""
     from torch.cuda._utils import _get_device_index  # what torch.cuda.set_device calls
 
-    from benchmarks.gpu import pick_device
+    from benchmarks.gpu.kit import pick_device
     from vitlarge.errors import UserError
 
     torch = gpu_device.torch
@@ -233,7 +234,7 @@ def test_profiler_counts_every_launch_name_the_syncs_and_not_a_silent_zero():
     """Launch calls are named differently across CUDA/CUPTI versions; an ``.item()`` in the step is a
     DtoH copy plus a stream synchronize; calls outside the steps' window (the profiler's own closing
     synchronize) do not count; no kernel recorded means not measured (None), not 0."""
-    from benchmarks.gpu_optim import MARK, count_events
+    from benchmarks.gpu.optim import MARK, count_events
 
     launch_names = [
         "cudaLaunchKernel",
@@ -271,10 +272,11 @@ def test_profiler_counts_every_launch_name_the_syncs_and_not_a_silent_zero():
 def test_bare_loop_counts_the_steps_the_fp16_scaler_skips():
     """A step with non-finite gradients does no update (and is cheaper): the bare loop must count it,
     as the engine does, without a host read in the step."""
-    from benchmarks.gpu_train import BareLoop, kit_config
+    from benchmarks.gpu.train import kit_config
+    from benchmarks.harness.loop import BareLoop, timm_lamb
 
     torch = gpu_device.torch
-    loop = BareLoop(kit_config("vit_b16", "fp16", 2, 2, tiny=True), torch.device("cpu"))
+    loop = BareLoop(kit_config("vit_b16", "fp16", 2, 2, tiny=True), torch.device("cpu"), timm_lamb)
     loop.step()
     clean = loop.skipped
     images, labels = loop.batch
@@ -284,17 +286,18 @@ def test_bare_loop_counts_the_steps_the_fp16_scaler_skips():
     loop.batch = (images, labels)
     loop.step()
     assert loop.skipped == clean + 1 and loop.steps == 3
-    assert BareLoop(kit_config("vit_b16", "bf16", 2, 2, tiny=True), torch.device("cpu")).skipped == 0
+    assert BareLoop(kit_config("vit_b16", "bf16", 2, 2, tiny=True), torch.device("cpu"), timm_lamb).skipped == 0
 
 
 def test_bare_loop_uses_the_same_no_decay_names_and_clip_off_at_zero():
-    from benchmarks.gpu_train import BareLoop, kit_config
+    from benchmarks.gpu.train import kit_config
+    from benchmarks.harness.loop import BareLoop, timm_lamb
     from vitlarge.optim.lamb import param_groups
 
     torch = gpu_device.torch
     cfg = kit_config("vit_b16", "bf16", 2, 1, tiny=True)
     cfg.optim.clip_grad_norm = 0.0
-    loop = BareLoop(cfg, torch.device("cpu"))
+    loop = BareLoop(cfg, torch.device("cpu"), timm_lamb)
     ours = param_groups(loop.model, cfg.optim.weight_decay)
     theirs = loop.opt.param_groups
 
@@ -303,7 +306,7 @@ def test_bare_loop_uses_the_same_no_decay_names_and_clip_off_at_zero():
 
     assert no_decay(theirs) == no_decay(ours) and id(loop.model.pos_embed) in no_decay(theirs)
     cfg.optim.clip_grad_norm = 1e30  # never reached: no clipping
-    unclipped = BareLoop(cfg, torch.device("cpu"))  # same seed, same batch
+    unclipped = BareLoop(cfg, torch.device("cpu"), timm_lamb)  # same seed, same batch
     for run in (loop, unclipped):  # the same dropout masks
         torch.manual_seed(0)
         run.step()  # clip 0 = off, as in the engine (clip_grad_norm_(.., 0) would zero the gradients)
@@ -342,8 +345,8 @@ class _FitsUpTo:
 
 @pytest.mark.parametrize("limit,expected", [(200, 192), (12, 12), (5, 5), (4096, 1024), (0, 0)])
 def test_largest_fit_doubles_then_bisects_and_goes_down_from_a_failed_start(limit, expected):
-    from benchmarks.gpu import largest_fit
-    from benchmarks.gpu_train import kit_config
+    from benchmarks.gpu.kit import largest_fit
+    from benchmarks.gpu.train import kit_config
 
     cfg = kit_config("vit_l16", "bf16", 4, 1, tiny=True)
     run = _FitsUpTo(limit)

@@ -16,7 +16,7 @@ The rules of how the parts combine live here and nowhere else:
   autocast and the loss scaler is sharded (`vitlarge.model.precision.Precision`, ``sharded``).
 
 The process group must be up before `build` (the Booster wraps the model in DDP). A caller on a
-machine without Colossal-AI (the GPU measurement kit, benchmarks/gpu.py) passes its own single-device
+machine without Colossal-AI (the GPU measurement kit, benchmarks/gpu/) passes its own single-device
 ``booster`` instead; everything else is combined exactly as for train.py.
 """
 

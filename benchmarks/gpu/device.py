@@ -1,9 +1,8 @@
-"""The device side of the GPU kit (benchmarks/gpu.py): timing, memory, out-of-memory, peak FLOP/s.
+"""The device side of the GPU kit (benchmarks/gpu/): device choice, datasheet peaks, memory, out-of-memory.
 
 Contract: every function takes the ``torch.device`` the kit runs on and behaves the same on CPU and
-CUDA, except where CUDA has something the CPU has not: CUDA times come from ``torch.cuda.Event``
-pairs around the work (the host does not wait between steps), CPU times from ``perf_counter``;
-peak memory is ``torch.cuda.max_memory_allocated`` and None on the CPU (no allocator statistics).
+CUDA, except where CUDA has something the CPU has not (timing on either is
+`benchmarks.harness.timing.device_seconds`): peak memory is ``torch.cuda.max_memory_allocated`` and None on the CPU (no allocator statistics).
 Nothing here imports Colossal-AI, DALI or TFRecord.
 """
 
@@ -11,7 +10,6 @@ from __future__ import annotations
 
 import gc
 import re
-import time
 from collections.abc import Callable
 
 import torch
@@ -71,7 +69,7 @@ def datasheet_peak(name: str, multiprocessors: int | None = None) -> dict | None
 
 def device_info(device: torch.device) -> dict:
     """What the numbers were taken on: the GPU's name, memory and capability, or the CPU's model."""
-    from benchmarks.common import cpu_model
+    from benchmarks.harness.results import cpu_model
 
     info = {"type": device.type, "torch": torch.__version__}
     if device.type == "cuda":
@@ -91,31 +89,6 @@ def device_info(device: torch.device) -> dict:
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def time_call(fn: Callable[[], object], device: torch.device) -> float:
-    """Seconds ``fn`` takes on ``device``: CUDA events around it (queued work included), or wall time."""
-    if device.type != "cuda":
-        t = time.perf_counter()
-        fn()
-        return time.perf_counter() - t
-    synchronize(device)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3
-
-
-def interleaved(contenders: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
-    """Each contender once per round, round-robin, the first one rotating (as `benchmarks.common.interleaved`)."""
-    names = list(contenders)
-    out = {n: [] for n in names}
-    for r in range(rounds):
-        for n in names[r % len(names) :] + names[: r % len(names)]:
-            out[n].append(contenders[n]())
-    return out
 
 
 def allocated(device: torch.device) -> int | None:
@@ -153,19 +126,3 @@ def fits(fn: Callable[[], object], device: torch.device) -> bool:
     if not ok:
         free_memory(device)
     return ok
-
-
-def matmul_peak(device: torch.device, n: int, dtype: torch.dtype, repeats: int = 5, iters: int = 10) -> dict:
-    """FLOP/s of ``iters`` back-to-back n x n x n matmuls in ``dtype``, median over ``repeats``."""
-    g = torch.Generator(device=device).manual_seed(0)
-    a = torch.randn(n, n, device=device, dtype=dtype, generator=g)
-    b = torch.randn(n, n, device=device, dtype=dtype, generator=g)
-    for _ in range(3):  # warm-up: cuBLAS heuristics, clocks up
-        torch.matmul(a, b)
-    times = sorted(time_call(lambda: [torch.matmul(a, b) for _ in range(iters)], device) for _ in range(repeats))  # noqa: F821 (ruff misreads the del below)
-    del a, b
-    return {
-        "n": n,
-        "dtype": str(dtype).removeprefix("torch."),
-        "flops_per_s": 2 * n**3 * iters / times[len(times) // 2],
-    }

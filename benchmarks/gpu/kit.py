@@ -9,24 +9,24 @@ round by round, medians:
 
 1. ``peak``: bf16 and fp16 FLOP/s of an 8192^3 matmul (128^3 under ``--tiny``), and the dense
    datasheet peak where the device's name is an H100, H200, GH200 or A100, a MIG slice's share of
-   it (`gpu_device.datasheet_peak`).
+   it (`device.datasheet_peak`).
 2. ``train``: ViT-B/16 at 224 px, micro-batch 256 (halved until it fits, reported), accumulation 4:
-   vitlarge's engine (`gpu_train.EngineRun`) in fp16 and bf16 against a bare loop with timm's Lamb
-   (`gpu_train.BareLoop`), and the bf16 engine with ``train.compile=on`` (``vitlarge_compiled_bf16``;
+   vitlarge's engine (`train.EngineRun`) in fp16 and bf16 against a bare loop with timm's Lamb
+   (`benchmarks.harness.loop.BareLoop`), and the bf16 engine with ``train.compile=on`` (``vitlarge_compiled_bf16``;
    compiled in its warm-up, not under ``--tiny``): images/s, step time, peak memory (each contender's own, above what the
    others hold), MFU. Model FLOPs: 3 x the forward FLOPs that `vitlarge.model.vit.describe_model` counts
    (``FlopCounterMode`` on the meta device: every matmul, attention included); recomputation is
    not counted, as usual for MFU.
-3. ``optimizer``: the step alone (`gpu_optim`): ms per step, kernel launches and host syncs per step.
+3. ``optimizer``: the step alone (`benchmarks.gpu.optim`): ms per step, kernel launches and host syncs per step.
 4. ``large``: ViT-L/16 and ViT-H/14 with activation checkpointing, bf16, accumulation 1: the
    largest micro-batch that fits (doubling until out of memory, then bisection), its images/s and
    peak memory, next to the recipe's micro-batch.
 
 The engine's Booster is Colossal-AI's (`vitlarge.train.assemble.build`, TorchDDPPlugin at world size 1) when
-Colossal-AI imports with the torch present, else `gpu_train.PlainBooster`; the output names the path.
+Colossal-AI imports with the torch present, else `train.PlainBooster`; the output names the path.
 Nothing imported at module load needs Colossal-AI, DALI, TFRecord or crc32c. Writes ``gpu.json``
-(atomically, `benchmarks.common.write_result`) and ``gpu.md`` (the docs/PERFORMANCE.md section,
-`benchmarks.gpu_report`) into ``--out``: benchmarks/results by default, a temp dir under ``--tiny``;
+(atomically, `benchmarks.results.write_result`) and ``gpu.md`` (the docs/PERFORMANCE.md section,
+`benchmarks.gpu.report`) into ``--out``: benchmarks/results by default, a temp dir under ``--tiny``;
 both after every section (``"complete": false`` until the end: `run`). Exit 0 when complete, 1 when
 a section failed (its traceback printed, the other sections measured), 2 for a bad ``--device``.
 """
@@ -44,8 +44,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import common  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
-from benchmarks import gpu_device as dev
+from benchmarks.gpu import device as dev
+from benchmarks.harness import results, timing  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
 from vitlarge.errors import UserError, cli_main
 
 SECTIONS = ("peak", "train", "optimizer", "large")
@@ -109,10 +109,12 @@ def peak_section(device: torch.device, n: int) -> dict:
     measured = {}
     for _ in range(2):  # alternate so both dtypes see the same clocks
         for name, dt in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
-            measured.setdefault(name, []).append(dev.matmul_peak(device, n, dt)["flops_per_s"])
+            measured.setdefault(name, []).append(
+                timing.matmul_peak(n, dt, 5, device, iters=10, warmup=3)["flops_per_s"]
+            )
     info = dev.device_info(device)
     return {
-        "measured": {k: {"n": n, "flops_per_s": common.median(v)} for k, v in measured.items()},
+        "measured": {k: {"n": n, "flops_per_s": timing.median(v)} for k, v in measured.items()},
         "datasheet": dev.datasheet_peak(info["name"], info["multiprocessors"]) if device.type == "cuda" else None,
     }
 
@@ -132,7 +134,8 @@ def build_contenders(micro: int, s: dict, device, path: str, tiny: bool) -> tupl
     """All five training contenders at ``micro``, each warmed up (the compiled one compiles in its warm-up,
     outside the timing); its own peak memory measured then. ``vitlarge_compiled_bf16`` is the bf16 engine
     with ``train.compile=on`` (what ``auto`` gives on CUDA), except under ``--tiny`` (`COMPILE_SKIPPED`)."""
-    from benchmarks.gpu_train import BareLoop, EngineRun, kit_config
+    from benchmarks.gpu.train import EngineRun, kit_config
+    from benchmarks.harness.loop import BareLoop, timm_lamb
 
     made, memory = {}, {}
     for prec, side in (
@@ -145,7 +148,7 @@ def build_contenders(micro: int, s: dict, device, path: str, tiny: bool) -> tupl
         cfg = kit_config("vit_b16", prec, micro, s["accum"], tiny, compile=side.endswith("compiled") and not tiny)
         base = dev.allocated(device)
         dev.reset_peak(device)
-        c = EngineRun(cfg, device, path) if side.startswith("vitlarge") else BareLoop(cfg, device)
+        c = EngineRun(cfg, device, path) if side.startswith("vitlarge") else BareLoop(cfg, device, timm_lamb)
         for _ in range(s["warmup"]):
             c.step()
         dev.synchronize(device)
@@ -154,7 +157,7 @@ def build_contenders(micro: int, s: dict, device, path: str, tiny: bool) -> tupl
 
 
 def train_section(device: torch.device, path: str, s: dict, peak: dict, tiny: bool) -> dict:
-    from benchmarks.gpu_train import kit_config
+    from benchmarks.gpu.train import kit_config
     from vitlarge.model.vit import describe_model
 
     micro, tries, made = s["micro"], [], None
@@ -177,21 +180,21 @@ def train_section(device: torch.device, path: str, s: dict, peak: dict, tiny: bo
     per_image = 3 * info["fwd_flops"]
     images = micro * s["accum"]
     skipped_before = {n: c.skipped for n, c in made.items()}  # warm-up steps; read outside the timing
-    times = dev.interleaved(
+    times = timing.interleaved(
         {
-            n: (lambda c=c: dev.time_call(lambda: [c.step() for _ in range(s["steps"])], device) / s["steps"])
+            n: (lambda c=c: timing.device_seconds(lambda: [c.step() for _ in range(s["steps"])], device) / s["steps"])
             for n, c in made.items()
         },
         s["rounds"],
     )
     res = {}
     for name, t in times.items():
-        step_s = common.median(t)
+        step_s = timing.median(t)
         ips = images / step_s
         res[name] = {
             "precision": name.rsplit("_", 1)[1],
             "optimizer": "vitlarge Lamb" if name.startswith("vitlarge") else "timm Lamb",
-            "step_s": common.summary(t),
+            "step_s": timing.summary(t),
             "images_per_s": round(ips, 3),
             "peak_memory_bytes": memory[name],
             "skipped_steps": made[name].skipped - skipped_before[name],
@@ -231,7 +234,7 @@ def largest_fit(run, cfg, device, start: int, cap: int) -> tuple[int, list]:
     """Largest micro-batch in [1, cap] for which one step of ``run`` fits, 0 if none: doubling from
     ``start`` (halving if ``start`` fails) to the first size that fails, then 3 bisection steps
     between the last size that fit and it (to within 1/8 of that interval)."""
-    from benchmarks.gpu_train import synthetic_batch
+    from benchmarks.gpu.train import synthetic_batch
 
     def ok(b: int) -> bool:
         run.set_batch(synthetic_batch(cfg, device, b))
@@ -264,7 +267,8 @@ def largest_fit(run, cfg, device, start: int, cap: int) -> tuple[int, list]:
 
 def large_section(device: torch.device, path: str, s: dict, peak: dict, tiny: bool, done=lambda out: None) -> dict:
     """ViT-L/16 then ViT-H/14; ``done(results so far)`` after each model (the caller saves them)."""
-    from benchmarks.gpu_train import RECIPES, ROOT, EngineRun, kit_config, synthetic_batch
+    from benchmarks.gpu.train import RECIPES, EngineRun, kit_config, synthetic_batch
+    from benchmarks.harness.recipe import ROOT
     from vitlarge.config.load import load_recipe
     from vitlarge.model.vit import describe_model
 
@@ -295,7 +299,7 @@ def large_section(device: torch.device, path: str, s: dict, peak: dict, tiny: bo
             dev.reset_peak(device)
             if not dev.fits(
                 lambda: t.extend(
-                    dev.time_call(lambda: [run.step() for _ in range(s["steps"])], device) / s["steps"]  # noqa: F821
+                    timing.device_seconds(lambda: [run.step() for _ in range(s["steps"])], device) / s["steps"]  # noqa: F821
                     for _ in range(s["rounds"])
                 ),
                 device,
@@ -305,9 +309,9 @@ def large_section(device: torch.device, path: str, s: dict, peak: dict, tiny: bo
                 entry.update(micro_batch=best, timed_lower=True)
         if best:
             info = describe_model(cfg)
-            ips = best / common.median(t)
+            ips = best / timing.median(t)
             entry.update(
-                step_s=common.summary(t),
+                step_s=timing.summary(t),
                 images_per_s=round(ips, 3),
                 params=info["params"],
                 peak_memory_bytes=dev.peak_since_reset(device),
@@ -330,9 +334,9 @@ def run(device: torch.device, tiny: bool, path_request: str, only: tuple[str, ..
     path, why = choose_path(path_request)
     print(f"benchmarks.gpu: path {path}: {why}", flush=True)
     if device.type == "cuda":
-        torch.cuda.set_device(device)  # device has its index (gpu_device.resolve_device)
+        torch.cuda.set_device(device)  # device has its index (device.resolve_device)
     else:
-        torch.set_num_threads(common.threads(tiny))
+        torch.set_num_threads(results.threads(tiny))
     if path == "colossalai":
         init_process_group(device)
     result = {
@@ -361,8 +365,8 @@ def run(device: torch.device, tiny: bool, path_request: str, only: tuple[str, ..
             if name == "train":
                 result["train"] = train_section(device, path, s, result["peak"], tiny)
             elif name == "optimizer":
-                from benchmarks import gpu_optim
-                from benchmarks.gpu_train import kit_config
+                from benchmarks.gpu import optim as gpu_optim
+                from benchmarks.gpu.train import kit_config
 
                 result["optimizer"] = gpu_optim.run(
                     kit_config("vit_b16", "bf16", s["micro"], s["accum"], tiny),
@@ -394,7 +398,7 @@ def quiet_known_warnings() -> None:
 
 
 def pick_device(spec: str) -> torch.device:
-    """The ``--device`` value as a device with its index (`gpu_device.resolve_device`), or a UserError."""
+    """The ``--device`` value as a device with its index (`device.resolve_device`), or a UserError."""
     try:
         kind = torch.device(spec).type
     except RuntimeError:
@@ -436,7 +440,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     def work():
-        from benchmarks import gpu_report
+        from benchmarks.gpu import report as gpu_report
         from vitlarge.fileio import write_atomic
 
         device = pick_device(args.device)
@@ -446,7 +450,7 @@ def main(argv=None) -> int:
         written = []
 
         def save(result: dict) -> None:
-            path = common.write_result("gpu", result)
+            path = results.write_result("gpu", result)
             write_atomic(path.with_name("gpu.md"), "\n".join(gpu_report.section(result)) + "\n")
             written[:] = [path, path.with_name("gpu.md")]
 
@@ -465,7 +469,3 @@ def main(argv=None) -> int:
         return 0
 
     return cli_main(work)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,8 @@
-"""The GPU kit's section of docs/PERFORMANCE.md, from ``gpu.json`` (benchmarks/gpu.py).
+"""The GPU kit's section of docs/PERFORMANCE.md, from ``gpu.json`` (benchmarks/gpu/kit.py).
 
 Contract: `section(result)` returns markdown lines; ``result`` None (no GPU run recorded in
 benchmarks/results) gives the commands and a table that says nothing was measured, never numbers.
-`benchmarks.report.generate` appends it to the document; benchmarks/gpu.py also writes it as
+`benchmarks.report.performance.generate` appends it to the document; the kit also writes it as
 ``gpu.md`` next to ``gpu.json``.
 """
 
@@ -12,7 +12,7 @@ TITLE = "## 8. GPU measurement kit\n"
 NOT_MEASURED = "not measured yet: no GPU lent on 2026-11-22"
 
 HOW = [
-    "`python -m benchmarks.gpu` (`benchmarks/gpu.py`): on the CUDA device present, synthetic data already on the "
+    "`python -m benchmarks.gpu` (`benchmarks/gpu/kit.py`): on the CUDA device present, synthetic data already on the "
     "device (the compute side only), contenders interleaved, medians. It measures (1) the bf16/fp16 peak of an "
     "8192^3 matmul and, for H100/H200/GH200/A100, the datasheet's dense peak (scaled by the multiprocessors of a MIG "
     "slice); (2) ViT-B/16 at 224 px, micro-batch 256 "
@@ -24,7 +24,7 @@ HOW = [
     "Colossal-AI's (where it imports), ms, kernel launches and host syncs (device-to-host waits) per step; (4) ViT-L/16 and ViT-H/14 with activation "
     "checkpointing in bf16: the largest micro-batch that fits, images/s and memory, next to the recipe's micro-batch. "
     "The engine runs under Colossal-AI's Booster when Colossal-AI imports, else under a plain single-device booster "
-    "(`benchmarks/gpu_train.py`); the output names the path. `gpu.json` and `gpu.md` are rewritten after each "
+    "(`benchmarks/gpu/train.py`); the output names the path. `gpu.json` and `gpu.md` are rewritten after each "
     "section, marked incomplete until the end, so a failure or a time limit keeps what finished.\n",
     "On a bare CUDA machine with torch, timm and numpy (no DALI, no Colossal-AI, no network):\n",
     "```",

@@ -1,33 +1,21 @@
-"""Shared by the benchmarks: machine description, interleaved timing, medians, atomic result files.
+"""Results of a benchmark: machine description, command line, atomic ``<results>/<name>.json`` files.
 
 Contract: every benchmark's ``run(quick, tiny=False)`` returns a dict and writes it to
 ``benchmarks/results/<name>.json`` through `write_result`, which adds ``machine`` (CPU, flags,
-threads, versions, load average at the end). Timings are taken side by side in one process,
-interleaved contender by contender (`interleaved`), so load from other processes on a shared
-machine hits every contender alike; we report medians. ``tiny`` (or ``VITLARGE_BENCH_TINY=1``)
-shrinks every size so the smoke test runs each benchmark in seconds: its numbers mean nothing.
+threads, versions, load average at the end). ``tiny`` (or ``VITLARGE_BENCH_TINY=1``) shrinks every
+size so the smoke test runs each benchmark in seconds: its numbers mean nothing.
 """
 
 from __future__ import annotations
 
-import os
-
-# libgomp's default wait policy spins, then sleeps; with 2 threads on 2 cores that other processes
-# also use, a parallel region waits for a descheduled thread: a tiny ViT step took 0.74 s instead of
-# 0.01 s (measured, load 7). PASSIVE makes both contenders pay the same small, steady cost. It must
-# be set before torch loads libgomp, so the benchmarks import this module before torch.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import json
+import os
 import platform
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from vitlarge.fileio import write_atomic
-
-RESULTS_DIR = Path(__file__).parent / "results"
+RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
 TINY_ENV = "VITLARGE_BENCH_TINY"
 
 
@@ -77,40 +65,6 @@ def machine() -> dict:
     }
 
 
-def median(values: list[float]) -> float:
-    return statistics.median(values)
-
-
-def summary(values: list[float], digits: int = 4) -> dict:
-    """Median and every repeat, rounded; the median is the number the report uses."""
-    return {"median": round(median(values), digits), "all": [round(v, digits) for v in values]}
-
-
-def timed(fn: Callable[[], object]) -> tuple[float, float]:
-    """(wall seconds, CPU seconds of this process over all its threads) of one call."""
-    w, c = time.perf_counter(), time.process_time()
-    fn()
-    return time.perf_counter() - w, time.process_time() - c
-
-
-def interleaved(contenders: dict[str, Callable[[], tuple[float, float]]], repeats: int) -> dict:
-    """Runs each contender once per round, round-robin, ``repeats`` rounds.
-
-    A contender returns ``(wall_s, cpu_s)`` for one measurement (it may time several steps and
-    return the per-step mean). Returns ``{name: {"wall_s": [...], "cpu_s": [...]}}``. Rounds start
-    with a different contender each time, so a slow start or end of the machine's busy period does
-    not fall on the same one.
-    """
-    names = list(contenders)
-    out = {n: {"wall_s": [], "cpu_s": []} for n in names}
-    for r in range(repeats):
-        for n in names[r % len(names) :] + names[: r % len(names)]:
-            w, c = contenders[n]()
-            out[n]["wall_s"].append(w)
-            out[n]["cpu_s"].append(c)
-    return out
-
-
 def cli(run: Callable[[bool, bool], dict], doc: str, show: Callable[[dict], None] | None = None) -> None:
     """A benchmark's command line: ``--quick`` and ``--tiny`` go to ``run(quick, tiny)``; ``show``
     prints the result (default: as JSON)."""
@@ -132,18 +86,22 @@ def cli(run: Callable[[bool, bool], dict], doc: str, show: Callable[[dict], None
 def write_result(name: str, result: dict) -> Path:
     """Writes ``<results>/<name>.json`` atomically (`vitlarge.fileio.write_atomic`), with the machine added."""
     result = {**result, "machine": machine(), "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+    from vitlarge.fileio import write_atomic
+
     out = results_dir() / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out, json.dumps(result, indent=1) + "\n")
     return out
 
 
-def init_single_process_group() -> None:
-    """gloo, world size 1, through vitlarge.distributed.launch as train.py does (no-op if already initialised)."""
-    import torch.distributed as dist
-
-    from vitlarge.distributed import launch, launcher
-
-    if not dist.is_initialized():
-        env = launcher.DistEnv(0, 1, 0, "127.0.0.1", launcher.free_port(), "single")
-        launch.init_distributed(env, "gloo")
+def describe(cfg, tiny: bool, quick: bool, rounds: int, steps: int, threads: int, precision: bool = False) -> dict:
+    """The fields every one-process engine benchmark's result opens with: model, sizes, repeats, threads."""
+    head = {
+        "model": cfg.model.name,
+        "model_kwargs": cfg.model.kwargs,
+        "image_size": cfg.data.image_size,
+        "micro_batch": cfg.train.micro_batch,
+    }
+    if precision:
+        head["precision"] = cfg.train.precision
+    return head | {"tiny": tiny, "quick": quick, "rounds": rounds, "steps_per_round": steps, "threads": threads}

@@ -2,7 +2,7 @@
 
 Each optimizer owns a copy of ViT-B/16's fp32 parameters (the recipe's no-decay groups from
 `vitlarge.optim.lamb.param_groups`) with the same random gradients; steps are timed interleaved, one
-optimizer after the other (`benchmarks.gpu_device.interleaved`), medians reported. Launches per
+optimizer after the other (`benchmarks.harness.timing.interleaved`), medians reported. Launches per
 step come from ``torch.profiler`` over a few steps (`count_events`): on CUDA the GPU kernels it
 records (copies and memsets left out), the host's kernel-launch API calls, and the host's waits on
 the device (``syncs_per_step``: a ``.item()`` or ``float(tensor)`` in the step, each a device-to-host
@@ -19,8 +19,8 @@ import re
 
 import torch
 
-from benchmarks import common
-from benchmarks import gpu_device as dev
+from benchmarks.gpu import device as dev
+from benchmarks.harness import timing
 
 LAUNCH_API = re.compile(r"Launch\w*Kernel")  # the launch call's name varies with CUDA and CUPTI versions
 MARK = "vitlarge_kit_optimizer_steps"  # the profiled steps' range (torch.profiler.record_function)
@@ -133,11 +133,13 @@ def run(cfg, device: torch.device, rounds: int, profile_steps: int) -> dict:
         opts[name] = make(param_groups(m, cfg.optim.weight_decay))
         opts[name].step()  # warm-up: state allocation, kernel selection
     dev.synchronize(device)
-    times = dev.interleaved({n: (lambda o=o: dev.time_call(o.step, device)) for n, o in opts.items()}, rounds)
+    times = timing.interleaved(
+        {n: (lambda o=o: timing.device_seconds(o.step, device)) for n, o in opts.items()}, rounds
+    )
     out = {}
     for name, opt in opts.items():
         out[name] = {
-            "ms_per_step": common.summary([t * 1e3 for t in times[name]]),
+            "ms_per_step": timing.summary([t * 1e3 for t in times[name]]),
             **launches(opt, device, profile_steps),
         }
     return {
