@@ -1,0 +1,45 @@
+"""train.compile (vitlarge/build.py): the model's forward through torch.compile, in place, before the Booster.
+
+What must hold with compile on: the parameter names of the plain module everywhere (checkpoints, the
+export, model.init_from); a bounded number of compiled graphs across phases and evaluations; losses
+that follow eager's; an exact resume; DDP under the real Colossal-AI Booster. The models here are the
+demo's shape shrunk to one block of width 32: compiling one graph takes ~30-60 s on 2 busy CPU cores.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tests.helpers import ROOT
+from vitlarge.build import recompile_limit, resolve_compile
+from vitlarge.config import load_recipe, make_plan
+
+DEMO = ROOT / "recipes" / "demo_digits.py"
+TINY = "model.kwargs={'patch_size': 4, 'embed_dim': 32, 'depth': 1, 'num_heads': 2}"
+
+torch.set_num_threads(1)
+
+
+def tiny_cfg(**train):
+    c = load_recipe(DEMO)
+    c.model.kwargs = dict(patch_size=4, embed_dim=32, depth=1, num_heads=2)
+    c.train.precision = "fp32"
+    c.augment.mixup_alpha = 0.0
+    for k, v in train.items():
+        setattr(c.train, k, v)
+    return c
+
+
+def test_auto_is_on_with_cuda_off_on_cpu_and_the_log_line_says_why():
+    c = tiny_cfg(compile="auto")
+    assert resolve_compile(c, torch.device("cpu")).startswith("compile auto -> off: CPU: ") and c.train.compile == "off"
+    c = tiny_cfg(compile="auto")
+    assert resolve_compile(c, torch.device("cuda")).startswith("compile auto -> on: CUDA") and c.train.compile == "on"
+    c = tiny_cfg(compile="on")
+    assert resolve_compile(c, torch.device("cpu")) == "compile on: set by the recipe" and c.train.compile == "on"
+
+
+def test_recompile_limit_fits_three_graphs_per_phase():
+    c = load_recipe(ROOT / "recipes" / "demo_digits_progressive.py")
+    assert recompile_limit(make_plan(c, 2, 1437)) == 3 * 3 + 2
+    assert recompile_limit(make_plan(load_recipe(DEMO), 2, 1437)) == 3 + 2
