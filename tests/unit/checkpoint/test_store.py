@@ -1,4 +1,4 @@
-"""vitlarge/checkpoint.py in one process: layout, exact resume, pruning, atomicity, export.
+"""The checkpoint store (vitlarge/checkpoint.py) in one process: layout, exact resume, pruning, atomicity.
 
 Uses the demo recipe's 0.46M-parameter ViT, the project's LAMB and a CPU GradScaler.
 """
@@ -459,3 +459,46 @@ def test_dcp_index_is_read_without_unpickling_foreign_objects(tmp_path, cfg):
     (path / ".metadata").write_bytes(pickle.dumps(argparse.Namespace(x=1)))
     with pytest.raises(pickle.UnpicklingError, match="argparse.Namespace, which a DCP index never holds"):
         sharded_checkpoint.Reader(path).read_metadata()
+
+
+def test_exists_needs_the_published_folder_and_its_meta_json(tmp_path, cfg):
+    """What the trainer asks before its final save: a name alone (a half-copied folder) is not a checkpoint."""
+    assert not checkpoint.exists(tmp_path, 2)
+    (tmp_path / "checkpoints" / checkpoint.step_name(2)).mkdir(parents=True)
+    assert not checkpoint.exists(tmp_path, 2)
+    model, opt, scaler = trained(cfg)
+    save(tmp_path, 3, model, opt, scaler, cfg)
+    assert checkpoint.exists(tmp_path, 3) and not checkpoint.exists(tmp_path, 30)
+    assert checkpoint.step_name(3) == "step_0000003" and checkpoint.step_of(Path("step_0000003")) == 3
+
+
+def test_check_writable_creates_the_workdir_and_names_a_read_only_one(tmp_path):
+    work = tmp_path / "new" / "run"
+    checkpoint.check_writable(work, rank=1)
+    assert work.is_dir() and list(work.iterdir()) == []  # the probe file is gone
+    ro = tmp_path / "ro"
+    (ro / "checkpoints").mkdir(parents=True)
+    try:
+        subprocess.run(["mount", "--bind", "-o", "ro", str(ro), str(ro)], check=True, capture_output=True)
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        pytest.skip("cannot bind-mount read-only here")
+    try:
+        with pytest.raises(
+            UserError, match=rf"^workdir {ro} is not writable \(Read-only file system\); pass a writable"
+        ):
+            checkpoint.check_writable(ro, rank=0)
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)
+
+
+def test_reason_of_finds_the_os_error_behind_a_wrapped_failure(tmp_path):
+    try:
+        try:
+            raise OSError(28, "No space left on device")
+        except OSError as e:
+            raise RuntimeError("unexpected pos 512 vs 448") from e
+    except RuntimeError as wrapped:
+        assert checkpoint.reason_of(wrapped) == "No space left on device"
+    assert checkpoint.reason_of(ValueError("first line\nsecond")) == "first line"
+    assert checkpoint.reason_of(ValueError("")) == "ValueError"
+    assert checkpoint.reason_of(RuntimeError("unexpected pos 512"), written_in=tmp_path) == "unexpected pos 512"
