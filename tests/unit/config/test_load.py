@@ -1,4 +1,7 @@
-"""vitlarge/config.py: recipes load, overrides are typed and strict, the plan is derived once."""
+"""vitlarge/config.py: recipes load, overrides are typed and strict, values are range-checked.
+
+The plan derived from a config is in tests/unit/plan/test_plan.py; train.py's own handling of a
+bad override in tests/e2e/test_train_cli.py."""
 
 from pathlib import Path
 

@@ -1,12 +1,10 @@
 """data.source=synthetic (vitlarge/data/synthetic.py): the loader contract against real DALI loaders,
-reproducible and resumable streams, an exact validation set, and real train.py runs without data.
+reproducible and resumable streams, an exact validation set.
 
 In-process: the synthetic loaders next to DALI's on the demo digits (same shapes, dtypes, layout
 and validation padding), the stream's state, the validation set at several world and batch sizes.
-Runs: two `colossalai run` ranks (gloo) of the demo recipe with no data directory, an uninterrupted
-reference and a run stopped at step 5 and resumed, equal bit for bit; a phased run with DALI made
-unimportable (tests/helpers/block_imports.py), stopped inside its second phase and resumed, against its own
-reference; and --dry-run.
+Real train.py runs without data are in tests/e2e/test_synthetic_runs.py (and its --dry-run in
+tests/e2e/test_train_cli.py).
 """
 
 from __future__ import annotations

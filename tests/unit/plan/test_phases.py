@@ -1,5 +1,5 @@
 """vitlarge/phases.py: phase planning, the lr over phase boundaries, the generator, bad phases, the table,
-and the DALI loaders rebuilt at a boundary (real pipelines over the digits data)."""
+and the position-embedding resample. The loaders rebuilt at a boundary are in tests/unit/data/test_phased.py."""
 
 import pytest
 import torch

@@ -1,9 +1,9 @@
 """train.compile (vitlarge/build.py): the model's forward through torch.compile, in place, before the Booster.
 
-What must hold with compile on: the parameter names of the plain module everywhere (checkpoints, the
-export, model.init_from); a bounded number of compiled graphs across phases and evaluations; losses
-that follow eager's; an exact resume; DDP under the real Colossal-AI Booster. The models here are the
-demo's shape shrunk to one block of width 32: compiling one graph takes ~30-60 s on 2 busy CPU cores.
+Here, in process: ``auto`` resolved by device with the line that says why, and the recompile limit that
+fits a run's graphs. The parameter names of a compiled model in checkpoints, the export and
+model.init_from are in tests/unit/checkpoint/test_export.py; whole compiled runs (losses that follow
+eager's, graphs across phases, an exact resume, DDP) in tests/e2e/test_compile_runs.py.
 """
 
 from __future__ import annotations
