@@ -14,7 +14,7 @@ from tests.helpers import ROOT, launcher
 from vitlarge import checkpoint
 
 DEMO = ROOT / "recipes" / "demo_digits.py"
-NO_DATA = "--data=/nonexistent"
+NO_DATA = "data.path=/nonexistent/no-data-here"  # proves that the dry run reads no data directory
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ from tests.helpers.runs import assert_scaler_contract
 
 
 def test_bf16_computes_in_bf16_with_fp32_layernorm_masters_and_states(process_group):
-
     parts = built("bf16")
     seen = {"norm": [], "linear": []}
 
