@@ -1,6 +1,7 @@
 # vitlarge: two commands on a fresh machine.
 #   make demo   creates .venv, installs requirements.txt, builds the digits data, trains on 2 CPU processes
 #   make test   the test suite (what CI runs)
+#   make test-fast  the in-process tests only (tests/unit: minutes, not the full suite's 35+)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 NPROC ?= 2
@@ -16,7 +17,7 @@ endif
 endif
 STACK_FILE := $(if $(filter cuda13,$(STACK)),requirements/cuda13.txt,$(if $(filter cuda12,$(STACK)),requirements.txt,$(error STACK=$(STACK): use cuda12 or cuda13)))
 
-.PHONY: demo test install bench clean-demo
+.PHONY: demo test test-fast install bench clean-demo
 
 install: $(VENV)/.installed-$(STACK)
 
@@ -39,6 +40,9 @@ demo: install data/digits/dataset.json
 
 test: install
 	$(PY) -m pytest tests
+
+test-fast: install
+	$(PY) -m pytest tests/unit
 
 bench: install
 	$(PY) -m benchmarks.run --quick

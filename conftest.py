@@ -1,4 +1,7 @@
-"""Suite-wide settings: shared data fixtures, and deprecations as errors.
+"""Suite-wide settings: shared fixtures, tests/e2e/ marked slow, and deprecations as errors.
+
+Fixtures from tests/helpers/: the data sets (data_fixtures) and a gloo group of one (process_group).
+Every test under tests/e2e/ gets the ``slow`` marker here; ``make test-fast`` runs tests/unit/ only.
 
 A DeprecationWarning or FutureWarning is an error in the test process and, through PYTHONWARNINGS,
 in every process a test starts (train.py under torchrun, colossalai run, srun; the benchmarks), so a
@@ -7,8 +10,11 @@ dependency where vitlarge cannot avoid it, and is matched as narrowly as the mec
 """
 
 import os
+from pathlib import Path
 
-pytest_plugins = ["tests.data_fixtures"]
+import pytest
+
+pytest_plugins = ["tests.helpers.data_fixtures", "tests.helpers.process_group"]
 
 DEPRECATIONS_AS_ERRORS = ["error::DeprecationWarning", "error::FutureWarning"]
 DEPENDENCY_DEPRECATIONS = [
@@ -31,3 +37,12 @@ def pytest_configure(config):
     for line in DEPRECATIONS_AS_ERRORS + DEPENDENCY_DEPRECATIONS:  # the last match wins
         config.addinivalue_line("filterwarnings", line)
     os.environ["PYTHONWARNINGS"] = ",".join(DEPRECATIONS_AS_ERRORS + DEPENDENCY_DEPRECATIONS)
+
+
+E2E = Path(__file__).resolve().parent / "tests" / "e2e"
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if E2E in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.slow)

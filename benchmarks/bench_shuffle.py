@@ -13,7 +13,7 @@ pipeline uses (``vitlarge.data.pipelines._reader``, TrainLoader's default buffer
 1.28M records x 2 epochs x 4 ranks take about 5 minutes on 2 cores (mostly writing the
 records) instead of hours of decoding.
 "before" is the reader as it was: each rank stuck to its slice (``stick_to_shard``), shuffled
-only by the 4,096-record buffer. ``epoch_order_stats`` is also what tests/test_data_loader.py
+only by the 4,096-record buffer. ``epoch_order_stats`` is also what tests/unit/data/test_loader.py
 asserts on (through the full config -> train_loader path there).
 
 Writes ``benchmarks/results/shuffle.json``; the figures are quoted in docs/DATA.md.

@@ -474,7 +474,7 @@ def launch_section(d: dict | None):
 
 
 COMPILE_NOTES = [
-    "What `train.compile=on` does and guarantees (`vitlarge/train/assemble.py`, tests/test_compile.py): the model's forward is "
+    "What `train.compile=on` does and guarantees (`vitlarge/train/assemble.py`, tests/unit/train/test_compile.py): the model's forward is "
     "compiled in place (`nn.Module.compile`, before the Booster), so parameter names, checkpoints, the export and "
     "`model.init_from` are the plain model's; shapes are static (`dynamic=False`): one graph per phase for training and "
     "two for evaluation (full and last partial batch), compiled once each and reused (a 2-phase run with 3 evaluations: "

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A Slurm cluster on this machine, for tests/test_slurm*.py and for trying the sbatch scripts.
+# A Slurm cluster on this machine, for tests/e2e/test_slurm*.py and for trying the sbatch scripts.
 #
 #   sudo scripts/slurm/local_cluster.sh up       # install (Debian), start munged, slurmctld, slurmd
 #   sudo scripts/slurm/local_cluster.sh up --nodes 2   # two nodes, each in its own network namespace

@@ -116,7 +116,7 @@ def init_distributed(
         )
         # Always a PrefixStore: torch's c10d logger formats init_process_group's arguments, and
         # TCPStore's repr asks its socket for its addresses, which fails ("failed to format addr,
-        # unknown family=0") in the network namespaces of tests/test_slurm_multinode.py (gVisor).
+        # unknown family=0") in the network namespaces of tests/e2e/test_slurm_multinode.py (gVisor).
         attempt = f"/worker/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}" if agent else "vitlarge"
         dist.init_process_group(
             backend,

@@ -1,0 +1,153 @@
+"""vitlarge.evaluate across processes: periodic evaluations of a 7-process run equal 1-process ones.
+
+The case guarded: the digits' 360 validation images over 7 ranks (51 or 52 each)
+with micro-batch 51, where rank 0..3 hold exactly one batch while DALI pads every rank to 52
+records, i.e. a second, padding-only batch. Sized by record counts, the loader left that batch
+for the next evaluation, which then counted padding; sized from DALI's padded epoch, every
+evaluation counts each image once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from hooks.jsonl import read_metrics
+from tests.helpers import launcher
+from tests.helpers.spawn import free_port, spawn
+
+RECIPE = "recipes/demo_digits.py"
+# fp32 (fp16 matmuls crawl on CPUs without avx512_fp16), no Mixup (51 is odd), 4 steps/epoch.
+OVERRIDES = [
+    "train.micro_batch=51",
+    "train.global_batch=357",
+    "train.precision=fp32",
+    "augment.mixup_alpha=0",
+    "augment.cutmix_alpha=0",
+]
+
+
+def test_seven_process_evaluations_equal_one_process_evaluations_of_the_same_checkpoints(demo_data, tmp_path):
+    args = [
+        "--config",
+        RECIPE,
+        "--data",
+        demo_data,
+        "--workdir",
+        str(tmp_path),
+        *OVERRIDES,
+        "train.max_steps=6",
+        "train.eval_every_epochs=0.5",
+        "train.checkpoint_every_steps=2",
+        "train.log_every_steps=1",
+    ]
+    r = launcher.run(args, nproc=7, launcher="torchrun", timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    evals = {x["step"]: x for x in read_metrics(str(tmp_path / "metrics.jsonl")) if x["event"] == "eval"}
+    assert sorted(evals) == [2, 4, 6]  # periodic at 2 and 4, final at 6: three passes of the same loaders
+    procs = {
+        step: subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "vitlarge.evaluate",
+                "--config",
+                RECIPE,
+                "--data",
+                demo_data,
+                "--checkpoint",
+                str(tmp_path / "checkpoints" / f"step_{step:07d}"),
+                *OVERRIDES,
+            ],
+            cwd=launcher.ROOT,
+            env=launcher.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for step in evals
+    }
+    for step, proc in procs.items():
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-2000:]
+        single = json.loads(out.strip().splitlines()[-1])
+        assert evals[step]["val_images"] == single["val_images"] == 360
+        assert evals[step]["val_loss"] == pytest.approx(single["val_loss"], abs=1e-5), step
+        assert evals[step]["val_top1"] == pytest.approx(single["val_top1"], abs=1e-9), step
+
+
+# Under fsdp every forward is collective, so every rank must run the same number of evaluation forwards
+# (the count itself: tests/unit/train/test_evaluation.py). A loader that skipped DALI's padding-only runs
+# left a rank whose slice is a whole number of batches one forward short, and the other rank hung.
+
+
+def _fsdp_eval_worker(rank: int, port: int, data: str, out: str) -> None:
+    from vitlarge.config.load import load_recipe
+    from vitlarge.data import ValLoader
+    from vitlarge.distributed.fsdp import FSDPPlugin
+    from vitlarge.distributed.launch import init_distributed
+    from vitlarge.distributed.launcher import DistEnv
+    from vitlarge.model.precision import Precision
+    from vitlarge.model.vit import build_model
+    from vitlarge.train.evaluation import evaluate
+
+    cpu = torch.device("cpu")
+    torch.set_num_threads(1)
+    init_distributed(DistEnv(rank, 2, rank, "127.0.0.1", port, "test"), "gloo", collective_timeout_s=60)
+    cfg = load_recipe(RECIPE)
+    cfg.data.num_classes = 129
+    torch.manual_seed(0)
+    model = FSDPPlugin("fp32", cpu).configure(build_model(cfg))[0]
+    forwards = []
+    model.unwrap().register_forward_pre_hook(lambda m, args: forwards.append(len(args[0])))
+    loader = ValLoader(data, 64, 16, rank=rank, world_size=2, device=cpu, num_threads=1)
+    passes = [evaluate(model, loader, Precision("fp32", cpu)) for _ in range(2)]
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(dict(passes=passes, forwards=forwards, real=loader.num_examples_this_rank), f)
+    dist.destroy_process_group()
+
+
+def test_two_rank_fsdp_evaluation_of_129_images_at_micro_batch_64_finishes_exactly(tmp_path):
+    """Rank 0 holds 64 records (1 batch + DALI's padding-only run), rank 1 65 (2 batches): the case
+    that left rank 1 alone in an all-gather. Labels are record indexes (identical images), so the
+    mean loss identifies the set of records counted; it must equal one unsharded process's."""
+    from data_tools.make_id_dataset import make_id_dataset
+    from vitlarge.config.load import load_recipe
+    from vitlarge.data import ValLoader
+    from vitlarge.model.precision import Precision
+    from vitlarge.model.vit import build_model
+    from vitlarge.train.evaluation import evaluate
+
+    data = str(tmp_path / "ids")
+    make_id_dataset(data, train=129, train_shards=1, validation=129, val_shards=2)
+    spawn(
+        _fsdp_eval_worker,
+        2,
+        free_port(),
+        data,
+        str(tmp_path),
+        timeout=300,
+        what="2-rank fsdp evaluation (ranks ran different numbers of forwards?)",
+    )
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["real"] for r in ranks] == [64, 65]
+    assert [r["forwards"] for r in ranks] == [[64, 64] * 2, [64, 1] * 2]  # 2 per pass on each; padding forwarded whole
+
+    cpu = torch.device("cpu")
+    cfg = load_recipe(RECIPE)
+    cfg.data.num_classes = 129
+    torch.manual_seed(0)
+    ref = evaluate(build_model(cfg), ValLoader(data, 64, 16, rank=0, world_size=1, device=cpu), Precision("fp32", cpu))
+    assert ref["val_images"] == 129
+    for r in ranks:
+        for got in r["passes"]:  # both ranks, both passes
+            assert got["val_images"] == 129
+            assert round(got["val_top1"] * 129) == round(ref["val_top1"] * 129)
+            assert round(got["val_top5"] * 129) == round(ref["val_top5"] * 129)
+            assert got["val_loss"] == pytest.approx(ref["val_loss"], rel=1e-6)

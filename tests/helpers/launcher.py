@@ -1,0 +1,127 @@
+"""Runs train.py the way users do (plain python, torchrun, colossalai run) and kills whole process trees.
+
+torchrun (and so colossalai run) starts its workers in new sessions, so killing the launcher's
+process group leaves them running: `kill_tree` walks the tree with psutil instead.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import torch
+from safetensors.torch import load_file
+
+from tests.helpers import ROOT
+from vitlarge.distributed.launcher import free_port  # noqa: F401 (launcher.free_port: the port for a rendezvous)
+
+VENV_BIN = str(Path(sys.executable).parent)
+
+
+# A test that joins a process group in the pytest process leaves these set (init_distributed exports
+# them, as torchrun would): a child started afterwards must get its launcher's, not that dead rendezvous.
+LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
+def env() -> dict:
+    e = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
+    e["PATH"] = VENV_BIN + os.pathsep + e.get("PATH", "")  # colossalai run looks torchrun up on PATH
+    e["OMP_NUM_THREADS"] = "1"
+    e["PYTHONUNBUFFERED"] = "1"
+    return e
+
+
+def command(args: list[str], nproc: int = 1, launcher: str = "colossalai", script: tuple = ("train.py",)) -> list[str]:
+    """``script``: the entry point and its own arguments (tests/helpers/poison_train.py wraps train.py)."""
+    if nproc == 1 and launcher == "python":
+        return [sys.executable, *script, *args]
+    if tuple(script) != ("train.py",):  # a wrapper would be silently dropped: the test would not test it
+        raise ValueError(f"script={script} runs only with launcher='python' and nproc=1 (or through srun())")
+    if launcher == "torchrun":
+        return [f"{VENV_BIN}/torchrun", f"--nproc_per_node={nproc}", f"--master_port={free_port()}", "train.py", *args]
+    return [
+        f"{VENV_BIN}/colossalai",
+        "run",
+        "--nproc_per_node",
+        str(nproc),
+        "--master_port",
+        str(free_port()),
+        "train.py",
+        *args,
+    ]
+
+
+def run(
+    args: list[str], nproc: int = 1, launcher: str = "colossalai", timeout: float = 600, script: tuple = ("train.py",)
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        command(args, nproc, launcher, script), cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def start(args: list[str], nproc: int = 1, launcher: str = "colossalai", log: Path | None = None) -> subprocess.Popen:
+    out = open(log, "w") if log else subprocess.DEVNULL
+    return subprocess.Popen(
+        command(args, nproc, launcher),
+        cwd=ROOT,
+        env=env(),
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:
+    try:
+        parent = psutil.Process(pid)
+        procs = parent.children(recursive=True) + [parent]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            p.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=30)
+
+
+def workers(pid: int) -> list[psutil.Process]:
+    """The train.py worker processes under a launcher (not the launcher, torchrun or a shell)."""
+    found = []
+    for p in psutil.Process(pid).children(recursive=True):
+        try:
+            cmd = p.cmdline()
+        except psutil.NoSuchProcess:
+            continue
+        if "train.py" in cmd and not any(x.endswith(("torchrun", "colossalai")) or x == "-c" for x in cmd):
+            found.append(p)
+    return found
+
+
+def wait_for(predicate, timeout: float, proc: subprocess.Popen | None = None, poll: float = 0.05) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        if proc is not None and proc.poll() is not None:
+            return predicate()
+        time.sleep(poll)
+    return False
+
+
+def final_weights(workdir: Path) -> dict[str, torch.Tensor]:
+    """The exported weights (``<workdir>/model/model.safetensors``) of a finished run."""
+    from vitlarge.checkpoint.export import EXPORT_DIR
+
+    return load_file(str(workdir / EXPORT_DIR / "model.safetensors"))
+
+
+def assert_bitwise_equal(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), f"{k} differs"

@@ -1,0 +1,152 @@
+"""The export (vitlarge/checkpoint/export.py): a timm ``local-dir:`` folder any timm user loads in one line.
+
+The export loads in timm with the trained model's outputs and is replaced whole on a rerun; a
+read-only workdir fails in one line and leaves nothing; the declared input size is the last phase's
+eval size; a compiled model exports (and checkpoints, and initialises) under the plain module's names.
+"""
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+from safetensors.torch import load_file
+
+from tests.helpers import ROOT
+from tests.helpers.tiny_model import trained
+from vitlarge.checkpoint import store
+from vitlarge.checkpoint.export import export
+from vitlarge.checkpoint.init_from import load_into
+from vitlarge.config.load import load_recipe, validate
+from vitlarge.errors import UserError
+from vitlarge.model.vit import build_model
+from vitlarge.plan.plan import make_plan
+from vitlarge.train.assemble import compile_model
+
+DEMO = ROOT / "recipes" / "demo_digits.py"
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return load_recipe(DEMO)
+
+
+def demo(phase_list, **train):
+    """The demo recipe with a phase list, validated (as in tests/unit/plan/test_phases.py)."""
+    c = load_recipe(DEMO)
+    c.train.phases = phase_list
+    for k, v in train.items():
+        setattr(c.train, k, v)
+    validate(c)
+    return c
+
+
+def tiny_cfg(**train):
+    """The demo shrunk to one block of width 32 (as in tests/unit/train/test_compile.py)."""
+    c = load_recipe(DEMO)
+    c.model.kwargs = dict(patch_size=4, embed_dim=32, depth=1, num_heads=2)
+    c.train.precision = "fp32"
+    c.augment.mixup_alpha = 0.0
+    for k, v in train.items():
+        setattr(c.train, k, v)
+    return c
+
+
+def test_export_loads_in_timm_with_identical_outputs(tmp_path, cfg):
+    model, opt, scaler = trained(cfg)
+    names = [f"n{i:08d}" for i in range(10)]
+    path = export(tmp_path, model, cfg, names, {"n00000003": "three"})
+    assert path == tmp_path / "model" and sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+    export(tmp_path, model, cfg, names)  # again (a rerun of a finished run): replaced whole, nothing left over
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+    # One line, nothing else to know: architecture, model arguments and class count come from config.json.
+    loaded = timm.create_model(f"local-dir:{path}", pretrained=True)
+    assert loaded.num_classes == 10 and loaded.pretrained_cfg["label_names"] == names
+    data_cfg = timm.data.resolve_data_config(model=loaded)
+    assert data_cfg["input_size"] == (3, 16, 16) and data_cfg["crop_pct"] == cfg.data.val_crop_pct
+    assert tuple(data_cfg["mean"]) == cfg.data.mean and tuple(data_cfg["std"]) == cfg.data.std
+    x = torch.randn(5, 3, 16, 16)
+    model.eval(), loaded.eval()
+    with torch.no_grad():
+        # Same weights, different attention kernel: the recipe's model runs unfused attention (fp16 on
+        # CPU, model.fused_attn=auto), timm's default is fused SDPA, so outputs agree to rounding.
+        torch.testing.assert_close(model(x), loaded(x), rtol=1e-5, atol=1e-6)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in loaded.state_dict().items())
+
+    fresh = build_model(cfg)
+    store.load_model_weights(path, fresh, cfg)  # evaluation reads the export folder too
+    with torch.no_grad():
+        assert torch.equal(fresh.eval()(x), model(x))
+
+
+def test_export_to_a_full_or_read_only_workdir_is_one_line_and_leaves_nothing(tmp_path, cfg):
+    model, _, _ = trained(cfg)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        if os.access(ro, os.W_OK):  # root ignores permission bits: make the file system itself read-only
+            subprocess.run(["mount", "--bind", "-o", "ro", str(ro), str(ro)], check=True)
+            mounted = True
+        else:
+            mounted = False
+        with pytest.raises(UserError, match=rf"exporting {ro / 'model'} failed .*run the same command again"):
+            export(ro, model, cfg)
+        assert list(ro.iterdir()) == []
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(ro)], check=True)
+        ro.chmod(0o700)
+
+
+def test_the_export_declares_the_last_phases_eval_size():
+    from vitlarge.checkpoint.export import data_config
+
+    c = demo([{"epoch": 0, "image_size": 8}, {"epoch": 40, "image_size": 16, "eval_size": 20}])
+    assert data_config(c)["input_size"] == (3, 20, 20) and c.data.image_size == 16
+    assert data_config(demo([{"epoch": 0, "image_size": 8}, {"epoch": 40, "image_size": 12}]))["input_size"] == (
+        3,
+        12,
+        12,
+    )
+    assert data_config(load_recipe(DEMO))["input_size"] == (3, 16, 16)
+
+
+def test_compiled_model_saves_exports_and_initialises_under_the_plain_names(tmp_path):
+    """Checkpoint, export and init_from round trip with compile on: the keys are the eager model's."""
+    c = tiny_cfg(compile="on")
+    plan = make_plan(c, 1, 1437)
+    torch.manual_seed(0)
+    eager = build_model(c)
+    names = list(eager.state_dict())
+    torch.manual_seed(0)
+    model = build_model(c)
+    compile_model(model, plan)
+    assert list(model.state_dict()) == names and [n for n, _ in model.named_parameters()] == [
+        n for n, _ in eager.named_parameters()
+    ]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01)  # weights no fresh model has
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ckpt = store.save(tmp_path, 1, model, opt, torch.amp.GradScaler("cpu", enabled=False), None, c, keep=1)
+    assert sorted(store.weights_of(ckpt, store.read_meta(ckpt))) == sorted(names)
+    out = export(tmp_path, model, c, [str(i) for i in range(10)])
+    assert sorted(load_file(str(Path(out) / "model.safetensors"))) == sorted(names)
+
+    target = tiny_cfg(compile="on")
+    target.model.init_from = str(out)
+    torch.manual_seed(1)
+    fresh = build_model(target)
+    compile_model(fresh, plan)
+    load_into(fresh, target)
+    for (n, a), b in zip(model.state_dict().items(), fresh.state_dict().values()):
+        assert torch.equal(a, b), n
+    again = build_model(target)
+    compile_model(again, plan)
+    store.load_model_weights(ckpt, again, target)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))

@@ -1,0 +1,166 @@
+"""vitlarge/checkpoint/init_from.py: fine-tuning starts from an export, a checkpoint folder or a timm checkpoint file,
+with the position embedding resampled to the recipe's grid and a classifier of another class count new."""
+
+import pytest
+import torch
+from timm.layers import resample_abs_pos_embed
+
+from tests.helpers import ROOT
+from vitlarge.checkpoint import store
+from vitlarge.checkpoint.export import export
+from vitlarge.checkpoint.init_from import check_source, load_into
+from vitlarge.config.load import load_recipe
+from vitlarge.errors import UserError
+from vitlarge.model.vit import build_model
+from vitlarge.optim.lamb import build_optimizer
+
+DEMO = ROOT / "recipes" / "demo_digits.py"
+
+torch.set_num_threads(1)
+
+
+def cfg(**changes):
+    c = load_recipe(DEMO)
+    for key, value in changes.items():
+        section, name = key.split("__")
+        setattr(getattr(c, section), name, value)
+    return c
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    """A trained-looking 16 px demo model (random weights, seed 0) exported as vitlarge exports it."""
+    c = cfg()
+    torch.manual_seed(0)
+    model = build_model(c)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01)  # not the initialisation any target model gets
+    out = export(tmp_path_factory.mktemp("src"), model, c, [str(i) for i in range(10)])
+    return model, out
+
+
+def fresh(c):
+    torch.manual_seed(1)
+    return build_model(c)
+
+
+def test_export_at_16_px_into_24_px_resamples_the_position_embedding(source, caplog):
+    src, path = source
+    c = cfg(data__image_size=24, model__init_from=str(path))
+    model = fresh(c)
+    notes = load_into(model, c)
+    assert notes == [f"initialised from {path}", "position embedding resampled from a 4x4 to a 6x6 token grid"]
+    want = resample_abs_pos_embed(src.pos_embed.detach(), new_size=[6, 6], old_size=[4, 4], num_prefix_tokens=1)
+    assert model.pos_embed.shape == (1, 37, 96) and torch.equal(model.pos_embed.detach(), want)
+    assert torch.equal(model.pos_embed[0, 0], src.pos_embed[0, 0])  # the class token's own embedding is kept
+    other = {k: v for k, v in src.state_dict().items() if k != "pos_embed"}
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in other.items())
+    with torch.no_grad():
+        assert model(torch.randn(2, 3, 24, 24)).shape == (2, 10)
+
+
+def test_another_class_count_gets_a_new_classifier_and_says_so(source):
+    src, path = source
+    c = cfg(data__num_classes=3, model__init_from=str(path / "model.safetensors"))
+    model = fresh(c)
+    head = model.head.weight.detach().clone()
+    notes = load_into(model, c)
+    assert notes[-1] == "classifier re-initialised: 10 classes in the source, 3 here"
+    assert torch.equal(model.head.weight, head) and not torch.equal(model.head.weight[:3], src.head.weight[:3])
+    assert torch.equal(model.blocks[3].mlp.fc2.weight, src.blocks[3].mlp.fc2.weight)
+
+
+def test_a_checkpoint_folder_and_a_timm_checkpoint_file_load_the_same_weights(source, tmp_path):
+    src, _ = source
+    c = cfg()
+    ckpt = store.save(
+        tmp_path / "run",
+        7,
+        src,
+        build_optimizer(src, "lamb", lr=1e-2, weight_decay=0.1),
+        torch.amp.GradScaler("cpu"),
+        None,
+        c,
+        keep=1,
+    )
+    pth = tmp_path / "timm.pth"  # timm's train.py layout, saved from a DDP model
+    torch.save({"epoch": 3, "state_dict": {f"module.{k}": v for k, v in src.state_dict().items()}}, pth)
+    for path in (ckpt, pth):
+        c.model.init_from = str(path)
+        model = fresh(c)
+        load_into(model, c)
+        assert all(torch.equal(model.state_dict()[k], v) for k, v in src.state_dict().items())
+    weights = ckpt / "__0_0.distcp"  # a checkpoint cut short: its meta.json's size check, one line
+    weights.write_bytes(weights.read_bytes()[:-10])
+    c.model.init_from = str(ckpt)
+    with pytest.raises(UserError, match=r"__0_0.distcp has [\d,]+ bytes, meta.json records [\d,]+; pass a complete"):
+        check_source(c)
+
+
+def test_a_timm_training_checkpoint_with_args_loads_its_ema_weights_and_says_so(source, tmp_path):
+    """timm/DeiT/MAE checkpoints hold 'args': argparse.Namespace; weights_only alone refuses them."""
+    import argparse
+
+    src, _ = source
+    sd = src.state_dict()
+    ema = {k: v + 1 for k, v in sd.items()}
+    pth = tmp_path / "checkpoint-3.pth.tar"
+    torch.save(
+        {
+            "epoch": 3,
+            "arch": "vit",
+            "args": argparse.Namespace(lr=5e-4, model="vit", betas=None, drop=[0.1]),
+            "state_dict": {f"module.{k}": v for k, v in sd.items()},
+            "state_dict_ema": {**ema, "dist_token": torch.zeros(1, 1, 96)},
+        },
+        pth,
+    )
+    c = cfg(model__init_from=str(pth))
+    check_source(c)
+    model = fresh(c)
+    notes = load_into(model, c)
+    assert notes == [
+        f"initialised from {pth} (its 'state_dict_ema')",
+        "warning: 1 source tensor(s) not in the recipe's model, dropped: dist_token",
+    ]
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in ema.items())
+
+
+def test_a_global_pool_mismatch_is_one_line_naming_it(source):
+    _, path = source
+    c = cfg(model__init_from=str(path))
+    c.model.kwargs = {**c.model.kwargs, "global_pool": "avg"}
+    with pytest.raises(
+        UserError,
+        match=r"was trained with global_pool=token \(norm\), the recipe's model uses "
+        r"global_pool=avg \(fc_norm\); set model.kwargs global_pool",
+    ):
+        check_source(c)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            dict(kwargs=dict(patch_size=2, embed_dim=96, depth=4, num_heads=3)),
+            "its patch embedding is 4x4 px, 96 wide; the recipe's model is 2x2 px, 96 wide; fine-tune from a model with "
+            "the same patch size",
+        ),
+        (
+            dict(kwargs=dict(patch_size=4, embed_dim=96, depth=6, num_heads=3)),
+            "is another architecture: it lacks 'blocks.4.norm1.weight' (24 of the recipe's 80 tensors missing)",
+        ),
+        (
+            dict(kwargs=dict(patch_size=4, embed_dim=96, depth=4, num_heads=3, mlp_ratio=2.0)),
+            "is another architecture: 'blocks.0.mlp.fc1.weight' is (384, 96), the recipe's model has (192, 96)",
+        ),
+    ],
+)
+def test_another_architecture_or_patch_size_is_one_line(source, change, message):
+    _, path = source
+    c = cfg(model__init_from=str(path))
+    c.model.kwargs = change["kwargs"]
+    with pytest.raises(UserError) as e:
+        check_source(c)
+    assert str(e.value).startswith(f"model.init_from={path}") and message in str(e.value)

@@ -1,0 +1,158 @@
+"""vitlarge/checkpoint/resume.py in one process: which checkpoint a run continues from, and what is moved aside.
+
+The multi-process paths (rank 0's choice broadcast to ranks that see other folders, a rank that
+cannot read the choice) are in tests/e2e/reliability/test_resume_paths.py.
+"""
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import ROOT
+from vitlarge.checkpoint import resume, store
+from vitlarge.config.load import load_recipe
+from vitlarge.errors import UserError
+from vitlarge.model.vit import build_model
+from vitlarge.optim.lamb import build_optimizer
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return load_recipe(ROOT / "recipes" / "demo_digits.py")
+
+
+@pytest.fixture
+def parts(cfg):
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    return model, build_optimizer(model, "lamb", lr=1e-2, weight_decay=0.1), torch.amp.GradScaler("cpu")
+
+
+def line(workdir: Path, cfg, parts, steps) -> list[Path]:
+    model, opt, scaler = parts
+    return [store.save(workdir, s, model, opt, scaler, f"data@{s}", cfg, keep=10) for s in steps]
+
+
+def names(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def abandoned(workdir: Path) -> list[Path]:
+    return sorted((workdir / "checkpoints").glob("abandoned_*"))
+
+
+def test_automatic_resume_takes_the_newest_that_passes_and_moves_the_failed_aside(tmp_path, cfg, parts, caplog):
+    ckpts = line(tmp_path, cfg, parts, (2, 4, 6))
+    (ckpts[2] / "__0_0.distcp").write_bytes(b"")  # zero-length weights in the newest
+    (ckpts[1] / "meta.json").write_text("{")  # meta.json not JSON in the one before
+    with caplog.at_level(logging.INFO, logger="vitlarge"):
+        chosen = resume.choose(tmp_path, None, parts[0], cfg)
+    assert chosen == ckpts[0]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "vitlarge"]
+    assert warnings[:2] == [
+        f"warning: checkpoint {ckpts[2]} fails its check (__0_0.distcp has 0 bytes, meta.json records "
+        f"{store.read_meta(ckpts[0])['files']['__0_0.distcp']['bytes']:,}); passed over",
+        f"warning: checkpoint {ckpts[1]} fails its check (meta.json is not JSON: Expecting property name enclosed "
+        "in double quotes: line 1 column 2 (char 1)); passed over",
+    ]
+    # Nothing lost: both are moved, whole, into one named folder; the next automatic resume agrees.
+    [aside] = abandoned(tmp_path)
+    assert aside.name.startswith("abandoned_") and aside.name.endswith("_from_step_0000002")
+    assert names(aside) == ["step_0000004", "step_0000006"] and names(aside / "step_0000006") == names(ckpts[0])
+    assert len(warnings) == 3 and warnings[2].startswith(
+        f"moved 2 checkpoint(s) newer than step 2 (step_0000004, step_0000006) aside to {aside}"
+    )
+    assert [p.name for p in store.list_checkpoints(tmp_path)] == ["step_0000002"]
+    assert resume.choose(tmp_path, None, parts[0], cfg) == ckpts[0]
+
+
+def test_resume_of_an_older_step_sets_the_newer_line_aside_and_saves_over_its_names(tmp_path, cfg, parts, caplog):
+    ckpts = line(tmp_path, cfg, parts, (2, 4, 6, 8))
+    with caplog.at_level(logging.INFO, logger="vitlarge"):
+        assert resume.choose(tmp_path, ckpts[1], parts[0], cfg) == ckpts[1]
+    [aside] = abandoned(tmp_path)
+    assert [r.getMessage() for r in caplog.records if r.name == "vitlarge"] == [
+        f"moved 2 checkpoint(s) newer than step 4 (step_0000006, step_0000008) aside to {aside}; "
+        f"this run continues from {ckpts[1]}"
+    ]
+    assert names(aside) == ["step_0000006", "step_0000008"]
+    assert all(store.verify(p) is None for p in aside.iterdir())  # moved whole
+    line(tmp_path, cfg, parts, (6,))  # before: os.replace onto step_0000006 raised ENOTEMPTY
+    assert store.latest(tmp_path) == ckpts[2]
+
+
+def test_resume_from_another_workdir_starts_this_workdirs_line_with_a_copy(tmp_path, cfg, parts):
+    """Its own step 4 and later are set aside; the run loads a copy, so a requeue before the first
+    save comes back to step 4 of the other workdir, not to this workdir's step 2."""
+    other = line(tmp_path / "other", cfg, parts, (4,))[0]
+    here = line(tmp_path / "here", cfg, parts, (2, 4, 6))
+    chosen = resume.choose(tmp_path / "here", other, parts[0], cfg)
+    assert chosen == here[1] and store.verify(chosen) is None
+    assert {f.name: f.stat().st_ino for f in chosen.iterdir()} == {f.name: f.stat().st_ino for f in other.iterdir()}
+    [aside] = abandoned(tmp_path / "here")
+    assert names(aside) == ["step_0000004", "step_0000006"]
+    assert store.latest(tmp_path / "here") == chosen
+    assert store.verify(other) is None and store.list_checkpoints(tmp_path / "other") == [other]
+
+
+def test_resume_of_a_bad_checkpoint_is_one_line_and_moves_nothing(tmp_path, cfg, parts):
+    ckpts = line(tmp_path, cfg, parts, (2, 4, 6))
+    f = ckpts[1] / ".metadata"
+    f.write_bytes(f.read_bytes()[:100])
+    with pytest.raises(UserError) as e:
+        resume.choose(tmp_path, ckpts[1], parts[0], cfg)
+    assert str(e.value) == (
+        f"checkpoint {ckpts[1]} fails its check (.metadata has 100 bytes, meta.json records "
+        f"{store.read_meta(ckpts[0])['files']['.metadata']['bytes']:,}); --resume an older "
+        "checkpoints/step_* folder, or omit --resume to take the newest one that passes"
+    )
+    assert abandoned(tmp_path) == [] and store.list_checkpoints(tmp_path) == ckpts
+
+
+@pytest.mark.parametrize("where", ["workdir", "checkpoints", "elsewhere"])
+def test_resume_of_a_folder_that_is_not_a_checkpoint_says_which_to_pass(tmp_path, cfg, parts, where):
+    ckpts = line(tmp_path, cfg, parts, (2, 4))
+    target = {"workdir": tmp_path, "checkpoints": tmp_path / "checkpoints", "elsewhere": tmp_path / "x"}[where]
+    target.mkdir(exist_ok=True)
+    with pytest.raises(UserError) as e:
+        resume.choose(tmp_path, target, parts[0], cfg)
+    example = "" if where == "elsewhere" else f", e.g. {ckpts[1]}"
+    assert str(e.value) == (
+        f"{target} is not a complete vitlarge checkpoint (no meta.json); pass a checkpoints/step_* folder{example}"
+    )
+
+
+def test_checkpoint_of_another_recipe_is_refused_and_nothing_moves(tmp_path, cfg, parts):
+    other = load_recipe(ROOT / "recipes" / "demo_digits.py")
+    other.model.kwargs = dict(cfg.model.kwargs, depth=2)
+    torch.manual_seed(0)
+    model = build_model(other)
+    ckpts = line(
+        tmp_path,
+        other,
+        (model, build_optimizer(model, "lamb", lr=1e-2, weight_decay=0.1), torch.amp.GradScaler("cpu")),
+        (2, 4),
+    )
+    (ckpts[1] / "__0_0.distcp").write_bytes(b"")
+    with pytest.raises(UserError, match=f"checkpoint {ckpts[0]} holds model .* does not match the recipe"):
+        resume.choose(tmp_path, None, parts[0], cfg)
+    assert abandoned(tmp_path) == [] and store.list_checkpoints(tmp_path) == ckpts
+
+
+def test_restore_loads_the_choice(tmp_path, cfg, parts):
+    ckpt = line(tmp_path, cfg, parts, (3,))[0]
+    state = resume.restore(ckpt, *parts, cfg)
+    assert (state.step, state.data_state) == (3, "data@3")
+
+
+def test_restore_names_the_rank_and_the_path(tmp_path, cfg, parts):
+    ckpt = line(tmp_path, cfg, parts, (3,))[0]
+    (ckpt / "rank_00000.pt").unlink()
+    with pytest.raises(UserError) as e:
+        resume.restore(ckpt, *parts, cfg)
+    assert str(e.value).startswith(f"rank 0 cannot read checkpoint {ckpt} (rank_00000.pt is missing); ")
+    assert e.value.same_on_all_ranks

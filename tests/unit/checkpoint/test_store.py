@@ -1,0 +1,505 @@
+"""The checkpoint store (vitlarge/checkpoint/store.py) in one process: layout, exact resume, pruning, atomicity.
+
+Uses the demo recipe's 0.46M-parameter ViT, the project's LAMB and a CPU GradScaler.
+"""
+
+import gc
+import json
+import random
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import crc32c
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.helpers import ROOT
+from tests.helpers.tiny_model import make, train_step, trained
+from vitlarge.checkpoint import sharded, store
+from vitlarge.config.load import load_recipe
+from vitlarge.errors import UserError
+from vitlarge.model.vit import build_model
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return load_recipe(ROOT / "recipes" / "demo_digits.py")
+
+
+def draw():
+    return torch.rand(3).tolist(), np.random.rand(3).tolist(), random.random(), random.gauss(0, 1)
+
+
+def save(workdir, step, model, opt, scaler, cfg, keep=3, data="loader-state"):
+    return store.save(workdir, step, model, opt, scaler, data, cfg, keep=keep)
+
+
+def weights(path: Path) -> dict:
+    """A checkpoint's full weights, read on this process (as evaluate and init_from do)."""
+    return store.weights_of(path, store.read_meta(path))
+
+
+def optimizer_state(path: Path) -> dict:
+    """A one-process checkpoint's optimizer state, keyed by parameter name (DCP's layout)."""
+    import warnings
+
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "assuming the intent is to load in a single process"
+        return _load_state_dict_from_keys(storage_reader=sharded.Reader(path))["optimizer"]
+
+
+LAYOUT = [".metadata", "__0_0.distcp", "meta.json", "rank_00000.pt"]
+
+
+def test_layout(tmp_path, cfg):
+    model, opt, scaler = trained(cfg)
+    path = save(tmp_path, 100, model, opt, scaler, cfg)
+    assert path == tmp_path / "checkpoints" / "step_0000100"
+    assert sorted(p.name for p in path.iterdir()) == LAYOUT
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_0000100"]  # no .tmp left
+    meta = json.loads((path / "meta.json").read_text())
+    assert meta["format_version"] == store.FORMAT_VERSION
+    assert (meta["step"], meta["world_size"], meta["model"]) == (100, 1, "vit_tiny_patch16_224")
+    assert meta["param_shapes"]["pos_embed"] == [1, 17, 96]
+    assert meta["config"] == json.loads(json.dumps(cfg.to_dict()))
+    assert store.read_meta(path)["step"] == 100
+    assert meta["optimizer_state"] is True
+    assert set(weights(path)) == set(model.state_dict())
+    # Every file's size and CRC32C (DCP's included), computed here independently of vitlarge.fileio.
+    assert sorted(meta["files"]) == [n for n in LAYOUT if n != "meta.json"]
+    for name, record in meta["files"].items():
+        data = (path / name).read_bytes()
+        assert record == {"bytes": len(data), "crc32c": f"{crc32c.crc32c(data):08x}"}
+    assert store.verify(path) is None
+
+
+SAVE_ONE = """
+import sys, torch
+from vitlarge.checkpoint import store
+from vitlarge.checkpoint import sharded
+from vitlarge.config.schema import Config
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+store.save(sys.argv[1], 1, model, opt, torch.amp.GradScaler("cpu"), None, Config(), keep=2)
+"""
+
+
+def _joined(log: str):
+    """strace -f lines with each call whole: another thread's call can split one into
+    ``123 fsync(5 <unfinished ...>`` and ``123 <... fsync resumed>) = 0`` (often, on a loaded machine)."""
+    pending = {}
+    for line in log.splitlines():
+        pid, rest = (line.split(None, 1) + [""])[:2]
+        if rest.endswith("<unfinished ...>"):
+            pending[pid] = rest[: -len("<unfinished ...>")].rstrip()
+        elif m := re.match(r"<\.\.\. \w+ resumed>(.*)$", rest):
+            yield pending.pop(pid, "") + m[1]
+        else:
+            yield line
+
+
+def syscalls(log: str) -> list[tuple]:
+    """("fsync", path) and ("rename", old, new) in order, from an strace log of one process."""
+    fds, events = {}, []
+    for line in _joined(log):
+        if m := re.search(r'openat\(AT_FDCWD, "([^"]+)", .*\)\s+= (\d+)$', line):
+            fds[m[2]] = m[1]
+        elif m := re.search(r"fsync\((\d+)\)\s+= 0", line):
+            events.append(("fsync", fds[m[1]]))
+        elif m := re.search(r'rename(?:at2?)?\((?:AT_FDCWD, )?"([^"]+)", (?:AT_FDCWD, )?"([^"]+)"', line):
+            events.append(("rename", m[1], m[2]))
+    return events
+
+
+def test_every_file_is_fsynced_before_the_folder_is_published(tmp_path):
+    """Crash consistency, read from the system calls a real save makes (strace): each file's bytes,
+    then the folder's names, are on disk before the rename that gives the folder its final name."""
+    if not shutil.which("strace"):
+        pytest.skip("strace is not installed")
+    log = tmp_path / "strace.log"
+    r = subprocess.run(
+        [
+            "strace",
+            "-f",
+            "-qq",
+            "-e",
+            "trace=openat,fsync,rename,renameat,renameat2",
+            "-o",
+            str(log),
+            sys.executable,
+            "-c",
+            SAVE_ONE,
+            str(tmp_path / "run"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    if r.returncode and "ptrace" in r.stderr:
+        pytest.skip(f"strace cannot trace here: {r.stderr.strip()}")
+    assert r.returncode == 0, r.stderr
+    root = tmp_path / "run" / "checkpoints"
+    tmp, final = str(root / ".step_0000001.tmp"), root / "step_0000001"
+    events = syscalls(log.read_text())
+    published = events.index(("rename", tmp, str(final)))
+    before, after = events[:published], events[published + 1 :]
+    for name in sorted(p.name for p in final.iterdir()):
+        written = f"{tmp}/{name}.tmp" if name == "meta.json" else f"{tmp}/{name}"  # meta.json is itself atomic
+        assert ("fsync", written) in before, f"{name} was not fsynced before the folder was published"
+    assert before.index(("fsync", tmp)) > before.index(("rename", f"{tmp}/meta.json.tmp", f"{tmp}/meta.json"))
+    assert ("fsync", str(root)) in after and ("fsync", str(root.parent)) in after
+
+
+def test_files_hold_no_pickled_objects(tmp_path, cfg):
+    model, opt, scaler = trained(cfg)
+    path = save(tmp_path, 1, model, opt, scaler, cfg)
+    opt_state = optimizer_state(path)  # DCP's index through the restricted unpickler, its values weights_only
+    rank = torch.load(path / "rank_00000.pt", weights_only=True)
+    assert set(opt_state["state"]) == {n for n, p in model.named_parameters()}
+    assert set(rank) == {"rng", "scaler", "data"} and rank["data"] == "loader-state"
+    assert rank["scaler"]["scale"] == 2.0**12  # grew on each of the two steps
+
+
+def test_load_restores_weights_optimizer_scaler_and_rng(tmp_path, cfg):
+    model, opt, scaler = trained(cfg)
+    torch.manual_seed(123), np.random.seed(123), random.seed(123)
+    random.gauss(0, 1)  # leaves the second Gaussian cached in the Python RNG
+    path = save(tmp_path, 2, model, opt, scaler, cfg)
+    after_save = draw()
+    train_step(model, opt, scaler, seed=99)  # the run goes on; this is the reference continuation
+    reference = {k: v.clone() for k, v in model.state_dict().items()}
+
+    model2, opt2, scaler2 = make(cfg, seed=1)  # other weights, empty optimizer, initial scale
+    assert not torch.equal(model2.pos_embed, model.pos_embed)
+    torch.manual_seed(7), np.random.seed(7), random.seed(7)
+    state = store.load(path, model2, opt2, scaler2, cfg)
+    assert (state["step"], state["data"], state["same_world"]) == (2, "loader-state", True)
+    assert draw() == after_save
+
+    saved = weights(path)
+    assert all(torch.equal(v, saved[k]) for k, v in model2.state_dict().items())
+    assert scaler2.get_scale() == 2.0**12
+    s1 = optimizer_state(path)["state"]
+    names = sharded.param_names(model2, opt2)
+    s2 = {names[i]: s for i, s in opt2.state_dict()["state"].items()}
+    assert s1.keys() == s2.keys()
+    for k in s1:
+        assert s1[k].keys() == s2[k].keys()
+        assert all(torch.equal(torch.as_tensor(s1[k][n]), torch.as_tensor(s2[k][n])) for n in s1[k])
+
+    # The same continuation from the restored state lands on bitwise the same weights.
+    store.load(path, model2, opt2, scaler2, cfg)
+    train_step(model2, opt2, scaler2, seed=99)
+    assert all(torch.equal(v, reference[k]) for k, v in model2.state_dict().items())
+
+
+def test_scaler_state_follows_the_precision_of_each_run(tmp_path, cfg, caplog):
+    """precision=auto resolves per machine: a checkpoint saved without fp16 (no scaler state) resumes
+    into an fp16 run at the initial scale with one warning, and an fp16 one into a bf16/fp32 run."""
+    model, opt, _ = trained(cfg)
+    path = save(tmp_path, 1, model, opt, torch.amp.GradScaler("cpu", enabled=False), cfg)
+    fp16 = torch.amp.GradScaler("cpu", init_scale=2.0**12)
+    store.load(path, *make(cfg)[:2], fp16, cfg)
+    assert fp16.get_scale() == 2.0**12 and "the loss scale starts at its initial value" in caplog.text
+    m2, o2, scaler = make(cfg)
+    path = save(tmp_path, 2, model, opt, scaler, cfg)
+    store.load(path, m2, o2, torch.amp.GradScaler("cpu", enabled=False), cfg)  # no error
+
+
+def test_keep_newest_n(tmp_path, cfg):
+    model, opt, scaler = make(cfg)
+    for step in (100, 200, 300, 400, 500):
+        save(tmp_path, step, model, opt, scaler, cfg, keep=2)
+    names = [p.name for p in store.list_checkpoints(tmp_path)]
+    assert names == ["step_0000400", "step_0000500"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == names
+
+
+def test_pruning_never_removes_the_checkpoint_just_written(tmp_path, cfg):
+    """A newer folder (another line, not moved aside) must not push the new checkpoint out of keep=1."""
+    model, opt, scaler = make(cfg)
+    for step in (1, 2, 10):
+        save(tmp_path, step, model, opt, scaler, cfg, keep=5)
+    new = save(tmp_path, 3, model, opt, scaler, cfg, keep=1)
+    assert [p.name for p in store.list_checkpoints(tmp_path)] == ["step_0000003", "step_0000010"]
+    assert store.verify(new) is None
+
+
+def test_steps_sort_numerically_past_seven_digits(tmp_path, cfg):
+    model, opt, scaler = make(cfg)
+    for step in (9_999_999, 10_000_000):
+        save(tmp_path, step, model, opt, scaler, cfg, keep=5)
+    assert store.latest(tmp_path).name == "step_10000000"
+
+
+def test_latest_ignores_incomplete_folders_and_save_removes_stale_tmp(tmp_path, cfg):
+    assert store.latest(tmp_path) is None
+    model, opt, scaler = make(cfg)
+    save(tmp_path, 5, model, opt, scaler, cfg)
+    root = tmp_path / "checkpoints"
+    (root / ".step_0000009.tmp").mkdir()  # a run killed mid-write
+    (root / ".step_0000009.tmp" / "__0_0.distcp").write_bytes(b"partial")
+    (root / "step_0000008").mkdir()  # a folder without meta.json is not a usable checkpoint
+    assert store.latest(tmp_path) == root / "step_0000005"
+    assert store.newest_verified(tmp_path)[1] == [(root / "step_0000008", "no meta.json")]
+    with pytest.raises(UserError, match="no meta.json"):
+        store.read_meta(root / "step_0000008")
+
+    save(tmp_path, 10, model, opt, scaler, cfg)
+    assert not (root / ".step_0000009.tmp").exists()
+    assert store.latest(tmp_path) == root / "step_0000010"
+
+
+def truncate(f: Path):
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+
+
+def flip_last_byte(f: Path):
+    data = bytearray(f.read_bytes())
+    data[-1] ^= 0xFF
+    f.write_bytes(bytes(data))
+
+
+def drop_files_record(f: Path):
+    meta = json.loads(f.read_text())
+    del meta["files"]
+    f.write_text(json.dumps(meta))
+
+
+DAMAGE = {  # what is done to the newest checkpoint, and the words of verify()'s answer
+    "shards truncated": ("__0_0.distcp", truncate, "bytes, meta.json records"),
+    "shards zero-length": ("__0_0.distcp", lambda f: f.write_bytes(b""), "__0_0.distcp has 0 bytes"),
+    "shards bit flip": ("__0_0.distcp", flip_last_byte, "__0_0.distcp has CRC32C"),
+    "DCP index bit flip": (".metadata", flip_last_byte, ".metadata has CRC32C"),
+    "rank file missing": ("rank_00000.pt", Path.unlink, "rank_00000.pt is missing"),
+    "meta.json missing": ("meta.json", Path.unlink, "no meta.json"),
+    "meta.json not JSON": ("meta.json", truncate, "meta.json is not JSON"),
+    "meta.json without records": ("meta.json", drop_files_record, "meta.json lacks 'files'"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE), ids=list(DAMAGE))
+def test_verify_names_the_damage_and_latest_passes_over_it(tmp_path, cfg, damage):
+    name, hurt, says = DAMAGE[damage]
+    model, opt, scaler = make(cfg)
+    older = save(tmp_path, 1, model, opt, scaler, cfg)
+    newest = save(tmp_path, 2, model, opt, scaler, cfg)
+    hurt(newest / name)
+    assert says in store.verify(newest)
+    assert store.latest(tmp_path) == older
+
+
+@pytest.mark.parametrize("name", ["__0_0.distcp", "rank_00000.pt"])
+def test_load_checks_the_sizes_of_the_files_it_reads(tmp_path, cfg, name):
+    """Each rank's cheap check (a stat per file) before it reads: a one-line error, not a traceback.
+    Evaluation (weights only) checks the weights the same way."""
+    model, opt, scaler = make(cfg)
+    path = save(tmp_path, 1, model, opt, scaler, cfg)
+    truncate(path / name)
+    with pytest.raises(store.Unusable, match=f"checkpoint {path} fails its check .{name} has ") as e:
+        store.load(path, model, opt, scaler, cfg)
+    assert "meta.json records" in e.value.problem
+    if name.endswith(".distcp"):
+        with pytest.raises(store.Unusable, match=f"{name} has "):
+            store.load_model_weights(path, model, cfg)
+
+
+def test_read_meta_errors(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        store.read_meta(tmp_path / "checkpoints" / "step_0000001")
+    bad = tmp_path / "step_0000002"
+    bad.mkdir()
+    (bad / "meta.json").write_text("{not json")
+    with pytest.raises(UserError, match="fails its check .meta.json is not JSON"):
+        store.read_meta(bad)
+    (bad / "meta.json").write_text(json.dumps({"format_version": 99}))
+    with pytest.raises(UserError, match="format 99"):
+        store.read_meta(bad)
+
+
+def test_load_into_another_model_shape(tmp_path, cfg):
+    model, opt, scaler = make(cfg)
+    path = save(tmp_path, 1, model, opt, scaler, cfg)
+    for kwargs in (dict(cfg.model.kwargs, depth=2), dict(cfg.model.kwargs, embed_dim=48)):
+        other = load_recipe(ROOT / "recipes" / "demo_digits.py")
+        other.model.kwargs = kwargs
+        m2, o2, s2 = make(other)
+        with pytest.raises(UserError, match="does not match"):
+            store.load(path, m2, o2, s2, other)
+        with pytest.raises(UserError, match="does not match"):
+            store.load_model_weights(path, m2, other)
+
+
+def test_a_zero_checkpoint_is_refused_for_resume_but_its_weights_still_load(tmp_path, cfg):
+    """train.plugin=zero (removed) saved rank 0's optimizer shard only: resuming it would silently
+    restart the other ranks' LAMB states, so it is refused; its weights are whole."""
+    model, opt, scaler = trained(cfg)
+    path = save(tmp_path, 1, model, opt, scaler, cfg)
+    meta = json.loads((path / "meta.json").read_text())
+    meta["config"]["train"]["plugin"] = "zero"  # what a 0.1 ZeRO run recorded
+    (path / "meta.json").write_text(json.dumps(meta))
+    m2, o2, s2 = make(cfg, seed=1)
+    with pytest.raises(UserError) as e:
+        store.load(path, m2, o2, s2, cfg)
+    assert str(e.value) == (
+        f"checkpoint {path} was written by train.plugin=zero (removed), whose optimizer file holds "
+        f"rank 0's shard only and cannot be resumed; start a new --workdir with model.init_from={path}"
+    )
+    store.load_model_weights(path, m2, cfg)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), m2.state_dict().values()))
+
+
+def _try_tmpfs(path: Path, size: str) -> bool:
+    path.mkdir(parents=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
+    return r.returncode == 0
+
+
+@pytest.mark.parametrize("how", ["tmpfs", "monkeypatch"])
+def test_disk_full_keeps_the_previous_checkpoint(tmp_path, cfg, monkeypatch, how):
+    model, opt, scaler = trained(cfg)
+    root = tmp_path / "checkpoints"
+    mounted = False
+    try:
+        if how == "tmpfs":
+            # Room for one checkpoint (~5.6 MB: weights plus two LAMB moments), not for two.
+            mounted = _try_tmpfs(root, "8m")
+            if not mounted:
+                pytest.skip("cannot mount a tmpfs here (not root); the monkeypatch case covers it")
+        first = save(tmp_path, 1, model, opt, scaler, cfg)
+        if how == "monkeypatch":
+
+            def full(*args, **kwargs):
+                raise OSError(28, "No space left on device")
+
+            import torch.distributed.checkpoint.filesystem as dcp_fs
+
+            monkeypatch.setattr(dcp_fs, "_write_item", full)  # DCP's writer of each tensor
+
+        with pytest.raises(UserError) as e:
+            save(tmp_path, 2, model, opt, scaler, cfg)
+        assert "No space left" in str(e.value) and "step_0000002" in str(e.value)
+        assert "\n" not in str(e.value)
+        assert sorted(p.name for p in root.iterdir()) == ["step_0000001"]  # no step_0000002, no .tmp
+        assert store.latest(tmp_path) == first
+        m2, o2, s2 = make(cfg, seed=1)
+        assert store.load(first, m2, o2, s2, cfg)["step"] == 1
+        assert all(torch.equal(v, model.state_dict()[k]) for k, v in m2.state_dict().items())
+    finally:
+        if mounted:
+            gc.collect()  # drop file handles a failed assertion's traceback may still hold
+            if subprocess.run(["umount", str(root)]).returncode:
+                subprocess.run(["umount", "-l", str(root)], check=True)
+
+
+def write_format2(path: Path, model, opt, scaler, cfg, step: int) -> None:
+    """A checkpoint as vitlarge wrote them before DCP (format 2, one process): full weights in
+    model.safetensors, the optimizer state dict in optimizer.pt, records in meta.json."""
+    from safetensors.torch import save_file
+
+    from vitlarge import fileio
+
+    path.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path / "model.safetensors"))
+    torch.save(opt.state_dict(), path / "optimizer.pt")
+    torch.save(
+        {"rng": store.rng_state(), "scaler": scaler.state_dict(), "data": "loader-state"}, path / "rank_00000.pt"
+    )
+    files = {n: fileio.sync_and_record(path / n) for n in ("model.safetensors", "optimizer.pt", "rank_00000.pt")}
+    meta = {
+        "format_version": 2,
+        "step": step,
+        "world_size": 1,
+        "model": cfg.model.name,
+        "param_shapes": store.param_shapes(model),
+        "config": cfg.to_dict(),
+        "files": files,
+    }
+    (path / "meta.json").write_text(json.dumps(meta))
+
+
+def test_a_format_2_checkpoint_still_resumes_exactly_and_its_weights_load(tmp_path, cfg):
+    model, opt, scaler = trained(cfg)
+    path = tmp_path / "checkpoints" / "step_0000002"
+    write_format2(path, model, opt, scaler, cfg, 2)
+    assert store.verify(path) is None and store.latest(tmp_path) == path
+    train_step(model, opt, scaler, seed=99)
+    reference = {k: v.clone() for k, v in model.state_dict().items()}
+
+    model2, opt2, scaler2 = make(cfg, seed=1)
+    state = store.load(path, model2, opt2, scaler2, cfg)
+    assert (state["step"], state["data"], state["format_version"]) == (2, "loader-state", 2)
+    train_step(model2, opt2, scaler2, seed=99)
+    assert all(torch.equal(v, reference[k]) for k, v in model2.state_dict().items())
+
+    fresh = build_model(cfg)  # evaluate --checkpoint of an old checkpoint
+    store.load_model_weights(path, fresh, cfg)
+    assert all(torch.equal(v, load_file(str(path / "model.safetensors"))[k]) for k, v in fresh.state_dict().items())
+    # ... and the next save is format 3, in the same line
+    new = save(tmp_path, 3, model2, opt2, scaler2, cfg)
+    assert store.read_meta(new)["format_version"] == 3 and store.latest(tmp_path) == new
+
+
+def test_dcp_index_is_read_without_unpickling_foreign_objects(tmp_path, cfg):
+    """DCP's .metadata is a pickle: our reader admits its metadata classes only."""
+    import argparse
+    import pickle
+
+    model, opt, scaler = trained(cfg)
+    path = save(tmp_path, 1, model, opt, scaler, cfg)
+    assert sharded.Reader(path).read_metadata().state_dict_metadata  # the real index reads
+    (path / ".metadata").write_bytes(pickle.dumps(argparse.Namespace(x=1)))
+    with pytest.raises(pickle.UnpicklingError, match="argparse.Namespace, which a DCP index never holds"):
+        sharded.Reader(path).read_metadata()
+
+
+def test_exists_needs_the_published_folder_and_its_meta_json(tmp_path, cfg):
+    """What the trainer asks before its final save: a name alone (a half-copied folder) is not a checkpoint."""
+    assert not store.exists(tmp_path, 2)
+    (tmp_path / "checkpoints" / store.step_name(2)).mkdir(parents=True)
+    assert not store.exists(tmp_path, 2)
+    model, opt, scaler = trained(cfg)
+    save(tmp_path, 3, model, opt, scaler, cfg)
+    assert store.exists(tmp_path, 3) and not store.exists(tmp_path, 30)
+    assert store.step_name(3) == "step_0000003" and store.step_of(Path("step_0000003")) == 3
+
+
+def test_check_writable_creates_the_workdir_and_names_a_read_only_one(tmp_path):
+    work = tmp_path / "new" / "run"
+    store.check_writable(work, rank=1)
+    assert work.is_dir() and list(work.iterdir()) == []  # the probe file is gone
+    ro = tmp_path / "ro"
+    (ro / "checkpoints").mkdir(parents=True)
+    try:
+        subprocess.run(["mount", "--bind", "-o", "ro", str(ro), str(ro)], check=True, capture_output=True)
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        pytest.skip("cannot bind-mount read-only here")
+    try:
+        with pytest.raises(
+            UserError, match=rf"^workdir {ro} is not writable \(Read-only file system\); pass a writable"
+        ):
+            store.check_writable(ro, rank=0)
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)
+
+
+def test_reason_of_finds_the_os_error_behind_a_wrapped_failure(tmp_path):
+    try:
+        try:
+            raise OSError(28, "No space left on device")
+        except OSError as e:
+            raise RuntimeError("unexpected pos 512 vs 448") from e
+    except RuntimeError as wrapped:
+        assert store.reason_of(wrapped) == "No space left on device"
+    assert store.reason_of(ValueError("first line\nsecond")) == "first line"
+    assert store.reason_of(ValueError("")) == "ValueError"
+    assert store.reason_of(RuntimeError("unexpected pos 512"), written_in=tmp_path) == "unexpected pos 512"

@@ -1,0 +1,332 @@
+"""vitlarge/config/load.py: recipes load, overrides are typed and strict, values are range-checked.
+
+The plan derived from a config is in tests/unit/plan/test_plan.py; train.py's own handling of a
+bad override in tests/e2e/test_train_cli.py."""
+
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT
+from vitlarge.config.load import RANGES, apply_override, load_config, load_recipe, validate
+from vitlarge.config.schema import Config
+from vitlarge.errors import UserError
+
+RECIPES = ROOT / "recipes"
+ALL_RECIPES = [
+    "vit_b16",
+    "vit_b32",
+    "vit_l32",
+    "vit_l16",
+    "vit_h14",
+    "demo_digits",
+    "demo_digits_progressive",
+    "demo_digits_ft24",
+    "vit_b16_progressive",
+    "vit_b16_ft384",
+]
+
+
+def recipe(name: str) -> Path:
+    return RECIPES / f"{name}.py"
+
+
+def flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and k != "kwargs":
+            out.update(flat(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def changed(a: Config, b: Config) -> set[str]:
+    fa, fb = flat(a.to_dict()), flat(b.to_dict())
+    assert fa.keys() == fb.keys()
+    return {k for k in fa if fa[k] != fb[k]}
+
+
+@pytest.mark.parametrize("name", ALL_RECIPES)
+def test_every_recipe_loads_and_validates(name):
+    cfg = load_config(recipe(name))
+    assert isinstance(cfg, Config)
+    assert cfg.workdir == f"runs/{name}"
+    assert cfg.train.global_batch % cfg.train.micro_batch == 0
+
+
+def test_recipe_files_are_all_covered():
+    on_disk = {p.stem for p in RECIPES.glob("*.py") if p.stem != "__init__"}
+    assert on_disk == set(ALL_RECIPES)
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("vit_b32", {"model.name", "workdir"}),
+        ("vit_l32", {"model.name", "workdir"}),
+        ("vit_l16", {"model.name", "model.grad_checkpointing", "train.micro_batch", "workdir"}),
+        (
+            "vit_h14",
+            {
+                "model.name",
+                "model.grad_checkpointing",
+                "train.micro_batch",
+                "train.precision",
+                "train.plugin",
+                "train.fsdp_accumulation",
+                "workdir",
+            },
+        ),
+    ],
+)
+def test_derived_recipes_change_only_what_they_say(name, expected):
+    assert changed(load_recipe(recipe("vit_b16")), load_recipe(recipe(name))) == expected
+
+
+def test_vit_b32_is_b16_with_32_pixel_patches():
+    b16, b32 = load_recipe(recipe("vit_b16")), load_recipe(recipe("vit_b32"))
+    assert b32.model.name == "vit_base_patch32_224"
+    b32.model.name, b32.workdir = b16.model.name, b16.workdir
+    assert b32.to_dict() == b16.to_dict()
+
+
+def test_overrides_of_every_type_apply():
+    cfg = load_config(
+        recipe("vit_b16"),
+        [
+            "train.micro_batch=128",  # int
+            "train.global_batch=4.096e3",  # int written as a float literal
+            "optim.lr=0.005",  # float
+            "schedule.warmup_epochs=10",  # float from an int literal
+            "data.hflip=false",  # bool
+            "model.grad_checkpointing=yes",  # bool
+            "optim.betas=(0.8, 0.95)",  # tuple
+            "data.crop_scale=[0.5,1]",  # tuple from list syntax
+            "data.randaugment=rand-m9-n2",  # Optional[str], a value
+            "data.label_offset=1",  # Optional[int]
+            "model.kwargs={'depth': 2, 'embed_dim': 64}",  # dict
+            "workdir=runs/elsewhere",  # top-level str
+        ],
+    )
+    assert cfg.train.micro_batch == 128 and type(cfg.train.micro_batch) is int
+    assert cfg.train.global_batch == 4096 and type(cfg.train.global_batch) is int
+    assert cfg.optim.lr == 0.005
+    assert cfg.schedule.warmup_epochs == 10.0 and type(cfg.schedule.warmup_epochs) is float
+    assert cfg.data.hflip is False
+    assert cfg.model.grad_checkpointing is True
+    assert cfg.optim.betas == (0.8, 0.95)
+    assert cfg.data.crop_scale == (0.5, 1.0)
+    assert cfg.data.randaugment == "rand-m9-n2"
+    assert cfg.data.label_offset == 1
+    assert cfg.model.kwargs == {"depth": 2, "embed_dim": 64}
+    assert cfg.workdir == "runs/elsewhere"
+
+    apply_override(cfg, "data.randaugment=None")  # Optional[str] back to None
+    apply_override(cfg, "data.label_offset=none")
+    assert cfg.data.randaugment is None and cfg.data.label_offset is None
+
+
+def test_direct_settings_are_overrides_too():
+    cfg = load_config(recipe("demo_digits"), [], data__path="/tmp/digits", workdir=None)
+    assert cfg.data.path == "/tmp/digits"
+    assert cfg.workdir == "runs/demo_digits"  # None means "not given"
+
+
+@pytest.mark.parametrize(
+    "item, suggestion",
+    [
+        ("optim.lrr=0.1", "optim.lr"),
+        ("train.micro_bacth=64", "train.micro_batch"),
+        ("trian.epochs=10", "train.epochs"),
+        ("optim.lr.x=1", "optim.lr"),
+    ],
+)
+def test_unknown_key_names_it_and_suggests(item, suggestion):
+    cfg = load_recipe(recipe("vit_b16"))
+    with pytest.raises(UserError) as e:
+        apply_override(cfg, item)
+    msg = str(e.value)
+    assert f"'{item.split('=')[0]}'" in msg
+    assert f"did you mean '{suggestion}'" in msg
+
+
+def test_unknown_key_without_close_match_points_to_schema():
+    with pytest.raises(UserError, match="unknown config key 'zzzz'.*vitlarge/config/load.py"):
+        apply_override(Config(), "zzzz=1")
+
+
+@pytest.mark.parametrize(
+    "item, key",
+    [
+        ("train.micro_batch=abc", "train.micro_batch"),
+        ("train.micro_batch=2.5", "train.micro_batch"),
+        ("optim.lr=fast", "optim.lr"),
+        ("data.hflip=maybe", "data.hflip"),
+        ("optim.betas=(0.9,x)", "optim.betas"),
+        ("model.kwargs=[1, 2]", "model.kwargs"),
+        ("data.label_offset=one", "data.label_offset"),
+    ],
+)
+def test_wrong_type_names_the_key(item, key):
+    cfg = Config()
+    before = cfg.to_dict()
+    with pytest.raises(UserError, match=f"'{key}="):
+        apply_override(cfg, item)
+    assert cfg.to_dict() == before
+
+
+def test_section_cannot_be_assigned():
+    with pytest.raises(UserError, match="'train' is a section.*train.global_batch"):
+        apply_override(Config(), "train=5")
+
+
+def test_override_without_equals_sign():
+    with pytest.raises(UserError, match="has no '='"):
+        apply_override(Config(), "optim.lr")
+
+
+def test_missing_recipe_names_the_file(tmp_path):
+    missing = tmp_path / "nope.py"
+    with pytest.raises(UserError, match="nope.py does not exist"):
+        load_config(missing)
+
+
+def test_recipe_without_config_function(tmp_path):
+    f = tmp_path / "empty_recipe.py"
+    f.write_text("x = 1\n")
+    with pytest.raises(UserError, match=r"empty_recipe.py defines no config\(\)"):
+        load_recipe(f)
+
+
+def test_recipe_failing_at_import(tmp_path):
+    f = tmp_path / "broken_recipe.py"
+    f.write_text("import does_not_exist_anywhere\n")
+    with pytest.raises(UserError, match="broken_recipe.py failed to load: ModuleNotFoundError"):
+        load_recipe(f)
+
+
+def test_recipe_whose_config_raises(tmp_path):
+    f = tmp_path / "raising_recipe.py"
+    f.write_text("def config():\n    raise KeyError('oops')\n")
+    with pytest.raises(UserError, match="raising_recipe.py.*KeyError"):
+        load_recipe(f)
+
+
+def test_recipe_returning_something_else(tmp_path):
+    f = tmp_path / "dict_recipe.py"
+    f.write_text("def config():\n    return {}\n")
+    with pytest.raises(UserError, match="dict_recipe.py.*returned dict"):
+        load_recipe(f)
+
+
+def test_wrong_type_assigned_in_a_recipe(tmp_path):
+    f = tmp_path / "typo_recipe.py"
+    f.write_text(
+        "from recipes.vit_b16 import config as base\n"
+        "def config():\n"
+        "    c = base()\n"
+        "    c.train.micro_batch = '64'\n"
+        "    return c\n"
+    )
+    # tmp_path is not under the repo, so the base import relies on the repo root being importable.
+    with pytest.raises(UserError) as e:
+        load_config(f)
+    msg = str(e.value)
+    assert "typo_recipe.py" in msg and "'train.micro_batch' must be a" in msg
+
+
+def test_recipe_ints_become_floats_and_lists_tuples(tmp_path):
+    f = tmp_path / "loose_recipe.py"
+    f.write_text(
+        "from vitlarge.config.load import Config\n"
+        "def config():\n"
+        "    c = Config()\n"
+        "    c.optim.lr = 1\n"
+        "    c.optim.betas = [0.9, 0.99]\n"
+        "    return c\n"
+    )
+    cfg = load_config(f)
+    assert type(cfg.optim.lr) is float and cfg.optim.betas == (0.9, 0.99)
+
+
+def test_bool_is_not_an_int_in_a_recipe():
+    cfg = Config()
+    cfg.train.micro_batch = True
+    with pytest.raises(UserError, match="'train.micro_batch' must be a"):
+        validate(cfg)
+
+
+def test_choices_are_listed():
+    cfg = Config()
+    cfg.train.precision = "fp8"
+    with pytest.raises(UserError, match="'train.precision' is 'fp8'; choose one of fp16, bf16, fp32"):
+        validate(cfg)
+
+
+@pytest.mark.parametrize(
+    "item, match",
+    [
+        ("train.micro_batch=0", "'train.micro_batch' must be positive"),
+        ("train.micro_batch=300", "not a multiple of train.micro_batch=300"),
+        ("schedule.warmup_epochs=301", "warmup_epochs=301.0 exceeds train.epochs=300"),
+        ("data.val_crop_pct=1.5", "val_crop_pct must be in"),
+        ("schedule.decay=step", "choose one of linear, cosine, constant"),
+    ],
+)
+def test_cross_field_validation(item, match):
+    with pytest.raises(UserError, match=match):
+        load_config(recipe("vit_b16"), [item])
+
+
+def _bad_value(rule: str) -> str:
+    return "0" if rule == "positive" else "1.5" if rule.startswith("in [0, 1") else "-1"
+
+
+@pytest.mark.parametrize("key, rule", [(k, rule) for keys, _, rule in RANGES for k in keys])
+def test_every_duration_count_and_rate_is_range_checked_with_the_fix(key, rule):
+    """One line: the key, its rule (and what 0 means where 0 means something), the value, a valid setting."""
+    bad = _bad_value(rule)
+    with pytest.raises(UserError) as e:
+        load_config(recipe("demo_digits"), [f"{key}={bad}"])
+    message = str(e.value)
+    assert f"'{key}' must be {rule}, got " in message and f"; set it like {key}=" in message and "\n" not in message
+    fix = message.rsplit("set it like ", 1)[1]
+    load_config(recipe("vit_b16"), [fix])  # the suggested setting is valid (in the recipe closest to the defaults)
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        "train.epochs=nan",
+        "optim.lr=inf",
+        "optim.betas=0.9,1.0",
+        "optim.betas=0.9",
+        "data.crop_scale=0.5,0.2",
+        "data.crop_ratio=0,1",
+    ],
+)
+def test_non_finite_and_malformed_pairs_are_rejected(item):
+    key = item.split("=")[0]
+    with pytest.raises(UserError, match=f"'{key}' must be .*; set it like {key}="):
+        load_config(recipe("demo_digits"), [item])
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        "train.checkpoint_every_steps=0",
+        "train.eval_every_epochs=0",
+        "train.max_steps=0",
+        "optim.clip_grad_norm=0",
+        "schedule.warmup_epochs=0",
+    ],
+)
+def test_zero_means_never_or_off_where_documented(item):
+    load_config(recipe("demo_digits"), [item])
+
+
+def test_mixup_needs_an_even_micro_batch():
+    with pytest.raises(UserError, match="even train.micro_batch"):
+        load_config(recipe("demo_digits"), ["train.global_batch=126", "train.micro_batch=63"])

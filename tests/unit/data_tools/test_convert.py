@@ -1,0 +1,310 @@
+"""data_tools: conversion round trip, index format, resume after a kill, make_index, demo data."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from PIL import Image
+from tfrecord.reader import tfrecord_loader
+from tfrecord.tools.tfrecord2idx import create_index
+
+from data_tools import imagenet_to_tfrecord, make_bench_dataset, make_index
+from tests.helpers import ROOT
+from tests.helpers.data_fixtures import SYNSETS, TINY_TRAIN_PER_CLASS, TINY_VAL_PER_CLASS
+from vitlarge.data.manifest import load_manifest
+
+REPO = str(ROOT)
+DESCRIPTION = {
+    "image/encoded": "byte",
+    "image/class/label": "int",
+    "image/class/synset": "byte",
+    "image/class/text": "byte",
+    "image/height": "int",
+    "image/width": "int",
+    "image/channels": "int",
+    "image/colorspace": "byte",
+    "image/format": "byte",
+    "image/filename": "byte",
+}
+
+
+def read_split(out: str, split: str) -> list[dict]:
+    """All records of a split, read back with the ``tfrecord`` package's own reader."""
+    m = load_manifest(out)
+    return [rec for s in m.shards(split) for rec in tfrecord_loader(os.path.join(out, s.file), None, DESCRIPTION)]
+
+
+def files_by_name(root: str) -> dict[str, str]:
+    return {n: os.path.join(d, n) for d, _, names in os.walk(root) for n in names}
+
+
+@pytest.fixture(scope="module")
+def converted(tiny_imagefolder, tmp_path_factory) -> str:
+    out = str(tmp_path_factory.mktemp("converted"))
+    imagenet_to_tfrecord.convert(tiny_imagefolder, out, train_shards=3, val_shards=2, workers=0, progress=False)
+    return out
+
+
+def test_round_trip_bytes_labels_and_schema(tiny_imagefolder, converted):
+    sources = files_by_name(tiny_imagefolder)
+    m = load_manifest(converted)
+    assert (m.num_classes, m.label_offset) == (3, 1)
+    assert [c.synset for c in m.classes] == list(SYNSETS)
+    assert m.classes[0].text.startswith("tench")
+    assert m.num_examples("train") == 3 * TINY_TRAIN_PER_CLASS
+    assert m.num_examples("validation") == 3 * TINY_VAL_PER_CLASS
+    reencoded = 0
+    for split in ("train", "validation"):
+        records = read_split(converted, split)
+        assert len(records) == m.num_examples(split)
+        for rec in records:
+            name = rec["image/filename"].decode()
+            synset = rec["image/class/synset"].decode()
+            assert synset in name and rec["image/class/label"][0] == 1 + SYNSETS.index(synset)
+            assert rec["image/format"] == b"JPEG" and rec["image/colorspace"] == b"RGB"
+            assert rec["image/channels"][0] == 3
+            encoded = rec["image/encoded"]
+            with open(sources[name], "rb") as f:
+                original = f.read()
+            im = Image.open(io.BytesIO(encoded))
+            assert (im.format, im.mode) == ("JPEG", "RGB")
+            assert (rec["image/height"][0], rec["image/width"][0]) == (im.height, im.width)
+            if encoded != original:  # only the PNG, CMYK and grayscale files are re-encoded
+                reencoded += 1
+                assert Image.open(sources[name]).mode in ("RGBA", "RGB", "CMYK", "L") and "_0." in name
+    assert reencoded == 3
+
+
+def test_index_matches_tfrecord2idx_and_manifest(converted, tmp_path):
+    m = load_manifest(converted)
+    for split in ("train", "validation"):
+        for s in m.shards(split):
+            ref = tmp_path / (s.file + ".ref")
+            create_index(os.path.join(converted, s.file), str(ref))
+            with open(os.path.join(converted, s.index)) as f:
+                assert f.read() == ref.read_text()
+            assert os.path.getsize(os.path.join(converted, s.file)) == s.bytes
+            assert s.checksum.startswith("crc32c:")
+    assert not [n for n in os.listdir(converted) if n.endswith(".tmp")]
+
+
+def test_train_shuffled_across_shards_with_fixed_seed(tiny_imagefolder, converted, tmp_path):
+    labels = [r["image/class/label"][0] for r in read_split(converted, "train")]
+    assert labels != sorted(labels)
+    again = str(tmp_path / "again")
+    imagenet_to_tfrecord.convert(tiny_imagefolder, again, train_shards=3, val_shards=2, workers=0, progress=False)
+    for s in load_manifest(converted).shards("train"):
+        with open(os.path.join(converted, s.file), "rb") as a, open(os.path.join(again, s.file), "rb") as b:
+            assert a.read() == b.read()
+
+
+def test_parallel_workers_cli(tiny_imagefolder, converted, tmp_path):
+    """Real worker processes through the CLI give the same shards as the in-process run."""
+    out = tmp_path / "par"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "data_tools.imagenet_to_tfrecord",
+            "--src",
+            tiny_imagefolder,
+            "--out",
+            str(out),
+            "--train-shards",
+            "3",
+            "--val-shards",
+            "2",
+            "--workers",
+            "2",
+            "--no-progress",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "wrote" in r.stderr and "train: 18 images in 3 shards" in r.stderr
+    for s in load_manifest(converted).shards("train") + load_manifest(converted).shards("validation"):
+        assert (out / s.file).read_bytes() == open(os.path.join(converted, s.file), "rb").read()
+
+
+@pytest.mark.parametrize("style", ["kaggle", "plain"])
+def test_flat_validation_with_labels_file(tiny_imagefolder, tmp_path, style):
+    src = tmp_path / "src"
+    os.makedirs(src / "val")
+    os.symlink(os.path.join(tiny_imagefolder, "train"), src / "train")
+    lines = ["ImageId,PredictionString"] if style == "kaggle" else []
+    for synset in SYNSETS:
+        d = os.path.join(tiny_imagefolder, "val", synset)
+        for n in sorted(os.listdir(d)):
+            os.symlink(os.path.join(d, n), src / "val" / n)
+            stem = os.path.splitext(n)[0]
+            lines.append(f"{stem},{synset} 1 2 3 4" if style == "kaggle" else f"{n} {synset}")
+    (src / "labels.txt").write_text("\n".join(lines) + "\n")
+    out = str(tmp_path / "out")
+    imagenet_to_tfrecord.convert(
+        str(src), out, train_shards=2, val_shards=1, workers=0, val_labels=str(src / "labels.txt"), progress=False
+    )
+    records = read_split(out, "validation")
+    assert len(records) == 3 * TINY_VAL_PER_CLASS
+    for rec in records:
+        synset = rec["image/filename"].decode().split("_")[0]
+        assert rec["image/class/label"][0] == 1 + SYNSETS.index(synset)
+
+
+def test_resume_after_kill_keeps_complete_shards(tiny_imagefolder, converted, tmp_path):
+    out = tmp_path / "resumed"
+    args = [
+        "--src",
+        tiny_imagefolder,
+        "--out",
+        str(out),
+        "--train-shards",
+        "3",
+        "--val-shards",
+        "2",
+        "--workers",
+        "0",
+        "--no-progress",
+    ]
+    cmd = [sys.executable, "-m", "data_tools.imagenet_to_tfrecord", *args]
+    killed = [
+        sys.executable,
+        "-m",
+        "tests.helpers.kill_convert",
+        "train-00001-of-00003:2",
+        *args,
+    ]  # tests/helpers/kill_convert.py
+    r = subprocess.run(killed, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == -9  # SIGKILL mid-shard, as a kill -9 or an OOM kill would
+    names = set(os.listdir(out))
+    assert "train-00000-of-00003" in names and "train-00001-of-00003.tmp" in names
+    assert "train-00001-of-00003" not in names and "train-00001-of-00003.idx" not in names
+    assert "dataset.json" not in names
+    kept = os.stat(out / "train-00000-of-00003")
+
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "1 complete shards kept" in r.stderr
+    assert os.stat(out / "train-00000-of-00003").st_mtime_ns == kept.st_mtime_ns
+    assert not [n for n in os.listdir(out) if n.endswith(".tmp")]
+    ref = load_manifest(converted)
+    for s in ref.shards("train") + ref.shards("validation"):
+        assert (out / s.file).read_bytes() == open(os.path.join(converted, s.file), "rb").read()
+        assert (out / s.index).read_text() == open(os.path.join(converted, s.index)).read()
+
+
+def test_make_index_for_shards_without_index(converted, tmp_path):
+    tf_dir = tmp_path / "tf"
+    os.makedirs(tf_dir)
+    ref = load_manifest(converted)
+    for s in ref.shards("train") + ref.shards("validation"):
+        (tf_dir / s.file).write_bytes(open(os.path.join(converted, s.file), "rb").read())
+    r = subprocess.run(
+        [sys.executable, "-m", "data_tools.make_index", str(tf_dir)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    m = load_manifest(str(tf_dir))
+    assert (m.num_classes, m.label_offset) == (3, 1)
+    assert [c.synset for c in m.classes] == list(SYNSETS)
+    for split in ("train", "validation"):
+        assert m.num_examples(split) == ref.num_examples(split)
+        for a, b in zip(m.shards(split), ref.shards(split)):
+            assert (a.file, a.num_records, a.bytes, a.checksum) == (b.file, b.num_records, b.bytes, b.checksum)
+            assert (tf_dir / a.index).read_text() == open(os.path.join(converted, b.index)).read()
+
+
+def test_make_index_num_classes_option(converted, tmp_path):
+    for n in os.listdir(converted):
+        if n.startswith("validation-") and not n.endswith(".idx"):
+            os.symlink(os.path.join(converted, n), tmp_path / n)
+    m = make_index.make_index(str(tmp_path), num_classes=1000)
+    assert m.num_classes == 1000 and "train" not in m.splits
+
+
+def test_demo_dataset_is_built_and_idempotent(demo_data):
+    m = load_manifest(demo_data)
+    assert (m.num_examples("train"), m.num_examples("validation"), m.num_classes) == (1437, 360, 10)
+    before = os.stat(os.path.join(demo_data, "dataset.json")).st_mtime_ns
+    t = time.perf_counter()
+    r = subprocess.run(
+        [sys.executable, "-m", "data_tools.make_demo_dataset", demo_data],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert time.perf_counter() - t < 30
+    assert os.stat(os.path.join(demo_data, "dataset.json")).st_mtime_ns == before
+
+
+def test_bench_dataset_is_imagenet_like(tmp_path):
+    make_bench_dataset.make_bench_dataset(str(tmp_path), num_images=12, classes=3, val_fraction=0.25)
+    files = [os.path.join(d, n) for d, _, ns in os.walk(tmp_path / "train") for n in ns]
+    assert len(files) == 9 and len(os.listdir(tmp_path / "train")) == 3
+    sizes = {Image.open(f).size for f in files}
+    assert len(sizes) > 1 and all(200 <= w <= 640 and 150 <= h <= 640 for w, h in sizes)
+    assert json.loads((tmp_path / "bench.json").read_text())["num_images"] == 12
+
+
+# --- one shard set at a time --------------------------------------------------------------------
+
+
+def test_reconversion_with_another_shard_count_replaces_the_old_set(tiny_imagefolder, tmp_path):
+    out = tmp_path / "out"
+    imagenet_to_tfrecord.convert(tiny_imagefolder, str(out), train_shards=3, val_shards=2, workers=0, progress=False)
+    (out / "notes.tmp").write_text("someone else's")  # not ours: must survive
+    (out / "train-00002-of-00003.tmp").write_text("leftover of the old set")
+    imagenet_to_tfrecord.convert(tiny_imagefolder, str(out), train_shards=4, val_shards=2, workers=0, progress=False)
+    shards = sorted(n for n in os.listdir(out) if n.startswith("train-"))
+    assert shards == [f"train-0000{i}-of-00004{ext}" for i in range(4) for ext in ("", ".idx")]
+    assert not [n for n in os.listdir(out / ".progress") if "of-00003" in n]
+    assert (out / "notes.tmp").read_text() == "someone else's"
+    # What the docs advise for a stale index now sees one set: 18 images, not 18 + 18.
+    assert make_index.make_index(str(out)).num_examples("train") == 3 * TINY_TRAIN_PER_CLASS
+
+
+def test_converter_refuses_shards_it_did_not_write(tiny_imagefolder, converted, tmp_path):
+    out = tmp_path / "out"
+    os.makedirs(out)
+    foreign = out / "train-00000-of-00007"
+    foreign.write_bytes(open(os.path.join(converted, "train-00000-of-00003"), "rb").read())
+    with pytest.raises(imagenet_to_tfrecord.UserError) as e:
+        imagenet_to_tfrecord.convert(
+            tiny_imagefolder, str(out), train_shards=3, val_shards=2, workers=0, progress=False
+        )
+    assert str(e.value).startswith(f"{foreign}: shards this conversion does not write") and "--out" in str(e.value)
+    assert sorted(n for n in os.listdir(out) if not n.startswith(".")) == ["train-00000-of-00007"]
+
+
+def test_make_index_refuses_mixed_sets_and_missing_shards(converted, tmp_path):
+    d = tmp_path / "d"
+    os.makedirs(d)
+    for n in os.listdir(converted):
+        if n.startswith("train-") and not n.endswith(".idx"):
+            os.symlink(os.path.join(converted, n), d / n)
+    os.symlink(os.path.join(converted, "train-00000-of-00003"), d / "train-00000-of-00001")
+    r = subprocess.run(
+        [sys.executable, "-m", "data_tools.make_index", str(d)], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"error: {d}: 2 train shard sets, train-*-of-00001 (1 files) and train-*-of-00003 (3 files); delete the "
+        f"set you do not want (or convert into an empty --out), then rerun python -m data_tools.make_index {d}"
+    )
+    os.remove(d / "train-00000-of-00001")
+    os.remove(d / "train-00001-of-00003")
+    with pytest.raises(make_index.UserError, match="train-\\*-of-00003 set lacks train-00001-of-00003; restore"):
+        make_index.make_index(str(d))
+    assert not [n for n in os.listdir(d) if n.endswith((".idx", ".json"))]  # nothing written

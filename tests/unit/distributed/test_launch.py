@@ -1,0 +1,482 @@
+"""vitlarge/distributed/launch.py: launcher detection from the environment, device choice, rendezvous errors."""
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from tests.helpers import ROOT
+from vitlarge.distributed.launch import choose_device, prints_error, rendezvous_timeout_s
+from vitlarge.distributed.launcher import DistEnv, detect, launcher_rank
+from vitlarge.distributed.threads import thread_budget
+from vitlarge.errors import UserError
+
+TORCHRUN = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29511"}
+SLURM = {
+    "SLURM_PROCID": "5",
+    "SLURM_NTASKS": "16",
+    "SLURM_LOCALID": "1",
+    "SLURM_JOB_ID": "123456",
+    "SLURM_JOB_NODELIST": "node01",
+    "SLURM_STEP_ID": "0",
+}  # srun sets SLURM_STEP_ID; a batch shell does not
+
+
+def test_torchrun_variables():
+    env = detect(dict(TORCHRUN))
+    assert env == DistEnv(
+        rank=3, world_size=8, local_rank=1, master_addr="10.0.0.5", master_port=29511, source="torchrun"
+    )
+    assert not env.is_main
+
+
+def test_torchrun_defaults():
+    env = detect({"RANK": "0", "WORLD_SIZE": "2"})
+    assert (env.local_rank, env.master_addr, env.master_port, env.is_main) == (0, "127.0.0.1", 29500, True)
+
+
+def test_slurm_variables():
+    env = detect(dict(SLURM))
+    assert env.source == "slurm"
+    assert (env.rank, env.world_size, env.local_rank) == (5, 16, 1)
+    assert env.master_addr == "node01"  # a single host is used as is, without scontrol
+    assert env.master_port == 20000 + 123456 % 20000 == 23456
+
+
+def test_slurm_port_is_the_same_on_every_rank_and_differs_between_jobs():
+    ports = {detect({**SLURM, "SLURM_PROCID": str(r)}).master_port for r in range(16)}
+    assert ports == {23456}
+    assert detect({**SLURM, "SLURM_JOB_ID": "123457"}).master_port == 23457
+
+
+def test_slurm_master_overrides():
+    env = detect({**SLURM, "MASTER_PORT": "31000", "MASTER_ADDR": "head"})
+    assert (env.master_addr, env.master_port) == ("head", 31000)
+
+
+def test_slurm_without_job_id_or_localid():
+    env = detect({"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_NODELIST": "gpu7"})
+    assert (env.local_rank, env.master_port, env.master_addr) == (0, 20000, "gpu7")
+
+
+def test_slurm_batch_shell_is_not_a_task():
+    """sbatch's shell has SLURM_PROCID=0 and the job's SLURM_NTASKS but no SLURM_STEP_ID: only srun starts tasks."""
+    batch = {k: v for k, v in SLURM.items() if k != "SLURM_STEP_ID"} | {"SLURM_PROCID": "0"}
+    with pytest.raises(UserError, match="start train.py with srun"):
+        detect(batch)
+    assert detect({**batch, "SLURM_NTASKS": "1"}).world_size == 1  # a one-task job may run python directly
+
+
+def test_slurm_master_is_the_first_node_of_the_step():
+    env = detect({**SLURM, "SLURM_JOB_NODELIST": "node01", "SLURM_STEP_NODELIST": "node07"})
+    assert env.master_addr == "node07"
+
+
+def test_rendezvous_timeout_from_the_environment():
+    assert rendezvous_timeout_s({}) == 300
+    assert rendezvous_timeout_s({"VITLARGE_RENDEZVOUS_TIMEOUT": "7.5"}) == 7.5
+    for bad in ("0", "-3", "5s", ""):
+        with pytest.raises(UserError, match="VITLARGE_RENDEZVOUS_TIMEOUT=.* must be a positive number"):
+            rendezvous_timeout_s({"VITLARGE_RENDEZVOUS_TIMEOUT": bad})
+
+
+def test_torchrun_wins_inside_a_slurm_allocation():
+    env = detect({**SLURM, **TORCHRUN})
+    assert env.source == "torchrun" and (env.rank, env.world_size) == (3, 8)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"RANK": "4", "WORLD_SIZE": "4"},
+        {"RANK": "-1", "WORLD_SIZE": "4"},
+        {"RANK": "0", "WORLD_SIZE": "0"},
+        {**SLURM, "SLURM_PROCID": "16"},
+    ],
+)
+def test_inconsistent_variables(env):
+    with pytest.raises(UserError, match="inconsistent launcher variables"):
+        detect(env)
+
+
+@pytest.mark.parametrize(
+    "env, var",
+    [
+        ({"RANK": "zero", "WORLD_SIZE": "2"}, "RANK"),
+        ({"RANK": "0", "WORLD_SIZE": "2x"}, "WORLD_SIZE"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": ""}, "LOCAL_RANK"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "http"}, "MASTER_PORT"),
+        ({**SLURM, "SLURM_NTASKS": "4(x2)"}, "SLURM_NTASKS"),
+        ({**SLURM, "SLURM_JOB_ID": "12_3a"}, "SLURM_JOB_ID"),
+        ({**SLURM, "MASTER_PORT": "auto"}, "MASTER_PORT"),
+    ],
+)
+def test_non_integer_names_the_variable(env, var):
+    with pytest.raises(UserError, match=f"environment variable {var}=.* is not an integer"):
+        detect(env)
+
+
+def test_no_variables_is_a_single_process():
+    env = detect({"SLURM_JOB_ID": "7", "PATH": "/bin"})  # an allocation without srun: still one process
+    assert (env.rank, env.world_size, env.local_rank, env.source, env.is_main) == (0, 1, 0, "single", True)
+    assert env.master_addr == "127.0.0.1" and 0 < env.master_port < 65536
+
+
+def test_auto_device_on_this_host():
+    device, backend = choose_device("auto")
+    if torch.cuda.is_available():
+        assert (device.type, backend) == ("cuda", "nccl")
+    else:
+        assert (device, backend) == (torch.device("cpu"), "gloo")
+    assert choose_device("cpu") == (torch.device("cpu"), "gloo")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a host without CUDA")
+def test_cuda_requested_without_cuda():
+    with pytest.raises(UserError, match="train.device=cuda but no CUDA device"):
+        choose_device("cuda")
+
+
+@pytest.mark.parametrize("visible, local_rank, index", [(1, 3, 0), (4, 3, 3)])
+def test_cuda_device_follows_what_slurm_makes_visible(monkeypatch, visible, local_rank, index):
+    """srun --gpus-per-task=1 shows each task one GPU (device 0); --gpus-per-node shows all of them."""
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    assert choose_device("auto", local_rank) == (torch.device("cuda", index), "nccl")
+    assert chosen == [index]
+
+
+def test_more_local_ranks_than_visible_gpus(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    with pytest.raises(UserError, match="local rank 5 but only 4 CUDA devices"):
+        choose_device("auto", 5)
+
+
+def test_rendezvous_nobody_listens():
+    """Rank 1 of 2 waits for a master that never starts: a one-line UserError naming host:port, in time.
+
+    A separate process, so no process-group state leaks into the other tests.
+    """
+    code = textwrap.dedent("""
+        import sys
+        from vitlarge.errors import UserError
+        from vitlarge.distributed.launcher import DistEnv, free_port
+        from vitlarge.distributed.launch import init_distributed
+        port = free_port()  # bound and released: nobody listens on it
+        try:
+            init_distributed(DistEnv(1, 2, 1, "127.0.0.1", port, "test"), "gloo", timeout_s=2)
+        except UserError as e:
+            print(f"PORT {port}")
+            print(f"USERERROR {e}")
+            sys.exit(0)
+        sys.exit(1)
+    """)
+    t0 = time.monotonic()
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+    )
+    elapsed = time.monotonic() - t0
+    assert r.returncode == 0, r.stdout + r.stderr
+    port = r.stdout.split("PORT ")[1].split()[0]
+    message = r.stdout.split("USERERROR ")[1].strip()
+    assert "\n" not in message
+    assert f"127.0.0.1:{port}" in message and "within 2s" in message and "rank 1 of 2" in message
+    assert elapsed < 45  # the timeout is honoured, not the 300 s default
+
+
+@pytest.mark.parametrize(
+    "env, rank",
+    [
+        ({}, 0),
+        (TORCHRUN, 3),
+        (SLURM, 5),
+        ({"RANK": "1"}, 1),
+        ({"RANK": "one"}, None),
+        ({"SLURM_PROCID": "x", "SLURM_NTASKS": "2"}, None),
+    ],
+)
+def test_launcher_rank_is_read_without_validation(env, rank):
+    assert launcher_rank(env) == rank
+
+
+def test_an_error_every_rank_meets_is_printed_by_rank_0_only():
+    same = UserError("bad key")
+    local = UserError("no GPU", same_on_all_ranks=False)
+    agreed = UserError("rank 1 cannot read", same_on_all_ranks=True)
+    rank = {r: DistEnv(r, 4, r, "127.0.0.1", 1, "torchrun") for r in (0, 1)}
+
+    def printed(error, group_exists):
+        return [prints_error(error, rank[r], group_exists) for r in (0, 1)]
+
+    # Before the process group exists an error comes from input all ranks read alike; after, a rank may fail alone.
+    assert printed(same, False) == [True, False] and printed(same, True) == [True, True]
+    assert printed(local, False) == [True, True] and printed(local, True) == [True, True]
+    assert printed(agreed, False) == [True, False] and printed(agreed, True) == [True, False]
+    # detect() itself failed: the launcher's variable says who will be rank 0.
+    for env, expected in (({"RANK": "0", "WORLD_SIZE": "9"}, True), ({"RANK": "2", "WORLD_SIZE": "1"}, False)):
+        with pytest.MonkeyPatch.context() as m:
+            for k, v in env.items():
+                m.setenv(k, v)
+            assert prints_error(same, None, group_exists=False) is expected
+
+
+# --- thread pools: sized from what the launcher gave the process, never more threads than its CPU share -- ---------------------------------
+
+# What srun -N 2 -n 4 exports to a task on the second node (no --cpus-per-task): tasks per node "2(x2)".
+SRUN_NODE2 = {
+    "SLURM_PROCID": "2",
+    "SLURM_NTASKS": "4",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "1",
+    "SLURM_STEP_ID": "0",
+    "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+    "SLURM_TASKS_PER_NODE": "2(x2)",
+}
+
+
+@pytest.mark.parametrize(
+    "env, cpus, threads, why",
+    [
+        ({}, 16, 16, "16 usable CPUs, one process"),  # plain python: the whole affinity mask
+        ({"OMP_NUM_THREADS": "3"}, 16, 3, "OMP_NUM_THREADS=3"),  # the user's value wins
+        (
+            {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"},
+            2,
+            1,
+            "OMP_NUM_THREADS=1",
+        ),  # torchrun / colossalai run with --nproc_per_node 2
+        ({"RANK": "0", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}, 32, 8, "32 usable CPUs / 4 tasks"),
+        ({**SRUN_NODE2, "SLURM_CPUS_PER_TASK": "6"}, 48, 6, "SLURM_CPUS_PER_TASK=6"),  # srun -c 6
+        ({**SRUN_NODE2, "SLURM_CPUS_PER_TASK": "6", "OMP_NUM_THREADS": "2"}, 48, 2, "OMP_NUM_THREADS=2"),
+        (
+            SRUN_NODE2,
+            2,
+            1,
+            "2 usable CPUs / 2 tasks on this node (SLURM_STEP_TASKS_PER_NODE)",
+        ),  # 2 tasks on a 2-CPU node: 1 each
+        (SRUN_NODE2, 3, 1, "3 usable CPUs / 2 tasks"),  # rounds down: never more threads than cores
+        # Uneven: 7 tasks on 3 nodes are 3,2,2; the third node (SLURM_NODEID=2) has 2 of them.
+        ({"SLURM_STEP_TASKS_PER_NODE": "3,2(x2)", "SLURM_NODEID": "2"}, 8, 4, "8 usable CPUs / 2 tasks"),
+        ({"SLURM_STEP_TASKS_PER_NODE": "3,2(x2)", "SLURM_NODEID": "0"}, 8, 2, "8 usable CPUs / 3 tasks"),
+        ({"SLURM_NTASKS_PER_NODE": "4"}, 8, 2, "(SLURM_NTASKS_PER_NODE)"),
+        ({"SLURM_STEP_TASKS_PER_NODE": "8"}, 2, 1, "2 usable CPUs / 8 tasks"),  # oversubscribed: still 1
+        # A mask Slurm bound to the task (--cpu-bind, cgroups) is its share as it is, not divided again.
+        (
+            {"SLURM_STEP_TASKS_PER_NODE": "8(x16)", "SLURM_NODEID": "3", "SLURM_JOB_CPUS_PER_NODE": "64(x16)"},
+            8,
+            8,
+            "8 CPUs bound to this task",
+        ),  # task/cgroup --cpu-bind=cores: mask 8 of the node's 64
+        ({"SLURM_STEP_TASKS_PER_NODE": "8(x16)", "SLURM_CPU_BIND_TYPE": "mask_cpu:"}, 8, 8, "bound to this task"),
+        (
+            {"SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_CPU_BIND_TYPE": "none", "SLURM_JOB_CPUS_PER_NODE": "2"},
+            2,
+            1,
+            "2 usable CPUs / 2 tasks",
+        ),  # --cpu-bind=none, mask = the whole allocation: divided
+        ({"SLURM_CPUS_PER_TASK": "8"}, 1, 1, "SLURM_CPUS_PER_TASK=8 capped by the 1 usable CPUs"),
+        (
+            {
+                "SLURM_TASKS_PER_NODE": "4",
+                "SLURM_NODEID": "5",
+                "SLURM_STEP_NUM_TASKS": "24",
+                "SLURM_STEP_NUM_NODES": "6",
+            },
+            64,
+            16,
+            "64 usable CPUs / 4 tasks on this node (SLURM_STEP_NUM_TASKS / SLURM_STEP_NUM_NODES",
+        ),  # not 64
+        ({"SLURM_TASKS_PER_NODE": "4", "SLURM_NODEID": "5"}, 64, 16, "SLURM_TASKS_PER_NODE, largest entry"),
+        (
+            {"SLURM_STEP_TASKS_PER_NODE": "3", "SLURM_NODEID": "1", "SLURM_NTASKS": "5", "SLURM_NNODES": "2"},
+            12,
+            4,
+            "12 usable CPUs / 3 tasks",
+        ),  # ceil(5 / 2)
+        ({"OMP_NUM_THREADS": "4,2"}, 16, 4, "OMP_NUM_THREADS=4"),  # OpenMP nested form: the first level
+    ],
+)
+def test_thread_budget(env, cpus, threads, why):
+    n, reason = thread_budget(env, cpus)
+    assert n == threads and why in reason, (n, reason)
+
+
+# DALI's default: the CPU share, never torchrun's blanket OMP_NUM_THREADS=1 (which would starve the decoders).
+@pytest.mark.parametrize(
+    "env, cpus, threads, why",
+    [
+        # colossalai run / torchrun --nproc_per_node 8 on a 64-core node: 8, not 1 (the old fixed 4 was below it)
+        (
+            {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8", "OMP_NUM_THREADS": "1"},
+            64,
+            8,
+            "64 usable CPUs / 8 tasks",
+        ),
+        # torchrun 2 workers on 2 cores: 1 each, the share (more would fight PyTorch's threads)
+        (
+            {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"},
+            2,
+            1,
+            "2 usable CPUs / 2 tasks",
+        ),
+        # srun bound to 8 cores per task on 16 nodes
+        (
+            {
+                **SRUN_NODE2,
+                "SLURM_STEP_TASKS_PER_NODE": "8(x16)",
+                "SLURM_CPU_BIND_TYPE": "cores",
+                "OMP_NUM_THREADS": "1",
+            },
+            8,
+            8,
+            "8 CPUs bound to this task",
+        ),
+        ({**SRUN_NODE2, "SLURM_CPUS_PER_TASK": "6", "OMP_NUM_THREADS": "2"}, 48, 6, "SLURM_CPUS_PER_TASK=6"),
+        ({**SRUN_NODE2, "SLURM_CPUS_PER_TASK": "16"}, 4, 4, "capped by the 4 usable CPUs"),
+        ({"OMP_NUM_THREADS": "1"}, 16, 16, "16 usable CPUs, one process"),  # plain python with a user's OMP=1
+    ],
+)
+def test_dali_threads_follow_the_cpu_share_not_omp(env, cpus, threads, why):
+    from vitlarge.distributed.threads import dali_threads
+
+    n, reason = dali_threads(env, cpus)
+    assert n == threads and why in reason, (n, reason)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"OMP_NUM_THREADS": "0"},
+        {"SLURM_CPUS_PER_TASK": "x"},
+        {"OMP_NUM_THREADS": "x,2"},
+        {"SLURM_STEP_TASKS_PER_NODE": "2(x"},
+    ],
+)
+def test_thread_budget_bad_values_name_the_variable(env):
+    with pytest.raises(UserError, match=next(iter(env))):
+        thread_budget(env, 4)
+
+
+def test_size_thread_pools_in_a_fresh_process_sets_torch_and_omp():
+    """In a real process as srun starts it (2 tasks on this node, no OMP_NUM_THREADS), sized before torch
+    loads as train.py does: PyTorch's pool and OMP_NUM_THREADS follow the affinity mask / tasks."""
+    code = textwrap.dedent("""
+        import logging, os, sys
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        from vitlarge.distributed import launcher
+        from vitlarge.distributed import threads
+        env = launcher.detect()
+        assert "torch" not in sys.modules  # as in train.py: torch loads after, and takes the size
+        n, why = threads.size_thread_pools()
+        import torch
+        print("RESULT", n, torch.get_num_threads(), os.environ["OMP_NUM_THREADS"], why, flush=True)
+    """)
+    import os
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMP_", "RANK", "WORLD_SIZE"))}
+    cpus = len(os.sched_getaffinity(0))
+    for rank in (0, 1):
+        env = {
+            **base,
+            "SLURM_PROCID": str(rank),
+            "SLURM_NTASKS": "2",
+            "SLURM_STEP_ID": "0",
+            "SLURM_STEP_TASKS_PER_NODE": "2",
+            "SLURM_JOB_NODELIST": "localhost",
+        }
+        r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        want = max(1, cpus // 2)
+        assert f"RESULT {want} {want} {want}" in r.stdout, r.stdout
+        assert f"{cpus} usable CPUs / 2 tasks on this node (SLURM_STEP_TASKS_PER_NODE)" in r.stdout, r.stdout
+
+
+# --- the interface gloo and NCCL bind to across nodes -------------------------------------------------------
+
+
+def test_route_interface_to_loopback_ipv6_and_an_unknown_host():
+    from vitlarge.distributed.network import route_interface
+
+    assert route_interface("127.0.0.1", 29500) == ("lo", "127.0.0.1")
+    assert route_interface("::1", 29500) == ("lo", "::1")  # AF_UNSPEC: an IPv6 master is routed too
+    with pytest.raises(OSError):
+        route_interface("no-such-host.invalid", 29500)
+
+
+def test_bind_interface_sets_only_gloo_and_only_what_the_user_left_unset():
+    """NCCL picks its own interface (we never set NCCL_SOCKET_IFNAME); gloo gets the route to the master."""
+    from vitlarge.distributed.network import bind_interface
+
+    slurm = DistEnv(1, 2, 0, "127.0.0.1", 29500, "slurm")  # one node (no SLURM_STEP_NUM_NODES): loopback is right
+    env = {}
+    assert bind_interface(slurm, env) == "lo" and env == {"GLOO_SOCKET_IFNAME": "lo"}
+    env = {"NCCL_SOCKET_IFNAME": "=ib0"}
+    assert bind_interface(slurm, env) == "lo" and env == {"NCCL_SOCKET_IFNAME": "=ib0", "GLOO_SOCKET_IFNAME": "lo"}
+    env = {"GLOO_SOCKET_IFNAME": "eth1"}
+    assert bind_interface(slurm, env) == "eth1" and env == {"GLOO_SOCKET_IFNAME": "eth1"}
+    for other in (DistEnv(0, 1, 0, "127.0.0.1", 29500, "slurm"), DistEnv(0, 2, 0, "127.0.0.1", 29500, "torchrun")):
+        env = {}
+        assert bind_interface(other, env) == "" and env == {}  # one process, or torchrun: left as it was
+
+
+def test_unroutable_master_leaves_gloo_to_its_default_with_a_warning(caplog):
+    from vitlarge.distributed.network import bind_interface
+
+    env = {"SLURM_STEP_NUM_NODES": "2"}
+    with caplog.at_level("WARNING", logger="vitlarge"):
+        assert bind_interface(DistEnv(1, 2, 0, "no-such-host.invalid", 29500, "slurm"), env) == ""
+    assert (
+        "GLOO_SOCKET_IFNAME" not in env and "cannot resolve or route to the master no-such-host.invalid" in caplog.text
+    )
+
+
+def test_loopback_master_on_a_multi_node_step_is_never_exported():
+    """The master's name resolves to 127.0.1.1 on its own node (Debian's /etc/hosts). With
+    several nodes, lo is never exported: the route to another host of the step, or one line naming the entry."""
+    from vitlarge.distributed.network import bind_interface, route_interface
+
+    master = DistEnv(0, 2, 0, "127.0.1.1", 29500, "slurm")
+    env = {"SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NODELIST": "127.0.0.2"}  # the other "node" is loopback too
+    with pytest.raises(UserError, match=r"resolves to the loopback address 127\.0\.1\.1 \(an /etc/hosts entry"):
+        bind_interface(master, env)
+    assert "GLOO_SOCKET_IFNAME" not in env
+    other = "10.255.255.1"  # a host of the step reached through this machine's default route
+    try:
+        expected = route_interface(other, 29500)[0]
+    except OSError:
+        expected = ""
+    env = {"SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NODELIST": other}
+    if expected in ("", "lo"):  # no default route here: the clear line again
+        with pytest.raises(UserError, match="/etc/hosts"):
+            bind_interface(master, env)
+    else:
+        assert bind_interface(master, env) == expected != "lo" and env["GLOO_SOCKET_IFNAME"] == expected
+
+
+def test_rendezvous_error_names_host_interface_time_and_claims_a_timeout_only_for_one():
+    import socket as _socket
+
+    from vitlarge.distributed.launch import rendezvous_error
+
+    env = DistEnv(1, 4, 1, "node1", 21234, "slurm")
+    timeout = rendezvous_error(env, RuntimeError("Socket Timeout"), 5.2, 5.0, "eth0")
+    assert timeout.startswith(
+        "rendezvous at node1:21234 did not complete within 5s (rank 1 of 4, slurm; on "
+        f"{_socket.gethostname()}, interface eth0, 5.2s): Socket Timeout"
+    )
+    other = rendezvous_error(env, RuntimeError("Connection reset by peer\nmore"), 0.4, 300.0, "")
+    assert "failed after 0.4s" in other and "did not complete" not in other
+    assert "interface default" in other and other.endswith(
+        "Connection reset by peer; check that every process started and that the address is reachable"
+    )

@@ -1,0 +1,367 @@
+"""Each hook driven with synthetic events as vitlarge/events.py describes them; asserts on real output."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import logging
+
+import pytest
+from rich.console import Console
+
+from hooks import (
+    ConsoleHook,
+    JsonlHook,
+    NanGuardHook,
+    RunInfo,
+    StopTraining,
+    TensorBoardHook,
+    TotalBatchHook,
+    build_hooks,
+    read_metrics,
+)
+from hooks.console import format_bytes, format_duration
+from tests.helpers.plans import one_phase_plan
+from vitlarge.config.schema import Config
+from vitlarge.events import EvalMetrics, StepMetrics
+from vitlarge.plan.plan import Plan
+
+NAN, INF = float("nan"), float("inf")
+
+
+PLAN = one_phase_plan(
+    world_size=4,
+    global_batch=32768,
+    micro_batch=256,
+    accum_steps=32,
+    steps_per_epoch=39,
+    total_steps=11700,
+    warmup_steps=390,
+    eval_every_steps=0,
+    num_train_examples=39 * 32768,
+)
+
+
+def make_run(workdir, **kw) -> RunInfo:
+    """``kw`` may set RunInfo fields and Plan fields (``total_steps=...``)."""
+    plan_kw = {k: kw.pop(k) for k in list(kw) if k in {f.name for f in dataclasses.fields(Plan)}}
+    base = dict(
+        workdir=str(workdir),
+        rank=0,
+        is_main=True,
+        device="cpu",
+        start_step=0,
+        plan=dataclasses.replace(PLAN, **plan_kw),
+        cfg=Config(),
+    )
+    return RunInfo(**{**base, **kw})
+
+
+def step_metrics(step, **kw) -> StepMetrics:
+    m = dict(
+        step=step,
+        epoch=step / 39,
+        train_loss=7.0 - 0.1 * step,
+        lr=1.5e-3,
+        grad_norm=1.5,
+        loss_scale=32768.0,
+        skipped=False,
+        images=32768,
+        step_time=2.0,
+        data_time=0.5,
+        images_per_s=16384.0,
+        images_per_s_per_device=4096.0,
+        peak_mem_bytes=3 * 2**30,
+    )
+    return StepMetrics(**{**m, **kw})
+
+
+EVAL = EvalMetrics(step=3, epoch=3 / 39, val_top1=0.76543, val_top5=0.93217, val_loss=0.98765, val_images=50000)
+
+
+def strict_json(line: str) -> dict:
+    """json.loads that rejects NaN/Infinity, which Python's json would otherwise accept."""
+
+    def reject(c):
+        raise ValueError(f"non-strict JSON constant {c}")
+
+    return json.loads(line, parse_constant=reject)
+
+
+# --- TotalBatchHook -----------------------------------------------------------------------------
+
+
+def test_total_batch_logs_the_equation_on_main_rank_only(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="vitlarge")
+    TotalBatchHook().on_train_start(make_run(tmp_path, rank=1, is_main=False))
+    assert caplog.records == []
+    TotalBatchHook().on_train_start(make_run(tmp_path))
+    text = caplog.text
+    assert "total batch size = 32768 = 256 (micro) x 32 (accumulation) x 4 (devices)" in text
+    assert "steps per epoch = 39, total steps = 11700 (300.0 epochs), warmup steps = 390 (10.0 epochs)" in text
+
+
+# --- ConsoleHook --------------------------------------------------------------------------------
+
+
+def test_console_window_averages_eta_and_data_wait(tmp_path):
+    out = io.StringIO()
+    hook = ConsoleHook(log_every=10, console=Console(file=out, width=60))
+    run = make_run(tmp_path, total_steps=2510)
+    hook.on_train_start(run)
+    for s in range(1, 11):
+        kw = dict(skipped=True, grad_norm=INF, loss_scale=65536.0) if s == 5 else {}
+        hook.on_step_end(run, step_metrics(s, **kw))
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2  # first step, then step 10; never wrapped despite width=60
+    assert lines[0].startswith("train step    1/2510 ")
+    line = lines[1]
+    assert "step   10/2510" in line and "epoch 0.26" in line
+    assert "loss 6.4000" in line  # mean of 7 - 0.1*s over the window s = 2..10
+    assert "lr 1.500e-03" in line and "scale 32768" in line
+    assert "grad 1.500" in line  # the skipped step's inf grad norm is left out of the mean
+    assert "16384.0 img/s (4096.0/dev)" in line
+    assert "data 25.0%" in line  # 0.5 s of 2.0 s
+    assert "eta 1:23:20" in line  # 2.0 s x 2500 remaining steps
+    assert "mem 3.00 GiB" in line and "skipped 1" in line
+
+
+def test_console_prints_last_step_eval_and_plain_text_when_piped(tmp_path, capsys):
+    hook = ConsoleHook(log_every=100)  # default Console on stdout, which capsys makes a non-TTY
+    run = make_run(tmp_path, total_steps=3, start_step=1)
+    hook.on_train_start(run)
+    for s in (2, 3):
+        hook.on_step_end(run, step_metrics(s, peak_mem_bytes=300 * 2**20))
+    hook.on_eval_end(run, EVAL)
+    hook.on_checkpoint(run, 3, "/runs/x/ckpt[3]")
+    out = capsys.readouterr().out
+    assert "\x1b" not in out
+    lines = out.splitlines()
+    assert [ln.split(" | ")[0] for ln in lines] == ["train step 2/3", "train step 3/3", "eval  step 3", "ckpt  step 3"]
+    assert "mem 300 MiB" in lines[1] and "eta 0:00:00" in lines[1]
+    assert "top-1 76.54% | top-5 93.22% | loss 0.9877 | 50000 images" in lines[2]
+    assert lines[3].endswith("/runs/x/ckpt[3]")
+
+
+def test_console_non_main_rank_prints_nothing(tmp_path):
+    out = io.StringIO()
+    hook = ConsoleHook(log_every=1, console=Console(file=out))
+    run = make_run(tmp_path, rank=2, is_main=False)
+    hook.on_train_start(run)
+    hook.on_step_end(run, step_metrics(1))
+    hook.on_eval_end(run, EVAL)
+    hook.on_train_end(run, dataclasses.replace(EVAL, step=1))
+    assert out.getvalue() == ""
+
+
+def test_formatters():
+    assert format_duration(0) == "0:00:00"
+    assert format_duration(30 * 3600 + 61) == "30:01:01"
+    assert format_duration(NAN) == "?"
+    assert format_bytes(512 * 2**20) == "512 MiB"
+    assert format_bytes(1.5 * 2**30) == "1.50 GiB"
+
+
+# --- JsonlHook ----------------------------------------------------------------------------------
+
+
+def test_jsonl_records_are_strict_json_with_nan_as_null(tmp_path):
+    hook, run = JsonlHook(str(tmp_path)), make_run(tmp_path)
+    hook.on_train_start(run)
+    hook.on_step_end(run, step_metrics(1))
+    hook.on_step_end(run, step_metrics(2, train_loss=NAN, grad_norm=INF, skipped=True))
+    hook.on_eval_end(run, EVAL)
+    hook.on_checkpoint(run, 2, "/ck/2")
+    hook.on_train_end(run, EVAL)
+    recs = [strict_json(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["event"] for r in recs] == ["start", "train", "train", "eval", "checkpoint", "end"]
+    assert recs[0]["global_batch"] == 32768 and recs[0]["step"] == 0
+    t1 = recs[1]
+    assert {
+        "step",
+        "epoch",
+        "train_loss",
+        "lr",
+        "grad_norm",
+        "loss_scale",
+        "images_per_s",
+        "skipped",
+        "data_time",
+        "step_time",
+        "peak_mem_bytes",
+        "time",
+    } <= t1.keys()
+    assert t1["train_loss"] == pytest.approx(6.9) and t1["peak_mem_bytes"] == 3 * 2**30
+    assert recs[2]["train_loss"] is None and recs[2]["grad_norm"] is None and recs[2]["skipped"] is True
+    assert recs[3]["val_top1"] == 0.76543 and recs[3]["val_images"] == 50000
+    assert recs[4] == {**recs[4], "step": 2, "path": "/ck/2"}
+    assert recs[5]["step"] == 3 and recs[5]["val_top5"] == 0.93217
+
+
+def test_jsonl_resume_appends_and_read_metrics_keeps_the_last_history(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    first, run = JsonlHook(str(tmp_path)), make_run(tmp_path)
+    first.on_train_start(run)
+    for s in range(1, 6):
+        first.on_step_end(run, step_metrics(s, train_loss=1.0))
+        if s == 3:
+            first.on_checkpoint(run, 3, "/ck/3")
+    first._file.close()  # killed at step 5, mid-way through writing step 6:
+    with open(path, "a") as f:
+        f.write('{"event": "train", "st')
+
+    second, run2 = JsonlHook(str(tmp_path)), make_run(tmp_path, start_step=3)
+    second.on_train_start(run2)
+    for s in (4, 5):
+        second.on_step_end(run2, step_metrics(s, train_loss=2.0))
+    second.on_train_end(run2, dataclasses.replace(EVAL, step=5))
+
+    lines = path.read_text().splitlines()
+    assert lines.count('{"event": "train", "st') == 1  # the partial line stays alone on its line
+    assert len([ln for ln in lines if ln.startswith('{"event": "train", "step"')]) == 7
+    recs = read_metrics(str(path))
+    train = [(r["step"], r["train_loss"]) for r in recs if r["event"] == "train"]
+    assert train == [(1, 1.0), (2, 1.0), (3, 1.0), (4, 2.0), (5, 2.0)]
+    assert [r["event"] for r in recs].count("start") == 2
+    assert [r["path"] for r in recs if r["event"] == "checkpoint"] == ["/ck/3"]
+
+
+def test_read_metrics_rolls_back_steps_the_resumed_run_never_reached(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    rows = (
+        [{"event": "start", "step": 0}]
+        + [{"event": "train", "step": s} for s in range(1, 9)]
+        + [{"event": "start", "step": 4}]
+        + [{"event": "train", "step": s} for s in (5, 6)]
+    )
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert [r["step"] for r in read_metrics(str(path)) if r["event"] == "train"] == [1, 2, 3, 4, 5, 6]
+
+
+def test_jsonl_non_main_rank_writes_nothing(tmp_path):
+    hook, run = JsonlHook(str(tmp_path / "w")), make_run(tmp_path, rank=1, is_main=False)
+    hook.on_train_start(run)
+    hook.on_step_end(run, step_metrics(1))
+    hook.on_train_end(run, dataclasses.replace(EVAL, step=1))
+    assert not (tmp_path / "w").exists()
+
+
+# --- TensorBoardHook ----------------------------------------------------------------------------
+
+
+def _scalars(logdir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(logdir))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_tensorboard_scalars_read_back_and_resume_purges(tmp_path):
+    hook, run = TensorBoardHook(str(tmp_path)), make_run(tmp_path)
+    hook.on_train_start(run)
+    for s in (1, 2, 3):
+        hook.on_step_end(run, step_metrics(s, train_loss=NAN if s == 2 else 5.0))
+    hook.on_eval_end(run, EVAL)
+    hook.on_train_end(run, dataclasses.replace(EVAL, step=3))
+    sc = _scalars(tmp_path / "tb")
+    assert set(sc) == {
+        "train/loss",
+        "train/lr",
+        "train/grad_norm",
+        "train/loss_scale",
+        "train/skipped",
+        "perf/images_per_s",
+        "perf/data_wait",
+        "mem/peak_gib",
+        "val/top1",
+        "val/top5",
+        "val/loss",
+    }
+    assert sc["train/loss"] == [(1, 5.0), (3, 5.0)]  # the nan step is left out
+    assert sc["train/lr"][0] == (1, pytest.approx(1.5e-3))
+    assert sc["perf/data_wait"][0][1] == pytest.approx(0.25)
+    assert sc["mem/peak_gib"][0][1] == pytest.approx(3.0)
+    assert sc["val/top1"] == [(3, pytest.approx(0.76543))]
+
+    resumed, run2 = TensorBoardHook(str(tmp_path)), make_run(tmp_path, start_step=2)
+    resumed.on_train_start(run2)
+    resumed.on_step_end(run2, step_metrics(3, train_loss=4.0))
+    resumed.on_train_end(run2, dataclasses.replace(EVAL, step=3))
+    assert _scalars(tmp_path / "tb")["train/loss"] == [(1, 5.0), (3, 4.0)]
+
+
+def test_tensorboard_non_main_rank_writes_nothing(tmp_path):
+    hook, run = TensorBoardHook(str(tmp_path)), make_run(tmp_path, rank=3, is_main=False)
+    hook.on_train_start(run)
+    hook.on_step_end(run, step_metrics(1))
+    hook.on_eval_end(run, EVAL)
+    hook.on_train_end(run, dataclasses.replace(EVAL, step=1))
+    assert not (tmp_path / "tb").exists()
+
+
+# --- NanGuardHook -------------------------------------------------------------------------------
+
+
+def test_nan_guard_raises_after_exactly_patience_steps(tmp_path):
+    guard, run = NanGuardHook(patience=3), make_run(tmp_path, rank=1, is_main=False)  # all ranks
+    guard.on_train_start(run)
+    guard.on_step_end(run, step_metrics(1, train_loss=2.5))
+    guard.on_checkpoint(run, 1, "/ck/1")
+    guard.on_step_end(run, step_metrics(2, train_loss=2.4, skipped=True, grad_norm=INF))
+    guard.on_step_end(run, step_metrics(3, train_loss=NAN))
+    guard.on_step_end(run, step_metrics(4, train_loss=INF))
+    guard.on_checkpoint(run, 4, "/ck/4")  # written during the streak: not a good checkpoint
+    with pytest.raises(StopTraining) as err:
+        guard.on_step_end(run, step_metrics(5, train_loss=NAN))
+    msg = str(err.value)
+    assert "non-finite for steps 3..5" in msg
+    assert "last finite loss 2.4000 at step 2" in msg
+    assert "lower the lr or use bf16" in msg
+    assert msg.endswith("last good checkpoint: /ck/1")
+
+
+def test_nan_guard_ignores_fp16_skips_and_resets_on_finite_loss(tmp_path):
+    guard, run = NanGuardHook(patience=2), make_run(tmp_path, start_step=10)
+    guard.on_train_start(run)
+    for s in range(11, 21):  # a long run of overflow skips with finite loss is not divergence
+        guard.on_step_end(run, step_metrics(s, skipped=True, grad_norm=INF))
+    for s, loss in zip(range(21, 26), (NAN, 3.0, NAN, 3.0, NAN)):
+        guard.on_step_end(run, step_metrics(s, train_loss=loss))
+    with pytest.raises(
+        StopTraining,
+        match=r"steps 25\.\.26; last finite loss 3\.0000 at step 24.*"
+        r"none written by this run; it resumed .* step 10",
+    ):
+        guard.on_step_end(run, step_metrics(26, train_loss=NAN))
+
+
+# --- build_hooks --------------------------------------------------------------------------------
+
+
+def test_build_hooks_logs_the_failing_step_before_the_guard_stops(tmp_path, capsys):
+    hooks = build_hooks(str(tmp_path), log_every=5, nan_patience=1, tensorboard=False)
+    assert [type(h).__name__ for h in hooks] == [
+        "TotalBatchHook",
+        "ConsoleHook",
+        "JsonlHook",
+        "PlotHook",
+        "NanGuardHook",
+    ]
+    run = make_run(tmp_path)
+    for h in hooks:
+        h.on_train_start(run)
+    with pytest.raises(StopTraining, match="steps 1..1; no finite loss since this run started"):
+        for h in hooks:
+            h.on_step_end(run, step_metrics(1, train_loss=NAN))
+    last = strict_json((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["step"] == 1 and last["train_loss"] is None
+    assert "loss nan" in capsys.readouterr().out
+    assert [type(h).__name__ for h in build_hooks("w", log_every=1, nan_patience=1, console=False)] == [
+        "TotalBatchHook",
+        "JsonlHook",
+        "TensorBoardHook",
+        "PlotHook",
+        "NanGuardHook",
+    ]

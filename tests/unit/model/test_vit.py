@@ -1,0 +1,95 @@
+"""vitlarge/model/vit.py: recipe fields reach the timm modules; sizes match the published ViT-B/16."""
+
+import pytest
+import torch
+
+from tests.helpers import ROOT
+from vitlarge.config.load import load_recipe
+from vitlarge.errors import UserError
+from vitlarge.model.vit import build_model, describe_model, memory_estimate
+
+torch.set_num_threads(1)
+
+
+def demo():
+    return load_recipe(ROOT / "recipes" / "demo_digits.py")
+
+
+def test_dropout_fields_reach_the_timm_modules():
+    cfg = demo()
+    cfg.model.pos_drop_rate, cfg.model.attn_drop_rate = 0.11, 0.22
+    cfg.model.proj_drop_rate, cfg.model.head_drop_rate = 0.33, 0.44
+    cfg.model.drop_path_rate = 0.3
+    m = build_model(cfg)
+    assert m.pos_drop.p == 0.11
+    for block in m.blocks:
+        assert block.attn.attn_drop.p == 0.22
+        assert block.attn.proj_drop.p == 0.33
+        assert block.mlp.drop1.p == 0.33 and block.mlp.drop2.p == 0.33
+    assert m.head_drop.p == 0.44
+    # Stochastic depth grows linearly with depth up to drop_path_rate in the last block.
+    assert m.blocks[-1].drop_path1.drop_prob == pytest.approx(0.3)
+    assert isinstance(m.blocks[0].drop_path1, torch.nn.Identity)  # rate 0 in the first block
+
+
+def test_vit_b16_recipe_dropout_is_the_originals_single_0_1():
+    cfg = load_recipe(ROOT / "recipes" / "vit_b16.py")
+    cfg.model.name, cfg.model.kwargs, cfg.data.image_size = "vit_tiny_patch16_224", dict(depth=1), 32
+    m = build_model(cfg, "meta")
+    assert (m.pos_drop.p, m.blocks[0].attn.attn_drop.p, m.blocks[0].mlp.drop1.p, m.head_drop.p) == (0.1, 0.1, 0.1, 0.0)
+
+
+def test_demo_model_shape_and_forward():
+    torch.manual_seed(0)
+    cfg = demo()
+    m = build_model(cfg).eval()
+    assert (m.patch_embed.num_patches, m.embed_dim, len(m.blocks), m.num_classes) == (16, 96, 4, 10)
+    n = sum(p.numel() for p in m.parameters())
+    assert 0.4e6 < n < 0.5e6  # "a 0.46M-parameter ViT"
+    with torch.no_grad():
+        y = m(torch.randn(2, 3, 16, 16))
+    assert y.shape == (2, 10) and torch.isfinite(y).all()
+
+
+def test_grad_checkpointing_flag():
+    cfg = demo()
+    cfg.model.grad_checkpointing = True
+    assert build_model(cfg, "meta").grad_checkpointing is True
+    cfg.model.grad_checkpointing = False
+    assert build_model(cfg, "meta").grad_checkpointing is False
+
+
+def test_describe_vit_b16():
+    cfg = load_recipe(ROOT / "recipes" / "vit_b16.py")
+    info = describe_model(cfg)
+    assert info["params"] == pytest.approx(86.57e6, rel=0.002)
+    assert info["fwd_flops"] == pytest.approx(2 * 17.56e9, rel=0.02)  # timm's 17.56 GMACs per 224px image
+    assert (info["depth"], info["dim"], info["heads"], info["tokens"]) == (12, 768, 12, 197)
+
+
+def test_memory_estimate_scales_as_documented():
+    info = dict(params=86_570_000, tokens=197, dim=768, heads=12, depth=12)
+    base = memory_estimate(info, 256, "fp16", False, sharded=False, world=4)
+    assert base["states"] == 16 * info["params"] == base["weights"] + base["grads"] + base["optimizer"]
+    assert base["total"] == base["states"] + base["activations"]
+    fsdp = memory_estimate(info, 256, "fp16", False, sharded=True, world=4)
+    gathered = 2 * info["params"] / 12 * 2  # two bf16/fp16 blocks of twelve
+    assert fsdp["states"] == pytest.approx(16 * info["params"] / 4 + gathered)
+    no_sync = memory_estimate(info, 256, "fp32", False, sharded=True, world=4, unsharded_grads=True)
+    assert no_sync["grads"] == 4 * info["params"] == 4 * fsdp["grads"]  # whole fp32 gradients between micro-steps
+    assert memory_estimate(info, 256, "fp32", False, False, 4)["activations"] == 2 * base["activations"]
+    assert memory_estimate(info, 256, "fp16", True, False, 4)["activations"] < base["activations"] / 10
+
+
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("name", "vit_nonexistent_patch3", "vit_nonexistent_patch3"),
+        ("kwargs", {"not_a_timm_kwarg": 1}, "not_a_timm_kwarg"),
+    ],
+)
+def test_unknown_model_or_kwarg(field, value, match):
+    cfg = demo()
+    setattr(cfg.model, field, value)
+    with pytest.raises(UserError, match=match):
+        build_model(cfg, "meta")

@@ -1,0 +1,129 @@
+"""The picture of a run: `vitlarge.report.plot` and `hooks.plot.PlotHook` over a real metrics.jsonl."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+
+from hooks.jsonl import JsonlHook
+from hooks.plot import PlotHook
+from tests.helpers import ROOT
+from tests.helpers.plans import one_phase_plan
+from vitlarge.config.schema import Config
+from vitlarge.errors import UserError
+from vitlarge.events import EvalMetrics, RunInfo, StepMetrics
+from vitlarge.report.metrics_log import PLOT_FILENAME
+from vitlarge.report.plot import _smooth, plot_run
+
+
+def run_info(workdir, start_step=0) -> RunInfo:
+    plan = one_phase_plan(
+        world_size=2,
+        global_batch=128,
+        micro_batch=16,
+        accum_steps=4,
+        steps_per_epoch=11,
+        total_steps=40,
+        warmup_steps=5,
+        eval_every_steps=11,
+        num_train_examples=11 * 128,
+    )
+    cfg = Config()
+    cfg.model.name = "vit_tiny_patch16_224"
+    return RunInfo(workdir=str(workdir), rank=0, is_main=True, device="cpu", start_step=start_step, plan=plan, cfg=cfg)
+
+
+def step(s: int, loss: float = 1.0, skipped: bool = False) -> StepMetrics:
+    return StepMetrics(
+        step=s,
+        epoch=s / 11,
+        train_loss=loss,
+        lr=1e-3 * s,
+        grad_norm=math.inf if skipped else 1.0,
+        loss_scale=2.0**16,
+        skipped=skipped,
+        images=128,
+        step_time=0.1,
+        data_time=0.01,
+        images_per_s=1280.0,
+        images_per_s_per_device=640.0,
+        peak_mem_bytes=2**29,
+        allreduce_calls=1,
+    )
+
+
+def evaluation(s: int) -> EvalMetrics:
+    return EvalMetrics(step=s, epoch=s / 11, val_top1=s / 50, val_top5=s / 45, val_loss=1 / s, val_images=360)
+
+
+def write_run(workdir, steps=40, evals=(11, 22, 33, 40)) -> None:
+    """A run as JsonlHook writes it, with one fp16 overflow and a non-finite loss, then the plot hook."""
+    hooks = [JsonlHook(str(workdir)), PlotHook(str(workdir))]
+    run = run_info(workdir)
+    for h in hooks:
+        h.on_train_start(run)
+    for s in range(1, steps + 1):
+        m = step(s, loss=math.nan if s == 7 else 2.0 / s, skipped=s == 7)
+        for h in hooks:
+            h.on_step_end(run, m)
+        if s in evals:
+            for h in hooks:
+                h.on_eval_end(run, evaluation(s))
+    for h in hooks:
+        h.on_train_end(run, evaluation(steps))
+    return hooks[1]
+
+
+def test_the_hook_draws_the_run_at_its_end_next_to_metrics_jsonl(tmp_path):
+    hook = write_run(tmp_path)
+    path = tmp_path / PLOT_FILENAME
+    assert hook.path == str(path)
+    with Image.open(path) as image:
+        assert image.format == "PNG" and image.width > 1000 and image.height > 700
+        # Not a blank canvas: the curves put many colours on it.
+        assert len(image.convert("RGB").getcolors(maxcolors=1 << 16) or []) > 50
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_the_cli_redraws_a_run_and_names_the_file(tmp_path):
+    write_run(tmp_path)
+    (tmp_path / PLOT_FILENAME).unlink()
+    r = subprocess.run(
+        [sys.executable, "-m", "vitlarge.report.plot", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(tmp_path / PLOT_FILENAME) and (tmp_path / PLOT_FILENAME).is_file()
+
+
+def test_a_run_without_records_is_one_line_and_exit_2(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "vitlarge.report.plot", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'metrics.jsonl'} does not exist; pass the --workdir of a run that has started"
+    ]
+    (tmp_path / "metrics.jsonl").write_text('{"event": "start", "step": 0}\n')
+    with pytest.raises(UserError, match="has no training steps yet"):
+        plot_run(tmp_path)
+
+
+def test_a_plot_failure_is_a_warning_not_a_failed_run(tmp_path, caplog):
+    hook = PlotHook(str(tmp_path / "missing"))
+    hook.on_train_end(run_info(tmp_path), evaluation(1))  # no metrics.jsonl there
+    assert hook.path is None and "no picture of the run" in caplog.text
+
+
+def test_smoothing_skips_non_finite_values_instead_of_spreading_them():
+    assert _smooth([1.0, math.nan, 3.0, None, 5.0], 2) == [1.0, 1.0, 2.0, 2.0, 4.0]

@@ -1,0 +1,72 @@
+"""The layout stays one-way and formatted: import-linter's layers contract, no import cycle, ruff."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def cycles(graph) -> list[list[str]]:
+    """The import graph's strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.find_modules_directly_imported_by(v):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for m in sorted(graph.modules):
+        if m not in index:
+            visit(m)
+    return found
+
+
+def test_packages_import_only_downwards():
+    """pyproject.toml's layers contract: a new upward import (and with it any circle between packages) fails."""
+    r = subprocess.run([str(BIN / "lint-imports")], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert "0 broken" in r.stdout
+
+
+def test_no_module_imports_itself_through_others():
+    """Within a package too: function-level imports count, as they do when they run."""
+    graph = grimp.build_graph("vitlarge", "hooks")
+    assert cycles(graph) == []
+
+
+def test_a_cycle_would_be_found(tmp_path, monkeypatch):
+    """The cycle check is live: two modules that import each other are reported."""
+    pkg = tmp_path / "circle"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from circle import b\n")
+    (pkg / "b.py").write_text("def f():\n    from circle import a\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert cycles(grimp.build_graph("circle")) == [["circle.a", "circle.b"]]
+
+
+def test_the_tree_is_ruff_formatted_and_clean():
+    fmt = subprocess.run([str(BIN / "ruff"), "format", "--check", "."], cwd=ROOT, capture_output=True, text=True)
+    assert fmt.returncode == 0, fmt.stdout[-3000:] + fmt.stderr[-1000:]
+    lint = subprocess.run([str(BIN / "ruff"), "check", "."], cwd=ROOT, capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout[-3000:] + lint.stderr[-1000:]

@@ -1,0 +1,144 @@
+"""The training loop (vitlarge/train/trainer.py) on the real engine: a Booster (TorchDDPPlugin, gloo group of one).
+
+The trainer's contract: it owns the step counter, emits the events of vitlarge/events.py in the
+documented order (train start; a step end per optimizer step; evaluations and checkpoints at their
+cadence; a final evaluation, a final checkpoint unless one exists, train end), stops at
+``train.max_steps``, and on SIGTERM writes a checkpoint at the next step boundary and raises
+`Preempted`, restoring the signal handlers it installed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+
+from tests.helpers import ROOT
+from tests.helpers.plans import OnePhaseLoaders
+from vitlarge.checkpoint import store
+from vitlarge.config.load import load_recipe
+from vitlarge.errors import Preempted
+from vitlarge.events import Hook, RunInfo
+from vitlarge.plan.plan import make_plan
+from vitlarge.train.assemble import build
+from vitlarge.train.trainer import Trainer
+
+N = 160  # training images: 5 steps/epoch at global batch 32
+STEPS = 7
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread_group(process_group):
+    torch.set_num_threads(1)
+
+
+class Batches:
+    """A batch source as the trainer expects one: ``next()`` gives a micro-batch, ``state()`` its position."""
+
+    def __init__(self, micro_batch: int):
+        self.micro_batch, self.taken = micro_batch, 0
+        self.g = torch.Generator().manual_seed(0)
+
+    def __next__(self):
+        self.taken += 1
+        return torch.randn(self.micro_batch, 3, 16, 16, generator=self.g), torch.randint(0, 10, (self.micro_batch,))
+
+    def state(self) -> str:
+        return f"micro-batches taken: {self.taken}"
+
+
+class Log(Hook):
+    def __init__(self):
+        self.events = []
+
+    def on_train_start(self, run):
+        self.events.append(("start", run.start_step))
+
+    def on_step_end(self, run, m):
+        self.events.append(("step", m.step))
+        self.last = m
+
+    def on_eval_end(self, run, m):
+        self.events.append(("eval", m.step))
+
+    def on_checkpoint(self, run, step, path):
+        self.events.append(("checkpoint", step))
+        assert path == str(store.list_checkpoints(run.workdir)[-1])  # published when the hook hears of it
+
+    def on_train_end(self, run, summary):
+        self.events.append(("end", summary.step))
+        self.summary = summary
+
+
+class SigtermAt(Hook):
+    """Sends this process SIGTERM after step ``step``, as a scheduler's preemption would."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, run, m):
+        if m.step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def trainer(workdir, hooks: list[Hook], start_step: int = 0) -> Trainer:
+    cfg = load_recipe(ROOT / "recipes" / "demo_digits.py")
+    cfg.workdir = str(workdir)
+    t = cfg.train
+    t.precision, t.global_batch, t.micro_batch = "fp32", 32, 16
+    t.max_steps, t.checkpoint_every_steps, t.eval_every_epochs, t.keep_checkpoints = STEPS, 3, 1, 10
+    cfg.augment.mixup_alpha = 0.0
+    cfg.schedule.warmup_epochs = 0
+    plan = make_plan(cfg, 1, N)
+    (ph,) = plan.phases
+    assert (ph.steps_per_epoch, plan.eval_every_steps, ph.accum_steps) == (5, 5, 2)
+    parts = build(cfg, plan, "cpu")
+    g = torch.Generator().manual_seed(1)
+    val = [(torch.randn(20, 3, 16, 16, generator=g), torch.randint(0, 10, (20,), generator=g)) for _ in range(2)]
+    run = RunInfo(str(workdir), 0, True, "cpu", start_step, plan, cfg)
+    loaders = OnePhaseLoaders(Batches(16), val)
+    return Trainer(cfg, plan, parts.engine, loaders, hooks, run, start_step=start_step)
+
+
+def test_events_come_in_the_documented_order_at_their_cadence(tmp_path):
+    log = Log()
+    t = trainer(tmp_path, [log])
+    final = t.fit()
+    assert log.events == [
+        ("start", 0),
+        *[("step", 1), ("step", 2), ("step", 3), ("checkpoint", 3), ("step", 4), ("step", 5), ("eval", 5)],
+        *[("step", 6), ("checkpoint", 6), ("step", 7)],
+        ("eval", 7),  # the final evaluation: max_steps ends the run before the schedule does
+        ("checkpoint", 7),
+        ("end", 7),
+    ]
+    assert t.step == STEPS and final is log.summary and final.val_images == 40
+    assert [store.step_of(p) for p in store.list_checkpoints(tmp_path)] == [3, 6, 7]
+    m = log.last
+    assert (m.images, m.epoch, m.loss_scale, m.skipped) == (32, 7 / 5, 1.0, False)
+    assert m.images_per_s == pytest.approx(32 / m.step_time) and 0 <= m.data_time <= m.step_time
+    assert t.train_loader.taken == 2 * STEPS  # 2 micro-batches per optimizer step
+
+
+def test_a_run_resumed_at_its_end_evaluates_and_writes_no_second_checkpoint(tmp_path):
+    trainer(tmp_path, [Log()]).fit()
+    saved = (tmp_path / "checkpoints" / store.step_name(STEPS) / "meta.json").stat().st_mtime_ns
+    log = Log()
+    trainer(tmp_path, [log], start_step=STEPS).fit()
+    assert log.events == [("start", STEPS), ("eval", STEPS), ("end", STEPS)]
+    assert (tmp_path / "checkpoints" / store.step_name(STEPS) / "meta.json").stat().st_mtime_ns == saved
+
+
+def test_sigterm_checkpoints_at_the_next_step_boundary_and_raises_preempted(tmp_path):
+    before = signal.getsignal(signal.SIGTERM)
+    log = Log()
+    t = trainer(tmp_path, [log, SigtermAt(2)])
+    with pytest.raises(Preempted) as e:
+        t.fit()
+    # The signal lands during step 2's hooks; step 3's all-reduce carries it, so step 3 is the last.
+    assert e.value.step == 3 and store.step_of(e.value.path) == 3
+    assert log.events[-2:] == [("step", 3), ("checkpoint", 3)] and ("end", 3) not in log.events
+    assert "run the same command to resume" in str(e.value)
+    assert signal.getsignal(signal.SIGTERM) is before  # the trainer's handler is gone after fit
