@@ -9,7 +9,6 @@ alone; it is read as phase 0's under the empty phase list, which is what it was.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import hashlib
 import json
@@ -122,9 +121,24 @@ class PhasedLoaders:
         train = _PhaseTrain(
             train_loader(pc, self.rank, self.world_size, self.device, state=state), ph.index, fingerprint(self.cfg)
         )
-        vc = copy.deepcopy(pc)
-        vc.data.image_size = ph.eval_size
-        return train, val_loader(vc, self.rank, self.world_size, self.device)
+        return train, val_loader(val_config(self.cfg, ph), self.rank, self.world_size, self.device)
+
+
+def val_config(cfg: Config, ph: Phase) -> Config:
+    """What phase ``ph``'s validation loader is built from: its batches and crop, at its ``eval_size``.
+    The trainer's evaluation and ``python -m vitlarge.evaluate`` both use it, so they agree to the image."""
+    vc = phase_config(cfg, ph)
+    vc.data.image_size = ph.eval_size
+    return vc
+
+
+def evaluated_phase(plan: Plan, step: int | None) -> Phase:
+    """The phase whose validation the trainer runs after ``step`` optimizer steps (that of the step just
+    taken: an evaluation at a boundary still belongs to the phase that ends there); the last phase for
+    ``None`` (an exported model: the size its config.json declares)."""
+    if step is None:
+        return plan.phases[-1]
+    return plan.phase_at(max(0, step - 1))
 
 
 def release_loader_memory(device) -> None:
