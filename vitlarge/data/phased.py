@@ -117,7 +117,10 @@ class PhasedLoaders:
         state = self._state if self._state_phase == ph.index else None
         self._state_phase = self._state = None  # used once, by the phase it belongs to
         self.current = ph
-        pc = phase_config(self.cfg, ph)
+        # Entered after its first step with no position to continue (a resume whose data state was
+        # dropped): a fresh epoch order from this step, not a replay of the phase's beginning.
+        fresh_at = step if state is None and step != ph.start_step else None
+        pc = phase_config(self.cfg, ph, fresh_at)
         train = _PhaseTrain(
             train_loader(pc, self.rank, self.world_size, self.device, state=state), ph.index, fingerprint(self.cfg)
         )

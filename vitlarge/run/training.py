@@ -58,6 +58,16 @@ class TrainingRun:
         return 0
 
 
+def seed_rngs(seed: int) -> None:
+    """torch's (CPU and every CUDA device), numpy's and python's RNGs."""
+    import numpy as np
+    import torch
+
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+
+
 def is_resume(cfg: Config, resume: str | None) -> bool:
     """Whether this run continues from a checkpoint (``--resume``, or any in the workdir)."""
     from vitlarge.checkpoint.store import list_checkpoints
@@ -77,8 +87,6 @@ def check_inputs(cfg: Config, resume: str | None) -> None:
 
 def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tuple[int, str] = (0, "")) -> TrainingRun:
     """Everything before the first step (see the module docstring); ``resume``: a ``--resume`` path."""
-    import numpy as np
-    import torch
 
     from hooks import build_hooks
     from vitlarge.checkpoint import resume as resume_from
@@ -87,6 +95,7 @@ def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tup
     from vitlarge.data.sources import check_data
     from vitlarge.distributed import launch
     from vitlarge.events import RunInfo
+    from vitlarge.plan.phases import rng_seed
     from vitlarge.plan.plan import make_plan
     from vitlarge.train.assemble import build
     from vitlarge.train.settings import resolve_settings
@@ -117,9 +126,7 @@ def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tup
 
     # Identical initial weights on every rank (build seeds), then per-rank randomness.
     parts = build(cfg, plan, device, init_from=not resuming, settings=settings)
-    torch.manual_seed(cfg.train.seed + env.rank)
-    np.random.seed(cfg.train.seed + env.rank)
-    random.seed(cfg.train.seed + env.rank)
+    seed_rngs(rng_seed(cfg.train.seed, env.rank))
 
     # Rank 0 picks a verified checkpoint for all ranks; then weights, optimizer, scaler, RNG and step,
     # and the loader position where this run can still use it.
@@ -133,6 +140,8 @@ def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tup
     if chosen is not None:
         resumed = resume_from.restore(chosen, parts.model, parts.optimizer, parts.precision.scaler, cfg)
         start_step = resumed.step
+        if resumed.world_size != plan.world_size:  # the RNG states were not restored: fresh draws from here
+            seed_rngs(rng_seed(cfg.train.seed, env.rank, start_step))
         data_state, warning = resumed.usable_data_state(cfg, plan)
         if env.is_main:
             log.info(f"resumed from {chosen} at step {start_step}")
