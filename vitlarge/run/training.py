@@ -91,6 +91,7 @@ def preflight(cfg: Config, env: DistEnv, resume: str | None, resuming: bool):
     class count and RandAugment string), the batch arithmetic for this world size, a writable workdir
     and a readable ``--resume``. Returns ``(manifest, plan)``."""
     from vitlarge.checkpoint import store
+    from vitlarge.checkpoint.resume import check_requested
     from vitlarge.data.sources import check_data
     from vitlarge.plan.plan import make_plan
 
@@ -98,8 +99,8 @@ def preflight(cfg: Config, env: DistEnv, resume: str | None, resuming: bool):
     manifest = check_data(cfg)
     plan = make_plan(cfg, env.world_size, manifest.num_examples("train"))
     store.check_writable(Path(cfg.workdir), env.rank)
-    if resume:
-        store.read_meta(resume)  # a missing or incomplete --resume path fails before any work
+    if resume:  # a missing or incomplete --resume path fails before any work, unless its line continues here
+        check_requested(cfg.workdir, resume)
     return manifest, plan
 
 
@@ -144,7 +145,7 @@ def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tup
     # Rank 0 picks a verified checkpoint for all ranks; then weights, optimizer, scaler, RNG and step,
     # and the loader position where this run can still use it.
     start_step, data_state = 0, None
-    chosen = resume_from.choose(workdir, resume, parts.model, cfg)
+    chosen, line = resume_from.choose(workdir, resume, parts.model, cfg)
     if chosen is None and resuming and cfg.model.init_from:
         raise UserError(
             f"{workdir}/{store.CHECKPOINTS_DIR} holds no usable checkpoint, and without one this run "
@@ -173,5 +174,5 @@ def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tup
         cfg=cfg,
     )
     hooks = build_hooks(str(workdir), log_every=cfg.train.log_every_steps, nan_patience=cfg.train.nan_patience)
-    trainer = Trainer(cfg, plan, parts.engine, loaders, hooks, info, start_step=start_step)
+    trainer = Trainer(cfg, plan, parts.engine, loaders, hooks, info, start_step=start_step, line=line)
     return TrainingRun(cfg=cfg, plan=plan, env=env, parts=parts, trainer=trainer, manifest=manifest)
