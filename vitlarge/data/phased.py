@@ -12,11 +12,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 
 from vitlarge.config.phase_list import resolve_phases
 from vitlarge.config.schema import Config
+from vitlarge.data.common import SettingsChanged
 from vitlarge.plan.phases import Phase, phase_config
 from vitlarge.plan.plan import Plan
+
+log = logging.getLogger("vitlarge")
 
 
 def fingerprint(cfg: Config) -> str:
@@ -120,10 +124,17 @@ class PhasedLoaders:
         # Entered after its first step with no position to continue (a resume whose data state was
         # dropped): a fresh epoch order from this step, not a replay of the phase's beginning.
         fresh_at = step if state is None and step != ph.start_step else None
-        pc = phase_config(self.cfg, ph, fresh_at)
-        train = _PhaseTrain(
-            train_loader(pc, self.rank, self.world_size, self.device, state=state), ph.index, fingerprint(self.cfg)
-        )
+        try:
+            loader = train_loader(phase_config(self.cfg, ph, fresh_at), self.rank, self.world_size, self.device, state)
+        except SettingsChanged:  # an edited micro batch, crop, RandAugment or shard set: the position is void
+            if self.rank == 0:
+                log.warning(
+                    f"warning: the data or loader settings changed since the checkpoint (batch size, image size, "
+                    f"augmentation or shards); the data stream continues at step {step} with a fresh epoch order, "
+                    "weights, optimizer and step resume exactly"
+                )
+            loader = train_loader(phase_config(self.cfg, ph, step), self.rank, self.world_size, self.device)
+        train = _PhaseTrain(loader, ph.index, fingerprint(self.cfg))
         return train, val_loader(val_config(self.cfg, ph), self.rank, self.world_size, self.device)
 
 
