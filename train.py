@@ -64,14 +64,14 @@ def main(argv=None) -> int:
 
 def run(args, env, threads: tuple[int, str]) -> int:
     from vitlarge.config.load import load_config
-    from vitlarge.run.training import build_run, check_inputs
+    from vitlarge.run.training import build_run, check_inputs, is_resume
 
     cfg = load_config(args.config, args.overrides, data__path=args.data, workdir=args.workdir)
     if args.dry_run:
         from vitlarge.plan.plan import make_plan
         from vitlarge.run.dry_run import print_plan
 
-        check_inputs(cfg, args.resume)
+        check_inputs(cfg, is_resume(cfg, args.resume))
         if env.is_main:
             print_plan(cfg, make_plan(cfg, env.world_size))
         return 0

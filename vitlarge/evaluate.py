@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import torch.distributed as dist
 
@@ -16,11 +17,13 @@ import torch.distributed as dist
 def main(argv: list[str] | None = None) -> int:
     from vitlarge.checkpoint import store
     from vitlarge.config.load import load_config
-    from vitlarge.data.sources import val_loader
+    from vitlarge.data.phased import evaluated_phase, val_config
+    from vitlarge.data.sources import check_data, val_loader
     from vitlarge.distributed import launch, launcher, threads
     from vitlarge.errors import cli_main
     from vitlarge.model.precision import Precision
     from vitlarge.model.vit import build_model
+    from vitlarge.plan.plan import make_plan
     from vitlarge.train.evaluation import evaluate
     from vitlarge.train.settings import resolve_settings
 
@@ -46,7 +49,12 @@ def main(argv: list[str] | None = None) -> int:
         launch.init_distributed(env, backend)
         model = build_model(cfg, device)
         store.load_model_weights(args.checkpoint, model, cfg)
-        val = val_loader(cfg, env.rank, env.world_size, device)
+        # The size and preprocessing training evaluated this checkpoint at: its phase's (a FixRes-style
+        # last phase evaluates above its training size); an export evaluates as its last phase.
+        manifest = check_data(cfg)
+        plan = make_plan(cfg, env.world_size, manifest.num_examples("train"))
+        step = store.read_meta(args.checkpoint)["step"] if (Path(args.checkpoint) / "meta.json").is_file() else None
+        val = val_loader(val_config(cfg, evaluated_phase(plan, step)), env.rank, env.world_size, device)
         metrics = evaluate(model, val, Precision(cfg.train.precision, device))
         if env.is_main:
             print(json.dumps(metrics))

@@ -12,6 +12,13 @@ Contract (both functions are collectives: every rank calls ``choose``, then ``re
   rest of the line the user went back from) are moved, never deleted, into
   ``checkpoints/abandoned_<UTC time>_from_step_<N>/``, with one log line. This run's saves then
   take those step names again, and the next automatic resume continues this run's line.
+* Lines: every checkpoint's meta.json names the line it belongs to (``line``): the absolute path of the
+  ``--resume`` checkpoint the line started from (None for a run that started from scratch); an automatic
+  resume keeps the line of the checkpoint it continues. ``--resume X`` when the workdir already holds
+  a checkpoint of X's line (the same command run again: a Slurm requeue replays its arguments)
+  continues from that line's newest checkpoint that passes its check: nothing is moved aside, the run
+  never goes back to X, and X itself may have been pruned. To go back to X a second time, move the
+  line's checkpoints aside (or ``--resume`` a copy of X under another path).
 * A checkpoint from outside the workdir's ``checkpoints/`` is first copied in (hard links where
   possible) and the copy is used: the workdir's line then starts with it.
 * Rank 0 broadcasts its choice: no other rank lists the checkpoint folder (on a shared file system
@@ -23,6 +30,7 @@ Contract (both functions are collectives: every rank calls ``choose``, then ``re
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 import shutil
@@ -40,13 +48,48 @@ from vitlarge.plan.plan import Plan
 log = logging.getLogger("vitlarge")
 
 
-def choose(workdir: str | Path, requested: str | Path | None, model, cfg: Config) -> Path | None:
-    """The checkpoint every rank loads (None: start from scratch). See the module docstring."""
+def choose(workdir: str | Path, requested: str | Path | None, model, cfg: Config) -> tuple[Path | None, str | None]:
+    """The checkpoint every rank loads (None: start from scratch) and the line this run's checkpoints
+    belong to (their meta.json's ``line``). See the module docstring."""
     return rank0_decides(lambda: _choose(Path(workdir), Path(requested) if requested else None, model, cfg))
 
 
-def _choose(workdir: Path, requested: Path | None, model, cfg: Config) -> Path | None:
+def line_of(requested: str | Path) -> str:
+    """The line a run started with ``--resume requested`` writes: the checkpoint's absolute path, so that
+    the same command, run again (a Slurm requeue replays its arguments), finds the line it started."""
+    return str(Path(requested).absolute())
+
+
+def newest_of_line(workdir: str | Path, line: str) -> Path | None:
+    """The workdir's newest checkpoint that passes its check and belongs to ``line``."""
+    for path in reversed(store.list_checkpoints(workdir)):
+        try:
+            meta = store.read_meta(path)
+        except UserError:
+            continue
+        if meta.get("line") == line and store.verify(path) is None:
+            return path
+    return None
+
+
+def check_requested(workdir: str | Path, requested: str | Path) -> None:
+    """Before any work: ``--resume`` names a readable checkpoint, or its line continues in the workdir
+    (a requeue after the checkpoint itself was pruned); else a one-line ``UserError``."""
+    if newest_of_line(workdir, line_of(requested)) is None:
+        store.read_meta(requested)
+
+
+def _choose(workdir: Path, requested: Path | None, model, cfg: Config) -> tuple[Path | None, str | None]:
+    line = None
     if requested is not None:
+        line = line_of(requested)
+        continued = newest_of_line(workdir, line)
+        if continued is not None:  # the same --resume again: continue the line it started
+            meta = store.read_meta(continued)
+            store.check_compatible(meta, continued, model, cfg)
+            log.info(f"--resume {requested}: this workdir continues its line; resuming from {continued}")
+            _set_aside_newer(workdir, continued, meta["step"])
+            return continued, line
         problem = store.verify(requested)
         if problem:
             raise store.Unusable(requested, problem)
@@ -60,20 +103,21 @@ def _choose(workdir: Path, requested: Path | None, model, cfg: Config) -> Path |
         meta = store.read_meta(chosen)
         store.check_compatible(meta, chosen, model, cfg)
         step = meta["step"]
+        line = line if requested is not None else meta.get("line")  # an automatic resume keeps the line
     _set_aside_newer(workdir, chosen, step)
     ours = workdir / store.CHECKPOINTS_DIR
     if chosen is not None and chosen.resolve().parent != ours.resolve():
         # From another workdir (or an abandoned_* folder): a copy here starts this run's line, so an
         # automatic resume before the first save comes back to it, not to this workdir's older steps.
         try:
-            chosen = _adopt(chosen, workdir)
+            chosen = _adopt(chosen, workdir, line)
         except OSError as e:
             raise UserError(
                 f"cannot copy checkpoint {chosen} into {ours} ({e.strerror}); free space there or pass "
                 "another --workdir"
             ) from None
         log.info(f"copied the checkpoint to resume from into {chosen}")
-    return chosen
+    return chosen, line
 
 
 def _set_aside_newer(workdir: Path, chosen: Path | None, step: int) -> None:
@@ -122,16 +166,21 @@ def _move_aside(workdir: str | Path, paths: list[Path], from_step: int) -> Path:
     return dest
 
 
-def _adopt(src: str | Path, workdir: str | Path) -> Path:
-    """Publishes a copy of checkpoint ``src`` (from elsewhere) in the workdir, as ``checkpoints/step_<N>``;
-    returns it. Hard links where the file system allows (no bytes copied; checkpoint files are never
-    modified in place), else copies; fsynced and renamed like a save. The name must be free."""
+def _adopt(src: str | Path, workdir: str | Path, line: str | None) -> Path:
+    """Publishes a copy of checkpoint ``src`` (from elsewhere) in the workdir, as ``checkpoints/step_<N>``,
+    its meta.json naming ``line`` (the copy is the line's first checkpoint); returns it. Hard links where
+    the file system allows (no bytes copied; checkpoint files are never modified in place), else copies;
+    fsynced and renamed like a save. The name must be free."""
     src, root = Path(src), Path(workdir) / store.CHECKPOINTS_DIR
-    step = store.read_meta(src)["step"]
+    meta = store.read_meta(src)
+    step = meta["step"]
     final, tmp = root / store.step_name(step), root / f".{store.step_name(step)}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    fileio.write_atomic(tmp / "meta.json", json.dumps({**meta, "line": line}, indent=1))
     for f in src.iterdir():
+        if f.name == "meta.json":
+            continue
         try:
             os.link(f, tmp / f.name)
         except OSError:  # another file system, or links not allowed

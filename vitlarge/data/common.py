@@ -10,8 +10,17 @@ from __future__ import annotations
 import json
 import math
 
+from vitlarge.errors import UserError
+
 VAL_INTERPOLATION = "bicubic"  # timm's eval resize; the export declares it (vitlarge/checkpoint/export.py)
 STATE_VERSION = 2  # 2: per-epoch file-order shuffle (shuffle_after_epoch), one seed for all ranks
+
+
+class SettingsChanged(UserError):
+    """A loader state saved under other data or loader settings (batch size, image size, augmentation,
+    shards, world size): its position means nothing to this loader. A run drops it and continues with a
+    fresh epoch order (`vitlarge.data.phased.PhasedLoaders`); a caller that gives a state directly gets
+    the one-line error."""
 
 
 def older_state_version(state: str | None) -> int | None:

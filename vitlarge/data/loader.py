@@ -21,7 +21,13 @@ from nvidia.dali.plugin.pytorch import feed_ndarray
 
 from vitlarge.constants import IMAGENET_MEAN, IMAGENET_STD
 from vitlarge.data import pipelines
-from vitlarge.data.common import STATE_VERSION, VAL_INTERPOLATION, older_state_version, val_forwards  # noqa: F401
+from vitlarge.data.common import (  # noqa: F401
+    STATE_VERSION,
+    VAL_INTERPOLATION,
+    SettingsChanged,
+    older_state_version,
+    val_forwards,
+)
 from vitlarge.data.manifest import MANIFEST_NAME, Manifest, check_shards, load_manifest
 from vitlarge.data.randaugment import spec as randaugment_spec
 from vitlarge.errors import UserError
@@ -226,7 +232,7 @@ class TrainLoader:
                 "resume from the checkpoint's data state or start without state"
             ) from None
         if doc["fingerprint"] != self._fingerprint:
-            raise UserError(
+            raise SettingsChanged(
                 f"{data_dir}: TrainLoader state was saved with different data or loader settings (shards, batch "
                 "size, image size, rank/world size, seed or augmentation); resume with the same settings or start "
                 "without state"

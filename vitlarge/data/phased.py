@@ -9,15 +9,18 @@ alone; it is read as phase 0's under the empty phase list, which is what it was.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import hashlib
 import json
+import logging
 
 from vitlarge.config.phase_list import resolve_phases
 from vitlarge.config.schema import Config
+from vitlarge.data.common import SettingsChanged
 from vitlarge.plan.phases import Phase, phase_config
 from vitlarge.plan.plan import Plan
+
+log = logging.getLogger("vitlarge")
 
 
 def fingerprint(cfg: Config) -> str:
@@ -118,13 +121,38 @@ class PhasedLoaders:
         state = self._state if self._state_phase == ph.index else None
         self._state_phase = self._state = None  # used once, by the phase it belongs to
         self.current = ph
-        pc = phase_config(self.cfg, ph)
-        train = _PhaseTrain(
-            train_loader(pc, self.rank, self.world_size, self.device, state=state), ph.index, fingerprint(self.cfg)
-        )
-        vc = copy.deepcopy(pc)
-        vc.data.image_size = ph.eval_size
-        return train, val_loader(vc, self.rank, self.world_size, self.device)
+        # Entered after its first step with no position to continue (a resume whose data state was
+        # dropped): a fresh epoch order from this step, not a replay of the phase's beginning.
+        fresh_at = step if state is None and step != ph.start_step else None
+        try:
+            loader = train_loader(phase_config(self.cfg, ph, fresh_at), self.rank, self.world_size, self.device, state)
+        except SettingsChanged:  # an edited micro batch, crop, RandAugment or shard set: the position is void
+            if self.rank == 0:
+                log.warning(
+                    f"warning: the data or loader settings changed since the checkpoint (batch size, image size, "
+                    f"augmentation or shards); the data stream continues at step {step} with a fresh epoch order, "
+                    "weights, optimizer and step resume exactly"
+                )
+            loader = train_loader(phase_config(self.cfg, ph, step), self.rank, self.world_size, self.device)
+        train = _PhaseTrain(loader, ph.index, fingerprint(self.cfg))
+        return train, val_loader(val_config(self.cfg, ph), self.rank, self.world_size, self.device)
+
+
+def val_config(cfg: Config, ph: Phase) -> Config:
+    """What phase ``ph``'s validation loader is built from: its batches and crop, at its ``eval_size``.
+    The trainer's evaluation and ``python -m vitlarge.evaluate`` both use it, so they agree to the image."""
+    vc = phase_config(cfg, ph)
+    vc.data.image_size = ph.eval_size
+    return vc
+
+
+def evaluated_phase(plan: Plan, step: int | None) -> Phase:
+    """The phase whose validation the trainer runs after ``step`` optimizer steps (that of the step just
+    taken: an evaluation at a boundary still belongs to the phase that ends there); the last phase for
+    ``None`` (an exported model: the size its config.json declares)."""
+    if step is None:
+        return plan.phases[-1]
+    return plan.phase_at(max(0, step - 1))
 
 
 def release_loader_memory(device) -> None:

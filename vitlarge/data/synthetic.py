@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vitlarge.data.common import STATE_VERSION, shard_range, val_forwards
+from vitlarge.data.common import STATE_VERSION, SettingsChanged, shard_range, val_forwards
 from vitlarge.data.manifest import ClassInfo, Manifest
 from vitlarge.errors import UserError
 
@@ -186,7 +186,7 @@ class SyntheticTrain:
                 "the checkpoint's data state or start without state"
             ) from None
         if doc["fingerprint"] != self._fingerprint:
-            raise UserError(
+            raise SettingsChanged(
                 "SyntheticTrain state was saved with different settings (batch size, image size, classes, "
                 "rank/world size, seed, mean/std); resume with the same settings or start without state"
             )

@@ -9,6 +9,7 @@ the same order) and also works without a process group (one process).
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -52,6 +53,34 @@ def rank0_decides(decide: Callable[[], T]) -> T:
     if message[1] is not None:
         raise UserError(message[1], same_on_all_ranks=True)
     return message[0]
+
+
+def agree(check: Callable[[], T]) -> T:
+    """Runs ``check`` on every rank and returns its result; a ``UserError`` on any rank stops every rank
+    here, within one collective, instead of leaving the others to wait in the next one.
+
+    Who prints what (``UserError.same_on_all_ranks``): an error every rank met alike is printed once, by
+    rank 0; otherwise each rank that met one prints it, naming itself and its host (a data path missing
+    on one node), and rank 0, if it met none, prints one line naming the lowest such rank and its error.
+    """
+    rank, world = rank_and_world()
+    if world == 1:
+        return check()
+    result, problem = None, None
+    try:
+        result = check()
+    except UserError as e:
+        problem = str(e)
+    reports = gather((problem, socket.gethostname()))
+    failed = [(r, p, host) for r, (p, host) in enumerate(reports) if p is not None]
+    if not failed:
+        return result
+    if len(failed) == world and len({p for _, p, _ in failed}) == 1:
+        raise UserError(problem, same_on_all_ranks=True)
+    if problem is not None:
+        raise UserError(f"rank {rank} on {reports[rank][1]}: {problem}", same_on_all_ranks=False)
+    r, p, host = failed[0]
+    raise UserError(f"rank {r} on {host} stopped the run: {p}", same_on_all_ranks=True)
 
 
 def first_failure(problem: str | None) -> tuple[int, str] | None:

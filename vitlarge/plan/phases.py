@@ -49,6 +49,7 @@ Contracts:
 from __future__ import annotations
 
 import copy
+import hashlib
 import math
 from dataclasses import dataclass
 
@@ -148,13 +149,36 @@ def step_at_epoch(phases, epochs: float) -> int:
     return 0
 
 
-def phase_config(cfg: Config, ph: Phase) -> Config:
-    """A copy of ``cfg`` with the phase's image size, batches and crop scale: what its loaders are built from."""
+def phase_config(cfg: Config, ph: Phase, fresh_at: int | None = None) -> Config:
+    """A copy of ``cfg`` with the phase's image size, batches, crop scale and data seed: what its loaders
+    are built from. ``fresh_at``: the stream starts at that step with no position to continue (see
+    `stream_seed`)."""
     c = copy.deepcopy(cfg)
     c.data.image_size, c.data.crop_scale = ph.image_size, tuple(ph.crop_scale)
     c.train.global_batch, c.train.micro_batch = ph.global_batch, ph.micro_batch
-    c.train.seed = cfg.train.seed + PHASE_SEED_STRIDE * ph.index
+    c.train.seed = stream_seed(cfg.train.seed, ph.index, fresh_at)
     return c
+
+
+def stream_seed(seed: int, phase: int, fresh_at: int | None = None) -> int:
+    """The data stream's seed: ``seed + 1000 * phase`` for a phase entered at its first step (as an
+    uninterrupted run does), else, for a stream that starts afresh at step ``fresh_at`` because the
+    checkpoint's position cannot be continued (another world size, phase list or release), a seed
+    derived from ``(seed, phase, fresh_at)``: a never-used epoch order, not a replay of the phase's start."""
+    if fresh_at is None:
+        return seed + PHASE_SEED_STRIDE * phase
+    digest = hashlib.sha256(f"vitlarge-stream:{seed}:{phase}:{fresh_at}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") % (2**31 - 1)
+
+
+def rng_seed(seed: int, rank: int, step: int = 0) -> int:
+    """The seed of a rank's torch, numpy and python RNGs (dropout, Mixup, drop path) when a run starts at
+    ``step`` without the checkpoint's RNG states (a fresh run: ``seed + rank``; after a change of world
+    size: derived from ``(seed, step, rank)``, so the draws do not replay the run's first steps)."""
+    if step == 0:
+        return seed + rank
+    digest = hashlib.sha256(f"vitlarge-rng:{seed}:{step}:{rank}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") % (2**31 - 1)
 
 
 def epochs_to_steps(epochs: float, steps_per_epoch: int) -> int:

@@ -1,7 +1,8 @@
 """A training run from a loaded config: every step from the checks to the export, in order.
 
-`build_run` checks the inputs (data, workdir, ``--resume``, ``model.init_from``) before any work,
-resolves the device settings once (`vitlarge.train.settings`), joins the process group, builds the
+`build_run` resolves the device settings once (`vitlarge.train.settings`), joins the process group,
+checks the inputs on every rank (data, workdir, ``--resume``, ``model.init_from``: `preflight`, agreed
+by all ranks so one rank's missing path stops them all in seconds), builds the
 parts (`vitlarge.train.assemble.build`), seeds, resumes (`vitlarge.checkpoint.resume`: rank 0 picks
 the checkpoint, `Resumed` says what of it this run can use) and makes the phase loaders and hooks.
 `TrainingRun.fit` trains, evaluates, checkpoints and exports. train.py is these two calls.
@@ -58,6 +59,16 @@ class TrainingRun:
         return 0
 
 
+def seed_rngs(seed: int) -> None:
+    """torch's (CPU and every CUDA device), numpy's and python's RNGs."""
+    import numpy as np
+    import torch
+
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+
+
 def is_resume(cfg: Config, resume: str | None) -> bool:
     """Whether this run continues from a checkpoint (``--resume``, or any in the workdir)."""
     from vitlarge.checkpoint.store import list_checkpoints
@@ -65,44 +76,59 @@ def is_resume(cfg: Config, resume: str | None) -> bool:
     return bool(resume) or bool(list_checkpoints(cfg.workdir))
 
 
-def check_inputs(cfg: Config, resume: str | None) -> None:
+def check_inputs(cfg: Config, resuming: bool) -> None:
     """What can fail before any data is read: a fine-tuning source of another architecture or patch
     size. A resume takes its weights from the checkpoint: ``model.init_from`` is neither checked nor
     read then (the pretrained file may be gone from scratch space by then)."""
-    if cfg.model.init_from and not is_resume(cfg, resume):
+    if cfg.model.init_from and not resuming:
         from vitlarge.checkpoint.init_from import check_source
 
         check_source(cfg)
 
 
+def preflight(cfg: Config, env: DistEnv, resume: str | None, resuming: bool):
+    """Every check before any work, on every rank: ``model.init_from``, the data set (its manifest,
+    class count and RandAugment string), the batch arithmetic for this world size, a writable workdir
+    and a readable ``--resume``. Returns ``(manifest, plan)``."""
+    from vitlarge.checkpoint import store
+    from vitlarge.checkpoint.resume import check_requested
+    from vitlarge.data.sources import check_data
+    from vitlarge.plan.plan import make_plan
+
+    check_inputs(cfg, resuming)
+    manifest = check_data(cfg)
+    plan = make_plan(cfg, env.world_size, manifest.num_examples("train"))
+    store.check_writable(Path(cfg.workdir), env.rank)
+    if resume:  # a missing or incomplete --resume path fails before any work, unless its line continues here
+        check_requested(cfg.workdir, resume)
+    return manifest, plan
+
+
 def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tuple[int, str] = (0, "")) -> TrainingRun:
     """Everything before the first step (see the module docstring); ``resume``: a ``--resume`` path."""
-    import numpy as np
-    import torch
-
     from hooks import build_hooks
     from vitlarge.checkpoint import resume as resume_from
     from vitlarge.checkpoint import store
     from vitlarge.data.phased import PhasedLoaders
-    from vitlarge.data.sources import check_data
     from vitlarge.distributed import launch
+    from vitlarge.distributed.collective import agree, rank0_decides
     from vitlarge.events import RunInfo
-    from vitlarge.plan.plan import make_plan
+    from vitlarge.plan.phases import rng_seed
     from vitlarge.train.assemble import build
     from vitlarge.train.settings import resolve_settings
     from vitlarge.train.trainer import Trainer
 
-    resuming = is_resume(cfg, resume)
-    check_inputs(cfg, resume)
-    manifest = check_data(cfg)  # class count and RandAugment string, before any work or file
-    plan = make_plan(cfg, env.world_size, manifest.num_examples("train"))
-    workdir = Path(cfg.workdir)
-    store.check_writable(workdir, env.rank)
-    if resume:
-        store.read_meta(resume)  # a missing or incomplete --resume path fails before any work
     device, backend = launch.choose_device(cfg.train.device, env.local_rank)
     settings = resolve_settings(cfg, device, backend, threads)
     cfg = settings.config(cfg)  # before anything reads it: model, engine, checkpoints
+    import colossalai.booster  # noqa: F401 (~10 s: before the rendezvous, whose timeout the user sets)
+
+    # The process group first: a check that fails on one rank (a data path or mount missing on one
+    # node) then stops every rank within a collective, printed by the rank that met it.
+    launch.init_distributed(env, backend)
+    resuming = rank0_decides(lambda: is_resume(cfg, resume))  # one view of the checkpoint folder
+    manifest, plan = agree(lambda: preflight(cfg, env, resume, resuming))
+    workdir = Path(cfg.workdir)
     if env.is_main:
         for line in settings.lines():
             log.info(line)
@@ -111,20 +137,15 @@ def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tup
                 f"data: synthetic, made on the device ({plan.num_train_examples} images per epoch, "
                 f"{cfg.data.synthetic_val_examples} validation images, {cfg.data.num_classes} classes)"
             )
-    import colossalai.booster  # noqa: F401 (~10 s: before the rendezvous, whose timeout the user sets)
-
-    launch.init_distributed(env, backend)
 
     # Identical initial weights on every rank (build seeds), then per-rank randomness.
     parts = build(cfg, plan, device, init_from=not resuming, settings=settings)
-    torch.manual_seed(cfg.train.seed + env.rank)
-    np.random.seed(cfg.train.seed + env.rank)
-    random.seed(cfg.train.seed + env.rank)
+    seed_rngs(rng_seed(cfg.train.seed, env.rank))
 
     # Rank 0 picks a verified checkpoint for all ranks; then weights, optimizer, scaler, RNG and step,
     # and the loader position where this run can still use it.
     start_step, data_state = 0, None
-    chosen = resume_from.choose(workdir, resume, parts.model, cfg)
+    chosen, line = resume_from.choose(workdir, resume, parts.model, cfg)
     if chosen is None and resuming and cfg.model.init_from:
         raise UserError(
             f"{workdir}/{store.CHECKPOINTS_DIR} holds no usable checkpoint, and without one this run "
@@ -133,6 +154,8 @@ def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tup
     if chosen is not None:
         resumed = resume_from.restore(chosen, parts.model, parts.optimizer, parts.precision.scaler, cfg)
         start_step = resumed.step
+        if resumed.world_size != plan.world_size:  # the RNG states were not restored: fresh draws from here
+            seed_rngs(rng_seed(cfg.train.seed, env.rank, start_step))
         data_state, warning = resumed.usable_data_state(cfg, plan)
         if env.is_main:
             log.info(f"resumed from {chosen} at step {start_step}")
@@ -151,5 +174,5 @@ def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tup
         cfg=cfg,
     )
     hooks = build_hooks(str(workdir), log_every=cfg.train.log_every_steps, nan_patience=cfg.train.nan_patience)
-    trainer = Trainer(cfg, plan, parts.engine, loaders, hooks, info, start_step=start_step)
+    trainer = Trainer(cfg, plan, parts.engine, loaders, hooks, info, start_step=start_step, line=line)
     return TrainingRun(cfg=cfg, plan=plan, env=env, parts=parts, trainer=trainer, manifest=manifest)

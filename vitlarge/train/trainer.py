@@ -45,8 +45,11 @@ class Trainer:
         hooks: list[Hook],
         run: RunInfo,
         start_step: int = 0,
+        line: str | None = None,
     ):
-        """``loaders`` gives each phase's train and validation loaders, built at the phase's first step."""
+        """``loaders`` gives each phase's train and validation loaders, built at the phase's first step.
+        ``line``: what the checkpoints' meta.json records as their line (vitlarge/checkpoint/resume.py)."""
+        self.line = line
         self.cfg, self.plan, self.engine = cfg, plan, engine
         self.loaders = loaders
         self.train_loader = self.val_loader = None
@@ -88,6 +91,7 @@ class Trainer:
             self.train_loader.state(),
             self.cfg,
             keep=self.cfg.train.keep_checkpoints,
+            extra_meta={"line": self.line},
         )
         self._emit(Event.CHECKPOINT, self.step, str(path))
         return path

@@ -50,7 +50,7 @@ def test_automatic_resume_takes_the_newest_that_passes_and_moves_the_failed_asid
     (ckpts[2] / "__0_0.distcp").write_bytes(b"")  # zero-length weights in the newest
     (ckpts[1] / "meta.json").write_text("{")  # meta.json not JSON in the one before
     with caplog.at_level(logging.INFO, logger="vitlarge"):
-        chosen = resume.choose(tmp_path, None, parts[0], cfg)
+        chosen = resume.choose(tmp_path, None, parts[0], cfg)[0]
     assert chosen == ckpts[0]
     warnings = [r.getMessage() for r in caplog.records if r.name == "vitlarge"]
     assert warnings[:2] == [
@@ -67,13 +67,13 @@ def test_automatic_resume_takes_the_newest_that_passes_and_moves_the_failed_asid
         f"moved 2 checkpoint(s) newer than step 2 (step_0000004, step_0000006) aside to {aside}"
     )
     assert [p.name for p in store.list_checkpoints(tmp_path)] == ["step_0000002"]
-    assert resume.choose(tmp_path, None, parts[0], cfg) == ckpts[0]
+    assert resume.choose(tmp_path, None, parts[0], cfg)[0] == ckpts[0]
 
 
 def test_resume_of_an_older_step_sets_the_newer_line_aside_and_saves_over_its_names(tmp_path, cfg, parts, caplog):
     ckpts = line(tmp_path, cfg, parts, (2, 4, 6, 8))
     with caplog.at_level(logging.INFO, logger="vitlarge"):
-        assert resume.choose(tmp_path, ckpts[1], parts[0], cfg) == ckpts[1]
+        assert resume.choose(tmp_path, ckpts[1], parts[0], cfg)[0] == ckpts[1]
     [aside] = abandoned(tmp_path)
     assert [r.getMessage() for r in caplog.records if r.name == "vitlarge"] == [
         f"moved 2 checkpoint(s) newer than step 4 (step_0000006, step_0000008) aside to {aside}; "
@@ -90,9 +90,12 @@ def test_resume_from_another_workdir_starts_this_workdirs_line_with_a_copy(tmp_p
     save comes back to step 4 of the other workdir, not to this workdir's step 2."""
     other = line(tmp_path / "other", cfg, parts, (4,))[0]
     here = line(tmp_path / "here", cfg, parts, (2, 4, 6))
-    chosen = resume.choose(tmp_path / "here", other, parts[0], cfg)
+    chosen = resume.choose(tmp_path / "here", other, parts[0], cfg)[0]
     assert chosen == here[1] and store.verify(chosen) is None
-    assert {f.name: f.stat().st_ino for f in chosen.iterdir()} == {f.name: f.stat().st_ino for f in other.iterdir()}
+    linked = {f.name: f.stat().st_ino for f in chosen.iterdir() if f.name != "meta.json"}
+    assert linked == {f.name: f.stat().st_ino for f in other.iterdir() if f.name != "meta.json"}
+    # meta.json is the copy's own: the same record, naming the line the copy starts (see test_requeue.py)
+    assert store.read_meta(chosen) == {**store.read_meta(other), "line": resume.line_of(other)}
     [aside] = abandoned(tmp_path / "here")
     assert names(aside) == ["step_0000004", "step_0000006"]
     assert store.latest(tmp_path / "here") == chosen
@@ -104,7 +107,7 @@ def test_resume_of_a_bad_checkpoint_is_one_line_and_moves_nothing(tmp_path, cfg,
     f = ckpts[1] / ".metadata"
     f.write_bytes(f.read_bytes()[:100])
     with pytest.raises(UserError) as e:
-        resume.choose(tmp_path, ckpts[1], parts[0], cfg)
+        resume.choose(tmp_path, ckpts[1], parts[0], cfg)[0]
     assert str(e.value) == (
         f"checkpoint {ckpts[1]} fails its check (.metadata has 100 bytes, meta.json records "
         f"{store.read_meta(ckpts[0])['files']['.metadata']['bytes']:,}); --resume an older "
@@ -119,7 +122,7 @@ def test_resume_of_a_folder_that_is_not_a_checkpoint_says_which_to_pass(tmp_path
     target = {"workdir": tmp_path, "checkpoints": tmp_path / "checkpoints", "elsewhere": tmp_path / "x"}[where]
     target.mkdir(exist_ok=True)
     with pytest.raises(UserError) as e:
-        resume.choose(tmp_path, target, parts[0], cfg)
+        resume.choose(tmp_path, target, parts[0], cfg)[0]
     example = "" if where == "elsewhere" else f", e.g. {ckpts[1]}"
     assert str(e.value) == (
         f"{target} is not a complete vitlarge checkpoint (no meta.json); pass a checkpoints/step_* folder{example}"
@@ -139,7 +142,7 @@ def test_checkpoint_of_another_recipe_is_refused_and_nothing_moves(tmp_path, cfg
     )
     (ckpts[1] / "__0_0.distcp").write_bytes(b"")
     with pytest.raises(UserError, match=f"checkpoint {ckpts[0]} holds model .* does not match the recipe"):
-        resume.choose(tmp_path, None, parts[0], cfg)
+        resume.choose(tmp_path, None, parts[0], cfg)[0]
     assert abandoned(tmp_path) == [] and store.list_checkpoints(tmp_path) == ckpts
 
 

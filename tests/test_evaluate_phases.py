@@ -1,0 +1,50 @@
+"""``python -m vitlarge.evaluate`` evaluates at the size and with the preprocessing training evaluated at.
+
+A FixRes-style run: the last phase trains at 12 px and evaluates at 16 px (``eval_size``), the first
+phase trains and evaluates at 8 px. The evaluate command on each checkpoint, at another world size,
+gives the in-training evaluation of that step to the image: the step's phase's size, not the recipe's.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hooks.jsonl import read_metrics
+from tests import launcher
+
+pytestmark = pytest.mark.slow
+PHASES = (
+    "train.phases=[{'epoch': 0, 'image_size': 8}, "
+    "{'epoch': 0.5, 'image_size': 12, 'crop_scale': (0.8, 1.0), 'eval_size': 16}]"
+)
+OVERRIDES = [PHASES, "train.precision=fp32"]
+
+
+def evaluate(demo_data: str, checkpoint) -> dict:
+    cmd = [sys.executable, "-m", "vitlarge.evaluate", "--config", "recipes/demo_digits_progressive.py"]
+    cmd += ["--data", demo_data, "--checkpoint", str(checkpoint), *OVERRIDES]
+    r = subprocess.run(cmd, cwd=launcher.ROOT, env=launcher.env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_evaluate_uses_the_phase_eval_size_and_equals_training(demo_data, tmp_path):
+    args = ["--config", "recipes/demo_digits_progressive.py", "--data", demo_data, "--workdir", str(tmp_path)]
+    args += [*OVERRIDES, "train.max_steps=8", "train.checkpoint_every_steps=4", "train.eval_every_epochs=0.36"]
+    r = launcher.run(args, nproc=2, launcher="torchrun", timeout=600)  # torchrun: the list's brackets
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    evals = {m["step"]: m for m in read_metrics(str(tmp_path / "metrics.jsonl")) if m["event"] == "eval"}
+    assert {4, 8} <= set(evals)  # step 4: the 8 px phase (its boundary is step 6); step 8: the 16 px evaluation
+    for step in (4, 8):
+        single = evaluate(demo_data, tmp_path / "checkpoints" / f"step_{step:07d}")
+        assert single["val_images"] == evals[step]["val_images"] == 360
+        assert single["val_top1"] == pytest.approx(evals[step]["val_top1"], abs=1e-9), step
+        assert single["val_loss"] == pytest.approx(evals[step]["val_loss"], abs=1e-5), step
+    # The export declares the last phase's evaluation size and evaluates as the final evaluation did.
+    exported = evaluate(demo_data, tmp_path / "model")
+    assert exported["val_top1"] == pytest.approx(evals[8]["val_top1"], abs=1e-9)
+    assert json.loads((tmp_path / "model" / "config.json").read_text())["pretrained_cfg"]["input_size"] == [3, 16, 16]
