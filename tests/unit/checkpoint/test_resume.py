@@ -94,7 +94,7 @@ def test_resume_from_another_workdir_starts_this_workdirs_line_with_a_copy(tmp_p
     assert chosen == here[1] and store.verify(chosen) is None
     linked = {f.name: f.stat().st_ino for f in chosen.iterdir() if f.name != "meta.json"}
     assert linked == {f.name: f.stat().st_ino for f in other.iterdir() if f.name != "meta.json"}
-    # meta.json is the copy's own: the same record, naming the line the copy starts (see test_requeue.py)
+    # meta.json is the copy's own: the same record, naming the line the copy starts (see tests/unit/checkpoint/test_requeue.py)
     assert store.read_meta(chosen) == {**store.read_meta(other), "line": resume.line_of(other)}
     [aside] = abandoned(tmp_path / "here")
     assert names(aside) == ["step_0000004", "step_0000006"]

@@ -13,10 +13,9 @@ import shutil
 import pytest
 
 from hooks.jsonl import read_metrics
-from tests import launcher
-from tests.reliability import resumed_at
+from tests.helpers import launcher
+from tests.helpers.runs import resumed_at
 
-pytestmark = pytest.mark.slow
 PHASES = "train.phases=[{'epoch': 0, 'image_size': 8}, {'epoch': 0.5, 'image_size': 16}]"
 COMMON = ["train.checkpoint_every_steps=2", "train.log_every_steps=1", "train.precision=fp32"]
 

@@ -14,9 +14,8 @@ import sys
 import pytest
 
 from hooks.jsonl import read_metrics
-from tests import launcher
+from tests.helpers import launcher
 
-pytestmark = pytest.mark.slow
 PHASES = (
     "train.phases=[{'epoch': 0, 'image_size': 8}, "
     "{'epoch': 0.5, 'image_size': 12, 'crop_scale': (0.8, 1.0), 'eval_size': 16}]"

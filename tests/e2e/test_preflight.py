@@ -13,11 +13,8 @@ import subprocess
 import sys
 import time
 
-import pytest
+from tests.helpers import launcher
 
-from tests import launcher
-
-pytestmark = pytest.mark.slow
 ARGS = ["--config", "recipes/demo_digits.py", "train.max_steps=1"]
 
 

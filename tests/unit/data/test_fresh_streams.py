@@ -8,17 +8,16 @@ order), and differs between two resume steps.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
+from tests.helpers import ROOT
 from vitlarge.config.load import load_recipe
 from vitlarge.data import phased
 from vitlarge.plan.phases import rng_seed, stream_seed
 from vitlarge.plan.plan import make_plan
 
 CPU = torch.device("cpu")
-DEMO = Path(__file__).resolve().parent.parent / "recipes" / "demo_digits.py"
+DEMO = ROOT / "recipes" / "demo_digits.py"
 N = 1437  # digits training images
 
 

@@ -1,28 +1,20 @@
 """A requeue replays ``--resume X``: the run continues the line that started at X, moves nothing aside
-and never rolls back, also after X itself was pruned.
-
-In one process with real checkpoints (`resume.choose` as rank 0 runs it), then through train.py: a
-two-rank run started with ``--resume step_4``, stopped by SIGUSR1 twice and run again with the same
-command each time (what Slurm's requeue does), ends at the recipe's last step with no second
-``abandoned_*`` folder.
+and never rolls back, also after X itself was pruned. In one process with real checkpoints
+(`resume.choose` as rank 0 runs it); the run through train.py is tests/e2e/test_requeue.py.
 """
 
-import signal
 from pathlib import Path
 
 import pytest
 import torch
 
-from hooks.jsonl import read_metrics
-from tests import launcher
-from tests.reliability import kill_all, metrics_has_step, resumed_at, srun
+from tests.helpers import ROOT
 from vitlarge.checkpoint import resume, store
 from vitlarge.config.load import load_recipe
 from vitlarge.errors import UserError
 from vitlarge.model.vit import build_model
 from vitlarge.optim.lamb import build_optimizer
 
-ROOT = Path(__file__).resolve().parent.parent
 torch.set_num_threads(1)
 
 
@@ -90,31 +82,3 @@ def test_a_resume_from_another_workdir_is_continued_on_requeue(tmp_path, cfg, pa
     assert copy == here / "checkpoints" / "step_0000004" and store.read_meta(copy)["line"] == line
     # A requeue before the first save: the copy is the line's newest; nothing moved aside.
     assert resume.choose(here, other, parts[0], cfg) == (copy, line) and abandoned(here) == []
-
-
-@pytest.mark.slow
-def test_requeues_of_a_run_started_with_resume_finish_it(demo_data, tmp_path):
-    base = ["--config", "recipes/demo_digits.py", "--data", demo_data, "--workdir", str(tmp_path)]
-    base += ["train.checkpoint_every_steps=2", "train.keep_checkpoints=2", "train.log_every_steps=1"]
-    r = launcher.run([*base, "train.max_steps=6"], nproc=2, launcher="torchrun")
-    assert r.returncode == 0, r.stderr[-3000:]
-    x = tmp_path / "checkpoints" / "step_0000004"
-    cmd = [*base, "train.max_steps=12", "--resume", str(x)]
-    for stop_after in (7, 9):  # SIGUSR1 once these steps are logged; each rerun is the same command
-        logs = [tmp_path / f"stop_{stop_after}_rank{r}.log" for r in range(2)]
-        procs = srun(cmd, 2, logs)
-        try:
-            assert launcher.wait_for(metrics_has_step(tmp_path, stop_after), 600, procs[0]), logs[0].read_text()[-3000:]
-            for proc in procs:
-                proc.send_signal(signal.SIGUSR1)
-            assert [proc.wait(timeout=300) for proc in procs] == [75, 75], logs[0].read_text()[-3000:]
-        finally:
-            kill_all(procs)
-        if stop_after == 9:  # the requeue after the first stop continued the line, it did not go back
-            assert resumed_at(logs[0].read_text())[-1][1] >= 7
-    assert len(abandoned(tmp_path)) == 1  # the first --resume went back once; the requeues moved nothing
-    r = launcher.run(cmd, nproc=2, launcher="torchrun")
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert resumed_at(r.stdout + r.stderr)[-1][1] >= 9
-    steps = [m["step"] for m in read_metrics(str(tmp_path / "metrics.jsonl")) if m["event"] == "train"]
-    assert steps[-1] == 12 and len(abandoned(tmp_path)) == 1
