@@ -7,7 +7,7 @@
 ``(images float32 [B,3,H,W] normalized, labels int64 [B] in 0..C-1)`` on the given torch device.
 The loaders (DALI, torch) are imported lazily so that ``vitlarge.data.manifest`` stays light for
 the offline tools. ``data.source=synthetic`` swaps them for ``synthetic.SyntheticTrain``/``SyntheticVal``
-(random batches made on the device, no DALI); ``build`` chooses.
+(random batches made on the device, no DALI); `vitlarge.data.sources` chooses.
 """
 
 from vitlarge.data.manifest import Manifest, load_manifest
