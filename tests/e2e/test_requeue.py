@@ -1,6 +1,6 @@
 """A run started with ``--resume step_4``, stopped by SIGUSR1 twice and run again with the same command
 each time (what Slurm's requeue does), ends at its last step with no second ``abandoned_*`` folder:
-each rerun continues the line that started at step 4 (tests/unit/checkpoint/test_requeue.py has the rule).
+each rerun continues the line that started at step 4 (tests/unit/checkpoint/test_resume.py has the rule).
 """
 
 import signal

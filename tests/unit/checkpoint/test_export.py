@@ -15,11 +15,12 @@ import torch
 from safetensors.torch import load_file
 
 from tests.helpers import ROOT
+from tests.helpers.recipes import demo
 from tests.helpers.tiny_model import trained
 from vitlarge.checkpoint import store
 from vitlarge.checkpoint.export import export
 from vitlarge.checkpoint.init_from import load_into
-from vitlarge.config.load import load_recipe, validate
+from vitlarge.config.load import load_recipe
 from vitlarge.errors import UserError
 from vitlarge.model.vit import build_model
 from vitlarge.plan.plan import make_plan
@@ -33,16 +34,6 @@ torch.set_num_threads(1)
 @pytest.fixture(scope="module")
 def cfg():
     return load_recipe(DEMO)
-
-
-def demo(phase_list, **train):
-    """The demo recipe with a phase list, validated (as in tests/unit/plan/test_phases.py)."""
-    c = load_recipe(DEMO)
-    c.train.phases = phase_list
-    for k, v in train.items():
-        setattr(c.train, k, v)
-    validate(c)
-    return c
 
 
 def tiny_cfg(**train):

@@ -94,7 +94,7 @@ def test_resume_from_another_workdir_starts_this_workdirs_line_with_a_copy(tmp_p
     assert chosen == here[1] and store.verify(chosen) is None
     linked = {f.name: f.stat().st_ino for f in chosen.iterdir() if f.name != "meta.json"}
     assert linked == {f.name: f.stat().st_ino for f in other.iterdir() if f.name != "meta.json"}
-    # meta.json is the copy's own: the same record, naming the line the copy starts (see tests/unit/checkpoint/test_requeue.py)
+    # meta.json is the copy's own: the same record, naming the line the copy starts (see the line tests below)
     assert store.read_meta(chosen) == {**store.read_meta(other), "line": resume.line_of(other)}
     [aside] = abandoned(tmp_path / "here")
     assert names(aside) == ["step_0000004", "step_0000006"]
@@ -159,3 +159,58 @@ def test_restore_names_the_rank_and_the_path(tmp_path, cfg, parts):
         resume.restore(ckpt, *parts, cfg)
     assert str(e.value).startswith(f"rank 0 cannot read checkpoint {ckpt} (rank_00000.pt is missing); ")
     assert e.value.same_on_all_ranks
+
+
+# Lines: a requeue replays ``--resume X``; the run continues the line that started at X, moves nothing
+# aside and never rolls back, also after X itself was pruned (the run through train.py:
+# tests/e2e/test_requeue.py).
+
+
+def save_line(workdir: Path, cfg, parts, steps, line=None, keep=10) -> list[Path]:
+    model, opt, scaler = parts
+    return [
+        store.save(workdir, s, model, opt, scaler, f"data@{s}", cfg, keep=keep, extra_meta={"line": line})
+        for s in steps
+    ]
+
+
+def test_the_same_resume_again_continues_the_line_it_started(tmp_path, cfg, parts):
+    old = save_line(tmp_path, cfg, parts, (2, 4, 6, 8))
+    x = old[1]
+    chosen, line = resume.choose(tmp_path, x, parts[0], cfg)
+    assert chosen == x and line == resume.line_of(x)
+    [aside] = abandoned(tmp_path)  # going back: 6 and 8 of the old line are moved, never deleted
+    assert sorted(p.name for p in aside.iterdir()) == ["step_0000006", "step_0000008"]
+    # This run writes 6 and 8 of its own line; keep=2 prunes X itself.
+    save_line(tmp_path, cfg, parts, (6, 8), line=line, keep=2)
+    assert not x.exists() and [p.name for p in store.list_checkpoints(tmp_path)] == ["step_0000006", "step_0000008"]
+    # The requeue runs the same command: no error for the pruned X, the line's newest, nothing moved.
+    resume.check_requested(tmp_path, x)
+    chosen, again = resume.choose(tmp_path, x, parts[0], cfg)
+    assert chosen == tmp_path / "checkpoints" / "step_0000008" and again == line
+    assert abandoned(tmp_path) == [aside]
+    # An automatic resume (no --resume) keeps writing the same line.
+    assert resume.choose(tmp_path, None, parts[0], cfg) == (chosen, line)
+
+
+def test_a_line_checkpoint_that_fails_its_check_is_passed_over(tmp_path, cfg, parts):
+    x = save_line(tmp_path, cfg, parts, (4,))[0]
+    line = resume.line_of(x)
+    newest = save_line(tmp_path, cfg, parts, (6, 8), line=line)
+    (newest[1] / "__0_0.distcp").write_bytes(b"")
+    assert resume.choose(tmp_path, x, parts[0], cfg) == (newest[0], line)
+
+
+def test_a_resume_path_that_is_gone_and_started_no_line_here_is_an_error(tmp_path, cfg, parts):
+    save_line(tmp_path, cfg, parts, (2,))
+    with pytest.raises(UserError, match="does not exist"):
+        resume.check_requested(tmp_path, tmp_path / "checkpoints" / "step_0000004")
+
+
+def test_a_resume_from_another_workdir_is_continued_on_requeue(tmp_path, cfg, parts):
+    other = save_line(tmp_path / "other", cfg, parts, (4,))[0]
+    here = tmp_path / "here"
+    copy, line = resume.choose(here, other, parts[0], cfg)
+    assert copy == here / "checkpoints" / "step_0000004" and store.read_meta(copy)["line"] == line
+    # A requeue before the first save: the copy is the line's newest; nothing moved aside.
+    assert resume.choose(here, other, parts[0], cfg) == (copy, line) and abandoned(here) == []

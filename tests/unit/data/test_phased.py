@@ -6,22 +6,11 @@ state from another phase (or another phase list) is dropped, as train.py does on
 
 import torch
 
-from tests.helpers import ROOT
-from vitlarge.config.load import load_recipe, validate
+from tests.helpers.recipes import DEMO_TRAIN_EXAMPLES, demo
 from vitlarge.data import phased
 from vitlarge.plan.plan import make_plan
 
-DEMO = ROOT / "recipes" / "demo_digits.py"
-N = 1437  # digits training images: 11 steps/epoch at 128, 22 at 64 (the last partial batch dropped)
-
-
-def demo(phase_list, **train):
-    c = load_recipe(DEMO)
-    c.train.phases = phase_list
-    for k, v in train.items():
-        setattr(c.train, k, v)
-    validate(c)
-    return c
+N = DEMO_TRAIN_EXAMPLES
 
 
 def test_loaders_are_rebuilt_at_a_boundary_at_the_phase_size_and_resume_exactly(demo_data):

@@ -5,23 +5,14 @@ import pytest
 import torch
 
 from tests.helpers import ROOT
+from tests.helpers.recipes import DEMO, DEMO_TRAIN_EXAMPLES, demo
 from vitlarge.config import phase_list
 from vitlarge.config.load import load_config, load_recipe, validate
 from vitlarge.errors import UserError
 from vitlarge.plan.plan import make_plan
 from vitlarge.plan.schedule import lr_at
 
-DEMO = ROOT / "recipes" / "demo_digits.py"
-N = 1437  # digits training images: 11 steps/epoch at 128, 22 at 64 (the last partial batch dropped)
-
-
-def demo(phase_list, **train):
-    c = load_recipe(DEMO)
-    c.train.phases = phase_list
-    for k, v in train.items():
-        setattr(c.train, k, v)
-    validate(c)
-    return c
+N = DEMO_TRAIN_EXAMPLES
 
 
 def test_phases_plan_per_phase_batches_steps_and_accumulation_over_uneven_boundaries():
