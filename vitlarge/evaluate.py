@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     from vitlarge.errors import cli_main
     from vitlarge.model.precision import Precision
     from vitlarge.model.vit import build_model
-    from vitlarge.plan.plan import make_plan
+    from vitlarge.plan.plan import evaluation_plan
     from vitlarge.train.evaluation import evaluate
     from vitlarge.train.settings import resolve_settings
 
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         # The size and preprocessing training evaluated this checkpoint at: its phase's (a FixRes-style
         # last phase evaluates above its training size); an export evaluates as its last phase.
         manifest = check_data(cfg)
-        plan = make_plan(cfg, env.world_size, manifest.num_examples("train"))
+        plan = evaluation_plan(cfg, env.world_size, manifest.num_examples("train"))
         step = store.read_meta(args.checkpoint)["step"] if (Path(args.checkpoint) / "meta.json").is_file() else None
         val = val_loader(val_config(cfg, evaluated_phase(plan, step)), env.rank, env.world_size, device)
         metrics = evaluate(model, val, Precision(cfg.train.precision, device))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vitlarge.config.schema import Config
+from vitlarge.errors import UserError
 from vitlarge.plan.phases import Phase, epochs_to_steps, plan_phases, step_at_epoch
 from vitlarge.plan.schedule import lr_at
 
@@ -81,3 +82,14 @@ def make_plan(cfg: Config, world_size: int, num_train_examples: int | None = Non
         eval_every_steps=eval_every,
         num_train_examples=n,
     )
+
+
+def evaluation_plan(cfg: Config, world_size: int, num_train_examples: int | None = None) -> Plan:
+    """The plan that says which phase (size, crop, batches) evaluated each step, for an evaluation at
+    ``world_size``. Phase boundaries do not depend on the world size; the batch arithmetic of training
+    does, and does not bind an evaluation (every world size evaluates exactly): where the training batch
+    does not divide over ``world_size`` processes, the plan of one process answers the same."""
+    try:
+        return make_plan(cfg, world_size, num_train_examples)
+    except UserError:
+        return make_plan(cfg, 1, num_train_examples)

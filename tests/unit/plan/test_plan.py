@@ -5,7 +5,7 @@ import pytest
 from tests.helpers import ROOT
 from vitlarge.config.load import load_config
 from vitlarge.errors import UserError
-from vitlarge.plan.plan import make_plan
+from vitlarge.plan.plan import evaluation_plan, make_plan
 
 RECIPES = ROOT / "recipes"
 
@@ -51,3 +51,15 @@ def test_world_size_that_does_not_divide():
 def test_global_batch_larger_than_data_set():
     with pytest.raises(UserError, match="larger than the 1000 training images"):
         make_plan(load_config(recipe("vit_b16")), world_size=1, num_train_examples=1000)
+
+
+def test_an_evaluation_needs_no_training_batch_that_divides_its_world_size():
+    """Training at 7 x 51 = 357; evaluating on 2 processes, where 357 does not divide, still finds each step's
+    phase (boundaries do not depend on the world size)."""
+    c = load_config(recipe("demo_digits"), ["train.micro_batch=51", "train.global_batch=357", "augment.mixup_alpha=0"])
+    with pytest.raises(UserError, match="not divisible by train.micro_batch x world size"):
+        make_plan(c, 2, 1437)
+    plan, ref = evaluation_plan(c, 2, 1437), make_plan(c, 7, 1437)
+    assert [(p.start_step, p.end_step, p.eval_size) for p in plan.phases] == [
+        (p.start_step, p.end_step, p.eval_size) for p in ref.phases
+    ]
