@@ -7,6 +7,7 @@ torchrun --nproc_per_node 4 -m vitlarge.evaluate --config ... --checkpoint runs/
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 from pathlib import Path
@@ -17,10 +18,12 @@ import torch.distributed as dist
 def main(argv: list[str] | None = None) -> int:
     from vitlarge.checkpoint import store
     from vitlarge.config.load import load_config
+    from vitlarge.config.phase_list import resolve_phases
+    from vitlarge.data.manifest import load_manifest
     from vitlarge.data.phased import evaluated_phase, val_config
-    from vitlarge.data.sources import check_data, val_loader
+    from vitlarge.data.sources import val_loader
     from vitlarge.distributed import launch, launcher, threads
-    from vitlarge.errors import cli_main
+    from vitlarge.errors import UserError, cli_main
     from vitlarge.model.precision import Precision
     from vitlarge.model.vit import build_model
     from vitlarge.plan.plan import evaluation_plan
@@ -51,10 +54,15 @@ def main(argv: list[str] | None = None) -> int:
         store.load_model_weights(args.checkpoint, model, cfg)
         # The size and preprocessing training evaluated this checkpoint at: its phase's (a FixRes-style
         # last phase evaluates above its training size); an export evaluates as its last phase.
-        manifest = check_data(cfg)
-        plan = evaluation_plan(cfg, env.world_size, manifest.num_examples("train"))
+        # (the training split's size sets the steps of each phase; the loader checks the rest of the data)
+        n_train = None if cfg.data.source == "synthetic" else load_manifest(cfg.data.path).num_examples("train")
         step = store.read_meta(args.checkpoint)["step"] if (Path(args.checkpoint) / "meta.json").is_file() else None
-        val = val_loader(val_config(cfg, evaluated_phase(plan, step)), env.rank, env.world_size, device)
+        try:
+            vc = val_config(cfg, evaluated_phase(evaluation_plan(cfg, env.world_size, n_train), step))
+        except UserError:  # no plan on this data (fewer training images than a global batch): the last phase's size
+            vc = copy.deepcopy(cfg)
+            vc.data.image_size = resolve_phases(cfg)[-1].eval_size
+        val = val_loader(vc, env.rank, env.world_size, device)
         metrics = evaluate(model, val, Precision(cfg.train.precision, device))
         if env.is_main:
             print(json.dumps(metrics))
