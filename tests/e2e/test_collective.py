@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from tests.helpers.spawn import free_port, spawn
+from tests.helpers.spawn import exit_worker, free_port, spawn
 
 WORLD = 3
 
@@ -59,6 +59,7 @@ def _worker(rank: int, port: int, out: str) -> None:
     with open(f"{out}/rank{rank}.json", "w") as f:
         json.dump(found, f)
     dist.destroy_process_group()
+    exit_worker()
 
 
 @pytest.fixture(scope="module")

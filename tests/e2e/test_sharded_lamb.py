@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from tests.helpers.spawn import free_port, spawn
+from tests.helpers.spawn import exit_worker, free_port, spawn
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
@@ -29,6 +29,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     with open(f"{out}/rank{rank}.json", "w") as f:
         json.dump(diffs, f)
     dist.destroy_process_group()
+    exit_worker()
 
 
 @pytest.mark.parametrize("world", [2, 3])

@@ -16,7 +16,8 @@ from vitlarge.errors import UserError
 @pytest.fixture(params=["no group", "group of one"])
 def one_process(request):
     if request.param == "no group":
-        assert not dist.is_initialized(), "an earlier test left a process group"
+        if dist.is_initialized():  # an in-process test before this one (the benchmarks' suite) left its group
+            dist.destroy_process_group()
         yield
     else:
         with single_process_group():
