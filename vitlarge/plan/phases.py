@@ -167,8 +167,7 @@ def stream_seed(seed: int, phase: int, fresh_at: int | None = None) -> int:
     derived from ``(seed, phase, fresh_at)``: a never-used epoch order, not a replay of the phase's start."""
     if fresh_at is None:
         return seed + PHASE_SEED_STRIDE * phase
-    digest = hashlib.sha256(f"vitlarge-stream:{seed}:{phase}:{fresh_at}".encode()).digest()
-    return int.from_bytes(digest[:4], "little") % (2**31 - 1)
+    return _derived_seed("stream", seed, phase, fresh_at)
 
 
 def rng_seed(seed: int, rank: int, step: int = 0) -> int:
@@ -177,7 +176,12 @@ def rng_seed(seed: int, rank: int, step: int = 0) -> int:
     size: derived from ``(seed, step, rank)``, so the draws do not replay the run's first steps)."""
     if step == 0:
         return seed + rank
-    digest = hashlib.sha256(f"vitlarge-rng:{seed}:{step}:{rank}".encode()).digest()
+    return _derived_seed("rng", seed, step, rank)
+
+
+def _derived_seed(kind: str, *parts: int) -> int:
+    """A seed in DALI's and numpy's 31-bit range, hashed from ``parts`` (nearby inputs share no stream)."""
+    digest = hashlib.sha256(":".join(map(str, (f"vitlarge-{kind}", *parts))).encode()).digest()
     return int.from_bytes(digest[:4], "little") % (2**31 - 1)
 
 
