@@ -170,6 +170,7 @@ RANGES = [
     (("optim.clip_grad_norm",), lambda v: v >= 0, ">= 0 (0: no clipping)"),
     (("train.seed",), lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
     (("schedule.min_lr_ratio", "augment.mixup_prob"), lambda v: 0 <= v <= 1, "in [0, 1]"),
+    (("optim.layer_decay",), lambda v: 0 < v <= 1, "in (0, 1] (1.0: no layer-wise lr decay)"),
     (
         (
             "augment.label_smoothing",
@@ -227,6 +228,17 @@ def validate(cfg: Config, origin: str = "config") -> None:
         raise UserError(
             f"{origin}: train.global_batch={t.global_batch} is not a multiple of train.micro_batch={t.micro_batch}; "
             "change one of them"
+        )
+    thresh = cfg.augment.bce_target_thresh
+    if thresh is not None and not (_finite(thresh) and 0 <= thresh < 1):
+        raise UserError(
+            f"{origin}: 'augment.bce_target_thresh' must be in [0, 1) or None, got {thresh}; "
+            "set it like augment.bce_target_thresh=0.0 (DeiT III) or augment.bce_target_thresh=none"
+        )
+    if thresh is not None and cfg.augment.loss != "bce":
+        raise UserError(
+            f"{origin}: augment.bce_target_thresh={thresh} applies to augment.loss=bce only, got "
+            f"augment.loss={cfg.augment.loss}; set augment.loss=bce or augment.bce_target_thresh=none"
         )
     if cfg.augment.mixup_alpha > 0 or cfg.augment.cutmix_alpha > 0:
         if t.micro_batch % 2:

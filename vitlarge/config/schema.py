@@ -95,6 +95,13 @@ class AugmentConfig:
     """Probability that Mixup/CutMix is applied to a batch."""
     label_smoothing: float = 0.0
     """Label smoothing of the targets (folded into the soft targets under Mixup/CutMix)."""
+    loss: Literal["ce", "bce"] = "ce"
+    """``ce``: softmax cross-entropy. ``bce``: per-class binary cross-entropy on the one-hot targets (Mixup/CutMix-
+    mixed and smoothed as for ``ce``), averaged over images and classes: timm's ``BinaryCrossEntropy``, as DeiT III
+    trains. Smoothing puts ``label_smoothing / num_classes`` on every class (timm's off value)."""
+    bce_target_thresh: float | None = None
+    """``bce`` only: targets above this become 1, the rest 0 (timm's ``target_threshold``; DeiT III's ``> 0``
+    is 0.0, so both classes of a mixed pair count fully); None keeps the soft targets."""
 
 
 @dataclass
@@ -113,6 +120,11 @@ class OptimConfig:
     """LAMB's Adam-style bias correction of the moments (vitlarge's LAMB; AdamW always corrects)."""
     clip_grad_norm: float = 1.0
     """Global L2 norm, applied after fp16 unscaling; 0 disables clipping (the norm is still logged)."""
+    layer_decay: float = 1.0
+    """Layer-wise lr decay for fine-tuning (BEiT, MAE; timm's ``--layer-decay``), in (0, 1]; 1.0 is off. Layer ids as
+    timm's ``param_groups_layer_decay``: patch embedding, cls token and position embedding 0, block i i + 1 (the final
+    norm with the last block), the head depth + 1; a layer's lr is the schedule's times ``layer_decay ** (depth + 1 - layer)``.
+    Composes with the no-weight-decay split (no decay, no LAMB trust ratio for 1-D parameters such as LayerScale's gamma)."""
 
 
 @dataclass
@@ -187,9 +199,9 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     """The data set (TFRecord shards, or synthetic) and its input pipeline."""
     augment: AugmentConfig = field(default_factory=AugmentConfig)
-    """Batch-level augmentation: Mixup, CutMix, label smoothing."""
+    """Batch-level augmentation (Mixup, CutMix, label smoothing) and the loss on its targets."""
     optim: OptimConfig = field(default_factory=OptimConfig)
-    """Optimizer and gradient clipping."""
+    """Optimizer, its parameter groups (layer-wise lr decay) and gradient clipping."""
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     """Learning-rate schedule: warmup, then decay."""
     train: TrainConfig = field(default_factory=TrainConfig)

@@ -5,6 +5,8 @@ Contract:
   distillation / register tokens in a group with no weight decay *and* no LAMB trust ratio. The
   original Colossal-AI ViT example applied both to every tensor, which costs a lot of accuracy
   (small ViT: 67% vs 98.6%).
+- ``param_groups(..., layer_decay)`` below 1 splits those two groups per layer as timm's
+  ``param_groups_layer_decay`` does, each with an ``lr_scale`` the engine applies to the schedule's lr.
 - ``Lamb`` does no gradient clipping: the engine clips the global norm after unscaling, before
   ``step()``. (timm's Lamb clips inside the optimizer via ``max_grad_norm``; ours has no such knob.)
 - ``step()`` never reads a device value on the host, so it queues work on the GPU without waiting.
@@ -32,26 +34,46 @@ def _excluded(name: str, param: nn.Parameter, model_no_decay: set[str]) -> bool:
     return any(name == n or name.startswith(n + ".") for n in model_no_decay)
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Split ``model``'s trainable parameters into a decayed and an excluded group.
+def layer_ids(model: nn.Module) -> dict[str, int]:
+    """Each parameter's layer for layer-wise lr decay, exactly as timm's ``param_groups_layer_decay`` numbers
+    them: from the model's ``group_matcher(coarse=False)`` where it has one (a timm ViT: patch embedding,
+    cls token and position embedding 0, block i i + 1, the final norm with the last block, the head depth + 1), else
+    timm's ``auto_group_layers`` (runs of 12 parameters, then the classifier)."""
+    from timm.models import group_parameters
+    from timm.optim._param_groups import auto_group_layers
 
-    Returns up to two dicts for ``torch.optim.Optimizer``: ``{"params", "weight_decay":
-    weight_decay, "trust_ratio": True}`` and ``{"params", "weight_decay": 0.0, "trust_ratio":
-    False}``. Empty groups are left out. ``model.no_weight_decay()`` (timm) adds names to the
-    excluded group.
+    if hasattr(model, "group_matcher"):
+        return group_parameters(model, model.group_matcher(coarse=False), reverse=True)
+    return auto_group_layers(model)
+
+
+def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0) -> list[dict]:
+    """Split ``model``'s trainable parameters into decayed and excluded groups.
+
+    ``layer_decay == 1``: up to two dicts for ``torch.optim.Optimizer``, ``{"params", "weight_decay":
+    weight_decay, "trust_ratio": True}`` and ``{"params", "weight_decay": 0.0, "trust_ratio": False}``.
+    ``layer_decay < 1``: that split per layer (`layer_ids`), in timm's order (by first parameter), each
+    group with an ``"lr_scale"`` of ``layer_decay ** (last layer - layer)``, which the engine multiplies
+    into the schedule's lr every step (as timm's schedulers do). Empty groups are left out.
+    ``model.no_weight_decay()`` (timm) adds names to the excluded group.
     """
     no_decay_fn = getattr(model, "no_weight_decay", None)
     model_no_decay = set(no_decay_fn()) if callable(no_decay_fn) else set()
-    decay, no_decay = [], []
+    layers = layer_ids(model) if layer_decay != 1.0 else {}
+    last = max(layers.values(), default=0)
+    groups: dict[tuple[int, bool], dict] = {}
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        (no_decay if _excluded(name, param, model_no_decay) else decay).append(param)
-    groups = [
-        {"params": decay, "weight_decay": weight_decay, "trust_ratio": True},
-        {"params": no_decay, "weight_decay": 0.0, "trust_ratio": False},
-    ]
-    return [g for g in groups if g["params"]]
+        decay = not _excluded(name, param, model_no_decay)
+        layer = layers.get(name, last)  # timm: a parameter no matcher names belongs to the last layer
+        key = (layer, decay) if layers else (0, not decay)  # without layer decay: decayed group first
+        if key not in groups:
+            groups[key] = {"params": [], "weight_decay": weight_decay if decay else 0.0, "trust_ratio": decay}
+            if layers:
+                groups[key]["lr_scale"] = layer_decay ** (last - layer)
+        groups[key]["params"].append(param)
+    return list(groups.values()) if layers else [groups[k] for k in sorted(groups)]
 
 
 class Lamb(torch.optim.Optimizer):
@@ -319,13 +341,14 @@ def build_optimizer(
     *,
     bias_correction: bool = True,
     max_trust_ratio: float | None = None,
+    layer_decay: float = 1.0,
 ) -> torch.optim.Optimizer:
-    """``"lamb"`` (ours) or ``"adamw"`` (torch, foreach) over ``param_groups(model, weight_decay)``.
+    """``"lamb"`` (ours) or ``"adamw"`` (torch, foreach) over ``param_groups(model, weight_decay, layer_decay)``.
 
     AdamW's decay is decoupled (``p *= 1 - lr * wd``) and applies only to the decayed group; the
     groups' ``trust_ratio`` key is ignored by AdamW.
     """
-    groups = param_groups(model, weight_decay)
+    groups = param_groups(model, weight_decay, layer_decay)
     if name == "lamb":
         return Lamb(
             groups,

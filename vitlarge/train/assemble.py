@@ -9,7 +9,8 @@ The rules of how the parts combine live here and nowhere else:
 * The model is built with the same seed on every rank (identical initial weights); fused attention
   follows ``model.fused_attn`` and the resolved precision (`vitlarge.model.vit.build_model`).
 * The optimizer's parameter groups (no weight decay and no trust ratio for biases, norms, position
-  embeddings and the cls token) come from `vitlarge.optim.lamb.build_optimizer`.
+  embeddings and the cls token; per layer with an ``lr_scale`` under ``optim.layer_decay``) come from
+  `vitlarge.optim.lamb.build_optimizer`, before the Booster (FSDP keeps the groups, `vitlarge.distributed.fsdp`).
 * When compile is on (CUDA by default, `vitlarge.train.settings.compile_choice`), the model's forward is compiled in place before the Booster wraps it (`compile_model`): DDP then wraps
   a module whose parameter names, state dict, checkpoints and exports are the plain model's.
 * Under FSDP the plugin owns mixed precision (it casts the gathered parameters), so there is no
@@ -119,6 +120,7 @@ def build(
         betas=tuple(o.betas),
         eps=o.eps,
         bias_correction=o.bias_correction,
+        layer_decay=o.layer_decay,
     )
     if booster is None:
         from colossalai.booster import Booster

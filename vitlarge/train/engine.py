@@ -44,11 +44,19 @@ class CommCounter:
 
 
 def build_criterion(cfg: Config):
-    """Loss and optional Mixup/CutMix from timm; soft targets whenever Mixup or CutMix is on."""
+    """``(mixup, loss)`` from timm: Mixup/CutMix (None when both are off) and the loss of ``augment.loss``.
+
+    ``ce``: soft-target cross-entropy under Mixup/CutMix (smoothing folded into the mixed targets), else
+    label-smoothing or plain cross-entropy. ``bce``: timm's ``BinaryCrossEntropy`` (mean over images and
+    classes) on Mixup's dense targets, or on the labels, one-hot and smoothed inside it; with
+    ``augment.bce_target_thresh`` either is thresholded to 0/1. Every loss is a mean over the micro-batch,
+    so the engine's ``loss / accum`` is the global batch's mean whatever the accumulation and world size.
+    (timm's train.py falls back to cross-entropy for ``--bce-loss`` without Mixup or smoothing; here bce is bce.)"""
     from timm.data import Mixup
-    from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+    from timm.loss import BinaryCrossEntropy, LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 
     a = cfg.augment
+    mixup = None
     if a.mixup_alpha > 0 or a.cutmix_alpha > 0:
         mixup = Mixup(
             mixup_alpha=a.mixup_alpha,
@@ -57,6 +65,10 @@ def build_criterion(cfg: Config):
             label_smoothing=a.label_smoothing,
             num_classes=cfg.data.num_classes,
         )
+    if a.loss == "bce":
+        # Mixup's targets are dense and already smoothed: BinaryCrossEntropy smooths index targets only.
+        return mixup, BinaryCrossEntropy(smoothing=a.label_smoothing, target_threshold=a.bce_target_thresh)
+    if mixup is not None:
         return mixup, SoftTargetCrossEntropy()
     if a.label_smoothing > 0:
         return None, LabelSmoothingCrossEntropy(a.label_smoothing)
@@ -77,7 +89,7 @@ class StepResult:
     """What one optimizer step did. ``loss`` stays on the device (reading it waits for the step)."""
 
     loss: torch.Tensor  # mean over the step's micro-batches, fp32, before loss scaling
-    lr: float
+    lr: float  # the schedule's; a group with an ``lr_scale`` (optim.layer_decay) steps with lr * lr_scale
     grad_norm: float  # after unscaling, before clipping; inf or nan on an overflowed step
     loss_scale: float  # the fp16 scale the step ran with (1.0 without scaling)
     skipped: bool  # the update was not applied (non-finite gradients)
@@ -116,8 +128,8 @@ class Engine:
         self.model.train()
         opt, scaler = self.torch_optimizer, self.precision.scaler
         lr = self.lr(step)
-        for group in opt.param_groups:
-            group["lr"] = lr
+        for group in opt.param_groups:  # layer-wise lr decay: each group's share (`vitlarge.optim.lamb.param_groups`)
+            group["lr"] = lr * group.get("lr_scale", 1.0)
         accum = self.plan.phase_at(step).accum_steps
         loss_sum = torch.zeros((), dtype=torch.float32, device=self.params[0].device)
         data_time = 0.0

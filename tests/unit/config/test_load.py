@@ -330,3 +330,32 @@ def test_zero_means_never_or_off_where_documented(item):
 def test_mixup_needs_an_even_micro_batch():
     with pytest.raises(UserError, match="even train.micro_batch"):
         load_config(recipe("demo_digits"), ["train.global_batch=126", "train.micro_batch=63"])
+
+
+def test_loss_and_layer_decay_keys_apply():
+    cfg = load_config(
+        recipe("demo_digits"),
+        ["augment.loss=bce", "augment.bce_target_thresh=0.0", "optim.layer_decay=0.75"],
+    )
+    assert (cfg.augment.loss, cfg.augment.bce_target_thresh, cfg.optim.layer_decay) == ("bce", 0.0, 0.75)
+    cfg = load_config(recipe("demo_digits"), ["augment.loss=bce", "augment.bce_target_thresh=none"])
+    assert cfg.augment.bce_target_thresh is None
+    default = load_config(recipe("demo_digits"))
+    assert (default.augment.loss, default.augment.bce_target_thresh, default.optim.layer_decay) == ("ce", None, 1.0)
+
+
+@pytest.mark.parametrize(
+    "items, match",
+    [
+        (["augment.loss=nll"], "'augment.loss' is 'nll'; choose one of ce, bce"),
+        (["augment.loss=bce", "augment.bce_target_thresh=1.0"], "'augment.bce_target_thresh' must be in \\[0, 1\\)"),
+        (["augment.loss=bce", "augment.bce_target_thresh=-0.1"], "'augment.bce_target_thresh' must be in \\[0, 1\\)"),
+        (["augment.bce_target_thresh=0.0"], "augment.bce_target_thresh=0.0 applies to augment.loss=bce only"),
+        (["optim.layer_decay=0"], "'optim.layer_decay' must be in \\(0, 1\\]"),
+        (["optim.layer_decay=1.5"], "'optim.layer_decay' must be in \\(0, 1\\]"),
+    ],
+)
+def test_bad_loss_and_layer_decay_values_are_one_line_naming_the_key(items, match):
+    with pytest.raises(UserError, match=match) as e:
+        load_config(recipe("demo_digits"), items)
+    assert "\n" not in str(e.value)

@@ -7,10 +7,11 @@ multi-process fsdp runs (parity with ddp, kill -9, resharding) are in tests/e2e/
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
-from tests.helpers.fsdp import batches, built
+from tests.helpers.fsdp import batches, built, recipe
 from tests.helpers.precision import LayerNormDtypes
 from tests.helpers.runs import assert_scaler_contract
 
@@ -56,3 +57,35 @@ def test_fp16_sharded_scaler_skips_halves_and_grows_like_ddp(process_group):
         records.append({k: getattr(out, k) for k in ("skipped", "grad_norm", "loss_scale")})
     assert_scaler_contract(records, growth_interval=1)
     assert any(r["skipped"] for r in records) and not all(r["skipped"] for r in records), records
+
+
+def test_layer_decay_groups_survive_fsdp_and_sharded_lamb_steps_each_with_its_lr(process_group):
+    """``optim.layer_decay`` under ``train.plugin=fsdp``: the Booster's ShardedLamb keeps every layer's group
+    (its parameters now FSDP2's DTensors, by name) and its ``lr_scale``; a step sets each group's lr to
+    the schedule's times its scale, and moves a decayed matrix by that lr relative to its norm (the trust ratio)."""
+    from vitlarge.model.vit import build_model
+    from vitlarge.optim.lamb import param_groups
+    from vitlarge.plan.plan import make_plan
+    from vitlarge.train.assemble import build
+
+    cfg = recipe("fp32")
+    cfg.optim.layer_decay = 0.5
+    parts = build(cfg, make_plan(cfg, 1, 1437), "cpu")
+    opt, model = parts.engine.torch_optimizer, parts.model.unwrap()
+    assert type(opt).__name__ == "ShardedLamb"
+    names = {id(p): n for n, p in model.named_parameters()}
+    got = [[names[id(p)] for p in g["params"]] for g in opt.param_groups]
+    plain = build_model(parts.cfg, "cpu")  # the groups must be the unsharded model's
+    plain_names = {id(p): n for n, p in plain.named_parameters()}
+    expected = param_groups(plain, cfg.optim.weight_decay, 0.5)
+    assert got == [[plain_names[id(p)] for p in g["params"]] for g in expected] and len(got) == 2 * 4 + 4
+    assert [g["lr_scale"] for g in opt.param_groups] == [g["lr_scale"] for g in expected]
+    assert all(isinstance(p, DTensor) for g in opt.param_groups for p in g["params"])
+    qkv = dict(model.named_parameters())["blocks.0.attn.qkv.weight"]
+    before = qkv.detach().full_tensor().clone()
+    out = parts.engine.step(0, batches())
+    assert not out.skipped and out.lr > 0
+    for g in opt.param_groups:
+        assert g["lr"] == pytest.approx(out.lr * g["lr_scale"], rel=1e-12)
+    change = float((qkv.detach().full_tensor() - before).norm() / before.norm())
+    assert change == pytest.approx(out.lr * 0.5**4, rel=1e-3)

@@ -93,3 +93,19 @@ def test_unknown_model_or_kwarg(field, value, match):
     setattr(cfg.model, field, value)
     with pytest.raises(UserError, match=match):
         build_model(cfg, "meta")
+
+
+def test_deit3_base_builds_at_192_px_with_layer_scale():
+    """DeiT III's ViT-B/16 (timm's ``deit3_base_patch16_224``: LayerScale, no class token in the position
+    embedding) at its 192 px pretraining size with the recipe's stochastic depth, on the meta device."""
+    cfg = load_recipe(ROOT / "recipes" / "vit_b16.py")
+    cfg.model.name, cfg.data.image_size = "deit3_base_patch16_224", 192
+    cfg.model.pos_drop_rate = cfg.model.attn_drop_rate = cfg.model.proj_drop_rate = 0.0
+    cfg.model.drop_path_rate = 0.2
+    m = build_model(cfg, "meta")
+    assert m.patch_embed.grid_size == (12, 12) and m.pos_embed.shape == (1, 144, 768) and m.no_embed_class
+    assert m.blocks[0].ls1.gamma.shape == (768,) and m.blocks[-1].drop_path1.drop_prob == pytest.approx(0.2)
+    assert m(torch.empty(2, 3, 192, 192, device="meta")).shape == (2, 1000)
+    info = describe_model(cfg)
+    assert (info["depth"], info["dim"], info["tokens"]) == (12, 768, 145)
+    assert 86.5e6 < info["params"] < 86.7e6  # ViT-B/16's 86.6M (fewer position tokens, 2 x 12 x 768 gammas)

@@ -237,6 +237,45 @@ def test_param_groups_honour_no_weight_decay_and_frozen():
     assert {id(p) for p in no_decay["params"]} == {id(net.table), id(net.proj.bias)}
 
 
+@pytest.mark.parametrize("name", ["vit_base_patch16_224", "deit3_base_patch16_224"])
+@pytest.mark.parametrize("layer_decay", [0.75, 0.65])
+def test_layer_decay_groups_equal_timms(name, layer_decay):
+    """Every parameter's lr scale and weight decay equal timm's ``param_groups_layer_decay`` as timm's
+    ``create_optimizer_v2(layer_decay=...)`` calls it (the model's ``no_weight_decay()`` excluded), and the
+    groups come in timm's order with timm's sizes; the decayed groups (matrices only) get the trust ratio."""
+    with torch.device("meta"):
+        model = timm.create_model(name, pretrained=False)
+    ours = param_groups(model, 0.05, layer_decay=layer_decay)
+    theirs = timm.optim.param_groups_layer_decay(
+        model, 0.05, no_weight_decay_list=model.no_weight_decay(), layer_decay=layer_decay
+    )
+    names = {id(p): n for n, p in model.named_parameters()}
+
+    def by_name(groups):
+        return {names[id(p)]: (g["lr_scale"], g["weight_decay"]) for g in groups for p in g["params"]}
+
+    assert by_name(ours) == by_name(theirs) and len(by_name(ours)) == len(names)
+    assert [len(g["params"]) for g in ours] == [len(g["params"]) for g in theirs] and len(ours) == 2 * 12 + 4
+    for g in ours:
+        assert g["trust_ratio"] == (g["weight_decay"] > 0)
+        assert all(p.ndim > 1 for p in g["params"]) == g["trust_ratio"]
+    got = by_name(ours)
+    depth = 12  # patch embed, cls and pos: layer 0; block i: i + 1; final norm with the last block; head: 13
+    for n in ("patch_embed.proj.weight", "cls_token", "pos_embed"):
+        assert got[n][0] == pytest.approx(layer_decay ** (depth + 1))
+    assert got["blocks.0.attn.qkv.weight"] == (pytest.approx(layer_decay**depth), 0.05)
+    assert got["norm.weight"] == (pytest.approx(layer_decay), 0.0) and got["head.weight"] == (1.0, 0.05)
+    if name.startswith("deit3"):  # LayerScale's gamma is 1-D: no weight decay, no trust ratio
+        assert got["blocks.0.ls1.gamma"] == (pytest.approx(layer_decay**depth), 0.0)
+
+
+def test_layer_decay_one_is_the_two_plain_groups():
+    model = _tiny_vit()
+    assert [(len(g["params"]), g["weight_decay"], g.get("lr_scale")) for g in param_groups(model, 0.05, 1.0)] == [
+        (len(g["params"]), g["weight_decay"], None) for g in param_groups(model, 0.05)
+    ]
+
+
 def test_build_optimizer():
     model = _tiny_vit()
     lamb = build_optimizer(model, "lamb", lr=1e-3, weight_decay=0.05)
@@ -253,3 +292,7 @@ def test_build_optimizer():
     with pytest.raises(UserError, match="lamb"):
         build_optimizer(model, "lmab", lr=1e-3, weight_decay=0.05)
     assert math.isclose(lamb.param_groups[0]["lr"], 1e-3)
+    # Layer decay: the same groups for both optimizers, each with its lr scale (depth 2: head 1, blocks 1/2, 1/4).
+    for name in ("lamb", "adamw"):
+        opt = build_optimizer(model, name, lr=1e-3, weight_decay=0.05, layer_decay=0.5)
+        assert sorted({g["lr_scale"] for g in opt.param_groups}) == [0.125, 0.25, 0.5, 1.0]

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
+from timm.data import Mixup
+from timm.loss import BinaryCrossEntropy
 
-from vitlarge.config.load import load_recipe
+from vitlarge.config.load import load_recipe, validate
+from vitlarge.config.schema import Config
 from vitlarge.plan.plan import make_plan
 from vitlarge.train.assemble import build
+from vitlarge.train.engine import build_criterion
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -18,14 +24,20 @@ def one_thread_group(process_group):
     torch.set_num_threads(1)
 
 
-def make_engine(precision="fp32", global_batch=32, micro_batch=8, clip=1.0, mixup=0.0, init_scale=2.0**16):
-    """The engine as train.py builds it (`vitlarge.train.assemble.build`), for the demo recipe on CPU."""
+def make_engine(
+    precision="fp32", global_batch=32, micro_batch=8, clip=1.0, mixup=0.0, init_scale=2.0**16, **augment_or_optim
+):
+    """The engine as train.py builds it (`vitlarge.train.assemble.build`), for the demo recipe on CPU.
+    ``augment_or_optim``: further ``augment.*`` / ``optim.*`` fields, e.g. ``loss="bce"``, ``layer_decay=0.75``."""
     cfg = load_recipe("recipes/demo_digits.py")
     cfg.train.precision, cfg.train.global_batch, cfg.train.micro_batch = precision, global_batch, micro_batch
     cfg.train.init_loss_scale = init_scale
     cfg.optim.clip_grad_norm = clip
     cfg.augment.mixup_alpha = mixup
     cfg.schedule.warmup_epochs = 0
+    for key, value in augment_or_optim.items():
+        setattr(cfg.augment if hasattr(cfg.augment, key) else cfg.optim, key, value)
+    validate(cfg)
     return build(cfg, make_plan(cfg, 1, 1437), "cpu").engine
 
 
@@ -42,10 +54,20 @@ def params(engine) -> list[torch.Tensor]:
     return [p.detach().clone() for p in engine.model.parameters()]
 
 
-def test_accumulation_equals_one_big_batch():
-    """4 micro-batches of 8 under no_sync give the same update as one batch of 32 (fp32, no dropout)."""
-    a = make_engine(global_batch=32, micro_batch=8)
-    b = make_engine(global_batch=32, micro_batch=32)
+@pytest.mark.parametrize(
+    "loss",
+    [
+        {},
+        {"loss": "bce"},
+        {"loss": "bce", "label_smoothing": 0.1, "bce_target_thresh": 0.2},
+    ],
+    ids=["ce", "bce", "bce_smoothed_thresholded"],
+)
+def test_accumulation_equals_one_big_batch(loss):
+    """4 micro-batches of 8 under no_sync give the same update as one batch of 32 (fp32, no dropout):
+    every loss is a mean over its micro-batch, and the engine averages the micro-batches' gradients."""
+    a = make_engine(global_batch=32, micro_batch=8, **loss)
+    b = make_engine(global_batch=32, micro_batch=32, **loss)
     assert a.plan.phases[0].accum_steps == 4 and b.plan.phases[0].accum_steps == 1
     micro = batches(4, 8)
     parts = [micro() for _ in range(4)]
@@ -103,3 +125,118 @@ def test_mixup_runs_on_soft_targets():
     engine = make_engine("bf16", mixup=0.2)
     out = engine.step(0, batches(4, 8))
     assert math.isfinite(float(out.loss)) and not out.skipped
+
+
+def _bce_by_hand(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Binary cross-entropy of every logit against its target, averaged over images and classes."""
+    return -(targets * F.logsigmoid(logits) + (1 - targets) * F.logsigmoid(-logits)).mean()
+
+
+@pytest.mark.parametrize(
+    "mix, smoothing, thresh",
+    [
+        ({}, 0.0, None),
+        ({}, 0.1, None),
+        ({}, 0.1, 0.005),
+        ({"mixup_alpha": 0.8}, 0.0, None),
+        ({"mixup_alpha": 0.8, "cutmix_alpha": 1.0}, 0.1, None),
+        ({"mixup_alpha": 0.8, "cutmix_alpha": 1.0}, 0.1, 0.0),  # DeiT III: both classes of a pair count fully
+    ],
+    ids=["plain", "smoothed", "smoothed_thresholded", "mixup", "mixup_cutmix_smoothed", "mixup_cutmix_thresh0"],
+)
+def test_bce_is_timms_binary_cross_entropy(mix, smoothing, thresh):
+    """``augment.loss=bce`` against timm's ``BinaryCrossEntropy`` configured as timm's train.py does (with Mixup:
+    dense targets from timm's ``Mixup``, smoothing inside it; without: index targets, smoothing in the loss),
+    and against the formula on targets built by hand, to 1e-6."""
+    cfg = Config()
+    cfg.data.num_classes = 10
+    cfg.augment.loss, cfg.augment.label_smoothing, cfg.augment.bce_target_thresh = "bce", smoothing, thresh
+    for key, value in mix.items():
+        setattr(cfg.augment, key, value)
+    validate(cfg)
+    mixup, criterion = build_criterion(cfg)
+    g = torch.Generator().manual_seed(0)
+    images = torch.randn(8, 3, 16, 16, generator=g)
+    labels = torch.randint(0, 10, (8,), generator=g)
+    logits = 3 * torch.randn(8, 10, generator=g)
+    if mix:
+        reference = Mixup(**mix, label_smoothing=smoothing, num_classes=10)
+        np.random.seed(0)  # timm's Mixup draws lambda and the mode from numpy
+        _, targets = mixup(images.clone(), labels)
+        np.random.seed(0)
+        _, expected_targets = reference(images.clone(), labels)
+        assert torch.equal(targets, expected_targets) and not torch.equal(targets.amax(1), torch.ones(8))
+        expected = BinaryCrossEntropy(target_threshold=thresh)(logits, expected_targets)
+        dense = targets
+    else:
+        assert mixup is None
+        targets = labels
+        expected = BinaryCrossEntropy(smoothing=smoothing, target_threshold=thresh)(logits, labels)
+        dense = torch.full((8, 10), smoothing / 10).scatter_(1, labels[:, None], 1 - smoothing + smoothing / 10)
+    if thresh is not None:
+        dense = (dense > thresh).float()
+    got = criterion(logits, targets)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(got, _bce_by_hand(logits, dense), rtol=0, atol=1e-6)
+    assert not torch.allclose(got, F.cross_entropy(logits, labels), atol=1e-3)  # not the ce path
+
+
+def test_layer_decay_scales_each_groups_lr_every_step():
+    """``optim.layer_decay=0.5`` on the demo ViT (depth 4): each group steps with the schedule's lr times
+    0.5 ** (5 - layer), and LAMB's trust ratio makes that the relative change of each decayed matrix."""
+    engine = make_engine(layer_decay=0.5)
+    model = engine.model.unwrap()
+    names = {id(p): n for n, p in model.named_parameters()}
+    opt = engine.torch_optimizer
+    scale = {names[id(p)]: g["lr_scale"] for g in opt.param_groups for p in g["params"]}
+    assert scale["patch_embed.proj.weight"] == 0.5**5 and scale["blocks.0.attn.qkv.weight"] == 0.5**4
+    assert scale["blocks.3.attn.qkv.weight"] == scale["norm.weight"] == 0.5 and scale["head.weight"] == 1.0
+    data = batches(8, 8)
+    for step in range(2):
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        out = engine.step(step, data)
+        assert out.lr == pytest.approx(engine.plan.lr_at(engine.cfg, step), rel=1e-12) and out.lr > 0
+        for group in opt.param_groups:
+            assert group["lr"] == pytest.approx(out.lr * group["lr_scale"], rel=1e-12)
+        for name in ("blocks.0.attn.qkv.weight", "blocks.3.attn.qkv.weight", "blocks.1.mlp.fc1.weight"):
+            p = dict(model.named_parameters())[name].detach()
+            change = float((p - before[name]).norm() / before[name].norm())
+            assert change == pytest.approx(out.lr * scale[name], rel=1e-3), name
+
+
+@pytest.mark.parametrize("plugin", ["ddp", "fsdp"])
+def test_a_tiny_deit3_trains_with_bce_and_layer_decay(plugin):
+    """A DeiT III-shaped model (timm's ``deit3_*``: LayerScale, position embedding without the class token),
+    made small through ``model.kwargs``, built as train.py builds it and trained a few steps on one batch:
+    the loss falls and the LayerScale gammas (no decay, no trust ratio, lowest lr at block 0) move."""
+    cfg = load_recipe("recipes/demo_digits.py")
+    cfg.model.name = "deit3_base_patch16_224"
+    cfg.model.kwargs = dict(patch_size=4, embed_dim=32, depth=2, num_heads=2)
+    cfg.train.plugin, cfg.train.precision, cfg.train.global_batch, cfg.train.micro_batch = plugin, "fp32", 16, 8
+    cfg.augment.loss, cfg.optim.layer_decay, cfg.optim.lr = "bce", 0.75, 1e-2
+    cfg.schedule.warmup_epochs = 0
+    validate(cfg)
+    engine = build(cfg, make_plan(cfg, 1, 1437), "cpu").engine
+    model = engine.model.unwrap()
+    full = {n: p for n, p in model.named_parameters()}
+    assert full["blocks.0.ls1.gamma"].shape == (32,)
+    groups = {
+        n: g for g in engine.torch_optimizer.param_groups for n, p in full.items() if any(p is q for q in g["params"])
+    }
+    assert (groups["blocks.0.ls1.gamma"]["weight_decay"], groups["blocks.0.ls1.gamma"]["trust_ratio"]) == (0.0, False)
+    assert groups["blocks.0.ls1.gamma"]["lr_scale"] == pytest.approx(0.75**2)
+
+    def whole(p):
+        return (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+
+    gamma = whole(full["blocks.0.ls1.gamma"])
+    g = torch.Generator().manual_seed(0)
+    fixed = [(torch.randn(8, 3, 16, 16, generator=g), torch.randint(0, 10, (8,), generator=g)) for _ in range(2)]
+    losses = []
+    for step in range(6):
+        it = iter(fixed)
+        out = engine.step(step, lambda: next(it))
+        assert not out.skipped
+        losses.append(float(out.loss))
+    assert losses[-1] < losses[0] and all(math.isfinite(x) for x in losses), losses
+    assert not torch.equal(whole(full["blocks.0.ls1.gamma"]), gamma)
