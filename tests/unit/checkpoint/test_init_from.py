@@ -164,3 +164,36 @@ def test_another_architecture_or_patch_size_is_one_line(source, change, message)
     with pytest.raises(UserError) as e:
         check_source(c)
     assert str(e.value).startswith(f"model.init_from={path}") and message in str(e.value)
+
+
+def test_a_deit3_export_fine_tunes_at_a_larger_size_and_loads_into_timm(tmp_path):
+    """A DeiT III-shaped model (timm's ``deit3_*``: LayerScale; position embedding of the patch grid only,
+    ``no_embed_class``) exported at 16 px: timm loads the export as is, and ``model.init_from`` at 24 px
+    resamples the grid-only position embedding (no prefix token) and copies the LayerScale gammas."""
+    import timm
+
+    deit3 = dict(
+        model__name="deit3_base_patch16_224", model__kwargs=dict(patch_size=4, embed_dim=32, depth=2, num_heads=2)
+    )
+    c = cfg(**deit3)
+    torch.manual_seed(0)
+    src = build_model(c).eval()
+    with torch.no_grad():
+        for p in src.parameters():
+            p.add_(0.01)
+    path = export(tmp_path, src, c, [str(i) for i in range(10)])
+    loaded = timm.create_model(f"local-dir:{path}", pretrained=True).eval()
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), src(x), rtol=0, atol=0)
+    c = cfg(**deit3, data__image_size=24, model__init_from=str(path))
+    model = fresh(c)
+    notes = load_into(model, c)
+    assert notes[1] == "position embedding resampled from a 4x4 to a 6x6 token grid"
+    want = resample_abs_pos_embed(src.pos_embed.detach(), new_size=[6, 6], old_size=[4, 4], num_prefix_tokens=0)
+    assert model.pos_embed.shape == (1, 36, 32) and torch.equal(model.pos_embed.detach(), want)
+    assert torch.equal(model.blocks[1].ls2.gamma, src.blocks[1].ls2.gamma) and torch.equal(
+        model.cls_token, src.cls_token
+    )
+    with torch.no_grad():
+        assert model(torch.randn(2, 3, 24, 24)).shape == (2, 10)
