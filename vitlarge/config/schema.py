@@ -121,10 +121,11 @@ class OptimConfig:
     clip_grad_norm: float = 1.0
     """Global L2 norm, applied after fp16 unscaling; 0 disables clipping (the norm is still logged)."""
     layer_decay: float = 1.0
-    """Layer-wise lr decay for fine-tuning (BEiT, MAE; timm's ``--layer-decay``), in (0, 1]; 1.0 is off. Layer ids as
-    timm's ``param_groups_layer_decay``: patch embedding, cls token and position embedding 0, block i i + 1 (the final
-    norm with the last block), the head depth + 1; a layer's lr is the schedule's times ``layer_decay ** (depth + 1 - layer)``.
-    Composes with the no-weight-decay split (no decay, no LAMB trust ratio for 1-D parameters such as LayerScale's gamma)."""
+    """Layer-wise lr decay for fine-tuning (BEiT, MAE; timm's ``--layer-decay``), in (0, 1]; 1.0 is off. Layers as
+    timm's ``param_groups_layer_decay`` numbers them: patch embedding, cls token and position embedding 0, block i
+    i + 1 (the final norm with the last block), the head depth + 1; a layer's lr is the schedule's times
+    ``layer_decay ** (depth + 1 - layer)``. Composes with the no-weight-decay split (no decay and no LAMB trust
+    ratio for 1-D parameters such as LayerScale's gamma)."""
 
 
 @dataclass

@@ -40,7 +40,7 @@ def layer_ids(model: nn.Module) -> dict[str, int]:
     cls token and position embedding 0, block i i + 1, the final norm with the last block, the head depth + 1), else
     timm's ``auto_group_layers`` (runs of 12 parameters, then the classifier)."""
     from timm.models import group_parameters
-    from timm.optim._param_groups import auto_group_layers
+    from timm.optim import auto_group_layers
 
     if hasattr(model, "group_matcher"):
         return group_parameters(model, model.group_matcher(coarse=False), reverse=True)
