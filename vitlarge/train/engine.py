@@ -89,7 +89,7 @@ class StepResult:
     """What one optimizer step did. ``loss`` stays on the device (reading it waits for the step)."""
 
     loss: torch.Tensor  # mean over the step's micro-batches, fp32, before loss scaling
-    lr: float  # the schedule's; a group with an ``lr_scale`` (optim.layer_decay) steps with lr * lr_scale
+    lr: float  # the schedule's; under optim.layer_decay each group steps with lr x its scale (Engine.lr_scales)
     grad_norm: float  # after unscaling, before clipping; inf or nan on an overflowed step
     loss_scale: float  # the fp16 scale the step ran with (1.0 without scaling)
     skipped: bool  # the update was not applied (non-finite gradients)
@@ -107,6 +107,10 @@ class Engine:
         self.precision = precision
         self.mixup, self.criterion = build_criterion(cfg)
         self.params = [p for p in model.parameters() if p.requires_grad]
+        # Layer-wise lr decay (`vitlarge.optim.lamb.param_groups`): each group's share of the schedule's lr, read
+        # now, from the recipe's groups. Loading a checkpoint replaces the groups' settings with the saved ones, and
+        # a resume with another optim.layer_decay must still follow the recipe, as the schedule does.
+        self.lr_scales = [g.get("lr_scale", 1.0) for g in self.torch_optimizer.param_groups]
         self.comm = CommCounter()
         ddp = getattr(model, "module", None)
         if isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
@@ -128,8 +132,8 @@ class Engine:
         self.model.train()
         opt, scaler = self.torch_optimizer, self.precision.scaler
         lr = self.lr(step)
-        for group in opt.param_groups:  # layer-wise lr decay: each group's share (`vitlarge.optim.lamb.param_groups`)
-            group["lr"] = lr * group.get("lr_scale", 1.0)
+        for group, scale in zip(opt.param_groups, self.lr_scales, strict=True):
+            group["lr"] = lr * scale
         accum = self.plan.phase_at(step).accum_steps
         loss_sum = torch.zeros((), dtype=torch.float32, device=self.params[0].device)
         data_time = 0.0

@@ -240,3 +240,16 @@ def test_a_tiny_deit3_trains_with_bce_and_layer_decay(plugin):
         losses.append(float(out.loss))
     assert losses[-1] < losses[0] and all(math.isfinite(x) for x in losses), losses
     assert not torch.equal(whole(full["blocks.0.ls1.gamma"]), gamma)
+
+
+def test_layer_decay_scales_are_the_recipes_after_loading_another_runs_optimizer_state():
+    """Loading an optimizer state (a resume) replaces each group's settings with the saved ones, ``lr_scale``
+    included; the engine keeps the recipe's scales (read when it was built), as it keeps the recipe's schedule."""
+    saved = make_engine(layer_decay=0.5)
+    saved.step(0, batches(4, 8))
+    engine = make_engine(layer_decay=0.25)
+    recipe_scales = [g["lr_scale"] for g in engine.torch_optimizer.param_groups]
+    engine.torch_optimizer.load_state_dict(saved.torch_optimizer.state_dict())
+    assert [g["lr_scale"] for g in engine.torch_optimizer.param_groups] != recipe_scales  # torch took the saved ones
+    out = engine.step(1, batches(4, 8))
+    assert [g["lr"] for g in engine.torch_optimizer.param_groups] == pytest.approx([out.lr * s for s in recipe_scales])
