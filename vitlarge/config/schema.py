@@ -81,7 +81,7 @@ class DataConfig:
     reflect-padded by 4 pixels (``crop_scale`` and ``crop_ratio`` unused). Then the flip (``hflip``)."""
     three_augment: bool = False
     """DeiT III's 3-Augment, run in DALI: per image one of grayscale, solarization (threshold 128) or
-    Gaussian blur (sigma uniform in 0.1..2), equally likely (`vitlarge.data.deit_augment`). DeiT III uses it
+    Gaussian blur (PIL's, radius uniform in 0.1..2), equally likely (`vitlarge.data.deit_augment`). DeiT III uses it
     instead of RandAugment: setting both is an error."""
     color_jitter: float = 0.0
     """Colour jitter strength ``s`` (torchvision's ``ColorJitter(s, s, s)``, after 3-Augment): brightness,
