@@ -168,6 +168,7 @@ RANGES = [
         ">= 0",
     ),
     (("optim.clip_grad_norm",), lambda v: v >= 0, ">= 0 (0: no clipping)"),
+    (("data.color_jitter",), lambda v: v >= 0, ">= 0 (0: off; DeiT III uses 0.3)"),
     (("train.seed",), lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
     (("schedule.min_lr_ratio", "augment.mixup_prob"), lambda v: 0 <= v <= 1, "in [0, 1]"),
     (("optim.layer_decay",), lambda v: 0 < v <= 1, "in (0, 1] (1.0: no layer-wise lr decay)"),
@@ -246,6 +247,11 @@ def validate(cfg: Config, origin: str = "config") -> None:
                 f"{origin}: Mixup/CutMix need an even train.micro_batch, got {t.micro_batch}; "
                 "use an even micro batch or set augment.mixup_alpha=0 augment.cutmix_alpha=0"
             )
+    if cfg.data.three_augment and cfg.data.randaugment:  # DeiT III uses one or the other
+        raise UserError(
+            f"{origin}: data.three_augment=true and data.randaugment={cfg.data.randaugment!r} are both set; "
+            "DeiT III uses one or the other: set data.randaugment=none or data.three_augment=false"
+        )
     if not (0 < cfg.data.val_crop_pct <= 1):
         raise UserError(
             f"{origin}: data.val_crop_pct must be in (0, 1], got {cfg.data.val_crop_pct}; "

@@ -49,8 +49,8 @@ class DataConfig:
     """``tfrecord``: DALI over the shards in ``data.path``. ``synthetic``: random images and labels made on the
     device (`vitlarge.data.synthetic`: no files, no DALI, ``data.path`` unused), for throughput checks and
     runs on a machine without the data set: ``data.num_train_examples`` per epoch, a fixed validation set of
-    ``data.synthetic_val_examples``, ``data.num_classes`` classes named ``class_0000``...; the crop, flip and
-    RandAugment settings do not apply (Mixup/CutMix and label smoothing do). See docs/DATA.md."""
+    ``data.synthetic_val_examples``, ``data.num_classes`` classes named ``class_0000``...; the crop, flip, RandAugment,
+    3-Augment and colour jitter settings do not apply (Mixup/CutMix and label smoothing do). See docs/DATA.md."""
     path: str = ""
     """Directory of TFRecord shards with ``dataset.json`` (``--data`` sets it)."""
     num_classes: int = 1000
@@ -75,6 +75,18 @@ class DataConfig:
     randaugment: str | None = None
     """timm's RandAugment string with timm's meaning, run in DALI: ``"rand-m9-n2"``, DeiT's
     ``"rand-m9-mstd0.5-inc1"`` (parts m, n, p, mstd, mmax, inc; see docs/DATA.md); None disables it."""
+    crop: Literal["rrc", "src"] = "rrc"
+    """Training crop: ``rrc``, the random-resized crop (``crop_scale``, ``crop_ratio``); ``src``, DeiT III's
+    simple random crop: shorter side to ``image_size``, a random ``image_size`` square of the image
+    reflect-padded by 4 pixels (``crop_scale`` and ``crop_ratio`` unused). Then the flip (``hflip``)."""
+    three_augment: bool = False
+    """DeiT III's 3-Augment, run in DALI: per image one of grayscale, solarization (threshold 128) or
+    Gaussian blur (PIL's, radius uniform in 0.1..2), equally likely (`vitlarge.data.deit_augment`). DeiT III uses it
+    instead of RandAugment: setting both is an error."""
+    color_jitter: float = 0.0
+    """Colour jitter strength ``s`` (torchvision's ``ColorJitter(s, s, s)``, after 3-Augment): brightness,
+    contrast and saturation factors each uniform in max(0, 1 - s)..1 + s, in a random order; 0 is off.
+    DeiT III uses 0.3 with ``three_augment``."""
     val_crop_pct: float = 0.875
     """Validation resizes the shorter side to ``image_size / val_crop_pct``, then centre-crops."""
     mean: tuple = IMAGENET_MEAN

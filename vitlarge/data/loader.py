@@ -105,8 +105,10 @@ class TrainLoader:
     through a buffer of ``initial_fill`` records; so each epoch is a fresh order on every rank and
     the ranks together read every record exactly once per epoch (``num_examples_this_rank``
     records each). Augmentation: random-resized crop (area ``crop_scale``, aspect ``crop_ratio``)
-    decoded straight from the JPEG, resize to ``image_size``, horizontal flip, optional
-    RandAugment (timm's ``"rand-m9-n2"`` strings, see ``randaugment.py``), normalize. Per-rank
+    decoded straight from the JPEG and resized to ``image_size``, or with ``crop="src"`` DeiT III's
+    simple random crop; horizontal flip; optional RandAugment (timm's ``"rand-m9-n2"`` strings, see
+    ``randaugment.py``), DeiT III's 3-Augment (``three_augment``) and colour jitter of strength
+    ``color_jitter`` (0: off; see ``deit_augment.py``); normalize. Per-rank
     augmentation streams are derived from ``seed`` and ``rank``. ``state()`` is the DALI checkpoint
     after the last batch returned; a loader built with ``state=`` and the same arguments yields
     bitwise the same batches from there on.
@@ -134,8 +136,17 @@ class TrainLoader:
         initial_fill: int = 4096,
         prefetch_queue_depth: int = 2,
         interpolation: str = "bilinear",
+        crop: str = "rrc",
+        three_augment: bool = False,
+        color_jitter: float = 0.0,
     ):
         _check_rank(rank, world_size)
+        if crop not in ("rrc", "src"):
+            raise UserError(
+                f"crop={crop!r}: expected 'rrc' (random-resized crop) or 'src' (DeiT III's simple random crop)"
+            )
+        if not color_jitter >= 0:
+            raise UserError(f"color_jitter={color_jitter}: must be >= 0 (0: off; DeiT III uses 0.3)")
         self.manifest = load_manifest(data_dir)
         files = check_shards(self.manifest, "train")
         n = self.manifest.num_examples("train")
@@ -162,6 +173,13 @@ class TrainLoader:
             initial_fill=initial_fill,
             interpolation=interpolation,
         )
+        # Only where they are not the defaults, so a state saved before these settings existed still resumes.
+        if crop != "rrc":
+            settings["crop"] = crop
+        if three_augment:
+            settings["three_augment"] = True
+        if color_jitter:
+            settings["color_jitter"] = float(color_jitter)
         self._fingerprint = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
         checkpoint = self._decode_state(state, data_dir) if state else None
         # Distinct buffer and augmentation streams per rank; one file order for all ranks.
@@ -185,6 +203,9 @@ class TrainLoader:
             std=std,
             initial_fill=initial_fill,
             interp=pipelines.interp_type(interpolation),
+            crop=crop,
+            three_augment=three_augment,
+            color_jitter=float(color_jitter),
             batch_size=batch_size,
             num_threads=num_threads,
             device_id=dev.device_id,

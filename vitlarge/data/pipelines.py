@@ -15,6 +15,7 @@ import nvidia.dali.tfrecord as tfrec
 import nvidia.dali.types as types
 from nvidia.dali import pipeline_def
 
+from vitlarge.data import deit_augment
 from vitlarge.data import randaugment as rand_augment
 from vitlarge.data.common import shard_range  # noqa: F401 (the readers' rank slices; loaders import it from here)
 from vitlarge.errors import UserError
@@ -99,7 +100,12 @@ def train_pipeline(
     std,
     initial_fill,
     interp,
+    crop="rrc",
+    three_augment=False,
+    color_jitter=0.0,
 ):
+    """Training images: ``crop`` (``rrc``: random-resized crop; ``src``: DeiT III's simple random crop),
+    flip, then RandAugment, 3-Augment and colour jitter where asked (`vitlarge.data.deit_augment`)."""
     data = _reader(
         paths,
         index_paths,
@@ -110,25 +116,38 @@ def train_pipeline(
         initial_fill=initial_fill,
         file_order_seed=file_order_seed,
     )
-    # Decodes only the random crop window (ROI decode), so the full image is never materialized.
-    images = fn.decoders.image_random_crop(
-        data["image/encoded"],
-        device=decoder,
-        output_type=types.RGB,
-        random_area=list(crop_scale),
-        random_aspect_ratio=list(crop_ratio),
-        num_attempts=10,
-    )
-    # antialias=False saves ~15% of the CPU pipeline's time (benchmarks/bench_data.py). Even so,
-    # DALI's CPU bilinear resize costs about as much as the JPEG decode; interp "nearest" is ~8x
-    # cheaper (TrainLoader(interpolation="nearest")) at the price of aliasing. GPUs don't care.
-    images = fn.resize(images, size=[image_size, image_size], interp_type=interp, antialias=False)
+    encoded = data["image/encoded"]
+    if crop == "src":  # the whole image, shorter side to image_size (antialiased, as PIL's resize)
+        images = fn.decoders.image(encoded, device=decoder, output_type=types.RGB)
+        resized = deit_augment.src_size(fn.peek_image_shape(encoded), image_size)
+        offsets = deit_augment.draw_src_offsets(resized, image_size)
+        images = deit_augment.src_crop(images, resized, offsets, image_size, interp)
+    else:
+        # Decodes only the random crop window (ROI decode), so the full image is never materialized.
+        images = fn.decoders.image_random_crop(
+            encoded,
+            device=decoder,
+            output_type=types.RGB,
+            random_area=list(crop_scale),
+            random_aspect_ratio=list(crop_ratio),
+            num_attempts=10,
+        )
+        # antialias=False saves ~15% of the CPU pipeline's time (benchmarks/bench_data.py). Even so,
+        # DALI's CPU bilinear resize costs about as much as the JPEG decode; interp "nearest" is ~8x
+        # cheaper (TrainLoader(interpolation="nearest")) at the price of aliasing. GPUs don't care.
+        images = fn.resize(images, size=[image_size, image_size], interp_type=interp, antialias=False)
     mirror = fn.random.coin_flip(probability=0.5) if hflip else 0
     if randaugment is not None:
         if hflip:  # RandAugment must see the flipped image, as in timm (flip, then RandAugment)
             images = fn.flip(images, horizontal=mirror)
             mirror = 0
         images = rand_augment.apply(images, randaugment, [image_size, image_size])
+    # Grayscale, solarize, blur and colour jitter commute with the flip, which therefore stays with
+    # the normalization below (DeiT flips first).
+    if three_augment:
+        images = deit_augment.three_augment(images, *deit_augment.draw_three_augment())
+    if color_jitter > 0:
+        images = deit_augment.jitter(images, *deit_augment.draw_jitter(color_jitter))
     images = fn.crop_mirror_normalize(
         images,
         dtype=types.FLOAT,

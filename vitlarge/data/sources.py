@@ -102,6 +102,9 @@ def train_loader(cfg: Config, rank: int, world_size: int, device: torch.device, 
         std=_pixels(d.std),
         label_offset=d.label_offset,
         state=state,
+        crop=d.crop,
+        three_augment=d.three_augment,
+        color_jitter=d.color_jitter,
     )
 
 

@@ -273,11 +273,21 @@ def test_choices_are_listed():
         ("schedule.warmup_epochs=301", "warmup_epochs=301.0 exceeds train.epochs=300"),
         ("data.val_crop_pct=1.5", "val_crop_pct must be in"),
         ("schedule.decay=step", "choose one of linear, cosine, constant"),
+        ("data.crop=center", "'data.crop' is 'center'; choose one of rrc, src"),
     ],
 )
 def test_cross_field_validation(item, match):
     with pytest.raises(UserError, match=match):
         load_config(recipe("vit_b16"), [item])
+
+
+def test_deit3_augmentation_loads_and_excludes_randaugment():
+    cfg = load_config(recipe("demo_digits"), ["data.three_augment=true", "data.crop=src", "data.color_jitter=0.3"])
+    assert (cfg.data.three_augment, cfg.data.crop, cfg.data.color_jitter) == (True, "src", 0.3)
+    with pytest.raises(UserError) as e:
+        load_config(recipe("demo_digits"), ["data.three_augment=true", "data.randaugment=rand-m9-n2"])
+    message = str(e.value)
+    assert "data.three_augment=true" in message and "data.randaugment=none" in message and "\n" not in message
 
 
 def _bad_value(rule: str) -> str:
