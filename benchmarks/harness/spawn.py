@@ -48,6 +48,14 @@ def _entry(rank: int, fn: Callable, world: int, port: int, plain_init: bool, arg
     if rank == 0:
         Path(out).write_text(json.dumps(gathered))
     dist.destroy_process_group()
+    # Leave at once: left to the interpreter's shutdown, gloo's objects are destroyed after a peer
+    # (rank 0 hosts the store) closed its sockets, and a background thread's end can abort with
+    # SIGABRT under load (CI, stop 27). tests/helpers/spawn.exit_worker does the same for tests.
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def init_single_process_group() -> None:

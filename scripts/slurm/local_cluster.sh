@@ -6,6 +6,10 @@
 #   sudo scripts/slurm/local_cluster.sh status
 #   sudo scripts/slurm/local_cluster.sh down     # stop only the daemons that `up` started, by PID;
 #                                                # remove the namespaces and interfaces it made
+#   sudo scripts/slurm/local_cluster.sh crash vlnode2  # a node of a multi-node cluster fails: kill -9 of
+#                                                # every process in its namespace (slurmd, slurmstepd,
+#                                                # tasks); slurmctld marks it down after SlurmdTimeout;
+#                                                # `up --nodes N` starts it again (ReturnToService=2)
 #
 # `up` is idempotent: a healthy running cluster of the requested shape (controller answers, every node
 # idle/mixed/allocated) is reused as is; only missing pieces are installed or started. A cluster of
@@ -28,7 +32,8 @@
 # The configuration is the smallest that runs jobs without cgroups, accounting or a database:
 # proctrack/linuxproc and task/none (no cgroup v2 delegation needed), no accounting (so no sacct:
 # use `scontrol show job` or `sbatch --wait`). cred_expire is short because it is also the time
-# a requeued job waits before it may start again (120 s by default). slurmctld starts with -c:
+# a requeued job waits before it may start again (120 s by default). SlurmdTimeout is 20 s (300 by
+# default): a crashed node is marked down, and its jobs requeued, within a test's time. slurmctld starts with -c:
 # jobs left over from an earlier session are dropped, not restarted.
 set -euo pipefail
 
@@ -134,6 +139,7 @@ SchedulerParameters=sched_interval=2,bf_interval=1
 MpiDefault=none
 ReturnToService=2
 JobRequeue=1
+SlurmdTimeout=20
 KillWait=30
 MinJobAge=600
 StateSaveLocation=/var/lib/slurm/slurmctld
@@ -331,13 +337,27 @@ status() {
   return 1
 }
 
+crash() {  # crash NODE: the node dies at once, as a power loss would; its namespaces stay for `up` to reuse
+  [[ $(id -u) == 0 ]] || cannot "needs root"
+  [[ $1 =~ ^vlnode[1-8]$ ]] && ip netns list 2>/dev/null | grep -qw "^$1" ||
+    die "crash: $1 is not a node of the running multi-node cluster (vlnode1..vlnode$(running_nodes))"
+  local pids
+  pids=$(ip netns pids "$1" | tr '\n' ' ')
+  [[ -n ${pids// /} ]] || die "crash: nothing runs on $1"
+  kill -KILL $pids 2>/dev/null || true
+  say "crashed $1: killed $pids"
+}
+
+USAGE="usage: $0 up [--nodes N]|down|status|crash NODE"
 cmd=${1:-}
 shift || true
+node=""
+if [[ $cmd == crash ]]; then node=${1:-}; shift || true; fi
 while (($#)); do
   case $1 in
     --nodes) NODES=${2:-}; shift 2 || true ;;
     --nodes=*) NODES=${1#--nodes=}; shift ;;
-    *) echo "usage: $0 up [--nodes N]|down|status" >&2; exit 2 ;;
+    *) echo "$USAGE" >&2; exit 2 ;;
   esac
 done
 [[ $NODES =~ ^[1-8]$ ]] || { echo "local_cluster: --nodes must be 1..8, got '$NODES'" >&2; exit 2; }
@@ -346,5 +366,6 @@ case "$cmd" in
   up) up ;;
   down) down ;;
   status) status ;;
-  *) echo "usage: $0 up [--nodes N]|down|status" >&2; exit 2 ;;
+  crash) crash "$node" ;;
+  *) echo "$USAGE" >&2; exit 2 ;;
 esac

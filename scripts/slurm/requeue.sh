@@ -16,6 +16,14 @@
 #   in --workdir. Slurm sets SLURM_RESTART_COUNT in the requeued job; use `--open-mode=append` so
 #   the log keeps every run.
 # A bash `wait` returns early when a trapped signal arrives, so we wait again until srun has exited.
+#
+# Losing a node: submitted with a node range (`sbatch --nodes=2-4 ...`), a job whose node fails is
+# requeued by Slurm (--requeue, JobRequeue=1) and starts again on the nodes it gets, down to MIN.
+# The job asks for whole nodes and no task count: a requeued job keeps the task count of its first
+# allocation (`--ntasks-per-node` to sbatch would pin it to MAX nodes' worth and the job would wait
+# for the lost node). The step asks for its tasks itself, `srun_step PER_NODE`: PER_NODE tasks on
+# every node the job holds now. train.py then resumes at the new world size: same global batch,
+# accumulation re-derived, one line saying so.
 
 _vitlarge_log() { echo "vitlarge[slurm] $(date '+%F %T') job ${SLURM_JOB_ID:-?}: $*" >&2; }
 
@@ -24,10 +32,30 @@ _vitlarge_forward() {  # _vitlarge_forward SIGNAL PID
   kill -USR1 "$2" 2>/dev/null || true
 }
 
+# srun_step PER_NODE COMMAND...: `srun` of PER_NODE tasks on each node this run of the job holds. The
+# counts are explicit because srun reads SLURM_NTASKS and SLURM_NNODES as its -n and -N, and in a
+# requeued job they describe the first allocation; --cpus-per-task is repeated because srun does not
+# inherit it from sbatch (Slurm >= 22.05). exec: run_requeueable's $! is srun itself.
+# With VITLARGE_WORLD_DIVIDES=M set (the recipe's global batch / micro batch, 128 for vit_b16), the
+# step uses the most nodes N it holds for which N x PER_NODE divides M, and says so when that is fewer.
+srun_step() {
+  local per_node=$1 held=${SLURM_JOB_NUM_NODES:?srun_step runs inside a Slurm job} nodes
+  shift
+  nodes=$held
+  if [[ -n ${VITLARGE_WORLD_DIVIDES:-} ]]; then
+    while ((nodes > 1 && VITLARGE_WORLD_DIVIDES % (nodes * per_node) != 0)); do nodes=$((nodes - 1)); done
+    if ((nodes < held)); then
+      _vitlarge_log "using $nodes of the $held nodes held: $((nodes * per_node)) tasks divide VITLARGE_WORLD_DIVIDES=$VITLARGE_WORLD_DIVIDES, $((held * per_node)) do not"
+    fi
+  fi
+  exec srun --nodes="$nodes" --ntasks=$((nodes * per_node)) --ntasks-per-node="$per_node" \
+    ${SLURM_CPUS_PER_TASK:+--cpus-per-task="$SLURM_CPUS_PER_TASK"} "$@"
+}
+
 # run_requeueable COMMAND...: runs the job step, forwards stop requests, requeues on exit 75.
 # Returns the step's exit status (75 after a successful requeue request).
 run_requeueable() {
-  _vitlarge_log "start (restart ${SLURM_RESTART_COUNT:-0}) on ${SLURM_JOB_NODELIST:-?}: $*"
+  _vitlarge_log "start (restart ${SLURM_RESTART_COUNT:-0}) on ${SLURM_JOB_NODELIST:-?} (${SLURM_JOB_NUM_NODES:-?} node(s)): $*"
   "$@" &
   local pid=$! rc
   # shellcheck disable=SC2064  # the pid is meant to be expanded now

@@ -58,3 +58,19 @@ def test_an_edited_recipe_continues_the_workdir(demo_data, stopped_at_4, tmp_pat
     assert len(warnings) == 1 and says in warnings[0], warnings
     steps = [m["step"] for m in read_metrics(str(workdir / "metrics.jsonl")) if m["event"] == "train"]
     assert steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_phase_list_that_moves_a_boundary_before_the_resumed_step_is_refused(demo_data, stopped_at_4, tmp_path):
+    """The phased run trained steps 1-4 at 8 px (its boundary is at epoch 0.5, step 6). A list that starts the
+    16 px phase at epoch 0.25 (step 3) rewrites steps already trained: one line, exit 2, nothing moved."""
+    workdir = tmp_path / "run"
+    shutil.copytree(stopped_at_4["phased"], workdir)
+    before = sorted(p.name for p in (workdir / "checkpoints").iterdir())
+    moved = "train.phases=[{'epoch': 0, 'image_size': 8}, {'epoch': 0.25, 'image_size': 16}]"
+    r = run(demo_data, workdir, "train.max_steps=6", moved)
+    assert r.returncode == 2, r.stderr[-3000:]
+    errors = [line for line in (r.stdout + r.stderr).splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert "train.phases[1] starts at step 3 (epoch 0.25), before step 4 where this run resumes" in errors[0]
+    assert "model.init_from" in errors[0]
+    assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == before

@@ -20,6 +20,7 @@ the network path.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -306,3 +307,72 @@ def test_kill_9_of_a_rank_on_node_2_fails_the_job_and_the_rerun_resumes(cluster2
     # The same world size on one node (colossalai run): with gloo's ring order the same, this shows the rank /
     # shard mapping across nodes and the resume, not the network path.
     assert_bitwise_equal(final_weights(ref_dir), final_weights(tmp_path))
+
+
+# --- losing a node: last in the module, it crashes vlnode2 and starts it again -------------------------------
+ELASTIC_STEPS = 30
+
+
+def test_job_on_a_node_range_that_loses_a_node_is_requeued_and_continues_on_the_node_left(
+    cluster2, demo_data, tmp_path
+):
+    """`sbatch --nodes=1-2 demo_cpu.sbatch`: 2 tasks on each of 2 nodes (world 4, 16 x 2 x 4). vlnode2 fails
+    mid-run (`local_cluster.sh crash`: kill -9 of its slurmd, slurmstepd and tasks, as a power loss). slurmctld
+    marks it down (SlurmdTimeout), ends the job with NODE_FAIL and requeues it; the requeued job gets the one
+    node left and resumes at world 2 with the global batch kept (16 x 4 x 2), saying so in one line. The run
+    ends at the same step count, every step at the lr the plan gives it."""
+    from vitlarge.config.load import load_config
+    from vitlarge.plan.plan import make_plan
+
+    settings = (f"train.max_steps={ELASTIC_STEPS}", "train.checkpoint_every_steps=2")
+    log = tmp_path / "job.log"
+    t0 = time.monotonic()
+    r = sbatch([DEMO_SBATCH, *script_args(demo_data, tmp_path, *settings)], log, "--nodes=1-2")
+    assert r.returncode == 0, r.stderr
+    job_id = r.stdout.strip().split(";")[0]
+    try:
+        wait_for(lambda: last_step(tmp_path) >= 5, 240, "step 5 on two nodes", log)
+        assert job_info(job_id).get("NodeList") == "vlnode[1-2]", job_info(job_id)
+        crash = subprocess.run([str(CLUSTER), "crash", "vlnode2"], capture_output=True, text=True, timeout=60)
+        assert crash.returncode == 0, crash.stderr
+        crashed_at = time.monotonic()
+        wait_for(lambda: job_info(job_id).get("Restarts") == "1", 180, "the requeue after the node failure", log)
+        requeued_after = time.monotonic() - crashed_at
+        wait_for(lambda: job_info(job_id).get("JobState") == "COMPLETED", 300, "the job to complete on one node", log)
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
+        back = subprocess.run([str(CLUSTER), "up", "--nodes", "2"], capture_output=True, text=True, timeout=300)
+    print(f"lost node: {time.monotonic() - t0:.1f}s, requeued {requeued_after:.1f}s after the crash")
+    assert back.returncode == 0, f"vlnode2 did not come back:\n{back.stderr}"
+    job = job_info(job_id)
+    assert job["ExitCode"] == "0:0" and job["NodeList"] == "vlnode1" and job["NumNodes"] == "1", job
+    text = log.read_text()
+    assert "DUE TO NODE FAILURE" in text, text[-4000:]
+    assert "start (restart 0) on vlnode[1-2] (2 node(s))" in text and "start (restart 1) on vlnode1 (1 node(s))" in text
+    assert (
+        "16 (micro) x 2 (accumulation) x 4 (devices)" in text and "16 (micro) x 4 (accumulation) x 2 (devices)" in text
+    )
+
+    records = metrics(tmp_path)
+    starts = [x for x in records if x["event"] == "start"]
+    assert [(x["world_size"], x["accum_steps"], x["global_batch"]) for x in starts] == [(4, 2, 128), (2, 4, 128)]
+    resumed = starts[1]["step"]
+    assert resumed >= 2 and resumed % 2 == 0, starts
+    line = (
+        f"warning: {tmp_path / 'checkpoints'}/step_{resumed:07d} was written by 4 processes, this run has 2: weights, "
+        "optimizer (re-sharded), step and lr schedule resume exactly, the global batch stays 128 (4 micro-steps "
+        "per step now)"
+    )
+    assert text.count(line) == 1, text[-4000:]
+    # The second run: every step after the resumed one, once, to the same end; the lr of each step as planned.
+    last_run = records[records.index(starts[1]) :]
+    steps = [x["step"] for x in last_run if x["event"] == "train"]
+    assert steps == list(range(resumed + 1, ELASTIC_STEPS + 1)), steps
+    cfg = load_config(ROOT / "recipes" / "demo_digits.py", [f"data.path={demo_data}", *settings])
+    plan = make_plan(
+        cfg, 2, json.loads((Path(demo_data) / "dataset.json").read_text())["splits"]["train"]["num_examples"]
+    )
+    lrs = {x["step"]: x["lr"] for x in records if x["event"] == "train"}
+    # record "step": s is the s-th optimizer step, taken at the lr of step index s - 1
+    assert all(lrs[s] == pytest.approx(plan.lr_at(cfg, s - 1), rel=1e-9) for s in lrs), lrs
+    assert [x["step"] for x in records if x["event"] == "checkpoint"][-1] == ELASTIC_STEPS

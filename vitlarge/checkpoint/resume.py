@@ -256,3 +256,19 @@ def restore(path: Path, model, optimizer, scaler, cfg: Config) -> Resumed:
         )
     state = store.apply(loaded, model, optimizer, scaler)  # DCP's load is a collective: every rank together
     return Resumed(path=Path(path), step=state["step"], world_size=state["world_size"], data_state=state["data"])
+
+
+def optimizer_groups_changed(meta: dict, cfg: Config) -> str | None:
+    """The error line when the checkpoint's optimizer has other parameter groups than this run's: layer-wise
+    lr decay turned on or off (`vitlarge.optim.lamb.param_groups`: one decay and one no-decay group without
+    it, both per layer with it). Another ``optim.layer_decay`` below 1 keeps the groups and resumes (each
+    group's lr follows the recipe's scale). None when the groups match."""
+    was = meta.get("config", {}).get("optim", {}).get("layer_decay", 1.0)
+    now = cfg.optim.layer_decay
+    if (was == 1.0) == (now == 1.0):
+        return None
+    return (
+        f"optim.layer_decay={now:g}, but the checkpoint was trained with {was:g}, so its optimizer state has other "
+        f"parameter groups (per layer with layer decay, two without): set optim.layer_decay={was:g} to resume, or "
+        "start a new workdir with model.init_from=<the checkpoint> (a fine-tune starts a new optimizer)"
+    )

@@ -185,6 +185,13 @@ class TrainConfig:
     """``auto`` (cuda when available), ``cuda`` or ``cpu``."""
     seed: int = 42
     """Initial weights (same on every rank); data order and augmentation use it with the rank."""
+    deterministic: bool = True
+    """What a resume equal to the uninterrupted run bit for bit needs on CUDA (`vitlarge.train.settings.
+    apply_determinism`): ``torch.use_deterministic_algorithms(True)`` (strict: an op with no deterministic
+    kernel raises, and the run says to set this off), cuDNN's deterministic algorithms without benchmarking
+    (the patch embedding's convolution), ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` unless set, and no filling of
+    new tensors (vitlarge reads none uninitialised). The cost is small for a ViT; docs/RELIABILITY.md says
+    what it is and what is not bitwise when off. On CPU the kernels vitlarge uses are deterministic already."""
     log_every_steps: int = 10
     """A console progress line every this many optimizer steps (metrics.jsonl has every step)."""
     eval_every_epochs: float = 10

@@ -188,3 +188,31 @@ def _derived_seed(kind: str, *parts: int) -> int:
 def epochs_to_steps(epochs: float, steps_per_epoch: int) -> int:
     """The one conversion from an epoch count to optimizer steps."""
     return int(math.floor(epochs * steps_per_epoch + 0.5))
+
+
+def new_boundaries_before(saved: dict, cfg: Config, num_train_examples: int, step: int) -> str | None:
+    """The error line when ``cfg``'s ``train.phases`` starts a phase before ``step`` where the list a checkpoint
+    was written under did not (``saved``: the config in its meta.json). The steps before ``step`` were trained
+    under the old boundaries; a list that moves or adds one there describes a run that did not happen, and
+    its phases' data and lr would not follow from the checkpoint. None when every boundary before ``step`` is
+    an old one (edits after ``step``, and removing phases, are absorbed: docs/PROGRESSIVE.md)."""
+    old = copy.deepcopy(cfg)
+    t = saved.get("train", {})
+    old.train.phases = t.get("phases") or []
+    for key in ("global_batch", "micro_batch", "epochs"):
+        if key in t:
+            setattr(old.train, key, t[key])
+    try:  # boundaries do not depend on the world size: one process plans them
+        was = {p.start_step for p in plan_phases(old, 1, num_train_examples)}
+        now = plan_phases(cfg, 1, num_train_examples)
+    except (UserError, TypeError, ValueError, KeyError):  # a list this version cannot plan: nothing to compare
+        return None
+    moved = [p for p in now if 0 < p.start_step < step and p.start_step not in was]
+    if not moved:
+        return None
+    p = moved[0]
+    return (
+        f"train.phases[{p.index}] starts at step {p.start_step} (epoch {p.start_epoch:g}), before step {step} where "
+        f"this run resumes, and the checkpoint's phase list had no boundary there: keep the boundaries before step "
+        f"{step} as they were (edit only later phases), or start a new workdir with model.init_from=<the checkpoint>"
+    )

@@ -41,8 +41,15 @@ class TrainingRun:
 
         from vitlarge.checkpoint.export import export
         from vitlarge.checkpoint.sharded import model_tensors
+        from vitlarge.train.settings import explain_nondeterministic
 
-        self.trainer.fit()
+        try:
+            self.trainer.fit()
+        except RuntimeError as e:  # an op with no deterministic kernel under train.deterministic: one line, exit 2
+            line = explain_nondeterministic(e)
+            if line is None:
+                raise
+            raise UserError(line, same_on_all_ranks=True) from e
         weights = model_tensors(self.parts.model, self.env.rank)  # a collective under fsdp (gathers to rank 0)
         if self.env.is_main:
             classes = self.manifest.classes
@@ -113,13 +120,14 @@ def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tup
     from vitlarge.distributed import launch
     from vitlarge.distributed.collective import agree, rank0_decides
     from vitlarge.events import RunInfo
-    from vitlarge.plan.phases import rng_seed
+    from vitlarge.plan.phases import new_boundaries_before, rng_seed
     from vitlarge.train.assemble import build
-    from vitlarge.train.settings import resolve_settings
+    from vitlarge.train.settings import apply_determinism, resolve_settings
     from vitlarge.train.trainer import Trainer
 
     device, backend = launch.choose_device(cfg.train.device, env.local_rank)
     settings = resolve_settings(cfg, device, backend, threads)
+    determinism = apply_determinism(cfg.train.deterministic, device)  # before any CUDA kernel (cuBLAS reads it once)
     cfg = settings.config(cfg)  # before anything reads it: model, engine, checkpoints
     import colossalai.booster  # noqa: F401 (~10 s: before the rendezvous, whose timeout the user sets)
 
@@ -130,8 +138,9 @@ def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tup
     manifest, plan = agree(lambda: preflight(cfg, env, resume, resuming))
     workdir = Path(cfg.workdir)
     if env.is_main:
-        for line in settings.lines():
-            log.info(line)
+        for line in [*settings.lines(), determinism]:
+            if line:
+                log.info(line)
         if cfg.data.source == "synthetic":  # images/s then measure the model and the loop, not the input pipeline
             log.info(
                 f"data: synthetic, made on the device ({plan.num_train_examples} images per epoch, "
@@ -152,6 +161,11 @@ def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tup
             f"would start from scratch instead of model.init_from; move them aside or pass another --workdir"
         )
     if chosen is not None:
+        meta = store.read_meta(chosen)  # edits a checkpoint cannot continue: refused before it is read
+        edited = new_boundaries_before(meta.get("config", {}), cfg, plan.num_train_examples, meta["step"])
+        edited = edited or resume_from.optimizer_groups_changed(meta, cfg)
+        if edited:
+            raise UserError(f"{chosen}: {edited}", same_on_all_ranks=True)
         resumed = resume_from.restore(chosen, parts.model, parts.optimizer, parts.precision.scaler, cfg)
         start_step = resumed.step
         if resumed.world_size != plan.world_size:  # the RNG states were not restored: fresh draws from here

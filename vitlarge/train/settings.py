@@ -61,6 +61,52 @@ def compile_choice(requested: str, device: torch.device) -> tuple[bool, str]:
     )
 
 
+DETERMINISTIC_CUBLAS = ":4096:8"  # 8 cuBLAS workspaces of 4 MiB per stream: what torch's reproducibility notes ask
+
+
+def apply_determinism(on: bool, device: torch.device | str) -> str:
+    """``train.deterministic``, process-wide, before the first CUDA kernel; returns the line a CUDA run logs
+    ("" on CPU, where vitlarge's kernels are deterministic whatever the flags).
+
+    On: ``torch.use_deterministic_algorithms(True)`` (not ``warn_only``, which warns and keeps the
+    nondeterministic kernel: memory-efficient attention keeps splitting its keys), cuDNN deterministic and
+    not benchmarking, ``CUBLAS_WORKSPACE_CONFIG`` (kept if the user set it; cuBLAS reads it when its first
+    handle is made, so this must come first), and ``fill_uninitialized_memory`` off (on by default in
+    deterministic mode: it writes NaN into every new tensor, a cost for no gain in a program that reads
+    none uninitialised). Off: torch's defaults."""
+    import os
+
+    torch.use_deterministic_algorithms(on)
+    torch.utils.deterministic.fill_uninitialized_memory = not on
+    torch.backends.cudnn.deterministic = on
+    torch.backends.cudnn.benchmark = False
+    if on:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", DETERMINISTIC_CUBLAS)
+    if torch.device(device).type != "cuda":
+        return ""
+    if not on:
+        return "deterministic: off (train.deterministic=false): a resumed run is close to, not bitwise, the uninterrupted one"
+    return (
+        "deterministic: on (torch deterministic algorithms, cuDNN deterministic, "
+        f"CUBLAS_WORKSPACE_CONFIG={os.environ['CUBLAS_WORKSPACE_CONFIG']}): resumes are bitwise"
+    )
+
+
+NONDETERMINISTIC = "does not have a deterministic implementation"  # torch's words when an op has no such kernel
+
+
+def explain_nondeterministic(e: RuntimeError) -> str | None:
+    """The one line for a ``RuntimeError`` raised by deterministic mode (None for any other error)."""
+    text = str(e)
+    if NONDETERMINISTIC not in text:
+        return None
+    op = text.split(NONDETERMINISTIC)[0].strip().rstrip(",")
+    return (
+        f"{op} has no deterministic kernel on this device, and train.deterministic is on; set "
+        "train.deterministic=false to train with it (resumes are then close to, not bitwise, the uninterrupted run)"
+    )
+
+
 def resolve_settings(
     cfg: Config, device: torch.device | str, backend: str = "", threads: tuple[int, str] = (0, "")
 ) -> Settings:

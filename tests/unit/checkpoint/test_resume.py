@@ -214,3 +214,22 @@ def test_a_resume_from_another_workdir_is_continued_on_requeue(tmp_path, cfg, pa
     assert copy == here / "checkpoints" / "step_0000004" and store.read_meta(copy)["line"] == line
     # A requeue before the first save: the copy is the line's newest; nothing moved aside.
     assert resume.choose(here, other, parts[0], cfg) == (copy, line) and abandoned(here) == []
+
+
+def test_layer_decay_turned_on_or_off_is_refused_in_one_line_another_value_resumes():
+    from tests.helpers.recipes import demo
+    from vitlarge.checkpoint.resume import optimizer_groups_changed
+
+    cfg = demo()
+    plain = {"config": cfg.to_dict()}
+    legacy = {"config": {"optim": {}}}  # a checkpoint from before optim.layer_decay: two groups
+    assert optimizer_groups_changed(plain, cfg) is None and optimizer_groups_changed(legacy, cfg) is None
+    cfg.optim.layer_decay = 0.75
+    line = optimizer_groups_changed(plain, cfg)
+    assert line.startswith("optim.layer_decay=0.75, but the checkpoint was trained with 1")
+    assert "set optim.layer_decay=1 to resume" in line and "model.init_from" in line and "\n" not in line
+    decayed = {"config": cfg.to_dict()}
+    cfg.optim.layer_decay = 0.65  # the same per-layer groups, other scales: resumes
+    assert optimizer_groups_changed(decayed, cfg) is None
+    cfg.optim.layer_decay = 1.0
+    assert "trained with 0.75" in optimizer_groups_changed(decayed, cfg)

@@ -250,3 +250,24 @@ def test_position_embedding_resample_is_timms_as_a_cached_matmul():
     assert torch.allclose(model(x), ref(x), atol=1e-5, rtol=0)
     model(torch.randn(1, 3, 12, 12))
     assert list(model._pos_embed_matrices) == [(3, 3, torch.device("cpu"))]
+
+
+def test_new_boundaries_before_the_resumed_step_are_named_later_ones_and_removals_are_not():
+    """`new_boundaries_before`: a checkpoint at step s written under one list, the run's new list. 11 steps per
+    epoch: epoch 0.5 is step 6, epoch 0.25 step 3."""
+    from vitlarge.plan.phases import new_boundaries_before
+
+    old = demo([{"epoch": 0, "image_size": 8}, {"epoch": 0.5, "image_size": 16}])
+    saved = old.to_dict()
+    n = DEMO_TRAIN_EXAMPLES
+    same = demo([{"epoch": 0, "image_size": 8}, {"epoch": 0.5, "image_size": 16}, {"epoch": 2, "image_size": 24}])
+    assert new_boundaries_before(saved, same, n, 20) is None  # the old boundary kept, one added after step 20
+    assert new_boundaries_before(saved, demo(), n, 20) is None  # phases removed: absorbed
+    moved = demo([{"epoch": 0, "image_size": 8}, {"epoch": 0.25, "image_size": 16}])
+    line = new_boundaries_before(saved, moved, n, 4)
+    assert line.startswith("train.phases[1] starts at step 3 (epoch 0.25), before step 4")
+    assert new_boundaries_before(saved, moved, n, 3) is None  # a boundary at the resumed step rewrites nothing
+    added = demo([{"epoch": 0, "image_size": 8}, {"epoch": 0.5, "image_size": 16}, {"epoch": 1, "image_size": 24}])
+    assert "train.phases[2] starts at step 11 (epoch 1)" in new_boundaries_before(saved, added, n, 12)
+    assert new_boundaries_before(demo().to_dict(), old, n, 5) is None  # phases added after a plain run's step 5
+    assert "starts at step 6" in new_boundaries_before(demo().to_dict(), old, n, 7)
