@@ -14,6 +14,36 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+# What decides the size, crop and batches training evaluated a checkpoint at (`vitlarge.data.phased.val_config`).
+AS_TRAINED = (
+    "train.phases",
+    "train.global_batch",
+    "train.micro_batch",
+    "train.epochs",
+    "data.image_size",
+    "data.val_crop_pct",
+    "data.mean",
+    "data.std",
+)
+
+
+def as_trained(cfg, saved: dict) -> list[str]:
+    """Sets ``cfg``'s `AS_TRAINED` keys to the checkpoint's (``saved``: the config in its meta.json), so the
+    evaluation is the one training ran whatever ``--config`` and overrides say now (a phase list edited
+    since, phases given as overrides then); returns the keys that differed."""
+    changed = []
+    for key in AS_TRAINED:
+        section, name = key.split(".")
+        if name not in saved.get(section, {}):
+            continue  # an older checkpoint without it: the given config's
+        value, now = saved[section][name], getattr(getattr(cfg, section), name)
+        if isinstance(now, tuple):
+            value = tuple(value)
+        if value != now:
+            changed.append(key)
+            setattr(getattr(cfg, section), name, value)
+    return changed
+
 
 def main(argv: list[str] | None = None) -> int:
     from vitlarge.checkpoint import store
@@ -28,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     from vitlarge.model.vit import build_model
     from vitlarge.plan.plan import evaluation_plan
     from vitlarge.train.evaluation import evaluate
-    from vitlarge.train.settings import resolve_settings
+    from vitlarge.train.settings import apply_determinism, resolve_settings
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", required=True)
@@ -45,10 +75,13 @@ def main(argv: list[str] | None = None) -> int:
     def work() -> None:
         nonlocal env
         cfg = load_config(args.config, args.overrides, data__path=args.data)
+        meta = store.read_meta(args.checkpoint) if (Path(args.checkpoint) / "meta.json").is_file() else None
+        changed = as_trained(cfg, meta.get("config", {})) if meta else []
         env = launcher.detect()
         threads.size_thread_pools()
         device, backend = launch.choose_device(cfg.train.device, env.local_rank)
         cfg = resolve_settings(cfg, device, backend).config(cfg)  # precision auto resolved as train.py does
+        apply_determinism(cfg.train.deterministic, device)  # the kernels training's own evaluation ran with
         launch.init_distributed(env, backend)
         model = build_model(cfg, device)
         store.load_model_weights(args.checkpoint, model, cfg)
@@ -56,7 +89,13 @@ def main(argv: list[str] | None = None) -> int:
         # last phase evaluates above its training size); an export evaluates as its last phase.
         # (the training split's size sets the steps of each phase; the loader checks the rest of the data)
         n_train = None if cfg.data.source == "synthetic" else load_manifest(cfg.data.path).num_examples("train")
-        step = store.read_meta(args.checkpoint)["step"] if (Path(args.checkpoint) / "meta.json").is_file() else None
+        step = meta["step"] if meta else None
+        if changed and env.is_main:
+            print(
+                f"warning: {args.checkpoint} was trained with other {', '.join(changed)} than --config gives; "
+                "evaluating as it was trained (its meta.json)",
+                file=sys.stderr,
+            )
         try:
             vc = val_config(cfg, evaluated_phase(evaluation_plan(cfg, env.world_size, n_train), step))
         except UserError:  # no plan on this data (fewer training images than a global batch): the last phase's size

@@ -32,7 +32,7 @@
 # The configuration is the smallest that runs jobs without cgroups, accounting or a database:
 # proctrack/linuxproc and task/none (no cgroup v2 delegation needed), no accounting (so no sacct:
 # use `scontrol show job` or `sbatch --wait`). cred_expire is short because it is also the time
-# a requeued job waits before it may start again (120 s by default). SlurmdTimeout is 20 s (300 by
+# a requeued job waits before it may start again (120 s by default). SlurmdTimeout is 30 s (300 by
 # default): a crashed node is marked down, and its jobs requeued, within a test's time. slurmctld starts with -c:
 # jobs left over from an earlier session are dropped, not restarted.
 set -euo pipefail
@@ -139,7 +139,7 @@ SchedulerParameters=sched_interval=2,bf_interval=1
 MpiDefault=none
 ReturnToService=2
 JobRequeue=1
-SlurmdTimeout=20
+SlurmdTimeout=30
 KillWait=30
 MinJobAge=600
 StateSaveLocation=/var/lib/slurm/slurmctld

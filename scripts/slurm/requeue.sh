@@ -41,15 +41,38 @@ _vitlarge_forward() {  # _vitlarge_forward SIGNAL PID
 srun_step() {
   local per_node=$1 held=${SLURM_JOB_NUM_NODES:?srun_step runs inside a Slurm job} nodes
   shift
+  if ! [[ $per_node =~ ^[1-9][0-9]*$ ]]; then
+    _vitlarge_log "srun_step: tasks per node must be a positive number, got '$per_node' (pass --gpus-per-node or --ntasks-per-node to sbatch)"
+    exit 2
+  fi
   nodes=$held
   if [[ -n ${VITLARGE_WORLD_DIVIDES:-} ]]; then
-    while ((nodes > 1 && VITLARGE_WORLD_DIVIDES % (nodes * per_node) != 0)); do nodes=$((nodes - 1)); done
-    if ((nodes < held)); then
+    while ((nodes > 0 && VITLARGE_WORLD_DIVIDES % (nodes * per_node) != 0)); do nodes=$((nodes - 1)); done
+    if ((nodes == 0)); then
+      nodes=$held
+      _vitlarge_log "no count of up to $held nodes x $per_node tasks divides VITLARGE_WORLD_DIVIDES=$VITLARGE_WORLD_DIVIDES; starting all $held (train.py will say what divides)"
+    elif ((nodes < held)); then
       _vitlarge_log "using $nodes of the $held nodes held: $((nodes * per_node)) tasks divide VITLARGE_WORLD_DIVIDES=$VITLARGE_WORLD_DIVIDES, $((held * per_node)) do not"
     fi
   fi
   exec srun --nodes="$nodes" --ntasks=$((nodes * per_node)) --ntasks-per-node="$per_node" \
     ${SLURM_CPUS_PER_TASK:+--cpus-per-task="$SLURM_CPUS_PER_TASK"} "$@"
+}
+
+# _vitlarge_node_lost: whether a node of this job is down, drained, failing or not responding (Slurm marks
+# a silent node with "*" before SlurmdTimeout makes it DOWN); polled for VITLARGE_NODE_LOSS_WAIT seconds
+# (120). A step that failed for it is requeued: the job continues on the nodes it gets.
+_vitlarge_node_lost() {
+  local deadline=$((SECONDS + ${VITLARGE_NODE_LOSS_WAIT:-120})) states
+  while :; do
+    states=$(sinfo -h -N -n "${SLURM_JOB_NODELIST:-}" -o "%N %T" 2>/dev/null | grep -Ei '[*~]|down|drain|fail' || true)
+    if [[ -n $states ]]; then
+      _vitlarge_log "lost: $(echo "$states" | paste -sd, -)"
+      return 0
+    fi
+    ((SECONDS < deadline)) || return 1
+    sleep 5
+  done
 }
 
 # run_requeueable COMMAND...: runs the job step, forwards stop requests, requeues on exit 75.
@@ -65,8 +88,15 @@ run_requeueable() {
   while :; do
     wait "$pid"
     rc=$?
-    # > 128 with srun still there (possibly a zombie): our trap interrupted the wait.
-    if ((rc > 128)) && kill -0 "$pid" 2>/dev/null; then continue; fi
+    # > 128: our trap interrupted the wait (srun may still run, or have just exited: bash keeps its status
+    # for one more `wait`), or srun died of a signal (then that `wait` has nothing more: 127).
+    if ((rc > 128)); then
+      local again
+      wait "$pid" 2>/dev/null
+      again=$?
+      if ((again != 127)); then rc=$again; fi
+      if ((rc > 128)) && kill -0 "$pid" 2>/dev/null; then continue; fi
+    fi
     break
   done
   trap - USR1 TERM
@@ -82,6 +112,11 @@ run_requeueable() {
       # Cancelled, or past the time limit: the checkpoint is there, the queue entry is not.
       _vitlarge_log "scontrol requeue failed ($out); submit the same sbatch command again to resume"
     fi
+  elif ((rc != 0)) && _vitlarge_node_lost; then
+    # Slurm requeues the job itself once the node is DOWN (NODE_FAIL, after SlurmdTimeout); a node a
+    # health check drained, or one whose GPU or NIC failed while slurmd lives, ends only the step.
+    _vitlarge_log "step exited with status $rc after losing a node; requeueing to continue on the nodes the job gets"
+    scontrol requeue "$SLURM_JOB_ID" 2>&1 | sed 's/^/vitlarge[slurm] scontrol: /' >&2 || true
   else
     _vitlarge_log "step exited with status $rc"
   fi

@@ -42,10 +42,11 @@ def stopped_at_4(demo_data, tmp_path_factory):
     [
         ("plain", ["train.micro_batch=8"], "the data or loader settings changed"),
         ("plain", ["data.crop_scale=0.5,1.0"], "the data or loader settings changed"),
+        ("plain", ["data.randaugment=rand-m9-n2"], "the data or loader settings changed"),
         ("plain", [PHASES], "another train.phases list"),
         ("phased", [], "another train.phases list"),
     ],
-    ids=["micro_batch_halved", "crop_scale", "phases_added", "phases_removed"],
+    ids=["micro_batch_halved", "crop_scale", "randaugment", "phases_added", "phases_removed"],
 )
 def test_an_edited_recipe_continues_the_workdir(demo_data, stopped_at_4, tmp_path, base, edit, says):
     workdir = tmp_path / "run"
@@ -62,15 +63,18 @@ def test_an_edited_recipe_continues_the_workdir(demo_data, stopped_at_4, tmp_pat
 
 def test_a_phase_list_that_moves_a_boundary_before_the_resumed_step_is_refused(demo_data, stopped_at_4, tmp_path):
     """The phased run trained steps 1-4 at 8 px (its boundary is at epoch 0.5, step 6). A list that starts the
-    16 px phase at epoch 0.25 (step 3) rewrites steps already trained: one line, exit 2, nothing moved."""
+    16 px phase at epoch 0.1 (step 1) rewrites steps already trained: one line, exit 2, nothing moved, both for
+    the automatic resume (step 4) and for ``--resume`` of the older step 2 (which would move step 4 aside)."""
     workdir = tmp_path / "run"
     shutil.copytree(stopped_at_4["phased"], workdir)
     before = sorted(p.name for p in (workdir / "checkpoints").iterdir())
-    moved = "train.phases=[{'epoch': 0, 'image_size': 8}, {'epoch': 0.25, 'image_size': 16}]"
-    r = run(demo_data, workdir, "train.max_steps=6", moved)
-    assert r.returncode == 2, r.stderr[-3000:]
-    errors = [line for line in (r.stdout + r.stderr).splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
-    assert "train.phases[1] starts at step 3 (epoch 0.25), before step 4 where this run resumes" in errors[0]
-    assert "model.init_from" in errors[0]
-    assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == before
+    moved = "train.phases=[{'epoch': 0, 'image_size': 8}, {'epoch': 0.1, 'image_size': 16}]"
+    older = workdir / "checkpoints" / "step_0000002"
+    for extra, step in (([], 4), (["--resume", str(older)], 2)):
+        r = run(demo_data, workdir, "train.max_steps=6", moved, *extra)
+        assert r.returncode != 0 and "(exitcode: 2)" in r.stderr, r.stderr[-3000:]  # the workers' 2; torchrun 1
+        errors = [line for line in (r.stdout + r.stderr).splitlines() if line.startswith("error:")]
+        assert len(errors) == 1, r.stderr[-3000:]
+        assert f"train.phases[1] starts at step 1 (epoch 0.1), before step {step} where this run resumes" in errors[0]
+        assert "model.init_from" in errors[0]
+        assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == before  # no abandoned_* folder

@@ -20,6 +20,7 @@ import pytest
 
 from tests.helpers import ROOT, launcher
 from tests.helpers.runs import RECIPE
+from tests.helpers.runs import raw_metrics as records
 
 STEPS = 30
 
@@ -44,17 +45,6 @@ def agent(node: int, endpoint: str, args: list[str], log: Path) -> subprocess.Po
     return subprocess.Popen(
         cmd, cwd=ROOT, env=launcher.env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
     )
-
-
-def records(workdir: Path) -> list[dict]:
-    path = workdir / "metrics.jsonl"
-    out = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:  # a line being written
-            pass
-    return out
 
 
 def test_torchrun_node_range_loses_a_node_and_continues_on_the_one_left(demo_data, tmp_path):

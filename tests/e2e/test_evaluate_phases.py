@@ -23,11 +23,13 @@ PHASES = (
 OVERRIDES = [PHASES, "train.precision=fp32"]
 
 
-def evaluate(demo_data: str, checkpoint) -> dict:
+def evaluate(demo_data: str, checkpoint, overrides=tuple(OVERRIDES), stderr: list | None = None) -> dict:
     cmd = [sys.executable, "-m", "vitlarge.evaluate", "--config", "recipes/demo_digits_progressive.py"]
-    cmd += ["--data", demo_data, "--checkpoint", str(checkpoint), *OVERRIDES]
+    cmd += ["--data", demo_data, "--checkpoint", str(checkpoint), *overrides]
     r = subprocess.run(cmd, cwd=launcher.ROOT, env=launcher.env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
+    if stderr is not None:
+        stderr.append(r.stderr)
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
@@ -43,6 +45,12 @@ def test_evaluate_uses_the_phase_eval_size_and_equals_training(demo_data, tmp_pa
         assert single["val_images"] == evals[step]["val_images"] == 360
         assert single["val_top1"] == pytest.approx(evals[step]["val_top1"], abs=1e-9), step
         assert single["val_loss"] == pytest.approx(evals[step]["val_loss"], abs=1e-5), step
+    # As README step 4 shows it, the recipe alone (the run's phase list was an override): the checkpoint's own
+    # phase list and sizes (its meta.json) decide, and one line says the given config differed.
+    said = []
+    plain = evaluate(demo_data, tmp_path / "checkpoints" / "step_0000008", ["train.precision=fp32"], said)
+    assert plain["val_top1"] == pytest.approx(evals[8]["val_top1"], abs=1e-9)
+    assert "was trained with other train.phases than --config gives; evaluating as it was trained" in said[0]
     # The export declares the last phase's evaluation size and evaluates as the final evaluation did.
     exported = evaluate(demo_data, tmp_path / "model")
     assert exported["val_top1"] == pytest.approx(evals[8]["val_top1"], abs=1e-9)

@@ -30,9 +30,10 @@ def start(rank: int, port: int, data: str, workdir) -> subprocess.Popen:
     return subprocess.Popen(cmd, cwd=launcher.ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def run_pair(data: tuple[str, str], workdir) -> tuple[list, float]:
+def run_pair(data: tuple[str, str], workdir, workdirs: tuple | None = None) -> tuple[list, float]:
+    """``workdirs``: each rank's own --workdir (a shared folder that is another one on one node)."""
     port, t0 = launcher.free_port(), time.monotonic()
-    procs = [start(r, port, data[r], workdir) for r in (0, 1)]
+    procs = [start(r, port, data[r], (workdirs or (workdir, workdir))[r]) for r in (0, 1)]
     try:
         out = [p.communicate(timeout=200) for p in procs]
     finally:
@@ -64,3 +65,61 @@ def test_an_error_every_rank_meets_is_printed_once_by_rank_0(tmp_path):
     (line,) = errors(results[0][2])
     assert line.startswith(f"error: {missing}: ")  # as one process would say it: no rank, no host
     assert errors(results[1][2]) == []
+
+
+def test_a_shard_missing_on_one_node_stops_both_ranks_before_the_first_step(demo_data, tmp_path):
+    """Node-local copies of the data set, one of them incomplete: rank 1's copy lacks a training shard. The
+    shard check is part of the agreed pre-flight, so both exit 2 with one line each, not a gloo traceback at
+    the first step (or, on NCCL, rank 0 waiting out the collective timeout)."""
+    import shutil
+
+    partial = tmp_path / "partial_copy"
+    shutil.copytree(demo_data, partial)
+    shard = partial / "train-00003-of-00004"
+    shard.unlink()
+    (rc0, _, err0), (rc1, _, err1) = run_pair((demo_data, str(partial)), tmp_path / "run")[0]
+    assert (rc0, rc1) == (2, 2), err0[-2000:] + err1[-2000:]
+    assert "Traceback" not in err0 + err1, err0[-2000:] + err1[-2000:]
+    host = socket.gethostname()
+    (line1,) = errors(err1)
+    assert line1.startswith(f"error: rank 1 on {host}: ") and shard.name in line1 and "missing" in line1
+    (line0,) = errors(err0)
+    assert line0.startswith(f"error: rank 1 on {host} stopped the run: ") and shard.name in line0
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_nodes_that_see_different_data_sets_are_refused_before_training(demo_data, tmp_path):
+    """Every check passes on each node, but rank 1's node-local copy is another conversion (here: another
+    checksum recorded for one shard). Each rank would plan and read its own data set; the run is refused
+    before the first step with one line naming both ranks, hosts and what each sees."""
+    import json
+    import shutil
+
+    other = tmp_path / "other_conversion"
+    shutil.copytree(demo_data, other)
+    manifest = json.loads((other / "dataset.json").read_text())
+    manifest["splits"]["train"]["shards"][0]["checksum"] = "crc32c:00000000"
+    (other / "dataset.json").write_text(json.dumps(manifest))
+    (rc0, _, err0), (rc1, _, err1) = run_pair((demo_data, str(other)), tmp_path / "run")[0]
+    assert (rc0, rc1) == (2, 2), err0[-2000:] + err1[-2000:]
+    (line,) = errors(err0)
+    host = socket.gethostname()
+    assert line.startswith("error: the ranks see different data sets") and f"rank 1 on {host}" in line
+    assert "every node must see the same --data" in line
+    assert errors(err1) == []  # printed once
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_workdir_that_is_another_folder_on_one_node_is_refused_before_training(demo_data, tmp_path):
+    """The shared workdir is not mounted on rank 1's node: there the same path is a local folder (here: another
+    path). Both pass their own writability check; rank 0's probe file is not in rank 1's view, so the run stops
+    before the first step (not at the first checkpoint, in a collective mismatch), rank 1 naming itself."""
+    shared, local = tmp_path / "shared", tmp_path / "node1_local"
+    (rc0, _, err0), (rc1, _, err1) = run_pair((demo_data, demo_data), shared, (shared, local))[0]
+    assert (rc0, rc1) == (2, 2), err0[-2000:] + err1[-2000:]
+    host = socket.gethostname()
+    (line1,) = errors(err1)
+    assert line1.startswith(f"error: rank 1 on {host}: --workdir {local} here is not the folder rank 0 writes to")
+    (line0,) = errors(err0)
+    assert line0.startswith(f"error: rank 1 on {host} stopped the run: ")
+    assert not (shared / "checkpoints").exists() and not (local / "checkpoints").exists()

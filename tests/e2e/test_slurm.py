@@ -18,7 +18,6 @@ the CPU count.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -32,6 +31,7 @@ import pytest
 from tests.e2e.test_train import train_args
 from tests.helpers import launcher
 from tests.helpers.launcher import assert_bitwise_equal, final_weights
+from tests.helpers.runs import raw_metrics
 
 ROOT = launcher.ROOT
 CLUSTER = ROOT / "scripts" / "slurm" / "local_cluster.sh"
@@ -104,16 +104,7 @@ def job_info(job_id: str) -> dict[str, str]:
     return dict(re.findall(r"(\w+)=(\S*)", r.stdout)) if r.returncode == 0 else {}
 
 
-def metrics(workdir: Path) -> list[dict]:
-    """Raw metrics.jsonl records in file order (every attempt), skipping a partial last line."""
-    path = workdir / "metrics.jsonl"
-    out = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass
-    return out
+metrics = raw_metrics  # tests/e2e/test_slurm_multinode.py imports it from here
 
 
 def last_step(workdir: Path) -> int:

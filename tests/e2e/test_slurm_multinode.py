@@ -52,7 +52,7 @@ from tests.helpers.launcher import assert_bitwise_equal, final_weights
 
 ROOT = launcher.ROOT
 NODES = ("vlnode1", "vlnode2")
-STEPS = 6
+STEPS = 12  # enough that a stop requested at step 2 lands before the end on a fast CPU (it took 4 steps once)
 SETTINGS = (f"train.max_steps={STEPS}", "train.checkpoint_every_steps=1000")  # reference and preempted job
 
 

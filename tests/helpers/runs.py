@@ -75,6 +75,20 @@ def assert_scaler_contract(train: list[dict], growth_interval: int) -> None:
         assert cur["loss_scale"] == expected, (prev, cur)
 
 
+def raw_metrics(workdir: Path) -> list[dict]:
+    """Raw metrics.jsonl records in file order (every attempt), skipping a partial last line (a run still writing)."""
+    import json
+
+    path = Path(workdir) / "metrics.jsonl"
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return out
+
+
 def checkpoint_steps(workdir: Path) -> list[int]:
     """Steps of the complete checkpoints (final names) under ``workdir``, oldest first."""
     from vitlarge.checkpoint import store

@@ -48,10 +48,14 @@ from vitlarge.plan.plan import Plan
 log = logging.getLogger("vitlarge")
 
 
-def choose(workdir: str | Path, requested: str | Path | None, model, cfg: Config) -> tuple[Path | None, str | None]:
+def choose(
+    workdir: str | Path, requested: str | Path | None, model, cfg: Config, num_train_examples: int | None = None
+) -> tuple[Path | None, str | None]:
     """The checkpoint every rank loads (None: start from scratch) and the line this run's checkpoints
-    belong to (their meta.json's ``line``). See the module docstring."""
-    return rank0_decides(lambda: _choose(Path(workdir), Path(requested) if requested else None, model, cfg))
+    belong to (their meta.json's ``line``). See the module docstring. ``num_train_examples``: the data set's,
+    for the phase-boundary check (`check_edits`; skipped without it)."""
+    requested = Path(requested) if requested else None
+    return rank0_decides(lambda: _choose(Path(workdir), requested, model, cfg, num_train_examples))
 
 
 def line_of(requested: str | Path) -> str:
@@ -73,13 +77,36 @@ def newest_of_line(workdir: str | Path, line: str) -> Path | None:
 
 
 def check_requested(workdir: str | Path, requested: str | Path) -> None:
-    """Before any work: ``--resume`` names a readable checkpoint, or its line continues in the workdir
-    (a requeue after the checkpoint itself was pruned); else a one-line ``UserError``."""
-    if newest_of_line(workdir, line_of(requested)) is None:
-        store.read_meta(requested)
+    """Before any work, on rank 0 (`rank0_decides`: one view of the folder): ``--resume`` names a checkpoint
+    with a readable meta.json, or its line continues in the workdir (a requeue after the checkpoint itself
+    was pruned); else a one-line ``UserError``. Reads meta.json files only: the checksums are `_choose`'s,
+    once, on rank 0 (at 7.6 GB per vit_h14 checkpoint, not a read per rank at every requeue)."""
+    line = line_of(requested)
+    for path in store.list_checkpoints(workdir):
+        try:
+            if store.read_meta(path).get("line") == line:
+                return
+        except UserError:
+            continue
+    store.read_meta(requested)
 
 
-def _choose(workdir: Path, requested: Path | None, model, cfg: Config) -> tuple[Path | None, str | None]:
+def check_edits(meta: dict, path: Path, cfg: Config, num_train_examples: int | None) -> None:
+    """The edits a checkpoint cannot continue under (one ``UserError``): a phase boundary moved or added before
+    its step (`vitlarge.plan.phases.new_boundaries_before`), layer-wise lr decay turned on or off
+    (`optimizer_groups_changed`). On rank 0 inside `choose`, before any checkpoint is moved or copied."""
+    from vitlarge.plan.phases import new_boundaries_before
+
+    saved = meta.get("config", {})
+    edited = new_boundaries_before(saved, cfg, num_train_examples, meta["step"]) if num_train_examples else None
+    edited = edited or optimizer_groups_changed(meta, cfg)
+    if edited:
+        raise UserError(f"{path}: {edited}", same_on_all_ranks=True)
+
+
+def _choose(
+    workdir: Path, requested: Path | None, model, cfg: Config, num_train_examples: int | None = None
+) -> tuple[Path | None, str | None]:
     line = None
     if requested is not None:
         line = line_of(requested)
@@ -87,6 +114,7 @@ def _choose(workdir: Path, requested: Path | None, model, cfg: Config) -> tuple[
         if continued is not None:  # the same --resume again: continue the line it started
             meta = store.read_meta(continued)
             store.check_compatible(meta, continued, model, cfg)
+            check_edits(meta, continued, cfg, num_train_examples)
             log.info(f"--resume {requested}: this workdir continues its line; resuming from {continued}")
             _set_aside_newer(workdir, continued, meta["step"])
             return continued, line
@@ -102,6 +130,7 @@ def _choose(workdir: Path, requested: Path | None, model, cfg: Config) -> tuple[
     if chosen is not None:
         meta = store.read_meta(chosen)
         store.check_compatible(meta, chosen, model, cfg)
+        check_edits(meta, chosen, cfg, num_train_examples)  # before anything is moved aside or copied
         step = meta["step"]
         line = line if requested is not None else meta.get("line")  # an automatic resume keeps the line
     _set_aside_newer(workdir, chosen, step)

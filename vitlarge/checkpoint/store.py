@@ -46,6 +46,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.api import CheckpointException
 
@@ -363,6 +364,41 @@ def check_writable(workdir: str | Path, rank: int) -> None:
             raise UserError(f"{what} {folder} is not writable ({e.strerror}); {fix}") from None
 
 
+SHARED_PROBE = ".vitlarge_shared_probe"
+
+
+def write_shared_probe(workdir: str | Path) -> str:
+    """Rank 0, after `check_writable`: a file with a token no other run writes; returns the token. With
+    `check_shared_probe` on every rank it shows the ranks share the workdir (a mount missing on one node
+    leaves that node a local folder of the same name, and its checkpoint parts never reach the others)."""
+    import uuid
+
+    token = uuid.uuid4().hex
+    fileio.write_atomic(Path(workdir) / SHARED_PROBE, token)
+    return token
+
+
+def check_shared_probe(workdir: str | Path, token: str, wait_s: float = 5.0) -> None:
+    """Every rank: rank 0's probe holds ``token`` in this rank's view of ``workdir`` (polled for ``wait_s``:
+    a shared file system may show another node's new file a moment late); else a one-line ``UserError``."""
+    import time
+
+    path, deadline = Path(workdir) / SHARED_PROBE, time.monotonic() + wait_s
+    while True:
+        try:
+            if path.read_text() == token:
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise UserError(
+                f"--workdir {workdir} here is not the folder rank 0 writes to ({SHARED_PROBE} it wrote is not there "
+                "or holds another run's token): every node must see the workdir on one shared file system "
+                "(is it mounted on this node?)"
+            )
+        time.sleep(0.2)
+
+
 def check_compatible(meta: dict, path: Path, model: torch.nn.Module, cfg: Config) -> None:
     """A one-line ``UserError`` unless the checkpoint holds this recipe's model in a layout this run reads
     (any plugin and world size: the optimizer state is re-sharded where needed, see vitlarge/checkpoint/sharded.py)."""
@@ -443,8 +479,8 @@ def apply(loaded: dict, model, optimizer, scaler) -> dict:
         sharded.load_legacy(path, loaded["model"], loaded["optimizer"], loaded["optimizer_from_ddp"], model, optimizer)
     if state["scaler"] or not scaler.is_enabled():
         scaler.load_state_dict(state["scaler"])
-    else:  # saved without fp16 (e.g. precision auto resolved to bf16/fp32 on the saving machine)
-        logging.getLogger("vitlarge").warning(
+    elif not dist.is_initialized() or dist.get_rank() == 0:  # saved without fp16 (precision auto gave bf16/fp32)
+        logging.getLogger("vitlarge").warning(  # every rank resumes alike: one line, from rank 0
             f"warning: {path} was trained in {meta['config']['train'].get('precision')}, this run is fp16: "
             f"the loss scale starts at its initial value"
         )

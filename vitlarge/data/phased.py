@@ -34,6 +34,11 @@ def fingerprint(cfg: Config) -> str:
 
 def _parts(state: str) -> tuple[int, str, str]:
     """(phase, phase-list fingerprint, loader state) of a checkpoint's data state; ValueError if malformed."""
+    return _fields_of(state)[:3]
+
+
+def _fields_of(state: str) -> tuple[int, str, str, int | None]:
+    """`_parts` and the step the stream started afresh at (None: at its phase's start)."""
     try:
         doc = json.loads(state)
     except (ValueError, TypeError) as e:
@@ -41,9 +46,10 @@ def _parts(state: str) -> tuple[int, str, str]:
     if not isinstance(doc, dict):
         raise ValueError("not an object")
     if "phase" not in doc:  # a loader's own state: written by a run without phases before they all had one
-        return 0, NO_PHASES, state
+        return 0, NO_PHASES, state, None
     try:
-        return int(doc["phase"]), doc.get("phases"), doc["loader"]
+        fresh_at = doc.get("fresh_at")
+        return int(doc["phase"]), doc.get("phases"), doc["loader"], None if fresh_at is None else int(fresh_at)
     except (KeyError, TypeError) as e:
         raise ValueError(str(e)) from None
 
@@ -64,10 +70,12 @@ def state_of_other_phases(state: str | None, cfg: Config) -> bool:
 
 
 class _PhaseTrain:
-    """A phase's TrainLoader whose ``state()`` also records the phase it belongs to and the phase list."""
+    """A phase's TrainLoader whose ``state()`` also records the phase it belongs to, the phase list and, for a
+    stream started afresh mid-phase, the step it started at (its seed derives from it: a later resume
+    rebuilds the same stream and continues it)."""
 
-    def __init__(self, loader, phase: int, phases_hash: str):
-        self.loader, self.phase, self.phases_hash = loader, phase, phases_hash
+    def __init__(self, loader, phase: int, phases_hash: str, fresh_at: int | None = None):
+        self.loader, self.phase, self.phases_hash, self.fresh_at = loader, phase, phases_hash, fresh_at
 
     def __iter__(self):
         return self
@@ -78,20 +86,21 @@ class _PhaseTrain:
     def state(self) -> str:
         from vitlarge.data.common import STATE_VERSION
 
-        return json.dumps(
-            {"version": STATE_VERSION, "phase": self.phase, "phases": self.phases_hash, "loader": self.loader.state()}
-        )
+        doc = {"version": STATE_VERSION, "phase": self.phase, "phases": self.phases_hash, "loader": self.loader.state()}
+        if self.fresh_at is not None:
+            doc["fresh_at"] = self.fresh_at
+        return json.dumps(doc)
 
 
-def split_state(state: str | None) -> tuple[int | None, str | None]:
-    """(phase, loader state) of a checkpoint's data state; (None, None) for none or a malformed one."""
+def split_state(state: str | None) -> tuple[int | None, str | None, int | None]:
+    """(phase, loader state, fresh_at) of a checkpoint's data state; Nones for none or a malformed one."""
     if not state:
-        return None, None
+        return None, None, None
     try:
-        phase, _, loader = _parts(state)
+        phase, _, loader, fresh_at = _fields_of(state)
     except ValueError:
-        return None, None
-    return phase, loader
+        return None, None, None
+    return phase, loader, fresh_at
 
 
 class PhasedLoaders:
@@ -106,7 +115,7 @@ class PhasedLoaders:
     def __init__(self, cfg: Config, plan: Plan, rank: int, world_size: int, device, state: str | None = None):
         self.cfg, self.plan, self.rank, self.world_size, self.device = cfg, plan, rank, world_size, device
         self.current: Phase | None = None
-        self._state_phase, self._state = split_state(state)
+        self._state_phase, self._state, self._state_fresh_at = split_state(state)
 
     def changes_at(self, step: int) -> bool:
         """Whether ``enter(step)`` builds new loaders (the caller drops the old ones first)."""
@@ -119,11 +128,14 @@ class PhasedLoaders:
         if not self.changes_at(step):
             return None
         state = self._state if self._state_phase == ph.index else None
-        self._state_phase = self._state = None  # used once, by the phase it belongs to
+        # A position continues the stream it was saved from: one started afresh mid-phase keeps its seed.
+        fresh_at = self._state_fresh_at if state is not None else None
+        self._state_phase = self._state = self._state_fresh_at = None  # used once, by the phase it belongs to
         self.current = ph
         # Entered after its first step with no position to continue (a resume whose data state was
         # dropped): a fresh epoch order from this step, not a replay of the phase's beginning.
-        fresh_at = step if state is None and step != ph.start_step else None
+        if state is None and step != ph.start_step:
+            fresh_at = step
         try:
             loader = train_loader(phase_config(self.cfg, ph, fresh_at), self.rank, self.world_size, self.device, state)
         except SettingsChanged:  # an edited micro batch, crop, RandAugment or shard set: the position is void
@@ -133,8 +145,9 @@ class PhasedLoaders:
                     f"augmentation or shards); the data stream continues at step {step} with a fresh epoch order, "
                     "weights, optimizer and step resume exactly"
                 )
+            fresh_at = step
             loader = train_loader(phase_config(self.cfg, ph, step), self.rank, self.world_size, self.device)
-        train = _PhaseTrain(loader, ph.index, fingerprint(self.cfg))
+        train = _PhaseTrain(loader, ph.index, fingerprint(self.cfg), fresh_at)
         return train, val_loader(val_config(self.cfg, ph), self.rank, self.world_size, self.device)
 
 

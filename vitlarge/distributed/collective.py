@@ -62,16 +62,24 @@ def agree(check: Callable[[], T]) -> T:
     Who prints what (``UserError.same_on_all_ranks``): an error every rank met alike is printed once, by
     rank 0; otherwise each rank that met one prints it, naming itself and its host (a data path missing
     on one node), and rank 0, if it met none, prints one line naming the lowest such rank and its error.
+    Any other exception (an ``OSError`` such as NFS's ESTALE) is reported to the others the same way and
+    re-raised, with its traceback, on the rank that met it.
     """
     rank, world = rank_and_world()
     if world == 1:
         return check()
-    result, problem = None, None
+    result, problem, failure = None, None, None
     try:
         result = check()
     except UserError as e:
         problem = str(e)
+    except Exception as e:  # noqa: BLE001 - re-raised below, after the others heard of it
+        failure = e
+        first = (str(e).strip().splitlines() or [""])[0]
+        problem = f"{type(e).__name__}: {first} (see its traceback)"
     reports = gather((problem, socket.gethostname()))
+    if failure is not None:
+        raise failure
     failed = [(r, p, host) for r, (p, host) in enumerate(reports) if p is not None]
     if not failed:
         return result
@@ -81,6 +89,22 @@ def agree(check: Callable[[], T]) -> T:
         raise UserError(f"rank {rank} on {reports[rank][1]}: {problem}", same_on_all_ranks=False)
     r, p, host = failed[0]
     raise UserError(f"rank {r} on {host} stopped the run: {p}", same_on_all_ranks=True)
+
+
+def check_same(value: T, what: str, fix: str) -> None:
+    """Every rank passes its ``value`` (a short, comparable description); when they differ, every rank raises
+    one ``UserError`` naming the first rank that differs from rank 0, both hosts and both values. For what each
+    rank derives from its own view of shared input (the data set's manifest): checks that pass on every rank
+    can still disagree between ranks, and the run would then diverge or deadlock much later."""
+    reports = gather((value, socket.gethostname()))
+    differ = next((r for r, (v, _) in enumerate(reports) if v != reports[0][0]), None)
+    if differ is None:
+        return
+    (v0, host0), (v, host) = reports[0], reports[differ]
+    raise UserError(
+        f"the ranks see different {what}: rank 0 on {host0}: {v0}; rank {differ} on {host}: {v}; {fix}",
+        same_on_all_ranks=True,
+    )
 
 
 def first_failure(problem: str | None) -> tuple[int, str] | None:

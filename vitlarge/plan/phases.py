@@ -213,6 +213,7 @@ def new_boundaries_before(saved: dict, cfg: Config, num_train_examples: int, ste
     p = moved[0]
     return (
         f"train.phases[{p.index}] starts at step {p.start_step} (epoch {p.start_epoch:g}), before step {step} where "
-        f"this run resumes, and the checkpoint's phase list had no boundary there: keep the boundaries before step "
-        f"{step} as they were (edit only later phases), or start a new workdir with model.init_from=<the checkpoint>"
+        f"this run resumes, and the checkpoint's phase list had no boundary there (this recipe's train.phases, "
+        f"global batch or epochs moved it): keep the boundaries before step {step} as they were (edit only later "
+        "phases), or start a new workdir with model.init_from=<the checkpoint>"
     )

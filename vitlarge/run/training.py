@@ -93,12 +93,11 @@ def check_inputs(cfg: Config, resuming: bool) -> None:
         check_source(cfg)
 
 
-def preflight(cfg: Config, env: DistEnv, resume: str | None, resuming: bool):
+def preflight(cfg: Config, env: DistEnv, resuming: bool):
     """Every check before any work, on every rank: ``model.init_from``, the data set (its manifest,
-    class count and RandAugment string), the batch arithmetic for this world size, a writable workdir
-    and a readable ``--resume``. Returns ``(manifest, plan)``."""
+    class count, RandAugment string and shards), the batch arithmetic for this world size and a writable
+    workdir. Returns ``(manifest, plan)``. (``--resume`` is checked after it, on rank 0 alone.)"""
     from vitlarge.checkpoint import store
-    from vitlarge.checkpoint.resume import check_requested
     from vitlarge.data.sources import check_data
     from vitlarge.plan.plan import make_plan
 
@@ -106,9 +105,18 @@ def preflight(cfg: Config, env: DistEnv, resume: str | None, resuming: bool):
     manifest = check_data(cfg)
     plan = make_plan(cfg, env.world_size, manifest.num_examples("train"))
     store.check_writable(Path(cfg.workdir), env.rank)
-    if resume:  # a missing or incomplete --resume path fails before any work, unless its line continues here
-        check_requested(cfg.workdir, resume)
     return manifest, plan
+
+
+def data_digest(manifest) -> str:
+    """What every rank must read alike: the example counts and a hash of the shard list (names, sizes, checksums)."""
+    import hashlib
+
+    if not manifest.data_dir:  # synthetic: made from the config, the same everywhere
+        return "synthetic"
+    counts = ", ".join(f"{manifest.num_examples(s)} {s}" for s in ("train", "validation"))
+    shards = [(s.file, s.bytes, s.checksum) for split in ("train", "validation") for s in manifest.shards(split)]
+    return f"{counts} images, shard list {hashlib.sha256(repr(shards).encode()).hexdigest()[:12]}"
 
 
 def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tuple[int, str] = (0, "")) -> TrainingRun:
@@ -118,9 +126,9 @@ def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tup
     from vitlarge.checkpoint import store
     from vitlarge.data.phased import PhasedLoaders
     from vitlarge.distributed import launch
-    from vitlarge.distributed.collective import agree, rank0_decides
+    from vitlarge.distributed.collective import agree, check_same, rank0_decides
     from vitlarge.events import RunInfo
-    from vitlarge.plan.phases import new_boundaries_before, rng_seed
+    from vitlarge.plan.phases import rng_seed
     from vitlarge.train.assemble import build
     from vitlarge.train.settings import apply_determinism, resolve_settings
     from vitlarge.train.trainer import Trainer
@@ -135,8 +143,15 @@ def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tup
     # node) then stops every rank within a collective, printed by the rank that met it.
     launch.init_distributed(env, backend)
     resuming = rank0_decides(lambda: is_resume(cfg, resume))  # one view of the checkpoint folder
-    manifest, plan = agree(lambda: preflight(cfg, env, resume, resuming))
     workdir = Path(cfg.workdir)
+    manifest, plan = agree(lambda: preflight(cfg, env, resuming))
+    check_same(data_digest(manifest), f"data sets ({cfg.data.path})", "every node must see the same --data")
+    token = rank0_decides(lambda: store.write_shared_probe(workdir))  # and the same workdir, not a local stand-in
+    agree(lambda: store.check_shared_probe(workdir, token))
+    if env.is_main:  # every rank has read it (agree is a collective)
+        (workdir / store.SHARED_PROBE).unlink(missing_ok=True)
+    if resume:  # a missing --resume path fails before any work, unless its line continues here (rank 0's view)
+        rank0_decides(lambda: resume_from.check_requested(cfg.workdir, resume))
     if env.is_main:
         for line in [*settings.lines(), determinism]:
             if line:
@@ -154,18 +169,13 @@ def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tup
     # Rank 0 picks a verified checkpoint for all ranks; then weights, optimizer, scaler, RNG and step,
     # and the loader position where this run can still use it.
     start_step, data_state = 0, None
-    chosen, line = resume_from.choose(workdir, resume, parts.model, cfg)
+    chosen, line = resume_from.choose(workdir, resume, parts.model, cfg, plan.num_train_examples)
     if chosen is None and resuming and cfg.model.init_from:
         raise UserError(
             f"{workdir}/{store.CHECKPOINTS_DIR} holds no usable checkpoint, and without one this run "
             f"would start from scratch instead of model.init_from; move them aside or pass another --workdir"
         )
     if chosen is not None:
-        meta = store.read_meta(chosen)  # edits a checkpoint cannot continue: refused before it is read
-        edited = new_boundaries_before(meta.get("config", {}), cfg, plan.num_train_examples, meta["step"])
-        edited = edited or resume_from.optimizer_groups_changed(meta, cfg)
-        if edited:
-            raise UserError(f"{chosen}: {edited}", same_on_all_ranks=True)
         resumed = resume_from.restore(chosen, parts.model, parts.optimizer, parts.precision.scaler, cfg)
         start_step = resumed.step
         if resumed.world_size != plan.world_size:  # the RNG states were not restored: fresh draws from here

@@ -80,15 +80,15 @@ def apply_determinism(on: bool, device: torch.device | str) -> str:
     torch.utils.deterministic.fill_uninitialized_memory = not on
     torch.backends.cudnn.deterministic = on
     torch.backends.cudnn.benchmark = False
-    if on:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", DETERMINISTIC_CUBLAS)
+    if on and os.environ.get("CUBLAS_WORKSPACE_CONFIG") not in (":4096:8", ":16:8"):  # the two torch accepts
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = DETERMINISTIC_CUBLAS
     if torch.device(device).type != "cuda":
         return ""
     if not on:
         return "deterministic: off (train.deterministic=false): a resumed run is close to, not bitwise, the uninterrupted one"
     return (
         "deterministic: on (torch deterministic algorithms, cuDNN deterministic, "
-        f"CUBLAS_WORKSPACE_CONFIG={os.environ['CUBLAS_WORKSPACE_CONFIG']}): resumes are bitwise"
+        f"CUBLAS_WORKSPACE_CONFIG={os.environ['CUBLAS_WORKSPACE_CONFIG']}): resumes at the same world size are bitwise"
     )
 
 

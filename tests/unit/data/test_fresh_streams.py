@@ -52,3 +52,19 @@ def test_seeds_are_the_old_ones_at_a_phase_start_and_fresh_elsewhere():
     assert len(fresh) == 3 * 199 and not fresh & {seed + 1000 * i for i in range(100)}
     rng = {rng_seed(seed, r, s) for r in range(130) for s in (1, 500, 10_000)}
     assert len(rng) == 130 * 3 and all(0 <= x < 2**31 - 1 for x in fresh | rng)
+
+
+def test_a_stream_started_afresh_continues_exactly_on_the_next_resume(demo_data):
+    """After a world-size change the stream starts afresh at the resumed step; its checkpoints record that step,
+    so the next resume at the same world size continues the same stream (not yet another fresh order)."""
+    c = demo_cfg(demo_data)
+    plan = make_plan(c, 1, N)
+    train = phased.PhasedLoaders(c, plan, 0, 1, CPU).enter(37)[0]  # no position: fresh at step 37
+    for _ in range(3):
+        next(train)
+    state = train.state()
+    assert phased.split_state(state)[2] == 37
+    rest = [next(train)[0] for _ in range(2)]
+    resumed = phased.PhasedLoaders(c, plan, 0, 1, CPU, state=state).enter(40)[0]
+    assert all(torch.equal(a, next(resumed)[0]) for a in rest)
+    assert phased.split_state(resumed.state())[2] == 37  # and its own checkpoints keep saying so

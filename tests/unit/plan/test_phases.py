@@ -271,3 +271,17 @@ def test_new_boundaries_before_the_resumed_step_are_named_later_ones_and_removal
     assert "train.phases[2] starts at step 11 (epoch 1)" in new_boundaries_before(saved, added, n, 12)
     assert new_boundaries_before(demo().to_dict(), old, n, 5) is None  # phases added after a plain run's step 5
     assert "starts at step 6" in new_boundaries_before(demo().to_dict(), old, n, 7)
+
+
+def test_the_images_a_boundary_skips_in_vit_b16_progressive_are_the_documented_ones():
+    """docs/PROGRESSIVE.md: within a phase the stream is continuous; a boundary ends it after S x G images
+    of whole passes of n, skipping the rest of the last pass: n x (1 - frac(S x G / n))."""
+    from vitlarge.constants import IMAGENET_TRAIN_EXAMPLES as n
+
+    cfg = load_recipe(ROOT / "recipes" / "vit_b16_progressive.py")
+    plan = make_plan(cfg, 4, n)
+    skipped = [(ph.start_epoch, n - (ph.steps * ph.global_batch) % n) for ph in plan.phases[:-1]]
+    assert [(epoch, images) for epoch, images in skipped] == [(0.0, 482_250), (150.0, 289_350)]
+    doc = (ROOT / "docs" / "PROGRESSIVE.md").read_text()
+    assert "482,250 images (38% of a pass) at epoch 150 and 289,350 at\n  epoch 240" in doc
+    assert round(482_250 / n, 2) == 0.38

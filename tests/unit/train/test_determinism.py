@@ -93,3 +93,9 @@ def test_an_op_without_a_deterministic_kernel_is_one_line_naming_the_key():
     assert line.startswith("adaptive_max_pool2d_backward_cuda has no deterministic kernel on this device")
     assert "train.deterministic=false" in line and "\n" not in line
     assert explain_nondeterministic(RuntimeError("CUDA out of memory")) is None
+
+
+def test_a_cublas_setting_torch_refuses_is_replaced(restore_flags, monkeypatch):
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":0:0")
+    apply_determinism(True, "cuda")
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
