@@ -50,7 +50,7 @@ def main(argv=None) -> int:
         pools = threads.size_thread_pools()  # before torch loads: its pool, OpenMP's, DALI's (data.num_threads=0)
         return run(args, env, pools)
     except UserError as e:
-        if launch.prints_error(e, env):  # once, by rank 0, when every rank meets the same error
+        if launch.report_before_group(e, env):  # once; a rank's own error named by it (and told to the others)
             print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
     except StopTraining as e:

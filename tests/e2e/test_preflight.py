@@ -18,7 +18,7 @@ from tests.helpers import launcher
 ARGS = ["--config", "recipes/demo_digits.py", "train.max_steps=1"]
 
 
-def start(rank: int, port: int, data: str, workdir) -> subprocess.Popen:
+def start(rank: int, port: int, data: str, workdir, args: list[str] = ARGS) -> subprocess.Popen:
     env = launcher.env() | {
         "RANK": str(rank),
         "LOCAL_RANK": "0",  # one task per node
@@ -26,14 +26,17 @@ def start(rank: int, port: int, data: str, workdir) -> subprocess.Popen:
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(port),
     }
-    cmd = [sys.executable, "train.py", *ARGS, "--data", data, "--workdir", str(workdir)]
+    cmd = [sys.executable, "train.py", *args, "--data", data, "--workdir", str(workdir)]
     return subprocess.Popen(cmd, cwd=launcher.ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def run_pair(data: tuple[str, str], workdir, workdirs: tuple | None = None) -> tuple[list, float]:
-    """``workdirs``: each rank's own --workdir (a shared folder that is another one on one node)."""
+def run_pair(
+    data: tuple[str, str], workdir, workdirs: tuple | None = None, args: tuple | None = None
+) -> tuple[list, float]:
+    """``workdirs``: each rank's own --workdir (a shared folder that is another one on one node); ``args``:
+    each rank's own arguments before --data (a recipe present on one node only)."""
     port, t0 = launcher.free_port(), time.monotonic()
-    procs = [start(r, port, data[r], (workdirs or (workdir, workdir))[r]) for r in (0, 1)]
+    procs = [start(r, port, data[r], (workdirs or (workdir, workdir))[r], (args or (ARGS, ARGS))[r]) for r in (0, 1)]
     try:
         out = [p.communicate(timeout=200) for p in procs]
     finally:
@@ -123,3 +126,31 @@ def test_a_workdir_that_is_another_folder_on_one_node_is_refused_before_training
     (line0,) = errors(err0)
     assert line0.startswith(f"error: rank 1 on {host} stopped the run: ")
     assert not (shared / "checkpoints").exists() and not (local / "checkpoints").exists()
+
+
+def test_a_recipe_missing_on_one_node_stops_both_ranks_before_the_rendezvous_times_out(demo_data, tmp_path):
+    """Before the process group exists: rank 1 cannot read its --config (a node-local checkout without it). It
+    says so through the rendezvous store, naming itself; rank 0, waiting there, stops within a second and
+    names rank 1 (it used to wait out the 300 s rendezvous and blame the network)."""
+    missing = str(tmp_path / "recipes" / "demo_digits.py")
+    args = (ARGS, ["--config", missing, *ARGS[2:]])
+    (results, elapsed) = run_pair((demo_data, demo_data), tmp_path / "run", args=args)
+    (rc0, _, err0), (rc1, _, err1) = results
+    assert (rc0, rc1) == (2, 2), err0[-2000:] + err1[-2000:]
+    host = socket.gethostname()
+    (line1,) = errors(err1)
+    assert line1.startswith(f"error: rank 1 on {host}: ") and missing in line1
+    (line0,) = errors(err0)
+    assert line0.startswith(f"error: rank 1 on {host} stopped the run before the rendezvous: ") and missing in line0
+    assert "Traceback" not in err0 + err1
+    assert elapsed < 120, f"{elapsed:.0f}s: rank 0 waited for the rendezvous instead of hearing from rank 1"
+
+
+def test_an_error_every_rank_meets_before_the_rendezvous_is_printed_once(demo_data, tmp_path):
+    bad = [*ARGS, "train.no_such_key=1"]
+    (results, _) = run_pair((demo_data, demo_data), tmp_path / "run", args=(bad, bad))
+    (rc0, _, err0), (rc1, _, err1) = results
+    assert (rc0, rc1) == (2, 2), err0[-2000:] + err1[-2000:]
+    (line,) = errors(err0)
+    assert "train.no_such_key" in line and "rank" not in line.split(":")[1]  # as one process would say it
+    assert errors(err1) == []

@@ -103,21 +103,8 @@ def init_distributed(
     t0 = time.monotonic()
     try:
         # The master waits for all world_size processes to connect: a missing task fails here, in time.
-        # Under torchrun (and so colossalai run) the agent already serves a store on MASTER_PORT:
-        # join it as a client, as torch's env:// rendezvous does, instead of listening on that port.
-        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-        store = dist.TCPStore(
-            dist_env.master_addr,
-            dist_env.master_port,
-            dist_env.world_size,
-            is_master=dist_env.rank == 0 and not agent,
-            timeout=datetime.timedelta(seconds=timeout_s),
-            wait_for_workers=not agent,
-        )
-        # Always a PrefixStore: torch's c10d logger formats init_process_group's arguments, and
-        # TCPStore's repr asks its socket for its addresses, which fails ("failed to format addr,
-        # unknown family=0") in the network namespaces of tests/e2e/test_slurm_multinode.py (gVisor).
-        attempt = f"/worker/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}" if agent else "vitlarge"
+        store, attempt = _rendezvous_store(dist_env, timeout_s, wait_for_workers=True)
+        _all_started(dist.PrefixStore(f"{attempt}/{START}", store), dist_env, t0 + timeout_s)
         dist.init_process_group(
             backend,
             store=dist.PrefixStore(attempt, store),
@@ -131,6 +118,94 @@ def init_distributed(
         raise UserError(
             rendezvous_error(dist_env, e, time.monotonic() - t0, timeout_s, ifname), same_on_all_ranks=False
         ) from None
+
+
+START = "vitlarge_start"  # the rendezvous store's keys where ranks say they started, or why they could not
+
+
+def _rendezvous_store(dist_env: DistEnv, timeout_s: float, wait_for_workers: bool):
+    """The run's rendezvous store and the prefix of this attempt's keys. Under torchrun (and so colossalai
+    run) the agent already serves a store on MASTER_PORT: join it as a client, as torch's env:// rendezvous
+    does, instead of listening on that port. Always used through a PrefixStore: torch's c10d logger formats
+    init_process_group's arguments, and TCPStore's repr asks its socket for its addresses, which fails
+    ("failed to format addr, unknown family=0") in the network namespaces of tests/e2e/test_slurm_multinode.py."""
+    import torch.distributed as dist
+
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        dist_env.master_addr,
+        dist_env.master_port,
+        dist_env.world_size,
+        is_master=dist_env.rank == 0 and not agent,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        wait_for_workers=wait_for_workers and not agent,
+    )
+    attempt = f"/worker/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}" if agent else "vitlarge"
+    return store, attempt
+
+
+def _all_started(start, dist_env: DistEnv, deadline: float) -> None:
+    """Waits (until ``deadline``: then a timeout, said as the rendezvous's) for every rank to have started,
+    and stops at once, naming it, when a rank reports an error it met before the process group existed
+    (`report_before_group`: a recipe, device or path missing on one node)."""
+    start.add("started", 1)
+    while time.monotonic() < deadline:
+        if start.add("failed", 0):
+            start.add("seen", 1)
+            for r in range(dist_env.world_size):
+                if start.check([f"error/{r}"]):
+                    host, _, message = start.get(f"error/{r}").decode().partition("\n")
+                    told = UserError(
+                        f"rank {r} on {host} stopped the run before the rendezvous: {message}", same_on_all_ranks=True
+                    )
+                    told.told = True  # heard from another rank: not reported back (`report_before_group`)
+                    raise told
+        if start.add("started", 0) >= dist_env.world_size:
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"{start.add('started', 0)}/{dist_env.world_size} processes started")
+
+
+def report_before_group(error: UserError, dist_env: DistEnv | None) -> bool:
+    """A rank that meets ``error`` before the process group exists tells the others through the rendezvous
+    store, so that they stop within a second naming it (`_all_started`) instead of waiting out the
+    rendezvous and blaming the network. Returns whether this process prints ``error``: rank 0 does (the
+    usual case is an error every rank meets: a bad override), another rank prints its own, naming itself and
+    its host, unless rank 0 reported one too. Without a usable store, `prints_error` decides."""
+    dist = sys.modules.get("torch.distributed")
+    group_exists = dist is not None and dist.is_available() and dist.is_initialized()
+    told = getattr(error, "told", False)
+    if dist_env is None or dist_env.world_size == 1 or group_exists or error.same_on_all_ranks is False or told:
+        return prints_error(error, dist_env)
+    import torch.distributed as dist
+
+    rank0_failed, told = False, False
+    try:
+        wait = min(30.0, rendezvous_timeout_s())
+        # A client counts itself in (wait_for_workers) so the master's own wait for all workers ends; the
+        # master (rank 0) does not wait for the others to report what it can tell them.
+        store, attempt = _rendezvous_store(dist_env, wait, wait_for_workers=dist_env.rank != 0)
+        start = dist.PrefixStore(f"{attempt}/{START}", store)
+        start.set(f"error/{dist_env.rank}", f"{socket.gethostname()}\n{error}")
+        if dist_env.rank == 0:  # it hosts the store: up until every other rank has heard or reported (bounded)
+            start.add("failed", 1)
+            deadline = time.monotonic() + wait
+            while (
+                time.monotonic() < deadline and start.add("seen", 0) + start.add("acked", 0) < dist_env.world_size - 1
+            ):
+                time.sleep(0.2)
+            return True
+        rank0_failed = start.check(["error/0"])  # rank 0 met one too (the same, as a rule): it prints, once
+        start.add("failed", 1)
+        told = True
+        start.add("acked", 1)
+    except Exception:  # noqa: BLE001 - no store to tell (or rank 0 heard and left): say it here
+        if not told:
+            return prints_error(error, dist_env)
+    if rank0_failed:
+        return False
+    error.args = (f"rank {dist_env.rank} on {socket.gethostname()}: {error}",)
+    return True
 
 
 def rendezvous_error(dist_env: DistEnv, error: BaseException, elapsed_s: float, timeout_s: float, ifname: str) -> str:
