@@ -5,7 +5,7 @@ packages if needed, starts munged, slurmctld and slurmd; reuses a healthy runnin
 by PID, only the daemons it started. It needs root and apt-get; without them the tests skip, except
 under CI=true, where they fail: CI must exercise the cluster path.
 
-What is covered: world size and rank from SLURM_* under `srun -n 2` (12 steps, also the reference
+What is covered: world size and rank from SLURM_* under `srun -n 2` (24 steps, also the reference
 run); demo_cpu.sbatch through `sbatch --wait`; the preemption path of scripts/slurm/requeue.sh in one
 job stopped twice, by USR1 to the batch shell (the time-limit warning) and by an outside
 `scontrol requeue` (TERM to every process of the job, as preemption does): checkpoint, exit 75,
@@ -38,7 +38,10 @@ CLUSTER = ROOT / "scripts" / "slurm" / "local_cluster.sh"
 DEMO_SBATCH = "scripts/slurm/demo_cpu.sbatch"
 JOB_NAME = f"vitlarge-test-{os.getpid()}"  # every job of this session; cancelled at the end
 # Same settings for the reference and the preempted job; checkpoints come only from the signals.
-PREEMPT_SETTINGS = ("train.max_steps=12", "train.checkpoint_every_steps=1000")
+# 24 steps: on a fast CPU a stop requested at step 3 landed at step 8 (the signal's way through sbatch, the
+# batch shell and srun takes a few steps), and the second stop must still come before the end.
+STEPS = 24
+PREEMPT_SETTINGS = (f"train.max_steps={STEPS}", "train.checkpoint_every_steps=1000")
 
 
 @pytest.fixture(scope="session")
@@ -133,7 +136,7 @@ def _errors(stderr: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def srun_reference(slurm, demo_data, tmp_path_factory):
-    """`srun -n 2` for 12 uninterrupted steps: test (a), and the run the preempted job must match."""
+    """`srun -n 2` for STEPS uninterrupted steps: test (a), and the run the preempted job must match."""
     workdir = tmp_path_factory.mktemp("srun")
     t0 = time.monotonic()
     r = srun(train_args(demo_data, workdir, *PREEMPT_SETTINGS))
@@ -150,8 +153,8 @@ def test_srun_two_tasks_train_with_gloo(srun_reference):
     records = metrics(workdir)
     start = [x for x in records if x["event"] == "start"]
     assert len(start) == 1 and start[0]["world_size"] == 2 and start[0]["accum_steps"] == 4
-    assert [x["step"] for x in records if x["event"] == "train"] == list(range(1, 13))
-    assert [x["step"] for x in records if x["event"] == "checkpoint"] == [12]
+    assert [x["step"] for x in records if x["event"] == "train"] == list(range(1, STEPS + 1))
+    assert [x["step"] for x in records if x["event"] == "checkpoint"] == [STEPS]
     assert (workdir / "model" / "model.safetensors").is_file()
 
 
@@ -202,7 +205,7 @@ def test_checkpoint_of_another_recipe_is_refused_under_srun(srun_reference, demo
     errors = _errors(r.stderr)
     assert errors and all("does not match the recipe" in e for e in errors), r.stderr[-3000:]
     assert "Traceback" not in r.stderr
-    assert last_step(workdir) == 12  # nothing trained on top of the foreign checkpoint
+    assert last_step(workdir) == STEPS  # nothing trained on top of the foreign checkpoint
 
 
 # --- sbatch and preemption -------------------------------------------------------------------------------
@@ -253,7 +256,7 @@ def test_preempted_job_checkpoints_requeues_and_resumes_bitwise_equal(srun_refer
     job = job_info(job_id)
     assert job["ExitCode"] == "0:0" and job["Requeue"] == "1", job
     stops = _checkpoint_steps(tmp_path)[:-1]  # the last one is the end of training
-    assert len(stops) == 2 and stops[0] < stops[1] < 12, stops
+    assert len(stops) == 2 and stops[0] < stops[1] < STEPS, stops
     text = log.read_text()
     for step in stops:
         assert f"stopped on signal after step {step}; checkpoint" in text, text[-4000:]
