@@ -99,3 +99,19 @@ def test_kill_9_then_the_same_command_ends_with_bitwise_the_same_weights_and_ema
     workdir, _ = reference[plugin]
     assert_bitwise_equal(final_weights(tmp_path), final_weights(workdir))
     assert_bitwise_equal(final_ema(tmp_path), final_ema(workdir))
+
+
+def test_a_checkpoint_without_an_ema_resumes_with_the_average_started_from_its_weights(demo_data, tmp_path):
+    """A run written before the EMA existed (or with it off), continued with train.ema_decay: one warning line,
+    the average starts from the resumed weights, and the next checkpoints hold it."""
+    plain = train_args(demo_data, tmp_path, "train.max_steps=2", "train.checkpoint_every_steps=2")
+    r = launcher.run(plain, nproc=2)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    r = launcher.run([*plain, *EMA, "train.max_steps=4"], nproc=2)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    log = r.stdout + r.stderr
+    assert "at step 2" in log and log.count("holds no model EMA") == 1, log[-3000:]
+    last = tmp_path / "checkpoints" / step_name(4)
+    assert json.loads((last / "meta.json").read_text())["ema"] is True
+    ema = read_full_model(last, key="ema")
+    assert ema.keys() == final_weights(tmp_path).keys()
