@@ -103,11 +103,9 @@ class StepResult:
 class Engine:
     """Owns the boosted model and optimizer; knows nothing about data sources, logging or checkpoints."""
 
-    def __init__(
-        self, cfg: Config, plan: Plan, booster, model, optimizer, precision: Precision, ema: ModelEma | None = None
-    ):
+    def __init__(self, cfg: Config, plan: Plan, booster, model, optimizer, precision: Precision):
         self.cfg, self.plan = cfg, plan
-        self.ema = ema
+        self.ema: ModelEma | None = None  # train.ema_decay: set by vitlarge.train.assemble.build
         self.booster, self.model, self.optimizer = booster, model, optimizer
         self.precision = precision
         self.mixup, self.criterion = build_criterion(cfg)
