@@ -68,9 +68,10 @@ class ConsoleHook(Hook):
 
     def on_eval_end(self, run: RunInfo, m: EvalMetrics) -> None:
         if run.is_main:
+            ema = f" | ema top-1 {100 * m.val_top1_ema:.2f}% top-5 {100 * m.val_top5_ema:.2f}%" if m.has_ema else ""
             self._print(
                 f"eval  step {m.step} | epoch {m.epoch:.2f} | top-1 {100 * m.val_top1:.2f}% | "
-                f"top-5 {100 * m.val_top5:.2f}% | loss {m.val_loss:.4f} | {m.val_images} images"
+                f"top-5 {100 * m.val_top5:.2f}% | loss {m.val_loss:.4f}{ema} | {m.val_images} images"
             )
 
     def on_checkpoint(self, run: RunInfo, step: int, path: str) -> None:
@@ -81,6 +82,8 @@ class ConsoleHook(Hook):
         if not run.is_main:
             return
         line = f"done  step {summary.step} | top-1 {100 * summary.val_top1:.2f}% | top-5 {100 * summary.val_top5:.2f}%"
+        if summary.has_ema:
+            line += f" | ema top-1 {100 * summary.val_top1_ema:.2f}% top-5 {100 * summary.val_top5_ema:.2f}%"
         self._print(line)
 
     @staticmethod

@@ -109,9 +109,19 @@ class EvalMetrics:
     """Mean cross-entropy."""
     val_images: int
     """Images counted over all ranks."""
+    val_top1_ema: float | None = None
+    """The model EMA's top-1 on the same images (``train.ema_decay``); None without an EMA."""
+    val_top5_ema: float | None = None
+    val_loss_ema: float | None = None
+
+    @property
+    def has_ema(self) -> bool:
+        return self.val_top1_ema is not None
 
     def record(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields metrics.jsonl writes; the ``*_ema`` ones only where the run has an EMA."""
+        d = dataclasses.asdict(self)
+        return {k: v for k, v in d.items() if not (k.endswith("_ema") and v is None)}
 
 
 class Hook:

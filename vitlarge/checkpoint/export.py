@@ -8,7 +8,10 @@
 ``config.json`` written by timm's own `save_config_for_hf`: architecture, the model arguments
 timm recorded when it built the model (patch size, depth, ...), class count, class names from the
 dataset manifest, and the evaluation preprocessing vitlarge used (input size, mean/std, crop
-fraction, interpolation), so timm's transform matches vitlarge's validation pipeline.
+fraction, interpolation), so timm's transform matches vitlarge's validation pipeline. Which weights the folder
+holds is written in both files: ``vitlarge_weights`` in config.json and ``weights`` in the safetensors
+metadata, ``raw`` (the trained weights) or ``ema`` (their moving average, ``train.export_ema``; timm's
+``pretrained_cfg.tag`` is then ``vitlarge_ema``).
 
 The folder is written under a temporary name, fsynced and renamed: a reader sees the old export
 or the new one, never half of one.
@@ -58,23 +61,29 @@ def export(
     class_names: list[str] | None = None,
     class_descriptions: dict[str, str] | None = None,
     tensors: dict[str, torch.Tensor] | None = None,
+    ema: bool = False,
 ) -> Path:
     """Writes ``<workdir>/model/`` (config.json + model.safetensors) and returns its path. Main rank only.
 
     ``model`` may be wrapped (DDP, Booster): the timm module inside is exported. ``class_names`` are
     the classifier's labels in index order (ImageNet synsets); ``class_descriptions`` maps a name to
     its text ("tench, Tinca tinca"). ``tensors``: the full state dict when the caller gathered it
-    (``sharded.model_tensors``, a collective under FSDP); else read from ``model`` here.
+    (``sharded.model_tensors``, a collective under FSDP); else read from ``model`` here. ``ema``: ``tensors``
+    are the model EMA's average (`vitlarge.model.ema.ModelEma.full`), as the files then say.
     """
     from timm.models._hub import save_config_for_hf
 
+    if ema and tensors is None:
+        raise ValueError("export(ema=True) needs the EMA's tensors")
+    weights = "ema" if ema else "raw"
     raw = sharded.inner(model)
     workdir = Path(workdir)
     out = workdir / EXPORT_DIR
     tmp = workdir / f".{EXPORT_DIR}.tmp"
     model_config: dict = {
         # timm copies the architecture's hub entry (tag, license) into the export; these weights are ours.
-        "pretrained_cfg": {"tag": "vitlarge", "license": None},
+        "pretrained_cfg": {"tag": "vitlarge" if weights == "raw" else "vitlarge_ema", "license": None},
+        "vitlarge_weights": weights,  # timm keeps unknown keys at config.json's top level (and ignores them)
     }
     if class_names:
         model_config["label_names"] = list(class_names)
@@ -85,7 +94,7 @@ def export(
         tmp.mkdir(parents=True)
         if tensors is None:
             tensors = {k: v.detach().contiguous().cpu() for k, v in raw.state_dict().items()}
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "weights": weights})
         save_config_for_hf(raw, str(tmp / "config.json"), model_config=model_config, data_config=data_config(cfg))
         for name in ("model.safetensors", "config.json"):
             fileio.fsync_path(tmp / name)

@@ -264,8 +264,9 @@ class Resumed:
         return self.data_state, None
 
 
-def restore(path: Path, model, optimizer, scaler, cfg: Config) -> Resumed:
-    """Every rank loads ``path`` (``store.load``); returns what it restored, or all ranks raise one agreed error."""
+def restore(path: Path, model, optimizer, scaler, cfg: Config, ema=None) -> Resumed:
+    """Every rank loads ``path`` (``store.load``; ``ema``: the run's model EMA); returns what it restored, or all
+    ranks raise one agreed error."""
     loaded, problem = None, None
     try:  # rank-local reads first: a rank that cannot read must not leave the others in a collective load
         loaded = store.read(path, model, cfg)
@@ -283,7 +284,7 @@ def restore(path: Path, model, optimizer, scaler, cfg: Config) -> Resumed:
             "system), or --resume another checkpoint",
             same_on_all_ranks=True,
         )
-    state = store.apply(loaded, model, optimizer, scaler)  # DCP's load is a collective: every rank together
+    state = store.apply(loaded, model, optimizer, scaler, ema)  # DCP's load is a collective: every rank together
     return Resumed(path=Path(path), step=state["step"], world_size=state["world_size"], data_state=state["data"])
 
 

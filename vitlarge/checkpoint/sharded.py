@@ -3,7 +3,8 @@
 A checkpoint (format 3, see vitlarge/checkpoint/store.py) stores the model and optimizer state dicts that
 ``torch.distributed.checkpoint.state_dict.get_state_dict`` returns, under the keys ``model`` and
 ``optimizer``: plain tensors under DDP, this rank's shards (DTensor under FSDP2, ShardedTensor/DTensor
-under FSDP1) when sharded. ``dcp.save`` writes one ``__<rank>_0.distcp`` file per rank (replicated
+under FSDP1) when sharded; with a model EMA (`vitlarge.model.ema`) its average under ``ema``, by the model's
+names and sharded like the weights. ``dcp.save`` writes one ``__<rank>_0.distcp`` file per rank (replicated
 tensors are written once, by one rank) and rank 0 the ``.metadata`` index; at resume ``dcp.load``
 fills this run's own state dict, so each rank reads only the byte ranges its shards need, at any world
 size and across ddp <-> fsdp (the fully qualified names are the same). Loading copies bits: exact.
@@ -132,12 +133,16 @@ def _quiet_single_process():
         yield
 
 
-def save(folder: Path, model: nn.Module, optimizer, with_optimizer: bool) -> None:
-    """Every rank: writes its shards of the model (and optimizer) state into ``folder``. DCP fsyncs each
-    file it writes (``sync_files``); the caller fsyncs the folder and publishes it."""
+def save(folder: Path, model: nn.Module, optimizer, with_optimizer: bool, ema: dict | None = None) -> None:
+    """Every rank: writes its shards of the model (and optimizer) state, and of the EMA average ``ema`` if
+    given, into ``folder``. DCP fsyncs each file it writes (``sync_files``); the caller fsyncs the folder and
+    publishes it."""
     writer = dcp.FileSystemWriter(str(folder), single_file_per_rank=True, sync_files=True)
+    state = _state(model, optimizer, with_optimizer)
+    if ema is not None:
+        state["ema"] = ema
     with _quiet_single_process():
-        dcp.save(_state(model, optimizer, with_optimizer), storage_writer=writer, no_dist=not dist.is_initialized())
+        dcp.save(state, storage_writer=writer, no_dist=not dist.is_initialized())
 
 
 class _WeightsOnlyLoadPlanner(DefaultLoadPlanner):
@@ -195,9 +200,12 @@ class Reader(dcp.FileSystemReader):
         return metadata
 
 
-def load(folder: Path, model: nn.Module, optimizer, with_optimizer: bool) -> None:
-    """Every rank: fills this run's model (and optimizer) state from ``folder``, reading only its shards."""
+def load(folder: Path, model: nn.Module, optimizer, with_optimizer: bool, ema: dict | None = None) -> None:
+    """Every rank: fills this run's model (and optimizer) state from ``folder``, reading only its shards, and
+    the EMA average ``ema`` in place when given (the checkpoint must hold one)."""
     state = _state(model, optimizer, with_optimizer)
+    if ema is not None:
+        state["ema"] = ema
     with _quiet_single_process():
         dcp.load(
             state, storage_reader=Reader(folder), planner=_WeightsOnlyLoadPlanner(), no_dist=not dist.is_initialized()
@@ -210,23 +218,25 @@ def load(folder: Path, model: nn.Module, optimizer, with_optimizer: bool) -> Non
         set_state_dict(_root(model), [], model_state_dict=state["model"], optim_state_dict={})
 
 
-def read_full_model(folder: Path, like: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+def read_full_model(
+    folder: Path, like: dict[str, torch.Tensor] | None = None, key: str = "model"
+) -> dict[str, torch.Tensor]:
     """The whole model state dict of a format-3 checkpoint, on the CPU of this process alone (no
     collective, reads the model's bytes only). ``like``: tensors to fill (a plain model's state dict);
-    by default allocated from the index's shapes and dtypes."""
+    by default allocated from the index's shapes and dtypes. ``key="ema"``: the EMA average instead."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     if like is None:
         index = Reader(folder).read_metadata().state_dict_metadata
         like = {
-            k.removeprefix("model."): torch.empty(md.size, dtype=md.properties.dtype)
+            k.removeprefix(f"{key}."): torch.empty(md.size, dtype=md.properties.dtype)
             for k, md in index.items()
-            if k.startswith("model.") and isinstance(md, TensorStorageMetadata)
+            if k.startswith(f"{key}.") and isinstance(md, TensorStorageMetadata)
         }
-    state = {"model": like}
+    state = {key: like}
     with _quiet_single_process():
         dcp.load(state, storage_reader=Reader(folder), planner=_WeightsOnlyLoadPlanner(), no_dist=True)
-    return state["model"]
+    return state[key]
 
 
 # Format 2 --------------------------------------------------------------------------------------------

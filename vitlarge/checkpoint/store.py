@@ -6,7 +6,8 @@ Layout of ``<workdir>/checkpoints/step_0000100/`` (format 3):
                           rank writes its own shards (ddp: each replicated tensor once, spread over the
                           ranks); a resume at any world size, ddp or fsdp, reads only what its shards need
                           (vitlarge/checkpoint/sharded.py). A checkpoint of an optimizer that never stepped
-                          holds the weights only (meta.json ``optimizer_state: false``).
+                          holds the weights only (meta.json ``optimizer_state: false``). With a model EMA
+                          (``train.ema_decay``) its average too, in the same write (meta.json ``ema: true``).
 * ``.metadata``           DCP's index of those files (rank 0)
 * ``rank_00000.pt`` ...   per rank: RNG states (torch, CUDA, numpy, python), loss scaler, data-loader state
 * ``meta.json``           format version, step, world size, model name and parameter shapes, config,
@@ -122,8 +123,10 @@ def save(
     cfg: Config,
     keep: int,
     extra_meta: dict | None = None,
+    ema=None,
 ) -> Path:
     """Collective: every rank calls it at the same optimizer-step boundary. Returns the final path.
+    ``ema``: the run's `vitlarge.model.ema.ModelEma`, saved with the weights (a checkpoint is complete with it).
 
     Raises the same one-line ``UserError`` on every rank if any rank fails; earlier checkpoints stay."""
     rank, world = rank_and_world()
@@ -143,7 +146,7 @@ def save(
         names = [f"rank_{rank:05d}.pt"]
         # Before DCP's save: its planning and index are collectives, a failure there reaches every rank.
         _torch_save({"rng": rng_state(), "scaler": scaler.state_dict(), "data": data_state}, tmp / names[0])
-        sharded.save(tmp, model, optimizer, with_optimizer)  # a collective; fsyncs its files
+        sharded.save(tmp, model, optimizer, with_optimizer, ema and ema.state_dict())  # a collective; fsyncs
         names += sharded.dcp_files_of(rank, tmp)
         return {name: fileio.sync_and_record(tmp / name) for name in names}
 
@@ -156,6 +159,7 @@ def save(
             "param_shapes": param_shapes(raw),
             "config": cfg.to_dict(),
             "optimizer_state": with_optimizer,
+            "ema": ema is not None,
             **(extra_meta or {}),
             "files": dict(sorted(files.items())),
         }
@@ -412,10 +416,11 @@ def check_compatible(meta: dict, path: Path, model: torch.nn.Module, cfg: Config
         )
 
 
-def load(path: str | Path, model, optimizer, scaler, cfg: Config) -> dict:
-    """Restores weights, optimizer, scaler and RNG; returns meta plus ``data`` (this rank's loader state or None).
-    ``read`` then ``apply``: a collective under fsdp (vitlarge/checkpoint/resume.py agrees on ``read``'s failures first)."""
-    return apply(read(path, model, cfg), model, optimizer, scaler)
+def load(path: str | Path, model, optimizer, scaler, cfg: Config, ema=None) -> dict:
+    """Restores weights, optimizer, scaler, RNG (and the EMA); returns meta plus ``data`` (this rank's loader state
+    or None). ``read`` then ``apply``: a collective under fsdp (vitlarge/checkpoint/resume.py agrees on ``read``'s
+    failures first)."""
+    return apply(read(path, model, cfg), model, optimizer, scaler, ema)
 
 
 def read(path: str | Path, model, cfg: Config) -> dict:
@@ -461,14 +466,19 @@ def read(path: str | Path, model, cfg: Config) -> dict:
     return loaded
 
 
-def apply(loaded: dict, model, optimizer, scaler) -> dict:
+def apply(loaded: dict, model, optimizer, scaler, ema=None) -> dict:
     """Every rank, after ``read``: loads weights and optimizer state (a collective: DCP's load, or the
-    format-2 reader) and the scaler and RNG; returns ``load``'s dict. A DCP read that fails on any rank
-    raises the same one-line ``UserError`` on every rank."""
+    format-2 reader), the EMA average ``ema`` (a `ModelEma`) and the scaler and RNG; returns ``load``'s dict.
+    A checkpoint without an EMA (written before it existed, or with ``train.ema_decay=0``) starts the average
+    from the restored weights, with one warning line. A DCP read that fails on any rank raises the same
+    one-line ``UserError`` on every rank."""
     path, meta, state, same_world = loaded["path"], loaded["meta"], loaded["rank"], loaded["same_world"]
+    saved_ema = ema is not None and loaded["dcp"] and meta.get("ema", False)
     if loaded["dcp"]:
         try:
-            sharded.load(path, model, optimizer, meta.get("optimizer_state", True))
+            sharded.load(
+                path, model, optimizer, meta.get("optimizer_state", True), ema.state_dict() if saved_ema else None
+            )
         except CheckpointException as e:
             raise UserError(
                 f"cannot read checkpoint {path} ({reason_of(e)}); check that every node sees it whole "
@@ -477,6 +487,12 @@ def apply(loaded: dict, model, optimizer, scaler) -> dict:
             ) from None
     else:
         sharded.load_legacy(path, loaded["model"], loaded["optimizer"], loaded["optimizer_from_ddp"], model, optimizer)
+    if ema is not None and not saved_ema:
+        ema.reset()
+        if rank_and_world()[0] == 0:  # one line per run, not per rank
+            logging.getLogger("vitlarge").warning(
+                f"warning: {path} holds no model EMA: the EMA (train.ema_decay={ema.decay}) starts from its weights"
+            )
     if state["scaler"] or not scaler.is_enabled():
         scaler.load_state_dict(state["scaler"])
     elif not dist.is_initialized() or dist.get_rank() == 0:  # saved without fp16 (precision auto gave bf16/fp32)

@@ -172,6 +172,7 @@ RANGES = [
     (("train.seed",), lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
     (("schedule.min_lr_ratio", "augment.mixup_prob"), lambda v: 0 <= v <= 1, "in [0, 1]"),
     (("optim.layer_decay",), lambda v: 0 < v <= 1, "in (0, 1] (1.0: no layer-wise lr decay)"),
+    (("train.ema_decay",), lambda v: 0 <= v < 1, "in [0, 1) (0: no model EMA; timm uses 0.9998)"),
     (
         (
             "augment.label_smoothing",
@@ -256,6 +257,12 @@ def validate(cfg: Config, origin: str = "config") -> None:
         raise UserError(
             f"{origin}: data.val_crop_pct must be in (0, 1], got {cfg.data.val_crop_pct}; "
             "set it like data.val_crop_pct=0.875"
+        )
+    if (t.export_ema or t.ema_warmup) and t.ema_decay == 0:
+        key = "train.export_ema" if t.export_ema else "train.ema_warmup"
+        raise UserError(
+            f"{origin}: {key}=true needs a model EMA, but train.ema_decay=0 (off); "
+            f"set train.ema_decay (e.g. train.ema_decay=0.9998) or {key}=false"
         )
     if cfg.schedule.warmup_epochs > t.epochs:
         raise UserError(

@@ -204,6 +204,16 @@ class TrainConfig:
     """Stop when the loss is non-finite this many optimizer steps in a row."""
     max_steps: int = 0
     """Stop after this many optimizer steps (0: run the whole schedule). The schedule still spans all epochs."""
+    ema_decay: float = 0.0
+    """Model EMA: an fp32 moving average of the weights, ``ema = decay * ema + (1 - decay) * weights`` after every
+    applied optimizer step (timm's ``ModelEmaV3``; `vitlarge.model.ema`), sharded like the weights under fsdp,
+    checkpointed, evaluated beside them (``val_top1_ema``); in [0, 1), 0 is off. DeiT III and timm use 0.9998-0.99996."""
+    ema_warmup: bool = False
+    """timm ``ModelEmaV3``'s ``use_warmup``: after step ``n + 1`` the decay is ``min(ema_decay, 1 - (1 + n) ** (-2/3))``
+    (0.9 after 32 steps, 0.99 after 1000), so the average forgets the early weights quickly."""
+    export_ema: bool = False
+    """The timm export (``<workdir>/model``) holds the EMA weights instead of the raw ones (needs ``ema_decay``);
+    its config.json says which (``vitlarge_weights``: ``ema`` or ``raw``)."""
     phases: list = field(default_factory=list)
     """Progressive resolution: phases with their own image size, batch, crop scale and lr, as dicts
     (``[{"epoch": 0, "image_size": 128}, {"epoch": 80, "image_size": 224}]``); [] trains one phase

@@ -172,9 +172,11 @@ def memory_estimate(
     sharded: bool,
     world: int,
     unsharded_grads: bool = False,
+    ema: bool = False,
 ) -> dict:
-    """Rough bytes per device: fp32 ``weights``, fp32 ``grads``, two fp32 LAMB moments (``optimizer``),
-    their sum ``states``, ``activations`` and the ``total``.
+    """Rough bytes per device: fp32 ``weights``, fp32 ``grads``, two fp32 LAMB moments (``optimizer``), the
+    fp32 model EMA (``ema``: ``train.ema_decay``, sharded like the weights; 0 without), their sum ``states``,
+    ``activations`` and the ``total``.
 
     ``sharded`` (``train.plugin=fsdp``): weights, grads and moments are split over ``world`` ranks, and
     the weights add the blocks FSDP gathers at a time (the current one and the prefetched next) in the
@@ -189,10 +191,19 @@ def memory_estimate(
         grads = 4 * p
     if sharded:
         weights += 2 * p / max(info["depth"], 1) * (4 if precision == "fp32" else 2)
-    states = weights + grads + optimizer
+    average = 4 * p / share if ema else 0.0
+    states = weights + grads + optimizer + average
     s, h, a, L = info["tokens"], info["dim"], info["heads"], info["depth"]
     per_layer = s * micro_batch * h * (34 + 5 * a * s / max(h, 1))
     if precision == "fp32":
         per_layer *= 2
     act = L * (2 * s * micro_batch * h if grad_checkpointing else per_layer)
-    return dict(weights=weights, grads=grads, optimizer=optimizer, states=states, activations=act, total=states + act)
+    return dict(
+        weights=weights,
+        grads=grads,
+        optimizer=optimizer,
+        ema=average,
+        states=states,
+        activations=act,
+        total=states + act,
+    )

@@ -1,7 +1,7 @@
 """A picture of a run: ``python -m vitlarge.report.plot RUN_DIR`` writes ``RUN_DIR/metrics.png``.
 
 Four panels against the optimizer step (epochs on a second axis along the top): train loss,
-learning rate, validation top-1/top-5, and throughput (images/s over all devices). The train loss
+learning rate, validation top-1/top-5 (and the model EMA's top-1 when the run has one), and throughput (images/s over all devices). The train loss
 and throughput are drawn raw (thin) and as a moving average over ~2% of the run, because one
 step's value is noisy at small batch and a resumed run's first step includes start-up. fp16
 overflow steps (skipped updates) are marked on the loss panel. Training writes the same picture at
@@ -94,6 +94,12 @@ def plot_run(workdir: str | Path, out: str | Path | None = None) -> Path:
         top1 = [100 * _num(e.get("val_top1")) for e in evals]
         ax_acc.plot(es, top1, "o-", color="tab:purple", label="top-1")
         ax_acc.plot(es, [100 * _num(e.get("val_top5")) for e in evals], "s--", color="tab:gray", label="top-5")
+        with_ema = [e for e in evals if e.get("val_top1_ema") is not None]
+        if with_ema:  # train.ema_decay: the moving average's top-1 beside the raw weights'
+            ema_steps = [e["step"] for e in with_ema]
+            ax_acc.plot(
+                ema_steps, [100 * _num(e["val_top1_ema"]) for e in with_ema], "^-", color="tab:cyan", label="EMA top-1"
+            )
         ax_acc.annotate(
             f"{top1[-1]:.2f}%",
             (es[-1], top1[-1]),

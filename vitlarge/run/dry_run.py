@@ -37,6 +37,7 @@ def print_plan(cfg: Config, plan: Plan) -> None:
         cfg.train.plugin == "fsdp",
         plan.world_size,
         _no_sync(cfg, first.accum_steps),
+        ema=cfg.train.ema_decay > 0,
     )
     train_flops = 3 * info["fwd_flops"]  # backward costs about twice the forward
     print("plan:")
@@ -56,7 +57,8 @@ def print_plan(cfg: Config, plan: Plan) -> None:
         print(
             f"  memory per device (rough, train.plugin={cfg.train.plugin}, {plan.world_size} devices): "
             f"weights {_gib(mem['weights'])}, grads {_gib(mem['grads'])}, LAMB states {_gib(mem['optimizer'])}, "
-            f"activations {_gib(mem['activations'])}, total {_gib(mem['total'])}"
+            + (f"EMA {_gib(mem['ema'])}, " if mem["ema"] else "")
+            + f"activations {_gib(mem['activations'])}, total {_gib(mem['total'])}"
         )
     every = cfg.train.checkpoint_every_steps
     evals = f"every {plan.eval_every_steps} steps" if plan.eval_every_steps else "at the end only"
@@ -89,6 +91,7 @@ def print_phases(cfg: Config, plan: Plan) -> None:
             cfg.train.plugin == "fsdp",
             plan.world_size,
             _no_sync(cfg, ph.accum_steps),
+            ema=cfg.train.ema_decay > 0,
         )
         flops = 3 * info["fwd_flops"] * ph.global_batch * ph.steps
         total += flops

@@ -50,7 +50,9 @@ class TrainingRun:
             if line is None:
                 raise
             raise UserError(line, same_on_all_ranks=True) from e
-        weights = model_tensors(self.parts.model, self.env.rank)  # a collective under fsdp (gathers to rank 0)
+        ema = self.parts.engine.ema if self.cfg.train.export_ema else None
+        # A collective under fsdp (gathers to rank 0).
+        weights = ema.full(self.env.rank) if ema else model_tensors(self.parts.model, self.env.rank)
         if self.env.is_main:
             classes = self.manifest.classes
             path = export(
@@ -60,6 +62,7 @@ class TrainingRun:
                 [c.synset for c in classes],
                 {c.synset: c.text for c in classes if c.text} or None,
                 tensors=weights,
+                ema=ema is not None,
             )
             log.info(f'exported {path} (timm.create_model("local-dir:{path}", pretrained=True))')
         dist.destroy_process_group()
@@ -176,7 +179,9 @@ def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tup
             f"would start from scratch instead of model.init_from; move them aside or pass another --workdir"
         )
     if chosen is not None:
-        resumed = resume_from.restore(chosen, parts.model, parts.optimizer, parts.precision.scaler, cfg)
+        resumed = resume_from.restore(
+            chosen, parts.model, parts.optimizer, parts.precision.scaler, cfg, ema=parts.engine.ema
+        )
         start_step = resumed.step
         if resumed.world_size != plan.world_size:  # the RNG states were not restored: fresh draws from here
             seed_rngs(rng_seed(cfg.train.seed, env.rank, start_step))

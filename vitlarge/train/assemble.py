@@ -13,6 +13,8 @@ The rules of how the parts combine live here and nowhere else:
   `vitlarge.optim.lamb.build_optimizer`, before the Booster (FSDP keeps the groups, `vitlarge.distributed.fsdp`).
 * When compile is on (CUDA by default, `vitlarge.train.settings.compile_choice`), the model's forward is compiled in place before the Booster wraps it (`compile_model`): DDP then wraps
   a module whose parameter names, state dict, checkpoints and exports are the plain model's.
+* With ``train.ema_decay`` the engine holds a model EMA (`vitlarge.model.ema`), made after the Booster from the
+  wrapped model's weights (sharded under fsdp).
 * Under FSDP the plugin owns mixed precision (it casts the gathered parameters), so there is no
   autocast and the loss scaler is sharded (`vitlarge.model.precision.Precision`, ``sharded``).
 
@@ -134,5 +136,12 @@ def build(
         cfg.train.loss_scale_growth_interval,
         sharded=cfg.train.plugin == "fsdp",
     )
+    ema = None
+    if cfg.train.ema_decay > 0:  # after the Booster: under fsdp the average is sharded like the weights
+        from vitlarge.checkpoint.sharded import inner
+        from vitlarge.model.ema import ModelEma
+
+        ema = ModelEma(inner(model), cfg.train.ema_decay, cfg.train.ema_warmup)
     engine = Engine(cfg, plan, booster, model, optimizer, precision)
+    engine.ema = ema
     return Parts(model, optimizer, booster, precision, engine, cfg, settings)

@@ -9,6 +9,7 @@ fp32 gradients). The loss returned is this
 rank's mean over its micro-batches (the trainer averages it over ranks). Gradients are unscaled
 before the global norm is measured and clipped; a step whose gradients are not finite is skipped
 (fp16: by the scaler, which also lowers the scale; bf16/fp32: by us) and reported as ``skipped``.
+With ``train.ema_decay`` the model EMA (`vitlarge.model.ema`) is updated after every applied update.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from vitlarge.config.schema import Config
+from vitlarge.model.ema import ModelEma
 from vitlarge.model.precision import Precision
 from vitlarge.plan.plan import Plan
 
@@ -103,6 +105,7 @@ class Engine:
 
     def __init__(self, cfg: Config, plan: Plan, booster, model, optimizer, precision: Precision):
         self.cfg, self.plan = cfg, plan
+        self.ema: ModelEma | None = None  # train.ema_decay: set by vitlarge.train.assemble.build
         self.booster, self.model, self.optimizer = booster, model, optimizer
         self.precision = precision
         self.mixup, self.criterion = build_criterion(cfg)
@@ -164,6 +167,8 @@ class Engine:
         elif finite:
             opt.step()
         opt.zero_grad(set_to_none=True)
+        if self.ema is not None and finite:
+            self.ema.update(step + 1)
         return StepResult(
             loss=loss_sum / accum,
             lr=lr,

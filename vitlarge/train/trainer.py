@@ -73,11 +73,13 @@ class Trainer:
         return loss_sum / self.plan.world_size, stop > 0
 
     def _evaluate(self) -> EvalMetrics:
-        m = EvalMetrics(
-            step=self.step,
-            epoch=self.plan.epoch_at(self.step),
-            **evaluate(self.engine.model, self.val_loader, self.engine.precision),
-        )
+        """The raw weights, and beside them the model EMA's (swapped into the model for its pass)."""
+        found = evaluate(self.engine.model, self.val_loader, self.engine.precision)
+        if self.engine.ema is not None:
+            with self.engine.ema.swapped_into():
+                ema = evaluate(self.engine.model, self.val_loader, self.engine.precision)
+            found.update({f"{k}_ema": ema[k] for k in ("val_top1", "val_top5", "val_loss")})
+        m = EvalMetrics(step=self.step, epoch=self.plan.epoch_at(self.step), **found)
         self._emit(Event.EVAL_END, m)
         return m
 
@@ -92,6 +94,7 @@ class Trainer:
             self.cfg,
             keep=self.cfg.train.keep_checkpoints,
             extra_meta={"line": self.line},
+            ema=self.engine.ema,
         )
         self._emit(Event.CHECKPOINT, self.step, str(path))
         return path

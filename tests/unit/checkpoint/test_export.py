@@ -141,3 +141,28 @@ def test_compiled_model_saves_exports_and_initialises_under_the_plain_names(tmp_
     compile_model(again, plan)
     store.load_model_weights(ckpt, again, target)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+
+
+def test_an_ema_export_holds_the_average_and_says_so_and_a_plain_one_says_raw(tmp_path, cfg):
+    """``train.export_ema``: the run exports `ModelEma.full` (the average) with ``ema=True``; both files say
+    which weights they hold (config.json ``vitlarge_weights``, the safetensors metadata)."""
+    import json
+
+    from safetensors import safe_open
+
+    from tests.helpers.tiny_model import train_step
+    from vitlarge.model.ema import ModelEma
+
+    model, opt, scaler = trained(cfg)
+    ema = ModelEma(model, decay=0.9)
+    train_step(model, opt, scaler, seed=5)
+    ema.update(2)
+    for which, tensors in (("raw", None), ("ema", ema.full(rank=0))):
+        out = export(tmp_path / which, model, cfg, [str(i) for i in range(10)], tensors=tensors, ema=which == "ema")
+        assert json.loads((out / "config.json").read_text())["vitlarge_weights"] == which
+        with safe_open(str(out / "model.safetensors"), "pt") as f:
+            assert f.metadata()["weights"] == which
+        loaded = timm.create_model(f"local-dir:{out}", pretrained=True).state_dict()
+        expected = ema.state_dict() if which == "ema" else model.state_dict()
+        assert all(torch.equal(v, expected[k]) for k, v in loaded.items())
+        assert any(not torch.equal(v, model.state_dict()[k]) for k, v in loaded.items()) == (which == "ema")

@@ -503,3 +503,34 @@ def test_reason_of_finds_the_os_error_behind_a_wrapped_failure(tmp_path):
     assert store.reason_of(ValueError("first line\nsecond")) == "first line"
     assert store.reason_of(ValueError("")) == "ValueError"
     assert store.reason_of(RuntimeError("unexpected pos 512"), written_in=tmp_path) == "unexpected pos 512"
+
+
+def test_the_model_ema_is_saved_with_the_weights_and_restored_bitwise(tmp_path, cfg, caplog):
+    """train.ema_decay: the average goes into the same checkpoint (meta.json ``ema: true``, DCP's ``ema.*``); a
+    checkpoint without one (an older run, or ema off) restores the weights and starts the average from them,
+    with one warning line."""
+    from vitlarge.model.ema import ModelEma
+
+    model, opt, scaler = trained(cfg)
+    ema = ModelEma(model, decay=0.9)
+    for step in (2, 3):
+        train_step(model, opt, scaler, seed=step)
+        ema.update(step)
+    assert not torch.equal(ema.state_dict()["pos_embed"], model.pos_embed)
+    path = store.save(tmp_path, 3, model, opt, scaler, None, cfg, keep=3, ema=ema)
+    assert store.read_meta(path)["ema"] is True
+    assert all(torch.equal(v, ema.state_dict()[k]) for k, v in sharded.read_full_model(path, key="ema").items())
+
+    model2, opt2, scaler2 = make(cfg, seed=1)
+    ema2 = ModelEma(model2, decay=0.9)
+    store.load(path, model2, opt2, scaler2, cfg, ema=ema2)
+    assert all(torch.equal(v, ema.state_dict()[k]) for k, v in ema2.state_dict().items())
+    assert "holds no model EMA" not in caplog.text
+
+    old = save(tmp_path, 4, model, opt, scaler, cfg)  # written without an EMA
+    assert store.read_meta(old)["ema"] is False
+    store.load(old, model2, opt2, scaler2, cfg, ema=ema2)
+    assert all(torch.equal(v, model2.state_dict()[k]) for k, v in ema2.state_dict().items())
+    warned = [r.getMessage() for r in caplog.records if "holds no model EMA" in r.getMessage()]
+    assert len(warned) == 1 and str(old) in warned[0] and "starts from its weights" in warned[0]
+    store.load(path, *make(cfg)[:2], scaler2, cfg)  # a run without an EMA ignores the checkpoint's

@@ -363,6 +363,10 @@ def test_loss_and_layer_decay_keys_apply():
         (["augment.bce_target_thresh=0.0"], "augment.bce_target_thresh=0.0 applies to augment.loss=bce only"),
         (["optim.layer_decay=0"], "'optim.layer_decay' must be in \\(0, 1\\]"),
         (["optim.layer_decay=1.5"], "'optim.layer_decay' must be in \\(0, 1\\]"),
+        (["train.ema_decay=1.0"], "'train.ema_decay' must be in \\[0, 1\\) \\(0: no model EMA"),
+        (["train.ema_decay=-0.1"], "'train.ema_decay' must be in \\[0, 1\\)"),
+        (["train.export_ema=true"], "train.export_ema=true needs a model EMA, but train.ema_decay=0"),
+        (["train.ema_warmup=true"], "train.ema_warmup=true needs a model EMA, but train.ema_decay=0"),
     ],
 )
 def test_bad_loss_and_layer_decay_values_are_one_line_naming_the_key(items, match):

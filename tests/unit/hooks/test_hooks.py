@@ -365,3 +365,28 @@ def test_build_hooks_logs_the_failing_step_before_the_guard_stops(tmp_path, caps
         "PlotHook",
         "NanGuardHook",
     ]
+
+
+# --- the model EMA (train.ema_decay) through every hook -----------------------------------------
+
+EVAL_EMA = dataclasses.replace(EVAL, val_top1_ema=0.78125, val_top5_ema=0.94, val_loss_ema=0.9)
+
+
+def test_an_ema_evaluation_reaches_the_console_jsonl_and_tensorboard_and_a_plain_one_has_no_ema_keys(tmp_path, capsys):
+    run = make_run(tmp_path, total_steps=3, start_step=2)
+    console, jsonl, tb = ConsoleHook(log_every=100), JsonlHook(str(tmp_path)), TensorBoardHook(str(tmp_path))
+    for h in (console, jsonl, tb):
+        h.on_train_start(run)
+        h.on_step_end(run, step_metrics(3))
+        h.on_eval_end(run, EVAL_EMA)
+        h.on_train_end(run, EVAL_EMA)
+    lines = capsys.readouterr().out.splitlines()
+    assert "top-1 76.54% | top-5 93.22% | loss 0.9877 | ema top-1 78.12% top-5 94.00% | 50000 images" in lines[1]
+    assert lines[2].startswith("done  step 3 | top-1 76.54%") and lines[2].endswith("ema top-1 78.12% top-5 94.00%")
+    recs = [strict_json(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert (recs[2]["event"], recs[2]["val_top1_ema"], recs[2]["val_top5_ema"]) == ("eval", 0.78125, 0.94)
+    assert recs[3]["event"] == "end" and recs[3]["val_top1_ema"] == 0.78125
+    assert _scalars(tmp_path / "tb")["val/top1_ema"] == [(3, pytest.approx(0.78125))]
+    assert not any(k.endswith("_ema") for k in EVAL.record())
+    ConsoleHook(log_every=100).on_eval_end(run, EVAL)
+    assert "ema" not in capsys.readouterr().out

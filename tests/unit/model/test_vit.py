@@ -79,6 +79,8 @@ def test_memory_estimate_scales_as_documented():
     assert no_sync["grads"] == 4 * info["params"] == 4 * fsdp["grads"]  # whole fp32 gradients between micro-steps
     assert memory_estimate(info, 256, "fp32", False, False, 4)["activations"] == 2 * base["activations"]
     assert memory_estimate(info, 256, "fp16", True, False, 4)["activations"] < base["activations"] / 10
+    ema = memory_estimate(info, 256, "fp16", False, sharded=True, world=4, ema=True)  # train.ema_decay: sharded fp32
+    assert (ema["ema"], base["ema"]) == (4 * info["params"] / 4, 0.0) and ema["states"] == fsdp["states"] + ema["ema"]
 
 
 @pytest.mark.parametrize(

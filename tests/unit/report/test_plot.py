@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import subprocess
 import sys
@@ -56,11 +57,14 @@ def step(s: int, loss: float = 1.0, skipped: bool = False) -> StepMetrics:
     )
 
 
-def evaluation(s: int) -> EvalMetrics:
-    return EvalMetrics(step=s, epoch=s / 11, val_top1=s / 50, val_top5=s / 45, val_loss=1 / s, val_images=360)
+def evaluation(s: int, ema: bool = False) -> EvalMetrics:
+    m = EvalMetrics(step=s, epoch=s / 11, val_top1=s / 50, val_top5=s / 45, val_loss=1 / s, val_images=360)
+    if ema:  # train.ema_decay: the average's top-1 beside the raw weights'
+        return dataclasses.replace(m, val_top1_ema=s / 48, val_top5_ema=s / 44, val_loss_ema=0.9 / s)
+    return m
 
 
-def write_run(workdir, steps=40, evals=(11, 22, 33, 40)) -> None:
+def write_run(workdir, steps=40, evals=(11, 22, 33, 40), ema: bool = False) -> None:
     """A run as JsonlHook writes it, with one fp16 overflow and a non-finite loss, then the plot hook."""
     hooks = [JsonlHook(str(workdir)), PlotHook(str(workdir))]
     run = run_info(workdir)
@@ -72,9 +76,9 @@ def write_run(workdir, steps=40, evals=(11, 22, 33, 40)) -> None:
             h.on_step_end(run, m)
         if s in evals:
             for h in hooks:
-                h.on_eval_end(run, evaluation(s))
+                h.on_eval_end(run, evaluation(s, ema))
     for h in hooks:
-        h.on_train_end(run, evaluation(steps))
+        h.on_train_end(run, evaluation(steps, ema))
     return hooks[1]
 
 
@@ -127,3 +131,14 @@ def test_a_plot_failure_is_a_warning_not_a_failed_run(tmp_path, caplog):
 
 def test_smoothing_skips_non_finite_values_instead_of_spreading_them():
     assert _smooth([1.0, math.nan, 3.0, None, 5.0], 2) == [1.0, 1.0, 2.0, 2.0, 4.0]
+
+
+EMA_CYAN = (23, 190, 207)  # matplotlib's tab:cyan, the EMA curve's colour
+
+
+def test_a_run_with_a_model_ema_gets_its_top1_curve_and_one_without_does_not(tmp_path):
+    for ema in (False, True):
+        write_run(tmp_path / str(ema), ema=ema)
+        with Image.open(tmp_path / str(ema) / PLOT_FILENAME) as image:
+            cyan = sum(n for n, colour in image.convert("RGB").getcolors(maxcolors=1 << 16) if colour == EMA_CYAN)
+        assert (cyan > 20) == ema, cyan
