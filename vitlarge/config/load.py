@@ -153,6 +153,7 @@ RANGES = [
             "data.num_classes",
             "data.num_train_examples",
             "data.synthetic_val_examples",
+            "data.repeats",
         ),
         lambda v: v >= 1,
         "positive",
@@ -170,7 +171,7 @@ RANGES = [
     (("optim.clip_grad_norm",), lambda v: v >= 0, ">= 0 (0: no clipping)"),
     (("data.color_jitter",), lambda v: v >= 0, ">= 0 (0: off; DeiT III uses 0.3)"),
     (("train.seed",), lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
-    (("schedule.min_lr_ratio", "augment.mixup_prob"), lambda v: 0 <= v <= 1, "in [0, 1]"),
+    (("schedule.min_lr_ratio", "augment.mixup_prob", "augment.random_erase_prob"), lambda v: 0 <= v <= 1, "in [0, 1]"),
     (("optim.layer_decay",), lambda v: 0 < v <= 1, "in (0, 1] (1.0: no layer-wise lr decay)"),
     (("train.ema_decay",), lambda v: 0 <= v < 1, "in [0, 1) (0: no model EMA; timm uses 0.9998)"),
     (

@@ -87,6 +87,12 @@ class DataConfig:
     """Colour jitter strength ``s`` (torchvision's ``ColorJitter(s, s, s)``, after 3-Augment): brightness,
     contrast and saturation factors each uniform in max(0, 1 - s)..1 + s, in a random order; 0 is off.
     DeiT III uses 0.3 with ``three_augment``."""
+    repeats: int = 1
+    """Repeated augmentation (timm's ``RepeatAugSampler``, DeiT's ``RASampler``; 1 is off): every epoch a fresh
+    permutation of the training records, each of its first ``1 / repeats`` taken ``repeats`` times, its copies
+    dealt to consecutive ranks (different ranks where the world size is at least ``repeats``), each copy augmented
+    independently. An epoch keeps its length, ``ceil(n / world)`` records per rank (timm's ``selected_round=0``),
+    so it shows about ``n / repeats`` distinct images. DeiT and DeiT III pretrain with 3. See docs/DATA.md."""
     val_crop_pct: float = 0.875
     """Validation resizes the shorter side to ``image_size / val_crop_pct``, then centre-crops."""
     mean: tuple = IMAGENET_MEAN
@@ -114,6 +120,10 @@ class AugmentConfig:
     bce_target_thresh: float | None = None
     """``bce`` only: targets above this become 1, the rest 0 (timm's ``target_threshold``; DeiT III's ``> 0``
     is 0.0, so both classes of a mixed pair count fully); None keeps the soft targets."""
+    random_erase_prob: float = 0.0
+    """Probability that a training image gets one rectangle of per-pixel normal noise: timm's ``RandomErasing``
+    (mode ``pixel``, one region, area 2-33%, aspect 0.3-3.3) on the device, after normalisation and before
+    Mixup/CutMix, each image of each micro-batch drawn on its own; 0 is off; validation never erases."""
 
 
 @dataclass

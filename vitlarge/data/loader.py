@@ -104,9 +104,12 @@ class TrainLoader:
     every rank) and each rank reads its contiguous slice of the records in that order, shuffled
     through a buffer of ``initial_fill`` records; so each epoch is a fresh order on every rank and
     the ranks together read every record exactly once per epoch (``num_examples_this_rank``
-    records each). Augmentation: random-resized crop (area ``crop_scale``, aspect ``crop_ratio``)
-    decoded straight from the JPEG and resized to ``image_size``, or with ``crop="src"`` DeiT III's
-    simple random crop; horizontal flip; optional RandAugment (timm's ``"rand-m9-n2"`` strings, see
+    records each). With ``repeats > 1`` the records come instead in timm's ``RepeatAugSampler``
+    order (`vitlarge.data.repeats`: each epoch's selected images ``repeats`` times, their copies
+    dealt to consecutive ranks, ``ceil(n / world_size)`` records per rank and epoch).
+    Augmentation: random-resized crop (area ``crop_scale``, aspect ``crop_ratio``) decoded straight
+    from the JPEG and resized to ``image_size``, or with ``crop="src"`` DeiT III's simple random
+    crop; horizontal flip; optional RandAugment (timm's ``"rand-m9-n2"`` strings, see
     ``randaugment.py``), DeiT III's 3-Augment (``three_augment``) and colour jitter of strength
     ``color_jitter`` (0: off; see ``deit_augment.py``); normalize. Per-rank
     augmentation streams are derived from ``seed`` and ``rank``. ``state()`` is the DALI checkpoint
@@ -139,8 +142,11 @@ class TrainLoader:
         crop: str = "rrc",
         three_augment: bool = False,
         color_jitter: float = 0.0,
+        repeats: int = 1,
     ):
         _check_rank(rank, world_size)
+        if not (isinstance(repeats, int) and repeats >= 1):
+            raise UserError(f"repeats={repeats!r}: must be an integer >= 1 (1: off; DeiT uses 3)")
         if crop not in ("rrc", "src"):
             raise UserError(
                 f"crop={crop!r}: expected 'rrc' (random-resized crop) or 'src' (DeiT III's simple random crop)"
@@ -154,6 +160,14 @@ class TrainLoader:
         self.num_examples_this_rank = end - begin
         if self.num_examples_this_rank < 1:
             raise UserError(f"{data_dir}: {n} training examples cannot be split over world_size={world_size}")
+        self._records = None
+        if repeats > 1:
+            from vitlarge.data.repeats import RepeatedRecords
+
+            self._records = RepeatedRecords(
+                files, batch_size, rank=rank, world_size=world_size, repeats=repeats, seed=seed
+            )
+            self.num_examples_this_rank = self._records.per_rank
         self._batches = _Batches(self.manifest, "train", device, label_offset)
         dev = pipelines.dali_device(device)
         ra = randaugment_spec(randaugment)
@@ -180,6 +194,8 @@ class TrainLoader:
             settings["three_augment"] = True
         if color_jitter:
             settings["color_jitter"] = float(color_jitter)
+        if repeats != 1:
+            settings["repeats"] = repeats
         self._fingerprint = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
         checkpoint = self._decode_state(state, data_dir) if state else None
         # Distinct buffer and augmentation streams per rank; one file order for all ranks.
@@ -206,6 +222,7 @@ class TrainLoader:
             crop=crop,
             three_augment=three_augment,
             color_jitter=float(color_jitter),
+            records=self._records,
             batch_size=batch_size,
             num_threads=num_threads,
             device_id=dev.device_id,

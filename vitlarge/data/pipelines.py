@@ -103,20 +103,29 @@ def train_pipeline(
     crop="rrc",
     three_augment=False,
     color_jitter=0.0,
+    records=None,
 ):
     """Training images: ``crop`` (``rrc``: random-resized crop; ``src``: DeiT III's simple random crop),
-    flip, then RandAugment, 3-Augment and colour jitter where asked (`vitlarge.data.deit_augment`)."""
-    data = _reader(
-        paths,
-        index_paths,
-        shard_id=shard_id,
-        num_shards=num_shards,
-        seed=reader_seed,
-        training=True,
-        initial_fill=initial_fill,
-        file_order_seed=file_order_seed,
-    )
-    encoded = data["image/encoded"]
+    flip, then RandAugment, 3-Augment and colour jitter where asked (`vitlarge.data.deit_augment`).
+    ``records``: a batch source of ``(encoded, label)`` by iteration (`vitlarge.data.repeats.RepeatedRecords`,
+    repeated augmentation) read instead of the TFRecord reader's own order."""
+    if records is not None:
+        # batch_info: DALI passes the iteration, and its checkpoint restores it, so a resume continues exactly.
+        encoded, label = fn.external_source(
+            source=records, num_outputs=2, batch=True, batch_info=True, dtype=[types.UINT8, types.INT64]
+        )
+    else:
+        data = _reader(
+            paths,
+            index_paths,
+            shard_id=shard_id,
+            num_shards=num_shards,
+            seed=reader_seed,
+            training=True,
+            initial_fill=initial_fill,
+            file_order_seed=file_order_seed,
+        )
+        encoded, label = data["image/encoded"], data["image/class/label"]
     if crop == "src":  # the whole image, shorter side to image_size (antialiased, as PIL's resize)
         images = fn.decoders.image(encoded, device=decoder, output_type=types.RGB)
         resized = deit_augment.src_size(fn.peek_image_shape(encoded), image_size)
@@ -156,7 +165,7 @@ def train_pipeline(
         std=list(std),
         mirror=mirror,
     )
-    return images, data["image/class/label"]
+    return images, label
 
 
 @pipeline_def

@@ -108,6 +108,7 @@ def train_loader(cfg: Config, rank: int, world_size: int, device: torch.device, 
         crop=d.crop,
         three_augment=d.three_augment,
         color_jitter=d.color_jitter,
+        repeats=d.repeats,
     )
 
 

@@ -77,6 +77,16 @@ def build_criterion(cfg: Config):
     return None, torch.nn.CrossEntropyLoss()
 
 
+def build_erasing(cfg: Config, device: torch.device):
+    """timm's ``RandomErasing`` of ``augment.random_erase_prob`` (mode ``pixel``, one region, noise drawn on
+    ``device``), or None when it is 0. It erases a normalised micro-batch in place, image by image, with Python's
+    ``random`` for the rectangles and torch's generator of ``device`` for the noise."""
+    from timm.data.random_erasing import RandomErasing
+
+    p = cfg.augment.random_erase_prob
+    return RandomErasing(probability=p, mode="pixel", max_count=1, device=device) if p > 0 else None
+
+
 def fsdp_reduce_every_micro_step(mode: str, precision: str) -> bool:
     """``train.fsdp_accumulation`` resolved: ``reduce_scatter`` reduces every micro-step into this rank's fp32
     gradient shard; ``no_sync`` keeps the unsharded gradient between micro-steps (FSDP2 accumulates it in
@@ -110,6 +120,7 @@ class Engine:
         self.precision = precision
         self.mixup, self.criterion = build_criterion(cfg)
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.erase = build_erasing(cfg, self.params[0].device)
         # Layer-wise lr decay (`vitlarge.optim.lamb.param_groups`): each group's share of the schedule's lr, read
         # now, from the recipe's groups. Loading a checkpoint replaces the groups' settings with the saved ones, and
         # a resume with another optim.layer_decay must still follow the recipe, as the schedule does.
@@ -145,6 +156,9 @@ class Engine:
             t0 = time.perf_counter()
             images, labels = next_batch()
             data_time += time.perf_counter() - t0
+            # Before Mixup, so an image is erased once, not again as another image's partner.
+            if self.erase is not None:
+                images = self.erase(images)
             if self.mixup is not None:
                 images, labels = self.mixup(images, labels)
             sync = micro == accum - 1 or self.reduce_every_micro_step

@@ -373,3 +373,17 @@ def test_bad_loss_and_layer_decay_values_are_one_line_naming_the_key(items, matc
     with pytest.raises(UserError, match=match) as e:
         load_config(recipe("demo_digits"), items)
     assert "\n" not in str(e.value)
+
+
+def test_repeats_and_random_erase_prob_load_and_are_checked_in_one_line():
+    cfg = load_config(recipe("demo_digits"), ["data.repeats=3", "augment.random_erase_prob=0.25"])
+    assert (cfg.data.repeats, cfg.augment.random_erase_prob) == (3, 0.25)
+    for item, key in (
+        ("data.repeats=0", "data.repeats"),
+        ("data.repeats=2.5", "data.repeats"),
+        ("augment.random_erase_prob=1.5", "augment.random_erase_prob"),
+        ("augment.random_erase_prob=-0.1", "augment.random_erase_prob"),
+    ):
+        with pytest.raises(UserError) as e:
+            load_config(recipe("demo_digits"), [item])
+        assert key in str(e.value) and "\n" not in str(e.value), item

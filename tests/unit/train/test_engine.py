@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+import random
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from timm.data import Mixup
+from timm.data.random_erasing import RandomErasing
 from timm.loss import BinaryCrossEntropy
 
 from vitlarge.config.load import load_recipe, validate
@@ -16,6 +18,7 @@ from vitlarge.config.schema import Config
 from vitlarge.plan.plan import make_plan
 from vitlarge.train.assemble import build
 from vitlarge.train.engine import build_criterion
+from vitlarge.train.evaluation import evaluate
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -253,3 +256,73 @@ def test_layer_decay_scales_are_the_recipes_after_loading_another_runs_optimizer
     assert [g["lr_scale"] for g in engine.torch_optimizer.param_groups] != recipe_scales  # torch took the saved ones
     out = engine.step(1, batches(4, 8))
     assert [g["lr"] for g in engine.torch_optimizer.param_groups] == pytest.approx([out.lr * s for s in recipe_scales])
+
+
+def _erasing_engine(p: float, micro_batch: int = 8, mixup: float = 0.0):
+    """The demo engine with ``augment.random_erase_prob=p`` and no drop path, so the torch generator between
+    two micro-batches' erasing is touched by nothing else; and a list that receives every model input."""
+    cfg = load_recipe("recipes/demo_digits.py")
+    cfg.train.precision, cfg.train.global_batch, cfg.train.micro_batch = "fp32", 32, micro_batch
+    cfg.model.drop_path_rate = 0.0
+    cfg.augment.mixup_alpha, cfg.augment.random_erase_prob = mixup, p
+    cfg.schedule.warmup_epochs = 0
+    validate(cfg)
+    engine = build(cfg, make_plan(cfg, 1, 1437), "cpu").engine
+    seen = []
+    engine.model.register_forward_pre_hook(lambda _, args: seen.append(args[0].detach().clone()))
+    return engine, seen
+
+
+def _seed(seed: int = 3) -> None:
+    random.seed(seed)  # timm's RandomErasing draws its rectangles from Python's generator
+    np.random.seed(seed)  # timm's Mixup draws lambda from numpy's
+    torch.manual_seed(seed)  # and the noise from torch's
+
+
+def _timm_erasing(p: float) -> RandomErasing:
+    return RandomErasing(probability=p, mode="pixel", max_count=1, device="cpu")
+
+
+def test_random_erasing_is_timms_before_mixup():
+    """The model sees timm's Mixup of timm's RandomErasing of the batch: erased once per image, before mixing
+    (an image mixed in as a partner is not erased again)."""
+    engine, seen = _erasing_engine(1.0, micro_batch=32, mixup=0.8)
+    x, y = batches(1, 32)()
+    _seed()
+    engine.step(0, lambda: (x.clone(), y.clone()))
+    _seed()
+    erased = _timm_erasing(1.0)(x.clone())
+    mixup = Mixup(mixup_alpha=0.8, num_classes=10)
+    expected, _ = mixup(erased.clone(), y.clone())
+    assert torch.equal(seen[0], expected)
+    assert all(not torch.equal(erased[i], x[i]) for i in range(32))  # p=1: every image has its rectangle
+    _seed()
+    twice, _ = mixup(_timm_erasing(1.0)(x.clone()), y.clone())
+    assert not torch.equal(_timm_erasing(1.0)(twice), expected)  # erasing after Mixup would show
+
+
+def test_each_micro_batch_is_erased_on_its_own_and_evaluation_never():
+    """Under accumulation (4 x 8) the same images in every micro-batch get four different draws, each equal
+    to timm's RandomErasing applied to the micro-batches in turn; evaluation forwards the batch untouched."""
+    engine, seen = _erasing_engine(0.5)
+    assert engine.plan.phases[0].accum_steps == 4
+    x, y = batches(1, 8)()
+    _seed()
+    engine.step(0, lambda: (x.clone(), y.clone()))
+    _seed()
+    erase = _timm_erasing(0.5)
+    assert all(torch.equal(got, erase(x.clone())) for got in seen)
+    assert all(not torch.equal(seen[i], seen[j]) for i in range(4) for j in range(i))
+    erased = sum(not torch.equal(seen[m][i], x[i]) for m in range(4) for i in range(8))
+    assert 0 < erased < 32  # p=0.5 erases some images, not all
+    seen.clear()
+    evaluate(engine.model, [(x.clone(), y.clone())], engine.precision)
+    assert len(seen) == 1 and torch.equal(seen[0], x)
+
+
+def test_random_erase_prob_zero_builds_no_erasing():
+    engine, seen = _erasing_engine(0.0)
+    assert engine.erase is None
+    x, y = batches(1, 8)()
+    engine.step(0, lambda: (x.clone(), y.clone()))
+    assert all(torch.equal(got, x) for got in seen)

@@ -1,0 +1,131 @@
+"""Repeated augmentation (``data.repeats``, vitlarge/data/repeats.py): every index counted at world sizes 1-9,
+the order against timm's ``RepeatAugSampler``, and the real DALI loader reading it and resuming mid-epoch."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+from timm.data.distributed_sampler import RepeatAugSampler
+
+from data_tools.make_id_dataset import make_id_dataset
+from vitlarge.config.schema import Config
+from vitlarge.data import TrainLoader
+from vitlarge.data.common import SettingsChanged
+from vitlarge.data.repeats import epoch_order
+from vitlarge.data.sources import train_loader
+
+CPU = torch.device("cpu")
+N = 2521  # 2520 + 1: divisible by none of the world sizes 2..9
+
+
+def timm_order(n: int, rank: int, world: int, repeats: int, epoch_key: int) -> list[int]:
+    sampler = RepeatAugSampler(range(n), num_replicas=world, rank=rank, num_repeats=repeats, selected_round=0)
+    sampler.set_epoch(epoch_key)
+    return list(sampler)
+
+
+@pytest.mark.parametrize("repeats", [2, 3])
+@pytest.mark.parametrize("world", range(1, 10))
+def test_every_index_is_counted_at_any_world_size(world, repeats):
+    """Per epoch each rank reads ceil(n / world) records; over the ranks the records are the first
+    ``ceil(world * ceil(n / world) / repeats)`` of a permutation, each ``repeats`` times (only the last one
+    may be cut short, where the epoch's length is not a multiple of ``repeats``, as in timm); the copies of an
+    image sit on different ranks when ``world >= repeats``; the next epoch is another selection in another order."""
+    per_rank = math.ceil(N / world)
+    epochs = []
+    for epoch in range(2):
+        orders = [epoch_order(N, rank, world, repeats, 7, epoch) for rank in range(world)]
+        assert all(len(o) == per_rank for o in orders)
+        counts = Counter(i for o in orders for i in o)
+        assert sum(counts.values()) == world * per_rank
+        assert len(counts) == math.ceil(world * per_rank / repeats)
+        short = [i for i, c in counts.items() if c != repeats]
+        assert len(short) == (1 if world * per_rank % repeats else 0)
+        assert all(counts[i] == world * per_rank % repeats for i in short)
+        if world >= repeats:
+            ranks_of = {}
+            for rank, o in enumerate(orders):
+                for i in o:
+                    ranks_of.setdefault(i, []).append(rank)
+            assert all(len(set(r)) == len(r) for r in ranks_of.values())
+        epochs.append((orders, set(counts)))
+    (first, chosen_first), (second, chosen_second) = epochs
+    assert chosen_first != chosen_second and all(a != b for a, b in zip(first, second))
+
+
+@pytest.mark.parametrize("world", [1, 4, 7])
+def test_the_order_is_timms_repeat_aug_sampler(world):
+    """With seed 0, epoch e is timm's ``RepeatAugSampler(selected_round=0).set_epoch(e)`` exactly; another seed
+    is timm's at ``(seed * 0x9E3779B1 + e) mod 2**32`` (timm seeds with the epoch alone; torch keeps 32 bits)."""
+    for rank in range(world):
+        for epoch in range(3):
+            assert epoch_order(N, rank, world, 3, 0, epoch) == timm_order(N, rank, world, 3, epoch)
+            assert epoch_order(N, rank, world, 3, 5, epoch) == timm_order(
+                N, rank, world, 3, (5 * 0x9E3779B1 + epoch) % 2**32
+            )
+    seeds = [epoch_order(N, 0, world, 3, seed, 0) for seed in (5, 6, 1005, 2**31 - 1)]
+    assert all(a != b for i, a in enumerate(seeds) for b in seeds[:i])
+
+
+@pytest.fixture(scope="module")
+def ids_601(tmp_path_factory) -> str:
+    """601 identifiable records (label = record index) in 7 shards."""
+    return make_id_dataset(str(tmp_path_factory.mktemp("ids_601")), train=601, train_shards=7).data_dir
+
+
+def labels(loader, batches: int) -> list[int]:
+    return torch.cat([next(loader)[1] for _ in range(batches)]).tolist()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_dali_loader_reads_each_ranks_stream_across_epochs(ids_601, world):
+    """The loader's labels (= record indices) are each rank's epochs one after another (batches straddle the
+    boundary, as the reader's do), through the config path; and every record is read where it should be."""
+    cfg = Config()
+    cfg.data.path, cfg.data.image_size, cfg.data.repeats, cfg.train.micro_batch, cfg.train.seed = ids_601, 8, 3, 32, 9
+    per_rank = math.ceil(601 / world)
+    batches = 2 * per_rank // 32 + 1
+    for rank in range(world):
+        loader = train_loader(cfg, rank, world, CPU)
+        assert loader.num_examples_this_rank == per_rank
+        stream = [i for e in range(3) for i in epoch_order(601, rank, world, 3, 9, e)]
+        assert labels(loader, batches) == stream[: batches * 32]
+
+
+def test_the_copies_on_three_ranks_are_augmented_independently(demo_data):
+    """world 3, repeats 3: the ranks read the same images in the same order (copy c of image j is rank c's j-th
+    record), each through its own augmentation."""
+    kw = dict(world_size=3, device=CPU, seed=2, repeats=3)
+    ranks = [TrainLoader(demo_data, 16, 32, rank=r, **kw) for r in range(3)]
+    for _ in range(3):
+        (x0, y0), (x1, y1), (x2, y2) = (next(loader) for loader in ranks)
+        assert torch.equal(y0, y1) and torch.equal(y1, y2)
+        assert all(not torch.equal(a[i], b[i]) for a, b in ((x0, x1), (x1, x2), (x0, x2)) for i in range(16))
+
+
+@pytest.mark.parametrize("stop_after", [5, 22])  # mid-epoch 1; the batch that straddles into epoch 2
+def test_resume_mid_epoch_with_repeats_is_exact(demo_data, stop_after):
+    """A DALI loader with repeats=3 stopped mid-epoch and rebuilt from its state yields bitwise the batches the
+    uninterrupted loader yields (1437 records per rank and epoch at world 2 are 719: 22.5 batches of 32)."""
+    kw = dict(rank=1, world_size=2, device=CPU, seed=4, repeats=3, randaugment="rand-m9-n2")
+    loader = TrainLoader(demo_data, 32, 32, **kw)
+    for _ in range(stop_after):
+        next(loader)
+    state = loader.state()
+    expected = [next(loader) for _ in range(6)]
+    restored = TrainLoader(demo_data, 32, 32, state=state, **kw)
+    for (img_a, lab_a), (img_b, lab_b) in zip(expected, (next(restored) for _ in range(6))):
+        assert torch.equal(lab_a, lab_b) and torch.equal(img_a, img_b)
+    assert loader.num_examples_this_rank == 719
+
+
+def test_a_state_of_another_repeats_is_refused_and_repeats_1_keeps_the_old_fingerprint(demo_data):
+    kw = dict(rank=0, world_size=1, device=CPU, seed=0)
+    plain = TrainLoader(demo_data, 16, 32, **kw)
+    assert TrainLoader(demo_data, 16, 32, repeats=1, **kw)._fingerprint == plain._fingerprint
+    state = TrainLoader(demo_data, 16, 32, repeats=3, **kw).state()
+    with pytest.raises(SettingsChanged):
+        TrainLoader(demo_data, 16, 32, state=state, **kw)

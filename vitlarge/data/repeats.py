@@ -1,0 +1,120 @@
+"""Repeated augmentation (``data.repeats``): which training records a rank reads, and reading them by index.
+
+DALI's TFRecord reader decides its own order (a file-order shuffle and a buffer), so it cannot deal one image
+to several ranks. With ``repeats > 1`` the train pipeline takes its records from `RepeatedRecords` instead
+(a DALI ``external_source``): the order is timm's ``RepeatAugSampler`` (DeiT's ``RASampler``) itself, and the
+records are read from the shards at the offsets of their DALI index files.
+
+Per epoch ``e`` timm's sampler permutes the ``n`` records (``torch.randperm`` seeded with the epoch key
+``(seed * 0x9E3779B1 + e) mod 2**32``: with seed 0, exactly timm's ``set_epoch(e)``), repeats each ``repeats`` times in place
+(``[a, a, a, b, b, b, ...]``) and deals the list round-robin over the ranks, so the copies of an image go to
+consecutive ranks, in the same or the next step. Each rank keeps ``ceil(n / world)`` records per epoch, timm's
+``selected_round=0``: an epoch is ``n`` images as without repeats, so the plan's steps per epoch
+(``n // global_batch``), warmup and schedule do not depend on ``data.repeats`` (timm's default rounds the epoch
+down to a multiple of 256 images, the batch of DeiT's GPUs; that would make the step count depend on it). An
+epoch thus shows about ``n / repeats`` distinct images, each ``repeats`` times, as timm's and DeiT's do.
+
+A rank's stream is its epochs one after another; batch ``i`` is records ``i * B .. i * B + B - 1`` of it. It is a
+pure function of ``i``, and DALI's checkpoint restores ``i`` for an ``external_source`` with ``batch_info``, so a
+resumed loader continues exactly. The copies are augmented independently: each rank's pipeline has its own seed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+# torch's CPU generator keeps 32 bits of a seed. An odd multiplier spreads the seeds over them: nearby seeds
+# (a phase's seed + 1000) reach each other's epochs only after about 2**32 / 1000 of them.
+EPOCH_KEY_MULTIPLIER = 0x9E3779B1
+
+
+def epoch_key(seed: int, epoch: int) -> int:
+    """What timm's sampler is ``set_epoch`` to for ``epoch`` of the stream seeded ``seed`` (seed 0: the epoch)."""
+    return (seed * EPOCH_KEY_MULTIPLIER + epoch) % 2**32
+
+
+def per_rank(num_examples: int, world_size: int) -> int:
+    """Records a rank reads per epoch: ``ceil(n / world)`` (timm's ``num_selected_samples``, ``selected_round=0``)."""
+    return math.ceil(num_examples / world_size)
+
+
+def epoch_order(num_examples: int, rank: int, world_size: int, repeats: int, seed: int, epoch: int) -> list[int]:
+    """The records rank ``rank`` reads in epoch ``epoch``, in order: timm's ``RepeatAugSampler`` (shuffled,
+    ``num_repeats=repeats``, ``selected_round=0``) at ``epoch_key(seed, epoch)``."""
+    from timm.data.distributed_sampler import RepeatAugSampler
+
+    sampler = RepeatAugSampler(
+        range(num_examples), num_replicas=world_size, rank=rank, num_repeats=repeats, selected_round=0
+    )
+    sampler.set_epoch(epoch_key(seed, epoch))
+    return list(sampler)
+
+
+class RepeatedRecords:
+    """DALI batch source of one rank's repeated-augmentation stream: ``(encoded JPEGs, labels [1] int64)``.
+
+    ``shards``: ``[(shard path, index path)]`` in the manifest's order (record ``k`` is the ``k``-th record of
+    their concatenation). A missing ``image/class/label`` reads as -1 and a missing image as empty bytes, as
+    DALI's reader does (the loader then refuses the label). Two epochs' orders are kept in memory."""
+
+    def __init__(self, shards, batch_size: int, *, rank: int, world_size: int, repeats: int, seed: int):
+        self._files: dict[int, int] = {}  # shard -> open descriptor
+        self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
+        self.repeats, self.seed = repeats, seed
+        self._paths, offsets, sizes, owners = [], [], [], []
+        for i, (path, index) in enumerate(shards):
+            self._paths.append(path)
+            with open(index) as f:  # "offset size" per record
+                table = np.array(f.read().split(), dtype=np.int64).reshape(-1, 2)
+            offsets.append(table[:, 0])
+            sizes.append(table[:, 1])
+            owners.append(np.full(len(table), i, dtype=np.int64))
+        self._offset, self._size, self._owner = (np.concatenate(a) for a in (offsets, sizes, owners))
+        self.num_examples = len(self._offset)
+        self.per_rank = per_rank(self.num_examples, world_size)
+        self._orders: dict[int, list[int]] = {}
+        from tfrecord import example_pb2
+
+        self._example = example_pb2.Example
+
+    def records(self, iteration: int) -> list[int]:
+        """The record indices of batch ``iteration`` of this rank's stream."""
+        out = []
+        for pos in range(iteration * self.batch_size, (iteration + 1) * self.batch_size):
+            epoch, k = divmod(pos, self.per_rank)
+            if epoch not in self._orders:
+                self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
+                self._orders[epoch] = epoch_order(
+                    self.num_examples, self.rank, self.world_size, self.repeats, self.seed, epoch
+                )
+            out.append(self._orders[epoch][k])
+        return out
+
+    def __call__(self, info):
+        images, labels = [], []
+        for record in self.records(info.iteration):
+            image, label = self._read(record)
+            images.append(np.frombuffer(image, dtype=np.uint8))
+            labels.append(np.array([label], dtype=np.int64))
+        return images, labels
+
+    def _read(self, record: int) -> tuple[bytes, int]:
+        owner = int(self._owner[record])
+        fd = self._files.get(owner)
+        if fd is None:
+            fd = self._files[owner] = os.open(self._paths[owner], os.O_RDONLY)
+        framed = os.pread(fd, int(self._size[record]), int(self._offset[record]))
+        features = self._example.FromString(memoryview(framed)[12:-4]).features.feature  # length, crc, payload, crc
+        image = features["image/encoded"].bytes_list.value if "image/encoded" in features else []
+        label = features["image/class/label"].int64_list.value if "image/class/label" in features else []
+        return (image[0] if image else b""), (label[0] if label else -1)
+
+    def close(self) -> None:
+        for fd in self._files.values():
+            os.close(fd)
+        self._files = {}
+
+    __del__ = close  # a phase's loader is dropped at its end: its shard descriptors go with it
