@@ -24,6 +24,9 @@ ALL_RECIPES = [
     "demo_digits_ft24",
     "vit_b16_progressive",
     "vit_b16_ft384",
+    "deit3_b16",
+    "deit3_b16_ft224",
+    "deit3_b16_32k",
 ]
 
 
@@ -387,3 +390,41 @@ def test_repeats_and_random_erase_prob_load_and_are_checked_in_one_line():
         with pytest.raises(UserError) as e:
             load_config(recipe("demo_digits"), [item])
         assert key in str(e.value) and "\n" not in str(e.value), item
+
+
+def test_the_deit3_recipes_are_deit_iiis_and_their_dry_runs_plan():
+    """recipes/deit3_b16*.py: the README_revenge settings, and each plans at 8 GPUs (the 32K one also at 128)."""
+    from vitlarge.plan.plan import make_plan
+
+    pre, ft, big = (load_config(recipe(n)) for n in ("deit3_b16", "deit3_b16_ft224", "deit3_b16_32k"))
+    assert (pre.model.name, pre.data.image_size, pre.train.global_batch, pre.train.epochs) == (
+        "deit3_base_patch16_224",
+        192,
+        2048,
+        800,
+    )
+    assert (pre.augment.loss, pre.augment.bce_target_thresh, pre.data.repeats, pre.data.three_augment) == (
+        "bce",
+        0.0,
+        3,
+        True,
+    )
+    assert (pre.data.crop, pre.data.color_jitter, pre.augment.mixup_alpha, pre.augment.cutmix_alpha) == (
+        "src",
+        0.3,
+        0.8,
+        1.0,
+    )
+    assert (pre.optim.name, pre.optim.lr, pre.optim.weight_decay, pre.model.drop_path_rate) == ("lamb", 3e-3, 0.05, 0.2)
+    assert (ft.data.image_size, ft.optim.name, ft.optim.lr, ft.train.epochs, ft.data.repeats) == (
+        224,
+        "adamw",
+        1e-5,
+        20,
+        1,
+    )
+    assert (ft.augment.loss, ft.augment.label_smoothing, ft.data.randaugment) == ("ce", 0.1, "rand-m9-mstd0.5-inc1")
+    assert (big.train.global_batch, big.optim.lr, big.schedule.warmup_epochs) == (32768, 1.2e-2, 20)
+    n = 1_281_167
+    assert make_plan(pre, 8, n).phases[0].accum_steps == 1 and make_plan(ft, 8, n).phases[0].accum_steps == 1
+    assert [make_plan(big, w, n).phases[0].accum_steps for w in (8, 128)] == [16, 1]
