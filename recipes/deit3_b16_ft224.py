@@ -18,7 +18,6 @@ def config() -> Config:
     c = pretraining()
     c.model.init_from = "runs/deit3_b16/model"
     c.data.image_size = 224
-    c.data.crop = "rrc"
     c.data.three_augment = False
     c.data.color_jitter = 0.0
     c.data.repeats = 1
@@ -26,6 +25,7 @@ def config() -> Config:
     c.augment.label_smoothing = 0.1
     c.augment.loss = "ce"
     c.augment.bce_target_thresh = None
+    c.optim.clip_grad_norm = 0.0  # DeiT's AdamW fine-tune does not clip
     c.optim.name = "adamw"
     c.optim.lr = 1e-5
     c.optim.weight_decay = 0.1

@@ -243,6 +243,13 @@ def validate(cfg: Config, origin: str = "config") -> None:
             f"{origin}: augment.bce_target_thresh={thresh} applies to augment.loss=bce only, got "
             f"augment.loss={cfg.augment.loss}; set augment.loss=bce or augment.bce_target_thresh=none"
         )
+    smoothed_off = cfg.augment.label_smoothing / cfg.data.num_classes  # the value smoothing gives every other class
+    if thresh is not None and cfg.augment.loss == "bce" and thresh < smoothed_off:
+        raise UserError(
+            f"{origin}: augment.bce_target_thresh={thresh} is below what augment.label_smoothing="
+            f"{cfg.augment.label_smoothing} gives every class ({smoothed_off:.3g}), so every target would be 1; "
+            "set augment.label_smoothing=0 (DeiT III) or a threshold above it (timm users pair 0.1 with 0.2)"
+        )
     if cfg.augment.mixup_alpha > 0 or cfg.augment.cutmix_alpha > 0:
         if t.micro_batch % 2:
             raise UserError(

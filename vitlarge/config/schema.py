@@ -217,7 +217,7 @@ class TrainConfig:
     ema_decay: float = 0.0
     """Model EMA: an fp32 moving average of the weights, ``ema = decay * ema + (1 - decay) * weights`` after every
     applied optimizer step (timm's ``ModelEmaV3``; `vitlarge.model.ema`), sharded like the weights under fsdp,
-    checkpointed, evaluated beside them (``val_top1_ema``); in [0, 1), 0 is off. DeiT III and timm use 0.9998-0.99996."""
+    checkpointed, evaluated beside them (``val_top1_ema``); in [0, 1), 0 is off. timm's examples and DeiT's main.py (0.99996) keep one; DeiT III's published models are the raw weights."""
     ema_warmup: bool = False
     """timm ``ModelEmaV3``'s ``use_warmup``: after step ``n + 1`` the decay is ``min(ema_decay, 1 - (1 + n) ** (-2/3))``
     (0.9 after 32 steps, 0.99 after 1000), so the average forgets the early weights quickly."""

@@ -26,6 +26,8 @@ import os
 
 import numpy as np
 
+OPEN_SHARDS = 64  # descriptors a reader keeps open at most: a random order touches every shard within a few batches
+
 # torch's CPU generator keeps 32 bits of a seed. An odd multiplier spreads the seeds over them: nearby seeds
 # (a phase's seed + 1000) reach each other's epochs only after about 2**32 / 1000 of them.
 EPOCH_KEY_MULTIPLIER = 0x9E3779B1
@@ -61,7 +63,7 @@ class RepeatedRecords:
     DALI's reader does (the loader then refuses the label). Two epochs' orders are kept in memory."""
 
     def __init__(self, shards, batch_size: int, *, rank: int, world_size: int, repeats: int, seed: int):
-        self._files: dict[int, int] = {}  # shard -> open descriptor
+        self._files: dict[int, int] = {}  # shard -> open descriptor, least recently used first (`OPEN_SHARDS`)
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
         self.repeats, self.seed = repeats, seed
         self._paths, offsets, sizes, owners = [], [], [], []
@@ -103,9 +105,12 @@ class RepeatedRecords:
 
     def _read(self, record: int) -> tuple[bytes, int]:
         owner = int(self._owner[record])
-        fd = self._files.get(owner)
+        fd = self._files.pop(owner, None)
         if fd is None:
-            fd = self._files[owner] = os.open(self._paths[owner], os.O_RDONLY)
+            if len(self._files) >= OPEN_SHARDS:  # ImageNet has 1024 shards; the usual soft limit is 1024 files
+                os.close(self._files.pop(next(iter(self._files))))
+            fd = os.open(self._paths[owner], os.O_RDONLY)
+        self._files[owner] = fd  # (re)inserted last: the dict's order is the use order
         framed = os.pread(fd, int(self._size[record]), int(self._offset[record]))
         features = self._example.FromString(memoryview(framed)[12:-4]).features.feature  # length, crc, payload, crc
         image = features["image/encoded"].bytes_list.value if "image/encoded" in features else []

@@ -410,11 +410,12 @@ def test_the_deit3_recipes_are_deit_iiis_and_their_dry_runs_plan():
         True,
     )
     assert (pre.data.crop, pre.data.color_jitter, pre.augment.mixup_alpha, pre.augment.cutmix_alpha) == (
-        "src",
+        "rrc",  # DeiT III's ImageNet-1k commands: no --src (that is its ImageNet-21k recipe)
         0.3,
         0.8,
         1.0,
     )
+    assert (pre.model.kwargs, pre.optim.clip_grad_norm, ft.optim.clip_grad_norm) == ({"init_values": 1e-4}, 1.0, 0.0)
     assert (pre.optim.name, pre.optim.lr, pre.optim.weight_decay, pre.model.drop_path_rate) == ("lamb", 3e-3, 0.05, 0.2)
     assert (ft.data.image_size, ft.optim.name, ft.optim.lr, ft.train.epochs, ft.data.repeats) == (
         224,
@@ -428,3 +429,15 @@ def test_the_deit3_recipes_are_deit_iiis_and_their_dry_runs_plan():
     n = 1_281_167
     assert make_plan(pre, 8, n).phases[0].accum_steps == 1 and make_plan(ft, 8, n).phases[0].accum_steps == 1
     assert [make_plan(big, w, n).phases[0].accum_steps for w in (8, 128)] == [16, 1]
+
+
+def test_a_bce_threshold_below_the_smoothed_value_is_refused():
+    """Smoothing puts label_smoothing / num_classes on every class: a threshold below it makes every target 1."""
+    with pytest.raises(UserError, match=r"augment.bce_target_thresh=0.0 is below what augment.label_smoothing=0.1"):
+        load_config(
+            recipe("demo_digits"), ["augment.loss=bce", "augment.bce_target_thresh=0.0", "augment.label_smoothing=0.1"]
+        )
+    cfg = load_config(
+        recipe("demo_digits"), ["augment.loss=bce", "augment.bce_target_thresh=0.2", "augment.label_smoothing=0.1"]
+    )
+    assert cfg.augment.bce_target_thresh == 0.2

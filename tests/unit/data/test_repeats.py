@@ -129,3 +129,28 @@ def test_a_state_of_another_repeats_is_refused_and_repeats_1_keeps_the_old_finge
     state = TrainLoader(demo_data, 16, 32, repeats=3, **kw).state()
     with pytest.raises(SettingsChanged):
         TrainLoader(demo_data, 16, 32, state=state, **kw)
+
+
+def test_a_reader_over_more_shards_than_it_may_keep_open_reads_them_all_right(tmp_path):
+    """ImageNet has 1024 training shards and a job's usual soft limit is 1024 open files: the reader keeps at
+    most OPEN_SHARDS descriptors (least recently used closed first) and still reads every record right."""
+    import os
+
+    from vitlarge.data import repeats
+    from vitlarge.data.manifest import load_manifest
+
+    n_shards = repeats.OPEN_SHARDS + 36
+    m = make_id_dataset(str(tmp_path / "ids"), train=3 * n_shards, train_shards=n_shards)
+    shards = [
+        (os.path.join(m.data_dir, s.file), os.path.join(m.data_dir, s.index))
+        for s in load_manifest(m.data_dir).shards("train")
+    ]
+    reader = repeats.RepeatedRecords(shards, 8, rank=0, world_size=1, repeats=3, seed=0)
+    read, most_open = [], 0
+    for it in range(math.ceil(reader.per_rank / 8)):
+        _, labels = reader(type("Info", (), {"iteration": it})())
+        read += [int(x[0]) for x in labels]
+        most_open = max(most_open, len(reader._files))
+    assert most_open == repeats.OPEN_SHARDS  # every shard was touched, never more than that open at once
+    assert read[: reader.per_rank] == epoch_order(reader.num_examples, 0, 1, 3, 0, 0)  # labels are record indices
+    reader.close()
