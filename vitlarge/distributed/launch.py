@@ -149,9 +149,17 @@ def _all_started(start, dist_env: DistEnv, deadline: float) -> None:
     and stops at once, naming it, when a rank reports an error it met before the process group existed
     (`report_before_group`: a recipe, device or path missing on one node)."""
     start.add("started", 1)
+    if dist_env.rank == 0:  # a rank that failed waits for this (or rank 0's own error) to know who prints
+        start.set("started/0", "1")
     while time.monotonic() < deadline:
         if start.add("failed", 0):
             start.add("seen", 1)
+            # Rank 0 hosts the store: it stays until every rank has heard (bounded), or their next call fails.
+            until = time.monotonic() + 10
+            while dist_env.rank == 0 and time.monotonic() < until:
+                if start.add("seen", 0) + start.add("failed", 0) >= dist_env.world_size:
+                    break
+                time.sleep(0.1)
             for r in range(dist_env.world_size):
                 if start.check([f"error/{r}"]):
                     host, _, message = start.get(f"error/{r}").decode().partition("\n")
@@ -195,7 +203,11 @@ def report_before_group(error: UserError, dist_env: DistEnv | None) -> bool:
             ):
                 time.sleep(0.2)
             return True
-        rank0_failed = start.check(["error/0"])  # rank 0 met one too (the same, as a rule): it prints, once
+        # Rank 0 either fails too (the same error, as a rule: then it prints, once) or reaches the rendezvous.
+        deadline = time.monotonic() + wait
+        while not start.check(["error/0"]) and not start.check(["started/0"]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        rank0_failed = start.check(["error/0"])
         start.add("failed", 1)
         told = True
         start.add("acked", 1)
