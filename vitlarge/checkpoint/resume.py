@@ -64,14 +64,15 @@ def line_of(requested: str | Path) -> str:
     return str(Path(requested).absolute())
 
 
-def newest_of_line(workdir: str | Path, line: str) -> Path | None:
-    """The workdir's newest checkpoint that passes its check and belongs to ``line``."""
+def newest_of_line(workdir: str | Path, line: str, verified: bool = True) -> Path | None:
+    """The workdir's newest checkpoint that belongs to ``line`` (and passes its check, unless ``verified`` is
+    False: then its meta.json alone is read, no checksum)."""
     for path in reversed(store.list_checkpoints(workdir)):
         try:
             meta = store.read_meta(path)
         except UserError:
             continue
-        if meta.get("line") == line and store.verify(path) is None:
+        if meta.get("line") == line and (not verified or store.verify(path) is None):
             return path
     return None
 
@@ -81,14 +82,8 @@ def check_requested(workdir: str | Path, requested: str | Path) -> None:
     with a readable meta.json, or its line continues in the workdir (a requeue after the checkpoint itself
     was pruned); else a one-line ``UserError``. Reads meta.json files only: the checksums are `_choose`'s,
     once, on rank 0 (at 7.6 GB per vit_h14 checkpoint, not a read per rank at every requeue)."""
-    line = line_of(requested)
-    for path in store.list_checkpoints(workdir):
-        try:
-            if store.read_meta(path).get("line") == line:
-                return
-        except UserError:
-            continue
-    store.read_meta(requested)
+    if newest_of_line(workdir, line_of(requested), verified=False) is None:
+        store.read_meta(requested)
 
 
 def check_edits(meta: dict, path: Path, cfg: Config, num_train_examples: int | None) -> None:
