@@ -12,9 +12,10 @@ default of 1e-6 only matters for loading the released weights), LAMB's global-no
 (DeiT runs apex's FusedLAMB, whose ``max_grad_norm`` is 1.0; vitlarge's LAMB clips through
 ``optim.clip_grad_norm``). Then 20 epochs of fine-tuning at 224 px: recipes/deit3_b16_ft224.py.
 
-Known differences from DeiT III's code: timm's ViT spreads drop path linearly over the blocks (0 to 0.2,
-0.1 on average) where DeiT uses 0.2 in every block; vitlarge resizes bilinearly (DeiT: bicubic); the
-cosine ends at 0 (DeiT: 1e-5) and the warmup starts at 0 (DeiT: 1e-6). Under fp16 (GPUs without bf16),
+As DeiT's code: drop path 0.2 in every block (``model.drop_path_schedule="uniform"``; timm spreads it
+from 0), bicubic training crops (``data.train_interpolation``), the cosine ending at DeiT's ``min_lr`` 1e-5
+(``schedule.min_lr_ratio`` = 1e-5 / 3e-3). Known difference: the warmup starts at 0 (DeiT: 1e-6, a
+3000th of the peak). Under fp16 (GPUs without bf16),
 BCE's per-class mean makes gradients 1/1000 of cross-entropy's: prefer bf16 (``train.precision=auto``
 gives it on Ampere and later).
 
@@ -31,12 +32,14 @@ def config() -> Config:
     c = Config()
     c.model.name = "deit3_base_patch16_224"  # LayerScale; built at data.image_size, position embedding resampled
     c.model.drop_path_rate = 0.2
+    c.model.drop_path_schedule = "uniform"  # 0.2 in every block, as DeiT's models_v2.py (timm: 0 to 0.2)
     c.model.kwargs = {"init_values": 1e-4}  # LayerScale's initial gamma, as DeiT III trained it
     c.data.path = "/data/imagenet-tfrecord"
     c.data.num_classes = 1000
     c.data.image_size = 192
     c.data.crop = "rrc"
     c.data.crop_scale = (0.08, 1.0)
+    c.data.train_interpolation = "bicubic"  # DeiT's --train-interpolation default
     c.data.three_augment = True
     c.data.color_jitter = 0.3
     c.data.repeats = 3
@@ -52,6 +55,7 @@ def config() -> Config:
     c.optim.clip_grad_norm = 1.0  # FusedLAMB's max_grad_norm in DeiT III
     c.schedule.warmup_epochs = 5
     c.schedule.decay = "cosine"
+    c.schedule.min_lr_ratio = 1e-5 / 3e-3  # DeiT's --min-lr 1e-5
     c.train.global_batch = 2048
     c.train.micro_batch = 256
     c.train.epochs = 800

@@ -21,6 +21,7 @@ def config() -> Config:
     c.train.global_batch = 32768
     c.train.micro_batch = 256
     c.optim.lr = 1.2e-2
+    c.schedule.min_lr_ratio = 1e-5 / 1.2e-2  # the cosine still ends at DeiT's min_lr 1e-5
     c.schedule.warmup_epochs = 20
     c.train.checkpoint_every_steps = 200
     c.workdir = "runs/deit3_b16_32k"

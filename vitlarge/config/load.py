@@ -170,6 +170,8 @@ RANGES = [
     ),
     (("optim.clip_grad_norm",), lambda v: v >= 0, ">= 0 (0: no clipping)"),
     (("data.color_jitter",), lambda v: v >= 0, ">= 0 (0: off; DeiT III uses 0.3)"),
+    (("data.src_padding",), lambda v: v >= 0, ">= 0 (DeiT III pads by 4)"),
+    (("data.read_workers",), lambda v: v >= 0, ">= 0 (0: the training process reads the records)"),
     (("train.seed",), lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
     (("schedule.min_lr_ratio", "augment.mixup_prob", "augment.random_erase_prob"), lambda v: 0 <= v <= 1, "in [0, 1]"),
     (("optim.layer_decay",), lambda v: 0 < v <= 1, "in (0, 1] (1.0: no layer-wise lr decay)"),
@@ -256,6 +258,11 @@ def validate(cfg: Config, origin: str = "config") -> None:
                 f"{origin}: Mixup/CutMix need an even train.micro_batch, got {t.micro_batch}; "
                 "use an even micro batch or set augment.mixup_alpha=0 augment.cutmix_alpha=0"
             )
+    if cfg.data.crop == "src" and cfg.data.src_padding >= cfg.data.image_size:
+        raise UserError(
+            f"{origin}: data.src_padding={cfg.data.src_padding} is not below data.image_size={cfg.data.image_size} "
+            "(reflect padding needs more pixels than it pads); set data.src_padding=4 (DeiT III) or less"
+        )
     if cfg.data.three_augment and cfg.data.randaugment:  # DeiT III uses one or the other
         raise UserError(
             f"{origin}: data.three_augment=true and data.randaugment={cfg.data.randaugment!r} are both set; "

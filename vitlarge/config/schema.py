@@ -28,7 +28,10 @@ class ModelConfig:
     head_drop_rate: float = 0.0
     """Dropout before the classifier; timm 1.x calls this ``drop_rate``."""
     drop_path_rate: float = 0.0
-    """Stochastic depth."""
+    """Stochastic depth: the largest per-block drop probability (see ``drop_path_schedule``)."""
+    drop_path_schedule: Literal["linear", "uniform"] = "linear"
+    """``linear``: timm's spread, block i of n drops with ``drop_path_rate * i / (n - 1)`` (0 in the first
+    block). ``uniform``: ``drop_path_rate`` in every block, as DeiT III's ``models_v2.py`` trains."""
     grad_checkpointing: bool = False
     """Recompute block activations in backward (timm ``set_grad_checkpointing``): less memory, ~30% more compute."""
     fused_attn: Literal["auto", "on", "off"] = "auto"
@@ -79,6 +82,12 @@ class DataConfig:
     """Training crop: ``rrc``, the random-resized crop (``crop_scale``, ``crop_ratio``); ``src``, DeiT III's
     simple random crop: shorter side to ``image_size``, a random ``image_size`` square of the image
     reflect-padded by 4 pixels (``crop_scale`` and ``crop_ratio`` unused). Then the flip (``hflip``)."""
+    src_padding: int = 4
+    """Reflect padding of the simple random crop (``crop="src"``), in pixels: DeiT III's 4 at 192 and 224 px, a
+    shift of up to 2%; small images (the demo's 16 px) want less."""
+    train_interpolation: Literal["bilinear", "bicubic"] = "bilinear"
+    """How training crops are resized to ``image_size`` (timm's ``--train-interpolation``; DeiT trains with
+    ``bicubic``). Validation resizes bicubically either way, as timm evaluates."""
     three_augment: bool = False
     """DeiT III's 3-Augment, run in DALI: per image one of grayscale, solarization (threshold 128) or
     Gaussian blur (PIL's, radius uniform in 0.1..2), equally likely (`vitlarge.data.deit_augment`). DeiT III uses it
@@ -93,6 +102,9 @@ class DataConfig:
     dealt to consecutive ranks (different ranks where the world size is at least ``repeats``), each copy augmented
     independently. An epoch keeps its length, ``ceil(n / world)`` records per rank (timm's ``selected_round=0``),
     so it shows about ``n / repeats`` distinct images. DeiT and DeiT III pretrain with 3. See docs/DATA.md."""
+    read_workers: int = 2
+    """With ``repeats > 1``: processes that read and parse the records (DALI's parallel external source), off
+    the training thread; 0 reads them in it. The stream is the same for any count. Unused without repeats."""
     val_crop_pct: float = 0.875
     """Validation resizes the shorter side to ``image_size / val_crop_pct``, then centre-crops."""
     mean: tuple = IMAGENET_MEAN

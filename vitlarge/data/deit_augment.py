@@ -48,20 +48,20 @@ def src_size(shape, size: int):
     return dmath.floor(float(size) * hw / short)
 
 
-def draw_src_offsets(resized, size: int):
+def draw_src_offsets(resized, size: int, padding: int = SRC_PADDING):
     """RandomCrop's top-left corner in the padded image: per axis an integer uniform in
     0..(resized + 2 * padding - size). ``resized`` is `src_size`'s [H, W]. INT32, shape (2,)."""
-    room = resized + float(2 * SRC_PADDING - size)
+    room = resized + float(2 * padding - size)
     u = fn.random.uniform(range=[0.0, 1.0], shape=[2])
     return fn.cast(dmath.min(dmath.floor(u * (room + 1.0)), room), dtype=types.INT32)
 
 
-def src_crop(images, resized, offsets, size: int, interp):
+def src_crop(images, resized, offsets, size: int, interp, padding: int = SRC_PADDING):
     """Resize ``images`` (uint8 HWC) to ``resized`` ([H, W]), then the ``size`` x ``size`` window at
-    ``offsets`` ([top, left]) of the image reflect-padded by `SRC_PADDING` (torchvision's "reflect",
+    ``offsets`` ([top, left]) of the image reflect-padded by ``padding`` (torchvision's "reflect",
     which does not repeat the edge: DALI's ``reflect_101``). The flip stays with the caller."""
     images = fn.resize(images, size=resized, interp_type=interp, antialias=True)
-    start = offsets - SRC_PADDING
+    start = offsets - padding
     return fn.slice(images, start=start, shape=[size, size], axis_names="HW", out_of_bounds_policy="reflect_101")
 
 

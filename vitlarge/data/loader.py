@@ -106,8 +106,9 @@ class TrainLoader:
     the ranks together read every record exactly once per epoch (``num_examples_this_rank``
     records each). With ``repeats > 1`` the records come instead in timm's ``RepeatAugSampler``
     order (`vitlarge.data.repeats`: each epoch's selected images ``repeats`` times, their copies
-    dealt to consecutive ranks, ``ceil(n / world_size)`` records per rank and epoch).
-    Augmentation: random-resized crop (area ``crop_scale``, aspect ``crop_ratio``) decoded straight
+    dealt to consecutive ranks, ``ceil(n / world_size)`` records per rank and epoch), read by
+    ``read_workers`` processes (DALI's parallel external source; 0: in the calling thread; the stream
+    is the same either way). Augmentation: random-resized crop (area ``crop_scale``, aspect ``crop_ratio``) decoded straight
     from the JPEG and resized to ``image_size``, or with ``crop="src"`` DeiT III's simple random
     crop; horizontal flip; optional RandAugment (timm's ``"rand-m9-n2"`` strings, see
     ``randaugment.py``), DeiT III's 3-Augment (``three_augment``) and colour jitter of strength
@@ -140,16 +141,24 @@ class TrainLoader:
         prefetch_queue_depth: int = 2,
         interpolation: str = "bilinear",
         crop: str = "rrc",
+        src_padding: int = 4,
         three_augment: bool = False,
         color_jitter: float = 0.0,
         repeats: int = 1,
+        read_workers: int = 0,
     ):
         _check_rank(rank, world_size)
+        if not (isinstance(read_workers, int) and read_workers >= 0):
+            raise UserError(f"read_workers={read_workers!r}: must be an integer >= 0 (0: read in this process)")
         if not (isinstance(repeats, int) and repeats >= 1):
             raise UserError(f"repeats={repeats!r}: must be an integer >= 1 (1: off; DeiT uses 3)")
         if crop not in ("rrc", "src"):
             raise UserError(
                 f"crop={crop!r}: expected 'rrc' (random-resized crop) or 'src' (DeiT III's simple random crop)"
+            )
+        if not (isinstance(src_padding, int) and 0 <= src_padding < image_size):
+            raise UserError(
+                f"src_padding={src_padding!r}: must be an integer in [0, image_size={image_size}) (DeiT III pads by 4)"
             )
         if not color_jitter >= 0:
             raise UserError(f"color_jitter={color_jitter}: must be >= 0 (0: off; DeiT III uses 0.3)")
@@ -164,9 +173,7 @@ class TrainLoader:
         if repeats > 1:
             from vitlarge.data.repeats import RepeatedRecords
 
-            self._records = RepeatedRecords(
-                files, batch_size, rank=rank, world_size=world_size, repeats=repeats, seed=seed
-            )
+            self._records = RepeatedRecords(files, rank=rank, world_size=world_size, repeats=repeats, seed=seed)
             self.num_examples_this_rank = self._records.per_rank
         self._batches = _Batches(self.manifest, "train", device, label_offset)
         dev = pipelines.dali_device(device)
@@ -190,12 +197,15 @@ class TrainLoader:
         # Only where they are not the defaults, so a state saved before these settings existed still resumes.
         if crop != "rrc":
             settings["crop"] = crop
+            if src_padding != 4:
+                settings["src_padding"] = src_padding
         if three_augment:
             settings["three_augment"] = True
         if color_jitter:
             settings["color_jitter"] = float(color_jitter)
         if repeats != 1:
             settings["repeats"] = repeats
+            settings["repeats_source"] = "sample"  # positions (a state of the batch-mode source is not one)
         self._fingerprint = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
         checkpoint = self._decode_state(state, data_dir) if state else None
         # Distinct buffer and augmentation streams per rank; one file order for all ranks.
@@ -220,9 +230,11 @@ class TrainLoader:
             initial_fill=initial_fill,
             interp=pipelines.interp_type(interpolation),
             crop=crop,
+            src_padding=src_padding,
             three_augment=three_augment,
             color_jitter=float(color_jitter),
             records=self._records,
+            read_workers=read_workers if self._records else 0,
             batch_size=batch_size,
             num_threads=num_threads,
             device_id=dev.device_id,
@@ -230,6 +242,8 @@ class TrainLoader:
             prefetch_queue_depth=prefetch_queue_depth,
             enable_checkpointing=True,
             checkpoint=checkpoint,
+            # Spawned, not forked: the parent may hold a CUDA context and the process group's threads.
+            **(dict(py_num_workers=read_workers, py_start_method="spawn") if self._records and read_workers else {}),
         )
         self._pipe.build()
 

@@ -25,6 +25,7 @@ FEATURES = {
     "image/class/label": tfrec.FixedLenFeature([1], tfrec.int64, -1),
 }
 READER = "Reader"  # reader op name, for reader_meta()
+READ_AHEAD = 2  # batches of records the read workers prepare ahead (DALI's parallel external source)
 
 
 @dataclass(frozen=True)
@@ -101,18 +102,27 @@ def train_pipeline(
     initial_fill,
     interp,
     crop="rrc",
+    src_padding=deit_augment.SRC_PADDING,
     three_augment=False,
     color_jitter=0.0,
     records=None,
+    read_workers=0,
 ):
     """Training images: ``crop`` (``rrc``: random-resized crop; ``src``: DeiT III's simple random crop),
     flip, then RandAugment, 3-Augment and colour jitter where asked (`vitlarge.data.deit_augment`).
     ``records``: a batch source of ``(encoded, label)`` by iteration (`vitlarge.data.repeats.RepeatedRecords`,
-    repeated augmentation) read instead of the TFRecord reader's own order."""
+    repeated augmentation) read instead of the TFRecord reader's own order, by ``read_workers`` processes (0: in
+    the thread that runs the pipeline). The pipeline is then built with ``py_num_workers=read_workers``."""
     if records is not None:
-        # batch_info: DALI passes the iteration, and its checkpoint restores it, so a resume continues exactly.
+        # Sample mode: DALI asks for stream positions (SampleInfo.idx_in_epoch) and its checkpoint restores
+        # them, so a resume continues exactly; `read_workers` processes read them (parallel external source).
         encoded, label = fn.external_source(
-            source=records, num_outputs=2, batch=True, batch_info=True, dtype=[types.UINT8, types.INT64]
+            source=records,
+            num_outputs=2,
+            batch=False,
+            parallel=read_workers > 0,
+            **(dict(prefetch_queue_depth=READ_AHEAD) if read_workers > 0 else {}),
+            dtype=[types.UINT8, types.INT64],
         )
     else:
         data = _reader(
@@ -129,8 +139,8 @@ def train_pipeline(
     if crop == "src":  # the whole image, shorter side to image_size (antialiased, as PIL's resize)
         images = fn.decoders.image(encoded, device=decoder, output_type=types.RGB)
         resized = deit_augment.src_size(fn.peek_image_shape(encoded), image_size)
-        offsets = deit_augment.draw_src_offsets(resized, image_size)
-        images = deit_augment.src_crop(images, resized, offsets, image_size, interp)
+        offsets = deit_augment.draw_src_offsets(resized, image_size, src_padding)
+        images = deit_augment.src_crop(images, resized, offsets, image_size, interp, src_padding)
     else:
         # Decodes only the random crop window (ROI decode), so the full image is never materialized.
         images = fn.decoders.image_random_crop(

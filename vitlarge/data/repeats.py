@@ -14,9 +14,13 @@ consecutive ranks, in the same or the next step. Each rank keeps ``ceil(n / worl
 down to a multiple of 256 images, the batch of DeiT's GPUs; that would make the step count depend on it). An
 epoch thus shows about ``n / repeats`` distinct images, each ``repeats`` times, as timm's and DeiT's do.
 
-A rank's stream is its epochs one after another; batch ``i`` is records ``i * B .. i * B + B - 1`` of it. It is a
-pure function of ``i``, and DALI's checkpoint restores ``i`` for an ``external_source`` with ``batch_info``, so a
-resumed loader continues exactly. The copies are augmented independently: each rank's pipeline has its own seed.
+A rank's stream is its epochs one after another; its sample ``k`` is a pure function of ``k``. The pipeline asks
+for samples by position (a sample-mode ``external_source``: DALI's ``SampleInfo.idx_in_epoch``, never reset, since
+the source never ends an epoch), and DALI's checkpoint restores the position, so a resumed loader continues
+exactly. The source is stateless apart from open files and cached orders, so DALI's parallel external source can
+run it in worker processes (``data.read_workers``): the records are read and parsed off the training thread, and
+the stream does not depend on how many workers read it. The copies are augmented independently: each rank's
+pipeline has its own seed.
 """
 
 from __future__ import annotations
@@ -56,16 +60,18 @@ def epoch_order(num_examples: int, rank: int, world_size: int, repeats: int, see
 
 
 class RepeatedRecords:
-    """DALI batch source of one rank's repeated-augmentation stream: ``(encoded JPEGs, labels [1] int64)``.
+    """DALI sample source of one rank's repeated-augmentation stream: sample ``k`` is ``(encoded JPEG, label [1]
+    int64)`` of the ``k``-th record of the rank's stream.
 
     ``shards``: ``[(shard path, index path)]`` in the manifest's order (record ``k`` is the ``k``-th record of
     their concatenation). A missing ``image/class/label`` reads as -1 and a missing image as empty bytes, as
-    DALI's reader does (the loader then refuses the label). Two epochs' orders are kept in memory."""
+    DALI's reader does (the loader then refuses the label). Two epochs' orders are kept in memory. Picklable
+    (DALI's spawned workers get a copy without the open files and cached orders)."""
 
-    def __init__(self, shards, batch_size: int, *, rank: int, world_size: int, repeats: int, seed: int):
+    def __init__(self, shards, *, rank: int, world_size: int, repeats: int, seed: int):
         self._files: dict[int, int] = {}  # shard -> open descriptor, least recently used first (`OPEN_SHARDS`)
-        self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
-        self.repeats, self.seed = repeats, seed
+        self._orders: dict[int, list[int]] = {}
+        self.rank, self.world_size, self.repeats, self.seed = rank, world_size, repeats, seed
         self._paths, offsets, sizes, owners = [], [], [], []
         for i, (path, index) in enumerate(shards):
             self._paths.append(path)
@@ -77,33 +83,34 @@ class RepeatedRecords:
         self._offset, self._size, self._owner = (np.concatenate(a) for a in (offsets, sizes, owners))
         self.num_examples = len(self._offset)
         self.per_rank = per_rank(self.num_examples, world_size)
-        self._orders: dict[int, list[int]] = {}
-        from tfrecord import example_pb2
 
-        self._example = example_pb2.Example
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k not in ("_files", "_orders")}
 
-    def records(self, iteration: int) -> list[int]:
-        """The record indices of batch ``iteration`` of this rank's stream."""
-        out = []
-        for pos in range(iteration * self.batch_size, (iteration + 1) * self.batch_size):
-            epoch, k = divmod(pos, self.per_rank)
-            if epoch not in self._orders:
-                self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
-                self._orders[epoch] = epoch_order(
-                    self.num_examples, self.rank, self.world_size, self.repeats, self.seed, epoch
-                )
-            out.append(self._orders[epoch][k])
-        return out
+    def __setstate__(self, state):
+        self.__dict__.update(state, _files={}, _orders={})
+
+    def record_at(self, position: int) -> int:
+        """The record index at ``position`` of this rank's stream."""
+        epoch, k = divmod(position, self.per_rank)
+        if epoch not in self._orders:
+            self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
+            self._orders[epoch] = epoch_order(
+                self.num_examples, self.rank, self.world_size, self.repeats, self.seed, epoch
+            )
+        return self._orders[epoch][k]
+
+    def records(self, iteration: int, batch_size: int) -> list[int]:
+        """The record indices of batch ``iteration`` of ``batch_size`` of this rank's stream."""
+        return [self.record_at(p) for p in range(iteration * batch_size, (iteration + 1) * batch_size)]
 
     def __call__(self, info):
-        images, labels = [], []
-        for record in self.records(info.iteration):
-            image, label = self._read(record)
-            images.append(np.frombuffer(image, dtype=np.uint8))
-            labels.append(np.array([label], dtype=np.int64))
-        return images, labels
+        image, label = self._read(self.record_at(info.idx_in_epoch))
+        return np.frombuffer(image, dtype=np.uint8), np.array([label], dtype=np.int64)
 
     def _read(self, record: int) -> tuple[bytes, int]:
+        from tfrecord import example_pb2
+
         owner = int(self._owner[record])
         fd = self._files.pop(owner, None)
         if fd is None:
@@ -112,7 +119,9 @@ class RepeatedRecords:
             fd = os.open(self._paths[owner], os.O_RDONLY)
         self._files[owner] = fd  # (re)inserted last: the dict's order is the use order
         framed = os.pread(fd, int(self._size[record]), int(self._offset[record]))
-        features = self._example.FromString(memoryview(framed)[12:-4]).features.feature  # length, crc, payload, crc
+        features = example_pb2.Example.FromString(
+            memoryview(framed)[12:-4]
+        ).features.feature  # length, crc, payload, crc
         image = features["image/encoded"].bytes_list.value if "image/encoded" in features else []
         label = features["image/class/label"].int64_list.value if "image/class/label" in features else []
         return (image[0] if image else b""), (label[0] if label else -1)

@@ -106,9 +106,12 @@ def train_loader(cfg: Config, rank: int, world_size: int, device: torch.device, 
         label_offset=d.label_offset,
         state=state,
         crop=d.crop,
+        src_padding=d.src_padding,
         three_augment=d.three_augment,
         color_jitter=d.color_jitter,
         repeats=d.repeats,
+        read_workers=d.read_workers,
+        interpolation=d.train_interpolation,
     )
 
 

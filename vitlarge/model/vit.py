@@ -40,6 +40,8 @@ def build_model(cfg: Config, device: torch.device | str = "cpu") -> torch.nn.Mod
                 f"model.name={cfg.model.name!r} / model.kwargs: {e}; see timm.list_models('vit_*')"
             ) from None
         raise
+    if cfg.model.drop_path_schedule == "uniform":
+        _uniform_drop_path(model, cfg.model.drop_path_rate)
     if cfg.model.grad_checkpointing:
         model.set_grad_checkpointing(True)
     fused = cfg.model.fused_attn == "on" or (
@@ -54,6 +56,22 @@ def build_model(cfg: Config, device: torch.device | str = "cpu") -> torch.nn.Mod
     if torch.device(device).type == "cpu" and cfg.train.precision == "fp16" and type(proj) is torch.nn.Conv2d:
         proj.__class__ = Fp32Conv2d
     return model
+
+
+def _uniform_drop_path(model: torch.nn.Module, rate: float) -> None:
+    """Every residual branch drops with ``rate`` (DeiT III's ``models_v2.py``: ``dpr = [drop_path_rate] *
+    depth``) where timm built ``linspace(0, rate, depth)``."""
+    from timm.layers import DropPath
+
+    blocks = getattr(model, "blocks", None)
+    branches = [(b, n) for b in blocks or () for n in ("drop_path1", "drop_path2") if hasattr(b, n)]
+    if not branches:
+        raise UserError(
+            f"model.drop_path_schedule=uniform: {type(model).__name__} has no timm blocks with drop_path1/2;"
+            " use model.drop_path_schedule=linear"
+        )
+    for block, name in branches:
+        setattr(block, name, DropPath(rate) if rate > 0 else torch.nn.Identity())
 
 
 def pos_embed_matrix(old_size: tuple[int, int], new_size: tuple[int, int], device) -> torch.Tensor:

@@ -426,6 +426,9 @@ def test_the_deit3_recipes_are_deit_iiis_and_their_dry_runs_plan():
     )
     assert (ft.augment.loss, ft.augment.label_smoothing, ft.data.randaugment) == ("ce", 0.1, "rand-m9-mstd0.5-inc1")
     assert (big.train.global_batch, big.optim.lr, big.schedule.warmup_epochs) == (32768, 1.2e-2, 20)
+    # DeiT's code beyond its README: 0.2 drop path in every block, bicubic crops, min_lr 1e-5 (= the fine-tune's lr)
+    assert (pre.model.drop_path_schedule, pre.data.train_interpolation) == ("uniform", "bicubic")
+    assert [c.optim.lr * c.schedule.min_lr_ratio for c in (pre, ft, big)] == pytest.approx([1e-5] * 3)
     n = 1_281_167
     assert make_plan(pre, 8, n).phases[0].accum_steps == 1 and make_plan(ft, 8, n).phases[0].accum_steps == 1
     assert [make_plan(big, w, n).phases[0].accum_steps for w in (8, 128)] == [16, 1]

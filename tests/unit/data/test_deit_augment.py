@@ -383,6 +383,24 @@ def test_state_saved_with_other_augmentation_is_settings_changed(demo_data):
         train_loader(cfg, 0, 1, CPU, state=state)
 
 
+def test_train_interpolation_reaches_the_resize_and_the_resume_check(demo_data):
+    """``data.train_interpolation=bicubic`` (DeiT's) resizes the same crops differently from bilinear's; a
+    position saved under one is not continued under the other."""
+    cfg = demo_config(demo_data)
+    cfg.data.three_augment, cfg.data.color_jitter = False, 0.0
+    cfg.data.image_size = 24  # the demo's JPEGs are 32 px: a resize happens
+    bilinear = train_loader(cfg, 0, 1, CPU)
+    state = bilinear.state()
+    first, labels = next(bilinear)
+    cfg.data.train_interpolation = "bicubic"
+    bicubic, same_labels = next(train_loader(cfg, 0, 1, CPU))
+    assert torch.equal(labels, same_labels)  # the same records and crops ...
+    assert float((first - bicubic).abs().max()) > 0.05  # ... resized another way
+    assert float((first - bicubic).abs().mean()) < 0.2
+    with pytest.raises(SettingsChanged):
+        train_loader(cfg, 0, 1, CPU, state=state)
+
+
 @pytest.mark.parametrize(
     "kw, match", [({"crop": "center"}, "crop='center'"), ({"color_jitter": -0.1}, "color_jitter=-0.1")]
 )

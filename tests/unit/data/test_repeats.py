@@ -4,8 +4,10 @@ the order against timm's ``RepeatAugSampler``, and the real DALI loader reading 
 from __future__ import annotations
 
 import math
+import os
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 from timm.data.distributed_sampler import RepeatAugSampler
@@ -131,11 +133,58 @@ def test_a_state_of_another_repeats_is_refused_and_repeats_1_keeps_the_old_finge
         TrainLoader(demo_data, 16, 32, state=state, **kw)
 
 
+class SampleInfo:
+    """What DALI passes a sample-mode source: the sample's position in the (never ending) epoch."""
+
+    def __init__(self, idx_in_epoch: int):
+        self.idx_in_epoch = idx_in_epoch
+
+
+def test_read_workers_give_the_same_stream_and_resume_exactly(demo_data):
+    """DALI's parallel external source (``read_workers`` spawned processes reading the records) yields bitwise the
+    stream the training thread reads itself, across an epoch boundary (719 records per rank = 22.5 batches), and
+    a state saved with workers resumes without them and the other way round."""
+    kw = dict(rank=1, world_size=2, device=CPU, seed=4, repeats=3, num_threads=1)
+    serial = TrainLoader(demo_data, 32, 32, **kw)
+    parallel = TrainLoader(demo_data, 32, 32, read_workers=2, **kw)
+    for _ in range(24):
+        (a, la), (b, lb) = next(serial), next(parallel)
+        assert torch.equal(la, lb) and torch.equal(a, b)
+    saved_serial, saved_parallel = serial.state(), parallel.state()
+    expected = [next(serial) for _ in range(3)]
+    resumed = [
+        TrainLoader(demo_data, 32, 32, state=saved_parallel, read_workers=0, **kw),
+        TrainLoader(demo_data, 32, 32, state=saved_serial, read_workers=1, **kw),
+    ]
+    for loader in resumed:
+        for (img_a, lab_a), (img_b, lab_b) in zip(expected, (next(loader) for _ in range(3))):
+            assert torch.equal(lab_a, lab_b) and torch.equal(img_a, img_b)
+
+
+def test_the_reader_pickles_without_its_open_files(ids_601):
+    """DALI's spawned workers get a pickled copy: it reads the same records, and the copy's files are its own."""
+    import pickle
+
+    from vitlarge.data import repeats
+    from vitlarge.data.manifest import load_manifest
+
+    shards = [
+        (os.path.join(ids_601, s.file), os.path.join(ids_601, s.index)) for s in load_manifest(ids_601).shards("train")
+    ]
+    reader = repeats.RepeatedRecords(shards, rank=2, world_size=5, repeats=3, seed=1)
+    first = [reader(SampleInfo(p)) for p in range(200, 260)]
+    assert reader._files
+    copy = pickle.loads(pickle.dumps(reader))
+    assert copy._files == {} and copy._orders == {}
+    again = [copy(SampleInfo(p)) for p in range(200, 260)]
+    assert all(np.array_equal(a[0], b[0]) and a[1] == b[1] for a, b in zip(first, again))
+    assert [int(x[1][0]) for x in first] == [reader.record_at(p) for p in range(200, 260)]
+    reader.close(), copy.close()
+
+
 def test_a_reader_over_more_shards_than_it_may_keep_open_reads_them_all_right(tmp_path):
     """ImageNet has 1024 training shards and a job's usual soft limit is 1024 open files: the reader keeps at
     most OPEN_SHARDS descriptors (least recently used closed first) and still reads every record right."""
-    import os
-
     from vitlarge.data import repeats
     from vitlarge.data.manifest import load_manifest
 
@@ -145,11 +194,11 @@ def test_a_reader_over_more_shards_than_it_may_keep_open_reads_them_all_right(tm
         (os.path.join(m.data_dir, s.file), os.path.join(m.data_dir, s.index))
         for s in load_manifest(m.data_dir).shards("train")
     ]
-    reader = repeats.RepeatedRecords(shards, 8, rank=0, world_size=1, repeats=3, seed=0)
+    reader = repeats.RepeatedRecords(shards, rank=0, world_size=1, repeats=3, seed=0)
     read, most_open = [], 0
-    for it in range(math.ceil(reader.per_rank / 8)):
-        _, labels = reader(type("Info", (), {"iteration": it})())
-        read += [int(x[0]) for x in labels]
+    for position in range(reader.per_rank):
+        _, label = reader(SampleInfo(position))
+        read.append(int(label[0]))
         most_open = max(most_open, len(reader._files))
     assert most_open == repeats.OPEN_SHARDS  # every shard was touched, never more than that open at once
     assert read[: reader.per_rank] == epoch_order(reader.num_examples, 0, 1, 3, 0, 0)  # labels are record indices

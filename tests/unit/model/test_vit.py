@@ -32,6 +32,27 @@ def test_dropout_fields_reach_the_timm_modules():
     assert isinstance(m.blocks[0].drop_path1, torch.nn.Identity)  # rate 0 in the first block
 
 
+def test_uniform_drop_path_drops_every_block_at_the_rate_as_deit3():
+    """DeiT III (models_v2.py) drops every residual branch with ``drop_path_rate``; timm spreads it from 0.
+    The recipe's model, built, has 0.2 in every branch; in training a branch drops whole samples at that rate."""
+    cfg = load_recipe(ROOT / "recipes" / "deit3_b16.py")
+    assert cfg.model.drop_path_schedule == "uniform"
+    cfg.model.kwargs = dict(cfg.model.kwargs, depth=3, embed_dim=48, num_heads=3)
+    m = build_model(cfg, "meta")
+    probs = [getattr(b, n).drop_prob for b in m.blocks for n in ("drop_path1", "drop_path2")]
+    assert probs == [pytest.approx(0.2)] * 6
+    branch = build_model(cfg).blocks[0].drop_path1.train()
+    torch.manual_seed(0)
+    kept = (branch(torch.ones(20000, 1, 1)) != 0).float().mean().item()
+    assert kept == pytest.approx(0.8, abs=0.01)
+    cfg.model.drop_path_rate = 0.0  # no stochastic depth at all: identities, as timm builds rate 0
+    assert all(isinstance(b.drop_path2, torch.nn.Identity) for b in build_model(cfg, "meta").blocks)
+    from vitlarge.model.vit import _uniform_drop_path
+
+    with pytest.raises(UserError, match="drop_path_schedule=linear"):  # a model without timm's blocks
+        _uniform_drop_path(torch.nn.Sequential(torch.nn.Linear(2, 2)), 0.1)
+
+
 def test_vit_b16_recipe_dropout_is_the_originals_single_0_1():
     cfg = load_recipe(ROOT / "recipes" / "vit_b16.py")
     cfg.model.name, cfg.model.kwargs, cfg.data.image_size = "vit_tiny_patch16_224", dict(depth=1), 32
