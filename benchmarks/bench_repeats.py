@@ -165,9 +165,7 @@ def run(quick: bool, tiny: bool = False) -> dict:
             else {}
         ),
         "goal": "repeats_workers2's thread CPU per batch <= 1.5x reader's",
-        "cpu_count": os.cpu_count(),
-        "load_average_at_end": os.getloadavg(),
-    }
+    }  # write_result adds the machine: CPU, cores, load average at the end
     results.write_result("repeats", result)
     return result
 
