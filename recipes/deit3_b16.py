@@ -16,8 +16,9 @@ As DeiT's code: drop path 0.2 in every block (``model.drop_path_schedule="unifor
 from 0), bicubic training crops (``data.train_interpolation``), the cosine ending at DeiT's ``min_lr`` 1e-5
 (``schedule.min_lr_ratio`` = 1e-5 / 3e-3). Known difference: the warmup starts at 0 (DeiT: 1e-6, a
 3000th of the peak). Under fp16 (GPUs without bf16),
-BCE's per-class mean makes gradients 1/1000 of cross-entropy's: prefer bf16 (``train.precision=auto``
-gives it on Ampere and later).
+BCE's per-class mean makes gradients 1/1000 of cross-entropy's, and some flush to zero: DeiT III's own fp16
+(timm's NativeScaler, a GradScaler at 2**16 growing every 2000 steps) is vitlarge's default loss scaling, so
+this is the paper's setting; bf16 avoids it (``train.precision=auto`` gives it on Ampere and later).
 
 Published (not reproduced here: no ImageNet run has been made with vitlarge): 83.8% top-1 for ViT-B/16
 after the 224 px fine-tune (the paper's table for ImageNet-1K only). vitlarge gives the pieces timm's

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 
 import numpy as np
 
@@ -59,6 +60,21 @@ def epoch_order(num_examples: int, rank: int, world_size: int, repeats: int, see
     return list(sampler)
 
 
+def die_with_parent(parent: int) -> None:
+    """End this process (SIGKILL) when process ``parent`` ends, however it ends. DALI's read workers outlive
+    a training process killed with SIGKILL or ended by ``os._exit`` otherwise: two orphans per rank after
+    every preemption (measured). Linux's ``PR_SET_PDEATHSIG``; elsewhere nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent:  # it ended before the line above
+        os._exit(1)
+
+
 class RepeatedRecords:
     """DALI sample source of one rank's repeated-augmentation stream: sample ``k`` is ``(encoded JPEG, label [1]
     int64)`` of the ``k``-th record of the rank's stream.
@@ -85,10 +101,14 @@ class RepeatedRecords:
         self.per_rank = per_rank(self.num_examples, world_size)
 
     def __getstate__(self):
-        return {k: v for k, v in self.__dict__.items() if k not in ("_files", "_orders")}
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_files", "_orders")}
+        return state | {"_maker": os.getpid()}
 
     def __setstate__(self, state):
+        maker = state.pop("_maker", None)
         self.__dict__.update(state, _files={}, _orders={})
+        if maker is not None and maker != os.getpid():  # a DALI read worker, spawned by the training process
+            die_with_parent(maker)
 
     def record_at(self, position: int) -> int:
         """The record index at ``position`` of this rank's stream."""

@@ -161,6 +161,47 @@ def test_read_workers_give_the_same_stream_and_resume_exactly(demo_data):
             assert torch.equal(lab_a, lab_b) and torch.equal(img_a, img_b)
 
 
+READER_PROCESS = """
+import os, sys, torch
+from vitlarge.data import TrainLoader
+if __name__ == "__main__":
+    loader = TrainLoader(sys.argv[1], 16, 16, rank=0, world_size=1, device=torch.device("cpu"), seed=0, repeats=3,
+                         read_workers=2, num_threads=1)
+    next(loader)
+    me = os.getpid()
+    print(open(f"/proc/{me}/task/{me}/children").read(), flush=True)
+    os.kill(me, 9) if sys.argv[2] == "kill" else os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("end", ["kill", "exit"])
+def test_read_workers_end_with_the_training_process(demo_data, tmp_path, end):
+    """A training process killed with SIGKILL (preemption, OOM killer) or ended by os._exit (train.py's exit)
+    takes its DALI read workers with it; before, both left two orphans per rank."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers import ROOT
+
+    script = tmp_path / "reader_process.py"
+    script.write_text(READER_PROCESS)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, str(script), demo_data, end], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env
+    )
+    assert done.returncode == (-9 if end == "kill" else 0), done.stderr[-2000:]
+    workers = [int(p) for p in done.stdout.split()]
+    assert len(workers) >= 2  # DALI's two read workers (and multiprocessing's resource tracker)
+    deadline = time.monotonic() + 15
+    while any(os.path.exists(f"/proc/{p}") for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    alive = [p for p in workers if os.path.exists(f"/proc/{p}")]
+    for p in alive:  # leave nothing behind even when the test fails
+        os.kill(p, 9)
+    assert not alive
+
+
 def test_the_reader_pickles_without_its_open_files(ids_601):
     """DALI's spawned workers get a pickled copy: it reads the same records, and the copy's files are its own."""
     import pickle
