@@ -15,6 +15,8 @@ import base64
 import hashlib
 import json
 import math
+import os
+import shutil
 
 import torch
 from nvidia.dali.plugin.pytorch import feed_ndarray
@@ -74,6 +76,9 @@ class _Batches:
         return out, lab.to(self.device, non_blocking=True)
 
 
+SHM = "/dev/shm"  # where DALI's parallel external source passes batches
+
+
 def _run(pipe, manifest: Manifest, split: str, device: torch.device):
     """``pipe.run()``; an image DALI cannot decode becomes a one-line UserError with the fix.
 
@@ -86,6 +91,13 @@ def _run(pipe, manifest: Manifest, split: str, device: torch.device):
         return pipe.run(stream) if stream is not None else pipe.run()
     except RuntimeError as e:
         text = str(e)
+        if "Worker data receiving interrupted" in text:  # DALI's parallel external source (data.read_workers)
+            free = shutil.disk_usage(SHM).free / 2**20 if os.path.isdir(SHM) else 0
+            raise UserError(
+                f"{manifest.data_dir}: the read workers (data.read_workers) stopped: they pass each batch of records "
+                f"through {SHM}, which has {free:.0f} MiB free; give it more (docker run --shm-size=8g, as for "
+                "torch's DataLoader) or set data.read_workers=0"
+            ) from None
         if "decoders." not in text:
             raise
         lines = [ln.strip() for ln in text.splitlines() if ln.strip() and "no longer valid" not in ln]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 from collections import Counter
 
 import numpy as np
@@ -200,6 +201,52 @@ def test_read_workers_end_with_the_training_process(demo_data, tmp_path, end):
     for p in alive:  # leave nothing behind even when the test fails
         os.kill(p, 9)
     assert not alive
+
+
+SHM_PROCESS = """
+import sys, torch
+from vitlarge.data import TrainLoader
+from vitlarge.errors import UserError
+if __name__ == "__main__":
+    loader = TrainLoader(sys.argv[1], 128, 16, rank=0, world_size=1, device=torch.device("cpu"), seed=0, repeats=3,
+                         read_workers=int(sys.argv[2]), num_threads=1)
+    try:
+        for _ in range(12):
+            next(loader)
+    except UserError as e:
+        print(e, file=sys.stderr)
+        sys.exit(2)
+    print("read 12 batches")
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root for a private /dev/shm")
+def test_a_dev_shm_too_small_for_the_read_workers_is_one_line_naming_the_key(demo_data, tmp_path):
+    """Read workers pass batches through /dev/shm, which containers keep at 64 MiB unless told: in a mount namespace
+    with a 64 KiB /dev/shm the loader says so in one line naming data.read_workers; 0 workers read there fine."""
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    script = tmp_path / "shm_process.py"
+    script.write_text(SHM_PROCESS)
+    outs = {}
+    for workers in (2, 0):
+        command = f"mount -t tmpfs -o size=64k tmpfs /dev/shm && exec {sys.executable} {script} {demo_data} {workers}"
+        outs[workers] = subprocess.run(
+            ["unshare", "-m", "sh", "-c", command],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        )
+    failed, fine = outs[2], outs[0]
+    assert failed.returncode == 2, failed.stderr[-2000:]
+    line = failed.stderr.strip().splitlines()[-1]
+    assert "data.read_workers" in line and "/dev/shm" in line and "--shm-size" in line
+    assert fine.returncode == 0 and "read 12 batches" in fine.stdout, fine.stderr[-2000:]
 
 
 def test_the_reader_pickles_without_its_open_files(ids_601):
