@@ -102,9 +102,12 @@ class DataConfig:
     dealt to consecutive ranks (different ranks where the world size is at least ``repeats``), each copy augmented
     independently. An epoch keeps its length, ``ceil(n / world)`` records per rank (timm's ``selected_round=0``),
     so it shows about ``n / repeats`` distinct images. DeiT and DeiT III pretrain with 3. See docs/DATA.md."""
-    read_workers: int = 2
+    read_workers: int = 0
     """With ``repeats > 1``: processes that read and parse the records (DALI's parallel external source), off
-    the training thread; 0 reads them in it. The stream is the same for any count. Unused without repeats."""
+    the training thread; 0 reads them in it. The stream is the same for any count. Each worker imports torch
+    (~400 MB private memory, ~5 s to start) and passes batches through ``/dev/shm``; from a local disk the
+    training thread spends ~2 ms per batch of 64 reading (docs/DATA.md), so workers are for file systems
+    whose reads wait. Unused without repeats."""
     val_crop_pct: float = 0.875
     """Validation resizes the shorter side to ``image_size / val_crop_pct``, then centre-crops."""
     mean: tuple = IMAGENET_MEAN

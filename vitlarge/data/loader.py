@@ -168,7 +168,7 @@ class TrainLoader:
             raise UserError(
                 f"crop={crop!r}: expected 'rrc' (random-resized crop) or 'src' (DeiT III's simple random crop)"
             )
-        if not (isinstance(src_padding, int) and 0 <= src_padding < image_size):
+        if crop == "src" and not (isinstance(src_padding, int) and 0 <= src_padding < image_size):
             raise UserError(
                 f"src_padding={src_padding!r}: must be an integer in [0, image_size={image_size}) (DeiT III pads by 4)"
             )

@@ -383,6 +383,13 @@ def test_state_saved_with_other_augmentation_is_settings_changed(demo_data):
         train_loader(cfg, 0, 1, CPU, state=state)
 
 
+def test_src_padding_is_checked_only_for_the_simple_random_crop(demo_data):
+    """A padding the image cannot reflect is refused for ``crop="src"`` and ignored for ``rrc`` (it is unused)."""
+    with pytest.raises(UserError, match="src_padding=32"):
+        TrainLoader(demo_data, 8, 32, rank=0, world_size=1, device=CPU, seed=0, crop="src", src_padding=32)
+    TrainLoader(demo_data, 8, 32, rank=0, world_size=1, device=CPU, seed=0, crop="rrc", src_padding=32)
+
+
 def test_train_interpolation_reaches_the_resize_and_the_resume_check(demo_data):
     """``data.train_interpolation=bicubic`` (DeiT's) resizes the same crops differently from bilinear's; a
     position saved under one is not continued under the other."""
