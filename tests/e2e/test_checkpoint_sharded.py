@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from tests.helpers import ROOT
-from tests.helpers.spawn import free_port, spawn
+from tests.helpers.spawn import exit_worker, free_port, spawn
 
 
 def _cfg(recipe: str | None = None):
@@ -160,6 +160,7 @@ def _worker(rank: int, world: int, port: int, job: dict, out: str) -> None:
         if rank == 0:
             torch.save(found, out)
         dist.destroy_process_group()
+    exit_worker()  # only after a clean end: an exception above still reaches spawn
 
 
 def _spawn(world: int, job: dict, out: Path) -> dict:

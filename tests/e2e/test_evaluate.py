@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from hooks.jsonl import read_metrics
 from tests.helpers import launcher
-from tests.helpers.spawn import free_port, spawn
+from tests.helpers.spawn import exit_worker, free_port, spawn
 
 RECIPE = "recipes/demo_digits.py"
 # fp32 (fp16 matmuls crawl on CPUs without avx512_fp16), no Mixup (51 is odd), 4 steps/epoch.
@@ -111,6 +111,7 @@ def _fsdp_eval_worker(rank: int, port: int, data: str, out: str) -> None:
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(dict(passes=passes, forwards=forwards, real=loader.num_examples_this_rank), f)
     dist.destroy_process_group()
+    exit_worker()
 
 
 def test_two_rank_fsdp_evaluation_of_129_images_at_micro_batch_64_finishes_exactly(tmp_path):

@@ -21,7 +21,7 @@ from tests.helpers import launcher
 from tests.helpers.fsdp import batches, built, recipe
 from tests.helpers.launcher import assert_bitwise_equal, final_weights
 from tests.helpers.runs import metrics_has_step
-from tests.helpers.spawn import free_port, spawn
+from tests.helpers.spawn import exit_worker, free_port, spawn
 
 RECIPE = "recipes/demo_digits.py"
 STEPS = 20
@@ -157,6 +157,7 @@ def _reshard_probe(rank: int, world: int, port: int, ckpts: dict, out: str) -> N
     if rank == 0:
         torch.save(found, out)
     dist.destroy_process_group()
+    exit_worker()
 
 
 def accumulators(root) -> set[tuple[str, str]]:

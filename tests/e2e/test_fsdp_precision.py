@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from tests.helpers.precision import LayerNormDtypes
-from tests.helpers.spawn import free_port, spawn
+from tests.helpers.spawn import exit_worker, free_port, spawn
 
 RECIPE = "recipes/demo_digits.py"
 WORLD = 2
@@ -173,6 +173,7 @@ def _worker(rank: int, port: int, out: str) -> None:
         result[name + "_s"] = time.perf_counter() - t0
     torch.save(result, os.path.join(out, f"rank{rank}.pt"))
     dist.destroy_process_group()
+    exit_worker()
 
 
 @pytest.fixture(scope="module")
