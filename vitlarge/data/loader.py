@@ -30,6 +30,7 @@ from vitlarge.data.common import (  # noqa: F401
     older_state_version,
     val_forwards,
 )
+from vitlarge.data.deit_augment import SRC_PADDING
 from vitlarge.data.manifest import MANIFEST_NAME, Manifest, check_shards, load_manifest
 from vitlarge.data.randaugment import spec as randaugment_spec
 from vitlarge.errors import UserError
@@ -153,7 +154,7 @@ class TrainLoader:
         prefetch_queue_depth: int = 2,
         interpolation: str = "bilinear",
         crop: str = "rrc",
-        src_padding: int = 4,
+        src_padding: int = SRC_PADDING,
         three_augment: bool = False,
         color_jitter: float = 0.0,
         repeats: int = 1,
@@ -209,7 +210,7 @@ class TrainLoader:
         # Only where they are not the defaults, so a state saved before these settings existed still resumes.
         if crop != "rrc":
             settings["crop"] = crop
-            if src_padding != 4:
+            if src_padding != SRC_PADDING:
                 settings["src_padding"] = src_padding
         if three_augment:
             settings["three_augment"] = True

@@ -30,6 +30,7 @@ import os
 import sys
 
 import numpy as np
+from tfrecord import example_pb2
 
 OPEN_SHARDS = 64  # descriptors a reader keeps open at most: a random order touches every shard within a few batches
 
@@ -120,17 +121,11 @@ class RepeatedRecords:
             )
         return self._orders[epoch][k]
 
-    def records(self, iteration: int, batch_size: int) -> list[int]:
-        """The record indices of batch ``iteration`` of ``batch_size`` of this rank's stream."""
-        return [self.record_at(p) for p in range(iteration * batch_size, (iteration + 1) * batch_size)]
-
     def __call__(self, info):
         image, label = self._read(self.record_at(info.idx_in_epoch))
         return np.frombuffer(image, dtype=np.uint8), np.array([label], dtype=np.int64)
 
     def _read(self, record: int) -> tuple[bytes, int]:
-        from tfrecord import example_pb2
-
         owner = int(self._owner[record])
         fd = self._files.pop(owner, None)
         if fd is None:
