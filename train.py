@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 
 
@@ -79,20 +78,7 @@ def run(args, env, threads: tuple[int, str]) -> int:
     return build_run(cfg, env, resume=args.resume, threads=threads).fit()
 
 
-def leave(code: int) -> None:
-    """Exits with ``code``. A run that ends on bad input (2) while its process group is up (the checks
-    agreed after the rendezvous, a checkpoint no rank can read) leaves at once: left to the interpreter's shutdown, the gloo group and
-    its store are destroyed after a peer (rank 0 hosts the store) has closed its sockets, and a background
-    thread's end aborts the process ("terminate called without an active exception", status 134) instead
-    of exiting with the code the user reads. Everything the run wrote is already fsynced or flushed."""
-    dist = sys.modules.get("torch.distributed")
-    if code == 2 and dist is not None and dist.is_available() and dist.is_initialized():
-        logging.shutdown()  # flushes the handlers (metrics and logs are written by the hooks already)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
-
-
 if __name__ == "__main__":
-    leave(main())
+    from vitlarge.distributed.launch import leave
+
+    leave(main())  # with os._exit once a process group was up: the status must not depend on gloo's teardown

@@ -92,6 +92,9 @@ class JsonlHook(Hook):
                 "event": "end",
             }
         )
+        self.on_close(run)
+
+    def on_close(self, run: RunInfo) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None

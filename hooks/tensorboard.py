@@ -1,7 +1,8 @@
 """TensorBoard scalars under ``<workdir>/tb``, at the optimizer step.
 
 Main rank only. The writer is created at train start (so building the hook list costs nothing and
-non-main ranks never import TensorBoard), flushed after each evaluation and closed at train end.
+non-main ranks never import TensorBoard), flushed after each evaluation and closed when the run ends
+(``on_close``: finished, preempted or stopped).
 
 Tags: ``train/loss``, ``train/lr``, ``train/grad_norm``, ``train/loss_scale``, ``train/skipped``
 (1 on an fp16 overflow step), ``perf/images_per_s`` (all devices), ``perf/data_wait`` (fraction of
@@ -64,6 +65,10 @@ class TensorBoardHook(Hook):
             self._writer.flush()
 
     def on_train_end(self, run: RunInfo, summary: EvalMetrics) -> None:
+        self.on_close(run)
+
+    def on_close(self, run: RunInfo) -> None:
+        """Also after a preemption or a stop: the events since the last evaluation are written."""
         if self._writer is not None:
             self._writer.flush()
             self._writer.close()

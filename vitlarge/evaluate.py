@@ -112,4 +112,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from vitlarge.distributed.launch import leave
+
+    leave(main())

@@ -9,6 +9,9 @@ The trainer (`vitlarge.train.trainer`) emits; observers in ``hooks/`` implement 
   its final name.
 * `Event.TRAIN_END` -> ``on_train_end(run, summary: EvalMetrics)`` once, after the final
   evaluation; ``summary`` is that evaluation (its ``step`` is the last step).
+* `Event.CLOSE` -> ``on_close(run)`` once, last, however the run ends: done, stopped by a hook,
+  preempted (exit 75), an error. Files are flushed and closed here: the process then leaves with
+  ``os._exit`` (`vitlarge.distributed.launch.leave`), which runs no finalizers.
 
 Hooks log only where ``run.is_main`` unless they say otherwise; a hook that must stop training
 raises `StopTraining` (all ranks see the same values, so they all raise at the same step).
@@ -35,6 +38,7 @@ class Event(enum.Enum):
     EVAL_END = "eval_end"
     CHECKPOINT = "checkpoint"
     TRAIN_END = "train_end"
+    CLOSE = "close"
 
 
 @dataclass(frozen=True)
@@ -142,6 +146,9 @@ class Hook:
     def on_train_end(self, run: RunInfo, summary: EvalMetrics) -> None:
         pass
 
+    def on_close(self, run: RunInfo) -> None:
+        pass
+
 
 def emit(hooks: list[Hook], event: Event, run: RunInfo, *args) -> None:
     """Calls ``event`` on each hook in list order."""
@@ -157,3 +164,5 @@ def emit(hooks: list[Hook], event: Event, run: RunInfo, *args) -> None:
                 hook.on_checkpoint(run, *args)
             case Event.TRAIN_END:
                 hook.on_train_end(run, *args)
+            case Event.CLOSE:
+                hook.on_close(run)

@@ -5,6 +5,8 @@ each rerun continues the line that started at step 4 (tests/unit/checkpoint/test
 
 import signal
 
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
 from hooks.jsonl import read_metrics
 from tests.helpers import launcher
 from tests.helpers.runs import kill_all, metrics_has_step, resumed_at, srun
@@ -12,6 +14,12 @@ from tests.helpers.runs import kill_all, metrics_has_step, resumed_at, srun
 
 def abandoned(workdir):
     return sorted((workdir / "checkpoints").glob("abandoned_*"))
+
+
+def tensorboard_steps(workdir) -> set[int]:
+    acc = EventAccumulator(str(workdir / "tb"))
+    acc.Reload()
+    return {e.step for e in acc.Scalars("train/loss")}
 
 
 def test_requeues_of_a_run_started_with_resume_finish_it(demo_data, tmp_path):
@@ -31,6 +39,9 @@ def test_requeues_of_a_run_started_with_resume_finish_it(demo_data, tmp_path):
             assert [proc.wait(timeout=300) for proc in procs] == [75, 75], logs[0].read_text()[-3000:]
         finally:
             kill_all(procs)
+        # Exit 75 leaves with os._exit (launch.leave): TensorBoard was flushed and closed before, every step is there.
+        logged = {m["step"] for m in read_metrics(str(tmp_path / "metrics.jsonl")) if m["event"] == "train"}
+        assert tensorboard_steps(tmp_path) == logged and max(logged) >= stop_after
         if stop_after == 9:  # the requeue after the first stop continued the line, it did not go back
             assert resumed_at(logs[0].read_text())[-1][1] >= 7
     assert len(abandoned(tmp_path)) == 1  # the first --resume went back once; the requeues moved nothing

@@ -23,6 +23,7 @@ import socket
 import sys
 import time
 import warnings
+from typing import NoReturn
 
 from vitlarge.distributed.launcher import DistEnv, launcher_rank
 from vitlarge.distributed.network import bind_interface
@@ -70,9 +71,35 @@ def rendezvous_timeout_s(env=None) -> float:
 # gloo process group: ~ProcessGroupGloo joins its worker threads while holding the GIL, and a worker
 # that is still releasing the tensors of the last all-reduce waits for the GIL (fixed upstream by
 # "Release GIL in PG destructor", pytorch#154976). Holding a reference here moves the destruction
-# to interpreter exit, when the workers are long idle. Seen as srun/torchrun never returning after
+# to the end of the process, which `leave` makes os._exit. Seen as srun/torchrun never returning after
 # "exported ...".
 _KEEP_ALIVE: list = []
+
+
+def leave(code: int) -> NoReturn:
+    """Ends the process with ``code``: the last call of train.py and the multi-rank tools.
+
+    A process that joined a process group leaves at once (``os._exit``) after flushing its log handlers
+    and streams, whatever the code. Left to the interpreter's shutdown, the gloo group and its threads are
+    torn down while the interpreter finalizes, and that can abort the process ("terminate called without
+    an active exception", SIGABRT): CI saw it on rank 1 of a 2-rank run that had finished and exported,
+    status 134 instead of 0, and earlier on runs ending with 2. The status is what torchrun, Slurm's
+    requeue (75) and the user read, so it must not depend on the teardown. Nothing is lost: checkpoints
+    and exports are fsynced when written, and the hooks have flushed and closed their files
+    (``Hook.on_close``, on every way a run ends)."""
+    if _KEEP_ALIVE or _group_is_up():
+        import logging
+
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+def _group_is_up() -> bool:
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized()
 
 
 def init_distributed(

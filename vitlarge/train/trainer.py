@@ -116,6 +116,7 @@ class Trainer:
         finally:
             for s, handler in old.items():
                 signal.signal(s, handler)
+            self._emit(Event.CLOSE)
 
     def _fit(self) -> EvalMetrics:
         t, plan = self.cfg.train, self.plan

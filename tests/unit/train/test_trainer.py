@@ -71,6 +71,9 @@ class Log(Hook):
         self.events.append(("end", summary.step))
         self.summary = summary
 
+    def on_close(self, run):
+        self.events.append(("close",))
+
 
 class SigtermAt(Hook):
     """Sends this process SIGTERM after step ``step``, as a scheduler's preemption would."""
@@ -113,6 +116,7 @@ def test_events_come_in_the_documented_order_at_their_cadence(tmp_path):
         ("eval", 7),  # the final evaluation: max_steps ends the run before the schedule does
         ("checkpoint", 7),
         ("end", 7),
+        ("close",),
     ]
     assert t.step == STEPS and final is log.summary and final.val_images == 40
     assert [store.step_of(p) for p in store.list_checkpoints(tmp_path)] == [3, 6, 7]
@@ -127,7 +131,7 @@ def test_a_run_resumed_at_its_end_evaluates_and_writes_no_second_checkpoint(tmp_
     saved = (tmp_path / "checkpoints" / store.step_name(STEPS) / "meta.json").stat().st_mtime_ns
     log = Log()
     trainer(tmp_path, [log], start_step=STEPS).fit()
-    assert log.events == [("start", STEPS), ("eval", STEPS), ("end", STEPS)]
+    assert log.events == [("start", STEPS), ("eval", STEPS), ("end", STEPS), ("close",)]
     assert (tmp_path / "checkpoints" / store.step_name(STEPS) / "meta.json").stat().st_mtime_ns == saved
 
 
@@ -139,6 +143,7 @@ def test_sigterm_checkpoints_at_the_next_step_boundary_and_raises_preempted(tmp_
         t.fit()
     # The signal lands during step 2's hooks; step 3's all-reduce carries it, so step 3 is the last.
     assert e.value.step == 3 and store.step_of(e.value.path) == 3
-    assert log.events[-2:] == [("step", 3), ("checkpoint", 3)] and ("end", 3) not in log.events
+    # The hooks are closed on this way out too: the process leaves with os._exit (launch.leave).
+    assert log.events[-3:] == [("step", 3), ("checkpoint", 3), ("close",)] and ("end", 3) not in log.events
     assert "run the same command to resume" in str(e.value)
     assert signal.getsignal(signal.SIGTERM) is before  # the trainer's handler is gone after fit
