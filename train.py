@@ -79,6 +79,6 @@ def run(args, env, threads: tuple[int, str]) -> int:
 
 
 if __name__ == "__main__":
-    from vitlarge.distributed.launch import leave
+    from vitlarge.distributed.launch import main_then_leave
 
-    leave(main())  # with os._exit once a process group was up: the status must not depend on gloo's teardown
+    main_then_leave(main)  # os._exit once a process group was up: the status must not depend on gloo's teardown

@@ -14,8 +14,10 @@ default of 1e-6 only matters for loading the released weights), LAMB's global-no
 
 As DeiT's code: drop path 0.2 in every block (``model.drop_path_schedule="uniform"``; timm spreads it
 from 0), bicubic training crops (``data.train_interpolation``), the cosine ending at DeiT's ``min_lr`` 1e-5
-(``schedule.min_lr_ratio`` = 1e-5 / 3e-3). Known difference: the warmup starts at 0 (DeiT: 1e-6, a
-3000th of the peak). Under fp16 (GPUs without bf16),
+(``schedule.min_lr_ratio`` = 1e-5 / 3e-3). Known differences: the warmup starts at 0 (DeiT: 1e-6, a
+3000th of the peak); the random-resized crop's bicubic resize is not antialiased (PIL's is; vitlarge leaves
+it off for the CPU pipeline's speed, docs/DATA.md): a difference wherever a crop is shrunk, as most crops of
+ImageNet's ~400 px images are at 192 px. Under fp16 (GPUs without bf16),
 BCE's per-class mean makes gradients 1/1000 of cross-entropy's, and some flush to zero: DeiT III's own fp16
 (timm's NativeScaler, a GradScaler at 2**16 growing every 2000 steps) is vitlarge's default loss scaling, so
 this is the paper's setting; bf16 avoids it (``train.precision=auto`` gives it on Ampere and later).

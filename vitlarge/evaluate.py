@@ -112,6 +112,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from vitlarge.distributed.launch import leave
+    from vitlarge.distributed.launch import main_then_leave
 
-    leave(main())
+    main_then_leave(main)

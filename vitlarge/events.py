@@ -150,6 +150,19 @@ class Hook:
         pass
 
 
+def close(hooks: list[Hook], run: RunInfo) -> None:
+    """`Event.CLOSE` on every hook, each on its own: a hook that fails here (TensorBoard's writer re-raises a
+    full disk or a stale NFS handle) is one warning line, and neither stops the others' closing nor replaces
+    how the run ended (a preemption must still exit 75)."""
+    import logging
+
+    for hook in hooks:
+        try:
+            hook.on_close(run)
+        except Exception as e:
+            logging.getLogger("vitlarge").warning(f"warning: {type(hook).__name__} did not close: {e}")
+
+
 def emit(hooks: list[Hook], event: Event, run: RunInfo, *args) -> None:
     """Calls ``event`` on each hook in list order."""
     for hook in hooks:

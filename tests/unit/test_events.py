@@ -136,3 +136,20 @@ def test_step_metrics_are_keyword_only_and_the_image_count_is_required():
 def test_run_info_world_size_is_the_plans():
     assert run_info(2).world_size == 2 and run_info(4).world_size == 4
     assert issubclass(StopTraining, Exception) and not issubclass(StopTraining, RuntimeError)
+
+
+def test_closing_goes_on_past_a_hook_that_fails_and_says_so_in_one_line(caplog):
+    """TensorBoard's writer re-raises a full disk at close: the next hooks still close, the run's own end stands."""
+    from vitlarge.events import close
+
+    class Fails(Hook):
+        def on_close(self, run):
+            raise OSError(28, "No space left on device")
+
+    calls, run = [], run_info()
+    with caplog.at_level("WARNING", logger="vitlarge"):
+        close([Recorder("a", calls), Fails(), Recorder("b", calls)], run)
+    assert calls == [("a", "close", run), ("b", "close", run)]
+    assert [r.getMessage() for r in caplog.records] == [
+        "warning: Fails did not close: [Errno 28] No space left on device"
+    ]

@@ -17,6 +17,8 @@ import json
 import math
 import os
 import shutil
+import signal
+import threading
 
 import torch
 from nvidia.dali.plugin.pytorch import feed_ndarray
@@ -78,6 +80,37 @@ class _Batches:
 
 
 SHM = "/dev/shm"  # where DALI's parallel external source passes batches
+SHM_LOW_MIB = 256  # below this much free there, a stopped read worker is put down to /dev/shm
+
+
+def ended_read_workers(pipe) -> list[tuple[int, int]]:
+    """``(pid, exit code)`` of the pipeline's read workers (DALI's parallel external source) that have ended; a
+    negative code is the signal that ended it. DALI stops the pool when one ends, but its next ``run()`` can
+    wait forever on the lost worker (seen when one was killed between two batches), so the loader asks first.
+    DALI keeps the processes in ``Pipeline._py_pool.pool._processes`` (multiprocessing processes);
+    tests/unit/data/test_repeats.py kills a worker, so a DALI that moves them fails there."""
+    processes = getattr(getattr(getattr(pipe, "_py_pool", None), "pool", None), "_processes", None) or []
+    return [(p.pid, p.exitcode) for p in processes if p.exitcode is not None]
+
+
+def read_workers_error(manifest: Manifest, ended: list[tuple[int, int]]) -> Exception:
+    """What to say when the read workers stopped: /dev/shm too small for their batches is bad input with a
+    fix (a `UserError`); a worker that died otherwise (the kernel's OOM killer, a crash) is not."""
+    free = shutil.disk_usage(SHM).free / 2**20 if os.path.isdir(SHM) else 0
+    signals = {-code for _, code in ended if code < 0}
+    if not ended or signal.SIGBUS in signals or free < SHM_LOW_MIB:  # a full /dev/shm: SIGBUS on its pages
+        return UserError(
+            f"{manifest.data_dir}: the read workers (data.read_workers) stopped: they pass each batch of records "
+            f"through {SHM}, which has {free:.0f} MiB free; give it more (docker run --shm-size=8g, as for "
+            "torch's DataLoader) or set data.read_workers=0"
+        )
+    pid, code = ended[0]
+    how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+    hint = " (the kernel's OOM killer? see dmesg)" if -code == signal.SIGKILL else ""
+    return RuntimeError(
+        f"{manifest.data_dir}: read worker {pid} (data.read_workers) {how}{hint}; each worker holds about 400 MB: "
+        "fewer workers, or data.read_workers=0 reads the records in the training process"
+    )
 
 
 def _run(pipe, manifest: Manifest, split: str, device: torch.device):
@@ -93,12 +126,7 @@ def _run(pipe, manifest: Manifest, split: str, device: torch.device):
     except RuntimeError as e:
         text = str(e)
         if "Worker data receiving interrupted" in text:  # DALI's parallel external source (data.read_workers)
-            free = shutil.disk_usage(SHM).free / 2**20 if os.path.isdir(SHM) else 0
-            raise UserError(
-                f"{manifest.data_dir}: the read workers (data.read_workers) stopped: they pass each batch of records "
-                f"through {SHM}, which has {free:.0f} MiB free; give it more (docker run --shm-size=8g, as for "
-                "torch's DataLoader) or set data.read_workers=0"
-            ) from None
+            raise read_workers_error(manifest, ended_read_workers(pipe)) from None
         if "decoders." not in text:
             raise
         lines = [ln.strip() for ln in text.splitlines() if ln.strip() and "no longer valid" not in ln]
@@ -183,6 +211,10 @@ class TrainLoader:
         if self.num_examples_this_rank < 1:
             raise UserError(f"{data_dir}: {n} training examples cannot be split over world_size={world_size}")
         self._records = None
+        self._read_workers = read_workers if repeats > 1 else 0
+        if self._read_workers and threading.current_thread() is not threading.main_thread():
+            # The workers die with the thread that starts them (PR_SET_PDEATHSIG follows the parent thread).
+            raise RuntimeError("a TrainLoader with read_workers > 0 must be built in the main thread")
         if repeats > 1:
             from vitlarge.data.repeats import RepeatedRecords
 
@@ -264,6 +296,10 @@ class TrainLoader:
         return self
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._read_workers:
+            ended = ended_read_workers(self._pipe)
+            if ended:
+                raise read_workers_error(self.manifest, ended)
         images, labels = _run(self._pipe, self.manifest, "train", self._batches.device)
         return self._batches.convert(images, labels)
 

@@ -32,7 +32,7 @@ import sys
 import numpy as np
 from tfrecord import example_pb2
 
-OPEN_SHARDS = 64  # descriptors a reader keeps open at most: a random order touches every shard within a few batches
+OTHER_FILES = 1024  # descriptors left to everything else in the process (DALI, sockets, torch, the checkpoint)
 
 # torch's CPU generator keeps 32 bits of a seed. An odd multiplier spreads the seeds over them: nearby seeds
 # (a phase's seed + 1000) reach each other's epochs only after about 2**32 / 1000 of them.
@@ -59,6 +59,37 @@ def epoch_order(num_examples: int, rank: int, world_size: int, repeats: int, see
     )
     sampler.set_epoch(epoch_key(seed, epoch))
     return list(sampler)
+
+
+def shard_files_to_keep_open(num_shards: int) -> int:
+    """How many shard files a reader keeps open: all of them where the open-file limit allows. The stream's
+    order touches a different shard for nearly every record (ImageNet's 1024 shards kept 64 at a time: 240
+    opens and closes per batch of 256, each a metadata server round trip on Lustre or GPFS). The soft limit
+    is raised toward the hard one to ``num_shards + OTHER_FILES`` for that; where it cannot be, the reader
+    keeps at most ``open_budget`` files, least recently used closed first."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = num_shards + OTHER_FILES
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        if target > soft:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+                soft = target
+            except (ValueError, OSError):
+                pass
+    return open_budget(num_shards, soft)
+
+
+def open_budget(num_shards: int, soft_limit: int) -> int:
+    """Shard files to keep open under an open-file ``soft_limit``: all, or what leaves ``OTHER_FILES`` (or half the
+    limit, whichever is more) to the rest of the process."""
+    import resource
+
+    if soft_limit == resource.RLIM_INFINITY:
+        return num_shards
+    return max(1, min(num_shards, max(soft_limit // 2, soft_limit - OTHER_FILES)))
 
 
 def die_with_parent(parent: int) -> None:
@@ -100,6 +131,7 @@ class RepeatedRecords:
         self._offset, self._size, self._owner = (np.concatenate(a) for a in (offsets, sizes, owners))
         self.num_examples = len(self._offset)
         self.per_rank = per_rank(self.num_examples, world_size)
+        self.max_open = shard_files_to_keep_open(len(self._paths))  # DALI's workers inherit the raised limit
 
     def __getstate__(self):
         state = {k: v for k, v in self.__dict__.items() if k not in ("_files", "_orders")}
@@ -129,7 +161,7 @@ class RepeatedRecords:
         owner = int(self._owner[record])
         fd = self._files.pop(owner, None)
         if fd is None:
-            if len(self._files) >= OPEN_SHARDS:  # ImageNet has 1024 shards; the usual soft limit is 1024 files
+            if len(self._files) >= self.max_open:
                 os.close(self._files.pop(next(iter(self._files))))
             fd = os.open(self._paths[owner], os.O_RDONLY)
         self._files[owner] = fd  # (re)inserted last: the dict's order is the use order

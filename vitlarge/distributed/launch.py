@@ -23,6 +23,7 @@ import socket
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from typing import NoReturn
 
 from vitlarge.distributed.launcher import DistEnv, launcher_rank
@@ -90,11 +91,28 @@ def leave(code: int) -> NoReturn:
     if _KEEP_ALIVE or _group_is_up():
         import logging
 
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for flush in (logging.shutdown, sys.stdout.flush, sys.stderr.flush):
+            try:
+                flush()
+            except (OSError, ValueError):  # a reader gone (srun's I/O, a killed `| tee`): the status still counts
+                pass
         os._exit(code)
     sys.exit(code)
+
+
+def main_then_leave(main: Callable[[], int]) -> NoReturn:
+    """``leave(main())``, also when ``main`` raises what it does not handle (a collective that timed out, a
+    CUDA error, Ctrl-C): the traceback is printed and the process leaves with 1 (130 on Ctrl-C) the same way."""
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        code = 130
+    except Exception:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    leave(code)
 
 
 def _group_is_up() -> bool:

@@ -23,7 +23,7 @@ from vitlarge.config.schema import Config
 from vitlarge.data.phased import PhasedLoaders, release_loader_memory
 from vitlarge.distributed.collective import rank0_decides
 from vitlarge.errors import Preempted
-from vitlarge.events import EvalMetrics, Event, Hook, RunInfo, StepMetrics, emit
+from vitlarge.events import EvalMetrics, Event, Hook, RunInfo, StepMetrics, close, emit
 from vitlarge.plan.plan import Plan
 from vitlarge.train.engine import Engine
 from vitlarge.train.evaluation import evaluate
@@ -116,7 +116,7 @@ class Trainer:
         finally:
             for s, handler in old.items():
                 signal.signal(s, handler)
-            self._emit(Event.CLOSE)
+            close(self.hooks, self.run)
 
     def _fit(self) -> EvalMetrics:
         t, plan = self.cfg.train, self.plan

@@ -480,3 +480,38 @@ def test_rendezvous_error_names_host_interface_time_and_claims_a_timeout_only_fo
     assert "interface default" in other and other.endswith(
         "Connection reset by peer; check that every process started and that the address is reachable"
     )
+
+
+# --- leave: how a process that joined a group ends ------------------------------------------------------------
+
+LEAVING = """
+import os, sys
+from vitlarge.distributed import launch, launcher
+launch.init_distributed(launcher.DistEnv(0, 1, 0, "127.0.0.1", launcher.free_port(), "single"), "gloo")
+what = sys.argv[1]
+if what == "broken-stdout":  # the reader of stdout is gone; one unflushed character waits in the buffer
+    r, w = os.pipe()
+    os.close(r)
+    sys.stdout = os.fdopen(w, "w")
+    sys.stdout.write("x")
+    launch.leave(75)
+def main():
+    if what == "raises":
+        raise RuntimeError("a collective timed out")
+    print("trained", flush=True)
+    return 0
+launch.main_then_leave(main)
+"""
+
+
+@pytest.mark.parametrize("what, status", [("broken-stdout", 75), ("raises", 1), ("done", 0)])
+def test_a_process_that_joined_a_group_leaves_with_its_status(what, status):
+    """The status is what torchrun and Slurm's requeue read: a preemption's 75 stays 75 when stdout's reader is gone
+    (the flush raised BrokenPipeError: 120), and an exception main does not handle is printed and leaves with 1
+    by the same os._exit, not through the interpreter's teardown of the group."""
+    r = subprocess.run([sys.executable, "-c", LEAVING, what], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == status, r.stderr[-2000:]
+    if what == "raises":
+        assert r.stderr.rstrip().endswith("RuntimeError: a collective timed out")
+    if what == "done":
+        assert r.stdout.endswith("trained\n")  # (gloo prints its own line before)

@@ -147,3 +147,16 @@ def test_sigterm_checkpoints_at_the_next_step_boundary_and_raises_preempted(tmp_
     assert log.events[-3:] == [("step", 3), ("checkpoint", 3), ("close",)] and ("end", 3) not in log.events
     assert "run the same command to resume" in str(e.value)
     assert signal.getsignal(signal.SIGTERM) is before  # the trainer's handler is gone after fit
+
+
+class FailsToClose(Hook):
+    def on_close(self, run):
+        raise OSError(28, "No space left on device")
+
+
+def test_a_hook_that_fails_to_close_does_not_replace_the_preemption(tmp_path):
+    """The preemption's checkpoint is written; exit 75 (requeue) must not become an OSError's 1."""
+    log = Log()
+    with pytest.raises(Preempted):
+        trainer(tmp_path, [FailsToClose(), log, SigtermAt(2)]).fit()
+    assert log.events[-1] == ("close",)
