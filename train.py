@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -50,15 +49,15 @@ def main(argv=None) -> int:
         return run(args, env, pools)
     except UserError as e:
         if launch.report_before_group(e, env):  # once; a rank's own error named by it (and told to the others)
-            print(f"error: {e}", file=sys.stderr, flush=True)
+            launch.say(f"error: {e}")
         return 2
     except StopTraining as e:
         if env is None or env.is_main:
-            print(f"error: {e}", file=sys.stderr, flush=True)
+            launch.say(f"error: {e}")
         return 3
     except Preempted as e:
         if env.is_main:
-            print(f"vitlarge: {e}", file=sys.stderr, flush=True)
+            launch.say(f"vitlarge: {e}")
         return EXIT_PREEMPTED
 
 

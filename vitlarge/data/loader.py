@@ -94,18 +94,34 @@ def ended_read_workers(pipe) -> list[tuple[int, int]]:
 
 
 def read_workers_error(manifest: Manifest, ended: list[tuple[int, int]]) -> Exception:
-    """What to say when the read workers stopped: /dev/shm too small for their batches is bad input with a
-    fix (a `UserError`); a worker that died otherwise (the kernel's OOM killer, a crash) is not."""
+    """What to say when the read workers stopped. /dev/shm too small for their batches is bad input with a fix
+    (a `UserError`): a worker that touches a page tmpfs cannot give dies of SIGBUS, or, with little free there,
+    exits with an error or is stopped before its end is seen. A worker killed otherwise (SIGKILL: the kernel's
+    OOM killer) is a `RuntimeError` naming it. DALI ends the other workers with SIGTERM once one has
+    ended, so the worker named is one not ended by DALI."""
     free = shutil.disk_usage(SHM).free / 2**20 if os.path.isdir(SHM) else 0
-    signals = {-code for _, code in ended if code < 0}
-    if not ended or signal.SIGBUS in signals or free < SHM_LOW_MIB:  # a full /dev/shm: SIGBUS on its pages
+    ours = [(pid, code) for pid, code in ended if code != -signal.SIGTERM] or ended
+    signals = {-code for _, code in ours if code < 0}
+    if signal.SIGBUS in signals or (free < SHM_LOW_MIB and not signals):
         return UserError(
             f"{manifest.data_dir}: the read workers (data.read_workers) stopped: they pass each batch of records "
             f"through {SHM}, which has {free:.0f} MiB free; give it more (docker run --shm-size=8g, as for "
             "torch's DataLoader) or set data.read_workers=0"
         )
-    pid, code = ended[0]
-    how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+    if not ours:
+        return RuntimeError(
+            f"{manifest.data_dir}: the read workers (data.read_workers) stopped with no worker seen to end and "
+            f"{free:.0f} MiB free in {SHM}; data.read_workers=0 reads the records in the training process"
+        )
+    pid, code = next(((p, c) for p, c in ours if c < 0), ours[0])
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:  # a real-time signal has no name
+            name = f"signal {-code}"
+        how = f"was killed by {name}"
+    else:
+        how = f"exited with status {code}"
     hint = " (the kernel's OOM killer? see dmesg)" if -code == signal.SIGKILL else ""
     return RuntimeError(
         f"{manifest.data_dir}: read worker {pid} (data.read_workers) {how}{hint}; each worker holds about 400 MB: "

@@ -32,7 +32,9 @@ import sys
 import numpy as np
 from tfrecord import example_pb2
 
-OTHER_FILES = 1024  # descriptors left to everything else in the process (DALI, sockets, torch, the checkpoint)
+OTHER_FILES = 1024  # descriptors left to everything else in the process (DALI, torch, the checkpoint), and
+# two per rank (gloo's connections; rank 0 holds the rendezvous store's too)
+FEWEST_OPEN = 64  # kept open at least, where the limit leaves less (the reader's first version kept 64)
 
 # torch's CPU generator keeps 32 bits of a seed. An odd multiplier spreads the seeds over them: nearby seeds
 # (a phase's seed + 1000) reach each other's epochs only after about 2**32 / 1000 of them.
@@ -61,16 +63,17 @@ def epoch_order(num_examples: int, rank: int, world_size: int, repeats: int, see
     return list(sampler)
 
 
-def shard_files_to_keep_open(num_shards: int) -> int:
+def shard_files_to_keep_open(num_shards: int, world_size: int) -> int:
     """How many shard files a reader keeps open: all of them where the open-file limit allows. The stream's
-    order touches a different shard for nearly every record (ImageNet's 1024 shards kept 64 at a time: 240
-    opens and closes per batch of 256, each a metadata server round trip on Lustre or GPFS). The soft limit
-    is raised toward the hard one to ``num_shards + OTHER_FILES`` for that; where it cannot be, the reader
-    keeps at most ``open_budget`` files, least recently used closed first."""
+    order takes nearly every record from another shard (ImageNet's 1024 shards kept 64 at a time: 240 opens
+    and closes per batch of 256, each a metadata server round trip on Lustre or GPFS). The soft limit is
+    raised toward the hard one, to the shards plus what the rest of the process needs (`reserved_files`);
+    where it cannot be, the reader keeps what the limit leaves (`open_budget`), least recently used closed
+    first. Idempotent: a later phase's reader finds the limit raised."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = num_shards + OTHER_FILES
+    need = num_shards + reserved_files(world_size)
     if soft != resource.RLIM_INFINITY and soft < need:
         target = need if hard == resource.RLIM_INFINITY else min(need, hard)
         if target > soft:
@@ -79,21 +82,27 @@ def shard_files_to_keep_open(num_shards: int) -> int:
                 soft = target
             except (ValueError, OSError):
                 pass
-    return open_budget(num_shards, soft)
+    return open_budget(num_shards, soft, world_size)
 
 
-def open_budget(num_shards: int, soft_limit: int) -> int:
-    """Shard files to keep open under an open-file ``soft_limit``: all, or what leaves ``OTHER_FILES`` (or half the
-    limit, whichever is more) to the rest of the process."""
+def reserved_files(world_size: int) -> int:
+    """Descriptors left to the rest of a rank's process: `OTHER_FILES` and two per rank."""
+    return OTHER_FILES + 2 * world_size
+
+
+def open_budget(num_shards: int, soft_limit: int, world_size: int) -> int:
+    """Shard files to keep open under an open-file ``soft_limit``: what it leaves after `reserved_files`, at
+    least `FEWEST_OPEN`, at most all of them."""
     import resource
 
     if soft_limit == resource.RLIM_INFINITY:
         return num_shards
-    return max(1, min(num_shards, max(soft_limit // 2, soft_limit - OTHER_FILES)))
+    return min(num_shards, max(FEWEST_OPEN, soft_limit - reserved_files(world_size)))
 
 
 def die_with_parent(parent: int) -> None:
-    """End this process (SIGKILL) when process ``parent`` ends, however it ends. DALI's read workers outlive
+    """End this process (SIGKILL) when process ``parent`` ends, however it ends, and not before: SIGUSR1 and
+    SIGINT are ignored. DALI's read workers outlive
     a training process killed with SIGKILL or ended by ``os._exit`` otherwise: two orphans per rank after
     every preemption (measured). Linux's ``PR_SET_PDEATHSIG``; elsewhere nothing."""
     if not sys.platform.startswith("linux"):
@@ -105,6 +114,14 @@ def die_with_parent(parent: int) -> None:
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
     if os.getppid() != parent:  # it ended before the line above
         os._exit(1)
+    # A preemption's SIGUSR1 reaches every process of a Slurm step (srun forwards it to all of them), and
+    # Ctrl-C the whole process group: the training process checkpoints at its next step boundary and needs its
+    # workers until then. They end with it. (SIGTERM stays: DALI stops its workers with it.)
+    for s in (signal.SIGUSR1, signal.SIGINT):
+        try:
+            signal.signal(s, signal.SIG_IGN)
+        except ValueError:  # not the worker's main thread
+            pass
 
 
 class RepeatedRecords:
@@ -117,7 +134,7 @@ class RepeatedRecords:
     (DALI's spawned workers get a copy without the open files and cached orders)."""
 
     def __init__(self, shards, *, rank: int, world_size: int, repeats: int, seed: int):
-        self._files: dict[int, int] = {}  # shard -> open descriptor, least recently used first (`OPEN_SHARDS`)
+        self._files: dict[int, int] = {}  # shard -> open descriptor, least recently used first (`max_open`)
         self._orders: dict[int, list[int]] = {}
         self.rank, self.world_size, self.repeats, self.seed = rank, world_size, repeats, seed
         self._paths, offsets, sizes, owners = [], [], [], []
@@ -131,7 +148,7 @@ class RepeatedRecords:
         self._offset, self._size, self._owner = (np.concatenate(a) for a in (offsets, sizes, owners))
         self.num_examples = len(self._offset)
         self.per_rank = per_rank(self.num_examples, world_size)
-        self.max_open = shard_files_to_keep_open(len(self._paths))  # DALI's workers inherit the raised limit
+        self.max_open = shard_files_to_keep_open(len(self._paths), world_size)  # workers inherit the raised limit
 
     def __getstate__(self):
         state = {k: v for k, v in self.__dict__.items() if k not in ("_files", "_orders")}

@@ -80,24 +80,38 @@ _KEEP_ALIVE: list = []
 def leave(code: int) -> NoReturn:
     """Ends the process with ``code``: the last call of train.py and the multi-rank tools.
 
-    A process that joined a process group leaves at once (``os._exit``) after flushing its log handlers
-    and streams, whatever the code. Left to the interpreter's shutdown, the gloo group and its threads are
-    torn down while the interpreter finalizes, and that can abort the process ("terminate called without
-    an active exception", SIGABRT): CI saw it on rank 1 of a 2-rank run that had finished and exported,
-    status 134 instead of 0, and earlier on runs ending with 2. The status is what torchrun, Slurm's
-    requeue (75) and the user read, so it must not depend on the teardown. Nothing is lost: checkpoints
-    and exports are fsynced when written, and the hooks have flushed and closed their files
-    (``Hook.on_close``, on every way a run ends)."""
+    A process that joined a process group leaves at once (``os._exit``) after flushing its log handlers, its
+    Python streams and C's stdio buffers, whatever the code. Left to the interpreter's shutdown, the gloo group
+    and its threads are torn down while the interpreter finalizes, and that can abort the process ("terminate
+    called without an active exception", SIGABRT): CI saw it on rank 1 of a 2-rank run that had finished and
+    exported, status 134 instead of 0, and earlier on runs ending with 2. The status is what torchrun, Slurm's
+    requeue (75) and the user read, so it must not depend on the teardown.
+
+    What ``os._exit`` skips is the interpreter's finalizers and ``atexit``: the run's own files are complete
+    before (checkpoints and exports are written and renamed by then, the hooks have closed theirs in
+    ``Hook.on_close`` on every way a run ends). With ``data.read_workers`` the workers end by their
+    parent-death signal, and multiprocessing's resource tracker then removes their semaphores and says it did
+    ("leaked semaphore objects"); with ``train.compile`` inductor's compile workers end on their own."""
     if _KEEP_ALIVE or _group_is_up():
+        import ctypes
         import logging
 
-        for flush in (logging.shutdown, sys.stdout.flush, sys.stderr.flush):
+        flushes = (logging.shutdown, sys.stdout.flush, sys.stderr.flush, lambda: ctypes.CDLL(None).fflush(None))
+        for flush in flushes:
             try:
                 flush()
             except (OSError, ValueError):  # a reader gone (srun's I/O, a killed `| tee`): the status still counts
                 pass
         os._exit(code)
     sys.exit(code)
+
+
+def say(line: str) -> None:
+    """``line`` on stderr, where a gone reader (srun's I/O, a killed ``| tee``) must not change the exit status."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 def main_then_leave(main: Callable[[], int]) -> NoReturn:
@@ -110,7 +124,10 @@ def main_then_leave(main: Callable[[], int]) -> NoReturn:
     except Exception:
         import traceback
 
-        traceback.print_exc()
+        try:
+            traceback.print_exc()
+        except (OSError, ValueError):
+            pass
         code = 1
     leave(code)
 

@@ -114,9 +114,11 @@ class Trainer:
         try:
             return self._fit()
         finally:
+            # Before the handlers go: a launcher's SIGTERM (torchrun's, once another rank has left with 75) must
+            # not end this process while TensorBoard writes its last events.
+            close(self.hooks, self.run)
             for s, handler in old.items():
                 signal.signal(s, handler)
-            close(self.hooks, self.run)
 
     def _fit(self) -> EvalMetrics:
         t, plan = self.cfg.train, self.plan

@@ -495,8 +495,12 @@ if what == "broken-stdout":  # the reader of stdout is gone; one unflushed chara
     sys.stdout = os.fdopen(w, "w")
     sys.stdout.write("x")
     launch.leave(75)
+if what == "raises-broken-stderr":  # the traceback cannot be printed: the status must stay 1
+    r, w = os.pipe()
+    os.close(r)
+    sys.stderr = os.fdopen(w, "w")
 def main():
-    if what == "raises":
+    if what.startswith("raises"):
         raise RuntimeError("a collective timed out")
     print("trained", flush=True)
     return 0
@@ -504,7 +508,9 @@ launch.main_then_leave(main)
 """
 
 
-@pytest.mark.parametrize("what, status", [("broken-stdout", 75), ("raises", 1), ("done", 0)])
+@pytest.mark.parametrize(
+    "what, status", [("broken-stdout", 75), ("raises", 1), ("raises-broken-stderr", 1), ("done", 0)]
+)
 def test_a_process_that_joined_a_group_leaves_with_its_status(what, status):
     """The status is what torchrun and Slurm's requeue read: a preemption's 75 stays 75 when stdout's reader is gone
     (the flush raised BrokenPipeError: 120), and an exception main does not handle is printed and leaves with 1
