@@ -295,7 +295,7 @@ class TrainLoader:
             three_augment=three_augment,
             color_jitter=float(color_jitter),
             records=self._records,
-            read_workers=read_workers if self._records else 0,
+            read_workers=self._read_workers,
             batch_size=batch_size,
             num_threads=num_threads,
             device_id=dev.device_id,
@@ -304,7 +304,7 @@ class TrainLoader:
             enable_checkpointing=True,
             checkpoint=checkpoint,
             # Spawned, not forked: the parent may hold a CUDA context and the process group's threads.
-            **(dict(py_num_workers=read_workers, py_start_method="spawn") if self._records and read_workers else {}),
+            **(dict(py_num_workers=self._read_workers, py_start_method="spawn") if self._read_workers else {}),
         )
         self._pipe.build()
 

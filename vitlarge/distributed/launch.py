@@ -133,6 +133,7 @@ def main_then_leave(main: Callable[[], int]) -> NoReturn:
 
 
 def _group_is_up() -> bool:
+    """Whether a process group is up, without importing torch.distributed (not imported yet: none is)."""
     dist = sys.modules.get("torch.distributed")
     return dist is not None and dist.is_available() and dist.is_initialized()
 
@@ -242,8 +243,7 @@ def report_before_group(error: UserError, dist_env: DistEnv | None) -> bool:
     rendezvous and blaming the network. Returns whether this process prints ``error``: rank 0 does (the
     usual case is an error every rank meets: a bad override), another rank prints its own, naming itself and
     its host, unless rank 0 reported one too. Without a usable store, `prints_error` decides."""
-    dist = sys.modules.get("torch.distributed")
-    group_exists = dist is not None and dist.is_available() and dist.is_initialized()
+    group_exists = _group_is_up()
     told = getattr(error, "told", False)
     if dist_env is None or dist_env.world_size == 1 or group_exists or error.same_on_all_ranks is False or told:
         return prints_error(error, dist_env)
@@ -317,8 +317,7 @@ def prints_error(error: UserError, dist_env: DistEnv | None, group_exists: bool 
     be rank 0, before the process group exists); a rank-local one by the rank that raised it; a
     process that cannot tell its rank prints. ``group_exists`` defaults to torch.distributed's state."""
     if group_exists is None:
-        dist = sys.modules.get("torch.distributed")  # not imported yet: no process group yet
-        group_exists = dist is not None and dist.is_available() and dist.is_initialized()
+        group_exists = _group_is_up()
     same = error.same_on_all_ranks if error.same_on_all_ranks is not None else not group_exists
     rank = dist_env.rank if dist_env is not None else launcher_rank()
     return not same or rank in (0, None)
