@@ -14,6 +14,7 @@ next to writing it.
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -78,12 +79,10 @@ def _record(f) -> dict:
 def size_problem(path: str | Path, record: dict | None) -> str | None:
     """Why ``path`` cannot hold what ``record`` describes, from its size alone (a stat), or None."""
     path = Path(path)
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        return f"{path.name} is missing"
-    except OSError as e:
-        return f"{path.name} cannot be read ({e.strerror})"
+    problem = regular_file_problem(path)  # a symlink out, a FIFO or a device is never read
+    if problem:
+        return problem
+    size = os.lstat(path).st_size
     if record is None:  # written before records existed: only emptiness can be seen
         return f"{path.name} is empty" if size == 0 else None
     if size != record["bytes"]:
@@ -97,10 +96,57 @@ def record_problem(path: str | Path, record: dict | None) -> str | None:
     if problem or record is None:
         return problem
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
             actual = _record(f)
     except OSError as e:
         return f"{Path(path).name} cannot be read ({e.strerror})"
     if actual != record:
         return f"{Path(path).name} has CRC32C {actual['crc32c']}, meta.json records {record['crc32c']}"
+    return None
+
+
+def read_regular(path: str | Path, max_bytes: int) -> bytes:
+    """The bytes of ``path``, a regular file of at most ``max_bytes``, read as data from elsewhere: a
+    symlink, a FIFO or a device is refused before a byte is read (``O_NOFOLLOW | O_NONBLOCK``: opening
+    a FIFO never waits for a writer), and so is a larger file (``/dev/zero`` or an 8 GB sparse file
+    cannot fill memory). Raises OSError (ENOENT, ELOOP for a symlink) or ValueError saying what it is."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ValueError("is a symbolic link (refused: a file from elsewhere must be inside its folder)") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("is not a regular file (a FIFO, device or folder)")
+        if st.st_size > max_bytes:
+            raise ValueError(f"has {st.st_size:,} bytes, more than the {max_bytes:,} such a file may have")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(max_bytes + 1)
+        if len(data) > max_bytes:  # grew while read
+            raise ValueError(f"has more than the {max_bytes:,} bytes such a file may have")
+        return data
+    finally:
+        os.close(fd)
+
+
+def regular_file_problem(path: str | Path) -> str | None:
+    """Why ``path`` is not a regular file of its own folder (a symlink, FIFO, device, folder, missing), or None.
+    A ``lstat``: the name itself, never what a link points to."""
+    import stat
+
+    path = Path(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return f"{path.name} is missing"
+    except OSError as e:
+        return f"{path.name} cannot be read ({e.strerror})"
+    if stat.S_ISLNK(st.st_mode):
+        return f"{path.name} is a symbolic link (refused: every file must be inside the folder itself)"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{path.name} is not a regular file"
     return None

@@ -59,15 +59,20 @@ def weights_file(path: str | Path) -> Path:
     p = Path(path)
     if p.is_dir():
         if (p / "model.safetensors").is_file():
+            from vitlarge import fileio
+
+            problem = fileio.regular_file_problem(p / "model.safetensors")  # an export's file stays in its folder
+            if problem:
+                raise UserError(f"model.init_from={path}: {problem}; pass an export folder that holds its own weights")
             return p / "model.safetensors"
         raise UserError(
             f"model.init_from={path}: the folder holds no model.safetensors; pass an export folder "
             "(<workdir>/model), a checkpoints/step_* folder or a timm checkpoint file"
         )
-    if not p.is_file():
+    if not p.is_file():  # a FIFO or device named here would block the read or never end
         raise UserError(
-            f"model.init_from={path} does not exist; pass an export folder (<workdir>/model), a "
-            "checkpoints/step_* folder or a timm checkpoint file"
+            f"model.init_from={path} {'is not a regular file' if p.exists() else 'does not exist'}; pass an export "
+            "folder (<workdir>/model), a checkpoints/step_* folder or a timm checkpoint file"
         )
     return p
 

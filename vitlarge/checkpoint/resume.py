@@ -202,9 +202,11 @@ def _adopt(src: str | Path, workdir: str | Path, line: str | None) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     fileio.write_atomic(tmp / "meta.json", json.dumps({**meta, "line": line}, indent=1))
-    for f in src.iterdir():
-        if f.name == "meta.json":
-            continue
+    for name in store.expected_files(meta):  # the files meta.json lists, never whatever else is there
+        f = src / name
+        problem = fileio.regular_file_problem(f)
+        if problem:
+            raise store.Unusable(src, problem)
         try:
             os.link(f, tmp / f.name)
         except OSError:  # another file system, or links not allowed

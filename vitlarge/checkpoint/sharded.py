@@ -9,9 +9,11 @@ tensors are written once, by one rank) and rank 0 the ``.metadata`` index; at re
 fills this run's own state dict, so each rank reads only the byte ranges its shards need, at any world
 size and across ddp <-> fsdp (the fully qualified names are the same). Loading copies bits: exact.
 
-Trust: DCP reads non-tensor leaves (learning rates, betas) with ``torch.load``; our planner does so
-with ``weights_only=True``, and the ``.metadata`` index is unpickled by a restricted unpickler that
-admits only DCP's own metadata classes and torch's dtypes/sizes (`_MetadataUnpickler`).
+Trust: a checkpoint is data from elsewhere. DCP reads tensors and non-tensor leaves (learning rates,
+betas) with ``torch.load(weights_only=True)`` (our planner for the leaves); the ``.metadata`` index, a
+pickle DCP offers no other format for, is unpickled by `_MetadataUnpickler`, which admits an exact list
+of (module, name) pairs and nothing that runs code, then checked against meta.json (`index_problem`):
+every byte range it names lies in a ``.distcp`` file meta.json lists, so no read leaves the folder.
 
 Format 2 (``model.safetensors`` + ``optimizer.pt`` or ``optimizer_rank_NNNNN.pt``, FSDP1 flat pieces)
 is still read: `load_legacy` rebuilds full tensors and loads them through ``set_state_dict``.
@@ -167,40 +169,223 @@ class _WeightsOnlyLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = obj
 
 
-class _MetadataUnpickler(pickle.Unpickler):
-    """Unpickles DCP's ``.metadata`` admitting only its metadata classes and torch's dtypes and sizes."""
+INDEX_MAX_BYTES = 1 << 30
+"""``.metadata``'s size cap: a 1024-rank FSDP ViT-H index (a chunk per rank per tensor) is about 0.3 GB."""
 
-    ALLOWED_MODULES = ("torch.distributed.checkpoint.", "collections", "torch._utils", "torch.serialization")
+
+def _allowed_globals() -> dict[tuple[str, str], object]:
+    """Exactly the (module, name) pairs a DCP index pickle refers to (torch 2.4-2.10): DCP's metadata
+    classes, torch's dtypes, layouts and memory formats (values, not callables), ``torch.Size``, the
+    writer's ``checkpoint_id`` path and torch's layout lookup by name. No module, no dotted name, no
+    ``getattr``, no builtin that calls: nothing a crafted index can reach runs code or touches a file."""
+    from collections import OrderedDict
+    from pathlib import PosixPath, PurePosixPath
+
+    from torch.distributed.checkpoint import filesystem, metadata
+
+    allowed: dict[tuple[str, str], object] = {
+        ("torch", "Size"): torch.Size,
+        ("torch.serialization", "_get_layout"): _layout_by_name,
+        ("pathlib", "PosixPath"): PosixPath,
+        ("pathlib", "PurePosixPath"): PurePosixPath,
+        ("collections", "OrderedDict"): OrderedDict,
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): filesystem._StorageInfo,
+    }
+    for name in (
+        "Metadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "TensorProperties",
+        "_MEM_FORMAT_ENCODING",
+    ):
+        allowed[("torch.distributed.checkpoint.metadata", name)] = getattr(metadata, name)
+    for name, value in vars(torch).items():
+        if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
+            allowed[("torch", name)] = value
+    return allowed
+
+
+def _layout_by_name(name):
+    """``torch.serialization._get_layout`` for a name it knows; anything else is refused, not looked up."""
+    layouts = {str(v): v for v in vars(torch).values() if isinstance(v, torch.layout)}
+    if not isinstance(name, str) or name not in layouts:
+        raise pickle.UnpicklingError(f"{METADATA} names layout {str(name)[:40]!r}, which torch does not have")
+    return layouts[name]
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP's ``.metadata`` admitting only the exact globals of `_allowed_globals`."""
+
+    ALLOWED: dict[tuple[str, str], object] | None = None
 
     def find_class(self, module: str, name: str):
-        if module == "torch" and (name in ("Size", "device") or isinstance(getattr(torch, name, None), torch.dtype)):
-            return super().find_class(module, name)
-        if module == "torch" and name in ("strided", "sparse_coo", "preserve_format", "contiguous_format"):
-            return super().find_class(module, name)
-        if module == "pathlib" and name in ("Path", "PosixPath", "PurePosixPath"):  # the writer's checkpoint_id
-            return super().find_class(module, name)
-        if module == "builtins" and name in ("set", "frozenset", "tuple", "list", "dict", "getattr"):
-            return super().find_class(module, name)
-        if module.startswith(self.ALLOWED_MODULES) or module == "torch.distributed.checkpoint":
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"{METADATA} refers to {module}.{name}, which a DCP index never holds")
+        if _MetadataUnpickler.ALLOWED is None:
+            _MetadataUnpickler.ALLOWED = _allowed_globals()
+        found = _MetadataUnpickler.ALLOWED.get((module, name))
+        if found is None:
+            raise pickle.UnpicklingError(
+                f"{METADATA} refers to {module[:60]}.{name[:60]}, which a DCP index never holds"
+            )
+        return found
+
+    def persistent_load(self, pid):
+        raise pickle.UnpicklingError(f"{METADATA} holds a persistent id, which a DCP index never holds")
+
+
+class IndexProblem(ValueError):
+    """Why a ``.metadata`` is not a DCP index of its checkpoint's own files (a few words, no traceback)."""
+
+
+def read_index(folder: Path, files: dict[str, dict] | None = None):
+    """DCP's ``Metadata`` of ``folder``, read as data: at most `INDEX_MAX_BYTES` (and its recorded size),
+    a regular file, unpickled by `_MetadataUnpickler`, then checked (`index_problem`) against ``files``,
+    meta.json's records (read from the folder when not given). Raises `IndexProblem`."""
+    from vitlarge import fileio
+    from vitlarge.checkpoint import meta as meta_json
+
+    folder = Path(folder)
+    try:
+        files = meta_json.listed_files(folder) if files is None else files
+    except ValueError as e:
+        raise IndexProblem(str(e)) from None
+    record = files.get(METADATA)
+    if not isinstance(record, dict):
+        raise IndexProblem(f"meta.json does not list {METADATA}")
+    try:
+        raw = fileio.read_regular(folder / METADATA, min(INDEX_MAX_BYTES, record["bytes"]))
+    except FileNotFoundError:
+        raise IndexProblem(f"{METADATA} is missing") from None
+    except OSError as e:
+        raise IndexProblem(f"{METADATA} cannot be read ({e.strerror})") from None
+    except ValueError as e:
+        raise IndexProblem(f"{METADATA} {e}") from None
+    try:
+        metadata = _MetadataUnpickler(io.BytesIO(raw)).load()
+    except pickle.UnpicklingError as e:
+        raise IndexProblem(str(e).splitlines()[0] if str(e) else f"{METADATA} is not a DCP index") from None
+    except RecursionError:
+        raise IndexProblem(f"{METADATA} is nested too deeply to be a DCP index") from None
+    except Exception as e:  # noqa: BLE001 - a damaged pickle raises EOFError, ValueError, TypeError, KeyError...
+        raise IndexProblem(f"{METADATA} is not a DCP index ({type(e).__name__})") from None
+    problem = index_problem(metadata, files)
+    if problem:
+        raise IndexProblem(problem)
+    return metadata
+
+
+def _is_size(x, dims: int | None = None) -> bool:
+    return (
+        isinstance(x, torch.Size)
+        and (dims is None or len(x) == dims)
+        and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 48 for d in x)
+    )
+
+
+def index_problem(metadata, files: dict[str, dict]) -> str | None:
+    """Why ``metadata`` is not a DCP index of the ``.distcp`` files meta.json lists (``files``), or None.
+    Every storage entry must name one of them, with its byte range inside the recorded size; every
+    tensor's shape, dtype and chunks must be well formed and no larger than the checkpoint's data (so a
+    read of it allocates no more than the files hold)."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import (
+        BytesStorageMetadata,
+        ChunkStorageMetadata,
+        Metadata,
+        MetadataIndex,
+        StorageMeta,
+        TensorProperties,
+        TensorStorageMetadata,
+    )
+
+    if type(metadata) is not Metadata:
+        return f"{METADATA} holds a {type(metadata).__name__}, not DCP's Metadata"
+    data_files = {n: r["bytes"] for n, r in files.items() if n.endswith(".distcp")}
+    total = sum(data_files.values())
+    entries = metadata.state_dict_metadata
+    if not isinstance(entries, dict):
+        return f"{METADATA}'s state_dict_metadata is not a map"
+    for fqn, md in entries.items():
+        if not isinstance(fqn, str):
+            return f"{METADATA} has a key that is not a name"
+        if type(md) is BytesStorageMetadata:
+            continue
+        if type(md) is not TensorStorageMetadata:
+            return f"{METADATA}: {fqn[:80]} is neither a tensor nor bytes"
+        props = md.properties
+        if type(props) is not TensorProperties or not isinstance(getattr(props, "dtype", None), torch.dtype):
+            return f"{METADATA}: {fqn[:80]} has no dtype"
+        if not _is_size(md.size) or not isinstance(md.chunks, list):
+            return f"{METADATA}: {fqn[:80]} has no shape"
+        if math.prod(md.size) * props.dtype.itemsize > total:
+            return f"{METADATA}: {fqn[:80]} of shape {list(md.size)} is larger than the checkpoint's data files"
+        for c in md.chunks:
+            if type(c) is not ChunkStorageMetadata or not (
+                _is_size(c.offsets, len(md.size)) and _is_size(c.sizes, len(md.size))
+            ):
+                return f"{METADATA}: {fqn[:80]} has a malformed chunk"
+            if any(o + n > d for o, n, d in zip(c.offsets, c.sizes, md.size)):
+                return f"{METADATA}: a chunk of {fqn[:80]} lies outside its shape"
+    storage = metadata.storage_data
+    if not isinstance(storage, dict):
+        return f"{METADATA}'s storage_data is not a map"
+    for index, info in storage.items():
+        if type(index) is not MetadataIndex or not isinstance(index.fqn, str):
+            return f"{METADATA} has a malformed storage key"
+        if index.offset is not None and not _is_size(index.offset):
+            return f"{METADATA}: the storage key of {index.fqn[:80]} has a malformed offset"
+        if type(info) is not _StorageInfo:
+            return f"{METADATA}: the storage of {index.fqn[:80]} is not DCP's"
+        path, offset, length = info.relative_path, info.offset, info.length
+        if not isinstance(path, str) or path not in data_files:
+            return (
+                f"{METADATA} points {index.fqn[:80]} at {str(path)[:80]!r}, which meta.json does not list "
+                "(refused: reads stay in the checkpoint's own files)"
+            )
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in (offset, length)) or not (
+            0 <= offset and 0 <= length and offset + length <= data_files[path]
+        ):
+            return f"{METADATA} points {index.fqn[:80]} past the end of {path}"
+        if getattr(info, "transform_descriptors", None):  # compression and the like: this vitlarge writes none
+            return f"{METADATA}: {index.fqn[:80]} is stored with transforms, which this vitlarge does not read"
+    planner = metadata.planner_data
+    if planner is not None and not (
+        isinstance(planner, dict)
+        and all(
+            isinstance(k, str) and isinstance(v, tuple) and all(isinstance(p, (str, int)) for p in v)
+            for k, v in planner.items()
+        )
+    ):
+        return f"{METADATA}'s planner data is not a map of names to paths"
+    if metadata.storage_meta is not None and type(metadata.storage_meta) is not StorageMeta:
+        return f"{METADATA}'s storage meta is not DCP's"
+    return None
 
 
 class Reader(dcp.FileSystemReader):
-    """DCP's file-system reader with a restricted unpickler for the ``.metadata`` index."""
+    """DCP's file-system reader of a checkpoint folder's index read as data (`read_index`): only the
+    ``.distcp`` files meta.json lists, within their recorded sizes. ``files``: meta.json's records
+    (read from the folder when not given)."""
+
+    def __init__(self, path, files: dict[str, dict] | None = None):
+        super().__init__(path)
+        self._files = files
 
     def read_metadata(self, *args, **kwargs):
         from torch.distributed.checkpoint.metadata import StorageMeta
 
-        with open(Path(self.path) / METADATA, "rb") as f:
-            metadata = _MetadataUnpickler(f).load()
+        metadata = read_index(Path(self.path), self._files)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
 
 
-def load(folder: Path, model: nn.Module, optimizer, with_optimizer: bool, ema: dict | None = None) -> None:
+def load(
+    folder: Path, model: nn.Module, optimizer, with_optimizer: bool, ema: dict | None = None, files: dict | None = None
+) -> None:
     """Every rank: fills this run's model (and optimizer) state from ``folder``, reading only its shards, and
     the EMA average ``ema`` in place when given (the checkpoint must hold one)."""
     state = _state(model, optimizer, with_optimizer)
@@ -208,7 +393,10 @@ def load(folder: Path, model: nn.Module, optimizer, with_optimizer: bool, ema: d
         state["ema"] = ema
     with _quiet_single_process():
         dcp.load(
-            state, storage_reader=Reader(folder), planner=_WeightsOnlyLoadPlanner(), no_dist=not dist.is_initialized()
+            state,
+            storage_reader=Reader(folder, files),
+            planner=_WeightsOnlyLoadPlanner(),
+            no_dist=not dist.is_initialized(),
         )
     if with_optimizer:
         set_state_dict(
@@ -219,7 +407,7 @@ def load(folder: Path, model: nn.Module, optimizer, with_optimizer: bool, ema: d
 
 
 def read_full_model(
-    folder: Path, like: dict[str, torch.Tensor] | None = None, key: str = "model"
+    folder: Path, like: dict[str, torch.Tensor] | None = None, key: str = "model", files: dict | None = None
 ) -> dict[str, torch.Tensor]:
     """The whole model state dict of a format-3 checkpoint, on the CPU of this process alone (no
     collective, reads the model's bytes only). ``like``: tensors to fill (a plain model's state dict);
@@ -227,7 +415,7 @@ def read_full_model(
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     if like is None:
-        index = Reader(folder).read_metadata().state_dict_metadata
+        index = read_index(folder, files).state_dict_metadata
         like = {
             k.removeprefix(f"{key}."): torch.empty(md.size, dtype=md.properties.dtype)
             for k, md in index.items()
@@ -235,7 +423,7 @@ def read_full_model(
         }
     state = {key: like}
     with _quiet_single_process():
-        dcp.load(state, storage_reader=Reader(folder), planner=_WeightsOnlyLoadPlanner(), no_dist=True)
+        dcp.load(state, storage_reader=Reader(folder, files), planner=_WeightsOnlyLoadPlanner(), no_dist=True)
     return state[key]
 
 

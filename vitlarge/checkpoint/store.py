@@ -41,7 +41,6 @@ import json
 import logging
 import os
 import random
-import re
 import shutil
 from pathlib import Path
 
@@ -52,18 +51,12 @@ from safetensors.torch import load_file
 from torch.distributed.checkpoint.api import CheckpointException
 
 from vitlarge import fileio
+from vitlarge.checkpoint import meta as meta_json
 from vitlarge.checkpoint import sharded
+from vitlarge.checkpoint.meta import FORMAT_VERSION, READABLE_FORMATS, STEP_DIR, expected_files  # noqa: F401
 from vitlarge.config.schema import Config
 from vitlarge.distributed.collective import gather, rank_and_world
 from vitlarge.errors import UserError
-
-FORMAT_VERSION = 3
-# 1: before meta.json recorded sizes and checksums (only emptiness is checked); 1 and 2: model.safetensors
-# and torch.save optimizer files (read by `sharded.load_legacy`); 3: DCP.
-READABLE_FORMATS = (1, 2, 3)
-STEP_DIR = re.compile(r"^step_(\d{7,})$")
-REQUIRED_META = ("step", "world_size", "model", "param_shapes")
-
 
 CHECKPOINTS_DIR = "checkpoints"
 """The folder under the workdir that holds one ``step_NNNNNNN`` folder per checkpoint."""
@@ -254,35 +247,8 @@ def exists(workdir: str | Path, step: int) -> bool:
 
 
 def _read_meta(path: Path) -> tuple[dict | None, str | None]:
-    """``(meta, None)``, or ``(None, why it is not a checkpoint's meta.json)``."""
-    if not path.exists():
-        return None, "does not exist"
-    meta_file = path / "meta.json"
-    if not meta_file.is_file():
-        return None, "no meta.json"
-    try:
-        meta = json.loads(meta_file.read_bytes())
-    except OSError as e:
-        return None, f"meta.json cannot be read ({e.strerror})"
-    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
-        return None, f"meta.json is not JSON: {str(e).splitlines()[0]}"
-    if not isinstance(meta, dict):
-        return None, "meta.json is not a JSON object"
-    if meta.get("format_version") not in READABLE_FORMATS:
-        readable = " and ".join(map(str, READABLE_FORMATS))
-        return None, f"checkpoint format {meta.get('format_version')}, this vitlarge reads {readable}"
-    missing = [k for k in REQUIRED_META + (("files",) if meta["format_version"] >= 2 else ()) if k not in meta]
-    if missing:
-        return None, f"meta.json lacks '{missing[0]}'"
-    return meta, None
-
-
-def expected_files(meta: dict) -> dict[str, dict | None]:
-    """File name -> record (size, CRC32C) for every file the checkpoint must hold; None where format 1 kept none."""
-    if meta["format_version"] >= 2:
-        return meta["files"]
-    names = ["model.safetensors", "optimizer.pt"] + [f"rank_{r:05d}.pt" for r in range(meta["world_size"])]
-    return dict.fromkeys(names)
+    """``(meta, None)``, or ``(None, why it is not a checkpoint's meta.json)`` (`vitlarge.checkpoint.meta.read`)."""
+    return meta_json.read(path)
 
 
 def verify(path: str | Path) -> str | None:
@@ -296,6 +262,11 @@ def verify(path: str | Path) -> str | None:
         problem = fileio.record_problem(path / name, record)
         if problem:
             return problem
+    if meta["format_version"] >= 3:  # the index is a pickle: read as data, and every range it names checked
+        try:
+            sharded.read_index(path, meta["files"])
+        except sharded.IndexProblem as e:
+            return str(e)
     return None
 
 
@@ -351,12 +322,18 @@ def check_writable(workdir: str | Path, rank: int) -> None:
     there is one) accept a new file, so a read-only mount fails now in one line, not at the first save."""
     workdir = Path(workdir)
     for folder, what in ((workdir, "workdir"), (workdir / CHECKPOINTS_DIR, "checkpoint folder")):
+        if what != "workdir" and folder.is_symlink():  # a handed-over workdir's link would take the writes elsewhere
+            raise UserError(
+                f"{folder} is a symbolic link (to {os.readlink(folder)}); vitlarge writes checkpoints only inside the "
+                "workdir: remove the link, or pass --workdir on the file system it pointed to"
+            )
         if what != "workdir" and not folder.is_dir():
             continue
         probe = folder / f".write_test_{rank}"
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            probe.touch()
+            probe.unlink(missing_ok=True)  # a planted link is removed, never followed
+            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
             probe.unlink()
         except OSError as e:
             fix = (
@@ -390,9 +367,9 @@ def check_shared_probe(workdir: str | Path, token: str, wait_s: float = 5.0) -> 
     path, deadline = Path(workdir) / SHARED_PROBE, time.monotonic() + wait_s
     while True:
         try:
-            if path.read_text() == token:
+            if fileio.read_regular(path, 64) == token.encode():  # a planted link or FIFO is never read
                 return
-        except OSError:
+        except (OSError, ValueError):
             pass
         if time.monotonic() > deadline:
             raise UserError(
@@ -451,17 +428,20 @@ def read(path: str | Path, model, cfg: Config) -> dict:
         problem = fileio.size_problem(path / name, files.get(name))
         if problem:
             raise Unusable(path, problem)
-    loaded = {
-        "path": path,
-        "meta": meta,
-        "same_world": same_world,
-        "dcp": dcp_format,
-        "rank": torch.load(path / rank_file, map_location="cpu", weights_only=True),
-    }
+    if dcp_format:  # the index is read again inside DCP's load, a collective: its problems are found here first
+        try:
+            sharded.read_index(path, files)
+        except sharded.IndexProblem as e:
+            raise Unusable(path, str(e)) from None
+    rank_state = _torch_load(path, rank_file)
+    problem = rank_state_problem(rank_state)
+    if problem:
+        raise Unusable(path, f"{rank_file} {problem}")
+    loaded = {"path": path, "meta": meta, "same_world": same_world, "dcp": dcp_format, "rank": rank_state}
     if not dcp_format:
         optimizer_files = names[1:-1]
-        loaded["model"] = load_file(str(path / "model.safetensors"), device="cpu")
-        loaded["optimizer"] = [torch.load(path / n, map_location="cpu", weights_only=True) for n in optimizer_files]
+        loaded["model"] = _safetensors(path, "model.safetensors")
+        loaded["optimizer"] = [_torch_load(path, n) for n in optimizer_files]
         loaded["optimizer_from_ddp"] = optimizer_files == [sharded.FULL_OPTIMIZER]
     return loaded
 
@@ -477,7 +457,12 @@ def apply(loaded: dict, model, optimizer, scaler, ema=None) -> dict:
     if loaded["dcp"]:
         try:
             sharded.load(
-                path, model, optimizer, meta.get("optimizer_state", True), ema.state_dict() if saved_ema else None
+                path,
+                model,
+                optimizer,
+                meta.get("optimizer_state", True),
+                ema.state_dict() if saved_ema else None,
+                files=meta["files"],
             )
         except CheckpointException as e:
             raise UserError(
@@ -505,6 +490,74 @@ def apply(loaded: dict, model, optimizer, scaler, ema=None) -> dict:
     return {**meta, "data": state["data"] if same_world else None, "same_world": same_world}
 
 
+def _torch_load(folder: Path, name: str):
+    """``folder/name`` through ``torch.load(weights_only=True)``; a file that is not one, or holds objects
+    other than tensors and numbers, is `Unusable` in one line (never torch's advice to unpickle it anyway)."""
+    import pickle
+
+    try:
+        return torch.load(folder / name, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        # torch's message advises unpickling it anyway (weights_only=False): never passed on
+        if "Unsupported global" in str(e):
+            raise Unusable(folder, f"{name} holds objects other than tensors and numbers (refused)") from None
+        raise Unusable(folder, f"{name} is not a readable torch file (UnpicklingError)") from None
+    except Exception as e:  # noqa: BLE001 - torch.load raises many types on a damaged file
+        raise Unusable(folder, f"{name} is not a readable torch file ({type(e).__name__})") from None
+
+
+def _safetensors(folder: Path, name: str) -> dict[str, torch.Tensor]:
+    """``folder/name`` as safetensors; a damaged or foreign file is `Unusable` in one line."""
+    from safetensors import SafetensorError
+
+    try:
+        return load_file(str(folder / name), device="cpu")
+    except (SafetensorError, OSError, ValueError) as e:
+        reason = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+        raise Unusable(folder, f"{name} is not a safetensors file ({reason})") from None
+
+
+def rank_state_problem(state) -> str | None:
+    """Why ``state`` (a ``rank_NNNNN.pt``'s contents) is not what `save` writes: RNG states, the loss
+    scaler's state and the loader's state string. None when it is."""
+    if not isinstance(state, dict) or not {"rng", "scaler", "data"} <= set(state):
+        return "lacks rng, scaler or data"
+    rng, data, scaler = state["rng"], state["data"], state["scaler"]
+    if data is not None and not isinstance(data, str):
+        return "holds a data state that is not a string"
+    if not isinstance(scaler, dict):
+        return "holds a loss-scaler state that is not a map"
+    if not isinstance(rng, dict) or not isinstance(rng.get("torch"), torch.Tensor):
+        return "holds no torch RNG state"
+    if rng["torch"].dtype != torch.uint8 or rng["torch"].shape != torch.get_rng_state().shape:
+        return "holds a torch RNG state of another kind"
+    if "cuda" in rng and not (isinstance(rng["cuda"], torch.Tensor) and rng["cuda"].dtype == torch.uint8):
+        return "holds a CUDA RNG state that is not bytes"
+    n = rng.get("numpy")
+    if not (
+        isinstance(n, dict)
+        and isinstance(n.get("keys"), torch.Tensor)
+        and n["keys"].shape == (624,)
+        and n["keys"].dtype == torch.int64
+        and isinstance(n.get("pos"), int)
+        and 0 <= n["pos"] <= 624
+        and isinstance(n.get("has_gauss"), int)
+        and isinstance(n.get("cached_gaussian"), float)
+    ):
+        return "holds a malformed numpy RNG state"
+    python = rng.get("python")
+    if not (
+        isinstance(python, (list, tuple))
+        and len(python) == 625
+        and all(isinstance(x, int) and 0 <= x < 1 << 32 for x in python)
+        and python[-1] <= 624
+    ):
+        return "holds a malformed Python RNG state"
+    if rng.get("python_gauss") is not None and not isinstance(rng["python_gauss"], float):
+        return "holds a malformed Python RNG state"
+    return None
+
+
 def weights_of(path: str | Path, meta: dict, like: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """The full model state dict of checkpoint folder ``path`` (``meta``: its meta.json), on this process's
     CPU, no collective, after a size check of the files it reads (``Unusable`` if one is short).
@@ -517,9 +570,12 @@ def weights_of(path: str | Path, meta: dict, like: dict[str, torch.Tensor] | Non
         if problem:
             raise Unusable(path, problem)
     if meta["format_version"] < 3:
-        return load_file(str(path / "model.safetensors"), device="cpu")
+        return _safetensors(path, "model.safetensors")
     try:
-        return sharded.read_full_model(path, like)
+        sharded.read_index(path, meta["files"])  # inside DCP's load its reason would be lost ("metadata is None")
+        return sharded.read_full_model(path, like, files=meta["files"])
+    except sharded.IndexProblem as e:
+        raise Unusable(path, str(e)) from None
     except CheckpointException as e:
         raise Unusable(path, reason_of(e)) from None
 
@@ -540,7 +596,11 @@ def load_model_weights(path: str | Path, model: torch.nn.Module, cfg: Config) ->
         raise UserError(
             f"checkpoint {path} does not exist; pass a checkpoints/step_* folder or an exported model folder"
         )
+    problem = fileio.regular_file_problem(path)
+    if problem:
+        raise UserError(f"{given}: {problem}; pass an exported model folder or a checkpoints/step_* folder")
+    tensors = _safetensors(path.parent, path.name)
     try:
-        unwrap(model).load_state_dict(load_file(str(path), device="cpu"))
+        unwrap(model).load_state_dict(tensors)
     except RuntimeError as e:
         raise UserError(f"{given} does not fit model {cfg.model.name}: {str(e).splitlines()[0]}") from None

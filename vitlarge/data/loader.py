@@ -306,7 +306,16 @@ class TrainLoader:
             # Spawned, not forked: the parent may hold a CUDA context and the process group's threads.
             **(dict(py_num_workers=self._read_workers, py_start_method="spawn") if self._read_workers else {}),
         )
-        self._pipe.build()
+        try:
+            self._pipe.build()
+        except RuntimeError as e:
+            if checkpoint is None:
+                raise
+            # DALI parses the bytes while it builds: a damaged or crafted state fails there, as a protobuf assert.
+            raise UserError(
+                f"{data_dir}: TrainLoader state holds no DALI checkpoint of this pipeline "
+                f"({str(e).splitlines()[0][:120]}); resume another checkpoint or start without state"
+            ) from None
 
     def __iter__(self) -> TrainLoader:
         return self

@@ -227,3 +227,16 @@ def test_state_with_missing_or_malformed_fields_is_one_user_error(demo_data, edi
     for junk in ("[]", "null", "3"):
         with pytest.raises(UserError, match="not one TrainLoader.state"):
             train(demo_data, batch_size=16, state=junk)
+
+
+@pytest.mark.parametrize("blob", [b"\x00junk protobuf\xff" * 8, b"", b"\x0a\xff\xff\xff\xff\x0f"])
+def test_a_state_with_junk_dali_bytes_is_one_user_error(demo_data, blob):
+    """A loader state whose fingerprint matches but whose DALI checkpoint is not one (a damaged or crafted
+    rank file): one line naming the state, not DALI's protobuf traceback."""
+    import base64
+
+    doc = json.loads(train(demo_data, batch_size=16).state())
+    doc["dali"] = base64.b64encode(blob).decode()
+    with pytest.raises(UserError, match="TrainLoader state holds no DALI checkpoint") as e:
+        train(demo_data, batch_size=16, state=json.dumps(doc))
+    assert "\n" not in str(e.value)

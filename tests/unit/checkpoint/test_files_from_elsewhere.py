@@ -1,0 +1,343 @@
+"""Checkpoints and exports handed over from elsewhere are data: crafted files never run code, never make a
+read leave their folder, never read unboundedly, and each is one line naming the file.
+
+Every crafted `.metadata` below has its CRC resealed in meta.json (anyone can recompute it), so the
+size and checksum check passes and the file reaches the reader. Each payload is first shown live: plain
+``pickle.loads`` runs it (the marker file appears), as the reader before this fix did through its
+prefix allow-list and ``getattr``.
+"""
+
+import argparse
+import io
+import json
+import os
+import pickle
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import crc32c
+import pytest
+import torch
+
+from tests.helpers import ROOT
+from tests.helpers.tiny_model import make, trained
+from vitlarge.checkpoint import init_from, resume, sharded, store
+from vitlarge.config.load import load_recipe
+from vitlarge.errors import UserError
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return load_recipe(ROOT / "recipes" / "demo_digits.py")
+
+
+@pytest.fixture(scope="module")
+def original(tmp_path_factory, cfg) -> Path:
+    """One real checkpoint, copied by each test that damages it."""
+    model, opt, scaler = trained(cfg)
+    return store.save(tmp_path_factory.mktemp("orig"), 1, model, opt, scaler, "loader-state", cfg, keep=3)
+
+
+@pytest.fixture
+def ckpt(tmp_path, original) -> Path:
+    dest = tmp_path / "from_elsewhere" / "checkpoints" / original.name
+    dest.mkdir(parents=True)
+    for f in original.iterdir():
+        (dest / f.name).write_bytes(f.read_bytes())
+    return dest
+
+
+def reseal(path: Path) -> None:
+    """Records every listed file's size and CRC32C again, as a forger would."""
+    meta = json.loads((path / "meta.json").read_text())
+    for name in meta["files"]:
+        data = (path / name).read_bytes()
+        meta["files"][name] = {"bytes": len(data), "crc32c": f"{crc32c.crc32c(data):08x}"}
+    (path / "meta.json").write_text(json.dumps(meta))
+
+
+def edit_meta(path: Path, **changes) -> None:
+    meta = json.loads((path / "meta.json").read_text())
+    meta.update(changes)
+    (path / "meta.json").write_text(json.dumps(meta))
+
+
+# Hand-written pickle opcodes (protocol 4): what a forger prepends to a real index.
+def _str(s: str) -> bytes:
+    b = s.encode()
+    return b"\x8c" + bytes([len(b)]) + b  # SHORT_BINUNICODE
+
+
+def _global(module: str, name: str) -> bytes:
+    return _str(module) + _str(name) + b"\x93"  # STACK_GLOBAL
+
+
+def _call(fn: bytes, *args: bytes) -> bytes:
+    return fn + b"(" + b"".join(args) + b"tR"  # MARK args TUPLE REDUCE
+
+
+FS = "torch.distributed.checkpoint.filesystem"  # a module the old allow-list admitted by prefix
+
+
+def routes(marker: Path) -> dict[str, bytes]:
+    """Each known route from an index to the shell, as a call whose result is popped before the real index."""
+    cmd = _str(f"touch {marker}")
+    getattr_ = _global("builtins", "getattr")
+    return {
+        "dotted name": _call(_global(FS, "os.system"), cmd),
+        "getattr chain": _call(
+            _call(
+                getattr_,
+                _call(getattr_, _global("torch.distributed.checkpoint", "filesystem"), _str("os")),
+                _str("system"),
+            ),
+            cmd,
+        ),
+        "module attribute that is a module": _call(_call(getattr_, _global(FS, "os"), _str("system")), cmd),
+        "__reduce__ of an allowed class's field": _call(_global("posix", "system"), cmd),
+    }
+
+
+def poison(path: Path, payload: bytes) -> None:
+    real = (path / ".metadata").read_bytes()
+    assert real[:2] == b"\x80\x04"
+    (path / ".metadata").write_bytes(b"\x80\x04" + payload + b"0" + real[2:])  # POP: the index still loads
+    reseal(path)
+
+
+def test_payload_routes_are_live_under_plain_pickle(tmp_path, original):
+    """The crafted indexes below are real exploits: plain pickle runs each and still returns the index."""
+    for name, payload in routes(tmp_path / "ran").items():
+        (tmp_path / "ran").unlink(missing_ok=True)
+        data = b"\x80\x04" + payload + b"0" + (original / ".metadata").read_bytes()[2:]
+        assert type(pickle.loads(data)).__name__ == "Metadata", name
+        assert (tmp_path / "ran").exists(), name
+
+
+@pytest.mark.parametrize("route", list(routes(Path("x"))))
+def test_a_crafted_index_never_runs_at_any_entry_point(tmp_path, ckpt, cfg, route, caplog):
+    marker = tmp_path / "ran"
+    poison(ckpt, routes(marker)[route])
+    problem = store.verify(ckpt)  # rank 0's check before any resume
+    assert problem is not None and "which a DCP index never holds" in problem
+    with pytest.raises(store.Unusable, match="never holds"):  # evaluate's and load_model_weights' read
+        store.load_model_weights(ckpt, make(cfg)[0], cfg)
+    with pytest.raises(UserError, match=r"^model.init_from=.*which a DCP index never holds"):
+        init_from.read_state_dict(ckpt)
+    with pytest.raises(store.Unusable, match="never holds"):  # --resume X
+        resume.choose(tmp_path / "mine", ckpt, make(cfg)[0], cfg)
+    with pytest.raises(sharded.IndexProblem):  # the DCP reader itself, for any caller
+        sharded.Reader(ckpt).read_metadata()
+    # An automatic resume names it and passes over it, as over any checkpoint that fails its check.
+    chosen, _ = resume.choose(ckpt.parent.parent, None, make(cfg)[0], cfg)
+    assert chosen is None
+    assert not marker.exists()
+    assert not (tmp_path / "mine" / "checkpoints").exists()  # --resume copied nothing into the user's workdir
+
+
+def test_evaluate_refuses_a_crafted_checkpoint_in_one_line(tmp_path, ckpt):
+    marker = tmp_path / "ran"
+    poison(ckpt, routes(marker)["getattr chain"])
+    r = subprocess.run(
+        [sys.executable, "-m", "vitlarge.evaluate", "--config", "recipes/demo_digits.py", "--checkpoint", str(ckpt)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert lines == [
+        f"error: checkpoint {ckpt} fails its check (.metadata refers to builtins.getattr, which a DCP "
+        "index never holds); --resume an older checkpoints/step_* folder, or omit --resume to take the "
+        "newest one that passes"
+    ] or (len(lines) == 1 and "never holds" in lines[0]), r.stderr
+    assert not marker.exists()
+
+
+def _index_with(path: Path, edit) -> None:
+    md = sharded._MetadataUnpickler(io.BytesIO((path / ".metadata").read_bytes())).load()
+    edit(md)
+    (path / ".metadata").write_bytes(pickle.dumps(md, protocol=4))
+    reseal(path)
+
+
+def _first_storage(md):
+    return next(iter(md.storage_data.values()))
+
+
+@pytest.mark.parametrize(
+    "where, expect",
+    [
+        ("/etc/hostname", "which meta.json does not list"),
+        ("../../../../etc/hostname", "which meta.json does not list"),
+        ("/dev/zero", "which meta.json does not list"),
+        ("rank_00000.pt", "which meta.json does not list"),  # listed, but not a data file
+    ],
+)
+def test_index_entries_may_name_only_the_listed_data_files(ckpt, cfg, where, expect):
+    _index_with(ckpt, lambda md: setattr(_first_storage(md), "relative_path", where))
+    assert expect in store.verify(ckpt)
+    with pytest.raises(store.Unusable, match=expect):
+        store.weights_of(ckpt, store.read_meta(ckpt))
+
+
+def test_index_byte_ranges_stay_inside_the_recorded_size(ckpt):
+    _index_with(ckpt, lambda md: setattr(_first_storage(md), "length", 1 << 40))
+    assert "past the end of __0_0.distcp" in store.verify(ckpt)
+
+
+def test_index_shapes_cannot_allocate_more_than_the_files_hold(ckpt):
+    def huge(md):
+        entry = md.state_dict_metadata["model.cls_token"]
+        entry.size = torch.Size([1 << 20, 1 << 20])
+
+    _index_with(ckpt, huge)
+    assert "larger than the checkpoint's data files" in store.verify(ckpt)
+    with pytest.raises(store.Unusable, match="larger than"):
+        store.weights_of(ckpt, store.read_meta(ckpt))  # allocates from the index when no model is given
+
+
+@pytest.mark.parametrize(
+    "name, expect",
+    [
+        ("../../../etc/hostname", "not a checkpoint file name"),
+        ("/dev/zero", "not a checkpoint file name"),
+        ("sub/__0_0.distcp", "not a checkpoint file name"),
+    ],
+)
+def test_meta_json_may_list_only_plain_checkpoint_file_names(ckpt, name, expect):
+    meta = json.loads((ckpt / "meta.json").read_text())
+    meta["files"][name] = {"bytes": 1, "crc32c": "00000000"}
+    (ckpt / "meta.json").write_text(json.dumps(meta))
+    assert expect in store.verify(ckpt)
+    with pytest.raises(store.Unusable, match=expect):
+        store.read_meta(ckpt)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["fifo", "symlink out", "device"])
+def test_a_listed_file_that_is_not_a_regular_file_of_the_folder_is_refused_without_reading(tmp_path, ckpt, kind):
+    target = ckpt / "rank_00000.pt"
+    target.unlink()
+    if kind == "fifo":
+        os.mkfifo(target)  # opening it for reading would wait for a writer forever
+    elif kind == "symlink out":
+        secret = tmp_path / "secret"
+        secret.write_bytes(b"x" * 10)
+        target.symlink_to(secret)
+    else:
+        target.symlink_to("/dev/zero")
+    problem = store.verify(ckpt)
+    assert problem is not None and "rank_00000.pt" in problem
+    assert "not a regular file" in problem or "symbolic link" in problem
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["sparse 8 GB", "/dev/zero", "fifo"])
+def test_meta_json_is_read_bounded(ckpt, kind):
+    meta_file = ckpt / "meta.json"
+    meta_file.unlink()
+    if kind == "sparse 8 GB":
+        with open(meta_file, "wb") as f:
+            f.truncate(8 << 30)
+    elif kind == "/dev/zero":
+        meta_file.symlink_to("/dev/zero")
+    else:
+        os.mkfifo(meta_file)
+    problem = store.verify(ckpt)
+    expect = {"sparse 8 GB": "more than the", "/dev/zero": "symbolic link", "fifo": "not a regular file"}[kind]
+    assert problem.startswith("meta.json ") and expect in problem
+
+
+@pytest.mark.parametrize(
+    "changes, expect",
+    [
+        ({"step": -5}, "step is -5, not a whole number"),
+        ({"step": "abc"}, "step is abc"),
+        ({"step": True}, "step is True"),
+        ({"world_size": 10**11, "format_version": 1}, "world_size is 100000000000"),
+        ({"world_size": 0}, "world_size is 0"),
+        ({"files": []}, "files is not a map"),
+        ({"files": {}}, "files is not a map"),
+        ({"config": []}, "config is not a map"),
+        ({"config": {"train": []}}, "config.train is not a map"),
+        ({"config": {"train": {"micro_batch": "sixteen"}}}, "'train.micro_batch' must be a int"),
+        ({"param_shapes": {"a": "b"}}, "param_shapes is not a map"),
+        ({"model": 3}, "model is not a name"),
+        ({"format_version": "3"}, "checkpoint format 3, this vitlarge reads"),
+        ({"optimizer_state": "yes"}, "optimizer_state is not true or false"),
+        ({"step": 7}, "step 7 is not the folder's (step_0000001)"),
+    ],
+)
+def test_meta_json_values_are_checked_before_use(ckpt, changes, expect):
+    edit_meta(ckpt, **changes)
+    problem = store.verify(ckpt)
+    assert problem is not None and expect.replace("a int", "a") in problem.replace("an int", "a").replace(
+        "a int", "a"
+    ), problem
+
+
+def test_deep_nesting_is_one_line(ckpt):
+    (ckpt / "meta.json").write_text("[" * 200_000 + "]" * 200_000)
+    assert store.verify(ckpt) == "meta.json is nested too deeply to be a checkpoint's"
+
+
+def test_a_negative_step_moves_no_good_checkpoint_aside(tmp_path, ckpt, cfg):
+    """Before: a newer checkpoint whose meta.json said step -5 passed its check (meta.json is not
+    checksummed), was chosen, and every checkpoint after step -5 (all of them) was moved aside."""
+    crafted = ckpt.parent / "step_0000002"
+    crafted.mkdir()
+    for f in ckpt.iterdir():
+        (crafted / f.name).write_bytes(f.read_bytes())
+    meta = json.loads((crafted / "meta.json").read_text())
+    (crafted / "meta.json").write_text(json.dumps({**meta, "step": -5}))
+    chosen, _ = resume.choose(ckpt.parent.parent, None, make(cfg)[0], cfg)
+    assert chosen == ckpt
+    assert ckpt.is_dir() and store.verify(ckpt) is None
+
+
+@pytest.mark.parametrize(
+    "content, expect",
+    [
+        ({"scaler": {}, "data": None}, "rank_00000.pt lacks rng, scaler or data"),
+        ({"rng": {"torch": torch.zeros(3, dtype=torch.uint8)}, "scaler": {}, "data": None}, "torch RNG state"),
+        (argparse.Namespace(x=1), "rank_00000.pt holds objects other than tensors and numbers"),
+        (b"not a torch file", "rank_00000.pt is not a readable torch file"),
+    ],
+)
+def test_rank_files_are_checked_before_use(ckpt, cfg, content, expect):
+    f = ckpt / "rank_00000.pt"
+    if isinstance(content, bytes):
+        f.write_bytes(content)
+    else:
+        torch.save(content, f)
+    reseal(ckpt)
+    with pytest.raises(store.Unusable) as e:
+        store.read(ckpt, make(cfg)[0], cfg)
+    assert expect in str(e.value)
+    assert "weights_only" not in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_damaged_export_is_one_line(tmp_path, cfg):
+    export = tmp_path / "model"
+    export.mkdir()
+    (export / "config.json").write_text("{}")
+    (export / "model.safetensors").write_bytes(struct.pack("<Q", 1 << 40) + b"{}")  # a header length past the end
+    with pytest.raises(UserError) as e:
+        store.load_model_weights(export, make(cfg)[0], cfg)
+    assert "model.safetensors is not a safetensors file" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_resume_copies_only_the_listed_files(tmp_path, ckpt, cfg):
+    secret = tmp_path / "secret"
+    secret.write_text("not yours")
+    (ckpt / "planted").symlink_to(secret)
+    chosen, _ = resume.choose(tmp_path / "mine", ckpt, make(cfg)[0], cfg)
+    assert chosen.parent == tmp_path / "mine" / "checkpoints"
+    assert "planted" not in {p.name for p in chosen.iterdir()}
+    assert store.verify(chosen) is None

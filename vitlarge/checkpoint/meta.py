@@ -1,0 +1,179 @@
+"""A checkpoint's ``meta.json``, read as data from elsewhere: bounded, typed, and confined to its folder.
+
+Checkpoints are handed between people (a colleague's run, a shared workdir), so nothing in one is
+trusted: meta.json is read through `fileio.read_regular` (a regular file of at most `META_MAX_BYTES`,
+never a symlink, FIFO or device), then checked key by key before anything uses it (`problem_of`):
+types and ranges (a negative ``step``, a ``world_size`` of 10^11, ``files: []``), and every name it
+lists is a plain file name of a kind a checkpoint holds (`LISTED_NAME`: no ``/``, no ``..``), so every
+read it leads to stays inside the folder. The files themselves are then checked where they are read
+(`fileio.size_problem` refuses a symlink or a FIFO under a listed name).
+
+This module imports nothing heavy: store.py and sharded.py both read meta.json through it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import typing
+from pathlib import Path
+
+from vitlarge import fileio
+
+FORMAT_VERSION = 3
+# 1: before meta.json recorded sizes and checksums (only emptiness is checked); 1 and 2: model.safetensors
+# and torch.save optimizer files (read by `sharded.load_legacy`); 3: DCP.
+READABLE_FORMATS = (1, 2, 3)
+STEP_DIR = re.compile(r"^step_(\d{7,})$")
+REQUIRED_META = ("step", "world_size", "model", "param_shapes")
+META_MAX_BYTES = 64 << 20
+"""meta.json's size cap: a 1024-rank ViT-H checkpoint's is about 0.3 MB (its config, shapes and file list)."""
+MAX_WORLD_SIZE = 1 << 20
+MAX_STEP = 10**12
+LISTED_NAME = re.compile(
+    r"^(?:__\d{1,7}_\d{1,7}\.distcp|\.metadata|rank_\d{5,7}\.pt|model\.safetensors|optimizer\.pt"
+    r"|optimizer_rank_\d{5,7}\.pt)$"
+)
+"""Every file name a checkpoint of any readable format lists: plain names, so every read stays in the folder."""
+CRC = re.compile(r"^[0-9a-f]{8}$")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def read(path: Path) -> tuple[dict | None, str | None]:
+    """``(meta, None)`` for checkpoint folder ``path``, or ``(None, why it is not a usable meta.json)``."""
+    if not path.exists():
+        return None, "does not exist"
+    meta_file = path / "meta.json"
+    try:
+        raw = fileio.read_regular(meta_file, META_MAX_BYTES)
+    except FileNotFoundError:
+        return None, "no meta.json"
+    except OSError as e:
+        return None, f"meta.json cannot be read ({e.strerror})"
+    except ValueError as e:
+        return None, f"meta.json {e}"
+    try:
+        meta = json.loads(raw)
+    except RecursionError:
+        return None, "meta.json is nested too deeply to be a checkpoint's"
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
+        return None, f"meta.json is not JSON: {str(e).splitlines()[0]}"
+    problem = problem_of(meta, path)
+    return (None, problem) if problem else (meta, None)
+
+
+def problem_of(meta, path: Path | None = None) -> str | None:
+    """Why ``meta`` (parsed meta.json of folder ``path``) cannot be a checkpoint's, or None. Checked
+    before anything reads it: every key a reader uses, with its type and range."""
+    if not isinstance(meta, dict):
+        return "meta.json is not a JSON object"
+    version = meta.get("format_version")
+    if not _is_int(version) or version not in READABLE_FORMATS:
+        readable = " and ".join(map(str, READABLE_FORMATS))
+        return f"checkpoint format {str(version)[:40]}, this vitlarge reads {readable}"
+    missing = [k for k in REQUIRED_META + (("files",) if version >= 2 else ()) if k not in meta]
+    if missing:
+        return f"meta.json lacks '{missing[0]}'"
+    step, world = meta["step"], meta["world_size"]
+    if not _is_int(step) or not 0 <= step <= MAX_STEP:
+        return f"meta.json's step is {str(step)[:40]!s}, not a whole number from 0 to {MAX_STEP:,}"
+    if path is not None:
+        m = STEP_DIR.match(path.name)
+        if m and int(m.group(1)) != step:
+            return f"meta.json's step {step} is not the folder's ({path.name})"
+    if not _is_int(world) or not 1 <= world <= MAX_WORLD_SIZE:
+        return f"meta.json's world_size is {str(world)[:40]}, not a whole number from 1 to {MAX_WORLD_SIZE:,}"
+    if not isinstance(meta["model"], str):
+        return "meta.json's model is not a name"
+    shapes = meta["param_shapes"]
+    if not isinstance(shapes, dict) or not all(
+        isinstance(s, list) and all(_is_int(d) and d >= 0 for d in s) for s in shapes.values()
+    ):
+        return "meta.json's param_shapes is not a map of names to shapes"
+    for key in ("optimizer_state", "ema"):
+        if key in meta and not isinstance(meta[key], bool):
+            return f"meta.json's {key} is not true or false"
+    if "line" in meta and meta["line"] is not None and not isinstance(meta["line"], str):
+        return "meta.json's line is not a path"
+    config = meta.get("config", {})
+    if not isinstance(config, dict):
+        return "meta.json's config is not a map of sections"
+    problem = _saved_config_problem(config)
+    if problem:
+        return problem
+    if version >= 2:
+        return files_problem(meta["files"], version)
+    return None
+
+
+def files_problem(files, version: int) -> str | None:
+    """Why meta.json's ``files`` is not a list of this checkpoint's own files with their records, or None."""
+    if not isinstance(files, dict) or not files:
+        return "meta.json's files is not a map of file names to records"
+    for name, record in files.items():
+        if not LISTED_NAME.match(name):
+            return f"meta.json lists {name[:80]!r}, not a checkpoint file name (refused: files stay in the folder)"
+        if not (
+            isinstance(record, dict)
+            and _is_int(record.get("bytes"))
+            and record["bytes"] >= 0
+            and isinstance(record.get("crc32c"), str)
+            and CRC.match(record["crc32c"])
+        ):
+            return f"meta.json's record of {name} is not {{'bytes': a size, 'crc32c': 8 hex digits}}"
+    if version >= 3 and ".metadata" not in files:
+        return "meta.json does not list .metadata (DCP's index)"
+    if not any(n.startswith("rank_") for n in files):
+        return "meta.json lists no rank_NNNNN.pt file"
+    return None
+
+
+def _saved_config_problem(config: dict) -> str | None:
+    """Why the config a checkpoint recorded has a value of the wrong type for a key this vitlarge knows
+    (the resume and evaluation read it back), or None. Keys it does not know (another version's) pass."""
+    import dataclasses
+
+    from vitlarge.config.load import _check_types
+    from vitlarge.config.schema import Config
+    from vitlarge.errors import UserError
+
+    cfg = Config()
+    for section, values in config.items():
+        target = getattr(cfg, section, None)
+        if not dataclasses.is_dataclass(target):
+            continue
+        if not isinstance(values, dict):
+            return f"meta.json's config.{section} is not a map of keys to values"
+        hints = typing.get_type_hints(type(target))
+        for name, value in values.items():
+            if name not in hints:
+                continue
+            if typing.get_origin(hints[name]) is typing.Literal and isinstance(value, str):
+                continue  # a value another version allowed (train.plugin=zero): its readers say what they make of it
+            setattr(target, name, value)
+    try:
+        _check_types(cfg, "meta.json's config")
+    except UserError as e:
+        return str(e).split("; ")[0]
+    return None
+
+
+def expected_files(meta: dict) -> dict[str, dict | None]:
+    """File name -> record (size, CRC32C) for every file the checkpoint must hold; None where format 1 kept none."""
+    if meta["format_version"] >= 2:
+        return meta["files"]
+    names = ["model.safetensors", "optimizer.pt"] + [f"rank_{r:05d}.pt" for r in range(meta["world_size"])]
+    return dict.fromkeys(names)
+
+
+def listed_files(folder: Path) -> dict[str, dict]:
+    """meta.json's ``files`` of format-3 checkpoint ``folder``; ValueError saying why there are none."""
+    meta, problem = read(Path(folder))
+    if problem:
+        raise ValueError(problem)
+    if meta["format_version"] < 3:
+        raise ValueError(f"format {meta['format_version']} has no DCP index")
+    return meta["files"]
