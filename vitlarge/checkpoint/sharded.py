@@ -265,12 +265,16 @@ def read_index(folder: Path, files: dict[str, dict] | None = None):
     try:
         metadata = _MetadataUnpickler(io.BytesIO(raw)).load()
     except pickle.UnpicklingError as e:
-        raise IndexProblem(str(e).splitlines()[0] if str(e) else f"{METADATA} is not a DCP index") from None
+        why = str(e).splitlines()[0][:120] if str(e) else ""
+        raise IndexProblem(why if why.startswith(METADATA) else f"{METADATA} is not a DCP index ({why})") from None
     except RecursionError:
         raise IndexProblem(f"{METADATA} is nested too deeply to be a DCP index") from None
     except Exception as e:  # noqa: BLE001 - a damaged pickle raises EOFError, ValueError, TypeError, KeyError...
         raise IndexProblem(f"{METADATA} is not a DCP index ({type(e).__name__})") from None
-    problem = index_problem(metadata, files)
+    try:
+        problem = index_problem(metadata, files)
+    except (AttributeError, TypeError, ValueError, OverflowError) as e:  # a field missing or of another type
+        problem = f"{METADATA} is not a DCP index of this checkpoint ({type(e).__name__})"
     if problem:
         raise IndexProblem(problem)
     return metadata

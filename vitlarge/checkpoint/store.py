@@ -527,6 +527,12 @@ def rank_state_problem(state) -> str | None:
         return "holds a data state that is not a string"
     if not isinstance(scaler, dict):
         return "holds a loss-scaler state that is not a map"
+    numbers = {"scale": float, "growth_factor": float, "backoff_factor": float, "growth_interval": int}
+    if scaler and not (
+        all(isinstance(scaler.get(k), (int, float)) and not isinstance(scaler.get(k), bool) for k in numbers)
+        and isinstance(scaler.get("_growth_tracker"), int)
+    ):  # {} is a disabled scaler's (bf16, fp32)
+        return "holds a malformed loss-scaler state"
     if not isinstance(rng, dict) or not isinstance(rng.get("torch"), torch.Tensor):
         return "holds no torch RNG state"
     if rng["torch"].dtype != torch.uint8 or rng["torch"].shape != torch.get_rng_state().shape:

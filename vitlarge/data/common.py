@@ -29,7 +29,7 @@ def older_state_version(state: str | None) -> int | None:
     refuses that with its one-line error)."""
     try:
         version = json.loads(state)["version"] if state else None
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, RecursionError):
         return None
     return version if isinstance(version, int) and version < STATE_VERSION else None
 

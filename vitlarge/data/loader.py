@@ -308,7 +308,7 @@ class TrainLoader:
         )
         try:
             self._pipe.build()
-        except RuntimeError as e:
+        except (RuntimeError, ValueError) as e:  # UnicodeDecodeError from a junk string inside the checkpoint
             if checkpoint is None:
                 raise
             # DALI parses the bytes while it builds: a damaged or crafted state fails there, as a protobuf assert.
@@ -352,7 +352,7 @@ class TrainLoader:
             if not isinstance(doc["fingerprint"], str) or not isinstance(doc["dali"], str):
                 raise ValueError("fingerprint and dali must be strings")
             blob = base64.b64decode(doc["dali"], validate=True)
-        except (ValueError, TypeError) as e:  # json and base64 errors are ValueErrors
+        except (ValueError, TypeError, RecursionError) as e:  # json and base64 errors are ValueErrors
             raise UserError(
                 f"{data_dir}: TrainLoader state is not one TrainLoader.state() returned ({e}); "
                 "resume from the checkpoint's data state or start without state"

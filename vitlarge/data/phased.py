@@ -41,7 +41,7 @@ def _fields_of(state: str) -> tuple[int, str, str, int | None]:
     """`_parts` and the step the stream started afresh at (None: at its phase's start)."""
     try:
         doc = json.loads(state)
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, RecursionError) as e:
         raise ValueError(str(e)) from None
     if not isinstance(doc, dict):
         raise ValueError("not an object")

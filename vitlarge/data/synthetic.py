@@ -70,7 +70,7 @@ def is_state(state: str | None) -> bool:
     """Whether a checkpoint's data state was written by `SyntheticTrain` (else by the DALI loader, or none)."""
     try:
         return json.loads(state).get("source") == SOURCE
-    except (ValueError, TypeError, AttributeError):
+    except (ValueError, TypeError, AttributeError, RecursionError):
         return False
 
 
@@ -180,7 +180,7 @@ class SyntheticTrain:
             batches = doc["batches"]
             if not isinstance(batches, int) or batches < 0 or not isinstance(doc["fingerprint"], str):
                 raise ValueError(f"batches={batches!r}")
-        except (ValueError, TypeError, KeyError) as e:
+        except (ValueError, TypeError, KeyError, RecursionError) as e:
             raise UserError(
                 f"SyntheticTrain state is not one SyntheticTrain.state() returned ({e}); resume from "
                 "the checkpoint's data state or start without state"

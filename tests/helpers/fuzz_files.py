@@ -1,0 +1,322 @@
+"""Fuzzes the formats vitlarge reads from elsewhere, in one process started by tests/e2e/test_fuzz_files.py.
+
+``python -m tests.helpers.fuzz_files SCRATCH DEMO_DATA SEED CASES`` makes a real checkpoint, loader state
+and data set under SCRATCH, then for each format feeds ``CASES`` random mutations of the real file (a
+fixed seed) to the entry points that read it, as a user's command would (an automatic resume and its
+restore, evaluate's and init_from's weight reads; the loader; make_index and the manifest). Each case
+must end in a clean pass or a one-line `UserError` (what the CLIs turn into exit 2); anything else is
+reported as a traceback. An audit hook records every write, removal, rename or process start outside
+SCRATCH, and every case runs under a 60 s alarm (a hang is reported, not waited for). Prints one JSON
+object: per format the counts and the failures, the violations and the peak RSS.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import io
+import json
+import os
+import pickle
+import random
+import resource
+import shutil
+import signal
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+
+SCRATCH: Path
+violations: list[str] = []
+_watch = False
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+
+
+def _inside(path) -> bool:
+    if isinstance(path, int):
+        return True  # a descriptor: its opening was seen
+    p = os.path.abspath(os.fsdecode(path))
+    return p == os.devnull or p.startswith(str(SCRATCH) + os.sep) or p.startswith("/dev/shm/")
+
+
+def _audit(event: str, args) -> None:
+    if not _watch:
+        return
+    if event == "open":
+        path, mode, flags = args
+        writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (flags or 0) & WRITE_FLAGS
+        if writes and path is not None and not _inside(path):
+            violations.append(f"open for writing outside the scratch folder: {path}")
+    elif event in ("os.remove", "os.rmdir", "os.mkdir", "os.symlink", "os.link", "os.truncate", "shutil.rmtree"):
+        if args and args[0] is not None and not _inside(args[0]):
+            violations.append(f"{event} outside the scratch folder: {args[0]}")
+    elif event in ("os.rename", "os.replace"):
+        if not (_inside(args[0]) and _inside(args[1])):
+            violations.append(f"{event} outside the scratch folder: {args[0]} -> {args[1]}")
+    elif event in ("os.system", "subprocess.Popen", "os.exec", "os.posix_spawn", "os.spawn", "os.fork"):
+        violations.append(f"{event}: {str(args)[:200]}")
+
+
+class Hang(Exception):
+    pass
+
+
+def _alarm(*_):
+    raise Hang("no answer within 60 s")
+
+
+# Mutations -----------------------------------------------------------------------------------------
+
+JUNK = [-1, 0, 2**63, 10**20, -(10**12), 1.5, float("inf"), "abc", "", "../../etc/hostname", "/dev/zero", [], {}, None,
+        True, [1, 2], {"a": 1}, "x" * 300]
+
+
+def mutate_bytes(data: bytes, rng: random.Random) -> bytes:
+    b = bytearray(data)
+    how = rng.randrange(5)
+    if how == 0 and b:
+        for _ in range(rng.randint(1, 8)):
+            b[rng.randrange(len(b))] = rng.randrange(256)
+    elif how == 1:
+        del b[rng.randrange(len(b) + 1) :]
+    elif how == 2 and b:
+        i = rng.randrange(len(b))
+        b[i:i] = b[i : i + rng.randint(1, 64)]
+    elif how == 3:
+        i = rng.randrange(len(b) + 1)
+        b[i:i] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 16)))
+    else:
+        i = rng.randrange(len(b) + 1)
+        b[i : i + rng.randint(1, 32)] = bytes(rng.randint(1, 32))
+    return bytes(b)
+
+
+def _paths(doc, prefix=()):
+    yield prefix
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            yield from _paths(v, prefix + (k,))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc[:8]):
+            yield from _paths(v, prefix + (i,))
+
+
+def mutate_doc(doc, rng: random.Random):
+    """A JSON-like tree with one value replaced by junk, a key removed or added, or nested deeply."""
+    doc = copy.deepcopy(doc)
+    paths = [p for p in _paths(doc) if p]
+    if not paths:
+        return rng.choice(JUNK)
+    path = rng.choice(paths)
+    parent = doc
+    for k in path[:-1]:
+        parent = parent[k]
+    how = rng.randrange(4)
+    if how == 0 and isinstance(parent, dict):
+        del parent[path[-1]]
+    elif how == 1 and isinstance(parent, dict):
+        parent[rng.choice(["extra", "../x", ""])] = rng.choice(JUNK)
+    elif how == 2:
+        deep = []
+        for _ in range(rng.choice([50, 5000])):
+            deep = [deep]
+        parent[path[-1]] = deep
+    else:
+        parent[path[-1]] = rng.choice(JUNK)
+    return doc
+
+
+def dump(doc) -> bytes:
+    try:
+        return json.dumps(doc).encode()
+    except (ValueError, RecursionError):
+        return b"[" * 100_000
+
+
+def reseal(path: Path) -> None:
+    import crc32c
+
+    try:
+        meta = json.loads((path / "meta.json").read_bytes())
+        for name in meta["files"]:
+            data = (path / name).read_bytes()
+            meta["files"][name] = {"bytes": len(data), "crc32c": f"{crc32c.crc32c(data):08x}"}
+        (path / "meta.json").write_text(json.dumps(meta))
+    except Exception:  # noqa: BLE001 - a mutated meta.json may not be resealable: then it stays as it is
+        pass
+
+
+# The formats and their entry points ----------------------------------------------------------------
+
+
+def main(scratch: str, demo_data: str, seed: int, cases: int) -> dict:
+    global SCRATCH, _watch
+    SCRATCH = Path(scratch).resolve()
+    sys.addaudithook(_audit)
+    torch.set_num_threads(1)
+    from tests.helpers import ROOT
+    from tests.helpers.tiny_model import make, trained
+    from vitlarge.checkpoint import init_from, resume, sharded, store
+    from vitlarge.config.load import load_recipe
+    from vitlarge.data import TrainLoader, load_manifest
+    from vitlarge.data.manifest import check_shards
+    from vitlarge.errors import UserError
+
+    cfg = load_recipe(ROOT / "recipes" / "demo_digits.py")
+    model, opt, scaler = trained(cfg)
+    original = store.save(SCRATCH / "orig", 1, model, opt, scaler, "loader-state", cfg, keep=3)
+    data = SCRATCH / "data"
+    shutil.copytree(demo_data, data, ignore=shutil.ignore_patterns("src"))
+    cpu = torch.device("cpu")
+    loader_kw = {"rank": 0, "world_size": 1, "device": cpu, "seed": 0}
+    state = TrainLoader(str(data), 16, 32, **loader_kw).state()
+    rng = random.Random(seed)
+
+    def fresh_checkpoint(case: int) -> Path:
+        dest = SCRATCH / f"case{case}" / "checkpoints" / original.name
+        dest.mkdir(parents=True)
+        for f in original.iterdir():
+            shutil.copyfile(f, dest / f.name)
+        return dest
+
+    def read_checkpoint(path: Path) -> None:
+        """An automatic resume and its restore, then evaluate's and init_from's reads of the same folder."""
+        m, o, s = make(cfg)
+        try:
+            chosen, _ = resume.choose(path.parent.parent, None, m, cfg)
+            if chosen is not None:
+                resume.restore(chosen, m, o, s, cfg)
+        except UserError:
+            pass
+        try:
+            store.load_model_weights(path, make(cfg)[0], cfg)
+        except UserError:
+            pass
+        init_from.read_state_dict(path)
+
+    def meta_json(case):
+        path = fresh_checkpoint(case)
+        raw = (path / "meta.json").read_bytes()
+        mutated = dump(mutate_doc(json.loads(raw), rng)) if rng.random() < 0.7 else mutate_bytes(raw, rng)
+        (path / "meta.json").write_bytes(mutated)
+        read_checkpoint(path)
+
+    def index(case):
+        path = fresh_checkpoint(case)
+        raw = (path / ".metadata").read_bytes()
+        if rng.random() < 0.5:
+            md = sharded._MetadataUnpickler(io.BytesIO(raw)).load()
+            targets = [md] + list(md.storage_data.values())[:20] + list(md.state_dict_metadata.values())[:20]
+            target = rng.choice(targets)
+            field = rng.choice([k for k in vars(target)] or ["x"])
+            setattr(target, field, rng.choice(JUNK + [torch.Size([1 << 30, 1 << 30]), "__0_0.distcp", 1 << 40]))
+            raw = pickle.dumps(md, protocol=4)
+        else:
+            raw = mutate_bytes(raw, rng)
+        (path / ".metadata").write_bytes(raw)
+        if rng.random() < 0.8:
+            reseal(path)  # a forger recomputes the checksums
+        read_checkpoint(path)
+
+    def rank_file(case):
+        path = fresh_checkpoint(case)
+        f = path / "rank_00000.pt"
+        if rng.random() < 0.6:
+            content = mutate_doc(torch.load(f, weights_only=True), rng)
+            try:
+                torch.save(content, f)
+            except RecursionError:  # torch.save cannot write 5,000 levels: a file that nests as deep as it can
+                f.write_bytes(b"\x80\x02" + b"]" * 100_000)
+        else:
+            f.write_bytes(mutate_bytes(f.read_bytes(), rng))
+        reseal(path)
+        read_checkpoint(path)
+
+    def loader_state(case):
+        doc = json.loads(state)
+        if rng.random() < 0.5:
+            blob = mutate_bytes(base64.b64decode(doc["dali"]), rng)
+            doc["dali"] = base64.b64encode(blob).decode()
+            text = json.dumps(doc)
+        else:
+            text = dump(mutate_doc(doc, rng)).decode("utf-8", "replace")
+        loader = TrainLoader(str(data), 16, 32, state=text, **loader_kw)
+        next(loader)
+
+    def dataset_json(case):
+        d = SCRATCH / f"case{case}" / "data"
+        d.mkdir(parents=True)
+        for f in data.iterdir():
+            if f.is_file() and f.name != "dataset.json":
+                shutil.copyfile(f, d / f.name)
+        raw = (data / "dataset.json").read_bytes()
+        mutated = dump(mutate_doc(json.loads(raw), rng)) if rng.random() < 0.7 else mutate_bytes(raw, rng)
+        (d / "dataset.json").write_bytes(mutated)
+        manifest = load_manifest(str(d))
+        check_shards(manifest, "train")
+        check_shards(manifest, "validation")
+
+    def tfrecord(case):
+        from data_tools.make_index import make_index
+
+        d = SCRATCH / f"case{case}" / "data"
+        shutil.copytree(data, d)
+        shard = sorted(d.glob("train-*-of-*"))[0]
+        raw = shard.read_bytes()
+        b = bytearray(raw)
+        if rng.random() < 0.6:  # a record header: its 8-byte length and 4-byte CRC
+            for _ in range(rng.randint(1, 4)):
+                b[rng.randrange(12)] = rng.randrange(256)
+            raw = bytes(b)
+        else:
+            raw = mutate_bytes(raw, rng)
+        shard.write_bytes(raw)
+        make_index(str(d))
+        manifest = load_manifest(str(d))
+        check_shards(manifest, "train")
+
+    formats = {
+        "meta.json": (meta_json, cases),
+        ".metadata": (index, cases),
+        "rank file": (rank_file, cases),
+        "loader state": (loader_state, cases),
+        "dataset.json": (dataset_json, cases),
+        "TFRecord headers": (tfrecord, max(cases // 4, 10)),
+    }
+    report = {}
+    signal.signal(signal.SIGALRM, _alarm)
+    case = 0
+    for name, (fn, n) in formats.items():
+        counts = {"passed": 0, "refused": 0}
+        failures = []
+        for _ in range(n):
+            case += 1
+            _watch = True
+            signal.alarm(60)
+            try:
+                fn(case)
+                counts["passed"] += 1
+            except UserError as e:
+                if "\n" in str(e):
+                    failures.append(f"case {case}: a UserError of several lines: {str(e)[:300]}")
+                counts["refused"] += 1
+            except Exception as e:  # noqa: BLE001 - every other exception is a traceback the user would see
+                tb = traceback.format_exception(e)
+                failures.append(f"case {case}: {type(e).__name__}: {str(e)[:200]} at {tb[-2].strip()[:300]}")
+            finally:
+                signal.alarm(0)
+                _watch = False
+            shutil.rmtree(SCRATCH / f"case{case}", ignore_errors=True)
+        report[name] = {**counts, "failures": failures}
+    report["violations"] = violations
+    report["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+    return report
+
+
+if __name__ == "__main__":
+    scratch, demo_data, seed, cases = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    result = main(scratch, demo_data, seed, cases)
+    sys.stdout.flush()
+    print("FUZZ " + json.dumps(result))
