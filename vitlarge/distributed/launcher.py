@@ -103,3 +103,39 @@ def launcher_rank(env=None) -> int | None:
         return int(env[key]) if key else 0
     except ValueError:
         return None
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])  # after "pid (comm) state": the parent's pid
+
+
+def under_colossalai_run(pid: int | None = None, levels: int = 8) -> bool:
+    """Whether ``colossalai run`` started this process (an ancestor's command line is ``... colossalai run ...``).
+    It hands its arguments to torchrun through an unquoted ``bash -c``: quotes are lost, spaces split a value,
+    braces and parentheses are the shell's. False where /proc cannot tell (not Linux)."""
+    try:
+        pid = _parent(os.getpid() if pid is None else pid)
+        for _ in range(levels):
+            if pid <= 1:
+                return False
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = [a.decode(errors="replace") for a in f.read().split(b"\0")]
+            if any(a.endswith("colossalai") and nxt == "run" for a, nxt in zip(argv, argv[1:])):
+                return True
+            pid = _parent(pid)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def check_split_arguments(overrides: list[str]) -> None:
+    """An override without ``=`` under ``colossalai run`` is, as a rule, the tail of a value its shell split at a
+    space (``--workdir "runs/my run"`` arrives as ``--workdir runs/my run``): one line saying so."""
+    bad = next((o for o in overrides if "=" not in o), None)
+    if bad is not None and under_colossalai_run():
+        raise UserError(
+            f"command line: argument '{bad}' has no '=': colossalai run passes the arguments through bash unquoted, "
+            "which splits a path or value at its spaces; use a path without spaces, or start with torchrun or srun, "
+            "which keep them"
+        )
