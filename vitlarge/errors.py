@@ -30,13 +30,23 @@ class UserError(Exception):
 EXIT_PREEMPTED = 75
 """Exit status after a checkpoint on SIGTERM/SIGUSR1 (EX_TEMPFAIL): run the same command again to continue."""
 
+EXIT_INTERRUPTED = 130
+"""Exit status after a checkpoint on Ctrl-C (SIGINT; 128 + 2, what a shell reports for an interrupted command):
+the user stopped the run, so a requeue script keyed on 75 does not restart it. Run the same command to continue."""
+
 
 class Preempted(Exception):
-    """Training stopped at an optimizer-step boundary on a signal, after writing a checkpoint."""
+    """Training stopped at an optimizer-step boundary on a signal, after writing a checkpoint. ``interrupted``:
+    the signal was Ctrl-C's SIGINT (exit `EXIT_INTERRUPTED`), else a scheduler's (exit `EXIT_PREEMPTED`)."""
 
-    def __init__(self, step: int, path):
-        super().__init__(f"stopped on signal after step {step}; checkpoint {path}; run the same command to resume")
-        self.step, self.path = step, path
+    def __init__(self, step: int, path, interrupted: bool = False):
+        what = "interrupted (Ctrl-C)" if interrupted else "stopped on signal"
+        super().__init__(f"{what} after step {step}; checkpoint {path}; run the same command to resume")
+        self.step, self.path, self.interrupted = step, path, interrupted
+
+    @property
+    def exit_status(self) -> int:
+        return EXIT_INTERRUPTED if self.interrupted else EXIT_PREEMPTED
 
 
 def cli_main(work: Callable[[], object], *, prints: Callable[[UserError], bool] | None = None) -> int:

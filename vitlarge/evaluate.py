@@ -68,13 +68,14 @@ def main(argv: list[str] | None = None) -> int:
         help="a checkpoints/step_* folder, an exported model folder (<workdir>/model) or a model.safetensors file",
     )
     p.add_argument("--data", default=None)
+    p.add_argument("--overrides", dest="override_files", action="append", default=[], metavar="FILE")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)
     env = None
 
     def work() -> None:
         nonlocal env
-        cfg = load_config(args.config, args.overrides, data__path=args.data)
+        cfg = load_config(args.config, args.overrides, override_files=args.override_files, data__path=args.data)
         meta = store.read_meta(args.checkpoint) if (Path(args.checkpoint) / "meta.json").is_file() else None
         changed = as_trained(cfg, meta.get("config", {})) if meta else []
         env = launcher.detect()

@@ -8,6 +8,8 @@ world size. This module imports nothing from torch, so recipes load fast and ``-
 
 from __future__ import annotations
 
+import ast
+import copy
 import dataclasses
 import difflib
 import importlib.util
@@ -18,6 +20,7 @@ import typing
 from pathlib import Path
 from typing import Literal
 
+from vitlarge.config.phase_list import PHASE_KEYS
 from vitlarge.config.schema import Config
 from vitlarge.errors import UserError
 
@@ -39,18 +42,68 @@ def all_keys(cfg: Config) -> list[str]:
 
 def _unknown_key(key: str, cfg: Config, origin: str) -> UserError:
     close = difflib.get_close_matches(key, all_keys(cfg), n=1, cutoff=0.5)
-    hint = f"did you mean '{close[0]}'?" if close else "see vitlarge/config/load.py for the keys"
+    hint = f"did you mean '{close[0]}'?" if close else "the keys are declared in vitlarge/config/schema.py"
     return UserError(f"{origin}: unknown config key '{key}'; {hint}")
+
+
+def _article(noun: str) -> str:
+    return f"an {noun}" if noun[0] in "aeiou" else f"a {noun}"
+
+
+def _plain(typ):
+    """``X`` of ``X | None`` (and whether None is allowed)."""
+    args = typing.get_args(typ)
+    if typing.get_origin(typ) in (typing.Union, types.UnionType) and type(None) in args:
+        return next(a for a in args if a is not type(None)), True
+    return typ, False
+
+
+# What an override's text must look like, by declared type, in the words of an error message.
+_WHAT = {int: "an int", float: "a number", bool: "true or false", tuple: "numbers separated by commas"}
+
+
+def _example(key: str, typ) -> str:
+    """A valid setting of ``key`` for a message: the schema's default, written as an override."""
+    try:
+        default = _get(Config(), key)
+    except AttributeError:
+        default = None
+    plain, optional = _plain(typ)
+    if isinstance(default, bool):
+        text = str(default).lower()
+    elif isinstance(default, tuple):
+        text = ",".join(f"{x:g}" for x in default)
+    elif isinstance(default, float):
+        text = f"{default:g}"
+    elif default is not None and not isinstance(default, (dict, list)):
+        text = str(default)
+    else:
+        text = {int: "1", float: "0.5", bool: "true", str: "text"}.get(plain, "...")
+    return f"{key}={text}" + (" or none" if optional and default is None else "")
+
+
+def _on_off(args: tuple, text: str) -> str:
+    """``true``/``false`` (and their kin) mean ``on``/``off`` for the keys whose choices include both."""
+    if "on" in args and "off" in args:
+        if text.lower() in ("true", "yes", "1"):
+            return "on"
+        if text.lower() in ("false", "no", "0"):
+            return "off"
+    return text
 
 
 def _parse_value(text: str, typ, key: str, origin: str):
     """Turns override text into the declared type of ``key``; ``None``/``none`` where Optional."""
-    origin_t = typing.get_origin(typ)
-    args = typing.get_args(typ)
-    if origin_t in (typing.Union, types.UnionType) and type(None) in args:
-        if text.lower() in ("none", "null"):
-            return None
-        typ = next(a for a in args if a is not type(None))
+    item = f"{key}={text}"
+    typ, optional = _plain(typ)
+    if optional and text.lower() in ("none", "null"):
+        return None
+    if typing.get_origin(typ) is Literal:
+        choices = typing.get_args(typ)
+        value = _on_off(choices, text)
+        if value not in choices:
+            raise UserError(f"{origin}: '{item}' is not one of {', '.join(choices)}; write it like {key}={choices[0]}")
+        return value
     try:
         if typ is bool:
             if text.lower() in ("1", "true", "yes", "on"):
@@ -65,44 +118,148 @@ def _parse_value(text: str, typ, key: str, origin: str):
         if typ is tuple:
             return tuple(float(x) for x in text.strip("()[] ").split(",") if x.strip())
         if typ in (dict, list):
-            import ast
-
             value = ast.literal_eval(text)
+            if isinstance(value, tuple) and typ is list:
+                value = list(value)
             if not isinstance(value, typ):
                 raise ValueError
             return value
         return text
-    except ValueError:
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        if typ is dict:
+            # depth=2, or depth:2 (what `colossalai run`'s shell leaves of "{'depth': 2}"): the entry it meant
+            name, _, value = text.replace(":", "=", 1).partition("=")
+            name = name.strip().strip("'\"{")
+            entry = (
+                f"{key}.{name}={value.strip().rstrip('}')}"
+                if value and name.isidentifier()
+                else f"{key}.<name>=<value>"
+            )
+            raise UserError(
+                f"{origin}: '{item}' is not a dict; set one entry as {entry}, or give --overrides FILE"
+            ) from None
+        if typ is list:
+            raise UserError(
+                f"{origin}: '{item}' is not a list; set one entry's key as {key}.0.<key>=<value>, or give --overrides FILE"
+            ) from None
         raise UserError(
-            f"{origin}: '{key}={text}' is not a valid {getattr(typ, '__name__', typ)}; "
-            f"give a {getattr(typ, '__name__', typ)} value"
+            f"{origin}: '{item}' is not {_WHAT.get(typ, _article(getattr(typ, '__name__', str(typ))))}; "
+            f"write it like {_example(key, typ if not optional else typ | None)}"
         ) from None
 
 
-def apply_override(cfg: Config, item: str, origin: str = "command line") -> None:
-    """Applies one ``dotted.key=value`` override in place."""
+def _literal(text: str):
+    """A dict entry's or a phase key's value: a Python literal (``2``, ``0.5,1``, ``'avg'``), ``true``/``false``/
+    ``none``, else the text itself (``avg``)."""
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return text
+
+
+def _resolve(cfg: Config, key: str, origin: str):
+    """``(dataclass, field name, declared type, the rest of the key)``; the rest addresses an entry of a dict
+    or list field (``model.kwargs.depth``, ``train.phases.1.image_size``)."""
+    parts, target = key.split("."), cfg
+    for i, part in enumerate(parts):
+        if not dataclasses.is_dataclass(target) or part not in _fields(target):
+            raise _unknown_key(key, cfg, origin)
+        value, rest = getattr(target, part), parts[i + 1 :]
+        if dataclasses.is_dataclass(value) and rest:
+            target = value
+            continue
+        if dataclasses.is_dataclass(value):
+            raise UserError(
+                f"{origin}: '{key}' is a section; set one of its fields, e.g. {key}.{next(iter(_fields(value)))}=..."
+            )
+        typ = typing.get_type_hints(type(target))[part]
+        if rest and _plain(typ)[0] not in (dict, list):
+            raise _unknown_key(key, cfg, origin)
+        return target, part, typ, rest
+    raise _unknown_key(key, cfg, origin)
+
+
+def _set_entry(target, name: str, rest: list[str], value, key: str, item: str, origin: str) -> None:
+    """Sets one entry of the dict or list field ``name`` (on a copy, so a refused override changes nothing);
+    in a list, the index equal to its length adds an entry (a new phase)."""
+    field_key = key[: len(key) - len(".".join(rest)) - 1]
+    root = copy.deepcopy(getattr(target, name))
+    node, path = root, field_key
+    for depth, part in enumerate(rest):
+        last = depth == len(rest) - 1
+        if isinstance(node, list):
+            if not part.isdigit():
+                raise UserError(
+                    f"{origin}: '{item}': '{part}' is not an index of {path}; write it like {path}.0.<key>=<value>"
+                )
+            index = int(part)
+            if index > len(node):
+                raise UserError(
+                    f"{origin}: '{item}': {path} has {len(node)} entries; "
+                    f"use an index from 0 to {len(node)} ({len(node)} adds one)"
+                )
+            if index == len(node):
+                node.append(value if last else {})
+            elif last:
+                node[index] = value
+        elif isinstance(node, dict):
+            if field_key == "train.phases" and path != field_key and part not in PHASE_KEYS:
+                close = difflib.get_close_matches(part, PHASE_KEYS, n=1, cutoff=0.5)
+                hint = f"did you mean '{close[0]}'?" if close else f"use one of {', '.join(PHASE_KEYS)}"
+                raise UserError(f"{origin}: unknown phase key '{part}' in '{key}'; {hint}")
+            if last:
+                node[part] = value
+            else:
+                node.setdefault(part, {})
+            index = part
+        else:
+            raise UserError(f"{origin}: '{item}': {path} is {node!r}, not a dict or a list; set {path} itself")
+        if not last:
+            node, path = node[index], f"{path}.{part}"
+            if not isinstance(node, (dict, list)):
+                raise UserError(f"{origin}: '{item}': {path} is {node!r}, not a dict; set {path} itself")
+    setattr(target, name, root)
+
+
+def apply_override(cfg: Config, item: str, origin: str = "command line") -> str:
+    """Applies one ``dotted.key=value`` override in place; returns the key of the field it set (``model.kwargs``
+    for ``model.kwargs.depth=2``). No form needs shell metacharacters: tuples as ``optim.betas=0.9,0.98``, a dict's
+    entry as ``model.kwargs.depth=2``, a phase's key as ``train.phases.1.image_size=192``."""
     if "=" not in item:
         raise UserError(f"{origin}: override '{item}' has no '='; write it as key=value, e.g. optim.lr=0.01")
     key, text = item.split("=", 1)
-    key = key.strip()
-    parts = key.split(".")
-    target = cfg
-    for part in parts[:-1]:
-        if not dataclasses.is_dataclass(target) or part not in _fields(target):
-            raise _unknown_key(key, cfg, origin)
-        target = getattr(target, part)
-    if not dataclasses.is_dataclass(target) or parts[-1] not in _fields(target):
-        raise _unknown_key(key, cfg, origin)
-    if dataclasses.is_dataclass(getattr(target, parts[-1])):
-        raise UserError(
-            f"{origin}: '{key}' is a section; set one of its fields, e.g. {key}.{next(iter(_fields(getattr(target, parts[-1]))))}=..."
-        )
-    hints = typing.get_type_hints(type(target))
-    setattr(target, parts[-1], _parse_value(text.strip(), hints[parts[-1]], key, origin))
+    key, text = key.strip(), text.strip()
+    target, name, typ, rest = _resolve(cfg, key, origin)
+    if rest:
+        _set_entry(target, name, rest, _literal(text), key, item, origin)
+    else:
+        setattr(target, name, _parse_value(text, typ, key, origin))
+    return key[: len(key) - len(".".join(rest)) - 1] if rest else key
 
 
-def _check_types(cfg: Config, origin: str) -> None:
-    """Rejects values of the wrong type that a recipe assigned directly."""
+def set_value(cfg: Config, key: str, value, origin: str) -> str:
+    """Sets ``key`` to a value read from an overrides file (text is parsed as on the command line; other
+    values are type-checked by `validate`). Returns the field's key, as `apply_override` does."""
+    if isinstance(value, str):
+        return apply_override(cfg, f"{key}={value}", origin)
+    target, name, typ, rest = _resolve(cfg, key, origin)
+    if rest:
+        _set_entry(target, name, rest, value, key, f"{key}={value!r}", origin)
+        return key[: len(key) - len(".".join(rest)) - 1]
+    plain, _ = _plain(typ)
+    if typing.get_origin(plain) is Literal and isinstance(value, bool):  # YAML's on/off are booleans
+        value = "on" if value else "off"
+    setattr(target, name, value)
+    return key
+
+
+def _check_types(cfg: Config, where: _Where) -> None:
+    """Rejects values of the wrong type that a recipe (or an overrides file) assigned directly."""
     for section_name, section in [(n, getattr(cfg, n)) for n in _fields(cfg)]:
         if not dataclasses.is_dataclass(section):
             continue
@@ -111,8 +268,10 @@ def _check_types(cfg: Config, origin: str) -> None:
             key, value, typ = f"{section_name}.{name}", getattr(section, name), hints[name]
             args = typing.get_args(typ)
             if typing.get_origin(typ) is Literal:  # allowed values are declared with the field
-                if value not in args:
-                    raise UserError(f"{origin}: '{key}' is '{value}'; choose one of {', '.join(args)}")
+                if isinstance(value, bool) and "on" in args and "off" in args:
+                    setattr(section, name, "on" if value else "off")
+                elif value not in args:
+                    raise UserError(f"{where(key)}: '{key}' is '{value}'; choose one of {', '.join(args)}")
                 continue
             if typing.get_origin(typ) in (typing.Union, types.UnionType):  # Optional[X] or X | None
                 if value is None and type(None) in args:
@@ -130,7 +289,7 @@ def _check_types(cfg: Config, origin: str) -> None:
                 ok = True
             if not ok:
                 raise UserError(
-                    f"{origin}: '{key}' must be a {typ.__name__}, got {value!r}; fix the recipe or override"
+                    f"{where(key)}: '{key}' must be {_article(typ.__name__)}, got {value!r}; fix the recipe or override"
                 )
 
 
@@ -203,91 +362,104 @@ def _get(cfg: Config, key: str):
     return getattr(getattr(cfg, section), name)
 
 
-def _check_ranges(cfg: Config, origin: str) -> None:
+def _check_ranges(cfg: Config, where: _Where) -> None:
     """One line per bad value: the key, the rule, the value, and a valid setting (the schema's default)."""
     for keys, ok, rule in RANGES:
         for key in keys:
             value = _get(cfg, key)
             if not (_finite(value) and ok(value)):
                 raise UserError(
-                    f"{origin}: '{key}' must be {rule}, got {value}; set it like {key}={_get(Config(), key)}"
+                    f"{where(key)}: '{key}' must be {rule}, got {value}; set it like {key}={_get(Config(), key)}"
                 )
     for key, (ok, rule) in PAIRS.items():
         value = _get(cfg, key)
         if not (len(value) == 2 and all(map(_finite, value)) and ok(*value)):
             example = ",".join(f"{x:g}" for x in _get(Config(), key))
-            raise UserError(f"{origin}: '{key}' must be {rule}, got {value}; set it like {key}={example}")
+            raise UserError(f"{where(key)}: '{key}' must be {rule}, got {value}; set it like {key}={example}")
 
 
-def validate(cfg: Config, origin: str = "config") -> None:
-    """Checks everything that can be checked before the world size is known."""
+class _Where:
+    """Whom a message blames: the override (its origin: ``command line`` or the overrides file) that set one of
+    the keys involved, else the recipe."""
+
+    def __init__(self, recipe: str, overridden: dict[str, str] | None = None):
+        self.recipe, self.overridden = recipe, overridden or {}
+
+    def __call__(self, *keys: str) -> str:
+        return next((self.overridden[k] for k in keys if k in self.overridden), self.recipe)
+
+
+def validate(cfg: Config, origin: str = "config", overridden: dict[str, str] | None = None) -> None:
+    """Checks everything that can be checked before the world size is known. ``overridden`` maps the keys that
+    overrides set to where they came from (``command line``, a file): a message about them names that, not ``origin``."""
+    where = _Where(origin, overridden)
     if cfg.train.plugin == "zero":  # removed: it needed CUDA, no test ran it, and it was broken
         raise UserError(
-            f"{origin}: train.plugin=zero was removed; use train.plugin=fsdp (sharded weights, "
+            f"{where('train.plugin')}: train.plugin=zero was removed; use train.plugin=fsdp (sharded weights, "
             "gradients and optimizer states; CPU and CUDA)"
         )
-    _check_types(cfg, origin)  # also the allowed values of the Literal fields
-    _check_ranges(cfg, origin)
+    _check_types(cfg, where)  # also the allowed values of the Literal fields
+    _check_ranges(cfg, where)
     t = cfg.train
     if t.global_batch % t.micro_batch:
         raise UserError(
-            f"{origin}: train.global_batch={t.global_batch} is not a multiple of train.micro_batch={t.micro_batch}; "
+            f"{where('train.global_batch', 'train.micro_batch')}: train.global_batch={t.global_batch} is not a multiple of train.micro_batch={t.micro_batch}; "
             "change one of them"
         )
     thresh = cfg.augment.bce_target_thresh
     if thresh is not None and not (_finite(thresh) and 0 <= thresh < 1):
         raise UserError(
-            f"{origin}: 'augment.bce_target_thresh' must be in [0, 1) or None, got {thresh}; "
+            f"{where('augment.bce_target_thresh')}: 'augment.bce_target_thresh' must be in [0, 1) or None, got {thresh}; "
             "set it like augment.bce_target_thresh=0.0 (DeiT III) or augment.bce_target_thresh=none"
         )
     if thresh is not None and cfg.augment.loss != "bce":
         raise UserError(
-            f"{origin}: augment.bce_target_thresh={thresh} applies to augment.loss=bce only, got "
+            f"{where('augment.bce_target_thresh', 'augment.loss')}: augment.bce_target_thresh={thresh} applies to augment.loss=bce only, got "
             f"augment.loss={cfg.augment.loss}; set augment.loss=bce or augment.bce_target_thresh=none"
         )
     smoothed_off = cfg.augment.label_smoothing / cfg.data.num_classes  # the value smoothing gives every other class
     if thresh is not None and cfg.augment.loss == "bce" and thresh < smoothed_off:
         raise UserError(
-            f"{origin}: augment.bce_target_thresh={thresh} is below what augment.label_smoothing="
+            f"{where('augment.bce_target_thresh', 'augment.label_smoothing', 'augment.loss')}: augment.bce_target_thresh={thresh} is below what augment.label_smoothing="
             f"{cfg.augment.label_smoothing} gives every class ({smoothed_off:.3g}), so every target would be 1; "
             "set augment.label_smoothing=0 (DeiT III) or a threshold above it (timm users pair 0.1 with 0.2)"
         )
     if cfg.augment.mixup_alpha > 0 or cfg.augment.cutmix_alpha > 0:
         if t.micro_batch % 2:
             raise UserError(
-                f"{origin}: Mixup/CutMix need an even train.micro_batch, got {t.micro_batch}; "
+                f"{where('train.micro_batch', 'augment.mixup_alpha', 'augment.cutmix_alpha')}: Mixup/CutMix need an even train.micro_batch, got {t.micro_batch}; "
                 "use an even micro batch or set augment.mixup_alpha=0 augment.cutmix_alpha=0"
             )
     if cfg.data.crop == "src" and cfg.data.src_padding >= cfg.data.image_size:
         raise UserError(
-            f"{origin}: data.src_padding={cfg.data.src_padding} is not below data.image_size={cfg.data.image_size} "
+            f"{where('data.src_padding', 'data.image_size', 'data.crop')}: data.src_padding={cfg.data.src_padding} is not below data.image_size={cfg.data.image_size} "
             "(reflect padding needs more pixels than it pads); set data.src_padding=4 (DeiT III) or less"
         )
     if cfg.data.three_augment and cfg.data.randaugment:  # DeiT III uses one or the other
         raise UserError(
-            f"{origin}: data.three_augment=true and data.randaugment={cfg.data.randaugment!r} are both set; "
+            f"{where('data.three_augment', 'data.randaugment')}: data.three_augment=true and data.randaugment={cfg.data.randaugment!r} are both set; "
             "DeiT III uses one or the other: set data.randaugment=none or data.three_augment=false"
         )
     if not (0 < cfg.data.val_crop_pct <= 1):
         raise UserError(
-            f"{origin}: data.val_crop_pct must be in (0, 1], got {cfg.data.val_crop_pct}; "
+            f"{where('data.val_crop_pct')}: data.val_crop_pct must be in (0, 1], got {cfg.data.val_crop_pct}; "
             "set it like data.val_crop_pct=0.875"
         )
     if (t.export_ema or t.ema_warmup) and t.ema_decay == 0:
         key = "train.export_ema" if t.export_ema else "train.ema_warmup"
         raise UserError(
-            f"{origin}: {key}=true needs a model EMA, but train.ema_decay=0 (off); "
+            f"{where(key, 'train.ema_decay')}: {key}=true needs a model EMA, but train.ema_decay=0 (off); "
             f"set train.ema_decay (e.g. train.ema_decay=0.9998) or {key}=false"
         )
     if cfg.schedule.warmup_epochs > t.epochs:
         raise UserError(
-            f"{origin}: schedule.warmup_epochs={cfg.schedule.warmup_epochs} exceeds train.epochs={t.epochs}; "
+            f"{where('schedule.warmup_epochs', 'train.epochs')}: schedule.warmup_epochs={cfg.schedule.warmup_epochs} exceeds train.epochs={t.epochs}; "
             "lower the warmup or raise train.epochs"
         )
     if t.phases:
         from vitlarge.config.phase_list import check
 
-        check(cfg, origin)
+        check(cfg, where("train.phases", "train.epochs", "data.image_size", "train.global_batch", "train.micro_batch"))
 
 
 def load_recipe(path: str | Path) -> Config:
@@ -319,13 +491,111 @@ def load_recipe(path: str | Path) -> Config:
     return cfg
 
 
-def load_config(path: str | Path, overrides: list[str] = (), **direct: str | None) -> Config:
-    """Recipe + direct settings (``data.path``, ``workdir``) + dotted overrides, validated."""
+OVERRIDES_FILE_MAX_BYTES = 1 << 20
+
+
+def read_overrides_file(path: str | Path) -> list[tuple[str, object]]:
+    """``(dotted key, value)`` pairs of an overrides file (``--overrides FILE``), in file order. A ``.py`` file is
+    parsed, never run: each statement is ``dotted.key = literal`` (``train.phases[1]["image_size"] = 192`` too); a
+    ``.yaml``/``.yml`` file (needs PyYAML) is a mapping, nested or with dotted keys. Errors name the file (and line)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"--overrides {path} does not exist; pass a .py or .yaml file of overrides")
+    with open(path, "rb") as f:
+        raw = f.read(OVERRIDES_FILE_MAX_BYTES + 1)
+    if len(raw) > OVERRIDES_FILE_MAX_BYTES:
+        raise UserError(f"{path}: larger than {OVERRIDES_FILE_MAX_BYTES} bytes; an overrides file is a few lines")
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text; an overrides file is a .py or .yaml file") from None
+    if path.suffix in (".yaml", ".yml"):
+        return _yaml_overrides(path, text)
+    if path.suffix != ".py":
+        raise UserError(f"{path}: unknown kind of overrides file; name it .py (key = value lines) or .yaml")
+    return _python_overrides(path, text)
+
+
+def _dotted(node: ast.expr) -> str | None:
+    """``optim.betas`` / ``train.phases[1]["image_size"]`` as ``train.phases.1.image_size``; None if not that."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        head = _dotted(node.value)
+        return f"{head}.{node.attr}" if head else None
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        head = _dotted(node.value)
+        index = node.slice.value
+        return f"{head}.{index}" if head and isinstance(index, (int, str)) and not isinstance(index, bool) else None
+    return None
+
+
+def _python_overrides(path: Path, text: str) -> list[tuple[str, object]]:
+    try:
+        tree = ast.parse(text, filename=str(path))
+    except SyntaxError as e:
+        raise UserError(f"{path}:{e.lineno}: not Python ({e.msg}); write one 'dotted.key = value' per line") from None
+    pairs = []
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
+            continue  # a docstring
+        key = _dotted(stmt.targets[0]) if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 else None
+        if key is None:
+            raise UserError(
+                f"{path}:{stmt.lineno}: not an assignment 'dotted.key = value' (the file is read, never run), "
+                "e.g. optim.betas = (0.9, 0.98)"
+            )
+        try:
+            value = ast.literal_eval(stmt.value)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            raise UserError(
+                f"{path}:{stmt.lineno}: the value of {key} is not a literal (numbers, strings, True/False/None, "
+                "tuples, lists, dicts); write the value itself"
+            ) from None
+        pairs.append((key, value))
+    return pairs
+
+
+def _yaml_overrides(path: Path, text: str) -> list[tuple[str, object]]:
+    try:
+        import yaml
+    except ImportError:
+        raise UserError(
+            f"{path}: reading YAML needs PyYAML (pip install pyyaml); or write a .py overrides file"
+        ) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise UserError(f"{path}: not YAML ({' '.join(str(e).split())})") from None
+    if not isinstance(data, dict):
+        raise UserError(
+            f"{path}: holds {type(data).__name__}, not a mapping of keys to values, e.g. 'optim: {{lr: 0.01}}'"
+        )
+
+    def flat(d: dict, prefix: str) -> list[tuple[str, object]]:
+        out = []
+        for k, v in d.items():
+            key = f"{prefix}{k}"
+            out += flat(v, key + ".") if isinstance(v, dict) and v else [(key, v)]
+        return out
+
+    return flat(data, "")
+
+
+def load_config(
+    path: str | Path, overrides: list[str] = (), override_files: list[str | Path] = (), **direct: str | None
+) -> Config:
+    """Recipe + direct settings (``data.path``, ``workdir``) + overrides files in order + dotted overrides (the
+    command line wins), validated; an error about a key an override set names the override's origin."""
     cfg = load_recipe(path)
+    overridden: dict[str, str] = {}
     for key, value in direct.items():
         if value is not None:
-            apply_override(cfg, f"{key.replace('__', '.')}={value}")
+            overridden[apply_override(cfg, f"{key.replace('__', '.')}={value}")] = "command line"
+    for file in override_files:
+        for key, value in read_overrides_file(file):
+            overridden[set_value(cfg, key, value, str(file))] = str(file)
     for item in overrides:
-        apply_override(cfg, item)
-    validate(cfg, origin=str(path))
+        overridden[apply_override(cfg, item)] = "command line"
+    validate(cfg, origin=str(path), overridden=overridden)
     return cfg

@@ -114,6 +114,24 @@ def say(line: str) -> None:
         pass
 
 
+def tell_launcher(line: str) -> None:
+    """Records ``line`` as this worker's failure in torchrun's error file (``TORCHELASTIC_ERROR_FILE``, set by
+    torchrun and so by ``colossalai run``): the launcher's summary then repeats it ("traceback : error: ...")
+    instead of "To enable traceback see: https://pytorch.org/...". No-op elsewhere."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    import json
+
+    stamp = str(int(time.time()))
+    doc = {"message": {"message": line, "extraInfo": {"py_callstack": line, "timestamp": stamp}}}
+    try:
+        with open(path, "w") as f:
+            json.dump(doc, f)
+    except OSError:  # the summary says less; the status and our own line are what count
+        pass
+
+
 def main_then_leave(main: Callable[[], int]) -> NoReturn:
     """``leave(main())``, also when ``main`` raises what it does not handle (a collective that timed out, a
     CUDA error, Ctrl-C): the traceback is printed and the process leaves with 1 (130 on Ctrl-C) the same way."""

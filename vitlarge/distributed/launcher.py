@@ -103,3 +103,99 @@ def launcher_rank(env=None) -> int | None:
         return int(env[key]) if key else 0
     except ValueError:
         return None
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])  # after "pid (comm) state": the parent's pid
+
+
+def under_colossalai_run(pid: int | None = None, levels: int = 8) -> bool:
+    """Whether ``colossalai run`` started this process (an ancestor's command line is ``... colossalai run ...``).
+    It hands its arguments to torchrun through an unquoted ``bash -c``: quotes are lost, spaces split a value,
+    braces and parentheses are the shell's. False where /proc cannot tell (not Linux)."""
+    try:
+        pid = _parent(os.getpid() if pid is None else pid)
+        for _ in range(levels):
+            if pid <= 1:
+                return False
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = [a.decode(errors="replace") for a in f.read().split(b"\0")]
+            if any(a.endswith("colossalai") and nxt == "run" for a, nxt in zip(argv, argv[1:])):
+                return True
+            pid = _parent(pid)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def check_split_arguments(overrides: list[str]) -> None:
+    """An override without ``=`` under ``colossalai run`` is, as a rule, the tail of a value its shell split at a
+    space (``--workdir "runs/my run"`` arrives as ``--workdir runs/my run``): one line saying so."""
+    bad = next((o for o in overrides if "=" not in o), None)
+    if bad is not None and under_colossalai_run():
+        raise UserError(
+            f"command line: argument '{bad}' has no '=': colossalai run passes the arguments through bash unquoted, "
+            "which splits a path or value at its spaces; use a path without spaces, or start with torchrun or srun, "
+            "which keep them"
+        )
+
+
+_WATCH_RUNNER = """
+import os, signal, sys, time
+launcher, runner = int(sys.argv[1]), int(sys.argv[2])
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+while alive(launcher):
+    time.sleep(0.2)
+deadline = time.monotonic() + 5
+while alive(runner) and time.monotonic() < deadline:
+    time.sleep(0.2)
+if alive(runner):
+    os.kill(runner, signal.SIGTERM)
+"""
+
+
+def _colossalai_runner(pid: int, levels: int = 8) -> int | None:
+    """The pid of ``colossalai run``'s per-host runner process above ``pid`` (the nearest ancestor whose command
+    line is ``colossalai run``: a fork of the main one), or None."""
+    try:
+        for _ in range(levels):
+            pid = _parent(pid)
+            if pid <= 1:
+                return None
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = [a.decode(errors="replace") for a in f.read().split(b"\0")]
+            if any(a.endswith("colossalai") and nxt == "run" for a, nxt in zip(argv, argv[1:])):
+                return pid
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def release_colossalai_run_after_ctrl_c() -> None:
+    """Ends the wait that ``colossalai run`` (0.5.0) never leaves after Ctrl-C: its main process aborts ("Aborted!")
+    and joins its per-host runner, which, once torchrun has exited, waits for an "exit" message the aborted main
+    process never sends; the terminal hangs until a second Ctrl-C. Called by a worker leaving after Ctrl-C: a
+    detached watcher waits for torchrun (this process's parent) to exit and, if the runner is still there 5 s
+    later (it leaves at once when its main process is alive), ends it with SIGTERM, so ``colossalai run`` returns."""
+    runner = _colossalai_runner(os.getpid())
+    if runner is None:
+        return
+    import subprocess
+    import sys
+
+    try:
+        subprocess.Popen(
+            [sys.executable, "-c", _WATCH_RUNNER, str(os.getppid()), str(runner)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except OSError:
+        pass

@@ -22,6 +22,7 @@ from vitlarge.checkpoint import store
 from vitlarge.config.schema import Config
 from vitlarge.data.phased import PhasedLoaders, release_loader_memory
 from vitlarge.distributed.collective import rank0_decides
+from vitlarge.distributed.launch import say
 from vitlarge.errors import Preempted
 from vitlarge.events import EvalMetrics, Event, Hook, RunInfo, StepMetrics, close, emit
 from vitlarge.plan.plan import Plan
@@ -59,18 +60,26 @@ class Trainer:
         self._stop_signal = 0
 
     def _on_signal(self, signum, frame):
-        self._stop_signal = signum
+        if signum == signal.SIGINT:
+            # Ctrl-C: checkpoint at this step's end, like a scheduler's signal. The second one ends the process
+            # at once, even inside a collective or a checkpoint write (the default action, not Python's handler).
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            if self.run.is_main:
+                say("vitlarge: Ctrl-C: saving a checkpoint at the end of this step; Ctrl-C again leaves without it")
+        if not self._stop_signal or signum == signal.SIGINT:
+            self._stop_signal = signum
 
     def _emit(self, event: Event, *args) -> None:
         emit(self.hooks, event, self.run, *args)
 
-    def _sync(self, loss: torch.Tensor) -> tuple[float, bool]:
-        """Mean loss over ranks and whether any rank was asked to stop, in one all-reduce."""
-        buf = torch.stack([loss.float(), torch.tensor(float(self._stop_signal > 0), device=loss.device)])
+    def _sync(self, loss: torch.Tensor) -> tuple[float, bool, bool]:
+        """Mean loss over ranks, whether any rank was asked to stop and whether any by Ctrl-C, in one all-reduce."""
+        flags = [float(self._stop_signal > 0), float(self._stop_signal == signal.SIGINT)]
+        buf = torch.cat([loss.float().reshape(1), torch.tensor(flags, device=loss.device)])
         if dist.is_initialized():
             dist.all_reduce(buf)
-        loss_sum, stop = buf.tolist()
-        return loss_sum / self.plan.world_size, stop > 0
+        loss_sum, stop, interrupted = buf.tolist()
+        return loss_sum / self.plan.world_size, stop > 0, interrupted > 0
 
     def _evaluate(self) -> EvalMetrics:
         """The raw weights, and beside them the model EMA's (swapped into the model for its pass)."""
@@ -110,7 +119,7 @@ class Trainer:
         self.train_loader, self.val_loader = self.loaders.enter(step)
 
     def fit(self) -> EvalMetrics:
-        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGUSR1)}
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
         try:
             return self._fit()
         finally:
@@ -128,7 +137,9 @@ class Trainer:
             self._enter_phase()
             t0 = time.perf_counter()
             out = self.engine.step(self.step, lambda: next(self.train_loader))
-            loss, stop = self._sync(out.loss)  # its .tolist() waits for the device: dt is the real step time
+            loss, stop, interrupted = self._sync(
+                out.loss
+            )  # its .tolist() waits for the device: dt is the real step time
             self.step += 1
             dt = time.perf_counter() - t0
             batch = plan.phase_at(self.step - 1).global_batch
@@ -152,7 +163,7 @@ class Trainer:
             if plan.eval_every_steps and self.step % plan.eval_every_steps == 0 and self.step < end:
                 self._evaluate()
             if stop:
-                raise Preempted(self.step, self._checkpoint())
+                raise Preempted(self.step, self._checkpoint(), interrupted)
             if t.checkpoint_every_steps and self.step % t.checkpoint_every_steps == 0 and self.step < end:
                 self._checkpoint()
         if self.val_loader is None:  # resumed at the very end: no step ran

@@ -290,7 +290,7 @@ def wrong_type(c: Ctx) -> Run:
     return Run(
         c.train_on(c.demo_data, "train.micro_batch=sixteen"),
         2,
-        ["'train.micro_batch=sixteen' is not a valid int"],
+        ["'train.micro_batch=sixteen' is not an int"],
         no_training_output(c.workdir),
     )
 

@@ -1,5 +1,8 @@
 """vitlarge/config/load.py: recipes load, overrides are typed and strict, values are range-checked.
 
+Every override has a form without shell metacharacters (``colossalai run`` re-parses arguments through
+an unquoted ``bash -c``): tuples as ``a,b``, dict entries and phases by dotted key, or a file.
+
 The plan derived from a config is in tests/unit/plan/test_plan.py; train.py's own handling of a
 bad override in tests/e2e/test_train_cli.py."""
 
@@ -156,7 +159,7 @@ def test_unknown_key_names_it_and_suggests(item, suggestion):
 
 
 def test_unknown_key_without_close_match_points_to_schema():
-    with pytest.raises(UserError, match="unknown config key 'zzzz'.*vitlarge/config/load.py"):
+    with pytest.raises(UserError, match="unknown config key 'zzzz'.*vitlarge/config/schema.py"):
         apply_override(Config(), "zzzz=1")
 
 
@@ -275,8 +278,8 @@ def test_choices_are_listed():
         ("train.micro_batch=300", "not a multiple of train.micro_batch=300"),
         ("schedule.warmup_epochs=301", "warmup_epochs=301.0 exceeds train.epochs=300"),
         ("data.val_crop_pct=1.5", "val_crop_pct must be in"),
-        ("schedule.decay=step", "choose one of linear, cosine, constant"),
-        ("data.crop=center", "'data.crop' is 'center'; choose one of rrc, src"),
+        ("schedule.decay=step", "'schedule.decay=step' is not one of linear, cosine, constant"),
+        ("data.crop=center", "^command line: 'data.crop=center' is not one of rrc, src"),
     ],
 )
 def test_cross_field_validation(item, match):
@@ -360,7 +363,7 @@ def test_loss_and_layer_decay_keys_apply():
 @pytest.mark.parametrize(
     "items, match",
     [
-        (["augment.loss=nll"], "'augment.loss' is 'nll'; choose one of ce, bce"),
+        (["augment.loss=nll"], "'augment.loss=nll' is not one of ce, bce"),
         (["augment.loss=bce", "augment.bce_target_thresh=1.0"], "'augment.bce_target_thresh' must be in \\[0, 1\\)"),
         (["augment.loss=bce", "augment.bce_target_thresh=-0.1"], "'augment.bce_target_thresh' must be in \\[0, 1\\)"),
         (["augment.bce_target_thresh=0.0"], "augment.bce_target_thresh=0.0 applies to augment.loss=bce only"),
@@ -444,3 +447,192 @@ def test_a_bce_threshold_below_the_smoothed_value_is_refused():
         recipe("demo_digits"), ["augment.loss=bce", "augment.bce_target_thresh=0.2", "augment.label_smoothing=0.1"]
     )
     assert cfg.augment.bce_target_thresh == 0.2
+
+
+# Forms without shell metacharacters: what survives `colossalai run`'s unquoted `bash -c` (tested
+# through the real launcher in tests/e2e/test_launchers.py).
+
+
+def test_tuples_and_lists_are_written_with_commas_only():
+    cfg = load_config(recipe("demo_digits"), ["optim.betas=0.9,0.98", "data.mean=0.5,0.5,0.5", "data.crop_scale=0.5,1"])
+    assert cfg.optim.betas == (0.9, 0.98) and cfg.data.mean == (0.5, 0.5, 0.5) and cfg.data.crop_scale == (0.5, 1.0)
+
+
+def test_dict_entries_are_set_by_dotted_key_and_keep_the_others():
+    cfg = load_config(
+        recipe("demo_digits"),
+        [
+            "model.kwargs.depth=2",
+            "model.kwargs.embed_dim=48",
+            "model.kwargs.class_token=false",
+            "model.kwargs.global_pool=avg",
+        ],
+    )
+    assert cfg.model.kwargs == dict(
+        patch_size=4, embed_dim=48, depth=2, num_heads=3, class_token=False, global_pool="avg"
+    )
+    assert type(cfg.model.kwargs["depth"]) is int
+    assert load_recipe(recipe("demo_digits")).model.kwargs["depth"] == 4  # the recipe's own dict is not edited
+
+
+def test_phases_are_set_by_indexed_keys():
+    cfg = load_config(
+        recipe("demo_digits_progressive"),
+        [
+            "train.phases.1.image_size=8",
+            "train.phases.2.crop_scale=0.5,1",
+            "train.phases.3.epoch=50",
+            "train.phases.3.micro_batch=8",
+        ],
+    )
+    assert cfg.train.phases[1] == {"epoch": 20, "image_size": 8, "micro_batch": 32}
+    assert cfg.train.phases[2]["crop_scale"] == (0.5, 1)
+    assert cfg.train.phases[3] == {"epoch": 50, "micro_batch": 8}  # index == length adds a phase
+    built = load_config(
+        recipe("demo_digits"),
+        [
+            "train.phases.0.epoch=0",
+            "train.phases.0.image_size=8",
+            "train.phases.1.epoch=30",
+            "train.phases.1.image_size=16",
+        ],
+    )
+    assert built.train.phases == [{"epoch": 0, "image_size": 8}, {"epoch": 30, "image_size": 16}]
+
+
+@pytest.mark.parametrize(
+    "item, match",
+    [
+        (
+            "train.phases.5.epoch=3",
+            r"^command line: 'train.phases.5.epoch=3': train.phases has 3 entries; "
+            r"use an index from 0 to 3 \(3 adds one\)$",
+        ),
+        ("train.phases.x.epoch=3", r"^command line: 'train.phases.x.epoch=3': 'x' is not an index"),
+        (
+            "train.phases.1.imagesize=8",
+            r"^command line: unknown phase key 'imagesize' in 'train.phases.1.imagesize'; "
+            r"did you mean 'image_size'\?",
+        ),
+        ("model.kwargs.depth.x=1", r"^command line: 'model.kwargs.depth.x=1': model.kwargs.depth is 4, not a dict"),
+    ],
+)
+def test_bad_indexed_keys_are_one_line(item, match):
+    cfg = load_recipe(recipe("demo_digits_progressive"))
+    before = cfg.to_dict()
+    with pytest.raises(UserError, match=match) as e:
+        apply_override(cfg, item)
+    assert "\n" not in str(e.value) and cfg.to_dict() == before
+
+
+def test_an_overrides_file_in_python_is_read_as_data(tmp_path):
+    f = tmp_path / "small.py"
+    f.write_text(
+        '"""Tiny model, two phases: assignments of literals, read, never run."""\n'
+        "optim.betas = (0.9, 0.98)\n"
+        "model.kwargs = {'patch_size': 4, 'embed_dim': 32, 'depth': 2, 'num_heads': 2}\n"
+        "train.phases = [{'epoch': 0, 'image_size': 8}, {'epoch': 30, 'image_size': 16}]\n"
+        "train.phases[1]['micro_batch'] = 8\n"
+        "train.compile = 'off'\n"
+        "workdir = 'runs/small'\n"
+    )
+    cfg = load_config(recipe("demo_digits"), ["optim.lr=0.01"], override_files=[f])
+    assert cfg.optim.betas == (0.9, 0.98) and cfg.model.kwargs["depth"] == 2 and cfg.workdir == "runs/small"
+    assert cfg.train.phases == [{"epoch": 0, "image_size": 8}, {"epoch": 30, "image_size": 16, "micro_batch": 8}]
+    assert cfg.optim.lr == 0.01
+    # The command line wins over the file.
+    assert load_config(recipe("demo_digits"), ["workdir=runs/cli"], override_files=[f]).workdir == "runs/cli"
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("import os\n", r"small.py:1: not an assignment 'dotted.key = value'"),
+        ("optim.lr = 0.001 * 2\n", r"small.py:1: the value of optim.lr is not a literal"),
+        ("optim.lrr = 0.1\n", r"small.py: unknown config key 'optim.lrr'; did you mean 'optim.lr'\?"),
+        ("train.micro_batch = 'x'\n", r"small.py: 'train.micro_batch=x' is not an int"),
+        ("train.micro_batch = 0\n", r"small.py: 'train.micro_batch' must be positive"),
+        ("optim.lr = (\n", r"small.py:1: not Python"),
+    ],
+)
+def test_a_bad_overrides_file_is_one_line_naming_it(tmp_path, text, match):
+    f = tmp_path / "small.py"
+    f.write_text(text)
+    with pytest.raises(UserError, match=match) as e:
+        load_config(recipe("demo_digits"), override_files=[f])
+    assert "\n" not in str(e.value)
+
+
+def test_an_overrides_file_in_yaml(tmp_path):
+    pytest.importorskip("yaml")
+    f = tmp_path / "small.yaml"
+    f.write_text(
+        "optim:\n  betas: [0.9, 0.98]\n  lr: 1e-3\n"
+        "model.kwargs: {depth: 2}\n"
+        "train:\n  compile: off\n  phases:\n    - {epoch: 0, image_size: 8}\n    - {epoch: 30, image_size: 16}\n"
+    )
+    cfg = load_config(recipe("demo_digits"), override_files=[f])
+    assert cfg.optim.betas == (0.9, 0.98) and cfg.optim.lr == 1e-3 and cfg.model.kwargs["depth"] == 2
+    assert cfg.train.compile == "off" and cfg.train.phases[1] == {"epoch": 30, "image_size": 16}
+
+
+def test_a_missing_overrides_file_is_one_line(tmp_path):
+    with pytest.raises(UserError, match=r"--overrides .*nothing.py does not exist"):
+        load_config(recipe("demo_digits"), override_files=[tmp_path / "nothing.py"])
+
+
+# Messages (issue 36, item 6): one line naming the override, not the recipe, and the form that works.
+
+
+def test_a_dict_written_as_one_entry_is_one_line_with_both_forms():
+    with pytest.raises(UserError) as e:
+        apply_override(Config(), "model.kwargs=depth=2")
+    assert str(e.value) == (
+        "command line: 'model.kwargs=depth=2' is not a dict; set one entry as model.kwargs.depth=2, "
+        "or give --overrides FILE"
+    )
+
+
+@pytest.mark.parametrize("text, value", [("true", "on"), ("false", "off"), ("on", "on"), ("auto", "auto")])
+def test_on_off_keys_take_true_and_false(text, value):
+    cfg = load_config(recipe("demo_digits"), [f"train.compile={text}", f"model.fused_attn={text}"])
+    assert (cfg.train.compile, cfg.model.fused_attn) == (value, value)
+
+
+def test_a_bad_choice_on_the_command_line_names_the_override_not_the_recipe():
+    with pytest.raises(UserError) as e:
+        load_config(recipe("demo_digits"), ["train.compile=maybe"])
+    assert (
+        str(e.value)
+        == "command line: 'train.compile=maybe' is not one of auto, on, off; write it like train.compile=auto"
+    )
+
+
+def test_range_and_cross_field_errors_of_overrides_name_the_command_line():
+    with pytest.raises(UserError, match=r"^command line: 'train.micro_batch' must be positive"):
+        load_config(recipe("demo_digits"), ["train.micro_batch=0"])
+    with pytest.raises(
+        UserError, match=r"^command line: train.global_batch=128 is not a multiple of train.micro_batch=48"
+    ):
+        load_config(recipe("demo_digits"), ["train.micro_batch=48"])
+    with pytest.raises(UserError, match=r"^command line: train.phases\[2\].epoch=36 is not after"):
+        load_config(recipe("demo_digits_progressive"), ["train.phases.1.epoch=40"])
+
+
+@pytest.mark.parametrize(
+    "item, message",
+    [
+        ("train.micro_batch=abc", "'train.micro_batch=abc' is not an int; write it like train.micro_batch=256"),
+        ("optim.lr=fast", "'optim.lr=fast' is not a number; write it like optim.lr=0.018"),
+        ("data.hflip=maybe", "'data.hflip=maybe' is not true or false; write it like data.hflip=true"),
+        (
+            "optim.betas=0.9,x",
+            "'optim.betas=0.9,x' is not numbers separated by commas; write it like optim.betas=0.9,0.999",
+        ),
+        ("data.label_offset=one", "'data.label_offset=one' is not an int; write it like data.label_offset=1 or none"),
+    ],
+)
+def test_type_errors_read_as_english(item, message):
+    with pytest.raises(UserError) as e:
+        apply_override(Config(), item)
+    assert str(e.value) == f"command line: {message}"

@@ -78,12 +78,20 @@ class Log(Hook):
 class SigtermAt(Hook):
     """Sends this process SIGTERM after step ``step``, as a scheduler's preemption would."""
 
+    sig = signal.SIGTERM
+
     def __init__(self, step: int):
         self.step = step
 
     def on_step_end(self, run, m):
         if m.step == self.step:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), self.sig)
+
+
+class SigintAt(SigtermAt):
+    """Ctrl-C after step ``step``."""
+
+    sig = signal.SIGINT
 
 
 def trainer(workdir, hooks: list[Hook], start_step: int = 0) -> Trainer:
@@ -160,3 +168,18 @@ def test_a_hook_that_fails_to_close_does_not_replace_the_preemption(tmp_path):
     with pytest.raises(Preempted):
         trainer(tmp_path, [FailsToClose(), log, SigtermAt(2)]).fit()
     assert log.events[-1] == ("close",)
+
+
+def test_ctrl_c_checkpoints_at_the_next_step_boundary_and_exits_130(tmp_path, capfd):
+    """SIGINT is a checkpoint signal too (exit 130, not the requeue's 75); meanwhile a second Ctrl-C would end the
+    process at once (SIGINT's default action, tested end to end in tests/e2e/test_launchers.py)."""
+    before = signal.getsignal(signal.SIGINT)
+    log = Log()
+    with pytest.raises(Preempted) as e:
+        trainer(tmp_path, [log, SigintAt(2)]).fit()
+    assert e.value.step == 3 and e.value.interrupted and e.value.exit_status == 130
+    assert str(e.value).startswith("interrupted (Ctrl-C) after step 3; checkpoint ")
+    assert log.events[-3:] == [("step", 3), ("checkpoint", 3), ("close",)]
+    err = capfd.readouterr().err
+    assert err.count("vitlarge: Ctrl-C: saving a checkpoint at the end of this step") == 1
+    assert signal.getsignal(signal.SIGINT) is before

@@ -1,0 +1,145 @@
+"""train.py under the real launchers: what survives `colossalai run`'s unquoted ``bash -c``, Ctrl-C, and what a
+failure looks like under torchrun.
+
+* Overrides written without shell metacharacters (``optim.betas=0.9,0.98``, ``model.kwargs.depth=2``,
+  ``train.phases.1.image_size=16``, ``--overrides FILE``) reach the run intact through ``colossalai run``; a
+  ``--workdir`` with a space is one line saying why (the shell split it), not an unknown override.
+* Ctrl-C (SIGINT to the launcher's process group, as a terminal sends it) checkpoints at the step in progress,
+  says so once, and the launcher returns (``colossalai run`` 0.5.0 used to hang after "Aborted!").
+* A bad override under torchrun: our line comes first and torchrun's summary repeats it (its error file).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+
+import pytest
+
+from tests.helpers import ROOT, launcher
+
+RECIPE = "recipes/demo_digits.py"
+
+
+def start_record(workdir) -> dict:
+    records = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return next(r for r in records if r["event"] == "start")["config"]
+
+
+def test_overrides_without_metacharacters_survive_colossalai_run(demo_data, tmp_path):
+    extra = tmp_path / "extra.py"
+    extra.write_text("augment.mixup_alpha = 0.0\nmodel.kwargs['num_heads'] = 2\n")
+    r = launcher.run(
+        [
+            "--config",
+            RECIPE,
+            "--data",
+            demo_data,
+            "--workdir",
+            str(tmp_path / "run"),
+            "--overrides",
+            str(extra),
+            "optim.betas=0.9,0.98",
+            "model.kwargs.depth=2",
+            "model.kwargs.embed_dim=48",
+            "train.phases.0.epoch=0",
+            "train.phases.0.image_size=8",
+            "train.phases.1.epoch=1",
+            "train.phases.1.image_size=16",
+            "train.phases.1.crop_scale=0.5,1",
+            "train.phases.1.micro_batch=8",
+            "train.compile=false",
+            "train.max_steps=1",
+            "train.eval_every_epochs=0",
+        ],
+        nproc=1,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    cfg = start_record(tmp_path / "run")
+    assert cfg["optim"]["betas"] == [0.9, 0.98] and cfg["train"]["compile"] == "off"
+    assert cfg["model"]["kwargs"] == {"patch_size": 4, "embed_dim": 48, "depth": 2, "num_heads": 2}
+    assert cfg["train"]["phases"] == [
+        {"epoch": 0, "image_size": 8},
+        {"epoch": 1, "image_size": 16, "crop_scale": [0.5, 1], "micro_batch": 8},  # as dicts, in the order set
+    ]
+    assert cfg["augment"]["mixup_alpha"] == 0.0
+
+
+def test_a_workdir_with_a_space_is_one_line_under_colossalai_run(demo_data, tmp_path):
+    r = launcher.run(
+        ["--config", RECIPE, "--data", demo_data, "--workdir", str(tmp_path / "my run"), "--dry-run"], nproc=1
+    )
+    out = r.stdout + r.stderr
+    errors = [x for x in out.splitlines() if x.startswith("error: ")]
+    assert errors == [
+        "error: command line: argument 'run' has no '=': colossalai run passes the arguments through bash unquoted, "
+        "which splits a path or value at its spaces; use a path without spaces, or start with torchrun or srun, "
+        "which keep them"
+    ], out[-3000:]
+    assert r.returncode != 0
+
+
+def test_a_bad_override_under_torchrun_comes_first_and_is_its_summary(tmp_path):
+    r = launcher.run(["--config", RECIPE, "--dry-run", "train.micro_batch=abc"], nproc=2, launcher="torchrun")
+    line = "error: command line: 'train.micro_batch=abc' is not an int; write it like train.micro_batch=256"
+    lines = r.stderr.splitlines()
+    assert r.returncode == 1  # torchrun's status for any failure (docs/CLUSTERS.md)
+    assert lines.count(line) == 1, r.stderr[-3000:]
+    assert lines.index(line) < next(i for i, x in enumerate(lines) if x.startswith("Traceback"))
+    assert f"traceback : {line}" in r.stderr  # the summary repeats it, not "To enable traceback see: ..."
+
+
+@pytest.mark.parametrize("how", ["colossalai", "torchrun"])
+def test_ctrl_c_checkpoints_the_step_in_progress_and_the_launcher_returns(how, demo_data, tmp_path):
+    workdir, log = tmp_path / "run", tmp_path / "run.log"
+    args = ["--config", RECIPE, "--data", demo_data, "--workdir", str(workdir), "train.log_every_steps=1"]
+    args += ["train.max_steps=200", "train.checkpoint_every_steps=0", "train.eval_every_epochs=0"]
+    proc = launcher.start(args, nproc=2, launcher=how, log=log)  # a session of its own: its group is ours to signal
+    try:
+        metrics = workdir / "metrics.jsonl"
+        seen = lambda: metrics.exists() and '"step": 3' in metrics.read_text()  # noqa: E731
+        assert launcher.wait_for(seen, timeout=300, proc=proc), log.read_text()[-3000:]
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
+        status = proc.wait(timeout=300)  # a hang guard only: before the fix colossalai run never returned
+    finally:
+        launcher.kill_tree(proc.pid)
+    text = log.read_text()
+    stops = [x for x in text.splitlines() if x.startswith("vitlarge: interrupted (Ctrl-C) after step ")]
+    assert len(stops) == 1, text[-3000:]
+    assert text.count("vitlarge: Ctrl-C: saving a checkpoint at the end of this step") == 1
+    step = int(stops[0].split("after step ")[1].split(";")[0])
+    assert step >= 3 and (workdir / "checkpoints" / f"step_{step:07d}" / "meta.json").is_file()
+    assert "KeyboardInterrupt" not in text
+    assert status == 1  # both launchers report an interrupted run as 1; srun and python keep 130 (docs/CLUSTERS.md)
+
+
+def test_the_second_ctrl_c_ends_a_worker_at_once(demo_data, tmp_path):
+    """One process, no launcher (its own status is visible): the first Ctrl-C starts the checkpoint, the second
+    ends the process by SIGINT's default action, without a traceback."""
+    workdir, log = tmp_path / "run", tmp_path / "run.log"
+    args = ["--config", RECIPE, "--data", demo_data, "--workdir", str(workdir), "train.log_every_steps=1"]
+    args += ["train.max_steps=200", "train.checkpoint_every_steps=0", "train.eval_every_epochs=0"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            launcher.command(args, 1, "python"),
+            cwd=ROOT,
+            env=launcher.env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        metrics = workdir / "metrics.jsonl"
+        assert launcher.wait_for(lambda: metrics.exists() and '"step": 2' in metrics.read_text(), 300, proc)
+        os.killpg(proc.pid, signal.SIGINT)
+        # The second comes within a poll of the first's message, long before the step and its checkpoint end.
+        assert launcher.wait_for(lambda: "Ctrl-C again leaves without it" in log.read_text(), 300, proc)
+        os.killpg(proc.pid, signal.SIGINT)
+        status = proc.wait(timeout=300)
+    finally:
+        launcher.kill_tree(proc.pid)
+    text = log.read_text()
+    assert status == -signal.SIGINT, text[-3000:]
+    assert "Traceback" not in text
