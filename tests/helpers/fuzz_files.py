@@ -182,19 +182,27 @@ def main(scratch: str, demo_data: str, seed: int, cases: int) -> dict:
         return dest
 
     def read_checkpoint(path: Path) -> None:
-        """An automatic resume and its restore, then evaluate's and init_from's reads of the same folder."""
-        m, o, s = make(cfg)
-        try:
+        """An automatic resume and its restore, then evaluate's and init_from's reads of the same folder;
+        raises the first `UserError` any of them raised (each one is still run)."""
+
+        def resume_and_restore():
+            m, o, s = make(cfg)
             chosen, _ = resume.choose(path.parent.parent, None, m, cfg)
             if chosen is not None:
                 resume.restore(chosen, m, o, s, cfg)
-        except UserError:
-            pass
-        try:
-            store.load_model_weights(path, make(cfg)[0], cfg)
-        except UserError:
-            pass
-        init_from.read_state_dict(path)
+
+        refused = None
+        for entry in (
+            resume_and_restore,
+            lambda: store.load_model_weights(path, make(cfg)[0], cfg),
+            lambda: init_from.read_state_dict(path),
+        ):
+            try:
+                entry()
+            except UserError as e:
+                refused = refused or e
+        if refused:
+            raise refused
 
     def meta_json(case):
         path = fresh_checkpoint(case)
