@@ -341,3 +341,56 @@ def test_resume_copies_only_the_listed_files(tmp_path, ckpt, cfg):
     assert chosen.parent == tmp_path / "mine" / "checkpoints"
     assert "planted" not in {p.name for p in chosen.iterdir()}
     assert store.verify(chosen) is None
+
+
+# Writes into a handed-over workdir: a planted link never takes a write outside it.
+
+
+def _outside(tmp_path: Path) -> Path:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious").write_text("keep")
+    return outside
+
+
+def _untouched(outside: Path) -> bool:
+    return sorted(p.name for p in outside.iterdir()) == ["precious"] and (outside / "precious").read_text() == "keep"
+
+
+def test_a_checkpoints_folder_that_is_a_link_is_refused_in_one_line(tmp_path):
+    outside = _outside(tmp_path)
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    (workdir / "checkpoints").symlink_to(outside)
+    with pytest.raises(UserError, match=r"checkpoints is a symbolic link .*remove the link") as e:
+        store.check_writable(workdir, 0)
+    assert "\n" not in str(e.value) and _untouched(outside)
+
+
+def test_a_planted_write_probe_link_is_removed_not_followed(tmp_path):
+    outside = _outside(tmp_path)
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    (workdir / ".write_test_0").symlink_to(outside / "created_through_the_link")
+    store.check_writable(workdir, 0)
+    assert _untouched(outside) and not (workdir / ".write_test_0").exists()
+
+
+def test_planted_temporary_folders_never_take_a_checkpoint_or_export_outside(tmp_path, cfg):
+    from vitlarge.checkpoint.export import export
+
+    outside = _outside(tmp_path)
+    workdir = tmp_path / "run"
+    (workdir / "checkpoints").mkdir(parents=True)
+    (workdir / "checkpoints" / ".step_0000002.tmp").symlink_to(outside)
+    (workdir / ".model.tmp").symlink_to(outside)
+    model, opt, scaler = trained(cfg)
+    try:
+        store.save(workdir, 2, model, opt, scaler, "state", cfg, keep=3)
+    except UserError as e:
+        assert "\n" not in str(e)
+    try:
+        export(workdir, model, cfg)
+    except UserError as e:
+        assert "\n" not in str(e)
+    assert _untouched(outside)
