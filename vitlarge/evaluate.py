@@ -11,6 +11,7 @@ import copy
 import json
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import torch.distributed as dist
 
@@ -111,7 +112,12 @@ def main(argv: list[str] | None = None) -> int:
     return cli_main(work, prints=lambda e: launch.prints_error(e, env))
 
 
-if __name__ == "__main__":
+def console() -> NoReturn:
+    """The ``vitlarge-evaluate`` command: `main`, left by ``os._exit`` once a process group was up."""
     from vitlarge.distributed.launch import main_then_leave
 
     main_then_leave(main)
+
+
+if __name__ == "__main__":
+    console()

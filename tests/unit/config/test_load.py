@@ -444,3 +444,12 @@ def test_a_bce_threshold_below_the_smoothed_value_is_refused():
         recipe("demo_digits"), ["augment.loss=bce", "augment.bce_target_thresh=0.2", "augment.label_smoothing=0.1"]
     )
     assert cfg.augment.bce_target_thresh == 0.2
+
+
+def test_a_shipped_recipe_loads_by_name_and_derived_ones_import_their_base_relatively():
+    """``--config deit3_b16_32k``: recipes/ is a package (installed: vitlarge.recipes), so a recipe's
+    ``from .deit3_b16 import config`` works wherever it is installed."""
+    assert load_recipe("deit3_b16_32k") == load_recipe(recipe("deit3_b16_32k"))
+    assert load_recipe("deit3_b16_32k").train.global_batch == 32768
+    with pytest.raises(UserError, match="recipe .*no_such_recipe.py does not exist"):
+        load_recipe("no_such_recipe")
