@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     from vitlarge.data.manifest import load_manifest
     from vitlarge.data.phased import evaluated_phase, val_config
     from vitlarge.data.sources import val_loader
-    from vitlarge.distributed import launch, launcher, threads
+    from vitlarge.distributed import launch, launcher, quiet, threads
     from vitlarge.errors import UserError, cli_main
     from vitlarge.model.precision import Precision
     from vitlarge.model.vit import build_model
@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         device, backend = launch.choose_device(cfg.train.device, env.local_rank)
         cfg = resolve_settings(cfg, device, backend).config(cfg)  # precision auto resolved as train.py does
         apply_determinism(cfg.train.deterministic, device)  # the kernels training's own evaluation ran with
-        launch.init_distributed(env, backend)
+        with quiet.gloo_connected_lines_dropped():
+            launch.init_distributed(env, backend)
         model = build_model(cfg, device)
         store.load_model_weights(args.checkpoint, model, cfg)
         # The size and preprocessing training evaluated this checkpoint at: its phase's (a FixRes-style

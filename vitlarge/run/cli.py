@@ -37,9 +37,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from vitlarge.distributed import launch, launcher, threads
+    from vitlarge.distributed import launch, launcher, quiet, threads
 
     launch.quiet_imports()
+    quiet.quiet_checkpoint_writer()
     from vitlarge.errors import EXIT_PREEMPTED, Preempted, UserError
     from vitlarge.events import StopTraining
 
@@ -82,6 +83,12 @@ def run(args, env, threads: tuple[int, str]) -> int:
                 launch.say(f"warning: {line}")
             print_plan(cfg, make_plan(cfg, args.world_size or env.world_size), show_config=args.show_config)
         return 0
+    if env.is_main:  # what the next 10-20 s of imports and rendezvous are, before the first line of the run's own
+        print(
+            f"vitlarge: {args.config} on {env.world_size} process{'es' if env.world_size > 1 else ''}: loading "
+            "PyTorch and Colossal-AI, then joining the process group (10-20 s)",
+            flush=True,
+        )
     return build_run(cfg, env, resume=args.resume, threads=threads).fit()
 
 

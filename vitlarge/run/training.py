@@ -138,6 +138,7 @@ def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tup
     from vitlarge.data.phased import PhasedLoaders
     from vitlarge.distributed import launch
     from vitlarge.distributed.collective import agree, check_same, rank0_decides
+    from vitlarge.distributed.quiet import gloo_connected_lines_dropped
     from vitlarge.events import RunInfo
     from vitlarge.plan.phases import rng_seed
     from vitlarge.train.assemble import build
@@ -152,7 +153,8 @@ def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tup
 
     # The process group first: a check that fails on one rank (a data path or mount missing on one
     # node) then stops every rank within a collective, printed by the rank that met it.
-    launch.init_distributed(env, backend)
+    with gloo_connected_lines_dropped():  # gloo's "[Gloo] Rank r is connected to ..." on every rank
+        launch.init_distributed(env, backend)
     resuming = rank0_decides(lambda: is_resume(cfg, resume))  # one view of the checkpoint folder
     workdir = Path(cfg.workdir)
     manifest, plan = agree(lambda: preflight(cfg, env, resuming))
