@@ -112,6 +112,8 @@ def test_a_missing_path_fails_in_train_py_before_the_data(tmp_path):
         text=True,
     )
     assert r.returncode == 2
+    # Said before the imports and the rendezvous (10-20 s), after the recipe loaded.
+    assert r.stdout.startswith(f"vitlarge: {DEMO} on 1 process: loading PyTorch and Colossal-AI"), r.stdout
     assert r.stderr.strip() == (
         f"error: model.init_from={missing} does not exist; pass an export folder "
         "(<workdir>/model), a checkpoints/step_* folder or a timm checkpoint file"
