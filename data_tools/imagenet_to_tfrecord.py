@@ -32,8 +32,6 @@ import signal
 import sys
 import time
 
-from data_tools import imagefolder, tfrecord_io
-from data_tools.imagefolder import BadImage, Item
 from vitlarge.data.manifest import (
     MANIFEST_NAME,
     SHARD_RE,
@@ -46,6 +44,9 @@ from vitlarge.data.manifest import (
 )
 from vitlarge.errors import UserError, cli_main
 from vitlarge.fileio import write_atomic
+
+from . import imagefolder, tfrecord_io
+from .imagefolder import BadImage, Item
 
 TOOL = "data_tools.imagenet_to_tfrecord"
 TOOL_VERSION = "1.0.0"

@@ -15,9 +15,10 @@ import argparse
 import os
 import sys
 
-from data_tools import imagenet_to_tfrecord
 from vitlarge.data.manifest import MANIFEST_NAME, Manifest, load_manifest
 from vitlarge.errors import UserError, cli_main
+
+from . import imagenet_to_tfrecord
 
 IMAGE_SIZE = 32
 NUM_TRAIN, NUM_VAL = 1437, 360

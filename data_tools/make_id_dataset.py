@@ -17,8 +17,9 @@ import io
 import os
 import sys
 
-from data_tools import tfrecord_io
 from vitlarge.data.manifest import Manifest, ShardInfo, shard_name, write_manifest
+
+from . import tfrecord_io
 
 TOOL = "data_tools.make_id_dataset"
 

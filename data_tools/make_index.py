@@ -20,7 +20,6 @@ import multiprocessing as mp
 import os
 import sys
 
-from data_tools import tfrecord_io
 from vitlarge.data.manifest import (
     MANIFEST_NAME,
     SHARD_RE,
@@ -32,6 +31,8 @@ from vitlarge.data.manifest import (
     write_manifest,
 )
 from vitlarge.errors import UserError, cli_main
+
+from . import tfrecord_io
 
 TOOL = "data_tools.make_index"
 TOOL_VERSION = "1.0.0"

@@ -5,13 +5,14 @@
 
 from __future__ import annotations
 
-from hooks.console import ConsoleHook
-from hooks.jsonl import JsonlHook, read_metrics
-from hooks.nan_guard import NanGuardHook
-from hooks.plot import PlotHook
-from hooks.tensorboard import TensorBoardHook
-from hooks.total_batch import TotalBatchHook
 from vitlarge.events import Hook, RunInfo, StopTraining
+
+from .console import ConsoleHook
+from .jsonl import JsonlHook, read_metrics
+from .nan_guard import NanGuardHook
+from .plot import PlotHook
+from .tensorboard import TensorBoardHook
+from .total_batch import TotalBatchHook
 
 __all__ = [
     "Hook",

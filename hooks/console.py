@@ -62,7 +62,7 @@ class ConsoleHook(Hook):
             return
         self._window.append(m)
         step = m.step
-        if step == self._first_step or step % self.log_every == 0 or step >= run.plan.total_steps:
+        if step == self._first_step or step % self.log_every == 0 or step >= run.end_step:
             self._print(self.format_step_line(run, self._window))
             self._window = []
 
@@ -90,7 +90,7 @@ class ConsoleHook(Hook):
     def format_step_line(run: RunInfo, window: list[StepMetrics]) -> str:
         """The progress line for ``window`` (the steps since the last line, oldest first)."""
         last = window[-1]
-        total = run.plan.total_steps
+        total = run.end_step  # train.max_steps stops the run there: the total and eta are this run's
         step_time = sum(w.step_time for w in window)
         data_time = sum(w.data_time for w in window)
         images_per_s = sum(w.images for w in window) / step_time if step_time > 0 else math.nan

@@ -40,5 +40,12 @@ class TotalBatchHook(Hook):
             p.warmup_steps,
             p.epoch_at(p.warmup_steps),
         )
+        if run.end_step < p.total_steps:
+            log.info(
+                "train.max_steps=%d: this run stops at step %d of the schedule's %d",
+                run.end_step,
+                run.end_step,
+                p.total_steps,
+            )
         if run.start_step > 0:
-            log.info("resuming at step %d of %d", run.start_step, p.total_steps)
+            log.info("resuming at step %d of %d", run.start_step, run.end_step)

@@ -12,8 +12,9 @@ for half the run). Everything else (clipping at 1.0 included) is recipes/deit3_b
 Not run: what this reaches is open; the published 83.8% is for the 2048 batch and its fine-tune.
 """
 
-from recipes.deit3_b16 import config as deit3
 from vitlarge.config.schema import Config
+
+from .deit3_b16 import config as deit3
 
 
 def config() -> Config:

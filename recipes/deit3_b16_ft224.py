@@ -11,8 +11,9 @@ warmup the lr is constant (``schedule.min_lr_ratio=1.0``). The position embeddin
 (`vitlarge.checkpoint.init_from`). Published: 83.8% top-1 (ViT-B/16, ImageNet-1K only); not reproduced here.
 """
 
-from recipes.deit3_b16 import config as pretraining
 from vitlarge.config.schema import Config
+
+from .deit3_b16 import config as pretraining
 
 
 def config() -> Config:

@@ -11,6 +11,7 @@ import copy
 import json
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import torch.distributed as dist
 
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     from vitlarge.data.manifest import load_manifest
     from vitlarge.data.phased import evaluated_phase, val_config
     from vitlarge.data.sources import val_loader
-    from vitlarge.distributed import launch, launcher, threads
+    from vitlarge.distributed import launch, launcher, quiet, threads
     from vitlarge.errors import UserError, cli_main
     from vitlarge.model.precision import Precision
     from vitlarge.model.vit import build_model
@@ -83,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         device, backend = launch.choose_device(cfg.train.device, env.local_rank)
         cfg = resolve_settings(cfg, device, backend).config(cfg)  # precision auto resolved as train.py does
         apply_determinism(cfg.train.deterministic, device)  # the kernels training's own evaluation ran with
-        launch.init_distributed(env, backend)
+        with quiet.gloo_connected_lines_dropped():
+            launch.init_distributed(env, backend)
         model = build_model(cfg, device)
         store.load_model_weights(args.checkpoint, model, cfg)
         # The size and preprocessing training evaluated this checkpoint at: its phase's (a FixRes-style
@@ -112,7 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     return cli_main(work, prints=lambda e: launch.prints_error(e, env))
 
 
-if __name__ == "__main__":
+def console() -> NoReturn:
+    """The ``vitlarge-evaluate`` command: `main`, left by ``os._exit`` once a process group was up."""
     from vitlarge.distributed.launch import main_then_leave
 
     main_then_leave(main)
+
+
+if __name__ == "__main__":
+    console()

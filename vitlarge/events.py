@@ -58,6 +58,13 @@ class RunInfo:
     def world_size(self) -> int:
         return self.plan.world_size
 
+    @property
+    def end_step(self) -> int:
+        """The step this run stops at: ``train.max_steps`` where it is set and below the plan's total (the
+        schedule still spans ``plan.total_steps``)."""
+        t = self.cfg.train
+        return min(self.plan.total_steps, t.max_steps) if t.max_steps else self.plan.total_steps
+
 
 @dataclass(frozen=True, kw_only=True)
 class StepMetrics:

@@ -83,6 +83,51 @@ def _load(results: Path, name: str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def installed_torch() -> str:
+    """The torch version requirements.txt pins: the stack a checkout installs (``make install``)."""
+    for line in (DOCS.parent / "requirements.txt").read_text().splitlines():
+        if line.split("#", 1)[0].strip().startswith("torch=="):
+            return line.split("==", 1)[1].split("#", 1)[0].strip()
+    return "?"
+
+
+def _torch_of(d: dict | None) -> str | None:
+    return ((d or {}).get("machine") or {}).get("torch")
+
+
+def stamp(lines: list[str], d: dict | None, pinned: str) -> list[str]:
+    """``lines`` (a section) with, under its title, the torch its figures were measured on, marked stale
+    where that is not the installed stack's (the figures stay until the benchmark is rerun)."""
+    measured = _torch_of(d)
+    if not measured or not lines:
+        return lines
+    note = f"_Measured on torch {measured}._\n"
+    if measured.split("+")[0] != pinned:
+        note = (
+            f"_Measured on torch {measured}; the installed stack is torch {pinned} (requirements.txt): these figures are "
+            "stale until this benchmark is rerun (`python -m benchmarks.run --quick`)._\n"
+        )
+    return [lines[0], note, *lines[1:]]
+
+
+def stacks_line(results: dict[str, dict | None], pinned: str) -> str:
+    """Which torch (and CPU) each result file was measured on, grouped; the header's summary."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for name, d in sorted(results.items()):
+        if _torch_of(d):
+            groups.setdefault((_torch_of(d), d["machine"].get("cpu", "?")), []).append(name)
+    parts = [
+        f"torch {t} on {cpu} ({', '.join(names)})"
+        + ("" if t.split("+")[0] == pinned else ": **stale**, measured before the move to torch " + pinned)
+        for (t, cpu), names in sorted(groups.items())
+    ]
+    return (
+        f"Stacks: the installed one is torch {pinned} (requirements.txt); the results were measured on "
+        + "; ".join(parts)
+        + ". Each section below names its torch; rerun `python -m benchmarks.run --quick` to refresh a stale one.\n"
+    )
+
+
 def _yes(ok: bool | None) -> str:
     return "not run" if ok is None else ("**met**" if ok else "**not met**")
 
@@ -681,6 +726,7 @@ def generate(results: Path | None = None, out: Path | None = None, img: Path | N
     img.mkdir(parents=True, exist_ok=True)
     plt = _plt()
     r = {n: _load(results, n) for n in ("data", "convert", "train", "optimizer", "comm", "precision", "launch")}
+    pinned = installed_torch()
     sections, goals = [], []
     for fn, name in (
         (data_section, "data"),
@@ -690,15 +736,16 @@ def generate(results: Path | None = None, out: Path | None = None, img: Path | N
         (comm_section, "comm"),
     ):
         lines, g = fn(r[name], img, plt)
-        sections += lines
+        sections += stamp(lines, r[name], pinned)
         goals += g
-    sections += precision_section(r["precision"], img, plt)
+    sections += stamp(precision_section(r["precision"], img, plt), r["precision"], pinned)
     sections += scaling_section(img, plt, r["data"])
     sections += gpu_report.section(_load(results, "gpu"))  # benchmarks/gpu/, run on a GPU machine
     lines, g = launch_section(r["launch"])
-    sections += lines
+    sections += stamp(lines, r["launch"], pinned)
     goals += g
-    sections += compile_section(_load(results, "compile"))
+    compiled = _load(results, "compile")
+    sections += stamp(compile_section(compiled), compiled, pinned)
     machine = next((v["machine"] for v in r.values() if v and "machine" in v), None)
     head = [
         "# Performance\n",
@@ -714,6 +761,7 @@ def generate(results: Path | None = None, out: Path | None = None, img: Path | N
             f"{machine.get('omp_wait_policy', 'default')}; load average at the end of the last benchmark "
             f"{machine['load_average'][0]}.\n"
         )
+    head.append(stacks_line({**r, "compile": compiled}, pinned))
     head += [
         "Findings that changed code or settings:\n",
         "- **fp16 on CPU: the patch-embedding convolution now runs in fp32** (`vitlarge.model.vit.Fp32Conv2d`). PyTorch "

@@ -13,6 +13,7 @@ import math
 import pytest
 
 from benchmarks.report import performance as report
+from tests.helpers import ROOT
 
 
 def _positive(x) -> bool:
@@ -118,3 +119,16 @@ def test_scaling_micro_batch_and_ring_volume():
     assert report.micro_accum(512, 256) == (64, 1)  # 512 x 256 > 32K
     assert report.ring_bytes(2, 100) == pytest.approx(100 * 4)  # 2(n-1)/n = 1 at n = 2
     assert report.ring_bytes(512, 100) == pytest.approx(2 * 511 / 512 * 400)
+
+
+def test_a_section_measured_on_another_torch_than_the_installed_one_says_it_is_stale():
+    pinned = report.installed_torch()
+    assert f"torch=={pinned}\n" in (ROOT / "requirements.txt").read_text()
+    section = ["## 1. Data loading\n", "table\n"]
+    old = {"machine": {"torch": "2.5.1+cu124", "cpu": "Xeon"}}
+    new = {"machine": {"torch": f"{pinned}+cu128", "cpu": "EPYC"}}
+    assert "stale" in report.stamp(section, old, pinned)[1] and report.stamp(section, old, pinned)[0] == section[0]
+    assert report.stamp(section, new, pinned)[1] == f"_Measured on torch {pinned}+cu128._\n"
+    assert report.stamp(section, None, pinned) == section
+    line = report.stacks_line({"data": old, "compile": new, "launch": None}, pinned)
+    assert "torch 2.5.1+cu124 on Xeon (data): **stale**" in line and f"torch {pinned}+cu128 on EPYC (compile);" in line

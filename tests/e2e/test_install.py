@@ -3,6 +3,11 @@ stack (``make install STACK=cuda13``) resolves to a CUDA 13 PyTorch with the mat
 
 The CUDA 13 stack is resolved against PyPI (``pip install --dry-run``: metadata only, nothing is
 installed) with this machine's pip settings left out, as on a user's machine.
+
+vitlarge itself: ``pip install .`` (a wheel built here, installed into a folder) and ``pip install -e .``
+(into a throwaway venv that sees this one's packages) put one name in site-packages, ``vitlarge``, with the
+checkout's hooks/, recipes/ and data_tools/ inside it, and its commands run from any directory. Both build
+from a copy of the sources (a build writes build/ and *.egg-info beside them) without the network.
 """
 
 from __future__ import annotations
@@ -11,9 +16,12 @@ import importlib.metadata
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.helpers import ROOT
 
@@ -112,3 +120,127 @@ def test_cuda13_stack_resolves_to_a_cuda13_torch_and_dali(tmp_path):
     assert resolved["nvidia-cuda-runtime"].startswith("13."), resolved
     cuda12 = sorted(n for n in resolved if re.search(r"cu(da)?12", n))
     assert not cuda12, f"CUDA 12 packages in the CUDA 13 stack: {cuda12}"
+
+
+# --- vitlarge as a package -------------------------------------------------------------------------------------
+
+INSTALLED_AS = {
+    "vitlarge": "vitlarge",
+    "hooks": "vitlarge/hooks",
+    "recipes": "vitlarge/recipes",
+    "data_tools": "vitlarge/data_tools",
+}
+"""The checkout's folders the package holds, and where each installs (pyproject.toml's package-dir)."""
+
+
+def _pip(python: Path | str, *args: str) -> None:
+    # pip is a tool here, not vitlarge's code: its own deprecation warnings are not ours to fail on.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k != "PYTHONWARNINGS"}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    cmd = [str(python), "-m", "pip", *args, "--no-deps", "--no-build-isolation", "--no-index", "--quiet"]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+
+
+def _sources(tmp: Path) -> Path:
+    src = tmp / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", *INSTALLED_AS):
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(ROOT / name, src / name)
+    return src
+
+
+def _run(cmd: list, python_path: Path | None, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``cmd`` in ``cwd`` (not the checkout), with only ``python_path`` on the path besides the venv's packages."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if python_path:
+        env["PYTHONPATH"] = str(python_path)
+    return subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def wheel_install(tmp_path_factory) -> tuple[Path, Path]:
+    """``(wheel, target)``: the wheel ``pip wheel .`` builds, installed with ``pip install --target``."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    _pip(sys.executable, "wheel", "--wheel-dir", str(tmp / "dist"), str(_sources(tmp)))
+    (wheel,) = (tmp / "dist").glob("vitlarge-*.whl")
+    _pip(sys.executable, "install", "--target", str(tmp / "site"), str(wheel))
+    return wheel, tmp / "site"
+
+
+def test_the_wheel_holds_every_module_under_the_one_name_vitlarge(wheel_install):
+    import zipfile
+
+    wheel, site = wheel_install
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {n.split("/")[0] for n in names} == {"vitlarge", f"{wheel.name.split('-py')[0]}.dist-info"}
+    want = {
+        f"{where}/{f.relative_to(ROOT / folder).as_posix()}"
+        for folder, where in INSTALLED_AS.items()
+        for f in (ROOT / folder).rglob("*.py")
+        if "__pycache__" not in f.parts
+    }
+    assert want - names == set(), "modules the wheel lacks (a package missing from pyproject.toml's list?)"
+    assert sorted(p.name for p in site.iterdir()) == ["bin", "vitlarge", wheel.name.split("-py")[0] + ".dist-info"]
+    entry_points = (site / f"{wheel.name.split('-py')[0]}.dist-info" / "entry_points.txt").read_text()
+    for command in ("vitlarge-train", "vitlarge-evaluate", "vitlarge-convert", "vitlarge-index", "vitlarge-plot"):
+        assert f"{command} = " in entry_points
+
+
+def test_the_installed_commands_run_from_any_directory(wheel_install, tmp_path):
+    """The entry points and ``python -m`` from a folder that is not the checkout; a shipped recipe by name
+    (its base imported relatively); the hooks found inside the package."""
+    _, site = wheel_install
+    help_train = _run([site / "bin" / "vitlarge-train", "--help"], site, tmp_path)
+    assert help_train.returncode == 0 and "usage: vitlarge-train" in help_train.stdout, help_train.stderr
+    for module in ("vitlarge.report.plot", "vitlarge.data_tools.make_index", "vitlarge"):
+        r = _run([sys.executable, "-m", module, "--help"], site, tmp_path)
+        assert r.returncode == 0 and "usage:" in r.stdout, (module, r.stderr[-2000:])
+    where = _run(
+        [sys.executable, "-c", "import vitlarge; print(vitlarge.__file__, vitlarge.beside('hooks').__name__)"],
+        site,
+        tmp_path,
+    )
+    assert where.stdout.split() == [str(site / "vitlarge" / "__init__.py"), "vitlarge.hooks"], where.stderr
+    dry = _run(
+        [site / "bin" / "vitlarge-train", "--config", "deit3_b16_32k", "--dry-run", "--world-size", "128"],
+        site,
+        tmp_path,
+        300,
+    )
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert "global batch 32768 = 256 (micro) x 1 (accumulation) x 128 (devices)" in dry.stdout, dry.stdout
+
+
+def test_an_editable_install_maps_the_checkouts_folders_into_vitlarge(tmp_path):
+    """``pip install -e .``: vitlarge.hooks is the checkout's hooks/, and no top-level ``hooks`` appears."""
+    src = _sources(tmp_path)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    purelib = subprocess.run(
+        [py, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], capture_output=True, text=True
+    ).stdout.strip()
+    import sysconfig
+
+    (Path(purelib) / "this_venv.pth").write_text(sysconfig.get_path("purelib") + "\n")  # pip, torch and the rest
+    _pip(py, "install", "--editable", str(src))
+    (tmp_path / "elsewhere").mkdir()
+    r = _run(
+        [
+            py,
+            "-c",
+            "import importlib.util, vitlarge.hooks, vitlarge.data_tools, vitlarge.recipes as r; "
+            "print(vitlarge.hooks.__file__, r.__file__, importlib.util.find_spec('hooks'))",
+        ],
+        None,
+        tmp_path / "elsewhere",
+    )
+    assert r.stdout.split() == [str(src / "hooks" / "__init__.py"), str(src / "recipes" / "__init__.py"), "None"], (
+        r.stderr[-3000:]
+    )
+    help_train = _run([venv / "bin" / "vitlarge-train", "--help"], None, tmp_path / "elsewhere")
+    assert help_train.returncode == 0 and "usage: vitlarge-train" in help_train.stdout, help_train.stderr

@@ -61,7 +61,7 @@ def test_two_rank_run_logs_plan_metrics_and_one_allreduce_per_step(reference_run
 def test_accumulation_is_derived_from_world_size(demo_data, tmp_path):
     r = launcher.run(train_args(demo_data, tmp_path, "train.max_steps=1") + ["--dry-run"], nproc=1, launcher="python")
     assert r.returncode == 0, r.stderr
-    assert "128 = 16 x 8 x 1" in r.stdout
+    assert "128 = 16 (micro) x 8 (accumulation) x 1 (devices)" in r.stdout
 
 
 def test_interrupted_mid_epoch_then_resumed_is_bitwise_equal(reference_run, demo_data, tmp_path):
@@ -156,7 +156,7 @@ def test_export_loads_into_timm_and_evaluate_cli_matches(reference_run, demo_dat
 def test_dry_run_of_the_32k_recipe_under_colossalai_run_with_4_processes():
     r = launcher.run(["--config", "recipes/vit_b16.py", "--dry-run"], nproc=4, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "32768 = 256 x 32 x 4" in r.stdout
+    assert "32768 = 256 (micro) x 32 (accumulation) x 4 (devices)" in r.stdout
     assert r.stdout.count("plan:") == 1  # only rank 0 prints
     assert "39 steps/epoch, 11700 steps, 5850 warmup steps" in r.stdout
     assert "86.57M parameters" in r.stdout

@@ -1,6 +1,6 @@
 """train.py as a command: what it prints and where it stops before any data is read.
 
-Each test starts ``python train.py`` (one process, no launcher): the dry-run plan, a bad override,
+Each test starts ``python train.py`` (one process, no launcher): the dry-run plan (also for 128 devices), a bad override,
 a phase batch the world size cannot divide, a missing ``model.init_from`` path (and a resume that
 does not need it), and the synthetic source's dry run with DALI unimportable.
 """
@@ -23,6 +23,7 @@ def train_runs():
     runs = {
         "dry": ["--config", "recipes/vit_b16.py", "--dry-run"],
         "bad": ["--config", "recipes/vit_b16.py", "--dry-run", "optim.lrr=0.1"],
+        "wide": ["--config", "recipes/vit_b16.py", "--dry-run", "--world-size", "128"],
     }
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}  # no launcher variables: one process
     procs = {
@@ -46,8 +47,16 @@ def train_runs():
 def test_dry_run_prints_the_plan(train_runs):
     r = train_runs["dry"]
     assert r.returncode == 0, r.stderr
-    assert "32768 = 256 x 128 x 1" in r.stdout
+    assert "32768 = 256 (micro) x 128 (accumulation) x 1 (devices)" in r.stdout
     assert "11700 steps, 5850 warmup steps" in r.stdout
+
+
+def test_dry_run_plans_for_world_size_processes_in_one(train_runs):
+    """``--world-size 128`` plans 128 devices from one process (no launcher, nothing started)."""
+    r = train_runs["wide"]
+    assert r.returncode == 0, r.stderr
+    assert "32768 = 256 (micro) x 1 (accumulation) x 128 (devices)" in r.stdout
+    assert r.stdout.count("32768 = ") == 1 and "train.plugin=ddp, 128 devices" in r.stdout
 
 
 def test_bad_override_exits_2_with_one_line(train_runs):
@@ -103,6 +112,8 @@ def test_a_missing_path_fails_in_train_py_before_the_data(tmp_path):
         text=True,
     )
     assert r.returncode == 2
+    # Said before the imports and the rendezvous (10-20 s), after the recipe loaded.
+    assert r.stdout.startswith(f"vitlarge: {DEMO} on 1 process: loading PyTorch and Colossal-AI"), r.stdout
     assert r.stderr.strip() == (
         f"error: model.init_from={missing} does not exist; pass an export folder "
         "(<workdir>/model), a checkpoints/step_* folder or a timm checkpoint file"
@@ -155,5 +166,5 @@ def test_dry_run_needs_no_data_and_plans_imagenet_steps():
         timeout=300,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    assert '"source": "synthetic"' in r.stdout
+    assert "data synthetic (made on the device, no files)" in r.stdout
     assert "39 steps/epoch, 11700 steps, 5850 warmup steps" in r.stdout  # 1,281,167 // 32768 = 39

@@ -383,14 +383,80 @@ def check_shared_probe(workdir: str | Path, token: str, wait_s: float = 5.0) -> 
 def check_compatible(meta: dict, path: Path, model: torch.nn.Module, cfg: Config) -> None:
     """A one-line ``UserError`` unless the checkpoint holds this recipe's model in a layout this run reads
     (any plugin and world size: the optimizer state is re-sharded where needed, see vitlarge/checkpoint/sharded.py)."""
-    shapes = param_shapes(unwrap(model))
-    if meta["model"] != cfg.model.name or meta["param_shapes"] != shapes:
-        diff = next((k for k in shapes if meta["param_shapes"].get(k) != shapes[k]), None)
-        detail = f"first difference at '{diff}'" if diff else "different parameter set"
-        raise UserError(
-            f"checkpoint {path} holds model {meta['model']} that does not match the recipe's {cfg.model.name} "
-            f"({detail}); use another --workdir or --resume a checkpoint of this recipe"
-        )
+    shapes, saved = param_shapes(unwrap(model)), meta["param_shapes"]
+    if meta["model"] == cfg.model.name and saved == shapes:
+        return
+    diff = [k for k in shapes if saved.get(k) != shapes[k]]
+    trained_at = meta.get("config", {}).get("data", {}).get("image_size")
+    if meta["model"] == cfg.model.name and diff == ["pos_embed"] and saved.keys() == shapes.keys():
+        # The same model at another input size (a rerun without the run's data.image_size): only the
+        # position embedding's grid differs.
+        trained_at = trained_at or _size_of_grid(saved["pos_embed"], model)
+        if trained_at and trained_at != cfg.data.image_size:
+            raise UserError(
+                f"checkpoint {path} was trained at data.image_size={trained_at}, this run has data.image_size="
+                f"{cfg.data.image_size} (pos_embed {saved['pos_embed']} there, {shapes['pos_embed']} here); "
+                f"pass data.image_size={trained_at}"
+            )
+    if diff:
+        detail = f"first difference at '{diff[0]}': {saved.get(diff[0])} there, {shapes[diff[0]]} here"
+    else:
+        detail = "different parameter set"
+    raise UserError(
+        f"checkpoint {path} holds model {meta['model']} that does not match the recipe's {cfg.model.name} "
+        f"({detail}); use another --workdir or --resume a checkpoint of this recipe"
+    )
+
+
+def _size_of_grid(pos_embed: list[int], model: torch.nn.Module) -> int | None:
+    """The square input size whose patch grid ``pos_embed`` (a shape) holds, for ``model``'s patch size and
+    prefix tokens; None where that is not a square grid of square patches."""
+    import math
+
+    m = unwrap(model)
+    patch = tuple(getattr(getattr(m, "patch_embed", None), "patch_size", ()) or ())
+    if len(pos_embed) != 3 or len(patch) != 2 or patch[0] != patch[1]:
+        return None
+    tokens = pos_embed[1] - (0 if getattr(m, "no_embed_class", False) else getattr(m, "num_prefix_tokens", 1))
+    side = math.isqrt(max(tokens, 0))
+    return side * patch[0] if tokens > 0 and side * side == tokens else None
+
+
+EXPORT_CONFIG_LIMIT = (
+    16 * 2**20
+)  # an export's config.json (1000 class names and texts: ~100 KB); a larger one is not read
+
+
+def _export_input_size(folder: Path) -> tuple[int, ...] | None:
+    """``pretrained_cfg.input_size`` that an export's config.json records (timm's), or None: the file is data,
+    read up to `EXPORT_CONFIG_LIMIT` and only for this message."""
+    try:
+        with open(folder / "config.json", "rb") as f:
+            raw = f.read(EXPORT_CONFIG_LIMIT + 1)
+        size = json.loads(raw)["pretrained_cfg"]["input_size"] if len(raw) <= EXPORT_CONFIG_LIMIT else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return tuple(size) if isinstance(size, list) and all(isinstance(x, int) for x in size) else None
+
+
+def _does_not_fit(given: Path, tensors: dict, model: torch.nn.Module, cfg: Config, e: RuntimeError) -> str:
+    """Why a model.safetensors does not load into ``model``: for an export of another image size, the size it
+    was trained at and the override; else torch's first mismatch (its first line is only a header)."""
+    mine = unwrap(model).state_dict().get("pos_embed")
+    theirs = tensors.get("pos_embed")
+    if mine is not None and theirs is not None and list(mine.shape) != list(theirs.shape):
+        trained_at = _size_of_grid(list(theirs.shape), model)
+        recorded = _export_input_size(given) if given.is_dir() else None
+        if trained_at and trained_at != cfg.data.image_size:
+            said = f" (its config.json: input_size {'x'.join(map(str, recorded))})" if recorded else ""
+            return (
+                f"export {given} was trained at data.image_size={trained_at}{said}, this run has data.image_size="
+                f"{cfg.data.image_size} (pos_embed {list(theirs.shape)} there, {list(mine.shape)} here); "
+                f"pass data.image_size={trained_at}"
+            )
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    first = next((line for line in lines[1:] if not line.startswith("Error(s)")), lines[0] if lines else "")
+    return f"{given} does not fit model {cfg.model.name}: {first}"
 
 
 def load(path: str | Path, model, optimizer, scaler, cfg: Config, ema=None) -> dict:
@@ -609,4 +675,4 @@ def load_model_weights(path: str | Path, model: torch.nn.Module, cfg: Config) ->
     try:
         unwrap(model).load_state_dict(tensors)
     except RuntimeError as e:
-        raise UserError(f"{given} does not fit model {cfg.model.name}: {str(e).splitlines()[0]}") from None
+        raise UserError(_does_not_fit(given, tensors, model, cfg, e)) from None

@@ -465,12 +465,24 @@ def validate(cfg: Config, origin: str = "config", overridden: dict[str, str] | N
 def load_recipe(path: str | Path) -> Config:
     """Runs a recipe file and returns its ``config()``; errors name the file."""
     path = Path(path)
+    if not path.is_file() and path.suffix == "" and len(path.parts) == 1:  # a shipped recipe's name: vit_b16
+        from vitlarge import beside
+
+        path = Path(beside("recipes").__file__).parent / f"{path}.py"
     if not path.is_file():
-        raise UserError(f"recipe {path} does not exist; pass --config recipes/<name>.py")
-    root = str(path.resolve().parent.parent)
-    if root not in sys.path:  # lets derived recipes import their base as recipes.<name>
-        sys.path.insert(0, root)
-    spec = importlib.util.spec_from_file_location(f"_vitlarge_recipe_{path.stem}", path)
+        raise UserError(f"recipe {path} does not exist; pass --config recipes/<name>.py (or a recipe's name)")
+    root, package = path.resolve().parent, []
+    while (root / "__init__.py").is_file():  # recipes/ (vitlarge.recipes installed): relative imports of a base
+        package.insert(0, root.name)
+        root = root.parent
+    if not package:  # a recipe of one's own, in the checkout's tree: it imports its base as recipes.<name>
+        root = path.resolve().parent.parent
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    if package:
+        importlib.import_module(".".join(package))
+    name = ".".join([*package, path.stem]) if package else f"_vitlarge_recipe_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)

@@ -24,9 +24,15 @@ def _no_sync(cfg: Config, accum_steps: int) -> bool:
     )
 
 
-def print_plan(cfg: Config, plan: Plan) -> None:
-    print("resolved config:")
-    print(json.dumps(cfg.to_dict(), indent=2))
+OPTIMIZER_NAMES = {"lamb": "LAMB", "adamw": "AdamW"}
+
+
+def print_plan(cfg: Config, plan: Plan, show_config: bool = False) -> None:
+    """The plan for ``plan.world_size`` processes (``--world-size`` may name more than are running);
+    ``show_config``: the resolved config first, as JSON (``--show-config``)."""
+    if show_config:
+        print("resolved config:")
+        print(json.dumps(cfg.to_dict(), indent=2))
     info = describe_model(cfg)
     first = plan.phases[0]
     mem = memory_estimate(
@@ -42,7 +48,8 @@ def print_plan(cfg: Config, plan: Plan) -> None:
     train_flops = 3 * info["fwd_flops"]  # backward costs about twice the forward
     print("plan:")
     print(f"  {plan.describe()}")
-    print(f"  {first.global_batch} = {first.micro_batch} x {first.accum_steps} x {plan.world_size}")
+    where = "made on the device, no files" if cfg.data.source == "synthetic" else cfg.data.path
+    print(f"  data {cfg.data.source} ({where}), {cfg.data.image_size} px, {cfg.data.num_classes} classes")
     print(
         f"  model {cfg.model.name}: {info['params'] / 1e6:.2f}M parameters, "
         f"{info['fwd_flops'] / 1e9:.2f} GFLOPs/image forward, {train_flops / 1e9:.2f} GFLOPs/image train step"
@@ -56,7 +63,7 @@ def print_plan(cfg: Config, plan: Plan) -> None:
         )
         print(
             f"  memory per device (rough, train.plugin={cfg.train.plugin}, {plan.world_size} devices): "
-            f"weights {_gib(mem['weights'])}, grads {_gib(mem['grads'])}, LAMB states {_gib(mem['optimizer'])}, "
+            f"weights {_gib(mem['weights'])}, grads {_gib(mem['grads'])}, {OPTIMIZER_NAMES[cfg.optim.name]} states {_gib(mem['optimizer'])}, "
             + (f"EMA {_gib(mem['ema'])}, " if mem["ema"] else "")
             + f"activations {_gib(mem['activations'])}, total {_gib(mem['total'])}"
         )

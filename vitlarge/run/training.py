@@ -86,14 +86,22 @@ def is_resume(cfg: Config, resume: str | None) -> bool:
     return bool(resume) or bool(list_checkpoints(cfg.workdir))
 
 
-def check_inputs(cfg: Config, resuming: bool) -> None:
+def check_inputs(cfg: Config, resuming: bool, dry_run: bool = False) -> list[str]:
     """What can fail before any data is read: a fine-tuning source of another architecture or patch
     size. A resume takes its weights from the checkpoint: ``model.init_from`` is neither checked nor
-    read then (the pretrained file may be gone from scratch space by then)."""
-    if cfg.model.init_from and not resuming:
-        from vitlarge.checkpoint.init_from import check_source
+    read then (the pretrained file may be gone from scratch space by then). Returns the warnings of a
+    ``dry_run``, which plans a fine-tuning before its ``model.init_from`` exists (the pretraining's export)."""
+    if not cfg.model.init_from or resuming:
+        return []
+    if dry_run and not Path(cfg.model.init_from).exists():
+        return [
+            f"model.init_from={cfg.model.init_from} does not exist yet; the run needs it (a pretraining's export, "
+            "<workdir>/model, or a checkpoint)"
+        ]
+    from vitlarge.checkpoint.init_from import check_source
 
-        check_source(cfg)
+    check_source(cfg)
+    return []
 
 
 def preflight(cfg: Config, env: DistEnv, resuming: bool):
@@ -124,12 +132,13 @@ def data_digest(manifest) -> str:
 
 def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tuple[int, str] = (0, "")) -> TrainingRun:
     """Everything before the first step (see the module docstring); ``resume``: a ``--resume`` path."""
-    from hooks import build_hooks
+    from vitlarge import beside
     from vitlarge.checkpoint import resume as resume_from
     from vitlarge.checkpoint import store
     from vitlarge.data.phased import PhasedLoaders
     from vitlarge.distributed import launch
     from vitlarge.distributed.collective import agree, check_same, rank0_decides
+    from vitlarge.distributed.quiet import gloo_connected_lines_dropped
     from vitlarge.events import RunInfo
     from vitlarge.plan.phases import rng_seed
     from vitlarge.train.assemble import build
@@ -144,7 +153,8 @@ def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tup
 
     # The process group first: a check that fails on one rank (a data path or mount missing on one
     # node) then stops every rank within a collective, printed by the rank that met it.
-    launch.init_distributed(env, backend)
+    with gloo_connected_lines_dropped():  # gloo's "[Gloo] Rank r is connected to ..." on every rank
+        launch.init_distributed(env, backend)
     resuming = rank0_decides(lambda: is_resume(cfg, resume))  # one view of the checkpoint folder
     workdir = Path(cfg.workdir)
     manifest, plan = agree(lambda: preflight(cfg, env, resuming))
@@ -202,6 +212,8 @@ def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tup
         plan=plan,
         cfg=cfg,
     )
-    hooks = build_hooks(str(workdir), log_every=cfg.train.log_every_steps, nan_patience=cfg.train.nan_patience)
+    hooks = beside("hooks").build_hooks(
+        str(workdir), log_every=cfg.train.log_every_steps, nan_patience=cfg.train.nan_patience
+    )
     trainer = Trainer(cfg, plan, parts.engine, loaders, hooks, info, start_step=start_step, line=line)
     return TrainingRun(cfg=cfg, plan=plan, env=env, parts=parts, trainer=trainer, manifest=manifest)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from vitlarge.config.schema import Config
-from vitlarge.model.precision import choose_precision
+from vitlarge.model.precision import choose_precision, cpu_fp16_warning
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,7 @@ class Settings:
     """The process group's: ``nccl`` on CUDA, ``gloo`` on CPU ("" before one is chosen)."""
     precision: str
     precision_why: str
+    """The line the run logs about its precision: ``auto``'s choice and why, or fp16's warning on a slow CPU."""
     compile: bool
     compile_why: str
     fsdp_reduce_every_micro_step: bool
@@ -39,7 +40,7 @@ class Settings:
         return c
 
     def lines(self) -> list[str]:
-        """What the run logs about its choices (auto values only: a recipe's own setting goes unsaid)."""
+        """What the run logs about its choices: auto values, and a recipe's fp16 on a CPU that emulates it."""
         out = [f"threads: {self.threads} per process ({self.threads_why})"] if self.threads else []
         return out + [self.precision_why] if self.precision_why else out
 
@@ -120,7 +121,9 @@ def resolve_settings(
         device=device,
         backend=backend,
         precision=precision,
-        precision_why=f"precision auto -> {precision}: {why}" if cfg.train.precision == "auto" else "",
+        precision_why=f"precision auto -> {precision}: {why}"
+        if cfg.train.precision == "auto"
+        else cpu_fp16_warning(precision, device),
         compile=compile_on,
         compile_why=compile_why,
         fsdp_reduce_every_micro_step=fsdp_reduce_every_micro_step(cfg.train.fsdp_accumulation, precision),

@@ -131,7 +131,7 @@ class Trainer:
 
     def _fit(self) -> EvalMetrics:
         t, plan = self.cfg.train, self.plan
-        end = min(plan.total_steps, t.max_steps) if t.max_steps else plan.total_steps
+        end = self.run.end_step
         self._emit(Event.TRAIN_START)
         while self.step < end:
             self._enter_phase()

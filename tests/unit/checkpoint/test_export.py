@@ -74,6 +74,25 @@ def test_export_loads_in_timm_with_identical_outputs(tmp_path, cfg):
         assert torch.equal(fresh.eval()(x), model(x))
 
 
+def test_evaluating_an_export_at_another_image_size_names_the_size_its_config_json_records(tmp_path):
+    """``python -m vitlarge.evaluate --checkpoint <export>`` with another data.image_size than the export's."""
+    small = tiny_cfg()  # 16 px
+    path = export(tmp_path, build_model(small), small)
+    big = tiny_cfg()
+    big.data.image_size = 32
+    with pytest.raises(UserError) as e:
+        store.load_model_weights(path, build_model(big), big)
+    assert str(e.value) == (
+        f"export {path} was trained at data.image_size=16 (its config.json: input_size 3x16x16), this run has "
+        "data.image_size=32 (pos_embed [1, 17, 32] there, [1, 65, 32] here); pass data.image_size=16"
+    )
+    wider = tiny_cfg()
+    wider.model.kwargs = dict(wider.model.kwargs, embed_dim=48, num_heads=3)
+    with pytest.raises(UserError) as e:  # another architecture: torch's first mismatch, not its bare header
+        store.load_model_weights(path, build_model(wider), wider)
+    assert str(e.value).startswith(f"{path} does not fit model vit_tiny_patch16_224: size mismatch for ")
+
+
 def test_export_to_a_full_or_read_only_workdir_is_one_line_and_leaves_nothing(tmp_path, cfg):
     model, _, _ = trained(cfg)
     ro = tmp_path / "ro"

@@ -339,6 +339,25 @@ def test_load_into_another_model_shape(tmp_path, cfg):
             store.load_model_weights(path, m2, other)
 
 
+def test_a_checkpoint_of_another_image_size_names_both_sizes_and_the_fix(tmp_path, cfg):
+    """A rerun without the run's data.image_size: the size differs, not the model (same name, same blocks)."""
+    model, opt, scaler = make(cfg)
+    path = save(tmp_path, 1, model, opt, scaler, cfg)
+    other = load_recipe(ROOT / "recipes" / "demo_digits.py")
+    other.data.image_size = 32
+    m2, o2, s2 = make(other)
+    want = (
+        f"checkpoint {path} was trained at data.image_size=16, this run has data.image_size=32 "
+        "(pos_embed [1, 17, 96] there, [1, 65, 96] here); pass data.image_size=16"
+    )
+    with pytest.raises(UserError) as e:
+        store.load(path, m2, o2, s2, other)
+    assert str(e.value) == want
+    with pytest.raises(UserError) as e:
+        store.load_model_weights(path, m2, other)
+    assert str(e.value) == want
+
+
 def test_a_zero_checkpoint_is_refused_for_resume_but_its_weights_still_load(tmp_path, cfg):
     """train.plugin=zero (removed) saved rank 0's optimizer shard only: resuming it would silently
     restart the other ranks' LAMB states, so it is refused; its weights are whole."""

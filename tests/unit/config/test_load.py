@@ -636,3 +636,12 @@ def test_type_errors_read_as_english(item, message):
     with pytest.raises(UserError) as e:
         apply_override(Config(), item)
     assert str(e.value) == f"command line: {message}"
+
+
+def test_a_shipped_recipe_loads_by_name_and_derived_ones_import_their_base_relatively():
+    """``--config deit3_b16_32k``: recipes/ is a package (installed: vitlarge.recipes), so a recipe's
+    ``from .deit3_b16 import config`` works wherever it is installed."""
+    assert load_recipe("deit3_b16_32k") == load_recipe(recipe("deit3_b16_32k"))
+    assert load_recipe("deit3_b16_32k").train.global_batch == 32768
+    with pytest.raises(UserError, match="recipe .*no_such_recipe.py does not exist"):
+        load_recipe("no_such_recipe")

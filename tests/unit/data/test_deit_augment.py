@@ -1,7 +1,8 @@
 """vitlarge.data.deit_augment against DeiT's augment.py: the same decisions on the same pixels, real DALI.
 
 DeiT III's transform (facebookresearch/deit, ``new_data_aug_generator``) runs on PIL images through
-torchvision, which is not installed here; the references are what torchvision calls on a PIL image:
+torchvision; the references are what torchvision calls on a PIL image, written out (so a reference does not
+depend on torchvision's version; requirements.txt installs torchvision for benchmarks/bench_data.py only):
 ``Image.convert("L")`` for Grayscale(3), ``ImageOps.solarize``, ``ImageFilter.GaussianBlur``,
 ``ImageEnhance.Brightness/Contrast/Color`` for ColorJitter, ``np.pad(mode="reflect")`` for RandomCrop's
 reflect padding. Each pixel op gets fixed decisions through ``external_source``; the random draws are

@@ -127,6 +127,29 @@ def test_console_window_averages_eta_and_data_wait(tmp_path):
     assert "mem 3.00 GiB" in line and "skipped 1" in line
 
 
+def test_console_total_eta_and_last_line_follow_train_max_steps(tmp_path):
+    """A run stopped by ``train.max_steps=3`` shows 3 as its total, an eta to step 3 and a line at step 3."""
+    cfg = Config()
+    cfg.train.max_steps = 3
+    out = io.StringIO()
+    hook = ConsoleHook(log_every=100, console=Console(file=out))
+    run = make_run(tmp_path, cfg=cfg)  # the plan's schedule: 11700 steps
+    hook.on_train_start(run)
+    for s in (1, 2, 3):
+        hook.on_step_end(run, step_metrics(s))
+    lines = out.getvalue().splitlines()
+    assert [line.split(" | ")[0] for line in lines] == ["train step 1/3", "train step 3/3"]
+    assert "eta 0:00:04" in lines[0] and "eta 0:00:00" in lines[1]  # 2.0 s x 2 steps left, then none
+
+
+def test_total_batch_says_where_train_max_steps_stops_the_run(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="vitlarge")
+    cfg = Config()
+    cfg.train.max_steps = 3
+    TotalBatchHook().on_train_start(make_run(tmp_path, cfg=cfg))
+    assert "train.max_steps=3: this run stops at step 3 of the schedule's 11700" in caplog.text
+
+
 def test_console_prints_last_step_eval_and_plain_text_when_piped(tmp_path, capsys):
     hook = ConsoleHook(log_every=100)  # default Console on stdout, which capsys makes a non-TTY
     run = make_run(tmp_path, total_steps=3, start_step=1)

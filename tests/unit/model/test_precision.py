@@ -42,3 +42,24 @@ def test_an_unresolved_precision_is_refused_by_the_engine_side():
     with pytest.raises(ValueError, match="resolve"):
         Precision("auto", CPU)
     assert Precision("fp16", CPU).scaler.is_enabled() and not Precision("bf16", CPU).scaler.is_enabled()
+
+
+def test_an_explicit_fp16_on_a_cpu_without_fast_fp16_is_one_warning_line():
+    from vitlarge.config.schema import Config
+    from vitlarge.model.precision import cpu_fp16_warning
+    from vitlarge.train.settings import resolve_settings
+
+    epyc = frozenset({"avx", "avx2"})
+    assert cpu_fp16_warning("fp16", CPU, epyc) == (
+        "warning: train.precision=fp16 on a CPU without AVX512-FP16/AMX-FP16 trains about 5-10x slower than "
+        "fp32 here; set train.precision=auto (fp32 on this CPU) or train.precision=fp32/bf16"
+    )
+    assert "(bf16 on this CPU)" in cpu_fp16_warning("fp16", CPU, frozenset({"amx_bf16"}))
+    assert cpu_fp16_warning("fp16", CPU, frozenset({"avx512_fp16"})) == ""
+    assert cpu_fp16_warning("fp32", CPU, epyc) == cpu_fp16_warning("bf16", CPU, epyc) == ""
+    assert cpu_fp16_warning("fp16", torch.device("cuda"), epyc) == ""
+    # A run logs it at start (Settings.lines), where this machine's CPU lacks fast fp16.
+    cfg = Config()
+    cfg.train.precision = "fp16"
+    lines = resolve_settings(cfg, CPU).lines()
+    assert lines == ([] if cpu_flags() & {"avx512_fp16", "amx_fp16"} else [cpu_fp16_warning("fp16", CPU)])

@@ -1,0 +1,61 @@
+"""``--dry-run`` in process: the plan for any ``--world-size``, printed once, naming the recipe's optimizer; a
+fine-tuning's missing ``model.init_from`` is a warning there (an error in a run)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import ROOT
+from vitlarge.config.load import load_config
+from vitlarge.distributed.launcher import DistEnv
+from vitlarge.errors import UserError
+from vitlarge.run import cli
+from vitlarge.run.training import check_inputs
+
+ONE_PROCESS = DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=29500, source="none")
+
+
+def dry_run(capsys, *args: str) -> tuple[str, str]:
+    assert cli.run(cli.parse_args(["--dry-run", *args]), ONE_PROCESS, (0, "")) == 0
+    out = capsys.readouterr()
+    return out.out, out.err
+
+
+def test_world_size_plans_for_n_processes_and_the_batch_arithmetic_is_printed_once(capsys):
+    out, err = dry_run(capsys, "--config", str(ROOT / "recipes" / "vit_b16.py"), "--world-size", "4")
+    assert out.count("32768 = ") == 1, out
+    assert "global batch 32768 = 256 (micro) x 32 (accumulation) x 4 (devices)" in out
+    assert "train.plugin=ddp, 4 devices" in out and "LAMB states" in out
+    assert "resolved config" not in out and out.startswith("plan:"), out[:300]  # the JSON is --show-config's
+    assert err == ""
+
+
+def test_show_config_prints_the_resolved_config_first(capsys):
+    out, _ = dry_run(capsys, "--config", str(ROOT / "recipes" / "vit_b16.py"), "--show-config")
+    assert out.startswith("resolved config:\n{") and '"global_batch": 32768' in out and "plan:" in out
+
+
+def test_world_size_goes_with_dry_run():
+    for argv in (["--world-size", "8"], ["--dry-run", "--world-size", "0"], ["--show-config"]):
+        with pytest.raises(SystemExit) as e:
+            cli.parse_args(["--config", "recipes/vit_b16.py", *argv])
+        assert e.value.code == 2
+
+
+def test_a_fine_tuning_plans_before_its_init_from_exists_and_names_adamw(capsys):
+    """deit3_b16_ft224.py fine-tunes runs/deit3_b16/model, which the pretraining writes at its end."""
+    out, err = dry_run(
+        capsys, "--config", str(ROOT / "recipes" / "deit3_b16_ft224.py"), "model.init_from=/nonexistent/model"
+    )
+    assert err == (
+        "warning: model.init_from=/nonexistent/model does not exist yet; the run needs it (a pretraining's export, "
+        "<workdir>/model, or a checkpoint)\n"
+    )
+    assert "AdamW states" in out and "LAMB" not in out
+
+
+def test_a_missing_init_from_is_still_an_error_outside_a_dry_run():
+    cfg = load_config(ROOT / "recipes" / "deit3_b16_ft224.py", ["model.init_from=/nonexistent/model"])
+    with pytest.raises(UserError, match="model.init_from=/nonexistent/model does not exist"):
+        check_inputs(cfg, resuming=False)
+    assert check_inputs(cfg, resuming=True) == []  # a resume takes its weights from the checkpoint

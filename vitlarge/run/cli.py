@@ -1,0 +1,122 @@
+"""The training command: ``python train.py`` in a checkout, ``vitlarge-train`` or ``python -m vitlarge`` where
+vitlarge is installed (usage: train.py's docstring). `main` returns the exit status; `console` leaves with it."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import NoReturn
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="vitlarge: large-batch ViT pretraining on Colossal-AI")
+    p.add_argument(
+        "--config", required=True, help="recipe file (recipes/vit_b16.py) or a shipped recipe's name (vit_b16)"
+    )
+    p.add_argument(
+        "--data", help="TFRecord directory with dataset.json (sets data.path; none with data.source=synthetic)"
+    )
+    p.add_argument("--workdir", help="logs, checkpoints and the exported model (sets workdir)")
+    p.add_argument("--resume", help="a checkpoints/step_* folder; default: the newest one in the workdir")
+    p.add_argument("--dry-run", action="store_true", help="print the plan (batch, steps, memory), touch no data")
+    p.add_argument(
+        "--world-size",
+        type=int,
+        metavar="N",
+        help="with --dry-run: plan for N processes without starting them (default: the launcher's)",
+    )
+    p.add_argument("--show-config", action="store_true", help="with --dry-run: the resolved config first, as JSON")
+    p.add_argument(
+        "--overrides",
+        dest="override_files",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a .py (dotted.key = value lines) or .yaml file of overrides, applied before the command line's",
+    )
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="dotted config overrides: optim.lr=0.01, optim.betas=0.9,0.98, model.kwargs.depth=2, "
+        "train.phases.1.image_size=192",
+    )
+    args = p.parse_intermixed_args(argv)
+    if (args.world_size is not None or args.show_config) and not args.dry_run:
+        p.error("--world-size and --show-config go with --dry-run")
+    if args.world_size is not None and args.world_size < 1:
+        p.error(f"--world-size must be at least 1, got {args.world_size}")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from vitlarge.distributed import launch, launcher, quiet, threads
+
+    launch.quiet_imports()
+    quiet.quiet_checkpoint_writer()
+    from vitlarge.errors import Preempted, UserError
+    from vitlarge.events import StopTraining
+
+    env = None
+    try:
+        env = launcher.detect()
+        # Our lines at INFO on the main rank; every other library stays at WARNING (matplotlib's
+        # "generated new fontManager" and the like are not the user's business).
+        logging.basicConfig(level=logging.WARNING, format="%(message)s")
+        logging.getLogger("vitlarge").setLevel(logging.INFO if env.is_main else logging.WARNING)
+        pools = threads.size_thread_pools()  # before torch loads: its pool, OpenMP's, DALI's (data.num_threads=0)
+        return run(args, env, pools)
+    except UserError as e:
+        launch.tell_launcher(f"error: {e}")  # the launcher's summary repeats the line (torchrun's error file)
+        if launch.report_before_group(e, env):  # once; a rank's own error named by it (and told to the others)
+            launch.say(f"error: {e}")
+        return 2
+    except StopTraining as e:
+        launch.tell_launcher(f"error: {e}")
+        if env is None or env.is_main:
+            launch.say(f"error: {e}")
+        return 3
+    except Preempted as e:
+        launch.tell_launcher(f"vitlarge: {e}")
+        if env.is_main:
+            launch.say(f"vitlarge: {e}")
+        if e.interrupted and env.local_rank == 0:
+            launcher.release_colossalai_run_after_ctrl_c()
+        return e.exit_status
+
+
+def run(args, env, threads: tuple[int, str]) -> int:
+    from vitlarge.config.load import load_config
+    from vitlarge.distributed import launch, launcher
+    from vitlarge.run.training import build_run, check_inputs, is_resume
+
+    launcher.check_split_arguments(args.overrides)
+    cfg = load_config(
+        args.config, args.overrides, override_files=args.override_files, data__path=args.data, workdir=args.workdir
+    )
+    if args.dry_run:
+        from vitlarge.plan.plan import make_plan
+        from vitlarge.run.dry_run import print_plan
+
+        warnings = check_inputs(cfg, is_resume(cfg, args.resume), dry_run=True)
+        if env.is_main:
+            for line in warnings:
+                launch.say(f"warning: {line}")
+            print_plan(cfg, make_plan(cfg, args.world_size or env.world_size), show_config=args.show_config)
+        return 0
+    if env.is_main:  # what the next 10-20 s of imports and rendezvous are, before the first line of the run's own
+        print(
+            f"vitlarge: {args.config} on {env.world_size} process{'es' if env.world_size > 1 else ''}: loading "
+            "PyTorch and Colossal-AI, then joining the process group (10-20 s)",
+            flush=True,
+        )
+    return build_run(cfg, env, resume=args.resume, threads=threads).fit()
+
+
+def console() -> NoReturn:
+    """The ``vitlarge-train`` command: `main`, left by ``os._exit`` once a process group was up (the status must
+    not depend on gloo's teardown)."""
+    from vitlarge.distributed.launch import main_then_leave
+
+    main_then_leave(main)
