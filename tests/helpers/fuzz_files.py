@@ -69,8 +69,26 @@ def _alarm(*_):
 
 # Mutations -----------------------------------------------------------------------------------------
 
-JUNK = [-1, 0, 2**63, 10**20, -(10**12), 1.5, float("inf"), "abc", "", "../../etc/hostname", "/dev/zero", [], {}, None,
-        True, [1, 2], {"a": 1}, "x" * 300]
+JUNK = [
+    -1,
+    0,
+    2**63,
+    10**20,
+    -(10**12),
+    1.5,
+    float("inf"),
+    "abc",
+    "",
+    "../../etc/hostname",
+    "/dev/zero",
+    [],
+    {},
+    None,
+    True,
+    [1, 2],
+    {"a": 1},
+    "x" * 300,
+]
 
 
 def mutate_bytes(data: bytes, rng: random.Random) -> bytes:
