@@ -144,9 +144,19 @@ class CtrlC:
 
 
 def quiet_torchrun_log() -> None:
-    """torchrun's agent log at CRITICAL (unless ``LOGLEVEL`` is set): its failure lines are the summary's."""
-    if not os.environ.get("LOGLEVEL"):
-        logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    """torchrun's agent log at CRITICAL (unless ``LOGLEVEL`` is set): its failure lines are the summary's. Each
+    of its loggers gets the level: torch's ``get_logger`` sets WARNING on each one, so the parent's is not
+    enough. The rendezvous modules, which torch imports only when it builds the handler, are imported first."""
+    if os.environ.get("LOGLEVEL"):
+        return
+    import torch.distributed.elastic.rendezvous.c10d_rendezvous_backend  # noqa: F401
+    import torch.distributed.elastic.rendezvous.dynamic_rendezvous  # noqa: F401
+    import torch.distributed.elastic.rendezvous.static_tcp_rendezvous  # noqa: F401
+
+    prefix = "torch.distributed.elastic"
+    for name in [prefix, *logging.root.manager.loggerDict]:
+        if name == prefix or name.startswith(prefix + "."):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def main(argv: list[str] | None = None) -> int:
