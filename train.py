@@ -6,6 +6,7 @@ vitlarge``). The code is vitlarge/run/cli.py; it wires a recipe, the data, the m
     python train.py --config recipes/demo_digits.py optim.lr=0.01      # dotted overrides
     colossalai run --nproc_per_node 4 train.py --config recipes/vit_b16.py --dry-run
     torchrun --nproc_per_node 8 train.py --config recipes/vit_b16.py data.source=synthetic   # no data set
+    python -m vitlarge.run --nproc_per_node 4 train.py --config recipes/vit_b16.py ...  # torchrun keeping the status
 
 A rerun with the same ``--workdir`` resumes from its newest checkpoint that passes its check
 (``--resume`` picks another; see vitlarge/checkpoint/resume.py). Exit status: 0 done, 2 bad input (one line

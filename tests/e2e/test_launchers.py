@@ -7,15 +7,20 @@ failure looks like under torchrun.
 * Ctrl-C (SIGINT to the launcher's process group, as a terminal sends it) checkpoints at the step in progress,
   says so once, and the launcher returns (``colossalai run`` 0.5.0 used to hang after "Aborted!").
 * A bad override under torchrun: our line comes first and torchrun's summary repeats it (its error file).
+* ``python -m vitlarge.run`` (torchrun's agent, our ending): a failure is the worker's line and one summary line,
+  with the worker's status (2, 75 on a preemption signal, 130 on Ctrl-C); a busy --master_port is one line, exit 2.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 
+import psutil
 import pytest
 
 from tests.helpers import ROOT, launcher
@@ -91,7 +96,69 @@ def test_a_bad_override_under_torchrun_comes_first_and_is_its_summary(tmp_path):
     assert f"traceback : {line}" in r.stderr  # the summary repeats it, not "To enable traceback see: ..."
 
 
-@pytest.mark.parametrize("how", ["colossalai", "torchrun"])
+def test_a_bad_override_under_vitlarge_run_is_the_line_a_summary_and_status_2():
+    r = launcher.run(["--config", RECIPE, "--dry-run", "train.micro_batch=abc"], nproc=2, launcher="vitlarge")
+    line = "error: command line: 'train.micro_batch=abc' is not an int; write it like train.micro_batch=256"
+    lines = [x for x in (r.stdout + r.stderr).splitlines() if x.strip()]
+    assert len(lines) == 2 and lines[0] == line, r.stdout[-3000:] + r.stderr[-3000:]
+    assert re.fullmatch(r"vitlarge\.run: rank [01] exited with status 2: " + re.escape(line), lines[1]), lines
+    assert r.returncode == 2
+
+
+def test_a_busy_master_port_under_vitlarge_run_is_one_line(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = launcher.run(["--config", RECIPE, "--dry-run"], nproc=2, launcher="vitlarge", port=port)
+    lines = [x for x in (r.stdout + r.stderr).splitlines() if x.strip()]
+    assert len(lines) == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    assert re.fullmatch(
+        rf"error: --master_port {port} is in use on this machine \(another run\?\): give this run another port, "
+        r"e\.g\. --master_port \d+",
+        lines[0],
+    ), lines
+    assert r.returncode == 2
+
+
+@pytest.mark.parametrize("how", ["SIGUSR1 to one worker", "SIGTERM to every process"])
+def test_a_preempted_run_under_vitlarge_run_exits_75(how, demo_data, tmp_path):
+    """SIGUSR1 to one worker: it and the other (told through the step's all-reduce) checkpoint and exit 75, and the
+    launcher reports the first's. SIGTERM to every process, as Slurm preempts a step: the launcher has the signal
+    too (torchrun raises in its agent), and reads the workers' statuses from their error files."""
+    workdir, log = tmp_path / "run", tmp_path / "run.log"
+    args = ["--config", RECIPE, "--data", demo_data, "--workdir", str(workdir), "train.log_every_steps=1"]
+    args += ["train.max_steps=200", "train.checkpoint_every_steps=0", "train.eval_every_epochs=0"]
+    proc = launcher.start(args, nproc=2, launcher="vitlarge", log=log)
+    try:
+        metrics = workdir / "metrics.jsonl"
+        seen = lambda: metrics.exists() and '"step": 2' in metrics.read_text()  # noqa: E731
+        assert launcher.wait_for(seen, timeout=300, proc=proc), log.read_text()[-3000:]
+        workers = psutil.Process(proc.pid).children()  # the agent's own children (not their data read workers)
+        assert len(workers) == 2, workers
+        if how == "SIGUSR1 to one worker":
+            workers[1].send_signal(signal.SIGUSR1)
+        else:
+            for p in [proc, *workers]:
+                os.kill(p.pid, signal.SIGTERM)
+        status = proc.wait(timeout=300)
+    finally:
+        launcher.kill_tree(proc.pid)
+    text = log.read_text()
+    stops = [x for x in text.splitlines() if x.startswith("vitlarge: stopped on signal after step ")]
+    assert len(stops) == 1, text[-3000:]
+    assert "Traceback" not in text and "ChildFailedError" not in text
+    assert status == 75, text[-3000:]
+    summaries = [x for x in text.splitlines() if x.startswith("vitlarge.run: ")]
+    if how == "SIGUSR1 to one worker":
+        assert len(summaries) == 1 and re.fullmatch(
+            r"vitlarge\.run: rank [01] exited with status 75: " + re.escape(stops[0]), summaries[0]
+        ), summaries
+    else:  # the launcher was signalled: the workers' own lines say it all
+        assert summaries == []
+
+
+@pytest.mark.parametrize("how", ["colossalai", "torchrun", "vitlarge"])
 def test_ctrl_c_checkpoints_the_step_in_progress_and_the_launcher_returns(how, demo_data, tmp_path):
     workdir, log = tmp_path / "run", tmp_path / "run.log"
     args = ["--config", RECIPE, "--data", demo_data, "--workdir", str(workdir), "train.log_every_steps=1"]
@@ -112,7 +179,11 @@ def test_ctrl_c_checkpoints_the_step_in_progress_and_the_launcher_returns(how, d
     step = int(stops[0].split("after step ")[1].split(";")[0])
     assert step >= 3 and (workdir / "checkpoints" / f"step_{step:07d}" / "meta.json").is_file()
     assert "KeyboardInterrupt" not in text
-    assert status == 1  # both launchers report an interrupted run as 1; srun and python keep 130 (docs/CLUSTERS.md)
+    if how == "vitlarge":  # the workers' own status, and none of torchrun's SignalException traceback
+        assert status == 130 and "Traceback" not in text and "SignalException" not in text, text[-3000:]
+        assert "death signal" not in text  # torchrun's agent log (W... Received 2 death signal, ...) left out
+    else:  # both launchers report an interrupted run as 1; srun and python keep 130 (docs/CLUSTERS.md)
+        assert status == 1
 
 
 def test_the_second_ctrl_c_ends_a_worker_at_once(demo_data, tmp_path):

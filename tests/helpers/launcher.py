@@ -1,4 +1,5 @@
-"""Runs train.py the way users do (plain python, torchrun, colossalai run) and kills whole process trees.
+"""Runs train.py the way users do (plain python, torchrun, colossalai run, python -m vitlarge.run) and kills whole
+process trees.
 
 torchrun (and so colossalai run) starts its workers in new sessions, so killing the launcher's
 process group leaves them running: `kill_tree` walks the tree with psutil instead.
@@ -36,31 +37,65 @@ def env() -> dict:
     return e
 
 
-def command(args: list[str], nproc: int = 1, launcher: str = "colossalai", script: tuple = ("train.py",)) -> list[str]:
-    """``script``: the entry point and its own arguments (tests/helpers/poison_train.py wraps train.py)."""
+LAUNCHERS = ("python", "torchrun", "colossalai", "vitlarge")
+"""``launcher=``: one process without a launcher, torchrun, ``colossalai run``, ``python -m vitlarge.run``."""
+
+
+def command(
+    args: list[str],
+    nproc: int = 1,
+    launcher: str = "colossalai",
+    script: tuple = ("train.py",),
+    port: int | None = None,
+) -> list[str]:
+    """``script``: the entry point and its own arguments (tests/helpers/poison_train.py wraps train.py).
+    ``port``: the launcher's --master_port (default: a free one)."""
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"launcher={launcher!r}: one of {LAUNCHERS}")
     if nproc == 1 and launcher == "python":
         return [sys.executable, *script, *args]
     if tuple(script) != ("train.py",):  # a wrapper would be silently dropped: the test would not test it
         raise ValueError(f"script={script} runs only with launcher='python' and nproc=1 (or through srun())")
+    port = free_port() if port is None else port
     if launcher == "torchrun":
-        return [f"{VENV_BIN}/torchrun", f"--nproc_per_node={nproc}", f"--master_port={free_port()}", "train.py", *args]
+        return [f"{VENV_BIN}/torchrun", f"--nproc_per_node={nproc}", f"--master_port={port}", "train.py", *args]
+    if launcher == "vitlarge":
+        return [
+            sys.executable,
+            "-m",
+            "vitlarge.run",
+            f"--nproc_per_node={nproc}",
+            f"--master_port={port}",
+            "train.py",
+            *args,
+        ]
     return [
         f"{VENV_BIN}/colossalai",
         "run",
         "--nproc_per_node",
         str(nproc),
         "--master_port",
-        str(free_port()),
+        str(port),
         "train.py",
         *args,
     ]
 
 
 def run(
-    args: list[str], nproc: int = 1, launcher: str = "colossalai", timeout: float = 600, script: tuple = ("train.py",)
+    args: list[str],
+    nproc: int = 1,
+    launcher: str = "colossalai",
+    timeout: float = 600,
+    script: tuple = ("train.py",),
+    port: int | None = None,
 ) -> subprocess.CompletedProcess:
     return subprocess.run(
-        command(args, nproc, launcher, script), cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout
+        command(args, nproc, launcher, script, port),
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -98,7 +133,8 @@ def workers(pid: int) -> list[psutil.Process]:
             cmd = p.cmdline()
         except psutil.NoSuchProcess:
             continue
-        if "train.py" in cmd and not any(x.endswith(("torchrun", "colossalai")) or x == "-c" for x in cmd):
+        launchers = any(x.endswith(("torchrun", "colossalai")) or x in ("-c", "vitlarge.run") for x in cmd)
+        if "train.py" in cmd and not launchers:
             found.append(p)
     return found
 

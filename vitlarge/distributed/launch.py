@@ -114,17 +114,23 @@ def say(line: str) -> None:
         pass
 
 
-def tell_launcher(line: str) -> None:
+def tell_launcher(line: str, status: int) -> None:
     """Records ``line`` as this worker's failure in torchrun's error file (``TORCHELASTIC_ERROR_FILE``, set by
     torchrun and so by ``colossalai run``): the launcher's summary then repeats it ("traceback : error: ...")
-    instead of "To enable traceback see: https://pytorch.org/...". No-op elsewhere."""
+    instead of "To enable traceback see: https://pytorch.org/...". ``status`` (the exit status this process is
+    about to leave with) and the rank go beside it for ``python -m vitlarge.run``, which reads them when the
+    launcher itself was signalled and torchrun reports no exit codes (`vitlarge.run.launch_cli`). No-op elsewhere."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return
     import json
 
     stamp = str(int(time.time()))
-    doc = {"message": {"message": line, "extraInfo": {"py_callstack": line, "timestamp": stamp}}}
+    doc = {
+        "message": {"message": line, "extraInfo": {"py_callstack": line, "timestamp": stamp}},
+        "exit_status": status,
+        "rank": os.environ.get("RANK", "-1"),
+    }
     try:
         with open(path, "w") as f:
             json.dump(doc, f)

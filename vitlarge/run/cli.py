@@ -68,17 +68,17 @@ def main(argv=None) -> int:
         pools = threads.size_thread_pools()  # before torch loads: its pool, OpenMP's, DALI's (data.num_threads=0)
         return run(args, env, pools)
     except UserError as e:
-        launch.tell_launcher(f"error: {e}")  # the launcher's summary repeats the line (torchrun's error file)
+        launch.tell_launcher(f"error: {e}", 2)  # the launcher's summary repeats the line (torchrun's error file)
         if launch.report_before_group(e, env):  # once; a rank's own error named by it (and told to the others)
             launch.say(f"error: {e}")
         return 2
     except StopTraining as e:
-        launch.tell_launcher(f"error: {e}")
+        launch.tell_launcher(f"error: {e}", 3)
         if env is None or env.is_main:
             launch.say(f"error: {e}")
         return 3
     except Preempted as e:
-        launch.tell_launcher(f"vitlarge: {e}")
+        launch.tell_launcher(f"vitlarge: {e}", e.exit_status)
         if env.is_main:
             launch.say(f"vitlarge: {e}")
         if e.interrupted and env.local_rank == 0:
