@@ -46,13 +46,6 @@ def read_record(out_dir: str, name: str) -> dict | None:
     return rec if isinstance(rec, dict) else None
 
 
-def remove_record(out_dir: str, name: str) -> None:
-    try:
-        os.remove(record_path(out_dir, name))
-    except FileNotFoundError:
-        pass
-
-
 def mixture_problem(data_dir: str, shards: dict[str, tuple[int, str | None]], *, unknown: bool = True) -> str | None:
     """Why the shards ``{name: (bytes, checksum or None)}`` of ``data_dir`` are not one conversion's, or None.
 

@@ -112,10 +112,11 @@ def _init_worker(q) -> None:
 def write_shard(out_dir: str, name: str, items: list[Item], opts: dict, digest: str) -> dict:
     """Write one shard + index atomically and its done-record; return the done-record.
 
-    ``opts``: skip_bad, check, max_pixels, conversion and src (recorded). The shard's old done-record
-    goes first: a shard replaced under its name never keeps the record of what it replaced."""
+    ``opts``: skip_bad, check, max_pixels, conversion and src (recorded). A replaced shard's old record
+    stays until the new one is written: a run that stops in this shard leaves it naming the old
+    conversion (for `done_records.mixture_problem`); between the rename and the new record it matches
+    neither and counts as of no recorded conversion."""
     path = os.path.join(out_dir, name)
-    done_records.remove_record(out_dir, name)
     try:
         record = _write_records(path, name, items, opts["skip_bad"], opts["check"], opts["max_pixels"])
     except OSError as e:  # name the file even when a buffered write or fsync failed
