@@ -520,13 +520,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_cli(work) -> int:
     """`cli_main` for the converters: Ctrl-C is one line saying what was done and that a rerun resumes
-    (the `Interrupted` text), exit status 130, no traceback."""
+    (the `Interrupted` text), no traceback; then the process ends by SIGINT, as an interrupted
+    command should (a shell sees status 130 and a script running it stops too)."""
     try:
         return cli_main(work)
     except KeyboardInterrupt as e:
         text = str(e) if isinstance(e, Interrupted) else "interrupted; run the same command again to resume"
         print(text, file=sys.stderr, flush=True)
-        return 130
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        return 130  # where SIGINT is blocked
 
 
 if __name__ == "__main__":

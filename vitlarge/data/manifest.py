@@ -193,6 +193,11 @@ def _image_folder_hint(data_dir: str) -> str | None:
 def _missing_fix(data_dir: str) -> str:
     """What to do when ``data_dir`` or its manifest is missing: make the demo data, convert the images
     found there, or (the general case) convert or index."""
+    if os.path.isdir(os.path.join(data_dir, ".progress")):  # data_tools' done-records: a conversion's output
+        return (
+            f"a conversion into {data_dir} did not finish (it writes {MANIFEST_NAME} last): rerun it with the same "
+            f"arguments ({CONVERT_CMD} ...); it keeps complete shards and redoes the rest"
+        )
     if os.path.basename(os.path.normpath(data_dir)) == DEMO_DIRNAME:
         return (
             f"the demo's digits data set is made with {DEMO_CMD.format(dir=data_dir)} (a few seconds); for "

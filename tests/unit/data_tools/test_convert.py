@@ -6,6 +6,7 @@ import io
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -350,6 +351,13 @@ def test_a_failed_reconversion_never_leaves_a_manifest_that_disagrees_with_the_s
     if os.path.exists(os.path.join(out, "dataset.json")):  # a manifest left behind must describe the shards
         validate_data_dir(out)
         assert distinct_images(out)[0] == distinct_images(out)[1]
+    with pytest.raises(UserError) as e:  # what the loader says
+        validate_data_dir(out)
+    assert str(e.value) == (
+        f"{out}/dataset.json: missing; a conversion into {out} did not finish (it writes dataset.json last): rerun "
+        "it with the same arguments (python -m data_tools.imagenet_to_tfrecord ...); it keeps complete shards and "
+        "redoes the rest"
+    )
     # What the loader's message advises (make_index) refuses the mixture, naming both conversions.
     with pytest.raises(UserError) as e:
         make_index.make_index(out)
@@ -380,7 +388,7 @@ def test_ctrl_c_during_conversion_is_one_line_and_the_rerun_resumes(tiny_imagefo
         timeout=120,
         start_new_session=True,  # its own process group: the SIGINT reaches the converter and its workers only
     )
-    assert r.returncode == 130 and "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == -signal.SIGINT and "Traceback" not in r.stderr, r.stderr  # a shell shows 130
     last = r.stderr.strip().splitlines()[-1]
     assert re.fullmatch(
         rf"interrupted: (\d) of the 5 shards to write were written \((\d) of 5 complete in {re.escape(str(out))}\); "
