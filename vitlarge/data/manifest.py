@@ -33,12 +33,10 @@ import stat
 from dataclasses import asdict, dataclass, field
 
 from vitlarge.data import manifest_schema
-from vitlarge.data.manifest_schema import FORMAT, FORMAT_VERSION, MANIFEST_CAP, SPLITS, ManifestProblem
+from vitlarge.data.manifest_schema import FORMAT, FORMAT_VERSION, MANIFEST_CAP, SPLITS, ManifestProblem  # noqa: F401 (re-exported: the constants live with the schema)
 from vitlarge.data.manifest_schema import SHARD_NAME_RE as SHARD_RE
 from vitlarge.errors import UserError
 from vitlarge.fileio import UnsafeFile, check_inside, open_regular, read_capped, write_atomic
-
-__all__ = ["FORMAT", "FORMAT_VERSION", "MANIFEST_CAP", "SPLITS", "SHARD_RE"]  # re-exported: one source each
 
 MANIFEST_NAME = "dataset.json"
 MAKE_INDEX_FIX = "python -m data_tools.make_index {dir}"
