@@ -7,9 +7,10 @@ Main rank only. Contract (keys and units are listed in docs/LOGS.md):
 * one ``train`` record per optimizer step;
 * non-finite floats (nan, inf) are written as ``null``, so every line is strict JSON;
 * the file is opened in append mode with line buffering: a killed run leaves whole lines, and a
-  resumed run appends after them. A symbolic link, FIFO or device planted under the name (a
-  handed-over workdir) stops the run with one line; nothing is written through it. A resumed run repeats the steps after its checkpoint, so read
-  the file with `read_metrics`, which keeps one record per step.
+  resumed run appends after them. A resumed run repeats the steps after its checkpoint, so read
+  the file with `read_metrics`, which keeps one record per step;
+* a symbolic link, FIFO or device planted under the name (a handed-over workdir) stops the run
+  with one line; nothing is written through it.
 """
 
 from __future__ import annotations
