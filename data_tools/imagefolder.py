@@ -11,13 +11,17 @@ import csv
 import importlib.util
 import io
 import os
+import re
+import warnings
 from dataclasses import dataclass
 
 from PIL import Image
 
 from vitlarge.errors import UserError
+from vitlarge.fileio import open_regular
 
-Image.MAX_IMAGE_PIXELS = None  # local, trusted source images; some real photos are very large
+DEFAULT_MAX_IMAGE_PIXELS = 89_478_485  # PIL's own default (~9459 x 9459); ImageNet's largest is ~32M pixels
+MAX_PIXELS_FIX = "raise --max-image-pixels if you trust it"
 JPEG_QUALITY = 95  # for the few images we must re-encode (PNG, CMYK, grayscale)
 
 
@@ -187,8 +191,15 @@ def jpeg_frame(data: bytes) -> tuple[int, int, int] | None:
     return None
 
 
-def prepare_image(path: str, check: str = "header") -> tuple[bytes, int, int, bool]:
+def prepare_image(
+    path: str, check: str = "header", max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+) -> tuple[bytes, int, int, bool]:
     """Return (RGB JPEG bytes, height, width, re-encoded?) or raise BadImage.
+
+    Source images are data: an image of more than ``max_pixels`` pixels is a BadImage naming the
+    limit, judged from its header before anything is decoded (PIL's decompression-bomb guard, kept
+    on at this limit; a 40000 x 40000 PNG header would otherwise allocate 4.8 GB). Only regular files
+    are opened (a FIFO in the tree never blocks the converter).
 
     Three-component 8-bit JPEGs keep their original bytes. Anything else PIL can read (PNG, CMYK
     or grayscale JPEG, whatever the file extension says) is re-encoded as RGB JPEG.
@@ -196,21 +207,51 @@ def prepare_image(path: str, check: str = "header") -> tuple[bytes, int, int, bo
     without it (truncated files fail the decode; files with trailing bytes pass);
     ``check="decode"`` decodes every image.
     """
+    Image.MAX_IMAGE_PIXELS = max_pixels  # PIL reads its guard from this global; one value per process
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             data = f.read()
         frame = jpeg_frame(data)
         if frame is not None and frame[2] == 3 and frame[0] > 0 and frame[1] > 0:
+            _check_pixels(frame[1], frame[0], max_pixels)
             if check == "decode" or not data.endswith(b"\xff\xd9"):
-                Image.open(io.BytesIO(data)).load()
+                _open(data).load()
             return data, frame[0], frame[1], False
-        im = Image.open(io.BytesIO(data))
+        im = _open(data)
         width, height = im.size
+        _check_pixels(width, height, max_pixels)
         im.load()
         if im.format == "JPEG" and im.mode == "RGB":  # e.g. arithmetic-coded: PIL reads it as is
             return data, height, width, False
         out = io.BytesIO()
         im.convert("RGB").save(out, "JPEG", quality=JPEG_QUALITY)
         return out.getvalue(), height, width, True
-    except (OSError, SyntaxError, ValueError, IndexError, Image.DecompressionBombError) as e:
+    except _TooLarge as e:
+        raise BadImage(path, str(e)) from None
+    except Image.DecompressionBombError as e:  # PIL's own guard, at twice the limit, while parsing the header
+        found = re.search(r"\((\d+) pixels\)", str(e))
+        pixels = f"{int(found.group(1)):,} pixels" if found else str(e)
+        raise BadImage(path, _too_large(pixels, max_pixels)) from None
+    except (OSError, SyntaxError, ValueError, IndexError) as e:
         raise BadImage(path, str(e) or type(e).__name__) from None
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _too_large(pixels: str, max_pixels: int) -> str:
+    return f"{pixels}, more than --max-image-pixels {max_pixels:,} (a decompression-bomb guard; {MAX_PIXELS_FIX})"
+
+
+def _check_pixels(width: int, height: int, max_pixels: int) -> None:
+    if width * height > max_pixels:
+        raise _TooLarge(_too_large(f"{width} x {height} = {width * height:,} pixels", max_pixels))
+
+
+def _open(data: bytes) -> Image.Image:
+    """``Image.open``, which parses the header only; PIL's guard raises there at twice
+    ``Image.MAX_IMAGE_PIXELS`` and only warns above it, so `_check_pixels` follows before any ``load``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        return Image.open(io.BytesIO(data))

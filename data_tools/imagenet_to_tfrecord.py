@@ -9,13 +9,21 @@ bytes, ``image/class/label`` = 1 + sorted class index), a DALI index ``<shard>.i
 and ``dataset.json`` (see vitlarge/data/manifest.py). Train examples are shuffled across shards
 with ``--seed``.
 
-Resumable: each committed shard gets a done-record in ``OUT/.progress/``; a rerun keeps shards
-whose record, size and index still match and whose input list is unchanged, and redoes the rest.
+Resumable: each committed shard gets a done-record in ``OUT/.progress/`` (`data_tools.done_records`);
+a rerun keeps shards whose record, size and index still match and whose input list is unchanged,
+and redoes the rest. Ctrl-C stops after the shards in progress are complete, with one line saying
+what was done; the same command resumes. A re-conversion that replaces shards under their names
+removes ``dataset.json`` before the first one is replaced, so a run that stops part-way never leaves
+a manifest that disagrees with the shards (and ``make_index`` refuses the mixture it leaves).
 Shards are written as ``*.tmp``, fsynced and renamed, so a killed run leaves no partial file
 under a final name; a rerun removes only those temporary files of its own. One shard set at a
 time: converting again with other shard counts removes the earlier run's shards of the old set
 once the new manifest is written, and shard files in OUT that this converter did not write are
 refused with the fix.
+
+Source images are data: PIL's decompression-bomb guard stays on (``--max-image-pixels``, default
+PIL's 89,478,485 pixels, about 9459 x 9459); a larger image is an unreadable image (stop, or skipped
+with ``--skip-bad``) whose reason names the option.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import sys
 import time
 
 from vitlarge.data.manifest import (
+    INDEX_LINE_MAX,
     MANIFEST_NAME,
     SHARD_RE,
     ClassInfo,
@@ -42,16 +51,17 @@ from vitlarge.data.manifest import (
     shard_name,
     write_manifest,
 )
+from vitlarge.data.manifest_schema import CHECKSUM_RE
 from vitlarge.errors import UserError, cli_main
-from vitlarge.fileio import write_atomic
+from vitlarge.fileio import UnsafeFile, check_inside, fsync_dir, open_regular, probe_writable, write_atomic
 
-from . import imagefolder, tfrecord_io
-from .imagefolder import BadImage, Item
+from . import done_records, imagefolder, tfrecord_io
+from .done_records import PROGRESS_DIR
+from .imagefolder import DEFAULT_MAX_IMAGE_PIXELS, BadImage, Item
 
 TOOL = "data_tools.imagenet_to_tfrecord"
 TOOL_VERSION = "1.0.0"
 LABEL_OFFSET = 1  # TF ImageNet records reserve label 0 for "background"
-PROGRESS_DIR = ".progress"
 SKIPPED_LIST = "skipped.txt"
 
 
@@ -81,8 +91,9 @@ def plan_shards(
     return [(shard_name(split, i, n), items[i * len(items) // n : (i + 1) * len(items) // n]) for i in range(n)]
 
 
-def inputs_digest(items: list[Item], skip_bad: bool, check: str) -> str:
-    h = hashlib.sha256(f"{TOOL_VERSION}|{skip_bad}|{check}".encode())
+def inputs_digest(items: list[Item], skip_bad: bool, check: str, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> str:
+    limit = "" if max_pixels == DEFAULT_MAX_IMAGE_PIXELS else f"|{max_pixels}"  # unchanged digests by default
+    h = hashlib.sha256(f"{TOOL_VERSION}|{skip_bad}|{check}{limit}".encode())
     for it in items:
         h.update(f"\n{it.path}|{it.size}|{it.label}|{it.synset}".encode())
     return h.hexdigest()
@@ -99,24 +110,29 @@ def _init_worker(q) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and cleans up
 
 
-def write_shard(out_dir: str, name: str, items: list[Item], skip_bad: bool, check: str, digest: str) -> dict:
-    """Write one shard + index atomically and its done-record; return the done-record."""
+def write_shard(out_dir: str, name: str, items: list[Item], opts: dict, digest: str) -> dict:
+    """Write one shard + index atomically and its done-record; return the done-record.
+
+    ``opts``: skip_bad, check, max_pixels, conversion and src (recorded). A replaced shard's old record
+    stays until the new one is written: a run that stops in this shard leaves it naming the old
+    conversion (for `done_records.mixture_problem`); between the rename and the new record it matches
+    neither and counts as of no recorded conversion."""
     path = os.path.join(out_dir, name)
     try:
-        record = _write_records(path, name, items, skip_bad, check)
+        record = _write_records(path, name, items, opts["skip_bad"], opts["check"], opts["max_pixels"])
     except OSError as e:  # name the file even when a buffered write or fsync failed
         raise OSError(e.errno, e.strerror, e.filename or path + tfrecord_io.TMP_SUFFIX) from None
-    record["inputs"] = digest
-    write_atomic(os.path.join(out_dir, PROGRESS_DIR, name + ".json"), json.dumps(record))
+    record.update(inputs=digest, conversion=opts["conversion"], src=opts["src"])
+    write_atomic(done_records.record_path(out_dir, name), json.dumps(record), root=out_dir)
     return record
 
 
-def _write_records(path, name, items, skip_bad, check) -> dict:
+def _write_records(path, name, items, skip_bad, check, max_pixels) -> dict:
     skipped, reencoded, pending = [], 0, [0, 0]
     with tfrecord_io.ShardWriter(path) as writer:
         for item in items:
             try:
-                jpeg, height, width, was_reencoded = imagefolder.prepare_image(item.path, check)
+                jpeg, height, width, was_reencoded = imagefolder.prepare_image(item.path, check, max_pixels)
             except BadImage as e:
                 if not skip_bad:
                     raise
@@ -149,19 +165,38 @@ def _write_records(path, name, items, skip_bad, check) -> dict:
 
 
 def _done_record(out_dir: str, name: str, digest: str) -> dict | None:
-    """The shard's done-record if the shard on disk is complete and made from the same inputs."""
+    """The shard's done-record if the shard on disk is complete and made from the same inputs (regular
+    files only: a FIFO or a link planted in --out reads as no record)."""
+    rec = done_records.read_record(out_dir, name)
+    if rec is None or rec.get("inputs") != digest or not _record_is_sound(rec):
+        return None
+    path = os.path.join(out_dir, name)
     try:
-        with open(os.path.join(out_dir, PROGRESS_DIR, name + ".json")) as f:
-            rec = json.load(f)
-        path = os.path.join(out_dir, name)
-        if rec["inputs"] != digest or os.path.getsize(path) != rec["bytes"]:
-            return None
-        with open(path + ".idx") as f:
+        with open_regular(path, follow=False) as f:
+            if os.fstat(f.fileno()).st_size != rec["bytes"]:
+                return None
+        with open_regular(path + ".idx", follow=False) as f:
+            if os.fstat(f.fileno()).st_size > rec["num_records"] * INDEX_LINE_MAX:
+                return None
             if sum(1 for line in f if line.strip()) != rec["num_records"]:
                 return None
-        return rec
-    except (OSError, ValueError, KeyError):
+    except OSError:
         return None
+    return rec
+
+
+def _record_is_sound(rec: dict) -> bool:
+    """The fields the manifest and summary take from a done-record have their types and ranges."""
+    ints = [rec.get(k) for k in ("num_records", "bytes", "reencoded")]
+    skipped = rec.get("skipped")
+    return (
+        all(type(v) is int and v >= 0 for v in ints)
+        and rec["num_records"] >= 1
+        and isinstance(rec.get("checksum"), str)
+        and CHECKSUM_RE.match(rec["checksum"]) is not None
+        and isinstance(skipped, list)
+        and all(isinstance(x, list) and len(x) == 2 and all(isinstance(y, str) for y in x) for x in skipped)
+    )
 
 
 def _prepare_out_dir(out_dir: str, planned: list[str]) -> list[str]:
@@ -175,12 +210,13 @@ def _prepare_out_dir(out_dir: str, planned: list[str]) -> list[str]:
     """
     progress = os.path.join(out_dir, PROGRESS_DIR)
     try:
+        os.makedirs(out_dir, exist_ok=True)
+        check_inside(progress, out_dir)  # a planted .progress link would carry the done-records elsewhere
         os.makedirs(progress, exist_ok=True)
-        probe = os.path.join(out_dir, f".write-test-{os.getpid()}{tfrecord_io.TMP_SUFFIX}")
-        with open(probe, "w") as f:
-            f.write("ok")
-        os.remove(probe)
+        probe_writable(out_dir, f".write-test-{os.getpid()}{tfrecord_io.TMP_SUFFIX}")
         names = os.listdir(out_dir)
+    except UnsafeFile as e:
+        raise UserError(f"{e.filename}: {e.strerror}; remove it, or choose another --out") from None
     except OSError as e:
         raise UserError(f"{out_dir}: output directory is not writable ({e.strerror}); choose another --out") from None
     ours = set(planned) | {n + ".idx" for n in planned} | {MANIFEST_NAME, SKIPPED_LIST}
@@ -188,7 +224,7 @@ def _prepare_out_dir(out_dir: str, planned: list[str]) -> list[str]:
         if n.endswith(tfrecord_io.TMP_SUFFIX) and n[: -len(tfrecord_io.TMP_SUFFIX)] in ours:
             os.remove(os.path.join(out_dir, n))
     stale = sorted(n for n in names if SHARD_RE.match(n) and n not in set(planned))
-    foreign = [n for n in stale if not os.path.exists(os.path.join(progress, n + ".json"))]
+    foreign = [n for n in stale if not os.path.exists(done_records.record_path(out_dir, n))]
     if foreign:
         more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
         raise UserError(
@@ -204,7 +240,7 @@ def _remove_shards(out_dir: str, names: list[str]) -> None:
         for path in (
             os.path.join(out_dir, n),
             os.path.join(out_dir, n + ".idx"),
-            os.path.join(out_dir, PROGRESS_DIR, n + ".json"),
+            done_records.record_path(out_dir, n),
         ):
             for p in (path, path + tfrecord_io.TMP_SUFFIX):
                 try:
@@ -236,8 +272,10 @@ def convert(
     seed: int = 0,
     check: str = "header",
     progress: bool = True,
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
 ) -> Manifest:
-    """Convert ``src`` into ``out``; return the manifest written. Raises UserError on bad input."""
+    """Convert ``src`` into ``out``; return the manifest written. Raises UserError on bad input and
+    `Interrupted` on Ctrl-C (after the shards in progress are complete)."""
     if workers is None:
         workers = os.cpu_count() or 1
     classes, splits = imagefolder.discover(src, val_labels, LABEL_OFFSET)
@@ -248,15 +286,25 @@ def convert(
     if splits.get("validation"):
         plans["validation"] = plan_shards(splits["validation"], val_shards, "validation", None)
     stale = _prepare_out_dir(out, [name for shards in plans.values() for name, _ in shards])
+    digests = {
+        name: inputs_digest(items, skip_bad, check, max_image_pixels)
+        for shards in plans.values()
+        for name, items in shards
+    }
+    conversion = done_records.conversion_id(digests)
+    opts = dict(skip_bad=skip_bad, check=check, max_pixels=max_image_pixels, conversion=conversion, src=src)
     tasks, records = [], {}
     for shards in plans.values():
         for name, items in shards:
-            digest = inputs_digest(items, skip_bad, check)
-            rec = _done_record(out, name, digest)
+            rec = _done_record(out, name, digests[name])
             if rec is None:
-                tasks.append((name, items, digest))
-            else:
-                records[name] = rec
+                tasks.append((name, items, digests[name]))
+                continue
+            if rec.get("conversion") != conversion:  # the same shard in another plan: now this conversion's
+                rec.update(conversion=conversion, src=src)
+                write_atomic(done_records.record_path(out, name), json.dumps(rec), root=out)
+            records[name] = rec
+    _unpublish_before_replacing(out, [name for name, _, _ in tasks])
     todo_images = sum(len(t[1]) for t in tasks)
     if tasks:
         print(
@@ -265,7 +313,16 @@ def convert(
             file=sys.stderr,
         )
     rate = _Rate()
-    records.update(_run_tasks(out, tasks, skip_bad, check, workers, todo_images, rate, progress))
+    kept = len(records)
+    try:
+        _run_tasks(out, tasks, opts, workers, todo_images, rate, progress, records)
+    except KeyboardInterrupt:
+        total = len(digests)
+        raise Interrupted(
+            f"interrupted: {len(records) - kept} of the {len(tasks)} shards to write were written "
+            f"({len(records)} of {total} complete in {out}); run the same command again to resume "
+            "(complete shards are kept)"
+        ) from None
 
     manifest = Manifest(
         num_classes=len(classes),
@@ -292,7 +349,7 @@ def convert(
     skipped = [s for r in records.values() for s in r["skipped"]]
     skipped_list = os.path.join(out, SKIPPED_LIST)
     if skipped:
-        write_atomic(skipped_list, "".join(f"{p}\t{why}\n" for p, why in skipped))
+        write_atomic(skipped_list, "".join(f"{p}\t{why}\n" for p, why in skipped), root=out)
     elif os.path.exists(skipped_list):  # from an earlier run whose bad files have since been fixed
         os.remove(skipped_list)
     counts = ", ".join(f"{s}: {manifest.num_examples(s):,} images in {len(manifest.shards(s))} shards" for s in plans)
@@ -306,9 +363,25 @@ def convert(
     return load_manifest(out)
 
 
-def _run_tasks(out, tasks, skip_bad, check, workers, todo_images, rate, progress) -> dict:
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a conversion; the text says what was done and that a rerun resumes."""
+
+
+def _unpublish_before_replacing(out: str, names: list[str]) -> None:
+    """Remove ``dataset.json`` (durably) before any shard in ``names`` is replaced under its name: from
+    then on the old manifest would describe files that are no longer there, and a run that stops
+    part-way must leave no manifest rather than a wrong one. A run that replaces nothing keeps it."""
+    path = os.path.join(out, MANIFEST_NAME)
+    if os.path.lexists(path) and any(os.path.lexists(os.path.join(out, n)) for n in names):
+        os.remove(path)
+        fsync_dir(out)
+        print(f"removed {path}: shards are replaced under their names; it is written again at the end", file=sys.stderr)
+
+
+def _run_tasks(out, tasks, opts, workers, todo_images, rate, progress, records: dict) -> None:
+    """Write the shards of ``tasks``, adding each done-record to ``records`` as it completes."""
     if not tasks:
-        return {}
+        return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     bar = Progress(
@@ -320,7 +393,6 @@ def _run_tasks(out, tasks, skip_bad, check, workers, todo_images, rate, progress
         disable=not progress,
         transient=False,
     )
-    records = {}
     with bar:
         task = bar.add_task("convert", total=todo_images, rate="")
 
@@ -331,15 +403,16 @@ def _run_tasks(out, tasks, skip_bad, check, workers, todo_images, rate, progress
 
         if workers <= 0:  # in-process: debugging and tests
             for name, items, digest in tasks:
-                rec = _guard(lambda: write_shard(out, name, items, skip_bad, check, digest))
+                rec = _guard(lambda: write_shard(out, name, items, opts, digest))
                 records[name] = rec
                 advance(rec["num_records"] + len(rec["skipped"]), sum(i.size for i in items))
-            return records
+            return
         ctx = mp.get_context(_start_method())
         q = ctx.Queue()
+        futures: dict = {}
         pool = cf.ProcessPoolExecutor(min(workers, len(tasks)), mp_context=ctx, initializer=_init_worker, initargs=(q,))
         try:
-            futures = {pool.submit(write_shard, out, n, items, skip_bad, check, d): (n, items) for n, items, d in tasks}
+            futures = {pool.submit(write_shard, out, n, items, opts, d): (n, items) for n, items, d in tasks}
             pending = set(futures)
             while pending:
                 done, pending = cf.wait(pending, timeout=0.2, return_when=cf.FIRST_COMPLETED)
@@ -347,14 +420,16 @@ def _run_tasks(out, tasks, skip_bad, check, workers, todo_images, rate, progress
                 for f in done:
                     rec = _guard(f.result)
                     records[rec["shard"]] = rec
-                    if skip_bad and rec["skipped"]:
+                    if opts["skip_bad"] and rec["skipped"]:
                         advance(len(rec["skipped"]), 0)
             _drain(q, advance)
         except BaseException:
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.shutdown(wait=True, cancel_futures=True)  # shards in progress complete and keep their records
+            for f in futures:
+                if f.done() and not f.cancelled() and f.exception() is None:
+                    records[f.result()["shard"]] = f.result()
             raise
         pool.shutdown(wait=True)
-    return records
 
 
 def _start_method() -> str:
@@ -414,12 +489,20 @@ def main(argv: list[str] | None = None) -> int:
         default="header",
         help="header: parse headers, require the JPEG end marker (fast); decode: decode every image",
     )
+    p.add_argument(
+        "--max-image-pixels",
+        type=int,
+        default=DEFAULT_MAX_IMAGE_PIXELS,
+        help="larger images are unreadable (PIL's decompression-bomb guard); raise it for trusted, very large images",
+    )
     p.add_argument("--seed", type=int, default=0, help="train shuffle seed")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
     if a.train_shards < 1 or a.val_shards < 1:
         p.error("--train-shards and --val-shards must be >= 1")
-    return cli_main(
+    if a.max_image_pixels < 1:
+        p.error("--max-image-pixels must be >= 1")
+    return run_cli(
         lambda: convert(
             a.src,
             a.out,
@@ -431,8 +514,23 @@ def main(argv: list[str] | None = None) -> int:
             seed=a.seed,
             check=a.check,
             progress=not a.no_progress,
+            max_image_pixels=a.max_image_pixels,
         )
     )
+
+
+def run_cli(work) -> int:
+    """`cli_main` for the converters: Ctrl-C is one line saying what was done and that a rerun resumes
+    (the `Interrupted` text), no traceback; then the process ends by SIGINT, as an interrupted
+    command should (a shell sees status 130 and a script running it stops too)."""
+    try:
+        return cli_main(work)
+    except KeyboardInterrupt as e:
+        text = str(e) if isinstance(e, Interrupted) else "interrupted; run the same command again to resume"
+        print(text, file=sys.stderr, flush=True)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        return 130  # where SIGINT is blocked
 
 
 if __name__ == "__main__":

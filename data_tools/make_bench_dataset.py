@@ -21,6 +21,7 @@ import sys
 import numpy as np
 
 from vitlarge.errors import UserError, cli_main
+from vitlarge.fileio import open_new, write_atomic
 
 SIZES = ((500, 375), (375, 500), (500, 333), (333, 500), (500, 500), (400, 300), (640, 480))
 
@@ -62,11 +63,9 @@ def make_bench_dataset(out: str, *, num_images: int, classes: int, val_fraction:
             )
             # Sensor-like noise gives the JPEG the entropy (size, decode cost) of a real photo.
             pixels = np.asarray(im, dtype=np.float32) + rng.normal(0, rng.uniform(4, 8), (im.height, im.width, 3))
-            Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(
-                os.path.join(d, f"img_{i:07d}.JPEG"), "JPEG", quality=92
-            )
-        with open(meta, "w") as f:
-            json.dump(params, f)
+            with open_new(os.path.join(d, f"img_{i:07d}.JPEG")) as f:  # a planted link is replaced, not followed
+                Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(f, "JPEG", quality=92)
+        write_atomic(meta, json.dumps(params), root=out)
     except OSError as e:
         raise UserError(f"{e.filename or out}: cannot write ({e.strerror}); choose a writable OUT") from None
     return params

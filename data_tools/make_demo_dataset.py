@@ -16,7 +16,8 @@ import os
 import sys
 
 from vitlarge.data.manifest import MANIFEST_NAME, Manifest, load_manifest
-from vitlarge.errors import UserError, cli_main
+from vitlarge.errors import UserError
+from vitlarge.fileio import open_new, write_atomic
 
 from . import imagenet_to_tfrecord
 
@@ -43,9 +44,9 @@ def write_digit_jpegs(src: str) -> None:
             os.makedirs(d, exist_ok=True)
             pixels = (digits.images[i] * (255.0 / 16.0)).clip(0, 255).astype(np.uint8)  # values are 0..16
             im = Image.fromarray(pixels, "L").resize((IMAGE_SIZE, IMAGE_SIZE), Image.BILINEAR).convert("RGB")
-            im.save(os.path.join(d, f"digit_{i:04d}.jpg"), "JPEG", quality=95)
-    with open(done, "w") as f:
-        f.write("ok\n")
+            with open_new(os.path.join(d, f"digit_{i:04d}.jpg")) as f:  # a planted link is replaced, not followed
+                im.save(f, "JPEG", quality=95)
+    write_atomic(done, "ok\n", root=src)
 
 
 def make_demo_dataset(out: str, *, workers: int = 0, progress: bool = False) -> Manifest:
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{m.num_examples('validation')} validation images, {m.num_classes} classes"
         )
 
-    return cli_main(work)
+    return imagenet_to_tfrecord.run_cli(work)  # Ctrl-C: one line, and the rerun resumes
 
 
 if __name__ == "__main__":

@@ -10,6 +10,12 @@ split that lacks the last class). Each split must be one complete ``-of-N`` set:
 that mixes sets or lacks a shard is refused, naming the files, before anything is written.
 Class synsets and texts come from the records when present.
 Rerun it whenever a loader reports a missing or stale index.
+
+Shards are files from elsewhere: each must be a regular file of the directory (a link only to a
+file inside it; a FIFO or device is refused, never opened), every record a ``tf.train.Example`` with
+an integer label in range, and the converter's output must hold one conversion's shards (a
+re-conversion that stopped part-way leaves two under one set of names: refused, naming both).
+Any of these is one line naming the file, exit status 2, and no ``dataset.json`` written.
 """
 
 from __future__ import annotations
@@ -21,18 +27,21 @@ import os
 import sys
 
 from vitlarge.data.manifest import (
+    CONFINED_FIX,
     MANIFEST_NAME,
     SHARD_RE,
     ClassInfo,
     Manifest,
     ShardInfo,
+    confined_size,
     load_manifest,
     shard_set_problem,
     write_manifest,
 )
+from vitlarge.data.manifest_schema import MAX_CLASSES, MAX_LABEL
 from vitlarge.errors import UserError, cli_main
 
-from . import tfrecord_io
+from . import done_records, tfrecord_io
 
 TOOL = "data_tools.make_index"
 TOOL_VERSION = "1.0.0"
@@ -47,22 +56,32 @@ def _label_info(payload: bytes) -> tuple[int | None, str, str]:
         values = feat[key].bytes_list.value if key in feat else []
         return values[0].decode("utf-8", "replace") if values else ""
 
-    label = feat["image/class/label"].int64_list.value[0] if "image/class/label" in feat else None
-    return label, text("image/class/synset"), text("image/class/text")
+    labels = feat["image/class/label"].int64_list.value if "image/class/label" in feat else []
+    return (labels[0] if labels else None), text("image/class/synset"), text("image/class/text")
 
 
 def index_shard(path: str) -> tuple[str, int, int, str, dict]:
     """Index one shard; return (name, records, bytes, checksum, {label: (synset, text)})."""
     n, size, checksum, labels = tfrecord_io.write_index_for(path, parse=_label_info)
+    if n == 0:
+        raise UserError(f"{path}: holds no records (DALI cannot read an empty shard); re-convert its set")
     seen: dict[int, tuple[str, str]] = {}
     for label, synset, text in labels:
         if label is None:
             raise UserError(f"{path}: record without 'image/class/label'; not an image classification shard")
+        if not -MAX_LABEL <= label <= MAX_LABEL:
+            raise UserError(
+                f"{path}: a record has label {label}, outside +-{MAX_LABEL}; not an image classification shard"
+            )
         seen.setdefault(label, (synset, text))
     return os.path.basename(path), n, size, checksum, seen
 
 
 def make_index(data_dir: str, *, label_offset: int = 1, num_classes: int | None = None, workers: int = 1) -> Manifest:
+    if num_classes is not None and not 1 <= num_classes <= MAX_CLASSES:
+        raise UserError(f"--num-classes {num_classes}: expected 1..{MAX_CLASSES}")
+    if not -MAX_LABEL <= label_offset <= MAX_LABEL:
+        raise UserError(f"--label-offset {label_offset}: expected {-MAX_LABEL}..{MAX_LABEL}")
     if not os.path.isdir(data_dir):
         raise UserError(f"{data_dir}: directory does not exist; pass the directory holding train-*/validation-* shards")
     names = sorted(n for n in os.listdir(data_dir) if SHARD_RE.match(n))
@@ -76,6 +95,14 @@ def make_index(data_dir: str, *, label_offset: int = 1, num_classes: int | None 
         raise UserError(
             f"{data_dir}: {problem[0]}; {problem[1]}, then rerun python -m data_tools.make_index {data_dir}"
         )
+    root = os.path.realpath(data_dir)
+    sizes = {}
+    for n in names:  # before any file is opened: a FIFO would block the reader, a link may lead anywhere
+        try:
+            sizes[n] = confined_size(os.path.join(data_dir, n), root)
+        except OSError as e:
+            raise UserError(f"{os.path.join(data_dir, n)}: {e.strerror}; {CONFINED_FIX}") from None
+    _refuse_mixture(data_dir, {n: (sizes[n], None) for n in names}, unknown=False)
     paths = [os.path.join(data_dir, n) for n in names]
     if workers > 1 and len(paths) > 1:
         with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
@@ -83,6 +110,7 @@ def make_index(data_dir: str, *, label_offset: int = 1, num_classes: int | None 
     else:
         results = [index_shard(p) for p in paths]
 
+    _refuse_mixture(data_dir, {name: (size, checksum) for name, _, size, checksum, _ in results})
     seen: dict[int, tuple[str, str]] = {}
     splits: dict[str, list[ShardInfo]] = {}
     for name, n, size, checksum, labels in results:
@@ -97,6 +125,11 @@ def make_index(data_dir: str, *, label_offset: int = 1, num_classes: int | None 
             "(0 for shards whose labels start at 0)"
         )
     inferred = hi - label_offset + 1
+    if inferred > MAX_CLASSES:
+        raise UserError(
+            f"{data_dir}: label {hi} with offset {label_offset} means {inferred:,} classes, more than {MAX_CLASSES:,}; "
+            "check the shards' labels and --label-offset"
+        )
     if num_classes is None:
         num_classes = inferred
     elif num_classes < inferred:
@@ -127,6 +160,16 @@ def make_index(data_dir: str, *, label_offset: int = 1, num_classes: int | None 
         file=sys.stderr,
     )
     return load_manifest(data_dir)
+
+
+def _refuse_mixture(data_dir: str, shards: dict[str, tuple[int, str | None]], unknown: bool = True) -> None:
+    problem = done_records.mixture_problem(data_dir, shards, unknown=unknown)
+    if problem:
+        raise UserError(
+            f"{data_dir}: {problem}; a re-conversion stopped part-way: rerun the conversion you want (it keeps "
+            "complete shards and redoes the rest), or convert into an empty --out; indexing the mixture would "
+            "train on some images twice and never on others"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,8 @@ A DALI index file (``<shard>.idx``) has one line ``offset size`` per record, whe
 includes the 16 bytes of framing -- the format DALI's ``tfrecord2idx`` writes.
 
 Nothing here leaves a partial file under a final name: shards and indexes are written to
-``*.tmp``, fsynced and renamed.
+``*.tmp`` (created ``O_EXCL | O_NOFOLLOW``: `vitlarge.fileio.create_new`), fsynced and renamed.
+Shards are read only as regular files (`vitlarge.fileio.open_regular`: a FIFO never blocks).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 import crc32c
 
 from vitlarge.errors import UserError
-from vitlarge.fileio import fsync_dir, write_atomic
+from vitlarge.fileio import create_new, fsync_dir, open_regular, write_atomic
 
 
 def example_pb2():
@@ -101,7 +102,7 @@ class ShardWriter:
         self.index_path = path + ".idx"
         self._tmp = path + TMP_SUFFIX
         self._index_tmp = self.index_path + TMP_SUFFIX
-        self._file = open(self._tmp, "wb")
+        self._file = open(create_new(self._tmp), "wb")  # a link planted as the .tmp is removed, not followed
         self._lines: list[str] = []
         self._offset = 0
         self._crc = 0
@@ -155,10 +156,11 @@ def scan_records(path: str, *, parse=None):
     """Yield ``(offset, size, payload_or_parsed)`` for each record of a TFRecord file.
 
     Checks framing and CRCs; a file that ends mid-record or has a bad CRC raises UserError naming
-    the shard. ``parse`` (optional) is applied to each payload.
+    the shard, as does a payload ``parse`` (optional, applied to each) cannot read. Memory stays
+    bounded by the largest record the file's size allows.
     """
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
         offset = 0
         while offset < size:
             header = f.read(_HEADER.size)
@@ -170,6 +172,8 @@ def scan_records(path: str, *, parse=None):
                     f"{path}: not a TFRecord file or corrupt at byte {offset} (bad length CRC); "
                     "re-copy or re-convert this shard"
                 )
+            if offset + _HEADER.size + length + _FOOTER.size > size:  # before reading: no allocation past the file
+                raise _truncated(path, offset, size)
             body = f.read(length + _FOOTER.size)
             if len(body) < length + _FOOTER.size:
                 raise _truncated(path, offset, size)
@@ -179,7 +183,18 @@ def scan_records(path: str, *, parse=None):
                     f"{path}: corrupt record at byte {offset} (bad data CRC); re-copy or re-convert this shard"
                 )
             rec = length + FRAMING_BYTES
-            yield offset, rec, (parse(payload) if parse else payload)
+            if parse:
+                try:
+                    payload = parse(payload)
+                except UserError:
+                    raise
+                except Exception as e:  # noqa: BLE001 (protobuf's DecodeError and whatever a junk record raises)
+                    raise UserError(
+                        f"{path}: the record at byte {offset} is not a tf.train.Example with an image and "
+                        f"an integer label ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no detail'}); "
+                        "re-convert this shard or remove its set"
+                    ) from None
+            yield offset, rec, payload
             offset += rec
 
 
@@ -197,7 +212,7 @@ def write_index_for(shard_path: str, *, parse=None) -> tuple[int, int, str, list
         lines.append(f"{offset} {rec}\n")
         if parse:
             parsed.append(item)
-    with open(shard_path, "rb") as f:
+    with open_regular(shard_path) as f:
         for block in iter(lambda: f.read(1 << 22), b""):
             crc = crc32c.crc32c(block, value=crc)
     write_atomic(shard_path + ".idx", "".join(lines))

@@ -8,7 +8,9 @@ Main rank only. Contract (keys and units are listed in docs/LOGS.md):
 * non-finite floats (nan, inf) are written as ``null``, so every line is strict JSON;
 * the file is opened in append mode with line buffering: a killed run leaves whole lines, and a
   resumed run appends after them. A resumed run repeats the steps after its checkpoint, so read
-  the file with `read_metrics`, which keeps one record per step.
+  the file with `read_metrics`, which keeps one record per step;
+* a symbolic link, FIFO or device planted under the name (a handed-over workdir) stops the run
+  with one line; nothing is written through it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import os
 import time
 from typing import Any
 
+from vitlarge.errors import UserError
 from vitlarge.events import EvalMetrics, Hook, RunInfo, StepMetrics
+from vitlarge.fileio import UnsafeFile, open_append
 from vitlarge.report.metrics_log import FILENAME, read_metrics  # noqa: F401 (read_metrics re-exported)
 
 
@@ -45,15 +49,17 @@ class JsonlHook(Hook):
         if not run.is_main:
             return
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        try:
+            self._file = open_append(self.path)
+        except UnsafeFile as e:
+            raise UserError(
+                f"{self.path}: {e.strerror}; remove it (or put a copy of the file it stands for in its place) "
+                "and run again"
+            ) from None
         # A run killed mid-write (or a full disk) may have left a partial last line; start on a
         # fresh line so our first record stays parseable.
-        needs_newline = False
-        if os.path.exists(self.path) and os.path.getsize(self.path) > 0:
-            with open(self.path, "rb") as f:
-                f.seek(-1, os.SEEK_END)
-                needs_newline = f.read(1) != b"\n"
-        self._file = open(self.path, "a", buffering=1, encoding="utf-8")
-        if needs_newline:
+        size = os.fstat(self._file.fileno()).st_size
+        if size and os.pread(self._file.fileno(), 1, size - 1) != b"\n":
             self._file.write("\n")
         p = run.plan
         ph = p.phase_at(run.start_step)  # the phase this run starts (or resumes) in

@@ -10,6 +10,9 @@ the step spent waiting for data), ``mem/peak_gib``, ``val/top1``, ``val/top5`` (
 as in metrics.jsonl), ``val/loss``. Non-finite values are not written: one inf grad norm would
 flatten the whole chart; the gap shows where they were, and metrics.jsonl has every step.
 
+The folder must resolve inside the workdir: a ``tb`` link planted in a handed-over workdir stops the
+run with one line rather than carrying the event files elsewhere.
+
 On resume the writer purges the events after the checkpoint's step, so TensorBoard shows one
 curve, not the rolled-back attempt overlaid on the resumed one.
 """
@@ -19,7 +22,9 @@ from __future__ import annotations
 import math
 import os
 
+from vitlarge.errors import UserError
 from vitlarge.events import EvalMetrics, Hook, RunInfo, StepMetrics
+from vitlarge.fileio import UnsafeFile, check_inside
 from vitlarge.report.metrics_log import TB_DIRNAME
 
 
@@ -27,12 +32,17 @@ class TensorBoardHook(Hook):
     """Writes the run's scalars with ``torch.utils.tensorboard.SummaryWriter``."""
 
     def __init__(self, workdir: str):
+        self.workdir = workdir
         self.logdir = os.path.join(workdir, TB_DIRNAME)
         self._writer = None
 
     def on_train_start(self, run: RunInfo) -> None:
         if not run.is_main:
             return
+        try:
+            check_inside(self.logdir, self.workdir)
+        except UnsafeFile as e:
+            raise UserError(f"{self.logdir}: {e.strerror}; remove the link and run again") from None
         from torch.utils.tensorboard import SummaryWriter  # lazy: heavy import, main rank only
 
         # purge_step makes TensorBoard drop earlier events at steps >= it, i.e. the steps a

@@ -1,7 +1,7 @@
 """A checkpoint's ``meta.json``, read as data from elsewhere: bounded, typed, and confined to its folder.
 
 Checkpoints are handed between people (a colleague's run, a shared workdir), so nothing in one is
-trusted: meta.json is read through `fileio.read_regular` (a regular file of at most `META_MAX_BYTES`,
+trusted: meta.json is read through `fileio.read_capped` (a regular file of at most `META_MAX_BYTES`,
 never a symlink, FIFO or device), then checked key by key before anything uses it (`problem_of`):
 types and ranges (a negative ``step``, a ``world_size`` of 10^11, ``files: []``), and every name it
 lists is a plain file name of a kind a checkpoint holds (`LISTED_NAME`: no ``/``, no ``..``), so every
@@ -48,13 +48,13 @@ def read(path: Path) -> tuple[dict | None, str | None]:
         return None, "does not exist"
     meta_file = path / "meta.json"
     try:
-        raw = fileio.read_regular(meta_file, META_MAX_BYTES)
+        raw = fileio.read_capped(meta_file, META_MAX_BYTES, follow=False)
     except FileNotFoundError:
         return None, "no meta.json"
+    except fileio.UnsafeFile as e:  # a link, FIFO or device, or past the cap: never read
+        return None, f"meta.json {e.strerror}"
     except OSError as e:
         return None, f"meta.json cannot be read ({e.strerror})"
-    except ValueError as e:
-        return None, f"meta.json {e}"
     try:
         meta = json.loads(raw)
     except RecursionError:

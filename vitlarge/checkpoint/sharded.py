@@ -255,13 +255,13 @@ def read_index(folder: Path, files: dict[str, dict] | None = None):
     if not isinstance(record, dict):
         raise IndexProblem(f"meta.json does not list {METADATA}")
     try:
-        raw = fileio.read_regular(folder / METADATA, min(INDEX_MAX_BYTES, record["bytes"]))
+        raw = fileio.read_capped(folder / METADATA, min(INDEX_MAX_BYTES, record["bytes"]), follow=False)
     except FileNotFoundError:
         raise IndexProblem(f"{METADATA} is missing") from None
+    except fileio.UnsafeFile as e:
+        raise IndexProblem(f"{METADATA} {e.strerror}") from None
     except OSError as e:
         raise IndexProblem(f"{METADATA} cannot be read ({e.strerror})") from None
-    except ValueError as e:
-        raise IndexProblem(f"{METADATA} {e}") from None
     try:
         metadata = _MetadataUnpickler(io.BytesIO(raw)).load()
     except pickle.UnpicklingError as e:

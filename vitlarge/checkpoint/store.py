@@ -332,9 +332,7 @@ def check_writable(workdir: str | Path, rank: int) -> None:
         probe = folder / f".write_test_{rank}"
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            probe.unlink(missing_ok=True)  # a planted link is removed, never followed
-            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
-            probe.unlink()
+            fileio.probe_writable(folder, probe.name)  # a planted link is removed, never followed
         except OSError as e:
             fix = (
                 "pass a writable --workdir"
@@ -367,9 +365,9 @@ def check_shared_probe(workdir: str | Path, token: str, wait_s: float = 5.0) -> 
     path, deadline = Path(workdir) / SHARED_PROBE, time.monotonic() + wait_s
     while True:
         try:
-            if fileio.read_regular(path, 64) == token.encode():  # a planted link or FIFO is never read
+            if fileio.read_capped(path, 64, follow=False) == token.encode():  # a planted link or FIFO: never read
                 return
-        except (OSError, ValueError):
+        except OSError:
             pass
         if time.monotonic() > deadline:
             raise UserError(

@@ -13,6 +13,12 @@ A data directory holds TFRecord shards ``<split>-NNNNN-of-MMMMM``, a DALI index
                                       "checksum": "crc32c:1a2b3c4d"}, ...]},
                 "validation": {...}}}
 
+Every name the manifest lists is a file of the data directory itself, resolving inside it: the
+data directory is where ``--data`` (``data.path``) resolves, so shards kept on another disk are
+reached by making the data directory itself (or ``--data``) a symbolic link to the folder holding
+them and ``dataset.json``, never by a link or path per shard leading out (docs/DATA.md). The schema
+and size cap are `vitlarge.data.manifest_schema`'s.
+
 Stored labels are ``label_offset + class index`` (TF ImageNet records reserve 0 for
 "background", so the offset is 1); loaders subtract the offset to yield 0..num_classes-1.
 
@@ -23,18 +29,21 @@ from __future__ import annotations
 
 import json
 import os
-import re
+import stat
 from dataclasses import asdict, dataclass, field
 
+from vitlarge.data import manifest_schema
+from vitlarge.data.manifest_schema import FORMAT, FORMAT_VERSION, MANIFEST_CAP, SPLITS, ManifestProblem  # noqa: F401 (re-exported: the constants live with the schema)
+from vitlarge.data.manifest_schema import SHARD_NAME_RE as SHARD_RE
 from vitlarge.errors import UserError
-from vitlarge.fileio import write_atomic
+from vitlarge.fileio import UnsafeFile, check_inside, open_regular, read_capped, write_atomic
 
 MANIFEST_NAME = "dataset.json"
-FORMAT = "vitlarge.tfrecord"
-FORMAT_VERSION = 1
-SPLITS = ("train", "validation")
-SHARD_RE = re.compile(r"^(train|validation)-(\d{5})-of-(\d{5})$")
 MAKE_INDEX_FIX = "python -m data_tools.make_index {dir}"
+CONVERT_CMD = "python -m data_tools.imagenet_to_tfrecord"
+DEMO_CMD = "python -m data_tools.make_demo_dataset {dir}"
+DEMO_DIRNAME = "digits"  # recipes/demo_digits.py's data.path is data/digits
+IMAGE_EXTENSIONS = (".jpeg", ".jpg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
 
 def shard_name(split: str, index: int, count: int) -> str:
@@ -142,42 +151,98 @@ class Manifest:
         return "{\n" + ",\n".join(parts) + "\n}\n"
 
 
-def load_manifest(data_dir: str) -> Manifest:
-    """Read and validate ``data_dir/dataset.json``; UserError naming it and the fix otherwise."""
-    path = os.path.join(data_dir, MANIFEST_NAME)
-    fix = (
-        "convert images with python -m data_tools.imagenet_to_tfrecord, or for existing shards run "
-        + MAKE_INDEX_FIX.format(dir=data_dir)
-    )
-    if not os.path.isdir(data_dir):
-        raise UserError(f"{data_dir}: data directory does not exist; {fix}")
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-    except FileNotFoundError:
-        raise UserError(f"{path}: missing; {fix}") from None
-    except (OSError, ValueError) as e:
-        raise UserError(f"{path}: unreadable or not JSON ({e}); {fix}") from None
-    try:
-        if doc.get("format") != FORMAT or doc.get("format_version") != FORMAT_VERSION:
-            raise ValueError(
-                f"format {doc.get('format')!r} version {doc.get('format_version')!r}, "
-                f"expected {FORMAT!r} version {FORMAT_VERSION}"
-            )
-        m = Manifest(
-            num_classes=int(doc["num_classes"]),
-            label_offset=int(doc["label_offset"]),
-            classes=[ClassInfo(**c) for c in doc.get("classes", [])],
-            splits={split: [ShardInfo(**s) for s in body["shards"]] for split, body in doc["splits"].items()},
-            skipped={split: int(body.get("skipped", 0)) for split, body in doc["splits"].items()},
-            tool=doc.get("tool", ""),
-            tool_version=doc.get("tool_version", ""),
-            data_dir=data_dir,
+def _image_folder_hint(data_dir: str) -> str | None:
+    """The fix when ``data_dir`` holds images rather than shards (an ImageFolder tree), else None.
+
+    Looks at a bounded number of names: the folder's, and those of up to 3 of its sub-folders (and
+    their sub-folders for a ROOT/train/<class>/ tree)."""
+
+    def names(d: str, limit: int = 200) -> list[os.DirEntry]:
+        try:
+            with os.scandir(d) as it:
+                return [e for _, e in zip(range(limit), it) if not e.name.startswith(".")]
+        except OSError:
+            return []
+
+    def has_images(entries) -> bool:
+        return any(e.name.lower().endswith(IMAGE_EXTENSIONS) and e.is_file() for e in entries)
+
+    def dirs(entries) -> list[os.DirEntry]:
+        return [e for e in entries if e.is_dir()][:3]
+
+    top = names(data_dir)
+    if any(SHARD_RE.match(e.name) for e in top):
+        return None
+    convert = f"{CONVERT_CMD} --src {{src}} --out {{src}}-tfrecord, then pass --data {{src}}-tfrecord"
+    split_dirs = [e for e in top if e.name in ("train", "val") and e.is_dir()]
+    if split_dirs and any(has_images(names(c.path)) for s in split_dirs for c in dirs(names(s.path))):
+        return "this is an image folder (ROOT/train/<class>/*): convert it with " + convert.format(src=data_dir)
+    if has_images(top) or any(has_images(names(c.path)) for c in dirs(top)):
+        parent = os.path.dirname(os.path.normpath(data_dir)) or "."
+        if os.path.basename(os.path.normpath(data_dir)) in ("train", "val"):
+            return f"this is an image folder, a split of ROOT={parent}: convert ROOT with " + convert.format(src=parent)
+        return (
+            "this is an image folder: arrange it as ROOT/train/<class>/* (and ROOT/val/...) and convert it with "
+            + convert.format(src="ROOT")
         )
-        if m.num_classes < 1:
-            raise ValueError(f"num_classes is {m.num_classes}")
-    except (KeyError, TypeError, ValueError) as e:
+    return None
+
+
+def _missing_fix(data_dir: str) -> str:
+    """What to do when ``data_dir`` or its manifest is missing: make the demo data, convert the images
+    found there, or (the general case) convert or index."""
+    if os.path.isdir(os.path.join(data_dir, ".progress")):  # data_tools' done-records: a conversion's output
+        return (
+            f"a conversion into {data_dir} did not finish (it writes {MANIFEST_NAME} last): rerun it with the same "
+            f"arguments ({CONVERT_CMD} ...); it keeps complete shards and redoes the rest"
+        )
+    if os.path.basename(os.path.normpath(data_dir)) == DEMO_DIRNAME:
+        return (
+            f"the demo's digits data set is made with {DEMO_CMD.format(dir=data_dir)} (a few seconds); for "
+            f"other images convert with {CONVERT_CMD}"
+        )
+    return _image_folder_hint(data_dir) or (
+        f"convert images with {CONVERT_CMD}, or for existing shards run {MAKE_INDEX_FIX.format(dir=data_dir)}"
+    )
+
+
+def load_manifest(data_dir: str) -> Manifest:
+    """Read and validate ``data_dir/dataset.json`` (`manifest_schema.parse`: types, ranges, bare names,
+    at most ``MANIFEST_CAP`` bytes read); UserError naming it, what is wrong and the fix otherwise."""
+    path = os.path.join(data_dir, MANIFEST_NAME)
+    if not os.path.isdir(data_dir):
+        raise UserError(f"{data_dir}: data directory does not exist; {_missing_fix(data_dir)}")
+    if not os.path.lexists(path):
+        raise UserError(f"{path}: missing; {_missing_fix(data_dir)}")
+    fix = f"re-convert, or run {MAKE_INDEX_FIX.format(dir=data_dir)} to write it again from the shards"
+    try:
+        check_inside(path, data_dir)
+        doc = manifest_schema.parse(read_capped(path, MANIFEST_CAP))
+    except UnsafeFile as e:
+        raise UserError(f"{path}: {e.strerror}; {fix}") from None
+    except OSError as e:
+        raise UserError(f"{path}: unreadable ({e.strerror or e}); {fix}") from None
+    except ManifestProblem as e:
         raise UserError(f"{path}: invalid manifest ({e}); {fix}") from None
+    return Manifest(
+        num_classes=doc["num_classes"],
+        label_offset=doc["label_offset"],
+        classes=[ClassInfo(**c) for c in doc["classes"]],
+        splits={split: [ShardInfo(**s) for s in shards] for split, shards in doc["splits"].items()},
+        skipped=doc["skipped"],
+        tool=doc["tool"],
+        tool_version=doc["tool_version"],
+        data_dir=data_dir,
+    )
+
+
+def validate_data_dir(data_dir: str) -> Manifest:
+    """Everything a loader checks before DALI opens a file, for every split the manifest lists:
+    `load_manifest` then `check_shards`. Returns the manifest or raises one-line UserError; reads
+    only ``dataset.json`` (capped), each index (streamed) and 8 bytes per shard, all inside ``data_dir``."""
+    m = load_manifest(data_dir)
+    for split in m.splits:
+        check_shards(m, split)
     return m
 
 
@@ -193,10 +258,11 @@ def check_shards(manifest: Manifest, split: str) -> list[tuple[str, str]]:
 
     The manifest must list one complete shard set for the split and the directory must hold no
     other shards of that split (a leftover set that a later ``make_index`` would merge in).
-    Per shard (a stat, the index file, and one 8-byte read): the shard exists and has the size the
-    manifest records (else truncated or replaced), its index exists, lists ``num_records`` records
-    and ends exactly at the end of the file (else stale), and the last record's length header
-    agrees with the index. Content checksums are not verified here (that reads every byte);
+    Per shard (an lstat, the index file streamed, and one 8-byte read): the shard and its index are
+    regular files of the data directory (a link only to a file inside it; never a FIFO or device),
+    the shard has the size the manifest records (else truncated or replaced), its index lists
+    ``num_records`` records tiling the file from 0 to its end (else stale), and the last record's
+    length header agrees with the index. Content checksums are not verified here (that reads every byte);
     ``make_index`` recomputes them.
     """
     d = manifest.data_dir
@@ -220,15 +286,18 @@ def check_shards(manifest: Manifest, split: str) -> list[tuple[str, str]]:
             f"{d}: holds {what}, but {MANIFEST_NAME} was built for {len(listed)} of them; delete the "
             f"set you do not use, then run {fix}"
         )
+    root = os.path.realpath(d)
     out = []
     for s in manifest.shards(split):
         shard, index = os.path.join(d, s.file), os.path.join(d, s.index)
         try:
-            size = os.path.getsize(shard)
-        except OSError:
+            size = confined_size(shard, root)
+        except FileNotFoundError:
             raise UserError(
                 f"{shard}: shard listed in {MANIFEST_NAME} is missing; restore it, or re-convert and rerun {fix}"
             ) from None
+        except OSError as e:
+            raise UserError(f"{shard}: {e.strerror}; {CONFINED_FIX}") from None
         if size < s.bytes:
             raise UserError(
                 f"{shard}: truncated TFRecord ({size} bytes, {MANIFEST_NAME} records {s.bytes}); "
@@ -240,26 +309,65 @@ def check_shards(manifest: Manifest, split: str) -> list[tuple[str, str]]:
                 f"expected {s.bytes}); run {fix}"
             )
         try:
-            with open(index) as f:
-                lines = f.read().split("\n")
-        except OSError:
+            confined_size(index, root)
+            with open_regular(index) as f:
+                tiles = _index_tiles(f, s.num_records, size)
+        except FileNotFoundError:
             raise UserError(f"{index}: missing DALI index for {shard}; run {fix}") from None
-        lines = [ln for ln in lines if ln.strip()]
-        stale = f"{index}: stale DALI index (does not match {shard}); run {fix}"
-        if len(lines) != s.num_records or not lines:
-            raise UserError(stale)
-        try:
-            last_off, last_size = (int(x) for x in lines[-1].split())
-        except ValueError:
-            raise UserError(stale) from None
-        if last_off + last_size != size or not _record_fits(shard, last_off, last_size):
-            raise UserError(stale)
+        except OSError as e:
+            raise UserError(f"{index}: {e.strerror}; {CONFINED_FIX}") from None
+        if tiles is None:
+            raise UserError(f"{index}: stale DALI index (does not match {shard}); run {fix}")
+        last_off, last_size = tiles
+        if not _record_fits(shard, last_off, last_size):
+            raise UserError(f"{index}: stale DALI index (does not match {shard}); run {fix}")
         out.append((shard, index))
     return out
 
 
+CONFINED_FIX = (
+    "a data folder holds its shards and indexes as regular files (links only to files inside it); to keep "
+    "shards on another disk, point --data at the folder there (or a link to that folder): see docs/DATA.md"
+)
+INDEX_LINE_MAX = 48  # "offset size\n" with two integers below 2**64, and some spaces
+
+
+def confined_size(path: str, root: str) -> int:
+    """Size of ``path`` if it is a regular file, or a link resolving to one inside ``root`` (the data
+    directory, resolved); `UnsafeFile` for a link leading out, a FIFO, a device, a folder."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        check_inside(path, root)
+        st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeFile(0, "is not a regular file", path)
+    return st.st_size
+
+
+def _index_tiles(f, num_records: int, size: int) -> tuple[int, int] | None:
+    """Streams a DALI index: (offset, size) of its last record if it has exactly ``num_records`` lines
+    ``offset size``, each record starting where the previous ended, the first at 0 and the last ending
+    at ``size``; None otherwise. Reads at most ``num_records + 1`` lines of ``INDEX_LINE_MAX`` bytes."""
+    end, count, last = 0, 0, None
+    while line := f.readline(INDEX_LINE_MAX):
+        if not line.strip():
+            continue
+        count += 1
+        parts = line.split()
+        if count > num_records or len(parts) != 2 or not line.endswith(b"\n") and len(line) == INDEX_LINE_MAX:
+            return None
+        try:
+            off, rec = int(parts[0]), int(parts[1])
+        except ValueError:
+            return None
+        if off != end or rec < 16:
+            return None
+        end, last = off + rec, (off, rec)
+    return last if count == num_records and end == size else None
+
+
 def _record_fits(path: str, offset: int, size: int) -> bool:
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         f.seek(offset)
         head = f.read(8)
     return len(head) == 8 and int.from_bytes(head, "little") + 16 == size

@@ -20,7 +20,7 @@ from collections import deque
 from pathlib import Path
 
 from vitlarge.errors import UserError, cli_main
-from vitlarge.fileio import write_atomic
+from vitlarge.fileio import UnsafeFile, write_atomic
 from vitlarge.report.metrics_log import FILENAME, PLOT_FILENAME, read_metrics
 
 
@@ -135,12 +135,17 @@ def plot_run(workdir: str | Path, out: str | Path | None = None) -> Path:
     )
     fig.tight_layout()
 
-    out = Path(out) if out else workdir / PLOT_FILENAME
     png = io.BytesIO()
     fig.savefig(png, dpi=110, format="png")
     plt.close(fig)
-    write_atomic(out, png.getvalue())
-    return out
+    # The default picture stays inside the workdir (a planted metrics.png link is replaced, not written
+    # through: write_atomic); an --out the user names may be anywhere.
+    target, root = (Path(out), None) if out else (workdir / PLOT_FILENAME, workdir)
+    try:
+        write_atomic(target, png.getvalue(), root=root)
+    except UnsafeFile as e:
+        raise UserError(f"{e.filename}: {e.strerror}; remove it and draw again") from None
+    return target
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -228,7 +230,7 @@ def test_make_index_for_shards_without_index(converted, tmp_path):
 def test_make_index_num_classes_option(converted, tmp_path):
     for n in os.listdir(converted):
         if n.startswith("validation-") and not n.endswith(".idx"):
-            os.symlink(os.path.join(converted, n), tmp_path / n)
+            os.link(os.path.join(converted, n), tmp_path / n)  # a copy: a link out of the folder is refused
     m = make_index.make_index(str(tmp_path), num_classes=1000)
     assert m.num_classes == 1000 and "train" not in m.splits
 
@@ -294,8 +296,8 @@ def test_make_index_refuses_mixed_sets_and_missing_shards(converted, tmp_path):
     os.makedirs(d)
     for n in os.listdir(converted):
         if n.startswith("train-") and not n.endswith(".idx"):
-            os.symlink(os.path.join(converted, n), d / n)
-    os.symlink(os.path.join(converted, "train-00000-of-00003"), d / "train-00000-of-00001")
+            os.link(os.path.join(converted, n), d / n)
+    os.link(os.path.join(converted, "train-00000-of-00003"), d / "train-00000-of-00001")
     r = subprocess.run(
         [sys.executable, "-m", "data_tools.make_index", str(d)], cwd=REPO, capture_output=True, text=True, timeout=120
     )
@@ -308,3 +310,94 @@ def test_make_index_refuses_mixed_sets_and_missing_shards(converted, tmp_path):
     with pytest.raises(make_index.UserError, match="train-\\*-of-00003 set lacks train-00001-of-00003; restore"):
         make_index.make_index(str(d))
     assert not [n for n in os.listdir(d) if n.endswith((".idx", ".json"))]  # nothing written
+
+
+# --- a re-conversion that stops part-way (issue 36 item 1) ---------------------------------------
+
+
+def distinct_images(out: str) -> tuple[int, int]:
+    """(records, distinct (class, file name) pairs) over the train shards dataset.json lists."""
+    recs = read_split(out, "train")
+    return len(recs), len({(bytes(r["image/class/synset"]), bytes(r["image/filename"])) for r in recs})
+
+
+def test_a_failed_reconversion_never_leaves_a_manifest_that_disagrees_with_the_shards(tiny_imagefolder, tmp_path):
+    from data_tools import imagefolder
+    from tests.helpers.data_fixtures import copy_imagefolder, corrupt_jpeg_bytes
+    from vitlarge.data.manifest import validate_data_dir
+    from vitlarge.errors import UserError
+
+    src = copy_imagefolder(tiny_imagefolder, str(tmp_path / "src"))
+    out = str(tmp_path / "out")
+    imagenet_to_tfrecord.convert(src, out, train_shards=3, val_shards=1, workers=0, progress=False)
+    # New images for the second conversion (every train shard changes), and a bad JPEG placed in the last
+    # shard of the new plan: shards 0 and 1 are replaced before the conversion stops.
+    for synset in SYNSETS:
+        d = os.path.join(src, "train", synset)
+        first = sorted(os.listdir(d))[-1]
+        with open(os.path.join(d, first), "rb") as f, open(os.path.join(d, "new_" + first), "wb") as g:
+            g.write(f.read())
+    for i in range(3 * 26):  # names that sort to other places shuffle to other shards
+        bad = os.path.join(src, "train", SYNSETS[i % 3], f"{chr(ord('a') + i // 3)}_bad.JPEG")
+        with open(bad, "wb") as f:
+            f.write(corrupt_jpeg_bytes())
+        _, splits = imagefolder.discover(src, None, 1)
+        plan = imagenet_to_tfrecord.plan_shards(splits["train"], 3, "train", 0)
+        if any(it.path == bad for it in plan[2][1]):
+            break
+        os.remove(bad)
+    with pytest.raises(UserError, match="unreadable image"):
+        imagenet_to_tfrecord.convert(src, out, train_shards=3, val_shards=1, workers=0, progress=False)
+    if os.path.exists(os.path.join(out, "dataset.json")):  # a manifest left behind must describe the shards
+        validate_data_dir(out)
+        assert distinct_images(out)[0] == distinct_images(out)[1]
+    with pytest.raises(UserError) as e:  # what the loader says
+        validate_data_dir(out)
+    assert str(e.value) == (
+        f"{out}/dataset.json: missing; a conversion into {out} did not finish (it writes dataset.json last): rerun "
+        "it with the same arguments (python -m data_tools.imagenet_to_tfrecord ...); it keeps complete shards and "
+        "redoes the rest"
+    )
+    # What the loader's message advises (make_index) refuses the mixture, naming both conversions.
+    with pytest.raises(UserError) as e:
+        make_index.make_index(out)
+    msg = str(e.value)
+    assert msg.startswith(f"{out}: holds shards of 2 conversions under one set of names: ") and "\n" not in msg
+    assert len(set(re.findall(rf"of conversion ([0-9a-f]{{12}}) from {re.escape(src)} \(train-", msg))) == 2, msg
+    assert "rerun the conversion you want" in msg
+    assert not os.path.exists(os.path.join(out, "dataset.json"))
+    os.remove(bad)  # the fix: the rerun resumes and finishes the new conversion
+    imagenet_to_tfrecord.convert(src, out, train_shards=3, val_shards=1, workers=0, progress=False)
+    assert distinct_images(out) == (3 * TINY_TRAIN_PER_CLASS + 3,) * 2
+    assert make_index.make_index(out).num_examples("train") == 3 * TINY_TRAIN_PER_CLASS + 3
+
+
+# --- Ctrl-C (issue 36 item 9) ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_ctrl_c_during_conversion_is_one_line_and_the_rerun_resumes(tiny_imagefolder, tmp_path, workers):
+    out = tmp_path / "out"
+    args = ["--src", tiny_imagefolder, "--out", str(out), "--train-shards", "3", "--val-shards", "2"]
+    args += ["--workers", workers, "--no-progress"]
+    r = subprocess.run(
+        [sys.executable, "-m", "tests.helpers.kill_convert", "train-00001-of-00003:2:int", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        start_new_session=True,  # its own process group: the SIGINT reaches the converter and its workers only
+    )
+    assert r.returncode == -signal.SIGINT and "Traceback" not in r.stderr, r.stderr  # a shell shows 130
+    last = r.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(
+        rf"interrupted: (\d) of the 5 shards to write were written \((\d) of 5 complete in {re.escape(str(out))}\); "
+        r"run the same command again to resume \(complete shards are kept\)",
+        last,
+    ), last
+    assert not (out / "dataset.json").exists() and not [n for n in os.listdir(out) if n.endswith(".tmp")]
+    r = subprocess.run(
+        [sys.executable, "-m", "data_tools.imagenet_to_tfrecord", *args], cwd=REPO, capture_output=True, text=True
+    )
+    assert r.returncode == 0 and "complete shards kept" in r.stderr, r.stderr
+    assert load_manifest(str(out)).num_examples("train") == 3 * TINY_TRAIN_PER_CLASS

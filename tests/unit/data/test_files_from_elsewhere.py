@@ -1,0 +1,457 @@
+"""Data folders are files from elsewhere (issue 30): every name dataset.json lists stays inside the folder and is
+a regular file; writes never follow a planted link; every read is bounded; every malformed file is one line.
+
+Each case crafts the file a hostile or broken source would hand over and goes through the real reader
+(`load_manifest`, `check_shards` as the loaders call it, `make_index`, the converter)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import resource
+import shutil
+import stat
+import struct
+import subprocess
+import sys
+import tracemalloc
+import zlib
+
+import pytest
+from PIL import Image
+
+from data_tools import imagefolder, imagenet_to_tfrecord, make_index, tfrecord_io
+from tests.helpers import ROOT
+from tests.helpers.data_fixtures import SYNSETS, copy_imagefolder
+from vitlarge.data.manifest import MANIFEST_CAP, check_shards, load_manifest, validate_data_dir
+from vitlarge.errors import UserError
+
+REPO = str(ROOT)
+FIX = "a data folder holds its shards and indexes as regular files"
+
+
+def run_module(module: str, *args: str, preexec_fn=None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=preexec_fn,
+    )
+
+
+@pytest.fixture(scope="module")
+def converted(tiny_imagefolder, tmp_path_factory) -> str:
+    out = str(tmp_path_factory.mktemp("elsewhere_converted"))
+    imagenet_to_tfrecord.convert(tiny_imagefolder, out, train_shards=3, val_shards=2, workers=0, progress=False)
+    return out
+
+
+@pytest.fixture
+def data(converted, tmp_path):
+    dst = tmp_path / "data"
+    shutil.copytree(converted, dst)
+    return dst
+
+
+@pytest.fixture
+def victim(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    v = outside / "victim"
+    v.write_bytes(b"precious")
+    return v
+
+
+def edit_manifest(data, fn) -> str:
+    path = data / "dataset.json"
+    doc = json.loads(path.read_text())
+    fn(doc)
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def one_line(e: pytest.ExceptionInfo) -> str:
+    msg = str(e.value)
+    assert "\n" not in msg and "Traceback" not in msg
+    return msg
+
+
+# --- A. confined reads --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("file", "/etc/hostname"),
+        ("file", "../elsewhere/train-00000-of-00003"),
+        ("file", "sub/train-00000-of-00003"),
+        ("index", "/dev/zero"),
+        ("index", "../../etc/hostname"),
+    ],
+)
+def test_manifest_names_outside_the_folder_are_refused(data, key, value):
+    path = edit_manifest(data, lambda d: d["splits"]["train"]["shards"][0].update({key: value}))
+    with pytest.raises(UserError) as e:
+        validate_data_dir(str(data))
+    assert one_line(e).startswith(
+        f"{path}: invalid manifest (splits.train.shards[0].{key} is {value!r}, expected a file name inside the "
+        "data folder (no '/', no '..', not hidden)); re-convert, or run python -m data_tools.make_index"
+    )
+
+
+def test_a_shard_linked_outside_the_folder_is_refused(data, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shard = data / "train-00001-of-00003"
+    shutil.move(shard, elsewhere / shard.name)
+    os.symlink(elsewhere / shard.name, shard)
+    with pytest.raises(UserError) as e:
+        check_shards(load_manifest(str(data)), "train")
+    assert one_line(e) == (
+        f"{shard}: leads outside {data} (to {elsewhere / shard.name}); vitlarge reads and writes only inside it; "
+        f"{FIX} (links only to files inside it); to keep shards on another disk, point --data at the folder there "
+        "(or a link to that folder): see docs/DATA.md"
+    )
+
+
+def test_an_index_that_is_a_fifo_is_refused_without_blocking(data):
+    index = data / "validation-00001-of-00002.idx"
+    index.unlink()
+    os.mkfifo(index)
+    with pytest.raises(UserError) as e:
+        check_shards(load_manifest(str(data)), "validation")
+    assert one_line(e).startswith(f"{index}: is not a regular file; {FIX}")
+
+
+def test_an_index_that_is_a_device_is_refused(data):
+    index = data / "train-00000-of-00003.idx"
+    index.unlink()
+    try:
+        os.mknod(index, stat.S_IFCHR | 0o666, os.makedev(1, 5))  # what /dev/zero is
+    except PermissionError:
+        pytest.skip("mknod needs root here")
+    with pytest.raises(UserError) as e:
+        check_shards(load_manifest(str(data)), "train")
+    assert one_line(e).startswith(f"{index}: is not a regular file; {FIX}")
+
+
+def test_the_documented_ways_to_keep_shards_elsewhere_work(converted, tmp_path):
+    """--data may be a link to the folder; links inside the folder to files inside it are followed."""
+    real = tmp_path / "disk2" / "imagenet-tfr"
+    shutil.copytree(converted, real)
+    os.symlink(real, tmp_path / "data")
+    validate_data_dir(str(tmp_path / "data"))
+    os.mkdir(real / "shards")
+    shutil.move(real / "train-00000-of-00003", real / "shards" / "train-00000-of-00003")
+    os.symlink("shards/train-00000-of-00003", real / "train-00000-of-00003")
+    assert validate_data_dir(str(tmp_path / "data")).num_examples("train") == 18
+
+
+# --- B. confined writes: make_index and the converter with planted links ----------------------
+
+
+def test_make_index_replaces_planted_links_and_never_writes_through_them(data, victim):
+    others = [victim.parent / f"v{i}" for i in range(4)]
+    for v in others:
+        v.write_bytes(b"precious")
+    (data / "dataset.json").unlink()
+    (data / "train-00000-of-00003.idx").unlink()
+    os.symlink(others[0], data / "dataset.json")
+    os.symlink(others[1], data / "dataset.json.tmp")
+    os.symlink(others[2], data / "train-00000-of-00003.idx")
+    os.symlink(others[3], data / "train-00001-of-00003.idx.tmp")
+    shutil.rmtree(data / ".progress")  # shards as from elsewhere
+    make_index.make_index(str(data))
+    assert all(v.read_bytes() == b"precious" for v in others)
+    for name in ("dataset.json", "train-00000-of-00003.idx", "train-00001-of-00003.idx"):
+        assert stat.S_ISREG(os.lstat(data / name).st_mode)
+    assert not [n for n in os.listdir(data) if n.endswith(".tmp")]
+    validate_data_dir(str(data))
+
+
+def test_shard_writer_removes_a_link_planted_as_its_tmp(tmp_path, victim):
+    path = tmp_path / "train-00000-of-00001"
+    os.symlink(victim, str(path) + ".tmp")
+    os.symlink(victim, str(path) + ".idx.tmp")
+    with tfrecord_io.ShardWriter(str(path)) as w:
+        w.write(tfrecord_io.encode_example({"image/class/label": (1, "int")}))
+        w.commit()
+    assert victim.read_bytes() == b"precious"
+    assert stat.S_ISREG(os.lstat(path).st_mode) and stat.S_ISREG(os.lstat(str(path) + ".idx").st_mode)
+
+
+def test_converter_refuses_a_progress_folder_linked_outside(tiny_imagefolder, tmp_path, victim, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    os.symlink(victim.parent, out / ".progress")
+    rc = imagenet_to_tfrecord.main(
+        ["--src", tiny_imagefolder, "--out", str(out), "--workers", "0", "--no-progress", "--train-shards", "2"]
+    )
+    assert rc == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: {out / '.progress'}: leads outside {out} (to {victim.parent}); vitlarge reads and writes only "
+        "inside it; remove it, or choose another --out"
+    )
+    assert os.listdir(victim.parent) == ["victim"] and os.listdir(out) == [".progress"]
+
+
+def test_converter_replaces_links_planted_under_its_final_names(tiny_imagefolder, tmp_path, victim):
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("dataset.json", "train-00000-of-00002", "train-00000-of-00002.idx", "skipped.txt"):
+        os.symlink(victim, out / name)
+    imagenet_to_tfrecord.convert(tiny_imagefolder, str(out), train_shards=2, val_shards=1, workers=0, progress=False)
+    assert victim.read_bytes() == b"precious"
+    assert all(stat.S_ISREG(os.lstat(out / n).st_mode) for n in os.listdir(out) if n != ".progress")
+    validate_data_dir(str(out))
+
+
+# --- C. bounded reads ---------------------------------------------------------------------------
+
+
+def test_manifest_over_the_size_cap_is_one_line_naming_the_cap(data):
+    path = data / "dataset.json"
+    with open(path, "r+b") as f:
+        f.truncate(MANIFEST_CAP + 1)
+    with pytest.raises(UserError) as e:
+        load_manifest(str(data))
+    assert one_line(e).startswith(f"{path}: is larger than the 16,777,216-byte cap for this file; re-convert")
+
+
+def test_index_is_streamed_not_read_whole(data):
+    index = data / "train-00000-of-00003.idx"
+    with open(index, "r+b") as f:
+        f.truncate(256 << 20)  # 256 MB of zeros after the real lines: one f.read() would hold it all
+    tracemalloc.start()
+    try:
+        with pytest.raises(UserError, match="stale DALI index"):
+            check_shards(load_manifest(str(data)), "train")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20
+
+
+def test_make_index_refuses_a_fifo_named_like_a_shard(data):
+    shutil.rmtree(data / ".progress")
+    shard = data / "train-00002-of-00003"
+    shard.unlink()
+    os.mkfifo(shard)  # opening it for reading would wait for a writer forever
+    r = run_module("data_tools.make_index", str(data), "--workers", "1")
+    assert r.returncode == 2 and r.stderr.strip() == f"error: {shard}: is not a regular file; {FIX} " + (
+        "(links only to files inside it); to keep shards on another disk, point --data at the folder there "
+        "(or a link to that folder): see docs/DATA.md"
+    )
+
+
+def png_header_only(width: int, height: int) -> bytes:
+    """A PNG that declares ``width`` x ``height`` RGB pixels in its header and holds almost no data."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    idat = zlib.compress(b"\x00" * 4096)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
+def jpeg_header_only(width: int, height: int) -> bytes:
+    """A baseline JPEG whose frame header declares ``width`` x ``height``, ending in the end marker."""
+    buf = io.BytesIO()
+    Image.new("RGB", (16, 16), (1, 2, 3)).save(buf, "JPEG")
+    data = bytearray(buf.getvalue())
+    sof = data.index(b"\xff\xc0")
+    data[sof + 5 : sof + 9] = struct.pack(">HH", height, width)
+    return bytes(data)
+
+
+def _limit_memory():
+    resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))  # a 40000x40000 RGB image needs 4.8 GB
+
+
+def test_a_decompression_bomb_is_skipped_with_the_limit_named_and_no_gigabytes(tiny_imagefolder, tmp_path):
+    src = copy_imagefolder(tiny_imagefolder, str(tmp_path / "src"))
+    bomb = os.path.join(src, "train", SYNSETS[0], "zz_bomb.png")
+    with open(bomb, "wb") as f:
+        f.write(png_header_only(40000, 40000))
+    r = run_module(
+        "data_tools.imagenet_to_tfrecord",
+        *("--src", src, "--out", str(tmp_path / "out"), "--train-shards", "3", "--val-shards", "1"),
+        *("--workers", "0", "--no-progress", "--skip-bad"),
+        preexec_fn=_limit_memory,
+    )
+    assert r.returncode == 0, r.stderr
+    assert (
+        f"skipped {bomb}: 1,600,000,000 pixels, more than --max-image-pixels 89,478,485 (a decompression-bomb "
+        "guard; raise --max-image-pixels if you trust it)" in r.stderr
+    )
+
+
+def test_the_pixel_limit_is_checked_from_a_jpeg_header_and_can_be_raised(tmp_path):
+    big = tmp_path / "big.jpg"
+    big.write_bytes(jpeg_header_only(40000, 40000))
+    with pytest.raises(imagefolder.BadImage) as e:
+        imagefolder.prepare_image(str(big))
+    assert e.value.args[1] == (
+        "40000 x 40000 = 1,600,000,000 pixels, more than --max-image-pixels 89,478,485 (a decompression-bomb "
+        "guard; raise --max-image-pixels if you trust it)"
+    )
+    small = tmp_path / "small.png"
+    Image.new("RGB", (120, 100)).save(small)
+    with pytest.raises(imagefolder.BadImage) as e:
+        imagefolder.prepare_image(str(small), max_pixels=11999)
+    assert e.value.args[1].startswith("120 x 100 = 12,000 pixels, more than --max-image-pixels 11,999 ")
+    assert imagefolder.prepare_image(str(small), max_pixels=12000)[1:3] == (100, 120)
+
+
+# --- D. one line for every malformed manifest and shard ----------------------------------------
+
+
+def _nest(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+MALFORMED = {
+    "shards empty": (
+        lambda d: d["splits"]["train"].update(shards=[]),
+        "splits.train.shards is [], expected a list of 1..99999 entries",
+    ),
+    "num_classes text": (
+        lambda d: d.update(num_classes="abc"),
+        "num_classes is 'abc', expected an integer 1..10000000",
+    ),
+    "num_classes bool": (lambda d: d.update(num_classes=True), "num_classes is True, expected an integer"),
+    "num_classes huge": (lambda d: d.update(num_classes=10**12), "num_classes is 1000000000000, expected an integer"),
+    "splits a list": (lambda d: d.update(splits=[]), "splits is [], expected an object"),
+    "document a list": (None, "the document is [1], expected an object"),
+    "shard not an object": (
+        lambda d: d["splits"]["train"]["shards"].__setitem__(0, 7),
+        "splits.train.shards[0] is 7, expected an object",
+    ),
+    "records text": (
+        lambda d: d["splits"]["train"]["shards"][0].update(num_records="12"),
+        "splits.train.shards[0].num_records is '12', expected an integer 1..1099511627776",
+    ),
+    "records huge": (
+        lambda d: d["splits"]["train"]["shards"][0].update(num_records=10**15),
+        "splits.train.shards[0].num_records is 1000000000000000, expected an integer 1..1099511627776",
+    ),
+    "bytes negative": (
+        lambda d: d["splits"]["train"]["shards"][0].update(bytes=-1),
+        "splits.train.shards[0].bytes is -1",
+    ),
+    "checksum junk": (
+        lambda d: d["splits"]["train"]["shards"][0].update(checksum=[1]),
+        "splits.train.shards[0].checksum is [1], expected null or 'crc32c:' and 8 hex digits",
+    ),
+    "shard listed twice": (
+        lambda d: d["splits"]["train"]["shards"].append(d["splits"]["train"]["shards"][0]),
+        "splits.train.shards lists train-00000-of-00003 twice",
+    ),
+    "shard of another split": (
+        lambda d: d["splits"]["validation"]["shards"].append(d["splits"]["train"]["shards"][0]),
+        "splits.validation.shards[2].file is 'train-00000-of-00003', expected a validation shard name",
+    ),
+    "unknown split": (lambda d: d["splits"].update(test={}), "splits.test is not a manifest key"),
+    "class entry junk": (
+        lambda d: d["classes"].__setitem__(0, {"label": "1", "synset": "x"}),
+        "classes[0].label is '1'",
+    ),
+    "deep nesting": ("deep", "nested too deeply to be a manifest"),
+    "nesting in a string field": (lambda d: d.update(tool=[[[[["x"]]]]]), "tool is [[[[['x']]]]], expected a string"),
+    "not utf-8": (b"\xff\xfe\x00{", "not JSON ("),
+    "huge integer literal": (b'{"num_classes": ' + b"9" * 5000 + b"}", "not JSON ("),
+    "NaN": (lambda d: d.update(label_offset=float("nan")), "label_offset is nan, expected an integer"),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_malformed_manifest_is_one_line(data, case):
+    change, words = MALFORMED[case]
+    path = data / "dataset.json"
+    if change is None:
+        path.write_text("[1]")
+    elif change == "deep":
+        path.write_text('{"format": "vitlarge.tfrecord", "x": ' + _nest(200_000) + "}")
+    elif isinstance(change, bytes):
+        path.write_bytes(change)
+    else:
+        edit_manifest(data, change)
+    with pytest.raises(UserError) as e:
+        load_manifest(str(data))
+    msg = one_line(e)
+    assert msg.startswith(f"{path}: invalid manifest (") and words in msg, msg
+    assert msg.endswith(f"re-convert, or run python -m data_tools.make_index {data} to write it again from the shards")
+
+
+def _shard_of(tmp_path, payloads: list[bytes]) -> str:
+    d = tmp_path / "tf"
+    d.mkdir()
+    with tfrecord_io.ShardWriter(str(d / "train-00000-of-00001")) as w:
+        for p in payloads:
+            w.write(p)
+        w.commit()
+    os.remove(d / "train-00000-of-00001.idx")
+    return str(d)
+
+
+def test_make_index_names_a_record_that_is_not_an_example(tmp_path):
+    good = tfrecord_io.encode_example({"image/class/label": (1, "int")})
+    d = _shard_of(tmp_path, [good, b"\xff\xff\xff\xff junk, not protobuf", good])
+    r = run_module("data_tools.make_index", d)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    shard = os.path.join(d, "train-00000-of-00001")
+    offset = len(tfrecord_io.frame(good))
+    assert r.stderr.strip().startswith(
+        f"error: {shard}: the record at byte {offset} is not a tf.train.Example with an image and an integer label (DecodeError: "
+    ) and r.stderr.strip().endswith("; re-convert this shard or remove its set")
+    assert not os.path.exists(os.path.join(d, "dataset.json"))
+
+
+@pytest.mark.parametrize(
+    "payload,words", [(None, "holds no records"), ("nolabel", "record without 'image/class/label'")]
+)
+def test_make_index_names_an_empty_shard_or_one_without_labels(tmp_path, payload, words):
+    if payload is None:
+        d = tmp_path / "tf"
+        d.mkdir()
+        (d / "train-00000-of-00001").write_bytes(b"")
+        d = str(d)
+    else:
+        d = _shard_of(tmp_path, [tfrecord_io.encode_example({"image/class/label": ([], "int")})])
+    with pytest.raises(UserError) as e:
+        make_index.make_index(d)
+    assert one_line(e).startswith(f"{os.path.join(d, 'train-00000-of-00001')}: ") and words in str(e.value)
+
+
+# --- G. the fix a user needs when --data is not a data set yet ---------------------------------
+
+
+def test_data_pointing_at_an_image_tree_says_convert_it(tiny_imagefolder):
+    with pytest.raises(UserError) as e:
+        load_manifest(tiny_imagefolder)
+    assert one_line(e) == (
+        f"{tiny_imagefolder}/dataset.json: missing; this is an image folder (ROOT/train/<class>/*): convert it with "
+        f"python -m data_tools.imagenet_to_tfrecord --src {tiny_imagefolder} --out {tiny_imagefolder}-tfrecord, "
+        f"then pass --data {tiny_imagefolder}-tfrecord"
+    )
+    train = os.path.join(tiny_imagefolder, "train")
+    with pytest.raises(UserError) as e:
+        load_manifest(train)
+    assert one_line(e).startswith(
+        f"{train}/dataset.json: missing; this is an image folder, a split of ROOT={tiny_imagefolder}: convert ROOT "
+        f"with python -m data_tools.imagenet_to_tfrecord --src {tiny_imagefolder} "
+    )
+
+
+def test_missing_demo_data_suggests_the_demo_maker(tmp_path):
+    with pytest.raises(UserError) as e:
+        load_manifest(str(tmp_path / "data" / "digits"))
+    assert one_line(e) == (
+        f"{tmp_path / 'data' / 'digits'}: data directory does not exist; the demo's digits data set is made with "
+        f"python -m data_tools.make_demo_dataset {tmp_path / 'data' / 'digits'} (a few seconds); for other images "
+        "convert with python -m data_tools.imagenet_to_tfrecord"
+    )

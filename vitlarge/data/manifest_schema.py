@@ -1,0 +1,167 @@
+"""The schema of ``dataset.json``: every value's type and range, checked before anything uses it.
+
+A manifest comes from elsewhere (a converter nobody here wrote, a copied data folder), so it is
+data, parsed and bounded: `parse` takes the file's bytes (already read with a size cap) and returns
+the document with every field checked, or raises `ManifestProblem` whose text says which field is
+wrong and why, in one line (``splits.train.shards[3].num_records is 'abc', expected an integer
+1..1099511627776``). Names it lists are bare file names: a shard can only be a file of the data
+folder itself (see `vitlarge.data.manifest.check_shards` for links).
+
+Limits: ``MANIFEST_CAP`` bytes (ImageNet's manifest is ~300 KB), shard names of five digits
+(``-of-99999`` at most), ``MAX_CLASSES`` classes, ``MAX_RECORDS`` records per shard.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+FORMAT = "vitlarge.tfrecord"
+FORMAT_VERSION = 1
+SPLITS = ("train", "validation")
+MANIFEST_CAP = 16 << 20  # bytes: 50x ImageNet-1k's manifest, 10x ImageNet-21k's
+MAX_CLASSES = 10_000_000
+MAX_RECORDS = 1 << 40  # per shard; a record is at least 16 bytes, so also bounded by the shard's size
+MAX_BYTES = 1 << 50  # per shard
+MAX_LABEL = 1 << 31  # |label_offset| and |stored label|: TFRecord int64 labels in any practical data set
+SHARD_NAME_RE = re.compile(r"^(train|validation)-(\d{5})-of-(\d{5})$")
+CHECKSUM_RE = re.compile(r"^crc32c:[0-9a-f]{8}$")
+_BARE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")  # no separator, no "..", no leading dot
+
+
+class ManifestProblem(ValueError):
+    """What is wrong with a manifest document, in one line (without the file's name)."""
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _int(doc: dict, key: str, where: str, lo: int, hi: int, default: int | None = None) -> int:
+    if key not in doc:
+        if default is None:
+            raise ManifestProblem(f"{where}{key} is missing")
+        return default
+    v = doc[key]
+    if type(v) is not int or not lo <= v <= hi:  # bool is an int subclass: refused too
+        raise ManifestProblem(f"{where}{key} is {_show(v)}, expected an integer {lo}..{hi}")
+    return v
+
+
+def _str(doc: dict, key: str, where: str, default: str | None = None, max_len: int = 4096) -> str:
+    if key not in doc:
+        if default is None:
+            raise ManifestProblem(f"{where}{key} is missing")
+        return default
+    v = doc[key]
+    if not isinstance(v, str) or len(v) > max_len:
+        raise ManifestProblem(f"{where}{key} is {_show(v)}, expected a string of at most {max_len} characters")
+    return v
+
+
+def _dict(v, where: str, allowed: set[str]) -> dict:
+    if not isinstance(v, dict):
+        raise ManifestProblem(f"{where or 'the document'} is {_show(v)}, expected an object")
+    unknown = sorted(set(v) - allowed)
+    if unknown:
+        raise ManifestProblem(f"{where}{'.' if where else ''}{unknown[0]} is not a manifest key")
+    return v
+
+
+def _list(v, where: str, lo: int, hi: int) -> list:
+    if not isinstance(v, list) or not lo <= len(v) <= hi:
+        raise ManifestProblem(f"{where} is {_show(v)}, expected a list of {lo}..{hi} entries")
+    return v
+
+
+def _bare(name: str, where: str) -> str:
+    if not _BARE_NAME_RE.match(name) or ".." in name:
+        raise ManifestProblem(
+            f"{where} is {_show(name)}, expected a file name inside the data folder (no '/', no '..', not hidden)"
+        )
+    return name
+
+
+def _shard(s, where: str, split: str) -> dict:
+    s = _dict(s, where, {"file", "index", "num_records", "bytes", "checksum"})
+    where += "."
+    file = _bare(_str(s, "file", where, max_len=255), where + "file")
+    m = SHARD_NAME_RE.match(file)
+    if not m or m.group(1) != split:
+        raise ManifestProblem(
+            f"{where}file is {_show(file)}, expected a {split} shard name like {split}-00000-of-00001"
+        )
+    index = _bare(_str(s, "index", where, max_len=255), where + "index")
+    if index == file:
+        raise ManifestProblem(f"{where}index is the shard itself ({file}), expected its DALI index, e.g. {file}.idx")
+    n = _int(s, "num_records", where, 1, MAX_RECORDS)
+    size = _int(s, "bytes", where, 16 * n, MAX_BYTES)
+    checksum = s.get("checksum")
+    if checksum is not None and not (isinstance(checksum, str) and CHECKSUM_RE.match(checksum)):
+        raise ManifestProblem(f"{where}checksum is {_show(checksum)}, expected null or 'crc32c:' and 8 hex digits")
+    return {"file": file, "index": index, "num_records": n, "bytes": size, "checksum": checksum}
+
+
+def parse(data: bytes) -> dict:
+    """The checked document of a manifest's bytes: ``format``/``format_version`` match, ``num_classes``,
+    ``label_offset``, ``classes`` (label, synset, text), ``splits`` (train/validation, each with 1..99999
+    shards of bare, distinct names). `ManifestProblem` for anything else, including JSON errors and
+    nesting too deep for the parser."""
+    try:
+        doc = json.loads(data)
+    except RecursionError:
+        raise ManifestProblem("nested too deeply to be a manifest") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
+        raise ManifestProblem(f"not JSON ({e})") from None
+    doc = _dict(
+        doc,
+        "",
+        {"format", "format_version", "tool", "tool_version", "num_classes", "label_offset", "classes", "splits"},
+    )
+    if doc.get("format") != FORMAT or doc.get("format_version") != FORMAT_VERSION:
+        raise ManifestProblem(
+            f"format {_show(doc.get('format'))} version {_show(doc.get('format_version'))}, "
+            f"expected {FORMAT!r} version {FORMAT_VERSION}"
+        )
+    out = {
+        "tool": _str(doc, "tool", "", default=""),
+        "tool_version": _str(doc, "tool_version", "", default=""),
+        "num_classes": _int(doc, "num_classes", "", 1, MAX_CLASSES),
+        "label_offset": _int(doc, "label_offset", "", -MAX_LABEL, MAX_LABEL),
+    }
+    classes = []
+    for i, c in enumerate(_list(doc.get("classes", []), "classes", 0, MAX_CLASSES)):
+        where = f"classes[{i}]"
+        c = _dict(c, where, {"label", "synset", "text"})
+        classes.append(
+            {
+                "label": _int(c, "label", where + ".", -MAX_LABEL, MAX_LABEL),
+                "synset": _str(c, "synset", where + ".", max_len=1024),
+                "text": _str(c, "text", where + ".", default="", max_len=4096),
+            }
+        )
+    out["classes"] = classes
+    splits_doc = _dict(doc.get("splits"), "splits", set(SPLITS))
+    if not splits_doc:
+        raise ManifestProblem("splits is empty, expected 'train' and/or 'validation'")
+    splits, skipped = {}, {}
+    for split, body in splits_doc.items():
+        where = f"splits.{split}"
+        body = _dict(body, where, {"num_examples", "skipped", "shards"})
+        if "shards" not in body:
+            raise ManifestProblem(f"{where}.shards is missing")
+        shards = [
+            _shard(s, f"{where}.shards[{i}]", split)
+            for i, s in enumerate(_list(body["shards"], where + ".shards", 1, 99_999))
+        ]
+        seen: set[str] = set()
+        for s in shards:
+            if s["file"] in seen:
+                raise ManifestProblem(f"{where}.shards lists {s['file']} twice")
+            seen.add(s["file"])
+        _int(body, "num_examples", where + ".", 0, MAX_RECORDS * 99_999, default=0)  # derived; never used
+        skipped[split] = _int(body, "skipped", where + ".", 0, MAX_RECORDS * 99_999, default=0)
+        splits[split] = shards
+    out["splits"], out["skipped"] = splits, skipped
+    return out
