@@ -136,7 +136,7 @@ def _saved_config_problem(config: dict) -> str | None:
     (the resume and evaluation read it back), or None. Keys it does not know (another version's) pass."""
     import dataclasses
 
-    from vitlarge.config.load import _check_types
+    from vitlarge.config.load import check_types
     from vitlarge.config.schema import Config
     from vitlarge.errors import UserError
 
@@ -155,7 +155,7 @@ def _saved_config_problem(config: dict) -> str | None:
                 continue  # a value another version allowed (train.plugin=zero): its readers say what they make of it
             setattr(target, name, value)
     try:
-        _check_types(cfg, "meta.json's config")
+        check_types(cfg, "meta.json's config")
     except UserError as e:
         return str(e).split("; ")[0]
     return None

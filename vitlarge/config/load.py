@@ -389,6 +389,12 @@ class _Where:
         return next((self.overridden[k] for k in keys if k in self.overridden), self.recipe)
 
 
+def check_types(cfg: Config, origin: str) -> None:
+    """The types (and Literal choices) of every field, one `UserError` naming ``origin``: for a config read back
+    from elsewhere (a checkpoint's meta.json), where `validate`'s ranges of today may not apply."""
+    _check_types(cfg, _Where(origin))
+
+
 def validate(cfg: Config, origin: str = "config", overridden: dict[str, str] | None = None) -> None:
     """Checks everything that can be checked before the world size is known. ``overridden`` maps the keys that
     overrides set to where they came from (``command line``, a file): a message about them names that, not ``origin``."""

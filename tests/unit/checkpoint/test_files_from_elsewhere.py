@@ -250,7 +250,7 @@ def test_meta_json_is_read_bounded(ckpt, kind):
     else:
         os.mkfifo(meta_file)
     problem = store.verify(ckpt)
-    expect = {"sparse 8 GB": "more than the", "/dev/zero": "symbolic link", "fifo": "not a regular file"}[kind]
+    expect = {"sparse 8 GB": "larger than the 67,108,864-byte cap", "/dev/zero": "symbolic link", "fifo": "FIFO"}[kind]
     assert problem.startswith("meta.json ") and expect in problem
 
 
