@@ -233,7 +233,9 @@ def prepare_image(
         pixels = f"{int(found.group(1)):,} pixels" if found else str(e)
         raise BadImage(path, _too_large(pixels, max_pixels)) from None
     except (OSError, SyntaxError, ValueError, IndexError) as e:
-        raise BadImage(path, str(e) or type(e).__name__) from None
+        # PIL names the in-memory buffer ("cannot identify image file <_io.BytesIO object at 0x...>"): the path says more
+        why = re.sub(r"\s*<_io\.BytesIO object at 0x[0-9a-f]+>", "", str(e)).strip()
+        raise BadImage(path, why or type(e).__name__) from None
 
 
 class _TooLarge(Exception):

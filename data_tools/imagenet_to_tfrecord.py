@@ -32,6 +32,7 @@ import argparse
 import concurrent.futures as cf
 import hashlib
 import json
+import math
 import multiprocessing as mp
 import os
 import queue
@@ -80,13 +81,26 @@ def example_features(item: Item, jpeg: bytes, height: int, width: int) -> dict:
     }
 
 
+# ImageNet's shard sizes, the defaults' basis: 1,281,167 train images in 1024 shards, 50,000 in 128.
+IMAGES_PER_SHARD = {"train": 1252, "validation": 391}
+MAX_SHARDS = {"train": 1024, "validation": 128}
+
+
+def default_shards(split: str, count: int) -> int:
+    """ImageNet's shard size for ``count`` images: 1024 / 128 shards at ImageNet's size, fewer for a smaller
+    set (350 images: one shard, not 350 one-image files), never more than ImageNet's counts."""
+    return max(1, min(MAX_SHARDS[split], math.ceil(count / IMAGES_PER_SHARD[split])))
+
+
 def plan_shards(
-    items: list[Item], num_shards: int, split: str, shuffle_seed: int | None
+    items: list[Item], num_shards: int | None, split: str, shuffle_seed: int | None
 ) -> list[tuple[str, list[Item]]]:
-    """Split items into contiguous, near-equal shards; train is shuffled first with a fixed seed."""
+    """Split items into contiguous, near-equal shards; train is shuffled first with a fixed seed.
+    ``num_shards`` None: `default_shards`."""
     items = list(items)
     if shuffle_seed is not None:
         random.Random(shuffle_seed).shuffle(items)
+    num_shards = default_shards(split, len(items)) if num_shards is None else num_shards
     n = min(num_shards, len(items))  # never an empty shard: DALI can't index one
     return [(shard_name(split, i, n), items[i * len(items) // n : (i + 1) * len(items) // n]) for i in range(n)]
 
@@ -264,8 +278,8 @@ def convert(
     src: str,
     out: str,
     *,
-    train_shards: int = 1024,
-    val_shards: int = 128,
+    train_shards: int | None = None,
+    val_shards: int | None = None,
     workers: int | None = None,
     skip_bad: bool = False,
     val_labels: str | None = None,
@@ -474,8 +488,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m data_tools.imagenet_to_tfrecord", description=__doc__.split("\n\n")[0])
     p.add_argument("--src", required=True, help="ROOT with ROOT/train/<class>/* and ROOT/val/...")
     p.add_argument("--out", required=True, help="output directory for shards, indexes and dataset.json")
-    p.add_argument("--train-shards", type=int, default=1024)
-    p.add_argument("--val-shards", type=int, default=128)
+    p.add_argument(
+        "--train-shards", type=int, help="default: ImageNet's shard size (1,252 images), at most 1024 shards"
+    )
+    p.add_argument("--val-shards", type=int, help="default: ImageNet's shard size (391 images), at most 128 shards")
     p.add_argument("--workers", type=int, default=os.cpu_count(), help="processes; 0 = in-process")
     p.add_argument("--val-labels", help="labels for a flat ROOT/val: LOC_val_solution.csv or 'filename class' lines")
     bad = p.add_mutually_exclusive_group()
@@ -498,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="train shuffle seed")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
-    if a.train_shards < 1 or a.val_shards < 1:
+    if (a.train_shards is not None and a.train_shards < 1) or (a.val_shards is not None and a.val_shards < 1):
         p.error("--train-shards and --val-shards must be >= 1")
     if a.max_image_pixels < 1:
         p.error("--max-image-pixels must be >= 1")

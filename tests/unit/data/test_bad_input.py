@@ -366,3 +366,35 @@ def _tiny_jpeg() -> bytes:
     buf = io.BytesIO()
     Image.new("RGB", (40, 30), (10, 200, 30)).save(buf, "JPEG")
     return buf.getvalue()
+
+
+def test_a_file_pil_cannot_identify_is_named_by_its_path_not_a_buffer(tiny_imagefolder, tmp_path, capsys):
+    """Before: skipped.txt's reason was PIL's 'cannot identify image file <_io.BytesIO object at 0x...>'."""
+    from tests.helpers.data_fixtures import copy_imagefolder
+
+    src = copy_imagefolder(tiny_imagefolder, str(tmp_path / "src"))
+    bad = os.path.join(src, "train", os.listdir(os.path.join(src, "train"))[0], "zz_text.JPEG")
+    with open(bad, "wb") as f:
+        f.write(b"this is not an image at all" * 10)
+    out = tmp_path / "out"
+    assert convert_main(src, out, "--skip-bad") == 0
+    reason = (out / "skipped.txt").read_text().split("\t", 1)[1]
+    assert "cannot identify image file" in reason and "BytesIO" not in reason and "0x" not in reason
+
+
+@pytest.mark.parametrize(
+    "split, count, shards",
+    [
+        ("train", 350, 1),
+        ("train", 1_281_167, 1024),
+        ("train", 12_520, 10),
+        ("validation", 50_000, 128),
+        ("validation", 360, 1),
+        ("train", 10**8, 1024),
+    ],
+)
+def test_default_shard_counts_keep_imagenets_shard_size(split, count, shards):
+    """Before: --train-shards defaulted to 1024, so a 350-image set became 350 one-image shards."""
+    from data_tools.imagenet_to_tfrecord import default_shards
+
+    assert default_shards(split, count) == shards
