@@ -46,3 +46,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if E2E in Path(str(item.path)).parents:
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture
+def victim(tmp_path):
+    """A file outside the folder a test writes into, with content that must survive a planted link."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    v = outside / "victim"
+    v.write_bytes(b"precious")
+    return v

@@ -12,16 +12,6 @@ from vitlarge import fileio
 from vitlarge.fileio import UnsafeFile
 
 
-@pytest.fixture
-def victim(tmp_path):
-    """A file outside the folder being written, with content that must survive."""
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    v = outside / "victim"
-    v.write_bytes(b"precious")
-    return v
-
-
 def assert_untouched(victim):
     assert victim.read_bytes() == b"precious"
 

@@ -114,19 +114,7 @@ def under_colossalai_run(pid: int | None = None, levels: int = 8) -> bool:
     """Whether ``colossalai run`` started this process (an ancestor's command line is ``... colossalai run ...``).
     It hands its arguments to torchrun through an unquoted ``bash -c``: quotes are lost, spaces split a value,
     braces and parentheses are the shell's. False where /proc cannot tell (not Linux)."""
-    try:
-        pid = _parent(os.getpid() if pid is None else pid)
-        for _ in range(levels):
-            if pid <= 1:
-                return False
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = [a.decode(errors="replace") for a in f.read().split(b"\0")]
-            if any(a.endswith("colossalai") and nxt == "run" for a, nxt in zip(argv, argv[1:])):
-                return True
-            pid = _parent(pid)
-    except (OSError, ValueError, IndexError):
-        pass
-    return False
+    return _colossalai_runner(os.getpid() if pid is None else pid, levels) is not None
 
 
 def check_split_arguments(overrides: list[str]) -> None:

@@ -56,15 +56,6 @@ def data(converted, tmp_path):
     return dst
 
 
-@pytest.fixture
-def victim(tmp_path):
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    v = outside / "victim"
-    v.write_bytes(b"precious")
-    return v
-
-
 def edit_manifest(data, fn) -> str:
     path = data / "dataset.json"
     doc = json.loads(path.read_text())

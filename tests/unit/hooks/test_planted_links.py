@@ -16,15 +16,6 @@ from vitlarge.report.plot import plot_run
 
 
 @pytest.fixture
-def victim(tmp_path):
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    v = outside / "victim"
-    v.write_bytes(b"precious")
-    return v
-
-
-@pytest.fixture
 def workdir(tmp_path):
     w = tmp_path / "run"
     w.mkdir()
