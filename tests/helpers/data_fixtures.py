@@ -4,7 +4,7 @@
   360 validation 32x32 images, 10 classes, 4 + 2 shards. Shared with the training tests.
 - ``tiny_imagefolder``: a 3-class ImageNet-style JPEG tree (synset class names) of small photo
   crops, with the awkward cases real data has: a PNG named ``.JPEG``, a CMYK JPEG, a grayscale
-  JPEG. Tests that damage it copy it first (``copy_imagefolder``).
+  JPEG. Tests that damage it copy it first (``copy_imagefolder``). ``tiny_converted``: it as TFRecords.
 """
 
 from __future__ import annotations
@@ -72,6 +72,16 @@ def corrupt_jpeg_bytes() -> bytes:
 @pytest.fixture(scope="session")
 def tiny_imagefolder(tmp_path_factory) -> str:
     return make_tiny_imagefolder(str(tmp_path_factory.mktemp("tiny_imagefolder")))
+
+
+@pytest.fixture(scope="session")
+def tiny_converted(tiny_imagefolder, tmp_path_factory) -> str:
+    """``tiny_imagefolder`` converted (3 train, 2 validation shards); read only: tests that damage it copy it."""
+    from data_tools import imagenet_to_tfrecord
+
+    out = str(tmp_path_factory.mktemp("tiny_converted"))
+    imagenet_to_tfrecord.convert(tiny_imagefolder, out, train_shards=3, val_shards=2, workers=0, progress=False)
+    return out
 
 
 @pytest.fixture(scope="session")

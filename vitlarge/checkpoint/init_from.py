@@ -82,6 +82,8 @@ def read_state_dict(path: str | Path) -> tuple[dict[str, torch.Tensor], str | No
     from (``state_dict_ema``, ``state_dict``, ``model``; None for a bare state dict)."""
     sd = _checkpoint_weights(path)
     if sd is not None:
+        if not all(isinstance(v, torch.Tensor) for v in sd.values()):
+            raise UserError(f"model.init_from={path}: the checkpoint holds weights that are not tensors")
         return sd, None
     f = weights_file(path)
     key = None

@@ -24,6 +24,7 @@ Every function taking a model is a collective when the model is sharded: call it
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import math
 import pickle
@@ -173,39 +174,78 @@ INDEX_MAX_BYTES = 1 << 30
 """``.metadata``'s size cap: a 1024-rank FSDP ViT-H index (a chunk per rank per tensor) is about 0.3 GB."""
 
 
+MAX_DIMS = 64
+MAX_PATH = 4096
+
+
+def _metadata_classes() -> tuple[type, ...]:
+    """DCP's metadata classes: what an index builds (NEWOBJ) and fills (BUILD), exactly these types."""
+    from torch.distributed.checkpoint import filesystem, metadata
+
+    return (
+        metadata.Metadata,
+        metadata.MetadataIndex,
+        metadata.StorageMeta,
+        metadata.TensorStorageMetadata,
+        metadata.BytesStorageMetadata,
+        metadata.ChunkStorageMetadata,
+        metadata.TensorProperties,
+        filesystem._StorageInfo,
+    )
+
+
 def _allowed_globals() -> dict[tuple[str, str], object]:
     """Exactly the (module, name) pairs a DCP index pickle refers to (torch 2.4-2.10): DCP's metadata
     classes, torch's dtypes, layouts and memory formats (values, not callables), ``torch.Size``, the
-    writer's ``checkpoint_id`` path and torch's layout lookup by name. No module, no dotted name, no
-    ``getattr``, no builtin that calls: nothing a crafted index can reach runs code or touches a file."""
-    from collections import OrderedDict
-    from pathlib import PosixPath, PurePosixPath
-
-    from torch.distributed.checkpoint import filesystem, metadata
+    writer's ``checkpoint_id`` path and torch's layout lookup by name; the callables among them replaced
+    by bounded factories. No module, no dotted name, no ``getattr``, no builtin: nothing a crafted index
+    can reach runs code, touches a file or changes a class."""
+    from torch.distributed.checkpoint import metadata
 
     allowed: dict[tuple[str, str], object] = {
-        ("torch", "Size"): torch.Size,
+        ("torch", "Size"): _size,
         ("torch.serialization", "_get_layout"): _layout_by_name,
-        ("pathlib", "PosixPath"): PosixPath,
-        ("pathlib", "PurePosixPath"): PurePosixPath,
-        ("collections", "OrderedDict"): OrderedDict,
-        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): filesystem._StorageInfo,
+        ("pathlib", "PosixPath"): _path,
+        ("pathlib", "PurePosixPath"): _path,
+        ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"): metadata._MEM_FORMAT_ENCODING,
     }
-    for name in (
-        "Metadata",
-        "MetadataIndex",
-        "StorageMeta",
-        "TensorStorageMetadata",
-        "BytesStorageMetadata",
-        "ChunkStorageMetadata",
-        "TensorProperties",
-        "_MEM_FORMAT_ENCODING",
-    ):
-        allowed[("torch.distributed.checkpoint.metadata", name)] = getattr(metadata, name)
+    for cls in _metadata_classes():
+        allowed[(cls.__module__, cls.__qualname__)] = cls
     for name, value in vars(torch).items():
         if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
             allowed[("torch", name)] = value
     return allowed
+
+
+def _refuse(what: str):
+    raise pickle.UnpicklingError(f"{METADATA} {what}, which a DCP index never holds")
+
+
+_SIZES: dict[tuple, torch.Size] = {}
+
+
+def _size(dims=()):
+    """``torch.Size`` of at most `MAX_DIMS` whole numbers; one object per distinct value (so a small
+    pickle that names one large list many times cannot build many copies of it)."""
+    if not isinstance(dims, (list, tuple)) or len(dims) > MAX_DIMS:
+        _refuse(f"has a shape of more than {MAX_DIMS} dimensions or of another type")
+    key = tuple(dims)
+    if not all(type(d) is int for d in key):
+        _refuse("has a shape that is not whole numbers")
+    if key not in _SIZES:
+        if len(_SIZES) > 1 << 20:
+            _SIZES.clear()
+        _SIZES[key] = torch.Size(key)
+    return _SIZES[key]
+
+
+def _path(*parts):
+    """The writer's ``checkpoint_id``: a path of at most `MAX_PATH` characters, kept as its text (nothing reads it)."""
+    if not all(isinstance(p, str) for p in parts) or sum(map(len, parts)) > MAX_PATH:
+        _refuse(f"holds a path that is not text of at most {MAX_PATH} characters")
+    from pathlib import PurePosixPath
+
+    return PurePosixPath(*parts)
 
 
 def _layout_by_name(name):
@@ -216,10 +256,21 @@ def _layout_by_name(name):
     return layouts[name]
 
 
-class _MetadataUnpickler(pickle.Unpickler):
-    """Unpickles DCP's ``.metadata`` admitting only the exact globals of `_allowed_globals`."""
+class _MetadataUnpickler(pickle._Unpickler):
+    """Unpickles DCP's ``.metadata`` as data: the exact globals of `_allowed_globals`, and only the opcodes a
+    DCP index uses, each checked. Python's own unpickler (not the C one) so that every object-building
+    opcode can be checked:
+
+    * REDUCE calls only the bounded factories and the memory-format enum (never a class's constructor);
+    * NEWOBJ makes an empty instance of a DCP metadata class, with no arguments; INST, OBJ, NEWOBJ_EX and
+      persistent ids are refused;
+    * BUILD fills only an instance of a DCP metadata class made by this load, with its own field names: never a
+      class (``setattr(PosixPath, "_str", ...)`` would redirect every later write of the process), and never
+      a large state copied into many objects.
+    """
 
     ALLOWED: dict[tuple[str, str], object] | None = None
+    dispatch = dict(pickle._Unpickler.dispatch)
 
     def find_class(self, module: str, name: str):
         if _MetadataUnpickler.ALLOWED is None:
@@ -232,7 +283,47 @@ class _MetadataUnpickler(pickle.Unpickler):
         return found
 
     def persistent_load(self, pid):
-        raise pickle.UnpicklingError(f"{METADATA} holds a persistent id, which a DCP index never holds")
+        _refuse("holds a persistent id")
+
+    def _reduce(self):
+        args = self.stack[-1]
+        func = self.stack[-2]
+        from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
+
+        if not (func in (_size, _path, _layout_by_name) or func is _MEM_FORMAT_ENCODING):
+            _refuse(f"calls {getattr(func, '__name__', type(func).__name__)[:60]}")
+        if not isinstance(args, tuple):
+            _refuse("calls with arguments that are not a tuple")
+        pickle._Unpickler.load_reduce(self)
+
+    def _newobj(self):
+        args = self.stack[-1]
+        cls = self.stack[-2]
+        if cls not in _metadata_classes() or args != ():
+            _refuse(f"builds a {getattr(cls, '__name__', type(cls).__name__)[:60]} that way")
+        pickle._Unpickler.load_newobj(self)
+
+    def _build(self):
+        state, inst = self.stack[-1], self.stack[-2]
+        if type(inst) not in _metadata_classes():
+            _refuse(f"sets the state of a {type(inst).__name__[:60]}")
+        if type(inst).__name__ == "TensorProperties":  # its own __setstate__ takes a 5-tuple of plain values
+            if not (isinstance(state, tuple) and len(state) == 5):
+                _refuse("holds tensor properties of another form")
+        else:
+            fields = {f.name for f in dataclasses.fields(inst)}
+            if not (isinstance(state, dict) and set(state) <= fields):
+                _refuse(f"sets fields a {type(inst).__name__} does not have")
+        pickle._Unpickler.load_build(self)
+
+    def _refused_opcode(self):
+        _refuse("uses an opcode (INST, OBJ or NEWOBJ_EX) that builds objects otherwise")
+
+    dispatch[pickle.REDUCE[0]] = _reduce
+    dispatch[pickle.NEWOBJ[0]] = _newobj
+    dispatch[pickle.BUILD[0]] = _build
+    for _op in (pickle.INST, pickle.OBJ, pickle.NEWOBJ_EX):
+        dispatch[_op[0]] = _refused_opcode
 
 
 class IndexProblem(ValueError):
@@ -288,6 +379,29 @@ def _is_size(x, dims: int | None = None) -> bool:
     )
 
 
+def _chunks_tile(chunks: list, size: torch.Size) -> bool:
+    """Whether ``chunks`` (each inside ``size``) cover ``size`` exactly once: their volumes add up to it and no
+    two overlap (pairwise for a few chunks; FSDP's many row shards must tile dimension 0 in order)."""
+    if sum(math.prod(c.sizes) for c in chunks) != math.prod(size):
+        return False
+    boxes = [c for c in chunks if math.prod(c.sizes)]
+    if len(boxes) <= 64:
+        return not any(
+            all(
+                a.offsets[d] < b.offsets[d] + b.sizes[d] and b.offsets[d] < a.offsets[d] + a.sizes[d]
+                for d in range(len(size))
+            )
+            for i, a in enumerate(boxes)
+            for b in boxes[i + 1 :]
+        )
+    row = 0
+    for c in sorted(boxes, key=lambda c: c.offsets[0]):
+        if c.offsets[0] != row or any(c.offsets[1:]) or tuple(c.sizes[1:]) != tuple(size[1:]):
+            return False
+        row += c.sizes[0]
+    return True
+
+
 def index_problem(metadata, files: dict[str, dict]) -> str | None:
     """Why ``metadata`` is not a DCP index of the ``.distcp`` files meta.json lists (``files``), or None.
     Every storage entry must name one of them, with its byte range inside the recorded size; every
@@ -307,7 +421,7 @@ def index_problem(metadata, files: dict[str, dict]) -> str | None:
     if type(metadata) is not Metadata:
         return f"{METADATA} holds a {type(metadata).__name__}, not DCP's Metadata"
     data_files = {n: r["bytes"] for n, r in files.items() if n.endswith(".distcp")}
-    total = sum(data_files.values())
+    total, tensor_bytes = sum(data_files.values()), 0
     entries = metadata.state_dict_metadata
     if not isinstance(entries, dict):
         return f"{METADATA}'s state_dict_metadata is not a map"
@@ -315,6 +429,8 @@ def index_problem(metadata, files: dict[str, dict]) -> str | None:
         if not isinstance(fqn, str):
             return f"{METADATA} has a key that is not a name"
         if type(md) is BytesStorageMetadata:
+            if fqn.startswith(("model.", "ema.")):  # weights are tensors; only optimizer leaves may be bytes
+                return f"{METADATA}: {fqn[:80]} is stored as bytes, not as a tensor"
             continue
         if type(md) is not TensorStorageMetadata:
             return f"{METADATA}: {fqn[:80]} is neither a tensor nor bytes"
@@ -323,8 +439,9 @@ def index_problem(metadata, files: dict[str, dict]) -> str | None:
             return f"{METADATA}: {fqn[:80]} has no dtype"
         if not _is_size(md.size) or not isinstance(md.chunks, list):
             return f"{METADATA}: {fqn[:80]} has no shape"
-        if math.prod(md.size) * props.dtype.itemsize > total:
-            return f"{METADATA}: {fqn[:80]} of shape {list(md.size)} is larger than the checkpoint's data files"
+        tensor_bytes += math.prod(md.size) * props.dtype.itemsize
+        if tensor_bytes > total:
+            return f"{METADATA}: its tensors (up to {fqn[:80]}, {list(md.size)}) are larger than the checkpoint's data files"
         for c in md.chunks:
             if type(c) is not ChunkStorageMetadata or not (
                 _is_size(c.offsets, len(md.size)) and _is_size(c.sizes, len(md.size))
@@ -332,6 +449,8 @@ def index_problem(metadata, files: dict[str, dict]) -> str | None:
                 return f"{METADATA}: {fqn[:80]} has a malformed chunk"
             if any(o + n > d for o, n, d in zip(c.offsets, c.sizes, md.size)):
                 return f"{METADATA}: a chunk of {fqn[:80]} lies outside its shape"
+        if not _chunks_tile(md.chunks, md.size):  # else a read leaves part of the tensor as uninitialised memory
+            return f"{METADATA}: the chunks of {fqn[:80]} do not cover its shape exactly once"
     storage = metadata.storage_data
     if not isinstance(storage, dict):
         return f"{METADATA}'s storage_data is not a map"
@@ -420,15 +539,89 @@ def read_full_model(
 
     if like is None:
         index = read_index(folder, files).state_dict_metadata
-        like = {
-            k.removeprefix(f"{key}."): torch.empty(md.size, dtype=md.properties.dtype)
-            for k, md in index.items()
-            if k.startswith(f"{key}.") and isinstance(md, TensorStorageMetadata)
-        }
+        try:
+            like = {
+                k.removeprefix(f"{key}."): torch.empty(md.size, dtype=md.properties.dtype)
+                for k, md in index.items()
+                if k.startswith(f"{key}.") and isinstance(md, TensorStorageMetadata)
+            }
+        except RuntimeError as e:  # the index's shapes are bounded by the files' sizes, not by this machine's memory
+            raise IndexProblem(
+                f"{METADATA}'s tensors do not fit in memory here ({str(e).splitlines()[0][:80]})"
+            ) from None
     state = {key: like}
     with _quiet_single_process():
         dcp.load(state, storage_reader=Reader(folder, files), planner=_WeightsOnlyLoadPlanner(), no_dist=True)
     return state[key]
+
+
+class _Window(io.RawIOBase):
+    """Bytes ``[offset, offset + length)`` of an open file, as a seekable file of its own."""
+
+    def __init__(self, f, offset: int, length: int):
+        self._f, self._offset, self._length, self._pos = f, offset, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        self._pos = max(0, min(self._length, (0, self._pos, self._length)[whence] + pos))
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def readinto(self, b) -> int:
+        n = min(len(b), self._length - self._pos)
+        if n <= 0:
+            return 0
+        self._f.seek(self._offset + self._pos)
+        data = self._f.read(n)
+        b[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+
+def stored_zip_problem(f, length: int) -> str | None:
+    """Why the zip archive ``f`` (``torch.save``'s format; ``length`` bytes) is not one ``torch.save`` writes:
+    every entry stored uncompressed, their sizes adding up to at most its own. A DEFLATE entry would make
+    ``torch.load`` allocate ~1000x the file (a 195 KB rank file held a 200 MB tensor). None when it is."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(f) as z:
+            infos = z.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, IndexError):
+        return "is not a torch file"
+    if any(i.compress_type != zipfile.ZIP_STORED for i in infos):
+        return "holds compressed entries (torch.save writes none)"
+    if sum(i.file_size for i in infos) > length:
+        return "declares more bytes than it holds"
+    return None
+
+
+def slices_problem(folder: Path, metadata) -> str | None:
+    """Why a byte range the index names is not a ``torch.save`` archive of its own size (`stored_zip_problem`),
+    or None. Reads each range's zip directory only (a few KB a tensor), once per resume on rank 0 and before a
+    one-process weights read; DCP ``torch.load``s each range."""
+    by_file: dict[str, list] = {}
+    for info in metadata.storage_data.values():
+        by_file.setdefault(info.relative_path, []).append(info)
+    for name, infos in sorted(by_file.items()):
+        from vitlarge import fileio
+
+        try:
+            with fileio.open_regular(Path(folder) / name, follow=False) as f:
+                for info in infos:
+                    problem = stored_zip_problem(_Window(f, info.offset, info.length), info.length)
+                    if problem:
+                        return f"{name} at byte {info.offset:,} {problem}"
+        except OSError as e:
+            return f"{name} cannot be read ({e.strerror})"
+    return None
 
 
 # Format 2 --------------------------------------------------------------------------------------------

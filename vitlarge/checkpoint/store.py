@@ -264,7 +264,7 @@ def verify(path: str | Path) -> str | None:
             return problem
     if meta["format_version"] >= 3:  # the index is a pickle: read as data, and every range it names checked
         try:
-            sharded.read_index(path, meta["files"])
+            return sharded.slices_problem(path, sharded.read_index(path, meta["files"]))
         except sharded.IndexProblem as e:
             return str(e)
     return None
@@ -534,6 +534,12 @@ def apply(loaded: dict, model, optimizer, scaler, ema=None) -> dict:
                 "(shared file system), or --resume another checkpoint",
                 same_on_all_ranks=True,
             ) from None
+        except (RuntimeError, TypeError, ValueError, KeyError) as e:  # entries of another kind than this run's state
+            raise UserError(
+                f"checkpoint {path} holds state that does not fit this run ({type(e).__name__}: "
+                f"{(str(e).splitlines() or [''])[0][:120]}); --resume another checkpoint",
+                same_on_all_ranks=True,
+            ) from None
     else:
         sharded.load_legacy(path, loaded["model"], loaded["optimizer"], loaded["optimizer_from_ddp"], model, optimizer)
     if ema is not None and not saved_ema:
@@ -554,13 +560,29 @@ def apply(loaded: dict, model, optimizer, scaler, ema=None) -> dict:
     return {**meta, "data": state["data"] if same_world else None, "same_world": same_world}
 
 
+RANK_FILE_MAX_BYTES = 256 << 20
+"""A rank file's cap: RNG and scaler states and the loader's position (a few KB to a few MB)."""
+
+
 def _torch_load(folder: Path, name: str):
     """``folder/name`` through ``torch.load(weights_only=True)``; a file that is not one, or holds objects
     other than tensors and numbers, is `Unusable` in one line (never torch's advice to unpickle it anyway)."""
     import pickle
 
     try:
-        return torch.load(folder / name, map_location="cpu", weights_only=True)
+        with fileio.open_regular(folder / name, follow=False) as f:
+            size = os.fstat(f.fileno()).st_size
+            if name.startswith("rank_") and size > RANK_FILE_MAX_BYTES:
+                raise Unusable(folder, f"{name} has {size:,} bytes, more than a rank file's {RANK_FILE_MAX_BYTES:,}")
+            problem = sharded.stored_zip_problem(f, size)
+            if problem:
+                raise Unusable(folder, f"{name} {problem}")
+            f.seek(0)
+            return torch.load(f, map_location="cpu", weights_only=True)
+    except Unusable:
+        raise
+    except OSError as e:
+        raise Unusable(folder, f"{name} cannot be read ({e.strerror})") from None
     except pickle.UnpicklingError as e:
         # torch's message advises unpickling it anyway (weights_only=False): never passed on
         if "Unsupported global" in str(e):
@@ -642,7 +664,10 @@ def weights_of(path: str | Path, meta: dict, like: dict[str, torch.Tensor] | Non
     if meta["format_version"] < 3:
         return _safetensors(path, "model.safetensors")
     try:
-        sharded.read_index(path, meta["files"])  # inside DCP's load its reason would be lost ("metadata is None")
+        # Inside DCP's load its reason would be lost ("metadata is None"); each range DCP torch.loads checked too.
+        problem = sharded.slices_problem(path, sharded.read_index(path, meta["files"]))
+        if problem:
+            raise Unusable(path, problem)
         return sharded.read_full_model(path, like, files=meta["files"])
     except sharded.IndexProblem as e:
         raise Unusable(path, str(e)) from None
@@ -660,7 +685,11 @@ def load_model_weights(path: str | Path, model: torch.nn.Module, cfg: Config) ->
         check_compatible(meta, path, model, cfg)
         target = sharded.inner(model)
         like = {k: torch.empty_like(v, device="cpu") for k, v in target.state_dict().items()}
-        target.load_state_dict(weights_of(path, meta, like))
+        weights = weights_of(path, meta, like)
+        try:
+            target.load_state_dict(weights)
+        except (RuntimeError, TypeError) as e:  # a checkpoint whose index passed but whose entries do not fit
+            raise Unusable(path, f"its weights do not fit the model ({str(e).splitlines()[0][:120]})") from None
         return
     if not path.is_file():
         raise UserError(

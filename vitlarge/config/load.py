@@ -112,7 +112,10 @@ def _parse_value(text: str, typ, key: str, origin: str):
                 return False
             raise ValueError
         if typ is int:
-            return int(float(text)) if float(text).is_integer() else int(text)
+            try:
+                return int(text)  # exact: float() would round 9007199254740993 to ...992
+            except ValueError:
+                return int(float(text)) if float(text).is_integer() else int(text)  # 1.5e3, 1e4
         if typ is float:
             return float(text)
         if typ is tuple:

@@ -132,18 +132,24 @@ def check_split_arguments(overrides: list[str]) -> None:
 _WATCH_RUNNER = """
 import os, signal, sys, time
 launcher, runner = int(sys.argv[1]), int(sys.argv[2])
-def alive(pid):
+def stat(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            return f.read().rsplit(")", 1)[1].split()
     except OSError:
-        return False
-while alive(launcher):
+        return None
+def alive(pid, started):
+    s = stat(pid)  # the same process, not another that reused its pid: its start time is the same
+    return s is not None and s[0] != "Z" and s[19] == started
+begun = {pid: (stat(pid) or [None] * 20)[19] for pid in (launcher, runner)}
+if None in begun.values() or launcher <= 1:
+    sys.exit(0)
+while alive(launcher, begun[launcher]):
     time.sleep(0.2)
 deadline = time.monotonic() + 5
-while alive(runner) and time.monotonic() < deadline:
+while alive(runner, begun[runner]) and time.monotonic() < deadline:
     time.sleep(0.2)
-if alive(runner):
+if alive(runner, begun[runner]):
     os.kill(runner, signal.SIGTERM)
 """
 

@@ -307,7 +307,7 @@ def test_a_negative_step_moves_no_good_checkpoint_aside(tmp_path, ckpt, cfg):
         ({"scaler": {}, "data": None}, "rank_00000.pt lacks rng, scaler or data"),
         ({"rng": {"torch": torch.zeros(3, dtype=torch.uint8)}, "scaler": {}, "data": None}, "torch RNG state"),
         (argparse.Namespace(x=1), "rank_00000.pt holds objects other than tensors and numbers"),
-        (b"not a torch file", "rank_00000.pt is not a readable torch file"),
+        (b"not a torch file", "rank_00000.pt is not a torch file"),
     ],
 )
 def test_rank_files_are_checked_before_use(ckpt, cfg, content, expect):
@@ -394,3 +394,90 @@ def test_planted_temporary_folders_never_take_a_checkpoint_or_export_outside(tmp
     except UserError as e:
         assert "\n" not in str(e)
     assert _untouched(outside)
+
+
+# Found by the hostile review: routes through the allowed classes themselves.
+
+
+def _index_bytes(ops: bytes, original: Path) -> bytes:
+    return b"\x80\x04" + ops + b"0" + (original / ".metadata").read_bytes()[2:]
+
+
+@pytest.mark.parametrize(
+    "module, name",
+    [("torch.distributed.checkpoint.metadata", "Metadata"), ("pathlib", "PosixPath"), ("torch", "Size")],
+)
+def test_a_refused_index_cannot_change_a_class_for_the_rest_of_the_process(ckpt, module, name):
+    """BUILD on a class object runs setattr(cls, ...) during the load, before any check: before, a 60-byte index
+    set PosixPath._str and every later write of the process went to a file of the forger's choosing."""
+    import pathlib
+
+    from torch.distributed.checkpoint import metadata
+
+    before = (dict(vars(metadata.Metadata)), dict(vars(pathlib.PosixPath)))
+    state = b"N}" + _str("_str") + _str("/tmp/hijacked") + b"s\x86"  # (None, {"_str": ...}): slot state
+    (ckpt / ".metadata").write_bytes(_index_bytes(_global(module, name) + state + b"b", ckpt))
+    reseal(ckpt)
+    assert "which a DCP index never holds" in store.verify(ckpt)
+    assert (dict(vars(metadata.Metadata)), dict(vars(pathlib.PosixPath))) == before
+    assert str(Path("/a") / "b") == "/a/b"
+
+
+def test_a_small_index_cannot_build_large_objects_from_references(ckpt):
+    """A path argument named many times (two bytes each) built a new split path each time: ~4 MB per 2 bytes."""
+    long = b"\x8d" + struct.pack("<Q", 200_000) + b"a/" * 100_000  # BINUNICODE8
+    ops = long + b"\x94"  # MEMOIZE
+    calls = b"".join(_call(_global("pathlib", "PosixPath"), b"h\x00") + b"0" for _ in range(50))
+    (ckpt / ".metadata").write_bytes(_index_bytes(ops + b"0" + calls, ckpt))
+    reseal(ckpt)
+    assert "holds a path that is not text of at most 4096 characters" in store.verify(ckpt)
+
+
+def test_a_compressed_rank_file_is_refused_before_torch_load_inflates_it(ckpt, cfg):
+    """A 195 KB rank file with a DEFLATE entry held a 200 MB tensor; torch.save never compresses."""
+    import zipfile
+
+    f = ckpt / "rank_00000.pt"
+    with zipfile.ZipFile(f) as z:
+        entries = {i.filename: z.read(i) for i in z.infolist()}
+    with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        for name, data in entries.items():
+            z.writestr(name, data)
+    reseal(ckpt)
+    with pytest.raises(store.Unusable, match="rank_00000.pt holds compressed entries"):
+        store.read(ckpt, make(cfg)[0], cfg)
+
+
+def test_a_data_range_that_is_not_a_torch_archive_is_refused(ckpt):
+    md = sharded.read_index(ckpt)
+    info = next(iter(md.storage_data.values()))
+    data = bytearray((ckpt / info.relative_path).read_bytes())
+    data[info.offset : info.offset + info.length] = b"\0" * info.length
+    (ckpt / info.relative_path).write_bytes(bytes(data))
+    reseal(ckpt)
+    assert f"__0_0.distcp at byte {info.offset:,} is not a torch file" in store.verify(ckpt)
+
+
+def test_weights_stored_as_bytes_are_refused(ckpt):
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    _index_with(ckpt, lambda md: md.state_dict_metadata.__setitem__("model.cls_token", BytesStorageMetadata()))
+    assert ".metadata: model.cls_token is stored as bytes, not as a tensor" in store.verify(ckpt)
+
+
+def test_chunks_must_cover_a_tensor_exactly_once(ckpt):
+    """A tensor without chunks (or with overlapping ones) left uninitialised memory in the weights read."""
+    _index_with(ckpt, lambda md: setattr(md.state_dict_metadata["model.cls_token"], "chunks", []))
+    assert "the chunks of model.cls_token do not cover its shape exactly once" in store.verify(ckpt)
+
+
+def test_chunk_tiling_rule_at_fsdp_scale():
+    """128 row shards of a 1000-row tensor (uneven, some empty) tile it; a gap or an overlap does not."""
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata as C
+
+    rows = [1000 * r // 128 for r in range(129)]
+    chunks = [C(torch.Size([a, 0]), torch.Size([b - a, 64])) for a, b in zip(rows, rows[1:])]
+    assert sharded._chunks_tile(chunks, torch.Size([1000, 64]))
+    overlap = chunks[:-1] + [C(torch.Size([rows[-2] - 1, 0]), torch.Size([rows[-1] - rows[-2], 64]))]
+    assert not sharded._chunks_tile(overlap, torch.Size([1000, 64]))
+    assert not sharded._chunks_tile(chunks[1:], torch.Size([1000, 64]))

@@ -65,17 +65,10 @@ def final_names(out) -> set[str]:
     return {n for n in os.listdir(out) if n.startswith(("train-", "validation-")) and not n.endswith(".tmp")}
 
 
-@pytest.fixture(scope="module")
-def converted(tiny_imagefolder, tmp_path_factory) -> str:
-    out = str(tmp_path_factory.mktemp("bad_input_converted"))
-    imagenet_to_tfrecord.convert(tiny_imagefolder, out, train_shards=3, val_shards=2, workers=0, progress=False)
-    return out
-
-
 @pytest.fixture
-def data_copy(converted, tmp_path) -> str:
+def data_copy(tiny_converted, tmp_path) -> str:
     dst = str(tmp_path / "data")
-    shutil.copytree(converted, dst)
+    shutil.copytree(tiny_converted, dst)
     return dst
 
 

@@ -42,17 +42,10 @@ def run_module(module: str, *args: str, preexec_fn=None) -> subprocess.Completed
     )
 
 
-@pytest.fixture(scope="module")
-def converted(tiny_imagefolder, tmp_path_factory) -> str:
-    out = str(tmp_path_factory.mktemp("elsewhere_converted"))
-    imagenet_to_tfrecord.convert(tiny_imagefolder, out, train_shards=3, val_shards=2, workers=0, progress=False)
-    return out
-
-
 @pytest.fixture
-def data(converted, tmp_path):
+def data(tiny_converted, tmp_path):
     dst = tmp_path / "data"
-    shutil.copytree(converted, dst)
+    shutil.copytree(tiny_converted, dst)
     return dst
 
 
@@ -129,10 +122,10 @@ def test_an_index_that_is_a_device_is_refused(data):
     assert one_line(e).startswith(f"{index}: is not a regular file; {FIX}")
 
 
-def test_the_documented_ways_to_keep_shards_elsewhere_work(converted, tmp_path):
+def test_the_documented_ways_to_keep_shards_elsewhere_work(tiny_converted, tmp_path):
     """--data may be a link to the folder; links inside the folder to files inside it are followed."""
     real = tmp_path / "disk2" / "imagenet-tfr"
-    shutil.copytree(converted, real)
+    shutil.copytree(tiny_converted, real)
     os.symlink(real, tmp_path / "data")
     validate_data_dir(str(tmp_path / "data"))
     os.mkdir(real / "shards")
