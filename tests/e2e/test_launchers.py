@@ -192,6 +192,9 @@ def test_the_second_ctrl_c_ends_a_worker_at_once(demo_data, tmp_path):
     workdir, log = tmp_path / "run", tmp_path / "run.log"
     args = ["--config", RECIPE, "--data", demo_data, "--workdir", str(workdir), "train.log_every_steps=1"]
     args += ["train.max_steps=200", "train.checkpoint_every_steps=0", "train.eval_every_epochs=0"]
+    # 64 micro-steps a step (~2 s on 2 cores, longer under load): the second Ctrl-C lands inside the step the
+    # first one interrupted, not after its checkpoint (a 0.5 s step raced the poll on a loaded machine).
+    args += ["train.global_batch=1024"]
     with open(log, "w") as out:
         proc = subprocess.Popen(
             launcher.command(args, 1, "python"),
