@@ -194,7 +194,8 @@ def _missing_fix(data_dir: str) -> str:
     if os.path.isdir(os.path.join(data_dir, ".progress")):  # data_tools' done-records: a conversion's output
         return (
             f"a conversion into {data_dir} did not finish (it writes {MANIFEST_NAME} last): rerun it with the same "
-            f"arguments ({CONVERT_CMD} ...); it keeps complete shards and redoes the rest"
+            f"arguments ({CONVERT_CMD} ...); it keeps complete shards and redoes the rest; if every shard is "
+            f"there (a copy that left it out), {MAKE_INDEX_FIX.format(dir=data_dir)} writes it"
         )
     if os.path.basename(os.path.normpath(data_dir)) == DEMO_DIRNAME:
         return (

@@ -204,7 +204,7 @@ def test_an_error_before_the_process_group_exists_is_printed_once(demo_data, tmp
         assert r.returncode != 0
         text = r.stdout + r.stderr
     assert ERRORS.findall(text) == [
-        f"error: {RECIPE}: 'train.checkpoint_every_steps' must be >= 0 (0: no periodic checkpoints), got -1; "
+        "error: command line: 'train.checkpoint_every_steps' must be >= 0 (0: no periodic checkpoints), got -1; "
         "set it like train.checkpoint_every_steps=500"
     ]
 

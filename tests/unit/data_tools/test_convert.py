@@ -356,7 +356,8 @@ def test_a_failed_reconversion_never_leaves_a_manifest_that_disagrees_with_the_s
     assert str(e.value) == (
         f"{out}/dataset.json: missing; a conversion into {out} did not finish (it writes dataset.json last): rerun "
         "it with the same arguments (python -m data_tools.imagenet_to_tfrecord ...); it keeps complete shards and "
-        "redoes the rest"
+        f"redoes the rest; if every shard is there (a copy that left it out), python -m data_tools.make_index {out} "
+        "writes it"
     )
     # What the loader's message advises (make_index) refuses the mixture, naming both conversions.
     with pytest.raises(UserError) as e:
