@@ -11,8 +11,26 @@ precision          LayerNormDtypes: the dtypes a forward's LayerNorms compute in
 kill_convert       ``python -m tests.helpers.kill_convert``: the converter SIGKILLed mid-shard
 poison_train       ``python tests/helpers/poison_train.py``: train.py with inf batches at given steps
 block_imports      ``python tests/helpers/block_imports.py``: a module run with packages unimportable
+run_module         ``python -m MODULE ARGS`` from ROOT, its output captured (a data tool's or vitlarge's CLI)
+fuzz_files         ``python -m tests.helpers.fuzz_files``: random mutations of the files read from elsewhere
 """
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def run_module(module: str, *args: str, env: dict | None = None, preexec_fn=None) -> subprocess.CompletedProcess:
+    """``python -m module args`` in ROOT with this interpreter, output captured, at most 120 s."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=str(ROOT),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, **(env or {})),
+        preexec_fn=preexec_fn,
+    )

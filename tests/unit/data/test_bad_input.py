@@ -7,14 +7,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import uuid
 
 import pytest
 import torch
 
 from data_tools import imagenet_to_tfrecord, make_index, tfrecord_io
-from tests.helpers import ROOT
+from tests.helpers import ROOT, run_module
 from tests.helpers.data_fixtures import SYNSETS, copy_imagefolder, corrupt_jpeg_bytes
 from vitlarge.data import TrainLoader, ValLoader, load_manifest
 from vitlarge.errors import UserError
@@ -22,17 +21,6 @@ from vitlarge.fileio import write_atomic
 
 REPO = str(ROOT)
 CPU = torch.device("cpu")
-
-
-def run_cli(module: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=dict(os.environ, **(env or {})),
-    )
 
 
 def convert_main(src, out, *extra) -> int:
@@ -80,7 +68,7 @@ def train_loader(data_dir):
 
 
 def test_missing_source_cli(tmp_path):
-    r = run_cli("data_tools.imagenet_to_tfrecord", "--src", str(tmp_path / "nope"), "--out", str(tmp_path / "out"))
+    r = run_module("data_tools.imagenet_to_tfrecord", "--src", str(tmp_path / "nope"), "--out", str(tmp_path / "out"))
     assert r.returncode == 2
     assert r.stderr.strip() == (
         f"error: {tmp_path / 'nope'}: source directory does not exist; pass --src ROOT with ROOT/train/<class>/*"
@@ -314,7 +302,7 @@ def test_label_outside_class_range(data_copy, loader):
 
 
 def test_make_index_without_shards(tmp_path):
-    r = run_cli("data_tools.make_index", str(tmp_path))
+    r = run_module("data_tools.make_index", str(tmp_path))
     assert r.returncode == 2 and r.stderr.startswith(f"error: {tmp_path}: no shards named train-NNNNN-of-NNNNN")
 
 

@@ -13,8 +13,6 @@ import resource
 import shutil
 import stat
 import struct
-import subprocess
-import sys
 import tracemalloc
 import zlib
 
@@ -22,24 +20,13 @@ import pytest
 from PIL import Image
 
 from data_tools import imagefolder, imagenet_to_tfrecord, make_index, tfrecord_io
-from tests.helpers import ROOT
+from tests.helpers import ROOT, run_module
 from tests.helpers.data_fixtures import SYNSETS, copy_imagefolder
 from vitlarge.data.manifest import MANIFEST_CAP, check_shards, load_manifest, validate_data_dir
 from vitlarge.errors import UserError
 
 REPO = str(ROOT)
 FIX = "a data folder holds its shards and indexes as regular files"
-
-
-def run_module(module: str, *args: str, preexec_fn=None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        preexec_fn=preexec_fn,
-    )
 
 
 @pytest.fixture
