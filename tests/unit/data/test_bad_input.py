@@ -13,13 +13,12 @@ import pytest
 import torch
 
 from data_tools import imagenet_to_tfrecord, make_index, tfrecord_io
-from tests.helpers import ROOT, run_module
+from tests.helpers import run_module
 from tests.helpers.data_fixtures import SYNSETS, copy_imagefolder, corrupt_jpeg_bytes
 from vitlarge.data import TrainLoader, ValLoader, load_manifest
 from vitlarge.errors import UserError
 from vitlarge.fileio import write_atomic
 
-REPO = str(ROOT)
 CPU = torch.device("cpu")
 
 

@@ -20,12 +20,11 @@ import pytest
 from PIL import Image
 
 from data_tools import imagefolder, imagenet_to_tfrecord, make_index, tfrecord_io
-from tests.helpers import ROOT, run_module
+from tests.helpers import run_module
 from tests.helpers.data_fixtures import SYNSETS, copy_imagefolder
 from vitlarge.data.manifest import MANIFEST_CAP, check_shards, load_manifest, validate_data_dir
 from vitlarge.errors import UserError
 
-REPO = str(ROOT)
 FIX = "a data folder holds its shards and indexes as regular files"
 
 
