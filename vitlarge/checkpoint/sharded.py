@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import io
 import math
 import pickle
@@ -178,6 +179,7 @@ MAX_DIMS = 64
 MAX_PATH = 4096
 
 
+@functools.cache
 def _metadata_classes() -> tuple[type, ...]:
     """DCP's metadata classes: what an index builds (NEWOBJ) and fills (BUILD), exactly these types."""
     from torch.distributed.checkpoint import filesystem, metadata
@@ -217,6 +219,14 @@ def _allowed_globals() -> dict[tuple[str, str], object]:
     return allowed
 
 
+@functools.cache
+def _reducible() -> tuple:
+    """What REDUCE may call: the bounded factories and the memory-format enum (a lookup by value)."""
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
+
+    return (_size, _path, _layout_by_name, _MEM_FORMAT_ENCODING)
+
+
 def _refuse(what: str):
     raise pickle.UnpicklingError(f"{METADATA} {what}, which a DCP index never holds")
 
@@ -248,9 +258,14 @@ def _path(*parts):
     return PurePosixPath(*parts)
 
 
+@functools.cache
+def _layouts() -> dict[str, torch.layout]:
+    return {str(v): v for v in vars(torch).values() if isinstance(v, torch.layout)}
+
+
 def _layout_by_name(name):
     """``torch.serialization._get_layout`` for a name it knows; anything else is refused, not looked up."""
-    layouts = {str(v): v for v in vars(torch).values() if isinstance(v, torch.layout)}
+    layouts = _layouts()
     if not isinstance(name, str) or name not in layouts:
         raise pickle.UnpicklingError(f"{METADATA} names layout {str(name)[:40]!r}, which torch does not have")
     return layouts[name]
@@ -288,9 +303,7 @@ class _MetadataUnpickler(pickle._Unpickler):
     def _reduce(self):
         args = self.stack[-1]
         func = self.stack[-2]
-        from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
-
-        if not (func in (_size, _path, _layout_by_name) or func is _MEM_FORMAT_ENCODING):
+        if not any(func is f for f in _reducible()):
             _refuse(f"calls {getattr(func, '__name__', type(func).__name__)[:60]}")
         if not isinstance(args, tuple):
             _refuse("calls with arguments that are not a tuple")
@@ -490,16 +503,17 @@ def index_problem(metadata, files: dict[str, dict]) -> str | None:
 class Reader(dcp.FileSystemReader):
     """DCP's file-system reader of a checkpoint folder's index read as data (`read_index`): only the
     ``.distcp`` files meta.json lists, within their recorded sizes. ``files``: meta.json's records
-    (read from the folder when not given)."""
+    (read from the folder when not given); ``index``: the `read_index` the caller already made and checked
+    (parsed once: a 1024-rank index takes seconds)."""
 
-    def __init__(self, path, files: dict[str, dict] | None = None):
+    def __init__(self, path, files: dict[str, dict] | None = None, index=None):
         super().__init__(path)
-        self._files = files
+        self._files, self._index = files, index
 
     def read_metadata(self, *args, **kwargs):
         from torch.distributed.checkpoint.metadata import StorageMeta
 
-        metadata = read_index(Path(self.path), self._files)
+        metadata = self._index if self._index is not None else read_index(Path(self.path), self._files)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
@@ -507,17 +521,23 @@ class Reader(dcp.FileSystemReader):
 
 
 def load(
-    folder: Path, model: nn.Module, optimizer, with_optimizer: bool, ema: dict | None = None, files: dict | None = None
+    folder: Path,
+    model: nn.Module,
+    optimizer,
+    with_optimizer: bool,
+    ema: dict | None = None,
+    files: dict | None = None,
+    index=None,
 ) -> None:
     """Every rank: fills this run's model (and optimizer) state from ``folder``, reading only its shards, and
-    the EMA average ``ema`` in place when given (the checkpoint must hold one)."""
+    the EMA average ``ema`` in place when given (the checkpoint must hold one). ``files``, ``index``: see `Reader`."""
     state = _state(model, optimizer, with_optimizer)
     if ema is not None:
         state["ema"] = ema
     with _quiet_single_process():
         dcp.load(
             state,
-            storage_reader=Reader(folder, files),
+            storage_reader=Reader(folder, files, index),
             planner=_WeightsOnlyLoadPlanner(),
             no_dist=not dist.is_initialized(),
         )
@@ -530,19 +550,24 @@ def load(
 
 
 def read_full_model(
-    folder: Path, like: dict[str, torch.Tensor] | None = None, key: str = "model", files: dict | None = None
+    folder: Path,
+    like: dict[str, torch.Tensor] | None = None,
+    key: str = "model",
+    files: dict | None = None,
+    index=None,
 ) -> dict[str, torch.Tensor]:
     """The whole model state dict of a format-3 checkpoint, on the CPU of this process alone (no
     collective, reads the model's bytes only). ``like``: tensors to fill (a plain model's state dict);
-    by default allocated from the index's shapes and dtypes. ``key="ema"``: the EMA average instead."""
+    by default allocated from the index's shapes and dtypes. ``key="ema"``: the EMA average instead.
+    ``files``, ``index``: see `Reader`."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+    index = read_index(folder, files) if index is None else index
     if like is None:
-        index = read_index(folder, files).state_dict_metadata
         try:
             like = {
                 k.removeprefix(f"{key}."): torch.empty(md.size, dtype=md.properties.dtype)
-                for k, md in index.items()
+                for k, md in index.state_dict_metadata.items()
                 if k.startswith(f"{key}.") and isinstance(md, TensorStorageMetadata)
             }
         except RuntimeError as e:  # the index's shapes are bounded by the files' sizes, not by this machine's memory
@@ -551,7 +576,7 @@ def read_full_model(
             ) from None
     state = {key: like}
     with _quiet_single_process():
-        dcp.load(state, storage_reader=Reader(folder, files), planner=_WeightsOnlyLoadPlanner(), no_dist=True)
+        dcp.load(state, storage_reader=Reader(folder, files, index), planner=_WeightsOnlyLoadPlanner(), no_dist=True)
     return state[key]
 
 

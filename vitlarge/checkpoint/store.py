@@ -492,16 +492,24 @@ def read(path: str | Path, model, cfg: Config) -> dict:
         problem = fileio.size_problem(path / name, files.get(name))
         if problem:
             raise Unusable(path, problem)
-    if dcp_format:  # the index is read again inside DCP's load, a collective: its problems are found here first
+    index = None
+    if dcp_format:  # read here, rank-local, so its problems surface before DCP's load (a collective) uses it
         try:
-            sharded.read_index(path, files)
+            index = sharded.read_index(path, files)
         except sharded.IndexProblem as e:
             raise Unusable(path, str(e)) from None
     rank_state = _torch_load(path, rank_file)
     problem = rank_state_problem(rank_state)
     if problem:
         raise Unusable(path, f"{rank_file} {problem}")
-    loaded = {"path": path, "meta": meta, "same_world": same_world, "dcp": dcp_format, "rank": rank_state}
+    loaded = {
+        "path": path,
+        "meta": meta,
+        "same_world": same_world,
+        "dcp": dcp_format,
+        "rank": rank_state,
+        "index": index,
+    }
     if not dcp_format:
         optimizer_files = names[1:-1]
         loaded["model"] = _safetensors(path, "model.safetensors")
@@ -527,6 +535,7 @@ def apply(loaded: dict, model, optimizer, scaler, ema=None) -> dict:
                 meta.get("optimizer_state", True),
                 ema.state_dict() if saved_ema else None,
                 files=meta["files"],
+                index=loaded["index"],
             )
         except CheckpointException as e:
             raise UserError(
@@ -665,10 +674,11 @@ def weights_of(path: str | Path, meta: dict, like: dict[str, torch.Tensor] | Non
         return _safetensors(path, "model.safetensors")
     try:
         # Inside DCP's load its reason would be lost ("metadata is None"); each range DCP torch.loads checked too.
-        problem = sharded.slices_problem(path, sharded.read_index(path, meta["files"]))
+        index = sharded.read_index(path, meta["files"])
+        problem = sharded.slices_problem(path, index)
         if problem:
             raise Unusable(path, problem)
-        return sharded.read_full_model(path, like, files=meta["files"])
+        return sharded.read_full_model(path, like, files=meta["files"], index=index)
     except sharded.IndexProblem as e:
         raise Unusable(path, str(e)) from None
     except CheckpointException as e:
