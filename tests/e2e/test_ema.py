@@ -93,13 +93,13 @@ def test_kill_9_then_the_same_command_ends_with_bitwise_the_same_weights_and_ema
     reference, demo_data, tmp_path, plugin
 ):
     run_args = args(demo_data, tmp_path, plugin)
-    proc = launcher.start(run_args, nproc=2, log=tmp_path / "killed.log")
+    proc = launcher.start(run_args, nproc=2, launcher="fork", log=tmp_path / "killed.log")
     try:
         assert launcher.wait_for(metrics_has_step(tmp_path, 9), 600, proc), (tmp_path / "killed.log").read_text()[
             -3000:
         ]
     finally:
-        launcher.kill_tree(proc.pid)  # SIGKILL, whole tree
+        launcher.kill_tree(proc)  # SIGKILL, both ranks
         proc.wait(timeout=60)
     r = launcher.run(run_args, nproc=2)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

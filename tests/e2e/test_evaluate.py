@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -47,14 +45,13 @@ def test_seven_process_evaluations_equal_one_process_evaluations_of_the_same_che
         "train.checkpoint_every_steps=2",
         "train.log_every_steps=1",
     ]
-    r = launcher.run(args, nproc=7, launcher="torchrun", timeout=600)
+    r = launcher.run(args, nproc=7, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     evals = {x["step"]: x for x in read_metrics(str(tmp_path / "metrics.jsonl")) if x["event"] == "eval"}
     assert sorted(evals) == [2, 4, 6]  # periodic at 2 and 4, final at 6: three passes of the same loaders
-    procs = {
-        step: subprocess.Popen(
+    for step in evals:  # each a one-process evaluation (python -m vitlarge.evaluate), forked: not a launcher test
+        r = launcher.python(
             [
-                sys.executable,
                 "-m",
                 "vitlarge.evaluate",
                 "--config",
@@ -65,18 +62,10 @@ def test_seven_process_evaluations_equal_one_process_evaluations_of_the_same_che
                 str(tmp_path / "checkpoints" / f"step_{step:07d}"),
                 *OVERRIDES,
             ],
-            cwd=launcher.ROOT,
-            env=launcher.env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+            timeout=300,
         )
-        for step in evals
-    }
-    for step, proc in procs.items():
-        out, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err[-2000:]
-        single = json.loads(out.strip().splitlines()[-1])
+        assert r.returncode == 0, r.stderr[-2000:]
+        single = json.loads(r.stdout.strip().splitlines()[-1])
         assert evals[step]["val_images"] == single["val_images"] == 360
         assert evals[step]["val_loss"] == pytest.approx(single["val_loss"], abs=1e-5), step
         assert evals[step]["val_top1"] == pytest.approx(single["val_top1"], abs=1e-9), step

@@ -8,8 +8,6 @@ gives the in-training evaluation of that step to the image: the step's phase's s
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -24,9 +22,9 @@ OVERRIDES = [PHASES, "train.precision=fp32"]
 
 
 def evaluate(demo_data: str, checkpoint, overrides=tuple(OVERRIDES), stderr: list | None = None) -> dict:
-    cmd = [sys.executable, "-m", "vitlarge.evaluate", "--config", "recipes/demo_digits_progressive.py"]
+    cmd = ["-m", "vitlarge.evaluate", "--config", "recipes/demo_digits_progressive.py"]
     cmd += ["--data", demo_data, "--checkpoint", str(checkpoint), *overrides]
-    r = subprocess.run(cmd, cwd=launcher.ROOT, env=launcher.env(), capture_output=True, text=True, timeout=300)
+    r = launcher.python(cmd, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     if stderr is not None:
         stderr.append(r.stderr)
@@ -36,7 +34,7 @@ def evaluate(demo_data: str, checkpoint, overrides=tuple(OVERRIDES), stderr: lis
 def test_evaluate_uses_the_phase_eval_size_and_equals_training(demo_data, tmp_path):
     args = ["--config", "recipes/demo_digits_progressive.py", "--data", demo_data, "--workdir", str(tmp_path)]
     args += [*OVERRIDES, "train.max_steps=8", "train.checkpoint_every_steps=4", "train.eval_every_epochs=0.36"]
-    r = launcher.run(args, nproc=2, launcher="torchrun", timeout=600)  # torchrun: the list's brackets
+    r = launcher.run(args, nproc=2, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     evals = {m["step"]: m for m in read_metrics(str(tmp_path / "metrics.jsonl")) if m["event"] == "eval"}
     assert {4, 8} <= set(evals)  # step 4: the 8 px phase (its boundary is step 6); step 8: the 16 px evaluation

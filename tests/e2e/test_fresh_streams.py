@@ -1,6 +1,6 @@
 """A resume at another world size continues with fresh data, never a replay of the run's start (issue 21, item 5).
 
-Three real torchrun runs of the demo recipe through tests/helpers/record_train.py, which records a hash of
+Three real runs of the demo recipe (ranks forked with torchrun's variables, tests/helpers/forked.py) through tests/helpers/record_train.py, which records a hash of
 every micro-batch each rank takes (images after the loader's augmentation, and labels): a 2-process run
 stopped at step 4, its resume on 4 processes, and a fresh 4-process run. A resume that rebuilt the loader
 with the run's first seed (what vitlarge did before) hands each rank exactly the fresh run's first
@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
-from tests.helpers import ROOT, launcher
+from tests.helpers import launcher
 from tests.helpers.runs import RECIPE, resumed_at
 
 
@@ -31,15 +30,7 @@ def run(demo_data: str, workdir: Path, record: Path, nproc: int, steps: int):
         "train.log_every_steps=1",
         f"train.max_steps={steps}",
     ]
-    cmd = [
-        f"{launcher.VENV_BIN}/torchrun",
-        f"--nproc_per_node={nproc}",
-        f"--master_port={launcher.free_port()}",
-        "tests/helpers/record_train.py",
-        *args,
-    ]
-    env = {**launcher.env(), "VITLARGE_RECORD": str(record)}
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    r = launcher.run(args, nproc, script=("tests/helpers/record_train.py",), extra_env={"VITLARGE_RECORD": str(record)})
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return r
 

@@ -82,13 +82,13 @@ def test_fsdp_equals_ddp_per_tensor_and_in_the_clipped_global_norm(runs, world):
 
 def test_kill_9_then_the_same_command_ends_bitwise_equal(runs, demo_data, tmp_path):
     args = train_args(demo_data, tmp_path, "train.plugin=fsdp")
-    proc = launcher.start(args, nproc=2, log=tmp_path / "killed.log")
+    proc = launcher.start(args, nproc=2, launcher="fork", log=tmp_path / "killed.log")
     try:
         assert launcher.wait_for(metrics_has_step(tmp_path, 11), 600, proc), (tmp_path / "killed.log").read_text()[
             -3000:
         ]
     finally:
-        launcher.kill_tree(proc.pid)  # SIGKILL, whole tree
+        launcher.kill_tree(proc)  # SIGKILL, both ranks
         proc.wait(timeout=60)
     r = launcher.run(args, nproc=2)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

@@ -1,6 +1,6 @@
 """Exact resume across a resolution change: kill -9 just after a phase boundary, then the same command.
 
-Real processes (torchrun, 2 ranks, gloo), real DALI, the progressive demo recipe with its boundary
+Real processes (2 ranks forked with torchrun's variables, gloo), real DALI, the progressive demo recipe with its boundary
 moved to step 6 (half an epoch at 8 px, then 12 px with another crop scale and eval size). One
 uninterrupted reference; one run killed after step 7, whose newest checkpoint (step 6, the last step
 of phase 0) holds phase 0's loader state: the rerun must start phase 1 (new pipelines, new size,
@@ -18,7 +18,7 @@ from tests.helpers import launcher
 from tests.helpers.runs import metrics_has_step, resumed_at
 
 TIMEOUT = 600
-LAUNCHER = "torchrun"  # colossalai run passes its arguments through a shell, which the phase list's brackets break
+LAUNCHER = "fork"  # ranks forked with torchrun's variables (tests/helpers/forked.py): the launcher is not the subject
 STEPS = 9
 PHASES = (
     "train.phases=[{'epoch': 0, 'image_size': 8}, "
@@ -56,7 +56,7 @@ def test_kill_9_just_after_a_phase_boundary_resumes_bitwise(demo_data, tmp_path)
             assert launcher.wait_for(metrics_has_step(workdir, kill_after), TIMEOUT, proc), log.read_text()[-3000:]
             assert proc.poll() is None, "the run ended before the kill"
         finally:
-            launcher.kill_tree(proc.pid)
+            launcher.kill_tree(proc)
         proc.wait(timeout=60)
         resumes += resumed_at(log.read_text())
     r = launcher.run(args(demo_data, workdir), nproc=2, launcher=LAUNCHER, timeout=TIMEOUT)

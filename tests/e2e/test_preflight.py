@@ -1,24 +1,26 @@
 """One rank's bad input stops every rank within seconds, printed by the rank that met it.
 
-Two train.py processes started as a launcher starts them (``RANK``/``WORLD_SIZE``/``MASTER_*``), one
-per "node": rank 1's ``--data`` does not exist there (a mount missing on one node). Both exit 2
+Two train.py processes with the variables a launcher sets (``RANK``/``WORLD_SIZE``/``MASTER_*``), one
+per "node", forked from the session's pre-imported server (tests/helpers/forked.py): rank 1's ``--data`` does not exist there (a mount missing on one node). Both exit 2
 long before the 300 s rendezvous timeout; rank 1 prints the path with its rank and host, rank 0
 prints one line naming rank 1. When every rank meets the same error, rank 0 alone prints it.
 """
 
 from __future__ import annotations
 
+import shutil
 import socket
-import subprocess
-import sys
+import tempfile
 import time
+from pathlib import Path
 
 from tests.helpers import launcher
+from tests.helpers.forked import Rank
 
 ARGS = ["--config", "recipes/demo_digits.py", "train.max_steps=1"]
 
 
-def start(rank: int, port: int, data: str, workdir, args: list[str] = ARGS) -> subprocess.Popen:
+def start(rank: int, port: int, data: str, workdir, args: list[str], logs: Path) -> Rank:
     env = launcher.env() | {
         "RANK": str(rank),
         "LOCAL_RANK": "0",  # one task per node
@@ -26,23 +28,29 @@ def start(rank: int, port: int, data: str, workdir, args: list[str] = ARGS) -> s
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(port),
     }
-    cmd = [sys.executable, "train.py", *args, "--data", data, "--workdir", str(workdir)]
-    return subprocess.Popen(cmd, cwd=launcher.ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    argv = ["train.py", *args, "--data", data, "--workdir", str(workdir)]
+    return Rank(argv, env, launcher.ROOT, logs / f"rank{rank}.out", logs / f"rank{rank}.err")
 
 
 def run_pair(
     data: tuple[str, str], workdir, workdirs: tuple | None = None, args: tuple | None = None
 ) -> tuple[list, float]:
-    """``workdirs``: each rank's own --workdir (a shared folder that is another one on one node); ``args``:
+    """Both ranks forked from the session's pre-imported server (tests/helpers/forked.py: the launcher is not the
+    subject). ``workdirs``: each rank's own --workdir (a shared folder that is another one on one node); ``args``:
     each rank's own arguments before --data (a recipe present on one node only)."""
+    logs = Path(tempfile.mkdtemp(prefix="preflight-"))
     port, t0 = launcher.free_port(), time.monotonic()
-    procs = [start(r, port, data[r], (workdirs or (workdir, workdir))[r], (args or (ARGS, ARGS))[r]) for r in (0, 1)]
+    procs = [
+        start(r, port, data[r], (workdirs or (workdir, workdir))[r], (args or (ARGS, ARGS))[r], logs) for r in (0, 1)
+    ]
     try:
-        out = [p.communicate(timeout=200) for p in procs]
+        codes = [p.wait(timeout=200) for p in procs]
     finally:
         for p in procs:
-            p.kill()
-    return [(p.returncode, o, e) for p, (o, e) in zip(procs, out)], time.monotonic() - t0
+            launcher.kill_tree(p)
+    out = [((logs / f"rank{r}.out").read_text(), (logs / f"rank{r}.err").read_text()) for r in (0, 1)]
+    shutil.rmtree(logs)
+    return [(c, o, e) for c, (o, e) in zip(codes, out)], time.monotonic() - t0
 
 
 def errors(stderr: str) -> list[str]:

@@ -25,7 +25,7 @@ def tensorboard_steps(workdir) -> set[int]:
 def test_requeues_of_a_run_started_with_resume_finish_it(demo_data, tmp_path):
     base = ["--config", "recipes/demo_digits.py", "--data", demo_data, "--workdir", str(tmp_path)]
     base += ["train.checkpoint_every_steps=2", "train.keep_checkpoints=2", "train.log_every_steps=1"]
-    r = launcher.run([*base, "train.max_steps=6"], nproc=2, launcher="torchrun")
+    r = launcher.run([*base, "train.max_steps=6"], nproc=2)
     assert r.returncode == 0, r.stderr[-3000:]
     x = tmp_path / "checkpoints" / "step_0000004"
     cmd = [*base, "train.max_steps=12", "--resume", str(x)]
@@ -45,7 +45,7 @@ def test_requeues_of_a_run_started_with_resume_finish_it(demo_data, tmp_path):
         if stop_after == 9:  # the requeue after the first stop continued the line, it did not go back
             assert resumed_at(logs[0].read_text())[-1][1] >= 7
     assert len(abandoned(tmp_path)) == 1  # the first --resume went back once; the requeues moved nothing
-    r = launcher.run(cmd, nproc=2, launcher="torchrun")
+    r = launcher.run(cmd, nproc=2)
     assert r.returncode == 0, r.stderr[-3000:]
     assert resumed_at(r.stdout + r.stderr)[-1][1] >= 9
     steps = [m["step"] for m in read_metrics(str(tmp_path / "metrics.jsonl")) if m["event"] == "train"]

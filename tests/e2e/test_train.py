@@ -1,4 +1,4 @@
-"""train.py end to end: real `colossalai run` / torchrun processes with gloo, real DALI, the demo recipe.
+"""train.py end to end: real processes (forked ranks with torchrun's variables, tests/helpers/forked.py) with gloo, real DALI, the demo recipe.
 
 The runs are short (a few optimizer steps of the 0.45M-parameter demo ViT) but go through every
 part: Booster + TorchDDPPlugin, 4 accumulation micro-steps under no_sync, the precision `auto` picks
@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -59,7 +57,7 @@ def test_two_rank_run_logs_plan_metrics_and_one_allreduce_per_step(reference_run
 
 
 def test_accumulation_is_derived_from_world_size(demo_data, tmp_path):
-    r = launcher.run(train_args(demo_data, tmp_path, "train.max_steps=1") + ["--dry-run"], nproc=1, launcher="python")
+    r = launcher.run(train_args(demo_data, tmp_path, "train.max_steps=1") + ["--dry-run"], nproc=1)
     assert r.returncode == 0, r.stderr
     assert "128 = 16 (micro) x 8 (accumulation) x 1 (devices)" in r.stdout
 
@@ -69,15 +67,15 @@ def test_interrupted_mid_epoch_then_resumed_is_bitwise_equal(reference_run, demo
     ref_dir, _ = reference_run
     log = tmp_path / "first.log"
     args = train_args(demo_data, tmp_path, "train.max_steps=12", "train.checkpoint_every_steps=5")
-    proc = launcher.start(args, nproc=2, log=log)
+    proc = launcher.start(args, nproc=2, launcher="fork", log=log)
     try:
         metrics = tmp_path / "metrics.jsonl"
         seen_step = lambda: metrics.exists() and '"step": 7' in metrics.read_text()  # noqa: E731
         assert launcher.wait_for(seen_step, timeout=300, proc=proc), log.read_text()[-3000:]
-        launcher.workers(proc.pid)[-1].send_signal(signal.SIGTERM)  # one rank only: it must tell the others
+        launcher.workers(proc)[-1].send_signal(signal.SIGTERM)  # one rank only: it must tell the others
         assert proc.wait(timeout=300) != 0
     finally:
-        launcher.kill_tree(proc.pid)
+        launcher.kill_tree(proc)
     text = log.read_text()
     assert "stopped on signal after step" in text, text[-3000:]
     stopped = max(int(p.name[5:]) for p in (tmp_path / "checkpoints").glob("step_*"))
@@ -129,9 +127,8 @@ def test_export_loads_into_timm_and_evaluate_cli_matches(reference_run, demo_dat
     # preprocessing parameters from config.json; JPEG decoders may differ in the last bit of a pixel.
     top1, n = timm_accuracy(workdir / "model", demo_data)
     assert n == 360 and abs(top1 - last_eval["val_top1"]) <= 3 / 360, (top1, last_eval["val_top1"])
-    r = subprocess.run(
+    r = launcher.python(
         [
-            sys.executable,
             "-m",
             "vitlarge.evaluate",
             "--config",
@@ -141,10 +138,6 @@ def test_export_loads_into_timm_and_evaluate_cli_matches(reference_run, demo_dat
             "--checkpoint",
             str(workdir / "checkpoints" / "step_0000012"),
         ],
-        cwd=launcher.ROOT,
-        env=launcher.env(),
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert r.returncode == 0, r.stderr[-2000:]
@@ -153,7 +146,7 @@ def test_export_loads_into_timm_and_evaluate_cli_matches(reference_run, demo_dat
     assert got["val_top1"] == pytest.approx(last_eval["val_top1"], abs=1 / 360)
 
 
-def test_dry_run_of_the_32k_recipe_under_colossalai_run_with_4_processes():
+def test_dry_run_of_the_32k_recipe_with_4_processes():
     r = launcher.run(["--config", "recipes/vit_b16.py", "--dry-run"], nproc=4, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "32768 = 256 (micro) x 32 (accumulation) x 4 (devices)" in r.stdout
@@ -174,7 +167,7 @@ def test_dry_run_of_the_32k_recipe_under_colossalai_run_with_4_processes():
 )
 def test_bad_input_is_one_clear_line(demo_data, tmp_path, extra, message):
     args = ["--config", RECIPE, "--data", demo_data, "--workdir", str(tmp_path / "w"), "train.max_steps=1"]
-    r = launcher.run(args + extra, launcher="python", timeout=120)
+    r = launcher.run(args + extra, timeout=120)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert lines[-1].startswith("error: ") and message in lines[-1], r.stderr[-2000:]
@@ -182,7 +175,7 @@ def test_bad_input_is_one_clear_line(demo_data, tmp_path, extra, message):
 
 
 def test_world_size_that_does_not_divide_the_batch_fails_before_training(demo_data, tmp_path):
-    r = launcher.run(train_args(demo_data, tmp_path, "train.max_steps=1"), nproc=3, launcher="torchrun", timeout=300)
+    r = launcher.run(train_args(demo_data, tmp_path, "train.max_steps=1"), nproc=3, timeout=300)
     assert r.returncode != 0
     assert "not divisible by train.micro_batch x world size = 16 x 3 = 48" in r.stderr
     assert not (tmp_path / "checkpoints").exists()
@@ -199,7 +192,6 @@ def test_checkpoint_of_another_model_is_refused(reference_run, demo_data, tmp_pa
             "--resume",
             str(workdir / "checkpoints" / "step_0000012"),
         ),
-        launcher="python",
         timeout=300,
     )
     assert r.returncode == 2, r.stderr[-2000:]

@@ -1,10 +1,12 @@
 """train.py as a command: what it prints and where it stops before any data is read.
 
-Each test starts ``python train.py`` (one process, no launcher): the dry-run plan (also for 128 devices), a bad override,
+Each test runs ``python train.py`` (one process, no launcher; forked from the session's pre-imported server,
+tests/helpers/forked.py, except the run that must not import DALI): the dry-run plan (also for 128 devices), a bad override,
 a phase batch the world size cannot divide, a missing ``model.init_from`` path (and a resume that
 does not need it), and the synthetic source's dry run with DALI unimportable.
 """
 
+import os
 import subprocess
 import sys
 
@@ -19,29 +21,14 @@ NO_DATA = "data.path=/nonexistent/no-data-here"  # proves that the dry run reads
 
 @pytest.fixture(scope="module")
 def train_runs():
-    """Both train.py runs start together: each spends seconds importing torch, so they overlap."""
+    """The three train.py commands, each forked from the session's pre-imported server (tests/helpers/forked.py)."""
     runs = {
         "dry": ["--config", "recipes/vit_b16.py", "--dry-run"],
         "bad": ["--config", "recipes/vit_b16.py", "--dry-run", "optim.lrr=0.1"],
         "wide": ["--config", "recipes/vit_b16.py", "--dry-run", "--world-size", "128"],
     }
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}  # no launcher variables: one process
-    procs = {
-        k: subprocess.Popen(
-            [sys.executable, "train.py", *a],
-            cwd=ROOT,
-            env=env,
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        for k, a in runs.items()
-    }
-    out = {}
-    for k, proc in procs.items():
-        stdout, stderr = proc.communicate(timeout=120)
-        out[k] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
-    return out
+    return {k: launcher.python(["train.py", *a], timeout=120, environment=env) for k, a in runs.items()}
 
 
 def test_dry_run_prints_the_plan(train_runs):
@@ -70,9 +57,8 @@ def test_bad_override_exits_2_with_one_line(train_runs):
 
 def test_a_phase_batch_the_world_size_cannot_divide_fails_in_train_py_before_the_data(tmp_path):
     """Exit 2 with one line, although --data does not exist: the phases are checked first."""
-    r = subprocess.run(
+    r = launcher.python(
         [
-            sys.executable,
             "train.py",
             "--config",
             str(DEMO),
@@ -81,10 +67,7 @@ def test_a_phase_batch_the_world_size_cannot_divide_fails_in_train_py_before_the
             "--dry-run",
             "train.phases=[{'epoch': 0}, {'epoch': 30, 'global_batch': 96, 'micro_batch': 16}]",
         ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env={"WORLD_SIZE": "4", "RANK": "0", "LOCAL_RANK": "0", "PATH": "/usr/bin:/bin"},
+        environment={"WORLD_SIZE": "4", "RANK": "0", "LOCAL_RANK": "0", "PATH": "/usr/bin:/bin"},
     )
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == (
@@ -95,21 +78,10 @@ def test_a_phase_batch_the_world_size_cannot_divide_fails_in_train_py_before_the
 
 def test_a_missing_path_fails_in_train_py_before_the_data(tmp_path):
     missing = tmp_path / "nothing" / "model"
-    r = subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            "--config",
-            str(DEMO),
-            "--data",
-            str(tmp_path / "no_data"),
-            "--workdir",
-            str(tmp_path / "run"),
-            f"model.init_from={missing}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    r = launcher.python(
+        ["train.py", "--config", str(DEMO), "--data", str(tmp_path / "no_data"), "--workdir", str(tmp_path / "run")]
+        + [f"model.init_from={missing}"],
+        environment=dict(os.environ),
     )
     assert r.returncode == 2
     # Said before the imports and the rendezvous (10-20 s), after the recipe loaded.
@@ -126,21 +98,10 @@ def test_a_resume_does_not_need_the_init_from_file(tmp_path):
     missing = tmp_path / "gone" / "model"
     work = tmp_path / "run"
     (work / "checkpoints" / store.step_name(10)).mkdir(parents=True)
-    r = subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            "--config",
-            str(DEMO),
-            "--data",
-            str(tmp_path / "no_data"),
-            "--workdir",
-            str(work),
-            f"model.init_from={missing}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    r = launcher.python(
+        ["train.py", "--config", str(DEMO), "--data", str(tmp_path / "no_data"), "--workdir", str(work)]
+        + [f"model.init_from={missing}"],
+        environment=dict(os.environ),
     )
     assert r.returncode == 2 and "init_from" not in r.stderr and "no_data" in r.stderr, r.stderr
 

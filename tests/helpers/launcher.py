@@ -37,8 +37,13 @@ def env() -> dict:
     return e
 
 
-LAUNCHERS = ("python", "torchrun", "colossalai", "vitlarge")
-"""``launcher=``: one process without a launcher, torchrun, ``colossalai run``, ``python -m vitlarge.run``."""
+LAUNCHERS = ("python", "torchrun", "colossalai", "vitlarge", "fork")
+"""``launcher=``: one process without a launcher, torchrun, ``colossalai run``, ``python -m vitlarge.run``, or
+ranks forked from the session's pre-imported server with torchrun's variables (`tests.helpers.forked`: for
+tests whose subject is not the launcher; the exit status is the one ``python -m vitlarge.run`` keeps)."""
+
+DEFAULT = "fork"
+"""The launcher of a test that names none: its subject is the run, not how it was started."""
 
 
 def command(
@@ -84,22 +89,73 @@ def command(
 def run(
     args: list[str],
     nproc: int = 1,
-    launcher: str = "colossalai",
+    launcher: str = DEFAULT,
     timeout: float = 600,
     script: tuple = ("train.py",),
     port: int | None = None,
+    extra_env: dict | None = None,
 ) -> subprocess.CompletedProcess:
+    """Runs ``script`` (train.py or a wrapper of it) on ``nproc`` ranks; ``extra_env`` adds variables."""
+    environment = {**env(), **(extra_env or {})}
+    if launcher == "fork":
+        return _run_forked(args, nproc, timeout, script, port, environment)
     return subprocess.run(
         command(args, nproc, launcher, script, port),
         cwd=ROOT,
-        env=env(),
+        env=environment,
         capture_output=True,
         text=True,
         timeout=timeout,
     )
 
 
-def start(args: list[str], nproc: int = 1, launcher: str = "colossalai", log: Path | None = None) -> subprocess.Popen:
+def _run_forked(args, nproc, timeout, script, port, environment) -> subprocess.CompletedProcess:
+    import tempfile
+
+    from tests.helpers.forked import Job
+
+    with tempfile.TemporaryDirectory(prefix="forked-") as d:
+        out, err = Path(d, "stdout"), Path(d, "stderr")
+        job = Job([*script, *args], nproc, environment, ROOT, out, err, free_port() if port is None else port)
+        try:
+            code = job.wait(timeout)
+        except subprocess.TimeoutExpired:
+            job.kill()
+            raise
+        return subprocess.CompletedProcess(job.args, code, out.read_text(), err.read_text() if err.exists() else "")
+
+
+def python(
+    argv: list[str], timeout: float = 600, extra_env: dict | None = None, environment: dict | None = None
+) -> subprocess.CompletedProcess:
+    """``python *argv`` (a script or ``-m module`` and its arguments) in the repository, forked from the session's
+    pre-imported server (`tests.helpers.forked`): for tests whose subject is the command, not a fresh interpreter.
+    The environment is `env` plus ``extra_env``, or exactly ``environment``."""
+    import tempfile
+
+    from tests.helpers.forked import Rank
+
+    with tempfile.TemporaryDirectory(prefix="forked-") as d:
+        out, err = Path(d, "stdout"), Path(d, "stderr")
+        proc = Rank(argv, {**env(), **(extra_env or {})} if environment is None else environment, ROOT, out, err)
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc)
+            raise
+        return subprocess.CompletedProcess(argv, code, out.read_text(), err.read_text())
+
+
+def start(args: list[str], nproc: int = 1, launcher: str = "colossalai", log: Path | None = None):
+    """A running job: a `subprocess.Popen` in a session of its own, or a `tests.helpers.forked.Job` (the same
+    ``poll``/``wait``/``returncode``; `kill_tree` takes either)."""
+    if launcher == "fork":
+        import tempfile
+
+        from tests.helpers.forked import Job
+
+        out = log or Path(tempfile.mkstemp(prefix="forked-")[1])
+        return Job(["train.py", *args], nproc, env(), ROOT, out, out, free_port())
     out = open(log, "w") if log else subprocess.DEVNULL
     return subprocess.Popen(
         command(args, nproc, launcher),
@@ -111,7 +167,14 @@ def start(args: list[str], nproc: int = 1, launcher: str = "colossalai", log: Pa
     )
 
 
-def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:
+def kill_tree(pid, sig: int = signal.SIGKILL) -> None:
+    """Signals a process and everything under it. ``pid``: a pid, a `subprocess.Popen`, or a forked
+    `tests.helpers.forked.Job` (each of its ranks and what they started)."""
+    if hasattr(pid, "ranks"):
+        for rank in pid.ranks:
+            kill_tree(rank.pid, sig)
+        return
+    pid = getattr(pid, "pid", pid)
     try:
         parent = psutil.Process(pid)
         procs = parent.children(recursive=True) + [parent]
@@ -125,8 +188,20 @@ def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:
     psutil.wait_procs(procs, timeout=30)
 
 
-def workers(pid: int) -> list[psutil.Process]:
-    """The train.py worker processes under a launcher (not the launcher, torchrun or a shell)."""
+def tree(pid) -> list[psutil.Process]:
+    """A launcher (pid or `subprocess.Popen`) and every process under it, or a forked job's ranks and theirs."""
+    if hasattr(pid, "ranks"):
+        return [p for rank in pid.ranks for p in tree(rank.pid)]
+    parent = psutil.Process(getattr(pid, "pid", pid))
+    return parent.children(recursive=True) + [parent]
+
+
+def workers(pid) -> list[psutil.Process]:
+    """The train.py worker processes under a launcher (not the launcher, torchrun or a shell), or a forked
+    job's ranks."""
+    if hasattr(pid, "ranks"):
+        return [psutil.Process(rank.pid) for rank in pid.ranks]
+    pid = getattr(pid, "pid", pid)
     found = []
     for p in psutil.Process(pid).children(recursive=True):
         try:

@@ -106,11 +106,15 @@ def srun(
     logs: list[Path],
     wrap: dict[int, list[str]] | None = None,
     script: tuple = ("train.py",),
-) -> list[subprocess.Popen]:
+    fork: bool | None = None,
+) -> list:
     """Starts ``python train.py`` ``ntasks`` times with the variables srun sets (no launcher in between).
 
     ``wrap`` puts a command in front of some ranks' (e.g. ``unshare`` to give one rank its own view of files);
-    ``script`` is the entry point and its arguments (tests/helpers/poison_train.py wraps train.py)."""
+    ``script`` is the entry point and its arguments (tests/helpers/poison_train.py wraps train.py). The tasks
+    are forked from the session's pre-imported server (`tests.helpers.forked.Rank`: ``poll``, ``wait``,
+    ``returncode``, ``pid`` as `subprocess.Popen` has them) unless ``wrap`` is given or ``fork=False``."""
+    fork = not wrap if fork is None else fork
     port = launcher.free_port()
     procs = []
     for rank, log in enumerate(logs[:ntasks]):
@@ -126,6 +130,12 @@ def srun(
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),
         )
+        if fork:
+            from tests.helpers.forked import Rank
+
+            Path(log).write_text("")
+            procs.append(Rank([*script, *args], env, launcher.ROOT, Path(log)))
+            continue
         cmd = [*(wrap or {}).get(rank, []), sys.executable, *script, *args]
         procs.append(
             subprocess.Popen(

@@ -1,4 +1,4 @@
-"""The bad-input matrix: every case through the real command a user runs, one row per case.
+"""The bad-input matrix: every case through the command a user runs, one row per case.
 
 Each row names the command (``train.py``, ``python -m data_tools.imagenet_to_tfrecord``,
 ``python -m data_tools.make_index``, ``python -m vitlarge.evaluate``), prepares the damage and
@@ -6,8 +6,9 @@ states what the user must see: the exit status, the words of the last stderr lin
 naming the file or key and the fix) and, for failures, that nothing partial sits under a final
 name. Awkward-but-valid images (PNG, CMYK, grayscale) must instead convert and decode through DALI.
 Several rows are also unit-tested elsewhere (tests/unit/data/test_bad_input.py, tests/unit/checkpoint/test_store.py,
-test_config.py); here they are proven through the command line. Runs are single-process and stop
-after at most one optimizer step.
+test_config.py); here they are proven through the command line, in a process forked from the session's
+pre-imported server (tests/helpers/forked.py; the same ``main`` as ``python train.py``, without 11 s of
+imports per row). Runs are single-process and stop after at most one optimizer step.
 """
 
 from __future__ import annotations
@@ -539,7 +540,9 @@ CASES = {
 def test_bad_input(case, demo_data, tiny_imagefolder, tmp_path):
     run = CASES[case](Ctx(tmp_path, demo_data, tiny_imagefolder))
     try:
-        r = subprocess.run(run.cmd, cwd=launcher.ROOT, env=launcher.env(), capture_output=True, text=True, timeout=300)
+        # The command's own code from its first line (argument parsing on), forked from the session's pre-imported
+        # server (tests/helpers/forked.py): the launcher is not the subject here (tests/e2e/test_launchers.py).
+        r = launcher.python(run.cmd[1:], timeout=300)
         last = (r.stderr.strip().splitlines() or [""])[-1]
         assert r.returncode == run.rc, f"exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
         for words in run.says:

@@ -1,6 +1,6 @@
 """kill -9 of a whole 2-rank run at five points, each followed by the same command: exact resume.
 
-One run sequence (`colossalai run`, 12 steps, a checkpoint every 2): kill, rerun, kill, rerun, ...
+One run sequence (two ranks forked with torchrun's variables, tests/helpers/forked.py; 12 steps, a checkpoint every 2): kill, rerun, kill, rerun, ...
 finish. Every rerun must resume from the newest *complete* checkpoint on disk (rank 0 logs
 "resumed from ... at step N"), a checkpoint killed mid-write (only its ``.step_N.tmp`` folder
 exists) is never chosen, and the final weights equal the uninterrupted reference bit for bit.
@@ -32,11 +32,6 @@ from vitlarge.checkpoint import store
 TIMEOUT = 600
 
 
-def tree(pid: int) -> list[psutil.Process]:
-    parent = psutil.Process(pid)
-    return parent.children(recursive=True) + [parent]
-
-
 def assert_all_dead(procs: list[psutil.Process]) -> None:
     alive = [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"survived kill -9: {alive}"
@@ -50,7 +45,7 @@ def wait_mid_write(proc, ckpt_root: Path, step: int) -> list[str]:
     """
     tmp = ckpt_root / f".step_{step:07d}.tmp"
     assert launcher.wait_for(metrics_has_step(ckpt_root.parent, step - 1), TIMEOUT, proc)  # workers are up
-    procs = tree(proc.pid)  # taken before: no /proc walk between seeing the folder and stopping
+    procs = launcher.tree(proc)  # taken before: no /proc walk between seeing the folder and stopping
     deadline = time.time() + TIMEOUT
     while not tmp.exists():
         assert proc.poll() is None and time.time() < deadline, f"{tmp} never appeared"
@@ -90,17 +85,17 @@ def test_kill_9_at_five_points_resumes_from_newest_complete_checkpoint_bitwise(d
     history = []
     for i, (name, reached) in enumerate(points):
         log = tmp_path / f"attempt_{i}.log"
-        proc = launcher.start(args, nproc=2, log=log)
+        proc = launcher.start(args, nproc=2, launcher="fork", log=log)
         try:
             if reached is None:
                 half_written = wait_mid_write(proc, ckpt_root, mid_write_step)
             else:
                 assert reached(proc), f"{name}: not reached\n" + log.read_text()[-3000:]
                 assert proc.poll() is None, f"{name}: the run ended before the kill\n" + log.read_text()[-3000:]
-            procs = tree(proc.pid)
-            assert len(launcher.workers(proc.pid)) == 2
+            procs = launcher.tree(proc)
+            assert len(launcher.workers(proc)) == 2
         finally:
-            launcher.kill_tree(proc.pid)  # SIGKILL to the launcher, torchrun and both workers
+            launcher.kill_tree(proc)  # SIGKILL to both ranks and anything they started
         proc.wait(timeout=60)
         assert_all_dead(procs)
 

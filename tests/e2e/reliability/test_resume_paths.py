@@ -105,12 +105,12 @@ def test_resume_of_an_older_step_into_the_same_workdir_then_kill_9_and_requeue(r
     ckpts = copy_run(reference, workdir)
     args = train_args(demo_data, workdir)
     log = tmp_path / "resume_older.log"
-    proc = launcher.start([*args, "--resume", str(ckpts / "step_0000004")], nproc=2, log=log)
+    proc = launcher.start([*args, "--resume", str(ckpts / "step_0000004")], nproc=2, launcher="fork", log=log)
     try:
         new_line_at_8 = lambda: any(ckpts.glob("abandoned_*")) and (ckpts / "step_0000008" / "meta.json").exists()  # noqa: E731
         assert launcher.wait_for(new_line_at_8, TIMEOUT, proc, poll=0.005), log.read_text()[-3000:]
     finally:
-        launcher.kill_tree(proc.pid)  # kill -9 of the launcher, torchrun and both workers
+        launcher.kill_tree(proc)  # kill -9 of both ranks
     proc.wait(timeout=60)
     text = log.read_text()
     [aside] = ckpts.glob("abandoned_*")
@@ -221,9 +221,7 @@ def test_every_kind_of_damage_is_one_warning_and_nothing_is_lost_then_no_periodi
     (ckpts / "step_0000008" / "__0_0.distcp").write_bytes(b"")
     w = ckpts / "step_0000006" / "__0_0.distcp"
     w.write_bytes(w.read_bytes()[:4096])
-    cmd = launcher.command(
-        train_args(demo_data, workdir, "train.max_steps=7", "train.checkpoint_every_steps=0"), 1, launcher="python"
-    )
+    cmd = launcher.command(train_args(demo_data, workdir, "train.max_steps=7", "train.checkpoint_every_steps=0"), 1)
     r = subprocess.run(cmd, cwd=launcher.ROOT, env=launcher.env(), capture_output=True, text=True, timeout=TIMEOUT)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
@@ -289,7 +287,7 @@ def test_a_checkpoint_of_the_previous_release_resumes_with_a_fresh_data_stream(d
     import torch
 
     workdir = tmp_path / "run"
-    first = launcher.run(train_args(demo_data, workdir, "train.max_steps=2"), launcher="python", timeout=TIMEOUT)
+    first = launcher.run(train_args(demo_data, workdir, "train.max_steps=2"), timeout=TIMEOUT)
     assert first.returncode == 0, first.stderr[-3000:]
     ckpt = workdir / "checkpoints" / "step_0000002"
     as_format_1(ckpt)
@@ -299,7 +297,7 @@ def test_a_checkpoint_of_the_previous_release_resumes_with_a_fresh_data_stream(d
     torch.save(state, ckpt / "rank_00000.pt")
     shutil.rmtree(workdir / "model")
 
-    r = launcher.run(train_args(demo_data, workdir, "train.max_steps=4"), launcher="python", timeout=TIMEOUT)
+    r = launcher.run(train_args(demo_data, workdir, "train.max_steps=4"), timeout=TIMEOUT)
     log = r.stdout + r.stderr
     assert r.returncode == 0, log[-3000:]
     assert resumed_at(log) == [(str(ckpt), 2)]
