@@ -67,7 +67,9 @@ def test_a_phase_batch_the_world_size_cannot_divide_fails_in_train_py_before_the
             "--dry-run",
             "train.phases=[{'epoch': 0}, {'epoch': 30, 'global_batch': 96, 'micro_batch': 16}]",
         ],
-        environment={"WORLD_SIZE": "4", "RANK": "0", "LOCAL_RANK": "0", "PATH": "/usr/bin:/bin"},
+        # Rank 0 of 4 alone: after its error it waits for the others to hear (min(30 s, the rendezvous timeout)).
+        environment={"WORLD_SIZE": "4", "RANK": "0", "LOCAL_RANK": "0", "PATH": "/usr/bin:/bin"}
+        | {"VITLARGE_RENDEZVOUS_TIMEOUT": "2"},
     )
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == (
