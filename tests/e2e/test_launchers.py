@@ -60,6 +60,7 @@ def test_overrides_without_metacharacters_survive_colossalai_run(demo_data, tmp_
             "train.eval_every_epochs=0",
         ],
         nproc=1,
+        launcher="colossalai",
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     cfg = start_record(tmp_path / "run")
@@ -74,7 +75,9 @@ def test_overrides_without_metacharacters_survive_colossalai_run(demo_data, tmp_
 
 def test_a_workdir_with_a_space_is_one_line_under_colossalai_run(demo_data, tmp_path):
     r = launcher.run(
-        ["--config", RECIPE, "--data", demo_data, "--workdir", str(tmp_path / "my run"), "--dry-run"], nproc=1
+        ["--config", RECIPE, "--data", demo_data, "--workdir", str(tmp_path / "my run"), "--dry-run"],
+        nproc=1,
+        launcher="colossalai",
     )
     out = r.stdout + r.stderr
     errors = [x for x in out.splitlines() if x.startswith("error: ")]
