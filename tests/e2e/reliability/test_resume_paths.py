@@ -1,7 +1,7 @@
 """Every resume path through real runs: rewound, killed, damaged and diverging views.
 
-Runs are 2 ranks (``colossalai run``, or two srun-style ``python train.py`` tasks where a rank needs
-its own view of the files or its own exit status), fp32, 12 optimizer steps of the demo recipe, a
+Runs are 2 ranks (forked with torchrun's variables, tests/helpers/forked.py; two srun-style tasks where a rank
+needs its own exit status; real ``python train.py`` processes where a rank needs its own view of the files), fp32, 12 optimizer steps of the demo recipe, a
 checkpoint every 2, keep 10. One uninterrupted run is the reference; the others start from a copy
 of its workdir, rewound or damaged, and must end on the reference's final weights bit for bit.
 
@@ -200,7 +200,7 @@ def test_an_error_before_the_process_group_exists_is_printed_once(demo_data, tmp
         assert [len(ERRORS.findall(text)) for text in logs] == [1, 0]
         text = logs[0]
     else:
-        r = launcher.run(args, nproc=2, timeout=TIMEOUT)
+        r = launcher.run(args, nproc=2, launcher="colossalai", timeout=TIMEOUT)  # its ranks' output merged
         assert r.returncode != 0
         text = r.stdout + r.stderr
     assert ERRORS.findall(text) == [
@@ -221,8 +221,7 @@ def test_every_kind_of_damage_is_one_warning_and_nothing_is_lost_then_no_periodi
     (ckpts / "step_0000008" / "__0_0.distcp").write_bytes(b"")
     w = ckpts / "step_0000006" / "__0_0.distcp"
     w.write_bytes(w.read_bytes()[:4096])
-    cmd = launcher.command(train_args(demo_data, workdir, "train.max_steps=7", "train.checkpoint_every_steps=0"), 1)
-    r = subprocess.run(cmd, cwd=launcher.ROOT, env=launcher.env(), capture_output=True, text=True, timeout=TIMEOUT)
+    r = launcher.run(train_args(demo_data, workdir, "train.max_steps=7", "train.checkpoint_every_steps=0"), 1)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     warned = WARNED.findall(out)
