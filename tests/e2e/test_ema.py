@@ -1,4 +1,4 @@
-"""train.ema_decay end to end: real 2-rank `colossalai run` demo runs (gloo, DALI), ddp and fsdp.
+"""train.ema_decay end to end: real 2-rank demo runs (forked ranks, tests/helpers/forked.py) (gloo, DALI), ddp and fsdp.
 
 Each plugin: one uninterrupted 12-step run with the EMA (evaluations at steps 6 and 12), and one killed with
 kill -9 after its step-8 checkpoint, then the same command: the resumed run ends with bitwise the same weights

@@ -1,5 +1,5 @@
 """train.plugin=fsdp end to end (vitlarge/distributed/fsdp.py, sharded_optim.py, sharded_checkpoint.py): real
-`colossalai run` processes with gloo, real DALI, the demo recipe. (In one process: tests/unit/distributed/test_fsdp.py.)
+processes (forked ranks, tests/helpers/forked.py) with gloo, real DALI, the demo recipe. (In one process: tests/unit/distributed/test_fsdp.py.)
 
 Parity: 20 fp32 optimizer steps of the demo ViT with ``fsdp`` equal ``ddp`` to 1e-5 relative per
 tensor at world size 2 and 3 (3 splits every tensor's rows unevenly, so some tensors are cut between

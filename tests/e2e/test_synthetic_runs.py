@@ -1,6 +1,6 @@
 """data.source=synthetic in real train.py runs: no data directory, exact resumes.
 
-Two `colossalai run` ranks (gloo) of the demo recipe with no data directory, an uninterrupted
+Two ranks (forked, tests/helpers/forked.py; gloo) of the demo recipe with no data directory, an uninterrupted
 reference and a run stopped at step 5 and resumed, equal bit for bit; a phased run with DALI made
 unimportable (tests/helpers/block_imports.py), stopped inside its second phase and resumed, against
 its own reference. The in-process checks are in tests/unit/data/test_synthetic.py.
@@ -47,7 +47,7 @@ def last_eval(workdir: Path) -> dict:
 
 
 def test_two_rank_run_without_data_resumes_exactly(tmp_path):
-    """colossalai run, 2 ranks: 8 steps in one go, and 5 steps then a rerun to 8 from the step-5 checkpoint
+    """2 forked ranks: 8 steps in one go, and 5 steps then a rerun to 8 from the step-5 checkpoint
     (mid-epoch: an epoch is 11 steps). Same losses, same final weights and evaluation, bit for bit."""
     ref = tmp_path / "ref"
     r = launcher.run(train_args(ref, "train.max_steps=8"), nproc=2)

@@ -42,7 +42,7 @@ _reference: dict[str, Path] = {}
 
 
 def reference_run(demo_data: str, tmp_path_factory) -> Path:
-    """Workdir of one uninterrupted 2-rank run (colossalai run) of `train_args`; built once per session."""
+    """Workdir of one uninterrupted 2-rank run (forked ranks) of `train_args`; built once per session."""
     if demo_data not in _reference:
         workdir = tmp_path_factory.mktemp("reliability_reference")
         r = launcher.run(train_args(demo_data, workdir), nproc=2)

@@ -8,7 +8,7 @@ variables, no launcher in between), so each worker's own exit status is visible:
 2. the same command; SIGTERM to every worker, as Slurm does at preemption -> 75;
 3. the same command again finishes, bitwise equal to the uninterrupted reference.
 
-tests/e2e/test_train.py covers SIGTERM to one rank under ``colossalai run``.
+tests/e2e/test_train.py covers SIGTERM to one rank of a 2-rank run.
 """
 
 from __future__ import annotations
