@@ -17,7 +17,7 @@ import collections
 import re
 from pathlib import Path
 
-LINE = re.compile(r"^([\d.]+)s (call|setup|teardown)\s+(\S+)")
+LINE = re.compile(r"^([\d.]+)s (call|setup|teardown)\s+(.+?)\s*$")
 CAUSES = [
     ("tests/unit/", "in-process (unit tier)"),
     ("tests/e2e/test_slurm", "real Slurm (srun, sbatch, requeue)"),
