@@ -61,7 +61,7 @@ def test_a_unit_test_that_starts_a_process_fails_in_one_line_naming_it(pytester)
 
 
 def test_multiprocessings_spawn_path_is_watched():
-    """"spawn" and "forkserver" start their interpreter through this function, which raises no audit event."""
+    """multiprocessing's spawn and forkserver start their interpreter through this function: no audit event."""
     assert multiprocessing.util.spawnv_passfds is tier._spawnv_passfds_seen
 
 

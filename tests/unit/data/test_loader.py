@@ -86,8 +86,10 @@ def test_validation_counts_are_exact_for_any_world_size(demo_data, batch_size):
 
 
 def test_every_validation_image_counts_once_per_pass_for_any_world_and_batch_size(id_datasets):
-    """The sweep: world sizes 1..9 x batch sizes x split sizes x 3 consecutive passes, ranks simulated
-    by one ValLoader each. Labels are record indexes, so a pass must count exactly range(n)."""
+    """The sweep: world sizes 1..9 x batch sizes x split sizes x 2 consecutive passes, ranks simulated
+    by one ValLoader each. Labels are record indexes, so a pass must count exactly range(n). Two passes: the
+    second starts where the first left each reader, where the old sizing went wrong (on every other pass);
+    it ran three before (729 cases, 21 s of the unit tier under load)."""
     cases, old_bug_cases = 0, 0
     for n in ID_SPLIT_SIZES:
         for batch_size in (1, 2, 3, 4, 5, 6, 8, 9, 12):
@@ -96,13 +98,13 @@ def test_every_validation_image_counts_once_per_pass_for_any_world_and_batch_siz
                     ValLoader(id_datasets[n], batch_size, 8, rank=r, world_size=world_size, device=CPU, num_threads=1)
                     for r in range(world_size)
                 ]
-                for _ in range(3):
+                for _ in range(2):
                     seen = Counter(x for v in ranks for _, labels in v for x in labels.tolist())
                     assert seen == Counter(range(n)), (n, batch_size, world_size, cases)
                     cases += 1
                 # The case the old sizing got wrong on every other pass: a short rank holding whole batches.
-                old_bug_cases += 3 * (n % world_size != 0 and (n // world_size) % batch_size == 0)
-    assert cases == 3 * 9 * 9 * 3 == 729 and old_bug_cases > 50
+                old_bug_cases += 2 * (n % world_size != 0 and (n // world_size) % batch_size == 0)
+    assert cases == 3 * 9 * 9 * 2 == 486 and old_bug_cases > 50
 
 
 def test_a_pass_abandoned_before_its_padding_only_batch_is_drained(id_datasets):
@@ -128,8 +130,10 @@ def test_validation_is_reiterable_and_survives_an_abandoned_pass(demo_data):
     assert len(first) == v.num_examples_this_rank == 120 and torch.equal(first, third)
 
 
-@pytest.mark.parametrize("randaugment", [None, "rand-m9-n2", "rand-m9-mstd0.5-inc1"])
+@pytest.mark.parametrize("randaugment", [None, "rand-m9-n2"])
 def test_restored_state_gives_bitwise_identical_batches(demo_data, randaugment):
+    """DeiT's "rand-m9-mstd0.5-inc1" (8 s per loader build on a 2-core EPYC, in DALI's AutoGraph): the same test
+    in tests/e2e/test_loader_resume.py."""
     loader = train(demo_data, batch_size=64, randaugment=randaugment, seed=3)
     for _ in range(20):  # the restored stream crosses the epoch boundary at 1437 / 64 = 22.5 steps
         next(loader)
