@@ -108,7 +108,7 @@ def test_every_validation_image_counts_once_per_pass_for_any_world_and_batch_siz
     """The sweep at batch sizes 1, 2, 4, 5 and 12: with the 9 world sizes and 3 split sizes they give every kind
     of rank there is (short or not; its records, and the padded count, a multiple of the batch or not; one run per
     pass or several; fewer records than a batch; how many padding-only runs). Batch sizes 3, 6, 8 and 9: the same
-    test in tests/e2e/test_loader_long.py."""
+    test in tests/e2e/test_dali_long.py."""
     cases, old_bug_cases = validation_sweep(id_datasets, (1, 2, 4, 5, 12))
     assert cases == 3 * 5 * 9 * 2 == 270 and old_bug_cases > 50
 
@@ -139,7 +139,7 @@ def test_validation_is_reiterable_and_survives_an_abandoned_pass(demo_data):
 @pytest.mark.parametrize("randaugment", [None])
 def test_restored_state_gives_bitwise_identical_batches(demo_data, randaugment):
     """With RandAugment ("rand-m9-n2", DeiT's "rand-m9-mstd0.5-inc1": 2 to 8 s per loader build on a 2-core
-    EPYC, in DALI's AutoGraph): the same test in tests/e2e/test_loader_long.py."""
+    EPYC, in DALI's AutoGraph): the same test in tests/e2e/test_dali_long.py."""
     loader = train(demo_data, batch_size=64, randaugment=randaugment, seed=3)
     for _ in range(20):  # the restored stream crosses the epoch boundary at 1437 / 64 = 22.5 steps
         next(loader)

@@ -1,9 +1,10 @@
-"""DALI loader tests that take seconds in one process: RandAugment loaders resumed bitwise, the epoch order of
-64,000 records through the config path, and the validation sweep's other batch sizes.
+"""DALI tests that take seconds in one process: RandAugment pipelines (the per-op probability; loaders resumed
+bitwise), the epoch order of 64,000 records through the config path, and the validation sweep's other batch sizes.
 
-Moved from tests/unit/data/test_loader.py and test_repeats.py (issue 32; the test names, cases and bodies kept):
-a loader with RandAugment takes 2 s (``rand-m9-n2``) to 8 s (DeiT's ``rand-m9-mstd0.5-inc1``, random magnitudes)
-to build on a 2-core EPYC, in DALI's AutoGraph conversion of its graph (the first in a process about 6 s more),
+Moved from tests/unit/data/test_loader.py, test_repeats.py and test_randaugment.py (issue 32; the test names, cases
+and bodies kept): a pipeline with RandAugment takes 2 s (``rand-m9-n2``) to 8 s (DeiT's ``rand-m9-mstd0.5-inc1``,
+random magnitudes) to build on a 2-core EPYC, in DALI's AutoGraph conversion of its graph (the first in a process
+about 6 s more),
 and each resume test builds two; the epoch order needs a data set of 64,000 records (2 s to make, 6 s to read);
 the sweep builds a loader per rank for each of its 108 configurations.
 The loaders' in-process contract, resume without augmentation included, stays in tests/unit/data/.
@@ -20,6 +21,7 @@ from data_tools.make_id_dataset import make_id_dataset
 from tests.unit.data.test_loader import validation_sweep
 from vitlarge.config.schema import Config
 from vitlarge.data import TrainLoader
+from vitlarge.data import randaugment as ra
 from vitlarge.data.sources import train_loader
 
 CPU = torch.device("cpu")
@@ -83,3 +85,33 @@ def test_every_validation_image_counts_once_per_pass_for_any_world_and_batch_siz
     """The validation sweep (tests/unit/data/test_loader.py) at the batch sizes it leaves here: 3, 6, 8, 9."""
     cases, old_bug_cases = validation_sweep(id_datasets, (3, 6, 8, 9))
     assert cases == 3 * 4 * 9 * 2 == 216 and old_bug_cases > 20
+
+
+def unchanged_fraction(text: str, batches: int = 2, batch_size: int = 256) -> float:
+    """Fraction of random noise images that DALI's RandAugment (``text``) leaves bitwise unchanged."""
+    import nvidia.dali.fn as fn
+    import nvidia.dali.types as types
+    from nvidia.dali import pipeline_def
+
+    @pipeline_def(enable_conditionals=True)
+    def pipe():
+        noise = fn.reshape(
+            fn.cast(fn.random.uniform(range=[50, 200], shape=[16, 16, 3]), dtype=types.UINT8), layout="HWC"
+        )
+        return noise, ra.apply(noise, ra.spec(text), [16, 16])
+
+    p = pipe(batch_size=batch_size, num_threads=1, device_id=None, seed=7)
+    p.build()
+    same = []
+    for _ in range(batches):
+        before, after = p.run()
+        same += [np.array_equal(np.asarray(b), np.asarray(a)) for b, a in zip(before, after)]
+    return float(np.mean(same))
+
+
+def test_each_chosen_op_runs_with_timms_probability():
+    # One layer: unchanged = skipped (1 - p) + ran an op that is a no-op on this noise (Solarize at
+    # threshold 230 > 200: 1 op of 15). timm's p=0.5: about 0.53; p=1: about 0.07.
+    assert 0.45 < unchanged_fraction("rand-m9-n1") < 0.62
+    assert unchanged_fraction("rand-m9-n1-p1") < 0.15
+    assert unchanged_fraction("rand-m9-n0") == 1.0
