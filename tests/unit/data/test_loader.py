@@ -105,12 +105,12 @@ def validation_sweep(id_datasets, batch_sizes) -> tuple[int, int]:
 
 
 def test_every_validation_image_counts_once_per_pass_for_any_world_and_batch_size(id_datasets):
-    """The sweep at batch sizes 1, 2, 4, 5 and 12: with the 9 world sizes and 3 split sizes they give every kind
-    of rank there is (short or not; its records, and the padded count, a multiple of the batch or not; one run per
-    pass or several; fewer records than a batch; how many padding-only runs). Batch sizes 3, 6, 8 and 9: the same
-    test in tests/e2e/test_dali_long.py."""
-    cases, old_bug_cases = validation_sweep(id_datasets, (1, 2, 4, 5, 12))
-    assert cases == 3 * 5 * 9 * 2 == 270 and old_bug_cases > 50
+    """The sweep at batch sizes 1, 4 and 12: with the 9 world sizes and 3 split sizes they give every kind of rank
+    the 9 batch sizes give (short or not; its records, and the padded count, a multiple of the batch or not; one
+    run per pass or several; fewer records than a batch; how many padding-only runs). Batch sizes 2, 3, 5, 6, 8
+    and 9: the same test in tests/e2e/test_dali_long.py."""
+    cases, old_bug_cases = validation_sweep(id_datasets, (1, 4, 12))
+    assert cases == 3 * 3 * 9 * 2 == 162 and old_bug_cases > 50
 
 
 def test_a_pass_abandoned_before_its_padding_only_batch_is_drained(id_datasets):
