@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["tests.helpers.data_fixtures", "tests.helpers.process_group"]
+pytest_plugins = ["tests.helpers.data_fixtures", "tests.helpers.process_group", "pytester"]
 
 DEPRECATIONS_AS_ERRORS = ["error::DeprecationWarning", "error::FutureWarning"]
 DEPENDENCY_DEPRECATIONS = [

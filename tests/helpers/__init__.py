@@ -12,6 +12,7 @@ kill_convert       ``python -m tests.helpers.kill_convert``: the converter SIGKI
 poison_train       ``python tests/helpers/poison_train.py``: train.py with inf batches at given steps
 block_imports      ``python tests/helpers/block_imports.py``: a module run with packages unimportable
 run_module         ``python -m MODULE ARGS`` from ROOT, its output captured (a data tool's or vitlarge's CLI)
+call_main          ``MODULE.main(ARGS)`` in this process, its output captured: run_module's result, no process
 fuzz_files         ``python -m tests.helpers.fuzz_files``: random mutations of the files read from elsewhere
 """
 
@@ -34,3 +35,20 @@ def run_module(module: str, *args: str, env: dict | None = None, preexec_fn=None
         env=dict(os.environ, **(env or {})),
         preexec_fn=preexec_fn,
     )
+
+
+def call_main(module: str, *args: str) -> subprocess.CompletedProcess:
+    """``module.main(args)`` in this process, what ``python -m module args`` runs, with what it prints to
+    ``sys.stdout``/``sys.stderr`` captured: `run_module`'s result without starting an interpreter (tests/unit
+    starts no process). A SystemExit (argparse's usage error) gives its status."""
+    import contextlib
+    import importlib
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = importlib.import_module(module).main(list(args))
+        except SystemExit as e:
+            status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return subprocess.CompletedProcess([module, *args], status, out.getvalue(), err.getvalue())

@@ -6,7 +6,6 @@ eval size; a compiled model exports (and checkpoints, and initialises) under the
 """
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ import timm
 import torch
 from safetensors.torch import load_file
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, mounts
 from tests.helpers.recipes import demo
 from tests.helpers.tiny_model import trained
 from vitlarge.checkpoint import store
@@ -100,7 +99,7 @@ def test_export_to_a_full_or_read_only_workdir_is_one_line_and_leaves_nothing(tm
     ro.chmod(0o500)
     try:
         if os.access(ro, os.W_OK):  # root ignores permission bits: make the file system itself read-only
-            subprocess.run(["mount", "--bind", "-o", "ro", str(ro), str(ro)], check=True)
+            mounts.bind_read_only(ro)
             mounted = True
         else:
             mounted = False
@@ -109,7 +108,7 @@ def test_export_to_a_full_or_read_only_workdir_is_one_line_and_leaves_nothing(tm
         assert list(ro.iterdir()) == []
     finally:
         if mounted:
-            subprocess.run(["umount", str(ro)], check=True)
+            mounts.unmount(ro)
         ro.chmod(0o700)
 
 

@@ -13,8 +13,6 @@ import json
 import os
 import pickle
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import crc32c
@@ -109,15 +107,6 @@ def poison(path: Path, payload: bytes) -> None:
     reseal(path)
 
 
-def test_payload_routes_are_live_under_plain_pickle(tmp_path, original):
-    """The crafted indexes below are real exploits: plain pickle runs each and still returns the index."""
-    for name, payload in routes(tmp_path / "ran").items():
-        (tmp_path / "ran").unlink(missing_ok=True)
-        data = b"\x80\x04" + payload + b"0" + (original / ".metadata").read_bytes()[2:]
-        assert type(pickle.loads(data)).__name__ == "Metadata", name
-        assert (tmp_path / "ran").exists(), name
-
-
 @pytest.mark.parametrize("route", list(routes(Path("x"))))
 def test_a_crafted_index_never_runs_at_any_entry_point(tmp_path, ckpt, cfg, route, caplog):
     marker = tmp_path / "ran"
@@ -137,26 +126,6 @@ def test_a_crafted_index_never_runs_at_any_entry_point(tmp_path, ckpt, cfg, rout
     assert chosen is None
     assert not marker.exists()
     assert not (tmp_path / "mine" / "checkpoints").exists()  # --resume copied nothing into the user's workdir
-
-
-def test_evaluate_refuses_a_crafted_checkpoint_in_one_line(tmp_path, ckpt):
-    marker = tmp_path / "ran"
-    poison(ckpt, routes(marker)["getattr chain"])
-    r = subprocess.run(
-        [sys.executable, "-m", "vitlarge.evaluate", "--config", "recipes/demo_digits.py", "--checkpoint", str(ckpt)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 2, r.stderr
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert lines == [
-        f"error: checkpoint {ckpt} fails its check (.metadata refers to builtins.getattr, which a DCP "
-        "index never holds); --resume an older checkpoints/step_* folder, or omit --resume to take the "
-        "newest one that passes"
-    ] or (len(lines) == 1 and "never holds" in lines[0]), r.stderr
-    assert not marker.exists()
 
 
 def _index_with(path: Path, edit) -> None:

@@ -6,10 +6,6 @@ Uses the demo recipe's 0.46M-parameter ViT, the project's LAMB and a CPU GradSca
 import gc
 import json
 import random
-import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import crc32c
@@ -18,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, mounts
 from tests.helpers.tiny_model import make, train_step, trained
 from vitlarge.checkpoint import sharded, store
 from vitlarge.config.load import load_recipe
@@ -80,83 +76,6 @@ def test_layout(tmp_path, cfg):
         data = (path / name).read_bytes()
         assert record == {"bytes": len(data), "crc32c": f"{crc32c.crc32c(data):08x}"}
     assert store.verify(path) is None
-
-
-SAVE_ONE = """
-import sys, torch
-from vitlarge.checkpoint import store
-from vitlarge.checkpoint import sharded
-from vitlarge.config.schema import Config
-model = torch.nn.Linear(4, 2)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-store.save(sys.argv[1], 1, model, opt, torch.amp.GradScaler("cpu"), None, Config(), keep=2)
-"""
-
-
-def _joined(log: str):
-    """strace -f lines with each call whole: another thread's call can split one into
-    ``123 fsync(5 <unfinished ...>`` and ``123 <... fsync resumed>) = 0`` (often, on a loaded machine)."""
-    pending = {}
-    for line in log.splitlines():
-        pid, rest = (line.split(None, 1) + [""])[:2]
-        if rest.endswith("<unfinished ...>"):
-            pending[pid] = rest[: -len("<unfinished ...>")].rstrip()
-        elif m := re.match(r"<\.\.\. \w+ resumed>(.*)$", rest):
-            yield pending.pop(pid, "") + m[1]
-        else:
-            yield line
-
-
-def syscalls(log: str) -> list[tuple]:
-    """("fsync", path) and ("rename", old, new) in order, from an strace log of one process."""
-    fds, events = {}, []
-    for line in _joined(log):
-        if m := re.search(r'openat\(AT_FDCWD, "([^"]+)", .*\)\s+= (\d+)$', line):
-            fds[m[2]] = m[1]
-        elif m := re.search(r"fsync\((\d+)\)\s+= 0", line):
-            events.append(("fsync", fds[m[1]]))
-        elif m := re.search(r'rename(?:at2?)?\((?:AT_FDCWD, )?"([^"]+)", (?:AT_FDCWD, )?"([^"]+)"', line):
-            events.append(("rename", m[1], m[2]))
-    return events
-
-
-def test_every_file_is_fsynced_before_the_folder_is_published(tmp_path):
-    """Crash consistency, read from the system calls a real save makes (strace): each file's bytes,
-    then the folder's names, are on disk before the rename that gives the folder its final name."""
-    if not shutil.which("strace"):
-        pytest.skip("strace is not installed")
-    log = tmp_path / "strace.log"
-    r = subprocess.run(
-        [
-            "strace",
-            "-f",
-            "-qq",
-            "-e",
-            "trace=openat,fsync,rename,renameat,renameat2",
-            "-o",
-            str(log),
-            sys.executable,
-            "-c",
-            SAVE_ONE,
-            str(tmp_path / "run"),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
-    if r.returncode and "ptrace" in r.stderr:
-        pytest.skip(f"strace cannot trace here: {r.stderr.strip()}")
-    assert r.returncode == 0, r.stderr
-    root = tmp_path / "run" / "checkpoints"
-    tmp, final = str(root / ".step_0000001.tmp"), root / "step_0000001"
-    events = syscalls(log.read_text())
-    published = events.index(("rename", tmp, str(final)))
-    before, after = events[:published], events[published + 1 :]
-    for name in sorted(p.name for p in final.iterdir()):
-        written = f"{tmp}/{name}.tmp" if name == "meta.json" else f"{tmp}/{name}"  # meta.json is itself atomic
-        assert ("fsync", written) in before, f"{name} was not fsynced before the folder was published"
-    assert before.index(("fsync", tmp)) > before.index(("rename", f"{tmp}/meta.json.tmp", f"{tmp}/meta.json"))
-    assert ("fsync", str(root)) in after and ("fsync", str(root.parent)) in after
 
 
 def test_files_hold_no_pickled_objects(tmp_path, cfg):
@@ -379,8 +298,11 @@ def test_a_zero_checkpoint_is_refused_for_resume_but_its_weights_still_load(tmp_
 
 def _try_tmpfs(path: Path, size: str) -> bool:
     path.mkdir(parents=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
-    return r.returncode == 0
+    try:
+        mounts.mount_tmpfs(path, f"size={size}")
+    except OSError:
+        return False
+    return True
 
 
 @pytest.mark.parametrize("how", ["tmpfs", "monkeypatch"])
@@ -416,8 +338,10 @@ def test_disk_full_keeps_the_previous_checkpoint(tmp_path, cfg, monkeypatch, how
     finally:
         if mounted:
             gc.collect()  # drop file handles a failed assertion's traceback may still hold
-            if subprocess.run(["umount", str(root)]).returncode:
-                subprocess.run(["umount", "-l", str(root)], check=True)
+            try:
+                mounts.unmount(root)
+            except OSError:
+                mounts.unmount(root, lazy=True)
 
 
 def write_format2(path: Path, model, opt, scaler, cfg, step: int) -> None:
@@ -499,8 +423,8 @@ def test_check_writable_creates_the_workdir_and_names_a_read_only_one(tmp_path):
     ro = tmp_path / "ro"
     (ro / "checkpoints").mkdir(parents=True)
     try:
-        subprocess.run(["mount", "--bind", "-o", "ro", str(ro), str(ro)], check=True, capture_output=True)
-    except (subprocess.CalledProcessError, FileNotFoundError):
+        mounts.bind_read_only(ro)
+    except OSError:
         pytest.skip("cannot bind-mount read-only here")
     try:
         with pytest.raises(
@@ -508,7 +432,7 @@ def test_check_writable_creates_the_workdir_and_names_a_read_only_one(tmp_path):
         ):
             store.check_writable(ro, rank=0)
     finally:
-        subprocess.run(["umount", str(ro)], check=True)
+        mounts.unmount(ro)
 
 
 def test_reason_of_finds_the_os_error_behind_a_wrapped_failure(tmp_path):

@@ -1,4 +1,5 @@
-"""data_tools: conversion round trip, index format, resume after a kill, make_index, demo data."""
+"""data_tools: conversion round trip, index format, make_index, demo data, in this process. The tools as processes
+(worker processes, kill -9, Ctrl-C, make_index's pool): tests/e2e/test_convert_processes.py."""
 
 from __future__ import annotations
 
@@ -6,9 +7,6 @@ import io
 import json
 import os
 import re
-import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -17,11 +15,10 @@ from tfrecord.reader import tfrecord_loader
 from tfrecord.tools.tfrecord2idx import create_index
 
 from data_tools import imagenet_to_tfrecord, make_bench_dataset, make_index
-from tests.helpers import ROOT
+from tests.helpers import call_main
 from tests.helpers.data_fixtures import SYNSETS, TINY_TRAIN_PER_CLASS, TINY_VAL_PER_CLASS
 from vitlarge.data.manifest import load_manifest
 
-REPO = str(ROOT)
 DESCRIPTION = {
     "image/encoded": "byte",
     "image/class/label": "int",
@@ -106,37 +103,6 @@ def test_train_shuffled_across_shards_with_fixed_seed(tiny_imagefolder, converte
             assert a.read() == b.read()
 
 
-def test_parallel_workers_cli(tiny_imagefolder, converted, tmp_path):
-    """Real worker processes through the CLI give the same shards as the in-process run."""
-    out = tmp_path / "par"
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "data_tools.imagenet_to_tfrecord",
-            "--src",
-            tiny_imagefolder,
-            "--out",
-            str(out),
-            "--train-shards",
-            "3",
-            "--val-shards",
-            "2",
-            "--workers",
-            "2",
-            "--no-progress",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stderr
-    assert "wrote" in r.stderr and "train: 18 images in 3 shards" in r.stderr
-    for s in load_manifest(converted).shards("train") + load_manifest(converted).shards("validation"):
-        assert (out / s.file).read_bytes() == open(os.path.join(converted, s.file), "rb").read()
-
-
 @pytest.mark.parametrize("style", ["kaggle", "plain"])
 def test_flat_validation_with_labels_file(tiny_imagefolder, tmp_path, style):
     src = tmp_path / "src"
@@ -161,72 +127,6 @@ def test_flat_validation_with_labels_file(tiny_imagefolder, tmp_path, style):
         assert rec["image/class/label"][0] == 1 + SYNSETS.index(synset)
 
 
-def test_resume_after_kill_keeps_complete_shards(tiny_imagefolder, converted, tmp_path):
-    out = tmp_path / "resumed"
-    args = [
-        "--src",
-        tiny_imagefolder,
-        "--out",
-        str(out),
-        "--train-shards",
-        "3",
-        "--val-shards",
-        "2",
-        "--workers",
-        "0",
-        "--no-progress",
-    ]
-    cmd = [sys.executable, "-m", "data_tools.imagenet_to_tfrecord", *args]
-    killed = [
-        sys.executable,
-        "-m",
-        "tests.helpers.kill_convert",
-        "train-00001-of-00003:2",
-        *args,
-    ]  # tests/helpers/kill_convert.py
-    r = subprocess.run(killed, cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert r.returncode == -9  # SIGKILL mid-shard, as a kill -9 or an OOM kill would
-    names = set(os.listdir(out))
-    assert "train-00000-of-00003" in names and "train-00001-of-00003.tmp" in names
-    assert "train-00001-of-00003" not in names and "train-00001-of-00003.idx" not in names
-    assert "dataset.json" not in names
-    kept = os.stat(out / "train-00000-of-00003")
-
-    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert "1 complete shards kept" in r.stderr
-    assert os.stat(out / "train-00000-of-00003").st_mtime_ns == kept.st_mtime_ns
-    assert not [n for n in os.listdir(out) if n.endswith(".tmp")]
-    ref = load_manifest(converted)
-    for s in ref.shards("train") + ref.shards("validation"):
-        assert (out / s.file).read_bytes() == open(os.path.join(converted, s.file), "rb").read()
-        assert (out / s.index).read_text() == open(os.path.join(converted, s.index)).read()
-
-
-def test_make_index_for_shards_without_index(converted, tmp_path):
-    tf_dir = tmp_path / "tf"
-    os.makedirs(tf_dir)
-    ref = load_manifest(converted)
-    for s in ref.shards("train") + ref.shards("validation"):
-        (tf_dir / s.file).write_bytes(open(os.path.join(converted, s.file), "rb").read())
-    r = subprocess.run(
-        [sys.executable, "-m", "data_tools.make_index", str(tf_dir)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stderr
-    m = load_manifest(str(tf_dir))
-    assert (m.num_classes, m.label_offset) == (3, 1)
-    assert [c.synset for c in m.classes] == list(SYNSETS)
-    for split in ("train", "validation"):
-        assert m.num_examples(split) == ref.num_examples(split)
-        for a, b in zip(m.shards(split), ref.shards(split)):
-            assert (a.file, a.num_records, a.bytes, a.checksum) == (b.file, b.num_records, b.bytes, b.checksum)
-            assert (tf_dir / a.index).read_text() == open(os.path.join(converted, b.index)).read()
-
-
 def test_make_index_num_classes_option(converted, tmp_path):
     for n in os.listdir(converted):
         if n.startswith("validation-") and not n.endswith(".idx"):
@@ -240,13 +140,7 @@ def test_demo_dataset_is_built_and_idempotent(demo_data):
     assert (m.num_examples("train"), m.num_examples("validation"), m.num_classes) == (1437, 360, 10)
     before = os.stat(os.path.join(demo_data, "dataset.json")).st_mtime_ns
     t = time.perf_counter()
-    r = subprocess.run(
-        [sys.executable, "-m", "data_tools.make_demo_dataset", demo_data],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    r = call_main("data_tools.make_demo_dataset", demo_data)
     assert r.returncode == 0, r.stderr
     assert time.perf_counter() - t < 30
     assert os.stat(os.path.join(demo_data, "dataset.json")).st_mtime_ns == before
@@ -298,9 +192,7 @@ def test_make_index_refuses_mixed_sets_and_missing_shards(converted, tmp_path):
         if n.startswith("train-") and not n.endswith(".idx"):
             os.link(os.path.join(converted, n), d / n)
     os.link(os.path.join(converted, "train-00000-of-00003"), d / "train-00000-of-00001")
-    r = subprocess.run(
-        [sys.executable, "-m", "data_tools.make_index", str(d)], cwd=REPO, capture_output=True, text=True, timeout=120
-    )
+    r = call_main("data_tools.make_index", str(d))
     assert r.returncode == 2 and r.stderr.strip() == (
         f"error: {d}: 2 train shard sets, train-*-of-00001 (1 files) and train-*-of-00003 (3 files); delete the "
         f"set you do not want (or convert into an empty --out), then rerun python -m data_tools.make_index {d}"
@@ -371,34 +263,3 @@ def test_a_failed_reconversion_never_leaves_a_manifest_that_disagrees_with_the_s
     imagenet_to_tfrecord.convert(src, out, train_shards=3, val_shards=1, workers=0, progress=False)
     assert distinct_images(out) == (3 * TINY_TRAIN_PER_CLASS + 3,) * 2
     assert make_index.make_index(out).num_examples("train") == 3 * TINY_TRAIN_PER_CLASS + 3
-
-
-# --- Ctrl-C (issue 36 item 9) ---------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("workers", ["0", "2"])
-def test_ctrl_c_during_conversion_is_one_line_and_the_rerun_resumes(tiny_imagefolder, tmp_path, workers):
-    out = tmp_path / "out"
-    args = ["--src", tiny_imagefolder, "--out", str(out), "--train-shards", "3", "--val-shards", "2"]
-    args += ["--workers", workers, "--no-progress"]
-    r = subprocess.run(
-        [sys.executable, "-m", "tests.helpers.kill_convert", "train-00001-of-00003:2:int", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        start_new_session=True,  # its own process group: the SIGINT reaches the converter and its workers only
-    )
-    assert r.returncode == -signal.SIGINT and "Traceback" not in r.stderr, r.stderr  # a shell shows 130
-    last = r.stderr.strip().splitlines()[-1]
-    assert re.fullmatch(
-        rf"interrupted: (\d) of the 5 shards to write were written \((\d) of 5 complete in {re.escape(str(out))}\); "
-        r"run the same command again to resume \(complete shards are kept\)",
-        last,
-    ), last
-    assert not (out / "dataset.json").exists() and not [n for n in os.listdir(out) if n.endswith(".tmp")]
-    r = subprocess.run(
-        [sys.executable, "-m", "data_tools.imagenet_to_tfrecord", *args], cwd=REPO, capture_output=True, text=True
-    )
-    assert r.returncode == 0 and "complete shards kept" in r.stderr, r.stderr
-    assert load_manifest(str(out)).num_examples("train") == 3 * TINY_TRAIN_PER_CLASS

@@ -2,13 +2,11 @@
 
 The TypedStorage warning is a ``UserWarning``, which the suite's DeprecationWarning-as-error does not turn
 into a failure: recorded here instead. gloo's line is written by C++ to fd 1, so its test forms a real gloo
-group of one in a fresh interpreter and reads that process's stdout.
+group of one in a fresh interpreter and reads that process's stdout: tests/e2e/test_process_start.py.
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import warnings
 
 import torch
@@ -49,35 +47,6 @@ def test_the_filter_is_scoped_to_torchs_checkpoint_writer():
         quiet_checkpoint_writer()
         warnings.warn("TypedStorage is deprecated (from elsewhere)", UserWarning, stacklevel=1)
     assert len(seen) == 1
-
-
-GROUP_OF_ONE = """
-import os, sys
-from vitlarge.distributed.launch import init_distributed
-from vitlarge.distributed.launcher import DistEnv, free_port
-from vitlarge.distributed.quiet import gloo_connected_lines_dropped
-import contextlib
-quiet = contextlib.nullcontext() if sys.argv[1] == "loud" else gloo_connected_lines_dropped()
-print("before", flush=True)
-with quiet:
-    print("inside, from python", flush=True)
-    init_distributed(DistEnv(0, 1, 0, "127.0.0.1", free_port(), "single"), "gloo")
-    os.write(1, b"inside, from fd 1\\n")
-print("after", flush=True)
-"""
-
-
-def test_gloos_connected_line_goes_and_the_rest_of_stdout_stays_in_order():
-    def stdout(mode: str) -> list[str]:
-        r = subprocess.run(
-            [sys.executable, "-c", GROUP_OF_ONE, mode], cwd=ROOT, capture_output=True, text=True, timeout=120
-        )
-        assert r.returncode == 0, r.stderr[-3000:]
-        return r.stdout.splitlines()
-
-    loud = stdout("loud")
-    assert "[Gloo] Rank 0 is connected to 0 peer ranks. Expected number of connected peer ranks is : 0" in loud
-    assert stdout("quiet") == ["before", "inside, from python", "inside, from fd 1", "after"]
 
 
 def test_a_rank_missing_peers_keeps_its_gloo_line():

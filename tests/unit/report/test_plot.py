@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import subprocess
-import sys
 
 import pytest
 from PIL import Image
 
 from hooks.jsonl import JsonlHook
 from hooks.plot import PlotHook
-from tests.helpers import ROOT
+from tests.helpers import call_main
 from tests.helpers.plans import one_phase_plan
 from vitlarge.config.schema import Config
 from vitlarge.errors import UserError
@@ -96,25 +94,13 @@ def test_the_hook_draws_the_run_at_its_end_next_to_metrics_jsonl(tmp_path):
 def test_the_cli_redraws_a_run_and_names_the_file(tmp_path):
     write_run(tmp_path)
     (tmp_path / PLOT_FILENAME).unlink()
-    r = subprocess.run(
-        [sys.executable, "-m", "vitlarge.report.plot", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    r = call_main("vitlarge.report.plot", str(tmp_path))
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(tmp_path / PLOT_FILENAME) and (tmp_path / PLOT_FILENAME).is_file()
 
 
 def test_a_run_without_records_is_one_line_and_exit_2(tmp_path):
-    r = subprocess.run(
-        [sys.executable, "-m", "vitlarge.report.plot", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    r = call_main("vitlarge.report.plot", str(tmp_path))
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         f"error: {tmp_path / 'metrics.jsonl'} does not exist; pass the --workdir of a run that has started"
     ]

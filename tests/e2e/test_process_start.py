@@ -1,0 +1,159 @@
+"""What holds for a process of its own from its start: tests/unit runs in the pytest process, so these start one.
+
+Moved from tests/unit (issue 32; the test names kept): thread pools sized before torch loads
+(distributed/test_launch.py), gloo's "connected" line on fd 1 (distributed/test_quiet.py), deprecations as errors
+in a started process (test_deprecations.py), and a reader under a hard open-file limit that this process could not
+raise again (data/test_repeats.py). Each is one short ``python -c``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from data_tools.make_id_dataset import make_id_dataset
+from tests.helpers import ROOT
+from vitlarge.data.repeats import epoch_order
+
+
+def test_size_thread_pools_in_a_fresh_process_sets_torch_and_omp():
+    """In a real process as srun starts it (2 tasks on this node, no OMP_NUM_THREADS), sized before torch
+    loads as train.py does: PyTorch's pool and OMP_NUM_THREADS follow the affinity mask / tasks."""
+    code = textwrap.dedent("""
+        import logging, os, sys
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        from vitlarge.distributed import launcher
+        from vitlarge.distributed import threads
+        env = launcher.detect()
+        assert "torch" not in sys.modules  # as in train.py: torch loads after, and takes the size
+        n, why = threads.size_thread_pools()
+        import torch
+        print("RESULT", n, torch.get_num_threads(), os.environ["OMP_NUM_THREADS"], why, flush=True)
+    """)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMP_", "RANK", "WORLD_SIZE"))}
+    cpus = len(os.sched_getaffinity(0))
+    for rank in (0, 1):
+        env = {
+            **base,
+            "SLURM_PROCID": str(rank),
+            "SLURM_NTASKS": "2",
+            "SLURM_STEP_ID": "0",
+            "SLURM_STEP_TASKS_PER_NODE": "2",
+            "SLURM_JOB_NODELIST": "localhost",
+        }
+        r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        want = max(1, cpus // 2)
+        assert f"RESULT {want} {want} {want}" in r.stdout, r.stdout
+        assert f"{cpus} usable CPUs / 2 tasks on this node (SLURM_STEP_TASKS_PER_NODE)" in r.stdout, r.stdout
+
+
+GROUP_OF_ONE = """
+import os, sys
+from vitlarge.distributed.launch import init_distributed
+from vitlarge.distributed.launcher import DistEnv, free_port
+from vitlarge.distributed.quiet import gloo_connected_lines_dropped
+import contextlib
+quiet = contextlib.nullcontext() if sys.argv[1] == "loud" else gloo_connected_lines_dropped()
+print("before", flush=True)
+with quiet:
+    print("inside, from python", flush=True)
+    init_distributed(DistEnv(0, 1, 0, "127.0.0.1", free_port(), "single"), "gloo")
+    os.write(1, b"inside, from fd 1\\n")
+print("after", flush=True)
+"""
+
+
+def test_gloos_connected_line_goes_and_the_rest_of_stdout_stays_in_order():
+    def stdout(mode: str) -> list[str]:
+        r = subprocess.run(
+            [sys.executable, "-c", GROUP_OF_ONE, mode], cwd=ROOT, capture_output=True, text=True, timeout=120
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        return r.stdout.splitlines()
+
+    loud = stdout("loud")
+    assert "[Gloo] Rank 0 is connected to 0 peer ranks. Expected number of connected peer ranks is : 0" in loud
+    assert stdout("quiet") == ["before", "inside, from python", "inside, from fd 1", "after"]
+
+
+@pytest.mark.parametrize("category", ["DeprecationWarning", "FutureWarning"])
+def test_a_deprecation_in_a_started_process_fails_it(category):
+    p = subprocess.run(
+        [sys.executable, "-c", f"import warnings; warnings.warn('an old API', {category}); print('went on')"],
+        capture_output=True,
+        text=True,
+    )
+    assert p.returncode != 0 and "went on" not in p.stdout and category in p.stderr
+
+
+def test_only_the_named_dependency_module_is_excused():
+    code = (
+        "import torch.jit._script as s, warnings\n"
+        "warnings.warn_explicit('old', DeprecationWarning, 'x.py', 1, module='torch.jit._script')\n"
+        "warnings.warn_explicit('old', DeprecationWarning, 'x.py', 1, module='vitlarge.model.vit')\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode != 0 and "DeprecationWarning: old" in p.stderr and p.stderr.count("DeprecationWarning") == 1
+
+
+LIMITED_READER_PROCESS = """
+import json, os, resource, sys
+from nvidia.dali.types import SampleInfo
+from vitlarge.data import repeats
+from vitlarge.data.manifest import load_manifest
+resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[2]), int(sys.argv[3])))
+d = sys.argv[1]
+shards = [(os.path.join(d, s.file), os.path.join(d, s.index)) for s in load_manifest(d).shards("train")]
+reader = repeats.RepeatedRecords(shards, rank=0, world_size=1, repeats=3, seed=0)
+read, most_open = [], 0
+for position in range(reader.per_rank):
+    read.append(int(reader(SampleInfo(position, position, 0, 0))[1][0]))
+    most_open = max(most_open, len(reader._files))
+print(json.dumps(dict(read=read, most_open=most_open, max_open=reader.max_open,
+                      soft=resource.getrlimit(resource.RLIMIT_NOFILE)[0])))
+"""
+
+
+def _can_raise_hard_limit_to(n: int) -> bool:
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    return hard == resource.RLIM_INFINITY or hard >= n or os.geteuid() == 0
+
+
+@pytest.mark.parametrize("soft, hard", [(256, 256)])  # (256, 4096): in tests/unit, in process
+def test_a_reader_keeps_every_shard_open_where_the_file_limit_allows_and_reads_them_all_right(tmp_path, soft, hard):
+    """ImageNet has 1024 training shards, and the stream touches another shard for nearly every record: the reader
+    raises the soft open-file limit to keep them all open (a limit of 256 and 300 shards: raised to 300 + 1024 + 2).
+    Where the hard limit forbids it (256), it keeps FEWEST_OPEN, least recently used closed first. Either way
+    every record reads right."""
+    import json
+
+    from vitlarge.data import repeats
+
+    if not _can_raise_hard_limit_to(hard):
+        pytest.skip(f"the hard open-file limit is below {hard}")
+    n_shards = 300
+    m = make_id_dataset(str(tmp_path / "ids"), train=3 * n_shards, train_shards=n_shards)
+    done = subprocess.run(
+        [sys.executable, "-c", LIMITED_READER_PROCESS, m.data_dir, str(soft), str(hard)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout)
+    assert out["read"] == epoch_order(3 * n_shards, 0, 1, 3, 0, 0)  # the labels are the record indices
+    if hard > soft:
+        touched = len({record // 3 for record in out["read"]})  # an epoch shows about a third of the images
+        assert out["soft"] == n_shards + repeats.reserved_files(1)
+        assert out["max_open"] == n_shards and out["most_open"] == touched  # each opened once, none closed
+    else:
+        assert out["soft"] == soft and out["max_open"] == out["most_open"] == repeats.FEWEST_OPEN

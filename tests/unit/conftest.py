@@ -1,0 +1,109 @@
+"""The unit tier's two rules, checked (tests/README.md, Layout): a unit test runs in the pytest process, and fast.
+
+- A unit test that starts a process (``subprocess``, ``os.fork``/``exec``/``posix_spawn``/``system``, a
+  multiprocessing or DALI worker) fails at its teardown, naming the command: "tests/unit holds in-process
+  tests: <test> started <command>; move it to tests/e2e (tests/README.md)". Watched from the start of its
+  setup to the end of its teardown, through an audit hook (``sys.addaudithook``) and multiprocessing's one
+  spawn path, which raises no audit event. Only the tools in `ALLOWED` may run.
+- Unit tests whose call took over `BUDGET_S` are listed at the end of the session, one line each. A report,
+  not a failure: a loaded 2-core CI machine must not turn a correct test red.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.util
+import os
+import sys
+
+import pytest
+
+# Executables a unit test may start, by name, each a short tool with no in-process API that is not a Python
+# interpreter. Mounts go through libc in the test's own process instead (tests/helpers/mounts.py).
+ALLOWED = {
+    "ruff": "the format and lint check of the tree (test_layout.py): a Rust binary, well under a second",
+}
+BUDGET_S = 2.0  # a unit test's call, on a 2-core machine; the longer ones are listed at the end
+PROCESS_EVENTS = ("subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.spawn", "os.system")
+
+_started: list[str] | None = None  # what the running unit test started; None between unit tests
+_OVER_BUDGET = pytest.StashKey[list]()  # (seconds, test) of the session's unit tests over its budget
+BUDGET = pytest.StashKey[float]()  # a session's budget where not `BUDGET_S` (the check's own test sets one)
+
+
+def _command(event: str, args: tuple) -> str | None:
+    """The command an audit event starts, or None for an `ALLOWED` tool. The events' arguments:
+    subprocess.Popen (executable, args, cwd, env); os.exec and os.posix_spawn (path, argv, env);
+    os.spawn (mode, path, argv, env); os.system (command,); os.fork and os.forkpty ()."""
+    if event in ("os.fork", "os.forkpty"):
+        return f"a forked process ({event})"
+    if event == "os.system":
+        return os.fsdecode(args[0])
+    path, argv = (args[1], args[2]) if event == "os.spawn" else (args[0], args[1])
+    argv = [argv] if isinstance(argv, (str, bytes, os.PathLike)) else [os.fsdecode(a) for a in argv or []]
+    program = path if path is not None else argv[0]
+    if os.path.basename(os.fsdecode(program)) in ALLOWED:
+        return None
+    return " ".join(os.fsdecode(a) for a in argv)[:200]
+
+
+def _audit(event: str, args: tuple) -> None:
+    if _started is not None and event in PROCESS_EVENTS:
+        try:
+            command = _command(event, args)
+        except Exception:  # an audit hook that raised would fail the call it watches
+            command = event
+        if command is not None:
+            _started.append(command)
+
+
+sys.addaudithook(_audit)  # cannot be removed: `_started` gates it to the unit tests' run
+
+_spawnv_passfds = multiprocessing.util.spawnv_passfds
+
+
+def _spawnv_passfds_seen(path, args, passfds):
+    """multiprocessing's "spawn" and "forkserver" start their interpreter here, with no audit event."""
+    if _started is not None:
+        _started.append(" ".join(os.fsdecode(a) if isinstance(a, bytes) else str(a) for a in args)[:200])
+    return _spawnv_passfds(path, args, passfds)
+
+
+multiprocessing.util.spawnv_passfds = _spawnv_passfds_seen
+
+
+def tier_message(nodeid: str, commands: list[str]) -> str:
+    more = f" (and {len(commands) - 1} more)" if len(commands) > 1 else ""
+    return (
+        f"tests/unit holds in-process tests: {nodeid} started {commands[0]}{more}; "
+        "move it to tests/e2e (tests/README.md)"
+    )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    global _started
+    outer, _started = _started, []  # nested: a pytester session inside a unit test keeps its own list
+    try:
+        yield
+    finally:
+        _started = outer
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if call.when == "call" and report.duration > item.config.stash.get(BUDGET, BUDGET_S):
+        item.config.stash.setdefault(_OVER_BUDGET, []).append((report.duration, item.nodeid))
+    if call.when == "teardown" and _started and report.passed:
+        report.outcome = "failed"
+        report.longrepr = tier_message(item.nodeid, _started)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    over = config.stash.get(_OVER_BUDGET, [])
+    if over:
+        budget = config.stash.get(BUDGET, BUDGET_S)
+        terminalreporter.section(f"unit tests over the {budget:g} s budget (tests/README.md: shrink or move)")
+        for duration, nodeid in sorted(over, reverse=True):
+            terminalreporter.write_line(f"{duration:6.2f}s {nodeid}")

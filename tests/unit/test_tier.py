@@ -1,0 +1,78 @@
+"""The unit tier's check (tests/unit/conftest.py) is live: a unit test that starts a process fails in one line
+naming it, one that does not passes, `ALLOWED` tools pass; the tests over the time budget are listed.
+
+A session inside this test (pytester, in this process) with the same hooks. Its tests raise the audit events
+a process start raises (``sys.audit``) instead of starting one: what the hook sees is the same event, and
+this test starts nothing itself.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.util
+
+from tests.unit import conftest as tier
+
+INNER_TESTS = """
+import sys
+
+
+def test_starts_a_python():
+    sys.audit("subprocess.Popen", sys.executable, [sys.executable, "-c", "import torch"], None, None)
+
+
+def test_forks():
+    sys.audit("os.fork")
+
+
+def test_shell():
+    sys.audit("os.system", b"touch /tmp/x")
+
+
+def test_in_process():
+    assert sum(range(4)) == 6
+
+
+def test_runs_ruff():
+    sys.audit("subprocess.Popen", None, ["/venv/bin/ruff", "check", "."], None, None)
+"""
+
+
+def inner_session(pytester, *args, conftest: str = ""):
+    pytester.makeconftest("from tests.unit.conftest import *  # noqa: F403  (the unit tier's hooks)\n" + conftest)
+    pytester.makepyfile(test_inner=INNER_TESTS)
+    return pytester.runpytest_inprocess("-p", "no:cacheprovider", *args)
+
+
+def test_a_unit_test_that_starts_a_process_fails_in_one_line_naming_it(pytester):
+    result = inner_session(pytester)
+    result.assert_outcomes(passed=5, errors=3)  # each teardown of the three that start a process
+    result.stdout.fnmatch_lines_random(
+        [
+            "tests/unit holds in-process tests: test_inner.py::test_starts_a_python started * -c import torch; "
+            "move it to tests/e2e (tests/README.md)",
+            "tests/unit holds in-process tests: test_inner.py::test_forks started a forked process (os.fork); "
+            "move it to tests/e2e (tests/README.md)",
+            "tests/unit holds in-process tests: test_inner.py::test_shell started touch /tmp/x; "
+            "move it to tests/e2e (tests/README.md)",
+        ]
+    )
+    errored = {line.split()[1] for line in result.outlines if line.startswith("ERROR ")}
+    assert errored == {f"test_inner.py::test_{n}" for n in ("starts_a_python", "forks", "shell")}
+
+
+def test_multiprocessings_spawn_path_is_watched():
+    """multiprocessing's spawn and forkserver start their interpreter through this function: no audit event."""
+    assert multiprocessing.util.spawnv_passfds is tier._spawnv_passfds_seen
+
+
+def test_the_tests_over_the_budget_are_listed_and_pass(pytester):
+    every_test_is_over = "def pytest_configure(config):\n    config.stash[BUDGET] = -1.0\n"
+    result = inner_session(pytester, "-k", "in_process or ruff", conftest=every_test_is_over)
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*unit tests over the -1 s budget (tests/README.md: shrink or move)*",
+            "*s test_inner.py::test_*",
+            "*s test_inner.py::test_*",
+        ]
+    )
