@@ -20,7 +20,7 @@ from tests.helpers.forked import Rank
 ARGS = ["--config", "recipes/demo_digits.py", "train.max_steps=1"]
 
 
-def start(rank: int, port: int, data: str, workdir, args: list[str], logs: Path) -> Rank:
+def start(rank: int, port: int, data: str, workdir, args: list[str], logs: Path, delay_s: float = 0.0) -> Rank:
     env = launcher.env() | {
         "RANK": str(rank),
         "LOCAL_RANK": "0",  # one task per node
@@ -29,19 +29,21 @@ def start(rank: int, port: int, data: str, workdir, args: list[str], logs: Path)
         "MASTER_PORT": str(port),
     }
     argv = ["train.py", *args, "--data", data, "--workdir", str(workdir)]
-    return Rank(argv, env, launcher.ROOT, logs / f"rank{rank}.out", logs / f"rank{rank}.err")
+    return Rank(argv, env, launcher.ROOT, logs / f"rank{rank}.out", logs / f"rank{rank}.err", delay_s)
 
 
 def run_pair(
-    data: tuple[str, str], workdir, workdirs: tuple | None = None, args: tuple | None = None
+    data: tuple[str, str], workdir, workdirs: tuple | None = None, args: tuple | None = None, delay0_s: float = 0.0
 ) -> tuple[list, float]:
     """Both ranks forked from the session's pre-imported server (tests/helpers/forked.py: the launcher is not the
     subject). ``workdirs``: each rank's own --workdir (a shared folder that is another one on one node); ``args``:
-    each rank's own arguments before --data (a recipe present on one node only)."""
+    each rank's own arguments before --data (a recipe present on one node only); ``delay0_s``: rank 0 starts this
+    much later (a real rank spends it importing)."""
     logs = Path(tempfile.mkdtemp(prefix="preflight-"))
     port, t0 = launcher.free_port(), time.monotonic()
     procs = [
-        start(r, port, data[r], (workdirs or (workdir, workdir))[r], (args or (ARGS, ARGS))[r], logs) for r in (0, 1)
+        start(r, port, data[r], (workdirs or (workdir, workdir))[r], (args or (ARGS, ARGS))[r], logs, (delay0_s, 0)[r])
+        for r in (0, 1)
     ]
     try:
         codes = [p.wait(timeout=200) for p in procs]
@@ -142,7 +144,8 @@ def test_a_recipe_missing_on_one_node_stops_both_ranks_before_the_rendezvous_tim
     names rank 1 (it used to wait out the 300 s rendezvous and blame the network)."""
     missing = str(tmp_path / "recipes" / "demo_digits.py")
     args = (ARGS, ["--config", missing, *ARGS[2:]])
-    (results, elapsed) = run_pair((demo_data, demo_data), tmp_path / "run", args=args)
+    # Rank 1 fails at once, 10 s before rank 0 (importing, in a real run) hosts the store it must report to.
+    (results, elapsed) = run_pair((demo_data, demo_data), tmp_path / "run", args=args, delay0_s=10)
     (rc0, _, err0), (rc1, _, err1) = results
     assert (rc0, rc1) == (2, 2), err0[-2000:] + err1[-2000:]
     host = socket.gethostname()

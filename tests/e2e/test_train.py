@@ -57,7 +57,7 @@ def test_two_rank_run_logs_plan_metrics_and_one_allreduce_per_step(reference_run
 
 
 def test_accumulation_is_derived_from_world_size(demo_data, tmp_path):
-    r = launcher.run(train_args(demo_data, tmp_path, "train.max_steps=1") + ["--dry-run"], nproc=1)
+    r = launcher.run(train_args(demo_data, tmp_path, "train.max_steps=1") + ["--dry-run"], launcher="single")
     assert r.returncode == 0, r.stderr
     assert "128 = 16 (micro) x 8 (accumulation) x 1 (devices)" in r.stdout
 
@@ -167,7 +167,7 @@ def test_dry_run_of_the_32k_recipe_with_4_processes():
 )
 def test_bad_input_is_one_clear_line(demo_data, tmp_path, extra, message):
     args = ["--config", RECIPE, "--data", demo_data, "--workdir", str(tmp_path / "w"), "train.max_steps=1"]
-    r = launcher.run(args + extra, timeout=120)
+    r = launcher.run(args + extra, launcher="single", timeout=120)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert lines[-1].startswith("error: ") and message in lines[-1], r.stderr[-2000:]
@@ -192,6 +192,7 @@ def test_checkpoint_of_another_model_is_refused(reference_run, demo_data, tmp_pa
             "--resume",
             str(workdir / "checkpoints" / "step_0000012"),
         ),
+        launcher="single",
         timeout=300,
     )
     assert r.returncode == 2, r.stderr[-2000:]

@@ -1,7 +1,7 @@
 """train.py as a command: what it prints and where it stops before any data is read.
 
-Each test runs ``python train.py`` (one process, no launcher; forked from the session's pre-imported server,
-tests/helpers/forked.py, except the run that must not import DALI): the dry-run plan (also for 128 devices), a bad override,
+Each test runs ``python train.py`` (one process, no launcher): in a new interpreter where stderr must be exactly
+one line or DALI must be unimportable, else forked from the session's pre-imported server (tests/helpers/forked.py): the dry-run plan (also for 128 devices), a bad override,
 a phase batch the world size cannot divide, a missing ``model.init_from`` path (and a resume that
 does not need it), and the synthetic source's dry run with DALI unimportable.
 """
@@ -19,16 +19,26 @@ DEMO = ROOT / "recipes" / "demo_digits.py"
 NO_DATA = "data.path=/nonexistent/no-data-here"  # proves that the dry run reads no data directory
 
 
+def fresh(argv: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    """``python train.py ...`` in a new interpreter: for the tests that check stderr is exactly one line, which a
+    forked process cannot show (what an import prints would go to the forkserver's output, not the command's)."""
+    return subprocess.run(
+        [sys.executable, "train.py", *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
 @pytest.fixture(scope="module")
 def train_runs():
-    """The three train.py commands, each forked from the session's pre-imported server (tests/helpers/forked.py)."""
-    runs = {
+    """The three train.py commands: the plans forked from the session's pre-imported server
+    (tests/helpers/forked.py), the bad override (exactly one line; it stops before torch loads) in a new interpreter."""
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}  # no launcher variables: one process
+    plans = {
         "dry": ["--config", "recipes/vit_b16.py", "--dry-run"],
-        "bad": ["--config", "recipes/vit_b16.py", "--dry-run", "optim.lrr=0.1"],
         "wide": ["--config", "recipes/vit_b16.py", "--dry-run", "--world-size", "128"],
     }
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}  # no launcher variables: one process
-    return {k: launcher.python(["train.py", *a], timeout=120, environment=env) for k, a in runs.items()}
+    runs = {k: launcher.python(["train.py", *a], timeout=120, environment=env) for k, a in plans.items()}
+    runs["bad"] = fresh(["--config", "recipes/vit_b16.py", "--dry-run", "optim.lrr=0.1"], env)
+    return runs
 
 
 def test_dry_run_prints_the_plan(train_runs):
@@ -57,9 +67,8 @@ def test_bad_override_exits_2_with_one_line(train_runs):
 
 def test_a_phase_batch_the_world_size_cannot_divide_fails_in_train_py_before_the_data(tmp_path):
     """Exit 2 with one line, although --data does not exist: the phases are checked first."""
-    r = launcher.python(
+    r = fresh(
         [
-            "train.py",
             "--config",
             str(DEMO),
             "--data",
@@ -68,8 +77,13 @@ def test_a_phase_batch_the_world_size_cannot_divide_fails_in_train_py_before_the
             "train.phases=[{'epoch': 0}, {'epoch': 30, 'global_batch': 96, 'micro_batch': 16}]",
         ],
         # Rank 0 of 4 alone: after its error it waits for the others to hear (min(30 s, the rendezvous timeout)).
-        environment={"WORLD_SIZE": "4", "RANK": "0", "LOCAL_RANK": "0", "PATH": "/usr/bin:/bin"}
-        | {"VITLARGE_RENDEZVOUS_TIMEOUT": "2"},
+        {
+            "WORLD_SIZE": "4",
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "PATH": "/usr/bin:/bin",
+            "VITLARGE_RENDEZVOUS_TIMEOUT": "2",
+        },
     )
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == (
@@ -80,10 +94,9 @@ def test_a_phase_batch_the_world_size_cannot_divide_fails_in_train_py_before_the
 
 def test_a_missing_path_fails_in_train_py_before_the_data(tmp_path):
     missing = tmp_path / "nothing" / "model"
-    r = launcher.python(
-        ["train.py", "--config", str(DEMO), "--data", str(tmp_path / "no_data"), "--workdir", str(tmp_path / "run")]
-        + [f"model.init_from={missing}"],
-        environment=dict(os.environ),
+    r = fresh(
+        ["--config", str(DEMO), "--data", str(tmp_path / "no_data"), "--workdir", str(tmp_path / "run")]
+        + [f"model.init_from={missing}"]
     )
     assert r.returncode == 2
     # Said before the imports and the rendezvous (10-20 s), after the recipe loaded.

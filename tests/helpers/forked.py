@@ -30,19 +30,23 @@ from pathlib import Path
 PRELOAD = ["tests.helpers.forked_preload"]
 
 _context = None
+_live: set = set()  # ranks started and not yet reaped: killed when the session ends (`kill_live`)
 
 
 def context():
-    """The session's forkserver context; the server starts (and imports `PRELOAD`) on first use."""
+    """The session's forkserver context. The first call starts the server with the tests' launcher environment
+    (`tests.helpers.launcher.env`, captured then: PYTHONWARNINGS's errors, OMP_NUM_THREADS=1), waits for its
+    preload, and raises with the preload's own traceback if it failed (multiprocessing's forkserver would swallow
+    an ImportError and leave every rank to import on its own, green but slow)."""
     global _context
     if _context is None:
         from tests.helpers import launcher
 
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(PRELOAD)
-        saved = dict(os.environ)
+        saved, server_env = dict(os.environ), launcher.env()
         os.environ.clear()
-        os.environ.update(launcher.env())  # read once, at the server's start: OMP_NUM_THREADS, PYTHONWARNINGS
+        os.environ.update(server_env)
         try:
             from multiprocessing import forkserver
 
@@ -51,14 +55,56 @@ def context():
             os.environ.clear()
             os.environ.update(saved)
         _context = ctx
+        _check_preload(ctx)
     return _context
 
 
-def _rank_main(argv: list[str], env: dict, cwd: str, out: str, err: str) -> None:
-    """A forked rank: ``python <argv>`` with ``env`` in ``cwd``, stdout/stderr appended to ``out``/``err``."""
+def _preload_report(path: str) -> None:
+    """In a forked process: what the server's preload left (its error, or nothing)."""
+    import tests.helpers.forked_preload as preload
+
+    Path(path).write_text(preload.ERROR or ("" if preload.READY else "the preload did not run to its end"))
+
+
+def _check_preload(ctx) -> None:
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("r", prefix="forked-preload-") as f:
+        probe = ctx.Process(target=_preload_report, args=(f.name,))
+        probe.start()
+        probe.join(600)
+        problem = f.read() if probe.exitcode == 0 else f"the probe exited with {probe.exitcode}"
+    if problem:
+        raise RuntimeError(f"tests/helpers/forked_preload.py failed in the forkserver:\n{problem}")
+
+
+def kill_live() -> None:
+    """SIGKILLs every forked rank still running (and what it started): at the session's end, so that a test that
+    failed or timed out leaves nothing behind for the next tests, nor for multiprocessing's exit to wait on."""
+    from tests.helpers.launcher import kill_tree
+
+    for rank in list(_live):
+        if rank.poll() is None:
+            kill_tree(rank.pid)
+            rank.poll()
+
+
+def _rank_main(argv: list[str], env: dict, cwd: str, out: str, err: str, delay_s: float = 0.0) -> None:
+    """A forked rank: ``python <argv>`` with ``env`` in ``cwd``, stdout/stderr appended to ``out``/``err``, after
+    ``delay_s`` seconds (a stand-in for a real rank's imports, where a test needs their timing)."""
+    time.sleep(delay_s)
+    os.setsid()  # a session of its own, as the launchers' and srun's tasks have: a group signal stays inside
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
+    # Fresh seeds, as a new interpreter draws them (Python's `random` reseeds itself at fork): ranks and runs must
+    # not agree by inheritance. (The string hash seed cannot change after the interpreter starts: the tests that
+    # check ranks agree across distinct hash seeds are the real launchers', tests/README.md.)
+    import numpy
+    import torch
+
+    numpy.random.seed()
+    torch.seed()
     for fd, path in ((1, out), (2, err)):
         f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(f, fd)
@@ -73,6 +119,7 @@ def _rank_main(argv: list[str], env: dict, cwd: str, out: str, err: str) -> None
             import runpy
 
             sys.argv = [argv[1], *argv[2:]]
+            sys.modules.pop(argv[1], None)  # preloaded: run it afresh as __main__, as `python -m` does
             runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
         else:
             import runpy
@@ -100,19 +147,25 @@ def _rank_main(argv: list[str], env: dict, cwd: str, out: str, err: str) -> None
 class Rank:
     """One forked rank, with the part of `subprocess.Popen`'s interface the tests use."""
 
-    def __init__(self, argv: list[str], env: dict, cwd: str | Path, out: Path, err: Path | None = None):
+    def __init__(
+        self, argv: list[str], env: dict, cwd: str | Path, out: Path, err: Path | None = None, delay_s: float = 0.0
+    ):
         self.args = argv
         self._process = context().Process(
-            target=_rank_main, args=(list(argv), dict(env), str(cwd), str(out), str(err or out)), daemon=False
+            target=_rank_main,
+            args=(list(argv), dict(env), str(cwd), str(out), str(err or out), delay_s),
+            daemon=False,
         )
         self._process.start()
         self.pid = self._process.pid
         self.returncode: int | None = None
+        _live.add(self)
 
     def poll(self) -> int | None:
         if self.returncode is None and not self._process.is_alive():
             self._process.join()
             self.returncode = self._process.exitcode
+            _live.discard(self)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -135,9 +188,11 @@ class Rank:
         self.send_signal(signal.SIGTERM)
 
 
-TORCHRUN_KILLS_AFTER_S = 30.0
-"""After the first rank fails, how long the others may take to end on their own before they are killed
-(torchrun stops the rest of a failed group; vitlarge's ranks agree on an error and end by themselves)."""
+TERM_AFTER_S = 5.0
+KILL_AFTER_S = 30.0
+"""After the first rank fails, the others get SIGTERM after `TERM_AFTER_S` and SIGKILL after `KILL_AFTER_S`, as
+torchrun stops the rest of a failed group (it sends SIGTERM at once: the grace here leaves vitlarge's ranks the
+seconds they take to agree on an error and end by themselves, which is what the tests check)."""
 
 
 class Job:
@@ -147,22 +202,27 @@ class Job:
     def __init__(self, argv: list[str], nproc: int, env: dict, cwd: str | Path, out: Path, err: Path, port: int):
         self.args = argv
         self.ranks = []
-        for rank in range(nproc):
-            e = dict(env)
-            e.update(
-                RANK=str(rank),
-                LOCAL_RANK=str(rank),
-                WORLD_SIZE=str(nproc),
-                LOCAL_WORLD_SIZE=str(nproc),
-                GROUP_RANK="0",
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-            )
-            self.ranks.append(Rank(argv, e, cwd, out, err))
+        try:
+            for rank in range(nproc):
+                e = dict(env)
+                e.update(
+                    RANK=str(rank),
+                    LOCAL_RANK=str(rank),
+                    WORLD_SIZE=str(nproc),
+                    LOCAL_WORLD_SIZE=str(nproc),
+                    GROUP_RANK="0",
+                    MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(port),
+                )
+                self.ranks.append(Rank(argv, e, cwd, out, err))
+        except BaseException:
+            self.kill()  # the ranks already started would wait for the missing one until their rendezvous timeout
+            raise
         # No ``pid``: a job is several processes. `tests.helpers.launcher.kill_tree` and ``workers`` take the job.
         self.returncode: int | None = None
         self._failed_at: float | None = None
         self._first_failure: int | None = None
+        self._termed = False
 
     def poll(self) -> int | None:
         if self.returncode is not None:
@@ -173,8 +233,12 @@ class Job:
                 self._first_failure = 128 - c if c < 0 else c
                 self._failed_at = time.monotonic()
         if None in codes:
-            if self._failed_at is not None and time.monotonic() - self._failed_at > TORCHRUN_KILLS_AFTER_S:
+            since = None if self._failed_at is None else time.monotonic() - self._failed_at
+            if since is not None and since > KILL_AFTER_S:
                 self.kill()
+            elif since is not None and since > TERM_AFTER_S and not self._termed:
+                self._termed = True
+                self.terminate()
             return None
         self.returncode = self._first_failure or 0
         return self.returncode
@@ -194,8 +258,7 @@ class Job:
     def kill(self) -> None:
         from tests.helpers.launcher import kill_tree
 
-        for r in self.ranks:
-            kill_tree(r.pid)
+        kill_tree(self)
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)

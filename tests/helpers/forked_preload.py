@@ -1,35 +1,54 @@
 """What the forkserver of `tests.helpers.forked` imports once, before it forks any rank: the modules a
 training or evaluation run loads (torch, timm, DALI, Colossal-AI's Booster, DCP, every vitlarge and hooks
-module), after vitlarge's own warning filters for them, as ``train.py`` sets them before its imports."""
+module), after vitlarge's own warning filters for them, as ``train.py`` sets them before its imports.
+
+Nothing here may fail silently: multiprocessing's forkserver swallows an ImportError from a preload module
+(every rank would then import on its own: green, but slow) and dies on any other exception. So everything
+is caught and kept in `ERROR`; `tests.helpers.forked.context` asks a forked probe for it and fails the session
+with this traceback. `READY` says the preload ran to its end.
+"""
 
 import gc
-import importlib
-import pkgutil
+import sys
+import traceback
 
-from vitlarge.distributed import launch, quiet
+ERROR = ""
+READY = False
 
-launch.quiet_imports()
-quiet.quiet_checkpoint_writer()
 
-import colossalai.booster  # noqa: E402
-import matplotlib  # noqa: E402
+def _preload() -> None:
+    import importlib
+    import pkgutil
 
-matplotlib.use("Agg")  # as vitlarge.report.plot selects it before pyplot
+    # The suite's contract (conftest.py): a deprecation is an error in every process a test starts.
+    if "error::DeprecationWarning" not in sys.warnoptions:
+        raise RuntimeError(
+            f"the forkserver started without PYTHONWARNINGS' error filters (sys.warnoptions={sys.warnoptions})"
+        )
+    from vitlarge.distributed import launch, quiet
 
-import colossalai.booster.plugin  # noqa: E402,F401
-import matplotlib.pyplot  # noqa: E402,F401
-import nvidia.dali.plugin.pytorch  # noqa: E402,F401
-import timm  # noqa: E402,F401
-import torch.distributed.checkpoint  # noqa: E402,F401
-import torch.utils.tensorboard  # noqa: E402,F401
+    launch.quiet_imports()
+    quiet.quiet_checkpoint_writer()
 
-import hooks  # noqa: E402
-import vitlarge  # noqa: E402
+    import colossalai.booster
+    import colossalai.booster.plugin  # noqa: F401
+    import matplotlib
 
-for package in (vitlarge, hooks):
-    for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
-        if not info.name.endswith("__main__"):
-            importlib.import_module(info.name)
+    matplotlib.use("Agg")  # as vitlarge.report.plot selects it before pyplot
+    import matplotlib.pyplot  # noqa: F401
+    import nvidia.dali.plugin.pytorch  # noqa: F401
+    import timm  # noqa: F401
+    import torch.distributed.checkpoint  # noqa: F401
+    import torch.utils.tensorboard  # noqa: F401
+
+    import hooks
+    import vitlarge
+
+    for package in (vitlarge, hooks):
+        for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+            if not info.name.endswith("__main__"):
+                importlib.import_module(info.name)
+    _warm_caches()
 
 
 def _warm_caches() -> None:
@@ -38,7 +57,10 @@ def _warm_caches() -> None:
     take, and matplotlib's font and text caches (the plot hook's first figure, about 0.7 s). Nothing here starts a
     thread or builds a DALI pipeline (no backend), so forking afterwards stays safe."""
     import io
+    import os
+    import warnings
 
+    import matplotlib.pyplot as plt
     from nvidia.dali import types
 
     from vitlarge.data import pipelines, randaugment
@@ -68,20 +90,30 @@ def _warm_caches() -> None:
         {"randaugment": randaugment.spec("rand-m9-mstd0.5-inc1")},
         {"crop": "src", "three_augment": True, "color_jitter": 0.3},
     ]
-    for extra in variants:
+    # DALI's RandAugment names its own deprecated fn.experimental aliases and forces those warnings on (see
+    # vitlarge/data/loader.py): kept off the server's stderr, which is the capture of whichever test started it.
+    saved = os.dup(2)
+    with open(os.devnull, "w") as devnull, warnings.catch_warnings():
+        os.dup2(devnull.fileno(), 2)
         try:
-            pipelines.train_pipeline(["/nonexistent"], ["/nonexistent.idx"], **{**base, **extra})
-        except Exception:  # noqa: BLE001 - a cache left cold only costs the ranks their own conversion
-            pass
+            for extra in variants:
+                pipelines.train_pipeline(["/nonexistent"], ["/nonexistent.idx"], **{**base, **extra})
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
-    fig, ax = matplotlib.pyplot.subplots(2, 2)
+    fig, ax = plt.subplots(2, 2)
     ax[0, 0].plot([0, 1], [0, 1], label="x")
     ax[0, 0].legend()
     fig.suptitle("warm")
     fig.tight_layout()
     fig.savefig(io.BytesIO(), dpi=50, format="png")
-    matplotlib.pyplot.close(fig)
+    plt.close(fig)
 
 
-_warm_caches()
+try:
+    _preload()
+    READY = True
+except BaseException:  # noqa: BLE001 - reported by tests.helpers.forked.context, with this traceback
+    ERROR = traceback.format_exc()
 gc.freeze()  # what the ranks inherit is never traversed by their collections (vitlarge collects at phase changes)

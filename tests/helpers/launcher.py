@@ -37,10 +37,11 @@ def env() -> dict:
     return e
 
 
-LAUNCHERS = ("python", "torchrun", "colossalai", "vitlarge", "fork")
-"""``launcher=``: one process without a launcher, torchrun, ``colossalai run``, ``python -m vitlarge.run``, or
-ranks forked from the session's pre-imported server with torchrun's variables (`tests.helpers.forked`: for
-tests whose subject is not the launcher; the exit status is the one ``python -m vitlarge.run`` keeps)."""
+LAUNCHERS = ("python", "torchrun", "colossalai", "vitlarge", "fork", "single")
+"""``launcher=``: one process without a launcher, torchrun, ``colossalai run``, ``python -m vitlarge.run``; or,
+forked from the session's pre-imported server (`tests.helpers.forked`, for tests whose subject is not the
+launcher): ranks with torchrun's variables (``fork``; the exit status is the one ``python -m vitlarge.run``
+keeps), or one process without a launcher's variables, as ``python train.py`` (``single``)."""
 
 DEFAULT = "fork"
 """The launcher of a test that names none: its subject is the run, not how it was started."""
@@ -97,6 +98,10 @@ def run(
 ) -> subprocess.CompletedProcess:
     """Runs ``script`` (train.py or a wrapper of it) on ``nproc`` ranks; ``extra_env`` adds variables."""
     environment = {**env(), **(extra_env or {})}
+    if launcher == "single":
+        if nproc != 1:
+            raise ValueError(f"launcher='single' is one process, not {nproc}")
+        return python([*script, *args], timeout, environment=environment)
     if launcher == "fork":
         return _run_forked(args, nproc, timeout, script, port, environment)
     return subprocess.run(
@@ -119,9 +124,8 @@ def _run_forked(args, nproc, timeout, script, port, environment) -> subprocess.C
         job = Job([*script, *args], nproc, environment, ROOT, out, err, free_port() if port is None else port)
         try:
             code = job.wait(timeout)
-        except subprocess.TimeoutExpired:
-            job.kill()
-            raise
+        finally:
+            job.kill()  # what is left of it after a timeout or an error (ended ranks are not signalled)
         return subprocess.CompletedProcess(job.args, code, out.read_text(), err.read_text() if err.exists() else "")
 
 
@@ -140,9 +144,9 @@ def python(
         proc = Rank(argv, {**env(), **(extra_env or {})} if environment is None else environment, ROOT, out, err)
         try:
             code = proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            kill_tree(proc)
-            raise
+        finally:
+            if proc.poll() is None:  # a timeout or an error: it must not outlive the test
+                kill_tree(proc)
         return subprocess.CompletedProcess(argv, code, out.read_text(), err.read_text())
 
 
@@ -168,18 +172,17 @@ def start(args: list[str], nproc: int = 1, launcher: str = "colossalai", log: Pa
 
 
 def kill_tree(pid, sig: int = signal.SIGKILL) -> None:
-    """Signals a process and everything under it. ``pid``: a pid, a `subprocess.Popen`, or a forked
-    `tests.helpers.forked.Job` (each of its ranks and what they started)."""
-    if hasattr(pid, "ranks"):
-        for rank in pid.ranks:
-            kill_tree(rank.pid, sig)
-        return
-    pid = getattr(pid, "pid", pid)
-    try:
-        parent = psutil.Process(pid)
-        procs = parent.children(recursive=True) + [parent]
-    except psutil.NoSuchProcess:
-        return
+    """Signals a process and everything under it, all at once, then waits for them. ``pid``: a pid, a
+    `subprocess.Popen`, or a forked `tests.helpers.forked.Job` (each of its ranks and what they started)."""
+    procs = []
+    # A job's ranks that have ended (and been reaped: their pids may be reused) are left out.
+    roots = [r.pid for r in pid.ranks if r.poll() is None] if hasattr(pid, "ranks") else [getattr(pid, "pid", pid)]
+    for root in roots:
+        try:
+            parent = psutil.Process(root)
+            procs += parent.children(recursive=True) + [parent]
+        except psutil.NoSuchProcess:
+            continue
     for p in procs:
         try:
             p.send_signal(sig)

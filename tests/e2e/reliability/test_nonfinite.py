@@ -76,6 +76,7 @@ def test_one_poisoned_fp16_step_is_skipped_and_the_scale_halves(demo_data, tmp_p
             "train.checkpoint_every_steps=1",
             "train.keep_checkpoints=10",
         ),
+        launcher="single",
         timeout=TIMEOUT,
         script=poison("3"),
     )
@@ -162,6 +163,7 @@ def test_huge_lr_without_loss_scaling_stops_with_exit_3(demo_data, tmp_path, pre
             "optim.lr=1e6",
             f"train.precision={precision}",
         ),
+        launcher="single",
         timeout=TIMEOUT,
     )
     assert r.returncode == 3, r.stdout[-3000:] + r.stderr[-3000:]

@@ -221,7 +221,9 @@ def test_every_kind_of_damage_is_one_warning_and_nothing_is_lost_then_no_periodi
     (ckpts / "step_0000008" / "__0_0.distcp").write_bytes(b"")
     w = ckpts / "step_0000006" / "__0_0.distcp"
     w.write_bytes(w.read_bytes()[:4096])
-    r = launcher.run(train_args(demo_data, workdir, "train.max_steps=7", "train.checkpoint_every_steps=0"), 1)
+    r = launcher.run(
+        train_args(demo_data, workdir, "train.max_steps=7", "train.checkpoint_every_steps=0"), launcher="single"
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     warned = WARNED.findall(out)
@@ -286,7 +288,7 @@ def test_a_checkpoint_of_the_previous_release_resumes_with_a_fresh_data_stream(d
     import torch
 
     workdir = tmp_path / "run"
-    first = launcher.run(train_args(demo_data, workdir, "train.max_steps=2"), timeout=TIMEOUT)
+    first = launcher.run(train_args(demo_data, workdir, "train.max_steps=2"), launcher="single", timeout=TIMEOUT)
     assert first.returncode == 0, first.stderr[-3000:]
     ckpt = workdir / "checkpoints" / "step_0000002"
     as_format_1(ckpt)
@@ -296,7 +298,7 @@ def test_a_checkpoint_of_the_previous_release_resumes_with_a_fresh_data_stream(d
     torch.save(state, ckpt / "rank_00000.pt")
     shutil.rmtree(workdir / "model")
 
-    r = launcher.run(train_args(demo_data, workdir, "train.max_steps=4"), timeout=TIMEOUT)
+    r = launcher.run(train_args(demo_data, workdir, "train.max_steps=4"), launcher="single", timeout=TIMEOUT)
     log = r.stdout + r.stderr
     assert r.returncode == 0, log[-3000:]
     assert resumed_at(log) == [(str(ckpt), 2)]
