@@ -136,7 +136,7 @@ def test_phased_run_compiles_four_graphs_and_resumes_bitwise(demo_data, tmp_path
 
     run = tmp_path / "run"
     shutil.copytree(step9, run / "checkpoints" / step9.name)
-    r = launcher.run(phased_args(demo_data, run, "train.checkpoint_every_steps=0"), launcher="python", timeout=900)
+    r = launcher.run(phased_args(demo_data, run, "train.checkpoint_every_steps=0"), launcher="single", timeout=900)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert f"resumed from {run / 'checkpoints' / 'step_0000009'} at step 9" in r.stdout + r.stderr
 
@@ -147,7 +147,7 @@ def test_phased_run_compiles_four_graphs_and_resumes_bitwise(demo_data, tmp_path
 
 
 def test_ddp_over_two_gloo_processes_wraps_the_compiled_model(demo_data, tmp_path):
-    """torchrun, 2 ranks, Colossal-AI's Booster with TorchDDPPlugin around the compiled module: one
+    """2 forked ranks (tests/helpers/forked.py), Colossal-AI's Booster with TorchDDPPlugin around the compiled module: one
     all-reduce per optimizer step (the reducer sees the compiled backward's gradients) and the losses of
     an eager run of the same steps (the 300-step test's tolerance)."""
     losses = {}
@@ -168,7 +168,7 @@ def test_ddp_over_two_gloo_processes_wraps_the_compiled_model(demo_data, tmp_pat
             "train.eval_every_epochs=0",
             "train.checkpoint_every_steps=0",
         ]
-        r = launcher.run(args, nproc=2, launcher="torchrun", timeout=900)
+        r = launcher.run(args, nproc=2, timeout=900)
         assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
         records = read_metrics(str(workdir / "metrics.jsonl"))
         train = [m for m in records if m["event"] == "train"]

@@ -643,6 +643,7 @@ def rank_state_problem(state) -> str | None:
         and isinstance(n.get("pos"), int)
         and 0 <= n["pos"] <= 624
         and isinstance(n.get("has_gauss"), int)
+        and n["has_gauss"] in (0, 1)  # numpy raises OverflowError on others (found by the fuzz)
         and isinstance(n.get("cached_gaussian"), float)
     ):
         return "holds a malformed numpy RNG state"
