@@ -109,9 +109,10 @@ def _rank_main(argv: list[str], env: dict, cwd: str, out: str, err: str, delay_s
         f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(f, fd)
         os.close(f)
-    # PYTHONUNBUFFERED as the launched rank has it: lines reach the file as they are written (tests poll logs).
-    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True, line_buffering=True)
-    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True, line_buffering=True)
+    # Each line reaches the file when it ends, in one write (tests poll logs): ranks share a log, and print()'s text
+    # and newline written separately could put another rank's line between them.
+    sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), line_buffering=True)
+    sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)), line_buffering=True)
     sys.argv = list(argv)
     code = 1
     try:

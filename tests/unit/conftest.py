@@ -3,7 +3,8 @@
 - A unit test that starts a process (``subprocess``, ``os.fork``/``exec``/``posix_spawn``/``system``, a
   multiprocessing or DALI worker) fails at its teardown, naming the command: "tests/unit holds in-process
   tests: <test> started <command>; move it to tests/e2e (tests/README.md)". Watched from the start of its
-  setup to the end of its teardown, through an audit hook (``sys.addaudithook``) and multiprocessing's one
+  setup to the end of its call (not its teardown: the session's last teardown also runs other tiers' session
+  fixtures' finalizers, such as the Slurm test cluster's ``scancel``), through an audit hook (``sys.addaudithook``) and multiprocessing's one
   spawn path, which raises no audit event. Only the tools in `ALLOWED` may run.
 - Unit tests whose call took over `BUDGET_S` are listed at the end of the session, one line each. A report,
   not a failure: a loaded 2-core CI machine must not turn a correct test red.
@@ -87,6 +88,17 @@ def pytest_runtest_protocol(item, nextitem):
         yield
     finally:
         _started = outer
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Not watched: finalizers of wider-scoped fixtures run here, whatever tier requested them."""
+    global _started
+    watched, _started = _started, None
+    try:
+        yield
+    finally:
+        _started = watched
 
 
 @pytest.hookimpl(hookwrapper=True)

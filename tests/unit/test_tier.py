@@ -76,3 +76,26 @@ def test_the_tests_over_the_budget_are_listed_and_pass(pytester):
             "*s test_inner.py::test_*",
         ]
     )
+
+
+def test_a_session_fixtures_finalizer_is_not_charged_to_the_last_unit_test(pytester):
+    """Found in a full run: the e2e Slurm cluster's session fixture ran ``scancel`` at the session's last teardown,
+    which was a unit test's. Teardowns are not watched; the test's own setup and call are."""
+    finalizer_starts_a_process = """
+import sys
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    yield
+    sys.audit("subprocess.Popen", "scancel", ["scancel", "--name=x"], None, None)
+
+
+@pytest.fixture(autouse=True)
+def uses_cluster(cluster):
+    yield
+"""
+    result = inner_session(pytester, "-k", "in_process", conftest=finalizer_starts_a_process)
+    result.assert_outcomes(passed=1)
