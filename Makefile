@@ -1,7 +1,7 @@
 # vitlarge: two commands on a fresh machine.
 #   make demo   creates .venv, installs requirements.txt, builds the digits data, trains on 2 CPU processes
 #   make test   the test suite (what CI runs)
-#   make test-fast  the in-process tests only (tests/unit: under 2 minutes on 2 cores, not the full suite's 35+)
+#   make test-fast  the in-process tests only (tests/unit: under 2 minutes on 2 cores, not the full suite's 30+)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 NPROC ?= 2
