@@ -127,7 +127,9 @@ class AugmentConfig:
     mixup_prob: float = 1.0
     """Probability that Mixup/CutMix is applied to a batch."""
     label_smoothing: float = 0.0
-    """Label smoothing of the targets (folded into the soft targets under Mixup/CutMix)."""
+    """Label smoothing of the targets (folded into the soft targets under Mixup/CutMix, so with ``loss=bce`` too). 0:
+    the recipes vitlarge reproduces train without (DeiT III sets ``--smoothing 0.0``). timm's train.py and DeiT's
+    main.py default to 0.1: to compare with them, set it to what their command line gives (docs/DATA.md, issue 35)."""
     loss: Literal["ce", "bce"] = "ce"
     """``ce``: softmax cross-entropy. ``bce``: per-class binary cross-entropy on the one-hot targets (Mixup/CutMix-
     mixed and smoothed as for ``ce``), averaged over images and classes: timm's ``BinaryCrossEntropy``, as DeiT III
