@@ -17,7 +17,7 @@ endif
 endif
 STACK_FILE := $(if $(filter cuda13,$(STACK)),requirements/cuda13.txt,$(if $(filter cuda12,$(STACK)),requirements.txt,$(error STACK=$(STACK): use cuda12 or cuda13)))
 
-.PHONY: demo test test-fast install bench clean-demo
+.PHONY: demo test test-fast test-gpu install bench clean-demo
 
 install: $(VENV)/.installed-$(STACK)
 
@@ -43,6 +43,11 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest tests/unit
+
+# the GPU tier (tests/gpu): skipped test by test, with the reason, where CUDA is absent; on a bare CUDA machine
+# without this venv: scripts/gpu_tier.sh (docs/GPU.md)
+test-gpu: install
+	$(PY) -m pytest tests/gpu -rA
 
 bench: install
 	$(PY) -m benchmarks.run --quick

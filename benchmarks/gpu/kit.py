@@ -230,16 +230,27 @@ def train_section(device: torch.device, path: str, s: dict, peak: dict, tiny: bo
     }
 
 
-def largest_fit(run, cfg, device, start: int, cap: int) -> tuple[int, list]:
-    """Largest micro-batch in [1, cap] for which one step of ``run`` fits, 0 if none: doubling from
-    ``start`` (halving if ``start`` fails) to the first size that fails, then 3 bisection steps
-    between the last size that fit and it (to within 1/8 of that interval)."""
+def largest_fit(make, cfg, device, start: int, cap: int) -> tuple[int, list, object]:
+    """Largest micro-batch in [1, cap] for which one step of the run ``make()`` builds fits, 0 if none: doubling
+    from ``start`` (halving if ``start`` fails) to the first size that fails, then 3 bisection steps
+    between the last size that fit and it (to within 1/8 of that interval). Returns the size, the tries and
+    the run to time it with.
+
+    After each out-of-memory step the run is built afresh: a step that ran out of memory in its backward
+    leaves DDP's reducer waiting for the gradients it never got, and that run's next forward raises
+    "Expected to have finished reduction in the prior iteration" (a RuntimeError, not an out-of-memory)."""
     from benchmarks.gpu.train import synthetic_batch
 
+    runs = [make()]
+
     def ok(b: int) -> bool:
-        run.set_batch(synthetic_batch(cfg, device, b))
-        fit = dev.fits(run.step, device)
+        runs[-1].set_batch(synthetic_batch(cfg, device, b))
+        fit = dev.fits(runs[-1].step, device)
         tries.append({"micro_batch": b, "fits": fit})
+        if not fit:
+            runs[-1] = None  # its memory goes before the new run takes any
+            dev.free_memory(device)
+            runs[-1] = make()
         return fit
 
     tries, bad = [], None
@@ -255,14 +266,14 @@ def largest_fit(run, cfg, device, start: int, cap: int) -> tuple[int, list]:
         while good >= 1 and not ok(good):
             bad, good = good, good // 2
         if good < 1:
-            return 0, tries
+            return 0, tries, runs[-1]
     if bad is not None:
         for _ in range(3):
             mid = (good + bad) // 2
             if mid in (good, bad):
                 break
             good, bad = (mid, bad) if ok(mid) else (good, mid)
-    return good, tries
+    return good, tries, runs[-1]
 
 
 def large_section(device: torch.device, path: str, s: dict, peak: dict, tiny: bool, done=lambda out: None) -> dict:
@@ -278,8 +289,13 @@ def large_section(device: torch.device, path: str, s: dict, peak: dict, tiny: bo
         cfg = kit_config(recipe, "bf16", recipe_micro, 1, tiny)
         cfg.model.grad_checkpointing = True
         dev.free_memory(device)
-        run = EngineRun(cfg, device, path)
-        best, tries = largest_fit(run, cfg, device, s["large_start"], s["large_cap"])
+        best, tries, run = largest_fit(
+            lambda: EngineRun(cfg, device, path),
+            cfg,
+            device,
+            s["large_start"],
+            s["large_cap"],  # noqa: B023
+        )
         entry = {
             "name": RECIPES[recipe],
             "model": cfg.model.name,
@@ -306,6 +322,9 @@ def large_section(device: torch.device, path: str, s: dict, peak: dict, tiny: bo
             ):
                 t.clear()
                 best = best * 7 // 8
+                run = None  # out of memory mid-step: a fresh run (largest_fit says why)
+                dev.free_memory(device)
+                run = EngineRun(cfg, device, path)
                 entry.update(micro_batch=best, timed_lower=True)
         if best:
             info = describe_model(cfg)
@@ -323,7 +342,14 @@ def large_section(device: torch.device, path: str, s: dict, peak: dict, tiny: bo
     return out
 
 
-def run(device: torch.device, tiny: bool, path_request: str, only: tuple[str, ...], save=lambda result: None) -> dict:
+def run(
+    device: torch.device,
+    tiny: bool,
+    path_request: str,
+    only: tuple[str, ...],
+    save=lambda result: None,
+    deterministic: bool = True,
+) -> dict:
     """All sections in order; ``save(result)`` after each (and after each large model), so what finished
     survives a later failure or a time limit, marked ``"complete": false`` until the end.
 
@@ -337,9 +363,16 @@ def run(device: torch.device, tiny: bool, path_request: str, only: tuple[str, ..
         torch.cuda.set_device(device)  # device has its index (device.resolve_device)
     else:
         torch.set_num_threads(results.threads(tiny))
+    from vitlarge.train.settings import apply_determinism
+
+    # As train.py does before its first kernel: the recipes run deterministic (train.deterministic, default
+    # on), which costs some kernels speed; --deterministic off measures what the flag gives back.
+    determinism = apply_determinism(deterministic, device) or f"deterministic: {'on' if deterministic else 'off'}"
+    print(f"benchmarks.gpu: {determinism}", flush=True)
     if path == "colossalai":
         init_process_group(device)
     result = {
+        "deterministic": deterministic,
         "benchmark": "GPU kit: ViT training throughput and MFU per device, synthetic data on the device",
         "device": dev.device_info(device),
         "path": path,
@@ -437,6 +470,12 @@ def main(argv=None) -> int:
         default=list(SECTIONS[1:]),
         help="sections to run (the matmul peak always runs)",
     )
+    p.add_argument(
+        "--deterministic",
+        choices=("on", "off"),
+        default="on",
+        help="train.deterministic as the recipes set it (on, default) or off: what the flag costs",
+    )
     args = p.parse_args(argv)
 
     def work():
@@ -456,7 +495,7 @@ def main(argv=None) -> int:
 
         with warnings.catch_warnings():
             quiet_known_warnings()
-            result = run(device, args.tiny, args.path, tuple(args.only), save)
+            result = run(device, args.tiny, args.path, tuple(args.only), save, args.deterministic == "on")
         print("\n".join(gpu_report.section(result)))
         print(f"wrote {written[0]} and {written[1]}")
         if not result["complete"]:

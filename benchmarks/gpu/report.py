@@ -81,7 +81,11 @@ def section(r: dict | None) -> list[str]:
     lines += [
         f"Device: {d['name']} ({d['type']}), torch {d['torch']}"
         + (f", CUDA {d.get('cuda')}" if d["type"] == "cuda" else "")
-        + f"; path: **{r['path']}** ({r['path_why']}){'; --tiny: the numbers mean nothing' if r['tiny'] else ''}.\n",
+        + f"; path: **{r['path']}** ({r['path_why']}){'; --tiny: the numbers mean nothing' if r['tiny'] else ''}"
+        + {True: "; train.deterministic on, as the recipes run", False: "; train.deterministic off"}.get(
+            r.get("deterministic"), "; train.deterministic not applied (a kit before it was)"
+        )
+        + ".\n",
         "Peak: "
         + ", ".join(f"{k} matmul {v['n']}^3 {_flops(v['flops_per_s'])}" for k, v in peak["measured"].items())
         + (
@@ -123,7 +127,9 @@ def section(r: dict | None) -> list[str]:
         lines.append("")
     if "large" in r:
         lines += [
-            "Large models, bf16, activation checkpointing, accumulation 1:\n",
+            "Large models, bf16, activation checkpointing, accumulation 1"
+            + (f" ({r['large_run']['note']})" if "large_run" in r else "")
+            + ":\n",
             "| model | recipe micro-batch | largest that fits (cap) | images/s | peak memory | MFU vs matmul | MFU vs datasheet |",
             "|---|---:|---:|---:|---:|---:|---:|",
         ]

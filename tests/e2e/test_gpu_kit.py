@@ -350,7 +350,50 @@ def test_largest_fit_doubles_then_bisects_and_goes_down_from_a_failed_start(limi
 
     cfg = kit_config("vit_l16", "bf16", 4, 1, tiny=True)
     run = _FitsUpTo(limit)
-    best, tries = largest_fit(run, cfg, gpu_device.torch.device("cpu"), start=16, cap=1024)
+    best, tries, _ = largest_fit(lambda: run, cfg, gpu_device.torch.device("cpu"), start=16, cap=1024)
     assert best == expected
     assert [t["micro_batch"] for t in tries] == run.sizes
     assert all(t["fits"] == (t["micro_batch"] <= limit) for t in tries)
+
+
+def test_largest_fit_builds_a_fresh_run_after_running_out_of_memory_mid_backward(process_group):
+    """An out-of-memory error in the backward, after DDP's reducer has seen the later layers' gradients (raised
+    here from the patch embedding's gradient hook, the last gradient a ViT's backward makes, above 4 images),
+    leaves that run's next forward failing with DDP's own RuntimeError, which no fake out-of-memory shows:
+    the memory probe would stop there. `largest_fit` builds the run afresh after each out-of-memory step."""
+    import torch
+
+    from benchmarks.gpu.kit import largest_fit
+    from benchmarks.gpu.train import EngineRun, kit_config, synthetic_batch
+
+    cpu = torch.device("cpu")
+    cfg = kit_config("vit_b16", "fp32", 2, 1, tiny=True)
+    built = []
+
+    def make():
+        run = EngineRun(cfg, cpu, "colossalai")
+
+        def out_of_memory_above_4(grad):
+            if len(run.batch[0]) > 4:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory (test, mid-backward)")
+            return grad
+
+        run.engine.params[0].register_hook(out_of_memory_above_4)
+        built.append(run)
+        return run
+
+    reused = make()
+    reused.set_batch(synthetic_batch(cfg, cpu, 8))
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        reused.step()
+    reused.set_batch(synthetic_batch(cfg, cpu, 2))
+    with pytest.raises(RuntimeError, match="Expected to have finished reduction in the prior iteration"):
+        reused.step()
+
+    built.clear()
+    best, tries, run = largest_fit(make, cfg, cpu, start=2, cap=16)
+    assert best == 4
+    assert [(t["micro_batch"], t["fits"]) for t in tries] == [(2, True), (4, True), (8, False), (6, False), (5, False)]
+    assert len(built) == 4 and run is built[-1]  # the first, and one after each of the 3 failures
+    run.set_batch(synthetic_batch(cfg, cpu, best))
+    run.step()  # the run handed back for timing trains

@@ -11,6 +11,7 @@ hooks' view of the step are all-reduced once per optimizer step in one small mes
 
 from __future__ import annotations
 
+import logging
 import resource
 import signal
 import time
@@ -26,8 +27,11 @@ from vitlarge.distributed.launch import say
 from vitlarge.errors import Preempted
 from vitlarge.events import EvalMetrics, Event, Hook, RunInfo, StepMetrics, close, emit
 from vitlarge.plan.plan import Plan
+from vitlarge.train.compile_stats import compile_stats
 from vitlarge.train.engine import Engine
 from vitlarge.train.evaluation import evaluate
+
+log = logging.getLogger("vitlarge")
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -132,6 +136,7 @@ class Trainer:
     def _fit(self) -> EvalMetrics:
         t, plan = self.cfg.train, self.plan
         end = self.run.end_step
+        first = True
         self._emit(Event.TRAIN_START)
         while self.step < end:
             self._enter_phase()
@@ -142,6 +147,9 @@ class Trainer:
             )  # its .tolist() waits for the device: dt is the real step time
             self.step += 1
             dt = time.perf_counter() - t0
+            if first and self.cfg.train.compile == "on":  # the step that compiled: what Dynamo made of the model
+                log.info(compile_stats().line())
+                first = False
             batch = plan.phase_at(self.step - 1).global_batch
             m = StepMetrics(
                 step=self.step,
@@ -172,5 +180,7 @@ class Trainer:
         # Rank 0 looks, all ranks follow: the save is a collective, so the answer must be the same everywhere.
         if not rank0_decides(lambda: store.exists(self.cfg.workdir, self.step)):
             self._checkpoint()
+        if self.cfg.train.compile == "on":  # eval's and later phases' graphs: recompiles
+            log.info(compile_stats().line())
         self._emit(Event.TRAIN_END, final)
         return final

@@ -1,0 +1,97 @@
+"""The CUDA branches of vitlarge's own pieces, in this process, over NCCL at world size 1.
+
+Device and backend choice, ``precision=auto``'s CUDA branch, the engine train.py builds (Colossal-AI's Booster,
+TorchDDPPlugin) stepping on the GPU with one gradient all-reduce per step, GradScaler's overflow skip, and the
+object collectives (`vitlarge.distributed.collective`) that NCCL runs through the current CUDA device.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from benchmarks.harness.loop import build_parts, make_batches
+from benchmarks.harness.recipe import bench_config
+from tests.gpu.conftest import needs
+from vitlarge.distributed.launch import choose_device, init_distributed
+from vitlarge.distributed.launcher import DistEnv, free_port
+
+
+@pytest.fixture(scope="module")
+def nccl_group():
+    device, backend = choose_device("auto")
+    init_distributed(DistEnv(0, 1, 0, "127.0.0.1", free_port(), "single"), backend)
+    yield device
+    dist.destroy_process_group()
+
+
+def test_device_auto_is_the_gpu_with_nccl(record_property):
+    device, backend = choose_device("auto")
+    assert (device.type, backend) == ("cuda", "nccl")
+    assert torch.cuda.current_device() == device.index
+    record_property("shows", f"train.device=auto -> {device} with {backend} ({torch.cuda.get_device_name(device)})")
+
+
+def test_precision_auto_on_this_gpu(record_property):
+    from vitlarge.model.precision import choose_precision
+
+    name, why = choose_precision("auto", torch.device("cuda", 0))
+    major, minor = torch.cuda.get_device_capability()
+    assert name == ("bf16" if major >= 8 else "fp16"), (name, why)
+    record_property("shows", f"compute capability {major}.{minor}: precision auto -> {name} ({why})")
+
+
+def _collectives(rank: int, world: int, port: int) -> None:
+    from vitlarge.distributed.collective import agree, gather, rank0_decides
+
+    torch.cuda.set_device(rank)
+    init_distributed(DistEnv(rank, world, rank, "127.0.0.1", port, "single"), "nccl")
+    assert rank0_decides(lambda: {"rank": dist.get_rank()}) == {"rank": 0}
+    assert agree(lambda: 3) == 3
+    assert gather(rank) == list(range(world))
+    dist.destroy_process_group()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs: NCCL refuses two ranks on one GPU")
+def test_object_collectives_run_over_nccl_between_two_gpus(record_property):
+    """rank0_decides, agree and gather between two GPU ranks (at world size 1 they send nothing)."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_collectives, args=(2, free_port()), nprocs=2, join=True)
+    record_property("shows", "rank0_decides, agree and gather agree between 2 ranks over NCCL")
+
+
+@needs("colossalai", "the engine is built with Colossal-AI's Booster, as train.py builds it")
+def test_engine_steps_with_one_all_reduce_and_skips_an_overflow(nccl_group, record_property):
+    """fp16 on the GPU: finite steps update the weights with one all-reduce each; a step whose gradients
+    overflow (inf images) changes no weight, halves the loss scale, and the next finite step trains again."""
+    cfg = bench_config(
+        "demo_digits",
+        {"train.precision": "fp16", "train.compile": "off", "train.device": "auto", "augment.mixup_alpha": 0.0},
+    )
+    parts = build_parts(cfg, 1, nccl_group)
+    engine = parts.engine
+    batches = make_batches(cfg, 4, device=nccl_group)
+    it = iter(batches * 4)
+    first = engine.step(0, lambda: next(it))
+    assert not first.skipped and math.isfinite(first.grad_norm)
+    assert first.allreduce_calls == 1, first.allreduce_calls
+    before = [p.detach().clone() for p in engine.params]
+    scale = engine.precision.loss_scale
+    bad = [(torch.full_like(x, math.inf), y) for x, y in batches]
+    it_bad = iter(bad * 4)
+    over = engine.step(1, lambda: next(it_bad))
+    assert over.skipped
+    assert all(torch.equal(a, p.detach()) for a, p in zip(before, engine.params, strict=True))
+    assert engine.precision.loss_scale == scale / 2
+    after = engine.step(2, lambda: next(it))
+    assert not after.skipped
+    assert any(not torch.equal(a, p.detach()) for a, p in zip(before, engine.params, strict=True))
+    record_property(
+        "shows",
+        f"1 all-reduce per step; the inf step skipped, weights unchanged, scale {scale:g} -> {scale / 2:g}; "
+        f"the next step trained (loss {float(after.loss):.4f})",
+    )

@@ -1,0 +1,136 @@
+"""train.py itself on the GPU (``python -m vitlarge``, one process, data.source=synthetic: no DALI, no files).
+
+* The demo recipe in vit_b16's combination (fp16 with GradScaler, compile, deterministic): two fresh runs and a
+  run resumed from a checkpoint (model, optimizer, scaler, CPU and CUDA RNG state) give bitwise-equal losses.
+* vit_b16's own recipe (its model, 224 px, micro-batch 256) at a 512-image batch: compiles with its graph breaks
+  and recompiles counted, trains, exports, and its peak memory lies under the ``--dry-run`` estimate.
+* vit_h14's combination (FSDP2 over a compiled model with activation checkpointing in bf16) on the demo model:
+  trains on the GPU, saves a sharded (DCP) checkpoint, and that checkpoint resumes on 2 CPU ranks (gloo):
+  a resharding load onto another device and world size.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hooks.jsonl import read_metrics
+from tests.gpu.conftest import needs
+from tests.helpers import ROOT
+
+pytestmark = needs("colossalai", "train.py builds its Booster from Colossal-AI")
+
+SYNTHETIC = ["data.source=synthetic", "data.path=/nonexistent"]
+B16_COMBINATION = ["train.precision=fp16", "train.compile=on", "train.deterministic=true", "train.device=cuda"]
+H14_COMBINATION = [
+    "train.plugin=fsdp",
+    "train.precision=bf16",
+    "model.grad_checkpointing=true",
+    "train.compile=on",
+    "train.device=cuda",
+]
+COMPILE_LINE = re.compile(r"compile: (\d+) graphs, (\d+) graph breaks, (\d+) recompiles.*")
+
+
+def start(workdir: Path, *args: str, recipe: str = "recipes/demo_digits.py", module=("-m", "vitlarge")):
+    cmd = [sys.executable, *module, "--config", recipe, *SYNTHETIC, "--workdir", str(workdir), *args]
+    log = open(workdir.with_suffix(".log"), "w")
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+
+
+def finish(proc: subprocess.Popen, workdir: Path, timeout: float = 420, check: bool = True) -> str:
+    """The run's output once it ended; ``check``: it must have exited 0 (else read ``proc.returncode`` later)."""
+    try:
+        proc.wait(timeout=timeout)
+    finally:
+        proc.kill()
+    out = workdir.with_suffix(".log").read_text()
+    assert proc.returncode == 0 or not check, f"exit {proc.returncode}:\n{out[-4000:]}"
+    return out
+
+
+def losses(workdir: Path) -> dict[int, float]:
+    return {m["step"]: m["train_loss"] for m in read_metrics(str(workdir / "metrics.jsonl")) if m["event"] == "train"}
+
+
+def compile_counts(out: str) -> str:
+    """The run's last ``compile: N graphs, M graph breaks, K recompiles`` line (it logs one after step 1, one at the end)."""
+    found = [m.group(0) for m in map(COMPILE_LINE.search, out.splitlines()) if m]
+    assert found, "no 'compile: ...' line in the run's output"
+    return found[-1]
+
+
+def test_fp16_compiled_deterministic_runs_and_a_resume_are_bitwise_equal(tmp_path, record_property):
+    every = ["train.log_every_steps=1", "train.checkpoint_every_steps=4", *B16_COMBINATION]
+    a, b = tmp_path / "a", tmp_path / "b"
+    t0 = time.perf_counter()
+    runs = [start(a, *every, "train.max_steps=8"), start(b, *every, "train.max_steps=4")]  # side by side
+    out_a, _ = finish(runs[0], a), finish(runs[1], b)
+    out_b = finish(start(b, *every, "train.max_steps=8"), b)
+    assert "at step 4" in out_b and "resumed from" in out_b, out_b[-2000:]
+    la, lb = losses(a), losses(b)
+    assert sorted(la) == list(range(1, 9)) and sorted(lb) == list(range(1, 9)), (la, lb)
+    assert la == lb, {s: (la[s], lb[s]) for s in la if la[s] != lb[s]}
+    record_property(
+        "shows",
+        f"8 steps: fresh run == fresh 4 + resumed 4, bitwise (loss {la[8]:.6f}); "
+        f"{compile_counts(out_a)}; {time.perf_counter() - t0:.0f} s",
+    )
+
+
+def dry_run_estimate_gib(*args: str) -> float:
+    out = subprocess.run(
+        [sys.executable, "-m", "vitlarge", *args, "--dry-run"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    m = re.search(r"memory per device.*total ([\d.]+) (GiB|MiB)", out.stdout + out.stderr)
+    assert m, out.stdout
+    return float(m.group(1)) / (1024 if m.group(2) == "MiB" else 1)
+
+
+def test_vit_b16_recipe_compiles_trains_exports_and_fits_its_memory_estimate(tmp_path, record_property):
+    args = ["train.global_batch=512", "train.max_steps=2", "train.log_every_steps=1"]
+    run = tmp_path / "b16"
+    proc = start(run, *args, recipe="recipes/vit_b16.py")
+    out = finish(proc, run, check=False)  # the counts below first: they hold even if the export fails
+    estimate = dry_run_estimate_gib("--config", "recipes/vit_b16.py", *SYNTHETIC, *args)
+    peak = max(m["peak_mem_bytes"] for m in read_metrics(str(run / "metrics.jsonl")) if m["event"] == "train") / 2**30
+    lb = losses(run)
+    record_property(
+        "shows",
+        f"2 steps of 512 (256 x 2): losses {lb[1]:.4f}, {lb[2]:.4f}; {compile_counts(out)}; "
+        f"peak {peak:.2f} GiB vs dry-run estimate {estimate:.2f} GiB; exit {proc.returncode}",
+    )
+    assert peak <= estimate, f"peak {peak:.2f} GiB over the dry-run estimate {estimate:.2f} GiB"
+    assert proc.returncode == 0 and (run / "model").is_dir(), f"exit {proc.returncode}, no export:\n{out[-3000:]}"
+
+
+def test_fsdp_compiled_checkpointed_bf16_on_gpu_resumes_resharded_on_two_cpu_ranks(tmp_path, record_property):
+    run = tmp_path / "h14"
+    every = ["train.log_every_steps=1", "train.checkpoint_every_steps=4"]
+    out = finish(start(run, *every, *H14_COMBINATION, "train.max_steps=4"), run)
+    assert (run / "checkpoints").is_dir()
+    on_gpu = losses(run)
+    cpu = [
+        "train.device=cpu",
+        "train.plugin=fsdp",
+        "train.precision=bf16",
+        "model.grad_checkpointing=true",
+        "train.compile=off",
+        "train.max_steps=6",
+        *every,
+    ]
+    torchrun = ("-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29731", "train.py")
+    env_out = finish(start(run, *cpu, module=torchrun), run)
+    assert "resumed from" in env_out and "at step 4" in env_out, env_out[-3000:]
+    after = losses(run)
+    assert sorted(after) == list(range(1, 7)) and all(after[s] == on_gpu[s] for s in range(1, 5)), (on_gpu, after)
+    record_property(
+        "shows",
+        f"FSDP2 + compile + checkpointing + bf16 on the GPU, 4 steps ({compile_counts(out)}); its DCP checkpoint "
+        f"resumed on 2 CPU ranks (gloo) to step 6, loss {after[6]:.4f}",
+    )
