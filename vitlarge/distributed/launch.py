@@ -89,12 +89,13 @@ def choose_device(requested: str = "auto", local_rank: int = 0):
 
 
 RENDEZVOUS_TIMEOUT_ENV = "VITLARGE_RENDEZVOUS_TIMEOUT"
-"""Seconds to wait for every process to join (default 300): a missing task fails the run after this."""
+"""Seconds to wait for every process to join: a missing task fails the run after this. Unset, train.py waits
+``train.init_timeout_s`` (the tools and tests 300 s); kept so that a job can bound the rendezvous alone."""
 
 
-def rendezvous_timeout_s(env=None) -> float:
+def rendezvous_timeout_s(env=None, default: float = 300.0) -> float:
     env = os.environ if env is None else env
-    raw = env.get(RENDEZVOUS_TIMEOUT_ENV, "300")
+    raw = env.get(RENDEZVOUS_TIMEOUT_ENV, str(default))
     try:
         value = float(raw)
     except ValueError:
@@ -204,16 +205,19 @@ def init_distributed(
     """Initialises the default process group (also for world size 1, so one code path).
 
     ``timeout_s`` bounds the rendezvous only (every process connected to the master's store);
-    it defaults to ``$VITLARGE_RENDEZVOUS_TIMEOUT`` or 300 s. Collectives, and store operations
-    after the rendezvous, get ``collective_timeout_s``: a short rendezvous timeout must not make a
-    long checkpoint write on rank 0 look like a hang to the other ranks.
+    it defaults to ``$VITLARGE_RENDEZVOUS_TIMEOUT``, else ``collective_timeout_s``. Collectives, and store
+    operations after the rendezvous, get ``collective_timeout_s`` (train.py: ``train.init_timeout_s``, lowered
+    after step 1 by `vitlarge.distributed.timeouts.set_collective_timeout`): a short rendezvous timeout must not
+    make a long checkpoint write on rank 0 look like a hang to the other ranks.
     """
     import torch.distributed as dist
+
+    from vitlarge.distributed import timeouts
 
     if dist.is_initialized():
         return
     if timeout_s is None:
-        timeout_s = rendezvous_timeout_s()
+        timeout_s = rendezvous_timeout_s(default=collective_timeout_s)
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = dist_env.master_addr, str(dist_env.master_port)
     ifname = bind_interface(dist_env)
     if dist_env.local_rank == 0 and dist_env.source == "slurm" and dist_env.world_size > 1:
@@ -236,6 +240,7 @@ def init_distributed(
             timeout=datetime.timedelta(seconds=collective_timeout_s),
         )
         store.set_timeout(datetime.timedelta(seconds=collective_timeout_s))
+        timeouts.record_timeout(collective_timeout_s)
         _KEEP_ALIVE.append(dist.group.WORLD)
     except (RuntimeError, dist.DistStoreError) as e:
         raise UserError(
