@@ -55,3 +55,13 @@ def test_other_errors_are_not_a_collectives(grouped):
         if dist.is_initialized():
             dist.destroy_process_group()
         assert [timeouts.collective_failure(e) for e in errors] == [None, None]
+
+
+def test_the_collective_is_named_from_the_traceback():
+    """torch.distributed's function the run called, read from a real error's traceback (here a bad argument: the
+    frames are the same as a timeout's)."""
+    with single_process_group():
+        with pytest.raises(Exception) as raised:  # noqa: PT011 - whatever torch raises, its frames are the point
+            dist.all_reduce([torch.ones(1)])
+    assert timeouts.operation(raised.value) == "all_reduce"
+    assert timeouts.operation(RuntimeError("no traceback")) == "a collective"
