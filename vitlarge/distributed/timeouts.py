@@ -125,14 +125,21 @@ def roll_call(rank: int, world: int, grace_s: float) -> list[int] | None:
 
 def operation(error: BaseException) -> str:
     """The collective ``error`` came from, from its traceback: torch.distributed's function that the run called
-    (``all_reduce``, ``broadcast_object_list``), or DDP's gradient all-reduce where the error came out of a backward
-    pass; with the innermost vitlarge function that called it (``all_reduce (vitlarge/train/trainer.py:_sync)``)."""
+    (``all_reduce``, ``broadcast_object_list``), DDP's gradient all-reduce where the error came out of a backward
+    pass, else the innermost torch function (DDP's forward broadcasts from C++: ``a collective in
+    torch/nn/parallel/distributed.py:forward``); with the innermost vitlarge function that called it
+    (``all_reduce (vitlarge/train/trainer.py:_sync)``)."""
     frames = traceback.extract_tb(error.__traceback__)
-    c10d = [f.name for f in frames if f.filename.endswith("distributed_c10d.py") and f.name != "wrapper"]
-    backward = any(
-        f.filename.replace("\\", "/").endswith(("torch/autograd/__init__.py", "torch/_tensor.py")) for f in frames
-    )
-    what = c10d[0] if c10d else "DDP's gradient all-reduce" if backward else "a collective"
+    paths = [f.filename.replace("\\", "/") for f in frames]
+    c10d = [f.name for f, p in zip(frames, paths) if p.endswith("distributed_c10d.py") and f.name != "wrapper"]
+    backward = any(p.endswith(("torch/autograd/__init__.py", "torch/_tensor.py")) for p in paths)
+    in_torch = [f"torch/{p.rsplit('/torch/', 1)[1]}:{f.name}" for f, p in zip(frames, paths) if "/torch/" in p]
+    if c10d:
+        what = c10d[0]
+    elif backward:
+        what = "DDP's gradient all-reduce"
+    else:
+        what = f"a collective in {in_torch[-1]}" if in_torch else "a collective"
     ours = [f for f in frames if _is_ours(f.filename)]
     if not ours:
         return what
