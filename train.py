@@ -11,8 +11,8 @@ vitlarge``). The code is vitlarge/run/cli.py; it wires a recipe, the data, the m
 A rerun with the same ``--workdir`` resumes from its newest checkpoint that passes its check
 (``--resume`` picks another; see vitlarge/checkpoint/resume.py). Exit status: 0 done, 2 bad input (one line
 says what to fix), 3 stopped by the NaN guard, 75 checkpointed on SIGTERM/SIGUSR1, 130 checkpointed on Ctrl-C
-(SIGINT; a second Ctrl-C leaves at once, without it): run the same command to continue. Launchers change some
-of these (docs/CLUSTERS.md).
+(SIGINT; a second Ctrl-C leaves at once, without it): run the same command to continue; 124 a collective timed
+out (one line names the rank that stalled). Launchers change some of these (docs/CLUSTERS.md).
 """
 
 from vitlarge.run.cli import console, main, parse_args, run  # noqa: F401 (tests and wrappers call train.main)

@@ -35,6 +35,12 @@ EXIT_INTERRUPTED = 130
 the user stopped the run, so a requeue script keyed on 75 does not restart it. Run the same command to continue."""
 
 
+EXIT_COLLECTIVE_TIMEOUT = 124
+"""Exit status of a rank whose collective timed out (train.collective_timeout_s; `vitlarge.distributed.timeouts`):
+a stalled or hung rank, not a crash (1 with a traceback, 134 / 139 for SIGABRT / SIGSEGV) and not bad input (2).
+124 is what coreutils' ``timeout`` returns for a command that ran out of time; ``srun`` and ``sacct`` show it."""
+
+
 class Preempted(Exception):
     """Training stopped at an optimizer-step boundary on a signal, after writing a checkpoint. ``interrupted``:
     the signal was Ctrl-C's SIGINT (exit `EXIT_INTERRUPTED`), else a scheduler's (exit `EXIT_PREEMPTED`)."""

@@ -30,9 +30,36 @@ from vitlarge.distributed.launcher import DistEnv, launcher_rank
 from vitlarge.distributed.network import bind_interface
 from vitlarge.errors import UserError
 
+GPU_VARIABLES = (
+    "CUDA_VISIBLE_DEVICES",
+    "SLURM_GPUS_ON_NODE",
+    "SLURM_GPUS_PER_NODE",
+    "SLURM_STEP_GPUS",
+    "SLURM_JOB_GPUS",
+)
+"""What says that a process has GPUs: CUDA's mask (which torchrun and ``colossalai run`` pass on from the node, and
+srun sets from the job's GPUs) and what srun sets for ``--gpus-per-node`` / ``--gres=gpu:N`` / the GPUs given."""
+
+
+def gpus_asked_for(env=None) -> tuple[str, str] | None:
+    """The first of `GPU_VARIABLES` that names GPUs, and its value; None when none does. Hidden on purpose
+    (``CUDA_VISIBLE_DEVICES`` empty or ``-1``; Slurm's ``NoDevFiles``) or a count of 0 names none; GPU 0 is one."""
+    env = os.environ if env is None else env
+    for name in GPU_VARIABLES:
+        value = env.get(name, "").strip()
+        counts = name in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE")  # a count ("4", "h100:8"); the others list GPUs
+        if value in ("", "-1", "NoDevFiles") or (counts and value.rpartition(":")[2] == "0"):
+            continue
+        return name, value
+    return None
+
 
 def choose_device(requested: str = "auto", local_rank: int = 0):
-    """The one place that maps the config's ``train.device`` to a torch device and a backend."""
+    """The one place that maps the config's ``train.device`` to a torch device and a backend.
+
+    ``auto`` takes the CPU only where nothing asked for GPUs (`gpus_asked_for`): a job step that was given GPUs
+    and sees none (a wrong ``--gpus-per-node``, a container without its GPUs, a CPU-only torch) stops here,
+    before the rendezvous, instead of training on gloo at a few images per second."""
     import torch
 
     if requested == "cuda" and not torch.cuda.is_available():
@@ -49,16 +76,26 @@ def choose_device(requested: str = "auto", local_rank: int = 0):
             )
         torch.cuda.set_device(index)
         return torch.device("cuda", index), "nccl"
+    asked = gpus_asked_for() if requested == "auto" else None
+    if asked:
+        why = "this torch is built without CUDA" if torch.version.cuda is None else "CUDA's driver sees no device"
+        raise UserError(
+            f"train.device=auto found no CUDA GPU, but {asked[0]}={asked[1]} says this job has GPUs ({why}); "
+            "give the job step its GPUs (srun --gpus-per-node, a container's --gpus / --nv), or pass "
+            "train.device=cpu to train on the CPU anyway",
+            same_on_all_ranks=False,
+        )
     return torch.device("cpu"), "gloo"
 
 
 RENDEZVOUS_TIMEOUT_ENV = "VITLARGE_RENDEZVOUS_TIMEOUT"
-"""Seconds to wait for every process to join (default 300): a missing task fails the run after this."""
+"""Seconds to wait for every process to join: a missing task fails the run after this. Unset, train.py waits
+``train.init_timeout_s`` (the tools and tests 300 s); kept so that a job can bound the rendezvous alone."""
 
 
-def rendezvous_timeout_s(env=None) -> float:
+def rendezvous_timeout_s(env=None, default: float = 300.0) -> float:
     env = os.environ if env is None else env
-    raw = env.get(RENDEZVOUS_TIMEOUT_ENV, "300")
+    raw = env.get(RENDEZVOUS_TIMEOUT_ENV, str(default))
     try:
         value = float(raw)
     except ValueError:
@@ -168,16 +205,19 @@ def init_distributed(
     """Initialises the default process group (also for world size 1, so one code path).
 
     ``timeout_s`` bounds the rendezvous only (every process connected to the master's store);
-    it defaults to ``$VITLARGE_RENDEZVOUS_TIMEOUT`` or 300 s. Collectives, and store operations
-    after the rendezvous, get ``collective_timeout_s``: a short rendezvous timeout must not make a
-    long checkpoint write on rank 0 look like a hang to the other ranks.
+    it defaults to ``$VITLARGE_RENDEZVOUS_TIMEOUT``, else ``collective_timeout_s``. Collectives, and store
+    operations after the rendezvous, get ``collective_timeout_s`` (train.py: ``train.init_timeout_s``, lowered
+    after step 1 by `vitlarge.distributed.timeouts.set_collective_timeout`): a short rendezvous timeout must not
+    make a long checkpoint write on rank 0 look like a hang to the other ranks.
     """
     import torch.distributed as dist
+
+    from vitlarge.distributed import timeouts
 
     if dist.is_initialized():
         return
     if timeout_s is None:
-        timeout_s = rendezvous_timeout_s()
+        timeout_s = rendezvous_timeout_s(default=collective_timeout_s)
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = dist_env.master_addr, str(dist_env.master_port)
     ifname = bind_interface(dist_env)
     if dist_env.local_rank == 0 and dist_env.source == "slurm" and dist_env.world_size > 1:
@@ -191,7 +231,7 @@ def init_distributed(
     try:
         # The master waits for all world_size processes to connect: a missing task fails here, in time.
         store, attempt = _rendezvous_store(dist_env, timeout_s, wait_for_workers=True)
-        _all_started(dist.PrefixStore(f"{attempt}/{START}", store), dist_env, t0 + timeout_s)
+        _all_started(dist.PrefixStore(f"{attempt}/{START}", store), dist_env, t0 + timeout_s, _this_gpu(backend))
         dist.init_process_group(
             backend,
             store=dist.PrefixStore(attempt, store),
@@ -200,11 +240,21 @@ def init_distributed(
             timeout=datetime.timedelta(seconds=collective_timeout_s),
         )
         store.set_timeout(datetime.timedelta(seconds=collective_timeout_s))
+        timeouts.record_timeout(collective_timeout_s)
         _KEEP_ALIVE.append(dist.group.WORLD)
     except (RuntimeError, dist.DistStoreError) as e:
         raise UserError(
             rendezvous_error(dist_env, e, time.monotonic() - t0, timeout_s, ifname), same_on_all_ranks=False
         ) from None
+
+
+def _this_gpu(backend: str) -> tuple[str, str] | None:
+    """This host and the UUID of the CUDA device `choose_device` made current; None off CUDA."""
+    if backend != "nccl":
+        return None
+    import torch
+
+    return socket.gethostname(), str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
 
 
 START = "vitlarge_start"  # the rendezvous store's keys where ranks say they started, or why they could not
@@ -231,14 +281,20 @@ def _rendezvous_store(dist_env: DistEnv, timeout_s: float, wait_for_workers: boo
     return store, attempt
 
 
-def _all_started(start, dist_env: DistEnv, deadline: float) -> None:
+def _all_started(start, dist_env: DistEnv, deadline: float, gpu: tuple[str, str] | None = None) -> None:
     """Waits (until ``deadline``: then a timeout, said as the rendezvous's) for every rank to have started,
     and stops at once, naming it, when a rank reports an error it met before the process group existed
-    (`report_before_group`: a recipe, device or path missing on one node)."""
+    (`report_before_group`: a recipe, device or path missing on one node). ``gpu``: this rank's host and the UUID
+    of its CUDA device; a second rank on the same GPU stops the run here (`_claim_gpu`)."""
+    if gpu is not None:
+        _claim_gpu(start, dist_env.rank, *gpu)
     start.add("started", 1)
     if dist_env.rank == 0:  # a rank that failed waits for this (or rank 0's own error) to know who prints
         start.set("started/0", "1")
     while time.monotonic() < deadline:
+        # "started" before "failed": a rank that fails at its start (`_claim_gpu`) counts as failed before it counts
+        # as started, so a full count read first cannot hide its failure.
+        everyone = start.add("started", 0) >= dist_env.world_size
         if start.add("failed", 0):
             start.add("seen", 1)
             # Rank 0 hosts the store: it stays until every rank has heard (bounded), or their next call fails.
@@ -255,10 +311,32 @@ def _all_started(start, dist_env: DistEnv, deadline: float) -> None:
                     )
                     told.told = True  # heard from another rank: not reported back (`report_before_group`)
                     raise told
-        if start.add("started", 0) >= dist_env.world_size:
+        if everyone:
             return
         time.sleep(0.2)
     raise RuntimeError(f"{start.add('started', 0)}/{dist_env.world_size} processes started")
+
+
+def _claim_gpu(start, rank: int, host: str, uuid: str) -> None:
+    """Records that ``rank`` on ``host`` uses the GPU ``uuid``; when another rank did first, reports the clash as
+    this rank's error before the group (`_all_started` then stops every rank with it). A UUID names one GPU
+    wherever it is, so this refuses exactly what NCCL would ("Duplicate GPU detected") at the first collective,
+    whatever the launcher: torchrun's ranks see every GPU and take their local rank's, srun --gpus-per-task=1
+    gives each task another device 0, and a wrapper may set CUDA_VISIBLE_DEVICES itself."""
+    key = f"gpu/{uuid}"
+    n = start.add(key, 1)
+    start.set(f"{key}/{n}", f"{rank}\n{host}")
+    if n == 1:
+        return
+    other, _, other_host = start.get(f"{key}/1").decode().partition("\n")
+    low, high = sorted((int(other), rank))
+    where = host if other_host == host else f"{other_host} and {host}"
+    message = (
+        f"ranks {low} and {high} on {where} would both use the GPU {uuid}; start one process per GPU (torchrun "
+        "--nproc_per_node or srun --ntasks-per-node equal to the node's GPUs, or srun --gpus-per-task=1)"
+    )
+    start.set(f"error/{rank}", f"{host}\n{message}")
+    start.add("failed", 1)
 
 
 def report_before_group(error: UserError, dist_env: DistEnv | None) -> bool:

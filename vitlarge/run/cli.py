@@ -84,6 +84,15 @@ def main(argv=None) -> int:
         if e.interrupted and env.local_rank == 0:
             launcher.release_colossalai_run_after_ctrl_c()
         return e.exit_status
+    except RuntimeError as e:  # a collective that timed out (or lost its peer): one line per rank, its own status
+        from vitlarge.distributed.timeouts import collective_failure
+
+        failure = collective_failure(e)
+        if failure is None:
+            raise
+        launch.tell_launcher(f"error: {failure.line}", failure.status)
+        launch.say(f"error: {failure.line}")
+        return failure.status
 
 
 def run(args, env, threads: tuple[int, str]) -> int:

@@ -154,7 +154,8 @@ def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tup
     # The process group first: a check that fails on one rank (a data path or mount missing on one
     # node) then stops every rank within a collective, printed by the rank that met it.
     with gloo_connected_lines_dropped():  # gloo's "[Gloo] Rank r is connected to ..." on every rank
-        launch.init_distributed(env, backend)
+        # Until step 1 (then `Trainer` lowers it): the rendezvous, compile, the first DALI fill, a resume's read.
+        launch.init_distributed(env, backend, collective_timeout_s=cfg.train.init_timeout_s)
     resuming = rank0_decides(lambda: is_resume(cfg, resume))  # one view of the checkpoint folder
     workdir = Path(cfg.workdir)
     manifest, plan = agree(lambda: preflight(cfg, env, resuming))

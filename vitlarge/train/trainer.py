@@ -24,6 +24,7 @@ from vitlarge.config.schema import Config
 from vitlarge.data.phased import PhasedLoaders, release_loader_memory
 from vitlarge.distributed.collective import rank0_decides
 from vitlarge.distributed.launch import say
+from vitlarge.distributed.timeouts import set_collective_timeout
 from vitlarge.errors import Preempted
 from vitlarge.events import EvalMetrics, Event, Hook, RunInfo, StepMetrics, close, emit
 from vitlarge.plan.plan import Plan
@@ -112,15 +113,19 @@ class Trainer:
         self._emit(Event.CHECKPOINT, self.step, str(path))
         return path
 
-    def _enter_phase(self, step: int | None = None) -> None:
-        """At a phase boundary (or the first step), the phase's loaders replace the previous ones."""
+    def _enter_phase(self, step: int | None = None) -> bool:
+        """At a phase boundary (or the first step), the phase's loaders replace the previous ones. Returns whether
+        they did: until that step completes, collectives wait ``train.init_timeout_s`` (new shapes recompile, the
+        new pipelines fill their buffers, at each rank's own pace)."""
         step = self.step if step is None else step
         if not self.loaders.changes_at(step):
-            return
+            return False
+        set_collective_timeout(self.cfg.train.init_timeout_s)
         # The old pipelines go (threads, pinned and device pools) before the new ones are built.
         self.train_loader = self.val_loader = None
         release_loader_memory(self.device)
         self.train_loader, self.val_loader = self.loaders.enter(step)
+        return True
 
     def fit(self) -> EvalMetrics:
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
@@ -139,12 +144,14 @@ class Trainer:
         first = True
         self._emit(Event.TRAIN_START)
         while self.step < end:
-            self._enter_phase()
+            warming = self._enter_phase()
             t0 = time.perf_counter()
             out = self.engine.step(self.step, lambda: next(self.train_loader))
             loss, stop, interrupted = self._sync(
                 out.loss
             )  # its .tolist() waits for the device: dt is the real step time
+            if warming:  # every rank has compiled, filled and synchronised: a wait this long now is a hang
+                set_collective_timeout(t.collective_timeout_s)
             self.step += 1
             dt = time.perf_counter() - t0
             if first and self.cfg.train.compile == "on":  # the step that compiled: what Dynamo made of the model

@@ -428,3 +428,127 @@ def test_rendezvous_error_names_host_interface_time_and_claims_a_timeout_only_fo
     assert "interface default" in other and other.endswith(
         "Connection reset by peer; check that every process started and that the address is reachable"
     )
+
+
+GPU_VARIABLES = (
+    "CUDA_VISIBLE_DEVICES",
+    "SLURM_GPUS_ON_NODE",
+    "SLURM_GPUS_PER_NODE",
+    "SLURM_STEP_GPUS",
+    "SLURM_JOB_GPUS",
+)
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a host where CUDA sees no GPU")
+
+
+@pytest.fixture
+def gpu_env(monkeypatch):
+    """This process's environment without the variables that name GPUs; the test sets the one it needs."""
+    for name in GPU_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+@no_cuda
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("CUDA_VISIBLE_DEVICES", "0,1,2,3"),  # torchrun passes its own environment on: a node's GPUs
+        ("SLURM_GPUS_ON_NODE", "4"),  # srun, --gpus-per-node / --gres=gpu:4
+        ("SLURM_GPUS_PER_NODE", "h100:8"),
+        ("SLURM_STEP_GPUS", "0,1"),
+        ("SLURM_JOB_GPUS", "2"),
+        ("CUDA_VISIBLE_DEVICES", "0"),  # GPU 0 is a GPU, not a count of none
+        ("SLURM_STEP_GPUS", "0"),
+    ],
+)
+def test_auto_refuses_the_cpu_when_the_job_asked_for_gpus(gpu_env, name, value):
+    """A job step that asked for GPUs and sees none stops before the rendezvous, naming the variable and both fixes."""
+    gpu_env.setenv(name, value)
+    with pytest.raises(UserError) as e:
+        choose_device("auto")
+    line = f"error: {e.value}"
+    assert line == (
+        f"error: train.device=auto found no CUDA GPU, but {name}={value} says this job has GPUs "
+        f"({torch_without_cuda()}); give the job step its GPUs (srun --gpus-per-node, a container's --gpus / --nv), "
+        "or pass train.device=cpu to train on the CPU anyway"
+    )
+    assert e.value.same_on_all_ranks is False  # a node's own setup: the rank that meets it names itself
+    assert choose_device("cpu") == (torch.device("cpu"), "gloo")  # the fix the line gives works
+
+
+def torch_without_cuda() -> str:
+    return "this torch is built without CUDA" if torch.version.cuda is None else "CUDA's driver sees no device"
+
+
+@no_cuda
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("CUDA_VISIBLE_DEVICES", ""),  # hidden on purpose
+        ("CUDA_VISIBLE_DEVICES", "-1"),
+        ("CUDA_VISIBLE_DEVICES", "NoDevFiles"),  # Slurm's value where the job has no GPU
+        ("SLURM_GPUS_ON_NODE", "0"),
+        ("SLURM_GPUS_PER_NODE", "0"),
+        ("SLURM_JOB_GPUS", ""),
+    ],
+)
+def test_auto_takes_the_cpu_when_nothing_asked_for_gpus(gpu_env, name, value):
+    gpu_env.setenv(name, value)
+    assert choose_device("auto") == (torch.device("cpu"), "gloo")
+
+
+def test_two_ranks_on_one_gpu_stop_before_the_process_group():
+    """Two ranks of one host whose CUDA device is the same GPU (its UUID: what NCCL would refuse at the first
+    collective, `Duplicate GPU detected`) stop at the rendezvous with one line naming both ranks and the GPU; the
+    same host with distinct GPUs (srun --gpus-per-task=1: device 0 of each task is another GPU) passes. Real
+    rendezvous stores, one thread per rank."""
+    import threading
+
+    import torch.distributed as dist
+
+    from vitlarge.distributed.launch import _all_started
+    from vitlarge.distributed.launcher import free_port
+
+    def rendezvous(gpus: list[str]) -> list:
+        port, world = free_port(), len(gpus)
+        master = dist.TCPStore("127.0.0.1", port, world, is_master=True, wait_for_workers=False)
+        found: list = [None] * world
+
+        def rank(r: int) -> None:
+            store = master if r == 0 else dist.TCPStore("127.0.0.1", port, world, is_master=False)
+            try:
+                env = DistEnv(r, world, r, "127.0.0.1", port, "test")
+                _all_started(dist.PrefixStore("s", store), env, time.monotonic() + 30, gpu=("node07", gpus[r]))
+            except UserError as e:
+                found[r] = e
+
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        return found
+
+    assert rendezvous(["GPU-aaaa", "GPU-bbbb"]) == [None, None]
+    found = rendezvous(["GPU-aaaa", "GPU-bbbb", "GPU-aaaa"])
+    assert all(isinstance(e, UserError) for e in found), found
+    lines = {str(e) for e in found}
+    assert len(lines) == 1, lines  # every rank stops with the same line (rank 0 prints it)
+    ranks = "ranks 0 and 2 on node07 would both use the GPU GPU-aaaa; "
+    fix = (
+        "start one process per GPU (torchrun --nproc_per_node or srun --ntasks-per-node equal to the node's GPUs, "
+        "or srun --gpus-per-task=1)"
+    )
+    assert lines.pop() in {f"rank {r} on node07 stopped the run before the rendezvous: {ranks}{fix}" for r in (0, 2)}
+
+
+@pytest.mark.parametrize("script", ["vit_b16_1node.sbatch", "vit_b16_multinode.sbatch"])
+def test_gpu_batch_scripts_ask_for_cuda(script):
+    """The GPU batch scripts train on CUDA or stop (train.device=cuda, before the user's arguments, which may
+    override it): never the CPU fallback."""
+    from tests.helpers import ROOT
+
+    lines = [
+        line for line in (ROOT / "scripts/slurm" / script).read_text().splitlines() if " train.py --config " in line
+    ]
+    assert len(lines) == 1 and lines[0].endswith(' train.device=cuda "$@"'), lines
