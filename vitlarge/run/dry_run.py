@@ -58,12 +58,15 @@ def gpu_overheads(cfg: Config, plan: Plan) -> list[tuple[str, float, str]]:
     if plan.world_size > 1:
         out.append(("NCCL buffers", NCCL_BYTES, "2 ring peers x 32 channels x 2 protocols x NCCL_BUFFSIZE 4 MiB"))
     if cfg.data.source == "tfrecord":
-        ph = max(plan.phases, key=lambda p: p.micro_batch * p.image_size**2)
-        per_image = IMAGENET_DECODED_BYTES + 3 * ph.image_size**2 * (1 + 4)  # the crop (uint8), the output (fp32)
+
+        def dali(ph) -> int:  # the crop (uint8) and the output (fp32) beside each decoded image
+            return DALI_QUEUE_DEPTH * ph.micro_batch * (IMAGENET_DECODED_BYTES + 3 * ph.image_size**2 * (1 + 4))
+
+        ph = max(plan.phases, key=dali)  # the pool keeps the largest phase's peak
         out.append(
             (
                 "DALI pool",
-                DALI_QUEUE_DEPTH * ph.micro_batch * per_image,
+                dali(ph),
                 f"{DALI_QUEUE_DEPTH} batches ready x {ph.micro_batch} images x (a decoded 469x387 px JPEG + its "
                 f"{ph.image_size} px crop and fp32 output); DALI keeps its pool's peak",
             )
