@@ -55,8 +55,10 @@ def compile_choice(requested: str, device: torch.device) -> tuple[bool, str]:
     kernels, which is where a ViT step spends its non-matmul time.
 
     Whenever compile would be on, Inductor's toolchain is checked first (`missing_toolchain`): what is
-    missing stops ``on`` with one line (a `UserError` of this node's, exit 2) and turns ``auto`` to eager
-    with the reason in its line, instead of a traceback from inside Inductor at step 1."""
+    missing stops ``on`` with one line (a `UserError`, exit 2) and turns ``auto`` to eager with the reason in
+    its line, instead of a traceback from inside Inductor at step 1. It is raised before the process group
+    exists: a rank whose node alone lacks it names itself and stops the others
+    (`vitlarge.distributed.launch.report_before_group`)."""
     if requested == "off":
         return False, "compile off: set by the recipe"
     if requested == "auto" and device.type != "cuda":
@@ -66,9 +68,7 @@ def compile_choice(requested: str, device: torch.device) -> tuple[bool, str]:
         )
     missing = missing_toolchain(device)
     if missing and requested == "on":
-        raise UserError(
-            f"train.compile=on, but {missing}, or set train.compile=off to train eager", same_on_all_ranks=False
-        )
+        raise UserError(f"train.compile=on, but {missing}, or set train.compile=off to train eager")
     if missing:
         return False, f"compile auto -> off: {missing}, so eager"
     if requested == "on":

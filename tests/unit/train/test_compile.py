@@ -72,7 +72,6 @@ def test_compile_on_without_a_compiler_is_one_line_naming_the_package_and_auto_r
         "(Debian/Ubuntu: apt install build-essential; RHEL: dnf install gcc-c++), or set train.compile=off to "
         "train eager"
     )
-    assert e.value.same_on_all_ranks is False  # a node's own toolchain: the rank that lacks it says so
     with pytest.raises(UserError, match=r"^train.compile=on, but no C compiler for Triton \(CC unset"):
         compile_choice("on", torch.device("cuda"))
     assert compile_choice("auto", torch.device("cuda")) == (
