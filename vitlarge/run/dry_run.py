@@ -82,7 +82,7 @@ def print_gpu_overheads(cfg: Config, plan: Plan, estimate: float) -> None:
     extra = gpu_overheads(cfg, plan)
     parts = ", ".join(f"{what} {_gib(n)}" for what, n, _ in extra)
     print(
-        f"  on a GPU add (stated constants, vitlarge/run/dry_run.py; not in the total above): {parts}; "
+        f"  on a GPU add (stated constants, vitlarge/run/dry_run.py; not in the memory above): {parts}; "
         f"about {_gib(estimate + sum(n for _, n, _ in extra))} per GPU"
     )
     for what, _, source in extra:

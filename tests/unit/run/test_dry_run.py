@@ -68,7 +68,7 @@ def test_the_memory_estimate_adds_the_gpus_own_needs_as_stated_constants(capsys)
     at = next(i for i, line in enumerate(lines) if line.startswith("  memory per device"))
     assert lines[at].endswith("total 22.7 GiB")
     assert lines[at + 1 : at + 5] == [
-        "  on a GPU add (stated constants, vitlarge/run/dry_run.py; not in the total above): CUDA context and kernels "
+        "  on a GPU add (stated constants, vitlarge/run/dry_run.py; not in the memory above): CUDA context and kernels "
         "1.0 GiB, NCCL buffers 512.0 MiB, DALI pool 633.4 MiB; about 24.8 GiB per GPU",
         "    CUDA context and kernels: 0.51 GiB measured at the first CUDA call on an H200, kernels load as used",
         "    NCCL buffers: 2 ring peers x 32 channels x 2 protocols x NCCL_BUFFSIZE 4 MiB",
