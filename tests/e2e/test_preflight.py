@@ -201,7 +201,7 @@ def test_a_node_without_a_compiler_stops_a_compiled_run_before_the_rendezvous_ti
     host = socket.gethostname()
     (line1,) = errors(err1)
     assert line1 == (
-        f"error: rank 1 on {host}: train.compile=on, but g++ (Inductor's C++ compiler; CXX names another) is not on "
+        f"error: rank 1 on {host}: train.compile=on, but g++ (Inductor's C++ compiler; set CXX for another) is not on "
         "PATH: install it (Debian/Ubuntu: apt install build-essential; RHEL: dnf install gcc-c++), or set "
         "train.compile=off to train eager"
     )

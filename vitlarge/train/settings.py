@@ -122,7 +122,7 @@ def missing_toolchain(device: torch.device) -> str:
             said = (
                 f"{cxx} (Inductor's C++ compiler, from CXX)"
                 if cxx
-                else "g++ (Inductor's C++ compiler; CXX names another)"
+                else "g++ (Inductor's C++ compiler; set CXX for another)"
             )
             return (
                 f"{said} is not on PATH: install it (Debian/Ubuntu: apt install build-essential; RHEL: dnf install "
@@ -150,12 +150,11 @@ def _libcuda_found() -> bool:
     """Triton's own lookup of libcuda.so.1, uncached (its cache would keep a test's or a first answer)."""
     import subprocess
 
-    from triton.backends.nvidia import driver
-
-    lookup = getattr(driver.libcuda_dirs, "__wrapped__", driver.libcuda_dirs)
     try:
-        lookup()
-    except (AssertionError, OSError, subprocess.SubprocessError):
+        from triton.backends.nvidia import driver
+
+        getattr(driver.libcuda_dirs, "__wrapped__", driver.libcuda_dirs)()
+    except (ImportError, AssertionError, OSError, subprocess.SubprocessError):
         return False
     return True
 

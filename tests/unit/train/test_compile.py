@@ -68,7 +68,7 @@ def test_compile_on_without_a_compiler_is_one_line_naming_the_package_and_auto_r
     with pytest.raises(UserError) as e:
         compile_choice("on", torch.device("cpu"))
     assert str(e.value) == (
-        "train.compile=on, but g++ (Inductor's C++ compiler; CXX names another) is not on PATH: install it "
+        "train.compile=on, but g++ (Inductor's C++ compiler; set CXX for another) is not on PATH: install it "
         "(Debian/Ubuntu: apt install build-essential; RHEL: dnf install gcc-c++), or set train.compile=off to "
         "train eager"
     )
