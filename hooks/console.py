@@ -33,6 +33,13 @@ def format_bytes(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
+def _format_mem(window) -> str:
+    """The window's peak allocated memory; on GPU with its peak reserved (the caching allocator's segments)."""
+    allocated = format_bytes(max(w.peak_mem_bytes for w in window))
+    reserved = [w.peak_reserved_bytes for w in window if w.peak_reserved_bytes is not None]
+    return f"{allocated} ({format_bytes(max(reserved))} reserved)" if reserved else allocated
+
+
 def _format_scale(x: float) -> str:
     # fp16 scales are powers of two up to 2**24; print them whole, not as 1.67772e+07.
     return f"{x:.0f}" if math.isfinite(x) and x == int(x) else f"{x:g}"
@@ -107,7 +114,7 @@ class ConsoleHook(Hook):
             f"grad {grad_norm:.3f} | scale {_format_scale(last.loss_scale)} | "
             f"{images_per_s:.1f} img/s ({images_per_s / max(run.world_size, 1):.1f}/dev) | "
             f"data {100 * data_wait:.1f}% | eta {format_duration(eta)} | "
-            f"mem {format_bytes(max(w.peak_mem_bytes for w in window))} | skipped {skipped}"
+            f"mem {_format_mem(window)} | skipped {skipped}"
         )
 
     def _print(self, line: str) -> None:

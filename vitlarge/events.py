@@ -95,6 +95,9 @@ class StepMetrics:
     """Wall seconds of this step."""
     peak_mem_bytes: int
     """This process: CUDA max allocated on GPU, max RSS on CPU."""
+    peak_reserved_bytes: int | None = None
+    """This process on GPU: CUDA max reserved (the caching allocator's segments: what the GPU holds for
+    tensors, fragmentation included); None on CPU. `vitlarge.train.memory.peak_memory`."""
     allreduce_calls: int | None = 0
     """Gradient all-reduce calls this step on this rank (DDP buckets); None under fsdp (not counted)."""
     images: int

@@ -20,29 +20,49 @@ from tests.helpers.forked import Rank
 ARGS = ["--config", "recipes/demo_digits.py", "train.max_steps=1"]
 
 
-def start(rank: int, port: int, data: str, workdir, args: list[str], logs: Path, delay_s: float = 0.0) -> Rank:
-    env = launcher.env() | {
-        "RANK": str(rank),
-        "LOCAL_RANK": "0",  # one task per node
-        "WORLD_SIZE": "2",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-    }
+def start(
+    rank: int, port: int, data: str, workdir, args: list[str], logs: Path, delay_s: float = 0.0, extra_env=None
+) -> Rank:
+    env = (
+        launcher.env()
+        | (extra_env or {})
+        | {
+            "RANK": str(rank),
+            "LOCAL_RANK": "0",  # one task per node
+            "WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+    )
     argv = ["train.py", *args, "--data", data, "--workdir", str(workdir)]
     return Rank(argv, env, launcher.ROOT, logs / f"rank{rank}.out", logs / f"rank{rank}.err", delay_s)
 
 
 def run_pair(
-    data: tuple[str, str], workdir, workdirs: tuple | None = None, args: tuple | None = None, delay0_s: float = 0.0
+    data: tuple[str, str],
+    workdir,
+    workdirs: tuple | None = None,
+    args: tuple | None = None,
+    delay0_s: float = 0.0,
+    envs: tuple | None = None,
 ) -> tuple[list, float]:
     """Both ranks forked from the session's pre-imported server (tests/helpers/forked.py: the launcher is not the
     subject). ``workdirs``: each rank's own --workdir (a shared folder that is another one on one node); ``args``:
     each rank's own arguments before --data (a recipe present on one node only); ``delay0_s``: rank 0 starts this
-    much later (a real rank spends it importing)."""
+    much later (a real rank spends it importing); ``envs``: variables each rank's environment adds."""
     logs = Path(tempfile.mkdtemp(prefix="preflight-"))
     port, t0 = launcher.free_port(), time.monotonic()
     procs = [
-        start(r, port, data[r], (workdirs or (workdir, workdir))[r], (args or (ARGS, ARGS))[r], logs, (delay0_s, 0)[r])
+        start(
+            r,
+            port,
+            data[r],
+            (workdirs or (workdir, workdir))[r],
+            (args or (ARGS, ARGS))[r],
+            logs,
+            (delay0_s, 0)[r],
+            (envs or ({}, {}))[r],
+        )
         for r in (0, 1)
     ]
     try:
@@ -165,3 +185,27 @@ def test_an_error_every_rank_meets_before_the_rendezvous_is_printed_once(demo_da
     (line,) = errors(err0)
     assert "train.no_such_key" in line and "rank" not in line.split(":")[1]  # as one process would say it
     assert errors(err1) == []
+
+
+def test_a_node_without_a_compiler_stops_a_compiled_run_before_the_rendezvous_times_out(tmp_path):
+    """Issue 31 item 4: train.compile=on where rank 1's node has no g++ on PATH (no build-essential). Both exit 2
+    before step 1, with one line naming the package, instead of Inductor's traceback at step 1."""
+    bare = tmp_path / "bin"  # a PATH with no compiler on it
+    bare.mkdir()
+    args = [*ARGS, "data.source=synthetic", "train.compile=on"]
+    results, _ = run_pair(
+        ("/nonexistent", "/nonexistent"), tmp_path / "run", args=(args, args), envs=({}, {"PATH": str(bare)})
+    )
+    (rc0, _, err0), (rc1, _, err1) = results
+    assert (rc0, rc1) == (2, 2), err0[-2000:] + err1[-2000:]
+    host = socket.gethostname()
+    (line1,) = errors(err1)
+    assert line1 == (
+        f"error: rank 1 on {host}: train.compile=on, but g++ (Inductor's C++ compiler; set CXX for another) is not on "
+        "PATH: install it (Debian/Ubuntu: apt install build-essential; RHEL: dnf install gcc-c++), or set "
+        "train.compile=off to train eager"
+    )
+    (line0,) = errors(err0)
+    assert line0.startswith(
+        f"error: rank 1 on {host} stopped the run before the rendezvous: train.compile=on, but g++ "
+    )

@@ -5,7 +5,8 @@
     transform = timm.data.create_transform(**cfg)
 
 ``<workdir>/model/`` holds ``model.safetensors`` (the unwrapped model's state dict) and
-``config.json`` written by timm's own `save_config_for_hf`: architecture, the model arguments
+``config.json`` written by timm's own `save_config_for_hf` (`save_timm_config`: also with a timm older than
+the pinned one, whose function lacks ``data_config``): architecture, the model arguments
 timm recorded when it built the model (patch size, depth, ...), class count, class names from the
 dataset manifest, and the evaluation preprocessing vitlarge used (input size, mean/std, crop
 fraction, interpolation), so timm's transform matches vitlarge's validation pipeline. Which weights the folder
@@ -19,6 +20,8 @@ or the new one, never half of one.
 
 from __future__ import annotations
 
+import inspect
+import json
 import os
 import shutil
 from pathlib import Path
@@ -71,8 +74,6 @@ def export(
     (``sharded.model_tensors``, a collective under FSDP); else read from ``model`` here. ``ema``: ``tensors``
     are the model EMA's average (`vitlarge.model.ema.ModelEma.full`), as the files then say.
     """
-    from timm.models._hub import save_config_for_hf
-
     if ema and tensors is None:
         raise ValueError("export(ema=True) needs the EMA's tensors")
     weights = "ema" if ema else "raw"
@@ -95,7 +96,7 @@ def export(
         if tensors is None:
             tensors = {k: v.detach().contiguous().cpu() for k, v in raw.state_dict().items()}
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "weights": weights})
-        save_config_for_hf(raw, str(tmp / "config.json"), model_config=model_config, data_config=data_config(cfg))
+        save_timm_config(raw, tmp / "config.json", model_config, data_config(cfg), model_args(cfg))
         for name in ("model.safetensors", "config.json"):
             fileio.fsync_path(tmp / name)
         fileio.fsync_dir(tmp)
@@ -114,3 +115,46 @@ def export(
         ) from None
     shutil.rmtree(old, ignore_errors=True)
     return out
+
+
+def model_args(cfg: Config) -> dict:
+    """The keyword arguments that rebuild the architecture: `vitlarge.model.vit.model_kwargs` less the drop
+    rates (training-only, as timm 1.0.31's ``get_model_args`` leaves them out)."""
+    from vitlarge.model.vit import model_kwargs
+
+    return {
+        k: v
+        for k, v in model_kwargs(cfg).items()
+        if not (k in ("drop_rate", "drop_path_rate") or k.endswith("_drop_rate"))
+    }
+
+
+def save_timm_config(raw: torch.nn.Module, path: Path, model_config: dict, data_cfg: dict, args: dict) -> None:
+    """Writes timm's config.json for ``raw`` at ``path``: timm's `save_config_for_hf` with ``data_config``
+    (timm >= 1.0.31, which records the model's arguments itself), else the older function (timm 1.0.29
+    has neither ``data_config`` nor recorded arguments, and would replace ``pretrained_cfg`` whole by
+    ``model_config``'s) with ``args``, and ``pretrained_cfg`` completed here as 1.0.31 completes it: the
+    tag and licence, the preprocessing ``data_cfg``, no test-time size or crop of the source weights.
+    A run on a machine whose timm is older than requirements/common.txt's still exports after days of
+    training (the first GPU run's timm 1.0.29 stopped there with a TypeError)."""
+    from timm.models._hub import save_config_for_hf
+
+    if "data_config" in inspect.signature(save_config_for_hf).parameters:
+        save_config_for_hf(raw, str(path), model_config=model_config, data_config=data_cfg)
+        return
+    ours = dict(model_config)
+    pretrained = ours.pop("pretrained_cfg", {})
+    save_config_for_hf(raw, Path(path), model_config=ours, model_args=args)  # timm 1.0.29 opens path.open()
+    written = json.loads(Path(path).read_text())
+    cfg = written["pretrained_cfg"]
+    for key in ("test_input_size", "test_pool_size", "test_crop_pct", "label_offset"):
+        cfg.pop(key, None)  # the source checkpoint's test-time recommendations, not ours
+    cfg.update(pretrained)
+    cfg.update(data_cfg)
+    if tuple(cfg["input_size"][1:]) != tuple(raw.pretrained_cfg["input_size"][1:]):
+        cfg["pool_size"] = None
+    cfg["num_classes"] = raw.num_classes
+    strict = getattr(getattr(raw, "patch_embed", None), "strict_img_size", cfg.get("fixed_input_size", False))
+    cfg["fixed_input_size"] = bool(strict and not getattr(raw, "dynamic_img_size", False))  # phases resize
+    cfg["custom_load"] = False  # the safetensors beside it hold timm's own state dict
+    Path(path).write_text(json.dumps(written, indent=2))

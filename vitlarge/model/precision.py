@@ -34,8 +34,8 @@ def cpu_flags() -> frozenset[str]:
 def choose_precision(name: str, device: torch.device, flags: frozenset[str] | None = None) -> tuple[str, str]:
     """``(precision, why)``: ``name`` itself unless it is ``auto``, which picks by device.
 
-    * CUDA: ``bf16`` where the GPU has bf16 tensor cores (Ampere and newer: no loss scaling needed),
-      else ``fp16``.
+    * CUDA: ``bf16`` where the GPU has bf16 tensor cores (compute capability 8.0 and newer: no loss
+      scaling needed), else ``fp16`` (with `Precision`'s GradScaler).
     * CPU: ``fp16`` with AVX512-FP16 or AMX-FP16, ``bf16`` with AMX-BF16, else ``fp32``. Without
       matrix units autocast only adds casts: on an Intel Xeon with AVX512-FP16 fp16 ran 1.1x fp32
       (docs/PERFORMANCE.md §6); on an AMD EPYC without it a demo micro-step took 308 ms in fp16,
@@ -44,10 +44,13 @@ def choose_precision(name: str, device: torch.device, flags: frozenset[str] | No
     if name != "auto":
         return name, "set by the recipe"
     if device.type == "cuda":
-        # Without emulation: pre-Ampere GPUs (V100, T4) "support" bf16 only without tensor cores.
-        if torch.cuda.is_bf16_supported(including_emulation=False):
-            return "bf16", f"{torch.cuda.get_device_name(device)} has bf16 tensor cores"
-        return "fp16", f"{torch.cuda.get_device_name(device)} has no bf16 tensor cores"
+        # Compute capability 8.0 (Ampere) is where bf16 tensor cores start; pre-Ampere GPUs (V100 7.0,
+        # T4 7.5) run bf16 only emulated. The same test as torch.cuda.is_bf16_supported(including_emulation=False).
+        major, minor = torch.cuda.get_device_capability(device)
+        gpu = f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor})"
+        if (major, minor) >= (8, 0):
+            return "bf16", f"{gpu} has bf16 tensor cores: no loss scaling"
+        return "fp16", f"{gpu} has no bf16 tensor cores (8.0 and newer): fp16 with dynamic loss scaling"
     flags = cpu_flags() if flags is None else flags
     if flags & FAST_FP16:
         return "fp16", "this CPU has fast fp16 (AVX512-FP16/AMX-FP16)"

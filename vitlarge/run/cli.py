@@ -52,6 +52,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     from vitlarge.distributed import launch, launcher, quiet, threads
+    from vitlarge.train import memory
 
     launch.quiet_imports()
     quiet.quiet_checkpoint_writer()
@@ -66,6 +67,7 @@ def main(argv=None) -> int:
         logging.basicConfig(level=logging.WARNING, format="%(message)s")
         logging.getLogger("vitlarge").setLevel(logging.INFO if env.is_main else logging.WARNING)
         pools = threads.size_thread_pools()  # before torch loads: its pool, OpenMP's, DALI's (data.num_threads=0)
+        memory.configure_allocator()  # before torch loads too: its CUDA allocator reads the setting once
         return run(args, env, pools)
     except UserError as e:
         launch.tell_launcher(f"error: {e}", 2)  # the launcher's summary repeats the line (torchrun's error file)

@@ -26,6 +26,68 @@ def _no_sync(cfg: Config, accum_steps: int) -> bool:
 
 OPTIMIZER_NAMES = {"lamb": "LAMB", "adamw": "AdamW"}
 
+# What a GPU holds beyond the tensors `memory_estimate` counts (and beyond the trainer's `mem` column, which
+# reads PyTorch's allocator): stated constants, each with where it comes from. Not measured by the plan.
+CUDA_CONTEXT_BYTES = 2**30
+"""The CUDA context, the kernels of cuBLAS, cuDNN, NCCL and Inductor loaded into it, and library workspaces
+outside PyTorch's allocator. Measured: 0.51 GiB at the first CUDA call on an NVIDIA H200 (torch
+2.11.0+cu130: total minus free memory, /work/notes/gpu1/env.txt); kernels load lazily (CUDA_MODULE_LOADING=LAZY,
+PyTorch's default) and add to it as a run uses them: 1 GiB leaves room for them."""
+NCCL_BUFFSIZE = 4 * 2**20
+"""NCCL's buffer per peer, channel and protocol (``NCCL_BUFFSIZE``, default 4 MiB: NCCL user guide,
+environment variables)."""
+NCCL_BYTES = 2 * 32 * 2 * NCCL_BUFFSIZE
+"""One NCCL communicator (the run's process group), world size > 1: 2 ring peers x up to 32 channels (NVLink
+H100/H200) x 2 protocol buffer sets (Simple; LL and LL128 together about as much) x `NCCL_BUFFSIZE` = 0.5 GiB.
+An estimate: NVLink SHARP (NVSwitch systems) adds its own buffers (``NCCL_NVLS_ENABLE=0`` leaves them out)."""
+DALI_QUEUE_DEPTH = 2
+"""Batches DALI keeps ready on the GPU (``prefetch_queue_depth``, `vitlarge.data.loader`'s default)."""
+IMAGENET_DECODED_BYTES = 469 * 387 * 3
+"""One ImageNet JPEG decoded at full size by the ``mixed`` (nvJPEG) decoder: its mean resolution, 469x387 px."""
+
+
+def gpu_overheads(cfg: Config, plan: Plan) -> list[tuple[str, float, str]]:
+    """``(what, bytes, where the number comes from)`` per GPU beyond `memory_estimate`'s total."""
+    out = [
+        (
+            "CUDA context and kernels",
+            CUDA_CONTEXT_BYTES,
+            "0.51 GiB measured at the first CUDA call on an H200, kernels load as used",
+        )
+    ]
+    if plan.world_size > 1:
+        out.append(("NCCL buffers", NCCL_BYTES, "2 ring peers x 32 channels x 2 protocols x NCCL_BUFFSIZE 4 MiB"))
+    if cfg.data.source == "tfrecord":
+
+        def dali(ph) -> int:  # the crop (uint8) and the output (fp32) beside each decoded image
+            return DALI_QUEUE_DEPTH * ph.micro_batch * (IMAGENET_DECODED_BYTES + 3 * ph.image_size**2 * (1 + 4))
+
+        ph = max(plan.phases, key=dali)  # the pool keeps the largest phase's peak
+        out.append(
+            (
+                "DALI pool",
+                dali(ph),
+                f"{DALI_QUEUE_DEPTH} batches ready x {ph.micro_batch} images x (a decoded 469x387 px JPEG + its "
+                f"{ph.image_size} px crop and fp32 output); DALI keeps its pool's peak",
+            )
+        )
+    return out
+
+
+def print_gpu_overheads(cfg: Config, plan: Plan, estimate: float) -> None:
+    """The lines that add `gpu_overheads` to ``estimate`` (bytes per device) and say they are constants; none
+    for a run that asks for the CPU (``train.device=cpu``)."""
+    if cfg.train.device == "cpu":
+        return
+    extra = gpu_overheads(cfg, plan)
+    parts = ", ".join(f"{what} {_gib(n)}" for what, n, _ in extra)
+    print(
+        f"  on a GPU add (stated constants, vitlarge/run/dry_run.py; not in the memory above): {parts}; "
+        f"about {_gib(estimate + sum(n for _, n, _ in extra))} per GPU"
+    )
+    for what, _, source in extra:
+        print(f"    {what}: {source}")
+
 
 def print_plan(cfg: Config, plan: Plan, show_config: bool = False) -> None:
     """The plan for ``plan.world_size`` processes (``--world-size`` may name more than are running);
@@ -67,6 +129,7 @@ def print_plan(cfg: Config, plan: Plan, show_config: bool = False) -> None:
             + (f"EMA {_gib(mem['ema'])}, " if mem["ema"] else "")
             + f"activations {_gib(mem['activations'])}, total {_gib(mem['total'])}"
         )
+        print_gpu_overheads(cfg, plan, mem["total"])
     every = cfg.train.checkpoint_every_steps
     evals = f"every {plan.eval_every_steps} steps" if plan.eval_every_steps else "at the end only"
     print(
@@ -86,7 +149,7 @@ def print_phases(cfg: Config, plan: Plan) -> None:
         f"  {'#':>2} {'epochs':>15} {'size':>5} {'eval':>5} {'batch = micro x accum x dev':>28} {'steps':>7} "
         f"{'lr range':>19} {'GFLOPs/img':>10} {'total FLOPs':>11} {'memory':>9}"
     )
-    total, fixed = 0.0, 0.0
+    total, fixed, largest = 0.0, 0.0, 0.0
     full = describe_model(cfg)["fwd_flops"] * 3
     for ph in plan.phases:
         info = describe_model(phase_config(cfg, ph))
@@ -100,6 +163,7 @@ def print_phases(cfg: Config, plan: Plan) -> None:
             _no_sync(cfg, ph.accum_steps),
             ema=cfg.train.ema_decay > 0,
         )
+        largest = max(largest, mem["total"])
         flops = 3 * info["fwd_flops"] * ph.global_batch * ph.steps
         total += flops
         fixed += full * ph.global_batch * ph.steps
@@ -114,3 +178,4 @@ def print_phases(cfg: Config, plan: Plan) -> None:
         f"  total {total:.3g} FLOPs = {total / fixed:.1%} of the same images at {cfg.data.image_size} px "
         f"({fixed:.3g} FLOPs)"
     )
+    print_gpu_overheads(cfg, plan, largest)

@@ -142,11 +142,14 @@ def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tup
     from vitlarge.events import RunInfo
     from vitlarge.plan.phases import rng_seed
     from vitlarge.train.assemble import build
+    from vitlarge.train.memory import gpu_start_line
     from vitlarge.train.settings import apply_determinism, resolve_settings
     from vitlarge.train.trainer import Trainer
 
     device, backend = launch.choose_device(cfg.train.device, env.local_rank)
     settings = resolve_settings(cfg, device, backend, threads)
+    if gpu_line := gpu_start_line(device, env.rank):  # every rank's own GPU, before the rendezvous
+        launch.say(gpu_line)
     determinism = apply_determinism(cfg.train.deterministic, device)  # before any CUDA kernel (cuBLAS reads it once)
     cfg = settings.config(cfg)  # before anything reads it: model, engine, checkpoints
     import colossalai.booster  # noqa: F401 (~10 s: before the rendezvous, whose timeout the user sets)

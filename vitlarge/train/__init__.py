@@ -1,1 +1,1 @@
-"""The training loop: building a run's parts (`assemble`), device settings (`settings`), one optimizer step (`engine`), the loop (`trainer`) and evaluation (`evaluation`)."""
+"""The training loop: building a run's parts (`assemble`), device settings (`settings`), one optimizer step (`engine`), the loop (`trainer`), evaluation (`evaluation`) and GPU memory (`memory`)."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from vitlarge.config.schema import Config
+from vitlarge.errors import UserError
 from vitlarge.model.precision import choose_precision, cpu_fp16_warning
 
 
@@ -51,15 +52,111 @@ def compile_choice(requested: str, device: torch.device) -> tuple[bool, str]:
     CPU is off because there it does not pay: on 2 cores of an AMD EPYC (AVX2, shared) a compiled
     ViT-S/16 step took 1.25x the eager one and compiling it took minutes (docs/PERFORMANCE.md, section 10).
     On CUDA Inductor fuses the norms, GELUs, residual adds and casts between the matmuls into a few
-    kernels, which is where a ViT step spends its non-matmul time."""
-    if requested != "auto":
-        return requested == "on", f"compile {requested}: set by the recipe"
+    kernels, which is where a ViT step spends its non-matmul time.
+
+    Whenever compile would be on, Inductor's toolchain is checked first (`missing_toolchain`): what is
+    missing stops ``on`` with one line (a `UserError`, exit 2) and turns ``auto`` to eager with the reason in
+    its line, instead of a traceback from inside Inductor at step 1. It is raised before the process group
+    exists: a rank whose node alone lacks it names itself and stops the others
+    (`vitlarge.distributed.launch.report_before_group`)."""
+    if requested == "off":
+        return False, "compile off: set by the recipe"
+    if requested == "auto" and device.type != "cuda":
+        return False, (
+            "compile auto -> off: CPU: measured slower than eager (ViT-S/16: 0.8x), and compiling takes minutes "
+            "(docs/PERFORMANCE.md)"
+        )
+    missing = missing_toolchain(device)
+    if missing and requested == "on":
+        raise UserError(f"train.compile=on, but {missing}, or set train.compile=off to train eager")
+    if missing:
+        return False, f"compile auto -> off: {missing}, so eager"
+    if requested == "on":
+        return True, "compile on: set by the recipe"
+    return True, "compile auto -> on: CUDA: Inductor fuses the elementwise work between the matmuls"
+
+
+def missing_toolchain(device: torch.device) -> str:
+    """What torch.compile's Inductor needs on ``device`` and this machine lacks, with the fix ("" if nothing).
+
+    Checked as torch 2.10 and Triton 3.x look them up, without compiling anything:
+
+    * CPU: the C++ compiler of Inductor's CPU kernels, ``torch._inductor.config.cpp.cxx``: ``CXX`` or ``g++``
+      on PATH (``torch/_inductor/cpp_builder.py`` ``cpp_compiler_search``; its conda download only runs
+      under ``TORCH_INDUCTOR_INSTALL_GXX``).
+    * CUDA: ``triton`` importable; the C compiler Triton builds its launcher with (``triton/runtime/build.py``:
+      ``CC``, else ``gcc`` or ``clang`` on PATH); ``libcuda.so.1`` as Triton finds it (``TRITON_LIBCUDA_PATH``,
+      else ``ldconfig -p``, else ``LD_LIBRARY_PATH``: its own ``libcuda_dirs``, run uncached). Not checked:
+      that the driver's libcuda loads, or ptxas (Triton ships its own).
+    * Both: ``Python.h`` in the include folder both use (sysconfig's, Debian's ``posix_local`` read as
+      ``posix_prefix`` as Triton does).
+    """
+    import os
+    import shutil
+    import sys
+
     if device.type == "cuda":
-        return True, "compile auto -> on: CUDA: Inductor fuses the elementwise work between the matmuls"
-    return False, (
-        "compile auto -> off: CPU: measured slower than eager (ViT-S/16: 0.8x), and compiling takes minutes "
-        "(docs/PERFORMANCE.md)"
-    )
+        try:
+            import triton  # noqa: F401
+        except ImportError as e:
+            return (
+                f"triton is not importable (Inductor's GPU kernels): {e}; install the triton that torch "
+                f"{torch.__version__} names (pip install torch's own requirements)"
+            )
+        cc = os.environ.get("CC")
+        if cc and not shutil.which(cc):
+            return f"{cc} (Triton's C compiler, from CC) is not on PATH: install it or unset CC"
+        if not cc and not (shutil.which("gcc") or shutil.which("clang")):
+            return (
+                "no C compiler for Triton (CC unset, neither gcc nor clang on PATH): install gcc "
+                "(Debian/Ubuntu: apt install build-essential; RHEL: dnf install gcc)"
+            )
+        if not _libcuda_found():
+            return (
+                "Triton finds no libcuda.so.1 (not in `ldconfig -p` nor LD_LIBRARY_PATH): set TRITON_LIBCUDA_PATH "
+                "to the folder of the driver's libcuda.so.1"
+            )
+    else:
+        cxx = os.environ.get("CXX")  # torch/_inductor/config.py: cpp.cxx = (None, CXX or "g++")
+        if not shutil.which(cxx or "g++"):
+            said = (
+                f"{cxx} (Inductor's C++ compiler, from CXX)"
+                if cxx
+                else "g++ (Inductor's C++ compiler; set CXX for another)"
+            )
+            return (
+                f"{said} is not on PATH: install it (Debian/Ubuntu: apt install build-essential; RHEL: dnf install "
+                "gcc-c++)"
+            )
+    include = python_include()
+    if not os.path.isfile(os.path.join(include, "Python.h")):
+        py = f"{sys.version_info.major}.{sys.version_info.minor}"
+        return (
+            f"the Python headers are missing ({include}/Python.h, which Inductor's kernels include): install them "
+            f"(Debian/Ubuntu: apt install python{py}-dev; RHEL: dnf install python{py}-devel)"
+        )
+    return ""
+
+
+def python_include() -> str:
+    """The folder holding Python.h as Triton's build reads it (Inductor adds the same folder)."""
+    import sysconfig
+
+    scheme = sysconfig.get_default_scheme()
+    return sysconfig.get_paths(scheme="posix_prefix" if scheme == "posix_local" else scheme)["include"]
+
+
+def _libcuda_found() -> bool:
+    """Triton's own lookup of libcuda.so.1, uncached (its cache would keep a test's or a first answer)."""
+    import subprocess
+
+    try:
+        from triton.backends.nvidia import driver
+
+        getattr(driver.libcuda_dirs, "__wrapped__", driver.libcuda_dirs)()
+    except (ImportError, AssertionError, OSError, subprocess.SubprocessError):
+        return False
+    return True
 
 
 DETERMINISTIC_CUBLAS = ":4096:8"  # 8 cuBLAS workspaces of 4 MiB per stream: what torch's reproducibility notes ask

@@ -12,7 +12,6 @@ hooks' view of the step are all-reduced once per optimizer step in one small mes
 from __future__ import annotations
 
 import logging
-import resource
 import signal
 import time
 
@@ -31,14 +30,9 @@ from vitlarge.plan.plan import Plan
 from vitlarge.train.compile_stats import compile_stats
 from vitlarge.train.engine import Engine
 from vitlarge.train.evaluation import evaluate
+from vitlarge.train.memory import peak_memory
 
 log = logging.getLogger("vitlarge")
-
-
-def peak_memory_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
 class Trainer:
@@ -158,6 +152,7 @@ class Trainer:
                 log.info(compile_stats().line())
                 first = False
             batch = plan.phase_at(self.step - 1).global_batch
+            allocated, reserved = peak_memory(self.device)
             m = StepMetrics(
                 step=self.step,
                 epoch=plan.epoch_at(self.step),
@@ -171,7 +166,8 @@ class Trainer:
                 data_time=out.data_time,
                 images_per_s=batch / dt,
                 images_per_s_per_device=batch / dt / plan.world_size,
-                peak_mem_bytes=peak_memory_bytes(self.device),
+                peak_mem_bytes=allocated,
+                peak_reserved_bytes=reserved,
                 allreduce_calls=out.allreduce_calls,
             )
             self._emit(Event.STEP_END, m)

@@ -57,7 +57,7 @@ def test_export_loads_in_timm_with_identical_outputs(tmp_path, cfg):
     loaded = timm.create_model(f"local-dir:{path}", pretrained=True)
     assert loaded.num_classes == 10 and loaded.pretrained_cfg["label_names"] == names
     data_cfg = timm.data.resolve_data_config(model=loaded)
-    assert data_cfg["input_size"] == (3, 16, 16) and data_cfg["crop_pct"] == cfg.data.val_crop_pct
+    assert tuple(data_cfg["input_size"]) == (3, 16, 16) and data_cfg["crop_pct"] == cfg.data.val_crop_pct
     assert tuple(data_cfg["mean"]) == cfg.data.mean and tuple(data_cfg["std"]) == cfg.data.std
     x = torch.randn(5, 3, 16, 16)
     model.eval(), loaded.eval()
@@ -184,3 +184,31 @@ def test_an_ema_export_holds_the_average_and_says_so_and_a_plain_one_says_raw(tm
         expected = ema.state_dict() if which == "ema" else model.state_dict()
         assert all(torch.equal(v, expected[k]) for k, v in loaded.items())
         assert any(not torch.equal(v, model.state_dict()[k]) for k, v in loaded.items()) == (which == "ema")
+
+
+def test_an_older_timm_without_data_config_exports_the_same_config_json(tmp_path, monkeypatch):
+    """The first GPU run's timm 1.0.29 (the pin is 1.0.31) trained, then died at the export: its
+    ``save_config_for_hf`` has no ``data_config``. The export then writes ``pretrained_cfg`` itself, and
+    the folder's config.json is what the pinned timm writes; the phases recipe's declares its eval size.
+    Here timm's own function is called through the older signature (checked with timm 1.0.29 itself by
+    hand: the same config.json up to default model arguments, and it loads in both versions)."""
+    import json
+
+    from timm.models import _hub
+
+    from vitlarge.model.vit import build_model as build
+
+    c = demo([{"epoch": 0, "image_size": 8}, {"epoch": 40, "image_size": 16, "eval_size": 20}])
+    model = build(c)
+    names = [str(i) for i in range(10)]
+    native = json.loads((export(tmp_path / "new", model, c, names) / "config.json").read_text())
+    current = _hub.save_config_for_hf
+
+    def older(model, config_path, model_config=None, model_args=None):  # timm 1.0.29's parameters
+        return current(model, config_path, model_config=model_config, model_args=model_args)
+
+    monkeypatch.setattr(_hub, "save_config_for_hf", older)
+    out = export(tmp_path / "old", model, c, names)
+    assert json.loads((out / "config.json").read_text()) == native
+    loaded = timm.create_model(f"local-dir:{out}", pretrained=True)
+    assert tuple(timm.data.resolve_data_config(model=loaded)["input_size"]) == (3, 20, 20)

@@ -162,9 +162,25 @@ def test_console_prints_last_step_eval_and_plain_text_when_piped(tmp_path, capsy
     assert "\x1b" not in out
     lines = out.splitlines()
     assert [ln.split(" | ")[0] for ln in lines] == ["train step 2/3", "train step 3/3", "eval  step 3", "ckpt  step 3"]
-    assert "mem 300 MiB" in lines[1] and "eta 0:00:00" in lines[1]
+    assert "mem 300 MiB | skipped 0" in lines[1] and "eta 0:00:00" in lines[1]  # CPU: max RSS alone
     assert "top-1 76.54% | top-5 93.22% | loss 0.9877 | 50000 images" in lines[2]
     assert lines[3].endswith("/runs/x/ckpt[3]")
+
+
+def test_console_mem_on_cuda_is_the_allocated_and_the_reserved_peak(tmp_path):
+    """Reserved (the caching allocator's segments) is what the GPU holds; allocated alone hides fragmentation.
+    Each is the window's max (steps 2 and 3 here: the first step has its own line)."""
+    out = io.StringIO()
+    hook = ConsoleHook(log_every=100, console=Console(file=out))
+    run = make_run(tmp_path, total_steps=3, device="cuda")
+    hook.on_train_start(run)
+    for step, allocated, reserved in ((1, 30.0, 31.0), (2, 20.8, 24.0), (3, 20.5, 25.5)):
+        hook.on_step_end(
+            run, step_metrics(step, peak_mem_bytes=int(allocated * 2**30), peak_reserved_bytes=int(reserved * 2**30))
+        )
+    lines = out.getvalue().splitlines()
+    assert [ln.split(" | ")[0] for ln in lines] == ["train step 1/3", "train step 3/3"]
+    assert lines[1].endswith("| mem 20.80 GiB (25.50 GiB reserved) | skipped 0")
 
 
 def test_console_non_main_rank_prints_nothing(tmp_path):
@@ -213,9 +229,12 @@ def test_jsonl_records_are_strict_json_with_nan_as_null(tmp_path):
         "data_time",
         "step_time",
         "peak_mem_bytes",
+        "peak_reserved_bytes",
         "time",
     } <= t1.keys()
     assert t1["train_loss"] == pytest.approx(6.9) and t1["peak_mem_bytes"] == 3 * 2**30
+    assert t1["peak_reserved_bytes"] is None  # CPU: no reserved peak (CUDA's is in bytes beside the allocated one)
+    assert list(t1).index("peak_reserved_bytes") == list(t1).index("peak_mem_bytes") + 1
     assert recs[2]["train_loss"] is None and recs[2]["grad_norm"] is None and recs[2]["skipped"] is True
     assert recs[3]["val_top1"] == 0.76543 and recs[3]["val_images"] == 50000
     assert recs[4] == {**recs[4], "step": 2, "path": "/ck/2"}

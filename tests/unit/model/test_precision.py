@@ -63,3 +63,54 @@ def test_an_explicit_fp16_on_a_cpu_without_fast_fp16_is_one_warning_line():
     cfg.train.precision = "fp16"
     lines = resolve_settings(cfg, CPU).lines()
     assert lines == ([] if cpu_flags() & {"avx512_fp16", "amx_fp16"} else [cpu_fp16_warning("fp16", CPU)])
+
+
+@pytest.mark.parametrize(
+    "gpu, capability, expected, line",
+    [
+        (
+            "NVIDIA H200",
+            (9, 0),
+            "bf16",
+            "precision auto -> bf16: NVIDIA H200 (compute capability 9.0) has bf16 tensor cores: no loss scaling",
+        ),
+        (
+            "NVIDIA A100-SXM4-80GB",
+            (8, 0),
+            "bf16",
+            "precision auto -> bf16: NVIDIA A100-SXM4-80GB (compute capability 8.0) has bf16 tensor cores: no "
+            "loss scaling",
+        ),
+        (
+            "Tesla V100-SXM2-32GB",
+            (7, 0),
+            "fp16",
+            "precision auto -> fp16: Tesla V100-SXM2-32GB (compute capability 7.0) has no bf16 tensor cores "
+            "(8.0 and newer): fp16 with dynamic loss scaling",
+        ),
+        (
+            "Tesla T4",
+            (7, 5),
+            "fp16",
+            "precision auto -> fp16: Tesla T4 (compute capability 7.5) has no bf16 tensor cores (8.0 and newer): "
+            "fp16 with dynamic loss scaling",
+        ),
+    ],
+)
+def test_auto_on_cuda_is_bf16_from_compute_capability_8_and_fp16_with_the_scaler_below(
+    monkeypatch, gpu, capability, expected, line
+):
+    """No GPU here: the device queries are faked (torch.cuda's name, capability and availability)."""
+    from tests.helpers import ROOT
+    from vitlarge.config.load import load_recipe
+    from vitlarge.train.settings import resolve_settings
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: gpu)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    cfg = load_recipe(ROOT / "recipes" / "vit_b16.py")
+    cfg.train.precision, cfg.train.compile = "auto", "off"
+    settings = resolve_settings(cfg, torch.device("cuda"), "nccl")
+    assert (settings.precision, settings.lines()) == (expected, [line])
+    scaler = Precision(settings.precision, torch.device("cuda")).scaler
+    assert scaler.is_enabled() == (expected == "fp16")

@@ -8,10 +8,12 @@ eager's, graphs across phases, an exact resume, DDP) in tests/e2e/test_compile_r
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tests.helpers import ROOT
 from vitlarge.config.load import load_recipe
+from vitlarge.errors import UserError
 from vitlarge.plan.plan import make_plan
 from vitlarge.train.assemble import recompile_limit
 from vitlarge.train.settings import compile_choice, resolve_settings
@@ -32,7 +34,8 @@ def tiny_cfg(**train):
     return c
 
 
-def test_auto_is_on_with_cuda_off_on_cpu_and_the_log_line_says_why():
+def test_auto_is_on_with_cuda_off_on_cpu_and_the_log_line_says_why(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRITON_LIBCUDA_PATH", str(tmp_path))  # no GPU driver here: Triton's libcuda found
     on, why = compile_choice("auto", torch.device("cpu"))
     assert not on and why.startswith("compile auto -> off: CPU: ")
     on, why = compile_choice("auto", torch.device("cuda"))
@@ -47,3 +50,71 @@ def test_recompile_limit_fits_three_graphs_per_phase():
     c = load_recipe(ROOT / "recipes" / "demo_digits_progressive.py")
     assert recompile_limit(make_plan(c, 2, 1437)) == 3 * 3 + 2
     assert recompile_limit(make_plan(load_recipe(DEMO), 2, 1437)) == 3 + 2
+
+
+def hide_compilers(monkeypatch, tmp_path):
+    """PATH with no compiler on it (an empty folder), and no CC/CXX: a compute node without build-essential."""
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    monkeypatch.setenv("PATH", str(bare))
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.delenv("CXX", raising=False)
+
+
+def test_compile_on_without_a_compiler_is_one_line_naming_the_package_and_auto_runs_eager(monkeypatch, tmp_path):
+    """Item 4 of issue 31: Inductor's toolchain before step 1, not a traceback from inside Inductor at step 1."""
+    monkeypatch.setenv("TRITON_LIBCUDA_PATH", str(tmp_path))
+    hide_compilers(monkeypatch, tmp_path)
+    with pytest.raises(UserError) as e:
+        compile_choice("on", torch.device("cpu"))
+    assert str(e.value) == (
+        "train.compile=on, but g++ (Inductor's C++ compiler; set CXX for another) is not on PATH: install it "
+        "(Debian/Ubuntu: apt install build-essential; RHEL: dnf install gcc-c++), or set train.compile=off to "
+        "train eager"
+    )
+    with pytest.raises(UserError, match=r"^train.compile=on, but no C compiler for Triton \(CC unset"):
+        compile_choice("on", torch.device("cuda"))
+    assert compile_choice("auto", torch.device("cuda")) == (
+        False,
+        "compile auto -> off: no C compiler for Triton (CC unset, neither gcc nor clang on PATH): "
+        "install gcc (Debian/Ubuntu: apt install build-essential; RHEL: dnf install gcc), so eager",
+    )
+    assert compile_choice("off", torch.device("cuda")) == (False, "compile off: set by the recipe")
+    monkeypatch.setenv("CXX", "/opt/nowhere/clang++")  # the user's compiler, named but absent
+    with pytest.raises(
+        UserError, match=r"^train.compile=on, but /opt/nowhere/clang\+\+ \(Inductor's C\+\+ compiler, from CXX\)"
+    ):
+        compile_choice("on", torch.device("cpu"))
+
+
+def test_missing_python_headers_and_triton_and_libcuda_are_named(monkeypatch, tmp_path):
+    import sys
+    import sysconfig
+
+    monkeypatch.setenv("TRITON_LIBCUDA_PATH", str(tmp_path))
+    real = sysconfig.get_paths
+    monkeypatch.setattr(sysconfig, "get_paths", lambda *a, **k: {**real(*a, **k), "include": str(tmp_path)})
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    with pytest.raises(UserError) as e:
+        compile_choice("on", torch.device("cpu"))
+    assert str(e.value) == (
+        f"train.compile=on, but the Python headers are missing ({tmp_path}/Python.h, which Inductor's "
+        f"kernels include): install them (Debian/Ubuntu: apt install python{py}-dev; RHEL: dnf install "
+        f"python{py}-devel), or set train.compile=off to train eager"
+    )
+    monkeypatch.setattr(sysconfig, "get_paths", real)
+    monkeypatch.setitem(sys.modules, "triton", None)  # an import of it fails, as where it is not installed
+    on, why = compile_choice("auto", torch.device("cuda"))
+    assert not on and why.startswith("compile auto -> off: triton is not importable (Inductor's GPU kernels): ")
+    monkeypatch.delitem(sys.modules, "triton")
+    from triton.backends.nvidia import driver
+
+    def no_driver():  # Triton's lookup on a node without the driver's library (a device query: faked here)
+        raise AssertionError("libcuda.so cannot found!")
+
+    monkeypatch.setattr(driver, "libcuda_dirs", no_driver)
+    assert compile_choice("auto", torch.device("cuda")) == (
+        False,
+        "compile auto -> off: Triton finds no libcuda.so.1 (not in `ldconfig -p` nor LD_LIBRARY_PATH): set "
+        "TRITON_LIBCUDA_PATH to the folder of the driver's libcuda.so.1, so eager",
+    )
