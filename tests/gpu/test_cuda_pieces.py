@@ -95,3 +95,36 @@ def test_engine_steps_with_one_all_reduce_and_skips_an_overflow(nccl_group, reco
         f"1 all-reduce per step; the inf step skipped, weights unchanged, scale {scale:g} -> {scale / 2:g}; "
         f"the next step trained (loss {float(after.loss):.4f})",
     )
+
+
+EXPANDABLE = """
+from vitlarge.train.memory import configure_allocator
+line = configure_allocator()
+import torch
+x = torch.empty(300 * 2**20, dtype=torch.uint8, device="cuda")
+print(sorted({bool(s.get("is_expandable")) for s in torch.cuda.memory._snapshot()["segments"]}), line)
+"""
+
+
+def test_the_allocator_setting_vitlarge_makes_is_in_effect(record_property):
+    """`vitlarge.train.memory.configure_allocator` before torch loads, as ``vitlarge.run.cli.main`` does: the
+    CUDA caching allocator's segments are expandable; a user's own setting (either name) is kept."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    def segments(**env) -> str:
+        clean = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")}
+        r = subprocess.run(
+            [sys.executable, "-c", EXPANDABLE], cwd=ROOT, env=clean | env, capture_output=True, text=True, timeout=120
+        )
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r.stdout.strip().splitlines()[-1]
+
+    ours = segments()
+    users = segments(PYTORCH_ALLOC_CONF="expandable_segments:False")
+    assert ours.startswith("[True]"), ours
+    assert users.startswith("[False]") and "(yours)" in users, users
+    record_property("shows", f"vitlarge's setting: segments expandable {ours}; the user's: {users}")

@@ -82,14 +82,21 @@ def test_fp16_compiled_deterministic_runs_and_a_resume_are_bitwise_equal(tmp_pat
     )
 
 
-def dry_run_estimate_gib(*args: str) -> float:
+def gib(value: str, unit: str) -> float:
+    return float(value) / (1024 if unit == "MiB" else 1)
+
+
+def dry_run_estimate_gib(*args: str) -> tuple[float, float]:
+    """``--dry-run``'s tensor total per device and its per-GPU figure (the tensors plus the stated constants)."""
     out = subprocess.run(
         [sys.executable, "-m", "vitlarge", *args, "--dry-run"], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    m = re.search(r"memory per device.*total ([\d.]+) (GiB|MiB)", out.stdout + out.stderr)
-    assert m, out.stdout
-    return float(m.group(1)) / (1024 if m.group(2) == "MiB" else 1)
+    text = out.stdout + out.stderr
+    tensors = re.search(r"memory per device.*total ([\d.]+) (GiB|MiB)", text)
+    per_gpu = re.search(r"about ([\d.]+) (GiB|MiB) per GPU", text)
+    assert tensors and per_gpu, text
+    return gib(*tensors.groups()), gib(*per_gpu.groups())
 
 
 def test_vit_b16_recipe_compiles_trains_exports_and_fits_its_memory_estimate(tmp_path, record_property):
@@ -97,15 +104,21 @@ def test_vit_b16_recipe_compiles_trains_exports_and_fits_its_memory_estimate(tmp
     run = tmp_path / "b16"
     proc = start(run, *args, recipe="recipes/vit_b16.py")
     out = finish(proc, run, check=False)  # the counts below first: they hold even if the export fails
-    estimate = dry_run_estimate_gib("--config", "recipes/vit_b16.py", *SYNTHETIC, *args)
-    peak = max(m["peak_mem_bytes"] for m in read_metrics(str(run / "metrics.jsonl")) if m["event"] == "train") / 2**30
+    estimate, per_gpu = dry_run_estimate_gib("--config", "recipes/vit_b16.py", *SYNTHETIC, *args)
+    train = [m for m in read_metrics(str(run / "metrics.jsonl")) if m["event"] == "train"]
+    peak = max(m["peak_mem_bytes"] for m in train) / 2**30
+    reserved = max(m["peak_reserved_bytes"] for m in train) / 2**30
+    start_line = next((line for line in out.splitlines() if "GPU memory" in line and "free of" in line), "")
     lb = losses(run)
     record_property(
         "shows",
         f"2 steps of 512 (256 x 2): losses {lb[1]:.4f}, {lb[2]:.4f}; {compile_counts(out)}; "
-        f"peak {peak:.2f} GiB vs dry-run estimate {estimate:.2f} GiB; exit {proc.returncode}",
+        f"peak allocated {peak:.2f} GiB vs dry-run tensors {estimate:.2f} GiB, reserved {reserved:.2f} GiB vs "
+        f"{per_gpu:.2f} GiB per GPU; start line: {start_line.strip()!r}; exit {proc.returncode}",
     )
+    assert "expandable_segments:True" in start_line, start_line
     assert peak <= estimate, f"peak {peak:.2f} GiB over the dry-run estimate {estimate:.2f} GiB"
+    assert reserved <= per_gpu, f"reserved {reserved:.2f} GiB over the dry-run's {per_gpu:.2f} GiB per GPU"
     assert proc.returncode == 0 and (run / "model").is_dir(), f"exit {proc.returncode}, no export:\n{out[-3000:]}"
 
 

@@ -30,16 +30,20 @@ OPTIMIZER_NAMES = {"lamb": "LAMB", "adamw": "AdamW"}
 # reads PyTorch's allocator): stated constants, each with where it comes from. Not measured by the plan.
 CUDA_CONTEXT_BYTES = 2**30
 """The CUDA context, the kernels of cuBLAS, cuDNN, NCCL and Inductor loaded into it, and library workspaces
-outside PyTorch's allocator. Measured: 0.51 GiB at the first CUDA call on an NVIDIA H200 (torch
-2.11.0+cu130: total minus free memory, /work/notes/gpu1/env.txt); kernels load lazily (CUDA_MODULE_LOADING=LAZY,
-PyTorch's default) and add to it as a run uses them: 1 GiB leaves room for them."""
+outside PyTorch's allocator. Measured on an NVIDIA H200 (torch 2.11.0+cu130, total minus free memory minus
+PyTorch's reserved): 527 MiB at the first CUDA call, 767 MiB once a matmul, attention, a convolution and a
+LayerNorm had run forward and backward (703 MiB with ``CUBLAS_WORKSPACE_CONFIG=:4096:8``, as
+``train.deterministic`` sets it); kernels load lazily (CUDA_MODULE_LOADING=LAZY, PyTorch's default) and add to it
+as a run uses them: 1 GiB leaves room for them."""
 NCCL_BUFFSIZE = 4 * 2**20
 """NCCL's buffer per peer, channel and protocol (``NCCL_BUFFSIZE``, default 4 MiB: NCCL user guide,
 environment variables)."""
-NCCL_BYTES = 2 * 32 * 2 * NCCL_BUFFSIZE
-"""One NCCL communicator (the run's process group), world size > 1: 2 ring peers x up to 32 channels (NVLink
-H100/H200) x 2 protocol buffer sets (Simple; LL and LL128 together about as much) x `NCCL_BUFFSIZE` = 0.5 GiB.
-An estimate: NVLink SHARP (NVSwitch systems) adds its own buffers (``NCCL_NVLS_ENABLE=0`` leaves them out)."""
+NCCL_BYTES = 558 * 2**20
+"""One NCCL communicator (the run's process group, made at its first collective: DDP's all-reduce on CUDA, at any
+world size). Measured: 558 MiB outside PyTorch's allocator after one all-reduce at world size 1 on an NVIDIA H200
+(torch 2.11.0+cu130's NCCL). With more ranks it holds buffers per ring peer, channel and protocol (2 peers x up
+to 32 channels x 2 protocol sets x ``NCCL_BUFFSIZE`` 4 MiB = 512 MiB by the NCCL user guide's defaults), and
+NVLink SHARP (NVSwitch systems) adds its own (``NCCL_NVLS_ENABLE=0`` leaves them out): not measured here."""
 DALI_QUEUE_DEPTH = 2
 """Batches DALI keeps ready on the GPU (``prefetch_queue_depth``, `vitlarge.data.loader`'s default)."""
 IMAGENET_DECODED_BYTES = 469 * 387 * 3
@@ -52,11 +56,10 @@ def gpu_overheads(cfg: Config, plan: Plan) -> list[tuple[str, float, str]]:
         (
             "CUDA context and kernels",
             CUDA_CONTEXT_BYTES,
-            "0.51 GiB measured at the first CUDA call on an H200, kernels load as used",
+            "527 MiB measured at the first CUDA call on an H200, 767 MiB once the kernels a ViT uses loaded",
         )
     ]
-    if plan.world_size > 1:
-        out.append(("NCCL buffers", NCCL_BYTES, "2 ring peers x 32 channels x 2 protocols x NCCL_BUFFSIZE 4 MiB"))
+    out.append(("NCCL buffers", NCCL_BYTES, "558 MiB measured after one all-reduce at world size 1 on an H200"))
     if cfg.data.source == "tfrecord":
 
         def dali(ph) -> int:  # the crop (uint8) and the output (fp32) beside each decoded image

@@ -16,8 +16,11 @@ allocated (fragmentation) until an out-of-memory error with memory free. Expanda
 instead (PyTorch's CUDA semantics notes, "expandable_segments")."""
 
 ALLOC_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
-"""Where torch reads the allocator's setting: ``PYTORCH_ALLOC_CONF`` first (torch 2.9 and newer,
-c10/core/AllocatorConfig.cpp), else ``PYTORCH_CUDA_ALLOC_CONF`` (the older name, still read)."""
+"""Where torch reads the allocator's setting: ``PYTORCH_ALLOC_CONF`` (torch 2.9 and newer,
+c10/core/AllocatorConfig.cpp) and ``PYTORCH_CUDA_ALLOC_CONF`` (the older name, still read). Seen on an NVIDIA
+H200 with torch 2.11.0+cu130: either alone takes effect; with both set, ``PYTORCH_CUDA_ALLOC_CONF`` wins
+(``PYTORCH_ALLOC_CONF=expandable_segments:False`` beside ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``
+gave expandable segments). So a user's setting under either name is left alone, and ours never sits beside it."""
 
 
 def configure_allocator(environ: MutableMapping[str, str] = os.environ) -> str:

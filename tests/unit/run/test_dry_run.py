@@ -69,18 +69,20 @@ def test_the_memory_estimate_adds_the_gpus_own_needs_as_stated_constants(capsys)
     assert lines[at].endswith("total 22.7 GiB")
     assert lines[at + 1 : at + 5] == [
         "  on a GPU add (stated constants, vitlarge/run/dry_run.py; not in the memory above): CUDA context and kernels "
-        "1.0 GiB, NCCL buffers 512.0 MiB, DALI pool 633.4 MiB; about 24.8 GiB per GPU",
-        "    CUDA context and kernels: 0.51 GiB measured at the first CUDA call on an H200, kernels load as used",
-        "    NCCL buffers: 2 ring peers x 32 channels x 2 protocols x NCCL_BUFFSIZE 4 MiB",
+        "1.0 GiB, NCCL buffers 558.0 MiB, DALI pool 633.4 MiB; about 24.8 GiB per GPU",
+        "    CUDA context and kernels: 527 MiB measured at the first CUDA call on an H200, 767 MiB once the kernels "
+        "a ViT uses loaded",
+        "    NCCL buffers: 558 MiB measured after one all-reduce at world size 1 on an H200",
         "    DALI pool: 2 batches ready x 256 images x (a decoded 469x387 px JPEG + its 224 px crop and fp32 output); "
         "DALI keeps its pool's peak",
     ]
-    # One process on synthetic data: no process group's NCCL, no DALI; a CPU run: no GPU line at all.
+    # One process on synthetic data: NCCL all the same (DDP's all-reduce makes its communicator), no DALI pool;
+    # a CPU run: no GPU line at all.
     from vitlarge.plan.plan import make_plan
     from vitlarge.run.dry_run import gpu_overheads, print_gpu_overheads
 
     cfg = load_config(ROOT / "recipes" / "vit_b16.py", ["data.source=synthetic"])
-    assert [what for what, _, _ in gpu_overheads(cfg, make_plan(cfg, 1))] == ["CUDA context and kernels"]
+    assert [what for what, _, _ in gpu_overheads(cfg, make_plan(cfg, 1))] == ["CUDA context and kernels", "NCCL buffers"]
     cfg = load_config(ROOT / "recipes" / "vit_b16.py", ["train.device=cpu"])
     print_gpu_overheads(cfg, make_plan(cfg, 4), 0.0)
     assert capsys.readouterr().out == ""
