@@ -82,7 +82,10 @@ def test_the_memory_estimate_adds_the_gpus_own_needs_as_stated_constants(capsys)
     from vitlarge.run.dry_run import gpu_overheads, print_gpu_overheads
 
     cfg = load_config(ROOT / "recipes" / "vit_b16.py", ["data.source=synthetic"])
-    assert [what for what, _, _ in gpu_overheads(cfg, make_plan(cfg, 1))] == ["CUDA context and kernels", "NCCL buffers"]
+    assert [what for what, _, _ in gpu_overheads(cfg, make_plan(cfg, 1))] == [
+        "CUDA context and kernels",
+        "NCCL buffers",
+    ]
     cfg = load_config(ROOT / "recipes" / "vit_b16.py", ["train.device=cpu"])
     print_gpu_overheads(cfg, make_plan(cfg, 4), 0.0)
     assert capsys.readouterr().out == ""
