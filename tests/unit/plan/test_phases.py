@@ -212,7 +212,8 @@ def test_dry_run_prints_the_phase_table(capsys):
     print_plan(cfg, make_plan(cfg, 2))
     out = capsys.readouterr().out
     table = out[out.index("phases:") :].splitlines()
-    assert "batch = micro x accum x dev" in table[1] and len(table) == 6
+    assert "batch = micro x accum x dev" in table[1] and table[5].startswith("  total")
+    assert all(line.startswith("  on a GPU add") or line.startswith("    ") for line in table[6:])  # device auto
     assert table[2].split()[:10] == ["0", "0-20", "8", "8", "128", "=", "64", "x", "1", "x"]
     assert table[4].split()[1:9] == ["36-60", "16", "16", "128", "=", "16", "x", "4"]
     assert "of the same images at 16 px" in table[5]
