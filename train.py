@@ -12,7 +12,7 @@ A rerun with the same ``--workdir`` resumes from its newest checkpoint that pass
 (``--resume`` picks another; see vitlarge/checkpoint/resume.py). Exit status: 0 done, 2 bad input (one line
 says what to fix), 3 stopped by the NaN guard, 75 checkpointed on SIGTERM/SIGUSR1, 130 checkpointed on Ctrl-C
 (SIGINT; a second Ctrl-C leaves at once, without it): run the same command to continue; 124 a collective timed
-out (one line names the rank that stalled). Launchers change some of these (docs/CLUSTERS.md).
+out on CPU/gloo (one line names the rank that stalled; under NCCL the watchdog aborts instead, 134). Launchers change some of these (docs/CLUSTERS.md).
 """
 
 from vitlarge.run.cli import console, main, parse_args, run  # noqa: F401 (tests and wrappers call train.main)

@@ -38,7 +38,9 @@ the user stopped the run, so a requeue script keyed on 75 does not restart it. R
 EXIT_COLLECTIVE_TIMEOUT = 124
 """Exit status of a rank whose collective timed out (train.collective_timeout_s; `vitlarge.distributed.timeouts`):
 a stalled or hung rank, not a crash (1 with a traceback, 134 / 139 for SIGABRT / SIGSEGV) and not bad input (2).
-124 is what coreutils' ``timeout`` returns for a command that ran out of time; ``srun`` and ``sacct`` show it."""
+124 is what coreutils' ``timeout`` returns for a command that ran out of time; ``srun`` and ``sacct`` show it (so
+``timeout 23h train.py`` returns 124 for its own SIGTERM too: read the run's last line there). Under gloo only:
+under NCCL the watchdog aborts the process (134) with NCCL's own line, out of Python's reach."""
 
 
 class Preempted(Exception):

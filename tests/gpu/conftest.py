@@ -65,7 +65,11 @@ def pytest_runtest_logreport(report):
     for key, value in report.user_properties:
         if key == "shows":
             _shows[report.nodeid] = str(value)
-    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+    if (
+        report.when == "call"
+        or (report.when != "call" and report.failed)
+        or (report.when == "setup" and report.skipped)
+    ):
         outcome = report.outcome
         why = _shows.get(report.nodeid, "")
         if report.skipped and isinstance(report.longrepr, tuple):

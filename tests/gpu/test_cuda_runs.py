@@ -11,12 +11,15 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import torch
 
 from hooks.jsonl import read_metrics
 from tests.gpu.conftest import needs
@@ -117,33 +120,46 @@ def test_vit_b16_recipe_compiles_trains_exports_and_fits_its_memory_estimate(tmp
         f"{per_gpu:.2f} GiB per GPU; start line: {start_line.strip()!r}; exit {proc.returncode}",
     )
     assert "expandable_segments:True" in start_line, start_line
+    # Both of PyTorch's peaks against the tensors the dry run counts (its per-GPU figure adds what lies outside
+    # PyTorch's allocator, the CUDA context and NCCL: docs/GPU.md has those measured on their own).
     assert peak <= estimate, f"peak {peak:.2f} GiB over the dry-run estimate {estimate:.2f} GiB"
-    assert reserved <= per_gpu, f"reserved {reserved:.2f} GiB over the dry-run's {per_gpu:.2f} GiB per GPU"
+    assert reserved <= estimate, f"reserved {reserved:.2f} GiB over the dry-run estimate {estimate:.2f} GiB"
     assert proc.returncode == 0 and (run / "model").is_dir(), f"exit {proc.returncode}, no export:\n{out[-3000:]}"
 
 
 def test_fsdp_compiled_checkpointed_bf16_on_gpu_resumes_resharded_on_two_cpu_ranks(tmp_path, record_property):
+    """The GPU run's last checkpoint (step 4) loaded by 2 CPU ranks: at ``train.max_steps=4`` nothing trains and
+    the export is written again from the loaded, resharded state: it equals the GPU run's export tensor for
+    tensor, bitwise. Then the CPU ranks train on to step 6."""
+    from safetensors.torch import load_file
+
+    from tests.helpers.launcher import free_port
+
     run = tmp_path / "h14"
     every = ["train.log_every_steps=1", "train.checkpoint_every_steps=4"]
     out = finish(start(run, *every, *H14_COMBINATION, "train.max_steps=4"), run)
     assert (run / "checkpoints").is_dir()
-    on_gpu = losses(run)
-    cpu = [
-        "train.device=cpu",
-        "train.plugin=fsdp",
-        "train.precision=bf16",
-        "model.grad_checkpointing=true",
-        "train.compile=off",
-        "train.max_steps=6",
-        *every,
-    ]
-    torchrun = ("-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29731", "train.py")
-    env_out = finish(start(run, *cpu, module=torchrun), run)
-    assert "resumed from" in env_out and "at step 4" in env_out, env_out[-3000:]
+    on_gpu = {k: v.clone() for k, v in load_file(str(run / "model" / "model.safetensors")).items()}
+    cpu = ["train.device=cpu", "train.plugin=fsdp", "train.precision=bf16", "model.grad_checkpointing=true"]
+    cpu += ["train.compile=off", *every]
+
+    def on_two_cpu_ranks(steps: int) -> str:
+        torchrun = ("-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()))
+        return finish(start(run, *cpu, f"train.max_steps={steps}", module=(*torchrun, "train.py")), run)
+
+    reloaded = on_two_cpu_ranks(4)
+    assert "resumed from" in reloaded and "at step 4" in reloaded, reloaded[-3000:]
+    again = load_file(str(run / "model" / "model.safetensors"))
+    assert sorted(again) == sorted(on_gpu)
+    differ = [k for k in on_gpu if not torch.equal(on_gpu[k], again[k])]
+    assert not differ, f"{len(differ)} of {len(on_gpu)} tensors differ after the resharded load: {differ[:5]}"
+    continued = on_two_cpu_ranks(6)
+    assert "at step 4" in continued, continued[-3000:]
     after = losses(run)
-    assert sorted(after) == list(range(1, 7)) and all(after[s] == on_gpu[s] for s in range(1, 5)), (on_gpu, after)
+    assert sorted(after)[-2:] == [5, 6] and all(math.isfinite(after[s]) for s in (5, 6)), after
     record_property(
         "shows",
         f"FSDP2 + compile + checkpointing + bf16 on the GPU, 4 steps ({compile_counts(out)}); its DCP checkpoint "
-        f"resumed on 2 CPU ranks (gloo) to step 6, loss {after[6]:.4f}",
+        f"loaded by 2 CPU ranks (gloo) re-exports all {len(on_gpu)} tensors bitwise equal, then trains to step 6 "
+        f"(loss {after[6]:.4f})",
     )

@@ -30,7 +30,13 @@ LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL
 
 
 def env() -> dict:
-    e = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
+    """The environment every run a test starts gets: this one's without a launcher's variables and, on a machine
+    without CUDA, without the variables that say a job has GPUs (a shell profile's CUDA_VISIBLE_DEVICES would
+    otherwise stop every CPU run with train.device=auto: `vitlarge.distributed.launch.gpus_asked_for`)."""
+    from vitlarge.distributed.launch import GPU_VARIABLES
+
+    drop = LAUNCHER_VARIABLES + (() if torch.cuda.is_available() else GPU_VARIABLES)
+    e = {k: v for k, v in os.environ.items() if k not in drop}
     e["PATH"] = VENV_BIN + os.pathsep + e.get("PATH", "")  # colossalai run looks torchrun up on PATH
     e["OMP_NUM_THREADS"] = "1"
     e["PYTHONUNBUFFERED"] = "1"

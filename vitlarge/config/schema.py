@@ -224,14 +224,17 @@ class TrainConfig:
     completed: every process joining (Slurm starting tasks, a container image pulled per node), then per-rank work
     between two collectives that the steady state does not have: ``train.compile`` (minutes per graph, not the
     same on every rank), the first fill of DALI's shuffle buffer, a resume's checkpoint read, each phase's loader
-    rebuild and recompile. torchtitan's ``comm.init_timeout_seconds`` (default 300) separates it for this reason.
+    rebuild and recompile. Evaluations and checkpoints wait this long too, whenever they come (eval's first
+    pass compiles its graph; a checkpoint's commit waits for every rank's shard to be written and read back).
+    torchtitan's ``comm.init_timeout_seconds`` (default 300) separates it for this reason.
     ``VITLARGE_RENDEZVOUS_TIMEOUT``, when set, still bounds the rendezvous alone."""
     collective_timeout_s: float = 600
-    """Seconds a rank waits in a collective after a phase's first step: long enough for a checkpoint written by
-    one rank while the others wait in the next collective, short enough that a hung rank (a stuck file system, a
-    dead GPU) ends the job in minutes, not hours. On timeout every rank ends with one line naming the collective
-    and the ranks that did not report it, exit status 124 (`vitlarge.distributed.timeouts`). torchtitan's
-    ``comm.train_timeout_seconds`` (default 100) is the same idea; NCCL's own default is 600."""
+    """Seconds a rank waits in a training step's collectives after a phase's first step (evaluations and
+    checkpoints wait ``train.init_timeout_s``): short enough that a hung rank (a stuck file system, a dead GPU)
+    ends the job in minutes, not hours. Under gloo (CPU) every rank then ends with one line naming the collective
+    and the ranks that did not report it, exit status 124 (`vitlarge.distributed.timeouts`); under NCCL (GPU)
+    the watchdog aborts the process at the same timeout (status 134, NCCL's own line; not yet seen on a GPU).
+    torchtitan's ``comm.train_timeout_seconds`` (default 100) is the same idea; NCCL's own default is 600."""
     log_every_steps: int = 10
     """A console progress line every this many optimizer steps (metrics.jsonl has every step)."""
     eval_every_epochs: float = 10

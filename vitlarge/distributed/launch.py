@@ -43,13 +43,19 @@ srun sets from the job's GPUs) and what srun sets for ``--gpus-per-node`` / ``--
 
 def gpus_asked_for(env=None) -> tuple[str, str] | None:
     """The first of `GPU_VARIABLES` that names GPUs, and its value; None when none does. Hidden on purpose
-    (``CUDA_VISIBLE_DEVICES`` empty or ``-1``; Slurm's ``NoDevFiles``) or a count of 0 names none; GPU 0 is one."""
+    (``CUDA_VISIBLE_DEVICES`` empty, ``-1``, ``none``, only commas; Slurm's ``NoDevFiles``) or counts that add up
+    to 0 (``0``, ``a100:0,v100:0``) name none; GPU 0 is one, and a count this cannot read (``gpu:4(IDX:0-3)``)
+    is taken as GPUs."""
     env = os.environ if env is None else env
     for name in GPU_VARIABLES:
         value = env.get(name, "").strip()
-        counts = name in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE")  # a count ("4", "h100:8"); the others list GPUs
-        if value in ("", "-1", "NoDevFiles") or (counts and value.rpartition(":")[2] == "0"):
+        items = [item.strip() for item in value.split(",") if item.strip()]
+        if not items or value.lower() in ("-1", "nodevfiles", "none"):
             continue
+        if name in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE"):  # counts ("4", "h100:8", "a100:4,v100:0")
+            counts = [item.split("(")[0].rpartition(":")[2] for item in items]
+            if all(c.isdigit() for c in counts) and sum(map(int, counts)) == 0:
+                continue
         return name, value
     return None
 
@@ -286,8 +292,9 @@ def _all_started(start, dist_env: DistEnv, deadline: float, gpu: tuple[str, str]
     and stops at once, naming it, when a rank reports an error it met before the process group existed
     (`report_before_group`: a recipe, device or path missing on one node). ``gpu``: this rank's host and the UUID
     of its CUDA device; a second rank on the same GPU stops the run here (`_claim_gpu`)."""
-    if gpu is not None:
-        _claim_gpu(start, dist_env.rank, *gpu)
+    # A rank whose claim failed counts in "failed"; it must not count in "seen" too, or rank 0 (the store's host)
+    # would stop waiting, and leave, before every other rank has heard.
+    clashed = gpu is not None and _claim_gpu(start, dist_env.rank, *gpu)
     start.add("started", 1)
     if dist_env.rank == 0:  # a rank that failed waits for this (or rank 0's own error) to know who prints
         start.set("started/0", "1")
@@ -296,7 +303,8 @@ def _all_started(start, dist_env: DistEnv, deadline: float, gpu: tuple[str, str]
         # as started, so a full count read first cannot hide its failure.
         everyone = start.add("started", 0) >= dist_env.world_size
         if start.add("failed", 0):
-            start.add("seen", 1)
+            if not clashed:
+                start.add("seen", 1)
             # Rank 0 hosts the store: it stays until every rank has heard (bounded), or their next call fails.
             until = time.monotonic() + 10
             while dist_env.rank == 0 and time.monotonic() < until:
@@ -317,9 +325,9 @@ def _all_started(start, dist_env: DistEnv, deadline: float, gpu: tuple[str, str]
     raise RuntimeError(f"{start.add('started', 0)}/{dist_env.world_size} processes started")
 
 
-def _claim_gpu(start, rank: int, host: str, uuid: str) -> None:
+def _claim_gpu(start, rank: int, host: str, uuid: str) -> bool:
     """Records that ``rank`` on ``host`` uses the GPU ``uuid``; when another rank did first, reports the clash as
-    this rank's error before the group (`_all_started` then stops every rank with it). A UUID names one GPU
+    this rank's error before the group (`_all_started` then stops every rank with it) and returns True. A UUID names one GPU
     wherever it is, so this refuses exactly what NCCL would ("Duplicate GPU detected") at the first collective,
     whatever the launcher: torchrun's ranks see every GPU and take their local rank's, srun --gpus-per-task=1
     gives each task another device 0, and a wrapper may set CUDA_VISIBLE_DEVICES itself."""
@@ -327,7 +335,7 @@ def _claim_gpu(start, rank: int, host: str, uuid: str) -> None:
     n = start.add(key, 1)
     start.set(f"{key}/{n}", f"{rank}\n{host}")
     if n == 1:
-        return
+        return False
     other, _, other_host = start.get(f"{key}/1").decode().partition("\n")
     low, high = sorted((int(other), rank))
     where = host if other_host == host else f"{other_host} and {host}"
@@ -337,6 +345,7 @@ def _claim_gpu(start, rank: int, host: str, uuid: str) -> None:
     )
     start.set(f"error/{rank}", f"{host}\n{message}")
     start.add("failed", 1)
+    return True
 
 
 def report_before_group(error: UserError, dist_env: DistEnv | None) -> bool:

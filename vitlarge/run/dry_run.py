@@ -39,11 +39,13 @@ NCCL_BUFFSIZE = 4 * 2**20
 """NCCL's buffer per peer, channel and protocol (``NCCL_BUFFSIZE``, default 4 MiB: NCCL user guide,
 environment variables)."""
 NCCL_BYTES = 558 * 2**20
+NCCL_PEER_BYTES = 2 * 32 * 2 * NCCL_BUFFSIZE
 """One NCCL communicator (the run's process group, made at its first collective: DDP's all-reduce on CUDA, at any
 world size). Measured: 558 MiB outside PyTorch's allocator after one all-reduce at world size 1 on an NVIDIA H200
 (torch 2.11.0+cu130's NCCL). With more ranks it holds buffers per ring peer, channel and protocol (2 peers x up
 to 32 channels x 2 protocol sets x ``NCCL_BUFFSIZE`` 4 MiB = 512 MiB by the NCCL user guide's defaults), and
-NVLink SHARP (NVSwitch systems) adds its own (``NCCL_NVLS_ENABLE=0`` leaves them out): not measured here."""
+NVLink SHARP (NVSwitch systems) adds its own (``NCCL_NVLS_ENABLE=0`` leaves them out): not measured here.
+`NCCL_PEER_BYTES` is that estimate, added at world size > 1."""
 DALI_QUEUE_DEPTH = 2
 """Batches DALI keeps ready on the GPU (``prefetch_queue_depth``, `vitlarge.data.loader`'s default)."""
 IMAGENET_DECODED_BYTES = 469 * 387 * 3
@@ -59,7 +61,17 @@ def gpu_overheads(cfg: Config, plan: Plan) -> list[tuple[str, float, str]]:
             "527 MiB measured at the first CUDA call on an H200, 767 MiB once the kernels a ViT uses loaded",
         )
     ]
-    out.append(("NCCL buffers", NCCL_BYTES, "558 MiB measured after one all-reduce at world size 1 on an H200"))
+    if plan.world_size == 1:
+        out.append(("NCCL buffers", NCCL_BYTES, "558 MiB measured after one all-reduce at world size 1 on an H200"))
+    else:
+        out.append(
+            (
+                "NCCL buffers",
+                NCCL_BYTES + NCCL_PEER_BYTES,
+                "558 MiB measured at world size 1 on an H200 + 512 MiB for peers (2 ring peers x 32 channels x "
+                "2 protocols x NCCL_BUFFSIZE 4 MiB; not measured)",
+            )
+        )
     if cfg.data.source == "tfrecord":
 
         def dali(ph) -> int:  # the crop (uint8) and the output (fp32) beside each decoded image

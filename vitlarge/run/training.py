@@ -163,6 +163,13 @@ def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tup
     workdir = Path(cfg.workdir)
     manifest, plan = agree(lambda: preflight(cfg, env, resuming))
     check_same(data_digest(manifest), f"data sets ({cfg.data.path})", "every node must see the same --data")
+    # auto settings are resolved per node: a node without a compiler (compile auto -> off) or with another GPU
+    # generation (precision auto) would train differently from the others, and only rank 0's line is printed.
+    check_same(
+        f"train.precision={cfg.train.precision}, train.compile={cfg.train.compile}",
+        "settings (train.precision / train.compile auto, resolved on each node)",
+        "give every node the same GPUs and toolchain, or set train.precision and train.compile explicitly",
+    )
     token = rank0_decides(lambda: store.write_shared_probe(workdir))  # and the same workdir, not a local stand-in
     agree(lambda: store.check_shared_probe(workdir, token))
     if env.is_main:  # every rank has read it (agree is a collective)

@@ -11,6 +11,7 @@ hooks' view of the step are all-reduced once per optimizer step in one small mes
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import time
@@ -82,6 +83,10 @@ class Trainer:
 
     def _evaluate(self) -> EvalMetrics:
         """The raw weights, and beside them the model EMA's (swapped into the model for its pass)."""
+        with self._slow_collectives():
+            return self._evaluate_now()
+
+    def _evaluate_now(self) -> EvalMetrics:
         found = evaluate(self.engine.model, self.val_loader, self.engine.precision)
         if self.engine.ema is not None:
             with self.engine.ema.swapped_into():
@@ -91,7 +96,23 @@ class Trainer:
         self._emit(Event.EVAL_END, m)
         return m
 
+    @contextlib.contextmanager
+    def _slow_collectives(self):
+        """Evaluations (the first one compiles eval's graph) and checkpoints (every rank's shard written and read
+        back before the commit's gather; minutes for a 10 GB state on a busy shared filesystem) wait
+        ``train.init_timeout_s`` in their collectives, not ``train.collective_timeout_s``: that one is for the
+        training steps, where a long wait means a hang."""
+        set_collective_timeout(self.cfg.train.init_timeout_s)
+        try:
+            yield
+        finally:
+            set_collective_timeout(self.cfg.train.collective_timeout_s)
+
     def _checkpoint(self):
+        with self._slow_collectives():
+            return self._save()
+
+    def _save(self):
         path = store.save(
             self.cfg.workdir,
             self.step,

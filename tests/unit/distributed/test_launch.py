@@ -459,6 +459,8 @@ def gpu_env(monkeypatch):
         ("SLURM_JOB_GPUS", "2"),
         ("CUDA_VISIBLE_DEVICES", "0"),  # GPU 0 is a GPU, not a count of none
         ("SLURM_STEP_GPUS", "0"),
+        ("SLURM_GPUS_PER_NODE", "a100:4,v100:0"),  # counts that add up to 4
+        ("SLURM_GPUS_ON_NODE", "gpu:4(IDX:0-3)"),  # a form not read as a count: GPUs, on the safe side
     ],
 )
 def test_auto_refuses_the_cpu_when_the_job_asked_for_gpus(gpu_env, name, value):
@@ -489,7 +491,10 @@ def torch_without_cuda() -> str:
         ("CUDA_VISIBLE_DEVICES", "NoDevFiles"),  # Slurm's value where the job has no GPU
         ("SLURM_GPUS_ON_NODE", "0"),
         ("SLURM_GPUS_PER_NODE", "0"),
+        ("SLURM_GPUS_PER_NODE", "a100:0,v100:0"),
         ("SLURM_JOB_GPUS", ""),
+        ("CUDA_VISIBLE_DEVICES", "none"),
+        ("CUDA_VISIBLE_DEVICES", ","),
     ],
 )
 def test_auto_takes_the_cpu_when_nothing_asked_for_gpus(gpu_env, name, value):
@@ -527,10 +532,16 @@ def test_two_ranks_on_one_gpu_stop_before_the_process_group():
             t.start()
         for t in threads:
             t.join(60)
+        counts.update(seen=master.add("s/seen", 0), failed=master.add("s/failed", 0))
         return found
 
+    counts = {}
     assert rendezvous(["GPU-aaaa", "GPU-bbbb"]) == [None, None]
     found = rendezvous(["GPU-aaaa", "GPU-bbbb", "GPU-aaaa"])
+    # Each rank counted once: the one that clashed in "failed" only. Counted in "seen" too, rank 0 (the store's
+    # host under srun) would stop waiting while a rank still sleeping in its poll had not heard, and leave: that
+    # rank then met a closed store ("DistNetworkError"), not the line.
+    assert counts == {"seen": 2, "failed": 1}, counts
     assert all(isinstance(e, UserError) for e in found), found
     lines = {str(e) for e in found}
     assert len(lines) == 1, lines  # every rank stops with the same line (rank 0 prints it)

@@ -69,10 +69,11 @@ def test_the_memory_estimate_adds_the_gpus_own_needs_as_stated_constants(capsys)
     assert lines[at].endswith("total 22.7 GiB")
     assert lines[at + 1 : at + 5] == [
         "  on a GPU add (stated constants, vitlarge/run/dry_run.py; not in the memory above): CUDA context and kernels "
-        "1.0 GiB, NCCL buffers 558.0 MiB, DALI pool 633.4 MiB; about 24.8 GiB per GPU",
+        "1.0 GiB, NCCL buffers 1.0 GiB, DALI pool 633.4 MiB; about 25.3 GiB per GPU",
         "    CUDA context and kernels: 527 MiB measured at the first CUDA call on an H200, 767 MiB once the kernels "
         "a ViT uses loaded",
-        "    NCCL buffers: 558 MiB measured after one all-reduce at world size 1 on an H200",
+        "    NCCL buffers: 558 MiB measured at world size 1 on an H200 + 512 MiB for peers (2 ring peers x 32 "
+        "channels x 2 protocols x NCCL_BUFFSIZE 4 MiB; not measured)",
         "    DALI pool: 2 batches ready x 256 images x (a decoded 469x387 px JPEG + its 224 px crop and fp32 output); "
         "DALI keeps its pool's peak",
     ]
