@@ -15,6 +15,7 @@ from pathlib import Path
 
 from benchmarks.gpu import report as gpu_report
 from benchmarks.harness import results as harness_results
+from benchmarks.report import compile_matrix
 from vitlarge.constants import IMAGENET_TRAIN_EXAMPLES
 
 DOCS = Path(__file__).resolve().parent.parent.parent / "docs"
@@ -534,6 +535,19 @@ COMPILE_NOTES = [
 ]
 
 
+def compile_matrix_section(d: dict | None) -> list[str]:
+    """Section 10's second half: every combination the recipes turn on, compiled (bench_compile_matrix)."""
+    title = "### Combinations the recipes turn on, compiled, in train.py runs\n"
+    if not d:
+        return [title, "not run (`python -m benchmarks.bench_compile_matrix`)\n"]
+    return [title, *compile_matrix.table(d), *COMPILE_MATRIX_NOTES]
+
+
+COMPILE_MATRIX_NOTES = [
+    "FINDINGS\n",
+]
+
+
 def compile_section(d: dict | None) -> list[str]:
     title = "## 10. torch.compile\n"
     if not d:
@@ -746,6 +760,8 @@ def generate(results: Path | None = None, out: Path | None = None, img: Path | N
     goals += g
     compiled = _load(results, "compile")
     sections += stamp(compile_section(compiled), compiled, pinned)
+    matrix = _load(results, "compile_matrix")
+    sections += stamp(compile_matrix_section(matrix), matrix, pinned)
     machine = next((v["machine"] for v in r.values() if v and "machine" in v), None)
     head = [
         "# Performance\n",
@@ -761,7 +777,7 @@ def generate(results: Path | None = None, out: Path | None = None, img: Path | N
             f"{machine.get('omp_wait_policy', 'default')}; load average at the end of the last benchmark "
             f"{machine['load_average'][0]}.\n"
         )
-    head.append(stacks_line({**r, "compile": compiled}, pinned))
+    head.append(stacks_line({**r, "compile": compiled, "compile_matrix": matrix}, pinned))
     head += [
         "Findings that changed code or settings:\n",
         "- **fp16 on CPU: the patch-embedding convolution now runs in fp32** (`vitlarge.model.vit.Fp32Conv2d`). PyTorch "
