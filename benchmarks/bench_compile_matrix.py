@@ -6,7 +6,7 @@ losses, and with how many graphs, graph breaks and recompiles?
 Goal: every row trains and resumes bitwise; compiled losses within `TOLERANCE` of eager's; the counts
 are reported, not judged (the GPU tier reads the same counts: tests/gpu).
 
-Run: ``python -m benchmarks.bench_compile_matrix [--quick]`` (not in the suite: ~40 min on 2 shared
+Run: ``python -m benchmarks.bench_compile_matrix [--quick]`` (not in the suite: 40-50 min on 2 shared
 cores; ``python -m benchmarks.run --only compile_matrix`` also runs it). Writes
 ``benchmarks/results/compile_matrix.json``; docs/PERFORMANCE.md's section 10 renders it.
 
@@ -46,9 +46,9 @@ CHECKPOINTING = (False, True)
 PRECISIONS = ("bf16", "fp16", "fp32")
 STEPS = 200
 """Optimizer steps per run (``--quick``: half). 4 runs of 300 steps took 4 min for one combination (fsdp, checkpointing,
-fp16), mostly starting and compiling: 200 keeps the 12 within about 40 min. fp16 is emulated on a CPU without
-AVX512-FP16, but at this model's size a step is overhead-bound (137 ms eager, against ~100 for fp32), so fp16
-affords the same count."""
+fp16) at load 3, mostly starting and compiling; at 200 the 12 took 52 min at load 6-8 (other jobs on the 2 cores),
+about 40 on a quieter machine. fp16 is emulated on a CPU without AVX512-FP16, but at this model's size a step is
+overhead-bound (eager fp16 within 1-2x of fp32 in the table), so fp16 affords the same count."""
 TOLERANCE = {"fp32": 1e-4, "bf16": 5e-2, "fp16": 1e-2}
 """Largest |compiled - eager| train loss over a run. fp32: the compile tests' bound (tests/e2e/test_compile_runs.py).
 bf16/fp16: Inductor keeps a fused chain of elementwise ops in fp32 where eager rounds each result to the
@@ -310,9 +310,9 @@ def run(quick: bool = True, tiny: bool = False) -> dict:
 
 
 def show(r: dict) -> None:
-    from benchmarks.report.performance import compile_matrix_table
+    from benchmarks.report.compile_matrix import table
 
-    print("\n".join(compile_matrix_table(r)))
+    print("\n".join(table(r)))
 
 
 if __name__ == "__main__":

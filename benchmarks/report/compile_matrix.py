@@ -43,7 +43,7 @@ def table(d: dict) -> list[str]:
     head = [
         f"`benchmarks/bench_compile_matrix.py` (not in the quick suite; {d['wall_s'] / 60:.0f} min): `{d['recipe']}` with "
         f"`model.kwargs={d['model_kwargs']}`, `{d['batch']}` (accumulation 2), {d['processes']} processes over gloo "
-        f"(torchrun), `data.source=synthetic` ({d['data']}), `train.deterministic=true`, on "
+        f"(torchrun), data {d['data']}, `train.deterministic=true`, on "
         f"{m.get('cpu', '?')} ({m.get('os_cpus', '?')} cores, shared), torch {m.get('torch', '?')}. Per combination: eager, "
         "compiled (the reference), compiled killed with SIGKILL after its mid-run checkpoint and rerun. "
         "*Resumes bitwise*: every loss after the resume and the exported weights equal the reference's bit for bit. "
@@ -51,7 +51,7 @@ def table(d: dict) -> list[str]:
         "Graphs / graph breaks / recompiles: the compiled run's own `compile:` log lines, after step 1 and at the end "
         f"(which counts the final evaluation). Step time: medians after the first {d['warm_steps_excluded']} steps.\n",
         "| combination | steps | trains | resumes bitwise after kill -9 | max \\|loss - eager\\| (within) | "
-        "graphs / breaks / recompiles after step 1 | at the end | first reasons (end) | step time compiled / eager |",
+        "graphs / breaks / recompiles after step 1 | at the end | first reasons (end) | step time compiled / eager (< 1: compiled faster) |",
         "|---|---:|---|---|---|---|---|---|---:|",
     ]
     return head + [row(r) for r in d["rows"]] + [""]

@@ -75,19 +75,21 @@ ROW = {
 }
 
 
+MATRIX = {
+    "recipe": "recipes/demo_digits.py",
+    "model_kwargs": "{}",
+    "batch": "b",
+    "processes": 2,
+    "data": "synthetic",
+    "warm_steps_excluded": 5,
+    "wall_s": 2400,
+    "machine": {"cpu": "AMD EPYC", "os_cpus": 2, "torch": "2.10.0"},
+    "rows": [ROW, {"name": "ddp/no-ckpt/fp16", "steps": 300, "error": "RuntimeError: exit 1: log\nTraceback"}],
+}
+
+
 def test_the_table_has_one_row_per_combination_and_says_which_failed():
-    d = {
-        "recipe": "recipes/demo_digits.py",
-        "model_kwargs": "{}",
-        "batch": "b",
-        "processes": 2,
-        "data": "synthetic",
-        "warm_steps_excluded": 5,
-        "wall_s": 2400,
-        "machine": {"cpu": "AMD EPYC", "os_cpus": 2, "torch": "2.10.0"},
-        "rows": [ROW, {"name": "ddp/no-ckpt/fp16", "steps": 300, "error": "RuntimeError: exit 1: log\nTraceback"}],
-    }
-    lines = report.table(d)
+    lines = report.table(MATRIX)
     header = next(i for i, line in enumerate(lines) if line.startswith("|---"))
     rows = lines[header + 1 : -1]
     cells = [len(re.split(r"(?<!\\)\|", line)) for line in (lines[header], *rows)]  # an escaped \| is text
@@ -97,3 +99,11 @@ def test_the_table_has_one_row_per_combination_and_says_which_failed():
         "6 / 4 / 4 | break: skipped; recompile: a\\|b | 1.23x (91 ms eager) |"
     )
     assert rows[1].startswith("| ddp/no-ckpt/fp16 | 300 | **failed**: RuntimeError: exit 1: log |")
+
+
+def test_performance_md_renders_the_table_under_the_compile_section_or_says_it_was_not_run():
+    from benchmarks.report import performance
+
+    assert "not run" in "".join(performance.compile_matrix_section(None))
+    section = performance.compile_matrix_section(MATRIX)
+    assert section[0].startswith("### ") and report.row(ROW) in section
