@@ -57,6 +57,10 @@ REGISTRY = (
     Benchmark("comm", "Is there one gradient all-reduce per DDP bucket, whatever the accumulation?", suite=True),
     Benchmark("precision", "Which autocast dtype trains fastest on this CPU?", suite=True),
     Benchmark("compile", "What do train.compile=on's step time and compile time cost on CPU?", suite=True),
+    Benchmark(
+        "compile_matrix",
+        "Does every compiled combination (ddp/fsdp x checkpointing x bf16/fp16/fp32) train and resume bitwise?",
+    ),
     Benchmark("fsdp_memory", "Does fsdp hold within 10% of 1/W of the unsharded state per rank?"),
     Benchmark("fsdp_accumulation", "How much gradient memory do no_sync and reduce_scatter hold?"),
     Benchmark("fsdp_activations", "How much activation memory does grad_checkpointing save under fsdp?"),

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from benchmarks.gpu import report as gpu_report
 from benchmarks.harness import results as harness_results
+from benchmarks.report import compile_matrix
 from vitlarge.constants import IMAGENET_TRAIN_EXAMPLES
 
 DOCS = Path(__file__).resolve().parent.parent.parent / "docs"
@@ -534,6 +535,42 @@ COMPILE_NOTES = [
 ]
 
 
+def compile_matrix_section(d: dict | None) -> list[str]:
+    """Section 10's second half: every combination the recipes turn on, compiled (bench_compile_matrix)."""
+    title = "### Combinations the recipes turn on, compiled, in train.py runs\n"
+    if not d:
+        return [title, "not run (`python -m benchmarks.bench_compile_matrix`)\n"]
+    return [title, *compile_matrix.table(d), *COMPILE_MATRIX_NOTES]
+
+
+COMPILE_MATRIX_NOTES = [
+    "Reading it: every combination trains, resumes bit for bit after `kill -9` (losses after the resume and the exported "
+    "weights), and follows eager's losses well inside the tolerance (`TOLERANCE` in the benchmark: fp32 1e-4, the compile "
+    "tests' bound; fp16 1e-2 and bf16 5e-2, a few units in the last place of the logits, allowing for Inductor keeping a "
+    "fused elementwise chain in fp32 where eager rounds each result). No combination had to be refused. The data is "
+    "random, so the loss stays near ln 10 = 2.30: the comparison checks that the compiled run follows eager's step by "
+    "step, not that it learns (tests/e2e/test_compile_runs.py's 300-step fp32 comparison learns).\n",
+    "DDP: 1 graph after step 1, 0 breaks; at the end 2 graphs and 1 recompile, the final evaluation's forward under "
+    "`torch.no_grad` (guard `GLOBAL_STATE changed: grad_mode`); the counts the H200 gave for vit_b16's combination (ddp, "
+    "fp16 with the scaler, deterministic). Activation checkpointing adds no break (Dynamo traces "
+    "`torch.utils.checkpoint` as one higher-order op).\n",
+    "FSDP: 2 graph breaks after step 1 and 4 at the end, on CPU as on the H200 (fsdp + checkpointing + bf16: 3 graphs, 2 "
+    "breaks, then 6 graphs, 4 breaks, 4 recompiles: the H200's counts for vit_h14's combination on the demo model), so "
+    "they are not the device's. Cause (`TORCH_LOGS=graph_breaks`, one run): FSDP2 runs the hooks of each `fully_shard`ed "
+    "block (the pre-forward all-gather of its parameters, the post-forward reshard) outside Dynamo: "
+    "`torch/distributed/fsdp/_fully_shard/_fsdp_state.py` wraps them in `torch._dynamo.disable` while "
+    '`torch._dynamo.config.skip_fsdp_hooks` is True (the default), and Dynamo reports the call as "Attempted to call '
+    'function marked as skipped" (function `disable`). Compiling the root over sharded blocks therefore splits its '
+    "graph at the block boundary, in training and again in evaluation. Ways out, not taken here: compile each block "
+    "before `fully_shard` (torchtitan's order: the hooks then sit between compiled regions) or traceable FSDP2 "
+    "(`skip_fsdp_hooks=False`, experimental).\n",
+    "Step times: eager and compiled runs of a combination ran one after the other, not interleaved, on a CPU that "
+    "other jobs loaded (load average 3 to 8 during the matrix): the ratios are rough. At this size a step is "
+    "overhead (a few ms of matmuls): what compile removes (Python and autocast's casts) or adds (the graph breaks' "
+    "trips through Python under FSDP) dominates it.\n",
+]
+
+
 def compile_section(d: dict | None) -> list[str]:
     title = "## 10. torch.compile\n"
     if not d:
@@ -746,6 +783,8 @@ def generate(results: Path | None = None, out: Path | None = None, img: Path | N
     goals += g
     compiled = _load(results, "compile")
     sections += stamp(compile_section(compiled), compiled, pinned)
+    matrix = _load(results, "compile_matrix")
+    sections += stamp(compile_matrix_section(matrix), matrix, pinned)
     machine = next((v["machine"] for v in r.values() if v and "machine" in v), None)
     head = [
         "# Performance\n",
@@ -761,7 +800,7 @@ def generate(results: Path | None = None, out: Path | None = None, img: Path | N
             f"{machine.get('omp_wait_policy', 'default')}; load average at the end of the last benchmark "
             f"{machine['load_average'][0]}.\n"
         )
-    head.append(stacks_line({**r, "compile": compiled}, pinned))
+    head.append(stacks_line({**r, "compile": compiled, "compile_matrix": matrix}, pinned))
     head += [
         "Findings that changed code or settings:\n",
         "- **fp16 on CPU: the patch-embedding convolution now runs in fp32** (`vitlarge.model.vit.Fp32Conv2d`). PyTorch "
