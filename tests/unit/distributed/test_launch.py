@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from vitlarge.distributed.launch import choose_device, prints_error, rendezvous_timeout_s
+from vitlarge.distributed.launch import GPU_VARIABLES, choose_device, prints_error, rendezvous_timeout_s
 from vitlarge.distributed.launcher import DistEnv, detect, launcher_rank
 from vitlarge.distributed.threads import thread_budget
 from vitlarge.errors import UserError
@@ -430,13 +430,6 @@ def test_rendezvous_error_names_host_interface_time_and_claims_a_timeout_only_fo
     )
 
 
-GPU_VARIABLES = (
-    "CUDA_VISIBLE_DEVICES",
-    "SLURM_GPUS_ON_NODE",
-    "SLURM_GPUS_PER_NODE",
-    "SLURM_STEP_GPUS",
-    "SLURM_JOB_GPUS",
-)
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a host where CUDA sees no GPU")
 
 
