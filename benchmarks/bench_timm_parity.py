@@ -29,8 +29,9 @@ differ from a recipe is passed (`TIMM_DEFAULTS`, checked against the fetched tra
 ``data.repeats``, timm's sampler keeps ``1437 // 256 * 256 = 1280`` images per epoch (its ``selected_round=256``),
 10 updates where vitlarge takes 11, so its epochs are scaled to the same 660 optimizer updates. What still
 differs: timm's warmup is 50 updates (5 of its shorter epochs) against vitlarge's 55, its cosine spans the
-warmup, its Mixup mixes uint8 images in its collate and it erases after mixing (its default prefetcher), where
-vitlarge erases each image before Mixup (as timm's ``--no-prefetcher`` and DeiT's main.py do), and DALI's crop,
+warmup, its Mixup mixes uint8 images in its collate (vitlarge mixes the normalised floats); both erase after
+mixing (timm's default prefetcher; vitlarge since issue 35, which measured erasing first, timm's ``--no-prefetcher``
+order, below timm: docs/DATA.md), and DALI's crop,
 3-Augment and jitter are PIL's to a few levels (docs/DATA.md).
 
 Variants: ``all`` (the six pieces), ``none``, ``-piece`` (all but one), ``+piece`` (that one alone), or pieces

@@ -599,6 +599,83 @@ def compile_section(d: dict | None) -> list[str]:
     return lines + [""] + COMPILE_NOTES
 
 
+def timm_parity_section(named: dict[str, dict | None]) -> tuple[list[str], list[tuple]]:
+    """`benchmarks/bench_timm_parity.py`'s results (``timm_parity``, and ``timm_parity_ls01`` where run): per
+    variant, each seed's top-1 on both sides, the medians and their differences; the goal is issue 35's."""
+    title = "## 11. Against timm's train.py: DeiT III's pieces\n"
+    found = {n: d for n, d in named.items() if d}
+    if not found:
+        return [title, "not run (`python -m benchmarks.bench_timm_parity`; not in `benchmarks.run`'s suite)\n"], [
+            ("DeiT III pieces vs timm's train.py", "median top-1 within 1 point, raw and EMA", "not run", None)
+        ]
+    first = next(iter(found.values()))
+    m = first["machine"]
+    lines = [
+        title,
+        "`benchmarks/bench_timm_parity.py` (issue 35): vitlarge (`colossalai run`, recipes/demo_digits.py) against "
+        f"timm's own train.py ({first['timm']}, patched only for DDP on CPU) on the digits demo, both sides reading "
+        "the same JPEGs, 2 gloo processes each, fp32, the same 660 optimizer updates, sides interleaved per seed, one "
+        f"run at a time. Machine: {m['cpu']}, {m['os_cpus']} cores shared with other work (load average "
+        f"{m['load_average'][1]} over the last run's 5 minutes). The ablation (label smoothing, "
+        'the order of random erasing and Mixup) is in docs/DATA.md, "Against timm\'s train.py".\n',
+    ]
+    goals, ok_all, measured = [], True, []
+    for name, d in found.items():
+        for variant, e in d["summary"].items():
+            runs = [r for r in d["runs"] if r["variant"] == variant]
+            lines += [
+                f"`{name}.json`, variant `{variant}` ({', '.join(runs[0]['pieces']) or 'no pieces'}), label "
+                f"smoothing {d['smoothing']:g} on both sides"
+                + (f", vitlarge also {' '.join(d['vitlarge_set'])}" if d["vitlarge_set"] else "")
+                + (f", timm also {' '.join(d['timm_args'])}" if d["timm_args"] else "")
+                + ":\n",
+                "| seed | vitlarge top-1 / EMA (%) | timm train.py top-1 / EMA (%) | s per run vitlarge / timm |",
+                "|---|---:|---:|---:|",
+            ]
+            by_seed: dict[int, dict] = {}
+            for r in runs:
+                by_seed.setdefault(r["seed"], {})[r["side"]] = r
+            for seed, sides in by_seed.items():
+                v, t = sides.get("vitlarge", {}), sides.get("timm", {})
+                lines.append(
+                    f"| {seed} | {_fmt(v.get('top1'))} / {_fmt(v.get('top1_ema'))} | "
+                    f"{_fmt(t.get('top1'))} / {_fmt(t.get('top1_ema'))} | "
+                    f"{_fmt(v.get('wall_s'), 0)} / {_fmt(t.get('wall_s'), 0)} |"
+                )
+            v, t = e["vitlarge"], e["timm"]
+            lines.append(
+                f"| **median** | **{_fmt(v['top1'])} / {_fmt(v['top1_ema'])}** | **{_fmt(t['top1'])} / "
+                f"{_fmt(t['top1_ema'])}** | {_fmt(v['wall_s'], 0)} / {_fmt(t['wall_s'], 0)} |"
+            )
+            gaps = [None if v[k] is None or t[k] is None else round(v[k] - t[k], 2) for k in ("top1", "top1_ema")]
+            lines.append(
+                f"\nDifference of the medians (vitlarge - timm): {_fmt_signed(gaps[0])} / {_fmt_signed(gaps[1])} "
+                f"points (raw / EMA); median of the per-seed differences: {_fmt_signed(e['diff_top1_median'])} / "
+                f"{_fmt_signed(e['diff_top1_ema_median'])}.\n"
+            )
+            if variant == "all":
+                ok = None if None in gaps else all(abs(g) <= 1.0 for g in gaps)
+                ok_all = None if ok is None or ok_all is None else ok_all and ok
+                measured.append(
+                    f"{_fmt_signed(gaps[0])} / {_fmt_signed(gaps[1])} "
+                    f"(smoothing {d['smoothing']:g}, {len(by_seed)} seeds)"
+                )
+    if measured:
+        goals.append(
+            (
+                "DeiT III pieces vs timm's train.py",
+                "median top-1 within 1 point, raw and EMA",
+                "; ".join(measured),
+                ok_all,
+            )
+        )
+    return lines, goals
+
+
+def _fmt_signed(x) -> str:
+    return "-" if x is None else f"{x:+.2f}"
+
+
 def precision_section(d: dict | None, img: Path, plt):
     if not d:
         return ["## 6. Precision\n", "not run\n"]
@@ -785,6 +862,10 @@ def generate(results: Path | None = None, out: Path | None = None, img: Path | N
     sections += stamp(compile_section(compiled), compiled, pinned)
     matrix = _load(results, "compile_matrix")
     sections += stamp(compile_matrix_section(matrix), matrix, pinned)
+    parity = {n: _load(results, n) for n in ("timm_parity", "timm_parity_ls01")}
+    lines, g = timm_parity_section(parity)
+    sections += stamp(lines, next((d for d in parity.values() if d), None), pinned)
+    goals += g
     machine = next((v["machine"] for v in r.values() if v and "machine" in v), None)
     head = [
         "# Performance\n",

@@ -139,8 +139,10 @@ class AugmentConfig:
     is 0.0, so both classes of a mixed pair count fully); None keeps the soft targets."""
     random_erase_prob: float = 0.0
     """Probability that a training image gets one rectangle of per-pixel normal noise: timm's ``RandomErasing``
-    (mode ``pixel``, one region, area 2-33%, aspect 0.3-3.3) on the device, after normalisation and before
-    Mixup/CutMix, each image of each micro-batch drawn on its own; 0 is off; validation never erases."""
+    (mode ``pixel``, one region, area 2-33%, aspect 0.3-3.3) on the device, after normalisation and after
+    Mixup/CutMix, each image of each micro-batch drawn on its own; 0 is off; validation never erases. After Mixup is
+    timm's train.py default order (its prefetcher erases the mixed batch); erasing first trained lower on the digits
+    peer benchmark (issue 35, docs/DATA.md). DeiT III's own recipe erases nothing (recipes/deit3_b16.py: 0)."""
 
 
 @dataclass

@@ -17,7 +17,7 @@ from vitlarge.config.load import load_recipe, validate
 from vitlarge.config.schema import Config
 from vitlarge.plan.plan import make_plan
 from vitlarge.train.assemble import build
-from vitlarge.train.engine import build_criterion
+from vitlarge.train.engine import augment_batch, build_criterion
 from vitlarge.train.evaluation import evaluate
 
 
@@ -283,22 +283,50 @@ def _timm_erasing(p: float) -> RandomErasing:
     return RandomErasing(probability=p, mode="pixel", max_count=1, device="cpu")
 
 
-def test_random_erasing_is_timms_before_mixup():
-    """The model sees timm's Mixup of timm's RandomErasing of the batch: erased once per image, before mixing
-    (an image mixed in as a partner is not erased again)."""
+def _timm_prefetcher(images: torch.Tensor, labels: torch.Tensor, p: float, alpha: float):
+    """timm's train.py default path (its prefetcher) on one batch: Mixup in the loader, then the real
+    ``PrefetchLoader`` (identity normalisation: the batch is already normalised) erasing the mixed batch. timm's
+    ``FastCollateMixup`` mixes uint8 images (rounded); Mixup here mixes the same floats vitlarge does."""
+    from timm.data.loader import PrefetchLoader
+
+    mixed = Mixup(mixup_alpha=alpha, num_classes=10)(images, labels)
+    identity = PrefetchLoader(
+        [mixed], mean=(0.0,) * 3, std=(1 / 255,) * 3, device=torch.device("cpu"), re_prob=p, re_mode="pixel"
+    )
+    return next(iter(identity))
+
+
+def test_augment_batch_erases_after_mixup_as_timms_prefetcher():
+    """`augment_batch` (what the engine runs) equals timm's default order on the same batch and generators:
+    Mixup, then RandomErasing of the mixed batch; erasing first (timm's --no-prefetcher order, vitlarge's before
+    issue 35) gives other images."""
+    x, y = batches(1, 32)()
+    mixup, erase = Mixup(mixup_alpha=0.8, num_classes=10), _timm_erasing(1.0)
+    _seed()
+    got, targets = augment_batch(x.clone(), y.clone(), mixup, erase)
+    _seed()
+    expected, expected_targets = _timm_prefetcher(x.clone(), y.clone(), 1.0, 0.8)
+    assert torch.equal(got, expected) and torch.equal(targets, expected_targets)
+    _seed()
+    erased_first, _ = mixup(_timm_erasing(1.0)(x.clone()), y.clone())
+    assert not torch.equal(erased_first, expected)  # the old order differs
+    images, labels = augment_batch(x, y, None, None)
+    assert images is x and labels is y  # neither: the batch as it came
+
+
+def test_random_erasing_is_timms_after_mixup_in_the_step():
+    """The model sees timm's RandomErasing of timm's Mixup of the batch (timm's prefetcher order): every image of
+    the mixed batch gets its rectangle (p=1), partners included."""
     engine, seen = _erasing_engine(1.0, micro_batch=32, mixup=0.8)
     x, y = batches(1, 32)()
     _seed()
     engine.step(0, lambda: (x.clone(), y.clone()))
     _seed()
-    erased = _timm_erasing(1.0)(x.clone())
-    mixup = Mixup(mixup_alpha=0.8, num_classes=10)
-    expected, _ = mixup(erased.clone(), y.clone())
+    expected, _ = _timm_prefetcher(x.clone(), y.clone(), 1.0, 0.8)
     assert torch.equal(seen[0], expected)
-    assert all(not torch.equal(erased[i], x[i]) for i in range(32))  # p=1: every image has its rectangle
     _seed()
-    twice, _ = mixup(_timm_erasing(1.0)(x.clone()), y.clone())
-    assert not torch.equal(_timm_erasing(1.0)(twice), expected)  # erasing after Mixup would show
+    mixed, _ = Mixup(mixup_alpha=0.8, num_classes=10)(x.clone(), y.clone())
+    assert all(not torch.equal(expected[i], mixed[i]) for i in range(32))  # p=1: every image has its rectangle
 
 
 def test_each_micro_batch_is_erased_on_its_own_and_evaluation_never():
