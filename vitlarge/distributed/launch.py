@@ -50,7 +50,7 @@ def gpus_asked_for(env=None) -> tuple[str, str] | None:
     for name in GPU_VARIABLES:
         value = env.get(name, "").strip()
         items = [item.strip() for item in value.split(",") if item.strip()]
-        if not items or value.lower() in ("-1", "nodevfiles", "none"):
+        if not items or value.lower() in ("nodevfiles", "none") or items[0] == "-1":  # CUDA stops at a bad id
             continue
         if name in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE"):  # counts ("4", "h100:8", "a100:4,v100:0")
             counts = [item.split("(")[0].rpartition(":")[2] for item in items]

@@ -97,7 +97,7 @@ def collective_failure(error: BaseException) -> CollectiveFailure | None:
     return CollectiveFailure(
         f"{op} timed out on rank {rank} of {world}{after} (gloo: {said}); {who}; if that rank was only slow "
         "(a checkpoint write, a compile, a data stall), raise train.collective_timeout_s (train.init_timeout_s "
-        "until each phase's first step)",
+        "until each phase's first step, and in evaluations and checkpoints)",
         EXIT_COLLECTIVE_TIMEOUT,
     )
 

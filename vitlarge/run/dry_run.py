@@ -39,13 +39,15 @@ NCCL_BUFFSIZE = 4 * 2**20
 """NCCL's buffer per peer, channel and protocol (``NCCL_BUFFSIZE``, default 4 MiB: NCCL user guide,
 environment variables)."""
 NCCL_BYTES = 558 * 2**20
-NCCL_PEER_BYTES = 2 * 32 * 2 * NCCL_BUFFSIZE
 """One NCCL communicator (the run's process group, made at its first collective: DDP's all-reduce on CUDA, at any
 world size). Measured: 558 MiB outside PyTorch's allocator after one all-reduce at world size 1 on an NVIDIA H200
 (torch 2.11.0+cu130's NCCL). With more ranks it holds buffers per ring peer, channel and protocol (2 peers x up
 to 32 channels x 2 protocol sets x ``NCCL_BUFFSIZE`` 4 MiB = 512 MiB by the NCCL user guide's defaults), and
 NVLink SHARP (NVSwitch systems) adds its own (``NCCL_NVLS_ENABLE=0`` leaves them out): not measured here.
 `NCCL_PEER_BYTES` is that estimate, added at world size > 1."""
+NCCL_PEER_BYTES = 2 * 32 * 2 * NCCL_BUFFSIZE
+"""NCCL's buffers for ring peers at world size > 1 (see `NCCL_BYTES`): an estimate, likely low (LL128 and tree
+channels add buffers; NVLink SHARP on NVSwitch systems 1-2 GiB more)."""
 DALI_QUEUE_DEPTH = 2
 """Batches DALI keeps ready on the GPU (``prefetch_queue_depth``, `vitlarge.data.loader`'s default)."""
 IMAGENET_DECODED_BYTES = 469 * 387 * 3

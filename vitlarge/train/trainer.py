@@ -103,10 +103,8 @@ class Trainer:
         ``train.init_timeout_s`` in their collectives, not ``train.collective_timeout_s``: that one is for the
         training steps, where a long wait means a hang."""
         set_collective_timeout(self.cfg.train.init_timeout_s)
-        try:
-            yield
-        finally:
-            set_collective_timeout(self.cfg.train.collective_timeout_s)
+        yield  # not in a finally: a collective that timed out in here is reported with the timeout it waited
+        set_collective_timeout(self.cfg.train.collective_timeout_s)
 
     def _checkpoint(self):
         with self._slow_collectives():

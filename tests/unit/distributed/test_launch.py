@@ -453,7 +453,7 @@ def gpu_env(monkeypatch):
         ("CUDA_VISIBLE_DEVICES", "0"),  # GPU 0 is a GPU, not a count of none
         ("SLURM_STEP_GPUS", "0"),
         ("SLURM_GPUS_PER_NODE", "a100:4,v100:0"),  # counts that add up to 4
-        ("SLURM_GPUS_ON_NODE", "gpu:4(IDX:0-3)"),  # a form not read as a count: GPUs, on the safe side
+        ("SLURM_GPUS_ON_NODE", "gpu:4(IDX:0-3)"),  # gres with indices: 4
     ],
 )
 def test_auto_refuses_the_cpu_when_the_job_asked_for_gpus(gpu_env, name, value):
@@ -487,6 +487,7 @@ def torch_without_cuda() -> str:
         ("SLURM_GPUS_PER_NODE", "a100:0,v100:0"),
         ("SLURM_JOB_GPUS", ""),
         ("CUDA_VISIBLE_DEVICES", "none"),
+        ("CUDA_VISIBLE_DEVICES", "-1,0"),  # CUDA reads up to the first invalid id: none
         ("CUDA_VISIBLE_DEVICES", ","),
     ],
 )

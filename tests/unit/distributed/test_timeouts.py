@@ -36,6 +36,30 @@ def test_the_group_starts_with_the_init_timeout_and_is_lowered_in_place():
         dist.destroy_process_group()
 
 
+def test_evaluations_and_checkpoints_wait_the_init_timeout_and_a_failure_keeps_it():
+    """`Trainer._slow_collectives` (around every evaluation and checkpoint): the group waits train.init_timeout_s
+    inside, train.collective_timeout_s after; when a collective in it fails, the timeout stays what it waited, so
+    the error line (`collective_failure` reads it) says the wait and the setting that applied."""
+    from types import SimpleNamespace
+
+    from vitlarge.train.trainer import Trainer
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    init_distributed(DistEnv(0, 1, 0, "127.0.0.1", free_port(), "single"), "gloo", collective_timeout_s=1800)
+    trainer = SimpleNamespace(cfg=SimpleNamespace(train=TrainConfig(init_timeout_s=1200, collective_timeout_s=300)))
+    try:
+        timeouts.set_collective_timeout(300)
+        with Trainer._slow_collectives(trainer):
+            assert group_timeout() == datetime.timedelta(seconds=1200)
+        assert group_timeout() == datetime.timedelta(seconds=300)
+        with pytest.raises(RuntimeError), Trainer._slow_collectives(trainer):
+            raise RuntimeError("Timed out waiting 1200000ms for recv operation to complete")
+        assert group_timeout() == datetime.timedelta(seconds=1200) and timeouts._timeout_s[0] == 1200
+    finally:
+        dist.destroy_process_group()
+
+
 def test_rendezvous_waits_the_init_timeout_unless_the_variable_says_otherwise():
     """VITLARGE_RENDEZVOUS_TIMEOUT, kept for jobs (and tests) that bound the rendezvous alone, wins over the default
     train.py passes (train.init_timeout_s)."""
