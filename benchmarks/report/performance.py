@@ -538,8 +538,8 @@ COMPILE_NOTES = [
 def compile_matrix_section(d: dict | None) -> list[str]:
     """Section 10's second half: every combination the recipes turn on, compiled (bench_compile_matrix)."""
     title = "### Combinations the recipes turn on, compiled, in train.py runs\n"
-    if not d:
-        return [title, "not run (`python -m benchmarks.bench_compile_matrix`)\n"]
+    if not d:  # not in benchmarks.run's suite: no section rather than a "not run" one (as section 9)
+        return []
     return [title, *compile_matrix.table(d), *COMPILE_MATRIX_NOTES]
 
 
@@ -604,10 +604,8 @@ def timm_parity_section(named: dict[str, dict | None]) -> tuple[list[str], list[
     variant, each seed's top-1 on both sides, the medians and their differences; the goal is issue 35's."""
     title = "## 11. Against timm's train.py: DeiT III's pieces\n"
     found = {n: d for n, d in named.items() if d}
-    if not found:
-        return [title, "not run (`python -m benchmarks.bench_timm_parity`; not in `benchmarks.run`'s suite)\n"], [
-            ("DeiT III pieces vs timm's train.py", "median top-1 within 1 point, raw and EMA", "not run", None)
-        ]
+    if not found:  # not in benchmarks.run's suite: no section and no goal row rather than "not run" (as section 9)
+        return [], []
     first = next(iter(found.values()))
     m = first["machine"]
     lines = [
