@@ -41,8 +41,8 @@ COMPILE_LINE = re.compile(r"compile: (\d+) graphs, (\d+) graph breaks, (\d+) rec
 
 def start(workdir: Path, *args: str, recipe: str = "recipes/demo_digits.py", module=("-m", "vitlarge")):
     cmd = [sys.executable, *module, "--config", recipe, *SYNTHETIC, "--workdir", str(workdir), *args]
-    log = open(workdir.with_suffix(".log"), "w")
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+    with open(workdir.with_suffix(".log"), "w") as log:  # the run keeps its own copy of the descriptor
+        return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
 
 
 def finish(proc: subprocess.Popen, workdir: Path, timeout: float = 420, check: bool = True) -> str:
