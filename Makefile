@@ -17,16 +17,31 @@ endif
 endif
 STACK_FILE := $(if $(filter cuda13,$(STACK)),requirements/cuda13.txt,$(if $(filter cuda12,$(STACK)),requirements.txt,$(error STACK=$(STACK): use cuda12 or cuda13)))
 
-.PHONY: demo test test-fast test-gpu install bench clean-demo
+# The installer: uv (pinned) in the venv, which downloads in parallel and installs from its cache in seconds
+# (a fresh install: about 1 minute instead of pip's 5); pip where uv cannot be installed (INSTALLER=pip
+# chooses pip). Both read the same requirements files and resolve the same pins.
+UV_VERSION := 0.13.9
+INSTALLER ?= uv
+PIP_INSTALL = $(if $(filter uv,$(INSTALLER)),$(VENV)/bin/uv pip install --python $(PY),$(PY) -m pip install --progress-bar on)
+
+.PHONY: demo test test-fast test-gpu install install-trackers bench clean-demo
 
 install: $(VENV)/.installed-$(STACK)
 
 # Two steps: the stack, then Colossal-AI without its declared torch<=2.5.1 cap (requirements/colossalai.txt).
 $(VENV)/.installed-$(STACK): $(STACK_FILE) requirements/common.txt requirements/colossalai.txt
 	test -x $(PY) || python3 -m venv $(VENV)
-	@echo "installing $(STACK_FILE) into $(VENV) (about 4 minutes, 7 GB: torch's CUDA wheel, DALI)"
-	$(PY) -m pip install --progress-bar on -r $(STACK_FILE)
-	$(PY) -m pip install --progress-bar on --no-deps -r requirements/colossalai.txt
+	@echo "installing $(STACK_FILE) into $(VENV) with $(INSTALLER) (about 1 minute with uv, 5 with pip; 8.5 GB: torch's CUDA wheel, DALI)"
+	$(if $(filter uv,$(INSTALLER)),test -x $(VENV)/bin/uv || $(PY) -m pip install -q uv==$(UV_VERSION))
+	$(PIP_INSTALL) -r $(STACK_FILE)
+	$(PIP_INSTALL) --no-deps -r requirements/colossalai.txt
+	touch $@
+
+# MLflow and W&B (log.mlflow, log.wandb): optional for a run, installed for the tests.
+install-trackers: $(VENV)/.trackers-installed
+
+$(VENV)/.trackers-installed: requirements/trackers.txt | $(VENV)/.installed-$(STACK)
+	$(PIP_INSTALL) -r requirements/trackers.txt
 	touch $@
 
 data/digits/dataset.json: | $(VENV)/.installed-$(STACK)
@@ -38,10 +53,10 @@ demo: install data/digits/dataset.json
 	PATH="$(abspath $(VENV))/bin:$$PATH" OMP_NUM_THREADS=1 colossalai run --nproc_per_node $(NPROC) train.py --config recipes/demo_digits.py
 	$(PY) -m scripts.summarize runs/demo_digits
 
-test: install
+test: install install-trackers
 	$(PY) -m pytest tests
 
-test-fast: install
+test-fast: install install-trackers
 	$(PY) -m pytest tests/unit
 
 # the GPU tier (tests/gpu): skipped test by test, with the reason, where CUDA is absent; on a bare CUDA machine

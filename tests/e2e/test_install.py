@@ -1,9 +1,8 @@
 """The install: the default stack (requirements.txt) is what this suite runs on, and the CUDA 13
 stack (``make install STACK=cuda13``) resolves to a CUDA 13 PyTorch with the matching DALI.
 
-The CUDA 13 stack is resolved against PyPI (``pip install --dry-run``: metadata only, nothing is
-installed, by a pinned pip that reads wheels' metadata without downloading them: `RESOLVER_PIP`) with this
-machine's pip settings left out, as on a user's machine.
+The CUDA 13 stack is resolved against PyPI by the venv's uv (``uv pip compile``: wheels' metadata only,
+nothing downloaded or installed) with this machine's pip and uv settings left out, as on a user's machine.
 
 vitlarge itself: ``pip install .`` (a wheel built here, installed into a folder) and ``pip install -e .``
 (into a throwaway venv that sees this one's packages) put one name in site-packages, ``vitlarge``, with the
@@ -88,55 +87,46 @@ def test_a_venv_keeps_its_stack_and_refuses_another(tmp_path):
     assert f"{venv} holds the cuda13 stack, not STACK=cuda12; to change it: rm -rf {venv}" in other.stderr
 
 
-RESOLVER_PIP = "pip==26.3"
-"""The pip that resolves the CUDA 13 stack, installed into a temporary folder for it (~4 s). The venv's own
-pip (23.2.1 with Python 3.11) completes every download of a dry run after resolving it (pypa/pip#12603):
-3.5 GB of wheels (torch, DALI, the CUDA libraries) and ~80 s of CPU each time. 26.3 with ``fast-deps``
-reads each wheel's metadata with HTTP range requests (or a PEP 658 metadata file) and downloads none;
-its report held the same 118 packages at the same versions as 23.2.1's."""
+UV = Path(sys.executable).parent / "uv"
+"""The installer `make install` puts in the venv (pinned in the Makefile): it resolves a stack from the wheels'
+metadata (PEP 658 files) in seconds, downloading none of the 3.5 GB a pip dry run fetched (pypa/pip#12603)."""
 
 
 def test_cuda13_stack_resolves_to_a_cuda13_torch_and_dali(tmp_path):
-    report = tmp_path / "report.json"
-    # pip is a tool here, not vitlarge's code: its own deprecation warnings are not ours to fail on.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k != "PYTHONWARNINGS"}
-    env["PIP_CONFIG_FILE"] = os.devnull
-    resolver = tmp_path / "resolver"
-    bootstrap = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(resolver), RESOLVER_PIP],
+    assert UV.exists(), f"{UV} is missing: make install puts uv in the venv (the Makefile's UV_VERSION)"
+    # resolved for a Linux x86-64 GPU server with Python 3.11, with no uv or pip settings of this machine's
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_")) and k != "PYTHONWARNINGS"}
+    p = subprocess.run(
+        [
+            str(UV),
+            "pip",
+            "compile",
+            "--quiet",
+            "--no-config",
+            "--no-header",
+            "--no-annotate",
+            "--python-version",
+            "3.11",
+            "--python-platform",
+            "x86_64-manylinux_2_28",
+            str(ROOT / "requirements" / "cuda13.txt"),
+        ],
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
-    assert bootstrap.returncode == 0, bootstrap.stderr[-3000:]
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--dry-run",
-            "--ignore-installed",
-            "--use-feature=fast-deps",
-            "--quiet",
-            "--report",
-            str(report),
-            "-r",
-            str(ROOT / "requirements" / "cuda13.txt"),
-        ],
-        env=env | {"PYTHONPATH": str(resolver)},
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
     assert p.returncode == 0, p.stderr[-3000:]
-    document = json.loads(report.read_text())
-    assert document["pip_version"] == RESOLVER_PIP.split("==")[1]  # the resolver above, not the venv's pip
-    resolved = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in document["install"]}
+    resolved = {}
+    for line in p.stdout.splitlines():
+        if "==" in line and not line.lstrip().startswith("#"):
+            name, version = line.strip().split("==")
+            resolved[name.lower()] = version
     pins = _pins(ROOT / "requirements" / "cuda13.txt")
     assert resolved["torch"] == pins["torch"] and resolved["nvidia-dali-cuda130"] == pins["nvidia-dali-cuda130"]
     assert resolved["nvidia-cuda-runtime"].startswith("13."), resolved
+    for name, version in pins.items():  # every pin of the stack, common.txt's included, holds together
+        assert resolved[name.lower()] == version, (name, version, resolved.get(name.lower()))
     cuda12 = sorted(n for n in resolved if re.search(r"cu(da)?12", n))
     assert not cuda12, f"CUDA 12 packages in the CUDA 13 stack: {cuda12}"
 
