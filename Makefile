@@ -53,11 +53,13 @@ demo: install data/digits/dataset.json
 	PATH="$(abspath $(VENV))/bin:$$PATH" OMP_NUM_THREADS=1 colossalai run --nproc_per_node $(NPROC) train.py --config recipes/demo_digits.py
 	$(PY) -m scripts.summarize runs/demo_digits
 
+# pytest-xdist: TEST_WORKERS processes take whole test files (tests/conftest.py); TEST_WORKERS=0 runs in one.
+TEST_WORKERS ?= 2
 test: install install-trackers
-	$(PY) -m pytest tests
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup tests
 
 test-fast: install install-trackers
-	$(PY) -m pytest tests/unit
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup tests/unit
 
 # the GPU tier (tests/gpu): skipped test by test, with the reason, where CUDA is absent; on a bare CUDA machine
 # without this venv: scripts/gpu_tier.sh (docs/GPU.md)

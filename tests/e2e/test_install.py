@@ -13,7 +13,6 @@ from a copy of the sources (a build writes build/ and *.egg-info beside them) wi
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import os
 import re
 import shutil

@@ -27,7 +27,6 @@ BUDGET_S = 2.0  # a unit test's call, on a 2-core machine; the longer ones are l
 PROCESS_EVENTS = ("subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.spawn", "os.system")
 
 _started: list[str] | None = None  # what the running unit test started; None between unit tests
-_OVER_BUDGET = pytest.StashKey[list]()  # (seconds, test) of the session's unit tests over its budget
 BUDGET = pytest.StashKey[float]()  # a session's budget where not `BUDGET_S` (the check's own test sets one)
 
 
@@ -105,17 +104,37 @@ def pytest_runtest_teardown(item, nextitem):
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    if call.when == "call" and report.duration > item.config.stash.get(BUDGET, BUDGET_S):
-        item.config.stash.setdefault(_OVER_BUDGET, []).append((report.duration, item.nodeid))
     if call.when == "teardown" and _started and report.passed:
         report.outcome = "failed"
         report.longrepr = tier_message(item.nodeid, _started)
 
 
-def pytest_terminal_summary(terminalreporter, config):
-    over = config.stash.get(_OVER_BUDGET, [])
-    if over:
-        budget = config.stash.get(BUDGET, BUDGET_S)
-        terminalreporter.section(f"unit tests over the {budget:g} s budget (tests/README.md: shrink or move)")
-        for duration, nodeid in sorted(over, reverse=True):
-            terminalreporter.write_line(f"{duration:6.2f}s {nodeid}")
+class _Budget:
+    """Lists the unit tests whose call took over the budget, where the reports arrive: the session itself, or
+    pytest-xdist's controller (`make test` runs 2 workers; a worker's own summary is never printed)."""
+
+    def __init__(self, config: pytest.Config, prefix: str):
+        self.config, self.prefix, self.over = config, prefix, []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        budget = self.config.stash.get(BUDGET, BUDGET_S)
+        if report.when == "call" and report.nodeid.startswith(self.prefix) and report.duration > budget:
+            self.over.append((report.duration, report.nodeid))
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if self.over:
+            budget = self.config.stash.get(BUDGET, BUDGET_S)
+            terminalreporter.section(f"unit tests over the {budget:g} s budget (tests/README.md: shrink or move)")
+            for duration, nodeid in sorted(self.over, reverse=True):
+                terminalreporter.write_line(f"{duration:6.2f}s {nodeid}")
+
+
+def register_budget(config: pytest.Config, prefix: str = "tests/unit/") -> None:
+    """The budget report, once per session and not in an xdist worker (the controller prints it): called by
+    tests/conftest.py (which the controller loads too) and below (a session started inside tests/unit)."""
+    if not hasattr(config, "workerinput") and not config.pluginmanager.has_plugin("unit-budget"):
+        config.pluginmanager.register(_Budget(config, prefix), "unit-budget")
+
+
+def pytest_configure(config):
+    register_budget(config)

@@ -66,7 +66,9 @@ def test_multiprocessings_spawn_path_is_watched():
 
 
 def test_the_tests_over_the_budget_are_listed_and_pass(pytester):
-    every_test_is_over = "def pytest_configure(config):\n    config.stash[BUDGET] = -1.0\n"
+    every_test_is_over = (
+        "def pytest_configure(config):\n    config.stash[BUDGET] = -1.0\n    register_budget(config, prefix='')\n"
+    )
     result = inner_session(pytester, "-k", "in_process or ruff", conftest=every_test_is_over)
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(
