@@ -163,7 +163,9 @@ def test_ctrl_c_during_conversion_is_one_line_and_the_rerun_resumes(tiny_imagefo
     # rerun writes exactly the others: with 2 workers and 5 small shards that can be none of them.
     complete = int(m.group(2))
     if complete < 5:
-        assert f"{5 - complete} shards to write" in r.stderr and f"{complete} complete shards kept" in r.stderr, r.stderr
+        assert f"{5 - complete} shards to write" in r.stderr and f"{complete} complete shards kept" in r.stderr, (
+            r.stderr
+        )
     else:
         assert "shards to write" not in r.stderr, r.stderr
     assert load_manifest(str(out)).num_examples("train") == 3 * TINY_TRAIN_PER_CLASS
