@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,7 +145,9 @@ class StepProfiler(Hook):
         # ProfilerStep#N is optimizer step N (what the window, the console and metrics.jsonl say).
         prof.step_num = step
         prof.current_action = action(step)
-        prof.start()
+        with warnings.catch_warnings():  # "Profiler clears events at the end of each cycle": there is one cycle
+            warnings.filterwarnings("ignore", message=".*Profiler clears events", category=UserWarning)
+            prof.start()
         self._prof = prof
 
     def _finish(self, run: RunInfo) -> None:
@@ -170,10 +173,10 @@ class StepProfiler(Hook):
             raise OSError(e.errno, e.strerror, str(self.folder)) from None
         tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.", dir=self.folder))
         try:
-            prof.export_chrome_trace(str(tmp / "trace.json"))
-            fsync_path(tmp / "trace.json")
-            os.replace(tmp / "trace.json", self.path)
+            prof.export_chrome_trace(str(tmp / self.path.name))
+            fsync_path(tmp / self.path.name)
+            os.replace(tmp / self.path.name, self.path)
             fsync_dir(self.folder)
         finally:
-            remove_name(tmp / "trace.json")
+            remove_name(tmp / self.path.name)
             os.rmdir(tmp)
