@@ -47,11 +47,12 @@ def last_eval(workdir: Path) -> dict:
 
 
 def profiled_steps(workdir: Path) -> dict[str, list[int]]:
-    """Each trace under ``<workdir>/profile`` (parsed as JSON) and the optimizer steps it marks (``ProfilerStep#N``)."""
+    """Each file under ``<workdir>/profile``, a trace (parsed as JSON), and the optimizer steps it marks
+    (``ProfilerStep#N``)."""
     found = {}
-    for path in sorted((workdir / "profile").iterdir()):
+    for path in sorted(p for p in (workdir / "profile").rglob("*") if p.is_file()):
         events = json.loads(path.read_text())["traceEvents"]
-        found[path.name] = sorted(
+        found[str(path.relative_to(workdir / "profile"))] = sorted(
             {int(e["name"][13:]) for e in events if e.get("name", "").startswith("ProfilerStep#")}
         )
     return found
@@ -66,7 +67,7 @@ def test_two_rank_run_without_data_resumes_exactly(tmp_path):
     r = launcher.run(train_args(ref, "train.max_steps=8", "train.profile_steps=3-4"), nproc=2)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
-    assert profiled_steps(ref) == {f"rank{r}.steps3-4.pt.trace.json": [3, 4] for r in (0, 1)}
+    assert profiled_steps(ref) == {f"steps3-4/rank{r}.pt.trace.json": [3, 4] for r in (0, 1)}
     assert out.count("profile: top 10 operators of rank 0, steps 3-4") == 1
     assert out.count("Self CPU time total:") == 1 and "aten::" in out  # rank 0's operator table, once
     assert "Profiler clears events" not in out  # torch's warning for cycles after the first: there is one
@@ -85,7 +86,7 @@ def test_two_rank_run_without_data_resumes_exactly(tmp_path):
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     assert f"resumed from {run / 'checkpoints'}/step_0000005 at step 5" in out
-    assert profiled_steps(run) == {f"rank{r}.steps6-6.pt.trace.json": [6] for r in (0, 1)}
+    assert profiled_steps(run) == {f"steps6-6/rank{r}.pt.trace.json": [6] for r in (0, 1)}
     assert losses(run) == losses(ref)
     assert last_eval(run)["val_top1"] == last_eval(ref)["val_top1"]
     assert last_eval(run)["val_loss"] == last_eval(ref)["val_loss"]

@@ -7,8 +7,9 @@ work on it; the evaluation or checkpoint after a step falls in the next one. `St
 trainer appends last when the window has steps in this run (none otherwise: no object, no cost), so the
 other hooks' work on a step is inside it. It starts one step early where the run has that step (a warmup
 step: the profiler's start-up cost stays out of the record), records the window and, at the window's last
-step, writes ``<workdir>/profile/rank<R>.steps<A>-<B>.pt.trace.json`` (Chrome trace format: TensorBoard's
-profiler plugin and Perfetto load it) and prints on rank 0 the operators that took the most self time. A run
+step, writes ``<workdir>/profile/steps<A>-<B>/rank<R>.pt.trace.json`` (Chrome trace format: Perfetto loads it, and
+TensorBoard's profiler plugin, ``tensorboard --logdir <workdir>/profile``, shows each window as a run of one worker
+per rank) and prints on rank 0 the operators that took the most self time. A run
 that stops inside the window (preempted, an error) writes no trace. The CPU is always recorded; CUDA kernels
 too where the run's device is a GPU.
 """
@@ -96,14 +97,13 @@ class StepProfiler(Hook):
 
     def __init__(self, steps: Recorded, run: RunInfo):
         self.steps = steps
-        self.folder = Path(run.workdir) / PROFILE_DIRNAME
-        self.path = self.folder / f"rank{run.rank}.steps{steps.first}-{steps.last}.pt.trace.json"
+        self.folder = Path(run.workdir) / PROFILE_DIRNAME / f"steps{steps.first}-{steps.last}"
+        self.path = self.folder / f"rank{run.rank}.pt.trace.json"
         self.cuda = run.device.startswith("cuda")
         self._prof = None
         if run.is_main:
             log.info(
-                f"profile: optimizer steps {steps.first}-{steps.last} on every rank -> "
-                f"{self.folder}/rank<R>.steps{steps.first}-{steps.last}.pt.trace.json"
+                f"profile: optimizer steps {steps.first}-{steps.last} on every rank -> {self.folder}/rank<R>.pt.trace.json"
             )
 
     def on_train_start(self, run: RunInfo) -> None:

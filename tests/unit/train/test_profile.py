@@ -79,14 +79,14 @@ def steps_in(trace: dict) -> list[int]:
 def test_a_window_records_exactly_its_steps_and_prints_the_top_operators(tmp_path, caplog):
     with caplog.at_level("INFO", logger="vitlarge"):
         train(make_run(tmp_path, "3-4"))
-    files = sorted((tmp_path / PROFILE_DIRNAME).iterdir())
-    assert [f.name for f in files] == ["rank0.steps3-4.pt.trace.json"]  # nothing temporary left beside it
-    trace = json.loads(files[0].read_text())
+    files = sorted((tmp_path / PROFILE_DIRNAME).rglob("*"))
+    assert [str(f.relative_to(tmp_path)) for f in files] == ["profile/steps3-4", "profile/steps3-4/rank0.pt.trace.json"]
+    trace = json.loads(files[1].read_text())
     assert steps_in(trace) == [3, 4]  # not the warmup step 2, nor 5 and 6 after the window
     ops = {e["name"] for e in trace["traceEvents"] if e.get("cat") == "cpu_op"}
     assert {"aten::addmm", "aten::gelu"} <= ops
     text = caplog.text
-    assert f"profile: optimizer steps 3-4 on every rank -> {tmp_path}/profile/rank<R>.steps3-4.pt.trace.json" in text
+    assert f"profile: optimizer steps 3-4 on every rank -> {tmp_path}/profile/steps3-4/rank<R>.pt.trace.json" in text
     assert "profile: top 10 operators of rank 0, steps 3-4" in text
     assert "Self CPU %" in text and "# of Calls" in text and "aten::addmm" in text  # key_averages().table
     assert text.count("Self CPU time total:") == 1  # one table: no CUDA here
@@ -95,14 +95,15 @@ def test_a_window_records_exactly_its_steps_and_prints_the_top_operators(tmp_pat
 
 def test_a_window_at_the_runs_first_step_has_no_warmup(tmp_path):
     train(make_run(tmp_path, "1-2", max_steps=3))
-    (file,) = (tmp_path / PROFILE_DIRNAME).iterdir()
+    file = tmp_path / PROFILE_DIRNAME / "steps1-2" / "rank0.pt.trace.json"
     assert steps_in(json.loads(file.read_text())) == [1, 2]
 
 
 def test_a_resumed_run_records_the_part_of_the_window_after_its_step(tmp_path):
     train(make_run(tmp_path, "2-5", start_step=3))
-    (file,) = (tmp_path / PROFILE_DIRNAME).iterdir()
-    assert file.name == "rank0.steps4-5.pt.trace.json"
+    (folder,) = (tmp_path / PROFILE_DIRNAME).iterdir()
+    (file,) = folder.iterdir()
+    assert (folder.name, file.name) == ("steps4-5", "rank0.pt.trace.json")
     assert steps_in(json.loads(file.read_text())) == [4, 5]
 
 
