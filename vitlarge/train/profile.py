@@ -166,11 +166,11 @@ class StepProfiler(Hook):
     def _write(self, prof, run: RunInfo) -> None:
         """The trace under its final name only once complete: exported in a private temporary folder beside it,
         then renamed (a crash leaves no partial trace under the name; a link planted there is replaced)."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        try:
+        try:  # before the folder is made: a ``profile`` link planted in a handed-over workdir leads elsewhere
             check_inside(self.folder, run.workdir)
         except UnsafeFile as e:
             raise OSError(e.errno, e.strerror, str(self.folder)) from None
+        self.folder.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.", dir=self.folder))
         try:
             prof.export_chrome_trace(str(tmp / self.path.name))

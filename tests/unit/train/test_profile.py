@@ -139,3 +139,20 @@ def test_a_window_after_the_plans_last_step_is_one_line():
     cfg.train.max_steps = 100
     with pytest.raises(UserError, match=r"ends after step 100, the run's last \(train.max_steps=100\)"):
         check_window(cfg, PLAN)
+
+
+def test_a_profile_link_planted_in_the_workdir_is_not_written_through(tmp_path, caplog):
+    """A handed-over workdir whose ``profile`` leads elsewhere: one warning, nothing written there, the run goes on."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    (workdir / PROFILE_DIRNAME).symlink_to(elsewhere)
+    with caplog.at_level("INFO", logger="vitlarge"):
+        train(make_run(workdir, "1-1", max_steps=2))
+    assert list(elsewhere.iterdir()) == []
+    assert (
+        f"warning: profile: could not write {workdir}/profile/steps1-1/rank0.pt.trace.json: leads outside"
+        in caplog.text
+    )
+    assert "profile: top 10 operators of rank 0, steps 1-1" in caplog.text  # the table still comes
