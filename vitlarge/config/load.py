@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import importlib.util
 import math
+import re
 import sys
 import types
 import typing
@@ -392,6 +393,44 @@ def _check_ranges(cfg: Config, where: _Where) -> None:
             raise UserError(f"{where(key)}: '{key}' must be {rule}, got {value}; set it like {key}={example}")
 
 
+def parse_step_window(text: str) -> tuple[int, int]:
+    """``"START-END"`` (``train.profile_steps``) as ``(START, END)``; ValueError unless two non-negative integers
+    joined by a dash. Which windows are allowed is `validate`'s (START >= 1, END >= START)."""
+    match = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", text)
+    if match is None:
+        raise ValueError(f"not START-END: {text!r}")
+    return int(match[1]), int(match[2])
+
+
+def _check_profile_window(t, where: _Where) -> None:
+    """``train.profile_steps``: a window of optimizer steps inside the run, as far as the config alone tells (the
+    plan's own last step is checked with the plan: `vitlarge.train.profile.check_window`)."""
+    if t.profile_steps is None:
+        return
+    item, origin = f"train.profile_steps={t.profile_steps}", where("train.profile_steps")
+    try:
+        start, end = parse_step_window(t.profile_steps)
+    except ValueError:
+        raise UserError(
+            f"{origin}: {item} is not a window START-END of optimizer steps; write it like "
+            "train.profile_steps=100-105 (1-based, both ends included) or train.profile_steps=none"
+        ) from None
+    if end < start:
+        raise UserError(
+            f"{origin}: {item} ends before it starts; write the first step first, like train.profile_steps={end}-{start}"
+        )
+    if start < 1:
+        raise UserError(
+            f"{origin}: {item} starts at step {start}, but optimizer steps count from 1; write it like "
+            f"train.profile_steps=1-{max(1, end)}"
+        )
+    if t.max_steps and end > t.max_steps:
+        raise UserError(
+            f"{where('train.profile_steps', 'train.max_steps')}: {item} ends after step {t.max_steps}, the run's last "
+            f"(train.max_steps={t.max_steps}); end the window by step {t.max_steps} or raise train.max_steps"
+        )
+
+
 class _Where:
     """Whom a message blames: the override (its origin: ``command line`` or the overrides file) that set one of
     the keys involved, else the recipe."""
@@ -476,6 +515,7 @@ def validate(cfg: Config, origin: str = "config", overridden: dict[str, str] | N
             f"{where('schedule.warmup_epochs', 'train.epochs')}: schedule.warmup_epochs={cfg.schedule.warmup_epochs} exceeds train.epochs={t.epochs}; "
             "lower the warmup or raise train.epochs"
         )
+    _check_profile_window(t, where)
     if t.phases:
         from vitlarge.config.phase_list import check
 

@@ -249,6 +249,11 @@ class TrainConfig:
     """Stop when the loss is non-finite this many optimizer steps in a row."""
     max_steps: int = 0
     """Stop after this many optimizer steps (0: run the whole schedule). The schedule still spans all epochs."""
+    profile_steps: str | None = None
+    """``"START-END"``: record optimizer steps START..END (1-based, both included) with ``torch.profiler`` on every
+    rank, one trace per rank under ``<workdir>/profile/`` (TensorBoard's profiler plugin and Perfetto read it), and
+    print the top operators by self time on rank 0 (`vitlarge.train.profile`). None (the default): no profiler.
+    A resumed run records the part of the window after its checkpoint's step. See docs/LOGS.md#profiling-steps."""
     ema_decay: float = 0.0
     """Model EMA: an fp32 moving average of the weights, ``ema = decay * ema + (1 - decay) * weights`` after every
     applied optimizer step (timm's ``ModelEmaV3``; `vitlarge.model.ema`), sharded like the weights under fsdp,

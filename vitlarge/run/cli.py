@@ -109,12 +109,15 @@ def run(args, env, threads: tuple[int, str]) -> int:
     if args.dry_run:
         from vitlarge.plan.plan import make_plan
         from vitlarge.run.dry_run import print_plan
+        from vitlarge.train.profile import check_window
 
         warnings = check_inputs(cfg, is_resume(cfg, args.resume), dry_run=True)
         if env.is_main:
             for line in warnings:
                 launch.say(f"warning: {line}")
-            print_plan(cfg, make_plan(cfg, args.world_size or env.world_size), show_config=args.show_config)
+            plan = make_plan(cfg, args.world_size or env.world_size)
+            check_window(cfg, plan)  # as the run's preflight would
+            print_plan(cfg, plan, show_config=args.show_config)
         return 0
     if env.is_main:  # what the next 10-20 s of imports and rendezvous are, before the first line of the run's own
         print(

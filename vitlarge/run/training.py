@@ -106,15 +106,18 @@ def check_inputs(cfg: Config, resuming: bool, dry_run: bool = False) -> list[str
 
 def preflight(cfg: Config, env: DistEnv, resuming: bool):
     """Every check before any work, on every rank: ``model.init_from``, the data set (its manifest,
-    class count, RandAugment string and shards), the batch arithmetic for this world size and a writable
-    workdir. Returns ``(manifest, plan)``. (``--resume`` is checked after it, on rank 0 alone.)"""
+    class count, RandAugment string and shards), the batch arithmetic for this world size, the profiler's
+    window inside the run and a writable workdir. Returns ``(manifest, plan)``. (``--resume`` is checked after
+    it, on rank 0 alone.)"""
     from vitlarge.checkpoint import store
     from vitlarge.data.sources import check_data
     from vitlarge.plan.plan import make_plan
+    from vitlarge.train.profile import check_window
 
     check_inputs(cfg, resuming)
     manifest = check_data(cfg)
     plan = make_plan(cfg, env.world_size, manifest.num_examples("train"))
+    check_window(cfg, plan)
     store.check_writable(Path(cfg.workdir), env.rank)
     return manifest, plan
 

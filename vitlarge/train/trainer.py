@@ -32,6 +32,7 @@ from vitlarge.train.compile_stats import compile_stats
 from vitlarge.train.engine import Engine
 from vitlarge.train.evaluation import evaluate
 from vitlarge.train.memory import peak_memory
+from vitlarge.train.profile import step_profiler
 
 log = logging.getLogger("vitlarge")
 
@@ -54,7 +55,8 @@ class Trainer:
         self.cfg, self.plan, self.engine = cfg, plan, engine
         self.loaders = loaders
         self.train_loader = self.val_loader = None
-        self.hooks, self.run = hooks, run
+        profiler = step_profiler(run)  # train.profile_steps: last, so that the other hooks' work is in its steps
+        self.hooks, self.run = [*hooks, profiler] if profiler else hooks, run
         self.step = start_step
         self.device = engine.params[0].device
         self._stop_signal = 0

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT
-from vitlarge.config.load import RANGES, apply_override, load_config, load_recipe, validate
+from vitlarge.config.load import RANGES, apply_override, load_config, load_recipe, parse_step_window, validate
 from vitlarge.config.schema import Config
 from vitlarge.errors import UserError
 
@@ -645,3 +645,62 @@ def test_a_shipped_recipe_loads_by_name_and_derived_ones_import_their_base_relat
     assert load_recipe("deit3_b16_32k").train.global_batch == 32768
     with pytest.raises(UserError, match="recipe .*no_such_recipe.py does not exist"):
         load_recipe("no_such_recipe")
+
+
+def test_a_profile_window_is_a_start_end_pair_of_optimizer_steps():
+    assert Config().train.profile_steps is None  # off by default
+    assert load_config(recipe("demo_digits"), ["train.profile_steps=100-105"]).train.profile_steps == "100-105"
+    assert parse_step_window("100-105") == (100, 105) and parse_step_window(" 7 - 7 ") == (7, 7)
+    assert load_config(recipe("demo_digits"), ["train.profile_steps=none"]).train.profile_steps is None
+    assert load_config(recipe("demo_digits"), ["train.max_steps=10", "train.profile_steps=5-10"]).train.max_steps == 10
+
+
+@pytest.mark.parametrize(
+    "items, message",
+    [
+        (
+            ["train.profile_steps=100"],
+            "train.profile_steps=100 is not a window START-END of optimizer steps; write it like "
+            "train.profile_steps=100-105 (1-based, both ends included) or train.profile_steps=none",
+        ),
+        (
+            ["train.profile_steps=a-b"],
+            "train.profile_steps=a-b is not a window START-END of optimizer steps; write it like "
+            "train.profile_steps=100-105 (1-based, both ends included) or train.profile_steps=none",
+        ),
+        (
+            ["train.profile_steps=-3-5"],
+            "train.profile_steps=-3-5 is not a window START-END of optimizer steps; write it like "
+            "train.profile_steps=100-105 (1-based, both ends included) or train.profile_steps=none",
+        ),
+        (
+            ["train.profile_steps=105-100"],
+            "train.profile_steps=105-100 ends before it starts; write the first step first, like "
+            "train.profile_steps=100-105",
+        ),
+        (
+            ["train.profile_steps=0-5"],
+            "train.profile_steps=0-5 starts at step 0, but optimizer steps count from 1; write it like "
+            "train.profile_steps=1-5",
+        ),
+        (
+            ["train.max_steps=10", "train.profile_steps=8-12"],
+            "train.profile_steps=8-12 ends after step 10, the run's last (train.max_steps=10); end the window "
+            "by step 10 or raise train.max_steps",
+        ),
+    ],
+)
+def test_a_bad_profile_window_is_one_line_naming_the_key_and_the_fix(items, message):
+    with pytest.raises(UserError) as e:
+        load_config(recipe("demo_digits"), items)
+    assert str(e.value) == f"command line: {message}"
+
+
+def test_a_recipes_bad_profile_window_names_the_recipe(tmp_path):
+    path = tmp_path / "r.py"
+    path.write_text(
+        "from recipes.demo_digits import config as base\n\n\n"
+        "def config():\n    c = base()\n    c.train.profile_steps = '5'\n    return c\n"
+    )
+    with pytest.raises(UserError, match=rf"^{path}: train.profile_steps=5 is not a window START-END"):
+        load_config(path)

@@ -90,3 +90,11 @@ def test_the_memory_estimate_adds_the_gpus_own_needs_as_stated_constants(capsys)
     cfg = load_config(ROOT / "recipes" / "vit_b16.py", ["train.device=cpu"])
     print_gpu_overheads(cfg, make_plan(cfg, 4), 0.0)
     assert capsys.readouterr().out == ""
+
+
+def test_a_profile_window_after_the_plans_last_step_stops_the_dry_run_as_it_would_the_run(capsys):
+    recipe = str(ROOT / "recipes" / "demo_digits.py")
+    with pytest.raises(UserError, match=r"^train.profile_steps=655-665 ends after step 660, the run's last"):
+        cli.run(cli.parse_args(["--dry-run", "--config", recipe, "train.profile_steps=655-665"]), ONE_PROCESS, (0, ""))
+    out, _ = dry_run(capsys, "--config", recipe, "train.profile_steps=655-660")
+    assert out.startswith("plan:")
