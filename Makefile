@@ -17,12 +17,18 @@ endif
 endif
 STACK_FILE := $(if $(filter cuda13,$(STACK)),requirements/cuda13.txt,$(if $(filter cuda12,$(STACK)),requirements.txt,$(error STACK=$(STACK): use cuda12 or cuda13)))
 
-# The installer: uv (pinned) in the venv, which downloads in parallel and installs from its cache in seconds
-# (a fresh install: about 1 minute instead of pip's 5); pip where uv cannot be installed (INSTALLER=pip
-# chooses pip). Both read the same requirements files and resolve the same pins.
+# The installer: uv (pinned) in the venv, which downloads in parallel and links from its cache (a fresh install:
+# about 1 minute instead of pip's 5). Where uv cannot be installed or cannot install a file (uv reads no pip
+# settings: a mirror-only machine's find-links or index), pip installs it, after one line saying so;
+# INSTALLER=pip uses pip only. Both read the same requirements files and resolve the same pins. uv compiles no
+# bytecode at install (imports do, once); for a read-only shared venv: UV_COMPILE_BYTECODE=1 make install.
 UV_VERSION := 0.13.9
 INSTALLER ?= uv
-PIP_INSTALL = $(if $(filter uv,$(INSTALLER)),$(VENV)/bin/uv pip install --python $(PY),$(PY) -m pip install --progress-bar on)
+UV := $(VENV)/bin/uv
+PIP = $(PY) -m pip install --progress-bar on
+define pip_install
+$(if $(filter uv,$(INSTALLER)),$(UV) pip install --python $(PY) $(1) || { echo "make install: uv could not install $(1); pip installs it (INSTALLER=pip skips uv)"; $(PIP) $(1); },$(PIP) $(1))
+endef
 
 .PHONY: demo test test-fast test-gpu install install-trackers bench clean-demo
 
@@ -32,16 +38,16 @@ install: $(VENV)/.installed-$(STACK)
 $(VENV)/.installed-$(STACK): $(STACK_FILE) requirements/common.txt requirements/colossalai.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	@echo "installing $(STACK_FILE) into $(VENV) with $(INSTALLER) (about 1 minute with uv, 5 with pip; 8.5 GB: torch's CUDA wheel, DALI)"
-	$(if $(filter uv,$(INSTALLER)),test -x $(VENV)/bin/uv || $(PY) -m pip install -q uv==$(UV_VERSION))
-	$(PIP_INSTALL) -r $(STACK_FILE)
-	$(PIP_INSTALL) --no-deps -r requirements/colossalai.txt
+	$(if $(filter uv,$(INSTALLER)),$(UV) --version 2>/dev/null | grep -q "^uv $(UV_VERSION)" || $(PY) -m pip install -q uv==$(UV_VERSION) || true)
+	$(call pip_install,-r $(STACK_FILE))
+	$(call pip_install,--no-deps -r requirements/colossalai.txt)
 	touch $@
 
 # MLflow and W&B (log.mlflow, log.wandb): optional for a run, installed for the tests.
 install-trackers: $(VENV)/.trackers-installed
 
 $(VENV)/.trackers-installed: requirements/trackers.txt | $(VENV)/.installed-$(STACK)
-	$(PIP_INSTALL) -r requirements/trackers.txt
+	$(call pip_install,-r requirements/trackers.txt)
 	touch $@
 
 data/digits/dataset.json: | $(VENV)/.installed-$(STACK)
@@ -56,10 +62,10 @@ demo: install data/digits/dataset.json
 # pytest-xdist: TEST_WORKERS processes take whole test files (tests/conftest.py); TEST_WORKERS=0 runs in one.
 TEST_WORKERS ?= 2
 test: install install-trackers
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup tests
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile tests
 
 test-fast: install install-trackers
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup tests/unit
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile tests/unit
 
 # the GPU tier (tests/gpu): skipped test by test, with the reason, where CUDA is absent; on a bare CUDA machine
 # without this venv: scripts/gpu_tier.sh (docs/GPU.md)

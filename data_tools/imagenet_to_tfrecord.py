@@ -116,12 +116,22 @@ def inputs_digest(items: list[Item], skip_bad: bool, check: str, max_pixels: int
 # --- worker side -------------------------------------------------------------------------------
 
 _progress_queue = None
+_stop = None  # set by the parent on Ctrl-C: shards not yet started are not started
 
 
-def _init_worker(q) -> None:
-    global _progress_queue
-    _progress_queue = q
+def _init_worker(q, stop) -> None:
+    global _progress_queue, _stop
+    _progress_queue, _stop = q, stop
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and cleans up
+
+
+def _write_shard_unless_stopped(out_dir: str, name: str, items: list[Item], opts: dict, digest: str) -> dict | None:
+    """`write_shard`, or None where the parent was interrupted before this shard started. The pool hands a
+    worker more shards than it runs (its call queue holds workers + 1), which ``cancel_futures`` cannot take
+    back: without this, Ctrl-C would wait for those too."""
+    if _stop is not None and _stop.is_set():
+        return None
+    return write_shard(out_dir, name, items, opts, digest)
 
 
 def write_shard(out_dir: str, name: str, items: list[Item], opts: dict, digest: str) -> dict:
@@ -422,11 +432,15 @@ def _run_tasks(out, tasks, opts, workers, todo_images, rate, progress, records: 
                 advance(rec["num_records"] + len(rec["skipped"]), sum(i.size for i in items))
             return
         ctx = mp.get_context(_start_method())
-        q = ctx.Queue()
+        q, stop = ctx.Queue(), ctx.Event()
         futures: dict = {}
-        pool = cf.ProcessPoolExecutor(min(workers, len(tasks)), mp_context=ctx, initializer=_init_worker, initargs=(q,))
+        pool = cf.ProcessPoolExecutor(
+            min(workers, len(tasks)), mp_context=ctx, initializer=_init_worker, initargs=(q, stop)
+        )
         try:
-            futures = {pool.submit(write_shard, out, n, items, opts, d): (n, items) for n, items, d in tasks}
+            futures = {
+                pool.submit(_write_shard_unless_stopped, out, n, items, opts, d): (n, items) for n, items, d in tasks
+            }
             pending = set(futures)
             while pending:
                 done, pending = cf.wait(pending, timeout=0.2, return_when=cf.FIRST_COMPLETED)
@@ -438,9 +452,10 @@ def _run_tasks(out, tasks, opts, workers, todo_images, rate, progress, records: 
                         advance(len(rec["skipped"]), 0)
             _drain(q, advance)
         except BaseException:
-            pool.shutdown(wait=True, cancel_futures=True)  # shards in progress complete and keep their records
+            stop.set()  # shards in progress complete and keep their records; the others do not start
+            pool.shutdown(wait=True, cancel_futures=True)
             for f in futures:
-                if f.done() and not f.cancelled() and f.exception() is None:
+                if f.done() and not f.cancelled() and f.exception() is None and f.result() is not None:
                     records[f.result()["shard"]] = f.result()
             raise
         pool.shutdown(wait=True)

@@ -64,6 +64,12 @@ def test_make_install_takes_the_stack_file_and_colossalai_without_its_dependenci
     assert "-r requirements/cuda13.txt" in cuda13.stdout
     for out in (default.stdout, cuda13.stdout):
         assert "--no-deps -r requirements/colossalai.txt" in out
+    assert f"uv pip install --python {tmp_path}/venv/bin/python -r requirements.txt ||" in default.stdout
+    assert "uv could not install -r requirements.txt; pip installs it" in default.stdout  # uv reads no pip settings
+    assert "pip install -q uv==" in default.stdout  # the pinned uv, where the venv has no uv of that version
+    with_pip = dry("INSTALLER=pip")
+    assert with_pip.returncode == 0 and "uv pip" not in with_pip.stdout and "uv==" not in with_pip.stdout
+    assert "-m pip install --progress-bar on -r requirements.txt" in with_pip.stdout
     bad = dry("STACK=cuda11")
     assert bad.returncode != 0 and "STACK=cuda11: use cuda12 or cuda13" in bad.stderr
 

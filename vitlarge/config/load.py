@@ -393,6 +393,11 @@ def _check_ranges(cfg: Config, where: _Where) -> None:
             raise UserError(f"{where(key)}: '{key}' must be {rule}, got {value}; set it like {key}={example}")
 
 
+MAX_PROFILE_STEPS = 20
+"""The longest ``train.profile_steps`` window: a ViT-L step with accumulation records ~10^5 events per rank,
+all held in host memory until the window ends and then written as one JSON file per rank."""
+
+
 def parse_step_window(text: str) -> tuple[int, int]:
     """``"START-END"`` (``train.profile_steps``) as ``(START, END)``; ValueError unless two non-negative integers
     joined by a dash. Which windows are allowed is `validate`'s (START >= 1, END >= START)."""
@@ -423,6 +428,12 @@ def _check_profile_window(t, where: _Where) -> None:
         raise UserError(
             f"{origin}: {item} starts at step {start}, but optimizer steps count from 1; write it like "
             f"train.profile_steps=1-{max(1, end)}"
+        )
+    if end - start + 1 > MAX_PROFILE_STEPS:
+        raise UserError(
+            f"{origin}: {item} records {end - start + 1} steps; a window holds at most {MAX_PROFILE_STEPS} (every "
+            f"event of every rank stays in host memory until the window ends), like "
+            f"train.profile_steps={start}-{start + MAX_PROFILE_STEPS - 1}"
         )
     if t.max_steps and end > t.max_steps:
         raise UserError(

@@ -92,6 +92,16 @@ def step_profiler(run: RunInfo) -> StepProfiler | None:
     return StepProfiler(steps, run)
 
 
+def _check_complete(path: Path) -> None:
+    """OSError unless the exported trace ends its JSON document (a closing brace after the last events)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        f.seek(max(0, size - 64))
+        tail = f.read().rstrip()
+    if not tail.endswith(b"}"):
+        raise OSError(f"the profiler wrote an incomplete trace ({size:,} bytes; is the disk full?)")
+
+
 class StepProfiler(Hook):
     """Records optimizer steps ``steps.first..steps.last`` of this process (see the module docstring)."""
 
@@ -164,19 +174,29 @@ class StepProfiler(Hook):
                 log.info(prof.key_averages().table(sort_by=sort_by, row_limit=TOP_OPERATORS))
 
     def _write(self, prof, run: RunInfo) -> None:
-        """The trace under its final name only once complete: exported in a private temporary folder beside it,
-        then renamed (a crash leaves no partial trace under the name; a link planted there is replaced)."""
+        """The trace under its final name only once complete: exported in a private temporary folder beside it
+        (named so that TensorBoard's plugin never reads it as a trace), checked to end as a whole JSON document
+        (kineto does not report a failed write: a full disk truncates silently), then renamed (a crash leaves no
+        partial trace under the name; a link planted there is replaced). Rank 0 also removes the traces of ranks
+        this world does not have, left by an earlier attempt of the window with more ranks."""
         try:  # before the folder is made: a ``profile`` link planted in a handed-over workdir leads elsewhere
             check_inside(self.folder, run.workdir)
         except UnsafeFile as e:
             raise OSError(e.errno, e.strerror, str(self.folder)) from None
         self.folder.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.", dir=self.folder))
+        tmp = Path(tempfile.mkdtemp(prefix=f".rank{run.rank}.partial.", dir=self.folder))
+        part = tmp / "trace.json.partial"
         try:
-            prof.export_chrome_trace(str(tmp / self.path.name))
-            fsync_path(tmp / self.path.name)
-            os.replace(tmp / self.path.name, self.path)
+            prof.export_chrome_trace(str(part))
+            _check_complete(part)
+            fsync_path(part)
+            os.replace(part, self.path)
+            if run.is_main:
+                for stale in self.folder.glob("rank*.pt.trace.json"):
+                    rank = stale.name[len("rank") : -len(".pt.trace.json")]
+                    if rank.isdigit() and int(rank) >= run.world_size:
+                        remove_name(stale)
             fsync_dir(self.folder)
         finally:
-            remove_name(tmp / self.path.name)
+            remove_name(part)
             os.rmdir(tmp)

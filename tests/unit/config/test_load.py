@@ -684,6 +684,11 @@ def test_a_profile_window_is_a_start_end_pair_of_optimizer_steps():
             "train.profile_steps=1-5",
         ),
         (
+            ["train.profile_steps=100-200"],
+            "train.profile_steps=100-200 records 101 steps; a window holds at most 20 (every event of every rank "
+            "stays in host memory until the window ends), like train.profile_steps=100-119",
+        ),
+        (
             ["train.max_steps=10", "train.profile_steps=8-12"],
             "train.profile_steps=8-12 ends after step 10, the run's last (train.max_steps=10); end the window "
             "by step 10 or raise train.max_steps",

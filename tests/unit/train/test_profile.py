@@ -93,6 +93,31 @@ def test_a_window_records_exactly_its_steps_and_prints_the_top_operators(tmp_pat
     assert not torch.autograd._profiler_enabled()  # stopped once written
 
 
+def test_traces_of_ranks_this_world_lacks_are_removed_by_rank_0(tmp_path):
+    """An earlier attempt of the window on more ranks (killed before its checkpoint, requeued on fewer nodes)
+    left rank1's trace: TensorBoard would show it beside this attempt's as one more worker."""
+    folder = tmp_path / PROFILE_DIRNAME / "steps3-4"
+    folder.mkdir(parents=True)
+    (folder / "rank1.pt.trace.json").write_text("{}")
+    (folder / "notes.txt").write_text("kept")
+    train(make_run(tmp_path, "3-4"))
+    assert sorted(f.name for f in folder.iterdir()) == ["notes.txt", "rank0.pt.trace.json"]
+
+
+def test_an_incomplete_export_is_an_error_not_a_trace(tmp_path):
+    """kineto returns without an error when its write fails (``export_chrome_trace('/dev/full')``): the export is
+    checked to end its JSON document before it is renamed to the trace's name."""
+    from vitlarge.train.profile import _check_complete
+
+    whole = tmp_path / "whole.json"
+    whole.write_text(json.dumps({"traceEvents": [{"name": "aten::mm"}] * 100}) + "\n")
+    _check_complete(whole)
+    cut = tmp_path / "cut.json"
+    cut.write_bytes(whole.read_bytes()[:-40])
+    with pytest.raises(OSError, match="incomplete trace"):
+        _check_complete(cut)
+
+
 def test_a_window_at_the_runs_first_step_has_no_warmup(tmp_path):
     train(make_run(tmp_path, "1-2", max_steps=3))
     file = tmp_path / PROFILE_DIRNAME / "steps1-2" / "rank0.pt.trace.json"
