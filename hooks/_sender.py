@@ -51,6 +51,7 @@ class Sender:
         self._reported_at = 0.0
         self._report_every_s = report_every_s
         self._dropped_reported = 0
+        self._in_flight = 0  # records of the batch being sent
         self._thread = threading.Thread(target=self._loop, name=f"vitlarge-{name}", daemon=True)
         self._thread.start()
 
@@ -86,6 +87,7 @@ class Sender:
                 return
 
     def _deliver(self, batch: list) -> None:
+        self._in_flight = len(batch)
         try:
             self._send(batch)
         except Exception as e:  # noqa: BLE001 (whatever the tracker raises must not reach training)
@@ -104,6 +106,8 @@ class Sender:
                 log.warning(f"warning: {self.name}: {self.dropped} records not sent so far")
                 self._reported_at = time.monotonic()
                 self._dropped_reported = self.dropped
+        finally:
+            self._in_flight = 0
 
     def close(self, timeout: float = FLUSH_TIMEOUT_S) -> int:
         """Sends what is queued, waiting at most ``timeout`` seconds; returns the records not sent (and says so in
@@ -117,9 +121,10 @@ class Sender:
                 if time.monotonic() >= deadline:
                     break
         self._thread.join(max(0.0, deadline - time.monotonic()))
-        unsent = self.dropped + (self._queue.qsize() if self._thread.is_alive() else 0)
+        alive = self._thread.is_alive()
+        unsent = self.dropped + (self._queue.qsize() + self._in_flight if alive else 0)
         if unsent:
-            late = " (still sending when the wait ended)" if self._thread.is_alive() else ""
+            late = " (still sending when the wait ended)" if alive else ""
             log.warning(
                 f"warning: {self.name}: {unsent} records not sent to {self.what or 'the tracker'}{late}; "
                 "metrics.jsonl has every step"

@@ -501,6 +501,8 @@ def mlflow_uri_problem(uri: str) -> str | None:
     except ValueError as e:
         return f"not a URI ({e})"
     scheme = u.scheme.split("+")[0]  # postgresql+psycopg2://
+    if not scheme or not uri.startswith(f"{u.scheme}:"):  # host:port parses as scheme "host"
+        return "no scheme (http://, sqlite:///...)"
     if scheme not in MLFLOW_SCHEMES:
         return f"scheme '{u.scheme}' is not one of {', '.join(s + '://' for s in MLFLOW_SCHEMES)}"
     if scheme in ("http", "https") and not u.hostname:
@@ -510,15 +512,23 @@ def mlflow_uri_problem(uri: str) -> str | None:
     return None
 
 
+def _importable(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a finder that refuses it; a module left half-imported
+        return False
+
+
 def _check_log(cfg: Config, where: _Where) -> None:
     """Trackers turned on must be installed and reachable by a well-formed URI (one line each; the rendezvous
     has not started, so every rank says the same and none waits)."""
-    import importlib.util
     import os
 
     log = cfg.log
     for on, name, key in ((log.mlflow, "mlflow", "log.mlflow"), (log.wandb, "wandb", "log.wandb")):
-        if on and importlib.util.find_spec(name) is None:
+        if on and not _importable(name):
             raise UserError(
                 f"{where(key)}: {key}=true but the {name} package is not installed; {TRACKERS_FIX} or set {key}=false"
             )
