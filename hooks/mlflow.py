@@ -53,6 +53,10 @@ class MlflowHook(Hook):
         # A server that is down must fail a request at once, not after MLflow's default 7 retries with backoff.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        # Imported here, before the first step, as TensorBoard's writer is (a few seconds): on the sender's thread it
+        # would hold the first records back while the steps go on, and a kill -9 then loses them.
+        import mlflow  # noqa: F401
+
         self.uri = tracking_uri(run.cfg.log.mlflow_uri, run.workdir)
         self._run = run
         self._continued = _tracking.begin(run, TRACKER, same_store={"uri": self.uri})

@@ -51,6 +51,8 @@ class WandbHook(Hook):
     def on_train_start(self, run: RunInfo) -> None:
         if not run.is_main:
             return
+        import wandb  # noqa: F401 (before the first step, as hooks.mlflow imports MLflow)
+
         self._run = run
         self.project = run.cfg.log.wandb_project or os.environ.get("WANDB_PROJECT") or run.cfg.log.experiment
         self._continued = _tracking.begin(run, TRACKER)
