@@ -55,7 +55,11 @@ class MlflowHook(Hook):
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         # Imported here, before the first step, as TensorBoard's writer is (a few seconds): on the sender's thread it
         # would hold the first records back while the steps go on, and a kill -9 then loses them.
-        import mlflow  # noqa: F401
+        try:
+            import mlflow  # noqa: F401
+        except ImportError as e:  # installed (checked before the rendezvous) but broken: the run goes on without it
+            _tracking.log.warning(f"warning: mlflow does not import ({e}); this run is not tracked in MLflow")
+            return
 
         self.uri = tracking_uri(run.cfg.log.mlflow_uri, run.workdir)
         self._run = run

@@ -51,7 +51,11 @@ class WandbHook(Hook):
     def on_train_start(self, run: RunInfo) -> None:
         if not run.is_main:
             return
-        import wandb  # noqa: F401 (before the first step, as hooks.mlflow imports MLflow)
+        try:
+            import wandb  # noqa: F401 (before the first step, as hooks.mlflow imports MLflow)
+        except ImportError as e:  # installed (checked before the rendezvous) but broken: the run goes on without it
+            _tracking.log.warning(f"warning: wandb does not import ({e}); this run is not tracked in W&B")
+            return
 
         self._run = run
         self.project = run.cfg.log.wandb_project or os.environ.get("WANDB_PROJECT") or run.cfg.log.experiment

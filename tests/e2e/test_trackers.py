@@ -193,6 +193,10 @@ def test_a_line_killed_9_and_rerun_is_one_mlflow_run_and_one_wandb_run(demo_data
     got = client.download_artifacts(run.info.run_id, "model/model.safetensors", str(tmp_path))
     assert Path(got).read_bytes() == (workdir / "model" / "model.safetensors").read_bytes()
 
+    excerpt = {k: run.data.params[k] for k in ("train.global_batch", "optim.lr", "train.max_steps", "log.experiment")}
+    print(f"\nMLflow run {run.info.run_id}: {len(run.data.params)} params, e.g. {excerpt}")
+    print("train_loss (step, value, ms):", [(m.step, m.value, m.timestamp) for s in (6, 7, 8, 9) for m in replayed[s]])
+    print("segments:", [segments[k] for k in sorted(segments)])
     # W&B offline: the rerun continued the same run id, rewound to the resumed step. (wandb-core writes its file in
     # blocks: a kill -9 of the job, wandb-core with it, may leave none of the killed attempt's records on disk.)
     dirs = sorted((tmp_path / "wandb" / "wandb").glob("offline-run-*"))
@@ -231,6 +235,11 @@ def test_a_tracker_that_goes_down_mid_run_costs_one_line_and_not_a_bit_of_the_ru
     assert lines[1].startswith(WARN_MLFLOW) and "records not sent" in lines[1], lines
     assert "warning: wandb" not in text
     assert_bitwise_equal(final_weights(ref), final_weights(workdir))
+    step_times = {
+        name: sorted(m["step_time"] for m in read_metrics(str(w / "metrics.jsonl")) if m["event"] == "train")[6]
+        for name, w in (("untracked (reference)", ref), ("tracked, server stopped after step 3", workdir))
+    }
+    print(f"\n{lines[0][:160]}...\n{lines[1]}\nmedian step time (s, not asserted: shared CPU): {step_times}")
 
     # The same run in W&B (offline, uninterrupted): every step and the final evaluation as metrics.jsonl has them,
     # the resolved config.
