@@ -2,7 +2,8 @@
 offline mode, read back with MlflowClient and W&B's own record schema (tests/helpers/wandb_offline.py).
 
 Cheap by design: one 2-rank demo line killed -9 after step 7 and rerun asks every question about one tracked run
-(parameters, each step's metrics against metrics.jsonl, segments, artifacts, the W&B run and its rewind); one run
+(parameters, each step's metrics against metrics.jsonl, segments, artifacts, the W&B run and its rewind), then one
+step of a ``--resume`` of its step 6 (a new tracked run, the old one its parent); one run
 whose server is stopped mid-run asks the failure questions (exit 0, bitwise the reference run's weights, one warning
 line); the default SQLite store and a closed port are the real hook driven in this process (no training run).
 In-process parts (the sender, trackers.json, the config checks): tests/unit/hooks/test_trackers.py.
@@ -208,6 +209,20 @@ def test_a_line_killed_9_and_rerun_is_one_mlflow_run_and_one_wandb_run(demo_data
     assert {row["_step"]: row["train_loss"] for row in resumed["history"] if "train_loss" in row} == {
         s: v for s, v in expected["train_loss"].items() if s > 6
     }
+
+    # --resume of an older step (one step more from 6): a new line, so a new tracked run whose parent is the old one.
+    older = workdir / "checkpoints" / "step_0000006"
+    r = launcher.run([*args, "--resume", str(older), "train.max_steps=7"], nproc=2, timeout=TIMEOUT, extra_env=env)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    child_ids = tracker_ids(workdir, str(older))
+    assert child_ids["mlflow"] != ids["mlflow"] and child_ids["wandb"] != ids["wandb"]
+    child = client.get_run(child_ids["mlflow"])
+    assert child.data.tags["mlflow.parentRunId"] == ids["mlflow"]
+    seg = json.loads(child.data.tags["vitlarge.segment.1"])
+    assert (seg["start_step"], seg["reason"]) == (6, "resume-from")
+    assert {m.step for m in client.get_metric_history(child.info.run_id, "train_loss")} == {7}
+    (child_dir,) = (tmp_path / "wandb" / "wandb").glob(f"offline-run-*-{child_ids['wandb']}")
+    assert read_run(child_dir)["config"]["vitlarge"]["parent_run"] == ids["wandb"]
 
 
 def test_a_tracker_that_goes_down_mid_run_costs_one_line_and_not_a_bit_of_the_run(
