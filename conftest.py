@@ -30,6 +30,9 @@ DEPENDENCY_DEPRECATIONS = [
     # to DDP (its configure(), so the warning is attributed to that module), and its API offers no way
     # not to. vitlarge never builds DDP itself.
     "ignore::FutureWarning:colossalai.booster.plugin.torch_ddp_plugin",
+    # MLflow 3.17's SQL tracking store (log.mlflow with an sqlite:/// store, the default) configures its
+    # mappers with SQLAlchemy 2.1's deprecated ``noload`` strategy (SADeprecationWarning, attributed to that module).
+    "ignore::DeprecationWarning:mlflow.store.tracking.sqlalchemy_store",
 ]
 
 

@@ -9,10 +9,12 @@ from vitlarge.events import Hook, RunInfo, StopTraining
 
 from .console import ConsoleHook
 from .jsonl import JsonlHook, read_metrics
+from .mlflow import MlflowHook
 from .nan_guard import NanGuardHook
 from .plot import PlotHook
 from .tensorboard import TensorBoardHook
 from .total_batch import TotalBatchHook
+from .wandb import WandbHook
 
 __all__ = [
     "Hook",
@@ -20,10 +22,12 @@ __all__ = [
     "StopTraining",
     "ConsoleHook",
     "JsonlHook",
+    "MlflowHook",
     "NanGuardHook",
     "PlotHook",
     "TensorBoardHook",
     "TotalBatchHook",
+    "WandbHook",
     "build_hooks",
     "read_metrics",
 ]
@@ -37,11 +41,14 @@ def build_hooks(
     tensorboard: bool = True,
     console: bool = True,
     plot: bool = True,
+    mlflow: bool = False,
+    wandb: bool = False,
 ) -> list[Hook]:
     """The default hooks for a run writing under ``workdir``; build the same list on every rank.
 
     Each hook decides for itself what a non-main rank does (only `NanGuardHook` acts there).
-    The NaN guard comes last so the step that stops the run is still logged by the others.
+    The NaN guard comes last so the step that stops the run is still logged by the others. ``mlflow``, ``wandb``:
+    the trackers (``log.mlflow``, ``log.wandb``), after the picture so that it is drawn when they upload it.
     """
     hooks: list[Hook] = [TotalBatchHook()]
     if console:
@@ -51,5 +58,9 @@ def build_hooks(
         hooks.append(TensorBoardHook(workdir))
     if plot:  # after JsonlHook: it draws what that hook wrote
         hooks.append(PlotHook(workdir))
+    if mlflow:
+        hooks.append(MlflowHook(workdir))
+    if wandb:
+        hooks.append(WandbHook(workdir))
     hooks.append(NanGuardHook(nan_patience))
     return hooks

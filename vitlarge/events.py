@@ -9,6 +9,8 @@ The trainer (`vitlarge.train.trainer`) emits; observers in ``hooks/`` implement 
   its final name.
 * `Event.TRAIN_END` -> ``on_train_end(run, summary: EvalMetrics)`` once, after the final
   evaluation; ``summary`` is that evaluation (its ``step`` is the last step).
+* `Event.EXPORT` -> ``on_export(run, path)`` once after TRAIN_END, when the run exported the timm
+  folder ``path`` (``<workdir>/model``); the picture of the run (``metrics.png``) is drawn by then.
 * `Event.CLOSE` -> ``on_close(run)`` once, last, however the run ends: done, stopped by a hook,
   preempted (exit 75), an error. Files are flushed and closed here: the process then leaves with
   ``os._exit`` (`vitlarge.distributed.launch.leave`), which runs no finalizers.
@@ -38,6 +40,7 @@ class Event(enum.Enum):
     EVAL_END = "eval_end"
     CHECKPOINT = "checkpoint"
     TRAIN_END = "train_end"
+    EXPORT = "export"
     CLOSE = "close"
 
 
@@ -53,6 +56,15 @@ class RunInfo:
     """Optimizer steps done when this process started (0, or the resumed checkpoint's step)."""
     plan: Plan
     cfg: Config
+    line: str | None = None
+    """The checkpoint line this run's saves belong to (`vitlarge.checkpoint.resume`); None: the line that started
+    from scratch in this workdir. Trackers keep one tracked run per line."""
+    resumed_line: str | None = None
+    """The line of the checkpoint this run resumed from, as its meta.json named it; not ``line`` after a ``--resume``
+    of an older checkpoint, which starts a new line."""
+    precision_why: str = ""
+    """Why the run trains in ``cfg.train.precision`` where it was not the recipe's plain choice (``auto``'s pick, a
+    slow CPU's fp16): `vitlarge.train.settings.Settings.precision_why`."""
 
     @property
     def world_size(self) -> int:
@@ -156,6 +168,9 @@ class Hook:
     def on_train_end(self, run: RunInfo, summary: EvalMetrics) -> None:
         pass
 
+    def on_export(self, run: RunInfo, path: str) -> None:
+        pass
+
     def on_close(self, run: RunInfo) -> None:
         pass
 
@@ -187,5 +202,7 @@ def emit(hooks: list[Hook], event: Event, run: RunInfo, *args) -> None:
                 hook.on_checkpoint(run, *args)
             case Event.TRAIN_END:
                 hook.on_train_end(run, *args)
+            case Event.EXPORT:
+                hook.on_export(run, *args)
             case Event.CLOSE:
                 hook.on_close(run)

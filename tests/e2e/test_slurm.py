@@ -236,7 +236,8 @@ def test_preempted_job_checkpoints_requeues_and_resumes_bitwise_equal(srun_refer
     ref_dir, ref = srun_reference
     assert ref.returncode == 0
     log = tmp_path / "job.log"
-    r = sbatch([DEMO_SBATCH, *script_args(demo_data, tmp_path, *PREEMPT_SETTINGS)], log)
+    # MLflow on (its default store, <workdir>/mlflow.db): the requeues continue one tracked run (issue 33).
+    r = sbatch([DEMO_SBATCH, *script_args(demo_data, tmp_path, *PREEMPT_SETTINGS, "log.mlflow=true")], log)
     assert r.returncode == 0, r.stderr
     job_id = r.stdout.strip().split(";")[0]
     try:
@@ -269,7 +270,29 @@ def test_preempted_job_checkpoints_requeues_and_resumes_bitwise_equal(srun_refer
     assert "restart 1" in text and "restart 2" in text
     starts = [x["step"] for x in metrics(tmp_path) if x["event"] == "start"]
     assert starts == [0, *stops]
-    assert_bitwise_equal(final_weights(ref_dir), final_weights(tmp_path))
+    assert_bitwise_equal(final_weights(ref_dir), final_weights(tmp_path))  # the reference ran untracked
+    _assert_one_tracked_run(tmp_path, stops)
+
+
+def _assert_one_tracked_run(workdir: Path, stops: list[int]) -> None:
+    """One MLflow run for the job: a segment per start (the requeues named), every step's latest value metrics.jsonl's."""
+    import json
+
+    from mlflow import MlflowClient
+
+    from hooks.jsonl import read_metrics
+
+    run_id = json.loads((workdir / "trackers.json").read_text())["lines"][""]["mlflow"]["id"]
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("demo_digits").experiment_id])
+    assert run.info.run_id == run_id and run.info.status == "FINISHED"
+    segments = [json.loads(v) for k, v in sorted(run.data.tags.items()) if k.startswith("vitlarge.segment.")]
+    assert [(s["start_step"], s["reason"]) for s in segments] == [(0, "start")] + [(s, "requeue") for s in stops]
+    latest = {}
+    for m in sorted(client.get_metric_history(run_id, "train_loss"), key=lambda m: m.timestamp):
+        latest[m.step] = m.value
+    train = [x for x in read_metrics(str(workdir / "metrics.jsonl")) if x["event"] == "train"]
+    assert latest == {x["step"]: x["train_loss"] for x in train}
 
 
 def _checkpoint_steps(workdir: Path) -> list[int]:

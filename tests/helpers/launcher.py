@@ -160,21 +160,28 @@ def python(
         return subprocess.CompletedProcess(argv, code, out.read_text(), err.read_text())
 
 
-def start(args: list[str], nproc: int = 1, launcher: str = "colossalai", log: Path | None = None):
+def start(
+    args: list[str],
+    nproc: int = 1,
+    launcher: str = "colossalai",
+    log: Path | None = None,
+    extra_env: dict | None = None,
+):
     """A running job: a `subprocess.Popen` in a session of its own, or a `tests.helpers.forked.Job` (the same
-    ``poll``/``wait``/``returncode``; `kill_tree` takes either)."""
+    ``poll``/``wait``/``returncode``; `kill_tree` takes either). ``extra_env`` adds variables."""
+    environment = {**env(), **(extra_env or {})}
     if launcher == "fork":
         import tempfile
 
         from tests.helpers.forked import Job
 
         out = log or Path(tempfile.mkstemp(prefix="forked-")[1])
-        return Job(["train.py", *args], nproc, env(), ROOT, out, out, free_port())
+        return Job(["train.py", *args], nproc, environment, ROOT, out, out, free_port())
     out = open(log, "w") if log else subprocess.DEVNULL
     return subprocess.Popen(
         command(args, nproc, launcher),
         cwd=ROOT,
-        env=env(),
+        env=environment,
         stdout=out,
         stderr=subprocess.STDOUT,
         start_new_session=True,

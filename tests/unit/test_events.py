@@ -60,6 +60,9 @@ class Recorder(Hook):
     def on_train_end(self, run, summary):
         self.calls.append((self.name, "train_end", run, summary))
 
+    def on_export(self, run, path):
+        self.calls.append((self.name, "export", run, path))
+
     def on_close(self, run):
         self.calls.append((self.name, "close", run))
 
@@ -73,6 +76,7 @@ def test_emit_calls_each_event_on_every_hook_in_list_order_with_its_arguments():
     emit(hooks, Event.EVAL_END, run, e)
     emit(hooks, Event.CHECKPOINT, run, 11, "runs/x/checkpoints/step_0000011")
     emit(hooks, Event.TRAIN_END, run, e)
+    emit(hooks, Event.EXPORT, run, "runs/x/model")
     emit(hooks, Event.CLOSE, run)
     assert calls == [
         ("a", "train_start", run),
@@ -85,6 +89,8 @@ def test_emit_calls_each_event_on_every_hook_in_list_order_with_its_arguments():
         ("b", "checkpoint", run, 11, "runs/x/checkpoints/step_0000011"),
         ("a", "train_end", run, e),
         ("b", "train_end", run, e),
+        ("a", "export", run, "runs/x/model"),
+        ("b", "export", run, "runs/x/model"),
         ("a", "close", run),
         ("b", "close", run),
     ]
@@ -98,10 +104,19 @@ def test_the_base_hook_accepts_every_event_and_does_nothing():
         (Event.EVAL_END, (EvalMetrics(1, 0.1, 0.0, 0.0, 2.3, 10),)),
         (Event.CHECKPOINT, (1, "p")),
         (Event.TRAIN_END, (EvalMetrics(1, 0.1, 0.0, 0.0, 2.3, 10),)),
+        (Event.EXPORT, ("runs/x/model",)),
         (Event.CLOSE, ()),
     ]:
         emit([Hook()], event, run, *args)  # no AttributeError, no TypeError
-    assert {e.value for e in Event} == {"train_start", "step_end", "eval_end", "checkpoint", "train_end", "close"}
+    assert {e.value for e in Event} == {
+        "train_start",
+        "step_end",
+        "eval_end",
+        "checkpoint",
+        "train_end",
+        "export",
+        "close",
+    }
 
 
 def test_a_step_record_is_every_field_in_order_but_the_image_count():

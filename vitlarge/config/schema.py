@@ -271,6 +271,24 @@ class TrainConfig:
 
 
 @dataclass
+class LogConfig:
+    mlflow: bool = False
+    """Log the run to MLflow (`hooks.mlflow`): every config key as a parameter, each step's and evaluation's
+    metrics, the export and ``metrics.png`` as artifacts; main rank only, off the training thread. Needs
+    ``pip install -r requirements/trackers.txt``."""
+    mlflow_uri: str | None = None
+    """MLflow tracking URI (``http://host:5000``, ``sqlite:///path/mlflow.db``, ``postgresql://...``, ``databricks``);
+    None: ``MLFLOW_TRACKING_URI``, else ``sqlite:///<workdir>/mlflow.db`` (no server needed)."""
+    wandb: bool = False
+    """Log the run to Weights & Biases (`hooks.wandb`), configured by its own variables (``WANDB_PROJECT``,
+    ``WANDB_ENTITY``, ``WANDB_MODE=offline``, ...); main rank only, off the training thread."""
+    wandb_project: str | None = None
+    """The W&B project; None: ``WANDB_PROJECT``, else the experiment name (``log.experiment``)."""
+    experiment: str | None = None
+    """MLflow experiment (and W&B's default project); None: the recipe's name (``demo_digits``)."""
+
+
+@dataclass
 class Config:
     """A whole run. Recipes build one; ``--set`` style overrides edit it by dotted key."""
 
@@ -286,6 +304,8 @@ class Config:
     """Learning-rate schedule: warmup, then decay."""
     train: TrainConfig = field(default_factory=TrainConfig)
     """Batch sizes, length, precision, plugin and the run cadence."""
+    log: LogConfig = field(default_factory=LogConfig)
+    """Experiment trackers (MLflow, Weights & Biases); the console, metrics.jsonl and TensorBoard are always on."""
     workdir: str = "runs/default"
     """Logs, metrics, checkpoints and the exported model go here; a rerun resumes from it."""
 

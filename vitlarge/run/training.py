@@ -39,34 +39,40 @@ class TrainingRun:
         """Trains, evaluates and exports; 0 when done (a stop raises `Preempted` or `StopTraining`)."""
         import torch.distributed as dist
 
-        from vitlarge.checkpoint.export import export
-        from vitlarge.checkpoint.sharded import model_tensors
         from vitlarge.train.settings import explain_nondeterministic
 
         try:
-            self.trainer.fit()
+            self.trainer.fit(export=self._export)
         except RuntimeError as e:  # an op with no deterministic kernel under train.deterministic: one line, exit 2
             line = explain_nondeterministic(e)
             if line is None:
                 raise
             raise UserError(line, same_on_all_ranks=True) from e
+        dist.destroy_process_group()
+        return 0
+
+    def _export(self) -> Path | None:
+        """The timm export of the trained (or EMA) weights; every rank calls it, the main rank writes and returns it."""
+        from vitlarge.checkpoint.export import export
+        from vitlarge.checkpoint.sharded import model_tensors
+
         ema = self.parts.engine.ema if self.cfg.train.export_ema else None
         # A collective under fsdp (gathers to rank 0).
         weights = ema.full(self.env.rank) if ema else model_tensors(self.parts.model, self.env.rank)
-        if self.env.is_main:
-            classes = self.manifest.classes
-            path = export(
-                Path(self.cfg.workdir),
-                self.parts.model,
-                self.cfg,
-                [c.synset for c in classes],
-                {c.synset: c.text for c in classes if c.text} or None,
-                tensors=weights,
-                ema=ema is not None,
-            )
-            log.info(f'exported {path} (timm.create_model("local-dir:{path}", pretrained=True))')
-        dist.destroy_process_group()
-        return 0
+        if not self.env.is_main:
+            return None
+        classes = self.manifest.classes
+        path = export(
+            Path(self.cfg.workdir),
+            self.parts.model,
+            self.cfg,
+            [c.synset for c in classes],
+            {c.synset: c.text for c in classes if c.text} or None,
+            tensors=weights,
+            ema=ema is not None,
+        )
+        log.info(f'exported {path} (timm.create_model("local-dir:{path}", pretrained=True))')
+        return path
 
 
 def seed_rngs(seed: int) -> None:
@@ -197,6 +203,8 @@ def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tup
     # and the loader position where this run can still use it.
     start_step, data_state = 0, None
     chosen, line = resume_from.choose(workdir, resume, parts.model, cfg, plan.num_train_examples)
+    # The line the chosen checkpoint came from, for the trackers (a new line's tracked run names it as its parent).
+    resumed_line = store.read_meta(chosen).get("line") if chosen is not None and env.is_main else None
     if chosen is None and resuming and cfg.model.init_from:
         raise UserError(
             f"{workdir}/{store.CHECKPOINTS_DIR} holds no usable checkpoint, and without one this run "
@@ -225,9 +233,16 @@ def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tup
         start_step=start_step,
         plan=plan,
         cfg=cfg,
+        line=line,
+        resumed_line=resumed_line,
+        precision_why=settings.precision_why,
     )
     hooks = beside("hooks").build_hooks(
-        str(workdir), log_every=cfg.train.log_every_steps, nan_patience=cfg.train.nan_patience
+        str(workdir),
+        log_every=cfg.train.log_every_steps,
+        nan_patience=cfg.train.nan_patience,
+        mlflow=cfg.log.mlflow,
+        wandb=cfg.log.wandb,
     )
     trainer = Trainer(cfg, plan, parts.engine, loaders, hooks, info, start_step=start_step, line=line)
     return TrainingRun(cfg=cfg, plan=plan, env=env, parts=parts, trainer=trainer, manifest=manifest)

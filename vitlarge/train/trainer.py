@@ -142,10 +142,17 @@ class Trainer:
         self.train_loader, self.val_loader = self.loaders.enter(step)
         return True
 
-    def fit(self) -> EvalMetrics:
+    def fit(self, export=None) -> EvalMetrics:
+        """Trains to the end; then ``export()`` (every rank; it returns the exported folder on the main rank, else
+        None) and `Event.EXPORT`, before the hooks close (a tracker uploads the folder)."""
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
         try:
-            return self._fit()
+            final = self._fit()
+            if export is not None:
+                path = export()
+                if path is not None:
+                    self._emit(Event.EXPORT, str(path))
+            return final
         finally:
             # Before the handlers go: a launcher's SIGTERM (torchrun's, once another rank has left with 75) must
             # not end this process while TensorBoard writes its last events.

@@ -6,6 +6,7 @@ an unquoted ``bash -c``): tuples as ``a,b``, dict entries and phases by dotted k
 The plan derived from a config is in tests/unit/plan/test_plan.py; train.py's own handling of a
 bad override in tests/e2e/test_train_cli.py."""
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -709,3 +710,65 @@ def test_a_recipes_bad_profile_window_names_the_recipe(tmp_path):
     )
     with pytest.raises(UserError, match=rf"^{path}: train.profile_steps=5 is not a window START-END"):
         load_config(path)
+
+
+# Experiment trackers (issue 33): refused before the rendezvous in one line naming the key and the fix.
+
+
+@pytest.mark.parametrize(
+    "uri, why",
+    [
+        ("htp://127.0.0.1:5000", "scheme 'htp'"),
+        ("127.0.0.1:5000", "no scheme"),
+        ("http://127.0.0.1:50x0", "not a URI"),
+        ("http:///path", "needs a host"),
+        ("sqlite://", "needs a file"),
+    ],
+)
+def test_a_malformed_mlflow_uri_is_one_line_naming_the_key_and_the_fix(uri, why):
+    with pytest.raises(UserError) as e:
+        load_config(recipe("demo_digits"), ["log.mlflow=true", f"log.mlflow_uri={uri}"])
+    line = str(e.value)
+    assert "\n" not in line and line.startswith("command line: log.mlflow_uri=") and why in line, line
+    assert "log.mlflow_uri=http://127.0.0.1:5000" in line  # the fix
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "http://127.0.0.1:5000",
+        "https://mlflow.example.org/x",
+        "sqlite:///runs/m.db",
+        "postgresql+psycopg2://u@h/db",
+        "databricks",
+    ],
+)
+def test_well_formed_mlflow_uris_pass(uri):
+    assert load_config(recipe("demo_digits"), ["log.mlflow=true", f"log.mlflow_uri={uri}"]).log.mlflow_uri == uri
+
+
+def test_a_malformed_mlflow_tracking_uri_variable_is_named_when_mlflow_is_on(monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "localhost:5000")
+    assert not load_config(recipe("demo_digits")).log.mlflow  # off: the variable is not ours to check
+    with pytest.raises(UserError, match=r"^MLFLOW_TRACKING_URI='localhost:5000' \(used by log.mlflow=true\)"):
+        load_config(recipe("demo_digits"), ["log.mlflow=true"])
+
+
+@pytest.mark.parametrize("package, key", [("mlflow", "log.mlflow"), ("wandb", "log.wandb")])
+def test_a_tracker_that_is_not_installed_is_one_line_naming_the_key_and_the_requirements(monkeypatch, package, key):
+    from tests.helpers.block_imports import Blocker
+
+    monkeypatch.delitem(sys.modules, package, raising=False)  # find_spec answers from sys.modules first
+    monkeypatch.setattr(sys, "meta_path", [Blocker([package]), *sys.meta_path])
+    load_config(recipe("demo_digits"), [f"{key}=false"])  # off: not needed
+    with pytest.raises(UserError) as e:
+        load_config(recipe("demo_digits"), [f"{key}=true"])
+    assert str(e.value) == (
+        f"command line: {key}=true but the {package} package is not installed; "
+        f"pip install -r requirements/trackers.txt or set {key}=false"
+    )
+
+
+def test_the_experiment_is_the_recipes_name_unless_set():
+    assert load_config(recipe("demo_digits")).log.experiment == "demo_digits"
+    assert load_config(recipe("demo_digits"), ["log.experiment=pretrain-b16"]).log.experiment == "pretrain-b16"

@@ -71,6 +71,9 @@ class Log(Hook):
         self.events.append(("end", summary.step))
         self.summary = summary
 
+    def on_export(self, run, path):
+        self.events.append(("export", path))
+
     def on_close(self, run):
         self.events.append(("close",))
 
@@ -116,7 +119,7 @@ def trainer(workdir, hooks: list[Hook], start_step: int = 0) -> Trainer:
 def test_events_come_in_the_documented_order_at_their_cadence(tmp_path):
     log = Log()
     t = trainer(tmp_path, [log])
-    final = t.fit()
+    final = t.fit(export=lambda: tmp_path / "model")  # the export runs after the end, before the hooks close
     assert log.events == [
         ("start", 0),
         *[("step", 1), ("step", 2), ("step", 3), ("checkpoint", 3), ("step", 4), ("step", 5), ("eval", 5)],
@@ -124,6 +127,7 @@ def test_events_come_in_the_documented_order_at_their_cadence(tmp_path):
         ("eval", 7),  # the final evaluation: max_steps ends the run before the schedule does
         ("checkpoint", 7),
         ("end", 7),
+        ("export", str(tmp_path / "model")),
         ("close",),
     ]
     assert t.step == STEPS and final is log.summary and final.val_images == 40
@@ -148,7 +152,7 @@ def test_sigterm_checkpoints_at_the_next_step_boundary_and_raises_preempted(tmp_
     log = Log()
     t = trainer(tmp_path, [log, SigtermAt(2)])
     with pytest.raises(Preempted) as e:
-        t.fit()
+        t.fit(export=lambda: pytest.fail("a preempted run exports nothing"))
     # The signal lands during step 2's hooks; step 3's all-reduce carries it, so step 3 is the last.
     assert e.value.step == 3 and store.step_of(e.value.path) == 3
     # The hooks are closed on this way out too: the process leaves with os._exit (launch.leave).

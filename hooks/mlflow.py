@@ -1,0 +1,199 @@
+"""The run in MLflow (``log.mlflow=true``): one MLflow run per checkpoint line, written off the training thread.
+
+Main rank only. Tracking URI: ``log.mlflow_uri``, else ``MLFLOW_TRACKING_URI``, else ``sqlite:///<workdir>/mlflow.db``
+(artifacts of an SQLite store beside it, in ``<workdir>/mlartifacts``). Experiment: ``log.experiment`` (the recipe's
+name unless set). Through `mlflow.MlflowClient` with explicit run ids (no global active run), on `hooks._sender`'s
+thread: a tracker that is down or slow costs one warning line, never a step (docs/LOGS.md, "Experiment trackers").
+
+* parameters: every resolved config key (``train.global_batch``...), values cut at 500 characters; a resume whose
+  config differs keeps the first values (MLflow's parameters cannot change) and tags the segment with the edits;
+* tags: ``vitlarge.commit``, ``vitlarge.world_size``, ``vitlarge.device``, ``vitlarge.precision`` and
+  ``vitlarge.precision_reason``, ``vitlarge.plugin``, and ``vitlarge.segment.<n>`` per process start (JSON: start
+  step, world size, reason); ``mlflow.parentRunId`` on a run a ``--resume`` of an older step started;
+* metrics at the optimizer step, named as metrics.jsonl names them: every numeric field of a ``train`` record
+  (``train_loss``, ``lr``, ``grad_norm``, ``loss_scale``, ``images_per_s``, ``data_time``, ``peak_mem_bytes``,
+  ``skipped``...) and of an ``eval`` record (``val_top1``, ``val_top5``, ``val_loss`` and the EMA's);
+* artifacts at the end: the timm export (``model/``) and ``metrics.png``.
+
+Steps replayed after a kill -9 (between the last checkpoint and the kill) are logged again at the same steps:
+MLflow keeps both values, the later timestamp is the resumed run's (what `read_metrics` keeps).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from vitlarge.events import EvalMetrics, Hook, RunInfo, StepMetrics
+
+from . import _tracking
+from ._sender import FLUSH_TIMEOUT_S, Sender
+
+TRACKER = "mlflow"
+
+
+def tracking_uri(uri: str | None, workdir: str) -> str:
+    """The store a run writes to (see the module docstring)."""
+    return uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(workdir).absolute() / 'mlflow.db'}"
+
+
+class MlflowHook(Hook):
+    def __init__(self, workdir: str, flush_timeout_s: float = FLUSH_TIMEOUT_S):
+        self.workdir = workdir
+        self.flush_timeout_s = flush_timeout_s
+        self.sender: Sender | None = None
+        self.run_id: str | None = None
+        self._finished = False
+
+    def on_train_start(self, run: RunInfo) -> None:
+        if not run.is_main:
+            return
+        # A server that is down must fail a request at once, not after MLflow's default 7 retries with backoff.
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        # Imported here, before the first step, as TensorBoard's writer is (a few seconds): on the sender's thread it
+        # would hold the first records back while the steps go on, and a kill -9 then loses them.
+        try:
+            import mlflow  # noqa: F401
+        except ImportError as e:  # installed (checked before the rendezvous) but broken: the run goes on without it
+            _tracking.log.warning(f"warning: mlflow does not import ({e}); this run is not tracked in MLflow")
+            return
+
+        self.uri = tracking_uri(run.cfg.log.mlflow_uri, run.workdir)
+        self._run = run
+        self._continued = _tracking.begin(run, TRACKER, same_store={"uri": self.uri})
+        self._client = None
+        self.sender = Sender("mlflow", self._send, what=self.uri)
+        self.sender.put(("start",))
+
+    def on_step_end(self, run: RunInfo, m: StepMetrics) -> None:
+        if self.sender is not None:
+            self.sender.put(("metrics", m.step, _tracking.numbers(m.record()), _now_ms()))
+
+    def on_eval_end(self, run: RunInfo, m: EvalMetrics) -> None:
+        if self.sender is not None:
+            self.sender.put(("metrics", m.step, _tracking.numbers(m.record()), _now_ms()))
+
+    def on_train_end(self, run: RunInfo, summary: EvalMetrics) -> None:
+        self._finished = True
+
+    def on_export(self, run: RunInfo, path: str) -> None:
+        if self.sender is None:
+            return
+        self.sender.put(("artifacts", path, "model"))
+        png = Path(self.workdir) / "metrics.png"
+        if png.is_file():
+            self.sender.put(("artifact", str(png)))
+
+    def on_close(self, run: RunInfo) -> None:
+        if self.sender is None:
+            return
+        self.sender.put(("end", "FINISHED" if self._finished else "KILLED"))
+        self.sender.close(self.flush_timeout_s)
+        self.sender = None
+
+    # On the sender's thread from here.
+
+    def _send(self, batch: list) -> None:
+        import logging
+
+        from mlflow.entities import Metric
+
+        if "MLFLOW_LOGGING_LEVEL" not in os.environ:  # its INFO lines (creating a database...) are not the run's
+            logging.getLogger("mlflow").setLevel(logging.WARNING)
+
+        if self.run_id is None:
+            self._start()
+        metrics = []
+        for rec in batch:
+            match rec[0]:
+                case "start":
+                    pass
+                case "metrics":
+                    _, step, values, ms = rec
+                    metrics += [Metric(k, v, ms, step) for k, v in values.items()]
+                case "artifacts":
+                    self._flush(metrics)
+                    metrics = []
+                    self._client.log_artifacts(self.run_id, rec[1], rec[2])
+                case "artifact":
+                    self._flush(metrics)
+                    metrics = []
+                    self._client.log_artifact(self.run_id, rec[1])
+                case "end":
+                    self._flush(metrics)
+                    metrics = []
+                    self._client.set_terminated(self.run_id, rec[1])
+        self._flush(metrics)
+
+    def _flush(self, metrics: list) -> None:
+        for i in range(0, len(metrics), 1000):  # MLflow's MAX_METRICS_PER_BATCH
+            self._client.log_batch(self.run_id, metrics=metrics[i : i + 1000], synchronous=True)
+
+    def _start(self) -> None:
+        """Creates the run (or finds the one this line has) and records this segment."""
+        from mlflow import MlflowClient
+        from mlflow.entities import Param, RunTag
+
+        run, c = self._run, self._continued
+        if self._client is None:
+            self._client = MlflowClient(tracking_uri=self.uri)
+        client = self._client
+        run_id = c.run_id or self._find_by_token(c.token)
+        if run_id is None:
+            name = run.cfg.log.experiment
+            exp = client.get_experiment_by_name(name)
+            if exp is None:
+                location = None
+                if self.uri.startswith("sqlite:///"):  # not MLflow's ./mlruns in whatever folder the run started from
+                    location = (Path(self.uri[len("sqlite:///") :]).parent / "mlartifacts").absolute().as_uri()
+                exp_id = client.create_experiment(name, artifact_location=location)
+            else:
+                exp_id = exp.experiment_id
+            tags = {
+                "vitlarge.token": c.token,
+                "vitlarge.line": _tracking.line_key(run.line) or "(from scratch)",
+                "vitlarge.workdir": str(Path(run.workdir).absolute()),
+            }
+            if c.parent_id:
+                tags["mlflow.parentRunId"] = c.parent_id
+            run_name = Path(run.workdir).name + (f"-from-step-{run.start_step}" if c.parent_id else "")
+            run_id = client.create_run(exp_id, tags=tags, run_name=run_name).info.run_id
+        else:
+            client.update_run(run_id, status="RUNNING")
+        _tracking.save_id(run.workdir, run.line, TRACKER, run_id)
+        self.run_id = run_id
+
+        params = _tracking.flat_params(run.cfg.to_dict())
+        logged = client.get_run(run_id).data.params
+        edits = {k: f"{logged[k]} -> {v}" for k, v in params.items() if k in logged and logged[k] != v}
+        new = [Param(k, v) for k, v in params.items() if k not in logged]
+        seg = c.segment.record()
+        if edits:
+            seg["edited"] = edits
+        tags = {
+            "vitlarge.commit": _tracking.source_commit(),
+            "vitlarge.world_size": str(run.world_size),
+            "vitlarge.device": run.device,
+            "vitlarge.precision": run.cfg.train.precision,
+            "vitlarge.precision_reason": run.precision_why or "set by the config (train.precision)",
+            "vitlarge.plugin": run.cfg.train.plugin,
+            f"vitlarge.segment.{c.segment.number}": json.dumps(seg)[:7900],
+        }
+        for i in range(0, len(new), 100):  # MLflow's MAX_PARAMS_TAGS_PER_BATCH
+            client.log_batch(run_id, params=new[i : i + 100], synchronous=True)
+        client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()], synchronous=True)
+
+    def _find_by_token(self, token: str) -> str | None:
+        """The run a process killed before saving its id had created (its token tag), or None."""
+        exp = self._client.get_experiment_by_name(self._run.cfg.log.experiment)
+        if exp is None:
+            return None
+        found = self._client.search_runs([exp.experiment_id], f"tags.`vitlarge.token` = '{token}'", max_results=1)
+        return found[0].info.run_id if found else None
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

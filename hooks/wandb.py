@@ -1,0 +1,151 @@
+"""The run in Weights & Biases (``log.wandb=true``): one W&B run per checkpoint line, written off the training thread.
+
+Main rank only. Configured as W&B users expect, by its own variables (``WANDB_PROJECT``, ``WANDB_ENTITY``,
+``WANDB_MODE=offline``, ``WANDB_DIR``, ``WANDB_API_KEY``...); ``log.wandb_project`` sets the project, else
+``WANDB_PROJECT``, else ``log.experiment`` (the recipe's name). The run's files go to ``WANDB_DIR``, else the workdir
+(``<workdir>/wandb``). The run id is this line's (``trackers.json``), else ``WANDB_RUN_ID``, else a new one.
+``wandb.init`` and every ``log`` run on `hooks._sender`'s thread: W&B's service process (``wandb-core``, started by
+``wandb.init``: about a second and ~100 MB) never delays a step, and a W&B that is down costs one warning line.
+Console capture is off unless ``WANDB_CONSOLE`` says otherwise (the launcher's log has the console).
+
+* config: the resolved config (nested as the recipe's sections), and ``vitlarge`` (commit, world size, device,
+  precision and its reason, plugin, parent run); ``segment_<n>`` per process start (start step, world size, reason);
+* history at the optimizer step: the same fields as `hooks.mlflow` (metrics.jsonl's names);
+* at the end: the timm export as a ``model`` artifact and ``metrics.png`` among the run's files.
+
+A resume continues the same run and rewinds it to the resumed step (``resume_from="<id>?_step=<step>"``): the steps
+replayed after a kill -9 replace the killed attempt's, as in `read_metrics`. Offline, W&B records the rewind and
+``wandb sync`` applies it; where the server refuses rewinding, the hook resumes with ``resume="allow"`` instead and
+W&B drops the replayed steps (it takes no step below the run's last): the history then keeps the killed attempt's
+values for them (docs/LOGS.md).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from vitlarge.events import EvalMetrics, Hook, RunInfo, StepMetrics
+
+from . import _tracking
+from ._sender import FLUSH_TIMEOUT_S, Sender
+
+TRACKER = "wandb"
+
+
+def _new_id() -> str:
+    import secrets
+    import string
+
+    return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+
+
+class WandbHook(Hook):
+    def __init__(self, workdir: str, flush_timeout_s: float = FLUSH_TIMEOUT_S):
+        self.workdir = workdir
+        self.flush_timeout_s = flush_timeout_s
+        self.sender: Sender | None = None
+        self.wandb_run = None
+        self._finished = False
+
+    def on_train_start(self, run: RunInfo) -> None:
+        if not run.is_main:
+            return
+        try:
+            import wandb  # noqa: F401 (before the first step, as hooks.mlflow imports MLflow)
+        except ImportError as e:  # installed (checked before the rendezvous) but broken: the run goes on without it
+            _tracking.log.warning(f"warning: wandb does not import ({e}); this run is not tracked in W&B")
+            return
+
+        self._run = run
+        self.project = run.cfg.log.wandb_project or os.environ.get("WANDB_PROJECT") or run.cfg.log.experiment
+        self._continued = _tracking.begin(run, TRACKER)
+        self.run_id = self._continued.run_id or os.environ.get("WANDB_RUN_ID") or _new_id()
+        if not _tracking.RUN_ID.match(self.run_id):
+            self.run_id = _new_id()
+        if self._continued.run_id is None:  # known before W&B starts: a kill -9 during init still continues it
+            _tracking.save_id(run.workdir, run.line, TRACKER, self.run_id)
+        self.sender = Sender("wandb", self._send, what=f"W&B project {self.project}")
+        self.sender.put(("start",))
+
+    def on_step_end(self, run: RunInfo, m: StepMetrics) -> None:
+        if self.sender is not None:
+            self.sender.put(("log", m.step, _tracking.numbers(m.record())))
+
+    def on_eval_end(self, run: RunInfo, m: EvalMetrics) -> None:
+        if self.sender is not None:
+            self.sender.put(("log", m.step, _tracking.numbers(m.record())))
+
+    def on_train_end(self, run: RunInfo, summary: EvalMetrics) -> None:
+        self._finished = True
+
+    def on_export(self, run: RunInfo, path: str) -> None:
+        if self.sender is not None:
+            self.sender.put(("export", path))
+
+    def on_close(self, run: RunInfo) -> None:
+        if self.sender is None:
+            return
+        self.sender.put(("end", 0 if self._finished else 1))
+        self.sender.close(self.flush_timeout_s)
+        self.sender = None
+
+    # On the sender's thread from here.
+
+    def _send(self, batch: list) -> None:
+        if self.wandb_run is None:
+            self._start()
+        r = self.wandb_run
+        for rec in batch:
+            match rec[0]:
+                case "log":
+                    r.log(rec[2], step=rec[1])
+                case "export":
+                    import wandb
+
+                    art = wandb.Artifact(f"{_safe(Path(self.workdir).name)}-model", type="model")
+                    art.add_dir(rec[1])
+                    r.log_artifact(art)
+                    png = Path(self.workdir) / "metrics.png"
+                    if png.is_file():
+                        r.save(str(png), base_path=self.workdir, policy="now")
+                case "end":
+                    r.finish(exit_code=rec[1])
+
+    def _start(self) -> None:
+        import wandb
+
+        run, c = self._run, self._continued
+        seg = c.segment
+        vitlarge = {
+            "commit": _tracking.source_commit(),
+            "world_size": run.world_size,
+            "device": run.device,
+            "precision": run.cfg.train.precision,
+            "precision_reason": run.precision_why or "set by the config (train.precision)",
+            "plugin": run.cfg.train.plugin,
+            "line": _tracking.line_key(run.line) or "(from scratch)",
+            "parent_run": c.parent_id,
+        }
+        kwargs = dict(
+            project=self.project,
+            config={**run.cfg.to_dict(), "vitlarge": vitlarge},
+            name=Path(run.workdir).name,
+            dir=None if os.environ.get("WANDB_DIR") else run.workdir,
+            settings=wandb.Settings(console="off") if "WANDB_CONSOLE" not in os.environ else None,
+        )
+        if c.parent_id:
+            kwargs["notes"] = f"continues W&B run {c.parent_id} from step {run.start_step} (--resume of an older step)"
+        if seg.number == 1:
+            self.wandb_run = wandb.init(id=self.run_id, resume="allow", **kwargs)
+        else:
+            try:  # rewind to the resumed step: the replayed steps replace the killed attempt's
+                self.wandb_run = wandb.init(resume_from=f"{self.run_id}?_step={run.start_step}", **kwargs)
+            except Exception:  # noqa: BLE001 (a server without rewinding: continue the run, replayed steps dropped)
+                self.wandb_run = wandb.init(id=self.run_id, resume="allow", **kwargs)
+        self.wandb_run.config.update({f"segment_{seg.number}": seg.record()}, allow_val_change=True)
+
+
+def _safe(name: str) -> str:
+    """An artifact name: letters, digits, ``-``, ``_`` and ``.``."""
+    return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in name) or "run"

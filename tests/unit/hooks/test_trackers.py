@@ -1,0 +1,188 @@
+"""What the tracker hooks share, in process: the background sender (hooks/_sender.py) and one tracked run per
+checkpoint line (hooks/_tracking.py, ``<workdir>/trackers.json``). The hooks against a real MLflow server and W&B's
+offline mode, in real runs: tests/e2e/test_trackers.py."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+
+import pytest
+
+from hooks import _tracking
+from hooks._sender import Sender
+from tests.unit.hooks.test_hooks import make_run
+from vitlarge.config.schema import Config
+
+
+def warnings_of(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_full_queue_drops_and_counts_and_put_never_blocks(caplog):
+    entered, release, sent = threading.Event(), threading.Event(), []
+
+    def send(batch):
+        entered.set()
+        release.wait()
+        sent.extend(batch)
+
+    s = Sender("t", send, maxsize=5, what="a slow server")
+    s.put(0)
+    assert entered.wait(30)  # the thread holds record 0 in a send that does not return
+    for i in range(1, 20):
+        s.put(i)  # 5 fit, 14 are dropped: none of these calls waits for the send
+    assert s.dropped == 14
+    release.set()
+    assert s.close(timeout=30) == 14
+    assert sent == [0, 1, 2, 3, 4, 5]
+    assert warnings_of(caplog) == ["warning: t: 14 records not sent to a slow server; metrics.jsonl has every step"]
+
+
+def test_a_dead_tracker_is_one_warning_line_then_counts_never_an_exception(caplog):
+    def send(batch):
+        raise ConnectionError("[Errno 111] Connection refused")
+
+    s = Sender("mlflow", send, what="http://127.0.0.1:9")
+    for i in range(50):
+        s.put(i)
+    assert s.close(timeout=30) == 50
+    first, last = warnings_of(caplog)
+    assert first.startswith(
+        "warning: mlflow: cannot send to http://127.0.0.1:9 (ConnectionError: [Errno 111] Connection refused); "
+        "training goes on"
+    )
+    assert last == "warning: mlflow: 50 records not sent to http://127.0.0.1:9; metrics.jsonl has every step"
+
+
+def test_while_sends_fail_a_line_counts_the_dropped_records_periodically(caplog):
+    calls = threading.Semaphore(0)
+
+    def send(batch):
+        calls.release()
+        raise TimeoutError("read timed out")
+
+    s = Sender("wandb", send, report_every_s=0)  # every failure past the first reports the count
+    for i in range(3):
+        s.put(i)
+        assert calls.acquire(timeout=30)  # one record per batch
+    s.close(timeout=30)
+    lines = warnings_of(caplog)
+    assert lines[0].startswith("warning: wandb: cannot send to the tracker (TimeoutError: read timed out)")
+    assert lines[1:3] == ["warning: wandb: 2 records not sent so far", "warning: wandb: 3 records not sent so far"]
+
+
+def test_closing_waits_a_bounded_time_for_a_tracker_that_hangs_and_says_what_was_not_sent(caplog):
+    release = threading.Event()
+    s = Sender("mlflow", lambda batch: release.wait(), what="a hung server")
+    for i in range(3):
+        s.put(i)
+    try:
+        unsent = s.close(timeout=0.2)  # returns although the send never does
+    finally:
+        release.set()
+    assert unsent == 3
+    assert warnings_of(caplog) == [
+        "warning: mlflow: 3 records not sent to a hung server (still sending when the wait ended); "
+        "metrics.jsonl has every step"
+    ]
+
+
+# One tracked run per checkpoint line.
+
+
+def test_each_start_is_a_segment_of_the_lines_tracked_run(tmp_path, monkeypatch):
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+    first = _tracking.begin(make_run(tmp_path), "mlflow")
+    assert (first.run_id, first.parent_id, first.segment.number, first.segment.reason) == (None, None, 1, "start")
+    assert first.segment.world_size == 4 and first.segment.start_step == 0
+    _tracking.save_id(str(tmp_path), None, "mlflow", "0123456789abcdef0123456789abcdef")
+
+    again = _tracking.begin(make_run(tmp_path, start_step=6), "mlflow")  # kill -9, rerun: resumes at step 6
+    assert (again.run_id, again.segment.number, again.segment.reason) == (
+        "0123456789abcdef0123456789abcdef",
+        2,
+        "resume",
+    )
+    assert again.token == first.token
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    requeued = _tracking.begin(make_run(tmp_path, start_step=8, world_size=2), "mlflow")  # fewer nodes
+    assert (requeued.segment.number, requeued.segment.reason, requeued.segment.world_size) == (3, "requeue", 2)
+    assert _tracking.begin(make_run(tmp_path), "mlflow").segment.reason == "restart"  # killed before a checkpoint
+    assert _tracking.begin(make_run(tmp_path), "wandb").segment.number == 1  # each tracker counts its own
+
+
+def test_a_resume_of_an_older_step_starts_a_new_tracked_run_whose_parent_is_the_old_one(tmp_path):
+    _tracking.begin(make_run(tmp_path), "mlflow")
+    _tracking.save_id(str(tmp_path), None, "mlflow", "a" * 32)
+    line = str(tmp_path / "checkpoints" / "step_0000004")  # --resume of step 4 of the line from scratch
+    new = _tracking.begin(make_run(tmp_path, start_step=4, line=line, resumed_line=None), "mlflow")
+    assert (new.run_id, new.parent_id, new.segment.reason) == (None, "a" * 32, "resume-from")
+    _tracking.save_id(str(tmp_path), line, "mlflow", "b" * 32)
+    # The same --resume again (a requeue replays it): the new line's run continues, its parent kept.
+    again = _tracking.begin(make_run(tmp_path, start_step=6, line=line, resumed_line=line), "mlflow")
+    assert (again.run_id, again.parent_id, again.segment.number) == ("b" * 32, "a" * 32, 2)
+    saved = json.loads((tmp_path / "trackers.json").read_text())["lines"]
+    assert saved[""]["mlflow"]["id"] == "a" * 32 and saved[line]["mlflow"]["id"] == "b" * 32
+
+
+def test_another_mlflow_store_starts_a_new_tracked_run(tmp_path):
+    _tracking.begin(make_run(tmp_path), "mlflow", same_store={"uri": "sqlite:///a.db"})
+    _tracking.save_id(str(tmp_path), None, "mlflow", "a" * 32)
+    assert _tracking.begin(make_run(tmp_path, start_step=2), "mlflow", same_store={"uri": "sqlite:///a.db"}).run_id
+    other = _tracking.begin(make_run(tmp_path, start_step=4), "mlflow", same_store={"uri": "http://h:5000"})
+    assert (other.run_id, other.segment.number) == (None, 1)
+
+
+@pytest.mark.parametrize(
+    "content, why",
+    [
+        ("{not json", "is unreadable"),
+        ('{"lines": []}', "holds no 'lines' map"),
+        ('{"lines": {"": {"mlflow": {"id": "../../etc", "token": "' + "0" * 32 + '", "segments": 1}}}}', "malformed"),
+        ('{"lines": {"": {"mlflow": {"id": null, "token": "x", "segments": 1}}}}', "malformed"),
+        ('{"lines": {"": {"mlflow": {"id": null, "token": "' + "0" * 32 + '", "segments": -1}}}}', "malformed"),
+    ],
+)
+def test_a_malformed_trackers_file_is_one_line_and_a_new_tracked_run(tmp_path, caplog, content, why):
+    (tmp_path / "trackers.json").write_text(content)
+    c = _tracking.begin(make_run(tmp_path, start_step=4), "mlflow")
+    assert (c.run_id, c.segment.number) == (None, 1)
+    (line,) = warnings_of(caplog)
+    assert line.startswith(f"warning: {tmp_path / 'trackers.json'}") and why in line, line
+    json.loads((tmp_path / "trackers.json").read_text())  # rewritten whole
+
+
+def test_the_trackers_file_is_read_capped_and_a_planted_link_is_never_followed(tmp_path, caplog):
+    outside = tmp_path / "outside.json"
+    outside.write_text('{"lines": {}}')
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    os.symlink(outside, workdir / "trackers.json")
+    _tracking.begin(make_run(workdir), "mlflow")
+    assert outside.read_text() == '{"lines": {}}'  # neither read through nor written through
+    assert not (workdir / "trackers.json").is_symlink()
+    assert "is unreadable" in warnings_of(caplog)[0]
+    big = tmp_path / "big"
+    big.mkdir()
+    (big / "trackers.json").write_text(" " * (_tracking.STATE_MAX_BYTES + 1))
+    assert _tracking.read_state(big) == {"lines": {}}
+
+
+def test_every_resolved_config_key_is_a_parameter_cut_at_500_characters():
+    cfg = Config()
+    cfg.train.phases = [{"epoch": i, "image_size": 224} for i in range(40)]
+    params = _tracking.flat_params(cfg.to_dict())
+    from vitlarge.config.load import all_keys
+
+    assert set(params) == set(all_keys(cfg))
+    assert params["optim.betas"] == "[0.9, 0.999]" and params["workdir"] == "runs/default"
+    assert params["log.mlflow"] == "false" and params["log.mlflow_uri"] == "null"
+    assert len(params["train.phases"]) == 500 and params["train.phases"].endswith("...")
+
+
+def test_the_commit_is_read_from_the_checkout_without_starting_git():
+    assert re.fullmatch(r"[0-9a-f]{40}", _tracking.source_commit())
