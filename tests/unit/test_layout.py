@@ -1,5 +1,6 @@
 """The layout stays one-way and formatted: import-linter's layers contract, no import cycle, ruff."""
 
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -48,7 +49,15 @@ def test_packages_import_only_downwards(capsys, monkeypatch):
 
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(sys, "path", list(sys.path))  # it puts the working directory first; put back after
-    status = lint_imports(no_logo=True)
+    # It configures logging with dictConfig, which disables every logger that exists ("vitlarge" among them):
+    # the tests after this one in the process (an xdist worker's next file) would capture no records.
+    loggers = [x for x in logging.Logger.manager.loggerDict.values() if isinstance(x, logging.Logger)]
+    disabled = [(x, x.disabled) for x in loggers]
+    try:
+        status = lint_imports(no_logo=True)
+    finally:
+        for logger, was in disabled:
+            logger.disabled = was
     out = capsys.readouterr().out
     assert status == EXIT_STATUS_SUCCESS, out[-4000:]
     assert "0 broken" in out
