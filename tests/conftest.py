@@ -27,6 +27,21 @@ def pytest_xdist_make_scheduler(config, log):
     return ByFile(config, log)
 
 
+def pytest_collection_modifyitems(config, items):
+    """In an xdist worker (each collects the same list; the controller hands out whole files from it in its
+    order): the Slurm files first, the longest unit of work, then the other end-to-end files, then the unit
+    tier's small files, which fill the gaps at the end. A plain session keeps pytest's order."""
+    if hasattr(config, "workerinput"):
+        items.sort(key=_start_order)
+
+
+def _start_order(item) -> int:
+    path = item.nodeid.split("::", 1)[0]
+    if os.path.basename(path) in SERIAL:
+        return 0
+    return 1 if path.startswith("tests/e2e/") else 2
+
+
 def pytest_configure(config):
     from tests.gpu.conftest import register_table
     from tests.unit.conftest import register_budget

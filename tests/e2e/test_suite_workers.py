@@ -25,7 +25,7 @@ def test_a_file_runs_on_one_worker_and_the_slurm_files_together_in_order(pyteste
     pytester.makeconftest(
         "import sys\n"
         f"sys.path.insert(0, {str(ROOT)!r})\n"
-        "from tests.conftest import SERIAL, pytest_xdist_make_scheduler  # noqa: F401  (the suite's scheduling)\n"
+        "from tests.conftest import SERIAL, pytest_collection_modifyitems, pytest_xdist_make_scheduler  # noqa: F401  (the suite's scheduling)\n"
     )
     pytester.makepyfile(
         **{name: RECORD for name in ("test_a", "test_b", "test_c", "test_slurm", "test_slurm_multinode")}
@@ -41,5 +41,9 @@ def test_a_file_runs_on_one_worker_and_the_slurm_files_together_in_order(pyteste
     assert len(by_file) == 5 and all(len(w) == 1 for w in by_file.values()), by_file
     assert by_file["test_slurm.py"] == by_file["test_slurm_multinode.py"], by_file
     assert len({w for ws in by_file.values() for w in ws}) == 2, by_file  # both workers had work
+    firsts = {}
+    for worker, nodeid in lines:
+        firsts.setdefault(worker, nodeid)
+    assert "test_slurm.py::test_0" in firsts.values(), firsts  # the longest unit starts first
     slurm_files = [nodeid.split("::")[0] for _, nodeid in lines if nodeid.startswith("test_slurm")]
     assert slurm_files == sorted(slurm_files), slurm_files  # test_slurm.py's tests, then test_slurm_multinode.py's
