@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import re
 import threading
@@ -198,8 +197,13 @@ def numbers(record: dict) -> dict[str, float]:
     return out
 
 
-def finite(values: dict[str, float]) -> dict[str, float]:
-    return {k: v for k, v in values.items() if math.isfinite(v)}
+def warn_off(tracker: str, title: str, e: BaseException) -> None:
+    """The one line of a tracker that could not start: this run is not tracked there, training goes on."""
+    why = " ".join(str(e).split())[:300]
+    log.warning(
+        f"warning: {tracker}: cannot start ({type(e).__name__}{': ' + why if why else ''}); this run is not tracked "
+        f"in {title}, training goes on without it"
+    )
 
 
 def source_commit() -> str:

@@ -50,16 +50,19 @@ class MlflowHook(Hook):
     def on_train_start(self, run: RunInfo) -> None:
         if not run.is_main:
             return
+        try:  # a broken install (a dependency raising at import), an unwritable trackers.json: the run goes on
+            self._begin(run)
+        except Exception as e:  # noqa: BLE001
+            self.sender = None
+            _tracking.warn_off(TRACKER, "MLflow", e)
+
+    def _begin(self, run: RunInfo) -> None:
         # A server that is down must fail a request at once, not after MLflow's default 7 retries with backoff.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         # Imported here, before the first step, as TensorBoard's writer is (a few seconds): on the sender's thread it
         # would hold the first records back while the steps go on, and a kill -9 then loses them.
-        try:
-            import mlflow  # noqa: F401
-        except ImportError as e:  # installed (checked before the rendezvous) but broken: the run goes on without it
-            _tracking.log.warning(f"warning: mlflow does not import ({e}); this run is not tracked in MLflow")
-            return
+        import mlflow  # noqa: F401
 
         self.uri = tracking_uri(run.cfg.log.mlflow_uri, run.workdir)
         self._run = run

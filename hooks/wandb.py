@@ -51,11 +51,14 @@ class WandbHook(Hook):
     def on_train_start(self, run: RunInfo) -> None:
         if not run.is_main:
             return
-        try:
-            import wandb  # noqa: F401 (before the first step, as hooks.mlflow imports MLflow)
-        except ImportError as e:  # installed (checked before the rendezvous) but broken: the run goes on without it
-            _tracking.log.warning(f"warning: wandb does not import ({e}); this run is not tracked in W&B")
-            return
+        try:  # a broken install (a dependency raising at import), an unwritable trackers.json: the run goes on
+            self._begin(run)
+        except Exception as e:  # noqa: BLE001
+            self.sender = None
+            _tracking.warn_off(TRACKER, "W&B", e)
+
+    def _begin(self, run: RunInfo) -> None:
+        import wandb  # noqa: F401 (before the first step, as hooks.mlflow imports MLflow)
 
         self._run = run
         self.project = run.cfg.log.wandb_project or os.environ.get("WANDB_PROJECT") or run.cfg.log.experiment

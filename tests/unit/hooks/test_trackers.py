@@ -8,13 +8,14 @@ import json
 import logging
 import os
 import re
+import sys
 import threading
 
 import pytest
 
 from hooks import _tracking
 from hooks._sender import Sender
-from tests.unit.hooks.test_hooks import make_run
+from tests.unit.hooks.test_hooks import make_run, step_metrics
 from vitlarge.config.schema import Config
 
 
@@ -186,3 +187,57 @@ def test_every_resolved_config_key_is_a_parameter_cut_at_500_characters():
 
 def test_the_commit_is_read_from_the_checkout_without_starting_git():
     assert re.fullmatch(r"[0-9a-f]{40}", _tracking.source_commit())
+
+
+# A tracker that breaks at the start of a run (a broken install, an unwritable workdir) is one line, never a crash.
+
+
+def _tracker_hooks():
+    from hooks.mlflow import MlflowHook
+    from hooks.wandb import WandbHook
+
+    return [("mlflow", MlflowHook), ("wandb", WandbHook)]
+
+
+@pytest.mark.parametrize("name, hook_cls", _tracker_hooks())
+def test_a_tracker_that_is_installed_but_fails_to_import_is_one_line_and_training_goes_on(
+    tmp_path, monkeypatch, caplog, name, hook_cls
+):
+    broken = tmp_path / "site" / name  # what find_spec passes: the package is there, its import raises
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise TypeError('Descriptors cannot be created directly.')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+        monkeypatch.delitem(sys.modules, mod)
+    hook = hook_cls(str(tmp_path))
+    run = make_run(tmp_path)
+    hook.on_train_start(run)
+    hook.on_step_end(run, step_metrics(1))
+    hook.on_close(run)
+    (line,) = warnings_of(caplog)
+    assert line.startswith(f"warning: {name}: ") and "TypeError: Descriptors cannot be created directly." in line, line
+    assert "training goes on without it" in line, line
+    assert hook.sender is None
+
+
+@pytest.mark.parametrize("name, hook_cls", _tracker_hooks())
+def test_a_trackers_file_that_cannot_be_written_is_one_line_and_training_goes_on(
+    tmp_path, monkeypatch, caplog, name, hook_cls
+):
+    (tmp_path / "trackers.json").mkdir()  # as a full disk or a read-only workdir: writing it raises OSError
+    # The tracker is never reached (trackers.json is written before it starts): an empty package stands for it, so
+    # this in-process test does not pay the real import (seconds, and a subprocess of MLflow's).
+    plain = tmp_path / "site" / name
+    plain.mkdir(parents=True)
+    (plain / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+        monkeypatch.delitem(sys.modules, mod)
+    hook = hook_cls(str(tmp_path))
+    run = make_run(tmp_path)
+    hook.on_train_start(run)
+    hook.on_step_end(run, step_metrics(1))
+    hook.on_close(run)
+    lines = [w for w in warnings_of(caplog) if w.startswith(f"warning: {name}: ")]
+    assert len(lines) == 1 and "training goes on without it" in lines[0], warnings_of(caplog)
+    assert hook.sender is None
