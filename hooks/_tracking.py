@@ -138,7 +138,8 @@ def begin(run: RunInfo, tracker: str, same_store: dict | None = None) -> Continu
                 reason = "start"
             elif line_key(run.resumed_line) != key:
                 reason = "resume-from"
-                parent = state["lines"].get(line_key(run.resumed_line), {}).get(tracker, {}).get("id")
+                if _in_checkpoints(run.workdir, key):  # another workdir's lines are not in this trackers.json
+                    parent = state["lines"].get(line_key(run.resumed_line), {}).get(tracker, {}).get("id")
             else:
                 reason = "resume"
             saved = {"id": None, "token": uuid.uuid4().hex, "segments": 0, "parent": parent, **(same_store or {})}
@@ -158,6 +159,14 @@ def begin(run: RunInfo, tracker: str, same_store: dict | None = None) -> Continu
         )
         _write_state(run.workdir, state)
         return Continued(saved["id"], saved.get("parent"), saved["token"], dict(saved), segment)
+
+
+def _in_checkpoints(workdir: str, checkpoint: str) -> bool:
+    """Whether ``checkpoint`` (a line: the path a ``--resume`` named) is in this workdir's ``checkpoints/``."""
+    try:
+        return Path(checkpoint).resolve().is_relative_to((Path(workdir) / "checkpoints").resolve())
+    except (OSError, RuntimeError):  # a link loop
+        return False
 
 
 def save_id(workdir: str, line: str | None, tracker: str, run_id: str) -> None:

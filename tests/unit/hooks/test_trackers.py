@@ -130,6 +130,16 @@ def test_a_resume_of_an_older_step_starts_a_new_tracked_run_whose_parent_is_the_
     assert saved[""]["mlflow"]["id"] == "a" * 32 and saved[line]["mlflow"]["id"] == "b" * 32
 
 
+def test_a_resume_of_another_workdirs_checkpoint_names_no_parent(tmp_path):
+    here, there = tmp_path / "here", tmp_path / "there"
+    here.mkdir()
+    _tracking.begin(make_run(here), "mlflow")
+    _tracking.save_id(str(here), None, "mlflow", "a" * 32)  # this workdir's line from scratch, not the one resumed
+    line = str(there / "checkpoints" / "step_0000004")  # --resume of another workdir's step 4 (its line from scratch)
+    new = _tracking.begin(make_run(here, start_step=4, line=line, resumed_line=None), "mlflow")
+    assert (new.run_id, new.parent_id, new.segment.reason) == (None, None, "resume-from")
+
+
 def test_another_mlflow_store_starts_a_new_tracked_run(tmp_path):
     _tracking.begin(make_run(tmp_path), "mlflow", same_store={"uri": "sqlite:///a.db"})
     _tracking.save_id(str(tmp_path), None, "mlflow", "a" * 32)
