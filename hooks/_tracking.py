@@ -53,6 +53,11 @@ class Segment:
     (``SLURM_RESTART_COUNT`` > 0), ``resume-from`` (the first segment of a line a ``--resume`` started)."""
     time: str
 
+    @property
+    def name(self) -> str:
+        """The number as tag and config keys carry it (``vitlarge.segment.002``): zero-padded, so they sort in order."""
+        return f"{self.number:03d}"
+
     def record(self) -> dict[str, Any]:
         return asdict(self)
 

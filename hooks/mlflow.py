@@ -8,8 +8,8 @@ thread: a tracker that is down or slow costs one warning line, never a step (doc
 * parameters: every resolved config key (``train.global_batch``...), values cut at 500 characters; a resume whose
   config differs keeps the first values (MLflow's parameters cannot change) and tags the segment with the edits;
 * tags: ``vitlarge.commit``, ``vitlarge.world_size``, ``vitlarge.device``, ``vitlarge.precision`` and
-  ``vitlarge.precision_reason``, ``vitlarge.plugin``, and ``vitlarge.segment.<n>`` per process start (JSON: start
-  step, world size, reason); ``mlflow.parentRunId`` on a run a ``--resume`` of an older step started;
+  ``vitlarge.precision_reason``, ``vitlarge.plugin``, and ``vitlarge.segment.<nnn>`` per process start (``001``...;
+  JSON: start step, world size, reason); ``mlflow.parentRunId`` on a run a ``--resume`` of an older step started;
 * metrics at the optimizer step, named as metrics.jsonl names them: every numeric field of a ``train`` record
   (``train_loss``, ``lr``, ``grad_norm``, ``loss_scale``, ``images_per_s``, ``data_time``, ``peak_mem_bytes``,
   ``skipped``...) and of an ``eval`` record (``val_top1``, ``val_top5``, ``val_loss`` and the EMA's);
@@ -183,7 +183,7 @@ class MlflowHook(Hook):
             "vitlarge.precision": run.cfg.train.precision,
             "vitlarge.precision_reason": run.precision_why or "set by the config (train.precision)",
             "vitlarge.plugin": run.cfg.train.plugin,
-            f"vitlarge.segment.{c.segment.number}": json.dumps(seg)[:7900],
+            f"vitlarge.segment.{c.segment.name}": json.dumps(seg)[:7900],
         }
         for i in range(0, len(new), 100):  # MLflow's MAX_PARAMS_TAGS_PER_BATCH
             client.log_batch(run_id, params=new[i : i + 100], synchronous=True)

@@ -9,7 +9,8 @@ Main rank only. Configured as W&B users expect, by its own variables (``WANDB_PR
 Console capture is off unless ``WANDB_CONSOLE`` says otherwise (the launcher's log has the console).
 
 * config: the resolved config (nested as the recipe's sections), and ``vitlarge`` (commit, world size, device,
-  precision and its reason, plugin, parent run); ``segment_<n>`` per process start (start step, world size, reason);
+  precision and its reason, plugin, parent run); ``segment_<nnn>`` per process start (``segment_001``...; start
+  step, world size, reason);
 * history at the optimizer step: the same fields as `hooks.mlflow` (metrics.jsonl's names);
 * at the end: the timm export as a ``model`` artifact and ``metrics.png`` among the run's files.
 
@@ -146,7 +147,7 @@ class WandbHook(Hook):
                 self.wandb_run = wandb.init(resume_from=f"{self.run_id}?_step={run.start_step}", **kwargs)
             except Exception:  # noqa: BLE001 (a server without rewinding: continue the run, replayed steps dropped)
                 self.wandb_run = wandb.init(id=self.run_id, resume="allow", **kwargs)
-        self.wandb_run.config.update({f"segment_{seg.number}": seg.record()}, allow_val_change=True)
+        self.wandb_run.config.update({f"segment_{seg.name}": seg.record()}, allow_val_change=True)
 
 
 def _safe(name: str) -> str:

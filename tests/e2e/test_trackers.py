@@ -205,7 +205,7 @@ def test_a_line_killed_9_and_rerun_is_one_mlflow_run_and_one_wandb_run(demo_data
     killed, resumed = (read_run(d) for d in dirs)
     assert killed["id"] in (None, ids["wandb"]) and resumed["id"] == ids["wandb"]
     assert resumed["config"]["_wandb"]["branch_point"] == {"run_id": ids["wandb"], "step": 6}
-    assert resumed["config"]["segment_2"]["reason"] == "resume"
+    assert resumed["config"]["segment_002"]["reason"] == "resume"
     assert {row["_step"]: row["train_loss"] for row in resumed["history"] if "train_loss" in row} == {
         s: v for s, v in expected["train_loss"].items() if s > 6
     }
@@ -218,7 +218,7 @@ def test_a_line_killed_9_and_rerun_is_one_mlflow_run_and_one_wandb_run(demo_data
     assert child_ids["mlflow"] != ids["mlflow"] and child_ids["wandb"] != ids["wandb"]
     child = client.get_run(child_ids["mlflow"])
     assert child.data.tags["mlflow.parentRunId"] == ids["mlflow"]
-    seg = json.loads(child.data.tags["vitlarge.segment.1"])
+    seg = json.loads(child.data.tags["vitlarge.segment.001"])
     assert (seg["start_step"], seg["reason"]) == (6, "resume-from")
     assert {m.step for m in client.get_metric_history(child.info.run_id, "train_loss")} == {7}
     (child_dir,) = (tmp_path / "wandb" / "wandb").glob(f"offline-run-*-{child_ids['wandb']}")
@@ -270,7 +270,7 @@ def test_a_tracker_that_goes_down_mid_run_costs_one_line_and_not_a_bit_of_the_ru
             assert {k: rows[m["step"]][k] for k in numeric(m)} == numeric(m), m["step"]
     start_config = records[0]["config"]
     assert {k: w["config"][k] for k in start_config} == start_config
-    assert w["config"]["segment_1"]["reason"] == "start" and w["config"]["vitlarge"]["world_size"] == 2
+    assert w["config"]["segment_001"]["reason"] == "start" and w["config"]["vitlarge"]["world_size"] == 2
 
 
 def drive(hook, run, steps: int = 3) -> None:

@@ -116,6 +116,15 @@ def test_each_start_is_a_segment_of_the_lines_tracked_run(tmp_path, monkeypatch)
     assert _tracking.begin(make_run(tmp_path), "wandb").segment.number == 1  # each tracker counts its own
 
 
+def test_segment_names_sort_in_start_order(tmp_path):
+    names = []
+    for _ in range(11):
+        c = _tracking.begin(make_run(tmp_path), "mlflow")
+        names.append(c.segment.name)
+    assert names[:2] == ["001", "002"] and names[-1] == "011"
+    assert sorted(names, key=str) == names  # as a tag or config key: segment 10 after 9, not after 1
+
+
 def test_a_resume_of_an_older_step_starts_a_new_tracked_run_whose_parent_is_the_old_one(tmp_path):
     _tracking.begin(make_run(tmp_path), "mlflow")
     _tracking.save_id(str(tmp_path), None, "mlflow", "a" * 32)
