@@ -10,10 +10,11 @@ import os
 import re
 import sys
 import threading
+import time
 
 import pytest
 
-from hooks import _tracking
+from hooks import _sender, _tracking
 from hooks._sender import Sender
 from tests.unit.hooks.test_hooks import make_run, step_metrics
 from vitlarge.config.schema import Config
@@ -90,6 +91,56 @@ def test_closing_waits_a_bounded_time_for_a_tracker_that_hangs_and_says_what_was
         "warning: mlflow: 3 records not sent to a hung server (still sending when the wait ended); "
         "metrics.jsonl has every step"
     ]
+
+
+def test_closing_waits_while_batches_keep_arriving_past_the_no_progress_window(monkeypatch, caplog):
+    monkeypatch.setattr(_sender, "BATCH", 1)  # one record a batch: each delivered batch is progress
+    sent = []
+
+    def send(batch):
+        time.sleep(0.1)
+        sent.extend(batch)
+
+    s = Sender("mlflow", send)
+    for i in range(10):
+        s.put(i)
+    assert s.close(timeout=0.5) == 0  # 1 s of sending in all, never 0.5 s without a batch delivered
+    assert sent == list(range(10)) and not warnings_of(caplog)
+
+
+def test_a_send_that_raises_any_exception_never_kills_the_thread(caplog):
+    calls = []
+
+    def send(batch):
+        calls.append(batch)
+        if len(calls) == 1:
+            raise SystemExit(3)  # a library calling sys.exit: not an Exception
+
+    s = Sender("wandb", send, what="W&B")
+    s.put(0)
+    while not calls:
+        time.sleep(0.01)
+    s.put(1)
+    assert s.close(timeout=30) == 1
+    assert calls == [[0], [1]]
+    first, last = warnings_of(caplog)
+    assert first.startswith("warning: wandb: cannot send to W&B (SystemExit: 3)"), first
+    assert last == "warning: wandb: 1 records not sent to W&B; metrics.jsonl has every step"
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_records_left_behind_by_a_dead_thread_are_counted_as_not_sent(caplog):
+    def send(batch):
+        raise KeyboardInterrupt  # not caught: the thread ends
+
+    s = Sender("mlflow", send, what="M")
+    s.put(0)
+    s._thread.join(30)
+    assert not s._thread.is_alive()
+    s.put(1)
+    s.put(2)
+    assert s.close(timeout=30) == 3
+    assert warnings_of(caplog)[-1] == "warning: mlflow: 3 records not sent to M; metrics.jsonl has every step"
 
 
 # One tracked run per checkpoint line.
