@@ -259,6 +259,22 @@ def test_the_commit_is_read_from_the_checkout_without_starting_git():
     assert re.fullmatch(r"[0-9a-f]{40}", _tracking.source_commit())
 
 
+def test_wandb_rewinds_only_a_resume_that_replays_steps(tmp_path):
+    from hooks.wandb import replays
+
+    assert not replays(str(tmp_path), 6)  # no metrics.jsonl yet
+    lines = [{"event": "start", "step": 0}] + [{"event": "train", "step": s} for s in range(1, 7)]
+    lines += [{"event": "checkpoint", "step": 6}, {"event": "end", "step": 6}]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert not replays(str(tmp_path), 6)  # stopped at its checkpoint: the resume logs new steps only
+    with path.open("a") as f:  # resumed at 6, killed -9 after step 8 (and half a line)
+        f.write(json.dumps({"event": "start", "step": 6}) + "\n")
+        f.write("".join(json.dumps({"event": "train", "step": s}) + "\n" for s in (7, 8)) + '{"event": "tr')
+    assert replays(str(tmp_path), 6)  # resumed at 6 again: steps 7 and 8 are replayed
+    assert not replays(str(tmp_path), 8)
+
+
 # A tracker that breaks at the start of a run (a broken install, an unwritable workdir) is one line, never a crash.
 
 
