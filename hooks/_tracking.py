@@ -50,7 +50,8 @@ class Segment:
     world_size: int
     reason: str
     """``start``, ``restart`` (again from step 0: killed before its first checkpoint), ``resume``, ``requeue``
-    (``SLURM_RESTART_COUNT`` > 0), ``resume-from`` (the first segment of a line a ``--resume`` started)."""
+    (``SLURM_RESTART_COUNT`` > 0), ``resume-from`` (the first segment of a line a ``--resume`` started); `hooks.mlflow`
+    sets ``lost`` on the first segment of a run that replaced one its store no longer has."""
     time: str
 
     @property
