@@ -7,8 +7,10 @@ Contract (shared by `hooks.mlflow` and `hooks.wandb`):
   down, slow past its timeout, refusing writes) is one warning line; the records of a failed batch are dropped
   and counted, and while sends keep failing one line every `REPORT_EVERY_S` seconds says how many were dropped.
   Later batches are tried again, so a server that comes back gets the rest of the run.
-* `Sender.close` waits at most ``timeout`` seconds for the queue to drain (the process then leaves with
-  ``os._exit``, which would lose the rest), then says in one line what was not sent.
+* Nothing a send raises ends the thread (`BaseException` but `KeyboardInterrupt`, counted as a failure).
+* `Sender.close` waits for the queue to drain while batches keep being delivered: it gives up when none was for
+  ``timeout`` seconds, or after ``cap`` seconds in all (the process then leaves with ``os._exit``, which would lose
+  the rest), then says in one line what was not sent (records queued, in flight or dropped).
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ from collections.abc import Callable
 log = logging.getLogger("vitlarge")
 
 QUEUE_SIZE = 10_000
-"""Records held while the tracker is slow: about 1,000 steps of metrics (a step is one record)."""
+"""Records held while the tracker is slow: one per optimizer step and per evaluation, so about 10,000 steps."""
 BATCH = 200
 REPORT_EVERY_S = 300.0
 FLUSH_TIMEOUT_S = 10.0
-"""How long the end of a run waits for the records still queued (a slow server costs at most this)."""
+"""How long the end of a run waits for a batch to be delivered before it gives up on the records still queued."""
+FLUSH_CAP_S = 60.0
+"""The most the end of a run waits in all, however steadily batches are delivered."""
 
 _STOP = object()
 
@@ -52,6 +56,8 @@ class Sender:
         self._report_every_s = report_every_s
         self._dropped_reported = 0
         self._in_flight = 0  # records of the batch being sent
+        self._delivered_at = 0.0  # time.monotonic() when the last batch was done with (sent or failed)
+        self._stop_taken = False
         self._thread = threading.Thread(target=self._loop, name=f"vitlarge-{name}", daemon=True)
         self._thread.start()
 
@@ -81,6 +87,7 @@ class Sender:
                         stop = True
                         break
                     batch.append(item)
+            self._stop_taken = stop
             if batch:
                 self._deliver(batch)
             if stop:
@@ -90,7 +97,7 @@ class Sender:
         self._in_flight = len(batch)
         try:
             self._send(batch)
-        except Exception as e:  # noqa: BLE001 (whatever the tracker raises must not reach training)
+        except BaseException as e:  # noqa: BLE001 (whatever the tracker raises, SystemExit too, must not end the thread)
             self._count_dropped(len(batch))
             self.failures += 1
             if self.failures == 1:
@@ -106,23 +113,33 @@ class Sender:
                 log.warning(f"warning: {self.name}: {self.dropped} records not sent so far")
                 self._reported_at = time.monotonic()
                 self._dropped_reported = self.dropped
+            if isinstance(e, KeyboardInterrupt):
+                raise
         finally:
             self._in_flight = 0
+            self._delivered_at = time.monotonic()
 
-    def close(self, timeout: float = FLUSH_TIMEOUT_S) -> int:
-        """Sends what is queued, waiting at most ``timeout`` seconds; returns the records not sent (and says so in
-        one line when there are any)."""
-        deadline = time.monotonic() + timeout
-        while True:  # a full queue still takes the stop mark once the thread drains some
-            try:
-                self._queue.put(_STOP, timeout=max(0.0, deadline - time.monotonic()))
+    def close(self, timeout: float = FLUSH_TIMEOUT_S, cap: float = FLUSH_CAP_S) -> int:
+        """Sends what is queued, waiting while batches keep being delivered: at most ``timeout`` seconds without
+        one, ``cap`` seconds in all. Returns the records not sent (and says so in one line when there are any)."""
+        opened = time.monotonic()
+        cap_at = opened + max(cap, timeout)
+        stop_queued = False
+        while self._thread.is_alive():
+            now = time.monotonic()
+            left = min(cap_at, max(opened, self._delivered_at) + timeout) - now
+            if left <= 0:
                 break
-            except queue.Full:
-                if time.monotonic() >= deadline:
-                    break
-        self._thread.join(max(0.0, deadline - time.monotonic()))
+            if not stop_queued:  # a full queue still takes the stop mark once the thread drains some
+                try:
+                    self._queue.put(_STOP, timeout=min(left, 0.1))
+                    stop_queued = True
+                except queue.Full:
+                    continue
+            self._thread.join(min(left, 0.1))
         alive = self._thread.is_alive()
-        unsent = self.dropped + (self._queue.qsize() + self._in_flight if alive else 0)
+        queued = self._queue.qsize() - (1 if stop_queued and not self._stop_taken else 0)
+        unsent = self.dropped + max(0, queued) + self._in_flight
         if unsent:
             late = " (still sending when the wait ended)" if alive else ""
             log.warning(

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import re
 import threading
@@ -51,8 +50,14 @@ class Segment:
     world_size: int
     reason: str
     """``start``, ``restart`` (again from step 0: killed before its first checkpoint), ``resume``, ``requeue``
-    (``SLURM_RESTART_COUNT`` > 0), ``resume-from`` (the first segment of a line a ``--resume`` started)."""
+    (``SLURM_RESTART_COUNT`` > 0), ``resume-from`` (the first segment of a line a ``--resume`` started); `hooks.mlflow`
+    sets ``lost`` on the first segment of a run that replaced one its store no longer has."""
     time: str
+
+    @property
+    def name(self) -> str:
+        """The number as tag and config keys carry it (``vitlarge.segment.002``): zero-padded, so they sort in order."""
+        return f"{self.number:03d}"
 
     def record(self) -> dict[str, Any]:
         return asdict(self)
@@ -139,7 +144,8 @@ def begin(run: RunInfo, tracker: str, same_store: dict | None = None) -> Continu
                 reason = "start"
             elif line_key(run.resumed_line) != key:
                 reason = "resume-from"
-                parent = state["lines"].get(line_key(run.resumed_line), {}).get(tracker, {}).get("id")
+                if _in_checkpoints(run.workdir, key):  # another workdir's lines are not in this trackers.json
+                    parent = state["lines"].get(line_key(run.resumed_line), {}).get(tracker, {}).get("id")
             else:
                 reason = "resume"
             saved = {"id": None, "token": uuid.uuid4().hex, "segments": 0, "parent": parent, **(same_store or {})}
@@ -159,6 +165,14 @@ def begin(run: RunInfo, tracker: str, same_store: dict | None = None) -> Continu
         )
         _write_state(run.workdir, state)
         return Continued(saved["id"], saved.get("parent"), saved["token"], dict(saved), segment)
+
+
+def _in_checkpoints(workdir: str, checkpoint: str) -> bool:
+    """Whether ``checkpoint`` (a line: the path a ``--resume`` named) is in this workdir's ``checkpoints/``."""
+    try:
+        return Path(checkpoint).resolve().is_relative_to((Path(workdir) / "checkpoints").resolve())
+    except (OSError, RuntimeError):  # a link loop
+        return False
 
 
 def save_id(workdir: str, line: str | None, tracker: str, run_id: str) -> None:
@@ -198,8 +212,13 @@ def numbers(record: dict) -> dict[str, float]:
     return out
 
 
-def finite(values: dict[str, float]) -> dict[str, float]:
-    return {k: v for k, v in values.items() if math.isfinite(v)}
+def warn_off(tracker: str, title: str, e: BaseException) -> None:
+    """The one line of a tracker that could not start: this run is not tracked there, training goes on."""
+    why = " ".join(str(e).split())[:300]
+    log.warning(
+        f"warning: {tracker}: cannot start ({type(e).__name__}{': ' + why if why else ''}); this run is not tracked "
+        f"in {title}, training goes on without it"
+    )
 
 
 def source_commit() -> str:

@@ -8,12 +8,16 @@ thread: a tracker that is down or slow costs one warning line, never a step (doc
 * parameters: every resolved config key (``train.global_batch``...), values cut at 500 characters; a resume whose
   config differs keeps the first values (MLflow's parameters cannot change) and tags the segment with the edits;
 * tags: ``vitlarge.commit``, ``vitlarge.world_size``, ``vitlarge.device``, ``vitlarge.precision`` and
-  ``vitlarge.precision_reason``, ``vitlarge.plugin``, and ``vitlarge.segment.<n>`` per process start (JSON: start
-  step, world size, reason); ``mlflow.parentRunId`` on a run a ``--resume`` of an older step started;
+  ``vitlarge.precision_reason``, ``vitlarge.plugin``, and ``vitlarge.segment.<nnn>`` per process start (``001``...;
+  JSON: start step, world size, reason); ``mlflow.parentRunId`` on a run a ``--resume`` of an older step started;
 * metrics at the optimizer step, named as metrics.jsonl names them: every numeric field of a ``train`` record
   (``train_loss``, ``lr``, ``grad_norm``, ``loss_scale``, ``images_per_s``, ``data_time``, ``peak_mem_bytes``,
   ``skipped``...) and of an ``eval`` record (``val_top1``, ``val_top5``, ``val_loss`` and the EMA's);
 * artifacts at the end: the timm export (``model/``) and ``metrics.png``.
+
+A saved run id the store does not know (the run deleted, the store reset, the workdir moved to a machine whose store
+has the same URI) starts a new run for the line: tag ``vitlarge.lost_run`` (the old id), segment reason ``lost``,
+one warning line.
 
 Steps replayed after a kill -9 (between the last checkpoint and the kill) are logged again at the same steps:
 MLflow keeps both values, the later timestamp is the resumed run's (what `read_metrics` keeps).
@@ -21,6 +25,7 @@ MLflow keeps both values, the later timestamp is the resumed run's (what `read_m
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -46,20 +51,25 @@ class MlflowHook(Hook):
         self.sender: Sender | None = None
         self.run_id: str | None = None
         self._finished = False
+        self._lost: str | None = None  # the line's saved run id when the store does not know it
+        self._lost_said = False
 
     def on_train_start(self, run: RunInfo) -> None:
         if not run.is_main:
             return
+        try:  # a broken install (a dependency raising at import), an unwritable trackers.json: the run goes on
+            self._begin(run)
+        except Exception as e:  # noqa: BLE001
+            self.sender = None
+            _tracking.warn_off(TRACKER, "MLflow", e)
+
+    def _begin(self, run: RunInfo) -> None:
         # A server that is down must fail a request at once, not after MLflow's default 7 retries with backoff.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         # Imported here, before the first step, as TensorBoard's writer is (a few seconds): on the sender's thread it
         # would hold the first records back while the steps go on, and a kill -9 then loses them.
-        try:
-            import mlflow  # noqa: F401
-        except ImportError as e:  # installed (checked before the rendezvous) but broken: the run goes on without it
-            _tracking.log.warning(f"warning: mlflow does not import ({e}); this run is not tracked in MLflow")
-            return
+        import mlflow  # noqa: F401
 
         self.uri = tracking_uri(run.cfg.log.mlflow_uri, run.workdir)
         self._run = run
@@ -137,10 +147,16 @@ class MlflowHook(Hook):
         from mlflow import MlflowClient
         from mlflow.entities import Param, RunTag
 
-        run, c = self._run, self._continued
         if self._client is None:
             self._client = MlflowClient(tracking_uri=self.uri)
         client = self._client
+        c = self._continued
+        if c.run_id is not None and not self._known(c.run_id):  # deleted, or a reset store under the same URI
+            self._lost = c.run_id
+            c = self._continued = dataclasses.replace(
+                c, run_id=None, segment=dataclasses.replace(c.segment, reason="lost")
+            )
+        run = self._run
         run_id = c.run_id or self._find_by_token(c.token)
         if run_id is None:
             name = run.cfg.log.experiment
@@ -159,12 +175,20 @@ class MlflowHook(Hook):
             }
             if c.parent_id:
                 tags["mlflow.parentRunId"] = c.parent_id
+            if self._lost:
+                tags["vitlarge.lost_run"] = self._lost
             run_name = Path(run.workdir).name + (f"-from-step-{run.start_step}" if c.parent_id else "")
             run_id = client.create_run(exp_id, tags=tags, run_name=run_name).info.run_id
         else:
             client.update_run(run_id, status="RUNNING")
         _tracking.save_id(run.workdir, run.line, TRACKER, run_id)
-        self.run_id = run_id
+        self._continued = dataclasses.replace(c, run_id=run_id)  # a start that fails below is retried on this run
+        if self._lost and not self._lost_said:
+            self._lost_said = True
+            _tracking.log.warning(
+                f"warning: mlflow: run {self._lost} of this line is not in {self.uri} (deleted, or another store under "
+                f"the same URI); run {run_id} continues the line (tag vitlarge.lost_run)"
+            )
 
         params = _tracking.flat_params(run.cfg.to_dict())
         logged = client.get_run(run_id).data.params
@@ -180,11 +204,23 @@ class MlflowHook(Hook):
             "vitlarge.precision": run.cfg.train.precision,
             "vitlarge.precision_reason": run.precision_why or "set by the config (train.precision)",
             "vitlarge.plugin": run.cfg.train.plugin,
-            f"vitlarge.segment.{c.segment.number}": json.dumps(seg)[:7900],
+            f"vitlarge.segment.{c.segment.name}": json.dumps(seg)[:7900],
         }
         for i in range(0, len(new), 100):  # MLflow's MAX_PARAMS_TAGS_PER_BATCH
             client.log_batch(run_id, params=new[i : i + 100], synchronous=True)
         client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()], synchronous=True)
+        self.run_id = run_id  # started: parameters and tags written (a partial start is tried again by the next batch)
+
+    def _known(self, run_id: str) -> bool:
+        """Whether the store has the run ``run_id`` (not deleted); other failures (the server down) raise."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self._client.get_run(run_id).info.lifecycle_stage != "deleted"
+        except MlflowException as e:
+            if e.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return False
+            raise
 
     def _find_by_token(self, token: str) -> str | None:
         """The run a process killed before saving its id had created (its token tag), or None."""

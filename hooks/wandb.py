@@ -9,12 +9,15 @@ Main rank only. Configured as W&B users expect, by its own variables (``WANDB_PR
 Console capture is off unless ``WANDB_CONSOLE`` says otherwise (the launcher's log has the console).
 
 * config: the resolved config (nested as the recipe's sections), and ``vitlarge`` (commit, world size, device,
-  precision and its reason, plugin, parent run); ``segment_<n>`` per process start (start step, world size, reason);
+  precision and its reason, plugin, parent run); ``segment_<nnn>`` per process start (``segment_001``...; start
+  step, world size, reason);
 * history at the optimizer step: the same fields as `hooks.mlflow` (metrics.jsonl's names);
 * at the end: the timm export as a ``model`` artifact and ``metrics.png`` among the run's files.
 
-A resume continues the same run and rewinds it to the resumed step (``resume_from="<id>?_step=<step>"``): the steps
-replayed after a kill -9 replace the killed attempt's, as in `read_metrics`. Offline, W&B records the rewind and
+A resume continues the same run (``resume="allow"``). A resume that replays steps (metrics.jsonl has steps past the
+resumed one: a kill -9 after the last checkpoint) rewinds it to the resumed step instead
+(``resume_from="<id>?_step=<step>"``, a W&B preview feature): the replayed steps replace the killed attempt's, as in
+`read_metrics`. Offline, W&B records the rewind and
 ``wandb sync`` applies it; where the server refuses rewinding, the hook resumes with ``resume="allow"`` instead and
 W&B drops the replayed steps (it takes no step below the run's last): the history then keeps the killed attempt's
 values for them (docs/LOGS.md).
@@ -26,6 +29,7 @@ import os
 from pathlib import Path
 
 from vitlarge.events import EvalMetrics, Hook, RunInfo, StepMetrics
+from vitlarge.report.metrics_log import FILENAME
 
 from . import _tracking
 from ._sender import FLUSH_TIMEOUT_S, Sender
@@ -51,11 +55,14 @@ class WandbHook(Hook):
     def on_train_start(self, run: RunInfo) -> None:
         if not run.is_main:
             return
-        try:
-            import wandb  # noqa: F401 (before the first step, as hooks.mlflow imports MLflow)
-        except ImportError as e:  # installed (checked before the rendezvous) but broken: the run goes on without it
-            _tracking.log.warning(f"warning: wandb does not import ({e}); this run is not tracked in W&B")
-            return
+        try:  # a broken install (a dependency raising at import), an unwritable trackers.json: the run goes on
+            self._begin(run)
+        except Exception as e:  # noqa: BLE001
+            self.sender = None
+            _tracking.warn_off(TRACKER, "W&B", e)
+
+    def _begin(self, run: RunInfo) -> None:
+        import wandb  # noqa: F401 (before the first step, as hooks.mlflow imports MLflow)
 
         self._run = run
         self.project = run.cfg.log.wandb_project or os.environ.get("WANDB_PROJECT") or run.cfg.log.experiment
@@ -65,6 +72,8 @@ class WandbHook(Hook):
             self.run_id = _new_id()
         if self._continued.run_id is None:  # known before W&B starts: a kill -9 during init still continues it
             _tracking.save_id(run.workdir, run.line, TRACKER, self.run_id)
+        # Read here, before this segment logs a step: a rewind only where steps past the resumed one were logged.
+        self._rewind = self._continued.segment.number > 1 and replays(run.workdir, run.start_step)
         self.sender = Sender("wandb", self._send, what=f"W&B project {self.project}")
         self.sender.put(("start",))
 
@@ -136,14 +145,35 @@ class WandbHook(Hook):
         )
         if c.parent_id:
             kwargs["notes"] = f"continues W&B run {c.parent_id} from step {run.start_step} (--resume of an older step)"
-        if seg.number == 1:
+        if not self._rewind:  # a new run, or a resume after a clean stop: nothing to replace
             self.wandb_run = wandb.init(id=self.run_id, resume="allow", **kwargs)
         else:
             try:  # rewind to the resumed step: the replayed steps replace the killed attempt's
                 self.wandb_run = wandb.init(resume_from=f"{self.run_id}?_step={run.start_step}", **kwargs)
             except Exception:  # noqa: BLE001 (a server without rewinding: continue the run, replayed steps dropped)
                 self.wandb_run = wandb.init(id=self.run_id, resume="allow", **kwargs)
-        self.wandb_run.config.update({f"segment_{seg.number}": seg.record()}, allow_val_change=True)
+        self.wandb_run.config.update({f"segment_{seg.name}": seg.record()}, allow_val_change=True)
+
+
+def replays(workdir: str, start_step: int) -> bool:
+    """Whether a run resumed at ``start_step`` logs again steps an earlier attempt logged: metrics.jsonl (read as
+    written, every attempt's records) has a ``train`` or ``eval`` record past ``start_step``."""
+    import json
+
+    try:
+        with open(Path(workdir) / FILENAME, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except ValueError:  # a killed writer's partial last line
+                    continue
+                if isinstance(rec, dict) and rec.get("event") in ("train", "eval"):
+                    step = rec.get("step")
+                    if isinstance(step, int) and step > start_step:
+                        return True
+    except OSError:
+        return False
+    return False
 
 
 def _safe(name: str) -> str:

@@ -542,6 +542,7 @@ TRACKERS_FIX = "pip install -r requirements/trackers.txt"
 def mlflow_uri_problem(uri: str) -> str | None:
     """Why ``uri`` is not an MLflow tracking URI, or None. Checked before the rendezvous: a typo would otherwise
     cost a whole run's metrics (the hook never stops training, so it would only warn)."""
+    import os
     import urllib.parse
 
     if uri == "databricks":
@@ -560,6 +561,9 @@ def mlflow_uri_problem(uri: str) -> str | None:
         return "an http(s) URI needs a host"
     if scheme == "sqlite" and not u.path.strip("/"):
         return "an sqlite URI needs a file, sqlite:///path/mlflow.db"
+    if scheme == "file" and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("true", "1"):
+        # MLflow >= 3.13 refuses its file store at runtime (the run would go untracked): refused here instead.
+        return "MLflow (>= 3.13) refuses its file store unless MLFLOW_ALLOW_FILE_STORE=true"
     return None
 
 

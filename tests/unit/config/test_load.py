@@ -747,6 +747,18 @@ def test_well_formed_mlflow_uris_pass(uri):
     assert load_config(recipe("demo_digits"), ["log.mlflow=true", f"log.mlflow_uri={uri}"]).log.mlflow_uri == uri
 
 
+def test_mlflows_file_store_is_refused_unless_mlflow_allows_it(monkeypatch):
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    with pytest.raises(UserError) as e:  # MLflow >= 3.13 refuses it at runtime: the run would be untracked
+        load_config(recipe("demo_digits"), ["log.mlflow=true", "log.mlflow_uri=file:///runs/mlruns"])
+    line = str(e.value)
+    assert "\n" not in line and line.startswith("command line: log.mlflow_uri='file:///runs/mlruns': "), line
+    assert "MLFLOW_ALLOW_FILE_STORE=true" in line and "sqlite:///" in line, line
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    cfg = load_config(recipe("demo_digits"), ["log.mlflow=true", "log.mlflow_uri=file:///runs/mlruns"])
+    assert cfg.log.mlflow_uri == "file:///runs/mlruns"
+
+
 def test_a_malformed_mlflow_tracking_uri_variable_is_named_when_mlflow_is_on(monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "localhost:5000")
     assert not load_config(recipe("demo_digits")).log.mlflow  # off: the variable is not ours to check

@@ -8,13 +8,15 @@ import json
 import logging
 import os
 import re
+import sys
 import threading
+import time
 
 import pytest
 
-from hooks import _tracking
+from hooks import _sender, _tracking
 from hooks._sender import Sender
-from tests.unit.hooks.test_hooks import make_run
+from tests.unit.hooks.test_hooks import make_run, step_metrics
 from vitlarge.config.schema import Config
 
 
@@ -91,6 +93,56 @@ def test_closing_waits_a_bounded_time_for_a_tracker_that_hangs_and_says_what_was
     ]
 
 
+def test_closing_waits_while_batches_keep_arriving_past_the_no_progress_window(monkeypatch, caplog):
+    monkeypatch.setattr(_sender, "BATCH", 1)  # one record a batch: each delivered batch is progress
+    sent = []
+
+    def send(batch):
+        time.sleep(0.1)
+        sent.extend(batch)
+
+    s = Sender("mlflow", send)
+    for i in range(10):
+        s.put(i)
+    assert s.close(timeout=0.5) == 0  # 1 s of sending in all, never 0.5 s without a batch delivered
+    assert sent == list(range(10)) and not warnings_of(caplog)
+
+
+def test_a_send_that_raises_any_exception_never_kills_the_thread(caplog):
+    calls = []
+
+    def send(batch):
+        calls.append(batch)
+        if len(calls) == 1:
+            raise SystemExit(3)  # a library calling sys.exit: not an Exception
+
+    s = Sender("wandb", send, what="W&B")
+    s.put(0)
+    while not calls:
+        time.sleep(0.01)
+    s.put(1)
+    assert s.close(timeout=30) == 1
+    assert calls == [[0], [1]]
+    first, last = warnings_of(caplog)
+    assert first.startswith("warning: wandb: cannot send to W&B (SystemExit: 3)"), first
+    assert last == "warning: wandb: 1 records not sent to W&B; metrics.jsonl has every step"
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_records_left_behind_by_a_dead_thread_are_counted_as_not_sent(caplog):
+    def send(batch):
+        raise KeyboardInterrupt  # not caught: the thread ends
+
+    s = Sender("mlflow", send, what="M")
+    s.put(0)
+    s._thread.join(30)
+    assert not s._thread.is_alive()
+    s.put(1)
+    s.put(2)
+    assert s.close(timeout=30) == 3
+    assert warnings_of(caplog)[-1] == "warning: mlflow: 3 records not sent to M; metrics.jsonl has every step"
+
+
 # One tracked run per checkpoint line.
 
 
@@ -115,6 +167,15 @@ def test_each_start_is_a_segment_of_the_lines_tracked_run(tmp_path, monkeypatch)
     assert _tracking.begin(make_run(tmp_path), "wandb").segment.number == 1  # each tracker counts its own
 
 
+def test_segment_names_sort_in_start_order(tmp_path):
+    names = []
+    for _ in range(11):
+        c = _tracking.begin(make_run(tmp_path), "mlflow")
+        names.append(c.segment.name)
+    assert names[:2] == ["001", "002"] and names[-1] == "011"
+    assert sorted(names, key=str) == names  # as a tag or config key: segment 10 after 9, not after 1
+
+
 def test_a_resume_of_an_older_step_starts_a_new_tracked_run_whose_parent_is_the_old_one(tmp_path):
     _tracking.begin(make_run(tmp_path), "mlflow")
     _tracking.save_id(str(tmp_path), None, "mlflow", "a" * 32)
@@ -127,6 +188,16 @@ def test_a_resume_of_an_older_step_starts_a_new_tracked_run_whose_parent_is_the_
     assert (again.run_id, again.parent_id, again.segment.number) == ("b" * 32, "a" * 32, 2)
     saved = json.loads((tmp_path / "trackers.json").read_text())["lines"]
     assert saved[""]["mlflow"]["id"] == "a" * 32 and saved[line]["mlflow"]["id"] == "b" * 32
+
+
+def test_a_resume_of_another_workdirs_checkpoint_names_no_parent(tmp_path):
+    here, there = tmp_path / "here", tmp_path / "there"
+    here.mkdir()
+    _tracking.begin(make_run(here), "mlflow")
+    _tracking.save_id(str(here), None, "mlflow", "a" * 32)  # this workdir's line from scratch, not the one resumed
+    line = str(there / "checkpoints" / "step_0000004")  # --resume of another workdir's step 4 (its line from scratch)
+    new = _tracking.begin(make_run(here, start_step=4, line=line, resumed_line=None), "mlflow")
+    assert (new.run_id, new.parent_id, new.segment.reason) == (None, None, "resume-from")
 
 
 def test_another_mlflow_store_starts_a_new_tracked_run(tmp_path):
@@ -186,3 +257,73 @@ def test_every_resolved_config_key_is_a_parameter_cut_at_500_characters():
 
 def test_the_commit_is_read_from_the_checkout_without_starting_git():
     assert re.fullmatch(r"[0-9a-f]{40}", _tracking.source_commit())
+
+
+def test_wandb_rewinds_only_a_resume_that_replays_steps(tmp_path):
+    from hooks.wandb import replays
+
+    assert not replays(str(tmp_path), 6)  # no metrics.jsonl yet
+    lines = [{"event": "start", "step": 0}] + [{"event": "train", "step": s} for s in range(1, 7)]
+    lines += [{"event": "checkpoint", "step": 6}, {"event": "end", "step": 6}]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert not replays(str(tmp_path), 6)  # stopped at its checkpoint: the resume logs new steps only
+    with path.open("a") as f:  # resumed at 6, killed -9 after step 8 (and half a line)
+        f.write(json.dumps({"event": "start", "step": 6}) + "\n")
+        f.write("".join(json.dumps({"event": "train", "step": s}) + "\n" for s in (7, 8)) + '{"event": "tr')
+    assert replays(str(tmp_path), 6)  # resumed at 6 again: steps 7 and 8 are replayed
+    assert not replays(str(tmp_path), 8)
+
+
+# A tracker that breaks at the start of a run (a broken install, an unwritable workdir) is one line, never a crash.
+
+
+def _tracker_hooks():
+    from hooks.mlflow import MlflowHook
+    from hooks.wandb import WandbHook
+
+    return [("mlflow", MlflowHook), ("wandb", WandbHook)]
+
+
+@pytest.mark.parametrize("name, hook_cls", _tracker_hooks())
+def test_a_tracker_that_is_installed_but_fails_to_import_is_one_line_and_training_goes_on(
+    tmp_path, monkeypatch, caplog, name, hook_cls
+):
+    broken = tmp_path / "site" / name  # what find_spec passes: the package is there, its import raises
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise TypeError('Descriptors cannot be created directly.')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+        monkeypatch.delitem(sys.modules, mod)
+    hook = hook_cls(str(tmp_path))
+    run = make_run(tmp_path)
+    hook.on_train_start(run)
+    hook.on_step_end(run, step_metrics(1))
+    hook.on_close(run)
+    (line,) = warnings_of(caplog)
+    assert line.startswith(f"warning: {name}: ") and "TypeError: Descriptors cannot be created directly." in line, line
+    assert "training goes on without it" in line, line
+    assert hook.sender is None
+
+
+@pytest.mark.parametrize("name, hook_cls", _tracker_hooks())
+def test_a_trackers_file_that_cannot_be_written_is_one_line_and_training_goes_on(
+    tmp_path, monkeypatch, caplog, name, hook_cls
+):
+    (tmp_path / "trackers.json").mkdir()  # as a full disk or a read-only workdir: writing it raises OSError
+    # The tracker is never reached (trackers.json is written before it starts): an empty package stands for it, so
+    # this in-process test does not pay the real import (seconds, and a subprocess of MLflow's).
+    plain = tmp_path / "site" / name
+    plain.mkdir(parents=True)
+    (plain / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+        monkeypatch.delitem(sys.modules, mod)
+    hook = hook_cls(str(tmp_path))
+    run = make_run(tmp_path)
+    hook.on_train_start(run)
+    hook.on_step_end(run, step_metrics(1))
+    hook.on_close(run)
+    lines = [w for w in warnings_of(caplog) if w.startswith(f"warning: {name}: ")]
+    assert len(lines) == 1 and "training goes on without it" in lines[0], warnings_of(caplog)
+    assert hook.sender is None
