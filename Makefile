@@ -20,14 +20,16 @@ STACK_FILE := $(if $(filter cuda13,$(STACK)),requirements/cuda13.txt,$(if $(filt
 # The installer: uv (pinned) in the venv, which downloads in parallel and links from its cache (a fresh install:
 # about 1 minute instead of pip's 5). Where uv cannot be installed or cannot install a file (uv reads no pip
 # settings: a mirror-only machine's find-links or index), pip installs it, after one line saying so;
-# INSTALLER=pip uses pip only. Both read the same requirements files and resolve the same pins. uv compiles no
-# bytecode at install (imports do, once); for a read-only shared venv: UV_COMPILE_BYTECODE=1 make install.
+# INSTALLER=pip uses pip only. Both read the same requirements files and resolve the same pins, and both compile
+# bytecode at install (uv only when asked): an import that compiled a module would turn its source's warnings
+# (Colossal-AI's invalid escape sequences) into errors under the tests' -W error::DeprecationWarning, and a
+# read-only shared venv would compile on every start.
 UV_VERSION := 0.13.9
 INSTALLER ?= uv
 UV := $(VENV)/bin/uv
 PIP = $(PY) -m pip install --progress-bar on
 define pip_install
-$(if $(filter uv,$(INSTALLER)),$(UV) pip install --python $(PY) $(1) || { echo "make install: uv could not install $(1); pip installs it (INSTALLER=pip skips uv)"; $(PIP) $(1); },$(PIP) $(1))
+$(if $(filter uv,$(INSTALLER)),$(UV) pip install --compile-bytecode --python $(PY) $(1) || { echo "make install: uv could not install $(1); pip installs it (INSTALLER=pip skips uv)"; $(PIP) $(1); },$(PIP) $(1))
 endef
 
 .PHONY: demo test test-fast test-gpu install install-trackers bench clean-demo
