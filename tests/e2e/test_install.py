@@ -64,7 +64,10 @@ def test_make_install_takes_the_stack_file_and_colossalai_without_its_dependenci
     assert "-r requirements/cuda13.txt" in cuda13.stdout
     for out in (default.stdout, cuda13.stdout):
         assert "--no-deps -r requirements/colossalai.txt" in out
-    assert f"uv pip install --compile-bytecode --python {tmp_path}/venv/bin/python -r requirements.txt ||" in default.stdout
+    assert (
+        f"uv pip install --compile-bytecode --python {tmp_path}/venv/bin/python -r requirements.txt ||"
+        in default.stdout
+    )
     assert "uv could not install -r requirements.txt; pip installs it" in default.stdout  # uv reads no pip settings
     assert "pip install -q uv==" in default.stdout  # the pinned uv, where the venv has no uv of that version
     with_pip = dry("INSTALLER=pip")

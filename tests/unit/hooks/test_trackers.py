@@ -285,16 +285,33 @@ def _tracker_hooks():
     return [("mlflow", MlflowHook), ("wandb", WandbHook)]
 
 
+@pytest.fixture
+def stand_in(tmp_path, monkeypatch):
+    """``stand_in(name, source)``: a package ``name`` with that ``__init__`` shadows the installed one for this test.
+    Afterwards every module of that name imported meanwhile is gone and the real ones are back: the xdist worker
+    runs other files in this process next (the e2e tracker tests import the real MLflow here)."""
+    saved: dict[str, dict] = {}
+
+    def make(name: str, source: str) -> None:
+        package = tmp_path / "site" / name
+        package.mkdir(parents=True)
+        (package / "__init__.py").write_text(source)
+        monkeypatch.syspath_prepend(str(tmp_path / "site"))
+        saved[name] = {m: sys.modules.pop(m) for m in list(sys.modules) if m == name or m.startswith(name + ".")}
+
+    yield make
+    for name, modules in saved.items():
+        for m in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            del sys.modules[m]
+        sys.modules.update(modules)
+
+
 @pytest.mark.parametrize("name, hook_cls", _tracker_hooks())
 def test_a_tracker_that_is_installed_but_fails_to_import_is_one_line_and_training_goes_on(
-    tmp_path, monkeypatch, caplog, name, hook_cls
+    tmp_path, stand_in, caplog, name, hook_cls
 ):
-    broken = tmp_path / "site" / name  # what find_spec passes: the package is there, its import raises
-    broken.mkdir(parents=True)
-    (broken / "__init__.py").write_text("raise TypeError('Descriptors cannot be created directly.')\n")
-    monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
-        monkeypatch.delitem(sys.modules, mod)
+    # what find_spec passes: the package is there, its import raises
+    stand_in(name, "raise TypeError('Descriptors cannot be created directly.')\n")
     hook = hook_cls(str(tmp_path))
     run = make_run(tmp_path)
     hook.on_train_start(run)
@@ -308,17 +325,12 @@ def test_a_tracker_that_is_installed_but_fails_to_import_is_one_line_and_trainin
 
 @pytest.mark.parametrize("name, hook_cls", _tracker_hooks())
 def test_a_trackers_file_that_cannot_be_written_is_one_line_and_training_goes_on(
-    tmp_path, monkeypatch, caplog, name, hook_cls
+    tmp_path, stand_in, caplog, name, hook_cls
 ):
     (tmp_path / "trackers.json").mkdir()  # as a full disk or a read-only workdir: writing it raises OSError
     # The tracker is never reached (trackers.json is written before it starts): an empty package stands for it, so
     # this in-process test does not pay the real import (seconds, and a subprocess of MLflow's).
-    plain = tmp_path / "site" / name
-    plain.mkdir(parents=True)
-    (plain / "__init__.py").write_text("")
-    monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
-        monkeypatch.delitem(sys.modules, mod)
+    stand_in(name, "")
     hook = hook_cls(str(tmp_path))
     run = make_run(tmp_path)
     hook.on_train_start(run)
