@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from vitlarge import fileio
-from vitlarge.events import RunInfo
+from vitlarge.events import EvalMetrics, Hook, RunInfo, StepMetrics
+
+from ._sender import FLUSH_TIMEOUT_S, Sender
 
 log = logging.getLogger("vitlarge")
 
@@ -248,3 +250,52 @@ def source_commit() -> str:
     except (OSError, IndexError):
         pass
     return version
+
+
+class TrackerHook(Hook):
+    """What the MLflow and W&B hooks share: the main rank only; `_begin` at train start, where any failure (a
+    broken install, an unwritable trackers.json) turns this tracker off in one line and training goes on; each
+    step's and evaluation's numbers queued for the sender as `_metrics_record` makes them; at close the run ended
+    (``("end", finished)``: the final evaluation happened, or not) and a bounded flush."""
+
+    tracker: str  # the name in its lines and in trackers.json
+    title: str  # the product's name in the line that turns it off
+
+    def __init__(self, workdir: str, flush_timeout_s: float = FLUSH_TIMEOUT_S):
+        self.workdir = workdir
+        self.flush_timeout_s = flush_timeout_s
+        self.sender: Sender | None = None
+        self._finished = False
+
+    def _begin(self, run: RunInfo) -> None:
+        raise NotImplementedError
+
+    def _metrics_record(self, step: int, values: dict[str, float]) -> tuple:
+        raise NotImplementedError
+
+    def on_train_start(self, run: RunInfo) -> None:
+        if not run.is_main:
+            return
+        try:
+            self._begin(run)
+        except Exception as e:  # noqa: BLE001
+            self.sender = None
+            warn_off(self.tracker, self.title, e)
+
+    def on_step_end(self, run: RunInfo, m: StepMetrics) -> None:
+        if self.sender is not None:
+            self.sender.put(self._metrics_record(m.step, numbers(m.record())))
+
+    def on_eval_end(self, run: RunInfo, m: EvalMetrics) -> None:
+        if self.sender is not None:
+            self.sender.put(self._metrics_record(m.step, numbers(m.record())))
+
+    def on_train_end(self, run: RunInfo, summary: EvalMetrics) -> None:
+        self._finished = True
+
+    def on_close(self, run: RunInfo) -> None:
+        if self.sender is None:
+            return
+        self.sender.put(("end", self._finished))
+        self.sender.close(self.flush_timeout_s)
+        self.sender = None

@@ -31,7 +31,7 @@ import os
 import time
 from pathlib import Path
 
-from vitlarge.events import EvalMetrics, Hook, RunInfo, StepMetrics
+from vitlarge.events import RunInfo
 
 from . import _tracking
 from ._sender import FLUSH_TIMEOUT_S, Sender
@@ -44,24 +44,14 @@ def tracking_uri(uri: str | None, workdir: str) -> str:
     return uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(workdir).absolute() / 'mlflow.db'}"
 
 
-class MlflowHook(Hook):
+class MlflowHook(_tracking.TrackerHook):
+    tracker, title = TRACKER, "MLflow"
+
     def __init__(self, workdir: str, flush_timeout_s: float = FLUSH_TIMEOUT_S):
-        self.workdir = workdir
-        self.flush_timeout_s = flush_timeout_s
-        self.sender: Sender | None = None
+        super().__init__(workdir, flush_timeout_s)
         self.run_id: str | None = None
-        self._finished = False
         self._lost: str | None = None  # the line's saved run id when the store does not know it
         self._lost_said = False
-
-    def on_train_start(self, run: RunInfo) -> None:
-        if not run.is_main:
-            return
-        try:  # a broken install (a dependency raising at import), an unwritable trackers.json: the run goes on
-            self._begin(run)
-        except Exception as e:  # noqa: BLE001
-            self.sender = None
-            _tracking.warn_off(TRACKER, "MLflow", e)
 
     def _begin(self, run: RunInfo) -> None:
         # A server that is down must fail a request at once, not after MLflow's default 7 retries with backoff.
@@ -78,16 +68,8 @@ class MlflowHook(Hook):
         self.sender = Sender("mlflow", self._send, what=self.uri)
         self.sender.put(("start",))
 
-    def on_step_end(self, run: RunInfo, m: StepMetrics) -> None:
-        if self.sender is not None:
-            self.sender.put(("metrics", m.step, _tracking.numbers(m.record()), _now_ms()))
-
-    def on_eval_end(self, run: RunInfo, m: EvalMetrics) -> None:
-        if self.sender is not None:
-            self.sender.put(("metrics", m.step, _tracking.numbers(m.record()), _now_ms()))
-
-    def on_train_end(self, run: RunInfo, summary: EvalMetrics) -> None:
-        self._finished = True
+    def _metrics_record(self, step: int, values: dict[str, float]) -> tuple:
+        return ("metrics", step, values, _now_ms())
 
     def on_export(self, run: RunInfo, path: str) -> None:
         if self.sender is None:
@@ -96,13 +78,6 @@ class MlflowHook(Hook):
         png = Path(self.workdir) / "metrics.png"
         if png.is_file():
             self.sender.put(("artifact", str(png)))
-
-    def on_close(self, run: RunInfo) -> None:
-        if self.sender is None:
-            return
-        self.sender.put(("end", "FINISHED" if self._finished else "KILLED"))
-        self.sender.close(self.flush_timeout_s)
-        self.sender = None
 
     # On the sender's thread from here.
 
@@ -135,7 +110,7 @@ class MlflowHook(Hook):
                 case "end":
                     self._flush(metrics)
                     metrics = []
-                    self._client.set_terminated(self.run_id, rec[1])
+                    self._client.set_terminated(self.run_id, "FINISHED" if rec[1] else "KILLED")
         self._flush(metrics)
 
     def _flush(self, metrics: list) -> None:

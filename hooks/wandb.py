@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from vitlarge.events import EvalMetrics, Hook, RunInfo, StepMetrics
+from vitlarge.events import RunInfo
 from vitlarge.report.metrics_log import FILENAME
 
 from . import _tracking
@@ -44,22 +44,12 @@ def _new_id() -> str:
     return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
 
 
-class WandbHook(Hook):
-    def __init__(self, workdir: str, flush_timeout_s: float = FLUSH_TIMEOUT_S):
-        self.workdir = workdir
-        self.flush_timeout_s = flush_timeout_s
-        self.sender: Sender | None = None
-        self.wandb_run = None
-        self._finished = False
+class WandbHook(_tracking.TrackerHook):
+    tracker, title = TRACKER, "W&B"
 
-    def on_train_start(self, run: RunInfo) -> None:
-        if not run.is_main:
-            return
-        try:  # a broken install (a dependency raising at import), an unwritable trackers.json: the run goes on
-            self._begin(run)
-        except Exception as e:  # noqa: BLE001
-            self.sender = None
-            _tracking.warn_off(TRACKER, "W&B", e)
+    def __init__(self, workdir: str, flush_timeout_s: float = FLUSH_TIMEOUT_S):
+        super().__init__(workdir, flush_timeout_s)
+        self.wandb_run = None
 
     def _begin(self, run: RunInfo) -> None:
         import wandb  # noqa: F401 (before the first step, as hooks.mlflow imports MLflow)
@@ -77,27 +67,12 @@ class WandbHook(Hook):
         self.sender = Sender("wandb", self._send, what=f"W&B project {self.project}")
         self.sender.put(("start",))
 
-    def on_step_end(self, run: RunInfo, m: StepMetrics) -> None:
-        if self.sender is not None:
-            self.sender.put(("log", m.step, _tracking.numbers(m.record())))
-
-    def on_eval_end(self, run: RunInfo, m: EvalMetrics) -> None:
-        if self.sender is not None:
-            self.sender.put(("log", m.step, _tracking.numbers(m.record())))
-
-    def on_train_end(self, run: RunInfo, summary: EvalMetrics) -> None:
-        self._finished = True
+    def _metrics_record(self, step: int, values: dict[str, float]) -> tuple:
+        return ("log", step, values)
 
     def on_export(self, run: RunInfo, path: str) -> None:
         if self.sender is not None:
             self.sender.put(("export", path))
-
-    def on_close(self, run: RunInfo) -> None:
-        if self.sender is None:
-            return
-        self.sender.put(("end", 0 if self._finished else 1))
-        self.sender.close(self.flush_timeout_s)
-        self.sender = None
 
     # On the sender's thread from here.
 
@@ -119,7 +94,7 @@ class WandbHook(Hook):
                     if png.is_file():
                         r.save(str(png), base_path=self.workdir, policy="now")
                 case "end":
-                    r.finish(exit_code=rec[1])
+                    r.finish(exit_code=0 if rec[1] else 1)
 
     def _start(self) -> None:
         import wandb
