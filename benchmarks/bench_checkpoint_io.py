@@ -6,7 +6,8 @@ Goal: no target: the figures are ``read_MB_per_rank`` and ``peak_MB_per_rank`` p
 Run: ``python -m benchmarks.bench_checkpoint_io [--root DIR]`` (CPU, gloo, ~5 min on 2 cores). Writes
 ``benchmarks/results/checkpoint_io.json`` and prints a table. ``--root`` points at another checkout's
 ``vitlarge`` (e.g. a ``git worktree`` of an older commit) to measure its checkpoint code with the same harness: the script
-calls only ``store.save`` / ``store.load``, whose signatures did not change.
+calls only ``store.save`` / ``store.load`` (through `_save_and_load`: with a ``RunState``, or a checkout's older
+per-part signatures).
 
 Model: ViT-S/16 (timm ``vit_small_patch16_224`` at 32 px: 21.7M parameters, 87 MB fp32) with LAMB
 (two moments: 174 MB), as train.py builds it for ``train.plugin=ddp`` (plain module, `vitlarge.optim.lamb`)
@@ -92,21 +93,36 @@ def _worker(rank: int, world: int, root: str, plugin: str, action: str, workdir:
     model, opt = _build(plugin)
     cfg = bench_config("demo_digits", {"model.name": "vit_small_patch16_224"})
     scaler = torch.amp.GradScaler("cpu", enabled=False)
+    save, load = _save_and_load(store, model, opt, scaler, cfg)
     result = {}
     if action == "save":
         x, y = torch.randn(2, 3, 32, 32), torch.randint(0, 10, (2,))
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
-        store.save(workdir, 1, model, opt, scaler, None, cfg, keep=1)
+        save(workdir)
     else:
         path = Path(action)
         mapped = (path / "model.safetensors").stat().st_size if (path / "model.safetensors").exists() else 0
         dist.barrier()
         Path(f"/proc/{os.getpid()}/clear_refs").write_text("5")  # VmHWM := VmRSS
         rss, rchar = _status("VmRSS"), _rchar()
-        store.load(path, model, opt, scaler, cfg)
+        load(path)
         result = {"read_MB": (_rchar() - rchar + mapped) / 1e6, "peak_MB": (_status("VmHWM") - rss) / 1e6}
     return result
+
+
+def _save_and_load(store, model, opt, scaler, cfg):
+    """``(save(workdir), load(path))`` of the measured checkout's store: a ``RunState``, or before it (fe31341 and
+    older) the parts one by one."""
+    try:
+        from vitlarge.checkpoint.state import RunState
+    except ImportError:
+        return (
+            lambda workdir: store.save(workdir, 1, model, opt, scaler, None, cfg, keep=1),
+            lambda path: store.load(path, model, opt, scaler, cfg),
+        )
+    state = RunState(model, opt, scaler, step=1)
+    return lambda workdir: store.save(workdir, state, cfg, keep=1), lambda path: store.load(path, state, cfg)
 
 
 def _spawn(world, root, plugin, action, workdir):

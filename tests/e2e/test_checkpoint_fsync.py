@@ -16,11 +16,12 @@ from tests.helpers import ROOT
 SAVE_ONE = """
 import sys, torch
 from vitlarge.checkpoint import store
+from vitlarge.checkpoint.state import RunState
 from vitlarge.checkpoint import sharded
 from vitlarge.config.schema import Config
 model = torch.nn.Linear(4, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-store.save(sys.argv[1], 1, model, opt, torch.amp.GradScaler("cpu"), None, Config(), keep=2)
+store.save(sys.argv[1], RunState(model, opt, torch.amp.GradScaler("cpu"), step=1), Config(), keep=2)
 """
 
 

@@ -96,13 +96,15 @@ def _write_format2(folder: Path, model, opt, rank: int, world: int) -> None:
     from safetensors.torch import save_file
 
     from vitlarge import fileio
-    from vitlarge.checkpoint import sharded, store
+    from vitlarge.checkpoint import sharded
+    from vitlarge.checkpoint.state import RngState
+    from vitlarge.checkpoint.weights import param_shapes
     from vitlarge.distributed.collective import gather
 
     tensors = sharded.model_tensors(model, rank)
     folder.mkdir(parents=True, exist_ok=True)
     names = [f"rank_{rank:05d}.pt", f"optimizer_rank_{rank:05d}.pt"]
-    torch.save({"rng": store.rng_state(), "scaler": {}, "data": None}, folder / names[0])
+    torch.save({"rng": RngState().state_dict(), "scaler": {}, "data": None}, folder / names[0])
     from torch.distributed.tensor import DTensor
 
     state = getattr(
@@ -124,7 +126,7 @@ def _write_format2(folder: Path, model, opt, rank: int, world: int) -> None:
             "step": 2,
             "world_size": world,
             "model": cfg.model.name,
-            "param_shapes": store.param_shapes(store.unwrap(model)),
+            "param_shapes": param_shapes(model),
             "config": cfg.to_dict(),
             "files": {k: v for part in records for k, v in part.items()},
         }
@@ -137,6 +139,7 @@ def _worker(rank: int, world: int, port: int, job: dict, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from vitlarge.checkpoint import store
+    from vitlarge.checkpoint.state import RunState
 
     found = {}
     try:
@@ -146,12 +149,12 @@ def _worker(rank: int, world: int, port: int, job: dict, out: str) -> None:
             scaler = torch.amp.GradScaler("cpu", enabled=False)
             if action == "save":
                 _train(model, opt, rank, world)
-                store.save(workdir, 2, model, opt, scaler, None, _cfg(), keep=2)
+                store.save(workdir, RunState(model, opt, scaler, step=2), _cfg(), keep=2)
                 if mode == "plugin_fsdp":
                     _write_format2(Path(workdir) / "format2" / "step_0000002", model, opt, rank, world)
             else:
-                state = store.load(action, model, opt, scaler, _cfg(recipe))
-                found[f"{name} step"] = state["step"]
+                state = store.load(action, RunState(model, opt, scaler), _cfg(recipe))
+                found[f"{name} step"] = state.step
             full = _full(model, opt)
             if rank == 0:
                 found[name] = full

@@ -114,6 +114,7 @@ def _reshard_probe(rank: int, world: int, port: int, ckpts: dict, out: str) -> N
     code as train.py's resume) and gathers what it holds, with torch's own gather (not our code)."""
     from vitlarge.checkpoint import store
     from vitlarge.checkpoint.sharded import model_tensors, param_names
+    from vitlarge.checkpoint.state import RunState
     from vitlarge.distributed.launch import init_distributed
     from vitlarge.distributed.launcher import DistEnv
 
@@ -121,7 +122,7 @@ def _reshard_probe(rank: int, world: int, port: int, ckpts: dict, out: str) -> N
     found = {}
     for name, (plugin, path) in ckpts.items():
         parts = built("fp32", world, plugin=plugin, global_batch=96)
-        store.load(path, parts.model, parts.optimizer, parts.precision.scaler, recipe("fp32", plugin=plugin))
+        store.load(path, RunState(parts.model, parts.optimizer, parts.precision.scaler), recipe("fp32", plugin=plugin))
         opt = parts.engine.torch_optimizer
         names = param_names(parts.model, opt)  # in the optimizer's index order
         pieces = [None] * world  # every rank's local optimizer state, as it would save it

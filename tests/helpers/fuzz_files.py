@@ -179,6 +179,7 @@ def main(scratch: str, demo_data: str, seed: int, cases: int) -> dict:
     from tests.helpers import ROOT
     from tests.helpers.tiny_model import make, trained
     from vitlarge.checkpoint import init_from, resume, sharded, store
+    from vitlarge.checkpoint.state import RunState
     from vitlarge.config.load import load_recipe
     from vitlarge.data import TrainLoader, load_manifest
     from vitlarge.data.manifest import check_shards
@@ -186,7 +187,7 @@ def main(scratch: str, demo_data: str, seed: int, cases: int) -> dict:
 
     cfg = load_recipe(ROOT / "recipes" / "demo_digits.py")
     model, opt, scaler = trained(cfg)
-    original = store.save(SCRATCH / "orig", 1, model, opt, scaler, "loader-state", cfg, keep=3)
+    original = store.save(SCRATCH / "orig", RunState(model, opt, scaler, step=1, data="loader-state"), cfg, keep=3)
     data = SCRATCH / "data"
     shutil.copytree(demo_data, data, ignore=shutil.ignore_patterns("src"))
     # Parsed once (the pure-Python unpickler takes ~0.3 s on 2 cores); each case mutates a copy.
@@ -211,9 +212,9 @@ def main(scratch: str, demo_data: str, seed: int, cases: int) -> dict:
 
         def resume_and_restore():
             m, o, s = make(cfg)
-            chosen, _ = resume.choose(path.parent.parent, None, m, cfg)
+            chosen = resume.choose(path.parent.parent, None, m, cfg).path
             if chosen is not None:
-                resume.restore(chosen, m, o, s, cfg)
+                resume.restore(chosen, RunState(m, o, s), cfg)
 
         refused = None
         weights = (lambda: store.load_model_weights(path, make(cfg)[0], cfg), lambda: init_from.read_state_dict(path))

@@ -16,13 +16,14 @@ from __future__ import annotations
 import json
 import re
 import typing
+from dataclasses import dataclass
 from pathlib import Path
 
 from vitlarge import fileio
 
 FORMAT_VERSION = 3
 # 1: before meta.json recorded sizes and checksums (only emptiness is checked); 1 and 2: model.safetensors
-# and torch.save optimizer files (read by `sharded.load_legacy`); 3: DCP.
+# and torch.save optimizer files (read by vitlarge/checkpoint/legacy.py); 3: DCP.
 READABLE_FORMATS = (1, 2, 3)
 STEP_DIR = re.compile(r"^step_(\d{7,})$")
 REQUIRED_META = ("step", "world_size", "model", "param_shapes")
@@ -42,27 +43,35 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def read(path: Path) -> tuple[dict | None, str | None]:
-    """``(meta, None)`` for checkpoint folder ``path``, or ``(None, why it is not a usable meta.json)``."""
+@dataclass(frozen=True)
+class MetaRead:
+    """meta.json of a checkpoint folder (``meta``), or why there is no usable one (``problem``): exactly one is set."""
+
+    meta: dict | None
+    problem: str | None = None
+
+
+def read(path: Path) -> MetaRead:
+    """meta.json of checkpoint folder ``path``, read and checked (`problem_of`), or why it is not a usable one."""
     if not path.exists():
-        return None, "does not exist"
+        return MetaRead(None, "does not exist")
     meta_file = path / "meta.json"
     try:
         raw = fileio.read_capped(meta_file, META_MAX_BYTES, follow=False)
     except FileNotFoundError:
-        return None, "no meta.json"
+        return MetaRead(None, "no meta.json")
     except fileio.UnsafeFile as e:  # a link, FIFO or device, or past the cap: never read
-        return None, f"meta.json {e.strerror}"
+        return MetaRead(None, f"meta.json {e.strerror}")
     except OSError as e:
-        return None, f"meta.json cannot be read ({e.strerror})"
+        return MetaRead(None, f"meta.json cannot be read ({e.strerror})")
     try:
         meta = json.loads(raw)
     except RecursionError:
-        return None, "meta.json is nested too deeply to be a checkpoint's"
+        return MetaRead(None, "meta.json is nested too deeply to be a checkpoint's")
     except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
-        return None, f"meta.json is not JSON: {str(e).splitlines()[0]}"
+        return MetaRead(None, f"meta.json is not JSON: {str(e).splitlines()[0]}")
     problem = problem_of(meta, path)
-    return (None, problem) if problem else (meta, None)
+    return MetaRead(None, problem) if problem else MetaRead(meta)
 
 
 def problem_of(meta, path: Path | None = None) -> str | None:
@@ -171,9 +180,10 @@ def expected_files(meta: dict) -> dict[str, dict | None]:
 
 def listed_files(folder: Path) -> dict[str, dict]:
     """meta.json's ``files`` of format-3 checkpoint ``folder``; ValueError saying why there are none."""
-    meta, problem = read(Path(folder))
-    if problem:
-        raise ValueError(problem)
+    found = read(Path(folder))
+    meta = found.meta
+    if meta is None:
+        raise ValueError(found.problem)
     if meta["format_version"] < 3:
         raise ValueError(f"format {meta['format_version']} has no DCP index")
     return meta["files"]

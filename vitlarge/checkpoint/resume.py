@@ -40,20 +40,28 @@ from pathlib import Path
 
 from vitlarge import fileio
 from vitlarge.checkpoint import store
+from vitlarge.checkpoint.state import LoadedCheckpoint, RunState
 from vitlarge.config.schema import Config
 from vitlarge.distributed.collective import first_failure, rank0_decides
 from vitlarge.errors import UserError
-from vitlarge.plan.plan import Plan
 
 log = logging.getLogger("vitlarge")
 
 
+@dataclass(frozen=True)
+class Choice:
+    """The checkpoint every rank loads (None: start from scratch) and the line this run's checkpoints belong to
+    (their meta.json's ``line``; None for a run from scratch that was never resumed with ``--resume``)."""
+
+    path: Path | None
+    line: str | None
+
+
 def choose(
     workdir: str | Path, requested: str | Path | None, model, cfg: Config, num_train_examples: int | None = None
-) -> tuple[Path | None, str | None]:
-    """The checkpoint every rank loads (None: start from scratch) and the line this run's checkpoints
-    belong to (their meta.json's ``line``). See the module docstring. ``num_train_examples``: the data set's,
-    for the phase-boundary check (`check_edits`; skipped without it)."""
+) -> Choice:
+    """Rank 0's choice for every rank: see the module docstring. ``num_train_examples``: the data set's, for the
+    phase-boundary check (`check_edits`; skipped without it)."""
     requested = Path(requested) if requested else None
     return rank0_decides(lambda: _choose(Path(workdir), requested, model, cfg, num_train_examples))
 
@@ -99,9 +107,7 @@ def check_edits(meta: dict, path: Path, cfg: Config, num_train_examples: int | N
         raise UserError(f"{path}: {edited}", same_on_all_ranks=True)
 
 
-def _choose(
-    workdir: Path, requested: Path | None, model, cfg: Config, num_train_examples: int | None = None
-) -> tuple[Path | None, str | None]:
+def _choose(workdir: Path, requested: Path | None, model, cfg: Config, num_train_examples: int | None = None) -> Choice:
     line = None
     if requested is not None:
         line = line_of(requested)
@@ -112,14 +118,15 @@ def _choose(
             check_edits(meta, continued, cfg, num_train_examples)
             log.info(f"--resume {requested}: this workdir continues its line; resuming from {continued}")
             _set_aside_newer(workdir, continued, meta["step"])
-            return continued, line
+            return Choice(continued, line)
         problem = store.verify(requested)
         if problem:
             raise store.Unusable(requested, problem)
         chosen = requested
     else:
-        chosen, failed = store.newest_verified(workdir)
-        for path, problem in failed:
+        newest = store.newest_verified(workdir)
+        chosen = newest.path
+        for path, problem in newest.passed_over:
             log.warning(f"warning: checkpoint {path} fails its check ({problem}); passed over")
     step = 0
     if chosen is not None:
@@ -141,7 +148,7 @@ def _choose(
                 "another --workdir"
             ) from None
         log.info(f"copied the checkpoint to resume from into {chosen}")
-    return chosen, line
+    return Choice(chosen, line)
 
 
 def _set_aside_newer(workdir: Path, chosen: Path | None, step: int) -> None:
@@ -218,55 +225,12 @@ def _adopt(src: str | Path, workdir: str | Path, line: str | None) -> Path:
     return final
 
 
-@dataclass(frozen=True)
-class Resumed:
-    """What a run restored from a checkpoint, and the rules for what of it this run can use."""
-
-    path: Path
-    step: int
-    world_size: int
-    """The number of processes that wrote the checkpoint."""
-    data_state: str | None
-    """This rank's loader position as saved; None when it was written by another world size."""
-
-    def usable_data_state(self, cfg: Config, plan: Plan) -> tuple[str | None, str | None]:
-        """``(state, warning)``: the loader position this run continues, and the one line that says
-        what was dropped and why (None when everything resumes). Weights, optimizer, step and the lr
-        schedule always resume exactly; the data stream restarts with a fresh epoch order when the
-        position was written by another world size, by an older vitlarge (another pipeline), or
-        under another ``train.phases`` list."""
-        from vitlarge.data.common import older_state_version
-        from vitlarge.data.phased import state_of_other_phases
-
-        if self.world_size != plan.world_size:
-            ph = plan.phase_at(self.step)
-            return None, (
-                f"warning: {self.path} was written by {self.world_size} processes, this run has {plan.world_size}: "
-                "weights, optimizer (re-sharded), step and lr schedule resume exactly, the global batch stays "
-                f"{ph.global_batch} ({ph.accum_steps} micro-steps per step now), the data stream restarts "
-                "with a fresh epoch order"
-            )
-        old = older_state_version(self.data_state)
-        if old is not None:
-            return None, (
-                f"warning: {self.path} holds a data-loader position from an older vitlarge (state version {old}); "
-                "the data stream restarts with a fresh epoch order, weights, optimizer and step resume exactly"
-            )
-        if state_of_other_phases(self.data_state, cfg):
-            return None, (
-                f"warning: {self.path} was written under another train.phases list (or none); the data stream "
-                "restarts with a fresh epoch order, weights, optimizer and step resume; lr and phase follow the "
-                "new list at that step"
-            )
-        return self.data_state, None
-
-
-def restore(path: Path, model, optimizer, scaler, cfg: Config, ema=None) -> Resumed:
-    """Every rank loads ``path`` (``store.load``; ``ema``: the run's model EMA); returns what it restored, or all
-    ranks raise one agreed error."""
+def restore(path: Path, state: RunState, cfg: Config) -> LoadedCheckpoint:
+    """Every rank loads ``path`` into ``state``'s parts (``store.load``); returns what it restored, or all ranks
+    raise one agreed error."""
     loaded, problem = None, None
     try:  # rank-local reads first: a rank that cannot read must not leave the others in a collective load
-        loaded = store.read(path, model, cfg)
+        loaded = store.read(path, state.model, cfg)
     except store.Unusable as e:
         problem = e.problem
     except UserError as e:
@@ -281,8 +245,8 @@ def restore(path: Path, model, optimizer, scaler, cfg: Config, ema=None) -> Resu
             "system), or --resume another checkpoint",
             same_on_all_ranks=True,
         )
-    state = store.apply(loaded, model, optimizer, scaler, ema)  # DCP's load is a collective: every rank together
-    return Resumed(path=Path(path), step=state["step"], world_size=state["world_size"], data_state=state["data"])
+    assert loaded is not None  # every rank read it (first_failure agreed)
+    return store.apply(loaded, state)  # DCP's load is a collective: every rank together
 
 
 def optimizer_groups_changed(meta: dict, cfg: Config) -> str | None:

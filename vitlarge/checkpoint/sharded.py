@@ -2,8 +2,7 @@
 
 A checkpoint (format 3, see vitlarge/checkpoint/store.py) stores the model and optimizer state dicts that
 ``torch.distributed.checkpoint.state_dict.get_state_dict`` returns, under the keys ``model`` and
-``optimizer``: plain tensors under DDP, this rank's shards (DTensor under FSDP2, ShardedTensor/DTensor
-under FSDP1) when sharded; with a model EMA (`vitlarge.model.ema`) its average under ``ema``, by the model's
+``optimizer``: plain tensors under DDP, this rank's shards (DTensor under FSDP2) when sharded; with a model EMA (`vitlarge.model.ema`) its average under ``ema``, by the model's
 names and sharded like the weights. ``dcp.save`` writes one ``__<rank>_0.distcp`` file per rank (replicated
 tensors are written once, by one rank) and rank 0 the ``.metadata`` index; at resume ``dcp.load``
 fills this run's own state dict, so each rank reads only the byte ranges its shards need, at any world
@@ -15,8 +14,8 @@ pickle DCP offers no other format for, is unpickled by `_MetadataUnpickler`, whi
 of (module, name) pairs and nothing that runs code, then checked against meta.json (`index_problem`):
 every byte range it names lies in a ``.distcp`` file meta.json lists, so no read leaves the folder.
 
-Format 2 (``model.safetensors`` + ``optimizer.pt`` or ``optimizer_rank_NNNNN.pt``, FSDP1 flat pieces)
-is still read: `load_legacy` rebuilds full tensors and loads them through ``set_state_dict``.
+Formats 1 and 2 (``model.safetensors`` + ``optimizer.pt`` or ``optimizer_rank_NNNNN.pt``, FSDP1 flat pieces)
+are still read, by vitlarge/checkpoint/legacy.py.
 
 Every function taking a model is a collective when the model is sharded: call it on every rank.
 """
@@ -44,10 +43,6 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from vitlarge.errors import UserError
-
-SHARDED_OPTIMIZER = "optimizer_rank_{rank:05d}.pt"  # format 2
-FULL_OPTIMIZER = "optimizer.pt"  # format 2
 METADATA = ".metadata"  # DCP's index, written by the coordinator (rank 0)
 
 
@@ -59,7 +54,7 @@ def dcp_files_of(rank: int, folder: Path) -> list[str]:
 
 def _root(model: nn.Module) -> nn.Module:
     """The module whose state dict has the model's own names: under a Booster wrapper and torch's DDP
-    (whose replicas are the module itself); an FSDP1 root stays (its state dict is the collective one)."""
+    (whose replicas are the module itself); an FSDP2 root is the model itself."""
     from torch.nn.parallel import DistributedDataParallel
 
     model = model.unwrap() if hasattr(model, "unwrap") else model
@@ -70,36 +65,23 @@ def _optim(optimizer):
     return getattr(optimizer, "optim", optimizer)  # Colossal-AI's OptimizerWrapper holds the torch optimizer
 
 
-def _is_fsdp1(root: nn.Module) -> bool:
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
-    return isinstance(root, FullyShardedDataParallel)
-
-
 def is_sharded(model: nn.Module) -> bool:
-    """FSDP2 (``fully_shard``: DTensor parameters) or an FSDP1 root. Never a collective."""
+    """FSDP2 (``fully_shard``: DTensor parameters). Never a collective."""
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
     root = _root(model)
-    return isinstance(root, FSDPModule) or _is_fsdp1(root) or any(isinstance(p, DTensor) for p in root.parameters())
+    return isinstance(root, FSDPModule) or any(isinstance(p, DTensor) for p in root.parameters())
 
 
 def inner(model: nn.Module) -> nn.Module:
     """The timm model itself (for its config and attributes), under any wrapper."""
-    root = _root(model)
-    return root.module if _is_fsdp1(root) else root
+    return _root(model)
 
 
-def full_shapes(model: nn.Module) -> dict[str, list[int]] | None:
-    """The unsharded state dict's shapes without a collective; None when ``model.state_dict()`` has them
-    (DDP: plain tensors; FSDP2: DTensors report their global shape). FSDP1 records them when it wraps."""
-    root = _root(model)
-    if not _is_fsdp1(root):
-        return None  # and no import of vitlarge.distributed.fsdp (Colossal-AI's Booster: seconds, and it draws from `random`)
-    from vitlarge.distributed.fsdp import FULL_SHAPES_ATTR
-
-    return getattr(root, FULL_SHAPES_ATTR, None)
+def full_shapes(model: nn.Module) -> dict[str, list[int]]:
+    """The unsharded state dict's shapes, without a collective (FSDP2's DTensors report their global shape)."""
+    return {k: list(v.shape) for k, v in _root(model).state_dict().items()}
 
 
 def model_tensors(model: nn.Module, rank: int) -> dict[str, torch.Tensor]:
@@ -108,9 +90,7 @@ def model_tensors(model: nn.Module, rank: int) -> dict[str, torch.Tensor]:
     if not is_sharded(model):
         return {k: v.detach().contiguous().cpu() for k, v in root.state_dict().items()} if rank == 0 else {}
     # cpu_offload: gathered on rank 0 only (the others get {}), each tensor moved to the host as it comes.
-    # Not for an FSDP1 model on the CPU: FSDP1 then clones freed memory (segfault, measured on torch 2.10).
-    offload = not _is_fsdp1(root) or next(root.parameters()).device.type != "cpu"
-    state = get_model_state_dict(root, options=StateDictOptions(full_state_dict=True, cpu_offload=offload))
+    state = get_model_state_dict(root, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return {k: v.detach().contiguous().cpu() for k, v in state.items()} if rank == 0 else {}
 
 
@@ -649,63 +629,7 @@ def slices_problem(folder: Path, metadata) -> str | None:
     return None
 
 
-# Format 2 --------------------------------------------------------------------------------------------
-
-
-def legacy_optimizer_sources(files: dict) -> list[str]:
-    """The optimizer files of a format-2 checkpoint listing ``files``: ddp's whole one, or every rank's shard."""
-    if FULL_OPTIMIZER in files:
-        return [FULL_OPTIMIZER]
-    return sorted(n for n in files if n.startswith("optimizer_rank_"))
-
-
 def param_names(model: nn.Module, opt) -> list[str]:
     """The state-dict name of every optimizer parameter, in the order of the optimizer state dict's indices."""
-    prefix = "_fsdp_wrapped_module."  # FSDP1's; FSDP2 and DDP (under `_root`) keep the model's names
-    names = {id(p): n.replace(prefix, "") for n, p in _root(model).named_parameters()}
+    names = {id(p): n for n, p in _root(model).named_parameters()}  # FSDP2 and DDP keep the model's names
     return [names[id(p)] for group in opt.param_groups for p in group["params"]]
-
-
-def full_optimizer_state(path, states: list[dict], shapes: list[list[int]]) -> dict:
-    """An optimizer state dict with whole tensors (as a ddp run saves) from every rank's FSDP1 shard of it
-    (in rank order: each rank's flat shard is a contiguous slice of its unit's flat parameter).
-    ``shapes``: each parameter's full shape, by index; ``path`` names the checkpoint."""
-    whole = {}
-    for i, shape in enumerate(shapes):
-        held = [s["state"][i] for s in states if i in s["state"]]  # ranks without a piece hold no state
-        if not held:
-            continue
-        whole[i] = {}
-        for key, value in held[0].items():
-            if torch.is_tensor(value) and value.dim() > 0:
-                flat = torch.cat([h[key].reshape(-1) for h in held])
-                if flat.numel() != math.prod(shape):
-                    raise UserError(
-                        f"checkpoint {path}: the optimizer shards hold {flat.numel()} values of "
-                        f"'{key}' for parameter {i}, its shape {shape} needs {math.prod(shape)}; "
-                        "resume an older checkpoint"
-                    )
-                value = flat.reshape(shape)
-            whole[i][key] = value
-    return {"state": whole, "param_groups": states[0]["param_groups"]}
-
-
-def load_legacy(path, tensors: dict, states: list[dict], from_ddp: bool, model: nn.Module, optimizer) -> None:
-    """Loads a format-2 checkpoint's full weights and optimizer files (a ddp run's whole state, or every
-    rank's FSDP1 shard) into this run, whatever its wrapper and world size: full tensors through
-    ``set_state_dict(full_state_dict=True)``, which keeps this rank's shard. Exact (bit copies)."""
-    opt = _optim(optimizer)
-    names = param_names(model, opt)
-    shapes = full_shapes(model) or {k: list(v.shape) for k, v in _root(model).state_dict().items()}
-    whole = states[0] if from_ddp else full_optimizer_state(path, states, [shapes[n] for n in names])
-    by_name = {
-        "state": {names[i]: s for i, s in whole["state"].items()},
-        "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in whole["param_groups"]],
-    }
-    set_state_dict(
-        _root(model),
-        opt,
-        model_state_dict=tensors,
-        optim_state_dict=by_name,
-        options=StateDictOptions(full_state_dict=True),
-    )

@@ -61,8 +61,15 @@ class ModelEma:
         }
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The average by state-dict name: what a checkpoint saves and loads into (in place)."""
+        """The average by state-dict name: what a checkpoint saves and loads into (in place, sharded like the
+        weights under fsdp)."""
         return self.state
+
+    @torch.no_grad()
+    def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """The average set to ``state_dict`` (the same names; each copied into place, so shards stay shards)."""
+        for k, v in self.state.items():
+            _local(v).copy_(_local(state_dict[k]))
 
     @torch.no_grad()
     def update(self, step: int) -> None:

@@ -4,7 +4,7 @@
 checks the inputs on every rank (data, workdir, ``--resume``, ``model.init_from``: `preflight`, agreed
 by all ranks so one rank's missing path stops them all in seconds), builds the
 parts (`vitlarge.train.assemble.build`), seeds, resumes (`vitlarge.checkpoint.resume`: rank 0 picks
-the checkpoint, `Resumed` says what of it this run can use) and makes the phase loaders and hooks.
+the checkpoint, `LoadedCheckpoint` says what of it this run can use) and makes the phase loaders and hooks.
 `TrainingRun.fit` trains, evaluates, checkpoints and exports. train.py is these two calls.
 """
 
@@ -202,7 +202,8 @@ def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tup
     # Rank 0 picks a verified checkpoint for all ranks; then weights, optimizer, scaler, RNG and step,
     # and the loader position where this run can still use it.
     start_step, data_state = 0, None
-    chosen, line = resume_from.choose(workdir, resume, parts.model, cfg, plan.num_train_examples)
+    choice = resume_from.choose(workdir, resume, parts.model, cfg, plan.num_train_examples)
+    chosen, line = choice.path, choice.line
     # The line the chosen checkpoint came from, for the trackers (a new line's tracked run names it as its parent).
     resumed_line = store.read_meta(chosen).get("line") if chosen is not None and env.is_main else None
     if chosen is None and resuming and cfg.model.init_from:
@@ -211,17 +212,16 @@ def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tup
             f"would start from scratch instead of model.init_from; move them aside or pass another --workdir"
         )
     if chosen is not None:
-        resumed = resume_from.restore(
-            chosen, parts.model, parts.optimizer, parts.precision.scaler, cfg, ema=parts.engine.ema
-        )
+        resumed = resume_from.restore(chosen, parts.engine.state(), cfg)
         start_step = resumed.step
         if resumed.world_size != plan.world_size:  # the RNG states were not restored: fresh draws from here
             seed_rngs(rng_seed(cfg.train.seed, env.rank, start_step))
-        data_state, warning = resumed.usable_data_state(cfg, plan)
+        position = resumed.usable_data_state(cfg, plan)
+        data_state = position.state
         if env.is_main:
             log.info(f"resumed from {chosen} at step {start_step}")
-            if warning:
-                log.warning(warning)
+            if position.warning:
+                log.warning(position.warning)
 
     # Each phase's loaders are built at its first step (a recipe without train.phases is one phase).
     loaders = PhasedLoaders(cfg, plan, env.rank, env.world_size, device, state=data_state)

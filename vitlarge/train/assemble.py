@@ -142,6 +142,5 @@ def build(
         from vitlarge.model.ema import ModelEma
 
         ema = ModelEma(inner(model), cfg.train.ema_decay, cfg.train.ema_warmup)
-    engine = Engine(cfg, plan, booster, model, optimizer, precision)
-    engine.ema = ema
+    engine = Engine(cfg, plan, booster, model, optimizer, precision, ema=ema)
     return Parts(model, optimizer, booster, precision, engine, cfg, settings)

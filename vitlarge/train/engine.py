@@ -25,6 +25,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from vitlarge.checkpoint.state import RunState
 from vitlarge.config.schema import Config
 from vitlarge.model.ema import ModelEma
 from vitlarge.model.precision import Precision
@@ -130,9 +131,11 @@ class StepResult:
 class Engine:
     """Owns the boosted model and optimizer; knows nothing about data sources, logging or checkpoints."""
 
-    def __init__(self, cfg: Config, plan: Plan, booster, model, optimizer, precision: Precision):
+    def __init__(
+        self, cfg: Config, plan: Plan, booster, model, optimizer, precision: Precision, ema: ModelEma | None = None
+    ):
         self.cfg, self.plan = cfg, plan
-        self.ema: ModelEma | None = None  # train.ema_decay: set by vitlarge.train.assemble.build
+        self.ema = ema  # train.ema_decay: the average of the boosted model (vitlarge.train.assemble.build)
         self.booster, self.model, self.optimizer = booster, model, optimizer
         self.precision = precision
         self.mixup, self.criterion = build_criterion(cfg)
@@ -151,6 +154,11 @@ class Engine:
         self.reduce_every_micro_step = self.fsdp and fsdp_reduce_every_micro_step(
             cfg.train.fsdp_accumulation, cfg.train.precision
         )
+
+    def state(self, step: int = 0, data: str | None = None, line: str | None = None) -> RunState:
+        """The run's state on this rank: the engine's parts (model, optimizer, loss scaler, EMA), this process's
+        RNGs and the values a checkpoint records beside them (``step``, the loader position ``data``, the ``line``)."""
+        return RunState(self.model, self.optimizer, self.precision.scaler, self.ema, step=step, data=data, line=line)
 
     @property
     def torch_optimizer(self) -> torch.optim.Optimizer:

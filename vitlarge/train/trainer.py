@@ -113,18 +113,8 @@ class Trainer:
             return self._save()
 
     def _save(self):
-        path = store.save(
-            self.cfg.workdir,
-            self.step,
-            self.engine.model,
-            self.engine.optimizer,
-            self.engine.precision.scaler,
-            self.train_loader.state(),
-            self.cfg,
-            keep=self.cfg.train.keep_checkpoints,
-            extra_meta={"line": self.line},
-            ema=self.engine.ema,
-        )
+        state = self.engine.state(step=self.step, data=self.train_loader.state(), line=self.line)
+        path = store.save(self.cfg.workdir, state, self.cfg, keep=self.cfg.train.keep_checkpoints)
         self._emit(Event.CHECKPOINT, self.step, str(path))
         return path
 

@@ -325,6 +325,7 @@ def unwritable_workdir(c: Ctx) -> Run:
 def incompatible_checkpoint(c: Ctx) -> Run:
     """A workdir holding a checkpoint of another model (the recipe changed): the rerun must not resume it."""
     from vitlarge.checkpoint import store
+    from vitlarge.checkpoint.state import RunState
     from vitlarge.config.load import load_config
     from vitlarge.model.vit import build_model
     from vitlarge.optim.lamb import build_optimizer
@@ -332,7 +333,7 @@ def incompatible_checkpoint(c: Ctx) -> Run:
     other = load_config(RECIPE, ["model.kwargs={'patch_size': 4, 'embed_dim': 48, 'depth': 2, 'num_heads': 3}"])
     model = build_model(other, CPU)
     opt = build_optimizer(model, "lamb", lr=1e-2, weight_decay=0.1)
-    path = store.save(c.workdir, 7, model, opt, torch.amp.GradScaler("cpu"), None, other, keep=3)
+    path = store.save(c.workdir, RunState(model, opt, torch.amp.GradScaler("cpu"), step=7), other, keep=3)
     before = sorted(p.name for p in (c.workdir / "checkpoints").iterdir())
 
     def after():
@@ -350,6 +351,7 @@ def incompatible_checkpoint(c: Ctx) -> Run:
 def demo_checkpoint(c: Ctx, step: int = 3) -> Path:
     """A real checkpoint of the demo recipe in the workdir, written in-process (no training run)."""
     from vitlarge.checkpoint import store
+    from vitlarge.checkpoint.state import RunState
     from vitlarge.config.load import load_config
     from vitlarge.model.vit import build_model
     from vitlarge.optim.lamb import build_optimizer
@@ -357,7 +359,7 @@ def demo_checkpoint(c: Ctx, step: int = 3) -> Path:
     cfg = load_config(RECIPE, [])
     model = build_model(cfg, CPU)
     opt = build_optimizer(model, "lamb", lr=1e-2, weight_decay=0.1)
-    return store.save(c.workdir, step, model, opt, torch.amp.GradScaler("cpu"), None, cfg, keep=3)
+    return store.save(c.workdir, RunState(model, opt, torch.amp.GradScaler("cpu"), step=step), cfg, keep=3)
 
 
 def untouched(c: Ctx, path: Path) -> Callable[[], None]:

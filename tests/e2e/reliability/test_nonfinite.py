@@ -17,6 +17,7 @@ from hooks.jsonl import read_metrics
 from tests.helpers import launcher
 from tests.helpers.runs import RECIPE, checkpoint_steps, kill_all, srun
 from vitlarge.checkpoint import store
+from vitlarge.checkpoint.state import RunState
 
 TIMEOUT = 600
 
@@ -138,8 +139,8 @@ def test_persistent_nan_stops_both_ranks_with_exit_3_and_keeps_the_last_good_che
     model = build_model(cfg, torch.device("cpu"))
     opt = build_optimizer(model, cfg.optim.name, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     scaler = torch.amp.GradScaler("cpu", enabled=True)
-    state = store.load(good, model, opt, scaler, cfg)
-    assert state["step"] == 3 and state["world_size"] == 2
+    state = store.load(good, RunState(model, opt, scaler), cfg)
+    assert state.step == 3 and state.world_size == 2
     saved = weights(good)
     for k, v in model.state_dict().items():
         assert torch.isfinite(v).all(), k

@@ -19,6 +19,7 @@ from tests.helpers.tiny_model import trained
 from vitlarge.checkpoint import store
 from vitlarge.checkpoint.export import export
 from vitlarge.checkpoint.init_from import load_into
+from vitlarge.checkpoint.state import RunState
 from vitlarge.config.load import load_recipe
 from vitlarge.errors import UserError
 from vitlarge.model.vit import build_model
@@ -142,7 +143,7 @@ def test_compiled_model_saves_exports_and_initialises_under_the_plain_names(tmp_
         for p in model.parameters():
             p.add_(0.01)  # weights no fresh model has
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    ckpt = store.save(tmp_path, 1, model, opt, torch.amp.GradScaler("cpu", enabled=False), None, c, keep=1)
+    ckpt = store.save(tmp_path, RunState(model, opt, torch.amp.GradScaler("cpu", enabled=False), step=1), c, keep=1)
     assert sorted(store.weights_of(ckpt, store.read_meta(ckpt))) == sorted(names)
     out = export(tmp_path, model, c, [str(i) for i in range(10)])
     assert sorted(load_file(str(Path(out) / "model.safetensors"))) == sorted(names)

@@ -22,6 +22,7 @@ import torch
 from tests.helpers import ROOT
 from tests.helpers.tiny_model import make, trained
 from vitlarge.checkpoint import init_from, resume, sharded, store
+from vitlarge.checkpoint.state import RunState
 from vitlarge.config.load import load_recipe
 from vitlarge.errors import UserError
 
@@ -37,7 +38,9 @@ def cfg():
 def original(tmp_path_factory, cfg) -> Path:
     """One real checkpoint, copied by each test that damages it."""
     model, opt, scaler = trained(cfg)
-    return store.save(tmp_path_factory.mktemp("orig"), 1, model, opt, scaler, "loader-state", cfg, keep=3)
+    return store.save(
+        tmp_path_factory.mktemp("orig"), RunState(model, opt, scaler, step=1, data="loader-state"), cfg, keep=3
+    )
 
 
 @pytest.fixture
@@ -122,7 +125,7 @@ def test_a_crafted_index_never_runs_at_any_entry_point(tmp_path, ckpt, cfg, rout
     with pytest.raises(sharded.IndexProblem):  # the DCP reader itself, for any caller
         sharded.Reader(ckpt).read_metadata()
     # An automatic resume names it and passes over it, as over any checkpoint that fails its check.
-    chosen, _ = resume.choose(ckpt.parent.parent, None, make(cfg)[0], cfg)
+    chosen = resume.choose(ckpt.parent.parent, None, make(cfg)[0], cfg).path
     assert chosen is None
     assert not marker.exists()
     assert not (tmp_path / "mine" / "checkpoints").exists()  # --resume copied nothing into the user's workdir
@@ -265,7 +268,7 @@ def test_a_negative_step_moves_no_good_checkpoint_aside(tmp_path, ckpt, cfg):
         (crafted / f.name).write_bytes(f.read_bytes())
     meta = json.loads((crafted / "meta.json").read_text())
     (crafted / "meta.json").write_text(json.dumps({**meta, "step": -5}))
-    chosen, _ = resume.choose(ckpt.parent.parent, None, make(cfg)[0], cfg)
+    chosen = resume.choose(ckpt.parent.parent, None, make(cfg)[0], cfg).path
     assert chosen == ckpt
     assert ckpt.is_dir() and store.verify(ckpt) is None
 
@@ -306,7 +309,7 @@ def test_resume_copies_only_the_listed_files(tmp_path, ckpt, cfg):
     secret = tmp_path / "secret"
     secret.write_text("not yours")
     (ckpt / "planted").symlink_to(secret)
-    chosen, _ = resume.choose(tmp_path / "mine", ckpt, make(cfg)[0], cfg)
+    chosen = resume.choose(tmp_path / "mine", ckpt, make(cfg)[0], cfg).path
     assert chosen.parent == tmp_path / "mine" / "checkpoints"
     assert "planted" not in {p.name for p in chosen.iterdir()}
     assert store.verify(chosen) is None
@@ -355,7 +358,7 @@ def test_planted_temporary_folders_never_take_a_checkpoint_or_export_outside(tmp
     (workdir / ".model.tmp").symlink_to(outside)
     model, opt, scaler = trained(cfg)
     try:
-        store.save(workdir, 2, model, opt, scaler, "state", cfg, keep=3)
+        store.save(workdir, RunState(model, opt, scaler, step=2, data="state"), cfg, keep=3)
     except UserError as e:
         assert "\n" not in str(e)
     try:

@@ -12,6 +12,7 @@ import torch
 
 from tests.helpers import ROOT
 from vitlarge.checkpoint import resume, store
+from vitlarge.checkpoint.state import RunState
 from vitlarge.config.load import load_recipe
 from vitlarge.errors import UserError
 from vitlarge.model.vit import build_model
@@ -34,7 +35,7 @@ def parts(cfg):
 
 def line(workdir: Path, cfg, parts, steps) -> list[Path]:
     model, opt, scaler = parts
-    return [store.save(workdir, s, model, opt, scaler, f"data@{s}", cfg, keep=10) for s in steps]
+    return [store.save(workdir, RunState(model, opt, scaler, step=s, data=f"data@{s}"), cfg, keep=10) for s in steps]
 
 
 def names(folder: Path) -> list[str]:
@@ -50,7 +51,7 @@ def test_automatic_resume_takes_the_newest_that_passes_and_moves_the_failed_asid
     (ckpts[2] / "__0_0.distcp").write_bytes(b"")  # zero-length weights in the newest
     (ckpts[1] / "meta.json").write_text("{")  # meta.json not JSON in the one before
     with caplog.at_level(logging.INFO, logger="vitlarge"):
-        chosen = resume.choose(tmp_path, None, parts[0], cfg)[0]
+        chosen = resume.choose(tmp_path, None, parts[0], cfg).path
     assert chosen == ckpts[0]
     warnings = [r.getMessage() for r in caplog.records if r.name == "vitlarge"]
     assert warnings[:2] == [
@@ -67,13 +68,13 @@ def test_automatic_resume_takes_the_newest_that_passes_and_moves_the_failed_asid
         f"moved 2 checkpoint(s) newer than step 2 (step_0000004, step_0000006) aside to {aside}"
     )
     assert [p.name for p in store.list_checkpoints(tmp_path)] == ["step_0000002"]
-    assert resume.choose(tmp_path, None, parts[0], cfg)[0] == ckpts[0]
+    assert resume.choose(tmp_path, None, parts[0], cfg).path == ckpts[0]
 
 
 def test_resume_of_an_older_step_sets_the_newer_line_aside_and_saves_over_its_names(tmp_path, cfg, parts, caplog):
     ckpts = line(tmp_path, cfg, parts, (2, 4, 6, 8))
     with caplog.at_level(logging.INFO, logger="vitlarge"):
-        assert resume.choose(tmp_path, ckpts[1], parts[0], cfg)[0] == ckpts[1]
+        assert resume.choose(tmp_path, ckpts[1], parts[0], cfg).path == ckpts[1]
     [aside] = abandoned(tmp_path)
     assert [r.getMessage() for r in caplog.records if r.name == "vitlarge"] == [
         f"moved 2 checkpoint(s) newer than step 4 (step_0000006, step_0000008) aside to {aside}; "
@@ -90,7 +91,7 @@ def test_resume_from_another_workdir_starts_this_workdirs_line_with_a_copy(tmp_p
     save comes back to step 4 of the other workdir, not to this workdir's step 2."""
     other = line(tmp_path / "other", cfg, parts, (4,))[0]
     here = line(tmp_path / "here", cfg, parts, (2, 4, 6))
-    chosen = resume.choose(tmp_path / "here", other, parts[0], cfg)[0]
+    chosen = resume.choose(tmp_path / "here", other, parts[0], cfg).path
     assert chosen == here[1] and store.verify(chosen) is None
     linked = {f.name: f.stat().st_ino for f in chosen.iterdir() if f.name != "meta.json"}
     assert linked == {f.name: f.stat().st_ino for f in other.iterdir() if f.name != "meta.json"}
@@ -107,7 +108,7 @@ def test_resume_of_a_bad_checkpoint_is_one_line_and_moves_nothing(tmp_path, cfg,
     f = ckpts[1] / ".metadata"
     f.write_bytes(f.read_bytes()[:100])
     with pytest.raises(UserError) as e:
-        resume.choose(tmp_path, ckpts[1], parts[0], cfg)[0]
+        resume.choose(tmp_path, ckpts[1], parts[0], cfg)
     assert str(e.value) == (
         f"checkpoint {ckpts[1]} fails its check (.metadata has 100 bytes, meta.json records "
         f"{store.read_meta(ckpts[0])['files']['.metadata']['bytes']:,}); --resume an older "
@@ -122,7 +123,7 @@ def test_resume_of_a_folder_that_is_not_a_checkpoint_says_which_to_pass(tmp_path
     target = {"workdir": tmp_path, "checkpoints": tmp_path / "checkpoints", "elsewhere": tmp_path / "x"}[where]
     target.mkdir(exist_ok=True)
     with pytest.raises(UserError) as e:
-        resume.choose(tmp_path, target, parts[0], cfg)[0]
+        resume.choose(tmp_path, target, parts[0], cfg)
     example = "" if where == "elsewhere" else f", e.g. {ckpts[1]}"
     assert str(e.value) == (
         f"{target} is not a complete vitlarge checkpoint (no meta.json); pass a checkpoints/step_* folder{example}"
@@ -142,13 +143,13 @@ def test_checkpoint_of_another_recipe_is_refused_and_nothing_moves(tmp_path, cfg
     )
     (ckpts[1] / "__0_0.distcp").write_bytes(b"")
     with pytest.raises(UserError, match=f"checkpoint {ckpts[0]} holds model .* does not match the recipe"):
-        resume.choose(tmp_path, None, parts[0], cfg)[0]
+        resume.choose(tmp_path, None, parts[0], cfg)
     assert abandoned(tmp_path) == [] and store.list_checkpoints(tmp_path) == ckpts
 
 
 def test_restore_loads_the_choice(tmp_path, cfg, parts):
     ckpt = line(tmp_path, cfg, parts, (3,))[0]
-    state = resume.restore(ckpt, *parts, cfg)
+    state = resume.restore(ckpt, RunState(*parts), cfg)
     assert (state.step, state.data_state) == (3, "data@3")
 
 
@@ -156,7 +157,7 @@ def test_restore_names_the_rank_and_the_path(tmp_path, cfg, parts):
     ckpt = line(tmp_path, cfg, parts, (3,))[0]
     (ckpt / "rank_00000.pt").unlink()
     with pytest.raises(UserError) as e:
-        resume.restore(ckpt, *parts, cfg)
+        resume.restore(ckpt, RunState(*parts), cfg)
     assert str(e.value).startswith(f"rank 0 cannot read checkpoint {ckpt} (rank_00000.pt is missing); ")
     assert e.value.same_on_all_ranks
 
@@ -169,7 +170,7 @@ def test_restore_names_the_rank_and_the_path(tmp_path, cfg, parts):
 def save_line(workdir: Path, cfg, parts, steps, line=None, keep=10) -> list[Path]:
     model, opt, scaler = parts
     return [
-        store.save(workdir, s, model, opt, scaler, f"data@{s}", cfg, keep=keep, extra_meta={"line": line})
+        store.save(workdir, RunState(model, opt, scaler, step=s, data=f"data@{s}", line=line), cfg, keep=keep)
         for s in steps
     ]
 
@@ -177,7 +178,8 @@ def save_line(workdir: Path, cfg, parts, steps, line=None, keep=10) -> list[Path
 def test_the_same_resume_again_continues_the_line_it_started(tmp_path, cfg, parts):
     old = save_line(tmp_path, cfg, parts, (2, 4, 6, 8))
     x = old[1]
-    chosen, line = resume.choose(tmp_path, x, parts[0], cfg)
+    choice = resume.choose(tmp_path, x, parts[0], cfg)
+    chosen, line = choice.path, choice.line
     assert chosen == x and line == resume.line_of(x)
     [aside] = abandoned(tmp_path)  # going back: 6 and 8 of the old line are moved, never deleted
     assert sorted(p.name for p in aside.iterdir()) == ["step_0000006", "step_0000008"]
@@ -186,11 +188,12 @@ def test_the_same_resume_again_continues_the_line_it_started(tmp_path, cfg, part
     assert not x.exists() and [p.name for p in store.list_checkpoints(tmp_path)] == ["step_0000006", "step_0000008"]
     # The requeue runs the same command: no error for the pruned X, the line's newest, nothing moved.
     resume.check_requested(tmp_path, x)
-    chosen, again = resume.choose(tmp_path, x, parts[0], cfg)
+    choice = resume.choose(tmp_path, x, parts[0], cfg)
+    chosen, again = choice.path, choice.line
     assert chosen == tmp_path / "checkpoints" / "step_0000008" and again == line
     assert abandoned(tmp_path) == [aside]
     # An automatic resume (no --resume) keeps writing the same line.
-    assert resume.choose(tmp_path, None, parts[0], cfg) == (chosen, line)
+    assert resume.choose(tmp_path, None, parts[0], cfg) == resume.Choice(chosen, line)
 
 
 def test_a_line_checkpoint_that_fails_its_check_is_passed_over(tmp_path, cfg, parts):
@@ -198,7 +201,7 @@ def test_a_line_checkpoint_that_fails_its_check_is_passed_over(tmp_path, cfg, pa
     line = resume.line_of(x)
     newest = save_line(tmp_path, cfg, parts, (6, 8), line=line)
     (newest[1] / "__0_0.distcp").write_bytes(b"")
-    assert resume.choose(tmp_path, x, parts[0], cfg) == (newest[0], line)
+    assert resume.choose(tmp_path, x, parts[0], cfg) == resume.Choice(newest[0], line)
 
 
 def test_a_resume_path_that_is_gone_and_started_no_line_here_is_an_error(tmp_path, cfg, parts):
@@ -210,10 +213,11 @@ def test_a_resume_path_that_is_gone_and_started_no_line_here_is_an_error(tmp_pat
 def test_a_resume_from_another_workdir_is_continued_on_requeue(tmp_path, cfg, parts):
     other = save_line(tmp_path / "other", cfg, parts, (4,))[0]
     here = tmp_path / "here"
-    copy, line = resume.choose(here, other, parts[0], cfg)
+    choice = resume.choose(here, other, parts[0], cfg)
+    copy, line = choice.path, choice.line
     assert copy == here / "checkpoints" / "step_0000004" and store.read_meta(copy)["line"] == line
     # A requeue before the first save: the copy is the line's newest; nothing moved aside.
-    assert resume.choose(here, other, parts[0], cfg) == (copy, line) and abandoned(here) == []
+    assert resume.choose(here, other, parts[0], cfg) == resume.Choice(copy, line) and abandoned(here) == []
 
 
 def test_layer_decay_turned_on_or_off_is_refused_in_one_line_another_value_resumes():

@@ -17,6 +17,8 @@ from safetensors.torch import load_file
 from tests.helpers import ROOT, mounts
 from tests.helpers.tiny_model import make, train_step, trained
 from vitlarge.checkpoint import sharded, store
+from vitlarge.checkpoint.state import RngState, RunState
+from vitlarge.checkpoint.weights import param_shapes
 from vitlarge.config.load import load_recipe
 from vitlarge.errors import UserError
 from vitlarge.model.vit import build_model
@@ -34,7 +36,7 @@ def draw():
 
 
 def save(workdir, step, model, opt, scaler, cfg, keep=3, data="loader-state"):
-    return store.save(workdir, step, model, opt, scaler, data, cfg, keep=keep)
+    return store.save(workdir, RunState(model, opt, scaler, step=step, data=data), cfg, keep=keep)
 
 
 def weights(path: Path) -> dict:
@@ -100,8 +102,8 @@ def test_load_restores_weights_optimizer_scaler_and_rng(tmp_path, cfg):
     model2, opt2, scaler2 = make(cfg, seed=1)  # other weights, empty optimizer, initial scale
     assert not torch.equal(model2.pos_embed, model.pos_embed)
     torch.manual_seed(7), np.random.seed(7), random.seed(7)
-    state = store.load(path, model2, opt2, scaler2, cfg)
-    assert (state["step"], state["data"], state["same_world"]) == (2, "loader-state", True)
+    state = store.load(path, RunState(model2, opt2, scaler2), cfg)
+    assert (state.step, state.data_state, state.world_size) == (2, "loader-state", 1)
     assert draw() == after_save
 
     saved = weights(path)
@@ -116,7 +118,7 @@ def test_load_restores_weights_optimizer_scaler_and_rng(tmp_path, cfg):
         assert all(torch.equal(torch.as_tensor(s1[k][n]), torch.as_tensor(s2[k][n])) for n in s1[k])
 
     # The same continuation from the restored state lands on bitwise the same weights.
-    store.load(path, model2, opt2, scaler2, cfg)
+    store.load(path, RunState(model2, opt2, scaler2), cfg)
     train_step(model2, opt2, scaler2, seed=99)
     assert all(torch.equal(v, reference[k]) for k, v in model2.state_dict().items())
 
@@ -127,11 +129,11 @@ def test_scaler_state_follows_the_precision_of_each_run(tmp_path, cfg, caplog):
     model, opt, _ = trained(cfg)
     path = save(tmp_path, 1, model, opt, torch.amp.GradScaler("cpu", enabled=False), cfg)
     fp16 = torch.amp.GradScaler("cpu", init_scale=2.0**12)
-    store.load(path, *make(cfg)[:2], fp16, cfg)
+    store.load(path, RunState(*make(cfg)[:2], fp16), cfg)
     assert fp16.get_scale() == 2.0**12 and "the loss scale starts at its initial value" in caplog.text
     m2, o2, scaler = make(cfg)
     path = save(tmp_path, 2, model, opt, scaler, cfg)
-    store.load(path, m2, o2, torch.amp.GradScaler("cpu", enabled=False), cfg)  # no error
+    store.load(path, RunState(m2, o2, torch.amp.GradScaler("cpu", enabled=False)), cfg)  # no error
 
 
 def test_keep_newest_n(tmp_path, cfg):
@@ -169,7 +171,7 @@ def test_latest_ignores_incomplete_folders_and_save_removes_stale_tmp(tmp_path, 
     (root / ".step_0000009.tmp" / "__0_0.distcp").write_bytes(b"partial")
     (root / "step_0000008").mkdir()  # a folder without meta.json is not a usable checkpoint
     assert store.latest(tmp_path) == root / "step_0000005"
-    assert store.newest_verified(tmp_path)[1] == [(root / "step_0000008", "no meta.json")]
+    assert store.newest_verified(tmp_path).passed_over == [(root / "step_0000008", "no meta.json")]
     with pytest.raises(UserError, match="no meta.json"):
         store.read_meta(root / "step_0000008")
 
@@ -225,7 +227,7 @@ def test_load_checks_the_sizes_of_the_files_it_reads(tmp_path, cfg, name):
     path = save(tmp_path, 1, model, opt, scaler, cfg)
     truncate(path / name)
     with pytest.raises(store.Unusable, match=f"checkpoint {path} fails its check .{name} has ") as e:
-        store.load(path, model, opt, scaler, cfg)
+        store.load(path, RunState(model, opt, scaler), cfg)
     assert "meta.json records" in e.value.problem
     if name.endswith(".distcp"):
         with pytest.raises(store.Unusable, match=f"{name} has "):
@@ -253,7 +255,7 @@ def test_load_into_another_model_shape(tmp_path, cfg):
         other.model.kwargs = kwargs
         m2, o2, s2 = make(other)
         with pytest.raises(UserError, match="does not match"):
-            store.load(path, m2, o2, s2, other)
+            store.load(path, RunState(m2, o2, s2), other)
         with pytest.raises(UserError, match="does not match"):
             store.load_model_weights(path, m2, other)
 
@@ -270,7 +272,7 @@ def test_a_checkpoint_of_another_image_size_names_both_sizes_and_the_fix(tmp_pat
         "(pos_embed [1, 17, 96] there, [1, 65, 96] here); pass data.image_size=16"
     )
     with pytest.raises(UserError) as e:
-        store.load(path, m2, o2, s2, other)
+        store.load(path, RunState(m2, o2, s2), other)
     assert str(e.value) == want
     with pytest.raises(UserError) as e:
         store.load_model_weights(path, m2, other)
@@ -287,7 +289,7 @@ def test_a_zero_checkpoint_is_refused_for_resume_but_its_weights_still_load(tmp_
     (path / "meta.json").write_text(json.dumps(meta))
     m2, o2, s2 = make(cfg, seed=1)
     with pytest.raises(UserError) as e:
-        store.load(path, m2, o2, s2, cfg)
+        store.load(path, RunState(m2, o2, s2), cfg)
     assert str(e.value) == (
         f"checkpoint {path} was written by train.plugin=zero (removed), whose optimizer file holds "
         f"rank 0's shard only and cannot be resumed; start a new --workdir with model.init_from={path}"
@@ -333,7 +335,7 @@ def test_disk_full_keeps_the_previous_checkpoint(tmp_path, cfg, monkeypatch, how
         assert sorted(p.name for p in root.iterdir()) == ["step_0000001"]  # no step_0000002, no .tmp
         assert store.latest(tmp_path) == first
         m2, o2, s2 = make(cfg, seed=1)
-        assert store.load(first, m2, o2, s2, cfg)["step"] == 1
+        assert store.load(first, RunState(m2, o2, s2), cfg).step == 1
         assert all(torch.equal(v, model.state_dict()[k]) for k, v in m2.state_dict().items())
     finally:
         if mounted:
@@ -355,7 +357,7 @@ def write_format2(path: Path, model, opt, scaler, cfg, step: int) -> None:
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path / "model.safetensors"))
     torch.save(opt.state_dict(), path / "optimizer.pt")
     torch.save(
-        {"rng": store.rng_state(), "scaler": scaler.state_dict(), "data": "loader-state"}, path / "rank_00000.pt"
+        {"rng": RngState().state_dict(), "scaler": scaler.state_dict(), "data": "loader-state"}, path / "rank_00000.pt"
     )
     files = {n: fileio.sync_and_record(path / n) for n in ("model.safetensors", "optimizer.pt", "rank_00000.pt")}
     meta = {
@@ -363,7 +365,7 @@ def write_format2(path: Path, model, opt, scaler, cfg, step: int) -> None:
         "step": step,
         "world_size": 1,
         "model": cfg.model.name,
-        "param_shapes": store.param_shapes(model),
+        "param_shapes": param_shapes(model),
         "config": cfg.to_dict(),
         "files": files,
     }
@@ -379,8 +381,8 @@ def test_a_format_2_checkpoint_still_resumes_exactly_and_its_weights_load(tmp_pa
     reference = {k: v.clone() for k, v in model.state_dict().items()}
 
     model2, opt2, scaler2 = make(cfg, seed=1)
-    state = store.load(path, model2, opt2, scaler2, cfg)
-    assert (state["step"], state["data"], state["format_version"]) == (2, "loader-state", 2)
+    state = store.load(path, RunState(model2, opt2, scaler2), cfg)
+    assert (state.step, state.data_state, store.read_meta(path)["format_version"]) == (2, "loader-state", 2)
     train_step(model2, opt2, scaler2, seed=99)
     assert all(torch.equal(v, reference[k]) for k, v in model2.state_dict().items())
 
@@ -460,20 +462,20 @@ def test_the_model_ema_is_saved_with_the_weights_and_restored_bitwise(tmp_path, 
         train_step(model, opt, scaler, seed=step)
         ema.update(step)
     assert not torch.equal(ema.state_dict()["pos_embed"], model.pos_embed)
-    path = store.save(tmp_path, 3, model, opt, scaler, None, cfg, keep=3, ema=ema)
+    path = store.save(tmp_path, RunState(model, opt, scaler, ema, step=3), cfg, keep=3)
     assert store.read_meta(path)["ema"] is True
     assert all(torch.equal(v, ema.state_dict()[k]) for k, v in sharded.read_full_model(path, key="ema").items())
 
     model2, opt2, scaler2 = make(cfg, seed=1)
     ema2 = ModelEma(model2, decay=0.9)
-    store.load(path, model2, opt2, scaler2, cfg, ema=ema2)
+    store.load(path, RunState(model2, opt2, scaler2, ema2), cfg)
     assert all(torch.equal(v, ema.state_dict()[k]) for k, v in ema2.state_dict().items())
     assert "holds no model EMA" not in caplog.text
 
     old = save(tmp_path, 4, model, opt, scaler, cfg)  # written without an EMA
     assert store.read_meta(old)["ema"] is False
-    store.load(old, model2, opt2, scaler2, cfg, ema=ema2)
+    store.load(old, RunState(model2, opt2, scaler2, ema2), cfg)
     assert all(torch.equal(v, model2.state_dict()[k]) for k, v in ema2.state_dict().items())
     warned = [r.getMessage() for r in caplog.records if "holds no model EMA" in r.getMessage()]
     assert len(warned) == 1 and str(old) in warned[0] and "starts from its weights" in warned[0]
-    store.load(path, *make(cfg)[:2], scaler2, cfg)  # a run without an EMA ignores the checkpoint's
+    store.load(path, RunState(*make(cfg)[:2], scaler2), cfg)  # a run without an EMA ignores the checkpoint's

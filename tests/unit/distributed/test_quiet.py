@@ -14,6 +14,7 @@ import torch
 from tests.helpers import ROOT
 from tests.helpers.tiny_model import make
 from vitlarge.checkpoint import store
+from vitlarge.checkpoint.state import RunState
 from vitlarge.config.load import load_recipe
 from vitlarge.distributed.quiet import GLOO_CONNECTED, quiet_checkpoint_writer
 
@@ -27,7 +28,7 @@ def _typed_storage_warnings(tmp_path, quiet: bool) -> list[str]:
         warnings.simplefilter("always")  # every warning, whatever an earlier test already showed
         if quiet:
             quiet_checkpoint_writer()  # in front of "always", as it is in front of the defaults in a run
-        store.save(tmp_path, 1, model, opt, scaler, "loader-state", cfg, keep=1)
+        store.save(tmp_path, RunState(model, opt, scaler, step=1, data="loader-state"), cfg, keep=1)
     return [str(w.message) for w in seen if "TypedStorage is deprecated" in str(w.message)]
 
 

@@ -1,0 +1,152 @@
+"""What a checkpoint holds of a run, as parts that each offer their state and take it back.
+
+Every stateful part speaks one protocol, `Stateful` (``state_dict()`` / ``load_state_dict()``, the shape of
+``torch.distributed.checkpoint.stateful.Stateful`` and torchtitan's checkpointer): the loss scaler (torch's
+``GradScaler``), the model EMA (`vitlarge.model.ema.ModelEma`) and this process's RNGs (`RngState`). The model and
+optimizer go through DCP's ``get_state_dict`` / ``set_state_dict`` (vitlarge/checkpoint/sharded.py), which shard
+and re-shard them. `RunState` gathers the parts, with the three values that travel beside them: the step, this
+rank's loader position and the run's line (meta.json's ``line``, see vitlarge/checkpoint/resume.py).
+`vitlarge.checkpoint.store.save` takes a `RunState`; ``store.load`` fills one and returns a `LoadedCheckpoint`.
+
+Where each part lands on disk (format 3, unchanged): model, optimizer and EMA in DCP's ``.distcp`` files under the
+keys ``model``, ``optimizer``, ``ema``; RNG, scaler and loader position in ``rank_NNNNN.pt`` under ``rng``,
+``scaler``, ``data``; step and line in meta.json.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+from torch import nn
+
+from vitlarge.model.ema import ModelEma
+
+if TYPE_CHECKING:
+    from vitlarge.config.schema import Config
+    from vitlarge.plan.plan import Plan
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """A part of a run that a checkpoint saves and restores (torch's ``Stateful`` protocol)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
+class RngState:
+    """This process's torch (CPU and, once initialised, CUDA), numpy and Python RNGs as a `Stateful`."""
+
+    def state_dict(self) -> dict[str, Any]:
+        np_state = np.random.get_state()
+        state = {
+            "torch": torch.get_rng_state(),
+            "numpy": {
+                "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+                "pos": int(np_state[2]),
+                "has_gauss": int(np_state[3]),
+                "cached_gaussian": float(np_state[4]),
+            },
+            "python": random.getstate()[1],
+            "python_gauss": random.getstate()[2],  # random.gauss() caches its second value
+        }
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        torch.set_rng_state(state_dict["torch"])
+        n = state_dict["numpy"]
+        np.random.set_state(
+            ("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+        )
+        random.setstate((3, tuple(state_dict["python"]), state_dict.get("python_gauss")))
+        if "cuda" in state_dict and torch.cuda.is_available():
+            torch.cuda.set_rng_state(state_dict["cuda"])
+
+
+@dataclass
+class RunState:
+    """A run's state on this rank, as a checkpoint saves it and a resume fills it.
+
+    ``optimizer``: a torch optimizer or Colossal-AI's wrapper of one. ``step``, ``data`` and ``line`` are values
+    a save records; a resume returns them in `LoadedCheckpoint` (the loaders are built from the position then)."""
+
+    model: nn.Module
+    optimizer: Any
+    scaler: torch.amp.GradScaler
+    ema: ModelEma | None = None
+    rng: Stateful = field(default_factory=RngState)
+    step: int = 0
+    data: str | None = None
+    """This rank's loader position (``rank_NNNNN.pt``'s ``data``), or None."""
+    line: str | None = None
+    """The line this run's checkpoints belong to (meta.json's ``line``)."""
+
+    def rank_state(self) -> dict[str, Any]:
+        """What ``rank_NNNNN.pt`` holds: the rank-local parts' states and the loader position."""
+        return {"rng": self.rng.state_dict(), "scaler": self.scaler.state_dict(), "data": self.data}
+
+
+@dataclass(frozen=True)
+class DataPosition:
+    """The loader position a resumed run continues (None: a fresh epoch order), and the one warning line that says
+    why it was dropped (None when it was not)."""
+
+    state: str | None
+    warning: str | None = None
+
+
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    """What a resume restored from a checkpoint, and the rules for what of it this run can use."""
+
+    path: Path
+    step: int
+    world_size: int
+    """The number of processes that wrote the checkpoint."""
+    data_state: str | None
+    """This rank's loader position as saved; None when it was written by another world size."""
+    line: str | None = None
+    """The line the checkpoint belongs to (its meta.json's ``line``)."""
+    config: dict = field(default_factory=dict)
+    """The config the checkpoint recorded (meta.json's ``config``)."""
+
+    def usable_data_state(self, cfg: Config, plan: Plan) -> DataPosition:
+        """The loader position this run continues, and the line that says what was dropped and why. Weights,
+        optimizer, step and the lr schedule always resume exactly; the data stream restarts with a fresh epoch
+        order when the position was written by another world size, by an older vitlarge (another pipeline), or
+        under another ``train.phases`` list."""
+        from vitlarge.data.common import older_state_version
+        from vitlarge.data.phased import state_of_other_phases
+
+        if self.world_size != plan.world_size:
+            ph = plan.phase_at(self.step)
+            return DataPosition(
+                None,
+                f"warning: {self.path} was written by {self.world_size} processes, this run has {plan.world_size}: "
+                "weights, optimizer (re-sharded), step and lr schedule resume exactly, the global batch stays "
+                f"{ph.global_batch} ({ph.accum_steps} micro-steps per step now), the data stream restarts "
+                "with a fresh epoch order",
+            )
+        old = older_state_version(self.data_state)
+        if old is not None:
+            return DataPosition(
+                None,
+                f"warning: {self.path} holds a data-loader position from an older vitlarge (state version {old}); "
+                "the data stream restarts with a fresh epoch order, weights, optimizer and step resume exactly",
+            )
+        if state_of_other_phases(self.data_state, cfg):
+            return DataPosition(
+                None,
+                f"warning: {self.path} was written under another train.phases list (or none); the data stream "
+                "restarts with a fresh epoch order, weights, optimizer and step resume; lr and phase follow the "
+                "new list at that step",
+            )
+        return DataPosition(self.data_state)

@@ -1,0 +1,162 @@
+"""Model weights from a checkpoint, an export or a ``model.safetensors``, and whether a checkpoint holds this recipe's model.
+
+`weights_of` and `load_model_weights` read on one process, no collective (``model.init_from``, ``vitlarge.evaluate``);
+`check_compatible` is the one check that a checkpoint's model (name, parameter shapes) is this recipe's, with the
+override that fixes a rerun at another image size.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch.distributed.checkpoint.api import CheckpointException
+
+from vitlarge import fileio
+from vitlarge.checkpoint import sharded
+from vitlarge.checkpoint.files import reason_of, safetensors_file
+from vitlarge.checkpoint.layout import Unusable, read_meta
+from vitlarge.checkpoint.meta import expected_files
+from vitlarge.config.schema import Config
+from vitlarge.errors import UserError
+
+
+def param_shapes(model: torch.nn.Module) -> dict[str, list[int]]:
+    """The unsharded state dict's shapes (never a collective: FSDP2's DTensors report their global shape)."""
+    return sharded.full_shapes(model)
+
+
+def check_compatible(meta: dict, path: Path, model: torch.nn.Module, cfg: Config) -> None:
+    """A one-line ``UserError`` unless the checkpoint holds this recipe's model in a layout this run reads
+    (any plugin and world size: the optimizer state is re-sharded where needed, see vitlarge/checkpoint/sharded.py)."""
+    shapes, saved = param_shapes(model), meta["param_shapes"]
+    if meta["model"] == cfg.model.name and saved == shapes:
+        return
+    diff = [k for k in shapes if saved.get(k) != shapes[k]]
+    trained_at = meta.get("config", {}).get("data", {}).get("image_size")
+    if meta["model"] == cfg.model.name and diff == ["pos_embed"] and saved.keys() == shapes.keys():
+        # The same model at another input size (a rerun without the run's data.image_size): only the
+        # position embedding's grid differs.
+        trained_at = trained_at or _size_of_grid(saved["pos_embed"], model)
+        if trained_at and trained_at != cfg.data.image_size:
+            raise UserError(
+                f"checkpoint {path} was trained at data.image_size={trained_at}, this run has data.image_size="
+                f"{cfg.data.image_size} (pos_embed {saved['pos_embed']} there, {shapes['pos_embed']} here); "
+                f"pass data.image_size={trained_at}"
+            )
+    if diff:
+        detail = f"first difference at '{diff[0]}': {saved.get(diff[0])} there, {shapes[diff[0]]} here"
+    else:
+        detail = "different parameter set"
+    raise UserError(
+        f"checkpoint {path} holds model {meta['model']} that does not match the recipe's {cfg.model.name} "
+        f"({detail}); use another --workdir or --resume a checkpoint of this recipe"
+    )
+
+
+def _size_of_grid(pos_embed: list[int], model: torch.nn.Module) -> int | None:
+    """The square input size whose patch grid ``pos_embed`` (a shape) holds, for ``model``'s patch size and
+    prefix tokens; None where that is not a square grid of square patches."""
+    import math
+
+    m = sharded.inner(model)
+    patch = tuple(getattr(getattr(m, "patch_embed", None), "patch_size", ()) or ())
+    if len(pos_embed) != 3 or len(patch) != 2 or patch[0] != patch[1]:
+        return None
+    tokens = pos_embed[1] - (0 if getattr(m, "no_embed_class", False) else getattr(m, "num_prefix_tokens", 1))
+    side = math.isqrt(max(tokens, 0))
+    return side * patch[0] if tokens > 0 and side * side == tokens else None
+
+
+EXPORT_CONFIG_LIMIT = (
+    16 * 2**20
+)  # an export's config.json (1000 class names and texts: ~100 KB); a larger one is not read
+
+
+def _export_input_size(folder: Path) -> tuple[int, ...] | None:
+    """``pretrained_cfg.input_size`` that an export's config.json records (timm's), or None: the file is data,
+    read up to `EXPORT_CONFIG_LIMIT` and only for this message."""
+    try:
+        with open(folder / "config.json", "rb") as f:
+            raw = f.read(EXPORT_CONFIG_LIMIT + 1)
+        size = json.loads(raw)["pretrained_cfg"]["input_size"] if len(raw) <= EXPORT_CONFIG_LIMIT else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return tuple(size) if isinstance(size, list) and all(isinstance(x, int) for x in size) else None
+
+
+def _does_not_fit(given: Path, tensors: dict, model: torch.nn.Module, cfg: Config, e: RuntimeError) -> str:
+    """Why a model.safetensors does not load into ``model``: for an export of another image size, the size it
+    was trained at and the override; else torch's first mismatch (its first line is only a header)."""
+    mine = sharded.inner(model).state_dict().get("pos_embed")
+    theirs = tensors.get("pos_embed")
+    if mine is not None and theirs is not None and list(mine.shape) != list(theirs.shape):
+        trained_at = _size_of_grid(list(theirs.shape), model)
+        recorded = _export_input_size(given) if given.is_dir() else None
+        if trained_at and trained_at != cfg.data.image_size:
+            said = f" (its config.json: input_size {'x'.join(map(str, recorded))})" if recorded else ""
+            return (
+                f"export {given} was trained at data.image_size={trained_at}{said}, this run has data.image_size="
+                f"{cfg.data.image_size} (pos_embed {list(theirs.shape)} there, {list(mine.shape)} here); "
+                f"pass data.image_size={trained_at}"
+            )
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    first = next((line for line in lines[1:] if not line.startswith("Error(s)")), lines[0] if lines else "")
+    return f"{given} does not fit model {cfg.model.name}: {first}"
+
+
+def weights_of(path: str | Path, meta: dict, like: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The full model state dict of checkpoint folder ``path`` (``meta``: its meta.json), on this process's
+    CPU, no collective, after a size check of the files it reads (``Unusable`` if one is short).
+    ``like``: a plain model's state dict to fill (format 3); allocated from the checkpoint otherwise."""
+    path = Path(path)
+    files = expected_files(meta)
+    names = [n for n in files if not n.startswith("rank_")] if meta["format_version"] >= 3 else ["model.safetensors"]
+    for name in names:
+        problem = fileio.size_problem(path / name, files.get(name))
+        if problem:
+            raise Unusable(path, problem)
+    if meta["format_version"] < 3:
+        return safetensors_file(path, "model.safetensors")
+    try:
+        # Inside DCP's load its reason would be lost ("metadata is None"); each range DCP torch.loads checked too.
+        index = sharded.read_index(path, meta["files"])
+        problem = sharded.slices_problem(path, index)
+        if problem:
+            raise Unusable(path, problem)
+        return sharded.read_full_model(path, like, files=meta["files"], index=index)
+    except sharded.IndexProblem as e:
+        raise Unusable(path, str(e)) from None
+    except CheckpointException as e:
+        raise Unusable(path, reason_of(e)) from None
+
+
+def load_model_weights(path: str | Path, model: torch.nn.Module, cfg: Config) -> None:
+    """Weights only, from a checkpoint folder, an export folder (`vitlarge.checkpoint.export`) or a ``model.safetensors``."""
+    given = path = Path(path)
+    if path.is_dir() and (path / "config.json").is_file() and not (path / "meta.json").exists():
+        path = path / "model.safetensors"  # an export: timm's config.json beside the weights
+    elif path.is_dir():
+        meta = read_meta(path)
+        check_compatible(meta, path, model, cfg)
+        target = sharded.inner(model)
+        like = {k: torch.empty_like(v, device="cpu") for k, v in target.state_dict().items()}
+        weights = weights_of(path, meta, like)
+        try:
+            target.load_state_dict(weights)
+        except (RuntimeError, TypeError) as e:  # a checkpoint whose index passed but whose entries do not fit
+            raise Unusable(path, f"its weights do not fit the model ({str(e).splitlines()[0][:120]})") from None
+        return
+    if not path.is_file():
+        raise UserError(
+            f"checkpoint {path} does not exist; pass a checkpoints/step_* folder or an exported model folder"
+        )
+    problem = fileio.regular_file_problem(path)
+    if problem:
+        raise UserError(f"{given}: {problem}; pass an exported model folder or a checkpoints/step_* folder")
+    tensors = safetensors_file(path.parent, path.name)
+    try:
+        sharded.inner(model).load_state_dict(tensors)
+    except RuntimeError as e:
+        raise UserError(_does_not_fit(given, tensors, model, cfg, e)) from None
