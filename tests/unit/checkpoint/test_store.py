@@ -346,9 +346,9 @@ def test_disk_full_keeps_the_previous_checkpoint(tmp_path, cfg, monkeypatch, how
                 mounts.unmount(root, lazy=True)
 
 
-def write_format2(path: Path, model, opt, scaler, cfg, step: int) -> None:
+def write_format2(path: Path, model, opt, scaler, cfg, step: int, version: int = 2) -> None:
     """A checkpoint as vitlarge wrote them before DCP (format 2, one process): full weights in
-    model.safetensors, the optimizer state dict in optimizer.pt, records in meta.json."""
+    model.safetensors, the optimizer state dict in optimizer.pt, records in meta.json (``version=1``: none)."""
     from safetensors.torch import save_file
 
     from vitlarge import fileio
@@ -361,28 +361,30 @@ def write_format2(path: Path, model, opt, scaler, cfg, step: int) -> None:
     )
     files = {n: fileio.sync_and_record(path / n) for n in ("model.safetensors", "optimizer.pt", "rank_00000.pt")}
     meta = {
-        "format_version": 2,
+        "format_version": version,
         "step": step,
         "world_size": 1,
         "model": cfg.model.name,
         "param_shapes": param_shapes(model),
         "config": cfg.to_dict(),
-        "files": files,
+        **({"files": files} if version >= 2 else {}),  # format 1 recorded no sizes and checksums
     }
     (path / "meta.json").write_text(json.dumps(meta))
 
 
-def test_a_format_2_checkpoint_still_resumes_exactly_and_its_weights_load(tmp_path, cfg):
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_format_2_checkpoint_still_resumes_exactly_and_its_weights_load(tmp_path, cfg, version):
+    """Formats 1 and 2 (before DCP) through the one adapter, vitlarge/checkpoint/legacy.py."""
     model, opt, scaler = trained(cfg)
     path = tmp_path / "checkpoints" / "step_0000002"
-    write_format2(path, model, opt, scaler, cfg, 2)
+    write_format2(path, model, opt, scaler, cfg, 2, version)
     assert store.verify(path) is None and store.latest(tmp_path) == path
     train_step(model, opt, scaler, seed=99)
     reference = {k: v.clone() for k, v in model.state_dict().items()}
 
     model2, opt2, scaler2 = make(cfg, seed=1)
     state = store.load(path, RunState(model2, opt2, scaler2), cfg)
-    assert (state.step, state.data_state, store.read_meta(path)["format_version"]) == (2, "loader-state", 2)
+    assert (state.step, state.data_state, store.read_meta(path)["format_version"]) == (2, "loader-state", version)
     train_step(model2, opt2, scaler2, seed=99)
     assert all(torch.equal(v, reference[k]) for k, v in model2.state_dict().items())
 
