@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
 from vitlarge.checkpoint import sharded
 from vitlarge.checkpoint.files import safetensors_file, torch_load
+from vitlarge.checkpoint.state import RunState
 from vitlarge.errors import UserError
 
 MODEL = "model.safetensors"
@@ -49,9 +49,9 @@ class FullState:
     """``optimizer.pt``'s state, or every rank's FSDP1 shard in rank order."""
     from_ddp: bool
 
-    def load_into(self, path: Path, model: nn.Module, optimizer) -> None:
-        """A collective under fsdp: loads the full tensors into ``model`` and ``optimizer`` (bit copies)."""
-        opt = getattr(optimizer, "optim", optimizer)
+    def load_into(self, path: Path, state: RunState) -> None:
+        """A collective under fsdp: loads the full tensors into ``state``'s model and optimizer (bit copies)."""
+        model, opt = state.model, getattr(state.optimizer, "optim", state.optimizer)
         names = sharded.param_names(model, opt)
         shapes = sharded.full_shapes(model)
         whole = (

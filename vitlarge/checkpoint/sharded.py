@@ -30,6 +30,7 @@ import math
 import pickle
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -42,6 +43,9 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_state_dict,
 )
+
+if TYPE_CHECKING:
+    from vitlarge.checkpoint.state import RunState
 
 METADATA = ".metadata"  # DCP's index, written by the coordinator (rank 0)
 
@@ -117,16 +121,16 @@ def _quiet_single_process():
         yield
 
 
-def save(folder: Path, model: nn.Module, optimizer, with_optimizer: bool, ema: dict | None = None) -> None:
-    """Every rank: writes its shards of the model (and optimizer) state, and of the EMA average ``ema`` if
-    given, into ``folder``. DCP fsyncs each file it writes (``sync_files``); the caller fsyncs the folder and
+def save(folder: Path, state: RunState, with_optimizer: bool) -> None:
+    """Every rank: writes its shards of ``state``'s model (and optimizer) state, and of its EMA average if it has
+    one, into ``folder``. DCP fsyncs each file it writes (``sync_files``); the caller fsyncs the folder and
     publishes it."""
     writer = dcp.FileSystemWriter(str(folder), single_file_per_rank=True, sync_files=True)
-    state = _state(model, optimizer, with_optimizer)
-    if ema is not None:
-        state["ema"] = ema
+    saved = _state(state.model, state.optimizer, with_optimizer)
+    if state.ema is not None:
+        saved["ema"] = state.ema.state_dict()
     with _quiet_single_process():
-        dcp.save(state, storage_writer=writer, no_dist=not dist.is_initialized())
+        dcp.save(saved, storage_writer=writer, no_dist=not dist.is_initialized())
 
 
 class _WeightsOnlyLoadPlanner(DefaultLoadPlanner):
@@ -502,31 +506,31 @@ class Reader(dcp.FileSystemReader):
 
 def load(
     folder: Path,
-    model: nn.Module,
-    optimizer,
+    state: RunState,
     with_optimizer: bool,
-    ema: dict | None = None,
+    with_ema: bool,
     files: dict | None = None,
     index=None,
 ) -> None:
-    """Every rank: fills this run's model (and optimizer) state from ``folder``, reading only its shards, and
-    the EMA average ``ema`` in place when given (the checkpoint must hold one). ``files``, ``index``: see `Reader`."""
-    state = _state(model, optimizer, with_optimizer)
-    if ema is not None:
-        state["ema"] = ema
+    """Every rank: fills ``state``'s model (and optimizer) state from ``folder``, reading only its shards, and its
+    EMA average in place when ``with_ema`` (the checkpoint must hold one). ``files``, ``index``: see `Reader`."""
+    model, optimizer = state.model, state.optimizer
+    loaded = _state(model, optimizer, with_optimizer)
+    if with_ema and state.ema is not None:
+        loaded["ema"] = state.ema.state_dict()
     with _quiet_single_process():
         dcp.load(
-            state,
+            loaded,
             storage_reader=Reader(folder, files, index),
             planner=_WeightsOnlyLoadPlanner(),
             no_dist=not dist.is_initialized(),
         )
     if with_optimizer:
         set_state_dict(
-            _root(model), _optim(optimizer), model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+            _root(model), _optim(optimizer), model_state_dict=loaded["model"], optim_state_dict=loaded["optimizer"]
         )
     else:
-        set_state_dict(_root(model), [], model_state_dict=state["model"], optim_state_dict={})
+        set_state_dict(_root(model), [], model_state_dict=loaded["model"], optim_state_dict={})
 
 
 def read_full_model(

@@ -101,8 +101,7 @@ def save(workdir: str | Path, state: RunState, cfg: Config, keep: int) -> Path:
         names = [f"rank_{rank:05d}.pt"]
         # Before DCP's save: its planning and index are collectives, a failure there reaches every rank.
         torch_save(state.rank_state(), tmp / names[0])
-        ema = state.ema.state_dict() if state.ema is not None else None
-        sharded.save(tmp, state.model, state.optimizer, with_optimizer, ema)  # a collective; fsyncs
+        sharded.save(tmp, state, with_optimizer)  # a collective; fsyncs
         names += sharded.dcp_files_of(rank, tmp)
         return {name: fileio.sync_and_record(tmp / name) for name in names}
 
@@ -283,18 +282,10 @@ def apply(loaded: ReadCheckpoint, state: RunState) -> LoadedCheckpoint:
     path, meta, ema = loaded.path, loaded.meta, state.ema
     saved_ema = ema is not None and loaded.with_ema
     if loaded.full is not None:
-        loaded.full.load_into(path, state.model, state.optimizer)
+        loaded.full.load_into(path, state)
     else:
         try:
-            sharded.load(
-                path,
-                state.model,
-                state.optimizer,
-                loaded.with_optimizer,
-                ema.state_dict() if saved_ema and ema is not None else None,
-                files=meta["files"],
-                index=loaded.index,
-            )
+            sharded.load(path, state, loaded.with_optimizer, saved_ema, files=meta["files"], index=loaded.index)
         except CheckpointException as e:
             raise UserError(
                 f"cannot read checkpoint {path} ({reason_of(e)}); check that every node sees it whole "
