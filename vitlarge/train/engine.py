@@ -129,7 +129,8 @@ class StepResult:
 
 
 class Engine:
-    """Owns the boosted model and optimizer; knows nothing about data sources, logging or checkpoints."""
+    """Owns the boosted model and optimizer (and the model EMA); knows nothing about data sources, logging or where
+    checkpoints go: it offers its state (`state`) and the checkpoint store saves and restores it."""
 
     def __init__(
         self, cfg: Config, plan: Plan, booster, model, optimizer, precision: Precision, ema: ModelEma | None = None
