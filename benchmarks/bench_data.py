@@ -103,20 +103,18 @@ def _dali_variant(
 def _trainloader(data_dir: str, batch: int, interpolation: str = "bilinear"):
     import torch
 
-    from vitlarge.data import TrainLoader
+    from vitlarge.data import TrainLoader, TrainSpec
 
-    loader = TrainLoader(
+    spec = TrainSpec(
         data_dir,
         batch,
         SIZE,
-        rank=0,
-        world_size=1,
-        device=torch.device("cpu"),
         seed=0,
         num_threads=THREADS,
         initial_fill=1024,
         interpolation=interpolation,
     )
+    loader = TrainLoader(spec, rank=0, world_size=1, device=torch.device("cpu"))
     return lambda: next(loader)
 
 

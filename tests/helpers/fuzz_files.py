@@ -177,10 +177,11 @@ def main(scratch: str, demo_data: str, seed: int, cases: int) -> dict:
     sys.addaudithook(_audit)
     torch.set_num_threads(1)
     from tests.helpers import ROOT
+    from tests.helpers.loaders import open_train
     from tests.helpers.tiny_model import make, trained
     from vitlarge.checkpoint import init_from, resume, sharded, store
     from vitlarge.config.load import load_recipe
-    from vitlarge.data import TrainLoader, load_manifest
+    from vitlarge.data import load_manifest
     from vitlarge.data.manifest import check_shards
     from vitlarge.errors import UserError
 
@@ -193,7 +194,7 @@ def main(scratch: str, demo_data: str, seed: int, cases: int) -> dict:
     original_index = sharded._MetadataUnpickler(io.BytesIO((original / ".metadata").read_bytes())).load()
     cpu = torch.device("cpu")
     loader_kw = {"rank": 0, "world_size": 1, "device": cpu, "seed": 0}
-    state = TrainLoader(str(data), 16, 32, **loader_kw).state()
+    state = open_train(str(data), 16, 32, **loader_kw).state()
     rng = random.Random()  # seeded per format below: a format's first N cases are the same at any CASES
 
     def fresh_checkpoint(case: int) -> Path:
@@ -273,7 +274,7 @@ def main(scratch: str, demo_data: str, seed: int, cases: int) -> dict:
             text = json.dumps(doc)
         else:
             text = dump(mutate_doc(doc, rng)).decode("utf-8", "replace")
-        loader = TrainLoader(str(data), 16, 32, state=text, **loader_kw)
+        loader = open_train(str(data), 16, 32, state=text, **loader_kw)
         next(loader)
 
     def dataset_json(case):
