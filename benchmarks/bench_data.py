@@ -52,10 +52,10 @@ def _dali_variant(
     from nvidia.dali import pipeline_def
 
     from vitlarge.data.loader import DEFAULT_MEAN, DEFAULT_STD
-    from vitlarge.data.manifest import check_shards, load_manifest
+    from vitlarge.data.manifest import load_manifest, shard_files
     from vitlarge.data.pipelines import FEATURES
 
-    files = check_shards(load_manifest(data_dir), "train")
+    files = shard_files(load_manifest(data_dir), "train")
     interp_type = {"linear": types.INTERP_LINEAR, "triangular": types.INTERP_TRIANGULAR, "nn": types.INTERP_NN}[interp]
 
     @pipeline_def(batch_size=batch, num_threads=THREADS, device_id=None, seed=0, prefetch_queue_depth=prefetch)

@@ -66,10 +66,10 @@ def _measure(loader, batch: int, batches: int, warmup: int) -> tuple[float, floa
 
 
 def _read_ms_per_record(data_dir: str, records: int) -> float:
-    from vitlarge.data.manifest import check_shards, load_manifest
+    from vitlarge.data.manifest import load_manifest, shard_files
     from vitlarge.data.repeats import RepeatedRecords
 
-    reader = RepeatedRecords(check_shards(load_manifest(data_dir), "train"), rank=0, world_size=1, repeats=3, seed=0)
+    reader = RepeatedRecords(shard_files(load_manifest(data_dir), "train"), rank=0, world_size=1, repeats=3, seed=0)
 
     class Info:
         def __init__(self, i):

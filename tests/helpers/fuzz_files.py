@@ -182,7 +182,7 @@ def main(scratch: str, demo_data: str, seed: int, cases: int) -> dict:
     from vitlarge.checkpoint import init_from, resume, sharded, store
     from vitlarge.config.load import load_recipe
     from vitlarge.data import load_manifest
-    from vitlarge.data.manifest import check_shards
+    from vitlarge.data.manifest import shard_files
     from vitlarge.errors import UserError
 
     cfg = load_recipe(ROOT / "recipes" / "demo_digits.py")
@@ -287,8 +287,8 @@ def main(scratch: str, demo_data: str, seed: int, cases: int) -> dict:
         mutated = dump(mutate_doc(json.loads(raw), rng)) if rng.random() < 0.7 else mutate_bytes(raw, rng)
         (d / "dataset.json").write_bytes(mutated)
         manifest = load_manifest(str(d))
-        check_shards(manifest, "train")
-        check_shards(manifest, "validation")
+        shard_files(manifest, "train")
+        shard_files(manifest, "validation")
 
     def tfrecord(case):
         from data_tools.make_index import make_index
@@ -307,7 +307,7 @@ def main(scratch: str, demo_data: str, seed: int, cases: int) -> dict:
         shard.write_bytes(raw)
         make_index(str(d))
         manifest = load_manifest(str(d))
-        check_shards(manifest, "train")
+        shard_files(manifest, "train")
 
     formats = {
         "meta.json": (meta_json, cases),

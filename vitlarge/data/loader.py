@@ -27,19 +27,15 @@ from vitlarge.data.common import (  # noqa: F401
     STATE_VERSION,
     VAL_INTERPOLATION,
     SettingsChanged,
+    check_rank,
     older_state_version,
     val_forwards,
 )
-from vitlarge.data.manifest import MANIFEST_NAME, Manifest, check_shards, load_manifest
+from vitlarge.data.manifest import MANIFEST_NAME, Manifest, load_manifest, shard_files
 from vitlarge.data.spec import LoaderSpec, TrainSpec, ValSpec, pipe_seed
 from vitlarge.errors import UserError
 
 DEFAULT_MEAN, DEFAULT_STD = LoaderSpec("", 1, 1).pixels()  # ImageNet's on DALI's 0..255 pixel scale
-
-
-def _check_rank(rank: int, world_size: int) -> None:
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise UserError(f"rank={rank}, world_size={world_size}: need 0 <= rank < world_size")
 
 
 def torch_stream(device: torch.device):
@@ -172,11 +168,11 @@ class TrainLoader:
     """
 
     def __init__(self, spec: TrainSpec, *, rank: int, world_size: int, device: torch.device, state: str | None = None):
-        _check_rank(rank, world_size)
+        check_rank(rank, world_size)
         data_dir, seed, read_workers = spec.data_dir, spec.seed, spec.read_workers
         self.spec = spec
         self.manifest = load_manifest(data_dir)
-        files = check_shards(self.manifest, "train")
+        files = shard_files(self.manifest, "train")
         n = self.manifest.num_examples("train")
         begin, end = pipelines.shard_range(n, rank, world_size)
         self.num_examples_this_rank = end - begin
@@ -295,11 +291,11 @@ class ValLoader:
     """
 
     def __init__(self, spec: ValSpec, *, rank: int, world_size: int, device: torch.device):
-        _check_rank(rank, world_size)
+        check_rank(rank, world_size)
         data_dir, batch_size = spec.data_dir, spec.batch_size
         self.spec = spec
         self.manifest = load_manifest(data_dir)
-        files = check_shards(self.manifest, "validation")
+        files = shard_files(self.manifest, "validation")
         n = self.manifest.num_examples("validation")
         begin, end = pipelines.shard_range(n, rank, world_size)
         self.num_examples_this_rank = end - begin

@@ -14,16 +14,16 @@ import torch
 
 from vitlarge.config.schema import Config
 from vitlarge.data import synthetic
-from vitlarge.data.manifest import Manifest, check_shards, load_manifest
+from vitlarge.data.manifest import Manifest, load_manifest, shard_files
 from vitlarge.data.spec import TrainSpec, ValSpec
 from vitlarge.errors import UserError
 from vitlarge.plan.phases import Phase, stream_seed
 
 
-def check_data(cfg: Config) -> Manifest:
+def checked_manifest(cfg: Config) -> Manifest:
     """The manifest of ``cfg.data.path`` after the checks that need no pipeline: its class count matches
     ``data.num_classes``, ``data.randaugment`` parses and every shard of both splits is there, whole, with its
-    index (`check_shards`: a stat and an 8-byte read each). Fails before any work or file is written.
+    index (`shard_files`: a stat and an 8-byte read each). Fails before any work or file is written.
     For ``data.source=synthetic``: a manifest with ``data.num_classes`` synthetic classes and
     ``data.num_train_examples`` training examples; no file is read."""
     if cfg.data.source == "synthetic":
@@ -38,7 +38,7 @@ def check_data(cfg: Config) -> Manifest:
         )
     randaugment_spec(cfg.data.randaugment)
     for split in ("train", "validation"):  # here, inside the agreed pre-flight: a shard missing on one node
-        check_shards(manifest, split)  # stops every rank, printed by the rank that met it (not at the first step)
+        shard_files(manifest, split)  # stops every rank, printed by the rank that met it (not at the first step)
     return manifest
 
 
