@@ -15,7 +15,7 @@ import torch
 from vitlarge.config.schema import Config
 from vitlarge.data import synthetic
 from vitlarge.data.manifest import Manifest, load_manifest, shard_files
-from vitlarge.data.spec import TrainSpec, ValSpec
+from vitlarge.data.spec import TrainSpec, ValSpec, knobs
 from vitlarge.errors import UserError
 from vitlarge.plan.phases import Phase, stream_seed
 
@@ -103,10 +103,9 @@ def train_spec(cfg: Config, phase: Phase | None = None, fresh_at: int | None = N
         interpolation=d.train_interpolation,
         crop=d.crop,
         src_padding=d.src_padding,
-        three_augment=d.three_augment,
-        color_jitter=d.color_jitter,
         repeats=d.repeats,
         read_workers=d.read_workers,
+        **{name: getattr(d, name) for name in knobs()},  # augmentation knobs: the same names as data.<name>
     )
 
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
+from vitlarge.config.schema import DataConfig, rule_of
 from vitlarge.constants import IMAGENET_MEAN, IMAGENET_STD
 from vitlarge.data.common import VAL_INTERPOLATION
 from vitlarge.errors import UserError
@@ -25,6 +26,20 @@ INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "triangular")  # `vitlarge.d
 def _check_interpolation(name: str) -> None:
     if name not in INTERPOLATIONS:
         raise UserError(f"interpolation={name!r}: expected one of {sorted(INTERPOLATIONS)}")
+
+
+def knob(name: str):
+    """A training augmentation setting that is ``data.<name>`` in the config, with that field's default and
+    `Rule` (vitlarge/config/schema.py): `sources.train_spec` copies it by name, `TrainSpec` checks it with the
+    rule, and its fingerprint holds it only where it is not its default (so a state saved before the knob
+    existed still resumes). A new knob is its schema field, one `knob` line here and its pipeline op."""
+    declared = DataConfig.__dataclass_fields__[name]
+    return field(default=declared.default, metadata={"knob": name, "rule": rule_of(declared)})
+
+
+def knobs() -> list[str]:
+    """The `knob` fields of `TrainSpec`, in declaration order."""
+    return [f.name for f in fields(TrainSpec) if "knob" in f.metadata]
 
 
 @dataclass(frozen=True)
@@ -66,8 +81,8 @@ class TrainSpec(LoaderSpec):
     interpolation: str = "bilinear"
     crop: str = "rrc"
     src_padding: int = SRC_PADDING
-    three_augment: bool = False
-    color_jitter: float = 0.0
+    three_augment: bool = knob("three_augment")
+    color_jitter: float = knob("color_jitter")
     repeats: int = 1
     read_workers: int = 0
 
@@ -87,9 +102,13 @@ class TrainSpec(LoaderSpec):
             raise UserError(
                 f"src_padding={pad!r}: must be an integer in [0, image_size={self.image_size}) (DeiT III pads by 4)"
             )
-        if not self.color_jitter >= 0:
-            raise UserError(f"color_jitter={self.color_jitter}: must be >= 0 (0: off; DeiT III uses 0.3)")
         _check_interpolation(self.interpolation)
+        for f in fields(self):
+            value, rule = getattr(self, f.name), f.metadata.get("rule")
+            if "knob" in f.metadata and rule is not None and not rule.test(value):
+                raise UserError(f"{f.name}={value}: must be {rule.words}")
+            if "knob" in f.metadata and type(f.default) in (bool, float):  # 1 and 1.0 (or true) hash alike
+                object.__setattr__(self, f.name, type(f.default)(value))
 
     def fingerprint(self, rank: int, world_size: int, shards: list[tuple[str, int]] | None = None) -> str:
         """A short hash of what a saved position of this stream means (the spec, the rank's place and, for
@@ -126,10 +145,7 @@ class TrainSpec(LoaderSpec):
                 settings["crop"] = self.crop
                 if self.src_padding != SRC_PADDING:
                     settings["src_padding"] = self.src_padding
-            if self.three_augment:
-                settings["three_augment"] = True
-            if self.color_jitter:
-                settings["color_jitter"] = float(self.color_jitter)
+            settings.update((f.name, getattr(self, f.name)) for f in fields(self) if _knob_set(self, f))
             if self.repeats != 1:
                 settings["repeats"] = self.repeats
                 settings["repeats_source"] = "sample"  # positions (a state of the batch-mode source is not one)
@@ -148,6 +164,10 @@ class ValSpec(LoaderSpec):
         if not 0 < self.crop_pct <= 1:
             raise UserError(f"crop_pct={self.crop_pct}: must be in (0, 1]")
         _check_interpolation(self.interpolation)
+
+
+def _knob_set(spec: TrainSpec, f) -> bool:
+    return "knob" in f.metadata and getattr(spec, f.name) != f.default
 
 
 def pipe_seed(seed: int, rank: int) -> int:
