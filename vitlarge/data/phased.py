@@ -1,8 +1,9 @@
 """Each phase's loaders, built at its first step, and the data state a checkpoint keeps for them.
 
-Every run goes through `PhasedLoaders` (a recipe without ``train.phases`` is one phase). A
-checkpoint's data state is ``{"version", "phase", "phases": fingerprint, "loader": the loader's
-own state}``: a resume in the same phase under the same phase list continues the stream exactly.
+Every run goes through `PhasedLoaders` (a recipe without ``train.phases`` is one phase); it hands
+each phase's loaders the phase (`vitlarge.data.sources`). A checkpoint's data state is a `DataState`,
+``{"version", "phase", "phases": fingerprint, "loader": the loader's own state}`` in JSON: a resume
+in the same phase under the same phase list continues the stream exactly.
 Checkpoints of runs without phases written before every run had phases hold the loader's own state
 alone; it is read as phase 0's under the empty phase list, which is what it was.
 """
