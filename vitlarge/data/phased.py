@@ -134,6 +134,7 @@ class PhasedLoaders:
         self.cfg, self.plan, self.rank, self.world_size, self.device = cfg, plan, rank, world_size, device
         self.current: Phase | None = None
         self._saved = DataState.read(state)  # used once, by the phase it belongs to
+        self._phases_hash = fingerprint(cfg)
 
     def changes_at(self, step: int) -> bool:
         """Whether ``enter(step)`` builds new loaders (the caller drops the old ones first)."""
@@ -166,7 +167,7 @@ class PhasedLoaders:
                 )
             fresh_at = step
             loader = train_loader(self.cfg, self.rank, self.world_size, self.device, phase=ph, fresh_at=step)
-        train = _PhaseTrain(loader, ph.index, fingerprint(self.cfg), fresh_at)
+        train = _PhaseTrain(loader, ph.index, self._phases_hash, fresh_at)
         return train, val_loader(self.cfg, self.rank, self.world_size, self.device, phase=ph)
 
 
