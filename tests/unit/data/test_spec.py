@@ -140,3 +140,17 @@ def test_the_data_state_writes_the_released_bytes_and_reads_every_released_form(
         with pytest.raises(ValueError):
             DataState.from_json(bad)
     assert DataState.read(None) is None and DataState.read("") is None
+
+
+def test_augmentation_knobs_take_their_config_fields_default_and_rule():
+    """A knob (`vitlarge.data.spec.knob`) is declared once, in the schema: the spec takes its default and rule."""
+    from vitlarge.config.schema import DataConfig
+    from vitlarge.data.spec import knobs
+
+    assert knobs() == ["three_augment", "color_jitter"]
+    spec = TrainSpec("/data", 8, 32, seed=7)
+    assert [getattr(spec, k) for k in knobs()] == [getattr(DataConfig(), k) for k in knobs()]
+    # A knob's value hashes as its declared type: 1 and 1.0 are one setting.
+    assert TrainSpec("/data", 8, 32, seed=7, color_jitter=1).fingerprint(0, 1, SHARDS) == TrainSpec(
+        "/data", 8, 32, seed=7, color_jitter=1.0
+    ).fingerprint(0, 1, SHARDS)
