@@ -52,10 +52,10 @@ def _dali_variant(
     from nvidia.dali import pipeline_def
 
     from vitlarge.data.loader import DEFAULT_MEAN, DEFAULT_STD
-    from vitlarge.data.manifest import check_shards, load_manifest
+    from vitlarge.data.manifest import load_manifest, shard_files
     from vitlarge.data.pipelines import FEATURES
 
-    files = check_shards(load_manifest(data_dir), "train")
+    files = shard_files(load_manifest(data_dir), "train")
     interp_type = {"linear": types.INTERP_LINEAR, "triangular": types.INTERP_TRIANGULAR, "nn": types.INTERP_NN}[interp]
 
     @pipeline_def(batch_size=batch, num_threads=THREADS, device_id=None, seed=0, prefetch_queue_depth=prefetch)
@@ -103,20 +103,18 @@ def _dali_variant(
 def _trainloader(data_dir: str, batch: int, interpolation: str = "bilinear"):
     import torch
 
-    from vitlarge.data import TrainLoader
+    from vitlarge.data import TrainLoader, TrainSpec
 
-    loader = TrainLoader(
+    spec = TrainSpec(
         data_dir,
         batch,
         SIZE,
-        rank=0,
-        world_size=1,
-        device=torch.device("cpu"),
         seed=0,
         num_threads=THREADS,
         initial_fill=1024,
         interpolation=interpolation,
     )
+    loader = TrainLoader(spec, rank=0, world_size=1, device=torch.device("cpu"))
     return lambda: next(loader)
 
 

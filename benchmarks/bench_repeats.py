@@ -40,21 +40,18 @@ BATCH, SIZE, THREADS = 64, 224, 2
 def _loader(data_dir: str, batch: int, repeats: int, workers: int):
     import torch
 
-    from vitlarge.data import TrainLoader
+    from vitlarge.data import TrainLoader, TrainSpec
 
-    loader = TrainLoader(
+    spec = TrainSpec(
         data_dir,
         batch,
         SIZE,
-        rank=0,
-        world_size=1,
-        device=torch.device("cpu"),
         seed=0,
         num_threads=THREADS,
         repeats=repeats,
         read_workers=workers,
     )
-    return loader
+    return TrainLoader(spec, rank=0, world_size=1, device=torch.device("cpu"))
 
 
 def _measure(loader, batch: int, batches: int, warmup: int) -> tuple[float, float]:
@@ -69,10 +66,10 @@ def _measure(loader, batch: int, batches: int, warmup: int) -> tuple[float, floa
 
 
 def _read_ms_per_record(data_dir: str, records: int) -> float:
-    from vitlarge.data.manifest import check_shards, load_manifest
+    from vitlarge.data.manifest import load_manifest, shard_files
     from vitlarge.data.repeats import RepeatedRecords
 
-    reader = RepeatedRecords(check_shards(load_manifest(data_dir), "train"), rank=0, world_size=1, repeats=3, seed=0)
+    reader = RepeatedRecords(shard_files(load_manifest(data_dir), "train"), rank=0, world_size=1, repeats=3, seed=0)
 
     class Info:
         def __init__(self, i):

@@ -71,10 +71,10 @@ def reader_streams(
     from nvidia.dali import pipeline_def
 
     from vitlarge.data import pipelines
-    from vitlarge.data.manifest import check_shards, load_manifest
+    from vitlarge.data.manifest import load_manifest, shard_files
 
     m = load_manifest(data_dir)
-    files = check_shards(m, "train")
+    files = shard_files(m, "train")
     n = m.num_examples("train")
 
     @pipeline_def

@@ -7,7 +7,6 @@ torchrun --nproc_per_node 4 -m vitlarge.evaluate --config ... --checkpoint runs/
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import NoReturn
 
 import torch.distributed as dist
 
-# What decides the size, crop and batches training evaluated a checkpoint at (`vitlarge.data.phased.val_config`).
+# What decides the size, crop and batches training evaluated a checkpoint at (`vitlarge.data.sources.val_spec`).
 AS_TRAINED = (
     "train.phases",
     "train.global_batch",
@@ -51,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     from vitlarge.config.load import load_config
     from vitlarge.config.phase_list import resolve_phases
     from vitlarge.data.manifest import load_manifest
-    from vitlarge.data.phased import evaluated_phase, val_config
+    from vitlarge.data.phased import evaluated_phase
     from vitlarge.data.sources import val_loader
     from vitlarge.distributed import launch, launcher, quiet, threads
     from vitlarge.errors import UserError, cli_main
@@ -100,11 +99,10 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
         try:
-            vc = val_config(cfg, evaluated_phase(evaluation_plan(cfg, env.world_size, n_train), step))
+            at = dict(phase=evaluated_phase(evaluation_plan(cfg, env.world_size, n_train), step))
         except UserError:  # no plan on this data (fewer training images than a global batch): the last phase's size
-            vc = copy.deepcopy(cfg)
-            vc.data.image_size = resolve_phases(cfg)[-1].eval_size
-        val = val_loader(vc, env.rank, env.world_size, device)
+            at = dict(image_size=resolve_phases(cfg)[-1].eval_size)
+        val = val_loader(cfg, env.rank, env.world_size, device, **at)
         metrics = evaluate(model, val, Precision(cfg.train.precision, device))
         if env.is_main:
             print(json.dumps(metrics))

@@ -18,6 +18,7 @@ import torch
 
 from benchmarks.bench_shuffle import epoch_order_stats
 from data_tools.make_id_dataset import make_id_dataset
+from tests.helpers.loaders import open_train
 from tests.unit.data.test_loader import validation_sweep
 from vitlarge.config.schema import Config
 from vitlarge.data import TrainLoader
@@ -28,7 +29,7 @@ CPU = torch.device("cpu")
 
 
 def train(demo_data, batch_size: int = 64, **kw) -> TrainLoader:
-    return TrainLoader(demo_data, batch_size, 32, **{"rank": 0, "world_size": 1, "device": CPU, "seed": 0, **kw})
+    return open_train(demo_data, batch_size, 32, **{"rank": 0, "world_size": 1, "device": CPU, "seed": 0, **kw})
 
 
 @pytest.mark.parametrize("randaugment", ["rand-m9-n2", "rand-m9-mstd0.5-inc1"])  # None: in tests/unit
@@ -70,12 +71,12 @@ def test_resume_mid_epoch_with_repeats_is_exact(demo_data, stop_after):
     """A DALI loader with repeats=3 stopped mid-epoch and rebuilt from its state yields bitwise the batches the
     uninterrupted loader yields (1437 records per rank and epoch at world 2 are 719: 22.5 batches of 32)."""
     kw = dict(rank=1, world_size=2, device=CPU, seed=4, repeats=3, randaugment="rand-m9-n2")
-    loader = TrainLoader(demo_data, 32, 32, **kw)
+    loader = open_train(demo_data, 32, 32, **kw)
     for _ in range(stop_after):
         next(loader)
     state = loader.state()
     expected = [next(loader) for _ in range(6)]
-    restored = TrainLoader(demo_data, 32, 32, state=state, **kw)
+    restored = open_train(demo_data, 32, 32, state=state, **kw)
     for (img_a, lab_a), (img_b, lab_b) in zip(expected, (next(restored) for _ in range(6))):
         assert torch.equal(lab_a, lab_b) and torch.equal(img_a, img_b)
     assert loader.num_examples_this_rank == 719

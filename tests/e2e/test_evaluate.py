@@ -77,8 +77,8 @@ def test_seven_process_evaluations_equal_one_process_evaluations_of_the_same_che
 
 
 def _fsdp_eval_worker(rank: int, port: int, data: str, out: str) -> None:
+    from tests.helpers.loaders import open_val
     from vitlarge.config.load import load_recipe
-    from vitlarge.data import ValLoader
     from vitlarge.distributed.fsdp import FSDPPlugin
     from vitlarge.distributed.launch import init_distributed
     from vitlarge.distributed.launcher import DistEnv
@@ -95,7 +95,7 @@ def _fsdp_eval_worker(rank: int, port: int, data: str, out: str) -> None:
     model = FSDPPlugin("fp32", cpu).configure(build_model(cfg))[0]
     forwards = []
     model.unwrap().register_forward_pre_hook(lambda m, args: forwards.append(len(args[0])))
-    loader = ValLoader(data, 64, 16, rank=rank, world_size=2, device=cpu, num_threads=1)
+    loader = open_val(data, 64, 16, rank=rank, world_size=2, device=cpu, num_threads=1)
     passes = [evaluate(model, loader, Precision("fp32", cpu)) for _ in range(2)]
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(dict(passes=passes, forwards=forwards, real=loader.num_examples_this_rank), f)
@@ -108,8 +108,8 @@ def test_two_rank_fsdp_evaluation_of_129_images_at_micro_batch_64_finishes_exact
     that left rank 1 alone in an all-gather. Labels are record indexes (identical images), so the
     mean loss identifies the set of records counted; it must equal one unsharded process's."""
     from data_tools.make_id_dataset import make_id_dataset
+    from tests.helpers.loaders import open_val
     from vitlarge.config.load import load_recipe
-    from vitlarge.data import ValLoader
     from vitlarge.model.precision import Precision
     from vitlarge.model.vit import build_model
     from vitlarge.train.evaluation import evaluate
@@ -133,7 +133,7 @@ def test_two_rank_fsdp_evaluation_of_129_images_at_micro_batch_64_finishes_exact
     cfg = load_recipe(RECIPE)
     cfg.data.num_classes = 129
     torch.manual_seed(0)
-    ref = evaluate(build_model(cfg), ValLoader(data, 64, 16, rank=0, world_size=1, device=cpu), Precision("fp32", cpu))
+    ref = evaluate(build_model(cfg), open_val(data, 64, 16, rank=0, world_size=1, device=cpu), Precision("fp32", cpu))
     assert ref["val_images"] == 129
     for r in ranks:
         for got in r["passes"]:  # both ranks, both passes

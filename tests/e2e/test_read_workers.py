@@ -13,7 +13,7 @@ import shutil
 import pytest
 import torch
 
-from vitlarge.data import TrainLoader
+from tests.helpers.loaders import open_train
 
 CPU = torch.device("cpu")
 
@@ -23,16 +23,16 @@ def test_read_workers_give_the_same_stream_and_resume_exactly(demo_data):
     stream the training thread reads itself, across an epoch boundary (719 records per rank = 22.5 batches), and
     a state saved with workers resumes without them and the other way round."""
     kw = dict(rank=1, world_size=2, device=CPU, seed=4, repeats=3, num_threads=1)
-    serial = TrainLoader(demo_data, 32, 32, **kw)
-    parallel = TrainLoader(demo_data, 32, 32, read_workers=2, **kw)
+    serial = open_train(demo_data, 32, 32, **kw)
+    parallel = open_train(demo_data, 32, 32, read_workers=2, **kw)
     for _ in range(24):
         (a, la), (b, lb) = next(serial), next(parallel)
         assert torch.equal(la, lb) and torch.equal(a, b)
     saved_serial, saved_parallel = serial.state(), parallel.state()
     expected = [next(serial) for _ in range(3)]
     resumed = [
-        TrainLoader(demo_data, 32, 32, state=saved_parallel, read_workers=0, **kw),
-        TrainLoader(demo_data, 32, 32, state=saved_serial, read_workers=1, **kw),
+        open_train(demo_data, 32, 32, state=saved_parallel, read_workers=0, **kw),
+        open_train(demo_data, 32, 32, state=saved_serial, read_workers=1, **kw),
     ]
     for loader in resumed:
         for (img_a, lab_a), (img_b, lab_b) in zip(expected, (next(loader) for _ in range(3))):
@@ -41,10 +41,10 @@ def test_read_workers_give_the_same_stream_and_resume_exactly(demo_data):
 
 READER_PROCESS = """
 import os, sys, torch
-from vitlarge.data import TrainLoader
+from vitlarge.data import TrainLoader, TrainSpec
 if __name__ == "__main__":
-    loader = TrainLoader(sys.argv[1], 16, 16, rank=0, world_size=1, device=torch.device("cpu"), seed=0, repeats=3,
-                         read_workers=2, num_threads=1)
+    loader = TrainLoader(TrainSpec(sys.argv[1], 16, 16, seed=0, repeats=3, read_workers=2, num_threads=1),
+                         rank=0, world_size=1, device=torch.device("cpu"))
     next(loader)
     me = os.getpid()
     print(open(f"/proc/{me}/task/{me}/children").read(), flush=True)
@@ -82,10 +82,10 @@ def test_read_workers_end_with_the_training_process(demo_data, tmp_path, end):
 
 WORKER_KILLED_PROCESS = """
 import os, signal, sys, time, torch
-from vitlarge.data import TrainLoader
+from vitlarge.data import TrainLoader, TrainSpec
 if __name__ == "__main__":
-    loader = TrainLoader(sys.argv[1], 16, 16, rank=0, world_size=1, device=torch.device("cpu"), seed=0, repeats=3,
-                         read_workers=2, num_threads=1)
+    loader = TrainLoader(TrainSpec(sys.argv[1], 16, 16, seed=0, repeats=3, read_workers=2, num_threads=1),
+                         rank=0, world_size=1, device=torch.device("cpu"))
     if sys.argv[2] == "after":
         next(loader)
     me = os.getpid()
@@ -151,11 +151,11 @@ def test_read_workers_outlive_a_preemption_signal_to_the_whole_process_group(dem
 
 SHM_PROCESS = """
 import sys, torch
-from vitlarge.data import TrainLoader
+from vitlarge.data import TrainLoader, TrainSpec
 from vitlarge.errors import UserError
 if __name__ == "__main__":
-    loader = TrainLoader(sys.argv[1], 128, 16, rank=0, world_size=1, device=torch.device("cpu"), seed=0, repeats=3,
-                         read_workers=int(sys.argv[2]), num_threads=1)
+    loader = TrainLoader(TrainSpec(sys.argv[1], 128, 16, seed=0, repeats=3, read_workers=int(sys.argv[2]), num_threads=1),
+                         rank=0, world_size=1, device=torch.device("cpu"))
     try:
         for _ in range(12):
             next(loader)

@@ -61,33 +61,15 @@ def _warm_caches() -> None:
     import warnings
 
     import matplotlib.pyplot as plt
-    from nvidia.dali import types
 
-    from vitlarge.data import pipelines, randaugment
+    from vitlarge.data import pipelines
+    from vitlarge.data.spec import TrainSpec
 
-    base = dict(
-        shard_id=0,
-        num_shards=1,
-        reader_seed=1,
-        file_order_seed=1,
-        image_size=16,
-        decoder="cpu",
-        crop_scale=(0.6, 1.0),
-        crop_ratio=(0.8, 1.25),
-        hflip=True,
-        randaugment=None,
-        mean=[0.5] * 3,
-        std=[0.5] * 3,
-        initial_fill=16,
-        interp=types.INTERP_LINEAR,
-        batch_size=2,
-        num_threads=1,
-        device_id=None,
-        seed=1,
-    )
+    base = dict(data_dir="", batch_size=2, image_size=16, seed=1, crop_scale=(0.6, 1.0), crop_ratio=(0.8, 1.25))
+    base.update(mean=(0.5,) * 3, std=(0.5,) * 3, initial_fill=16, num_threads=1)
     variants = [
         {},
-        {"randaugment": randaugment.spec("rand-m9-mstd0.5-inc1")},
+        {"randaugment": "rand-m9-mstd0.5-inc1"},
         {"crop": "src", "three_augment": True, "color_jitter": 0.3},
     ]
     # DALI's RandAugment names its own deprecated fn.experimental aliases and forces those warnings on (see
@@ -97,7 +79,18 @@ def _warm_caches() -> None:
         os.dup2(devnull.fileno(), 2)
         try:
             for extra in variants:
-                pipelines.train_pipeline(["/nonexistent"], ["/nonexistent.idx"], **{**base, **extra})
+                spec = TrainSpec(**{**base, **extra})
+                pipelines.train_pipeline(
+                    spec,
+                    [("/nonexistent", "/nonexistent.idx")],
+                    shard_id=0,
+                    num_shards=1,
+                    decoder="cpu",
+                    batch_size=2,
+                    num_threads=1,
+                    device_id=None,
+                    seed=1,
+                )
         finally:
             os.dup2(saved, 2)
             os.close(saved)

@@ -177,12 +177,13 @@ def main(scratch: str, demo_data: str, seed: int, cases: int) -> dict:
     sys.addaudithook(_audit)
     torch.set_num_threads(1)
     from tests.helpers import ROOT
+    from tests.helpers.loaders import open_train
     from tests.helpers.tiny_model import make, trained
     from vitlarge.checkpoint import init_from, resume, sharded, store
     from vitlarge.checkpoint.state import RunState
     from vitlarge.config.load import load_recipe
-    from vitlarge.data import TrainLoader, load_manifest
-    from vitlarge.data.manifest import check_shards
+    from vitlarge.data import load_manifest
+    from vitlarge.data.manifest import shard_files
     from vitlarge.errors import UserError
 
     cfg = load_recipe(ROOT / "recipes" / "demo_digits.py")
@@ -194,7 +195,7 @@ def main(scratch: str, demo_data: str, seed: int, cases: int) -> dict:
     original_index = sharded._MetadataUnpickler(io.BytesIO((original / ".metadata").read_bytes())).load()
     cpu = torch.device("cpu")
     loader_kw = {"rank": 0, "world_size": 1, "device": cpu, "seed": 0}
-    state = TrainLoader(str(data), 16, 32, **loader_kw).state()
+    state = open_train(str(data), 16, 32, **loader_kw).state()
     rng = random.Random()  # seeded per format below: a format's first N cases are the same at any CASES
 
     def fresh_checkpoint(case: int) -> Path:
@@ -274,7 +275,7 @@ def main(scratch: str, demo_data: str, seed: int, cases: int) -> dict:
             text = json.dumps(doc)
         else:
             text = dump(mutate_doc(doc, rng)).decode("utf-8", "replace")
-        loader = TrainLoader(str(data), 16, 32, state=text, **loader_kw)
+        loader = open_train(str(data), 16, 32, state=text, **loader_kw)
         next(loader)
 
     def dataset_json(case):
@@ -287,8 +288,8 @@ def main(scratch: str, demo_data: str, seed: int, cases: int) -> dict:
         mutated = dump(mutate_doc(json.loads(raw), rng)) if rng.random() < 0.7 else mutate_bytes(raw, rng)
         (d / "dataset.json").write_bytes(mutated)
         manifest = load_manifest(str(d))
-        check_shards(manifest, "train")
-        check_shards(manifest, "validation")
+        shard_files(manifest, "train")
+        shard_files(manifest, "validation")
 
     def tfrecord(case):
         from data_tools.make_index import make_index
@@ -307,7 +308,7 @@ def main(scratch: str, demo_data: str, seed: int, cases: int) -> dict:
         shard.write_bytes(raw)
         make_index(str(d))
         manifest = load_manifest(str(d))
-        check_shards(manifest, "train")
+        shard_files(manifest, "train")
 
     formats = {
         "meta.json": (meta_json, cases),

@@ -55,7 +55,8 @@ def main(argv: list[str]) -> int:
     steps, real = poisoned_steps(argv[0]), sources.train_loader
 
     def train_loader(cfg, rank, world_size, *args, **kwargs):
-        accum = cfg.train.global_batch // (cfg.train.micro_batch * world_size)
+        phase = kwargs.get("phase")  # the trainer's loaders are its phase's
+        accum = phase.accum_steps if phase else cfg.train.global_batch // (cfg.train.micro_batch * world_size)
         return PoisonedBatches(real(cfg, rank, world_size, *args, **kwargs), steps, accum)
 
     sources.train_loader = train_loader  # train.run imports it from vitlarge.data.sources at call time

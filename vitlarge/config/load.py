@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 from vitlarge.config.phase_list import PHASE_KEYS
-from vitlarge.config.schema import Config
+from vitlarge.config.schema import Config, Rule, rule_of
 from vitlarge.errors import UserError
 
 
@@ -301,96 +301,33 @@ def _finite(v) -> bool:
     return isinstance(v, (int, float)) and math.isfinite(v)
 
 
-# Every duration, count and rate: (keys, test, the rule in words). Counts and durations name their
-# unit (``_steps``, ``_epochs``); where 0 has a meaning, the rule says it.
-RANGES = [
-    (
-        (
-            "train.global_batch",
-            "train.micro_batch",
-            "train.keep_checkpoints",
-            "train.log_every_steps",
-            "train.nan_patience",
-            "train.loss_scale_growth_interval",
-            "data.image_size",
-            "data.num_classes",
-            "data.num_train_examples",
-            "data.synthetic_val_examples",
-            "data.repeats",
-        ),
-        lambda v: v >= 1,
-        "positive",
-    ),
-    (("data.num_threads",), lambda v: v >= 0, ">= 0 (0: the process's CPU share from its launcher)"),
-    (
-        (
-            "train.epochs",
-            "optim.lr",
-            "optim.eps",
-            "train.init_loss_scale",
-            "train.init_timeout_s",
-            "train.collective_timeout_s",
-        ),
-        lambda v: v > 0,
-        "positive",
-    ),
-    (("train.checkpoint_every_steps",), lambda v: v >= 0, ">= 0 (0: no periodic checkpoints)"),
-    (("train.max_steps",), lambda v: v >= 0, ">= 0 (0: the whole schedule)"),
-    (("train.eval_every_epochs",), lambda v: v >= 0, ">= 0 (0: only the final evaluation)"),
-    (
-        ("schedule.warmup_epochs", "optim.weight_decay", "augment.mixup_alpha", "augment.cutmix_alpha"),
-        lambda v: v >= 0,
-        ">= 0",
-    ),
-    (("optim.clip_grad_norm",), lambda v: v >= 0, ">= 0 (0: no clipping)"),
-    (("data.color_jitter",), lambda v: v >= 0, ">= 0 (0: off; DeiT III uses 0.3)"),
-    (("data.src_padding",), lambda v: v >= 0, ">= 0 (DeiT III pads by 4)"),
-    (("data.read_workers",), lambda v: v >= 0, ">= 0 (0: the training process reads the records)"),
-    (("train.seed",), lambda v: 0 <= v < 2**31, "in [0, 2**31)"),
-    (("schedule.min_lr_ratio", "augment.mixup_prob", "augment.random_erase_prob"), lambda v: 0 <= v <= 1, "in [0, 1]"),
-    (("optim.layer_decay",), lambda v: 0 < v <= 1, "in (0, 1] (1.0: no layer-wise lr decay)"),
-    (("train.ema_decay",), lambda v: 0 <= v < 1, "in [0, 1) (0: no model EMA; timm uses 0.9998)"),
-    (
-        (
-            "augment.label_smoothing",
-            "model.pos_drop_rate",
-            "model.attn_drop_rate",
-            "model.proj_drop_rate",
-            "model.head_drop_rate",
-            "model.drop_path_rate",
-        ),
-        lambda v: 0 <= v < 1,
-        "in [0, 1)",
-    ),
-]
-
-
-PAIRS = {
-    "optim.betas": (lambda a, b: 0 <= a < 1 and 0 <= b < 1, "two numbers in [0, 1)"),
-    "data.crop_scale": (lambda lo, hi: 0 < lo <= hi <= 1, "(low, high) with 0 < low <= high <= 1"),
-    "data.crop_ratio": (lambda lo, hi: 0 < lo <= hi, "(low, high) with 0 < low <= high"),
-}
-
-
 def _get(cfg: Config, key: str):
     section, name = key.split(".")
     return getattr(getattr(cfg, section), name)
 
 
+def field_rules() -> list[tuple[str, Rule]]:
+    """``(dotted key, rule)`` of every field that declares a `Rule` (schema order)."""
+    out, defaults = [], Config()
+    for name in _fields(defaults):
+        section = getattr(defaults, name)
+        if dataclasses.is_dataclass(section):
+            out += [(f"{name}.{f.name}", rule_of(f)) for f in dataclasses.fields(section) if rule_of(f)]
+    return out
+
+
 def _check_ranges(cfg: Config, where: _Where) -> None:
     """One line per bad value: the key, the rule, the value, and a valid setting (the schema's default)."""
-    for keys, ok, rule in RANGES:
-        for key in keys:
-            value = _get(cfg, key)
-            if not (_finite(value) and ok(value)):
-                raise UserError(
-                    f"{where(key)}: '{key}' must be {rule}, got {value}; set it like {key}={_get(Config(), key)}"
-                )
-    for key, (ok, rule) in PAIRS.items():
+    for key, rule in field_rules():
         value = _get(cfg, key)
-        if not (len(value) == 2 and all(map(_finite, value)) and ok(*value)):
-            example = ",".join(f"{x:g}" for x in _get(Config(), key))
-            raise UserError(f"{where(key)}: '{key}' must be {rule}, got {value}; set it like {key}={example}")
+        if rule.pair:
+            if not (len(value) == 2 and all(map(_finite, value)) and rule.test(*value)):
+                example = ",".join(f"{x:g}" for x in _get(Config(), key))
+                raise UserError(f"{where(key)}: '{key}' must be {rule.words}, got {value}; set it like {key}={example}")
+        elif not (_finite(value) and rule.test(value)):
+            raise UserError(
+                f"{where(key)}: '{key}' must be {rule.words}, got {value}; set it like {key}={_get(Config(), key)}"
+            )
 
 
 MAX_PROFILE_STEPS = 20
@@ -470,62 +407,9 @@ def validate(cfg: Config, origin: str = "config", overridden: dict[str, str] | N
         )
     _check_types(cfg, where)  # also the allowed values of the Literal fields
     _check_ranges(cfg, where)
+    for problem in cfg.problems():
+        raise UserError(f"{where(*problem.keys)}: {problem.text}")
     t = cfg.train
-    if t.global_batch % t.micro_batch:
-        raise UserError(
-            f"{where('train.global_batch', 'train.micro_batch')}: train.global_batch={t.global_batch} is not a multiple of train.micro_batch={t.micro_batch}; "
-            "change one of them"
-        )
-    thresh = cfg.augment.bce_target_thresh
-    if thresh is not None and not (_finite(thresh) and 0 <= thresh < 1):
-        raise UserError(
-            f"{where('augment.bce_target_thresh')}: 'augment.bce_target_thresh' must be in [0, 1) or None, got {thresh}; "
-            "set it like augment.bce_target_thresh=0.0 (DeiT III) or augment.bce_target_thresh=none"
-        )
-    if thresh is not None and cfg.augment.loss != "bce":
-        raise UserError(
-            f"{where('augment.bce_target_thresh', 'augment.loss')}: augment.bce_target_thresh={thresh} applies to augment.loss=bce only, got "
-            f"augment.loss={cfg.augment.loss}; set augment.loss=bce or augment.bce_target_thresh=none"
-        )
-    smoothed_off = cfg.augment.label_smoothing / cfg.data.num_classes  # the value smoothing gives every other class
-    if thresh is not None and cfg.augment.loss == "bce" and thresh < smoothed_off:
-        raise UserError(
-            f"{where('augment.bce_target_thresh', 'augment.label_smoothing', 'augment.loss')}: augment.bce_target_thresh={thresh} is below what augment.label_smoothing="
-            f"{cfg.augment.label_smoothing} gives every class ({smoothed_off:.3g}), so every target would be 1; "
-            "set augment.label_smoothing=0 (DeiT III) or a threshold above it (timm users pair 0.1 with 0.2)"
-        )
-    if cfg.augment.mixup_alpha > 0 or cfg.augment.cutmix_alpha > 0:
-        if t.micro_batch % 2:
-            raise UserError(
-                f"{where('train.micro_batch', 'augment.mixup_alpha', 'augment.cutmix_alpha')}: Mixup/CutMix need an even train.micro_batch, got {t.micro_batch}; "
-                "use an even micro batch or set augment.mixup_alpha=0 augment.cutmix_alpha=0"
-            )
-    if cfg.data.crop == "src" and cfg.data.src_padding >= cfg.data.image_size:
-        raise UserError(
-            f"{where('data.src_padding', 'data.image_size', 'data.crop')}: data.src_padding={cfg.data.src_padding} is not below data.image_size={cfg.data.image_size} "
-            "(reflect padding needs more pixels than it pads); set data.src_padding=4 (DeiT III) or less"
-        )
-    if cfg.data.three_augment and cfg.data.randaugment:  # DeiT III uses one or the other
-        raise UserError(
-            f"{where('data.three_augment', 'data.randaugment')}: data.three_augment=true and data.randaugment={cfg.data.randaugment!r} are both set; "
-            "DeiT III uses one or the other: set data.randaugment=none or data.three_augment=false"
-        )
-    if not (0 < cfg.data.val_crop_pct <= 1):
-        raise UserError(
-            f"{where('data.val_crop_pct')}: data.val_crop_pct must be in (0, 1], got {cfg.data.val_crop_pct}; "
-            "set it like data.val_crop_pct=0.875"
-        )
-    if (t.export_ema or t.ema_warmup) and t.ema_decay == 0:
-        key = "train.export_ema" if t.export_ema else "train.ema_warmup"
-        raise UserError(
-            f"{where(key, 'train.ema_decay')}: {key}=true needs a model EMA, but train.ema_decay=0 (off); "
-            f"set train.ema_decay (e.g. train.ema_decay=0.9998) or {key}=false"
-        )
-    if cfg.schedule.warmup_epochs > t.epochs:
-        raise UserError(
-            f"{where('schedule.warmup_epochs', 'train.epochs')}: schedule.warmup_epochs={cfg.schedule.warmup_epochs} exceeds train.epochs={t.epochs}; "
-            "lower the warmup or raise train.epochs"
-        )
     _check_profile_window(t, where)
     if t.phases:
         from vitlarge.config.phase_list import check

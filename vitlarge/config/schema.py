@@ -9,25 +9,69 @@ optimizer step. Nothing here imports torch, so recipes load fast and ``--dry-run
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from vitlarge.constants import IMAGENET_MEAN, IMAGENET_STD, IMAGENET_TRAIN_EXAMPLES
 
 
+@dataclass(frozen=True)
+class Rule:
+    """The values a number field allows (with ``pair``: a pair of numbers, ``test`` taking both): ``test``, and the
+    rule in words for the one line `vitlarge.config.load.validate` prints with the key, the value and the default.
+    A field declares its rule with `ruled`, beside its type and default."""
+
+    test: Callable[..., bool]
+    words: str
+    pair: bool = False
+
+
+def ruled(default, rule: Rule):
+    """A field's default and its `Rule` (kept in the field's metadata)."""
+    return field(default=default, metadata={"rule": rule})
+
+
+def rule_of(f: dataclasses.Field) -> Rule | None:
+    return f.metadata.get("rule")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A rule that several fields break together: ``text`` says which and how to fix it; ``keys`` are the fields
+    (the first of them an override set is whom `vitlarge.config.load.validate`'s line blames)."""
+
+    keys: tuple[str, ...]
+    text: str
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+# Rules many fields share. Counts and durations name their unit (``_steps``, ``_epochs``); where 0 has a
+# meaning, the field's own rule says it.
+COUNT = Rule(lambda v: v >= 1, "positive")
+POSITIVE = Rule(lambda v: v > 0, "positive")
+NON_NEGATIVE = Rule(lambda v: v >= 0, ">= 0")
+FRACTION = Rule(lambda v: 0 <= v <= 1, "in [0, 1]")
+PROBABILITY = Rule(lambda v: 0 <= v < 1, "in [0, 1)")
+
+
 @dataclass
 class ModelConfig:
     name: str = "vit_base_patch16_224"
     """timm model name; the classifier gets ``data.num_classes`` outputs."""
-    pos_drop_rate: float = 0.0
+    pos_drop_rate: float = ruled(0.0, PROBABILITY)
     """Dropout after adding position embeddings (timm ``pos_drop_rate``)."""
-    attn_drop_rate: float = 0.0
+    attn_drop_rate: float = ruled(0.0, PROBABILITY)
     """Dropout on attention probabilities (timm ``attn_drop_rate``)."""
-    proj_drop_rate: float = 0.0
+    proj_drop_rate: float = ruled(0.0, PROBABILITY)
     """Dropout after the attention projection and in the MLP (timm ``proj_drop_rate``)."""
-    head_drop_rate: float = 0.0
+    head_drop_rate: float = ruled(0.0, PROBABILITY)
     """Dropout before the classifier; timm 1.x calls this ``drop_rate``."""
-    drop_path_rate: float = 0.0
+    drop_path_rate: float = ruled(0.0, PROBABILITY)
     """Stochastic depth: the largest per-block drop probability (see ``drop_path_schedule``)."""
     drop_path_schedule: Literal["linear", "uniform"] = "linear"
     """``linear``: timm's spread, block i of n drops with ``drop_path_rate * i / (n - 1)`` (0 in the first
@@ -56,22 +100,26 @@ class DataConfig:
     3-Augment and colour jitter settings do not apply (Mixup/CutMix and label smoothing do). See docs/DATA.md."""
     path: str = ""
     """Directory of TFRecord shards with ``dataset.json`` (``--data`` sets it)."""
-    num_classes: int = 1000
+    num_classes: int = ruled(1000, COUNT)
     """Classes of the data set; must match ``dataset.json`` (the classifier has this many outputs)."""
-    num_train_examples: int = IMAGENET_TRAIN_EXAMPLES
+    num_train_examples: int = ruled(IMAGENET_TRAIN_EXAMPLES, COUNT)
     """Examples per epoch for ``--dry-run`` and for ``data.source=synthetic`` (ImageNet-1k's train split by
     default, so the recipes' step counts are ImageNet's); a tfrecord run takes the count from ``dataset.json``."""
-    synthetic_val_examples: int = 512
+    synthetic_val_examples: int = ruled(512, COUNT)
     """Size of the fixed validation set of ``data.source=synthetic`` (the same images at any world size)."""
-    image_size: int = 224
+    image_size: int = ruled(224, COUNT)
     """Side in pixels of the square training and validation images."""
-    num_threads: int = 0
+    num_threads: int = ruled(0, Rule(lambda v: v >= 0, ">= 0 (0: the process's CPU share from its launcher)"))
     """DALI worker threads per process; 0: the process's CPU share from its launcher
     (``vitlarge.distributed.threads.dali_threads``: affinity mask / tasks on the node, Slurm's binding and
     ``--cpus-per-task``; not torchrun's blanket ``OMP_NUM_THREADS=1``). A recipe's value wins."""
-    crop_scale: tuple = (0.08, 1.0)
+    crop_scale: tuple = ruled(
+        (0.08, 1.0), Rule(lambda lo, hi: 0 < lo <= hi <= 1, "(low, high) with 0 < low <= high <= 1", pair=True)
+    )
     """Area fraction range of the random-resized crop."""
-    crop_ratio: tuple = (3 / 4, 4 / 3)
+    crop_ratio: tuple = ruled(
+        (3 / 4, 4 / 3), Rule(lambda lo, hi: 0 < lo <= hi, "(low, high) with 0 < low <= high", pair=True)
+    )
     """Aspect ratio range (width / height) of the random-resized crop."""
     hflip: bool = True
     """Random horizontal flips in training."""
@@ -82,7 +130,7 @@ class DataConfig:
     """Training crop: ``rrc``, the random-resized crop (``crop_scale``, ``crop_ratio``); ``src``, DeiT III's
     simple random crop: shorter side to ``image_size``, a random ``image_size`` square of the image
     reflect-padded by 4 pixels (``crop_scale`` and ``crop_ratio`` unused). Then the flip (``hflip``)."""
-    src_padding: int = 4
+    src_padding: int = ruled(4, Rule(lambda v: v >= 0, ">= 0 (DeiT III pads by 4)"))
     """Reflect padding of the simple random crop (``crop="src"``), in pixels: DeiT III's 4 at 192 and 224 px, a
     shift of up to 2%; small images (the demo's 16 px) want less."""
     train_interpolation: Literal["bilinear", "bicubic"] = "bilinear"
@@ -92,17 +140,17 @@ class DataConfig:
     """DeiT III's 3-Augment, run in DALI: per image one of grayscale, solarization (threshold 128) or
     Gaussian blur (PIL's, radius uniform in 0.1..2), equally likely (`vitlarge.data.deit_augment`). DeiT III uses it
     instead of RandAugment: setting both is an error."""
-    color_jitter: float = 0.0
+    color_jitter: float = ruled(0.0, Rule(lambda v: v >= 0, ">= 0 (0: off; DeiT III uses 0.3)"))
     """Colour jitter strength ``s`` (torchvision's ``ColorJitter(s, s, s)``, after 3-Augment): brightness,
     contrast and saturation factors each uniform in max(0, 1 - s)..1 + s, in a random order; 0 is off.
     DeiT III uses 0.3 with ``three_augment``."""
-    repeats: int = 1
+    repeats: int = ruled(1, COUNT)
     """Repeated augmentation (timm's ``RepeatAugSampler``, DeiT's ``RASampler``; 1 is off): every epoch a fresh
     permutation of the training records, each of its first ``1 / repeats`` taken ``repeats`` times, its copies
     dealt to consecutive ranks (different ranks where the world size is at least ``repeats``), each copy augmented
     independently. An epoch keeps its length, ``ceil(n / world)`` records per rank (timm's ``selected_round=0``),
     so it shows about ``n / repeats`` distinct images. DeiT and DeiT III pretrain with 3. See docs/DATA.md."""
-    read_workers: int = 0
+    read_workers: int = ruled(0, Rule(lambda v: v >= 0, ">= 0 (0: the training process reads the records)"))
     """With ``repeats > 1``: processes that read and parse the records (DALI's parallel external source), off
     the training thread; 0 reads them in it. The stream is the same for any count. Each worker imports torch
     (~400 MB private memory, ~5 s to start) and passes batches through ``/dev/shm``; from a local disk the
@@ -117,16 +165,36 @@ class DataConfig:
     label_offset: int | None = None
     """Subtracted from stored labels; None takes it from ``dataset.json`` (1 for TF-made shards)."""
 
+    def problems(self) -> Iterator[Problem]:
+        """What its fields allow only together."""
+        if self.crop == "src" and self.src_padding >= self.image_size:
+            yield Problem(
+                ("data.src_padding", "data.image_size", "data.crop"),
+                f"data.src_padding={self.src_padding} is not below data.image_size={self.image_size} "
+                "(reflect padding needs more pixels than it pads); set data.src_padding=4 (DeiT III) or less",
+            )
+        if self.three_augment and self.randaugment:  # DeiT III uses one or the other
+            yield Problem(
+                ("data.three_augment", "data.randaugment"),
+                f"data.three_augment=true and data.randaugment={self.randaugment!r} are both set; "
+                "DeiT III uses one or the other: set data.randaugment=none or data.three_augment=false",
+            )
+        if not (0 < self.val_crop_pct <= 1):
+            yield Problem(
+                ("data.val_crop_pct",),
+                f"data.val_crop_pct must be in (0, 1], got {self.val_crop_pct}; set it like data.val_crop_pct=0.875",
+            )
+
 
 @dataclass
 class AugmentConfig:
-    mixup_alpha: float = 0.0
+    mixup_alpha: float = ruled(0.0, NON_NEGATIVE)
     """Mixup Beta(alpha, alpha) parameter (timm ``Mixup``); 0 disables Mixup. Needs an even micro batch."""
-    cutmix_alpha: float = 0.0
+    cutmix_alpha: float = ruled(0.0, NON_NEGATIVE)
     """CutMix Beta parameter; 0 disables CutMix. With both on, timm switches between them per batch."""
-    mixup_prob: float = 1.0
+    mixup_prob: float = ruled(1.0, FRACTION)
     """Probability that Mixup/CutMix is applied to a batch."""
-    label_smoothing: float = 0.0
+    label_smoothing: float = ruled(0.0, PROBABILITY)
     """Label smoothing of the targets (folded into the soft targets under Mixup/CutMix, so with ``loss=bce`` too). 0:
     the recipes vitlarge reproduces train without (DeiT III sets ``--smoothing 0.0``). timm's train.py and DeiT's
     main.py default to 0.1: to compare with them, set it to what their command line gives (docs/DATA.md, issue 35)."""
@@ -137,31 +205,47 @@ class AugmentConfig:
     bce_target_thresh: float | None = None
     """``bce`` only: targets above this become 1, the rest 0 (timm's ``target_threshold``; DeiT III's ``> 0``
     is 0.0, so both classes of a mixed pair count fully); None keeps the soft targets."""
-    random_erase_prob: float = 0.0
+    random_erase_prob: float = ruled(0.0, FRACTION)
     """Probability that a training image gets one rectangle of per-pixel normal noise: timm's ``RandomErasing``
     (mode ``pixel``, one region, area 2-33%, aspect 0.3-3.3) on the device, after normalisation and after
     Mixup/CutMix, each image of each micro-batch drawn on its own; 0 is off; validation never erases. After Mixup is
     timm's train.py default order (its prefetcher erases the mixed batch); erasing first trained lower on the digits
     peer benchmark (issue 35, docs/DATA.md). DeiT III's own recipe erases nothing (recipes/deit3_b16.py: 0)."""
 
+    def problems(self) -> Iterator[Problem]:
+        """What its fields allow only together."""
+        thresh = self.bce_target_thresh
+        if thresh is not None and not (_finite(thresh) and 0 <= thresh < 1):
+            yield Problem(
+                ("augment.bce_target_thresh",),
+                f"'augment.bce_target_thresh' must be in [0, 1) or None, got {thresh}; "
+                "set it like augment.bce_target_thresh=0.0 (DeiT III) or augment.bce_target_thresh=none",
+            )
+        if thresh is not None and self.loss != "bce":
+            yield Problem(
+                ("augment.bce_target_thresh", "augment.loss"),
+                f"augment.bce_target_thresh={thresh} applies to augment.loss=bce only, got "
+                f"augment.loss={self.loss}; set augment.loss=bce or augment.bce_target_thresh=none",
+            )
+
 
 @dataclass
 class OptimConfig:
     name: Literal["lamb", "adamw"] = "lamb"
     """``lamb`` (vitlarge's multi-tensor LAMB) or ``adamw``."""
-    lr: float = 1.8e-2
+    lr: float = ruled(1.8e-2, POSITIVE)
     """Peak learning rate, reached at the end of warmup."""
-    weight_decay: float = 0.1
+    weight_decay: float = ruled(0.1, NON_NEGATIVE)
     """Applied to matrices only; biases, norms, pos-embed and cls token get none (and no trust ratio)."""
-    betas: tuple = (0.9, 0.999)
+    betas: tuple = ruled((0.9, 0.999), Rule(lambda a, b: 0 <= a < 1 and 0 <= b < 1, "two numbers in [0, 1)", pair=True))
     """Adam/LAMB moment decay rates (beta1, beta2)."""
-    eps: float = 1e-6
+    eps: float = ruled(1e-6, POSITIVE)
     """Added to the second moment's square root for stability."""
     bias_correction: bool = True
     """LAMB's Adam-style bias correction of the moments (vitlarge's LAMB; AdamW always corrects)."""
-    clip_grad_norm: float = 1.0
+    clip_grad_norm: float = ruled(1.0, Rule(lambda v: v >= 0, ">= 0 (0: no clipping)"))
     """Global L2 norm, applied after fp16 unscaling; 0 disables clipping (the norm is still logged)."""
-    layer_decay: float = 1.0
+    layer_decay: float = ruled(1.0, Rule(lambda v: 0 < v <= 1, "in (0, 1] (1.0: no layer-wise lr decay)"))
     """Layer-wise lr decay for fine-tuning (BEiT, MAE; timm's ``--layer-decay``), in (0, 1]; 1.0 is off. Layers as
     timm's ``param_groups_layer_decay`` numbers them: patch embedding, cls token and position embedding 0, block i
     i + 1 (the final norm with the last block), the head depth + 1; a layer's lr is the schedule's times
@@ -171,29 +255,29 @@ class OptimConfig:
 
 @dataclass
 class ScheduleConfig:
-    warmup_epochs: float = 0.0
+    warmup_epochs: float = ruled(0.0, NON_NEGATIVE)
     """Linear warmup from 0 to ``optim.lr``, in epochs; converted once to optimizer steps."""
     decay: Literal["linear", "cosine", "constant"] = "linear"
     """``linear``, ``cosine`` or ``constant`` after warmup."""
-    min_lr_ratio: float = 0.0
+    min_lr_ratio: float = ruled(0.0, FRACTION)
     """Final lr as a fraction of the peak."""
 
 
 @dataclass
 class TrainConfig:
-    global_batch: int = 32768
+    global_batch: int = ruled(32768, COUNT)
     """Images per optimizer step over all devices; fixed by the recipe, whatever the world size."""
-    micro_batch: int = 256
+    micro_batch: int = ruled(256, COUNT)
     """Images per device per forward/backward; accumulation = global / (micro x world)."""
-    epochs: float = 300
+    epochs: float = ruled(300, POSITIVE)
     """Length of the schedule in epochs; converted once to optimizer steps."""
     precision: Literal["fp16", "bf16", "fp32", "auto"] = "fp16"
     """``fp16`` (autocast + dynamic loss scaling), ``bf16`` (autocast), ``fp32``, or ``auto``: the fastest
     the device trains in, resolved at start (`vitlarge.model.precision.choose_precision`): bf16 on GPUs with bf16
     tensor cores, else fp16; on CPUs fp16/bf16 only with fast units for them, else fp32."""
-    init_loss_scale: float = 2.0**16
+    init_loss_scale: float = ruled(2.0**16, POSITIVE)
     """Initial fp16 loss scale (dynamic: halved on overflow, doubled after ``loss_scale_growth_interval``)."""
-    loss_scale_growth_interval: int = 2000
+    loss_scale_growth_interval: int = ruled(2000, COUNT)
     """Optimizer steps without overflow after which the fp16 loss scale doubles."""
     compile: Literal["auto", "on", "off"] = "auto"
     """``on``: the model's forward (and so its backward) runs through ``torch.compile`` (`nn.Module.compile`
@@ -212,7 +296,7 @@ class TrainConfig:
     ``auto``: reduce_scatter under bf16/fp16, no_sync under fp32. See docs/FSDP.md."""
     device: Literal["auto", "cuda", "cpu"] = "auto"
     """``auto`` (cuda when available), ``cuda`` or ``cpu``."""
-    seed: int = 42
+    seed: int = ruled(42, Rule(lambda v: 0 <= v < 2**31, "in [0, 2**31)"))
     """Initial weights (same on every rank); data order and augmentation use it with the rank."""
     deterministic: bool = True
     """What a resume equal to the uninterrupted run bit for bit needs on CUDA (`vitlarge.train.settings.
@@ -221,7 +305,7 @@ class TrainConfig:
     (the patch embedding's convolution), ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` unless set, and no filling of
     new tensors (vitlarge reads none uninitialised). The cost is small for a ViT; docs/RELIABILITY.md says
     what it is and what is not bitwise when off. On CPU the kernels vitlarge uses are deterministic already."""
-    init_timeout_s: float = 1800
+    init_timeout_s: float = ruled(1800, POSITIVE)
     """Seconds a rank waits in the rendezvous and in any collective until a phase's first optimizer step has
     completed: every process joining (Slurm starting tasks, a container image pulled per node), then per-rank work
     between two collectives that the steady state does not have: ``train.compile`` (minutes per graph, not the
@@ -230,31 +314,31 @@ class TrainConfig:
     pass compiles its graph; a checkpoint's commit waits for every rank's shard to be written and read back).
     torchtitan's ``comm.init_timeout_seconds`` (default 300) separates it for this reason.
     ``VITLARGE_RENDEZVOUS_TIMEOUT``, when set, still bounds the rendezvous alone."""
-    collective_timeout_s: float = 600
+    collective_timeout_s: float = ruled(600, POSITIVE)
     """Seconds a rank waits in a training step's collectives after a phase's first step (evaluations and
     checkpoints wait ``train.init_timeout_s``): short enough that a hung rank (a stuck file system, a dead GPU)
     ends the job in minutes, not hours. Under gloo (CPU) every rank then ends with one line naming the collective
     and the ranks that did not report it, exit status 124 (`vitlarge.distributed.timeouts`); under NCCL (GPU)
     the watchdog aborts the process at the same timeout (status 134, NCCL's own line; not yet seen on a GPU).
     torchtitan's ``comm.train_timeout_seconds`` (default 100) is the same idea; NCCL's own default is 600."""
-    log_every_steps: int = 10
+    log_every_steps: int = ruled(10, COUNT)
     """A console progress line every this many optimizer steps (metrics.jsonl has every step)."""
-    eval_every_epochs: float = 10
+    eval_every_epochs: float = ruled(10, Rule(lambda v: v >= 0, ">= 0 (0: only the final evaluation)"))
     """Evaluate every this many epochs (rounded to steps, at least 1); 0: only the final evaluation."""
-    checkpoint_every_steps: int = 500
+    checkpoint_every_steps: int = ruled(500, Rule(lambda v: v >= 0, ">= 0 (0: no periodic checkpoints)"))
     """0: never periodically; a checkpoint is still written at the end and on SIGTERM/SIGUSR1."""
-    keep_checkpoints: int = 3
+    keep_checkpoints: int = ruled(3, COUNT)
     """Newest checkpoints kept (at least 1); older ones are deleted after each save."""
-    nan_patience: int = 5
+    nan_patience: int = ruled(5, COUNT)
     """Stop when the loss is non-finite this many optimizer steps in a row."""
-    max_steps: int = 0
+    max_steps: int = ruled(0, Rule(lambda v: v >= 0, ">= 0 (0: the whole schedule)"))
     """Stop after this many optimizer steps (0: run the whole schedule). The schedule still spans all epochs."""
     profile_steps: str | None = None
     """``"START-END"``: record optimizer steps START..END (1-based, both included) with ``torch.profiler`` on every
     rank, one trace per rank under ``<workdir>/profile/`` (TensorBoard's profiler plugin and Perfetto read it), and
     print the top operators by self time on rank 0 (`vitlarge.train.profile`). None (the default): no profiler.
     A resumed run records the part of the window after its checkpoint's step. See docs/LOGS.md#profiling-steps."""
-    ema_decay: float = 0.0
+    ema_decay: float = ruled(0.0, Rule(lambda v: 0 <= v < 1, "in [0, 1) (0: no model EMA; timm uses 0.9998)"))
     """Model EMA: an fp32 moving average of the weights, ``ema = decay * ema + (1 - decay) * weights`` after every
     applied optimizer step (timm's ``ModelEmaV3``; `vitlarge.model.ema`), sharded like the weights under fsdp,
     checkpointed, evaluated beside them (``val_top1_ema``); in [0, 1), 0 is off. timm's examples and DeiT's main.py (0.99996) keep one; DeiT III's published models are the raw weights."""
@@ -268,6 +352,22 @@ class TrainConfig:
     """Progressive resolution: phases with their own image size, batch, crop scale and lr, as dicts
     (``[{"epoch": 0, "image_size": 128}, {"epoch": 80, "image_size": 224}]``); [] trains one phase
     from the fields above. Keys and rules: `vitlarge.config.phase_list`."""
+
+    def problems(self) -> Iterator[Problem]:
+        """What its fields allow only together."""
+        if self.global_batch % self.micro_batch:
+            yield Problem(
+                ("train.global_batch", "train.micro_batch"),
+                f"train.global_batch={self.global_batch} is not a multiple of train.micro_batch={self.micro_batch}; "
+                "change one of them",
+            )
+        if (self.export_ema or self.ema_warmup) and self.ema_decay == 0:
+            key = "train.export_ema" if self.export_ema else "train.ema_warmup"
+            yield Problem(
+                (key, "train.ema_decay"),
+                f"{key}=true needs a model EMA, but train.ema_decay=0 (off); "
+                f"set train.ema_decay (e.g. train.ema_decay=0.9998) or {key}=false",
+            )
 
 
 @dataclass
@@ -311,3 +411,31 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def problems(self) -> Iterator[Problem]:
+        """What the fields allow only together, section by section, then across sections (ranges and types:
+        `vitlarge.config.load.validate`, from each field's `Rule` and type)."""
+        yield from self.train.problems()
+        yield from self.augment.problems()
+        a, t = self.augment, self.train
+        smoothed_off = a.label_smoothing / self.data.num_classes  # the value smoothing gives every other class
+        if a.bce_target_thresh is not None and a.loss == "bce" and a.bce_target_thresh < smoothed_off:
+            yield Problem(
+                ("augment.bce_target_thresh", "augment.label_smoothing", "augment.loss"),
+                f"augment.bce_target_thresh={a.bce_target_thresh} is below what augment.label_smoothing="
+                f"{a.label_smoothing} gives every class ({smoothed_off:.3g}), so every target would be 1; "
+                "set augment.label_smoothing=0 (DeiT III) or a threshold above it (timm users pair 0.1 with 0.2)",
+            )
+        if (a.mixup_alpha > 0 or a.cutmix_alpha > 0) and t.micro_batch % 2:
+            yield Problem(
+                ("train.micro_batch", "augment.mixup_alpha", "augment.cutmix_alpha"),
+                f"Mixup/CutMix need an even train.micro_batch, got {t.micro_batch}; "
+                "use an even micro batch or set augment.mixup_alpha=0 augment.cutmix_alpha=0",
+            )
+        yield from self.data.problems()
+        if self.schedule.warmup_epochs > t.epochs:
+            yield Problem(
+                ("schedule.warmup_epochs", "train.epochs"),
+                f"schedule.warmup_epochs={self.schedule.warmup_epochs} exceeds train.epochs={t.epochs}; "
+                "lower the warmup or raise train.epochs",
+            )

@@ -1,6 +1,8 @@
 """Data for training: the dataset manifest and DALI loaders over TFRecord shards.
 
-    from vitlarge.data import load_manifest, TrainLoader, ValLoader
+    from vitlarge.data import load_manifest, TrainLoader, TrainSpec, ValLoader, ValSpec
+
+    loader = TrainLoader(TrainSpec(data_dir, batch_size, image_size, seed=0), rank=0, world_size=1, device=cpu)
 
 ``TrainLoader`` is an infinite, rank-sharded, exactly resumable stream of augmented batches;
 ``ValLoader`` is one exact pass over the validation split per iteration. Both yield
@@ -11,8 +13,9 @@ the offline tools. ``data.source=synthetic`` swaps them for ``synthetic.Syntheti
 """
 
 from vitlarge.data.manifest import Manifest, load_manifest
+from vitlarge.data.spec import TrainSpec, ValSpec
 
-__all__ = ["Manifest", "load_manifest", "TrainLoader", "ValLoader"]
+__all__ = ["Manifest", "load_manifest", "TrainLoader", "TrainSpec", "ValLoader", "ValSpec"]
 
 
 def __getattr__(name: str):

@@ -34,6 +34,12 @@ def older_state_version(state: str | None) -> int | None:
     return version if isinstance(version, int) and version < STATE_VERSION else None
 
 
+def check_rank(rank: int, world_size: int) -> None:
+    """UserError unless ``0 <= rank < world_size``."""
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise UserError(f"rank={rank}, world_size={world_size}: need 0 <= rank < world_size")
+
+
 def shard_range(num_examples: int, shard_id: int, num_shards: int) -> tuple[int, int]:
     """The [begin, end) records DALI's reader gives shard ``shard_id`` (same formula as DALI)."""
     return num_examples * shard_id // num_shards, num_examples * (shard_id + 1) // num_shards

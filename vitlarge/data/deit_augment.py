@@ -30,7 +30,8 @@ import nvidia.dali.fn as fn
 import nvidia.dali.math as dmath
 import nvidia.dali.types as types
 
-SRC_PADDING = 4  # DeiT's RandomCrop(padding=4, padding_mode="reflect")
+from vitlarge.data.spec import SRC_PADDING  # noqa: F401 (DeiT's RandomCrop(padding=4, padding_mode="reflect"))
+
 SOLARIZE_THRESHOLD = 128  # PIL's ImageOps.solarize default: values >= 128 become 255 - value
 BLUR_RADIUS = (0.1, 2.0)  # DeiT's GaussianBlur(radius_min, radius_max)
 BLUR_STEP = 0.01  # grid of the drawn blur radii

@@ -12,7 +12,6 @@ on PyTorch's current stream of ``device``, so the copy is ordered with the surro
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import math
 import os
@@ -23,27 +22,20 @@ import threading
 import torch
 from nvidia.dali.plugin.pytorch import feed_ndarray
 
-from vitlarge.constants import IMAGENET_MEAN, IMAGENET_STD
 from vitlarge.data import pipelines
 from vitlarge.data.common import (  # noqa: F401
     STATE_VERSION,
     VAL_INTERPOLATION,
     SettingsChanged,
+    check_rank,
     older_state_version,
     val_forwards,
 )
-from vitlarge.data.deit_augment import SRC_PADDING
-from vitlarge.data.manifest import MANIFEST_NAME, Manifest, check_shards, load_manifest
-from vitlarge.data.randaugment import spec as randaugment_spec
+from vitlarge.data.manifest import MANIFEST_NAME, Manifest, load_manifest, shard_files
+from vitlarge.data.spec import LoaderSpec, TrainSpec, ValSpec, pipe_seed
 from vitlarge.errors import UserError
 
-DEFAULT_MEAN = tuple(255.0 * x for x in IMAGENET_MEAN)  # DALI normalizes 0..255 pixels
-DEFAULT_STD = tuple(255.0 * x for x in IMAGENET_STD)
-
-
-def _check_rank(rank: int, world_size: int) -> None:
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise UserError(f"rank={rank}, world_size={world_size}: need 0 <= rank < world_size")
+DEFAULT_MEAN, DEFAULT_STD = LoaderSpec("", 1, 1).pixels()  # ImageNet's on DALI's 0..255 pixel scale
 
 
 def torch_stream(device: torch.device):
@@ -156,9 +148,9 @@ def _run(pipe, manifest: Manifest, split: str, device: torch.device):
 class TrainLoader:
     """Infinite stream of augmented training batches for one rank; exactly resumable.
 
-    ``next(loader)`` never raises StopIteration: the reader wraps over epochs. Every epoch the
-    order of the shard files is permuted with ``seed`` (the run's seed: pass the same value on
-    every rank) and each rank reads its contiguous slice of the records in that order, shuffled
+    Built from a `TrainSpec` (its fields are named below). ``next(loader)`` never raises
+    StopIteration: the reader wraps over epochs. Every epoch the order of the shard files is
+    permuted with ``seed`` (the phase's stream seed: the same value on every rank) and each rank reads its contiguous slice of the records in that order, shuffled
     through a buffer of ``initial_fill`` records; so each epoch is a fresh order on every rank and
     the ranks together read every record exactly once per epoch (``num_examples_this_rank``
     records each). With ``repeats > 1`` the records come instead in timm's ``RepeatAugSampler``
@@ -171,136 +163,51 @@ class TrainLoader:
     ``randaugment.py``), DeiT III's 3-Augment (``three_augment``) and colour jitter of strength
     ``color_jitter`` (0: off; see ``deit_augment.py``); normalize. Per-rank
     augmentation streams are derived from ``seed`` and ``rank``. ``state()`` is the DALI checkpoint
-    after the last batch returned; a loader built with ``state=`` and the same arguments yields
-    bitwise the same batches from there on.
+    after the last batch returned; a loader built with ``state=``, an equal spec and the same rank and
+    world size yields bitwise the same batches from there on (`TrainSpec.fingerprint` ties them).
     """
 
-    def __init__(
-        self,
-        data_dir: str,
-        batch_size: int,
-        image_size: int,
-        *,
-        rank: int,
-        world_size: int,
-        device: torch.device,
-        seed: int,
-        num_threads: int = 2,
-        crop_scale=(0.08, 1.0),
-        crop_ratio=(3 / 4, 4 / 3),
-        hflip: bool = True,
-        randaugment=None,
-        mean=DEFAULT_MEAN,
-        std=DEFAULT_STD,
-        label_offset: int | None = None,
-        state: str | None = None,
-        initial_fill: int = 4096,
-        prefetch_queue_depth: int = 2,
-        interpolation: str = "bilinear",
-        crop: str = "rrc",
-        src_padding: int = SRC_PADDING,
-        three_augment: bool = False,
-        color_jitter: float = 0.0,
-        repeats: int = 1,
-        read_workers: int = 0,
-    ):
-        _check_rank(rank, world_size)
-        if not (isinstance(read_workers, int) and read_workers >= 0):
-            raise UserError(f"read_workers={read_workers!r}: must be an integer >= 0 (0: read in this process)")
-        if not (isinstance(repeats, int) and repeats >= 1):
-            raise UserError(f"repeats={repeats!r}: must be an integer >= 1 (1: off; DeiT uses 3)")
-        if crop not in ("rrc", "src"):
-            raise UserError(
-                f"crop={crop!r}: expected 'rrc' (random-resized crop) or 'src' (DeiT III's simple random crop)"
-            )
-        if crop == "src" and not (isinstance(src_padding, int) and 0 <= src_padding < image_size):
-            raise UserError(
-                f"src_padding={src_padding!r}: must be an integer in [0, image_size={image_size}) (DeiT III pads by 4)"
-            )
-        if not color_jitter >= 0:
-            raise UserError(f"color_jitter={color_jitter}: must be >= 0 (0: off; DeiT III uses 0.3)")
+    def __init__(self, spec: TrainSpec, *, rank: int, world_size: int, device: torch.device, state: str | None = None):
+        check_rank(rank, world_size)
+        data_dir, seed, read_workers = spec.data_dir, spec.seed, spec.read_workers
+        self.spec = spec
         self.manifest = load_manifest(data_dir)
-        files = check_shards(self.manifest, "train")
+        files = shard_files(self.manifest, "train")
         n = self.manifest.num_examples("train")
         begin, end = pipelines.shard_range(n, rank, world_size)
         self.num_examples_this_rank = end - begin
         if self.num_examples_this_rank < 1:
             raise UserError(f"{data_dir}: {n} training examples cannot be split over world_size={world_size}")
         self._records = None
-        self._read_workers = read_workers if repeats > 1 else 0
+        self._read_workers = read_workers if spec.repeats > 1 else 0
         if self._read_workers and threading.current_thread() is not threading.main_thread():
             # The workers die with the thread that starts them (PR_SET_PDEATHSIG follows the parent thread).
             raise RuntimeError("a TrainLoader with read_workers > 0 must be built in the main thread")
-        if repeats > 1:
+        if spec.repeats > 1:
             from vitlarge.data.repeats import RepeatedRecords
 
-            self._records = RepeatedRecords(files, rank=rank, world_size=world_size, repeats=repeats, seed=seed)
+            self._records = RepeatedRecords(files, rank=rank, world_size=world_size, repeats=spec.repeats, seed=seed)
             self.num_examples_this_rank = self._records.per_rank
-        self._batches = _Batches(self.manifest, "train", device, label_offset)
+        self._batches = _Batches(self.manifest, "train", device, spec.label_offset)
         dev = pipelines.dali_device(device)
-        ra = randaugment_spec(randaugment)
-        settings = dict(
-            shards=[(s.file, s.bytes) for s in self.manifest.shards("train")],
-            batch_size=batch_size,
-            image_size=image_size,
-            rank=rank,
-            world_size=world_size,
-            seed=seed,
-            crop_scale=list(crop_scale),
-            crop_ratio=list(crop_ratio),
-            hflip=hflip,
-            randaugment=ra and ra.key(),
-            mean=list(mean),
-            std=list(std),
-            initial_fill=initial_fill,
-            interpolation=interpolation,
-        )
-        # Only where they are not the defaults, so a state saved before these settings existed still resumes.
-        if crop != "rrc":
-            settings["crop"] = crop
-            if src_padding != SRC_PADDING:
-                settings["src_padding"] = src_padding
-        if three_augment:
-            settings["three_augment"] = True
-        if color_jitter:
-            settings["color_jitter"] = float(color_jitter)
-        if repeats != 1:
-            settings["repeats"] = repeats
-            settings["repeats_source"] = "sample"  # positions (a state of the batch-mode source is not one)
-        self._fingerprint = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+        shards = [(s.file, s.bytes) for s in self.manifest.shards("train")]
+        self._fingerprint = spec.fingerprint(rank, world_size, shards)
         checkpoint = self._decode_state(state, data_dir) if state else None
-        # Distinct buffer and augmentation streams per rank; one file order for all ranks.
-        pipe_seed = (seed * 7919 + rank) % (2**31 - 1)
         # DALI's RandAugment uses fn.experimental aliases DALI itself deprecates; DALI forces those
         # DeprecationWarnings on (its own catch_warnings), so they print once per build. Harmless.
         self._pipe = pipelines.train_pipeline(
-            [f for f, _ in files],
-            [i for _, i in files],
+            spec,
+            files,
             shard_id=rank,
             num_shards=world_size,
-            reader_seed=pipe_seed,
-            file_order_seed=seed % (2**31 - 1),
-            image_size=image_size,
             decoder=dev.decoder,
-            crop_scale=crop_scale,
-            crop_ratio=crop_ratio,
-            hflip=hflip,
-            randaugment=ra,
-            mean=mean,
-            std=std,
-            initial_fill=initial_fill,
-            interp=pipelines.interp_type(interpolation),
-            crop=crop,
-            src_padding=src_padding,
-            three_augment=three_augment,
-            color_jitter=float(color_jitter),
             records=self._records,
             read_workers=self._read_workers,
-            batch_size=batch_size,
-            num_threads=num_threads,
+            batch_size=spec.batch_size,
+            num_threads=spec.num_threads,
             device_id=dev.device_id,
-            seed=pipe_seed,
-            prefetch_queue_depth=prefetch_queue_depth,
+            seed=pipe_seed(seed, rank),  # distinct buffer and augmentation streams per rank
+            prefetch_queue_depth=spec.prefetch_queue_depth,
             enable_checkpointing=True,
             checkpoint=checkpoint,
             # Spawned, not forked: the parent may hold a CUDA context and the process group's threads.
@@ -383,48 +290,28 @@ class ValLoader:
     rank (`val_forwards`), which a sharded model needs, since each of its forwards is collective.
     """
 
-    def __init__(
-        self,
-        data_dir: str,
-        batch_size: int,
-        image_size: int,
-        *,
-        rank: int,
-        world_size: int,
-        device: torch.device,
-        num_threads: int = 2,
-        crop_pct: float = 0.875,
-        mean=DEFAULT_MEAN,
-        std=DEFAULT_STD,
-        label_offset: int | None = None,
-        interpolation: str = VAL_INTERPOLATION,
-    ):
-        _check_rank(rank, world_size)
-        if not 0 < crop_pct <= 1:
-            raise UserError(f"crop_pct={crop_pct}: must be in (0, 1]")
+    def __init__(self, spec: ValSpec, *, rank: int, world_size: int, device: torch.device):
+        check_rank(rank, world_size)
+        data_dir, batch_size = spec.data_dir, spec.batch_size
+        self.spec = spec
         self.manifest = load_manifest(data_dir)
-        files = check_shards(self.manifest, "validation")
+        files = shard_files(self.manifest, "validation")
         n = self.manifest.num_examples("validation")
         begin, end = pipelines.shard_range(n, rank, world_size)
         self.num_examples_this_rank = end - begin
         if self.num_examples_this_rank < 1:
             raise UserError(f"{data_dir}: {n} validation examples cannot be split over world_size={world_size}")
         self.batch_size = batch_size
-        self._batches = _Batches(self.manifest, "validation", device, label_offset)
+        self._batches = _Batches(self.manifest, "validation", device, spec.label_offset)
         dev = pipelines.dali_device(device)
         self._pipe = pipelines.val_pipeline(
-            [f for f, _ in files],
-            [i for _, i in files],
+            spec,
+            files,
             shard_id=rank,
             num_shards=world_size,
-            image_size=image_size,
-            crop_pct=crop_pct,
             decoder=dev.decoder,
-            mean=mean,
-            std=std,
-            interp=pipelines.interp_type(interpolation),
             batch_size=batch_size,
-            num_threads=num_threads,
+            num_threads=spec.num_threads,
             device_id=dev.device_id,
             seed=0,
         )

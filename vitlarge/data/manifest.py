@@ -239,11 +239,11 @@ def load_manifest(data_dir: str) -> Manifest:
 
 def validate_data_dir(data_dir: str) -> Manifest:
     """Everything a loader checks before DALI opens a file, for every split the manifest lists:
-    `load_manifest` then `check_shards`. Returns the manifest or raises one-line UserError; reads
+    `load_manifest` then `shard_files`. Returns the manifest or raises one-line UserError; reads
     only ``dataset.json`` (capped), each index (streamed) and 8 bytes per shard, all inside ``data_dir``."""
     m = load_manifest(data_dir)
     for split in m.splits:
-        check_shards(m, split)
+        shard_files(m, split)
     return m
 
 
@@ -254,8 +254,8 @@ def write_manifest(manifest: Manifest, data_dir: str) -> str:
     return path
 
 
-def check_shards(manifest: Manifest, split: str) -> list[tuple[str, str]]:
-    """Cheap consistency checks before DALI touches the files; return [(shard, index)] paths.
+def shard_files(manifest: Manifest, split: str) -> list[tuple[str, str]]:
+    """The split's ``[(shard, index)]`` paths, after cheap consistency checks before DALI touches the files.
 
     The manifest must list one complete shard set for the split and the directory must hold no
     other shards of that split (a leftover set that a later ``make_index`` would merge in).

@@ -5,7 +5,7 @@ data, parsed and bounded: `parse` takes the file's bytes (already read with a si
 the document with every field checked, or raises `ManifestProblem` whose text says which field is
 wrong and why, in one line (``splits.train.shards[3].num_records is 'abc', expected an integer
 1..1099511627776``). Names it lists are bare file names: a shard can only be a file of the data
-folder itself (see `vitlarge.data.manifest.check_shards` for links).
+folder itself (see `vitlarge.data.manifest.shard_files` for links).
 
 Limits: ``MANIFEST_CAP`` bytes (ImageNet's manifest is ~300 KB), shard names of five digits
 (``-of-99999`` at most), ``MAX_CLASSES`` classes, ``MAX_RECORDS`` records per shard.

@@ -1,8 +1,9 @@
 """Each phase's loaders, built at its first step, and the data state a checkpoint keeps for them.
 
-Every run goes through `PhasedLoaders` (a recipe without ``train.phases`` is one phase). A
-checkpoint's data state is ``{"version", "phase", "phases": fingerprint, "loader": the loader's
-own state}``: a resume in the same phase under the same phase list continues the stream exactly.
+Every run goes through `PhasedLoaders` (a recipe without ``train.phases`` is one phase); it hands
+each phase's loaders the phase (`vitlarge.data.sources`). A checkpoint's data state is a `DataState`,
+``{"version", "phase", "phases": fingerprint, "loader": the loader's own state}`` in JSON: a resume
+in the same phase under the same phase list continues the stream exactly.
 Checkpoints of runs without phases written before every run had phases hold the loader's own state
 alone; it is read as phase 0's under the empty phase list, which is what it was.
 """
@@ -13,11 +14,12 @@ import dataclasses
 import hashlib
 import json
 import logging
+from dataclasses import dataclass
 
 from vitlarge.config.phase_list import resolve_phases
 from vitlarge.config.schema import Config
-from vitlarge.data.common import SettingsChanged
-from vitlarge.plan.phases import Phase, phase_config
+from vitlarge.data.common import STATE_VERSION, SettingsChanged
+from vitlarge.plan.phases import Phase
 from vitlarge.plan.plan import Plan
 
 log = logging.getLogger("vitlarge")
@@ -32,29 +34,61 @@ def fingerprint(cfg: Config) -> str:
     return hashlib.sha256(doc.encode()).hexdigest()[:16]
 
 
-def _parts(state: str) -> tuple[int, str, str]:
-    """(phase, phase-list fingerprint, loader state) of a checkpoint's data state; ValueError if malformed."""
-    return _fields_of(state)[:3]
-
-
-def _fields_of(state: str) -> tuple[int, str, str, int | None]:
-    """`_parts` and the step the stream started afresh at (None: at its phase's start)."""
-    try:
-        doc = json.loads(state)
-    except (ValueError, TypeError, RecursionError) as e:
-        raise ValueError(str(e)) from None
-    if not isinstance(doc, dict):
-        raise ValueError("not an object")
-    if "phase" not in doc:  # a loader's own state: written by a run without phases before they all had one
-        return 0, NO_PHASES, state, None
-    try:
-        fresh_at = doc.get("fresh_at")
-        return int(doc["phase"]), doc.get("phases"), doc["loader"], None if fresh_at is None else int(fresh_at)
-    except (KeyError, TypeError) as e:
-        raise ValueError(str(e)) from None
-
-
 NO_PHASES = hashlib.sha256(b"[]").hexdigest()[:16]  # the fingerprint of a recipe without train.phases
+
+
+@dataclass(frozen=True)
+class DataState:
+    """A checkpoint's data state: the ``phase`` it belongs to, the ``phases`` fingerprint of the phase list it was
+    written under, the ``loader``'s own state (opaque here) and, for a stream started afresh mid-phase, the step
+    ``fresh_at`` it started at. `to_json` writes the bytes every vitlarge with phases has written."""
+
+    phase: int
+    phases: str | None
+    loader: str
+    fresh_at: int | None = None
+
+    def to_dict(self) -> dict:
+        doc = {"version": STATE_VERSION, "phase": self.phase, "phases": self.phases, "loader": self.loader}
+        if self.fresh_at is not None:
+            doc["fresh_at"] = self.fresh_at
+        return doc
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, doc: dict, text: str) -> DataState:
+        """From the parsed ``doc`` of ``text``; ValueError if malformed. A loader's own state (no ``phase``:
+        written by a run without phases before they all had one) is phase 0's under the empty phase list."""
+        if "phase" not in doc:
+            return cls(0, NO_PHASES, text)
+        try:
+            fresh_at = doc.get("fresh_at")
+            return cls(int(doc["phase"]), doc.get("phases"), doc["loader"], None if fresh_at is None else int(fresh_at))
+        except (KeyError, TypeError) as e:
+            raise ValueError(str(e)) from None
+
+    @classmethod
+    def from_json(cls, text: str) -> DataState:
+        """The state ``text`` holds; ValueError if it is not one."""
+        try:
+            doc = json.loads(text)
+        except (ValueError, TypeError, RecursionError) as e:
+            raise ValueError(str(e)) from None
+        if not isinstance(doc, dict):
+            raise ValueError("not an object")
+        return cls.from_dict(doc, text)
+
+    @classmethod
+    def read(cls, text: str | None) -> DataState | None:
+        """The state ``text`` holds; None for none or a malformed one (its loader starts afresh)."""
+        if not text:
+            return None
+        try:
+            return cls.from_json(text)
+        except ValueError:
+            return None
 
 
 def state_of_other_phases(state: str | None, cfg: Config) -> bool:
@@ -64,7 +98,7 @@ def state_of_other_phases(state: str | None, cfg: Config) -> bool:
     if not state:
         return False
     try:
-        return _parts(state)[1] != fingerprint(cfg)
+        return DataState.from_json(state).phases != fingerprint(cfg)
     except ValueError:
         return True
 
@@ -84,23 +118,7 @@ class _PhaseTrain:
         return next(self.loader)
 
     def state(self) -> str:
-        from vitlarge.data.common import STATE_VERSION
-
-        doc = {"version": STATE_VERSION, "phase": self.phase, "phases": self.phases_hash, "loader": self.loader.state()}
-        if self.fresh_at is not None:
-            doc["fresh_at"] = self.fresh_at
-        return json.dumps(doc)
-
-
-def split_state(state: str | None) -> tuple[int | None, str | None, int | None]:
-    """(phase, loader state, fresh_at) of a checkpoint's data state; Nones for none or a malformed one."""
-    if not state:
-        return None, None, None
-    try:
-        phase, _, loader, fresh_at = _fields_of(state)
-    except ValueError:
-        return None, None, None
-    return phase, loader, fresh_at
+        return DataState(self.phase, self.phases_hash, self.loader.state(), self.fresh_at).to_json()
 
 
 class PhasedLoaders:
@@ -115,7 +133,8 @@ class PhasedLoaders:
     def __init__(self, cfg: Config, plan: Plan, rank: int, world_size: int, device, state: str | None = None):
         self.cfg, self.plan, self.rank, self.world_size, self.device = cfg, plan, rank, world_size, device
         self.current: Phase | None = None
-        self._state_phase, self._state, self._state_fresh_at = split_state(state)
+        self._saved = DataState.read(state)  # used once, by the phase it belongs to
+        self._phases_hash = fingerprint(cfg)
 
     def changes_at(self, step: int) -> bool:
         """Whether ``enter(step)`` builds new loaders (the caller drops the old ones first)."""
@@ -127,17 +146,18 @@ class PhasedLoaders:
         ph = self.plan.phase_at(step)
         if not self.changes_at(step):
             return None
-        state = self._state if self._state_phase == ph.index else None
+        saved = self._saved if self._saved is not None and self._saved.phase == ph.index else None
+        self._saved = None
+        state = saved.loader if saved is not None else None
         # A position continues the stream it was saved from: one started afresh mid-phase keeps its seed.
-        fresh_at = self._state_fresh_at if state is not None else None
-        self._state_phase = self._state = self._state_fresh_at = None  # used once, by the phase it belongs to
+        fresh_at = saved.fresh_at if saved is not None else None
         self.current = ph
         # Entered after its first step with no position to continue (a resume whose data state was
         # dropped): a fresh epoch order from this step, not a replay of the phase's beginning.
         if state is None and step != ph.start_step:
             fresh_at = step
         try:
-            loader = train_loader(phase_config(self.cfg, ph, fresh_at), self.rank, self.world_size, self.device, state)
+            loader = train_loader(self.cfg, self.rank, self.world_size, self.device, state, phase=ph, fresh_at=fresh_at)
         except SettingsChanged:  # an edited micro batch, crop, RandAugment or shard set: the position is void
             if self.rank == 0:
                 log.warning(
@@ -146,17 +166,9 @@ class PhasedLoaders:
                     "weights, optimizer and step resume exactly"
                 )
             fresh_at = step
-            loader = train_loader(phase_config(self.cfg, ph, step), self.rank, self.world_size, self.device)
-        train = _PhaseTrain(loader, ph.index, fingerprint(self.cfg), fresh_at)
-        return train, val_loader(val_config(self.cfg, ph), self.rank, self.world_size, self.device)
-
-
-def val_config(cfg: Config, ph: Phase) -> Config:
-    """What phase ``ph``'s validation loader is built from: its batches and crop, at its ``eval_size``.
-    The trainer's evaluation and ``python -m vitlarge.evaluate`` both use it, so they agree to the image."""
-    vc = phase_config(cfg, ph)
-    vc.data.image_size = ph.eval_size
-    return vc
+            loader = train_loader(self.cfg, self.rank, self.world_size, self.device, phase=ph, fresh_at=step)
+        train = _PhaseTrain(loader, ph.index, self._phases_hash, fresh_at)
+        return train, val_loader(self.cfg, self.rank, self.world_size, self.device, phase=ph)
 
 
 def evaluated_phase(plan: Plan, step: int | None) -> Phase:

@@ -18,6 +18,7 @@ from nvidia.dali import pipeline_def
 from vitlarge.data import deit_augment
 from vitlarge.data import randaugment as rand_augment
 from vitlarge.data.common import shard_range  # noqa: F401 (the readers' rank slices; loaders import it from here)
+from vitlarge.data.spec import TrainSpec, ValSpec, pipe_seed
 from vitlarge.errors import UserError
 
 FEATURES = {
@@ -47,9 +48,7 @@ def dali_device(device) -> DaliDevice:
     raise UserError(f"device {device}: DALI loaders support 'cpu' and 'cuda' devices; pass one of those")
 
 
-def _reader(
-    paths, index_paths, *, shard_id, num_shards, seed, training: bool, initial_fill: int = 1, file_order_seed: int = 0
-):
+def _reader(files, *, shard_id, num_shards, seed, training: bool, initial_fill: int = 1, file_order_seed: int = 0):
     """The TFRecord reader both pipelines share; ``training`` picks the sample order.
 
     Training: every epoch the reader permutes the order of the shard files with
@@ -71,8 +70,8 @@ def _reader(
     else:
         order = dict(random_shuffle=False, stick_to_shard=True, pad_last_batch=True)
     return fn.readers.tfrecord(
-        path=paths,
-        index_path=index_paths,
+        path=[f for f, _ in files],
+        index_path=[i for _, i in files],
         features=FEATURES,
         shard_id=shard_id,
         num_shards=num_shards,
@@ -84,35 +83,17 @@ def _reader(
 
 @pipeline_def(enable_conditionals=True)
 def train_pipeline(
-    paths,
-    index_paths,
-    *,
-    shard_id,
-    num_shards,
-    reader_seed,
-    file_order_seed,
-    image_size,
-    decoder,
-    crop_scale,
-    crop_ratio,
-    hflip,
-    randaugment,
-    mean,
-    std,
-    initial_fill,
-    interp,
-    crop="rrc",
-    src_padding=deit_augment.SRC_PADDING,
-    three_augment=False,
-    color_jitter=0.0,
-    records=None,
-    read_workers=0,
+    spec: TrainSpec, files, *, shard_id: int, num_shards: int, decoder: str, records=None, read_workers=0
 ):
-    """Training images: ``crop`` (``rrc``: random-resized crop; ``src``: DeiT III's simple random crop),
-    flip, then RandAugment, 3-Augment and colour jitter where asked (`vitlarge.data.deit_augment`).
+    """Training images of ``spec`` (`vitlarge.data.spec.TrainSpec`) from ``files`` (``(shard, index)`` paths):
+    ``spec.crop`` (``rrc``: random-resized crop; ``src``: DeiT III's simple random crop), flip, then RandAugment,
+    3-Augment and colour jitter where asked (`vitlarge.data.deit_augment`); rank ``shard_id`` of ``num_shards``.
     ``records``: a batch source of ``(encoded, label)`` by iteration (`vitlarge.data.repeats.RepeatedRecords`,
     repeated augmentation) read instead of the TFRecord reader's own order, by ``read_workers`` processes (0: in
     the thread that runs the pipeline). The pipeline is then built with ``py_num_workers=read_workers``."""
+    image_size, interp = spec.image_size, interp_type(spec.interpolation)
+    randaugment = rand_augment.spec(spec.randaugment)
+    mean, std = spec.pixels()
     if records is not None:
         # Sample mode: DALI asks for stream positions (SampleInfo.idx_in_epoch) and its checkpoint restores
         # them, so a resume continues exactly; `read_workers` processes read them (parallel external source).
@@ -126,47 +107,46 @@ def train_pipeline(
         )
     else:
         data = _reader(
-            paths,
-            index_paths,
+            files,
             shard_id=shard_id,
             num_shards=num_shards,
-            seed=reader_seed,
+            seed=pipe_seed(spec.seed, shard_id),
             training=True,
-            initial_fill=initial_fill,
-            file_order_seed=file_order_seed,
+            initial_fill=spec.initial_fill,
+            file_order_seed=spec.seed % (2**31 - 1),  # one file order for all ranks
         )
         encoded, label = data["image/encoded"], data["image/class/label"]
-    if crop == "src":  # the whole image, shorter side to image_size (antialiased, as PIL's resize)
+    if spec.crop == "src":  # the whole image, shorter side to image_size (antialiased, as PIL's resize)
         images = fn.decoders.image(encoded, device=decoder, output_type=types.RGB)
         resized = deit_augment.src_size(fn.peek_image_shape(encoded), image_size)
-        offsets = deit_augment.draw_src_offsets(resized, image_size, src_padding)
-        images = deit_augment.src_crop(images, resized, offsets, image_size, interp, src_padding)
+        offsets = deit_augment.draw_src_offsets(resized, image_size, spec.src_padding)
+        images = deit_augment.src_crop(images, resized, offsets, image_size, interp, spec.src_padding)
     else:
         # Decodes only the random crop window (ROI decode), so the full image is never materialized.
         images = fn.decoders.image_random_crop(
             encoded,
             device=decoder,
             output_type=types.RGB,
-            random_area=list(crop_scale),
-            random_aspect_ratio=list(crop_ratio),
+            random_area=list(spec.crop_scale),
+            random_aspect_ratio=list(spec.crop_ratio),
             num_attempts=10,
         )
         # antialias=False saves ~15% of the CPU pipeline's time (benchmarks/bench_data.py). Even so,
         # DALI's CPU bilinear resize costs about as much as the JPEG decode; interp "nearest" is ~8x
-        # cheaper (TrainLoader(interpolation="nearest")) at the price of aliasing. GPUs don't care.
+        # cheaper (TrainSpec(interpolation="nearest")) at the price of aliasing. GPUs don't care.
         images = fn.resize(images, size=[image_size, image_size], interp_type=interp, antialias=False)
-    mirror = fn.random.coin_flip(probability=0.5) if hflip else 0
+    mirror = fn.random.coin_flip(probability=0.5) if spec.hflip else 0
     if randaugment is not None:
-        if hflip:  # RandAugment must see the flipped image, as in timm (flip, then RandAugment)
+        if spec.hflip:  # RandAugment must see the flipped image, as in timm (flip, then RandAugment)
             images = fn.flip(images, horizontal=mirror)
             mirror = 0
         images = rand_augment.apply(images, randaugment, [image_size, image_size])
     # Grayscale, solarize, blur and colour jitter commute with the flip, which therefore stays with
     # the normalization below (DeiT flips first).
-    if three_augment:
+    if spec.three_augment:
         images = deit_augment.three_augment(images, *deit_augment.draw_three_augment())
-    if color_jitter > 0:
-        images = deit_augment.jitter(images, *deit_augment.draw_jitter(color_jitter))
+    if spec.color_jitter > 0:
+        images = deit_augment.jitter(images, *deit_augment.draw_jitter(float(spec.color_jitter)))
     images = fn.crop_mirror_normalize(
         images,
         dtype=types.FLOAT,
@@ -179,11 +159,14 @@ def train_pipeline(
 
 
 @pipeline_def
-def val_pipeline(paths, index_paths, *, shard_id, num_shards, image_size, crop_pct, decoder, mean, std, interp):
-    data = _reader(paths, index_paths, shard_id=shard_id, num_shards=num_shards, seed=0, training=False)
+def val_pipeline(spec: ValSpec, files, *, shard_id: int, num_shards: int, decoder: str):
+    """Validation images of ``spec`` (`vitlarge.data.spec.ValSpec`) from ``files``, in stored order."""
+    image_size, interp = spec.image_size, interp_type(spec.interpolation)
+    mean, std = spec.pixels()
+    data = _reader(files, shard_id=shard_id, num_shards=num_shards, seed=0, training=False)
     images = fn.decoders.image(data["image/encoded"], device=decoder, output_type=types.RGB)
     # timm's eval transform: shorter side to floor(size / crop_pct), then a centre crop of size.
-    images = fn.resize(images, resize_shorter=float(int(image_size / crop_pct)), interp_type=interp)
+    images = fn.resize(images, resize_shorter=float(int(image_size / spec.crop_pct)), interp_type=interp)
     images = fn.crop_mirror_normalize(
         images,
         crop=(image_size, image_size),

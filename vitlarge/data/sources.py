@@ -1,4 +1,4 @@
-"""Builds the loaders a config asks for; the one place config fields map to loader arguments.
+"""Builds the loaders a config asks for; the one place config fields map to loader specs (`vitlarge.data.spec`).
 
 ``data.source`` picks the batch source: ``tfrecord`` (DALI over the shards in ``data.path``) or
 ``synthetic`` (`vitlarge.data.synthetic`: random batches made on the device). Both give the same
@@ -14,14 +14,16 @@ import torch
 
 from vitlarge.config.schema import Config
 from vitlarge.data import synthetic
-from vitlarge.data.manifest import Manifest, check_shards, load_manifest
+from vitlarge.data.manifest import Manifest, load_manifest, shard_files
+from vitlarge.data.spec import TrainSpec, ValSpec, knobs
 from vitlarge.errors import UserError
+from vitlarge.plan.phases import Phase, stream_seed
 
 
-def check_data(cfg: Config) -> Manifest:
+def checked_manifest(cfg: Config) -> Manifest:
     """The manifest of ``cfg.data.path`` after the checks that need no pipeline: its class count matches
     ``data.num_classes``, ``data.randaugment`` parses and every shard of both splits is there, whole, with its
-    index (`check_shards`: a stat and an 8-byte read each). Fails before any work or file is written.
+    index (`shard_files`: a stat and an 8-byte read each). Fails before any work or file is written.
     For ``data.source=synthetic``: a manifest with ``data.num_classes`` synthetic classes and
     ``data.num_train_examples`` training examples; no file is read."""
     if cfg.data.source == "synthetic":
@@ -36,12 +38,8 @@ def check_data(cfg: Config) -> Manifest:
         )
     randaugment_spec(cfg.data.randaugment)
     for split in ("train", "validation"):  # here, inside the agreed pre-flight: a shard missing on one node
-        check_shards(manifest, split)  # stops every rank, printed by the rank that met it (not at the first step)
+        shard_files(manifest, split)  # stops every rank, printed by the rank that met it (not at the first step)
     return manifest
-
-
-def _pixels(values) -> tuple:
-    return tuple(255.0 * v for v in values)  # the config keeps timm's 0..1 convention; DALI sees 0..255
 
 
 def num_threads(cfg: Config) -> int:
@@ -68,80 +66,95 @@ def _check_state_source(cfg: Config, state: str | None) -> None:
         )
 
 
-def train_loader(cfg: Config, rank: int, world_size: int, device: torch.device, state: str | None = None):
-    """The infinite, resumable train stream of this rank (`TrainLoader` or `SyntheticTrain`)."""
-    _check_state_source(cfg, state)
+def _common(cfg: Config, batch_size: int, image_size: int, num_examples: int) -> dict:
+    """The `LoaderSpec` fields both splits take from the config."""
     d = cfg.data
-    if d.source == "synthetic":
-        return synthetic.SyntheticTrain(
-            cfg.train.micro_batch,
-            d.image_size,
-            d.num_classes,
-            rank=rank,
-            world_size=world_size,
-            device=device,
-            seed=cfg.train.seed,
-            num_examples=d.num_train_examples,
-            mean=d.mean,
-            std=d.std,
-            state=state,
-        )
-    from vitlarge.data.loader import TrainLoader
+    return dict(
+        data_dir=d.path,
+        batch_size=batch_size,
+        image_size=image_size,
+        source=d.source,
+        num_classes=d.num_classes,
+        num_examples=num_examples,
+        mean=tuple(d.mean),
+        std=tuple(d.std),
+        label_offset=d.label_offset,
+        num_threads=num_threads(cfg) if d.source == "tfrecord" else 0,  # DALI's; the synthetic source has none
+    )
 
-    return TrainLoader(
-        d.path,
-        cfg.train.micro_batch,
-        d.image_size,
-        rank=rank,
-        world_size=world_size,
-        device=device,
-        seed=cfg.train.seed,
-        num_threads=num_threads(cfg),
-        crop_scale=tuple(d.crop_scale),
+
+def train_spec(cfg: Config, phase: Phase | None = None, fresh_at: int | None = None) -> TrainSpec:
+    """What the train stream of ``phase`` is built from: its micro batch, image size, crop scale and stream
+    seed (`vitlarge.plan.phases.stream_seed`; ``fresh_at``: the step a stream with no position to continue
+    starts at), the rest from ``cfg``. No phase: the config's own values and seed (tests, tools)."""
+    d = cfg.data
+    if phase is None:
+        batch, size, crop_scale, seed = cfg.train.micro_batch, d.image_size, d.crop_scale, cfg.train.seed
+    else:
+        batch, size, crop_scale = phase.micro_batch, phase.image_size, phase.crop_scale
+        seed = stream_seed(cfg.train.seed, phase.index, fresh_at)
+    return TrainSpec(
+        **_common(cfg, batch, size, d.num_train_examples),
+        seed=seed,
+        crop_scale=tuple(crop_scale),
         crop_ratio=tuple(d.crop_ratio),
         hflip=d.hflip,
         randaugment=d.randaugment,
-        mean=_pixels(d.mean),
-        std=_pixels(d.std),
-        label_offset=d.label_offset,
-        state=state,
+        interpolation=d.train_interpolation,
         crop=d.crop,
         src_padding=d.src_padding,
-        three_augment=d.three_augment,
-        color_jitter=d.color_jitter,
         repeats=d.repeats,
         read_workers=d.read_workers,
-        interpolation=d.train_interpolation,
+        **{name: getattr(d, name) for name in knobs()},  # augmentation knobs: the same names as data.<name>
     )
 
 
-def val_loader(cfg: Config, rank: int, world_size: int, device: torch.device):
-    """One exact validation pass per ``iter()`` over this rank's slice (`ValLoader` or `SyntheticVal`)."""
-    d = cfg.data
-    if d.source == "synthetic":
-        return synthetic.SyntheticVal(
-            cfg.train.micro_batch,
-            d.image_size,
-            d.num_classes,
-            rank=rank,
-            world_size=world_size,
-            device=device,
-            num_examples=d.synthetic_val_examples,
-            mean=d.mean,
-            std=d.std,
-        )
+def val_spec(cfg: Config, phase: Phase | None = None, image_size: int | None = None) -> ValSpec:
+    """What the validation loader of ``phase`` is built from: its micro batch at its ``eval_size``; the trainer's
+    evaluation and ``python -m vitlarge.evaluate`` both use it, so they agree to the image. No phase: the
+    config's micro batch at ``image_size`` (default ``data.image_size``)."""
+    if phase is None:
+        batch, size = cfg.train.micro_batch, image_size or cfg.data.image_size
+    else:
+        batch, size = phase.micro_batch, phase.eval_size
+    return ValSpec(**_common(cfg, batch, size, cfg.data.synthetic_val_examples), crop_pct=cfg.data.val_crop_pct)
+
+
+def train_loader(
+    cfg: Config,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    state: str | None = None,
+    *,
+    phase: Phase | None = None,
+    fresh_at: int | None = None,
+):
+    """The infinite, resumable train stream of this rank (`TrainLoader` or `SyntheticTrain`) for ``phase``
+    (`train_spec`)."""
+    _check_state_source(cfg, state)
+    spec = train_spec(cfg, phase, fresh_at)
+    if spec.source == "synthetic":
+        return synthetic.SyntheticTrain(spec, rank=rank, world_size=world_size, device=device, state=state)
+    from vitlarge.data.loader import TrainLoader
+
+    return TrainLoader(spec, rank=rank, world_size=world_size, device=device, state=state)
+
+
+def val_loader(
+    cfg: Config,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    *,
+    phase: Phase | None = None,
+    image_size: int | None = None,
+):
+    """One exact validation pass per ``iter()`` over this rank's slice (`ValLoader` or `SyntheticVal`) for
+    ``phase`` (`val_spec`)."""
+    spec = val_spec(cfg, phase, image_size)
+    if spec.source == "synthetic":
+        return synthetic.SyntheticVal(spec, rank=rank, world_size=world_size, device=device)
     from vitlarge.data.loader import ValLoader
 
-    return ValLoader(
-        d.path,
-        cfg.train.micro_batch,
-        d.image_size,
-        rank=rank,
-        world_size=world_size,
-        device=device,
-        num_threads=num_threads(cfg),
-        crop_pct=d.val_crop_pct,
-        mean=_pixels(d.mean),
-        std=_pixels(d.std),
-        label_offset=d.label_offset,
-    )
+    return ValLoader(spec, rank=rank, world_size=world_size, device=device)

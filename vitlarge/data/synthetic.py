@@ -32,8 +32,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vitlarge.data.common import STATE_VERSION, SettingsChanged, shard_range, val_forwards
+from vitlarge.data.common import STATE_VERSION, SettingsChanged, check_rank, shard_range, val_forwards
 from vitlarge.data.manifest import ClassInfo, Manifest
+from vitlarge.data.spec import TrainSpec, ValSpec
 from vitlarge.errors import UserError
 
 SOURCE = "synthetic"  # the "source" of a synthetic loader state (a DALI state has none)
@@ -106,9 +107,9 @@ class _Maker:
         return images.mul_(self.scale).add_(self.shift)
 
 
-def _check(rank: int, world_size: int, num_examples: int, what: str) -> tuple[int, int]:
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise UserError(f"rank={rank}, world_size={world_size}: need 0 <= rank < world_size")
+def _rank_slice(rank: int, world_size: int, num_examples: int, what: str) -> tuple[int, int]:
+    """This rank's ``[begin, end)`` of ``num_examples`` (`shard_range`); UserError if it holds none."""
+    check_rank(rank, world_size)
     begin, end = shard_range(num_examples, rank, world_size)
     if end <= begin:
         raise UserError(
@@ -122,39 +123,15 @@ class SyntheticTrain:
     """Infinite stream of random training batches for one rank; exactly resumable (module docstring).
 
     ``next(loader)`` never raises StopIteration. ``state()`` is the position after the last batch
-    returned; a loader built with ``state=`` and the same arguments yields bitwise the same batches
-    from there on (on the same device type)."""
+    returned; a loader built with ``state=``, an equal `TrainSpec` and the same rank and world size yields
+    bitwise the same batches from there on (on the same device type)."""
 
-    def __init__(
-        self,
-        batch_size: int,
-        image_size: int,
-        num_classes: int,
-        *,
-        rank: int,
-        world_size: int,
-        device: torch.device,
-        seed: int,
-        num_examples: int,
-        mean,
-        std,
-        state: str | None = None,
-    ):
-        begin, end = _check(rank, world_size, num_examples, "data.num_train_examples")
+    def __init__(self, spec: TrainSpec, *, rank: int, world_size: int, device: torch.device, state: str | None = None):
+        begin, end = _rank_slice(rank, world_size, spec.num_examples, "data.num_train_examples")
         self.num_examples_this_rank = end - begin
-        self.batch_size, self.seed, self.rank = batch_size, seed, rank
-        self._maker = _Maker(image_size, num_classes, device, mean, std)
-        settings = dict(
-            batch_size=batch_size,
-            image_size=image_size,
-            num_classes=num_classes,
-            rank=rank,
-            world_size=world_size,
-            seed=seed,
-            mean=list(mean),
-            std=list(std),
-        )
-        self._fingerprint = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+        self.spec, self.batch_size, self.seed, self.rank = spec, spec.batch_size, spec.seed, rank
+        self._maker = _Maker(spec.image_size, spec.num_classes, device, spec.mean, spec.std)
+        self._fingerprint = spec.fingerprint(rank, world_size)
         self._batches = self._decode_state(state) if state else 0
 
     def __iter__(self) -> SyntheticTrain:
@@ -200,24 +177,12 @@ class SyntheticVal:
     `val_forwards` ``(images, labels, keep)`` batches on every rank (only the first ``keep`` rows
     are real; padding rows repeat the slice's last example), ``iter()`` the real rows only."""
 
-    def __init__(
-        self,
-        batch_size: int,
-        image_size: int,
-        num_classes: int,
-        *,
-        rank: int,
-        world_size: int,
-        device: torch.device,
-        num_examples: int,
-        mean,
-        std,
-    ):
-        self._begin, self._end = _check(rank, world_size, num_examples, "data.synthetic_val_examples")
+    def __init__(self, spec: ValSpec, *, rank: int, world_size: int, device: torch.device):
+        self._begin, self._end = _rank_slice(rank, world_size, spec.num_examples, "data.synthetic_val_examples")
         self.num_examples_this_rank = self._end - self._begin
-        self.batch_size = batch_size
-        self._forwards = val_forwards(num_examples, world_size, batch_size)
-        self._maker = _Maker(image_size, num_classes, device, mean, std)
+        self.spec, self.batch_size = spec, spec.batch_size
+        self._forwards = val_forwards(spec.num_examples, world_size, spec.batch_size)
+        self._maker = _Maker(spec.image_size, spec.num_classes, device, spec.mean, spec.std)
 
     def __len__(self) -> int:
         """Batches one pass yields (padding-only batches are not counted)."""

@@ -150,9 +150,10 @@ def step_at_epoch(phases, epochs: float) -> int:
 
 
 def phase_config(cfg: Config, ph: Phase, fresh_at: int | None = None) -> Config:
-    """A copy of ``cfg`` with the phase's image size, batches, crop scale and data seed: what its loaders
-    are built from. ``fresh_at``: the stream starts at that step with no position to continue (see
-    `stream_seed`)."""
+    """A copy of ``cfg`` with the phase's image size, batches, crop scale and data seed, for what reads a whole
+    config per phase (the dry run's model description). The loaders take the phase itself
+    (`vitlarge.data.sources.train_spec`). ``fresh_at``: the stream starts at that step with no position to
+    continue (see `stream_seed`)."""
     c = copy.deepcopy(cfg)
     c.data.image_size, c.data.crop_scale = ph.image_size, tuple(ph.crop_scale)
     c.train.global_batch, c.train.micro_batch = ph.global_batch, ph.micro_batch

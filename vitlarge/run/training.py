@@ -116,12 +116,12 @@ def preflight(cfg: Config, env: DistEnv, resuming: bool):
     window inside the run and a writable workdir. Returns ``(manifest, plan)``. (``--resume`` is checked after
     it, on rank 0 alone.)"""
     from vitlarge.checkpoint import store
-    from vitlarge.data.sources import check_data
+    from vitlarge.data.sources import checked_manifest
     from vitlarge.plan.plan import make_plan
     from vitlarge.train.profile import check_window
 
     check_inputs(cfg, resuming)
-    manifest = check_data(cfg)
+    manifest = checked_manifest(cfg)
     plan = make_plan(cfg, env.world_size, manifest.num_examples("train"))
     check_window(cfg, plan)
     store.check_writable(Path(cfg.workdir), env.rank)

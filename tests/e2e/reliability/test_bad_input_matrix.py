@@ -119,11 +119,12 @@ def no_dataset(out: Path) -> Callable[[], None]:
 
 def decodes_through_dali(out: Path, images: int) -> Callable[[], None]:
     def check():
-        from vitlarge.data import ValLoader, load_manifest
+        from tests.helpers.loaders import open_val
+        from vitlarge.data import load_manifest
 
         assert load_manifest(str(out)).num_examples("validation") == images
         seen = 0
-        for x, y in ValLoader(str(out), 4, 32, rank=0, world_size=1, device=CPU):
+        for x, y in open_val(str(out), 4, 32, rank=0, world_size=1, device=CPU):
             assert x.shape[1:] == (3, 32, 32) and torch.isfinite(x).all()
             seen += y.numel()
         assert seen == images

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT
-from vitlarge.config.load import RANGES, apply_override, load_config, load_recipe, parse_step_window, validate
+from vitlarge.config.load import apply_override, field_rules, load_config, load_recipe, parse_step_window, validate
 from vitlarge.config.schema import Config
 from vitlarge.errors import UserError
 
@@ -301,7 +301,7 @@ def _bad_value(rule: str) -> str:
     return "0" if rule == "positive" else "1.5" if rule.startswith("in [0, 1") else "-1"
 
 
-@pytest.mark.parametrize("key, rule", [(k, rule) for keys, _, rule in RANGES for k in keys])
+@pytest.mark.parametrize("key, rule", [(k, rule.words) for k, rule in field_rules() if not rule.pair])
 def test_every_duration_count_and_rate_is_range_checked_with_the_fix(key, rule):
     """One line: the key, its rule (and what 0 means where 0 means something), the value, a valid setting."""
     bad = _bad_value(rule)

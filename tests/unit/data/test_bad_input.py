@@ -15,7 +15,8 @@ import torch
 from data_tools import imagenet_to_tfrecord, make_index, tfrecord_io
 from tests.helpers import call_main, mounts
 from tests.helpers.data_fixtures import SYNSETS, copy_imagefolder, corrupt_jpeg_bytes
-from vitlarge.data import TrainLoader, ValLoader, load_manifest
+from tests.helpers.loaders import open_train, open_val
+from vitlarge.data import load_manifest
 from vitlarge.errors import UserError
 from vitlarge.fileio import write_atomic
 
@@ -60,7 +61,7 @@ def data_copy(tiny_converted, tmp_path) -> str:
 
 
 def train_loader(data_dir):
-    return TrainLoader(data_dir, 4, 32, rank=0, world_size=1, device=CPU, seed=0)
+    return open_train(data_dir, 4, 32, rank=0, world_size=1, device=CPU, seed=0)
 
 
 # --- conversion ---------------------------------------------------------------------------------
@@ -232,7 +233,7 @@ def test_missing_index(data_copy):
     index = os.path.join(data_copy, "validation-00001-of-00002.idx")
     os.remove(index)
     with pytest.raises(UserError) as e:
-        ValLoader(data_copy, 4, 32, rank=0, world_size=1, device=CPU)
+        open_val(data_copy, 4, 32, rank=0, world_size=1, device=CPU)
     assert str(e.value) == (
         f"{index}: missing DALI index for {index[:-4]}; run python -m data_tools.make_index {data_copy}"
     )
@@ -278,7 +279,7 @@ def test_manifest_listing_two_sets_or_a_partial_set(data_copy):
     doc["splits"]["validation"]["shards"] = shards[:1]  # validation-00000-of-00002 alone
     open(path, "w").write(json.dumps(doc))
     with pytest.raises(UserError) as e:
-        ValLoader(data_copy, 4, 32, rank=0, world_size=1, device=CPU)
+        open_val(data_copy, 4, 32, rank=0, world_size=1, device=CPU)
     assert str(e.value) == (
         f"{path}: the validation shards listed are not one complete set (the validation-*-of-00002 set lacks "
         f"validation-00001-of-00002); restore the missing shards or re-convert, then run "
@@ -297,7 +298,7 @@ def test_label_outside_class_range(data_copy, loader):
             for _ in range(10):
                 next(train_loader(data_copy))
         else:
-            list(ValLoader(data_copy, 8, 32, rank=0, world_size=1, device=CPU))
+            list(open_val(data_copy, 8, 32, rank=0, world_size=1, device=CPU))
     msg = str(e.value)
     assert msg.startswith(f"{data_copy}: stored label 3 in the ") and "maps to class 2, outside 0..1" in msg
     assert "make_index" in msg and "\n" not in msg
@@ -330,7 +331,7 @@ def test_undecodable_image_inside_a_shard(tmp_path):
             )
         w.commit()
     make_index.make_index(str(tmp_path))
-    loader = TrainLoader(str(tmp_path), 4, 32, rank=0, world_size=1, device=CPU, seed=0, initial_fill=16)
+    loader = open_train(str(tmp_path), 4, 32, rank=0, world_size=1, device=CPU, seed=0, initial_fill=16)
     with pytest.raises(UserError) as e:
         for _ in range(6):
             next(loader)

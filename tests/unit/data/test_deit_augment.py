@@ -22,6 +22,7 @@ import torch
 from PIL import Image, ImageEnhance, ImageFilter, ImageOps
 
 from data_tools import tfrecord_io
+from tests.helpers.loaders import open_train
 from vitlarge.config.schema import Config
 from vitlarge.data import TrainLoader
 from vitlarge.data import deit_augment as da
@@ -306,8 +307,18 @@ def write_image_dataset(out: str, images: list[np.ndarray]) -> str:
 
 def raw_loader(data_dir: str, **kw) -> TrainLoader:
     """Outputs in pixel values (mean 0, std 1), so a batch shows what the augmentation made."""
-    return TrainLoader(
-        data_dir, 100, 32, rank=0, world_size=1, device=CPU, seed=5, mean=(0, 0, 0), std=(1, 1, 1), num_threads=1, **kw
+    return open_train(
+        data_dir,
+        100,
+        32,
+        rank=0,
+        world_size=1,
+        device=CPU,
+        seed=5,
+        mean=(0, 0, 0),
+        std=(1 / 255,) * 3,
+        num_threads=1,
+        **kw,
     )
 
 
@@ -387,8 +398,8 @@ def test_state_saved_with_other_augmentation_is_settings_changed(demo_data):
 def test_src_padding_is_checked_only_for_the_simple_random_crop(demo_data):
     """A padding the image cannot reflect is refused for ``crop="src"`` and ignored for ``rrc`` (it is unused)."""
     with pytest.raises(UserError, match="src_padding=32"):
-        TrainLoader(demo_data, 8, 32, rank=0, world_size=1, device=CPU, seed=0, crop="src", src_padding=32)
-    TrainLoader(demo_data, 8, 32, rank=0, world_size=1, device=CPU, seed=0, crop="rrc", src_padding=32)
+        open_train(demo_data, 8, 32, rank=0, world_size=1, device=CPU, seed=0, crop="src", src_padding=32)
+    open_train(demo_data, 8, 32, rank=0, world_size=1, device=CPU, seed=0, crop="rrc", src_padding=32)
 
 
 def test_train_interpolation_reaches_the_resize_and_the_resume_check(demo_data):
@@ -414,4 +425,4 @@ def test_train_interpolation_reaches_the_resize_and_the_resume_check(demo_data):
 )
 def test_loader_refuses_unknown_crop_and_negative_jitter(demo_data, kw, match):
     with pytest.raises(UserError, match=match):
-        TrainLoader(demo_data, 8, 32, rank=0, world_size=1, device=CPU, seed=0, **kw)
+        open_train(demo_data, 8, 32, rank=0, world_size=1, device=CPU, seed=0, **kw)

@@ -2,7 +2,7 @@
 a regular file; writes never follow a planted link; every read is bounded; every malformed file is one line.
 
 Each case crafts the file a hostile or broken source would hand over and goes through the real reader
-(`load_manifest`, `check_shards` as the loaders call it, `make_index`, the converter)."""
+(`load_manifest`, `shard_files` as the loaders call it, `make_index`, the converter)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from PIL import Image
 
 from data_tools import imagefolder, imagenet_to_tfrecord, make_index, tfrecord_io
 from tests.helpers import call_main
-from vitlarge.data.manifest import MANIFEST_CAP, check_shards, load_manifest, validate_data_dir
+from vitlarge.data.manifest import MANIFEST_CAP, load_manifest, shard_files, validate_data_dir
 from vitlarge.errors import UserError
 
 FIX = "a data folder holds its shards and indexes as regular files"
@@ -76,7 +76,7 @@ def test_a_shard_linked_outside_the_folder_is_refused(data, tmp_path):
     shutil.move(shard, elsewhere / shard.name)
     os.symlink(elsewhere / shard.name, shard)
     with pytest.raises(UserError) as e:
-        check_shards(load_manifest(str(data)), "train")
+        shard_files(load_manifest(str(data)), "train")
     assert one_line(e) == (
         f"{shard}: leads outside {data} (to {elsewhere / shard.name}); vitlarge reads and writes only inside it; "
         f"{FIX} (links only to files inside it); to keep shards on another disk, point --data at the folder there "
@@ -89,7 +89,7 @@ def test_an_index_that_is_a_fifo_is_refused_without_blocking(data):
     index.unlink()
     os.mkfifo(index)
     with pytest.raises(UserError) as e:
-        check_shards(load_manifest(str(data)), "validation")
+        shard_files(load_manifest(str(data)), "validation")
     assert one_line(e).startswith(f"{index}: is not a regular file; {FIX}")
 
 
@@ -101,7 +101,7 @@ def test_an_index_that_is_a_device_is_refused(data):
     except PermissionError:
         pytest.skip("mknod needs root here")
     with pytest.raises(UserError) as e:
-        check_shards(load_manifest(str(data)), "train")
+        shard_files(load_manifest(str(data)), "train")
     assert one_line(e).startswith(f"{index}: is not a regular file; {FIX}")
 
 
@@ -195,7 +195,7 @@ def test_index_is_streamed_not_read_whole(data):
     tracemalloc.start()
     try:
         with pytest.raises(UserError, match="stale DALI index"):
-            check_shards(load_manifest(str(data)), "train")
+            shard_files(load_manifest(str(data)), "train")
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

@@ -63,8 +63,8 @@ def test_a_stream_started_afresh_continues_exactly_on_the_next_resume(demo_data)
     for _ in range(3):
         next(train)
     state = train.state()
-    assert phased.split_state(state)[2] == 37
+    assert phased.DataState.read(state).fresh_at == 37
     rest = [next(train)[0] for _ in range(2)]
     resumed = phased.PhasedLoaders(c, plan, 0, 1, CPU, state=state).enter(40)[0]
     assert all(torch.equal(a, next(resumed)[0]) for a in rest)
-    assert phased.split_state(resumed.state())[2] == 37  # and its own checkpoints keep saying so
+    assert phased.DataState.read(resumed.state()).fresh_at == 37  # and its own checkpoints keep saying so

@@ -11,18 +11,19 @@ import torch
 
 from data_tools.make_id_dataset import make_id_dataset
 from tests.helpers.data_fixtures import ID_SPLIT_SIZES
-from vitlarge.data import TrainLoader, ValLoader, load_manifest
+from tests.helpers.loaders import open_train, open_val
+from vitlarge.data import TrainLoader, load_manifest
 from vitlarge.errors import UserError
 
 CPU = torch.device("cpu")
 
 
 def train(demo_data, batch_size: int = 64, **kw) -> TrainLoader:
-    return TrainLoader(demo_data, batch_size, 32, **{"rank": 0, "world_size": 1, "device": CPU, "seed": 0, **kw})
+    return open_train(demo_data, batch_size, 32, **{"rank": 0, "world_size": 1, "device": CPU, "seed": 0, **kw})
 
 
 def val_pass(demo_data, batch_size, rank, world_size, **kw):
-    v = ValLoader(demo_data, batch_size, 32, rank=rank, world_size=world_size, device=CPU, **kw)
+    v = open_val(demo_data, batch_size, 32, rank=rank, world_size=world_size, device=CPU, **kw)
     images, labels = zip(*v)
     return v, torch.cat(images), torch.cat(labels)
 
@@ -92,7 +93,7 @@ def validation_sweep(id_datasets, batch_sizes) -> tuple[int, int]:
         for batch_size in batch_sizes:
             for world_size in range(1, 10):
                 ranks = [
-                    ValLoader(id_datasets[n], batch_size, 8, rank=r, world_size=world_size, device=CPU, num_threads=1)
+                    open_val(id_datasets[n], batch_size, 8, rank=r, world_size=world_size, device=CPU, num_threads=1)
                     for r in range(world_size)
                 ]
                 for _ in range(2):
@@ -115,7 +116,7 @@ def test_every_validation_image_counts_once_per_pass_for_any_world_and_batch_siz
 
 def test_a_pass_abandoned_before_its_padding_only_batch_is_drained(id_datasets):
     # 37 over 2 ranks: rank 0 holds 18 = 3 batches of 6; DALI pads it to 19, i.e. a 4th, padding-only run.
-    v = ValLoader(id_datasets[37], 6, 8, rank=0, world_size=2, device=CPU)
+    v = open_val(id_datasets[37], 6, 8, rank=0, world_size=2, device=CPU)
     assert len(v) == 3
     first = torch.cat([lab for _, lab in v])
     assert torch.equal(first, torch.arange(18))
@@ -127,7 +128,7 @@ def test_a_pass_abandoned_before_its_padding_only_batch_is_drained(id_datasets):
 
 
 def test_validation_is_reiterable_and_survives_an_abandoned_pass(demo_data):
-    v = ValLoader(demo_data, 32, 32, rank=1, world_size=3, device=CPU)
+    v = open_val(demo_data, 32, 32, rank=1, world_size=3, device=CPU)
     first = torch.cat([lab for _, lab in v])
     for i, _ in enumerate(v):  # abandon the second pass early
         if i == 2:
@@ -178,7 +179,7 @@ def ids_600(tmp_path_factory) -> str:
 def test_ranks_partition_every_epoch_and_their_slices_move(ids_600):
     world, batch = 3, 50  # 200 records per rank: 4 batches per epoch
     ranks = [
-        TrainLoader(ids_600, batch, 8, rank=r, world_size=world, device=CPU, seed=5, initial_fill=64)
+        open_train(ids_600, batch, 8, rank=r, world_size=world, device=CPU, seed=5, initial_fill=64)
         for r in range(world)
     ]
     per_epoch = [[set(label_stream(loader, 4).tolist()) for _ in range(3)] for loader in ranks]
@@ -190,11 +191,11 @@ def test_ranks_partition_every_epoch_and_their_slices_move(ids_600):
 @pytest.mark.parametrize("stop_after", [3, 4, 6])  # mid-epoch 1, exactly at its end, mid-epoch 2
 def test_resume_mid_epoch_and_at_the_epoch_boundary_is_exact(ids_600, stop_after):
     kw = dict(rank=1, world_size=3, device=CPU, seed=5, initial_fill=64)
-    loader = TrainLoader(ids_600, 50, 8, **kw)
+    loader = open_train(ids_600, 50, 8, **kw)
     label_stream(loader, stop_after)
     state = loader.state()
     expected = [next(loader) for _ in range(6)]  # crosses into the next epoch (4 batches per epoch)
-    restored = TrainLoader(ids_600, 50, 8, state=state, **kw)
+    restored = open_train(ids_600, 50, 8, state=state, **kw)
     for (img_a, lab_a), (img_b, lab_b) in zip(expected, (next(restored) for _ in range(6))):
         assert torch.equal(lab_a, lab_b) and torch.equal(img_a, img_b)
 

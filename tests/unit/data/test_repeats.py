@@ -13,8 +13,8 @@ import torch
 from timm.data.distributed_sampler import RepeatAugSampler
 
 from data_tools.make_id_dataset import make_id_dataset
+from tests.helpers.loaders import open_train
 from vitlarge.config.schema import Config
-from vitlarge.data import TrainLoader
 from vitlarge.data.common import SettingsChanged
 from vitlarge.data.repeats import epoch_order
 from vitlarge.data.sources import train_loader
@@ -101,7 +101,7 @@ def test_the_copies_on_three_ranks_are_augmented_independently(demo_data):
     """world 3, repeats 3: the ranks read the same images in the same order (copy c of image j is rank c's j-th
     record), each through its own augmentation."""
     kw = dict(world_size=3, device=CPU, seed=2, repeats=3)
-    ranks = [TrainLoader(demo_data, 16, 32, rank=r, **kw) for r in range(3)]
+    ranks = [open_train(demo_data, 16, 32, rank=r, **kw) for r in range(3)]
     for _ in range(3):
         (x0, y0), (x1, y1), (x2, y2) = (next(loader) for loader in ranks)
         assert torch.equal(y0, y1) and torch.equal(y1, y2)
@@ -110,11 +110,11 @@ def test_the_copies_on_three_ranks_are_augmented_independently(demo_data):
 
 def test_a_state_of_another_repeats_is_refused_and_repeats_1_keeps_the_old_fingerprint(demo_data):
     kw = dict(rank=0, world_size=1, device=CPU, seed=0)
-    plain = TrainLoader(demo_data, 16, 32, **kw)
-    assert TrainLoader(demo_data, 16, 32, repeats=1, **kw)._fingerprint == plain._fingerprint
-    state = TrainLoader(demo_data, 16, 32, repeats=3, **kw).state()
+    plain = open_train(demo_data, 16, 32, **kw)
+    assert open_train(demo_data, 16, 32, repeats=1, **kw)._fingerprint == plain._fingerprint
+    state = open_train(demo_data, 16, 32, repeats=3, **kw).state()
     with pytest.raises(SettingsChanged):
-        TrainLoader(demo_data, 16, 32, state=state, **kw)
+        open_train(demo_data, 16, 32, state=state, **kw)
 
 
 class SampleInfo:
@@ -131,13 +131,13 @@ def test_a_loader_with_read_workers_is_built_in_the_main_thread(demo_data):
 
     import torch
 
-    from vitlarge.data import TrainLoader
+    from tests.helpers.loaders import open_train
 
     errors = []
 
     def build():
         try:
-            TrainLoader(demo_data, 16, 16, rank=0, world_size=1, device=torch.device("cpu"), seed=0, repeats=3,
+            open_train(demo_data, 16, 16, rank=0, world_size=1, device=torch.device("cpu"), seed=0, repeats=3,
                         read_workers=1, num_threads=1)  # fmt: skip
         except RuntimeError as e:
             errors.append(str(e))

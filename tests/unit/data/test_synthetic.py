@@ -19,7 +19,7 @@ from vitlarge.config.load import load_config
 from vitlarge.constants import IMAGENET_MEAN, IMAGENET_STD
 from vitlarge.data import synthetic
 from vitlarge.data.common import val_forwards
-from vitlarge.data.sources import check_data, train_loader, val_loader
+from vitlarge.data.sources import checked_manifest, train_loader, val_loader
 from vitlarge.errors import UserError
 
 RECIPE = "recipes/demo_digits.py"
@@ -118,11 +118,11 @@ def test_validation_set_is_the_same_at_any_world_size_and_batch_size():
 
 
 def test_check_data_reads_no_file_and_names_the_classes():
-    m = check_data(demo())
+    m = checked_manifest(demo())
     assert [c.synset for c in m.classes] == synthetic.class_names(10) == [f"class_{i:04d}" for i in range(10)]
     assert (m.num_classes, m.num_examples("train"), m.num_examples("validation")) == (10, 1437, 512)
     with pytest.raises(UserError, match="/nonexistent/no-data-here"):  # the same config reads it with tfrecord
-        check_data(demo("data.source=tfrecord"))
+        checked_manifest(demo("data.source=tfrecord"))
 
 
 def test_a_checkpoint_continues_only_the_source_that_wrote_it(demo_data):
