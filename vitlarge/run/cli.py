@@ -1,11 +1,17 @@
 """The training command: ``python train.py`` in a checkout, ``vitlarge-train`` or ``python -m vitlarge`` where
-vitlarge is installed (usage: train.py's docstring). `main` returns the exit status; `console` leaves with it."""
+vitlarge is installed (usage: train.py's docstring). `main` returns the exit status; `console` leaves with it.
+
+The hooks are handed in: train.py passes hooks/'s `build_hooks`, and `console`, the installed command's entry,
+looks the same function up (installed, hooks/ is ``vitlarge.hooks``); nothing else in vitlarge/ names hooks/."""
 
 from __future__ import annotations
 
 import argparse
 import logging
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from vitlarge.run.training import MakeHooks
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -49,7 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None, make_hooks: MakeHooks) -> int:
+    """The command on ``argv`` (None: the command line's), with the hooks ``make_hooks`` makes; the exit status."""
     args = parse_args(argv)
     from vitlarge.distributed import launch, launcher, quiet, threads
     from vitlarge.train import memory
@@ -68,7 +75,7 @@ def main(argv=None) -> int:
         logging.getLogger("vitlarge").setLevel(logging.INFO if env.is_main else logging.WARNING)
         pools = threads.size_thread_pools()  # before torch loads: its pool, OpenMP's, DALI's (data.num_threads=0)
         memory.configure_allocator()  # before torch loads too: its CUDA allocator reads the setting once
-        return run(args, env, pools)
+        return plan_or_train(args, env, pools, make_hooks)
     except UserError as e:
         launch.tell_launcher(f"error: {e}", 2)  # the launcher's summary repeats the line (torchrun's error file)
         if launch.report_before_group(e, env):  # once; a rank's own error named by it (and told to the others)
@@ -97,7 +104,9 @@ def main(argv=None) -> int:
         return failure.status
 
 
-def run(args, env, threads: tuple[int, str]) -> int:
+def plan_or_train(args, env, threads: tuple[int, str], make_hooks: MakeHooks | None = None) -> int:
+    """``--dry-run``: the plan, printed by the main rank; otherwise the training run, built with the hooks
+    ``make_hooks`` makes (a dry run needs none), to its end. The exit status (0; a stop raises)."""
     from vitlarge.config.load import load_config
     from vitlarge.distributed import launch, launcher
     from vitlarge.run.training import build_run, check_inputs, is_resume
@@ -125,12 +134,14 @@ def run(args, env, threads: tuple[int, str]) -> int:
             "PyTorch and Colossal-AI, then joining the process group (10-20 s)",
             flush=True,
         )
-    return build_run(cfg, env, resume=args.resume, threads=threads).fit()
+    assert make_hooks is not None, "a training run is handed its hooks"
+    return build_run(cfg, env, make_hooks, resume=args.resume, threads=threads).fit()
 
 
 def console() -> NoReturn:
-    """The ``vitlarge-train`` command: `main`, left by ``os._exit`` once a process group was up (the status must
-    not depend on gloo's teardown)."""
+    """The ``vitlarge-train`` command: `main` with the standard hooks, left by ``os._exit`` once a process group
+    was up (the status must not depend on gloo's teardown)."""
+    from vitlarge import beside
     from vitlarge.distributed.launch import main_then_leave
 
-    main_then_leave(main)
+    main_then_leave(lambda: main(None, beside("hooks").build_hooks))

@@ -4,23 +4,30 @@
 checks the inputs on every rank (data, workdir, ``--resume``, ``model.init_from``: `preflight`, agreed
 by all ranks so one rank's missing path stops them all in seconds), builds the
 parts (`vitlarge.train.assemble.build`), seeds, resumes (`vitlarge.checkpoint.resume`: rank 0 picks
-the checkpoint, `Resumed` says what of it this run can use) and makes the phase loaders and hooks.
-`TrainingRun.fit` trains, evaluates, checkpoints and exports. train.py is these two calls.
+the checkpoint, `Resumed` says what of it this run can use), makes the phase loaders and the hooks the caller
+hands in (train.py: hooks/'s `build_hooks`; the library imports no observer). `TrainingRun.fit` trains,
+evaluates, checkpoints and exports. train.py is these two calls.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from vitlarge.config.schema import Config
 from vitlarge.distributed.launcher import DistEnv
 from vitlarge.errors import UserError
+from vitlarge.events import Hook
 from vitlarge.plan.plan import Plan
 
 log = logging.getLogger("vitlarge")
+
+MakeHooks = Callable[..., list[Hook]]
+"""What a run's hooks are made by, called as ``make_hooks(workdir, log_every=, nan_patience=, mlflow=, wandb=)``
+(hooks/'s `build_hooks`): the same list on every rank."""
 
 
 @dataclass
@@ -139,9 +146,10 @@ def data_digest(manifest) -> str:
     return f"{counts} images, shard list {hashlib.sha256(repr(shards).encode()).hexdigest()[:12]}"
 
 
-def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tuple[int, str] = (0, "")) -> TrainingRun:
+def build_run(
+    cfg: Config, env: DistEnv, make_hooks: MakeHooks, resume: str | None = None, threads: tuple[int, str] = (0, "")
+) -> TrainingRun:
     """Everything before the first step (see the module docstring); ``resume``: a ``--resume`` path."""
-    from vitlarge import beside
     from vitlarge.checkpoint import resume as resume_from
     from vitlarge.checkpoint import store
     from vitlarge.data.phased import PhasedLoaders
@@ -237,7 +245,7 @@ def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tup
         resumed_line=resumed_line,
         precision_why=settings.precision_why,
     )
-    hooks = beside("hooks").build_hooks(
+    hooks = make_hooks(
         str(workdir),
         log_every=cfg.train.log_every_steps,
         nan_patience=cfg.train.nan_patience,

@@ -16,7 +16,7 @@ ONE_PROCESS = DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1
 
 
 def dry_run(capsys, *args: str) -> tuple[str, str]:
-    assert cli.run(cli.parse_args(["--dry-run", *args]), ONE_PROCESS, (0, "")) == 0
+    assert cli.plan_or_train(cli.parse_args(["--dry-run", *args]), ONE_PROCESS, (0, "")) == 0
     out = capsys.readouterr()
     return out.out, out.err
 
@@ -95,6 +95,8 @@ def test_the_memory_estimate_adds_the_gpus_own_needs_as_stated_constants(capsys)
 def test_a_profile_window_after_the_plans_last_step_stops_the_dry_run_as_it_would_the_run(capsys):
     recipe = str(ROOT / "recipes" / "demo_digits.py")
     with pytest.raises(UserError, match=r"^train.profile_steps=655-665 ends after step 660, the run's last"):
-        cli.run(cli.parse_args(["--dry-run", "--config", recipe, "train.profile_steps=655-665"]), ONE_PROCESS, (0, ""))
+        cli.plan_or_train(
+            cli.parse_args(["--dry-run", "--config", recipe, "train.profile_steps=655-665"]), ONE_PROCESS, (0, "")
+        )
     out, _ = dry_run(capsys, "--config", recipe, "train.profile_steps=655-660")
     assert out.startswith("plan:")
