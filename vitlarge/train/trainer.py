@@ -122,7 +122,7 @@ class Trainer:
             self.train_loader.state(),
             self.cfg,
             keep=self.cfg.train.keep_checkpoints,
-            extra_meta={"line": self.line},
+            extra_meta={"line": self.line, "config": self.run.record},  # the config as resolved: precision, compile
             ema=self.engine.ema,
         )
         self._emit(Event.CHECKPOINT, self.step, str(path))
@@ -176,7 +176,7 @@ class Trainer:
                 set_collective_timeout(t.collective_timeout_s)
             self.step += 1
             dt = time.perf_counter() - t0
-            if first and self.cfg.train.compile == "on":  # the step that compiled: what Dynamo made of the model
+            if first and self.run.compile:  # the step that compiled: what Dynamo made of the model
                 log.info(compile_stats().line())
                 first = False
             batch = plan.phase_at(self.step - 1).global_batch
@@ -211,7 +211,7 @@ class Trainer:
         # Rank 0 looks, all ranks follow: the save is a collective, so the answer must be the same everywhere.
         if not rank0_decides(lambda: store.exists(self.cfg.workdir, self.step)):
             self._checkpoint()
-        if self.cfg.train.compile == "on":  # eval's and later phases' graphs: recompiles
+        if self.run.compile:  # eval's and later phases' graphs: recompiles
             log.info(compile_stats().line())
         self._emit(Event.TRAIN_END, final)
         return final

@@ -81,6 +81,7 @@ def test_the_memory_estimate_adds_the_gpus_own_needs_as_stated_constants(capsys)
     # a CPU run: no GPU line at all.
     from vitlarge.plan.plan import make_plan
     from vitlarge.run.dry_run import gpu_overheads, print_gpu_overheads
+    from vitlarge.train.settings import plan_settings
 
     cfg = load_config(ROOT / "recipes" / "vit_b16.py", ["data.source=synthetic"])
     assert [what for what, _, _ in gpu_overheads(cfg, make_plan(cfg, 1))] == [
@@ -88,7 +89,7 @@ def test_the_memory_estimate_adds_the_gpus_own_needs_as_stated_constants(capsys)
         "NCCL buffers",
     ]
     cfg = load_config(ROOT / "recipes" / "vit_b16.py", ["train.device=cpu"])
-    print_gpu_overheads(cfg, make_plan(cfg, 4), 0.0)
+    print_gpu_overheads(cfg, make_plan(cfg, 4), plan_settings(cfg, "cpu"), 0.0)
     assert capsys.readouterr().out == ""
 
 
@@ -100,3 +101,36 @@ def test_a_profile_window_after_the_plans_last_step_stops_the_dry_run_as_it_woul
         )
     out, _ = dry_run(capsys, "--config", recipe, "train.profile_steps=655-660")
     assert out.startswith("plan:")
+
+
+def test_the_plan_names_its_device_and_the_precision_a_run_there_resolves(capsys):
+    """Issue 34 item 3: the dry run resolves ``auto`` for the device it plans for, a CUDA plan on a machine without
+    a GPU included, and says which; the memory estimate follows (fp32 activations take twice bf16's)."""
+    import torch
+
+    from vitlarge.model.precision import choose_precision
+
+    demo = str(ROOT / "recipes" / "demo_digits.py")  # train.precision=auto, train.device=auto
+    out, _ = dry_run(capsys, "--config", demo)
+    device = next(line for line in out.splitlines() if line.startswith("  device "))
+    assert device.startswith(
+        "  device cuda (train.device=auto: the GPUs a launch takes; --device cpu plans for the CPU)"
+    )
+    if not torch.cuda.is_available():
+        assert device.endswith(
+            "precision bf16 (precision auto -> bf16: assumed a GPU with bf16 tensor cores (compute capability 8.0+: "
+            "A100, H100, H200); none is visible here)"
+        )
+    out_cpu, _ = dry_run(capsys, "--config", demo, "--device", "cpu")
+    on_cpu = choose_precision("auto", torch.device("cpu"))[0]
+    assert f"  device cpu (--device), precision {on_cpu} (precision auto -> {on_cpu}: " in out_cpu
+    memory = [next(x for x in o.splitlines() if x.startswith("  memory per device")) for o in (out, out_cpu)]
+    assert (memory[0] == memory[1]) == (on_cpu != "fp32")
+    assert "on a GPU add" in out and "on a GPU add" not in out_cpu
+    out, _ = dry_run(capsys, "--config", str(ROOT / "recipes" / "vit_b16.py"))  # the recipe's own fp16: no reason
+    assert (
+        "  device cuda (train.device=auto: the GPUs a launch takes; --device cpu plans for the CPU), precision fp16\n"
+        in out
+    )
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--config", demo, "--device", "cpu"])
