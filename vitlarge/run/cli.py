@@ -11,6 +11,7 @@ import logging
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
+    from vitlarge.distributed.threads import ThreadPools
     from vitlarge.run.training import MakeHooks
 
 
@@ -84,12 +85,12 @@ def main(argv: list[str] | None, make_hooks: MakeHooks) -> int:
     return exit_status(work)
 
 
-def plan_or_train(args, env, threads: tuple[int, str], make_hooks: MakeHooks | None = None) -> int:
+def plan_or_train(args, env, threads: ThreadPools, make_hooks: MakeHooks | None = None) -> int:
     """``--dry-run``: the plan, printed by the main rank; otherwise the training run, built with the hooks
     ``make_hooks`` makes (a dry run needs none), to its end. The exit status (0; a stop raises)."""
     from vitlarge.config.load import load_config
     from vitlarge.distributed import launch, launcher
-    from vitlarge.run.training import build_run, check_inputs, is_resume
+    from vitlarge.run.training import build_run, init_from_warnings, is_resume
 
     launcher.check_split_arguments(args.overrides)
     cfg = load_config(
@@ -100,7 +101,7 @@ def plan_or_train(args, env, threads: tuple[int, str], make_hooks: MakeHooks | N
         from vitlarge.run.dry_run import print_plan
         from vitlarge.train.profile import check_window
 
-        warnings = check_inputs(cfg, is_resume(cfg, args.resume), dry_run=True)
+        warnings = init_from_warnings(cfg, is_resume(cfg, args.resume), dry_run=True)
         if env.is_main:
             for line in warnings:
                 launch.say(f"warning: {line}")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from vitlarge.config.schema import Config
 from vitlarge.distributed.launcher import DistEnv
+from vitlarge.distributed.threads import NO_THREADS, ThreadPools
 from vitlarge.errors import UserError
 from vitlarge.events import Hook
 from vitlarge.plan.plan import Plan
@@ -100,9 +101,9 @@ def is_resume(cfg: Config, resume: str | None) -> bool:
     return bool(resume) or bool(list_checkpoints(cfg.workdir))
 
 
-def check_inputs(cfg: Config, resuming: bool, dry_run: bool = False) -> list[str]:
-    """What can fail before any data is read: a fine-tuning source of another architecture or patch
-    size. A resume takes its weights from the checkpoint: ``model.init_from`` is neither checked nor
+def init_from_warnings(cfg: Config, resuming: bool, dry_run: bool = False) -> list[str]:
+    """Raises for what can fail before any data is read (one `UserError`): a fine-tuning source of another
+    architecture or patch size. A resume takes its weights from the checkpoint: ``model.init_from`` is neither checked nor
     read then (the pretrained file may be gone from scratch space by then). Returns the warnings of a
     ``dry_run``, which plans a fine-tuning before its ``model.init_from`` exists (the pretraining's export)."""
     if not cfg.model.init_from or resuming:
@@ -128,7 +129,7 @@ def preflight(cfg: Config, env: DistEnv, resuming: bool):
     from vitlarge.plan.plan import make_plan
     from vitlarge.train.profile import check_window
 
-    check_inputs(cfg, resuming)
+    init_from_warnings(cfg, resuming)  # raises; a run has no warnings to print here
     manifest = check_data(cfg)
     plan = make_plan(cfg, env.world_size, manifest.num_examples("train"))
     check_window(cfg, plan)
@@ -148,7 +149,7 @@ def data_digest(manifest) -> str:
 
 
 def build_run(
-    cfg: Config, env: DistEnv, make_hooks: MakeHooks, resume: str | None = None, threads: tuple[int, str] = (0, "")
+    cfg: Config, env: DistEnv, make_hooks: MakeHooks, resume: str | None = None, threads: ThreadPools = NO_THREADS
 ) -> TrainingRun:
     """Everything before the first step (see the module docstring); ``resume``: a ``--resume`` path."""
     from vitlarge.checkpoint import resume as resume_from

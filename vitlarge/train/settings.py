@@ -9,12 +9,14 @@ the config stays as the user wrote it, and nothing reads a device-dependent choi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from vitlarge.config.schema import Config
+from vitlarge.distributed.threads import NO_THREADS, ThreadPools
 from vitlarge.errors import UserError
-from vitlarge.model.precision import choose_precision, cpu_fp16_warning
+from vitlarge.model.precision import PrecisionChoice, choose_precision, cpu_fp16_warning
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,14 @@ class Settings:
         return out + [self.precision_why] if self.precision_why else out
 
 
-def compile_choice(requested: str, device: torch.device) -> tuple[bool, str]:
+class CompileChoice(NamedTuple):
+    """`compile_choice`'s answer: whether the forward is compiled, and why (the line `build` logs)."""
+
+    on: bool
+    why: str
+
+
+def compile_choice(requested: str, device: torch.device) -> CompileChoice:
     """``train.compile``: ``on``/``off`` as given; ``auto`` is on with CUDA, off on CPU.
 
     CPU is off because there it does not pay: on 2 cores of an AMD EPYC (AVX2, shared) a compiled
@@ -53,20 +62,23 @@ def compile_choice(requested: str, device: torch.device) -> tuple[bool, str]:
     exists: a rank whose node alone lacks it names itself and stops the others
     (`vitlarge.distributed.launch.report_before_group`)."""
     if requested == "off":
-        return False, "compile off: set by the recipe"
+        return CompileChoice(False, "compile off: set by the recipe")
     if requested == "auto" and device.type != "cuda":
-        return False, (
-            "compile auto -> off: CPU: measured slower than eager (ViT-S/16: 0.8x), and compiling takes minutes "
-            "(docs/PERFORMANCE.md)"
+        return CompileChoice(
+            False,
+            (
+                "compile auto -> off: CPU: measured slower than eager (ViT-S/16: 0.8x), and compiling takes minutes "
+                "(docs/PERFORMANCE.md)"
+            ),
         )
     missing = missing_toolchain(device)
     if missing and requested == "on":
         raise UserError(f"train.compile=on, but {missing}, or set train.compile=off to train eager")
     if missing:
-        return False, f"compile auto -> off: {missing}, so eager"
+        return CompileChoice(False, f"compile auto -> off: {missing}, so eager")
     if requested == "on":
-        return True, "compile on: set by the recipe"
-    return True, "compile auto -> on: CUDA: Inductor fuses the elementwise work between the matmuls"
+        return CompileChoice(True, "compile on: set by the recipe")
+    return CompileChoice(True, "compile auto -> on: CUDA: Inductor fuses the elementwise work between the matmuls")
 
 
 def missing_toolchain(device: torch.device) -> str:
@@ -208,7 +220,7 @@ def fsdp_reduce_every_micro_step(mode: str, precision: str) -> bool:
 
 
 def resolve_settings(
-    cfg: Config, device: torch.device | str, backend: str = "", threads: tuple[int, str] = (0, "")
+    cfg: Config, device: torch.device | str, backend: str = "", threads: ThreadPools = NO_THREADS
 ) -> Settings:
     """Every device-dependent setting of ``cfg`` on ``device``, decided once."""
     device = torch.device(device)
@@ -216,7 +228,7 @@ def resolve_settings(
     return _settings(cfg, device, backend, precision, compile_choice(cfg.train.compile, device), threads)
 
 
-PLANNED_GPU = (
+PLANNED_GPU = PrecisionChoice(
     "bf16",
     "assumed a GPU with bf16 tensor cores (compute capability 8.0+: A100, H100, H200); none is visible here",
 )
@@ -235,28 +247,27 @@ def plan_settings(cfg: Config, device: str) -> Settings:
         precision = choose_precision(cfg.train.precision, dev)
     compile_on = cfg.train.compile == "on" or (cfg.train.compile == "auto" and dev.type == "cuda")
     backend = "nccl" if dev.type == "cuda" else "gloo"
-    return _settings(cfg, dev, backend, precision, (compile_on, "not checked by --dry-run"), (0, ""))
+    return _settings(cfg, dev, backend, precision, CompileChoice(compile_on, "not checked by --dry-run"), NO_THREADS)
 
 
 def _settings(
     cfg: Config,
     device: torch.device,
     backend: str,
-    precision: tuple[str, str],
-    compile_on: tuple[bool, str],
-    threads: tuple[int, str],
+    precision: PrecisionChoice,
+    compiled: CompileChoice,
+    threads: ThreadPools,
 ) -> Settings:
-    name, why = precision
     return Settings(
         device=device,
         backend=backend,
-        precision=name,
-        precision_why=f"precision auto -> {name}: {why}"
+        precision=precision.name,
+        precision_why=f"precision auto -> {precision.name}: {precision.why}"
         if cfg.train.precision == "auto"
-        else cpu_fp16_warning(name, device),
-        compile=compile_on[0],
-        compile_why=compile_on[1],
-        fsdp_reduce_every_micro_step=fsdp_reduce_every_micro_step(cfg.train.fsdp_accumulation, name),
-        threads=threads[0],
-        threads_why=threads[1],
+        else cpu_fp16_warning(precision.name, device),
+        compile=compiled.on,
+        compile_why=compiled.why,
+        fsdp_reduce_every_micro_step=fsdp_reduce_every_micro_step(cfg.train.fsdp_accumulation, precision.name),
+        threads=threads.count,
+        threads_why=threads.why,
     )

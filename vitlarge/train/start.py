@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from vitlarge.config.schema import Config
 from vitlarge.distributed.launcher import DistEnv
+from vitlarge.distributed.threads import NO_THREADS, ThreadPools
 
 if TYPE_CHECKING:  # torch: `exit_status` runs before it loads (the thread pools are sized first)
     from vitlarge.train.settings import Settings
@@ -27,7 +28,7 @@ class Started:
 def start(
     cfg: Config,
     env: DistEnv,
-    threads: tuple[int, str] = (0, ""),
+    threads: ThreadPools = NO_THREADS,
     *,
     before_group: Callable[[Settings], None] | None = None,
     collective_timeout_s: float = 300.0,

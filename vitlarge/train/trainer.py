@@ -45,7 +45,7 @@ class Trainer:
         engine: Engine,
         loaders: PhasedLoaders,
         hooks: list[Hook],
-        run: RunInfo,
+        info: RunInfo,
         start_step: int = 0,
         line: str | None = None,
     ):
@@ -55,8 +55,8 @@ class Trainer:
         self.cfg, self.plan, self.engine = cfg, plan, engine
         self.loaders = loaders
         self.train_loader = self.val_loader = None
-        profiler = step_profiler(run)  # train.profile_steps: last, so that the other hooks' work is in its steps
-        self.hooks, self.run = [*hooks, profiler] if profiler else hooks, run
+        profiler = step_profiler(info)  # train.profile_steps: last, so that the other hooks' work is in its steps
+        self.hooks, self.info = [*hooks, profiler] if profiler else hooks, info
         self.step = start_step
         self.device = engine.params[0].device
         self._stop_signal = 0
@@ -66,13 +66,13 @@ class Trainer:
             # Ctrl-C: checkpoint at this step's end, like a scheduler's signal. The second one ends the process
             # at once, even inside a collective or a checkpoint write (the default action, not Python's handler).
             signal.signal(signal.SIGINT, signal.SIG_DFL)
-            if self.run.is_main:
+            if self.info.is_main:
                 say("vitlarge: Ctrl-C: saving a checkpoint at the end of this step; Ctrl-C again leaves without it")
         if not self._stop_signal or signum == signal.SIGINT:
             self._stop_signal = signum
 
     def _emit(self, event: Event, *args) -> None:
-        emit(self.hooks, event, self.run, *args)
+        emit(self.hooks, event, self.info, *args)
 
     def _sync(self, loss: torch.Tensor) -> tuple[float, bool, bool]:
         """Mean loss over ranks, whether any rank was asked to stop and whether any by Ctrl-C, in one all-reduce."""
@@ -122,7 +122,7 @@ class Trainer:
             self.train_loader.state(),
             self.cfg,
             keep=self.cfg.train.keep_checkpoints,
-            extra_meta={"line": self.line, "config": self.run.record},  # the config as resolved: precision, compile
+            extra_meta={"line": self.line, "config": self.info.record},  # the config as resolved: precision, compile
             ema=self.engine.ema,
         )
         self._emit(Event.CHECKPOINT, self.step, str(path))
@@ -156,13 +156,13 @@ class Trainer:
         finally:
             # Before the handlers go: a launcher's SIGTERM (torchrun's, once another rank has left with 75) must
             # not end this process while TensorBoard writes its last events.
-            close(self.hooks, self.run)
+            close(self.hooks, self.info)
             for s, handler in old.items():
                 signal.signal(s, handler)
 
     def _fit(self) -> EvalMetrics:
         t, plan = self.cfg.train, self.plan
-        end = self.run.end_step
+        end = self.info.end_step
         first = True
         self._emit(Event.TRAIN_START)
         while self.step < end:
@@ -176,7 +176,7 @@ class Trainer:
                 set_collective_timeout(t.collective_timeout_s)
             self.step += 1
             dt = time.perf_counter() - t0
-            if first and self.run.compile:  # the step that compiled: what Dynamo made of the model
+            if first and self.info.compile:  # the step that compiled: what Dynamo made of the model
                 log.info(compile_stats().line())
                 first = False
             batch = plan.phase_at(self.step - 1).global_batch
@@ -211,7 +211,7 @@ class Trainer:
         # Rank 0 looks, all ranks follow: the save is a collective, so the answer must be the same everywhere.
         if not rank0_decides(lambda: store.exists(self.cfg.workdir, self.step)):
             self._checkpoint()
-        if self.run.compile:  # eval's and later phases' graphs: recompiles
+        if self.info.compile:  # eval's and later phases' graphs: recompiles
             log.info(compile_stats().line())
         self._emit(Event.TRAIN_END, final)
         return final

@@ -8,15 +8,16 @@ import pytest
 from tests.helpers import ROOT
 from vitlarge.config.load import load_config
 from vitlarge.distributed.launcher import DistEnv
+from vitlarge.distributed.threads import NO_THREADS
 from vitlarge.errors import UserError
 from vitlarge.run import cli
-from vitlarge.run.training import check_inputs
+from vitlarge.run.training import init_from_warnings
 
 ONE_PROCESS = DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=29500, source="none")
 
 
 def dry_run(capsys, *args: str) -> tuple[str, str]:
-    assert cli.plan_or_train(cli.parse_args(["--dry-run", *args]), ONE_PROCESS, (0, "")) == 0
+    assert cli.plan_or_train(cli.parse_args(["--dry-run", *args]), ONE_PROCESS, NO_THREADS) == 0
     out = capsys.readouterr()
     return out.out, out.err
 
@@ -57,8 +58,8 @@ def test_a_fine_tuning_plans_before_its_init_from_exists_and_names_adamw(capsys)
 def test_a_missing_init_from_is_still_an_error_outside_a_dry_run():
     cfg = load_config(ROOT / "recipes" / "deit3_b16_ft224.py", ["model.init_from=/nonexistent/model"])
     with pytest.raises(UserError, match="model.init_from=/nonexistent/model does not exist"):
-        check_inputs(cfg, resuming=False)
-    assert check_inputs(cfg, resuming=True) == []  # a resume takes its weights from the checkpoint
+        init_from_warnings(cfg, resuming=False)
+    assert init_from_warnings(cfg, resuming=True) == []  # a resume takes its weights from the checkpoint
 
 
 def test_the_memory_estimate_adds_the_gpus_own_needs_as_stated_constants(capsys):
@@ -97,7 +98,7 @@ def test_a_profile_window_after_the_plans_last_step_stops_the_dry_run_as_it_woul
     recipe = str(ROOT / "recipes" / "demo_digits.py")
     with pytest.raises(UserError, match=r"^train.profile_steps=655-665 ends after step 660, the run's last"):
         cli.plan_or_train(
-            cli.parse_args(["--dry-run", "--config", recipe, "train.profile_steps=655-665"]), ONE_PROCESS, (0, "")
+            cli.parse_args(["--dry-run", "--config", recipe, "train.profile_steps=655-665"]), ONE_PROCESS, NO_THREADS
         )
     out, _ = dry_run(capsys, "--config", recipe, "train.profile_steps=655-660")
     assert out.startswith("plan:")
