@@ -1,5 +1,6 @@
 """Large-batch ViT pretraining: the training command of a checkout (installed: ``vitlarge-train``, ``python -m
-vitlarge``). The code is vitlarge/run/cli.py; it wires a recipe, the data, the model, the optimizer and the hooks.
+vitlarge``). The code is vitlarge/run/cli.py; it wires a recipe, the data, the model and the optimizer, and this file
+hands it the hooks.
 
     colossalai run --nproc_per_node 4 train.py --config recipes/vit_b16.py --data /data/imagenet-tfrecord
     srun python train.py --config recipes/vit_b16.py --data /data/imagenet-tfrecord --workdir runs/b16
@@ -15,7 +16,17 @@ says what to fix), 3 stopped by the NaN guard, 75 checkpointed on SIGTERM/SIGUSR
 out on CPU/gloo (one line names the rank that stalled; under NCCL the watchdog aborts instead, 134). Launchers change some of these (docs/CLUSTERS.md).
 """
 
-from vitlarge.run.cli import console, main, parse_args, run  # noqa: F401 (tests and wrappers call train.main)
+from hooks import build_hooks  # the observers: the library is handed them here (no torch is loaded by this)
+from vitlarge.run import cli
+from vitlarge.run.cli import parse_args  # noqa: F401 (tests call train.parse_args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The training command with the standard hooks (hooks/); its exit status. Tests and wrappers call it."""
+    return cli.main(argv, build_hooks)
+
 
 if __name__ == "__main__":
-    console()
+    from vitlarge.distributed.launch import main_then_leave
+
+    main_then_leave(main)

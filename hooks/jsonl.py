@@ -74,7 +74,7 @@ class JsonlHook(Hook):
                 "steps_per_epoch": ph.steps_per_epoch,
                 "total_steps": p.total_steps,
                 "warmup_steps": p.warmup_steps,
-                "config": run.cfg.to_dict(),
+                "config": run.record,
             }
         )
 

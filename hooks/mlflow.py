@@ -165,7 +165,7 @@ class MlflowHook(_tracking.TrackerHook):
                 f"the same URI); run {run_id} continues the line (tag vitlarge.lost_run)"
             )
 
-        params = _tracking.flat_params(run.cfg.to_dict())
+        params = _tracking.flat_params(run.record)
         logged = client.get_run(run_id).data.params
         edits = {k: f"{logged[k]} -> {v}" for k, v in params.items() if k in logged and logged[k] != v}
         new = [Param(k, v) for k, v in params.items() if k not in logged]
@@ -176,7 +176,7 @@ class MlflowHook(_tracking.TrackerHook):
             "vitlarge.commit": _tracking.source_commit(),
             "vitlarge.world_size": str(run.world_size),
             "vitlarge.device": run.device,
-            "vitlarge.precision": run.cfg.train.precision,
+            "vitlarge.precision": run.precision,
             "vitlarge.precision_reason": run.precision_why or "set by the config (train.precision)",
             "vitlarge.plugin": run.cfg.train.plugin,
             f"vitlarge.segment.{c.segment.name}": json.dumps(seg)[:7900],

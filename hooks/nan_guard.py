@@ -34,7 +34,7 @@ class NanGuardHook(Hook):
 
     def on_train_start(self, run: RunInfo) -> None:
         self._start_step = run.start_step
-        self._skips_count = run.cfg.train.precision != "fp16"
+        self._skips_count = run.precision != "fp16"
 
     def on_checkpoint(self, run: RunInfo, step: int, path: str) -> None:
         self._checkpoints.append((step, path))

@@ -105,7 +105,7 @@ class WandbHook(_tracking.TrackerHook):
             "commit": _tracking.source_commit(),
             "world_size": run.world_size,
             "device": run.device,
-            "precision": run.cfg.train.precision,
+            "precision": run.precision,
             "precision_reason": run.precision_why or "set by the config (train.precision)",
             "plugin": run.cfg.train.plugin,
             "line": _tracking.line_key(run.line) or "(from scratch)",
@@ -113,7 +113,7 @@ class WandbHook(_tracking.TrackerHook):
         }
         kwargs = dict(
             project=self.project,
-            config={**run.cfg.to_dict(), "vitlarge": vitlarge},
+            config={**run.record, "vitlarge": vitlarge},
             name=Path(run.workdir).name,
             dir=None if os.environ.get("WANDB_DIR") else run.workdir,
             settings=wandb.Settings(console="off") if "WANDB_CONSOLE" not in os.environ else None,

@@ -2,8 +2,8 @@
 
 Contract: the message is a single line that names the file or config key at fault and says how to
 fix it. Entry points (train.py, data_tools, vitlarge.evaluate) print it as ``error: <message>`` and
-exit with status 2, without a traceback: `cli_main` for the tools; train.py has its own guard because
-it also maps exit statuses 3 (NaN guard) and 75 (preempted).
+exit with status 2, without a traceback: `cli_main` for the single-process tools; train.py and vitlarge.evaluate
+share `vitlarge.train.start.exit_status`, which also maps exit statuses 3 (NaN guard) and 75 (preempted).
 """
 
 from __future__ import annotations
@@ -57,18 +57,14 @@ class Preempted(Exception):
         return EXIT_INTERRUPTED if self.interrupted else EXIT_PREEMPTED
 
 
-def cli_main(work: Callable[[], object], *, prints: Callable[[UserError], bool] | None = None) -> int:
-    """The one guard of the command-line tools: runs ``work()``; exit status 0, or ``work()``'s result
-    where that is an int.
-
-    A `UserError` becomes one line ``error: <message>`` on stderr and exit status 2, without a
-    traceback; ``prints(e)`` decides whether this process prints it (default: always; multi-rank tools
-    pass ``vitlarge.distributed.launch.prints_error`` so that an error every rank meets is printed once).
+def cli_main(work: Callable[[], object]) -> int:
+    """The guard of the single-process command-line tools (the data tools, the plot): runs ``work()``; exit
+    status 0, or ``work()``'s result where that is an int. A `UserError` becomes one line ``error: <message>``
+    on stderr and exit status 2, without a traceback. (Commands with several ranks: `vitlarge.train.start.exit_status`.)
     """
     try:
         status = work()
     except UserError as e:
-        if prints is None or prints(e):
-            print(f"error: {e}", file=sys.stderr, flush=True)
+        print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
     return status if isinstance(status, int) else 0

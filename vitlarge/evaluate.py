@@ -52,13 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     from vitlarge.data.manifest import load_manifest
     from vitlarge.data.phased import evaluated_phase
     from vitlarge.data.sources import val_loader
-    from vitlarge.distributed import launch, launcher, quiet, threads
-    from vitlarge.errors import UserError, cli_main
+    from vitlarge.distributed import threads
+    from vitlarge.errors import UserError
     from vitlarge.model.precision import Precision
     from vitlarge.model.vit import build_model
     from vitlarge.plan.plan import evaluation_plan
     from vitlarge.train.evaluation import evaluate
-    from vitlarge.train.settings import apply_determinism, resolve_settings
+    from vitlarge.train.start import exit_status, start
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", required=True)
@@ -71,21 +71,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overrides", dest="override_files", action="append", default=[], metavar="FILE")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     args = p.parse_intermixed_args(argv)
-    env = None
 
-    def work() -> None:
-        nonlocal env
+    def work(env) -> int:
         cfg = load_config(args.config, args.overrides, override_files=args.override_files, data__path=args.data)
         meta = store.read_meta(args.checkpoint) if (Path(args.checkpoint) / "meta.json").is_file() else None
         changed = as_trained(cfg, meta.get("config", {})) if meta else []
-        env = launcher.detect()
-        threads.size_thread_pools()
-        device, backend = launch.choose_device(cfg.train.device, env.local_rank)
-        cfg = resolve_settings(cfg, device, backend).config(cfg)  # precision auto resolved as train.py does
-        apply_determinism(cfg.train.deterministic, device)  # the kernels training's own evaluation ran with
-        with quiet.gloo_connected_lines_dropped():
-            launch.init_distributed(env, backend)
-        model = build_model(cfg, device)
+        # As train.py starts: precision auto resolved, the kernels training's own evaluation ran with.
+        settings = start(cfg, env, threads.size_thread_pools()).settings
+        device = settings.device
+        model = build_model(cfg, device, settings.precision)
         store.load_model_weights(args.checkpoint, model, cfg)
         # The size and preprocessing training evaluated this checkpoint at: its phase's (a FixRes-style
         # last phase evaluates above its training size); an export evaluates as its last phase.
@@ -103,13 +97,14 @@ def main(argv: list[str] | None = None) -> int:
         except UserError:  # no plan on this data (fewer training images than a global batch): the last phase's size
             at = dict(image_size=resolve_phases(cfg)[-1].eval_size)
         val = val_loader(cfg, env.rank, env.world_size, device, **at)
-        metrics = evaluate(model, val, Precision(cfg.train.precision, device))
+        metrics = evaluate(model, val, Precision(settings.precision, device))
         if env.is_main:
             print(json.dumps(metrics))
         dist.destroy_process_group()
+        return 0
 
-    # An error every rank meets is printed once, by rank 0.
-    return cli_main(work, prints=lambda e: launch.prints_error(e, env))
+    # An error every rank meets is printed once, by rank 0 (training's guard: the same lines and statuses).
+    return exit_status(work)
 
 
 def console() -> NoReturn:

@@ -63,8 +63,22 @@ class RunInfo:
     """The line of the checkpoint this run resumed from, as its meta.json named it; not ``line`` after a ``--resume``
     of an older checkpoint, which starts a new line."""
     precision_why: str = ""
-    """Why the run trains in ``cfg.train.precision`` where it was not the recipe's plain choice (``auto``'s pick, a
+    """Why the run trains in ``precision`` where it was not the recipe's plain choice (``auto``'s pick, a
     slow CPU's fp16): `vitlarge.train.settings.Settings.precision_why`."""
+    precision: str = "fp32"
+    """What the run trains in (`vitlarge.train.settings.Settings.precision`: ``train.precision`` resolved; ``cfg``
+    keeps ``auto`` as the recipe wrote it). A RunInfo made without settings (a test's) trains in fp32, eager."""
+    compile: bool = False
+    """Whether the model's forward is compiled (`vitlarge.train.settings.Settings.compile`)."""
+
+    @property
+    def record(self) -> dict:
+        """The config as the run's records show it (metrics.jsonl's start record, the trackers' parameters, each
+        checkpoint's meta.json): ``cfg``'s dict with ``precision`` and compile ``on``/``off`` in place of what the
+        recipe wrote (``auto``). A dict for files; nothing reads a setting back from it."""
+        d = self.cfg.to_dict()
+        d["train"] = {**d["train"], "precision": self.precision, "compile": "on" if self.compile else "off"}
+        return d
 
     @property
     def world_size(self) -> int:

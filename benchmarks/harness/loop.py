@@ -55,8 +55,11 @@ def build_engine(cfg, world_size: int = 1, device="cpu", booster=None):
 def build_parts(cfg, world_size: int = 1, device="cpu", booster=None):
     from vitlarge.plan.plan import make_plan
     from vitlarge.train.assemble import build
+    from vitlarge.train.settings import resolve_settings
 
-    return build(cfg, make_plan(cfg, world_size, cfg.data.num_train_examples), device, booster=booster)
+    return build(
+        cfg, make_plan(cfg, world_size, cfg.data.num_train_examples), resolve_settings(cfg, device), booster=booster
+    )
 
 
 def vitlarge_optimizer(model, cfg):

@@ -22,6 +22,7 @@ from vitlarge.config.load import load_recipe
 from vitlarge.model.vit import build_model
 from vitlarge.plan.plan import make_plan
 from vitlarge.train.assemble import build
+from vitlarge.train.settings import resolve_settings
 
 DEMO = ROOT / "recipes" / "demo_digits.py"
 TINY = "model.kwargs={'patch_size': 4, 'embed_dim': 32, 'depth': 1, 'num_heads': 2}"
@@ -71,7 +72,7 @@ def test_compiled_losses_follow_eager_over_300_steps():
         c = tiny_cfg(compile=mode, global_batch=32, micro_batch=32, epochs=20)
         c.schedule.warmup_epochs = 1
         plan = make_plan(c, 1, 512)
-        parts = build(c, plan, "cpu", booster=PlainBooster())
+        parts = build(c, plan, resolve_settings(c, "cpu"), booster=PlainBooster())
         batches = iter([(images[i : i + 32], labels[i : i + 32]) for _ in range(20) for i in range(0, 512, 32)])
         losses[mode] = [float(parts.engine.step(s, lambda: next(batches)).loss) for s in range(300)]
     eager, compiled = losses["off"], losses["on"]

@@ -20,30 +20,24 @@ from hooks.jsonl import read_metrics
 from tests.helpers import launcher
 from tests.helpers.fsdp import batches, built, recipe
 from tests.helpers.launcher import assert_bitwise_equal, final_weights
-from tests.helpers.runs import metrics_has_step
+from tests.helpers.runs import RECIPE, demo_args, metrics_has_step
 from tests.helpers.spawn import exit_worker, free_port, spawn
 
-RECIPE = "recipes/demo_digits.py"
 STEPS = 20
 RTOL = 1e-5
 
 
 def train_args(data: str, workdir, *extra: str) -> list[str]:
-    return [
-        "--config",
-        RECIPE,
-        "--data",
+    return demo_args(
         data,
-        "--workdir",
-        str(workdir),
-        "train.log_every_steps=1",
+        workdir,
         "train.precision=fp32",
         "train.global_batch=96",
         f"train.max_steps={STEPS}",
         "train.checkpoint_every_steps=8",
         "train.eval_every_epochs=0",
         *extra,
-    ]
+    )
 
 
 @pytest.fixture(scope="module")

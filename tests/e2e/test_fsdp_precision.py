@@ -30,13 +30,14 @@ def built(precision: str, **train):
     from vitlarge.config.load import load_recipe
     from vitlarge.plan.plan import make_plan
     from vitlarge.train.assemble import build
+    from vitlarge.train.settings import resolve_settings
 
     cfg = load_recipe(RECIPE)
     cfg.train.plugin, cfg.train.precision, cfg.train.global_batch = "fsdp", precision, 16 * WORLD
     cfg.augment.mixup_alpha = 0.0  # any batch size; no draw from the global RNGs
     for k, v in train.items():
         setattr(cfg.train, k, v)
-    return build(cfg, make_plan(cfg, WORLD, 1437), "cpu")
+    return build(cfg, make_plan(cfg, WORLD, 1437), resolve_settings(cfg, "cpu"))
 
 
 def batches(rank: int, n: int = 16):
@@ -120,12 +121,13 @@ def _checkpointing(rank: int) -> dict:
         from vitlarge.config.load import load_recipe
         from vitlarge.plan.plan import make_plan
         from vitlarge.train.assemble import build
+        from vitlarge.train.settings import resolve_settings
 
         cfg = load_recipe(RECIPE)
         cfg.train.plugin, cfg.train.precision, cfg.train.global_batch = "fsdp", "fp32", 16 * WORLD
         cfg.model.grad_checkpointing = ckpt
         cfg.augment.mixup_alpha = 0.0
-        parts = build(cfg, make_plan(cfg, WORLD, 1437), "cpu")
+        parts = build(cfg, make_plan(cfg, WORLD, 1437), resolve_settings(cfg, "cpu"))
         assert parts.model.unwrap().grad_checkpointing == ckpt
         grads = {}
 

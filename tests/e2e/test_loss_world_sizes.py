@@ -26,6 +26,7 @@ def _worker(rank: int, world: int, port: int, plugin: str, out: str) -> None:
     from vitlarge.config.load import load_recipe, validate
     from vitlarge.plan.plan import make_plan
     from vitlarge.train.assemble import build
+    from vitlarge.train.settings import resolve_settings
 
     torch.set_num_threads(1)
     init_rank(rank, world, port)
@@ -37,7 +38,7 @@ def _worker(rank: int, world: int, port: int, plugin: str, out: str) -> None:
     cfg.optim.layer_decay = 0.5
     cfg.schedule.warmup_epochs = 0
     validate(cfg)
-    parts = build(cfg, make_plan(cfg, world, 1437), "cpu")
+    parts = build(cfg, make_plan(cfg, world, 1437), resolve_settings(cfg, "cpu"))
     accum = parts.engine.plan.phases[0].accum_steps
     assert accum * world * MICRO == GLOBAL
     g = torch.Generator().manual_seed(3)

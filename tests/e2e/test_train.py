@@ -17,19 +17,14 @@ import pytest
 from hooks.jsonl import read_metrics
 from tests.helpers import launcher
 from tests.helpers.launcher import assert_bitwise_equal, final_weights
-
-RECIPE = "recipes/demo_digits.py"
-
-
-def train_args(data: str, workdir: Path, *extra: str) -> list[str]:
-    return ["--config", RECIPE, "--data", data, "--workdir", str(workdir), "train.log_every_steps=1", *extra]
+from tests.helpers.runs import RECIPE, demo_args
 
 
 @pytest.fixture(scope="module")
 def reference_run(demo_data, tmp_path_factory):
     """Two ranks, 12 uninterrupted optimizer steps (an epoch is 11): the run the others must match."""
     workdir = tmp_path_factory.mktemp("reference")
-    r = launcher.run(train_args(demo_data, workdir, "train.max_steps=12", "train.checkpoint_every_steps=5"), nproc=2)
+    r = launcher.run(demo_args(demo_data, workdir, "train.max_steps=12", "train.checkpoint_every_steps=5"), nproc=2)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return workdir, r
 
@@ -57,7 +52,7 @@ def test_two_rank_run_logs_plan_metrics_and_one_allreduce_per_step(reference_run
 
 
 def test_accumulation_is_derived_from_world_size(demo_data, tmp_path):
-    r = launcher.run(train_args(demo_data, tmp_path, "train.max_steps=1") + ["--dry-run"], launcher="single")
+    r = launcher.run(demo_args(demo_data, tmp_path, "train.max_steps=1") + ["--dry-run"], launcher="single")
     assert r.returncode == 0, r.stderr
     assert "128 = 16 (micro) x 8 (accumulation) x 1 (devices)" in r.stdout
 
@@ -66,7 +61,7 @@ def test_interrupted_mid_epoch_then_resumed_is_bitwise_equal(reference_run, demo
     """Stops after step 7 (mid-epoch) on SIGTERM and resumes: same final weights as the reference."""
     ref_dir, _ = reference_run
     log = tmp_path / "first.log"
-    args = train_args(demo_data, tmp_path, "train.max_steps=12", "train.checkpoint_every_steps=5")
+    args = demo_args(demo_data, tmp_path, "train.max_steps=12", "train.checkpoint_every_steps=5")
     proc = launcher.start(args, nproc=2, launcher="fork", log=log)
     try:
         metrics = tmp_path / "metrics.jsonl"
@@ -175,7 +170,7 @@ def test_bad_input_is_one_clear_line(demo_data, tmp_path, extra, message):
 
 
 def test_world_size_that_does_not_divide_the_batch_fails_before_training(demo_data, tmp_path):
-    r = launcher.run(train_args(demo_data, tmp_path, "train.max_steps=1"), nproc=3, timeout=300)
+    r = launcher.run(demo_args(demo_data, tmp_path, "train.max_steps=1"), nproc=3, timeout=300)
     assert r.returncode != 0
     assert "not divisible by train.micro_batch x world size = 16 x 3 = 48" in r.stderr
     assert not (tmp_path / "checkpoints").exists()
@@ -184,7 +179,7 @@ def test_world_size_that_does_not_divide_the_batch_fails_before_training(demo_da
 def test_checkpoint_of_another_model_is_refused(reference_run, demo_data, tmp_path):
     workdir, _ = reference_run
     r = launcher.run(
-        train_args(
+        demo_args(
             demo_data,
             tmp_path,
             "train.max_steps=1",

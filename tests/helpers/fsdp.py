@@ -22,9 +22,10 @@ def recipe(precision: str, checkpointing: bool = False, **train):
 def built(precision: str, world: int = 1, checkpointing: bool = False, **train):
     from vitlarge.plan.plan import make_plan
     from vitlarge.train.assemble import build
+    from vitlarge.train.settings import resolve_settings
 
     cfg = recipe(precision, checkpointing, **train)
-    return build(cfg, make_plan(cfg, world, 1437), "cpu")
+    return build(cfg, make_plan(cfg, world, 1437), resolve_settings(cfg, "cpu"))
 
 
 def batches(n: int = 16):

@@ -21,21 +21,22 @@ REFERENCE_STEPS = 12  # an epoch is 11 steps at global batch 128: every resumed 
 RESUMED = re.compile(r"resumed from (\S+) at step (\d+)")
 
 
+def demo_args(data: str, workdir: Path, *extra: str) -> list[str]:
+    """train.py's command line for the demo recipe on ``data`` into ``workdir``, a metrics.jsonl record per step;
+    ``extra``: more overrides (or flags), last."""
+    return ["--config", RECIPE, "--data", data, "--workdir", str(workdir), "train.log_every_steps=1", *extra]
+
+
 def train_args(data: str, workdir: Path, *extra: str) -> list[str]:
     """The command line shared by the reference and every run compared with it (only --workdir differs)."""
-    return [
-        "--config",
-        RECIPE,
-        "--data",
+    return demo_args(
         data,
-        "--workdir",
-        str(workdir),
-        "train.log_every_steps=1",
+        workdir,
         f"train.max_steps={REFERENCE_STEPS}",
         "train.checkpoint_every_steps=2",
         "train.keep_checkpoints=3",
         *extra,
-    ]
+    )
 
 
 _reference: dict[str, Path] = {}

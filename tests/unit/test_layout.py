@@ -63,6 +63,40 @@ def test_packages_import_only_downwards(capsys, monkeypatch):
     assert "0 broken" in out
 
 
+def test_the_library_names_no_package_above_it():
+    """vitlarge/ is handed its hooks (train.py, the installed command's `console`): no module of it imports
+    hooks/, data_tools/ or benchmarks/, not even by name through `vitlarge.beside`, which import-linter cannot
+    see. `vitlarge.run.cli.console` is the one entry that looks the standard hooks up (installed, they are
+    ``vitlarge.hooks``)."""
+    import ast
+
+    found = []
+    for path in sorted((ROOT / "vitlarge").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "beside":
+                names = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            for name in names:
+                if name.split(".")[0] in ("hooks", "data_tools", "benchmarks") or name.startswith("vitlarge.hooks"):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} {name}")
+    entry = "vitlarge/run/cli.py"
+    assert [f for f in found if not f.startswith(entry)] == []
+    assert len([f for f in found if f.startswith(entry)]) == 1  # console's lookup, nothing else there
+
+
+def test_the_contracts_cover_the_packages_beside_vitlarge():
+    """hooks/, data_tools/ and benchmarks/ are in the layers contract: benchmarks above the two, they above vitlarge."""
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    layers = [c["layers"] for c in contracts if c["type"] == "layers"]
+    assert ["benchmarks", "hooks | data_tools", "vitlarge"] in layers
+
+
 def test_no_module_imports_itself_through_others():
     """Within a package too: function-level imports count, as they do when they run."""
     graph = grimp.build_graph("vitlarge", "hooks")

@@ -88,6 +88,9 @@ class RunState:
     """This rank's loader position (``rank_NNNNN.pt``'s ``data``), or None."""
     line: str | None = None
     """The line this run's checkpoints belong to (meta.json's ``line``)."""
+    config: dict[str, Any] | None = None
+    """The config as the run's records show it, device-dependent values resolved (meta.json's ``config``;
+    `vitlarge.events.RunInfo.record`); None: the config `store.save` is given, as written."""
 
     def rank_state(self) -> dict[str, Any]:
         """What ``rank_NNNNN.pt`` holds: the rank-local parts' states and the loader position."""

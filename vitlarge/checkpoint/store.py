@@ -112,7 +112,7 @@ def save(workdir: str | Path, state: RunState, cfg: Config, keep: int) -> Path:
             "world_size": world,
             "model": cfg.model.name,
             "param_shapes": param_shapes(state.model),
-            "config": cfg.to_dict(),
+            "config": state.config if state.config is not None else cfg.to_dict(),
             "optimizer_state": with_optimizer,
             "ema": state.ema is not None,
             "line": state.line,

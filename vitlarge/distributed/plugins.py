@@ -19,8 +19,9 @@ DDP_BUCKET_CAP_MB = 25
 """DDP's gradient bucket size: ViT-B/16's 86M fp32 gradients go out in ~14 all-reduces."""
 
 
-def build_plugin(cfg: Config, device):
-    """The plugin for ``cfg.train.plugin``; ``device`` (a ``torch.device``) becomes Colossal-AI's current device.
+def build_plugin(cfg: Config, device, precision: str):
+    """The plugin for ``cfg.train.plugin``; ``device`` (a ``torch.device``) becomes Colossal-AI's current device;
+    ``precision``: the resolved one (`vitlarge.train.settings.Settings.precision`), fsdp's mixed precision.
 
     For CUDA, the index is the one ``launch.choose_device`` made current with ``torch.cuda.set_device``."""
     import torch
@@ -35,4 +36,4 @@ def build_plugin(cfg: Config, device):
         return TorchDDPPlugin(bucket_cap_mb=DDP_BUCKET_CAP_MB, broadcast_buffers=False)
     from vitlarge.distributed.fsdp import FSDPPlugin
 
-    return FSDPPlugin(cfg.train.precision, torch.device(device))
+    return FSDPPlugin(precision, torch.device(device))

@@ -10,9 +10,21 @@ from __future__ import annotations
 import os
 import re
 import sys
+from typing import NamedTuple
 
 from vitlarge.distributed.launcher import int_env
 from vitlarge.errors import UserError
+
+
+class ThreadPools(NamedTuple):
+    """What `size_thread_pools` set: PyTorch's intra-op threads per process, and why (the line rank 0 logs)."""
+
+    count: int
+    why: str
+
+
+NO_THREADS = ThreadPools(0, "")
+"""A process that did not size its pools (a test's, a tool's): nothing to log."""
 
 
 def _slurm_counts(env, key: str) -> list[int]:
@@ -118,13 +130,13 @@ def dali_threads(env, usable_cpus: int) -> tuple[int, str]:
     return cpu_share(env, usable_cpus)
 
 
-def size_thread_pools(env=None) -> tuple[int, str]:
+def size_thread_pools(env=None) -> ThreadPools:
     """Sizes PyTorch's intra-op pool and ``OMP_NUM_THREADS`` by ``thread_budget``; imports no torch, so that
     train.py calls it before torch loads (PyTorch then takes the size from ``OMP_NUM_THREADS``).
 
     Without it every srun task runs a pool as large as the node, and N tasks fight for the cores
     (the issue-16 measurement: 2 srun tasks on 2 cores trained 3x slower than colossalai run, which
-    exports OMP_NUM_THREADS=1). Returns ``thread_budget``'s (threads, why) for the caller to log once
+    exports OMP_NUM_THREADS=1). Returns ``thread_budget``'s threads and why for the caller to log once
     (rank 0), after the config checks, so that bad input stays one line; the budget is also DALI's
     default ``data.num_threads`` (``vitlarge.data.sources``)."""
     env = os.environ if env is None else env
@@ -134,4 +146,4 @@ def size_thread_pools(env=None) -> tuple[int, str]:
     os.environ.setdefault("OMP_NUM_THREADS", str(n))
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(n)
-    return n, why
+    return ThreadPools(n, why)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -31,8 +32,15 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-def choose_precision(name: str, device: torch.device, flags: frozenset[str] | None = None) -> tuple[str, str]:
-    """``(precision, why)``: ``name`` itself unless it is ``auto``, which picks by device.
+class PrecisionChoice(NamedTuple):
+    """`choose_precision`'s answer: the precision and why (the run logs it for ``auto``)."""
+
+    name: str
+    why: str
+
+
+def choose_precision(name: str, device: torch.device, flags: frozenset[str] | None = None) -> PrecisionChoice:
+    """The precision and why: ``name`` itself unless it is ``auto``, which picks by device.
 
     * CUDA: ``bf16`` where the GPU has bf16 tensor cores (compute capability 8.0 and newer: no loss
       scaling needed), else ``fp16`` (with `Precision`'s GradScaler).
@@ -42,21 +50,23 @@ def choose_precision(name: str, device: torch.device, flags: frozenset[str] | No
       47 ms in bf16 (AVX512-BF16) and 31 ms in fp32.
     """
     if name != "auto":
-        return name, "set by the recipe"
+        return PrecisionChoice(name, "set by the recipe")
     if device.type == "cuda":
         # Compute capability 8.0 (Ampere) is where bf16 tensor cores start; pre-Ampere GPUs (V100 7.0,
         # T4 7.5) run bf16 only emulated. The same test as torch.cuda.is_bf16_supported(including_emulation=False).
         major, minor = torch.cuda.get_device_capability(device)
         gpu = f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor})"
         if (major, minor) >= (8, 0):
-            return "bf16", f"{gpu} has bf16 tensor cores: no loss scaling"
-        return "fp16", f"{gpu} has no bf16 tensor cores (8.0 and newer): fp16 with dynamic loss scaling"
+            return PrecisionChoice("bf16", f"{gpu} has bf16 tensor cores: no loss scaling")
+        return PrecisionChoice(
+            "fp16", f"{gpu} has no bf16 tensor cores (8.0 and newer): fp16 with dynamic loss scaling"
+        )
     flags = cpu_flags() if flags is None else flags
     if flags & FAST_FP16:
-        return "fp16", "this CPU has fast fp16 (AVX512-FP16/AMX-FP16)"
+        return PrecisionChoice("fp16", "this CPU has fast fp16 (AVX512-FP16/AMX-FP16)")
     if "amx_bf16" in flags:
-        return "bf16", "this CPU has AMX-BF16"
-    return "fp32", "this CPU has no fp16/bf16 matrix unit, where autocast only adds casts"
+        return PrecisionChoice("bf16", "this CPU has AMX-BF16")
+    return PrecisionChoice("fp32", "this CPU has no fp16/bf16 matrix unit, where autocast only adds casts")
 
 
 FAST_FP16 = frozenset({"avx512_fp16", "amx_fp16"})

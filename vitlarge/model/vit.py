@@ -28,7 +28,10 @@ def model_kwargs(cfg: Config) -> dict:
     )
 
 
-def build_model(cfg: Config, device: torch.device | str = "cpu") -> torch.nn.Module:
+def build_model(cfg: Config, device: torch.device | str = "cpu", precision: str | None = None) -> torch.nn.Module:
+    """``cfg``'s model on ``device``. ``precision``: what the run trains in (`vitlarge.train.settings.Settings`),
+    which picks the attention kernel and the patch convolution on a CPU under fp16; None: a model built for its
+    shapes or weights (a check, an export's reader), taking ``train.precision`` as written (``auto`` not as fp16)."""
     import timm
 
     try:
@@ -44,16 +47,15 @@ def build_model(cfg: Config, device: torch.device | str = "cpu") -> torch.nn.Mod
         _uniform_drop_path(model, cfg.model.drop_path_rate)
     if cfg.model.grad_checkpointing:
         model.set_grad_checkpointing(True)
-    fused = cfg.model.fused_attn == "on" or (
-        cfg.model.fused_attn == "auto" and not (torch.device(device).type == "cpu" and cfg.train.precision == "fp16")
-    )
+    cpu_fp16 = torch.device(device).type == "cpu" and (precision or cfg.train.precision) == "fp16"
+    fused = cfg.model.fused_attn == "on" or (cfg.model.fused_attn == "auto" and not cpu_fp16)
     for module in model.modules():
         if hasattr(module, "fused_attn"):
             module.fused_attn = fused
     if getattr(model, "dynamic_img_size", False) and _plain_pos_embed(model):
         model.__class__ = _deterministic_pos_embed_class(type(model))
     proj = getattr(getattr(model, "patch_embed", None), "proj", None)
-    if torch.device(device).type == "cpu" and cfg.train.precision == "fp16" and type(proj) is torch.nn.Conv2d:
+    if cpu_fp16 and type(proj) is torch.nn.Conv2d:
         proj.__class__ = Fp32Conv2d
     return model
 

@@ -1,11 +1,18 @@
 """The training command: ``python train.py`` in a checkout, ``vitlarge-train`` or ``python -m vitlarge`` where
-vitlarge is installed (usage: train.py's docstring). `main` returns the exit status; `console` leaves with it."""
+vitlarge is installed (usage: train.py's docstring). `main` returns the exit status; `console` leaves with it.
+
+The hooks are handed in: train.py passes hooks/'s `build_hooks`, and `console`, the installed command's entry,
+looks the same function up (installed, hooks/ is ``vitlarge.hooks``); nothing else in vitlarge/ names hooks/."""
 
 from __future__ import annotations
 
 import argparse
 import logging
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from vitlarge.distributed.threads import ThreadPools
+    from vitlarge.run.training import MakeHooks
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -27,6 +34,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--show-config", action="store_true", help="with --dry-run: the resolved config first, as JSON")
     p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        help="with --dry-run: plan for this device (default: the recipe's train.device; auto plans for cuda)",
+    )
+    p.add_argument(
         "--overrides",
         dest="override_files",
         action="append",
@@ -44,63 +56,41 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_intermixed_args(argv)
     if (args.world_size is not None or args.show_config) and not args.dry_run:
         p.error("--world-size and --show-config go with --dry-run")
+    if args.device and not args.dry_run:
+        p.error("--device goes with --dry-run (a run takes train.device)")
     if args.world_size is not None and args.world_size < 1:
         p.error(f"--world-size must be at least 1, got {args.world_size}")
     return args
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None, make_hooks: MakeHooks) -> int:
+    """The command on ``argv`` (None: the command line's), with the hooks ``make_hooks`` makes; the exit status."""
     args = parse_args(argv)
-    from vitlarge.distributed import launch, launcher, quiet, threads
+    from vitlarge.distributed import launch, quiet, threads
     from vitlarge.train import memory
 
     launch.quiet_imports()
     quiet.quiet_checkpoint_writer()
-    from vitlarge.errors import Preempted, UserError
-    from vitlarge.events import StopTraining
+    from vitlarge.train.start import exit_status
 
-    env = None
-    try:
-        env = launcher.detect()
+    def work(env) -> int:
         # Our lines at INFO on the main rank; every other library stays at WARNING (matplotlib's
         # "generated new fontManager" and the like are not the user's business).
         logging.basicConfig(level=logging.WARNING, format="%(message)s")
         logging.getLogger("vitlarge").setLevel(logging.INFO if env.is_main else logging.WARNING)
         pools = threads.size_thread_pools()  # before torch loads: its pool, OpenMP's, DALI's (data.num_threads=0)
         memory.configure_allocator()  # before torch loads too: its CUDA allocator reads the setting once
-        return run(args, env, pools)
-    except UserError as e:
-        launch.tell_launcher(f"error: {e}", 2)  # the launcher's summary repeats the line (torchrun's error file)
-        if launch.report_before_group(e, env):  # once; a rank's own error named by it (and told to the others)
-            launch.say(f"error: {e}")
-        return 2
-    except StopTraining as e:
-        launch.tell_launcher(f"error: {e}", 3)
-        if env is None or env.is_main:
-            launch.say(f"error: {e}")
-        return 3
-    except Preempted as e:
-        launch.tell_launcher(f"vitlarge: {e}", e.exit_status)
-        if env.is_main:
-            launch.say(f"vitlarge: {e}")
-        if e.interrupted and env.local_rank == 0:
-            launcher.release_colossalai_run_after_ctrl_c()
-        return e.exit_status
-    except RuntimeError as e:  # a collective that timed out (or lost its peer): one line per rank, its own status
-        from vitlarge.distributed.timeouts import collective_failure
+        return plan_or_train(args, env, pools, make_hooks)
 
-        failure = collective_failure(e)
-        if failure is None:
-            raise
-        launch.tell_launcher(f"error: {failure.line}", failure.status)
-        launch.say(f"error: {failure.line}")
-        return failure.status
+    return exit_status(work)
 
 
-def run(args, env, threads: tuple[int, str]) -> int:
+def plan_or_train(args, env, threads: ThreadPools, make_hooks: MakeHooks | None = None) -> int:
+    """``--dry-run``: the plan, printed by the main rank; otherwise the training run, built with the hooks
+    ``make_hooks`` makes (a dry run needs none), to its end. The exit status (0; a stop raises)."""
     from vitlarge.config.load import load_config
     from vitlarge.distributed import launch, launcher
-    from vitlarge.run.training import build_run, check_inputs, is_resume
+    from vitlarge.run.training import build_run, init_from_warnings, is_resume
 
     launcher.check_split_arguments(args.overrides)
     cfg = load_config(
@@ -111,13 +101,13 @@ def run(args, env, threads: tuple[int, str]) -> int:
         from vitlarge.run.dry_run import print_plan
         from vitlarge.train.profile import check_window
 
-        warnings = check_inputs(cfg, is_resume(cfg, args.resume), dry_run=True)
+        warnings = init_from_warnings(cfg, is_resume(cfg, args.resume), dry_run=True)
         if env.is_main:
             for line in warnings:
                 launch.say(f"warning: {line}")
             plan = make_plan(cfg, args.world_size or env.world_size)
             check_window(cfg, plan)  # as the run's preflight would
-            print_plan(cfg, plan, show_config=args.show_config)
+            print_plan(cfg, plan, show_config=args.show_config, device=args.device)
         return 0
     if env.is_main:  # what the next 10-20 s of imports and rendezvous are, before the first line of the run's own
         print(
@@ -125,12 +115,14 @@ def run(args, env, threads: tuple[int, str]) -> int:
             "PyTorch and Colossal-AI, then joining the process group (10-20 s)",
             flush=True,
         )
-    return build_run(cfg, env, resume=args.resume, threads=threads).fit()
+    assert make_hooks is not None, "a training run is handed its hooks"
+    return build_run(cfg, env, make_hooks, resume=args.resume, threads=threads).fit()
 
 
 def console() -> NoReturn:
-    """The ``vitlarge-train`` command: `main`, left by ``os._exit`` once a process group was up (the status must
-    not depend on gloo's teardown)."""
+    """The ``vitlarge-train`` command: `main` with the standard hooks, left by ``os._exit`` once a process group
+    was up (the status must not depend on gloo's teardown)."""
+    from vitlarge import beside
     from vitlarge.distributed.launch import main_then_leave
 
-    main_then_leave(main)
+    main_then_leave(lambda: main(None, beside("hooks").build_hooks))

@@ -1,4 +1,6 @@
-"""``--dry-run``: the resolved config and what it will do, computed without data or a process group."""
+"""``--dry-run``: the resolved config and what it will do, computed without data or a process group, for the
+device it plans for (`vitlarge.train.settings.plan_settings`: its precision and fsdp's accumulation as a run there
+resolves them)."""
 
 from __future__ import annotations
 
@@ -7,21 +9,32 @@ import json
 from vitlarge.config.schema import Config
 from vitlarge.model.vit import describe_model, memory_estimate
 from vitlarge.plan.plan import Plan
+from vitlarge.train.settings import Settings
 
 
 def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
-def _no_sync(cfg: Config, accum_steps: int) -> bool:
-    """Whether fsdp keeps whole gradients between micro-steps (``train.fsdp_accumulation``, see vitlarge/train/engine.py)."""
-    from vitlarge.train.engine import fsdp_reduce_every_micro_step
+def _no_sync(cfg: Config, settings: Settings, accum_steps: int) -> bool:
+    """Whether fsdp keeps whole gradients between micro-steps (``train.fsdp_accumulation`` resolved, `Settings`)."""
+    return cfg.train.plugin == "fsdp" and accum_steps > 1 and not settings.fsdp_reduce_every_micro_step
 
-    return (
-        cfg.train.plugin == "fsdp"
-        and accum_steps > 1
-        and not fsdp_reduce_every_micro_step(cfg.train.fsdp_accumulation, cfg.train.precision)
-    )
+
+def plan_device(cfg: Config, requested: str | None) -> tuple[str, str]:
+    """The device ``--dry-run`` plans for, and what chose it: ``--device``, else the recipe's ``train.device``,
+    where ``auto`` plans for CUDA (the GPUs a launch takes; a CPU machine plans a GPU run)."""
+    if requested:
+        return requested, "--device"
+    if cfg.train.device == "auto":
+        return "cuda", "train.device=auto: the GPUs a launch takes; --device cpu plans for the CPU"
+    return cfg.train.device, f"train.device={cfg.train.device}"
+
+
+def device_line(settings: Settings, chosen_by: str) -> str:
+    """The plan's line naming the device it is for and the precision a run there trains in."""
+    why = f" ({settings.precision_why})" if settings.precision_why else ""
+    return f"  device {settings.device.type} ({chosen_by}), precision {settings.precision}{why}"
 
 
 OPTIMIZER_NAMES = {"lamb": "LAMB", "adamw": "AdamW"}
@@ -91,10 +104,10 @@ def gpu_overheads(cfg: Config, plan: Plan) -> list[tuple[str, float, str]]:
     return out
 
 
-def print_gpu_overheads(cfg: Config, plan: Plan, estimate: float) -> None:
+def print_gpu_overheads(cfg: Config, plan: Plan, settings: Settings, estimate: float) -> None:
     """The lines that add `gpu_overheads` to ``estimate`` (bytes per device) and say they are constants; none
-    for a run that asks for the CPU (``train.device=cpu``)."""
-    if cfg.train.device == "cpu":
+    for a plan on the CPU (``train.device=cpu``, ``--device cpu``)."""
+    if settings.device.type == "cpu":
         return
     extra = gpu_overheads(cfg, plan)
     parts = ", ".join(f"{what} {_gib(n)}" for what, n, _ in extra)
@@ -106,9 +119,15 @@ def print_gpu_overheads(cfg: Config, plan: Plan, estimate: float) -> None:
         print(f"    {what}: {source}")
 
 
-def print_plan(cfg: Config, plan: Plan, show_config: bool = False) -> None:
-    """The plan for ``plan.world_size`` processes (``--world-size`` may name more than are running);
-    ``show_config``: the resolved config first, as JSON (``--show-config``)."""
+def print_plan(cfg: Config, plan: Plan, show_config: bool = False, device: str | None = None) -> None:
+    """The plan for ``plan.world_size`` processes (``--world-size`` may name more than are running) on the
+    device `plan_device` picks (``device``: ``--device``), with the settings a run there resolves
+    (`vitlarge.train.settings.plan_settings`); ``show_config``: the resolved config first, as JSON
+    (``--show-config``)."""
+    from vitlarge.train.settings import plan_settings
+
+    device, chosen_by = plan_device(cfg, device)
+    settings = plan_settings(cfg, device)
     if show_config:
         print("resolved config:")
         print(json.dumps(cfg.to_dict(), indent=2))
@@ -117,16 +136,17 @@ def print_plan(cfg: Config, plan: Plan, show_config: bool = False) -> None:
     mem = memory_estimate(
         info,
         first.micro_batch,
-        cfg.train.precision,
+        settings.precision,
         cfg.model.grad_checkpointing,
         cfg.train.plugin == "fsdp",
         plan.world_size,
-        _no_sync(cfg, first.accum_steps),
+        _no_sync(cfg, settings, first.accum_steps),
         ema=cfg.train.ema_decay > 0,
     )
     train_flops = 3 * info["fwd_flops"]  # backward costs about twice the forward
     print("plan:")
     print(f"  {plan.describe()}")
+    print(device_line(settings, chosen_by))
     where = "made on the device, no files" if cfg.data.source == "synthetic" else cfg.data.path
     print(f"  data {cfg.data.source} ({where}), {cfg.data.image_size} px, {cfg.data.num_classes} classes")
     print(
@@ -146,7 +166,7 @@ def print_plan(cfg: Config, plan: Plan, show_config: bool = False) -> None:
             + (f"EMA {_gib(mem['ema'])}, " if mem["ema"] else "")
             + f"activations {_gib(mem['activations'])}, total {_gib(mem['total'])}"
         )
-        print_gpu_overheads(cfg, plan, mem["total"])
+        print_gpu_overheads(cfg, plan, settings, mem["total"])
     every = cfg.train.checkpoint_every_steps
     evals = f"every {plan.eval_every_steps} steps" if plan.eval_every_steps else "at the end only"
     print(
@@ -154,10 +174,10 @@ def print_plan(cfg: Config, plan: Plan, show_config: bool = False) -> None:
         f"{f'every {every} steps' if every else 'at the end only'} into {cfg.workdir}/checkpoints"
     )
     if cfg.train.phases:
-        print_phases(cfg, plan)
+        print_phases(cfg, plan, settings)
 
 
-def print_phases(cfg: Config, plan: Plan) -> None:
+def print_phases(cfg: Config, plan: Plan, settings: Settings) -> None:
     """The phase table: epochs, size, batch = micro x accum x devices, steps, lr range, FLOPs and memory."""
     from vitlarge.plan.phases import phase_config
 
@@ -173,11 +193,11 @@ def print_phases(cfg: Config, plan: Plan) -> None:
         mem = memory_estimate(
             info,
             ph.micro_batch,
-            cfg.train.precision,
+            settings.precision,
             cfg.model.grad_checkpointing,
             cfg.train.plugin == "fsdp",
             plan.world_size,
-            _no_sync(cfg, ph.accum_steps),
+            _no_sync(cfg, settings, ph.accum_steps),
             ema=cfg.train.ema_decay > 0,
         )
         largest = max(largest, mem["total"])
@@ -195,4 +215,4 @@ def print_phases(cfg: Config, plan: Plan) -> None:
         f"  total {total:.3g} FLOPs = {total / fixed:.1%} of the same images at {cfg.data.image_size} px "
         f"({fixed:.3g} FLOPs)"
     )
-    print_gpu_overheads(cfg, plan, largest)
+    print_gpu_overheads(cfg, plan, settings, largest)

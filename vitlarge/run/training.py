@@ -1,26 +1,35 @@
 """A training run from a loaded config: every step from the checks to the export, in order.
 
-`build_run` resolves the device settings once (`vitlarge.train.settings`), joins the process group,
+`build_run` starts the process as `vitlarge.evaluate` does (`vitlarge.train.start.start`: the device settings,
+resolved once, determinism, the process group),
 checks the inputs on every rank (data, workdir, ``--resume``, ``model.init_from``: `preflight`, agreed
 by all ranks so one rank's missing path stops them all in seconds), builds the
 parts (`vitlarge.train.assemble.build`), seeds, resumes (`vitlarge.checkpoint.resume`: rank 0 picks
-the checkpoint, `LoadedCheckpoint` says what of it this run can use) and makes the phase loaders and hooks.
-`TrainingRun.fit` trains, evaluates, checkpoints and exports. train.py is these two calls.
+the checkpoint, `LoadedCheckpoint` says what of it this run can use), makes the phase loaders and the hooks the
+caller hands in (train.py: hooks/'s `build_hooks`; the library imports no observer). `TrainingRun.fit` trains,
+evaluates, checkpoints and exports. train.py is these two calls.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from vitlarge.config.schema import Config
 from vitlarge.distributed.launcher import DistEnv
+from vitlarge.distributed.threads import NO_THREADS, ThreadPools
 from vitlarge.errors import UserError
+from vitlarge.events import Hook
 from vitlarge.plan.plan import Plan
 
 log = logging.getLogger("vitlarge")
+
+MakeHooks = Callable[..., list[Hook]]
+"""What a run's hooks are made by, called as ``make_hooks(workdir, log_every=, nan_patience=, mlflow=, wandb=)``
+(hooks/'s `build_hooks`): the same list on every rank."""
 
 
 @dataclass
@@ -28,7 +37,7 @@ class TrainingRun:
     """A built run on this rank: ``fit`` trains it to the end (or a stop) and exports the model."""
 
     cfg: Config
-    """The recipe's config with its device-dependent ``auto`` values resolved (`Settings.config`)."""
+    """The recipe's config as written (its ``auto`` values stay: what they resolved to is in ``parts.settings``)."""
     plan: Plan
     env: DistEnv
     parts: object  # vitlarge.train.assemble.Parts
@@ -92,9 +101,9 @@ def is_resume(cfg: Config, resume: str | None) -> bool:
     return bool(resume) or bool(list_checkpoints(cfg.workdir))
 
 
-def check_inputs(cfg: Config, resuming: bool, dry_run: bool = False) -> list[str]:
-    """What can fail before any data is read: a fine-tuning source of another architecture or patch
-    size. A resume takes its weights from the checkpoint: ``model.init_from`` is neither checked nor
+def init_from_warnings(cfg: Config, resuming: bool, dry_run: bool = False) -> list[str]:
+    """Raises for what can fail before any data is read (one `UserError`): a fine-tuning source of another
+    architecture or patch size. A resume takes its weights from the checkpoint: ``model.init_from`` is neither checked nor
     read then (the pretrained file may be gone from scratch space by then). Returns the warnings of a
     ``dry_run``, which plans a fine-tuning before its ``model.init_from`` exists (the pretraining's export)."""
     if not cfg.model.init_from or resuming:
@@ -120,7 +129,7 @@ def preflight(cfg: Config, env: DistEnv, resuming: bool):
     from vitlarge.plan.plan import make_plan
     from vitlarge.train.profile import check_window
 
-    check_inputs(cfg, resuming)
+    init_from_warnings(cfg, resuming)  # raises; a run has no warnings to print here
     manifest = checked_manifest(cfg)
     plan = make_plan(cfg, env.world_size, manifest.num_examples("train"))
     check_window(cfg, plan)
@@ -139,35 +148,33 @@ def data_digest(manifest) -> str:
     return f"{counts} images, shard list {hashlib.sha256(repr(shards).encode()).hexdigest()[:12]}"
 
 
-def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tuple[int, str] = (0, "")) -> TrainingRun:
+def build_run(
+    cfg: Config, env: DistEnv, make_hooks: MakeHooks, resume: str | None = None, threads: ThreadPools = NO_THREADS
+) -> TrainingRun:
     """Everything before the first step (see the module docstring); ``resume``: a ``--resume`` path."""
-    from vitlarge import beside
     from vitlarge.checkpoint import resume as resume_from
     from vitlarge.checkpoint import store
     from vitlarge.data.phased import PhasedLoaders
     from vitlarge.distributed import launch
     from vitlarge.distributed.collective import agree, check_same, rank0_decides
-    from vitlarge.distributed.quiet import gloo_connected_lines_dropped
     from vitlarge.events import RunInfo
     from vitlarge.plan.phases import rng_seed
     from vitlarge.train.assemble import build
     from vitlarge.train.memory import gpu_start_line
-    from vitlarge.train.settings import apply_determinism, resolve_settings
+    from vitlarge.train.start import start
     from vitlarge.train.trainer import Trainer
 
-    device, backend = launch.choose_device(cfg.train.device, env.local_rank)
-    settings = resolve_settings(cfg, device, backend, threads)
-    if gpu_line := gpu_start_line(device, env.rank):  # every rank's own GPU, before the rendezvous
-        launch.say(gpu_line)
-    determinism = apply_determinism(cfg.train.deterministic, device)  # before any CUDA kernel (cuBLAS reads it once)
-    cfg = settings.config(cfg)  # before anything reads it: model, engine, checkpoints
-    import colossalai.booster  # noqa: F401 (~10 s: before the rendezvous, whose timeout the user sets)
+    def before_group(settings) -> None:
+        if gpu_line := gpu_start_line(settings.device, env.rank):  # every rank's own GPU, before the rendezvous
+            launch.say(gpu_line)
+        import colossalai.booster  # noqa: F401 (~10 s: before the rendezvous, whose timeout the user sets)
 
     # The process group first: a check that fails on one rank (a data path or mount missing on one
-    # node) then stops every rank within a collective, printed by the rank that met it.
-    with gloo_connected_lines_dropped():  # gloo's "[Gloo] Rank r is connected to ..." on every rank
-        # Until step 1 (then `Trainer` lowers it): the rendezvous, compile, the first DALI fill, a resume's read.
-        launch.init_distributed(env, backend, collective_timeout_s=cfg.train.init_timeout_s)
+    # node) then stops every rank within a collective, printed by the rank that met it. Its collectives wait
+    # train.init_timeout_s until step 1 (then `Trainer` lowers it): the rendezvous, compile, the first DALI
+    # fill, a resume's read.
+    started = start(cfg, env, threads, before_group=before_group, collective_timeout_s=cfg.train.init_timeout_s)
+    settings, device = started.settings, started.settings.device
     resuming = rank0_decides(lambda: is_resume(cfg, resume))  # one view of the checkpoint folder
     workdir = Path(cfg.workdir)
     manifest, plan = agree(lambda: preflight(cfg, env, resuming))
@@ -175,7 +182,7 @@ def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tup
     # auto settings are resolved per node: a node without a compiler (compile auto -> off) or with another GPU
     # generation (precision auto) would train differently from the others, and only rank 0's line is printed.
     check_same(
-        f"train.precision={cfg.train.precision}, train.compile={cfg.train.compile}",
+        f"train.precision={settings.precision}, train.compile={'on' if settings.compile else 'off'}",
         "settings (train.precision / train.compile auto, resolved on each node)",
         "give every node the same GPUs and toolchain, or set train.precision and train.compile explicitly",
     )
@@ -186,9 +193,9 @@ def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tup
     if resume:  # a missing --resume path fails before any work, unless its line continues here (rank 0's view)
         rank0_decides(lambda: resume_from.check_requested(cfg.workdir, resume))
     if env.is_main:
-        for line in [*settings.lines(), determinism]:
-            if line:
-                log.info(line)
+        for message in [*settings.lines(), started.determinism]:
+            if message:
+                log.info(message)
         if cfg.data.source == "synthetic":  # images/s then measure the model and the loop, not the input pipeline
             log.info(
                 f"data: synthetic, made on the device ({plan.num_train_examples} images per epoch, "
@@ -196,7 +203,7 @@ def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tup
             )
 
     # Identical initial weights on every rank (build seeds), then per-rank randomness.
-    parts = build(cfg, plan, device, init_from=not resuming, settings=settings)
+    parts = build(cfg, plan, settings, init_from=not resuming)
     seed_rngs(rng_seed(cfg.train.seed, env.rank))
 
     # Rank 0 picks a verified checkpoint for all ranks; then weights, optimizer, scaler, RNG and step,
@@ -236,8 +243,10 @@ def build_run(cfg: Config, env: DistEnv, resume: str | None = None, threads: tup
         line=line,
         resumed_line=resumed_line,
         precision_why=settings.precision_why,
+        precision=settings.precision,
+        compile=settings.compile,
     )
-    hooks = beside("hooks").build_hooks(
+    hooks = make_hooks(
         str(workdir),
         log_every=cfg.train.log_every_steps,
         nan_patience=cfg.train.nan_patience,

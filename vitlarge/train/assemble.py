@@ -3,9 +3,9 @@
 train.py, the benchmarks and the tests call `build`, so a benchmark measures exactly what users run.
 The rules of how the parts combine live here and nowhere else:
 
-* ``train.precision: auto`` and ``train.compile: auto`` are resolved by device once
-  (`vitlarge.train.settings.resolve_settings`) and the parts are built from the resolved copy of the config
-  (`Parts.cfg`): the model's fused attention, the engine and the checkpoints read it.
+* ``train.precision: auto`` and ``train.compile: auto`` are resolved by device once, by the caller
+  (`vitlarge.train.settings.resolve_settings`), and handed in: the model's fused attention, the plugin, the
+  loss scaler and the engine take the `Settings`' choices; the config is not rewritten.
 * The model is built with the same seed on every rank (identical initial weights); fused attention
   follows ``model.fused_attn`` and the resolved precision (`vitlarge.model.vit.build_model`).
 * The optimizer's parameter groups (no weight decay and no trust ratio for biases, norms, position
@@ -34,7 +34,7 @@ from vitlarge.config.schema import Config
 from vitlarge.model.precision import Precision
 from vitlarge.plan.plan import Plan
 from vitlarge.train.engine import Engine
-from vitlarge.train.settings import Settings, resolve_settings
+from vitlarge.train.settings import Settings
 
 
 @dataclass
@@ -47,8 +47,9 @@ class Parts:
     precision: Precision
     engine: Engine
     cfg: Config
-    """The config the parts were built from: the recipe's, its ``auto`` values resolved."""
+    """The config the parts were built from, as the recipe wrote it."""
     settings: Settings
+    """What they were built for: device, precision, compile (`vitlarge.train.settings`)."""
 
 
 def recompile_limit(plan: Plan) -> int:
@@ -82,29 +83,20 @@ def compile_model(model: torch.nn.Module, plan: Plan) -> None:
     model.compile(dynamic=False)
 
 
-def build(
-    cfg: Config,
-    plan: Plan,
-    device: torch.device | str,
-    booster=None,
-    init_from: bool = True,
-    settings: Settings | None = None,
-) -> Parts:
-    """Model, optimizer, Booster, precision and engine for ``cfg`` on ``device`` (precision resolved).
+def build(cfg: Config, plan: Plan, settings: Settings, booster=None, init_from: bool = True) -> Parts:
+    """Model, optimizer, Booster, precision and engine for ``cfg`` with ``settings`` (what the caller resolved
+    for its device, `vitlarge.train.settings.resolve_settings`: train.py logs it first).
 
     ``booster``: None makes Colossal-AI's ``Booster`` with the recipe's plugin; anything else must
     offer what the engine uses (``boost(model, optimizer)``, ``no_sync``, ``backward``).
-    ``init_from=False`` skips ``model.init_from`` (a resume: the checkpoint's weights replace them).
-    ``settings``: what the caller resolved for ``device`` (train.py logs it first); None resolves here.
-    ``cfg`` is not changed: the parts read ``Parts.cfg``, its resolved copy."""
+    ``init_from=False`` skips ``model.init_from`` (a resume: the checkpoint's weights replace them)."""
     from vitlarge.distributed.plugins import build_plugin
     from vitlarge.model.vit import build_model
     from vitlarge.optim.lamb import build_optimizer
 
-    settings = settings or resolve_settings(cfg, device)
-    cfg, device = settings.config(cfg), settings.device  # the model's attention and patch conv read precision
+    device = settings.device
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
-    model = build_model(cfg, device)
+    model = build_model(cfg, device, settings.precision)  # its attention and patch conv follow the precision
     if cfg.model.init_from and init_from:  # fine-tuning: pretrained weights, before the optimizer sees them
         from vitlarge.checkpoint.init_from import load_into
 
@@ -127,10 +119,10 @@ def build(
     if booster is None:
         from colossalai.booster import Booster
 
-        booster = Booster(plugin=build_plugin(cfg, device))
+        booster = Booster(plugin=build_plugin(cfg, device, settings.precision))
     model, optimizer, *_ = booster.boost(model, optimizer)
     precision = Precision(
-        cfg.train.precision,
+        settings.precision,
         device,
         cfg.train.init_loss_scale,
         cfg.train.loss_scale_growth_interval,
@@ -142,5 +134,5 @@ def build(
         from vitlarge.model.ema import ModelEma
 
         ema = ModelEma(inner(model), cfg.train.ema_decay, cfg.train.ema_warmup)
-    engine = Engine(cfg, plan, booster, model, optimizer, precision, ema=ema)
+    engine = Engine(cfg, plan, booster, model, optimizer, precision, settings, ema=ema)
     return Parts(model, optimizer, booster, precision, engine, cfg, settings)

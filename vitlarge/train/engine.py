@@ -30,6 +30,7 @@ from vitlarge.config.schema import Config
 from vitlarge.model.ema import ModelEma
 from vitlarge.model.precision import Precision
 from vitlarge.plan.plan import Plan
+from vitlarge.train.settings import Settings
 
 
 class CommCounter:
@@ -105,15 +106,6 @@ def augment_batch(images: torch.Tensor, labels: torch.Tensor, mixup, erase) -> t
     return images, labels
 
 
-def fsdp_reduce_every_micro_step(mode: str, precision: str) -> bool:
-    """``train.fsdp_accumulation`` resolved: ``reduce_scatter`` reduces every micro-step into this rank's fp32
-    gradient shard; ``no_sync`` keeps the unsharded gradient between micro-steps (FSDP2 accumulates it in
-    ``reduce_dtype``, fp32, also under bf16/fp16: the whole fp32 gradient on every rank) and reduces once per
-    optimizer step. ``auto``: ``reduce_scatter`` under bf16/fp16 (the large recipes, where the unsharded fp32
-    gradient is what does not fit), ``no_sync`` under fp32 (``precision`` resolved first: vitlarge/train/settings.py)."""
-    return mode == "reduce_scatter" or (mode == "auto" and precision != "fp32")
-
-
 @dataclass(frozen=True)
 class StepResult:
     """What one optimizer step did. ``loss`` stays on the device (reading it waits for the step)."""
@@ -133,9 +125,17 @@ class Engine:
     checkpoints go: it offers its state (`state`) and the checkpoint store saves and restores it."""
 
     def __init__(
-        self, cfg: Config, plan: Plan, booster, model, optimizer, precision: Precision, ema: ModelEma | None = None
+        self,
+        cfg: Config,
+        plan: Plan,
+        booster,
+        model,
+        optimizer,
+        precision: Precision,
+        settings: Settings,
+        ema: ModelEma | None = None,
     ):
-        self.cfg, self.plan = cfg, plan
+        self.cfg, self.plan, self.settings = cfg, plan, settings
         self.ema = ema  # train.ema_decay: the average of the boosted model (vitlarge.train.assemble.build)
         self.booster, self.model, self.optimizer = booster, model, optimizer
         self.precision = precision
@@ -152,14 +152,17 @@ class Engine:
             ddp.register_comm_hook(self.comm, CommCounter.hook)
         # FSDP2: each rank holds a piece of every gradient (DTensors); the global norm sums them over the ranks.
         self.fsdp = isinstance(ddp, FSDPModule)
-        self.reduce_every_micro_step = self.fsdp and fsdp_reduce_every_micro_step(
-            cfg.train.fsdp_accumulation, cfg.train.precision
-        )
+        self.reduce_every_micro_step = self.fsdp and settings.fsdp_reduce_every_micro_step
 
-    def state(self, step: int = 0, data: str | None = None, line: str | None = None) -> RunState:
+    def state(
+        self, step: int = 0, data: str | None = None, line: str | None = None, config: dict | None = None
+    ) -> RunState:
         """The run's state on this rank: the engine's parts (model, optimizer, loss scaler, EMA), this process's
-        RNGs and the values a checkpoint records beside them (``step``, the loader position ``data``, the ``line``)."""
-        return RunState(self.model, self.optimizer, self.precision.scaler, self.ema, step=step, data=data, line=line)
+        RNGs and the values a checkpoint records beside them (``step``, the loader position ``data``, the ``line``,
+        the resolved ``config`` record)."""
+        return RunState(
+            self.model, self.optimizer, self.precision.scaler, self.ema, step=step, data=data, line=line, config=config
+        )
 
     @property
     def torch_optimizer(self) -> torch.optim.Optimizer:

@@ -2,20 +2,21 @@
 
 ``train.precision: auto`` and ``train.compile: auto`` depend on the device; the device, its backend and
 the thread counts depend on the launcher and the machine. `resolve_settings` decides all of them at start, with
-the reason for each, and `Settings.config` gives the copy of the recipe's config that the run's parts
-read (its ``auto`` values replaced). The recipe's own object is left as the user wrote it.
+the reason for each, and the parts that depend on them take the `Settings` (or the one value of it they need):
+the config stays as the user wrote it, and nothing reads a device-dependent choice from it.
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from vitlarge.config.schema import Config
+from vitlarge.distributed.threads import NO_THREADS, ThreadPools
 from vitlarge.errors import UserError
-from vitlarge.model.precision import choose_precision, cpu_fp16_warning
+from vitlarge.model.precision import PrecisionChoice, choose_precision, cpu_fp16_warning
 
 
 @dataclass(frozen=True)
@@ -29,16 +30,10 @@ class Settings:
     compile: bool
     compile_why: str
     fsdp_reduce_every_micro_step: bool
-    """``train.fsdp_accumulation`` resolved (vitlarge/train/engine.py, `fsdp_reduce_every_micro_step`)."""
+    """``train.fsdp_accumulation`` resolved with the precision (`fsdp_reduce_every_micro_step`): what the engine
+    and the dry run's memory estimate read."""
     threads: int
     threads_why: str
-
-    def config(self, cfg: Config) -> Config:
-        """A copy of ``cfg`` with the resolved precision and compile setting in place of ``auto``."""
-        c = copy.deepcopy(cfg)
-        c.train.precision = self.precision
-        c.train.compile = "on" if self.compile else "off"
-        return c
 
     def lines(self) -> list[str]:
         """What the run logs about its choices: auto values, and a recipe's fp16 on a CPU that emulates it."""
@@ -46,7 +41,14 @@ class Settings:
         return out + [self.precision_why] if self.precision_why else out
 
 
-def compile_choice(requested: str, device: torch.device) -> tuple[bool, str]:
+class CompileChoice(NamedTuple):
+    """`compile_choice`'s answer: whether the forward is compiled, and why (the line `build` logs)."""
+
+    on: bool
+    why: str
+
+
+def compile_choice(requested: str, device: torch.device) -> CompileChoice:
     """``train.compile``: ``on``/``off`` as given; ``auto`` is on with CUDA, off on CPU.
 
     CPU is off because there it does not pay: on 2 cores of an AMD EPYC (AVX2, shared) a compiled
@@ -60,20 +62,23 @@ def compile_choice(requested: str, device: torch.device) -> tuple[bool, str]:
     exists: a rank whose node alone lacks it names itself and stops the others
     (`vitlarge.distributed.launch.report_before_group`)."""
     if requested == "off":
-        return False, "compile off: set by the recipe"
+        return CompileChoice(False, "compile off: set by the recipe")
     if requested == "auto" and device.type != "cuda":
-        return False, (
-            "compile auto -> off: CPU: measured slower than eager (ViT-S/16: 0.8x), and compiling takes minutes "
-            "(docs/PERFORMANCE.md)"
+        return CompileChoice(
+            False,
+            (
+                "compile auto -> off: CPU: measured slower than eager (ViT-S/16: 0.8x), and compiling takes minutes "
+                "(docs/PERFORMANCE.md)"
+            ),
         )
     missing = missing_toolchain(device)
     if missing and requested == "on":
         raise UserError(f"train.compile=on, but {missing}, or set train.compile=off to train eager")
     if missing:
-        return False, f"compile auto -> off: {missing}, so eager"
+        return CompileChoice(False, f"compile auto -> off: {missing}, so eager")
     if requested == "on":
-        return True, "compile on: set by the recipe"
-    return True, "compile auto -> on: CUDA: Inductor fuses the elementwise work between the matmuls"
+        return CompileChoice(True, "compile on: set by the recipe")
+    return CompileChoice(True, "compile auto -> on: CUDA: Inductor fuses the elementwise work between the matmuls")
 
 
 def missing_toolchain(device: torch.device) -> str:
@@ -205,25 +210,64 @@ def explain_nondeterministic(e: RuntimeError) -> str | None:
     )
 
 
+def fsdp_reduce_every_micro_step(mode: str, precision: str) -> bool:
+    """``train.fsdp_accumulation`` resolved: ``reduce_scatter`` reduces every micro-step into this rank's fp32
+    gradient shard; ``no_sync`` keeps the unsharded gradient between micro-steps (FSDP2 accumulates it in
+    ``reduce_dtype``, fp32, also under bf16/fp16: the whole fp32 gradient on every rank) and reduces once per
+    optimizer step. ``auto``: ``reduce_scatter`` under bf16/fp16 (the large recipes, where the unsharded fp32
+    gradient is what does not fit), ``no_sync`` under fp32 (``precision`` resolved first). Read by the engine (vitlarge/train/engine.py) from `Settings`."""
+    return mode == "reduce_scatter" or (mode == "auto" and precision != "fp32")
+
+
 def resolve_settings(
-    cfg: Config, device: torch.device | str, backend: str = "", threads: tuple[int, str] = (0, "")
+    cfg: Config, device: torch.device | str, backend: str = "", threads: ThreadPools = NO_THREADS
 ) -> Settings:
     """Every device-dependent setting of ``cfg`` on ``device``, decided once."""
-    from vitlarge.train.engine import fsdp_reduce_every_micro_step
-
     device = torch.device(device)
-    precision, why = choose_precision(cfg.train.precision, device)
-    compile_on, compile_why = compile_choice(cfg.train.compile, device)
+    precision = choose_precision(cfg.train.precision, device)
+    return _settings(cfg, device, backend, precision, compile_choice(cfg.train.compile, device), threads)
+
+
+PLANNED_GPU = PrecisionChoice(
+    "bf16",
+    "assumed a GPU with bf16 tensor cores (compute capability 8.0+: A100, H100, H200); none is visible here",
+)
+"""``--dry-run``'s ``auto`` precision for CUDA where no GPU is visible (a login node): what the recipes' GPUs give."""
+
+
+def plan_settings(cfg: Config, device: str) -> Settings:
+    """What `resolve_settings` decides on ``device`` (``cpu`` or ``cuda``), for ``--dry-run``, which plans without
+    starting anything and may plan for CUDA on a machine without a GPU: ``auto`` precision then takes
+    `PLANNED_GPU`'s bf16 and says so. The compile toolchain is not checked (a plan compiles nothing; the run
+    checks it at start): ``compile`` is what the setting asks for on ``device``."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and cfg.train.precision == "auto" and not torch.cuda.is_available():
+        precision = PLANNED_GPU
+    else:
+        precision = choose_precision(cfg.train.precision, dev)
+    compile_on = cfg.train.compile == "on" or (cfg.train.compile == "auto" and dev.type == "cuda")
+    backend = "nccl" if dev.type == "cuda" else "gloo"
+    return _settings(cfg, dev, backend, precision, CompileChoice(compile_on, "not checked by --dry-run"), NO_THREADS)
+
+
+def _settings(
+    cfg: Config,
+    device: torch.device,
+    backend: str,
+    precision: PrecisionChoice,
+    compiled: CompileChoice,
+    threads: ThreadPools,
+) -> Settings:
     return Settings(
         device=device,
         backend=backend,
-        precision=precision,
-        precision_why=f"precision auto -> {precision}: {why}"
+        precision=precision.name,
+        precision_why=f"precision auto -> {precision.name}: {precision.why}"
         if cfg.train.precision == "auto"
-        else cpu_fp16_warning(precision, device),
-        compile=compile_on,
-        compile_why=compile_why,
-        fsdp_reduce_every_micro_step=fsdp_reduce_every_micro_step(cfg.train.fsdp_accumulation, precision),
-        threads=threads[0],
-        threads_why=threads[1],
+        else cpu_fp16_warning(precision.name, device),
+        compile=compiled.on,
+        compile_why=compiled.why,
+        fsdp_reduce_every_micro_step=fsdp_reduce_every_micro_step(cfg.train.fsdp_accumulation, precision.name),
+        threads=threads.count,
+        threads_why=threads.why,
     )

@@ -45,7 +45,7 @@ class Trainer:
         engine: Engine,
         loaders: PhasedLoaders,
         hooks: list[Hook],
-        run: RunInfo,
+        info: RunInfo,
         start_step: int = 0,
         line: str | None = None,
     ):
@@ -55,8 +55,8 @@ class Trainer:
         self.cfg, self.plan, self.engine = cfg, plan, engine
         self.loaders = loaders
         self.train_loader = self.val_loader = None
-        profiler = step_profiler(run)  # train.profile_steps: last, so that the other hooks' work is in its steps
-        self.hooks, self.run = [*hooks, profiler] if profiler else hooks, run
+        profiler = step_profiler(info)  # train.profile_steps: last, so that the other hooks' work is in its steps
+        self.hooks, self.info = [*hooks, profiler] if profiler else hooks, info
         self.step = start_step
         self.device = engine.params[0].device
         self._stop_signal = 0
@@ -66,13 +66,13 @@ class Trainer:
             # Ctrl-C: checkpoint at this step's end, like a scheduler's signal. The second one ends the process
             # at once, even inside a collective or a checkpoint write (the default action, not Python's handler).
             signal.signal(signal.SIGINT, signal.SIG_DFL)
-            if self.run.is_main:
+            if self.info.is_main:
                 say("vitlarge: Ctrl-C: saving a checkpoint at the end of this step; Ctrl-C again leaves without it")
         if not self._stop_signal or signum == signal.SIGINT:
             self._stop_signal = signum
 
     def _emit(self, event: Event, *args) -> None:
-        emit(self.hooks, event, self.run, *args)
+        emit(self.hooks, event, self.info, *args)
 
     def _sync(self, loss: torch.Tensor) -> tuple[float, bool, bool]:
         """Mean loss over ranks, whether any rank was asked to stop and whether any by Ctrl-C, in one all-reduce."""
@@ -113,7 +113,8 @@ class Trainer:
             return self._save()
 
     def _save(self):
-        state = self.engine.state(step=self.step, data=self.train_loader.state(), line=self.line)
+        # meta.json's config is the run's record: precision and compile as resolved, not the recipe's "auto"
+        state = self.engine.state(self.step, self.train_loader.state(), self.line, config=self.info.record)
         path = store.save(self.cfg.workdir, state, self.cfg, keep=self.cfg.train.keep_checkpoints)
         self._emit(Event.CHECKPOINT, self.step, str(path))
         return path
@@ -146,13 +147,13 @@ class Trainer:
         finally:
             # Before the handlers go: a launcher's SIGTERM (torchrun's, once another rank has left with 75) must
             # not end this process while TensorBoard writes its last events.
-            close(self.hooks, self.run)
+            close(self.hooks, self.info)
             for s, handler in old.items():
                 signal.signal(s, handler)
 
     def _fit(self) -> EvalMetrics:
         t, plan = self.cfg.train, self.plan
-        end = self.run.end_step
+        end = self.info.end_step
         first = True
         self._emit(Event.TRAIN_START)
         while self.step < end:
@@ -166,7 +167,7 @@ class Trainer:
                 set_collective_timeout(t.collective_timeout_s)
             self.step += 1
             dt = time.perf_counter() - t0
-            if first and self.cfg.train.compile == "on":  # the step that compiled: what Dynamo made of the model
+            if first and self.info.compile:  # the step that compiled: what Dynamo made of the model
                 log.info(compile_stats().line())
                 first = False
             batch = plan.phase_at(self.step - 1).global_batch
@@ -201,7 +202,7 @@ class Trainer:
         # Rank 0 looks, all ranks follow: the save is a collective, so the answer must be the same everywhere.
         if not rank0_decides(lambda: store.exists(self.cfg.workdir, self.step)):
             self._checkpoint()
-        if self.cfg.train.compile == "on":  # eval's and later phases' graphs: recompiles
+        if self.info.compile:  # eval's and later phases' graphs: recompiles
             log.info(compile_stats().line())
         self._emit(Event.TRAIN_END, final)
         return final

@@ -20,7 +20,16 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import launcher
-from tests.helpers.runs import RECIPE, assert_bitwise_equal, checkpoint_steps, final_weights, kill_all, resumed_at, srun
+from tests.helpers.runs import (
+    RECIPE,
+    assert_bitwise_equal,
+    checkpoint_steps,
+    demo_args,
+    final_weights,
+    kill_all,
+    resumed_at,
+    srun,
+)
 from vitlarge.checkpoint import store
 
 TIMEOUT = 300
@@ -30,20 +39,15 @@ ERRORS = re.compile(r"^error: .*", re.M)
 
 
 def train_args(data: str, workdir: Path, *extra: str) -> list[str]:
-    return [
-        "--config",
-        RECIPE,
-        "--data",
+    return demo_args(
         data,
-        "--workdir",
-        str(workdir),
+        workdir,
         "train.precision=fp32",
-        "train.log_every_steps=1",
         "train.max_steps=12",
         "train.checkpoint_every_steps=2",
         "train.keep_checkpoints=10",
         *extra,
-    ]
+    )
 
 
 def run_srun(args, logs: list[Path], wrap=None) -> tuple[list[int], list[str]]:

@@ -67,10 +67,11 @@ def test_layer_decay_groups_survive_fsdp_and_sharded_lamb_steps_each_with_its_lr
     from vitlarge.optim.lamb import param_groups
     from vitlarge.plan.plan import make_plan
     from vitlarge.train.assemble import build
+    from vitlarge.train.settings import resolve_settings
 
     cfg = recipe("fp32")
     cfg.optim.layer_decay = 0.5
-    parts = build(cfg, make_plan(cfg, 1, 1437), "cpu")
+    parts = build(cfg, make_plan(cfg, 1, 1437), resolve_settings(cfg, "cpu"))
     opt, model = parts.engine.torch_optimizer, parts.model.unwrap()
     assert type(opt).__name__ == "ShardedLamb"
     names = {id(p): n for n, p in model.named_parameters()}

@@ -43,7 +43,7 @@ def boost(plugin):
 
 def test_cpu_device_keeps_the_model_on_cpu_where_colossalai_would_pick_cuda(cuda_host_accelerator):
     cfg = Config()
-    model = boost(build_plugin(cfg, CPU))
+    model = boost(build_plugin(cfg, CPU, "fp32"))
     assert {p.device for p in model.parameters()} == {CPU}
     assert get_accelerator().get_current_device() == CPU  # and the rest of Colossal-AI agrees
 

@@ -54,6 +54,7 @@ def make_run(workdir, **kw) -> RunInfo:
         start_step=0,
         plan=dataclasses.replace(PLAN, **plan_kw),
         cfg=Config(),
+        precision="fp16",  # the run's resolved precision (Config's default): the NaN guard then ignores skips
     )
     return RunInfo(**{**base, **kw})
 

@@ -13,6 +13,7 @@ from vitlarge.config.load import load_recipe, validate
 from vitlarge.model.ema import ModelEma, ema_decay
 from vitlarge.plan.plan import make_plan
 from vitlarge.train.assemble import build
+from vitlarge.train.settings import resolve_settings
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -63,9 +64,13 @@ def test_the_engine_updates_after_each_applied_step_as_timm_does(plugin):
     """Built as train.py builds it: after engine step i (0-based) the average is timm's ``update(step=i + 1)``
     on the same weights; under fsdp it is a DTensor sharded like each parameter."""
     cfg = demo_cfg(plugin, warmup=True)
-    engine = build(cfg, make_plan(cfg, 1, 1437), "cpu").engine
+    engine = build(cfg, make_plan(cfg, 1, 1437), resolve_settings(cfg, "cpu")).engine
     root = engine.ema.model
-    plain = inner(build(demo_cfg("ddp", decay=0.0), make_plan(cfg, 1, 1437), "cpu").model)
+    plain = inner(
+        build(
+            plain_cfg := demo_cfg("ddp", decay=0.0), make_plan(cfg, 1, 1437), resolve_settings(plain_cfg, "cpu")
+        ).model
+    )
     plain.load_state_dict({k: whole(v) for k, v in root.state_dict().items()})
     theirs = ModelEmaV3(plain, decay=0.99, use_warmup=True)
     g = torch.Generator().manual_seed(0)
@@ -85,7 +90,7 @@ def test_the_engine_updates_after_each_applied_step_as_timm_does(plugin):
 
 def test_a_skipped_fp16_step_leaves_the_average_unchanged():
     cfg = demo_cfg(precision="fp16")
-    engine = build(cfg, make_plan(cfg, 1, 1437), "cpu").engine
+    engine = build(cfg, make_plan(cfg, 1, 1437), resolve_settings(cfg, "cpu")).engine
     g = torch.Generator().manual_seed(0)
     batch = [(torch.randn(8, 3, 16, 16, generator=g), torch.randint(0, 10, (8,), generator=g)) for _ in range(2)]
     it = iter(batch)
@@ -128,7 +133,7 @@ def test_an_ema_evaluation_measures_the_average_and_leaves_training_unchanged(pl
     val = data[4:]
     finals = []
     for with_ema_eval in (False, True):
-        engine = build(cfg, make_plan(cfg, 1, 1437), "cpu").engine
+        engine = build(cfg, make_plan(cfg, 1, 1437), resolve_settings(cfg, "cpu")).engine
         it = iter(data[:4])
         engine.step(0, lambda: next(it))
         engine.step(1, lambda: next(it))
@@ -136,7 +141,11 @@ def test_an_ema_evaluation_measures_the_average_and_leaves_training_unchanged(pl
         if with_ema_eval:
             with engine.ema.swapped_into():
                 ema = evaluate(engine.model, val, engine.precision)
-            plain = inner(build(demo_cfg("ddp", decay=0.0), make_plan(cfg, 1, 1437), "cpu").model)
+            plain = inner(
+                build(
+                    plain_cfg := demo_cfg("ddp", decay=0.0), make_plan(cfg, 1, 1437), resolve_settings(plain_cfg, "cpu")
+                ).model
+            )
             plain.load_state_dict({k: whole(v) for k, v in engine.ema.state_dict().items()})
             assert ema == evaluate(plain, val, engine.precision) and ema["val_loss"] != raw["val_loss"]
             assert evaluate(engine.model, val, engine.precision) == raw

@@ -8,15 +8,16 @@ import pytest
 from tests.helpers import ROOT
 from vitlarge.config.load import load_config
 from vitlarge.distributed.launcher import DistEnv
+from vitlarge.distributed.threads import NO_THREADS
 from vitlarge.errors import UserError
 from vitlarge.run import cli
-from vitlarge.run.training import check_inputs
+from vitlarge.run.training import init_from_warnings
 
 ONE_PROCESS = DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=29500, source="none")
 
 
 def dry_run(capsys, *args: str) -> tuple[str, str]:
-    assert cli.run(cli.parse_args(["--dry-run", *args]), ONE_PROCESS, (0, "")) == 0
+    assert cli.plan_or_train(cli.parse_args(["--dry-run", *args]), ONE_PROCESS, NO_THREADS) == 0
     out = capsys.readouterr()
     return out.out, out.err
 
@@ -57,8 +58,8 @@ def test_a_fine_tuning_plans_before_its_init_from_exists_and_names_adamw(capsys)
 def test_a_missing_init_from_is_still_an_error_outside_a_dry_run():
     cfg = load_config(ROOT / "recipes" / "deit3_b16_ft224.py", ["model.init_from=/nonexistent/model"])
     with pytest.raises(UserError, match="model.init_from=/nonexistent/model does not exist"):
-        check_inputs(cfg, resuming=False)
-    assert check_inputs(cfg, resuming=True) == []  # a resume takes its weights from the checkpoint
+        init_from_warnings(cfg, resuming=False)
+    assert init_from_warnings(cfg, resuming=True) == []  # a resume takes its weights from the checkpoint
 
 
 def test_the_memory_estimate_adds_the_gpus_own_needs_as_stated_constants(capsys):
@@ -81,6 +82,7 @@ def test_the_memory_estimate_adds_the_gpus_own_needs_as_stated_constants(capsys)
     # a CPU run: no GPU line at all.
     from vitlarge.plan.plan import make_plan
     from vitlarge.run.dry_run import gpu_overheads, print_gpu_overheads
+    from vitlarge.train.settings import plan_settings
 
     cfg = load_config(ROOT / "recipes" / "vit_b16.py", ["data.source=synthetic"])
     assert [what for what, _, _ in gpu_overheads(cfg, make_plan(cfg, 1))] == [
@@ -88,13 +90,48 @@ def test_the_memory_estimate_adds_the_gpus_own_needs_as_stated_constants(capsys)
         "NCCL buffers",
     ]
     cfg = load_config(ROOT / "recipes" / "vit_b16.py", ["train.device=cpu"])
-    print_gpu_overheads(cfg, make_plan(cfg, 4), 0.0)
+    print_gpu_overheads(cfg, make_plan(cfg, 4), plan_settings(cfg, "cpu"), 0.0)
     assert capsys.readouterr().out == ""
 
 
 def test_a_profile_window_after_the_plans_last_step_stops_the_dry_run_as_it_would_the_run(capsys):
     recipe = str(ROOT / "recipes" / "demo_digits.py")
     with pytest.raises(UserError, match=r"^train.profile_steps=655-665 ends after step 660, the run's last"):
-        cli.run(cli.parse_args(["--dry-run", "--config", recipe, "train.profile_steps=655-665"]), ONE_PROCESS, (0, ""))
+        cli.plan_or_train(
+            cli.parse_args(["--dry-run", "--config", recipe, "train.profile_steps=655-665"]), ONE_PROCESS, NO_THREADS
+        )
     out, _ = dry_run(capsys, "--config", recipe, "train.profile_steps=655-660")
     assert out.startswith("plan:")
+
+
+def test_the_plan_names_its_device_and_the_precision_a_run_there_resolves(capsys):
+    """Issue 34 item 3: the dry run resolves ``auto`` for the device it plans for, a CUDA plan on a machine without
+    a GPU included, and says which; the memory estimate follows (fp32 activations take twice bf16's)."""
+    import torch
+
+    from vitlarge.model.precision import choose_precision
+
+    demo = str(ROOT / "recipes" / "demo_digits.py")  # train.precision=auto, train.device=auto
+    out, _ = dry_run(capsys, "--config", demo)
+    device = next(line for line in out.splitlines() if line.startswith("  device "))
+    assert device.startswith(
+        "  device cuda (train.device=auto: the GPUs a launch takes; --device cpu plans for the CPU)"
+    )
+    if not torch.cuda.is_available():
+        assert device.endswith(
+            "precision bf16 (precision auto -> bf16: assumed a GPU with bf16 tensor cores (compute capability 8.0+: "
+            "A100, H100, H200); none is visible here)"
+        )
+    out_cpu, _ = dry_run(capsys, "--config", demo, "--device", "cpu")
+    on_cpu = choose_precision("auto", torch.device("cpu"))[0]
+    assert f"  device cpu (--device), precision {on_cpu} (precision auto -> {on_cpu}: " in out_cpu
+    memory = [next(x for x in o.splitlines() if x.startswith("  memory per device")) for o in (out, out_cpu)]
+    assert (memory[0] == memory[1]) == (on_cpu != "fp32")
+    assert "on a GPU add" in out and "on a GPU add" not in out_cpu
+    out, _ = dry_run(capsys, "--config", str(ROOT / "recipes" / "vit_b16.py"))  # the recipe's own fp16: no reason
+    assert (
+        "  device cuda (train.device=auto: the GPUs a launch takes; --device cpu plans for the CPU), precision fp16\n"
+        in out
+    )
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--config", demo, "--device", "cpu"])

@@ -39,7 +39,7 @@ def demo(**train):
 
 
 def assemble(cfg, **kwargs):
-    return build(cfg, make_plan(cfg, 1, 1437), "cpu", **kwargs)
+    return build(cfg, make_plan(cfg, 1, 1437), resolve_settings(cfg, "cpu"), **kwargs)
 
 
 def weights(parts) -> dict[str, torch.Tensor]:
@@ -50,9 +50,11 @@ def test_auto_precision_and_compile_are_resolved_by_device_before_the_parts_are_
     cfg = demo(precision="auto", compile="auto")
     parts = assemble(cfg)
     assert (cfg.train.precision, cfg.train.compile) == ("auto", "auto")  # the recipe's object is not rewritten
-    resolved = parts.cfg.train
-    assert resolved.precision in ("fp32", "bf16", "fp16") and parts.precision.name == resolved.precision
-    assert resolved.compile == "off" and not parts.settings.compile  # CPU: compile does not pay
+    assert parts.cfg is cfg  # the parts read the settings, not a rewritten copy
+    settings = parts.settings
+    assert settings.precision in ("fp32", "bf16", "fp16") and parts.precision.name == settings.precision
+    assert not settings.compile  # CPU: compile does not pay
+    assert parts.engine.settings is settings
     assert parts.model.unwrap()._compiled_call_impl is None  # the forward is the eager one
     settings = resolve_settings(demo(precision="auto"), CPU)
     assert settings.precision_why.startswith(f"precision auto -> {settings.precision}: ")

@@ -19,6 +19,7 @@ from vitlarge.plan.plan import make_plan
 from vitlarge.train.assemble import build
 from vitlarge.train.engine import augment_batch, build_criterion
 from vitlarge.train.evaluation import evaluate
+from vitlarge.train.settings import resolve_settings
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -41,7 +42,7 @@ def make_engine(
     for key, value in augment_or_optim.items():
         setattr(cfg.augment if hasattr(cfg.augment, key) else cfg.optim, key, value)
     validate(cfg)
-    return build(cfg, make_plan(cfg, 1, 1437), "cpu").engine
+    return build(cfg, make_plan(cfg, 1, 1437), resolve_settings(cfg, "cpu")).engine
 
 
 def batches(n: int, micro: int, poison_at: int | None = None):
@@ -219,7 +220,7 @@ def test_a_tiny_deit3_trains_with_bce_and_layer_decay(plugin):
     cfg.augment.loss, cfg.optim.layer_decay, cfg.optim.lr = "bce", 0.75, 1e-2
     cfg.schedule.warmup_epochs = 0
     validate(cfg)
-    engine = build(cfg, make_plan(cfg, 1, 1437), "cpu").engine
+    engine = build(cfg, make_plan(cfg, 1, 1437), resolve_settings(cfg, "cpu")).engine
     model = engine.model.unwrap()
     full = {n: p for n, p in model.named_parameters()}
     assert full["blocks.0.ls1.gamma"].shape == (32,)
@@ -267,7 +268,7 @@ def _erasing_engine(p: float, micro_batch: int = 8, mixup: float = 0.0):
     cfg.augment.mixup_alpha, cfg.augment.random_erase_prob = mixup, p
     cfg.schedule.warmup_epochs = 0
     validate(cfg)
-    engine = build(cfg, make_plan(cfg, 1, 1437), "cpu").engine
+    engine = build(cfg, make_plan(cfg, 1, 1437), resolve_settings(cfg, "cpu")).engine
     seen = []
     engine.model.register_forward_pre_hook(lambda _, args: seen.append(args[0].detach().clone()))
     return engine, seen

@@ -23,6 +23,7 @@ from vitlarge.errors import Preempted
 from vitlarge.events import Hook, RunInfo
 from vitlarge.plan.plan import make_plan
 from vitlarge.train.assemble import build
+from vitlarge.train.settings import resolve_settings
 from vitlarge.train.trainer import Trainer
 
 N = 160  # training images: 5 steps/epoch at global batch 32
@@ -108,7 +109,7 @@ def trainer(workdir, hooks: list[Hook], start_step: int = 0) -> Trainer:
     plan = make_plan(cfg, 1, N)
     (ph,) = plan.phases
     assert (ph.steps_per_epoch, plan.eval_every_steps, ph.accum_steps) == (5, 5, 2)
-    parts = build(cfg, plan, "cpu")
+    parts = build(cfg, plan, resolve_settings(cfg, "cpu"))
     g = torch.Generator().manual_seed(1)
     val = [(torch.randn(20, 3, 16, 16, generator=g), torch.randint(0, 10, (20,), generator=g)) for _ in range(2)]
     run = RunInfo(str(workdir), 0, True, "cpu", start_step, plan, cfg)

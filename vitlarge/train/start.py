@@ -1,0 +1,99 @@
+"""What the commands that train or evaluate a model share: the start of a process (`start`) and the guard that
+turns how it ended into its exit status and one line (`exit_status`). `vitlarge.run.cli` (train.py) and
+`vitlarge.evaluate` call both, so a device, precision or determinism choice and an error's line are the same in
+each."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from vitlarge.config.schema import Config
+from vitlarge.distributed.launcher import DistEnv
+from vitlarge.distributed.threads import NO_THREADS, ThreadPools
+
+if TYPE_CHECKING:  # torch: `exit_status` runs before it loads (the thread pools are sized first)
+    from vitlarge.train.settings import Settings
+
+
+@dataclass(frozen=True)
+class Started:
+    """A process `start` set up: its settings, and the line a CUDA run logs about determinism ("" on CPU)."""
+
+    settings: Settings
+    determinism: str
+
+
+def start(
+    cfg: Config,
+    env: DistEnv,
+    threads: ThreadPools = NO_THREADS,
+    *,
+    before_group: Callable[[Settings], None] | None = None,
+    collective_timeout_s: float = 300.0,
+) -> Started:
+    """In this order: the device and backend (``train.device``, `vitlarge.distributed.launch.choose_device`),
+    every device-dependent setting (`vitlarge.train.settings.resolve_settings`; a missing compile toolchain
+    stops here, before the process group), determinism (before the first CUDA kernel: cuBLAS reads its
+    workspace setting once), ``before_group(settings)`` (what the caller does before the rendezvous), then the
+    process group, its collectives waiting ``collective_timeout_s``. ``threads``: `size_thread_pools`'s."""
+    from vitlarge.distributed import launch
+    from vitlarge.distributed.quiet import gloo_connected_lines_dropped
+    from vitlarge.train.settings import apply_determinism, resolve_settings
+
+    device, backend = launch.choose_device(cfg.train.device, env.local_rank)
+    settings = resolve_settings(cfg, device, backend, threads)
+    determinism = apply_determinism(cfg.train.deterministic, settings.device)
+    if before_group is not None:
+        before_group(settings)
+    with gloo_connected_lines_dropped():  # gloo's "[Gloo] Rank r is connected to ..." on every rank
+        launch.init_distributed(env, settings.backend, collective_timeout_s=collective_timeout_s)
+    return Started(settings, determinism)
+
+
+def exit_status(work: Callable[[DistEnv], int]) -> int:
+    """``work(env)`` with this process's launcher environment; its status, or how it stopped as a status and
+    one line on stderr (also recorded for torchrun's summary, `vitlarge.distributed.launch.tell_launcher`):
+
+    * bad input (`UserError`): 2, ``error: <message>``, printed once (by rank 0 for an error every rank
+      meets; a rank that fails alone before the process group names itself and stops the others:
+      `vitlarge.distributed.launch.report_before_group`);
+    * the NaN guard (`StopTraining`): 3, ``error: <message>`` from the main rank;
+    * a checkpoint on a signal (`Preempted`): 75, or 130 on Ctrl-C, ``vitlarge: <message>`` from the main rank;
+    * a collective that timed out or lost its peer: its status (124 on gloo), one line per rank
+      (`vitlarge.distributed.timeouts.collective_failure`). Any other error propagates."""
+    from vitlarge.distributed import launch, launcher
+    from vitlarge.errors import Preempted, UserError
+    from vitlarge.events import StopTraining
+
+    env = None
+    try:
+        env = launcher.detect()
+        return work(env)
+    except UserError as e:
+        launch.tell_launcher(f"error: {e}", 2)  # the launcher's summary repeats the line (torchrun's error file)
+        if launch.report_before_group(e, env):  # once; a rank's own error named by it (and told to the others)
+            launch.say(f"error: {e}")
+        return 2
+    except StopTraining as e:
+        launch.tell_launcher(f"error: {e}", 3)
+        if env is None or env.is_main:
+            launch.say(f"error: {e}")
+        return 3
+    except Preempted as e:
+        launch.tell_launcher(f"vitlarge: {e}", e.exit_status)
+        if env is None or env.is_main:
+            launch.say(f"vitlarge: {e}")
+        if e.interrupted and env is not None and env.local_rank == 0:
+            launcher.release_colossalai_run_after_ctrl_c()
+        return e.exit_status
+    except RuntimeError as e:  # a collective that timed out (or lost its peer): one line per rank, its own status
+        from vitlarge.distributed.timeouts import collective_failure
+
+        failure = collective_failure(e)
+        if failure is None:
+            raise
+        launch.tell_launcher(f"error: {failure.line}", failure.status)
+        launch.say(f"error: {failure.line}")
+        return failure.status
