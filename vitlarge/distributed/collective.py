@@ -93,7 +93,7 @@ def agree(check: Callable[[], T]) -> T:
     raise UserError(f"rank {r} on {host} stopped the run: {p}", same_on_all_ranks=True)
 
 
-def check_same(value: T, what: str, fix: str) -> None:
+def check_same(value: str, what: str, fix: str) -> None:
     """Every rank passes its ``value`` (a short, comparable description); when they differ, every rank raises
     one ``UserError`` naming the first rank that differs from rank 0, both hosts and both values. For what each
     rank derives from its own view of shared input (the data set's manifest): checks that pass on every rank
