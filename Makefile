@@ -2,6 +2,7 @@
 #   make demo   creates .venv, installs requirements.txt, builds the digits data, trains on 2 CPU processes
 #   make test   the test suite (what CI runs)
 #   make test-fast  the in-process tests only (tests/unit: under 2 minutes on 2 cores, not the full suite's 30+)
+#   make typecheck  pyright on vitlarge/ and hooks/ (pyproject.toml [tool.pyright])
 VENV ?= .venv
 PY := $(VENV)/bin/python
 NPROC ?= 2
@@ -32,7 +33,7 @@ define pip_install
 $(if $(filter uv,$(INSTALLER)),$(UV) pip install --compile-bytecode --python $(PY) $(1) || { echo "make install: uv could not install $(1); pip installs it (INSTALLER=pip skips uv)"; $(PIP) $(1); },$(PIP) $(1))
 endef
 
-.PHONY: demo test test-fast test-gpu install install-trackers bench clean-demo
+.PHONY: demo test test-fast test-gpu typecheck install install-trackers bench clean-demo
 
 install: $(VENV)/.installed-$(STACK)
 
@@ -68,6 +69,12 @@ test: install install-trackers
 
 test-fast: install install-trackers
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile tests/unit
+
+# pyright on vitlarge/ and hooks/ at pyproject.toml's level (what tests/e2e/test_types.py asserts: no error),
+# imports resolved in the venv (the trackers too: hooks/ imports MLflow and W&B); about 20 s on 2 cores. No query to
+# PyPI for a newer pyright.
+typecheck: install install-trackers
+	PYRIGHT_PYTHON_IGNORE_WARNINGS=1 $(VENV)/bin/pyright --pythonpath $(PY)
 
 # the GPU tier (tests/gpu): skipped test by test, with the reason, where CUDA is absent; on a bare CUDA machine
 # without this venv: scripts/gpu_tier.sh (docs/GPU.md)

@@ -61,7 +61,7 @@ class Sender:
         self._thread = threading.Thread(target=self._loop, name=f"vitlarge-{name}", daemon=True)
         self._thread.start()
 
-    def put(self, record) -> None:
+    def put(self, record: tuple) -> None:
         """Queues ``record``; drops (and counts) it when the queue is full. Never blocks."""
         try:
             self._queue.put_nowait(record)

@@ -83,12 +83,12 @@ def line_key(line: str | None) -> str:
     return line or ""
 
 
-def _valid_entry(entry) -> bool:
+def _valid_entry(entry: Any) -> bool:
     if not isinstance(entry, dict):
         return False
     rid, token, seg = entry.get("id"), entry.get("token"), entry.get("segments", 0)
     return (
-        (rid is None or (isinstance(rid, str) and RUN_ID.match(rid)))
+        (rid is None or (isinstance(rid, str) and bool(RUN_ID.match(rid))))
         and isinstance(token, str)
         and bool(TOKEN.match(token))
         and isinstance(seg, int)

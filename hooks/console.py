@@ -33,7 +33,7 @@ def format_bytes(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
-def _format_mem(window) -> str:
+def _format_mem(window: list[StepMetrics]) -> str:
     """The window's peak allocated memory; on GPU with its peak reserved (the caching allocator's segments)."""
     allocated = format_bytes(max(w.peak_mem_bytes for w in window))
     reserved = [w.peak_reserved_bytes for w in window if w.peak_reserved_bytes is not None]
@@ -75,7 +75,12 @@ class ConsoleHook(Hook):
 
     def on_eval_end(self, run: RunInfo, m: EvalMetrics) -> None:
         if run.is_main:
-            ema = f" | ema top-1 {100 * m.val_top1_ema:.2f}% top-5 {100 * m.val_top5_ema:.2f}%" if m.has_ema else ""
+            top1, top5 = m.val_top1_ema, m.val_top5_ema  # set together (has_ema), or both None
+            ema = (
+                f" | ema top-1 {100 * top1:.2f}% top-5 {100 * top5:.2f}%"
+                if top1 is not None and top5 is not None
+                else ""
+            )
             self._print(
                 f"eval  step {m.step} | epoch {m.epoch:.2f} | top-1 {100 * m.val_top1:.2f}% | "
                 f"top-5 {100 * m.val_top5:.2f}% | loss {m.val_loss:.4f}{ema} | {m.val_images} images"
@@ -89,8 +94,9 @@ class ConsoleHook(Hook):
         if not run.is_main:
             return
         line = f"done  step {summary.step} | top-1 {100 * summary.val_top1:.2f}% | top-5 {100 * summary.val_top5:.2f}%"
-        if summary.has_ema:
-            line += f" | ema top-1 {100 * summary.val_top1_ema:.2f}% top-5 {100 * summary.val_top5_ema:.2f}%"
+        top1, top5 = summary.val_top1_ema, summary.val_top5_ema  # set together (has_ema), or both None
+        if top1 is not None and top5 is not None:
+            line += f" | ema top-1 {100 * top1:.2f}% top-5 {100 * top5:.2f}%"
         self._print(line)
 
     @staticmethod

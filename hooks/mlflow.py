@@ -30,11 +30,15 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vitlarge.events import RunInfo
 
 from . import _tracking
 from ._sender import FLUSH_TIMEOUT_S, Sender
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
 
 TRACKER = "mlflow"
 
@@ -64,7 +68,7 @@ class MlflowHook(_tracking.TrackerHook):
         self.uri = tracking_uri(run.cfg.log.mlflow_uri, run.workdir)
         self._run = run
         self._continued = _tracking.begin(run, TRACKER, same_store={"uri": self.uri})
-        self._client = None
+        self._client: MlflowClient | None = None
         self.sender = Sender("mlflow", self._send, what=self.uri)
         self.sender.put(("start",))
 
@@ -91,6 +95,7 @@ class MlflowHook(_tracking.TrackerHook):
 
         if self.run_id is None:
             self._start()
+        client, run_id = self._started()
         metrics = []
         for rec in batch:
             match rec[0]:
@@ -102,20 +107,26 @@ class MlflowHook(_tracking.TrackerHook):
                 case "artifacts":
                     self._flush(metrics)
                     metrics = []
-                    self._client.log_artifacts(self.run_id, rec[1], rec[2])
+                    client.log_artifacts(run_id, rec[1], rec[2])
                 case "artifact":
                     self._flush(metrics)
                     metrics = []
-                    self._client.log_artifact(self.run_id, rec[1])
+                    client.log_artifact(run_id, rec[1])
                 case "end":
                     self._flush(metrics)
                     metrics = []
-                    self._client.set_terminated(self.run_id, "FINISHED" if rec[1] else "KILLED")
+                    client.set_terminated(run_id, "FINISHED" if rec[1] else "KILLED")
         self._flush(metrics)
 
+    def _started(self) -> tuple[MlflowClient, str]:
+        """The client and the run's id, which `_start` sets (or raises)."""
+        assert self._client is not None and self.run_id is not None
+        return self._client, self.run_id
+
     def _flush(self, metrics: list) -> None:
+        client, run_id = self._started()
         for i in range(0, len(metrics), 1000):  # MLflow's MAX_METRICS_PER_BATCH
-            self._client.log_batch(self.run_id, metrics=metrics[i : i + 1000], synchronous=True)
+            client.log_batch(run_id, metrics=metrics[i : i + 1000], synchronous=True)
 
     def _start(self) -> None:
         """Creates the run (or finds the one this line has) and records this segment."""
@@ -126,15 +137,15 @@ class MlflowHook(_tracking.TrackerHook):
             self._client = MlflowClient(tracking_uri=self.uri)
         client = self._client
         c = self._continued
-        if c.run_id is not None and not self._known(c.run_id):  # deleted, or a reset store under the same URI
+        if c.run_id is not None and not self._known(client, c.run_id):  # deleted, or a reset store under the same URI
             self._lost = c.run_id
             c = self._continued = dataclasses.replace(
                 c, run_id=None, segment=dataclasses.replace(c.segment, reason="lost")
             )
         run = self._run
-        run_id = c.run_id or self._find_by_token(c.token)
+        run_id = c.run_id or self._find_by_token(client, c.token)
         if run_id is None:
-            name = run.cfg.log.experiment
+            name = experiment(run)
             exp = client.get_experiment_by_name(name)
             if exp is None:
                 location = None
@@ -186,24 +197,31 @@ class MlflowHook(_tracking.TrackerHook):
         client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()], synchronous=True)
         self.run_id = run_id  # started: parameters and tags written (a partial start is tried again by the next batch)
 
-    def _known(self, run_id: str) -> bool:
+    def _known(self, client: MlflowClient, run_id: str) -> bool:
         """Whether the store has the run ``run_id`` (not deleted); other failures (the server down) raise."""
         from mlflow.exceptions import MlflowException
 
         try:
-            return self._client.get_run(run_id).info.lifecycle_stage != "deleted"
+            return client.get_run(run_id).info.lifecycle_stage != "deleted"
         except MlflowException as e:
             if e.error_code == "RESOURCE_DOES_NOT_EXIST":
                 return False
             raise
 
-    def _find_by_token(self, token: str) -> str | None:
+    def _find_by_token(self, client: MlflowClient, token: str) -> str | None:
         """The run a process killed before saving its id had created (its token tag), or None."""
-        exp = self._client.get_experiment_by_name(self._run.cfg.log.experiment)
+        exp = client.get_experiment_by_name(experiment(self._run))
         if exp is None:
             return None
-        found = self._client.search_runs([exp.experiment_id], f"tags.`vitlarge.token` = '{token}'", max_results=1)
+        found = client.search_runs([exp.experiment_id], f"tags.`vitlarge.token` = '{token}'", max_results=1)
         return found[0].info.run_id if found else None
+
+
+def experiment(run: RunInfo) -> str:
+    """``log.experiment``, which loading the config sets (the recipe's name unless given)."""
+    name = run.cfg.log.experiment
+    assert name is not None, "log.experiment is set when the config loads"
+    return name
 
 
 def _now_ms() -> int:

@@ -49,10 +49,9 @@ class NanGuardHook(Hook):
             self._bad_since = step
         self._bad_count += 1
         if self._bad_count >= self.patience:
-            raise StopTraining(self._message(step))
+            raise StopTraining(self._message(step, self._bad_since))
 
-    def _message(self, step: int) -> str:
-        first = self._bad_since
+    def _message(self, step: int, first: int) -> str:
         if self._last_finite is None:
             finite = f"no finite loss since this run started at step {self._start_step}"
         else:

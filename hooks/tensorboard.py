@@ -67,10 +67,9 @@ class TensorBoardHook(Hook):
         self._add("val/top1", m.val_top1, step)
         self._add("val/top5", m.val_top5, step)
         self._add("val/loss", m.val_loss, step)
-        if m.has_ema:
-            self._add("val/top1_ema", m.val_top1_ema, step)
-            self._add("val/top5_ema", m.val_top5_ema, step)
-            self._add("val/loss_ema", m.val_loss_ema, step)
+        for tag, value in (("top1_ema", m.val_top1_ema), ("top5_ema", m.val_top5_ema), ("loss_ema", m.val_loss_ema)):
+            if value is not None:  # all three, with an EMA (has_ema)
+                self._add(f"val/{tag}", value, step)
         if self._writer is not None:
             self._writer.flush()
 

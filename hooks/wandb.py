@@ -27,12 +27,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from vitlarge.events import RunInfo
 from vitlarge.report.metrics_log import FILENAME
 
 from . import _tracking
 from ._sender import FLUSH_TIMEOUT_S, Sender
+
+if TYPE_CHECKING:
+    import wandb
 
 TRACKER = "wandb"
 
@@ -49,7 +53,7 @@ class WandbHook(_tracking.TrackerHook):
 
     def __init__(self, workdir: str, flush_timeout_s: float = FLUSH_TIMEOUT_S):
         super().__init__(workdir, flush_timeout_s)
-        self.wandb_run = None
+        self.wandb_run: wandb.Run | None = None
 
     def _begin(self, run: RunInfo) -> None:
         import wandb  # noqa: F401 (before the first step, as hooks.mlflow imports MLflow)
@@ -80,6 +84,7 @@ class WandbHook(_tracking.TrackerHook):
         if self.wandb_run is None:
             self._start()
         r = self.wandb_run
+        assert r is not None  # _start set it, or raised
         for rec in batch:
             match rec[0]:
                 case "log":
@@ -111,7 +116,7 @@ class WandbHook(_tracking.TrackerHook):
             "line": _tracking.line_key(run.line) or "(from scratch)",
             "parent_run": c.parent_id,
         }
-        kwargs = dict(
+        kwargs: dict[str, Any] = dict(
             project=self.project,
             config={**run.record, "vitlarge": vitlarge},
             name=Path(run.workdir).name,

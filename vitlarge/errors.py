@@ -8,6 +8,7 @@ share `vitlarge.train.start.exit_status`, which also maps exit statuses 3 (NaN g
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 
@@ -47,7 +48,7 @@ class Preempted(Exception):
     """Training stopped at an optimizer-step boundary on a signal, after writing a checkpoint. ``interrupted``:
     the signal was Ctrl-C's SIGINT (exit `EXIT_INTERRUPTED`), else a scheduler's (exit `EXIT_PREEMPTED`)."""
 
-    def __init__(self, step: int, path, interrupted: bool = False):
+    def __init__(self, step: int, path: str | os.PathLike[str], interrupted: bool = False):
         what = "interrupted (Ctrl-C)" if interrupted else "stopped on signal"
         super().__init__(f"{what} after step {step}; checkpoint {path}; run the same command to resume")
         self.step, self.path, self.interrupted = step, path, interrupted

@@ -202,7 +202,7 @@ def close(hooks: list[Hook], run: RunInfo) -> None:
             logging.getLogger("vitlarge").warning(f"warning: {type(hook).__name__} did not close: {e}")
 
 
-def emit(hooks: list[Hook], event: Event, run: RunInfo, *args) -> None:
+def emit(hooks: list[Hook], event: Event, run: RunInfo, *args: Any) -> None:
     """Calls ``event`` on each hook in list order."""
     for hook in hooks:
         match event:

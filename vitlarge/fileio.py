@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import io
 import os
 import stat
 from pathlib import Path
+from typing import BinaryIO
 
 CHUNK = 16 << 20  # bytes read at a time while checksumming
 
@@ -69,7 +71,7 @@ def create_new(path: str | Path) -> int:
     return os.open(path, _NOFOLLOW_NEW, 0o666)
 
 
-def open_new(path: str | Path):
+def open_new(path: str | Path) -> io.BufferedWriter:
     """`create_new` as a binary file object."""
     return os.fdopen(create_new(path), "wb")
 
@@ -104,14 +106,14 @@ def _regular_fd(path: str | Path, flags: int, what: str) -> int:
     return fd
 
 
-def open_append(path: str | Path, *, encoding: str = "utf-8"):
+def open_append(path: str | Path, *, encoding: str = "utf-8") -> io.TextIOWrapper:
     """``path`` opened for appending text (line-buffered), created if missing; read access too, for a
     look at the last byte. A symbolic link, FIFO or device there is `UnsafeFile`, never written through."""
     fd = _regular_fd(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, "appends to")
     return os.fdopen(fd, "a+", buffering=1, encoding=encoding)
 
 
-def open_regular(path: str | Path, *, follow: bool = True):
+def open_regular(path: str | Path, *, follow: bool = True) -> io.BufferedReader:
     """``path`` opened for binary reading if it is a regular file (after links when ``follow``), else
     `UnsafeFile`: a FIFO or device never blocks or feeds the reader. Confinement to a folder is
     `check_inside`'s."""
@@ -190,7 +192,7 @@ def sync_and_record(path: str | Path) -> dict:
         return _record(f)
 
 
-def _record(f) -> dict:
+def _record(f: BinaryIO) -> dict:
     import crc32c  # here, not at module load: the GPU kit writes through this module on machines without it
 
     crc, size = 0, 0

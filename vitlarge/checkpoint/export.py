@@ -25,6 +25,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 from safetensors import SafetensorError
@@ -144,14 +145,16 @@ def save_timm_config(raw: torch.nn.Module, path: Path, model_config: dict, data_
         return
     ours = dict(model_config)
     pretrained = ours.pop("pretrained_cfg", {})
-    save_config_for_hf(raw, Path(path), model_config=ours, model_args=args)  # timm 1.0.29 opens path.open()
+    # timm 1.0.29 annotates config_path as str but calls config_path.open(): it takes a Path
+    save_config_for_hf(raw, Path(path), model_config=ours, model_args=args)  # pyright: ignore[reportArgumentType]
     written = json.loads(Path(path).read_text())
     cfg = written["pretrained_cfg"]
     for key in ("test_input_size", "test_pool_size", "test_crop_pct", "label_offset"):
         cfg.pop(key, None)  # the source checkpoint's test-time recommendations, not ours
     cfg.update(pretrained)
     cfg.update(data_cfg)
-    if tuple(cfg["input_size"][1:]) != tuple(raw.pretrained_cfg["input_size"][1:]):
+    source_cfg = cast("dict[str, Any]", raw.pretrained_cfg)  # set by timm's build_model_with_cfg; not declared
+    if tuple(cfg["input_size"][1:]) != tuple(source_cfg["input_size"][1:]):
         cfg["pool_size"] = None
     cfg["num_classes"] = raw.num_classes
     strict = getattr(getattr(raw, "patch_embed", None), "strict_img_size", cfg.get("fixed_input_size", False))

@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -122,6 +124,9 @@ def adapt(sd: dict[str, torch.Tensor], model: torch.nn.Module, source: str) -> t
     Returns (state dict to load, notes for the log); UserError when the architecture differs."""
     from timm.layers import resample_abs_pos_embed
 
+    # torch.fx.wrap, its decorator, is annotated as returning `str | Callable`: the function it was given
+    resample = cast(Callable[..., torch.Tensor], resample_abs_pos_embed)
+
     target = model.state_dict()
     notes = []
     if PATCH_WEIGHT in target and PATCH_WEIGHT in sd and sd[PATCH_WEIGHT].shape != target[PATCH_WEIGHT].shape:
@@ -156,9 +161,9 @@ def adapt(sd: dict[str, torch.Tensor], model: torch.nn.Module, source: str) -> t
                     f"model.init_from={source}: pos_embed {tuple(v.shape)} cannot be resampled to "
                     f"{tuple(want.shape)}; fine-tune from the same architecture"
                 )
-            v = resample_abs_pos_embed(
-                v.float(), new_size=list(_grid(model)), old_size=[old, old], num_prefix_tokens=prefix
-            ).to(want.dtype)
+            v = resample(v.float(), new_size=list(_grid(model)), old_size=[old, old], num_prefix_tokens=prefix).to(
+                want.dtype
+            )
             notes.append(
                 f"position embedding resampled from a {old}x{old} to a {_grid(model)[0]}x{_grid(model)[1]} token grid"
             )

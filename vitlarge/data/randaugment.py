@@ -21,11 +21,23 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeAlias, TypedDict, cast
 
 import numpy as np
 
 from vitlarge.errors import UserError
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    from nvidia.dali.auto_aug.core import _Augmentation as Augmentation  # DALI's public alias of its class
+    from nvidia.dali.data_node import DataNode
+    from typing_extensions import Unpack  # typing.Unpack is 3.11+
+
+    # What pyright infers for an op of nvidia.dali.auto_aug.augmentations, each an Augmentation: DALI's
+    # @augmentation decorator has no return annotation (its two uses, bare and with arguments, give the last two).
+    _Decorated: TypeAlias = "Augmentation | DataNode | Callable[..., Augmentation]"
 
 LEVEL_DENOM = 10  # timm's _LEVEL_DENOM: m10 is the full range of an op
 STEPS = 10  # magnitude bins per unit of m: random magnitudes are rounded to 0.1
@@ -73,7 +85,7 @@ class RandAugmentSpec:
         return f"rand-m{self.m}-n{self.n}-p{self.p}-mstd{self.mstd}-mmax{self.upper}-inc{int(self.inc)}"
 
 
-def spec(value) -> RandAugmentSpec | None:
+def spec(value: str | Sequence[int] | None) -> RandAugmentSpec | None:
     """``None``/``""`` -> None; ``(n, m)`` or a timm string ``"rand-m9-n2..."`` -> RandAugmentSpec."""
     if value is None or value == "":
         return None
@@ -122,61 +134,83 @@ def _levels(s: RandAugmentSpec) -> np.ndarray:
     return np.arange(s.num_bins, dtype=np.float64) / STEPS
 
 
-def op_table(s: RandAugmentSpec) -> list[tuple[str, object]]:
+class _Settings(TypedDict, total=False):
+    """What ``Augmentation.augmentation`` may replace, typed as DALI's ``Augmentation.__init__`` declares it."""
+
+    mag_range: np.ndarray
+    randomly_negate: bool
+    mag_to_param: Callable[[float], npt.ArrayLike] | None
+
+
+def _augmentation(made: _Decorated) -> Augmentation:
+    """One of ``nvidia.dali.auto_aug.augmentations``' ops, typed as the Augmentation it is."""
+    return cast("Augmentation", made)
+
+
+def _variant(made: _Decorated, **settings: Unpack[_Settings]) -> Augmentation:
+    """The op ``made`` with ``settings`` replaced (the others stay), as ``made.augmentation(**settings)``."""
+    # DALI leaves Augmentation.augmentation's parameters unannotated with the class _UndefinedParam as
+    # their default, which pyright takes for their type; they take what _Settings declares.
+    return _augmentation(made).augmentation(**settings)  # pyright: ignore[reportArgumentType]
+
+
+def op_table(s: RandAugmentSpec) -> list[tuple[str, Augmentation]]:
     """timm's op list for ``s`` (timm names) with DALI augmentations whose magnitude bins are timm's."""
     from nvidia.dali.auto_aug import augmentations as a
 
     lv = _levels(s)
     frac = lv / LEVEL_DENOM
 
-    def table(values):
+    def table(values: np.ndarray) -> np.ndarray:
         return np.asarray(values, dtype=np.float32)
 
     posterize_bits = np.floor(frac * 4)
     solarize = np.minimum(256, np.floor(frac * 256))
+    enhance: _Settings
+    sharp: _Settings
     if s.inc:
-        enhance = dict(mag_range=table(frac * 0.9), randomly_negate=True, mag_to_param=_increasing_factor)
-        sharp = dict(enhance, mag_to_param=lambda mag: a.sharpness_kernel(_increasing_factor(mag) - 1))
+        enhance = _Settings(mag_range=table(frac * 0.9), randomly_negate=True, mag_to_param=_increasing_factor)
+        sharp = _Settings(enhance, mag_to_param=lambda mag: a.sharpness_kernel(_increasing_factor(mag) - 1))
         posterize_bits, solarize = 4 - posterize_bits, 256 - solarize
     else:
-        enhance = dict(mag_range=table(frac * 1.8 + 0.1), randomly_negate=False, mag_to_param=None)
-        sharp = dict(enhance, mag_to_param=a.sharpness_kernel_shifted)
+        enhance = _Settings(mag_range=table(frac * 1.8 + 0.1), randomly_negate=False, mag_to_param=None)
+        sharp = _Settings(enhance, mag_to_param=a.sharpness_kernel_shifted)
     ops = {
-        "AutoContrast": a.auto_contrast,
-        "Equalize": a.equalize,
-        "Invert": a.invert,
-        "Rotate": a.rotate.augmentation(mag_range=table(frac * 30), randomly_negate=True),
-        "Posterize": a.posterize.augmentation(mag_range=table(posterize_bits), mag_to_param=_posterize_mask),
-        "Solarize": a.solarize.augmentation(mag_range=table(solarize)),
-        "SolarizeAdd": a.solarize_add.augmentation(
-            mag_range=table(np.minimum(128, np.floor(frac * 110))), mag_to_param=_solarize_add
+        "AutoContrast": _augmentation(a.auto_contrast),
+        "Equalize": _augmentation(a.equalize),
+        "Invert": _augmentation(a.invert),
+        "Rotate": _variant(a.rotate, mag_range=table(frac * 30), randomly_negate=True),
+        "Posterize": _variant(a.posterize, mag_range=table(posterize_bits), mag_to_param=_posterize_mask),
+        "Solarize": _variant(a.solarize, mag_range=table(solarize)),
+        "SolarizeAdd": _variant(
+            a.solarize_add, mag_range=table(np.minimum(128, np.floor(frac * 110))), mag_to_param=_solarize_add
         ),
-        "Color": a.color.augmentation(**enhance),
-        "Contrast": a.contrast.augmentation(**enhance),
-        "Brightness": a.brightness.augmentation(**enhance),
-        "Sharpness": a.sharpness.augmentation(**sharp),
-        "ShearX": a.shear_x.augmentation(mag_range=table(frac * 0.3), randomly_negate=True),
-        "ShearY": a.shear_y.augmentation(mag_range=table(frac * 0.3), randomly_negate=True),
-        "TranslateXRel": a.translate_x.augmentation(mag_range=table(frac * 0.45), randomly_negate=True),
-        "TranslateYRel": a.translate_y.augmentation(mag_range=table(frac * 0.45), randomly_negate=True),
+        "Color": _variant(a.color, **enhance),
+        "Contrast": _variant(a.contrast, **enhance),
+        "Brightness": _variant(a.brightness, **enhance),
+        "Sharpness": _variant(a.sharpness, **sharp),
+        "ShearX": _variant(a.shear_x, mag_range=table(frac * 0.3), randomly_negate=True),
+        "ShearY": _variant(a.shear_y, mag_range=table(frac * 0.3), randomly_negate=True),
+        "TranslateXRel": _variant(a.translate_x, mag_range=table(frac * 0.45), randomly_negate=True),
+        "TranslateYRel": _variant(a.translate_y, mag_range=table(frac * 0.45), randomly_negate=True),
     }
     return [(name + ("Increasing" if s.inc and name in INCREASING else ""), ops[name]) for name in TIMM_OPS]
 
 
-def _increasing_factor(mag):
+def _increasing_factor(mag: float) -> np.float32:
     return np.float32(max(0.1, 1.0 + float(mag)))  # timm: max(0.1, 1 +- level * 0.9)
 
 
-def _posterize_mask(bits):
+def _posterize_mask(bits: float) -> np.uint8:
     keep = int(min(8, max(0, round(float(bits)))))  # PIL's posterize keeps `bits` high bits (0: black)
     return np.uint8(0xFF ^ ((1 << (8 - keep)) - 1))
 
 
-def _solarize_add(add):
+def _solarize_add(add: float) -> np.uint8:
     return np.uint8(round(float(add)))
 
 
-def magnitude_bins(s: RandAugmentSpec):
+def magnitude_bins(s: RandAugmentSpec) -> int | DataNode:
     """The magnitude bin of each layer: an int, or with ``mstd`` a per-sample INT32 DataNode of shape (n,)."""
     if s.mstd == 0 or s.m == 0 and math.isinf(s.mstd):
         return round(min(s.m, s.upper) * STEPS)
@@ -189,10 +223,10 @@ def magnitude_bins(s: RandAugmentSpec):
     else:
         mag = fn.random.normal(mean=float(s.m), stddev=float(s.mstd), shape=(s.n,))
     # Clip to 0..upper as timm does; DALI's cast to int rounds to the nearest bin.
-    return fn.cast(dmath.clamp(mag * float(STEPS), 0.0, float(s.upper * STEPS)), dtype=types.INT32)
+    return fn.cast(dmath.clamp(mag * float(STEPS), 0.0, float(s.upper * STEPS)), dtype=types.DALIDataType.INT32)
 
 
-def apply(images, s: RandAugmentSpec, shape):
+def apply(images: DataNode, s: RandAugmentSpec, shape: Sequence[int]) -> DataNode:
     """RandAugment ``images`` (uint8 HWC, all of size ``shape`` = [H, W]) as timm would.
 
     Per sample and layer: an op index uniform over ``op_table(s)``, a coin with probability
@@ -206,10 +240,10 @@ def apply(images, s: RandAugmentSpec, shape):
     from nvidia.dali.auto_aug import augmentations as a
     from nvidia.dali.auto_aug.core import select, signed_bin
 
-    ops = [aug for _, aug in op_table(s)] + [a.identity]
+    ops = [aug for _, aug in op_table(s)] + [_augmentation(a.identity)]
     k = len(ops) - 1
-    op = fn.random.uniform(values=list(range(k)), shape=(s.n,), dtype=types.INT32)
-    run = fn.cast(fn.random.coin_flip(probability=s.p, shape=(s.n,)), dtype=types.INT32)
+    op = fn.random.uniform(values=list(range(k)), shape=(s.n,), dtype=types.DALIDataType.INT32)
+    run = fn.cast(fn.random.coin_flip(probability=s.p, shape=(s.n,)), dtype=types.DALIDataType.INT32)
     choice = op * run + k * (1 - run)  # k: the identity
     bins = signed_bin(magnitude_bins(s), shape=(s.n,))
     for layer in range(s.n):

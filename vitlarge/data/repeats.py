@@ -28,9 +28,13 @@ from __future__ import annotations
 import math
 import os
 import sys
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tfrecord import example_pb2
+
+if TYPE_CHECKING:
+    from nvidia.dali.types import SampleInfo
 
 OTHER_FILES = 1024  # descriptors left to everything else in the process (DALI, torch, the checkpoint), and
 # two per rank (gloo's connections; rank 0 holds the rendezvous store's too)
@@ -150,11 +154,11 @@ class RepeatedRecords:
         self.per_rank = per_rank(self.num_examples, world_size)
         self.max_open = shard_files_to_keep_open(len(self._paths), world_size)  # workers inherit the raised limit
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         state = {k: v for k, v in self.__dict__.items() if k not in ("_files", "_orders")}
         return state | {"_maker": os.getpid()}
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: dict[str, Any]) -> None:
         maker = state.pop("_maker", None)
         self.__dict__.update(state, _files={}, _orders={})
         if maker is not None and maker != os.getpid():  # a DALI read worker, spawned by the training process
@@ -170,7 +174,7 @@ class RepeatedRecords:
             )
         return self._orders[epoch][k]
 
-    def __call__(self, info):
+    def __call__(self, info: SampleInfo) -> tuple[np.ndarray, np.ndarray]:
         image, label = self._read(self.record_at(info.idx_in_epoch))
         return np.frombuffer(image, dtype=np.uint8), np.array([label], dtype=np.int64)
 
@@ -183,7 +187,8 @@ class RepeatedRecords:
             fd = os.open(self._paths[owner], os.O_RDONLY)
         self._files[owner] = fd  # (re)inserted last: the dict's order is the use order
         framed = os.pread(fd, int(self._size[record]), int(self._offset[record]))
-        features = example_pb2.Example.FromString(
+        # tfrecord's generated example_pb2 makes its message classes through globals(), which pyright cannot see
+        features = example_pb2.Example.FromString(  # pyright: ignore[reportAttributeAccessIssue]
             memoryview(framed)[12:-4]
         ).features.feature  # length, crc, payload, crc
         image = features["image/encoded"].bytes_list.value if "image/encoded" in features else []

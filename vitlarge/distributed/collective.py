@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar, cast
 
 import torch.distributed as dist
 
@@ -36,7 +36,7 @@ def rank0_decides(decide: Callable[[], T]) -> T:
     rank, world = rank_and_world()
     if world == 1:
         return decide()
-    message = [None, None]  # (result, error text) from rank 0
+    message: list[Any] = [None, None]  # (result, error text) from rank 0
     failure = None
     if rank == 0:
         try:
@@ -68,7 +68,9 @@ def agree(check: Callable[[], T]) -> T:
     rank, world = rank_and_world()
     if world == 1:
         return check()
-    result, problem, failure = None, None, None
+    result: T | None = None
+    problem: str | None = None
+    failure: Exception | None = None
     try:
         result = check()
     except UserError as e:
@@ -82,8 +84,8 @@ def agree(check: Callable[[], T]) -> T:
         raise failure
     failed = [(r, p, host) for r, (p, host) in enumerate(reports) if p is not None]
     if not failed:
-        return result
-    if len(failed) == world and len({p for _, p, _ in failed}) == 1:
+        return cast(T, result)  # check() returned on this rank
+    if problem is not None and len(failed) == world and len({p for _, p, _ in failed}) == 1:
         raise UserError(problem, same_on_all_ranks=True)
     if problem is not None:
         raise UserError(f"rank {rank} on {reports[rank][1]}: {problem}", same_on_all_ranks=False)
@@ -91,7 +93,7 @@ def agree(check: Callable[[], T]) -> T:
     raise UserError(f"rank {r} on {host} stopped the run: {p}", same_on_all_ranks=True)
 
 
-def check_same(value: T, what: str, fix: str) -> None:
+def check_same(value: str, what: str, fix: str) -> None:
     """Every rank passes its ``value`` (a short, comparable description); when they differ, every rank raises
     one ``UserError`` naming the first rank that differs from rank 0, both hosts and both values. For what each
     rank derives from its own view of shared input (the data set's manifest): checks that pass on every rank
@@ -117,6 +119,6 @@ def gather(value: T) -> list[T]:
     _, world = rank_and_world()
     if world == 1:
         return [value]
-    values = [None] * world
+    values: list[Any] = [None] * world
     dist.all_gather_object(values, value)
     return values

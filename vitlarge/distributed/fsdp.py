@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -56,6 +57,8 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.utils import _sync_module_states
+from torch.optim.lr_scheduler import LRScheduler
+from torch.utils.data import DataLoader
 
 from vitlarge.errors import UserError
 from vitlarge.model.precision import DTYPES
@@ -69,9 +72,9 @@ FULL_SHAPES_ATTR = "vitlarge_full_shapes"
 class _ShardedFp32Conv2d(Fp32Conv2d):
     """`Fp32Conv2d` whose weight arrives in the compute dtype (FSDP's gathered copy): cast up too."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
         bias = None if self.bias is None else self.bias.float()
-        return self._conv_forward(x.float(), self.weight.float(), bias).to(x.dtype)
+        return self._conv_forward(input.float(), self.weight.float(), bias).to(input.dtype)
 
 
 def block_classes(model: nn.Module) -> set[type]:
@@ -98,7 +101,9 @@ def wrap(model: nn.Module, precision: str, device: torch.device) -> nn.Module:
         )
     shapes = {k: list(v.shape) for k, v in model.state_dict().items()}
     if dist.get_world_size() > 1:
-        _sync_module_states(model, dist.group.WORLD, BROADCAST_BUCKET_BYTES, src=0, params_and_buffers_to_ignore=())
+        world = dist.group.WORLD
+        assert world is not None  # the default group, which the run has made
+        _sync_module_states(model, world, BROADCAST_BUCKET_BYTES, src=0, params_and_buffers_to_ignore=())
     if precision != "fp32":
         from timm.layers import LayerNorm, LayerNormFp32
 
@@ -166,23 +171,32 @@ class FSDPPlugin(DPPluginBase):
     def get_checkpoint_io(self):
         raise NotImplementedError("vitlarge/checkpoint/store.py saves fsdp runs")
 
-    def enable_lora(self, *args, **kwargs):
+    def enable_lora(self, *args: Any, **kwargs: Any) -> nn.Module:
         raise NotImplementedError("LoRA is not supported by vitlarge's fsdp plugin")
 
+    # Colossal-AI's Plugin annotates no_sync as returning Iterator[None]; its callers (and its own plugins) use it as
+    # the context manager it is.
     @contextlib.contextmanager
-    def no_sync(self, model: nn.Module, optimizer: OptimizerWrapper) -> Iterator[None]:
+    def no_sync(self, model: nn.Module, optimizer: OptimizerWrapper) -> Iterator[None]:  # pyright: ignore[reportIncompatibleMethodOverride]
         """Backward passes inside keep (and add to) unsharded gradients instead of reduce-scattering
         them; FSDP2 accumulates them in ``reduce_dtype`` (fp32) when the compute dtype is lower."""
-        root = model.unwrap()
+        root = cast(FSDPModule, cast(FSDPModel, model).unwrap())  # what configure returned
         root.set_requires_gradient_sync(False)
         try:
             yield
         finally:
             root.set_requires_gradient_sync(True)
 
-    def configure(
-        self, model: nn.Module, optimizer=None, criterion: Callable | None = None, dataloader=None, lr_scheduler=None
-    ):
+    # Colossal-AI's Plugin.configure declares every part returned as present; the ones not passed come back None,
+    # as from its own plugins.
+    def configure(  # pyright: ignore[reportIncompatibleMethodOverride]
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        criterion: Callable | None = None,
+        dataloader: DataLoader | None = None,
+        lr_scheduler: LRScheduler | None = None,
+    ) -> tuple[FSDPModel, OptimizerWrapper | None, Callable | None, DataLoader | None, LRScheduler | None]:
         from vitlarge.optim.lamb import Lamb
         from vitlarge.optim.sharded_lamb import ShardedLamb
 
@@ -190,9 +204,10 @@ class FSDPPlugin(DPPluginBase):
         names = {id(p): n for n, p in model.named_parameters()}
         sharded = wrap(model, self.precision, self.device)
         assert isinstance(sharded, FSDPModule)
+        wrapped = None
         if optimizer is not None:
             _repoint(optimizer, names, sharded)
             if type(optimizer) is Lamb:  # same groups and settings; step() reduces the norms over the ranks
                 optimizer = ShardedLamb.like(optimizer)
-            optimizer = OptimizerWrapper(optimizer)
-        return FSDPModel(sharded), optimizer, criterion, dataloader, lr_scheduler
+            wrapped = OptimizerWrapper(optimizer)
+        return FSDPModel(sharded), wrapped, criterion, dataloader, lr_scheduler

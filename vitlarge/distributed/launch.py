@@ -23,12 +23,16 @@ import socket
 import sys
 import time
 import warnings
-from collections.abc import Callable
-from typing import NoReturn
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, NoReturn
 
 from vitlarge.distributed.launcher import DistEnv, launcher_rank
 from vitlarge.distributed.network import bind_interface
 from vitlarge.errors import UserError
+
+if TYPE_CHECKING:  # torch loads after the thread budgets are set (vitlarge.distributed.threads)
+    import torch
+    import torch.distributed
 
 GPU_VARIABLES = (
     "CUDA_VISIBLE_DEVICES",
@@ -41,7 +45,7 @@ GPU_VARIABLES = (
 srun sets from the job's GPUs) and what srun sets for ``--gpus-per-node`` / ``--gres=gpu:N`` / the GPUs given."""
 
 
-def gpus_asked_for(env=None) -> tuple[str, str] | None:
+def gpus_asked_for(env: Mapping[str, str] | None = None) -> tuple[str, str] | None:
     """The first of `GPU_VARIABLES` that names GPUs, and its value; None when none does. Hidden on purpose
     (``CUDA_VISIBLE_DEVICES`` empty, ``-1``, ``none``, only commas; Slurm's ``NoDevFiles``) or counts that add up
     to 0 (``0``, ``a100:0,v100:0``) name none; GPU 0 is one, and a count this cannot read (``gpu:4(IDX:0-3)``)
@@ -60,7 +64,7 @@ def gpus_asked_for(env=None) -> tuple[str, str] | None:
     return None
 
 
-def choose_device(requested: str = "auto", local_rank: int = 0):
+def choose_device(requested: str = "auto", local_rank: int = 0) -> tuple[torch.device, str]:
     """The one place that maps the config's ``train.device`` to a torch device and a backend.
 
     ``auto`` takes the CPU only where nothing asked for GPUs (`gpus_asked_for`): a job step that was given GPUs
@@ -99,7 +103,7 @@ RENDEZVOUS_TIMEOUT_ENV = "VITLARGE_RENDEZVOUS_TIMEOUT"
 ``train.init_timeout_s`` (the tools and tests 300 s); kept so that a job can bound the rendezvous alone."""
 
 
-def rendezvous_timeout_s(env=None, default: float = 300.0) -> float:
+def rendezvous_timeout_s(env: Mapping[str, str] | None = None, default: float = 300.0) -> float:
     env = os.environ if env is None else env
     raw = env.get(RENDEZVOUS_TIMEOUT_ENV, str(default))
     try:
@@ -266,7 +270,9 @@ def _this_gpu(backend: str) -> tuple[str, str] | None:
 START = "vitlarge_start"  # the rendezvous store's keys where ranks say they started, or why they could not
 
 
-def _rendezvous_store(dist_env: DistEnv, timeout_s: float, wait_for_workers: bool):
+def _rendezvous_store(
+    dist_env: DistEnv, timeout_s: float, wait_for_workers: bool
+) -> tuple[torch.distributed.TCPStore, str]:
     """The run's rendezvous store and the prefix of this attempt's keys. Under torchrun (and so colossalai
     run) the agent already serves a store on MASTER_PORT: join it as a client, as torch's env:// rendezvous
     does, instead of listening on that port. Always used through a PrefixStore: torch's c10d logger formats
@@ -287,7 +293,13 @@ def _rendezvous_store(dist_env: DistEnv, timeout_s: float, wait_for_workers: boo
     return store, attempt
 
 
-def _all_started(start, dist_env: DistEnv, deadline: float, gpu: tuple[str, str] | None = None) -> None:
+class ToldByAnotherRank(UserError):
+    """Another rank's error, heard through the rendezvous store: not reported back (`report_before_group`)."""
+
+
+def _all_started(
+    start: torch.distributed.Store, dist_env: DistEnv, deadline: float, gpu: tuple[str, str] | None = None
+) -> None:
     """Waits (until ``deadline``: then a timeout, said as the rendezvous's) for every rank to have started,
     and stops at once, naming it, when a rank reports an error it met before the process group existed
     (`report_before_group`: a recipe, device or path missing on one node). ``gpu``: this rank's host and the UUID
@@ -314,18 +326,16 @@ def _all_started(start, dist_env: DistEnv, deadline: float, gpu: tuple[str, str]
             for r in range(dist_env.world_size):
                 if start.check([f"error/{r}"]):
                     host, _, message = start.get(f"error/{r}").decode().partition("\n")
-                    told = UserError(
+                    raise ToldByAnotherRank(
                         f"rank {r} on {host} stopped the run before the rendezvous: {message}", same_on_all_ranks=True
                     )
-                    told.told = True  # heard from another rank: not reported back (`report_before_group`)
-                    raise told
         if everyone:
             return
         time.sleep(0.2)
     raise RuntimeError(f"{start.add('started', 0)}/{dist_env.world_size} processes started")
 
 
-def _claim_gpu(start, rank: int, host: str, uuid: str) -> bool:
+def _claim_gpu(start: torch.distributed.Store, rank: int, host: str, uuid: str) -> bool:
     """Records that ``rank`` on ``host`` uses the GPU ``uuid``; when another rank did first, reports the clash as
     this rank's error before the group (`_all_started` then stops every rank with it) and returns True. A UUID names one GPU
     wherever it is, so this refuses exactly what NCCL would ("Duplicate GPU detected") at the first collective,
@@ -355,7 +365,7 @@ def report_before_group(error: UserError, dist_env: DistEnv | None) -> bool:
     usual case is an error every rank meets: a bad override), another rank prints its own, naming itself and
     its host, unless rank 0 reported one too. Without a usable store, `prints_error` decides."""
     group_exists = _group_is_up()
-    told = getattr(error, "told", False)
+    told = isinstance(error, ToldByAnotherRank)
     if dist_env is None or dist_env.world_size == 1 or group_exists or error.same_on_all_ranks is False or told:
         return prints_error(error, dist_env)
     import torch.distributed as dist

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from vitlarge.errors import UserError
@@ -26,7 +27,7 @@ class DistEnv:
         return self.rank == 0
 
 
-def int_env(env, key: str) -> int:
+def int_env(env: Mapping[str, str], key: str) -> int:
     try:
         return int(env[key])
     except ValueError:
@@ -55,7 +56,7 @@ def _first_slurm_host(nodelist: str) -> str:
     return slurm_hosts(nodelist)[0]
 
 
-def detect(env=None) -> DistEnv:
+def detect(env: Mapping[str, str] | None = None) -> DistEnv:
     """Reads the launcher's variables; torchrun's win over Slurm's (torchrun inside an allocation)."""
     env = os.environ if env is None else env
     if "RANK" in env and "WORLD_SIZE" in env:
@@ -94,7 +95,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launcher_rank(env=None) -> int | None:
+def launcher_rank(env: Mapping[str, str] | None = None) -> int | None:
     """This process's rank as its launcher set it (``RANK``, else ``SLURM_PROCID``; 0 without a
     launcher), read without validation; None when unreadable. Known before any process group."""
     env = os.environ if env is None else env

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping, MutableMapping
 
 from vitlarge.distributed.launcher import DistEnv, slurm_hosts
 from vitlarge.errors import UserError
@@ -60,14 +61,14 @@ def _is_loopback(local: str) -> bool:
     return ipaddress.ip_address(local.split("%")[0]).is_loopback
 
 
-def _step_nodes(env) -> int:
+def _step_nodes(env: Mapping[str, str]) -> int:
     for key in ("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
         if env.get(key, "").isdigit():
             return int(env[key])
     return 1
 
 
-def choose_interface(dist_env: DistEnv, env) -> tuple[str, str]:
+def choose_interface(dist_env: DistEnv, env: Mapping[str, str]) -> tuple[str, str]:
     """(interface for gloo, why) for a Slurm task; ("", reason) to leave gloo's default.
 
     The interface that routes to the master as this node resolves its name. When that is loopback
@@ -103,7 +104,7 @@ def choose_interface(dist_env: DistEnv, env) -> tuple[str, str]:
     )
 
 
-def bind_interface(dist_env: DistEnv, env=None) -> str:
+def bind_interface(dist_env: DistEnv, env: MutableMapping[str, str] | None = None) -> str:
     """Under Slurm (world > 1), points gloo at ``choose_interface`` unless the user set
     ``GLOO_SOCKET_IFNAME``; returns the interface gloo will use ("" when left to gloo, with a warning if
     no route was found). Without it gloo binds to the address this node's hostname resolves to, which on

@@ -13,13 +13,19 @@ CUDA host keeps the model on the CPU, next to its data, autocast and gloo.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from vitlarge.config.schema import Config
+
+if TYPE_CHECKING:
+    import torch
+    from colossalai.booster.plugin import Plugin
 
 DDP_BUCKET_CAP_MB = 25
 """DDP's gradient bucket size: ViT-B/16's 86M fp32 gradients go out in ~14 all-reduces."""
 
 
-def build_plugin(cfg: Config, device, precision: str):
+def build_plugin(cfg: Config, device: torch.device | str, precision: str) -> Plugin:
     """The plugin for ``cfg.train.plugin``; ``device`` (a ``torch.device``) becomes Colossal-AI's current device;
     ``precision``: the resolved one (`vitlarge.train.settings.Settings.precision`), fsdp's mixed precision.
 

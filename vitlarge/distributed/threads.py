@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Mapping
 from typing import NamedTuple
 
 from vitlarge.distributed.launcher import int_env
@@ -27,7 +28,7 @@ NO_THREADS = ThreadPools(0, "")
 """A process that did not size its pools (a test's, a tool's): nothing to log."""
 
 
-def _slurm_counts(env, key: str) -> list[int]:
+def _slurm_counts(env: Mapping[str, str], key: str) -> list[int]:
     """A Slurm per-node count list (``"2(x3),1"``: 2 on each of the first 3 nodes, 1 on the fourth)."""
     counts = []
     for part in env[key].split(","):
@@ -38,7 +39,7 @@ def _slurm_counts(env, key: str) -> list[int]:
     return counts
 
 
-def _node_entry(env, key: str) -> int | None:
+def _node_entry(env: Mapping[str, str], key: str) -> int | None:
     """This node's entry (``SLURM_NODEID``) of the count list ``key``; None when unset or out of range
     (heterogeneous steps; the job-level lists are indexed by job nodes, SLURM_NODEID by step nodes)."""
     if not env.get(key):
@@ -48,7 +49,7 @@ def _node_entry(env, key: str) -> int | None:
     return counts[node] if node < len(counts) else None
 
 
-def _tasks_on_this_node(env) -> tuple[int, str] | None:
+def _tasks_on_this_node(env: Mapping[str, str]) -> tuple[int, str] | None:
     """How many tasks of this job step share this node, from the launcher's variables (None: unknown).
 
     Slurm: ``SLURM_STEP_TASKS_PER_NODE`` / ``SLURM_TASKS_PER_NODE`` indexed by ``SLURM_NODEID``; if the
@@ -72,7 +73,7 @@ def _tasks_on_this_node(env) -> tuple[int, str] | None:
     return None
 
 
-def _bound_per_task(env, usable_cpus: int) -> bool:
+def _bound_per_task(env: Mapping[str, str], usable_cpus: int) -> bool:
     """Whether Slurm already bound this task to its own CPUs (task/affinity or task/cgroup with
     ``--cpu-bind=cores`` etc.): the mask is then this task's share, not the node's."""
     bind = env.get("SLURM_CPU_BIND_TYPE", "").strip().lower()
@@ -82,7 +83,7 @@ def _bound_per_task(env, usable_cpus: int) -> bool:
     return allocated is not None and usable_cpus < allocated
 
 
-def cpu_share(env, usable_cpus: int) -> tuple[int, str]:
+def cpu_share(env: Mapping[str, str], usable_cpus: int) -> tuple[int, str]:
     """The CPUs this process may use, and why; the size of DALI's default pool (``data.num_threads=0``) and,
     unless ``OMP_NUM_THREADS`` is set, of PyTorch's. Ignores ``OMP_NUM_THREADS`` on purpose: torchrun
     exports 1 to every worker whatever the CPUs, which says nothing about how many a data pipeline may use.
@@ -109,7 +110,7 @@ def cpu_share(env, usable_cpus: int) -> tuple[int, str]:
     return max(1, usable_cpus // tasks[0]), f"{usable_cpus} usable CPUs / {tasks[0]} tasks on this node ({tasks[1]})"
 
 
-def thread_budget(env, usable_cpus: int) -> tuple[int, str]:
+def thread_budget(env: Mapping[str, str], usable_cpus: int) -> tuple[int, str]:
     """PyTorch's intra-op threads for one process, and why: ``OMP_NUM_THREADS`` if set (torchrun sets 1 per
     worker; a user's value always wins; OpenMP's nested form ``"4,2"`` gives its first level), else
     ``cpu_share``. Pure: ``env`` and the CPU count are arguments."""
@@ -122,7 +123,7 @@ def thread_budget(env, usable_cpus: int) -> tuple[int, str]:
     return cpu_share(env, usable_cpus)
 
 
-def dali_threads(env, usable_cpus: int) -> tuple[int, str]:
+def dali_threads(env: Mapping[str, str], usable_cpus: int) -> tuple[int, str]:
     """DALI's default ``num_threads`` (recipe ``data.num_threads=0``): the process's ``cpu_share``, never
     ``OMP_NUM_THREADS`` (torchrun's blanket 1 would leave one decode/read thread per GPU). Where the share
     is 4 CPUs or more this is at least the old fixed default of 4; below that the share wins, since more
@@ -130,7 +131,7 @@ def dali_threads(env, usable_cpus: int) -> tuple[int, str]:
     return cpu_share(env, usable_cpus)
 
 
-def size_thread_pools(env=None) -> ThreadPools:
+def size_thread_pools(env: Mapping[str, str] | None = None) -> ThreadPools:
     """Sizes PyTorch's intra-op pool and ``OMP_NUM_THREADS`` by ``thread_budget``; imports no torch, so that
     train.py calls it before torch loads (PyTorch then takes the size from ``OMP_NUM_THREADS``).
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -119,7 +119,7 @@ class Precision:
             self.device_type, init_scale=init_scale, growth_interval=growth_interval, enabled=name == "fp16"
         )
 
-    def autocast(self):
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.name == "fp32" or self.sharded:
             return contextlib.nullcontext()
         return torch.autocast(self.device_type, dtype=self.dtype)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, cast
+
 import torch
 
 from vitlarge.config.schema import Config
@@ -46,12 +49,14 @@ def build_model(cfg: Config, device: torch.device | str = "cpu", precision: str 
     if cfg.model.drop_path_schedule == "uniform":
         _uniform_drop_path(model, cfg.model.drop_path_rate)
     if cfg.model.grad_checkpointing:
-        model.set_grad_checkpointing(True)
+        cast(Any, model).set_grad_checkpointing(True)  # every timm model has it; nn.Module does not declare it
     cpu_fp16 = torch.device(device).type == "cpu" and (precision or cfg.train.precision) == "fp16"
     fused = cfg.model.fused_attn == "on" or (cfg.model.fused_attn == "auto" and not cpu_fp16)
     for module in model.modules():
         if hasattr(module, "fused_attn"):
-            module.fused_attn = fused
+            cast(
+                Any, module
+            ).fused_attn = fused  # a plain attribute: nn.Module's __setattr__ declares tensors and modules
     if getattr(model, "dynamic_img_size", False) and _plain_pos_embed(model):
         model.__class__ = _deterministic_pos_embed_class(type(model))
     proj = getattr(getattr(model, "patch_embed", None), "proj", None)
@@ -76,7 +81,7 @@ def _uniform_drop_path(model: torch.nn.Module, rate: float) -> None:
         setattr(block, name, DropPath(rate) if rate > 0 else torch.nn.Identity())
 
 
-def pos_embed_matrix(old_size: tuple[int, int], new_size: tuple[int, int], device) -> torch.Tensor:
+def pos_embed_matrix(old_size: tuple[int, int], new_size: tuple[int, int], device: torch.device | str) -> torch.Tensor:
     """The (new_h*new_w, old_h*old_w) fp32 matrix M with ``timm resample_abs_pos_embed(pos) == M @ pos``
     (grid tokens), built by resampling an identity basis once: the resample is linear per channel."""
     from timm.layers import resample_abs_pos_embed
@@ -84,10 +89,12 @@ def pos_embed_matrix(old_size: tuple[int, int], new_size: tuple[int, int], devic
     n = old_size[0] * old_size[1]
     eye = torch.eye(n, device=device, dtype=torch.float32).unsqueeze(0)  # channel c = basis vector e_c
     with torch.no_grad():
-        return resample_abs_pos_embed(eye, new_size=list(new_size), old_size=list(old_size), num_prefix_tokens=0)[0]
+        # torch.fx.wrap, its decorator, is annotated as returning `str | Callable`: the function it was given
+        resample = cast(Callable[..., torch.Tensor], resample_abs_pos_embed)
+        return resample(eye, new_size=list(new_size), old_size=list(old_size), num_prefix_tokens=0)[0]
 
 
-def _plain_pos_embed(model) -> bool:
+def _plain_pos_embed(model: torch.nn.Module) -> bool:
     """A timm VisionTransformer whose ``_pos_embed`` is the stock one (the override below replicates it)."""
     from timm.models.vision_transformer import VisionTransformer
 
@@ -112,7 +119,7 @@ def _deterministic_pos_embed_class(base: type) -> type:
     if base in _CLASSES:
         return _CLASSES[base]
 
-    def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
+    def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:  # self: a timm VisionTransformer (_plain_pos_embed)
         B, H, W, C = x.shape
         prefix = 0 if self.no_embed_class else self.num_prefix_tokens
         pos = self.pos_embed
@@ -160,16 +167,16 @@ class Fp32Conv2d(torch.nn.Conv2d):
     (measured, benchmarks/bench_precision.py).
     """
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(x.device.type, enabled=False):
-            return super().forward(x.float())
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(input.device.type, enabled=False):
+            return super().forward(input.float())
 
 
 def describe_model(cfg: Config) -> dict:
     """Parameter count and forward FLOPs per image, measured on the meta device (no memory, no data)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    model = build_model(cfg, "meta")
+    model: Any = build_model(cfg, "meta")  # read by timm's attribute names, where the model has them
     size = cfg.data.image_size
     with FlopCounterMode(display=False) as counter:
         model(torch.empty(1, 3, size, size, device="meta"))

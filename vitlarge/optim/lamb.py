@@ -14,7 +14,7 @@ Contract:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -42,8 +42,9 @@ def layer_ids(model: nn.Module) -> dict[str, int]:
     from timm.models import group_parameters
     from timm.optim import auto_group_layers
 
-    if hasattr(model, "group_matcher"):
-        return group_parameters(model, model.group_matcher(coarse=False), reverse=True)
+    matcher = getattr(model, "group_matcher", None)
+    if matcher is not None:
+        return group_parameters(model, matcher(coarse=False), reverse=True)
     return auto_group_layers(model)
 
 
@@ -57,7 +58,7 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0
     into the schedule's lr every step (as timm's schedulers do). Empty groups are left out.
     ``model.no_weight_decay()`` (timm) adds names to the excluded group.
     """
-    no_decay_fn = getattr(model, "no_weight_decay", None)
+    no_decay_fn: Callable[[], Iterable[str]] | None = getattr(model, "no_weight_decay", None)
     model_no_decay = set(no_decay_fn()) if callable(no_decay_fn) else set()
     layers = layer_ids(model) if layer_decay != 1.0 else {}
     last = max(layers.values(), default=0)
@@ -139,8 +140,10 @@ class Lamb(torch.optim.Optimizer):
         self.chunk_numel = chunk_numel
         self._scratch: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
+    # torch's Optimizer.step is overloaded (None without a closure, a float with one); this is its implementation's
+    # signature, as torch's own optimizers have.
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # pyright: ignore[reportIncompatibleMethodOverride]
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -185,7 +188,7 @@ class Lamb(torch.optim.Optimizer):
         if chunk:
             yield chunk
 
-    def _scratch_for(self, device, dtype, chunk: list) -> list[torch.Tensor]:
+    def _scratch_for(self, device: torch.device, dtype: torch.dtype, chunk: list) -> list[torch.Tensor]:
         """Views shaped like the chunk's params into a buffer reused across chunks and steps."""
         numel = sum(it[0].numel() for it in chunk)
         if numel > self.chunk_numel:  # one tensor larger than a chunk: a one-off buffer
@@ -264,7 +267,19 @@ def trust_ratio(w_norm: torch.Tensor, u_norm: torch.Tensor, max_trust_ratio: flo
     return ratio if max_trust_ratio is None else ratio.clamp(max=max_trust_ratio)
 
 
-def _direction_fused(params, grads, exp_avgs, exp_avg_sqs, steps, updates, *, beta1, beta2, eps, weight_decay) -> None:
+def _direction_fused(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    exp_avgs: list[torch.Tensor],
+    exp_avg_sqs: list[torch.Tensor],
+    steps: list[torch.Tensor],
+    updates: list[torch.Tensor],
+    *,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+) -> None:
     """Moments in place; ``updates = m_hat / (sqrt(v_hat) + eps) + weight_decay * params``.
 
     torch's fused Adam kernel does ``x -= lr * m_hat / (sqrt(v_hat) + eps)`` after updating the
@@ -291,19 +306,19 @@ def _direction_fused(params, grads, exp_avgs, exp_avg_sqs, steps, updates, *, be
 
 
 def _direction_foreach(
-    params,
-    grads,
-    exp_avgs,
-    exp_avg_sqs,
-    steps,
-    updates,
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    exp_avgs: list[torch.Tensor],
+    exp_avg_sqs: list[torch.Tensor],
+    steps: list[torch.Tensor],
+    updates: list[torch.Tensor],
     *,
-    beta1,
-    beta2,
-    eps,
-    weight_decay,
-    bias_correction,
-    grad_averaging,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    bias_correction: bool,
+    grad_averaging: bool,
 ) -> None:
     """Same contract as ``_direction_fused``, any ``bias_correction`` / ``grad_averaging``."""
     if grad_averaging:
@@ -315,6 +330,7 @@ def _direction_foreach(
     torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
     for v, u in zip(exp_avg_sqs, updates):
         torch.sqrt(v, out=u)
+    bc1: tuple[torch.Tensor, ...] = ()
     if bias_correction:
         # Per-tensor corrections from the device step counters, in float64 as the fused kernel
         # does: in float32, 1 - 0.999**t loses ~5 digits at small t.

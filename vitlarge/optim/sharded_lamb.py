@@ -15,6 +15,8 @@ shard-sized buffer instead of one reused chunk).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
@@ -49,7 +51,7 @@ class ShardedLamb(Lamb):
         }
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
         loss = None
         if closure is not None:
             with torch.enable_grad():

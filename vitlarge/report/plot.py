@@ -38,7 +38,7 @@ def _smooth(values: list[float], window: int) -> list[float]:
     return out
 
 
-def _num(x) -> float:
+def _num(x: float | None) -> float:
     return math.nan if x is None else float(x)
 
 
@@ -149,7 +149,7 @@ def plot_run(workdir: str | Path, out: str | Path | None = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("workdir", help="a run's --workdir (holds metrics.jsonl)")
     p.add_argument("--out", help=f"PNG to write (default: WORKDIR/{PLOT_FILENAME})")
     args = p.parse_args(argv)

@@ -98,7 +98,7 @@ def ends_in_error_files(log_dir: str, since: float) -> list[WorkerEnd]:
     return [end for _, _, end in sorted(found, key=lambda x: x[:2])]
 
 
-def busy_port(error: BaseException) -> bool:
+def busy_port(error: BaseException | None) -> bool:
     """Whether ``error`` (or what caused it) is the rendezvous store's failure to listen on a port in use."""
     while error is not None:
         if "EADDRINUSE" in str(error) or "address already in use" in str(error).lower():
@@ -167,12 +167,14 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = torchrun.get_args_parser()
     parser.prog = PROG
-    parser.description = __doc__.split("\n")[0].strip("`: ")
+    parser.description = (__doc__ or "").split("\n")[0].strip("`: ")  # __doc__ is None under python -OO
     args = parser.parse_args(argv)
     if args.standalone:  # as torch.distributed.run.run does
         args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
     quiet_torchrun_log()
     config, entrypoint, entry_args = torchrun.config_from_args(args)
+    logs = config.logs_specs
+    assert logs is not None  # LaunchConfig.__post_init__ makes DefaultLogsSpecs() in place of None
     handled = [s.strip() for s in config.signals_to_handle.split(",") if s.strip()]
     if "SIGINT" in handled:  # ours (CtrlC): torchrun's raises again on a second Ctrl-C, and waits again
         config.signals_to_handle = ",".join(s for s in handled if s != "SIGINT")
@@ -187,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         return end.status
     except SignalException as e:
         # The workers had the signal and have ended (they said why); their status is what they recorded.
-        ends = ends_in_error_files(config.logs_specs.root_log_dir, started)
+        ends = ends_in_error_files(logs.root_log_dir, started)
         return ends[0].status if ends else 128 + int(e.sigval)
     except Exception as e:
         if not busy_port(e):

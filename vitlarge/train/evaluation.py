@@ -10,20 +10,25 @@ waiting in an all-gather.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
+if TYPE_CHECKING:
+    from vitlarge.model.precision import Precision
+
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, batches: Iterable, precision) -> dict:
+def evaluate(model: torch.nn.Module, batches: Iterable, precision: Precision) -> dict[str, Any]:
     """Returns ``val_top1``, ``val_top5`` (fractions), ``val_loss`` (mean CE) and ``val_images``.
 
     ``batches``: a `ValLoader` (its ``masked()`` pass is used) or any iterable of ``(images, labels)``."""
     model.eval()
     device = next(model.parameters()).device
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top1, top5, count
-    masked = batches.masked() if hasattr(batches, "masked") else ((x, y, len(y)) for x, y in batches)
+    masked_pass = getattr(batches, "masked", None)
+    masked = masked_pass() if masked_pass is not None else ((x, y, len(y)) for x, y in batches)
     for images, labels, keep in masked:
         # A padding-only batch is forwarded for the collectives only; real rows are forwarded alone.
         images, labels = (images, labels[:0]) if keep == 0 else (images[:keep], labels[:keep])

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import MutableMapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 ALLOC_CONF = "expandable_segments:True"
 """vitlarge's allocator setting. Progressive phases change every activation's shape; with fixed segments the
@@ -35,7 +39,7 @@ def configure_allocator(environ: MutableMapping[str, str] = os.environ) -> str:
     return f"PYTORCH_CUDA_ALLOC_CONF={ALLOC_CONF} (vitlarge's; set PYTORCH_ALLOC_CONF to choose another)"
 
 
-def gpu_start_line(device, rank: int, environ: MutableMapping[str, str] = os.environ) -> str:
+def gpu_start_line(device: torch.device, rank: int, environ: MutableMapping[str, str] = os.environ) -> str:
     """The line each rank says at start on CUDA ("" elsewhere): its GPU, the free and total memory the driver
     reports (free well below total: another process holds this GPU), and the allocator setting."""
     import socket
@@ -52,7 +56,7 @@ def gpu_start_line(device, rank: int, environ: MutableMapping[str, str] = os.env
     )
 
 
-def peak_memory(device) -> tuple[int, int | None]:
+def peak_memory(device: torch.device) -> tuple[int, int | None]:
     """``(allocated, reserved)`` peak bytes of this process: CUDA's max allocated and max reserved (the caching
     allocator's segments: what the GPU holds for tensors, fragmentation included); on CPU the max RSS and
     None (a CPU has no such split)."""

@@ -22,6 +22,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vitlarge.config.load import parse_step_window
 from vitlarge.config.schema import Config
@@ -29,6 +30,9 @@ from vitlarge.errors import UserError
 from vitlarge.events import Hook, RunInfo, StepMetrics
 from vitlarge.fileio import UnsafeFile, check_inside, fsync_dir, fsync_path, remove_name
 from vitlarge.plan.plan import Plan
+
+if TYPE_CHECKING:
+    import torch.profiler
 
 log = logging.getLogger("vitlarge")
 
@@ -163,6 +167,7 @@ class StepProfiler(Hook):
     def _finish(self, run: RunInfo) -> None:
         """The window's last step is done: stop, write this rank's trace and (rank 0) print the table."""
         prof, self._prof = self._prof, None
+        assert prof is not None  # called after _start, once
         prof.stop()
         try:
             self._write(prof, run)
@@ -173,7 +178,7 @@ class StepProfiler(Hook):
             for sort_by in ["self_cpu_time_total"] + (["self_device_time_total"] if self.cuda else []):
                 log.info(prof.key_averages().table(sort_by=sort_by, row_limit=TOP_OPERATORS))
 
-    def _write(self, prof, run: RunInfo) -> None:
+    def _write(self, prof: torch.profiler.profile, run: RunInfo) -> None:
         """The trace under its final name only once complete: exported in a private temporary folder beside it
         (named so that TensorBoard's plugin never reads it as a trace), checked to end as a whole JSON document
         (kineto does not report a failed write: a full disk truncates silently), then renamed (a crash leaves no
