@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
@@ -66,7 +67,7 @@ class FullState:
         set_state_dict(
             sharded.inner(model),
             opt,
-            model_state_dict=self.model,
+            model_state_dict=cast("dict[str, Any]", self.model),  # DCP's ValueType dict is invariant
             optim_state_dict=by_name,
             options=StateDictOptions(full_state_dict=True),
         )

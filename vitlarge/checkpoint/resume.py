@@ -29,7 +29,6 @@ Contract (both functions are collectives: every rank calls ``choose``, then ``re
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import os
@@ -183,13 +182,14 @@ def _move_aside(workdir: str | Path, paths: list[Path], from_step: int) -> Path:
     Returns that folder. Its name matches no ``step_*`` pattern, so it is never chosen nor pruned."""
     root = Path(workdir) / store.CHECKPOINTS_DIR
     base = f"abandoned_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}_from_{store.step_name(from_step)}"
-    for i in itertools.count():
+    i = 0
+    while True:
         dest = root / (base if i == 0 else f"{base}_{i}")
         try:
             dest.mkdir()
             break
         except FileExistsError:
-            continue
+            i += 1
     for path in paths:
         os.rename(path, dest / path.name)
     fileio.fsync_dir(dest)

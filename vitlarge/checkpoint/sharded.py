@@ -29,8 +29,9 @@ import io
 import math
 import pickle
 import warnings
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import torch
 import torch.distributed as dist
@@ -61,7 +62,7 @@ def _root(model: nn.Module) -> nn.Module:
     (whose replicas are the module itself); an FSDP2 root is the model itself."""
     from torch.nn.parallel import DistributedDataParallel
 
-    model = model.unwrap() if hasattr(model, "unwrap") else model
+    model = cast(Any, model).unwrap() if hasattr(model, "unwrap") else model  # the Booster's ModelWrapper
     return model.module if isinstance(model, DistributedDataParallel) else model
 
 
@@ -94,7 +95,10 @@ def model_tensors(model: nn.Module, rank: int) -> dict[str, torch.Tensor]:
     if not is_sharded(model):
         return {k: v.detach().contiguous().cpu() for k, v in root.state_dict().items()} if rank == 0 else {}
     # cpu_offload: gathered on rank 0 only (the others get {}), each tensor moved to the host as it comes.
-    state = get_model_state_dict(root, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    state = cast(
+        "dict[str, torch.Tensor]",  # a model's state dict: tensors (DCP annotates any state dict's values)
+        get_model_state_dict(root, options=StateDictOptions(full_state_dict=True, cpu_offload=True)),
+    )
     return {k: v.detach().contiguous().cpu() for k, v in state.items()} if rank == 0 else {}
 
 
@@ -143,6 +147,7 @@ class _WeightsOnlyLoadPlanner(DefaultLoadPlanner):
     def create_local_plan(self):
         from torch.distributed.checkpoint.default_planner import create_default_local_load_plan
 
+        assert self.metadata is not None  # set_up_planner gave it the index
         return create_default_local_load_plan(self.state_dict, self.metadata, not self.allow_partial_load)
 
     def load_bytes(self, read_item, value: io.BytesIO) -> None:
@@ -255,6 +260,9 @@ def _layout_by_name(name):
     return layouts[name]
 
 
+_PURE: Any = pickle._Unpickler  # typed Any: see _MetadataUnpickler.dispatch
+
+
 class _MetadataUnpickler(pickle._Unpickler):
     """Unpickles DCP's ``.metadata`` as data: the exact globals of `_allowed_globals`, and only the opcodes a
     DCP index uses, each checked. Python's own unpickler (not the C one) so that every object-building
@@ -269,7 +277,9 @@ class _MetadataUnpickler(pickle._Unpickler):
     """
 
     ALLOWED: dict[tuple[str, str], object] | None = None
-    dispatch = dict(pickle._Unpickler.dispatch)
+    # pickle's pure-Python unpickler: its opcode table, its stack and its load_* methods are not in typeshed
+    dispatch: ClassVar[dict[int, Callable[[Any], None]]] = dict(_PURE.dispatch)
+    stack: list[Any]
 
     def find_class(self, module: str, name: str):
         if _MetadataUnpickler.ALLOWED is None:
@@ -291,14 +301,14 @@ class _MetadataUnpickler(pickle._Unpickler):
             _refuse(f"calls {getattr(func, '__name__', type(func).__name__)[:60]}")
         if not isinstance(args, tuple):
             _refuse("calls with arguments that are not a tuple")
-        pickle._Unpickler.load_reduce(self)
+        _PURE.load_reduce(self)
 
     def _newobj(self):
         args = self.stack[-1]
         cls = self.stack[-2]
         if cls not in _metadata_classes() or args != ():
             _refuse(f"builds a {getattr(cls, '__name__', type(cls).__name__)[:60]} that way")
-        pickle._Unpickler.load_newobj(self)
+        _PURE.load_newobj(self)
 
     def _build(self):
         state, inst = self.stack[-1], self.stack[-2]
@@ -311,7 +321,7 @@ class _MetadataUnpickler(pickle._Unpickler):
             fields = {f.name for f in dataclasses.fields(inst)}
             if not (isinstance(state, dict) and set(state) <= fields):
                 _refuse(f"sets fields a {type(inst).__name__} does not have")
-        pickle._Unpickler.load_build(self)
+        _PURE.load_build(self)
 
     def _refused_opcode(self):
         _refuse("uses an opcode (INST, OBJ or NEWOBJ_EX) that builds objects otherwise")
@@ -327,7 +337,7 @@ class IndexProblem(ValueError):
     """Why a ``.metadata`` is not a DCP index of its checkpoint's own files (a few words, no traceback)."""
 
 
-def read_index(folder: Path, files: dict[str, dict] | None = None):
+def read_index(folder: Path, files: Mapping[str, dict | None] | None = None):
     """DCP's ``Metadata`` of ``folder``, read as data: at most `INDEX_MAX_BYTES` (and its recorded size),
     a regular file, unpickled by `_MetadataUnpickler`, then checked (`index_problem`) against ``files``,
     meta.json's records (read from the folder when not given). Raises `IndexProblem`."""
@@ -336,10 +346,10 @@ def read_index(folder: Path, files: dict[str, dict] | None = None):
 
     folder = Path(folder)
     try:
-        files = meta_json.listed_files(folder) if files is None else files
+        listed: Mapping[str, dict | None] = meta_json.listed_files(folder) if files is None else files
     except ValueError as e:
         raise IndexProblem(str(e)) from None
-    record = files.get(METADATA)
+    record = listed.get(METADATA)
     if not isinstance(record, dict):
         raise IndexProblem(f"meta.json does not list {METADATA}")
     try:
@@ -360,7 +370,7 @@ def read_index(folder: Path, files: dict[str, dict] | None = None):
     except Exception as e:  # noqa: BLE001 - a damaged pickle raises EOFError, ValueError, TypeError, KeyError...
         raise IndexProblem(f"{METADATA} is not a DCP index ({type(e).__name__})") from None
     try:
-        problem = index_problem(metadata, files)
+        problem = index_problem(metadata, listed)
     except (AttributeError, TypeError, ValueError, OverflowError) as e:  # a field missing or of another type
         problem = f"{METADATA} is not a DCP index of this checkpoint ({type(e).__name__})"
     if problem:
@@ -399,7 +409,7 @@ def _chunks_tile(chunks: list, size: torch.Size) -> bool:
     return True
 
 
-def index_problem(metadata, files: dict[str, dict]) -> str | None:
+def index_problem(metadata, files: Mapping[str, dict | None]) -> str | None:
     """Why ``metadata`` is not a DCP index of the ``.distcp`` files meta.json lists (``files``), or None.
     Every storage entry must name one of them, with its byte range inside the recorded size; every
     tensor's shape, dtype and chunks must be well formed and no larger than the checkpoint's data (so a
@@ -417,7 +427,7 @@ def index_problem(metadata, files: dict[str, dict]) -> str | None:
 
     if type(metadata) is not Metadata:
         return f"{METADATA} holds a {type(metadata).__name__}, not DCP's Metadata"
-    data_files = {n: r["bytes"] for n, r in files.items() if n.endswith(".distcp")}
+    data_files = {n: cast(dict, r)["bytes"] for n, r in files.items() if n.endswith(".distcp")}  # None: TypeError
     total, tensor_bytes = sum(data_files.values()), 0
     entries = metadata.state_dict_metadata
     if not isinstance(entries, dict):

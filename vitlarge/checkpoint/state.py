@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 import torch
@@ -44,7 +44,7 @@ class RngState:
     """This process's torch (CPU and, once initialised, CUDA), numpy and Python RNGs as a `Stateful`."""
 
     def state_dict(self) -> dict[str, Any]:
-        np_state = np.random.get_state()
+        np_state = cast(tuple, np.random.get_state())  # the legacy form: (name, keys, pos, has_gauss, cached)
         state = {
             "torch": torch.get_rng_state(),
             "numpy": {
