@@ -161,9 +161,8 @@ def adapt(sd: dict[str, torch.Tensor], model: torch.nn.Module, source: str) -> t
                     f"model.init_from={source}: pos_embed {tuple(v.shape)} cannot be resampled to "
                     f"{tuple(want.shape)}; fine-tune from the same architecture"
                 )
-            v = resample(v.float(), new_size=list(_grid(model)), old_size=[old, old], num_prefix_tokens=prefix).to(
-                want.dtype
-            )
+            v = resample(v.float(), new_size=list(_grid(model)), old_size=[old, old], num_prefix_tokens=prefix)
+            v = v.to(want.dtype)
             notes.append(
                 f"position embedding resampled from a {old}x{old} to a {_grid(model)[0]}x{_grid(model)[1]} token grid"
             )

@@ -142,7 +142,7 @@ class _Settings(TypedDict, total=False):
     mag_to_param: Callable[[float], npt.ArrayLike] | None
 
 
-def _augmentation(made: _Decorated) -> Augmentation:
+def as_augmentation(made: _Decorated) -> Augmentation:
     """One of ``nvidia.dali.auto_aug.augmentations``' ops, typed as the Augmentation it is."""
     return cast("Augmentation", made)
 
@@ -151,7 +151,7 @@ def _variant(made: _Decorated, **settings: Unpack[_Settings]) -> Augmentation:
     """The op ``made`` with ``settings`` replaced (the others stay), as ``made.augmentation(**settings)``."""
     # DALI leaves Augmentation.augmentation's parameters unannotated with the class _UndefinedParam as
     # their default, which pyright takes for their type; they take what _Settings declares.
-    return _augmentation(made).augmentation(**settings)  # pyright: ignore[reportArgumentType]
+    return as_augmentation(made).augmentation(**settings)  # pyright: ignore[reportArgumentType]
 
 
 def op_table(s: RandAugmentSpec) -> list[tuple[str, Augmentation]]:
@@ -176,9 +176,9 @@ def op_table(s: RandAugmentSpec) -> list[tuple[str, Augmentation]]:
         enhance = _Settings(mag_range=table(frac * 1.8 + 0.1), randomly_negate=False, mag_to_param=None)
         sharp = _Settings(enhance, mag_to_param=a.sharpness_kernel_shifted)
     ops = {
-        "AutoContrast": _augmentation(a.auto_contrast),
-        "Equalize": _augmentation(a.equalize),
-        "Invert": _augmentation(a.invert),
+        "AutoContrast": as_augmentation(a.auto_contrast),
+        "Equalize": as_augmentation(a.equalize),
+        "Invert": as_augmentation(a.invert),
         "Rotate": _variant(a.rotate, mag_range=table(frac * 30), randomly_negate=True),
         "Posterize": _variant(a.posterize, mag_range=table(posterize_bits), mag_to_param=_posterize_mask),
         "Solarize": _variant(a.solarize, mag_range=table(solarize)),
@@ -240,7 +240,7 @@ def apply(images: DataNode, s: RandAugmentSpec, shape: Sequence[int]) -> DataNod
     from nvidia.dali.auto_aug import augmentations as a
     from nvidia.dali.auto_aug.core import select, signed_bin
 
-    ops = [aug for _, aug in op_table(s)] + [_augmentation(a.identity)]
+    ops = [aug for _, aug in op_table(s)] + [as_augmentation(a.identity)]
     k = len(ops) - 1
     op = fn.random.uniform(values=list(range(k)), shape=(s.n,), dtype=types.DALIDataType.INT32)
     run = fn.cast(fn.random.coin_flip(probability=s.p, shape=(s.n,)), dtype=types.DALIDataType.INT32)
