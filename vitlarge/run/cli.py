@@ -115,7 +115,8 @@ def plan_or_train(args, env, threads: ThreadPools, make_hooks: MakeHooks | None 
             "PyTorch and Colossal-AI, then joining the process group (10-20 s)",
             flush=True,
         )
-    assert make_hooks is not None, "a training run is handed its hooks"
+    if make_hooks is None:
+        raise TypeError("a training run needs make_hooks (train.py passes hooks' build_hooks)")
     return build_run(cfg, env, make_hooks, resume=args.resume, threads=threads).fit()
 
 
