@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     from vitlarge.train.evaluation import evaluate
     from vitlarge.train.start import exit_status, start
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--config", required=True)
     p.add_argument(
         "--checkpoint",
@@ -93,10 +93,10 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
         try:
-            at = dict(phase=evaluated_phase(evaluation_plan(cfg, env.world_size, n_train), step))
+            phase, size = evaluated_phase(evaluation_plan(cfg, env.world_size, n_train), step), None
         except UserError:  # no plan on this data (fewer training images than a global batch): the last phase's size
-            at = dict(image_size=resolve_phases(cfg)[-1].eval_size)
-        val = val_loader(cfg, env.rank, env.world_size, device, **at)
+            phase, size = None, resolve_phases(cfg)[-1].eval_size
+        val = val_loader(cfg, env.rank, env.world_size, device, phase=phase, image_size=size)
         metrics = evaluate(model, val, Precision(settings.precision, device))
         if env.is_main:
             print(json.dumps(metrics))

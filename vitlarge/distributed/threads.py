@@ -20,7 +20,7 @@ from vitlarge.errors import UserError
 class ThreadPools(NamedTuple):
     """What `size_thread_pools` set: PyTorch's intra-op threads per process, and why (the line rank 0 logs)."""
 
-    count: int
+    size: int
     why: str
 
 

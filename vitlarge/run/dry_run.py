@@ -69,7 +69,7 @@ IMAGENET_DECODED_BYTES = 469 * 387 * 3
 
 def gpu_overheads(cfg: Config, plan: Plan) -> list[tuple[str, float, str]]:
     """``(what, bytes, where the number comes from)`` per GPU beyond `memory_estimate`'s total."""
-    out = [
+    out: list[tuple[str, float, str]] = [
         (
             "CUDA context and kernels",
             CUDA_CONTEXT_BYTES,

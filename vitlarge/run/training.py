@@ -17,6 +17,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vitlarge.config.schema import Config
 from vitlarge.distributed.launcher import DistEnv
@@ -24,6 +25,11 @@ from vitlarge.distributed.threads import NO_THREADS, ThreadPools
 from vitlarge.errors import UserError
 from vitlarge.events import Hook
 from vitlarge.plan.plan import Plan
+
+if TYPE_CHECKING:
+    from vitlarge.data.manifest import Manifest
+    from vitlarge.train.assemble import Parts
+    from vitlarge.train.trainer import Trainer
 
 log = logging.getLogger("vitlarge")
 
@@ -40,9 +46,9 @@ class TrainingRun:
     """The recipe's config as written (its ``auto`` values stay: what they resolved to is in ``parts.settings``)."""
     plan: Plan
     env: DistEnv
-    parts: object  # vitlarge.train.assemble.Parts
-    trainer: object  # vitlarge.train.trainer.Trainer
-    manifest: object  # vitlarge.data.manifest.Manifest
+    parts: Parts
+    trainer: Trainer
+    manifest: Manifest
 
     def fit(self) -> int:
         """Trains, evaluates and exports; 0 when done (a stop raises `Preempted` or `StopTraining`)."""

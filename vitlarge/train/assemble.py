@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -36,6 +37,9 @@ from vitlarge.plan.plan import Plan
 from vitlarge.train.engine import Engine
 from vitlarge.train.settings import Settings
 
+if TYPE_CHECKING:
+    from colossalai.booster import Booster
+
 
 @dataclass
 class Parts:
@@ -43,7 +47,7 @@ class Parts:
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
-    booster: object
+    booster: Booster
     precision: Precision
     engine: Engine
     cfg: Config
@@ -120,7 +124,8 @@ def build(cfg: Config, plan: Plan, settings: Settings, booster=None, init_from: 
         from colossalai.booster import Booster
 
         booster = Booster(plugin=build_plugin(cfg, device, settings.precision))
-    model, optimizer, *_ = booster.boost(model, optimizer)
+    boosted = booster.boost(model, optimizer)
+    model, optimizer = cast(torch.nn.Module, boosted[0]), cast(torch.optim.Optimizer, boosted[1])  # the wrappers
     precision = Precision(
         settings.precision,
         device,

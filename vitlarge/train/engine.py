@@ -19,6 +19,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -44,7 +45,8 @@ class CommCounter:
     def hook(state: CommCounter, bucket):
         state.calls += 1
         state.bytes += bucket.buffer().numel() * bucket.buffer().element_size()
-        return default_hooks.allreduce_hook(None, bucket)
+        # torch annotates process_group as ProcessGroup; its body takes None for the default group, as here
+        return default_hooks.allreduce_hook(None, bucket)  # pyright: ignore[reportArgumentType]
 
 
 def build_criterion(cfg: Config):
@@ -86,7 +88,8 @@ def build_erasing(cfg: Config, device: torch.device):
     from timm.data.random_erasing import RandomErasing
 
     p = cfg.augment.random_erase_prob
-    return RandomErasing(probability=p, mode="pixel", max_count=1, device=device) if p > 0 else None
+    # timm annotates ``device`` as a str; it only hands it to torch, which takes a torch.device as well
+    return RandomErasing(probability=p, mode="pixel", max_count=1, device=cast(str, device)) if p > 0 else None
 
 
 def augment_batch(images: torch.Tensor, labels: torch.Tensor, mixup, erase) -> tuple[torch.Tensor, torch.Tensor]:

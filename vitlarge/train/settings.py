@@ -180,7 +180,8 @@ def apply_determinism(on: bool, device: torch.device | str) -> str:
     import os
 
     torch.use_deterministic_algorithms(on)
-    torch.utils.deterministic.fill_uninitialized_memory = not on
+    # a module property that torch's stubs do not declare
+    torch.utils.deterministic.fill_uninitialized_memory = not on  # pyright: ignore[reportAttributeAccessIssue]
     torch.backends.cudnn.deterministic = on
     torch.backends.cudnn.benchmark = False
     if on and os.environ.get("CUBLAS_WORKSPACE_CONFIG") not in (":4096:8", ":16:8"):  # the two torch accepts
@@ -268,6 +269,6 @@ def _settings(
         compile=compiled.on,
         compile_why=compiled.why,
         fsdp_reduce_every_micro_step=fsdp_reduce_every_micro_step(cfg.train.fsdp_accumulation, precision.name),
-        threads=threads.count,
+        threads=threads.size,
         threads_why=threads.why,
     )

@@ -89,10 +89,12 @@ class Trainer:
             return self._evaluate_now()
 
     def _evaluate_now(self) -> EvalMetrics:
-        found = evaluate(self.engine.model, self.val_loader, self.engine.precision)
+        val = self.val_loader
+        assert val is not None, "evaluated before a phase's loaders were made"
+        found = evaluate(self.engine.model, val, self.engine.precision)
         if self.engine.ema is not None:
             with self.engine.ema.swapped_into():
-                ema = evaluate(self.engine.model, self.val_loader, self.engine.precision)
+                ema = evaluate(self.engine.model, val, self.engine.precision)
             found.update({f"{k}_ema": ema[k] for k in ("val_top1", "val_top5", "val_loss")})
         m = EvalMetrics(step=self.step, epoch=self.plan.epoch_at(self.step), **found)
         self._emit(Event.EVAL_END, m)
@@ -114,6 +116,7 @@ class Trainer:
 
     def _save(self):
         # meta.json's config is the run's record: precision and compile as resolved, not the recipe's "auto"
+        assert self.train_loader is not None, "saved before a phase's loaders were made"
         state = self.engine.state(self.step, self.train_loader.state(), self.line, config=self.info.record)
         path = store.save(self.cfg.workdir, state, self.cfg, keep=self.cfg.train.keep_checkpoints)
         self._emit(Event.CHECKPOINT, self.step, str(path))
@@ -130,7 +133,9 @@ class Trainer:
         # The old pipelines go (threads, pinned and device pools) before the new ones are built.
         self.train_loader = self.val_loader = None
         release_loader_memory(self.device)
-        self.train_loader, self.val_loader = self.loaders.enter(step)
+        entered = self.loaders.enter(step)
+        assert entered is not None  # changes_at(step)
+        self.train_loader, self.val_loader = entered
         return True
 
     def fit(self, export=None) -> EvalMetrics:
@@ -158,8 +163,10 @@ class Trainer:
         self._emit(Event.TRAIN_START)
         while self.step < end:
             warming = self._enter_phase()
+            loader = self.train_loader
+            assert loader is not None  # the first step enters its phase
             t0 = time.perf_counter()
-            out = self.engine.step(self.step, lambda: next(self.train_loader))
+            out = self.engine.step(self.step, loader.__next__)
             loss, stop, interrupted = self._sync(
                 out.loss
             )  # its .tolist() waits for the device: dt is the real step time
