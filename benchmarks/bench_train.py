@@ -102,7 +102,18 @@ def build_trainer(cfg, batches: list, workdir: str, timer: StepTimer):
 
     engine = build_engine(cfg)
     plan = engine.plan
-    run_info = RunInfo(workdir=workdir, rank=0, is_main=True, device="cpu", start_step=0, plan=plan, cfg=cfg)
+    s = engine.settings  # what the engine was built for: the NaN guard and meta.json read it from here
+    run_info = RunInfo(
+        workdir=workdir,
+        rank=0,
+        is_main=True,
+        device="cpu",
+        start_step=0,
+        plan=plan,
+        cfg=cfg,
+        precision=s.precision,
+        compile=s.compile,
+    )
     hooks = build_hooks(
         workdir, log_every=cfg.train.log_every_steps, nan_patience=cfg.train.nan_patience, console=False
     )

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from vitlarge.config.schema import Config
@@ -65,11 +65,11 @@ class RunInfo:
     precision_why: str = ""
     """Why the run trains in ``precision`` where it was not the recipe's plain choice (``auto``'s pick, a
     slow CPU's fp16): `vitlarge.train.settings.Settings.precision_why`."""
-    precision: str = "fp32"
+    precision: str = field(kw_only=True)
     """What the run trains in (`vitlarge.train.settings.Settings.precision`: ``train.precision`` resolved; ``cfg``
-    keeps ``auto`` as the recipe wrote it). A RunInfo made without settings (a test's) trains in fp32, eager."""
-    compile: bool = False
-    """Whether the model's forward is compiled (`vitlarge.train.settings.Settings.compile`)."""
+    keeps ``auto`` as the recipe wrote it). Required: the settings are the one source, there is no default."""
+    compile: bool = field(kw_only=True)
+    """Whether the model's forward is compiled (`vitlarge.train.settings.Settings.compile`). Required, as above."""
 
     @property
     def record(self) -> dict:

@@ -36,7 +36,7 @@ def step_metrics(step: int = 3, **changes) -> StepMetrics:
 
 def run_info(world: int = 2) -> RunInfo:
     cfg = load_recipe(ROOT / "recipes" / "demo_digits.py")
-    return RunInfo("runs/x", 1, False, "cpu", 0, make_plan(cfg, world, 1437), cfg)
+    return RunInfo("runs/x", 1, False, "cpu", 0, make_plan(cfg, world, 1437), cfg, precision="fp32", compile=False)
 
 
 class Recorder(Hook):

@@ -65,8 +65,6 @@ from vitlarge.model.precision import DTYPES
 from vitlarge.model.vit import Fp32Conv2d
 
 BROADCAST_BUCKET_BYTES = 250 * 1024 * 1024  # DDP's bucket for the initial broadcast
-FULL_SHAPES_ATTR = "vitlarge_full_shapes"
-"""Attribute of the FSDP root holding the unsharded state dict's shapes (read without a collective)."""
 
 
 class _ShardedFp32Conv2d(Fp32Conv2d):
@@ -99,7 +97,6 @@ def wrap(model: nn.Module, precision: str, device: torch.device) -> nn.Module:
             f"train.plugin=fsdp needs a model with transformer blocks to shard one by one; "
             f"{type(model).__name__} has no timm Block: use train.plugin=ddp or a timm ViT"
         )
-    shapes = {k: list(v.shape) for k, v in model.state_dict().items()}
     if dist.get_world_size() > 1:
         world = dist.group.WORLD
         assert world is not None  # the default group, which the run has made
@@ -123,7 +120,6 @@ def wrap(model: nn.Module, precision: str, device: torch.device) -> nn.Module:
     for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
-    setattr(model, FULL_SHAPES_ATTR, shapes)
     return model
 
 

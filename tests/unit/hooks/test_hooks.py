@@ -55,6 +55,7 @@ def make_run(workdir, **kw) -> RunInfo:
         plan=dataclasses.replace(PLAN, **plan_kw),
         cfg=Config(),
         precision="fp16",  # the run's resolved precision (Config's default): the NaN guard then ignores skips
+        compile=False,
     )
     return RunInfo(**{**base, **kw})
 

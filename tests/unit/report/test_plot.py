@@ -33,7 +33,17 @@ def run_info(workdir, start_step=0) -> RunInfo:
     )
     cfg = Config()
     cfg.model.name = "vit_tiny_patch16_224"
-    return RunInfo(workdir=str(workdir), rank=0, is_main=True, device="cpu", start_step=start_step, plan=plan, cfg=cfg)
+    return RunInfo(
+        workdir=str(workdir),
+        rank=0,
+        is_main=True,
+        device="cpu",
+        start_step=start_step,
+        plan=plan,
+        cfg=cfg,
+        precision="fp32",
+        compile=False,
+    )
 
 
 def step(s: int, loss: float = 1.0, skipped: bool = False) -> StepMetrics:

@@ -46,7 +46,7 @@ def test_the_window_is_the_steps_this_run_takes(window, start_step, end_step, ex
 def make_run(workdir, profile_steps: str | None, start_step: int = 0, max_steps: int = 6) -> RunInfo:
     cfg = Config()
     cfg.train.profile_steps, cfg.train.max_steps = profile_steps, max_steps
-    return RunInfo(str(workdir), 0, True, "cpu", start_step, PLAN, cfg)
+    return RunInfo(str(workdir), 0, True, "cpu", start_step, PLAN, cfg, precision="fp32", compile=False)
 
 
 def step_metrics(step: int) -> StepMetrics:

@@ -112,7 +112,8 @@ def trainer(workdir, hooks: list[Hook], start_step: int = 0) -> Trainer:
     parts = build(cfg, plan, resolve_settings(cfg, "cpu"))
     g = torch.Generator().manual_seed(1)
     val = [(torch.randn(20, 3, 16, 16, generator=g), torch.randint(0, 10, (20,), generator=g)) for _ in range(2)]
-    run = RunInfo(str(workdir), 0, True, "cpu", start_step, plan, cfg)
+    s = parts.settings
+    run = RunInfo(str(workdir), 0, True, "cpu", start_step, plan, cfg, precision=s.precision, compile=s.compile)
     loaders = OnePhaseLoaders(Batches(16), val)
     return Trainer(cfg, plan, parts.engine, loaders, hooks, run, start_step=start_step)
 
