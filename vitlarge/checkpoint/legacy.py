@@ -21,6 +21,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_
 
 from vitlarge.checkpoint import sharded
 from vitlarge.checkpoint.files import safetensors_file, torch_load
+from vitlarge.checkpoint.layout import Unusable
 from vitlarge.checkpoint.state import RunState
 from vitlarge.errors import UserError
 
@@ -60,6 +61,9 @@ class FullState:
             if self.from_ddp
             else full_optimizer_state(path, self.optimizers, [shapes[n] for n in names])
         )
+        problem = optimizer_state_problem(whole, len(names))  # indices within this model's parameters
+        if problem:
+            raise Unusable(path, f"its optimizer state {problem}")
         by_name = {
             "state": {names[i]: s for i, s in whole["state"].items()},
             "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in whole["param_groups"]],
@@ -74,13 +78,36 @@ class FullState:
 
 
 def read(path: Path, files: dict) -> FullState:
-    """Rank-local: the weights and optimizer files of format-1/2 checkpoint ``path`` (``files``: its listing)."""
+    """Rank-local: the weights and optimizer files of format-1/2 checkpoint ``path`` (``files``: its listing).
+    Raises `Unusable` where an optimizer file is not an optimizer state dict of the form torch writes."""
     optimizer_files = optimizer_sources(files)
+    optimizers = [torch_load(path, n) for n in optimizer_files]
+    for name, state in zip(optimizer_files, optimizers):
+        problem = optimizer_state_problem(state)
+        if problem:
+            raise Unusable(path, f"{name} {problem}")
     return FullState(
-        model=safetensors_file(path, MODEL),
-        optimizers=[torch_load(path, n) for n in optimizer_files],
-        from_ddp=optimizer_files == [FULL_OPTIMIZER],
+        model=safetensors_file(path, MODEL), optimizers=optimizers, from_ddp=optimizer_files == [FULL_OPTIMIZER]
     )
+
+
+def optimizer_state_problem(state: object, params: int | None = None) -> str | None:
+    """Why ``state`` (a file's unpickled data) is not an optimizer state dict as ``Optimizer.state_dict()`` gives
+    it: ``state``, per-parameter dicts by parameter index, and ``param_groups``, dicts whose ``params`` are
+    indices (below ``params`` where given); None when it is one."""
+    if not (isinstance(state, dict) and isinstance(state.get("state"), dict)):
+        return "is not an optimizer state (a dict with 'state' and 'param_groups')"
+    groups = state.get("param_groups")
+    if not (
+        isinstance(groups, list) and all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups)
+    ):
+        return "holds no 'param_groups' of dicts with 'params' lists"
+    indices = [i for g in groups for i in g["params"]] + list(state["state"])
+    if not all(type(i) is int and i >= 0 and (params is None or i < params) for i in indices):
+        return "names parameters by something other than their indices in the model"
+    if not all(isinstance(s, dict) for s in state["state"].values()):
+        return "holds per-parameter state that is not a dict"
+    return None
 
 
 def full_optimizer_state(path, states: list[dict], shapes: list[list[int]]) -> dict:

@@ -5,6 +5,7 @@ Uses the demo recipe's 0.46M-parameter ViT, the project's LAMB and a CPU GradSca
 
 import gc
 import json
+import re
 import random
 from pathlib import Path
 
@@ -394,6 +395,35 @@ def test_a_format_2_checkpoint_still_resumes_exactly_and_its_weights_load(tmp_pa
     # ... and the next save is format 3, in the same line
     new = save(tmp_path, 3, model2, opt2, scaler2, cfg)
     assert store.read_meta(new)["format_version"] == 3 and store.latest(tmp_path) == new
+
+
+@pytest.mark.parametrize(
+    "damage, problem",
+    [
+        (lambda sd: [1, 2], "optimizer.pt is not an optimizer state"),
+        (lambda sd: {"state": sd["state"]}, "optimizer.pt holds no 'param_groups'"),
+        (lambda sd: {**sd, "state": {"0": {}}}, "optimizer.pt names parameters by something other than"),
+        (
+            lambda sd: {**sd, "param_groups": [{**sd["param_groups"][0], "params": [10**6]}]},
+            "its optimizer state names parameters by something other than",
+        ),
+    ],
+    ids=["a list", "no param_groups", "string keys", "an index past the model"],
+)
+def test_a_format_2_optimizer_file_of_another_form_is_one_line(tmp_path, cfg, damage, problem):
+    """A well-formed torch file whose data is not an optimizer state (handed over, or damaged and re-recorded) is
+    refused with the checkpoint's one line, not a traceback from deep inside the load."""
+    from vitlarge import fileio
+
+    model, opt, scaler = trained(cfg)
+    path = tmp_path / "checkpoints" / "step_0000002"
+    write_format2(path, model, opt, scaler, cfg, 2)
+    torch.save(damage(opt.state_dict()), path / "optimizer.pt")
+    meta = json.loads((path / "meta.json").read_text())
+    meta["files"]["optimizer.pt"] = fileio.sync_and_record(path / "optimizer.pt")  # its records agree
+    (path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(store.Unusable, match=re.escape(problem)):
+        store.load(path, RunState(*make(cfg, seed=1)), cfg)
 
 
 def test_dcp_index_is_read_without_unpickling_foreign_objects(tmp_path, cfg):
