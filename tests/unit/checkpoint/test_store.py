@@ -5,8 +5,8 @@ Uses the demo recipe's 0.46M-parameter ViT, the project's LAMB and a CPU GradSca
 
 import gc
 import json
-import re
 import random
+import re
 from pathlib import Path
 
 import crc32c
