@@ -12,13 +12,20 @@ the offline tools. ``data.source=synthetic`` swaps them for ``synthetic.Syntheti
 (random batches made on the device, no DALI); `vitlarge.data.sources` chooses.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from vitlarge.data.manifest import Manifest, load_manifest
 from vitlarge.data.spec import TrainSpec, ValSpec
+
+if TYPE_CHECKING:
+    from vitlarge.data.loader import TrainLoader, ValLoader
 
 __all__ = ["Manifest", "load_manifest", "TrainLoader", "TrainSpec", "ValLoader", "ValSpec"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> type[TrainLoader] | type[ValLoader]:
     if name in ("TrainLoader", "ValLoader"):
         from vitlarge.data import loader
 

@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import threading
+from typing import TYPE_CHECKING
 
 import torch
 from nvidia.dali.plugin.pytorch import feed_ndarray
@@ -35,10 +36,14 @@ from vitlarge.data.manifest import MANIFEST_NAME, Manifest, load_manifest, shard
 from vitlarge.data.spec import LoaderSpec, TrainSpec, ValSpec, pipe_seed
 from vitlarge.errors import UserError
 
+if TYPE_CHECKING:
+    from nvidia.dali.pipeline import Pipeline
+    from nvidia.dali.tensors import TensorListCPU, TensorListGPU
+
 DEFAULT_MEAN, DEFAULT_STD = LoaderSpec("", 1, 1).pixels()  # ImageNet's on DALI's 0..255 pixel scale
 
 
-def torch_stream(device: torch.device):
+def torch_stream(device: torch.device) -> torch.cuda.Stream | None:
     """The stream DALI must copy on so that torch sees the copy in order: None on the CPU."""
     return torch.cuda.current_stream(device) if device.type == "cuda" else None
 
@@ -75,7 +80,7 @@ SHM = "/dev/shm"  # where DALI's parallel external source passes batches
 SHM_LOW_MIB = 256  # below this much free there, a stopped read worker is put down to /dev/shm
 
 
-def ended_read_workers(pipe) -> list[tuple[int, int]]:
+def ended_read_workers(pipe: Pipeline) -> list[tuple[int, int]]:
     """``(pid, exit code)`` of the pipeline's read workers (DALI's parallel external source) that have ended; a
     negative code is the signal that ended it. DALI stops the pool when one ends, but its next ``run()`` can
     wait forever on the lost worker (seen when one was killed between two batches), so the loader asks first.
@@ -121,7 +126,9 @@ def read_workers_error(manifest: Manifest, ended: list[tuple[int, int]]) -> Exce
     )
 
 
-def _run(pipe, manifest: Manifest, split: str, device: torch.device):
+def _run(
+    pipe: Pipeline, manifest: Manifest, split: str, device: torch.device
+) -> tuple[TensorListCPU | TensorListGPU, ...]:
     """``pipe.run()``; an image DALI cannot decode becomes a one-line UserError with the fix.
 
     On a GPU the outputs are bound to torch's current stream (DALI's default execution model): their

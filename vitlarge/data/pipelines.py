@@ -9,6 +9,7 @@ DALI device (CPU or GPU), labels always on the CPU. The device is chosen once, i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypedDict, cast
 
 import nvidia.dali.fn as fn
 import nvidia.dali.tfrecord as tfrec
@@ -21,8 +22,14 @@ from vitlarge.data.common import shard_range  # noqa: F401 (the readers' rank sl
 from vitlarge.data.spec import TrainSpec, ValSpec, pipe_seed
 from vitlarge.errors import UserError
 
+if TYPE_CHECKING:
+    import torch
+    from nvidia.dali.data_node import DataNode
+
+    from vitlarge.data.repeats import RepeatedRecords
+
 FEATURES = {
-    "image/encoded": tfrec.FixedLenFeature((), tfrec.string, ""),
+    "image/encoded": tfrec.FixedLenFeature([], tfrec.string, ""),
     "image/class/label": tfrec.FixedLenFeature([1], tfrec.int64, -1),
 }
 READER = "Reader"  # reader op name, for reader_meta()
@@ -37,7 +44,7 @@ class DaliDevice:
     decoder: str  # "cpu" or "mixed" (nvJPEG, output on the GPU)
 
 
-def dali_device(device) -> DaliDevice:
+def dali_device(device: torch.device) -> DaliDevice:
     """The one place a torch.device becomes DALI settings."""
     if device.type == "cuda":
         import torch
@@ -48,7 +55,31 @@ def dali_device(device) -> DaliDevice:
     raise UserError(f"device {device}: DALI loaders support 'cpu' and 'cuda' devices; pass one of those")
 
 
-def _reader(files, *, shard_id, num_shards, seed, training: bool, initial_fill: int = 1, file_order_seed: int = 0):
+class _ReadOrder(TypedDict, total=False):
+    """The reader's order options, by DALI's names and types."""
+
+    random_shuffle: bool
+    initial_fill: int
+    shuffle_after_epoch: bool
+    shuffle_after_epoch_seed: int
+    stick_to_shard: bool
+    pad_last_batch: bool
+
+
+class _Prefetch(TypedDict, total=False):
+    prefetch_queue_depth: int
+
+
+def _reader(
+    files: list[tuple[str, str]],
+    *,
+    shard_id: int,
+    num_shards: int,
+    seed: int,
+    training: bool,
+    initial_fill: int = 1,
+    file_order_seed: int = 0,
+) -> dict[str, DataNode]:
     """The TFRecord reader both pipelines share; ``training`` picks the sample order.
 
     Training: every epoch the reader permutes the order of the shard files with
@@ -59,8 +90,9 @@ def _reader(files, *, shard_id, num_shards, seed, training: bool, initial_fill: 
     Validation: each rank keeps its slice in stored order; DALI pads the slice to the largest
     rank's size and then to whole batches (``pad_last_batch``), the loader drops the padding.
     """
+    order: _ReadOrder
     if training:
-        order = dict(
+        order = _ReadOrder(
             random_shuffle=True,
             initial_fill=initial_fill,
             shuffle_after_epoch=True,
@@ -68,23 +100,35 @@ def _reader(files, *, shard_id, num_shards, seed, training: bool, initial_fill: 
             stick_to_shard=False,
         )
     else:
-        order = dict(random_shuffle=False, stick_to_shard=True, pad_last_batch=True)
-    return fn.readers.tfrecord(
-        path=[f for f, _ in files],
-        index_path=[i for _, i in files],
-        features=FEATURES,
-        shard_id=shard_id,
-        num_shards=num_shards,
-        seed=seed,
-        name=READER,
-        **order,
+        order = _ReadOrder(random_shuffle=False, stick_to_shard=True, pad_last_batch=True)
+    # DALI's stub types every reader's result as `DataNode | Sequence[DataNode] | None`; tfrecord's is a dict by feature
+    return cast(
+        "dict[str, DataNode]",
+        fn.readers.tfrecord(
+            path=[f for f, _ in files],
+            index_path=[i for _, i in files],
+            features=FEATURES,
+            shard_id=shard_id,
+            num_shards=num_shards,
+            seed=seed,
+            name=READER,
+            # DALI's stub of readers.tfrecord leaves out shuffle_after_epoch(_seed), which the reader takes
+            **order,  # pyright: ignore[reportCallIssue]
+        ),
     )
 
 
 @pipeline_def(enable_conditionals=True)
 def train_pipeline(
-    spec: TrainSpec, files, *, shard_id: int, num_shards: int, decoder: str, records=None, read_workers=0
-):
+    spec: TrainSpec,
+    files: list[tuple[str, str]],
+    *,
+    shard_id: int,
+    num_shards: int,
+    decoder: str,
+    records: RepeatedRecords | None = None,
+    read_workers: int = 0,
+) -> tuple[DataNode, DataNode]:
     """Training images of ``spec`` (`vitlarge.data.spec.TrainSpec`) from ``files`` (``(shard, index)`` paths):
     ``spec.crop`` (``rrc``: random-resized crop; ``src``: DeiT III's simple random crop), flip, then RandAugment,
     3-Augment and colour jitter where asked (`vitlarge.data.deit_augment`); rank ``shard_id`` of ``num_shards``.
@@ -102,8 +146,8 @@ def train_pipeline(
             num_outputs=2,
             batch=False,
             parallel=read_workers > 0,
-            **(dict(prefetch_queue_depth=READ_AHEAD) if read_workers > 0 else {}),
-            dtype=[types.UINT8, types.INT64],
+            **(_Prefetch(prefetch_queue_depth=READ_AHEAD) if read_workers > 0 else _Prefetch()),
+            dtype=[types.DALIDataType.UINT8, types.DALIDataType.INT64],
         )
     else:
         data = _reader(
@@ -117,7 +161,7 @@ def train_pipeline(
         )
         encoded, label = data["image/encoded"], data["image/class/label"]
     if spec.crop == "src":  # the whole image, shorter side to image_size (antialiased, as PIL's resize)
-        images = fn.decoders.image(encoded, device=decoder, output_type=types.RGB)
+        images = fn.decoders.image(encoded, device=decoder, output_type=types.DALIImageType.RGB)
         resized = deit_augment.src_size(fn.peek_image_shape(encoded), image_size)
         offsets = deit_augment.draw_src_offsets(resized, image_size, spec.src_padding)
         images = deit_augment.src_crop(images, resized, offsets, image_size, interp, spec.src_padding)
@@ -126,7 +170,7 @@ def train_pipeline(
         images = fn.decoders.image_random_crop(
             encoded,
             device=decoder,
-            output_type=types.RGB,
+            output_type=types.DALIImageType.RGB,
             random_area=list(spec.crop_scale),
             random_aspect_ratio=list(spec.crop_ratio),
             num_attempts=10,
@@ -134,7 +178,8 @@ def train_pipeline(
         # antialias=False saves ~15% of the CPU pipeline's time (benchmarks/bench_data.py). Even so,
         # DALI's CPU bilinear resize costs about as much as the JPEG decode; interp "nearest" is ~8x
         # cheaper (TrainSpec(interpolation="nearest")) at the price of aliasing. GPUs don't care.
-        images = fn.resize(images, size=[image_size, image_size], interp_type=interp, antialias=False)
+        # resize's stub allows a second output (save_attrs); without it there is one DataNode
+        images = cast("DataNode", fn.resize(images, size=[image_size, image_size], interp_type=interp, antialias=False))
     mirror = fn.random.coin_flip(probability=0.5) if spec.hflip else 0
     if randaugment is not None:
         if spec.hflip:  # RandAugment must see the flipped image, as in timm (flip, then RandAugment)
@@ -149,7 +194,7 @@ def train_pipeline(
         images = deit_augment.jitter(images, *deit_augment.draw_jitter(float(spec.color_jitter)))
     images = fn.crop_mirror_normalize(
         images,
-        dtype=types.FLOAT,
+        dtype=types.DALIDataType.FLOAT,
         output_layout="CHW",
         mean=list(mean),
         std=list(std),
@@ -159,18 +204,22 @@ def train_pipeline(
 
 
 @pipeline_def
-def val_pipeline(spec: ValSpec, files, *, shard_id: int, num_shards: int, decoder: str):
+def val_pipeline(
+    spec: ValSpec, files: list[tuple[str, str]], *, shard_id: int, num_shards: int, decoder: str
+) -> tuple[DataNode, DataNode]:
     """Validation images of ``spec`` (`vitlarge.data.spec.ValSpec`) from ``files``, in stored order."""
     image_size, interp = spec.image_size, interp_type(spec.interpolation)
     mean, std = spec.pixels()
     data = _reader(files, shard_id=shard_id, num_shards=num_shards, seed=0, training=False)
-    images = fn.decoders.image(data["image/encoded"], device=decoder, output_type=types.RGB)
+    images = fn.decoders.image(data["image/encoded"], device=decoder, output_type=types.DALIImageType.RGB)
     # timm's eval transform: shorter side to floor(size / crop_pct), then a centre crop of size.
-    images = fn.resize(images, resize_shorter=float(int(image_size / spec.crop_pct)), interp_type=interp)
+    images = cast(
+        "DataNode", fn.resize(images, resize_shorter=float(int(image_size / spec.crop_pct)), interp_type=interp)
+    )
     images = fn.crop_mirror_normalize(
         images,
         crop=(image_size, image_size),
-        dtype=types.FLOAT,
+        dtype=types.DALIDataType.FLOAT,
         output_layout="CHW",
         mean=list(mean),
         std=list(std),
@@ -178,12 +227,12 @@ def val_pipeline(spec: ValSpec, files, *, shard_id: int, num_shards: int, decode
     return images, data["image/class/label"]
 
 
-def interp_type(name: str):
+def interp_type(name: str) -> types.DALIInterpType:
     table = {
-        "bilinear": types.INTERP_LINEAR,
-        "bicubic": types.INTERP_CUBIC,
-        "triangular": types.INTERP_TRIANGULAR,
-        "nearest": types.INTERP_NN,
+        "bilinear": types.DALIInterpType.INTERP_LINEAR,
+        "bicubic": types.DALIInterpType.INTERP_CUBIC,
+        "triangular": types.DALIInterpType.INTERP_TRIANGULAR,
+        "nearest": types.DALIInterpType.INTERP_NN,
     }
     if name not in table:
         raise UserError(f"interpolation={name!r}: expected one of {sorted(table)}")

@@ -9,6 +9,7 @@ imported only for ``tfrecord``.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,6 +19,9 @@ from vitlarge.data.manifest import Manifest, load_manifest, shard_files
 from vitlarge.data.spec import TrainSpec, ValSpec, knobs
 from vitlarge.errors import UserError
 from vitlarge.plan.phases import Phase, stream_seed
+
+if TYPE_CHECKING:
+    from vitlarge.data.loader import TrainLoader, ValLoader
 
 
 def checked_manifest(cfg: Config) -> Manifest:
@@ -129,7 +133,7 @@ def train_loader(
     *,
     phase: Phase | None = None,
     fresh_at: int | None = None,
-):
+) -> TrainLoader | synthetic.SyntheticTrain:
     """The infinite, resumable train stream of this rank (`TrainLoader` or `SyntheticTrain`) for ``phase``
     (`train_spec`)."""
     _check_state_source(cfg, state)
@@ -149,7 +153,7 @@ def val_loader(
     *,
     phase: Phase | None = None,
     image_size: int | None = None,
-):
+) -> ValLoader | synthetic.SyntheticVal:
     """One exact validation pass per ``iter()`` over this rank's slice (`ValLoader` or `SyntheticVal`) for
     ``phase`` (`val_spec`)."""
     spec = val_spec(cfg, phase, image_size)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field, fields
-from typing import Literal
+from typing import Any, Literal
 
 from vitlarge.config.schema import DataConfig, rule_of
 from vitlarge.constants import IMAGENET_MEAN, IMAGENET_STD
@@ -28,7 +28,7 @@ def _check_interpolation(name: str) -> None:
         raise UserError(f"interpolation={name!r}: expected one of {sorted(INTERPOLATIONS)}")
 
 
-def knob(name: str):
+def knob(name: str) -> Any:  # as dataclasses.field: the field's default, whatever its type
     """A training augmentation setting that is ``data.<name>`` in the config, with that field's default and
     `Rule` (vitlarge/config/schema.py): `sources.train_spec` copies it by name, `TrainSpec` checks it with the
     rule, and its fingerprint holds it only where it is not its default (so a state saved before the knob

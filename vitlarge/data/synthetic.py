@@ -69,6 +69,8 @@ def manifest(num_classes: int, num_train_examples: int, num_val_examples: int) -
 
 def is_state(state: str | None) -> bool:
     """Whether a checkpoint's data state was written by `SyntheticTrain` (else by the DALI loader, or none)."""
+    if state is None:
+        return False
     try:
         return json.loads(state).get("source") == SOURCE
     except (ValueError, TypeError, AttributeError, RecursionError):
