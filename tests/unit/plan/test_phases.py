@@ -165,13 +165,12 @@ def test_progressive_generator_builds_composer_phases_in_one_line():
     c.data.image_size, c.model.kwargs = 32, dict(c.model.kwargs)  # patch 4: sizes 16, 20, ..., 32
     c.train.phases = phase_list.progressive(c, initial_scale=0.5, delay_fraction=0.5, finetune_fraction=0.2)
     validate(c)
-    sizes = [p["image_size"] for p in c.train.phases]
-    starts = [p["epoch"] for p in c.train.phases]
+    sizes = [p.image_size for p in c.train.phases]
+    starts = [p.epoch for p in c.train.phases]
     # Sizes round down to the increment, as composer's: 20 px from scale 0.625, 57.5% into the run.
     assert sizes == [16, 20, 24, 28, 32] and starts[0] == 0 and starts[1] == pytest.approx(34.5, abs=0.05)
     assert starts[-1] == pytest.approx(48, abs=0.05) and starts == sorted(starts)
-    c.train.phases = phase_list.progressive(c, initial_scale=0.5, size_increment=8)
-    assert [p["image_size"] for p in c.train.phases] == [16, 24, 32]
+    assert [p["image_size"] for p in phase_list.progressive(c, initial_scale=0.5, size_increment=8)] == [16, 24, 32]
     with pytest.raises(UserError, match=r"size_increment=6\): not a multiple of the patch size 4; use 4"):
         phase_list.progressive(c, size_increment=6)
 
