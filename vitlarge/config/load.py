@@ -22,8 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from vitlarge.config.phase_list import PHASE_KEYS
-from vitlarge.config.schema import Config, PhaseEntry, Rule, rule_of
+from vitlarge.config.schema import PHASE_KEYS, Config, PhaseEntry, Rule, rule_of
 from vitlarge.errors import UserError
 
 

@@ -15,8 +15,6 @@ from typing import Any
 from vitlarge.config.schema import PHASE_KEYS, Config, PhaseEntry
 from vitlarge.errors import UserError
 
-__all__ = ["PHASE_KEYS", "PhaseEntry", "PhaseSpec", "check", "entries", "patch_size", "progressive", "resolve_phases"]
-
 
 def patch_size(cfg: Config) -> int:
     """The model's patch size: ``model.kwargs['patch_size']``, else the ``patchN`` in the timm name."""
@@ -141,6 +139,12 @@ def resolve_phases(cfg: Config, origin: str = "config") -> list[PhaseSpec]:
 def check(cfg: Config, origin: str = "config") -> None:
     """Validates ``train.phases`` (called by `vitlarge.config.load.validate`)."""
     resolve_phases(cfg, origin)
+
+
+def final_eval_size(cfg: Config) -> int:
+    """The last phase's ``eval_size`` (the recipe's own without ``train.phases``): where a finished run's final top-1
+    was measured, for what has no plan to ask (an export's config.json; an evaluation on data too small to plan)."""
+    return resolve_phases(cfg)[-1].eval_size
 
 
 def entries(raw: Iterable[PhaseEntry | Mapping[str, Any]]) -> list[PhaseEntry]:

@@ -46,7 +46,7 @@ def test_loaders_are_rebuilt_at_a_boundary_at_the_phase_size_and_resume_exactly(
     assert all(torch.equal(next(t)[0], b) for b in b1)
     # The state is tied to the phase list: an edit of train.phases (a phase inserted) or a state
     # written without phases is "another phase list", and train.py drops it with a warning.
-    assert not phased.state_of_other_phases(state0, c) and not phased.state_of_other_phases(None, c)
+    assert not phased.state_of_other_phases(state0, c, plan) and not phased.state_of_other_phases(None, c, plan)
     edited = demo(
         [
             {"epoch": 0, "image_size": 8},
@@ -55,9 +55,10 @@ def test_loaders_are_rebuilt_at_a_boundary_at_the_phase_size_and_resume_exactly(
         ],
         micro_batch=16,
     )
-    assert phased.state_of_other_phases(state0, edited)
-    assert phased.state_of_other_phases(train.loader.state(), c)  # a TrainLoader state without phases
-    assert phased.fingerprint(c) == phased.fingerprint(demo(list(c.train.phases), micro_batch=16))
+    assert phased.state_of_other_phases(state0, edited, make_plan(edited, 1, N))
+    assert phased.state_of_other_phases(train.loader.state(), c, plan)  # a TrainLoader state without phases
+    again = demo(list(c.train.phases), micro_batch=16)
+    assert phased.fingerprint(c, plan) == phased.fingerprint(again, make_plan(again, 4, N))  # any world size
 
 
 def test_the_phase_list_fingerprint_hashes_the_bytes_it_always_has():
@@ -72,4 +73,4 @@ def test_the_phase_list_fingerprint_hashes_the_bytes_it_always_has():
     ]
     for name, overrides, expected in cases:
         c = load_config(ROOT / "recipes" / f"{name}.py", overrides)
-        assert phased.fingerprint(c) == expected, name
+        assert phased.fingerprint(c, make_plan(c, 1, c.data.num_train_examples)) == expected, name
