@@ -53,7 +53,7 @@ import hashlib
 import math
 from dataclasses import dataclass
 
-from vitlarge.config.phase_list import PhaseSpec, resolve_phases
+from vitlarge.config.phase_list import PhaseSpec, entries, resolve_phases
 from vitlarge.config.schema import Config
 from vitlarge.errors import UserError
 
@@ -202,11 +202,11 @@ def new_boundaries_before(saved: dict, cfg: Config, num_train_examples: int, ste
     an old one (edits after ``step``, and removing phases, are absorbed: docs/PROGRESSIVE.md)."""
     old = copy.deepcopy(cfg)
     t = saved.get("train", {})
-    old.train.phases = t.get("phases") or []
     for key in ("global_batch", "micro_batch", "epochs"):
         if key in t:
             setattr(old.train, key, t[key])
     try:  # boundaries do not depend on the world size: one process plans them
+        old.train.phases = entries(t.get("phases") or [])  # the dict form meta.json keeps
         was = {p.start_step for p in plan_phases(old, 1, num_train_examples)}
         now = plan_phases(cfg, 1, num_train_examples)
     except (UserError, TypeError, ValueError, KeyError):  # a list this version cannot plan: nothing to compare

@@ -1,6 +1,8 @@
 """vitlarge/plan/phases.py: phase planning, the lr over phase boundaries, the generator, bad phases, the table,
 and the position-embedding resample. The loaders rebuilt at a boundary are in tests/unit/data/test_phased.py."""
 
+import json
+
 import pytest
 import torch
 
@@ -258,7 +260,7 @@ def test_new_boundaries_before_the_resumed_step_are_named_later_ones_and_removal
     from vitlarge.plan.phases import new_boundaries_before
 
     old = demo([{"epoch": 0, "image_size": 8}, {"epoch": 0.5, "image_size": 16}])
-    saved = old.to_dict()
+    saved = json.loads(json.dumps(old.to_dict()))  # as meta.json holds it: the phases as dicts
     n = DEMO_TRAIN_EXAMPLES
     same = demo([{"epoch": 0, "image_size": 8}, {"epoch": 0.5, "image_size": 16}, {"epoch": 2, "image_size": 24}])
     assert new_boundaries_before(saved, same, n, 20) is None  # the old boundary kept, one added after step 20
