@@ -31,12 +31,12 @@ def as_trained(cfg, saved: dict) -> list[str]:
     """Sets ``cfg``'s `AS_TRAINED` keys to the checkpoint's (``saved``: the config in its meta.json), so the
     evaluation is the one training ran whatever ``--config`` and overrides say now (a phase list edited
     since, phases given as overrides then); returns the keys that differed."""
-    changed = []
+    changed, plain = [], cfg.to_dict()  # compared in meta.json's form (train.phases: the keys each entry set)
     for key in AS_TRAINED:
         section, name = key.split(".")
         if name not in saved.get(section, {}):
             continue  # an older checkpoint without it: the given config's
-        value, now = saved[section][name], getattr(getattr(cfg, section), name)
+        value, now = saved[section][name], plain[section][name]
         if isinstance(now, tuple):
             value = tuple(value)
         if value != now:
@@ -48,7 +48,7 @@ def as_trained(cfg, saved: dict) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     from vitlarge.checkpoint import store
     from vitlarge.config.load import load_config
-    from vitlarge.config.phase_list import resolve_phases
+    from vitlarge.config.phase_list import final_eval_size
     from vitlarge.data.manifest import load_manifest
     from vitlarge.data.phased import evaluated_phase
     from vitlarge.data.sources import val_loader
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             phase, size = evaluated_phase(evaluation_plan(cfg, env.world_size, n_train), step), None
         except UserError:  # no plan on this data (fewer training images than a global batch): the last phase's size
-            phase, size = None, resolve_phases(cfg)[-1].eval_size
+            phase, size = None, final_eval_size(cfg)
         val = val_loader(cfg, env.rank, env.world_size, device, phase=phase, image_size=size)
         metrics = evaluate(model, val, Precision(settings.precision, device))
         if env.is_main:

@@ -44,10 +44,10 @@ def data_config(cfg: Config) -> dict:
 
     With ``train.phases`` the input size is the last phase's ``eval_size`` (where the final top-1 was
     measured, e.g. FixRes' 256 px after 224 px training), not ``data.image_size``."""
-    from vitlarge.config.phase_list import resolve_phases
+    from vitlarge.config.phase_list import final_eval_size
     from vitlarge.data.common import VAL_INTERPOLATION
 
-    size = resolve_phases(cfg)[-1].eval_size  # the last phase's (the recipe's own without train.phases)
+    size = final_eval_size(cfg)
     return dict(
         input_size=(3, size, size),
         mean=tuple(cfg.data.mean),

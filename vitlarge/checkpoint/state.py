@@ -145,7 +145,7 @@ class LoadedCheckpoint:
                 f"warning: {self.path} holds a data-loader position from an older vitlarge (state version {old}); "
                 "the data stream restarts with a fresh epoch order, weights, optimizer and step resume exactly",
             )
-        if state_of_other_phases(self.data_state, cfg):
+        if state_of_other_phases(self.data_state, cfg, plan):
             return DataPosition(
                 None,
                 f"warning: {self.path} was written under another train.phases list (or none); the data stream "

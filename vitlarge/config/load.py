@@ -18,11 +18,11 @@ import re
 import sys
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from vitlarge.config.phase_list import PHASE_KEYS
-from vitlarge.config.schema import Config, Rule, rule_of
+from vitlarge.config.schema import PHASE_KEYS, Config, PhaseEntry, Rule, rule_of
 from vitlarge.errors import UserError
 
 
@@ -57,6 +57,12 @@ def _plain(typ):
     if typing.get_origin(typ) in (typing.Union, types.UnionType) and type(None) in args:
         return next(a for a in args if a is not type(None)), True
     return typ, False
+
+
+def _container(typ):
+    """``list`` of ``list[PhaseEntry]`` (what an override's text and a recipe's value are checked against)."""
+    origin = typing.get_origin(typ)
+    return origin if origin in (list, dict) else typ
 
 
 # What an override's text must look like, by declared type, in the words of an error message.
@@ -105,6 +111,7 @@ def _parse_value(text: str, typ, key: str, origin: str):
         if value not in choices:
             raise UserError(f"{origin}: '{item}' is not one of {', '.join(choices)}; write it like {key}={choices[0]}")
         return value
+    typ = _container(typ)
     try:
         if typ is bool:
             if text.lower() in ("1", "true", "yes", "on"):
@@ -182,7 +189,7 @@ def _resolve(cfg: Config, key: str, origin: str):
                 f"{origin}: '{key}' is a section; set one of its fields, e.g. {key}.{next(iter(_fields(value)))}=..."
             )
         typ = typing.get_type_hints(type(target))[part]
-        if rest and _plain(typ)[0] not in (dict, list):
+        if rest and _container(_plain(typ)[0]) not in (dict, list):
             raise _unknown_key(key, cfg, origin)
         return target, part, typ, rest
     raise _unknown_key(key, cfg, origin)
@@ -192,8 +199,11 @@ def _set_entry(target, name: str, rest: list[str], value, key: str, item: str, o
     """Sets one entry of the dict or list field ``name`` (on a copy, so a refused override changes nothing);
     in a list, the index equal to its length adds an entry (a new phase)."""
     field_key = key[: len(key) - len(".".join(rest)) - 1]
-    root = copy.deepcopy(getattr(target, name))
+    root: Any = copy.deepcopy(getattr(target, name))
+    if field_key == "train.phases":  # typed entries are edited in their dict form, typed again by `validate`
+        root = [p.to_dict() if isinstance(p, PhaseEntry) else p for p in root]
     node, path = root, field_key
+    index: Any  # a list's position or a dict's key
     for depth, part in enumerate(rest):
         last = depth == len(rest) - 1
         if isinstance(node, list):
@@ -281,6 +291,7 @@ def _check_types(cfg: Config, where: _Where) -> None:
                 if value is None and type(None) in args:
                     continue
                 typ = next(a for a in args if a is not type(None))
+            typ = _container(typ)
             ok = isinstance(value, typ) and not (typ is int and isinstance(value, bool))
             if typ is float and isinstance(value, int) and not isinstance(value, bool):
                 setattr(section, name, float(value))
@@ -412,9 +423,10 @@ def validate(cfg: Config, origin: str = "config", overridden: dict[str, str] | N
     t = cfg.train
     _check_profile_window(t, where)
     if t.phases:
-        from vitlarge.config.phase_list import check
+        from vitlarge.config.phase_list import check, entries
 
         check(cfg, where("train.phases", "train.epochs", "data.image_size", "train.global_batch", "train.micro_batch"))
+        t.phases = entries(t.phases)
     _check_log(cfg, where)
 
 
@@ -493,7 +505,9 @@ def load_recipe(path: str | Path) -> Config:
     if not path.is_file() and path.suffix == "" and len(path.parts) == 1:  # a shipped recipe's name: vit_b16
         from vitlarge import beside
 
-        path = Path(beside("recipes").__file__).parent / f"{path}.py"
+        shipped = beside("recipes").__file__
+        if shipped is not None:
+            path = Path(shipped).parent / f"{path}.py"
     if not path.is_file():
         raise UserError(f"recipe {path} does not exist; pass --config recipes/<name>.py (or a recipe's name)")
     root, package = path.resolve().parent, []
@@ -508,6 +522,8 @@ def load_recipe(path: str | Path) -> Config:
         importlib.import_module(".".join(package))
     name = ".".join([*package, path.stem]) if package else f"_vitlarge_recipe_{path.stem}"
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:  # not a Python source file
+        raise UserError(f"recipe {path} is not a Python file; pass --config recipes/<name>.py")
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
@@ -577,7 +593,7 @@ def _python_overrides(path: Path, text: str) -> list[tuple[str, object]]:
         if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
             continue  # a docstring
         key = _dotted(stmt.targets[0]) if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 else None
-        if key is None:
+        if key is None or not isinstance(stmt, ast.Assign):
             raise UserError(
                 f"{path}:{stmt.lineno}: not an assignment 'dotted.key = value' (the file is read, never run), "
                 "e.g. optim.betas = (0.9, 0.98)"
@@ -620,7 +636,7 @@ def _yaml_overrides(path: Path, text: str) -> list[tuple[str, object]]:
 
 
 def load_config(
-    path: str | Path, overrides: list[str] = (), override_files: list[str | Path] = (), **direct: str | None
+    path: str | Path, overrides: Sequence[str] = (), override_files: Sequence[str | Path] = (), **direct: str | None
 ) -> Config:
     """Recipe + direct settings (``data.path``, ``workdir``) + overrides files in order + dotted overrides (the
     command line wins), validated; an error about a key an override set names the override's origin."""

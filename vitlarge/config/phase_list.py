@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from vitlarge.config.schema import Config
+from vitlarge.config.schema import PHASE_KEYS, Config, PhaseEntry
 from vitlarge.errors import UserError
-
-PHASE_KEYS = ("epoch", "image_size", "eval_size", "global_batch", "micro_batch", "crop_scale", "lr_scale", "lr")
 
 
 def patch_size(cfg: Config) -> int:
@@ -31,23 +31,25 @@ def _fix_size(size: int, patch: int) -> str:
 
 @dataclass(frozen=True)
 class PhaseSpec:
-    """One entry of ``train.phases`` with every key filled in (`PHASE_KEYS`, values as the recipe wrote them)."""
+    """One entry of ``train.phases`` with every key filled in (`PHASE_KEYS`; ``crop_scale`` and ``lr`` as tuples
+    of floats, the others as the recipe wrote them: their `dataclasses.asdict` is what the phase list's
+    fingerprint hashes)."""
 
     epoch: float
     image_size: int
     eval_size: int
     global_batch: int
     micro_batch: int
-    crop_scale: tuple
+    crop_scale: tuple[float, float]
     lr_scale: float
-    lr: tuple | None
+    lr: tuple[float, float] | None
 
 
 def resolve_phases(cfg: Config, origin: str = "config") -> list[PhaseSpec]:
     """The phases with every key filled in (carried over), validated; a recipe without ``train.phases``
     is one phase with its own values (validated by `vitlarge.config.load.validate`)."""
-    raw = cfg.train.phases
-    base = dict(
+    raw: list[Any] = list(cfg.train.phases)  # entries, or dicts a recipe wrote (before `validate` typed them)
+    base: dict[str, Any] = dict(
         epoch=0.0,
         image_size=cfg.data.image_size,
         eval_size=None,
@@ -59,9 +61,12 @@ def resolve_phases(cfg: Config, origin: str = "config") -> list[PhaseSpec]:
     )
     if not raw:
         return [PhaseSpec(**dict(base, eval_size=base["image_size"]))]
-    patch, out, prev = patch_size(cfg), [], base
+    out: list[dict[str, Any]] = []
+    patch, prev = patch_size(cfg), base
     for i, p in enumerate(raw):
         key = f"train.phases[{i}]"
+        if isinstance(p, PhaseEntry):
+            p = p.to_dict()
         if not isinstance(p, dict):
             raise UserError(
                 f"{origin}: {key} is a {type(p).__name__}; give a dict like {{'epoch': 0, 'image_size': 128}}"
@@ -74,7 +79,7 @@ def resolve_phases(cfg: Config, origin: str = "config") -> list[PhaseSpec]:
                 f"{origin}: {key} has no 'epoch'; give the epoch the phase starts at, e.g. {{'epoch': 0, ...}}"
             )
         # eval_size follows the phase's image size and an lr segment belongs to its phase, unless given.
-        cur = {**prev, "eval_size": None, "lr": None, **p}
+        cur: dict[str, Any] = {**prev, "eval_size": None, "lr": None, **p}
         if "lr_scale" not in p and "lr" in p:
             cur["lr_scale"] = 1.0
         e = cur["epoch"]
@@ -134,6 +139,18 @@ def resolve_phases(cfg: Config, origin: str = "config") -> list[PhaseSpec]:
 def check(cfg: Config, origin: str = "config") -> None:
     """Validates ``train.phases`` (called by `vitlarge.config.load.validate`)."""
     resolve_phases(cfg, origin)
+
+
+def final_eval_size(cfg: Config) -> int:
+    """The last phase's ``eval_size`` (the recipe's own without ``train.phases``): where a finished run's final top-1
+    was measured, for what has no plan to ask (an export's config.json; an evaluation on data too small to plan)."""
+    return resolve_phases(cfg)[-1].eval_size
+
+
+def entries(raw: Iterable[PhaseEntry | Mapping[str, Any]]) -> list[PhaseEntry]:
+    """A phase list as `PhaseEntry`s: a recipe's dicts (checked by `check` first: their keys are `PHASE_KEYS`) or a
+    meta.json's; TypeError for a dict with another key."""
+    return [p if isinstance(p, PhaseEntry) else PhaseEntry.from_dict(p) for p in raw]
 
 
 def progressive(

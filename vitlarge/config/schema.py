@@ -8,9 +8,10 @@ optimizer step. Nothing here imports torch, so recipes load fast and ``--dry-run
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -263,6 +264,38 @@ class ScheduleConfig:
     """Final lr as a fraction of the peak."""
 
 
+PHASE_KEYS = ("epoch", "image_size", "eval_size", "global_batch", "micro_batch", "crop_scale", "lr_scale", "lr")
+"""The keys of a ``train.phases`` entry (`PhaseEntry`'s fields)."""
+
+
+@dataclass(frozen=True)
+class PhaseEntry:
+    """One entry of ``train.phases`` as the recipe (or an override) wrote it: None where the phase inherits
+    (carried over from the phase before, or the recipe's; `vitlarge.config.phase_list.resolve_phases` fills it in
+    and checks it). ``given``: the keys that were set, in their order; `to_dict` writes those alone (the dict form
+    a checkpoint's meta.json keeps). Values are kept as written (``crop_scale`` a list or a tuple, ``epoch`` an int
+    or a float), so the dict form, and the phase list's fingerprint, are the bytes a dict list gave."""
+
+    epoch: float | None = None
+    image_size: int | None = None
+    eval_size: int | None = None
+    global_batch: int | None = None
+    micro_batch: int | None = None
+    crop_scale: tuple[float, float] | None = None
+    lr_scale: float | None = None
+    lr: tuple[float, float] | None = None
+    given: tuple[str, ...] = ()
+
+    @classmethod
+    def from_dict(cls, entry: Mapping[str, Any]) -> PhaseEntry:
+        """From a dict of `PHASE_KEYS` (its keys checked by the caller: `vitlarge.config.phase_list`)."""
+        return cls(**entry, given=tuple(entry))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The keys that were set, as written (a copy)."""
+        return {k: copy.deepcopy(getattr(self, k)) for k in self.given}
+
+
 @dataclass
 class TrainConfig:
     global_batch: int = ruled(32768, COUNT)
@@ -348,10 +381,11 @@ class TrainConfig:
     export_ema: bool = False
     """The timm export (``<workdir>/model``) holds the EMA weights instead of the raw ones (needs ``ema_decay``);
     its config.json says which (``vitlarge_weights``: ``ema`` or ``raw``)."""
-    phases: list = field(default_factory=list)
-    """Progressive resolution: phases with their own image size, batch, crop scale and lr, as dicts
-    (``[{"epoch": 0, "image_size": 128}, {"epoch": 80, "image_size": 224}]``); [] trains one phase
-    from the fields above. Keys and rules: `vitlarge.config.phase_list`."""
+    phases: list[PhaseEntry] = field(default_factory=list)
+    """Progressive resolution: phases with their own image size, batch, crop scale and lr. A recipe may write
+    them as dicts (``[{"epoch": 0, "image_size": 128}, {"epoch": 80, "image_size": 224}]``):
+    `vitlarge.config.load.validate` checks them and makes them `PhaseEntry`s. [] trains one phase from the
+    fields above. Keys and rules: `vitlarge.config.phase_list`."""
 
     def problems(self) -> Iterator[Problem]:
         """What its fields allow only together."""
@@ -410,7 +444,12 @@ class Config:
     """Logs, metrics, checkpoints and the exported model go here; a rerun resumes from it."""
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Plain data (meta.json's ``config``): ``train.phases`` as dicts of the keys each entry set."""
+        d = dataclasses.asdict(self)
+        d["train"]["phases"] = [
+            p.to_dict() if isinstance(p, PhaseEntry) else q for p, q in zip(self.train.phases, d["train"]["phases"])
+        ]
+        return d
 
     def problems(self) -> Iterator[Problem]:
         """What the fields allow only together, section by section, then across sections (ranges and types:

@@ -16,7 +16,6 @@ import json
 import logging
 from dataclasses import dataclass
 
-from vitlarge.config.phase_list import resolve_phases
 from vitlarge.config.schema import Config
 from vitlarge.data.common import STATE_VERSION, SettingsChanged
 from vitlarge.plan.phases import Phase
@@ -25,11 +24,12 @@ from vitlarge.plan.plan import Plan
 log = logging.getLogger("vitlarge")
 
 
-def fingerprint(cfg: Config) -> str:
-    """A short hash of the resolved phase list (world-size independent): a checkpoint's data state is
-    tied to it, so a resume after an edit of ``train.phases`` does not continue another phase's stream."""
+def fingerprint(cfg: Config, plan: Plan) -> str:
+    """A short hash of ``cfg``'s phase list as ``plan`` resolved it (its phases' specs: world-size independent): a
+    checkpoint's data state is tied to it, so a resume after an edit of ``train.phases`` does not continue another
+    phase's stream."""
     # A recipe without train.phases hashes the empty list, as the state of its one phase always has.
-    listed = [dataclasses.asdict(p) for p in resolve_phases(cfg)] if cfg.train.phases else []
+    listed = [dataclasses.asdict(ph.spec) for ph in plan.phases] if cfg.train.phases else []
     doc = json.dumps(listed, sort_keys=True, default=list)
     return hashlib.sha256(doc.encode()).hexdigest()[:16]
 
@@ -91,14 +91,14 @@ class DataState:
             return None
 
 
-def state_of_other_phases(state: str | None, cfg: Config) -> bool:
-    """Whether a checkpoint's data state was written under another phase list than ``cfg``'s (one with
-    phases and one without count as different): the run then drops it with one warning and each
+def state_of_other_phases(state: str | None, cfg: Config, plan: Plan) -> bool:
+    """Whether a checkpoint's data state was written under another phase list than ``cfg``'s (``plan``: this run's;
+    one with phases and one without count as different): the run then drops it with one warning and each
     phase's stream starts afresh."""
     if not state:
         return False
     try:
-        return DataState.from_json(state).phases != fingerprint(cfg)
+        return DataState.from_json(state).phases != fingerprint(cfg, plan)
     except ValueError:
         return True
 
@@ -134,7 +134,7 @@ class PhasedLoaders:
         self.cfg, self.plan, self.rank, self.world_size, self.device = cfg, plan, rank, world_size, device
         self.current: Phase | None = None
         self._saved = DataState.read(state)  # used once, by the phase it belongs to
-        self._phases_hash = fingerprint(cfg)
+        self._phases_hash = fingerprint(cfg, plan)
 
     def changes_at(self, step: int) -> bool:
         """Whether ``enter(step)`` builds new loaders (the caller drops the old ones first)."""

@@ -53,7 +53,7 @@ import hashlib
 import math
 from dataclasses import dataclass
 
-from vitlarge.config.phase_list import resolve_phases
+from vitlarge.config.phase_list import PhaseSpec, entries, resolve_phases
 from vitlarge.config.schema import Config
 from vitlarge.errors import UserError
 
@@ -62,7 +62,8 @@ PHASE_SEED_STRIDE = 1000  # phase i's data stream uses train.seed + 1000 * i
 
 @dataclass(frozen=True)
 class Phase:
-    """One phase, every key resolved, for one world size."""
+    """One phase, every key resolved, for one world size (``spec``: the entry it plans, world-size free: what the
+    phase list's fingerprint hashes, `vitlarge.data.phased.fingerprint`)."""
 
     index: int
     start_epoch: float
@@ -78,6 +79,7 @@ class Phase:
     steps_per_epoch: int
     start_step: int
     end_step: int
+    spec: PhaseSpec
 
     @property
     def steps(self) -> int:
@@ -133,6 +135,7 @@ def plan_phases(cfg: Config, world_size: int, num_train_examples: int) -> tuple[
                 steps_per_epoch=spe,
                 start_step=start_step,
                 end_step=epochs_to_steps(exact, 1),
+                spec=p,
             )
         )
     return tuple(phases)
@@ -199,11 +202,11 @@ def new_boundaries_before(saved: dict, cfg: Config, num_train_examples: int, ste
     an old one (edits after ``step``, and removing phases, are absorbed: docs/PROGRESSIVE.md)."""
     old = copy.deepcopy(cfg)
     t = saved.get("train", {})
-    old.train.phases = t.get("phases") or []
     for key in ("global_batch", "micro_batch", "epochs"):
         if key in t:
             setattr(old.train, key, t[key])
     try:  # boundaries do not depend on the world size: one process plans them
+        old.train.phases = entries(t.get("phases") or [])  # the dict form meta.json keeps
         was = {p.start_step for p in plan_phases(old, 1, num_train_examples)}
         now = plan_phases(cfg, 1, num_train_examples)
     except (UserError, TypeError, ValueError, KeyError):  # a list this version cannot plan: nothing to compare

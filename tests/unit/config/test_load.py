@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers import ROOT
 from vitlarge.config.load import apply_override, field_rules, load_config, load_recipe, parse_step_window, validate
-from vitlarge.config.schema import Config
+from vitlarge.config.schema import Config, PhaseEntry
 from vitlarge.errors import UserError
 
 RECIPES = ROOT / "recipes"
@@ -486,9 +486,10 @@ def test_phases_are_set_by_indexed_keys():
             "train.phases.3.micro_batch=8",
         ],
     )
-    assert cfg.train.phases[1] == {"epoch": 20, "image_size": 8, "micro_batch": 32}
-    assert cfg.train.phases[2]["crop_scale"] == (0.5, 1)
-    assert cfg.train.phases[3] == {"epoch": 50, "micro_batch": 8}  # index == length adds a phase
+    listed = cfg.to_dict()["train"]["phases"]  # the entries' keys as set (meta.json's form)
+    assert listed[1] == {"epoch": 20, "image_size": 8, "micro_batch": 32}
+    assert cfg.train.phases[2].crop_scale == (0.5, 1)
+    assert listed[3] == {"epoch": 50, "micro_batch": 8}  # index == length adds a phase
     built = load_config(
         recipe("demo_digits"),
         [
@@ -498,7 +499,34 @@ def test_phases_are_set_by_indexed_keys():
             "train.phases.1.image_size=16",
         ],
     )
-    assert built.train.phases == [{"epoch": 0, "image_size": 8}, {"epoch": 30, "image_size": 16}]
+    assert built.to_dict()["train"]["phases"] == [{"epoch": 0, "image_size": 8}, {"epoch": 30, "image_size": 16}]
+
+
+def test_phases_are_typed_entries_that_keep_the_dict_form_a_checkpoint_saved():
+    """After validation ``train.phases`` holds `PhaseEntry`s (None where a phase inherits); `Config.to_dict` (meta.json)
+    writes the keys each entry set, as the recipe wrote them, so an old checkpoint's config compares equal; dotted
+    overrides edit a validated config's entries as they edit a recipe's dicts."""
+    written = load_recipe(recipe("demo_digits_progressive")).to_dict()["train"]["phases"]
+    cfg = load_config(recipe("demo_digits_progressive"))
+    assert all(isinstance(p, PhaseEntry) for p in cfg.train.phases)
+    assert cfg.train.phases[0].global_batch is None and cfg.train.phases[2].crop_scale == (0.8, 1.0)
+    assert (
+        cfg.to_dict()["train"]["phases"]
+        == written
+        == [
+            {"epoch": 0, "image_size": 8, "micro_batch": 64},
+            {"epoch": 20, "image_size": 12, "micro_batch": 32},
+            {"epoch": 36, "image_size": 16, "micro_batch": 16, "crop_scale": (0.8, 1.0)},
+        ]
+    )
+    # An explicit None is a key the recipe set: kept (a dict list kept it).
+    listed = [{"epoch": 0, "image_size": 8, "lr": None}, {"epoch": 30.5, "lr": (1e-3, 1e-4)}]
+    cfg = load_config(recipe("demo_digits"), [f"train.phases={listed}"])
+    assert cfg.to_dict()["train"]["phases"] == listed and cfg.train.phases[1].lr == (1e-3, 1e-4)
+    apply_override(cfg, "train.phases.1.image_size=16")
+    validate(cfg)
+    assert cfg.to_dict()["train"]["phases"][1] == {"epoch": 30.5, "lr": (1e-3, 1e-4), "image_size": 16}
+    assert isinstance(cfg.train.phases[1], PhaseEntry) and cfg.train.phases[1].image_size == 16
 
 
 @pytest.mark.parametrize(
@@ -539,7 +567,10 @@ def test_an_overrides_file_in_python_is_read_as_data(tmp_path):
     )
     cfg = load_config(recipe("demo_digits"), ["optim.lr=0.01"], override_files=[f])
     assert cfg.optim.betas == (0.9, 0.98) and cfg.model.kwargs["depth"] == 2 and cfg.workdir == "runs/small"
-    assert cfg.train.phases == [{"epoch": 0, "image_size": 8}, {"epoch": 30, "image_size": 16, "micro_batch": 8}]
+    assert cfg.to_dict()["train"]["phases"] == [
+        {"epoch": 0, "image_size": 8},
+        {"epoch": 30, "image_size": 16, "micro_batch": 8},
+    ]
     assert cfg.optim.lr == 0.01
     # The command line wins over the file.
     assert load_config(recipe("demo_digits"), ["workdir=runs/cli"], override_files=[f]).workdir == "runs/cli"
@@ -574,7 +605,7 @@ def test_an_overrides_file_in_yaml(tmp_path):
     )
     cfg = load_config(recipe("demo_digits"), override_files=[f])
     assert cfg.optim.betas == (0.9, 0.98) and cfg.optim.lr == 1e-3 and cfg.model.kwargs["depth"] == 2
-    assert cfg.train.compile == "off" and cfg.train.phases[1] == {"epoch": 30, "image_size": 16}
+    assert cfg.train.compile == "off" and cfg.train.phases[1].to_dict() == {"epoch": 30, "image_size": 16}
 
 
 def test_a_missing_overrides_file_is_one_line(tmp_path):

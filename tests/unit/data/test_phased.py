@@ -6,7 +6,9 @@ state from another phase (or another phase list) is dropped, as train.py does on
 
 import torch
 
+from tests.helpers import ROOT
 from tests.helpers.recipes import DEMO_TRAIN_EXAMPLES, demo
+from vitlarge.config.load import load_config
 from vitlarge.data import phased
 from vitlarge.plan.plan import make_plan
 
@@ -44,7 +46,7 @@ def test_loaders_are_rebuilt_at_a_boundary_at_the_phase_size_and_resume_exactly(
     assert all(torch.equal(next(t)[0], b) for b in b1)
     # The state is tied to the phase list: an edit of train.phases (a phase inserted) or a state
     # written without phases is "another phase list", and train.py drops it with a warning.
-    assert not phased.state_of_other_phases(state0, c) and not phased.state_of_other_phases(None, c)
+    assert not phased.state_of_other_phases(state0, c, plan) and not phased.state_of_other_phases(None, c, plan)
     edited = demo(
         [
             {"epoch": 0, "image_size": 8},
@@ -53,6 +55,22 @@ def test_loaders_are_rebuilt_at_a_boundary_at_the_phase_size_and_resume_exactly(
         ],
         micro_batch=16,
     )
-    assert phased.state_of_other_phases(state0, edited)
-    assert phased.state_of_other_phases(train.loader.state(), c)  # a TrainLoader state without phases
-    assert phased.fingerprint(c) == phased.fingerprint(demo(list(c.train.phases), micro_batch=16))
+    assert phased.state_of_other_phases(state0, edited, make_plan(edited, 1, N))
+    assert phased.state_of_other_phases(train.loader.state(), c, plan)  # a TrainLoader state without phases
+    again = demo(list(c.train.phases), micro_batch=16)
+    assert phased.fingerprint(c, plan) == phased.fingerprint(again, make_plan(again, 4, N))  # any world size
+
+
+def test_the_phase_list_fingerprint_hashes_the_bytes_it_always_has():
+    """Checkpoints written before `PhaseEntry` hold these fingerprints (computed on the dict lists): a typed phase
+    list must hash the same bytes, or every resume would drop its data position as "another phase list"."""
+    listed = [{"epoch": 0, "image_size": 8, "lr": None, "crop_scale": [0.5, 1]}, {"epoch": 30.5, "lr": (1e-3, 1e-4)}]
+    cases = [
+        ("demo_digits_progressive", [], "3ff2d849b3422003"),
+        ("vit_b16_progressive", [], "5522937e9a6f6cae"),
+        ("demo_digits", [], phased.NO_PHASES),
+        ("demo_digits", [f"train.phases={listed}"], "56a2946e99f2384c"),
+    ]
+    for name, overrides, expected in cases:
+        c = load_config(ROOT / "recipes" / f"{name}.py", overrides)
+        assert phased.fingerprint(c, make_plan(c, 1, c.data.num_train_examples)) == expected, name

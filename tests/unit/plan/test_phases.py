@@ -1,6 +1,8 @@
 """vitlarge/plan/phases.py: phase planning, the lr over phase boundaries, the generator, bad phases, the table,
 and the position-embedding resample. The loaders rebuilt at a boundary are in tests/unit/data/test_phased.py."""
 
+import json
+
 import pytest
 import torch
 
@@ -165,13 +167,12 @@ def test_progressive_generator_builds_composer_phases_in_one_line():
     c.data.image_size, c.model.kwargs = 32, dict(c.model.kwargs)  # patch 4: sizes 16, 20, ..., 32
     c.train.phases = phase_list.progressive(c, initial_scale=0.5, delay_fraction=0.5, finetune_fraction=0.2)
     validate(c)
-    sizes = [p["image_size"] for p in c.train.phases]
-    starts = [p["epoch"] for p in c.train.phases]
+    sizes = [p.image_size for p in c.train.phases]
+    starts = [p.epoch for p in c.train.phases]
     # Sizes round down to the increment, as composer's: 20 px from scale 0.625, 57.5% into the run.
     assert sizes == [16, 20, 24, 28, 32] and starts[0] == 0 and starts[1] == pytest.approx(34.5, abs=0.05)
     assert starts[-1] == pytest.approx(48, abs=0.05) and starts == sorted(starts)
-    c.train.phases = phase_list.progressive(c, initial_scale=0.5, size_increment=8)
-    assert [p["image_size"] for p in c.train.phases] == [16, 24, 32]
+    assert [p["image_size"] for p in phase_list.progressive(c, initial_scale=0.5, size_increment=8)] == [16, 24, 32]
     with pytest.raises(UserError, match=r"size_increment=6\): not a multiple of the patch size 4; use 4"):
         phase_list.progressive(c, size_increment=6)
 
@@ -259,7 +260,7 @@ def test_new_boundaries_before_the_resumed_step_are_named_later_ones_and_removal
     from vitlarge.plan.phases import new_boundaries_before
 
     old = demo([{"epoch": 0, "image_size": 8}, {"epoch": 0.5, "image_size": 16}])
-    saved = old.to_dict()
+    saved = json.loads(json.dumps(old.to_dict()))  # as meta.json holds it: the phases as dicts
     n = DEMO_TRAIN_EXAMPLES
     same = demo([{"epoch": 0, "image_size": 8}, {"epoch": 0.5, "image_size": 16}, {"epoch": 2, "image_size": 24}])
     assert new_boundaries_before(saved, same, n, 20) is None  # the old boundary kept, one added after step 20
