@@ -63,11 +63,15 @@ class DataState:
         written by a run without phases before they all had one) is phase 0's under the empty phase list."""
         if "phase" not in doc:
             return cls(0, NO_PHASES, text)
-        try:
-            fresh_at = doc.get("fresh_at")
-            return cls(int(doc["phase"]), doc.get("phases"), doc["loader"], None if fresh_at is None else int(fresh_at))
-        except (KeyError, TypeError) as e:
-            raise ValueError(str(e)) from None
+        # A rank file from elsewhere: each value of the type vitlarge writes (1e999 is no phase; True is no step)
+        phase, phases, loader, fresh_at = doc["phase"], doc.get("phases"), doc.get("loader"), doc.get("fresh_at")
+        if type(phase) is not int or phase < 0:
+            raise ValueError(f"phase {str(phase)[:40]} is not a phase index")
+        if not isinstance(phases, (str, type(None))) or not isinstance(loader, str):
+            raise ValueError("phases or loader is not a string")
+        if fresh_at is not None and type(fresh_at) is not int:
+            raise ValueError(f"fresh_at {str(fresh_at)[:40]} is not a step")
+        return cls(phase, phases, loader, fresh_at)
 
     @classmethod
     def from_json(cls, text: str) -> DataState:

@@ -288,6 +288,23 @@ def test_cross_field_validation(item, match):
         load_config(recipe("vit_b16"), [item])
 
 
+@pytest.mark.parametrize(
+    "items, first",
+    [
+        (["train.global_batch=0", "model.drop_path_rate=2"], "model.drop_path_rate"),
+        (["train.micro_batch=0", "data.crop_scale=0.5,0.2"], "data.crop_scale"),
+        (["train.seed=-1", "augment.label_smoothing=1"], "augment.label_smoothing"),
+    ],
+)
+def test_several_bad_values_report_the_first_in_the_schemas_order(items, first):
+    """One line for the first problem, the sections in the schema's order (model, data, augment, optim, schedule,
+    train) and each section's fields in theirs: the checks live beside their fields (before issue 34 the order was
+    a table's, and these pairs named the other key)."""
+    for order in (items, items[::-1]):
+        with pytest.raises(UserError, match=rf"\b{first}\b"):
+            load_config(recipe("vit_b16"), order)
+
+
 def test_deit3_augmentation_loads_and_excludes_randaugment():
     cfg = load_config(recipe("demo_digits"), ["data.three_augment=true", "data.crop=src", "data.color_jitter=0.3"])
     assert (cfg.data.three_augment, cfg.data.crop, cfg.data.color_jitter) == (True, "src", 0.3)

@@ -135,7 +135,15 @@ def test_the_data_state_writes_the_released_bytes_and_reads_every_released_form(
     # A loader's own state (a run without phases, before every run had one) is phase 0's under no phase list.
     own = json.dumps({"version": STATE_VERSION, "fingerprint": "f", "dali": "AA=="})
     assert DataState.read(own) == DataState(0, NO_PHASES, own)
-    for bad in ("[1]", "{", '{"phase": 1}', '{"phase": "one", "loader": "s"}'):
+    crafted = (  # a rank file from elsewhere, its records made to agree: each value of another type
+        '{"phase": 1e999, "loader": "s"}',  # int() of it raised OverflowError: a traceback on every rank
+        '{"phase": true, "loader": "s"}',
+        '{"phase": -1, "loader": "s"}',
+        '{"phase": 0, "loader": 5}',
+        '{"phase": 0, "phases": [], "loader": "s"}',
+        '{"phase": 0, "loader": "s", "fresh_at": 1.5}',
+    )
+    for bad in ("[1]", "{", '{"phase": 1}', '{"phase": "one", "loader": "s"}', *crafted):
         assert DataState.read(bad) is None
         with pytest.raises(ValueError):
             DataState.from_json(bad)
