@@ -116,6 +116,8 @@ def three_augment(images: DataNode, op: DataNode, kernel: DataNode) -> DataNode:
     `blur_kernel`, per sample), per sample as ``op`` says (the kernel is unused unless the op is `BLUR`)."""
     from nvidia.dali.auto_aug import augmentations as a
 
+    # DataNode.__bool__ always raises (declared NoReturn), but enable_conditionals rewrites this `if` into
+    # DALI's per-sample split/merge before it runs; so the checker's complaint does not apply (also in `jitter`)
     if op == GRAYSCALE:  # pyright: ignore[reportGeneralTypeIssues]
         images = as_augmentation(a.color).op(images, 0.0)  # PIL's convert("L") weights, in every channel
     elif op == SOLARIZE:  # pyright: ignore[reportGeneralTypeIssues]
@@ -157,6 +159,7 @@ def jitter(images: DataNode, factors: DataNode, order: DataNode) -> DataNode:
             values=[o[position] for o in JITTER_ORDERS],
             dtype=types.DALIDataType.INT32,
         )
+        # a per-sample `if` on a DataNode under enable_conditionals (see `three_augment`)
         if op == BRIGHTNESS:  # pyright: ignore[reportGeneralTypeIssues]
             images = as_augmentation(a.brightness).op(images, factors[BRIGHTNESS])
         elif op == CONTRAST:  # pyright: ignore[reportGeneralTypeIssues]
