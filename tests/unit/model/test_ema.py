@@ -159,10 +159,10 @@ def test_the_engine_is_built_with_its_ema_and_offers_it_in_its_state():
     """The EMA is part of the engine from its construction (no attribute set afterwards), and of the state a
     checkpoint saves: ``engine.state()`` holds the engine's model, optimizer, loss scaler and EMA."""
     cfg = demo_cfg()
-    parts = build(cfg, make_plan(cfg, 1, 1437), "cpu")
+    parts = build(cfg, make_plan(cfg, 1, 1437), resolve_settings(cfg, "cpu"))
     state = parts.engine.state(step=3, data="pos", line="/a/line")
     assert parts.engine.ema is not None and state.ema is parts.engine.ema
     assert (state.model, state.optimizer, state.scaler) == (parts.model, parts.optimizer, parts.precision.scaler)
     assert (state.step, state.data, state.line) == (3, "pos", "/a/line")
     off = demo_cfg(decay=0.0)
-    assert build(off, make_plan(off, 1, 1437), "cpu").engine.state().ema is None
+    assert build(off, make_plan(off, 1, 1437), resolve_settings(off, "cpu")).engine.state().ema is None
