@@ -31,17 +31,27 @@ def as_trained(cfg, saved: dict) -> list[str]:
     """Sets ``cfg``'s `AS_TRAINED` keys to the checkpoint's (``saved``: the config in its meta.json), so the
     evaluation is the one training ran whatever ``--config`` and overrides say now (a phase list edited
     since, phases given as overrides then); returns the keys that differed."""
-    changed, plain = [], cfg.to_dict()  # compared in meta.json's form (train.phases: the keys each entry set)
+    from vitlarge.config.phase_list import entries
+    from vitlarge.errors import UserError
+
+    # Compared in meta.json's form, through JSON: the keys each phase entry set, a recipe's tuples as lists.
+    changed, plain = [], json.loads(json.dumps(cfg.to_dict()))
     for key in AS_TRAINED:
         section, name = key.split(".")
         if name not in saved.get(section, {}):
             continue  # an older checkpoint without it: the given config's
-        value, now = saved[section][name], plain[section][name]
-        if isinstance(now, tuple):
+        value = saved[section][name]
+        if value == plain[section][name]:
+            continue
+        changed.append(key)
+        if key == "train.phases":  # typed, as validation types a recipe's: one line for a list of another form
+            try:
+                value = entries(value)
+            except (TypeError, ValueError, AttributeError) as e:
+                raise UserError(f"the checkpoint's meta.json: train.phases is not a phase list ({e})") from None
+        elif isinstance(getattr(getattr(cfg, section), name), tuple):
             value = tuple(value)
-        if value != now:
-            changed.append(key)
-            setattr(getattr(cfg, section), name, value)
+        setattr(getattr(cfg, section), name, value)
     return changed
 
 
