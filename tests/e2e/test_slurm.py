@@ -28,10 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_train import train_args
 from tests.helpers import launcher
 from tests.helpers.launcher import assert_bitwise_equal, final_weights
-from tests.helpers.runs import raw_metrics
+from tests.helpers.runs import demo_args, raw_metrics
 
 ROOT = launcher.ROOT
 CLUSTER = ROOT / "scripts" / "slurm" / "local_cluster.sh"
@@ -139,7 +138,7 @@ def srun_reference(slurm, demo_data, tmp_path_factory):
     """`srun -n 2` for STEPS uninterrupted steps: test (a), and the run the preempted job must match."""
     workdir = tmp_path_factory.mktemp("srun")
     t0 = time.monotonic()
-    r = srun(train_args(demo_data, workdir, *PREEMPT_SETTINGS))
+    r = srun(demo_args(demo_data, workdir, *PREEMPT_SETTINGS))
     print(f"srun reference run: {time.monotonic() - t0:.1f}s")
     return workdir, r
 
@@ -164,7 +163,7 @@ def test_missing_task_fails_at_the_rendezvous_naming_host_and_port(slurm, demo_d
     """SLURM_NTASKS says 4 but srun starts 2: the rendezvous times out with host:port, not a hang."""
     t0 = time.monotonic()
     r = srun(
-        train_args(demo_data, tmp_path, "train.max_steps=1"),
+        demo_args(demo_data, tmp_path, "train.max_steps=1"),
         before=["env", "SLURM_NTASKS=4"],
         env={"VITLARGE_RENDEZVOUS_TIMEOUT": "5"},
         timeout=240,
@@ -185,7 +184,7 @@ def test_missing_task_fails_at_the_rendezvous_naming_host_and_port(slurm, demo_d
 
 def test_train_py_in_a_batch_script_without_srun_says_use_srun(slurm, demo_data, tmp_path):
     log = tmp_path / "job.log"
-    cmd = f"{sys.executable} train.py " + " ".join(train_args(demo_data, tmp_path, "train.max_steps=1"))
+    cmd = f"{sys.executable} train.py " + " ".join(demo_args(demo_data, tmp_path, "train.max_steps=1"))
     r = sbatch(["--wrap", cmd], log, "--wait", "--ntasks=2", "--overcommit")
     assert r.returncode != 0, _tail(log)
     assert "start train.py with srun" in _tail(log) and "SLURM_NTASKS=2" in _tail(log)
@@ -196,7 +195,7 @@ def test_checkpoint_of_another_recipe_is_refused_under_srun(srun_reference, demo
     workdir, first = srun_reference
     assert first.returncode == 0
     r = srun(
-        train_args(
+        demo_args(
             demo_data,
             workdir,
             "train.max_steps=20",

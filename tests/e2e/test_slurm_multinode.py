@@ -46,9 +46,9 @@ from tests.e2e.test_slurm import (
     script_args,
     wait_for,
 )
-from tests.e2e.test_train import train_args
 from tests.helpers import launcher
 from tests.helpers.launcher import assert_bitwise_equal, final_weights
+from tests.helpers.runs import demo_args
 
 ROOT = launcher.ROOT
 NODES = ("vlnode1", "vlnode2")
@@ -135,7 +135,7 @@ def assert_ok(r: subprocess.CompletedProcess) -> None:
 def one_node_2(demo_data, tmp_path_factory):
     """The same world size (2) on one node: `colossalai run --nproc_per_node 2`, STEPS steps."""
     workdir = tmp_path_factory.mktemp("one_node_2")
-    assert_ok(timed("colossalai run, 2 processes", launcher.run, train_args(demo_data, workdir, *SETTINGS), nproc=2))
+    assert_ok(timed("colossalai run, 2 processes", launcher.run, demo_args(demo_data, workdir, *SETTINGS), nproc=2))
     return workdir
 
 
@@ -145,14 +145,14 @@ def test_srun_two_tasks_per_node_matches_one_node_bitwise(cluster2, demo_data, t
     thread, so the bitwise comparison with 4 colossalai-run processes holds)."""
     steps = ("train.max_steps=3", "train.checkpoint_every_steps=1000")
     one = tmp_path / "one_node"
-    assert_ok(timed("colossalai run, 4 processes", launcher.run, train_args(demo_data, one, *steps), nproc=4))
+    assert_ok(timed("colossalai run, 4 processes", launcher.run, demo_args(demo_data, one, *steps), nproc=4))
     two = tmp_path / "two_nodes"
     r = timed(
         "srun -N 2 -n 4",
         srun,
         2,
         4,
-        train_args(demo_data, two, *steps),
+        demo_args(demo_data, two, *steps),
         before=["--ntasks-per-node=2"],
         drop=("OMP_NUM_THREADS",),
     )
@@ -236,7 +236,7 @@ def test_node_whose_tasks_never_join_times_out_naming_host_and_port(cluster2, de
     r = srun(
         2,
         2,
-        train_args(demo_data, tmp_path, "train.max_steps=1"),
+        demo_args(demo_data, tmp_path, "train.max_steps=1"),
         command=wrapper,
         before=["--ntasks-per-node=1", "--kill-on-bad-exit=1"],
         env={"VITLARGE_RENDEZVOUS_TIMEOUT": "5"},
@@ -271,7 +271,7 @@ def test_kill_9_of_a_rank_on_node_2_fails_the_job_and_the_rerun_resumes(cluster2
     """The rank on vlnode2 dies (kill -9) after the checkpoint at step 2: every task ends, srun names
     the lost task; the same command again resumes from step 2 and ends bitwise equal to the reference."""
     ref_dir = one_node_2
-    args = train_args(demo_data, tmp_path, f"train.max_steps={STEPS}", "train.checkpoint_every_steps=2")
+    args = demo_args(demo_data, tmp_path, f"train.max_steps={STEPS}", "train.checkpoint_every_steps=2")
     cmd = ["srun", "-N", "2", "-n", "2", "-O", f"--job-name={JOB_NAME}", "--time=5", sys.executable, "train.py", *args]
     log = tmp_path / "srun.log"
     t0 = time.monotonic()
