@@ -29,7 +29,9 @@ CAUSES = [
     ("tests/e2e/test_fuzz_files.py", "fuzzing (many small reads)"),
     ("tests/e2e/test_benchmarks.py", "benchmarks"),
     ("tests/e2e/reliability/test_soak.py", "long run (soak)"),
+    ("tests/e2e/test_types.py", "type checker (pyright)"),
     ("tests/e2e/", "training runs (several ranks; forked since issue 32)"),
+    ("tests/", "other (the GPU tier, skipped without CUDA)"),
 ]
 ROOT = Path(__file__).resolve().parents[1]
 
