@@ -48,7 +48,7 @@ class CompileChoice(NamedTuple):
     why: str
 
 
-def compile_choice(requested: str, device: torch.device) -> CompileChoice:
+def compile_choice(requested: str, device: torch.device, check_toolchain: bool = True) -> CompileChoice:
     """``train.compile``: ``on``/``off`` as given; ``auto`` is on with CUDA, off on CPU.
 
     CPU is off because there it does not pay: on 2 cores of an AMD EPYC (AVX2, shared) a compiled
@@ -60,7 +60,8 @@ def compile_choice(requested: str, device: torch.device) -> CompileChoice:
     missing stops ``on`` with one line (a `UserError`, exit 2) and turns ``auto`` to eager with the reason in
     its line, instead of a traceback from inside Inductor at step 1. It is raised before the process group
     exists: a rank whose node alone lacks it names itself and stops the others
-    (`vitlarge.distributed.launch.report_before_group`)."""
+    (`vitlarge.distributed.launch.report_before_group`). ``check_toolchain=False``: the choice without that
+    check (``--dry-run``, which compiles nothing and may plan for another machine)."""
     if requested == "off":
         return CompileChoice(False, "compile off: set by the recipe")
     if requested == "auto" and device.type != "cuda":
@@ -71,7 +72,7 @@ def compile_choice(requested: str, device: torch.device) -> CompileChoice:
                 "(docs/PERFORMANCE.md)"
             ),
         )
-    missing = missing_toolchain(device)
+    missing = missing_toolchain(device) if check_toolchain else ""
     if missing and requested == "on":
         raise UserError(f"train.compile=on, but {missing}, or set train.compile=off to train eager")
     if missing:
@@ -246,9 +247,9 @@ def plan_settings(cfg: Config, device: str) -> Settings:
         precision = PLANNED_GPU
     else:
         precision = choose_precision(cfg.train.precision, dev)
-    compile_on = cfg.train.compile == "on" or (cfg.train.compile == "auto" and dev.type == "cuda")
+    compiled = compile_choice(cfg.train.compile, dev, check_toolchain=False)
     backend = "nccl" if dev.type == "cuda" else "gloo"
-    return _settings(cfg, dev, backend, precision, CompileChoice(compile_on, "not checked by --dry-run"), NO_THREADS)
+    return _settings(cfg, dev, backend, precision, compiled, NO_THREADS)
 
 
 def _settings(
