@@ -7,7 +7,8 @@ Output in OUT: ``train-NNNNN-of-01024`` / ``validation-NNNNN-of-00128`` shards o
 ``tf.train.Example`` records with the schema of TensorFlow's ImageNet records (original JPEG
 bytes, ``image/class/label`` = 1 + sorted class index), a DALI index ``<shard>.idx`` next to each,
 and ``dataset.json`` (see vitlarge/data/manifest.py). Train examples are shuffled across shards
-with ``--seed``.
+with ``--seed``; validation examples are written sorted by aspect ratio, and ``dataset.json`` records
+each validation image's size (`data_tools.val_order`: what rectangular validation, ``data.rect_val``, reads).
 
 Resumable: each committed shard gets a done-record in ``OUT/.progress/`` (`data_tools.done_records`);
 a rerun keeps shards whose record, size and index still match and whose input list is unchanged,
@@ -42,6 +43,7 @@ import sys
 import time
 
 from vitlarge.data.manifest import (
+    ASPECT_ORDER,
     INDEX_LINE_MAX,
     MANIFEST_NAME,
     SHARD_RE,
@@ -52,11 +54,11 @@ from vitlarge.data.manifest import (
     shard_name,
     write_manifest,
 )
-from vitlarge.data.manifest_schema import CHECKSUM_RE
+from vitlarge.data.manifest_schema import CHECKSUM_RE, MAX_SIDE, out_of_aspect_order
 from vitlarge.errors import UserError, cli_main
 from vitlarge.fileio import UnsafeFile, check_inside, fsync_dir, open_regular, probe_writable, write_atomic
 
-from . import done_records, imagefolder, tfrecord_io
+from . import done_records, imagefolder, tfrecord_io, val_order
 from .done_records import PROGRESS_DIR
 from .imagefolder import DEFAULT_MAX_IMAGE_PIXELS, BadImage, Item
 
@@ -147,12 +149,20 @@ def write_shard(out_dir: str, name: str, items: list[Item], opts: dict, digest: 
     except OSError as e:  # name the file even when a buffered write or fsync failed
         raise OSError(e.errno, e.strerror, e.filename or path + tfrecord_io.TMP_SUFFIX) from None
     record.update(inputs=digest, conversion=opts["conversion"], src=opts["src"])
+    if not _records_sizes(name):
+        del record["sizes"]
     write_atomic(done_records.record_path(out_dir, name), json.dumps(record), root=out_dir)
     return record
 
 
+def _records_sizes(name: str) -> bool:
+    """Whether the shard's done-record (and so the manifest) lists its images' sizes: validation shards."""
+    m = SHARD_RE.match(name)
+    return m is not None and m.group(1) == "validation"
+
+
 def _write_records(path, name, items, skip_bad, check, max_pixels) -> dict:
-    skipped, reencoded, pending = [], 0, [0, 0]
+    skipped, reencoded, pending, sizes = [], 0, [0, 0], []
     with tfrecord_io.ShardWriter(path) as writer:
         for item in items:
             try:
@@ -165,6 +175,7 @@ def _write_records(path, name, items, skip_bad, check, max_pixels) -> dict:
                 continue
             reencoded += was_reencoded
             writer.write(tfrecord_io.encode_example(example_features(item, jpeg, height, width)))
+            sizes.append([height, width])
             pending[0] += 1
             pending[1] += item.size
             if pending[0] >= 32 and _progress_queue is not None:
@@ -182,6 +193,7 @@ def _write_records(path, name, items, skip_bad, check, max_pixels) -> dict:
         "checksum": written.checksum,
         "skipped": skipped,
         "reencoded": reencoded,
+        "sizes": sizes,
     }
 
 
@@ -193,6 +205,8 @@ def _done_record(out_dir: str, name: str, digest: str) -> dict | None:
     files only: a FIFO or a link planted in --out reads as no record)."""
     rec = done_records.read_record(out_dir, name)
     if rec is None or rec.get("inputs") != digest or not _record_is_sound(rec):
+        return None
+    if _records_sizes(name) and not _sizes_are_sound(rec):  # written before the converter recorded them
         return None
     path = os.path.join(out_dir, name)
     try:
@@ -220,6 +234,18 @@ def _record_is_sound(rec: dict) -> bool:
         and CHECKSUM_RE.match(rec["checksum"]) is not None
         and isinstance(skipped, list)
         and all(isinstance(x, list) and len(x) == 2 and all(isinstance(y, str) for y in x) for x in skipped)
+    )
+
+
+def _sizes_are_sound(rec: dict) -> bool:
+    """A validation shard's done-record lists ``[height, width]`` of each of its records."""
+    sizes = rec.get("sizes")
+    return (
+        isinstance(sizes, list)
+        and len(sizes) == rec["num_records"]
+        and all(
+            isinstance(s, list) and len(s) == 2 and all(type(x) is int and 1 <= x <= MAX_SIDE for x in s) for s in sizes
+        )
     )
 
 
@@ -308,7 +334,8 @@ def convert(
         "train": plan_shards(splits["train"], train_shards, "train", seed),
     }
     if splits.get("validation"):
-        plans["validation"] = plan_shards(splits["validation"], val_shards, "validation", None)
+        ordered = val_order.aspect_sorted(splits["validation"], max_image_pixels)
+        plans["validation"] = plan_shards(ordered, val_shards, "validation", None)
     stale = _prepare_out_dir(out, [name for shards in plans.values() for name, _ in shards])
     digests = {
         name: inputs_digest(items, skip_bad, check, max_image_pixels)
@@ -348,20 +375,30 @@ def convert(
             "(complete shards are kept)"
         ) from None
 
+    def sizes(name: str) -> tuple[tuple[int, int], ...] | None:
+        return tuple((h, w) for h, w in records[name]["sizes"]) if _records_sizes(name) else None
+
+    splits_written = {
+        split: [
+            ShardInfo(
+                name,
+                name + ".idx",
+                records[name]["num_records"],
+                records[name]["bytes"],
+                records[name]["checksum"],
+                sizes(name),
+            )
+            for name, _ in shards
+        ]
+        for split, shards in plans.items()
+    }
     manifest = Manifest(
         num_classes=len(classes),
         label_offset=LABEL_OFFSET,
         classes=[ClassInfo(i + LABEL_OFFSET, c, texts[c]) for i, c in enumerate(classes)],
-        splits={
-            split: [
-                ShardInfo(
-                    name, name + ".idx", records[name]["num_records"], records[name]["bytes"], records[name]["checksum"]
-                )
-                for name, _ in shards
-            ]
-            for split, shards in plans.items()
-        },
+        splits=splits_written,
         skipped={split: sum(len(records[n]["skipped"]) for n, _ in shards) for split, shards in plans.items()},
+        order=_val_order(splits_written.get("validation")),
         tool=TOOL,
         tool_version=TOOL_VERSION,
         data_dir=out,
@@ -385,6 +422,16 @@ def convert(
         file=sys.stderr,
     )
     return load_manifest(out)
+
+
+def _val_order(shards: list[ShardInfo] | None) -> dict[str, str]:
+    """The validation split's ``order`` for the manifest: by aspect ratio, as `val_order.aspect_sorted` planned it,
+    where the sizes the writer read agree (an image whose header PIL could not parse, planned last, may
+    have been written all the same: the split is then in no promised order)."""
+    if not shards:
+        return {}
+    sizes = [size for s in shards for size in s.sizes or ()]
+    return {"validation": ASPECT_ORDER} if out_of_aspect_order(sizes) is None else {}
 
 
 class Interrupted(KeyboardInterrupt):

@@ -6,7 +6,8 @@
 (bilinear) and written as RGB JPEG (quality 95) to ``OUT/src/{train,val}/<digit>/`` with a fixed
 stratified 80/20 split (seed 0), then converted by ``imagenet_to_tfrecord`` into ``OUT`` (4 train
 shards, 2 validation shards; 1,437 train / 360 validation images). Rerunning with complete output
-does nothing.
+does nothing; a data set made before the converter recorded the validation images' sizes gets them
+(its validation shards are rewritten, the training shards kept).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import argparse
 import os
 import sys
 
-from vitlarge.data.manifest import MANIFEST_NAME, Manifest, load_manifest
+from vitlarge.data.manifest import ASPECT_ORDER, MANIFEST_NAME, Manifest, load_manifest
 from vitlarge.errors import UserError
 from vitlarge.fileio import open_new, write_atomic
 
@@ -53,7 +54,8 @@ def make_demo_dataset(out: str, *, workers: int = 0, progress: bool = False) -> 
     """Build (or find complete) the digits data set in ``out``; return its manifest."""
     try:
         m = load_manifest(out)
-        if m.num_examples("train") == NUM_TRAIN and m.num_examples("validation") == NUM_VAL:
+        counts = (m.num_examples("train"), m.num_examples("validation"))
+        if counts == (NUM_TRAIN, NUM_VAL) and m.order.get("validation") == ASPECT_ORDER:
             return m
     except UserError:
         pass

@@ -7,7 +7,9 @@ epoch's order resembles the last) rather than what they learn. Every record hold
 JPEG (``--size`` pixels square, mid-gray) and the stored label ``i`` for the i-th record of its
 split (label offset 0, ``num_classes`` = the larger split's size), so a batch's labels name its
 records. Shards follow the converter's naming and carry a DALI index; ``dataset.json`` is
-written last, so a directory with a manifest is complete.
+written last, so a directory with a manifest is complete. ``val_sizes`` (``[(height, width)]``, one per
+validation record) makes each validation image mid-gray of its own size instead, the split sorted by
+aspect ratio with its sizes in the manifest, as the converter writes it (for rectangular validation).
 """
 
 from __future__ import annotations
@@ -16,28 +18,40 @@ import argparse
 import io
 import os
 import sys
+from fractions import Fraction
 
-from vitlarge.data.manifest import Manifest, ShardInfo, shard_name, write_manifest
+from vitlarge.data.manifest import ASPECT_ORDER, Manifest, ShardInfo, shard_name, write_manifest
 
 from . import tfrecord_io
 
 TOOL = "data_tools.make_id_dataset"
 
 
-def tiny_jpeg(size: int) -> bytes:
+def tiny_jpeg(size: int, width: int | None = None) -> bytes:
+    """A mid-gray JPEG ``size`` pixels high and ``width`` (default ``size``) wide."""
     from PIL import Image
 
     buf = io.BytesIO()
-    Image.new("RGB", (size, size), (128, 128, 128)).save(buf, "JPEG", quality=90)
+    Image.new("RGB", (width or size, size), (128, 128, 128)).save(buf, "JPEG", quality=90)
     return buf.getvalue()
 
 
 def make_id_dataset(
-    out: str, *, train: int, train_shards: int, validation: int = 0, val_shards: int = 1, size: int = 8
+    out: str,
+    *,
+    train: int,
+    train_shards: int,
+    validation: int = 0,
+    val_shards: int = 1,
+    size: int = 8,
+    val_sizes: list[tuple[int, int]] | None = None,
 ) -> Manifest:
     """Write the shards and manifest into ``out``; return the manifest."""
     os.makedirs(out, exist_ok=True)
     jpeg = tiny_jpeg(size)
+    sizes = sorted(val_sizes, key=lambda s: Fraction(s[1], s[0])) if val_sizes else None
+    if sizes is not None:
+        validation = len(sizes)
     splits = {}
     for split, count, shards in (("train", train, train_shards), ("validation", validation, val_shards)):
         if count == 0:
@@ -45,18 +59,22 @@ def make_id_dataset(
         splits[split] = []
         for s in range(shards):
             name = shard_name(split, s, shards)
+            records = range(count * s // shards, count * (s + 1) // shards)
             with tfrecord_io.ShardWriter(os.path.join(out, name)) as w:
-                for i in range(count * s // shards, count * (s + 1) // shards):
+                for i in records:
+                    image = tiny_jpeg(*sizes[i]) if split == "validation" and sizes else jpeg
                     w.write(
-                        tfrecord_io.encode_example({"image/encoded": (jpeg, "byte"), "image/class/label": (i, "int")})
+                        tfrecord_io.encode_example({"image/encoded": (image, "byte"), "image/class/label": (i, "int")})
                     )
                 done = w.commit()
-            splits[split].append(ShardInfo(name, name + ".idx", done.num_records, done.bytes, done.checksum))
+            own = tuple(sizes[i] for i in records) if split == "validation" and sizes else None
+            splits[split].append(ShardInfo(name, name + ".idx", done.num_records, done.bytes, done.checksum, own))
     m = Manifest(
         num_classes=max(train, validation),
         label_offset=0,
         classes=[],
         splits=splits,
+        order={"validation": ASPECT_ORDER} if sizes else {},
         tool=TOOL,
         tool_version="1.0.0",
         data_dir=out,

@@ -8,7 +8,10 @@ the file names, record counts, label offset 1 (the TF ImageNet convention, ``--l
 change) and ``num_classes`` from the largest label seen (``--num-classes`` to state it, e.g. a
 split that lacks the last class). Each split must be one complete ``-of-N`` set: a directory
 that mixes sets or lacks a shard is refused, naming the files, before anything is written.
-Class synsets and texts come from the records when present.
+Class synsets and texts come from the records when present, and the validation images' sizes from
+their ``image/height`` and ``image/width`` (TensorFlow's ImageNet records have them); a validation split
+whose sizes are in aspect-ratio order is marked so (``"order": "aspect"``, what ``data.rect_val`` needs:
+the converter's output is, TensorFlow's is not).
 Rerun it whenever a loader reports a missing or stale index.
 
 Shards are files from elsewhere: each must be a regular file of the directory (a link only to a
@@ -27,6 +30,7 @@ import os
 import sys
 
 from vitlarge.data.manifest import (
+    ASPECT_ORDER,
     CONFINED_FIX,
     MANIFEST_NAME,
     SHARD_RE,
@@ -38,7 +42,7 @@ from vitlarge.data.manifest import (
     shard_set_problem,
     write_manifest,
 )
-from vitlarge.data.manifest_schema import MAX_CLASSES, MAX_LABEL
+from vitlarge.data.manifest_schema import MAX_CLASSES, MAX_LABEL, MAX_SIDE, out_of_aspect_order
 from vitlarge.errors import UserError, cli_main
 
 from . import done_records, tfrecord_io
@@ -47,7 +51,7 @@ TOOL = "data_tools.make_index"
 TOOL_VERSION = "1.0.0"
 
 
-def _label_info(payload: bytes) -> tuple[int | None, str, str]:
+def _label_info(payload: bytes) -> tuple[int | None, str, str, tuple[int, int] | None]:
     ex = tfrecord_io._EXAMPLE()
     ex.ParseFromString(payload)
     feat = ex.features.feature
@@ -56,17 +60,25 @@ def _label_info(payload: bytes) -> tuple[int | None, str, str]:
         values = feat[key].bytes_list.value if key in feat else []
         return values[0].decode("utf-8", "replace") if values else ""
 
+    def side(key: str) -> int | None:
+        values = feat[key].int64_list.value if key in feat else []
+        return values[0] if values and 1 <= values[0] <= MAX_SIDE else None
+
     labels = feat["image/class/label"].int64_list.value if "image/class/label" in feat else []
-    return (labels[0] if labels else None), text("image/class/synset"), text("image/class/text")
+    height, width = side("image/height"), side("image/width")
+    size = (height, width) if height and width else None
+    return (labels[0] if labels else None), text("image/class/synset"), text("image/class/text"), size
 
 
-def index_shard(path: str) -> tuple[str, int, int, str, dict]:
-    """Index one shard; return (name, records, bytes, checksum, {label: (synset, text)})."""
+def index_shard(path: str) -> tuple[str, int, int, str, dict, tuple | None]:
+    """Index one shard; return (name, records, bytes, checksum, {label: (synset, text)}, the records' image
+    sizes or None where a record has none)."""
     n, size, checksum, labels = tfrecord_io.write_index_for(path, parse=_label_info)
     if n == 0:
         raise UserError(f"{path}: holds no records (DALI cannot read an empty shard); re-convert its set")
     seen: dict[int, tuple[str, str]] = {}
-    for label, synset, text in labels:
+    sizes = tuple(s for *_, s in labels)
+    for label, synset, text, _ in labels:
         if label is None:
             raise UserError(f"{path}: record without 'image/class/label'; not an image classification shard")
         if not -MAX_LABEL <= label <= MAX_LABEL:
@@ -74,7 +86,7 @@ def index_shard(path: str) -> tuple[str, int, int, str, dict]:
                 f"{path}: a record has label {label}, outside +-{MAX_LABEL}; not an image classification shard"
             )
         seen.setdefault(label, (synset, text))
-    return os.path.basename(path), n, size, checksum, seen
+    return os.path.basename(path), n, size, checksum, seen, (sizes if all(sizes) else None)
 
 
 def make_index(data_dir: str, *, label_offset: int = 1, num_classes: int | None = None, workers: int = 1) -> Manifest:
@@ -110,14 +122,15 @@ def make_index(data_dir: str, *, label_offset: int = 1, num_classes: int | None 
     else:
         results = [index_shard(p) for p in paths]
 
-    _refuse_mixture(data_dir, {name: (size, checksum) for name, _, size, checksum, _ in results})
+    _refuse_mixture(data_dir, {name: (size, checksum) for name, _, size, checksum, _, _ in results})
     seen: dict[int, tuple[str, str]] = {}
     splits: dict[str, list[ShardInfo]] = {}
-    for name, n, size, checksum, labels in results:
+    for name, n, size, checksum, labels, sizes in results:
         for k, v in labels.items():
             seen.setdefault(k, v)
         split = SHARD_RE.match(name).group(1)
-        splits.setdefault(split, []).append(ShardInfo(name, name + ".idx", n, size, checksum))
+        sizes = sizes if split == "validation" else None  # what rectangular validation reads; train's would be MBs
+        splits.setdefault(split, []).append(ShardInfo(name, name + ".idx", n, size, checksum, sizes))
     lo, hi = min(seen), max(seen)
     if lo < label_offset:
         raise UserError(
@@ -143,6 +156,7 @@ def make_index(data_dir: str, *, label_offset: int = 1, num_classes: int | None 
         label_offset=label_offset,
         classes=classes,
         splits=splits,
+        order=_order(splits.get("validation")),
         tool=TOOL,
         tool_version=TOOL_VERSION,
         data_dir=data_dir,
@@ -160,6 +174,15 @@ def make_index(data_dir: str, *, label_offset: int = 1, num_classes: int | None 
         file=sys.stderr,
     )
     return load_manifest(data_dir)
+
+
+def _order(shards: list[ShardInfo] | None) -> dict[str, str]:
+    """``{"validation": "aspect"}`` where every validation record has its size and they are in that order."""
+    if not shards or any(s.sizes is None for s in shards):
+        return {}
+    return (
+        {"validation": ASPECT_ORDER} if out_of_aspect_order([x for s in shards for x in s.sizes or ()]) is None else {}
+    )
 
 
 def _refuse_mixture(data_dir: str, shards: dict[str, tuple[int, str | None]], unknown: bool = True) -> None:

@@ -11,7 +11,13 @@ A data directory holds TFRecord shards ``<split>-NNNNN-of-MMMMM``, a DALI index
                           "shards": [{"file": "train-00000-of-01024", "index": "...idx",
                                       "num_records": 1251, "bytes": 140123456,
                                       "checksum": "crc32c:1a2b3c4d"}, ...]},
-                "validation": {...}}}
+                "validation": {"num_examples": 50000, "skipped": 0, "order": "aspect",
+                               "shards": [{"file": ..., "sizes": [[333, 500], [375, 500], ...]}, ...]}}}
+
+The converter writes the validation split sorted by aspect ratio (width / height) and records each
+of its images' ``[height, width]`` per shard, in record order (``order`` and ``sizes``: what
+rectangular validation reads, `vitlarge.data.rect`); a split without ``order`` is in the order its
+shards were written, nothing promised.
 
 Every name the manifest lists is a file of the data directory itself, resolving inside it: the
 data directory is where ``--data`` (``data.path``) resolves, so shards kept on another disk are
@@ -33,7 +39,7 @@ import stat
 from dataclasses import asdict, dataclass, field
 
 from vitlarge.data import manifest_schema
-from vitlarge.data.manifest_schema import FORMAT, FORMAT_VERSION, MANIFEST_CAP, SPLITS, ManifestProblem  # noqa: F401 (re-exported: the constants live with the schema)
+from vitlarge.data.manifest_schema import ASPECT_ORDER, FORMAT, FORMAT_VERSION, MANIFEST_CAP, SPLITS, ManifestProblem  # noqa: F401 (re-exported: the constants live with the schema)
 from vitlarge.data.manifest_schema import SHARD_NAME_RE as SHARD_RE
 from vitlarge.errors import UserError
 from vitlarge.fileio import UnsafeFile, check_inside, open_regular, read_capped, write_atomic
@@ -93,6 +99,16 @@ class ShardInfo:
     num_records: int
     bytes: int
     checksum: str | None = None  # "crc32c:<hex>" of the whole file; None if never computed
+    sizes: tuple[tuple[int, int], ...] | None = None  # (height, width) of each record's image; None: not recorded
+
+    def to_dict(self) -> dict:
+        """The manifest's form: ``sizes`` as ``[[height, width], ...]``, left out where not recorded."""
+        doc = asdict(self)
+        if self.sizes is None:
+            del doc["sizes"]
+        else:
+            doc["sizes"] = [list(size) for size in self.sizes]
+        return doc
 
 
 @dataclass(frozen=True)
@@ -111,6 +127,7 @@ class Manifest:
     classes: list[ClassInfo]
     splits: dict[str, list[ShardInfo]]
     skipped: dict[str, int] = field(default_factory=dict)
+    order: dict[str, str] = field(default_factory=dict)  # split -> its "order" where the manifest gives one
     tool: str = ""
     tool_version: str = ""
     data_dir: str = ""
@@ -130,7 +147,8 @@ class Manifest:
         """JSON with one class or shard per line: readable, and diffs stay small."""
 
         def rows(items: list, indent: str) -> str:
-            return "[\n" + ",\n".join(indent + " " + json.dumps(asdict(x)) for x in items) + "\n" + indent + "]"
+            docs = [x.to_dict() if isinstance(x, ShardInfo) else asdict(x) for x in items]
+            return "[\n" + ",\n".join(indent + " " + json.dumps(d) for d in docs) + "\n" + indent + "]"
 
         head = {
             "format": FORMAT,
@@ -144,7 +162,9 @@ class Manifest:
         parts.append(f' "classes": {rows(self.classes, " ")}')
         splits = [
             f'  "{split}": {{"num_examples": {sum(s.num_records for s in shards)}, '
-            f'"skipped": {self.skipped.get(split, 0)}, "shards": {rows(shards, "  ")}}}'
+            f'"skipped": {self.skipped.get(split, 0)}, '
+            + (f'"order": {json.dumps(self.order[split])}, ' if split in self.order else "")
+            + f'"shards": {rows(shards, "  ")}}}'
             for split, shards in self.splits.items()
         ]
         parts.append(' "splits": {\n' + ",\n".join(splits) + "\n }")
@@ -229,11 +249,20 @@ def load_manifest(data_dir: str) -> Manifest:
         num_classes=doc["num_classes"],
         label_offset=doc["label_offset"],
         classes=[ClassInfo(**c) for c in doc["classes"]],
-        splits={split: [ShardInfo(**s) for s in shards] for split, shards in doc["splits"].items()},
+        splits={split: [_shard_info(s) for s in shards] for split, shards in doc["splits"].items()},
         skipped=doc["skipped"],
+        order=doc["order"],
         tool=doc["tool"],
         tool_version=doc["tool_version"],
         data_dir=data_dir,
+    )
+
+
+def _shard_info(doc: dict) -> ShardInfo:
+    """A shard of `manifest_schema.parse`'s document (its ``sizes`` a list of pairs, where given)."""
+    sizes = doc.get("sizes")
+    return ShardInfo(
+        doc["file"], doc["index"], doc["num_records"], doc["bytes"], doc["checksum"], tuple(sizes) if sizes else None
     )
 
 

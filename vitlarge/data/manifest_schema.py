@@ -7,8 +7,14 @@ wrong and why, in one line (``splits.train.shards[3].num_records is 'abc', expec
 1..1099511627776``). Names it lists are bare file names: a shard can only be a file of the data
 folder itself (see `vitlarge.data.manifest.shard_files` for links).
 
-Limits: ``MANIFEST_CAP`` bytes (ImageNet's manifest is ~300 KB), shard names of five digits
-(``-of-99999`` at most), ``MAX_CLASSES`` classes, ``MAX_RECORDS`` records per shard.
+A split may say how its records are ordered (``"order": "aspect"``: by width / height, what
+rectangular validation needs, `vitlarge.data.rect`) and each of its shards its images' sizes
+(``"sizes": [[height, width], ...]``, one pair per record); an order of ``aspect`` needs every shard's
+sizes, in that order across the split.
+
+Limits: ``MANIFEST_CAP`` bytes (ImageNet's manifest is ~300 KB, ~900 KB with its validation sizes), shard
+names of five digits (``-of-99999`` at most), ``MAX_CLASSES`` classes, ``MAX_RECORDS`` records per shard,
+sides of ``MAX_SIDE`` pixels.
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ MAX_CLASSES = 10_000_000
 MAX_RECORDS = 1 << 40  # per shard; a record is at least 16 bytes, so also bounded by the shard's size
 MAX_BYTES = 1 << 50  # per shard
 MAX_LABEL = 1 << 31  # |label_offset| and |stored label|: TFRecord int64 labels in any practical data set
+MAX_SIDE = 1 << 20  # pixels; JPEG's limit is 65,535
+ASPECT_ORDER = "aspect"  # a split's "order": by width / height, non-decreasing
+ORDERS = ("stored", ASPECT_ORDER)  # "stored": as written, nothing promised (a split without "order")
 SHARD_NAME_RE = re.compile(r"^(train|validation)-(\d{5})-of-(\d{5})$")
 CHECKSUM_RE = re.compile(r"^crc32c:[0-9a-f]{8}$")
 _BARE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")  # no separator, no "..", no leading dot
@@ -83,8 +92,17 @@ def _bare(name: str, where: str) -> str:
     return name
 
 
+def _sizes(v, where: str, num_records: int) -> list[tuple[int, int]]:
+    """``[[height, width], ...]``: one pair of positive integers per record."""
+    pairs = _list(v, where, num_records, num_records)
+    for i, pair in enumerate(pairs):
+        if not (isinstance(pair, list) and len(pair) == 2 and all(type(x) is int and 1 <= x <= MAX_SIDE for x in pair)):
+            raise ManifestProblem(f"{where}[{i}] is {_show(pair)}, expected [height, width] in pixels 1..{MAX_SIDE}")
+    return [(h, w) for h, w in pairs]
+
+
 def _shard(s, where: str, split: str) -> dict:
-    s = _dict(s, where, {"file", "index", "num_records", "bytes", "checksum"})
+    s = _dict(s, where, {"file", "index", "num_records", "bytes", "checksum", "sizes"})
     where += "."
     file = _bare(_str(s, "file", where, max_len=255), where + "file")
     m = SHARD_NAME_RE.match(file)
@@ -100,14 +118,17 @@ def _shard(s, where: str, split: str) -> dict:
     checksum = s.get("checksum")
     if checksum is not None and not (isinstance(checksum, str) and CHECKSUM_RE.match(checksum)):
         raise ManifestProblem(f"{where}checksum is {_show(checksum)}, expected null or 'crc32c:' and 8 hex digits")
-    return {"file": file, "index": index, "num_records": n, "bytes": size, "checksum": checksum}
+    out = {"file": file, "index": index, "num_records": n, "bytes": size, "checksum": checksum}
+    if "sizes" in s:
+        out["sizes"] = _sizes(s["sizes"], where + "sizes", n)
+    return out
 
 
 def parse(data: bytes) -> dict:
     """The checked document of a manifest's bytes: ``format``/``format_version`` match, ``num_classes``,
     ``label_offset``, ``classes`` (label, synset, text), ``splits`` (train/validation, each with 1..99999
-    shards of bare, distinct names). `ManifestProblem` for anything else, including JSON errors and
-    nesting too deep for the parser."""
+    shards of bare, distinct names; each split's ``order`` and its shards' ``sizes`` where given, in ``order``).
+    `ManifestProblem` for anything else, including JSON errors and nesting too deep for the parser."""
     try:
         doc = json.loads(data)
     except RecursionError:
@@ -145,10 +166,10 @@ def parse(data: bytes) -> dict:
     splits_doc = _dict(doc.get("splits"), "splits", set(SPLITS))
     if not splits_doc:
         raise ManifestProblem("splits is empty, expected 'train' and/or 'validation'")
-    splits, skipped = {}, {}
+    splits, skipped, orders = {}, {}, {}
     for split, body in splits_doc.items():
         where = f"splits.{split}"
-        body = _dict(body, where, {"num_examples", "skipped", "shards"})
+        body = _dict(body, where, {"num_examples", "skipped", "order", "shards"})
         if "shards" not in body:
             raise ManifestProblem(f"{where}.shards is missing")
         shards = [
@@ -163,5 +184,33 @@ def parse(data: bytes) -> dict:
         _int(body, "num_examples", where + ".", 0, MAX_RECORDS * 99_999, default=0)  # derived; never used
         skipped[split] = _int(body, "skipped", where + ".", 0, MAX_RECORDS * 99_999, default=0)
         splits[split] = shards
-    out["splits"], out["skipped"] = splits, skipped
+        if "order" in body:
+            orders[split] = _order(body["order"], where, shards)
+    out["splits"], out["skipped"], out["order"] = splits, skipped, orders
     return out
+
+
+def out_of_aspect_order(sizes: list[tuple[int, int]]) -> int | None:
+    """The first of ``sizes`` (``(height, width)``) narrower than the one before it (width / height, compared
+    exactly, as integers); None where they are in `ASPECT_ORDER`."""
+    return next(
+        (i for i in range(1, len(sizes)) if sizes[i][1] * sizes[i - 1][0] < sizes[i - 1][1] * sizes[i][0]), None
+    )
+
+
+def _order(order, where: str, shards: list[dict]) -> str:
+    """A split's ``order``, checked against its shards' sizes."""
+    if order not in ORDERS:
+        raise ManifestProblem(f"{where}.order is {_show(order)}, expected one of {', '.join(map(repr, ORDERS))}")
+    if order == ASPECT_ORDER:
+        missing = next((i for i, s in enumerate(shards) if "sizes" not in s), None)
+        if missing is not None:
+            raise ManifestProblem(f"{where}.shards[{missing}].sizes is missing, which order {ASPECT_ORDER!r} needs")
+        sizes = [size for s in shards for size in s["sizes"]]
+        bad = out_of_aspect_order(sizes)
+        if bad is not None:
+            raise ManifestProblem(
+                f"{where}: record {bad} ({sizes[bad][1]} x {sizes[bad][0]}) is narrower than the one before it "
+                f"({sizes[bad - 1][1]} x {sizes[bad - 1][0]}), but the split's order is {ASPECT_ORDER!r} (by width / height)"
+            )
+    return order

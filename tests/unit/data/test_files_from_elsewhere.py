@@ -299,6 +299,26 @@ MALFORMED = {
     "not utf-8": (b"\xff\xfe\x00{", "not JSON ("),
     "huge integer literal": (b'{"num_classes": ' + b"9" * 5000 + b"}", "not JSON ("),
     "NaN": (lambda d: d.update(label_offset=float("nan")), "label_offset is nan, expected an integer"),
+    "sizes one short": (
+        lambda d: d["splits"]["validation"]["shards"][0]["sizes"].pop(),
+        "splits.validation.shards[0].sizes is [",
+    ),
+    "size not a pair": (
+        lambda d: d["splits"]["validation"]["shards"][0]["sizes"].__setitem__(1, [0, 5]),
+        "splits.validation.shards[0].sizes[1] is [0, 5], expected [height, width] in pixels 1..1048576",
+    ),
+    "unknown order": (
+        lambda d: d["splits"]["validation"].update(order="random"),
+        "splits.validation.order is 'random', expected one of 'stored', 'aspect'",
+    ),
+    "aspect order without sizes": (
+        lambda d: d["splits"]["validation"]["shards"][1].pop("sizes"),
+        "splits.validation.shards[1].sizes is missing, which order 'aspect' needs",
+    ),
+    "sizes out of aspect order": (
+        lambda d: d["splits"]["validation"]["shards"][0]["sizes"].__setitem__(0, [1, 1000]),
+        "splits.validation: record 1 (",
+    ),
 }
 
 

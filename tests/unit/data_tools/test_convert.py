@@ -263,3 +263,72 @@ def test_a_failed_reconversion_never_leaves_a_manifest_that_disagrees_with_the_s
     imagenet_to_tfrecord.convert(src, out, train_shards=3, val_shards=1, workers=0, progress=False)
     assert distinct_images(out) == (3 * TINY_TRAIN_PER_CLASS + 3,) * 2
     assert make_index.make_index(out).num_examples("train") == 3 * TINY_TRAIN_PER_CLASS + 3
+
+
+# --- the validation split sorted by aspect ratio, with its sizes ---------------------------------
+
+
+def test_validation_is_written_sorted_by_aspect_with_each_images_size(tiny_imagefolder, converted):
+    """The records are the source's validation images (each once), by width / height; dataset.json lists their
+    sizes in record order (those of the records themselves) and says so; the training split has none."""
+    m = load_manifest(converted)
+    records = read_split(converted, "validation")
+    sizes = [(r["image/height"][0], r["image/width"][0]) for r in records]
+    assert len(set(w / h for h, w in sizes)) > 3  # the tiny tree's crops vary: the order is a real sort
+    assert [w / h for h, w in sizes] == sorted(w / h for h, w in sizes)
+    assert [s for shard in m.shards("validation") for s in shard.sizes or ()] == sizes
+    assert m.order == {"validation": "aspect"} and all(s.sizes is None for s in m.shards("train"))
+    val_files = sorted(n for n, p in files_by_name(tiny_imagefolder).items() if f"{os.sep}val{os.sep}" in p)
+    assert sorted(r["image/filename"].decode() for r in records) == val_files
+
+
+def test_reconverting_a_data_set_without_sizes_rewrites_only_the_validation_shards(
+    tiny_imagefolder, tmp_path, monkeypatch
+):
+    """A data set converted before the sizes were recorded (its validation split in file order, no sizes in its
+    done-records or manifest): rectangular validation refuses it with the command; that command keeps every
+    training shard as it is and rewrites the validation shards, sorted, with their sizes."""
+    from data_tools import val_order
+    from vitlarge.data.rect import val_sizes
+    from vitlarge.errors import UserError
+
+    out = tmp_path / "out"
+    with monkeypatch.context() as m:  # the converter as it was: the validation split in the order found
+        m.setattr(val_order, "aspect_sorted", lambda items, max_pixels=0: list(items))
+        imagenet_to_tfrecord.convert(
+            tiny_imagefolder, str(out), train_shards=3, val_shards=2, workers=0, progress=False
+        )
+    doc = json.loads((out / "dataset.json").read_text())
+    doc["splits"]["validation"].pop("order", None)  # where the file order happens to be sorted
+    for shard in doc["splits"]["validation"]["shards"]:
+        del shard["sizes"]
+        record = out / ".progress" / f"{shard['file']}.json"
+        record.write_text(json.dumps({k: v for k, v in json.loads(record.read_text()).items() if k != "sizes"}))
+    (out / "dataset.json").write_text(json.dumps(doc))
+    with pytest.raises(UserError, match="validation split is not stored sorted by aspect ratio"):
+        val_sizes(load_manifest(str(out)))
+    train = {s.file: os.stat(out / s.file).st_ino for s in load_manifest(str(out)).shards("train")}
+    imagenet_to_tfrecord.convert(tiny_imagefolder, str(out), train_shards=3, val_shards=2, workers=0, progress=False)
+    m = load_manifest(str(out))
+    assert {s.file: os.stat(out / s.file).st_ino for s in m.shards("train")} == train  # kept, not rewritten
+    sizes = val_sizes(m)
+    assert sizes == [(r["image/height"][0], r["image/width"][0]) for r in read_split(str(out), "validation")]
+    assert [w / h for h, w in sizes] == sorted(w / h for h, w in sizes)
+
+
+def test_make_index_records_the_validation_sizes_and_finds_their_order(converted, tmp_path):
+    """make_index on the converter's output writes its manifest again, sizes and order included; on validation
+    shards in another order (TensorFlow's) the sizes without the order."""
+    for n in os.listdir(converted):
+        if n.startswith(("train-", "validation-")) and not n.endswith(".idx"):
+            os.link(os.path.join(converted, n), tmp_path / n)
+    again = make_index.make_index(str(tmp_path))
+    ours = load_manifest(converted)
+    assert again.order == {"validation": "aspect"}
+    assert again.shards("validation") == ours.shards("validation") and again.shards("train") == ours.shards("train")
+    unsorted = tmp_path / "unsorted"
+    unsorted.mkdir()
+    os.link(tmp_path / "validation-00000-of-00002", unsorted / "validation-00001-of-00002")  # swapped: out of order
+    os.link(tmp_path / "validation-00001-of-00002", unsorted / "validation-00000-of-00002")
+    m = make_index.make_index(str(unsorted))
+    assert m.order == {} and all(s.sizes is not None for s in m.shards("validation"))
