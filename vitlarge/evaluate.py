@@ -22,6 +22,7 @@ AS_TRAINED = (
     "train.epochs",
     "data.image_size",
     "data.val_crop_pct",
+    "data.rect_val",
     "data.mean",
     "data.std",
 )

@@ -1,8 +1,10 @@
 """``python -m vitlarge.evaluate`` evaluates at the size and with the preprocessing training evaluated at.
 
-A FixRes-style run: the last phase trains at 12 px and evaluates at 16 px (``eval_size``), the first
-phase trains and evaluates at 8 px. The evaluate command on each checkpoint, at another world size,
-gives the in-training evaluation of that step to the image: the step's phase's size, not the recipe's.
+A FixRes-style run: the last phase trains at 12 px and evaluates at 16 px (``eval_size``) on rectangular
+batches (``rect_val``, as fast.ai's last phase; the digits are square, so its crops are the square ones,
+tests/unit/data/test_rect.py), the first phase trains and evaluates at 8 px, square. The evaluate command on
+each checkpoint, at another world size, gives the in-training evaluation of that step to the image: the
+step's phase's size and crop, not the recipe's.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from tests.helpers import launcher
 
 PHASES = (
     "train.phases=[{'epoch': 0, 'image_size': 8}, "
-    "{'epoch': 0.5, 'image_size': 12, 'crop_scale': (0.8, 1.0), 'eval_size': 16}]"
+    "{'epoch': 0.5, 'image_size': 12, 'crop_scale': (0.8, 1.0), 'eval_size': 16, 'rect_val': True}]"
 )
 OVERRIDES = [PHASES, "train.precision=fp32"]
 
@@ -52,4 +54,5 @@ def test_evaluate_uses_the_phase_eval_size_and_equals_training(demo_data, tmp_pa
     # The export declares the last phase's evaluation size and evaluates as the final evaluation did.
     exported = evaluate(demo_data, tmp_path / "model")
     assert exported["val_top1"] == pytest.approx(evals[8]["val_top1"], abs=1e-9)
-    assert json.loads((tmp_path / "model" / "config.json").read_text())["pretrained_cfg"]["input_size"] == [3, 16, 16]
+    config = json.loads((tmp_path / "model" / "config.json").read_text())
+    assert config["pretrained_cfg"]["input_size"] == [3, 16, 16] and config["vitlarge_validation"] == "rectangular"

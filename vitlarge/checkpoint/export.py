@@ -12,7 +12,10 @@ dataset manifest, and the evaluation preprocessing vitlarge used (input size, me
 fraction, interpolation), so timm's transform matches vitlarge's validation pipeline. Which weights the folder
 holds is written in both files: ``vitlarge_weights`` in config.json and ``weights`` in the safetensors
 metadata, ``raw`` (the trained weights) or ``ema`` (their moving average, ``train.export_ema``; timm's
-``pretrained_cfg.tag`` is then ``vitlarge_ema``).
+``pretrained_cfg.tag`` is then ``vitlarge_ema``). How the final top-1 was measured is config.json's
+``vitlarge_validation``: ``square`` (timm's centre crop, as ``pretrained_cfg`` declares it) or ``rectangular``
+(the last phase's ``rect_val``: each batch of the aspect-sorted validation split cropped to its mean aspect
+ratio, the shorter side the declared input size, `vitlarge.data.rect`; timm's transform has no such crop).
 
 The folder is written under a temporary name, fsynced and renamed: a reader sees the old export
 or the new one, never half of one.
@@ -86,6 +89,7 @@ def export(
         # timm copies the architecture's hub entry (tag, license) into the export; these weights are ours.
         "pretrained_cfg": {"tag": "vitlarge" if weights == "raw" else "vitlarge_ema", "license": None},
         "vitlarge_weights": weights,  # timm keeps unknown keys at config.json's top level (and ignores them)
+        "vitlarge_validation": validation(cfg),
     }
     if class_names:
         model_config["label_names"] = list(class_names)
@@ -116,6 +120,14 @@ def export(
         ) from None
     shutil.rmtree(old, ignore_errors=True)
     return out
+
+
+def validation(cfg: Config) -> str:
+    """How the final top-1 was measured: ``rectangular`` where the last phase validates rectangular batches
+    (``data.rect_val`` or its ``rect_val``), else ``square``."""
+    from vitlarge.config.phase_list import final_rect_val
+
+    return "rectangular" if final_rect_val(cfg) else "square"
 
 
 def model_args(cfg: Config) -> dict:

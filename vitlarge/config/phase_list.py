@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from vitlarge.config.schema import PHASE_KEYS, Config, PhaseEntry
@@ -33,7 +33,8 @@ def _fix_size(size: int, patch: int) -> str:
 class PhaseSpec:
     """One entry of ``train.phases`` with every key filled in (`PHASE_KEYS`; ``crop_scale`` and ``lr`` as tuples
     of floats, the others as the recipe wrote them: their `dataclasses.asdict` is what the phase list's
-    fingerprint hashes)."""
+    fingerprint hashes, less the fields marked ``fingerprint=False``: ``rect_val`` only changes how a phase is
+    validated, so editing it keeps a checkpoint's data stream)."""
 
     epoch: float
     image_size: int
@@ -43,6 +44,7 @@ class PhaseSpec:
     crop_scale: tuple[float, float]
     lr_scale: float
     lr: tuple[float, float] | None
+    rect_val: bool = field(default=False, metadata={"fingerprint": False})
 
 
 def resolve_phases(cfg: Config, origin: str = "config") -> list[PhaseSpec]:
@@ -58,6 +60,7 @@ def resolve_phases(cfg: Config, origin: str = "config") -> list[PhaseSpec]:
         crop_scale=tuple(cfg.data.crop_scale),
         lr_scale=1.0,
         lr=None,
+        rect_val=cfg.data.rect_val,
     )
     if not raw:
         return [PhaseSpec(**dict(base, eval_size=base["image_size"]))]
@@ -127,6 +130,8 @@ def resolve_phases(cfg: Config, origin: str = "config") -> list[PhaseSpec]:
                     "non-negative rates, e.g. (1e-3, 1e-4)"
                 )
             cur["lr"] = tuple(float(x) for x in seg)
+        if not isinstance(cur["rect_val"], bool):
+            raise UserError(f"{origin}: {key}.rect_val={cur['rect_val']!r} must be True or False")
         if (cfg.augment.mixup_alpha > 0 or cfg.augment.cutmix_alpha > 0) and cur["micro_batch"] % 2:
             raise UserError(f"{origin}: {key}.micro_batch={cur['micro_batch']}: Mixup/CutMix need an even micro batch")
         if not out and e > 0:  # the recipe's own values until the first listed phase
@@ -139,6 +144,16 @@ def resolve_phases(cfg: Config, origin: str = "config") -> list[PhaseSpec]:
 def check(cfg: Config, origin: str = "config") -> None:
     """Validates ``train.phases`` (called by `vitlarge.config.load.validate`)."""
     resolve_phases(cfg, origin)
+
+
+def rect_val_anywhere(cfg: Config) -> bool:
+    """Whether any phase validates rectangular batches (``data.rect_val`` or a phase's ``rect_val``)."""
+    return any(p.rect_val for p in resolve_phases(cfg))
+
+
+def final_rect_val(cfg: Config) -> bool:
+    """Whether the last phase validates rectangular batches: how a finished run's final top-1 was measured."""
+    return resolve_phases(cfg)[-1].rect_val
 
 
 def final_eval_size(cfg: Config) -> int:

@@ -159,6 +159,16 @@ class DataConfig:
     whose reads wait. Unused without repeats."""
     val_crop_pct: float = 0.875
     """Validation resizes the shorter side to ``image_size / val_crop_pct``, then centre-crops."""
+    rect_val: bool = False
+    """Rectangular validation (fast.ai/DIUx imagenet18's ``rect_val``): the validation split, stored sorted by aspect
+    ratio (the converter writes it so), is read in batches of consecutive images, each resized as above and
+    centre-cropped to its batch's mean aspect ratio instead of a square (the shorter side the eval size, the
+    longer rounded to whole patches; the model resamples its position embedding to the rectangular grid), so
+    less of each image is cut away. Every image counts once and a pass gives the same numbers at any world
+    size, as the square crop's; training is unchanged. A phase may set its own (``rect_val`` in
+    ``train.phases``, as fast.ai's last phase does). Needs a data set converted with the validation images'
+    sizes (an older one is refused in one line with the fix); ``data.source=synthetic`` ignores it. See
+    docs/PROGRESSIVE.md#rectangular-validation."""
     mean: tuple = IMAGENET_MEAN
     """Per-channel RGB mean subtracted from the pixels, in timm's 0..1 convention (ImageNet's)."""
     std: tuple = IMAGENET_STD
@@ -264,7 +274,17 @@ class ScheduleConfig:
     """Final lr as a fraction of the peak."""
 
 
-PHASE_KEYS = ("epoch", "image_size", "eval_size", "global_batch", "micro_batch", "crop_scale", "lr_scale", "lr")
+PHASE_KEYS = (
+    "epoch",
+    "image_size",
+    "eval_size",
+    "global_batch",
+    "micro_batch",
+    "crop_scale",
+    "lr_scale",
+    "lr",
+    "rect_val",
+)
 """The keys of a ``train.phases`` entry (`PhaseEntry`'s fields)."""
 
 
@@ -284,6 +304,7 @@ class PhaseEntry:
     crop_scale: tuple[float, float] | None = None
     lr_scale: float | None = None
     lr: tuple[float, float] | None = None
+    rect_val: bool | None = None
     given: tuple[str, ...] = ()
 
     @classmethod

@@ -295,19 +295,40 @@ class ValLoader:
     ``masked()`` is the same pass as ``(images, labels, keep)`` for every run, padding-only runs
     included (``keep`` 0, a full batch of repeated records): the same number of batches on every
     rank (`val_forwards`), which a sharded model needs, since each of its forwards is collective.
+
+    With ``spec.rect_val`` the batches are rectangular validation's (`vitlarge.data.rect`): chunks of
+    ``batch_size`` consecutive records of the aspect-sorted split, dealt round robin, each cropped to its
+    mean aspect ratio (``rect``: True; the image shape then varies from batch to batch). The count per
+    pass, the padding and ``keep`` follow the same rule, and a pass is the same images, cropped alike, at
+    any world size.
     """
 
     def __init__(self, spec: ValSpec, *, rank: int, world_size: int, device: torch.device):
         check_rank(rank, world_size)
         data_dir, batch_size = spec.data_dir, spec.batch_size
-        self.spec = spec
+        self.spec, self.rect = spec, spec.rect_val
         self.manifest = load_manifest(data_dir)
         files = shard_files(self.manifest, "validation")
         n = self.manifest.num_examples("validation")
-        begin, end = pipelines.shard_range(n, rank, world_size)
-        self.num_examples_this_rank = end - begin
-        if self.num_examples_this_rank < 1:
-            raise UserError(f"{data_dir}: {n} validation examples cannot be split over world_size={world_size}")
+        rect = None
+        if spec.rect_val:
+            from vitlarge.data.rect import RectBatches, val_sizes
+
+            rect = RectBatches(
+                files,
+                val_sizes(self.manifest),
+                rank=rank,
+                world_size=world_size,
+                batch_size=batch_size,
+                image_size=spec.image_size,
+                patch=spec.patch_size,
+            )
+            self.num_examples_this_rank = rect.num_examples_this_rank  # 0 where the chunks run out before this rank
+        else:
+            begin, end = pipelines.shard_range(n, rank, world_size)
+            self.num_examples_this_rank = end - begin
+            if self.num_examples_this_rank < 1:
+                raise UserError(f"{data_dir}: {n} validation examples cannot be split over world_size={world_size}")
         self.batch_size = batch_size
         self._batches = _Batches(self.manifest, "validation", device, spec.label_offset)
         dev = pipelines.dali_device(device)
@@ -317,20 +338,24 @@ class ValLoader:
             shard_id=rank,
             num_shards=world_size,
             decoder=dev.decoder,
+            batches=rect,
             batch_size=batch_size,
             num_threads=spec.num_threads,
             device_id=dev.device_id,
             seed=0,
         )
         self._pipe.build()
-        padded = self._pipe.reader_meta(pipelines.READER)["epoch_size_padded"] // world_size  # records per rank
-        self._runs_per_pass = math.ceil(padded / batch_size)
-        if self._runs_per_pass != val_forwards(n, world_size, batch_size):  # DALI's padding rule changed
-            raise RuntimeError(
-                f"DALI pads {n} validation records over {world_size} ranks to {padded} per rank: "
-                f"{self._runs_per_pass} runs, vitlarge.data.loader.val_forwards expects "
-                f"{val_forwards(n, world_size, batch_size)}"
-            )
+        if rect is not None:
+            self._runs_per_pass = rect.runs  # val_forwards, by its construction
+        else:
+            padded = self._pipe.reader_meta(pipelines.READER)["epoch_size_padded"] // world_size  # records per rank
+            self._runs_per_pass = math.ceil(padded / batch_size)
+            if self._runs_per_pass != val_forwards(n, world_size, batch_size):  # DALI's padding rule changed
+                raise RuntimeError(
+                    f"DALI pads {n} validation records over {world_size} ranks to {padded} per rank: "
+                    f"{self._runs_per_pass} runs, vitlarge.data.loader.val_forwards expects "
+                    f"{val_forwards(n, world_size, batch_size)}"
+                )
         self._runs_in_pass = 0  # runs of the current pass already taken from the pipeline
 
     def __len__(self) -> int:

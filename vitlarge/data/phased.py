@@ -29,9 +29,14 @@ def fingerprint(cfg: Config, plan: Plan) -> str:
     checkpoint's data state is tied to it, so a resume after an edit of ``train.phases`` does not continue another
     phase's stream."""
     # A recipe without train.phases hashes the empty list, as the state of its one phase always has.
-    listed = [dataclasses.asdict(ph.spec) for ph in plan.phases] if cfg.train.phases else []
+    listed = [_hashed(ph.spec) for ph in plan.phases] if cfg.train.phases else []
     doc = json.dumps(listed, sort_keys=True, default=list)
     return hashlib.sha256(doc.encode()).hexdigest()[:16]
+
+
+def _hashed(spec) -> dict:
+    """A phase's fields the fingerprint holds: all but those marked ``fingerprint=False`` (validation only)."""
+    return {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.metadata.get("fingerprint", True)}
 
 
 NO_PHASES = hashlib.sha256(b"[]").hexdigest()[:16]  # the fingerprint of a recipe without train.phases

@@ -1,9 +1,9 @@
 """DALI pipeline definitions for training and validation over TFRecord shards.
 
 Both pipelines read ``image/encoded`` and ``image/class/label`` and return
-``(images float32 [B,3,S,S] normalized, labels int64 [B,1] as stored)``; images live on the
-DALI device (CPU or GPU), labels always on the CPU. The device is chosen once, in
-``dali_device``; everything below is the same code for both.
+``(images float32 [B,3,S,S] normalized, labels int64 [B,1] as stored)`` (rectangular validation:
+``[B,3,H,W]``, one ``H x W`` per batch); images live on the DALI device (CPU or GPU), labels always on
+the CPU. The device is chosen once, in ``dali_device``; everything below is the same code for both.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypedDict, cast
 
 import nvidia.dali.fn as fn
+import nvidia.dali.math as dmath
 import nvidia.dali.tfrecord as tfrec
 import nvidia.dali.types as types
 from nvidia.dali import pipeline_def
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     import torch
     from nvidia.dali.data_node import DataNode
 
+    from vitlarge.data.rect import RectBatches
     from vitlarge.data.repeats import RepeatedRecords
 
 FEATURES = {
@@ -205,26 +207,76 @@ def train_pipeline(
 
 @pipeline_def
 def val_pipeline(
-    spec: ValSpec, files: list[tuple[str, str]], *, shard_id: int, num_shards: int, decoder: str
+    spec: ValSpec,
+    files: list[tuple[str, str]],
+    *,
+    shard_id: int,
+    num_shards: int,
+    decoder: str,
+    batches: RectBatches | None = None,
 ) -> tuple[DataNode, DataNode]:
-    """Validation images of ``spec`` (`vitlarge.data.spec.ValSpec`) from ``files``, in stored order."""
+    """Validation images of ``spec`` (`vitlarge.data.spec.ValSpec`) from ``files``, in stored order: rank
+    ``shard_id``'s slice, square crops. ``batches``: rectangular validation's source instead
+    (`vitlarge.data.rect.RectBatches`: its records and each batch's crop, ``spec.rect_val``)."""
     image_size, interp = spec.image_size, interp_type(spec.interpolation)
     mean, std = spec.pixels()
-    data = _reader(files, shard_id=shard_id, num_shards=num_shards, seed=0, training=False)
-    images = fn.decoders.image(data["image/encoded"], device=decoder, output_type=types.DALIImageType.RGB)
-    # timm's eval transform: shorter side to floor(size / crop_pct), then a centre crop of size.
-    images = cast(
-        "DataNode", fn.resize(images, resize_shorter=float(int(image_size / spec.crop_pct)), interp_type=interp)
-    )
+    shorter = float(int(image_size / spec.crop_pct))  # timm's eval transform: the shorter side to this, then a crop
+    if batches is None:
+        data = _reader(files, shard_id=shard_id, num_shards=num_shards, seed=0, training=False)
+        encoded, label = data["image/encoded"], data["image/class/label"]
+        crop = _Crop(crop=(image_size, image_size))
+        resize_shorter: float | DataNode = shorter
+    else:
+        encoded, label, crop_h, crop_w = fn.external_source(
+            source=batches,
+            num_outputs=4,
+            batch=True,
+            batch_info=True,
+            dtype=[
+                types.DALIDataType.UINT8,
+                types.DALIDataType.INT64,
+                types.DALIDataType.FLOAT,
+                types.DALIDataType.FLOAT,
+            ],
+        )
+        # "pad" never pads (`_covering` scales every image over its crop); it is there so that a rounding
+        # difference of a DALI version costs an edge pixel, not the evaluation.
+        crop = _Crop(crop_h=crop_h, crop_w=crop_w, out_of_bounds_policy="pad")
+        resize_shorter = _covering(
+            fn.peek_image_shape(encoded, dtype=types.DALIDataType.FLOAT), crop_h, crop_w, shorter
+        )
+    images = fn.decoders.image(encoded, device=decoder, output_type=types.DALIImageType.RGB)
+    images = cast("DataNode", fn.resize(images, resize_shorter=resize_shorter, interp_type=interp))
     images = fn.crop_mirror_normalize(
         images,
-        crop=(image_size, image_size),
+        **crop,
         dtype=types.DALIDataType.FLOAT,
         output_layout="CHW",
         mean=list(mean),
         std=list(std),
     )
-    return images, data["image/class/label"]
+    return images, label
+
+
+class _Crop(TypedDict, total=False):
+    """crop_mirror_normalize's window: a fixed ``crop``, or per-sample ``crop_h`` and ``crop_w``."""
+
+    crop: tuple[int, int]
+    crop_h: DataNode
+    crop_w: DataNode
+    out_of_bounds_policy: str
+
+
+def _covering(shape: DataNode, crop_h: DataNode, crop_w: DataNode, shorter: float) -> DataNode:
+    """Per image, the shorter side to resize to: ``shorter`` (the square crop's), or where that leaves the image
+    smaller than its ``crop_h x crop_w`` crop (its aspect is far from its batch's), one past the side that
+    covers it. ``shape``: the decoded image's ``[H, W, C]`` (``peek_image_shape``: after EXIF rotation, as the
+    decoder)."""
+    height, width = shape[0], shape[1]
+    need = dmath.min(height, width) * dmath.max(crop_h / height, crop_w / width)
+    # The scaled sides are then at least one pixel over the crop's, before DALI rounds them; R + 0 * ... is R
+    # exactly, so square images in square batches get the square crop's resize bit for bit.
+    return shorter + (need > shorter) * (dmath.ceil(need) + 1 - shorter)
 
 
 def interp_type(name: str) -> types.DALIInterpType:

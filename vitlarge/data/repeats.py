@@ -128,19 +128,18 @@ def die_with_parent(parent: int) -> None:
             pass
 
 
-class RepeatedRecords:
-    """DALI sample source of one rank's repeated-augmentation stream: sample ``k`` is ``(encoded JPEG, label [1]
-    int64)`` of the ``k``-th record of the rank's stream.
+class IndexedRecords:
+    """A split's records read by index: record ``k`` is the ``k``-th record of the shards' concatenation, read at
+    the offset its DALI index gives. ``read(k)`` is ``(encoded JPEG, stored label)``; a missing
+    ``image/class/label`` reads as -1 and a missing image as empty bytes, as DALI's reader does (the loader then
+    refuses the label).
 
-    ``shards``: ``[(shard path, index path)]`` in the manifest's order (record ``k`` is the ``k``-th record of
-    their concatenation). A missing ``image/class/label`` reads as -1 and a missing image as empty bytes, as
-    DALI's reader does (the loader then refuses the label). Two epochs' orders are kept in memory. Picklable
-    (DALI's spawned workers get a copy without the open files and cached orders)."""
+    ``shards``: ``[(shard path, index path)]`` in the manifest's order. At most ``max_open`` shard files are kept
+    open (`shard_files_to_keep_open`), least recently used closed first. Picklable: a copy (DALI's spawned read
+    workers get one) opens its own files."""
 
-    def __init__(self, shards, *, rank: int, world_size: int, repeats: int, seed: int):
+    def __init__(self, shards, *, world_size: int):
         self._files: dict[int, int] = {}  # shard -> open descriptor, least recently used first (`max_open`)
-        self._orders: dict[int, list[int]] = {}
-        self.rank, self.world_size, self.repeats, self.seed = rank, world_size, repeats, seed
         self._paths, offsets, sizes, owners = [], [], [], []
         for i, (path, index) in enumerate(shards):
             self._paths.append(path)
@@ -151,34 +150,15 @@ class RepeatedRecords:
             owners.append(np.full(len(table), i, dtype=np.int64))
         self._offset, self._size, self._owner = (np.concatenate(a) for a in (offsets, sizes, owners))
         self.num_examples = len(self._offset)
-        self.per_rank = per_rank(self.num_examples, world_size)
         self.max_open = shard_files_to_keep_open(len(self._paths), world_size)  # workers inherit the raised limit
 
     def __getstate__(self) -> dict[str, Any]:
-        state = {k: v for k, v in self.__dict__.items() if k not in ("_files", "_orders")}
-        return state | {"_maker": os.getpid()}
+        return {k: v for k, v in self.__dict__.items() if k != "_files"}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        maker = state.pop("_maker", None)
-        self.__dict__.update(state, _files={}, _orders={})
-        if maker is not None and maker != os.getpid():  # a DALI read worker, spawned by the training process
-            die_with_parent(maker)
+        self.__dict__.update(state, _files={})
 
-    def record_at(self, position: int) -> int:
-        """The record index at ``position`` of this rank's stream."""
-        epoch, k = divmod(position, self.per_rank)
-        if epoch not in self._orders:
-            self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
-            self._orders[epoch] = epoch_order(
-                self.num_examples, self.rank, self.world_size, self.repeats, self.seed, epoch
-            )
-        return self._orders[epoch][k]
-
-    def __call__(self, info: SampleInfo) -> tuple[np.ndarray, np.ndarray]:
-        image, label = self._read(self.record_at(info.idx_in_epoch))
-        return np.frombuffer(image, dtype=np.uint8), np.array([label], dtype=np.int64)
-
-    def _read(self, record: int) -> tuple[bytes, int]:
+    def read(self, record: int) -> tuple[bytes, int]:
         owner = int(self._owner[record])
         fd = self._files.pop(owner, None)
         if fd is None:
@@ -196,8 +176,45 @@ class RepeatedRecords:
         return (image[0] if image else b""), (label[0] if label else -1)
 
     def close(self) -> None:
-        for fd in self._files.values():
+        for fd in getattr(self, "_files", {}).values():
             os.close(fd)
         self._files = {}
 
     __del__ = close  # a phase's loader is dropped at its end: its shard descriptors go with it
+
+
+class RepeatedRecords(IndexedRecords):
+    """DALI sample source of one rank's repeated-augmentation stream: sample ``k`` is ``(encoded JPEG, label [1]
+    int64)`` of the ``k``-th record of the rank's stream, read by `IndexedRecords`. Two epochs' orders are kept
+    in memory. Picklable (DALI's spawned workers get a copy without the open files and cached orders)."""
+
+    def __init__(self, shards, *, rank: int, world_size: int, repeats: int, seed: int):
+        super().__init__(shards, world_size=world_size)
+        self._orders: dict[int, list[int]] = {}
+        self.rank, self.world_size, self.repeats, self.seed = rank, world_size, repeats, seed
+        self.per_rank = per_rank(self.num_examples, world_size)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = {k: v for k, v in super().__getstate__().items() if k != "_orders"}
+        return state | {"_maker": os.getpid()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        maker = state.pop("_maker", None)
+        super().__setstate__(state)
+        self._orders = {}
+        if maker is not None and maker != os.getpid():  # a DALI read worker, spawned by the training process
+            die_with_parent(maker)
+
+    def record_at(self, position: int) -> int:
+        """The record index at ``position`` of this rank's stream."""
+        epoch, k = divmod(position, self.per_rank)
+        if epoch not in self._orders:
+            self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
+            self._orders[epoch] = epoch_order(
+                self.num_examples, self.rank, self.world_size, self.repeats, self.seed, epoch
+            )
+        return self._orders[epoch][k]
+
+    def __call__(self, info: SampleInfo) -> tuple[np.ndarray, np.ndarray]:
+        image, label = self.read(self.record_at(info.idx_in_epoch))
+        return np.frombuffer(image, dtype=np.uint8), np.array([label], dtype=np.int64)

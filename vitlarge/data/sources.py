@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from vitlarge.config.phase_list import patch_size, rect_val_anywhere
 from vitlarge.config.schema import Config
 from vitlarge.data import synthetic
 from vitlarge.data.manifest import Manifest, load_manifest, shard_files
@@ -26,8 +27,10 @@ if TYPE_CHECKING:
 
 def checked_manifest(cfg: Config) -> Manifest:
     """The manifest of ``cfg.data.path`` after the checks that need no pipeline: its class count matches
-    ``data.num_classes``, ``data.randaugment`` parses and every shard of both splits is there, whole, with its
-    index (`shard_files`: a stat and an 8-byte read each). Fails before any work or file is written.
+    ``data.num_classes``, ``data.randaugment`` parses, every shard of both splits is there, whole, with its
+    index (`shard_files`: a stat and an 8-byte read each), and where a phase validates rectangular batches
+    the validation split has its images' sizes in aspect order (`vitlarge.data.rect.val_sizes`). Fails
+    before any work or file is written.
     For ``data.source=synthetic``: a manifest with ``data.num_classes`` synthetic classes and
     ``data.num_train_examples`` training examples; no file is read."""
     if cfg.data.source == "synthetic":
@@ -43,6 +46,10 @@ def checked_manifest(cfg: Config) -> Manifest:
     randaugment_spec(cfg.data.randaugment)
     for split in ("train", "validation"):  # here, inside the agreed pre-flight: a shard missing on one node
         shard_files(manifest, split)  # stops every rank, printed by the rank that met it (not at the first step)
+    if rect_val_anywhere(cfg):
+        from vitlarge.data.rect import val_sizes
+
+        val_sizes(manifest)
     return manifest
 
 
@@ -114,14 +121,20 @@ def train_spec(cfg: Config, phase: Phase | None = None, fresh_at: int | None = N
 
 
 def val_spec(cfg: Config, phase: Phase | None = None, image_size: int | None = None) -> ValSpec:
-    """What the validation loader of ``phase`` is built from: its micro batch at its ``eval_size``; the trainer's
-    evaluation and ``python -m vitlarge.evaluate`` both use it, so they agree to the image. No phase: the
-    config's micro batch at ``image_size`` (default ``data.image_size``)."""
+    """What the validation loader of ``phase`` is built from: its micro batch at its ``eval_size``, square or
+    rectangular (its ``rect_val``); the trainer's evaluation and ``python -m vitlarge.evaluate`` both use it, so
+    they agree to the image. No phase: the config's micro batch at ``image_size`` (default ``data.image_size``)
+    and ``data.rect_val``."""
     if phase is None:
-        batch, size = cfg.train.micro_batch, image_size or cfg.data.image_size
+        batch, size, rect = cfg.train.micro_batch, image_size or cfg.data.image_size, cfg.data.rect_val
     else:
-        batch, size = phase.micro_batch, phase.eval_size
-    return ValSpec(**_common(cfg, batch, size, cfg.data.synthetic_val_examples), crop_pct=cfg.data.val_crop_pct)
+        batch, size, rect = phase.micro_batch, phase.eval_size, phase.rect_val
+    return ValSpec(
+        **_common(cfg, batch, size, cfg.data.synthetic_val_examples),
+        crop_pct=cfg.data.val_crop_pct,
+        rect_val=rect,
+        patch_size=patch_size(cfg),
+    )
 
 
 def train_loader(

@@ -155,14 +155,20 @@ class TrainSpec(LoaderSpec):
 @dataclass(frozen=True)
 class ValSpec(LoaderSpec):
     """An exact validation pass (`vitlarge.data.loader.ValLoader`, `vitlarge.data.synthetic.SyntheticVal`):
-    timm's eval transform, the shorter side to ``image_size / crop_pct`` then a centre crop."""
+    timm's eval transform, the shorter side to ``image_size / crop_pct`` then a centre crop: an
+    ``image_size`` square, or with ``rect_val`` each batch's own aspect ratio, its longer side rounded to
+    whole ``patch_size`` patches (`vitlarge.data.rect`; the TFRecord source only)."""
 
     crop_pct: float = 0.875
     interpolation: str = VAL_INTERPOLATION
+    rect_val: bool = False
+    patch_size: int = 1
 
     def __post_init__(self):
         if not 0 < self.crop_pct <= 1:
             raise UserError(f"crop_pct={self.crop_pct}: must be in (0, 1]")
+        if not (isinstance(self.patch_size, int) and self.patch_size >= 1):
+            raise UserError(f"patch_size={self.patch_size!r}: must be an integer >= 1")
         _check_interpolation(self.interpolation)
 
 

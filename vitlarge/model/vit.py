@@ -12,6 +12,8 @@ from vitlarge.errors import UserError
 
 
 def model_kwargs(cfg: Config) -> dict:
+    from vitlarge.config.phase_list import rect_val_anywhere
+
     m = cfg.model
     # timm 1.x: drop_rate is only the head dropout; the original example's single dropout=0.1 maps
     # to the embedding, attention and projection dropouts, which recipes set explicitly.
@@ -23,10 +25,11 @@ def model_kwargs(cfg: Config) -> dict:
         attn_drop_rate=m.attn_drop_rate,
         proj_drop_rate=m.proj_drop_rate,
         drop_path_rate=m.drop_path_rate,
-        # With phases the input size changes during the run: the position embedding (of the
-        # data.image_size grid) is resampled to each input's grid (vitlarge/plan/phases.py), by a cached
-        # matrix with a deterministic backward (_deterministic_pos_embed_class).
-        **(dict(dynamic_img_size=True) if cfg.train.phases else {}),
+        # With phases the input size changes during the run, and rectangular validation (data.rect_val)
+        # forwards rectangular grids: the position embedding (of the data.image_size grid) is resampled to
+        # each input's grid (vitlarge/plan/phases.py), by a cached matrix with a deterministic backward
+        # (_deterministic_pos_embed_class). At the embedding's own grid the forward is the fixed-size one.
+        **(dict(dynamic_img_size=True) if cfg.train.phases or rect_val_anywhere(cfg) else {}),
         **m.kwargs,
     )
 

@@ -85,6 +85,11 @@ class Phase:
     def steps(self) -> int:
         return self.end_step - self.start_step
 
+    @property
+    def rect_val(self) -> bool:
+        """Whether the phase validates rectangular batches (`vitlarge.data.rect`)."""
+        return self.spec.rect_val
+
 
 def plan_phases(cfg: Config, world_size: int, num_train_examples: int) -> tuple[Phase, ...]:
     """Per-phase accumulation, steps per epoch and step range; UserError when a batch does not divide.

@@ -169,6 +169,14 @@ def print_plan(cfg: Config, plan: Plan, show_config: bool = False, device: str |
         print_gpu_overheads(cfg, plan, settings, mem["total"])
     every = cfg.train.checkpoint_every_steps
     evals = f"every {plan.eval_every_steps} steps" if plan.eval_every_steps else "at the end only"
+    rect = [ph.index for ph in plan.phases if ph.rect_val]
+    if rect:  # which phases: the rest validate square crops
+        where = (
+            ""
+            if len(rect) == len(plan.phases)
+            else f" in phase{'s' if len(rect) > 1 else ''} {', '.join(map(str, rect))}"
+        )
+        evals += f" (rectangular{where}: batches of the aspect-sorted validation split at their own aspect ratio)"
     print(
         f"  eval {evals}, checkpoint "
         f"{f'every {every} steps' if every else 'at the end only'} into {cfg.workdir}/checkpoints"

@@ -4,11 +4,14 @@ Contract: every rank iterates its own shard of the split, sums are all-reduced i
 image counts once whatever the world size and batch size. Every rank runs the same number of
 forwards (`ValLoader.masked`: batches of DALI's padding are forwarded and counted as nothing), as a
 sharded (fsdp) model's forward is collective: a rank with one forward fewer would leave the others
-waiting in an all-gather.
+waiting in an all-gather. Rectangular validation (a loader whose ``rect`` is true: an image shape per
+batch, `vitlarge.data.rect`) runs a compiled model eagerly: one graph per shape would recompile a
+few dozen times per pass (``train.compile``'s graphs have static shapes).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +32,18 @@ def evaluate(model: torch.nn.Module, batches: Iterable, precision: Precision) ->
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top1, top5, count
     masked_pass = getattr(batches, "masked", None)
     masked = masked_pass() if masked_pass is not None else ((x, y, len(y)) for x, y in batches)
+    eager = torch.compiler.set_stance("force_eager") if getattr(batches, "rect", False) else contextlib.nullcontext()
+    with eager:
+        sums = _sums(model, masked, precision, sums)
+    if dist.is_initialized():
+        dist.all_reduce(sums)
+    loss, top1, top5, n = sums.tolist()
+    n = max(n, 1.0)
+    return dict(val_top1=top1 / n, val_top5=top5 / n, val_loss=loss / n, val_images=int(sums[3].item()))
+
+
+def _sums(model: torch.nn.Module, masked: Iterable, precision: Precision, sums: torch.Tensor) -> torch.Tensor:
+    """``sums`` (loss, top-1 hits, top-5 hits, count) plus those of the ``(images, labels, keep)`` batches."""
     for images, labels, keep in masked:
         # A padding-only batch is forwarded for the collectives only; real rows are forwarded alone.
         images, labels = (images, labels[:0]) if keep == 0 else (images[:keep], labels[:keep])
@@ -42,8 +57,4 @@ def evaluate(model: torch.nn.Module, batches: Iterable, precision: Precision) ->
         sums[1] += hit[:, 0].sum()
         sums[2] += hit.any(dim=1).sum()
         sums[3] += labels.numel()
-    if dist.is_initialized():
-        dist.all_reduce(sums)
-    loss, top1, top5, n = sums.tolist()
-    n = max(n, 1.0)
-    return dict(val_top1=top1 / n, val_top5=top5 / n, val_loss=loss / n, val_images=int(sums[3].item()))
+    return sums

@@ -126,6 +126,26 @@ def test_the_export_declares_the_last_phases_eval_size():
     assert data_config(load_recipe(DEMO))["input_size"] == (3, 16, 16)
 
 
+def test_the_export_says_how_the_final_top1_was_validated(tmp_path):
+    """``vitlarge_validation``: the last phase's crop, ``rectangular`` (``rect_val``) or ``square``; a model that
+    validated rectangular batches takes any grid when timm loads it (``dynamic_img_size`` in its arguments)."""
+    import json
+
+    from vitlarge.checkpoint.export import validation
+
+    assert validation(load_recipe(DEMO)) == "square"
+    fastai = demo([{"epoch": 0, "image_size": 8}, {"epoch": 40, "image_size": 16, "rect_val": True}])
+    assert validation(fastai) == "rectangular"
+    assert validation(demo([{"epoch": 0, "rect_val": True}, {"epoch": 40, "rect_val": False}])) == "square"
+    rect = tiny_cfg()
+    rect.data.rect_val = True
+    path = export(tmp_path, build_model(rect), rect)
+    assert json.loads((path / "config.json").read_text())["vitlarge_validation"] == "rectangular"
+    loaded = timm.create_model(f"local-dir:{path}", pretrained=True).eval()
+    with torch.no_grad():
+        assert loaded(torch.randn(1, 3, 16, 24)).shape == (1, 10)
+
+
 def test_compiled_model_saves_exports_and_initialises_under_the_plain_names(tmp_path):
     """Checkpoint, export and init_from round trip with compile on: the keys are the eager model's."""
     c = tiny_cfg(compile="on")

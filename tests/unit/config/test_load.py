@@ -26,6 +26,7 @@ ALL_RECIPES = [
     "demo_digits",
     "demo_digits_progressive",
     "demo_digits_ft24",
+    "demo_aspect",
     "vit_b16_progressive",
     "vit_b16_ft384",
     "deit3_b16",

@@ -13,6 +13,7 @@ import json
 import pytest
 
 from tests.helpers.recipes import DEMO_TRAIN_EXAMPLES, demo
+from vitlarge.config.load import validate
 from vitlarge.constants import IMAGENET_MEAN, IMAGENET_STD
 from vitlarge.data import TrainSpec, ValSpec
 from vitlarge.data.common import STATE_VERSION
@@ -106,6 +107,8 @@ def test_a_train_spec_checks_its_fields_where_they_are_declared(fields, line):
 def test_a_val_spec_checks_its_crop():
     with pytest.raises(UserError, match=r"crop_pct=1.5: must be in \(0, 1\]"):
         ValSpec("/data", 8, 32, crop_pct=1.5)
+    with pytest.raises(UserError, match=r"patch_size=0: must be an integer >= 1"):
+        ValSpec("/data", 8, 32, rect_val=True, patch_size=0)
 
 
 def test_specs_are_made_once_from_the_config_and_the_phase():
@@ -124,6 +127,11 @@ def test_specs_are_made_once_from_the_config_and_the_phase():
     assert train_spec(c, p0, fresh_at=37).seed == stream_seed(11, 0, 37)
     assert train_spec(c).seed == 11 and train_spec(c).image_size == c.data.image_size  # no phase: the config's
     assert val_spec(c, image_size=24).image_size == 24
+    assert (v1.rect_val, v1.patch_size) == (False, 4)  # the patch rectangular crops round to
+    c.train.phases[1] = dict(c.train.phases[1].to_dict(), rect_val=True)
+    validate(c)
+    p0, p1 = make_plan(c, 1, DEMO_TRAIN_EXAMPLES).phases
+    assert (val_spec(c, p0).rect_val, val_spec(c, p1).rect_val, val_spec(c).rect_val) == (False, True, False)
 
 
 def test_the_data_state_writes_the_released_bytes_and_reads_every_released_form():

@@ -132,3 +132,24 @@ def test_deit3_base_builds_at_192_px_with_layer_scale():
     info = describe_model(cfg)
     assert (info["depth"], info["dim"], info["tokens"]) == (12, 768, 145)
     assert 86.5e6 < info["params"] < 86.7e6  # ViT-B/16's 86.6M (fewer position tokens, 2 x 12 x 768 gammas)
+
+
+def test_rectangular_validation_builds_a_model_that_resamples_its_grid_and_trains_as_the_fixed_one():
+    """With ``data.rect_val`` the model takes any grid (timm's ``dynamic_img_size``); at its own square grid it is
+    the fixed-size model, weights, outputs and gradients bit for bit, so training is unchanged."""
+    fixed, rect = demo(), demo()
+    rect.data.rect_val = True
+    torch.manual_seed(0)
+    a = build_model(fixed)
+    torch.manual_seed(0)
+    b = build_model(rect)
+    assert not getattr(a, "dynamic_img_size", False) and b.dynamic_img_size
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    x = torch.randn(4, 3, 16, 16)
+    a(x).square().sum().backward()
+    b(x).square().sum().backward()
+    assert torch.equal(a(x), b(x))
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(a.parameters(), b.parameters()))
+    b.eval()
+    with torch.no_grad():
+        assert b(torch.randn(2, 3, 16, 28)).shape == (2, 10) and b(torch.randn(2, 3, 24, 16)).shape == (2, 10)

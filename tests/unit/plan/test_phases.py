@@ -63,6 +63,49 @@ def test_first_phase_after_epoch_0_gets_the_recipes_values_and_keys_carry_over()
     # eval_size and an lr segment are their phase's own; the size and lr_scale carry over
 
 
+def test_rect_val_is_a_phase_key_that_carries_over_and_leaves_the_phase_lists_fingerprint():
+    """fast.ai's last phase sets ``rect_val``; a phase without it takes the one before's (the first:
+    ``data.rect_val``). It only changes how a phase is validated: editing it keeps a checkpoint's data position."""
+    from vitlarge.data import phased
+
+    listed = [{"epoch": 0, "image_size": 8}, {"epoch": 30, "image_size": 12}, {"epoch": 50, "image_size": 16}]
+    square = demo(listed)
+    fastai = demo([*listed[:2], dict(listed[2], rect_val=True)])
+    assert [p.rect_val for p in make_plan(fastai, 2, N).phases] == [False, False, True]
+    assert not phase_list.rect_val_anywhere(square) and phase_list.final_rect_val(fastai)
+    from_data = load_recipe(DEMO)
+    from_data.data.rect_val, from_data.train.phases = True, [*listed[:2], dict(listed[2], rect_val=False)]
+    validate(from_data)
+    assert [p.rect_val for p in make_plan(from_data, 2, N).phases] == [True, True, False]
+    prints = {phased.fingerprint(c, make_plan(c, 2, N)) for c in (square, fastai, from_data)}
+    assert prints == {phased.fingerprint(square, make_plan(square, 2, N))}
+    assert [p.to_dict() for p in fastai.train.phases][2] == {"epoch": 50, "image_size": 16, "rect_val": True}
+
+
+def test_fast_ais_phases_as_docs_progressive_writes_them_plan_on_vit_b16_at_8_gpus():
+    """docs/PROGRESSIVE.md#rectangular-validation: fast.ai/DIUx imagenet18's command line as a phase list. It
+    validates on recipes/vit_b16.py and plans at 8 GPUs: fast.ai's per-GPU batches, its sizes, its lr segments,
+    rectangular validation in the last phase only."""
+    import ast
+
+    doc = (ROOT / "docs" / "PROGRESSIVE.md").read_text()
+    section = doc[doc.index("## Rectangular validation") :]
+    block = section[section.index("c.train.phases = [") + len("c.train.phases = ") : section.index("]\n```")] + "]"
+    c = load_recipe(ROOT / "recipes" / "vit_b16.py")
+    c.train.epochs, c.schedule.warmup_epochs, c.train.phases = 28, 0, ast.literal_eval(block)
+    validate(c)
+    plan = make_plan(c, 8, 1_281_167)
+    assert [(p.start_epoch, p.image_size, p.micro_batch, p.accum_steps) for p in plan.phases] == [
+        (0, 128, 512, 1),
+        (7, 128, 512, 1),
+        (13, 224, 224, 1),
+        (22, 224, 224, 1),
+        (25, 288, 128, 1),
+    ]
+    assert [p.rect_val for p in plan.phases] == [False] * 4 + [True] and plan.phases[-1].eval_size == 288
+    assert [p.lr for p in plan.phases][-1] == (0.0025, 0.00025) and plan.phases[2].crop_scale == (0.087, 1.0)
+
+
 def test_without_phases_the_plan_is_one_phase_with_the_recipes_values():
     c = load_recipe(DEMO)
     plan = make_plan(c, 2, N)
@@ -196,6 +239,7 @@ def test_progressive_generator_builds_composer_phases_in_one_line():
         ([{"epoch": 0, "global_batch": 100}], "train.phases[0]: global_batch=100 is not a multiple of micro_batch=16"),
         ([{"epoch": 0, "crop_scale": (0.5, 2)}], "train.phases[0].crop_scale=(0.5, 2) must be (low, high)"),
         ([{"epoch": 0, "micro_batch": 9, "global_batch": 144}], "Mixup/CutMix need an even micro batch"),
+        ([{"epoch": 0, "rect_val": "yes"}], "train.phases[0].rect_val='yes' must be True or False"),
     ],
 )
 def test_bad_phases_are_one_line_naming_the_key(bad, message):
@@ -220,6 +264,14 @@ def test_dry_run_prints_the_phase_table(capsys):
     assert "of the same images at 16 px" in table[5]
     share = float(table[5].split("=")[1].split("%")[0])
     assert 60 < share < 70  # 20 epochs at 5/17 of the tokens, 16 at 10/17, 24 full
+    assert "rectangular" not in out
+    cfg.train.phases[2] = dict(cfg.train.phases[2].to_dict(), rect_val=True)  # fast.ai's last phase
+    validate(cfg)
+    print_plan(cfg, make_plan(cfg, 2))
+    eval_line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("  eval "))
+    assert (
+        "(rectangular in phase 2: batches of the aspect-sorted validation split at their own aspect ratio)" in eval_line
+    )
 
 
 def test_position_embedding_resample_is_timms_as_a_cached_matmul():

@@ -27,3 +27,34 @@ def test_every_rank_runs_the_same_number_of_forwards_on_imagenet_val(world_size)
     skipped = {math.ceil(n / mb) for n in real}  # the old count: padding-only runs skipped
     if world_size in (71, 130, 156):  # slices of two sizes: 11/12, 6/7, 5/6 forwards
         assert len(skipped) == 2 and max(skipped) == forwards
+
+
+def test_rectangular_batches_run_a_compiled_model_eagerly_with_the_same_numbers():
+    """A batch shape per chunk would compile a graph per shape (a few dozen per ImageNet pass): a loader whose
+    ``rect`` is true is evaluated with the compiled model run eagerly, and gives the eager model's numbers."""
+    import torch
+    from torch._dynamo.testing import CompileCounter
+
+    from vitlarge.model.precision import Precision
+    from vitlarge.train.evaluation import evaluate
+
+    class Net(torch.nn.Module):  # a module of its own: Dynamo does not trace torch.nn's own forwards at the top
+        def __init__(self):
+            super().__init__()
+            self.head = torch.nn.Linear(12, 7)
+
+        def forward(self, x):
+            return self.head(torch.nn.functional.adaptive_avg_pool2d(x, 2).flatten(1))
+
+    class Rect(list):
+        rect = True
+
+    torch.manual_seed(0)
+    model, fp32 = Net(), Precision("fp32", torch.device("cpu"))
+    batches = Rect((torch.randn(3, 3, 8, w), torch.tensor([0, 1, 2])) for w in (8, 12, 16, 20))
+    eager = evaluate(model, batches, fp32)
+    compiled = CompileCounter()
+    model.compile(backend=compiled, dynamic=False)
+    assert evaluate(model, batches, fp32) == eager and compiled.frame_count == 0
+    evaluate(model, list(batches), fp32)  # the same batches from a square loader: one graph per shape
+    assert compiled.frame_count == 4

@@ -1,0 +1,140 @@
+"""Rectangular validation (``data.rect_val``): fast.ai/DIUx imagenet18's ``rect_val`` for a ViT.
+
+The validation split is stored sorted by aspect ratio (width / height), with each image's size in
+``dataset.json`` (``"order": "aspect"``; the converter writes it so, `vitlarge.data.manifest`). It is cut
+into chunks of ``batch_size`` consecutive records in that order, and chunk ``c`` is batch ``c // world_size``
+of rank ``c % world_size`` (fast.ai's ``DistValSampler`` and ``map_idx2ar``): a batch is a chunk at any world
+size, so every image is cropped alike and a pass gives the same numbers at any world size, as the square
+crop's does. A chunk's images are resized as the square crop resizes them (shorter side to
+``int(image_size / crop_pct)``) and centre-cropped to the chunk's mean aspect ratio: the shorter side
+``image_size``, the longer ``image_size x aspect`` rounded to whole patches, so the model sees a
+rectangular token grid (timm's ``dynamic_img_size`` resamples the position embedding to it). An image
+whose own aspect is far from its chunk's (more than ``1 / crop_pct``) is scaled up until it covers the
+crop, never padded. Square images in square chunks get exactly the square crop's pixels.
+
+Counting: ``ceil(n / batch)`` chunks dealt round robin give each rank ``ceil(n / (batch x world))`` batches,
+`val_forwards` (the square loader's count, the same on every rank: a sharded model's forwards are
+collective). The last chunk is padded with its last record and a rank past the last chunk forwards a
+padding-only batch; every rank's batches are full, full, ..., partial, padding-only, so `ValLoader` keeps
+its first ``num_examples_this_rank - i x batch`` rows of batch ``i`` as for the square crop. Nothing here
+imports DALI; `vitlarge.data.pipelines.val_pipeline` takes `RectBatches` as its source.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from vitlarge.data.common import val_forwards
+from vitlarge.data.manifest import CONVERT_CMD, MANIFEST_NAME, Manifest
+from vitlarge.data.manifest_schema import ASPECT_ORDER
+from vitlarge.errors import UserError
+
+if TYPE_CHECKING:
+    from nvidia.dali.types import BatchInfo
+
+Size = tuple[int, int]  # (height, width) in pixels, as stored
+
+
+def crop_shape(aspect: float, image_size: int, patch: int) -> Size:
+    """``(height, width)`` of the crop for a mean aspect ratio ``aspect`` (width / height): the shorter side
+    ``image_size``, the longer ``image_size x aspect`` (or ``/ aspect``) to the nearest whole patch, at least
+    ``image_size``."""
+    long = image_size * (aspect if aspect >= 1 else 1 / aspect)
+    side = max(image_size, math.floor(long / patch + 0.5) * patch)
+    return (image_size, side) if aspect >= 1 else (side, image_size)
+
+
+def chunk_shapes(sizes: list[Size], batch_size: int, image_size: int, patch: int) -> list[Size]:
+    """The crop of each chunk of ``batch_size`` consecutive ``sizes``: its images' mean width / height."""
+    return [
+        crop_shape(float(np.mean([w / h for h, w in sizes[c : c + batch_size]])), image_size, patch)
+        for c in range(0, len(sizes), batch_size)
+    ]
+
+
+def rank_chunks(num_examples: int, rank: int, world_size: int, batch_size: int) -> list[int | None]:
+    """The chunk each batch of rank ``rank``'s pass holds, in order; None for a padding-only batch."""
+    chunks = math.ceil(num_examples / batch_size)
+    runs = val_forwards(num_examples, world_size, batch_size)
+    return [c if (c := i * world_size + rank) < chunks else None for i in range(runs)]
+
+
+def val_sizes(manifest: Manifest) -> list[Size]:
+    """The validation split's image sizes in record order; a one-line UserError with the fix where the split
+    is not stored sorted by aspect ratio with them (converted before vitlarge recorded them, or indexed by
+    ``make_index`` from shards made elsewhere)."""
+    shards = manifest.shards("validation")
+    if manifest.order.get("validation") == ASPECT_ORDER and all(s.sizes is not None for s in shards):
+        return [size for s in shards for size in s.sizes or ()]
+    d = manifest.data_dir
+    raise UserError(
+        f"{d}/{MANIFEST_NAME}: the validation split is not stored sorted by aspect ratio with its image sizes, "
+        f"which data.rect_val needs; convert it again with {CONVERT_CMD} --src ROOT --out {d} and the "
+        "arguments it was made with (the training shards are kept, only the validation shards are rewritten), "
+        "or set data.rect_val=false"
+    )
+
+
+class RectBatches:
+    """DALI batch source of one rank's rectangular validation pass: batch ``i`` (``BatchInfo.iteration``, taken
+    modulo the pass's `runs`) is ``(encoded JPEGs, labels [B, 1] int64, crop heights [B], crop widths [B])``
+    of the chunk `rank_chunks` gives it, read by index (`vitlarge.data.repeats.IndexedRecords`) and padded to
+    ``batch_size`` with its last record; a padding-only batch repeats the split's last record.
+
+    ``shards``: ``[(shard path, index path)]`` of the split in the manifest's order; ``sizes``: its images'
+    ``(height, width)`` in record order (`val_sizes`)."""
+
+    def __init__(
+        self,
+        shards,
+        sizes: list[Size],
+        *,
+        rank: int,
+        world_size: int,
+        batch_size: int,
+        image_size: int,
+        patch: int,
+    ):
+        from vitlarge.data.repeats import IndexedRecords
+
+        self._records = IndexedRecords(shards, world_size=world_size)
+        n = self._records.num_examples
+        if n != len(sizes):  # the manifest's counts were checked against the indexes (`shard_files`)
+            raise RuntimeError(f"{len(sizes)} validation sizes for {n} records")
+        self.batch_size = batch_size
+        self._shapes = chunk_shapes(sizes, batch_size, image_size, patch)
+        self._chunks = rank_chunks(n, rank, world_size, batch_size)
+        self.runs = len(self._chunks)
+        self.num_examples_this_rank = sum(min(batch_size, n - c * batch_size) for c in self._chunks if c is not None)
+
+    @property
+    def shapes(self) -> set[Size]:
+        """The crops this rank's pass forwards."""
+        return {self._shapes[-1 if c is None else c] for c in self._chunks}
+
+    def records(self, run: int) -> list[int]:
+        """The ``batch_size`` records batch ``run`` of the pass holds, padding included."""
+        n, chunk = self._records.num_examples, self._chunks[run % self.runs]
+        if chunk is None:
+            return [n - 1] * self.batch_size
+        first = chunk * self.batch_size
+        real = list(range(first, min(n, first + self.batch_size)))
+        return real + [real[-1]] * (self.batch_size - len(real))
+
+    def __call__(self, info: BatchInfo) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
+        run = info.iteration % self.runs
+        chunk = self._chunks[run]
+        height, width = self._shapes[-1 if chunk is None else chunk]
+        encoded, labels = [], []
+        for record in self.records(run):
+            image, label = self._records.read(record)
+            encoded.append(np.frombuffer(image, dtype=np.uint8))
+            labels.append([label])
+        crop = np.ones(self.batch_size, dtype=np.float32)
+        return encoded, np.array(labels, dtype=np.int64), crop * height, crop * width
+
+    def close(self) -> None:
+        self._records.close()
