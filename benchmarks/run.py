@@ -69,6 +69,9 @@ REGISTRY = (
     Benchmark("launch", "Does srun start the demo as fast as colossalai run? (needs root and Slurm)"),
     Benchmark("shuffle", "How well does the reader shuffle an ImageNet-shaped epoch?", own_cli=True),
     Benchmark("progressive", "Is progressive resolution as accurate as fixed, and faster?", own_cli=True),
+    Benchmark(
+        "rect_val", "Does rectangular validation score at least the square crop, and at what cost?", own_cli=True
+    ),
     Benchmark("timm_parity", "Does vitlarge with DeiT III's pieces train as well as timm's train.py?", own_cli=True),
     Benchmark("checkpoint_io", "What does each rank read, and hold, to resume a checkpoint?", own_cli=True),
 )
