@@ -168,6 +168,17 @@ def print_plan(cfg: Config, plan: Plan, show_config: bool = False, device: str |
         )
         print_gpu_overheads(cfg, plan, settings, mem["total"])
     every = cfg.train.checkpoint_every_steps
+    evals = eval_schedule(plan)
+    print(
+        f"  eval {evals}, checkpoint "
+        f"{f'every {every} steps' if every else 'at the end only'} into {cfg.workdir}/checkpoints"
+    )
+    if cfg.train.phases:
+        print_phases(cfg, plan, settings)
+
+
+def eval_schedule(plan: Plan) -> str:
+    """When the run evaluates, and where it validates rectangular batches (``rect_val``) which phases do."""
     evals = f"every {plan.eval_every_steps} steps" if plan.eval_every_steps else "at the end only"
     rect = [ph.index for ph in plan.phases if ph.rect_val]
     if rect:  # which phases: the rest validate square crops
@@ -177,12 +188,7 @@ def print_plan(cfg: Config, plan: Plan, show_config: bool = False, device: str |
             else f" in phase{'s' if len(rect) > 1 else ''} {', '.join(map(str, rect))}"
         )
         evals += f" (rectangular{where}: batches of the aspect-sorted validation split at their own aspect ratio)"
-    print(
-        f"  eval {evals}, checkpoint "
-        f"{f'every {every} steps' if every else 'at the end only'} into {cfg.workdir}/checkpoints"
-    )
-    if cfg.train.phases:
-        print_phases(cfg, plan, settings)
+    return evals
 
 
 def print_phases(cfg: Config, plan: Plan, settings: Settings) -> None:

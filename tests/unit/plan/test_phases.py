@@ -265,13 +265,21 @@ def test_dry_run_prints_the_phase_table(capsys):
     share = float(table[5].split("=")[1].split("%")[0])
     assert 60 < share < 70  # 20 epochs at 5/17 of the tokens, 16 at 10/17, 24 full
     assert "rectangular" not in out
-    cfg.train.phases[2] = dict(cfg.train.phases[2].to_dict(), rect_val=True)  # fast.ai's last phase
-    validate(cfg)
-    print_plan(cfg, make_plan(cfg, 2))
-    eval_line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("  eval "))
-    assert (
-        "(rectangular in phase 2: batches of the aspect-sorted validation split at their own aspect ratio)" in eval_line
+
+
+def test_the_dry_run_names_the_phases_that_validate_rectangular_batches():
+    from vitlarge.run.dry_run import eval_schedule
+
+    listed = [{"epoch": 0, "image_size": 8}, {"epoch": 30, "image_size": 12}, {"epoch": 50, "image_size": 16}]
+    fastai = demo([*listed[:2], dict(listed[2], rect_val=True)])
+    assert eval_schedule(make_plan(fastai, 2, N)) == (
+        "every 110 steps (rectangular in phase 2: batches of the aspect-sorted validation split at their own aspect "
+        "ratio)"
     )
+    everywhere = load_recipe(DEMO)
+    everywhere.data.rect_val = True
+    assert eval_schedule(make_plan(everywhere, 2, N)).startswith("every 110 steps (rectangular: batches")
+    assert eval_schedule(make_plan(demo(listed), 2, N)) == "every 110 steps"
 
 
 def test_position_embedding_resample_is_timms_as_a_cached_matmul():
