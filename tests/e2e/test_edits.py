@@ -91,7 +91,6 @@ def test_a_batch_edit_on_more_processes_says_what_changed_and_keeps_the_lr_conti
 
     from tests.helpers import ROOT
     from vitlarge.config.load import load_config
-    from vitlarge.plan.edits import resume_plan
     from vitlarge.plan.plan import make_plan
 
     workdir = tmp_path / "run"
@@ -117,6 +116,8 @@ def test_a_batch_edit_on_more_processes_says_what_changed_and_keeps_the_lr_conti
     assert lr[5] == pytest.approx(make_plan(old, 2, 1437).lr_at(old, 4), rel=1e-9)
     meta = json.loads((workdir / "checkpoints" / "step_0000006" / "meta.json").read_text())
     assert meta["schedule"]["continues"]["step"] == 4
+    from vitlarge.plan.edits import resume_plan  # a requeue's plan, from what meta.json records
+
     new = load_config(ROOT / "recipes" / "demo_digits.py", [*COMMON, edit])
     again = resume_plan(new, make_plan(new, 3, 1437), "x", meta["config"], meta["schedule"], 6, meta["world_size"])
     assert again.exact and again.plan.lr_at(new, 5) == pytest.approx(lr[6], rel=1e-9)
