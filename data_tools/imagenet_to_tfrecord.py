@@ -57,6 +57,7 @@ from vitlarge.data.manifest import (
 from vitlarge.data.manifest_schema import CHECKSUM_RE, MAX_SIDE, out_of_aspect_order
 from vitlarge.errors import UserError, cli_main
 from vitlarge.fileio import UnsafeFile, check_inside, fsync_dir, open_regular, probe_writable, write_atomic
+from vitlarge.text import plural
 
 from . import done_records, imagefolder, tfrecord_io, val_order
 from .done_records import PROGRESS_DIR
@@ -359,8 +360,8 @@ def convert(
     todo_images = sum(len(t[1]) for t in tasks)
     if tasks:
         print(
-            f"{src} -> {out}: {len(tasks)} shards to write ({todo_images:,} images), "
-            f"{len(records)} complete shards kept",
+            f"{src} -> {out}: {plural(len(tasks), 'shard')} to write ({plural(todo_images, 'image', grouped=True)}), "
+            f"{plural(len(records), 'complete shard')} kept",
             file=sys.stderr,
         )
     rate = _Rate()
@@ -370,7 +371,7 @@ def convert(
     except KeyboardInterrupt:
         total = len(digests)
         raise Interrupted(
-            f"interrupted: {len(records) - kept} of the {len(tasks)} shards to write were written "
+            f"interrupted: {len(records) - kept} of the {plural(len(tasks), 'shard')} to write were written "
             f"({len(records)} of {total} complete in {out}); run the same command again to resume "
             "(complete shards are kept)"
         ) from None
@@ -406,19 +407,22 @@ def convert(
     write_manifest(manifest, out)
     _remove_shards(out, stale)  # only now: until the new manifest is in place, the old one stays valid
     if stale:
-        print(f"removed {len(stale)} shards of the replaced shard set(s) ({stale[0]}, ...)", file=sys.stderr)
+        print(f"removed {plural(len(stale), 'shard')} of the replaced shard set(s) ({stale[0]}, ...)", file=sys.stderr)
     skipped = [s for r in records.values() for s in r["skipped"]]
     skipped_list = os.path.join(out, SKIPPED_LIST)
     if skipped:
         write_atomic(skipped_list, "".join(f"{p}\t{why}\n" for p, why in skipped), root=out)
     elif os.path.exists(skipped_list):  # from an earlier run whose bad files have since been fixed
         os.remove(skipped_list)
-    counts = ", ".join(f"{s}: {manifest.num_examples(s):,} images in {len(manifest.shards(s))} shards" for s in plans)
-    extra = f"; {len(skipped)} unreadable images skipped (listed in {skipped_list})" if skipped else ""
+    counts = ", ".join(
+        f"{s}: {plural(manifest.num_examples(s), 'image', grouped=True)} in {plural(len(manifest.shards(s)), 'shard')}"
+        for s in plans
+    )
+    extra = f"; {plural(len(skipped), 'unreadable image')} skipped (listed in {skipped_list})" if skipped else ""
     reenc = sum(r["reencoded"] for r in records.values())
     print(
-        f"wrote {os.path.join(out, 'dataset.json')}: {counts}; {manifest.num_classes} classes; "
-        f"{reenc} images re-encoded as RGB JPEG{extra}" + (f"; {rate}" if tasks else ""),
+        f"wrote {os.path.join(out, 'dataset.json')}: {counts}; {plural(manifest.num_classes, 'class')}; "
+        f"{plural(reenc, 'image')} re-encoded as RGB JPEG{extra}" + (f"; {rate}" if tasks else ""),
         file=sys.stderr,
     )
     return load_manifest(out)

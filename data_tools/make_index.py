@@ -44,6 +44,7 @@ from vitlarge.data.manifest import (
 )
 from vitlarge.data.manifest_schema import MAX_CLASSES, MAX_LABEL, MAX_SIDE, out_of_aspect_order
 from vitlarge.errors import UserError, cli_main
+from vitlarge.text import plural
 
 from . import done_records, tfrecord_io
 
@@ -167,10 +168,13 @@ def make_index(data_dir: str, *, label_offset: int = 1, num_classes: int | None 
         raise UserError(
             f"{os.path.join(data_dir, MANIFEST_NAME)}: cannot write ({e.strerror}); make the directory writable"
         ) from None
-    counts = ", ".join(f"{s}: {m.num_examples(s):,} records in {len(v)} shards" for s, v in splits.items())
+    counts = ", ".join(
+        f"{s}: {plural(m.num_examples(s), 'record', grouped=True)} in {plural(len(v), 'shard')}"
+        for s, v in splits.items()
+    )
     print(
-        f"wrote {len(paths)} indexes and {os.path.join(data_dir, MANIFEST_NAME)}: {counts}; "
-        f"{num_classes} classes, label offset {label_offset}",
+        f"wrote {plural(len(paths), 'index', 'indexes')} and {os.path.join(data_dir, MANIFEST_NAME)}: {counts}; "
+        f"{plural(num_classes, 'class')}, label offset {label_offset}",
         file=sys.stderr,
     )
     return load_manifest(data_dir)

@@ -21,6 +21,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from vitlarge.text import plural
+
 log = logging.getLogger("vitlarge")
 
 QUEUE_SIZE = 10_000
@@ -110,7 +112,7 @@ class Sender:
                 self._reported_at = time.monotonic()
                 self._dropped_reported = self.dropped
             elif time.monotonic() - self._reported_at >= self._report_every_s and self.dropped > self._dropped_reported:
-                log.warning(f"warning: {self.name}: {self.dropped} records not sent so far")
+                log.warning(f"warning: {self.name}: {plural(self.dropped, 'record')} not sent so far")
                 self._reported_at = time.monotonic()
                 self._dropped_reported = self.dropped
             if isinstance(e, KeyboardInterrupt):
@@ -143,7 +145,7 @@ class Sender:
         if unsent:
             late = " (still sending when the wait ended)" if alive else ""
             log.warning(
-                f"warning: {self.name}: {unsent} records not sent to {self.what or 'the tracker'}{late}; "
+                f"warning: {self.name}: {plural(unsent, 'record')} not sent to {self.what or 'the tracker'}{late}; "
                 "metrics.jsonl has every step"
             )
         return unsent

@@ -1,4 +1,9 @@
-"""Prints the final validation accuracy of a run and where its logs are: ``python -m scripts.summarize WORKDIR``."""
+"""Prints the final validation accuracy of a run and where its logs are: ``python -m scripts.summarize WORKDIR``.
+
+What is there, and only that: the final top-1 of a run that ended (its last ``start`` record in metrics.jsonl is
+followed by an ``end``), else the step it stopped at and its latest evaluation; the picture, TensorBoard folder
+and exported model where they exist.
+"""
 
 import sys
 from pathlib import Path
@@ -7,25 +12,46 @@ from vitlarge.checkpoint.export import EXPORT_DIR
 from vitlarge.report.metrics_log import FILENAME, PLOT_FILENAME, TB_DIRNAME, read_metrics
 
 
-def main(workdir: str) -> int:
+def main(argv: list[str] | None = None) -> int:
+    """``argv``: the workdir (default ``runs/demo_digits``, the demo's); the exit status (2: no result yet)."""
+    workdir = (argv or ["runs/demo_digits"])[0]
     path = Path(workdir) / FILENAME
     if not path.is_file():
         print(f"error: {path} does not exist; did the run start?", file=sys.stderr)
         return 2
-    evals = [r for r in read_metrics(path) if r.get("event") == "eval"]
+    records = read_metrics(str(path))
+    events = [r.get("event") for r in records]
+    last_start = max((i for i, e in enumerate(events) if e == "start"), default=-1)
+    ended = "end" in events[last_start + 1 :]
+    ends = [r for r in records if r.get("event") == "end"]
+    if not ended:
+        starts = [r for r in records if r.get("event") == "start"]
+        steps = [r["step"] for r in records if r.get("event") == "train" and isinstance(r.get("step"), int)]
+        total = starts[-1].get("total_steps") if starts else None
+        at = max(steps, default=starts[-1].get("step", 0) if starts else 0)
+        print(f"the run has not ended: it stopped at step {at}" + (f" of {total}" if total else ""))
+    evals = [r for r in records if r.get("event") == "eval"]
     if not evals:
         print(f"error: {path} has no evaluation yet", file=sys.stderr)
         return 2
     last = evals[-1]
     print(
-        f"final validation top-1 {100 * last['val_top1']:.2f}% (top-5 {100 * last['val_top5']:.2f}%, "
-        f"loss {last['val_loss']:.4f}) at step {last['step']} on {last['val_images']} images"
+        f"{'final' if ended else 'latest'} validation top-1 {100 * last['val_top1']:.2f}% (top-5 "
+        f"{100 * last['val_top5']:.2f}%, loss {last['val_loss']:.4f}) at step {last['step']} on {last['val_images']} "
+        "images"
     )
     w = Path(workdir)
-    print(f"picture: {w / PLOT_FILENAME}  logs: {path}  TensorBoard: tensorboard --logdir {w / TB_DIRNAME}")
-    print(f'model: {w / EXPORT_DIR}  (timm.create_model("local-dir:{w / EXPORT_DIR}", pretrained=True))')
+    where = [f"picture: {w / PLOT_FILENAME}"] if (w / PLOT_FILENAME).is_file() else []
+    where.append(f"logs: {path}")
+    if (w / TB_DIRNAME).is_dir():
+        where.append(f"TensorBoard: tensorboard --logdir {w / TB_DIRNAME}")
+    print("  ".join(where))
+    model = w / EXPORT_DIR
+    if (model / "config.json").is_file():
+        earlier = f" (exported at step {ends[-1].get('step')}, before the last start)" if ends and not ended else ""
+        print(f'model: {model}{earlier}  (timm.create_model("local-dir:{model}", pretrained=True))')
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "runs/demo_digits"))
+    sys.exit(main(sys.argv[1:]))

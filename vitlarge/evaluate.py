@@ -2,15 +2,19 @@
 
 python -m vitlarge.evaluate --config recipes/demo_digits.py --checkpoint runs/demo/checkpoints/step_0000600
 torchrun --nproc_per_node 4 -m vitlarge.evaluate --config ... --checkpoint runs/demo/model
+
+It prints a table (what was evaluated, at what size, on how many images; top-1, top-5, loss); ``--json`` prints
+the same numbers as one JSON object instead, for scripts.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TypeGuard
 
 import torch.distributed as dist
 
@@ -56,6 +60,83 @@ def as_trained(cfg, saved: dict) -> list[str]:
     return changed
 
 
+# What an export's config.json records of the evaluation its run made (`vitlarge.checkpoint.export.data_config`),
+# read back as the keys `as_exported` sets: timm's name, the config key, and the values it takes.
+EXPORTED = (("mean", "data.mean"), ("std", "data.std"), ("crop_pct", "data.val_crop_pct"))
+MAX_SIZE = 1 << 14
+"""The largest image side an export's config.json is believed for."""
+
+
+def _number(x) -> TypeGuard[float]:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def exported_settings(folder: Path) -> dict:
+    """``{config key: value}`` of what an export folder's config.json (timm's, `vitlarge.checkpoint.export`) records
+    of the run that wrote it: ``data.image_size`` (the model's grid: ``model_args.img_size``), ``data.mean``,
+    ``data.std``, ``data.val_crop_pct`` and the size it was evaluated at (``eval_size``: ``input_size``). The
+    file is data: read up to `EXPORT_CONFIG_LIMIT`, and a value of another type or range is left out (the weights'
+    own check then says what does not fit); {} without a readable file."""
+    from vitlarge.checkpoint.weights import EXPORT_CONFIG_LIMIT
+    from vitlarge.fileio import read_capped
+
+    try:
+        doc = json.loads(read_capped(folder / "config.json", EXPORT_CONFIG_LIMIT, follow=False))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    args, pre = doc.get("model_args"), doc.get("pretrained_cfg")
+    args, pre = args if isinstance(args, dict) else {}, pre if isinstance(pre, dict) else {}
+    out: dict = {}
+    size = args.get("img_size")
+    if isinstance(size, list) and len(size) == 2 and size[0] == size[1]:
+        size = size[0]
+    if isinstance(size, int) and not isinstance(size, bool) and 1 <= size <= MAX_SIZE:
+        out["data.image_size"] = size
+    shown = pre.get("input_size")
+    if isinstance(shown, list) and len(shown) == 3 and all(isinstance(x, int) for x in shown) and shown[1] == shown[2]:
+        if 1 <= shown[2] <= MAX_SIZE:
+            out["eval_size"] = shown[2]
+    for name, key in EXPORTED:
+        value = pre.get(name)
+        if key == "data.val_crop_pct" and _number(value) and 0 < value <= 1:
+            out[key] = float(value)
+        elif key != "data.val_crop_pct" and isinstance(value, list) and len(value) == 3 and all(map(_number, value)):
+            out[key] = tuple(float(x) for x in value)
+    return out
+
+
+def as_exported(cfg, folder: Path) -> tuple[list[str], int | None]:
+    """Sets ``cfg``'s keys that `exported_settings` reads from export ``folder`` to the export's, so the export is
+    evaluated as the run that wrote it evaluated (the ``data.image_size`` its weights were trained at, its
+    preprocessing) whatever ``--config`` says now, as `as_trained` does for a checkpoint folder; returns the keys
+    that differed and the size the run evaluated at (None: not recorded)."""
+    found = exported_settings(folder)
+    changed = []
+    for key, value in found.items():
+        if key == "eval_size":
+            continue
+        section, name = key.split(".")
+        if getattr(getattr(cfg, section), name) != value:
+            changed.append(key)
+            setattr(getattr(cfg, section), name, value)
+    return changed, found.get("eval_size")
+
+
+def table(checkpoint: str, step: int | None, size: int, metrics: dict) -> str:
+    """The result as a person reads it: what was evaluated, on what, and the three numbers."""
+    what = f"{checkpoint} (step {step})" if step is not None else checkpoint
+    rows = [
+        ("evaluated", what),
+        ("images", f"{metrics['val_images']:,} validation images at {size} px"),
+        ("top-1", f"{100 * metrics['val_top1']:.2f}%"),
+        ("top-5", f"{100 * metrics['val_top5']:.2f}%"),
+        ("loss", f"{metrics['val_loss']:.4f}"),
+    ]
+    return "\n".join(f"{k:<10} {v}" for k, v in rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     from vitlarge.checkpoint import store
     from vitlarge.config.load import load_config
@@ -79,14 +160,18 @@ def main(argv: list[str] | None = None) -> int:
         help="a checkpoints/step_* folder, an exported model folder (<workdir>/model) or a model.safetensors file",
     )
     p.add_argument("--data", default=None)
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object instead of a table")
     p.add_argument("--overrides", dest="override_files", action="append", default=[], metavar="FILE")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     args = p.parse_intermixed_args(argv)
 
     def work(env) -> int:
         cfg = load_config(args.config, args.overrides, override_files=args.override_files, data__path=args.data)
-        meta = store.read_meta(args.checkpoint) if (Path(args.checkpoint) / "meta.json").is_file() else None
-        changed = as_trained(cfg, meta.get("config", {})) if meta else []
+        given = Path(args.checkpoint)
+        meta = store.read_meta(given) if (given / "meta.json").is_file() else None
+        changed, exported_at = (as_trained(cfg, meta.get("config", {})) if meta else []), None
+        if meta is None and (given / "config.json").is_file():  # an export: its config.json says how it was trained
+            changed, exported_at = as_exported(cfg, given)
         # As train.py starts: precision auto resolved, the kernels training's own evaluation ran with.
         settings = start(cfg, env, threads.size_thread_pools()).settings
         device = settings.device
@@ -100,17 +185,20 @@ def main(argv: list[str] | None = None) -> int:
         if changed and env.is_main:
             print(
                 f"warning: {args.checkpoint} was trained with other {', '.join(changed)} than --config gives; "
-                "evaluating as it was trained (its meta.json)",
+                f"evaluating as it was trained (its {'meta.json' if meta else 'config.json'})",
                 file=sys.stderr,
             )
         try:
             phase, size = evaluated_phase(evaluation_plan(cfg, env.world_size, n_train), step), None
         except UserError:  # no plan on this data (fewer training images than a global batch): the last phase's size
             phase, size = None, final_eval_size(cfg)
+        if exported_at is not None and exported_at != (phase.eval_size if phase else size):
+            phase, size = None, exported_at  # the size the export's run evaluated at (its config.json)
         val = val_loader(cfg, env.rank, env.world_size, device, phase=phase, image_size=size)
         metrics = evaluate(model, val, Precision(settings.precision, device))
         if env.is_main:
-            print(json.dumps(metrics))
+            shown = phase.eval_size if phase else size or cfg.data.image_size
+            print(json.dumps(metrics) if args.json else table(args.checkpoint, step, shown, metrics))
         dist.destroy_process_group()
         return 0
 

@@ -100,7 +100,7 @@ def test_resume_after_kill_keeps_complete_shards(tiny_imagefolder, converted, tm
 
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert "1 complete shards kept" in r.stderr
+    assert "1 complete shard kept" in r.stderr
     assert os.stat(out / "train-00000-of-00003").st_mtime_ns == kept.st_mtime_ns
     assert not [n for n in os.listdir(out) if n.endswith(".tmp")]
     ref = load_manifest(converted)

@@ -78,3 +78,46 @@ def test_a_phase_list_that_moves_a_boundary_before_the_resumed_step_is_refused(d
         assert f"train.phases[1] starts at step 1 (epoch 0.1), before step {step} where this run resumes" in errors[0]
         assert "model.init_from" in errors[0]
         assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == before  # no abandoned_* folder
+
+
+def test_a_batch_edit_on_more_processes_says_what_changed_and_keeps_the_lr_continuous(
+    demo_data, stopped_at_4, tmp_path
+):
+    """The 2-rank run stopped at step 4 (global batch 128: 11 steps per epoch, 55 warmup steps) resumed on 3 ranks
+    with ``train.global_batch=96`` (14 and 70): one line per change, old -> new, the lr of step 5 the checkpoint's
+    plan had (the recipe's would be lower: the warmup is longer), and the continuation recorded in meta.json, from
+    which a requeue plans the same lr (nothing changed then)."""
+    import json
+
+    from tests.helpers import ROOT
+    from vitlarge.config.load import load_config
+    from vitlarge.plan.plan import make_plan
+
+    workdir = tmp_path / "run"
+    shutil.copytree(stopped_at_4["plain"], workdir)
+    edit = "train.global_batch=96"
+    args = ["--config", "recipes/demo_digits.py", "--data", demo_data, "--workdir", str(workdir), *COMMON]
+    r = launcher.run([*args, "train.max_steps=6", edit], nproc=3, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = (r.stdout + r.stderr).splitlines()
+    at = next(i for i, line in enumerate(log) if line.startswith("warning: the schedule changed since"))
+    assert f"{workdir / 'checkpoints' / 'step_0000004'} (train.global_batch 128 -> 96)" in log[at]
+    assert log[at + 1 : at + 5] == [
+        "  global batch 128 -> 96",
+        "  steps per epoch 11 -> 14",
+        "  total steps 660 -> 840",
+        "  warmup steps 55 -> 70",
+    ]
+    assert "  lr at step 5: 1.818e-03 in the checkpoint's plan, 1.429e-03 in this recipe's" in log[at + 5]
+    ws = [line for line in log if "was written by 2 processes, this run has 3" in line]
+    assert len(ws) == 1 and "resume exactly" not in ws[0] and "1 micro-steps" not in ws[0], ws
+    lr = {m["step"]: m["lr"] for m in read_metrics(str(workdir / "metrics.jsonl")) if m["event"] == "train"}
+    old = load_config(ROOT / "recipes" / "demo_digits.py", COMMON)
+    assert lr[5] == pytest.approx(make_plan(old, 2, 1437).lr_at(old, 4), rel=1e-9)
+    meta = json.loads((workdir / "checkpoints" / "step_0000006" / "meta.json").read_text())
+    assert meta["schedule"]["continues"]["step"] == 4
+    from vitlarge.plan.edits import resume_plan  # a requeue's plan, from what meta.json records
+
+    new = load_config(ROOT / "recipes" / "demo_digits.py", [*COMMON, edit])
+    again = resume_plan(new, make_plan(new, 3, 1437), "x", meta["config"], meta["schedule"], 6, meta["world_size"])
+    assert again.exact and again.plan.lr_at(new, 5) == pytest.approx(lr[6], rel=1e-9)

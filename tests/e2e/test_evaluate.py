@@ -60,6 +60,7 @@ def test_seven_process_evaluations_equal_one_process_evaluations_of_the_same_che
                 demo_data,
                 "--checkpoint",
                 str(tmp_path / "checkpoints" / f"step_{step:07d}"),
+                "--json",
                 *OVERRIDES,
             ],
             timeout=300,
@@ -141,3 +142,25 @@ def test_two_rank_fsdp_evaluation_of_129_images_at_micro_batch_64_finishes_exact
             assert round(got["val_top1"] * 129) == round(ref["val_top1"] * 129)
             assert round(got["val_top5"] * 129) == round(ref["val_top5"] * 129)
             assert got["val_loss"] == pytest.approx(ref["val_loss"], rel=1e-6)
+
+
+def test_the_export_of_a_48_px_run_evaluates_as_trained_and_prints_a_table(demo_data, tmp_path):
+    """The 16 px recipe on the export of a 48 px run: evaluated at 48 px, as its config.json records (before, refused
+    with "pass data.image_size=48"), printed as a table (``--json``: the other tests here read it)."""
+    from vitlarge.checkpoint.export import export
+    from vitlarge.config.load import load_config
+    from vitlarge.model.vit import build_model
+
+    trained = load_config(RECIPE, ["data.image_size=48"])
+    path = export(tmp_path, build_model(trained), trained)
+    cmd = ["-m", "vitlarge.evaluate", "--config", RECIPE, "--data", demo_data, "--checkpoint", str(path)]
+    r = launcher.python(cmd, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stderr.strip() == (
+        f"warning: {path} was trained with other data.image_size than --config gives; evaluating as it was trained "
+        "(its config.json)"
+    )
+    lines = r.stdout.strip().splitlines()
+    assert lines[:2] == [f"evaluated  {path}", "images     360 validation images at 48 px"]
+    assert [line.split()[0] for line in lines[2:]] == ["top-1", "top-5", "loss"]
+    assert lines[2].endswith("%") and 0 <= float(lines[2].split()[1][:-1]) <= 100

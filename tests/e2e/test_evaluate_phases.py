@@ -25,7 +25,7 @@ OVERRIDES = [PHASES, "train.precision=fp32"]
 
 def evaluate(demo_data: str, checkpoint, overrides=tuple(OVERRIDES), stderr: list | None = None) -> dict:
     cmd = ["-m", "vitlarge.evaluate", "--config", "recipes/demo_digits_progressive.py"]
-    cmd += ["--data", demo_data, "--checkpoint", str(checkpoint), *overrides]
+    cmd += ["--data", demo_data, "--checkpoint", str(checkpoint), "--json", *overrides]
     r = launcher.python(cmd, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     if stderr is not None:

@@ -132,6 +132,7 @@ def test_export_loads_into_timm_and_evaluate_cli_matches(reference_run, demo_dat
             demo_data,
             "--checkpoint",
             str(workdir / "checkpoints" / "step_0000012"),
+            "--json",
         ],
         timeout=300,
     )

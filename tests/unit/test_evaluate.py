@@ -49,3 +49,54 @@ def test_a_crafted_phase_list_in_meta_json_is_one_line(phases):
     with pytest.raises(UserError, match=r"^the checkpoint's meta.json: train.phases is not a phase list \(") as e:
         as_trained(cfg, saved)
     assert "\n" not in str(e.value)
+
+
+DEMO = ROOT / "recipes" / "demo_digits.py"
+
+
+def test_an_export_is_evaluated_at_the_size_and_preprocessing_its_config_json_records(tmp_path):
+    """The export of a 48 px run, evaluated with the 16 px recipe: its weights load once its config.json's size is
+    taken (before, only a checkpoint folder was evaluated as trained; its export was refused)."""
+    from vitlarge.checkpoint import store
+    from vitlarge.checkpoint.export import export
+    from vitlarge.evaluate import as_exported
+    from vitlarge.model.vit import build_model
+
+    trained = load_config(DEMO, ["data.image_size=48", "data.val_crop_pct=0.9", "data.mean=0.5,0.5,0.5"])
+    path = export(tmp_path, build_model(trained), trained)
+    cfg = load_config(DEMO)
+    assert as_exported(cfg, path) == (["data.image_size", "data.mean", "data.val_crop_pct"], 48)
+    assert (cfg.data.image_size, cfg.data.mean, cfg.data.val_crop_pct) == (48, (0.5, 0.5, 0.5), 0.9)
+    store.load_model_weights(path, build_model(cfg), cfg)  # no longer "trained at data.image_size=48"
+    assert as_exported(cfg, path) == ([], 48)  # as trained now: no warning
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        [],
+        {"model_args": {"img_size": "big"}, "pretrained_cfg": {"mean": [1, 2], "crop_pct": 7, "input_size": [3, 9]}},
+        {"model_args": {"img_size": [48, 32]}, "pretrained_cfg": {"std": ["a", 1, 2], "input_size": [3, 1 << 20, 1 << 20]}},
+        {"model_args": {"img_size": True}, "pretrained_cfg": {"crop_pct": float("nan")}},
+    ],
+)  # fmt: skip
+def test_an_export_config_json_of_other_types_changes_nothing(tmp_path, doc):
+    from vitlarge.evaluate import as_exported, exported_settings
+
+    (tmp_path / "config.json").write_text(json.dumps(doc))
+    assert exported_settings(tmp_path) == {}
+    cfg = load_config(DEMO)
+    assert as_exported(cfg, tmp_path) == ([], None) and cfg.data.image_size == 16
+
+
+def test_the_result_is_a_table_a_person_reads():
+    from vitlarge.evaluate import table
+
+    metrics = {"val_top1": 0.9833, "val_top5": 1.0, "val_loss": 0.08213, "val_images": 360}
+    assert table("runs/x/checkpoints/step_0000660", 660, 16, metrics).splitlines() == [
+        "evaluated  runs/x/checkpoints/step_0000660 (step 660)",
+        "images     360 validation images at 16 px",
+        "top-1      98.33%",
+        "top-5      100.00%",
+        "loss       0.0821",
+    ]

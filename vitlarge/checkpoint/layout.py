@@ -44,13 +44,25 @@ def exists(workdir: str | Path, step: int) -> bool:
     return (Path(workdir) / CHECKPOINTS_DIR / step_name(step) / "meta.json").is_file()
 
 
+def beside(path: Path) -> str:
+    """``"; <folder> holds step_0000400, step_0000500"``: the checkpoints in the folder of a ``path`` that does not
+    exist (a pruned one, a mistyped step), the newest five; "" where there are none."""
+    found = [p.name for p in step_dirs(path.parent)]
+    if not found:
+        return ""
+    shown = ", ".join(found[-5:])
+    return f"; {path.parent} holds {'..., ' if len(found) > 5 else ''}{shown}"
+
+
 class Unusable(UserError):
     """A checkpoint that fails its check; ``problem`` says why in a few words ("no meta.json")."""
 
     def __init__(self, path: str | Path, problem: str):
         path = Path(path)
         if problem == "does not exist":
-            message = f"checkpoint {path} does not exist; check --resume, or omit it to resume from the workdir"
+            message = (
+                f"checkpoint {path} does not exist{beside(path)}; check --resume, or omit it to resume from the workdir"
+            )
         elif problem == "no meta.json":
             found = step_dirs(path / CHECKPOINTS_DIR) or step_dirs(path)
             example = f", e.g. {found[-1]}" if found else ""

@@ -14,6 +14,7 @@ This module imports nothing heavy: store.py and sharded.py both read meta.json t
 from __future__ import annotations
 
 import json
+import math
 import re
 import typing
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ META_MAX_BYTES = 64 << 20
 """meta.json's size cap: a 1024-rank ViT-H checkpoint's is about 0.3 MB (its config, shapes and file list)."""
 MAX_WORLD_SIZE = 1 << 20
 MAX_STEP = 10**12
+MAX_EXAMPLES = 10**13
 LISTED_NAME = re.compile(
     r"^(?:__\d{1,7}_\d{1,7}\.distcp|\.metadata|rank_\d{5,7}\.pt|model\.safetensors|optimizer\.pt"
     r"|optimizer_rank_\d{5,7}\.pt)$"
@@ -107,6 +109,10 @@ def problem_of(meta, path: Path | None = None) -> str | None:
             return f"meta.json's {key} is not true or false"
     if "line" in meta and meta["line"] is not None and not isinstance(meta["line"], str):
         return "meta.json's line is not a path"
+    if "schedule" in meta:
+        problem = schedule_problem(meta["schedule"], step)
+        if problem:
+            return problem
     config = meta.get("config", {})
     if not isinstance(config, dict):
         return "meta.json's config is not a map of sections"
@@ -115,6 +121,27 @@ def problem_of(meta, path: Path | None = None) -> str | None:
         return problem
     if version >= 2:
         return files_problem(meta["files"], version)
+    return None
+
+
+def schedule_problem(record, step: int) -> str | None:
+    """Why meta.json's ``schedule`` (`vitlarge.plan.plan.Plan.record`: the training images the plan was made for,
+    and where a resume re-planned the lr) is not one a checkpoint of step ``step`` records, or None."""
+    if not isinstance(record, dict):
+        return "meta.json's schedule is not a map"
+    n = record.get("num_train_examples")
+    if n is not None and not (_is_int(n) and 1 <= n <= MAX_EXAMPLES):
+        return (
+            f"meta.json's schedule.num_train_examples is {str(n)[:40]}, not a whole number from 1 to {MAX_EXAMPLES:,}"
+        )
+    c = record.get("continues")
+    if c is None:
+        return None
+    if not (isinstance(c, dict) and _is_int(c.get("step")) and 0 <= c["step"] <= step):
+        return f"meta.json's schedule.continues is not {{'step': a step from 0 to {step}, 'base_lr': an lr}}"
+    lr = c.get("base_lr")
+    if not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and math.isfinite(lr) and lr >= 0):
+        return f"meta.json's schedule.continues.base_lr is {str(lr)[:40]}, not a finite lr >= 0"
     return None
 
 

@@ -91,6 +91,9 @@ class RunState:
     config: dict[str, Any] | None = None
     """The config as the run's records show it, device-dependent values resolved (meta.json's ``config``;
     `vitlarge.events.RunInfo.record`); None: the config `store.save` is given, as written."""
+    schedule: dict[str, Any] | None = None
+    """What the run's plan records beside the config (meta.json's ``schedule``, `vitlarge.plan.plan.Plan.record`);
+    None: not written."""
 
     def rank_state(self) -> dict[str, Any]:
         """What ``rank_NNNNN.pt`` holds: the rank-local parts' states and the loader position."""
@@ -120,23 +123,32 @@ class LoadedCheckpoint:
     """The line the checkpoint belongs to (its meta.json's ``line``)."""
     config: dict = field(default_factory=dict)
     """The config the checkpoint recorded (meta.json's ``config``)."""
+    schedule: dict = field(default_factory=dict)
+    """What its plan recorded beside the config (meta.json's ``schedule``; empty for an older checkpoint)."""
 
-    def usable_data_state(self, cfg: Config, plan: Plan) -> DataPosition:
+    def usable_data_state(self, cfg: Config, plan: Plan, schedule_exact: bool = True) -> DataPosition:
         """The loader position this run continues, and the line that says what was dropped and why. Weights,
-        optimizer, step and the lr schedule always resume exactly; the data stream restarts with a fresh epoch
+        optimizer and step always resume exactly, and the lr schedule where ``schedule_exact`` (else the lines of
+        `vitlarge.plan.edits.resume_plan` say what changed); the data stream restarts with a fresh epoch
         order when the position was written by another world size, by an older vitlarge (another pipeline), or
         under another ``train.phases`` list."""
         from vitlarge.data.common import older_state_version
         from vitlarge.data.phased import state_of_other_phases
+        from vitlarge.text import plural
 
         if self.world_size != plan.world_size:
             ph = plan.phase_at(self.step)
+            micro = f"{plural(ph.accum_steps, 'micro-step')} per step now"
+            kept = (
+                f"weights, optimizer (re-sharded), step and lr schedule resume exactly, the global batch stays "
+                f"{ph.global_batch} ({micro})"
+                if schedule_exact
+                else f"weights, optimizer (re-sharded) and step resume ({micro}), the schedule as the lines below say"
+            )
             return DataPosition(
                 None,
-                f"warning: {self.path} was written by {self.world_size} processes, this run has {plan.world_size}: "
-                "weights, optimizer (re-sharded), step and lr schedule resume exactly, the global batch stays "
-                f"{ph.global_batch} ({ph.accum_steps} micro-steps per step now), the data stream restarts "
-                "with a fresh epoch order",
+                f"warning: {self.path} was written by {plural(self.world_size, 'process')}, this run has "
+                f"{plan.world_size}: {kept}, the data stream restarts with a fresh epoch order",
             )
         old = older_state_version(self.data_state)
         if old is not None:
@@ -149,7 +161,11 @@ class LoadedCheckpoint:
             return DataPosition(
                 None,
                 f"warning: {self.path} was written under another train.phases list (or none); the data stream "
-                "restarts with a fresh epoch order, weights, optimizer and step resume; lr and phase follow the "
-                "new list at that step",
+                "restarts with a fresh epoch order, weights, optimizer and step resume; "
+                + (
+                    "lr and phase follow the new list at that step"
+                    if schedule_exact
+                    else "the phase follows the new list at that step, the lr as the lines below say"
+                ),
             )
         return DataPosition(self.data_state)

@@ -116,6 +116,7 @@ def save(workdir: str | Path, state: RunState, cfg: Config, keep: int) -> Path:
             "optimizer_state": with_optimizer,
             "ema": state.ema is not None,
             "line": state.line,
+            **({"schedule": state.schedule} if state.schedule is not None else {}),
             "files": dict(sorted(files.items())),
         }
         fileio.write_atomic(tmp / "meta.json", json.dumps(meta, indent=1))  # also fsyncs tmp's names
@@ -322,4 +323,5 @@ def apply(loaded: ReadCheckpoint, state: RunState) -> LoadedCheckpoint:
         data_state=loaded.rank_state["data"] if loaded.same_world else None,
         line=meta.get("line"),
         config=meta.get("config", {}),
+        schedule=meta.get("schedule") or {},
     )

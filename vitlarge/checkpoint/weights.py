@@ -16,7 +16,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from vitlarge import fileio
 from vitlarge.checkpoint import sharded
 from vitlarge.checkpoint.files import reason_of, safetensors_file
-from vitlarge.checkpoint.layout import Unusable, read_meta
+from vitlarge.checkpoint.layout import Unusable, beside, read_meta
 from vitlarge.checkpoint.meta import expected_files
 from vitlarge.config.schema import Config
 from vitlarge.errors import UserError
@@ -150,7 +150,8 @@ def load_model_weights(path: str | Path, model: torch.nn.Module, cfg: Config) ->
         return
     if not path.is_file():
         raise UserError(
-            f"checkpoint {path} does not exist; pass a checkpoints/step_* folder or an exported model folder"
+            f"checkpoint {path} does not exist{beside(path)}; pass a checkpoints/step_* folder or an exported model "
+            "folder"
         )
     problem = fileio.regular_file_problem(path)
     if problem:

@@ -272,6 +272,14 @@ class ScheduleConfig:
     """``linear``, ``cosine`` or ``constant`` after warmup."""
     min_lr_ratio: float = ruled(0.0, FRACTION)
     """Final lr as a fraction of the peak."""
+    on_edit: Literal["continue", "recipe"] = "continue"
+    """A resume whose schedule changed since its checkpoint (``train.epochs``, ``train.global_batch``, warmup, decay,
+    ``optim.lr`` edited), where this recipe's lr at the resume step differs from the one the checkpoint's own plan
+    had there: ``continue`` goes on from the checkpoint's lr and re-plans the rest of the warmup or decay to reach
+    this recipe's peak or floor at its own steps (no jump; recorded in each later checkpoint, so requeues keep it);
+    ``recipe`` takes this recipe's lr at that step, as timm's and torchtitan's schedulers do when rebuilt from an
+    edited config (a jump: a warm restart when a finished run's epochs are extended). A resume prints what changed
+    either way (README, "Resuming under an edited recipe")."""
 
 
 PHASE_KEYS = (

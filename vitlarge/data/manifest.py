@@ -43,6 +43,7 @@ from vitlarge.data.manifest_schema import ASPECT_ORDER, FORMAT, FORMAT_VERSION, 
 from vitlarge.data.manifest_schema import SHARD_NAME_RE as SHARD_RE
 from vitlarge.errors import UserError
 from vitlarge.fileio import UnsafeFile, check_inside, open_regular, read_capped, write_atomic
+from vitlarge.text import plural
 
 MANIFEST_NAME = "dataset.json"
 MAKE_INDEX_FIX = "python -m data_tools.make_index {dir}"
@@ -72,7 +73,7 @@ def shard_set_problem(names) -> tuple[str, str] | None:
     for split, by_count in sorted(sets.items()):
         if len(by_count) > 1:
             found = " and ".join(
-                f"{split}-*-of-{count:05d} ({len(ix)} files)" for count, ix in sorted(by_count.items())
+                f"{split}-*-of-{count:05d} ({plural(len(ix), 'file')})" for count, ix in sorted(by_count.items())
             )
             return (
                 f"{len(by_count)} {split} shard sets, {found}",

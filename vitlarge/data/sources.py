@@ -38,15 +38,37 @@ def checked_manifest(cfg: Config) -> Manifest:
     from vitlarge.data.randaugment import spec as randaugment_spec
 
     manifest = load_manifest(cfg.data.path)
+    check_classes(cfg, manifest)
+    randaugment_spec(cfg.data.randaugment)
+    for split in ("train", "validation"):  # here, inside the agreed pre-flight: a shard missing on one node
+        shard_files(manifest, split)  # stops every rank, printed by the rank that met it (not at the first step)
+    if rect_val_anywhere(cfg):
+        from vitlarge.data.rect import val_sizes
+
+        val_sizes(manifest)
+    return manifest
+
+
+def check_classes(cfg: Config, manifest: Manifest) -> None:
+    """A one-line `UserError` unless ``data.num_classes`` is the data set's class count."""
     if manifest.num_classes != cfg.data.num_classes:
         raise UserError(
             f"{cfg.data.path}/dataset.json has {manifest.num_classes} classes but data.num_classes="
             f"{cfg.data.num_classes}; set data.num_classes={manifest.num_classes}"
         )
-    randaugment_spec(cfg.data.randaugment)
-    for split in ("train", "validation"):  # here, inside the agreed pre-flight: a shard missing on one node
-        shard_files(manifest, split)  # stops every rank, printed by the rank that met it (not at the first step)
-    if rect_val_anywhere(cfg):
+
+
+def planning_manifest(cfg: Config) -> Manifest | None:
+    """What ``--dry-run`` plans from: ``data.path``'s dataset.json where that folder exists, read and checked as a
+    run checks it (the manifest, its class count against ``data.num_classes``; a `UserError` otherwise), so the
+    plan's steps are the run's; None where there is no folder (a plan made before the data is there, or for
+    another machine: the recipe's ``data.num_train_examples``) or the source is synthetic. Reads dataset.json
+    alone, no shard."""
+    if cfg.data.source == "synthetic" or not cfg.data.path or not os.path.isdir(cfg.data.path):
+        return None
+    manifest = load_manifest(cfg.data.path)
+    check_classes(cfg, manifest)
+    if rect_val_anywhere(cfg):  # the run's check too, from dataset.json alone
         from vitlarge.data.rect import val_sizes
 
         val_sizes(manifest)

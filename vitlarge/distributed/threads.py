@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 from vitlarge.distributed.launcher import int_env
 from vitlarge.errors import UserError
+from vitlarge.text import plural
 
 
 class ThreadPools(NamedTuple):
@@ -107,7 +108,9 @@ def cpu_share(env: Mapping[str, str], usable_cpus: int) -> tuple[int, str]:
     tasks = _tasks_on_this_node(env)
     if tasks is None or tasks[0] < 1:
         return usable_cpus, f"{usable_cpus} usable CPUs, one process on this node"
-    return max(1, usable_cpus // tasks[0]), f"{usable_cpus} usable CPUs / {tasks[0]} tasks on this node ({tasks[1]})"
+    return max(
+        1, usable_cpus // tasks[0]
+    ), f"{usable_cpus} usable CPUs / {plural(tasks[0], 'task')} on this node ({tasks[1]})"
 
 
 def thread_budget(env: Mapping[str, str], usable_cpus: int) -> tuple[int, str]:

@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from vitlarge.config.phase_list import PhaseSpec, entries, resolve_phases
 from vitlarge.config.schema import Config
 from vitlarge.errors import UserError
+from vitlarge.text import plural
 
 PHASE_SEED_STRIDE = 1000  # phase i's data stream uses train.seed + 1000 * i
 
@@ -110,10 +111,7 @@ def plan_phases(cfg: Config, world_size: int, num_train_examples: int) -> tuple[
         per_step = micro * world_size
         if gb % per_step:
             names = (f"{key}: global_batch", "micro_batch") if listed else ("train.global_batch", "train.micro_batch")
-            raise UserError(
-                f"{names[0]}={gb} is not divisible by {names[1]} x world size = "
-                f"{micro} x {world_size} = {per_step}; pick a micro_batch or device count that divides it"
-            )
+            raise UserError(_undivided(names, gb, micro, world_size))
         # Drop the last partial global batch of each epoch, as the original did: every optimizer step
         # sees exactly global_batch images, so the lr schedule means the same at any world size.
         spe = num_train_examples // gb
@@ -144,6 +142,28 @@ def plan_phases(cfg: Config, world_size: int, num_train_examples: int) -> tuple[
             )
         )
     return tuple(phases)
+
+
+def _undivided(names: tuple[str, str], gb: int, micro: int, world_size: int) -> str:
+    """The error line for a global batch ``gb`` that ``micro x world_size`` does not divide, with the fixes there
+    are: where ``world_size`` itself does not divide ``gb`` no micro batch can, so it names the nearest device
+    counts that do and the nearest global batches ``world_size`` divides."""
+    if gb % world_size == 0:
+        return (
+            f"{names[0]}={gb} is not divisible by {names[1]} x world size = "
+            f"{micro} x {world_size} = {micro * world_size}; pick a micro_batch or device count that divides it"
+        )
+    small = [d for d in range(1, math.isqrt(gb) + 1) if gb % d == 0]
+    divisors = sorted({*small, *(gb // d for d in small)})
+    below = max(d for d in divisors if d < world_size)
+    above = next((d for d in divisors if d > world_size), None)
+    counts = f"{below} or {above} processes" if above else plural(below, "process")
+    lo = gb - gb % world_size
+    batches = f"{lo} or {lo + world_size}" if lo else str(world_size)
+    return (
+        f"{names[0]}={gb} does not divide over {plural(world_size, 'process')}, so no {names[1]} can split it "
+        f"evenly; run on {counts} (dividing {gb}), or make it a multiple of {world_size} ({batches})"
+    )
 
 
 def step_at_epoch(phases, epochs: float) -> int:

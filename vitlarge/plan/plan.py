@@ -7,11 +7,24 @@ step asks the plan (`Plan.phase_at`, `Plan.epoch_at`, `Plan.lr_at`) rather than 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from vitlarge.config.schema import Config
 from vitlarge.errors import UserError
 from vitlarge.plan.phases import Phase, epochs_to_steps, plan_phases, step_at_epoch
-from vitlarge.plan.schedule import lr_at
+from vitlarge.plan.schedule import continued_lr, lr_at
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """Where a resume under an edited schedule re-planned the lr (``schedule.on_edit=continue``,
+    vitlarge/plan/edits.py): from optimizer step ``step`` on, the recipe's warmup and decay go on from ``base_lr``
+    (the lr the checkpoint's own plan had at that step, before the phase's ``lr_scale``) instead of jumping to this
+    plan's value there (`vitlarge.plan.schedule.continued_lr`). Each checkpoint of the run records it (meta.json's
+    ``schedule``), so every later resume of the run plans the same lr."""
+
+    step: int
+    base_lr: float
 
 
 @dataclass(frozen=True)
@@ -26,6 +39,8 @@ class Plan:
     eval_every_steps: int
     """0: no periodic evaluation (``train.eval_every_epochs`` converted with the first phase's epochs)."""
     num_train_examples: int
+    continues: Continuation | None = None
+    """The lr re-planned from a resume step on (None: the recipe's schedule at every step)."""
 
     def phase_at(self, step: int) -> Phase:
         """The phase optimizer step ``step`` (0-based) belongs to (the last phase past the end)."""
@@ -40,21 +55,39 @@ class Plan:
         return ph.start_epoch + (step - ph.start_step) / ph.steps_per_epoch
 
     def lr_at(self, cfg: Config, step: int) -> float:
-        """The lr of optimizer step ``step``: the recipe's warmup and decay over the whole run, times the
-        phase's ``lr_scale``, or the phase's own ``lr`` segment (vitlarge/plan/phases.py)."""
+        """The lr of optimizer step ``step``: the recipe's warmup and decay over the whole run (from
+        ``continues.step`` on, re-planned from its lr), times the phase's ``lr_scale``, or the phase's own ``lr``
+        segment (vitlarge/plan/phases.py)."""
         ph = self.phase_at(step)
         if ph.lr is not None:
             start, end = ph.lr
             return start + (end - start) * (step - ph.start_step) / max(1, ph.steps - 1)  # ends at its last step
-        s = cfg.schedule
+        s, c = cfg.schedule, self.continues
+        peak, total, warmup = cfg.optim.lr, self.total_steps, self.warmup_steps
+        if c is not None and step >= c.step:
+            return ph.lr_scale * continued_lr(
+                step,
+                from_step=c.step,
+                from_lr=c.base_lr,
+                peak_lr=peak,
+                total_steps=total,
+                warmup_steps=warmup,
+                decay=s.decay,
+                min_lr_ratio=s.min_lr_ratio,
+            )
         return ph.lr_scale * lr_at(
-            step,
-            peak_lr=cfg.optim.lr,
-            total_steps=self.total_steps,
-            warmup_steps=self.warmup_steps,
-            decay=s.decay,
-            min_lr_ratio=s.min_lr_ratio,
+            step, peak_lr=peak, total_steps=total, warmup_steps=warmup, decay=s.decay, min_lr_ratio=s.min_lr_ratio
         )
+
+    def record(self) -> dict[str, Any]:
+        """What a checkpoint's meta.json records of the plan (``schedule``), so that a later resume rebuilds the
+        checkpoint's own plan (vitlarge/plan/edits.py): the training images it was planned for and the
+        `Continuation`, if any."""
+        c = self.continues
+        return {
+            "num_train_examples": self.num_train_examples,
+            "continues": None if c is None else {"step": c.step, "base_lr": c.base_lr},
+        }
 
     def describe(self, step: int = 0) -> str:
         """The batch arithmetic of the phase ``step`` is in, and the run's step counts."""

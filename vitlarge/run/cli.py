@@ -25,7 +25,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--workdir", help="logs, checkpoints and the exported model (sets workdir)")
     p.add_argument("--resume", help="a checkpoints/step_* folder; default: the newest one in the workdir")
-    p.add_argument("--dry-run", action="store_true", help="print the plan (batch, steps, memory), touch no data")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the plan (batch, steps, memory); reads the data's dataset.json alone, where it is here",
+    )
     p.add_argument(
         "--world-size",
         type=int,
@@ -97,15 +101,22 @@ def plan_or_train(args, env, threads: ThreadPools, make_hooks: MakeHooks | None 
         args.config, args.overrides, override_files=args.override_files, data__path=args.data, workdir=args.workdir
     )
     if args.dry_run:
+        from vitlarge.data.sources import planning_manifest
         from vitlarge.plan.plan import make_plan
         from vitlarge.run.dry_run import print_plan
+        from vitlarge.text import plural
         from vitlarge.train.profile import check_window
 
         warnings = init_from_warnings(cfg, is_resume(cfg, args.resume), dry_run=True)
         if env.is_main:
             for line in warnings:
                 launch.say(f"warning: {line}")
-            plan = make_plan(cfg, args.world_size or env.world_size)
+            manifest = planning_manifest(cfg)  # the data set's counts where it is here, as the run takes them
+            n = manifest.num_examples("train") if manifest is not None else None
+            plan = make_plan(cfg, args.world_size or env.world_size, n)
+            if manifest is not None and n is not None:
+                images, classes = plural(n, "training image", grouped=True), plural(manifest.num_classes, "class")
+                print(f"data: {cfg.data.path}/dataset.json: {images}, {classes} (the plan's counts)")
             check_window(cfg, plan)  # as the run's preflight would
             print_plan(cfg, plan, show_config=args.show_config, device=args.device)
         return 0

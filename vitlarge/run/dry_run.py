@@ -9,6 +9,7 @@ import json
 from vitlarge.config.schema import Config
 from vitlarge.model.vit import describe_model, memory_estimate
 from vitlarge.plan.plan import Plan
+from vitlarge.text import plural
 from vitlarge.train.settings import Settings
 
 
@@ -161,7 +162,7 @@ def print_plan(cfg: Config, plan: Plan, show_config: bool = False, device: str |
             f"total {train_flops * first.global_batch * plan.total_steps:.3g} FLOPs"
         )
         print(
-            f"  memory per device (rough, train.plugin={cfg.train.plugin}, {plan.world_size} devices): "
+            f"  memory per device (rough, train.plugin={cfg.train.plugin}, {plural(plan.world_size, 'device')}): "
             f"weights {_gib(mem['weights'])}, grads {_gib(mem['grads'])}, {OPTIMIZER_NAMES[cfg.optim.name]} states {_gib(mem['optimizer'])}, "
             + (f"EMA {_gib(mem['ema'])}, " if mem["ema"] else "")
             + f"activations {_gib(mem['activations'])}, total {_gib(mem['total'])}"
@@ -171,7 +172,7 @@ def print_plan(cfg: Config, plan: Plan, show_config: bool = False, device: str |
     evals = eval_schedule(plan)
     print(
         f"  eval {evals}, checkpoint "
-        f"{f'every {every} steps' if every else 'at the end only'} into {cfg.workdir}/checkpoints"
+        f"{'every ' + plural(every, 'step') if every else 'at the end only'} into {cfg.workdir}/checkpoints"
     )
     if cfg.train.phases:
         print_phases(cfg, plan, settings)
@@ -179,7 +180,7 @@ def print_plan(cfg: Config, plan: Plan, show_config: bool = False, device: str |
 
 def eval_schedule(plan: Plan) -> str:
     """When the run evaluates, and where it validates rectangular batches (``rect_val``) which phases do."""
-    evals = f"every {plan.eval_every_steps} steps" if plan.eval_every_steps else "at the end only"
+    evals = f"every {plural(plan.eval_every_steps, 'step')}" if plan.eval_every_steps else "at the end only"
     rect = [ph.index for ph in plan.phases if ph.rect_val]
     if rect:  # which phases: the rest validate square crops
         where = (

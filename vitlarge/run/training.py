@@ -164,6 +164,7 @@ def build_run(
     from vitlarge.distributed import launch
     from vitlarge.distributed.collective import agree, check_same, rank0_decides
     from vitlarge.events import RunInfo
+    from vitlarge.plan.edits import resume_plan
     from vitlarge.plan.phases import rng_seed
     from vitlarge.train.assemble import build
     from vitlarge.train.memory import gpu_start_line
@@ -229,12 +230,17 @@ def build_run(
         start_step = resumed.step
         if resumed.world_size != plan.world_size:  # the RNG states were not restored: fresh draws from here
             seed_rngs(rng_seed(cfg.train.seed, env.rank, start_step))
-        position = resumed.usable_data_state(cfg, plan)
+        # The schedule against the checkpoint's own plan: the same, or what the edits change (lines said below).
+        schedule = resume_plan(cfg, plan, chosen, resumed.config, resumed.schedule, start_step, resumed.world_size)
+        plan = parts.engine.plan = schedule.plan  # the engine steps with the lr of the plan the run continues
+        position = resumed.usable_data_state(cfg, plan, schedule_exact=schedule.exact)
         data_state = position.state
         if env.is_main:
             log.info(f"resumed from {chosen} at step {start_step}")
             if position.warning:
                 log.warning(position.warning)
+            for line in schedule.lines:
+                log.warning(line)
 
     # Each phase's loaders are built at its first step (a recipe without train.phases is one phase).
     loaders = PhasedLoaders(cfg, plan, env.rank, env.world_size, device, state=data_state)

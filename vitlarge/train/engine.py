@@ -158,13 +158,26 @@ class Engine:
         self.reduce_every_micro_step = self.fsdp and settings.fsdp_reduce_every_micro_step
 
     def state(
-        self, step: int = 0, data: str | None = None, line: str | None = None, config: dict | None = None
+        self,
+        step: int = 0,
+        data: str | None = None,
+        line: str | None = None,
+        config: dict | None = None,
+        schedule: dict | None = None,
     ) -> RunState:
         """The run's state on this rank: the engine's parts (model, optimizer, loss scaler, EMA), this process's
         RNGs and the values a checkpoint records beside them (``step``, the loader position ``data``, the ``line``,
-        the resolved ``config`` record)."""
+        the resolved ``config`` record, the plan's ``schedule`` record)."""
         return RunState(
-            self.model, self.optimizer, self.precision.scaler, self.ema, step=step, data=data, line=line, config=config
+            self.model,
+            self.optimizer,
+            self.precision.scaler,
+            self.ema,
+            step=step,
+            data=data,
+            line=line,
+            config=config,
+            schedule=schedule,
         )
 
     @property

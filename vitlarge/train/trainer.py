@@ -117,7 +117,9 @@ class Trainer:
     def _save(self):
         # meta.json's config is the run's record: precision and compile as resolved, not the recipe's "auto"
         assert self.train_loader is not None, "saved before a phase's loaders were made"
-        state = self.engine.state(self.step, self.train_loader.state(), self.line, config=self.info.record)
+        state = self.engine.state(
+            self.step, self.train_loader.state(), self.line, config=self.info.record, schedule=self.plan.record()
+        )
         path = store.save(self.cfg.workdir, state, self.cfg, keep=self.cfg.train.keep_checkpoints)
         self._emit(Event.CHECKPOINT, self.step, str(path))
         return path

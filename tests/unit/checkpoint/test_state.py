@@ -3,6 +3,7 @@ takes the whole, and what it writes is what a run always wrote (meta.json's keys
 
 import json
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -86,3 +87,19 @@ def test_a_load_fills_the_parts_and_returns_a_typed_checkpoint(tmp_path, cfg):
     assert loaded.config["model"]["name"] == cfg.model.name
     assert s2.get_scale() == scaler.get_scale()
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in m2.state_dict().items())
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_another_world_size_is_said_with_singular_counts_and_without_exactly_after_a_schedule_edit(cfg, exact):
+    """One process to three at accumulation 1: "1 process", "1 micro-step" (not "1 processes", "1 micro-steps"); the
+    lr schedule "resumes exactly" only when nothing of it changed (vitlarge/plan/edits.py says the rest)."""
+    from vitlarge.plan.plan import make_plan
+
+    cfg48 = load_recipe(ROOT / "recipes" / "demo_digits.py")
+    cfg48.train.global_batch = 48  # the demo's 128 does not divide over 3 processes
+    plan = make_plan(cfg48, 3, 1437)
+    loaded = LoadedCheckpoint(path=Path("ckpt"), step=44, world_size=1, data_state=None)
+    line = loaded.usable_data_state(cfg48, plan, schedule_exact=exact).warning
+    assert line is not None and line.startswith("warning: ckpt was written by 1 process, this run has 3: ")
+    assert "1 micro-step per step now" in line and "micro-steps" not in line
+    assert ("resume exactly" in line) == exact

@@ -21,6 +21,7 @@ from vitlarge.checkpoint import sharded, store
 from vitlarge.checkpoint.state import RngState, RunState
 from vitlarge.checkpoint.weights import param_shapes
 from vitlarge.config.load import load_recipe
+from vitlarge.config.schema import Config
 from vitlarge.errors import UserError
 from vitlarge.model.vit import build_model
 
@@ -511,3 +512,24 @@ def test_the_model_ema_is_saved_with_the_weights_and_restored_bitwise(tmp_path, 
     warned = [r.getMessage() for r in caplog.records if "holds no model EMA" in r.getMessage()]
     assert len(warned) == 1 and str(old) in warned[0] and "starts from its weights" in warned[0]
     store.load(path, RunState(*make(cfg)[:2], scaler2), cfg)  # a run without an EMA ignores the checkpoint's
+
+
+def test_a_checkpoint_that_does_not_exist_names_those_beside_it(tmp_path):
+    """A pruned (or mistyped) step: the line lists the checkpoints its folder holds (the newest five)."""
+    root = tmp_path / "checkpoints"
+    for step in (100, 200, 300, 400, 500, 600):
+        (root / store.step_name(step)).mkdir(parents=True)
+    missing = root / "step_0000050"
+    with pytest.raises(UserError) as e:  # --resume
+        store.read_meta(missing)
+    assert str(e.value) == (
+        f"checkpoint {missing} does not exist; {root} holds ..., step_0000200, step_0000300, step_0000400, "
+        "step_0000500, step_0000600; check --resume, or omit it to resume from the workdir"
+    )
+    with pytest.raises(UserError) as e:  # vitlarge.evaluate --checkpoint, model.init_from
+        store.load_model_weights(missing, torch.nn.Linear(1, 1), Config())
+    assert str(e.value).startswith(f"checkpoint {missing} does not exist; {root} holds ..., step_0000200, ")
+    lone = tmp_path / "elsewhere" / "step_0000050"
+    with pytest.raises(UserError) as e:  # nothing beside it: the line as it was
+        store.read_meta(lone)
+    assert str(e.value) == f"checkpoint {lone} does not exist; check --resume, or omit it to resume from the workdir"

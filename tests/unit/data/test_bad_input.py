@@ -117,7 +117,7 @@ def test_corrupt_jpeg_skipped_and_counted(src_with_corrupt_jpeg, tmp_path, capsy
     out = tmp_path / "out"
     assert convert_main(src, out, "--skip-bad") == 0
     err = capsys.readouterr().err
-    assert f"skipped {bad}: " in err and "1 unreadable images skipped" in err
+    assert f"skipped {bad}: " in err and "1 unreadable image skipped" in err
     m = load_manifest(str(out))
     assert m.skipped == {"train": 1, "validation": 0} and m.num_examples("train") == 18
     assert (out / "skipped.txt").read_text().startswith(bad + "\t")
@@ -266,7 +266,7 @@ def test_manifest_built_for_another_shard_set(data_copy):
     with pytest.raises(UserError) as e:
         train_loader(data_copy)
     assert str(e.value) == (
-        f"{data_copy}: holds 2 train shard sets, train-*-of-00001 (1 files) and train-*-of-00003 (3 files), but "
+        f"{data_copy}: holds 2 train shard sets, train-*-of-00001 (1 file) and train-*-of-00003 (3 files), but "
         f"dataset.json was built for 3 of them; delete the set you do not use, then run "
         f"python -m data_tools.make_index {data_copy}"
     )

@@ -194,7 +194,7 @@ def test_make_index_refuses_mixed_sets_and_missing_shards(converted, tmp_path):
     os.link(os.path.join(converted, "train-00000-of-00003"), d / "train-00000-of-00001")
     r = call_main("data_tools.make_index", str(d))
     assert r.returncode == 2 and r.stderr.strip() == (
-        f"error: {d}: 2 train shard sets, train-*-of-00001 (1 files) and train-*-of-00003 (3 files); delete the "
+        f"error: {d}: 2 train shard sets, train-*-of-00001 (1 file) and train-*-of-00003 (3 files); delete the "
         f"set you do not want (or convert into an empty --out), then rerun python -m data_tools.make_index {d}"
     )
     os.remove(d / "train-00000-of-00001")

@@ -125,7 +125,7 @@ def test_a_send_that_raises_any_exception_never_kills_the_thread(caplog):
     assert calls == [[0], [1]]
     first, last = warnings_of(caplog)
     assert first.startswith("warning: wandb: cannot send to W&B (SystemExit: 3)"), first
-    assert last == "warning: wandb: 1 records not sent to W&B; metrics.jsonl has every step"
+    assert last == "warning: wandb: 1 record not sent to W&B; metrics.jsonl has every step"
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")

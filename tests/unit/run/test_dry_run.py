@@ -135,3 +135,42 @@ def test_the_plan_names_its_device_and_the_precision_a_run_there_resolves(capsys
     )
     with pytest.raises(SystemExit):
         cli.parse_args(["--config", demo, "--device", "cpu"])
+
+
+def _data_set(tmp_path, train: int, classes: int) -> str:
+    """A data folder whose dataset.json lists ``train`` training and 36 validation records in ``classes`` classes
+    (the dry run reads dataset.json alone: no shard is written)."""
+    from vitlarge.data.manifest import ClassInfo, Manifest, ShardInfo, write_manifest
+
+    shard = lambda split, n: [ShardInfo(f"{split}-00000-of-00001", f"{split}-00000-of-00001.idx", n, 100 * n)]  # noqa: E731
+    write_manifest(
+        Manifest(
+            num_classes=classes,
+            label_offset=0,
+            classes=[ClassInfo(i, f"c{i}") for i in range(classes)],
+            splits={"train": shard("train", train), "validation": shard("validation", 36)},
+        ),
+        str(tmp_path),
+    )
+    return str(tmp_path)
+
+
+def test_with_data_it_plans_from_dataset_json_as_the_run_does(capsys, tmp_path):
+    """The recipe says 1,437 training images (11 steps per epoch at 128); the data holds 600 (4 per epoch): the plan
+    is the run's, and says where its counts come from."""
+    data = _data_set(tmp_path, 600, 10)
+    out, _ = dry_run(capsys, "--config", str(ROOT / "recipes" / "demo_digits.py"), "--data", data)
+    assert out.startswith(f"data: {data}/dataset.json: 600 training images, 10 classes (the plan's counts)\n"), out
+    assert "4 steps/epoch, 240 steps, 20 warmup steps" in out and "over 600 images" in out
+
+
+def test_with_data_a_class_count_that_does_not_match_is_the_runs_one_line(capsys, tmp_path):
+    data = _data_set(tmp_path, 600, 10)
+    with pytest.raises(UserError) as e:
+        dry_run(capsys, "--config", str(ROOT / "recipes" / "demo_digits.py"), "--data", data, "data.num_classes=12")
+    assert str(e.value) == f"{data}/dataset.json has 10 classes but data.num_classes=12; set data.num_classes=10"
+
+
+def test_without_the_data_here_it_plans_from_the_recipe(capsys, tmp_path):
+    out, _ = dry_run(capsys, "--config", str(ROOT / "recipes" / "demo_digits.py"), "--data", str(tmp_path / "none"))
+    assert out.startswith("plan:") and "11 steps/epoch, 660 steps" in out

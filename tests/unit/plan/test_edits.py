@@ -1,0 +1,196 @@
+"""vitlarge/plan/edits.py: a resume under an edited recipe says what changed and continues the lr without a jump.
+
+The checkpoint's side is what a real save records (``cfg.to_dict()`` as meta.json's ``config``, ``Plan.record()``
+as its ``schedule``); world sizes are the plan's (1 -> 3, 4 -> 2, 128 -> 9), on the demo's 1,437 training images.
+"""
+
+import json
+import math
+
+import pytest
+
+from tests.helpers import ROOT
+from vitlarge.checkpoint.meta import schedule_problem
+from vitlarge.config.load import load_config
+from vitlarge.plan.edits import resume_plan
+from vitlarge.plan.plan import make_plan
+
+N = 1437  # the demo's training images
+PATH = "runs/x/checkpoints/step_0000044"
+
+
+def config(*overrides: str):
+    return load_config(
+        ROOT / "recipes" / "demo_digits.py", ["train.global_batch=64", "schedule.warmup_epochs=1", *overrides]
+    )
+
+
+def checkpoint(cfg, world: int, n: int = N, record: dict | None = None) -> tuple[dict, dict]:
+    """meta.json's ``config`` and ``schedule`` as a run of ``cfg`` on ``world`` processes writes them (through JSON)."""
+    plan = make_plan(cfg, world, n)
+    return json.loads(json.dumps(cfg.to_dict())), json.loads(json.dumps(record or plan.record()))
+
+
+def resume(old_cfg, old_world: int, new_cfg, new_world: int, step: int, record: dict | None = None, n: int = N):
+    saved, rec = checkpoint(old_cfg, old_world, record=record)
+    return resume_plan(new_cfg, make_plan(new_cfg, new_world, n), PATH, saved, rec, step, old_world)
+
+
+def lrs(cfg, plan, steps):
+    return [plan.lr_at(cfg, s) for s in steps]
+
+
+@pytest.mark.parametrize("old_world, new_world, batch", [(1, 3, 48), (4, 2, 64), (128, 8, 1024)])
+def test_another_world_size_alone_resumes_exactly_bitwise(old_world, new_world, batch):
+    cfg = config("train.micro_batch=8", f"train.global_batch={batch}")
+    out = resume(cfg, old_world, cfg, new_world, step=44)
+    assert out.exact and out.lines == ()
+    assert out.plan.continues is None
+    plain = make_plan(cfg, new_world, N)
+    assert lrs(cfg, out.plan, range(200)) == lrs(cfg, plain, range(200))  # bitwise: the same floats
+
+
+def test_a_batch_edit_at_1_to_3_processes_says_each_change_and_keeps_the_lr_continuous():
+    """The issue's case: 1 process at global batch 64, resumed on 3 with 48 (22 -> 29 steps per epoch)."""
+    old, new = (
+        config("schedule.warmup_epochs=1", "train.epochs=4"),
+        config("schedule.warmup_epochs=1", "train.epochs=4", "train.global_batch=48"),
+    )
+    old_plan = make_plan(old, 1, N)
+    out = resume(old, 1, new, 3, step=44)
+    assert not out.exact
+    head, *rest = out.lines
+    assert head.startswith(f"warning: the schedule changed since {PATH} (train.global_batch 64 -> 48)")
+    assert rest[:4] == [
+        "  global batch 64 -> 48",
+        "  steps per epoch 22 -> 29",
+        "  total steps 88 -> 116",
+        "  warmup steps 22 -> 29",
+    ]
+    was, recipe = old_plan.lr_at(old, 44), make_plan(new, 3, N).lr_at(new, 44)
+    assert abs(recipe - was) > 1e-3  # the jump the edit would make
+    assert rest[4] == (
+        f"  lr at step 45: {was:.3e} in the checkpoint's plan, {recipe:.3e} in this recipe's; the run keeps {was:.3e} "
+        f"(schedule.on_edit=continue; schedule.on_edit=recipe would take {recipe:.3e}), then the cosine decay, "
+        "re-planned from step 45, to 0.000e+00 at step 116"
+    )
+    got = lrs(new, out.plan, range(44, 117))
+    assert got[0] == pytest.approx(was, rel=1e-12)  # no jump
+    assert all(b <= a for a, b in zip(got, got[1:]))  # it decays from there, monotonically
+    assert got[-1] == 0.0  # to the recipe's floor at its own last step
+
+
+def test_extending_epochs_at_4_to_2_processes_continues_the_cosine_then_a_requeue_resumes_it_exactly():
+    old, new = config("train.epochs=4"), config("train.epochs=6")
+    out = resume(old, 4, new, 2, step=60)
+    assert out.lines[0].startswith(f"warning: the schedule changed since {PATH} (train.epochs 4 -> 6)")
+    assert "  total steps 88 -> 132" in out.lines
+    assert not any("steps per epoch" in line or "global batch" in line for line in out.lines)
+    c = out.plan.continues
+    assert c is not None and c.step == 60
+    old_plan = make_plan(old, 4, N)
+    assert out.plan.lr_at(new, 60) == pytest.approx(old_plan.lr_at(old, 60), rel=1e-12)
+    # The rest of the cosine, stretched: the same shape (halfway through the steps left, halfway to the floor).
+    mid = 60 + (132 - 60) // 2
+    p0 = math.acos(2 * old_plan.lr_at(old, 60) / new.optim.lr - 1) / math.pi
+    expected = new.optim.lr * 0.5 * (1 + math.cos(math.pi * (p0 + (1 - p0) * (mid - 60) / 72)))
+    assert out.plan.lr_at(new, mid) == pytest.approx(expected, rel=1e-12)
+
+    # A requeue at step 100 of the edited run (its checkpoint records the continuation): nothing changed, the same
+    # lr at every step, bitwise; and again from another world size.
+    for world in (2, 4):
+        again = resume(new, 2, new, world, step=100, record=out.plan.record())
+        assert again.exact, again.lines
+        assert lrs(new, again.plan, range(100, 140)) == lrs(new, out.plan, range(100, 140))
+
+
+def test_a_second_edit_continues_from_the_re_planned_lr():
+    first, second, third = config("train.epochs=4"), config("train.epochs=6"), config("train.epochs=8")
+    out = resume(first, 1, second, 1, step=60)
+    later = resume(second, 1, third, 1, step=100, record=out.plan.record())
+    assert later.lines[0].startswith(f"warning: the schedule changed since {PATH} (train.epochs 6 -> 8)")
+    assert later.plan.lr_at(third, 100) == pytest.approx(out.plan.lr_at(second, 100), rel=1e-12)
+    assert later.plan.continues is not None and later.plan.continues.step == 100
+
+
+def test_a_warmup_edit_inside_the_warmup_ramps_on_to_the_peak_at_the_new_warmup_end():
+    old, new = config("schedule.warmup_epochs=2"), config("schedule.warmup_epochs=4")
+    out = resume(old, 1, new, 1, step=20)
+    assert "  warmup steps 44 -> 88" in out.lines
+    assert out.lines[0].startswith(f"warning: the schedule changed since {PATH} (schedule.warmup_epochs 2 -> 4)")
+    old_plan = make_plan(old, 1, N)
+    got = lrs(new, out.plan, range(20, 89))
+    assert got[0] == pytest.approx(old_plan.lr_at(old, 20), rel=1e-12)
+    steps = [b - a for a, b in zip(got, got[1:-1])]
+    assert max(steps) == pytest.approx(min(steps))  # a straight line ...
+    assert got[-1] == new.optim.lr  # ... to the peak where the new warmup ends, then the recipe's decay
+    assert "then the warmup, re-planned from step 21, to 2.000e-02 at step 88, then the cosine decay" in out.lines[-1]
+
+
+def test_extending_a_finished_run_keeps_its_final_lr_and_says_so():
+    """The issue's ``train.epochs=40`` on a finished 30-epoch run: the lr would jump from its floor to the middle of
+    the new cosine; by default it stays at the checkpoint's lr, and the line says how to take the recipe's."""
+    old, new = config("train.epochs=4"), config("train.epochs=6")
+    out = resume(old, 2, new, 2, step=88)
+    last = out.lines[-1]
+    recipe = make_plan(new, 2, N).lr_at(new, 88)
+    assert last == (
+        f"  lr at step 89: 0.000e+00 in the checkpoint's plan (its schedule ended at step 88), {recipe:.3e} in this "
+        "recipe's; the run keeps 0.000e+00 (schedule.on_edit=continue): the 44 steps added train at that lr; "
+        f"schedule.on_edit=recipe takes {recipe:.3e} there, then the cosine decay to 0.000e+00 at step 132 (a warm "
+        "restart)"
+    )
+    assert max(lrs(new, out.plan, range(88, 133))) == 0.0  # min_lr_ratio 0: nothing jumps
+
+
+def test_on_edit_recipe_takes_the_recipes_lr_and_says_the_jump():
+    old, new = config("train.epochs=4"), config("train.epochs=6", "schedule.on_edit=recipe")
+    out = resume(old, 2, new, 2, step=60)
+    assert out.plan.continues is None
+    plain = make_plan(new, 2, N)
+    assert lrs(new, out.plan, range(60, 132)) == lrs(new, plain, range(60, 132))
+    was, now = make_plan(old, 2, N).lr_at(old, 60), plain.lr_at(new, 60)
+    assert out.lines[-1].startswith(f"  lr at step 61: {was:.3e} -> {now:.3e} (schedule.on_edit=recipe")
+
+
+def test_an_edit_that_keeps_the_lr_at_the_resume_step_needs_no_continuation():
+    """Inside the warmup, another length of the run leaves the warmup's lr as it was: the recipe's plan goes on."""
+    old, new = config("schedule.warmup_epochs=2", "train.epochs=4"), config("schedule.warmup_epochs=2")
+    out = resume(old, 1, new, 1, step=10)
+    assert out.plan.continues is None and not out.exact
+    assert out.lines[-1].startswith("  lr at step 11: ")
+    assert "in both plans, then the warmup to 2.000e-02 at step 44" in out.lines[-1]
+
+
+def test_an_older_checkpoint_without_a_schedule_record_is_planned_from_the_data_set_now():
+    cfg = config()
+    out = resume(cfg, 2, cfg, 2, step=44, record={})
+    assert out.exact
+    changed = resume(cfg, 2, config("train.epochs=61"), 2, step=44, record={})
+    assert changed.lines[0].startswith(f"warning: the schedule changed since {PATH} (train.epochs 60 -> 61)")
+
+
+def test_another_data_set_size_is_named():
+    cfg = config()
+    saved, rec = checkpoint(cfg, 2, n=1000)
+    out = resume_plan(cfg, make_plan(cfg, 2, N), PATH, saved, rec, 30, 2)
+    assert "training images 1000 -> 1437" in out.lines[0]
+    assert "  steps per epoch 15 -> 22" in out.lines
+
+
+@pytest.mark.parametrize(
+    "record, says",
+    [
+        ([], "schedule is not a map"),
+        ({"num_train_examples": 0}, "schedule.num_train_examples is 0"),
+        ({"num_train_examples": "many"}, "schedule.num_train_examples is many"),
+        ({"continues": {"step": 50, "base_lr": 0.1}}, "schedule.continues is not"),
+        ({"continues": {"step": 4, "base_lr": float("nan")}}, "base_lr is nan"),
+        ({"continues": {"step": 4, "base_lr": -1.0}}, "base_lr is -1.0"),
+        ({"continues": [4, 0.1]}, "schedule.continues is not"),
+    ],
+)
+def test_a_crafted_schedule_record_is_one_line(record, says):
+    problem = schedule_problem(record, step=44)
+    assert problem is not None and says in problem
+    assert schedule_problem({"num_train_examples": 5, "continues": {"step": 44, "base_lr": 0.1}}, 44) is None

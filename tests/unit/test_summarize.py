@@ -1,0 +1,54 @@
+"""scripts/summarize.py: a run's result and files, only what is there (an interrupted run has no final top-1, a
+run without an export no model line)."""
+
+import json
+
+from tests.helpers import call_main
+
+
+def write_run(workdir, *segments: tuple[int, int, bool], total: int = 88) -> None:
+    """metrics.jsonl of runs that each started at a step, trained to another (an evaluation there) and ended or not."""
+    lines = []
+    for start, stop, ended in segments:
+        lines.append({"event": "start", "step": start, "total_steps": total})
+        lines += [{"event": "train", "step": s, "loss": 1.0} for s in range(start + 1, stop + 1)]
+        lines.append(
+            {"event": "eval", "step": stop, "val_top1": 0.25, "val_top5": 0.75, "val_loss": 2.0, "val_images": 360}
+        )
+        if ended:
+            lines.append({"event": "end", "step": stop, "val_top1": 0.25})
+    workdir.mkdir(exist_ok=True)
+    (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+
+
+def test_an_interrupted_run_says_where_it_stopped_and_its_latest_evaluation(tmp_path):
+    write_run(tmp_path, (0, 35, False))
+    (tmp_path / "tb").mkdir()
+    r = call_main("scripts.summarize", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "the run has not ended: it stopped at step 35 of 88",
+        "latest validation top-1 25.00% (top-5 75.00%, loss 2.0000) at step 35 on 360 images",
+        f"logs: {tmp_path}/metrics.jsonl  TensorBoard: tensorboard --logdir {tmp_path}/tb",
+    ]  # no picture, no model: neither exists
+
+
+def test_a_finished_run_names_its_final_top1_and_the_files_there(tmp_path):
+    write_run(tmp_path, (0, 30, False), (30, 88, True))
+    (tmp_path / "metrics.png").write_bytes(b"png")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    out = call_main("scripts.summarize", str(tmp_path)).stdout.splitlines()
+    assert out[0] == "final validation top-1 25.00% (top-5 75.00%, loss 2.0000) at step 88 on 360 images"
+    assert out[1] == f"picture: {tmp_path}/metrics.png  logs: {tmp_path}/metrics.jsonl"
+    assert out[2].startswith(f"model: {tmp_path}/model  (timm.create_model(")
+
+
+def test_a_finished_run_resumed_under_more_epochs_and_interrupted_is_not_final(tmp_path):
+    write_run(tmp_path, (0, 88, True), (88, 100, False), total=132)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    out = call_main("scripts.summarize", str(tmp_path)).stdout.splitlines()
+    assert out[0] == "the run has not ended: it stopped at step 100 of 132"
+    assert out[1].startswith("latest validation top-1 25.00%")
+    assert out[3].startswith(f"model: {tmp_path}/model (exported at step 88, before the last start)")
