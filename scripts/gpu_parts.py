@@ -41,7 +41,7 @@ MANIFEST = "manifest.json"
 FORMAT = "vitlarge-gpu-parts"
 TRAVEL_LIMIT = 64 * 2**20
 """What one device command carries: the checkout (tracked and untracked-not-ignored files) and the carried paths."""
-RESERVE = 3 * 2**20
+RESERVE = 2 * 2**20
 """Room kept under the limit beside the checkout and the part: the manifest, and a checkout that grows a little
 between packing and sending."""
 STAGE = "/tmp/vitlarge-parts"
@@ -327,6 +327,128 @@ def install(wheels: Path, target: Path, python: str = sys.executable) -> list[st
     return [Path(f).name for f in files]
 
 
+def check(device: str) -> str:
+    """After ``install``: DALI decodes a JPEG on ``device`` (``cuda``: the ``mixed`` decoder, nvImageCodec, nvJPEG),
+    and what else the tier imports is there. One line; an import or decode that fails raises with DALI's words."""
+    import importlib
+    import io
+
+    import numpy as np
+
+    names = ("nvidia.dali", "nvidia.nvimgcodec", "tfrecord", "crc32c", "colossalai")
+    versions, absent = {}, []
+    for name in names:
+        try:
+            versions[name] = getattr(importlib.import_module(name), "__version__", "?")
+        except Exception as e:  # noqa: BLE001  (reported in the line, with its kind)
+            absent.append(f"{name} ({type(e).__name__}: {str(e)[:80]})")
+    if "nvidia.dali" not in versions:
+        raise PartsError(f"DALI does not import: {'; '.join(absent)}")
+    import nvidia.dali.fn as fn
+    from nvidia.dali import pipeline_def
+
+    rng = np.random.default_rng(0)
+    buf = io.BytesIO()
+    try:
+        from PIL import Image
+
+        Image.fromarray(rng.integers(0, 255, (375, 500, 3), dtype=np.uint8)).save(buf, "JPEG", quality=90)
+    except ImportError as e:
+        raise PartsError(f"Pillow is needed to make the test JPEG: {e}") from None
+    jpeg = np.frombuffer(buf.getvalue(), dtype=np.uint8)
+
+    @pipeline_def(batch_size=4, num_threads=2, device_id=0 if device == "cuda" else None)
+    def decode():
+        encoded = fn.external_source(source=lambda: [jpeg] * 4, batch=True)
+        return fn.decoders.image_random_crop(encoded, device="mixed" if device == "cuda" else "cpu")
+
+    pipe = decode()
+    pipe.build()
+    (out,) = pipe.run()
+    kind = type(out).__name__
+    lib = "".join(
+        f" {p}" for p in (Path(sys.modules["nvidia.dali"].__file__).parents[1] / "cu13" / "lib").glob("libnvjpeg*")
+    )
+    return (
+        f"gpu_parts: check on {device}: DALI {versions['nvidia.dali']} decoded 4 JPEGs of 500x375 into {kind} "
+        f"({'mixed' if device == 'cuda' else 'cpu'} decoder); nvImageCodec {versions.get('nvidia.nvimgcodec', 'absent')}; "
+        f"nvJPEG from the wheel:{lib or ' none'}; "
+        + ", ".join(f"{n} {v}" for n, v in versions.items() if n not in ("nvidia.dali", "nvidia.nvimgcodec"))
+        + (f"; not importable: {'; '.join(absent)}" if absent else "")
+    )
+
+
+# Expected seconds of each device command, excluding the machine's start and the transfer (not measured here:
+# the device tool reports neither; a first call starts the machine in "a minute or more"). From: the H200 tier
+# run (7 tests in 148 s at -n 6, docs/GPU.md) plus 8 DALI tests; the data step's rows (train.py's start,
+# compiling once then from Inductor's cache, 35 steps at the kit's 0.43 s per 1,024 images); the kit's budget.
+STEP_SECONDS = {"part": 3, "tier": 300, "data": 300, "kit": 540}
+START_SECONDS = 120
+IDLE_BETWEEN_CALLS = 20
+
+
+def plan(parts_dir: Path, checkout: int | None = None, device_seconds: int = 900) -> list[dict]:
+    """The device tool's calls for the parts in ``parts_dir``: command, carry, timeout, MiB carried, expected
+    seconds and the session's device time used so far (start, commands, idle between calls)."""
+    m = load_manifest(parts_dir)
+    checkout = checkout_bytes() if checkout is None else checkout
+    calls, used = [], START_SECONDS
+    n = len(m["parts"])
+    man = (parts_dir / MANIFEST).stat().st_size
+    for i, p in enumerate(m["parts"], 1):
+        last = i == n
+        cmd = f"bash scripts/gpu_session.sh part {i}" + (" tier" if last else "")
+        secs = STEP_SECONDS["part"] + (STEP_SECONDS["tier"] if last else 0)
+        calls.append(
+            {
+                "command": cmd,
+                "carry": [f".gpu/parts/{MANIFEST}", f".gpu/parts/{p['name']}"],
+                "timeout_s": 600 if last else 120,
+                "carried_bytes": checkout + man + p["bytes"],
+                "seconds": secs,
+            }
+        )
+    calls.append(
+        {
+            "command": "bash scripts/gpu_session.sh data",
+            "carry": [],
+            "timeout_s": 560,
+            "carried_bytes": checkout,
+            "seconds": STEP_SECONDS["data"],
+        }
+    )
+    calls.append(
+        {
+            "command": "bash scripts/gpu_session.sh kit",
+            "carry": [],
+            "timeout_s": 600,
+            "carried_bytes": checkout,
+            "seconds": STEP_SECONDS["kit"],
+        }
+    )
+    kit_wheels = sum(w["bytes"] for w in m["wheels"] if w["path"].startswith("colossalai/"))
+    for c in calls:
+        if c["carried_bytes"] > TRAVEL_LIMIT:
+            raise PartsError(
+                f"{c['command']} would carry {mib(c['carried_bytes'])}, over {mib(TRAVEL_LIMIT)}: pack again"
+            )
+        used += c["seconds"] + IDLE_BETWEEN_CALLS
+        c["device_seconds_so_far"] = used
+        c["fits_this_session"] = used <= device_seconds
+    alone = {  # the kit in a session of its own: the Colossal-AI wheels travel whole, beside the checkout
+        "command": "bash scripts/gpu_session.sh kit .gpu/wheels/colossalai",
+        "carry": [".gpu/wheels/colossalai"],
+        "timeout_s": 600,
+        "carried_bytes": checkout + kit_wheels,
+        "seconds": STEP_SECONDS["kit"] + 15,
+    }
+    alone["device_seconds_so_far"] = START_SECONDS + alone["seconds"]
+    alone["fits_this_session"] = (
+        alone["carried_bytes"] <= TRAVEL_LIMIT and alone["device_seconds_so_far"] <= device_seconds
+    )
+    return calls + [alone]
+
+
 # ------------------------------------------------------------------------------------------------- command
 
 
@@ -340,6 +462,11 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("wheels", type=Path)
     k.add_argument("out", type=Path)
     k.add_argument("--part-mib", type=int, help="part size (default: what fits one command beside the checkout)")
+    c = sub.add_parser("check", help="there, after install: DALI decodes on the device; what imports")
+    c.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    pl = sub.add_parser("plan", help="here: the device tool's calls for the packed parts")
+    pl.add_argument("parts", type=Path)
+    pl.add_argument("--device-seconds", type=int, default=900, help="the session's device time (default 900)")
     for name in ("receive", "install"):
         r = sub.add_parser(
             name, help="there: stage the carried part" + ("; then join and install" if name == "install" else "")
@@ -352,6 +479,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if a.cmd == "download":
             download(a.dest, a.python)
+        elif a.cmd == "check":
+            print(check(a.device))
+        elif a.cmd == "plan":
+            calls = plan(a.parts, device_seconds=a.device_seconds)
+            print("| # | run: command | carry | timeout_s | MiB carried | command s (est.) | device s so far (est.) |")
+            print("|---:|---|---|---:|---:|---:|---:|")
+            for i, c in enumerate(calls, 1):
+                over = "" if c["fits_this_session"] else f" (past {a.device_seconds} s: next session)"
+                if i == len(calls):
+                    print("| | **or, the kit in a session of its own (one call):** | | | | | |")
+                    over = "" if c["fits_this_session"] else " (does not fit)"
+                print(
+                    f"| {i} | `{c['command']}` | {', '.join(c['carry']) or '-'} | {c['timeout_s']} | "
+                    f"{c['carried_bytes'] / 2**20:.1f} | {c['seconds']} | {c['device_seconds_so_far']}{over} |"
+                )
         elif a.cmd == "pack":
             m = pack(a.wheels, a.out, a.part_mib and a.part_mib * 2**20)
             print(
