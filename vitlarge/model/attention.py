@@ -83,15 +83,19 @@ def choose_attention(model: torch.nn.Module, device: torch.device, precision: st
         for _ in range(3)
     )
     params = SDPAParams(q, k, v, None, dropout, False, False)
-    order = {int(b): name for name, (b, _) in _backends().items()}
+    order = {b.value: name for name, (b, _) in _backends().items()}
     chosen, refused = "math", []
     for b in torch._C._get_sdp_priority_order():
-        name = order.get(int(b))
+        name = order.get(b)
         if name is None:  # math (the fallback) or a backend vitlarge does not name
-            if int(b) == int(torch.nn.attention.SDPBackend.MATH):
+            if b == torch.nn.attention.SDPBackend.MATH.value:
                 break
             continue
-        if _backends()[name][1](params):
+        try:
+            usable = bool(_backends()[name][1](params))
+        except RuntimeError:  # a backend this torch or driver cannot query counts as refused
+            usable = False
+        if usable:
             chosen = name
             break
         refused.append(name)
