@@ -13,7 +13,8 @@ NOT_MEASURED = "not measured yet: no GPU lent on 2026-11-22"
 
 HOW = [
     "`python -m benchmarks.gpu` (`benchmarks/gpu/kit.py`): on the CUDA device present, synthetic data already on the "
-    "device (the compute side only). By default it measures the bf16/fp16 matmul peak, then the `recipes` section "
+    "device (the compute side only). By default it measures the bf16/fp16 matmul peak, the optimizer step alone (3, "
+    "below), then the `recipes` section "
     "(`benchmarks/gpu/recipes.py`): vit_b16, deit3_b16, vit_l16 and vit_h14 in their own configuration (micro-batch, "
     "precision, dropouts, stochastic depth, activation checkpointing, determinism; accumulation 1), each compiled "
     "and eager, bf16 beside a recipe's fp16, without dropout (what dropout 0.1 costs), and for vit_b16 a compiled "
@@ -22,7 +23,7 @@ HOW = [
     "communication, idle: `benchmarks/gpu/profile.py`), the SM clock and power from `nvidia-smi`; per recipe the "
     "GEMM reference (the model's own GEMMs at its micro-batch, timed alone). `--time-budget S` starts no row that "
     "would end past S seconds and prints the `--only recipes --rows ...` command that finishes them; `--set "
-    "KEY=VALUE` passes train.py overrides (`train.compile=...`) to every row; then the `optimizer` section. The "
+    "KEY=VALUE` passes train.py overrides (`train.compile=...`) to every row. The "
     "first kit's sections (`--only train large`): (1) the bf16/fp16 peak of an "
     "8192^3 matmul and, for H100/H200/GH200/A100, the datasheet's dense peak (scaled by the multiprocessors of a MIG "
     "slice); (2) ViT-B/16 at 224 px, micro-batch 256 "
