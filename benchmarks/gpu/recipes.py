@@ -3,7 +3,7 @@
 For vit_b16, deit3_b16, vit_l16 and vit_h14 (`ORDER`): the recipe's model, image size, micro-batch, precision
 (``auto`` resolved for the device), dropouts, stochastic depth, activation checkpointing and determinism, at
 accumulation 1 (what a GPU does per optimizer step at 128 GPUs), built by train.py's builder (`train.EngineRun`).
-Rows per recipe, in the order they are measured (`rows_for`): ``compiled_<p>`` (what train.py runs on CUDA:
+Rows per recipe (`rows_for`; measured by rank: every recipe's first row, then every second row...): ``compiled_<p>`` (what train.py runs on CUDA:
 ``train.compile=auto``), ``eager_<p>``, ``compiled_bf16`` beside a recipe's fp16, ``compiled_<p>_nodrop`` (the
 recipe with its attention, projection and position dropout at 0: what dropout 0.1 costs, recipes that have it)
 and, for vit_b16, ``bare_compiled_<p>``: a plain PyTorch loop (`benchmarks.harness.loop.BareLoop`, timm's Lamb) over
@@ -164,63 +164,61 @@ def run(
     deadline: float | None,
     done: Callable[[dict], None],
 ) -> dict:
-    """Every recipe's rows in `ORDER`; ``done(result so far)`` after each row (the kit saves it)."""
+    """Every recipe's rows, by rank: each recipe's first row (`ORDER`), then each one's second, and so on, so a
+    time budget cuts the variants before any recipe's headline row; a recipe's GEMM reference after its first row.
+    ``done(result so far)`` after each row (the kit saves it)."""
     from vitlarge.model.vit import build_model, describe_model
 
     out: dict = {}
+    queue = []  # (rank, recipe, row name, spec, depth)
     for recipe in ORDER:
         precision = resolved_precision(recipe, device, overrides, tiny)
         base = recipe_config(recipe, precision, False, None, tiny, overrides)
         has_dropout = any(getattr(base.model, k.split(".")[1]) > 0 for k in DROPOUTS)
         info = describe_model(base)
-        entry = out.setdefault(
-            recipe,
-            {
-                "model": base.model.name,
-                "model_kwargs": base.model.kwargs,
-                "image_size": base.data.image_size,
-                "micro_batch": base.train.micro_batch,
-                "recipe_precision": precision,
-                "grad_checkpointing": base.model.grad_checkpointing,
-                "drop_path_rate": base.model.drop_path_rate,
-                "deterministic": base.train.deterministic,
-                "overrides": overrides,
-                "params": info["params"],
-                "train_flops_per_image": 3 * info["fwd_flops"],
-                "rows": {},
-                "not_run": {},
-            },
-        )
-        wanted = [
-            (n, spec)
-            for n, spec in rows_for(recipe, precision, has_dropout)
+        out[recipe] = {
+            "model": base.model.name,
+            "model_kwargs": base.model.kwargs,
+            "image_size": base.data.image_size,
+            "micro_batch": base.train.micro_batch,
+            "recipe_precision": precision,
+            "grad_checkpointing": base.model.grad_checkpointing,
+            "drop_path_rate": base.model.drop_path_rate,
+            "deterministic": base.train.deterministic,
+            "overrides": overrides,
+            "params": info["params"],
+            "train_flops_per_image": 3 * info["fwd_flops"],
+            "rows": {},
+            "not_run": {},
+        }
+        rows = rows_for(recipe, precision, has_dropout)
+        if tiny and not only_rows and recipe != ORDER[0]:  # the smoke run: every kind of row once, on vit_b16
+            rows = rows[:1]
+        depth = len(getattr(build_model(base, "meta"), "blocks", [])) or 12
+        queue += [
+            (rank, recipe, n, spec, depth)
+            for rank, (n, spec) in enumerate(rows)
             if not only_rows or f"{recipe}.{n}" in only_rows
         ]
-        if tiny and not only_rows and recipe != ORDER[0]:  # the smoke run: every kind of row once, on vit_b16
-            wanted = wanted[:1]
-        if not wanted:
+    for _, recipe, name, spec, depth in sorted(queue, key=lambda q: (q[0], ORDER.index(q[1]))):
+        entry = out[recipe]
+        need = (COMPILE_SECONDS_PER_BLOCK * depth if spec["compiled"] and not tiny else 0) + 20
+        if deadline is not None and time.perf_counter() + need > deadline:
+            left = max(0, deadline - time.perf_counter())
+            entry["not_run"][name] = f"time budget: {left:.0f} s left, about {need:.0f} s needed"
             continue
-        depth = len(getattr(build_model(base, "meta"), "blocks", [])) or 12
-        for name, spec in wanted:
-            need = (COMPILE_SECONDS_PER_BLOCK * depth if spec["compiled"] and not tiny else 0) + 20
-            if deadline is not None and time.perf_counter() + need > deadline:
-                entry["not_run"][name] = (
-                    f"time budget: {max(0, deadline - time.perf_counter()):.0f} s left, about {need:.0f} s needed"
-                )
-                continue
-            compiled = (
-                spec["compiled"] and not tiny
-            )  # --tiny: the compiled rows run eager (compiling takes minutes on a CPU)
-            cfg = recipe_config(recipe, spec["precision"], compiled, None, tiny, overrides, spec.get("nodrop", False))
-            try:
-                entry["rows"][name] = measure_row(cfg, spec, device, path, s, peak, entry["train_flops_per_image"])
-            except torch.cuda.OutOfMemoryError:
-                dev.free_memory(device)
-                entry["not_run"][name] = "out of memory at the recipe's micro-batch"
-            done(out)
+        compiled = spec["compiled"] and not tiny  # --tiny: the compiled rows run eager (minutes of compiling on a CPU)
+        cfg = recipe_config(recipe, spec["precision"], compiled, None, tiny, overrides, spec.get("nodrop", False))
+        try:
+            entry["rows"][name] = measure_row(cfg, spec, device, path, s, peak, entry["train_flops_per_image"])
+        except torch.cuda.OutOfMemoryError:
+            dev.free_memory(device)
+            entry["not_run"][name] = "out of memory at the recipe's micro-batch"
+        done(out)
         if "gemm_reference" not in entry:
+            base = recipe_config(recipe, entry["recipe_precision"], False, None, tiny, overrides)
             model = build_model(base, device)
-            dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision, torch.float32)
+            dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(entry["recipe_precision"], torch.float32)
             entry["gemm_reference"] = prof.gemm_reference(model, base.train.micro_batch, dtype, device, s["gemm_iters"])
             del model
             dev.free_memory(device)
