@@ -63,8 +63,8 @@ part)
     fi
     "$PY" scripts/gpu_parts.py install $PARTS --stage "$STAGE" --target "$SITE"
     export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
-    "$PY" scripts/gpu_parts.py check --device "${VITLARGE_GPU_DEVICE:-cuda}" | tee "$OUT/dali_check.txt"
-    set -o pipefail
+    "$PY" scripts/gpu_parts.py check --device "${VITLARGE_GPU_DEVICE:-cuda}" 2>&1 | tee "$OUT/dali_check.txt" ||
+        echo "gpu_session: the DALI check failed (above); the tier runs anyway (its DALI tests say why they skip or fail)"
     VITLARGE_GPU_TABLE="$OUT/gpu_tier.md" bash scripts/gpu_tier.sh -n "${VITLARGE_GPU_WORKERS:-8}" -q 2>&1 | tee "$OUT/gpu_tier.log"
     ;;
 data)
@@ -72,7 +72,6 @@ data)
     export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
     for _ in $(seq 120); do [ -f "$BENCH/jpeg/bench.json" ] && break; sleep 1; done
     [ -f "$BENCH/jpeg/bench.json" ] || { echo "gpu_session: $BENCH/jpeg is not finished (part 1 starts it; see $BENCH/make.log)" >&2; exit 2; }
-    set -o pipefail
     "$PY" -m benchmarks.gpu.data --jpeg "$BENCH/jpeg" --out "$OUT" "${@:2}" 2>&1 | tee "$OUT/data_gpu.log"
     ;;
 kit)
@@ -83,7 +82,6 @@ kit)
         shift
     fi
     export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
-    set -o pipefail
     "$PY" -m benchmarks.gpu --out "$OUT" --time-budget "${VITLARGE_KIT_BUDGET_S:-500}" "$@" 2>&1 | tee "$OUT/kit.log"
     ;;
 dry-run)
