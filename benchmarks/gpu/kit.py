@@ -48,7 +48,8 @@ from benchmarks.gpu import device as dev
 from benchmarks.harness import results, timing  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
 from vitlarge.errors import UserError, cli_main
 
-SECTIONS = ("peak", "train", "optimizer", "large")
+SECTIONS = ("peak", "optimizer", "recipes", "train", "large")  # run in this order
+DEFAULT_SECTIONS = ("optimizer", "recipes")  # train and large: the first kit's sections, on request
 
 
 def choose_path(requested: str) -> tuple[str, str]:
@@ -90,6 +91,7 @@ def sizes(tiny: bool) -> dict:
             profile_steps=1,
             large_start=2,
             large_cap=4,
+            gemm_iters=2,
         )
     return dict(
         matmul_n=8192,
@@ -102,6 +104,7 @@ def sizes(tiny: bool) -> dict:
         profile_steps=3,
         large_start=16,
         large_cap=1024,
+        gemm_iters=10,
     )
 
 
@@ -349,6 +352,9 @@ def run(
     only: tuple[str, ...],
     save=lambda result: None,
     deterministic: bool = True,
+    overrides: tuple[str, ...] = (),
+    rows: tuple[str, ...] = (),
+    time_budget: float | None = None,
 ) -> dict:
     """All sections in order; ``save(result)`` after each (and after each large model), so what finished
     survives a later failure or a time limit, marked ``"complete": false`` until the end.
@@ -356,6 +362,7 @@ def run(
     The peak runs first (MFU needs it) and a failure there ends the run. A failure in a later
     section (a CUDA error other than out-of-memory, a bug) is printed with its traceback, recorded
     under ``failed`` and the next section still runs; ``complete`` is then false at the end too."""
+    t_start = time.perf_counter()
     s = sizes(tiny)
     path, why = choose_path(path_request)
     print(f"benchmarks.gpu: path {path}: {why}", flush=True)
@@ -381,6 +388,8 @@ def run(
         "flops_method": "3 x forward FLOPs from vitlarge.model.vit.describe_model (FlopCounterMode, meta device; "
         "attention included, recomputation not)",
         "sections": list(only),
+        "overrides": list(overrides),
+        "time_budget_s": time_budget,
         "complete": False,
         "failed": {},
     }
@@ -395,7 +404,19 @@ def run(
     checkpoint("peak done")
     for name in (n for n in SECTIONS[1:] if n in only):
         try:
-            if name == "train":
+            if name == "recipes":
+                from benchmarks.gpu import recipes as gpu_recipes
+
+                def recipe_done(out: dict) -> None:
+                    result["recipes"] = out
+                    checkpoint("recipes: a row done")
+
+                deadline = t_start + time_budget if time_budget else None
+                result["recipes"] = gpu_recipes.run(
+                    device, path, s, result["peak"], tiny, list(overrides), list(rows) or None, deadline, recipe_done
+                )
+                result["finish_with"] = gpu_recipes.finish_command(result["recipes"])
+            elif name == "train":
                 result["train"] = train_section(device, path, s, result["peak"], tiny)
             elif name == "optimizer":
                 from benchmarks.gpu import optim as gpu_optim
@@ -467,8 +488,28 @@ def main(argv=None) -> int:
         "--only",
         nargs="+",
         choices=SECTIONS[1:],
-        default=list(SECTIONS[1:]),
-        help="sections to run (the matmul peak always runs)",
+        default=list(DEFAULT_SECTIONS),
+        help=f"sections to run (default: {' '.join(DEFAULT_SECTIONS)}; the matmul peak always runs)",
+    )
+    p.add_argument(
+        "--rows",
+        nargs="+",
+        default=[],
+        metavar="RECIPE.ROW",
+        help="with recipes: only these rows (vit_b16.compiled_fp16 ...), e.g. the ones a time budget left out",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a train.py override applied to every recipe row (train.compile=..., train.activation_checkpointing=...)",
+    )
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        metavar="S",
+        help="recipes: start no row that would end past S seconds from the start (it is recorded as not run)",
     )
     p.add_argument(
         "--deterministic",
@@ -483,6 +524,10 @@ def main(argv=None) -> int:
         from vitlarge.fileio import write_atomic
 
         device = pick_device(args.device)
+        if "recipes" in args.only:
+            from benchmarks.gpu.recipes import check_arguments
+
+            check_arguments(args.set, args.rows, args.tiny)
         out = args.out or (tempfile.mkdtemp(prefix="vitlarge-gpu-tiny-") if args.tiny else None)
         if out:
             os.environ["VITLARGE_BENCH_RESULTS"] = str(Path(out).resolve())
@@ -495,9 +540,21 @@ def main(argv=None) -> int:
 
         with warnings.catch_warnings():
             quiet_known_warnings()
-            result = run(device, args.tiny, args.path, tuple(args.only), save, args.deterministic == "on")
+            result = run(
+                device,
+                args.tiny,
+                args.path,
+                tuple(args.only),
+                save,
+                args.deterministic == "on",
+                tuple(args.set),
+                tuple(args.rows),
+                args.time_budget,
+            )
         print("\n".join(gpu_report.section(result)))
         print(f"wrote {written[0]} and {written[1]}")
+        if result.get("finish_with"):
+            print(f"benchmarks.gpu: rows left out by the time budget; finish them with: {result['finish_with']}")
         if not result["complete"]:
             print(
                 f"benchmarks.gpu: sections failed: {', '.join(result['failed'])} (tracebacks above); "

@@ -13,7 +13,18 @@ NOT_MEASURED = "not measured yet: no GPU lent on 2026-11-22"
 
 HOW = [
     "`python -m benchmarks.gpu` (`benchmarks/gpu/kit.py`): on the CUDA device present, synthetic data already on the "
-    "device (the compute side only), contenders interleaved, medians. It measures (1) the bf16/fp16 peak of an "
+    "device (the compute side only). By default it measures the bf16/fp16 matmul peak, the optimizer step alone (3, "
+    "below), then the `recipes` section "
+    "(`benchmarks/gpu/recipes.py`): vit_b16, deit3_b16, vit_l16 and vit_h14 in their own configuration (micro-batch, "
+    "precision, dropouts, stochastic depth, activation checkpointing, determinism; accumulation 1), each compiled "
+    "and eager, bf16 beside a recipe's fp16, without dropout (what dropout 0.1 costs), and for vit_b16 a compiled "
+    "bare PyTorch loop; per row images/s, memory, MFU, the attention kernel vitlarge chose and the one that ran, "
+    "where the step's time goes by kernel class (GEMM, attention, norms and element-wise, optimizer, "
+    "communication, idle: `benchmarks/gpu/profile.py`), the SM clock and power from `nvidia-smi`; per recipe the "
+    "GEMM reference (the model's own GEMMs at its micro-batch, timed alone). `--time-budget S` starts no row that "
+    "would end past S seconds and prints the `--only recipes --rows ...` command that finishes them; `--set "
+    "KEY=VALUE` passes train.py overrides (`train.compile=...`) to every row. The "
+    "first kit's sections (`--only train large`): (1) the bf16/fp16 peak of an "
     "8192^3 matmul and, for H100/H200/GH200/A100, the datasheet's dense peak (scaled by the multiprocessors of a MIG "
     "slice); (2) ViT-B/16 at 224 px, micro-batch 256 "
     "(halved until it fits), accumulation 4: vitlarge's engine (autocast, GradScaler for fp16, clipping after "
@@ -95,6 +106,8 @@ def section(r: dict | None) -> list[str]:
         )
         + ".\n",
     ]
+    if "recipes" in r:
+        lines += recipes_lines(r["recipes"])
     if "train" in r:
         t = r["train"]
         lines += [
@@ -144,4 +157,63 @@ def section(r: dict | None) -> list[str]:
                 f"{_pct(m.get('vs_measured_matmul'))} | {_pct(m.get('vs_datasheet'))} |"
             )
         lines.append("")
+    return lines
+
+
+def _ms(x) -> str:
+    return "n/a" if x is None else f"{x:.1f}"
+
+
+def recipes_lines(recipes: dict) -> list[str]:
+    """The recipes section (benchmarks/gpu/recipes.py): rows, where their time goes, the GEMM reference."""
+    lines = [
+        "Recipes as they train (one GPU, synthetic data on the device, accumulation 1, the recipe's dropouts and "
+        "determinism; `_nodrop`: attention, projection and position dropout 0; `bare_`: a plain PyTorch loop):\n",
+        "| recipe | row | micro-batch | images/s | step (ms) | peak memory | MFU vs matmul | MFU vs datasheet | "
+        "attention chosen / ran | SM clock, power |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    prof_lines, gemm_lines, left = [], [], []
+    for name, e in recipes.items():
+        for row, v in e["rows"].items():
+            c = v.get("clocks") or {}
+            clock = f"{c['sm_mhz_median']:.0f} MHz, {c['power_w_median']:.0f} W" if c else "n/a"
+            b = v["breakdown"]
+            note = "" if v["compiled"] or not row.startswith(("compiled", "bare_compiled")) else " (eager: --tiny)"
+            lines.append(
+                f"| {name} | `{row}`{note} | {e['micro_batch']} | {v['images_per_s']:.1f} | {1e3 * v['step_s']['median']:.1f} | "
+                f"{_gib(v['peak_memory_bytes'])} | {_pct(v['mfu']['vs_measured_matmul'])} | "
+                f"{_pct(v['mfu']['vs_datasheet'])} | {v['attention_chosen']} / {b['attention_backend_ran']} | {clock} |"
+            )
+            k = b["classes_ms"]
+            prof_lines.append(
+                f"| {name} `{row}` | {b['step_ms']:.1f} | {_ms(k['gemm'])} | {_ms(k['attention'])} | "
+                f"{_ms(k['norms and element-wise'])} | {_ms(k['optimizer'])} | {_ms(k['communication'])} | {_ms(b['idle_ms'])} |"
+            )
+        left += [f"{name}.{row} ({why})" for row, why in e.get("not_run", {}).items()]
+        g = e.get("gemm_reference")
+        if g:
+            ran = [v["breakdown"]["classes_ms"]["gemm"] for v in e["rows"].values() if v["compiled"]]
+            gemm_lines.append(
+                f"| {name} | {e['micro_batch']} | {g['ms_per_micro_step']:.1f} | "
+                + (_flops(g["flops_per_s"]) if g.get("flops_per_s") else "n/a")
+                + f" | {_ms(ran[0]) if ran else 'n/a'} |"
+            )
+    lines += [
+        "",
+        "Where a step's time goes, ms per step (torch.profiler over the timed row; GEMM, attention, norms and "
+        "element-wise, optimizer, communication by kernel name; idle: the GPU waiting for the host):\n",
+        "| row | step | GEMM | attention | norms and element-wise | optimizer | communication | idle |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        *prof_lines,
+        "",
+        "GEMM reference: the model's own linear-layer GEMMs at the micro-batch (forward, input and weight gradient), "
+        "each shape timed alone, against the GEMM kernels of the first compiled row:\n",
+        "| recipe | micro-batch | GEMMs alone (ms per step) | their rate | in the compiled step (ms) |",
+        "|---|---:|---:|---:|---:|",
+        *gemm_lines,
+        "",
+    ]
+    if left:
+        lines += ["Not run: " + "; ".join(left) + ".", ""]
     return lines

@@ -81,6 +81,7 @@ class EngineRun:
     def __init__(self, cfg, device: torch.device, path: str):
         parts = build_parts(cfg, 1, device, booster=None if path == "colossalai" else PlainBooster())
         self.engine, self.batch = parts.engine, synthetic_batch(cfg, device)
+        self.attention = parts.attention  # the attention kernel the builder chose and logged
         self.params = sum(p.numel() for p in parts.model.parameters())
         self.steps = self.skipped = 0
 

@@ -120,12 +120,44 @@ def test_bundle_is_small_and_runs_without_colossalai_dali_tfrecord_crc32c(bundle
     assert (out / "gpu.md").read_text().startswith(gpu_report.TITLE)
 
 
-def test_every_contender_has_positive_finite_numbers(bundle_run):
-    _, _, r, _ = bundle_run
+def test_every_recipe_row_has_positive_finite_numbers_and_a_breakdown(bundle_run):
+    _, out, r, _ = bundle_run
     assert r["device"]["type"] == "cpu" and r["tiny"] is True
-    assert {"peak", "train", "optimizer", "large"} <= set(r)
+    assert {"peak", "recipes", "optimizer"} <= set(r) and not {"train", "large"} & set(r)  # the default sections
     assert all(_positive(v["flops_per_s"]) for v in r["peak"]["measured"].values())
     assert set(r["peak"]["measured"]) == {"bf16", "fp16"} and r["peak"]["datasheet"] is None
+    rec = r["recipes"]
+    assert list(rec) == ["vit_b16", "deit3_b16", "vit_l16", "vit_h14"]
+    assert set(rec["vit_b16"]["rows"]) == {"compiled_fp32", "eager_fp32", "compiled_fp32_nodrop", "bare_compiled_fp32"}
+    assert all(len(e["rows"]) == 1 and not e["not_run"] for n, e in rec.items() if n != "vit_b16")  # --tiny
+    for name, e in rec.items():
+        assert _positive(e["train_flops_per_image"]) and _positive(e["gemm_reference"]["ms_per_micro_step"]), name
+        for row, v in e["rows"].items():
+            assert _positive(v["images_per_s"]) and _positive(v["mfu"]["vs_measured_matmul"]), (name, row)
+            assert v["compiled"] is False and v["clocks"] is None  # --tiny runs eager; no nvidia-smi readings
+            b = v["breakdown"]
+            assert set(b["classes_ms"]) == set(gpu_report_classes()) and b["attention_backend_ran"] == "cpu"
+            assert _positive(b["step_ms"]) and b["idle_ms"] >= 0
+    assert rec["vit_b16"]["rows"]["compiled_fp32_nodrop"]["dropout"]["attn_drop_rate"] == 0.0
+    assert rec["vit_b16"]["rows"]["eager_fp32"]["attention_chosen"] == "cpu" and r.get("finish_with") is None
+    md = (out / "gpu.md").read_text()
+    assert "| vit_b16 | `bare_compiled_fp32` (eager: --tiny) |" in md and "GEMM reference" in md
+    o = r["optimizer"]
+    assert set(o["results"]) == {"vitlarge_lamb", "timm_lamb"} and set(o["left_out"]) == {"colossalai_lamb"}
+    for v in o["results"].values():
+        assert _positive(v["ms_per_step"]["median"]) and _positive(v["launches_per_step"])
+        assert v["launch_kind"].startswith("CPU") and v["syncs_per_step"] is None  # CUDA-only counts
+    assert r["complete"] is True and r["failed"] == {}
+
+
+def gpu_report_classes():
+    from benchmarks.gpu.profile import CLASSES
+
+    return CLASSES
+
+
+def test_the_first_kits_sections_still_measure(booster_run):
+    _, r, _, _, _ = booster_run
     t = r["train"]
     assert set(t["results"]) == CONTENDERS
     assert t["micro_batch"] == t["micro_batch_requested"] and t["fit_tries"] == [{"micro_batch": 4, "fits": True}]
@@ -137,19 +169,12 @@ def test_every_contender_has_positive_finite_numbers(bundle_run):
     assert all(_positive(t["results"][f"vitlarge_{p}"]["vs_bare"]) for p in ("bf16", "fp16"))
     compiled = t["results"]["vitlarge_compiled_bf16"]  # --tiny skips the compile, and says so
     assert compiled["compiled"] is False and "--tiny" in compiled["note"] and _positive(compiled["vs_eager"])
-    o = r["optimizer"]
-    assert set(o["results"]) == {"vitlarge_lamb", "timm_lamb"} and set(o["left_out"]) == {"colossalai_lamb"}
-    for v in o["results"].values():
-        assert _positive(v["ms_per_step"]["median"]) and _positive(v["launches_per_step"])
-        assert v["launch_kind"].startswith("CPU") and v["syncs_per_step"] is None  # CUDA-only counts
-    assert r["complete"] is True and r["failed"] == {}
     assert all(v["skipped_steps"] == 0 for v in t["results"].values())
-    for name in ("vit_l16", "vit_h14"):
-        v = r["large"][name]
-        assert v["grad_checkpointing"] and v["precision"] == "bf16"
-        assert v["micro_batch"] == v["search_cap"] == 4  # CPU: no OOM, the search stops at its cap
-        assert [x["micro_batch"] for x in v["fit_tries"]] == [2, 4]
-        assert _positive(v["images_per_s"]) and _positive(v["mfu"]["vs_measured_matmul"])
+    v = r["large"]["vit_l16"]
+    assert v["grad_checkpointing"] and v["precision"] == "bf16"
+    assert v["micro_batch"] == v["search_cap"] == 4  # CPU: no OOM, the search stops at its cap
+    assert [x["micro_batch"] for x in v["fit_tries"]] == [2, 4]
+    assert _positive(v["images_per_s"]) and _positive(v["mfu"]["vs_measured_matmul"])
 
 
 def test_booster_path_and_a_failing_section_keeps_what_finished(booster_run):
@@ -318,10 +343,14 @@ def test_report_section_without_a_gpu_run_says_so_and_has_no_numbers(bundle_run)
     assert gpu_report.NOT_MEASURED in empty and "img/s |" in empty
     table = [line for line in empty.splitlines() if line.startswith("| not measured")]
     assert table == [f"| {gpu_report.NOT_MEASURED} | - | - | - | - | - |"]
-    full = gpu_report.section(bundle_run[2])
-    assert sum(line.startswith("| `") for line in full) == len(CONTENDERS) + 3  # + 2 optimizers, 1 left out
+    first = json.loads((ROOT / "benchmarks" / "results" / "gpu.json").read_text())  # the first kit's sections (H200)
+    full = gpu_report.section(first)
+    assert sum(line.startswith("| `") for line in full) == len(CONTENDERS) + 3  # + 3 optimizers
     assert any(line.startswith("| ViT-H/14 |") for line in full)
-    r = json.loads(json.dumps(bundle_run[2]))
+    recipes = gpu_report.section(bundle_run[2])
+    assert any(line.startswith("| vit_h14 | `compiled_fp32` (eager: --tiny) | 4 |") for line in recipes)
+    assert sum(line.startswith("| `") for line in recipes) == 3  # 2 optimizers, 1 left out
+    r = json.loads(json.dumps(first))
     r["large"]["vit_h14"] = {k: v for k, v in r["large"]["vit_h14"].items() if k not in ("images_per_s", "mfu")}
     r["large"]["vit_h14"]["micro_batch"] = 0
     row = next(line for line in gpu_report.section(r) if line.startswith("| ViT-H/14 |"))

@@ -145,6 +145,15 @@ class DataConfig:
     """Colour jitter strength ``s`` (torchvision's ``ColorJitter(s, s, s)``, after 3-Augment): brightness,
     contrast and saturation factors each uniform in max(0, 1 - s)..1 + s, in a random order; 0 is off.
     DeiT III uses 0.3 with ``three_augment``."""
+    hw_decoder_load: float = ruled(0.65, FRACTION)
+    """On a GPU, the share of the training JPEGs that the ``mixed`` decoder hands to the GPU's hardware JPEG decoder
+    where it has one (A100, H100, H200 and later; DALI's ``hw_decoder_load``, whose default is 0.65); the rest go
+    to nvJPEG's CUDA and CPU paths. No effect on the CPU. What it changes is measured in docs/PERFORMANCE.md."""
+    rrc_decode: Literal["roi", "full"] = "roi"
+    """How the random-resized crop (``crop="rrc"``) decodes: ``roi``, only the crop's window, straight from the
+    JPEG (DALI's ``decoders.image_random_crop``); ``full``, the whole image, then the crop and resize on the
+    pipeline's device (``decoders.image`` + ``random_resized_crop``). The same distribution of crops, another
+    random stream; on the CPU ``full`` decodes more pixels."""
     repeats: int = ruled(1, COUNT)
     """Repeated augmentation (timm's ``RepeatAugSampler``, DeiT's ``RASampler``; 1 is off): every epoch a fresh
     permutation of the training records, each of its first ``1 / repeats`` taken ``repeats`` times, its copies

@@ -72,6 +72,14 @@ class _Prefetch(TypedDict, total=False):
     prefetch_queue_depth: int
 
 
+class _HwLoad(TypedDict, total=False):
+    hw_decoder_load: float
+
+
+HW_DECODER_LOAD = 0.65
+"""DALI's own default ``hw_decoder_load`` (``data.hw_decoder_load``'s): passed only when a run sets another."""
+
+
 def _reader(
     files: list[tuple[str, str]],
     *,
@@ -162,11 +170,26 @@ def train_pipeline(
             file_order_seed=spec.seed % (2**31 - 1),  # one file order for all ranks
         )
         encoded, label = data["image/encoded"], data["image/class/label"]
+    hw = _HwLoad(hw_decoder_load=spec.hw_decoder_load) if spec.hw_decoder_load != HW_DECODER_LOAD else _HwLoad()
     if spec.crop == "src":  # the whole image, shorter side to image_size (antialiased, as PIL's resize)
-        images = fn.decoders.image(encoded, device=decoder, output_type=types.DALIImageType.RGB)
+        images = fn.decoders.image(encoded, device=decoder, output_type=types.DALIImageType.RGB, **hw)
         resized = deit_augment.src_size(fn.peek_image_shape(encoded), image_size)
         offsets = deit_augment.draw_src_offsets(resized, image_size, spec.src_padding)
         images = deit_augment.src_crop(images, resized, offsets, image_size, interp, spec.src_padding)
+    elif spec.rrc_decode == "full":  # the whole image, then the random-resized crop on the pipeline's device
+        images = fn.decoders.image(encoded, device=decoder, output_type=types.DALIImageType.RGB, **hw)
+        images = cast(
+            "DataNode",
+            fn.random_resized_crop(
+                images,
+                size=[image_size, image_size],
+                random_area=list(spec.crop_scale),
+                random_aspect_ratio=list(spec.crop_ratio),
+                num_attempts=10,
+                interp_type=interp,
+                antialias=False,
+            ),
+        )
     else:
         # Decodes only the random crop window (ROI decode), so the full image is never materialized.
         images = fn.decoders.image_random_crop(
@@ -176,6 +199,7 @@ def train_pipeline(
             random_area=list(spec.crop_scale),
             random_aspect_ratio=list(spec.crop_ratio),
             num_attempts=10,
+            **hw,
         )
         # antialias=False saves ~15% of the CPU pipeline's time (benchmarks/bench_data.py). Even so,
         # DALI's CPU bilinear resize costs about as much as the JPEG decode; interp "nearest" is ~8x

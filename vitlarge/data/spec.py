@@ -83,6 +83,8 @@ class TrainSpec(LoaderSpec):
     src_padding: int = SRC_PADDING
     three_augment: bool = knob("three_augment")
     color_jitter: float = knob("color_jitter")
+    hw_decoder_load: float = knob("hw_decoder_load")
+    rrc_decode: str = knob("rrc_decode")
     repeats: int = 1
     read_workers: int = 0
 
@@ -103,6 +105,8 @@ class TrainSpec(LoaderSpec):
                 f"src_padding={pad!r}: must be an integer in [0, image_size={self.image_size}) (DeiT III pads by 4)"
             )
         _check_interpolation(self.interpolation)
+        if self.rrc_decode not in ("roi", "full"):
+            raise UserError(f"rrc_decode={self.rrc_decode!r}: expected 'roi' (the crop's window) or 'full'")
         for f in fields(self):
             value, rule = getattr(self, f.name), f.metadata.get("rule")
             if "knob" in f.metadata and rule is not None and not rule.test(value):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
@@ -43,6 +44,18 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="with --dry-run: plan for this device (default: the recipe's train.device; auto plans for cuda)",
     )
     p.add_argument(
+        "--gpu",
+        choices=("h100", "h200", "a100", "b200"),
+        help="with --dry-run: the expected wall time and GPU-hours on --world-size GPUs of this kind, from the GPU "
+        "kit's measured images/s (vitlarge/run/gpu_hours.py)",
+    )
+    p.add_argument(
+        "--gpu-results",
+        type=Path,
+        metavar="FILE",
+        help="with --gpu: the kit's gpu.json (default: the checkout's benchmarks/results/gpu.json)",
+    )
+    p.add_argument(
         "--overrides",
         dest="override_files",
         action="append",
@@ -62,6 +75,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--world-size and --show-config go with --dry-run")
     if args.device and not args.dry_run:
         p.error("--device goes with --dry-run (a run takes train.device)")
+    if (args.gpu or args.gpu_results) and not args.dry_run:
+        p.error("--gpu and --gpu-results go with --dry-run")
+    if args.gpu_results and not args.gpu:
+        p.error("--gpu-results goes with --gpu KIND")
+    if args.gpu and args.device == "cpu":
+        p.error("--gpu plans GPUs: leave out --device cpu")
     if args.world_size is not None and args.world_size < 1:
         p.error(f"--world-size must be at least 1, got {args.world_size}")
     return args
@@ -119,6 +138,12 @@ def plan_or_train(args, env, threads: ThreadPools, make_hooks: MakeHooks | None 
                 print(f"data: {cfg.data.path}/dataset.json: {images}, {classes} (the plan's counts)")
             check_window(cfg, plan)  # as the run's preflight would
             print_plan(cfg, plan, show_config=args.show_config, device=args.device)
+            if args.gpu:
+                from vitlarge.run.gpu_hours import print_gpu_time
+                from vitlarge.train.settings import plan_settings
+
+                settings = plan_settings(cfg, "cuda")
+                print_gpu_time(cfg, plan, settings.precision, settings.compile, args.gpu, args.gpu_results)
         return 0
     if env.is_main:  # what the next 10-20 s of imports and rendezvous are, before the first line of the run's own
         print(

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 
 from vitlarge.config.schema import Config
+from vitlarge.model.attention import AttentionChoice, choose_attention
 from vitlarge.model.precision import Precision
 from vitlarge.plan.plan import Plan
 from vitlarge.train.engine import Engine
@@ -54,6 +55,8 @@ class Parts:
     """The config the parts were built from, as the recipe wrote it."""
     settings: Settings
     """What they were built for: device, precision, compile (`vitlarge.train.settings`)."""
+    attention: AttentionChoice | None = None
+    """The attention kernel chosen for the model (`vitlarge.model.attention.choose_attention`), logged at build."""
 
 
 def recompile_limit(plan: Plan) -> int:
@@ -106,6 +109,8 @@ def build(cfg: Config, plan: Plan, settings: Settings, booster=None, init_from: 
 
         for note in load_into(model, cfg):
             logging.getLogger("vitlarge").info(note)  # train.py keeps other ranks at WARNING
+    attention = choose_attention(model, device, settings.precision, cfg.model.attn_drop_rate)
+    logging.getLogger("vitlarge").info(attention.line)
     logging.getLogger("vitlarge").info(settings.compile_why)
     if settings.compile:  # after init_from: the weights are in place; before the Booster wraps it
         compile_model(model, plan)
@@ -140,4 +145,4 @@ def build(cfg: Config, plan: Plan, settings: Settings, booster=None, init_from: 
 
         ema = ModelEma(inner(model), cfg.train.ema_decay, cfg.train.ema_warmup)
     engine = Engine(cfg, plan, booster, model, optimizer, precision, settings, ema=ema)
-    return Parts(model, optimizer, booster, precision, engine, cfg, settings)
+    return Parts(model, optimizer, booster, precision, engine, cfg, settings, attention)

@@ -151,6 +151,30 @@ def test_restored_state_gives_bitwise_identical_batches(demo_data, randaugment):
         assert torch.equal(img_a, img_b) and torch.equal(lab_a, lab_b)
 
 
+def test_full_decode_then_crop_is_a_resumable_stream_of_its_own(demo_data):
+    """``rrc_decode="full"`` (the whole JPEG, then DALI's random_resized_crop): batches of the same form as the
+    crop-window decode's, another random stream (so a state of one does not resume the other), resumed bitwise.
+    ``hw_decoder_load`` does nothing on the CPU (the same batches) yet is part of the stream's settings."""
+    full = train(demo_data, batch_size=16, rrc_decode="full", seed=3)
+    roi = train(demo_data, batch_size=16, seed=3)
+    for _ in range(3):
+        (img_f, lab_f), (img_r, lab_r) = next(full), next(roi)
+        assert img_f.shape == img_r.shape == (16, 3, 32, 32) and torch.equal(lab_f, lab_r)
+        assert not torch.equal(img_f, img_r)
+        assert abs(float(img_f.mean()) - float(img_r.mean())) < 0.5
+    state = full.state()
+    expected = [next(full) for _ in range(3)]
+    restored = train(demo_data, batch_size=16, rrc_decode="full", seed=3, state=state)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(expected, (next(restored) for _ in range(3))))
+    with pytest.raises(UserError, match="different data or loader settings"):
+        train(demo_data, batch_size=16, seed=3, state=state)
+    hw0 = train(demo_data, batch_size=16, hw_decoder_load=0.0, seed=3)
+    again = train(demo_data, batch_size=16, seed=3)
+    assert torch.equal(next(hw0)[0], next(again)[0])
+    with pytest.raises(UserError, match="different data or loader settings"):
+        train(demo_data, batch_size=16, seed=3, state=hw0.state())
+
+
 def test_state_from_other_settings_is_rejected(demo_data):
     state = train(demo_data, batch_size=16).state()
     with pytest.raises(UserError, match="different data or loader settings"):

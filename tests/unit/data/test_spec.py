@@ -163,7 +163,7 @@ def test_augmentation_knobs_take_their_config_fields_default_and_rule():
     from vitlarge.config.schema import DataConfig
     from vitlarge.data.spec import knobs
 
-    assert knobs() == ["three_augment", "color_jitter"]
+    assert knobs() == ["three_augment", "color_jitter", "hw_decoder_load", "rrc_decode"]
     spec = TrainSpec("/data", 8, 32, seed=7)
     assert [getattr(spec, k) for k in knobs()] == [getattr(DataConfig(), k) for k in knobs()]
     # A knob's value hashes as its declared type: 1 and 1.0 are one setting.

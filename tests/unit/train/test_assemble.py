@@ -113,3 +113,11 @@ def test_init_from_loads_the_pretrained_weights_and_a_resume_skips_it(tmp_path):
     fresh = weights(assemble(demo(precision="fp32")))
     assert all(torch.equal(resumed[k], fresh[k]) for k in fresh)
     assert any(not torch.equal(resumed[k], expected[k]) for k in expected)
+
+
+def test_a_build_logs_the_attention_kernel_it_chose_once(caplog):
+    with caplog.at_level("INFO", logger="vitlarge"):
+        parts = assemble(demo())
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("attention:")]
+    assert parts.attention is not None and lines == [parts.attention.line]
+    assert parts.attention.backend == "cpu" and "3 heads x 17 tokens x 32 dims" in lines[0]
