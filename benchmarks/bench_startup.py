@@ -11,7 +11,7 @@ Contenders, each 2 gloo processes on the digits demo (`benchmarks.bench_timm_par
 checkout), for one epoch (11 optimizer steps), with a final evaluation and a checkpoint:
 
 - ``vitlarge``: ``colossalai run --nproc_per_node 2 train.py --config recipes/demo_digits.py`` from this checkout,
-  as ``make demo`` starts it (``--launcher torchrun`` for torchrun), with `bench_timm_parity`'s overrides (no
+  as ``make demo`` starts it (``--launchers colossalai torchrun``: also under torchrun, as timm's is), with `bench_timm_parity`'s overrides (no
   intermediate evaluation or checkpoint) and ``train.max_steps=11``;
 - ``baseline`` (with ``--baseline DIR``): the same from another checkout (the commit before a change, side by side);
 - ``timm``: ``torchrun --nproc_per_node 2 train.py`` in timm's checkout with the flags `bench_timm_parity.timm_flags`
@@ -321,7 +321,13 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--baseline", help="another vitlarge checkout (the commit before a change), run side by side")
-    p.add_argument("--launcher", choices=("colossalai", "torchrun"), default="colossalai", help="vitlarge's launcher")
+    p.add_argument(
+        "--launchers",
+        nargs="+",
+        choices=("colossalai", "torchrun"),
+        default=["colossalai"],
+        help="vitlarge's launchers: each vitlarge contender runs under each (named 'vitlarge (torchrun)' ...)",
+    )
     p.add_argument("--contenders", nargs="+", choices=("vitlarge", "baseline", "timm"))
     p.add_argument("--timm-src", default=os.environ.get("VITLARGE_TIMM_SRC"))
     p.add_argument("--master-port", type=int, default=0, help="0: a free port")
@@ -339,23 +345,27 @@ def main(argv=None) -> None:
 
         a.master_port = free_port()
     root, runs = Path(a.workdir).resolve(), []
+    runners = [(c, None) if c == "timm" else (c, launcher) for c in contenders for launcher in a.launchers]
+    runners = list(dict.fromkeys(runners))
     for i in range(a.rounds):
-        order = contenders[i % len(contenders) :] + contenders[: i % len(contenders)]  # load drifts hit all alike
-        for name in order:
-            wd, logs = root / f"{name}_run", root / f"{name}_{i}_log"
+        order = runners[i % len(runners) :] + runners[: i % len(runners)]  # load drifts hit all alike
+        for name, launcher in order:
+            label = name if launcher in (None, a.launchers[0]) else f"{name} ({launcher})"
+            tag = label.replace(" ", "_").replace("(", "").replace(")", "")
+            wd, logs = root / f"{tag}_run", root / f"{tag}_{i}_log"
             if name == "timm":
                 assert src is not None and folder is not None
                 r = run_timm(src, folder, wd, a.master_port, logs)
             else:
                 checkout = Path(a.baseline).resolve() if name == "baseline" else ROOT
-                r = run_vitlarge(checkout, data, wd, a.launcher, a.master_port, logs)
-            runs.append(dict(contender=name, round=i, load_avg=os.getloadavg()[0], **r))
+                r = run_vitlarge(checkout, data, wd, launcher or "colossalai", a.master_port, logs)
+            runs.append(dict(contender=label, round=i, load_avg=os.getloadavg()[0], **r))
             brief = {k: v for k, v in runs[-1].items() if k not in ("phases", "cpu_phases")}
             print(json.dumps(brief | {"outside the loop": r["phases"]["outside the loop"]}), flush=True)
     summary, cpu = summarize(runs), summarize(runs, "cpu_phases")
     result = dict(
         contenders=contenders,
-        launcher=a.launcher,
+        launchers=a.launchers,
         baseline=a.baseline,
         steps=STEPS,
         timm=f"{parity.TIMM_REPO}@{parity.TIMM_COMMIT}",

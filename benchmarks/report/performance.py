@@ -670,6 +670,44 @@ def timm_parity_section(named: dict[str, dict | None]) -> tuple[list[str], list[
     return lines, goals
 
 
+def startup_section(d: dict | None) -> tuple[list[str], list[tuple]]:
+    """`benchmarks/bench_startup.py`'s result (``startup``): each phase's median, wall and rank 0's CPU seconds, per
+    contender; the goal: vitlarge's time outside the loop at most timm's."""
+    if not d:  # not in benchmarks.run's suite: no section and no goal row rather than "not run" (as section 11)
+        return [], []
+    m, wall, cpu = d["machine"], d["summary"], d["cpu_summary"]
+    names = list(wall)
+    loads = [r["load_avg"] for r in d["runs"]]
+    lines = [
+        "## 12. Start-up against timm's train.py\n",
+        "`benchmarks/bench_startup.py` (issue 46): the time a run spends outside its training loop, by phase, on the "
+        f"digits demo for {d['steps']} optimizer steps on 2 gloo processes, each rank under "
+        "`benchmarks/harness/startup_probe.py`; vitlarge as `make demo` starts it (`colossalai run`; "
+        f"`(torchrun)`: under torchrun, as timm's), timm's own train.py ({d['timm']}) under torchrun; contenders "
+        f"interleaved, medians of {min(s['rounds'] for s in wall.values())} rounds. Machine: {m['cpu']}, "
+        f"{m['os_cpus']} cores shared with other work (load average {min(loads):.1f} to {max(loads):.1f} during the "
+        "runs): read the CPU seconds.\n",
+    ]
+    for title, table in (("wall seconds", wall), ("rank 0's CPU seconds", cpu)):
+        keys = list(dict.fromkeys(k for v in table.values() for k in v if k != "rounds"))
+        lines += [f"| {title} (median) | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+        lines += [f"| {k} | " + " | ".join(_fmt(table[n].get(k)) for n in names) + " |" for k in keys]
+        lines.append("")
+    goals = []
+    if "timm" in wall and "vitlarge" in wall:
+        key = "outside the loop"
+        ratios = [wall["vitlarge"][key] / wall["timm"][key], cpu["vitlarge"][key] / cpu["timm"][key]]
+        goals.append(
+            (
+                "Start-up: time outside the training loop vs timm's train.py",
+                "<= 1x",
+                f"{ratios[0]:.2f}x wall, {ratios[1]:.2f}x rank 0's CPU",
+                min(ratios) <= 1.0,
+            )
+        )
+    return lines, goals
+
+
 def _fmt_signed(x) -> str:
     return "-" if x is None else f"{x:+.2f}"
 
@@ -863,6 +901,10 @@ def generate(results: Path | None = None, out: Path | None = None, img: Path | N
     parity = {n: _load(results, n) for n in ("timm_parity", "timm_parity_ls01")}
     lines, g = timm_parity_section(parity)
     sections += stamp(lines, next((d for d in parity.values() if d), None), pinned)
+    goals += g
+    startup = _load(results, "startup")
+    lines, g = startup_section(startup)
+    sections += stamp(lines, startup, pinned)
     goals += g
     machine = next((v["machine"] for v in r.values() if v and "machine" in v), None)
     head = [

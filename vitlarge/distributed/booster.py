@@ -24,8 +24,9 @@ load, and for nothing else:
    ``sys.modules`` when the load ends, so a later ``import peft`` is peft.
 
 A Colossal-AI that reads another name of peft or bitsandbytes while it loads, or subclasses ``PeftModel``, stops the
-load with an ImportError naming it (the fix: `STAND_INS`), never a silent stand-in. tests/e2e/test_process_start.py
-checks, in a fresh interpreter, that none of those packages loads, and that LoRA's names still resolve to peft's.
+load with an ImportError naming it (the fix: `STAND_INS`), never a silent stand-in. tests/unit/distributed/
+test_booster.py shows these rules on planted packages; tests/e2e/test_process_start.py, on Colossal-AI as pinned in a
+fresh interpreter, that none of those packages loads, that the Booster trains and that LoRA through it still works.
 """
 
 from __future__ import annotations
