@@ -933,7 +933,11 @@ def generate(results: Path | None = None, out: Path | None = None, img: Path | N
         "CPU run of train.py benefits from the same setting.",
         "- `model.fused_attn=auto` (unfused attention for fp16 on CPU) is confirmed: without attention dropout, an fp16 "
         "ViT-S/16 step with the fused SDPA kernel took ~33 CPU-s against ~1.6 unfused (a one-off measurement). With "
-        "the recipes' attention dropout 0.1 the CPU kernel falls back to the math path anyway.\n",
+        "the recipes' attention dropout 0.1 the CPU kernel falls back to the math path anyway.",
+        "- **Start-up** (section 12, where measured): importing Colossal-AI's Booster loaded peft, transformers, "
+        "scikit-learn and bitsandbytes, which the DDP and FSDP plugins never use; `vitlarge.distributed.booster` "
+        "imports it without them, W&B (which timm imports at its own import) waits for its first use, and DALI's "
+        "conditionals (AutoGraph) are on only for graphs that branch per sample.\n",
         "## Goals\n",
         "| goal | target | measured | status |",
         "|---|---|---|---|",
