@@ -693,6 +693,14 @@ def startup_section(d: dict | None) -> tuple[list[str], list[tuple]]:
         lines += [f"| {title} (median) | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
         lines += [f"| {k} | " + " | ".join(_fmt(table[n].get(k)) for n in names) + " |" for k in keys]
         lines.append("")
+    if d.get("baseline"):
+        lines.append(
+            "`baseline`: the checkout before the start-up changes (`--baseline`), side by side. A phase moves when a "
+            "package's first importer changes: without transformers, TensorBoard and timm import shared dependencies "
+            "themselves. What is left above timm's is at the end (vitlarge's picture, timm export and TensorBoard "
+            "flush, which timm's train.py does not make) and, under `colossalai run`, its launcher, whose own command "
+            "imports torch before it starts torchrun.\n"
+        )
     goals = []
     if "timm" in wall and "vitlarge" in wall:
         key = "outside the loop"
