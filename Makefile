@@ -62,10 +62,13 @@ demo: install data/digits/dataset.json
 	PATH="$(abspath $(VENV))/bin:$$PATH" OMP_NUM_THREADS=1 colossalai run --nproc_per_node $(NPROC) train.py --config recipes/demo_digits.py
 	$(PY) -m scripts.summarize runs/demo_digits
 
-# pytest-xdist: TEST_WORKERS processes take whole test files (tests/conftest.py); TEST_WORKERS=0 runs in one.
+# pytest-xdist: TEST_WORKERS processes take whole test files (tests/conftest.py), while the Slurm files, which share
+# the one test cluster and change its shape between them, run in a pytest process of their own, in this order
+# (scripts/test_suite.sh); TEST_WORKERS=0 runs everything in one.
 TEST_WORKERS ?= 2
+SERIAL_TESTS := tests/e2e/test_slurm.py tests/e2e/test_slurm_multinode.py tests/e2e/test_slurm_scripts.py
 test: install install-trackers
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile tests
+	bash scripts/test_suite.sh $(PY) $(TEST_WORKERS) tests $(SERIAL_TESTS)
 
 test-fast: install install-trackers
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile tests/unit

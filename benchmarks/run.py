@@ -74,6 +74,7 @@ REGISTRY = (
     ),
     Benchmark("timm_parity", "Does vitlarge with DeiT III's pieces train as well as timm's train.py?", own_cli=True),
     Benchmark("checkpoint_io", "What does each rank read, and hold, to resume a checkpoint?", own_cli=True),
+    Benchmark("startup", "Does train.py spend no more time outside its loop than timm's train.py?", own_cli=True),
 )
 BY_NAME = {b.name: b for b in REGISTRY}
 BENCHMARKS = tuple(b.name for b in REGISTRY if b.suite)  # the suite, in order

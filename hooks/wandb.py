@@ -56,7 +56,11 @@ class WandbHook(_tracking.TrackerHook):
         self.wandb_run: wandb.Run | None = None
 
     def _begin(self, run: RunInfo) -> None:
-        import wandb  # noqa: F401 (before the first step, as hooks.mlflow imports MLflow)
+        import wandb
+
+        # Loaded here, before the first step, as hooks.mlflow imports MLflow (a run makes W&B a lazy module until its
+        # first attribute: vitlarge.distributed.launch.quiet_imports).
+        wandb.Settings  # noqa: B018
 
         self._run = run
         self.project = run.cfg.log.wandb_project or os.environ.get("WANDB_PROJECT") or run.cfg.log.experiment

@@ -116,3 +116,45 @@ def test_each_chosen_op_runs_with_timms_probability():
     assert 0.45 < unchanged_fraction("rand-m9-n1") < 0.62
     assert unchanged_fraction("rand-m9-n1-p1") < 0.15
     assert unchanged_fraction("rand-m9-n0") == 1.0
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [dict(hflip=False, crop_scale=(0.6, 1.0), crop_ratio=(0.8, 1.25)), dict(hflip=True), dict(hflip=True, repeats=3)],
+    ids=["demo", "flip", "repeats"],
+)
+def test_a_graph_built_without_conditionals_is_the_same_graph(demo_data, fields):
+    """AutoGraph (DALI's conditionals) takes seconds of a run's first step; a graph that needs none is built without
+    it, and must be the same graph: serialized and checkpointed byte for byte, the same batches."""
+    from vitlarge.data import pipelines
+    from vitlarge.data.manifest import load_manifest, shard_files
+    from vitlarge.data.repeats import RepeatedRecords
+    from vitlarge.data.spec import TrainSpec
+
+    spec = TrainSpec(demo_data, 16, 16, seed=5, initial_fill=64, num_threads=1, **fields)
+    assert not pipelines.needs_conditionals(spec)
+    files = shard_files(load_manifest(demo_data), "train")
+    kw = dict(shard_id=1, num_shards=2, decoder="cpu", batch_size=16, num_threads=1, device_id=None, seed=11)
+    built = []
+    for make in (pipelines.train_pipeline, pipelines._train_conditional):
+        records = RepeatedRecords(files, rank=1, world_size=2, repeats=3, seed=5) if spec.repeats > 1 else None
+        pipe = make(spec, files, records=records, enable_checkpointing=True, **kw)
+        pipe.build()
+        batches = [np.asarray(pipe.run()[0].as_tensor()) for _ in range(3)]
+        built.append((pipe._conditionals_enabled, pipe.serialize(), pipe.checkpoint(), batches))
+    (plain_on, plain, plain_state, plain_batches), (on, conditional, state, batches) = built
+    assert (plain_on, on) == (False, True)
+    assert plain == conditional and plain_state == state
+    assert all(np.array_equal(a, b) for a, b in zip(plain_batches, batches))
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [dict(randaugment="rand-m9-n2"), dict(three_augment=True), dict(color_jitter=0.3), dict(crop="src")],
+    ids=str,
+)
+def test_a_graph_that_branches_per_sample_or_crops_as_deit_is_built_with_conditionals(fields):
+    from vitlarge.data import pipelines
+    from vitlarge.data.spec import TrainSpec
+
+    assert pipelines.needs_conditionals(TrainSpec("", 16, 16, seed=0, **fields))

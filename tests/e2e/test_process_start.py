@@ -157,3 +157,65 @@ def test_a_reader_keeps_every_shard_open_where_the_file_limit_allows_and_reads_t
         assert out["max_open"] == n_shards and out["most_open"] == touched  # each opened once, none closed
     else:
         assert out["soft"] == soft and out["max_open"] == out["most_open"] == repeats.FEWEST_OPEN
+
+
+BOOSTER = """
+import os, sys, tempfile
+import torch
+from vitlarge.distributed import launch
+from vitlarge.distributed.launch import init_distributed
+from vitlarge.distributed.launcher import DistEnv, free_port
+from vitlarge.distributed.quiet import gloo_connected_lines_dropped
+
+launch.quiet_imports()  # as train.py starts
+import timm  # noqa: F401 (imports W&B where installed)
+import vitlarge.distributed.booster as b
+
+b.load()  # as a rank does before its rendezvous
+LORA_OR_TRACKERS = ("peft", "transformers", "bitsandbytes", "galore_torch", "sklearn", "colossalai.shardformer")
+print("loaded", sorted(m for m in LORA_OR_TRACKERS if m in sys.modules))
+print("wandb ran", "wandb.sdk" in sys.modules)
+import colossalai.quantization.bnb as q  # its version check read bitsandbytes' metadata
+print("bnb", q.IS_4BIT_BNB_AVAILABLE, q.IS_8BIT_BNB_AVAILABLE, "bitsandbytes" in sys.modules)
+with gloo_connected_lines_dropped():
+    init_distributed(DistEnv(0, 1, 0, "127.0.0.1", free_port(), "single"), "gloo")
+from colossalai.accelerator import set_accelerator
+set_accelerator("cpu")
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+before = model[1].bias.detach().clone()
+booster = b.Booster(plugin=b.TorchDDPPlugin())
+m, opt, *_ = booster.boost(model, torch.optim.SGD(model.parameters(), lr=0.1))
+booster.backward(m(torch.ones(3, 4)).sum(), opt)
+opt.step()
+print("trained", m.unwrap() is model, not torch.equal(before, model[1].bias.detach()))
+
+import peft  # LoRA through the same Booster: peft itself from here on
+lora = b.Booster(plugin=b.TorchDDPPlugin()).enable_lora(
+    torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)), lora_config=peft.LoraConfig(target_modules=["0"], r=2)
+)
+from colossalai.interface import model as interface
+print("lora", type(lora).__name__, isinstance(lora, interface.PeftModel), isinstance(model, interface.PeftModel))
+booster = b.Booster(plugin=b.TorchDDPPlugin())
+wrapped, *_ = booster.boost(lora, torch.optim.SGD(lora.parameters(), lr=0.1))
+out = tempfile.mkdtemp()
+booster.save_lora_as_pretrained(wrapped, out)
+print("saved", sorted(os.listdir(out)))
+import wandb
+print("wandb", wandb.Settings.__name__, "wandb.sdk" in sys.modules)
+"""
+
+
+def test_the_booster_imports_without_lora_or_quantization_and_lora_still_works_when_asked_for():
+    """vitlarge.distributed.booster on Colossal-AI as pinned: the Booster trains with none of peft, transformers,
+    bitsandbytes loaded, nor W&B run by timm's import (seconds of every rank's start); LoRA through the Booster still
+    works afterwards, peft's PeftModel recognised. (The stand-ins' and the packages' rules, a name they do not hold
+    among them: tests/unit/distributed/test_booster.py.)"""
+    r = subprocess.run([sys.executable, "-c", BOOSTER], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    assert "loaded []" in lines and "wandb ran False" in lines and "bnb True True False" in lines, r.stdout
+    assert "trained True True" in lines, r.stdout
+    assert "lora PeftModel True False" in lines, r.stdout
+    assert any(x.startswith("saved") and "adapter_config.json" in x for x in lines), r.stdout
+    assert "wandb Settings True" in lines, r.stdout

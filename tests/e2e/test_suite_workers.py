@@ -1,11 +1,14 @@
-"""`make test`'s two pytest-xdist workers (tests/conftest.py): a test file runs whole on one worker (its module
-fixtures made once), and the Slurm files run on one worker, in file order (they share the one test cluster).
+"""`make test`'s pytest runs (scripts/test_suite.sh, tests/conftest.py): the serial files (the Slurm ones) in a pytest
+process of their own, in the order given, while two pytest-xdist workers take the other files whole (their module
+fixtures made once); the status is a failure of either run.
 
-A real ``pytest -n 2`` in a new process over small files whose tests record the worker that ran them."""
+The real script in a new process over small files whose tests record the process that ran them."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 from tests.helpers import ROOT
 
@@ -15,35 +18,50 @@ import os
 
 def _record(request):
     with open(os.environ["WORKER_LOG"], "a") as f:
-        f.write(f"{os.environ['PYTEST_XDIST_WORKER']} {request.node.nodeid}\\n")
+        f.write(f"{os.environ.get('PYTEST_XDIST_WORKER', 'serial')} {request.node.nodeid}\\n")
+    assert os.environ.get("FAIL_IN") != request.node.nodeid
 
 
 """ + "\n".join(f"def test_{i}(request):\n    _record(request)\n\n" for i in range(6))
 
+SERIAL = ("test_slurm.py", "test_slurm_multinode.py")
 
-def test_a_file_runs_on_one_worker_and_the_slurm_files_together_in_order(pytester):
+
+def suite(pytester, fail_in: str = "") -> tuple[int, list[list[str]]]:
+    log = pytester.path / "workers.log"
+    log.unlink(missing_ok=True)
+    env = {**os.environ, "WORKER_LOG": str(log), "FAIL_IN": fail_in}
+    cmd = [
+        "bash",
+        str(ROOT / "scripts" / "test_suite.sh"),
+        sys.executable,
+        "2",
+        "tests",
+        *(f"tests/{f}" for f in SERIAL),
+    ]
+    r = subprocess.run(cmd, cwd=pytester.path, env=env, capture_output=True, text=True, timeout=300)
+    return r.returncode, [line.split() for line in log.read_text().splitlines()]
+
+
+def test_the_serial_files_run_in_their_own_process_in_order_and_the_rest_whole_files_on_two_workers(pytester):
     pytester.makeconftest(
         "import sys\n"
         f"sys.path.insert(0, {str(ROOT)!r})\n"
-        "from tests.conftest import SERIAL, pytest_collection_modifyitems, pytest_xdist_make_scheduler  # noqa: F401  (the suite's scheduling)\n"
+        "from tests.conftest import pytest_collection_modifyitems  # noqa: F401  (the suite's order)\n"
     )
-    pytester.makepyfile(
-        **{name: RECORD for name in ("test_a", "test_b", "test_c", "test_slurm", "test_slurm_multinode")}
-    )
-    log = pytester.path / "workers.log"
-    os.environ["WORKER_LOG"] = str(log)  # pytester restores os.environ after the test
-    result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider", "-q")
-    result.assert_outcomes(passed=30)
-    lines = [line.split() for line in log.read_text().splitlines()]
+    (pytester.path / "tests").mkdir()
+    for name in ("test_a", "test_b", "test_c", *(f.removesuffix(".py") for f in SERIAL)):
+        (pytester.path / "tests" / f"{name}.py").write_text(RECORD)
+    status, lines = suite(pytester)
+    assert status == 0 and len(lines) == 30, lines
     by_file: dict[str, set[str]] = {}
     for worker, nodeid in lines:
-        by_file.setdefault(nodeid.split("::")[0], set()).add(worker)
-    assert len(by_file) == 5 and all(len(w) == 1 for w in by_file.values()), by_file
-    assert by_file["test_slurm.py"] == by_file["test_slurm_multinode.py"], by_file
-    assert len({w for ws in by_file.values() for w in ws}) == 2, by_file  # both workers had work
-    firsts = {}
-    for worker, nodeid in lines:
-        firsts.setdefault(worker, nodeid)
-    assert "test_slurm.py::test_0" in firsts.values(), firsts  # the longest unit starts first
-    slurm_files = [nodeid.split("::")[0] for _, nodeid in lines if nodeid.startswith("test_slurm")]
-    assert slurm_files == sorted(slurm_files), slurm_files  # test_slurm.py's tests, then test_slurm_multinode.py's
+        by_file.setdefault(nodeid.split("::")[0].split("/")[-1], set()).add(worker)
+    assert all(len(w) == 1 for w in by_file.values()), by_file  # a file runs whole in one process
+    assert by_file["test_slurm.py"] == by_file["test_slurm_multinode.py"] == {"serial"}, by_file
+    assert {w for f in ("test_a.py", "test_b.py", "test_c.py") for w in by_file[f]} == {"gw0", "gw1"}, by_file
+    serial = [nodeid for worker, nodeid in lines if worker == "serial"]
+    assert serial == [f"tests/{f}::test_{i}" for f in SERIAL for i in range(6)], serial  # in the order given
+
+    status, _ = suite(pytester, fail_in="tests/test_slurm_multinode.py::test_3")
+    assert status == 1  # the other run passed: the serial run's failure is the status

@@ -30,8 +30,6 @@ def _preload() -> None:
     launch.quiet_imports()
     quiet.quiet_checkpoint_writer()
 
-    import colossalai.booster
-    import colossalai.booster.plugin  # noqa: F401
     import matplotlib
 
     matplotlib.use("Agg")  # as vitlarge.report.plot selects it before pyplot
@@ -43,6 +41,9 @@ def _preload() -> None:
 
     import hooks
     import vitlarge
+    from vitlarge.distributed import booster
+
+    booster.load()  # Colossal-AI's Booster, as a run imports it
 
     for package in (vitlarge, hooks):
         for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):

@@ -1,49 +1,17 @@
-"""The layout stays one-way and formatted: import-linter's layers contract, no import cycle, ruff."""
+"""The layout stays one-way and formatted: import-linter's contracts (layers; no import cycle inside a package), ruff."""
 
 import logging
 import subprocess
 import sys
 from pathlib import Path
 
-import grimp
-
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 
-def cycles(graph) -> list[list[str]]:
-    """The import graph's strongly connected components with more than one module (Tarjan)."""
-    index, low, stack, on_stack, found = {}, {}, [], set(), []
-
-    def visit(v):
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in graph.find_modules_directly_imported_by(v):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                found.append(sorted(comp))
-
-    for m in sorted(graph.modules):
-        if m not in index:
-            visit(m)
-    return found
-
-
 def test_packages_import_only_downwards(capsys, monkeypatch):
-    """pyproject.toml's layers contract: a new upward import (and with it any circle between packages) fails.
+    """pyproject.toml's contracts: a new upward import (and with it any circle between packages) fails, and so does a
+    circle between the modules of one package (acyclic_siblings).
     import-linter's ``lint-imports`` in this process: its function, from the repository root, as the command runs."""
     from importlinter.cli import EXIT_STATUS_SUCCESS, lint_imports
 
@@ -97,21 +65,37 @@ def test_the_contracts_cover_the_packages_beside_vitlarge():
     assert ["benchmarks", "hooks | data_tools", "vitlarge"] in layers
 
 
-def test_no_module_imports_itself_through_others():
-    """Within a package too: function-level imports count, as they do when they run."""
-    graph = grimp.build_graph("vitlarge", "hooks")
-    assert cycles(graph) == []
+def test_a_cycle_inside_a_package_breaks_the_contract(tmp_path, monkeypatch, capsys):
+    """pyproject.toml's acyclic_siblings contract is live: two modules of a planted package that import each other,
+    one of them inside a function (it counts when it runs), break it."""
+    import tomllib
+    from importlinter.cli import EXIT_STATUS_ERROR, lint_imports
 
-
-def test_a_cycle_would_be_found(tmp_path, monkeypatch):
-    """The cycle check is live: two modules that import each other are reported."""
     pkg = tmp_path / "circle"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "a.py").write_text("from circle import b\n")
     (pkg / "b.py").write_text("def f():\n    from circle import a\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    assert cycles(grimp.build_graph("circle")) == [["circle.a", "circle.b"]]
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (acyclic,) = [c for c in contracts if c["type"] == "acyclic_siblings"]
+    config = tmp_path / "importlinter.toml"
+    config.write_text(
+        '[tool.importlinter]\nroot_packages = ["circle"]\n\n[[tool.importlinter.contracts]]\n'
+        f'name = "{acyclic["name"]}"\ntype = "acyclic_siblings"\nancestors = ["circle"]\n'
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    loggers = [x for x in logging.Logger.manager.loggerDict.values() if isinstance(x, logging.Logger)]
+    disabled = [(x, x.disabled) for x in loggers]
+    try:
+        status = lint_imports(config_filename=str(config), no_logo=True, no_cache=True)
+    finally:
+        for logger, was in disabled:
+            logger.disabled = was
+        sys.modules.pop("circle", None)
+    out = capsys.readouterr().out
+    assert status == EXIT_STATUS_ERROR and "1 broken" in out, out[-3000:]
+    assert "No cycles are allowed in circle." in out and "- .b -> .a (1 import)" in out, out[-3000:]
 
 
 def test_the_tree_is_ruff_formatted_and_clean():

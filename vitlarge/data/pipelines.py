@@ -26,6 +26,7 @@ from vitlarge.errors import UserError
 if TYPE_CHECKING:
     import torch
     from nvidia.dali.data_node import DataNode
+    from nvidia.dali.pipeline import Pipeline
 
     from vitlarge.data.rect import RectBatches
     from vitlarge.data.repeats import RepeatedRecords
@@ -128,8 +129,25 @@ def _reader(
     )
 
 
-@pipeline_def(enable_conditionals=True)
-def train_pipeline(
+def train_pipeline(spec: TrainSpec, files: list[tuple[str, str]], **kwargs) -> Pipeline:
+    """`train_graph` as a DALI pipeline (``kwargs``: its own and `Pipeline`'s), built with DALI's conditionals only
+    where ``spec`` needs them (`needs_conditionals`). Conditionals make AutoGraph rewrite the graph's code
+    (the demo's: 1.4 s of CPU in a process's first build, on the first step's path; AMD EPYC); the others are the
+    same graph either way, serialized and checkpointed byte for byte (tests/e2e/test_dali_long.py)."""
+    make = _train_conditional if needs_conditionals(spec) else _train_plain
+    return make(spec, files, **kwargs)
+
+
+def needs_conditionals(spec: TrainSpec) -> bool:
+    """Whether the training graph of ``spec`` is built with DALI's conditionals: it branches per sample (RandAugment,
+    3-Augment, colour jitter), or crops as DeiT III does (``src``: AutoGraph rewrites its arithmetic into another
+    graph, whose checkpoints a run built without it would not read). The others are the random-resized crop, with or
+    without the flip and repeats, the same graph either way."""
+    randaugment = rand_augment.spec(spec.randaugment)
+    return randaugment is not None or spec.three_augment or spec.color_jitter > 0 or spec.crop != "rrc"
+
+
+def train_graph(
     spec: TrainSpec,
     files: list[tuple[str, str]],
     *,
@@ -227,6 +245,10 @@ def train_pipeline(
         mirror=mirror,
     )
     return images, label
+
+
+_train_conditional = pipeline_def(enable_conditionals=True)(train_graph)
+_train_plain = pipeline_def(train_graph)
 
 
 @pipeline_def

@@ -51,8 +51,6 @@ from typing import Any, cast
 
 import torch
 import torch.distributed as dist
-from colossalai.booster.plugin.dp_plugin_base import DPPluginBase
-from colossalai.interface import ModelWrapper, OptimizerWrapper
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -60,6 +58,7 @@ from torch.distributed.utils import _sync_module_states
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader
 
+from vitlarge.distributed.booster import DPPluginBase, ModelWrapper, OptimizerWrapper
 from vitlarge.errors import UserError
 from vitlarge.model.precision import DTYPES
 from vitlarge.model.vit import Fp32Conv2d

@@ -22,6 +22,7 @@ import os
 import socket
 import sys
 import time
+import types
 import warnings
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, NoReturn
@@ -417,18 +418,62 @@ def rendezvous_error(dist_env: DistEnv, error: BaseException, elapsed_s: float, 
 
 
 def quiet_imports() -> None:
-    """Silences, before they are imported, warnings about optional parts a vitlarge run never uses.
+    """Silences, before they are imported, optional parts a vitlarge run never uses: their warnings, and W&B's import.
 
     * Colossal-AI warns at import about optional CUDA extensions (tensornvme, apex).
     * Colossal-AI imports bitsandbytes (for its GaLore optimizers), whose CPU backend logs "Failed to
       load CPU gemm_4bit_forward from kernels-community" on CPUs with AVX512-BF16: 4-bit kernels
-      vitlarge never calls. Only that module's logger is raised to ERROR.
+      vitlarge never calls. Only that module's logger is raised to ERROR. (A run imports neither where it
+      can: `vitlarge.distributed.booster`.)
+    * timm imports W&B at its own import where W&B is installed (``timm.utils.summary``, for its train.py's
+      ``--log-wandb``), 1-2 s of CPU on a run's path to its first step with ``log.wandb`` off. W&B becomes a lazy
+      module (`_LazyModule`): ``import wandb`` binds it, the first name read from it runs the import
+      (``log.wandb=true``: hooks/wandb.py, before the first step, on the main thread).
     """
     import logging
 
     warnings.filterwarnings("ignore", message=".*(tensornvme|apex|kernels).*")
     warnings.filterwarnings("ignore", category=FutureWarning, module="colossalai")
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+    _import_lazily("wandb")
+
+
+def _import_lazily(name: str) -> None:
+    """``name`` in ``sys.modules`` as a module whose import runs when a name is first read from it (`_LazyModule`);
+    nothing where it is imported already or not installed."""
+    import importlib.util
+
+    if name in sys.modules:
+        return
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    module.__class__ = _LazyModule
+    sys.modules[name] = module
+
+
+class _LazyModule(types.ModuleType):
+    """A module not run yet: its spec's attributes (``__file__``, ``__path__``, which scans of ``sys.modules`` such as
+    `inspect.getmodule` read: importlib's `LazyLoader` would import on those) are there, and the first other name
+    read runs its import in place; a failed import leaves ``sys.modules`` as a failed import does."""
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__") and attr.endswith("__") and attr not in ("__version__", "__all__"):
+            raise AttributeError(f"module {self.__name__!r} has no attribute {attr!r}")
+        self.__class__ = types.ModuleType  # pyright: ignore[reportAttributeAccessIssue] (a plain module from here on)
+        spec = self.__spec__
+        assert spec is not None and spec.loader is not None
+        try:
+            spec.loader.exec_module(self)
+        except BaseException:
+            if sys.modules.get(self.__name__) is self:
+                del sys.modules[self.__name__]
+            raise
+        return getattr(self, attr)
 
 
 def prints_error(error: UserError, dist_env: DistEnv | None, group_exists: bool | None = None) -> bool:

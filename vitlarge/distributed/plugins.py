@@ -19,7 +19,8 @@ from vitlarge.config.schema import Config
 
 if TYPE_CHECKING:
     import torch
-    from colossalai.booster.plugin import Plugin
+
+    from vitlarge.distributed.booster import Plugin
 
 DDP_BUCKET_CAP_MB = 25
 """DDP's gradient bucket size: ViT-B/16's 86M fp32 gradients go out in ~14 all-reduces."""
@@ -35,7 +36,7 @@ def build_plugin(cfg: Config, device: torch.device | str, precision: str) -> Plu
 
     set_accelerator(torch.device(device).type)
     if cfg.train.plugin == "ddp":
-        from colossalai.booster.plugin import TorchDDPPlugin
+        from vitlarge.distributed.booster import TorchDDPPlugin
 
         # One bucket per ~25 MB: ViT-B/16's 86M fp32 gradients go out in ~14 all-reduces, overlapped
         # with the last micro-step's backward; earlier micro-steps run under no_sync.

@@ -161,7 +161,7 @@ def build_run(
     from vitlarge.checkpoint import resume as resume_from
     from vitlarge.checkpoint import store
     from vitlarge.data.phased import PhasedLoaders
-    from vitlarge.distributed import launch
+    from vitlarge.distributed import booster, launch
     from vitlarge.distributed.collective import agree, check_same, rank0_decides
     from vitlarge.events import RunInfo
     from vitlarge.plan.edits import resume_plan
@@ -174,7 +174,7 @@ def build_run(
     def before_group(settings) -> None:
         if gpu_line := gpu_start_line(settings.device, env.rank):  # every rank's own GPU, before the rendezvous
             launch.say(gpu_line)
-        import colossalai.booster  # noqa: F401 (~10 s: before the rendezvous, whose timeout the user sets)
+        booster.load()  # seconds: before the rendezvous, whose timeout the user sets
 
     # The process group first: a check that fails on one rank (a data path or mount missing on one
     # node) then stops every rank within a collective, printed by the rank that met it. Its collectives wait

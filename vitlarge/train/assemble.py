@@ -39,7 +39,7 @@ from vitlarge.train.engine import Engine
 from vitlarge.train.settings import Settings
 
 if TYPE_CHECKING:
-    from colossalai.booster import Booster
+    from vitlarge.distributed.booster import Booster
 
 
 @dataclass
@@ -126,7 +126,7 @@ def build(cfg: Config, plan: Plan, settings: Settings, booster=None, init_from: 
         layer_decay=o.layer_decay,
     )
     if booster is None:
-        from colossalai.booster import Booster
+        from vitlarge.distributed.booster import Booster
 
         booster = Booster(plugin=build_plugin(cfg, device, settings.precision))
     boosted = booster.boost(model, optimizer)

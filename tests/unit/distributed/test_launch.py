@@ -557,3 +557,39 @@ def test_gpu_batch_scripts_ask_for_cuda(script):
         line for line in (ROOT / "scripts/slurm" / script).read_text().splitlines() if " train.py --config " in line
     ]
     assert len(lines) == 1 and lines[0].endswith(' train.device=cuda "$@"'), lines
+
+
+def test_a_lazy_module_runs_its_import_at_the_first_name_read_from_it_not_at_a_scan(tmp_path, monkeypatch):
+    """`quiet_imports` makes W&B such a module (timm imports it at its own import); planted packages here."""
+    import builtins
+    import inspect
+    import sys
+
+    from vitlarge.distributed import launch
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "vitlarge_lazy_ok.py").write_text(
+        "import builtins\nbuiltins.lazy_runs = builtins.lazy_runs + 1\nSettings = 'settings'\n"
+    )
+    (site / "vitlarge_lazy_broken.py").write_text("raise TypeError('Descriptors cannot be created directly.')\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr(builtins, "lazy_runs", 0, raising=False)
+    try:
+        for name in ("vitlarge_lazy_ok", "vitlarge_lazy_broken", "vitlarge_lazy_not_installed"):
+            launch._import_lazily(name)
+        assert "vitlarge_lazy_not_installed" not in sys.modules
+        import vitlarge_lazy_ok  # pyright: ignore[reportMissingImports]
+
+        inspect.getmodule(test_a_lazy_module_runs_its_import_at_the_first_name_read_from_it_not_at_a_scan)  # reads
+        assert builtins.lazy_runs == 0 and vitlarge_lazy_ok.__file__.endswith("vitlarge_lazy_ok.py")  # every __file__
+        assert vitlarge_lazy_ok.Settings == "settings" and builtins.lazy_runs == 1
+        assert type(vitlarge_lazy_ok) is type(sys) and vitlarge_lazy_ok.Settings and builtins.lazy_runs == 1
+        import vitlarge_lazy_broken  # pyright: ignore[reportMissingImports]
+
+        with pytest.raises(TypeError, match="Descriptors"):
+            _ = vitlarge_lazy_broken.anything
+        assert "vitlarge_lazy_broken" not in sys.modules  # as after a failed import: the next import tries again
+    finally:
+        for name in ("vitlarge_lazy_ok", "vitlarge_lazy_broken"):
+            sys.modules.pop(name, None)
