@@ -41,6 +41,7 @@ import signal
 import sys
 import time
 
+from vitlarge import command
 from vitlarge.data.manifest import (
     INDEX_LINE_MAX,
     MANIFEST_NAME,
@@ -503,7 +504,7 @@ def _guard(fn):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data_tools.imagenet_to_tfrecord", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=command("data_tools.imagenet_to_tfrecord"), description=__doc__.split("\n\n")[0])
     p.add_argument("--src", required=True, help="ROOT with ROOT/train/<class>/* and ROOT/val/...")
     p.add_argument("--out", required=True, help="output directory for shards, indexes and dataset.json")
     p.add_argument(

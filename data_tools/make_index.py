@@ -26,6 +26,7 @@ import multiprocessing as mp
 import os
 import sys
 
+from vitlarge import command
 from vitlarge.data.manifest import (
     CONFINED_FIX,
     MANIFEST_NAME,
@@ -35,6 +36,7 @@ from vitlarge.data.manifest import (
     ShardInfo,
     confined_size,
     load_manifest,
+    make_index_fix,
     shard_set_problem,
     write_manifest,
 )
@@ -92,9 +94,7 @@ def make_index(data_dir: str, *, label_offset: int = 1, num_classes: int | None 
         )
     problem = shard_set_problem(names)
     if problem:
-        raise UserError(
-            f"{data_dir}: {problem[0]}; {problem[1]}, then rerun python -m data_tools.make_index {data_dir}"
-        )
+        raise UserError(f"{data_dir}: {problem[0]}; {problem[1]}, then rerun {make_index_fix(data_dir)}")
     root = os.path.realpath(data_dir)
     sizes = {}
     for n in names:  # before any file is opened: a FIFO would block the reader, a link may lead anywhere
@@ -173,7 +173,7 @@ def _refuse_mixture(data_dir: str, shards: dict[str, tuple[int, str | None]], un
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data_tools.make_index", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=command("data_tools.make_index"), description=__doc__.split("\n\n")[0])
     p.add_argument("data_dir")
     p.add_argument("--label-offset", type=int, default=1, help="stored label of class 0 (TF ImageNet: 1)")
     p.add_argument("--num-classes", type=int, help="default: inferred from the largest label")

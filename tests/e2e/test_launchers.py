@@ -9,6 +9,8 @@ failure looks like under torchrun.
 * A bad override under torchrun: our line comes first and torchrun's summary repeats it (its error file).
 * ``python -m vitlarge.run`` (torchrun's agent, our ending): a failure is the worker's line and one summary line,
   with the worker's status (2, 75 on a preemption signal, 130 on Ctrl-C); a busy --master_port is one line, exit 2.
+* ``make demo`` with variables on make's command line (NPROC, PORT, WORKDIR, ARGS) runs ``colossalai run`` and the
+  summary; without PORT the demo takes a free port.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import re
 import signal
 import socket
 import subprocess
+import sys
+from pathlib import Path
 
 import psutil
 import pytest
@@ -220,3 +224,39 @@ def test_the_second_ctrl_c_ends_a_worker_at_once(demo_data, tmp_path):
     text = log.read_text()
     assert status == -signal.SIGINT, text[-3000:]
     assert "Traceback" not in text
+
+
+def make_demo(*variables: str) -> list[str]:
+    """``make demo`` in the checkout with this interpreter's venv as it is: the venv's install and the demo data are
+    taken as made (``-o``: never rebuilt, nothing written into the checkout)."""
+    venv = Path(sys.executable).parent.parent
+    (installed,) = venv.glob(".installed-*")
+    return ["make", "-o", str(installed), "-o", "data/digits/dataset.json", "demo", f"VENV={venv}", *variables]
+
+
+def test_make_demo_with_variables_on_the_command_line(demo_data, tmp_path):
+    """Any ``VAR=value`` makes make export MAKEOVERRIDES, which colossalai run's unquoted ``bash -c`` cannot expand
+    ("bad substitution"): the Makefile unexports it. The demo's variables reach the run and its summary."""
+    port, workdir = launcher.free_port(), tmp_path / "demo"
+    args = f"--data {demo_data} train.max_steps=1 train.eval_every_epochs=0 train.checkpoint_every_steps=0"
+    r = subprocess.run(
+        make_demo("NPROC=1", f"PORT={port}", f"WORKDIR={workdir}", f"ARGS={args}"),
+        cwd=ROOT,
+        env=launcher.env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"colossalai run --nproc_per_node 1 --master_port {port}" in r.stdout
+    assert "final validation top-1" in r.stdout and f"model: {workdir}/model" in r.stdout, r.stdout[-3000:]
+
+
+def test_make_demo_takes_a_free_port_unless_told_one():
+    ports = set()
+    for _ in range(2):
+        dry = subprocess.run(make_demo("-n"), cwd=ROOT, env=launcher.env(), capture_output=True, text=True)
+        ports |= set(re.findall(r"--master_port (\d+)", dry.stdout))
+    assert len(ports) == 2 and "29500" not in ports, ports
+    dry = subprocess.run(make_demo("-n", "PORT=29611"), cwd=ROOT, env=launcher.env(), capture_output=True, text=True)
+    assert "--master_port 29611 " in dry.stdout, dry.stdout
