@@ -8,7 +8,9 @@ the file names, record counts, label offset 1 (the TF ImageNet convention, ``--l
 change) and ``num_classes`` from the largest label seen (``--num-classes`` to state it, e.g. a
 split that lacks the last class). Each split must be one complete ``-of-N`` set: a directory
 that mixes sets or lacks a shard is refused, naming the files, before anything is written.
-Class synsets and texts come from the records when present.
+Class synsets and texts come from the records when present, and the converter's count of skipped
+unreadable images (``--skip-bad``) from its done-records (or the ``dataset.json`` it replaces, for the same
+shards) when the shards are the converter's.
 Rerun it whenever a loader reports a missing or stale index.
 
 Shards are files from elsewhere: each must be a regular file of the directory (a link only to a
@@ -143,6 +145,7 @@ def make_index(data_dir: str, *, label_offset: int = 1, num_classes: int | None 
         label_offset=label_offset,
         classes=classes,
         splits=splits,
+        skipped=_skipped(data_dir, splits),
         tool=TOOL,
         tool_version=TOOL_VERSION,
         data_dir=data_dir,
@@ -160,6 +163,34 @@ def make_index(data_dir: str, *, label_offset: int = 1, num_classes: int | None 
         file=sys.stderr,
     )
     return load_manifest(data_dir)
+
+
+def _skipped(data_dir: str, splits: dict[str, list[ShardInfo]]) -> dict[str, int]:
+    """Per split, the images the converter skipped as unreadable: from the done-records of the shards when every
+    shard of the split has one that matches it (size and checksum), else from the ``dataset.json`` this replaces
+    when it lists the same shards; a split of shards made elsewhere counts none."""
+    previous: dict[str, int] = {}
+    try:
+        old = load_manifest(data_dir)
+        same = {s: old.skipped.get(s, 0) for s in splits if old.splits.get(s) == splits[s]}
+        previous = {s: n for s, n in same.items() if n}
+    except UserError:  # no manifest (the usual reason to run make_index), or one that does not parse
+        pass
+
+    def listed_skipped(shard: ShardInfo) -> list | None:
+        rec = done_records.read_record(data_dir, shard.file)
+        if rec and rec.get("bytes") == shard.bytes and rec.get("checksum") == shard.checksum:
+            return rec.get("skipped") if isinstance(rec.get("skipped"), list) else None
+        return None
+
+    out = {}
+    for split, shards in splits.items():
+        lists = [listed_skipped(s) for s in shards]
+        if all(x is not None for x in lists):
+            out[split] = sum(len(x or []) for x in lists)
+        elif split in previous:
+            out[split] = previous[split]
+    return {s: n for s, n in out.items() if n}
 
 
 def _refuse_mixture(data_dir: str, shards: dict[str, tuple[int, str | None]], unknown: bool = True) -> None:

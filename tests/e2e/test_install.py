@@ -96,6 +96,15 @@ def test_a_venv_keeps_its_stack_and_refuses_another(tmp_path):
     assert f"{venv} holds the cuda13 stack, not STACK=cuda12; to change it: rm -rf {venv}" in other.stderr
 
 
+def test_make_help_names_every_target():
+    phony = re.search(r"^\.PHONY: (.*)$", (ROOT / "Makefile").read_text(), re.M)
+    r = subprocess.run(["make", "help"], cwd=ROOT, capture_output=True, text=True)
+    assert phony and r.returncode == 0, r.stderr
+    words = set(re.findall(r"[\w-]+", r.stdout))
+    assert [t for t in phony.group(1).split() if t not in words] == [], r.stdout
+    assert "make demo NPROC=4 PORT=29600" in r.stdout
+
+
 UV = Path(sys.executable).parent / "uv"
 """The installer `make install` puts in the venv (pinned in the Makefile): it resolves a stack from the wheels'
 metadata (PEP 658 files) in seconds, downloading none of the 3.5 GB a pip dry run fetched (pypa/pip#12603)."""

@@ -336,3 +336,21 @@ def test_a_class_with_one_image_and_a_class_missing_from_val_are_each_warned_onc
     few = ", ".join(f"{s}: {TINY_TRAIN_PER_CLASS}" for s in SYNSETS)
     assert f"warning: 4 of 4 classes have fewer than 10 training images ({few}, n09999999: 1) in" in r.stderr
     assert r.stderr.count("warning: ") == 2
+
+
+def test_make_index_keeps_the_converters_count_of_skipped_images(tiny_imagefolder, tmp_path):
+    from tests.helpers.data_fixtures import corrupt_jpeg_bytes
+
+    src = copy_imagefolder(tiny_imagefolder, str(tmp_path / "src"))
+    with open(os.path.join(src, "train", SYNSETS[1], "zz_corrupt.JPEG"), "wb") as f:
+        f.write(corrupt_jpeg_bytes())
+    out = str(tmp_path / "out")
+    kw = dict(train_shards=2, val_shards=1, workers=0, progress=False, skip_bad=True)
+    assert imagenet_to_tfrecord.convert(src, out, **kw).skipped == {"train": 1, "validation": 0}
+    assert make_index.make_index(out).skipped.get("train") == 1  # over the converter's own dataset.json
+    os.remove(os.path.join(out, "dataset.json"))  # a copy that left it out: the done-records say
+    assert make_index.make_index(out).skipped.get("train") == 1
+    shutil.rmtree(os.path.join(out, ".progress"))  # a copy without them: the dataset.json it replaces says
+    assert make_index.make_index(out).skipped.get("train") == 1
+    os.remove(os.path.join(out, "dataset.json"))  # neither: shards made elsewhere, nothing known to be skipped
+    assert make_index.make_index(out).skipped.get("train", 0) == 0
