@@ -109,6 +109,10 @@ def plan_or_train(args, env, threads: ThreadPools, make_hooks: MakeHooks | None 
             check_window(cfg, plan)  # as the run's preflight would
             print_plan(cfg, plan, show_config=args.show_config, device=args.device)
         return 0
+    if cfg.data.source == "tfrecord":  # a data set that is not there: one line now, not after those 10-20 s
+        from vitlarge.data.manifest import load_manifest
+
+        load_manifest(cfg.data.path)  # every rank: one without it names itself (report_before_group)
     if env.is_main:  # what the next 10-20 s of imports and rendezvous are, before the first line of the run's own
         print(
             f"vitlarge: {args.config} on {env.world_size} process{'es' if env.world_size > 1 else ''}: loading "
