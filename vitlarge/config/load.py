@@ -523,7 +523,7 @@ def _no_recipe(given: Path, path: Path) -> UserError:
 
 def _relative_import(path: Path) -> UserError:
     """The fix for a recipe that imports its base relatively (``from .vit_b16 import config``) from outside a
-    package: a copy of a shipped recipe made before they imported ``vitlarge.recipes``, or a recipe of one's own."""
+    package, where Python cannot resolve it: a recipe copied out of a package, or one of one's own."""
     line = "it imports relatively"
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.level:
