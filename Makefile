@@ -1,8 +1,17 @@
-# vitlarge: two commands on a fresh machine.
-#   make demo   creates .venv, installs requirements.txt, builds the digits data, trains on 2 CPU processes
-#   make test   the test suite (what CI runs)
-#   make test-fast  the in-process tests only (tests/unit: under 2 minutes on 2 cores, not the full suite's 30+)
-#   make typecheck  pyright on vitlarge/ and hooks/ (pyproject.toml [tool.pyright])
+# vitlarge: two commands on a fresh machine. `make help` prints this block.
+#   make demo          creates .venv, installs requirements.txt, builds the digits data, trains on 2 CPU processes
+#   make test          the test suite (what CI runs: 23 min on 2 cores)
+#   make test-fast     the in-process tests only (tests/unit: under 2 minutes on 2 cores)
+#   make typecheck     pyright on vitlarge/ and hooks/ (pyproject.toml [tool.pyright])
+#   make install       the venv alone; install-trackers adds MLflow and W&B
+#   make test-gpu      the GPU tier (skipped test by test without CUDA); make bench: the quick benchmarks
+#   make clean-demo    removes the demo's run (WORKDIR), so that the next make demo starts over
+# Variables, as make demo NPROC=4 PORT=29600 WORKDIR=runs/demo2 ARGS="train.epochs=30":
+#   NPROC=2            the demo's processes
+#   PORT=<a free one>  the demo's rendezvous port (two demos on one machine each take their own)
+#   WORKDIR=runs/demo_digits   the demo's run folder: a rerun resumes it (another folder: another run)
+#   ARGS=              more train.py arguments for the demo (dotted overrides, --data DIR)
+#   STACK=cuda12       or cuda13 (below); INSTALLER=uv or pip; VENV=.venv; TEST_WORKERS=2 (make test's xdist workers)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 NPROC ?= 2
@@ -33,7 +42,14 @@ define pip_install
 $(if $(filter uv,$(INSTALLER)),$(UV) pip install --compile-bytecode --python $(PY) $(1) || { echo "make install: uv could not install $(1); pip installs it (INSTALLER=pip skips uv)"; $(PIP) $(1); },$(PIP) $(1))
 endef
 
-.PHONY: demo test test-fast test-gpu typecheck install install-trackers bench clean-demo
+.PHONY: help demo test test-fast test-gpu typecheck install install-trackers bench clean-demo
+
+# Colossal-AI's runner exports the whole environment inside an unquoted bash -c, where make's MAKEOVERRIDES
+# (${-*-command-variables-*-}, set by any VAR=value on make's command line) is a "bad substitution".
+unexport MAKEOVERRIDES
+
+help:
+	@sed -n '/^[^#]/q; s/^# \{0,1\}//p' $(firstword $(MAKEFILE_LIST))
 
 install: $(VENV)/.installed-$(STACK)
 
@@ -58,9 +74,13 @@ data/digits/dataset.json: | $(VENV)/.installed-$(STACK)
 
 # colossalai run starts torchrun by name, so the venv's bin goes first on PATH. One OpenMP thread
 # per process (NPROC processes share the cores), said explicitly: torchrun's banner about it goes.
+# The rendezvous port: PORT, else one the system reports free (a fixed 29500 collides with a second demo).
+WORKDIR ?= runs/demo_digits
+PORT ?= $(shell $(PY) -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 demo: install data/digits/dataset.json
-	PATH="$(abspath $(VENV))/bin:$$PATH" OMP_NUM_THREADS=1 colossalai run --nproc_per_node $(NPROC) train.py --config recipes/demo_digits.py
-	$(PY) -m scripts.summarize runs/demo_digits
+	PATH="$(abspath $(VENV))/bin:$$PATH" OMP_NUM_THREADS=1 colossalai run --nproc_per_node $(NPROC) --master_port $(PORT) \
+		train.py --config recipes/demo_digits.py --workdir $(WORKDIR) $(ARGS)
+	$(PY) -m scripts.summarize $(WORKDIR)
 
 # pytest-xdist: TEST_WORKERS processes take whole test files (tests/conftest.py), while the Slurm files, which share
 # the one test cluster and change its shape between them, run in a pytest process of their own, in this order
@@ -88,4 +108,4 @@ bench: install
 	$(PY) -m benchmarks.run --quick
 
 clean-demo:
-	rm -rf runs/demo_digits
+	rm -rf $(WORKDIR)

@@ -3,6 +3,9 @@
 Layout: ``ROOT/train/<class>/*`` and either ``ROOT/val/<class>/*`` or a flat ``ROOT/val/*`` with a
 labels file (Kaggle's ``LOC_val_solution.csv`` or ``filename class`` lines). Class names sort to
 labels; the ImageNet synsets get their WordNet lemmas (shipped with timm) as ``image/class/text``.
+A class folder's images may sit in subfolders at any depth (``train/<class>/batch2/x.jpg``, as
+torchvision's ImageFolder takes them): each is labelled by the class folder that holds it.
+`layout_warnings` names classes with few training images and classes that validation lacks.
 """
 
 from __future__ import annotations
@@ -46,6 +49,33 @@ def _files(d: str) -> list[str]:
     )
 
 
+def _files_below(d: str) -> list[str]:
+    """Every file under ``d`` at any depth, sorted by path (hidden names skipped, as in `_files`). Links to
+    folders are followed, each folder walked once; a link to ``d`` or a folder above it (a loop, which would
+    take in the other classes) is refused."""
+    out, seen, inside = [], set(), os.path.realpath(d)
+
+    def unreadable(e: OSError) -> None:
+        raise UserError(f"{e.filename}: cannot list it ({e.strerror}); make it readable or remove it")
+
+    for folder, subfolders, names in os.walk(d, onerror=unreadable, followlinks=True):
+        st = os.stat(folder)
+        if (st.st_dev, st.st_ino) in seen:
+            subfolders[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        subfolders[:] = sorted(n for n in subfolders if not n.startswith("."))
+        for n in subfolders:
+            target = os.path.realpath(os.path.join(folder, n))
+            if inside == target or inside.startswith(target.rstrip(os.sep) + os.sep):
+                raise UserError(
+                    f"{os.path.join(folder, n)}: links to {target}, which holds the class folder {d} (a loop); "
+                    "remove the link"
+                )
+        out += [os.path.join(folder, n) for n in names if not n.startswith(".")]
+    return sorted(p for p in out if os.path.isfile(p))
+
+
 def _class_dirs(split_dir: str) -> list[str]:
     return sorted(
         n for n in os.listdir(split_dir) if not n.startswith(".") and os.path.isdir(os.path.join(split_dir, n))
@@ -86,7 +116,7 @@ def discover(src: str, val_labels: str | None, label_offset: int) -> tuple[list[
 
     splits = {"train": []}
     for c in classes:
-        files = _files(os.path.join(train_dir, c))
+        files = _files_below(os.path.join(train_dir, c))
         if not files:
             raise UserError(f"{os.path.join(train_dir, c)}: empty class directory; add images or remove it")
         splits["train"] += [item(p, c) for p in files]
@@ -104,7 +134,7 @@ def discover(src: str, val_labels: str | None, label_offset: int) -> tuple[list[
                         f"{d}: class '{c}' is not in {train_dir}; validation classes must be a subset "
                         "of the training classes (rename or remove it)"
                     )
-                files = _files(d)
+                files = _files_below(d)
                 if not files:
                     raise UserError(f"{d}: empty class directory; add images or remove it")
                 splits["validation"] += [item(p, c) for p in files]
@@ -128,6 +158,44 @@ def discover(src: str, val_labels: str | None, label_offset: int) -> tuple[list[
                     )
                 splits["validation"].append(item(p, cls))
     return classes, splits
+
+
+MIN_CLASS_IMAGES = 10
+"""Fewer training images than this in a class is warned about (a download that stopped, a misplaced folder)."""
+
+
+def layout_warnings(
+    src: str, classes: list[str], splits: dict[str, list[Item]], min_images: int = MIN_CLASS_IMAGES
+) -> list[str]:
+    """One line each, without the ``warning:`` prefix: the classes with fewer than ``min_images`` training
+    images, and the classes the validation split has no image of (their accuracy would go unmeasured).
+    Either may be intended (a few-shot set, a partial val); the conversion goes on."""
+
+    def some(names: list[str], what=lambda c: c) -> str:
+        shown = ", ".join(what(c) for c in names[:5])
+        return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+    lines = []
+    counts = {c: 0 for c in classes}
+    for it in splits["train"]:
+        counts[it.synset] += 1
+    few = [c for c in classes if counts[c] < min_images]
+    if few:
+        lines.append(
+            f"{len(few)} of {len(classes)} classes {'has' if len(few) == 1 else 'have'} fewer than {min_images} "
+            f"training images ({some(few, lambda c: f'{c}: {counts[c]}')}) in {os.path.join(src, 'train')}; "
+            "add images or remove the class (--min-class-images N sets this threshold)"
+        )
+    if "validation" in splits:
+        in_val = {it.synset for it in splits["validation"]}
+        absent = [c for c in classes if c not in in_val]
+        if absent:
+            lines.append(
+                f"{len(absent)} of {len(classes)} classes {'has' if len(absent) == 1 else 'have'} no validation "
+                f"image ({some(absent)}): validation does not measure {'it' if len(absent) == 1 else 'them'}; "
+                f"add images to {os.path.join(src, 'val')} if that is not intended"
+            )
+    return lines
 
 
 def read_val_labels(path: str) -> dict[str, str]:

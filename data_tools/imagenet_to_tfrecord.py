@@ -42,6 +42,7 @@ import signal
 import sys
 import time
 
+from vitlarge import command
 from vitlarge.data.manifest import (
     ASPECT_ORDER,
     INDEX_LINE_MAX,
@@ -324,12 +325,15 @@ def convert(
     check: str = "header",
     progress: bool = True,
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    min_class_images: int = imagefolder.MIN_CLASS_IMAGES,
 ) -> Manifest:
     """Convert ``src`` into ``out``; return the manifest written. Raises UserError on bad input and
     `Interrupted` on Ctrl-C (after the shards in progress are complete)."""
     if workers is None:
         workers = os.cpu_count() or 1
     classes, splits = imagefolder.discover(src, val_labels, LABEL_OFFSET)
+    for line in imagefolder.layout_warnings(src, classes, splits, min_class_images):
+        print(f"warning: {line}", file=sys.stderr)
     texts = imagefolder.class_texts(classes)
     plans = {
         "train": plan_shards(splits["train"], train_shards, "train", seed),
@@ -551,7 +555,7 @@ def _guard(fn):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data_tools.imagenet_to_tfrecord", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=command("data_tools.imagenet_to_tfrecord"), description=__doc__.split("\n\n")[0])
     p.add_argument("--src", required=True, help="ROOT with ROOT/train/<class>/* and ROOT/val/...")
     p.add_argument("--out", required=True, help="output directory for shards, indexes and dataset.json")
     p.add_argument(
@@ -577,6 +581,13 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_MAX_IMAGE_PIXELS,
         help="larger images are unreadable (PIL's decompression-bomb guard); raise it for trusted, very large images",
     )
+    p.add_argument(
+        "--min-class-images",
+        type=int,
+        default=imagefolder.MIN_CLASS_IMAGES,
+        metavar="N",
+        help="warn about classes with fewer training images (default %(default)s); the conversion goes on",
+    )
     p.add_argument("--seed", type=int, default=0, help="train shuffle seed")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
@@ -597,6 +608,7 @@ def main(argv: list[str] | None = None) -> int:
             check=a.check,
             progress=not a.no_progress,
             max_image_pixels=a.max_image_pixels,
+            min_class_images=a.min_class_images,
         )
     )
 

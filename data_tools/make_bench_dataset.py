@@ -21,6 +21,7 @@ import sys
 
 import numpy as np
 
+from vitlarge import command
 from vitlarge.errors import UserError, cli_main
 from vitlarge.fileio import open_new, write_atomic
 
@@ -88,7 +89,7 @@ def make_bench_dataset(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data_tools.make_bench_dataset", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=command("data_tools.make_bench_dataset"), description=__doc__.split("\n\n")[0])
     p.add_argument("out")
     p.add_argument("--num-images", type=int, default=2000)
     p.add_argument("--classes", type=int, default=10)

@@ -16,6 +16,7 @@ import argparse
 import os
 import sys
 
+from vitlarge import command
 from vitlarge.data.manifest import ASPECT_ORDER, MANIFEST_NAME, Manifest, load_manifest
 from vitlarge.errors import UserError
 from vitlarge.fileio import open_new, write_atomic
@@ -72,7 +73,7 @@ def make_demo_dataset(out: str, *, workers: int = 0, progress: bool = False) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data_tools.make_demo_dataset", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=command("data_tools.make_demo_dataset"), description=__doc__.split("\n\n")[0])
     p.add_argument("out")
     a = p.parse_args(argv)
 

@@ -20,6 +20,7 @@ import os
 import sys
 from fractions import Fraction
 
+from vitlarge import command
 from vitlarge.data.manifest import ASPECT_ORDER, Manifest, ShardInfo, shard_name, write_manifest
 
 from . import tfrecord_io
@@ -84,7 +85,7 @@ def make_id_dataset(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data_tools.make_id_dataset", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=command("data_tools.make_id_dataset"), description=__doc__.split("\n\n")[0])
     p.add_argument("out")
     p.add_argument("--train", type=int, required=True)
     p.add_argument("--train-shards", type=int, required=True)

@@ -11,7 +11,9 @@ that mixes sets or lacks a shard is refused, naming the files, before anything i
 Class synsets and texts come from the records when present, and the validation images' sizes from
 their ``image/height`` and ``image/width`` (TensorFlow's ImageNet records have them); a validation split
 whose sizes are in aspect-ratio order is marked so (``"order": "aspect"``, what ``data.rect_val`` needs:
-the converter's output is, TensorFlow's is not).
+the converter's output is, TensorFlow's is not); and the converter's count of skipped
+unreadable images (``--skip-bad``) from its done-records (or the ``dataset.json`` it replaces, for the same
+shards) when the shards are the converter's.
 Rerun it whenever a loader reports a missing or stale index.
 
 Shards are files from elsewhere: each must be a regular file of the directory (a link only to a
@@ -29,6 +31,7 @@ import multiprocessing as mp
 import os
 import sys
 
+from vitlarge import command
 from vitlarge.data.manifest import (
     ASPECT_ORDER,
     CONFINED_FIX,
@@ -39,6 +42,7 @@ from vitlarge.data.manifest import (
     ShardInfo,
     confined_size,
     load_manifest,
+    make_index_fix,
     shard_set_problem,
     write_manifest,
 )
@@ -105,9 +109,7 @@ def make_index(data_dir: str, *, label_offset: int = 1, num_classes: int | None 
         )
     problem = shard_set_problem(names)
     if problem:
-        raise UserError(
-            f"{data_dir}: {problem[0]}; {problem[1]}, then rerun python -m data_tools.make_index {data_dir}"
-        )
+        raise UserError(f"{data_dir}: {problem[0]}; {problem[1]}, then rerun {make_index_fix(data_dir)}")
     root = os.path.realpath(data_dir)
     sizes = {}
     for n in names:  # before any file is opened: a FIFO would block the reader, a link may lead anywhere
@@ -158,6 +160,7 @@ def make_index(data_dir: str, *, label_offset: int = 1, num_classes: int | None 
         classes=classes,
         splits=splits,
         order=_order(splits.get("validation")),
+        skipped=_skipped(data_dir, splits),
         tool=TOOL,
         tool_version=TOOL_VERSION,
         data_dir=data_dir,
@@ -189,6 +192,34 @@ def _order(shards: list[ShardInfo] | None) -> dict[str, str]:
     )
 
 
+def _skipped(data_dir: str, splits: dict[str, list[ShardInfo]]) -> dict[str, int]:
+    """Per split, the images the converter skipped as unreadable: from the done-records of the shards when every
+    shard of the split has one that matches it (size and checksum), else from the ``dataset.json`` this replaces
+    when it lists the same shards; a split of shards made elsewhere counts none."""
+    previous: dict[str, int] = {}
+    try:
+        old = load_manifest(data_dir)
+        same = {s: old.skipped.get(s, 0) for s in splits if old.splits.get(s) == splits[s]}
+        previous = {s: n for s, n in same.items() if n}
+    except UserError:  # no manifest (the usual reason to run make_index), or one that does not parse
+        pass
+
+    def listed_skipped(shard: ShardInfo) -> list | None:
+        rec = done_records.read_record(data_dir, shard.file)
+        if rec and rec.get("bytes") == shard.bytes and rec.get("checksum") == shard.checksum:
+            return rec.get("skipped") if isinstance(rec.get("skipped"), list) else None
+        return None
+
+    out = {}
+    for split, shards in splits.items():
+        lists = [listed_skipped(s) for s in shards]
+        if all(x is not None for x in lists):
+            out[split] = sum(len(x or []) for x in lists)
+        elif split in previous:
+            out[split] = previous[split]
+    return {s: n for s, n in out.items() if n}
+
+
 def _refuse_mixture(data_dir: str, shards: dict[str, tuple[int, str | None]], unknown: bool = True) -> None:
     problem = done_records.mixture_problem(data_dir, shards, unknown=unknown)
     if problem:
@@ -200,7 +231,7 @@ def _refuse_mixture(data_dir: str, shards: dict[str, tuple[int, str | None]], un
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data_tools.make_index", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=command("data_tools.make_index"), description=__doc__.split("\n\n")[0])
     p.add_argument("data_dir")
     p.add_argument("--label-offset", type=int, default=1, help="stored label of class 0 (TF ImageNet: 1)")
     p.add_argument("--num-classes", type=int, help="default: inferred from the largest label")

@@ -13,8 +13,7 @@ Not run: what this reaches is open; the published 83.8% is for the 2048 batch an
 """
 
 from vitlarge.config.schema import Config
-
-from .deit3_b16 import config as deit3
+from vitlarge.recipes.deit3_b16 import config as deit3
 
 
 def config() -> Config:

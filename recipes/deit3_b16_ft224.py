@@ -12,8 +12,7 @@ warmup the lr is constant (``schedule.min_lr_ratio=1.0``). The position embeddin
 """
 
 from vitlarge.config.schema import Config
-
-from .deit3_b16 import config as pretraining
+from vitlarge.recipes.deit3_b16 import config as pretraining
 
 
 def config() -> Config:

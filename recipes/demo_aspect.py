@@ -14,7 +14,7 @@ docs/PROGRESSIVE.md#rectangular-validation): 100.00% top-1 rectangular, 46.25% w
 export.
 """
 
-from .demo_digits import config as base
+from vitlarge.recipes.demo_digits import config as base
 
 
 def config():

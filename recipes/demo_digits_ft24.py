@@ -11,7 +11,7 @@ gentle crops; the optimizer stays the demo's LAMB. Evaluated
 every epoch, at 24 px. Measured: docs/PROGRESSIVE.md.
 """
 
-from .demo_digits import config as base
+from vitlarge.recipes.demo_digits import config as base
 
 
 def config():

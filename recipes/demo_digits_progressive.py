@@ -11,7 +11,7 @@ per-step overhead dominates: those phases take bigger micro batches (64 and 32 i
 Measured against demo_digits.py (2 CPU processes): docs/PROGRESSIVE.md.
 """
 
-from .demo_digits import config as base
+from vitlarge.recipes.demo_digits import config as base
 
 
 def config():

@@ -22,7 +22,7 @@ to 0, weight decay 1e-8, 30 epochs, light Mixup as in the pretraining, crops (0.
 pipeline makes). Not run at ImageNet scale here; the demo analogue is recipes/demo_digits_ft24.py.
 """
 
-from .vit_b16 import config as base
+from vitlarge.recipes.vit_b16 import config as base
 
 
 def config():

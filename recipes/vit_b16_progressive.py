@@ -18,7 +18,7 @@ DeiT III (Touvron et al., 2022) pretrains ViT-B at 192 px and fine-tunes at 224 
 fast.ai's schedule reached 93% top-5 in 18 minutes this way; a run of this recipe is what tells.
 """
 
-from .vit_b16 import config as base
+from vitlarge.recipes.vit_b16 import config as base
 
 
 def config():

@@ -6,7 +6,7 @@ Hardware: 4x A100. Expected: 14.58 h for 300 epochs on 4x A100 (Colossal-AI's re
 not published by them (ViT-B/32 from scratch on ImageNet-1K is typically 3-5 points below B/16).
 """
 
-from .vit_b16 import config as base
+from vitlarge.recipes.vit_b16 import config as base
 
 
 def config():

@@ -8,7 +8,7 @@ recomputed per block, and bf16 replaces fp16 (no loss scaling; fp32 masters, LAM
 reduction and LayerNorm). Expected time and accuracy: not measured; by FLOPs about 12x the B/16 run.
 """
 
-from .vit_b16 import config as base
+from vitlarge.recipes.vit_b16 import config as base
 
 
 def config():

@@ -7,7 +7,7 @@ the micro-batch at 128. Expected time and accuracy: not measured by Colossal-AI 
 about 3.5x the B/16 run (~ 140 h on 8x A100 at B/16's utilisation).
 """
 
-from .vit_b16 import config as base
+from vitlarge.recipes.vit_b16 import config as base
 
 
 def config():

@@ -6,7 +6,7 @@ Hardware: 4x A100 80GB, 256 images per GPU. Expected: 37.83 h for 300 epochs on 
 (Colossal-AI's report); accuracy not published by them.
 """
 
-from .vit_b16 import config as base
+from vitlarge.recipes.vit_b16 import config as base
 
 
 def config():

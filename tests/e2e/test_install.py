@@ -6,8 +6,9 @@ nothing downloaded or installed) with this machine's pip and uv settings left ou
 
 vitlarge itself: ``pip install .`` (a wheel built here, installed into a folder) and ``pip install -e .``
 (into a throwaway venv that sees this one's packages) put one name in site-packages, ``vitlarge``, with the
-checkout's hooks/, recipes/ and data_tools/ inside it, and its commands run from any directory. Both build
-from a copy of the sources (a build writes build/ and *.egg-info beside them) without the network.
+checkout's hooks/, recipes/ and data_tools/ inside it, and its commands run from any directory: a recipe of
+one's own outside the checkout, the commands its messages name. Both build from a copy of the sources, without
+the network, and leave the copy as it was (no build/, no vitlarge.egg-info/).
 """
 
 from __future__ import annotations
@@ -95,6 +96,15 @@ def test_a_venv_keeps_its_stack_and_refuses_another(tmp_path):
     assert f"{venv} holds the cuda13 stack, not STACK=cuda12; to change it: rm -rf {venv}" in other.stderr
 
 
+def test_make_help_names_every_target():
+    phony = re.search(r"^\.PHONY: (.*)$", (ROOT / "Makefile").read_text(), re.M)
+    r = subprocess.run(["make", "help"], cwd=ROOT, capture_output=True, text=True)
+    assert phony and r.returncode == 0, r.stderr
+    words = set(re.findall(r"[\w-]+", r.stdout))
+    assert [t for t in phony.group(1).split() if t not in words] == [], r.stdout
+    assert "make demo NPROC=4 PORT=29600" in r.stdout
+
+
 UV = Path(sys.executable).parent / "uv"
 """The installer `make install` puts in the venv (pinned in the Makefile): it resolves a stack from the wheels'
 metadata (PEP 658 files) in seconds, downloading none of the 3.5 GB a pip dry run fetched (pypa/pip#12603)."""
@@ -159,10 +169,14 @@ def _pip(python: Path | str, *args: str) -> None:
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
 
 
+BUILD_FILES = ("pyproject.toml", "README.md", "MANIFEST.in", "scripts/__init__.py", "scripts/build_backend.py")
+"""What a build reads besides the packages: the metadata and the in-tree backend (pyproject.toml's backend-path)."""
+
+
 def _sources(tmp: Path) -> Path:
     src = tmp / "src"
-    src.mkdir()
-    for name in ("pyproject.toml", "README.md", *INSTALLED_AS):
+    (src / "scripts").mkdir(parents=True)
+    for name in (*BUILD_FILES, *INSTALLED_AS):
         if (ROOT / name).is_dir():
             shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
@@ -179,19 +193,23 @@ def _run(cmd: list, python_path: Path | None, cwd: Path, timeout: float = 120) -
 
 
 @pytest.fixture(scope="module")
-def wheel_install(tmp_path_factory) -> tuple[Path, Path]:
-    """``(wheel, target)``: the wheel ``pip wheel .`` builds, installed with ``pip install --target``."""
+def wheel_install(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """``(wheel, target, sources)``: the wheel ``pip wheel .`` builds from a copy of the sources, installed with
+    ``pip install --target``."""
     tmp = tmp_path_factory.mktemp("wheel")
-    _pip(sys.executable, "wheel", "--wheel-dir", str(tmp / "dist"), str(_sources(tmp)))
+    src = _sources(tmp)
+    _pip(sys.executable, "wheel", "--wheel-dir", str(tmp / "dist"), str(src))
     (wheel,) = (tmp / "dist").glob("vitlarge-*.whl")
     _pip(sys.executable, "install", "--target", str(tmp / "site"), str(wheel))
-    return wheel, tmp / "site"
+    return wheel, tmp / "site", src
 
 
 def test_the_wheel_holds_every_module_under_the_one_name_vitlarge(wheel_install):
     import zipfile
 
-    wheel, site = wheel_install
+    wheel, site, src = wheel_install
+    left = sorted(p.name for p in src.iterdir() if p.name not in {*INSTALLED_AS, *BUILD_FILES, "scripts"})
+    assert left == [], "pip wheel left these beside the sources (scripts/build_backend.py builds elsewhere)"
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {n.split("/")[0] for n in names} == {"vitlarge", f"{wheel.name.split('-py')[0]}.dist-info"}
     want = {
@@ -201,29 +219,73 @@ def test_the_wheel_holds_every_module_under_the_one_name_vitlarge(wheel_install)
         if "__pycache__" not in f.parts
     }
     assert want - names == set(), "modules the wheel lacks (a package missing from pyproject.toml's list?)"
+    # recipes/'s own __init__.py, not the checkout's vitlarge/recipes/__init__.py (which points at recipes/)
+    assert (
+        zipfile.ZipFile(wheel).read("vitlarge/recipes/__init__.py") == (ROOT / "recipes" / "__init__.py").read_bytes()
+    )
     assert sorted(p.name for p in site.iterdir()) == ["bin", "vitlarge", wheel.name.split("-py")[0] + ".dist-info"]
     entry_points = (site / f"{wheel.name.split('-py')[0]}.dist-info" / "entry_points.txt").read_text()
     for command in ("vitlarge-train", "vitlarge-evaluate", "vitlarge-convert", "vitlarge-index", "vitlarge-plot"):
         assert f"{command} = " in entry_points
 
 
+MY_RECIPE = """from vitlarge.recipes.deit3_b16_32k import config as base
+
+
+def config():
+    c = base()
+    c.workdir = "runs/mine"
+    return c
+"""
+"""A user's recipe in a folder of their own: one import of a shipped recipe, the same as in a checkout."""
+
+INSTALLED_LINES = """
+import vitlarge.recipes as r
+from vitlarge.config.load import load_recipe
+from vitlarge.data.manifest import load_manifest
+from vitlarge.errors import UserError
+
+print(list(r.__path__))
+print(load_recipe("copied.py") == load_recipe("demo_digits_ft24"))
+for bad in ("vit_b61", "data/digits"):
+    try:
+        load_manifest(bad) if "/" in bad else load_recipe(bad)
+    except UserError as e:
+        print(e)
+"""
+
+
 def test_the_installed_commands_run_from_any_directory(wheel_install, tmp_path):
-    """The entry points and ``python -m`` from a folder that is not the checkout; a shipped recipe by name
-    (its base imported relatively); the hooks found inside the package."""
-    _, site = wheel_install
+    """The entry points and ``python -m`` from a folder that is not the checkout; a recipe of one's own there, which
+    imports a shipped one (whose base imports its own); a shipped recipe copied there; the hooks found inside the
+    package; the commands that --help and the messages name are the installed ones."""
+    _, site, _ = wheel_install
     help_train = _run([site / "bin" / "vitlarge-train", "--help"], site, tmp_path)
     assert help_train.returncode == 0 and "usage: vitlarge-train" in help_train.stdout, help_train.stderr
     for module in ("vitlarge.report.plot", "vitlarge.data_tools.make_index", "vitlarge"):
         r = _run([sys.executable, "-m", module, "--help"], site, tmp_path)
         assert r.returncode == 0 and "usage:" in r.stdout, (module, r.stderr[-2000:])
+    help_convert = _run([site / "bin" / "vitlarge-convert", "--help"], site, tmp_path)
+    assert help_convert.stdout.startswith("usage: vitlarge-convert [-h] --src SRC"), help_convert.stdout
     where = _run(
         [sys.executable, "-c", "import vitlarge; print(vitlarge.__file__, vitlarge.beside('hooks').__name__)"],
         site,
         tmp_path,
     )
     assert where.stdout.split() == [str(site / "vitlarge" / "__init__.py"), "vitlarge.hooks"], where.stderr
+    (tmp_path / "mine.py").write_text(MY_RECIPE)
+    shutil.copy(ROOT / "recipes" / "demo_digits_ft24.py", tmp_path / "copied.py")
+    lines = _run([sys.executable, "-c", INSTALLED_LINES], site, tmp_path)
+    assert lines.stdout.splitlines() == [
+        str([str(site / "vitlarge" / "recipes")]),
+        "True",
+        "recipe vit_b61 does not exist; did you mean vit_b16?",
+        "data/digits: data directory does not exist; the demo's digits data set is made with python -m "
+        "vitlarge.data_tools.make_demo_dataset data/digits (a few seconds); for other images convert with "
+        "vitlarge-convert",
+    ], lines.stderr[-3000:]
     dry = _run(
-        [site / "bin" / "vitlarge-train", "--config", "deit3_b16_32k", "--dry-run", "--world-size", "128"],
+        [site / "bin" / "vitlarge-train", "--config", "mine.py", "--dry-run", "--world-size", "128"],
         site,
         tmp_path,
         300,
@@ -251,13 +313,12 @@ def test_an_editable_install_maps_the_checkouts_folders_into_vitlarge(tmp_path):
             py,
             "-c",
             "import importlib.util, vitlarge.hooks, vitlarge.data_tools, vitlarge.recipes as r; "
-            "print(vitlarge.hooks.__file__, r.__file__, importlib.util.find_spec('hooks'))",
+            "print(vitlarge.hooks.__file__, *r.__path__, importlib.util.find_spec('hooks'))",
         ],
         None,
         tmp_path / "elsewhere",
     )
-    assert r.stdout.split() == [str(src / "hooks" / "__init__.py"), str(src / "recipes" / "__init__.py"), "None"], (
-        r.stderr[-3000:]
-    )
+    assert r.stdout.split() == [str(src / "hooks" / "__init__.py"), str(src / "recipes"), "None"], r.stderr[-3000:]
+    assert sorted(p.name for p in src.iterdir() if p.name not in {*INSTALLED_AS, *BUILD_FILES, "scripts"}) == []
     help_train = _run([venv / "bin" / "vitlarge-train", "--help"], None, tmp_path / "elsewhere")
     assert help_train.returncode == 0 and "usage: vitlarge-train" in help_train.stdout, help_train.stderr

@@ -2,13 +2,15 @@
 failure looks like under torchrun.
 
 * Overrides written without shell metacharacters (``optim.betas=0.9,0.98``, ``model.kwargs.depth=2``,
-  ``train.phases.1.image_size=16``, ``--overrides FILE``) reach the run intact through ``colossalai run``; a
+  ``train.phases.1.image_size=16``, ``--overrides FILE``) reach the run intact through ``make demo`` (with
+  variables on make's command line) and ``colossalai run``; a
   ``--workdir`` with a space is one line saying why (the shell split it), not an unknown override.
 * Ctrl-C (SIGINT to the launcher's process group, as a terminal sends it) checkpoints at the step in progress,
   says so once, and the launcher returns (``colossalai run`` 0.5.0 used to hang after "Aborted!").
 * A bad override under torchrun: our line comes first and torchrun's summary repeats it (its error file).
 * ``python -m vitlarge.run`` (torchrun's agent, our ending): a failure is the worker's line and one summary line,
   with the worker's status (2, 75 on a preemption signal, 130 on Ctrl-C); a busy --master_port is one line, exit 2.
+* ``make demo`` takes a free port unless PORT is given.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import re
 import signal
 import socket
 import subprocess
+import sys
+from pathlib import Path
 
 import psutil
 import pytest
@@ -33,37 +37,43 @@ def start_record(workdir) -> dict:
     return next(r for r in records if r["event"] == "start")["config"]
 
 
-def test_overrides_without_metacharacters_survive_colossalai_run(demo_data, tmp_path):
+def test_overrides_without_metacharacters_survive_make_demo_and_colossalai_run(demo_data, tmp_path):
+    """Through ``make demo`` with variables on make's command line (NPROC, PORT, WORKDIR, ARGS): any ``VAR=value``
+    makes make export MAKEOVERRIDES, which colossalai run's unquoted ``bash -c`` cannot expand ("bad
+    substitution"): the Makefile unexports it. The overrides reach the run intact, and the demo's summary follows."""
     extra = tmp_path / "extra.py"
     extra.write_text("augment.mixup_alpha = 0.0\nmodel.kwargs['num_heads'] = 2\n")
-    r = launcher.run(
-        [
-            "--config",
-            RECIPE,
-            "--data",
-            demo_data,
-            "--workdir",
-            str(tmp_path / "run"),
-            "--overrides",
-            str(extra),
-            "optim.betas=0.9,0.98",
-            "model.kwargs.depth=2",
-            "model.kwargs.embed_dim=48",
-            "train.phases.0.epoch=0",
-            "train.phases.0.image_size=8",
-            "train.phases.1.epoch=1",
-            "train.phases.1.image_size=16",
-            "train.phases.1.crop_scale=0.5,1",
-            "train.phases.1.micro_batch=8",
-            "train.compile=false",
-            "train.max_steps=1",
-            "train.eval_every_epochs=0",
-        ],
-        nproc=1,
-        launcher="colossalai",
+    args = [
+        "--data",
+        demo_data,
+        "--overrides",
+        str(extra),
+        "optim.betas=0.9,0.98",
+        "model.kwargs.depth=2",
+        "model.kwargs.embed_dim=48",
+        "train.phases.0.epoch=0",
+        "train.phases.0.image_size=8",
+        "train.phases.1.epoch=1",
+        "train.phases.1.image_size=16",
+        "train.phases.1.crop_scale=0.5,1",
+        "train.phases.1.micro_batch=8",
+        "train.compile=false",
+        "train.max_steps=1",
+        "train.eval_every_epochs=0",
+    ]
+    port, workdir = launcher.free_port(), tmp_path / "run"
+    r = subprocess.run(
+        make_demo("NPROC=1", f"PORT={port}", f"WORKDIR={workdir}", f"ARGS={' '.join(args)}"),
+        cwd=ROOT,
+        env=launcher.env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    cfg = start_record(tmp_path / "run")
+    assert f"colossalai run --nproc_per_node 1 --master_port {port}" in r.stdout
+    assert "final validation top-1" in r.stdout and f"model: {workdir}/model" in r.stdout, r.stdout[-3000:]
+    cfg = start_record(workdir)
     assert cfg["optim"]["betas"] == [0.9, 0.98] and cfg["train"]["compile"] == "off"
     assert cfg["model"]["kwargs"] == {"patch_size": 4, "embed_dim": 48, "depth": 2, "num_heads": 2}
     assert cfg["train"]["phases"] == [
@@ -220,3 +230,30 @@ def test_the_second_ctrl_c_ends_a_worker_at_once(demo_data, tmp_path):
     text = log.read_text()
     assert status == -signal.SIGINT, text[-3000:]
     assert "Traceback" not in text
+
+
+def make_demo(*variables: str) -> list[str]:
+    """``make demo`` in the checkout with this interpreter's venv as it is: its install and the demo data are taken
+    as made (``-o``: never rebuilt, nothing written into the checkout)."""
+    venv = Path(sys.executable).parent.parent
+    stack = next((p.name.split("-", 1)[1] for p in venv.glob(".installed-*")), "cuda12")
+    return [
+        "make",
+        "-o",
+        f"{venv}/.installed-{stack}",
+        "-o",
+        "data/digits/dataset.json",
+        "demo",
+        f"VENV={venv}",
+        *variables,
+    ]
+
+
+def test_make_demo_takes_a_free_port_unless_told_one():
+    ports = set()
+    for _ in range(2):
+        dry = subprocess.run(make_demo("-n"), cwd=ROOT, env=launcher.env(), capture_output=True, text=True)
+        ports |= set(re.findall(r"--master_port (\d+)", dry.stdout))
+    assert len(ports) == 2 and "29500" not in ports, ports
+    dry = subprocess.run(make_demo("-n", "PORT=29611"), cwd=ROOT, env=launcher.env(), capture_output=True, text=True)
+    assert "--master_port 29611 " in dry.stdout, dry.stdout

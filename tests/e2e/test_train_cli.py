@@ -92,10 +92,10 @@ def test_a_phase_batch_the_world_size_cannot_divide_fails_in_train_py_before_the
     )
 
 
-def test_a_missing_path_fails_in_train_py_before_the_data(tmp_path):
+def test_a_missing_path_fails_in_train_py_before_the_data(demo_data, tmp_path):
     missing = tmp_path / "nothing" / "model"
     r = fresh(
-        ["--config", str(DEMO), "--data", str(tmp_path / "no_data"), "--workdir", str(tmp_path / "run")]
+        ["--config", str(DEMO), "--data", demo_data, "--workdir", str(tmp_path / "run")]
         + [f"model.init_from={missing}"]
     )
     assert r.returncode == 2

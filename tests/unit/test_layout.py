@@ -104,3 +104,16 @@ def test_the_tree_is_ruff_formatted_and_clean():
     assert fmt.returncode == 0, fmt.stdout[-3000:] + fmt.stderr[-1000:]
     lint = subprocess.run([str(BIN / "ruff"), "check", "."], cwd=ROOT, capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout[-3000:] + lint.stderr[-1000:]
+
+
+def test_the_commands_messages_name_are_the_checkouts_here_and_the_console_scripts_installed():
+    """`vitlarge.command`: from a checkout ``python -m data_tools...``; installed (tests/e2e/test_install.py) the
+    console scripts, which must be pyproject.toml's, for the same modules."""
+    import tomllib
+
+    import vitlarge
+
+    assert vitlarge.command("data_tools.make_index") == "python -m data_tools.make_index"
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    for module, script in vitlarge.SCRIPTS.items():
+        assert scripts[script] == f"vitlarge.{module}:main"

@@ -499,22 +499,65 @@ def _check_log(cfg: Config, where: _Where) -> None:
             )
 
 
-def load_recipe(path: str | Path) -> Config:
-    """Runs a recipe file and returns its ``config()``; errors name the file."""
-    path = Path(path)
-    if not path.is_file() and path.suffix == "" and len(path.parts) == 1:  # a shipped recipe's name: vit_b16
-        from vitlarge import beside
+def shipped_recipes() -> Path:
+    """The folder of the shipped recipes: the checkout's recipes/, or vitlarge/recipes/ where installed (both
+    are the package ``vitlarge.recipes``)."""
+    from vitlarge import beside
 
-        shipped = beside("recipes").__file__
-        if shipped is not None:
-            path = Path(shipped).parent / f"{path}.py"
+    return Path(next(iter(beside("recipes").__path__)))
+
+
+def _no_recipe(given: Path, path: Path) -> UserError:
+    """A recipe that is not there: the closest name in its folder (or among the shipped ones), else what exists."""
+    bare = given == Path(given.name) and given.suffix == ""
+    names = sorted(p.stem for p in path.parent.glob("*.py") if p.stem != "__init__") if path.parent.is_dir() else []
+    close = difflib.get_close_matches(path.stem, names, n=1, cutoff=0.6)
+    if close:
+        guess = close[0] if bare else str(given.with_name(close[0] + ".py"))
+        return UserError(f"recipe {given} does not exist; did you mean {guess}?")
+    shipped = ", ".join(p.stem for p in sorted(shipped_recipes().glob("*.py")) if p.stem != "__init__")
+    if bare:
+        return UserError(f"recipe {given}: no shipped recipe has that name ({shipped}); or pass a recipe file's path")
+    return UserError(f"recipe {path} does not exist; pass a recipe file's path or a shipped recipe's name ({shipped})")
+
+
+def _relative_import(path: Path) -> UserError:
+    """The fix for a recipe that imports its base relatively (``from .vit_b16 import config``) from outside a
+    package, where Python cannot resolve it: a recipe copied out of a package, or one of one's own."""
+    line = "it imports relatively"
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            names = ", ".join(a.name + (f" as {a.asname}" if a.asname else "") for a in node.names)
+            line = (
+                f"line {node.lineno}, 'from {'.' * node.level}{node.module or ''} import {names}', is a relative import"
+            )
+            if node.level == 1 and node.module and (shipped_recipes() / f"{node.module}.py").is_file():
+                return UserError(
+                    f"recipe {path}: {line}, which works only inside recipes/; import the shipped recipe by its "
+                    f"full name: from vitlarge.recipes.{node.module} import {names}"
+                )
+            break
+    return UserError(
+        f"recipe {path}: {line}, which works only inside a package; import by the full name "
+        f"(from vitlarge.recipes.vit_b16 import config), or put an __init__.py in {path.parent}"
+    )
+
+
+def load_recipe(path: str | Path) -> Config:
+    """Runs a recipe file and returns its ``config()``; errors name the file. ``path``: a recipe file, or a shipped
+    recipe's name (``vit_b16``). A recipe is Python by design: it derives from a shipped one (``from
+    vitlarge.recipes.vit_b16 import config as base``) and changes fields, with the editor's and the type
+    checker's help on every name; `validate` checks the result as strictly as an override."""
+    given = path = Path(path)
+    if not path.is_file() and path.suffix == "" and len(path.parts) == 1:  # a shipped recipe's name: vit_b16
+        path = shipped_recipes() / f"{path}.py"
     if not path.is_file():
-        raise UserError(f"recipe {path} does not exist; pass --config recipes/<name>.py (or a recipe's name)")
+        raise _no_recipe(given, path)
     root, package = path.resolve().parent, []
-    while (root / "__init__.py").is_file():  # recipes/ (vitlarge.recipes installed): relative imports of a base
+    while (root / "__init__.py").is_file():  # recipes/ (vitlarge.recipes installed): loaded as that package's
         package.insert(0, root.name)
         root = root.parent
-    if not package:  # a recipe of one's own, in the checkout's tree: it imports its base as recipes.<name>
+    if not package:  # a recipe of one's own, in the checkout's tree: it may import its base as recipes.<name>
         root = path.resolve().parent.parent
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
@@ -529,6 +572,10 @@ def load_recipe(path: str | Path) -> Config:
         spec.loader.exec_module(module)
     except UserError:
         raise
+    except ImportError as e:
+        if "relative import" in str(e):
+            raise _relative_import(path) from None
+        raise UserError(f"recipe {path} failed to load: {type(e).__name__}: {e}") from None
     except Exception as e:
         raise UserError(f"recipe {path} failed to load: {type(e).__name__}: {e}") from None
     if not callable(getattr(module, "config", None)):

@@ -32,7 +32,7 @@ from vitlarge.data.common import (  # noqa: F401
     older_state_version,
     val_forwards,
 )
-from vitlarge.data.manifest import MANIFEST_NAME, Manifest, load_manifest, shard_files
+from vitlarge.data.manifest import MANIFEST_NAME, Manifest, convert_cmd, load_manifest, make_index_fix, shard_files
 from vitlarge.data.spec import LoaderSpec, TrainSpec, ValSpec, pipe_seed
 from vitlarge.errors import UserError
 
@@ -71,7 +71,7 @@ class _Batches:
                 f"{d}: stored label {bad + self.label_offset} in the {self.split} shards maps to class {bad}, "
                 f"outside 0..{self.manifest.num_classes - 1} (num_classes {self.manifest.num_classes}, label offset "
                 f"{self.label_offset}); fix num_classes/label_offset in {d}/{MANIFEST_NAME} or rerun "
-                f"python -m data_tools.make_index {d} --label-offset N --num-classes C"
+                f"{make_index_fix(d)} --label-offset N --num-classes C"
             )
         return out, lab.to(self.device, non_blocking=True)
 
@@ -148,7 +148,7 @@ def _run(
         d = manifest.data_dir
         raise UserError(
             f"{d}: an image in the {split} shards cannot be decoded ({lines[-1] if lines else 'decoder error'}); "
-            "re-convert the source with python -m data_tools.imagenet_to_tfrecord --check decode --skip-bad"
+            f"re-convert the source with {convert_cmd()} --check decode --skip-bad"
         ) from None
 
 

@@ -38,6 +38,7 @@ import os
 import stat
 from dataclasses import asdict, dataclass, field
 
+from vitlarge import command
 from vitlarge.data import manifest_schema
 from vitlarge.data.manifest_schema import ASPECT_ORDER, FORMAT, FORMAT_VERSION, MANIFEST_CAP, SPLITS, ManifestProblem  # noqa: F401 (re-exported: the constants live with the schema)
 from vitlarge.data.manifest_schema import SHARD_NAME_RE as SHARD_RE
@@ -46,11 +47,18 @@ from vitlarge.fileio import UnsafeFile, check_inside, open_regular, read_capped,
 from vitlarge.text import plural
 
 MANIFEST_NAME = "dataset.json"
-MAKE_INDEX_FIX = "python -m data_tools.make_index {dir}"
-CONVERT_CMD = "python -m data_tools.imagenet_to_tfrecord"
-DEMO_CMD = "python -m data_tools.make_demo_dataset {dir}"
 DEMO_DIRNAME = "digits"  # recipes/demo_digits.py's data.path is data/digits
 IMAGE_EXTENSIONS = (".jpeg", ".jpg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
+
+def convert_cmd() -> str:
+    """The converter's command where this runs (`vitlarge.command`: a checkout's ``python -m data_tools...``, or
+    installed ``vitlarge-convert``)."""
+    return command("data_tools.imagenet_to_tfrecord")
+
+
+def make_index_fix(data_dir: str) -> str:
+    return f"{command('data_tools.make_index')} {data_dir}"
 
 
 def shard_name(split: str, index: int, count: int) -> str:
@@ -140,7 +148,7 @@ class Manifest:
         if split not in self.splits or not self.splits[split]:
             raise UserError(
                 f"{os.path.join(self.data_dir, MANIFEST_NAME)}: no '{split}' shards listed; "
-                f"convert a '{split}' split or run {MAKE_INDEX_FIX.format(dir=self.data_dir)}"
+                f"convert a '{split}' split or run {make_index_fix(self.data_dir)}"
             )
         return self.splits[split]
 
@@ -194,7 +202,7 @@ def _image_folder_hint(data_dir: str) -> str | None:
     top = names(data_dir)
     if any(SHARD_RE.match(e.name) for e in top):
         return None
-    convert = f"{CONVERT_CMD} --src {{src}} --out {{src}}-tfrecord, then pass --data {{src}}-tfrecord"
+    convert = f"{convert_cmd()} --src {{src}} --out {{src}}-tfrecord, then pass --data {{src}}-tfrecord"
     split_dirs = [e for e in top if e.name in ("train", "val") and e.is_dir()]
     if split_dirs and any(has_images(names(c.path)) for s in split_dirs for c in dirs(names(s.path))):
         return "this is an image folder (ROOT/train/<class>/*): convert it with " + convert.format(src=data_dir)
@@ -215,16 +223,16 @@ def _missing_fix(data_dir: str) -> str:
     if os.path.isdir(os.path.join(data_dir, ".progress")):  # data_tools' done-records: a conversion's output
         return (
             f"a conversion into {data_dir} did not finish (it writes {MANIFEST_NAME} last): rerun it with the same "
-            f"arguments ({CONVERT_CMD} ...); it keeps complete shards and redoes the rest; if every shard is "
-            f"there (a copy that left it out), {MAKE_INDEX_FIX.format(dir=data_dir)} writes it"
+            f"arguments ({convert_cmd()} ...); it keeps complete shards and redoes the rest; if every shard is "
+            f"there (a copy that left it out), {make_index_fix(data_dir)} writes it"
         )
     if os.path.basename(os.path.normpath(data_dir)) == DEMO_DIRNAME:
         return (
-            f"the demo's digits data set is made with {DEMO_CMD.format(dir=data_dir)} (a few seconds); for "
-            f"other images convert with {CONVERT_CMD}"
+            f"the demo's digits data set is made with {command('data_tools.make_demo_dataset')} {data_dir} (a few "
+            f"seconds); for other images convert with {convert_cmd()}"
         )
     return _image_folder_hint(data_dir) or (
-        f"convert images with {CONVERT_CMD}, or for existing shards run {MAKE_INDEX_FIX.format(dir=data_dir)}"
+        f"convert images with {convert_cmd()}, or for existing shards run {make_index_fix(data_dir)}"
     )
 
 
@@ -236,7 +244,7 @@ def load_manifest(data_dir: str) -> Manifest:
         raise UserError(f"{data_dir}: data directory does not exist; {_missing_fix(data_dir)}")
     if not os.path.lexists(path):
         raise UserError(f"{path}: missing; {_missing_fix(data_dir)}")
-    fix = f"re-convert, or run {MAKE_INDEX_FIX.format(dir=data_dir)} to write it again from the shards"
+    fix = f"re-convert, or run {make_index_fix(data_dir)} to write it again from the shards"
     try:
         check_inside(path, data_dir)
         doc = manifest_schema.parse(read_capped(path, MANIFEST_CAP))
@@ -297,7 +305,7 @@ def shard_files(manifest: Manifest, split: str) -> list[tuple[str, str]]:
     ``make_index`` recomputes them.
     """
     d = manifest.data_dir
-    fix = MAKE_INDEX_FIX.format(dir=d)
+    fix = make_index_fix(d)
     listed = [s.file for s in manifest.shards(split)]
     problem = shard_set_problem(listed)
     if problem:

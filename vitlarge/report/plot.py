@@ -1,4 +1,5 @@
-"""A picture of a run: ``python -m vitlarge.report.plot RUN_DIR`` writes ``RUN_DIR/metrics.png``.
+"""A picture of a run: ``python -m vitlarge.report.plot RUN_DIR`` writes ``RUN_DIR/metrics.png``; with two or
+more runs (``vitlarge-plot runs/a runs/b --out ab.png``) one picture compares them (`plot_runs`).
 
 Four panels against the optimizer step (epochs on a second axis along the top): train loss,
 learning rate, validation top-1/top-5 (and the model EMA's top-1 when the run has one), and throughput (images/s over all devices). The train loss
@@ -8,6 +9,10 @@ overflow steps (skipped updates) are marked on the loss panel. Training writes t
 its end (`hooks.plot.PlotHook`).
 
 Reads metrics.jsonl with `vitlarge.report.metrics_log.read_metrics`, so a resumed run shows one history.
+
+The comparison draws each run in a colour of its own, named in the legend: the train loss as its moving
+average, the learning rate, the validation top-1 and the throughput, against the optimizer step or, with
+``--x epoch``, the epoch (runs of different global batches take different steps per epoch).
 """
 
 from __future__ import annotations
@@ -42,14 +47,8 @@ def _num(x: float | None) -> float:
     return math.nan if x is None else float(x)
 
 
-def plot_run(workdir: str | Path, out: str | Path | None = None) -> Path:
-    """Writes the run's picture (PNG, atomically) and returns its path; UserError without records."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display needed; also on a cluster's compute node
-    import matplotlib.pyplot as plt
-
-    workdir = Path(workdir)
+def _records(workdir: Path) -> tuple[list[dict], list[dict], dict]:
+    """``(train, evals, start)`` records of a run; UserError where it has none yet."""
     path = workdir / FILENAME
     if not path.is_file():
         raise UserError(f"{path} does not exist; pass the --workdir of a run that has started")
@@ -58,8 +57,36 @@ def plot_run(workdir: str | Path, out: str | Path | None = None) -> Path:
     evals = [r for r in records if r.get("event") == "eval"]
     if not train:
         raise UserError(f"{path} has no training steps yet; plot again after the first step")
-    start = next((r for r in records if r.get("event") == "start"), {})
-    steps_per_epoch = start.get("steps_per_epoch") or (train[-1]["step"] / max(train[-1]["epoch"], 1e-9))
+    return train, evals, next((r for r in records if r.get("event") == "start"), {})
+
+
+def _steps_per_epoch(train: list[dict], start: dict) -> float:
+    return start.get("steps_per_epoch") or (train[-1]["step"] / max(train[-1]["epoch"], 1e-9))
+
+
+def _save(fig, target: Path, root: Path | None) -> Path:
+    import matplotlib.pyplot as plt
+
+    png = io.BytesIO()
+    fig.savefig(png, dpi=110, format="png")
+    plt.close(fig)
+    try:
+        write_atomic(target, png.getvalue(), root=root)
+    except UnsafeFile as e:
+        raise UserError(f"{e.filename}: {e.strerror}; remove it and draw again") from None
+    return target
+
+
+def plot_run(workdir: str | Path, out: str | Path | None = None) -> Path:
+    """Writes the run's picture (PNG, atomically) and returns its path; UserError without records."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed; also on a cluster's compute node
+    import matplotlib.pyplot as plt
+
+    workdir = Path(workdir)
+    train, evals, start = _records(workdir)
+    steps_per_epoch = _steps_per_epoch(train, start)
     steps = [r["step"] for r in train]
     window = max(1, len(train) // 50)
 
@@ -135,25 +162,71 @@ def plot_run(workdir: str | Path, out: str | Path | None = None) -> Path:
     )
     fig.tight_layout()
 
-    png = io.BytesIO()
-    fig.savefig(png, dpi=110, format="png")
-    plt.close(fig)
     # The default picture stays inside the workdir (a planted metrics.png link is replaced, not written
     # through: write_atomic); an --out the user names may be anywhere.
-    target, root = (Path(out), None) if out else (workdir / PLOT_FILENAME, workdir)
-    try:
-        write_atomic(target, png.getvalue(), root=root)
-    except UnsafeFile as e:
-        raise UserError(f"{e.filename}: {e.strerror}; remove it and draw again") from None
-    return target
+    return _save(fig, Path(out), None) if out else _save(fig, workdir / PLOT_FILENAME, workdir)
+
+
+COMPARE_FILENAME = "compare.png"
+"""Where a comparison goes without ``--out``: the current directory (it belongs to no one run)."""
+
+
+def plot_runs(workdirs: list[str | Path], out: str | Path | None = None, x: str = "step") -> Path:
+    """One picture of two or more runs (PNG, atomically), each in its colour; returns its path. ``x``: ``step``
+    or ``epoch``. UserError naming the run without records."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [(Path(w), *_records(Path(w))) for w in workdirs]
+    names = [w.name for w, *_ in runs]
+    if len(set(names)) < len(names):  # runs/a/demo and runs/b/demo: the paths tell them apart
+        names = [str(w) for w, *_ in runs]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
+    (ax_loss, ax_lr), (ax_acc, ax_speed) = axes
+    for i, ((_, train, evals, start), name) in enumerate(zip(runs, names)):
+        colour = f"C{i % 10}"
+        per_epoch = _steps_per_epoch(train, start) if x == "epoch" else 1.0
+        xs = [r["step"] / per_epoch for r in train]
+        window = max(1, len(train) // 50)
+        ax_loss.plot(xs, _smooth([_num(r.get("train_loss")) for r in train], window), color=colour, label=name)
+        ax_lr.plot(xs, [_num(r.get("lr")) for r in train], color=colour, label=name)
+        if evals:
+            es = [e["step"] / per_epoch for e in evals]
+            top1 = [100 * _num(e.get("val_top1")) for e in evals]
+            ax_acc.plot(es, top1, "o-", color=colour, label=f"{name}: {top1[-1]:.2f}%")
+        speed = _smooth([_num(r.get("images_per_s")) for r in train], window)
+        ax_speed.plot(xs, speed, color=colour, label=f"{name} ({start.get('world_size', '?')} devices)")
+    ax_loss.set_ylabel("train loss (moving mean)")
+    ax_lr.set_ylabel("learning rate")
+    ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    ax_acc.set_ylabel("validation top-1 (%)")
+    ax_speed.set_ylabel("images/s")
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+        if ax.has_data():
+            ax.legend(fontsize=8)
+    for ax in axes[1]:
+        ax.set_xlabel("epoch" if x == "epoch" else "optimizer step")
+    fig.suptitle(" vs ".join(names), fontsize=11)
+    fig.tight_layout()
+    return _save(fig, Path(out or COMPARE_FILENAME), None)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    p.add_argument("workdir", help="a run's --workdir (holds metrics.jsonl)")
-    p.add_argument("--out", help=f"PNG to write (default: WORKDIR/{PLOT_FILENAME})")
+    p.add_argument("workdir", nargs="+", help="a run's --workdir (holds metrics.jsonl); two or more: one picture")
+    p.add_argument(
+        "--out", help=f"PNG to write (default: WORKDIR/{PLOT_FILENAME}; for several runs {COMPARE_FILENAME} here)"
+    )
+    p.add_argument(
+        "--x", choices=("step", "epoch"), default="step", help="several runs: against the step (default) or epoch"
+    )
     args = p.parse_args(argv)
-    return cli_main(lambda: print(plot_run(args.workdir, args.out)))
+    if len(args.workdir) == 1:
+        return cli_main(lambda: print(plot_run(args.workdir[0], args.out)))
+    return cli_main(lambda: print(plot_runs(args.workdir, args.out, args.x)))
 
 
 if __name__ == "__main__":

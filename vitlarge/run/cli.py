@@ -145,6 +145,10 @@ def plan_or_train(args, env, threads: ThreadPools, make_hooks: MakeHooks | None 
                 settings = plan_settings(cfg, "cuda")
                 print_gpu_time(cfg, plan, settings.precision, settings.compile, args.gpu, args.gpu_results)
         return 0
+    if cfg.data.source == "tfrecord":  # a data set that is not there: one line now, not after those 10-20 s
+        from vitlarge.data.manifest import load_manifest
+
+        load_manifest(cfg.data.path)  # every rank: one without it names itself (report_before_group)
     if env.is_main:  # what the next 10-20 s of imports and rendezvous are, before the first line of the run's own
         print(
             f"vitlarge: {args.config} on {env.world_size} process{'es' if env.world_size > 1 else ''}: loading "

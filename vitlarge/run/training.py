@@ -176,7 +176,7 @@ def build_run(
             launch.say(gpu_line)
         booster.load()  # seconds: before the rendezvous, whose timeout the user sets
 
-    # The process group first: a check that fails on one rank (a data path or mount missing on one
+    # The process group first: a check that fails on one rank (a shard or a mount missing on one
     # node) then stops every rank within a collective, printed by the rank that met it. Its collectives wait
     # train.init_timeout_s until step 1 (then `Trainer` lowers it): the rendezvous, compile, the first DALI
     # fill, a resume's read.

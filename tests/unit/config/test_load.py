@@ -688,13 +688,78 @@ def test_type_errors_read_as_english(item, message):
     assert str(e.value) == f"command line: {message}"
 
 
-def test_a_shipped_recipe_loads_by_name_and_derived_ones_import_their_base_relatively():
-    """``--config deit3_b16_32k``: recipes/ is a package (installed: vitlarge.recipes), so a recipe's
-    ``from .deit3_b16 import config`` works wherever it is installed."""
+def test_a_shipped_recipe_loads_by_name_and_derived_ones_import_their_base_as_vitlarge_recipes():
+    """``--config deit3_b16_32k``: the shipped recipes are the package ``vitlarge.recipes`` in a checkout and
+    installed, and a derived one imports its base by that name (tests/e2e/test_install.py: installed)."""
+    import vitlarge.recipes.vit_b16
+
+    assert Path(vitlarge.recipes.vit_b16.__file__) == RECIPES / "vit_b16.py"
     assert load_recipe("deit3_b16_32k") == load_recipe(recipe("deit3_b16_32k"))
     assert load_recipe("deit3_b16_32k").train.global_batch == 32768
-    with pytest.raises(UserError, match="recipe .*no_such_recipe.py does not exist"):
-        load_recipe("no_such_recipe")
+
+
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        ("vit_b61", "recipe vit_b61 does not exist; did you mean vit_b16?"),
+        ("demo_digit", "recipe demo_digit does not exist; did you mean demo_digits?"),
+        ("recipes/vit_l61.py", "recipe recipes/vit_l61.py does not exist; did you mean recipes/vit_l16.py?"),
+        (
+            "no_such_recipe",
+            "recipe no_such_recipe: no shipped recipe has that name (deit3_b16, deit3_b16_32k, deit3_b16_ft224, "
+            "demo_digits, demo_digits_ft24, demo_digits_progressive, vit_b16, vit_b16_ft384, vit_b16_progressive, "
+            "vit_b32, vit_h14, vit_l16, vit_l32); or pass a recipe file's path",
+        ),
+    ],
+)
+def test_a_mistyped_recipe_is_one_line_with_the_closest_name(given, message, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(UserError) as e:
+        load_recipe(given)
+    assert str(e.value) == message
+
+
+def test_a_copy_of_any_shipped_recipe_loads_outside_recipes(tmp_path):
+    """A user's recipe starts as a copy of a shipped one, in a folder of their own (not a package)."""
+    for name in ALL_RECIPES:
+        copy = tmp_path / f"my_{name}.py"
+        copy.write_text((RECIPES / f"{name}.py").read_text())
+        assert load_recipe(copy) == load_recipe(recipe(name)), name
+
+
+def test_a_recipe_of_ones_own_derives_from_a_shipped_one_with_one_import(tmp_path):
+    mine = tmp_path / "flowers.py"
+    mine.write_text(
+        "from vitlarge.recipes.demo_digits import config as base\n\n\n"
+        "def config():\n    c = base()\n    c.data.num_classes = 5\n    c.workdir = 'runs/flowers'\n    return c\n"
+    )
+    cfg = load_config(mine)
+    assert (cfg.data.num_classes, cfg.workdir, cfg.model.kwargs) == (
+        5,
+        "runs/flowers",
+        load_recipe(recipe("demo_digits")).model.kwargs,
+    )
+
+
+def test_a_relative_import_outside_a_package_is_one_line_with_the_import_that_works(tmp_path):
+    old_copy = tmp_path / "mine.py"
+    old_copy.write_text("from .demo_digits import config as base\n\n\ndef config():\n    return base()\n")
+    with pytest.raises(UserError) as e:
+        load_recipe(old_copy)
+    assert str(e.value) == (
+        f"recipe {old_copy}: line 1, 'from .demo_digits import config as base', is a relative import, which works "
+        "only inside recipes/; import the shipped recipe by its full name: from vitlarge.recipes.demo_digits "
+        "import config as base"
+    )
+    own = tmp_path / "own.py"
+    own.write_text("import os\nfrom .common import config\n")
+    with pytest.raises(UserError) as e:
+        load_recipe(own)
+    assert str(e.value) == (
+        f"recipe {own}: line 2, 'from .common import config', is a relative import, which works only inside a "
+        f"package; import by the full name (from vitlarge.recipes.vit_b16 import config), or put an __init__.py "
+        f"in {tmp_path}"
+    )
 
 
 def test_a_profile_window_is_a_start_end_pair_of_optimizer_steps():

@@ -7,6 +7,7 @@ import io
 import json
 import os
 import re
+import shutil
 import time
 
 import pytest
@@ -14,9 +15,9 @@ from PIL import Image
 from tfrecord.reader import tfrecord_loader
 from tfrecord.tools.tfrecord2idx import create_index
 
-from data_tools import imagenet_to_tfrecord, make_bench_dataset, make_index
+from data_tools import imagefolder, imagenet_to_tfrecord, make_bench_dataset, make_index
 from tests.helpers import call_main
-from tests.helpers.data_fixtures import SYNSETS, TINY_TRAIN_PER_CLASS, TINY_VAL_PER_CLASS
+from tests.helpers.data_fixtures import SYNSETS, TINY_TRAIN_PER_CLASS, TINY_VAL_PER_CLASS, copy_imagefolder
 from vitlarge.data.manifest import load_manifest
 
 DESCRIPTION = {
@@ -332,3 +333,93 @@ def test_make_index_records_the_validation_sizes_and_finds_their_order(converted
     os.link(tmp_path / "validation-00001-of-00002", unsorted / "validation-00000-of-00002")
     m = make_index.make_index(str(unsorted))
     assert m.order == {} and all(s.sizes is not None for s in m.shards("validation"))
+
+
+# --- the image tree's shapes: subfolders in a class, few images, a class validation lacks ---------------------
+
+
+def labels_in(out: str, split: str) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for rec in read_split(out, split):
+        counts[rec["image/class/label"][0]] = counts.get(rec["image/class/label"][0], 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("moved", ["all", "some"])
+def test_images_in_subfolders_of_a_class_folder_are_that_class(tiny_imagefolder, tmp_path, moved):
+    """All of a class under train/<wnid>/sub/, or some of it two levels down (and a val class's too): every image
+    is converted, labelled by the class folder that holds it."""
+    src = copy_imagefolder(tiny_imagefolder, str(tmp_path / "src"))
+    for split, cls in (("train", SYNSETS[1]), ("val", SYNSETS[2])):
+        folder = os.path.join(src, split, cls)
+        names = sorted(os.listdir(folder))
+        sub = os.path.join(folder, "sub") if moved == "all" else os.path.join(folder, "part2", "more")
+        os.makedirs(sub)
+        for n in names if moved == "all" else names[::2]:
+            os.rename(os.path.join(folder, n), os.path.join(sub, n))
+    out = str(tmp_path / "out")
+    m = imagenet_to_tfrecord.convert(src, out, train_shards=2, val_shards=1, workers=0, progress=False)
+    assert labels_in(out, "train") == {1 + i: TINY_TRAIN_PER_CLASS for i in range(3)}
+    assert labels_in(out, "validation") == {1 + i: TINY_VAL_PER_CLASS for i in range(3)}
+    assert m.num_classes == 3
+
+
+def test_links_in_a_class_folder_are_followed_once_and_a_loop_is_refused(tiny_imagefolder, tmp_path):
+    from vitlarge.errors import UserError
+
+    src = copy_imagefolder(tiny_imagefolder, str(tmp_path / "src"))
+    elsewhere = tmp_path / "more"
+    os.makedirs(elsewhere)
+    shutil.copy(
+        os.path.join(src, "train", SYNSETS[0], sorted(os.listdir(os.path.join(src, "train", SYNSETS[0])))[-1]),
+        elsewhere / "x.JPEG",
+    )
+    for n in ("a", "b"):  # two links to one folder: its image once
+        os.symlink(elsewhere, os.path.join(src, "train", SYNSETS[0], n))
+    _, splits = imagefolder.discover(src, None, 1)
+    assert len(splits["train"]) == 3 * TINY_TRAIN_PER_CLASS + 1
+    loop = os.path.join(src, "train", SYNSETS[0], "a", "loop")
+    os.symlink(os.path.join(src, "train"), loop)  # the class folder's parent: the other classes too
+    with pytest.raises(UserError) as e:
+        imagefolder.discover(src, None, 1)
+    assert str(e.value).startswith(f"{loop}: links to {src}/train, which holds the class folder ")
+
+
+def test_a_class_with_one_image_and_a_class_missing_from_val_are_each_warned_once(tiny_imagefolder, tmp_path):
+    src = copy_imagefolder(tiny_imagefolder, str(tmp_path / "src"))
+    lone = os.path.join(src, "train", "n09999999")
+    os.makedirs(lone)
+    first = sorted(os.listdir(os.path.join(src, "train", SYNSETS[1])))[-1]
+    shutil.copy(os.path.join(src, "train", SYNSETS[1], first), os.path.join(lone, "only.JPEG"))
+    args = ["--src", src, "--workers", "0", "--no-progress"]
+    r = call_main("data_tools.imagenet_to_tfrecord", *args, "--out", str(tmp_path / "a"), "--min-class-images", "5")
+    assert r.returncode == 0, r.stderr
+    assert [line for line in r.stderr.splitlines() if line.startswith("warning")] == [
+        f"warning: 1 of 4 classes has fewer than 5 training images (n09999999: 1) in {src}/train; add images or "
+        "remove the class (--min-class-images N sets this threshold)",
+        f"warning: 1 of 4 classes has no validation image (n09999999): validation does not measure it; add images "
+        f"to {src}/val if that is not intended",
+    ]
+    assert load_manifest(str(tmp_path / "a")).num_examples("train") == 3 * TINY_TRAIN_PER_CLASS + 1
+    r = call_main("data_tools.imagenet_to_tfrecord", *args, "--out", str(tmp_path / "b"))  # the default threshold
+    few = ", ".join(f"{s}: {TINY_TRAIN_PER_CLASS}" for s in SYNSETS)
+    assert f"warning: 4 of 4 classes have fewer than 10 training images ({few}, n09999999: 1) in" in r.stderr
+    assert r.stderr.count("warning: ") == 2
+
+
+def test_make_index_keeps_the_converters_count_of_skipped_images(tiny_imagefolder, tmp_path):
+    from tests.helpers.data_fixtures import corrupt_jpeg_bytes
+
+    src = copy_imagefolder(tiny_imagefolder, str(tmp_path / "src"))
+    with open(os.path.join(src, "train", SYNSETS[1], "zz_corrupt.JPEG"), "wb") as f:
+        f.write(corrupt_jpeg_bytes())
+    out = str(tmp_path / "out")
+    kw = dict(train_shards=2, val_shards=1, workers=0, progress=False, skip_bad=True)
+    assert imagenet_to_tfrecord.convert(src, out, **kw).skipped == {"train": 1, "validation": 0}
+    assert make_index.make_index(out).skipped.get("train") == 1  # over the converter's own dataset.json
+    os.remove(os.path.join(out, "dataset.json"))  # a copy that left it out: the done-records say
+    assert make_index.make_index(out).skipped.get("train") == 1
+    shutil.rmtree(os.path.join(out, ".progress"))  # a copy without them: the dataset.json it replaces says
+    assert make_index.make_index(out).skipped.get("train") == 1
+    os.remove(os.path.join(out, "dataset.json"))  # neither: shards made elsewhere, nothing known to be skipped
+    assert make_index.make_index(out).skipped.get("train", 0) == 0

@@ -72,9 +72,10 @@ def evaluation(s: int, ema: bool = False) -> EvalMetrics:
     return m
 
 
-def write_run(workdir, steps=40, evals=(11, 22, 33, 40), ema: bool = False) -> None:
-    """A run as JsonlHook writes it, with one fp16 overflow and a non-finite loss, then the plot hook."""
-    hooks = [JsonlHook(str(workdir)), PlotHook(str(workdir))]
+def write_run(workdir, steps=40, evals=(11, 22, 33, 40), ema: bool = False, plot: bool = True) -> PlotHook | None:
+    """A run as JsonlHook writes it, with one fp16 overflow and a non-finite loss, then the plot hook (its picture,
+    unless ``plot`` is false)."""
+    hooks = [JsonlHook(str(workdir))] + ([PlotHook(str(workdir))] if plot else [])
     run = run_info(workdir)
     for h in hooks:
         h.on_train_start(run)
@@ -87,7 +88,7 @@ def write_run(workdir, steps=40, evals=(11, 22, 33, 40), ema: bool = False) -> N
                 h.on_eval_end(run, evaluation(s, ema))
     for h in hooks:
         h.on_train_end(run, evaluation(steps, ema))
-    return hooks[1]
+    return hooks[1] if plot else None
 
 
 def test_the_hook_draws_the_run_at_its_end_next_to_metrics_jsonl(tmp_path):
@@ -138,3 +139,26 @@ def test_a_run_with_a_model_ema_gets_its_top1_curve_and_one_without_does_not(tmp
         with Image.open(tmp_path / str(ema) / PLOT_FILENAME) as image:
             cyan = sum(n for n, colour in image.convert("RGB").getcolors(maxcolors=1 << 16) if colour == EMA_CYAN)
         assert (cyan > 20) == ema, cyan
+
+
+def colour_count(path, colour) -> int:
+    with Image.open(path) as image:
+        return sum(n for n, c in image.convert("RGB").getcolors(maxcolors=1 << 16) if c == colour)
+
+
+BLUE, ORANGE, GREEN, RED = (31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40)  # matplotlib's C0-C3
+
+
+def test_two_or_more_runs_are_compared_in_one_picture_each_in_its_colour(tmp_path, monkeypatch):
+    for name, steps in (("a", 40), ("b", 30), ("c", 20)):
+        write_run(tmp_path / name, steps=steps, evals=(11, steps), plot=False)
+    monkeypatch.chdir(tmp_path)  # without --out: compare.png here, not inside one of the runs
+    r = call_main("vitlarge.report.plot", "a", "b", "c", "--x", "epoch")
+    assert r.returncode == 0 and r.stdout.strip() == "compare.png", r.stderr
+    assert all(colour_count("compare.png", c) > 200 for c in (BLUE, ORANGE, GREEN))
+    assert colour_count("compare.png", RED) == 0  # a fourth run's
+    assert not list(tmp_path.glob("*/metrics.png"))
+    r = call_main("vitlarge.report.plot", "a", "missing", "--out", "ab.png")
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "error: missing/metrics.jsonl does not exist; pass the --workdir of a run that has started"
+    )
