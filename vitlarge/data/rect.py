@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from vitlarge.data.common import val_forwards
-from vitlarge.data.manifest import CONVERT_CMD, MANIFEST_NAME, Manifest
+from vitlarge.data.manifest import MANIFEST_NAME, Manifest, convert_cmd
 from vitlarge.data.manifest_schema import ASPECT_ORDER
 from vitlarge.errors import UserError
 
@@ -72,7 +72,7 @@ def val_sizes(manifest: Manifest) -> list[Size]:
     d = manifest.data_dir
     raise UserError(
         f"{d}/{MANIFEST_NAME}: the validation split is not stored sorted by aspect ratio with its image sizes, "
-        f"which data.rect_val needs; convert it again with {CONVERT_CMD} --src ROOT --out {d} and the "
+        f"which data.rect_val needs; convert it again with {convert_cmd()} --src ROOT --out {d} and the "
         "arguments it was made with (the training shards are kept, only the validation shards are rewritten), "
         "or set data.rect_val=false"
     )

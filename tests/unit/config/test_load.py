@@ -706,9 +706,9 @@ def test_a_shipped_recipe_loads_by_name_and_derived_ones_import_their_base_as_vi
         ("recipes/vit_l61.py", "recipe recipes/vit_l61.py does not exist; did you mean recipes/vit_l16.py?"),
         (
             "no_such_recipe",
-            "recipe no_such_recipe: no shipped recipe has that name (deit3_b16, deit3_b16_32k, deit3_b16_ft224, "
-            "demo_digits, demo_digits_ft24, demo_digits_progressive, vit_b16, vit_b16_ft384, vit_b16_progressive, "
-            "vit_b32, vit_h14, vit_l16, vit_l32); or pass a recipe file's path",
+            "recipe no_such_recipe: no shipped recipe has that name ("
+            + ", ".join(sorted(p.stem for p in (ROOT / "recipes").glob("[!_]*.py")))
+            + "); or pass a recipe file's path",
         ),
     ],
 )
