@@ -86,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, args.overrides, override_files=args.override_files, data__path=args.data)
         meta = store.read_meta(args.checkpoint) if (Path(args.checkpoint) / "meta.json").is_file() else None
         changed = as_trained(cfg, meta.get("config", {})) if meta else []
+        if meta:  # the model its meta.json describes is the checkpoint's, before one is built
+            store.check_compatible_config(meta, args.checkpoint, cfg)
         # As train.py starts: precision auto resolved, the kernels training's own evaluation ran with.
         settings = start(cfg, env, threads.size_thread_pools()).settings
         device = settings.device
