@@ -603,6 +603,7 @@ def test_evaluate_checks_a_recorded_config_before_it_builds_a_model(ckpt, config
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and expect in r.stderr, r.stderr
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # dcp.save in this one process, as intended
 def test_optimizer_settings_of_another_kind_are_refused_before_they_reach_the_optimizer(ckpt, cfg):
     """A checkpoint re-saved by dcp.save with param_groups[*].eps='oops' passes verify (every byte as recorded) and
     raised TypeError in the LAMB kernel at the first step; the settings are typed against the optimizer's own."""
