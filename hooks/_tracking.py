@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from vitlarge import fileio
+from vitlarge.errors import UserError
 from vitlarge.events import EvalMetrics, Hook, RunInfo, StepMetrics
 
 from ._sender import FLUSH_TIMEOUT_S, Sender
@@ -214,6 +215,18 @@ def numbers(record: dict) -> dict[str, float]:
     return out
 
 
+def check_inside_workdir(workdir: str | Path, *names: str) -> None:
+    """A one-line `UserError` unless each of ``names`` under the workdir, where it exists, resolves inside it
+    (`fileio.check_inside`): a link planted in a handed-over workdir (``mlflow.db -> elsewhere``) would carry the
+    tracker's files out of it. The run stops, as for a planted ``tb`` link (`hooks.tensorboard`)."""
+    for name in names:
+        path = Path(workdir) / name
+        try:
+            fileio.check_inside(path, workdir)
+        except fileio.UnsafeFile as e:
+            raise UserError(f"{path}: {e.strerror}; remove the link and run again") from None
+
+
 def warn_off(tracker: str, title: str, e: BaseException) -> None:
     """The one line of a tracker that could not start: this run is not tracked there, training goes on."""
     why = " ".join(str(e).split())[:300]
@@ -254,7 +267,8 @@ def source_commit() -> str:
 
 class TrackerHook(Hook):
     """What the MLflow and W&B hooks share: the main rank only; `_begin` at train start, where any failure (a
-    broken install, an unwritable trackers.json) turns this tracker off in one line and training goes on; each
+    broken install, an unwritable trackers.json) turns this tracker off in one line and training goes on, but a
+    `UserError` (the workdir at fault: a planted link) stops the run in one line; each
     step's and evaluation's numbers queued for the sender as `_metrics_record` makes them; at close the run ended
     (``("end", finished)``: the final evaluation happened, or not) and a bounded flush."""
 
@@ -278,6 +292,8 @@ class TrackerHook(Hook):
             return
         try:
             self._begin(run)
+        except UserError:
+            raise
         except Exception as e:  # noqa: BLE001
             self.sender = None
             warn_off(self.tracker, self.title, e)

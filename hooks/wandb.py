@@ -6,7 +6,9 @@ Main rank only. Configured as W&B users expect, by its own variables (``WANDB_PR
 (``<workdir>/wandb``). The run id is this line's (``trackers.json``), else ``WANDB_RUN_ID``, else a new one.
 ``wandb.init`` and every ``log`` run on `hooks._sender`'s thread: W&B's service process (``wandb-core``, started by
 ``wandb.init``: about a second and ~100 MB) never delays a step, and a W&B that is down costs one warning line.
-Console capture is off unless ``WANDB_CONSOLE`` says otherwise (the launcher's log has the console).
+Console capture is off unless ``WANDB_CONSOLE`` says otherwise (the launcher's log has the console). Without
+``WANDB_DIR`` the ``wandb`` folder must resolve inside the workdir: a link planted in a handed-over workdir stops the
+run in one line rather than carrying W&B's files elsewhere (W&B replaces its own links inside it, ``latest-run``...).
 
 * config: the resolved config (nested as the recipe's sections), and ``vitlarge`` (commit, world size, device,
   precision and its reason, plugin, parent run); ``segment_<nnn>`` per process start (``segment_001``...; start
@@ -56,6 +58,8 @@ class WandbHook(_tracking.TrackerHook):
         self.wandb_run: wandb.Run | None = None
 
     def _begin(self, run: RunInfo) -> None:
+        if not os.environ.get("WANDB_DIR"):
+            _tracking.check_inside_workdir(run.workdir, "wandb")
         import wandb
 
         # Loaded here, before the first step, as hooks.mlflow imports MLflow (a run makes W&B a lazy module until its

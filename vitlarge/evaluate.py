@@ -172,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         changed, exported_at = (as_trained(cfg, meta.get("config", {})) if meta else []), None
         if meta is None and (given / "config.json").is_file():  # an export: its config.json says how it was trained
             changed, exported_at = as_exported(cfg, given)
+        if meta:  # the model its meta.json describes is the checkpoint's, before one is built
+            store.check_compatible_config(meta, args.checkpoint, cfg)
         # As train.py starts: precision auto resolved, the kernels training's own evaluation ran with.
         settings = start(cfg, env, threads.size_thread_pools()).settings
         device = settings.device

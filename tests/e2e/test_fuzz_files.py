@@ -1,7 +1,8 @@
 """Random mutations of the real files vitlarge reads from elsewhere (meta.json, DCP's .metadata, rank files,
-the loader state, dataset.json, TFRecord headers), a fixed seed, a few hundred per format: each ends in a
-clean pass or one line (`UserError`, exit 2 at the CLIs), touches nothing outside its scratch folder, starts
-no process, and answers within the driver's alarm; peak memory stays bounded (tests/helpers/fuzz_files.py)."""
+the loader state, dataset.json, TFRecord headers, a workdir's mlflow.db and the trackers' names beside it), a
+fixed seed, a few hundred per format: each ends in a clean pass or one line (`UserError`, exit 2 at the CLIs;
+a tracker's warning line), touches nothing outside its scratch folder, starts no process, connects to nothing,
+and answers within the driver's alarm; each format's peak memory stays bounded (tests/helpers/fuzz_files.py)."""
 
 import json
 import os
@@ -14,6 +15,9 @@ from tests.helpers import ROOT
 # the distinct refusals reached still grow between 150 and 200 cases for the checkpoint formats
 # (meta.json 35 -> 37, .metadata 31 -> 33, rank file 10 -> 11 at seed 7, counting each entry point's line).
 CASES = 200
+FORMAT_PEAK_MIB = 2048
+"""Each format's peak RSS, the process's own ~1.1 GiB (torch, DALI, MLflow loaded) included: 1.05-1.2 GiB measured
+(AMD EPYC, 2 cores); a crafted file that took memory out of proportion to its size would go past it."""
 
 
 def test_files_from_elsewhere_fuzz(tmp_path, demo_data):
@@ -29,9 +33,11 @@ def test_files_from_elsewhere_fuzz(tmp_path, demo_data):
     )
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads(r.stdout[r.stdout.index("FUZZ ") + 5 :])
-    for name in ("meta.json", ".metadata", "rank file", "loader state", "dataset.json", "TFRecord headers"):
+    formats = ("meta.json", ".metadata", "rank file", "loader state", "dataset.json", "TFRecord headers")
+    for name in formats + ("mlflow.db", "tracker names"):
         result = report[name]
         assert result["failures"] == [], f"{name}: {result['failures'][:5]}"
         assert result["refused"] > 0  # the mutations reach the checks (not all swallowed as passes)
+        assert result["peak_rss_mib"] < FORMAT_PEAK_MIB, f"{name}: {result['peak_rss_mib']} MiB"
     assert report["violations"] == []
     assert report["peak_rss_mib"] < 3072

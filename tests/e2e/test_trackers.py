@@ -12,6 +12,7 @@ In-process parts (the sender, trackers.json, the config checks): tests/unit/hook
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -280,15 +281,67 @@ def drive(hook, run, steps: int = 3) -> None:
     hook.on_close(run)
 
 
+class Sink:
+    """A local HTTP server that answers every request and records it: where a database's artifact location may
+    point (an MLflow server's artifact proxy takes ``PUT``)."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        requests = self.requests = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_PUT(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                requests.append(f"{self.command} {self.path}")
+                self.send_response(200)
+                self.end_headers()
+
+            do_POST = do_GET = do_PUT
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        self.uri = f"http://127.0.0.1:{self.server.server_port}/x"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def handed_over(workdir: Path, to: Path, experiment: str, location: str) -> Path:
+    """A copy of ``workdir`` (without its trackers.json: its next run is a new tracked run) whose mlflow.db gives
+    ``experiment`` the artifact location ``location``, as an edited database would."""
+    import shutil
+    import sqlite3
+
+    shutil.copytree(workdir, to, ignore=shutil.ignore_patterns("trackers.json"))
+    db = sqlite3.connect(to / "mlflow.db")
+    db.execute("UPDATE experiments SET artifact_location = ? WHERE name = ?", (location, experiment))
+    db.commit()
+    db.close()
+    return to
+
+
 def hook_lines(caplog) -> list[str]:
     """The MLflow hook's own warning lines (MLflow's and others' left out)."""
     return [r.getMessage() for r in caplog.records if r.getMessage().startswith(WARN_MLFLOW)]
 
 
+def start_lines(caplog) -> list[str]:
+    """The MLflow hook's line at a run's start."""
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("mlflow: run ")]
+
+
 def test_the_default_store_a_lost_run_a_parent_and_a_closed_port(tmp_path, monkeypatch, caplog):
     """The real hook in this process (no training run: the run's side is the stopped server's test above): the
-    default SQLite store in the workdir; a saved run the store no longer has; a --resume of an older step (the parent
-    tag); a closed port (one line)."""
+    default SQLite store in the workdir, its start line and its Default experiment's artifacts in the workdir; a saved
+    run the store no longer has; a --resume of an older step (the parent tag); a copy of the workdir whose database
+    sends artifacts elsewhere (a folder, a server: refused in one line, nothing written or sent there; the same
+    database named by log.mlflow_uri: its location, named); a closed port (one line)."""
     from mlflow import MlflowClient
 
     from hooks import MlflowHook
@@ -300,6 +353,7 @@ def test_the_default_store_a_lost_run_a_parent_and_a_closed_port(tmp_path, monke
         return MlflowHook(str(workdir), flush_timeout_s=300)
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    caplog.set_level(logging.INFO, logger="vitlarge")
     cfg = Config()
     cfg.log.mlflow, cfg.log.experiment = True, "trackers-e2e"
     workdir = tmp_path / "default"
@@ -311,6 +365,11 @@ def test_the_default_store_a_lost_run_a_parent_and_a_closed_port(tmp_path, monke
     (found,) = client.search_runs([exp_id])
     first = found.info.run_id
     assert first == tracker_ids(workdir)["mlflow"]
+    assert start_lines(caplog) == [
+        f"mlflow: run {first} (experiment trackers-e2e) in sqlite:///{workdir / 'mlflow.db'}; artifacts to "
+        f"{(workdir / 'mlartifacts').as_uri()}/{first}/artifacts"
+    ]
+    assert client.get_experiment("0").artifact_location == (workdir / "mlartifacts" / "0").as_uri()
     assert [m.value for m in client.get_metric_history(first, "train_loss")] == [6.9, 6.8, 6.7]
     assert (workdir / "mlartifacts" / first / "artifacts" / "model" / "config.json").is_file()
 
@@ -337,6 +396,34 @@ def test_the_default_store_a_lost_run_a_parent_and_a_closed_port(tmp_path, monke
     assert child.info.run_name == "default-from-step-2"
     assert json.loads(child.data.tags["vitlarge.segment.001"])["reason"] == "resume-from"
     assert len(hook_lines(caplog)) == 1
+
+    # Copies of this workdir whose database gives the experiment a location elsewhere: nothing goes there.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    sink = Sink()
+    try:
+        for i, location in enumerate((elsewhere.as_uri(), sink.uri)):
+            caplog.clear()
+            handed = handed_over(workdir, tmp_path / f"handed{i}", "trackers-e2e", location)
+            drive(hook(handed), make_run(handed, cfg=cfg))
+            (line,) = hook_lines(caplog)
+            assert line.startswith(f"{WARN_MLFLOW}{handed / 'mlflow.db'} sends this run's artifacts to {location},")
+            assert line.endswith(
+                f", outside {handed / 'mlartifacts'} (a workdir moved, or its database edited); refused: this run is "
+                "not tracked in MLflow, training goes on; move mlflow.db aside to start a new store here, or name "
+                "the store in log.mlflow_uri to use that location"
+            )
+            assert start_lines(caplog) == []
+    finally:
+        sink.stop()
+    assert list(elsewhere.iterdir()) == [] and sink.requests == []
+    # The user names that database: its location is theirs to choose, and the start line names it.
+    caplog.clear()
+    cfg.log.mlflow_uri = f"sqlite:///{tmp_path / 'handed0' / 'mlflow.db'}"
+    drive(hook(tmp_path / "handed0"), make_run(tmp_path / "handed0", cfg=cfg))
+    (line,) = start_lines(caplog)
+    assert line.endswith(f"; artifacts to {elsewhere.as_uri()}/{line.split()[2]}/artifacts") and not hook_lines(caplog)
+    assert (elsewhere / line.split()[2] / "artifacts" / "model" / "config.json").is_file()
 
     caplog.clear()
     closed = launcher.free_port()  # nothing listens there

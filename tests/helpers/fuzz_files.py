@@ -4,18 +4,19 @@
 and data set under SCRATCH, then for each format feeds ``CASES`` random mutations of the real file (a
 fixed seed per format: a format's first N cases do not depend on CASES) to the entry points that read it,
 as a user's command would (evaluate's and init_from's weight reads, then an automatic resume and its
-restore; the loader; make_index and the manifest). Each case must end in a clean pass or a one-line
-`UserError` (what the CLIs turn into exit 2); anything else is reported as a traceback. An audit hook
-records every write, removal, rename or process start outside SCRATCH, and every case runs under a 60 s
-alarm (a hang is reported, not waited for). Prints one JSON object: per format the counts, the failures
-and the seconds; the violations and the peak RSS.
+restore; the loader; make_index and the manifest; the MLflow hook over a workdir's own store). Each case must
+end in a clean pass or a one-line `UserError` (what the CLIs turn into exit 2; for a tracker, its one warning
+line, training going on); anything else is reported as a traceback. An audit hook records every write, removal,
+rename, process start or network connection outside SCRATCH, and every case runs under a 60 s alarm (a hang is
+reported, not waited for). Prints one JSON object: per format the counts, the failures, the seconds and the peak
+RSS of its cases; the violations and the whole process's peak RSS.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
-import io
 import json
 import os
 import pickle
@@ -59,6 +60,8 @@ def _audit(event: str, args) -> None:
             violations.append(f"{event} outside the scratch folder: {args[0]} -> {args[1]}")
     elif event in ("os.system", "subprocess.Popen", "os.exec", "os.posix_spawn", "os.spawn", "os.fork"):
         violations.append(f"{event}: {str(args)[:200]}")
+    elif event == "socket.connect":  # a file from elsewhere naming a server (an artifact location)
+        violations.append(f"{event}: {str(args[1])[:200]}")
 
 
 class Hang(Exception):
@@ -168,6 +171,217 @@ def reseal(path: Path) -> None:
         pass
 
 
+# The trackers' files: a handed-over workdir's MLflow store (mlflow.db, mlartifacts) and the names beside it.
+# W&B is not driven here: wandb.init starts its service process (what the audit hook reports); its folder's
+# guard is tests/unit/hooks/test_planted_links.py's.
+
+TRACKER_NAMES = [
+    "mlflow.db",
+    "mlflow.db-journal",
+    "mlflow.db-wal",
+    "mlartifacts",
+    "mlartifacts/{run}",
+    "mlartifacts/{run}/artifacts/model",
+    "mlartifacts/{run}/artifacts/model/config.json",
+    "trackers.json",
+]
+PLANTS = ["link to a file outside", "link to a folder outside", "dangling link outside", "fifo", "folder", "/dev/zero"]
+STORE_COLUMNS = [
+    ("experiments", "artifact_location"),
+    ("experiments", "name"),
+    ("experiments", "lifecycle_stage"),
+    ("runs", "artifact_uri"),
+    ("runs", "status"),
+    ("runs", "lifecycle_stage"),
+    ("runs", "experiment_id"),
+    ("runs", "run_uuid"),
+    ("tags", "value"),
+    ("params", "value"),
+]
+
+
+def _outside() -> Path:
+    """A folder beside SCRATCH (made by `mlflow_template`): what a crafted store names; a write there is a violation,
+    and stays in the test's tmp."""
+    return SCRATCH.parent / "outside"
+
+
+def _locations() -> list[str]:
+    out = _outside()
+    return [
+        out.as_uri(),
+        str(out),
+        f"{(SCRATCH / 'x' / 'mlartifacts').as_uri()}/../../../outside",
+        "http://127.0.0.1:9/x",
+        "mlflow-artifacts:/x",
+        "s3://bucket/x",
+        "file:///dev/zero",
+        "file:///proc/self/mem",
+    ]
+
+
+def drive_mlflow(workdir: Path, flush_timeout_s: float = 20) -> None:
+    """The MLflow hook over ``workdir``'s own store, through a short run's events (tests/e2e/test_trackers.py's
+    `drive`); a warning line it logs (its refusal, a store it cannot use) is raised as the case's one-line
+    `UserError`: the tracker's contract is that line and training going on."""
+    import logging
+
+    from hooks import MlflowHook
+    from tests.unit.hooks.test_hooks import EVAL, make_run, step_metrics
+    from vitlarge.config.schema import Config
+    from vitlarge.errors import UserError
+
+    cfg = Config()
+    cfg.log.mlflow, cfg.log.experiment = True, "fuzz"
+    lines: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("vitlarge").addHandler(handler)
+    try:
+        hook = MlflowHook(str(workdir), flush_timeout_s=flush_timeout_s)
+        run = make_run(workdir, cfg=cfg)
+        hook.on_train_start(run)
+        for s in (1, 2, 3):
+            hook.on_step_end(run, step_metrics(s))
+        hook.on_eval_end(run, EVAL)
+        hook.on_train_end(run, EVAL)
+        export = workdir / "model"
+        if not export.is_dir():
+            export.mkdir()
+            (export / "config.json").write_text("{}")
+        hook.on_export(run, str(export))
+        hook.on_close(run)
+    finally:
+        logging.getLogger("vitlarge").removeHandler(handler)
+    if lines:
+        raise UserError(lines[0] if len(lines) == 1 else f"{len(lines)} lines: " + " | ".join(lines))
+
+
+def mlflow_template() -> Path:
+    """A workdir after one tracked run on its own store (MLflow's migrations: seconds, once), copied by each case."""
+    template = SCRATCH / "tracked"
+    if not template.exists():
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+        _outside().mkdir(exist_ok=True)
+        template.mkdir()
+        drive_mlflow(template, flush_timeout_s=600)  # a new store's migrations: seconds, more on a loaded machine
+    return template
+
+
+def _tracked_copy(case: int) -> tuple[Path, str]:
+    """A copy of the tracked workdir as a workdir of its own (the absolute paths its database and trackers.json record
+    moved with it; a path of its own too: MLflow keeps a store's connection per URI for the process), and its run's
+    id."""
+    import sqlite3
+
+    template, work = mlflow_template(), SCRATCH / f"case{case}" / "run"
+    shutil.copytree(template, work, symlinks=True)
+    con = sqlite3.connect(work / "mlflow.db")
+    for table, column in (("experiments", "artifact_location"), ("runs", "artifact_uri"), ("tags", "value")):
+        con.execute(f"UPDATE {table} SET {column} = REPLACE({column}, ?, ?)", (str(template), str(work)))
+    con.commit()
+    con.close()
+    state = (work / "trackers.json").read_text().replace(str(template), str(work))  # its store's URI
+    (work / "trackers.json").write_text(state)
+    return work, json.loads(state)["lines"][""]["mlflow"]["id"]
+
+
+def mlflow_store(case: int, rng: random.Random) -> None:
+    """mlflow.db edited as a forger would (an artifact location set to one elsewhere, or any column of every row
+    set to junk), or its bytes damaged; half the cases without trackers.json (a new tracked run)."""
+    import sqlite3
+
+    work, _ = _tracked_copy(case)
+    db = work / "mlflow.db"
+    how = rng.random()
+    if how < 0.75:
+        if how < 0.4:
+            table, column = rng.choice([("experiments", "artifact_location"), ("runs", "artifact_uri")])
+            value = rng.choice(_locations())
+        else:
+            table, column = rng.choice(STORE_COLUMNS)
+            value = rng.choice([v for v in JUNK if isinstance(v, (int, float, str, type(None)))])
+        con = sqlite3.connect(db)
+        try:
+            con.execute(
+                f"UPDATE {table} SET {column} = ?", (min(value, 2**63 - 1) if isinstance(value, int) else value,)
+            )
+            con.commit()
+        except sqlite3.Error:  # a constraint the schema keeps: the store as it was
+            pass
+        finally:
+            con.close()
+    else:
+        db.write_bytes(mutate_bytes(db.read_bytes(), rng))
+    if rng.random() < 0.5:
+        (work / "trackers.json").unlink()
+    drive_mlflow(work)
+
+
+def tracker_names(case: int, rng: random.Random) -> None:
+    """A name the workdir's store creates or writes through, planted as a link out, a FIFO, a folder or a device."""
+    work, run = _tracked_copy(case)
+    name = work / rng.choice(TRACKER_NAMES).format(run=run)
+    _planting(name, rng.choice(PLANTS), _outside() / f"planted{case}")
+    if rng.random() < 0.5:
+        (work / "trackers.json").unlink(missing_ok=True)
+    drive_mlflow(work)
+
+
+def _planting(name: Path, plant: str, target: Path) -> None:
+    """What the one who handed the workdir over did (outside SCRATCH too: not watched)."""
+    with _unwatched():
+        _plant(name, plant, target)
+
+
+@contextlib.contextmanager
+def _unwatched():
+    global _watch
+    was, _watch = _watch, False
+    try:
+        yield
+    finally:
+        _watch = was
+
+
+def _plant(name: Path, plant: str, target: Path) -> None:
+    if name.is_dir() and not name.is_symlink():
+        shutil.rmtree(name)
+    else:
+        name.unlink(missing_ok=True)
+    name.parent.mkdir(parents=True, exist_ok=True)
+    if plant == "link to a file outside":
+        target.write_text("precious")
+        name.symlink_to(target)
+    elif plant == "link to a folder outside":
+        target.mkdir()
+        name.symlink_to(target)
+    elif plant == "dangling link outside":
+        name.symlink_to(target)
+    elif plant == "fifo":
+        os.mkfifo(name)
+    elif plant == "folder":
+        name.mkdir()
+    else:
+        name.symlink_to("/dev/zero")
+
+
+def reset_peak() -> None:
+    """Starts this process's peak RSS (VmHWM) afresh (Linux's clear_refs), so that a format's own is measured."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def peak_mib() -> int:
+    """This process's peak RSS since `reset_peak`, in MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) // 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+
+
 # The formats and their entry points ----------------------------------------------------------------
 
 
@@ -192,11 +406,12 @@ def main(scratch: str, demo_data: str, seed: int, cases: int) -> dict:
     data = SCRATCH / "data"
     shutil.copytree(demo_data, data, ignore=shutil.ignore_patterns("src"))
     # Parsed once (the pure-Python unpickler takes ~0.3 s on 2 cores); each case mutates a copy.
-    original_index = sharded._MetadataUnpickler(io.BytesIO((original / ".metadata").read_bytes())).load()
+    original_index = sharded.unpickle_index((original / ".metadata").read_bytes())
     cpu = torch.device("cpu")
     loader_kw = {"rank": 0, "world_size": 1, "device": cpu, "seed": 0}
     state = open_train(str(data), 16, 32, **loader_kw).state()
     rng = random.Random()  # seeded per format below: a format's first N cases are the same at any CASES
+    mlflow_template()  # MLflow's migrations, once (seconds), before any case's alarm
 
     def fresh_checkpoint(case: int) -> Path:
         dest = SCRATCH / f"case{case}" / "checkpoints" / original.name
@@ -317,8 +532,12 @@ def main(scratch: str, demo_data: str, seed: int, cases: int) -> dict:
         "loader state": (loader_state, cases),
         "dataset.json": (dataset_json, cases),
         "TFRecord headers": (tfrecord, max(cases // 4, 10)),
+        # Each case drives the MLflow hook over a copy of one tracked workdir (~1 s): a twentieth of the cases.
+        "mlflow.db": (lambda case: mlflow_store(case, rng), max(cases // 20, 8)),
+        "tracker names": (lambda case: tracker_names(case, rng), max(cases // 20, 8)),
     }
     report = {}
+    setup_peak = peak_mib()
     signal.signal(signal.SIGALRM, _alarm)
     case = 0
     for name, (fn, n) in formats.items():
@@ -326,6 +545,7 @@ def main(scratch: str, demo_data: str, seed: int, cases: int) -> dict:
         started = time.perf_counter()
         counts = {"passed": 0, "refused": 0}
         failures = []
+        reset_peak()
         for _ in range(n):
             case += 1
             _watch = True
@@ -345,8 +565,10 @@ def main(scratch: str, demo_data: str, seed: int, cases: int) -> dict:
                 _watch = False
             shutil.rmtree(SCRATCH / f"case{case}", ignore_errors=True)
         report[name] = {**counts, "failures": failures, "seconds": round(time.perf_counter() - started, 1)}
+        report[name]["peak_rss_mib"] = peak_mib()
     report["violations"] = violations
-    report["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+    # The whole run's: its setup's and each format's (reset_peak starts the kernel's count afresh per format).
+    report["peak_rss_mib"] = max([setup_peak] + [r["peak_rss_mib"] for r in report.values() if isinstance(r, dict)])
     return report
 
 

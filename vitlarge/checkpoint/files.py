@@ -1,7 +1,7 @@
 """Reading a checkpoint's files as data from elsewhere, and saying in a few words why one cannot be read or written.
 
 Nothing is unpickled beyond tensors and numbers (``torch.load(weights_only=True)``, after a check that the zip
-archive is one ``torch.save`` writes); a rank file is checked key by key (`rank_state_problem`) before any of it
+archive is one ``torch.save`` writes and that its pickle makes objects in proportion to its size); a rank file is checked key by key (`rank_state_problem`) before any of it
 is applied.
 """
 
@@ -66,7 +66,7 @@ def torch_load(folder: Path, name: str):
             size = os.fstat(f.fileno()).st_size
             if name.startswith("rank_") and size > RANK_FILE_MAX_BYTES:
                 raise Unusable(folder, f"{name} has {size:,} bytes, more than a rank file's {RANK_FILE_MAX_BYTES:,}")
-            problem = sharded.stored_zip_problem(f, size)
+            problem = sharded.archive_problem(f, size)
             if problem:
                 raise Unusable(folder, f"{name} {problem}")
             f.seek(0)

@@ -79,6 +79,26 @@ def weights_file(path: str | Path) -> Path:
     return p
 
 
+def _check_archive(f: Path, path: str | Path) -> None:
+    """A zip ``torch.save`` file is the archive torch.save writes (`sharded.archive_problem`: entries stored, not
+    compressed, and a pickle in proportion to its size) before ``torch.load`` inflates anything; else UserError.
+    A file of torch's format before 1.6 (not a zip) is left to ``torch.load``."""
+    import os
+    import zipfile
+
+    from vitlarge import fileio
+    from vitlarge.checkpoint import sharded
+
+    with fileio.open_regular(f) as fh:
+        if not zipfile.is_zipfile(fh):
+            return
+        problem = sharded.archive_problem(fh, os.fstat(fh.fileno()).st_size)
+    if problem:
+        raise UserError(
+            f"model.init_from={path}: {f} {problem}; pass a model.safetensors or a torch checkpoint of a timm model"
+        )
+
+
 def read_state_dict(path: str | Path) -> tuple[dict[str, torch.Tensor], str | None]:
     """The state dict in PATH (see the module docstring), on the CPU, and the checkpoint key it came
     from (``state_dict_ema``, ``state_dict``, ``model``; None for a bare state dict)."""
@@ -95,6 +115,7 @@ def read_state_dict(path: str | Path) -> tuple[dict[str, torch.Tensor], str | No
 
             sd = load_file(str(f), device="cpu")
         else:
+            _check_archive(f, path)
             # timm, DeiT and MAE training checkpoints carry their argparse.Namespace 'args': allowed for
             # this load only (a plain attribute bag, no code runs); weights_only stays on, so any other
             # object in a foreign file is still refused.
@@ -104,6 +125,8 @@ def read_state_dict(path: str | Path) -> tuple[dict[str, torch.Tensor], str | No
                 if isinstance(sd, dict) and isinstance(sd.get(k), dict):
                     sd, key = sd[k], k
                     break
+    except UserError:
+        raise
     except Exception as e:  # noqa: BLE001 - torch.load and safetensors raise many types on foreign files
         raise UserError(
             f"model.init_from={path}: {f} is not a readable state dict ({type(e).__name__}); pass a "

@@ -64,6 +64,9 @@ class FullState:
         problem = optimizer_state_problem(whole, len(names))  # indices within this model's parameters
         if problem:
             raise Unusable(path, f"its optimizer state {problem}")
+        problem = sharded.param_groups_problem(sharded.group_settings(opt.param_groups), whole["param_groups"])
+        if problem:
+            raise Unusable(path, f"its optimizer state holds settings this run's optimizer does not write ({problem})")
         by_name = {
             "state": {names[i]: s for i, s in whole["state"].items()},
             "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in whole["param_groups"]],

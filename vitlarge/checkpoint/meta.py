@@ -168,11 +168,14 @@ def files_problem(files, version: int) -> str | None:
 
 
 def _saved_config_problem(config: dict) -> str | None:
-    """Why the config a checkpoint recorded has a value of the wrong type for a key this vitlarge knows
-    (the resume and evaluation read it back), or None. Keys it does not know (another version's) pass."""
+    """Why the config a checkpoint recorded breaks the schema's rules for a key this vitlarge knows (types, ranges,
+    what fields allow only together, the phase list: `check_read_back`), or None. The resume plans the run it
+    continues from it and the evaluation evaluates as it says: a value no recipe may give (``train.micro_batch=0``,
+    ``train.epochs=1e308``) makes the checkpoint unusable, passed over by an automatic resume. Keys it does not know
+    (another version's) pass, as do Literal values of another version (their readers say what they make of them)."""
     import dataclasses
 
-    from vitlarge.config.load import check_types
+    from vitlarge.config.load import check_read_back
     from vitlarge.config.schema import Config
     from vitlarge.errors import UserError
 
@@ -191,7 +194,7 @@ def _saved_config_problem(config: dict) -> str | None:
                 continue  # a value another version allowed (train.plugin=zero): its readers say what they make of it
             setattr(target, name, value)
     try:
-        check_types(cfg, "meta.json's config")
+        check_read_back(cfg, "meta.json's config")
     except UserError as e:
         return str(e).split("; ")[0]
     return None

@@ -31,7 +31,7 @@ import pickle
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import IO, TYPE_CHECKING, Any, ClassVar, cast
 
 import torch
 import torch.distributed as dist
@@ -44,6 +44,9 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_state_dict,
 )
+
+from vitlarge.checkpoint import pickles
+from vitlarge.errors import UserError
 
 if TYPE_CHECKING:
     from vitlarge.checkpoint.state import RunState
@@ -220,22 +223,15 @@ def _refuse(what: str):
     raise pickle.UnpicklingError(f"{METADATA} {what}, which a DCP index never holds")
 
 
-_SIZES: dict[tuple, torch.Size] = {}
-
-
 def _size(dims=()):
-    """``torch.Size`` of at most `MAX_DIMS` whole numbers; one object per distinct value (so a small
-    pickle that names one large list many times cannot build many copies of it)."""
+    """``torch.Size`` of at most `MAX_DIMS` whole numbers (`_MetadataUnpickler` keeps one object per distinct
+    value of a load, so a small pickle that names one large list many times cannot build many copies of it)."""
     if not isinstance(dims, (list, tuple)) or len(dims) > MAX_DIMS:
         _refuse(f"has a shape of more than {MAX_DIMS} dimensions or of another type")
     key = tuple(dims)
     if not all(type(d) is int for d in key):
         _refuse("has a shape that is not whole numbers")
-    if key not in _SIZES:
-        if len(_SIZES) > 1 << 20:
-            _SIZES.clear()
-        _SIZES[key] = torch.Size(key)
-    return _SIZES[key]
+    return torch.Size(key)
 
 
 def _path(*parts):
@@ -273,13 +269,20 @@ class _MetadataUnpickler(pickle._Unpickler):
       persistent ids are refused;
     * BUILD fills only an instance of a DCP metadata class made by this load, with its own field names: never a
       class (``setattr(PosixPath, "_str", ...)`` would redirect every later write of the process), and never
-      a large state copied into many objects.
+      a large state copied into many objects;
+    * every opcode is charged to a `pickles.Budget` of the file's size as it runs: the objects a crafted index
+      makes stay within a few times what a real index of its size makes.
     """
 
     ALLOWED: dict[tuple[str, str], object] | None = None
     # pickle's pure-Python unpickler: its opcode table, its stack and its load_* methods are not in typeshed
     dispatch: ClassVar[dict[int, Callable[[Any], None]]] = dict(_PURE.dispatch)
     stack: list[Any]
+
+    def __init__(self, file: IO[bytes], size: int):
+        super().__init__(file)
+        self.budget = pickles.Budget(size, METADATA)
+        self._sizes: dict[tuple, torch.Size] = {}  # one torch.Size per distinct shape of this load
 
     def find_class(self, module: str, name: str):
         if _MetadataUnpickler.ALLOWED is None:
@@ -301,6 +304,11 @@ class _MetadataUnpickler(pickle._Unpickler):
             _refuse(f"calls {getattr(func, '__name__', type(func).__name__)[:60]}")
         if not isinstance(args, tuple):
             _refuse("calls with arguments that are not a tuple")
+        if func is _size:
+            shape = _size(*args)
+            del self.stack[-2:]
+            self.stack.append(self._sizes.setdefault(tuple(shape), shape))
+            return
         _PURE.load_reduce(self)
 
     def _newobj(self):
@@ -331,6 +339,12 @@ class _MetadataUnpickler(pickle._Unpickler):
     dispatch[pickle.BUILD[0]] = _build
     for _op in (pickle.INST, pickle.OBJ, pickle.NEWOBJ_EX):
         dispatch[_op[0]] = _refused_opcode
+    dispatch = pickles.charge_dispatch(dispatch)
+
+
+def unpickle_index(raw: bytes):
+    """The object a ``.metadata``'s bytes make under `_MetadataUnpickler` (checked by `read_index`, not here)."""
+    return _MetadataUnpickler(io.BytesIO(raw), len(raw)).load()
 
 
 class IndexProblem(ValueError):
@@ -361,7 +375,7 @@ def read_index(folder: Path, files: Mapping[str, dict | None] | None = None):
     except OSError as e:
         raise IndexProblem(f"{METADATA} cannot be read ({e.strerror})") from None
     try:
-        metadata = _MetadataUnpickler(io.BytesIO(raw)).load()
+        metadata = unpickle_index(raw)
     except pickle.UnpicklingError as e:
         why = str(e).splitlines()[0][:120] if str(e) else ""
         raise IndexProblem(why if why.startswith(METADATA) else f"{METADATA} is not a DCP index ({why})") from None
@@ -528,6 +542,7 @@ def load(
     loaded = _state(model, optimizer, with_optimizer)
     if with_ema and state.ema is not None:
         loaded["ema"] = state.ema.state_dict()
+    written = group_settings(loaded["optimizer"]["param_groups"]) if with_optimizer else []
     with _quiet_single_process():
         dcp.load(
             loaded,
@@ -536,11 +551,61 @@ def load(
             no_dist=not dist.is_initialized(),
         )
     if with_optimizer:
+        problem = param_groups_problem(written, loaded["optimizer"]["param_groups"])
+        if problem:
+            raise UserError(
+                f"checkpoint {folder} holds optimizer settings this run's optimizer does not write ({problem}); "
+                "--resume another checkpoint, or start a new workdir with model.init_from=<the checkpoint>",
+                same_on_all_ranks=True,
+            )
         set_state_dict(
             _root(model), _optim(optimizer), model_state_dict=loaded["model"], optim_state_dict=loaded["optimizer"]
         )
     else:
         set_state_dict(_root(model), [], model_state_dict=loaded["model"], optim_state_dict={})
+
+
+def group_settings(groups: list[dict]) -> list[dict]:
+    """Each parameter group's settings (lr, betas, eps...: all but its parameters), copied."""
+    return [{k: v for k, v in g.items() if k != "params"} for g in groups]
+
+
+def _same_kind(written, loaded) -> bool:
+    """Whether ``loaded`` is of the kind ``written`` (what the optimizer writes) is: a bool for a bool, a finite
+    number for a number (or for None, an optional number), a sequence of as many such for a sequence, else the
+    same type."""
+
+    def number(x) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    if isinstance(written, bool):
+        return isinstance(loaded, bool)
+    if number(written) or written is None:
+        return number(loaded) or loaded is written
+    if isinstance(written, (tuple, list)):
+        return (
+            isinstance(loaded, (tuple, list)) and len(loaded) == len(written) and all(map(_same_kind, written, loaded))
+        )
+    return type(loaded) is type(written)
+
+
+def param_groups_problem(written: list[dict], loaded: list[dict]) -> str | None:
+    """Why a checkpoint's optimizer settings (``loaded``, each group's as DCP read them) are not of the kinds this
+    run's optimizer writes (``written``: its own groups' before the load; `_same_kind`), or None. Checked before
+    they reach the optimizer: ``eps='oops'`` otherwise passes every check and raises in the fused kernel at the
+    first step."""
+    if not isinstance(loaded, list) or len(loaded) != len(written):
+        return f"{len(loaded) if isinstance(loaded, list) else 'no'} parameter groups, this run has {len(written)}"
+    for i, (want, got) in enumerate(zip(written, loaded)):
+        if not isinstance(got, dict):
+            return f"param_groups[{i}] is not a map"
+        for key, value in want.items():
+            if key in got and not _same_kind(value, got[key]):
+                return (
+                    f"param_groups[{i}].{key} is {str(got[key])[:40]!r}, a {type(got[key]).__name__}; it writes "
+                    f"{value!r}, a {type(value).__name__}"
+                )
+    return None
 
 
 def read_full_model(
@@ -622,10 +687,36 @@ def stored_zip_problem(f, length: int) -> str | None:
     return None
 
 
+def archive_problem(f, length: int) -> str | None:
+    """Why ``f`` (``length`` bytes) is not an archive ``torch.load`` may open: `stored_zip_problem`, then its
+    pickle (``<archive>/data.pkl``, the one torch unpickles) charged to a `pickles.Budget` of its own size,
+    building nothing, so what ``torch.load`` makes of it stays in proportion to it. None when it may: a pickle
+    that does not parse is ``torch.load``'s to refuse."""
+    import zipfile
+
+    problem = stored_zip_problem(f, length)
+    if problem:
+        return problem
+    try:
+        with zipfile.ZipFile(f) as z:
+            infos = z.infolist()
+            name = infos[0].filename.split("/")[0] + "/data.pkl" if infos else ""
+            info = next((i for i in infos if i.filename == name), None)
+            if info is None:
+                return None
+            raw = z.read(info)  # stored (checked above): its own bytes, as torch.load reads it whole too
+        pickles.scan(io.BytesIO(raw), len(raw), "has a data.pkl that")
+    except pickle.UnpicklingError as e:
+        return str(e)
+    except Exception:  # noqa: BLE001 - a damaged pickle or archive: torch.load says what it is
+        return None
+    return None
+
+
 def slices_problem(folder: Path, metadata) -> str | None:
-    """Why a byte range the index names is not a ``torch.save`` archive of its own size (`stored_zip_problem`),
-    or None. Reads each range's zip directory only (a few KB a tensor), once per resume on rank 0 and before a
-    one-process weights read; DCP ``torch.load``s each range."""
+    """Why a byte range the index names is not a ``torch.save`` archive of its own size (`archive_problem`),
+    or None. Reads each range's zip directory and pickle only (a few KB a tensor), once per resume on rank 0 and
+    before a one-process weights read; DCP ``torch.load``s each range."""
     by_file: dict[str, list] = {}
     for info in metadata.storage_data.values():
         by_file.setdefault(info.relative_path, []).append(info)
@@ -635,7 +726,7 @@ def slices_problem(folder: Path, metadata) -> str | None:
         try:
             with fileio.open_regular(Path(folder) / name, follow=False) as f:
                 for info in infos:
-                    problem = stored_zip_problem(_Window(f, info.offset, info.length), info.length)
+                    problem = archive_problem(_Window(f, info.offset, info.length), info.length)
                     if problem:
                         return f"{name} at byte {info.offset:,} {problem}"
         except OSError as e:

@@ -63,7 +63,13 @@ from vitlarge.checkpoint.layout import (
 )
 from vitlarge.checkpoint.meta import FORMAT_VERSION, expected_files
 from vitlarge.checkpoint.state import LoadedCheckpoint, RunState
-from vitlarge.checkpoint.weights import check_compatible, load_model_weights, param_shapes, weights_of
+from vitlarge.checkpoint.weights import (
+    check_compatible,
+    check_compatible_config,
+    load_model_weights,
+    param_shapes,
+    weights_of,
+)
 from vitlarge.checkpoint.workdir import SHARED_PROBE, check_shared_probe, check_writable, write_shared_probe
 from vitlarge.config.schema import Config
 from vitlarge.distributed.collective import gather, rank_and_world
@@ -74,7 +80,8 @@ if TYPE_CHECKING:
 
 # The store's surface for its callers (vitlarge/run, vitlarge/checkpoint/resume.py, evaluate, the tests):
 __all__ = [
-    "CHECKPOINTS_DIR", "SHARED_PROBE", "Unusable", "apply", "check_compatible", "check_shared_probe", "check_writable",
+    "CHECKPOINTS_DIR", "SHARED_PROBE", "Unusable", "apply", "check_compatible", "check_compatible_config",
+    "check_shared_probe", "check_writable",
     "exists", "latest", "list_checkpoints", "load", "load_model_weights", "newest_verified", "read", "read_meta",
     "reason_of", "save", "step_name", "step_of", "verify", "weights_of", "write_shared_probe",
 ]  # fmt: skip

@@ -38,7 +38,14 @@ def check_compatible(meta: dict, path: Path, model: torch.nn.Module, cfg: Config
     if meta["model"] == cfg.model.name and diff == ["pos_embed"] and saved.keys() == shapes.keys():
         # The same model at another input size (a rerun without the run's data.image_size): only the
         # position embedding's grid differs.
-        trained_at = trained_at or _size_of_grid(saved["pos_embed"], model)
+        grid = _size_of_grid(saved["pos_embed"], model)
+        if trained_at and grid and trained_at != grid:  # the model is built at data.image_size: never so when trained
+            raise UserError(
+                f"checkpoint {path}: its meta.json records data.image_size={trained_at}, but its weights are of a "
+                f"{grid} px model (pos_embed {saved['pos_embed']}); the file was edited or damaged: use another "
+                "checkpoint"
+            )
+        trained_at = trained_at or grid
         if trained_at and trained_at != cfg.data.image_size:
             raise UserError(
                 f"checkpoint {path} was trained at data.image_size={trained_at}, this run has data.image_size="
@@ -53,6 +60,15 @@ def check_compatible(meta: dict, path: Path, model: torch.nn.Module, cfg: Config
         f"checkpoint {path} holds model {meta['model']} that does not match the recipe's {cfg.model.name} "
         f"({detail}); use another --workdir or --resume a checkpoint of this recipe"
     )
+
+
+def check_compatible_config(meta: dict, path: str | Path, cfg: Config) -> None:
+    """`check_compatible` against the model ``cfg`` describes, built on the meta device (no memory): before a model
+    is built at a size a checkpoint's meta.json gives (the evaluation as trained), so a recorded
+    ``data.image_size=16000`` is one line, not a 6.6 GiB model first."""
+    from vitlarge.model.vit import build_model
+
+    check_compatible(meta, Path(path), build_model(cfg, "meta"), cfg)
 
 
 def _size_of_grid(pos_embed: list[int], model: torch.nn.Module) -> int | None:
@@ -76,12 +92,11 @@ EXPORT_CONFIG_LIMIT = (
 
 def _export_input_size(folder: Path) -> tuple[int, ...] | None:
     """``pretrained_cfg.input_size`` that an export's config.json records (timm's), or None: the file is data,
-    read up to `EXPORT_CONFIG_LIMIT` and only for this message."""
+    a regular file of the folder (never a link) read up to `EXPORT_CONFIG_LIMIT`, and only for this message."""
     try:
-        with open(folder / "config.json", "rb") as f:
-            raw = f.read(EXPORT_CONFIG_LIMIT + 1)
-        size = json.loads(raw)["pretrained_cfg"]["input_size"] if len(raw) <= EXPORT_CONFIG_LIMIT else None
-    except (OSError, ValueError, KeyError, TypeError):
+        raw = fileio.read_capped(folder / "config.json", EXPORT_CONFIG_LIMIT, follow=False)
+        size = json.loads(raw)["pretrained_cfg"]["input_size"]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
     return tuple(size) if isinstance(size, list) and all(isinstance(x, int) for x in size) else None
 
@@ -136,6 +151,9 @@ def load_model_weights(path: str | Path, model: torch.nn.Module, cfg: Config) ->
     """Weights only, from a checkpoint folder, an export folder (`vitlarge.checkpoint.export`) or a ``model.safetensors``."""
     given = path = Path(path)
     if path.is_dir() and (path / "config.json").is_file() and not (path / "meta.json").exists():
+        problem = fileio.regular_file_problem(path / "config.json")  # an export's files are its own: no link out
+        if problem:
+            raise UserError(f"{given}: {problem}; pass an exported model folder or a checkpoints/step_* folder")
         path = path / "model.safetensors"  # an export: timm's config.json beside the weights
     elif path.is_dir():
         meta = read_meta(path)

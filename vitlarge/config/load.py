@@ -401,10 +401,20 @@ class _Where:
         return next((self.overridden[k] for k in keys if k in self.overridden), self.recipe)
 
 
-def check_types(cfg: Config, origin: str) -> None:
-    """The types (and Literal choices) of every field, one `UserError` naming ``origin``: for a config read back
-    from elsewhere (a checkpoint's meta.json), where `validate`'s ranges of today may not apply."""
-    _check_types(cfg, _Where(origin))
+def check_read_back(cfg: Config, origin: str) -> None:
+    """The schema's rules for a config read back from elsewhere (a checkpoint's meta.json), one `UserError` naming
+    ``origin``: every field's type (and Literal choice) and range, what fields allow only together, and the phase
+    list. Its values reach plans and models as a recipe's do. Not `validate`'s checks of the run about to start
+    (trackers installed, the profile window)."""
+    where = _Where(origin)
+    _check_types(cfg, where)
+    _check_ranges(cfg, where)
+    for problem in cfg.problems():
+        raise UserError(f"{where(*problem.keys)}: {problem.text}")
+    if cfg.train.phases:
+        from vitlarge.config.phase_list import check
+
+        check(cfg, origin)
 
 
 def validate(cfg: Config, origin: str = "config", overridden: dict[str, str] | None = None) -> None:

@@ -58,6 +58,10 @@ POSITIVE = Rule(lambda v: v > 0, "positive")
 NON_NEGATIVE = Rule(lambda v: v >= 0, ">= 0")
 FRACTION = Rule(lambda v: 0 <= v <= 1, "in [0, 1]")
 PROBABILITY = Rule(lambda v: 0 <= v < 1, "in [0, 1)")
+MAX_EPOCHS = 10**6
+"""The most epochs a duration may name: far past any schedule, and step counts stay numbers (1e308 epochs made
+the plan's conversion to steps overflow)."""
+EPOCHS = Rule(lambda v: 0 < v <= MAX_EPOCHS, f"positive and at most {MAX_EPOCHS:,}")
 
 
 @dataclass
@@ -340,7 +344,7 @@ class TrainConfig:
     """Images per optimizer step over all devices; fixed by the recipe, whatever the world size."""
     micro_batch: int = ruled(256, COUNT)
     """Images per device per forward/backward; accumulation = global / (micro x world)."""
-    epochs: float = ruled(300, POSITIVE)
+    epochs: float = ruled(300, EPOCHS)
     """Length of the schedule in epochs; converted once to optimizer steps."""
     precision: Literal["fp16", "bf16", "fp32", "auto"] = "fp16"
     """``fp16`` (autocast + dynamic loss scaling), ``bf16`` (autocast), ``fp32``, or ``auto``: the fastest
@@ -394,7 +398,9 @@ class TrainConfig:
     torchtitan's ``comm.train_timeout_seconds`` (default 100) is the same idea; NCCL's own default is 600."""
     log_every_steps: int = ruled(10, COUNT)
     """A console progress line every this many optimizer steps (metrics.jsonl has every step)."""
-    eval_every_epochs: float = ruled(10, Rule(lambda v: v >= 0, ">= 0 (0: only the final evaluation)"))
+    eval_every_epochs: float = ruled(
+        10, Rule(lambda v: 0 <= v <= MAX_EPOCHS, f">= 0 and at most {MAX_EPOCHS:,} (0: only the final evaluation)")
+    )
     """Evaluate every this many epochs (rounded to steps, at least 1); 0: only the final evaluation."""
     checkpoint_every_steps: int = ruled(500, Rule(lambda v: v >= 0, ">= 0 (0: no periodic checkpoints)"))
     """0: never periodically; a checkpoint is still written at the end and on SIGTERM/SIGUSR1."""

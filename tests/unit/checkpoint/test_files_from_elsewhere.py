@@ -22,6 +22,7 @@ import torch
 from tests.helpers import ROOT
 from tests.helpers.tiny_model import make, trained
 from vitlarge.checkpoint import init_from, resume, sharded, store
+from vitlarge.checkpoint.files import torch_load
 from vitlarge.checkpoint.state import RunState
 from vitlarge.config.load import load_recipe
 from vitlarge.errors import UserError
@@ -132,7 +133,7 @@ def test_a_crafted_index_never_runs_at_any_entry_point(tmp_path, ckpt, cfg, rout
 
 
 def _index_with(path: Path, edit) -> None:
-    md = sharded._MetadataUnpickler(io.BytesIO((path / ".metadata").read_bytes())).load()
+    md = sharded.unpickle_index((path / ".metadata").read_bytes())
     edit(md)
     (path / ".metadata").write_bytes(pickle.dumps(md, protocol=4))
     reseal(path)
@@ -453,3 +454,247 @@ def test_chunk_tiling_rule_at_fsdp_scale():
     overlap = chunks[:-1] + [C(torch.Size([rows[-2] - 1, 0]), torch.Size([rows[-1] - rows[-2], 64]))]
     assert not sharded._chunks_tile(overlap, torch.Size([1000, 64]))
     assert not sharded._chunks_tile(chunks[1:], torch.Size([1000, 64]))
+
+
+# Found by the second hostile review: memory in proportion to a file's size, and files that pass their checks.
+
+FLOOD = 128 << 10  # a flood of 128 KB: its budget (pickles.FLOOR + 64 bytes a byte) is reached in ~0.2 s
+
+
+def _refused_within(fn, error: type[Exception]) -> tuple[str, int]:
+    """The message of the ``error`` that ``fn`` raises, and the peak of Python's allocations (``tracemalloc``) in it."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(error) as e:
+            fn()
+        return str(e.value), tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def _budget(size: int) -> int:
+    from vitlarge.checkpoint import pickles
+
+    return pickles.FLOOR + pickles.PER_BYTE * size
+
+
+def test_an_index_that_floods_memory_is_refused_within_its_budget(ckpt):
+    """``MARK`` then a set per byte: 230 bytes of objects a byte (a 20 MB index took 5.3 GiB, the 1 GiB cap
+    allowed ~230 GiB) before the index was refused as no Metadata; now charged as it is built, refused at the budget."""
+    (ckpt / ".metadata").write_bytes(b"\x80\x04(" + b"\x8f" * FLOOD + b"l.")
+    reseal(ckpt)
+    problem, peak = _refused_within(lambda: sharded.read_index(ckpt), sharded.IndexProblem)  # every entry point's read
+    assert problem.startswith(".metadata makes more than ") and "of objects from its 131,077 bytes" in problem
+    assert peak < _budget(FLOOD) + (1 << 20), peak
+
+
+def test_a_rank_files_pickle_that_floods_memory_is_refused_before_torch_load(ckpt):
+    """The same flood in a rank file's data.pkl (torch's weights_only unpickler takes sets): its opcodes are charged
+    before torch.load runs, building nothing."""
+    import zipfile
+
+    f = ckpt / "rank_00000.pt"
+    with zipfile.ZipFile(f) as z:
+        entries = {i.filename: z.read(i) for i in z.infolist()}
+    with zipfile.ZipFile(f, "w") as z:  # stored, as torch.save writes
+        for name, data in entries.items():
+            z.writestr(name, b"\x80\x02](" + b"\x8f" * FLOOD + b"e." if name.endswith("/data.pkl") else data)
+    reseal(ckpt)
+    problem, peak = _refused_within(lambda: torch_load(ckpt, "rank_00000.pt"), store.Unusable)  # store.read's
+    assert "rank_00000.pt has a data.pkl that makes more than " in problem and "\n" not in problem
+    assert peak < _budget(FLOOD) + (1 << 20), peak
+
+
+def test_init_from_refuses_a_compressed_torch_file_before_inflating_it(tmp_path, cfg):
+    """2 MB of DEFLATE holding a 2 GiB zero tensor peaked at 3.0 GiB before its one line: the rank files' check
+    (entries stored, as torch.save writes them) applies to init_from's .pth too (here 64 MiB in 64 KB)."""
+    import zipfile
+
+    plain = tmp_path / "plain.pth"
+    torch.save({"state_dict": {"w": torch.zeros(16 << 20)}}, plain)
+    packed = tmp_path / "packed.pth"
+    with zipfile.ZipFile(plain) as src, zipfile.ZipFile(packed, "w", compression=zipfile.ZIP_DEFLATED) as dst:
+        for i in src.infolist():
+            dst.writestr(i.filename, src.read(i))
+    assert packed.stat().st_size < 1 << 20
+    with pytest.raises(UserError) as e:
+        init_from.read_state_dict(packed)
+    assert str(e.value) == (
+        f"model.init_from={packed}: {packed} holds compressed entries (torch.save writes none); pass a "
+        "model.safetensors or a torch checkpoint of a timm model"
+    )
+
+
+def test_an_exports_config_json_that_is_a_link_is_refused(tmp_path, cfg):
+    """evaluate read the outside file through an export's config.json link (and printed its input_size 3x4242x4242)."""
+    from vitlarge.checkpoint.export import export
+
+    model, _, _ = trained(cfg)
+    folder = export(tmp_path / "run", model, cfg)
+    outside = tmp_path / "outside.json"
+    outside.write_text(json.dumps({"pretrained_cfg": {"input_size": [3, 4242, 4242]}}))
+    (folder / "config.json").unlink()
+    (folder / "config.json").symlink_to(outside)
+    other = load_recipe(ROOT / "recipes" / "demo_digits.py")
+    other.data.image_size = 32
+    with pytest.raises(UserError) as e:
+        store.load_model_weights(folder, make(other)[0], other)
+    assert str(e.value) == (
+        f"{folder}: config.json is a symbolic link (refused: every file must be inside the folder itself); "
+        "pass an exported model folder or a checkpoints/step_* folder"
+    )
+
+
+def _newer_copy(ckpt: Path, **config) -> Path:
+    """A copy of ``ckpt`` as the workdir's next step, its meta.json's recorded config edited (``train__epochs``)."""
+    crafted = ckpt.parent / "step_0000002"
+    crafted.mkdir()
+    for f in ckpt.iterdir():
+        (crafted / f.name).write_bytes(f.read_bytes())
+    meta = json.loads((crafted / "meta.json").read_text())
+    for key, value in config.items():
+        section, name = key.split("__")
+        meta["config"][section][name] = value
+    (crafted / "meta.json").write_text(json.dumps({**meta, "step": 2}))
+    return crafted
+
+
+@pytest.mark.parametrize(
+    "config, expect",
+    [
+        ({"train__micro_batch": 0}, "'train.micro_batch' must be positive, got 0"),
+        ({"train__global_batch": 0}, "'train.global_batch' must be positive, got 0"),
+        ({"train__epochs": 1e308}, "'train.epochs' must be positive and at most 1,000,000, got 1e+308"),
+    ],
+)
+def test_a_recorded_config_no_recipe_may_give_is_passed_over_by_an_automatic_resume(ckpt, cfg, caplog, config, expect):
+    """meta.json is not checksummed: a recorded micro_batch=0 (or global_batch=0, epochs=1e308) passed verify and the
+    resume's phase check raised ZeroDivisionError (OverflowError) on every rerun; now the schema's rules apply."""
+    crafted = _newer_copy(ckpt, **config)
+    assert store.verify(crafted) == f"meta.json's config: {expect}"
+    chosen = resume.choose(ckpt.parent.parent, None, make(cfg)[0], cfg, num_train_examples=1437).path
+    assert chosen == ckpt
+    assert caplog.records[0].getMessage() == (
+        f"warning: checkpoint {crafted} fails its check (meta.json's config: {expect}); passed over"
+    )
+
+
+@pytest.mark.parametrize(
+    "config, expect",
+    [
+        (
+            {"data__image_size": 4000},
+            "its meta.json records data.image_size=4000, but its weights are of a 16 px model (pos_embed [1, 17, 96]); "
+            "the file was edited or damaged: use another checkpoint",
+        ),
+        ({"train__epochs": 1e308}, "'train.epochs' must be positive and at most 1,000,000, got 1e+308"),
+    ],
+)
+def test_evaluate_checks_a_recorded_config_before_it_builds_a_model(ckpt, config, expect):
+    """evaluate built the model at the recorded data.image_size (16000: 6.6 GiB) before refusing it, and planned the
+    recorded epochs=1e308 into an OverflowError; one line now, before any model or process group."""
+    from tests.helpers import call_main
+
+    crafted = _newer_copy(ckpt, **config)
+    recipe = str(ROOT / "recipes" / "demo_digits.py")
+    r = call_main("vitlarge.evaluate", "--config", recipe, "--checkpoint", str(crafted), "data.source=synthetic")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and expect in r.stderr, r.stderr
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # dcp.save in this one process, as intended
+def test_optimizer_settings_of_another_kind_are_refused_before_they_reach_the_optimizer(ckpt, cfg):
+    """A checkpoint re-saved by dcp.save with param_groups[*].eps='oops' passes verify (every byte as recorded) and
+    raised TypeError in the LAMB kernel at the first step; the settings are typed against the optimizer's own."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model, opt, scaler = trained(cfg)
+    model_state, optim_state = get_state_dict(model, opt)
+    for group in optim_state["param_groups"]:
+        group["eps"] = "oops"
+    for f in [*ckpt.glob("*.distcp"), ckpt / ".metadata"]:
+        f.unlink()
+    writer = dcp.FileSystemWriter(str(ckpt), single_file_per_rank=True)
+    dcp.save({"model": model_state, "optimizer": optim_state}, storage_writer=writer, no_dist=True)
+    reseal(ckpt)
+    assert store.verify(ckpt) is None
+    m, o, s = make(cfg)
+    with pytest.raises(UserError) as e:
+        resume.restore(ckpt, RunState(m, o, s), cfg)
+    assert str(e.value) == (
+        f"checkpoint {ckpt} holds optimizer settings this run's optimizer does not write (param_groups[0].eps is "
+        "'oops', a str; it writes 1e-06, a float); --resume another checkpoint, or start a new workdir with "
+        "model.init_from=<the checkpoint>"
+    )
+    assert all(g["eps"] == 1e-6 for g in o.param_groups)
+
+
+def _vit_shapes(depth: int, width: int = 384) -> dict[str, tuple[int, ...]]:
+    """A ViT/16's state dict shapes (timm's names), without building it."""
+    shapes = {"cls_token": (1, 1, width), "pos_embed": (1, 197, width), "patch_embed.proj.weight": (width, 3, 16, 16)}
+    shapes["patch_embed.proj.bias"] = (width,)
+    for b in range(depth):
+        for name, shape in (
+            ("norm1.weight", (width,)),
+            ("norm1.bias", (width,)),
+            ("attn.qkv.weight", (3 * width, width)),
+            ("attn.qkv.bias", (3 * width,)),
+            ("attn.proj.weight", (width, width)),
+            ("attn.proj.bias", (width,)),
+            ("norm2.weight", (width,)),
+            ("norm2.bias", (width,)),
+            ("mlp.fc1.weight", (4 * width, width)),
+            ("mlp.fc1.bias", (4 * width,)),
+            ("mlp.fc2.weight", (width, 4 * width)),
+            ("mlp.fc2.bias", (width,)),
+        ):
+            shapes[f"blocks.{b}.{name}"] = shape
+    return {
+        **shapes,
+        "norm.weight": (width,),
+        "norm.bias": (width,),
+        "head.weight": (1000, width),
+        "head.bias": (1000,),
+    }
+
+
+def test_a_real_fsdp_index_is_charged_well_within_its_budget():
+    """The index of 8 FSDP ranks of a ViT-S/16 cut to 2 blocks (a second to unpickle), with LAMB's two moments (a
+    chunk per rank per tensor, as `fully_shard` writes it): charged the same both ways in (as it is built; by the
+    scan that builds nothing) and under 0.8 of `pickles.PER_BYTE` a byte (ViT-B's, 12 blocks at 16 and 128 ranks:
+    40)."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import (
+        ChunkStorageMetadata,
+        Metadata,
+        MetadataIndex,
+        TensorProperties,
+        TensorStorageMetadata,
+    )
+
+    from vitlarge.checkpoint import pickles
+
+    ranks, entries, storage = 8, {}, {}
+    for prefix in ("model.", "optimizer.state.exp_avg.", "optimizer.state.exp_avg_sq."):
+        for name, shape in _vit_shapes(depth=2).items():
+            fqn, chunks, per = prefix + name, [], -(-shape[0] // ranks)
+            for r in range(-(-shape[0] // per)):
+                offsets = torch.Size([r * per] + [0] * (len(shape) - 1))
+                chunks.append(ChunkStorageMetadata(offsets, torch.Size([min(per, shape[0] - r * per), *shape[1:]])))
+                storage[MetadataIndex(fqn, offsets, 0)] = _StorageInfo(f"__{r}_0.distcp", 4096 * r, 512)
+            entries[fqn] = TensorStorageMetadata(TensorProperties(dtype=torch.float32), torch.Size(shape), chunks)
+    raw = pickle.dumps(Metadata(entries, {k: tuple(k.split(".")) for k in entries}, storage_data=storage), protocol=4)
+    unpickler = sharded._MetadataUnpickler(io.BytesIO(raw), len(raw))
+    assert type(unpickler.load()) is Metadata
+    built = unpickler.budget.limit - unpickler.budget.left
+    scanned = pickles.Budget(len(raw), "x")
+    original = pickles.Budget
+    pickles.Budget = lambda size, what: scanned
+    try:
+        pickles.scan(io.BytesIO(raw), len(raw), "x")
+    finally:
+        pickles.Budget = original
+    assert abs(built - (scanned.limit - scanned.left)) <= pickles.SLOT  # STOP ends the load before its charge
+    assert built < 0.8 * pickles.PER_BYTE * len(raw), built / len(raw)

@@ -73,3 +73,68 @@ def test_metrics_png_and_its_tmp_linked_outside_are_replaced_not_written_through
     out = plot_run(workdir)
     assert victim.read_bytes() == b"precious" and other.read_bytes() == b"precious"
     assert not out.is_symlink() and out.read_bytes().startswith(b"\x89PNG")
+
+
+# The trackers' files in the workdir: the MLflow store of a workdir (no log.mlflow_uri), W&B's folder.
+
+
+@pytest.mark.parametrize(
+    "tracker, name",
+    [("mlflow", "mlflow.db"), ("mlflow", "mlflow.db-journal"), ("mlflow", "mlartifacts"), ("wandb", "wandb")],
+)
+def test_tracker_files_linked_outside_stop_the_run(workdir, victim, monkeypatch, tracker, name):
+    """A handed-over workdir with ``mlflow.db -> elsewhere/victim.db`` made MLflow create the database there, and
+    ``mlartifacts`` or ``wandb`` links took the model and W&B's offline run out: one line now, as for ``tb``."""
+    from hooks import MlflowHook, WandbHook
+
+    for var in ("MLFLOW_TRACKING_URI", "WANDB_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    target = victim.parent / "made_there" if name == "mlflow.db" else victim.parent
+    os.symlink(target, workdir / name)
+    hook = (MlflowHook if tracker == "mlflow" else WandbHook)(str(workdir))
+    with pytest.raises(UserError) as e:
+        hook.on_train_start(make_run(workdir))
+    assert str(e.value) == (
+        f"{workdir / name}: leads outside {workdir} (to {target}); vitlarge reads and writes only inside it; "
+        "remove the link and run again"
+    )
+    assert hook.sender is None and os.listdir(victim.parent) == ["victim"]
+
+
+def test_the_workdir_store_takes_no_artifact_location_from_its_database(workdir, tmp_path):
+    """The location the workdir's mlflow.db records for a run's artifacts must be a folder of its mlartifacts:
+    an edited database named ``file:///elsewhere`` or a server, and the trained weights went there."""
+    from hooks.mlflow import MlflowHook, _Refused
+
+    hook = MlflowHook(str(workdir))
+    inside = workdir / "mlartifacts" / "0a1b" / "artifacts"
+    hook._check_location(inside.as_uri())
+    hook._check_location(str(inside))
+    (workdir / "mlartifacts").mkdir()
+    (workdir / "mlartifacts" / "planted").symlink_to(tmp_path)
+    for where in (
+        (tmp_path / "elsewhere").as_uri(),
+        "http://127.0.0.1:8080/x/0a1b/artifacts",
+        "s3://bucket/0a1b/artifacts",
+        f"{(workdir / 'mlartifacts').as_uri()}/../../elsewhere",
+        (workdir / "mlartifacts" / "planted" / "artifacts").as_uri(),
+        (workdir / "model").as_uri(),
+    ):
+        with pytest.raises(_Refused) as e:
+            hook._check_location(where)
+        assert f"sends this run's artifacts to {where}, outside {workdir / 'mlartifacts'}" in str(e.value)
+        assert "refused: this run is not tracked in MLflow, training goes on" in str(e.value)
+
+
+def test_a_link_planted_in_the_runs_artifact_folder_is_never_written_through(workdir, victim, caplog):
+    from hooks.mlflow import MlflowHook
+
+    hook = MlflowHook(str(workdir))
+    folder = workdir / "mlartifacts" / "0a1b" / "artifacts"
+    hook.artifact_uri = folder.as_uri()
+    assert hook._destination_safe()
+    (folder / "model").mkdir(parents=True)
+    (folder / "model" / "model.safetensors").symlink_to(victim)
+    assert not hook._destination_safe() and not hook._destination_safe()
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(f"warning: mlflow: {folder / 'model' / 'model.safetensors'} is a link; this run's")
