@@ -296,3 +296,31 @@ def test_build_optimizer():
     for name in ("lamb", "adamw"):
         opt = build_optimizer(model, name, lr=1e-3, weight_decay=0.05, layer_decay=0.5)
         assert sorted({g["lr_scale"] for g in opt.param_groups}) == [0.125, 0.25, 0.5, 1.0]
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_foreach_form_equals_chunked_bit_for_bit_with_the_same_state_dict(fused):
+    """``implementation="foreach"`` (every tensor of a group at once, optim.implementation's CUDA default) is the
+    chunked step's arithmetic: parameters and the state dict (keys, values) equal bit for bit after 6 steps."""
+    kw = dict(lr=torch.tensor(1e-2), weight_decay=0.1, fused=fused)
+    states = {}
+
+    def make(form):
+        def opt(ps):
+            states[form] = Lamb(_groups(ps, 0.1, False), implementation=form, chunk_numel=16, **kw)
+            return states[form]
+
+        return opt
+
+    chunked, foreach = _run(make("chunked")), _run(make("foreach"))
+    assert all(torch.equal(a, b) for a, b in zip(chunked, foreach))
+    a, b = (states[f].state_dict() for f in ("chunked", "foreach"))
+    assert a["param_groups"] == b["param_groups"] and a["state"].keys() == b["state"].keys()
+    for i, s in a["state"].items():
+        assert s.keys() == b["state"][i].keys() == {"step", "exp_avg", "exp_avg_sq"}
+        assert all(torch.equal(s[k], b["state"][i][k]) for k in s)
+
+
+def test_an_unknown_implementation_is_refused():
+    with pytest.raises(ValueError, match="Invalid implementation: 'fused'"):
+        Lamb([nn.Parameter(torch.ones(2))], implementation="fused")
