@@ -37,7 +37,8 @@ class HeldAfterForward(TorchDispatchMode):
             if isinstance(t, torch.Tensor):
                 storage = t.untyped_storage()
                 ptr = storage.data_ptr()
-                if ptr not in self.old and ptr not in self.made:
+                seen = self.made.get(ptr)
+                if ptr not in self.old and (seen is None or seen() is None):  # new, or at a freed one's address
                     self.made[ptr] = weakref.ref(storage)
         return out
 

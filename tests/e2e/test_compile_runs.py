@@ -57,15 +57,13 @@ def synthetic_digits(n: int, size: int, seed: int = 0) -> tuple[torch.Tensor, to
 
 
 def test_compiled_losses_follow_eager_over_300_steps():
-    """Same seed, same batches, LAMB + clipping + schedule through `build`; fp32 on CPU. The compiled run
-    compiles the optimizer step too (``optim.implementation=compiled``), the eager one steps the default
-    chunked LAMB.
+    """Same seed, same batches, LAMB + clipping + schedule through `build`; fp32 on CPU.
 
     Not bitwise: Inductor fuses the norms, softmax and GELU and reorders their reductions, so a forward
     can differ from eager's in the last bits of fp32, and training can amplify that. Measured on an AMD
-    EPYC (AVX2): 2.4e-7 apart at most with the model compiled (the loss falls from 2.3 to 6e-4), 4.8e-7
-    with the LAMB step compiled as well; the tolerance, 1e-4, leaves 200x for other vector widths (AVX-512
-    reduces in other orders) and is still 20,000x below the loss's own change over the run."""
+    EPYC (AVX2): 2.4e-7 apart at most (the loss falls from 2.3 to 6e-4); the tolerance, 1e-4, leaves
+    400x for other vector widths (AVX-512 reduces in other orders) and is still 20,000x below the
+    loss's own change over the run."""
     from benchmarks.gpu.train import PlainBooster
 
     images, labels = synthetic_digits(512, 16)
@@ -73,16 +71,13 @@ def test_compiled_losses_follow_eager_over_300_steps():
     for mode in ("off", "on"):
         c = tiny_cfg(compile=mode, global_batch=32, micro_batch=32, epochs=20)
         c.schedule.warmup_epochs = 1
-        c.optim.implementation = "compiled" if mode == "on" else "chunked"
         plan = make_plan(c, 1, 512)
         parts = build(c, plan, resolve_settings(c, "cpu"), booster=PlainBooster())
         batches = iter([(images[i : i + 32], labels[i : i + 32]) for _ in range(20) for i in range(0, 512, 32)])
         losses[mode] = [float(parts.engine.step(s, lambda: next(batches)).loss) for s in range(300)]
-        assert type(parts.optimizer).__name__ == "Lamb" and parts.optimizer.implementation == c.optim.implementation
     eager, compiled = losses["off"], losses["on"]
     assert eager[0] > 2.0 and eager[-1] < 0.5, eager[::50]  # it trains: the comparison means something
     worst = max(abs(a - b) for a, b in zip(eager, compiled))
-    print(f"largest |compiled - eager| loss over 300 steps: {worst:.2e}")
     assert worst < 1e-4, f"compiled and eager losses differ by up to {worst:.2e}"
 
 

@@ -341,7 +341,7 @@ class TrainConfig:
     """Recomputation of block activations in backward. ``full``: each block keeps only its input and recomputes
     its forward (timm's ``set_grad_checkpointing``, also ``model.grad_checkpointing=true``): least memory, one more
     forward of the blocks. ``selective``: each block keeps the outputs of its matrix multiplies and attention and
-    recomputes the cheap ops between them (norms, GELU, dropout, residual adds): no second GEMM, and 0.28x the
+    recomputes the cheap ops between them (norms, GELU, dropout, residual adds): no second GEMM, and 0.48x the
     activations ``off`` keeps (ViT-S/16 at 128 px, fp32, CPU; `vitlarge.model.recompute`). Losses and gradients
     equal ``off``'s; docs/PERFORMANCE.md section 12."""
     plugin: Literal["ddp", "fsdp"] = "ddp"

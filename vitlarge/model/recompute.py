@@ -9,7 +9,7 @@ recomputes.
   (``create_selective_checkpoint_contexts``) that keeps the outputs of its matrix multiplies and attention
   (`SAVED_OPS`) and recomputes everything between them: LayerNorms, GELU, dropout, residual adds, the copies of
   autocast. The recompute then costs elementwise work, no GEMM. The memory saved is what those cheap ops' outputs
-  and inputs took: ViT-S/16 at 128 px (fp32, CPU) keeps 0.28x of ``off``'s activations, ``full`` 0.011x
+  and inputs took: ViT-S/16 at 128 px (fp32, CPU) keeps 0.48x of ``off``'s activations, ``full`` 0.046x
   (docs/PERFORMANCE.md section 12).
 
 Every mode computes the same numbers: the recomputed ops see the same inputs, and dropout the same random

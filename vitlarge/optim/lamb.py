@@ -107,11 +107,11 @@ class Lamb(torch.optim.Optimizer):
       whole group are held until its trust ratios are known (4 bytes per parameter during the step). Bit for
       bit the same numbers as ``chunked``: the same elementwise kernels and per-tensor norms.
     * ``compiled``: the step as two ``torch.compile``d functions over all tensors (`_moments_and_squares`:
-      moments, then the squared norms of each weight and direction; `_apply`: the direction recomputed and
-      applied with its trust ratio), so Inductor fuses each pass into few kernels and no direction is stored:
-      per element 16 bytes read and 8 written in the first pass, 16 read and 4 written in the second. Equal to
-      the others within fp32 rounding (its own order of operations). Needs betas, eps, ``bias_correction``,
-      ``grad_averaging`` and ``max_trust_ratio`` the same in every group (`build_optimizer`'s groups are).
+      moments, then the squared norms of each weight and direction; `_apply_update`: the direction recomputed
+      and applied with its trust ratio), so Inductor fuses each pass into few kernels and no direction is stored:
+      per element 16 bytes read and 8 written in the first pass, 12 read and 4 written in the second. Equal to
+      the others within fp32 rounding (its own order of operations). Needs `SHARED_SETTINGS` the same in every
+      group (`build_optimizer`'s groups have them so).
 
     With ``bias_correction`` and ``grad_averaging`` (the recipes' setting) the eager forms take the moments
     and Adam direction from torch's fused Adam kernel, one pass instead of six; ``fused=False`` forces the
@@ -326,7 +326,6 @@ class Lamb(torch.optim.Optimizer):
             out = [torch.empty_like(p) for p in params]
         if fused:
             _direction_fused(
-                params,
                 grads,
                 exp_avgs,
                 exp_avg_sqs,
@@ -372,7 +371,6 @@ def trust_ratio(w_norm: torch.Tensor, u_norm: torch.Tensor, max_trust_ratio: flo
 
 
 def _direction_fused(
-    params: list[torch.Tensor],
     grads: list[torch.Tensor],
     exp_avgs: list[torch.Tensor],
     exp_avg_sqs: list[torch.Tensor],
