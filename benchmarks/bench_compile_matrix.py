@@ -1,13 +1,16 @@
 """Every combination the recipes turn on, compiled, in real train.py runs on 2 gloo processes of this CPU.
 
-Question: Does each of compile x {ddp, fsdp} x {activation checkpointing off, on} x {bf16, fp16 with
-GradScaler, fp32} x ``train.deterministic=true`` train, resume bit for bit after ``kill -9``, follow eager's
-losses, and with how many graphs, graph breaks and recompiles?
+Question: Does each of compile (the whole model, or each block: ``train.compile_scope``) x {ddp, fsdp} x
+{activation checkpointing off, full, selective} x {bf16, fp16 with GradScaler, fp32} x ``train.deterministic=true``
+train, resume bit for bit after ``kill -9``, follow eager's losses, and with how many graphs, graph breaks and
+recompiles?
 Goal: every row trains and resumes bitwise; compiled losses within `TOLERANCE` of eager's; the counts
-are reported, not judged (the GPU tier reads the same counts: tests/gpu).
+are reported, not judged (the GPU tier reads the same counts: tests/gpu). Per block, fsdp has no graph break.
 
-Run: ``python -m benchmarks.bench_compile_matrix [--quick]`` (not in the suite: 40-50 min on 2 shared
-cores; ``python -m benchmarks.run --only compile_matrix`` also runs it). Writes
+Run: ``python -m benchmarks.bench_compile_matrix [--quick] [--only REGEX] [--ports FIRST-LAST]`` (not in the
+suite: 4-5 min per row on 2 shared cores; ``python -m benchmarks.run --only compile_matrix`` runs every row).
+``--only`` runs the rows whose name matches and keeps the other rows of the existing result (each row says when
+it was measured); ``--ports`` is the ``--master_port`` range (default `PORTS`). Writes
 ``benchmarks/results/compile_matrix.json``; docs/PERFORMANCE.md's section 10 renders it.
 
 Each combination is four ``torchrun --nproc_per_node 2 -m vitlarge`` runs of the demo recipe shrunk to a
@@ -42,8 +45,9 @@ TINY = "model.kwargs={'patch_size': 4, 'embed_dim': 32, 'depth': 1, 'num_heads':
 # FSDP's reduce-scatter per micro-step under bf16/fp16), at a size where a step is overhead, not matmuls.
 BATCH = ("train.global_batch=32", "train.micro_batch=8")
 PLUGINS = ("ddp", "fsdp")
-CHECKPOINTING = (False, True)
+CHECKPOINTING = ("off", "full", "selective")
 PRECISIONS = ("bf16", "fp16", "fp32")
+SCOPES = ("model", "blocks")
 STEPS = 200
 """Optimizer steps per run (``--quick``: half). 4 runs of 300 steps took 4 min for one combination (fsdp, checkpointing,
 fp16) at load 3, mostly starting and compiling; at 200 the 12 took 52 min at load 6-8 (other jobs on the 2 cores),
@@ -55,7 +59,8 @@ bf16/fp16: Inductor keeps a fused chain of elementwise ops in fp32 where eager r
 autocast dtype, so logits differ by about one unit in the last place: bf16's is 2**-8 relative (~0.01 at a
 loss of 2.3), fp16's 2**-11 (~0.001); the bounds allow a few of those, accumulated over the run."""
 WARM = 5
-PORTS = range(30000, 30100)  # --master_port: this benchmark's range on a machine shared with other runs
+PORTS = range(30000, 30100)  # --master_port: this benchmark's default range on a machine shared with other runs
+CHECKPOINT_NAMES = {"off": "no-ckpt", "full": "ckpt", "selective": "sel-ckpt"}
 COMPILE_LINE = re.compile(r"compile: (\d+) graphs, (\d+) graph breaks, (\d+) recompiles(?: \((.*)\))?\s*$")
 RESUMED = re.compile(r"resumed from \S+ at step (\d+)")
 
@@ -63,26 +68,33 @@ RESUMED = re.compile(r"resumed from \S+ at step (\d+)")
 @dataclass(frozen=True)
 class Combo:
     plugin: str
-    checkpointing: bool
+    checkpointing: str
     precision: str
+    scope: str = "model"
 
     @property
     def name(self) -> str:
-        return f"{self.plugin}/{'ckpt' if self.checkpointing else 'no-ckpt'}/{self.precision}"
+        """``ddp/ckpt/fp16`` for the whole model compiled (the rows measured first), ``.../blocks`` per block."""
+        name = f"{self.plugin}/{CHECKPOINT_NAMES[self.checkpointing]}/{self.precision}"
+        return name if self.scope == "model" else f"{name}/blocks"
 
     def overrides(self) -> list[str]:
         return [
             f"train.plugin={self.plugin}",
-            f"model.grad_checkpointing={str(self.checkpointing).lower()}",
+            f"train.activation_checkpointing={self.checkpointing}",
             f"train.precision={self.precision}",
             "train.deterministic=true",
+            f"train.compile_scope={self.scope}",
         ]
 
 
 def combos(tiny: bool = False) -> list[Combo]:
+    """The whole model compiled with checkpointing off and full (the recipes' settings), then every block compiled
+    on its own with off, full and selective."""
     if tiny:
-        return [Combo("ddp", False, "fp32")]
-    return [Combo(p, c, x) for p in PLUGINS for c in CHECKPOINTING for x in PRECISIONS]
+        return [Combo("ddp", "off", "fp32")]
+    whole = [Combo(p, c, x) for p in PLUGINS for c in ("off", "full") for x in PRECISIONS]
+    return whole + [Combo(p, c, x, "blocks") for p in PLUGINS for c in CHECKPOINTING for x in PRECISIONS]
 
 
 def parse_compile_lines(text: str) -> list[dict]:
@@ -132,11 +144,11 @@ def median_step_s(records: dict[int, dict]) -> float:
 
 
 class Launcher:
-    """torchrun on 2 processes, one port of `PORTS` per run (a killed run's port may linger in TIME_WAIT)."""
+    """torchrun on 2 processes, one port of ``ports`` per run (a killed run's port may linger in TIME_WAIT)."""
 
-    def __init__(self, scratch: Path):
+    def __init__(self, scratch: Path, ports: range = PORTS):
         self.scratch = scratch
-        self.ports = iter(PORTS)
+        self.ports = iter(ports)
         self.env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
     def command(self, args: list[str]) -> list[str]:
@@ -277,36 +289,68 @@ def run_combo(launcher: Launcher, combo: Combo, steps: int) -> dict:
     }
 
 
-def run(quick: bool = True, tiny: bool = False) -> dict:
+def run(quick: bool = True, tiny: bool = False, only: str | None = None, ports: range = PORTS) -> dict:
+    """Every combination (or those whose name matches ``only``, the others kept from the existing result), the
+    result written after each row (a cut run keeps what finished)."""
     tiny = results.is_tiny(tiny)
     scratch = Path(os.environ.get("VITLARGE_BENCH_SCRATCH", tempfile.gettempdir())) / "compile_matrix"
     scratch.mkdir(parents=True, exist_ok=True)
-    launcher = Launcher(scratch)
-    rows, t0 = [], time.perf_counter()
+    launcher = Launcher(scratch, ports)
+    done = previous_rows() if only else {}
+    order = [c.name for c in combos(tiny)]
+    result = {}
     for combo in combos(tiny):
+        if only and not re.search(only, combo.name):
+            continue
         steps = 6 if tiny else STEPS // (2 if quick else 1)
         print(f"== {combo.name}: {steps} steps", flush=True)
         try:
             row = run_combo(launcher, combo, steps)
         except Exception as e:  # one combination that fails is a row that says so, not a lost matrix
             row = {**asdict(combo), "name": combo.name, "steps": steps, "error": f"{type(e).__name__}: {e}"[-2000:]}
+        row["measured_at"] = time.strftime("%Y-%m-%d")
         print(json.dumps({k: v for k, v in row.items() if k != "workdir"}), flush=True)
-        rows.append(row)
-    result = {
-        "benchmark": "compile_matrix: compiled combinations in train.py runs on 2 gloo processes, CPU",
-        "recipe": RECIPE,
-        "model_kwargs": TINY.split("=", 1)[1],
-        "batch": " ".join(BATCH),
-        "data": "synthetic (random images and labels: the loss stays near ln 10; it checks agreement, not learning)",
-        "processes": 2,
-        "quick": quick,
-        "tiny": tiny,
-        "warm_steps_excluded": WARM,
-        "wall_s": round(time.perf_counter() - t0, 1),
-        "rows": rows,
-    }
-    results.write_result("compile_matrix", result)
+        done[combo.name] = row
+        rows = [done[n] for n in order if n in done]
+        result = {
+            "benchmark": "compile_matrix: compiled combinations in train.py runs on 2 gloo processes, CPU",
+            "recipe": RECIPE,
+            "model_kwargs": TINY.split("=", 1)[1],
+            "batch": " ".join(BATCH),
+            "data": "synthetic (random images and labels: the loss stays near ln 10; it checks agreement, not learning)",
+            "processes": 2,
+            "quick": quick,
+            "tiny": tiny,
+            "warm_steps_excluded": WARM,
+            "wall_s": round(sum(r.get("wall_s", 0) for r in rows), 1),
+            "rows": rows,
+        }
+        results.write_result("compile_matrix", result)
     return result
+
+
+def previous_rows() -> dict[str, dict]:
+    """The existing result's rows by name, each with the date it was measured (the file's, for rows before the
+    date was recorded per row)."""
+    path = results.results_dir() / "compile_matrix.json"
+    if not path.exists():
+        return {}
+    d = json.loads(path.read_text())
+    day = d.get("finished_at", "?").split(" ")[0]
+    return {r["name"]: {"measured_at": day, **r} for r in d.get("rows", [])}
+
+
+def main() -> None:
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="half the steps")
+    p.add_argument("--tiny", action="store_true", help="one 6-step row; the numbers mean nothing")
+    p.add_argument("--only", help="run the rows whose name matches this regular expression; keep the others")
+    p.add_argument("--ports", default=f"{PORTS.start}-{PORTS.stop - 1}", help="--master_port range, FIRST-LAST")
+    a = p.parse_args()
+    first, last = (int(x) for x in a.ports.split("-"))
+    show(run(a.quick, a.tiny, a.only, range(first, last + 1)))
 
 
 def show(r: dict) -> None:
@@ -316,4 +360,4 @@ def show(r: dict) -> None:
 
 
 if __name__ == "__main__":
-    results.cli(run, __doc__, show)
+    main()

@@ -64,6 +64,10 @@ REGISTRY = (
     Benchmark("fsdp_memory", "Does fsdp hold within 10% of 1/W of the unsharded state per rank?"),
     Benchmark("fsdp_accumulation", "How much gradient memory do no_sync and reduce_scatter hold?"),
     Benchmark("fsdp_activations", "How much activation memory does grad_checkpointing save under fsdp?"),
+    Benchmark(
+        "activation_checkpointing",
+        "What do train.activation_checkpointing full and selective keep for backward and cost, against off?",
+    ),
     Benchmark("fsdp_collectives", "How many collectives per micro-step and per step does fsdp issue?"),
     Benchmark("repeats", "Do read workers keep data.repeats' record reads off the training thread?"),
     Benchmark("launch", "Does srun start the demo as fast as colossalai run? (needs root and Slurm)"),

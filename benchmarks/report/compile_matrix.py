@@ -54,4 +54,19 @@ def table(d: dict) -> list[str]:
         "graphs / breaks / recompiles after step 1 | at the end | first reasons (end) | step time compiled / eager (< 1: compiled faster) |",
         "|---|---:|---|---|---|---|---|---|---:|",
     ]
-    return head + [row(r) for r in d["rows"]] + [""]
+    return head + [row(r) for r in d["rows"]] + [""] + measured_on(d["rows"])
+
+
+def measured_on(rows: list[dict]) -> list[str]:
+    """When the rows were measured, where a partial run (``--only``) kept earlier ones: step times from different
+    days saw different loads, so compare each row's compiled / eager ratio, not its milliseconds across days."""
+    days: dict[str, list[str]] = {}
+    for r in rows:
+        days.setdefault(r.get("measured_at", "?"), []).append(r["name"])
+    if len(days) < 2:
+        return []
+    parts = [f"{day}: {len(names)} ({', '.join(names[:1])} ... {names[-1]})" for day, names in sorted(days.items())]
+    return [
+        f"Rows measured on {'; '.join(parts)}. Each day's load differed (other jobs on the 2 cores): compare a row's "
+        "compiled / eager ratio, not milliseconds across days.\n"
+    ]

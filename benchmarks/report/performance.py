@@ -389,6 +389,7 @@ def optimizer_section(d: dict | None, img: Path, plt):
         for k, v in r.items()
     ]
     lines += ["", "![optimizer](img/optimizer.png)\n"]
+    lines += optimizer_floor_lines(d)
     ours = r["vitlarge_lamb"]
     s = max(ours["speedup_vs_colossalai"], ours["cpu_speedup_vs_colossalai"])
     return lines, [
@@ -478,6 +479,41 @@ def comm_section(d: dict | None, img: Path, plt):
     ]
 
 
+DATASHEET_BANDWIDTH = {"H100 SXM": 3.35e12, "H200": 4.8e12}
+"""HBM bandwidth from NVIDIA's datasheets, bytes/s: what the floor below is computed at (a copy reaches ~90%)."""
+
+
+def optimizer_floor_lines(d: dict) -> list[str]:
+    """The LAMB step's memory-traffic floor for ViT-B/16 (`benchmarks.bench_optimizer.traffic`), computed, with the
+    GPU's measured step beside it where section 8 has one."""
+    t = d.get("traffic")
+    if not t:
+        return []
+    per, total = t["bytes_per_parameter"], t["vit_b16_bytes"]
+    at = {gpu: {form: total[form] / bw * 1e3 for form in total} for gpu, bw in DATASHEET_BANDWIDTH.items()}
+    rows = [
+        f"| {form} | {per[form]} | {total[form] / 1e9:.2f} GB | "
+        + " | ".join(f"{at[gpu][form]:.2f} ms" for gpu in DATASHEET_BANDWIDTH)
+        + " |"
+        for form in per
+    ]
+    return [
+        "The step's memory-traffic floor (computed, `benchmarks.bench_optimizer.LAMB_BYTES_PER_PARAMETER`): a step "
+        "with two fp32 moments reads weight, gradient and both moments once and writes weight and moments once, 28 "
+        "bytes per parameter. LAMB needs a second pass (its trust ratio needs the norm of each whole update before any "
+        "weight changes): the `compiled` form moves 40 bytes (moments and norms; then the update, the direction "
+        "recomputed), the eager forms (`chunked`, `foreach`) 56 (the direction stored, the fused Adam kernel, two norms, "
+        "the update). At the datasheets' HBM bandwidth, for ViT-B/16's parameters:\n",
+        "| form | bytes per parameter | ViT-B/16 | " + " | ".join(DATASHEET_BANDWIDTH) + " |",
+        "|---|---:|---:|" + "---:|" * len(DATASHEET_BANDWIDTH),
+        *rows,
+        "",
+        "On a GPU the step is measured against it: each form's step time (`optim.implementation`; section 8's "
+        "`vitlarge_lamb` row is the chunked form) beside the floor at the bandwidth a device-to-device copy reaches on "
+        "that GPU, `benchmarks.bench_optimizer.floor_ms`.\n",
+    ]
+
+
 def launch_section(d: dict | None):
     """srun vs colossalai run (benchmarks/bench_launch.py, run on its own: it needs root and Slurm);
     nothing when it has no result."""
@@ -529,9 +565,15 @@ COMPILE_NOTES = [
     "and resumed equals an uninterrupted compiled run bit for bit; DDP over 2 gloo processes wraps the compiled module.\n",
     "`train.compile=auto` is off on CPU (the table: no faster here, and minutes of compiling) and on with CUDA, where "
     "Inductor fuses the LayerNorms, GELUs, residual adds and casts between the matmuls; the GPU kit's "
-    "`vitlarge_compiled_bf16` row (section 8) measures it when a GPU is lent. Under DDP the whole-model graph has one "
-    "backward, so DDP's buckets all-reduce after it rather than overlapping it; compiling each transformer block "
-    "instead (torchtitan's way, also what FSDP2's per-block `fully_shard` needs) would keep the overlap.\n",
+    "`vitlarge_compiled_bf16` row (section 8) measures it when a GPU is lent.\n",
+    "`train.compile_scope` says what is compiled: `model` (the whole forward, one graph) or `blocks` (each transformer "
+    "block on its own, before the Booster and so before FSDP shards it: torchtitan's `apply_compile` order; the patch "
+    "embedding, tokens, final norm and head stay eager). The blocks share their graphs (one per input shape and mode, "
+    "as the whole model has) and keep the plain model's parameter names. `auto` is `blocks` under fsdp, where a "
+    "whole-model graph breaks at every block (the table below), and `model` under ddp, the form measured on the H200; "
+    "per block, DDP's buckets all-reduce while the earlier blocks still run their backward (one backward graph per "
+    "block instead of one for the model), against the fusion of the edges: which is faster is the GPU kit's to "
+    "measure, with `train.compile_scope=blocks`.\n",
 ]
 
 
@@ -554,16 +596,16 @@ COMPILE_MATRIX_NOTES = [
     "`torch.no_grad` (guard `GLOBAL_STATE changed: grad_mode`); the counts the H200 gave for vit_b16's combination (ddp, "
     "fp16 with the scaler, deterministic). Activation checkpointing adds no break (Dynamo traces "
     "`torch.utils.checkpoint` as one higher-order op).\n",
-    "FSDP: 2 graph breaks after step 1 and 4 at the end, on CPU as on the H200 (fsdp + checkpointing + bf16: 3 graphs, 2 "
+    "FSDP, the whole model compiled: 2 graph breaks after step 1 and 4 at the end, on CPU as on the H200 (fsdp + checkpointing + bf16: 3 graphs, 2 "
     "breaks, then 6 graphs, 4 breaks, 4 recompiles: the H200's counts for vit_h14's combination on the demo model), so "
     "they are not the device's. Cause (`TORCH_LOGS=graph_breaks`, one run): FSDP2 runs the hooks of each `fully_shard`ed "
     "block (the pre-forward all-gather of its parameters, the post-forward reshard) outside Dynamo: "
     "`torch/distributed/fsdp/_fully_shard/_fsdp_state.py` wraps them in `torch._dynamo.disable` while "
     '`torch._dynamo.config.skip_fsdp_hooks` is True (the default), and Dynamo reports the call as "Attempted to call '
     'function marked as skipped" (function `disable`). Compiling the root over sharded blocks therefore splits its '
-    "graph at the block boundary, in training and again in evaluation. Ways out, not taken here: compile each block "
-    "before `fully_shard` (torchtitan's order: the hooks then sit between compiled regions) or traceable FSDP2 "
-    "(`skip_fsdp_hooks=False`, experimental).\n",
+    "graph at the block boundary, in training and again in evaluation. The way out taken: compile each block before "
+    "`fully_shard` (`train.compile_scope=blocks`, `auto` under fsdp; torchtitan's order), so the hooks sit between "
+    "compiled regions: the `/blocks` rows.\n",
     "Step times: eager and compiled runs of a combination ran one after the other, not interleaved, on a CPU that "
     "other jobs loaded (load average 3 to 8 during the matrix): the ratios are rough. At this size a step is "
     "overhead (a few ms of matmuls): what compile removes (Python and autocast's casts) or adds (the graph breaks' "
@@ -597,6 +639,45 @@ def compile_section(d: dict | None) -> list[str]:
         for k, v in r.items()
     ]
     return lines + [""] + COMPILE_NOTES
+
+
+def recompute_section(d: dict | None) -> list[str]:
+    """``train.activation_checkpointing`` off / full / selective side by side (bench_activation_checkpointing), run
+    on its own: no section without a result."""
+    if not d:
+        return []
+    m = d["machine"]
+    lines = [
+        "## 13. Activation checkpointing\n",
+        f"`benchmarks/bench_activation_checkpointing.py`: {d['model']} at {d['image_size']} px, micro-batch "
+        f"{d['micro_batch']}, {d['precision']}, attention and projection dropout and stochastic depth {d['dropout']}, "
+        f"one process, the three modes interleaved over {d['rounds']} rounds (medians), on {m['cpu']} "
+        f"({m['os_cpus']} cores, shared: load average {m['load_average'][1]} over the last 5 minutes). *Held after "
+        "forward*: the bytes of what the forward made that is alive when it returns, i.e. kept for backward "
+        "(`benchmarks.harness.activations`); *peak RSS growth*: the process's peak resident memory during one forward "
+        "and backward above its resident memory before; *step*: one forward and backward.\n",
+        "| `train.activation_checkpointing` | held after forward | vs off | peak RSS growth | vs off | step (s) | vs off "
+        "(wall / CPU) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| `{mode}` | {r['held_after_forward_bytes'] / 2**20:.1f} MiB | {r['held_vs_off']:.3f} | "
+        f"{r['peak_rss_growth_bytes'] / 2**20:.0f} MiB | {r['rss_growth_vs_off']:.2f} | {r['step_s']['median']:.3f} | "
+        f"{r['step_vs_off']:.2f}x / {r['cpu_vs_off']:.2f}x |"
+        for mode, r in d["modes"].items()
+    ]
+    return lines + [""] + RECOMPUTE_NOTES
+
+
+RECOMPUTE_NOTES = [
+    "Every mode trains the same numbers: losses and weights after 3 LAMB steps with dropout and stochastic depth on "
+    "equal `off`'s bit for bit here (tests/unit/model/test_recompute.py allows 1e-6), and under fsdp at 3 ranks a "
+    "step with `selective` or `full` equals the plain one (tests/e2e/test_fsdp.py). `full` keeps each block's input "
+    "and reruns the block's forward in backward; `selective` keeps the outputs of the matmuls and attention "
+    "(`vitlarge.model.recompute.SAVED_OPS`) and recomputes the LayerNorms, GELU, dropout and residual adds, so its "
+    "recompute is elementwise work, no GEMM. On a GPU the kit measures vit_l16 and vit_h14 at their recipes' "
+    "micro-batches under each mode; the recipes keep `full` until then.\n",
+]
 
 
 def timm_parity_section(named: dict[str, dict | None]) -> tuple[list[str], list[tuple]]:
@@ -914,6 +995,8 @@ def generate(results: Path | None = None, out: Path | None = None, img: Path | N
     lines, g = startup_section(startup)
     sections += stamp(lines, startup, pinned)
     goals += g
+    recomputed = _load(results, "activation_checkpointing")
+    sections += stamp(recompute_section(recomputed), recomputed, pinned)
     machine = next((v["machine"] for v in r.values() if v and "machine" in v), None)
     head = [
         "# Performance\n",

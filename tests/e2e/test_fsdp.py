@@ -127,11 +127,12 @@ def _reshard_probe(rank: int, world: int, port: int, ckpts: dict, out: str) -> N
         dist.all_gather_object(pieces, state)
         found[name] = (model_tensors(parts.model, rank), pieces if plugin == "fsdp" else pieces[:1], names)
     # One step (2 micro-steps) of a fresh model each, the same batches on every rank: no_sync accumulation
-    # (the default), then with activation checkpointing, then reduce-scattering every micro-step.
+    # (the default), then with activation checkpointing (full, selective), then reduce-scattering every micro-step.
     # bf16 (accumulation auto, then no_sync): which gradient tensors FSDP holds between the two micro-steps.
     for name, setting in {
         "plain": {},
         "checkpointing": {"checkpointing": True},
+        "selective": {"activation_checkpointing": "selective"},
         "reduce_scatter": {"fsdp_accumulation": "reduce_scatter"},
         "bf16": {},
         "bf16_no_sync": {"fsdp_accumulation": "no_sync"},
@@ -213,9 +214,11 @@ def probe3(runs, tmp_path_factory) -> tuple[dict, dict]:
     return ckpts, torch.load(out, weights_only=True)
 
 
-@pytest.mark.parametrize("setting", ["checkpointing", "reduce_scatter"])
+@pytest.mark.parametrize("setting", ["checkpointing", "selective", "reduce_scatter"])
 def test_activation_checkpointing_and_per_micro_step_reduce_scatter_leave_a_3_rank_step_unchanged(probe3, setting):
-    """Against the plain step (no_sync accumulation, no recompute), 2 micro-steps, world size 3."""
+    """Against the plain step (no_sync accumulation, no recompute), 2 micro-steps, world size 3. ``checkpointing``
+    is full recompute (``model.grad_checkpointing``), ``selective`` keeps the matmul outputs
+    (``train.activation_checkpointing=selective``): both inside FSDP2's per-block gathers."""
     (norm_a, a, held_a), (norm_b, b, held_b) = probe3[1]["plain"], probe3[1][setting]
     assert held_a == [("unsharded", "torch.float32")]  # fp32 default: no_sync
     if setting == "reduce_scatter":

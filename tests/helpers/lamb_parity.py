@@ -26,11 +26,22 @@ def mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(6, 5), nn.LayerNorm(5), nn.GELU(), nn.Linear(5, 3), nn.GELU(), nn.Linear(3, 1))
 
 
-def parity(steps: int = 3) -> list[dict[str, float]]:
+def uncompiled():
+    """The ``compiled`` form's two passes as plain Python, to stand in for `vitlarge.optim.lamb.compiled_passes`:
+    the form's arithmetic and collectives in milliseconds, without Inductor's minute of compiling on a CPU
+    (tests/e2e/test_compile_runs.py compiles them)."""
+    from vitlarge.optim import lamb
+
+    return lamb.CompiledPasses(lamb._moments_and_squares, lamb._apply_update)
+
+
+def parity(steps: int = 3, implementation: str = "chunked") -> list[dict[str, float]]:
+    """The plain model stepped by the default (chunked) `Lamb`, the sharded one by `ShardedLamb` in
+    ``implementation``'s form."""
     plain = mlp()
     sharded = fully_shard(copy.deepcopy(plain))
     plain_opt = build_optimizer(plain, "lamb", **SETTINGS)
-    sharded_opt = ShardedLamb.like(build_optimizer(sharded, "lamb", **SETTINGS))
+    sharded_opt = ShardedLamb.like(build_optimizer(sharded, "lamb", **SETTINGS, implementation=implementation))
     g = torch.Generator().manual_seed(1)  # the same batches on every rank: FSDP's mean gradient is plain's
     diffs = []
     for _ in range(steps):

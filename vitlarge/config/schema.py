@@ -82,7 +82,8 @@ class ModelConfig:
     """``linear``: timm's spread, block i of n drops with ``drop_path_rate * i / (n - 1)`` (0 in the first
     block). ``uniform``: ``drop_path_rate`` in every block, as DeiT III's ``models_v2.py`` trains."""
     grad_checkpointing: bool = False
-    """Recompute block activations in backward (timm ``set_grad_checkpointing``): less memory, ~30% more compute."""
+    """Recompute block activations in backward (timm ``set_grad_checkpointing``): less memory, ~30% more compute.
+    The same as ``train.activation_checkpointing=full``, which also offers ``selective``."""
     fused_attn: Literal["auto", "on", "off"] = "auto"
     """``on``/``off``/``auto`` for scaled-dot-product attention; ``auto`` turns it off only for fp16 on CPU,
     where PyTorch 2.5's fused attention backward is ~5x slower than the unfused one (measured)."""
@@ -267,6 +268,15 @@ class OptimConfig:
     """Added to the second moment's square root for stability."""
     bias_correction: bool = True
     """LAMB's Adam-style bias correction of the moments (vitlarge's LAMB; AdamW always corrects)."""
+    implementation: Literal["auto", "chunked", "foreach", "compiled"] = "auto"
+    """How vitlarge's LAMB runs its step: the same update and the same state dict (checkpoints) in every form
+    (`vitlarge.optim.lamb.Lamb`). ``chunked``: tensors in chunks of 4M elements that stay in a CPU's cache between the
+    ops of one step. ``foreach``: every parameter of a group at once, one multi-tensor kernel per op instead of one per
+    chunk (a GPU's launches), holding one update direction per parameter during the step (+4 bytes per parameter,
+    per rank's shard under fsdp). ``compiled``: the step through ``torch.compile`` in two passes (moments and norms;
+    the update, recomputing the direction), the traffic a two-pass LAMB needs at least, compiled at the first step.
+    ``auto``: ``chunked`` on CPU, ``foreach`` on CUDA (`vitlarge.train.settings.lamb_implementation`). ``adamw``
+    ignores it."""
     clip_grad_norm: float = ruled(1.0, Rule(lambda v: v >= 0, ">= 0 (0: no clipping)"))
     """Global L2 norm, applied after fp16 unscaling; 0 disables clipping (the norm is still logged)."""
     layer_decay: float = ruled(1.0, Rule(lambda v: 0 < v <= 1, "in (0, 1] (1.0: no layer-wise lr decay)"))
@@ -355,11 +365,27 @@ class TrainConfig:
     loss_scale_growth_interval: int = ruled(2000, COUNT)
     """Optimizer steps without overflow after which the fp16 loss scale doubles."""
     compile: Literal["auto", "on", "off"] = "auto"
-    """``on``: the model's forward (and so its backward) runs through ``torch.compile`` (`nn.Module.compile`
-    before the Booster: parameter names, checkpoints and exports unchanged; static shapes, one graph per
-    input shape and train/eval, the recompile limit sized to the phases: `vitlarge.train.assemble.compile_model`).
+    """``on``: the model's forward (and so its backward) runs through ``torch.compile`` (the whole model or each
+    block: ``train.compile_scope``; `nn.Module.compile` before the Booster: parameter names, checkpoints and
+    exports unchanged; static shapes, one graph per input shape and train/eval, the recompile limit sized to the
+    phases: `vitlarge.train.assemble.compile_model`).
     ``auto``: on with CUDA, off on CPU, where it measured slower (0.8x) and costs minutes of compiling
     (docs/PERFORMANCE.md); resolved at start and logged (`vitlarge.train.settings.compile_choice`)."""
+    compile_scope: Literal["auto", "model", "blocks"] = "auto"
+    """What ``train.compile`` compiles. ``model``: the whole forward as one graph. ``blocks``: each transformer block
+    on its own, as torchtitan's ``apply_compile`` does (the patch embedding, tokens, final norm and head stay eager):
+    compiled before FSDP shards it, so FSDP2's per-block hooks run between the compiled blocks instead of breaking a
+    whole-model graph at every block, and DDP's gradient buckets all-reduce while the blocks before them still run
+    their backward. ``auto``: ``blocks`` under ``train.plugin=fsdp``, ``model`` under ddp (measured on one H200 for
+    vit_b16; ``blocks`` is selectable to measure against it). Parameter names and checkpoints are the plain model's
+    either way (`vitlarge.train.assemble.compile_model`)."""
+    activation_checkpointing: Literal["off", "full", "selective"] = "off"
+    """Recomputation of block activations in backward. ``full``: each block keeps only its input and recomputes
+    its forward (timm's ``set_grad_checkpointing``, also ``model.grad_checkpointing=true``): least memory, one more
+    forward of the blocks. ``selective``: each block keeps the outputs of its matrix multiplies and attention and
+    recomputes the cheap ops between them (norms, GELU, dropout, residual adds): no second GEMM, and 0.48x the
+    activations ``off`` keeps (ViT-S/16 at 128 px, fp32, CPU; `vitlarge.model.recompute`). Losses and gradients
+    equal ``off``'s; docs/PERFORMANCE.md section 12."""
     plugin: Literal["ddp", "fsdp"] = "ddp"
     """Colossal-AI Booster plugin: ``ddp`` (TorchDDPPlugin: replicas) or ``fsdp`` (`vitlarge.distributed.fsdp`: weights,
     gradients and LAMB states sharded over the ranks by FSDP2, one group per transformer block; CPU and CUDA)."""
@@ -495,10 +521,22 @@ class Config:
         ]
         return d
 
+    def recompute(self) -> Literal["off", "full", "selective"]:
+        """``train.activation_checkpointing`` with ``model.grad_checkpointing=true`` read as ``full`` (`problems`
+        refuses the two set to different modes)."""
+        mode = self.train.activation_checkpointing
+        return "full" if mode == "off" and self.model.grad_checkpointing else mode
+
     def problems(self) -> Iterator[Problem]:
         """What the fields allow only together, section by section, then across sections (ranges and types:
         `vitlarge.config.load.validate`, from each field's `Rule` and type)."""
         yield from self.train.problems()
+        if self.model.grad_checkpointing and self.train.activation_checkpointing == "selective":
+            yield Problem(
+                ("train.activation_checkpointing", "model.grad_checkpointing"),
+                "train.activation_checkpointing=selective and model.grad_checkpointing=true (full) are both set; "
+                "set model.grad_checkpointing=false to recompute selectively",
+            )
         yield from self.augment.problems()
         a, t = self.augment, self.train
         smoothed_off = a.label_smoothing / self.data.num_classes  # the value smoothing gives every other class

@@ -60,6 +60,7 @@ from torch.utils.data import DataLoader
 
 from vitlarge.distributed.booster import DPPluginBase, ModelWrapper, OptimizerWrapper
 from vitlarge.errors import UserError
+from vitlarge.model.blocks import transformer_blocks
 from vitlarge.model.precision import DTYPES
 from vitlarge.model.vit import Fp32Conv2d
 
@@ -74,13 +75,6 @@ class _ShardedFp32Conv2d(Fp32Conv2d):
         return self._conv_forward(input.float(), self.weight.float(), bias).to(input.dtype)
 
 
-def block_classes(model: nn.Module) -> set[type]:
-    """The transformer block classes FSDP shards one by one (timm's ``Block`` and its subclasses)."""
-    from timm.models.vision_transformer import Block
-
-    return {type(m) for m in model.modules() if isinstance(m, Block)}
-
-
 def mp_policy(precision: str) -> MixedPrecisionPolicy:
     """FSDP2's casts for ``precision``: compute-dtype parameters, fp32 gradient reduction; none for fp32."""
     if precision == "fp32":
@@ -90,7 +84,7 @@ def mp_policy(precision: str) -> MixedPrecisionPolicy:
 
 def wrap(model: nn.Module, precision: str, device: torch.device) -> nn.Module:
     """``model`` sharded in place as the module docstring says (and returned); every rank must call it."""
-    blocks = [m for m in model.modules() if type(m) in block_classes(model)]
+    blocks = transformer_blocks(model)
     if not blocks:
         raise UserError(
             f"train.plugin=fsdp needs a model with transformer blocks to shard one by one; "

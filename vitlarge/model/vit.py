@@ -9,6 +9,7 @@ import torch
 
 from vitlarge.config.schema import Config
 from vitlarge.errors import UserError
+from vitlarge.model import recompute
 
 
 def model_kwargs(cfg: Config) -> dict:
@@ -51,8 +52,7 @@ def build_model(cfg: Config, device: torch.device | str = "cpu", precision: str 
         raise
     if cfg.model.drop_path_schedule == "uniform":
         _uniform_drop_path(model, cfg.model.drop_path_rate)
-    if cfg.model.grad_checkpointing:
-        cast(Any, model).set_grad_checkpointing(True)  # every timm model has it; nn.Module does not declare it
+    recompute.apply(model, cfg.recompute())  # train.activation_checkpointing (model.grad_checkpointing: full)
     cpu_fp16 = torch.device(device).type == "cpu" and (precision or cfg.train.precision) == "fp16"
     fused = cfg.model.fused_attn == "on" or (cfg.model.fused_attn == "auto" and not cpu_fp16)
     for module in model.modules():
@@ -198,7 +198,7 @@ def memory_estimate(
     info: dict,
     micro_batch: int,
     precision: str,
-    grad_checkpointing: bool,
+    checkpointing: str,
     sharded: bool,
     world: int,
     unsharded_grads: bool = False,
@@ -212,7 +212,9 @@ def memory_estimate(
     the weights add the blocks FSDP gathers at a time (the current one and the prefetched next) in the
     compute dtype. ``unsharded_grads`` (fsdp accumulating under ``no_sync``, fp32): every rank holds the
     whole fp32 gradient between micro-steps, so ``grads`` is the unsharded 4 bytes per parameter. Activations use Korthikanti et al. (2022): per layer s*b*h*(34 + 5*a*s/h) bytes in
-    half precision; fp32 doubles it. With activation checkpointing only each block's input is kept.
+    half precision; fp32 doubles it. ``checkpointing`` (`vitlarge.config.schema.Config.recompute`): ``full`` keeps
+    each block's input (2*s*b*h), ``selective`` that and its matmul and attention outputs (qkv 3, attention 1,
+    projection 1, MLP 4 + 1: 22*s*b*h with the input; `vitlarge.model.recompute`).
     """
     p = info["params"]
     share = world if sharded else 1
@@ -227,7 +229,8 @@ def memory_estimate(
     per_layer = s * micro_batch * h * (34 + 5 * a * s / max(h, 1))
     if precision == "fp32":
         per_layer *= 2
-    act = L * (2 * s * micro_batch * h if grad_checkpointing else per_layer)
+    kept = {"full": 2 * s * micro_batch * h, "selective": 22 * s * micro_batch * h}
+    act = L * (kept[checkpointing] * (2 if precision == "fp32" else 1) if checkpointing in kept else per_layer)
     return dict(
         weights=weights,
         grads=grads,

@@ -14,12 +14,19 @@ Contract:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from vitlarge.errors import UserError
+
+IMPLEMENTATIONS = ("chunked", "foreach", "compiled")
+"""`Lamb`'s forms of one update (``optim.implementation`` resolved: `vitlarge.train.settings.lamb_implementation`)."""
+SHARED_SETTINGS = ("betas", "eps", "bias_correction", "grad_averaging")
+"""The group settings the ``compiled`` form needs equal in every group (they are constants of its graph)."""
 
 # Parameters that are tokens or embeddings added to activations: decaying them towards zero or
 # rescaling their step by a trust ratio hurts, like for biases.
@@ -90,11 +97,25 @@ class Lamb(torch.optim.Optimizer):
     False`` uses ratio = 1 (plain Adam with L2-in-update decay). ``max_trust_ratio=None`` does not
     clamp, like timm's Lamb (``trust_clip=False``) and Colossal-AI's.
 
-    Speed: tensors are processed in chunks of at most ``chunk_numel`` elements so the chunk stays in
-    the CPU's cache between the ops of one step (the update direction goes to a reused scratch
-    buffer, never a fresh allocation). With ``bias_correction`` and ``grad_averaging`` (the
-    recipes' setting) the moments and Adam direction come from torch's fused Adam kernel, one pass
-    instead of six; ``fused=False`` forces the plain ``torch._foreach_*`` path.
+    Speed: ``implementation`` picks one of three forms of the same update (``optim.implementation``):
+
+    * ``chunked``: tensors in chunks of at most ``chunk_numel`` elements, so the chunk stays in the CPU's cache
+      between the ops of one step (the update direction goes to a reused scratch buffer, never a fresh
+      allocation). The fastest on a CPU.
+    * ``foreach``: every tensor of a group at once, so each op is one multi-tensor kernel over all of them
+      (a few launches per op on a GPU, where ``chunked`` makes one per chunk). The update directions of the
+      whole group are held until its trust ratios are known (4 bytes per parameter during the step). Bit for
+      bit the same numbers as ``chunked``: the same elementwise kernels and per-tensor norms.
+    * ``compiled``: the step as two ``torch.compile``d functions over all tensors (`_moments_and_squares`:
+      moments, then the squared norms of each weight and direction; `_apply_update`: the direction recomputed
+      and applied with its trust ratio), so Inductor fuses each pass into few kernels and no direction is stored:
+      per element 16 bytes read and 8 written in the first pass, 12 read and 4 written in the second. Equal to
+      the others within fp32 rounding (its own order of operations). Needs `SHARED_SETTINGS` the same in every
+      group (`build_optimizer`'s groups have them so).
+
+    With ``bias_correction`` and ``grad_averaging`` (the recipes' setting) the eager forms take the moments
+    and Adam direction from torch's fused Adam kernel, one pass instead of six; ``fused=False`` forces the
+    plain ``torch._foreach_*`` path.
 
     State per parameter: ``exp_avg``, ``exp_avg_sq`` (the parameter's dtype; give it fp32 master
     parameters) and ``step``, a float32 0-d tensor on the parameter's device counting the steps in
@@ -116,6 +137,7 @@ class Lamb(torch.optim.Optimizer):
         max_trust_ratio: float | None = None,
         fused: bool = True,
         chunk_numel: int = 2**22,
+        implementation: str = "chunked",
     ):
         if not 0.0 <= float(lr):
             raise ValueError(f"Invalid learning rate: {lr}")
@@ -125,6 +147,8 @@ class Lamb(torch.optim.Optimizer):
             raise ValueError(f"Invalid betas: {betas}, each must be in [0, 1)")
         if max_trust_ratio is not None and max_trust_ratio <= 0:
             raise ValueError(f"Invalid max_trust_ratio: {max_trust_ratio}, must be > 0 or None")
+        if implementation not in IMPLEMENTATIONS:
+            raise ValueError(f"Invalid implementation: {implementation!r}, one of {', '.join(IMPLEMENTATIONS)}")
         defaults = dict(
             lr=lr,
             betas=betas,
@@ -138,6 +162,7 @@ class Lamb(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self.fused = fused
         self.chunk_numel = chunk_numel
+        self.implementation = implementation
         self._scratch: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
     # torch's Optimizer.step is overloaded (None without a closure, a float with one); this is its implementation's
@@ -148,11 +173,79 @@ class Lamb(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
-            for (device, dtype), items in self._with_grads(group).items():
-                for chunk in self._chunks(items):
-                    self._update_chunk(group, chunk, self._scratch_for(device, dtype, chunk))
+        if self.implementation == "compiled":
+            self._step_compiled()
+        elif self.implementation == "foreach":
+            self._step_held()
+        else:
+            for group in self.param_groups:
+                for (device, dtype), items in self._with_grads(group).items():
+                    for chunk in self._chunks(items):
+                        self._update_chunk(group, chunk, self._scratch_for(device, dtype, chunk))
         return loss
+
+    def _step_held(self) -> None:
+        """Every direction computed (per group, whole or in chunks), then every trust ratio, then every update:
+        the ``foreach`` form, and `vitlarge.optim.sharded_lamb.ShardedLamb`'s, whose ratios need a collective."""
+        held = []  # (group, chunk, updates)
+        for group in self.param_groups:
+            for items in self._with_grads(group).values():
+                chunks = self._chunks(items) if self.implementation == "chunked" else [items]
+                held += [(group, chunk, self._direction(group, chunk)) for chunk in chunks]
+        for (group, chunk, updates), ratio in zip(held, self._held_ratios(held), strict=True):
+            self._apply(group, [it[0] for it in chunk], updates, ratio)
+
+    def _held_ratios(self, held: list[tuple[dict, list, list]]) -> list[torch.Tensor | None]:
+        """The trust ratio of each held chunk's tensors (None where its group has none)."""
+        return [
+            trust_ratio(
+                torch.stack(torch._foreach_norm([it[0] for it in chunk])),
+                torch.stack(torch._foreach_norm(updates)),
+                group["max_trust_ratio"],
+            )
+            if group["trust_ratio"]
+            else None
+            for group, chunk, updates in held
+        ]
+
+    def _step_compiled(self) -> None:
+        """The ``compiled`` form: per device and dtype, one call of each compiled pass over every group's tensors."""
+        hyper = {k: self.param_groups[0][k] for k in SHARED_SETTINGS}
+        for group in self.param_groups[1:]:
+            if any(group[k] != v for k, v in hyper.items()):
+                raise ValueError(
+                    f"implementation='compiled' needs {', '.join(SHARED_SETTINGS)} equal in every parameter group"
+                )
+        kinds: dict[tuple[torch.device, torch.dtype], list] = {}
+        for group in self.param_groups:
+            for kind, items in self._with_grads(group).items():
+                kinds.setdefault(kind, []).append((group, items))
+        for (device, _), parts in kinds.items():
+            items = [it for _, its in parts for it in its]
+            p, g, m, v, s = (list(x) for x in zip(*[it[:5] for it in items]))
+            wds = tuple(float(group["weight_decay"]) for group, its in parts for _ in its)
+            beta1, beta2 = hyper["betas"]
+            passes = compiled_passes()
+            consts = dict(beta1=beta1, beta2=beta2, eps=hyper["eps"], bias_correction=hyper["bias_correction"])
+            squares = passes.moments_and_squares(p, g, m, v, s, wds, grad_averaging=hyper["grad_averaging"], **consts)
+            norms = self._reduce_squares(squares).sqrt()
+            scale, start = [], 0
+            for group, its in parts:
+                part = norms[:, start : start + len(its)]
+                ratio = (
+                    trust_ratio(part[0], part[1], group["max_trust_ratio"])
+                    if group["trust_ratio"]
+                    else torch.ones(len(its), device=device, dtype=norms.dtype)
+                )
+                lr = group["lr"]
+                scale.append(ratio * (-lr.to(device) if isinstance(lr, torch.Tensor) else -lr))
+                start += len(its)
+            passes.apply(p, m, v, s, wds, torch.cat(scale).to(p[0].dtype), **consts)
+
+    def _reduce_squares(self, squares: torch.Tensor) -> torch.Tensor:
+        """The ``(2, T)`` squared norms of whole tensors from this process's (all of them here; ShardedLamb's
+        pieces are summed over the ranks)."""
+        return squares
 
     def _with_grads(self, group: dict) -> dict[tuple[torch.device, torch.dtype], list]:
         """``(p, grad, exp_avg, exp_avg_sq, step)`` of the group's parameters that have a gradient, by
@@ -216,22 +309,31 @@ class Lamb(torch.optim.Optimizer):
             )
         self._apply(group, params, updates, ratio)
 
-    def _direction(self, group: dict, chunk: list, updates: list[torch.Tensor]) -> None:
-        """Advances the chunk's moments and writes its update directions ``u`` into ``updates``."""
-        params, grads, exp_avgs, exp_avg_sqs, steps = (list(x) for x in zip(*chunk))
+    def _direction(self, group: dict, chunk: list, updates: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """Advances the chunk's moments and returns its update directions ``u``: written into ``updates`` (views
+        of a scratch buffer), or into new tensors where None."""
+        params, grads, exp_avgs, exp_avg_sqs, steps = (list(x) for x in zip(*[it[:5] for it in chunk]))
         beta1, beta2 = group["betas"]
-        if self.fused and group["bias_correction"] and group["grad_averaging"]:
+        fused = self.fused and group["bias_correction"] and group["grad_averaging"]
+        if updates is not None:
+            out = updates
+            if fused:  # the fused kernel starts from weight_decay * p (_direction_fused), the other path from 0
+                for p, u in zip(params, out):
+                    torch.mul(p, group["weight_decay"], out=u)
+        elif fused:
+            out = list(torch._foreach_mul(params, group["weight_decay"]))
+        else:
+            out = [torch.empty_like(p) for p in params]
+        if fused:
             _direction_fused(
-                params,
                 grads,
                 exp_avgs,
                 exp_avg_sqs,
                 steps,
-                updates,
+                out,
                 beta1=beta1,
                 beta2=beta2,
                 eps=group["eps"],
-                weight_decay=group["weight_decay"],
             )
         else:
             _direction_foreach(
@@ -240,7 +342,7 @@ class Lamb(torch.optim.Optimizer):
                 exp_avgs,
                 exp_avg_sqs,
                 steps,
-                updates,
+                out,
                 beta1=beta1,
                 beta2=beta2,
                 eps=group["eps"],
@@ -248,6 +350,7 @@ class Lamb(torch.optim.Optimizer):
                 bias_correction=group["bias_correction"],
                 grad_averaging=group["grad_averaging"],
             )
+        return out
 
     @staticmethod
     def _apply(group: dict, params: list, updates: list, ratio: torch.Tensor | None) -> None:
@@ -268,7 +371,6 @@ def trust_ratio(w_norm: torch.Tensor, u_norm: torch.Tensor, max_trust_ratio: flo
 
 
 def _direction_fused(
-    params: list[torch.Tensor],
     grads: list[torch.Tensor],
     exp_avgs: list[torch.Tensor],
     exp_avg_sqs: list[torch.Tensor],
@@ -278,16 +380,14 @@ def _direction_fused(
     beta1: float,
     beta2: float,
     eps: float,
-    weight_decay: float,
 ) -> None:
-    """Moments in place; ``updates = m_hat / (sqrt(v_hat) + eps) + weight_decay * params``.
+    """Moments in place; ``updates``, holding ``weight_decay * params``, become ``m_hat / (sqrt(v_hat) + eps) +
+    weight_decay * params``.
 
     torch's fused Adam kernel does ``x -= lr * m_hat / (sqrt(v_hat) + eps)`` after updating the
     moments, reading the bias corrections from the per-tensor ``steps``. Run on ``x = wd * p``
     with ``lr = -1`` it leaves exactly the LAMB update in ``x``, and ``p`` untouched.
     """
-    for p, u in zip(params, updates):
-        torch.mul(p, weight_decay, out=u)
     torch._fused_adamw_(
         updates,
         grads,
@@ -347,6 +447,112 @@ def _direction_foreach(
         torch._foreach_add_(updates, params, alpha=weight_decay)
 
 
+def _directions(
+    params: list[torch.Tensor],
+    exp_avgs: list[torch.Tensor],
+    exp_avg_sqs: list[torch.Tensor],
+    steps: list[torch.Tensor],
+    wds: tuple[float, ...],
+    *,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    bias_correction: bool,
+) -> list[torch.Tensor]:
+    """``m_hat / (sqrt(v_hat) + eps) + wd * p`` per tensor (new tensors), the corrections from each tensor's step in
+    float64 as the fused kernel takes them: what the ``compiled`` form's passes trace."""
+    denom = list(torch._foreach_sqrt(exp_avg_sqs))
+    t = torch.stack(steps).double()
+    if bias_correction:
+        torch._foreach_div_(denom, list((1 - torch.pow(beta2, t)).sqrt().to(denom[0].dtype).unbind()))
+    torch._foreach_add_(denom, eps)
+    updates = list(torch._foreach_div(exp_avgs, denom))
+    if bias_correction:
+        torch._foreach_div_(updates, list((1 - torch.pow(beta1, t)).to(denom[0].dtype).unbind()))
+    torch._foreach_add_(updates, torch._foreach_mul(params, list(wds)))
+    return updates
+
+
+def _moments_and_squares(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    exp_avgs: list[torch.Tensor],
+    exp_avg_sqs: list[torch.Tensor],
+    steps: list[torch.Tensor],
+    wds: tuple[float, ...],
+    *,
+    grad_averaging: bool,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    bias_correction: bool,
+) -> torch.Tensor:
+    """The ``compiled`` form's first pass: the moments in place, and the ``(2, T)`` float32 squared norms of each
+    weight (row 0) and update direction (row 1); the directions themselves are not kept."""
+    if grad_averaging:
+        torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
+    else:
+        torch._foreach_mul_(exp_avgs, beta1)
+        torch._foreach_add_(exp_avgs, grads)
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
+    updates = _directions(
+        params, exp_avgs, exp_avg_sqs, steps, wds, beta1=beta1, beta2=beta2, eps=eps, bias_correction=bias_correction
+    )
+    squares = [torch.stack(torch._foreach_norm(x)).float() ** 2 for x in (params, updates)]
+    return torch.stack(squares)
+
+
+def _apply_update(
+    params: list[torch.Tensor],
+    exp_avgs: list[torch.Tensor],
+    exp_avg_sqs: list[torch.Tensor],
+    steps: list[torch.Tensor],
+    wds: tuple[float, ...],
+    scale: torch.Tensor,
+    *,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    bias_correction: bool,
+) -> None:
+    """The ``compiled`` form's second pass: ``p += scale_i * u_i`` (``scale = -lr * trust ratio`` per tensor), the
+    direction recomputed from the moments, the same function of them as in the first pass."""
+    updates = _directions(
+        params, exp_avgs, exp_avg_sqs, steps, wds, beta1=beta1, beta2=beta2, eps=eps, bias_correction=bias_correction
+    )
+    torch._foreach_addcmul_(params, updates, list(scale.unbind()))
+
+
+class CompiledPasses(NamedTuple):
+    moments_and_squares: Callable[..., torch.Tensor]
+    apply: Callable[..., None]
+
+
+@functools.cache
+def compiled_passes() -> CompiledPasses:
+    """`_moments_and_squares` and `_apply_update` through ``torch.compile`` (``fullgraph``, static shapes), made once
+    per process: each compiles at its first call, once per set of tensor shapes (a run has one)."""
+    import_inductor()
+    return CompiledPasses(
+        torch.compile(_moments_and_squares, fullgraph=True, dynamic=False),
+        torch.compile(_apply_update, fullgraph=True, dynamic=False),
+    )
+
+
+def import_inductor() -> None:
+    """Imports torch.compile's Inductor, without the deprecation warning torch 2.10 raises while importing it
+    (``torch.utils.mkldnn``'s classes use the deprecated ``torch.jit.script_method``: torch's own import, not a call
+    of ours). For every compiled form: the model's (`vitlarge.train.assemble.compile_model`) and this step's."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="`torch.jit.script_method` is deprecated", category=DeprecationWarning
+        )
+        import torch._inductor.compile_fx  # noqa: F401
+
+
 def build_optimizer(
     model: nn.Module,
     name: str,
@@ -358,11 +564,12 @@ def build_optimizer(
     bias_correction: bool = True,
     max_trust_ratio: float | None = None,
     layer_decay: float = 1.0,
+    implementation: str = "chunked",
 ) -> torch.optim.Optimizer:
     """``"lamb"`` (ours) or ``"adamw"`` (torch, foreach) over ``param_groups(model, weight_decay, layer_decay)``.
 
     AdamW's decay is decoupled (``p *= 1 - lr * wd``) and applies only to the decayed group; the
-    groups' ``trust_ratio`` key is ignored by AdamW.
+    groups' ``trust_ratio`` key and ``implementation`` (LAMB's form: `Lamb`) are ignored by AdamW.
     """
     groups = param_groups(model, weight_decay, layer_decay)
     if name == "lamb":
@@ -374,6 +581,7 @@ def build_optimizer(
             weight_decay=weight_decay,
             bias_correction=bias_correction,
             max_trust_ratio=max_trust_ratio,
+            implementation=implementation,
         )
     if name == "adamw":
         return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=True)

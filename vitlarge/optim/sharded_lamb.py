@@ -10,7 +10,9 @@ every local piece, sums them over the ranks in ONE all-reduce per step (a ``2 x 
 T = tensors with a trust ratio), then applies the per-tensor ratios: the update equals
 `vitlarge.optim.lamb.Lamb`'s on the unsharded model up to float summation order, whatever the world
 size. Cost: the update directions of this rank's shard are held until the all-reduce (one
-shard-sized buffer instead of one reused chunk).
+shard-sized buffer instead of one reused chunk), in the ``chunked`` form (directions computed chunk by chunk)
+as in ``foreach`` (all at once). The ``compiled`` form holds none: its second pass recomputes them, and the
+all-reduce sums the first pass's ``2 x T`` squares (every tensor's) between the two passes.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ class ShardedLamb(Lamb):
     @classmethod
     def like(cls, lamb: Lamb) -> ShardedLamb:
         """A ShardedLamb with ``lamb``'s parameter groups and settings (``lamb`` must not have stepped)."""
-        sharded = cls(lamb.param_groups, **lamb.defaults)
+        sharded = cls(lamb.param_groups, **lamb.defaults, implementation=lamb.implementation)
         sharded.fused, sharded.chunk_numel = lamb.fused, lamb.chunk_numel
         return sharded
 
@@ -56,6 +58,15 @@ class ShardedLamb(Lamb):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self.implementation == "compiled":
+            self._step_compiled()
+        else:  # chunked: the directions computed chunk by chunk (a CPU's cache), held like foreach's
+            self._step_held()
+        return loss
+
+    def _held_ratios(self, held: list[tuple[dict, list, list]]) -> list[torch.Tensor | None]:
+        """The squared norms of every piece in one ``2 x T`` table (a column per parameter with a trust ratio, the
+        same on every rank), summed over the ranks in one all-reduce, then each chunk's ratios."""
         column = {}  # parameter -> its column in the norm table, the same on every rank
         for group in self.param_groups:
             if group["trust_ratio"]:
@@ -63,25 +74,23 @@ class ShardedLamb(Lamb):
                     column[p] = len(column)
         device = local(self.param_groups[0]["params"][0]).device
         squares = torch.zeros(2, len(column), dtype=torch.float32, device=device)
-        pending = []
-        for group in self.param_groups:
-            for items in self._with_grads(group).values():
-                for chunk in self._chunks(items):
-                    updates = [torch.empty_like(it[0]) for it in chunk]
-                    self._direction(group, [it[:5] for it in chunk], updates)
-                    params = [it[0] for it in chunk]
-                    cols = None
-                    if group["trust_ratio"]:
-                        cols = torch.tensor([column[it[5]] for it in chunk], device=device)
-                        squares[0, cols] = torch.stack(torch._foreach_norm(params)).float() ** 2
-                        squares[1, cols] = torch.stack(torch._foreach_norm(updates)).float() ** 2
-                    pending.append((group, params, updates, cols))
-        if column and dist.is_initialized() and dist.get_world_size() > 1:
+        cols = []
+        for group, chunk, updates in held:
+            if not group["trust_ratio"]:
+                cols.append(None)
+                continue
+            c = torch.tensor([column[it[5]] for it in chunk], device=device)
+            squares[0, c] = torch.stack(torch._foreach_norm([it[0] for it in chunk])).float() ** 2
+            squares[1, c] = torch.stack(torch._foreach_norm(updates)).float() ** 2
+            cols.append(c)
+        norms = self._reduce_squares(squares).sqrt()
+        return [
+            None if c is None else trust_ratio(norms[0, c], norms[1, c], group["max_trust_ratio"]).to(chunk[0][0].dtype)
+            for (group, chunk, _), c in zip(held, cols, strict=True)
+        ]
+
+    def _reduce_squares(self, squares: torch.Tensor) -> torch.Tensor:
+        """``squares`` of this rank's pieces summed over the ranks (in place): those of whole tensors."""
+        if squares.numel() and dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(squares)
-        norms = squares.sqrt()
-        for group, params, updates, cols in pending:
-            ratio = None
-            if cols is not None:
-                ratio = trust_ratio(norms[0, cols], norms[1, cols], group["max_trust_ratio"]).to(params[0].dtype)
-            self._apply(group, params, updates, ratio)
-        return loss
+        return squares

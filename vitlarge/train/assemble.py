@@ -11,8 +11,10 @@ The rules of how the parts combine live here and nowhere else:
 * The optimizer's parameter groups (no weight decay and no trust ratio for biases, norms, position
   embeddings and the cls token; per layer with an ``lr_scale`` under ``optim.layer_decay``) come from
   `vitlarge.optim.lamb.build_optimizer`, before the Booster (FSDP keeps the groups, `vitlarge.distributed.fsdp`).
-* When compile is on (CUDA by default, `vitlarge.train.settings.compile_choice`), the model's forward is compiled in place before the Booster wraps it (`compile_model`): DDP then wraps
-  a module whose parameter names, state dict, checkpoints and exports are the plain model's.
+* When compile is on (CUDA by default, `vitlarge.train.settings.compile_choice`), the model's forward, or each of its
+  transformer blocks (``train.compile_scope``), is compiled in place before the Booster wraps it (`compile_model`):
+  DDP then wraps, and FSDP shards, a module whose parameter names, state dict, checkpoints and exports are the
+  plain model's.
 * With ``train.ema_decay`` the engine holds a model EMA (`vitlarge.model.ema`), made after the Booster from the
   wrapped model's weights (sharded under fsdp).
 * Under FSDP the plugin owns mixed precision (it casts the gathered parameters), so there is no
@@ -32,6 +34,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 
 from vitlarge.config.schema import Config
+from vitlarge.errors import UserError
 from vitlarge.model.attention import AttentionChoice, choose_attention
 from vitlarge.model.precision import Precision
 from vitlarge.plan.plan import Plan
@@ -66,28 +69,38 @@ def recompile_limit(plan: Plan) -> int:
     return 3 * max(len(plan.phases), 1) + 2
 
 
-def compile_model(model: torch.nn.Module, plan: Plan) -> None:
-    """Compiles ``model``'s forward in place (`nn.Module.compile`): its parameters, their names and its
-    state dict stay the plain module's (no ``_orig_mod.`` prefix), so checkpoints, the export and
-    ``model.init_from`` see the same keys with compile on or off, and a Booster wraps it as any module.
+def compile_model(model: torch.nn.Module, plan: Plan, scope: str = "model") -> None:
+    """Compiles ``model``'s forward in place (`nn.Module.compile`), the whole model (``scope="model"``) or each
+    transformer block on its own (``"blocks"``, `vitlarge.model.blocks.transformer_blocks`; the rest runs eager):
+    parameters, their names and the state dict stay the plain module's (no ``_orig_mod.`` prefix), so checkpoints,
+    the export and ``model.init_from`` see the same keys with compile on or off, and a Booster wraps it as any module.
+
+    Per block, before the Booster: under fsdp `vitlarge.distributed.fsdp.wrap` then shards each compiled block, and
+    FSDP2's all-gather and reshard hooks run between the blocks' graphs instead of breaking one model graph at
+    every block (torchtitan's order: compile, then ``fully_shard``); under ddp each block's backward is its own
+    graph, so the gradients of the later blocks are ready, and their buckets all-reduced, while the earlier blocks
+    still run their backward. The blocks share one graph per input shape and mode (same code, same shapes: Dynamo
+    reuses it for every block), so the recompile limit is the same as for the whole model.
 
     ``dynamic=False``: every new input shape or mode (a phase's image size or batch, evaluation) gets its
     own fully specialised graph, compiled once and reused (``recompile_limit`` of them), rather than one
     graph with symbolic sizes that Inductor optimises less. Dynamo's recompile limit is a process-wide
     setting: raised here, never lowered."""
-    import warnings
-
     import torch._dynamo
 
-    with warnings.catch_warnings():
-        # torch 2.10's Inductor imports torch.utils.mkldnn, whose classes use the deprecated
-        # torch.jit.script_method: torch's own import-time warning, not a call of ours.
-        warnings.filterwarnings(
-            "ignore", message="`torch.jit.script_method` is deprecated", category=DeprecationWarning
+    from vitlarge.model.blocks import transformer_blocks
+    from vitlarge.optim.lamb import import_inductor
+
+    units = [model] if scope == "model" else transformer_blocks(model)
+    if not units:
+        raise UserError(
+            f"train.compile_scope=blocks compiles transformer blocks one by one; {type(model).__name__} has no "
+            "timm Block: use train.compile_scope=model"
         )
-        import torch._inductor.compile_fx  # noqa: F401
+    import_inductor()
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, recompile_limit(plan))
-    model.compile(dynamic=False)
+    for unit in units:
+        unit.compile(dynamic=False)
 
 
 def build(cfg: Config, plan: Plan, settings: Settings, booster=None, init_from: bool = True) -> Parts:
@@ -112,8 +125,8 @@ def build(cfg: Config, plan: Plan, settings: Settings, booster=None, init_from: 
     attention = choose_attention(model, device, settings.precision, cfg.model.attn_drop_rate)
     logging.getLogger("vitlarge").info(attention.line)
     logging.getLogger("vitlarge").info(settings.compile_why)
-    if settings.compile:  # after init_from: the weights are in place; before the Booster wraps it
-        compile_model(model, plan)
+    if settings.compile:  # after init_from: the weights are in place; before the Booster wraps (or shards) it
+        compile_model(model, plan, settings.compile_scope)
     o = cfg.optim
     optimizer = build_optimizer(
         model,
@@ -124,6 +137,7 @@ def build(cfg: Config, plan: Plan, settings: Settings, booster=None, init_from: 
         eps=o.eps,
         bias_correction=o.bias_correction,
         layer_decay=o.layer_decay,
+        implementation=settings.lamb_implementation,
     )
     if booster is None:
         from vitlarge.distributed.booster import Booster

@@ -29,6 +29,13 @@ class Settings:
     """The line the run logs about its precision: ``auto``'s choice and why, or fp16's warning on a slow CPU."""
     compile: bool
     compile_why: str
+    """The line `vitlarge.train.assemble.build` logs: whether the model is compiled, why, and (when it is) what
+    ``train.compile_scope`` compiles."""
+    compile_scope: str
+    """``model`` or ``blocks`` (`compile_scope_choice`); read only when ``compile`` is on."""
+    lamb_implementation: str
+    """``optim.implementation`` resolved for the device: ``chunked``, ``foreach`` or ``compiled``
+    (`lamb_implementation`)."""
     fsdp_reduce_every_micro_step: bool
     """``train.fsdp_accumulation`` resolved with the precision (`fsdp_reduce_every_micro_step`): what the engine
     and the dry run's memory estimate read."""
@@ -80,6 +87,50 @@ def compile_choice(requested: str, device: torch.device, check_toolchain: bool =
     if requested == "on":
         return CompileChoice(True, "compile on: set by the recipe")
     return CompileChoice(True, "compile auto -> on: CUDA: Inductor fuses the elementwise work between the matmuls")
+
+
+class CompileScope(NamedTuple):
+    """`compile_scope_choice`'s answer: ``model`` or ``blocks``, and why (appended to the compile line)."""
+
+    scope: str
+    why: str
+
+
+def compile_scope_choice(requested: str, plugin: str) -> CompileScope:
+    """``train.compile_scope``: ``model``/``blocks`` as given; ``auto`` is ``blocks`` under fsdp, ``model`` under ddp.
+
+    Under fsdp a whole-model graph breaks at every block (FSDP2 runs each block's all-gather and reshard hooks
+    outside Dynamo), so each block compiled on its own before ``fully_shard`` is strictly better. Under ddp
+    the whole model is the form measured on a GPU (docs/PERFORMANCE.md section 8); compiling per block keeps
+    DDP's buckets overlapping the backward but leaves the edges eager: which is faster is for the GPU kit to
+    measure, with ``train.compile_scope=blocks``."""
+    if requested == "blocks":
+        return CompileScope("blocks", "each transformer block compiled on its own (train.compile_scope=blocks)")
+    if requested == "model":
+        return CompileScope("model", "the whole model as one graph (train.compile_scope=model)")
+    if plugin == "fsdp":
+        return CompileScope(
+            "blocks",
+            "each transformer block compiled on its own (train.compile_scope auto: fsdp, whose per-block hooks "
+            "would break a whole-model graph at every block)",
+        )
+    return CompileScope("model", "the whole model as one graph (train.compile_scope auto: ddp)")
+
+
+def lamb_implementation(requested: str, device: torch.device, check_toolchain: bool = True) -> str:
+    """``optim.implementation``: ``chunked``/``foreach``/``compiled`` as given; ``auto`` is ``chunked`` on CPU,
+    where a 4M-element chunk stays in the cache between the ops of a step (ViT-B/16's step: 376 CPU-ms against
+    690 over whole tensors, medians of 9 interleaved steps on 2 shared cores of an AMD EPYC), and ``foreach`` on
+    CUDA, where each chunk costs a launch per op and one launch per op over all parameters is the same arithmetic,
+    bit for bit. ``compiled`` needs Inductor's toolchain, checked as for ``train.compile=on``
+    (`missing_toolchain`)."""
+    if requested == "auto":
+        return "foreach" if device.type == "cuda" else "chunked"
+    if requested == "compiled" and check_toolchain:
+        missing = missing_toolchain(device)
+        if missing:
+            raise UserError(f"optim.implementation=compiled, but {missing}, or set optim.implementation=auto")
+    return requested
 
 
 def missing_toolchain(device: torch.device) -> str:
@@ -227,7 +278,8 @@ def resolve_settings(
     """Every device-dependent setting of ``cfg`` on ``device``, decided once."""
     device = torch.device(device)
     precision = choose_precision(cfg.train.precision, device)
-    return _settings(cfg, device, backend, precision, compile_choice(cfg.train.compile, device), threads)
+    lamb = lamb_implementation(cfg.optim.implementation, device)
+    return _settings(cfg, device, backend, precision, compile_choice(cfg.train.compile, device), lamb, threads)
 
 
 PLANNED_GPU = PrecisionChoice(
@@ -248,8 +300,9 @@ def plan_settings(cfg: Config, device: str) -> Settings:
     else:
         precision = choose_precision(cfg.train.precision, dev)
     compiled = compile_choice(cfg.train.compile, dev, check_toolchain=False)
+    lamb = lamb_implementation(cfg.optim.implementation, dev, check_toolchain=False)
     backend = "nccl" if dev.type == "cuda" else "gloo"
-    return _settings(cfg, dev, backend, precision, compiled, NO_THREADS)
+    return _settings(cfg, dev, backend, precision, compiled, lamb, NO_THREADS)
 
 
 def _settings(
@@ -258,8 +311,10 @@ def _settings(
     backend: str,
     precision: PrecisionChoice,
     compiled: CompileChoice,
+    lamb: str,
     threads: ThreadPools,
 ) -> Settings:
+    scope = compile_scope_choice(cfg.train.compile_scope, cfg.train.plugin)
     return Settings(
         device=device,
         backend=backend,
@@ -268,7 +323,9 @@ def _settings(
         if cfg.train.precision == "auto"
         else cpu_fp16_warning(precision.name, device),
         compile=compiled.on,
-        compile_why=compiled.why,
+        compile_why=f"{compiled.why}; {scope.why}" if compiled.on else compiled.why,
+        compile_scope=scope.scope,
+        lamb_implementation=lamb,
         fsdp_reduce_every_micro_step=fsdp_reduce_every_micro_step(cfg.train.fsdp_accumulation, precision.name),
         threads=threads.size,
         threads_why=threads.why,

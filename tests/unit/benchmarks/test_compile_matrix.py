@@ -35,14 +35,33 @@ def test_compile_lines_are_parsed_in_order_with_their_first_reasons():
 
 def test_the_matrix_is_every_combination_and_each_turns_its_switches_on():
     combos = matrix.combos()
-    assert len(combos) == len({c.name for c in combos}) == 12
-    fsdp = matrix.Combo("fsdp", True, "fp16")
+    # The whole model with checkpointing off and full (12), each block with off, full and selective (18).
+    assert len(combos) == len({c.name for c in combos}) == 12 + 18
+    fsdp = matrix.Combo("fsdp", "full", "fp16")
+    assert fsdp.name == "fsdp/ckpt/fp16"  # the whole model's rows keep their names
     assert fsdp.overrides() == [
         "train.plugin=fsdp",
-        "model.grad_checkpointing=true",
+        "train.activation_checkpointing=full",
         "train.precision=fp16",
         "train.deterministic=true",
+        "train.compile_scope=model",
     ]
+    blocks = matrix.Combo("ddp", "selective", "bf16", "blocks")
+    assert (
+        blocks.name == "ddp/sel-ckpt/bf16/blocks"
+        and blocks.overrides()[1] == "train.activation_checkpointing=selective"
+    )
+
+
+def test_a_partial_run_keeps_the_other_rows_of_the_result(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setenv("VITLARGE_BENCH_RESULTS", str(tmp_path))
+    before = {"finished_at": "2026-11-25 10:00:00", "rows": [{"name": "ddp/no-ckpt/bf16", "steps": 200}]}
+    (tmp_path / "compile_matrix.json").write_text(json.dumps(before))
+    assert matrix.previous_rows() == {
+        "ddp/no-ckpt/bf16": {"name": "ddp/no-ckpt/bf16", "steps": 200, "measured_at": "2026-11-25"}
+    }
 
 
 def test_loss_agreement_and_step_time_skip_nothing_they_should_not():

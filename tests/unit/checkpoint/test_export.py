@@ -146,16 +146,21 @@ def test_the_export_says_how_the_final_top1_was_validated(tmp_path):
         assert loaded(torch.randn(1, 3, 16, 24)).shape == (1, 10)
 
 
-def test_compiled_model_saves_exports_and_initialises_under_the_plain_names(tmp_path):
-    """Checkpoint, export and init_from round trip with compile on: the keys are the eager model's."""
+@pytest.mark.parametrize("scope", ["model", "blocks"])
+def test_compiled_model_saves_exports_and_initialises_under_the_plain_names(tmp_path, scope):
+    """Checkpoint, export and init_from round trip with compile on, the whole model or each block compiled
+    (``train.compile_scope``): the keys are the eager model's. Compiling itself waits for a forward: none here."""
     c = tiny_cfg(compile="on")
+    c.model.kwargs = {**c.model.kwargs, "depth": 2}
     plan = make_plan(c, 1, 1437)
     torch.manual_seed(0)
     eager = build_model(c)
     names = list(eager.state_dict())
     torch.manual_seed(0)
     model = build_model(c)
-    compile_model(model, plan)
+    compile_model(model, plan, scope)
+    compiled = [m._compiled_call_impl is not None for m in (model, *model.blocks)]
+    assert compiled == ([True, False, False] if scope == "model" else [False, True, True])
     assert list(model.state_dict()) == names and [n for n, _ in model.named_parameters()] == [
         n for n, _ in eager.named_parameters()
     ]
@@ -169,15 +174,15 @@ def test_compiled_model_saves_exports_and_initialises_under_the_plain_names(tmp_
     assert sorted(load_file(str(Path(out) / "model.safetensors"))) == sorted(names)
 
     target = tiny_cfg(compile="on")
-    target.model.init_from = str(out)
+    target.model.kwargs, target.model.init_from = c.model.kwargs, str(out)
     torch.manual_seed(1)
     fresh = build_model(target)
-    compile_model(fresh, plan)
+    compile_model(fresh, plan, scope)
     load_into(fresh, target)
     for (n, a), b in zip(model.state_dict().items(), fresh.state_dict().values()):
         assert torch.equal(a, b), n
     again = build_model(target)
-    compile_model(again, plan)
+    compile_model(again, plan, scope)
     store.load_model_weights(ckpt, again, target)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
 

@@ -658,6 +658,22 @@ def test_a_bad_choice_on_the_command_line_names_the_override_not_the_recipe():
     )
 
 
+def test_the_speed_settings_take_their_choices_and_name_them_when_wrong():
+    cfg = load_config(
+        recipe("demo_digits"),
+        ["train.compile_scope=blocks", "train.activation_checkpointing=selective", "optim.implementation=foreach"],
+    )
+    assert (cfg.train.compile_scope, cfg.recompute(), cfg.optim.implementation) == ("blocks", "selective", "foreach")
+    with pytest.raises(UserError) as e:
+        load_config(recipe("demo_digits"), ["train.activation_checkpointing=some"])
+    assert str(e.value) == (
+        "command line: 'train.activation_checkpointing=some' is not one of off, full, selective; write it like "
+        "train.activation_checkpointing=off"
+    )
+    with pytest.raises(UserError, match="^command line: train.activation_checkpointing=selective and model.grad"):
+        load_config(recipe("vit_l16"), ["train.activation_checkpointing=selective"])  # it sets grad_checkpointing
+
+
 def test_range_and_cross_field_errors_of_overrides_name_the_command_line():
     with pytest.raises(UserError, match=r"^command line: 'train.micro_batch' must be positive"):
         load_config(recipe("demo_digits"), ["train.micro_batch=0"])

@@ -90,17 +90,17 @@ def test_describe_vit_b16():
 
 def test_memory_estimate_scales_as_documented():
     info = dict(params=86_570_000, tokens=197, dim=768, heads=12, depth=12)
-    base = memory_estimate(info, 256, "fp16", False, sharded=False, world=4)
+    base = memory_estimate(info, 256, "fp16", "off", sharded=False, world=4)
     assert base["states"] == 16 * info["params"] == base["weights"] + base["grads"] + base["optimizer"]
     assert base["total"] == base["states"] + base["activations"]
-    fsdp = memory_estimate(info, 256, "fp16", False, sharded=True, world=4)
+    fsdp = memory_estimate(info, 256, "fp16", "off", sharded=True, world=4)
     gathered = 2 * info["params"] / 12 * 2  # two bf16/fp16 blocks of twelve
     assert fsdp["states"] == pytest.approx(16 * info["params"] / 4 + gathered)
-    no_sync = memory_estimate(info, 256, "fp32", False, sharded=True, world=4, unsharded_grads=True)
+    no_sync = memory_estimate(info, 256, "fp32", "off", sharded=True, world=4, unsharded_grads=True)
     assert no_sync["grads"] == 4 * info["params"] == 4 * fsdp["grads"]  # whole fp32 gradients between micro-steps
-    assert memory_estimate(info, 256, "fp32", False, False, 4)["activations"] == 2 * base["activations"]
-    assert memory_estimate(info, 256, "fp16", True, False, 4)["activations"] < base["activations"] / 10
-    ema = memory_estimate(info, 256, "fp16", False, sharded=True, world=4, ema=True)  # train.ema_decay: sharded fp32
+    assert memory_estimate(info, 256, "fp32", "off", False, 4)["activations"] == 2 * base["activations"]
+    assert memory_estimate(info, 256, "fp16", "full", False, 4)["activations"] < base["activations"] / 10
+    ema = memory_estimate(info, 256, "fp16", "off", sharded=True, world=4, ema=True)  # train.ema_decay: sharded fp32
     assert (ema["ema"], base["ema"]) == (4 * info["params"] / 4, 0.0) and ema["states"] == fsdp["states"] + ema["ema"]
 
 

@@ -12,15 +12,19 @@ import torch
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-from tests.helpers.lamb_parity import SETTINGS, mlp, parity
+from tests.helpers.lamb_parity import SETTINGS, mlp, parity, uncompiled
 from vitlarge.optim.lamb import build_optimizer
 from vitlarge.optim.sharded_lamb import ShardedLamb, local
 
 pytestmark = pytest.mark.usefixtures("process_group")  # a gloo group of one (tests/helpers/process_group.py)
 
 
-def test_steps_equal_unsharded_lamb():
-    diffs = parity(steps=4)
+@pytest.mark.parametrize("implementation", ["chunked", "foreach", "compiled"])
+def test_steps_equal_unsharded_lamb(implementation, monkeypatch):
+    """Each form of ``optim.implementation`` (the compiled one's passes run uncompiled: its arithmetic, in process)
+    against the default unsharded LAMB."""
+    monkeypatch.setattr("vitlarge.optim.lamb.compiled_passes", uncompiled)
+    diffs = parity(steps=4, implementation=implementation)
     assert all(d < 1e-6 for step in diffs for d in step.values()), diffs
     assert len(diffs[0]) == 8  # every parameter compared
 
@@ -33,6 +37,9 @@ def test_like_keeps_the_groups_and_settings_and_moments_are_dtensors_like_their_
     assert [len(g["params"]) for g in sharded.param_groups] == [len(g["params"]) for g in lamb.param_groups]
     assert [(g["weight_decay"], g["trust_ratio"]) for g in sharded.param_groups] == [(0.1, True), (0.0, False)]
     assert (sharded.defaults, sharded.fused, sharded.chunk_numel) == (lamb.defaults, lamb.fused, 7)
+    assert ShardedLamb.like(build_optimizer(model, "lamb", **SETTINGS, implementation="foreach")).implementation == (
+        "foreach"
+    )
     model(torch.randn(4, 6)).sum().backward()
     sharded.step()
     for p in model.parameters():

@@ -121,3 +121,34 @@ def test_a_build_logs_the_attention_kernel_it_chose_once(caplog):
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("attention:")]
     assert parts.attention is not None and lines == [parts.attention.line]
     assert parts.attention.backend == "cpu" and "3 heads x 17 tokens x 32 dims" in lines[0]
+
+
+def test_optim_implementation_auto_is_chunked_on_cpu_foreach_on_cuda_and_reaches_the_optimizer():
+    from vitlarge.train.settings import lamb_implementation
+
+    assert assemble(demo(precision="fp32")).optimizer.optim.implementation == "chunked"
+    cfg = demo(precision="fp32")
+    cfg.optim.implementation = "foreach"
+    assert assemble(cfg).optimizer.optim.implementation == "foreach"
+    assert (lamb_implementation("auto", CPU), lamb_implementation("auto", torch.device("cuda"))) == (
+        "chunked",
+        "foreach",
+    )
+    assert resolve_settings(demo(plugin="fsdp"), CPU).lamb_implementation == "chunked"
+    cfg = demo(precision="fp32", plugin="fsdp")  # the sharded LAMB keeps the form
+    cfg.optim.implementation = "foreach"
+    assert assemble(cfg).optimizer.optim.implementation == "foreach"
+
+
+def test_optim_implementation_compiled_without_a_compiler_is_one_line(monkeypatch, tmp_path):
+    from vitlarge.errors import UserError
+    from vitlarge.train.settings import lamb_implementation
+
+    (tmp_path / "bin").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # a node without build-essential
+    monkeypatch.delenv("CXX", raising=False)
+    with pytest.raises(UserError) as e:
+        lamb_implementation("compiled", CPU)
+    assert str(e.value).startswith("optim.implementation=compiled, but g++ (Inductor's C++ compiler; set CXX")
+    assert str(e.value).endswith(", or set optim.implementation=auto")
+    assert lamb_implementation("compiled", CPU, check_toolchain=False) == "compiled"  # --dry-run checks nothing

@@ -15,8 +15,8 @@ from tests.helpers import ROOT
 from vitlarge.config.load import load_recipe
 from vitlarge.errors import UserError
 from vitlarge.plan.plan import make_plan
-from vitlarge.train.assemble import recompile_limit
-from vitlarge.train.settings import compile_choice, resolve_settings
+from vitlarge.train.assemble import compile_model, recompile_limit
+from vitlarge.train.settings import compile_choice, compile_scope_choice, resolve_settings
 
 DEMO = ROOT / "recipes" / "demo_digits.py"
 TINY = "model.kwargs={'patch_size': 4, 'embed_dim': 32, 'depth': 1, 'num_heads': 2}"
@@ -44,6 +44,31 @@ def test_auto_is_on_with_cuda_off_on_cpu_and_the_log_line_says_why(monkeypatch, 
     c = tiny_cfg(compile="auto")
     settings = resolve_settings(c, "cpu")
     assert c.train.compile == "auto" and not settings.compile  # the recipe's object untouched
+
+
+def test_compile_scope_auto_is_blocks_under_fsdp_and_model_under_ddp_and_the_line_says_which():
+    assert compile_scope_choice("auto", "fsdp").scope == "blocks"
+    assert compile_scope_choice("auto", "ddp").scope == "model"
+    assert (
+        compile_scope_choice("blocks", "ddp").scope == "blocks"
+        and compile_scope_choice("model", "fsdp").scope == "model"
+    )
+    on = resolve_settings(tiny_cfg(compile="on", plugin="fsdp"), "cpu")
+    assert (on.compile, on.compile_scope) == (True, "blocks")
+    assert on.compile_why == (
+        "compile on: set by the recipe; each transformer block compiled on its own (train.compile_scope auto: fsdp, "
+        "whose per-block hooks would break a whole-model graph at every block)"
+    )
+    assert resolve_settings(tiny_cfg(compile="on", compile_scope="model"), "cpu").compile_why == (
+        "compile on: set by the recipe; the whole model as one graph (train.compile_scope=model)"
+    )
+    off = resolve_settings(tiny_cfg(compile="off", plugin="fsdp"), "cpu")
+    assert off.compile_why == "compile off: set by the recipe"  # no scope where nothing is compiled
+
+
+def test_blocks_scope_refuses_a_model_without_transformer_blocks():
+    with pytest.raises(UserError, match="^train.compile_scope=blocks compiles transformer blocks one by one; Linear"):
+        compile_model(torch.nn.Linear(2, 2), make_plan(tiny_cfg(), 1, 1437), "blocks")
 
 
 def test_recompile_limit_fits_three_graphs_per_phase():
