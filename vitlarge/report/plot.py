@@ -38,8 +38,9 @@ def _smooth(values: list[float], window: int) -> list[float]:
     return out
 
 
-def _num(x: float | None) -> float:
-    return math.nan if x is None else float(x)
+def _num(x: object) -> float:
+    """A record's number; nan for null (a non-finite value) and for anything not a number (a line from elsewhere)."""
+    return float(x) if isinstance(x, (int, float)) else math.nan
 
 
 def plot_run(workdir: str | Path, out: str | Path | None = None) -> Path:
@@ -59,7 +60,10 @@ def plot_run(workdir: str | Path, out: str | Path | None = None) -> Path:
     if not train:
         raise UserError(f"{path} has no training steps yet; plot again after the first step")
     start = next((r for r in records if r.get("event") == "start"), {})
-    steps_per_epoch = start.get("steps_per_epoch") or (train[-1]["step"] / max(train[-1]["epoch"], 1e-9))
+    steps_per_epoch = _num(start.get("steps_per_epoch"))
+    if not steps_per_epoch > 0:  # none recorded (nan fails the test too): from the last step's epoch
+        epochs = _num(train[-1].get("epoch"))
+        steps_per_epoch = train[-1]["step"] / (max(epochs, 1e-9) if math.isfinite(epochs) else 1.0)
     steps = [r["step"] for r in train]
     window = max(1, len(train) // 50)
 
