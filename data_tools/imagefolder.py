@@ -24,6 +24,9 @@ from vitlarge.errors import UserError
 from vitlarge.fileio import open_regular
 
 DEFAULT_MAX_IMAGE_PIXELS = 89_478_485  # PIL's own default (~9459 x 9459); ImageNet's largest is ~32M pixels
+# A file larger than this many bytes a pixel of the pixel limit holds no image within it (8-bit RGBA unpacked is 4):
+# refused from its size, before a byte is read (a sparse 4 GiB "JPEG" took 4 GiB of memory to be skipped).
+MAX_BYTES_PER_PIXEL = 4
 MAX_PIXELS_FIX = "raise --max-image-pixels if you trust it"
 JPEG_QUALITY = 95  # for the few images we must re-encode (PNG, CMYK, grayscale)
 
@@ -266,7 +269,8 @@ def prepare_image(
 
     Source images are data: an image of more than ``max_pixels`` pixels is a BadImage naming the
     limit, judged from its header before anything is decoded (PIL's decompression-bomb guard, kept
-    on at this limit; a 40000 x 40000 PNG header would otherwise allocate 4.8 GB). Only regular files
+    on at this limit; a 40000 x 40000 PNG header would otherwise allocate 4.8 GB); a file of more than
+    `MAX_BYTES_PER_PIXEL` bytes a pixel of that limit is one from its size, before it is read. Only regular files
     are opened (a FIFO in the tree never blocks the converter).
 
     Three-component 8-bit JPEGs keep their original bytes. Anything else PIL can read (PNG, CMYK
@@ -276,9 +280,16 @@ def prepare_image(
     ``check="decode"`` decodes every image.
     """
     Image.MAX_IMAGE_PIXELS = max_pixels  # PIL reads its guard from this global; one value per process
+    cap = MAX_BYTES_PER_PIXEL * max_pixels
     try:
         with open_regular(path) as f:
-            data = f.read()
+            size = os.fstat(f.fileno()).st_size
+            data = f.read(cap + 1) if size <= cap else b""  # a file that grows meanwhile is read to the cap, no more
+        if max(size, len(data)) > cap:
+            raise _TooLarge(
+                f"{max(size, len(data)):,} bytes, more than {MAX_BYTES_PER_PIXEL} a pixel of --max-image-pixels "
+                f"{max_pixels:,} (a memory guard; {MAX_PIXELS_FIX})"
+            )
         frame = jpeg_frame(data)
         if frame is not None and frame[2] == 3 and frame[0] > 0 and frame[1] > 0:
             _check_pixels(frame[1], frame[0], max_pixels)

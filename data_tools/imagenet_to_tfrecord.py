@@ -79,9 +79,10 @@ def example_features(item: Item, jpeg: bytes, height: int, width: int) -> dict:
         "image/height": (height, "int"),
         "image/width": (width, "int"),
         "image/class/label": (item.label, "int"),
-        "image/class/synset": (item.synset.encode(), "byte"),
+        # A name is bytes on disk: os.fsencode gives them back as they were (b"\xff\xfe.JPEG"), where str.encode fails
+        "image/class/synset": (os.fsencode(item.synset), "byte"),
         "image/class/text": (item.text.encode(), "byte"),
-        "image/filename": (os.path.basename(item.path).encode(), "byte"),
+        "image/filename": (os.fsencode(os.path.basename(item.path)), "byte"),
     }
 
 
@@ -113,7 +114,7 @@ def inputs_digest(items: list[Item], skip_bad: bool, check: str, max_pixels: int
     limit = "" if max_pixels == DEFAULT_MAX_IMAGE_PIXELS else f"|{max_pixels}"  # unchanged digests by default
     h = hashlib.sha256(f"{TOOL_VERSION}|{skip_bad}|{check}{limit}".encode())
     for it in items:
-        h.update(f"\n{it.path}|{it.size}|{it.label}|{it.synset}".encode())
+        h.update(os.fsencode(f"\n{it.path}|{it.size}|{it.label}|{it.synset}"))  # a UTF-8 name: the bytes of .encode()
     return h.hexdigest()
 
 
@@ -415,7 +416,7 @@ def convert(
     skipped = [s for r in records.values() for s in r["skipped"]]
     skipped_list = os.path.join(out, SKIPPED_LIST)
     if skipped:
-        write_atomic(skipped_list, "".join(f"{p}\t{why}\n" for p, why in skipped), root=out)
+        write_atomic(skipped_list, os.fsencode("".join(f"{p}\t{why}\n" for p, why in skipped)), root=out)
     elif os.path.exists(skipped_list):  # from an earlier run whose bad files have since been fixed
         os.remove(skipped_list)
     counts = ", ".join(

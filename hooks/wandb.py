@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vitlarge.events import RunInfo
-from vitlarge.report.metrics_log import FILENAME
+from vitlarge.report.metrics_log import FILENAME, records
 
 from . import _tracking
 from ._sender import FLUSH_TIMEOUT_S, Sender
@@ -146,22 +146,12 @@ class WandbHook(_tracking.TrackerHook):
 def replays(workdir: str, start_step: int) -> bool:
     """Whether a run resumed at ``start_step`` logs again steps an earlier attempt logged: metrics.jsonl (read as
     written, every attempt's records) has a ``train`` or ``eval`` record past ``start_step``."""
-    import json
-
     try:
-        with open(Path(workdir) / FILENAME, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    rec = json.loads(line)
-                except ValueError:  # a killed writer's partial last line
-                    continue
-                if isinstance(rec, dict) and rec.get("event") in ("train", "eval"):
-                    step = rec.get("step")
-                    if isinstance(step, int) and step > start_step:
-                        return True
+        return any(
+            r["event"] in ("train", "eval") and r["step"] > start_step for r in records(Path(workdir) / FILENAME)
+        )
     except OSError:
         return False
-    return False
 
 
 def _safe(name: str) -> str:

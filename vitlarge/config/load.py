@@ -645,6 +645,11 @@ def _python_overrides(path: Path, text: str) -> list[tuple[str, object]]:
         tree = ast.parse(text, filename=str(path))
     except SyntaxError as e:
         raise UserError(f"{path}:{e.lineno}: not Python ({e.msg}); write one 'dotted.key = value' per line") from None
+    except (MemoryError, RecursionError):  # 100,000 unary minus signs; 1+1+... nested past the parser's stack
+        raise UserError(
+            f"{path}: an expression nested too deeply to parse; write one 'dotted.key = value' per line, each value "
+            "a literal"
+        ) from None
     pairs = []
     for stmt in tree.body:
         if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
@@ -666,6 +671,40 @@ def _python_overrides(path: Path, text: str) -> list[tuple[str, object]]:
     return pairs
 
 
+YAML_MAX_DEPTH = 32  # levels of nesting in an overrides file: a phase list's entries sit at level 3
+YAML_MAX_NODES = 2_000  # keys, values and items: a 100-entry phase list of five keys each is about 1,100
+
+
+def _plain_yaml_loader(yaml, path: Path):
+    """PyYAML's safe loader without anchors or aliases and with at most `YAML_MAX_DEPTH` levels and
+    `YAML_MAX_NODES` nodes, each refused in one line as the composer meets it: aliases let a few lines
+    stand for billions of values (``a1: [*a0, *a0]`` doubling) or for a cycle, and a deep nesting reaches
+    Python's recursion limit."""
+
+    class PlainLoader(yaml.SafeLoader):
+        depth = nodes = 0
+
+        def compose_node(self, parent, index):
+            event = self.peek_event()
+            line = f"{path}:{event.start_mark.line + 1}"
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+                raise UserError(f"{line}: an anchor or alias (&name, *name); an overrides file writes each value out")
+            self.nodes += 1
+            if self.nodes > YAML_MAX_NODES:
+                raise UserError(f"{line}: more than {YAML_MAX_NODES:,} values; an overrides file is a few lines")
+            if self.depth >= YAML_MAX_DEPTH:
+                raise UserError(
+                    f"{line}: nested deeper than {YAML_MAX_DEPTH} levels; an overrides file maps keys to values"
+                )
+            self.depth += 1
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+    return PlainLoader
+
+
 def _yaml_overrides(path: Path, text: str) -> list[tuple[str, object]]:
     try:
         import yaml
@@ -674,9 +713,11 @@ def _yaml_overrides(path: Path, text: str) -> list[tuple[str, object]]:
             f"{path}: reading YAML needs PyYAML (pip install pyyaml); or write a .py overrides file"
         ) from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_plain_yaml_loader(yaml, path))  # safe_load's loader, narrowed
     except yaml.YAMLError as e:
         raise UserError(f"{path}: not YAML ({' '.join(str(e).split())})") from None
+    except (MemoryError, RecursionError):
+        raise UserError(f"{path}: too large or too deeply nested to read; an overrides file is a few lines") from None
     if not isinstance(data, dict):
         raise UserError(
             f"{path}: holds {type(data).__name__}, not a mapping of keys to values, e.g. 'optim: {{lr: 0.01}}'"

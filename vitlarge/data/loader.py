@@ -15,6 +15,7 @@ import base64
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import threading
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 from nvidia.dali.plugin.pytorch import feed_ndarray
 
-from vitlarge.data import pipelines
+from vitlarge.data import dali_state, pipelines
 from vitlarge.data.common import (  # noqa: F401
     STATE_VERSION,
     VAL_INTERPOLATION,
@@ -126,6 +127,13 @@ def read_workers_error(manifest: Manifest, ended: list[tuple[int, int]]) -> Exce
     )
 
 
+# DALI's TFRecord parser names the record it could not parse this way (its tfrecord_parser.h: a length header past
+# the record, or a payload that is no Example); `vitlarge.data.repeats.RepeatedRecords` writes the same words.
+BAD_RECORD = re.compile(
+    r"Error while parsing TFRecord file: (?P<file>.+?) at index (?P<offset>\d+) \((?P<why>[^)\n]*)\)"
+)
+
+
 def _run(
     pipe: Pipeline, manifest: Manifest, split: str, device: torch.device
 ) -> tuple[TensorListCPU | TensorListGPU, ...]:
@@ -138,8 +146,17 @@ def _run(
     stream = torch_stream(device)
     try:
         return pipe.run(stream) if stream is not None else pipe.run()
-    except RuntimeError as e:
+    except Exception as e:  # DALI's RuntimeError; a sample source's own error (ValueError; from a worker, Exception)
         text = str(e)
+        record = BAD_RECORD.search(text)
+        if record is not None:  # the reader's (or `RepeatedRecords`'s) parse of a record that passed the index
+            raise UserError(
+                f"{record['file']}: the record at byte {record['offset']} is not a tf.train.Example with an image and "
+                f"a label ({record['why']}); re-copy or re-convert this shard (python -m data_tools.make_index "
+                f"{manifest.data_dir} reads every record and names each bad one)"
+            ) from None
+        if not isinstance(e, RuntimeError):
+            raise
         if "Worker data receiving interrupted" in text:  # DALI's parallel external source (data.read_workers)
             raise read_workers_error(manifest, ended_read_workers(pipe)) from None
         if "decoders." not in text:
@@ -199,6 +216,8 @@ class TrainLoader:
         dev = pipelines.dali_device(device)
         shards = [(s.file, s.bytes) for s in self.manifest.shards("train")]
         self._fingerprint = spec.fingerprint(rank, world_size, shards)
+        # The most records a rank's reader returns in an epoch (DALI's largest shard): what a state's age may reach.
+        self._records_per_epoch = math.ceil(n / world_size)
         checkpoint = self._decode_state(state, data_dir) if state else None
         # DALI's RandAugment uses fn.experimental aliases DALI itself deprecates; DALI forces those
         # DeprecationWarnings on (its own catch_warnings), so they print once per build. Harmless.
@@ -276,6 +295,14 @@ class TrainLoader:
                 f"{data_dir}: TrainLoader state was saved with different data or loader settings (shards, batch "
                 "size, image size, rank/world size, seed or augmentation); resume with the same settings or start "
                 "without state"
+            )
+        why = dali_state.problem(
+            blob, reader=pipelines.READER, records_per_epoch=self._records_per_epoch, batch_size=self.spec.batch_size
+        )
+        if why is not None:  # before DALI replays it while the pipeline builds (holding the GIL: deaf to signals)
+            raise UserError(
+                f"{data_dir}: TrainLoader state holds no DALI checkpoint of this pipeline ({why}); "
+                "resume another checkpoint or start without state"
             )
         return blob
 

@@ -31,6 +31,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from google.protobuf.message import DecodeError
 from tfrecord import example_pb2
 
 if TYPE_CHECKING:
@@ -166,11 +167,17 @@ class IndexedRecords:
                 os.close(self._files.pop(next(iter(self._files))))
             fd = os.open(self._paths[owner], os.O_RDONLY)
         self._files[owner] = fd  # (re)inserted last: the dict's order is the use order
-        framed = os.pread(fd, int(self._size[record]), int(self._offset[record]))
-        # tfrecord's generated example_pb2 makes its message classes through globals(), which pyright cannot see
-        features = example_pb2.Example.FromString(  # pyright: ignore[reportAttributeAccessIssue]
-            memoryview(framed)[12:-4]
-        ).features.feature  # length, crc, payload, crc
+        offset = int(self._offset[record])
+        framed = os.pread(fd, int(self._size[record]), offset)
+        try:
+            # tfrecord's generated example_pb2 makes its message classes through globals(), which pyright cannot see
+            features = example_pb2.Example.FromString(  # pyright: ignore[reportAttributeAccessIssue]
+                memoryview(framed)[12:-4]
+            ).features.feature  # length, crc, payload, crc
+        except DecodeError as e:  # DALI's reader's words (`vitlarge.data.loader.BAD_RECORD` turns them into one line)
+            raise ValueError(
+                f"Error while parsing TFRecord file: {self._paths[owner]} at index {offset} (not an Example: {e})"
+            ) from None
         image = features["image/encoded"].bytes_list.value if "image/encoded" in features else []
         label = features["image/class/label"].int64_list.value if "image/class/label" in features else []
         return (image[0] if image else b""), (label[0] if label else -1)

@@ -41,15 +41,24 @@ def build_model(cfg: Config, device: torch.device | str = "cpu", precision: str 
     shapes or weights (a check, an export's reader), taking ``train.precision`` as written (``auto`` not as fp16)."""
     import timm
 
+    from vitlarge.model.kwargs import class_built, kwargs_problem
+
     try:
         with torch.device(device):
             model = timm.create_model(cfg.model.name, pretrained=False, **model_kwargs(cfg))
-    except (RuntimeError, TypeError) as e:
+    except (RuntimeError, TypeError, ValueError, AssertionError) as e:  # timm asserts some choices (global_pool)
         if "Unknown model" in str(e) or "unexpected keyword" in str(e):
             raise UserError(
                 f"model.name={cfg.model.name!r} / model.kwargs: {e}; see timm.list_models('vit_*')"
             ) from None
+        model_cls = class_built(e.__traceback__)
+        problem = kwargs_problem(model_cls, cfg.model.kwargs) if model_cls is not None else None
+        if problem is not None:
+            raise UserError(problem) from None
         raise
+    problem = kwargs_problem(type(model), cfg.model.kwargs)  # a value timm took without a word (qkv_bias=no)
+    if problem is not None:
+        raise UserError(problem)
     if cfg.model.drop_path_schedule == "uniform":
         _uniform_drop_path(model, cfg.model.drop_path_rate)
     recompute.apply(model, cfg.recompute())  # train.activation_checkpointing (model.grad_checkpointing: full)

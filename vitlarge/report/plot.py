@@ -43,8 +43,9 @@ def _smooth(values: list[float], window: int) -> list[float]:
     return out
 
 
-def _num(x: float | None) -> float:
-    return math.nan if x is None else float(x)
+def _num(x: object) -> float:
+    """A record's number; nan for null (a non-finite value) and for anything not a number (a line from elsewhere)."""
+    return float(x) if isinstance(x, (int, float)) else math.nan
 
 
 def _records(workdir: Path) -> tuple[list[dict], list[dict], dict]:
@@ -61,7 +62,11 @@ def _records(workdir: Path) -> tuple[list[dict], list[dict], dict]:
 
 
 def _steps_per_epoch(train: list[dict], start: dict) -> float:
-    return start.get("steps_per_epoch") or (train[-1]["step"] / max(train[-1]["epoch"], 1e-9))
+    steps_per_epoch = _num(start.get("steps_per_epoch"))
+    if not steps_per_epoch > 0:  # none recorded (nan fails the test too): from the last step's epoch
+        epochs = _num(train[-1].get("epoch"))
+        steps_per_epoch = train[-1]["step"] / (max(epochs, 1e-9) if math.isfinite(epochs) else 1.0)
+    return steps_per_epoch
 
 
 def _save(fig, target: Path, root: Path | None) -> Path:

@@ -92,7 +92,7 @@ def ends_in_error_files(log_dir: str, since: float) -> list[WorkerEnd]:
                 doc = json.load(f)
             status, rank = int(doc["exit_status"]), int(doc.get("rank", -1))
             stamp = int(doc["message"]["extraInfo"]["timestamp"])
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
             continue
         found.append((stamp, rank, WorkerEnd(rank, status, first_line(doc["message"]))))
     return [end for _, _, end in sorted(found, key=lambda x: x[:2])]

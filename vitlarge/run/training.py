@@ -265,5 +265,6 @@ def build_run(
         mlflow=cfg.log.mlflow,
         wandb=cfg.log.wandb,
     )
-    trainer = Trainer(cfg, plan, parts.engine, loaders, hooks, info, start_step=start_step, line=line)
+    resumed_from = str(chosen) if chosen is not None else None
+    trainer = Trainer(cfg, plan, parts.engine, loaders, hooks, info, start_step, line, resumed_from)
     return TrainingRun(cfg=cfg, plan=plan, env=env, parts=parts, trainer=trainer, manifest=manifest)

@@ -48,10 +48,12 @@ class Trainer:
         info: RunInfo,
         start_step: int = 0,
         line: str | None = None,
+        resumed_from: str | None = None,
     ):
         """``loaders`` gives each phase's train and validation loaders, built at the phase's first step.
-        ``line``: what the checkpoints' meta.json records as their line (vitlarge/checkpoint/resume.py)."""
-        self.line = line
+        ``line``: what the checkpoints' meta.json records as their line (vitlarge/checkpoint/resume.py).
+        ``resumed_from``: the checkpoint this run resumed from (at ``start_step``), None for a fresh run."""
+        self.line, self.resumed_from = line, resumed_from
         self.cfg, self.plan, self.engine = cfg, plan, engine
         self.loaders = loaders
         self.train_loader = self.val_loader = None
@@ -73,6 +75,16 @@ class Trainer:
 
     def _emit(self, event: Event, *args) -> None:
         emit(self.hooks, event, self.info, *args)
+
+    def _stop_requested(self) -> tuple[bool, bool]:
+        """Whether any rank was asked to stop and whether any by Ctrl-C, in one all-reduce (`_sync` without a loss)."""
+        flags = torch.tensor(
+            [float(self._stop_signal > 0), float(self._stop_signal == signal.SIGINT)], device=self.device
+        )
+        if dist.is_initialized():
+            dist.all_reduce(flags)
+        stop, interrupted = flags.tolist()
+        return stop > 0, interrupted > 0
 
     def _sync(self, loss: torch.Tensor) -> tuple[float, bool, bool]:
         """Mean loss over ranks, whether any rank was asked to stop and whether any by Ctrl-C, in one all-reduce."""
@@ -165,6 +177,13 @@ class Trainer:
         self._emit(Event.TRAIN_START)
         while self.step < end:
             warming = self._enter_phase()
+            if warming and self.resumed_from is not None and self.step == self.info.start_step:
+                # A resume's loaders replay the checkpoint's position while they build (DALI holds the GIL: a
+                # signal is seen only once they are built). A signal that came meanwhile stops the run here, the
+                # checkpoint it resumed from still the newest, not after a step (a first step may compile).
+                stop, interrupted = self._stop_requested()
+                if stop:
+                    raise Preempted(self.step, self.resumed_from, interrupted)
             loader = self.train_loader
             assert loader is not None  # the first step enters its phase
             t0 = time.perf_counter()

@@ -626,6 +626,35 @@ def test_an_overrides_file_in_yaml(tmp_path):
     assert cfg.train.compile == "off" and cfg.train.phases[1].to_dict() == {"epoch": 30, "image_size": 16}
 
 
+def _doubling(lines: int) -> str:
+    """YAML aliases that double at each line: 40 lines (under 1 kB) stand for 2**40 values."""
+    rows = ["model:", "  kwargs:", "    a0: &a0 [x, x]"]
+    return "\n".join(rows + [f"    a{i}: &a{i} [*a{i - 1}, *a{i - 1}]" for i in range(1, lines)]) + "\n"
+
+
+@pytest.mark.parametrize(
+    "name, text, match",
+    [
+        ("bomb.yaml", _doubling(40), r"bomb.yaml:3: an anchor or alias \(&name, \*name\); an overrides file writes"),
+        ("cycle.yaml", "optim: &a {lr: 0.1, x: *a}\n", r"cycle.yaml:1: an anchor or alias"),
+        ("merge.yaml", "base: &b {lr: 0.1}\noptim:\n  <<: *b\n", r"merge.yaml:1: an anchor or alias"),
+        ("deep.yaml", "optim: " + "[" * 100 + "]" * 100 + "\n", r"deep.yaml:1: nested deeper than 32 levels"),
+        ("wide.yaml", "model:\n  kwargs:\n    x: [" + "1, " * 2_000 + "]\n", r"wide.yaml:3: more than 2,000 values"),
+        ("minus.py", "optim.lr = " + "-" * 100_000 + "1\n", r"minus.py: an expression nested too deeply to parse"),
+        ("sum.py", "optim.lr = " + "1+" * 3_000 + "1\n", r"sum.py: an expression nested too deeply to parse"),
+    ],
+)
+def test_an_overrides_file_that_would_flood_memory_or_the_stack_is_one_line(tmp_path, name, text, match):
+    """Aliases (a doubling bomb, a cycle, a merge key), nesting past Python's stack, too many values: refused as
+    the reader meets them, before any value is built (the bomb took 2.9 GiB at 23 lines and a MemoryError at 40;
+    the cycle, the deep list and 1+1+... a RecursionError; the minus signs a MemoryError: tracebacks)."""
+    f = tmp_path / name
+    f.write_text(text)
+    with pytest.raises(UserError, match=match) as e:
+        load_config(recipe("demo_digits"), override_files=[f])
+    assert "\n" not in str(e.value)
+
+
 def test_a_missing_overrides_file_is_one_line(tmp_path):
     with pytest.raises(UserError, match=r"--overrides .*nothing.py does not exist"):
         load_config(recipe("demo_digits"), override_files=[tmp_path / "nothing.py"])

@@ -19,6 +19,7 @@ from PIL import Image
 
 from data_tools import imagefolder, imagenet_to_tfrecord, make_index, tfrecord_io
 from tests.helpers import call_main
+from tests.helpers.data_fixtures import SYNSETS
 from vitlarge.data.manifest import MANIFEST_CAP, load_manifest, shard_files, validate_data_dir
 from vitlarge.errors import UserError
 
@@ -241,6 +242,76 @@ def test_the_pixel_limit_is_checked_from_a_jpeg_header_and_can_be_raised(tmp_pat
     assert imagefolder.prepare_image(str(small), max_pixels=12000)[1:3] == (100, 120)
 
 
+def test_a_file_larger_than_any_image_within_the_pixel_limit_is_refused_before_it_is_read(tmp_path):
+    """A sparse "JPEG" (a 4 GiB one took 4.1 GiB of memory to be skipped; 64 GiB a MemoryError traceback even with
+    --skip-bad): refused from its size. At a pixel limit of 1,000,000 (a cap of 4 MB), a sparse 64 MiB file."""
+    sparse = tmp_path / "sparse.JPEG"
+    with open(sparse, "wb") as f:
+        f.truncate(64 << 20)
+    tracemalloc.start()
+    try:
+        with pytest.raises(imagefolder.BadImage) as e:
+            imagefolder.prepare_image(str(sparse), max_pixels=1_000_000)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert e.value.args[1] == (
+        "67,108,864 bytes, more than 4 a pixel of --max-image-pixels 1,000,000 (a memory guard; raise "
+        "--max-image-pixels if you trust it)"
+    )
+    assert peak < 1 << 20, peak
+
+
+def test_a_file_larger_than_any_image_is_skipped_with_skip_bad_and_one_line_without(tiny_imagefolder, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(tiny_imagefolder, src)
+    sparse = src / "train" / SYNSETS[0] / "sparse.JPEG"
+    with open(sparse, "wb") as f:
+        f.truncate(64 << 20)
+    argv = ["--src", str(src), "--out", str(tmp_path / "out"), "--workers", "0", "--no-progress"]
+    with pytest.raises(UserError) as e:
+        imagenet_to_tfrecord.convert(str(src), str(tmp_path / "out"), workers=0, progress=False, max_image_pixels=10**6)
+    assert one_line(e).startswith(f"{sparse}: unreadable image (67,108,864 bytes, more than 4 a pixel of ")
+    assert imagenet_to_tfrecord.main([*argv, "--skip-bad", "--max-image-pixels", "1000000"]) == 0
+    assert (tmp_path / "out" / "skipped.txt").read_text().startswith(f"{sparse}\t67,108,864 bytes, more than 4 a ")
+
+
+def test_a_file_named_in_bytes_that_are_not_utf8_converts_under_its_own_name(tiny_imagefolder, tmp_path):
+    """``\\xff\\xfe.JPEG`` (a UnicodeEncodeError once): its record's filename and the skipped list hold the bytes of
+    the names on disk (os.fsencode), a class folder's name too."""
+    from tfrecord.reader import tfrecord_loader
+
+    src = tmp_path / "src"
+    shutil.copytree(tiny_imagefolder, src)
+    train = os.fsencode(src / "train")
+    first = sorted(os.listdir(os.path.join(train, os.fsencode(SYNSETS[0]))))[1]
+    os.rename(
+        os.path.join(train, os.fsencode(SYNSETS[0]), first),
+        os.path.join(train, os.fsencode(SYNSETS[0]), b"\xff\xfe.JPEG"),
+    )
+    with open(os.path.join(train, os.fsencode(SYNSETS[1]), b"\xfe\xffbad.JPEG"), "wb") as f:
+        f.write(b"not an image")
+    for split in (b"train", b"val"):
+        os.rename(
+            os.path.join(os.fsencode(src), split, os.fsencode(SYNSETS[2])),
+            os.path.join(os.fsencode(src), split, b"\xfeclass"),
+        )
+    out = tmp_path / "out"
+    imagenet_to_tfrecord.convert(str(src), str(out), workers=0, progress=False, skip_bad=True, train_shards=1)
+    m = load_manifest(str(out))
+    records = list(
+        tfrecord_loader(
+            str(out / m.shards("train")[0].file), None, {"image/filename": "byte", "image/class/synset": "byte"}
+        )
+    )
+    assert b"\xff\xfe.JPEG" in {bytes(r["image/filename"]) for r in records}
+    assert b"\xfeclass" in {bytes(r["image/class/synset"]) for r in records}
+    assert (
+        os.fsencode(os.path.join(src, "train", SYNSETS[1])) + b"/\xfe\xffbad.JPEG\tcannot identify image file"
+        in (out / "skipped.txt").read_bytes()
+    )
+
+
 # --- D. one line for every malformed manifest and shard ----------------------------------------
 
 
@@ -408,4 +479,152 @@ def test_missing_demo_data_suggests_the_demo_maker(tmp_path):
         f"{tmp_path / 'data' / 'digits'}: data directory does not exist; the demo's digits data set is made with "
         f"python -m data_tools.make_demo_dataset {tmp_path / 'data' / 'digits'} (a few seconds); for other images "
         "convert with python -m data_tools.imagenet_to_tfrecord"
+    )
+
+
+# --- H. a loader state's DALI checkpoint (a rank file's data state) ---------------------------
+
+
+def _state_with(state: str, edit) -> str:
+    """``state`` (`TrainLoader.state`) with its DALI checkpoint edited by ``edit(checkpoint, reader snapshot)``."""
+    import base64
+
+    from vitlarge.data import dali_state
+
+    doc = json.loads(state)
+    checkpoint = dali_state.parse(base64.b64decode(doc["dali"]))
+    (op,) = [op for op in checkpoint.cpts if op.operator_name == "Reader"]
+    snapshot = dali_state.reader_snapshot(op.operator_state)
+    edit(checkpoint, snapshot.loader_state)
+    op.operator_state = snapshot.SerializeToString()
+    doc["dali"] = base64.b64encode(checkpoint.SerializeToString()).decode()
+    return json.dumps(doc)
+
+
+@pytest.fixture(scope="module")
+def loader_state(tiny_converted) -> str:
+    from tests.helpers.loaders import open_train
+
+    loader = open_train(tiny_converted, 4, 32, seed=0)
+    next(loader)
+    return loader.state()
+
+
+def test_a_dali_checkpoint_reads_back_to_its_own_bytes(loader_state):
+    """The messages `vitlarge.data.dali_state` declares are DALI's: a real checkpoint parses and writes back
+    byte for byte, the reader's fields where DALI puts them (a DALI that moves them fails here)."""
+    import base64
+
+    from vitlarge.data import dali_state
+
+    blob = base64.b64decode(json.loads(loader_state)["dali"])
+    checkpoint = dali_state.parse(blob)
+    assert checkpoint.SerializeToString() == blob
+    (op,) = [op for op in checkpoint.cpts if op.operator_name == "Reader"]
+    s = dali_state.reader_snapshot(op.operator_state)
+    assert s.SerializeToString() == op.operator_state
+    assert (s.loader_state.current_epoch, s.loader_state.age, s.loader_state.rng.isdigit()) == (0, 4, True)
+    assert json.loads(checkpoint.external_ctx_cpt.pipeline_data) == {"iter": 1, "epoch_idx": 0}
+
+
+def _set(field, value):
+    return lambda checkpoint, reader: setattr(reader, field, value)
+
+
+def _pipeline_data(text: bytes):
+    return lambda checkpoint, reader: setattr(checkpoint.external_ctx_cpt, "pipeline_data", text)
+
+
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        # DALI replays the age sample by sample while it builds, holding the GIL: ~2 h, deaf to SIGTERM.
+        pytest.param(
+            _set("age", 2**31 - 1),
+            "reader age 2147483647 outside 0..18, the records of an epoch on this rank",
+            id="age 2**31-1",
+        ),
+        pytest.param(_set("age", 19), "reader age 19 outside 0..18", id="age past the epoch"),
+        pytest.param(_set("age", -1), "reader age -1 outside 0..18", id="age -1"),
+        pytest.param(_set("current_epoch", -1), "reader epoch -1 outside 0..2147483646", id="epoch -1"),
+        pytest.param(_set("rng", b"junk"), "reader random state b'junk' is not a number in 1..2147483646", id="rng"),
+        pytest.param(_pipeline_data(b'{"iter": "x", "epoch_idx": 0}'), "pipeline data is not DALI's", id="iter text"),
+        pytest.param(_pipeline_data(b"[]"), "pipeline data is not DALI's", id="pipeline data a list"),
+        pytest.param(
+            _pipeline_data(b'{"iter": -1, "epoch_idx": 0}'), "pipeline position iter -1, epoch 0 outside", id="iter -1"
+        ),
+    ],
+)
+def test_a_dali_checkpoint_out_of_its_epochs_bounds_is_one_line_before_the_pipeline_is_built(
+    tiny_converted, loader_state, edit, words
+):
+    """Each field DALI would take as it is: a replay of 2**31 samples, a shard before the first (epoch -1), a
+    TypeError inside DALI's Python side (the pipeline's iter a text)."""
+    from tests.helpers.loaders import open_train
+
+    with pytest.raises(UserError) as e:
+        open_train(tiny_converted, 4, 32, seed=0, state=_state_with(loader_state, edit))
+    msg = one_line(e)
+    assert (
+        msg.startswith(f"{tiny_converted}: TrainLoader state holds no DALI checkpoint of this pipeline (")
+        and words in msg
+    )
+    assert one_line(e).endswith("; resume another checkpoint or start without state")
+
+
+def test_a_dali_checkpoint_inside_the_bounds_resumes(tiny_converted, loader_state):
+    """The last record of the epoch as the age, and an epoch far ahead: each a position this loader can take."""
+    from tests.helpers.loaders import open_train
+
+    for edit in (_set("age", 18), _set("current_epoch", 1000)):
+        images, labels = next(open_train(tiny_converted, 4, 32, seed=0, state=_state_with(loader_state, edit)))
+        assert images.shape == (4, 3, 32, 32) and labels.shape == (4,)
+
+
+# --- I. records that pass the index: junk with a valid CRC, a length header past the record --------
+
+
+def _first_train_record(data, kind: str) -> str:
+    """The first record of the first train shard replaced in place (shard size, index and dataset.json unchanged):
+    ``junk`` bytes framed with valid CRCs, or a length header of 2**40 with its CRC recomputed."""
+    shard = str(data / "train-00000-of-00003")
+    raw = bytearray(open(shard, "rb").read())
+    (length,) = struct.unpack("<Q", raw[:8])
+    if kind == "junk":
+        raw[: 16 + length] = tfrecord_io.frame(bytes((7 * i + 3) % 256 for i in range(length)))
+    else:
+        header = struct.pack("<Q", 1 << 40)
+        raw[:12] = header + tfrecord_io._masked_crc(header)
+    open(shard, "wb").write(bytes(raw))
+    return shard
+
+
+@pytest.mark.parametrize(
+    "kind, repeats, why",
+    [
+        ("junk", 1, "(raw data length: "),
+        ("2**40", 1, "(record payload length: 1099511627776 bytes, available payload: "),
+        ("junk", 2, "(not an Example: Error parsing message"),
+    ],
+    ids=["junk", "length 2**40", "junk, repeated records"],
+)
+def test_a_record_that_passes_the_index_but_not_the_parser_is_one_line_naming_the_shard_and_record(
+    data, kind, repeats, why
+):
+    """DALI's RuntimeError (a 20-line traceback) becomes the shard, the record's byte offset and the fix; the same
+    through the repeated-augmentation source (read in this process here; its read workers say the same), which
+    reads a record by the index's size (a header that lies about its length is not read there)."""
+    from tests.helpers.loaders import open_train
+
+    shard = _first_train_record(data, kind)
+    loader = open_train(str(data), 6, 32, seed=0, repeats=repeats)
+    with pytest.raises(UserError) as e:
+        for _ in range(30):  # a few epochs: a repeated-augmentation epoch shows about half the records
+            next(loader)
+    msg = one_line(e)
+    assert msg.startswith(f"{shard}: the record at byte 0 is not a tf.train.Example with an image and a label ("), msg
+    assert why in msg
+    assert msg.endswith(
+        f"; re-copy or re-convert this shard (python -m data_tools.make_index {data} reads every record and names "
+        "each bad one)"
     )

@@ -283,6 +283,41 @@ def test_read_metrics_rolls_back_steps_the_resumed_run_never_reached(tmp_path):
     assert [r["step"] for r in read_metrics(str(path)) if r["event"] == "train"] == [1, 2, 3, 4, 5, 6]
 
 
+def test_read_metrics_reads_a_file_of_start_records_in_one_pass(tmp_path):
+    """A handed-over metrics.jsonl of start records (80,000 took 187 s to plot when each start rescanned the
+    records before it): as fast as a file of as many step records, timed side by side."""
+    import time
+
+    n = 3_000  # ~0.05 s a file; the rescans took 40 times a step file's
+    starts, steps = tmp_path / "starts.jsonl", tmp_path / "steps.jsonl"
+    starts.write_text('{"event":"start","step":0}\n' * n)
+    steps.write_text("".join(f'{{"event":"train","step":{s}}}\n' for s in range(1, n + 1)))
+    seconds = {}
+    for path in (steps, starts, steps, starts):
+        t0 = time.perf_counter()
+        assert len(read_metrics(str(path))) == n
+        seconds[path.name] = min(seconds.get(path.name, 1e9), time.perf_counter() - t0)
+    assert seconds["starts.jsonl"] < 3 * seconds["steps.jsonl"], seconds
+
+
+def test_read_metrics_skips_lines_that_hold_no_record_of_ours(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    good = [{"event": "start", "step": 0}, {"event": "train", "step": 1}, {"event": "end", "step": 1}]
+    junk = [
+        '{"event": "start", "step": "x"}',  # compared with the steps before: a TypeError once
+        '{"event": "train", "step": [1]}',  # a key of the last-record table: unhashable once
+        '{"event": ["train"], "step": 1}',
+        '{"event": "train", "step": 1.5}',
+        "[" * 100_000 + "]" * 100_000,  # RecursionError in json
+        '{"event": "train", "step": 2, "pad": "' + "x" * (2 << 20) + '"}',  # longer than any line of ours
+        "\xff\xfe",
+    ]
+    with open(path, "w", encoding="utf-8", errors="surrogateescape") as f:
+        f.write(json.dumps(good[0]) + "\n" + "\n".join(junk) + "\n" + json.dumps(good[1]) + "\n")
+        f.write(json.dumps(good[2]) + "\n")
+    assert [{k: r[k] for k in ("event", "step")} for r in read_metrics(str(path))] == good
+
+
 def test_jsonl_non_main_rank_writes_nothing(tmp_path):
     hook, run = JsonlHook(str(tmp_path / "w")), make_run(tmp_path, rank=1, is_main=False)
     hook.on_train_start(run)

@@ -118,6 +118,40 @@ def test_unknown_model_or_kwarg(field, value, match):
         build_model(cfg, "meta")
 
 
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        # A TypeError deep inside timm (40 lines, exit 1):
+        ("depth=two", "model.kwargs.depth=two: VisionTransformer takes an int for depth; write it like model.kwargs.depth=12"),
+        ("mlp_ratio=x", "model.kwargs.mlp_ratio=x: VisionTransformer takes a number for mlp_ratio; write it like model.kwargs.mlp_ratio=4.0"),
+        ("patch_size=x,y", "model.kwargs.patch_size=x,y: VisionTransformer takes an int or numbers separated by commas for patch_size; write it like model.kwargs.patch_size=16"),
+        # timm's AssertionError:
+        ("global_pool=mean", "model.kwargs.global_pool=mean: VisionTransformer takes one of '', avg, avgmax, max, token, map, prr for global_pool; write it like model.kwargs.global_pool=token"),
+        # Built without a word, the text taken as true:
+        ("qkv_bias=no", "model.kwargs.qkv_bias=no: VisionTransformer takes true or false for qkv_bias; write it like model.kwargs.qkv_bias=true"),
+        ("init_values=abc", "model.kwargs.init_values=abc: VisionTransformer takes a number or none for init_values; write it like model.kwargs.init_values=none"),
+    ],
+)  # fmt: skip
+def test_a_kwarg_of_the_wrong_type_is_one_line_naming_the_key_and_the_fix(override, message):
+    """model.kwargs against the annotations of the class timm builds (issue 45: ``model.kwargs.depth=two``)."""
+    from vitlarge.config.load import apply_override
+
+    cfg = demo()
+    apply_override(cfg, f"model.kwargs.{override}")
+    with pytest.raises(UserError) as e:
+        build_model(cfg, "meta")
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize("override", ["depth=3", "mlp_ratio=2", "patch_size=4,4", "global_pool=avg", "init_values=0.1"])
+def test_kwargs_of_the_declared_types_build(override):
+    from vitlarge.config.load import apply_override
+
+    cfg = demo()
+    apply_override(cfg, f"model.kwargs.{override}")
+    build_model(cfg, "meta")
+
+
 def test_deit3_base_builds_at_192_px_with_layer_scale():
     """DeiT III's ViT-B/16 (timm's ``deit3_base_patch16_224``: LayerScale, no class token in the position
     embedding) at its 192 px pretraining size with the recipe's stochastic depth, on the meta device."""

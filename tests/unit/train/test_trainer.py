@@ -98,7 +98,16 @@ class SigintAt(SigtermAt):
     sig = signal.SIGINT
 
 
-def trainer(workdir, hooks: list[Hook], start_step: int = 0) -> Trainer:
+class SignalledWhileEntering(OnePhaseLoaders):
+    """Loaders whose building receives SIGTERM, as a resume's DALI replay of its position would (DALI holds the
+    GIL while it builds: Python's handler runs once the loaders are built)."""
+
+    def enter(self, step: int):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return super().enter(step)
+
+
+def trainer(workdir, hooks: list[Hook], start_step: int = 0, loaders=None, resumed_from=None) -> Trainer:
     cfg = load_recipe(ROOT / "recipes" / "demo_digits.py")
     cfg.workdir = str(workdir)
     t = cfg.train
@@ -114,8 +123,8 @@ def trainer(workdir, hooks: list[Hook], start_step: int = 0) -> Trainer:
     val = [(torch.randn(20, 3, 16, 16, generator=g), torch.randint(0, 10, (20,), generator=g)) for _ in range(2)]
     s = parts.settings
     run = RunInfo(str(workdir), 0, True, "cpu", start_step, plan, cfg, precision=s.precision, compile=s.compile)
-    loaders = OnePhaseLoaders(Batches(16), val)
-    return Trainer(cfg, plan, parts.engine, loaders, hooks, run, start_step=start_step)
+    loaders = (loaders or OnePhaseLoaders)(Batches(16), val)
+    return Trainer(cfg, plan, parts.engine, loaders, hooks, run, start_step, resumed_from=resumed_from)
 
 
 def test_events_come_in_the_documented_order_at_their_cadence(tmp_path):
@@ -161,6 +170,26 @@ def test_sigterm_checkpoints_at_the_next_step_boundary_and_raises_preempted(tmp_
     assert log.events[-3:] == [("step", 3), ("checkpoint", 3), ("close",)] and ("end", 3) not in log.events
     assert "run the same command to resume" in str(e.value)
     assert signal.getsignal(signal.SIGTERM) is before  # the trainer's handler is gone after fit
+
+
+def test_a_signal_while_a_resume_builds_its_loaders_stops_before_the_first_step(tmp_path):
+    """The run stops with the checkpoint it resumed from (exit 75, its usual line), taking no step and writing no
+    checkpoint: a first step may compile for minutes, past a scheduler's grace period."""
+    log = Log()
+    resumed = str(tmp_path / "checkpoints" / store.step_name(3))
+    t = trainer(tmp_path, [log], start_step=3, loaders=SignalledWhileEntering, resumed_from=resumed)
+    with pytest.raises(Preempted) as e:
+        t.fit(export=lambda: pytest.fail("a preempted run exports nothing"))
+    assert (e.value.step, str(e.value.path), e.value.exit_status) == (3, resumed, 75)
+    assert str(e.value) == f"stopped on signal after step 3; checkpoint {resumed}; run the same command to resume"
+    assert log.events == [("start", 3), ("close",)] and store.list_checkpoints(tmp_path) == []
+
+
+def test_a_signal_while_a_fresh_run_builds_its_loaders_checkpoints_after_step_1(tmp_path):
+    log = Log()
+    with pytest.raises(Preempted) as e:
+        trainer(tmp_path, [log], loaders=SignalledWhileEntering).fit()
+    assert e.value.step == 1 and log.events[-3:] == [("step", 1), ("checkpoint", 1), ("close",)]
 
 
 class FailsToClose(Hook):
