@@ -74,10 +74,11 @@ def _messages() -> tuple[Any, Any]:
     )
     pool = descriptor_pool.DescriptorPool()  # its own pool: nothing of another library's protos is touched
     pool.Add(proto)
-    return tuple(
+    checkpoint, snapshot = (
         message_factory.GetMessageClass(pool.FindMessageTypeByName(f"dali_proto.{name}"))
         for name in ("Checkpoint", "ReaderStateSnapshot")
     )
+    return checkpoint, snapshot
 
 
 def parse(blob: bytes):

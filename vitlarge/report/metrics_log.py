@@ -28,7 +28,7 @@ def records(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     one that is not JSON (its nesting too deep included) or has no text ``event`` and (but for ``end``) no
     integer ``step``."""
     loads = json.loads
-    with open_regular(path) as f:  # a FIFO or device under the name: UnsafeFile (an OSError), not a hang
+    with open_regular(os.fspath(path)) as f:  # a FIFO or device under the name: UnsafeFile (an OSError), not a hang
         while line := f.readline(LINE_MAX_BYTES + 1):
             if len(line) > LINE_MAX_BYTES:
                 while line and not line.endswith(b"\n"):  # the rest of the overlong line
