@@ -702,6 +702,18 @@ def _plain_yaml_loader(yaml, path: Path):
             finally:
                 self.depth -= 1
 
+        def construct_object(self, node, deep=False):
+            try:
+                return super().construct_object(node, deep)
+            except ValueError as e:  # a date past its month, !!int x, an int of more digits than Python converts
+                if not isinstance(node, yaml.ScalarNode):
+                    raise
+                reason = " ".join(str(e).split(";")[0].split())[:120]
+                raise UserError(
+                    f"{path}:{node.start_mark.line + 1}: {node.value[:40]!r} is not a value YAML reads ({reason}); "
+                    "write a number, true/false or a quoted text"
+                ) from None
+
     return PlainLoader
 
 

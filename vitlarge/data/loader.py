@@ -159,6 +159,13 @@ def _run(
             raise
         if "Worker data receiving interrupted" in text:  # DALI's parallel external source (data.read_workers)
             raise read_workers_error(manifest, ended_read_workers(pipe)) from None
+        if "fn.readers.tfrecord" in text:  # a record the parser took whose features are not one image and one label
+            reason = text.partition("encountered:")[2].strip().splitlines()[:1] or ["reader error"]
+            raise UserError(
+                f"{manifest.data_dir}: a record of the {split} shards holds no image and single integer label DALI "
+                f"can batch ({reason[0].rpartition(' failed: ')[2][:200]}); python -m data_tools.make_index "
+                f"{manifest.data_dir} reads every record and names each bad one: re-copy or re-convert its shard"
+            ) from None
         if "decoders." not in text:
             raise
         lines = [ln.strip() for ln in text.splitlines() if ln.strip() and "no longer valid" not in ln]

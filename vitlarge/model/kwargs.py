@@ -84,9 +84,7 @@ def kwargs_problem(model_cls: type, kwargs: Mapping[str, Any]) -> str | None:
                 if default is not inspect.Parameter.empty and _fits(default, hints[key])
                 else ""
             )
-            return (
-                f"model.kwargs.{key}={_text(value)}: {model_cls.__name__} takes {_words(hints[key])} for {key}{example}"
-            )
+            return f"model.kwargs.{key}={_text(value)[:60]}: {model_cls.__name__} takes {_words(hints[key])} for {key}{example}"
     return None
 
 

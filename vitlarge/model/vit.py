@@ -46,7 +46,7 @@ def build_model(cfg: Config, device: torch.device | str = "cpu", precision: str 
     try:
         with torch.device(device):
             model = timm.create_model(cfg.model.name, pretrained=False, **model_kwargs(cfg))
-    except (RuntimeError, TypeError, ValueError, AssertionError) as e:  # timm asserts some choices (global_pool)
+    except (RuntimeError, TypeError, ValueError, AssertionError, ArithmeticError) as e:  # timm asserts (global_pool)
         if "Unknown model" in str(e) or "unexpected keyword" in str(e):
             raise UserError(
                 f"model.name={cfg.model.name!r} / model.kwargs: {e}; see timm.list_models('vit_*')"
@@ -55,6 +55,12 @@ def build_model(cfg: Config, device: torch.device | str = "cpu", precision: str 
         problem = kwargs_problem(model_cls, cfg.model.kwargs) if model_cls is not None else None
         if problem is not None:
             raise UserError(problem) from None
+        if model_cls is not None and cfg.model.kwargs:  # values of the declared types that timm still refuses
+            why = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+            raise UserError(
+                f"model.name={cfg.model.name!r} / model.kwargs={str(cfg.model.kwargs)[:200]}: {model_cls.__name__} refused them "
+                f"({why}); fix model.kwargs"
+            ) from None
         raise
     problem = kwargs_problem(type(model), cfg.model.kwargs)  # a value timm took without a word (qkv_bias=no)
     if problem is not None:

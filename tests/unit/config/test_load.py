@@ -655,6 +655,29 @@ def test_an_overrides_file_that_would_flood_memory_or_the_stack_is_one_line(tmp_
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        (
+            "optim:\n  lr: " + "1" * 5_000 + "\n",
+            r"digits.yaml:2: '1{40}' is not a value YAML reads \(Exceeds the limit \(4300 digits\) for integer string "
+            r"conversion: value has 5000 digits\); write a number, true/false or a quoted text$",
+        ),
+        ("optim:\n  lr: 2001-13-45\n", r"digits.yaml:2: '2001-13-45' is not a value YAML reads \(month must be in"),
+        ("optim: {lr: !!int x}\n", r"digits.yaml:1: 'x' is not a value YAML reads \(invalid literal for int\(\)"),
+    ],
+)
+def test_a_yaml_value_python_cannot_convert_is_one_line_naming_its_line(tmp_path, text, match):
+    """Scalars YAML resolves to an int or a date that Python refuses to build (more than 4,300 digits, a 13th
+    month, an explicit tag): a ValueError traceback from inside PyYAML otherwise."""
+    pytest.importorskip("yaml")
+    f = tmp_path / "digits.yaml"
+    f.write_text(text)
+    with pytest.raises(UserError, match=match) as e:
+        load_config(recipe("demo_digits"), override_files=[f])
+    assert "\n" not in str(e.value)
+
+
 def test_a_missing_overrides_file_is_one_line(tmp_path):
     with pytest.raises(UserError, match=r"--overrides .*nothing.py does not exist"):
         load_config(recipe("demo_digits"), override_files=[tmp_path / "nothing.py"])

@@ -628,3 +628,26 @@ def test_a_record_that_passes_the_index_but_not_the_parser_is_one_line_naming_th
         f"; re-copy or re-convert this shard (python -m data_tools.make_index {data} reads every record and names "
         "each bad one)"
     )
+
+
+def test_a_record_whose_label_is_not_one_integer_is_one_line_naming_the_data_and_the_fix(data):
+    """An Example that parses but holds three labels: DALI's error names the batch, not the record (make_index does)."""
+    shard = data / "train-00000-of-00003"
+    raw = bytearray(shard.read_bytes())
+    (length,) = struct.unpack("<Q", raw[:8])
+    example = tfrecord_io.encode_example({"image/encoded": (b"", "byte"), "image/class/label": ([1, 2, 3], "int")})
+    framed = tfrecord_io.frame(example)
+    raw[: 16 + length] = framed + b"\0" * (16 + length - len(framed))  # the size, index and manifest kept
+    shard.write_bytes(bytes(raw))
+    from tests.helpers.loaders import open_train
+
+    loader = open_train(str(data), 6, 32, seed=0)
+    with pytest.raises(UserError) as e:
+        for _ in range(3):  # the epoch: DALI parses a record when a batch takes it
+            next(loader)
+    assert one_line(e).startswith(
+        f"{data}: a record of the train shards holds no image and single integer label DALI can batch ("
+    ) and one_line(e).endswith(
+        f"); python -m data_tools.make_index {data} reads every record and names each bad one: re-copy or re-convert "
+        "its shard"
+    )

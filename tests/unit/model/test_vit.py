@@ -143,6 +143,43 @@ def test_a_kwarg_of_the_wrong_type_is_one_line_naming_the_key_and_the_fix(overri
     assert str(e.value) == message
 
 
+@pytest.mark.parametrize(
+    "override, reason",
+    [
+        ("num_heads=5", "AssertionError: dim should be divisible by num_heads"),
+        ("num_heads=0", "ZeroDivisionError: integer modulo by zero"),
+        ("patch_size=0", "ZeroDivisionError: integer division or modulo by zero"),
+        ("mlp_ratio=-1", "RuntimeError: Trying to create tensor with negative dimension -96: [-96, 96]"),
+    ],
+)
+def test_kwargs_of_the_declared_types_that_timm_refuses_are_one_line(override, reason):
+    """An int where an int is declared that timm's layers still refuse (a traceback from inside timm): one line
+    naming the model, its kwargs and timm's reason."""
+    from vitlarge.config.load import apply_override
+
+    cfg = demo()
+    apply_override(cfg, f"model.kwargs.{override}")
+    with pytest.raises(UserError) as e:
+        build_model(cfg, "meta")
+    assert str(e.value) == (
+        f"model.name='vit_tiny_patch16_224' / model.kwargs={cfg.model.kwargs}: VisionTransformer refused them "
+        f"({reason}); fix model.kwargs"
+    )
+
+
+def test_a_long_kwarg_of_the_wrong_type_is_one_short_line():
+    """A text of 5,000 characters where an int is declared: the line names its start, not all of it."""
+    from vitlarge.config.load import apply_override
+
+    cfg = demo()
+    apply_override(cfg, "model.kwargs.depth=" + "x" * 5_000)
+    with pytest.raises(UserError) as e:
+        build_model(cfg, "meta")
+    assert str(e.value) == (
+        f"model.kwargs.depth={'x' * 60}: VisionTransformer takes an int for depth; write it like model.kwargs.depth=12"
+    )
+
+
 @pytest.mark.parametrize("override", ["depth=3", "mlp_ratio=2", "patch_size=4,4", "global_pool=avg", "init_values=0.1"])
 def test_kwargs_of_the_declared_types_build(override):
     from vitlarge.config.load import apply_override
