@@ -1,15 +1,17 @@
 """Fuzzes the formats vitlarge reads from elsewhere, in one process started by tests/e2e/test_fuzz_files.py.
 
-``python -m tests.helpers.fuzz_files SCRATCH DEMO_DATA SEED CASES`` makes a real checkpoint, loader state
+``python -m tests.helpers.fuzz_files SCRATCH DEMO_DATA SEED CASES [FORMAT ...]`` makes a real checkpoint, loader state
 and data set under SCRATCH, then for each format feeds ``CASES`` random mutations of the real file (a
 fixed seed per format: a format's first N cases do not depend on CASES) to the entry points that read it,
 as a user's command would (evaluate's and init_from's weight reads, then an automatic resume and its
-restore; the loader; make_index and the manifest; the MLflow hook over a workdir's own store). Each case must
-end in a clean pass or a one-line `UserError` (what the CLIs turn into exit 2; for a tracker, its one warning
-line, training going on); anything else is reported as a traceback. An audit hook records every write, removal,
-rename, process start or network connection outside SCRATCH, and every case runs under a 60 s alarm (a hang is
-reported, not waited for). Prints one JSON object: per format the counts, the failures, the seconds and the peak
-RSS of its cases; the violations and the whole process's peak RSS.
+restore; the loader; make_index and the manifest; the MLflow hook over a workdir's own store; an overrides file's
+load and the model it sizes; a loader state's DALI fields and a shard's record payloads through the loader).
+``FORMAT ...`` after CASES runs only those formats. Each case must end in a clean pass or a one-line `UserError`
+(what the CLIs turn into exit 2; for a tracker, its one warning line, training going on); anything else is
+reported as a traceback. An audit hook records every write, removal, rename, process start or network connection
+outside SCRATCH, and every case runs under a 60 s alarm (a hang is reported, not waited for). Prints one JSON
+object: per format the counts, the failures, the seconds and the largest peak RSS of one of its cases (the
+kernel's high-water mark, reset before each case); the violations and the whole process's peak RSS.
 """
 
 from __future__ import annotations
@@ -70,6 +72,25 @@ class Hang(Exception):
 
 def _alarm(*_):
     raise Hang("no answer within 60 s")
+
+
+def reset_peak_rss() -> None:
+    """Sets the process's peak RSS (VmHWM) back to its RSS now (Linux's clear_refs 5), so that each case's peak is
+    its own; where the kernel has no such file, peaks are the process's so far."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def peak_rss_mib() -> int:
+    """The process's peak RSS since `reset_peak_rss` (VmHWM), in MiB."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) // 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
 
 
 # Mutations -----------------------------------------------------------------------------------------
@@ -366,26 +387,182 @@ def _plant(name: Path, plant: str, target: Path) -> None:
         name.symlink_to("/dev/zero")
 
 
-def reset_peak() -> None:
-    """Starts this process's peak RSS (VmHWM) afresh (Linux's clear_refs), so that a format's own is measured."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass
+# Overrides files, a loader state's DALI fields, TFRecord payloads -------------------------------------------------
+
+OVERRIDES_YAML = (
+    "optim:\n  lr: 0.001\n  betas: [0.9, 0.98]\nmodel.kwargs: {depth: 2, embed_dim: 48}\n"
+    "train:\n  compile: off\n  phases:\n    - {epoch: 0, image_size: 16}\n    - {epoch: 3, image_size: 24}\n"
+)
+OVERRIDES_PY = (
+    "optim.lr = 0.001\noptim.betas = (0.9, 0.98)\nmodel.kwargs = {'depth': 2, 'embed_dim': 48}\n"
+    "train.phases = [{'epoch': 0, 'image_size': 16}, {'epoch': 3, 'image_size': 24}]\n"
+)
 
 
-def peak_mib() -> int:
-    """This process's peak RSS since `reset_peak`, in MiB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) // 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+def mutate_overrides(text: str, rng: random.Random, yaml: bool) -> bytes:
+    """An overrides file with a bomb (aliases that double, a cycle, deep or wide nesting, a long expression), a
+    value of another type at a known key, or random bytes."""
+    how = rng.randrange(4)
+    if how == 0 and yaml:
+        n = rng.choice([3, 25, 40])
+        lines = ["model:", "  kwargs:", "    a0: &a0 [x, x]"] + [
+            f"    a{i}: &a{i} [*a{i - 1}, *a{i - 1}]" for i in range(1, n)
+        ]
+        return ("\n".join(rng.choice([lines, ["optim: &a {lr: 0.1, x: *a}"]])) + "\n").encode()
+    if how == 0:
+        op = rng.choice(["-", "1+", "not ", "("])
+        return f"optim.lr = {op * rng.choice([50, 3_000, 100_000])}1\n".encode()
+    if how == 1:
+        depth, width = rng.choice([(5, 1), (40, 1), (3_000, 1), (1, 3_000)])
+        value = "[" * depth + ", ".join(["1"] * width) + "]" * depth
+        key = rng.choice(["optim.lr", "model.kwargs.depth", "train.phases", "optim.betas"])
+        return (f"{key}: {value}\n" if yaml else f"{key} = {value}\n").encode()
+    if how == 2:
+        key = rng.choice(
+            [
+                "model.kwargs.depth",
+                "model.kwargs.mlp_ratio",
+                "model.kwargs.qkv_bias",
+                "optim.lr",
+                "train.micro_batch",
+                "model.kwargs.global_pool",
+                "train.phases.1.image_size",
+            ]
+        )
+        value = rng.choice(["two", "1e999", "-1", "[]", "{}", "none", "''", "true", "0x10", "1" * 5000, "0.5"])
+        return (f"{key}: {value}\n" if yaml else f"{key} = {value!r}\n").encode()
+    return mutate_bytes(text.encode(), rng)
+
+
+def dali_checkpoint_edit(doc: dict, rng: random.Random) -> dict:
+    """A loader state (its JSON) whose DALI checkpoint has one field set to junk: the reader's age, epoch or
+    random state, the pipeline's iter/epoch_idx, an operator's state or name."""
+    from vitlarge.data import dali_state
+
+    checkpoint = dali_state.parse(base64.b64decode(doc["dali"]))
+    reader = next(op for op in checkpoint.cpts if op.operator_name == "Reader")
+    snapshot = dali_state.reader_snapshot(reader.operator_state)
+    numbers = [-(2**31), -1, 0, 1, 1436, 1437, 1438, 2**20, 2**31 - 1]
+    field = rng.choice(["age", "current_epoch", "rng", "pipeline_data", "op_state", "op_name"])
+    if field in ("age", "current_epoch"):
+        setattr(snapshot.loader_state, field, rng.choice(numbers))
+    elif field == "rng":
+        snapshot.loader_state.rng = rng.choice([b"", b"0", b"2147483647", b"junk", b"1" * 400, b"-5", b"\xff"])
+    elif field == "pipeline_data":
+        iteration, epoch = rng.choice(numbers + [10**30, "x", None]), rng.choice([0, -1, 2**40, "x"])
+        text = (
+            json.dumps({"iter": iteration, "epoch_idx": epoch}) if rng.random() < 0.8 else rng.choice(["[]", "", "{"])
+        )
+        checkpoint.external_ctx_cpt.pipeline_data = text.encode()
+    elif field == "op_state":
+        op = rng.choice(list(checkpoint.cpts))
+        op.operator_state = mutate_bytes(op.operator_state, rng)
+    else:
+        rng.choice(list(checkpoint.cpts)).operator_name = rng.choice(["Reader", "", "x" * 300, "__CoinFlip_2"])
+    reader.operator_state = snapshot.SerializeToString()
+    doc["dali"] = base64.b64encode(checkpoint.SerializeToString()).decode()
+    return doc
+
+
+def mutate_payload(payload: bytes, rng: random.Random) -> bytes:
+    """A record's Example bytes, mutated: random bytes, cut, a label or image feature of another type."""
+    from data_tools import tfrecord_io
+
+    if rng.random() < 0.5:
+        return mutate_bytes(payload, rng)
+    features = rng.choice(
+        [
+            {"image/encoded": (b"", "byte"), "image/class/label": (1, "int")},
+            {"image/encoded": (payload[:100], "byte"), "image/class/label": (2**62, "int")},
+            {"image/encoded": (payload, "byte"), "image/class/label": (1.5, "float")},
+            {"image/encoded": (payload, "byte"), "image/class/label": ([1, 2, 3], "int")},
+            {"image/class/label": (1, "int")},
+            {"image/encoded": ([payload, payload], "byte"), "image/class/label": (-(2**40), "int")},
+        ]
+    )
+    return tfrecord_io.encode_example(features)
+
+
+def overrides_and_data_formats(scratch: Path, data: Path, state: str, rng: random.Random, cases: int) -> dict:
+    """The formats of this section, each ``name: (case function, number of cases)`` as `main` runs them."""
+    import struct
+
+    from data_tools import tfrecord_io
+    from tests.helpers import ROOT
+    from tests.helpers.loaders import open_train
+    from vitlarge.config.load import load_config
+    from vitlarge.model.vit import describe_model
+
+    recipe = ROOT / "recipes" / "demo_digits.py"
+    cpu = torch.device("cpu")
+
+    def overrides(case, suffix, text):
+        f = scratch / f"case{case}" / f"overrides{suffix}"
+        f.parent.mkdir(parents=True)
+        f.write_bytes(mutate_overrides(text, rng, yaml=suffix == ".yaml"))
+        cfg = load_config(recipe, override_files=[f])
+        if cfg.model.kwargs != {"patch_size": 4, "embed_dim": 48, "depth": 2, "num_heads": 3}:
+            # the model they describe, as the dry run sizes it: model.kwargs reach timm there. (A depth a byte
+            # mutation made 2222222 is a model that takes minutes to size, not a crafted file: not built here.)
+            if all(type(v) is not int or 0 <= v <= 64 or len(str(v)) > 100 for v in cfg.model.kwargs.values()):
+                describe_model(cfg)
+
+    def dali_fields(case):
+        text = json.dumps(dali_checkpoint_edit(json.loads(state), rng))
+        loader = open_train(str(data), 16, 32, rank=0, world_size=1, device=cpu, seed=0, state=text)
+        next(loader)
+
+    # A small data set for the payloads: DALI parses a record only when it is returned, so each case reads a whole
+    # epoch, 32 records (the demo's first) in one train shard; its index and dataset.json made before the mutation.
+    small = scratch / "small"
+    small.mkdir()
+    source, frames = sorted(data.glob("train-00000-of-*"))[0], []
+    with open(source, "rb") as f:
+        for _ in range(32):
+            header = f.read(12)
+            (length,) = struct.unpack("<Q", header[:8])
+            frames.append(header + f.read(length + 4))
+    (small / "train-00000-of-00001").write_bytes(b"".join(frames))
+    for val in data.glob("validation-*-of-*"):
+        if val.suffix != ".idx":
+            shutil.copyfile(val, small / val.name)
+    from data_tools.make_index import make_index
+
+    make_index(str(small), num_classes=10)
+
+    def payloads(case):
+        d = scratch / f"case{case}" / "data"
+        shutil.copytree(small, d)
+        shard = d / "train-00000-of-00001"
+        raw, offset = bytearray(shard.read_bytes()), 0
+        chosen = set(rng.sample(range(len(frames)), rng.choice([0, 1, 1, 2, 3])))  # none: the epoch reads as it is
+        for i, framed in enumerate(frames):
+            length = len(framed) - 16
+            if i in chosen:  # a few records, anywhere in the shard: size, index and dataset.json kept
+                new = tfrecord_io.frame(mutate_payload(framed[12:-4], rng))
+                if rng.random() < 0.3:  # a length header past the record, its CRC valid
+                    header = struct.pack("<Q", rng.choice([1 << 40, length + 1, 2**64 - 1]))
+                    new = header + tfrecord_io._masked_crc(header) + new[12:]
+                new = new[: 16 + length] if len(new) > 16 + length else new + b"\0" * (16 + length - len(new))
+                raw[offset : offset + 16 + length] = new
+            offset += 16 + length
+        shard.write_bytes(bytes(raw))
+        loader = open_train(str(d), 16, 32, rank=0, world_size=1, device=cpu, seed=0)
+        for _ in range(2):  # the epoch
+            next(loader)
+
+    return {
+        "YAML overrides": (lambda case: overrides(case, ".yaml", OVERRIDES_YAML), cases),
+        ".py overrides": (lambda case: overrides(case, ".py", OVERRIDES_PY), cases),
+        "loader state DALI fields": (dali_fields, cases),
+        "TFRecord payloads": (payloads, max(cases // 4, 10)),
+    }
 
 
 # The formats and their entry points ----------------------------------------------------------------
 
 
-def main(scratch: str, demo_data: str, seed: int, cases: int) -> dict:
+def main(scratch: str, demo_data: str, seed: int, cases: int, only: list[str] | None = None) -> dict:
     global SCRATCH, _watch
     SCRATCH = Path(scratch).resolve()
     sys.addaudithook(_audit)
@@ -411,7 +588,8 @@ def main(scratch: str, demo_data: str, seed: int, cases: int) -> dict:
     loader_kw = {"rank": 0, "world_size": 1, "device": cpu, "seed": 0}
     state = open_train(str(data), 16, 32, **loader_kw).state()
     rng = random.Random()  # seeded per format below: a format's first N cases are the same at any CASES
-    mlflow_template()  # MLflow's migrations, once (seconds), before any case's alarm
+    if not only or {"mlflow.db", "tracker names"} & set(only):
+        mlflow_template()  # MLflow's migrations, once (seconds), before any case's alarm
 
     def fresh_checkpoint(case: int) -> Path:
         dest = SCRATCH / f"case{case}" / "checkpoints" / original.name
@@ -535,19 +713,23 @@ def main(scratch: str, demo_data: str, seed: int, cases: int) -> dict:
         # Each case drives the MLflow hook over a copy of one tracked workdir (~1 s): a twentieth of the cases.
         "mlflow.db": (lambda case: mlflow_store(case, rng), max(cases // 20, 8)),
         "tracker names": (lambda case: tracker_names(case, rng), max(cases // 20, 8)),
+        **overrides_and_data_formats(SCRATCH, data, state, rng, cases),
     }
     report = {}
-    setup_peak = peak_mib()
+    setup_peak = peak_rss_mib()  # before any reset: the setup's (a real checkpoint, the data, MLflow's store)
     signal.signal(signal.SIGALRM, _alarm)
     case = 0
     for name, (fn, n) in formats.items():
+        if only and name not in only:
+            continue
         rng.seed(f"{seed}/{name}")
         started = time.perf_counter()
         counts = {"passed": 0, "refused": 0}
         failures = []
-        reset_peak()
+        peak = 0
         for _ in range(n):
             case += 1
+            reset_peak_rss()
             _watch = True
             signal.alarm(60)
             try:
@@ -563,17 +745,18 @@ def main(scratch: str, demo_data: str, seed: int, cases: int) -> dict:
             finally:
                 signal.alarm(0)
                 _watch = False
+            peak = max(peak, peak_rss_mib())
             shutil.rmtree(SCRATCH / f"case{case}", ignore_errors=True)
-        report[name] = {**counts, "failures": failures, "seconds": round(time.perf_counter() - started, 1)}
-        report[name]["peak_rss_mib"] = peak_mib()
+        seconds = round(time.perf_counter() - started, 1)
+        report[name] = {**counts, "failures": failures, "seconds": seconds, "peak_rss_mib": peak}
     report["violations"] = violations
-    # The whole run's: its setup's and each format's (reset_peak starts the kernel's count afresh per format).
+    # The whole run's: its setup's and each case's (reset_peak_rss starts the kernel's count afresh per case).
     report["peak_rss_mib"] = max([setup_peak] + [r["peak_rss_mib"] for r in report.values() if isinstance(r, dict)])
     return report
 
 
 if __name__ == "__main__":
     scratch, demo_data, seed, cases = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    result = main(scratch, demo_data, seed, cases)
+    result = main(scratch, demo_data, seed, cases, sys.argv[5:])
     sys.stdout.flush()
     print("FUZZ " + json.dumps(result))
