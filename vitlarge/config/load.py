@@ -22,6 +22,8 @@ from pathlib import Path
 from vitlarge.config.coerce import check_types, fields_of, get_key
 from vitlarge.config.override_files import read_overrides_file
 from vitlarge.config.overrides import apply_override, set_value
+from vitlarge.config.phase_list import check as check_phases
+from vitlarge.config.phase_list import entries
 from vitlarge.config.profile_window import check_profile_window
 from vitlarge.config.schema import Config, Rule, rule_of
 from vitlarge.config.trackers import check_log
@@ -77,10 +79,7 @@ def check_read_back(cfg: Config, origin: str) -> None:
     _check_ranges(cfg, where)
     for problem in cfg.problems():
         raise UserError(f"{where(*problem.keys)}: {problem.text}")
-    if cfg.train.phases:
-        from vitlarge.config.phase_list import check
-
-        check(cfg, origin)
+    check_phases(cfg, where)
 
 
 def validate(cfg: Config, origin: str = "config", overridden: dict[str, str] | None = None) -> None:
@@ -98,11 +97,8 @@ def validate(cfg: Config, origin: str = "config", overridden: dict[str, str] | N
         raise UserError(f"{where(*problem.keys)}: {problem.text}")
     t = cfg.train
     check_profile_window(t, where)
-    if t.phases:
-        from vitlarge.config.phase_list import check, entries
-
-        check(cfg, where("train.phases", "train.epochs", "data.image_size", "train.global_batch", "train.micro_batch"))
-        t.phases = entries(t.phases)
+    check_phases(cfg, where)
+    t.phases = entries(t.phases)
     check_log(cfg, where)
 
 
