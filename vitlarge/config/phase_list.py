@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from vitlarge.config.schema import PHASE_KEYS, Config, PhaseEntry
+from vitlarge.config.schema import CROP_SCALE, PHASE_KEYS, Config, PhaseEntry
 from vitlarge.errors import UserError
 
 
@@ -96,10 +96,9 @@ def resolve_phases(cfg: Config, origin: str = "config") -> list[PhaseEntry]:
                 f"micro_batch={cur['micro_batch']}; change one of them"
             )
         cs = tuple(cur["crop_scale"])
-        if not (len(cs) == 2 and all(isinstance(x, (int, float)) for x in cs) and 0 < cs[0] <= cs[1] <= 1):
+        if not (len(cs) == 2 and all(isinstance(x, (int, float)) for x in cs) and CROP_SCALE.test(*cs)):
             raise UserError(
-                f"{origin}: {key}.crop_scale={cur['crop_scale']} must be (low, high) with "
-                "0 < low <= high <= 1, e.g. (0.35, 1.0)"
+                f"{origin}: {key}.crop_scale={cur['crop_scale']} must be {CROP_SCALE.words}, e.g. (0.35, 1.0)"
             )
         cur["crop_scale"] = tuple(float(x) for x in cs)
         if not (isinstance(cur["lr_scale"], (int, float)) and cur["lr_scale"] > 0):

@@ -62,6 +62,8 @@ MAX_EPOCHS = 10**6
 """The most epochs a duration may name: far past any schedule, and step counts stay numbers (1e308 epochs made
 the plan's conversion to steps overflow)."""
 EPOCHS = Rule(lambda v: 0 < v <= MAX_EPOCHS, f"positive and at most {MAX_EPOCHS:,}")
+CROP_SCALE = Rule(lambda lo, hi: 0 < lo <= hi <= 1, "(low, high) with 0 < low <= high <= 1", pair=True)
+"""``data.crop_scale``'s rule, and a phase's ``crop_scale`` (`vitlarge.config.phase_list`)."""
 
 
 @dataclass
@@ -119,9 +121,7 @@ class DataConfig:
     """DALI worker threads per process; 0: the process's CPU share from its launcher
     (``vitlarge.distributed.threads.dali_threads``: affinity mask / tasks on the node, Slurm's binding and
     ``--cpus-per-task``; not torchrun's blanket ``OMP_NUM_THREADS=1``). A recipe's value wins."""
-    crop_scale: tuple = ruled(
-        (0.08, 1.0), Rule(lambda lo, hi: 0 < lo <= hi <= 1, "(low, high) with 0 < low <= high <= 1", pair=True)
-    )
+    crop_scale: tuple = ruled((0.08, 1.0), CROP_SCALE)
     """Area fraction range of the random-resized crop."""
     crop_ratio: tuple = ruled(
         (3 / 4, 4 / 3), Rule(lambda lo, hi: 0 < lo <= hi, "(low, high) with 0 < low <= high", pair=True)

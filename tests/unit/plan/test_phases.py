@@ -237,7 +237,10 @@ def test_progressive_generator_builds_composer_phases_in_one_line():
         ([{"image_size": 8}], "train.phases[0] has no 'epoch'"),
         ([{"epoch": 60}], "train.phases[0].epoch=60 must be in [0, train.epochs=60.0)"),
         ([{"epoch": 0, "global_batch": 100}], "train.phases[0]: global_batch=100 is not a multiple of micro_batch=16"),
-        ([{"epoch": 0, "crop_scale": (0.5, 2)}], "train.phases[0].crop_scale=(0.5, 2) must be (low, high)"),
+        (
+            [{"epoch": 0, "crop_scale": (0.5, 2)}],
+            "train.phases[0].crop_scale=(0.5, 2) must be (low, high) with 0 < low <= high <= 1, e.g. (0.35, 1.0)",
+        ),
         ([{"epoch": 0, "micro_batch": 9, "global_batch": 144}], "Mixup/CutMix need an even micro batch"),
         ([{"epoch": 0, "rect_val": "yes"}], "train.phases[0].rect_val='yes' must be True or False"),
     ],
