@@ -98,7 +98,8 @@ def validate(cfg: Config, origin: str = "config", overridden: dict[str, str] | N
     t = cfg.train
     check_profile_window(t, where)
     check_phases(cfg, where)
-    t.phases = entries(t.phases)
+    if t.phases:
+        t.phases = entries(t.phases)
     check_log(cfg, where)
 
 
