@@ -290,7 +290,8 @@ def flag_values(flags: list[str]) -> dict:
 
 def vitlarge_config(overrides: list[str]):
     """recipes/demo_digits.py with ``overrides`` applied as train.py applies them (validated)."""
-    from vitlarge.config.load import apply_override, load_recipe, validate
+    from vitlarge.config.load import load_recipe, validate
+    from vitlarge.config.overrides import apply_override
 
     cfg = load_recipe(ROOT / RECIPE)
     for item in overrides:

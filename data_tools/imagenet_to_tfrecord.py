@@ -56,7 +56,7 @@ from vitlarge.data.manifest import (
     write_manifest,
 )
 from vitlarge.data.manifest_schema import CHECKSUM_RE, MAX_SIDE, out_of_aspect_order
-from vitlarge.errors import UserError, cli_main
+from vitlarge.errors import EXIT_INTERRUPTED, UserError, cli_main
 from vitlarge.fileio import UnsafeFile, check_inside, fsync_dir, open_regular, probe_writable, write_atomic
 from vitlarge.text import plural
 
@@ -625,7 +625,7 @@ def run_cli(work) -> int:
         print(text, file=sys.stderr, flush=True)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
-        return 130  # where SIGINT is blocked
+        return EXIT_INTERRUPTED  # where SIGINT is blocked
 
 
 if __name__ == "__main__":

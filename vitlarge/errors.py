@@ -4,6 +4,7 @@ Contract: the message is a single line that names the file or config key at faul
 fix it. Entry points (train.py, data_tools, vitlarge.evaluate) print it as ``error: <message>`` and
 exit with status 2, without a traceback: `cli_main` for the single-process tools; train.py and vitlarge.evaluate
 share `vitlarge.train.start.exit_status`, which also maps exit statuses 3 (NaN guard) and 75 (preempted).
+Every exit status vitlarge chooses is named here (``EXIT_*``), and used by its name.
 """
 
 from __future__ import annotations
@@ -27,6 +28,12 @@ class UserError(Exception):
         super().__init__(message)
         self.same_on_all_ranks = same_on_all_ranks
 
+
+EXIT_BAD_INPUT = 2
+"""Exit status for bad input a user can fix (`UserError`): one line ``error: <message>`` said what to fix."""
+
+EXIT_NAN_GUARD = 3
+"""Exit status after the NaN guard stopped training (``train.nan_patience`` non-finite losses in a row)."""
 
 EXIT_PREEMPTED = 75
 """Exit status after a checkpoint on SIGTERM/SIGUSR1 (EX_TEMPFAIL): run the same command again to continue."""
@@ -67,5 +74,5 @@ def cli_main(work: Callable[[], object]) -> int:
         status = work()
     except UserError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
-        return 2
+        return EXIT_BAD_INPUT
     return status if isinstance(status, int) else 0

@@ -50,7 +50,8 @@ def recipe_config(
     """``recipes/<recipe>.py`` as the kit trains it: ``overrides`` applied, then the row's precision and compile,
     accumulation 1, Mixup/CutMix off, plugin ddp; ``nodrop``: attention, projection and position dropout 0."""
     from benchmarks.harness.recipe import ROOT
-    from vitlarge.config.load import apply_override, load_recipe, validate
+    from vitlarge.config.load import load_recipe, validate
+    from vitlarge.config.overrides import apply_override
     from vitlarge.constants import IMAGENET_TRAIN_EXAMPLES
 
     cfg = load_recipe(ROOT / "recipes" / f"{recipe}.py")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vitlarge.config.phase_list import PhaseSpec
+from vitlarge.config.schema import PHASE_KEYS, PhaseEntry
 from vitlarge.plan.phases import Phase
 from vitlarge.plan.plan import Plan
 
@@ -24,7 +24,7 @@ def one_phase_plan(world_size, global_batch, micro_batch, accum_steps, steps_per
         steps_per_epoch=steps_per_epoch,
         start_step=0,
         end_step=total_steps,
-        spec=PhaseSpec(0.0, 224, 224, global_batch, micro_batch, (0.08, 1.0), 1.0, None),
+        entry=PhaseEntry(0.0, 224, 224, global_batch, micro_batch, (0.08, 1.0), 1.0, None, False, PHASE_KEYS),
     )
     return Plan(world_size=world_size, phases=(phase,), total_steps=total_steps, **kw)
 

@@ -117,3 +117,35 @@ def test_the_commands_messages_name_are_the_checkouts_here_and_the_console_scrip
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     for module, script in vitlarge.SCRIPTS.items():
         assert scripts[script] == f"vitlarge.{module}:main"
+
+
+def test_exit_statuses_are_named_in_one_place():
+    """The statuses vitlarge chooses (2 bad input, 3 NaN guard, 75 preempted, 124 collective timeout, 130 Ctrl-C) are
+    `vitlarge.errors`' ``EXIT_*`` constants: no return, exit, launcher report or status variable writes one bare."""
+    import ast
+
+    from vitlarge import errors
+
+    statuses = {2, 3, 75, 124, 130}
+    assert {v for k, v in vars(errors).items() if k.startswith("EXIT_")} == statuses
+    exits = {"exit", "_exit", "SystemExit", "tell_launcher"}
+    bare = []
+    files = [ROOT / "train.py", *[p for d in ("vitlarge", "hooks", "data_tools") for p in (ROOT / d).rglob("*.py")]]
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Return):
+                values = [node.value]
+            elif isinstance(node, ast.Call):
+                name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                values = list(node.args) if name in exits else []
+            elif isinstance(node, ast.Assign):
+                names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+                values = [node.value] if {"code", "status"} & set(names) else []
+            else:
+                continue
+            bare += [
+                f"{path.relative_to(ROOT)}:{node.lineno}"
+                for v in values
+                if isinstance(v, ast.Constant) and type(v.value) is int and v.value in statuses
+            ]
+    assert not bare, f"bare exit statuses (use vitlarge.errors.EXIT_*): {bare}"

@@ -1,1 +1,3 @@
-"""The run's configuration: the schema (`schema`), loading recipes with overrides and validation (`load`), and the ``train.phases`` list (`phase_list`)."""
+"""The run's configuration: the schema (`schema`); loading a recipe with overrides and validating it (`load`), the
+overrides (`overrides`; read from files by `override_files`; typed by `coerce`), the profile window
+(`profile_window`), the trackers' checks (`trackers`); and the ``train.phases`` list (`phase_list`)."""

@@ -1,18 +1,18 @@
 """The ``train.phases`` list of a recipe: its keys, its validation, and `progressive` to build one.
 
 Checked with no world size (order, keys, sizes divisible by the patch size, batches): the list is part
-of the config; `vitlarge.plan.phases.plan_phases` turns it into steps for a world size.
+of the config; `resolve_phases` fills in every key (a `PhaseEntry` with all of them given) and
+`vitlarge.plan.phases.plan_phases` turns the resolved entries into steps for a world size.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
-from vitlarge.config.schema import PHASE_KEYS, Config, PhaseEntry
+from vitlarge.config.schema import CROP_SCALE, PHASE_KEYS, Config, PhaseEntry
 from vitlarge.errors import UserError
 
 
@@ -29,27 +29,9 @@ def _fix_size(size: int, patch: int) -> str:
     return f"use {lo} or {lo + patch}"
 
 
-@dataclass(frozen=True)
-class PhaseSpec:
-    """One entry of ``train.phases`` with every key filled in (`PHASE_KEYS`; ``crop_scale`` and ``lr`` as tuples
-    of floats, the others as the recipe wrote them: their `dataclasses.asdict` is what the phase list's
-    fingerprint hashes, less the fields marked ``fingerprint=False``: ``rect_val`` only changes how a phase is
-    validated, so editing it keeps a checkpoint's data stream)."""
-
-    epoch: float
-    image_size: int
-    eval_size: int
-    global_batch: int
-    micro_batch: int
-    crop_scale: tuple[float, float]
-    lr_scale: float
-    lr: tuple[float, float] | None
-    rect_val: bool = field(default=False, metadata={"fingerprint": False})
-
-
-def resolve_phases(cfg: Config, origin: str = "config") -> list[PhaseSpec]:
-    """The phases with every key filled in (carried over), validated; a recipe without ``train.phases``
-    is one phase with its own values (validated by `vitlarge.config.load.validate`)."""
+def resolve_phases(cfg: Config, origin: str = "config") -> list[PhaseEntry]:
+    """The phases with every key filled in (carried over), validated: `PhaseEntry`s with every key given; a recipe
+    without ``train.phases`` is one phase with its own values (validated by `vitlarge.config.load.validate`)."""
     raw: list[Any] = list(cfg.train.phases)  # entries, or dicts a recipe wrote (before `validate` typed them)
     base: dict[str, Any] = dict(
         epoch=0.0,
@@ -63,7 +45,7 @@ def resolve_phases(cfg: Config, origin: str = "config") -> list[PhaseSpec]:
         rect_val=cfg.data.rect_val,
     )
     if not raw:
-        return [PhaseSpec(**dict(base, eval_size=base["image_size"]))]
+        return [_resolved(dict(base, eval_size=base["image_size"]))]
     out: list[dict[str, Any]] = []
     patch, prev = patch_size(cfg), base
     for i, p in enumerate(raw):
@@ -114,10 +96,9 @@ def resolve_phases(cfg: Config, origin: str = "config") -> list[PhaseSpec]:
                 f"micro_batch={cur['micro_batch']}; change one of them"
             )
         cs = tuple(cur["crop_scale"])
-        if not (len(cs) == 2 and all(isinstance(x, (int, float)) for x in cs) and 0 < cs[0] <= cs[1] <= 1):
+        if not (len(cs) == 2 and all(isinstance(x, (int, float)) for x in cs) and CROP_SCALE.test(*cs)):
             raise UserError(
-                f"{origin}: {key}.crop_scale={cur['crop_scale']} must be (low, high) with "
-                "0 < low <= high <= 1, e.g. (0.35, 1.0)"
+                f"{origin}: {key}.crop_scale={cur['crop_scale']} must be {CROP_SCALE.words}, e.g. (0.35, 1.0)"
             )
         cur["crop_scale"] = tuple(float(x) for x in cs)
         if not (isinstance(cur["lr_scale"], (int, float)) and cur["lr_scale"] > 0):
@@ -132,18 +113,51 @@ def resolve_phases(cfg: Config, origin: str = "config") -> list[PhaseSpec]:
             cur["lr"] = tuple(float(x) for x in seg)
         if not isinstance(cur["rect_val"], bool):
             raise UserError(f"{origin}: {key}.rect_val={cur['rect_val']!r} must be True or False")
-        if (cfg.augment.mixup_alpha > 0 or cfg.augment.cutmix_alpha > 0) and cur["micro_batch"] % 2:
-            raise UserError(f"{origin}: {key}.micro_batch={cur['micro_batch']}: Mixup/CutMix need an even micro batch")
+        if _odd_for_mixup(cfg, cur["micro_batch"]):
+            raise UserError(f"{origin}: {key}.micro_batch={cur['micro_batch']}: {_MIXUP_EVEN} micro batch")
         if not out and e > 0:  # the recipe's own values until the first listed phase
             out.append(dict(base, crop_scale=tuple(base["crop_scale"])))
         out.append(cur)
         prev = cur
-    return [PhaseSpec(**dict(p, eval_size=p["eval_size"] or p["image_size"])) for p in out]
+    return [_resolved(dict(p, eval_size=p["eval_size"] or p["image_size"])) for p in out]
 
 
-def check(cfg: Config, origin: str = "config") -> None:
-    """Validates ``train.phases`` (called by `vitlarge.config.load.validate`)."""
-    resolve_phases(cfg, origin)
+def _resolved(values: dict[str, Any]) -> PhaseEntry:
+    return PhaseEntry(**values, given=PHASE_KEYS)
+
+
+T = TypeVar("T")
+
+
+def filled(value: T | None) -> T:
+    """A key of a resolved entry (`resolve_phases` fills in every one but ``lr``, whose None is the schedule's)."""
+    assert value is not None, "a key of a resolved phase entry"
+    return value
+
+
+_MIXUP_EVEN = "Mixup/CutMix need an even"
+
+
+def _odd_for_mixup(cfg: Config, micro_batch: int) -> bool:
+    """Whether Mixup/CutMix, which mix the images of a micro batch in pairs, are on and ``micro_batch`` is odd."""
+    return (cfg.augment.mixup_alpha > 0 or cfg.augment.cutmix_alpha > 0) and micro_batch % 2 == 1
+
+
+def check(cfg: Config, where: Callable[..., str]) -> None:
+    """Validates the micro batches Mixup/CutMix take, the recipe's ``train.micro_batch`` (whatever the phases set)
+    and each phase's, and the ``train.phases`` list (called by `vitlarge.config.load.validate` and
+    `check_read_back`). ``where(*keys)``: whom a line blames, the override that set one of ``keys`` or the recipe."""
+    t = cfg.train
+    if _odd_for_mixup(cfg, t.micro_batch):
+        raise UserError(
+            f"{where('train.micro_batch', 'augment.mixup_alpha', 'augment.cutmix_alpha')}: {_MIXUP_EVEN} "
+            f"train.micro_batch, got {t.micro_batch}; use an even micro batch or set augment.mixup_alpha=0 "
+            "augment.cutmix_alpha=0"
+        )
+    if t.phases:
+        resolve_phases(
+            cfg, where("train.phases", "train.epochs", "data.image_size", "train.global_batch", "train.micro_batch")
+        )
 
 
 def rect_val_anywhere(cfg: Config) -> bool:
@@ -153,13 +167,13 @@ def rect_val_anywhere(cfg: Config) -> bool:
 
 def final_rect_val(cfg: Config) -> bool:
     """Whether the last phase validates rectangular batches: how a finished run's final top-1 was measured."""
-    return resolve_phases(cfg)[-1].rect_val
+    return filled(resolve_phases(cfg)[-1].rect_val)
 
 
 def final_eval_size(cfg: Config) -> int:
     """The last phase's ``eval_size`` (the recipe's own without ``train.phases``): where a finished run's final top-1
     was measured, for what has no plan to ask (an export's config.json; an evaluation on data too small to plan)."""
-    return resolve_phases(cfg)[-1].eval_size
+    return filled(resolve_phases(cfg)[-1].eval_size)
 
 
 def entries(raw: Iterable[PhaseEntry | Mapping[str, Any]]) -> list[PhaseEntry]:

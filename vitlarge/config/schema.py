@@ -62,6 +62,8 @@ MAX_EPOCHS = 10**6
 """The most epochs a duration may name: far past any schedule, and step counts stay numbers (1e308 epochs made
 the plan's conversion to steps overflow)."""
 EPOCHS = Rule(lambda v: 0 < v <= MAX_EPOCHS, f"positive and at most {MAX_EPOCHS:,}")
+CROP_SCALE = Rule(lambda lo, hi: 0 < lo <= hi <= 1, "(low, high) with 0 < low <= high <= 1", pair=True)
+"""``data.crop_scale``'s rule, and a phase's ``crop_scale`` (`vitlarge.config.phase_list`)."""
 
 
 @dataclass
@@ -119,9 +121,7 @@ class DataConfig:
     """DALI worker threads per process; 0: the process's CPU share from its launcher
     (``vitlarge.distributed.threads.dali_threads``: affinity mask / tasks on the node, Slurm's binding and
     ``--cpus-per-task``; not torchrun's blanket ``OMP_NUM_THREADS=1``). A recipe's value wins."""
-    crop_scale: tuple = ruled(
-        (0.08, 1.0), Rule(lambda lo, hi: 0 < lo <= hi <= 1, "(low, high) with 0 < low <= high <= 1", pair=True)
-    )
+    crop_scale: tuple = ruled((0.08, 1.0), CROP_SCALE)
     """Area fraction range of the random-resized crop."""
     crop_ratio: tuple = ruled(
         (3 / 4, 4 / 3), Rule(lambda lo, hi: 0 < lo <= hi, "(low, high) with 0 < low <= high", pair=True)
@@ -321,11 +321,14 @@ PHASE_KEYS = (
 
 @dataclass(frozen=True)
 class PhaseEntry:
-    """One entry of ``train.phases`` as the recipe (or an override) wrote it: None where the phase inherits
-    (carried over from the phase before, or the recipe's; `vitlarge.config.phase_list.resolve_phases` fills it in
-    and checks it). ``given``: the keys that were set, in their order; `to_dict` writes those alone (the dict form
-    a checkpoint's meta.json keeps). Values are kept as written (``crop_scale`` a list or a tuple, ``epoch`` an int
-    or a float), so the dict form, and the phase list's fingerprint, are the bytes a dict list gave."""
+    """One entry of ``train.phases``: as the recipe (or an override) wrote it, None where the phase inherits (carried
+    over from the phase before, or the recipe's), or resolved, every key filled in and checked
+    (`vitlarge.config.phase_list.resolve_phases`; world-size free: what the phase list's fingerprint hashes, less the
+    fields marked ``fingerprint=False``: ``rect_val`` only changes how a phase is validated, so editing it keeps a
+    checkpoint's data stream). ``given``: the keys that were set, in their order (all of them once resolved);
+    `to_dict` writes those alone (the dict form a checkpoint's meta.json keeps). Values are kept as written
+    (``crop_scale`` a list or a tuple, ``epoch`` an int or a float; resolved: ``crop_scale`` and ``lr`` as tuples of
+    floats), so the dict form, and the phase list's fingerprint, are the bytes a dict list gave."""
 
     epoch: float | None = None
     image_size: int | None = None
@@ -335,8 +338,8 @@ class PhaseEntry:
     crop_scale: tuple[float, float] | None = None
     lr_scale: float | None = None
     lr: tuple[float, float] | None = None
-    rect_val: bool | None = None
-    given: tuple[str, ...] = ()
+    rect_val: bool | None = field(default=None, metadata={"fingerprint": False})
+    given: tuple[str, ...] = field(default=(), metadata={"fingerprint": False})
 
     @classmethod
     def from_dict(cls, entry: Mapping[str, Any]) -> PhaseEntry:
@@ -529,7 +532,8 @@ class Config:
 
     def problems(self) -> Iterator[Problem]:
         """What the fields allow only together, section by section, then across sections (ranges and types:
-        `vitlarge.config.load.validate`, from each field's `Rule` and type)."""
+        `vitlarge.config.load.validate`, from each field's `Rule` and type; the micro batches Mixup needs even, the
+        recipe's and each phase's: `vitlarge.config.phase_list.check`)."""
         yield from self.train.problems()
         if self.model.grad_checkpointing and self.train.activation_checkpointing == "selective":
             yield Problem(
@@ -546,12 +550,6 @@ class Config:
                 f"augment.bce_target_thresh={a.bce_target_thresh} is below what augment.label_smoothing="
                 f"{a.label_smoothing} gives every class ({smoothed_off:.3g}), so every target would be 1; "
                 "set augment.label_smoothing=0 (DeiT III) or a threshold above it (timm users pair 0.1 with 0.2)",
-            )
-        if (a.mixup_alpha > 0 or a.cutmix_alpha > 0) and t.micro_batch % 2:
-            yield Problem(
-                ("train.micro_batch", "augment.mixup_alpha", "augment.cutmix_alpha"),
-                f"Mixup/CutMix need an even train.micro_batch, got {t.micro_batch}; "
-                "use an even micro batch or set augment.mixup_alpha=0 augment.cutmix_alpha=0",
             )
         yield from self.data.problems()
         if self.schedule.warmup_epochs > t.epochs:

@@ -25,11 +25,11 @@ log = logging.getLogger("vitlarge")
 
 
 def fingerprint(cfg: Config, plan: Plan) -> str:
-    """A short hash of ``cfg``'s phase list as ``plan`` resolved it (its phases' specs: world-size independent): a
+    """A short hash of ``cfg``'s phase list as ``plan`` resolved it (its phases' resolved entries: world-size independent): a
     checkpoint's data state is tied to it, so a resume after an edit of ``train.phases`` does not continue another
     phase's stream."""
     # A recipe without train.phases hashes the empty list, as the state of its one phase always has.
-    listed = [_hashed(ph.spec) for ph in plan.phases] if cfg.train.phases else []
+    listed = [_hashed(ph.entry) for ph in plan.phases] if cfg.train.phases else []
     doc = json.dumps(listed, sort_keys=True, default=list)
     return hashlib.sha256(doc.encode()).hexdigest()[:16]
 

@@ -19,7 +19,8 @@ from vitlarge.data import synthetic
 from vitlarge.data.manifest import Manifest, load_manifest, shard_files
 from vitlarge.data.spec import TrainSpec, ValSpec, knobs
 from vitlarge.errors import UserError
-from vitlarge.plan.phases import Phase, stream_seed
+from vitlarge.plan.phases import Phase
+from vitlarge.plan.plan import stream_seed
 
 if TYPE_CHECKING:
     from vitlarge.data.loader import TrainLoader, ValLoader
@@ -118,7 +119,7 @@ def _common(cfg: Config, batch_size: int, image_size: int, num_examples: int) ->
 
 def train_spec(cfg: Config, phase: Phase | None = None, fresh_at: int | None = None) -> TrainSpec:
     """What the train stream of ``phase`` is built from: its micro batch, image size, crop scale and stream
-    seed (`vitlarge.plan.phases.stream_seed`; ``fresh_at``: the step a stream with no position to continue
+    seed (`vitlarge.plan.plan.stream_seed`; ``fresh_at``: the step a stream with no position to continue
     starts at), the rest from ``cfg``. No phase: the config's own values and seed (tests, tools)."""
     d = cfg.data
     if phase is None:

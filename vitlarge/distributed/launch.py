@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from vitlarge.distributed.launcher import DistEnv, launcher_rank
 from vitlarge.distributed.network import bind_interface
-from vitlarge.errors import UserError
+from vitlarge.errors import EXIT_INTERRUPTED, UserError
 
 if TYPE_CHECKING:  # torch loads after the thread budgets are set (vitlarge.distributed.threads)
     import torch
@@ -192,7 +192,7 @@ def main_then_leave(main: Callable[[], int]) -> NoReturn:
     try:
         code = main()
     except KeyboardInterrupt:
-        code = 130
+        code = EXIT_INTERRUPTED
     except Exception:
         import traceback
 

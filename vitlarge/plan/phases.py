@@ -49,22 +49,22 @@ Contracts:
 from __future__ import annotations
 
 import copy
-import hashlib
 import math
 from dataclasses import dataclass
 
-from vitlarge.config.phase_list import PhaseSpec, entries, resolve_phases
-from vitlarge.config.schema import Config
+from vitlarge.config.phase_list import entries, filled, resolve_phases
+from vitlarge.config.schema import Config, PhaseEntry
 from vitlarge.errors import UserError
 from vitlarge.text import plural
-
-PHASE_SEED_STRIDE = 1000  # phase i's data stream uses train.seed + 1000 * i
 
 
 @dataclass(frozen=True)
 class Phase:
-    """One phase, every key resolved, for one world size (``spec``: the entry it plans, world-size free: what the
-    phase list's fingerprint hashes, `vitlarge.data.phased.fingerprint`)."""
+    """One phase planned for one world size: the resolved entry it plans (``entry``, world-size free: what the phase
+    list's fingerprint hashes, `vitlarge.data.phased.fingerprint`) and what the world size and the data set decide,
+    which an entry cannot hold: the micro batch capped at ``global_batch / world size``, the accumulation, the
+    steps per epoch and the step range. Its copies of the entry's sizes, crop scale and lr are the values the
+    training loop and the loaders read (``start_epoch``: the entry's ``epoch`` as a float)."""
 
     index: int
     start_epoch: float
@@ -80,7 +80,7 @@ class Phase:
     steps_per_epoch: int
     start_step: int
     end_step: int
-    spec: PhaseSpec
+    entry: PhaseEntry
 
     @property
     def steps(self) -> int:
@@ -89,7 +89,7 @@ class Phase:
     @property
     def rect_val(self) -> bool:
         """Whether the phase validates rectangular batches (`vitlarge.data.rect`)."""
-        return self.spec.rect_val
+        return filled(self.entry.rect_val)
 
 
 def plan_phases(cfg: Config, world_size: int, num_train_examples: int) -> tuple[Phase, ...]:
@@ -105,9 +105,9 @@ def plan_phases(cfg: Config, world_size: int, num_train_examples: int) -> tuple[
     resolved = resolve_phases(cfg)
     for i, p in enumerate(resolved):
         key = f"train.phases[{i}]"
-        gb = p.global_batch
+        gb, epoch = filled(p.global_batch), filled(p.epoch)
         capped = listed and gb % world_size == 0
-        micro = min(p.micro_batch, gb // world_size) if capped else p.micro_batch
+        micro = min(filled(p.micro_batch), gb // world_size) if capped else filled(p.micro_batch)
         per_step = micro * world_size
         if gb % per_step:
             names = (f"{key}: global_batch", "micro_batch") if listed else ("train.global_batch", "train.micro_batch")
@@ -119,26 +119,26 @@ def plan_phases(cfg: Config, world_size: int, num_train_examples: int) -> tuple[
             where = f"{key}: global_batch={gb}" if listed else f"train.global_batch={gb}"
             fix = "lower it" if listed else "lower train.global_batch"
             raise UserError(f"{where} is larger than the {num_train_examples} training images; {fix}")
-        end_epoch = resolved[i + 1].epoch if i + 1 < len(resolved) else cfg.train.epochs
+        end_epoch = filled(resolved[i + 1].epoch) if i + 1 < len(resolved) else cfg.train.epochs
         start_step = epochs_to_steps(exact, 1)
-        exact += (end_epoch - p.epoch) * spe
+        exact += (end_epoch - epoch) * spe
         phases.append(
             Phase(
                 index=i,
-                start_epoch=float(p.epoch),
+                start_epoch=float(epoch),
                 end_epoch=float(end_epoch),
-                image_size=p.image_size,
-                eval_size=p.eval_size,
+                image_size=filled(p.image_size),
+                eval_size=filled(p.eval_size),
                 global_batch=gb,
                 micro_batch=micro,
                 accum_steps=gb // per_step,
-                crop_scale=p.crop_scale,
-                lr_scale=float(p.lr_scale),
+                crop_scale=filled(p.crop_scale),
+                lr_scale=float(filled(p.lr_scale)),
                 lr=p.lr,
                 steps_per_epoch=spe,
                 start_step=start_step,
                 end_step=epochs_to_steps(exact, 1),
-                spec=p,
+                entry=p,
             )
         )
     return tuple(phases)
@@ -175,43 +175,6 @@ def step_at_epoch(phases, epochs: float) -> int:
             return epochs_to_steps(exact + max(0.0, epochs - ph.start_epoch) * ph.steps_per_epoch, 1)
         exact += (ph.end_epoch - ph.start_epoch) * ph.steps_per_epoch
     return 0
-
-
-def phase_config(cfg: Config, ph: Phase, fresh_at: int | None = None) -> Config:
-    """A copy of ``cfg`` with the phase's image size, batches, crop scale and data seed, for what reads a whole
-    config per phase (the dry run's model description). The loaders take the phase itself
-    (`vitlarge.data.sources.train_spec`). ``fresh_at``: the stream starts at that step with no position to
-    continue (see `stream_seed`)."""
-    c = copy.deepcopy(cfg)
-    c.data.image_size, c.data.crop_scale = ph.image_size, tuple(ph.crop_scale)
-    c.train.global_batch, c.train.micro_batch = ph.global_batch, ph.micro_batch
-    c.train.seed = stream_seed(cfg.train.seed, ph.index, fresh_at)
-    return c
-
-
-def stream_seed(seed: int, phase: int, fresh_at: int | None = None) -> int:
-    """The data stream's seed: ``seed + 1000 * phase`` for a phase entered at its first step (as an
-    uninterrupted run does), else, for a stream that starts afresh at step ``fresh_at`` because the
-    checkpoint's position cannot be continued (another world size, phase list or release), a seed
-    derived from ``(seed, phase, fresh_at)``: a never-used epoch order, not a replay of the phase's start."""
-    if fresh_at is None:
-        return seed + PHASE_SEED_STRIDE * phase
-    return _derived_seed("stream", seed, phase, fresh_at)
-
-
-def rng_seed(seed: int, rank: int, step: int = 0) -> int:
-    """The seed of a rank's torch, numpy and python RNGs (dropout, Mixup, drop path) when a run starts at
-    ``step`` without the checkpoint's RNG states (a fresh run: ``seed + rank``; after a change of world
-    size: derived from ``(seed, step, rank)``, so the draws do not replay the run's first steps)."""
-    if step == 0:
-        return seed + rank
-    return _derived_seed("rng", seed, step, rank)
-
-
-def _derived_seed(kind: str, *parts: int) -> int:
-    """A seed in DALI's and numpy's 31-bit range, hashed from ``parts`` (nearby inputs share no stream)."""
-    digest = hashlib.sha256(":".join(map(str, (f"vitlarge-{kind}", *parts))).encode()).digest()
-    return int.from_bytes(digest[:4], "little") % (2**31 - 1)
 
 
 def epochs_to_steps(epochs: float, steps_per_epoch: int) -> int:

@@ -1,11 +1,15 @@
-"""The plan of a run: its phases and step counts for one world size and data set size.
+"""The plan of a run: its phases and step counts for one world size and data set size, and the seeds that follow them.
 
 `make_plan` is the one place a config becomes step counts; everything that runs, logs or resumes a
-step asks the plan (`Plan.phase_at`, `Plan.epoch_at`, `Plan.lr_at`) rather than the config.
+step asks the plan (`Plan.phase_at`, `Plan.epoch_at`, `Plan.lr_at`) rather than the config. The seeds of a
+phase's data stream (`stream_seed`) and of a rank's RNGs (`rng_seed`) are derived from the phase and the step the
+run starts at, as the plan numbers them.
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +17,8 @@ from vitlarge.config.schema import Config
 from vitlarge.errors import UserError
 from vitlarge.plan.phases import Phase, epochs_to_steps, plan_phases, step_at_epoch
 from vitlarge.plan.schedule import continued_lr, lr_at
+
+PHASE_SEED_STRIDE = 1000  # phase i's data stream uses train.seed + 1000 * i
 
 
 @dataclass(frozen=True)
@@ -126,3 +132,40 @@ def evaluation_plan(cfg: Config, world_size: int, num_train_examples: int | None
         return make_plan(cfg, world_size, num_train_examples)
     except UserError:
         return make_plan(cfg, 1, num_train_examples)
+
+
+def phase_config(cfg: Config, ph: Phase, fresh_at: int | None = None) -> Config:
+    """A copy of ``cfg`` with the phase's image size, batches, crop scale and data seed, for what reads a whole
+    config per phase (the dry run's model description). The loaders take the phase itself
+    (`vitlarge.data.sources.train_spec`). ``fresh_at``: the stream starts at that step with no position to
+    continue (see `stream_seed`)."""
+    c = copy.deepcopy(cfg)
+    c.data.image_size, c.data.crop_scale = ph.image_size, tuple(ph.crop_scale)
+    c.train.global_batch, c.train.micro_batch = ph.global_batch, ph.micro_batch
+    c.train.seed = stream_seed(cfg.train.seed, ph.index, fresh_at)
+    return c
+
+
+def stream_seed(seed: int, phase: int, fresh_at: int | None = None) -> int:
+    """The data stream's seed: ``seed + 1000 * phase`` for a phase entered at its first step (as an
+    uninterrupted run does), else, for a stream that starts afresh at step ``fresh_at`` because the
+    checkpoint's position cannot be continued (another world size, phase list or release), a seed
+    derived from ``(seed, phase, fresh_at)``: a never-used epoch order, not a replay of the phase's start."""
+    if fresh_at is None:
+        return seed + PHASE_SEED_STRIDE * phase
+    return _derived_seed("stream", seed, phase, fresh_at)
+
+
+def rng_seed(seed: int, rank: int, step: int = 0) -> int:
+    """The seed of a rank's torch, numpy and python RNGs (dropout, Mixup, drop path) when a run starts at
+    ``step`` without the checkpoint's RNG states (a fresh run: ``seed + rank``; after a change of world
+    size: derived from ``(seed, step, rank)``, so the draws do not replay the run's first steps)."""
+    if step == 0:
+        return seed + rank
+    return _derived_seed("rng", seed, step, rank)
+
+
+def _derived_seed(kind: str, *parts: int) -> int:
+    """A seed in DALI's and numpy's 31-bit range, hashed from ``parts`` (nearby inputs share no stream)."""
+    digest = hashlib.sha256(":".join(map(str, (f"vitlarge-{kind}", *parts))).encode()).digest()
+    return int.from_bytes(digest[:4], "little") % (2**31 - 1)

@@ -16,8 +16,18 @@ if TYPE_CHECKING:
     from vitlarge.run.training import MakeHooks
 
 
+class _Parser(argparse.ArgumentParser):
+    """The command's parser: ``--help`` also lists the config keys with their docstrings
+    (`vitlarge.config.key_docs`), read only when asked for."""
+
+    def format_help(self) -> str:
+        from vitlarge.config.key_docs import keys_help  # the schema's source parsed: only for --help
+
+        return f"{super().format_help()}\n{keys_help()}"
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="vitlarge: large-batch ViT pretraining on Colossal-AI")
+    p = _Parser(description="vitlarge: large-batch ViT pretraining on Colossal-AI")
     p.add_argument(
         "--config", required=True, help="recipe file (recipes/vit_b16.py) or a shipped recipe's name (vit_b16)"
     )

@@ -194,7 +194,7 @@ def eval_schedule(plan: Plan) -> str:
 
 def print_phases(cfg: Config, plan: Plan, settings: Settings) -> None:
     """The phase table: epochs, size, batch = micro x accum x devices, steps, lr range, FLOPs and memory."""
-    from vitlarge.plan.phases import phase_config
+    from vitlarge.plan.plan import phase_config
 
     print("phases:")
     print(

@@ -180,7 +180,7 @@ def estimate(
     """Per-phase step times on ``plan.world_size`` GPUs of ``kind``, and the lines that say where the figures
     come from."""
     from vitlarge.model.vit import describe_model
-    from vitlarge.plan.phases import phase_config
+    from vitlarge.plan.plan import phase_config
 
     rates = measured_rates(result)
     device = result["device"]["name"]

@@ -165,7 +165,7 @@ def build_run(
     from vitlarge.distributed.collective import agree, check_same, rank0_decides
     from vitlarge.events import RunInfo
     from vitlarge.plan.edits import resume_plan
-    from vitlarge.plan.phases import rng_seed
+    from vitlarge.plan.plan import rng_seed
     from vitlarge.train.assemble import build
     from vitlarge.train.memory import gpu_start_line
     from vitlarge.train.start import start

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vitlarge.config.load import parse_step_window
+from vitlarge.config.profile_window import parse_step_window
 from vitlarge.config.schema import Config
 from vitlarge.errors import UserError
 from vitlarge.events import Hook, RunInfo, StepMetrics
@@ -68,7 +68,7 @@ def _end_step(cfg: Config, plan: Plan) -> tuple[int, str]:
 
 def check_window(cfg: Config, plan: Plan) -> None:
     """One `UserError` when ``train.profile_steps`` ends after the run's last step (the config's own checks are
-    `vitlarge.config.load.validate`'s): with the plan, before any data is read."""
+    `vitlarge.config.profile_window`'s): with the plan, before any data is read."""
     if cfg.train.profile_steps is None:
         return
     _, end = parse_step_window(cfg.train.profile_steps)

@@ -64,7 +64,7 @@ def exit_status(work: Callable[[DistEnv], int]) -> int:
     * a collective that timed out or lost its peer: its status (124 on gloo), one line per rank
       (`vitlarge.distributed.timeouts.collective_failure`). Any other error propagates."""
     from vitlarge.distributed import launch, launcher
-    from vitlarge.errors import Preempted, UserError
+    from vitlarge.errors import EXIT_BAD_INPUT, EXIT_NAN_GUARD, Preempted, UserError
     from vitlarge.events import StopTraining
 
     env = None
@@ -72,15 +72,17 @@ def exit_status(work: Callable[[DistEnv], int]) -> int:
         env = launcher.detect()
         return work(env)
     except UserError as e:
-        launch.tell_launcher(f"error: {e}", 2)  # the launcher's summary repeats the line (torchrun's error file)
+        launch.tell_launcher(
+            f"error: {e}", EXIT_BAD_INPUT
+        )  # the launcher's summary repeats the line (torchrun's error file)
         if launch.report_before_group(e, env):  # once; a rank's own error named by it (and told to the others)
             launch.say(f"error: {e}")
-        return 2
+        return EXIT_BAD_INPUT
     except StopTraining as e:
-        launch.tell_launcher(f"error: {e}", 3)
+        launch.tell_launcher(f"error: {e}", EXIT_NAN_GUARD)
         if env is None or env.is_main:
             launch.say(f"error: {e}")
-        return 3
+        return EXIT_NAN_GUARD
     except Preempted as e:
         launch.tell_launcher(f"vitlarge: {e}", e.exit_status)
         if env is None or env.is_main:

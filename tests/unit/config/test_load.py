@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT
-from vitlarge.config.load import apply_override, field_rules, load_config, load_recipe, parse_step_window, validate
+from vitlarge.config.load import field_rules, load_config, load_recipe, validate
+from vitlarge.config.overrides import apply_override
+from vitlarge.config.profile_window import parse_step_window
 from vitlarge.config.schema import Config, PhaseEntry
 from vitlarge.errors import UserError
 

@@ -13,8 +13,7 @@ import torch
 from tests.helpers import ROOT
 from vitlarge.config.load import load_recipe
 from vitlarge.data import phased
-from vitlarge.plan.phases import rng_seed, stream_seed
-from vitlarge.plan.plan import make_plan
+from vitlarge.plan.plan import make_plan, rng_seed, stream_seed
 
 CPU = torch.device("cpu")
 DEMO = ROOT / "recipes" / "demo_digits.py"

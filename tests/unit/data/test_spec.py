@@ -20,8 +20,7 @@ from vitlarge.data.common import STATE_VERSION
 from vitlarge.data.phased import NO_PHASES, DataState
 from vitlarge.data.sources import train_spec, val_spec
 from vitlarge.errors import UserError
-from vitlarge.plan.phases import stream_seed
-from vitlarge.plan.plan import make_plan
+from vitlarge.plan.plan import make_plan, stream_seed
 
 SHARDS = [("train-00000-of-00002", 1234), ("train-00001-of-00002", 999)]
 

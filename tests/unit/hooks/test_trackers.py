@@ -247,7 +247,7 @@ def test_every_resolved_config_key_is_a_parameter_cut_at_500_characters():
     cfg = Config()
     cfg.train.phases = [{"epoch": i, "image_size": 224} for i in range(40)]
     params = _tracking.flat_params(cfg.to_dict())
-    from vitlarge.config.load import all_keys
+    from vitlarge.config.overrides import all_keys
 
     assert set(params) == set(all_keys(cfg))
     assert params["optim.betas"] == "[0.9, 0.999]" and params["workdir"] == "runs/default"

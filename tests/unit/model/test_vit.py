@@ -134,7 +134,7 @@ def test_unknown_model_or_kwarg(field, value, match):
 )  # fmt: skip
 def test_a_kwarg_of_the_wrong_type_is_one_line_naming_the_key_and_the_fix(override, message):
     """model.kwargs against the annotations of the class timm builds (issue 45: ``model.kwargs.depth=two``)."""
-    from vitlarge.config.load import apply_override
+    from vitlarge.config.overrides import apply_override
 
     cfg = demo()
     apply_override(cfg, f"model.kwargs.{override}")
@@ -182,7 +182,7 @@ def test_a_long_kwarg_of_the_wrong_type_is_one_short_line():
 
 @pytest.mark.parametrize("override", ["depth=3", "mlp_ratio=2", "patch_size=4,4", "global_pool=avg", "init_values=0.1"])
 def test_kwargs_of_the_declared_types_build(override):
-    from vitlarge.config.load import apply_override
+    from vitlarge.config.overrides import apply_override
 
     cfg = demo()
     apply_override(cfg, f"model.kwargs.{override}")

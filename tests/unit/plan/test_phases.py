@@ -237,7 +237,10 @@ def test_progressive_generator_builds_composer_phases_in_one_line():
         ([{"image_size": 8}], "train.phases[0] has no 'epoch'"),
         ([{"epoch": 60}], "train.phases[0].epoch=60 must be in [0, train.epochs=60.0)"),
         ([{"epoch": 0, "global_batch": 100}], "train.phases[0]: global_batch=100 is not a multiple of micro_batch=16"),
-        ([{"epoch": 0, "crop_scale": (0.5, 2)}], "train.phases[0].crop_scale=(0.5, 2) must be (low, high)"),
+        (
+            [{"epoch": 0, "crop_scale": (0.5, 2)}],
+            "train.phases[0].crop_scale=(0.5, 2) must be (low, high) with 0 < low <= high <= 1, e.g. (0.35, 1.0)",
+        ),
         ([{"epoch": 0, "micro_batch": 9, "global_batch": 144}], "Mixup/CutMix need an even micro batch"),
         ([{"epoch": 0, "rect_val": "yes"}], "train.phases[0].rect_val='yes' must be True or False"),
     ],
@@ -347,3 +350,44 @@ def test_the_images_a_boundary_skips_in_vit_b16_progressive_are_the_documented_o
     doc = (ROOT / "docs" / "PROGRESSIVE.md").read_text()
     assert "482,250 images (38% of a pass) at epoch 150 and 289,350 at\n  epoch 240" in doc
     assert round(482_250 / n, 2) == 0.38
+
+
+def test_one_phase_type_from_the_recipe_to_the_plan():
+    """A recipe's entry, the entry resolved (every key filled in, world-size free: what the fingerprint hashes) and the
+    plan's phase for a world size: the first two are one type, `PhaseEntry`; the plan's `Phase` adds what the world
+    size decides (micro batch, accumulation, steps) and keeps the entry it planned."""
+    from vitlarge.config.schema import PHASE_KEYS, PhaseEntry
+    from vitlarge.plan import phases
+
+    c = demo([{"epoch": 0, "image_size": 8}, {"epoch": 30, "image_size": 12, "micro_batch": 8}])
+    resolved = phase_list.resolve_phases(c)
+    assert all(type(p) is PhaseEntry and p.given == PHASE_KEYS for p in resolved)
+    assert all(getattr(p, k) is not None for p in resolved for k in PHASE_KEYS if k != "lr")  # None: the schedule's
+    plan = make_plan(c, 4, N)
+    assert [ph.entry for ph in plan.phases] == resolved
+    assert not hasattr(phase_list, "PhaseSpec") and not hasattr(phases, "stream_seed")
+
+
+def test_the_mixup_batch_check_is_in_one_place_and_says_what_it_said():
+    """The recipe's micro batch and each phase's, one check (`phase_list`): the lines are those the two copies printed,
+    each blaming the override that set the batch."""
+    sources = [p.read_text() for p in (ROOT / "vitlarge").rglob("*.py")]
+    assert sum("Mixup/CutMix need an even" in s for s in sources) == 1
+    with pytest.raises(UserError) as e:
+        load_config(DEMO, ["augment.mixup_alpha=0.8", "train.global_batch=126", "train.micro_batch=63"])
+    assert str(e.value) == (
+        "command line: Mixup/CutMix need an even train.micro_batch, got 63; use an even micro batch or set "
+        "augment.mixup_alpha=0 augment.cutmix_alpha=0"
+    )
+    c = load_recipe(DEMO)
+    c.train.phases, c.augment.cutmix_alpha = [{"epoch": 0, "micro_batch": 9, "global_batch": 144}], 1.0
+    with pytest.raises(UserError) as e:
+        validate(c, "recipe.py")
+    assert str(e.value) == "recipe.py: train.phases[0].micro_batch=9: Mixup/CutMix need an even micro batch"
+
+
+def test_seeds_are_the_plans():
+    """The data streams' and the RNGs' seeds sit with the plan (`vitlarge.plan.plan`), beside the steps they follow."""
+    from vitlarge.plan.plan import PHASE_SEED_STRIDE, rng_seed, stream_seed
+
+    assert stream_seed(7, 2) == 7 + 2 * PHASE_SEED_STRIDE and rng_seed(7, 3) == 10

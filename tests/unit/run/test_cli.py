@@ -28,3 +28,37 @@ def test_a_run_whose_data_is_not_there_is_one_line_before_pytorch_loads(tmp_path
         "data_tools.imagenet_to_tfrecord"
     )
     assert capsys.readouterr().out == ""
+
+
+def test_help_lists_every_config_key_with_its_docstring_and_loads_no_torch(monkeypatch, capsys):
+    """``train.py --help``: the flags, then each section of the schema with its keys, each key's default and its
+    docstring (as declared in vitlarge/config/schema.py); imported afresh with torch, DALI and Colossal-AI made
+    unimportable, so the help that lists them never loads them."""
+    import dataclasses
+    import sys
+
+    from vitlarge.config.overrides import all_keys
+    from vitlarge.config.schema import Config
+
+    for name in [m for m in sys.modules if m.split(".")[0] in ("vitlarge", "hooks", "torch", "nvidia", "colossalai")]:
+        monkeypatch.delitem(sys.modules, name)
+    for name in ("torch", "nvidia", "nvidia.dali", "colossalai"):
+        monkeypatch.setitem(sys.modules, name, None)  # `import torch` raises ImportError
+    from vitlarge.run import cli as fresh
+
+    with pytest.raises(SystemExit) as e:
+        fresh.parse_args(["--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and "--config" in out
+    lines = out.splitlines()
+    keys = {line.split(" = ")[0].strip() for line in lines if " = " in line and line.startswith("  ") and "." in line}
+    assert keys >= set(all_keys(Config())) - {"workdir"} and any(line.startswith("  workdir = ") for line in lines)
+    sections = [f.name for f in dataclasses.fields(Config) if f.name != "workdir"]
+    assert all(any(line.startswith(f"{s}: ") for line in lines) for s in sections)
+    text = " ".join(out.split())
+    assert (
+        "model.drop_path_schedule = linear (one of linear, uniform) linear: timm's spread, block i of n drops with"
+        in text
+    )
+    assert "train.seed = 42 Initial weights (same on every rank)" in text
+    assert "optim: Optimizer, its parameter groups" in text
