@@ -22,6 +22,7 @@ import pytest
 from tests.helpers import ROOT, run_module
 from tests.helpers.data_fixtures import SYNSETS, TINY_TRAIN_PER_CLASS, copy_imagefolder
 from vitlarge.data.manifest import load_manifest
+from vitlarge.text import plural
 
 REPO = str(ROOT)
 
@@ -164,7 +165,8 @@ def test_ctrl_c_during_conversion_is_one_line_and_the_rerun_resumes(tiny_imagefo
     # writes exactly the others.
     complete = int(m.group(2))
     assert complete < 5, last
-    assert f"{5 - complete} shards to write" in r.stderr and f"{complete} complete shards kept" in r.stderr, r.stderr
+    to_write, kept = plural(5 - complete, "shard"), plural(complete, "complete shard")
+    assert f"{to_write} to write" in r.stderr and f"{kept} kept" in r.stderr, r.stderr
     assert load_manifest(str(out)).num_examples("train") == 3 * TINY_TRAIN_PER_CLASS
 
 

@@ -30,7 +30,10 @@ SERIAL = ("test_slurm.py", "test_slurm_multinode.py")
 def suite(pytester, fail_in: str = "") -> tuple[int, list[list[str]]]:
     log = pytester.path / "workers.log"
     log.unlink(missing_ok=True)
-    env = {**os.environ, "WORKER_LOG": str(log), "FAIL_IN": fail_in}
+    # Not this run's own xdist worker's variables (PYTEST_XDIST_WORKER names the worker running this test): the
+    # script's serial pytest would inherit them, as `make test` started from a shell does not.
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env = {**inherited, "WORKER_LOG": str(log), "FAIL_IN": fail_in}
     cmd = [
         "bash",
         str(ROOT / "scripts" / "test_suite.sh"),

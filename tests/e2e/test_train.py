@@ -173,7 +173,11 @@ def test_bad_input_is_one_clear_line(demo_data, tmp_path, extra, message):
 def test_world_size_that_does_not_divide_the_batch_fails_before_training(demo_data, tmp_path):
     r = launcher.run(demo_args(demo_data, tmp_path, "train.max_steps=1"), nproc=3, timeout=300)
     assert r.returncode != 0
-    assert "not divisible by train.micro_batch x world size = 16 x 3 = 48" in r.stderr
+    line = (
+        "error: train.global_batch=128 does not divide over 3 processes, so no train.micro_batch can split it evenly; "
+        "run on 2 or 4 processes (dividing 128), or make it a multiple of 3 (126 or 129)"
+    )
+    assert r.stderr.count(line) == 1, r.stderr[-2000:]  # once, under colossalai run with 3 ranks
     assert not (tmp_path / "checkpoints").exists()
 
 

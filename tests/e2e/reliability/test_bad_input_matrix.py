@@ -149,7 +149,7 @@ def awkward_image(mode: str):
             im.convert(mode).save(target, "JPEG", quality=90)
         out = c.tmp / "out"
         n_val = len(SYNSETS) * 2 + 1
-        return Run(convert(src, out), 0, ["1 images re-encoded as RGB JPEG"], decodes_through_dali(out, n_val))
+        return Run(convert(src, out), 0, ["1 image re-encoded as RGB JPEG"], decodes_through_dali(out, n_val))
 
     return setup
 
@@ -197,7 +197,7 @@ def two_shard_sets_index(c: Ctx) -> Run:
         module("data_tools.make_index", str(data)),
         2,
         [
-            f"error: {data}: 2 train shard sets, train-*-of-00001 (1 files) and train-*-of-00004 (4 files)",
+            f"error: {data}: 2 train shard sets, train-*-of-00001 (1 file) and train-*-of-00004 (4 files)",
             "delete the set you do not want",
         ],
         no_dataset(data),
