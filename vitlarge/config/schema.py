@@ -222,7 +222,7 @@ class AugmentConfig:
     label_smoothing: float = ruled(0.0, PROBABILITY)
     """Label smoothing of the targets (folded into the soft targets under Mixup/CutMix, so with ``loss=bce`` too). 0:
     the recipes vitlarge reproduces train without (DeiT III sets ``--smoothing 0.0``). timm's train.py and DeiT's
-    main.py default to 0.1: to compare with them, set it to what their command line gives (docs/DATA.md, issue 35)."""
+    main.py default to 0.1: to compare with them, set it to what their command line gives (docs/DATA.md)."""
     loss: Literal["ce", "bce"] = "ce"
     """``ce``: softmax cross-entropy. ``bce``: per-class binary cross-entropy on the one-hot targets (Mixup/CutMix-
     mixed and smoothed as for ``ce``), averaged over images and classes: timm's ``BinaryCrossEntropy``, as DeiT III
@@ -235,7 +235,7 @@ class AugmentConfig:
     (mode ``pixel``, one region, area 2-33%, aspect 0.3-3.3) on the device, after normalisation and after
     Mixup/CutMix, each image of each micro-batch drawn on its own; 0 is off; validation never erases. After Mixup is
     timm's train.py default order (its prefetcher erases the mixed batch); erasing first trained lower on the digits
-    peer benchmark (issue 35, docs/DATA.md). DeiT III's own recipe erases nothing (recipes/deit3_b16.py: 0)."""
+    peer benchmark (docs/DATA.md). DeiT III's own recipe erases nothing (recipes/deit3_b16.py: 0)."""
 
     def problems(self) -> Iterator[Problem]:
         """What its fields allow only together."""

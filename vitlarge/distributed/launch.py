@@ -131,8 +131,8 @@ def leave(code: int) -> NoReturn:
     A process that joined a process group leaves at once (``os._exit``) after flushing its log handlers, its
     Python streams and C's stdio buffers, whatever the code. Left to the interpreter's shutdown, the gloo group
     and its threads are torn down while the interpreter finalizes, and that can abort the process ("terminate
-    called without an active exception", SIGABRT): CI saw it on rank 1 of a 2-rank run that had finished and
-    exported, status 134 instead of 0, and earlier on runs ending with 2. The status is what torchrun, Slurm's
+    called without an active exception", SIGABRT), so a run that finished and exported could end with 134 instead of
+    0 (docs/RELIABILITY.md). The status is what torchrun, Slurm's
     requeue (75) and the user read, so it must not depend on the teardown.
 
     What ``os._exit`` skips is the interpreter's finalizers and ``atexit``: the run's own files are complete

@@ -98,9 +98,8 @@ def augment_batch(images: torch.Tensor, labels: torch.Tensor, mixup, erase) -> t
 
     Erasing comes after Mixup, as in timm's train.py by default (the order its numbers are obtained with): its
     prefetcher mixes in the collate and ``PrefetchLoader`` erases the normalised, mixed batch, so a rectangle
-    covers both images of a pair. vitlarge erased before Mixup until issue 35 (timm's ``--no-prefetcher`` order,
-    each image erased once); on the digits peer benchmark that trained below timm's train.py (docs/DATA.md, "Against
-    timm's train.py"). DeiT III's own recipe erases nothing (recipes/deit3_b16.py keeps
+    covers both images of a pair. Erasing before Mixup (timm's ``--no-prefetcher`` order, each image erased once)
+    trained below timm's train.py on the digits peer benchmark (docs/DATA.md, "Against timm's train.py"). DeiT III's own recipe erases nothing (recipes/deit3_b16.py keeps
     ``augment.random_erase_prob`` 0), so this order matters only where a recipe turns erasing on."""
     if mixup is not None:
         images, labels = mixup(images, labels)
