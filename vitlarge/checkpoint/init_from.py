@@ -80,19 +80,19 @@ def weights_file(path: str | Path) -> Path:
 
 
 def _check_archive(f: Path, path: str | Path) -> None:
-    """A zip ``torch.save`` file is the archive torch.save writes (`sharded.archive_problem`: entries stored, not
+    """A zip ``torch.save`` file is the archive torch.save writes (`vitlarge.checkpoint.trust.index.archive_problem`: entries stored, not
     compressed, and a pickle in proportion to its size) before ``torch.load`` inflates anything; else UserError.
     A file of torch's format before 1.6 (not a zip) is left to ``torch.load``."""
     import os
     import zipfile
 
     from vitlarge import fileio
-    from vitlarge.checkpoint import sharded
+    from vitlarge.checkpoint.trust import index as dcp_index
 
     with fileio.open_regular(f) as fh:
         if not zipfile.is_zipfile(fh):
             return
-        problem = sharded.archive_problem(fh, os.fstat(fh.fileno()).st_size)
+        problem = dcp_index.archive_problem(fh, os.fstat(fh.fileno()).st_size)
     if problem:
         raise UserError(
             f"model.init_from={path}: {f} {problem}; pass a model.safetensors or a torch checkpoint of a timm model"

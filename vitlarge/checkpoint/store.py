@@ -50,9 +50,11 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from vitlarge import fileio
 from vitlarge.checkpoint import legacy, sharded
-from vitlarge.checkpoint import meta as meta_json
-from vitlarge.checkpoint.files import rank_state_problem, reason_of, torch_load, torch_save
-from vitlarge.checkpoint.layout import (
+from vitlarge.checkpoint.files import reason_of, torch_save
+from vitlarge.checkpoint.state import LoadedCheckpoint, RunState
+from vitlarge.checkpoint.trust import index as dcp_index
+from vitlarge.checkpoint.trust import meta as meta_json
+from vitlarge.checkpoint.trust.layout import (
     CHECKPOINTS_DIR,
     Unusable,
     exists,
@@ -61,8 +63,8 @@ from vitlarge.checkpoint.layout import (
     step_name,
     step_of,
 )
-from vitlarge.checkpoint.meta import FORMAT_VERSION, expected_files
-from vitlarge.checkpoint.state import LoadedCheckpoint, RunState
+from vitlarge.checkpoint.trust.meta import FORMAT_VERSION, expected_files
+from vitlarge.checkpoint.trust.torch_files import rank_state_problem, torch_load
 from vitlarge.checkpoint.weights import (
     check_compatible,
     check_compatible_config,
@@ -177,8 +179,8 @@ def verify(path: str | Path) -> str | None:
             return problem
     if meta["format_version"] >= 3:  # the index is a pickle: read as data, and every range it names checked
         try:
-            return sharded.slices_problem(path, sharded.read_index(path, meta["files"]))
-        except sharded.IndexProblem as e:
+            return dcp_index.slices_problem(path, dcp_index.read_index(path, meta["files"]))
+        except dcp_index.IndexProblem as e:
             return str(e)
     return None
 
@@ -220,7 +222,7 @@ class ReadCheckpoint:
     rank_state: dict
     """This rank's ``rank_NNNNN.pt`` (rank 0's under another world size), checked by `rank_state_problem`."""
     index: Metadata | None = None
-    """Format 3: DCP's index, read and checked here (`sharded.read_index`)."""
+    """Format 3: DCP's index, read and checked here (`dcp_index.read_index`)."""
     full: legacy.FullState | None = None
     """Formats 1 and 2: the whole weights and optimizer state."""
 
@@ -270,8 +272,8 @@ def read(path: str | Path, model, cfg: Config) -> ReadCheckpoint:
     index = None
     if dcp_format:  # read here, rank-local, so its problems surface before DCP's load (a collective) uses it
         try:
-            index = sharded.read_index(path, files)
-        except sharded.IndexProblem as e:
+            index = dcp_index.read_index(path, files)
+        except dcp_index.IndexProblem as e:
             raise Unusable(path, str(e)) from None
     rank_state = torch_load(path, rank_file)
     problem = rank_state_problem(rank_state)

@@ -22,8 +22,9 @@ import torch
 from tests.helpers import ROOT
 from tests.helpers.tiny_model import make, trained
 from vitlarge.checkpoint import init_from, resume, sharded, store
-from vitlarge.checkpoint.files import torch_load
 from vitlarge.checkpoint.state import RunState
+from vitlarge.checkpoint.trust import index as dcp_index
+from vitlarge.checkpoint.trust.torch_files import torch_load
 from vitlarge.config.load import load_recipe
 from vitlarge.errors import UserError
 
@@ -123,7 +124,7 @@ def test_a_crafted_index_never_runs_at_any_entry_point(tmp_path, ckpt, cfg, rout
         init_from.read_state_dict(ckpt)
     with pytest.raises(store.Unusable, match="never holds"):  # --resume X
         resume.choose(tmp_path / "mine", ckpt, make(cfg)[0], cfg)
-    with pytest.raises(sharded.IndexProblem):  # the DCP reader itself, for any caller
+    with pytest.raises(dcp_index.IndexProblem):  # the DCP reader itself, for any caller
         sharded.Reader(ckpt).read_metadata()
     # An automatic resume names it and passes over it, as over any checkpoint that fails its check.
     chosen = resume.choose(ckpt.parent.parent, None, make(cfg)[0], cfg).path
@@ -133,7 +134,7 @@ def test_a_crafted_index_never_runs_at_any_entry_point(tmp_path, ckpt, cfg, rout
 
 
 def _index_with(path: Path, edit) -> None:
-    md = sharded.unpickle_index((path / ".metadata").read_bytes())
+    md = dcp_index.unpickle_index((path / ".metadata").read_bytes())
     edit(md)
     (path / ".metadata").write_bytes(pickle.dumps(md, protocol=4))
     reseal(path)
@@ -422,7 +423,7 @@ def test_a_compressed_rank_file_is_refused_before_torch_load_inflates_it(ckpt, c
 
 
 def test_a_data_range_that_is_not_a_torch_archive_is_refused(ckpt):
-    md = sharded.read_index(ckpt)
+    md = dcp_index.read_index(ckpt)
     info = next(iter(md.storage_data.values()))
     data = bytearray((ckpt / info.relative_path).read_bytes())
     data[info.offset : info.offset + info.length] = b"\0" * info.length
@@ -450,10 +451,10 @@ def test_chunk_tiling_rule_at_fsdp_scale():
 
     rows = [1000 * r // 128 for r in range(129)]
     chunks = [C(torch.Size([a, 0]), torch.Size([b - a, 64])) for a, b in zip(rows, rows[1:])]
-    assert sharded._chunks_tile(chunks, torch.Size([1000, 64]))
+    assert dcp_index._chunks_tile(chunks, torch.Size([1000, 64]))
     overlap = chunks[:-1] + [C(torch.Size([rows[-2] - 1, 0]), torch.Size([rows[-1] - rows[-2], 64]))]
-    assert not sharded._chunks_tile(overlap, torch.Size([1000, 64]))
-    assert not sharded._chunks_tile(chunks[1:], torch.Size([1000, 64]))
+    assert not dcp_index._chunks_tile(overlap, torch.Size([1000, 64]))
+    assert not dcp_index._chunks_tile(chunks[1:], torch.Size([1000, 64]))
 
 
 # Found by the second hostile review: memory in proportion to a file's size, and files that pass their checks.
@@ -475,7 +476,7 @@ def _refused_within(fn, error: type[Exception]) -> tuple[str, int]:
 
 
 def _budget(size: int) -> int:
-    from vitlarge.checkpoint import pickles
+    from vitlarge.checkpoint.trust import pickles
 
     return pickles.FLOOR + pickles.PER_BYTE * size
 
@@ -485,7 +486,9 @@ def test_an_index_that_floods_memory_is_refused_within_its_budget(ckpt):
     allowed ~230 GiB) before the index was refused as no Metadata; now charged as it is built, refused at the budget."""
     (ckpt / ".metadata").write_bytes(b"\x80\x04(" + b"\x8f" * FLOOD + b"l.")
     reseal(ckpt)
-    problem, peak = _refused_within(lambda: sharded.read_index(ckpt), sharded.IndexProblem)  # every entry point's read
+    problem, peak = _refused_within(
+        lambda: dcp_index.read_index(ckpt), dcp_index.IndexProblem
+    )  # every entry point's read
     assert problem.startswith(".metadata makes more than ") and "of objects from its 131,077 bytes" in problem
     assert peak < _budget(FLOOD) + (1 << 20), peak
 
@@ -674,7 +677,7 @@ def test_a_real_fsdp_index_is_charged_well_within_its_budget():
         TensorStorageMetadata,
     )
 
-    from vitlarge.checkpoint import pickles
+    from vitlarge.checkpoint.trust import pickles
 
     ranks, entries, storage = 8, {}, {}
     for prefix in ("model.", "optimizer.state.exp_avg.", "optimizer.state.exp_avg_sq."):
@@ -686,7 +689,7 @@ def test_a_real_fsdp_index_is_charged_well_within_its_budget():
                 storage[MetadataIndex(fqn, offsets, 0)] = _StorageInfo(f"__{r}_0.distcp", 4096 * r, 512)
             entries[fqn] = TensorStorageMetadata(TensorProperties(dtype=torch.float32), torch.Size(shape), chunks)
     raw = pickle.dumps(Metadata(entries, {k: tuple(k.split(".")) for k in entries}, storage_data=storage), protocol=4)
-    unpickler = sharded._MetadataUnpickler(io.BytesIO(raw), len(raw))
+    unpickler = dcp_index._MetadataUnpickler(io.BytesIO(raw), len(raw))
     assert type(unpickler.load()) is Metadata
     built = unpickler.budget.limit - unpickler.budget.left
     scanned = pickles.Budget(len(raw), "x")

@@ -19,6 +19,7 @@ from tests.helpers import ROOT, mounts
 from tests.helpers.tiny_model import make, train_step, trained
 from vitlarge.checkpoint import sharded, store
 from vitlarge.checkpoint.state import RngState, RunState
+from vitlarge.checkpoint.trust import index as dcp_index
 from vitlarge.checkpoint.weights import param_shapes
 from vitlarge.config.load import load_recipe
 from vitlarge.config.schema import Config
@@ -436,7 +437,7 @@ def test_dcp_index_is_read_without_unpickling_foreign_objects(tmp_path, cfg):
     path = save(tmp_path, 1, model, opt, scaler, cfg)
     assert sharded.Reader(path).read_metadata().state_dict_metadata  # the real index reads
     (path / ".metadata").write_bytes(pickle.dumps(argparse.Namespace(x=1)))
-    with pytest.raises(sharded.IndexProblem, match="argparse.Namespace, which a DCP index never holds"):
+    with pytest.raises(dcp_index.IndexProblem, match="argparse.Namespace, which a DCP index never holds"):
         sharded.Reader(path).read_metadata()
 
 
