@@ -1,12 +1,15 @@
 """Weights and optimizer state through ``torch.distributed.checkpoint`` (DCP), for any wrapper and world size.
 
-A checkpoint (format 3, see vitlarge/checkpoint/store.py) stores the model and optimizer state dicts that
-``torch.distributed.checkpoint.state_dict.get_state_dict`` returns, under the keys ``model`` and
-``optimizer``: plain tensors under DDP, this rank's shards (DTensor under FSDP2) when sharded; with a model EMA (`vitlarge.model.ema`) its average under ``ema``, by the model's
-names and sharded like the weights. ``dcp.save`` writes one ``__<rank>_0.distcp`` file per rank (replicated
+A checkpoint (format 3, see vitlarge/checkpoint/store.py) stores the sharded parts a
+`vitlarge.checkpoint.state.RunState` names (``sharded_parts``), each under its name: the model's state dict
+(`Weights`, ``get_model_state_dict``) under ``model``, the optimizer's (`OptimizerState`,
+``get_optimizer_state_dict``) under ``optimizer``, a model EMA's average (`vitlarge.model.ema`) under ``ema``: plain
+tensors under DDP, this rank's shards (DTensor under FSDP2) when sharded, by the model's names. `save` and `load`
+know no part by name. ``dcp.save`` writes one ``__<rank>_0.distcp`` file per rank (replicated
 tensors are written once, by one rank) and rank 0 the ``.metadata`` index; at resume ``dcp.load``
-fills this run's own state dict, so each rank reads only the byte ranges its shards need, at any world
-size and across ddp <-> fsdp (the fully qualified names are the same). Loading copies bits: exact.
+fills this run's own state dicts, then each part takes its own back, so each rank reads only the byte ranges its
+shards need, at any world size and across ddp <-> fsdp (the fully qualified names are the same). Loading copies
+bits: exact.
 
 Trust: a checkpoint is data from elsewhere. DCP reads tensors and non-tensor leaves (learning rates,
 betas) with ``torch.load(weights_only=True)`` (our planner for the leaves); the ``.metadata`` index is read and
@@ -24,8 +27,9 @@ import contextlib
 import io
 import math
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -35,15 +39,14 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
-    get_state_dict,
-    set_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
 )
+from torch.distributed.checkpoint.stateful import Stateful
 
 from vitlarge.checkpoint.trust.index import METADATA, IndexProblem, read_index
 from vitlarge.errors import UserError
-
-if TYPE_CHECKING:
-    from vitlarge.checkpoint.state import RunState
 
 
 def dcp_files_of(rank: int, folder: Path) -> list[str]:
@@ -97,16 +100,48 @@ def model_tensors(model: nn.Module, rank: int) -> dict[str, torch.Tensor]:
     return {k: v.detach().contiguous().cpu() for k, v in state.items()} if rank == 0 else {}
 
 
-def _state(model: nn.Module, optimizer, with_optimizer: bool) -> dict:
-    root = _root(model)
-    if not with_optimizer:
-        return {"model": get_model_state_dict(root)}
-    model_state, optim_state = get_state_dict(root, _optim(optimizer))
-    return {"model": model_state, "optimizer": optim_state}
+class Weights:
+    """The model's weights as a `vitlarge.checkpoint.state.Stateful` of DCP's state-dict API: plain tensors under
+    DDP, this rank's shards (DTensor) under FSDP2, by the model's own names under any wrapper."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    def state_dict(self) -> dict[str, Any]:
+        return get_model_state_dict(_root(self.model))
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        set_model_state_dict(_root(self.model), state_dict)
+
+
+class GroupsDiffer(Exception):
+    """A saved optimizer state whose parameter groups hold settings this run's optimizer does not write."""
+
+
+class OptimizerState:
+    """The optimizer's state as a `vitlarge.checkpoint.state.Stateful` of DCP's state-dict API (by parameter name,
+    sharded like the weights). Loading checks the saved groups' settings against the ones this optimizer writes
+    (`param_groups_problem`) before any of them is set: `GroupsDiffer` when they differ."""
+
+    def __init__(self, model: nn.Module, optimizer):
+        self.model, self.optimizer = model, optimizer
+        self._written: list[dict] = []
+
+    def state_dict(self) -> dict[str, Any]:
+        # DCP annotates the groups loosely (any state dict value): they are a list of dicts, as torch writes them
+        state = cast("dict[str, Any]", get_optimizer_state_dict(_root(self.model), _optim(self.optimizer)))
+        self._written = group_settings(state["param_groups"])
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        problem = param_groups_problem(self._written, state_dict["param_groups"])
+        if problem:
+            raise GroupsDiffer(problem)
+        set_optimizer_state_dict(_root(self.model), _optim(self.optimizer), state_dict)
 
 
 def has_optimizer_state(optimizer) -> bool:
-    """Whether the optimizer has stepped. ``get_state_dict`` would give a fresh one state by a step with
+    """Whether the optimizer has stepped. ``get_optimizer_state_dict`` would give a fresh one state by a step with
     zero gradients (step counters 1): a save of it writes the weights only, so its resume stays exact."""
     return bool(_optim(optimizer).state)
 
@@ -120,14 +155,12 @@ def _quiet_single_process():
         yield
 
 
-def save(folder: Path, state: RunState, with_optimizer: bool) -> None:
-    """Every rank: writes its shards of ``state``'s model (and optimizer) state, and of its EMA average if it has
-    one, into ``folder``. DCP fsyncs each file it writes (``sync_files``); the caller fsyncs the folder and
-    publishes it."""
+def save(folder: Path, parts: Mapping[str, Stateful]) -> None:
+    """Every rank: writes its shards of each part's state (`vitlarge.checkpoint.state.RunState.sharded_parts`: the
+    weights, the optimizer state, the EMA average) under the part's name into ``folder``. DCP fsyncs each file it
+    writes (``sync_files``); the caller fsyncs the folder and publishes it."""
     writer = dcp.FileSystemWriter(str(folder), single_file_per_rank=True, sync_files=True)
-    saved = _state(state.model, state.optimizer, with_optimizer)
-    if state.ema is not None:
-        saved["ema"] = state.ema.state_dict()
+    saved = {name: part.state_dict() for name, part in parts.items()}
     with _quiet_single_process():
         dcp.save(saved, storage_writer=writer, no_dist=not dist.is_initialized())
 
@@ -175,21 +208,10 @@ class Reader(dcp.FileSystemReader):
         return metadata
 
 
-def load(
-    folder: Path,
-    state: RunState,
-    with_optimizer: bool,
-    with_ema: bool,
-    files: dict | None = None,
-    index=None,
-) -> None:
-    """Every rank: fills ``state``'s model (and optimizer) state from ``folder``, reading only its shards, and its
-    EMA average in place when ``with_ema`` (the checkpoint must hold one). ``files``, ``index``: see `Reader`."""
-    model, optimizer = state.model, state.optimizer
-    loaded = _state(model, optimizer, with_optimizer)
-    if with_ema and state.ema is not None:
-        loaded["ema"] = state.ema.state_dict()
-    written = group_settings(loaded["optimizer"]["param_groups"]) if with_optimizer else []
+def load(folder: Path, parts: Mapping[str, Stateful], files: dict | None = None, index=None) -> None:
+    """Every rank: fills each part (`vitlarge.checkpoint.state.RunState.sharded_parts`) from its name's state in
+    ``folder``, reading only its shards (the checkpoint must hold every part). ``files``, ``index``: see `Reader`."""
+    loaded = {name: part.state_dict() for name, part in parts.items()}
     with _quiet_single_process():
         dcp.load(
             loaded,
@@ -197,19 +219,15 @@ def load(
             planner=_WeightsOnlyLoadPlanner(),
             no_dist=not dist.is_initialized(),
         )
-    if with_optimizer:
-        problem = param_groups_problem(written, loaded["optimizer"]["param_groups"])
-        if problem:
-            raise UserError(
-                f"checkpoint {folder} holds optimizer settings this run's optimizer does not write ({problem}); "
-                "--resume another checkpoint, or start a new workdir with model.init_from=<the checkpoint>",
-                same_on_all_ranks=True,
-            )
-        set_state_dict(
-            _root(model), _optim(optimizer), model_state_dict=loaded["model"], optim_state_dict=loaded["optimizer"]
-        )
-    else:
-        set_state_dict(_root(model), [], model_state_dict=loaded["model"], optim_state_dict={})
+    try:
+        for name, part in parts.items():
+            part.load_state_dict(loaded[name])
+    except GroupsDiffer as e:
+        raise UserError(
+            f"checkpoint {folder} holds optimizer settings this run's optimizer does not write ({e}); "
+            "--resume another checkpoint, or start a new workdir with model.init_from=<the checkpoint>",
+            same_on_all_ranks=True,
+        ) from None
 
 
 def group_settings(groups: list[dict]) -> list[dict]:

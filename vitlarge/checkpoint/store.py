@@ -110,7 +110,7 @@ def save(workdir: str | Path, state: RunState, cfg: Config, keep: int) -> Path:
         names = [f"rank_{rank:05d}.pt"]
         # Before DCP's save: its planning and index are collectives, a failure there reaches every rank.
         torch_save(state.rank_state(), tmp / names[0])
-        sharded.save(tmp, state, with_optimizer)  # a collective; fsyncs
+        sharded.save(tmp, state.sharded_parts(with_optimizer))  # a collective; fsyncs
         names += sharded.dcp_files_of(rank, tmp)
         return {name: fileio.sync_and_record(tmp / name) for name in names}
 
@@ -295,7 +295,8 @@ def apply(loaded: ReadCheckpoint, state: RunState) -> LoadedCheckpoint:
         loaded.full.load_into(path, state)
     else:
         try:
-            sharded.load(path, state, loaded.with_optimizer, saved_ema, files=meta["files"], index=loaded.index)
+            parts = state.sharded_parts(loaded.with_optimizer, saved_ema)
+            sharded.load(path, parts, files=meta["files"], index=loaded.index)
         except CheckpointException as e:
             raise UserError(
                 f"cannot read checkpoint {path} ({reason_of(e)}); check that every node sees it whole "
