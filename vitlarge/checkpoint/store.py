@@ -132,9 +132,7 @@ def save(workdir: str | Path, state: RunState, cfg: Config, keep: int) -> Path:
         os.replace(tmp, final)
         fileio.fsync_dir(root)
         fileio.fsync_dir(root.parent)  # checkpoints/ itself may be new
-        older = [p for p in list_checkpoints(workdir) if step_of(p) < step]
-        for old in older[: max(0, len(older) - (keep - 1))]:
-            shutil.rmtree(old, ignore_errors=True)
+        prune(workdir, keep, step)
 
     def phase(fn, here: bool) -> list:
         result, error = None, None
@@ -163,6 +161,14 @@ def save(workdir: str | Path, state: RunState, cfg: Config, keep: int) -> Path:
     records = phase(write, True)
     phase(lambda: publish({k: v for part in records for k, v in part.items()}), rank == 0)
     return final
+
+
+def prune(workdir: str | Path, keep: int, step: int) -> None:
+    """Rank 0, after publishing the checkpoint of ``step``: removes the oldest checkpoints older than it, so that
+    ``keep`` remain counting it. A newer checkpoint is never removed."""
+    older = [p for p in list_checkpoints(workdir) if step_of(p) < step]
+    for old in older[: max(0, len(older) - (keep - 1))]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def verify(path: str | Path) -> str | None:
