@@ -394,6 +394,7 @@ def main(scratch: str, demo_data: str, seed: int, cases: int) -> dict:
     from tests.helpers.loaders import open_train
     from tests.helpers.tiny_model import make, trained
     from vitlarge.checkpoint import init_from, resume, store
+    from vitlarge.checkpoint import weights as ckpt_weights
     from vitlarge.checkpoint.state import RunState
     from vitlarge.checkpoint.trust import index as dcp_index
     from vitlarge.config.load import load_recipe
@@ -434,7 +435,10 @@ def main(scratch: str, demo_data: str, seed: int, cases: int) -> dict:
                 resume.restore(chosen, RunState(m, o, s), cfg)
 
         refused = None
-        weights = (lambda: store.load_model_weights(path, make(cfg)[0], cfg), lambda: init_from.read_state_dict(path))
+        weights = (
+            lambda: ckpt_weights.load_model_weights(path, make(cfg)[0], cfg),
+            lambda: init_from.read_state_dict(path),
+        )
         for entry in (*(weights if weight_reads else ()), resume_and_restore):
             try:
                 entry()

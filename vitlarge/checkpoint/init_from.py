@@ -46,11 +46,12 @@ def _checkpoint_weights(path: str | Path) -> dict[str, torch.Tensor] | None:
     p = Path(path)
     if not (p.is_dir() and (p / "meta.json").is_file()):
         return None
-    from vitlarge.checkpoint import store
+    from vitlarge.checkpoint import weights as ckpt_weights
+    from vitlarge.checkpoint.trust import layout
 
     try:
-        return store.weights_of(p, store.read_meta(p))
-    except store.Unusable as e:
+        return ckpt_weights.weights_of(p, layout.read_meta(p))
+    except layout.Unusable as e:
         raise UserError(
             f"model.init_from={path}: {e.problem}; pass a complete checkpoint or an export folder"
         ) from None

@@ -38,8 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vitlarge import fileio
-from vitlarge.checkpoint import store
+from vitlarge.checkpoint import files as ckpt_files
+from vitlarge.checkpoint import store, weights
 from vitlarge.checkpoint.state import LoadedCheckpoint, RunState
+from vitlarge.checkpoint.trust import layout
+from vitlarge.checkpoint.trust import meta as meta_json
 from vitlarge.config.schema import Config
 from vitlarge.distributed.collective import first_failure, rank0_decides
 from vitlarge.errors import UserError
@@ -74,9 +77,9 @@ def line_of(requested: str | Path) -> str:
 def newest_of_line(workdir: str | Path, line: str, verified: bool = True) -> Path | None:
     """The workdir's newest checkpoint that belongs to ``line`` (and passes its check, unless ``verified`` is
     False: then its meta.json alone is read, no checksum)."""
-    for path in reversed(store.list_checkpoints(workdir)):
+    for path in reversed(layout.list_checkpoints(workdir)):
         try:
-            meta = store.read_meta(path)
+            meta = layout.read_meta(path)
         except UserError:
             continue
         if meta.get("line") == line and (not verified or store.verify(path) is None):
@@ -90,7 +93,7 @@ def check_requested(workdir: str | Path, requested: str | Path) -> None:
     was pruned); else a one-line ``UserError``. Reads meta.json files only: the checksums are `_choose`'s,
     once, on rank 0 (at 7.6 GB per vit_h14 checkpoint, not a read per rank at every requeue)."""
     if newest_of_line(workdir, line_of(requested), verified=False) is None:
-        store.read_meta(requested)
+        layout.read_meta(requested)
 
 
 def check_edits(meta: dict, path: Path, cfg: Config, num_train_examples: int | None) -> None:
@@ -112,15 +115,15 @@ def _choose(workdir: Path, requested: Path | None, model, cfg: Config, num_train
         line = line_of(requested)
         continued = newest_of_line(workdir, line)
         if continued is not None:  # the same --resume again: continue the line it started
-            meta = store.read_meta(continued)
-            store.check_compatible(meta, continued, model, cfg)
+            meta = layout.read_meta(continued)
+            weights.check_compatible(meta, continued, model, cfg)
             check_edits(meta, continued, cfg, num_train_examples)
             log.info(f"--resume {requested}: this workdir continues its line; resuming from {continued}")
             _set_aside_newer(workdir, continued, meta["step"])
             return Choice(continued, line)
         problem = store.verify(requested)
         if problem:
-            raise store.Unusable(requested, problem)
+            raise layout.Unusable(requested, problem)
         chosen = requested
     else:
         newest = store.newest_verified(workdir)
@@ -129,13 +132,13 @@ def _choose(workdir: Path, requested: Path | None, model, cfg: Config, num_train
             log.warning(f"warning: checkpoint {path} fails its check ({problem}); passed over")
     step = 0
     if chosen is not None:
-        meta = store.read_meta(chosen)
-        store.check_compatible(meta, chosen, model, cfg)
+        meta = layout.read_meta(chosen)
+        weights.check_compatible(meta, chosen, model, cfg)
         check_edits(meta, chosen, cfg, num_train_examples)  # before anything is moved aside or copied
         step = meta["step"]
         line = line if requested is not None else meta.get("line")  # an automatic resume keeps the line
     _set_aside_newer(workdir, chosen, step)
-    ours = workdir / store.CHECKPOINTS_DIR
+    ours = workdir / layout.CHECKPOINTS_DIR
     if chosen is not None and chosen.resolve().parent != ours.resolve():
         # From another workdir (or an abandoned_* folder): a copy here starts this run's line, so an
         # automatic resume before the first save comes back to it, not to this workdir's older steps.
@@ -158,8 +161,8 @@ def _set_aside_newer(workdir: Path, chosen: Path | None, step: int) -> None:
     same = chosen.resolve() if chosen is not None else None
     later = [
         p
-        for p in store.list_checkpoints(workdir)
-        if store.step_of(p) > step or (store.step_of(p) == step and p.resolve() != same)
+        for p in layout.list_checkpoints(workdir)
+        if layout.step_of(p) > step or (layout.step_of(p) == step and p.resolve() != same)
     ]
     if not later:
         return
@@ -167,7 +170,7 @@ def _set_aside_newer(workdir: Path, chosen: Path | None, step: int) -> None:
         dest = _move_aside(workdir, later, step)
     except OSError as e:
         raise UserError(
-            f"cannot move checkpoints newer than step {step} aside in {workdir / store.CHECKPOINTS_DIR} "
+            f"cannot move checkpoints newer than step {step} aside in {workdir / layout.CHECKPOINTS_DIR} "
             f"({e.strerror}); make it writable or pass another --workdir"
         ) from None
     log.warning(
@@ -180,8 +183,8 @@ def _move_aside(workdir: str | Path, paths: list[Path], from_step: int) -> Path:
     """Moves checkpoint folders (never deletes them) into ``checkpoints/abandoned_<UTC time>_from_step_<N>/``.
 
     Returns that folder. Its name matches no ``step_*`` pattern, so it is never chosen nor pruned."""
-    root = Path(workdir) / store.CHECKPOINTS_DIR
-    base = f"abandoned_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}_from_{store.step_name(from_step)}"
+    root = Path(workdir) / layout.CHECKPOINTS_DIR
+    base = f"abandoned_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}_from_{layout.step_name(from_step)}"
     i = 0
     while True:
         dest = root / (base if i == 0 else f"{base}_{i}")
@@ -202,18 +205,18 @@ def _adopt(src: str | Path, workdir: str | Path, line: str | None) -> Path:
     its meta.json naming ``line`` (the copy is the line's first checkpoint); returns it. Hard links where
     the file system allows (no bytes copied; checkpoint files are never modified in place), else copies;
     fsynced and renamed like a save. The name must be free."""
-    src, root = Path(src), Path(workdir) / store.CHECKPOINTS_DIR
-    meta = store.read_meta(src)
+    src, root = Path(src), Path(workdir) / layout.CHECKPOINTS_DIR
+    meta = layout.read_meta(src)
     step = meta["step"]
-    final, tmp = root / store.step_name(step), root / f".{store.step_name(step)}.tmp"
+    final, tmp = root / layout.step_name(step), root / f".{layout.step_name(step)}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     fileio.write_atomic(tmp / "meta.json", json.dumps({**meta, "line": line}, indent=1))
-    for name in store.expected_files(meta):  # the files meta.json lists, never whatever else is there
+    for name in meta_json.expected_files(meta):  # the files meta.json lists, never whatever else is there
         f = src / name
         problem = fileio.regular_file_problem(f)
         if problem:
-            raise store.Unusable(src, problem)
+            raise layout.Unusable(src, problem)
         try:
             os.link(f, tmp / f.name)
         except OSError:  # another file system, or links not allowed
@@ -231,12 +234,12 @@ def restore(path: Path, state: RunState, cfg: Config) -> LoadedCheckpoint:
     loaded, problem = None, None
     try:  # rank-local reads first: a rank that cannot read must not leave the others in a collective load
         loaded = store.read(path, state.model, cfg)
-    except store.Unusable as e:
+    except layout.Unusable as e:
         problem = e.problem
     except UserError as e:
         problem = str(e)
     except Exception as e:  # noqa: BLE001 - torch.load and safetensors raise many types on damaged files
-        problem = f"{type(e).__name__}: {store.reason_of(e)}"
+        problem = f"{type(e).__name__}: {ckpt_files.reason_of(e)}"
     failed = first_failure(problem)
     if failed:
         rank, why = failed

@@ -57,7 +57,6 @@ from vitlarge.checkpoint.trust import meta as meta_json
 from vitlarge.checkpoint.trust.layout import (
     CHECKPOINTS_DIR,
     Unusable,
-    exists,
     list_checkpoints,
     read_meta,
     step_name,
@@ -67,26 +66,14 @@ from vitlarge.checkpoint.trust.meta import FORMAT_VERSION, expected_files
 from vitlarge.checkpoint.trust.torch_files import rank_state_problem, torch_load
 from vitlarge.checkpoint.weights import (
     check_compatible,
-    check_compatible_config,
-    load_model_weights,
     param_shapes,
-    weights_of,
 )
-from vitlarge.checkpoint.workdir import SHARED_PROBE, check_shared_probe, check_writable, write_shared_probe
 from vitlarge.config.schema import Config
 from vitlarge.distributed.collective import gather, rank_and_world
 from vitlarge.errors import UserError
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.metadata import Metadata
-
-# The store's surface for its callers (vitlarge/run, vitlarge/checkpoint/resume.py, evaluate, the tests):
-__all__ = [
-    "CHECKPOINTS_DIR", "SHARED_PROBE", "Unusable", "apply", "check_compatible", "check_compatible_config",
-    "check_shared_probe", "check_writable",
-    "exists", "latest", "list_checkpoints", "load", "load_model_weights", "newest_verified", "read", "read_meta",
-    "reason_of", "save", "step_name", "step_of", "verify", "weights_of", "write_shared_probe",
-]  # fmt: skip
 
 
 def save(workdir: str | Path, state: RunState, cfg: Config, keep: int) -> Path:

@@ -22,8 +22,11 @@ import torch
 from tests.helpers import ROOT
 from tests.helpers.tiny_model import make, trained
 from vitlarge.checkpoint import init_from, resume, sharded, store
+from vitlarge.checkpoint import weights as ckpt_weights
+from vitlarge.checkpoint import workdir as ckpt_workdir
 from vitlarge.checkpoint.state import RunState
 from vitlarge.checkpoint.trust import index as dcp_index
+from vitlarge.checkpoint.trust import layout
 from vitlarge.checkpoint.trust.torch_files import torch_load
 from vitlarge.config.load import load_recipe
 from vitlarge.errors import UserError
@@ -118,11 +121,11 @@ def test_a_crafted_index_never_runs_at_any_entry_point(tmp_path, ckpt, cfg, rout
     poison(ckpt, routes(marker)[route])
     problem = store.verify(ckpt)  # rank 0's check before any resume
     assert problem is not None and "which a DCP index never holds" in problem
-    with pytest.raises(store.Unusable, match="never holds"):  # evaluate's and load_model_weights' read
-        store.load_model_weights(ckpt, make(cfg)[0], cfg)
+    with pytest.raises(layout.Unusable, match="never holds"):  # evaluate's and load_model_weights' read
+        ckpt_weights.load_model_weights(ckpt, make(cfg)[0], cfg)
     with pytest.raises(UserError, match=r"^model.init_from=.*which a DCP index never holds"):
         init_from.read_state_dict(ckpt)
-    with pytest.raises(store.Unusable, match="never holds"):  # --resume X
+    with pytest.raises(layout.Unusable, match="never holds"):  # --resume X
         resume.choose(tmp_path / "mine", ckpt, make(cfg)[0], cfg)
     with pytest.raises(dcp_index.IndexProblem):  # the DCP reader itself, for any caller
         sharded.Reader(ckpt).read_metadata()
@@ -156,8 +159,8 @@ def _first_storage(md):
 def test_index_entries_may_name_only_the_listed_data_files(ckpt, cfg, where, expect):
     _index_with(ckpt, lambda md: setattr(_first_storage(md), "relative_path", where))
     assert expect in store.verify(ckpt)
-    with pytest.raises(store.Unusable, match=expect):
-        store.weights_of(ckpt, store.read_meta(ckpt))
+    with pytest.raises(layout.Unusable, match=expect):
+        ckpt_weights.weights_of(ckpt, layout.read_meta(ckpt))
 
 
 def test_index_byte_ranges_stay_inside_the_recorded_size(ckpt):
@@ -172,8 +175,8 @@ def test_index_shapes_cannot_allocate_more_than_the_files_hold(ckpt):
 
     _index_with(ckpt, huge)
     assert "larger than the checkpoint's data files" in store.verify(ckpt)
-    with pytest.raises(store.Unusable, match="larger than"):
-        store.weights_of(ckpt, store.read_meta(ckpt))  # allocates from the index when no model is given
+    with pytest.raises(layout.Unusable, match="larger than"):
+        ckpt_weights.weights_of(ckpt, layout.read_meta(ckpt))  # allocates from the index when no model is given
 
 
 @pytest.mark.parametrize(
@@ -189,8 +192,8 @@ def test_meta_json_may_list_only_plain_checkpoint_file_names(ckpt, name, expect)
     meta["files"][name] = {"bytes": 1, "crc32c": "00000000"}
     (ckpt / "meta.json").write_text(json.dumps(meta))
     assert expect in store.verify(ckpt)
-    with pytest.raises(store.Unusable, match=expect):
-        store.read_meta(ckpt)
+    with pytest.raises(layout.Unusable, match=expect):
+        layout.read_meta(ckpt)
 
 
 @pytest.mark.timeout(60)
@@ -291,7 +294,7 @@ def test_rank_files_are_checked_before_use(ckpt, cfg, content, expect):
     else:
         torch.save(content, f)
     reseal(ckpt)
-    with pytest.raises(store.Unusable) as e:
+    with pytest.raises(layout.Unusable) as e:
         store.read(ckpt, make(cfg)[0], cfg)
     assert expect in str(e.value)
     assert "weights_only" not in str(e.value) and "\n" not in str(e.value)
@@ -303,7 +306,7 @@ def test_a_damaged_export_is_one_line(tmp_path, cfg):
     (export / "config.json").write_text("{}")
     (export / "model.safetensors").write_bytes(struct.pack("<Q", 1 << 40) + b"{}")  # a header length past the end
     with pytest.raises(UserError) as e:
-        store.load_model_weights(export, make(cfg)[0], cfg)
+        ckpt_weights.load_model_weights(export, make(cfg)[0], cfg)
     assert "model.safetensors is not a safetensors file" in str(e.value) and "\n" not in str(e.value)
 
 
@@ -337,7 +340,7 @@ def test_a_checkpoints_folder_that_is_a_link_is_refused_in_one_line(tmp_path):
     workdir.mkdir()
     (workdir / "checkpoints").symlink_to(outside)
     with pytest.raises(UserError, match=r"checkpoints is a symbolic link .*remove the link") as e:
-        store.check_writable(workdir, 0)
+        ckpt_workdir.check_writable(workdir, 0)
     assert "\n" not in str(e.value) and _untouched(outside)
 
 
@@ -346,7 +349,7 @@ def test_a_planted_write_probe_link_is_removed_not_followed(tmp_path):
     workdir = tmp_path / "run"
     workdir.mkdir()
     (workdir / ".write_test_0").symlink_to(outside / "created_through_the_link")
-    store.check_writable(workdir, 0)
+    ckpt_workdir.check_writable(workdir, 0)
     assert _untouched(outside) and not (workdir / ".write_test_0").exists()
 
 
@@ -418,7 +421,7 @@ def test_a_compressed_rank_file_is_refused_before_torch_load_inflates_it(ckpt, c
         for name, data in entries.items():
             z.writestr(name, data)
     reseal(ckpt)
-    with pytest.raises(store.Unusable, match="rank_00000.pt holds compressed entries"):
+    with pytest.raises(layout.Unusable, match="rank_00000.pt holds compressed entries"):
         store.read(ckpt, make(cfg)[0], cfg)
 
 
@@ -505,7 +508,7 @@ def test_a_rank_files_pickle_that_floods_memory_is_refused_before_torch_load(ckp
         for name, data in entries.items():
             z.writestr(name, b"\x80\x02](" + b"\x8f" * FLOOD + b"e." if name.endswith("/data.pkl") else data)
     reseal(ckpt)
-    problem, peak = _refused_within(lambda: torch_load(ckpt, "rank_00000.pt"), store.Unusable)  # store.read's
+    problem, peak = _refused_within(lambda: torch_load(ckpt, "rank_00000.pt"), layout.Unusable)  # store.read's
     assert "rank_00000.pt has a data.pkl that makes more than " in problem and "\n" not in problem
     assert peak < _budget(FLOOD) + (1 << 20), peak
 
@@ -543,7 +546,7 @@ def test_an_exports_config_json_that_is_a_link_is_refused(tmp_path, cfg):
     other = load_recipe(ROOT / "recipes" / "demo_digits.py")
     other.data.image_size = 32
     with pytest.raises(UserError) as e:
-        store.load_model_weights(folder, make(other)[0], other)
+        ckpt_weights.load_model_weights(folder, make(other)[0], other)
     assert str(e.value) == (
         f"{folder}: config.json is a symbolic link (refused: every file must be inside the folder itself); "
         "pass an exported model folder or a checkpoints/step_* folder"
