@@ -54,7 +54,7 @@ class Checkpointer:
         beside them (``step``, the loader position ``data``, the ``lineage``, the resolved ``config`` record, the
         plan's ``schedule`` record)."""
         assert self._parts is not None, "attach the run's parts first"
-        return RunState(**self._parts, step=step, data=data, line=lineage, config=config, schedule=schedule)
+        return RunState(**self._parts, step=step, data=data, lineage=lineage, config=config, schedule=schedule)
 
     # The workdir, before any work.
 

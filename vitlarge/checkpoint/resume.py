@@ -9,18 +9,18 @@ Contract (both functions are collectives: every rank calls ``choose``, then ``re
 * The chosen checkpoint must hold this recipe's model (name and parameter shapes), else a one-line
   error and nothing is moved.
 * The workdir's checkpoints newer than the chosen step (those passed over, and with ``--resume`` the
-  rest of the line the user went back from) are moved, never deleted, into
+  rest of the lineage the user went back from) are moved, never deleted, into
   ``checkpoints/abandoned_<UTC time>_from_step_<N>/``, with one log line. This run's saves then
-  take those step names again, and the next automatic resume continues this run's line.
-* Lines: every checkpoint's meta.json names the line it belongs to (``line``): the absolute path of the
-  ``--resume`` checkpoint the line started from (None for a run that started from scratch); an automatic
-  resume keeps the line of the checkpoint it continues. ``--resume X`` when the workdir already holds
-  a checkpoint of X's line (the same command run again: a Slurm requeue replays its arguments)
-  continues from that line's newest checkpoint that passes its check: nothing is moved aside, the run
+  take those step names again, and the next automatic resume continues this run's lineage.
+* Lineages: every checkpoint's meta.json names the lineage it belongs to (meta.json's ``line``): the absolute path of the
+  ``--resume`` checkpoint the lineage started from (None for a run that started from scratch); an automatic
+  resume keeps the lineage of the checkpoint it continues. ``--resume X`` when the workdir already holds
+  a checkpoint of X's lineage (the same command run again: a Slurm requeue replays its arguments)
+  continues from that lineage's newest checkpoint that passes its check: nothing is moved aside, the run
   never goes back to X, and X itself may have been pruned. To go back to X a second time, move the
-  line's checkpoints aside (or ``--resume`` a copy of X under another path).
+  lineage's checkpoints aside (or ``--resume`` a copy of X under another path).
 * A checkpoint from outside the workdir's ``checkpoints/`` is first copied in (hard links where
-  possible) and the copy is used: the workdir's line then starts with it.
+  possible) and the copy is used: the workdir's lineage then starts with it.
 * Rank 0 broadcasts its choice: no other rank lists the checkpoint folder (on a shared file system
   with attribute caching ranks can see different folders).
 * ``restore``: every rank loads the chosen checkpoint; if one cannot, every rank raises the same
@@ -52,11 +52,11 @@ log = logging.getLogger("vitlarge")
 
 @dataclass(frozen=True)
 class Choice:
-    """The checkpoint every rank loads (None: start from scratch) and the line this run's checkpoints belong to
+    """The checkpoint every rank loads (None: start from scratch) and the lineage this run's checkpoints belong to
     (their meta.json's ``line``; None for a run from scratch that was never resumed with ``--resume``)."""
 
     path: Path | None
-    line: str | None
+    lineage: str | None
 
 
 def choose(
@@ -68,31 +68,31 @@ def choose(
     return rank0_decides(lambda: _choose(Path(workdir), requested, model, cfg, num_train_examples))
 
 
-def line_of(requested: str | Path) -> str:
-    """The line a run started with ``--resume requested`` writes: the checkpoint's absolute path, so that
-    the same command, run again (a Slurm requeue replays its arguments), finds the line it started."""
+def lineage_of(requested: str | Path) -> str:
+    """The lineage a run started with ``--resume requested`` writes: the checkpoint's absolute path, so that
+    the same command, run again (a Slurm requeue replays its arguments), finds the lineage it started."""
     return str(Path(requested).absolute())
 
 
-def newest_of_line(workdir: str | Path, line: str, verified: bool = True) -> Path | None:
-    """The workdir's newest checkpoint that belongs to ``line`` (and passes its check, unless ``verified`` is
+def newest_of_lineage(workdir: str | Path, lineage: str, verified: bool = True) -> Path | None:
+    """The workdir's newest checkpoint that belongs to ``lineage`` (and passes its check, unless ``verified`` is
     False: then its meta.json alone is read, no checksum)."""
     for path in reversed(layout.list_checkpoints(workdir)):
         try:
             meta = layout.read_meta(path)
         except UserError:
             continue
-        if meta.get("line") == line and (not verified or store.verify(path) is None):
+        if meta.get("line") == lineage and (not verified or store.verify(path) is None):
             return path
     return None
 
 
 def check_requested(workdir: str | Path, requested: str | Path) -> None:
     """Before any work, on rank 0 (`rank0_decides`: one view of the folder): ``--resume`` names a checkpoint
-    with a readable meta.json, or its line continues in the workdir (a requeue after the checkpoint itself
+    with a readable meta.json, or its lineage continues in the workdir (a requeue after the checkpoint itself
     was pruned); else a one-line ``UserError``. Reads meta.json files only: the checksums are `_choose`'s,
     once, on rank 0 (at 7.6 GB per vit_h14 checkpoint, not a read per rank at every requeue)."""
-    if newest_of_line(workdir, line_of(requested), verified=False) is None:
+    if newest_of_lineage(workdir, lineage_of(requested), verified=False) is None:
         layout.read_meta(requested)
 
 
@@ -110,17 +110,17 @@ def check_edits(meta: dict, path: Path, cfg: Config, num_train_examples: int | N
 
 
 def _choose(workdir: Path, requested: Path | None, model, cfg: Config, num_train_examples: int | None = None) -> Choice:
-    line = None
+    lineage = None
     if requested is not None:
-        line = line_of(requested)
-        continued = newest_of_line(workdir, line)
-        if continued is not None:  # the same --resume again: continue the line it started
+        lineage = lineage_of(requested)
+        continued = newest_of_lineage(workdir, lineage)
+        if continued is not None:  # the same --resume again: continue the lineage it started
             meta = layout.read_meta(continued)
             weights.check_compatible(meta, continued, model, cfg)
             check_edits(meta, continued, cfg, num_train_examples)
             log.info(f"--resume {requested}: this workdir continues its line; resuming from {continued}")
             _set_aside_newer(workdir, continued, meta["step"])
-            return Choice(continued, line)
+            return Choice(continued, lineage)
         problem = store.verify(requested)
         if problem:
             raise layout.Unusable(requested, problem)
@@ -136,25 +136,25 @@ def _choose(workdir: Path, requested: Path | None, model, cfg: Config, num_train
         weights.check_compatible(meta, chosen, model, cfg)
         check_edits(meta, chosen, cfg, num_train_examples)  # before anything is moved aside or copied
         step = meta["step"]
-        line = line if requested is not None else meta.get("line")  # an automatic resume keeps the line
+        lineage = lineage if requested is not None else meta.get("line")  # an automatic resume keeps the lineage
     _set_aside_newer(workdir, chosen, step)
     ours = workdir / layout.CHECKPOINTS_DIR
     if chosen is not None and chosen.resolve().parent != ours.resolve():
-        # From another workdir (or an abandoned_* folder): a copy here starts this run's line, so an
+        # From another workdir (or an abandoned_* folder): a copy here starts this run's lineage, so an
         # automatic resume before the first save comes back to it, not to this workdir's older steps.
         try:
-            chosen = _adopt(chosen, workdir, line)
+            chosen = _adopt(chosen, workdir, lineage)
         except OSError as e:
             raise UserError(
                 f"cannot copy checkpoint {chosen} into {ours} ({e.strerror}); free space there or pass "
                 "another --workdir"
             ) from None
         log.info(f"copied the checkpoint to resume from into {chosen}")
-    return Choice(chosen, line)
+    return Choice(chosen, lineage)
 
 
 def _set_aside_newer(workdir: Path, chosen: Path | None, step: int) -> None:
-    """Moves the workdir's checkpoints from another line out of the way (see the module docstring).
+    """Moves the workdir's checkpoints from another lineage out of the way (see the module docstring).
 
     A checkpoint of the same step that is not the chosen one (``--resume`` from another workdir) goes too:
     the final-save decision would otherwise take it for this run's."""
@@ -200,9 +200,9 @@ def _move_aside(workdir: str | Path, paths: list[Path], from_step: int) -> Path:
     return dest
 
 
-def _adopt(src: str | Path, workdir: str | Path, line: str | None) -> Path:
+def _adopt(src: str | Path, workdir: str | Path, lineage: str | None) -> Path:
     """Publishes a copy of checkpoint ``src`` (from elsewhere) in the workdir, as ``checkpoints/step_<N>``,
-    its meta.json naming ``line`` (the copy is the line's first checkpoint); returns it. Hard links where
+    its meta.json naming ``lineage`` as its ``line`` (the copy is the lineage's first checkpoint); returns it. Hard links where
     the file system allows (no bytes copied; checkpoint files are never modified in place), else copies;
     fsynced and renamed like a save. The name must be free."""
     src, root = Path(src), Path(workdir) / layout.CHECKPOINTS_DIR
@@ -211,7 +211,7 @@ def _adopt(src: str | Path, workdir: str | Path, line: str | None) -> Path:
     final, tmp = root / layout.step_name(step), root / f".{layout.step_name(step)}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    fileio.write_atomic(tmp / "meta.json", json.dumps({**meta, "line": line}, indent=1))
+    fileio.write_atomic(tmp / "meta.json", json.dumps({**meta, "line": lineage}, indent=1))
     for name in meta_json.expected_files(meta):  # the files meta.json lists, never whatever else is there
         f = src / name
         problem = fileio.regular_file_problem(f)

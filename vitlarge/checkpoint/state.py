@@ -5,7 +5,7 @@ Every stateful part speaks one protocol, `Stateful` (``state_dict()`` / ``load_s
 ``GradScaler``), the model EMA (`vitlarge.model.ema.ModelEma`), this process's RNGs (`RngState`), and the weights
 and optimizer state through DCP's state-dict API (`vitlarge.checkpoint.sharded.Weights` and ``OptimizerState``),
 which shard and re-shard them. `RunState` gathers the parts, with the three values that travel beside them: the step, this
-rank's loader position and the run's line (meta.json's ``line``, see vitlarge/checkpoint/resume.py).
+rank's loader position and the run's lineage (meta.json's ``line``, see vitlarge/checkpoint/resume.py).
 `vitlarge.checkpoint.store.save` takes a `RunState`; ``store.load`` fills one and returns a `LoadedCheckpoint`.
 
 Where each part lands on disk (format 3, unchanged) is `RunState`'s two maps of parts, by the key each is stored
@@ -76,7 +76,7 @@ class RngState:
 class RunState:
     """A run's state on this rank, as a checkpoint saves it and a resume fills it.
 
-    ``optimizer``: a torch optimizer or Colossal-AI's wrapper of one. ``step``, ``data`` and ``line`` are values
+    ``optimizer``: a torch optimizer or Colossal-AI's wrapper of one. ``step``, ``data`` and ``lineage`` are values
     a save records; a resume returns them in `LoadedCheckpoint` (the loaders are built from the position then)."""
 
     model: nn.Module
@@ -87,8 +87,8 @@ class RunState:
     step: int = 0
     data: str | None = None
     """This rank's loader position (``rank_NNNNN.pt``'s ``data``), or None."""
-    line: str | None = None
-    """The line this run's checkpoints belong to (meta.json's ``line``)."""
+    lineage: str | None = None
+    """The lineage this run's checkpoints belong to (meta.json's ``line``)."""
     config: dict[str, Any] | None = None
     """The config as the run's records show it, device-dependent values resolved (meta.json's ``config``;
     `vitlarge.events.RunInfo.record`); None: the config `store.save` is given, as written."""
@@ -137,8 +137,8 @@ class LoadedCheckpoint:
     """The number of processes that wrote the checkpoint."""
     data_state: str | None
     """This rank's loader position as saved; None when it was written by another world size."""
-    line: str | None = None
-    """The line the checkpoint belongs to (its meta.json's ``line``)."""
+    lineage: str | None = None
+    """The lineage the checkpoint belongs to (its meta.json's ``line``)."""
     config: dict = field(default_factory=dict)
     """The config the checkpoint recorded (meta.json's ``config``)."""
     schedule: dict = field(default_factory=dict)

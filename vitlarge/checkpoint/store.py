@@ -111,7 +111,7 @@ def save(workdir: str | Path, state: RunState, cfg: Config, keep: int) -> Path:
             "config": state.config if state.config is not None else cfg.to_dict(),
             "optimizer_state": with_optimizer,
             "ema": state.ema is not None,
-            "line": state.line,
+            "line": state.lineage,
             **({"schedule": state.schedule} if state.schedule is not None else {}),
             "files": dict(sorted(files.items())),
         }
@@ -324,7 +324,7 @@ def apply(loaded: ReadCheckpoint, state: RunState) -> LoadedCheckpoint:
         step=meta["step"],
         world_size=meta["world_size"],
         data_state=loaded.rank_state["data"] if loaded.same_world else None,
-        line=meta.get("line"),
+        lineage=meta.get("line"),
         config=meta.get("config", {}),
         schedule=meta.get("schedule") or {},
     )

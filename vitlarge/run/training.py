@@ -217,7 +217,7 @@ def build_run(
     # and the loader position where this run can still use it.
     start_step, data_state = 0, None
     choice = checkpoints.choose(resume, parts.model, plan.num_train_examples)
-    chosen, line = choice.path, choice.line
+    chosen, line = choice.path, choice.lineage
     # The line the chosen checkpoint came from, for the trackers (a new line's tracked run names it as its parent).
     resumed_line = checkpoints.lineage_of(chosen) if chosen is not None and env.is_main else None
     if chosen is None and resuming and cfg.model.init_from:

@@ -97,7 +97,7 @@ def test_resume_from_another_workdir_starts_this_workdirs_line_with_a_copy(tmp_p
     linked = {f.name: f.stat().st_ino for f in chosen.iterdir() if f.name != "meta.json"}
     assert linked == {f.name: f.stat().st_ino for f in other.iterdir() if f.name != "meta.json"}
     # meta.json is the copy's own: the same record, naming the line the copy starts (see the line tests below)
-    assert layout.read_meta(chosen) == {**layout.read_meta(other), "line": resume.line_of(other)}
+    assert layout.read_meta(chosen) == {**layout.read_meta(other), "line": resume.lineage_of(other)}
     [aside] = abandoned(tmp_path / "here")
     assert names(aside) == ["step_0000004", "step_0000006"]
     assert store.latest(tmp_path / "here") == chosen
@@ -171,7 +171,7 @@ def test_restore_names_the_rank_and_the_path(tmp_path, cfg, parts):
 def save_line(workdir: Path, cfg, parts, steps, line=None, keep=10) -> list[Path]:
     model, opt, scaler = parts
     return [
-        store.save(workdir, RunState(model, opt, scaler, step=s, data=f"data@{s}", line=line), cfg, keep=keep)
+        store.save(workdir, RunState(model, opt, scaler, step=s, data=f"data@{s}", lineage=line), cfg, keep=keep)
         for s in steps
     ]
 
@@ -180,8 +180,8 @@ def test_the_same_resume_again_continues_the_line_it_started(tmp_path, cfg, part
     old = save_line(tmp_path, cfg, parts, (2, 4, 6, 8))
     x = old[1]
     choice = resume.choose(tmp_path, x, parts[0], cfg)
-    chosen, line = choice.path, choice.line
-    assert chosen == x and line == resume.line_of(x)
+    chosen, line = choice.path, choice.lineage
+    assert chosen == x and line == resume.lineage_of(x)
     [aside] = abandoned(tmp_path)  # going back: 6 and 8 of the old line are moved, never deleted
     assert sorted(p.name for p in aside.iterdir()) == ["step_0000006", "step_0000008"]
     # This run writes 6 and 8 of its own line; keep=2 prunes X itself.
@@ -190,7 +190,7 @@ def test_the_same_resume_again_continues_the_line_it_started(tmp_path, cfg, part
     # The requeue runs the same command: no error for the pruned X, the line's newest, nothing moved.
     resume.check_requested(tmp_path, x)
     choice = resume.choose(tmp_path, x, parts[0], cfg)
-    chosen, again = choice.path, choice.line
+    chosen, again = choice.path, choice.lineage
     assert chosen == tmp_path / "checkpoints" / "step_0000008" and again == line
     assert abandoned(tmp_path) == [aside]
     # An automatic resume (no --resume) keeps writing the same line.
@@ -199,7 +199,7 @@ def test_the_same_resume_again_continues_the_line_it_started(tmp_path, cfg, part
 
 def test_a_line_checkpoint_that_fails_its_check_is_passed_over(tmp_path, cfg, parts):
     x = save_line(tmp_path, cfg, parts, (4,))[0]
-    line = resume.line_of(x)
+    line = resume.lineage_of(x)
     newest = save_line(tmp_path, cfg, parts, (6, 8), line=line)
     (newest[1] / "__0_0.distcp").write_bytes(b"")
     assert resume.choose(tmp_path, x, parts[0], cfg) == resume.Choice(newest[0], line)
@@ -215,7 +215,7 @@ def test_a_resume_from_another_workdir_is_continued_on_requeue(tmp_path, cfg, pa
     other = save_line(tmp_path / "other", cfg, parts, (4,))[0]
     here = tmp_path / "here"
     choice = resume.choose(here, other, parts[0], cfg)
-    copy, line = choice.path, choice.line
+    copy, line = choice.path, choice.lineage
     assert copy == here / "checkpoints" / "step_0000004" and layout.read_meta(copy)["line"] == line
     # A requeue before the first save: the copy is the line's newest; nothing moved aside.
     assert resume.choose(here, other, parts[0], cfg) == resume.Choice(copy, line) and abandoned(here) == []
