@@ -45,13 +45,13 @@ def load_run_config(recipe: str, data: Path):
 
 
 def model_of(cfg, export: Path, rect: bool):
-    from vitlarge.checkpoint import store
+    from vitlarge.checkpoint import weights
     from vitlarge.model.vit import build_model
 
     c = copy.deepcopy(cfg)
     c.data.rect_val = rect
     model = build_model(c)
-    store.load_model_weights(str(export), model, c)
+    weights.load_model_weights(str(export), model, c)
     return c, model.eval()
 
 

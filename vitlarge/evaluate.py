@@ -138,7 +138,8 @@ def table(checkpoint: str, step: int | None, size: int, metrics: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from vitlarge.checkpoint import store
+    from vitlarge.checkpoint import weights as ckpt_weights
+    from vitlarge.checkpoint.trust import layout
     from vitlarge.config.load import load_config
     from vitlarge.config.phase_list import final_eval_size
     from vitlarge.data.manifest import load_manifest
@@ -168,17 +169,17 @@ def main(argv: list[str] | None = None) -> int:
     def work(env) -> int:
         cfg = load_config(args.config, args.overrides, override_files=args.override_files, data__path=args.data)
         given = Path(args.checkpoint)
-        meta = store.read_meta(given) if (given / "meta.json").is_file() else None
+        meta = layout.read_meta(given) if (given / "meta.json").is_file() else None
         changed, exported_at = (as_trained(cfg, meta.get("config", {})) if meta else []), None
         if meta is None and (given / "config.json").is_file():  # an export: its config.json says how it was trained
             changed, exported_at = as_exported(cfg, given)
         if meta:  # the model its meta.json describes is the checkpoint's, before one is built
-            store.check_compatible_config(meta, args.checkpoint, cfg)
+            ckpt_weights.check_compatible_config(meta, args.checkpoint, cfg)
         # As train.py starts: precision auto resolved, the kernels training's own evaluation ran with.
         settings = start(cfg, env, threads.size_thread_pools()).settings
         device = settings.device
         model = build_model(cfg, device, settings.precision)
-        store.load_model_weights(args.checkpoint, model, cfg)
+        ckpt_weights.load_model_weights(args.checkpoint, model, cfg)
         # The size and preprocessing training evaluated this checkpoint at: its phase's (a FixRes-style
         # last phase evaluates above its training size); an export evaluates as its last phase.
         # (the training split's size sets the steps of each phase; the loader checks the rest of the data)

@@ -196,6 +196,7 @@ def ckpt(root: Path, mode: str) -> str:
 
 def test_every_rank_writes_its_shards_and_meta_json_records_them(saved):
     from vitlarge.checkpoint import store
+    from vitlarge.checkpoint.trust import layout as ckpt_layout
 
     root, _ = saved
     for mode in ("fsdp2", "ddp_adamw", "plugin_fsdp"):
@@ -208,7 +209,7 @@ def test_every_rank_writes_its_shards_and_meta_json_records_them(saved):
             "rank_00000.pt",
             "rank_00001.pt",
         ], mode
-        meta = store.read_meta(path)
+        meta = ckpt_layout.read_meta(path)
         assert meta["format_version"] == 3 and meta["world_size"] == 2
         assert sorted(meta["files"]) == sorted(p.name for p in path.iterdir() if p.name != "meta.json")
         assert store.verify(path) is None

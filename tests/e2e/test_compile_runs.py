@@ -17,7 +17,8 @@ import torch
 
 from hooks.jsonl import read_metrics
 from tests.helpers import ROOT, launcher
-from vitlarge.checkpoint import store
+from vitlarge.checkpoint import weights
+from vitlarge.checkpoint.trust import layout
 from vitlarge.config.load import load_recipe
 from vitlarge.model.vit import build_model
 from vitlarge.plan.plan import make_plan
@@ -139,7 +140,7 @@ def test_phased_run_compiles_four_graphs_and_resumes_bitwise(demo_data, tmp_path
     assert [m["step"] for m in evals] == [3, 6, 9, 11] and all(m["val_images"] == 360 for m in evals)
     names = set(build_model(tiny_cfg()).state_dict())
     step9 = ref / "checkpoints" / "step_0000009"
-    assert set(store.weights_of(step9, store.read_meta(step9))) == names
+    assert set(weights.weights_of(step9, layout.read_meta(step9))) == names
     assert set(launcher.final_weights(ref)) == names
 
     run = tmp_path / "run"

@@ -243,7 +243,8 @@ def test_bf16_accumulates_the_micro_steps_in_fp32(probe3):
 def test_resume_at_world_size_3_reshards_exactly_and_continues_the_schedule(runs, probe3, demo_data, tmp_path):
     """fsdp at 2 -> fsdp at 3 (and ddp at 2 -> fsdp at 3, fsdp at 2 -> ddp at 3): weights and every
     LAMB moment loaded bit for bit; then train.py continues with the same global batch and lr schedule."""
-    from vitlarge.checkpoint import store
+    from vitlarge.checkpoint import weights as ckpt_weights
+    from vitlarge.checkpoint.trust import layout
     from vitlarge.config.load import load_recipe
     from vitlarge.plan.schedule import lr_at
 
@@ -251,7 +252,7 @@ def test_resume_at_world_size_3_reshards_exactly_and_continues_the_schedule(runs
     fsdp2 = ckpts["fsdp2->fsdp3"][1]
     for name, (_, ckpt) in ckpts.items():
         weights, pieces, names = found[name]
-        assert_bitwise_equal(weights, store.weights_of(ckpt, store.read_meta(ckpt)))
+        assert_bitwise_equal(weights, ckpt_weights.weights_of(ckpt, layout.read_meta(ckpt)))
         state = whole_optimizer_state(pieces, names, {k: v.shape for k, v in weights.items()})
         saved = saved_optimizer_state(ckpt, names)
         assert state.keys() == saved.keys() and len(state) == len(weights), name  # every parameter has a state
@@ -287,6 +288,8 @@ def test_a_sharded_checkpoint_missing_a_rank_shard_or_of_another_model_is_refuse
     import shutil
 
     from vitlarge.checkpoint import store
+    from vitlarge.checkpoint import weights as ckpt_weights
+    from vitlarge.checkpoint.trust import layout
     from vitlarge.config.load import load_recipe
     from vitlarge.errors import UserError
     from vitlarge.model.vit import build_model
@@ -297,10 +300,10 @@ def test_a_sharded_checkpoint_missing_a_rank_shard_or_of_another_model_is_refuse
     other = load_recipe(RECIPE)
     other.model.kwargs = dict(other.model.kwargs, embed_dim=48)
     with pytest.raises(UserError, match="does not match the recipe's"):
-        store.check_compatible(store.read_meta(ckpt), ckpt, build_model(other), other)
+        ckpt_weights.check_compatible(layout.read_meta(ckpt), ckpt, build_model(other), other)
     same = load_recipe(RECIPE)  # weights only (python -m vitlarge.evaluate --checkpoint): a plain model reads it
     plain = build_model(same)
-    store.load_model_weights(ckpt, plain, same)
+    ckpt_weights.load_model_weights(ckpt, plain, same)
     assert_bitwise_equal(plain.state_dict(), final_weights(runs["fsdp", 3]))
     (ckpt / "__1_0.distcp").unlink()
     assert "__1_0.distcp" in store.verify(ckpt)  # resume passes it over / --resume refuses it

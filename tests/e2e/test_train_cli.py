@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from tests.helpers import ROOT, launcher
-from vitlarge.checkpoint import store
+from vitlarge.checkpoint.trust import layout
 
 DEMO = ROOT / "recipes" / "demo_digits.py"
 NO_DATA = "data.path=/nonexistent/no-data-here"  # proves that the dry run reads no data directory
@@ -112,7 +112,7 @@ def test_a_resume_does_not_need_the_init_from_file(tmp_path):
     looked at, so train.py gets past it and stops at the next problem (here: no data)."""
     missing = tmp_path / "gone" / "model"
     work = tmp_path / "run"
-    (work / "checkpoints" / store.step_name(10)).mkdir(parents=True)
+    (work / "checkpoints" / layout.step_name(10)).mkdir(parents=True)
     r = launcher.python(
         ["train.py", "--config", str(DEMO), "--data", str(tmp_path / "no_data"), "--workdir", str(work)]
         + [f"model.init_from={missing}"],

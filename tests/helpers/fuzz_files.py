@@ -570,8 +570,10 @@ def main(scratch: str, demo_data: str, seed: int, cases: int, only: list[str] | 
     from tests.helpers import ROOT
     from tests.helpers.loaders import open_train
     from tests.helpers.tiny_model import make, trained
-    from vitlarge.checkpoint import init_from, resume, sharded, store
+    from vitlarge.checkpoint import init_from, resume, store
+    from vitlarge.checkpoint import weights as ckpt_weights
     from vitlarge.checkpoint.state import RunState
+    from vitlarge.checkpoint.trust import index as dcp_index
     from vitlarge.config.load import load_recipe
     from vitlarge.data import load_manifest
     from vitlarge.data.manifest import shard_files
@@ -583,7 +585,7 @@ def main(scratch: str, demo_data: str, seed: int, cases: int, only: list[str] | 
     data = SCRATCH / "data"
     shutil.copytree(demo_data, data, ignore=shutil.ignore_patterns("src"))
     # Parsed once (the pure-Python unpickler takes ~0.3 s on 2 cores); each case mutates a copy.
-    original_index = sharded.unpickle_index((original / ".metadata").read_bytes())
+    original_index = dcp_index.unpickle_index((original / ".metadata").read_bytes())
     cpu = torch.device("cpu")
     loader_kw = {"rank": 0, "world_size": 1, "device": cpu, "seed": 0}
     state = open_train(str(data), 16, 32, **loader_kw).state()
@@ -611,7 +613,10 @@ def main(scratch: str, demo_data: str, seed: int, cases: int, only: list[str] | 
                 resume.restore(chosen, RunState(m, o, s), cfg)
 
         refused = None
-        weights = (lambda: store.load_model_weights(path, make(cfg)[0], cfg), lambda: init_from.read_state_dict(path))
+        weights = (
+            lambda: ckpt_weights.load_model_weights(path, make(cfg)[0], cfg),
+            lambda: init_from.read_state_dict(path),
+        )
         for entry in (*(weights if weight_reads else ()), resume_and_restore):
             try:
                 entry()

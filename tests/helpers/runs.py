@@ -92,9 +92,9 @@ def raw_metrics(workdir: Path) -> list[dict]:
 
 def checkpoint_steps(workdir: Path) -> list[int]:
     """Steps of the complete checkpoints (final names) under ``workdir``, oldest first."""
-    from vitlarge.checkpoint import store
+    from vitlarge.checkpoint.trust import layout
 
-    return [int(p.name[5:]) for p in store.list_checkpoints(workdir)]
+    return [int(p.name[5:]) for p in layout.list_checkpoints(workdir)]
 
 
 def resumed_at(log: str) -> list[tuple[str, int]]:

@@ -57,7 +57,7 @@ DEMO = ROOT / "recipes" / "demo_digits.py"
 def test_an_export_is_evaluated_at_the_size_and_preprocessing_its_config_json_records(tmp_path):
     """The export of a 48 px run, evaluated with the 16 px recipe: its weights load once its config.json's size is
     taken (before, only a checkpoint folder was evaluated as trained; its export was refused)."""
-    from vitlarge.checkpoint import store
+    from vitlarge.checkpoint import weights as ckpt_weights
     from vitlarge.checkpoint.export import export
     from vitlarge.evaluate import as_exported
     from vitlarge.model.vit import build_model
@@ -67,7 +67,7 @@ def test_an_export_is_evaluated_at_the_size_and_preprocessing_its_config_json_re
     cfg = load_config(DEMO)
     assert as_exported(cfg, path) == (["data.image_size", "data.mean", "data.val_crop_pct"], 48)
     assert (cfg.data.image_size, cfg.data.mean, cfg.data.val_crop_pct) == (48, (0.5, 0.5, 0.5), 0.9)
-    store.load_model_weights(path, build_model(cfg), cfg)  # no longer "trained at data.image_size=48"
+    ckpt_weights.load_model_weights(path, build_model(cfg), cfg)  # no longer "trained at data.image_size=48"
     assert as_exported(cfg, path) == ([], 48)  # as trained now: no warning
 
 

@@ -122,19 +122,19 @@ def test_is_inside(tmp_path):
 
 
 def test_shared_probe_goes_through_write_atomic(tmp_path, victim):
-    from vitlarge.checkpoint import store
+    from vitlarge.checkpoint import workdir as ckpt_workdir
 
-    os.symlink(victim, tmp_path / (store.SHARED_PROBE + ".tmp"))
-    os.symlink(victim, tmp_path / store.SHARED_PROBE)
-    token = store.write_shared_probe(tmp_path)
+    os.symlink(victim, tmp_path / (ckpt_workdir.SHARED_PROBE + ".tmp"))
+    os.symlink(victim, tmp_path / ckpt_workdir.SHARED_PROBE)
+    token = ckpt_workdir.write_shared_probe(tmp_path)
     assert_untouched(victim)
-    assert (tmp_path / store.SHARED_PROBE).read_text() == token
+    assert (tmp_path / ckpt_workdir.SHARED_PROBE).read_text() == token
 
 
 def test_check_writable_never_touches_a_link_target(tmp_path, victim):
-    from vitlarge.checkpoint import store
+    from vitlarge.checkpoint import workdir as ckpt_workdir
 
     missing = victim.parent / "created_by_probe"
     os.symlink(missing, tmp_path / ".write_test_0")
-    store.check_writable(tmp_path, rank=0)
+    ckpt_workdir.check_writable(tmp_path, rank=0)
     assert not missing.exists()

@@ -61,6 +61,12 @@ def data_config(cfg: Config) -> dict:
     )
 
 
+def weights_to_export(model: torch.nn.Module, ema, rank: int) -> dict[str, torch.Tensor]:
+    """The weights an export writes, whole on CPU on rank 0 (``{}`` elsewhere): the EMA average when ``ema`` is
+    given, else the model's. A collective under fsdp (gathers to rank 0): every rank calls it."""
+    return ema.full(rank) if ema is not None else sharded.model_tensors(model, rank)
+
+
 def export(
     workdir: str | Path,
     model: torch.nn.Module,

@@ -1,25 +1,17 @@
-"""Reading a checkpoint's files as data from elsewhere, and saying in a few words why one cannot be read or written.
+"""Writing a checkpoint's torch files, and saying in a few words why one cannot be read or written.
 
-Nothing is unpickled beyond tensors and numbers (``torch.load(weights_only=True)``, after a check that the zip
-archive is one ``torch.save`` writes and that its pickle makes objects in proportion to its size); a rank file is checked key by key (`rank_state_problem`) before any of it
-is applied.
+Reading them, as data from elsewhere, is vitlarge/checkpoint/trust/torch_files.py's.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import pickle
 import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 from torch.distributed.checkpoint.api import CheckpointException
-
-from vitlarge import fileio
-from vitlarge.checkpoint import sharded
-from vitlarge.checkpoint.layout import Unusable
 
 FULL_BELOW_BYTES = 1 << 20
 """A failed write with less free space than this in its folder is reported as a full disk."""
@@ -52,92 +44,3 @@ def torch_save(obj, path: Path) -> None:
     # (whose own message, "unexpected pos ...", does not say why).
     with open(path, "wb") as f:
         torch.save(obj, f)
-
-
-RANK_FILE_MAX_BYTES = 256 << 20
-"""A rank file's cap: RNG and scaler states and the loader's position (a few KB to a few MB)."""
-
-
-def torch_load(folder: Path, name: str):
-    """``folder/name`` through ``torch.load(weights_only=True)``; a file that is not one, or holds objects
-    other than tensors and numbers, is `Unusable` in one line (never torch's advice to unpickle it anyway)."""
-    try:
-        with fileio.open_regular(folder / name, follow=False) as f:
-            size = os.fstat(f.fileno()).st_size
-            if name.startswith("rank_") and size > RANK_FILE_MAX_BYTES:
-                raise Unusable(folder, f"{name} has {size:,} bytes, more than a rank file's {RANK_FILE_MAX_BYTES:,}")
-            problem = sharded.archive_problem(f, size)
-            if problem:
-                raise Unusable(folder, f"{name} {problem}")
-            f.seek(0)
-            return torch.load(f, map_location="cpu", weights_only=True)
-    except Unusable:
-        raise
-    except OSError as e:
-        raise Unusable(folder, f"{name} cannot be read ({e.strerror})") from None
-    except pickle.UnpicklingError as e:
-        # torch's message advises unpickling it anyway (weights_only=False): never passed on
-        if "Unsupported global" in str(e):
-            raise Unusable(folder, f"{name} holds objects other than tensors and numbers (refused)") from None
-        raise Unusable(folder, f"{name} is not a readable torch file (UnpicklingError)") from None
-    except Exception as e:  # noqa: BLE001 - torch.load raises many types on a damaged file
-        raise Unusable(folder, f"{name} is not a readable torch file ({type(e).__name__})") from None
-
-
-def safetensors_file(folder: Path, name: str) -> dict[str, torch.Tensor]:
-    """``folder/name`` as safetensors; a damaged or foreign file is `Unusable` in one line."""
-    from safetensors import SafetensorError
-
-    try:
-        return load_file(str(folder / name), device="cpu")
-    except (SafetensorError, OSError, ValueError) as e:
-        reason = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
-        raise Unusable(folder, f"{name} is not a safetensors file ({reason})") from None
-
-
-def rank_state_problem(state) -> str | None:
-    """Why ``state`` (a ``rank_NNNNN.pt``'s contents) is not what `store.save` writes (`RunState.rank_state`): RNG
-    states, the loss scaler's state and the loader's state string. None when it is."""
-    if not isinstance(state, dict) or not {"rng", "scaler", "data"} <= set(state):
-        return "lacks rng, scaler or data"
-    rng, data, scaler = state["rng"], state["data"], state["scaler"]
-    if data is not None and not isinstance(data, str):
-        return "holds a data state that is not a string"
-    if not isinstance(scaler, dict):
-        return "holds a loss-scaler state that is not a map"
-    numbers = {"scale": float, "growth_factor": float, "backoff_factor": float, "growth_interval": int}
-    if scaler and not (
-        all(isinstance(scaler.get(k), (int, float)) and not isinstance(scaler.get(k), bool) for k in numbers)
-        and isinstance(scaler.get("_growth_tracker"), int)
-    ):  # {} is a disabled scaler's (bf16, fp32)
-        return "holds a malformed loss-scaler state"
-    if not isinstance(rng, dict) or not isinstance(rng.get("torch"), torch.Tensor):
-        return "holds no torch RNG state"
-    if rng["torch"].dtype != torch.uint8 or rng["torch"].shape != torch.get_rng_state().shape:
-        return "holds a torch RNG state of another kind"
-    if "cuda" in rng and not (isinstance(rng["cuda"], torch.Tensor) and rng["cuda"].dtype == torch.uint8):
-        return "holds a CUDA RNG state that is not bytes"
-    n = rng.get("numpy")
-    if not (
-        isinstance(n, dict)
-        and isinstance(n.get("keys"), torch.Tensor)
-        and n["keys"].shape == (624,)
-        and n["keys"].dtype == torch.int64
-        and isinstance(n.get("pos"), int)
-        and 0 <= n["pos"] <= 624
-        and isinstance(n.get("has_gauss"), int)
-        and n["has_gauss"] in (0, 1)  # numpy raises OverflowError on others (found by the fuzz)
-        and isinstance(n.get("cached_gaussian"), float)
-    ):
-        return "holds a malformed numpy RNG state"
-    python = rng.get("python")
-    if not (
-        isinstance(python, (list, tuple))
-        and len(python) == 625
-        and all(isinstance(x, int) and 0 <= x < 1 << 32 for x in python)
-        and python[-1] <= 624
-    ):
-        return "holds a malformed Python RNG state"
-    if rng.get("python_gauss") is not None and not isinstance(rng["python_gauss"], float):
-        return "holds a malformed Python RNG state"
-    return None

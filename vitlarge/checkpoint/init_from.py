@@ -46,11 +46,12 @@ def _checkpoint_weights(path: str | Path) -> dict[str, torch.Tensor] | None:
     p = Path(path)
     if not (p.is_dir() and (p / "meta.json").is_file()):
         return None
-    from vitlarge.checkpoint import store
+    from vitlarge.checkpoint import weights as ckpt_weights
+    from vitlarge.checkpoint.trust import layout
 
     try:
-        return store.weights_of(p, store.read_meta(p))
-    except store.Unusable as e:
+        return ckpt_weights.weights_of(p, layout.read_meta(p))
+    except layout.Unusable as e:
         raise UserError(
             f"model.init_from={path}: {e.problem}; pass a complete checkpoint or an export folder"
         ) from None
@@ -80,19 +81,19 @@ def weights_file(path: str | Path) -> Path:
 
 
 def _check_archive(f: Path, path: str | Path) -> None:
-    """A zip ``torch.save`` file is the archive torch.save writes (`sharded.archive_problem`: entries stored, not
+    """A zip ``torch.save`` file is the archive torch.save writes (`vitlarge.checkpoint.trust.index.archive_problem`: entries stored, not
     compressed, and a pickle in proportion to its size) before ``torch.load`` inflates anything; else UserError.
     A file of torch's format before 1.6 (not a zip) is left to ``torch.load``."""
     import os
     import zipfile
 
     from vitlarge import fileio
-    from vitlarge.checkpoint import sharded
+    from vitlarge.checkpoint.trust import index as dcp_index
 
     with fileio.open_regular(f) as fh:
         if not zipfile.is_zipfile(fh):
             return
-        problem = sharded.archive_problem(fh, os.fstat(fh.fileno()).st_size)
+        problem = dcp_index.archive_problem(fh, os.fstat(fh.fileno()).st_size)
     if problem:
         raise UserError(
             f"model.init_from={path}: {f} {problem}; pass a model.safetensors or a torch checkpoint of a timm model"

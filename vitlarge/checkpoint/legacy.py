@@ -20,9 +20,9 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
 from vitlarge.checkpoint import sharded
-from vitlarge.checkpoint.files import safetensors_file, torch_load
-from vitlarge.checkpoint.layout import Unusable
 from vitlarge.checkpoint.state import RunState
+from vitlarge.checkpoint.trust.layout import Unusable
+from vitlarge.checkpoint.trust.torch_files import optimizer_state_problem, safetensors_file, torch_load
 from vitlarge.errors import UserError
 
 MODEL = "model.safetensors"
@@ -92,25 +92,6 @@ def read(path: Path, files: dict) -> FullState:
     return FullState(
         model=safetensors_file(path, MODEL), optimizers=optimizers, from_ddp=optimizer_files == [FULL_OPTIMIZER]
     )
-
-
-def optimizer_state_problem(state: object, params: int | None = None) -> str | None:
-    """Why ``state`` (a file's unpickled data) is not an optimizer state dict as ``Optimizer.state_dict()`` gives
-    it: ``state``, per-parameter dicts by parameter index, and ``param_groups``, dicts whose ``params`` are
-    indices (below ``params`` where given); None when it is one."""
-    if not (isinstance(state, dict) and isinstance(state.get("state"), dict)):
-        return "is not an optimizer state (a dict with 'state' and 'param_groups')"
-    groups = state.get("param_groups")
-    if not (
-        isinstance(groups, list) and all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups)
-    ):
-        return "holds no 'param_groups' of dicts with 'params' lists"
-    indices = [i for g in groups for i in g["params"]] + list(state["state"])
-    if not all(type(i) is int and i >= 0 and (params is None or i < params) for i in indices):
-        return "names parameters by something other than their indices in the model"
-    if not all(isinstance(s, dict) for s in state["state"].values()):
-        return "holds per-parameter state that is not a dict"
-    return None
 
 
 def full_optimizer_state(path, states: list[dict], shapes: list[list[int]]) -> dict:

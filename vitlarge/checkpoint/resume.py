@@ -9,18 +9,18 @@ Contract (both functions are collectives: every rank calls ``choose``, then ``re
 * The chosen checkpoint must hold this recipe's model (name and parameter shapes), else a one-line
   error and nothing is moved.
 * The workdir's checkpoints newer than the chosen step (those passed over, and with ``--resume`` the
-  rest of the line the user went back from) are moved, never deleted, into
+  rest of the lineage the user went back from) are moved, never deleted, into
   ``checkpoints/abandoned_<UTC time>_from_step_<N>/``, with one log line. This run's saves then
-  take those step names again, and the next automatic resume continues this run's line.
-* Lines: every checkpoint's meta.json names the line it belongs to (``line``): the absolute path of the
-  ``--resume`` checkpoint the line started from (None for a run that started from scratch); an automatic
-  resume keeps the line of the checkpoint it continues. ``--resume X`` when the workdir already holds
-  a checkpoint of X's line (the same command run again: a Slurm requeue replays its arguments)
-  continues from that line's newest checkpoint that passes its check: nothing is moved aside, the run
+  take those step names again, and the next automatic resume continues this run's lineage.
+* Lineages: every checkpoint's meta.json names the lineage it belongs to (meta.json's ``line``): the absolute path of the
+  ``--resume`` checkpoint the lineage started from (None for a run that started from scratch); an automatic
+  resume keeps the lineage of the checkpoint it continues. ``--resume X`` when the workdir already holds
+  a checkpoint of X's lineage (the same command run again: a Slurm requeue replays its arguments)
+  continues from that lineage's newest checkpoint that passes its check: nothing is moved aside, the run
   never goes back to X, and X itself may have been pruned. To go back to X a second time, move the
-  line's checkpoints aside (or ``--resume`` a copy of X under another path).
+  lineage's checkpoints aside (or ``--resume`` a copy of X under another path).
 * A checkpoint from outside the workdir's ``checkpoints/`` is first copied in (hard links where
-  possible) and the copy is used: the workdir's line then starts with it.
+  possible) and the copy is used: the workdir's lineage then starts with it.
 * Rank 0 broadcasts its choice: no other rank lists the checkpoint folder (on a shared file system
   with attribute caching ranks can see different folders).
 * ``restore``: every rank loads the chosen checkpoint; if one cannot, every rank raises the same
@@ -38,8 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vitlarge import fileio
-from vitlarge.checkpoint import store
+from vitlarge.checkpoint import files as ckpt_files
+from vitlarge.checkpoint import store, weights
 from vitlarge.checkpoint.state import LoadedCheckpoint, RunState
+from vitlarge.checkpoint.trust import layout
+from vitlarge.checkpoint.trust import meta as meta_json
 from vitlarge.config.schema import Config
 from vitlarge.distributed.collective import first_failure, rank0_decides
 from vitlarge.errors import UserError
@@ -49,11 +52,11 @@ log = logging.getLogger("vitlarge")
 
 @dataclass(frozen=True)
 class Choice:
-    """The checkpoint every rank loads (None: start from scratch) and the line this run's checkpoints belong to
+    """The checkpoint every rank loads (None: start from scratch) and the lineage this run's checkpoints belong to
     (their meta.json's ``line``; None for a run from scratch that was never resumed with ``--resume``)."""
 
     path: Path | None
-    line: str | None
+    lineage: str | None
 
 
 def choose(
@@ -65,32 +68,32 @@ def choose(
     return rank0_decides(lambda: _choose(Path(workdir), requested, model, cfg, num_train_examples))
 
 
-def line_of(requested: str | Path) -> str:
-    """The line a run started with ``--resume requested`` writes: the checkpoint's absolute path, so that
-    the same command, run again (a Slurm requeue replays its arguments), finds the line it started."""
+def lineage_of(requested: str | Path) -> str:
+    """The lineage a run started with ``--resume requested`` writes: the checkpoint's absolute path, so that
+    the same command, run again (a Slurm requeue replays its arguments), finds the lineage it started."""
     return str(Path(requested).absolute())
 
 
-def newest_of_line(workdir: str | Path, line: str, verified: bool = True) -> Path | None:
-    """The workdir's newest checkpoint that belongs to ``line`` (and passes its check, unless ``verified`` is
+def newest_of_lineage(workdir: str | Path, lineage: str, verified: bool = True) -> Path | None:
+    """The workdir's newest checkpoint that belongs to ``lineage`` (and passes its check, unless ``verified`` is
     False: then its meta.json alone is read, no checksum)."""
-    for path in reversed(store.list_checkpoints(workdir)):
+    for path in reversed(layout.list_checkpoints(workdir)):
         try:
-            meta = store.read_meta(path)
+            meta = layout.read_meta(path)
         except UserError:
             continue
-        if meta.get("line") == line and (not verified or store.verify(path) is None):
+        if meta.get("line") == lineage and (not verified or store.verify(path) is None):
             return path
     return None
 
 
 def check_requested(workdir: str | Path, requested: str | Path) -> None:
     """Before any work, on rank 0 (`rank0_decides`: one view of the folder): ``--resume`` names a checkpoint
-    with a readable meta.json, or its line continues in the workdir (a requeue after the checkpoint itself
+    with a readable meta.json, or its lineage continues in the workdir (a requeue after the checkpoint itself
     was pruned); else a one-line ``UserError``. Reads meta.json files only: the checksums are `_choose`'s,
     once, on rank 0 (at 7.6 GB per vit_h14 checkpoint, not a read per rank at every requeue)."""
-    if newest_of_line(workdir, line_of(requested), verified=False) is None:
-        store.read_meta(requested)
+    if newest_of_lineage(workdir, lineage_of(requested), verified=False) is None:
+        layout.read_meta(requested)
 
 
 def check_edits(meta: dict, path: Path, cfg: Config, num_train_examples: int | None) -> None:
@@ -107,20 +110,20 @@ def check_edits(meta: dict, path: Path, cfg: Config, num_train_examples: int | N
 
 
 def _choose(workdir: Path, requested: Path | None, model, cfg: Config, num_train_examples: int | None = None) -> Choice:
-    line = None
+    lineage = None
     if requested is not None:
-        line = line_of(requested)
-        continued = newest_of_line(workdir, line)
-        if continued is not None:  # the same --resume again: continue the line it started
-            meta = store.read_meta(continued)
-            store.check_compatible(meta, continued, model, cfg)
+        lineage = lineage_of(requested)
+        continued = newest_of_lineage(workdir, lineage)
+        if continued is not None:  # the same --resume again: continue the lineage it started
+            meta = layout.read_meta(continued)
+            weights.check_compatible(meta, continued, model, cfg)
             check_edits(meta, continued, cfg, num_train_examples)
             log.info(f"--resume {requested}: this workdir continues its line; resuming from {continued}")
             _set_aside_newer(workdir, continued, meta["step"])
-            return Choice(continued, line)
+            return Choice(continued, lineage)
         problem = store.verify(requested)
         if problem:
-            raise store.Unusable(requested, problem)
+            raise layout.Unusable(requested, problem)
         chosen = requested
     else:
         newest = store.newest_verified(workdir)
@@ -129,37 +132,37 @@ def _choose(workdir: Path, requested: Path | None, model, cfg: Config, num_train
             log.warning(f"warning: checkpoint {path} fails its check ({problem}); passed over")
     step = 0
     if chosen is not None:
-        meta = store.read_meta(chosen)
-        store.check_compatible(meta, chosen, model, cfg)
+        meta = layout.read_meta(chosen)
+        weights.check_compatible(meta, chosen, model, cfg)
         check_edits(meta, chosen, cfg, num_train_examples)  # before anything is moved aside or copied
         step = meta["step"]
-        line = line if requested is not None else meta.get("line")  # an automatic resume keeps the line
+        lineage = lineage if requested is not None else meta.get("line")  # an automatic resume keeps the lineage
     _set_aside_newer(workdir, chosen, step)
-    ours = workdir / store.CHECKPOINTS_DIR
+    ours = workdir / layout.CHECKPOINTS_DIR
     if chosen is not None and chosen.resolve().parent != ours.resolve():
-        # From another workdir (or an abandoned_* folder): a copy here starts this run's line, so an
+        # From another workdir (or an abandoned_* folder): a copy here starts this run's lineage, so an
         # automatic resume before the first save comes back to it, not to this workdir's older steps.
         try:
-            chosen = _adopt(chosen, workdir, line)
+            chosen = _adopt(chosen, workdir, lineage)
         except OSError as e:
             raise UserError(
                 f"cannot copy checkpoint {chosen} into {ours} ({e.strerror}); free space there or pass "
                 "another --workdir"
             ) from None
         log.info(f"copied the checkpoint to resume from into {chosen}")
-    return Choice(chosen, line)
+    return Choice(chosen, lineage)
 
 
 def _set_aside_newer(workdir: Path, chosen: Path | None, step: int) -> None:
-    """Moves the workdir's checkpoints from another line out of the way (see the module docstring).
+    """Moves the workdir's checkpoints from another lineage out of the way (see the module docstring).
 
     A checkpoint of the same step that is not the chosen one (``--resume`` from another workdir) goes too:
     the final-save decision would otherwise take it for this run's."""
     same = chosen.resolve() if chosen is not None else None
     later = [
         p
-        for p in store.list_checkpoints(workdir)
-        if store.step_of(p) > step or (store.step_of(p) == step and p.resolve() != same)
+        for p in layout.list_checkpoints(workdir)
+        if layout.step_of(p) > step or (layout.step_of(p) == step and p.resolve() != same)
     ]
     if not later:
         return
@@ -167,7 +170,7 @@ def _set_aside_newer(workdir: Path, chosen: Path | None, step: int) -> None:
         dest = _move_aside(workdir, later, step)
     except OSError as e:
         raise UserError(
-            f"cannot move checkpoints newer than step {step} aside in {workdir / store.CHECKPOINTS_DIR} "
+            f"cannot move checkpoints newer than step {step} aside in {workdir / layout.CHECKPOINTS_DIR} "
             f"({e.strerror}); make it writable or pass another --workdir"
         ) from None
     log.warning(
@@ -180,8 +183,8 @@ def _move_aside(workdir: str | Path, paths: list[Path], from_step: int) -> Path:
     """Moves checkpoint folders (never deletes them) into ``checkpoints/abandoned_<UTC time>_from_step_<N>/``.
 
     Returns that folder. Its name matches no ``step_*`` pattern, so it is never chosen nor pruned."""
-    root = Path(workdir) / store.CHECKPOINTS_DIR
-    base = f"abandoned_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}_from_{store.step_name(from_step)}"
+    root = Path(workdir) / layout.CHECKPOINTS_DIR
+    base = f"abandoned_{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}_from_{layout.step_name(from_step)}"
     i = 0
     while True:
         dest = root / (base if i == 0 else f"{base}_{i}")
@@ -197,23 +200,23 @@ def _move_aside(workdir: str | Path, paths: list[Path], from_step: int) -> Path:
     return dest
 
 
-def _adopt(src: str | Path, workdir: str | Path, line: str | None) -> Path:
+def _adopt(src: str | Path, workdir: str | Path, lineage: str | None) -> Path:
     """Publishes a copy of checkpoint ``src`` (from elsewhere) in the workdir, as ``checkpoints/step_<N>``,
-    its meta.json naming ``line`` (the copy is the line's first checkpoint); returns it. Hard links where
+    its meta.json naming ``lineage`` as its ``line`` (the copy is the lineage's first checkpoint); returns it. Hard links where
     the file system allows (no bytes copied; checkpoint files are never modified in place), else copies;
     fsynced and renamed like a save. The name must be free."""
-    src, root = Path(src), Path(workdir) / store.CHECKPOINTS_DIR
-    meta = store.read_meta(src)
+    src, root = Path(src), Path(workdir) / layout.CHECKPOINTS_DIR
+    meta = layout.read_meta(src)
     step = meta["step"]
-    final, tmp = root / store.step_name(step), root / f".{store.step_name(step)}.tmp"
+    final, tmp = root / layout.step_name(step), root / f".{layout.step_name(step)}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    fileio.write_atomic(tmp / "meta.json", json.dumps({**meta, "line": line}, indent=1))
-    for name in store.expected_files(meta):  # the files meta.json lists, never whatever else is there
+    fileio.write_atomic(tmp / "meta.json", json.dumps({**meta, "line": lineage}, indent=1))
+    for name in meta_json.expected_files(meta):  # the files meta.json lists, never whatever else is there
         f = src / name
         problem = fileio.regular_file_problem(f)
         if problem:
-            raise store.Unusable(src, problem)
+            raise layout.Unusable(src, problem)
         try:
             os.link(f, tmp / f.name)
         except OSError:  # another file system, or links not allowed
@@ -231,12 +234,12 @@ def restore(path: Path, state: RunState, cfg: Config) -> LoadedCheckpoint:
     loaded, problem = None, None
     try:  # rank-local reads first: a rank that cannot read must not leave the others in a collective load
         loaded = store.read(path, state.model, cfg)
-    except store.Unusable as e:
+    except layout.Unusable as e:
         problem = e.problem
     except UserError as e:
         problem = str(e)
     except Exception as e:  # noqa: BLE001 - torch.load and safetensors raise many types on damaged files
-        problem = f"{type(e).__name__}: {store.reason_of(e)}"
+        problem = f"{type(e).__name__}: {ckpt_files.reason_of(e)}"
     failed = first_failure(problem)
     if failed:
         rank, why = failed

@@ -2,15 +2,16 @@
 
 Every stateful part speaks one protocol, `Stateful` (``state_dict()`` / ``load_state_dict()``, the shape of
 ``torch.distributed.checkpoint.stateful.Stateful`` and torchtitan's checkpointer): the loss scaler (torch's
-``GradScaler``), the model EMA (`vitlarge.model.ema.ModelEma`) and this process's RNGs (`RngState`). The model and
-optimizer go through DCP's ``get_state_dict`` / ``set_state_dict`` (vitlarge/checkpoint/sharded.py), which shard
-and re-shard them. `RunState` gathers the parts, with the three values that travel beside them: the step, this
-rank's loader position and the run's line (meta.json's ``line``, see vitlarge/checkpoint/resume.py).
+``GradScaler``), the model EMA (`vitlarge.model.ema.ModelEma`), this process's RNGs (`RngState`), and the weights
+and optimizer state through DCP's state-dict API (`vitlarge.checkpoint.sharded.Weights` and ``OptimizerState``),
+which shard and re-shard them. `RunState` gathers the parts, with the three values that travel beside them: the step, this
+rank's loader position and the run's lineage (meta.json's ``line``, see vitlarge/checkpoint/resume.py).
 `vitlarge.checkpoint.store.save` takes a `RunState`; ``store.load`` fills one and returns a `LoadedCheckpoint`.
 
-Where each part lands on disk (format 3, unchanged): model, optimizer and EMA in DCP's ``.distcp`` files under the
-keys ``model``, ``optimizer``, ``ema``; RNG, scaler and loader position in ``rank_NNNNN.pt`` under ``rng``,
-``scaler``, ``data``; step and line in meta.json.
+Where each part lands on disk (format 3, unchanged) is `RunState`'s two maps of parts, by the key each is stored
+under: ``sharded_parts`` (model, optimizer and EMA in DCP's ``.distcp`` files) and ``rank_parts`` (RNG and scaler in
+``rank_NNNNN.pt``, beside the loader position ``data``); step and lineage in meta.json. Adding a part is one entry
+in one of them.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ class RngState:
 class RunState:
     """A run's state on this rank, as a checkpoint saves it and a resume fills it.
 
-    ``optimizer``: a torch optimizer or Colossal-AI's wrapper of one. ``step``, ``data`` and ``line`` are values
+    ``optimizer``: a torch optimizer or Colossal-AI's wrapper of one. ``step``, ``data`` and ``lineage`` are values
     a save records; a resume returns them in `LoadedCheckpoint` (the loaders are built from the position then)."""
 
     model: nn.Module
@@ -86,8 +87,8 @@ class RunState:
     step: int = 0
     data: str | None = None
     """This rank's loader position (``rank_NNNNN.pt``'s ``data``), or None."""
-    line: str | None = None
-    """The line this run's checkpoints belong to (meta.json's ``line``)."""
+    lineage: str | None = None
+    """The lineage this run's checkpoints belong to (meta.json's ``line``)."""
     config: dict[str, Any] | None = None
     """The config as the run's records show it, device-dependent values resolved (meta.json's ``config``;
     `vitlarge.events.RunInfo.record`); None: the config `store.save` is given, as written."""
@@ -95,9 +96,26 @@ class RunState:
     """What the run's plan records beside the config (meta.json's ``schedule``, `vitlarge.plan.plan.Plan.record`);
     None: not written."""
 
+    def sharded_parts(self, with_optimizer: bool = True, with_ema: bool = True) -> dict[str, Stateful]:
+        """The parts DCP saves and loads (``.distcp``), by the key each is stored under: the weights, the
+        optimizer state (``with_optimizer``: it has stepped, or the checkpoint holds it) and the EMA average
+        (``with_ema``, when the run has one). A new sharded part is one entry here."""
+        from vitlarge.checkpoint.sharded import OptimizerState, Weights
+
+        parts: dict[str, Stateful] = {"model": Weights(self.model)}
+        if with_optimizer:
+            parts["optimizer"] = OptimizerState(self.model, self.optimizer)
+        if with_ema and self.ema is not None:
+            parts["ema"] = self.ema
+        return parts
+
+    def rank_parts(self) -> dict[str, Stateful]:
+        """The rank-local parts (``rank_NNNNN.pt``), by the key each is stored under. A new one is one entry here."""
+        return {"rng": self.rng, "scaler": cast(Stateful, self.scaler)}
+
     def rank_state(self) -> dict[str, Any]:
         """What ``rank_NNNNN.pt`` holds: the rank-local parts' states and the loader position."""
-        return {"rng": self.rng.state_dict(), "scaler": self.scaler.state_dict(), "data": self.data}
+        return {**{name: part.state_dict() for name, part in self.rank_parts().items()}, "data": self.data}
 
 
 @dataclass(frozen=True)
@@ -119,8 +137,8 @@ class LoadedCheckpoint:
     """The number of processes that wrote the checkpoint."""
     data_state: str | None
     """This rank's loader position as saved; None when it was written by another world size."""
-    line: str | None = None
-    """The line the checkpoint belongs to (its meta.json's ``line``)."""
+    lineage: str | None = None
+    """The lineage the checkpoint belongs to (its meta.json's ``line``)."""
     config: dict = field(default_factory=dict)
     """The config the checkpoint recorded (meta.json's ``config``)."""
     schedule: dict = field(default_factory=dict)

@@ -50,41 +50,30 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from vitlarge import fileio
 from vitlarge.checkpoint import legacy, sharded
-from vitlarge.checkpoint import meta as meta_json
-from vitlarge.checkpoint.files import rank_state_problem, reason_of, torch_load, torch_save
-from vitlarge.checkpoint.layout import (
+from vitlarge.checkpoint.files import reason_of, torch_save
+from vitlarge.checkpoint.state import LoadedCheckpoint, RunState
+from vitlarge.checkpoint.trust import index as dcp_index
+from vitlarge.checkpoint.trust import meta as meta_json
+from vitlarge.checkpoint.trust.layout import (
     CHECKPOINTS_DIR,
     Unusable,
-    exists,
     list_checkpoints,
     read_meta,
     step_name,
     step_of,
 )
-from vitlarge.checkpoint.meta import FORMAT_VERSION, expected_files
-from vitlarge.checkpoint.state import LoadedCheckpoint, RunState
+from vitlarge.checkpoint.trust.meta import FORMAT_VERSION, expected_files
+from vitlarge.checkpoint.trust.torch_files import rank_state_problem, torch_load
 from vitlarge.checkpoint.weights import (
     check_compatible,
-    check_compatible_config,
-    load_model_weights,
     param_shapes,
-    weights_of,
 )
-from vitlarge.checkpoint.workdir import SHARED_PROBE, check_shared_probe, check_writable, write_shared_probe
 from vitlarge.config.schema import Config
 from vitlarge.distributed.collective import gather, rank_and_world
 from vitlarge.errors import UserError
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.metadata import Metadata
-
-# The store's surface for its callers (vitlarge/run, vitlarge/checkpoint/resume.py, evaluate, the tests):
-__all__ = [
-    "CHECKPOINTS_DIR", "SHARED_PROBE", "Unusable", "apply", "check_compatible", "check_compatible_config",
-    "check_shared_probe", "check_writable",
-    "exists", "latest", "list_checkpoints", "load", "load_model_weights", "newest_verified", "read", "read_meta",
-    "reason_of", "save", "step_name", "step_of", "verify", "weights_of", "write_shared_probe",
-]  # fmt: skip
 
 
 def save(workdir: str | Path, state: RunState, cfg: Config, keep: int) -> Path:
@@ -108,7 +97,7 @@ def save(workdir: str | Path, state: RunState, cfg: Config, keep: int) -> Path:
         names = [f"rank_{rank:05d}.pt"]
         # Before DCP's save: its planning and index are collectives, a failure there reaches every rank.
         torch_save(state.rank_state(), tmp / names[0])
-        sharded.save(tmp, state, with_optimizer)  # a collective; fsyncs
+        sharded.save(tmp, state.sharded_parts(with_optimizer))  # a collective; fsyncs
         names += sharded.dcp_files_of(rank, tmp)
         return {name: fileio.sync_and_record(tmp / name) for name in names}
 
@@ -122,7 +111,7 @@ def save(workdir: str | Path, state: RunState, cfg: Config, keep: int) -> Path:
             "config": state.config if state.config is not None else cfg.to_dict(),
             "optimizer_state": with_optimizer,
             "ema": state.ema is not None,
-            "line": state.line,
+            "line": state.lineage,
             **({"schedule": state.schedule} if state.schedule is not None else {}),
             "files": dict(sorted(files.items())),
         }
@@ -130,9 +119,7 @@ def save(workdir: str | Path, state: RunState, cfg: Config, keep: int) -> Path:
         os.replace(tmp, final)
         fileio.fsync_dir(root)
         fileio.fsync_dir(root.parent)  # checkpoints/ itself may be new
-        older = [p for p in list_checkpoints(workdir) if step_of(p) < step]
-        for old in older[: max(0, len(older) - (keep - 1))]:
-            shutil.rmtree(old, ignore_errors=True)
+        prune(workdir, keep, step)
 
     def phase(fn, here: bool) -> list:
         result, error = None, None
@@ -163,6 +150,14 @@ def save(workdir: str | Path, state: RunState, cfg: Config, keep: int) -> Path:
     return final
 
 
+def prune(workdir: str | Path, keep: int, step: int) -> None:
+    """Rank 0, after publishing the checkpoint of ``step``: removes the oldest checkpoints older than it, so that
+    ``keep`` remain counting it. A newer checkpoint is never removed."""
+    older = [p for p in list_checkpoints(workdir) if step_of(p) < step]
+    for old in older[: max(0, len(older) - (keep - 1))]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def verify(path: str | Path) -> str | None:
     """Why ``path`` is not a usable checkpoint, or None when meta.json parses and every file it lists
     has its recorded size and CRC32C. Reads every byte (at 15 GB/s for the checksum itself)."""
@@ -177,8 +172,8 @@ def verify(path: str | Path) -> str | None:
             return problem
     if meta["format_version"] >= 3:  # the index is a pickle: read as data, and every range it names checked
         try:
-            return sharded.slices_problem(path, sharded.read_index(path, meta["files"]))
-        except sharded.IndexProblem as e:
+            return dcp_index.slices_problem(path, dcp_index.read_index(path, meta["files"]))
+        except dcp_index.IndexProblem as e:
             return str(e)
     return None
 
@@ -220,7 +215,7 @@ class ReadCheckpoint:
     rank_state: dict
     """This rank's ``rank_NNNNN.pt`` (rank 0's under another world size), checked by `rank_state_problem`."""
     index: Metadata | None = None
-    """Format 3: DCP's index, read and checked here (`sharded.read_index`)."""
+    """Format 3: DCP's index, read and checked here (`dcp_index.read_index`)."""
     full: legacy.FullState | None = None
     """Formats 1 and 2: the whole weights and optimizer state."""
 
@@ -270,8 +265,8 @@ def read(path: str | Path, model, cfg: Config) -> ReadCheckpoint:
     index = None
     if dcp_format:  # read here, rank-local, so its problems surface before DCP's load (a collective) uses it
         try:
-            index = sharded.read_index(path, files)
-        except sharded.IndexProblem as e:
+            index = dcp_index.read_index(path, files)
+        except dcp_index.IndexProblem as e:
             raise Unusable(path, str(e)) from None
     rank_state = torch_load(path, rank_file)
     problem = rank_state_problem(rank_state)
@@ -293,7 +288,8 @@ def apply(loaded: ReadCheckpoint, state: RunState) -> LoadedCheckpoint:
         loaded.full.load_into(path, state)
     else:
         try:
-            sharded.load(path, state, loaded.with_optimizer, saved_ema, files=meta["files"], index=loaded.index)
+            parts = state.sharded_parts(loaded.with_optimizer, saved_ema)
+            sharded.load(path, parts, files=meta["files"], index=loaded.index)
         except CheckpointException as e:
             raise UserError(
                 f"cannot read checkpoint {path} ({reason_of(e)}); check that every node sees it whole "
@@ -328,7 +324,7 @@ def apply(loaded: ReadCheckpoint, state: RunState) -> LoadedCheckpoint:
         step=meta["step"],
         world_size=meta["world_size"],
         data_state=loaded.rank_state["data"] if loaded.same_world else None,
-        line=meta.get("line"),
+        lineage=meta.get("line"),
         config=meta.get("config", {}),
         schedule=meta.get("schedule") or {},
     )

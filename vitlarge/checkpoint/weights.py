@@ -15,9 +15,11 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from vitlarge import fileio
 from vitlarge.checkpoint import sharded
-from vitlarge.checkpoint.files import reason_of, safetensors_file
-from vitlarge.checkpoint.layout import Unusable, beside, read_meta
-from vitlarge.checkpoint.meta import expected_files
+from vitlarge.checkpoint.files import reason_of
+from vitlarge.checkpoint.trust import index as dcp_index
+from vitlarge.checkpoint.trust.layout import Unusable, beside, read_meta
+from vitlarge.checkpoint.trust.meta import expected_files
+from vitlarge.checkpoint.trust.torch_files import safetensors_file
 from vitlarge.config.schema import Config
 from vitlarge.errors import UserError
 
@@ -136,12 +138,12 @@ def weights_of(path: str | Path, meta: dict, like: dict[str, torch.Tensor] | Non
         return safetensors_file(path, "model.safetensors")
     try:
         # Inside DCP's load its reason would be lost ("metadata is None"); each range DCP torch.loads checked too.
-        index = sharded.read_index(path, meta["files"])
-        problem = sharded.slices_problem(path, index)
+        index = dcp_index.read_index(path, meta["files"])
+        problem = dcp_index.slices_problem(path, index)
         if problem:
             raise Unusable(path, problem)
         return sharded.read_full_model(path, like, files=meta["files"], index=index)
-    except sharded.IndexProblem as e:
+    except dcp_index.IndexProblem as e:
         raise Unusable(path, str(e)) from None
     except CheckpointException as e:
         raise Unusable(path, reason_of(e)) from None

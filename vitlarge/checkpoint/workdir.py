@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from vitlarge import fileio
-from vitlarge.checkpoint.layout import CHECKPOINTS_DIR
+from vitlarge.checkpoint.trust.layout import CHECKPOINTS_DIR
 from vitlarge.errors import UserError
 
 

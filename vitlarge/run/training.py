@@ -68,12 +68,10 @@ class TrainingRun:
 
     def _export(self) -> Path | None:
         """The timm export of the trained (or EMA) weights; every rank calls it, the main rank writes and returns it."""
-        from vitlarge.checkpoint.export import export
-        from vitlarge.checkpoint.sharded import model_tensors
+        from vitlarge.checkpoint.export import export, weights_to_export
 
         ema = self.parts.engine.ema if self.cfg.train.export_ema else None
-        # A collective under fsdp (gathers to rank 0).
-        weights = ema.full(self.env.rank) if ema else model_tensors(self.parts.model, self.env.rank)
+        weights = weights_to_export(self.parts.model, ema, self.env.rank)  # a collective under fsdp
         if not self.env.is_main:
             return None
         classes = self.manifest.classes
@@ -102,9 +100,9 @@ def seed_rngs(seed: int) -> None:
 
 def is_resume(cfg: Config, resume: str | None) -> bool:
     """Whether this run continues from a checkpoint (``--resume``, or any in the workdir)."""
-    from vitlarge.checkpoint.store import list_checkpoints
+    from vitlarge.checkpoint.checkpointer import Checkpointer
 
-    return bool(resume) or bool(list_checkpoints(cfg.workdir))
+    return bool(resume) or Checkpointer(cfg.workdir, cfg).any()
 
 
 def init_from_warnings(cfg: Config, resuming: bool, dry_run: bool = False) -> list[str]:
@@ -130,7 +128,7 @@ def preflight(cfg: Config, env: DistEnv, resuming: bool):
     class count, RandAugment string and shards), the batch arithmetic for this world size, the profiler's
     window inside the run and a writable workdir. Returns ``(manifest, plan)``. (``--resume`` is checked after
     it, on rank 0 alone.)"""
-    from vitlarge.checkpoint import store
+    from vitlarge.checkpoint.checkpointer import Checkpointer
     from vitlarge.data.sources import checked_manifest
     from vitlarge.plan.plan import make_plan
     from vitlarge.train.profile import check_window
@@ -139,7 +137,7 @@ def preflight(cfg: Config, env: DistEnv, resuming: bool):
     manifest = checked_manifest(cfg)
     plan = make_plan(cfg, env.world_size, manifest.num_examples("train"))
     check_window(cfg, plan)
-    store.check_writable(Path(cfg.workdir), env.rank)
+    Checkpointer(cfg.workdir, cfg).check_writable(env.rank)
     return manifest, plan
 
 
@@ -158,8 +156,7 @@ def build_run(
     cfg: Config, env: DistEnv, make_hooks: MakeHooks, resume: str | None = None, threads: ThreadPools = NO_THREADS
 ) -> TrainingRun:
     """Everything before the first step (see the module docstring); ``resume``: a ``--resume`` path."""
-    from vitlarge.checkpoint import resume as resume_from
-    from vitlarge.checkpoint import store
+    from vitlarge.checkpoint.checkpointer import Checkpointer
     from vitlarge.data.phased import PhasedLoaders
     from vitlarge.distributed import booster, launch
     from vitlarge.distributed.collective import agree, check_same, rank0_decides
@@ -193,12 +190,13 @@ def build_run(
         "settings (train.precision / train.compile auto, resolved on each node)",
         "give every node the same GPUs and toolchain, or set train.precision and train.compile explicitly",
     )
-    token = rank0_decides(lambda: store.write_shared_probe(workdir))  # and the same workdir, not a local stand-in
-    agree(lambda: store.check_shared_probe(workdir, token))
+    checkpoints = Checkpointer(workdir, cfg)
+    token = rank0_decides(checkpoints.write_shared_probe)  # and the same workdir, not a local stand-in
+    agree(lambda: checkpoints.check_shared_probe(token))
     if env.is_main:  # every rank has read it (agree is a collective)
-        (workdir / store.SHARED_PROBE).unlink(missing_ok=True)
+        checkpoints.remove_shared_probe()
     if resume:  # a missing --resume path fails before any work, unless its line continues here (rank 0's view)
-        rank0_decides(lambda: resume_from.check_requested(cfg.workdir, resume))
+        rank0_decides(lambda: checkpoints.check_requested(resume))
     if env.is_main:
         for message in [*settings.lines(), started.determinism]:
             if message:
@@ -211,22 +209,24 @@ def build_run(
 
     # Identical initial weights on every rank (build seeds), then per-rank randomness.
     parts = build(cfg, plan, settings, init_from=not resuming)
+    engine = parts.engine
+    checkpoints.attach(engine.model, engine.optimizer, engine.precision.scaler, engine.ema)
     seed_rngs(rng_seed(cfg.train.seed, env.rank))
 
     # Rank 0 picks a verified checkpoint for all ranks; then weights, optimizer, scaler, RNG and step,
     # and the loader position where this run can still use it.
     start_step, data_state = 0, None
-    choice = resume_from.choose(workdir, resume, parts.model, cfg, plan.num_train_examples)
-    chosen, line = choice.path, choice.line
+    choice = checkpoints.choose(resume, parts.model, plan.num_train_examples)
+    chosen, line = choice.path, choice.lineage
     # The line the chosen checkpoint came from, for the trackers (a new line's tracked run names it as its parent).
-    resumed_line = store.read_meta(chosen).get("line") if chosen is not None and env.is_main else None
+    resumed_line = checkpoints.lineage_of(chosen) if chosen is not None and env.is_main else None
     if chosen is None and resuming and cfg.model.init_from:
         raise UserError(
-            f"{workdir}/{store.CHECKPOINTS_DIR} holds no usable checkpoint, and without one this run "
+            f"{checkpoints.folder} holds no usable checkpoint, and without one this run "
             f"would start from scratch instead of model.init_from; move them aside or pass another --workdir"
         )
     if chosen is not None:
-        resumed = resume_from.restore(chosen, parts.engine.state(), cfg)
+        resumed = checkpoints.restore(chosen)
         start_step = resumed.step
         if resumed.world_size != plan.world_size:  # the RNG states were not restored: fresh draws from here
             seed_rngs(rng_seed(cfg.train.seed, env.rank, start_step))
@@ -266,5 +266,5 @@ def build_run(
         wandb=cfg.log.wandb,
     )
     resumed_from = str(chosen) if chosen is not None else None
-    trainer = Trainer(cfg, plan, parts.engine, loaders, hooks, info, start_step, line, resumed_from)
+    trainer = Trainer(cfg, plan, parts.engine, loaders, hooks, info, start_step, line, resumed_from, checkpoints)
     return TrainingRun(cfg=cfg, plan=plan, env=env, parts=parts, trainer=trainer, manifest=manifest)

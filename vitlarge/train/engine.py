@@ -26,7 +26,6 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from vitlarge.checkpoint.state import RunState
 from vitlarge.config.schema import Config
 from vitlarge.model.ema import ModelEma
 from vitlarge.model.precision import Precision
@@ -155,29 +154,6 @@ class Engine:
         # FSDP2: each rank holds a piece of every gradient (DTensors); the global norm sums them over the ranks.
         self.fsdp = isinstance(ddp, FSDPModule)
         self.reduce_every_micro_step = self.fsdp and settings.fsdp_reduce_every_micro_step
-
-    def state(
-        self,
-        step: int = 0,
-        data: str | None = None,
-        line: str | None = None,
-        config: dict | None = None,
-        schedule: dict | None = None,
-    ) -> RunState:
-        """The run's state on this rank: the engine's parts (model, optimizer, loss scaler, EMA), this process's
-        RNGs and the values a checkpoint records beside them (``step``, the loader position ``data``, the ``line``,
-        the resolved ``config`` record, the plan's ``schedule`` record)."""
-        return RunState(
-            self.model,
-            self.optimizer,
-            self.precision.scaler,
-            self.ema,
-            step=step,
-            data=data,
-            line=line,
-            config=config,
-            schedule=schedule,
-        )
 
     @property
     def torch_optimizer(self) -> torch.optim.Optimizer:

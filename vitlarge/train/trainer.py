@@ -19,7 +19,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from vitlarge.checkpoint import store
+from vitlarge.checkpoint.checkpointer import Checkpointer
 from vitlarge.config.schema import Config
 from vitlarge.data.phased import PhasedLoaders, release_loader_memory
 from vitlarge.distributed.collective import rank0_decides
@@ -49,12 +49,17 @@ class Trainer:
         start_step: int = 0,
         line: str | None = None,
         resumed_from: str | None = None,
+        checkpoints: Checkpointer | None = None,
     ):
         """``loaders`` gives each phase's train and validation loaders, built at the phase's first step.
         ``line``: what the checkpoints' meta.json records as their line (vitlarge/checkpoint/resume.py).
-        ``resumed_from``: the checkpoint this run resumed from (at ``start_step``), None for a fresh run."""
+        ``resumed_from``: the checkpoint this run resumed from (at ``start_step``), None for a fresh run.
+        ``checkpoints``: the run's checkpointer (by default one over ``cfg.workdir`` and the engine's parts)."""
         self.line, self.resumed_from = line, resumed_from
         self.cfg, self.plan, self.engine = cfg, plan, engine
+        self.checkpoints = checkpoints or Checkpointer(cfg.workdir, cfg).attach(
+            engine.model, engine.optimizer, engine.precision.scaler, engine.ema
+        )
         self.loaders = loaders
         self.train_loader = self.val_loader = None
         profiler = step_profiler(info)  # train.profile_steps: last, so that the other hooks' work is in its steps
@@ -129,10 +134,10 @@ class Trainer:
     def _save(self):
         # meta.json's config is the run's record: precision and compile as resolved, not the recipe's "auto"
         assert self.train_loader is not None, "saved before a phase's loaders were made"
-        state = self.engine.state(
+        state = self.checkpoints.state(
             self.step, self.train_loader.state(), self.line, config=self.info.record, schedule=self.plan.record()
         )
-        path = store.save(self.cfg.workdir, state, self.cfg, keep=self.cfg.train.keep_checkpoints)
+        path = self.checkpoints.save(state)
         self._emit(Event.CHECKPOINT, self.step, str(path))
         return path
 
@@ -228,7 +233,7 @@ class Trainer:
             self._enter_phase(self.step - 1)
         final = self._evaluate()
         # Rank 0 looks, all ranks follow: the save is a collective, so the answer must be the same everywhere.
-        if not rank0_decides(lambda: store.exists(self.cfg.workdir, self.step)):
+        if not rank0_decides(lambda: self.checkpoints.has(self.step)):
             self._checkpoint()
         if self.info.compile:  # eval's and later phases' graphs: recompiles
             log.info(compile_stats().line())

@@ -17,7 +17,9 @@ from hooks.jsonl import read_metrics
 from tests.helpers import launcher
 from tests.helpers.runs import RECIPE, checkpoint_steps, kill_all, srun
 from vitlarge.checkpoint import store
+from vitlarge.checkpoint import weights as ckpt_weights
 from vitlarge.checkpoint.state import RunState
+from vitlarge.checkpoint.trust import layout
 
 TIMEOUT = 600
 
@@ -47,7 +49,7 @@ def train_records(workdir: Path) -> dict[int, dict]:
 
 def weights(path: Path) -> dict:
     """A checkpoint's full weights, read on this process (DCP's files)."""
-    return store.weights_of(path, store.read_meta(path))
+    return ckpt_weights.weights_of(path, layout.read_meta(path))
 
 
 def optimizer_state(path: Path) -> dict:

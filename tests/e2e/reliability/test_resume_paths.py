@@ -31,6 +31,7 @@ from tests.helpers.runs import (
     srun,
 )
 from vitlarge.checkpoint import store
+from vitlarge.checkpoint.trust import layout as ckpt_layout
 
 TIMEOUT = 300
 MOVED = re.compile(r"^moved .*", re.M)
@@ -125,12 +126,12 @@ def test_resume_of_an_older_step_into_the_same_workdir_then_kill_9_and_requeue(r
     assert resumed_at(text) == [(str(ckpts / "step_0000004"), 4)]
     assert names(aside) == ["step_0000006", "step_0000008", "step_0000010", "step_0000012"]
     newest = store.latest(workdir)
-    assert newest.parent == ckpts and store.step_of(newest) >= 8
+    assert newest.parent == ckpts and ckpt_layout.step_of(newest) >= 8
 
     r = launcher.run(args, nproc=2, timeout=TIMEOUT)  # the requeue: same command, no --resume
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
-    assert resumed_at(out) == [(str(newest), store.step_of(newest))] and not MOVED.findall(out)
+    assert resumed_at(out) == [(str(newest), ckpt_layout.step_of(newest))] and not MOVED.findall(out)
     assert_bitwise_equal(final_weights(reference), final_weights(workdir))
     assert checkpoint_steps(workdir) == [2, 4, 6, 8, 10, 12]
     assert [store.verify(p) for p in aside.iterdir()] == [None] * 4  # nothing lost

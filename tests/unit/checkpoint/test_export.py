@@ -17,9 +17,11 @@ from tests.helpers import ROOT, mounts
 from tests.helpers.recipes import demo
 from tests.helpers.tiny_model import trained
 from vitlarge.checkpoint import store
+from vitlarge.checkpoint import weights as ckpt_weights
 from vitlarge.checkpoint.export import export
 from vitlarge.checkpoint.init_from import load_into
 from vitlarge.checkpoint.state import RunState
+from vitlarge.checkpoint.trust import layout
 from vitlarge.config.load import load_recipe
 from vitlarge.errors import UserError
 from vitlarge.model.vit import build_model
@@ -69,7 +71,7 @@ def test_export_loads_in_timm_with_identical_outputs(tmp_path, cfg):
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in loaded.state_dict().items())
 
     fresh = build_model(cfg)
-    store.load_model_weights(path, fresh, cfg)  # evaluation reads the export folder too
+    ckpt_weights.load_model_weights(path, fresh, cfg)  # evaluation reads the export folder too
     with torch.no_grad():
         assert torch.equal(fresh.eval()(x), model(x))
 
@@ -81,7 +83,7 @@ def test_evaluating_an_export_at_another_image_size_names_the_size_its_config_js
     big = tiny_cfg()
     big.data.image_size = 32
     with pytest.raises(UserError) as e:
-        store.load_model_weights(path, build_model(big), big)
+        ckpt_weights.load_model_weights(path, build_model(big), big)
     assert str(e.value) == (
         f"export {path} was trained at data.image_size=16 (its config.json: input_size 3x16x16), this run has "
         "data.image_size=32 (pos_embed [1, 17, 32] there, [1, 65, 32] here); pass data.image_size=16"
@@ -89,7 +91,7 @@ def test_evaluating_an_export_at_another_image_size_names_the_size_its_config_js
     wider = tiny_cfg()
     wider.model.kwargs = dict(wider.model.kwargs, embed_dim=48, num_heads=3)
     with pytest.raises(UserError) as e:  # another architecture: torch's first mismatch, not its bare header
-        store.load_model_weights(path, build_model(wider), wider)
+        ckpt_weights.load_model_weights(path, build_model(wider), wider)
     assert str(e.value).startswith(f"{path} does not fit model vit_tiny_patch16_224: size mismatch for ")
 
 
@@ -169,7 +171,7 @@ def test_compiled_model_saves_exports_and_initialises_under_the_plain_names(tmp_
             p.add_(0.01)  # weights no fresh model has
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     ckpt = store.save(tmp_path, RunState(model, opt, torch.amp.GradScaler("cpu", enabled=False), step=1), c, keep=1)
-    assert sorted(store.weights_of(ckpt, store.read_meta(ckpt))) == sorted(names)
+    assert sorted(ckpt_weights.weights_of(ckpt, layout.read_meta(ckpt))) == sorted(names)
     out = export(tmp_path, model, c, [str(i) for i in range(10)])
     assert sorted(load_file(str(Path(out) / "model.safetensors"))) == sorted(names)
 
@@ -183,7 +185,7 @@ def test_compiled_model_saves_exports_and_initialises_under_the_plain_names(tmp_
         assert torch.equal(a, b), n
     again = build_model(target)
     compile_model(again, plan, scope)
-    store.load_model_weights(ckpt, again, target)
+    ckpt_weights.load_model_weights(ckpt, again, target)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
 
 

@@ -22,8 +22,12 @@ import torch
 from tests.helpers import ROOT
 from tests.helpers.tiny_model import make, trained
 from vitlarge.checkpoint import init_from, resume, sharded, store
-from vitlarge.checkpoint.files import torch_load
+from vitlarge.checkpoint import weights as ckpt_weights
+from vitlarge.checkpoint import workdir as ckpt_workdir
 from vitlarge.checkpoint.state import RunState
+from vitlarge.checkpoint.trust import index as dcp_index
+from vitlarge.checkpoint.trust import layout
+from vitlarge.checkpoint.trust.torch_files import torch_load
 from vitlarge.config.load import load_recipe
 from vitlarge.errors import UserError
 
@@ -117,13 +121,13 @@ def test_a_crafted_index_never_runs_at_any_entry_point(tmp_path, ckpt, cfg, rout
     poison(ckpt, routes(marker)[route])
     problem = store.verify(ckpt)  # rank 0's check before any resume
     assert problem is not None and "which a DCP index never holds" in problem
-    with pytest.raises(store.Unusable, match="never holds"):  # evaluate's and load_model_weights' read
-        store.load_model_weights(ckpt, make(cfg)[0], cfg)
+    with pytest.raises(layout.Unusable, match="never holds"):  # evaluate's and load_model_weights' read
+        ckpt_weights.load_model_weights(ckpt, make(cfg)[0], cfg)
     with pytest.raises(UserError, match=r"^model.init_from=.*which a DCP index never holds"):
         init_from.read_state_dict(ckpt)
-    with pytest.raises(store.Unusable, match="never holds"):  # --resume X
+    with pytest.raises(layout.Unusable, match="never holds"):  # --resume X
         resume.choose(tmp_path / "mine", ckpt, make(cfg)[0], cfg)
-    with pytest.raises(sharded.IndexProblem):  # the DCP reader itself, for any caller
+    with pytest.raises(dcp_index.IndexProblem):  # the DCP reader itself, for any caller
         sharded.Reader(ckpt).read_metadata()
     # An automatic resume names it and passes over it, as over any checkpoint that fails its check.
     chosen = resume.choose(ckpt.parent.parent, None, make(cfg)[0], cfg).path
@@ -133,7 +137,7 @@ def test_a_crafted_index_never_runs_at_any_entry_point(tmp_path, ckpt, cfg, rout
 
 
 def _index_with(path: Path, edit) -> None:
-    md = sharded.unpickle_index((path / ".metadata").read_bytes())
+    md = dcp_index.unpickle_index((path / ".metadata").read_bytes())
     edit(md)
     (path / ".metadata").write_bytes(pickle.dumps(md, protocol=4))
     reseal(path)
@@ -155,8 +159,8 @@ def _first_storage(md):
 def test_index_entries_may_name_only_the_listed_data_files(ckpt, cfg, where, expect):
     _index_with(ckpt, lambda md: setattr(_first_storage(md), "relative_path", where))
     assert expect in store.verify(ckpt)
-    with pytest.raises(store.Unusable, match=expect):
-        store.weights_of(ckpt, store.read_meta(ckpt))
+    with pytest.raises(layout.Unusable, match=expect):
+        ckpt_weights.weights_of(ckpt, layout.read_meta(ckpt))
 
 
 def test_index_byte_ranges_stay_inside_the_recorded_size(ckpt):
@@ -171,8 +175,8 @@ def test_index_shapes_cannot_allocate_more_than_the_files_hold(ckpt):
 
     _index_with(ckpt, huge)
     assert "larger than the checkpoint's data files" in store.verify(ckpt)
-    with pytest.raises(store.Unusable, match="larger than"):
-        store.weights_of(ckpt, store.read_meta(ckpt))  # allocates from the index when no model is given
+    with pytest.raises(layout.Unusable, match="larger than"):
+        ckpt_weights.weights_of(ckpt, layout.read_meta(ckpt))  # allocates from the index when no model is given
 
 
 @pytest.mark.parametrize(
@@ -188,8 +192,8 @@ def test_meta_json_may_list_only_plain_checkpoint_file_names(ckpt, name, expect)
     meta["files"][name] = {"bytes": 1, "crc32c": "00000000"}
     (ckpt / "meta.json").write_text(json.dumps(meta))
     assert expect in store.verify(ckpt)
-    with pytest.raises(store.Unusable, match=expect):
-        store.read_meta(ckpt)
+    with pytest.raises(layout.Unusable, match=expect):
+        layout.read_meta(ckpt)
 
 
 @pytest.mark.timeout(60)
@@ -290,7 +294,7 @@ def test_rank_files_are_checked_before_use(ckpt, cfg, content, expect):
     else:
         torch.save(content, f)
     reseal(ckpt)
-    with pytest.raises(store.Unusable) as e:
+    with pytest.raises(layout.Unusable) as e:
         store.read(ckpt, make(cfg)[0], cfg)
     assert expect in str(e.value)
     assert "weights_only" not in str(e.value) and "\n" not in str(e.value)
@@ -302,7 +306,7 @@ def test_a_damaged_export_is_one_line(tmp_path, cfg):
     (export / "config.json").write_text("{}")
     (export / "model.safetensors").write_bytes(struct.pack("<Q", 1 << 40) + b"{}")  # a header length past the end
     with pytest.raises(UserError) as e:
-        store.load_model_weights(export, make(cfg)[0], cfg)
+        ckpt_weights.load_model_weights(export, make(cfg)[0], cfg)
     assert "model.safetensors is not a safetensors file" in str(e.value) and "\n" not in str(e.value)
 
 
@@ -336,7 +340,7 @@ def test_a_checkpoints_folder_that_is_a_link_is_refused_in_one_line(tmp_path):
     workdir.mkdir()
     (workdir / "checkpoints").symlink_to(outside)
     with pytest.raises(UserError, match=r"checkpoints is a symbolic link .*remove the link") as e:
-        store.check_writable(workdir, 0)
+        ckpt_workdir.check_writable(workdir, 0)
     assert "\n" not in str(e.value) and _untouched(outside)
 
 
@@ -345,7 +349,7 @@ def test_a_planted_write_probe_link_is_removed_not_followed(tmp_path):
     workdir = tmp_path / "run"
     workdir.mkdir()
     (workdir / ".write_test_0").symlink_to(outside / "created_through_the_link")
-    store.check_writable(workdir, 0)
+    ckpt_workdir.check_writable(workdir, 0)
     assert _untouched(outside) and not (workdir / ".write_test_0").exists()
 
 
@@ -417,12 +421,12 @@ def test_a_compressed_rank_file_is_refused_before_torch_load_inflates_it(ckpt, c
         for name, data in entries.items():
             z.writestr(name, data)
     reseal(ckpt)
-    with pytest.raises(store.Unusable, match="rank_00000.pt holds compressed entries"):
+    with pytest.raises(layout.Unusable, match="rank_00000.pt holds compressed entries"):
         store.read(ckpt, make(cfg)[0], cfg)
 
 
 def test_a_data_range_that_is_not_a_torch_archive_is_refused(ckpt):
-    md = sharded.read_index(ckpt)
+    md = dcp_index.read_index(ckpt)
     info = next(iter(md.storage_data.values()))
     data = bytearray((ckpt / info.relative_path).read_bytes())
     data[info.offset : info.offset + info.length] = b"\0" * info.length
@@ -450,10 +454,10 @@ def test_chunk_tiling_rule_at_fsdp_scale():
 
     rows = [1000 * r // 128 for r in range(129)]
     chunks = [C(torch.Size([a, 0]), torch.Size([b - a, 64])) for a, b in zip(rows, rows[1:])]
-    assert sharded._chunks_tile(chunks, torch.Size([1000, 64]))
+    assert dcp_index._chunks_tile(chunks, torch.Size([1000, 64]))
     overlap = chunks[:-1] + [C(torch.Size([rows[-2] - 1, 0]), torch.Size([rows[-1] - rows[-2], 64]))]
-    assert not sharded._chunks_tile(overlap, torch.Size([1000, 64]))
-    assert not sharded._chunks_tile(chunks[1:], torch.Size([1000, 64]))
+    assert not dcp_index._chunks_tile(overlap, torch.Size([1000, 64]))
+    assert not dcp_index._chunks_tile(chunks[1:], torch.Size([1000, 64]))
 
 
 # Found by the second hostile review: memory in proportion to a file's size, and files that pass their checks.
@@ -475,7 +479,7 @@ def _refused_within(fn, error: type[Exception]) -> tuple[str, int]:
 
 
 def _budget(size: int) -> int:
-    from vitlarge.checkpoint import pickles
+    from vitlarge.checkpoint.trust import pickles
 
     return pickles.FLOOR + pickles.PER_BYTE * size
 
@@ -485,7 +489,9 @@ def test_an_index_that_floods_memory_is_refused_within_its_budget(ckpt):
     allowed ~230 GiB) before the index was refused as no Metadata; now charged as it is built, refused at the budget."""
     (ckpt / ".metadata").write_bytes(b"\x80\x04(" + b"\x8f" * FLOOD + b"l.")
     reseal(ckpt)
-    problem, peak = _refused_within(lambda: sharded.read_index(ckpt), sharded.IndexProblem)  # every entry point's read
+    problem, peak = _refused_within(
+        lambda: dcp_index.read_index(ckpt), dcp_index.IndexProblem
+    )  # every entry point's read
     assert problem.startswith(".metadata makes more than ") and "of objects from its 131,077 bytes" in problem
     assert peak < _budget(FLOOD) + (1 << 20), peak
 
@@ -502,7 +508,7 @@ def test_a_rank_files_pickle_that_floods_memory_is_refused_before_torch_load(ckp
         for name, data in entries.items():
             z.writestr(name, b"\x80\x02](" + b"\x8f" * FLOOD + b"e." if name.endswith("/data.pkl") else data)
     reseal(ckpt)
-    problem, peak = _refused_within(lambda: torch_load(ckpt, "rank_00000.pt"), store.Unusable)  # store.read's
+    problem, peak = _refused_within(lambda: torch_load(ckpt, "rank_00000.pt"), layout.Unusable)  # store.read's
     assert "rank_00000.pt has a data.pkl that makes more than " in problem and "\n" not in problem
     assert peak < _budget(FLOOD) + (1 << 20), peak
 
@@ -540,7 +546,7 @@ def test_an_exports_config_json_that_is_a_link_is_refused(tmp_path, cfg):
     other = load_recipe(ROOT / "recipes" / "demo_digits.py")
     other.data.image_size = 32
     with pytest.raises(UserError) as e:
-        store.load_model_weights(folder, make(other)[0], other)
+        ckpt_weights.load_model_weights(folder, make(other)[0], other)
     assert str(e.value) == (
         f"{folder}: config.json is a symbolic link (refused: every file must be inside the folder itself); "
         "pass an exported model folder or a checkpoints/step_* folder"
@@ -674,7 +680,7 @@ def test_a_real_fsdp_index_is_charged_well_within_its_budget():
         TensorStorageMetadata,
     )
 
-    from vitlarge.checkpoint import pickles
+    from vitlarge.checkpoint.trust import pickles
 
     ranks, entries, storage = 8, {}, {}
     for prefix in ("model.", "optimizer.state.exp_avg.", "optimizer.state.exp_avg_sq."):
@@ -686,7 +692,7 @@ def test_a_real_fsdp_index_is_charged_well_within_its_budget():
                 storage[MetadataIndex(fqn, offsets, 0)] = _StorageInfo(f"__{r}_0.distcp", 4096 * r, 512)
             entries[fqn] = TensorStorageMetadata(TensorProperties(dtype=torch.float32), torch.Size(shape), chunks)
     raw = pickle.dumps(Metadata(entries, {k: tuple(k.split(".")) for k in entries}, storage_data=storage), protocol=4)
-    unpickler = sharded._MetadataUnpickler(io.BytesIO(raw), len(raw))
+    unpickler = dcp_index._MetadataUnpickler(io.BytesIO(raw), len(raw))
     assert type(unpickler.load()) is Metadata
     built = unpickler.budget.limit - unpickler.budget.left
     scanned = pickles.Budget(len(raw), "x")

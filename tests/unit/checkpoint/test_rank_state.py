@@ -4,8 +4,8 @@ an exception (a value it accepts and numpy then refuses would be a traceback, no
 import numpy as np
 import pytest
 
-from vitlarge.checkpoint.files import rank_state_problem
 from vitlarge.checkpoint.state import RngState
+from vitlarge.checkpoint.trust.torch_files import rank_state_problem
 
 
 def state_with(**numpy_fields) -> dict:

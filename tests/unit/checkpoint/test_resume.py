@@ -13,6 +13,7 @@ import torch
 from tests.helpers import ROOT
 from vitlarge.checkpoint import resume, store
 from vitlarge.checkpoint.state import RunState
+from vitlarge.checkpoint.trust import layout
 from vitlarge.config.load import load_recipe
 from vitlarge.errors import UserError
 from vitlarge.model.vit import build_model
@@ -56,7 +57,7 @@ def test_automatic_resume_takes_the_newest_that_passes_and_moves_the_failed_asid
     warnings = [r.getMessage() for r in caplog.records if r.name == "vitlarge"]
     assert warnings[:2] == [
         f"warning: checkpoint {ckpts[2]} fails its check (__0_0.distcp has 0 bytes, meta.json records "
-        f"{store.read_meta(ckpts[0])['files']['__0_0.distcp']['bytes']:,}); passed over",
+        f"{layout.read_meta(ckpts[0])['files']['__0_0.distcp']['bytes']:,}); passed over",
         f"warning: checkpoint {ckpts[1]} fails its check (meta.json is not JSON: Expecting property name enclosed "
         "in double quotes: line 1 column 2 (char 1)); passed over",
     ]
@@ -67,7 +68,7 @@ def test_automatic_resume_takes_the_newest_that_passes_and_moves_the_failed_asid
     assert len(warnings) == 3 and warnings[2].startswith(
         f"moved 2 checkpoint(s) newer than step 2 (step_0000004, step_0000006) aside to {aside}"
     )
-    assert [p.name for p in store.list_checkpoints(tmp_path)] == ["step_0000002"]
+    assert [p.name for p in layout.list_checkpoints(tmp_path)] == ["step_0000002"]
     assert resume.choose(tmp_path, None, parts[0], cfg).path == ckpts[0]
 
 
@@ -96,11 +97,11 @@ def test_resume_from_another_workdir_starts_this_workdirs_line_with_a_copy(tmp_p
     linked = {f.name: f.stat().st_ino for f in chosen.iterdir() if f.name != "meta.json"}
     assert linked == {f.name: f.stat().st_ino for f in other.iterdir() if f.name != "meta.json"}
     # meta.json is the copy's own: the same record, naming the line the copy starts (see the line tests below)
-    assert store.read_meta(chosen) == {**store.read_meta(other), "line": resume.line_of(other)}
+    assert layout.read_meta(chosen) == {**layout.read_meta(other), "line": resume.lineage_of(other)}
     [aside] = abandoned(tmp_path / "here")
     assert names(aside) == ["step_0000004", "step_0000006"]
     assert store.latest(tmp_path / "here") == chosen
-    assert store.verify(other) is None and store.list_checkpoints(tmp_path / "other") == [other]
+    assert store.verify(other) is None and layout.list_checkpoints(tmp_path / "other") == [other]
 
 
 def test_resume_of_a_bad_checkpoint_is_one_line_and_moves_nothing(tmp_path, cfg, parts):
@@ -111,10 +112,10 @@ def test_resume_of_a_bad_checkpoint_is_one_line_and_moves_nothing(tmp_path, cfg,
         resume.choose(tmp_path, ckpts[1], parts[0], cfg)
     assert str(e.value) == (
         f"checkpoint {ckpts[1]} fails its check (.metadata has 100 bytes, meta.json records "
-        f"{store.read_meta(ckpts[0])['files']['.metadata']['bytes']:,}); --resume an older "
+        f"{layout.read_meta(ckpts[0])['files']['.metadata']['bytes']:,}); --resume an older "
         "checkpoints/step_* folder, or omit --resume to take the newest one that passes"
     )
-    assert abandoned(tmp_path) == [] and store.list_checkpoints(tmp_path) == ckpts
+    assert abandoned(tmp_path) == [] and layout.list_checkpoints(tmp_path) == ckpts
 
 
 @pytest.mark.parametrize("where", ["workdir", "checkpoints", "elsewhere"])
@@ -144,7 +145,7 @@ def test_checkpoint_of_another_recipe_is_refused_and_nothing_moves(tmp_path, cfg
     (ckpts[1] / "__0_0.distcp").write_bytes(b"")
     with pytest.raises(UserError, match=f"checkpoint {ckpts[0]} holds model .* does not match the recipe"):
         resume.choose(tmp_path, None, parts[0], cfg)
-    assert abandoned(tmp_path) == [] and store.list_checkpoints(tmp_path) == ckpts
+    assert abandoned(tmp_path) == [] and layout.list_checkpoints(tmp_path) == ckpts
 
 
 def test_restore_loads_the_choice(tmp_path, cfg, parts):
@@ -170,7 +171,7 @@ def test_restore_names_the_rank_and_the_path(tmp_path, cfg, parts):
 def save_line(workdir: Path, cfg, parts, steps, line=None, keep=10) -> list[Path]:
     model, opt, scaler = parts
     return [
-        store.save(workdir, RunState(model, opt, scaler, step=s, data=f"data@{s}", line=line), cfg, keep=keep)
+        store.save(workdir, RunState(model, opt, scaler, step=s, data=f"data@{s}", lineage=line), cfg, keep=keep)
         for s in steps
     ]
 
@@ -179,17 +180,17 @@ def test_the_same_resume_again_continues_the_line_it_started(tmp_path, cfg, part
     old = save_line(tmp_path, cfg, parts, (2, 4, 6, 8))
     x = old[1]
     choice = resume.choose(tmp_path, x, parts[0], cfg)
-    chosen, line = choice.path, choice.line
-    assert chosen == x and line == resume.line_of(x)
+    chosen, line = choice.path, choice.lineage
+    assert chosen == x and line == resume.lineage_of(x)
     [aside] = abandoned(tmp_path)  # going back: 6 and 8 of the old line are moved, never deleted
     assert sorted(p.name for p in aside.iterdir()) == ["step_0000006", "step_0000008"]
     # This run writes 6 and 8 of its own line; keep=2 prunes X itself.
     save_line(tmp_path, cfg, parts, (6, 8), line=line, keep=2)
-    assert not x.exists() and [p.name for p in store.list_checkpoints(tmp_path)] == ["step_0000006", "step_0000008"]
+    assert not x.exists() and [p.name for p in layout.list_checkpoints(tmp_path)] == ["step_0000006", "step_0000008"]
     # The requeue runs the same command: no error for the pruned X, the line's newest, nothing moved.
     resume.check_requested(tmp_path, x)
     choice = resume.choose(tmp_path, x, parts[0], cfg)
-    chosen, again = choice.path, choice.line
+    chosen, again = choice.path, choice.lineage
     assert chosen == tmp_path / "checkpoints" / "step_0000008" and again == line
     assert abandoned(tmp_path) == [aside]
     # An automatic resume (no --resume) keeps writing the same line.
@@ -198,7 +199,7 @@ def test_the_same_resume_again_continues_the_line_it_started(tmp_path, cfg, part
 
 def test_a_line_checkpoint_that_fails_its_check_is_passed_over(tmp_path, cfg, parts):
     x = save_line(tmp_path, cfg, parts, (4,))[0]
-    line = resume.line_of(x)
+    line = resume.lineage_of(x)
     newest = save_line(tmp_path, cfg, parts, (6, 8), line=line)
     (newest[1] / "__0_0.distcp").write_bytes(b"")
     assert resume.choose(tmp_path, x, parts[0], cfg) == resume.Choice(newest[0], line)
@@ -214,8 +215,8 @@ def test_a_resume_from_another_workdir_is_continued_on_requeue(tmp_path, cfg, pa
     other = save_line(tmp_path / "other", cfg, parts, (4,))[0]
     here = tmp_path / "here"
     choice = resume.choose(here, other, parts[0], cfg)
-    copy, line = choice.path, choice.line
-    assert copy == here / "checkpoints" / "step_0000004" and store.read_meta(copy)["line"] == line
+    copy, line = choice.path, choice.lineage
+    assert copy == here / "checkpoints" / "step_0000004" and layout.read_meta(copy)["line"] == line
     # A requeue before the first save: the copy is the line's newest; nothing moved aside.
     assert resume.choose(here, other, parts[0], cfg) == resume.Choice(copy, line) and abandoned(here) == []
 

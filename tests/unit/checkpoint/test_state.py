@@ -54,7 +54,7 @@ def test_the_ema_takes_back_its_average_in_place(cfg):
 def test_a_save_writes_meta_json_with_the_keys_a_run_always_wrote(tmp_path, cfg):
     """Byte-compatible checkpoints: meta.json's keys in the order vitlarge 0.x wrote them (``line`` included)."""
     model, opt, scaler = trained(cfg)
-    path = store.save(tmp_path, RunState(model, opt, scaler, step=4, data="pos", line="/a/line"), cfg, keep=2)
+    path = store.save(tmp_path, RunState(model, opt, scaler, step=4, data="pos", lineage="/a/line"), cfg, keep=2)
     meta = json.loads((path / "meta.json").read_text())
     assert list(meta) == [
         "format_version",
@@ -73,11 +73,11 @@ def test_a_save_writes_meta_json_with_the_keys_a_run_always_wrote(tmp_path, cfg)
 
 def test_a_load_fills_the_parts_and_returns_a_typed_checkpoint(tmp_path, cfg):
     model, opt, scaler = trained(cfg)
-    path = store.save(tmp_path, RunState(model, opt, scaler, step=4, data="pos", line="/a/line"), cfg, keep=2)
+    path = store.save(tmp_path, RunState(model, opt, scaler, step=4, data="pos", lineage="/a/line"), cfg, keep=2)
     m2, o2, s2 = make(cfg, seed=1)
     loaded = store.load(path, RunState(m2, o2, s2), cfg)
     assert isinstance(loaded, LoadedCheckpoint)
-    assert (loaded.path, loaded.step, loaded.world_size, loaded.data_state, loaded.line) == (
+    assert (loaded.path, loaded.step, loaded.world_size, loaded.data_state, loaded.lineage) == (
         path,
         4,
         1,

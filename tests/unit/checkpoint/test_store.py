@@ -17,8 +17,14 @@ from safetensors.torch import load_file
 
 from tests.helpers import ROOT, mounts
 from tests.helpers.tiny_model import make, train_step, trained
+from vitlarge.checkpoint import files as ckpt_files
 from vitlarge.checkpoint import sharded, store
+from vitlarge.checkpoint import weights as ckpt_weights
+from vitlarge.checkpoint import workdir as ckpt_workdir
 from vitlarge.checkpoint.state import RngState, RunState
+from vitlarge.checkpoint.trust import index as dcp_index
+from vitlarge.checkpoint.trust import layout as ckpt_layout
+from vitlarge.checkpoint.trust import meta as meta_json
 from vitlarge.checkpoint.weights import param_shapes
 from vitlarge.config.load import load_recipe
 from vitlarge.config.schema import Config
@@ -43,7 +49,7 @@ def save(workdir, step, model, opt, scaler, cfg, keep=3, data="loader-state"):
 
 def weights(path: Path) -> dict:
     """A checkpoint's full weights, read on this process (as evaluate and init_from do)."""
-    return store.weights_of(path, store.read_meta(path))
+    return ckpt_weights.weights_of(path, ckpt_layout.read_meta(path))
 
 
 def optimizer_state(path: Path) -> dict:
@@ -67,11 +73,11 @@ def test_layout(tmp_path, cfg):
     assert sorted(p.name for p in path.iterdir()) == LAYOUT
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_0000100"]  # no .tmp left
     meta = json.loads((path / "meta.json").read_text())
-    assert meta["format_version"] == store.FORMAT_VERSION
+    assert meta["format_version"] == meta_json.FORMAT_VERSION
     assert (meta["step"], meta["world_size"], meta["model"]) == (100, 1, "vit_tiny_patch16_224")
     assert meta["param_shapes"]["pos_embed"] == [1, 17, 96]
     assert meta["config"] == json.loads(json.dumps(cfg.to_dict()))
-    assert store.read_meta(path)["step"] == 100
+    assert ckpt_layout.read_meta(path)["step"] == 100
     assert meta["optimizer_state"] is True
     assert set(weights(path)) == set(model.state_dict())
     # Every file's size and CRC32C (DCP's included), computed here independently of vitlarge.fileio.
@@ -142,7 +148,7 @@ def test_keep_newest_n(tmp_path, cfg):
     model, opt, scaler = make(cfg)
     for step in (100, 200, 300, 400, 500):
         save(tmp_path, step, model, opt, scaler, cfg, keep=2)
-    names = [p.name for p in store.list_checkpoints(tmp_path)]
+    names = [p.name for p in ckpt_layout.list_checkpoints(tmp_path)]
     assert names == ["step_0000400", "step_0000500"]
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == names
 
@@ -153,7 +159,7 @@ def test_pruning_never_removes_the_checkpoint_just_written(tmp_path, cfg):
     for step in (1, 2, 10):
         save(tmp_path, step, model, opt, scaler, cfg, keep=5)
     new = save(tmp_path, 3, model, opt, scaler, cfg, keep=1)
-    assert [p.name for p in store.list_checkpoints(tmp_path)] == ["step_0000003", "step_0000010"]
+    assert [p.name for p in ckpt_layout.list_checkpoints(tmp_path)] == ["step_0000003", "step_0000010"]
     assert store.verify(new) is None
 
 
@@ -175,7 +181,7 @@ def test_latest_ignores_incomplete_folders_and_save_removes_stale_tmp(tmp_path, 
     assert store.latest(tmp_path) == root / "step_0000005"
     assert store.newest_verified(tmp_path).passed_over == [(root / "step_0000008", "no meta.json")]
     with pytest.raises(UserError, match="no meta.json"):
-        store.read_meta(root / "step_0000008")
+        ckpt_layout.read_meta(root / "step_0000008")
 
     save(tmp_path, 10, model, opt, scaler, cfg)
     assert not (root / ".step_0000009.tmp").exists()
@@ -228,25 +234,25 @@ def test_load_checks_the_sizes_of_the_files_it_reads(tmp_path, cfg, name):
     model, opt, scaler = make(cfg)
     path = save(tmp_path, 1, model, opt, scaler, cfg)
     truncate(path / name)
-    with pytest.raises(store.Unusable, match=f"checkpoint {path} fails its check .{name} has ") as e:
+    with pytest.raises(ckpt_layout.Unusable, match=f"checkpoint {path} fails its check .{name} has ") as e:
         store.load(path, RunState(model, opt, scaler), cfg)
     assert "meta.json records" in e.value.problem
     if name.endswith(".distcp"):
-        with pytest.raises(store.Unusable, match=f"{name} has "):
-            store.load_model_weights(path, model, cfg)
+        with pytest.raises(ckpt_layout.Unusable, match=f"{name} has "):
+            ckpt_weights.load_model_weights(path, model, cfg)
 
 
 def test_read_meta_errors(tmp_path):
     with pytest.raises(UserError, match="does not exist"):
-        store.read_meta(tmp_path / "checkpoints" / "step_0000001")
+        ckpt_layout.read_meta(tmp_path / "checkpoints" / "step_0000001")
     bad = tmp_path / "step_0000002"
     bad.mkdir()
     (bad / "meta.json").write_text("{not json")
     with pytest.raises(UserError, match="fails its check .meta.json is not JSON"):
-        store.read_meta(bad)
+        ckpt_layout.read_meta(bad)
     (bad / "meta.json").write_text(json.dumps({"format_version": 99}))
     with pytest.raises(UserError, match="format 99"):
-        store.read_meta(bad)
+        ckpt_layout.read_meta(bad)
 
 
 def test_load_into_another_model_shape(tmp_path, cfg):
@@ -259,7 +265,7 @@ def test_load_into_another_model_shape(tmp_path, cfg):
         with pytest.raises(UserError, match="does not match"):
             store.load(path, RunState(m2, o2, s2), other)
         with pytest.raises(UserError, match="does not match"):
-            store.load_model_weights(path, m2, other)
+            ckpt_weights.load_model_weights(path, m2, other)
 
 
 def test_a_checkpoint_of_another_image_size_names_both_sizes_and_the_fix(tmp_path, cfg):
@@ -277,7 +283,7 @@ def test_a_checkpoint_of_another_image_size_names_both_sizes_and_the_fix(tmp_pat
         store.load(path, RunState(m2, o2, s2), other)
     assert str(e.value) == want
     with pytest.raises(UserError) as e:
-        store.load_model_weights(path, m2, other)
+        ckpt_weights.load_model_weights(path, m2, other)
     assert str(e.value) == want
 
 
@@ -296,7 +302,7 @@ def test_a_zero_checkpoint_is_refused_for_resume_but_its_weights_still_load(tmp_
         f"checkpoint {path} was written by train.plugin=zero (removed), whose optimizer file holds "
         f"rank 0's shard only and cannot be resumed; start a new --workdir with model.init_from={path}"
     )
-    store.load_model_weights(path, m2, cfg)
+    ckpt_weights.load_model_weights(path, m2, cfg)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), m2.state_dict().values()))
 
 
@@ -386,16 +392,16 @@ def test_a_format_2_checkpoint_still_resumes_exactly_and_its_weights_load(tmp_pa
 
     model2, opt2, scaler2 = make(cfg, seed=1)
     state = store.load(path, RunState(model2, opt2, scaler2), cfg)
-    assert (state.step, state.data_state, store.read_meta(path)["format_version"]) == (2, "loader-state", version)
+    assert (state.step, state.data_state, ckpt_layout.read_meta(path)["format_version"]) == (2, "loader-state", version)
     train_step(model2, opt2, scaler2, seed=99)
     assert all(torch.equal(v, reference[k]) for k, v in model2.state_dict().items())
 
     fresh = build_model(cfg)  # evaluate --checkpoint of an old checkpoint
-    store.load_model_weights(path, fresh, cfg)
+    ckpt_weights.load_model_weights(path, fresh, cfg)
     assert all(torch.equal(v, load_file(str(path / "model.safetensors"))[k]) for k, v in fresh.state_dict().items())
     # ... and the next save is format 3, in the same line
     new = save(tmp_path, 3, model2, opt2, scaler2, cfg)
-    assert store.read_meta(new)["format_version"] == 3 and store.latest(tmp_path) == new
+    assert ckpt_layout.read_meta(new)["format_version"] == 3 and store.latest(tmp_path) == new
 
 
 @pytest.mark.parametrize(
@@ -423,7 +429,7 @@ def test_a_format_2_optimizer_file_of_another_form_is_one_line(tmp_path, cfg, da
     meta = json.loads((path / "meta.json").read_text())
     meta["files"]["optimizer.pt"] = fileio.sync_and_record(path / "optimizer.pt")  # its records agree
     (path / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(store.Unusable, match=re.escape(problem)):
+    with pytest.raises(ckpt_layout.Unusable, match=re.escape(problem)):
         store.load(path, RunState(*make(cfg, seed=1)), cfg)
 
 
@@ -436,24 +442,24 @@ def test_dcp_index_is_read_without_unpickling_foreign_objects(tmp_path, cfg):
     path = save(tmp_path, 1, model, opt, scaler, cfg)
     assert sharded.Reader(path).read_metadata().state_dict_metadata  # the real index reads
     (path / ".metadata").write_bytes(pickle.dumps(argparse.Namespace(x=1)))
-    with pytest.raises(sharded.IndexProblem, match="argparse.Namespace, which a DCP index never holds"):
+    with pytest.raises(dcp_index.IndexProblem, match="argparse.Namespace, which a DCP index never holds"):
         sharded.Reader(path).read_metadata()
 
 
 def test_exists_needs_the_published_folder_and_its_meta_json(tmp_path, cfg):
     """What the trainer asks before its final save: a name alone (a half-copied folder) is not a checkpoint."""
-    assert not store.exists(tmp_path, 2)
-    (tmp_path / "checkpoints" / store.step_name(2)).mkdir(parents=True)
-    assert not store.exists(tmp_path, 2)
+    assert not ckpt_layout.exists(tmp_path, 2)
+    (tmp_path / "checkpoints" / ckpt_layout.step_name(2)).mkdir(parents=True)
+    assert not ckpt_layout.exists(tmp_path, 2)
     model, opt, scaler = trained(cfg)
     save(tmp_path, 3, model, opt, scaler, cfg)
-    assert store.exists(tmp_path, 3) and not store.exists(tmp_path, 30)
-    assert store.step_name(3) == "step_0000003" and store.step_of(Path("step_0000003")) == 3
+    assert ckpt_layout.exists(tmp_path, 3) and not ckpt_layout.exists(tmp_path, 30)
+    assert ckpt_layout.step_name(3) == "step_0000003" and ckpt_layout.step_of(Path("step_0000003")) == 3
 
 
 def test_check_writable_creates_the_workdir_and_names_a_read_only_one(tmp_path):
     work = tmp_path / "new" / "run"
-    store.check_writable(work, rank=1)
+    ckpt_workdir.check_writable(work, rank=1)
     assert work.is_dir() and list(work.iterdir()) == []  # the probe file is gone
     ro = tmp_path / "ro"
     (ro / "checkpoints").mkdir(parents=True)
@@ -465,7 +471,7 @@ def test_check_writable_creates_the_workdir_and_names_a_read_only_one(tmp_path):
         with pytest.raises(
             UserError, match=rf"^workdir {ro} is not writable \(Read-only file system\); pass a writable"
         ):
-            store.check_writable(ro, rank=0)
+            ckpt_workdir.check_writable(ro, rank=0)
     finally:
         mounts.unmount(ro)
 
@@ -477,10 +483,10 @@ def test_reason_of_finds_the_os_error_behind_a_wrapped_failure(tmp_path):
         except OSError as e:
             raise RuntimeError("unexpected pos 512 vs 448") from e
     except RuntimeError as wrapped:
-        assert store.reason_of(wrapped) == "No space left on device"
-    assert store.reason_of(ValueError("first line\nsecond")) == "first line"
-    assert store.reason_of(ValueError("")) == "ValueError"
-    assert store.reason_of(RuntimeError("unexpected pos 512"), written_in=tmp_path) == "unexpected pos 512"
+        assert ckpt_files.reason_of(wrapped) == "No space left on device"
+    assert ckpt_files.reason_of(ValueError("first line\nsecond")) == "first line"
+    assert ckpt_files.reason_of(ValueError("")) == "ValueError"
+    assert ckpt_files.reason_of(RuntimeError("unexpected pos 512"), written_in=tmp_path) == "unexpected pos 512"
 
 
 def test_the_model_ema_is_saved_with_the_weights_and_restored_bitwise(tmp_path, cfg, caplog):
@@ -496,7 +502,7 @@ def test_the_model_ema_is_saved_with_the_weights_and_restored_bitwise(tmp_path, 
         ema.update(step)
     assert not torch.equal(ema.state_dict()["pos_embed"], model.pos_embed)
     path = store.save(tmp_path, RunState(model, opt, scaler, ema, step=3), cfg, keep=3)
-    assert store.read_meta(path)["ema"] is True
+    assert ckpt_layout.read_meta(path)["ema"] is True
     assert all(torch.equal(v, ema.state_dict()[k]) for k, v in sharded.read_full_model(path, key="ema").items())
 
     model2, opt2, scaler2 = make(cfg, seed=1)
@@ -506,7 +512,7 @@ def test_the_model_ema_is_saved_with_the_weights_and_restored_bitwise(tmp_path, 
     assert "holds no model EMA" not in caplog.text
 
     old = save(tmp_path, 4, model, opt, scaler, cfg)  # written without an EMA
-    assert store.read_meta(old)["ema"] is False
+    assert ckpt_layout.read_meta(old)["ema"] is False
     store.load(old, RunState(model2, opt2, scaler2, ema2), cfg)
     assert all(torch.equal(v, model2.state_dict()[k]) for k, v in ema2.state_dict().items())
     warned = [r.getMessage() for r in caplog.records if "holds no model EMA" in r.getMessage()]
@@ -518,18 +524,18 @@ def test_a_checkpoint_that_does_not_exist_names_those_beside_it(tmp_path):
     """A pruned (or mistyped) step: the line lists the checkpoints its folder holds (the newest five)."""
     root = tmp_path / "checkpoints"
     for step in (100, 200, 300, 400, 500, 600):
-        (root / store.step_name(step)).mkdir(parents=True)
+        (root / ckpt_layout.step_name(step)).mkdir(parents=True)
     missing = root / "step_0000050"
     with pytest.raises(UserError) as e:  # --resume
-        store.read_meta(missing)
+        ckpt_layout.read_meta(missing)
     assert str(e.value) == (
         f"checkpoint {missing} does not exist; {root} holds ..., step_0000200, step_0000300, step_0000400, "
         "step_0000500, step_0000600; check --resume, or omit it to resume from the workdir"
     )
     with pytest.raises(UserError) as e:  # vitlarge.evaluate --checkpoint, model.init_from
-        store.load_model_weights(missing, torch.nn.Linear(1, 1), Config())
+        ckpt_weights.load_model_weights(missing, torch.nn.Linear(1, 1), Config())
     assert str(e.value).startswith(f"checkpoint {missing} does not exist; {root} holds ..., step_0000200, ")
     lone = tmp_path / "elsewhere" / "step_0000050"
     with pytest.raises(UserError) as e:  # nothing beside it: the line as it was
-        store.read_meta(lone)
+        ckpt_layout.read_meta(lone)
     assert str(e.value) == f"checkpoint {lone} does not exist; check --resume, or omit it to resume from the workdir"

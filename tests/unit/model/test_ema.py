@@ -157,12 +157,21 @@ def test_an_ema_evaluation_measures_the_average_and_leaves_training_unchanged(pl
 
 def test_the_engine_is_built_with_its_ema_and_offers_it_in_its_state():
     """The EMA is part of the engine from its construction (no attribute set afterwards), and of the state a
-    checkpoint saves: ``engine.state()`` holds the engine's model, optimizer, loss scaler and EMA."""
+    checkpoint saves: the checkpointer the trainer attaches to the engine holds its model, optimizer, loss scaler
+    and EMA."""
+    from vitlarge.checkpoint.checkpointer import Checkpointer
+
+    def checkpointer(cfg, engine):  # as `Trainer` attaches its engine's parts
+        return Checkpointer(cfg.workdir, cfg).attach(
+            engine.model, engine.optimizer, engine.precision.scaler, engine.ema
+        )
+
     cfg = demo_cfg()
     parts = build(cfg, make_plan(cfg, 1, 1437), resolve_settings(cfg, "cpu"))
-    state = parts.engine.state(step=3, data="pos", line="/a/line")
+    state = checkpointer(cfg, parts.engine).state(step=3, data="pos", lineage="/a/line")
     assert parts.engine.ema is not None and state.ema is parts.engine.ema
     assert (state.model, state.optimizer, state.scaler) == (parts.model, parts.optimizer, parts.precision.scaler)
-    assert (state.step, state.data, state.line) == (3, "pos", "/a/line")
+    assert (state.step, state.data, state.lineage) == (3, "pos", "/a/line")
     off = demo_cfg(decay=0.0)
-    assert build(off, make_plan(off, 1, 1437), resolve_settings(off, "cpu")).engine.state().ema is None
+    engine = build(off, make_plan(off, 1, 1437), resolve_settings(off, "cpu")).engine
+    assert checkpointer(off, engine).state().ema is None

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from tests.helpers import ROOT
-from vitlarge.checkpoint.meta import schedule_problem
+from vitlarge.checkpoint.trust.meta import schedule_problem
 from vitlarge.config.load import load_config
 from vitlarge.plan.edits import resume_plan
 from vitlarge.plan.plan import make_plan

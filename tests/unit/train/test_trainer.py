@@ -17,7 +17,7 @@ import torch
 
 from tests.helpers import ROOT
 from tests.helpers.plans import OnePhaseLoaders
-from vitlarge.checkpoint import store
+from vitlarge.checkpoint.trust import layout
 from vitlarge.config.load import load_recipe
 from vitlarge.errors import Preempted
 from vitlarge.events import Hook, RunInfo
@@ -66,7 +66,7 @@ class Log(Hook):
 
     def on_checkpoint(self, run, step, path):
         self.events.append(("checkpoint", step))
-        assert path == str(store.list_checkpoints(run.workdir)[-1])  # published when the hook hears of it
+        assert path == str(layout.list_checkpoints(run.workdir)[-1])  # published when the hook hears of it
 
     def on_train_end(self, run, summary):
         self.events.append(("end", summary.step))
@@ -142,7 +142,7 @@ def test_events_come_in_the_documented_order_at_their_cadence(tmp_path):
         ("close",),
     ]
     assert t.step == STEPS and final is log.summary and final.val_images == 40
-    assert [store.step_of(p) for p in store.list_checkpoints(tmp_path)] == [3, 6, 7]
+    assert [layout.step_of(p) for p in layout.list_checkpoints(tmp_path)] == [3, 6, 7]
     m = log.last
     assert (m.images, m.epoch, m.loss_scale, m.skipped) == (32, 7 / 5, 1.0, False)
     assert m.images_per_s == pytest.approx(32 / m.step_time) and 0 <= m.data_time <= m.step_time
@@ -151,11 +151,11 @@ def test_events_come_in_the_documented_order_at_their_cadence(tmp_path):
 
 def test_a_run_resumed_at_its_end_evaluates_and_writes_no_second_checkpoint(tmp_path):
     trainer(tmp_path, [Log()]).fit()
-    saved = (tmp_path / "checkpoints" / store.step_name(STEPS) / "meta.json").stat().st_mtime_ns
+    saved = (tmp_path / "checkpoints" / layout.step_name(STEPS) / "meta.json").stat().st_mtime_ns
     log = Log()
     trainer(tmp_path, [log], start_step=STEPS).fit()
     assert log.events == [("start", STEPS), ("eval", STEPS), ("end", STEPS), ("close",)]
-    assert (tmp_path / "checkpoints" / store.step_name(STEPS) / "meta.json").stat().st_mtime_ns == saved
+    assert (tmp_path / "checkpoints" / layout.step_name(STEPS) / "meta.json").stat().st_mtime_ns == saved
 
 
 def test_sigterm_checkpoints_at_the_next_step_boundary_and_raises_preempted(tmp_path):
@@ -165,7 +165,7 @@ def test_sigterm_checkpoints_at_the_next_step_boundary_and_raises_preempted(tmp_
     with pytest.raises(Preempted) as e:
         t.fit(export=lambda: pytest.fail("a preempted run exports nothing"))
     # The signal lands during step 2's hooks; step 3's all-reduce carries it, so step 3 is the last.
-    assert e.value.step == 3 and store.step_of(e.value.path) == 3
+    assert e.value.step == 3 and layout.step_of(e.value.path) == 3
     # The hooks are closed on this way out too: the process leaves with os._exit (launch.leave).
     assert log.events[-3:] == [("step", 3), ("checkpoint", 3), ("close",)] and ("end", 3) not in log.events
     assert "run the same command to resume" in str(e.value)
@@ -176,13 +176,13 @@ def test_a_signal_while_a_resume_builds_its_loaders_stops_before_the_first_step(
     """The run stops with the checkpoint it resumed from (exit 75, its usual line), taking no step and writing no
     checkpoint: a first step may compile for minutes, past a scheduler's grace period."""
     log = Log()
-    resumed = str(tmp_path / "checkpoints" / store.step_name(3))
+    resumed = str(tmp_path / "checkpoints" / layout.step_name(3))
     t = trainer(tmp_path, [log], start_step=3, loaders=SignalledWhileEntering, resumed_from=resumed)
     with pytest.raises(Preempted) as e:
         t.fit(export=lambda: pytest.fail("a preempted run exports nothing"))
     assert (e.value.step, str(e.value.path), e.value.exit_status) == (3, resumed, 75)
     assert str(e.value) == f"stopped on signal after step 3; checkpoint {resumed}; run the same command to resume"
-    assert log.events == [("start", 3), ("close",)] and store.list_checkpoints(tmp_path) == []
+    assert log.events == [("start", 3), ("close",)] and layout.list_checkpoints(tmp_path) == []
 
 
 def test_a_signal_while_a_fresh_run_builds_its_loaders_checkpoints_after_step_1(tmp_path):

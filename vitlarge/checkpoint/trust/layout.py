@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vitlarge.checkpoint import meta as meta_json
-from vitlarge.checkpoint.meta import STEP_DIR
+from vitlarge.checkpoint.trust import meta as meta_json
+from vitlarge.checkpoint.trust.meta import STEP_DIR
 from vitlarge.errors import UserError
 
 CHECKPOINTS_DIR = "checkpoints"

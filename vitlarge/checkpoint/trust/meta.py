@@ -8,7 +8,7 @@ lists is a plain file name of a kind a checkpoint holds (`LISTED_NAME`: no ``/``
 read it leads to stays inside the folder. The files themselves are then checked where they are read
 (`fileio.size_problem` refuses a symlink or a FIFO under a listed name).
 
-This module imports nothing heavy: store.py and sharded.py both read meta.json through it.
+This module imports nothing heavy: store.py and trust/index.py both read meta.json through it.
 """
 
 from __future__ import annotations
