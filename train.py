@@ -27,6 +27,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from vitlarge.distributed.launch import main_then_leave
+    from vitlarge.distributed.process import main_then_leave
 
     main_then_leave(main)

@@ -10,7 +10,7 @@ when none is up, and stops it again): ``python -m benchmarks.bench_launch [--qui
 Contenders, each ``train.py --config recipes/demo_digits.py`` for ``steps`` optimizer steps on one node:
 
 - ``srun``: ``srun -N 1 -n 2`` as a user types it, with no OMP_NUM_THREADS and no --cpus-per-task
-  (a user's first try): vitlarge.distributed.launch sizes each task's pools to usable cores / tasks on the node.
+  (a user's first try): vitlarge.distributed.process sizes each task's pools to usable cores / tasks on the node.
 - ``colossalai``: ``colossalai run --nproc_per_node 2`` (torchrun exports OMP_NUM_THREADS=1).
 - ``srun_full_pools`` (not with ``--quick``): ``srun`` with OMP_NUM_THREADS set to the node's core count,
   which is what every task ran before vitlarge sized its pools (PyTorch's default pool is the physical

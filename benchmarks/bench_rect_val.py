@@ -14,7 +14,7 @@ Makes both data sets under ``--workdir`` (data_tools/make_aspect_dataset.py: 2,0
 1:1 to 2.5:1 whose class shows only as colour bands across the ends of the longer side; the digits demo's
 1,797 square images), trains ``recipes/demo_aspect.py`` and ``recipes/demo_digits.py`` (their whole
 schedules; training is the same whichever crop validates), then evaluates each export here with
-``data.rect_val`` false and true through the real loaders and `vitlarge.train.evaluation.evaluate` (what
+``data.rect_val`` false and true through the real loaders and `vitlarge.train.validation.evaluate` (what
 train.py's evaluation runs): at world size 1, and at 3 with the ranks run one after another and their sums
 combined as the all-reduce combines them. Cost: a square and a rectangular pass interleaved, ``--rounds``
 rounds, wall seconds of a whole pass (loader and forward) and of the loader alone, and the tokens per image;
@@ -62,7 +62,7 @@ def scores(cfg, export: Path, rect: bool, world: int) -> dict:
 
     from vitlarge.data.sources import val_loader
     from vitlarge.model.precision import Precision
-    from vitlarge.train.evaluation import evaluate
+    from vitlarge.train.validation import evaluate
 
     c, model = model_of(cfg, export, rect)
     cpu = torch.device("cpu")
@@ -85,7 +85,7 @@ def costs(cfg, export: Path, rounds: int) -> dict:
     from vitlarge.config.phase_list import patch_size
     from vitlarge.data.sources import val_loader
     from vitlarge.model.precision import Precision
-    from vitlarge.train.evaluation import evaluate
+    from vitlarge.train.validation import evaluate
 
     cpu, patch = torch.device("cpu"), patch_size(cfg)
     built = {name: model_of(cfg, export, rect) for name, rect in CROPS.items()}

@@ -98,7 +98,7 @@ def bench_config(tiny: bool, precision: str = "bf16", micro_batch: int = 32, ima
 def build_trainer(cfg, batches: list, workdir: str, timer: StepTimer):
     from hooks import build_hooks
     from vitlarge.events import RunInfo
-    from vitlarge.train.trainer import Trainer
+    from vitlarge.train.loop import Trainer
 
     engine = build_engine(cfg)
     plan = engine.plan

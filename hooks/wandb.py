@@ -63,7 +63,7 @@ class WandbHook(_tracking.TrackerHook):
         import wandb
 
         # Loaded here, before the first step, as hooks.mlflow imports MLflow (a run makes W&B a lazy module until its
-        # first attribute: vitlarge.distributed.launch.quiet_imports).
+        # first attribute: vitlarge.distributed.process.quiet_imports).
         wandb.Settings  # noqa: B018
 
         self._run = run

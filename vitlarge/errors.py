@@ -3,7 +3,7 @@
 Contract: the message is a single line that names the file or config key at fault and says how to
 fix it. Entry points (train.py, data_tools, vitlarge.evaluate) print it as ``error: <message>`` and
 exit with status 2, without a traceback: `cli_main` for the single-process tools; train.py and vitlarge.evaluate
-share `vitlarge.train.start.exit_status`, which also maps exit statuses 3 (NaN guard) and 75 (preempted).
+share `vitlarge.train.command.exit_status`, which also maps exit statuses 3 (NaN guard) and 75 (preempted).
 Every exit status vitlarge chooses is named here (``EXIT_*``), and used by its name.
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Callable
 class UserError(Exception):
     """Bad input: a missing file, a wrong key, a value out of range. Message names it and the fix.
 
-    ``same_on_all_ranks`` says who prints it (``vitlarge.distributed.launch.prints_error``): True when every rank
+    ``same_on_all_ranks`` says who prints it (``vitlarge.distributed.process.prints_error``): True when every rank
     raises this same error (agreed through a collective, or computed from input all ranks read alike),
     so that only rank 0 prints it; False when it concerns this process alone; None (the default)
     decides by when it is raised: before the process group exists every process reads the same
@@ -68,7 +68,7 @@ class Preempted(Exception):
 def cli_main(work: Callable[[], object]) -> int:
     """The guard of the single-process command-line tools (the data tools, the plot): runs ``work()``; exit
     status 0, or ``work()``'s result where that is an int. A `UserError` becomes one line ``error: <message>``
-    on stderr and exit status 2, without a traceback. (Commands with several ranks: `vitlarge.train.start.exit_status`.)
+    on stderr and exit status 2, without a traceback. (Commands with several ranks: `vitlarge.train.command.exit_status`.)
     """
     try:
         status = work()

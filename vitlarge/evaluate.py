@@ -1,4 +1,4 @@
-"""The command that evaluates a checkpoint or an export exactly (vitlarge/train/evaluation.py).
+"""The command that evaluates a checkpoint or an export exactly (vitlarge/train/validation.py).
 
 python -m vitlarge.evaluate --config recipes/demo_digits.py --checkpoint runs/demo/checkpoints/step_0000600
 torchrun --nproc_per_node 4 -m vitlarge.evaluate --config ... --checkpoint runs/demo/model
@@ -150,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     from vitlarge.model.precision import Precision
     from vitlarge.model.vit import build_model
     from vitlarge.plan.plan import evaluation_plan
-    from vitlarge.train.evaluation import evaluate
-    from vitlarge.train.start import exit_status, start
+    from vitlarge.train.command import exit_status, start
+    from vitlarge.train.validation import evaluate
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--config", required=True)
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def console() -> NoReturn:
     """The ``vitlarge-evaluate`` command: `main`, left by ``os._exit`` once a process group was up."""
-    from vitlarge.distributed.launch import main_then_leave
+    from vitlarge.distributed.process import main_then_leave
 
     main_then_leave(main)
 

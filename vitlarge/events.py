@@ -1,6 +1,6 @@
 """The run contract: the events a training run emits, what they carry, and the hook base class.
 
-The trainer (`vitlarge.train.trainer`) emits; observers in ``hooks/`` implement `Hook`. In order:
+The trainer (`vitlarge.train.loop`) emits; observers in ``hooks/`` implement `Hook`. In order:
 
 * `Event.TRAIN_START` -> ``on_train_start(run)`` once per process, before the first step.
 * `Event.STEP_END` -> ``on_step_end(run, m: StepMetrics)`` after every optimizer step.
@@ -13,7 +13,7 @@ The trainer (`vitlarge.train.trainer`) emits; observers in ``hooks/`` implement 
   folder ``path`` (``<workdir>/model``); the picture of the run (``metrics.png``) is drawn by then.
 * `Event.CLOSE` -> ``on_close(run)`` once, last, however the run ends: done, stopped by a hook,
   preempted (exit 75), an error. Files are flushed and closed here: the process then leaves with
-  ``os._exit`` (`vitlarge.distributed.launch.leave`), which runs no finalizers.
+  ``os._exit`` (`vitlarge.distributed.process.leave`), which runs no finalizers.
 
 Hooks log only where ``run.is_main`` unless they say otherwise; a hook that must stop training
 raises `StopTraining` (all ranks see the same values, so they all raise at the same step).

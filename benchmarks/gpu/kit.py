@@ -71,11 +71,11 @@ def choose_path(requested: str) -> tuple[str, str]:
 
 
 def init_process_group(device: torch.device) -> None:
-    """World size 1 through vitlarge.distributed.launch, as train.py does (DDP needs a process group)."""
-    from vitlarge.distributed import launch, launcher
+    """World size 1 through vitlarge.distributed.process, as train.py does (DDP needs a process group)."""
+    from vitlarge.distributed import launcher, process
 
     env = launcher.DistEnv(0, 1, 0, "127.0.0.1", launcher.free_port(), "single")
-    launch.init_distributed(env, "nccl" if device.type == "cuda" else "gloo")
+    process.init_distributed(env, "nccl" if device.type == "cuda" else "gloo")
 
 
 def sizes(tiny: bool) -> dict:

@@ -4,7 +4,7 @@ Contract: ``spawn_gather(fn, world, *args)`` starts ``world`` processes (``torch
 1 torch thread each), joins them to one gloo group and calls ``fn(rank, world, *args)`` in each; the
 values they return come back as a list indexed by rank (``dist.all_gather_object``, written by rank
 0). ``fn`` must be a module-level function (it is pickled into the new processes). The group is set
-up by `vitlarge.distributed.launch.init_distributed`, as train.py does, or, with ``plain_init=True``, by
+up by `vitlarge.distributed.process.init_distributed`, as train.py does, or, with ``plain_init=True``, by
 ``torch.distributed`` alone (for a worker that imports another checkout's vitlarge first).
 """
 
@@ -39,9 +39,9 @@ def _entry(rank: int, fn: Callable, world: int, port: int, plain_init: bool, arg
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=world)
     else:
-        from vitlarge.distributed import launch, launcher
+        from vitlarge.distributed import launcher, process
 
-        launch.init_distributed(launcher.DistEnv(rank, world, rank, "127.0.0.1", port, "bench"), "gloo")
+        process.init_distributed(launcher.DistEnv(rank, world, rank, "127.0.0.1", port, "bench"), "gloo")
     result = fn(rank, world, *args)
     gathered = [None] * world
     dist.all_gather_object(gathered, result)
@@ -59,11 +59,11 @@ def _entry(rank: int, fn: Callable, world: int, port: int, plain_init: bool, arg
 
 
 def init_single_process_group() -> None:
-    """gloo, world size 1, through vitlarge.distributed.launch as train.py does (no-op if already initialised)."""
+    """gloo, world size 1, through vitlarge.distributed.process as train.py does (no-op if already initialised)."""
     import torch.distributed as dist
 
-    from vitlarge.distributed import launch, launcher
+    from vitlarge.distributed import launcher, process
 
     if not dist.is_initialized():
         env = launcher.DistEnv(0, 1, 0, "127.0.0.1", launcher.free_port(), "single")
-        launch.init_distributed(env, "gloo")
+        process.init_distributed(env, "gloo")

@@ -532,7 +532,7 @@ def launch_section(d: dict | None):
         "|---|---:|---:|---|",
     ]
     names = {
-        "srun": "`srun -N 1 -n 2` (pools sized by vitlarge.distributed.launch)",
+        "srun": "`srun -N 1 -n 2` (pools sized by vitlarge.distributed.process)",
         "colossalai": "`colossalai run --nproc_per_node 2`",
         "srun_full_pools": "`srun -N 1 -n 2`, OMP_NUM_THREADS = all cores (the pools before)",
     }

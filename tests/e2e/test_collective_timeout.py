@@ -57,7 +57,7 @@ def test_a_stalled_rank_ends_the_run_with_one_line_per_rank(tmp_path):
     # where rank 1 froze decides where rank 0 waits: the loss all-reduce, DDP's gradient all-reduce in backward, or
     # a collective DDP starts from C++ (in its forward: named by the innermost torch function)
     op = (
-        r"(all_reduce \(vitlarge/train/trainer\.py:_sync\)|(DDP's gradient all-reduce|a collective in "
+        r"(all_reduce \(vitlarge/train/loop\.py:_sync\)|(DDP's gradient all-reduce|a collective in "
         r"torch/[\w/]+\.py:\w+) \(vitlarge/train/engine\.py:step\))"
     )
     mine = rf"^error: {op} timed out on rank 0 of 2 after 3s \(gloo: .*Timed out waiting 3000ms.*\); rank 1 "

@@ -81,11 +81,11 @@ def _fsdp_eval_worker(rank: int, port: int, data: str, out: str) -> None:
     from tests.helpers.loaders import open_val
     from vitlarge.config.load import load_recipe
     from vitlarge.distributed.fsdp import FSDPPlugin
-    from vitlarge.distributed.launch import init_distributed
     from vitlarge.distributed.launcher import DistEnv
+    from vitlarge.distributed.process import init_distributed
     from vitlarge.model.precision import Precision
     from vitlarge.model.vit import build_model
-    from vitlarge.train.evaluation import evaluate
+    from vitlarge.train.validation import evaluate
 
     cpu = torch.device("cpu")
     torch.set_num_threads(1)
@@ -113,7 +113,7 @@ def test_two_rank_fsdp_evaluation_of_129_images_at_micro_batch_64_finishes_exact
     from vitlarge.config.load import load_recipe
     from vitlarge.model.precision import Precision
     from vitlarge.model.vit import build_model
-    from vitlarge.train.evaluation import evaluate
+    from vitlarge.train.validation import evaluate
 
     data = str(tmp_path / "ids")
     make_id_dataset(data, train=129, train_shards=1, validation=129, val_shards=2)

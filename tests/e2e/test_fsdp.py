@@ -109,8 +109,8 @@ def _reshard_probe(rank: int, world: int, port: int, ckpts: dict, out: str) -> N
     from vitlarge.checkpoint import store
     from vitlarge.checkpoint.sharded import model_tensors, param_names
     from vitlarge.checkpoint.state import RunState
-    from vitlarge.distributed.launch import init_distributed
     from vitlarge.distributed.launcher import DistEnv
+    from vitlarge.distributed.process import init_distributed
 
     init_distributed(DistEnv(rank, world, rank, "127.0.0.1", port, "spawn"), "gloo")
     found = {}

@@ -154,8 +154,8 @@ def _initial_broadcast(rank: int) -> dict:
 
 
 def _worker(rank: int, port: int, out: str) -> None:
-    from vitlarge.distributed.launch import init_distributed
     from vitlarge.distributed.launcher import DistEnv
+    from vitlarge.distributed.process import init_distributed
 
     torch.set_num_threads(1)
     init_distributed(DistEnv(rank, WORLD, rank, "127.0.0.1", port, "test"), "gloo", collective_timeout_s=120)

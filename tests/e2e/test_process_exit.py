@@ -17,15 +17,15 @@ from tests.unit.hooks.test_hooks import _scalars
 
 LEAVING = """
 import os, sys
-from vitlarge.distributed import launch, launcher
-launch.init_distributed(launcher.DistEnv(0, 1, 0, "127.0.0.1", launcher.free_port(), "single"), "gloo")
+from vitlarge.distributed import process, launcher
+process.init_distributed(launcher.DistEnv(0, 1, 0, "127.0.0.1", launcher.free_port(), "single"), "gloo")
 what = sys.argv[1]
 if what == "broken-stdout":  # the reader of stdout is gone; one unflushed character waits in the buffer
     r, w = os.pipe()
     os.close(r)
     sys.stdout = os.fdopen(w, "w")
     sys.stdout.write("x")
-    launch.leave(75)
+    process.leave(75)
 if what == "raises-broken-stderr":  # the traceback cannot be printed: the status must stay 1
     r, w = os.pipe()
     os.close(r)
@@ -35,7 +35,7 @@ def main():
         raise RuntimeError("a collective timed out")
     print("trained", flush=True)
     return 0
-launch.main_then_leave(main)
+process.main_then_leave(main)
 """
 
 
@@ -62,7 +62,7 @@ hook.on_train_start(run)
 for s in range(1, 8):
     hook.on_step_end(run, step_metrics(s))
 hook.on_close(run)
-os._exit(75)  # as vitlarge.distributed.launch.leave ends a preempted run
+os._exit(75)  # as vitlarge.distributed.process.leave ends a preempted run
 """
 
 

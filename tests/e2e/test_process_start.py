@@ -54,7 +54,7 @@ def test_size_thread_pools_in_a_fresh_process_sets_torch_and_omp():
 
 GROUP_OF_ONE = """
 import os, sys
-from vitlarge.distributed.launch import init_distributed
+from vitlarge.distributed.process import init_distributed
 from vitlarge.distributed.launcher import DistEnv, free_port
 from vitlarge.distributed.quiet import gloo_connected_lines_dropped
 import contextlib
@@ -162,12 +162,12 @@ def test_a_reader_keeps_every_shard_open_where_the_file_limit_allows_and_reads_t
 BOOSTER = """
 import os, sys, tempfile
 import torch
-from vitlarge.distributed import launch
-from vitlarge.distributed.launch import init_distributed
+from vitlarge.distributed import process
+from vitlarge.distributed.process import init_distributed
 from vitlarge.distributed.launcher import DistEnv, free_port
 from vitlarge.distributed.quiet import gloo_connected_lines_dropped
 
-launch.quiet_imports()  # as train.py starts
+process.quiet_imports()  # as train.py starts
 import timm  # noqa: F401 (imports W&B where installed)
 import vitlarge.distributed.booster as b
 

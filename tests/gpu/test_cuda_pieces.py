@@ -16,8 +16,8 @@ import torch.distributed as dist
 from benchmarks.harness.loop import build_parts, make_batches
 from benchmarks.harness.recipe import bench_config
 from tests.gpu.conftest import needs
-from vitlarge.distributed.launch import choose_device, init_distributed
 from vitlarge.distributed.launcher import DistEnv, free_port
+from vitlarge.distributed.process import choose_device, init_distributed
 
 
 @pytest.fixture(scope="module")

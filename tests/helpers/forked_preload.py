@@ -25,9 +25,9 @@ def _preload() -> None:
         raise RuntimeError(
             f"the forkserver started without PYTHONWARNINGS' error filters (sys.warnoptions={sys.warnoptions})"
         )
-    from vitlarge.distributed import launch, quiet
+    from vitlarge.distributed import process, quiet
 
-    launch.quiet_imports()
+    process.quiet_imports()
     quiet.quiet_checkpoint_writer()
 
     import matplotlib

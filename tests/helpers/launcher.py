@@ -33,9 +33,9 @@ def env() -> dict:
     """The environment every run a test starts gets: this one's without a launcher's variables and, where this
     process sees no CUDA device, with none said to the runs either (``CUDA_VISIBLE_DEVICES`` empty, Slurm's GPU
     variables dropped): a shell profile's CUDA_VISIBLE_DEVICES would otherwise stop every CPU run with
-    train.device=auto (`vitlarge.distributed.launch.gpus_asked_for`), and an empty one that hides a machine's
+    train.device=auto (`vitlarge.distributed.process.gpus_asked_for`), and an empty one that hides a machine's
     GPUs from the suite must hide them from its runs too."""
-    from vitlarge.distributed.launch import GPU_VARIABLES
+    from vitlarge.distributed.process import GPU_VARIABLES
 
     drop = LAUNCHER_VARIABLES + (() if torch.cuda.is_available() else GPU_VARIABLES)
     e = {k: v for k, v in os.environ.items() if k not in drop}

@@ -1,4 +1,4 @@
-"""A gloo process group of one in this process, as train.py makes it (`vitlarge.distributed.launch.init_distributed`).
+"""A gloo process group of one in this process, as train.py makes it (`vitlarge.distributed.process.init_distributed`).
 
 In-process tests of code that needs torch.distributed (the Booster, FSDP, collectives, the sharded
 optimizer and checkpoints) share one group per module. A group an earlier in-process test left
@@ -12,8 +12,8 @@ from contextlib import contextmanager
 import pytest
 import torch.distributed as dist
 
-from vitlarge.distributed.launch import init_distributed
 from vitlarge.distributed.launcher import DistEnv, free_port
+from vitlarge.distributed.process import init_distributed
 
 
 @contextmanager

@@ -1,7 +1,7 @@
 """How long a rank waits in a collective, and the one line every rank ends with when the wait runs out.
 
 Two timeouts (``train.init_timeout_s``, ``train.collective_timeout_s``; their reasons are in the schema): the
-process group is created with the first (`vitlarge.run.training.build_run`), and the trainer lowers it to the
+process group is created with the first (`vitlarge.run.job.build_run`), and the trainer lowers it to the
 second once a phase's first step has completed (`set_collective_timeout`) and raises it again where the next
 phase rebuilds its loaders. torch's ``_set_pg_timeout`` changes the group's default timeout in place, for gloo
 and NCCL alike; each collective reads it when it starts.
@@ -48,7 +48,7 @@ def set_collective_timeout(seconds: float) -> None:
 
 
 def record_timeout(seconds: float) -> None:
-    """What the group was created with (`vitlarge.distributed.launch.init_distributed`)."""
+    """What the group was created with (`vitlarge.distributed.process.init_distributed`)."""
     _timeout_s[0] = seconds
 
 
@@ -128,7 +128,7 @@ def operation(error: BaseException) -> str:
     (``all_reduce``, ``broadcast_object_list``), DDP's gradient all-reduce where the error came out of a backward
     pass, else the innermost torch function (DDP's forward broadcasts from C++: ``a collective in
     torch/nn/parallel/distributed.py:forward``); with the innermost vitlarge function that called it
-    (``all_reduce (vitlarge/train/trainer.py:_sync)``)."""
+    (``all_reduce (vitlarge/train/loop.py:_sync)``)."""
     frames = traceback.extract_tb(error.__traceback__)
     paths = [f.filename.replace("\\", "/") for f in frames]
     c10d = [f.name for f, p in zip(frames, paths) if p.endswith("distributed_c10d.py") and f.name != "wrapper"]
@@ -149,7 +149,7 @@ def operation(error: BaseException) -> str:
 
 def _is_ours(filename: str) -> bool:
     path = Path(filename).resolve()
-    return path.is_relative_to(_PACKAGE) and path.name not in ("timeouts.py", "launch.py")
+    return path.is_relative_to(_PACKAGE) and path.name not in ("timeouts.py", "process.py")
 
 
 def _gloo_line(message: str) -> str:

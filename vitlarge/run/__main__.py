@@ -1,7 +1,7 @@
-"""``python -m vitlarge.run``: the launcher (`vitlarge.run.launch_cli`)."""
+"""``python -m vitlarge.run``: the launcher (`vitlarge.run.supervisor`)."""
 
 import sys
 
-from vitlarge.run.launch_cli import main
+from vitlarge.run.supervisor import main
 
 sys.exit(main())

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     from vitlarge.distributed.threads import ThreadPools
-    from vitlarge.run.training import MakeHooks
+    from vitlarge.run.job import MakeHooks
 
 
 class _Parser(argparse.ArgumentParser):
@@ -99,12 +99,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv: list[str] | None, make_hooks: MakeHooks) -> int:
     """The command on ``argv`` (None: the command line's), with the hooks ``make_hooks`` makes; the exit status."""
     args = parse_args(argv)
-    from vitlarge.distributed import launch, quiet, threads
+    from vitlarge.distributed import process, quiet, threads
     from vitlarge.train import memory
 
-    launch.quiet_imports()
+    process.quiet_imports()
     quiet.quiet_checkpoint_writer()
-    from vitlarge.train.start import exit_status
+    from vitlarge.train.command import exit_status
 
     def work(env) -> int:
         # Our lines at INFO on the main rank; every other library stays at WARNING (matplotlib's
@@ -122,8 +122,8 @@ def plan_or_train(args, env, threads: ThreadPools, make_hooks: MakeHooks | None 
     """``--dry-run``: the plan, printed by the main rank; otherwise the training run, built with the hooks
     ``make_hooks`` makes (a dry run needs none), to its end. The exit status (0; a stop raises)."""
     from vitlarge.config.load import load_config
-    from vitlarge.distributed import launch, launcher
-    from vitlarge.run.training import build_run, init_from_warnings, is_resume
+    from vitlarge.distributed import launcher, process
+    from vitlarge.run.job import build_run, init_from_warnings, is_resume
 
     launcher.check_split_arguments(args.overrides)
     cfg = load_config(
@@ -139,7 +139,7 @@ def plan_or_train(args, env, threads: ThreadPools, make_hooks: MakeHooks | None 
         warnings = init_from_warnings(cfg, is_resume(cfg, args.resume), dry_run=True)
         if env.is_main:
             for line in warnings:
-                launch.say(f"warning: {line}")
+                process.say(f"warning: {line}")
             manifest = planning_manifest(cfg)  # the data set's counts where it is here, as the run takes them
             n = manifest.num_examples("train") if manifest is not None else None
             plan = make_plan(cfg, args.world_size or env.world_size, n)
@@ -174,6 +174,6 @@ def console() -> NoReturn:
     """The ``vitlarge-train`` command: `main` with the standard hooks, left by ``os._exit`` once a process group
     was up (the status must not depend on gloo's teardown)."""
     from vitlarge import beside
-    from vitlarge.distributed.launch import main_then_leave
+    from vitlarge.distributed.process import main_then_leave
 
     main_then_leave(lambda: main(None, beside("hooks").build_hooks))

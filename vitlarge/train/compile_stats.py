@@ -4,7 +4,7 @@ A graph break splits the model's forward into several graphs (each boundary a tr
 fusion); a recompile is a second graph for the same frame because a guard failed (a new input shape: each
 phase's image size and batch, eval's batch). Both are normal in small numbers (`vitlarge.train.assemble.
 recompile_limit` sizes the limit to the phases) and a performance bug in large ones, so a compiled run logs
-them after its first step and at its end (`vitlarge.train.trainer`), and the GPU tier and the compile tests
+them after its first step and at its end (`vitlarge.train.loop`), and the GPU tier and the compile tests
 read the same counts.
 
 Read from Dynamo's own records: ``counters["graph_break"]`` (one entry per reason, counted per compile),

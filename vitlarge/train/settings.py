@@ -67,7 +67,7 @@ def compile_choice(requested: str, device: torch.device, check_toolchain: bool =
     missing stops ``on`` with one line (a `UserError`, exit 2) and turns ``auto`` to eager with the reason in
     its line, instead of a traceback from inside Inductor at step 1. It is raised before the process group
     exists: a rank whose node alone lacks it names itself and stops the others
-    (`vitlarge.distributed.launch.report_before_group`). ``check_toolchain=False``: the choice without that
+    (`vitlarge.distributed.process.report_before_group`). ``check_toolchain=False``: the choice without that
     check (``--dry-run``, which compiles nothing and may plan for another machine)."""
     if requested == "off":
         return CompileChoice(False, "compile off: set by the recipe")

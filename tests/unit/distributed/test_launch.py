@@ -1,12 +1,12 @@
-"""vitlarge/distributed/launch.py: launcher detection from the environment, device choice, rendezvous errors."""
+"""vitlarge/distributed/process.py: launcher detection from the environment, device choice, rendezvous errors."""
 
 import time
 
 import pytest
 import torch
 
-from vitlarge.distributed.launch import GPU_VARIABLES, choose_device, prints_error, rendezvous_timeout_s
 from vitlarge.distributed.launcher import DistEnv, detect, launcher_rank
+from vitlarge.distributed.process import GPU_VARIABLES, choose_device, prints_error, rendezvous_timeout_s
 from vitlarge.distributed.threads import thread_budget
 from vitlarge.errors import UserError
 
@@ -159,8 +159,8 @@ def test_rendezvous_nobody_listens(monkeypatch):
     process: it leaves no group behind, and MASTER_ADDR/MASTER_PORT (which it sets) are put back after."""
     import torch.distributed as dist
 
-    from vitlarge.distributed.launch import init_distributed
     from vitlarge.distributed.launcher import free_port
+    from vitlarge.distributed.process import init_distributed
 
     assert not dist.is_initialized()  # else init_distributed would keep that group and return
     for name in ("MASTER_ADDR", "MASTER_PORT"):
@@ -415,7 +415,7 @@ def test_loopback_master_on_a_multi_node_step_is_never_exported():
 def test_rendezvous_error_names_host_interface_time_and_claims_a_timeout_only_for_one():
     import socket as _socket
 
-    from vitlarge.distributed.launch import rendezvous_error
+    from vitlarge.distributed.process import rendezvous_error
 
     env = DistEnv(1, 4, 1, "node1", 21234, "slurm")
     timeout = rendezvous_error(env, RuntimeError("Socket Timeout"), 5.2, 5.0, "eth0")
@@ -505,8 +505,8 @@ def test_two_ranks_on_one_gpu_stop_before_the_process_group():
 
     import torch.distributed as dist
 
-    from vitlarge.distributed.launch import _all_started
     from vitlarge.distributed.launcher import free_port
+    from vitlarge.distributed.process import _all_started
 
     def rendezvous(gpus: list[str]) -> list:
         port, world = free_port(), len(gpus)
@@ -565,7 +565,7 @@ def test_a_lazy_module_runs_its_import_at_the_first_name_read_from_it_not_at_a_s
     import inspect
     import sys
 
-    from vitlarge.distributed import launch
+    from vitlarge.distributed import process
 
     site = tmp_path / "site"
     site.mkdir()
@@ -577,7 +577,7 @@ def test_a_lazy_module_runs_its_import_at_the_first_name_read_from_it_not_at_a_s
     monkeypatch.setattr(builtins, "lazy_runs", 0, raising=False)
     try:
         for name in ("vitlarge_lazy_ok", "vitlarge_lazy_broken", "vitlarge_lazy_not_installed"):
-            launch._import_lazily(name)
+            process._import_lazily(name)
         assert "vitlarge_lazy_not_installed" not in sys.modules
         import vitlarge_lazy_ok  # pyright: ignore[reportMissingImports]
 

@@ -10,8 +10,8 @@ import torch.distributed as dist
 from tests.helpers.process_group import single_process_group
 from vitlarge.config.schema import TrainConfig
 from vitlarge.distributed import timeouts
-from vitlarge.distributed.launch import init_distributed, rendezvous_timeout_s
 from vitlarge.distributed.launcher import DistEnv, free_port
+from vitlarge.distributed.process import init_distributed, rendezvous_timeout_s
 
 
 def group_timeout() -> datetime.timedelta:
@@ -42,7 +42,7 @@ def test_evaluations_and_checkpoints_wait_the_init_timeout_and_a_failure_keeps_i
     the error line (`collective_failure` reads it) says the wait and the setting that applied."""
     from types import SimpleNamespace
 
-    from vitlarge.train.trainer import Trainer
+    from vitlarge.train.loop import Trainer
 
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -125,7 +125,7 @@ def test_an_ema_evaluation_measures_the_average_and_leaves_training_unchanged(pl
     """The trainer's evaluation of the average (swapped into the model) between two steps: its loss is that of
     a plain model holding the average, and the next step lands where it lands without that evaluation (FSDP2's
     root keeps its gathered parameters after a forward without backward: they must not be the average's)."""
-    from vitlarge.train.evaluation import evaluate
+    from vitlarge.train.validation import evaluate
 
     cfg = demo_cfg(plugin)
     g = torch.Generator().manual_seed(0)

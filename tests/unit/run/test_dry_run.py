@@ -11,7 +11,7 @@ from vitlarge.distributed.launcher import DistEnv
 from vitlarge.distributed.threads import NO_THREADS
 from vitlarge.errors import UserError
 from vitlarge.run import cli
-from vitlarge.run.training import init_from_warnings
+from vitlarge.run.job import init_from_warnings
 
 ONE_PROCESS = DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=29500, source="none")
 

@@ -18,8 +18,8 @@ from vitlarge.config.schema import Config
 from vitlarge.plan.plan import make_plan
 from vitlarge.train.assemble import build
 from vitlarge.train.engine import augment_batch, build_criterion
-from vitlarge.train.evaluation import evaluate
 from vitlarge.train.settings import resolve_settings
+from vitlarge.train.validation import evaluate
 
 
 @pytest.fixture(scope="module", autouse=True)

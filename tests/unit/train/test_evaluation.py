@@ -36,7 +36,7 @@ def test_rectangular_batches_run_a_compiled_model_eagerly_with_the_same_numbers(
     from torch._dynamo.testing import CompileCounter
 
     from vitlarge.model.precision import Precision
-    from vitlarge.train.evaluation import evaluate
+    from vitlarge.train.validation import evaluate
 
     class Net(torch.nn.Module):  # a module of its own: Dynamo does not trace torch.nn's own forwards at the top
         def __init__(self):

@@ -1,4 +1,4 @@
-"""`vitlarge.train.start.exit_status`: the one guard of train.py and vitlarge.evaluate: each way a command stops
+"""`vitlarge.train.command.exit_status`: the one guard of train.py and vitlarge.evaluate: each way a command stops
 is one line and its exit status, also recorded for torchrun's summary."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from vitlarge.errors import EXIT_INTERRUPTED, EXIT_PREEMPTED, Preempted, UserError
 from vitlarge.events import StopTraining
-from vitlarge.train.start import exit_status
+from vitlarge.train.command import exit_status
 
 LAUNCHERS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS")
 

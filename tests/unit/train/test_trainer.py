@@ -1,4 +1,4 @@
-"""The training loop (vitlarge/train/trainer.py) on the real engine: a Booster (TorchDDPPlugin, gloo group of one).
+"""The training loop (vitlarge/train/loop.py) on the real engine: a Booster (TorchDDPPlugin, gloo group of one).
 
 The trainer's contract: it owns the step counter, emits the events of vitlarge/events.py in the
 documented order (train start; a step end per optimizer step; evaluations and checkpoints at their
@@ -23,8 +23,8 @@ from vitlarge.errors import Preempted
 from vitlarge.events import Hook, RunInfo
 from vitlarge.plan.plan import make_plan
 from vitlarge.train.assemble import build
+from vitlarge.train.loop import Trainer
 from vitlarge.train.settings import resolve_settings
-from vitlarge.train.trainer import Trainer
 
 N = 160  # training images: 5 steps/epoch at global batch 32
 STEPS = 7

@@ -1,6 +1,6 @@
 """A training run from a loaded config: every step from the checks to the export, in order.
 
-`build_run` starts the process as `vitlarge.evaluate` does (`vitlarge.train.start.start`: the device settings,
+`build_run` starts the process as `vitlarge.evaluate` does (`vitlarge.train.command.start`: the device settings,
 resolved once, determinism, the process group),
 checks the inputs on every rank (data, workdir, ``--resume``, ``model.init_from``: `preflight`, agreed
 by all ranks so one rank's missing path stops them all in seconds), builds the
@@ -29,7 +29,7 @@ from vitlarge.plan.plan import Plan
 if TYPE_CHECKING:
     from vitlarge.data.manifest import Manifest
     from vitlarge.train.assemble import Parts
-    from vitlarge.train.trainer import Trainer
+    from vitlarge.train.loop import Trainer
 
 log = logging.getLogger("vitlarge")
 
@@ -158,19 +158,19 @@ def build_run(
     """Everything before the first step (see the module docstring); ``resume``: a ``--resume`` path."""
     from vitlarge.checkpoint.checkpointer import Checkpointer
     from vitlarge.data.phased import PhasedLoaders
-    from vitlarge.distributed import booster, launch
+    from vitlarge.distributed import booster, process
     from vitlarge.distributed.collective import agree, check_same, rank0_decides
     from vitlarge.events import RunInfo
     from vitlarge.plan.edits import resume_plan
     from vitlarge.plan.plan import rng_seed
     from vitlarge.train.assemble import build
+    from vitlarge.train.command import start
+    from vitlarge.train.loop import Trainer
     from vitlarge.train.memory import gpu_start_line
-    from vitlarge.train.start import start
-    from vitlarge.train.trainer import Trainer
 
     def before_group(settings) -> None:
         if gpu_line := gpu_start_line(settings.device, env.rank):  # every rank's own GPU, before the rendezvous
-            launch.say(gpu_line)
+            process.say(gpu_line)
         booster.load()  # seconds: before the rendezvous, whose timeout the user sets
 
     # The process group first: a check that fails on one rank (a shard or a mount missing on one

@@ -167,7 +167,7 @@ def tell_launcher(line: str, status: int) -> None:
     torchrun and so by ``colossalai run``): the launcher's summary then repeats it ("traceback : error: ...")
     instead of "To enable traceback see: https://pytorch.org/...". ``status`` (the exit status this process is
     about to leave with) and the rank go beside it for ``python -m vitlarge.run``, which reads them when the
-    launcher itself was signalled and torchrun reports no exit codes (`vitlarge.run.launch_cli`). No-op elsewhere."""
+    launcher itself was signalled and torchrun reports no exit codes (`vitlarge.run.supervisor`). No-op elsewhere."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return

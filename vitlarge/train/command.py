@@ -33,37 +33,37 @@ def start(
     before_group: Callable[[Settings], None] | None = None,
     collective_timeout_s: float = 300.0,
 ) -> Started:
-    """In this order: the device and backend (``train.device``, `vitlarge.distributed.launch.choose_device`),
+    """In this order: the device and backend (``train.device``, `vitlarge.distributed.process.choose_device`),
     every device-dependent setting (`vitlarge.train.settings.resolve_settings`; a missing compile toolchain
     stops here, before the process group), determinism (before the first CUDA kernel: cuBLAS reads its
     workspace setting once), ``before_group(settings)`` (what the caller does before the rendezvous), then the
     process group, its collectives waiting ``collective_timeout_s``. ``threads``: `size_thread_pools`'s."""
-    from vitlarge.distributed import launch
+    from vitlarge.distributed import process
     from vitlarge.distributed.quiet import gloo_connected_lines_dropped
     from vitlarge.train.settings import apply_determinism, resolve_settings
 
-    device, backend = launch.choose_device(cfg.train.device, env.local_rank)
+    device, backend = process.choose_device(cfg.train.device, env.local_rank)
     settings = resolve_settings(cfg, device, backend, threads)
     determinism = apply_determinism(cfg.train.deterministic, settings.device)
     if before_group is not None:
         before_group(settings)
     with gloo_connected_lines_dropped():  # gloo's "[Gloo] Rank r is connected to ..." on every rank
-        launch.init_distributed(env, settings.backend, collective_timeout_s=collective_timeout_s)
+        process.init_distributed(env, settings.backend, collective_timeout_s=collective_timeout_s)
     return Started(settings, determinism)
 
 
 def exit_status(work: Callable[[DistEnv], int]) -> int:
     """``work(env)`` with this process's launcher environment; its status, or how it stopped as a status and
-    one line on stderr (also recorded for torchrun's summary, `vitlarge.distributed.launch.tell_launcher`):
+    one line on stderr (also recorded for torchrun's summary, `vitlarge.distributed.process.tell_launcher`):
 
     * bad input (`UserError`): 2, ``error: <message>``, printed once (by rank 0 for an error every rank
       meets; a rank that fails alone before the process group names itself and stops the others:
-      `vitlarge.distributed.launch.report_before_group`);
+      `vitlarge.distributed.process.report_before_group`);
     * the NaN guard (`StopTraining`): 3, ``error: <message>`` from the main rank;
     * a checkpoint on a signal (`Preempted`): 75, or 130 on Ctrl-C, ``vitlarge: <message>`` from the main rank;
     * a collective that timed out or lost its peer: its status (124 on gloo), one line per rank
       (`vitlarge.distributed.timeouts.collective_failure`). Any other error propagates."""
-    from vitlarge.distributed import launch, launcher
+    from vitlarge.distributed import launcher, process
     from vitlarge.errors import EXIT_BAD_INPUT, EXIT_NAN_GUARD, Preempted, UserError
     from vitlarge.events import StopTraining
 
@@ -72,21 +72,21 @@ def exit_status(work: Callable[[DistEnv], int]) -> int:
         env = launcher.detect()
         return work(env)
     except UserError as e:
-        launch.tell_launcher(
+        process.tell_launcher(
             f"error: {e}", EXIT_BAD_INPUT
         )  # the launcher's summary repeats the line (torchrun's error file)
-        if launch.report_before_group(e, env):  # once; a rank's own error named by it (and told to the others)
-            launch.say(f"error: {e}")
+        if process.report_before_group(e, env):  # once; a rank's own error named by it (and told to the others)
+            process.say(f"error: {e}")
         return EXIT_BAD_INPUT
     except StopTraining as e:
-        launch.tell_launcher(f"error: {e}", EXIT_NAN_GUARD)
+        process.tell_launcher(f"error: {e}", EXIT_NAN_GUARD)
         if env is None or env.is_main:
-            launch.say(f"error: {e}")
+            process.say(f"error: {e}")
         return EXIT_NAN_GUARD
     except Preempted as e:
-        launch.tell_launcher(f"vitlarge: {e}", e.exit_status)
+        process.tell_launcher(f"vitlarge: {e}", e.exit_status)
         if env is None or env.is_main:
-            launch.say(f"vitlarge: {e}")
+            process.say(f"vitlarge: {e}")
         if e.interrupted and env is not None and env.local_rank == 0:
             launcher.release_colossalai_run_after_ctrl_c()
         return e.exit_status
@@ -96,6 +96,6 @@ def exit_status(work: Callable[[DistEnv], int]) -> int:
         failure = collective_failure(e)
         if failure is None:
             raise
-        launch.tell_launcher(f"error: {failure.line}", failure.status)
-        launch.say(f"error: {failure.line}")
+        process.tell_launcher(f"error: {failure.line}", failure.status)
+        process.say(f"error: {failure.line}")
         return failure.status

@@ -23,16 +23,16 @@ from vitlarge.checkpoint.checkpointer import Checkpointer
 from vitlarge.config.schema import Config
 from vitlarge.data.phased import PhasedLoaders, release_loader_memory
 from vitlarge.distributed.collective import rank0_decides
-from vitlarge.distributed.launch import say
+from vitlarge.distributed.process import say
 from vitlarge.distributed.timeouts import set_collective_timeout
 from vitlarge.errors import Preempted
 from vitlarge.events import EvalMetrics, Event, Hook, RunInfo, StepMetrics, close, emit
 from vitlarge.plan.plan import Plan
 from vitlarge.train.compile_stats import compile_stats
 from vitlarge.train.engine import Engine
-from vitlarge.train.evaluation import evaluate
 from vitlarge.train.memory import peak_memory
 from vitlarge.train.profile import step_profiler
+from vitlarge.train.validation import evaluate
 
 log = logging.getLogger("vitlarge")
 

@@ -81,7 +81,7 @@ def first_failure(failures: dict) -> WorkerEnd:
 def ends_in_error_files(log_dir: str, since: float) -> list[WorkerEnd]:
     """The ends the workers recorded in their error files (``TORCHELASTIC_ERROR_FILE``, under torchrun's log
     directory) since ``since``, earliest first: what is left to read after the agent itself was signalled, when
-    torchrun gives no ``ChildFailedError``. Only files that carry ``exit_status`` (`vitlarge.distributed.launch.
+    torchrun gives no ``ChildFailedError``. Only files that carry ``exit_status`` (`vitlarge.distributed.process.
     tell_launcher` writes it) count; the rank is the global one the worker wrote."""
     found = []
     for path in glob.glob(os.path.join(log_dir, "*", "attempt_*", "*", "error.json")):
