@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from PIL import Image
 
 from vitlarge.errors import UserError
-from vitlarge.fileio import open_regular
+from vitlarge.fileio import is_inside, open_regular
 
 DEFAULT_MAX_IMAGE_PIXELS = 89_478_485  # PIL's own default (~9459 x 9459); ImageNet's largest is ~32M pixels
 # A file larger than this many bytes a pixel of the pixel limit holds no image within it (8-bit RGBA unpacked is 4):
@@ -188,6 +188,14 @@ def layout_warnings(
             f"{len(few)} of {len(classes)} classes {'has' if len(few) == 1 else 'have'} fewer than {min_images} "
             f"training images ({some(few, lambda c: f'{c}: {counts[c]}')}) in {os.path.join(src, 'train')}; "
             "add images or remove the class (--min-class-images N sets this threshold)"
+        )
+    root = os.path.realpath(src)
+    linked = [it.path for items in splits.values() for it in items if not is_inside(it.path, root)]
+    if linked:  # followed as torchvision's ImageFolder follows them; said, since a downloaded tree may carry links
+        lines.append(
+            f"{len(linked):,} {'image is' if len(linked) == 1 else 'images are'} read through links to outside {src} "
+            f"({linked[0]} -> {os.path.realpath(linked[0])}{', ...' if len(linked) > 1 else ''}); they are converted "
+            "as their class's images: remove the links if that is not intended"
         )
     if "validation" in splits:
         in_val = {it.synset for it in splits["validation"]}

@@ -85,7 +85,7 @@ def _on_off(args: tuple, text: str) -> str:
 
 def parse_value(text: str, typ, key: str, origin: str):
     """Turns override text into the declared type of ``key``; ``None``/``none`` where Optional."""
-    item = f"{key}={text}"
+    item = f"{key}={text if len(text) <= 80 else text[:60] + f'... ({len(text):,} characters)'}"
     typ, optional = unwrap_optional(typ)
     if optional and text.lower() in ("none", "null"):
         return None
@@ -157,8 +157,41 @@ def parse_literal(text: str):
         return text
 
 
+INT_LIMIT = 2**63
+"""No setting is an integer beyond this; a larger one (a hex literal escapes Python's 4,300-digit limit, JSON
+carries 4,300 digits) would overflow ``float()`` or the digit limit in a message instead of failing its check."""
+
+
+def huge_int(value: object) -> int | None:
+    """The first integer in ``value`` (through lists, tuples, dicts and dataclasses) beyond `INT_LIMIT`, or None."""
+    stack, seen = [value], 0
+    while stack and seen < 100_000:
+        v, seen = stack.pop(), seen + 1
+        if type(v) is int and not -INT_LIMIT <= v <= INT_LIMIT:
+            return v
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+        elif dataclasses.is_dataclass(v) and not isinstance(v, type):
+            stack.extend(getattr(v, f.name) for f in dataclasses.fields(v))
+    return None
+
+
+def too_large(value: int) -> str:
+    """How a `huge_int` reads in a message: its sign and length, never its digits."""
+    return f"an integer of {value.bit_length():,} bits (more than {INT_LIMIT.bit_length() - 1})"
+
+
 def check_types(cfg: Config, where: Callable[..., str]) -> None:
     """Rejects values of the wrong type that a recipe (or an overrides file) assigned directly."""
+    for section_name, section in [(n, getattr(cfg, n)) for n in fields_of(cfg)]:
+        if not dataclasses.is_dataclass(section):
+            continue
+        for name in fields_of(section):
+            if (v := huge_int(getattr(section, name))) is not None:
+                key = f"{section_name}.{name}"
+                raise UserError(f"{where(key)}: '{key}' holds {too_large(v)}; fix the recipe or override")
     for section_name, section in [(n, getattr(cfg, n)) for n in fields_of(cfg)]:
         if not dataclasses.is_dataclass(section):
             continue

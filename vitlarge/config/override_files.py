@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from vitlarge.config.coerce import huge_int, too_large
 from vitlarge.errors import UserError
 
 OVERRIDES_FILE_MAX_BYTES = 1 << 20
@@ -27,10 +28,15 @@ def read_overrides_file(path: str | Path) -> list[tuple[str, object]]:
     except UnicodeDecodeError:
         raise UserError(f"{path}: not UTF-8 text; an overrides file is a .py or .yaml file") from None
     if path.suffix in (".yaml", ".yml"):
-        return _yaml_overrides(path, text)
-    if path.suffix != ".py":
+        pairs = _yaml_overrides(path, text)
+    elif path.suffix == ".py":
+        pairs = _python_overrides(path, text)
+    else:
         raise UserError(f"{path}: unknown kind of overrides file; name it .py (key = value lines) or .yaml")
-    return _python_overrides(path, text)
+    for key, value in pairs:
+        if (v := huge_int(value)) is not None:
+            raise UserError(f"{path}: {key} holds {too_large(v)}; no setting is that large")
+    return pairs
 
 
 def _dotted(node: ast.expr) -> str | None:
@@ -51,7 +57,8 @@ def _python_overrides(path: Path, text: str) -> list[tuple[str, object]]:
     try:
         tree = ast.parse(text, filename=str(path))
     except SyntaxError as e:
-        raise UserError(f"{path}:{e.lineno}: not Python ({e.msg}); write one 'dotted.key = value' per line") from None
+        at = f"{path}:{e.lineno}" if e.lineno else str(path)  # a null byte: no line
+        raise UserError(f"{at}: not Python ({e.msg}); write one 'dotted.key = value' per line") from None
     except (MemoryError, RecursionError):  # 100,000 unary minus signs; 1+1+... nested past the parser's stack
         raise UserError(
             f"{path}: an expression nested too deeply to parse; write one 'dotted.key = value' per line, each value "

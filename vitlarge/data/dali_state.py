@@ -111,7 +111,7 @@ def problem(blob: bytes, *, reader: str, records_per_epoch: int, batch_size: int
             return f"reader age {s.age} outside 0..{records_per_epoch}, the records of an epoch on this rank"
         if not 0 <= s.current_epoch <= EPOCH_MAX:
             return f"reader epoch {s.current_epoch} outside 0..{EPOCH_MAX}"
-        if not (s.rng.isdigit() and 1 <= int(s.rng) <= RNG_MAX):
+        if not (s.rng.isdigit() and len(s.rng) <= len(str(RNG_MAX)) and 1 <= int(s.rng) <= RNG_MAX):
             return f"reader random state {s.rng[:40]!r} is not a number in 1..{RNG_MAX}"
     try:
         data = json.loads(checkpoint.external_ctx_cpt.pipeline_data)

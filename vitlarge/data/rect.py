@@ -38,10 +38,17 @@ if TYPE_CHECKING:
 Size = tuple[int, int]  # (height, width) in pixels, as stored
 
 
+MAX_ASPECT = 4.0
+"""A chunk's crop is at most 4:1 (or 1:4): a panorama alone in the last chunk, or a record that declares a
+1 x 1,048,576 image, would otherwise multiply that batch's tokens without bound (a batch of 256 at 224 x 917,808).
+An image beyond it is cropped to 4:1 around its centre, as the square crop crops any image."""
+
+
 def crop_shape(aspect: float, image_size: int, patch: int) -> Size:
-    """``(height, width)`` of the crop for a mean aspect ratio ``aspect`` (width / height): the shorter side
-    ``image_size``, the longer ``image_size x aspect`` (or ``/ aspect``) to the nearest whole patch, at least
-    ``image_size``."""
+    """``(height, width)`` of the crop for a mean aspect ratio ``aspect`` (width / height), held within
+    `MAX_ASPECT`: the shorter side ``image_size``, the longer ``image_size x aspect`` (or ``/ aspect``) to the
+    nearest whole patch, at least ``image_size``."""
+    aspect = min(max(aspect, 1 / MAX_ASPECT), MAX_ASPECT)
     long = image_size * (aspect if aspect >= 1 else 1 / aspect)
     side = max(image_size, math.floor(long / patch + 0.5) * patch)
     return (image_size, side) if aspect >= 1 else (side, image_size)

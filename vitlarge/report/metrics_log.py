@@ -19,6 +19,7 @@ PLOT_FILENAME = "metrics.png"
 TB_DIRNAME = "tb"  # TensorBoard event files, under the workdir
 
 
+STEP_MAX = 10**12  # meta.json's bound on a step; a larger one (10**400) overflows a float in the plot
 LINE_MAX_BYTES = 1 << 20  # a start record holds the run's config: a few kB; a longer line is not one of ours
 
 
@@ -26,7 +27,7 @@ def records(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     """The records of ``path`` as written, every attempt's, in file order. Lines that hold no record of ours
     are skipped: a partial line from a killed writer, a line longer than `LINE_MAX_BYTES` (never held whole),
     one that is not JSON (its nesting too deep included) or has no text ``event`` and (but for ``end``) no
-    integer ``step``."""
+    integer ``step`` in 0..`STEP_MAX`."""
     loads = json.loads
     with open_regular(os.fspath(path)) as f:  # a FIFO or device under the name: UnsafeFile (an OSError), not a hang
         while line := f.readline(LINE_MAX_BYTES + 1):
@@ -39,7 +40,8 @@ def records(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
             except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
                 continue
             if type(rec) is dict and type(rec.get("event")) is str:
-                if type(rec.get("step", 0)) is int or rec["event"] == "end":
+                step = rec.get("step", 0)
+                if (type(step) is int and 0 <= step <= STEP_MAX) or rec["event"] == "end":
                     yield rec
 
 

@@ -968,3 +968,45 @@ def test_a_tracker_that_is_not_installed_is_one_line_naming_the_key_and_the_requ
 def test_the_experiment_is_the_recipes_name_unless_set():
     assert load_config(recipe("demo_digits")).log.experiment == "demo_digits"
     assert load_config(recipe("demo_digits"), ["log.experiment=pretrain-b16"]).log.experiment == "pretrain-b16"
+
+
+@pytest.mark.parametrize(
+    "name, text, key",
+    [
+        ("hex.py", "optim.lr = 0x" + "f" * 5000 + "\n", "optim.lr"),  # a hex literal escapes the 4,300-digit limit
+        ("hex.yaml", "train: {epochs: 0x" + "f" * 5000 + "}\n", "train.epochs"),
+        ("phase.py", 'train.phases = [{"epoch": 0, "image_size": 0x' + "f" * 5000 + "}]\n", "train.phases"),
+    ],
+)
+def test_an_integer_no_setting_could_hold_is_one_short_line(tmp_path, name, text, key):
+    """Before: OverflowError in float() or the digit limit's ValueError in a message, a traceback each."""
+    f = tmp_path / name
+    f.write_text(text)
+    with pytest.raises(UserError) as e:
+        load_config(RECIPES / "demo_digits.py", override_files=[f])
+    assert str(e.value) == f"{f}: {key} holds an integer of 20,000 bits (more than 63); no setting is that large"
+
+
+def test_a_read_back_config_with_a_huge_integer_is_one_line_and_a_long_override_is_shown_short(tmp_path):
+    from vitlarge.config.load import check_read_back
+
+    cfg = load_recipe(RECIPES / "demo_digits.py")
+    cfg.train.epochs = 10**4000  # JSON carries 4,000 digits into a checkpoint's meta.json
+    with pytest.raises(UserError) as e:
+        check_read_back(cfg, "meta.json's config")
+    assert (
+        str(e.value)
+        == "meta.json's config: 'train.epochs' holds an integer of 13,288 bits (more than 63); fix the recipe or override"
+    )
+    with pytest.raises(UserError) as e:
+        load_config(RECIPES / "demo_digits.py", ["optim.lr=0x" + "f" * 5000])
+    assert str(e.value) == (
+        "command line: 'optim.lr=0x"
+        + "f" * 58
+        + "... (5,002 characters)' is not a number; write it like optim.lr=0.018"
+    )
+    nul = tmp_path / "nul.py"
+    nul.write_bytes(b"optim.lr = 1\x00\n")
+    with pytest.raises(UserError) as e:
+        load_config(RECIPES / "demo_digits.py", override_files=[nul])
+    assert str(e.value).startswith(f"{nul}: not Python (")  # no ':None' where the parser has no line

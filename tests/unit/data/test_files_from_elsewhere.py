@@ -548,6 +548,9 @@ def _pipeline_data(text: bytes):
         pytest.param(_set("age", -1), "reader age -1 outside 0..18", id="age -1"),
         pytest.param(_set("current_epoch", -1), "reader epoch -1 outside 0..2147483646", id="epoch -1"),
         pytest.param(_set("rng", b"junk"), "reader random state b'junk' is not a number in 1..2147483646", id="rng"),
+        pytest.param(  # more digits than Python turns into an int (4,300): a ValueError traceback before
+            _set("rng", b"1" * 5000), "reader random state b'1111", id="rng of 5,000 digits"
+        ),
         pytest.param(_pipeline_data(b'{"iter": "x", "epoch_idx": 0}'), "pipeline data is not DALI's", id="iter text"),
         pytest.param(_pipeline_data(b"[]"), "pipeline data is not DALI's", id="pipeline data a list"),
         pytest.param(

@@ -50,6 +50,15 @@ def test_the_crop_keeps_the_eval_size_short_and_rounds_the_long_side_to_whole_pa
     assert chunk_shapes(sizes, 2, 16, PATCH) == [crop_shape(2.5, 16, PATCH), crop_shape(2 / 3, 16, PATCH), (16, 64)]
 
 
+def test_a_chunk_crop_is_at_most_four_to_one_whatever_the_sizes_declare():
+    """A crafted dataset.json's 1 x 1,048,576 image (or a real panorama alone in the last chunk) keeps its batch's
+    crop at 4:1, not 224 x 917,808."""
+    assert chunk_shapes([(375, 500)] * 255 + [(1, 1 << 20)], 256, 224, 16) == [(224, 896)]
+    assert chunk_shapes([(1, 1 << 20)], 1, 224, 16) == [(224, 896)]
+    assert chunk_shapes([(1 << 20, 1)], 1, 224, 16) == [(896, 224)]
+    assert chunk_shapes([(300, 4000)], 1, 224, 16) == [(224, 896)]
+
+
 @pytest.mark.parametrize("n", [1, 5, 37, 50, 391, 50_000])
 def test_every_image_is_in_one_batch_at_world_sizes_1_to_9_and_128_with_the_square_crops_count(n):
     """The schedule alone: chunk c is batch c // world of rank c % world; each rank forwards `val_forwards`

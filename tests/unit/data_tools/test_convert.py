@@ -376,8 +376,13 @@ def test_links_in_a_class_folder_are_followed_once_and_a_loop_is_refused(tiny_im
     )
     for n in ("a", "b"):  # two links to one folder: its image once
         os.symlink(elsewhere, os.path.join(src, "train", SYNSETS[0], n))
-    _, splits = imagefolder.discover(src, None, 1)
+    classes, splits = imagefolder.discover(src, None, 1)
     assert len(splits["train"]) == 3 * TINY_TRAIN_PER_CLASS + 1
+    said = [w for w in imagefolder.layout_warnings(src, classes, splits, 1) if "through links" in w]
+    assert said == [  # followed, and said: a downloaded tree may carry links out
+        f"1 image is read through links to outside {src} ({src}/train/{SYNSETS[0]}/a/x.JPEG -> {elsewhere}/x.JPEG); "
+        "they are converted as their class's images: remove the links if that is not intended"
+    ]
     loop = os.path.join(src, "train", SYNSETS[0], "a", "loop")
     os.symlink(os.path.join(src, "train"), loop)  # the class folder's parent: the other classes too
     with pytest.raises(UserError) as e:

@@ -308,6 +308,8 @@ def test_read_metrics_skips_lines_that_hold_no_record_of_ours(tmp_path):
         '{"event": "train", "step": [1]}',  # a key of the last-record table: unhashable once
         '{"event": ["train"], "step": 1}',
         '{"event": "train", "step": 1.5}',
+        '{"event": "train", "step": 1' + "0" * 400 + "}",  # an OverflowError in the plot's float once
+        '{"event": "train", "step": -5}',
         "[" * 100_000 + "]" * 100_000,  # RecursionError in json
         '{"event": "train", "step": 2, "pad": "' + "x" * (2 << 20) + '"}',  # longer than any line of ours
         "\xff\xfe",
