@@ -7,7 +7,7 @@
 #
 # What travels: the Python sources of vitlarge/, the kit (benchmarks/gpu/) and the harness it shares
 # with the CPU benchmarks (benchmarks/harness/), and recipes/ (the kit builds the models from them). Not the benchmark results, not data, not the venv. Colossal-AI travels separately,
-# as wheels (scripts/gpu_wheels.sh, about 60 MiB); without them the kit takes its plain
+# as wheels (scripts/gpu_wheels.sh, about 2 MiB); without them the kit takes its plain
 # single-device path and says so in its output.
 set -euo pipefail
 

@@ -3,7 +3,7 @@
 # neither this project's venv nor a network: the wheels bundle (scripts/gpu_wheels.sh: Colossal-AI and what
 # it needs, crc32c) goes into a folder of its own on PYTHONPATH, then pytest runs the tier and prints its table.
 #
-#     scripts/gpu_wheels.sh .whl                     # here, once (~62 MiB, travels with the checkout)
+#     scripts/gpu_wheels.sh .whl                     # here, once (~2 MiB, travels with the checkout)
 #     scripts/gpu_tier.sh .whl                       # there; extra arguments go to pytest
 #     VITLARGE_GPU_TABLE=out/gpu_tier.md scripts/gpu_tier.sh .whl    # the table also into a file
 #

@@ -3,7 +3,7 @@
 # network): everything in requirements/gpu-kit.txt, for that machine's Python, into one folder that
 # travels with the checkout.
 #
-#     scripts/gpu_wheels.sh .whl                  # here: for CPython 3.12 on x86-64 Linux (~60 MiB)
+#     scripts/gpu_wheels.sh .whl                  # here: for CPython 3.12 on x86-64 Linux (~2 MiB)
 #     scripts/gpu_wheels.sh .whl 3.11             # for another Python version
 #     # there:
 #     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl

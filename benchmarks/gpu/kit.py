@@ -57,7 +57,7 @@ def choose_path(requested: str) -> tuple[str, str]:
     if requested == "plain":
         return "plain", "--path plain"
     try:
-        from colossalai.booster import Booster  # noqa: F401
+        from vitlarge.distributed.booster import Booster  # noqa: F401  (without peft, transformers, bitsandbytes)
     except Exception as e:  # ImportError, or its torch version pin failing at import
         if requested == "colossalai":
             raise UserError(

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import collections
 import copy
+import importlib
 import re
+import sys
 
 import torch
 
@@ -41,12 +43,26 @@ def factories(cfg) -> tuple[dict, dict]:
     }
     skipped = {}
     try:
-        from colossalai.nn.optimizer import Lamb as ColossalLamb
-
+        ColossalLamb = colossalai_lamb()
         makers["colossalai_lamb"] = lambda groups: ColossalLamb(groups, bias_correction=True, **kw)
     except Exception as e:  # ImportError, or a version check against the torch present
         skipped["colossalai_lamb"] = f"Colossal-AI does not import here: {type(e).__name__}: {str(e)[:160]}"
     return makers, skipped
+
+
+def colossalai_lamb() -> type:
+    """Colossal-AI's LAMB (``colossalai.nn.optimizer.lamb``: torch only) without running ``colossalai.nn``'s and
+    ``colossalai.nn.optimizer``'s ``__init__``, which import GaLore's 8-bit optimizers (galore_torch, bitsandbytes)
+    that the kit's wheels leave out (requirements/gpu-kit.txt). Where ``colossalai.nn.optimizer`` is imported already,
+    its own class."""
+    import colossalai  # noqa: F401  (its __init__: torch and the accelerator)
+
+    from vitlarge.distributed.booster import package_without_init
+
+    for package in ("colossalai.nn", "colossalai.nn.optimizer"):
+        if package not in sys.modules:
+            package_without_init(package)
+    return importlib.import_module("colossalai.nn.optimizer.lamb").Lamb
 
 
 def count_events(events: list[tuple[str, bool, float]], steps: int, window: tuple[float, float]) -> dict:

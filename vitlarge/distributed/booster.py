@@ -225,7 +225,7 @@ def _stand_ins():
             del sys.modules[name]
 
 
-def _package_without_init(name: str) -> types.ModuleType:
+def package_without_init(name: str) -> types.ModuleType:
     """The package ``name``, in ``sys.modules`` and on its parent, without its ``__init__`` run; reading a name it
     does not hold runs its ``__init__`` (once) and returns that name."""
     spec = importlib.util.find_spec(name)
@@ -259,7 +259,7 @@ def load() -> None:
     import colossalai  # noqa: F401 (its __init__: torch and the accelerator, which the Booster needs)
 
     with _stand_ins():
-        packages = {name: _package_without_init(name) for name in ("colossalai.booster", "colossalai.booster.plugin")}
+        packages = {name: package_without_init(name) for name in ("colossalai.booster", "colossalai.booster.plugin")}
         for package, names in PACKAGES.items():
             for name, module in names:
                 setattr(packages[package], name, getattr(importlib.import_module(module), name))
@@ -282,4 +282,13 @@ if TYPE_CHECKING:
     from colossalai.booster.plugin.dp_plugin_base import DPPluginBase
     from colossalai.interface import ModelWrapper, OptimizerWrapper
 
-__all__ = ["Booster", "DPPluginBase", "ModelWrapper", "OptimizerWrapper", "Plugin", "TorchDDPPlugin", "load"]
+__all__ = [
+    "Booster",
+    "DPPluginBase",
+    "ModelWrapper",
+    "OptimizerWrapper",
+    "Plugin",
+    "TorchDDPPlugin",
+    "load",
+    "package_without_init",
+]

@@ -87,7 +87,7 @@ def test_a_package_made_without_its_init_runs_it_when_another_name_is_read(tmp_p
     (root / "heavy.py").write_text("class Heavy:\n    pass\n")
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     try:
-        package = booster._package_without_init("vitlarge_fake_plugins")
+        package = booster.package_without_init("vitlarge_fake_plugins")
         from vitlarge_fake_plugins.base import Base  # pyright: ignore[reportMissingImports]
 
         package.Base = Base
