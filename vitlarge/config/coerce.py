@@ -188,16 +188,11 @@ def check_types(cfg: Config, where: Callable[..., str]) -> None:
     for section_name, section in [(n, getattr(cfg, n)) for n in fields_of(cfg)]:
         if not dataclasses.is_dataclass(section):
             continue
-        for name in fields_of(section):
-            if (v := huge_int(getattr(section, name))) is not None:
-                key = f"{section_name}.{name}"
-                raise UserError(f"{where(key)}: '{key}' holds {too_large(v)}; fix the recipe or override")
-    for section_name, section in [(n, getattr(cfg, n)) for n in fields_of(cfg)]:
-        if not dataclasses.is_dataclass(section):
-            continue
         hints = typing.get_type_hints(type(section))
         for name in fields_of(section):
             key, value, typ = f"{section_name}.{name}", getattr(section, name), hints[name]
+            if (big := huge_int(value)) is not None:
+                raise UserError(f"{where(key)}: '{key}' holds {too_large(big)}; fix the recipe or override")
             args = typing.get_args(typ)
             if typing.get_origin(typ) is Literal:  # allowed values are declared with the field
                 if isinstance(value, bool) and "on" in args and "off" in args:
