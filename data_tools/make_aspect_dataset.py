@@ -20,6 +20,7 @@ import sys
 
 import numpy as np
 
+from vitlarge import command
 from vitlarge.data.manifest import ASPECT_ORDER, MANIFEST_NAME, Manifest, load_manifest
 from vitlarge.errors import UserError
 from vitlarge.fileio import open_new, write_atomic
@@ -82,7 +83,7 @@ def make_aspect_dataset(out: str, *, train: int = 2000, val: int = 400, seed: in
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data_tools.make_aspect_dataset", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=command("data_tools.make_aspect_dataset"), description=__doc__.split("\n\n")[0])
     p.add_argument("out")
     p.add_argument("--train", type=int, default=2000)
     p.add_argument("--val", type=int, default=400)
