@@ -1,5 +1,6 @@
-"""Override text and recipe values as the schema's declared types: one line naming the key and a valid setting
-for a value of the wrong type (``optim.lr=abc``; a recipe's ``train.epochs = "90"``).
+"""Override text as the schema's declared types: one line naming the key and a valid setting for a value of the
+wrong type (``optim.lr=abc``); a recipe's values are checked against the same types by
+`vitlarge.config.checks.check_types` (``train.epochs = "90"``).
 
 Written out rather than through pydantic's ``TypeAdapter``: pydantic agrees on plain ints, floats and booleans, but
 the override forms that need no shell quoting are not its grammar (``optim.betas=0.9,0.98``, a dict entry, ``none``
@@ -13,13 +14,10 @@ import ast
 import dataclasses
 import types
 import typing
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from vitlarge.config.schema import Config
 from vitlarge.errors import UserError
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
 
 
 def fields_of(obj) -> dict[str, dataclasses.Field]:
@@ -155,67 +153,3 @@ def parse_literal(text: str):
         return ast.literal_eval(text)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return text
-
-
-INT_LIMIT = 2**63
-"""No setting is an integer beyond this; a larger one (a hex literal escapes Python's 4,300-digit limit, JSON
-carries 4,300 digits) would overflow ``float()`` or the digit limit in a message instead of failing its check."""
-
-
-def huge_int(value: object) -> int | None:
-    """The first integer in ``value`` (through lists, tuples, dicts and dataclasses) beyond `INT_LIMIT`, or None."""
-    stack, seen = [value], 0
-    while stack and seen < 100_000:
-        v, seen = stack.pop(), seen + 1
-        if type(v) is int and not -INT_LIMIT <= v <= INT_LIMIT:
-            return v
-        if isinstance(v, dict):
-            stack.extend(v.values())
-        elif isinstance(v, (list, tuple)):
-            stack.extend(v)
-        elif dataclasses.is_dataclass(v) and not isinstance(v, type):
-            stack.extend(getattr(v, f.name) for f in dataclasses.fields(v))
-    return None
-
-
-def too_large(value: int) -> str:
-    """How a `huge_int` reads in a message: its sign and length, never its digits."""
-    return f"an integer of {value.bit_length():,} bits (more than {INT_LIMIT.bit_length() - 1})"
-
-
-def check_types(cfg: Config, where: Callable[..., str]) -> None:
-    """Rejects values of the wrong type that a recipe (or an overrides file) assigned directly."""
-    for section_name, section in [(n, getattr(cfg, n)) for n in fields_of(cfg)]:
-        if not dataclasses.is_dataclass(section):
-            continue
-        hints = typing.get_type_hints(type(section))
-        for name in fields_of(section):
-            key, value, typ = f"{section_name}.{name}", getattr(section, name), hints[name]
-            if (big := huge_int(value)) is not None:
-                raise UserError(f"{where(key)}: '{key}' holds {too_large(big)}; fix the recipe or override")
-            args = typing.get_args(typ)
-            if typing.get_origin(typ) is Literal:  # allowed values are declared with the field
-                if isinstance(value, bool) and "on" in args and "off" in args:
-                    setattr(section, name, "on" if value else "off")
-                elif value not in args:
-                    raise UserError(f"{where(key)}: '{key}' is '{value}'; choose one of {', '.join(args)}")
-                continue
-            if typing.get_origin(typ) in (typing.Union, types.UnionType):  # Optional[X] or X | None
-                if value is None and type(None) in args:
-                    continue
-                typ = next(a for a in args if a is not type(None))
-            typ = container_of(typ)
-            ok = isinstance(value, typ) and not (typ is int and isinstance(value, bool))
-            if typ is float and isinstance(value, int) and not isinstance(value, bool):
-                setattr(section, name, float(value))
-                ok = True
-            if typ is tuple and isinstance(value, list):
-                setattr(section, name, tuple(value))
-                ok = True
-            if typ is list and isinstance(value, tuple):
-                setattr(section, name, list(value))
-                ok = True
-            if not ok:
-                raise UserError(
-                    f"{where(key)}: '{key}' must be {article(typ.__name__)}, got {value!r}; fix the recipe or override"
-                )

@@ -2,105 +2,25 @@
 
 ``load_config(path, overrides)`` runs the recipe, applies the overrides (`vitlarge.config.overrides`, from the
 command line and the files `vitlarge.config.override_files` reads; typed by `vitlarge.config.coerce`; unknown keys
-rejected with the closest match) and validates the result: one line naming the key and a valid
-setting for each bad value (the profile window: `vitlarge.config.profile_window`; the trackers:
-`vitlarge.config.trackers`). ``vitlarge.plan.plan.make_plan`` then derives the step counts for a
+rejected with the closest match) and validates the result (`vitlarge.config.checks.validate`): one line naming
+the key and a valid setting for each bad value. ``vitlarge.plan.plan.make_plan`` then derives the step counts for a
 world size. This module imports nothing from torch, so recipes load fast and ``--dry-run`` touches no data.
 """
 
 from __future__ import annotations
 
 import ast
-import dataclasses
 import difflib
 import importlib.util
-import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from vitlarge.config.coerce import check_types, fields_of, get_key
+from vitlarge.config.checks import validate
 from vitlarge.config.override_files import read_overrides_file
 from vitlarge.config.overrides import apply_override, set_value
-from vitlarge.config.phase_list import check as check_phases
-from vitlarge.config.phase_list import entries
-from vitlarge.config.profile_window import check_profile_window
-from vitlarge.config.schema import Config, Rule, rule_of
-from vitlarge.config.trackers import check_log
+from vitlarge.config.schema import Config
 from vitlarge.errors import UserError
-
-
-def _finite(v) -> bool:
-    return isinstance(v, (int, float)) and math.isfinite(v)
-
-
-def field_rules() -> list[tuple[str, Rule]]:
-    """``(dotted key, rule)`` of every field that declares a `Rule` (schema order)."""
-    out, defaults = [], Config()
-    for name in fields_of(defaults):
-        section = getattr(defaults, name)
-        if dataclasses.is_dataclass(section):
-            out += [(f"{name}.{f.name}", rule_of(f)) for f in dataclasses.fields(section) if rule_of(f)]
-    return out
-
-
-def _check_ranges(cfg: Config, where: _Where) -> None:
-    """One line per bad value: the key, the rule, the value, and a valid setting (the schema's default)."""
-    for key, rule in field_rules():
-        value = get_key(cfg, key)
-        if rule.pair:
-            if not (len(value) == 2 and all(map(_finite, value)) and rule.test(*value)):
-                example = ",".join(f"{x:g}" for x in get_key(Config(), key))
-                raise UserError(f"{where(key)}: '{key}' must be {rule.words}, got {value}; set it like {key}={example}")
-        elif not (_finite(value) and rule.test(value)):
-            raise UserError(
-                f"{where(key)}: '{key}' must be {rule.words}, got {value}; set it like {key}={get_key(Config(), key)}"
-            )
-
-
-class _Where:
-    """Whom a message blames: the override (its origin: ``command line`` or the overrides file) that set one of
-    the keys involved, else the recipe."""
-
-    def __init__(self, recipe: str, overridden: dict[str, str] | None = None):
-        self.recipe, self.overridden = recipe, overridden or {}
-
-    def __call__(self, *keys: str) -> str:
-        return next((self.overridden[k] for k in keys if k in self.overridden), self.recipe)
-
-
-def check_read_back(cfg: Config, origin: str) -> None:
-    """The schema's rules for a config read back from elsewhere (a checkpoint's meta.json), one `UserError` naming
-    ``origin``: every field's type (and Literal choice) and range, what fields allow only together, and the phase
-    list. Its values reach plans and models as a recipe's do. Not `validate`'s checks of the run about to start
-    (trackers installed, the profile window)."""
-    where = _Where(origin)
-    check_types(cfg, where)
-    _check_ranges(cfg, where)
-    for problem in cfg.problems():
-        raise UserError(f"{where(*problem.keys)}: {problem.text}")
-    check_phases(cfg, where)
-
-
-def validate(cfg: Config, origin: str = "config", overridden: dict[str, str] | None = None) -> None:
-    """Checks everything that can be checked before the world size is known. ``overridden`` maps the keys that
-    overrides set to where they came from (``command line``, a file): a message about them names that, not ``origin``."""
-    where = _Where(origin, overridden)
-    if cfg.train.plugin == "zero":  # removed: it needed CUDA, no test ran it, and it was broken
-        raise UserError(
-            f"{where('train.plugin')}: train.plugin=zero was removed; use train.plugin=fsdp (sharded weights, "
-            "gradients and optimizer states; CPU and CUDA)"
-        )
-    check_types(cfg, where)  # also the allowed values of the Literal fields
-    _check_ranges(cfg, where)
-    for problem in cfg.problems():
-        raise UserError(f"{where(*problem.keys)}: {problem.text}")
-    t = cfg.train
-    check_profile_window(t, where)
-    check_phases(cfg, where)
-    if t.phases:
-        t.phases = entries(t.phases)
-    check_log(cfg, where)
 
 
 def shipped_recipes() -> Path:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from vitlarge.config.coerce import huge_int, too_large
+from vitlarge.config.checks import huge_int, too_large
 from vitlarge.errors import UserError
 
 OVERRIDES_FILE_MAX_BYTES = 1 << 20

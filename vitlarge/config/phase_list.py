@@ -31,7 +31,7 @@ def _fix_size(size: int, patch: int) -> str:
 
 def resolve_phases(cfg: Config, origin: str = "config") -> list[PhaseEntry]:
     """The phases with every key filled in (carried over), validated: `PhaseEntry`s with every key given; a recipe
-    without ``train.phases`` is one phase with its own values (validated by `vitlarge.config.load.validate`)."""
+    without ``train.phases`` is one phase with its own values (validated by `vitlarge.config.checks.validate`)."""
     raw: list[Any] = list(cfg.train.phases)  # entries, or dicts a recipe wrote (before `validate` typed them)
     base: dict[str, Any] = dict(
         epoch=0.0,
@@ -145,7 +145,7 @@ def _odd_for_mixup(cfg: Config, micro_batch: int) -> bool:
 
 def check(cfg: Config, where: Callable[..., str]) -> None:
     """Validates the micro batches Mixup/CutMix take, the recipe's ``train.micro_batch`` (whatever the phases set)
-    and each phase's, and the ``train.phases`` list (called by `vitlarge.config.load.validate` and
+    and each phase's, and the ``train.phases`` list (called by `vitlarge.config.checks.validate` and
     `check_read_back`). ``where(*keys)``: whom a line blames, the override that set one of ``keys`` or the recipe."""
     t = cfg.train
     if _odd_for_mixup(cfg, t.micro_batch):

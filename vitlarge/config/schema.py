@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from vitlarge.constants import IMAGENET_MEAN, IMAGENET_STD, IMAGENET_TRAIN_EXAMPLES
+from vitlarge.errors import UserError
 
 
 @dataclass(frozen=True)
 class Rule:
     """The values a number field allows (with ``pair``: a pair of numbers, ``test`` taking both): ``test``, and the
-    rule in words for the one line `vitlarge.config.load.validate` prints with the key, the value and the default.
+    rule in words for the one line `check_ranges` prints with the key, the value and the default.
     A field declares its rule with `ruled`, beside its type and default."""
 
     test: Callable[..., bool]
@@ -41,7 +42,7 @@ def rule_of(f: dataclasses.Field) -> Rule | None:
 @dataclass(frozen=True)
 class Problem:
     """A rule that several fields break together: ``text`` says which and how to fix it; ``keys`` are the fields
-    (the first of them an override set is whom `vitlarge.config.load.validate`'s line blames)."""
+    (the first of them an override set is whom `vitlarge.config.checks.validate`'s line blames)."""
 
     keys: tuple[str, ...]
     text: str
@@ -457,7 +458,7 @@ class TrainConfig:
     phases: list[PhaseEntry] = field(default_factory=list)
     """Progressive resolution: phases with their own image size, batch, crop scale and lr. A recipe may write
     them as dicts (``[{"epoch": 0, "image_size": 128}, {"epoch": 80, "image_size": 224}]``):
-    `vitlarge.config.load.validate` checks them and makes them `PhaseEntry`s. [] trains one phase from the
+    `vitlarge.config.checks.validate` checks them and makes them `PhaseEntry`s. [] trains one phase from the
     fields above. Keys and rules: `vitlarge.config.phase_list`."""
 
     def problems(self) -> Iterator[Problem]:
@@ -532,7 +533,7 @@ class Config:
 
     def problems(self) -> Iterator[Problem]:
         """What the fields allow only together, section by section, then across sections (ranges and types:
-        `vitlarge.config.load.validate`, from each field's `Rule` and type; the micro batches Mixup needs even, the
+        `vitlarge.config.checks.validate`, from each field's `Rule` and type; the micro batches Mixup needs even, the
         recipe's and each phase's: `vitlarge.config.phase_list.check`)."""
         yield from self.train.problems()
         if self.model.grad_checkpointing and self.train.activation_checkpointing == "selective":
@@ -557,4 +558,34 @@ class Config:
                 ("schedule.warmup_epochs", "train.epochs"),
                 f"schedule.warmup_epochs={self.schedule.warmup_epochs} exceeds train.epochs={t.epochs}; "
                 "lower the warmup or raise train.epochs",
+            )
+
+
+def _get_key(cfg: Config, key: str):
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+def field_rules() -> list[tuple[str, Rule]]:
+    """``(dotted key, rule)`` of every field that declares a `Rule` (schema order)."""
+    out, defaults = [], Config()
+    for f in dataclasses.fields(defaults):
+        section = getattr(defaults, f.name)
+        if dataclasses.is_dataclass(section):
+            out += [(f"{f.name}.{g.name}", rule_of(g)) for g in dataclasses.fields(section) if rule_of(g)]
+    return out
+
+
+def check_ranges(cfg: Config, where: Callable[..., str]) -> None:
+    """One line per bad value: the key, the rule, the value, and a valid setting (the schema's default).
+    ``where(key)``: whom the line blames (`vitlarge.config.checks.Where`)."""
+    for key, rule in field_rules():
+        value = _get_key(cfg, key)
+        if rule.pair:
+            if not (len(value) == 2 and all(map(_finite, value)) and rule.test(*value)):
+                example = ",".join(f"{x:g}" for x in _get_key(Config(), key))
+                raise UserError(f"{where(key)}: '{key}' must be {rule.words}, got {value}; set it like {key}={example}")
+        elif not (_finite(value) and rule.test(value)):
+            raise UserError(
+                f"{where(key)}: '{key}' must be {rule.words}, got {value}; set it like {key}={_get_key(Config(), key)}"
             )

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT
-from vitlarge.config.load import field_rules, load_config, load_recipe, validate
+from vitlarge.config.load import load_config, load_recipe, validate
 from vitlarge.config.overrides import apply_override
 from vitlarge.config.profile_window import parse_step_window
-from vitlarge.config.schema import Config, PhaseEntry
+from vitlarge.config.schema import Config, PhaseEntry, field_rules
 from vitlarge.errors import UserError
 
 RECIPES = ROOT / "recipes"
@@ -988,7 +988,7 @@ def test_an_integer_no_setting_could_hold_is_one_short_line(tmp_path, name, text
 
 
 def test_a_read_back_config_with_a_huge_integer_is_one_line_and_a_long_override_is_shown_short(tmp_path):
-    from vitlarge.config.load import check_read_back
+    from vitlarge.config.checks import check_read_back
 
     cfg = load_recipe(RECIPES / "demo_digits.py")
     cfg.train.epochs = 10**4000  # JSON carries 4,000 digits into a checkpoint's meta.json

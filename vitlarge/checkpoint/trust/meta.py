@@ -175,7 +175,7 @@ def _saved_config_problem(config: dict) -> str | None:
     (another version's) pass, as do Literal values of another version (their readers say what they make of them)."""
     import dataclasses
 
-    from vitlarge.config.load import check_read_back
+    from vitlarge.config.checks import check_read_back
     from vitlarge.config.schema import Config
     from vitlarge.errors import UserError
 
