@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from vitlarge import beside
 from vitlarge.config.checks import validate
 from vitlarge.config.override_files import read_overrides_file
 from vitlarge.config.overrides import apply_override, set_value
@@ -26,8 +27,6 @@ from vitlarge.errors import UserError
 def shipped_recipes() -> Path:
     """The folder of the shipped recipes: the checkout's recipes/, or vitlarge/recipes/ where installed (both
     are the package ``vitlarge.recipes``)."""
-    from vitlarge import beside
-
     return Path(next(iter(beside("recipes").__path__)))
 
 

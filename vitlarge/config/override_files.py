@@ -133,7 +133,7 @@ def _plain_yaml_loader(yaml, path: Path):
 
 def _yaml_overrides(path: Path, text: str) -> list[tuple[str, object]]:
     try:
-        import yaml
+        import yaml  # lazy: PyYAML off the start of every run, for the runs given a .yaml overrides file
     except ImportError:
         raise UserError(
             f"{path}: reading YAML needs PyYAML (pip install pyyaml); or write a .py overrides file"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 from vitlarge.config.schema import CROP_SCALE, PHASE_KEYS, Config, PhaseEntry
 from vitlarge.errors import UserError
@@ -126,15 +126,6 @@ def _resolved(values: dict[str, Any]) -> PhaseEntry:
     return PhaseEntry(**values, given=PHASE_KEYS)
 
 
-T = TypeVar("T")
-
-
-def filled(value: T | None) -> T:
-    """A key of a resolved entry (`resolve_phases` fills in every one but ``lr``, whose None is the schedule's)."""
-    assert value is not None, "a key of a resolved phase entry"
-    return value
-
-
 _MIXUP_EVEN = "Mixup/CutMix need an even"
 
 
@@ -167,13 +158,15 @@ def rect_val_anywhere(cfg: Config) -> bool:
 
 def final_rect_val(cfg: Config) -> bool:
     """Whether the last phase validates rectangular batches: how a finished run's final top-1 was measured."""
-    return filled(resolve_phases(cfg)[-1].rect_val)
+    return bool(resolve_phases(cfg)[-1].rect_val)  # resolved: a bool
 
 
 def final_eval_size(cfg: Config) -> int:
     """The last phase's ``eval_size`` (the recipe's own without ``train.phases``): where a finished run's final top-1
     was measured, for what has no plan to ask (an export's config.json; an evaluation on data too small to plan)."""
-    return filled(resolve_phases(cfg)[-1].eval_size)
+    size = resolve_phases(cfg)[-1].eval_size
+    assert size is not None, "a key of a resolved phase entry"
+    return size
 
 
 def entries(raw: Iterable[PhaseEntry | Mapping[str, Any]]) -> list[PhaseEntry]:

@@ -3,6 +3,9 @@ is well-formed (a typo would otherwise cost a whole run's metrics: the hooks nev
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import urllib.parse
 from collections.abc import Callable
 
 from vitlarge.config.schema import Config
@@ -16,9 +19,6 @@ TRACKERS_FIX = "pip install -r requirements/trackers.txt"
 def mlflow_uri_problem(uri: str) -> str | None:
     """Why ``uri`` is not an MLflow tracking URI, or None. Checked before the rendezvous: a typo would otherwise
     cost a whole run's metrics (the hook never stops training, so it would only warn)."""
-    import os
-    import urllib.parse
-
     if uri == "databricks":
         return None
     try:
@@ -42,8 +42,6 @@ def mlflow_uri_problem(uri: str) -> str | None:
 
 
 def _importable(name: str) -> bool:
-    import importlib.util
-
     try:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):  # a finder that refuses it; a module left half-imported
@@ -53,8 +51,6 @@ def _importable(name: str) -> bool:
 def check_log(cfg: Config, where: Callable[..., str]) -> None:
     """Trackers turned on must be installed and reachable by a well-formed URI (one line each; the rendezvous
     has not started, so every rank says the same and none waits)."""
-    import os
-
     log = cfg.log
     for on, name, key in ((log.mlflow, "mlflow", "log.mlflow"), (log.wandb, "wandb", "log.wandb")):
         if on and not _importable(name):

@@ -50,12 +50,22 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
-from vitlarge.config.phase_list import entries, filled, resolve_phases
+from vitlarge.config.phase_list import entries, resolve_phases
 from vitlarge.config.schema import Config, PhaseEntry
 from vitlarge.errors import UserError
 from vitlarge.text import plural
+
+T = TypeVar("T")
+
+
+def filled(value: T | None) -> T:
+    """A key of a resolved entry (`resolve_phases` fills in every one but ``lr``, whose None is the schedule's)."""
+    assert value is not None, "a key of a resolved phase entry"
+    return value
 
 
 @dataclass(frozen=True)
@@ -92,8 +102,11 @@ class Phase:
         return filled(self.entry.rect_val)
 
 
-def plan_phases(cfg: Config, world_size: int, num_train_examples: int) -> tuple[Phase, ...]:
-    """Per-phase accumulation, steps per epoch and step range; UserError when a batch does not divide.
+def plan_phases(
+    cfg: Config, resolved: Sequence[PhaseEntry], world_size: int, num_train_examples: int
+) -> tuple[Phase, ...]:
+    """Per-phase accumulation, steps per epoch and step range of ``cfg``'s phases, ``resolved``
+    (`vitlarge.config.phase_list.resolve_phases`); UserError when a batch does not divide.
 
     A phase's micro batch is ``min(its micro_batch, its global_batch / world size)``: a recipe's
     per-device micro batch is a memory ceiling, so the same recipe runs on more devices (fewer
@@ -102,7 +115,6 @@ def plan_phases(cfg: Config, world_size: int, num_train_examples: int) -> tuple[
     one steps-per-epoch throughout, the total equals the unphased plan's."""
     phases, exact = [], 0.0  # exact: the fractional optimizer step where the current phase starts
     listed = bool(cfg.train.phases)
-    resolved = resolve_phases(cfg)
     for i, p in enumerate(resolved):
         key = f"train.phases[{i}]"
         gb, epoch = filled(p.global_batch), filled(p.epoch)
@@ -195,8 +207,8 @@ def new_boundaries_before(saved: dict, cfg: Config, num_train_examples: int, ste
             setattr(old.train, key, t[key])
     try:  # boundaries do not depend on the world size: one process plans them
         old.train.phases = entries(t.get("phases") or [])  # the dict form meta.json keeps
-        was = {p.start_step for p in plan_phases(old, 1, num_train_examples)}
-        now = plan_phases(cfg, 1, num_train_examples)
+        was = {p.start_step for p in plan_phases(old, resolve_phases(old), 1, num_train_examples)}
+        now = plan_phases(cfg, resolve_phases(cfg), 1, num_train_examples)
     except (UserError, TypeError, ValueError, KeyError):  # a list this version cannot plan: nothing to compare
         return None
     moved = [p for p in now if 0 < p.start_step < step and p.start_step not in was]

@@ -13,6 +13,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
+from vitlarge.config.phase_list import resolve_phases
 from vitlarge.config.schema import Config
 from vitlarge.errors import UserError
 from vitlarge.plan.phases import Phase, epochs_to_steps, plan_phases, step_at_epoch
@@ -108,7 +109,7 @@ class Plan:
 def make_plan(cfg: Config, world_size: int, num_train_examples: int | None = None) -> Plan:
     """Derives each phase's accumulation and steps; raises UserError when a batch does not divide."""
     n = num_train_examples or cfg.data.num_train_examples
-    phases = plan_phases(cfg, world_size, n)
+    phases = plan_phases(cfg, resolve_phases(cfg), world_size, n)
     t = cfg.train
     eval_every = 0
     if t.eval_every_epochs > 0:
