@@ -13,8 +13,6 @@ from vitlarge.model import recompute
 
 
 def model_kwargs(cfg: Config) -> dict:
-    from vitlarge.config.phase_list import rect_val_anywhere
-
     m = cfg.model
     # timm 1.x: drop_rate is only the head dropout; the original example's single dropout=0.1 maps
     # to the embedding, attention and projection dropouts, which recipes set explicitly.
@@ -30,7 +28,7 @@ def model_kwargs(cfg: Config) -> dict:
         # forwards rectangular grids: the position embedding (of the data.image_size grid) is resampled to
         # each input's grid (vitlarge/plan/phases.py), by a cached matrix with a deterministic backward
         # (_deterministic_pos_embed_class). At the embedding's own grid the forward is the fixed-size one.
-        **(dict(dynamic_img_size=True) if cfg.train.phases or rect_val_anywhere(cfg) else {}),
+        **(dict(dynamic_img_size=True) if cfg.train.phases or cfg.data.rect_val else {}),
         **m.kwargs,
     )
 
