@@ -458,7 +458,7 @@ class TrainConfig:
     phases: list[PhaseEntry] = field(default_factory=list)
     """Progressive resolution: phases with their own image size, batch, crop scale and lr. A recipe may write
     them as dicts (``[{"epoch": 0, "image_size": 128}, {"epoch": 80, "image_size": 224}]``):
-    `vitlarge.config.checks.validate` checks them and makes them `PhaseEntry`s. [] trains one phase from the
+    `vitlarge.config.load.validate` checks them and makes them `PhaseEntry`s. [] trains one phase from the
     fields above. Keys and rules: `vitlarge.config.phase_list`."""
 
     def problems(self) -> Iterator[Problem]:
