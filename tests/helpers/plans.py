@@ -21,6 +21,7 @@ def one_phase_plan(world_size, global_batch, micro_batch, accum_steps, steps_per
         crop_scale=(0.08, 1.0),
         lr_scale=1.0,
         lr=None,
+        rect_val=False,
         steps_per_epoch=steps_per_epoch,
         start_step=0,
         end_step=total_steps,

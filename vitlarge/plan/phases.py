@@ -73,8 +73,9 @@ class Phase:
     """One phase planned for one world size: the resolved entry it plans (``entry``, world-size free: what the phase
     list's fingerprint hashes, `vitlarge.data.phased.fingerprint`) and what the world size and the data set decide,
     which an entry cannot hold: the micro batch capped at ``global_batch / world size``, the accumulation, the
-    steps per epoch and the step range. Its copies of the entry's sizes, crop scale and lr are the values the
-    training loop and the loaders read (``start_epoch``: the entry's ``epoch`` as a float)."""
+    steps per epoch and the step range. Its copies of the entry's sizes, crop scale, lr and ``rect_val`` (whether
+    the phase validates rectangular batches, `vitlarge.data.rect`) are the values the training loop and the
+    loaders read (``start_epoch``: the entry's ``epoch`` as a float)."""
 
     index: int
     start_epoch: float
@@ -87,6 +88,7 @@ class Phase:
     crop_scale: tuple
     lr_scale: float
     lr: tuple | None
+    rect_val: bool
     steps_per_epoch: int
     start_step: int
     end_step: int
@@ -95,11 +97,6 @@ class Phase:
     @property
     def steps(self) -> int:
         return self.end_step - self.start_step
-
-    @property
-    def rect_val(self) -> bool:
-        """Whether the phase validates rectangular batches (`vitlarge.data.rect`)."""
-        return filled(self.entry.rect_val)
 
 
 def plan_phases(
@@ -147,6 +144,7 @@ def plan_phases(
                 crop_scale=filled(p.crop_scale),
                 lr_scale=float(filled(p.lr_scale)),
                 lr=p.lr,
+                rect_val=filled(p.rect_val),
                 steps_per_epoch=spe,
                 start_step=start_step,
                 end_step=epochs_to_steps(exact, 1),
