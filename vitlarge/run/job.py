@@ -2,10 +2,10 @@
 
 `build_run` starts the process as `vitlarge.evaluate` does (`vitlarge.train.command.start`: the device settings,
 resolved once, determinism, the process group),
-checks the inputs on every rank (data, workdir, ``--resume``, ``model.init_from``: `preflight`, agreed
-by all ranks so one rank's missing path stops them all in seconds), builds the
-parts (`vitlarge.train.assemble.build`), seeds, resumes (`vitlarge.checkpoint.resume`: rank 0 picks
-the checkpoint, `LoadedCheckpoint` says what of it this run can use), makes the phase loaders and the hooks the
+checks the inputs on every rank (``model.init_from``, data: `preflight`; then the workdir and ``--resume``:
+`Checkpointer.check_workdir`), agreed by all ranks so one rank's missing path stops them all in seconds, builds the
+parts (`vitlarge.train.assemble.build`), seeds, resumes (`Checkpointer.resume`: rank 0 picks the checkpoint,
+`LoadedCheckpoint` says what of it this run can use), makes the phase loaders and the hooks the
 caller hands in (train.py: hooks/'s `build_hooks`; the library imports no observer). `TrainingRun.fit` trains,
 evaluates, checkpoints and exports. train.py is these two calls.
 """
@@ -124,11 +124,10 @@ def init_from_warnings(cfg: Config, resuming: bool, dry_run: bool = False) -> li
 
 
 def preflight(cfg: Config, env: DistEnv, resuming: bool):
-    """Every check before any work, on every rank: ``model.init_from``, the data set (its manifest,
-    class count, RandAugment string and shards), the batch arithmetic for this world size, the profiler's
-    window inside the run and a writable workdir. Returns ``(manifest, plan)``. (``--resume`` is checked after
-    it, on rank 0 alone.)"""
-    from vitlarge.checkpoint.checkpointer import Checkpointer
+    """The checks before any work of the run's inputs, on every rank: ``model.init_from``, the data set (its
+    manifest, class count, RandAugment string and shards), the batch arithmetic for this world size and the
+    profiler's window inside the run. Returns ``(manifest, plan)``. (The workdir and ``--resume`` are checked after
+    it: `Checkpointer.check_workdir`.)"""
     from vitlarge.data.sources import checked_manifest
     from vitlarge.plan.plan import make_plan
     from vitlarge.train.profile import check_window
@@ -137,7 +136,6 @@ def preflight(cfg: Config, env: DistEnv, resuming: bool):
     manifest = checked_manifest(cfg)
     plan = make_plan(cfg, env.world_size, manifest.num_examples("train"))
     check_window(cfg, plan)
-    Checkpointer(cfg.workdir, cfg).check_writable(env.rank)
     return manifest, plan
 
 
@@ -190,13 +188,8 @@ def build_run(
         "settings (train.precision / train.compile auto, resolved on each node)",
         "give every node the same GPUs and toolchain, or set train.precision and train.compile explicitly",
     )
-    checkpoints = Checkpointer(workdir, cfg)
-    token = rank0_decides(checkpoints.write_shared_probe)  # and the same workdir, not a local stand-in
-    agree(lambda: checkpoints.check_shared_probe(token))
-    if env.is_main:  # every rank has read it (agree is a collective)
-        checkpoints.remove_shared_probe()
-    if resume:  # a missing --resume path fails before any work, unless its line continues here (rank 0's view)
-        rank0_decides(lambda: checkpoints.check_requested(resume))
+    checkpoints = Checkpointer(workdir, cfg, env.rank)
+    checkpoints.check_workdir(resume)  # writable on every rank, the same folder on every node, --resume readable
     if env.is_main:
         for message in [*settings.lines(), started.determinism]:
             if message:
@@ -210,23 +203,23 @@ def build_run(
     # Identical initial weights on every rank (build seeds), then per-rank randomness.
     parts = build(cfg, plan, settings, init_from=not resuming)
     engine = parts.engine
-    checkpoints.attach(engine.model, engine.optimizer, engine.precision.scaler, engine.ema)
     seed_rngs(rng_seed(cfg.train.seed, env.rank))
 
     # Rank 0 picks a verified checkpoint for all ranks; then weights, optimizer, scaler, RNG and step,
     # and the loader position where this run can still use it.
     start_step, data_state = 0, None
-    choice = checkpoints.choose(resume, parts.model, plan.num_train_examples)
-    chosen, line = choice.path, choice.lineage
+    checkpoints.attach(engine.model, engine.optimizer, engine.precision.scaler, engine.ema)
+    found = checkpoints.resume(resume, plan.num_train_examples)
+    chosen, line = found.path, found.lineage
     # The line the chosen checkpoint came from, for the trackers (a new line's tracked run names it as its parent).
-    resumed_line = checkpoints.lineage_of(chosen) if chosen is not None and env.is_main else None
+    resumed_line = found.parent_lineage
     if chosen is None and resuming and cfg.model.init_from:
         raise UserError(
             f"{checkpoints.folder} holds no usable checkpoint, and without one this run "
             f"would start from scratch instead of model.init_from; move them aside or pass another --workdir"
         )
-    if chosen is not None:
-        resumed = checkpoints.restore(chosen)
+    if found.loaded is not None and chosen is not None:
+        resumed = found.loaded
         start_step = resumed.step
         if resumed.world_size != plan.world_size:  # the RNG states were not restored: fresh draws from here
             seed_rngs(rng_seed(cfg.train.seed, env.rank, start_step))
