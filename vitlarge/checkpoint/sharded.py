@@ -46,6 +46,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.stateful import Stateful
 
 from vitlarge.checkpoint.trust.index import METADATA, IndexProblem, read_index
+from vitlarge.distributed.plugins import unwrap
 from vitlarge.errors import UserError
 
 
@@ -56,12 +57,8 @@ def dcp_files_of(rank: int, folder: Path) -> list[str]:
 
 
 def _root(model: nn.Module) -> nn.Module:
-    """The module whose state dict has the model's own names: under a Booster wrapper and torch's DDP
-    (whose replicas are the module itself); an FSDP2 root is the model itself."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    model = cast(Any, model).unwrap() if hasattr(model, "unwrap") else model  # the Booster's ModelWrapper
-    return model.module if isinstance(model, DistributedDataParallel) else model
+    """The module whose state dict has the model's own names (`vitlarge.distributed.plugins.unwrap`)."""
+    return unwrap(model)
 
 
 def _optim(optimizer):

@@ -110,7 +110,7 @@ def build(cfg: Config, plan: Plan, settings: Settings, booster=None, init_from: 
     ``booster``: None makes Colossal-AI's ``Booster`` with the recipe's plugin; anything else must
     offer what the engine uses (``boost(model, optimizer)``, ``no_sync``, ``backward``).
     ``init_from=False`` skips ``model.init_from`` (a resume: the checkpoint's weights replace them)."""
-    from vitlarge.distributed.plugins import build_plugin
+    from vitlarge.distributed.plugins import build_plugin, unwrap
     from vitlarge.model.vit import build_model
     from vitlarge.optim.lamb import build_optimizer
 
@@ -154,9 +154,8 @@ def build(cfg: Config, plan: Plan, settings: Settings, booster=None, init_from: 
     )
     ema = None
     if cfg.train.ema_decay > 0:  # after the Booster: under fsdp the average is sharded like the weights
-        from vitlarge.checkpoint.sharded import inner
         from vitlarge.model.ema import ModelEma
 
-        ema = ModelEma(inner(model), cfg.train.ema_decay, cfg.train.ema_warmup)
+        ema = ModelEma(unwrap(model), cfg.train.ema_decay, cfg.train.ema_warmup)
     engine = Engine(cfg, plan, booster, model, optimizer, precision, settings, ema=ema)
     return Parts(model, optimizer, booster, precision, engine, cfg, settings, attention)
