@@ -12,6 +12,7 @@ evaluates, checkpoints and exports. train.py is these two calls.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
 from collections.abc import Callable
@@ -20,11 +21,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vitlarge.config.schema import Config
+from vitlarge.data.phased import PhasedLoaders
+from vitlarge.distributed import booster, process
 from vitlarge.distributed.launcher import DistEnv
 from vitlarge.distributed.threads import NO_THREADS, ThreadPools
 from vitlarge.errors import UserError
-from vitlarge.events import Hook
-from vitlarge.plan.plan import Plan
+from vitlarge.events import Hook, RunInfo
+from vitlarge.plan.edits import resume_plan
+from vitlarge.plan.plan import Plan, make_plan, rng_seed
+from vitlarge.train.command import start
+from vitlarge.train.memory import gpu_start_line
+from vitlarge.train.profile import check_window
 
 if TYPE_CHECKING:
     from vitlarge.data.manifest import Manifest
@@ -52,9 +59,9 @@ class TrainingRun:
 
     def fit(self) -> int:
         """Trains, evaluates and exports; 0 when done (a stop raises `Preempted` or `StopTraining`)."""
-        import torch.distributed as dist
+        import torch.distributed as dist  # lazy: torch loads after train.py's "loading PyTorch" line (vitlarge.run.cli.plan_or_train imports this module first)
 
-        from vitlarge.train.settings import explain_nondeterministic
+        from vitlarge.train.settings import explain_nondeterministic  # lazy: torch, as above
 
         try:
             self.trainer.fit(export=self._export)
@@ -68,7 +75,7 @@ class TrainingRun:
 
     def _export(self) -> Path | None:
         """The timm export of the trained (or EMA) weights; every rank calls it, the main rank writes and returns it."""
-        from vitlarge.checkpoint.export import export, weights_to_export
+        from vitlarge.checkpoint.export import export, weights_to_export  # lazy: torch, as in `fit`
 
         ema = self.parts.engine.ema if self.cfg.train.export_ema else None
         weights = weights_to_export(self.parts.model, ema, self.env.rank)  # a collective under fsdp
@@ -90,8 +97,8 @@ class TrainingRun:
 
 def seed_rngs(seed: int) -> None:
     """torch's (CPU and every CUDA device), numpy's and python's RNGs."""
-    import numpy as np
-    import torch
+    import numpy as np  # lazy: torch loads after train.py's "loading PyTorch" line (vitlarge.run.cli.plan_or_train imports this module first)
+    import torch  # lazy: as above
 
     torch.manual_seed(seed)
     np.random.seed(seed)
@@ -100,7 +107,9 @@ def seed_rngs(seed: int) -> None:
 
 def is_resume(cfg: Config, resume: str | None) -> bool:
     """Whether this run continues from a checkpoint (``--resume``, or any in the workdir)."""
-    from vitlarge.checkpoint.checkpointer import Checkpointer
+    from vitlarge.checkpoint.checkpointer import (
+        Checkpointer,
+    )  # lazy: torch loads after train.py's "loading PyTorch" line (vitlarge.run.cli.plan_or_train imports this module first)
 
     return bool(resume) or Checkpointer(cfg.workdir, cfg).any()
 
@@ -117,7 +126,7 @@ def init_from_warnings(cfg: Config, resuming: bool, dry_run: bool = False) -> li
             f"model.init_from={cfg.model.init_from} does not exist yet; the run needs it (a pretraining's export, "
             "<workdir>/model, or a checkpoint)"
         ]
-    from vitlarge.checkpoint.init_from import check_source
+    from vitlarge.checkpoint.init_from import check_source  # lazy: torch, as in `is_resume`
 
     check_source(cfg)
     return []
@@ -128,9 +137,7 @@ def preflight(cfg: Config, env: DistEnv, resuming: bool):
     manifest, class count, RandAugment string and shards), the batch arithmetic for this world size and the
     profiler's window inside the run. Returns ``(manifest, plan)``. (The workdir and ``--resume`` are checked after
     it: `Checkpointer.check_workdir`.)"""
-    from vitlarge.data.sources import checked_manifest
-    from vitlarge.plan.plan import make_plan
-    from vitlarge.train.profile import check_window
+    from vitlarge.data.sources import checked_manifest  # lazy: torch, as in `is_resume`
 
     init_from_warnings(cfg, resuming)  # raises; a run has no warnings to print here
     manifest = checked_manifest(cfg)
@@ -141,8 +148,6 @@ def preflight(cfg: Config, env: DistEnv, resuming: bool):
 
 def data_digest(manifest) -> str:
     """What every rank must read alike: the example counts and a hash of the shard list (names, sizes, checksums)."""
-    import hashlib
-
     if not manifest.data_dir:  # synthetic: made from the config, the same everywhere
         return "synthetic"
     counts = ", ".join(f"{manifest.num_examples(s)} {s}" for s in ("train", "validation"))
@@ -154,17 +159,11 @@ def build_run(
     cfg: Config, env: DistEnv, make_hooks: MakeHooks, resume: str | None = None, threads: ThreadPools = NO_THREADS
 ) -> TrainingRun:
     """Everything before the first step (see the module docstring); ``resume``: a ``--resume`` path."""
+    # lazy: torch loads after train.py's "loading PyTorch" line (vitlarge.run.cli.plan_or_train imports this module first)
     from vitlarge.checkpoint.checkpointer import Checkpointer
-    from vitlarge.data.phased import PhasedLoaders
-    from vitlarge.distributed import booster, process
-    from vitlarge.distributed.collective import agree, check_same, rank0_decides
-    from vitlarge.events import RunInfo
-    from vitlarge.plan.edits import resume_plan
-    from vitlarge.plan.plan import rng_seed
-    from vitlarge.train.assemble import build
-    from vitlarge.train.command import start
-    from vitlarge.train.loop import Trainer
-    from vitlarge.train.memory import gpu_start_line
+    from vitlarge.distributed.collective import agree, check_same, rank0_decides  # lazy: torch, as above
+    from vitlarge.train.assemble import build  # lazy: torch, as above
+    from vitlarge.train.loop import Trainer  # lazy: torch, as above
 
     def before_group(settings) -> None:
         if gpu_line := gpu_start_line(settings.device, env.rank):  # every rank's own GPU, before the rendezvous
