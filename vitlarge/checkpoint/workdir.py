@@ -1,6 +1,7 @@
 """The workdir accepts checkpoints: writable on every rank, and the same folder on every node.
 
-Both checks run before any work (vitlarge/run/job.py), so a read-only mount or a mount missing on one node
+Both checks run before any work (`vitlarge.checkpoint.checkpointer.Checkpointer.check_workdir`, which vitlarge/run/job.py
+calls), so a read-only mount or a mount missing on one node
 fails in one line at the start, not at the first save.
 """
 

@@ -59,7 +59,7 @@ class TrainingRun:
 
     def fit(self) -> int:
         """Trains, evaluates and exports; 0 when done (a stop raises `Preempted` or `StopTraining`)."""
-        import torch.distributed as dist  # lazy: torch loads after train.py's "loading PyTorch" line (vitlarge.run.cli.plan_or_train imports this module first)
+        import torch.distributed as dist  # lazy: torch loads after the "loading PyTorch" line (vitlarge.run.cli)
 
         from vitlarge.train.settings import explain_nondeterministic  # lazy: torch, as above
 
@@ -97,7 +97,7 @@ class TrainingRun:
 
 def seed_rngs(seed: int) -> None:
     """torch's (CPU and every CUDA device), numpy's and python's RNGs."""
-    import numpy as np  # lazy: torch loads after train.py's "loading PyTorch" line (vitlarge.run.cli.plan_or_train imports this module first)
+    import numpy as np  # lazy: torch loads after the "loading PyTorch" line (vitlarge.run.cli)
     import torch  # lazy: as above
 
     torch.manual_seed(seed)
@@ -107,9 +107,7 @@ def seed_rngs(seed: int) -> None:
 
 def is_resume(cfg: Config, resume: str | None) -> bool:
     """Whether this run continues from a checkpoint (``--resume``, or any in the workdir)."""
-    from vitlarge.checkpoint.checkpointer import (
-        Checkpointer,
-    )  # lazy: torch loads after train.py's "loading PyTorch" line (vitlarge.run.cli.plan_or_train imports this module first)
+    from vitlarge.checkpoint.checkpointer import Checkpointer  # lazy: torch, as in `seed_rngs`
 
     return bool(resume) or Checkpointer(cfg.workdir, cfg).any()
 
@@ -159,7 +157,7 @@ def build_run(
     cfg: Config, env: DistEnv, make_hooks: MakeHooks, resume: str | None = None, threads: ThreadPools = NO_THREADS
 ) -> TrainingRun:
     """Everything before the first step (see the module docstring); ``resume``: a ``--resume`` path."""
-    # lazy: torch loads after train.py's "loading PyTorch" line (vitlarge.run.cli.plan_or_train imports this module first)
+    # lazy: torch loads after the "loading PyTorch" line (vitlarge.run.cli)
     from vitlarge.checkpoint.checkpointer import Checkpointer
     from vitlarge.distributed.collective import agree, check_same, rank0_decides  # lazy: torch, as above
     from vitlarge.train.assemble import build  # lazy: torch, as above
