@@ -46,6 +46,7 @@ from vitlarge.checkpoint.trust import meta as meta_json
 from vitlarge.config.schema import Config
 from vitlarge.distributed.collective import first_failure, rank0_decides
 from vitlarge.errors import UserError
+from vitlarge.plan.phases import new_boundaries_before
 
 log = logging.getLogger("vitlarge")
 
@@ -100,8 +101,6 @@ def check_edits(meta: dict, path: Path, cfg: Config, num_train_examples: int | N
     """The edits a checkpoint cannot continue under (one ``UserError``): a phase boundary moved or added before
     its step (`vitlarge.plan.phases.new_boundaries_before`), layer-wise lr decay turned on or off
     (`optimizer_groups_changed`). On rank 0 inside `choose`, before any checkpoint is moved or copied."""
-    from vitlarge.plan.phases import new_boundaries_before
-
     saved = meta.get("config", {})
     edited = new_boundaries_before(saved, cfg, num_train_examples, meta["step"]) if num_train_examples else None
     edited = edited or optimizer_groups_changed(meta, cfg)

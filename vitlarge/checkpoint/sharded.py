@@ -35,7 +35,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, create_default_local_load_plan
+from torch.distributed.checkpoint.metadata import StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -44,8 +46,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.checkpoint.stateful import Stateful
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 from vitlarge.checkpoint.trust.index import METADATA, IndexProblem, read_index
+from vitlarge.distributed.plugins import unwrap
 from vitlarge.errors import UserError
 
 
@@ -56,12 +61,8 @@ def dcp_files_of(rank: int, folder: Path) -> list[str]:
 
 
 def _root(model: nn.Module) -> nn.Module:
-    """The module whose state dict has the model's own names: under a Booster wrapper and torch's DDP
-    (whose replicas are the module itself); an FSDP2 root is the model itself."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    model = cast(Any, model).unwrap() if hasattr(model, "unwrap") else model  # the Booster's ModelWrapper
-    return model.module if isinstance(model, DistributedDataParallel) else model
+    """The module whose state dict has the model's own names (`vitlarge.distributed.plugins.unwrap`)."""
+    return unwrap(model)
 
 
 def _optim(optimizer):
@@ -70,9 +71,6 @@ def _optim(optimizer):
 
 def is_sharded(model: nn.Module) -> bool:
     """FSDP2 (``fully_shard``: DTensor parameters). Never a collective."""
-    from torch.distributed.fsdp import FSDPModule
-    from torch.distributed.tensor import DTensor
-
     root = _root(model)
     return isinstance(root, FSDPModule) or any(isinstance(p, DTensor) for p in root.parameters())
 
@@ -173,16 +171,12 @@ class _WeightsOnlyLoadPlanner(DefaultLoadPlanner):
     be in the checkpoint (strict)."""
 
     def create_local_plan(self):
-        from torch.distributed.checkpoint.default_planner import create_default_local_load_plan
-
         assert self.metadata is not None  # set_up_planner gave it the index
         return create_default_local_load_plan(self.state_dict, self.metadata, not self.allow_partial_load)
 
     def load_bytes(self, read_item, value: io.BytesIO) -> None:
         obj = torch.load(value, weights_only=True)
         if self.flatten_state_dict:
-            from torch.distributed.checkpoint._traverse import set_element
-
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
         else:
             self.state_dict[read_item.dest_index.fqn] = obj
@@ -199,8 +193,6 @@ class Reader(dcp.FileSystemReader):
         self._files, self._index = files, index
 
     def read_metadata(self, *args, **kwargs):
-        from torch.distributed.checkpoint.metadata import StorageMeta
-
         metadata = self._index if self._index is not None else read_index(Path(self.path), self._files)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
@@ -284,8 +276,6 @@ def read_full_model(
     collective, reads the model's bytes only). ``like``: tensors to fill (a plain model's state dict);
     by default allocated from the index's shapes and dtypes. ``key="ema"``: the EMA average instead.
     ``files``, ``index``: see `Reader`."""
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
     index = read_index(folder, files) if index is None else index
     if like is None:
         try:

@@ -25,7 +25,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from vitlarge.checkpoint.sharded import OptimizerState, Weights
+from vitlarge.data.common import older_state_version
+from vitlarge.data.phased import state_of_other_phases
 from vitlarge.model.ema import ModelEma
+from vitlarge.text import plural
 
 if TYPE_CHECKING:
     from vitlarge.config.schema import Config
@@ -100,8 +104,6 @@ class RunState:
         """The parts DCP saves and loads (``.distcp``), by the key each is stored under: the weights, the
         optimizer state (``with_optimizer``: it has stepped, or the checkpoint holds it) and the EMA average
         (``with_ema``, when the run has one). A new sharded part is one entry here."""
-        from vitlarge.checkpoint.sharded import OptimizerState, Weights
-
         parts: dict[str, Stateful] = {"model": Weights(self.model)}
         if with_optimizer:
             parts["optimizer"] = OptimizerState(self.model, self.optimizer)
@@ -150,10 +152,6 @@ class LoadedCheckpoint:
         `vitlarge.plan.edits.resume_plan` say what changed); the data stream restarts with a fresh epoch
         order when the position was written by another world size, by an older vitlarge (another pipeline), or
         under another ``train.phases`` list."""
-        from vitlarge.data.common import older_state_version
-        from vitlarge.data.phased import state_of_other_phases
-        from vitlarge.text import plural
-
         if self.world_size != plan.world_size:
             ph = plan.phase_at(self.step)
             micro = f"{plural(ph.accum_steps, 'micro-step')} per step now"

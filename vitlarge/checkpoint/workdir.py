@@ -1,12 +1,15 @@
 """The workdir accepts checkpoints: writable on every rank, and the same folder on every node.
 
-Both checks run before any work (vitlarge/run/job.py), so a read-only mount or a mount missing on one node
+Both checks run before any work (`vitlarge.checkpoint.checkpointer.Checkpointer.check_workdir`, which vitlarge/run/job.py
+calls), so a read-only mount or a mount missing on one node
 fails in one line at the start, not at the first save.
 """
 
 from __future__ import annotations
 
 import os
+import time
+import uuid
 from pathlib import Path
 
 from vitlarge import fileio
@@ -47,8 +50,6 @@ def write_shared_probe(workdir: str | Path) -> str:
     """Rank 0, after `check_writable`: a file with a token no other run writes; returns the token. With
     `check_shared_probe` on every rank it shows the ranks share the workdir (a mount missing on one node
     leaves that node a local folder of the same name, and its checkpoint parts never reach the others)."""
-    import uuid
-
     token = uuid.uuid4().hex
     fileio.write_atomic(Path(workdir) / SHARED_PROBE, token)
     return token
@@ -57,8 +58,6 @@ def write_shared_probe(workdir: str | Path) -> str:
 def check_shared_probe(workdir: str | Path, token: str, wait_s: float = 5.0) -> None:
     """Every rank: rank 0's probe holds ``token`` in this rank's view of ``workdir`` (polled for ``wait_s``:
     a shared file system may show another node's new file a moment late); else a one-line ``UserError``."""
-    import time
-
     path, deadline = Path(workdir) / SHARED_PROBE, time.monotonic() + wait_s
     while True:
         try:

@@ -13,7 +13,7 @@ CUDA host keeps the model on the CPU, next to its data, autocast and gloo.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from vitlarge.config.schema import Config
 
@@ -44,3 +44,13 @@ def build_plugin(cfg: Config, device: torch.device | str, precision: str) -> Plu
     from vitlarge.distributed.fsdp import FSDPPlugin
 
     return FSDPPlugin(precision, torch.device(device))
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The model under the wrappers the Booster and its plugin put around it (the Booster's ``ModelWrapper``, torch's
+    DDP, whose replica is the module itself): the module whose state dict has the model's own names. An FSDP2 root
+    is the model itself, sharded in place."""
+    from torch.nn.parallel import DistributedDataParallel  # lazy: keeps torch off the import of this module
+
+    model = cast(Any, model).unwrap() if hasattr(model, "unwrap") else model  # the Booster's ModelWrapper
+    return model.module if isinstance(model, DistributedDataParallel) else model

@@ -2,16 +2,17 @@
 
 `build_run` starts the process as `vitlarge.evaluate` does (`vitlarge.train.command.start`: the device settings,
 resolved once, determinism, the process group),
-checks the inputs on every rank (data, workdir, ``--resume``, ``model.init_from``: `preflight`, agreed
-by all ranks so one rank's missing path stops them all in seconds), builds the
-parts (`vitlarge.train.assemble.build`), seeds, resumes (`vitlarge.checkpoint.resume`: rank 0 picks
-the checkpoint, `LoadedCheckpoint` says what of it this run can use), makes the phase loaders and the hooks the
+checks the inputs on every rank (``model.init_from``, data: `preflight`; then the workdir and ``--resume``:
+`Checkpointer.check_workdir`), agreed by all ranks so one rank's missing path stops them all in seconds, builds the
+parts (`vitlarge.train.assemble.build`), seeds, resumes (`Checkpointer.resume`: rank 0 picks the checkpoint,
+`LoadedCheckpoint` says what of it this run can use), makes the phase loaders and the hooks the
 caller hands in (train.py: hooks/'s `build_hooks`; the library imports no observer). `TrainingRun.fit` trains,
 evaluates, checkpoints and exports. train.py is these two calls.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
 from collections.abc import Callable
@@ -20,11 +21,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vitlarge.config.schema import Config
+from vitlarge.data.phased import PhasedLoaders
+from vitlarge.distributed import booster, process
 from vitlarge.distributed.launcher import DistEnv
 from vitlarge.distributed.threads import NO_THREADS, ThreadPools
 from vitlarge.errors import UserError
-from vitlarge.events import Hook
-from vitlarge.plan.plan import Plan
+from vitlarge.events import Hook, RunInfo
+from vitlarge.plan.edits import resume_plan
+from vitlarge.plan.plan import Plan, make_plan, rng_seed
+from vitlarge.train.command import start
+from vitlarge.train.memory import gpu_start_line
+from vitlarge.train.profile import check_window
 
 if TYPE_CHECKING:
     from vitlarge.data.manifest import Manifest
@@ -52,9 +59,9 @@ class TrainingRun:
 
     def fit(self) -> int:
         """Trains, evaluates and exports; 0 when done (a stop raises `Preempted` or `StopTraining`)."""
-        import torch.distributed as dist
+        import torch.distributed as dist  # lazy: torch loads after the "loading PyTorch" line (vitlarge.run.cli)
 
-        from vitlarge.train.settings import explain_nondeterministic
+        from vitlarge.train.settings import explain_nondeterministic  # lazy: torch, as above
 
         try:
             self.trainer.fit(export=self._export)
@@ -68,7 +75,7 @@ class TrainingRun:
 
     def _export(self) -> Path | None:
         """The timm export of the trained (or EMA) weights; every rank calls it, the main rank writes and returns it."""
-        from vitlarge.checkpoint.export import export, weights_to_export
+        from vitlarge.checkpoint.export import export, weights_to_export  # lazy: torch, as in `fit`
 
         ema = self.parts.engine.ema if self.cfg.train.export_ema else None
         weights = weights_to_export(self.parts.model, ema, self.env.rank)  # a collective under fsdp
@@ -90,8 +97,8 @@ class TrainingRun:
 
 def seed_rngs(seed: int) -> None:
     """torch's (CPU and every CUDA device), numpy's and python's RNGs."""
-    import numpy as np
-    import torch
+    import numpy as np  # lazy: torch loads after the "loading PyTorch" line (vitlarge.run.cli)
+    import torch  # lazy: as above
 
     torch.manual_seed(seed)
     np.random.seed(seed)
@@ -100,7 +107,7 @@ def seed_rngs(seed: int) -> None:
 
 def is_resume(cfg: Config, resume: str | None) -> bool:
     """Whether this run continues from a checkpoint (``--resume``, or any in the workdir)."""
-    from vitlarge.checkpoint.checkpointer import Checkpointer
+    from vitlarge.checkpoint.checkpointer import Checkpointer  # lazy: torch, as in `seed_rngs`
 
     return bool(resume) or Checkpointer(cfg.workdir, cfg).any()
 
@@ -117,34 +124,28 @@ def init_from_warnings(cfg: Config, resuming: bool, dry_run: bool = False) -> li
             f"model.init_from={cfg.model.init_from} does not exist yet; the run needs it (a pretraining's export, "
             "<workdir>/model, or a checkpoint)"
         ]
-    from vitlarge.checkpoint.init_from import check_source
+    from vitlarge.checkpoint.init_from import check_source  # lazy: torch, as in `is_resume`
 
     check_source(cfg)
     return []
 
 
 def preflight(cfg: Config, env: DistEnv, resuming: bool):
-    """Every check before any work, on every rank: ``model.init_from``, the data set (its manifest,
-    class count, RandAugment string and shards), the batch arithmetic for this world size, the profiler's
-    window inside the run and a writable workdir. Returns ``(manifest, plan)``. (``--resume`` is checked after
-    it, on rank 0 alone.)"""
-    from vitlarge.checkpoint.checkpointer import Checkpointer
-    from vitlarge.data.sources import checked_manifest
-    from vitlarge.plan.plan import make_plan
-    from vitlarge.train.profile import check_window
+    """The checks before any work of the run's inputs, on every rank: ``model.init_from``, the data set (its
+    manifest, class count, RandAugment string and shards), the batch arithmetic for this world size and the
+    profiler's window inside the run. Returns ``(manifest, plan)``. (The workdir and ``--resume`` are checked after
+    it: `Checkpointer.check_workdir`.)"""
+    from vitlarge.data.sources import checked_manifest  # lazy: torch, as in `is_resume`
 
     init_from_warnings(cfg, resuming)  # raises; a run has no warnings to print here
     manifest = checked_manifest(cfg)
     plan = make_plan(cfg, env.world_size, manifest.num_examples("train"))
     check_window(cfg, plan)
-    Checkpointer(cfg.workdir, cfg).check_writable(env.rank)
     return manifest, plan
 
 
 def data_digest(manifest) -> str:
     """What every rank must read alike: the example counts and a hash of the shard list (names, sizes, checksums)."""
-    import hashlib
-
     if not manifest.data_dir:  # synthetic: made from the config, the same everywhere
         return "synthetic"
     counts = ", ".join(f"{manifest.num_examples(s)} {s}" for s in ("train", "validation"))
@@ -156,17 +157,11 @@ def build_run(
     cfg: Config, env: DistEnv, make_hooks: MakeHooks, resume: str | None = None, threads: ThreadPools = NO_THREADS
 ) -> TrainingRun:
     """Everything before the first step (see the module docstring); ``resume``: a ``--resume`` path."""
+    # lazy: torch loads after the "loading PyTorch" line (vitlarge.run.cli)
     from vitlarge.checkpoint.checkpointer import Checkpointer
-    from vitlarge.data.phased import PhasedLoaders
-    from vitlarge.distributed import booster, process
-    from vitlarge.distributed.collective import agree, check_same, rank0_decides
-    from vitlarge.events import RunInfo
-    from vitlarge.plan.edits import resume_plan
-    from vitlarge.plan.plan import rng_seed
-    from vitlarge.train.assemble import build
-    from vitlarge.train.command import start
-    from vitlarge.train.loop import Trainer
-    from vitlarge.train.memory import gpu_start_line
+    from vitlarge.distributed.collective import agree, check_same, rank0_decides  # lazy: torch, as above
+    from vitlarge.train.assemble import build  # lazy: torch, as above
+    from vitlarge.train.loop import Trainer  # lazy: torch, as above
 
     def before_group(settings) -> None:
         if gpu_line := gpu_start_line(settings.device, env.rank):  # every rank's own GPU, before the rendezvous
@@ -190,13 +185,8 @@ def build_run(
         "settings (train.precision / train.compile auto, resolved on each node)",
         "give every node the same GPUs and toolchain, or set train.precision and train.compile explicitly",
     )
-    checkpoints = Checkpointer(workdir, cfg)
-    token = rank0_decides(checkpoints.write_shared_probe)  # and the same workdir, not a local stand-in
-    agree(lambda: checkpoints.check_shared_probe(token))
-    if env.is_main:  # every rank has read it (agree is a collective)
-        checkpoints.remove_shared_probe()
-    if resume:  # a missing --resume path fails before any work, unless its line continues here (rank 0's view)
-        rank0_decides(lambda: checkpoints.check_requested(resume))
+    checkpoints = Checkpointer(workdir, cfg, env.rank)
+    checkpoints.check_workdir(resume)  # writable on every rank, the same folder on every node, --resume readable
     if env.is_main:
         for message in [*settings.lines(), started.determinism]:
             if message:
@@ -210,23 +200,23 @@ def build_run(
     # Identical initial weights on every rank (build seeds), then per-rank randomness.
     parts = build(cfg, plan, settings, init_from=not resuming)
     engine = parts.engine
-    checkpoints.attach(engine.model, engine.optimizer, engine.precision.scaler, engine.ema)
     seed_rngs(rng_seed(cfg.train.seed, env.rank))
 
     # Rank 0 picks a verified checkpoint for all ranks; then weights, optimizer, scaler, RNG and step,
     # and the loader position where this run can still use it.
     start_step, data_state = 0, None
-    choice = checkpoints.choose(resume, parts.model, plan.num_train_examples)
-    chosen, line = choice.path, choice.lineage
+    checkpoints.attach(engine.model, engine.optimizer, engine.precision.scaler, engine.ema)
+    found = checkpoints.resume(resume, plan.num_train_examples)
+    chosen, line = found.path, found.lineage
     # The line the chosen checkpoint came from, for the trackers (a new line's tracked run names it as its parent).
-    resumed_line = checkpoints.lineage_of(chosen) if chosen is not None and env.is_main else None
+    resumed_line = found.parent_lineage
     if chosen is None and resuming and cfg.model.init_from:
         raise UserError(
             f"{checkpoints.folder} holds no usable checkpoint, and without one this run "
             f"would start from scratch instead of model.init_from; move them aside or pass another --workdir"
         )
-    if chosen is not None:
-        resumed = checkpoints.restore(chosen)
+    if found.loaded is not None and chosen is not None:
+        resumed = found.loaded
         start_step = resumed.step
         if resumed.world_size != plan.world_size:  # the RNG states were not restored: fresh draws from here
             seed_rngs(rng_seed(cfg.train.seed, env.rank, start_step))

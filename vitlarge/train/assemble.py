@@ -33,10 +33,16 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
+from vitlarge.checkpoint.init_from import load_into
 from vitlarge.config.schema import Config
+from vitlarge.distributed.plugins import build_plugin, unwrap
 from vitlarge.errors import UserError
 from vitlarge.model.attention import AttentionChoice, choose_attention
+from vitlarge.model.blocks import transformer_blocks
+from vitlarge.model.ema import ModelEma
 from vitlarge.model.precision import Precision
+from vitlarge.model.vit import build_model
+from vitlarge.optim.lamb import build_optimizer, import_inductor
 from vitlarge.plan.plan import Plan
 from vitlarge.train.engine import Engine
 from vitlarge.train.settings import Settings
@@ -86,10 +92,7 @@ def compile_model(model: torch.nn.Module, plan: Plan, scope: str = "model") -> N
     own fully specialised graph, compiled once and reused (``recompile_limit`` of them), rather than one
     graph with symbolic sizes that Inductor optimises less. Dynamo's recompile limit is a process-wide
     setting: raised here, never lowered."""
-    import torch._dynamo
-
-    from vitlarge.model.blocks import transformer_blocks
-    from vitlarge.optim.lamb import import_inductor
+    import torch._dynamo  # lazy: Dynamo's and Inductor's modules load only for a compiled run
 
     units = [model] if scope == "model" else transformer_blocks(model)
     if not units:
@@ -110,16 +113,10 @@ def build(cfg: Config, plan: Plan, settings: Settings, booster=None, init_from: 
     ``booster``: None makes Colossal-AI's ``Booster`` with the recipe's plugin; anything else must
     offer what the engine uses (``boost(model, optimizer)``, ``no_sync``, ``backward``).
     ``init_from=False`` skips ``model.init_from`` (a resume: the checkpoint's weights replace them)."""
-    from vitlarge.distributed.plugins import build_plugin
-    from vitlarge.model.vit import build_model
-    from vitlarge.optim.lamb import build_optimizer
-
     device = settings.device
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     model = build_model(cfg, device, settings.precision)  # its attention and patch conv follow the precision
     if cfg.model.init_from and init_from:  # fine-tuning: pretrained weights, before the optimizer sees them
-        from vitlarge.checkpoint.init_from import load_into
-
         for note in load_into(model, cfg):
             logging.getLogger("vitlarge").info(note)  # train.py keeps other ranks at WARNING
     attention = choose_attention(model, device, settings.precision, cfg.model.attn_drop_rate)
@@ -140,6 +137,7 @@ def build(cfg: Config, plan: Plan, settings: Settings, booster=None, init_from: 
         implementation=settings.lamb_implementation,
     )
     if booster is None:
+        # lazy: Colossal-AI loads only where no booster is handed in (the GPU kit runs without it)
         from vitlarge.distributed.booster import Booster
 
         booster = Booster(plugin=build_plugin(cfg, device, settings.precision))
@@ -154,9 +152,6 @@ def build(cfg: Config, plan: Plan, settings: Settings, booster=None, init_from: 
     )
     ema = None
     if cfg.train.ema_decay > 0:  # after the Booster: under fsdp the average is sharded like the weights
-        from vitlarge.checkpoint.sharded import inner
-        from vitlarge.model.ema import ModelEma
-
-        ema = ModelEma(inner(model), cfg.train.ema_decay, cfg.train.ema_warmup)
+        ema = ModelEma(unwrap(model), cfg.train.ema_decay, cfg.train.ema_warmup)
     engine = Engine(cfg, plan, booster, model, optimizer, precision, settings, ema=ema)
     return Parts(model, optimizer, booster, precision, engine, cfg, settings, attention)

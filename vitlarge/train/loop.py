@@ -57,7 +57,7 @@ class Trainer:
         ``checkpoints``: the run's checkpointer (by default one over ``cfg.workdir`` and the engine's parts)."""
         self.line, self.resumed_from = line, resumed_from
         self.cfg, self.plan, self.engine = cfg, plan, engine
-        self.checkpoints = checkpoints or Checkpointer(cfg.workdir, cfg).attach(
+        self.checkpoints = checkpoints or Checkpointer(cfg.workdir, cfg, info.rank).attach(
             engine.model, engine.optimizer, engine.precision.scaler, engine.ema
         )
         self.loaders = loaders
@@ -134,10 +134,9 @@ class Trainer:
     def _save(self):
         # meta.json's config is the run's record: precision and compile as resolved, not the recipe's "auto"
         assert self.train_loader is not None, "saved before a phase's loaders were made"
-        state = self.checkpoints.state(
+        path = self.checkpoints.save(
             self.step, self.train_loader.state(), self.line, config=self.info.record, schedule=self.plan.record()
         )
-        path = self.checkpoints.save(state)
         self._emit(Event.CHECKPOINT, self.step, str(path))
         return path
 

@@ -168,10 +168,10 @@ def test_the_engine_is_built_with_its_ema_and_offers_it_in_its_state():
 
     cfg = demo_cfg()
     parts = build(cfg, make_plan(cfg, 1, 1437), resolve_settings(cfg, "cpu"))
-    state = checkpointer(cfg, parts.engine).state(step=3, data="pos", lineage="/a/line")
+    state = checkpointer(cfg, parts.engine)._state(step=3, data="pos", lineage="/a/line")
     assert parts.engine.ema is not None and state.ema is parts.engine.ema
     assert (state.model, state.optimizer, state.scaler) == (parts.model, parts.optimizer, parts.precision.scaler)
     assert (state.step, state.data, state.lineage) == (3, "pos", "/a/line")
     off = demo_cfg(decay=0.0)
     engine = build(off, make_plan(off, 1, 1437), resolve_settings(off, "cpu")).engine
-    assert checkpointer(off, engine).state().ema is None
+    assert checkpointer(off, engine)._state().ema is None
