@@ -11,13 +11,16 @@ alone; it is read as phase 0's under the empty phase list, which is what it was.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import hashlib
 import json
 import logging
+import sys
 from dataclasses import dataclass
 
 from vitlarge.config.schema import Config
 from vitlarge.data.common import STATE_VERSION, SettingsChanged
+from vitlarge.data.sources import train_loader, val_loader
 from vitlarge.plan.phases import Phase
 from vitlarge.plan.plan import Plan
 
@@ -150,8 +153,6 @@ class PhasedLoaders:
         return self.current is None or self.plan.phase_at(step).index != self.current.index
 
     def enter(self, step: int):
-        from vitlarge.data.sources import train_loader, val_loader
-
         ph = self.plan.phase_at(step)
         if not self.changes_at(step):
             return None
@@ -176,8 +177,8 @@ class PhasedLoaders:
                 )
             fresh_at = step
             loader = train_loader(self.cfg, self.rank, self.world_size, self.device, phase=ph, fresh_at=step)
-        train = _PhaseTrain(loader, ph.index, self._phases_hash, fresh_at)
-        return train, val_loader(self.cfg, self.rank, self.world_size, self.device, phase=ph)
+        val = val_loader(self.cfg, self.rank, self.world_size, self.device, phase=ph)
+        return _PhaseTrain(loader, ph.index, self._phases_hash, fresh_at), val
 
 
 def evaluated_phase(plan: Plan, step: int | None) -> Phase:
@@ -194,9 +195,6 @@ def release_loader_memory(device) -> None:
     freed pool blocks back (``nvidia.dali.backend.ReleaseUnusedMemory``, where this DALI has it), so the
     new phase's pipelines do not stack on the old ones' memory. The GPU branch is not run by the tests.
     A process that never loaded DALI (``data.source=synthetic``) has no DALI pool, and may have no DALI."""
-    import gc
-    import sys
-
     gc.collect()
     backend = sys.modules.get("nvidia.dali.backend")
     if getattr(device, "type", str(device)) == "cuda" and backend is not None:
