@@ -17,6 +17,7 @@ import json
 import logging
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 from vitlarge.config.schema import Config
 from vitlarge.data.common import STATE_VERSION, SettingsChanged
@@ -115,13 +116,16 @@ def state_of_other_phases(state: str | None, cfg: Config, plan: Plan) -> bool:
         return True
 
 
+@dataclass
 class _PhaseTrain:
     """A phase's TrainLoader whose ``state()`` also records the phase it belongs to, the phase list and, for a
     stream started afresh mid-phase, the step it started at (its seed derives from it: a later resume
     rebuilds the same stream and continues it)."""
 
-    def __init__(self, loader, phase: int, phases_hash: str, fresh_at: int | None = None):
-        self.loader, self.phase, self.phases_hash, self.fresh_at = loader, phase, phases_hash, fresh_at
+    loader: Any
+    phase: int
+    phases_hash: str
+    fresh_at: int | None = None
 
     def __iter__(self):
         return self

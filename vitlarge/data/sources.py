@@ -118,12 +118,13 @@ def train_spec(cfg: Config, phase: Phase | None = None, fresh_at: int | None = N
     starts at), the rest from ``cfg``. No phase: the config's own values and seed (tests, tools)."""
     d = cfg.data
     if phase is None:
-        batch, size, crop_scale, seed = cfg.train.micro_batch, d.image_size, d.crop_scale, cfg.train.seed
+        batch, size, crop_scale = cfg.train.micro_batch, d.image_size, d.crop_scale
     else:
         batch, size, crop_scale = phase.micro_batch, phase.image_size, phase.crop_scale
-        seed = stream_seed(cfg.train.seed, phase.index, fresh_at)
+    common = _common(cfg, batch, size, d.num_train_examples)
+    seed = cfg.train.seed if phase is None else stream_seed(cfg.train.seed, phase.index, fresh_at)
     return TrainSpec(
-        **_common(cfg, batch, size, d.num_train_examples),
+        **common,
         seed=seed,
         crop_scale=tuple(crop_scale),
         crop_ratio=tuple(d.crop_ratio),
