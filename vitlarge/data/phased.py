@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from vitlarge.config.schema import Config
+from vitlarge.data import sources
 from vitlarge.data.common import STATE_VERSION, SettingsChanged
-from vitlarge.data.sources import train_loader, val_loader
 from vitlarge.plan.phases import Phase
 from vitlarge.plan.plan import Plan
 
@@ -171,7 +171,9 @@ class PhasedLoaders:
         if state is None and step != ph.start_step:
             fresh_at = step
         try:
-            loader = train_loader(self.cfg, self.rank, self.world_size, self.device, state, phase=ph, fresh_at=fresh_at)
+            loader = sources.train_loader(
+                self.cfg, self.rank, self.world_size, self.device, state, phase=ph, fresh_at=fresh_at
+            )
         except SettingsChanged:  # an edited micro batch, crop, RandAugment or shard set: the position is void
             if self.rank == 0:
                 log.warning(
@@ -180,8 +182,8 @@ class PhasedLoaders:
                     "weights, optimizer and step resume exactly"
                 )
             fresh_at = step
-            loader = train_loader(self.cfg, self.rank, self.world_size, self.device, phase=ph, fresh_at=step)
-        val = val_loader(self.cfg, self.rank, self.world_size, self.device, phase=ph)
+            loader = sources.train_loader(self.cfg, self.rank, self.world_size, self.device, phase=ph, fresh_at=step)
+        val = sources.val_loader(self.cfg, self.rank, self.world_size, self.device, phase=ph)
         return _PhaseTrain(loader, ph.index, self._phases_hash, fresh_at), val
 
 
