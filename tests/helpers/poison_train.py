@@ -59,7 +59,7 @@ def main(argv: list[str]) -> int:
         accum = phase.accum_steps if phase else cfg.train.global_batch // (cfg.train.micro_batch * world_size)
         return PoisonedBatches(real(cfg, rank, world_size, *args, **kwargs), steps, accum)
 
-    sources.train_loader = train_loader  # the run imports it from vitlarge.data.sources at call time
+    sources.train_loader = train_loader  # vitlarge.data.phased looks it up on vitlarge.data.sources at call time
     return train.main(argv[1:])
 
 

@@ -53,7 +53,7 @@ def main(argv: list[str]) -> int:
             real(cfg, rank, world_size, *args, **kwargs), folder / f"rank_{rank}.jsonl", rank, world_size
         )
 
-    sources.train_loader = train_loader  # vitlarge.data.phased imports it from vitlarge.data.sources at call time
+    sources.train_loader = train_loader  # vitlarge.data.phased looks it up on vitlarge.data.sources at call time
     return train.main(argv)
 
 

@@ -45,6 +45,19 @@ def shard_range(num_examples: int, shard_id: int, num_shards: int) -> tuple[int,
     return num_examples * shard_id // num_shards, num_examples * (shard_id + 1) // num_shards
 
 
+def rank_slice(rank: int, world_size: int, num_examples: int, what: str) -> tuple[int, int]:
+    """This rank's ``[begin, end)`` of the synthetic source's ``num_examples`` (`shard_range`); UserError, naming the
+    config key ``what``, if it holds none."""
+    check_rank(rank, world_size)
+    begin, end = shard_range(num_examples, rank, world_size)
+    if end <= begin:
+        raise UserError(
+            f"{what}={num_examples} synthetic examples cannot be split over world_size={world_size}; "
+            f"set {what} to at least {world_size}"
+        )
+    return begin, end
+
+
 def val_forwards(num_examples: int, world_size: int, batch_size: int) -> int:
     """Batches per validation pass on every rank (`ValLoader.masked`): DALI pads each rank's slice to
     the largest one's size, ``ceil(num_examples / world_size)``, then to whole batches."""

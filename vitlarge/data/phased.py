@@ -11,12 +11,16 @@ alone; it is read as phase 0's under the empty phase list, which is what it was.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import hashlib
 import json
 import logging
+import sys
 from dataclasses import dataclass
+from typing import Any
 
 from vitlarge.config.schema import Config
+from vitlarge.data import sources
 from vitlarge.data.common import STATE_VERSION, SettingsChanged
 from vitlarge.plan.phases import Phase
 from vitlarge.plan.plan import Plan
@@ -112,13 +116,16 @@ def state_of_other_phases(state: str | None, cfg: Config, plan: Plan) -> bool:
         return True
 
 
+@dataclass
 class _PhaseTrain:
     """A phase's TrainLoader whose ``state()`` also records the phase it belongs to, the phase list and, for a
     stream started afresh mid-phase, the step it started at (its seed derives from it: a later resume
     rebuilds the same stream and continues it)."""
 
-    def __init__(self, loader, phase: int, phases_hash: str, fresh_at: int | None = None):
-        self.loader, self.phase, self.phases_hash, self.fresh_at = loader, phase, phases_hash, fresh_at
+    loader: Any
+    phase: int
+    phases_hash: str
+    fresh_at: int | None = None
 
     def __iter__(self):
         return self
@@ -150,8 +157,6 @@ class PhasedLoaders:
         return self.current is None or self.plan.phase_at(step).index != self.current.index
 
     def enter(self, step: int):
-        from vitlarge.data.sources import train_loader, val_loader
-
         ph = self.plan.phase_at(step)
         if not self.changes_at(step):
             return None
@@ -166,7 +171,9 @@ class PhasedLoaders:
         if state is None and step != ph.start_step:
             fresh_at = step
         try:
-            loader = train_loader(self.cfg, self.rank, self.world_size, self.device, state, phase=ph, fresh_at=fresh_at)
+            loader = sources.train_loader(
+                self.cfg, self.rank, self.world_size, self.device, state, phase=ph, fresh_at=fresh_at
+            )
         except SettingsChanged:  # an edited micro batch, crop, RandAugment or shard set: the position is void
             if self.rank == 0:
                 log.warning(
@@ -175,9 +182,9 @@ class PhasedLoaders:
                     "weights, optimizer and step resume exactly"
                 )
             fresh_at = step
-            loader = train_loader(self.cfg, self.rank, self.world_size, self.device, phase=ph, fresh_at=step)
-        train = _PhaseTrain(loader, ph.index, self._phases_hash, fresh_at)
-        return train, val_loader(self.cfg, self.rank, self.world_size, self.device, phase=ph)
+            loader = sources.train_loader(self.cfg, self.rank, self.world_size, self.device, phase=ph, fresh_at=step)
+        val = sources.val_loader(self.cfg, self.rank, self.world_size, self.device, phase=ph)
+        return _PhaseTrain(loader, ph.index, self._phases_hash, fresh_at), val
 
 
 def evaluated_phase(plan: Plan, step: int | None) -> Phase:
@@ -194,9 +201,6 @@ def release_loader_memory(device) -> None:
     freed pool blocks back (``nvidia.dali.backend.ReleaseUnusedMemory``, where this DALI has it), so the
     new phase's pipelines do not stack on the old ones' memory. The GPU branch is not run by the tests.
     A process that never loaded DALI (``data.source=synthetic``) has no DALI pool, and may have no DALI."""
-    import gc
-    import sys
-
     gc.collect()
     backend = sys.modules.get("nvidia.dali.backend")
     if getattr(device, "type", str(device)) == "cuda" and backend is not None:

@@ -17,7 +17,10 @@ from vitlarge.config.phase_list import patch_size, rect_val_anywhere
 from vitlarge.config.schema import Config
 from vitlarge.data import synthetic
 from vitlarge.data.manifest import Manifest, load_manifest, shard_files
-from vitlarge.data.spec import TrainSpec, ValSpec, knobs
+from vitlarge.data.randaugment import spec as randaugment_spec
+from vitlarge.data.rect import val_sizes
+from vitlarge.data.spec import TrainSpec, ValSpec, knob_values
+from vitlarge.distributed.threads import dali_threads
 from vitlarge.errors import UserError
 from vitlarge.plan.phases import Phase
 from vitlarge.plan.plan import stream_seed
@@ -36,16 +39,12 @@ def checked_manifest(cfg: Config) -> Manifest:
     ``data.num_train_examples`` training examples; no file is read."""
     if cfg.data.source == "synthetic":
         return synthetic.manifest(cfg.data.num_classes, cfg.data.num_train_examples, cfg.data.synthetic_val_examples)
-    from vitlarge.data.randaugment import spec as randaugment_spec
-
     manifest = load_manifest(cfg.data.path)
     check_classes(cfg, manifest)
     randaugment_spec(cfg.data.randaugment)
     for split in ("train", "validation"):  # here, inside the agreed pre-flight: a shard missing on one node
         shard_files(manifest, split)  # stops every rank, printed by the rank that met it (not at the first step)
     if rect_val_anywhere(cfg):
-        from vitlarge.data.rect import val_sizes
-
         val_sizes(manifest)
     return manifest
 
@@ -70,8 +69,6 @@ def planning_manifest(cfg: Config) -> Manifest | None:
     manifest = load_manifest(cfg.data.path)
     check_classes(cfg, manifest)
     if rect_val_anywhere(cfg):  # the run's check too, from dataset.json alone
-        from vitlarge.data.rect import val_sizes
-
         val_sizes(manifest)
     return manifest
 
@@ -82,8 +79,6 @@ def num_threads(cfg: Config) -> int:
     blanket ``OMP_NUM_THREADS=1``)."""
     if cfg.data.num_threads:
         return cfg.data.num_threads
-    from vitlarge.distributed.threads import dali_threads
-
     return dali_threads(os.environ, len(os.sched_getaffinity(0)))[0]
 
 
@@ -123,12 +118,13 @@ def train_spec(cfg: Config, phase: Phase | None = None, fresh_at: int | None = N
     starts at), the rest from ``cfg``. No phase: the config's own values and seed (tests, tools)."""
     d = cfg.data
     if phase is None:
-        batch, size, crop_scale, seed = cfg.train.micro_batch, d.image_size, d.crop_scale, cfg.train.seed
+        batch, size, crop_scale = cfg.train.micro_batch, d.image_size, d.crop_scale
     else:
         batch, size, crop_scale = phase.micro_batch, phase.image_size, phase.crop_scale
-        seed = stream_seed(cfg.train.seed, phase.index, fresh_at)
+    common = _common(cfg, batch, size, d.num_train_examples)
+    seed = cfg.train.seed if phase is None else stream_seed(cfg.train.seed, phase.index, fresh_at)
     return TrainSpec(
-        **_common(cfg, batch, size, d.num_train_examples),
+        **common,
         seed=seed,
         crop_scale=tuple(crop_scale),
         crop_ratio=tuple(d.crop_ratio),
@@ -139,7 +135,7 @@ def train_spec(cfg: Config, phase: Phase | None = None, fresh_at: int | None = N
         src_padding=d.src_padding,
         repeats=d.repeats,
         read_workers=d.read_workers,
-        **{name: getattr(d, name) for name in knobs()},  # augmentation knobs: the same names as data.<name>
+        **knob_values(d),  # augmentation knobs: the same names as data.<name>
     )
 
 
@@ -176,7 +172,7 @@ def train_loader(
     spec = train_spec(cfg, phase, fresh_at)
     if spec.source == "synthetic":
         return synthetic.SyntheticTrain(spec, rank=rank, world_size=world_size, device=device, state=state)
-    from vitlarge.data.loader import TrainLoader
+    from vitlarge.data.loader import TrainLoader  # lazy: keeps DALI off the synthetic source's start-up path
 
     return TrainLoader(spec, rank=rank, world_size=world_size, device=device, state=state)
 
@@ -195,6 +191,6 @@ def val_loader(
     spec = val_spec(cfg, phase, image_size)
     if spec.source == "synthetic":
         return synthetic.SyntheticVal(spec, rank=rank, world_size=world_size, device=device)
-    from vitlarge.data.loader import ValLoader
+    from vitlarge.data.loader import ValLoader  # lazy: keeps DALI off the synthetic source's start-up path
 
     return ValLoader(spec, rank=rank, world_size=world_size, device=device)

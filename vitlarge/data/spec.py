@@ -17,6 +17,7 @@ from typing import Any, Literal
 from vitlarge.config.schema import DataConfig, rule_of
 from vitlarge.constants import IMAGENET_MEAN, IMAGENET_STD
 from vitlarge.data.common import VAL_INTERPOLATION
+from vitlarge.data.randaugment import spec as randaugment_spec
 from vitlarge.errors import UserError
 
 SRC_PADDING = 4  # DeiT III's reflect padding of the simple random crop (torchvision RandomCrop(padding=4))
@@ -40,6 +41,11 @@ def knob(name: str) -> Any:  # as dataclasses.field: the field's default, whatev
 def knobs() -> list[str]:
     """The `knob` fields of `TrainSpec`, in declaration order."""
     return [f.name for f in fields(TrainSpec) if "knob" in f.metadata]
+
+
+def knob_values(data: DataConfig) -> dict[str, Any]:
+    """The `knob` fields' values in ``data`` (the config's ``data`` section), by name: what `TrainSpec` takes."""
+    return {name: getattr(data, name) for name in knobs()}
 
 
 @dataclass(frozen=True)
@@ -129,8 +135,6 @@ class TrainSpec(LoaderSpec):
         if self.source == "synthetic":
             settings = dict(common, num_classes=self.num_classes, mean=list(self.mean), std=list(self.std))
         else:
-            from vitlarge.data.randaugment import spec as randaugment_spec
-
             ra = randaugment_spec(self.randaugment)
             mean, std = self.pixels()
             settings = dict(

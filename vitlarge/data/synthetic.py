@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vitlarge.data.common import STATE_VERSION, SettingsChanged, check_rank, shard_range, val_forwards
+from vitlarge.data.common import STATE_VERSION, SettingsChanged, rank_slice, val_forwards
 from vitlarge.data.manifest import ClassInfo, Manifest
 from vitlarge.data.spec import TrainSpec, ValSpec
 from vitlarge.errors import UserError
@@ -109,18 +109,6 @@ class _Maker:
         return images.mul_(self.scale).add_(self.shift)
 
 
-def _rank_slice(rank: int, world_size: int, num_examples: int, what: str) -> tuple[int, int]:
-    """This rank's ``[begin, end)`` of ``num_examples`` (`shard_range`); UserError if it holds none."""
-    check_rank(rank, world_size)
-    begin, end = shard_range(num_examples, rank, world_size)
-    if end <= begin:
-        raise UserError(
-            f"{what}={num_examples} synthetic examples cannot be split over world_size={world_size}; "
-            f"set {what} to at least {world_size}"
-        )
-    return begin, end
-
-
 class SyntheticTrain:
     """Infinite stream of random training batches for one rank; exactly resumable (module docstring).
 
@@ -129,10 +117,10 @@ class SyntheticTrain:
     bitwise the same batches from there on (on the same device type)."""
 
     def __init__(self, spec: TrainSpec, *, rank: int, world_size: int, device: torch.device, state: str | None = None):
-        begin, end = _rank_slice(rank, world_size, spec.num_examples, "data.num_train_examples")
+        self._maker = _Maker(spec.image_size, spec.num_classes, device, spec.mean, spec.std)
+        begin, end = rank_slice(rank, world_size, spec.num_examples, "data.num_train_examples")
         self.num_examples_this_rank = end - begin
         self.spec, self.batch_size, self.seed, self.rank = spec, spec.batch_size, spec.seed, rank
-        self._maker = _Maker(spec.image_size, spec.num_classes, device, spec.mean, spec.std)
         self._fingerprint = spec.fingerprint(rank, world_size)
         self._batches = self._decode_state(state) if state else 0
 
@@ -180,7 +168,7 @@ class SyntheticVal:
     are real; padding rows repeat the slice's last example), ``iter()`` the real rows only."""
 
     def __init__(self, spec: ValSpec, *, rank: int, world_size: int, device: torch.device):
-        self._begin, self._end = _rank_slice(rank, world_size, spec.num_examples, "data.synthetic_val_examples")
+        self._begin, self._end = rank_slice(rank, world_size, spec.num_examples, "data.synthetic_val_examples")
         self.num_examples_this_rank = self._end - self._begin
         self.spec, self.batch_size = spec, spec.batch_size
         self._forwards = val_forwards(spec.num_examples, world_size, spec.batch_size)
