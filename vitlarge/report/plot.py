@@ -73,6 +73,9 @@ def _save(fig, target: Path, root: Path | None) -> Path:
     import matplotlib.pyplot as plt
 
     png = io.BytesIO()
+    # fig.tight_layout() leaves a placeholder layout engine, for which savefig draws the whole figure once more
+    # before it draws the file; the layout is made: without an engine the figure is drawn once, the same pixels.
+    fig.set_layout_engine(None)
     fig.savefig(png, dpi=110, format="png")
     plt.close(fig)
     try:

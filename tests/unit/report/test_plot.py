@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import matplotlib.figure
 import pytest
 from PIL import Image
 
@@ -162,3 +163,22 @@ def test_two_or_more_runs_are_compared_in_one_picture_each_in_its_colour(tmp_pat
     assert r.returncode == 2 and r.stderr.strip() == (
         "error: missing/metrics.jsonl does not exist; pass the --workdir of a run that has started"
     )
+
+
+def test_the_picture_is_drawn_once_after_its_layout_as_a_second_draw_would_draw_it(tmp_path, monkeypatch):
+    """The end of a run draws the figure once (savefig), not once more for a layout already made; the PNG's bytes are
+    those of the figure drawn as savefig draws it after a layout pass."""
+    write_run(tmp_path, plot=False)
+    draws = []
+    draw = matplotlib.figure.Figure.draw
+    monkeypatch.setattr(matplotlib.figure.Figure, "draw", lambda fig, r: draws.append(1) or draw(fig, r))
+    plot_run(tmp_path)
+    assert len(draws) == 1
+    once = (tmp_path / PLOT_FILENAME).read_bytes()
+    keep = matplotlib.figure.Figure.set_layout_engine
+    # tight_layout's placeholder engine kept: savefig draws the figure for its layout first, then for the file
+    monkeypatch.setattr(
+        matplotlib.figure.Figure, "set_layout_engine", lambda fig, *a, **k: a[:1] == (None,) or keep(fig, *a, **k)
+    )
+    plot_run(tmp_path)
+    assert len(draws) == 3 and (tmp_path / PLOT_FILENAME).read_bytes() == once
