@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 
 import matplotlib.figure
@@ -182,3 +183,28 @@ def test_the_picture_is_drawn_once_after_its_layout_as_a_second_draw_would_draw_
     )
     plot_run(tmp_path)
     assert len(draws) == 3 and (tmp_path / PLOT_FILENAME).read_bytes() == once
+
+
+def test_drawing_at_the_end_of_a_run_sets_off_no_collection_of_the_trainings_heap(tmp_path):
+    """matplotlib's allocations would set off collections over the whole training process's heap; none runs while
+    the picture is drawn, and the collector is as it was after (on, or off where the process had turned it off)."""
+    write_run(tmp_path, plot=False)
+    collections = []
+
+    def count(phase, info):
+        if phase == "start":
+            collections.append(info["generation"])
+
+    gc.callbacks.append(count)
+    try:
+        PlotHook(str(tmp_path)).on_train_end(run_info(tmp_path), evaluation(40))
+        # at most the youngest generation's, once the collector is back on (the figure's own objects)
+        assert collections in ([], [0]) and gc.isenabled() and (tmp_path / PLOT_FILENAME).is_file()
+        gc.disable()
+        try:
+            PlotHook(str(tmp_path)).on_train_end(run_info(tmp_path), evaluation(40))
+            assert not gc.isenabled()
+        finally:
+            gc.enable()
+    finally:
+        gc.callbacks.remove(count)
