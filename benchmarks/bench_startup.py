@@ -387,7 +387,7 @@ def show(summary: dict, title: str) -> None:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--baseline", help="another vitlarge checkout (the commit before a change), run side by side")
     p.add_argument(
