@@ -30,8 +30,10 @@ arrives (``PYTHONUNBUFFERED=1``: timm's first and last ``Train:`` lines are its 
   ``on_train_start``, imports excepted), ``setup`` (the rest before the loop starts: config, model, optimizer, Booster,
   resume, data loaders; timm's ``Scheduled epochs`` line marks its loop's start) and ``first step``;
 - the end, from the last step's end to the command's exit: imports (matplotlib for the picture), ``final evaluation
-  and checkpoint`` (vitlarge: until ``on_train_end``), ``export and close`` (the picture, the timm export, the hooks'
-  close) and ``exit`` (the processes' and the launcher's exit; timm: from its ``--result`` line).
+  and checkpoint`` (vitlarge: until ``on_train_end``), then vitlarge's own end-of-run work, which timm's train.py
+  does not do: the hooks' ``on_train_end`` (the picture of the run, TensorBoard's close), the ``timm export``
+  (``<workdir>/model``) and the hooks' close; and ``exit`` (the processes' and the launcher's exit; timm: from its
+  ``--result`` line).
 
 Each phase is given twice: in wall seconds, and in rank 0's CPU seconds (all its threads; the probe's ``tick`` events
 interpolated), which load from other processes on a shared machine changes much less; the CPU seconds of all the
@@ -127,6 +129,11 @@ def cpu_clock(events: list[dict]):
     return at
 
 
+END_HOOKS = "end: the hooks' on_train_end (the picture, TensorBoard's close)"
+END_EXPORT = "end: timm export"
+END_CLOSE = "end: the hooks' close"
+
+
 def phases(
     events: list[dict],
     launched: float,
@@ -173,13 +180,17 @@ def phases(
     out["start-up (launch to the first step's end)"] = span(launched, first_step)
     end_imports = _imports_in(spans, last_step, exited)
     out |= {f"end: import {g}": s for g, s in end_imports.items()}
-    train_end = at.get(("train_end", None), {}).get("t")
+    train_end = at.get(("train_end", True), {}).get("t")
+    hooks_end, export = at.get(("train_end", False), {}).get("t"), at.get(("export", None), {}).get("t")
     close = at.get(("close", None), {}).get("t")
     if train_end is not None and close is not None:
-        out["end: final evaluation and checkpoint"] = span(last_step, train_end) - sum(
-            _imports_in(spans, last_step, train_end).values()
-        )
-        out["end: export and close"] = span(train_end, close) - sum(_imports_in(spans, train_end, close).values())
+        ends = [("end: final evaluation and checkpoint", last_step)]
+        if hooks_end is not None and export is not None:
+            ends += [(END_HOOKS, train_end), (END_EXPORT, hooks_end), (END_CLOSE, export)]
+        else:
+            ends += [("end: export and close", train_end)]
+        for (name, a), b in zip(ends, [b for _, b in ends[1:]] + [close]):
+            out[name] = span(a, b) - sum(_imports_in(spans, a, b).values())
         out["end: exit"] = span(close, exited)
     else:
         until = result_at if result_at is not None else exited
@@ -195,6 +206,53 @@ def phases(
 def _env(log_dir: Path) -> dict:
     env = parity._env()
     return env | {"PYTHONUNBUFFERED": "1", "VITLARGE_STARTUP_LOG": str(log_dir)}
+
+
+def _role(argv: list[str]) -> str:
+    """Which part of a launch a process is, from its command line."""
+    if any(a.endswith("startup_probe.py") for a in argv[:3]) and not any(a.endswith("torchrun") for a in argv[:2]):
+        return "ranks"
+    for name in ("torchrun", "colossalai"):
+        if any(a.endswith(name) for a in argv[:2]):
+            return f"{name} run" if name == "colossalai" else name
+    return "shell" if argv and argv[0].rsplit("/", 1)[-1] in ("sh", "bash") else "other"
+
+
+def watch(session: int, seen: dict, stop: threading.Event) -> None:
+    """Samples the processes of ``session`` every 50 ms until ``stop``: ``seen[pid]`` = role, start (time.time()),
+    last seen, CPU seconds when last seen (a process's last 50 ms of CPU may be missed)."""
+    boot = next(int(x.split()[1]) for x in Path("/proc/stat").read_text().splitlines() if x.startswith("btime "))
+    hz = os.sysconf("SC_CLK_TCK")
+    while not stop.is_set():
+        now = time.time()
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
+                if int(stat[3]) != session:
+                    continue
+                cpu = (int(stat[11]) + int(stat[12])) / hz
+                if d not in seen:
+                    argv = Path(f"/proc/{d}/cmdline").read_bytes().decode(errors="replace").split("\0")
+                    seen[d] = dict(role=_role(argv), start=boot + int(stat[19]) / hz)
+                seen[d] |= dict(last=now, cpu=cpu)
+            except (OSError, IndexError, ValueError):
+                continue
+        stop.wait(0.05)
+
+
+def launcher_phases(seen: dict, launched: float, exited: float) -> tuple[dict, dict]:
+    """The launch's processes by role: wall ``(launcher: X)`` from the launch to the first process of each role, and
+    the CPU seconds of each role's processes."""
+    roles = list(dict.fromkeys(p["role"] for p in sorted(seen.values(), key=lambda p: p["start"])))
+    wall, cpu = {}, {}
+    for role in roles:
+        mine = [p for p in seen.values() if p["role"] == role]
+        wall[f"launch: until {role} starts"] = round(min(p["start"] for p in mine) - launched, 3)
+        wall[f"launch: {role} exit to the command's exit"] = round(exited - max(p["last"] for p in mine), 3)
+        cpu[f"CPU of {role} (all its processes)"] = round(sum(p.get("cpu", 0.0) for p in mine), 3)
+    return wall, cpu
 
 
 def launch(cmd: list[str], cwd: Path, log_dir: Path, finished: str | None = None) -> dict:
@@ -216,6 +274,10 @@ def launch(cmd: list[str], cwd: Path, log_dir: Path, finished: str | None = None
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
+    procs: dict = {}
+    stop = threading.Event()
+    watcher = threading.Thread(target=watch, args=(proc.pid, procs, stop), daemon=True)
+    watcher.start()
     hung, pattern = False, re.compile(finished) if finished else None
     while proc.poll() is None:
         time.sleep(0.05)
@@ -226,6 +288,8 @@ def launch(cmd: list[str], cwd: Path, log_dir: Path, finished: str | None = None
             break
     proc.wait()
     exited = time.time()
+    stop.set()
+    watcher.join(timeout=5)
     reader.join(timeout=5)
     cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     (log_dir / "output.txt").write_text("\n".join(f"{t - launched:8.3f} {line}" for t, line in lines) + "\n")
@@ -233,7 +297,10 @@ def launch(cmd: list[str], cwd: Path, log_dir: Path, finished: str | None = None
         tail = "\n".join(line for _, line in lines[-40:])
         raise SystemExit(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{tail}")
     cpu = cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime
-    return dict(launched=launched, exited=exited, lines=lines, cpu_s=round(cpu, 2), hung_at_exit=hung)
+    wall, cpus = launcher_phases(procs, launched, exited)
+    return dict(
+        launched=launched, exited=exited, lines=lines, cpu_s=round(cpu, 2), hung_at_exit=hung, procs=(wall, cpus)
+    )
 
 
 def _events(log_dir: Path, rank: int = 0) -> list[dict]:
@@ -258,9 +325,7 @@ def run_vitlarge(root: Path, data: Path, workdir: Path, launcher: str, port: int
     if len(steps) != STEPS:
         raise SystemExit(f"vitlarge in {root}: {len(steps)} steps logged, not {STEPS} (see {log_dir})")
     args = (events, r["launched"], r["exited"], steps[0], steps[-1])
-    return dict(
-        phases=phases(*args), cpu_phases=phases(*args, cpu=True), cpu_s=r["cpu_s"], hung_at_exit=r["hung_at_exit"]
-    )
+    return _result(r, phases(*args), phases(*args, cpu=True))
 
 
 TRAIN_LINE = re.compile(r"^Train: \d+ \[\s*\d+/")
@@ -289,9 +354,13 @@ def run_timm(src: Path, folder: Path, workdir: Path, port: int, log_dir: Path) -
         raise SystemExit(f"timm: {len(steps)} update lines (see {log_dir}/output.txt)")
     events = _events(log_dir)
     args = (events, r["launched"], r["exited"], steps[0], steps[-1], loop_start, result_at)
-    return dict(
-        phases=phases(*args), cpu_phases=phases(*args, cpu=True), cpu_s=r["cpu_s"], hung_at_exit=r["hung_at_exit"]
-    )
+    return _result(r, phases(*args), phases(*args, cpu=True))
+
+
+def _result(r: dict, wall: dict, cpu: dict) -> dict:
+    """A run's record: its phases, with the launch's processes (`launcher_phases`) after the wall ones."""
+    procs_wall, procs_cpu = r["procs"]
+    return dict(phases=wall | procs_wall | procs_cpu, cpu_phases=cpu, cpu_s=r["cpu_s"], hung_at_exit=r["hung_at_exit"])
 
 
 def summarize(runs: list[dict], key: str = "phases") -> dict:
@@ -318,7 +387,7 @@ def show(summary: dict, title: str) -> None:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--baseline", help="another vitlarge checkout (the commit before a change), run side by side")
     p.add_argument(

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import vitlarge
 from vitlarge import fileio
 from vitlarge.errors import UserError
 from vitlarge.events import EvalMetrics, Hook, RunInfo, StepMetrics
@@ -239,8 +240,6 @@ def warn_off(tracker: str, title: str, e: BaseException) -> None:
 def source_commit() -> str:
     """The git commit of the vitlarge checkout this runs from (read from ``.git``, no process started), else
     ``vitlarge <version>`` (an installed wheel)."""
-    import vitlarge
-
     root = Path(vitlarge.__file__).resolve().parent.parent
     version = f"vitlarge {vitlarge.__version__}"
     try:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import time
 import urllib.parse
@@ -52,7 +53,7 @@ from . import _tracking
 from ._sender import FLUSH_TIMEOUT_S, Sender
 
 if TYPE_CHECKING:
-    from mlflow import MlflowClient
+    from mlflow import MlflowClient  # lazy: MLflow, only with log.mlflow, off every start-up path
 
 TRACKER = "mlflow"
 STORE_FILE = "mlflow.db"
@@ -102,7 +103,7 @@ class MlflowHook(_tracking.TrackerHook):
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         # Imported here, before the first step, as TensorBoard's writer is (a few seconds): on the sender's thread it
         # would hold the first records back while the steps go on, and a kill -9 then loses them.
-        import mlflow  # noqa: F401
+        import mlflow  # noqa: F401  lazy: MLflow, only with log.mlflow, off every start-up path
 
         self.uri = tracking_uri(run.cfg.log.mlflow_uri, run.workdir)
         self._run = run
@@ -125,9 +126,7 @@ class MlflowHook(_tracking.TrackerHook):
     # On the sender's thread from here.
 
     def _send(self, batch: list) -> None:
-        import logging
-
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric  # lazy: MLflow, only with log.mlflow, off every start-up path
 
         if "MLFLOW_LOGGING_LEVEL" not in os.environ:  # its INFO lines (creating a database...) are not the run's
             logging.getLogger("mlflow").setLevel(logging.WARNING)
@@ -178,8 +177,8 @@ class MlflowHook(_tracking.TrackerHook):
 
     def _start(self) -> None:
         """Creates the run (or finds the one this line has) and records this segment."""
-        from mlflow import MlflowClient
-        from mlflow.entities import Param, RunTag
+        from mlflow import MlflowClient  # lazy: MLflow, only with log.mlflow, off every start-up path
+        from mlflow.entities import Param, RunTag  # lazy: MLflow, only with log.mlflow, off every start-up path
 
         if self._client is None:
             if self.own_store:
@@ -260,7 +259,7 @@ class MlflowHook(_tracking.TrackerHook):
     def _new_store(self) -> None:
         """The workdir's store, on its first open: MLflow's tables and its ``Default`` experiment, whose artifacts
         go to ``<workdir>/mlartifacts/0`` (see the module docstring). Nothing when the database is there."""
-        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore  # lazy: MLflow, only with log.mlflow
 
         if (Path(self.workdir) / STORE_FILE).exists():
             return
@@ -301,7 +300,7 @@ class MlflowHook(_tracking.TrackerHook):
 
     def _known(self, client: MlflowClient, run_id: str) -> bool:
         """Whether the store has the run ``run_id`` (not deleted); other failures (the server down) raise."""
-        from mlflow.exceptions import MlflowException
+        from mlflow.exceptions import MlflowException  # lazy: MLflow, only with log.mlflow, off every start-up path
 
         try:
             return client.get_run(run_id).info.lifecycle_stage != "deleted"

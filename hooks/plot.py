@@ -8,9 +8,11 @@ line, never a failed run: the model and checkpoints matter more than the picture
 
 from __future__ import annotations
 
+import gc
 import logging
 
 from vitlarge.events import EvalMetrics, Hook, RunInfo
+from vitlarge.report.plot import plot_run
 
 
 class PlotHook(Hook):
@@ -21,9 +23,13 @@ class PlotHook(Hook):
     def on_train_end(self, run: RunInfo, summary: EvalMetrics) -> None:
         if not run.is_main:
             return
-        from vitlarge.report.plot import plot_run
 
         log = logging.getLogger("vitlarge")
+        collecting = gc.isenabled()
+        # matplotlib's many small objects would set off a full collection over the training process's heap (torch,
+        # the model, the loaders: some 370k objects, a few tenths of a second); the figure's own cycles are few,
+        # and are collected after.
+        gc.disable()
         try:
             self.path = str(plot_run(self.workdir))
         except Exception as e:  # noqa: BLE001 (whatever breaks the drawing must not fail a finished run)
@@ -31,4 +37,7 @@ class PlotHook(Hook):
                 f"warning: no picture of the run ({e}); draw it with python -m vitlarge.report.plot {self.workdir}"
             )
             return
+        finally:
+            if collecting:
+                gc.enable()
         log.info(f"plot  {self.path}")

@@ -43,7 +43,7 @@ class TensorBoardHook(Hook):
             check_inside(self.logdir, self.workdir)
         except UnsafeFile as e:
             raise UserError(f"{self.logdir}: {e.strerror}; remove the link and run again") from None
-        from torch.utils.tensorboard import SummaryWriter  # lazy: heavy import, main rank only
+        from torch.utils.tensorboard import SummaryWriter  # lazy: TensorBoard, off the other ranks' start-up
 
         # purge_step makes TensorBoard drop earlier events at steps >= it, i.e. the steps a
         # resumed run is about to log again.

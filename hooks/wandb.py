@@ -28,6 +28,8 @@ values for them (docs/LOGS.md).
 from __future__ import annotations
 
 import os
+import secrets
+import string
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,9 +46,6 @@ TRACKER = "wandb"
 
 
 def _new_id() -> str:
-    import secrets
-    import string
-
     return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
 
 
@@ -60,7 +59,7 @@ class WandbHook(_tracking.TrackerHook):
     def _begin(self, run: RunInfo) -> None:
         if not os.environ.get("WANDB_DIR"):
             _tracking.check_inside_workdir(run.workdir, "wandb")
-        import wandb
+        import wandb  # lazy: W&B, only with log.wandb, off every start-up path
 
         # Loaded here, before the first step, as hooks.mlflow imports MLflow (a run makes W&B a lazy module until its
         # first attribute: vitlarge.distributed.process.quiet_imports).
@@ -98,7 +97,7 @@ class WandbHook(_tracking.TrackerHook):
                 case "log":
                     r.log(rec[2], step=rec[1])
                 case "export":
-                    import wandb
+                    import wandb  # lazy: W&B, only with log.wandb, off every start-up path
 
                     art = wandb.Artifact(f"{_safe(Path(self.workdir).name)}-model", type="model")
                     art.add_dir(rec[1])
@@ -110,7 +109,7 @@ class WandbHook(_tracking.TrackerHook):
                     r.finish(exit_code=0 if rec[1] else 1)
 
     def _start(self) -> None:
-        import wandb
+        import wandb  # lazy: W&B, only with log.wandb, off every start-up path
 
         run, c = self._run, self._continued
         seg = c.segment

@@ -14,7 +14,8 @@ its threads), with these events:
 * ``group_start`` / ``group_end``: ``torch.distributed.init_process_group`` (the rendezvous);
 * for a vitlarge ``train.py``, the run's events, from a hook put first and one put last in the list hooks/'s
   ``build_hooks`` returns: ``train_start`` (``first``: before the other hooks' ``on_train_start``, where the trackers
-  start), ``step`` (every optimizer step's end), ``train_end``, ``export``, ``close``.
+  start), ``step`` (every optimizer step's end), ``train_end`` (``first``: before the other hooks' ``on_train_end``,
+  where the picture is drawn and TensorBoard closes), ``export``, ``close``.
 
 Nothing else of the script changes: ``sys.path[0]`` and ``sys.argv`` are what ``python SCRIPT ARGS`` gives it, it
 runs as ``__main__``, and this file imports only the standard library.
@@ -147,8 +148,7 @@ def _timing_hook(first: bool):
                 event("step", step=m.step)
 
         def on_train_end(self, run, summary) -> None:
-            if first:
-                event("train_end")
+            event("train_end", first=first)
 
         def on_export(self, run, path) -> None:
             if first:

@@ -33,11 +33,15 @@ from typing import Any, cast
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
+from timm.models._hub import save_config_for_hf
 
 from vitlarge import fileio
 from vitlarge.checkpoint import sharded
+from vitlarge.config.phase_list import final_eval_size, final_rect_val
 from vitlarge.config.schema import Config
+from vitlarge.data.common import VAL_INTERPOLATION
 from vitlarge.errors import UserError
+from vitlarge.model.vit import model_kwargs
 
 EXPORT_DIR = "model"
 
@@ -47,9 +51,6 @@ def data_config(cfg: Config) -> dict:
 
     With ``train.phases`` the input size is the last phase's ``eval_size`` (where the final top-1 was
     measured, e.g. FixRes' 256 px after 224 px training), not ``data.image_size``."""
-    from vitlarge.config.phase_list import final_eval_size
-    from vitlarge.data.common import VAL_INTERPOLATION
-
     size = final_eval_size(cfg)
     return dict(
         input_size=(3, size, size),
@@ -131,16 +132,12 @@ def export(
 def validation(cfg: Config) -> str:
     """How the final top-1 was measured: ``rectangular`` where the last phase validates rectangular batches
     (``data.rect_val`` or its ``rect_val``), else ``square``."""
-    from vitlarge.config.phase_list import final_rect_val
-
     return "rectangular" if final_rect_val(cfg) else "square"
 
 
 def model_args(cfg: Config) -> dict:
     """The keyword arguments that rebuild the architecture: `vitlarge.model.vit.model_kwargs` less the drop
     rates (training-only, as timm 1.0.31's ``get_model_args`` leaves them out)."""
-    from vitlarge.model.vit import model_kwargs
-
     return {
         k: v
         for k, v in model_kwargs(cfg).items()
@@ -156,8 +153,6 @@ def save_timm_config(raw: torch.nn.Module, path: Path, model_config: dict, data_
     tag and licence, the preprocessing ``data_cfg``, no test-time size or crop of the source weights.
     A run on a machine whose timm is older than requirements/common.txt's still exports after days of
     training (the first GPU run's timm 1.0.29 stopped there with a TypeError)."""
-    from timm.models._hub import save_config_for_hf
-
     if "data_config" in inspect.signature(save_config_for_hf).parameters:
         save_config_for_hf(raw, str(path), model_config=model_config, data_config=data_cfg)
         return

@@ -70,9 +70,12 @@ def _steps_per_epoch(train: list[dict], start: dict) -> float:
 
 
 def _save(fig, target: Path, root: Path | None) -> Path:
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib, off train.py's start-up (a run draws at its end)
 
     png = io.BytesIO()
+    # fig.tight_layout() leaves a placeholder layout engine, for which savefig draws the whole figure once more
+    # before it draws the file; the layout is made: without an engine the figure is drawn once, the same pixels.
+    fig.set_layout_engine(None)
     fig.savefig(png, dpi=110, format="png")
     plt.close(fig)
     try:
@@ -84,10 +87,10 @@ def _save(fig, target: Path, root: Path | None) -> Path:
 
 def plot_run(workdir: str | Path, out: str | Path | None = None) -> Path:
     """Writes the run's picture (PNG, atomically) and returns its path; UserError without records."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib, off train.py's start-up (a run draws at its end)
 
     matplotlib.use("Agg")  # no display needed; also on a cluster's compute node
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: as above, once the backend is chosen
 
     workdir = Path(workdir)
     train, evals, start = _records(workdir)
@@ -179,10 +182,10 @@ COMPARE_FILENAME = "compare.png"
 def plot_runs(workdirs: list[str | Path], out: str | Path | None = None, x: str = "step") -> Path:
     """One picture of two or more runs (PNG, atomically), each in its colour; returns its path. ``x``: ``step``
     or ``epoch``. UserError naming the run without records."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib, off train.py's start-up (a run draws at its end)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: as above, once the backend is chosen
 
     runs = [(Path(w), *_records(Path(w))) for w in workdirs]
     names = [w.name for w, *_ in runs]

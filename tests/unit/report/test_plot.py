@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 
+import matplotlib.figure
 import pytest
 from PIL import Image
 
@@ -162,3 +164,47 @@ def test_two_or_more_runs_are_compared_in_one_picture_each_in_its_colour(tmp_pat
     assert r.returncode == 2 and r.stderr.strip() == (
         "error: missing/metrics.jsonl does not exist; pass the --workdir of a run that has started"
     )
+
+
+def test_the_picture_is_drawn_once_after_its_layout_as_a_second_draw_would_draw_it(tmp_path, monkeypatch):
+    """The end of a run draws the figure once (savefig), not once more for a layout already made; the PNG's bytes are
+    those of the figure drawn as savefig draws it after a layout pass."""
+    write_run(tmp_path, plot=False)
+    draws = []
+    draw = matplotlib.figure.Figure.draw
+    monkeypatch.setattr(matplotlib.figure.Figure, "draw", lambda fig, r: draws.append(1) or draw(fig, r))
+    plot_run(tmp_path)
+    assert len(draws) == 1
+    once = (tmp_path / PLOT_FILENAME).read_bytes()
+    keep = matplotlib.figure.Figure.set_layout_engine
+    # tight_layout's placeholder engine kept: savefig draws the figure for its layout first, then for the file
+    monkeypatch.setattr(
+        matplotlib.figure.Figure, "set_layout_engine", lambda fig, *a, **k: a[:1] == (None,) or keep(fig, *a, **k)
+    )
+    plot_run(tmp_path)
+    assert len(draws) == 3 and (tmp_path / PLOT_FILENAME).read_bytes() == once
+
+
+def test_drawing_at_the_end_of_a_run_sets_off_no_collection_of_the_trainings_heap(tmp_path):
+    """matplotlib's allocations would set off collections over the whole training process's heap; none runs while
+    the picture is drawn, and the collector is as it was after (on, or off where the process had turned it off)."""
+    write_run(tmp_path, plot=False)
+    collections = []
+
+    def count(phase, info):
+        if phase == "start":
+            collections.append(info["generation"])
+
+    gc.callbacks.append(count)
+    try:
+        PlotHook(str(tmp_path)).on_train_end(run_info(tmp_path), evaluation(40))
+        # at most the youngest generation's, once the collector is back on (the figure's own objects)
+        assert collections in ([], [0]) and gc.isenabled() and (tmp_path / PLOT_FILENAME).is_file()
+        gc.disable()
+        try:
+            PlotHook(str(tmp_path)).on_train_end(run_info(tmp_path), evaluation(40))
+            assert not gc.isenabled()
+        finally:
+            gc.enable()
+    finally:
+        gc.callbacks.remove(count)
