@@ -40,6 +40,7 @@ from vitlarge.checkpoint import sharded
 from vitlarge.config.phase_list import final_eval_size, final_rect_val
 from vitlarge.config.schema import Config
 from vitlarge.data.common import VAL_INTERPOLATION
+from vitlarge.distributed.plugins import unwrap
 from vitlarge.errors import UserError
 from vitlarge.model.vit import model_kwargs
 
@@ -88,7 +89,7 @@ def export(
     if ema and tensors is None:
         raise ValueError("export(ema=True) needs the EMA's tensors")
     weights = "ema" if ema else "raw"
-    raw = sharded.inner(model)
+    raw = unwrap(model)
     workdir = Path(workdir)
     out = workdir / EXPORT_DIR
     tmp = workdir / f".{EXPORT_DIR}.tmp"

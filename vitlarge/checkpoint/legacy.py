@@ -23,6 +23,7 @@ from vitlarge.checkpoint import sharded
 from vitlarge.checkpoint.state import RunState
 from vitlarge.checkpoint.trust.layout import Unusable
 from vitlarge.checkpoint.trust.torch_files import optimizer_state_problem, safetensors_file, torch_load
+from vitlarge.distributed.plugins import unwrap
 from vitlarge.errors import UserError
 
 MODEL = "model.safetensors"
@@ -72,7 +73,7 @@ class FullState:
             "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in whole["param_groups"]],
         }
         set_state_dict(
-            sharded.inner(model),
+            unwrap(model),
             opt,
             model_state_dict=cast("dict[str, Any]", self.model),  # DCP's ValueType dict is invariant
             optim_state_dict=by_name,

@@ -60,34 +60,24 @@ def dcp_files_of(rank: int, folder: Path) -> list[str]:
     return names + ([METADATA] if rank == 0 else [])
 
 
-def _root(model: nn.Module) -> nn.Module:
-    """The module whose state dict has the model's own names (`vitlarge.distributed.plugins.unwrap`)."""
-    return unwrap(model)
-
-
 def _optim(optimizer):
     return getattr(optimizer, "optim", optimizer)  # Colossal-AI's OptimizerWrapper holds the torch optimizer
 
 
 def is_sharded(model: nn.Module) -> bool:
     """FSDP2 (``fully_shard``: DTensor parameters). Never a collective."""
-    root = _root(model)
+    root = unwrap(model)
     return isinstance(root, FSDPModule) or any(isinstance(p, DTensor) for p in root.parameters())
-
-
-def inner(model: nn.Module) -> nn.Module:
-    """The timm model itself (for its config and attributes), under any wrapper."""
-    return _root(model)
 
 
 def full_shapes(model: nn.Module) -> dict[str, list[int]]:
     """The unsharded state dict's shapes, without a collective (FSDP2's DTensors report their global shape)."""
-    return {k: list(v.shape) for k, v in _root(model).state_dict().items()}
+    return {k: list(v.shape) for k, v in unwrap(model).state_dict().items()}
 
 
 def model_tensors(model: nn.Module, rank: int) -> dict[str, torch.Tensor]:
     """The full state dict on CPU on rank 0 (gathered from the shards when sharded), ``{}`` elsewhere."""
-    root = _root(model)
+    root = unwrap(model)
     if not is_sharded(model):
         return {k: v.detach().contiguous().cpu() for k, v in root.state_dict().items()} if rank == 0 else {}
     # cpu_offload: gathered on rank 0 only (the others get {}), each tensor moved to the host as it comes.
@@ -106,10 +96,10 @@ class Weights:
         self.model = model
 
     def state_dict(self) -> dict[str, Any]:
-        return get_model_state_dict(_root(self.model))
+        return get_model_state_dict(unwrap(self.model))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        set_model_state_dict(_root(self.model), state_dict)
+        set_model_state_dict(unwrap(self.model), state_dict)
 
 
 class GroupsDiffer(Exception):
@@ -127,7 +117,7 @@ class OptimizerState:
 
     def state_dict(self) -> dict[str, Any]:
         # DCP annotates the groups loosely (any state dict value): they are a list of dicts, as torch writes them
-        state = cast("dict[str, Any]", get_optimizer_state_dict(_root(self.model), _optim(self.optimizer)))
+        state = cast("dict[str, Any]", get_optimizer_state_dict(unwrap(self.model), _optim(self.optimizer)))
         self._written = group_settings(state["param_groups"])
         return state
 
@@ -135,7 +125,7 @@ class OptimizerState:
         problem = param_groups_problem(self._written, state_dict["param_groups"])
         if problem:
             raise GroupsDiffer(problem)
-        set_optimizer_state_dict(_root(self.model), _optim(self.optimizer), state_dict)
+        set_optimizer_state_dict(unwrap(self.model), _optim(self.optimizer), state_dict)
 
 
 def has_optimizer_state(optimizer) -> bool:
@@ -296,5 +286,5 @@ def read_full_model(
 
 def param_names(model: nn.Module, opt) -> list[str]:
     """The state-dict name of every optimizer parameter, in the order of the optimizer state dict's indices."""
-    names = {id(p): n for n, p in _root(model).named_parameters()}  # FSDP2 and DDP keep the model's names
+    names = {id(p): n for n, p in unwrap(model).named_parameters()}  # FSDP2 and DDP keep the model's names
     return [names[id(p)] for group in opt.param_groups for p in group["params"]]

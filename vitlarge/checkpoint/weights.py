@@ -21,6 +21,7 @@ from vitlarge.checkpoint.trust.layout import Unusable, beside, read_meta
 from vitlarge.checkpoint.trust.meta import expected_files
 from vitlarge.checkpoint.trust.torch_files import safetensors_file
 from vitlarge.config.schema import Config
+from vitlarge.distributed.plugins import unwrap
 from vitlarge.errors import UserError
 
 
@@ -78,7 +79,7 @@ def _size_of_grid(pos_embed: list[int], model: torch.nn.Module) -> int | None:
     prefix tokens; None where that is not a square grid of square patches."""
     import math
 
-    m = sharded.inner(model)
+    m = unwrap(model)
     patch = tuple(getattr(getattr(m, "patch_embed", None), "patch_size", ()) or ())
     if len(pos_embed) != 3 or len(patch) != 2 or patch[0] != patch[1]:
         return None
@@ -106,7 +107,7 @@ def _export_input_size(folder: Path) -> tuple[int, ...] | None:
 def _does_not_fit(given: Path, tensors: dict, model: torch.nn.Module, cfg: Config, e: RuntimeError) -> str:
     """Why a model.safetensors does not load into ``model``: for an export of another image size, the size it
     was trained at and the override; else torch's first mismatch (its first line is only a header)."""
-    mine = sharded.inner(model).state_dict().get("pos_embed")
+    mine = unwrap(model).state_dict().get("pos_embed")
     theirs = tensors.get("pos_embed")
     if mine is not None and theirs is not None and list(mine.shape) != list(theirs.shape):
         trained_at = _size_of_grid(list(theirs.shape), model)
@@ -160,7 +161,7 @@ def load_model_weights(path: str | Path, model: torch.nn.Module, cfg: Config) ->
     elif path.is_dir():
         meta = read_meta(path)
         check_compatible(meta, path, model, cfg)
-        target = sharded.inner(model)
+        target = unwrap(model)
         like = {k: torch.empty_like(v, device="cpu") for k, v in target.state_dict().items()}
         weights = weights_of(path, meta, like)
         try:
@@ -178,6 +179,6 @@ def load_model_weights(path: str | Path, model: torch.nn.Module, cfg: Config) ->
         raise UserError(f"{given}: {problem}; pass an exported model folder or a checkpoints/step_* folder")
     tensors = safetensors_file(path.parent, path.name)
     try:
-        sharded.inner(model).load_state_dict(tensors)
+        unwrap(model).load_state_dict(tensors)
     except RuntimeError as e:
         raise UserError(_does_not_fit(given, tensors, model, cfg, e)) from None

@@ -8,8 +8,8 @@ import pytest
 import torch
 from timm.utils import ModelEmaV3
 
-from vitlarge.checkpoint.sharded import inner
 from vitlarge.config.load import load_recipe, validate
+from vitlarge.distributed.plugins import unwrap
 from vitlarge.model.ema import ModelEma, ema_decay
 from vitlarge.plan.plan import make_plan
 from vitlarge.train.assemble import build
@@ -66,7 +66,7 @@ def test_the_engine_updates_after_each_applied_step_as_timm_does(plugin):
     cfg = demo_cfg(plugin, warmup=True)
     engine = build(cfg, make_plan(cfg, 1, 1437), resolve_settings(cfg, "cpu")).engine
     root = engine.ema.model
-    plain = inner(
+    plain = unwrap(
         build(
             plain_cfg := demo_cfg("ddp", decay=0.0), make_plan(cfg, 1, 1437), resolve_settings(plain_cfg, "cpu")
         ).model
@@ -141,7 +141,7 @@ def test_an_ema_evaluation_measures_the_average_and_leaves_training_unchanged(pl
         if with_ema_eval:
             with engine.ema.swapped_into():
                 ema = evaluate(engine.model, val, engine.precision)
-            plain = inner(
+            plain = unwrap(
                 build(
                     plain_cfg := demo_cfg("ddp", decay=0.0), make_plan(cfg, 1, 1437), resolve_settings(plain_cfg, "cpu")
                 ).model
