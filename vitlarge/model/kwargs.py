@@ -91,9 +91,8 @@ def kwargs_problem(model_cls: type, kwargs: Mapping[str, Any]) -> str | None:
 def class_built(tb: types.TracebackType | None) -> type | None:
     """The model class timm was building when the error of ``tb`` was raised: ``model_cls`` of timm's
     ``build_model_with_cfg`` (every timm model is built through it), else None."""
-    from timm.models._builder import (
-        build_model_with_cfg,
-    )  # lazy: timm (and torch) off this module's import, for a failed build only
+    # lazy: timm (and torch) off this module's import, for a failed build only
+    from timm.models._builder import build_model_with_cfg
 
     while tb is not None:
         if tb.tb_frame.f_code is build_model_with_cfg.__code__:

@@ -7,6 +7,7 @@ from typing import Any, cast
 
 import torch
 
+from vitlarge.config.phase_list import rect_val_anywhere
 from vitlarge.config.schema import Config
 from vitlarge.errors import UserError
 from vitlarge.model import recompute
@@ -28,7 +29,7 @@ def model_kwargs(cfg: Config) -> dict:
         # forwards rectangular grids: the position embedding (of the data.image_size grid) is resampled to
         # each input's grid (vitlarge/plan/phases.py), by a cached matrix with a deterministic backward
         # (_deterministic_pos_embed_class). At the embedding's own grid the forward is the fixed-size one.
-        **(dict(dynamic_img_size=True) if cfg.train.phases or cfg.data.rect_val else {}),
+        **(dict(dynamic_img_size=True) if cfg.train.phases or rect_val_anywhere(cfg) else {}),
         **m.kwargs,
     )
 
