@@ -149,3 +149,57 @@ def test_exit_statuses_are_named_in_one_place():
                 if isinstance(v, ast.Constant) and type(v.value) is int and v.value in statuses
             ]
     assert not bare, f"bare exit statuses (use vitlarge.errors.EXIT_*): {bare}"
+
+
+LAZY_EXEMPT = {
+    "vitlarge/run/job.py",
+    "vitlarge/checkpoint/checkpointer.py",
+    "vitlarge/checkpoint/workdir.py",
+    "vitlarge/checkpoint/store.py",
+    "vitlarge/checkpoint/resume.py",
+    "vitlarge/checkpoint/state.py",
+    "vitlarge/checkpoint/sharded.py",
+    "vitlarge/checkpoint/export.py",
+    "vitlarge/train/assemble.py",
+    "vitlarge/config/",
+    "vitlarge/plan/",
+    "vitlarge/report/",
+    "vitlarge/data/phased.py",
+    "vitlarge/data/sources.py",
+    "vitlarge/data/spec.py",
+    "vitlarge/data/synthetic.py",
+    "vitlarge/data/common.py",
+}
+"""Files (a folder: every file under it) `test_an_import_inside_a_function_says_what_it_keeps_off_which_path` skips."""
+
+
+def test_an_import_inside_a_function_says_what_it_keeps_off_which_path():
+    """An import belongs at the module's top, where a reader sees what the module depends on. One inside a function
+    is there to keep a heavy package (torch, DALI, Colossal-AI, a tracker, matplotlib) off a start-up path that does
+    not use it (``train.py --help``, the dry run until the thread pools are sized, a data tool: the paths
+    tests/e2e/test_process_start.py::test_light_paths checks), and says so on its first line (a multi-line one: the
+    line above it may say it): ``# lazy: keeps torch off train.py --help``."""
+    import ast
+    import re
+
+    said = re.compile(r"#.*\blazy: \S")
+    unsaid = []
+    for path in sorted((ROOT / "vitlarge").rglob("*.py")):
+        name = path.relative_to(ROOT).as_posix()
+        if any(name == e or (e.endswith("/") and name.startswith(e)) for e in LAZY_EXEMPT):
+            continue
+        lines = path.read_text().splitlines()
+
+        def walk(node, inside: bool) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, (ast.Import, ast.ImportFrom)) and inside:
+                    first = lines[child.lineno - 1]
+                    above = lines[child.lineno - 2] if child.end_lineno != child.lineno else ""
+                    if not said.search(first) and not said.search(above):
+                        unsaid.append(f"{name}:{child.lineno} {first.strip()}")
+                walk(child, inside or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)))
+
+        walk(ast.parse("\n".join(lines)), False)
+    assert not unsaid, f"{len(unsaid)} imports inside functions without '# lazy: <what it keeps off which path>':\n" + (
+        "\n".join(unsaid)
+    )
