@@ -262,12 +262,7 @@ LIGHT_PATHS = [
         0,
         ("torch", "timm"),
     ),
-    (
-        "vitlarge-evaluate, a bad argument",
-        ["-m", "vitlarge.evaluate", "--config", "recipes/demo_digits.py"],
-        2,
-        ("torch",),
-    ),
+    ("vitlarge-evaluate, a bad argument", ["-m", "vitlarge.evaluate", "--config", "recipes/demo_digits.py"], 2, ()),
     ("vitlarge-plot, no metrics", ["-m", "vitlarge.report.plot", "{tmp}"], 2, ("matplotlib",)),
     ("vitlarge-convert --help", ["-m", "data_tools.imagenet_to_tfrecord", "--help"], 0, ()),
     ("vitlarge-index --help", ["-m", "data_tools.make_index", "--help"], 0, ()),
@@ -278,10 +273,10 @@ LIGHT_PATHS = [
 @pytest.mark.parametrize("path, argv, status, allowed", LIGHT_PATHS, ids=[p[0] for p in LIGHT_PATHS])
 def test_light_paths(tmp_path, path, argv, status, allowed):
     """Each start-up path that needs none of `HEAVY` (or only the ones ``allowed``) loads none of the rest, in a
-    fresh interpreter as the user starts it: ``--help``, a bad argument, the data tools and the plot without PyTorch;
-    the dry run until the thread pools are sized without PyTorch (their size is read as torch loads), then without DALI,
-    Colossal-AI, TensorBoard, the trackers or matplotlib; the supervisor's parent (torchrun's agent) without any but
-    torch. (Where a function-level import keeps one off such a path, it says so: ``# lazy:``, tests/unit/test_layout.py.)"""
+    fresh interpreter as the user starts it: ``--help``, a bad argument (vitlarge-evaluate's too), the data tools and the
+    plot without PyTorch; the dry run until the thread pools are sized without PyTorch (their size is read as torch
+    loads), then without DALI, Colossal-AI, TensorBoard, the trackers or matplotlib; the supervisor's parent (torchrun's
+    agent) without any but torch. (Where a function-level import keeps one off such a path, it says so: ``# lazy:``, tests/unit/test_layout.py.)"""
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     r = subprocess.run(
         [sys.executable, "-c", LOADED_BY, json.dumps(HEAVY), *argv],
