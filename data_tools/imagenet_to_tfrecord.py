@@ -462,6 +462,7 @@ def _run_tasks(out, tasks, opts, workers, todo_images, rate, progress, records: 
     """Write the shards of ``tasks``, adding each done-record to ``records`` as it completes."""
     if not tasks:
         return
+    # lazy: rich only where there are shards to write
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     bar = Progress(

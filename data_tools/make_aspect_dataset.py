@@ -49,7 +49,7 @@ def write_jpegs(src: str, train: int, val: int, seed: int) -> None:
     done = os.path.join(src, ".complete")
     if os.path.exists(done):
         return
-    from PIL import Image
+    from PIL import Image  # lazy: PIL only where the tree is not written yet
 
     rng = np.random.default_rng(seed)
     names = list(COLORS)

@@ -38,8 +38,8 @@ def make_bench_dataset(
     quality: int = 92,
     noise: tuple[float, float] = (4.0, 8.0),
 ) -> dict:
-    from PIL import Image
-    from sklearn.datasets import load_sample_images
+    from PIL import Image  # lazy: PIL and scikit-learn only where images are written
+    from sklearn.datasets import load_sample_images  # lazy: as above
 
     if num_images < 1 or classes < 1 or not 0 <= val_fraction < 1:
         raise UserError("need --num-images >= 1, --classes >= 1 and 0 <= --val-fraction < 1")

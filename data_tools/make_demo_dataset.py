@@ -32,10 +32,11 @@ def write_digit_jpegs(src: str) -> None:
     done = os.path.join(src, ".complete")
     if os.path.exists(done):
         return
+    # lazy: numpy, PIL and scikit-learn only where the tree is not written yet (a demo run finds it written)
     import numpy as np
-    from PIL import Image
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    from PIL import Image  # lazy: as above
+    from sklearn.datasets import load_digits  # lazy: as above
+    from sklearn.model_selection import train_test_split  # lazy: as above
 
     digits = load_digits()
     idx = np.arange(len(digits.target))

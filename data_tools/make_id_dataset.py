@@ -30,7 +30,7 @@ TOOL = "data_tools.make_id_dataset"
 
 def tiny_jpeg(size: int, width: int | None = None) -> bytes:
     """A mid-gray JPEG ``size`` pixels high and ``width`` (default ``size``) wide."""
-    from PIL import Image
+    from PIL import Image  # lazy: PIL only where a JPEG is made
 
     buf = io.BytesIO()
     Image.new("RGB", (width or size, size), (128, 128, 128)).save(buf, "JPEG", quality=90)

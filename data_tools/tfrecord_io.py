@@ -36,7 +36,7 @@ def example_pb2():
     if hide:
         sys.modules["tfrecord.torch"] = None  # type: ignore[assignment]
     try:
-        from tfrecord import example_pb2 as pb2
+        from tfrecord import example_pb2 as pb2  # lazy: loaded with tfrecord.torch hidden, to keep torch off
     finally:
         if hide:
             del sys.modules["tfrecord.torch"]

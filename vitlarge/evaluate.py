@@ -16,7 +16,17 @@ import sys
 from pathlib import Path
 from typing import NoReturn, TypeGuard
 
-import torch.distributed as dist
+from vitlarge.checkpoint.trust import layout
+from vitlarge.config.load import load_config
+from vitlarge.config.phase_list import entries, final_eval_size
+from vitlarge.data.manifest import load_manifest
+from vitlarge.data.phased import evaluated_phase
+from vitlarge.distributed import threads
+from vitlarge.distributed.process import main_then_leave
+from vitlarge.errors import UserError
+from vitlarge.fileio import read_capped
+from vitlarge.plan.plan import evaluation_plan
+from vitlarge.train.command import exit_status, start
 
 # What decides the size, crop and batches training evaluated a checkpoint at (`vitlarge.data.sources.val_spec`).
 AS_TRAINED = (
@@ -36,9 +46,6 @@ def as_trained(cfg, saved: dict) -> list[str]:
     """Sets ``cfg``'s `AS_TRAINED` keys to the checkpoint's (``saved``: the config in its meta.json), so the
     evaluation is the one training ran whatever ``--config`` and overrides say now (a phase list edited
     since, phases given as overrides then); returns the keys that differed."""
-    from vitlarge.config.phase_list import entries
-    from vitlarge.errors import UserError
-
     # Compared in meta.json's form, through JSON: the keys each phase entry set, a recipe's tuples as lists.
     changed, plain = [], json.loads(json.dumps(cfg.to_dict()))
     for key in AS_TRAINED:
@@ -77,8 +84,7 @@ def exported_settings(folder: Path) -> dict:
     ``data.std``, ``data.val_crop_pct`` and the size it was evaluated at (``eval_size``: ``input_size``). The
     file is data: read up to `EXPORT_CONFIG_LIMIT`, and a value of another type or range is left out (the weights'
     own check then says what does not fit); {} without a readable file."""
-    from vitlarge.checkpoint.weights import EXPORT_CONFIG_LIMIT
-    from vitlarge.fileio import read_capped
+    from vitlarge.checkpoint.weights import EXPORT_CONFIG_LIMIT  # lazy: keeps torch off vitlarge-evaluate --help
 
     try:
         doc = json.loads(read_capped(folder / "config.json", EXPORT_CONFIG_LIMIT, follow=False))
@@ -138,21 +144,6 @@ def table(checkpoint: str, step: int | None, size: int, metrics: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from vitlarge.checkpoint import weights as ckpt_weights
-    from vitlarge.checkpoint.trust import layout
-    from vitlarge.config.load import load_config
-    from vitlarge.config.phase_list import final_eval_size
-    from vitlarge.data.manifest import load_manifest
-    from vitlarge.data.phased import evaluated_phase
-    from vitlarge.data.sources import val_loader
-    from vitlarge.distributed import threads
-    from vitlarge.errors import UserError
-    from vitlarge.model.precision import Precision
-    from vitlarge.model.vit import build_model
-    from vitlarge.plan.plan import evaluation_plan
-    from vitlarge.train.command import exit_status, start
-    from vitlarge.train.validation import evaluate
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--config", required=True)
     p.add_argument(
@@ -165,6 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overrides", dest="override_files", action="append", default=[], metavar="FILE")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     args = p.parse_intermixed_args(argv)
+    import torch.distributed as dist  # lazy: keeps torch off vitlarge-evaluate's argument errors and --help
+
+    from vitlarge.checkpoint import weights as ckpt_weights  # lazy: keeps torch off vitlarge-evaluate --help
+    from vitlarge.data.sources import val_loader  # lazy: keeps torch off vitlarge-evaluate --help
+    from vitlarge.model.precision import Precision  # lazy: keeps torch off vitlarge-evaluate --help
+    from vitlarge.model.vit import build_model  # lazy: keeps torch and timm off vitlarge-evaluate --help
+    from vitlarge.train.validation import evaluate  # lazy: keeps torch off vitlarge-evaluate --help
 
     def work(env) -> int:
         cfg = load_config(args.config, args.overrides, override_files=args.override_files, data__path=args.data)
@@ -211,8 +209,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def console() -> NoReturn:
     """The ``vitlarge-evaluate`` command: `main`, left by ``os._exit`` once a process group was up."""
-    from vitlarge.distributed.process import main_then_leave
-
     main_then_leave(main)
 
 

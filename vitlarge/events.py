@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -193,8 +194,6 @@ def close(hooks: list[Hook], run: RunInfo) -> None:
     """`Event.CLOSE` on every hook, each on its own: a hook that fails here (TensorBoard's writer re-raises a
     full disk or a stale NFS handle) is one warning line, and neither stops the others' closing nor replaces
     how the run ended (a preemption must still exit 75)."""
-    import logging
-
     for hook in hooks:
         try:
             hook.on_close(run)

@@ -193,7 +193,7 @@ def sync_and_record(path: str | Path) -> dict:
 
 
 def _record(f: BinaryIO) -> dict:
-    import crc32c  # here, not at module load: the GPU kit writes through this module on machines without it
+    import crc32c  # lazy: keeps crc32c off the GPU kit, which runs where it is not installed
 
     crc, size = 0, 0
     while chunk := f.read(CHUNK):
@@ -234,8 +234,6 @@ def record_problem(path: str | Path, record: dict | None) -> str | None:
 def regular_file_problem(path: str | Path) -> str | None:
     """Why ``path`` is not a regular file of its own folder (a symlink, FIFO, device, folder, missing), or None.
     A ``lstat``: the name itself, never what a link points to."""
-    import stat
-
     path = Path(path)
     try:
         st = os.lstat(path)

@@ -8,6 +8,7 @@ raise again (data/test_repeats.py). Each is one short ``python -c``.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -219,3 +220,75 @@ def test_the_booster_imports_without_lora_or_quantization_and_lora_still_works_w
     assert "lora PeftModel True False" in lines, r.stdout
     assert any(x.startswith("saved") and "adapter_config.json" in x for x in lines), r.stdout
     assert "wandb Settings True" in lines, r.stdout
+
+
+HEAVY = ("torch", "nvidia.dali", "colossalai", "timm", "tensorboard", "mlflow", "wandb", "matplotlib")
+"""The packages that take seconds to import: none is loaded on a path that does not use it (`test_light_paths`)."""
+
+LOADED_BY = r"""
+import json, runpy, sys
+heavy, argv = json.loads(sys.argv[1]), sys.argv[2:]
+def loaded():  # W&B as `quiet_imports` leaves it (a module not run yet) does not count
+    return sorted(m for m in heavy if m in sys.modules and type(sys.modules[m]).__name__ != "_LazyModule")
+seen = {}
+if argv[0] == "train.py" and "--dry-run" in argv:  # what is loaded when the thread pools are sized, as the run does
+    from vitlarge.distributed import threads
+    size = threads.size_thread_pools
+    def sized(*a, **k):
+        seen["sizing the thread pools"] = loaded()
+        return size(*a, **k)
+    threads.size_thread_pools = sized
+sys.argv, code = argv, 0
+try:
+    if argv[0] == "-m":
+        sys.argv = argv[1:]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.path[0] = "."
+        runpy.run_path(argv[0], run_name="__main__")
+except SystemExit as e:
+    code = e.code
+seen["the end"] = loaded()
+print("LOADED", json.dumps([code, seen]), flush=True)
+"""
+
+# (the path, its command line, its exit status, the heavy packages it may load)
+LIGHT_PATHS = [
+    ("train.py --help", ["train.py", "--help"], 0, ()),
+    ("train.py, a bad argument", ["train.py", "--config", "recipes/demo_digits.py", "--world-size", "2"], 2, ()),
+    (
+        "the dry run",
+        ["train.py", "--config", "recipes/demo_digits.py", "data.source=synthetic", "--dry-run", "--workdir", "{tmp}"],
+        0,
+        ("torch", "timm"),
+    ),
+    ("vitlarge-evaluate, a bad argument", ["-m", "vitlarge.evaluate", "--config", "recipes/demo_digits.py"], 2, ()),
+    ("vitlarge-plot, no metrics", ["-m", "vitlarge.report.plot", "{tmp}"], 2, ("matplotlib",)),
+    ("vitlarge-convert --help", ["-m", "data_tools.imagenet_to_tfrecord", "--help"], 0, ()),
+    ("vitlarge-index --help", ["-m", "data_tools.make_index", "--help"], 0, ()),
+    ("the supervisor's parent", ["-m", "vitlarge.run", "--help"], 0, ("torch",)),
+]
+
+
+@pytest.mark.parametrize("path, argv, status, allowed", LIGHT_PATHS, ids=[p[0] for p in LIGHT_PATHS])
+def test_light_paths(tmp_path, path, argv, status, allowed):
+    """Each start-up path that needs none of `HEAVY` (or only the ones ``allowed``) loads none of the rest, in a
+    fresh interpreter as the user starts it: ``--help``, a bad argument (vitlarge-evaluate's too), the data tools and the
+    plot without PyTorch; the dry run until the thread pools are sized without PyTorch (their size is read as torch
+    loads), then without DALI, Colossal-AI, TensorBoard, the trackers or matplotlib; the supervisor's parent (torchrun's
+    agent) without any but torch. (Where a function-level import keeps one off such a path, it says so: ``# lazy:``, tests/unit/test_layout.py.)"""
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    r = subprocess.run(
+        [sys.executable, "-c", LOADED_BY, json.dumps(HEAVY), *argv],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    line = next((x for x in r.stdout.splitlines() if x.startswith("LOADED ")), None)
+    assert r.returncode == 0 and line, r.stderr[-3000:]
+    code, seen = json.loads(line[len("LOADED ") :])
+    assert code == status, (r.stdout[-2000:], r.stderr[-2000:])
+    assert seen.pop("sizing the thread pools", []) == [], f"{path}: loaded before the thread pools are sized"
+    assert sorted(set(seen["the end"]) - set(allowed)) == [], f"{path}: loaded"

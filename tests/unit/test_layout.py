@@ -1,6 +1,8 @@
 """The layout stays one-way and formatted: import-linter's contracts (layers; no import cycle inside a package), ruff."""
 
+import ast
 import logging
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,7 +41,7 @@ def test_the_library_names_no_package_above_it():
     import ast
 
     found = []
-    for path in sorted((ROOT / "vitlarge").rglob("*.py")):
+    for path in sorted(p for package in ("vitlarge", "hooks", "data_tools") for p in (ROOT / package).rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             names = []
             if isinstance(node, ast.Import):
@@ -149,3 +151,30 @@ def test_exit_statuses_are_named_in_one_place():
                 if isinstance(v, ast.Constant) and type(v.value) is int and v.value in statuses
             ]
     assert not bare, f"bare exit statuses (use vitlarge.errors.EXIT_*): {bare}"
+
+
+def test_an_import_inside_a_function_says_what_it_keeps_off_which_path():
+    """An import belongs at the module's top, where a reader sees what the module depends on. One inside a function
+    is there to keep a heavy package (torch, DALI, Colossal-AI, a tracker, matplotlib) off a start-up path that does
+    not use it (``train.py --help``, the dry run until the thread pools are sized, a data tool: the paths
+    tests/e2e/test_process_start.py::test_light_paths checks), and says so on its first line or in a comment line
+    just above it: ``# lazy: keeps torch off train.py --help``."""
+    said = re.compile(r"#.*\blazy: \S")
+    unsaid = []
+    for path in sorted(p for package in ("vitlarge", "hooks", "data_tools") for p in (ROOT / package).rglob("*.py")):
+        name = path.relative_to(ROOT).as_posix()
+        lines = path.read_text().splitlines()
+
+        def walk(node, inside: bool) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, (ast.Import, ast.ImportFrom)) and inside:
+                    first = lines[child.lineno - 1]
+                    above = lines[child.lineno - 2] if lines[child.lineno - 2].lstrip().startswith("#") else ""
+                    if not said.search(first) and not said.search(above):
+                        unsaid.append(f"{name}:{child.lineno} {first.strip()}")
+                walk(child, inside or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)))
+
+        walk(ast.parse("\n".join(lines)), False)
+    assert not unsaid, f"{len(unsaid)} imports inside functions without '# lazy: <what it keeps off which path>':\n" + (
+        "\n".join(unsaid)
+    )

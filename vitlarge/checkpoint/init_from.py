@@ -26,14 +26,23 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
 import torch
+from safetensors.torch import load_file
+from timm.layers import resample_abs_pos_embed
 
+from vitlarge import fileio
+from vitlarge.checkpoint import weights as ckpt_weights
+from vitlarge.checkpoint.trust import index as dcp_index
+from vitlarge.checkpoint.trust import layout
 from vitlarge.config.schema import Config
 from vitlarge.errors import UserError
+from vitlarge.model.vit import build_model
 
 log = logging.getLogger("vitlarge")
 HEAD_KEYS = ("head.weight", "head.bias")
@@ -46,8 +55,6 @@ def _checkpoint_weights(path: str | Path) -> dict[str, torch.Tensor] | None:
     p = Path(path)
     if not (p.is_dir() and (p / "meta.json").is_file()):
         return None
-    from vitlarge.checkpoint import weights as ckpt_weights
-    from vitlarge.checkpoint.trust import layout
 
     try:
         return ckpt_weights.weights_of(p, layout.read_meta(p))
@@ -62,8 +69,6 @@ def weights_file(path: str | Path) -> Path:
     p = Path(path)
     if p.is_dir():
         if (p / "model.safetensors").is_file():
-            from vitlarge import fileio
-
             problem = fileio.regular_file_problem(p / "model.safetensors")  # an export's file stays in its folder
             if problem:
                 raise UserError(f"model.init_from={path}: {problem}; pass an export folder that holds its own weights")
@@ -84,12 +89,6 @@ def _check_archive(f: Path, path: str | Path) -> None:
     """A zip ``torch.save`` file is the archive torch.save writes (`vitlarge.checkpoint.trust.index.archive_problem`: entries stored, not
     compressed, and a pickle in proportion to its size) before ``torch.load`` inflates anything; else UserError.
     A file of torch's format before 1.6 (not a zip) is left to ``torch.load``."""
-    import os
-    import zipfile
-
-    from vitlarge import fileio
-    from vitlarge.checkpoint.trust import index as dcp_index
-
     with fileio.open_regular(f) as fh:
         if not zipfile.is_zipfile(fh):
             return
@@ -112,8 +111,6 @@ def read_state_dict(path: str | Path) -> tuple[dict[str, torch.Tensor], str | No
     key = None
     try:
         if f.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
             sd = load_file(str(f), device="cpu")
         else:
             _check_archive(f, path)
@@ -146,8 +143,6 @@ def adapt(sd: dict[str, torch.Tensor], model: torch.nn.Module, source: str) -> t
     """The source state dict made to fit ``model``: pos-embed resampled, a head of another size dropped.
 
     Returns (state dict to load, notes for the log); UserError when the architecture differs."""
-    from timm.layers import resample_abs_pos_embed
-
     # torch.fx.wrap, its decorator, is annotated as returning `str | Callable`: the function it was given
     resample = cast(Callable[..., torch.Tensor], resample_abs_pos_embed)
 
@@ -224,6 +219,4 @@ def load_into(model: torch.nn.Module, cfg: Config) -> list[str]:
 def check_source(cfg: Config) -> None:
     """Fails (one line) when ``model.init_from`` cannot initialise the recipe's model; reads the file once
     but builds the model on the meta device, so it costs no memory for the model."""
-    from vitlarge.model.vit import build_model
-
     adapt(read_state_dict(cfg.model.init_from)[0], build_model(cfg, "meta"), cfg.model.init_from)

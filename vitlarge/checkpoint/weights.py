@@ -8,6 +8,7 @@ override that fixes a rerun at another image size.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -23,6 +24,7 @@ from vitlarge.checkpoint.trust.torch_files import safetensors_file
 from vitlarge.config.schema import Config
 from vitlarge.distributed.plugins import unwrap
 from vitlarge.errors import UserError
+from vitlarge.model.vit import build_model
 
 
 def param_shapes(model: torch.nn.Module) -> dict[str, list[int]]:
@@ -69,16 +71,12 @@ def check_compatible_config(meta: dict, path: str | Path, cfg: Config) -> None:
     """`check_compatible` against the model ``cfg`` describes, built on the meta device (no memory): before a model
     is built at a size a checkpoint's meta.json gives (the evaluation as trained), so a recorded
     ``data.image_size=16000`` is one line, not a 6.6 GiB model first."""
-    from vitlarge.model.vit import build_model
-
     check_compatible(meta, Path(path), build_model(cfg, "meta"), cfg)
 
 
 def _size_of_grid(pos_embed: list[int], model: torch.nn.Module) -> int | None:
     """The square input size whose patch grid ``pos_embed`` (a shape) holds, for ``model``'s patch size and
     prefix tokens; None where that is not a square grid of square patches."""
-    import math
-
     m = unwrap(model)
     patch = tuple(getattr(getattr(m, "patch_embed", None), "patch_size", ()) or ())
     if len(pos_embed) != 3 or len(patch) != 2 or patch[0] != patch[1]:

@@ -27,7 +27,7 @@ __all__ = ["Manifest", "load_manifest", "TrainLoader", "TrainSpec", "ValLoader",
 
 def __getattr__(name: str) -> type[TrainLoader] | type[ValLoader]:
     if name in ("TrainLoader", "ValLoader"):
-        from vitlarge.data import loader
+        from vitlarge.data import loader  # lazy: keeps DALI and torch off the data tools, which import vitlarge.data
 
         return getattr(loader, name)
     raise AttributeError(f"module 'vitlarge.data' has no attribute {name!r}")

@@ -20,6 +20,9 @@ import functools
 import json
 from typing import Any
 
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import DecodeError
+
 RNG_MAX = 2**31 - 2  # std::minstd_rand0 (DALI's default_random_engine) keeps its state in [1, 2**31 - 2]
 EPOCH_MAX = 2**31 - 2  # an int32 the reader increments: one below its limit
 POSITION_MAX = 2**62  # samples before a position: what an int64 holds with room
@@ -28,8 +31,6 @@ POSITION_MAX = 2**62  # samples before a position: what an int64 holds with room
 @functools.cache
 def _messages() -> tuple[Any, Any]:
     """``(Checkpoint, ReaderStateSnapshot)`` message classes of DALI's dali.proto, package ``dali_proto``."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-
     F = descriptor_pb2.FieldDescriptorProto
     proto = descriptor_pb2.FileDescriptorProto(name="vitlarge_dali_checkpoint.proto", package="dali_proto")
 
@@ -98,8 +99,6 @@ def problem(blob: bytes, *, reader: str, records_per_epoch: int, batch_size: int
     reader operator's name; ``records_per_epoch``: the most records one rank's reader returns in an epoch (its
     ``age`` stays below that: it restarts from 0 at each epoch); ``batch_size``: the pipeline's, which turns the
     pipeline's ``iter`` into a position."""
-    from google.protobuf.message import DecodeError
-
     try:
         checkpoint = parse(blob)
         readers = [reader_snapshot(op.operator_state) for op in checkpoint.cpts if op.operator_name == reader]

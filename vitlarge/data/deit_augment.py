@@ -30,6 +30,7 @@ import numpy as np
 import nvidia.dali.fn as fn
 import nvidia.dali.math as dmath
 import nvidia.dali.types as types
+from nvidia.dali.auto_aug import augmentations as a
 
 from vitlarge.data.randaugment import as_augmentation
 from vitlarge.data.spec import SRC_PADDING  # noqa: F401 (DeiT's RandomCrop(padding=4, padding_mode="reflect"))
@@ -114,8 +115,6 @@ def draw_three_augment() -> tuple[DataNode, DataNode]:
 def three_augment(images: DataNode, op: DataNode, kernel: DataNode) -> DataNode:
     """DeiT's RandomChoice: grayscale to 3 channels, solarize at 128, or blur with ``kernel`` (a
     `blur_kernel`, per sample), per sample as ``op`` says (the kernel is unused unless the op is `BLUR`)."""
-    from nvidia.dali.auto_aug import augmentations as a
-
     # DataNode.__bool__ always raises (declared NoReturn), but enable_conditionals rewrites this `if` into
     # DALI's per-sample split/merge before it runs; so the checker's complaint does not apply (also in `jitter`)
     if op == GRAYSCALE:  # pyright: ignore[reportGeneralTypeIssues]
@@ -150,8 +149,6 @@ def draw_jitter(strength: float) -> tuple[DataNode, DataNode]:
 def jitter(images: DataNode, factors: DataNode, order: DataNode) -> DataNode:
     """Brightness, contrast and saturation by ``factors`` in the order ``JITTER_ORDERS[order]``, each
     rounded to uint8 as PIL's ImageEnhance does between torchvision's steps."""
-    from nvidia.dali.auto_aug import augmentations as a
-
     for position in range(3):
         op = fn.lookup_table(
             order,

@@ -34,6 +34,8 @@ from vitlarge.data.common import (  # noqa: F401
     val_forwards,
 )
 from vitlarge.data.manifest import MANIFEST_NAME, Manifest, convert_cmd, load_manifest, make_index_fix, shard_files
+from vitlarge.data.rect import RectBatches, val_sizes
+from vitlarge.data.repeats import RepeatedRecords
 from vitlarge.data.spec import LoaderSpec, TrainSpec, ValSpec, pipe_seed
 from vitlarge.errors import UserError
 
@@ -215,8 +217,6 @@ class TrainLoader:
             # The workers die with the thread that starts them (PR_SET_PDEATHSIG follows the parent thread).
             raise RuntimeError("a TrainLoader with read_workers > 0 must be built in the main thread")
         if spec.repeats > 1:
-            from vitlarge.data.repeats import RepeatedRecords
-
             self._records = RepeatedRecords(files, rank=rank, world_size=world_size, repeats=spec.repeats, seed=seed)
             self.num_examples_this_rank = self._records.per_rank
         self._batches = _Batches(self.manifest, "train", device, spec.label_offset)
@@ -346,8 +346,6 @@ class ValLoader:
         n = self.manifest.num_examples("validation")
         rect = None
         if spec.rect_val:
-            from vitlarge.data.rect import RectBatches, val_sizes
-
             rect = RectBatches(
                 files,
                 val_sizes(self.manifest),

@@ -15,6 +15,7 @@ import nvidia.dali.fn as fn
 import nvidia.dali.math as dmath
 import nvidia.dali.tfrecord as tfrec
 import nvidia.dali.types as types
+import torch
 from nvidia.dali import pipeline_def
 
 from vitlarge.data import deit_augment
@@ -50,8 +51,6 @@ class DaliDevice:
 def dali_device(device: torch.device) -> DaliDevice:
     """The one place a torch.device becomes DALI settings."""
     if device.type == "cuda":
-        import torch
-
         return DaliDevice(device.index if device.index is not None else torch.cuda.current_device(), "mixed")
     if device.type == "cpu":
         return DaliDevice(None, "cpu")

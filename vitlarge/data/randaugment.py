@@ -156,7 +156,7 @@ def _variant(made: _Decorated, **settings: Unpack[_Settings]) -> Augmentation:
 
 def op_table(s: RandAugmentSpec) -> list[tuple[str, Augmentation]]:
     """timm's op list for ``s`` (timm names) with DALI augmentations whose magnitude bins are timm's."""
-    from nvidia.dali.auto_aug import augmentations as a
+    from nvidia.dali.auto_aug import augmentations as a  # lazy: keeps DALI off a run's pre-flight data checks
 
     lv = _levels(s)
     frac = lv / LEVEL_DENOM
@@ -214,9 +214,9 @@ def magnitude_bins(s: RandAugmentSpec) -> int | DataNode:
     """The magnitude bin of each layer: an int, or with ``mstd`` a per-sample INT32 DataNode of shape (n,)."""
     if s.mstd == 0 or s.m == 0 and math.isinf(s.mstd):
         return round(min(s.m, s.upper) * STEPS)
-    import nvidia.dali.fn as fn
-    import nvidia.dali.math as dmath
-    import nvidia.dali.types as types
+    import nvidia.dali.fn as fn  # lazy: keeps DALI off a run's pre-flight data checks
+    import nvidia.dali.math as dmath  # lazy: keeps DALI off a run's pre-flight data checks
+    import nvidia.dali.types as types  # lazy: keeps DALI off a run's pre-flight data checks
 
     if math.isinf(s.mstd):
         mag = fn.random.uniform(range=[0.0, float(s.m)], shape=(s.n,))
@@ -235,10 +235,10 @@ def apply(images: DataNode, s: RandAugmentSpec, shape: Sequence[int]) -> DataNod
     """
     if s.n == 0:
         return images
-    import nvidia.dali.fn as fn
-    import nvidia.dali.types as types
-    from nvidia.dali.auto_aug import augmentations as a
-    from nvidia.dali.auto_aug.core import select, signed_bin
+    import nvidia.dali.fn as fn  # lazy: keeps DALI off a run's pre-flight data checks
+    import nvidia.dali.types as types  # lazy: keeps DALI off a run's pre-flight data checks
+    from nvidia.dali.auto_aug import augmentations as a  # lazy: keeps DALI off a run's pre-flight data checks
+    from nvidia.dali.auto_aug.core import select, signed_bin  # lazy: keeps DALI off a run's pre-flight data checks
 
     ops = [aug for _, aug in op_table(s)] + [as_augmentation(a.identity)]
     k = len(ops) - 1

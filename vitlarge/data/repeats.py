@@ -25,8 +25,11 @@ pipeline has its own seed.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
+import resource
+import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -59,7 +62,7 @@ def per_rank(num_examples: int, world_size: int) -> int:
 def epoch_order(num_examples: int, rank: int, world_size: int, repeats: int, seed: int, epoch: int) -> list[int]:
     """The records rank ``rank`` reads in epoch ``epoch``, in order: timm's ``RepeatAugSampler`` (shuffled,
     ``num_repeats=repeats``, ``selected_round=0``) at ``epoch_key(seed, epoch)``."""
-    from timm.data.distributed_sampler import RepeatAugSampler
+    from timm.data.distributed_sampler import RepeatAugSampler  # lazy: keeps timm off a run's pre-flight checks
 
     sampler = RepeatAugSampler(
         range(num_examples), num_replicas=world_size, rank=rank, num_repeats=repeats, selected_round=0
@@ -75,8 +78,6 @@ def shard_files_to_keep_open(num_shards: int, world_size: int) -> int:
     raised toward the hard one, to the shards plus what the rest of the process needs (`reserved_files`);
     where it cannot be, the reader keeps what the limit leaves (`open_budget`), least recently used closed
     first. Idempotent: a later phase's reader finds the limit raised."""
-    import resource
-
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     need = num_shards + reserved_files(world_size)
     if soft != resource.RLIM_INFINITY and soft < need:
@@ -98,8 +99,6 @@ def reserved_files(world_size: int) -> int:
 def open_budget(num_shards: int, soft_limit: int, world_size: int) -> int:
     """Shard files to keep open under an open-file ``soft_limit``: what it leaves after `reserved_files`, at
     least `FEWEST_OPEN`, at most all of them."""
-    import resource
-
     if soft_limit == resource.RLIM_INFINITY:
         return num_shards
     return min(num_shards, max(FEWEST_OPEN, soft_limit - reserved_files(world_size)))
@@ -112,8 +111,6 @@ def die_with_parent(parent: int) -> None:
     every preemption (measured). Linux's ``PR_SET_PDEATHSIG``; elsewhere nothing."""
     if not sys.platform.startswith("linux"):
         return
-    import ctypes
-    import signal
 
     pr_set_pdeathsig = 1
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)

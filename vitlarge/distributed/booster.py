@@ -256,7 +256,7 @@ def load() -> None:
     says (once; nothing to do where ``colossalai.booster`` is already imported)."""
     if "colossalai.booster" in sys.modules:
         return
-    import colossalai  # noqa: F401 (its __init__: torch and the accelerator, which the Booster needs)
+    import colossalai  # noqa: F401  # lazy: keeps Colossal-AI off the GPU kit, which imports package_without_init alone
 
     with _stand_ins():
         packages = {name: package_without_init(name) for name in ("colossalai.booster", "colossalai.booster.plugin")}

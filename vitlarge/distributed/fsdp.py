@@ -51,6 +51,7 @@ from typing import Any, cast
 
 import torch
 import torch.distributed as dist
+from timm.layers import LayerNorm, LayerNormFp32
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -63,6 +64,8 @@ from vitlarge.errors import UserError
 from vitlarge.model.blocks import transformer_blocks
 from vitlarge.model.precision import DTYPES
 from vitlarge.model.vit import Fp32Conv2d
+from vitlarge.optim.lamb import Lamb
+from vitlarge.optim.sharded_lamb import ShardedLamb
 
 BROADCAST_BUCKET_BYTES = 250 * 1024 * 1024  # DDP's bucket for the initial broadcast
 
@@ -95,8 +98,6 @@ def wrap(model: nn.Module, precision: str, device: torch.device) -> nn.Module:
         assert world is not None  # the default group, which the run has made
         _sync_module_states(model, world, BROADCAST_BUCKET_BYTES, src=0, params_and_buffers_to_ignore=())
     if precision != "fp32":
-        from timm.layers import LayerNorm, LayerNormFp32
-
         for m in model.modules():
             if type(m) in (nn.LayerNorm, LayerNorm):  # same parameters, state dict and maths; no fast-norm path
                 m.__class__ = LayerNormFp32
@@ -186,9 +187,6 @@ class FSDPPlugin(DPPluginBase):
         dataloader: DataLoader | None = None,
         lr_scheduler: LRScheduler | None = None,
     ) -> tuple[FSDPModel, OptimizerWrapper | None, Callable | None, DataLoader | None, LRScheduler | None]:
-        from vitlarge.optim.lamb import Lamb
-        from vitlarge.optim.sharded_lamb import ShardedLamb
-
         model = model.to(self.device)
         names = {id(p): n for n, p in model.named_parameters()}
         sharded = wrap(model, self.precision, self.device)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -181,8 +182,6 @@ def release_colossalai_run_after_ctrl_c() -> None:
     runner = _colossalai_runner(os.getpid())
     if runner is None:
         return
-    import subprocess
-    import sys
 
     try:
         subprocess.Popen(

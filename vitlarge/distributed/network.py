@@ -6,8 +6,12 @@ the job's other nodes) is chosen, unless the user set the variables.
 
 from __future__ import annotations
 
+import fcntl
+import ipaddress
+import logging
 import os
 import socket
+import struct
 from collections.abc import Mapping, MutableMapping
 
 from vitlarge.distributed.launcher import DistEnv, slurm_hosts
@@ -18,10 +22,6 @@ SOCKET_IFNAME_ENVS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 def _interface_of(local: str) -> str:
     """The name of the interface that holds the address ``local`` (IPv4 or IPv6); "" if none does."""
-    import fcntl
-    import ipaddress
-    import struct
-
     ip = ipaddress.ip_address(local.split("%")[0])
     if ip.version == 6:
         try:  # /proc/net/if_inet6: address (32 hex digits), index, prefix, scope, flags, name
@@ -56,8 +56,6 @@ def route_interface(host: str, port: int) -> tuple[str, str]:
 
 
 def _is_loopback(local: str) -> bool:
-    import ipaddress
-
     return ipaddress.ip_address(local.split("%")[0]).is_loopback
 
 
@@ -121,8 +119,6 @@ def bind_interface(dist_env: DistEnv, env: MutableMapping[str, str] | None = Non
     if name:
         env["GLOO_SOCKET_IFNAME"] = name
     else:
-        import logging
-
         logging.getLogger("vitlarge").warning(
             f"{why}: gloo's interface left to its default; set GLOO_SOCKET_IFNAME if the rendezvous fails"
         )

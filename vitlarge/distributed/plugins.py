@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, cast
 
+import torch
+
 from vitlarge.config.schema import Config
 
 if TYPE_CHECKING:
-    import torch
-
     from vitlarge.distributed.booster import Plugin
 
 DDP_BUCKET_CAP_MB = 25
@@ -31,17 +31,16 @@ def build_plugin(cfg: Config, device: torch.device | str, precision: str) -> Plu
     ``precision``: the resolved one (`vitlarge.train.settings.Settings.precision`), fsdp's mixed precision.
 
     For CUDA, the index is the one ``launch.choose_device`` made current with ``torch.cuda.set_device``."""
-    import torch
-    from colossalai.accelerator import set_accelerator
+    from colossalai.accelerator import set_accelerator  # lazy: keeps Colossal-AI off the GPU kit (its own booster)
 
     set_accelerator(torch.device(device).type)
     if cfg.train.plugin == "ddp":
-        from vitlarge.distributed.booster import TorchDDPPlugin
+        from vitlarge.distributed.booster import TorchDDPPlugin  # lazy: keeps Colossal-AI off the GPU kit
 
         # One bucket per ~25 MB: ViT-B/16's 86M fp32 gradients go out in ~14 all-reduces, overlapped
         # with the last micro-step's backward; earlier micro-steps run under no_sync.
         return TorchDDPPlugin(bucket_cap_mb=DDP_BUCKET_CAP_MB, broadcast_buffers=False)
-    from vitlarge.distributed.fsdp import FSDPPlugin
+    from vitlarge.distributed.fsdp import FSDPPlugin  # lazy: keeps Colossal-AI off the GPU kit (its own booster)
 
     return FSDPPlugin(precision, torch.device(device))
 

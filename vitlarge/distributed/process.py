@@ -17,16 +17,22 @@ CPU-only host. Booster and its plugins only need an initialised default process 
 
 from __future__ import annotations
 
+import ctypes
 import datetime
+import importlib.util
+import json
+import logging
 import os
 import socket
 import sys
 import time
+import traceback
 import types
 import warnings
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, NoReturn
 
+from vitlarge.distributed import timeouts
 from vitlarge.distributed.launcher import DistEnv, launcher_rank
 from vitlarge.distributed.network import bind_interface
 from vitlarge.errors import EXIT_INTERRUPTED, UserError
@@ -71,7 +77,7 @@ def choose_device(requested: str = "auto", local_rank: int = 0) -> tuple[torch.d
     ``auto`` takes the CPU only where nothing asked for GPUs (`gpus_asked_for`): a job step that was given GPUs
     and sees none (a wrong ``--gpus-per-node``, a container without its GPUs, a CPU-only torch) stops here,
     before the rendezvous, instead of training on gloo at a few images per second."""
-    import torch
+    import torch  # lazy: keeps torch off train.py until the thread pools are sized
 
     if requested == "cuda" and not torch.cuda.is_available():
         raise UserError("train.device=cuda but no CUDA device is visible; use train.device=cpu or auto")
@@ -141,9 +147,6 @@ def leave(code: int) -> NoReturn:
     parent-death signal, and multiprocessing's resource tracker then removes their semaphores and says it did
     ("leaked semaphore objects"); with ``train.compile`` inductor's compile workers end on their own."""
     if _KEEP_ALIVE or _group_is_up():
-        import ctypes
-        import logging
-
         flushes = (logging.shutdown, sys.stdout.flush, sys.stderr.flush, lambda: ctypes.CDLL(None).fflush(None))
         for flush in flushes:
             try:
@@ -171,7 +174,6 @@ def tell_launcher(line: str, status: int) -> None:
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return
-    import json
 
     stamp = str(int(time.time()))
     doc = {
@@ -194,8 +196,6 @@ def main_then_leave(main: Callable[[], int]) -> NoReturn:
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED
     except Exception:
-        import traceback
-
         try:
             traceback.print_exc()
         except (OSError, ValueError):
@@ -221,9 +221,7 @@ def init_distributed(
     after step 1 by `vitlarge.distributed.timeouts.set_collective_timeout`): a short rendezvous timeout must not
     make a long checkpoint write on rank 0 look like a hang to the other ranks.
     """
-    import torch.distributed as dist
-
-    from vitlarge.distributed import timeouts
+    import torch.distributed as dist  # lazy: keeps torch off train.py until the thread pools are sized
 
     if dist.is_initialized():
         return
@@ -232,8 +230,6 @@ def init_distributed(
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = dist_env.master_addr, str(dist_env.master_port)
     ifname = bind_interface(dist_env)
     if dist_env.local_rank == 0 and dist_env.source == "slurm" and dist_env.world_size > 1:
-        import logging  # every node's first task: the interface is chosen per node
-
         logging.getLogger("vitlarge").info(
             f"rendezvous at {dist_env.master_addr}:{dist_env.master_port}, gloo interface on {socket.gethostname()}: "
             f"{ifname or '(gloo default)'}"
@@ -263,7 +259,7 @@ def _this_gpu(backend: str) -> tuple[str, str] | None:
     """This host and the UUID of the CUDA device `choose_device` made current; None off CUDA."""
     if backend != "nccl":
         return None
-    import torch
+    import torch  # lazy: keeps torch off train.py until the thread pools are sized
 
     return socket.gethostname(), str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
 
@@ -279,7 +275,7 @@ def _rendezvous_store(
     does, instead of listening on that port. Always used through a PrefixStore: torch's c10d logger formats
     init_process_group's arguments, and TCPStore's repr asks its socket for its addresses, which fails
     ("failed to format addr, unknown family=0") in the network namespaces of tests/e2e/test_slurm_multinode.py."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: keeps torch off train.py until the thread pools are sized
 
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = dist.TCPStore(
@@ -369,7 +365,7 @@ def report_before_group(error: UserError, dist_env: DistEnv | None) -> bool:
     told = isinstance(error, ToldByAnotherRank)
     if dist_env is None or dist_env.world_size == 1 or group_exists or error.same_on_all_ranks is False or told:
         return prints_error(error, dist_env)
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: keeps torch off train.py until the thread pools are sized
 
     rank0_failed, told = False, False
     try:
@@ -430,8 +426,6 @@ def quiet_imports() -> None:
       module (`_LazyModule`): ``import wandb`` binds it, the first name read from it runs the import
       (``log.wandb=true``: hooks/wandb.py, before the first step, on the main thread).
     """
-    import logging
-
     warnings.filterwarnings("ignore", message=".*(tensornvme|apex|kernels).*")
     warnings.filterwarnings("ignore", category=FutureWarning, module="colossalai")
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
@@ -441,8 +435,6 @@ def quiet_imports() -> None:
 def _import_lazily(name: str) -> None:
     """``name`` in ``sys.modules`` as a module whose import runs when a name is first read from it (`_LazyModule`);
     nothing where it is imported already or not installed."""
-    import importlib.util
-
     if name in sys.modules:
         return
     try:

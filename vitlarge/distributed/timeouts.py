@@ -35,7 +35,7 @@ _PACKAGE = Path(__file__).resolve().parents[1]
 
 def set_collective_timeout(seconds: float) -> None:
     """Every later collective of the default group (and its store's calls) waits at most ``seconds``."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: keeps torch off train.py until the thread pools are sized
 
     if not dist.is_initialized():
         return
@@ -64,7 +64,7 @@ class CollectiveFailure:
 def collective_failure(error: BaseException) -> CollectiveFailure | None:
     """The line and status for ``error`` when it is a collective that timed out or lost its peer; None otherwise.
     Called on the error path only: it talks to the other ranks through the rendezvous store (bounded)."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: keeps torch off train.py until the thread pools are sized
 
     if not isinstance(error, RuntimeError) or not dist.is_initialized():
         return None
@@ -107,7 +107,7 @@ def roll_call(rank: int, world: int, grace_s: float) -> list[int] | None:
     the others to say it too; returns those that did not, or None when the store does not answer (its host,
     rank 0 or the launcher's agent, is gone or frozen). Every rank stuck in the same collective times out
     within the skew of their arrivals, so a rank missing after ``grace_s`` is, as a rule, one that never came."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: keeps torch off train.py until the thread pools are sized
 
     try:
         store = dist.distributed_c10d._get_default_store()

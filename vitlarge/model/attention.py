@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.nn.attention import SDPAParams, SDPBackend
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -43,8 +44,6 @@ def attention_shape(model: torch.nn.Module) -> tuple[int, int, int] | None:
 
 
 def _backends() -> dict[str, tuple[Any, Any]]:
-    from torch.nn.attention import SDPBackend
-
     cuda = torch.backends.cuda
     return {
         "flash": (SDPBackend.FLASH_ATTENTION, cuda.can_use_flash_attention),
@@ -75,7 +74,6 @@ def choose_attention(model: torch.nn.Module, device: torch.device, precision: st
         return AttentionChoice("unfused", f"attention: unfused (timm's matmul and softmax; model.fused_attn): {what}")
     if device.type != "cuda":
         return AttentionChoice("cpu", f"attention: SDPA on the CPU, torch picks its CPU kernel per call: {what}")
-    from torch.nn.attention import SDPAParams
 
     _enable(None)  # a backend another model in this process pinned is a candidate again
     q, k, v = (

@@ -8,6 +8,6 @@ from torch import nn
 
 def transformer_blocks(model: nn.Module) -> list[nn.Module]:
     """``model``'s timm ``Block`` modules (and subclasses), in forward order; [] for a model without them."""
-    from timm.models.vision_transformer import Block
+    from timm.models.vision_transformer import Block  # lazy: keeps timm off a run's pre-flight checks
 
     return [m for m in model.modules() if isinstance(m, Block)]

@@ -91,8 +91,7 @@ def kwargs_problem(model_cls: type, kwargs: Mapping[str, Any]) -> str | None:
 def class_built(tb: types.TracebackType | None) -> type | None:
     """The model class timm was building when the error of ``tb`` was raised: ``model_cls`` of timm's
     ``build_model_with_cfg`` (every timm model is built through it), else None."""
-    # lazy: timm (and torch) off this module's import, for a failed build only
-    from timm.models._builder import build_model_with_cfg
+    from timm.models._builder import build_model_with_cfg  # lazy: keeps timm off a run's pre-flight checks
 
     while tb is not None:
         if tb.tb_frame.f_code is build_model_with_cfg.__code__:

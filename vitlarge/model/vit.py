@@ -6,11 +6,13 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from vitlarge.config.phase_list import rect_val_anywhere
 from vitlarge.config.schema import Config
 from vitlarge.errors import UserError
 from vitlarge.model import recompute
+from vitlarge.model.kwargs import class_built, kwargs_problem
 
 
 def model_kwargs(cfg: Config) -> dict:
@@ -38,9 +40,7 @@ def build_model(cfg: Config, device: torch.device | str = "cpu", precision: str 
     """``cfg``'s model on ``device``. ``precision``: what the run trains in (`vitlarge.train.settings.Settings`),
     which picks the attention kernel and the patch convolution on a CPU under fp16; None: a model built for its
     shapes or weights (a check, an export's reader), taking ``train.precision`` as written (``auto`` not as fp16)."""
-    import timm
-
-    from vitlarge.model.kwargs import class_built, kwargs_problem
+    import timm  # lazy: keeps timm off a run's pre-flight checks
 
     try:
         with torch.device(device):
@@ -85,7 +85,7 @@ def build_model(cfg: Config, device: torch.device | str = "cpu", precision: str 
 def _uniform_drop_path(model: torch.nn.Module, rate: float) -> None:
     """Every residual branch drops with ``rate`` (DeiT III's ``models_v2.py``: ``dpr = [drop_path_rate] *
     depth``) where timm built ``linspace(0, rate, depth)``."""
-    from timm.layers import DropPath
+    from timm.layers import DropPath  # lazy: keeps timm off a run's pre-flight checks
 
     blocks = getattr(model, "blocks", None)
     branches = [(b, n) for b in blocks or () for n in ("drop_path1", "drop_path2") if hasattr(b, n)]
@@ -101,7 +101,7 @@ def _uniform_drop_path(model: torch.nn.Module, rate: float) -> None:
 def pos_embed_matrix(old_size: tuple[int, int], new_size: tuple[int, int], device: torch.device | str) -> torch.Tensor:
     """The (new_h*new_w, old_h*old_w) fp32 matrix M with ``timm resample_abs_pos_embed(pos) == M @ pos``
     (grid tokens), built by resampling an identity basis once: the resample is linear per channel."""
-    from timm.layers import resample_abs_pos_embed
+    from timm.layers import resample_abs_pos_embed  # lazy: keeps timm off a run's pre-flight checks
 
     n = old_size[0] * old_size[1]
     eye = torch.eye(n, device=device, dtype=torch.float32).unsqueeze(0)  # channel c = basis vector e_c
@@ -113,7 +113,7 @@ def pos_embed_matrix(old_size: tuple[int, int], new_size: tuple[int, int], devic
 
 def _plain_pos_embed(model: torch.nn.Module) -> bool:
     """A timm VisionTransformer whose ``_pos_embed`` is the stock one (the override below replicates it)."""
-    from timm.models.vision_transformer import VisionTransformer
+    from timm.models.vision_transformer import VisionTransformer  # lazy: keeps timm off a run's pre-flight checks
 
     return (
         isinstance(model, VisionTransformer)
@@ -191,8 +191,6 @@ class Fp32Conv2d(torch.nn.Conv2d):
 
 def describe_model(cfg: Config) -> dict:
     """Parameter count and forward FLOPs per image, measured on the meta device (no memory, no data)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
     model: Any = build_model(cfg, "meta")  # read by timm's attribute names, where the model has them
     size = cfg.data.image_size
     with FlopCounterMode(display=False) as counter:

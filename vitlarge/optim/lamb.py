@@ -15,10 +15,13 @@ Contract:
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 import torch
+from timm.models import group_parameters
+from timm.optim import auto_group_layers
 from torch import nn
 
 from vitlarge.errors import UserError
@@ -46,9 +49,6 @@ def layer_ids(model: nn.Module) -> dict[str, int]:
     them: from the model's ``group_matcher(coarse=False)`` where it has one (a timm ViT: patch embedding,
     cls token and position embedding 0, block i i + 1, the final norm with the last block, the head depth + 1), else
     timm's ``auto_group_layers`` (runs of 12 parameters, then the classifier)."""
-    from timm.models import group_parameters
-    from timm.optim import auto_group_layers
-
     matcher = getattr(model, "group_matcher", None)
     if matcher is not None:
         return group_parameters(model, matcher(coarse=False), reverse=True)
@@ -544,13 +544,11 @@ def import_inductor() -> None:
     """Imports torch.compile's Inductor, without the deprecation warning torch 2.10 raises while importing it
     (``torch.utils.mkldnn``'s classes use the deprecated ``torch.jit.script_method``: torch's own import, not a call
     of ours). For every compiled form: the model's (`vitlarge.train.assemble.compile_model`) and this step's."""
-    import warnings
-
     with warnings.catch_warnings():
         warnings.filterwarnings(
             "ignore", message="`torch.jit.script_method` is deprecated", category=DeprecationWarning
         )
-        import torch._inductor.compile_fx  # noqa: F401
+        import torch._inductor.compile_fx  # noqa: F401  # lazy: keeps torch._inductor (2 s) off runs without train.compile
 
 
 def build_optimizer(

@@ -11,6 +11,20 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from vitlarge import beside
+from vitlarge.config.key_docs import keys_help
+from vitlarge.config.load import load_config
+from vitlarge.data.manifest import load_manifest
+from vitlarge.distributed import launcher, process, quiet, threads
+from vitlarge.distributed.process import main_then_leave
+from vitlarge.plan.plan import make_plan
+from vitlarge.run.gpu_hours import print_gpu_time
+from vitlarge.run.job import build_run, init_from_warnings, is_resume
+from vitlarge.text import plural
+from vitlarge.train import memory
+from vitlarge.train.command import exit_status
+from vitlarge.train.profile import check_window
+
 if TYPE_CHECKING:
     from vitlarge.distributed.threads import ThreadPools
     from vitlarge.run.job import MakeHooks
@@ -21,8 +35,6 @@ class _Parser(argparse.ArgumentParser):
     (`vitlarge.config.key_docs`), read only when asked for."""
 
     def format_help(self) -> str:
-        from vitlarge.config.key_docs import keys_help  # the schema's source parsed: only for --help
-
         return f"{super().format_help()}\n{keys_help()}"
 
 
@@ -99,12 +111,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv: list[str] | None, make_hooks: MakeHooks) -> int:
     """The command on ``argv`` (None: the command line's), with the hooks ``make_hooks`` makes; the exit status."""
     args = parse_args(argv)
-    from vitlarge.distributed import process, quiet, threads
-    from vitlarge.train import memory
 
     process.quiet_imports()
     quiet.quiet_checkpoint_writer()
-    from vitlarge.train.command import exit_status
 
     def work(env) -> int:
         # Our lines at INFO on the main rank; every other library stays at WARNING (matplotlib's
@@ -121,20 +130,13 @@ def main(argv: list[str] | None, make_hooks: MakeHooks) -> int:
 def plan_or_train(args, env, threads: ThreadPools, make_hooks: MakeHooks | None = None) -> int:
     """``--dry-run``: the plan, printed by the main rank; otherwise the training run, built with the hooks
     ``make_hooks`` makes (a dry run needs none), to its end. The exit status (0; a stop raises)."""
-    from vitlarge.config.load import load_config
-    from vitlarge.distributed import launcher, process
-    from vitlarge.run.job import build_run, init_from_warnings, is_resume
-
     launcher.check_split_arguments(args.overrides)
     cfg = load_config(
         args.config, args.overrides, override_files=args.override_files, data__path=args.data, workdir=args.workdir
     )
     if args.dry_run:
-        from vitlarge.data.sources import planning_manifest
-        from vitlarge.plan.plan import make_plan
-        from vitlarge.run.dry_run import print_plan
-        from vitlarge.text import plural
-        from vitlarge.train.profile import check_window
+        from vitlarge.data.sources import planning_manifest  # lazy: keeps torch off train.py --help
+        from vitlarge.run.dry_run import print_plan  # lazy: keeps torch and timm off train.py --help
 
         warnings = init_from_warnings(cfg, is_resume(cfg, args.resume), dry_run=True)
         if env.is_main:
@@ -149,15 +151,12 @@ def plan_or_train(args, env, threads: ThreadPools, make_hooks: MakeHooks | None 
             check_window(cfg, plan)  # as the run's preflight would
             print_plan(cfg, plan, show_config=args.show_config, device=args.device)
             if args.gpu:
-                from vitlarge.run.gpu_hours import print_gpu_time
-                from vitlarge.train.settings import plan_settings
+                from vitlarge.train.settings import plan_settings  # lazy: keeps torch off train.py --help
 
                 settings = plan_settings(cfg, "cuda")
                 print_gpu_time(cfg, plan, settings.precision, settings.compile, args.gpu, args.gpu_results)
         return 0
     if cfg.data.source == "tfrecord":  # a data set that is not there: one line now, not after those 10-20 s
-        from vitlarge.data.manifest import load_manifest
-
         load_manifest(cfg.data.path)  # every rank: one without it names itself (report_before_group)
     if env.is_main:  # what the next 10-20 s of imports and rendezvous are, before the first line of the run's own
         print(
@@ -173,7 +172,4 @@ def plan_or_train(args, env, threads: ThreadPools, make_hooks: MakeHooks | None 
 def console() -> NoReturn:
     """The ``vitlarge-train`` command: `main` with the standard hooks, left by ``os._exit`` once a process group
     was up (the status must not depend on gloo's teardown)."""
-    from vitlarge import beside
-    from vitlarge.distributed.process import main_then_leave
-
     main_then_leave(lambda: main(None, beside("hooks").build_hooks))

@@ -8,9 +8,9 @@ import json
 
 from vitlarge.config.schema import Config
 from vitlarge.model.vit import describe_model, memory_estimate
-from vitlarge.plan.plan import Plan
+from vitlarge.plan.plan import Plan, phase_config
 from vitlarge.text import plural
-from vitlarge.train.settings import Settings
+from vitlarge.train.settings import Settings, plan_settings
 
 
 def _gib(n: float) -> str:
@@ -125,8 +125,6 @@ def print_plan(cfg: Config, plan: Plan, show_config: bool = False, device: str |
     device `plan_device` picks (``device``: ``--device``), with the settings a run there resolves
     (`vitlarge.train.settings.plan_settings`); ``show_config``: the resolved config first, as JSON
     (``--show-config``)."""
-    from vitlarge.train.settings import plan_settings
-
     device, chosen_by = plan_device(cfg, device)
     settings = plan_settings(cfg, device)
     if show_config:
@@ -194,8 +192,6 @@ def eval_schedule(plan: Plan) -> str:
 
 def print_phases(cfg: Config, plan: Plan, settings: Settings) -> None:
     """The phase table: epochs, size, batch = micro x accum x devices, steps, lr range, FLOPs and memory."""
-    from vitlarge.plan.plan import phase_config
-
     print("phases:")
     print(
         f"  {'#':>2} {'epochs':>15} {'size':>5} {'eval':>5} {'batch = micro x accum x dev':>28} {'steps':>7} "

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from vitlarge.config.schema import Config
 from vitlarge.errors import UserError
-from vitlarge.plan.plan import Plan
+from vitlarge.plan.plan import Plan, phase_config
 
 DATASHEET = {  # dense bf16/fp16 tensor-core TFLOP/s, NVIDIA's datasheets (no 2:4 sparsity)
     "a100": ("A100 SXM4", 312.0),
@@ -179,8 +179,7 @@ def estimate(
 ) -> tuple[list[PhaseTime], list[str]]:
     """Per-phase step times on ``plan.world_size`` GPUs of ``kind``, and the lines that say where the figures
     come from."""
-    from vitlarge.model.vit import describe_model
-    from vitlarge.plan.plan import phase_config
+    from vitlarge.model.vit import describe_model  # lazy: keeps torch off train.py until the thread pools are sized
 
     rates = measured_rates(result)
     device = result["device"]["name"]

@@ -32,6 +32,12 @@ import time
 import uuid
 from dataclasses import dataclass
 
+import psutil
+from torch.distributed import run as torchrun
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import launch_agent
+
 PROG = "python -m vitlarge.run"
 EXIT_BAD_INPUT = 2
 
@@ -129,12 +135,9 @@ class CtrlC:
         self.count = 0
 
     def __call__(self, signum, frame):
-        from torch.distributed.elastic.multiprocessing.api import SignalException
-
         self.count += 1
         if self.count == 1:
             raise SignalException(f"Process {os.getpid()} got signal: {signal.SIGINT!r}", sigval=signal.SIGINT)
-        import psutil
 
         for child in psutil.Process().children():
             try:
@@ -149,9 +152,6 @@ def quiet_torchrun_log() -> None:
     enough. The rendezvous modules, which torch imports only when it builds the handler, are imported first."""
     if os.environ.get("LOGLEVEL"):
         return
-    import torch.distributed.elastic.rendezvous.c10d_rendezvous_backend  # noqa: F401
-    import torch.distributed.elastic.rendezvous.dynamic_rendezvous  # noqa: F401
-    import torch.distributed.elastic.rendezvous.static_tcp_rendezvous  # noqa: F401
 
     prefix = "torch.distributed.elastic"
     for name in [prefix, *logging.root.manager.loggerDict]:
@@ -160,11 +160,6 @@ def quiet_torchrun_log() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from torch.distributed import run as torchrun
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import launch_agent
-
     parser = torchrun.get_args_parser()
     parser.prog = PROG
     parser.description = (__doc__ or "").split("\n")[0].strip("`: ")  # __doc__ is None under python -OO

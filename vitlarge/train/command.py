@@ -10,8 +10,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from vitlarge.config.schema import Config
+from vitlarge.distributed import launcher, process
 from vitlarge.distributed.launcher import DistEnv
+from vitlarge.distributed.quiet import gloo_connected_lines_dropped
 from vitlarge.distributed.threads import NO_THREADS, ThreadPools
+from vitlarge.distributed.timeouts import collective_failure
+from vitlarge.errors import EXIT_BAD_INPUT, EXIT_NAN_GUARD, Preempted, UserError
+from vitlarge.events import StopTraining
 
 if TYPE_CHECKING:  # torch: `exit_status` runs before it loads (the thread pools are sized first)
     from vitlarge.train.settings import Settings
@@ -38,9 +43,10 @@ def start(
     stops here, before the process group), determinism (before the first CUDA kernel: cuBLAS reads its
     workspace setting once), ``before_group(settings)`` (what the caller does before the rendezvous), then the
     process group, its collectives waiting ``collective_timeout_s``. ``threads``: `size_thread_pools`'s."""
-    from vitlarge.distributed import process
-    from vitlarge.distributed.quiet import gloo_connected_lines_dropped
-    from vitlarge.train.settings import apply_determinism, resolve_settings
+    from vitlarge.train.settings import (  # lazy: keeps torch off train.py until the thread pools are sized
+        apply_determinism,
+        resolve_settings,
+    )
 
     device, backend = process.choose_device(cfg.train.device, env.local_rank)
     settings = resolve_settings(cfg, device, backend, threads)
@@ -63,10 +69,6 @@ def exit_status(work: Callable[[DistEnv], int]) -> int:
     * a checkpoint on a signal (`Preempted`): 75, or 130 on Ctrl-C, ``vitlarge: <message>`` from the main rank;
     * a collective that timed out or lost its peer: its status (124 on gloo), one line per rank
       (`vitlarge.distributed.timeouts.collective_failure`). Any other error propagates."""
-    from vitlarge.distributed import launcher, process
-    from vitlarge.errors import EXIT_BAD_INPUT, EXIT_NAN_GUARD, Preempted, UserError
-    from vitlarge.events import StopTraining
-
     env = None
     try:
         env = launcher.detect()
@@ -91,8 +93,6 @@ def exit_status(work: Callable[[DistEnv], int]) -> int:
             launcher.release_colossalai_run_after_ctrl_c()
         return e.exit_status
     except RuntimeError as e:  # a collective that timed out (or lost its peer): one line per rank, its own status
-        from vitlarge.distributed.timeouts import collective_failure
-
         failure = collective_failure(e)
         if failure is None:
             raise

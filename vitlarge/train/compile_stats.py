@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from torch._dynamo.utils import counters, get_compilation_metrics
+
 
 @dataclass(frozen=True)
 class CompileStats:
@@ -42,8 +44,6 @@ def _first_line(text: str) -> str:
 
 def compile_stats() -> CompileStats:
     """The counts so far in this process (cumulative; Dynamo's counters are process-wide)."""
-    from torch._dynamo.utils import counters, get_compilation_metrics
-
     breaks = counters["graph_break"]
     recompiles = [m.recompile_reason for m in get_compilation_metrics() if m.recompile_reason]
     return CompileStats(

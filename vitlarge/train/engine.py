@@ -57,8 +57,12 @@ def build_criterion(cfg: Config):
     ``augment.bce_target_thresh`` either is thresholded to 0/1. Every loss is a mean over the micro-batch,
     so the engine's ``loss / accum`` is the global batch's mean whatever the accumulation and world size.
     (timm's train.py falls back to cross-entropy for ``--bce-loss`` without Mixup or smoothing; here bce is bce.)"""
-    from timm.data import Mixup
-    from timm.loss import BinaryCrossEntropy, LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+    from timm.data import Mixup  # lazy: keeps timm off a run's pre-flight checks
+    from timm.loss import (  # lazy: keeps timm off a run's pre-flight checks
+        BinaryCrossEntropy,
+        LabelSmoothingCrossEntropy,
+        SoftTargetCrossEntropy,
+    )
 
     a = cfg.augment
     mixup = None
@@ -84,7 +88,7 @@ def build_erasing(cfg: Config, device: torch.device):
     """timm's ``RandomErasing`` of ``augment.random_erase_prob`` (mode ``pixel``, one region, noise drawn on
     ``device``), or None when it is 0. It erases a normalised micro-batch in place, image by image, with Python's
     ``random`` for the rectangles and torch's generator of ``device`` for the noise."""
-    from timm.data.random_erasing import RandomErasing
+    from timm.data.random_erasing import RandomErasing  # lazy: keeps timm off a run's pre-flight checks
 
     p = cfg.augment.random_erase_prob
     # timm annotates ``device`` as a str; it only hands it to torch, which takes a torch.device as well

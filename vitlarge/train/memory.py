@@ -7,6 +7,8 @@ No module-level torch import: `configure_allocator` runs before torch loads (`vi
 from __future__ import annotations
 
 import os
+import resource
+import socket
 from collections.abc import MutableMapping
 from typing import TYPE_CHECKING
 
@@ -42,9 +44,7 @@ def configure_allocator(environ: MutableMapping[str, str] = os.environ) -> str:
 def gpu_start_line(device: torch.device, rank: int, environ: MutableMapping[str, str] = os.environ) -> str:
     """The line each rank says at start on CUDA ("" elsewhere): its GPU, the free and total memory the driver
     reports (free well below total: another process holds this GPU), and the allocator setting."""
-    import socket
-
-    import torch
+    import torch  # lazy: keeps torch off train.py until the thread pools are sized
 
     if device.type != "cuda":
         return ""
@@ -60,9 +60,7 @@ def peak_memory(device: torch.device) -> tuple[int, int | None]:
     """``(allocated, reserved)`` peak bytes of this process: CUDA's max allocated and max reserved (the caching
     allocator's segments: what the GPU holds for tensors, fragmentation included); on CPU the max RSS and
     None (a CPU has no such split)."""
-    import resource
-
-    import torch
+    import torch  # lazy: keeps torch off train.py until the thread pools are sized
 
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)

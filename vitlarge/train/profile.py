@@ -141,8 +141,12 @@ class StepProfiler(Hook):
         """Starts the profiler if optimizer step ``step`` (about to run) is the warmup step or the window's first."""
         if step != self.steps.first - self.steps.warmup:
             return
-        import torch
-        from torch.profiler import ProfilerAction, ProfilerActivity, profile
+        import torch  # lazy: keeps torch off train.py until the thread pools are sized
+        from torch.profiler import (  # lazy: keeps torch off train.py until the thread pools are sized
+            ProfilerAction,
+            ProfilerActivity,
+            profile,
+        )
 
         first, last = self.steps.first, self.steps.last
 

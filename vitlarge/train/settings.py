@@ -8,6 +8,11 @@ the config stays as the user wrote it, and nothing reads a device-dependent choi
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -148,13 +153,9 @@ def missing_toolchain(device: torch.device) -> str:
     * Both: ``Python.h`` in the include folder both use (sysconfig's, Debian's ``posix_local`` read as
       ``posix_prefix`` as Triton does).
     """
-    import os
-    import shutil
-    import sys
-
     if device.type == "cuda":
         try:
-            import triton  # noqa: F401
+            import triton  # noqa: F401  # lazy: keeps triton off CPU runs (a CPU-only torch has none)
         except ImportError as e:
             return (
                 f"triton is not importable (Inductor's GPU kernels): {e}; install the triton that torch "
@@ -197,18 +198,14 @@ def missing_toolchain(device: torch.device) -> str:
 
 def python_include() -> str:
     """The folder holding Python.h as Triton's build reads it (Inductor adds the same folder)."""
-    import sysconfig
-
     scheme = sysconfig.get_default_scheme()
     return sysconfig.get_paths(scheme="posix_prefix" if scheme == "posix_local" else scheme)["include"]
 
 
 def _libcuda_found() -> bool:
     """Triton's own lookup of libcuda.so.1, uncached (its cache would keep a test's or a first answer)."""
-    import subprocess
-
     try:
-        from triton.backends.nvidia import driver
+        from triton.backends.nvidia import driver  # lazy: keeps triton off CPU runs (a CPU-only torch has none)
 
         getattr(driver.libcuda_dirs, "__wrapped__", driver.libcuda_dirs)()
     except (ImportError, AssertionError, OSError, subprocess.SubprocessError):
@@ -229,8 +226,6 @@ def apply_determinism(on: bool, device: torch.device | str) -> str:
     handle is made, so this must come first), and ``fill_uninitialized_memory`` off (on by default in
     deterministic mode: it writes NaN into every new tensor, a cost for no gain in a program that reads
     none uninitialised). Off: torch's defaults."""
-    import os
-
     torch.use_deterministic_algorithms(on)
     # a module property that torch's stubs do not declare
     torch.utils.deterministic.fill_uninitialized_memory = not on  # pyright: ignore[reportAttributeAccessIssue]

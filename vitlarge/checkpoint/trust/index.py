@@ -15,12 +15,27 @@ import functools
 import io
 import math
 import pickle
+import zipfile
 from collections.abc import Callable, Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import IO, Any, ClassVar, cast
 
 import torch
+from torch.distributed.checkpoint import filesystem, metadata
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import (
+    _MEM_FORMAT_ENCODING,
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorProperties,
+    TensorStorageMetadata,
+)
 
+from vitlarge import fileio
+from vitlarge.checkpoint.trust import meta as meta_json
 from vitlarge.checkpoint.trust import pickles
 
 METADATA = ".metadata"  # DCP's index, written by the coordinator (rank 0)
@@ -37,8 +52,6 @@ MAX_PATH = 4096
 @functools.cache
 def _metadata_classes() -> tuple[type, ...]:
     """DCP's metadata classes: what an index builds (NEWOBJ) and fills (BUILD), exactly these types."""
-    from torch.distributed.checkpoint import filesystem, metadata
-
     return (
         metadata.Metadata,
         metadata.MetadataIndex,
@@ -57,8 +70,6 @@ def _allowed_globals() -> dict[tuple[str, str], object]:
     writer's ``checkpoint_id`` path and torch's layout lookup by name; the callables among them replaced
     by bounded factories. No module, no dotted name, no ``getattr``, no builtin: nothing a crafted index
     can reach runs code, touches a file or changes a class."""
-    from torch.distributed.checkpoint import metadata
-
     allowed: dict[tuple[str, str], object] = {
         ("torch", "Size"): _size,
         ("torch.serialization", "_get_layout"): _layout_by_name,
@@ -77,8 +88,6 @@ def _allowed_globals() -> dict[tuple[str, str], object]:
 @functools.cache
 def _reducible() -> tuple:
     """What REDUCE may call: the bounded factories and the memory-format enum (a lookup by value)."""
-    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
-
     return (_size, _path, _layout_by_name, _MEM_FORMAT_ENCODING)
 
 
@@ -101,7 +110,6 @@ def _path(*parts):
     """The writer's ``checkpoint_id``: a path of at most `MAX_PATH` characters, kept as its text (nothing reads it)."""
     if not all(isinstance(p, str) for p in parts) or sum(map(len, parts)) > MAX_PATH:
         _refuse(f"holds a path that is not text of at most {MAX_PATH} characters")
-    from pathlib import PurePosixPath
 
     return PurePosixPath(*parts)
 
@@ -218,9 +226,6 @@ def read_index(folder: Path, files: Mapping[str, dict | None] | None = None):
     """DCP's ``Metadata`` of ``folder``, read as data: at most `INDEX_MAX_BYTES` (and its recorded size),
     a regular file, unpickled by `_MetadataUnpickler`, then checked (`index_problem`) against ``files``,
     meta.json's records (read from the folder when not given). Raises `IndexProblem`."""
-    from vitlarge import fileio
-    from vitlarge.checkpoint.trust import meta as meta_json
-
     folder = Path(folder)
     try:
         listed: Mapping[str, dict | None] = meta_json.listed_files(folder) if files is None else files
@@ -291,17 +296,6 @@ def index_problem(metadata, files: Mapping[str, dict | None]) -> str | None:
     Every storage entry must name one of them, with its byte range inside the recorded size; every
     tensor's shape, dtype and chunks must be well formed and no larger than the checkpoint's data (so a
     read of it allocates no more than the files hold)."""
-    from torch.distributed.checkpoint.filesystem import _StorageInfo
-    from torch.distributed.checkpoint.metadata import (
-        BytesStorageMetadata,
-        ChunkStorageMetadata,
-        Metadata,
-        MetadataIndex,
-        StorageMeta,
-        TensorProperties,
-        TensorStorageMetadata,
-    )
-
     if type(metadata) is not Metadata:
         return f"{METADATA} holds a {type(metadata).__name__}, not DCP's Metadata"
     data_files = {n: cast(dict, r)["bytes"] for n, r in files.items() if n.endswith(".distcp")}  # None: TypeError
@@ -405,8 +399,6 @@ def stored_zip_problem(f, length: int) -> str | None:
     """Why the zip archive ``f`` (``torch.save``'s format; ``length`` bytes) is not one ``torch.save`` writes:
     every entry stored uncompressed, their sizes adding up to at most its own. A DEFLATE entry would make
     ``torch.load`` allocate ~1000x the file (a 195 KB rank file held a 200 MB tensor). None when it is."""
-    import zipfile
-
     try:
         with zipfile.ZipFile(f) as z:
             infos = z.infolist()
@@ -424,8 +416,6 @@ def archive_problem(f, length: int) -> str | None:
     pickle (``<archive>/data.pkl``, the one torch unpickles) charged to a `pickles.Budget` of its own size,
     building nothing, so what ``torch.load`` makes of it stays in proportion to it. None when it may: a pickle
     that does not parse is ``torch.load``'s to refuse."""
-    import zipfile
-
     problem = stored_zip_problem(f, length)
     if problem:
         return problem
@@ -453,8 +443,6 @@ def slices_problem(folder: Path, metadata) -> str | None:
     for info in metadata.storage_data.values():
         by_file.setdefault(info.relative_path, []).append(info)
     for name, infos in sorted(by_file.items()):
-        from vitlarge import fileio
-
         try:
             with fileio.open_regular(Path(folder) / name, follow=False) as f:
                 for info in infos:

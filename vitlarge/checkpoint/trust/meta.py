@@ -13,6 +13,7 @@ This module imports nothing heavy: store.py and trust/index.py both read meta.js
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -21,6 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vitlarge import fileio
+from vitlarge.config.checks import check_read_back
+from vitlarge.config.schema import Config
+from vitlarge.errors import UserError
 
 FORMAT_VERSION = 3
 # 1: before meta.json recorded sizes and checksums (only emptiness is checked); 1 and 2: model.safetensors
@@ -173,12 +177,6 @@ def _saved_config_problem(config: dict) -> str | None:
     continues from it and the evaluation evaluates as it says: a value no recipe may give (``train.micro_batch=0``,
     ``train.epochs=1e308``) makes the checkpoint unusable, passed over by an automatic resume. Keys it does not know
     (another version's) pass, as do Literal values of another version (their readers say what they make of them)."""
-    import dataclasses
-
-    from vitlarge.config.checks import check_read_back
-    from vitlarge.config.schema import Config
-    from vitlarge.errors import UserError
-
     cfg = Config()
     for section, values in config.items():
         target = getattr(cfg, section, None)

@@ -14,6 +14,7 @@ import pickle
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from vitlarge import fileio
@@ -52,8 +53,6 @@ def torch_load(folder: Path, name: str):
 
 def safetensors_file(folder: Path, name: str) -> dict[str, torch.Tensor]:
     """``folder/name`` as safetensors; a damaged or foreign file is `Unusable` in one line."""
-    from safetensors import SafetensorError
-
     try:
         return load_file(str(folder / name), device="cpu")
     except (SafetensorError, OSError, ValueError) as e:
