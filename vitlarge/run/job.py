@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vitlarge.config.schema import Config
-from vitlarge.data.phased import PhasedLoaders
 from vitlarge.distributed import booster, process
 from vitlarge.distributed.launcher import DistEnv
 from vitlarge.distributed.threads import NO_THREADS, ThreadPools
@@ -159,6 +158,7 @@ def build_run(
     """Everything before the first step (see the module docstring); ``resume``: a ``--resume`` path."""
     # lazy: torch loads after the "loading PyTorch" line (vitlarge.run.cli)
     from vitlarge.checkpoint.checkpointer import Checkpointer
+    from vitlarge.data.phased import PhasedLoaders  # lazy: torch, as above
     from vitlarge.distributed.collective import agree, check_same, rank0_decides  # lazy: torch, as above
     from vitlarge.train.assemble import build  # lazy: torch, as above
     from vitlarge.train.loop import Trainer  # lazy: torch, as above
