@@ -20,7 +20,6 @@ from vitlarge.checkpoint.trust import layout
 from vitlarge.config.load import load_config
 from vitlarge.config.phase_list import entries, final_eval_size
 from vitlarge.data.manifest import load_manifest
-from vitlarge.data.phased import evaluated_phase
 from vitlarge.distributed import threads
 from vitlarge.distributed.process import main_then_leave
 from vitlarge.errors import UserError
@@ -159,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist  # lazy: keeps torch off vitlarge-evaluate's argument errors and --help
 
     from vitlarge.checkpoint import weights as ckpt_weights  # lazy: keeps torch off vitlarge-evaluate --help
+    from vitlarge.data.phased import evaluated_phase  # lazy: keeps torch off vitlarge-evaluate --help
     from vitlarge.data.sources import val_loader  # lazy: keeps torch off vitlarge-evaluate --help
     from vitlarge.model.precision import Precision  # lazy: keeps torch off vitlarge-evaluate --help
     from vitlarge.model.vit import build_model  # lazy: keeps torch and timm off vitlarge-evaluate --help
