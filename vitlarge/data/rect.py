@@ -30,7 +30,6 @@ import numpy as np
 from vitlarge.data.common import val_forwards
 from vitlarge.data.manifest import MANIFEST_NAME, Manifest, convert_cmd
 from vitlarge.data.manifest_schema import ASPECT_ORDER
-from vitlarge.data.repeats import IndexedRecords
 from vitlarge.errors import UserError
 
 if TYPE_CHECKING:
@@ -106,6 +105,9 @@ class RectBatches:
         image_size: int,
         patch: int,
     ):
+        # lazy: keeps tfrecord off the dry run and a run's pre-flight checks (they use val_sizes)
+        from vitlarge.data.repeats import IndexedRecords
+
         self._records = IndexedRecords(shards, world_size=world_size)
         n = self._records.num_examples
         if n != len(sizes):  # the manifest's counts were checked against the indexes (`shard_files`)

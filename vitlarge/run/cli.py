@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, NoReturn
 from vitlarge import beside
 from vitlarge.config.key_docs import keys_help
 from vitlarge.config.load import load_config
-from vitlarge.data.manifest import load_manifest
 from vitlarge.distributed import launcher, process, quiet, threads
 from vitlarge.distributed.process import main_then_leave
 from vitlarge.plan.plan import make_plan
@@ -157,6 +156,8 @@ def plan_or_train(args, env, threads: ThreadPools, make_hooks: MakeHooks | None 
                 print_gpu_time(cfg, plan, settings.precision, settings.compile, args.gpu, args.gpu_results)
         return 0
     if cfg.data.source == "tfrecord":  # a data set that is not there: one line now, not after those 10-20 s
+        from vitlarge.data.manifest import load_manifest  # lazy: keeps numpy (0.2 s) off train.py --help
+
         load_manifest(cfg.data.path)  # every rank: one without it names itself (report_before_group)
     if env.is_main:  # what the next 10-20 s of imports and rendezvous are, before the first line of the run's own
         print(
