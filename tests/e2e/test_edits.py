@@ -116,6 +116,7 @@ def test_a_batch_edit_on_more_processes_says_what_changed_and_keeps_the_lr_conti
     assert lr[5] == pytest.approx(make_plan(old, 2, 1437).lr_at(old, 4), rel=1e-9)
     meta = json.loads((workdir / "checkpoints" / "step_0000006" / "meta.json").read_text())
     assert meta["schedule"]["continues"]["step"] == 4
+    assert meta["line"] is None  # an automatic resume keeps the lineage; the schedule's warning lines are not it
     from vitlarge.plan.edits import resume_plan  # a requeue's plan, from what meta.json records
 
     new = load_config(ROOT / "recipes" / "demo_digits.py", [*COMMON, edit])

@@ -229,8 +229,8 @@ def build_run(
             log.info(f"resumed from {chosen} at step {start_step}")
             if position.warning:
                 log.warning(position.warning)
-            for line in schedule.lines:
-                log.warning(line)
+            for change in schedule.lines:
+                log.warning(change)
 
     # Each phase's loaders are built at its first step (a recipe without train.phases is one phase).
     loaders = PhasedLoaders(cfg, plan, env.rank, env.world_size, device, state=data_state)
