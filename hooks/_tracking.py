@@ -2,7 +2,7 @@
 
 Contract:
 
-* ``trackers.json`` maps each checkpoint line (`RunInfo.line`; ``""`` for the line started from scratch) and
+* ``trackers.json`` maps each checkpoint line (`RunInfo.lineage`; ``""`` for the line started from scratch) and
   tracker (``mlflow``, ``wandb``) to the tracked run's id, the segments it has had and, for a line started by a
   ``--resume`` of another line's checkpoint, that line's run (the parent). Written with `fileio.write_atomic`
   by the main rank only; read back as data (at most `STATE_MAX_BYTES`, every id checked against `RUN_ID`), never
@@ -137,7 +137,7 @@ def begin(run: RunInfo, tracker: str, same_store: dict | None = None) -> Continu
     store would not be found); a mismatch starts a new tracked run."""
     with _lock:
         state = read_state(run.workdir)
-        key = line_key(run.line)
+        key = line_key(run.lineage)
         entries = state["lines"].setdefault(key, {})
         saved = entries.get(tracker)
         if saved is not None and same_store and any(saved.get(k) != v for k, v in same_store.items()):
@@ -146,10 +146,10 @@ def begin(run: RunInfo, tracker: str, same_store: dict | None = None) -> Continu
         if saved is None:
             if run.start_step == 0:
                 reason = "start"
-            elif line_key(run.resumed_line) != key:
+            elif line_key(run.parent_lineage) != key:
                 reason = "resume-from"
                 if _in_checkpoints(run.workdir, key):  # another workdir's lines are not in this trackers.json
-                    parent = state["lines"].get(line_key(run.resumed_line), {}).get(tracker, {}).get("id")
+                    parent = state["lines"].get(line_key(run.parent_lineage), {}).get(tracker, {}).get("id")
             else:
                 reason = "resume"
             saved = {"id": None, "token": uuid.uuid4().hex, "segments": 0, "parent": parent, **(same_store or {})}

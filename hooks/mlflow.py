@@ -207,7 +207,7 @@ class MlflowHook(_tracking.TrackerHook):
                     self._check_location(exp.artifact_location)
             tags = {
                 "vitlarge.token": c.token,
-                "vitlarge.line": _tracking.line_key(run.line) or "(from scratch)",
+                "vitlarge.line": _tracking.line_key(run.lineage) or "(from scratch)",
                 "vitlarge.workdir": str(Path(run.workdir).absolute()),
             }
             if c.parent_id:
@@ -224,7 +224,7 @@ class MlflowHook(_tracking.TrackerHook):
         where = self.artifact_uri = found.info.artifact_uri or ""
         if self.own_store:
             self._check_location(where)
-        _tracking.save_id(run.workdir, run.line, TRACKER, run_id)
+        _tracking.save_id(run.workdir, run.lineage, TRACKER, run_id)
         self._continued = dataclasses.replace(c, run_id=run_id)  # a start that fails below is retried on this run
         if self._lost and not self._lost_said:
             self._lost_said = True

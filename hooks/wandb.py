@@ -72,7 +72,7 @@ class WandbHook(_tracking.TrackerHook):
         if not _tracking.RUN_ID.match(self.run_id):
             self.run_id = _new_id()
         if self._continued.run_id is None:  # known before W&B starts: a kill -9 during init still continues it
-            _tracking.save_id(run.workdir, run.line, TRACKER, self.run_id)
+            _tracking.save_id(run.workdir, run.lineage, TRACKER, self.run_id)
         # Read here, before this segment logs a step: a rewind only where steps past the resumed one were logged.
         self._rewind = self._continued.segment.number > 1 and replays(run.workdir, run.start_step)
         self.sender = Sender("wandb", self._send, what=f"W&B project {self.project}")
@@ -120,7 +120,7 @@ class WandbHook(_tracking.TrackerHook):
             "precision": run.precision,
             "precision_reason": run.precision_why or "set by the config (train.precision)",
             "plugin": run.cfg.train.plugin,
-            "line": _tracking.line_key(run.line) or "(from scratch)",
+            "line": _tracking.line_key(run.lineage) or "(from scratch)",
             "parent_run": c.parent_id,
         }
         kwargs: dict[str, Any] = dict(

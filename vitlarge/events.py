@@ -57,12 +57,12 @@ class RunInfo:
     """Optimizer steps done when this process started (0, or the resumed checkpoint's step)."""
     plan: Plan
     cfg: Config
-    line: str | None = None
-    """The checkpoint line this run's saves belong to (`vitlarge.checkpoint.resume`); None: the line that started
-    from scratch in this workdir. Trackers keep one tracked run per line."""
-    resumed_line: str | None = None
-    """The line of the checkpoint this run resumed from, as its meta.json named it; not ``line`` after a ``--resume``
-    of an older checkpoint, which starts a new line."""
+    lineage: str | None = None
+    """The checkpoint lineage this run's saves belong to (meta.json's ``line``: `vitlarge.checkpoint.resume`); None:
+    the lineage that started from scratch in this workdir. Trackers keep one tracked run per lineage."""
+    parent_lineage: str | None = None
+    """The lineage of the checkpoint this run resumed from, as its meta.json named it; not ``lineage`` after a
+    ``--resume`` of an older checkpoint, which starts a new lineage."""
     precision_why: str = ""
     """Why the run trains in ``precision`` where it was not the recipe's plain choice (``auto``'s pick, a
     slow CPU's fp16): `vitlarge.train.settings.Settings.precision_why`."""

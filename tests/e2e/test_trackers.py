@@ -390,7 +390,7 @@ def test_the_default_store_a_lost_run_a_parent_and_a_closed_port(tmp_path, monke
 
     # --resume of this workdir's step 2: a new tracked run whose parent is the line's.
     older = str(workdir / "checkpoints" / "step_0000002")
-    drive(hook(workdir), make_run(workdir, cfg=cfg, start_step=2, line=older, resumed_line=None))
+    drive(hook(workdir), make_run(workdir, cfg=cfg, start_step=2, lineage=older, parent_lineage=None))
     child = client.get_run(tracker_ids(workdir, older)["mlflow"])
     assert child.data.tags["mlflow.parentRunId"] == second
     assert child.info.run_name == "default-from-step-2"

@@ -23,7 +23,7 @@ from typing import Any
 from vitlarge.checkpoint import resume as _resume
 from vitlarge.checkpoint import store
 from vitlarge.checkpoint.state import LoadedCheckpoint, RunState
-from vitlarge.checkpoint.trust.layout import CHECKPOINTS_DIR, exists, list_checkpoints, read_meta
+from vitlarge.checkpoint.trust.layout import CHECKPOINTS_DIR, exists, list_checkpoints
 from vitlarge.checkpoint.workdir import SHARED_PROBE, check_shared_probe, check_writable, write_shared_probe
 from vitlarge.config.schema import Config
 from vitlarge.distributed.collective import agree, rank0_decides
@@ -85,7 +85,7 @@ class Checkpointer:
         choice = _resume.choose(self.workdir, requested, state.model, self.cfg, num_train_examples)
         if choice.path is None:
             return Resumed(None, choice.lineage, None, None)
-        parent = read_meta(choice.path).get("line") if self.rank == 0 else None
+        parent = choice.parent if self.rank == 0 else None
         return Resumed(choice.path, choice.lineage, parent, _resume.restore(choice.path, state, self.cfg))
 
     def has(self, step: int) -> bool:

@@ -58,6 +58,9 @@ class Choice:
 
     path: Path | None
     lineage: str | None
+    parent: str | None = None
+    """The lineage the loaded checkpoint's own meta.json names (a copied-in one's: this run's); None from scratch.
+    Read inside the choice, so that no rank reads a meta.json again outside the collective."""
 
 
 def choose(
@@ -119,7 +122,7 @@ def _choose(workdir: Path, requested: Path | None, model, cfg: Config, num_train
             check_edits(meta, continued, cfg, num_train_examples)
             log.info(f"--resume {requested}: this workdir continues its line; resuming from {continued}")
             _set_aside_newer(workdir, continued, meta["step"])
-            return Choice(continued, lineage)
+            return Choice(continued, lineage, meta.get("line"))
         problem = store.verify(requested)
         if problem:
             raise layout.Unusable(requested, problem)
@@ -129,13 +132,14 @@ def _choose(workdir: Path, requested: Path | None, model, cfg: Config, num_train
         chosen = newest.path
         for path, problem in newest.passed_over:
             log.warning(f"warning: checkpoint {path} fails its check ({problem}); passed over")
-    step = 0
+    step, parent = 0, None
     if chosen is not None:
         meta = layout.read_meta(chosen)
         weights.check_compatible(meta, chosen, model, cfg)
         check_edits(meta, chosen, cfg, num_train_examples)  # before anything is moved aside or copied
         step = meta["step"]
         lineage = lineage if requested is not None else meta.get("line")  # an automatic resume keeps the lineage
+        parent = meta.get("line")
     _set_aside_newer(workdir, chosen, step)
     ours = workdir / layout.CHECKPOINTS_DIR
     if chosen is not None and chosen.resolve().parent != ours.resolve():
@@ -143,13 +147,14 @@ def _choose(workdir: Path, requested: Path | None, model, cfg: Config, num_train
         # automatic resume before the first save comes back to it, not to this workdir's older steps.
         try:
             chosen = _adopt(chosen, workdir, lineage)
+            parent = lineage  # the copy's meta.json names this run's lineage
         except OSError as e:
             raise UserError(
                 f"cannot copy checkpoint {chosen} into {ours} ({e.strerror}); free space there or pass "
                 "another --workdir"
             ) from None
         log.info(f"copied the checkpoint to resume from into {chosen}")
-    return Choice(chosen, lineage)
+    return Choice(chosen, lineage, parent)
 
 
 def _set_aside_newer(workdir: Path, chosen: Path | None, step: int) -> None:

@@ -207,15 +207,15 @@ def build_run(
     start_step, data_state = 0, None
     checkpoints.attach(engine.model, engine.optimizer, engine.precision.scaler, engine.ema)
     found = checkpoints.resume(resume, plan.num_train_examples)
-    chosen, line = found.path, found.lineage
-    # The line the chosen checkpoint came from, for the trackers (a new line's tracked run names it as its parent).
-    resumed_line = found.parent_lineage
+    chosen, lineage = found.path, found.lineage
+    # The lineage the chosen checkpoint came from, for the trackers (a new lineage's tracked run names it as its parent).
+    parent_lineage = found.parent_lineage
     if chosen is None and resuming and cfg.model.init_from:
         raise UserError(
             f"{checkpoints.folder} holds no usable checkpoint, and without one this run "
             f"would start from scratch instead of model.init_from; move them aside or pass another --workdir"
         )
-    if found.loaded is not None and chosen is not None:
+    if found.loaded is not None and chosen is not None:  # one fact (loaded: exactly when chosen); both for pyright
         resumed = found.loaded
         start_step = resumed.step
         if resumed.world_size != plan.world_size:  # the RNG states were not restored: fresh draws from here
@@ -242,8 +242,8 @@ def build_run(
         start_step=start_step,
         plan=plan,
         cfg=cfg,
-        line=line,
-        resumed_line=resumed_line,
+        lineage=lineage,
+        parent_lineage=parent_lineage,
         precision_why=settings.precision_why,
         precision=settings.precision,
         compile=settings.compile,
@@ -256,5 +256,5 @@ def build_run(
         wandb=cfg.log.wandb,
     )
     resumed_from = str(chosen) if chosen is not None else None
-    trainer = Trainer(cfg, plan, parts.engine, loaders, hooks, info, start_step, line, resumed_from, checkpoints)
+    trainer = Trainer(cfg, plan, parts.engine, loaders, hooks, info, start_step, lineage, resumed_from, checkpoints)
     return TrainingRun(cfg=cfg, plan=plan, env=env, parts=parts, trainer=trainer, manifest=manifest)

@@ -47,15 +47,15 @@ class Trainer:
         hooks: list[Hook],
         info: RunInfo,
         start_step: int = 0,
-        line: str | None = None,
+        lineage: str | None = None,
         resumed_from: str | None = None,
         checkpoints: Checkpointer | None = None,
     ):
         """``loaders`` gives each phase's train and validation loaders, built at the phase's first step.
-        ``line``: what the checkpoints' meta.json records as their line (vitlarge/checkpoint/resume.py).
+        ``lineage``: what the checkpoints' meta.json records as their ``line`` (vitlarge/checkpoint/resume.py).
         ``resumed_from``: the checkpoint this run resumed from (at ``start_step``), None for a fresh run.
         ``checkpoints``: the run's checkpointer (by default one over ``cfg.workdir`` and the engine's parts)."""
-        self.line, self.resumed_from = line, resumed_from
+        self.lineage, self.resumed_from = lineage, resumed_from
         self.cfg, self.plan, self.engine = cfg, plan, engine
         self.checkpoints = checkpoints or Checkpointer(cfg.workdir, cfg, info.rank).attach(
             engine.model, engine.optimizer, engine.precision.scaler, engine.ema
@@ -135,7 +135,7 @@ class Trainer:
         # meta.json's config is the run's record: precision and compile as resolved, not the recipe's "auto"
         assert self.train_loader is not None, "saved before a phase's loaders were made"
         path = self.checkpoints.save(
-            self.step, self.train_loader.state(), self.line, config=self.info.record, schedule=self.plan.record()
+            self.step, self.train_loader.state(), self.lineage, config=self.info.record, schedule=self.plan.record()
         )
         self._emit(Event.CHECKPOINT, self.step, str(path))
         return path

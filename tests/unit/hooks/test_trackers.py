@@ -180,11 +180,11 @@ def test_a_resume_of_an_older_step_starts_a_new_tracked_run_whose_parent_is_the_
     _tracking.begin(make_run(tmp_path), "mlflow")
     _tracking.save_id(str(tmp_path), None, "mlflow", "a" * 32)
     line = str(tmp_path / "checkpoints" / "step_0000004")  # --resume of step 4 of the line from scratch
-    new = _tracking.begin(make_run(tmp_path, start_step=4, line=line, resumed_line=None), "mlflow")
+    new = _tracking.begin(make_run(tmp_path, start_step=4, lineage=line, parent_lineage=None), "mlflow")
     assert (new.run_id, new.parent_id, new.segment.reason) == (None, "a" * 32, "resume-from")
     _tracking.save_id(str(tmp_path), line, "mlflow", "b" * 32)
     # The same --resume again (a requeue replays it): the new line's run continues, its parent kept.
-    again = _tracking.begin(make_run(tmp_path, start_step=6, line=line, resumed_line=line), "mlflow")
+    again = _tracking.begin(make_run(tmp_path, start_step=6, lineage=line, parent_lineage=line), "mlflow")
     assert (again.run_id, again.parent_id, again.segment.number) == ("b" * 32, "a" * 32, 2)
     saved = json.loads((tmp_path / "trackers.json").read_text())["lines"]
     assert saved[""]["mlflow"]["id"] == "a" * 32 and saved[line]["mlflow"]["id"] == "b" * 32
@@ -196,7 +196,7 @@ def test_a_resume_of_another_workdirs_checkpoint_names_no_parent(tmp_path):
     _tracking.begin(make_run(here), "mlflow")
     _tracking.save_id(str(here), None, "mlflow", "a" * 32)  # this workdir's line from scratch, not the one resumed
     line = str(there / "checkpoints" / "step_0000004")  # --resume of another workdir's step 4 (its line from scratch)
-    new = _tracking.begin(make_run(here, start_step=4, line=line, resumed_line=None), "mlflow")
+    new = _tracking.begin(make_run(here, start_step=4, lineage=line, parent_lineage=None), "mlflow")
     assert (new.run_id, new.parent_id, new.segment.reason) == (None, None, "resume-from")
 
 
