@@ -34,7 +34,7 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from vitlarge import fileio
@@ -58,7 +58,7 @@ class Choice:
 
     path: Path | None
     lineage: str | None
-    parent: str | None = None
+    parent: str | None = field(default=None, compare=False)
     """The lineage the loaded checkpoint's own meta.json names (a copied-in one's: this run's); None from scratch.
     Read inside the choice, so that no rank reads a meta.json again outside the collective."""
 

@@ -217,8 +217,12 @@ def test_a_resume_from_another_workdir_is_continued_on_requeue(tmp_path, cfg, pa
     choice = resume.choose(here, other, parts[0], cfg)
     copy, line = choice.path, choice.lineage
     assert copy == here / "checkpoints" / "step_0000004" and layout.read_meta(copy)["line"] == line
+    assert choice.parent == line  # what the chosen checkpoint's meta.json names, read inside the choice
     # A requeue before the first save: the copy is the line's newest; nothing moved aside.
-    assert resume.choose(here, other, parts[0], cfg) == resume.Choice(copy, line) and abandoned(here) == []
+    again = resume.choose(here, other, parts[0], cfg)
+    assert (
+        again == resume.Choice(copy, line) and again.parent == layout.read_meta(copy)["line"] and abandoned(here) == []
+    )
 
 
 def test_layer_decay_turned_on_or_off_is_refused_in_one_line_another_value_resumes():
