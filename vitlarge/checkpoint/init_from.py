@@ -34,7 +34,6 @@ from typing import cast
 
 import torch
 from safetensors.torch import load_file
-from timm.layers import resample_abs_pos_embed
 
 from vitlarge import fileio
 from vitlarge.checkpoint import weights as ckpt_weights
@@ -143,6 +142,8 @@ def adapt(sd: dict[str, torch.Tensor], model: torch.nn.Module, source: str) -> t
     """The source state dict made to fit ``model``: pos-embed resampled, a head of another size dropped.
 
     Returns (state dict to load, notes for the log); UserError when the architecture differs."""
+    from timm.layers import resample_abs_pos_embed  # lazy: keeps timm off the pre-flight check of a bad model.init_from
+
     # torch.fx.wrap, its decorator, is annotated as returning `str | Callable`: the function it was given
     resample = cast(Callable[..., torch.Tensor], resample_abs_pos_embed)
 

@@ -190,3 +190,18 @@ def test_a_deit3_export_fine_tunes_at_a_larger_size_and_loads_into_timm(tmp_path
     )
     with torch.no_grad():
         assert model(torch.randn(2, 3, 24, 24)).shape == (2, 10)
+
+
+def test_a_missing_init_from_is_one_line_before_timm_loads(monkeypatch, tmp_path):
+    # The pre-flight check of a bad model.init_from path says so without importing timm (~1 s, with wandb
+    # through timm.utils) first: timm is blocked and the module imported afresh.
+    import importlib
+    import sys
+
+    monkeypatch.setitem(sys.modules, "timm", None)
+    monkeypatch.setitem(sys.modules, "timm.layers", None)
+    monkeypatch.delitem(sys.modules, "vitlarge.checkpoint.init_from", raising=False)
+    fresh = importlib.import_module("vitlarge.checkpoint.init_from")
+    missing = tmp_path / "nowhere.pt"
+    with pytest.raises(UserError, match=f"model.init_from={missing} does not exist"):
+        fresh.check_source(cfg(model__init_from=str(missing)))
