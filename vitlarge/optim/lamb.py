@@ -20,8 +20,6 @@ from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 import torch
-from timm.models import group_parameters
-from timm.optim import auto_group_layers
 from torch import nn
 
 from vitlarge.errors import UserError
@@ -49,6 +47,9 @@ def layer_ids(model: nn.Module) -> dict[str, int]:
     them: from the model's ``group_matcher(coarse=False)`` where it has one (a timm ViT: patch embedding,
     cls token and position embedding 0, block i i + 1, the final norm with the last block, the head depth + 1), else
     timm's ``auto_group_layers`` (runs of 12 parameters, then the classifier)."""
+    from timm.models import group_parameters  # lazy: keeps timm off a run's checks (init_from, workdir, --resume)
+    from timm.optim import auto_group_layers  # lazy: as above
+
     matcher = getattr(model, "group_matcher", None)
     if matcher is not None:
         return group_parameters(model, matcher(coarse=False), reverse=True)

@@ -152,3 +152,17 @@ def test_optim_implementation_compiled_without_a_compiler_is_one_line(monkeypatc
     assert str(e.value).startswith("optim.implementation=compiled, but g++ (Inductor's C++ compiler; set CXX")
     assert str(e.value).endswith(", or set optim.implementation=auto")
     assert lamb_implementation("compiled", CPU, check_toolchain=False) == "compiled"  # --dry-run checks nothing
+
+
+def test_the_assembly_imports_no_timm_before_the_pre_flight_checks(monkeypatch):
+    # build_run imports this module before the process group and the checks of model.init_from, the workdir and
+    # --resume: a bad path there is one line without waiting for timm (seconds, with wandb through timm.utils).
+    # timm is blocked and the modules that could load it imported afresh.
+    import importlib
+    import sys
+
+    for name in ("timm", "timm.layers", "timm.models", "timm.optim"):
+        monkeypatch.setitem(sys.modules, name, None)
+    for name in ("vitlarge.train.assemble", "vitlarge.optim.lamb", "vitlarge.checkpoint.init_from"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    assert callable(importlib.import_module("vitlarge.train.assemble").build)
