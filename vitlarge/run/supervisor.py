@@ -149,7 +149,8 @@ class CtrlC:
 def quiet_torchrun_log() -> None:
     """torchrun's agent log at CRITICAL (unless ``LOGLEVEL`` is set): its failure lines are the summary's. Each
     of its loggers gets the level: torch's ``get_logger`` sets WARNING on each one, so the parent's is not
-    enough. The rendezvous modules, which torch imports only when it builds the handler, are imported first."""
+    enough. The modules whose loggers torch gives a level are imported with this module; the rendezvous backends,
+    which torch imports only when it builds the handler, make theirs without one, so they inherit CRITICAL."""
     if os.environ.get("LOGLEVEL"):
         return
 
