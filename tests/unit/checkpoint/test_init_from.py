@@ -200,7 +200,10 @@ def test_a_missing_init_from_is_one_line_before_timm_loads(monkeypatch, tmp_path
 
     monkeypatch.setitem(sys.modules, "timm", None)
     monkeypatch.setitem(sys.modules, "timm.layers", None)
-    monkeypatch.delitem(sys.modules, "vitlarge.checkpoint.init_from", raising=False)
+    monkeypatch.setattr(
+        importlib.import_module("vitlarge.checkpoint"), "init_from", sys.modules.get("vitlarge.checkpoint.init_from")
+    )
+    monkeypatch.delitem(sys.modules, "vitlarge.checkpoint.init_from", raising=False)  # both restored afterwards
     fresh = importlib.import_module("vitlarge.checkpoint.init_from")
     missing = tmp_path / "nowhere.pt"
     with pytest.raises(UserError, match=f"model.init_from={missing} does not exist"):
