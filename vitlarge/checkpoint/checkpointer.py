@@ -37,7 +37,7 @@ class Resumed:
     lineage: str | None
     """The lineage this run's checkpoints belong to (their meta.json's ``line``)."""
     parent_lineage: str | None
-    """On rank 0, the lineage the loaded checkpoint came from (its own meta.json's ``line``); None elsewhere."""
+    """The lineage the loaded checkpoint came from (its own meta.json's ``line``, read in rank 0's choice)."""
     loaded: LoadedCheckpoint | None
     """What was restored into the attached parts (None without a checkpoint)."""
 
@@ -85,8 +85,7 @@ class Checkpointer:
         choice = _resume.choose(self.workdir, requested, state.model, self.cfg, num_train_examples)
         if choice.path is None:
             return Resumed(None, choice.lineage, None, None)
-        parent = choice.parent if self.rank == 0 else None
-        return Resumed(choice.path, choice.lineage, parent, _resume.restore(choice.path, state, self.cfg))
+        return Resumed(choice.path, choice.lineage, choice.parent, _resume.restore(choice.path, state, self.cfg))
 
     def has(self, step: int) -> bool:
         """Whether the workdir holds a published checkpoint of ``step``."""

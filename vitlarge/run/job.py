@@ -208,25 +208,24 @@ def build_run(
     checkpoints.attach(engine.model, engine.optimizer, engine.precision.scaler, engine.ema)
     found = checkpoints.resume(resume, plan.num_train_examples)
     chosen, lineage = found.path, found.lineage
-    # The lineage the chosen checkpoint came from, for the trackers (a new lineage's tracked run names it as its parent).
-    parent_lineage = found.parent_lineage
     if chosen is None and resuming and cfg.model.init_from:
         raise UserError(
             f"{checkpoints.folder} holds no usable checkpoint, and without one this run "
             f"would start from scratch instead of model.init_from; move them aside or pass another --workdir"
         )
-    if found.loaded is not None and chosen is not None:  # one fact (loaded: exactly when chosen); both for pyright
-        resumed = found.loaded
+    if (resumed := found.loaded) is not None:  # the checkpoint at `chosen`, loaded
         start_step = resumed.step
         if resumed.world_size != plan.world_size:  # the RNG states were not restored: fresh draws from here
             seed_rngs(rng_seed(cfg.train.seed, env.rank, start_step))
         # The schedule against the checkpoint's own plan: the same, or what the edits change (lines said below).
-        schedule = resume_plan(cfg, plan, chosen, resumed.config, resumed.schedule, start_step, resumed.world_size)
+        schedule = resume_plan(
+            cfg, plan, resumed.path, resumed.config, resumed.schedule, start_step, resumed.world_size
+        )
         plan = parts.engine.plan = schedule.plan  # the engine steps with the lr of the plan the run continues
         position = resumed.usable_data_state(cfg, plan, schedule_exact=schedule.exact)
         data_state = position.state
         if env.is_main:
-            log.info(f"resumed from {chosen} at step {start_step}")
+            log.info(f"resumed from {resumed.path} at step {start_step}")
             if position.warning:
                 log.warning(position.warning)
             for change in schedule.lines:
@@ -243,7 +242,7 @@ def build_run(
         plan=plan,
         cfg=cfg,
         lineage=lineage,
-        parent_lineage=parent_lineage,
+        parent_lineage=found.parent_lineage,  # the trackers: a new lineage's tracked run names it as its parent
         precision_why=settings.precision_why,
         precision=settings.precision,
         compile=settings.compile,
