@@ -36,6 +36,14 @@ import psutil
 from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+# The rendezvous backends, which torch imports only when it builds the handler: loaded here, so that their loggers
+# exist when `quiet_torchrun_log` sets every agent logger's level.
+from torch.distributed.elastic.rendezvous import (  # noqa: F401
+    c10d_rendezvous_backend,
+    dynamic_rendezvous,
+    static_tcp_rendezvous,
+)
 from torch.distributed.launcher.api import launch_agent
 
 PROG = "python -m vitlarge.run"
@@ -149,8 +157,7 @@ class CtrlC:
 def quiet_torchrun_log() -> None:
     """torchrun's agent log at CRITICAL (unless ``LOGLEVEL`` is set): its failure lines are the summary's. Each
     of its loggers gets the level: torch's ``get_logger`` sets WARNING on each one, so the parent's is not
-    enough. The modules whose loggers torch gives a level are imported with this module; the rendezvous backends,
-    which torch imports only when it builds the handler, make theirs without one, so they inherit CRITICAL."""
+    enough. Every agent module, the rendezvous backends included, is imported with this module."""
     if os.environ.get("LOGLEVEL"):
         return
 
