@@ -10,6 +10,7 @@ the same numbers as one JSON object instead, for scripts.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -18,7 +19,8 @@ from typing import NoReturn, TypeGuard
 
 from vitlarge.checkpoint.trust import layout
 from vitlarge.config.load import load_config
-from vitlarge.config.phase_list import entries, final_eval_size
+from vitlarge.config.phase_list import entries, final_eval_size, patch_size
+from vitlarge.config.schema import IMAGE_SIZE, DataConfig, rule_of
 from vitlarge.data.manifest import load_manifest
 from vitlarge.distributed import threads
 from vitlarge.distributed.process import main_then_leave
@@ -69,24 +71,32 @@ def as_trained(cfg, saved: dict) -> list[str]:
 # What an export's config.json records of the evaluation its run made (`vitlarge.checkpoint.export.data_config`),
 # read back as the keys `as_exported` sets: timm's name, the config key, and the values it takes.
 EXPORTED = (("mean", "data.mean"), ("std", "data.std"), ("crop_pct", "data.val_crop_pct"))
-MAX_SIZE = 1 << 14
-"""The largest image side an export's config.json is believed for."""
 
 
 def _number(x) -> TypeGuard[float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def _refused(path: Path, key: str, value, rule: str) -> UserError:
+    return UserError(
+        f"{path}: {key} is {str(value)[:80]}, not {rule}; the file was edited or damaged: use another export "
+        "or the run's checkpoint folder"
+    )
+
+
 def exported_settings(folder: Path) -> dict:
     """``{config key: value}`` of what an export folder's config.json (timm's, `vitlarge.checkpoint.export`) records
     of the run that wrote it: ``data.image_size`` (the model's grid: ``model_args.img_size``), ``data.mean``,
     ``data.std``, ``data.val_crop_pct`` and the size it was evaluated at (``eval_size``: ``input_size``). The
-    file is data: read up to `EXPORT_CONFIG_LIMIT`, and a value of another type or range is left out (the weights'
-    own check then says what does not fit); {} without a readable file."""
+    file is data: read up to `EXPORT_CONFIG_LIMIT`; a value of another type is left out (the weights' own check
+    then says what does not fit), a number outside the schema's rule for its key (an image side past
+    `MAX_IMAGE_SIZE`, a std of 0) is one `UserError` naming the file and key, before anything is built from it;
+    {} without a readable file."""
     from vitlarge.checkpoint.weights import EXPORT_CONFIG_LIMIT  # lazy: keeps torch off vitlarge-evaluate --help
 
+    path = folder / "config.json"
     try:
-        doc = json.loads(read_capped(folder / "config.json", EXPORT_CONFIG_LIMIT, follow=False))
+        doc = json.loads(read_capped(path, EXPORT_CONFIG_LIMIT, follow=False))
     except (OSError, ValueError, RecursionError):
         return {}
     if not isinstance(doc, dict):
@@ -97,17 +107,25 @@ def exported_settings(folder: Path) -> dict:
     size = args.get("img_size")
     if isinstance(size, list) and len(size) == 2 and size[0] == size[1]:
         size = size[0]
-    if isinstance(size, int) and not isinstance(size, bool) and 1 <= size <= MAX_SIZE:
+    if isinstance(size, int) and not isinstance(size, bool):
+        if not IMAGE_SIZE.test(size):
+            raise _refused(path, "model_args.img_size", size, f"an image side {IMAGE_SIZE.words}")
         out["data.image_size"] = size
     shown = pre.get("input_size")
     if isinstance(shown, list) and len(shown) == 3 and all(isinstance(x, int) for x in shown) and shown[1] == shown[2]:
-        if 1 <= shown[2] <= MAX_SIZE:
-            out["eval_size"] = shown[2]
+        if not IMAGE_SIZE.test(shown[2]):
+            raise _refused(path, "pretrained_cfg.input_size", shown, f"[3, side, side], side {IMAGE_SIZE.words}")
+        out["eval_size"] = shown[2]
+    rules = {f.name: rule_of(f) for f in dataclasses.fields(DataConfig)}
     for name, key in EXPORTED:
-        value = pre.get(name)
-        if key == "data.val_crop_pct" and _number(value) and 0 < value <= 1:
+        value, rule = pre.get(name), rules.get(key.split(".")[1])
+        if key == "data.val_crop_pct" and _number(value):
+            if not 0 < value <= 1:
+                raise _refused(path, f"pretrained_cfg.{name}", value, "in (0, 1]")
             out[key] = float(value)
         elif key != "data.val_crop_pct" and isinstance(value, list) and len(value) == 3 and all(map(_number, value)):
+            if rule is not None and not rule.test(*value):
+                raise _refused(path, f"pretrained_cfg.{name}", value, rule.words)
             out[key] = tuple(float(x) for x in value)
     return out
 
@@ -116,7 +134,9 @@ def as_exported(cfg, folder: Path) -> tuple[list[str], int | None]:
     """Sets ``cfg``'s keys that `exported_settings` reads from export ``folder`` to the export's, so the export is
     evaluated as the run that wrote it evaluated (the ``data.image_size`` its weights were trained at, its
     preprocessing) whatever ``--config`` says now, as `as_trained` does for a checkpoint folder; returns the keys
-    that differed and the size the run evaluated at (None: not recorded)."""
+    that differed and the size the run evaluated at (None: not recorded). An evaluation size other than the model's
+    grid is one a run with phases evaluated at: the model is built as that run's was, resampling its position
+    embedding to the input's grid (timm's ``dynamic_img_size``; a fixed grid asserts the input's size)."""
     found = exported_settings(folder)
     changed = []
     for key, value in found.items():
@@ -126,7 +146,17 @@ def as_exported(cfg, folder: Path) -> tuple[list[str], int | None]:
         if getattr(getattr(cfg, section), name) != value:
             changed.append(key)
             setattr(getattr(cfg, section), name, value)
-    return changed, found.get("eval_size")
+    size = found.get("eval_size")
+    if size is not None and size % patch_size(cfg):
+        raise _refused(
+            folder / "config.json",
+            "pretrained_cfg.input_size",
+            [3, size, size],
+            f"sides a multiple of the patch size {patch_size(cfg)}",
+        )
+    if size is not None and size != cfg.data.image_size:
+        cfg.model.kwargs = {**cfg.model.kwargs, "dynamic_img_size": True}
+    return changed, size
 
 
 def table(checkpoint: str, step: int | None, size: int, metrics: dict) -> str:

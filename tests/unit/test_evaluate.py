@@ -75,8 +75,8 @@ def test_an_export_is_evaluated_at_the_size_and_preprocessing_its_config_json_re
     "doc",
     [
         [],
-        {"model_args": {"img_size": "big"}, "pretrained_cfg": {"mean": [1, 2], "crop_pct": 7, "input_size": [3, 9]}},
-        {"model_args": {"img_size": [48, 32]}, "pretrained_cfg": {"std": ["a", 1, 2], "input_size": [3, 1 << 20, 1 << 20]}},
+        {"model_args": {"img_size": "big"}, "pretrained_cfg": {"mean": [1, 2], "crop_pct": "7", "input_size": [3, 9]}},
+        {"model_args": {"img_size": [48, 32]}, "pretrained_cfg": {"std": ["a", 1, 2], "input_size": [3, 2, 4]}},
         {"model_args": {"img_size": True}, "pretrained_cfg": {"crop_pct": float("nan")}},
     ],
 )  # fmt: skip
@@ -100,3 +100,54 @@ def test_the_result_is_a_table_a_person_reads():
         "top-5      100.00%",
         "loss       0.0821",
     ]
+
+
+def _export_with(tmp_path, **edits):
+    """The demo's 16 px export with config.json's ``section.key`` values replaced (``pretrained_cfg__std=...``)."""
+    from vitlarge.checkpoint.export import export
+    from vitlarge.model.vit import build_model
+
+    cfg = load_config(DEMO)
+    path = export(tmp_path, build_model(cfg), cfg)
+    doc = json.loads((path / "config.json").read_text())
+    for name, value in edits.items():
+        section, key = name.split("__")
+        doc[section][key] = value
+    (path / "config.json").write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("pretrained_cfg__input_size", [3, 4096, 4096]),  # > 7 GiB in 28 s before
+        ("pretrained_cfg__input_size", [3, 1 << 20, 1 << 20]),
+        ("model_args__img_size", 16384),  # a 6.9 GB model built before the weights' check refused it
+        ("pretrained_cfg__std", [0, 0, 0]),  # "top-1 9.72%, loss nan", exit 0
+        ("pretrained_cfg__std", [1e-30, 1e-30, 1e-30]),
+        ("pretrained_cfg__mean", [300, 0, 0]),
+        ("pretrained_cfg__crop_pct", 7),
+        ("pretrained_cfg__input_size", [3, 18, 18]),  # not whole patches of 4: timm's AssertionError
+    ],
+)
+def test_an_export_config_json_value_outside_the_schemas_rules_is_one_line_naming_it(tmp_path, key, value):
+    from vitlarge.evaluate import as_exported
+
+    path = _export_with(tmp_path, **{key: value})
+    cfg = load_config(DEMO)
+    with pytest.raises(UserError) as e:
+        as_exported(cfg, path)
+    message = str(e.value)
+    assert message.startswith(f"{path / 'config.json'}: {key.replace('__', '.')} is ") and "\n" not in message
+    assert cfg.model.kwargs.get("dynamic_img_size") is None
+
+
+def test_an_export_evaluated_at_another_size_than_its_grid_runs_as_its_run_evaluated(tmp_path):
+    """A run with phases evaluates at its last phase's eval_size (a FixRes-style 32 px after training at 16): its
+    export's config.json says so, and evaluate used to meet timm's raw AssertionError on the model's fixed grid."""
+    from tests.helpers import call_main
+
+    path = _export_with(tmp_path, pretrained_cfg__input_size=[3, 32, 32])
+    synthetic = ["data.source=synthetic", "data.synthetic_val_examples=16"]  # 16 images: the size is what matters
+    r = call_main("vitlarge.evaluate", "--config", str(DEMO), "--checkpoint", str(path), *synthetic)
+    assert r.returncode == 0 and "16 validation images at 32 px" in r.stdout, r.stderr

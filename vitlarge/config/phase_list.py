@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from vitlarge.config.schema import CROP_SCALE, PHASE_KEYS, Config, PhaseEntry
+from vitlarge.config.schema import CROP_SCALE, IMAGE_SIZE, MAX_PHASES, PHASE_KEYS, Config, PhaseEntry
 from vitlarge.errors import UserError
 
 
@@ -46,6 +46,11 @@ def resolve_phases(cfg: Config, origin: str = "config") -> list[PhaseEntry]:
     )
     if not raw:
         return [_resolved(dict(base, eval_size=base["image_size"]))]
+    if len(raw) > MAX_PHASES:
+        raise UserError(
+            f"{origin}: train.phases holds {len(raw):,} entries, more than {MAX_PHASES:,}; a phase list names each "
+            "change of size, batch or lr once"
+        )
     out: list[dict[str, Any]] = []
     patch, prev = patch_size(cfg), base
     for i, p in enumerate(raw):
@@ -84,6 +89,8 @@ def resolve_phases(cfg: Config, origin: str = "config") -> list[PhaseEntry]:
                 continue
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise UserError(f"{origin}: {key}.{name}={v!r} must be a positive integer")
+            if name in ("image_size", "eval_size") and not IMAGE_SIZE.test(v):
+                raise UserError(f"{origin}: {key}.{name}={v} must be {IMAGE_SIZE.words}, e.g. 224")
         for name in ("image_size", "eval_size"):
             v = cur[name]
             if v is not None and v % patch:

@@ -21,13 +21,13 @@ from vitlarge.errors import UserError
 
 @dataclass(frozen=True)
 class Rule:
-    """The values a number field allows (with ``pair``: a pair of numbers, ``test`` taking both): ``test``, and the
-    rule in words for the one line `check_ranges` prints with the key, the value and the default.
-    A field declares its rule with `ruled`, beside its type and default."""
+    """The values a number field allows (with ``items`` over 1: a tuple of that many numbers, ``test`` taking them
+    all): ``test``, and the rule in words for the one line `check_ranges` prints with the key, the value and the
+    default. A field declares its rule with `ruled`, beside its type and default."""
 
     test: Callable[..., bool]
     words: str
-    pair: bool = False
+    items: int = 1
 
 
 def ruled(default, rule: Rule):
@@ -63,8 +63,23 @@ MAX_EPOCHS = 10**6
 """The most epochs a duration may name: far past any schedule, and step counts stay numbers (1e308 epochs made
 the plan's conversion to steps overflow)."""
 EPOCHS = Rule(lambda v: 0 < v <= MAX_EPOCHS, f"positive and at most {MAX_EPOCHS:,}")
-CROP_SCALE = Rule(lambda lo, hi: 0 < lo <= hi <= 1, "(low, high) with 0 < low <= high <= 1", pair=True)
+CROP_SCALE = Rule(lambda lo, hi: 0 < lo <= hi <= 1, "(low, high) with 0 < low <= high <= 1", items=2)
 """``data.crop_scale``'s rule, and a phase's ``crop_scale`` (`vitlarge.config.phase_list`)."""
+MAX_IMAGE_SIZE = 1024
+"""The largest image side, in pixels, that a recipe, a phase or a file from elsewhere (a checkpoint's meta.json, an
+export's config.json) may state: above every ImageNet ViT (timm's largest take 448-518 px, a FixRes evaluation
+1.5x its training size), while one evaluation batch at 4,096 px took more than 7 GiB. Checked before any model or
+pipeline is built at the size."""
+IMAGE_SIZE = Rule(lambda v: 1 <= v <= MAX_IMAGE_SIZE, f"positive and at most {MAX_IMAGE_SIZE:,}")
+"""``data.image_size``'s rule, and a phase's ``image_size`` and ``eval_size`` (`vitlarge.config.phase_list`)."""
+MAX_PHASES = 1024
+"""The most entries ``train.phases`` may hold (a recipe's, or a meta.json's, counted before any entry is read):
+`vitlarge.config.phase_list.progressive` makes one per image size, at most `MAX_IMAGE_SIZE`; a million took each
+resume 272 s and 2.4 GB."""
+MEAN = Rule(lambda *m: all(0 <= x <= 1 for x in m), "three numbers in [0, 1] (pixels are 0..1)", items=3)
+STD = Rule(lambda *s: all(0.01 <= x <= 10 for x in s), "three numbers in [0.01, 10] (pixels are 0..1)", items=3)
+"""``data.std``'s rule: the pixels are divided by it, so a std of 0 or 1e-30 made every evaluation's loss nan
+(exit 0); real data's are 0.2-0.5."""
 
 
 @dataclass
@@ -116,7 +131,7 @@ class DataConfig:
     default, so the recipes' step counts are ImageNet's); a tfrecord run takes the count from ``dataset.json``."""
     synthetic_val_examples: int = ruled(512, COUNT)
     """Size of the fixed validation set of ``data.source=synthetic`` (the same images at any world size)."""
-    image_size: int = ruled(224, COUNT)
+    image_size: int = ruled(224, IMAGE_SIZE)
     """Side in pixels of the square training and validation images."""
     num_threads: int = ruled(0, Rule(lambda v: v >= 0, ">= 0 (0: the process's CPU share from its launcher)"))
     """DALI worker threads per process; 0: the process's CPU share from its launcher
@@ -125,7 +140,7 @@ class DataConfig:
     crop_scale: tuple = ruled((0.08, 1.0), CROP_SCALE)
     """Area fraction range of the random-resized crop."""
     crop_ratio: tuple = ruled(
-        (3 / 4, 4 / 3), Rule(lambda lo, hi: 0 < lo <= hi, "(low, high) with 0 < low <= high", pair=True)
+        (3 / 4, 4 / 3), Rule(lambda lo, hi: 0 < lo <= hi, "(low, high) with 0 < low <= high", items=2)
     )
     """Aspect ratio range (width / height) of the random-resized crop."""
     hflip: bool = True
@@ -184,9 +199,9 @@ class DataConfig:
     ``train.phases``, as fast.ai's last phase does). Needs a data set converted with the validation images'
     sizes (an older one is refused in one line with the fix); ``data.source=synthetic`` ignores it. See
     docs/PROGRESSIVE.md#rectangular-validation."""
-    mean: tuple = IMAGENET_MEAN
+    mean: tuple = ruled(IMAGENET_MEAN, MEAN)
     """Per-channel RGB mean subtracted from the pixels, in timm's 0..1 convention (ImageNet's)."""
-    std: tuple = IMAGENET_STD
+    std: tuple = ruled(IMAGENET_STD, STD)
     """Per-channel RGB standard deviation the pixels are divided by, 0..1 convention (ImageNet's)."""
     label_offset: int | None = None
     """Subtracted from stored labels; None takes it from ``dataset.json`` (1 for TF-made shards)."""
@@ -263,7 +278,7 @@ class OptimConfig:
     """Peak learning rate, reached at the end of warmup."""
     weight_decay: float = ruled(0.1, NON_NEGATIVE)
     """Applied to matrices only; biases, norms, pos-embed and cls token get none (and no trust ratio)."""
-    betas: tuple = ruled((0.9, 0.999), Rule(lambda a, b: 0 <= a < 1 and 0 <= b < 1, "two numbers in [0, 1)", pair=True))
+    betas: tuple = ruled((0.9, 0.999), Rule(lambda a, b: 0 <= a < 1 and 0 <= b < 1, "two numbers in [0, 1)", items=2))
     """Adam/LAMB moment decay rates (beta1, beta2)."""
     eps: float = ruled(1e-6, POSITIVE)
     """Added to the second moment's square root for stability."""
@@ -581,8 +596,8 @@ def check_ranges(cfg: Config, where: Callable[..., str]) -> None:
     ``where(key)``: whom the line blames (`vitlarge.config.checks.Where`)."""
     for key, rule in field_rules():
         value = _get_key(cfg, key)
-        if rule.pair:
-            if not (len(value) == 2 and all(map(_finite, value)) and rule.test(*value)):
+        if rule.items > 1:
+            if not (len(value) == rule.items and all(map(_finite, value)) and rule.test(*value)):
                 example = ",".join(f"{x:g}" for x in _get_key(Config(), key))
                 raise UserError(f"{where(key)}: '{key}' must be {rule.words}, got {value}; set it like {key}={example}")
         elif not (_finite(value) and rule.test(value)):

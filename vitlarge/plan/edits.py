@@ -108,6 +108,23 @@ def resume_plan(cfg: Config, plan: Plan, path, saved: dict, record: dict, step: 
     return ResumedPlan(new, tuple(_lines(cfg, new, plan, old_cfg, old, step, path)))
 
 
+def frozen_lr_line(cfg: Config, plan: Plan, step: int, path) -> str | None:
+    """One warning line when ``plan`` (the one a run resumed at ``step`` from checkpoint ``path`` continues with)
+    trains every step left at lr 0 because of a recorded continuation from lr 0, else None. A finished run extended
+    under ``schedule.on_edit=continue`` makes one (its resume says so once); a requeue then resumes exactly with no
+    other line, and a meta.json edited to hold one looks the same: each resume says it, so neither goes unsaid."""
+    c = plan.continues
+    if c is None or c.base_lr != 0 or step >= plan.total_steps:
+        return None
+    if plan.lr_at(cfg, step) != 0 or plan.lr_at(cfg, plan.total_steps - 1) != 0:
+        return None
+    return (
+        f"warning: {path}'s meta.json continues the lr from 0 at step {c.step + 1} (schedule.continues): the "
+        f"{plural(plan.total_steps - step, 'step')} left train at lr 0; resume with schedule.on_edit=recipe to take "
+        "this recipe's lr"
+    )
+
+
 def _continued(cfg: Config, plan: Plan, old_cfg: Config, old: Plan, step: int) -> Plan:
     """``plan``, continuing the lr the checkpoint's plan has at ``step`` where ``schedule.on_edit=continue`` and
     this recipe's would differ there: the checkpoint's own continuation where it still gives that lr (a requeue),

@@ -227,7 +227,7 @@ def test_meta_json_is_read_bounded(ckpt, kind):
     else:
         os.mkfifo(meta_file)
     problem = store.verify(ckpt)
-    expect = {"sparse 8 GB": "larger than the 67,108,864-byte cap", "/dev/zero": "symbolic link", "fifo": "FIFO"}[kind]
+    expect = {"sparse 8 GB": "larger than the 4,194,304-byte cap", "/dev/zero": "symbolic link", "fifo": "FIFO"}[kind]
     assert problem.startswith("meta.json ") and expect in problem
 
 
@@ -249,6 +249,13 @@ def test_meta_json_is_read_bounded(ckpt, kind):
         ({"format_version": "3"}, "checkpoint format 3, this vitlarge reads"),
         ({"optimizer_state": "yes"}, "optimizer_state is not true or false"),
         ({"step": 7}, "step 7 is not the folder's (step_0000001)"),
+        # Each of these changed the run, or cost time or memory out of proportion, with exit 0 (issue 56):
+        ({"line": "x" * 5000}, "line is 5,000 characters long, not a path (at most 4,096)"),
+        ({"config": {"data": {"std": [0, 0, 0]}}}, "'data.std' must be three numbers in [0.01, 10]"),
+        ({"config": {"data": {"std": [1e-30] * 3}}}, "'data.std' must be three numbers in [0.01, 10]"),
+        ({"config": {"data": {"image_size": 16384}}}, "'data.image_size' must be positive and at most 1,024"),
+        ({"config": {"train": {"phases": [{"epoch": 0, "eval_size": 16384}]}}}, "eval_size=16384 must be positive"),
+        ({"config": {"train": {"phases": [{}] * 1025}}}, "train.phases holds 1,025 entries, more than 1,024"),
     ],
 )
 def test_meta_json_values_are_checked_before_use(ckpt, changes, expect):
@@ -590,9 +597,10 @@ def test_a_recorded_config_no_recipe_may_give_is_passed_over_by_an_automatic_res
 @pytest.mark.parametrize(
     "config, expect",
     [
+        ({"data__image_size": 4000}, "'data.image_size' must be positive and at most 1,024, got 4000"),
         (
-            {"data__image_size": 4000},
-            "its meta.json records data.image_size=4000, but its weights are of a 16 px model (pos_embed [1, 17, 96]); "
+            {"data__image_size": 1000},
+            "its meta.json records data.image_size=1000, but its weights are of a 16 px model (pos_embed [1, 17, 96]); "
             "the file was edited or damaged: use another checkpoint",
         ),
         ({"train__epochs": 1e308}, "'train.epochs' must be positive and at most 1,000,000, got 1e+308"),

@@ -321,7 +321,7 @@ def _bad_value(rule: str) -> str:
     return "0" if rule == "positive" else "1.5" if rule.startswith("in [0, 1") else "-1"
 
 
-@pytest.mark.parametrize("key, rule", [(k, rule.words) for k, rule in field_rules() if not rule.pair])
+@pytest.mark.parametrize("key, rule", [(k, rule.words) for k, rule in field_rules() if rule.items == 1])
 def test_every_duration_count_and_rate_is_range_checked_with_the_fix(key, rule):
     """One line: the key, its rule (and what 0 means where 0 means something), the value, a valid setting."""
     bad = _bad_value(rule)
@@ -1010,3 +1010,34 @@ def test_a_read_back_config_with_a_huge_integer_is_one_line_and_a_long_override_
     with pytest.raises(UserError) as e:
         load_config(RECIPES / "demo_digits.py", override_files=[nul])
     assert str(e.value).startswith(f"{nul}: not Python (")  # no ':None' where the parser has no line
+
+
+@pytest.mark.parametrize(
+    "item, expect",
+    [
+        ("data.std=0,0,0", "'data.std' must be three numbers in [0.01, 10] (pixels are 0..1), got (0.0, 0.0, 0.0)"),
+        ("data.std=1e-30,1e-30,1e-30", "'data.std' must be three numbers in [0.01, 10]"),  # "top-1 9.72%, loss nan"
+        ("data.std=0.5,0.5", "'data.std' must be three numbers in [0.01, 10]"),
+        ("data.mean=2,0,0", "'data.mean' must be three numbers in [0, 1] (pixels are 0..1)"),
+        ("data.image_size=4096", "'data.image_size' must be positive and at most 1,024, got 4096"),
+    ],
+)
+def test_normalisation_and_image_sizes_are_held_to_the_schemas_bounds(item, expect):
+    """The bounds every file from elsewhere is checked against too (a checkpoint's meta.json, an export's
+    config.json: issue 56); the recipe's own check refuses a std that divides the pixels into nan."""
+    with pytest.raises(UserError) as e:
+        load_config(recipe("demo_digits"), [item])
+    assert expect in str(e.value) and "\n" not in str(e.value)
+
+
+def test_phase_sizes_and_the_phase_count_are_held_to_the_schemas_bounds():
+    from vitlarge.config.schema import MAX_PHASES
+
+    with pytest.raises(UserError, match=r"train.phases\[1\].eval_size=16384 must be positive and at most 1,024"):
+        load_config(recipe("demo_digits_progressive"), ["train.phases.1.eval_size=16384"])
+    cfg = load_config(recipe("demo_digits"))
+    cfg.train.phases = [{"epoch": i / 1000} for i in range(MAX_PHASES + 1)]
+    with pytest.raises(UserError, match=r"train.phases holds 1,025 entries, more than 1,024; a phase list names"):
+        validate(cfg)
+    cfg.train.phases = cfg.train.phases[:MAX_PHASES]
+    validate(cfg)  # the cap itself is a phase list

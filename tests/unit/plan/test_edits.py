@@ -12,7 +12,7 @@ import pytest
 from tests.helpers import ROOT
 from vitlarge.checkpoint.trust.meta import schedule_problem
 from vitlarge.config.load import load_config
-from vitlarge.plan.edits import resume_plan
+from vitlarge.plan.edits import frozen_lr_line, resume_plan
 from vitlarge.plan.plan import make_plan
 
 N = 1437  # the demo's training images
@@ -194,3 +194,23 @@ def test_a_crafted_schedule_record_is_one_line(record, says):
     problem = schedule_problem(record, step=44)
     assert problem is not None and says in problem
     assert schedule_problem({"num_train_examples": 5, "continues": {"step": 44, "base_lr": 0.1}}, 44) is None
+
+
+def test_a_continuation_from_lr_0_is_said_at_every_resume_not_only_the_first():
+    """A finished run extended under on_edit=continue trains the steps added at lr 0, said once when it resumes; its
+    requeues resumed exactly without a word, and a meta.json edited to hold ``continues.base_lr=0`` (issue 56: exit 0,
+    no line) looked the same. Both now say it at each resume; a continuation from a positive lr says nothing."""
+    old, new = config("train.epochs=4"), config("train.epochs=6")
+    extended = resume(old, 2, new, 2, step=88).plan
+    requeue = resume(new, 2, new, 2, step=100, record=extended.record())
+    assert requeue.exact and requeue.plan.continues == extended.continues
+    line = frozen_lr_line(new, requeue.plan, 100, PATH)
+    assert line == (
+        f"warning: {PATH}'s meta.json continues the lr from 0 at step 89 (schedule.continues): the 32 steps left "
+        "train at lr 0; resume with schedule.on_edit=recipe to take this recipe's lr"
+    )
+    crafted = make_plan(new, 2, N).record() | {"continues": {"step": 40, "base_lr": 0.0}}
+    assert schedule_problem(crafted, 44) is None  # a value the run itself writes (above): said, not refused
+    assert frozen_lr_line(new, resume(new, 2, new, 2, step=44, record=crafted).plan, 44, PATH) is not None
+    positive = make_plan(new, 2, N).record() | {"continues": {"step": 40, "base_lr": 1e-3}}
+    assert frozen_lr_line(new, resume(new, 2, new, 2, step=44, record=positive).plan, 44, PATH) is None

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from vitlarge import fileio
 from vitlarge.config.checks import check_read_back
-from vitlarge.config.schema import Config
+from vitlarge.config.schema import MAX_PHASES, Config
 from vitlarge.errors import UserError
 
 FORMAT_VERSION = 3
@@ -32,8 +32,13 @@ FORMAT_VERSION = 3
 READABLE_FORMATS = (1, 2, 3)
 STEP_DIR = re.compile(r"^step_(\d{7,})$")
 REQUIRED_META = ("step", "world_size", "model", "param_shapes")
-META_MAX_BYTES = 64 << 20
-"""meta.json's size cap: a 1024-rank ViT-H checkpoint's is about 0.3 MB (its config, shapes and file list)."""
+META_MAX_BYTES = 4 << 20
+"""meta.json's size cap: a 1024-rank ViT-H checkpoint's is about 0.3 MB (its config, shapes and file list; the
+list grows by ~140 bytes a rank, so some 28,000 ranks fit). JSON of empty objects makes ~25 bytes of objects
+per byte: a file at the cap costs ~100 MB to parse, whatever it holds."""
+LINE_MAX_CHARS = 4096
+"""The longest ``line`` (the path of the run a checkpoint continues) meta.json may hold: Linux's ``PATH_MAX``.
+Every later checkpoint copies it, so a 40 MB one was written again at each save."""
 MAX_WORLD_SIZE = 1 << 20
 MAX_STEP = 10**12
 MAX_EXAMPLES = 10**13
@@ -113,6 +118,8 @@ def problem_of(meta, path: Path | None = None) -> str | None:
             return f"meta.json's {key} is not true or false"
     if "line" in meta and meta["line"] is not None and not isinstance(meta["line"], str):
         return "meta.json's line is not a path"
+    if len(line := meta.get("line") or "") > LINE_MAX_CHARS:
+        return f"meta.json's line is {len(line):,} characters long, not a path (at most {LINE_MAX_CHARS:,})"
     if "schedule" in meta:
         problem = schedule_problem(meta["schedule"], step)
         if problem:
@@ -177,6 +184,9 @@ def _saved_config_problem(config: dict) -> str | None:
     continues from it and the evaluation evaluates as it says: a value no recipe may give (``train.micro_batch=0``,
     ``train.epochs=1e308``) makes the checkpoint unusable, passed over by an automatic resume. Keys it does not know
     (another version's) pass, as do Literal values of another version (their readers say what they make of them)."""
+    phases = config.get("train", {}).get("phases") if isinstance(config.get("train"), dict) else None
+    if isinstance(phases, list) and len(phases) > MAX_PHASES:  # counted before any entry is read
+        return f"meta.json's config: train.phases holds {len(phases):,} entries, more than {MAX_PHASES:,}"
     cfg = Config()
     for section, values in config.items():
         target = getattr(cfg, section, None)
