@@ -348,7 +348,11 @@ def shard_files(manifest: Manifest, split: str) -> list[tuple[str, str]]:
                 f"expected {s.bytes}); run {fix}"
             )
         try:
-            confined_size(index, root)
+            if confined_size(index, root) > index_max_bytes(s.num_records):  # not a line per record: never read
+                raise UserError(
+                    f"{index}: larger than {s.num_records:,} records' lines ({index_max_bytes(s.num_records):,} "
+                    f"bytes); a stale or padded DALI index: run {fix}"
+                )
             with open_regular(index) as f:
                 tiles = _index_tiles(f, s.num_records, size)
         except FileNotFoundError:
@@ -369,6 +373,12 @@ CONFINED_FIX = (
     "shards on another disk, point --data at the folder there (or a link to that folder): see docs/DATA.md"
 )
 INDEX_LINE_MAX = 48  # "offset size\n" with two integers below 2**64, and some spaces
+
+
+def index_max_bytes(num_records: int) -> int:
+    """The most bytes a DALI index of ``num_records`` records holds: a line of at most `INDEX_LINE_MAX` each (an
+    index padded with 200 MiB of blank lines passed its line count and was read whole)."""
+    return INDEX_LINE_MAX * max(1, num_records)
 
 
 def confined_size(path: str, root: str) -> int:

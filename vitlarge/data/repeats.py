@@ -37,6 +37,10 @@ import numpy as np
 from google.protobuf.message import DecodeError
 from tfrecord import example_pb2
 
+from vitlarge.data.manifest import index_max_bytes, make_index_fix
+from vitlarge.errors import UserError
+from vitlarge.fileio import UnsafeFile, read_capped
+
 if TYPE_CHECKING:
     from nvidia.dali.types import SampleInfo
 
@@ -141,8 +145,14 @@ class IndexedRecords:
         self._paths, offsets, sizes, owners = [], [], [], []
         for i, (path, index) in enumerate(shards):
             self._paths.append(path)
-            with open(index) as f:  # "offset size" per record
-                table = np.array(f.read().split(), dtype=np.int64).reshape(-1, 2)
+            # "offset size" per record; a record takes at least 16 bytes of its shard, so its index at most a line
+            # for each 16 bytes (`shard_files` holds it to the manifest's count before this reads it)
+            try:
+                text = read_capped(index, index_max_bytes(os.path.getsize(path) // 16))
+            except UnsafeFile as e:
+                fix = make_index_fix(os.path.dirname(path))
+                raise UserError(f"{index}: {e.strerror}; a stale or padded DALI index: run {fix}") from None
+            table = np.array(text.split(), dtype=np.int64).reshape(-1, 2)
             offsets.append(table[:, 0])
             sizes.append(table[:, 1])
             owners.append(np.full(len(table), i, dtype=np.int64))

@@ -503,6 +503,20 @@ def test_an_index_that_floods_memory_is_refused_within_its_budget(ckpt):
     assert peak < _budget(FLOOD) + (1 << 20), peak
 
 
+def test_no_pickle_is_budgeted_past_the_ceiling_whatever_its_size():
+    """The budget grew with the file alone (64 B a byte): a crafted ``.metadata`` at its 1 GiB size cap bought
+    64 GiB of objects. Now no pickle past `pickles.CEILING` (the largest real index's charge), and the refusal still
+    names the file's own size."""
+    from vitlarge.checkpoint.trust import pickles
+
+    at_cap = pickles.Budget(dcp_index.INDEX_MAX_BYTES, ".metadata")
+    assert at_cap.limit == pickles.CEILING < _budget(dcp_index.INDEX_MAX_BYTES)
+    assert pickles.Budget(20 << 20, ".metadata").limit == _budget(20 << 20)  # below it: as before
+    at_cap.left = 0
+    with pytest.raises(pickle.UnpicklingError, match=f"objects from its {dcp_index.INDEX_MAX_BYTES:,} bytes"):
+        at_cap.charge("EMPTY_DICT")
+
+
 def test_a_rank_files_pickle_that_floods_memory_is_refused_before_torch_load(ckpt):
     """The same flood in a rank file's data.pkl (torch's weights_only unpickler takes sets): its opcodes are charged
     before torch.load runs, building nothing."""

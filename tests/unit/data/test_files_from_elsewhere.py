@@ -195,7 +195,7 @@ def test_index_is_streamed_not_read_whole(data):
         f.truncate(256 << 20)  # 256 MB of zeros after the real lines: one f.read() would hold it all
     tracemalloc.start()
     try:
-        with pytest.raises(UserError, match="stale DALI index"):
+        with pytest.raises(UserError, match="stale or padded DALI index"):
             shard_files(load_manifest(str(data)), "train")
         peak = tracemalloc.get_traced_memory()[1]
     finally:
@@ -654,3 +654,20 @@ def test_a_record_whose_label_is_not_one_integer_is_one_line_naming_the_data_and
         f"); python -m data_tools.make_index {data} reads every record and names each bad one: re-copy or re-convert "
         "its shard"
     )
+
+
+def test_an_index_padded_with_blank_lines_is_refused_from_its_size_and_never_read_whole(data):
+    """An index padded with 200 MiB of newlines kept its "num_records lines" (blank lines skipped), passed the check
+    and was read whole by `IndexedRecords`: past a line per record (48 bytes each) it is refused unread."""
+    from vitlarge.data.repeats import IndexedRecords
+
+    files = shard_files(load_manifest(str(data)), "validation")
+    index = files[0][1]
+    with open(index, "ab") as f:
+        f.write(b"\n" * (1 << 20))
+    with pytest.raises(UserError) as e:
+        shard_files(load_manifest(str(data)), "validation")
+    assert one_line(e).startswith(f"{index}: larger than ") and "a stale or padded DALI index: run " in str(e.value)
+    with pytest.raises(UserError) as e:  # read by index without the check before it: bounded by the shard's size
+        IndexedRecords(files, world_size=1)
+    assert one_line(e).startswith(f"{index}: is larger than the ") and "a stale or padded DALI index" in str(e.value)

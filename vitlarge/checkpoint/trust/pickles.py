@@ -4,8 +4,9 @@ A pickle builds objects far larger than its bytes: ``MARK`` then one ``EMPTY_SET
 216-byte set per byte, so a 20 MB ``.metadata`` of them makes 5.3 GiB of objects before anything can look at
 them. Every opcode is charged here an upper bound of what it allocates (`cost`: the object it pushes, on CPython
 3.10-3.13 64-bit, and what holding it in a list, dict, set or the memo adds), and a pickle is refused in one line
-when its charge passes `Budget`'s limit, `FLOOR` plus `PER_BYTE` bytes for each byte of the pickle: a crafted
-file then takes at most about as much memory as a real one three times its size (`PER_BYTE`). The charge is
+when its charge passes `Budget`'s limit, `FLOOR` plus `PER_BYTE` bytes for each byte of the pickle, and never more
+than `CEILING`: a crafted file then takes at most about as much memory as a real one three times its size
+(`PER_BYTE`), and no file more than the largest real one. The charge is
 cumulative (what a real file makes and drops again counts too), so it overstates a real file's peak about twice.
 
 Two ways in, one price list: `charge_dispatch` wraps an unpickler's opcode table (the restricted ``.metadata``
@@ -27,6 +28,11 @@ PER_BYTE = 64
 """Bytes a pickle may take per byte of its own, beyond `FLOOR`. A real DCP index is charged 30-41 a byte (the
 demo's; ViT-B's index of 1, 16 and 128 FSDP ranks) and takes 18-20 (its peak under ``tracemalloc``), a rank
 file's ``data.pkl`` 9: a crafted pickle takes at most about 3x what a real index of its size takes."""
+
+CEILING = 16 << 30
+"""Bytes no pickle may take, whatever its size: the largest real index vitlarge writes (a 1024-rank FSDP ViT-H
+index, ~0.3 GB, charged up to 41 a byte: ~12 GB) fits under it, and a crafted file at ``.metadata``'s size cap
+(`vitlarge.checkpoint.trust.index.INDEX_MAX_BYTES`, 1 GiB) is held to it instead of the 64 GiB its size buys."""
 
 SLOT = 8  # a reference on the unpickler's stack, or in a list
 _OBJECT = {
@@ -91,16 +97,16 @@ class Budget:
     raises ``pickle.UnpicklingError`` in one line once it is spent."""
 
     def __init__(self, size: int, what: str):
-        self.limit = FLOOR + PER_BYTE * max(0, size)
+        self.size = max(0, size)
+        self.limit = min(CEILING, FLOOR + PER_BYTE * self.size)
         self.left = self.limit
         self.what = what
 
     def charge(self, name: str, items: int = 0, made: Any = None) -> None:
         self.left -= cost(name, items, made)
         if self.left < 0:
-            size = (self.limit - FLOOR) // PER_BYTE
             raise pickle.UnpicklingError(
-                f"{self.what} makes more than {self.limit:,} bytes of objects from its {size:,} bytes "
+                f"{self.what} makes more than {self.limit:,} bytes of objects from its {self.size:,} bytes "
                 "(refused: a real one makes far fewer)"
             )
 
