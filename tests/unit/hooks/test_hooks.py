@@ -320,6 +320,32 @@ def test_read_metrics_skips_lines_that_hold_no_record_of_ours(tmp_path):
     assert [{k: r[k] for k in ("event", "step")} for r in read_metrics(str(path))] == good
 
 
+def test_read_metrics_keeps_a_bounded_history_whatever_the_file_holds(tmp_path):
+    """48 MiB of minimal records (every one a step of its own) added ~1 GB to the summary and the plot: past
+    `KEEP_RECORDS` of one event (here 1,000: the same code at a size that runs fast) the steps are thinned, the
+    newest and the other events' records kept; lines of other events, and lines that are not records, are not
+    kept. The large file's before -> after: issue 56's closing note."""
+    path, keep, n = tmp_path / "metrics.jsonl", 1000, 3007
+    starts = [{"event": "start", "step": 0, "steps_per_epoch": 10}, {"event": "start", "step": 0}]
+    with open(path, "w") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in starts) + "{}\n" * 100 + '{"event":"other","step":1}\n' * 100)
+        f.write("".join(f'{{"event":"train","step":{s}}}\n' for s in range(1, n + 1)))
+        f.write(f'{{"event":"eval","step":{n},"val_top1":0.5}}\n' + '{"event":"end","step":1}\n' * 2 * keep)
+    recs = read_metrics(str(path), keep=keep)
+    train = [r["step"] for r in recs if r["event"] == "train"]
+    assert keep // 2 <= len(train) <= keep and train[-1] == n and train == sorted(train)
+    assert all(s % 4 == 0 for s in train[:-1])  # thinned twice: every 4th step
+    assert recs[0] == starts[0] and len(recs) - len(train) - 1 <= keep  # the first start, the newest start/end records
+    assert {r["event"] for r in recs} == {"start", "train", "eval", "end"}
+
+
+def test_read_metrics_keeps_a_bounded_number_of_bytes_of_long_records(tmp_path):
+    path, pad = tmp_path / "metrics.jsonl", "x" * 10_000
+    path.write_text("".join(json.dumps({"event": "train", "step": s, "pad": pad}) + "\n" for s in range(1, 65)))
+    recs = read_metrics(str(path), keep_bytes=100_000)
+    assert sum(len(r["pad"]) for r in recs) <= 100_000 and recs[-1]["step"] == 64
+
+
 def test_jsonl_non_main_rank_writes_nothing(tmp_path):
     hook, run = JsonlHook(str(tmp_path / "w")), make_run(tmp_path, rank=1, is_main=False)
     hook.on_train_start(run)
