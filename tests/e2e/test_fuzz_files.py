@@ -1,5 +1,5 @@
-"""Random mutations of the real files vitlarge reads from elsewhere (meta.json, DCP's .metadata, rank files,
-the loader state, dataset.json, TFRecord headers, a workdir's mlflow.db and the trackers' names beside it,
+"""Random mutations of the real files vitlarge reads from elsewhere (meta.json, its phase list and schedule record,
+an export's config.json, DCP's .metadata, rank files, the loader state, dataset.json, TFRecord headers, a workdir's mlflow.db and the trackers' names beside it,
 overrides files, the loader state's DALI fields, TFRecord payloads), a fixed seed, a few hundred per format: each
 ends in a clean pass or one line (`UserError`, exit 2 at the CLIs; a tracker's warning line), touches nothing
 outside its scratch folder, starts no process, connects to nothing, and answers within the driver's alarm; each
@@ -20,7 +20,16 @@ CASE_PEAK_MIB = 2048
 """One case's peak RSS (the kernel's high-water mark, reset before each case), the process's own ~1.1 GiB (torch,
 DALI, MLflow loaded) included: 1.05-1.2 GiB measured (AMD EPYC, 2 cores); a crafted file that took memory out of
 proportion to its size (a YAML alias bomb, a flooded pickle) would go past it."""
-FORMATS = ("meta.json", ".metadata", "rank file", "loader state", "dataset.json", "TFRecord headers")
+FORMATS = (
+    "meta.json",
+    "export config.json",
+    "meta.json phases and schedule",
+    ".metadata",
+    "rank file",
+    "loader state",
+    "dataset.json",
+    "TFRecord headers",
+)
 TRACKERS = ("mlflow.db", "tracker names")
 OVERRIDES_AND_DATA = ("YAML overrides", ".py overrides", "loader state DALI fields", "TFRecord payloads")
 

@@ -4,7 +4,7 @@
 and data set under SCRATCH, then for each format feeds ``CASES`` random mutations of the real file (a
 fixed seed per format: a format's first N cases do not depend on CASES) to the entry points that read it,
 as a user's command would (evaluate's and init_from's weight reads, then an automatic resume and its
-restore; the loader; make_index and the manifest; the MLflow hook over a workdir's own store; an overrides file's
+restore; an export's config.json as evaluate reads it; meta.json's phase list and schedule record; the loader; make_index and the manifest; the MLflow hook over a workdir's own store; an overrides file's
 load and the model it sizes; a loader state's DALI fields and a shard's record payloads through the loader).
 ``FORMAT ...`` after CASES runs only those formats. Each case must end in a clean pass or a one-line `UserError`
 (what the CLIs turn into exit 2; for a tracker, its one warning line, training going on); anything else is
@@ -114,6 +114,21 @@ JUNK = [
     [1, 2],
     {"a": 1},
     "x" * 300,
+]
+
+
+SIDES = [0, 1, 15, 16, 18, 32, 256, 1024, 1025, 4096, 16384, 1 << 40, -16]
+"""Image sides a file may state: whole patches of 4 (the demo model's) and not, up to and past `MAX_IMAGE_SIZE`."""
+EXPORT_KEYS = ["img_size", "input_size", "mean", "std", "crop_pct"]
+PHASE_VALUE_KEYS = [
+    "image_size",
+    "eval_size",
+    "global_batch",
+    "micro_batch",
+    "lr_scale",
+    "lr",
+    "crop_scale",
+    "rect_val",
 ]
 
 
@@ -708,8 +723,96 @@ def main(scratch: str, demo_data: str, seed: int, cases: int, only: list[str] | 
         manifest = load_manifest(str(d))
         shard_files(manifest, "train")
 
+    from vitlarge.checkpoint.export import export
+    from vitlarge.checkpoint.trust import layout
+    from vitlarge.config.checks import check_read_back
+    from vitlarge.config.phase_list import final_eval_size
+    from vitlarge.config.schema import IMAGE_SIZE
+    from vitlarge.evaluate import as_exported, as_trained
+    from vitlarge.model.vit import build_model
+    from vitlarge.plan.plan import evaluation_plan
+
+    exported = export(SCRATCH / "export", model, cfg)
+
+    def believed(c, size: int | None = None) -> None:
+        """After a pass: what the file made of the config breaks none of the schema's rules (checked before anything
+        is built at it), else a failure: a size or a std a file stated was believed."""
+        try:
+            check_read_back(c, "the config as read")
+        except UserError as e:
+            raise AssertionError(f"believed a value outside the schema's rules ({e})") from None
+        if size is not None and not IMAGE_SIZE.test(size):
+            raise AssertionError(f"believed an evaluation size of {size}")
+
+    def export_config(case):
+        """An export's config.json, read as vitlarge-evaluate reads it: the sizes and preprocessing it states
+        (`as_exported`), then the model built at them and the weights loaded (the evaluation itself at that size
+        is e2e/test_evaluate.py's)."""
+        d = SCRATCH / f"case{case}" / "model"
+        shutil.copytree(exported, d)
+        raw = (d / "config.json").read_bytes()
+        doc = json.loads(raw)
+        how = rng.random()
+        if how < 0.5:  # a value of the kind each key holds, in or out of the schema's bounds
+            key, side = rng.choice(EXPORT_KEYS), rng.choice(SIDES)
+            value = {
+                "img_size": side,
+                "input_size": [3, side, side],
+                "mean": [rng.choice([0, 0.5, 2, -1, 1e308])] * 3,
+                "std": [rng.choice([0, 1e-30, 0.2, 100, -0.2])] * 3,
+                "crop_pct": rng.choice([0, 0.9, 7, -1]),
+            }[key]
+            doc["model_args" if key == "img_size" else "pretrained_cfg"][key] = value
+            raw = dump(doc)
+        else:
+            raw = dump(mutate_doc(doc, rng)) if how < 0.85 else mutate_bytes(raw, rng)
+        (d / "config.json").write_bytes(raw)
+        c = copy.deepcopy(cfg)
+        believed(c, as_exported(c, d)[1])
+        ckpt_weights.load_model_weights(d, build_model(c), c)
+        final_eval_size(c)
+
+    def meta_phases_and_schedule(case):
+        """meta.json's phase list (up to past `MAX_PHASES` entries, sizes past `MAX_IMAGE_SIZE`) or its schedule
+        record, read by evaluate (the config as trained and the phase it evaluates at) and by `read_checkpoint`."""
+        path = fresh_checkpoint(case)
+        meta = json.loads((path / "meta.json").read_bytes())
+        if rng.random() < 0.5:
+            phases = []
+            for i in range(rng.choice([1, 2, 3, 1024, 1025, 5000])):
+                entry = {"epoch": rng.choice([i / 1000, i / 1000, i, -1, 1e308, "x"])}
+                for k in rng.sample(PHASE_VALUE_KEYS, rng.randint(0, 3)):
+                    entry[k] = rng.choice(SIDES + JUNK[:8])
+                phases.append(entry)
+            meta["config"]["train"]["phases"] = phases
+        else:
+            lr = rng.choice([0, 0.0, 1e-3, -1, 1e308, float("inf"), "x", None])
+            continues = rng.choice([None, {"step": rng.choice([0, 1, 2, -1]), "base_lr": lr}, [], "x"])
+            meta["schedule"] = {"num_train_examples": rng.choice([1437, 0, 10**14, None, "x"]), "continues": continues}
+        (path / "meta.json").write_bytes(dump(meta))
+
+        def evaluate_reads():
+            c = copy.deepcopy(cfg)
+            as_trained(c, layout.read_meta(path).get("config", {}))
+            believed(c)
+            evaluation_plan(c, 1, 1437)
+            final_eval_size(c)
+
+        refused = None
+        for entry in (evaluate_reads, lambda: read_checkpoint(path)):
+            try:
+                entry()
+            except UserError as e:
+                refused = refused or e
+        if refused:
+            raise refused
+
     formats = {
         "meta.json": (meta_json, cases),
+        # Each case a read of the folder's files and a model of its own (~0.1 s): half the cases.
+        "export config.json": (export_config, max(cases // 2, 10)),
+        # Each case the reads of a whole checkpoint (~0.5 s): a quarter, beside meta.json's own 200.
+        "meta.json phases and schedule": (meta_phases_and_schedule, max(cases // 4, 10)),
         ".metadata": (index, cases),
         "rank file": (rank_file, cases),
         "loader state": (loader_state, cases),
