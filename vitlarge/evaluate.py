@@ -20,7 +20,7 @@ from typing import NoReturn, TypeGuard
 from vitlarge.checkpoint.trust import layout
 from vitlarge.config.load import load_config
 from vitlarge.config.phase_list import entries, final_eval_size, patch_size
-from vitlarge.config.schema import IMAGE_SIZE, DataConfig, rule_of
+from vitlarge.config.schema import IMAGE_SIZE, MAX_EVAL_SCALE, DataConfig, rule_of
 from vitlarge.data.manifest import load_manifest
 from vitlarge.distributed import threads
 from vitlarge.distributed.process import main_then_leave
@@ -153,6 +153,13 @@ def as_exported(cfg, folder: Path) -> tuple[list[str], int | None]:
             "pretrained_cfg.input_size",
             [3, size, size],
             f"sides a multiple of the patch size {patch_size(cfg)}",
+        )
+    if size is not None and size > MAX_EVAL_SCALE * cfg.data.image_size:
+        raise _refused(
+            folder / "config.json",
+            "pretrained_cfg.input_size",
+            [3, size, size],
+            f"at most {MAX_EVAL_SCALE}x the model's side ({cfg.data.image_size} px)",
         )
     if size is not None and size != cfg.data.image_size:
         cfg.model.kwargs = {**cfg.model.kwargs, "dynamic_img_size": True}

@@ -615,11 +615,12 @@ def main(scratch: str, demo_data: str, seed: int, cases: int, only: list[str] | 
             shutil.copyfile(f, dest / f.name)
         return dest
 
-    def read_checkpoint(path: Path, weight_reads: bool = True) -> None:
+    def read_checkpoint(path: Path, weight_reads: bool = True, first=None) -> None:
         """Evaluate's and init_from's reads, then an automatic resume and its restore, of the same folder;
         raises the first `UserError` any of them raised (each one is still run). The resume goes last: it
         moves a checkpoint that fails its check aside, after which the reads would only see a missing folder.
-        ``weight_reads=False``: the resume only, for a file the weight reads never open (a rank file)."""
+        ``weight_reads=False``: the resume only, for a file the weight reads never open (a rank file); ``first``: a
+        reader of the folder run before them all (evaluate's reading of meta.json)."""
 
         def resume_and_restore():
             m, o, s = make(cfg)
@@ -632,7 +633,7 @@ def main(scratch: str, demo_data: str, seed: int, cases: int, only: list[str] | 
             lambda: ckpt_weights.load_model_weights(path, make(cfg)[0], cfg),
             lambda: init_from.read_state_dict(path),
         )
-        for entry in (*(weights if weight_reads else ()), resume_and_restore):
+        for entry in (*((first,) if first else ()), *(weights if weight_reads else ()), resume_and_restore):
             try:
                 entry()
             except UserError as e:
@@ -798,14 +799,7 @@ def main(scratch: str, demo_data: str, seed: int, cases: int, only: list[str] | 
             evaluation_plan(c, 1, 1437)
             final_eval_size(c)
 
-        refused = None
-        for entry in (evaluate_reads, lambda: read_checkpoint(path)):
-            try:
-                entry()
-            except UserError as e:
-                refused = refused or e
-        if refused:
-            raise refused
+        read_checkpoint(path, first=evaluate_reads)
 
     formats = {
         "meta.json": (meta_json, cases),

@@ -128,6 +128,7 @@ def _export_with(tmp_path, **edits):
         ("pretrained_cfg__mean", [300, 0, 0]),
         ("pretrained_cfg__crop_pct", 7),
         ("pretrained_cfg__input_size", [3, 18, 18]),  # not whole patches of 4: timm's AssertionError
+        ("pretrained_cfg__input_size", [3, 256, 256]),  # 16x the 16 px grid: 1.6 GB blocks for 64 images
     ],
 )
 def test_an_export_config_json_value_outside_the_schemas_rules_is_one_line_naming_it(tmp_path, key, value):

@@ -71,6 +71,10 @@ export's config.json) may state: above every ImageNet ViT (timm's largest take 4
 1.5x its training size), while one evaluation batch at 4,096 px took more than 7 GiB. Checked before any model or
 pipeline is built at the size."""
 IMAGE_SIZE = Rule(lambda v: 1 <= v <= MAX_IMAGE_SIZE, f"positive and at most {MAX_IMAGE_SIZE:,}")
+MAX_EVAL_SCALE = 2
+"""An evaluation's side is at most this many times the side its model trains at (a phase's ``image_size``, an
+export's ``img_size``; FixRes evaluates at 1.15-1.75x): tokens grow with its square and attention with theirs, so
+the 16 px demo model's export evaluated at 256 px asked for 1.6 GB blocks for 64 images."""
 """``data.image_size``'s rule, and a phase's ``image_size`` and ``eval_size`` (`vitlarge.config.phase_list`)."""
 MAX_PHASES = 1024
 """The most entries ``train.phases`` may hold (a recipe's, or a meta.json's, counted before any entry is read):

@@ -1035,6 +1035,10 @@ def test_phase_sizes_and_the_phase_count_are_held_to_the_schemas_bounds():
 
     with pytest.raises(UserError, match=r"train.phases\[1\].eval_size=16384 must be positive and at most 1,024"):
         load_config(recipe("demo_digits_progressive"), ["train.phases.1.eval_size=16384"])
+    with pytest.raises(
+        UserError, match=r"train.phases\[2\].eval_size=64 is more than 2x its image_size=16; evaluate at"
+    ):
+        load_config(recipe("demo_digits_progressive"), ["train.phases.2.eval_size=64"])
     cfg = load_config(recipe("demo_digits"))
     cfg.train.phases = [{"epoch": i / 1000} for i in range(MAX_PHASES + 1)]
     with pytest.raises(UserError, match=r"train.phases holds 1,025 entries, more than 1,024; a phase list names"):
