@@ -64,7 +64,17 @@ MANIFEST_CAP = 2**20
 """The largest manifest.json read (pack's for 15 wheels and 5 parts: 3 KB); a longer file is refused unread."""
 PAYLOAD_LIMIT = 2**30
 """The largest bundle joined (15 wheels of DALI and Colossal-AI: 231 MiB; a 15-minute session carries at most
-about 35 parts, 2 GiB, in its calls of one part each): what the stage's disk and the tar reader may be asked for."""
+about 35 parts, 2 GiB, in its calls of one part each): what the stage's disk may be asked for."""
+EXTENDED_HEADER_LIMIT = 64 * 1024
+"""The largest pax or GNU long-name header in the joined tar. tarfile holds one whole and parses it with a regular
+expression (100 MiB: 21 s and 330 MB); pack writes a few hundred bytes (a name over 100 characters)."""
+EXTENDED = (
+    tarfile.XHDTYPE,
+    tarfile.XGLTYPE,
+    tarfile.SOLARIS_XHDTYPE,
+    tarfile.GNUTYPE_LONGNAME,
+    tarfile.GNUTYPE_LONGLINK,
+)
 BUNDLES = {"dali": "requirements/gpu-dali.txt", "colossalai": "requirements/gpu-kit.txt"}
 """Each bundle's wheels come from one requirements file; all install into one folder."""
 PLATFORMS = (
@@ -478,12 +488,29 @@ def _join(m: dict, stage: Path, tmp: Path, tar_path: Path) -> None:
         raise PartsError(f"{tar_path}: the joined parts' sha256 is not the manifest's; send every part again")
 
 
+def _check_headers(tmp: Path, tar_path: Path) -> None:
+    """Walks the joined tar's 512-byte headers before tarfile parses them: an extended header over
+    `EXTENDED_HEADER_LIMIT` is refused, so no header costs more memory or time than pack's would."""
+    with open_regular(tmp, follow=False) as f:
+        while (block := f.read(tarfile.BLOCKSIZE)) and block.strip(b"\0"):
+            info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")  # a HeaderError: not a tar
+            if info.size < 0:  # base-256 allows it; seeking back would read this header again, forever
+                raise tarfile.HeaderError(f"a header's size is {info.size}")
+            if info.type in EXTENDED and info.size > EXTENDED_HEADER_LIMIT:
+                raise PartsError(
+                    f"{tar_path}: an extended header of {info.size:,} bytes (pack writes a few hundred): not a "
+                    "bundle pack wrote; pack again, send every part"
+                )
+            f.seek(-(-info.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE, os.SEEK_CUR)
+
+
 def _extract(m: dict, tmp: Path, tar_path: Path, into: Path) -> None:
     """Each member of the joined tar into ``into``: only the wheels the manifest lists (so only names inside
     ``into``), each once, at its size and sha256, then none missing."""
     expected = {w["path"]: w for w in m["wheels"]}
     done: set[str] = set()
     try:
+        _check_headers(tmp, tar_path)
         with tarfile.open(tmp, "r:") as tar:  # pack's: uncompressed
             for member in tar:
                 w = expected.get(member.name)
