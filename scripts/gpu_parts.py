@@ -280,10 +280,22 @@ def check_manifest(m: object, path: Path) -> None:
         if not isinstance(v, str) or not SHA256.fullmatch(v):
             bad(key, f"is {show(v)}, not a sha256 (64 lowercase hexadecimal digits)")
 
-    def entries(v: object, key: str) -> list:
+    def listed(v: object, key: str, name_key: str, pattern: re.Pattern, what: str, most: int) -> int:
+        """Each entry of list ``key``: ``name_key`` a distinct match of ``pattern``, ``bytes`` from 1 to ``most``,
+        ``sha256``; returns their bytes' sum."""
         if not isinstance(v, list) or not v:
             bad(key, f"is {show(v)}, not a list of one or more entries")
-        return v
+        seen: set[str] = set()
+        total = 0
+        for i, e in enumerate(v):
+            e = obj(e, f"{key}[{i}]")
+            name = e.get(name_key)
+            if not isinstance(name, str) or not pattern.fullmatch(name) or name in seen:
+                bad(f"{key}[{i}].{name_key}", f"is {show(name)}, not {what} of its own")
+            seen.add(name)
+            total += size(e, f"{key}[{i}].bytes", most)
+            sha(e, f"{key}[{i}].sha256")
+        return total
 
     if not isinstance(m, dict):
         raise PartsError(f"{path} is not a {FORMAT} manifest (a JSON object)")
@@ -297,26 +309,10 @@ def check_manifest(m: object, path: Path) -> None:
         bad("payload.name", f"is {show(name)}, not a plain file name ending .tar (the stage's name the parts join in)")
     total = size(payload, "payload.bytes", PAYLOAD_LIMIT)
     sha(payload, "payload.sha256")
-    names: set[str] = set()
-    joined = 0
-    for i, p in enumerate(entries(m.get("parts"), "parts")):
-        p = obj(p, f"parts[{i}]")
-        if not isinstance(p.get("name"), str) or not PART_NAME.fullmatch(p["name"]) or p["name"] in names:
-            bad(f"parts[{i}].name", f"is {show(p.get('name'))}, not part-NN of its own")
-        names.add(p["name"])
-        joined += size(p, f"parts[{i}].bytes", TRAVEL_LIMIT)
-        sha(p, f"parts[{i}].sha256")
+    joined = listed(m.get("parts"), "parts", "name", PART_NAME, "part-NN", TRAVEL_LIMIT)
     if joined != total:
         bad("payload.bytes", f"is {total:,}, not the parts' {joined:,}")
-    paths: set[str] = set()
-    inside = 0
-    for i, w in enumerate(entries(m.get("wheels"), "wheels")):
-        w = obj(w, f"wheels[{i}]")
-        if not isinstance(w.get("path"), str) or not WHEEL_PATH.fullmatch(w["path"]) or w["path"] in paths:
-            bad(f"wheels[{i}].path", f"is {show(w.get('path'))}, not a <bundle>/<file>.whl of its own")
-        paths.add(w["path"])
-        inside += size(w, f"wheels[{i}].bytes", total)
-        sha(w, f"wheels[{i}].sha256")
+    inside = listed(m.get("wheels"), "wheels", "path", WHEEL_PATH, "a <bundle>/<file>.whl", total)
     if inside > total:
         bad("wheels", f"hold {inside:,} bytes, more than the payload's {total:,}")
 
