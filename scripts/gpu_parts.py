@@ -63,8 +63,8 @@ between packing and sending."""
 MANIFEST_CAP = 2**20
 """The largest manifest.json read (pack's for 15 wheels and 5 parts: 3 KB); a longer file is refused unread."""
 PAYLOAD_LIMIT = 2**30
-"""The largest bundle joined (15 wheels of DALI and Colossal-AI: 231 MiB; a 15-minute session carries at most
-about 35 parts, 2 GiB, in its calls of one part each): what the stage's disk may be asked for."""
+"""The largest bundle joined, four times the 15 wheels of DALI and Colossal-AI (231 MiB): what the stage's disk
+may be asked for."""
 EXTENDED_HEADER_LIMIT = 64 * 1024
 """The largest pax or GNU long-name header in the joined tar. tarfile holds one whole and parses it with a regular
 expression (100 MiB: 21 s and 330 MB); pack writes a few hundred bytes (a name over 100 characters)."""
@@ -261,7 +261,10 @@ def check_manifest(m: object, path: Path) -> None:
         raise PartsError(f"{path}: {key} {why}; carry the manifest.json pack wrote with these parts")
 
     def show(v: object) -> str:
-        r = repr(v)
+        try:
+            r = repr(v)
+        except RecursionError:  # nested as deep as json.loads allows, a few frames below here
+            r = type(v).__name__
         return r if len(r) <= 40 else r[:37] + "..."
 
     def obj(v: object, key: str) -> dict:
