@@ -22,7 +22,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-GPU_HOME=${VITLARGE_GPU_HOME:-$HOME/.cache/vitlarge-gpu}
+GPU_HOME=${VITLARGE_GPU_HOME:-~/.cache/vitlarge-gpu} # ~: HOME, or where HOME is unset the passwd entry's
 SITE=${VITLARGE_GPU_SITE:-$GPU_HOME/site}
 STAGE=${VITLARGE_GPU_STAGE:-$GPU_HOME/parts}
 BENCH=${VITLARGE_GPU_BENCH:-$GPU_HOME/bench}
