@@ -97,7 +97,8 @@ class Kubelet:
         log = self.tmp / f"{pod.hostname}.{len(self.ends[i])}.log"
         self.logs.append(log)
         env = {**launcher.env(), **pod.env}
-        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+        with open(log, "w") as out:
+            proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
         self.procs[i : i + 1] = [proc]
 
     def preempt(self, i: int) -> None:
