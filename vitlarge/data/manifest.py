@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import array
 import errno
+import itertools
 import json
 import operator
 import os
@@ -338,8 +339,9 @@ def split_sizes(manifest: Manifest, split: str) -> list[tuple[int, int]] | None:
     heights, widths = array.array("I"), array.array("I")
     for s in shards:
         if s.sizes is not None:
-            heights.extend(h for h, _ in s.sizes)
-            widths.extend(w for _, w in s.sizes)
+            sides = array.array("I", itertools.chain.from_iterable(s.sizes))
+            heights.extend(sides[::2])
+            widths.extend(sides[1::2])
             continue
         assert s.sizes_file is not None
         path = os.path.join(d, s.sizes_file)
@@ -378,7 +380,7 @@ def split_sizes(manifest: Manifest, split: str) -> list[tuple[int, int]] | None:
 
 def sizes_bytes(sizes: tuple[tuple[int, int], ...]) -> bytes:
     """A sizes file's bytes: each ``(height, width)`` as two little-endian uint32."""
-    sides = array.array("I", (x for pair in sizes for x in pair))
+    sides = array.array("I", itertools.chain.from_iterable(sizes))
     if sys.byteorder != "little":
         sides.byteswap()
     return sides.tobytes()
