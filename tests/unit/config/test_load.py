@@ -6,6 +6,7 @@ an unquoted ``bash -c``): tuples as ``a,b``, dict entries and phases by dotted k
 The plan derived from a config is in tests/unit/plan/test_plan.py; train.py's own handling of a
 bad override in tests/e2e/test_train_cli.py."""
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -1010,3 +1011,27 @@ def test_a_read_back_config_with_a_huge_integer_is_one_line_and_a_long_override_
     with pytest.raises(UserError) as e:
         load_config(RECIPES / "demo_digits.py", override_files=[nul])
     assert str(e.value).startswith(f"{nul}: not Python (")  # no ':None' where the parser has no line
+
+
+def test_a_recipes_folder_never_goes_on_the_import_path(tmp_path, monkeypatch):
+    """``--config D/myrecipes/mine.py`` put D first on ``sys.path``, so a ``D/timm.py`` (any name imported later)
+    ran instead of the package. A recipe of one's own is loaded from its file alone; one in a folder with an
+    ``__init__.py`` imports its siblings relatively (``from .common import ...``), and neither folder is searched for
+    any other import."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    planted = "_vitlarge_planted_by_a_recipe_folder"
+    for d in (tmp_path, tmp_path / "myrecipes", tmp_path / "pkg"):
+        d.mkdir(exist_ok=True)
+        (d / f"{planted}.py").write_text("raise SystemExit('planted module ran')\n")
+    mine = tmp_path / "myrecipes" / "mine.py"
+    mine.write_text("from vitlarge.recipes.demo_digits import config as base\n\n\ndef config():\n    return base()\n")
+    assert load_recipe(mine) == load_recipe(recipe("demo_digits"))
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "common.py").write_text("EPOCHS = 7\n")
+    (tmp_path / "pkg" / "mine.py").write_text(
+        "from vitlarge.recipes.demo_digits import config as base\n\nfrom .common import EPOCHS\n\n\n"
+        "def config():\n    c = base()\n    c.schedule.total_epochs = EPOCHS\n    return c\n"
+    )
+    assert load_recipe(tmp_path / "pkg" / "mine.py").schedule.total_epochs == 7
+    assert not {str(tmp_path), str(tmp_path / "myrecipes"), str(tmp_path / "pkg")} & set(sys.path)
+    assert importlib.util.find_spec(planted) is None
