@@ -122,14 +122,6 @@ def peak_section(device: torch.device, n: int) -> dict:
     }
 
 
-def mfu(flops_per_s: float, peak: dict, dtype: str) -> dict:
-    sheet = peak["datasheet"]
-    return {
-        "vs_measured_matmul": round(flops_per_s / peak["measured"][dtype]["flops_per_s"], 4),
-        "vs_datasheet": round(flops_per_s / sheet["dense_bf16_fp16_flops"], 4) if sheet else None,
-    }
-
-
 COMPILE_SKIPPED = "not compiled under --tiny (compiling takes about a minute on a CPU): the eager engine's code"
 
 
@@ -201,7 +193,7 @@ def train_section(device: torch.device, path: str, s: dict, peak: dict, tiny: bo
             "images_per_s": round(ips, 3),
             "peak_memory_bytes": memory[name],
             "skipped_steps": made[name].skipped - skipped_before[name],
-            "mfu": mfu(ips * per_image, peak, name.rsplit("_", 1)[1]),
+            "mfu": dev.mfu(ips * per_image, peak, name.rsplit("_", 1)[1]),
         }
     for prec in ("bf16", "fp16"):
         res[f"vitlarge_{prec}"]["vs_bare"] = round(
@@ -337,7 +329,7 @@ def large_section(device: torch.device, path: str, s: dict, peak: dict, tiny: bo
                 images_per_s=round(ips, 3),
                 params=info["params"],
                 peak_memory_bytes=dev.peak_since_reset(device),
-                mfu=mfu(ips * 3 * info["fwd_flops"], peak, "bf16"),
+                mfu=dev.mfu(ips * 3 * info["fwd_flops"], peak, "bf16"),
             )
         out[recipe] = entry
         del run

@@ -117,8 +117,6 @@ def _make(cfg, device: torch.device, path: str, bare: bool):
 def measure_row(cfg, spec: dict, device: torch.device, path: str, s: dict, peak: dict, flops_per_image: float) -> dict:
     """One row: build, warm up (compiling), time ``s['rounds']`` rounds of ``s['steps']`` steps under the clock
     sampler, then profile ``s['profile_steps']`` steps."""
-    from benchmarks.gpu.kit import mfu
-
     dev.free_memory(device)
     base = dev.allocated(device)
     dev.reset_peak(device)
@@ -146,7 +144,7 @@ def measure_row(cfg, spec: dict, device: torch.device, path: str, s: dict, peak:
         "images_per_s": round(ips, 3),
         "build_and_warmup_s": round(warm_s, 1),
         "peak_memory_bytes": memory,
-        "mfu": mfu(ips * flops_per_image, peak, spec["precision"] if spec["precision"] != "fp32" else "bf16"),
+        "mfu": dev.mfu(ips * flops_per_image, peak, spec["precision"] if spec["precision"] != "fp32" else "bf16"),
         "attention_chosen": chosen.backend if chosen else "not chosen by vitlarge (the bare loop)",
         "clocks": clocks.summary(),
         "breakdown": prof.breakdown(trainer.step, device, s["profile_steps"]),
