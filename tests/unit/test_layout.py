@@ -187,3 +187,16 @@ def test_an_import_inside_a_function_says_what_it_keeps_off_which_path():
     assert not unsaid, f"{len(unsaid)} imports inside functions without '# lazy: <what it keeps off which path>':\n" + (
         "\n".join(unsaid)
     )
+
+
+def test_few_functions_take_many_parameters():
+    """A function that needs many values takes the spec that holds them (STYLE.md 17-19): at most
+    `AT_MOST_MANY` functions of the checkout (every package, tests and train.py) take more than `MANY_PARAMETERS`
+    parameters, none more than `MOST_PARAMETERS`. Counted as scripts/structure_report.py counts: every parameter but
+    ``self``/``cls``, ``*args`` and ``**kwargs`` one each."""
+    from scripts.structure_report import AT_MOST_MANY, MANY_PARAMETERS, MOST_PARAMETERS, many_parameters
+
+    many = many_parameters(ROOT)
+    listing = "\n".join(f"  {n:3d}  {where}" for n, where in many)
+    assert len(many) <= AT_MOST_MANY, f"{len(many)} functions take more than {MANY_PARAMETERS} parameters:\n{listing}"
+    assert all(n <= MOST_PARAMETERS for n, _ in many), f"over {MOST_PARAMETERS} parameters:\n{listing}"
