@@ -102,6 +102,7 @@ def test_a_script_reading_the_table_is_told_once_on_stderr_that_the_json_is_json
     out, err = capsys.readouterr()
     assert out == table("runs/x/model", None, 16, METRICS) + "\n"
     assert err.splitlines() == [JSON_MOVED] and "--json" in JSON_MOVED
+    assert f"`{JSON_MOVED}`" in (ROOT / "CHANGELOG.md").read_text()  # the change it points to is recorded there
     show(METRICS, "runs/x/model", None, 16, as_json=True)
     out, err = capsys.readouterr()
     assert json.loads(out) == METRICS and out.count("\n") == 1 and err == ""
