@@ -251,7 +251,7 @@ def drive_mlflow(workdir: Path, flush_timeout_s: float = 20) -> None:
     import logging
 
     from hooks import MlflowHook
-    from tests.unit.hooks.test_hooks import EVAL, make_run, step_metrics
+    from tests.helpers.events import EVAL, make_run, step_metrics
     from vitlarge.config.schema import Config
     from vitlarge.errors import UserError
 
