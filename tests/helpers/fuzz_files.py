@@ -574,6 +574,7 @@ def main(scratch: str, demo_data: str, seed: int, cases: int, only: list[str] | 
     from vitlarge.checkpoint import weights as ckpt_weights
     from vitlarge.checkpoint.state import RunState
     from vitlarge.checkpoint.trust import index as dcp_index
+    from vitlarge.checkpoint.trust import layout
     from vitlarge.config.load import load_recipe
     from vitlarge.data import load_manifest
     from vitlarge.data.manifest import shard_files
@@ -608,9 +609,13 @@ def main(scratch: str, demo_data: str, seed: int, cases: int, only: list[str] | 
 
         def resume_and_restore():
             m, o, s = make(cfg)
-            chosen = resume.choose(path.parent.parent, None, m, cfg).path
+            # What --resume PATH refuses in one line; the automatic resume passes such a checkpoint over instead.
+            problem = store.verify(path) or store.restore_problem(path, o)
+            chosen = resume.choose(path.parent.parent, None, m, cfg, optimizer=o).path
             if chosen is not None:
                 resume.restore(chosen, RunState(m, o, s), cfg)
+            if problem:
+                raise layout.Unusable(path, problem)
 
         refused = None
         weights = (
@@ -661,7 +666,7 @@ def main(scratch: str, demo_data: str, seed: int, cases: int, only: list[str] | 
         else:
             f.write_bytes(mutate_bytes(f.read_bytes(), rng))
         reseal(path)
-        # Evaluate's and init_from's reads never open a rank file: all 200 of them passed each of these
+        # Evaluate's and init_from's reads never unpickle a rank file (its CRC32C, resealed, passes): all 200 passed these
         # cases when they were run too (seed 20261125), at two thirds of this format's time.
         read_checkpoint(path, weight_reads=False)
 

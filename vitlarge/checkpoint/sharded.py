@@ -255,6 +255,33 @@ def param_groups_problem(written: list[dict], loaded: list[dict]) -> str | None:
     return None
 
 
+def saved_groups_problem(folder: Path, optimizer, files: dict | None = None, index=None) -> str | None:
+    """`param_groups_problem` of the optimizer settings a format-3 checkpoint holds against ``optimizer``'s own
+    (the torch optimizer's groups, as ``get_optimizer_state_dict`` writes them), read on this process alone: only
+    the settings' own small byte ranges, no collective, nothing loaded into the optimizer. None also where the
+    checkpoint holds another number of groups or none: `vitlarge.checkpoint.resume.check_edits` and `load` name
+    that. ``files``, ``index``: see `Reader`."""
+    index = read_index(folder, files) if index is None else index
+    written = group_settings(_optim(optimizer).param_groups)
+    prefix = "optimizer.param_groups."
+    saved: dict[str, set[str]] = {}
+    for key in index.state_dict_metadata:
+        if key.startswith(prefix):
+            group, _, name = key.removeprefix(prefix).partition(".")
+            saved.setdefault(group, set()).add(name)
+    if set(saved) != {str(i) for i in range(len(written))}:
+        return None
+    groups: list[dict] = [{k: None for k in want if k in saved[str(i)]} for i, want in enumerate(written)]
+    with _quiet_single_process():
+        dcp.load(
+            {"optimizer": {"param_groups": groups}},
+            storage_reader=Reader(folder, files, index),
+            planner=_WeightsOnlyLoadPlanner(),
+            no_dist=True,
+        )
+    return param_groups_problem(written, groups)
+
+
 def read_full_model(
     folder: Path,
     like: dict[str, torch.Tensor] | None = None,
