@@ -267,7 +267,7 @@ def test_a_tracker_that_goes_down_mid_run_costs_one_line_and_not_a_bit_of_the_ru
 
 def drive(hook, run, steps: int = 3) -> None:
     """The events of a short run, as the trainer emits them."""
-    from tests.unit.hooks.test_hooks import EVAL, step_metrics
+    from tests.helpers.events import EVAL, step_metrics
 
     hook.on_train_start(run)
     for s in range(1, steps + 1):
@@ -345,7 +345,7 @@ def test_the_default_store_a_lost_run_a_parent_and_a_closed_port(tmp_path, monke
     from mlflow import MlflowClient
 
     from hooks import MlflowHook
-    from tests.unit.hooks.test_hooks import make_run
+    from tests.helpers.events import make_run
     from vitlarge.config.schema import Config
 
     def hook(workdir: Path) -> MlflowHook:
