@@ -818,3 +818,17 @@ def test_a_step_folder_that_is_a_link_is_passed_over_and_never_read_nor_linked(t
     assert {f.name: (f.stat().st_nlink, f.stat().st_atime_ns) for f in outside.iterdir()} == before
     assert not link.is_symlink() and not list(workdir.glob("checkpoints/.step_*"))
     assert [p.is_symlink() for p in workdir.glob("checkpoints/abandoned_*/step_0000005")] == [True]  # the link moved
+
+
+def test_optimizer_settings_of_another_recipe_are_the_restores_error_never_passed_over(ckpt, cfg, caplog):
+    """An optional setting this recipe sets and the checkpoint's left unset (``max_trust_ratio``: a number here,
+    None there) is an edit, not damage: passing over every checkpoint of the run would start it from scratch, so the
+    restore keeps its one line and nothing is moved aside."""
+    model, opt, scaler = make(cfg)
+    for group in opt.param_groups:
+        group["max_trust_ratio"] = 10.0
+    checkpoints = ckpt_checkpointer.Checkpointer(ckpt.parent.parent, cfg).attach(model, opt, scaler)
+    with pytest.raises(UserError, match=r"param_groups\[0\].max_trust_ratio is 'None', a NoneType; it writes 10.0"):
+        checkpoints.resume(None, None)
+    assert not [r for r in caplog.records if "passed over" in r.getMessage()]
+    assert ckpt.is_dir() and not list(ckpt.parent.glob("abandoned_*"))
