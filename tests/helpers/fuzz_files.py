@@ -21,6 +21,7 @@ import base64
 import contextlib
 import copy
 import json
+import logging
 import os
 import pickle
 import random
@@ -611,7 +612,6 @@ def main(scratch: str, demo_data: str, seed: int, cases: int, only: list[str] | 
     from vitlarge.checkpoint import weights as ckpt_weights
     from vitlarge.checkpoint.state import RunState
     from vitlarge.checkpoint.trust import index as dcp_index
-    from vitlarge.checkpoint.trust import layout
     from vitlarge.config.load import load_recipe
     from vitlarge.data import load_manifest
     from vitlarge.data.manifest import shard_files
@@ -646,13 +646,20 @@ def main(scratch: str, demo_data: str, seed: int, cases: int, only: list[str] | 
 
         def resume_and_restore():
             m, o, s = make(cfg)
-            # What --resume PATH refuses in one line; the automatic resume passes such a checkpoint over instead.
-            problem = store.verify(path) or store.restore_problem(path, o)
-            chosen = resume.choose(path.parent.parent, None, m, cfg, optimizer=o).path
+            passed_over = []
+            handler = logging.Handler()
+            handler.emit = lambda record: passed_over.extend(
+                [record.getMessage()] if "passed over" in record.msg else []
+            )
+            logging.getLogger("vitlarge").addHandler(handler)
+            try:
+                chosen = resume.choose(path.parent.parent, None, m, cfg, optimizer=o).path
+            finally:
+                logging.getLogger("vitlarge").removeHandler(handler)
             if chosen is not None:
                 resume.restore(chosen, RunState(m, o, s), cfg)
-            if problem:
-                raise layout.Unusable(path, problem)
+            elif passed_over:  # the folder's one checkpoint failed its files' or its restore's check: that line
+                raise UserError(passed_over[0])
 
         refused = None
         weights = (
