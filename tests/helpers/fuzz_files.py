@@ -21,6 +21,7 @@ import base64
 import contextlib
 import copy
 import json
+import logging
 import os
 import pickle
 import random
@@ -645,9 +646,20 @@ def main(scratch: str, demo_data: str, seed: int, cases: int, only: list[str] | 
 
         def resume_and_restore():
             m, o, s = make(cfg)
-            chosen = resume.choose(path.parent.parent, None, m, cfg).path
+            passed_over = []
+            handler = logging.Handler()
+            handler.emit = lambda record: passed_over.extend(
+                [record.getMessage()] if "passed over" in record.msg else []
+            )
+            logging.getLogger("vitlarge").addHandler(handler)
+            try:
+                chosen = resume.choose(path.parent.parent, None, m, cfg, optimizer=o).path
+            finally:
+                logging.getLogger("vitlarge").removeHandler(handler)
             if chosen is not None:
                 resume.restore(chosen, RunState(m, o, s), cfg)
+            elif passed_over:  # the folder's one checkpoint failed its files' or its restore's check: that line
+                raise UserError(passed_over[0])
 
         refused = None
         weights = (
@@ -698,7 +710,7 @@ def main(scratch: str, demo_data: str, seed: int, cases: int, only: list[str] | 
         else:
             f.write_bytes(mutate_bytes(f.read_bytes(), rng))
         reseal(path)
-        # Evaluate's and init_from's reads never open a rank file: all 200 of them passed each of these
+        # Evaluate's and init_from's reads never unpickle a rank file (its CRC32C, resealed, passes): all 200 passed these
         # cases when they were run too (seed 20261125), at two thirds of this format's time.
         read_checkpoint(path, weight_reads=False)
 
