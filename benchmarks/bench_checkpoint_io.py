@@ -58,11 +58,12 @@ def _rchar() -> int:
 def _build(plugin: str):
     import timm
 
+    from vitlarge.config.schema import OptimConfig
     from vitlarge.optim.lamb import build_optimizer
 
     torch.manual_seed(0)
     model = timm.create_model("vit_small_patch16_224", **MODEL_KWARGS)
-    opt = build_optimizer(model, "lamb", lr=1e-3, weight_decay=0.05)
+    opt = build_optimizer(model, OptimConfig(lr=1e-3, weight_decay=0.05))
     if plugin == "fsdp":  # as train.py builds it (the plugin shards, re-points and swaps the optimizer)
         from vitlarge.distributed.fsdp import FSDPPlugin
 

@@ -1,6 +1,7 @@
-"""Activation memory under ``fsdp`` with and without ``model.grad_checkpointing``, at world size 2 (gloo, CPU).
+"""Activation memory under ``fsdp`` with ``train.activation_checkpointing`` full and off, at world size 2 (gloo, CPU).
 
-Question: How much activation memory does ``model.grad_checkpointing`` save under fsdp?
+Question: How much activation memory does full recomputation (``train.activation_checkpointing=full``) save under
+fsdp? (Its results keep the figures' names, ``grad_checkpointing=True|False``: the key's name before.)
 Goal: no target: the figure is ``saved_ratio_on_over_off``.
 
 Run: ``python -m benchmarks.bench_fsdp_activations [--quick] [--tiny]`` (~2 min on 2 cores). Writes
@@ -38,7 +39,7 @@ MICRO = 16
 def config(checkpointing: bool, tiny: bool):
     return demo_config(
         {
-            "model.grad_checkpointing": checkpointing,
+            "train.activation_checkpointing": "full" if checkpointing else "off",
             "train.plugin": "fsdp",
             "train.precision": "fp32",
             "train.micro_batch": MICRO,

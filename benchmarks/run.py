@@ -63,7 +63,7 @@ REGISTRY = (
     ),
     Benchmark("fsdp_memory", "Does fsdp hold within 10% of 1/W of the unsharded state per rank?"),
     Benchmark("fsdp_accumulation", "How much gradient memory do no_sync and reduce_scatter hold?"),
-    Benchmark("fsdp_activations", "How much activation memory does grad_checkpointing save under fsdp?"),
+    Benchmark("fsdp_activations", "How much activation memory does full recomputation save under fsdp?"),
     Benchmark(
         "activation_checkpointing",
         "What do train.activation_checkpointing full and selective keep for backward and cost, against off?",

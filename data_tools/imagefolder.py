@@ -4,7 +4,9 @@ Layout: ``ROOT/train/<class>/*`` and either ``ROOT/val/<class>/*`` or a flat ``R
 labels file (Kaggle's ``LOC_val_solution.csv`` or ``filename class`` lines). Class names sort to
 labels; the ImageNet synsets get their WordNet lemmas (shipped with timm) as ``image/class/text``.
 A class folder's images may sit in subfolders at any depth (``train/<class>/batch2/x.jpg``, as
-torchvision's ImageFolder takes them): each is labelled by the class folder that holds it.
+torchvision's ImageFolder takes them): each is labelled by the class folder that holds it. Links are
+followed, each image once: a link that makes an image reachable twice (under another class, or twice in
+its own) is refused naming it (`_refuse_twice`), as is a name with a control character (`check_name`).
 `layout_warnings` names classes with few training images and classes that validation lacks.
 """
 
@@ -15,11 +17,13 @@ import importlib.util
 import io
 import os
 import re
+import stat
 import warnings
 from dataclasses import dataclass
 
 from PIL import Image
 
+from vitlarge.data.manifest_schema import MAX_SYNSET
 from vitlarge.errors import UserError
 from vitlarge.fileio import is_inside, open_regular
 
@@ -46,17 +50,47 @@ class BadImage(Exception):
     """A source file that is not a readable image; ``args[0]`` is its path, ``args[1]`` why."""
 
 
+# Characters that would make a printed name forge or hide a line of the log: C0 and C1 controls (a newline, a
+# carriage return, a terminal's escape), Unicode's line and paragraph separators and its bidirectional controls.
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+
+
+def check_name(folder: str, name: str, what: str = "name") -> str:
+    """``name`` (of an entry of ``folder``), or a UserError, with the name shown escaped (``repr``), where it holds
+    a control character: the converter prints names (a skipped image, an unreadable one, a class of few images),
+    and a newline in one would print a line of its own (``error: ...``) that the log's reader takes for ours."""
+    found = _CONTROL_RE.search(name)
+    if found:
+        raise UserError(
+            f"{folder}: the {what} {name!r} holds the control character {found.group()!r}, which would forge or hide "
+            "lines of this log; rename it"
+        )
+    return name
+
+
 def _files(d: str) -> list[str]:
     return sorted(
-        os.path.join(d, n) for n in os.listdir(d) if not n.startswith(".") and os.path.isfile(os.path.join(d, n))
+        os.path.join(d, check_name(d, n))
+        for n in os.listdir(d)
+        if not n.startswith(".") and os.path.isfile(os.path.join(d, n))
     )
 
 
-def _files_below(d: str) -> list[str]:
+@dataclass(frozen=True)
+class _Found:
+    """A file under a class folder, and where it resolves when a link leads to it (else None: it is where it is)."""
+
+    path: str
+    resolved: str | None
+
+
+def _files_below(d: str) -> list[_Found]:
     """Every file under ``d`` at any depth, sorted by path (hidden names skipped, as in `_files`). Links to
     folders are followed, each folder walked once; a link to ``d`` or a folder above it (a loop, which would
-    take in the other classes) is refused."""
+    take in the other classes) is refused. A file reached through a link (its own or a folder's) carries where
+    it resolves, for `_refuse_twice`; one lstat a file, one realpath a folder."""
     out, seen, inside = [], set(), os.path.realpath(d)
+    lexical = os.path.join(os.path.realpath(os.path.dirname(d)), os.path.basename(d))  # d itself may be a link
 
     def unreadable(e: OSError) -> None:
         raise UserError(f"{e.filename}: cannot list it ({e.strerror}); make it readable or remove it")
@@ -67,7 +101,7 @@ def _files_below(d: str) -> list[str]:
             subfolders[:] = []
             continue
         seen.add((st.st_dev, st.st_ino))
-        subfolders[:] = sorted(n for n in subfolders if not n.startswith("."))
+        subfolders[:] = sorted(check_name(folder, n, "folder") for n in subfolders if not n.startswith("."))
         for n in subfolders:
             target = os.path.realpath(os.path.join(folder, n))
             if inside == target or inside.startswith(target.rstrip(os.sep) + os.sep):
@@ -75,14 +109,74 @@ def _files_below(d: str) -> list[str]:
                     f"{os.path.join(folder, n)}: links to {target}, which holds the class folder {d} (a loop); "
                     "remove the link"
                 )
-        out += [os.path.join(folder, n) for n in names if not n.startswith(".")]
-    return sorted(p for p in out if os.path.isfile(p))
+        real = os.path.realpath(folder)
+        linked = real != os.path.normpath(os.path.join(lexical, os.path.relpath(folder, d)))
+        for n in names:
+            if n.startswith("."):
+                continue
+            path = os.path.join(folder, check_name(folder, n, "file name"))
+            try:
+                mode = os.lstat(path).st_mode
+            except FileNotFoundError:  # gone since the listing
+                continue
+            if stat.S_ISLNK(mode):
+                if os.path.isfile(path):
+                    out.append(_Found(path, os.path.realpath(path)))
+            elif stat.S_ISREG(mode):
+                out.append(_Found(path, os.path.join(real, n) if linked else None))
+    return sorted(out, key=lambda f: f.path)
+
+
+def _refuse_twice(split_dir: str, found: list[tuple[_Found, str]]) -> None:
+    """A UserError naming the link where a link inside the tree makes one image reachable twice: under two classes
+    (``train/a/extra -> ../b`` would store b's images as class a too: a mislabel), or twice in one class (weighed
+    double). Links to folders outside the tree are followed as torchvision's ImageFolder follows them, each image
+    once. Costs nothing where no file is reached through a link."""
+    if all(f.resolved is None for f, _ in found):
+        return
+    real_split = os.path.realpath(split_dir)
+    first: dict[str, tuple[_Found, str]] = {}
+    for f, cls in found:
+        key = f.resolved or os.path.join(real_split, os.path.relpath(f.path, split_dir))
+        if key not in first:
+            first[key] = (f, cls)
+            continue
+        other, other_cls = first[key]
+        linked, was = (f, cls) if f.resolved is not None else (other, other_cls)
+        elsewhere, where = (other, other_cls) if linked is f else (f, cls)
+        twice = f"as class {was!r} and as class {where!r} (a mislabel)"
+        if was == where:
+            twice = f"twice in class {was!r}" if was else "twice"
+        raise UserError(
+            f"{_first_link(linked.path, split_dir)}: a link that makes {linked.path} the image {elsewhere.path}, "
+            f"which would be stored {twice}; remove the link, or copy the image where it belongs"
+        )
+
+
+def _first_link(path: str, top: str) -> str:
+    """The first link on the way from ``top`` down to ``path`` (``path`` itself where none is above it)."""
+    here = top
+    for part in os.path.relpath(path, top).split(os.sep):
+        here = os.path.join(here, part)
+        if os.path.islink(here):
+            return here
+    return path
 
 
 def _class_dirs(split_dir: str) -> list[str]:
-    return sorted(
+    """The class folders of a split, sorted; a name with a control character, or longer than a manifest's synset
+    (`MAX_SYNSET`), is a UserError naming it."""
+    names = sorted(
         n for n in os.listdir(split_dir) if not n.startswith(".") and os.path.isdir(os.path.join(split_dir, n))
     )
+    for n in names:
+        check_name(split_dir, n, "class folder")
+        if len(n) > MAX_SYNSET:
+            raise UserError(
+                f"{split_dir}: the class folder {n[:40]!r}... has a name of {len(n):,} characters, more than the "
+                f"{MAX_SYNSET:,} a class name may have (dataset.json's synset); rename it"
+            )
+    return names
 
 
 def class_texts(synsets: list[str]) -> dict[str, str]:
@@ -118,18 +212,21 @@ def discover(src: str, val_labels: str | None, label_offset: int) -> tuple[list[
         return Item(path, label_of[cls], cls, texts[cls], os.path.getsize(path))
 
     splits = {"train": []}
+    found: list[tuple[_Found, str]] = []
     for c in classes:
         files = _files_below(os.path.join(train_dir, c))
         if not files:
             raise UserError(f"{os.path.join(train_dir, c)}: empty class directory; add images or remove it")
-        splits["train"] += [item(p, c) for p in files]
+        found += [(f, c) for f in files]
+    _refuse_twice(train_dir, found)
+    splits["train"] = [item(f.path, c) for f, c in found]
 
     val_dir = os.path.join(src, "val")
     if os.path.isdir(val_dir):
         val_classes = _class_dirs(val_dir)
         flat = _files(val_dir)
         if val_classes and not flat:
-            splits["validation"] = []
+            found = []
             for c in val_classes:
                 d = os.path.join(val_dir, c)
                 if c not in label_of:
@@ -140,7 +237,9 @@ def discover(src: str, val_labels: str | None, label_offset: int) -> tuple[list[
                 files = _files_below(d)
                 if not files:
                     raise UserError(f"{d}: empty class directory; add images or remove it")
-                splits["validation"] += [item(p, c) for p in files]
+                found += [(f, c) for f in files]
+            _refuse_twice(val_dir, found)
+            splits["validation"] = [item(f.path, c) for f, c in found]
         elif flat:
             if not val_labels:
                 raise UserError(
@@ -148,6 +247,8 @@ def discover(src: str, val_labels: str | None, label_offset: int) -> tuple[list[
                     "LOC_val_solution.csv (Kaggle) or a file of 'filename class' lines"
                 )
             labels = read_val_labels(val_labels)
+            found = [(_Found(p, os.path.realpath(p) if os.path.islink(p) else None), "") for p in flat]
+            _refuse_twice(val_dir, found)
             splits["validation"] = []
             for p in flat:
                 name = os.path.basename(p)
@@ -156,7 +257,7 @@ def discover(src: str, val_labels: str | None, label_offset: int) -> tuple[list[
                     raise UserError(f"{p}: no label in {val_labels}; add a line for it or remove the image")
                 if cls not in label_of:
                     raise UserError(
-                        f"{val_labels}: class '{cls}' (for {name}) is not in {train_dir}; "
+                        f"{val_labels}: class {cls[:60]!r} (for {name}) is not in {train_dir}; "
                         "fix the labels file or add the class to train"
                     )
                 splits["validation"].append(item(p, cls))

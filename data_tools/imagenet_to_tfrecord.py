@@ -7,8 +7,9 @@ Output in OUT: ``train-NNNNN-of-01024`` / ``validation-NNNNN-of-00128`` shards o
 ``tf.train.Example`` records with the schema of TensorFlow's ImageNet records (original JPEG
 bytes, ``image/class/label`` = 1 + sorted class index), a DALI index ``<shard>.idx`` next to each,
 and ``dataset.json`` (see vitlarge/data/manifest.py). Train examples are shuffled across shards
-with ``--seed``; validation examples are written sorted by aspect ratio, and ``dataset.json`` records
-each validation image's size (`data_tools.val_order`: what rectangular validation, ``data.rect_val``, reads).
+with ``--seed``; validation examples are written sorted by aspect ratio, and each validation image's size is
+recorded beside its shard (``<shard>.sizes``, named by ``dataset.json``; `data_tools.val_order`: what rectangular
+validation, ``data.rect_val``, reads).
 
 Resumable: each committed shard gets a done-record in ``OUT/.progress/`` (`data_tools.done_records`);
 a rerun keeps shards whose record, size and index still match and whose input list is unchanged,
@@ -22,7 +23,9 @@ time: converting again with other shard counts removes the earlier run's shards 
 once the new manifest is written, and shard files in OUT that this converter did not write are
 refused with the fix.
 
-Source images are data: PIL's decompression-bomb guard stays on (``--max-image-pixels``, default
+The tree's names and links are data too: a name with a control character (it would print lines of its own) and a
+link that makes an image reachable twice (under two classes: a mislabel) are refused in one line
+(`data_tools.imagefolder`). Source images are data: PIL's decompression-bomb guard stays on (``--max-image-pixels``, default
 PIL's 89,478,485 pixels, about 9459 x 9459); a larger image is an unreadable image (stop, or skipped
 with ``--skip-bad``) whose reason names the option.
 """
@@ -55,7 +58,7 @@ from vitlarge.data.manifest import (
     shard_name,
     write_manifest,
 )
-from vitlarge.data.manifest_schema import CHECKSUM_RE, MAX_SIDE, out_of_aspect_order
+from vitlarge.data.manifest_schema import CHECKSUM_RE, MAX_SIDE, SIZES_SUFFIX, out_of_aspect_order
 from vitlarge.errors import EXIT_INTERRUPTED, UserError, cli_main
 from vitlarge.fileio import UnsafeFile, check_inside, fsync_dir, open_regular, probe_writable, write_atomic
 from vitlarge.text import plural
@@ -272,7 +275,12 @@ def _prepare_out_dir(out_dir: str, planned: list[str]) -> list[str]:
         raise UserError(f"{e.filename}: {e.strerror}; remove it, or choose another --out") from None
     except OSError as e:
         raise UserError(f"{out_dir}: output directory is not writable ({e.strerror}); choose another --out") from None
-    ours = set(planned) | {n + ".idx" for n in planned} | {MANIFEST_NAME, SKIPPED_LIST}
+    ours = (
+        set(planned)
+        | {n + ".idx" for n in planned}
+        | {n + SIZES_SUFFIX for n in planned}
+        | {MANIFEST_NAME, SKIPPED_LIST}
+    )
     for n in names:
         if n.endswith(tfrecord_io.TMP_SUFFIX) and n[: -len(tfrecord_io.TMP_SUFFIX)] in ours:
             os.remove(os.path.join(out_dir, n))
@@ -293,6 +301,7 @@ def _remove_shards(out_dir: str, names: list[str]) -> None:
         for path in (
             os.path.join(out_dir, n),
             os.path.join(out_dir, n + ".idx"),
+            os.path.join(out_dir, n + SIZES_SUFFIX),
             done_records.record_path(out_dir, n),
         ):
             for p in (path, path + tfrecord_io.TMP_SUFFIX):

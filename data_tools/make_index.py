@@ -8,8 +8,10 @@ the file names, record counts, label offset 1 (the TF ImageNet convention, ``--l
 change) and ``num_classes`` from the largest label seen (``--num-classes`` to state it, e.g. a
 split that lacks the last class). Each split must be one complete ``-of-N`` set: a directory
 that mixes sets or lacks a shard is refused, naming the files, before anything is written.
-Class synsets and texts come from the records when present, and the validation images' sizes from
-their ``image/height`` and ``image/width`` (TensorFlow's ImageNet records have them); a validation split
+Class synsets and texts come from the records when present (a synset or text longer than the manifest holds
+is one warning line, and the manifest lists no class names), and the validation images' sizes from
+their ``image/height`` and ``image/width`` (TensorFlow's ImageNet records have them; written beside each
+shard as ``<shard>.sizes``, so that the manifest stays the size of its classes and shards); a validation split
 whose sizes are in aspect-ratio order is marked so (``"order": "aspect"``, what ``data.rect_val`` needs:
 the converter's output is, TensorFlow's is not); and the converter's count of skipped
 unreadable images (``--skip-bad``) from its done-records (or the ``dataset.json`` it replaces, for the same
@@ -46,7 +48,14 @@ from vitlarge.data.manifest import (
     shard_set_problem,
     write_manifest,
 )
-from vitlarge.data.manifest_schema import MAX_CLASSES, MAX_LABEL, MAX_SIDE, out_of_aspect_order
+from vitlarge.data.manifest_schema import (
+    MAX_CLASS_TEXT,
+    MAX_CLASSES,
+    MAX_LABEL,
+    MAX_SIDE,
+    MAX_SYNSET,
+    out_of_aspect_order,
+)
 from vitlarge.errors import UserError, cli_main
 from vitlarge.text import plural
 
@@ -154,6 +163,10 @@ def make_index(data_dir: str, *, label_offset: int = 1, num_classes: int | None 
             f"pass --num-classes {inferred} or more"
         )
     classes = [ClassInfo(k, *seen[k]) for k in sorted(seen)] if all(s for s, _ in seen.values()) else []
+    too_long = _too_long(seen)
+    if classes and too_long:
+        print(f"warning: {data_dir}: {too_long}", file=sys.stderr)
+        classes = []
     m = Manifest(
         num_classes=num_classes,
         label_offset=label_offset,
@@ -183,6 +196,21 @@ def make_index(data_dir: str, *, label_offset: int = 1, num_classes: int | None 
     return load_manifest(data_dir)
 
 
+def _too_long(seen: dict[int, tuple[str, str]]) -> str | None:
+    """The first class whose synset or text is longer than the manifest holds (`MAX_SYNSET`, `MAX_CLASS_TEXT`),
+    said with what the manifest then lists; None where every class fits. Such names are not a data set's class
+    names (WordNet's are 9 characters): the manifest lists none rather than one its readers refuse."""
+    for label in sorted(seen):
+        for what, text, limit in zip(("synset", "text"), seen[label], (MAX_SYNSET, MAX_CLASS_TEXT)):
+            if len(text) > limit:
+                return (
+                    f"label {label}'s image/class/{what} is {len(text):,} characters, more than the {limit:,} "
+                    f"{MANIFEST_NAME} holds; it lists no class names (training needs none; an export names its "
+                    "classes by index)"
+                )
+    return None
+
+
 def _order(shards: list[ShardInfo] | None) -> dict[str, str]:
     """``{"validation": "aspect"}`` where every validation record has its size and they are in that order."""
     if not shards or any(s.sizes is None for s in shards):
@@ -199,7 +227,11 @@ def _skipped(data_dir: str, splits: dict[str, list[ShardInfo]]) -> dict[str, int
     previous: dict[str, int] = {}
     try:
         old = load_manifest(data_dir)
-        same = {s: old.skipped.get(s, 0) for s in splits if old.splits.get(s) == splits[s]}
+        same = {
+            s: old.skipped.get(s, 0)
+            for s in splits
+            if len(old.splits.get(s, [])) == len(splits[s]) and all(map(ShardInfo.same_shard, old.splits[s], splits[s]))
+        }
         previous = {s: n for s, n in same.items() if n}
     except UserError:  # no manifest (the usual reason to run make_index), or one that does not parse
         pass

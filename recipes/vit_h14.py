@@ -7,8 +7,8 @@ the data-parallel ranks (``fsdp``: one unit per block, tested on CPU with gloo),
 recomputed per block, and bf16 replaces fp16 (no loss scaling; fp32 masters, LAMB states, gradient
 reduction and LayerNorm). Expected time and accuracy: not measured; by FLOPs about 12x the B/16 run.
 
-Recompute: full (``model.grad_checkpointing``). To measure: ``train.activation_checkpointing=selective`` at
-micro-batch 64 (full fit 1,024 in 68.3 GiB on an H200); the recipe takes it when the GPU kit shows it fits an
+Recompute: ``train.activation_checkpointing=full``. To measure: ``train.activation_checkpointing=selective`` on the
+command line (the dry run plans it) at micro-batch 64 (full fit 1,024 in 68.3 GiB on an H200); the recipe takes it when the GPU kit shows it fits an
 80 GB GPU and is faster. Compiled (``train.compile`` auto on CUDA), each block is compiled before FSDP shards it
 (``train.compile_scope`` auto under fsdp).
 """
@@ -19,7 +19,7 @@ from vitlarge.recipes.vit_b16 import config as base
 def config():
     c = base()
     c.model.name = "vit_huge_patch14_224"
-    c.model.grad_checkpointing = True
+    c.train.activation_checkpointing = "full"
     c.train.micro_batch = 64
     c.train.precision = "bf16"
     c.train.plugin = "fsdp"

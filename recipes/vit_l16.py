@@ -6,8 +6,9 @@ Hardware: 8x A100 80GB (128 images per GPU, 32 accumulation steps); activation c
 the micro-batch at 128. Expected time and accuracy: not measured by Colossal-AI nor by us; by FLOPs,
 about 3.5x the B/16 run (~ 140 h on 8x A100 at B/16's utilisation).
 
-Recompute: full (``model.grad_checkpointing``: one more forward of every block per step). To measure:
-``train.activation_checkpointing=selective`` (matmul outputs kept, no second GEMM), which at micro-batch 128
+Recompute: ``train.activation_checkpointing=full`` (one more forward of every block per step). To measure:
+``train.activation_checkpointing=selective`` on the command line (matmul outputs kept, no second GEMM; the dry run
+plans it), which at micro-batch 128
 likely fits an 80 GB GPU (full checkpointing fit micro-batch 1,024 in 34.8 GiB on an H200); the recipe takes
 it when the GPU kit shows it fits and is faster.
 """
@@ -18,7 +19,7 @@ from vitlarge.recipes.vit_b16 import config as base
 def config():
     c = base()
     c.model.name = "vit_large_patch16_224"
-    c.model.grad_checkpointing = True
+    c.train.activation_checkpointing = "full"
     c.train.micro_batch = 128
     c.workdir = "runs/vit_l16"
     return c

@@ -14,12 +14,22 @@ back (docs/GPU.md, "DALI in parts"):
 
 ``pack`` writes ``manifest.json`` (each part's and each wheel's size and sha256) beside ``part-01``... Each
 command carries the manifest and one part; ``receive`` checks the part against the manifest and moves it to a
-staging folder outside the checkout (``--stage``, default /tmp/vitlarge-parts), so a part survives however the
-checkout is copied there next. ``install`` receives the part it was sent with, then needs all of them: it
-joins them, checks the whole tar's sha256 and every wheel's, and installs them with pip (``--no-index
---no-deps --target``). A missing or damaged part is one line naming it and what to send, exit 2.
+staging folder outside the checkout (``--stage DIR``), so a part survives however the checkout is copied there
+next. ``install`` receives the part it was sent with, then needs all of them: it joins them, checks the whole
+tar's sha256 and every wheel's, and installs them with pip (``--no-index --no-deps --target``). A missing or
+damaged part is one line naming it and what to send, exit 2.
 
-Standard library only, Python 3.10+: it runs on the bare GPU machine before anything is installed.
+The manifest and the parts come from elsewhere: they are data. The manifest is read with a cap, never through a
+link, FIFO or device, and checked whole (every name a plain name, every size and hash of its type and bounds)
+before anything is written; each wrong key is one line naming the file and the key, exit 2. The stage is a
+private folder (`private_stage`): a new one from ``tempfile.mkdtemp`` when ``--stage`` is not given, else the
+folder named, which must be this user's, not a link, and writable by no one else; a link found in it is refused,
+never followed, and temporaries are opened ``O_EXCL | O_NOFOLLOW``. The parts are joined into a temporary that
+never takes a final name, and the wheels are extracted into a fresh folder renamed to ``wheels`` only once every
+one matched its sha256: pip installs only from there.
+
+Standard library and ``vitlarge.fileio`` (standard library only itself), Python 3.10+: it runs on the bare GPU
+machine before anything is installed.
 """
 
 from __future__ import annotations
@@ -30,13 +40,19 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import NoReturn
 
 ROOT = Path(__file__).resolve().parents[1]
+if not __package__:  # run as a file (python3 scripts/gpu_parts.py): this checkout's vitlarge, ahead of any installed
+    sys.path.insert(1, str(ROOT))
+from vitlarge.fileio import UnsafeFile, open_new, open_regular, read_capped, remove_name, write_atomic  # noqa: E402
+
 MANIFEST = "manifest.json"
 FORMAT = "vitlarge-gpu-parts"
 TRAVEL_LIMIT = 64 * 2**20
@@ -44,7 +60,21 @@ TRAVEL_LIMIT = 64 * 2**20
 RESERVE = 2 * 2**20
 """Room kept under the limit beside the checkout and the part: the manifest, and a checkout that grows a little
 between packing and sending."""
-STAGE = "/tmp/vitlarge-parts"
+MANIFEST_CAP = 2**20
+"""The largest manifest.json read (pack's for 15 wheels and 5 parts: 3 KB); a longer file is refused unread."""
+PAYLOAD_LIMIT = 2**30
+"""The largest bundle joined, four times the 15 wheels of DALI and Colossal-AI (231 MiB): what the stage's disk
+may be asked for."""
+EXTENDED_HEADER_LIMIT = 64 * 1024
+"""The largest pax or GNU long-name header in the joined tar. tarfile holds one whole and parses it with a regular
+expression (100 MiB: 21 s and 330 MB); pack writes a few hundred bytes (a name over 100 characters)."""
+EXTENDED = (
+    tarfile.XHDTYPE,
+    tarfile.XGLTYPE,
+    tarfile.SOLARIS_XHDTYPE,
+    tarfile.GNUTYPE_LONGNAME,
+    tarfile.GNUTYPE_LONGLINK,
+)
 BUNDLES = {"dali": "requirements/gpu-dali.txt", "colossalai": "requirements/gpu-kit.txt"}
 """Each bundle's wheels come from one requirements file; all install into one folder."""
 PLATFORMS = (
@@ -196,22 +226,144 @@ def pack(wheels: Path, out: Path, part_bytes: int | None = None, checkout: int |
 
 
 def load_manifest(parts_dir: Path) -> dict:
+    """``parts_dir/manifest.json``, read with `MANIFEST_CAP` (a regular file only, not through a link) and checked
+    whole (`check_manifest`): what the rest of this module indexes is there, of its type, within its bounds."""
     path = parts_dir / MANIFEST
     try:
-        m = json.loads(path.read_bytes()[: 2**20])
+        raw = read_capped(path, MANIFEST_CAP, follow=False)
     except FileNotFoundError:
         raise PartsError(f"{path} is not here: carry it with every part (pack wrote it beside part-01)") from None
-    except ValueError:
+    except OSError as e:  # UnsafeFile (a link, FIFO, folder, device, a file over the cap) or unreadable
+        raise PartsError(f"{path} {e.strerror}: carry the manifest.json pack wrote") from None
+    try:
+        m = json.loads(raw)
+    except (ValueError, RecursionError):
         raise PartsError(f"{path} is not JSON: carry the manifest pack wrote") from None
-    if not isinstance(m, dict) or m.get("format") != FORMAT or not isinstance(m.get("parts"), list):
-        raise PartsError(f"{path} is not a {FORMAT} manifest")
-    for p in m["parts"]:
-        if not re.fullmatch(r"part-\d{2,3}", str(p.get("name", ""))):
-            raise PartsError(f"{path}: part name {p.get('name')!r} is not part-NN")
-    for w in m.get("wheels", []):
-        if not re.fullmatch(r"[A-Za-z0-9_]+/[A-Za-z0-9_.+-]+\.whl", str(w.get("path", ""))):
-            raise PartsError(f"{path}: wheel path {w.get('path')!r} is not <bundle>/<file>.whl")
+    check_manifest(m, path)
     return m
+
+
+PART_NAME = re.compile(r"part-\d{2,3}")
+WHEEL_PATH = re.compile(r"[A-Za-z0-9_]+/[A-Za-z0-9_.+-]+\.whl")
+PAYLOAD_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}\.tar")
+"""A plain file name in the stage that no part, the manifest or the wheels folder has (pack writes wheels.tar)."""
+SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def check_manifest(m: object, path: Path) -> None:
+    """`PartsError` naming ``path`` and the first key that is missing, of another type or out of bounds: the
+    format and version; ``payload`` (``name`` a `PAYLOAD_NAME`, ``bytes`` up to `PAYLOAD_LIMIT` and the parts'
+    sum, ``sha256``); ``parts`` (each ``name`` a distinct part-NN, ``bytes`` up to one command's `TRAVEL_LIMIT`,
+    ``sha256``); ``wheels`` (each ``path`` a distinct <bundle>/<file>.whl, ``bytes`` together within the payload,
+    ``sha256``)."""
+
+    def bad(key: str, why: str) -> NoReturn:
+        raise PartsError(f"{path}: {key} {why}; carry the manifest.json pack wrote with these parts")
+
+    def show(v: object) -> str:
+        try:
+            r = repr(v)
+        except RecursionError:  # nested as deep as json.loads allows, a few frames below here
+            r = type(v).__name__
+        return r if len(r) <= 40 else r[:37] + "..."
+
+    def obj(v: object, key: str) -> dict:
+        if not isinstance(v, dict):
+            bad(key, f"is {show(v)}, not an object")
+        return v
+
+    def size(d: dict, key: str, most: int) -> int:
+        v = d.get(key.rsplit(".", 1)[-1])
+        if type(v) is not int or not 0 < v <= most:
+            bad(key, f"is {show(v)}, not a whole number of bytes from 1 to {most:,}")
+        return v
+
+    def sha(d: dict, key: str) -> None:
+        v = d.get(key.rsplit(".", 1)[-1])
+        if not isinstance(v, str) or not SHA256.fullmatch(v):
+            bad(key, f"is {show(v)}, not a sha256 (64 lowercase hexadecimal digits)")
+
+    def listed(v: object, key: str, name_key: str, pattern: re.Pattern, what: str, most: int) -> int:
+        """Each entry of list ``key``: ``name_key`` a distinct match of ``pattern``, ``bytes`` from 1 to ``most``,
+        ``sha256``; returns their bytes' sum."""
+        if not isinstance(v, list) or not v:
+            bad(key, f"is {show(v)}, not a list of one or more entries")
+        seen: set[str] = set()
+        total = 0
+        for i, e in enumerate(v):
+            e = obj(e, f"{key}[{i}]")
+            name = e.get(name_key)
+            if not isinstance(name, str) or not pattern.fullmatch(name) or name in seen:
+                bad(f"{key}[{i}].{name_key}", f"is {show(name)}, not {what} of its own")
+            seen.add(name)
+            total += size(e, f"{key}[{i}].bytes", most)
+            sha(e, f"{key}[{i}].sha256")
+        return total
+
+    if not isinstance(m, dict):
+        raise PartsError(f"{path} is not a {FORMAT} manifest (a JSON object)")
+    if m.get("format") != FORMAT:
+        bad("format", f"is {show(m.get('format'))}, not {FORMAT!r}")
+    if m.get("version") != 1 or type(m.get("version")) is not int:
+        bad("version", f"is {show(m.get('version'))}, not 1 (the one this gpu_parts.py reads)")
+    payload = obj(m.get("payload"), "payload")
+    name = payload.get("name")
+    if not isinstance(name, str) or not PAYLOAD_NAME.fullmatch(name):
+        bad("payload.name", f"is {show(name)}, not a plain file name ending .tar (the stage's name the parts join in)")
+    total = size(payload, "payload.bytes", PAYLOAD_LIMIT)
+    sha(payload, "payload.sha256")
+    joined = listed(m.get("parts"), "parts", "name", PART_NAME, "part-NN", TRAVEL_LIMIT)
+    if joined != total:
+        bad("payload.bytes", f"is {total:,}, not the parts' {joined:,}")
+    inside = listed(m.get("wheels"), "wheels", "path", WHEEL_PATH, "a <bundle>/<file>.whl", total)
+    if inside > total:
+        bad("wheels", f"hold {inside:,} bytes, more than the payload's {total:,}")
+
+
+def private_stage(stage: Path | None) -> Path:
+    """The folder parts wait in between commands, private to this user: a new one (``tempfile.mkdtemp``, mode
+    0700) when ``stage`` is None; else ``stage``, made 0700 if absent, and refused unless it is a folder (not a
+    link) of this user's that no one else may write in. Then no one else can have put a name in it: a fixed name
+    in a shared folder (/tmp) could have been made first by anyone, with their links inside."""
+    if stage is None:
+        return Path(tempfile.mkdtemp(prefix="vitlarge-parts-"))
+    try:
+        stage.parent.mkdir(parents=True, exist_ok=True)
+        os.mkdir(stage, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise PartsError(f"--stage {stage}: cannot make it ({e.strerror}); name a folder of yours") from None
+    st = os.lstat(stage)
+    why = (
+        "is a symbolic link"
+        if stat.S_ISLNK(st.st_mode)
+        else "is not a folder"
+        if not stat.S_ISDIR(st.st_mode)
+        else f"belongs to uid {st.st_uid}, not to this user ({os.geteuid()})"
+        if st.st_uid != os.geteuid()
+        else f"may be written by others (mode {stat.S_IMODE(st.st_mode):o})"
+        if st.st_mode & 0o022
+        else None
+    )
+    if why:
+        raise PartsError(
+            f"--stage {stage} {why}: the stage must be a private folder of this user's; name a new one "
+            "(or leave --stage out: a fresh private one is made)"
+        )
+    return stage
+
+
+def _present(path: Path) -> bool:
+    """Whether the name ``path`` in the stage is there; a link there is refused, never followed (only this user
+    writes in a private stage, and gpu_parts writes no links)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return False
+    if stat.S_ISLNK(mode):
+        raise PartsError(f"{path} is a symbolic link, which gpu_parts never writes: remove it, or name a new --stage")
+    return True
 
 
 def _label(m: dict, i: int) -> str:
@@ -219,29 +371,45 @@ def _label(m: dict, i: int) -> str:
     return f"{p['name']} ({i + 1} of {len(m['parts'])}, {mib(p['bytes'])})"
 
 
-def receive(parts_dir: Path, stage: Path = Path(STAGE)) -> tuple[dict, list[int]]:
-    """Moves each part present in ``parts_dir`` to ``stage`` after checking its size and sha256 against the
-    manifest; returns the manifest and the indexes of the parts staged so far. A part that does not match is
-    a `PartsError` (nothing of it is staged)."""
+def receive(parts_dir: Path, stage: Path) -> tuple[dict, list[int]]:
+    """Moves each part present in ``parts_dir`` to ``stage`` (a `private_stage`) after checking its size and
+    sha256 against the manifest; returns the manifest and the indexes of the parts staged so far. A part that does
+    not match is a `PartsError` (nothing of it is staged)."""
     m = load_manifest(parts_dir)
-    stage.mkdir(parents=True, exist_ok=True)
+    stage = private_stage(stage)
     kept = stage / MANIFEST
-    if kept.exists() and json.loads(kept.read_text()).get("payload") != m.get("payload"):
-        for old in stage.glob("part-*"):  # parts of another packing: they cannot join these
-            old.unlink()
-    shutil.copyfile(parts_dir / MANIFEST, kept)
+    if _present(kept):
+        try:
+            old = json.loads(read_capped(kept, MANIFEST_CAP, follow=False)).get("payload")
+        except (OSError, ValueError, RecursionError, AttributeError):
+            old = None  # not one this module wrote: as another packing's
+        if old != m["payload"]:
+            for name in os.listdir(stage):  # parts of another packing: they cannot join these
+                if PART_NAME.fullmatch(name):
+                    remove_name(stage / name)
+    write_atomic(kept, json.dumps(m, indent=1) + "\n")
     for i, p in enumerate(m["parts"]):
         src = parts_dir / p["name"]
-        if not src.is_file() or src.is_symlink():
-            continue
-        if src.stat().st_size != p["bytes"] or sha256_of(src) != p["sha256"]:
+        try:
+            carried = open_regular(src, follow=False)
+        except (FileNotFoundError, UnsafeFile):
+            continue  # not carried with this command (a link or FIFO is never a carried part)
+        tmp, dst = stage / f".{p['name']}.tmp", stage / p["name"]
+        _present(tmp)
+        _present(dst)
+        h, n = hashlib.sha256(), 0
+        with carried, open_new(tmp) as out:
+            while n <= p["bytes"] and (block := carried.read(CHUNK)):  # a longer file is not read whole
+                h.update(block)
+                out.write(block)
+                n += len(block)
+            actual = os.fstat(carried.fileno()).st_size
+        if n != p["bytes"] or h.hexdigest() != p["sha256"]:
+            remove_name(tmp)
             raise PartsError(
-                f"{src}: {src.stat().st_size} bytes whose sha256 is not the manifest's for {_label(m, i)}: "
+                f"{src}: {actual} bytes whose sha256 is not the manifest's for {_label(m, i)}: "
                 "it was cut short or comes from another packing; carry the part and manifest.json pack wrote together"
             )
-        dst = stage / p["name"]
-        tmp = stage / f".{p['name']}.tmp"
-        shutil.copyfile(src, tmp)
         os.replace(tmp, dst)
         src.unlink()  # the checkout's copy: the next command's copy of the checkout does not need it
     have = [i for i, p in enumerate(m["parts"]) if _staged(stage / p["name"], p)]
@@ -249,7 +417,11 @@ def receive(parts_dir: Path, stage: Path = Path(STAGE)) -> tuple[dict, list[int]
 
 
 def _staged(path: Path, p: dict) -> bool:
-    return path.is_file() and path.stat().st_size == p["bytes"]
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_size == p["bytes"]
 
 
 def missing_line(m: dict, have: list[int], stage: Path) -> str:
@@ -269,49 +441,100 @@ def missing_line(m: dict, have: list[int], stage: Path) -> str:
 
 
 def assemble(m: dict, stage: Path, have: list[int]) -> Path:
-    """Joins the staged parts (each checked again), checks the whole tar's sha256, extracts the wheels (each
-    checked) into ``stage/wheels/<bundle>/``; returns that folder. The parts are removed once joined."""
+    """Joins the staged parts (each checked again) into a temporary that never takes a final name, checks its
+    sha256, extracts the wheels (each checked) into a fresh folder that then becomes ``stage/wheels/<bundle>/``;
+    returns ``stage/wheels``. The parts are removed once joined; on any refusal the temporaries are removed and the
+    parts kept."""
     if len(have) != len(m["parts"]):
         raise PartsError(missing_line(m, have, stage))
-    tar_path = stage / m["payload"]["name"]
+    tar_path = stage / m["payload"]["name"]  # named in messages: the joined bytes stay in tmp
+    tmp, wheels, fresh = stage / f".{tar_path.name}.tmp", stage / "wheels", stage / ".wheels.tmp"
+    for name in (tmp, wheels, fresh):
+        _present(name)
+    try:
+        _join(m, stage, tmp, tar_path)
+        if _present(fresh):
+            shutil.rmtree(fresh)  # an interrupted install's (a folder: rmtree follows no link inside it)
+        os.mkdir(fresh, 0o700)
+        _extract(m, tmp, tar_path, fresh)
+        if _present(wheels):
+            shutil.rmtree(wheels)
+        os.replace(fresh, wheels)
+    finally:
+        remove_name(tmp)
+        shutil.rmtree(fresh, ignore_errors=True)
+    for p in m["parts"]:
+        remove_name(stage / p["name"])
+    return wheels
+
+
+def _join(m: dict, stage: Path, tmp: Path, tar_path: Path) -> None:
     h = hashlib.sha256()
-    with open(tar_path, "wb") as dst:
+    with open_new(tmp) as dst:
         for i, p in enumerate(m["parts"]):
-            ph = hashlib.sha256()
-            with open(stage / p["name"], "rb") as src:
-                while block := src.read(CHUNK):
+            ph, n = hashlib.sha256(), 0
+            with open_regular(stage / p["name"], follow=False) as src:
+                while n <= p["bytes"] and (block := src.read(CHUNK)):
                     ph.update(block)
                     h.update(block)
                     dst.write(block)
-            if ph.hexdigest() != p["sha256"]:
+                    n += len(block)
+            if n != p["bytes"] or ph.hexdigest() != p["sha256"]:
                 raise PartsError(
                     f"{stage / p['name']}: its sha256 is not the manifest's for {_label(m, i)}; send it again"
                 )
     if h.hexdigest() != m["payload"]["sha256"]:
         raise PartsError(f"{tar_path}: the joined parts' sha256 is not the manifest's; send every part again")
-    wheels = stage / "wheels"
-    shutil.rmtree(wheels, ignore_errors=True)
+
+
+def _check_headers(tmp: Path, tar_path: Path) -> None:
+    """Walks the joined tar's 512-byte headers before tarfile parses them: an extended header over
+    `EXTENDED_HEADER_LIMIT` is refused, so no header costs more memory or time than pack's would."""
+    with open_regular(tmp, follow=False) as f:
+        while (block := f.read(tarfile.BLOCKSIZE)) and block.strip(b"\0"):
+            info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")  # a HeaderError: not a tar
+            if info.size < 0:  # base-256 allows it; seeking back would read this header again, forever
+                raise tarfile.HeaderError(f"a header's size is {info.size}")
+            if info.type in EXTENDED and info.size > EXTENDED_HEADER_LIMIT:
+                raise PartsError(
+                    f"{tar_path}: an extended header of {info.size:,} bytes (pack writes a few hundred): not a "
+                    "bundle pack wrote; pack again, send every part"
+                )
+            f.seek(-(-info.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE, os.SEEK_CUR)
+
+
+def _extract(m: dict, tmp: Path, tar_path: Path, into: Path) -> None:
+    """Each member of the joined tar into ``into``: only the wheels the manifest lists (so only names inside
+    ``into``), each once, at its size and sha256, then none missing."""
     expected = {w["path"]: w for w in m["wheels"]}
-    with tarfile.open(tar_path) as tar:
-        for member in tar:
-            w = expected.get(member.name)
-            if w is None or not member.isfile() or member.size != w["bytes"]:
-                raise PartsError(f"{tar_path}: member {member.name!r} is not a wheel the manifest lists")
-            target = wheels / member.name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            src = tar.extractfile(member)
-            assert src is not None
-            with src, open(target, "wb") as dst:
-                shutil.copyfileobj(src, dst, CHUNK)
-            if sha256_of(target) != w["sha256"]:
-                raise PartsError(f"{target}: its sha256 is not the manifest's; send every part again")
-    absent = [p for p in expected if not (wheels / p).is_file()]
+    done: set[str] = set()
+    try:
+        _check_headers(tmp, tar_path)
+        with tarfile.open(tmp, "r:") as tar:  # pack's: uncompressed
+            for member in tar:
+                w = expected.get(member.name)
+                if w is None or member.name in done or not member.isfile() or member.size != w["bytes"]:
+                    raise PartsError(f"{tar_path}: member {member.name[:100]!r} is not a wheel the manifest lists")
+                target = into / member.name
+                target.parent.mkdir(exist_ok=True)
+                src = tar.extractfile(member)
+                assert src is not None
+                h = hashlib.sha256()
+                with src, open_new(target) as dst:
+                    while block := src.read(CHUNK):
+                        h.update(block)
+                        dst.write(block)
+                if h.hexdigest() != w["sha256"]:
+                    raise PartsError(f"{tar_path}: {member.name}'s sha256 is not the manifest's; send every part again")
+                done.add(member.name)
+    except tarfile.TarError as e:
+        raise PartsError(
+            f"{tar_path}: the joined parts match the manifest but are not a tar ({' '.join(str(e).split())[:200]}): "
+            "pack again, send every part"
+        ) from None
+    absent = [p for p in expected if p not in done]
     if absent:
         raise PartsError(f"{tar_path}: {len(absent)} wheels the manifest lists are not in it, first {absent[0]}")
-    for p in m["parts"]:
-        (stage / p["name"]).unlink()
-    tar_path.unlink()
-    return wheels
 
 
 def install(wheels: Path, target: Path, python: str = sys.executable) -> list[str]:
@@ -472,7 +695,12 @@ def main(argv: list[str] | None = None) -> int:
             name, help="there: stage the carried part" + ("; then join and install" if name == "install" else "")
         )
         r.add_argument("parts", type=Path)
-        r.add_argument("--stage", type=Path, default=Path(STAGE))
+        r.add_argument(
+            "--stage",
+            type=Path,
+            help="the private folder parts wait in between commands (made 0700 if absent; refused if a link, "
+            "another user's or writable by others); default: a new one from mkdtemp, named in the output",
+        )
         if name == "install":
             r.add_argument("--target", type=Path, required=True, help="folder for the packages (then PYTHONPATH)")
     a = p.parse_args(argv)
@@ -502,20 +730,26 @@ def main(argv: list[str] | None = None) -> int:
                 f"manifest, under {mib(TRAVEL_LIMIT)})"
             )
         else:
-            m, have = receive(a.parts, a.stage)
-            if a.cmd == "receive":
-                left = [m["parts"][i]["name"] for i in range(len(m["parts"])) if i not in have]
-                print(
-                    f"gpu_parts: {len(have)} of {len(m['parts'])} parts staged in {a.stage}"
-                    + (f"; still to send: {', '.join(left)}" if left else "; all here: run install")
-                )
-            else:
-                wheels = assemble(m, a.stage, have)
-                names = install(wheels, a.target)
-                print(
-                    f"gpu_parts: {len(m['parts'])} parts joined, sha256 {m['payload']['sha256'][:12]} ok, "
-                    f"{len(names)} wheels installed into {a.target}"
-                )
+            stage = private_stage(a.stage)
+            again = "" if a.stage else f" (a new private folder: give --stage {stage} to the next receive and install)"
+            try:
+                m, have = receive(a.parts, stage)
+                if a.cmd == "receive":
+                    left = [m["parts"][i]["name"] for i in range(len(m["parts"])) if i not in have]
+                    print(
+                        f"gpu_parts: {len(have)} of {len(m['parts'])} parts staged in {stage}{again}"
+                        + (f"; still to send: {', '.join(left)}" if left else "; all here: run install")
+                    )
+                else:
+                    wheels = assemble(m, stage, have)
+                    names = install(wheels, a.target)
+                    print(
+                        f"gpu_parts: {len(m['parts'])} parts joined, sha256 {m['payload']['sha256'][:12]} ok, "
+                        f"{len(names)} wheels installed into {a.target}"
+                    )
+            finally:
+                if not a.stage and (a.cmd == "install" or not any(stage.iterdir())):
+                    shutil.rmtree(stage, ignore_errors=True)  # its own mkdtemp, which no later command is told of
     except PartsError as e:
         print(f"gpu_parts: {e}", file=sys.stderr)
         return 2

@@ -15,14 +15,17 @@
 #   scripts/gpu_session.sh dry-run [parts]  # here: the device side of every step on the CPU (no CUDA); PYTHON312:
 #                                           #   a Python 3.12 with numpy, Pillow, six, packaging (the machine's)
 #
-# There, what a step installs or makes lives under /tmp (VITLARGE_GPU_SITE, _STAGE, _BENCH), which the machine
-# keeps only while it stays warm (about 30 s idle): send the calls back to back. Results go to $OUT.
+# There, what a step installs or makes lives in one folder of the user's own, VITLARGE_GPU_HOME (default
+# ~/.cache/vitlarge-gpu: parts/, the stage gpu_parts.py checks is private; site/; bench/), never a fixed name in the
+# shared /tmp, where another user could make it first; the machine keeps it only while it stays warm (about 30 s
+# idle): send the calls back to back. Results go to $OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-SITE=${VITLARGE_GPU_SITE:-/tmp/vitlarge-site}
-STAGE=${VITLARGE_GPU_STAGE:-/tmp/vitlarge-parts}
-BENCH=${VITLARGE_GPU_BENCH:-/tmp/vitlarge-bench}
+GPU_HOME=${VITLARGE_GPU_HOME:-~/.cache/vitlarge-gpu} # ~: HOME, or where HOME is unset the passwd entry's
+SITE=${VITLARGE_GPU_SITE:-$GPU_HOME/site}
+STAGE=${VITLARGE_GPU_STAGE:-$GPU_HOME/parts}
+BENCH=${VITLARGE_GPU_BENCH:-$GPU_HOME/bench}
 OUT=${OUT:-/tmp/vitlarge-out}
 PARTS=.gpu/parts
 JPEGS=4096 # ImageNet-shaped (data_tools.make_bench_dataset --quality 96 --noise 10,14: ~110 KB each)
@@ -109,7 +112,7 @@ dry-run)
     echo "gpu_session: dry run: kit $(($(date +%s) - s)) s"
     ;;
 *)
-    sed -n '2,20p' "$0" >&2
+    sed -n '2,21p' "$0" >&2
     exit 2
     ;;
 esac

@@ -9,7 +9,12 @@ import sys
 from pathlib import Path
 
 from vitlarge.checkpoint.export import EXPORT_DIR
-from vitlarge.report.metrics_log import FILENAME, PLOT_FILENAME, TB_DIRNAME, read_metrics
+from vitlarge.report.metrics_log import FILENAME, PLOT_FILENAME, STEP_MAX, TB_DIRNAME, read_metrics, value
+
+
+def _percent(fraction: float | None) -> str:
+    """A recorded accuracy (a fraction) as a percentage; "?" where the record has none (`value`)."""
+    return "?" if fraction is None else f"{100 * fraction:.2f}%"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,11 +40,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {path} has no evaluation yet", file=sys.stderr)
         return 2
     last = evals[-1]
+    top1, top5, loss = (value(last.get(k)) for k in ("val_top1", "val_top5", "val_loss"))
+    images = last.get("val_images")
     print(
-        f"{'final' if ended else 'latest'} validation top-1 {100 * last['val_top1']:.2f}% (top-5 "
-        f"{100 * last['val_top5']:.2f}%, loss {last['val_loss']:.4f}) at step {last['step']} on {last['val_images']} "
-        "images"
+        f"{'final' if ended else 'latest'} validation top-1 {_percent(top1)} (top-5 {_percent(top5)}, loss "
+        f"{'?' if loss is None else f'{loss:.4f}'}) at step {last['step']} on "
+        f"{images if type(images) is int and 0 <= images <= STEP_MAX else '?'} images"
     )
+    if top1 is None:
+        print(
+            f"error: {path}: the evaluation at step {last['step']} records no val_top1 (missing, not a number or out "
+            "of range); its top-1 is had again with python -m vitlarge.evaluate --config <recipe> --checkpoint <step_N>",
+            file=sys.stderr,
+        )
+        return 2
     w = Path(workdir)
     where = [f"picture: {w / PLOT_FILENAME}"] if (w / PLOT_FILENAME).is_file() else []
     where.append(f"logs: {path}")

@@ -4,7 +4,8 @@ python -m vitlarge.evaluate --config recipes/demo_digits.py --checkpoint runs/de
 torchrun --nproc_per_node 4 -m vitlarge.evaluate --config ... --checkpoint runs/demo/model
 
 It prints a table (what was evaluated, at what size, on how many images; top-1, top-5, loss); ``--json`` prints
-the same numbers as one JSON object instead, for scripts.
+the same numbers as one JSON object instead, for scripts: the form it printed by default before the table
+(CHANGELOG.md), which `JSON_MOVED` says once on stderr where a script reads the table.
 """
 
 from __future__ import annotations
@@ -166,6 +167,24 @@ def as_exported(cfg, folder: Path) -> tuple[list[str], int | None]:
     return changed, size
 
 
+JSON_MOVED = (
+    "note: vitlarge.evaluate prints a table; the one JSON line it printed before, for scripts, is --json (CHANGELOG.md)"
+)
+"""Said on stderr with the table where stdout is not a terminal (a script or a pipe reads it, as scripts read the
+JSON line before): the table is what a person reads, and a script that parsed the JSON learns where it went."""
+
+
+def show(metrics: dict, checkpoint: str, step: int | None, size: int, as_json: bool) -> None:
+    """The result on stdout: one JSON object (``--json``) or the `table`, with `JSON_MOVED` once on stderr where
+    no terminal reads stdout."""
+    if as_json:
+        print(json.dumps(metrics))
+        return
+    if not sys.stdout.isatty():
+        print(JSON_MOVED, file=sys.stderr)
+    print(table(checkpoint, step, size, metrics))
+
+
 def table(checkpoint: str, step: int | None, size: int, metrics: dict) -> str:
     """The result as a person reads it: what was evaluated, on what, and the three numbers."""
     what = f"{checkpoint} (step {step})" if step is not None else checkpoint
@@ -236,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics = evaluate(model, val, Precision(settings.precision, device))
         if env.is_main:
             shown = phase.eval_size if phase else size or cfg.data.image_size
-            print(json.dumps(metrics) if args.json else table(args.checkpoint, step, shown, metrics))
+            show(metrics, args.checkpoint, step, shown, args.json)
         dist.destroy_process_group()
         return 0
 

@@ -1,4 +1,5 @@
-"""The device side of the GPU kit (benchmarks/gpu/): device choice, datasheet peaks, memory, out-of-memory.
+"""The device side of the GPU kit (benchmarks/gpu/): device choice, datasheet peaks (and the MFU against them),
+memory, out-of-memory.
 
 Contract: every function takes the ``torch.device`` the kit runs on and behaves the same on CPU and
 CUDA, except where CUDA has something the CPU has not (timing on either is
@@ -65,6 +66,16 @@ def datasheet_peak(name: str, multiprocessors: int | None = None) -> dict | None
                 "sm_fraction": round(fraction, 4),
             }
     return None
+
+
+def mfu(flops_per_s: float, peak: dict, dtype: str) -> dict:
+    """The model FLOP utilization of ``flops_per_s`` against the kit's peaks (``peak``: its matmul section): the
+    measured ``dtype`` matmul's and the datasheet's (None off the datasheet)."""
+    sheet = peak["datasheet"]
+    return {
+        "vs_measured_matmul": round(flops_per_s / peak["measured"][dtype]["flops_per_s"], 4),
+        "vs_datasheet": round(flops_per_s / sheet["dense_bf16_fp16_flops"], 4) if sheet else None,
+    }
 
 
 def device_info(device: torch.device) -> dict:

@@ -45,6 +45,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.gpu import device as dev
+from benchmarks.gpu.request import Request
 from benchmarks.harness import results, timing  # noqa: I001  (first: it sets OMP_WAIT_POLICY before torch loads)
 from vitlarge.errors import UserError, cli_main
 
@@ -122,14 +123,6 @@ def peak_section(device: torch.device, n: int) -> dict:
     }
 
 
-def mfu(flops_per_s: float, peak: dict, dtype: str) -> dict:
-    sheet = peak["datasheet"]
-    return {
-        "vs_measured_matmul": round(flops_per_s / peak["measured"][dtype]["flops_per_s"], 4),
-        "vs_datasheet": round(flops_per_s / sheet["dense_bf16_fp16_flops"], 4) if sheet else None,
-    }
-
-
 COMPILE_SKIPPED = "not compiled under --tiny (compiling takes about a minute on a CPU): the eager engine's code"
 
 
@@ -201,7 +194,7 @@ def train_section(device: torch.device, path: str, s: dict, peak: dict, tiny: bo
             "images_per_s": round(ips, 3),
             "peak_memory_bytes": memory[name],
             "skipped_steps": made[name].skipped - skipped_before[name],
-            "mfu": mfu(ips * per_image, peak, name.rsplit("_", 1)[1]),
+            "mfu": dev.mfu(ips * per_image, peak, name.rsplit("_", 1)[1]),
         }
     for prec in ("bf16", "fp16"):
         res[f"vitlarge_{prec}"]["vs_bare"] = round(
@@ -290,7 +283,7 @@ def large_section(device: torch.device, path: str, s: dict, peak: dict, tiny: bo
     for recipe in ("vit_l16", "vit_h14"):
         recipe_micro = load_recipe(ROOT / "recipes" / f"{recipe}.py").train.micro_batch
         cfg = kit_config(recipe, "bf16", recipe_micro, 1, tiny)
-        cfg.model.grad_checkpointing = True
+        cfg.train.activation_checkpointing = "full"
         dev.free_memory(device)
         best, tries, run = largest_fit(
             lambda: EngineRun(cfg, device, path),
@@ -304,7 +297,7 @@ def large_section(device: torch.device, path: str, s: dict, peak: dict, tiny: bo
             "model": cfg.model.name,
             "model_kwargs": cfg.model.kwargs,
             "image_size": cfg.data.image_size,
-            "grad_checkpointing": True,
+            "activation_checkpointing": "full",
             "precision": "bf16",
             "recipe_micro_batch": recipe_micro,
             "micro_batch": best,
@@ -337,7 +330,7 @@ def large_section(device: torch.device, path: str, s: dict, peak: dict, tiny: bo
                 images_per_s=round(ips, 3),
                 params=info["params"],
                 peak_memory_bytes=dev.peak_since_reset(device),
-                mfu=mfu(ips * 3 * info["fwd_flops"], peak, "bf16"),
+                mfu=dev.mfu(ips * 3 * info["fwd_flops"], peak, "bf16"),
             )
         out[recipe] = entry
         del run
@@ -345,26 +338,17 @@ def large_section(device: torch.device, path: str, s: dict, peak: dict, tiny: bo
     return out
 
 
-def run(
-    device: torch.device,
-    tiny: bool,
-    path_request: str,
-    only: tuple[str, ...],
-    save=lambda result: None,
-    deterministic: bool = True,
-    overrides: tuple[str, ...] = (),
-    rows: tuple[str, ...] = (),
-    time_budget: float | None = None,
-) -> dict:
-    """All sections in order; ``save(result)`` after each (and after each large model), so what finished
+def run(device: torch.device, request: Request, save=lambda result: None) -> dict:
+    """All of ``request``'s sections in order; ``save(result)`` after each (and after each large model), so what finished
     survives a later failure or a time limit, marked ``"complete": false`` until the end.
 
     The peak runs first (MFU needs it) and a failure there ends the run. A failure in a later
     section (a CUDA error other than out-of-memory, a bug) is printed with its traceback, recorded
     under ``failed`` and the next section still runs; ``complete`` is then false at the end too."""
     t_start = time.perf_counter()
+    tiny, deterministic, only = request.tiny, request.deterministic, request.sections
     s = sizes(tiny)
-    path, why = choose_path(path_request)
+    path, why = choose_path(request.path)
     print(f"benchmarks.gpu: path {path}: {why}", flush=True)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # device has its index (device.resolve_device)
@@ -388,8 +372,8 @@ def run(
         "flops_method": "3 x forward FLOPs from vitlarge.model.vit.describe_model (FlopCounterMode, meta device; "
         "attention included, recomputation not)",
         "sections": list(only),
-        "overrides": list(overrides),
-        "time_budget_s": time_budget,
+        "overrides": list(request.overrides),
+        "time_budget_s": request.time_budget,
         "complete": False,
         "failed": {},
     }
@@ -411,10 +395,8 @@ def run(
                     result["recipes"] = out
                     checkpoint("recipes: a row done")
 
-                deadline = t_start + time_budget if time_budget else None
-                result["recipes"] = gpu_recipes.run(
-                    device, path, s, result["peak"], tiny, list(overrides), list(rows) or None, deadline, recipe_done
-                )
+                deadline = request.deadline(t_start)
+                result["recipes"] = gpu_recipes.run(device, path, s, result["peak"], request, deadline, recipe_done)
                 result["finish_with"] = gpu_recipes.finish_command(result["recipes"])
             elif name == "train":
                 result["train"] = train_section(device, path, s, result["peak"], tiny)
@@ -540,17 +522,16 @@ def main(argv=None) -> int:
 
         with warnings.catch_warnings():
             quiet_known_warnings()
-            result = run(
-                device,
-                args.tiny,
-                args.path,
-                tuple(args.only),
-                save,
-                args.deterministic == "on",
-                tuple(args.set),
-                tuple(args.rows),
-                args.time_budget,
+            request = Request(
+                tiny=args.tiny,
+                path=args.path,
+                sections=tuple(args.only),
+                deterministic=args.deterministic == "on",
+                overrides=tuple(args.set),
+                rows=tuple(args.rows),
+                time_budget=args.time_budget,
             )
+            result = run(device, request, save)
         print("\n".join(gpu_report.section(result)))
         print(f"wrote {written[0]} and {written[1]}")
         if result.get("finish_with"):

@@ -13,8 +13,8 @@ kernels ran, where the step's time goes (`benchmarks.gpu.profile.breakdown`), th
 was timed. Per recipe, the GEMM reference (`benchmarks.gpu.profile.gemm_reference`).
 
 ``overrides`` (the kit's ``--set KEY=VALUE``, train.py's syntax) apply to every row after the recipe, before the
-row's own settings: ``train.compile=...``, ``train.activation_checkpointing=...``, ``model.grad_checkpointing=...``
-pass straight through to the builder. ``rows`` (``recipe.row`` names) limits what runs; a time budget leaves the
+row's own settings: ``train.compile=...``, ``train.activation_checkpointing=...`` pass straight through to the
+builder. ``rows`` (``recipe.row`` names) limits what runs; a time budget leaves the
 rest recorded as not run, with the ``--only recipes --rows ...`` that finishes them.
 """
 
@@ -28,6 +28,7 @@ import torch
 
 from benchmarks.gpu import device as dev
 from benchmarks.gpu import profile as prof
+from benchmarks.gpu.request import Request
 from benchmarks.harness import timing
 
 ORDER = ("vit_b16", "deit3_b16", "vit_l16", "vit_h14")
@@ -117,8 +118,6 @@ def _make(cfg, device: torch.device, path: str, bare: bool):
 def measure_row(cfg, spec: dict, device: torch.device, path: str, s: dict, peak: dict, flops_per_image: float) -> dict:
     """One row: build, warm up (compiling), time ``s['rounds']`` rounds of ``s['steps']`` steps under the clock
     sampler, then profile ``s['profile_steps']`` steps."""
-    from benchmarks.gpu.kit import mfu
-
     dev.free_memory(device)
     base = dev.allocated(device)
     dev.reset_peak(device)
@@ -146,7 +145,7 @@ def measure_row(cfg, spec: dict, device: torch.device, path: str, s: dict, peak:
         "images_per_s": round(ips, 3),
         "build_and_warmup_s": round(warm_s, 1),
         "peak_memory_bytes": memory,
-        "mfu": mfu(ips * flops_per_image, peak, spec["precision"] if spec["precision"] != "fp32" else "bf16"),
+        "mfu": dev.mfu(ips * flops_per_image, peak, spec["precision"] if spec["precision"] != "fp32" else "bf16"),
         "attention_chosen": chosen.backend if chosen else "not chosen by vitlarge (the bare loop)",
         "clocks": clocks.summary(),
         "breakdown": prof.breakdown(trainer.step, device, s["profile_steps"]),
@@ -159,17 +158,17 @@ def run(
     path: str,
     s: dict,
     peak: dict,
-    tiny: bool,
-    overrides: list[str],
-    only_rows: list[str] | None,
+    request: Request,
     deadline: float | None,
     done: Callable[[dict], None],
 ) -> dict:
-    """Every recipe's rows, by rank: each recipe's first row (`ORDER`), then each one's second, and so on, so a
-    time budget cuts the variants before any recipe's headline row; a recipe's GEMM reference after its first row.
-    ``done(result so far)`` after each row (the kit saves it)."""
+    """``request``'s recipe rows (its ``--tiny``, ``--set`` and ``--rows``) by rank, none started past ``deadline``
+    (a ``time.perf_counter`` value; None: no budget): each recipe's first row (`ORDER`), then each one's second, and
+    so on, so a time budget cuts the variants before any recipe's headline row; a recipe's GEMM reference after its
+    first row. ``done(result so far)`` after each row (the kit saves it)."""
     from vitlarge.model.vit import build_model, describe_model
 
+    tiny, overrides, only_rows = request.tiny, list(request.overrides), request.rows
     out: dict = {}
     queue = []  # (rank, recipe, row name, spec, depth)
     for recipe in ORDER:
@@ -183,7 +182,7 @@ def run(
             "image_size": base.data.image_size,
             "micro_batch": base.train.micro_batch,
             "recipe_precision": precision,
-            "grad_checkpointing": base.model.grad_checkpointing,
+            "activation_checkpointing": base.train.activation_checkpointing,
             "drop_path_rate": base.model.drop_path_rate,
             "deterministic": base.train.deterministic,
             "overrides": overrides,

@@ -66,8 +66,7 @@ def vitlarge_optimizer(model, cfg):
     """The recipe's optimizer as `vitlarge.optim.lamb.build_optimizer` makes it."""
     from vitlarge.optim.lamb import build_optimizer
 
-    o = cfg.optim
-    return build_optimizer(model, o.name, lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas), eps=o.eps)
+    return build_optimizer(model, cfg.optim)
 
 
 def timm_lamb(model, cfg):

@@ -35,6 +35,7 @@ def _build(mode: str, seed: int, recipe: str | None = None):
     """(model as the checkpoint code sees it, optimizer) for ``mode``; weights from ``seed`` on every rank."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from vitlarge.config.schema import OptimConfig
     from vitlarge.model.vit import build_model
     from vitlarge.optim.lamb import build_optimizer
 
@@ -50,12 +51,12 @@ def _build(mode: str, seed: int, recipe: str | None = None):
     if mode == "ddp_adamw":
         return DDP(model), torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     if mode == "ddp_lamb":
-        return DDP(model), build_optimizer(model, "lamb", lr=1e-2, weight_decay=0.1)
+        return DDP(model), build_optimizer(model, OptimConfig(lr=1e-2, weight_decay=0.1))
     assert mode == "plugin_fsdp"  # as train.py builds it: the Booster plugin shards and re-points the optimizer
     from vitlarge.distributed.fsdp import FSDPPlugin
 
     return FSDPPlugin("fp32", torch.device("cpu")).configure(
-        model, build_optimizer(model, "lamb", lr=1e-2, weight_decay=0.1)
+        model, build_optimizer(model, OptimConfig(lr=1e-2, weight_decay=0.1))
     )[:2]
 
 

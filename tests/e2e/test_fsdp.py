@@ -217,7 +217,7 @@ def probe3(runs, tmp_path_factory) -> tuple[dict, dict]:
 @pytest.mark.parametrize("setting", ["checkpointing", "selective", "reduce_scatter"])
 def test_activation_checkpointing_and_per_micro_step_reduce_scatter_leave_a_3_rank_step_unchanged(probe3, setting):
     """Against the plain step (no_sync accumulation, no recompute), 2 micro-steps, world size 3. ``checkpointing``
-    is full recompute (``model.grad_checkpointing``), ``selective`` keeps the matmul outputs
+    is full recompute (``train.activation_checkpointing=full``), ``selective`` keeps the matmul outputs
     (``train.activation_checkpointing=selective``): both inside FSDP2's per-block gathers."""
     (norm_a, a, held_a), (norm_b, b, held_b) = probe3[1]["plain"], probe3[1][setting]
     assert held_a == [("unsharded", "torch.float32")]  # fp32 default: no_sync

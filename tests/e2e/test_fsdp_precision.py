@@ -125,7 +125,7 @@ def _checkpointing(rank: int) -> dict:
 
         cfg = load_recipe(RECIPE)
         cfg.train.plugin, cfg.train.precision, cfg.train.global_batch = "fsdp", "fp32", 16 * WORLD
-        cfg.model.grad_checkpointing = ckpt
+        cfg.train.activation_checkpointing = "full" if ckpt else "off"
         cfg.augment.mixup_alpha = 0.0
         parts = build(cfg, make_plan(cfg, WORLD, 1437), resolve_settings(cfg, "cpu"))
         assert parts.model.unwrap().grad_checkpointing == ckpt

@@ -171,7 +171,7 @@ def test_the_first_kits_sections_still_measure(booster_run):
     assert compiled["compiled"] is False and "--tiny" in compiled["note"] and _positive(compiled["vs_eager"])
     assert all(v["skipped_steps"] == 0 for v in t["results"].values())
     v = r["large"]["vit_l16"]
-    assert v["grad_checkpointing"] and v["precision"] == "bf16"
+    assert v["activation_checkpointing"] == "full" and v["precision"] == "bf16"
     assert v["micro_batch"] == v["search_cap"] == 4  # CPU: no OOM, the search stops at its cap
     assert [x["micro_batch"] for x in v["fit_tries"]] == [2, 4]
     assert _positive(v["images_per_s"]) and _positive(v["mfu"]["vs_measured_matmul"])

@@ -56,7 +56,8 @@ def test_a_process_that_joined_a_group_leaves_with_its_status(what, status):
 
 _PREEMPTED_PROCESS = """
 import os, sys
-from tests.unit.hooks.test_hooks import TensorBoardHook, make_run, step_metrics
+from hooks import TensorBoardHook
+from tests.helpers.events import make_run, step_metrics
 hook, run = TensorBoardHook(sys.argv[1]), make_run(sys.argv[1])
 hook.on_train_start(run)
 for s in range(1, 8):

@@ -21,6 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+import torch
 
 from hooks import _tracking
 from hooks.jsonl import read_metrics
@@ -35,6 +36,7 @@ from tests.helpers.runs import (
     train_args,
 )
 from tests.helpers.wandb_offline import read_run
+from vitlarge.model.precision import choose_precision
 
 TIMEOUT = 600
 WARN_MLFLOW = "warning: mlflow: "
@@ -187,8 +189,10 @@ def test_a_line_killed_9_and_rerun_is_one_mlflow_run_and_one_wandb_run(demo_data
     ]
     tags = run.data.tags
     assert tags["vitlarge.commit"] == _tracking.source_commit() and tags["vitlarge.world_size"] == "2"
-    assert (tags["vitlarge.device"], tags["vitlarge.precision"], tags["vitlarge.plugin"]) == ("cpu", "fp32", "ddp")
-    assert tags["vitlarge.precision_reason"].startswith("precision auto -> fp32")
+    # precision auto on this CPU: fp16 with AVX512-FP16, bf16 with AMX-BF16, else fp32 (choose_precision)
+    auto = choose_precision("auto", torch.device("cpu"))[0]
+    assert (tags["vitlarge.device"], tags["vitlarge.precision"], tags["vitlarge.plugin"]) == ("cpu", auto, "ddp")
+    assert tags["vitlarge.precision_reason"].startswith(f"precision auto -> {auto}")
     assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"model", "metrics.png"}
     assert {a.path for a in client.list_artifacts(run.info.run_id, "model")} == {
         "model/config.json",
@@ -267,7 +271,7 @@ def test_a_tracker_that_goes_down_mid_run_costs_one_line_and_not_a_bit_of_the_ru
 
 def drive(hook, run, steps: int = 3) -> None:
     """The events of a short run, as the trainer emits them."""
-    from tests.unit.hooks.test_hooks import EVAL, step_metrics
+    from tests.helpers.events import EVAL, step_metrics
 
     hook.on_train_start(run)
     for s in range(1, steps + 1):
@@ -345,7 +349,7 @@ def test_the_default_store_a_lost_run_a_parent_and_a_closed_port(tmp_path, monke
     from mlflow import MlflowClient
 
     from hooks import MlflowHook
-    from tests.unit.hooks.test_hooks import make_run
+    from tests.helpers.events import make_run
     from vitlarge.config.schema import Config
 
     def hook(workdir: Path) -> MlflowHook:

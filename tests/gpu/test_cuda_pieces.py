@@ -140,6 +140,7 @@ def test_lamb_forms_agree_on_the_gpu_and_the_compiled_one_compiles(record_proper
 
     import timm
 
+    from vitlarge.config.schema import OptimConfig
     from vitlarge.optim.lamb import build_optimizer
 
     torch.manual_seed(0)
@@ -149,7 +150,7 @@ def test_lamb_forms_agree_on_the_gpu_and_the_compiled_one_compiles(record_proper
     for form in ("chunked", "foreach", "compiled"):
         copy = timm.create_model("vit_small_patch16_224", depth=4).cuda()
         copy.load_state_dict(model.state_dict())
-        opt = build_optimizer(copy, "lamb", lr=1e-2, weight_decay=0.05, implementation=form)
+        opt = build_optimizer(copy, OptimConfig(lr=1e-2, weight_decay=0.05), form)
         spent = []
         for step_grads in grads:
             for p, g in zip(copy.parameters(), step_grads):

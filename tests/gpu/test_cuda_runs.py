@@ -32,7 +32,7 @@ B16_COMBINATION = ["train.precision=fp16", "train.compile=on", "train.determinis
 H14_COMBINATION = [
     "train.plugin=fsdp",
     "train.precision=bf16",
-    "model.grad_checkpointing=true",
+    "train.activation_checkpointing=full",
     "train.compile=on",
     "train.device=cuda",
 ]
@@ -140,7 +140,7 @@ def test_fsdp_compiled_checkpointed_bf16_on_gpu_resumes_resharded_on_two_cpu_ran
     out = finish(start(run, *every, *H14_COMBINATION, "train.max_steps=4"), run)
     assert (run / "checkpoints").is_dir()
     on_gpu = {k: v.clone() for k, v in load_file(str(run / "model" / "model.safetensors")).items()}
-    cpu = ["train.device=cpu", "train.plugin=fsdp", "train.precision=bf16", "model.grad_checkpointing=true"]
+    cpu = ["train.device=cpu", "train.plugin=fsdp", "train.precision=bf16", "train.activation_checkpointing=full"]
     cpu += ["train.compile=off", *every]
 
     def on_two_cpu_ranks(steps: int) -> str:

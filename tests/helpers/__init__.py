@@ -4,8 +4,11 @@ ROOT               the repository root (train.py, recipes/); the working directo
 process_group      a gloo group of one in this process (fixture and context manager)
 spawn              N gloo worker processes (torch.multiprocessing), bounded by a deadline
 launcher           train.py as users start it (python, torchrun, colossalai run); process trees
+processes          what every started process shares: its environment, its tree's kill (launcher and forked)
 runs               shared train.py run arguments, a reference run, an srun stand-in (e2e tests)
+controllers        scripts/k8s/'s manifests as Kubeflow's controllers make them into pods (command, variables)
 data_fixtures      tiny ImageFolder and the demo digits data (pytest fixtures, loaded by conftest.py)
+events             a run's RunInfo, step and eval metrics made by hand, for driving hooks
 tiny_model         the demo ViT with LAMB and a loss scaler, trained a step or two
 precision          LayerNormDtypes: the dtypes a forward's LayerNorms compute in
 kill_convert       ``python -m tests.helpers.kill_convert``: the converter SIGKILLed mid-shard

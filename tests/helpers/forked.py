@@ -12,7 +12,7 @@ status included: it is a real process, joins a real gloo group, and is signalled
 
 What a forked rank does not re-read: whatever the preloaded modules read from the environment at import
 (``PYTHONWARNINGS``, ``OMP_NUM_THREADS`` for OpenMP's pool, ``TORCHINDUCTOR_*``). The server starts with the
-tests' launcher environment (`tests.helpers.launcher.env`); a test that varies those variables, or whose
+tests' launcher environment (`tests.helpers.processes.env`); a test that varies those variables, or whose
 subject is a launcher (its exit status, its output, its signals), starts real processes.
 """
 
@@ -35,16 +35,16 @@ _live: set = set()  # ranks started and not yet reaped: killed when the session 
 
 def context():
     """The session's forkserver context. The first call starts the server with the tests' launcher environment
-    (`tests.helpers.launcher.env`, captured then: PYTHONWARNINGS's errors, OMP_NUM_THREADS=1), waits for its
+    (`tests.helpers.processes.env`, captured then: PYTHONWARNINGS's errors, OMP_NUM_THREADS=1), waits for its
     preload, and raises with the preload's own traceback if it failed (multiprocessing's forkserver would swallow
     an ImportError and leave every rank to import on its own, green but slow)."""
     global _context
     if _context is None:
-        from tests.helpers import launcher
+        from tests.helpers import processes
 
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(PRELOAD)
-        saved, server_env = dict(os.environ), launcher.env()
+        saved, server_env = dict(os.environ), processes.env()
         os.environ.clear()
         os.environ.update(server_env)
         try:
@@ -81,7 +81,7 @@ def _check_preload(ctx) -> None:
 def kill_live() -> None:
     """SIGKILLs every forked rank still running (and what it started): at the session's end, so that a test that
     failed or timed out leaves nothing behind for the next tests, nor for multiprocessing's exit to wait on."""
-    from tests.helpers.launcher import kill_tree
+    from tests.helpers.processes import kill_tree
 
     for rank in list(_live):
         if rank.poll() is None:
@@ -219,7 +219,7 @@ class Job:
         except BaseException:
             self.kill()  # the ranks already started would wait for the missing one until their rendezvous timeout
             raise
-        # No ``pid``: a job is several processes. `tests.helpers.launcher.kill_tree` and ``workers`` take the job.
+        # No ``pid``: a job is several processes. `tests.helpers.processes.kill_tree` and ``workers`` take the job.
         self.returncode: int | None = None
         self._failed_at: float | None = None
         self._first_failure: int | None = None
@@ -257,7 +257,7 @@ class Job:
             r.send_signal(sig)
 
     def kill(self) -> None:
-        from tests.helpers.launcher import kill_tree
+        from tests.helpers.processes import kill_tree
 
         kill_tree(self)
 

@@ -11,7 +11,7 @@ def recipe(precision: str, checkpointing: bool = False, **train):
     from vitlarge.config.load import load_recipe
 
     cfg = load_recipe(RECIPE)
-    cfg.model.grad_checkpointing = checkpointing
+    cfg.train.activation_checkpointing = "full" if checkpointing else "off"
     cfg.train.plugin, cfg.train.precision, cfg.train.global_batch = "fsdp", precision, 32
     cfg.augment.mixup_alpha = 0.0  # any batch size
     for k, v in train.items():

@@ -4,8 +4,10 @@
 and data set under SCRATCH, then for each format feeds ``CASES`` random mutations of the real file (a
 fixed seed per format: a format's first N cases do not depend on CASES) to the entry points that read it,
 as a user's command would (evaluate's and init_from's weight reads, then an automatic resume and its
-restore; an export's config.json as evaluate reads it; meta.json's phase list and schedule record; the loader; make_index and the manifest; the MLflow hook over a workdir's own store; an overrides file's
-load and the model it sizes; a loader state's DALI fields and a shard's record payloads through the loader).
+restore; an export's config.json as evaluate reads it; meta.json's phase list and schedule record; the loader;
+make_index and the manifest; the MLflow hook over a workdir's own store; an overrides file's load and the model it
+sizes; a loader state's DALI fields and a shard's record payloads through the loader; the GPU parts bundle's receive
+and join).
 ``FORMAT ...`` after CASES runs only those formats. Each case must end in a clean pass or a one-line `UserError`
 (what the CLIs turn into exit 2; for a tracker, its one warning line, training going on); anything else is
 reported as a traceback. An audit hook records every write, removal, rename, process start or network connection
@@ -20,6 +22,7 @@ import base64
 import contextlib
 import copy
 import json
+import logging
 import os
 import pickle
 import random
@@ -55,7 +58,9 @@ def _audit(event: str, args) -> None:
         if writes and path is not None and not _inside(path):
             violations.append(f"open for writing outside the scratch folder: {path}")
     elif event in ("os.remove", "os.rmdir", "os.mkdir", "os.symlink", "os.link", "os.truncate", "shutil.rmtree"):
-        if args and args[0] is not None and not _inside(args[0]):
+        # A relative name under a folder's descriptor (shutil.rmtree's walk, after its own audited event): inside.
+        under_fd = event in ("os.remove", "os.rmdir", "os.mkdir") and isinstance(args[-1], int)
+        if args and args[0] is not None and not under_fd and not _inside(args[0]):
             violations.append(f"{event} outside the scratch folder: {args[0]}")
     elif event in ("os.rename", "os.replace"):
         if not (_inside(args[0]) and _inside(args[1])):
@@ -263,7 +268,7 @@ def drive_mlflow(workdir: Path, flush_timeout_s: float = 20) -> None:
     import logging
 
     from hooks import MlflowHook
-    from tests.unit.hooks.test_hooks import EVAL, make_run, step_metrics
+    from tests.helpers.events import EVAL, make_run, step_metrics
     from vitlarge.config.schema import Config
     from vitlarge.errors import UserError
 
@@ -574,6 +579,40 @@ def overrides_and_data_formats(scratch: Path, data: Path, state: str, rng: rando
     }
 
 
+def parts_bundle_formats(scratch: Path, cases: int, rng: random.Random) -> dict:
+    """The DALI parts bundle's manifest.json (scripts/gpu_parts.py): three small wheels packed once in parts of
+    32 KiB; each case mutates a copy of the manifest (its JSON tree, or its bytes), then receives and joins the parts
+    into a stage of its own, as the device's last command does before pip (a process: not started here). Its
+    one-line `PartsError` (exit 2) counts as the refusal."""
+    from scripts import gpu_parts
+    from vitlarge.errors import UserError
+
+    wheels, template = scratch / "parts-wheels", scratch / "parts-template"
+    made = random.Random(7)  # the wheels' bytes: the same bundle at any seed
+    for path, size in (
+        ("dali/nvidia_dali_cuda130-2.4.0-py3-none-manylinux_2_28_x86_64.whl", 70_000),
+        ("dali/gast-0.7.0-py3-none-any.whl", 9_000),
+        ("colossalai/colossalai-0.5.0-py3-none-any.whl", 20_000),
+    ):
+        (wheels / path).parent.mkdir(parents=True, exist_ok=True)
+        (wheels / path).write_bytes(made.randbytes(size))
+    gpu_parts.pack(wheels, template, part_bytes=32 * 1024, checkout=0)
+    raw = (template / gpu_parts.MANIFEST).read_bytes()
+
+    def manifest(case):
+        d = scratch / f"case{case}"
+        shutil.copytree(template, d / "parts")
+        mutated = dump(mutate_doc(json.loads(raw), rng)) if rng.random() < 0.8 else mutate_bytes(raw, rng)
+        (d / "parts" / gpu_parts.MANIFEST).write_bytes(mutated)
+        try:
+            m, have = gpu_parts.receive(d / "parts", d / "stage")
+            gpu_parts.assemble(m, d / "stage", have)
+        except gpu_parts.PartsError as e:
+            raise UserError(str(e)) from None
+
+    return {"parts manifest": (manifest, cases)}
+
+
 # The formats and their entry points ----------------------------------------------------------------
 
 
@@ -624,9 +663,20 @@ def main(scratch: str, demo_data: str, seed: int, cases: int, only: list[str] | 
 
         def resume_and_restore():
             m, o, s = make(cfg)
-            chosen = resume.choose(path.parent.parent, None, m, cfg).path
+            passed_over = []
+            handler = logging.Handler()
+            handler.emit = lambda record: passed_over.extend(
+                [record.getMessage()] if "passed over" in record.msg else []
+            )
+            logging.getLogger("vitlarge").addHandler(handler)
+            try:
+                chosen = resume.choose(path.parent.parent, None, m, cfg, optimizer=o).path
+            finally:
+                logging.getLogger("vitlarge").removeHandler(handler)
             if chosen is not None:
                 resume.restore(chosen, RunState(m, o, s), cfg)
+            elif passed_over:  # the folder's one checkpoint failed its files' or its restore's check: that line
+                raise UserError(passed_over[0])
 
         refused = None
         weights = (
@@ -677,7 +727,7 @@ def main(scratch: str, demo_data: str, seed: int, cases: int, only: list[str] | 
         else:
             f.write_bytes(mutate_bytes(f.read_bytes(), rng))
         reseal(path)
-        # Evaluate's and init_from's reads never open a rank file: all 200 of them passed each of these
+        # Evaluate's and init_from's reads never unpickle a rank file (its CRC32C, resealed, passes): all 200 passed these
         # cases when they were run too (seed 20261125), at two thirds of this format's time.
         read_checkpoint(path, weight_reads=False)
 
@@ -816,6 +866,7 @@ def main(scratch: str, demo_data: str, seed: int, cases: int, only: list[str] | 
         "mlflow.db": (lambda case: mlflow_store(case, rng), max(cases // 20, 8)),
         "tracker names": (lambda case: tracker_names(case, rng), max(cases // 20, 8)),
         **overrides_and_data_formats(SCRATCH, data, state, rng, cases),
+        **parts_bundle_formats(SCRATCH, cases, rng),
     }
     report = {}
     setup_peak = peak_rss_mib()  # before any reset: the setup's (a real checkpoint, the data, MLflow's store)

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 
+from vitlarge.config.schema import OptimConfig
 from vitlarge.optim.lamb import build_optimizer
 from vitlarge.optim.sharded_lamb import ShardedLamb
 
@@ -40,8 +41,8 @@ def parity(steps: int = 3, implementation: str = "chunked") -> list[dict[str, fl
     ``implementation``'s form."""
     plain = mlp()
     sharded = fully_shard(copy.deepcopy(plain))
-    plain_opt = build_optimizer(plain, "lamb", **SETTINGS)
-    sharded_opt = ShardedLamb.like(build_optimizer(sharded, "lamb", **SETTINGS, implementation=implementation))
+    plain_opt = build_optimizer(plain, OptimConfig(**SETTINGS))
+    sharded_opt = ShardedLamb.like(build_optimizer(sharded, OptimConfig(**SETTINGS), implementation))
     g = torch.Generator().manual_seed(1)  # the same batches on every rank: FSDP's mean gradient is plain's
     diffs = []
     for _ in range(steps):

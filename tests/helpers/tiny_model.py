@@ -6,6 +6,7 @@ scale all differ from a fresh build's, so a save/load round trip that drops any 
 
 import torch
 
+from vitlarge.config.schema import OptimConfig
 from vitlarge.model.vit import build_model
 from vitlarge.optim.lamb import build_optimizer
 
@@ -14,7 +15,7 @@ def make(cfg, seed=0):
     """A model, LAMB and a CPU loss scaler that grows every step (so its scale changes)."""
     torch.manual_seed(seed)
     model = build_model(cfg)
-    opt = build_optimizer(model, "lamb", lr=1e-2, weight_decay=0.1)
+    opt = build_optimizer(model, OptimConfig(lr=1e-2, weight_decay=0.1))
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=1)
     return model, opt, scaler
 

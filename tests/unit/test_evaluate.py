@@ -2,6 +2,7 @@
 the evaluation runs themselves: e2e/test_evaluate.py, e2e/test_evaluate_phases.py)."""
 
 import json
+import sys
 
 import pytest
 
@@ -87,6 +88,28 @@ def test_an_export_config_json_of_other_types_changes_nothing(tmp_path, doc):
     assert exported_settings(tmp_path) == {}
     cfg = load_config(DEMO)
     assert as_exported(cfg, tmp_path) == ([], None) and cfg.data.image_size == 16
+
+
+METRICS = {"val_top1": 0.9833, "val_top5": 1.0, "val_loss": 0.08213, "val_images": 360}
+
+
+def test_a_script_reading_the_table_is_told_once_on_stderr_that_the_json_is_json(capsys, monkeypatch):
+    """The JSON line was the default output before the table: where a pipe reads stdout, one line on stderr says
+    where it went; ``--json`` prints that line alone (stderr empty), and a terminal gets the table alone."""
+    from vitlarge.evaluate import JSON_MOVED, show, table
+
+    show(METRICS, "runs/x/model", None, 16, as_json=False)
+    out, err = capsys.readouterr()
+    assert out == table("runs/x/model", None, 16, METRICS) + "\n"
+    assert err.splitlines() == [JSON_MOVED] and "--json" in JSON_MOVED
+    assert f"`{JSON_MOVED}`" in (ROOT / "CHANGELOG.md").read_text()  # the change it points to is recorded there
+    show(METRICS, "runs/x/model", None, 16, as_json=True)
+    out, err = capsys.readouterr()
+    assert json.loads(out) == METRICS and out.count("\n") == 1 and err == ""
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    show(METRICS, "runs/x/model", None, 16, as_json=False)
+    out, err = capsys.readouterr()
+    assert out.startswith("evaluated  runs/x/model\n") and err == ""
 
 
 def test_the_result_is_a_table_a_person_reads():

@@ -1,4 +1,5 @@
-"""The layout stays one-way and formatted: import-linter's contracts (layers; no import cycle inside a package), ruff."""
+"""The layout stays one-way and formatted: import-linter's contracts (layers; no import cycle inside any package of
+the checkout), ruff."""
 
 import ast
 import logging
@@ -58,13 +59,21 @@ def test_the_library_names_no_package_above_it():
     assert len([f for f in found if f.startswith(entry)]) == 1  # console's lookup, nothing else there
 
 
-def test_the_contracts_cover_the_packages_beside_vitlarge():
-    """hooks/, data_tools/ and benchmarks/ are in the layers contract: benchmarks above the two, they above vitlarge."""
+def test_the_contracts_cover_every_package_of_the_checkout():
+    """No import circle in any folder: every package at the checkout's top (a folder with an ``__init__.py``:
+    benchmarks/, scripts/ and tests/ as much as vitlarge/) is a root package, in the layers contract (the tests above
+    benchmarks and scripts, they above hooks, data_tools and recipes, those above vitlarge: no circle between
+    packages) and an ancestor of the acyclic_siblings contract (no circle inside one, at any depth). A new package
+    folder fails here until it is added to all three."""
     import tomllib
 
-    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
-    layers = [c["layers"] for c in contracts if c["type"] == "layers"]
-    assert ["benchmarks", "hooks | data_tools", "vitlarge"] in layers
+    linter = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    packages = sorted(p.parent.name for p in ROOT.glob("*/__init__.py"))
+    assert sorted(linter["root_packages"]) == packages
+    layers = [c["layers"] for c in linter["contracts"] if c["type"] == "layers"]
+    assert ["tests", "benchmarks | scripts", "hooks | data_tools | recipes", "vitlarge"] in layers
+    (acyclic,) = [c for c in linter["contracts"] if c["type"] == "acyclic_siblings"]
+    assert sorted(acyclic["ancestors"]) == packages
 
 
 def test_a_cycle_inside_a_package_breaks_the_contract(tmp_path, monkeypatch, capsys):
@@ -178,3 +187,16 @@ def test_an_import_inside_a_function_says_what_it_keeps_off_which_path():
     assert not unsaid, f"{len(unsaid)} imports inside functions without '# lazy: <what it keeps off which path>':\n" + (
         "\n".join(unsaid)
     )
+
+
+def test_few_functions_take_many_parameters():
+    """A function that needs many values takes the spec that holds them (STYLE.md 17-19): at most
+    `AT_MOST_MANY` functions of the checkout (every package, tests and train.py) take more than `MANY_PARAMETERS`
+    parameters, none more than `MOST_PARAMETERS`. Counted as scripts/structure_report.py counts: every parameter but
+    ``self``/``cls``, ``*args`` and ``**kwargs`` one each."""
+    from scripts.structure_report import AT_MOST_MANY, MANY_PARAMETERS, MOST_PARAMETERS, many_parameters
+
+    many = many_parameters(ROOT)
+    listing = "\n".join(f"  {n:3d}  {where}" for n, where in many)
+    assert len(many) <= AT_MOST_MANY, f"{len(many)} functions take more than {MANY_PARAMETERS} parameters:\n{listing}"
+    assert all(n <= MOST_PARAMETERS for n, _ in many), f"over {MOST_PARAMETERS} parameters:\n{listing}"

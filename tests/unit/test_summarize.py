@@ -52,3 +52,27 @@ def test_a_finished_run_resumed_under_more_epochs_and_interrupted_is_not_final(t
     assert out[0] == "the run has not ended: it stopped at step 100 of 132"
     assert out[1].startswith("latest validation top-1 25.00%")
     assert out[3].startswith(f"model: {tmp_path}/model (exported at step 88, before the last start)")
+
+
+def test_values_no_run_writes_are_question_marks_and_a_missing_top1_is_one_line_and_exit_2(tmp_path):
+    """metrics.jsonl is data: a 400-digit loss, 1.7e308, a text or missing top-1 never end in a traceback or a wrong
+    number; without a top-1 there is no result (status 2), said in one line."""
+    write_run(tmp_path, (0, 5, True))
+    path = tmp_path / "metrics.jsonl"
+    lines = path.read_text().splitlines()
+    lines.insert(
+        -1, '{"event": "eval", "step": 5, "val_top1": 1.7e308, "val_top5": "text", "val_loss": ' + "9" * 400 + "}"
+    )
+    path.write_text("\n".join(lines) + "\n")
+    r = call_main("scripts.summarize", str(tmp_path))
+    assert r.stdout.splitlines()[0] == "final validation top-1 ? (top-5 ?, loss ?) at step 5 on ? images"
+    assert r.returncode == 2 and r.stderr.splitlines() == [
+        f"error: {path}: the evaluation at step 5 records no val_top1 (missing, not a number or out of range); its "
+        "top-1 is had again with python -m vitlarge.evaluate --config <recipe> --checkpoint <step_N>"
+    ]
+    lines[-2] = '{"event": "eval", "step": 5, "val_top1": 0.5, "val_top5": 0.75, "val_images": 9}'
+    path.write_text("\n".join(lines) + "\n")
+    r = call_main("scripts.summarize", str(tmp_path))
+    assert r.returncode == 0 and r.stdout.splitlines()[0] == (
+        "final validation top-1 50.00% (top-5 75.00%, loss ?) at step 5 on 9 images"
+    )

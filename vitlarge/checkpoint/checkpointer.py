@@ -82,7 +82,9 @@ class Checkpointer:
         workdir's newest that passes its check: `vitlarge.checkpoint.resume`), and every rank loads it into the
         attached parts."""
         state = self._state()
-        choice = _resume.choose(self.workdir, requested, state.model, self.cfg, num_train_examples)
+        choice = _resume.choose(
+            self.workdir, requested, state.model, self.cfg, num_train_examples, optimizer=state.optimizer
+        )
         if choice.path is None:
             return Resumed(None, choice.lineage, None, None)
         return Resumed(choice.path, choice.lineage, choice.parent, _resume.restore(choice.path, state, self.cfg))

@@ -3,9 +3,10 @@
 Contract (both functions are collectives: every rank calls ``choose``, then ``restore``):
 
 * ``choose`` without ``--resume``: rank 0 takes the workdir's newest checkpoint that passes
-  ``store.verify`` (every file's size and CRC32C against meta.json) and logs one warning line
-  for each newer one it passes over, naming it and why. With ``--resume PATH`` (any checkpoint, in
-  this workdir or another one): PATH must pass, else a one-line error.
+  ``store.verify`` (a folder, not a link; every file's size and CRC32C against meta.json) and
+  ``store.restore_problem`` (what the restore would load: rank files, the optimizer settings' kinds), before
+  anything is loaded, and logs one warning line for each newer one it passes over, naming it and why. With
+  ``--resume PATH`` (any checkpoint, in this workdir or another one): PATH must pass both, else a one-line error.
 * The chosen checkpoint must hold this recipe's model (name and parameter shapes), else a one-line
   error and nothing is moved.
 * The workdir's checkpoints newer than the chosen step (those passed over, and with ``--resume`` the
@@ -64,12 +65,18 @@ class Choice:
 
 
 def choose(
-    workdir: str | Path, requested: str | Path | None, model, cfg: Config, num_train_examples: int | None = None
+    workdir: str | Path,
+    requested: str | Path | None,
+    model,
+    cfg: Config,
+    num_train_examples: int | None = None,
+    optimizer=None,
 ) -> Choice:
     """Rank 0's choice for every rank: see the module docstring. ``num_train_examples``: the data set's, for the
-    phase-boundary check (`check_edits`; skipped without it)."""
+    phase-boundary check (`check_edits`; skipped without it). ``optimizer``: this run's, whose settings' kinds a
+    checkpoint's must have (`store.restore_problem`; not checked without it)."""
     requested = Path(requested) if requested else None
-    return rank0_decides(lambda: _choose(Path(workdir), requested, model, cfg, num_train_examples))
+    return rank0_decides(lambda: _choose(Path(workdir), requested, model, cfg, num_train_examples, optimizer))
 
 
 def lineage_of(requested: str | Path) -> str:
@@ -78,15 +85,20 @@ def lineage_of(requested: str | Path) -> str:
     return str(Path(requested).absolute())
 
 
-def newest_of_lineage(workdir: str | Path, lineage: str, verified: bool = True) -> Path | None:
-    """The workdir's newest checkpoint that belongs to ``lineage`` (and passes its check, unless ``verified`` is
-    False: then its meta.json alone is read, no checksum)."""
+def newest_of_lineage(workdir: str | Path, lineage: str, verified: bool = True, optimizer=None) -> Path | None:
+    """The workdir's newest checkpoint that belongs to ``lineage`` (and passes its check, `store.verify` and
+    `store.restore_problem` with ``optimizer``, unless ``verified`` is False: then its meta.json alone is read, no
+    checksum). A ``step_*`` link is never read through."""
     for path in reversed(layout.list_checkpoints(workdir)):
+        if path.is_symlink():
+            continue
         try:
             meta = layout.read_meta(path)
         except UserError:
             continue
-        if meta.get("line") == lineage and (not verified or store.verify(path) is None):
+        if meta.get("line") == lineage and (
+            not verified or (store.verify(path) or store.restore_problem(path, optimizer)) is None
+        ):
             return path
     return None
 
@@ -111,11 +123,13 @@ def check_edits(meta: dict, path: Path, cfg: Config, num_train_examples: int | N
         raise UserError(f"{path}: {edited}", same_on_all_ranks=True)
 
 
-def _choose(workdir: Path, requested: Path | None, model, cfg: Config, num_train_examples: int | None = None) -> Choice:
+def _choose(
+    workdir: Path, requested: Path | None, model, cfg: Config, num_train_examples: int | None, optimizer
+) -> Choice:
     lineage = None
     if requested is not None:
         lineage = lineage_of(requested)
-        continued = newest_of_lineage(workdir, lineage)
+        continued = newest_of_lineage(workdir, lineage, optimizer=optimizer)
         if continued is not None:  # the same --resume again: continue the lineage it started
             meta = layout.read_meta(continued)
             weights.check_compatible(meta, continued, model, cfg)
@@ -123,12 +137,12 @@ def _choose(workdir: Path, requested: Path | None, model, cfg: Config, num_train
             log.info(f"--resume {requested}: this workdir continues its line; resuming from {continued}")
             _set_aside_newer(workdir, continued, meta["step"])
             return Choice(continued, lineage, meta.get("line"))
-        problem = store.verify(requested)
+        problem = store.verify(requested) or store.restore_problem(requested, optimizer)
         if problem:
             raise layout.Unusable(requested, problem)
         chosen = requested
     else:
-        newest = store.newest_verified(workdir)
+        newest = store.newest_verified(workdir, optimizer)
         chosen = newest.path
         for path, problem in newest.passed_over:
             log.warning(f"warning: checkpoint {path} fails its check ({problem}); passed over")
@@ -166,7 +180,7 @@ def _set_aside_newer(workdir: Path, chosen: Path | None, step: int) -> None:
     later = [
         p
         for p in layout.list_checkpoints(workdir)
-        if layout.step_of(p) > step or (layout.step_of(p) == step and p.resolve() != same)
+        if layout.step_of(p) > step or (layout.step_of(p) == step and (p.is_symlink() or p.resolve() != same))
     ]
     if not later:
         return

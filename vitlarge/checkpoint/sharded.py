@@ -217,10 +217,10 @@ def group_settings(groups: list[dict]) -> list[dict]:
     return [{k: v for k, v in g.items() if k != "params"} for g in groups]
 
 
-def _same_kind(written, loaded) -> bool:
+def _same_kind(written, loaded, any_run: bool = False) -> bool:
     """Whether ``loaded`` is of the kind ``written`` (what the optimizer writes) is: a bool for a bool, a finite
     number for a number (or for None, an optional number), a sequence of as many such for a sequence, else the
-    same type."""
+    same type. ``any_run``: also None for a number (an optional setting this recipe sets and another left unset)."""
 
     def number(x) -> bool:
         return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
@@ -228,31 +228,62 @@ def _same_kind(written, loaded) -> bool:
     if isinstance(written, bool):
         return isinstance(loaded, bool)
     if number(written) or written is None:
-        return number(loaded) or loaded is written
+        return number(loaded) or loaded is written or (any_run and loaded is None)
     if isinstance(written, (tuple, list)):
         return (
-            isinstance(loaded, (tuple, list)) and len(loaded) == len(written) and all(map(_same_kind, written, loaded))
+            isinstance(loaded, (tuple, list))
+            and len(loaded) == len(written)
+            and all(_same_kind(w, v, any_run) for w, v in zip(written, loaded))
         )
     return type(loaded) is type(written)
 
 
-def param_groups_problem(written: list[dict], loaded: list[dict]) -> str | None:
+def param_groups_problem(written: list[dict], loaded: list[dict], any_run: bool = False) -> str | None:
     """Why a checkpoint's optimizer settings (``loaded``, each group's as DCP read them) are not of the kinds this
-    run's optimizer writes (``written``: its own groups' before the load; `_same_kind`), or None. Checked before
-    they reach the optimizer: ``eps='oops'`` otherwise passes every check and raises in the fused kernel at the
-    first step."""
+    run's optimizer writes (``written``: its own groups' before the load; `_same_kind`, with ``any_run``), or None.
+    Checked before they reach the optimizer: ``eps='oops'`` otherwise passes every check and raises in the fused
+    kernel at the first step."""
     if not isinstance(loaded, list) or len(loaded) != len(written):
         return f"{len(loaded) if isinstance(loaded, list) else 'no'} parameter groups, this run has {len(written)}"
     for i, (want, got) in enumerate(zip(written, loaded)):
         if not isinstance(got, dict):
             return f"param_groups[{i}] is not a map"
         for key, value in want.items():
-            if key in got and not _same_kind(value, got[key]):
+            if key in got and not _same_kind(value, got[key], any_run):
                 return (
                     f"param_groups[{i}].{key} is {str(got[key])[:40]!r}, a {type(got[key]).__name__}; it writes "
                     f"{value!r}, a {type(value).__name__}"
                 )
     return None
+
+
+def saved_groups_problem(folder: Path, optimizer, files: dict | None = None, index=None) -> str | None:
+    """`param_groups_problem` of the optimizer settings a format-3 checkpoint holds against ``optimizer``'s own
+    (the torch optimizer's groups, as ``get_optimizer_state_dict`` writes them), read on this process alone: only
+    the settings' own small byte ranges, no collective, nothing loaded into the optimizer. Only values no run of
+    this optimizer writes count (``any_run``: a checkpoint an automatic resume passes over must be damaged, not of
+    another recipe); None also where the checkpoint holds another number of groups or none. The restore's own
+    check (`load`) and `vitlarge.checkpoint.resume.check_edits` name those in one line. ``files``, ``index``: see
+    `Reader`."""
+    index = read_index(folder, files) if index is None else index
+    written = group_settings(_optim(optimizer).param_groups)
+    prefix = "optimizer.param_groups."
+    saved: dict[str, set[str]] = {}
+    for key in index.state_dict_metadata:
+        if key.startswith(prefix):
+            group, _, name = key.removeprefix(prefix).partition(".")
+            saved.setdefault(group, set()).add(name)
+    if set(saved) != {str(i) for i in range(len(written))}:
+        return None
+    groups: list[dict] = [{k: None for k in want if k in saved[str(i)]} for i, want in enumerate(written)]
+    with _quiet_single_process():
+        dcp.load(
+            {"optimizer": {"param_groups": groups}},
+            storage_reader=Reader(folder, files, index),
+            planner=_WeightsOnlyLoadPlanner(),
+            no_dist=True,
+        )
+    return param_groups_problem(written, groups, any_run=True)
 
 
 def read_full_model(

@@ -27,7 +27,8 @@ killed mid-write leaves only a ``.tmp`` folder, never chosen and removed by the 
 than the one just written is never pruned (there is none after a resume, see ``vitlarge/checkpoint/resume.py``).
 
 What is saved: a `vitlarge.checkpoint.state.RunState`, whose parts each offer their state (``state_dict()``).
-Reading: ``verify`` re-reads every byte against ``meta.json`` (rank 0 does it once per resume);
+Reading: ``verify`` (vitlarge/checkpoint/trust/folder.py, also every reader of weights') re-reads every byte against
+``meta.json`` and ``restore_problem`` checks what a restore would load (rank 0 does both once per resume);
 ``read`` checks the sizes of the files listed (a stat each) and reads this rank's own file into a `ReadCheckpoint`
 (formats 1 and 2 through the one adapter, vitlarge/checkpoint/legacy.py); ``apply`` loads it into the parts (the
 weights and optimizer state: a collective) and returns a `LoadedCheckpoint`. Nothing is unpickled beyond tensors and numbers
@@ -53,7 +54,7 @@ from vitlarge.checkpoint import legacy, sharded
 from vitlarge.checkpoint.files import reason_of, torch_save
 from vitlarge.checkpoint.state import LoadedCheckpoint, RunState
 from vitlarge.checkpoint.trust import index as dcp_index
-from vitlarge.checkpoint.trust import meta as meta_json
+from vitlarge.checkpoint.trust.folder import verify
 from vitlarge.checkpoint.trust.layout import (
     CHECKPOINTS_DIR,
     Unusable,
@@ -158,23 +159,31 @@ def prune(workdir: str | Path, keep: int, step: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def verify(path: str | Path) -> str | None:
-    """Why ``path`` is not a usable checkpoint, or None when meta.json parses and every file it lists
-    has its recorded size and CRC32C. Reads every byte (at 15 GB/s for the checksum itself)."""
+def restore_problem(path: str | Path, optimizer=None) -> str | None:
+    """Why a checkpoint that passes `verify` would still fail its restore (`read`, `apply`), or None: every rank
+    file's contents (`rank_state_problem`) and, given this run's ``optimizer``, the saved optimizer settings against
+    the kinds it writes (`sharded.saved_groups_problem`). Rank 0 runs it inside the resume's choice
+    (vitlarge/checkpoint/resume.py), before anything is loaded into any part, so that an automatic resume passes such a
+    checkpoint over as it does a damaged one, every rank alike (the choice is broadcast)."""
     path = Path(path)
-    found = meta_json.read(path)
-    if found.meta is None:
-        return found.problem
-    meta = found.meta
-    for name, record in expected_files(meta).items():
-        problem = fileio.record_problem(path / name, record)
-        if problem:
-            return problem
-    if meta["format_version"] >= 3:  # the index is a pickle: read as data, and every range it names checked
-        try:
-            return dcp_index.slices_problem(path, dcp_index.read_index(path, meta["files"]))
-        except dcp_index.IndexProblem as e:
-            return str(e)
+    meta = read_meta(path)
+    files = expected_files(meta)
+    try:
+        for name in sorted(n for n in files if n.startswith("rank_")):
+            problem = rank_state_problem(torch_load(path, name))
+            if problem:
+                return f"{name} {problem}"
+        if optimizer is not None and meta["format_version"] >= 3 and meta.get("optimizer_state", True):
+            problem = sharded.saved_groups_problem(path, optimizer, files=meta["files"])
+            return problem and f"optimizer settings this run's optimizer does not write: {problem}"
+    except Unusable as e:
+        return e.problem
+    except dcp_index.IndexProblem as e:
+        return str(e)
+    except CheckpointException as e:
+        return reason_of(e)
+    except (RuntimeError, TypeError, ValueError, KeyError) as e:  # entries DCP's planner cannot place, as in `apply`
+        return f"its optimizer settings cannot be read ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:120]})"
     return None
 
 
@@ -187,11 +196,12 @@ class Newest:
     passed_over: list[tuple[Path, str]]
 
 
-def newest_verified(workdir: str | Path) -> Newest:
-    """The newest checkpoint of the workdir that passes ``verify``, and the newer ones that failed."""
+def newest_verified(workdir: str | Path, optimizer=None) -> Newest:
+    """The newest checkpoint of the workdir that passes ``verify`` and `restore_problem` (``optimizer``: this run's,
+    for its settings' kinds), and the newer ones that failed."""
     failed = []
     for path in reversed(list_checkpoints(workdir)):
-        problem = verify(path)
+        problem = verify(path) or restore_problem(path, optimizer)
         if problem is None:
             return Newest(path, failed)
         failed.append((path, problem))

@@ -18,8 +18,8 @@ from vitlarge import fileio
 from vitlarge.checkpoint import sharded
 from vitlarge.checkpoint.files import reason_of
 from vitlarge.checkpoint.trust import index as dcp_index
+from vitlarge.checkpoint.trust.folder import verify
 from vitlarge.checkpoint.trust.layout import Unusable, beside, read_meta
-from vitlarge.checkpoint.trust.meta import expected_files
 from vitlarge.checkpoint.trust.torch_files import safetensors_file
 from vitlarge.config.schema import Config
 from vitlarge.distributed.plugins import unwrap
@@ -124,23 +124,19 @@ def _does_not_fit(given: Path, tensors: dict, model: torch.nn.Module, cfg: Confi
 
 def weights_of(path: str | Path, meta: dict, like: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """The full model state dict of checkpoint folder ``path`` (``meta``: its meta.json), on this process's
-    CPU, no collective, after a size check of the files it reads (``Unusable`` if one is short).
+    CPU, no collective, after the check every resume runs (`vitlarge.checkpoint.trust.folder.verify`: every listed
+    file's size and CRC32C, DCP's index and its byte ranges; ``Unusable`` if it fails). The one reader of a
+    checkpoint's weights: ``vitlarge.evaluate`` and ``model.init_from`` come here.
     ``like``: a plain model's state dict to fill (format 3); allocated from the checkpoint otherwise."""
     path = Path(path)
-    files = expected_files(meta)
-    names = [n for n in files if not n.startswith("rank_")] if meta["format_version"] >= 3 else ["model.safetensors"]
-    for name in names:
-        problem = fileio.size_problem(path / name, files.get(name))
-        if problem:
-            raise Unusable(path, problem)
+    problem = verify(path)
+    if problem:
+        raise Unusable(path, problem)
     if meta["format_version"] < 3:
         return safetensors_file(path, "model.safetensors")
     try:
-        # Inside DCP's load its reason would be lost ("metadata is None"); each range DCP torch.loads checked too.
+        # Inside DCP's load its reason would be lost ("metadata is None").
         index = dcp_index.read_index(path, meta["files"])
-        problem = dcp_index.slices_problem(path, index)
-        if problem:
-            raise Unusable(path, problem)
         return sharded.read_full_model(path, like, files=meta["files"], index=index)
     except dcp_index.IndexProblem as e:
         raise Unusable(path, str(e)) from None
@@ -161,7 +157,14 @@ def load_model_weights(path: str | Path, model: torch.nn.Module, cfg: Config) ->
         check_compatible(meta, path, model, cfg)
         target = unwrap(model)
         like = {k: torch.empty_like(v, device="cpu") for k, v in target.state_dict().items()}
-        weights = weights_of(path, meta, like)
+        try:
+            weights = weights_of(path, meta, like)
+        except Unusable as e:  # evaluate's fix, not the resume's; every rank reads the same files
+            raise UserError(
+                f"checkpoint {path} fails its check ({e.problem}); pass another checkpoints/step_* folder or an "
+                "exported model folder",
+                same_on_all_ranks=True,
+            ) from None
         try:
             target.load_state_dict(weights)
         except (RuntimeError, TypeError) as e:  # a checkpoint whose index passed but whose entries do not fit

@@ -21,6 +21,7 @@ from vitlarge.config.coerce import article, container_of, fields_of
 from vitlarge.config.phase_list import check as check_phases
 from vitlarge.config.phase_list import entries
 from vitlarge.config.profile_window import check_profile_window
+from vitlarge.config.renamed import RENAMED, renamed_line
 from vitlarge.config.schema import Config, check_ranges
 from vitlarge.config.trackers import check_log
 from vitlarge.errors import UserError
@@ -98,10 +99,14 @@ def too_large(value: int) -> str:
 
 
 def check_types(cfg: Config, where: Callable[..., str]) -> None:
-    """Rejects values of the wrong type that a recipe (or an overrides file) assigned directly."""
+    """Rejects values of the wrong type that a recipe (or an overrides file) assigned directly, and a renamed key a
+    recipe assigned (a dataclass takes any attribute: ``c.model.grad_checkpointing = True`` would do nothing)."""
     for section_name, section in [(n, getattr(cfg, n)) for n in fields_of(cfg)]:
         if not dataclasses.is_dataclass(section):
             continue
+        for old in (f"{section_name}.{name}" for name in vars(section)):
+            if old in RENAMED:
+                raise UserError(renamed_line(where(old), old))
         hints = typing.get_type_hints(type(section))
         for name in fields_of(section):
             key, value, typ = f"{section_name}.{name}", getattr(section, name), hints[name]

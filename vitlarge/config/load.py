@@ -13,6 +13,7 @@ import ast
 import difflib
 import importlib.util
 import sys
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -66,6 +67,43 @@ def _relative_import(path: Path) -> UserError:
     )
 
 
+def _package(root: Path, package: list[str]) -> str:
+    """The module name of the package ``root/package[0]/.../package[-1]`` that holds a recipe, imported so that
+    the recipe's relative imports resolve, without putting ``root`` (or any folder) on ``sys.path``.
+
+    Where the import path already finds that very folder under the name (the shipped ``recipes`` of the checkout
+    this runs from, ``vitlarge.recipes`` installed), it is that package. Otherwise each level is loaded from its
+    ``__init__.py`` under a private name made from ``root``: its modules are reached only relatively, and no
+    module of the recipe's folder can stand in for a package that is imported later (a planted ``timm.py``)."""
+    dotted = ".".join(package)
+    try:
+        found = importlib.util.find_spec(dotted)
+    except (ImportError, ValueError):  # a parent that does not import, or is no package: not this folder
+        found = None
+    here = root.joinpath(*package)
+    if found is not None and any(Path(p).resolve() == here for p in found.submodule_search_locations or ()):
+        importlib.import_module(dotted)
+        return dotted
+    name = f"_vitlarge_recipes_{zlib.crc32(str(root).encode()):08x}"
+    folder = root
+    for part in package:
+        name, folder = f"{name}.{part}", folder / part
+        if name in sys.modules:
+            continue
+        spec = importlib.util.spec_from_file_location(
+            name, folder / "__init__.py", submodule_search_locations=[str(folder)]
+        )
+        assert spec is not None and spec.loader is not None  # a .py file by the name: always a source spec
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return name
+
+
 def load_recipe(path: str | Path) -> Config:
     """Runs a recipe file and returns its ``config()``; errors name the file. ``path``: a recipe file, or a shipped
     recipe's name (``vit_b16``). A recipe is Python by design: it derives from a shipped one (``from
@@ -80,13 +118,12 @@ def load_recipe(path: str | Path) -> Config:
     while (root / "__init__.py").is_file():  # recipes/ (vitlarge.recipes installed): loaded as that package's
         package.insert(0, root.name)
         root = root.parent
-    if not package:  # a recipe of one's own, in the checkout's tree: it may import its base as recipes.<name>
-        root = path.resolve().parent.parent
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    if package:
-        importlib.import_module(".".join(package))
-    name = ".".join([*package, path.stem]) if package else f"_vitlarge_recipe_{path.stem}"
+    try:
+        name = f"{_package(root, package)}.{path.stem}" if package else f"_vitlarge_recipe_{path.stem}"
+    except Exception as e:
+        raise UserError(
+            f"recipe {path}: its package {'.'.join(package)} failed to load: {type(e).__name__}: {e}"
+        ) from None
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:  # not a Python source file
         raise UserError(f"recipe {path} is not a Python file; pass --config recipes/<name>.py")

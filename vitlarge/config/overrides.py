@@ -10,6 +10,7 @@ import typing
 from typing import Any, Literal
 
 from vitlarge.config.coerce import container_of, fields_of, parse_literal, parse_value, unwrap_optional
+from vitlarge.config.renamed import RENAMED, renamed_line
 from vitlarge.config.schema import PHASE_KEYS, Config, PhaseEntry
 from vitlarge.errors import UserError
 
@@ -26,6 +27,8 @@ def all_keys(cfg: Config) -> list[str]:
 
 
 def _unknown_key(key: str, cfg: Config, origin: str) -> UserError:
+    if key in RENAMED:
+        return UserError(renamed_line(origin, key))
     close = difflib.get_close_matches(key, all_keys(cfg), n=1, cutoff=0.5)
     hint = f"did you mean '{close[0]}'?" if close else "the keys are declared in vitlarge/config/schema.py"
     return UserError(f"{origin}: unknown config key '{key}'; {hint}")

@@ -103,9 +103,6 @@ class ModelConfig:
     drop_path_schedule: Literal["linear", "uniform"] = "linear"
     """``linear``: timm's spread, block i of n drops with ``drop_path_rate * i / (n - 1)`` (0 in the first
     block). ``uniform``: ``drop_path_rate`` in every block, as DeiT III's ``models_v2.py`` trains."""
-    grad_checkpointing: bool = False
-    """Recompute block activations in backward (timm ``set_grad_checkpointing``): less memory, ~30% more compute.
-    The same as ``train.activation_checkpointing=full``, which also offers ``selective``."""
     fused_attn: Literal["auto", "on", "off"] = "auto"
     """``on``/``off``/``auto`` for scaled-dot-product attention; ``auto`` turns it off only for fp16 on CPU,
     where PyTorch 2.5's fused attention backward is ~5x slower than the unfused one (measured)."""
@@ -404,7 +401,7 @@ class TrainConfig:
     either way (`vitlarge.train.assemble.compile_model`)."""
     activation_checkpointing: Literal["off", "full", "selective"] = "off"
     """Recomputation of block activations in backward. ``full``: each block keeps only its input and recomputes
-    its forward (timm's ``set_grad_checkpointing``, also ``model.grad_checkpointing=true``): least memory, one more
+    its forward (timm's ``set_grad_checkpointing``; the key ``model.grad_checkpointing=true`` before): least memory, one more
     forward of the blocks. ``selective``: each block keeps the outputs of its matrix multiplies and attention and
     recomputes the cheap ops between them (norms, GELU, dropout, residual adds): no second GEMM, and 0.48x the
     activations ``off`` keeps (ViT-S/16 at 128 px, fp32, CPU; `vitlarge.model.recompute`). Losses and gradients
@@ -544,23 +541,11 @@ class Config:
         ]
         return d
 
-    def recompute(self) -> Literal["off", "full", "selective"]:
-        """``train.activation_checkpointing`` with ``model.grad_checkpointing=true`` read as ``full`` (`problems`
-        refuses the two set to different modes)."""
-        mode = self.train.activation_checkpointing
-        return "full" if mode == "off" and self.model.grad_checkpointing else mode
-
     def problems(self) -> Iterator[Problem]:
         """What the fields allow only together, section by section, then across sections (ranges and types:
         `vitlarge.config.checks.validate`, from each field's `Rule` and type; the micro batches Mixup needs even, the
         recipe's and each phase's: `vitlarge.config.phase_list.check`)."""
         yield from self.train.problems()
-        if self.model.grad_checkpointing and self.train.activation_checkpointing == "selective":
-            yield Problem(
-                ("train.activation_checkpointing", "model.grad_checkpointing"),
-                "train.activation_checkpointing=selective and model.grad_checkpointing=true (full) are both set; "
-                "set model.grad_checkpointing=false to recompute selectively",
-            )
         yield from self.augment.problems()
         a, t = self.augment, self.train
         smoothed_off = a.label_smoothing / self.data.num_classes  # the value smoothing gives every other class

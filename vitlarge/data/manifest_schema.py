@@ -8,13 +8,19 @@ wrong and why, in one line (``splits.train.shards[3].num_records is 'abc', expec
 folder itself (see `vitlarge.data.manifest.shard_files` for links).
 
 A split may say how its records are ordered (``"order": "aspect"``: by width / height, what
-rectangular validation needs, `vitlarge.data.rect`) and each of its shards its images' sizes
-(``"sizes": [[height, width], ...]``, one pair per record); an order of ``aspect`` needs every shard's
-sizes, in that order across the split.
+rectangular validation needs, `vitlarge.data.rect`) and each of its shards where its images' sizes are:
+``"sizes": "<shard>.sizes"``, a file of the data folder holding one ``(height, width)`` pair of little-endian
+uint32 per record (`SIZES_SUFFIX`, read by `vitlarge.data.manifest.split_sizes`), or, as manifests written
+before that file existed have them, ``"sizes": [[height, width], ...]`` inline. An order of ``aspect`` needs
+every shard's sizes, in that order across the split (checked here for inline sizes, where they are read for
+a file's).
 
-Limits: ``MANIFEST_CAP`` bytes (ImageNet's manifest is ~300 KB, ~900 KB with its validation sizes), shard
-names of five digits (``-of-99999`` at most), ``MAX_CLASSES`` classes, ``MAX_RECORDS`` records per shard,
-sides of ``MAX_SIDE`` pixels.
+Limits: ``MANIFEST_CAP`` bytes, shard names of five digits (``-of-99999`` at most), ``MAX_CLASSES``
+classes, ``MAX_RECORDS`` records per shard, sides of ``MAX_SIDE`` pixels, synsets of `MAX_SYNSET` and class
+texts of `MAX_CLASS_TEXT` characters. The cap fits ImageNet-21K with room to spare: its 21,841 classes take
+~100 bytes each (label, synset, WordNet lemmas) and a shard ~150 bytes, so 21,841 classes in 10,000 shards
+are ~3.7 MB, and the images' sizes (8 bytes a record, 12 MB for 1.5M validation images) are in their own
+files, never in the JSON: what the manifest holds grows with classes and shards, not with images.
 """
 
 from __future__ import annotations
@@ -25,7 +31,10 @@ import re
 FORMAT = "vitlarge.tfrecord"
 FORMAT_VERSION = 1
 SPLITS = ("train", "validation")
-MANIFEST_CAP = 16 << 20  # bytes: 50x ImageNet-1k's manifest, 10x ImageNet-21k's
+MANIFEST_CAP = 16 << 20  # bytes: ~4x ImageNet-21K's (3.7 MB), ~50x ImageNet-1k's (300 KB); see the module's docstring
+MAX_SYNSET = 1024  # characters of a class's synset (a folder name is at most 255 bytes; WordNet's ids are 9)
+MAX_CLASS_TEXT = 4096  # characters of a class's text (WordNet's longest lemma list is ~300)
+SIZES_SUFFIX = ".sizes"  # a shard's image sizes: <shard>.sizes, 8 bytes (two little-endian uint32) a record
 MAX_CLASSES = 10_000_000
 MAX_RECORDS = 1 << 40  # per shard; a record is at least 16 bytes, so also bounded by the shard's size
 MAX_BYTES = 1 << 50  # per shard
@@ -92,8 +101,14 @@ def _bare(name: str, where: str) -> str:
     return name
 
 
-def _sizes(v, where: str, num_records: int) -> list[tuple[int, int]]:
-    """``[[height, width], ...]``: one pair of positive integers per record."""
+def _sizes(v, where: str, num_records: int, file: str, index: str) -> list[tuple[int, int]] | str:
+    """The name of the shard's sizes file, or ``[[height, width], ...]`` inline: one pair of positive integers
+    per record."""
+    if isinstance(v, str):
+        name = _bare(v, where)
+        if name in (file, index):
+            raise ManifestProblem(f"{where} is {_show(name)}, the shard or its index, expected {file}{SIZES_SUFFIX}")
+        return name
     pairs = _list(v, where, num_records, num_records)
     for i, pair in enumerate(pairs):
         if not (isinstance(pair, list) and len(pair) == 2 and all(type(x) is int and 1 <= x <= MAX_SIDE for x in pair)):
@@ -120,7 +135,7 @@ def _shard(s, where: str, split: str) -> dict:
         raise ManifestProblem(f"{where}checksum is {_show(checksum)}, expected null or 'crc32c:' and 8 hex digits")
     out = {"file": file, "index": index, "num_records": n, "bytes": size, "checksum": checksum}
     if "sizes" in s:
-        out["sizes"] = _sizes(s["sizes"], where + "sizes", n)
+        out["sizes"] = _sizes(s["sizes"], where + "sizes", n, file, index)
     return out
 
 
@@ -158,8 +173,8 @@ def parse(data: bytes) -> dict:
         classes.append(
             {
                 "label": _int(c, "label", where + ".", -MAX_LABEL, MAX_LABEL),
-                "synset": _str(c, "synset", where + ".", max_len=1024),
-                "text": _str(c, "text", where + ".", default="", max_len=4096),
+                "synset": _str(c, "synset", where + ".", max_len=MAX_SYNSET),
+                "text": _str(c, "text", where + ".", default="", max_len=MAX_CLASS_TEXT),
             }
         )
     out["classes"] = classes
@@ -206,6 +221,8 @@ def _order(order, where: str, shards: list[dict]) -> str:
         missing = next((i for i, s in enumerate(shards) if "sizes" not in s), None)
         if missing is not None:
             raise ManifestProblem(f"{where}.shards[{missing}].sizes is missing, which order {ASPECT_ORDER!r} needs")
+        if any(isinstance(s["sizes"], str) for s in shards):
+            return order  # in their files: checked where they are read (`vitlarge.data.manifest.split_sizes`)
         sizes = [size for s in shards for size in s["sizes"]]
         bad = out_of_aspect_order(sizes)
         if bad is not None:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from vitlarge.data.common import val_forwards
-from vitlarge.data.manifest import MANIFEST_NAME, Manifest, convert_cmd
+from vitlarge.data.manifest import MANIFEST_NAME, Manifest, convert_cmd, split_sizes
 from vitlarge.data.manifest_schema import ASPECT_ORDER
 from vitlarge.errors import UserError
 
@@ -73,9 +73,9 @@ def val_sizes(manifest: Manifest) -> list[Size]:
     """The validation split's image sizes in record order; a one-line UserError with the fix where the split
     is not stored sorted by aspect ratio with them (converted before vitlarge recorded them, or indexed by
     ``make_index`` from shards made elsewhere)."""
-    shards = manifest.shards("validation")
-    if manifest.order.get("validation") == ASPECT_ORDER and all(s.sizes is not None for s in shards):
-        return [size for s in shards for size in s.sizes or ()]
+    sizes = split_sizes(manifest, "validation") if manifest.order.get("validation") == ASPECT_ORDER else None
+    if sizes is not None:
+        return sizes
     d = manifest.data_dir
     raise UserError(
         f"{d}/{MANIFEST_NAME}: the validation split is not stored sorted by aspect ratio with its image sizes, "

@@ -90,6 +90,67 @@ def detect(env: Mapping[str, str] | None = None) -> DistEnv:
     return DistEnv(rank, world, local, addr, port, source)
 
 
+@dataclass(frozen=True)
+class PodRendezvous:
+    """What a Kubernetes training controller tells a pod: how many pods (torchrun's nodes), this pod's index among
+    them, processes per pod, and the first pod's address and port. ``source`` names the variables read."""
+
+    nnodes: int
+    node_rank: int
+    nproc_per_node: str  # a count, or torchrun's "auto" / "gpu" / "cpu"
+    master_addr: str
+    master_port: int
+    source: str
+
+    def torchrun_args(self) -> list[str]:
+        """torchrun's options for this pod (static rendezvous; a failed pod is restarted by the controller)."""
+        return [
+            f"--nnodes={self.nnodes}",
+            f"--node_rank={self.node_rank}",
+            f"--nproc_per_node={self.nproc_per_node}",
+            f"--master_addr={self.master_addr}",
+            f"--master_port={self.master_port}",
+        ]
+
+
+PET_RENDEZVOUS = ("PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
+POD_RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
+
+
+def pod_rendezvous(env: Mapping[str, str]) -> PodRendezvous:
+    """The rendezvous in a pod's environment. Kubeflow Trainer's torch runtime (TrainJob) and the training operator
+    from 1.8 (PyTorchJob) set ``PET_NNODES``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR``, ``PET_MASTER_PORT`` and, when
+    known, ``PET_NPROC_PER_NODE`` (torchrun's own option variables); older PyTorchJobs set only ``MASTER_ADDR``,
+    ``MASTER_PORT``, ``WORLD_SIZE`` (the pods) and ``RANK`` (this pod), one process per pod. Without either set
+    each pod would train a run of its own into the shared workdir: a ``UserError`` says so."""
+    if any(k in env for k in PET_RENDEZVOUS):
+        missing = [k for k in PET_RENDEZVOUS if k not in env]
+        if missing:
+            raise UserError(
+                f"this pod has {', '.join(k for k in PET_RENDEZVOUS if k in env)} but not {', '.join(missing)}: "
+                "start it from a TrainJob on the torch runtime or a PyTorchJob with a Master (scripts/k8s/), "
+                "whose controllers set all of them"
+            )
+        nnodes, rank = int_env(env, "PET_NNODES"), int_env(env, "PET_NODE_RANK")
+        nproc = env.get("PET_NPROC_PER_NODE") or "1"
+        addr, port, source = env["PET_MASTER_ADDR"], int_env(env, "PET_MASTER_PORT"), "PET_*"
+    elif all(k in env for k in POD_RENDEZVOUS):
+        nnodes, rank, nproc = int_env(env, "WORLD_SIZE"), int_env(env, "RANK"), "1"
+        addr, port, source = env["MASTER_ADDR"], int_env(env, "MASTER_PORT"), "MASTER_*"
+    else:
+        raise UserError(
+            f"this pod has no rendezvous from a training controller (neither {', '.join(PET_RENDEZVOUS)} nor "
+            f"{', '.join(POD_RENDEZVOUS)} is set), so every pod would train a run of its own: submit "
+            "scripts/k8s/trainjob.yaml (Kubeflow Trainer) or scripts/k8s/pytorchjob.yaml (PyTorchJob), whose "
+            "controllers set them, or start train.py with torchrun"
+        )
+    if nnodes < 1 or not 0 <= rank < nnodes:
+        raise UserError(
+            f"inconsistent controller variables ({source}): pod {rank} of {nnodes}; check numNodes / replicas"
+        )
+    return PodRendezvous(nnodes, rank, nproc, addr, port, source)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

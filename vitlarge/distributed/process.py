@@ -108,17 +108,24 @@ def choose_device(requested: str = "auto", local_rank: int = 0) -> tuple[torch.d
 RENDEZVOUS_TIMEOUT_ENV = "VITLARGE_RENDEZVOUS_TIMEOUT"
 """Seconds to wait for every process to join: a missing task fails the run after this. Unset, train.py waits
 ``train.init_timeout_s`` (the tools and tests 300 s); kept so that a job can bound the rendezvous alone."""
+RENDEZVOUS_TIMEOUT_MAX_S = 7 * 24 * 3600
+"""The longest rendezvous the variable may ask for: a week, longer than any job waits for its tasks."""
 
 
 def rendezvous_timeout_s(env: Mapping[str, str] | None = None, default: float = 300.0) -> float:
     env = os.environ if env is None else env
-    raw = env.get(RENDEZVOUS_TIMEOUT_ENV, str(default))
+    raw = env.get(RENDEZVOUS_TIMEOUT_ENV)
+    if raw is None:
+        return default
     try:
         value = float(raw)
     except ValueError:
         value = 0.0
-    if not value > 0:
-        raise UserError(f"environment variable {RENDEZVOUS_TIMEOUT_ENV}={raw!r} must be a positive number of seconds")
+    if not 0 < value <= RENDEZVOUS_TIMEOUT_MAX_S:  # nan, inf and 1e300 too: a timedelta cannot hold them
+        raise UserError(
+            f"environment variable {RENDEZVOUS_TIMEOUT_ENV}={raw[:40]!r} must be a positive number of seconds, "
+            f"at most {RENDEZVOUS_TIMEOUT_MAX_S:,} (a week); unset it to wait train.init_timeout_s"
+        )
     return value
 
 

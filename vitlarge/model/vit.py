@@ -66,7 +66,7 @@ def build_model(cfg: Config, device: torch.device | str = "cpu", precision: str 
         raise UserError(problem)
     if cfg.model.drop_path_schedule == "uniform":
         _uniform_drop_path(model, cfg.model.drop_path_rate)
-    recompute.apply(model, cfg.recompute())  # train.activation_checkpointing (model.grad_checkpointing: full)
+    recompute.apply(model, cfg.train.activation_checkpointing)
     cpu_fp16 = torch.device(device).type == "cpu" and (precision or cfg.train.precision) == "fp16"
     fused = cfg.model.fused_attn == "on" or (cfg.model.fused_attn == "auto" and not cpu_fp16)
     for module in model.modules():

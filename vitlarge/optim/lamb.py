@@ -22,12 +22,31 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from vitlarge.config.schema import OptimConfig
 from vitlarge.errors import UserError
 
 IMPLEMENTATIONS = ("chunked", "foreach", "compiled")
 """`Lamb`'s forms of one update (``optim.implementation`` resolved: `vitlarge.train.settings.lamb_implementation`)."""
 SHARED_SETTINGS = ("betas", "eps", "bias_correction", "grad_averaging")
 """The group settings the ``compiled`` form needs equal in every group (they are constants of its graph)."""
+
+
+class Moments(NamedTuple):
+    """A group's `SHARED_SETTINGS`, as the direction functions take them: the moments' decay rates, the eps added to
+    the second moment's root, and the two switches of the update's form. A tuple of constants, so the ``compiled``
+    form's graph holds them as constants (one graph for a run's settings)."""
+
+    beta1: float
+    beta2: float
+    eps: float
+    bias_correction: bool
+    grad_averaging: bool
+
+    @classmethod
+    def of(cls, group: dict) -> Moments:
+        beta1, beta2 = group["betas"]
+        return cls(beta1, beta2, group["eps"], group["bias_correction"], group["grad_averaging"])
+
 
 # Parameters that are tokens or embeddings added to activations: decaying them towards zero or
 # rescaling their step by a trust ratio hurts, like for biases.
@@ -225,10 +244,9 @@ class Lamb(torch.optim.Optimizer):
             items = [it for _, its in parts for it in its]
             p, g, m, v, s = (list(x) for x in zip(*[it[:5] for it in items]))
             wds = tuple(float(group["weight_decay"]) for group, its in parts for _ in its)
-            beta1, beta2 = hyper["betas"]
             passes = compiled_passes()
-            consts = dict(beta1=beta1, beta2=beta2, eps=hyper["eps"], bias_correction=hyper["bias_correction"])
-            squares = passes.moments_and_squares(p, g, m, v, s, wds, grad_averaging=hyper["grad_averaging"], **consts)
+            moments = Moments.of(self.param_groups[0])
+            squares = passes.moments_and_squares(p, g, m, v, s, wds, moments)
             norms = self._reduce_squares(squares).sqrt()
             scale, start = [], 0
             for group, its in parts:
@@ -241,7 +259,7 @@ class Lamb(torch.optim.Optimizer):
                 lr = group["lr"]
                 scale.append(ratio * (-lr.to(device) if isinstance(lr, torch.Tensor) else -lr))
                 start += len(its)
-            passes.apply(p, m, v, s, wds, torch.cat(scale).to(p[0].dtype), **consts)
+            passes.apply(p, m, v, s, wds, torch.cat(scale).to(p[0].dtype), moments)
 
     def _reduce_squares(self, squares: torch.Tensor) -> torch.Tensor:
         """The ``(2, T)`` squared norms of whole tensors from this process's (all of them here; ShardedLamb's
@@ -338,18 +356,7 @@ class Lamb(torch.optim.Optimizer):
             )
         else:
             _direction_foreach(
-                params,
-                grads,
-                exp_avgs,
-                exp_avg_sqs,
-                steps,
-                out,
-                beta1=beta1,
-                beta2=beta2,
-                eps=group["eps"],
-                weight_decay=group["weight_decay"],
-                bias_correction=group["bias_correction"],
-                grad_averaging=group["grad_averaging"],
+                params, grads, exp_avgs, exp_avg_sqs, steps, out, Moments.of(group), group["weight_decay"]
             )
         return out
 
@@ -413,15 +420,11 @@ def _direction_foreach(
     exp_avg_sqs: list[torch.Tensor],
     steps: list[torch.Tensor],
     updates: list[torch.Tensor],
-    *,
-    beta1: float,
-    beta2: float,
-    eps: float,
+    moments: Moments,
     weight_decay: float,
-    bias_correction: bool,
-    grad_averaging: bool,
 ) -> None:
     """Same contract as ``_direction_fused``, any ``bias_correction`` / ``grad_averaging``."""
+    beta1, beta2, eps, bias_correction, grad_averaging = moments
     if grad_averaging:
         torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
     else:
@@ -454,14 +457,11 @@ def _directions(
     exp_avg_sqs: list[torch.Tensor],
     steps: list[torch.Tensor],
     wds: tuple[float, ...],
-    *,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    bias_correction: bool,
+    moments: Moments,
 ) -> list[torch.Tensor]:
     """``m_hat / (sqrt(v_hat) + eps) + wd * p`` per tensor (new tensors), the corrections from each tensor's step in
     float64 as the fused kernel takes them: what the ``compiled`` form's passes trace."""
+    beta1, beta2, eps, bias_correction, _ = moments
     denom = list(torch._foreach_sqrt(exp_avg_sqs))
     t = torch.stack(steps).double()
     if bias_correction:
@@ -481,25 +481,19 @@ def _moments_and_squares(
     exp_avg_sqs: list[torch.Tensor],
     steps: list[torch.Tensor],
     wds: tuple[float, ...],
-    *,
-    grad_averaging: bool,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    bias_correction: bool,
+    moments: Moments,
 ) -> torch.Tensor:
     """The ``compiled`` form's first pass: the moments in place, and the ``(2, T)`` float32 squared norms of each
     weight (row 0) and update direction (row 1); the directions themselves are not kept."""
-    if grad_averaging:
+    beta1, beta2 = moments.beta1, moments.beta2
+    if moments.grad_averaging:
         torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
     else:
         torch._foreach_mul_(exp_avgs, beta1)
         torch._foreach_add_(exp_avgs, grads)
     torch._foreach_mul_(exp_avg_sqs, beta2)
     torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
-    updates = _directions(
-        params, exp_avgs, exp_avg_sqs, steps, wds, beta1=beta1, beta2=beta2, eps=eps, bias_correction=bias_correction
-    )
+    updates = _directions(params, exp_avgs, exp_avg_sqs, steps, wds, moments)
     squares = [torch.stack(torch._foreach_norm(x)).float() ** 2 for x in (params, updates)]
     return torch.stack(squares)
 
@@ -511,17 +505,11 @@ def _apply_update(
     steps: list[torch.Tensor],
     wds: tuple[float, ...],
     scale: torch.Tensor,
-    *,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    bias_correction: bool,
+    moments: Moments,
 ) -> None:
     """The ``compiled`` form's second pass: ``p += scale_i * u_i`` (``scale = -lr * trust ratio`` per tensor), the
     direction recomputed from the moments, the same function of them as in the first pass."""
-    updates = _directions(
-        params, exp_avgs, exp_avg_sqs, steps, wds, beta1=beta1, beta2=beta2, eps=eps, bias_correction=bias_correction
-    )
+    updates = _directions(params, exp_avgs, exp_avg_sqs, steps, wds, moments)
     torch._foreach_addcmul_(params, updates, list(scale.unbind()))
 
 
@@ -552,36 +540,28 @@ def import_inductor() -> None:
         import torch._inductor.compile_fx  # noqa: F401  # lazy: keeps torch._inductor (2 s) off runs without train.compile
 
 
-def build_optimizer(
-    model: nn.Module,
-    name: str,
-    lr: float | torch.Tensor,
-    weight_decay: float,
-    betas: tuple[float, float] = (0.9, 0.999),
-    eps: float = 1e-6,
-    *,
-    bias_correction: bool = True,
-    max_trust_ratio: float | None = None,
-    layer_decay: float = 1.0,
-    implementation: str = "chunked",
-) -> torch.optim.Optimizer:
-    """``"lamb"`` (ours) or ``"adamw"`` (torch, foreach) over ``param_groups(model, weight_decay, layer_decay)``.
+def build_optimizer(model: nn.Module, optim: OptimConfig, implementation: str = "chunked") -> torch.optim.Optimizer:
+    """``optim.name``: ``"lamb"`` (ours) or ``"adamw"`` (torch, foreach) over ``param_groups(model,
+    optim.weight_decay, optim.layer_decay)``, with the section's lr, betas, eps and (LAMB) bias correction.
+    ``implementation``: LAMB's form as resolved for the device (`vitlarge.train.settings.lamb_implementation`;
+    ``optim.implementation`` may say ``auto``).
 
     AdamW's decay is decoupled (``p *= 1 - lr * wd``) and applies only to the decayed group; the
     groups' ``trust_ratio`` key and ``implementation`` (LAMB's form: `Lamb`) are ignored by AdamW.
     """
-    groups = param_groups(model, weight_decay, layer_decay)
-    if name == "lamb":
+    o = optim
+    groups = param_groups(model, o.weight_decay, o.layer_decay)
+    betas = (float(o.betas[0]), float(o.betas[1]))
+    if o.name == "lamb":
         return Lamb(
             groups,
-            lr=lr,
+            lr=o.lr,
             betas=betas,
-            eps=eps,
-            weight_decay=weight_decay,
-            bias_correction=bias_correction,
-            max_trust_ratio=max_trust_ratio,
+            eps=o.eps,
+            weight_decay=o.weight_decay,
+            bias_correction=o.bias_correction,
             implementation=implementation,
         )
-    if name == "adamw":
-        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=True)
-    raise UserError(f"optimizer name {name!r} is unknown; use 'lamb' or 'adamw'")
+    if o.name == "adamw":
+        return torch.optim.AdamW(groups, lr=o.lr, betas=betas, eps=o.eps, weight_decay=o.weight_decay, foreach=True)
+    raise UserError(f"optimizer name {o.name!r} is unknown; use 'lamb' or 'adamw'")

@@ -162,3 +162,20 @@ def read_metrics(path: str, keep: int = KEEP_RECORDS, keep_bytes: int = KEEP_BYT
             by_step = [(-r.get("step", 0), s) for s, (r, _) in kept.items.items() if r["event"] in STEP_EVENTS]
             heapq.heapify(by_step)
     return [r for r, _ in kept.items.values()]
+
+
+VALUE_MAX = 1e30
+"""The largest magnitude `value` reads: far above any loss, rate, accuracy or throughput of a run, and far enough
+below a float's range (1.8e308) that the sums and scalings of the summary and the picture stay finite."""
+
+
+def value(x: object) -> float | None:
+    """A record's number as a float, or None where it has none to show: missing, null (`hooks.jsonl.JsonlHook`
+    writes a non-finite value so), text, a bool, or beyond +-`VALUE_MAX` (a 400-digit integer, 1.7e308: no run's
+    value, and they overflow what is drawn or printed from them). A line from elsewhere is data: the readers
+    skip such a value rather than fail on it."""
+    if type(x) is int:
+        return float(x) if -VALUE_MAX <= x <= VALUE_MAX else None
+    if type(x) is float:
+        return x if -VALUE_MAX <= x <= VALUE_MAX else None  # nan fails both comparisons
+    return None

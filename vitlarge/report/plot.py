@@ -26,7 +26,7 @@ from pathlib import Path
 
 from vitlarge.errors import UserError, cli_main
 from vitlarge.fileio import UnsafeFile, write_atomic
-from vitlarge.report.metrics_log import FILENAME, PLOT_FILENAME, read_metrics
+from vitlarge.report.metrics_log import FILENAME, PLOT_FILENAME, VALUE_MAX, read_metrics, value
 
 
 def _smooth(values: list[float], window: int) -> list[float]:
@@ -44,8 +44,18 @@ def _smooth(values: list[float], window: int) -> list[float]:
 
 
 def _num(x: object) -> float:
-    """A record's number; nan for null (a non-finite value) and for anything not a number (a line from elsewhere)."""
-    return float(x) if isinstance(x, (int, float)) else math.nan
+    """A record's number; nan (a gap in the line) where `metrics_log.value` finds none: null, text, missing, or
+    out of its range (a line from elsewhere)."""
+    v = value(x)
+    return math.nan if v is None else v
+
+
+def _label(x: object) -> str:
+    """A record's integer or short text for a title or an axis label: "?" for anything else, at most 60 characters,
+    ``$`` escaped (matplotlib would read ``$...$`` as mathematics, and fail on what it cannot parse)."""
+    if type(x) is int:
+        return str(x) if abs(x) <= VALUE_MAX else "?"
+    return x[:60].replace("$", r"\$") if isinstance(x, str) else "?"
 
 
 def _records(workdir: Path) -> tuple[list[dict], list[dict], dict]:
@@ -152,7 +162,7 @@ def plot_run(workdir: str | Path, out: str | Path | None = None) -> Path:
     speed = [_num(r.get("images_per_s")) for r in train]
     ax_speed.plot(steps, speed, color="tab:brown", alpha=0.25, linewidth=0.8)
     ax_speed.plot(steps, _smooth(speed, window), color="tab:brown")
-    ax_speed.set_ylabel(f"images/s ({start.get('world_size', '?')} devices)")
+    ax_speed.set_ylabel(f"images/s ({_label(start.get('world_size'))} devices)")
     finite = sorted(x for x in speed if math.isfinite(x))
     if finite:  # the first step of each (re)start includes warm-up: keep it from squashing the chart
         ax_speed.set_ylim(0, finite[int(0.98 * (len(finite) - 1))] * 1.2)
@@ -164,9 +174,12 @@ def plot_run(workdir: str | Path, out: str | Path | None = None) -> Path:
         top.set_xlabel("epoch", fontsize=8)
     for ax in axes.flat:
         ax.grid(alpha=0.3)
-    name = (start.get("config") or {}).get("model", {}).get("name", "")
+    config = start.get("config")
+    model = config.get("model") if isinstance(config, dict) else None
+    name = _label(model.get("name")) if isinstance(model, dict) else "?"
     fig.suptitle(
-        f"{workdir.name}: {name}, global batch {start.get('global_batch', '?')}, {train[-1]['step']} steps", fontsize=11
+        f"{_label(workdir.name)}: {name}, global batch {_label(start.get('global_batch'))}, {train[-1]['step']} steps",
+        fontsize=11,
     )
     fig.tight_layout()
 
@@ -205,7 +218,7 @@ def plot_runs(workdirs: list[str | Path], out: str | Path | None = None, x: str 
             top1 = [100 * _num(e.get("val_top1")) for e in evals]
             ax_acc.plot(es, top1, "o-", color=colour, label=f"{name}: {top1[-1]:.2f}%")
         speed = _smooth([_num(r.get("images_per_s")) for r in train], window)
-        ax_speed.plot(xs, speed, color=colour, label=f"{name} ({start.get('world_size', '?')} devices)")
+        ax_speed.plot(xs, speed, color=colour, label=f"{name} ({_label(start.get('world_size'))} devices)")
     ax_loss.set_ylabel("train loss (moving mean)")
     ax_lr.set_ylabel("learning rate")
     ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))

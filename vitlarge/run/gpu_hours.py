@@ -44,7 +44,8 @@ class Rate:
     image_size: int
     precision: str
     compiled: bool
-    checkpointing: bool
+    recompute: str
+    """``train.activation_checkpointing`` of the row (``off``, ``full``, ``selective``)."""
     images_per_s: float
     row: str
 
@@ -56,6 +57,15 @@ def kind_of(name: str) -> str | None:
         if kind.upper() in words:
             return kind
     return None
+
+
+def recompute_of(recipe: dict) -> str:
+    """A kit recipe entry's ``activation_checkpointing``; an entry written before the key's rename records
+    ``grad_checkpointing`` (true: ``full``)."""
+    mode = recipe.get("activation_checkpointing")
+    if mode in ("off", "full", "selective"):
+        return mode
+    return "full" if recipe.get("grad_checkpointing") is True else "off"
 
 
 def measured_rates(result: dict) -> list[Rate]:
@@ -71,7 +81,7 @@ def measured_rates(result: dict) -> list[Rate]:
                         int(r["image_size"]),
                         str(v["precision"]),
                         bool(v.get("compiled")),
-                        bool(r.get("grad_checkpointing")),
+                        recompute_of(r),
                         float(v["images_per_s"]),
                         f"recipes.{name}.{row}",
                     )
@@ -87,7 +97,7 @@ def measured_rates(result: dict) -> list[Rate]:
                         int(t["image_size"]),
                         v["precision"],
                         compiled,
-                        False,
+                        "off",
                         v["images_per_s"],
                         f"train.{row}",
                     )
@@ -95,7 +105,15 @@ def measured_rates(result: dict) -> list[Rate]:
     for name, v in (result.get("large") or {}).items():
         if v.get("images_per_s"):
             rates.append(
-                Rate(v["model"], int(v["image_size"]), v["precision"], False, True, v["images_per_s"], f"large.{name}")
+                Rate(
+                    v["model"],
+                    int(v["image_size"]),
+                    v["precision"],
+                    False,
+                    recompute_of(v),
+                    v["images_per_s"],
+                    f"large.{name}",
+                )
             )
     return rates
 
@@ -144,7 +162,7 @@ def allreduce_seconds(world_size: int, params: int) -> tuple[float, str]:
 
 
 def pick(
-    rates: list[Rate], model: str, size: int, precision: str, compiled: bool, checkpointing: bool
+    rates: list[Rate], model: str, size: int, precision: str, compiled: bool, recompute: str
 ) -> tuple[Rate, list[str]]:
     """The measured row closest to the asked setting, and what differs (the words the plan prints)."""
 
@@ -154,7 +172,7 @@ def pick(
             r.image_size != size,
             r.compiled != compiled,
             r.precision != precision,
-            r.checkpointing != checkpointing,
+            r.recompute != recompute,
         )
 
     best = min(rates, key=score)
@@ -169,8 +187,8 @@ def pick(
         )
     if best.precision != precision:
         differs.append(f"{precision} not measured: the {best.precision} row")
-    if best.checkpointing != checkpointing:
-        differs.append(f"activation checkpointing {'on' if best.checkpointing else 'off'} in the row")
+    if best.recompute != recompute:
+        differs.append(f"activation checkpointing {best.recompute} in the row")
     return best, differs
 
 
@@ -209,7 +227,7 @@ def estimate(
     out, lines = [], [f"  images/s per GPU from the GPU kit ({on}; {result.get('finished_at', 'date not recorded')}):"]
     for ph in plan.phases:
         size = ph.image_size
-        rate, differs = pick(rates, cfg.model.name, size, precision, compiled, cfg.model.grad_checkpointing)
+        rate, differs = pick(rates, cfg.model.name, size, precision, compiled, cfg.train.activation_checkpointing)
         ips = rate.images_per_s * flops(rate.model, rate.image_size) / flops(cfg.model.name, size) * ratio
         how = (
             f"{rate.row} {rate.images_per_s:,.1f} img/s ({rate.precision}, {'compiled' if rate.compiled else 'eager'})"

@@ -257,5 +257,5 @@ def build_run(
         wandb=cfg.log.wandb,
     )
     resumed_from = str(chosen) if chosen is not None else None
-    trainer = Trainer(cfg, plan, parts.engine, loaders, hooks, info, start_step, lineage, resumed_from, checkpoints)
+    trainer = Trainer(cfg, plan, parts.engine, loaders, hooks, info, resumed_from, checkpoints)
     return TrainingRun(cfg=cfg, plan=plan, env=env, parts=parts, trainer=trainer, manifest=manifest)

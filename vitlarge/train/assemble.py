@@ -124,18 +124,7 @@ def build(cfg: Config, plan: Plan, settings: Settings, booster=None, init_from: 
     logging.getLogger("vitlarge").info(settings.compile_why)
     if settings.compile:  # after init_from: the weights are in place; before the Booster wraps (or shards) it
         compile_model(model, plan, settings.compile_scope)
-    o = cfg.optim
-    optimizer = build_optimizer(
-        model,
-        o.name,
-        lr=o.lr,
-        weight_decay=o.weight_decay,
-        betas=tuple(o.betas),
-        eps=o.eps,
-        bias_correction=o.bias_correction,
-        layer_decay=o.layer_decay,
-        implementation=settings.lamb_implementation,
-    )
+    optimizer = build_optimizer(model, cfg.optim, settings.lamb_implementation)
     if booster is None:
         # lazy: Colossal-AI loads only where no booster is handed in (the GPU kit runs without it)
         from vitlarge.distributed.booster import Booster

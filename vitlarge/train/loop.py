@@ -46,16 +46,15 @@ class Trainer:
         loaders: PhasedLoaders,
         hooks: list[Hook],
         info: RunInfo,
-        start_step: int = 0,
-        lineage: str | None = None,
         resumed_from: str | None = None,
         checkpoints: Checkpointer | None = None,
     ):
         """``loaders`` gives each phase's train and validation loaders, built at the phase's first step.
-        ``lineage``: what the checkpoints' meta.json records as their ``line`` (vitlarge/checkpoint/resume.py).
-        ``resumed_from``: the checkpoint this run resumed from (at ``start_step``), None for a fresh run.
+        ``info``: the run as its hooks see it; the loop starts at its ``start_step`` and its checkpoints' meta.json
+        records its ``lineage`` as their ``line`` (vitlarge/checkpoint/resume.py).
+        ``resumed_from``: the checkpoint this run resumed from (at ``info.start_step``), None for a fresh run.
         ``checkpoints``: the run's checkpointer (by default one over ``cfg.workdir`` and the engine's parts)."""
-        self.lineage, self.resumed_from = lineage, resumed_from
+        self.lineage, self.resumed_from = info.lineage, resumed_from
         self.cfg, self.plan, self.engine = cfg, plan, engine
         self.checkpoints = checkpoints or Checkpointer(cfg.workdir, cfg, info.rank).attach(
             engine.model, engine.optimizer, engine.precision.scaler, engine.ema
@@ -64,7 +63,7 @@ class Trainer:
         self.train_loader = self.val_loader = None
         profiler = step_profiler(info)  # train.profile_steps: last, so that the other hooks' work is in its steps
         self.hooks, self.info = [*hooks, profiler] if profiler else hooks, info
-        self.step = start_step
+        self.step = info.start_step
         self.device = engine.params[0].device
         self._stop_signal = 0
 

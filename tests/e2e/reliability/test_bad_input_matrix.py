@@ -328,12 +328,13 @@ def incompatible_checkpoint(c: Ctx) -> Run:
     from vitlarge.checkpoint import store
     from vitlarge.checkpoint.state import RunState
     from vitlarge.config.load import load_config
+    from vitlarge.config.schema import OptimConfig
     from vitlarge.model.vit import build_model
     from vitlarge.optim.lamb import build_optimizer
 
     other = load_config(RECIPE, ["model.kwargs={'patch_size': 4, 'embed_dim': 48, 'depth': 2, 'num_heads': 3}"])
     model = build_model(other, CPU)
-    opt = build_optimizer(model, "lamb", lr=1e-2, weight_decay=0.1)
+    opt = build_optimizer(model, OptimConfig(lr=1e-2, weight_decay=0.1))
     path = store.save(c.workdir, RunState(model, opt, torch.amp.GradScaler("cpu"), step=7), other, keep=3)
     before = sorted(p.name for p in (c.workdir / "checkpoints").iterdir())
 
@@ -354,12 +355,13 @@ def demo_checkpoint(c: Ctx, step: int = 3) -> Path:
     from vitlarge.checkpoint import store
     from vitlarge.checkpoint.state import RunState
     from vitlarge.config.load import load_config
+    from vitlarge.config.schema import OptimConfig
     from vitlarge.model.vit import build_model
     from vitlarge.optim.lamb import build_optimizer
 
     cfg = load_config(RECIPE, [])
     model = build_model(cfg, CPU)
-    opt = build_optimizer(model, "lamb", lr=1e-2, weight_decay=0.1)
+    opt = build_optimizer(model, OptimConfig(lr=1e-2, weight_decay=0.1))
     return store.save(c.workdir, RunState(model, opt, torch.amp.GradScaler("cpu"), step=step), cfg, keep=3)
 
 

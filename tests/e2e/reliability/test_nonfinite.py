@@ -139,7 +139,7 @@ def test_persistent_nan_stops_both_ranks_with_exit_3_and_keeps_the_last_good_che
     cfg = load_config(RECIPE, [], data__path=demo_data)
     torch.manual_seed(123)
     model = build_model(cfg, torch.device("cpu"))
-    opt = build_optimizer(model, cfg.optim.name, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+    opt = build_optimizer(model, cfg.optim)
     scaler = torch.amp.GradScaler("cpu", enabled=True)
     state = store.load(good, RunState(model, opt, scaler), cfg)
     assert state.step == 3 and state.world_size == 2

@@ -260,6 +260,7 @@ def as_format_1(ckpt: Path) -> None:
 
     from vitlarge.checkpoint.sharded import Reader, param_names
     from vitlarge.config.load import load_recipe
+    from vitlarge.config.schema import OptimConfig
     from vitlarge.model.vit import build_model
     from vitlarge.optim.lamb import build_optimizer
 
@@ -269,7 +270,7 @@ def as_format_1(ckpt: Path) -> None:
         saved = _load_state_dict_from_keys(storage_reader=Reader(ckpt))
     cfg = load_recipe(RECIPE)
     model = build_model(cfg)
-    names = param_names(model, build_optimizer(model, cfg.optim.name, lr=1.0, weight_decay=0.1))
+    names = param_names(model, build_optimizer(model, OptimConfig(name=cfg.optim.name, lr=1.0, weight_decay=0.1)))
     index = {n: i for i, n in enumerate(names)}
     optim = {
         "state": {index[n]: s for n, s in saved["optimizer"]["state"].items()},

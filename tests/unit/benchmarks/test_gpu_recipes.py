@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from benchmarks.gpu import profile, recipes
+from benchmarks.gpu.request import Request
 
 KERNELS = {
     "sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas": "gemm",
@@ -68,7 +69,7 @@ def test_a_time_budget_leaves_rows_out_with_the_command_that_finishes_them():
     peak = {"measured": {"bf16": {"flops_per_s": 1e9}}, "datasheet": None}
     sizes = dict(warmup=1, steps=1, rounds=1, profile_steps=1, gemm_iters=1)
     saved = []
-    out = recipes.run(torch.device("cpu"), "plain", sizes, peak, True, [], None, time.perf_counter(), saved.append)
+    out = recipes.run(torch.device("cpu"), "plain", sizes, peak, Request(tiny=True), time.perf_counter(), saved.append)
     assert all(not e["rows"] for e in out.values()) and not saved  # nothing ran, nothing to save
     left = recipes.finish_command(out)
     assert left.startswith("python -m benchmarks.gpu --only recipes --rows vit_b16.compiled_fp32 vit_b16.eager_fp32")

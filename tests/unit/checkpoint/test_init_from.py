@@ -11,6 +11,7 @@ from vitlarge.checkpoint.export import export
 from vitlarge.checkpoint.init_from import check_source, load_into
 from vitlarge.checkpoint.state import RunState
 from vitlarge.config.load import load_recipe
+from vitlarge.config.schema import OptimConfig
 from vitlarge.errors import UserError
 from vitlarge.model.vit import build_model
 from vitlarge.optim.lamb import build_optimizer
@@ -75,7 +76,7 @@ def test_another_class_count_gets_a_new_classifier_and_says_so(source):
 def test_a_checkpoint_folder_and_a_timm_checkpoint_file_load_the_same_weights(source, tmp_path):
     src, _ = source
     c = cfg()
-    opt = build_optimizer(src, "lamb", lr=1e-2, weight_decay=0.1)
+    opt = build_optimizer(src, OptimConfig(lr=1e-2, weight_decay=0.1))
     ckpt = store.save(tmp_path / "run", RunState(src, opt, torch.amp.GradScaler("cpu"), step=7), c, keep=1)
     pth = tmp_path / "timm.pth"  # timm's train.py layout, saved from a DDP model
     torch.save({"epoch": 3, "state_dict": {f"module.{k}": v for k, v in src.state_dict().items()}}, pth)

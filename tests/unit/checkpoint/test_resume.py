@@ -4,6 +4,7 @@ The multi-process paths (rank 0's choice broadcast to ranks that see other folde
 cannot read the choice) are in tests/e2e/reliability/test_resume_paths.py.
 """
 
+import json
 import logging
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from vitlarge.checkpoint import resume, store
 from vitlarge.checkpoint.state import RunState
 from vitlarge.checkpoint.trust import layout
 from vitlarge.config.load import load_recipe
+from vitlarge.config.schema import OptimConfig
 from vitlarge.errors import UserError
 from vitlarge.model.vit import build_model
 from vitlarge.optim.lamb import build_optimizer
@@ -31,7 +33,7 @@ def cfg():
 def parts(cfg):
     torch.manual_seed(0)
     model = build_model(cfg)
-    return model, build_optimizer(model, "lamb", lr=1e-2, weight_decay=0.1), torch.amp.GradScaler("cpu")
+    return model, build_optimizer(model, OptimConfig(lr=1e-2, weight_decay=0.1)), torch.amp.GradScaler("cpu")
 
 
 def line(workdir: Path, cfg, parts, steps) -> list[Path]:
@@ -139,7 +141,7 @@ def test_checkpoint_of_another_recipe_is_refused_and_nothing_moves(tmp_path, cfg
     ckpts = line(
         tmp_path,
         other,
-        (model, build_optimizer(model, "lamb", lr=1e-2, weight_decay=0.1), torch.amp.GradScaler("cpu")),
+        (model, build_optimizer(model, OptimConfig(lr=1e-2, weight_decay=0.1)), torch.amp.GradScaler("cpu")),
         (2, 4),
     )
     (ckpts[1] / "__0_0.distcp").write_bytes(b"")
@@ -242,3 +244,22 @@ def test_layer_decay_turned_on_or_off_is_refused_in_one_line_another_value_resum
     assert optimizer_groups_changed(decayed, cfg) is None
     cfg.optim.layer_decay = 1.0
     assert "trained with 0.75" in optimizer_groups_changed(decayed, cfg)
+
+
+def test_a_checkpoint_recorded_with_model_grad_checkpointing_resumes_with_full_recompute_read(tmp_path, cfg, parts):
+    """meta.json as vitlarge wrote it before train.activation_checkpointing replaced model.grad_checkpointing (the
+    model section holds the old key, the train section none): an automatic resume takes it, restores it, and its
+    recorded config reads as ``full``; the checkpoints stored from torch 2.5.1 (``false``) read as ``off``."""
+    ckpt = line(tmp_path, cfg, parts, (3,))[0]
+    meta = json.loads((ckpt / "meta.json").read_text())
+    meta["config"]["model"]["grad_checkpointing"] = True
+    del meta["config"]["train"]["activation_checkpointing"]
+    (ckpt / "meta.json").write_text(json.dumps(meta, indent=1))
+    assert resume.choose(tmp_path, None, parts[0], cfg).path == ckpt
+    loaded = resume.restore(ckpt, RunState(*parts), cfg)
+    assert loaded.step == 3 and loaded.config["train"]["activation_checkpointing"] == "full"
+    assert "grad_checkpointing" not in loaded.config["model"]
+    for plugin in ("ddp", "fsdp"):
+        stored = layout.read_meta(ROOT / "tests" / "data" / "torch251" / plugin / "step_0000020")
+        assert "grad_checkpointing" not in stored["config"]["model"]
+        assert stored["config"]["train"].get("activation_checkpointing", "off") == "off"

@@ -230,16 +230,15 @@ def test_verify_names_the_damage_and_latest_passes_over_it(tmp_path, cfg, damage
 @pytest.mark.parametrize("name", ["__0_0.distcp", "rank_00000.pt"])
 def test_load_checks_the_sizes_of_the_files_it_reads(tmp_path, cfg, name):
     """Each rank's cheap check (a stat per file) before it reads: a one-line error, not a traceback.
-    Evaluation (weights only) checks the weights the same way."""
+    Evaluation (weights only) checks every file as a resume does, rank files included."""
     model, opt, scaler = make(cfg)
     path = save(tmp_path, 1, model, opt, scaler, cfg)
     truncate(path / name)
     with pytest.raises(ckpt_layout.Unusable, match=f"checkpoint {path} fails its check .{name} has ") as e:
         store.load(path, RunState(model, opt, scaler), cfg)
     assert "meta.json records" in e.value.problem
-    if name.endswith(".distcp"):
-        with pytest.raises(ckpt_layout.Unusable, match=f"{name} has "):
-            ckpt_weights.load_model_weights(path, model, cfg)
+    with pytest.raises(UserError, match=f"checkpoint {path} fails its check .{name} has "):
+        ckpt_weights.load_model_weights(path, model, cfg)
 
 
 def test_read_meta_errors(tmp_path):

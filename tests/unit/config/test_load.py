@@ -6,6 +6,7 @@ an unquoted ``bash -c``): tuples as ``a,b``, dict entries and phases by dotted k
 The plan derived from a config is in tests/unit/plan/test_plan.py; train.py's own handling of a
 bad override in tests/e2e/test_train_cli.py."""
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -76,12 +77,12 @@ def test_recipe_files_are_all_covered():
     [
         ("vit_b32", {"model.name", "workdir"}),
         ("vit_l32", {"model.name", "workdir"}),
-        ("vit_l16", {"model.name", "model.grad_checkpointing", "train.micro_batch", "workdir"}),
+        ("vit_l16", {"model.name", "train.activation_checkpointing", "train.micro_batch", "workdir"}),
         (
             "vit_h14",
             {
                 "model.name",
-                "model.grad_checkpointing",
+                "train.activation_checkpointing",
                 "train.micro_batch",
                 "train.precision",
                 "train.plugin",
@@ -111,7 +112,7 @@ def test_overrides_of_every_type_apply():
             "optim.lr=0.005",  # float
             "schedule.warmup_epochs=10",  # float from an int literal
             "data.hflip=false",  # bool
-            "model.grad_checkpointing=yes",  # bool
+            "data.rect_val=yes",  # bool
             "optim.betas=(0.8, 0.95)",  # tuple
             "data.crop_scale=[0.5,1]",  # tuple from list syntax
             "data.randaugment=rand-m9-n2",  # Optional[str], a value
@@ -125,7 +126,7 @@ def test_overrides_of_every_type_apply():
     assert cfg.optim.lr == 0.005
     assert cfg.schedule.warmup_epochs == 10.0 and type(cfg.schedule.warmup_epochs) is float
     assert cfg.data.hflip is False
-    assert cfg.model.grad_checkpointing is True
+    assert cfg.data.rect_val is True
     assert cfg.optim.betas == (0.8, 0.95)
     assert cfg.data.crop_scale == (0.5, 1.0)
     assert cfg.data.randaugment == "rand-m9-n2"
@@ -717,15 +718,17 @@ def test_the_speed_settings_take_their_choices_and_name_them_when_wrong():
         recipe("demo_digits"),
         ["train.compile_scope=blocks", "train.activation_checkpointing=selective", "optim.implementation=foreach"],
     )
-    assert (cfg.train.compile_scope, cfg.recompute(), cfg.optim.implementation) == ("blocks", "selective", "foreach")
+    assert (cfg.train.compile_scope, cfg.train.activation_checkpointing, cfg.optim.implementation) == (
+        "blocks",
+        "selective",
+        "foreach",
+    )
     with pytest.raises(UserError) as e:
         load_config(recipe("demo_digits"), ["train.activation_checkpointing=some"])
     assert str(e.value) == (
         "command line: 'train.activation_checkpointing=some' is not one of off, full, selective; write it like "
         "train.activation_checkpointing=off"
     )
-    with pytest.raises(UserError, match="^command line: train.activation_checkpointing=selective and model.grad"):
-        load_config(recipe("vit_l16"), ["train.activation_checkpointing=selective"])  # it sets grad_checkpointing
 
 
 def test_range_and_cross_field_errors_of_overrides_name_the_command_line():
@@ -1045,3 +1048,27 @@ def test_phase_sizes_and_the_phase_count_are_held_to_the_schemas_bounds():
         validate(cfg)
     cfg.train.phases = cfg.train.phases[:MAX_PHASES]
     validate(cfg)  # the cap itself is a phase list
+
+
+def test_a_recipes_folder_never_goes_on_the_import_path(tmp_path, monkeypatch):
+    """``--config D/myrecipes/mine.py`` put D first on ``sys.path``, so a ``D/timm.py`` (any name imported later)
+    ran instead of the package. A recipe of one's own is loaded from its file alone; one in a folder with an
+    ``__init__.py`` imports its siblings relatively (``from .common import ...``), and neither folder is searched for
+    any other import."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    planted = "_vitlarge_planted_by_a_recipe_folder"
+    for d in (tmp_path, tmp_path / "myrecipes", tmp_path / "pkg"):
+        d.mkdir(exist_ok=True)
+        (d / f"{planted}.py").write_text("raise SystemExit('planted module ran')\n")
+    mine = tmp_path / "myrecipes" / "mine.py"
+    mine.write_text("from vitlarge.recipes.demo_digits import config as base\n\n\ndef config():\n    return base()\n")
+    assert load_recipe(mine) == load_recipe(recipe("demo_digits"))
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "common.py").write_text("EPOCHS = 7\n")
+    (tmp_path / "pkg" / "mine.py").write_text(
+        "from vitlarge.recipes.demo_digits import config as base\n\nfrom .common import EPOCHS\n\n\n"
+        "def config():\n    c = base()\n    c.schedule.total_epochs = EPOCHS\n    return c\n"
+    )
+    assert load_recipe(tmp_path / "pkg" / "mine.py").schedule.total_epochs == 7
+    assert not {str(tmp_path), str(tmp_path / "myrecipes"), str(tmp_path / "pkg")} & set(sys.path)
+    assert importlib.util.find_spec(planted) is None

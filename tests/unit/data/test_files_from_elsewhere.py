@@ -186,7 +186,11 @@ def test_manifest_over_the_size_cap_is_one_line_naming_the_cap(data):
         f.truncate(MANIFEST_CAP + 1)
     with pytest.raises(UserError) as e:
         load_manifest(str(data))
-    assert one_line(e).startswith(f"{path}: is larger than the 16,777,216-byte cap for this file; re-convert")
+    assert one_line(e) == (
+        f"{path}: is larger than the 16,777,216-byte cap for this file; a manifest of ImageNet-21K's size is ~4 MB, "
+        f"its images' sizes in files of their own; one written before they were (sizes inline) is written again by "
+        f"python -m data_tools.make_index {data}"
+    )
 
 
 def test_index_is_streamed_not_read_whole(data):
@@ -319,6 +323,14 @@ def _nest(depth: int) -> str:
     return "[" * depth + "]" * depth
 
 
+def _inline(d: dict) -> list[list]:
+    """The validation shards' sizes written inline, as manifests had them before their files: ``[[10, 10], ...]``."""
+    shards = d["splits"]["validation"]["shards"]
+    for s in shards:
+        s["sizes"] = [[10, 10] for _ in range(s["num_records"])]
+    return [s["sizes"] for s in shards]
+
+
 MALFORMED = {
     "shards empty": (
         lambda d: d["splits"]["train"].update(shards=[]),
@@ -371,11 +383,11 @@ MALFORMED = {
     "huge integer literal": (b'{"num_classes": ' + b"9" * 5000 + b"}", "not JSON ("),
     "NaN": (lambda d: d.update(label_offset=float("nan")), "label_offset is nan, expected an integer"),
     "sizes one short": (
-        lambda d: d["splits"]["validation"]["shards"][0]["sizes"].pop(),
+        lambda d: _inline(d)[0].pop(),
         "splits.validation.shards[0].sizes is [",
     ),
     "size not a pair": (
-        lambda d: d["splits"]["validation"]["shards"][0]["sizes"].__setitem__(1, [0, 5]),
+        lambda d: _inline(d)[0].__setitem__(1, [0, 5]),
         "splits.validation.shards[0].sizes[1] is [0, 5], expected [height, width] in pixels 1..1048576",
     ),
     "unknown order": (
@@ -387,7 +399,7 @@ MALFORMED = {
         "splits.validation.shards[1].sizes is missing, which order 'aspect' needs",
     ),
     "sizes out of aspect order": (
-        lambda d: d["splits"]["validation"]["shards"][0]["sizes"].__setitem__(0, [1, 1000]),
+        lambda d: _inline(d)[0].__setitem__(0, [1, 1000]),
         "splits.validation: record 1 (",
     ),
 }
@@ -671,3 +683,58 @@ def test_an_index_padded_with_blank_lines_is_refused_from_its_size_and_never_rea
     with pytest.raises(UserError) as e:  # read by index without the check before it: bounded by the shard's size
         IndexedRecords(files, world_size=1)
     assert one_line(e).startswith(f"{index}: is larger than the ") and "a stale or padded DALI index" in str(e.value)
+
+
+# --- E. an image tree's names and links, and a shard's class names ------------------------------
+
+
+@pytest.mark.parametrize(
+    "where, name, shown",
+    [
+        ("class", "n01440764\nerror: forged", "the class folder 'n01440764\\nerror: forged'"),
+        ("class", "n01\x1b[2Kx", "the class folder 'n01\\x1b[2Kx'"),
+        ("file", "a\rerror: forged.JPEG", "the file name 'a\\rerror: forged.JPEG'"),
+        ("folder", "sub\u202egpj.exe", "the folder 'sub\\u202egpj.exe'"),
+    ],
+)
+def test_a_name_with_a_control_character_is_one_line_showing_it_escaped(tiny_imagefolder, tmp_path, where, name, shown):
+    """A class folder named ``n01440764\\nerror: forged`` printed a line of its own (``error: forged``) in the
+    converter's output: such a name, of a class, a subfolder or a file, is refused in one line, escaped."""
+    src = tmp_path / "src"
+    shutil.copytree(tiny_imagefolder, src)
+    cls = src / "train" / SYNSETS[0]
+    image = sorted(cls.iterdir())[0]
+    if where == "class":
+        os.rename(src / "train" / SYNSETS[2], src / "train" / name)
+        shutil.rmtree(src / "val" / SYNSETS[2])
+    elif where == "file":
+        os.rename(image, cls / name)
+    else:
+        (cls / name).mkdir()
+        os.rename(image, cls / name / image.name)
+    r = call_main(
+        "data_tools.imagenet_to_tfrecord", "--src", str(src), "--out", str(tmp_path / "out"), "--workers", "0"
+    )
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert shown in r.stderr and "which would forge or hide lines of this log; rename it" in r.stderr
+
+
+def test_make_index_with_a_synset_longer_than_the_manifest_holds_lists_no_class_names(tmp_path):
+    """A 2,000-character synset in the records: make_index wrote a manifest its reader refused, telling to run
+    make_index again. Now one warning line names the class and the limit, and the manifest, without class names, is
+    read."""
+    records = [
+        tfrecord_io.encode_example(
+            {"image/class/label": (label, "int"), "image/class/synset": (synset.encode(), "byte")}
+        )
+        for label, synset in ((1, "n01440764"), (2, "n" * 2000))
+    ]
+    d = _shard_of(tmp_path, records)
+    r = call_main("data_tools.make_index", d)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines()[0] == (
+        f"warning: {d}: label 2's image/class/synset is 2,000 characters, more than the 1,024 dataset.json holds; it "
+        "lists no class names (training needs none; an export names its classes by index)"
+    )
+    m = load_manifest(d)
+    assert (m.num_classes, m.classes) == (2, [])

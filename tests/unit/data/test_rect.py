@@ -17,7 +17,7 @@ import torch
 from data_tools.make_id_dataset import make_id_dataset
 from tests.helpers.loaders import open_val
 from vitlarge.data.common import val_forwards
-from vitlarge.data.manifest import load_manifest
+from vitlarge.data.manifest import load_manifest, split_sizes
 from vitlarge.data.rect import chunk_shapes, crop_shape, rank_chunks
 from vitlarge.errors import UserError
 
@@ -102,7 +102,8 @@ def test_each_image_counts_once_cropped_to_its_chunk_and_alike_at_any_world_size
     left the source), every batch cropped to its chunk's mean aspect, and an image's pixels the same at every
     world size: a pass gives the same numbers at any world size, as the square crop's. (The schedule at world
     sizes 1..9 and 128: the test above; each loader costs ~0.1 s to build.)"""
-    sizes = [s for shard in load_manifest(aspect_ids).shards("validation") for s in shard.sizes or ()]
+    sizes = split_sizes(load_manifest(aspect_ids), "validation")
+    assert sizes is not None
     expected = chunk_shapes(sizes, 4, 8, PATCH)
     assert len(set(expected)) > 4  # portrait, square and landscape crops
     reference, _ = rect_pass(aspect_ids, 4, 1)

@@ -18,7 +18,7 @@ from tfrecord.tools.tfrecord2idx import create_index
 from data_tools import imagefolder, imagenet_to_tfrecord, make_bench_dataset, make_index
 from tests.helpers import call_main
 from tests.helpers.data_fixtures import SYNSETS, TINY_TRAIN_PER_CLASS, TINY_VAL_PER_CLASS, copy_imagefolder
-from vitlarge.data.manifest import load_manifest
+from vitlarge.data.manifest import load_manifest, split_sizes
 
 DESCRIPTION = {
     "image/encoded": "byte",
@@ -277,8 +277,8 @@ def test_validation_is_written_sorted_by_aspect_with_each_images_size(tiny_image
     sizes = [(r["image/height"][0], r["image/width"][0]) for r in records]
     assert len(set(w / h for h, w in sizes)) > 3  # the tiny tree's crops vary: the order is a real sort
     assert [w / h for h, w in sizes] == sorted(w / h for h, w in sizes)
-    assert [s for shard in m.shards("validation") for s in shard.sizes or ()] == sizes
-    assert m.order == {"validation": "aspect"} and all(s.sizes is None for s in m.shards("train"))
+    assert split_sizes(m, "validation") == sizes
+    assert m.order == {"validation": "aspect"} and split_sizes(m, "train") is None
     val_files = sorted(n for n, p in files_by_name(tiny_imagefolder).items() if f"{os.sep}val{os.sep}" in p)
     assert sorted(r["image/filename"].decode() for r in records) == val_files
 
@@ -332,7 +332,7 @@ def test_make_index_records_the_validation_sizes_and_finds_their_order(converted
     os.link(tmp_path / "validation-00000-of-00002", unsorted / "validation-00001-of-00002")  # swapped: out of order
     os.link(tmp_path / "validation-00001-of-00002", unsorted / "validation-00000-of-00002")
     m = make_index.make_index(str(unsorted))
-    assert m.order == {} and all(s.sizes is not None for s in m.shards("validation"))
+    assert m.order == {} and split_sizes(m, "validation") is not None
 
 
 # --- the image tree's shapes: subfolders in a class, few images, a class validation lacks ---------------------
@@ -428,3 +428,40 @@ def test_make_index_keeps_the_converters_count_of_skipped_images(tiny_imagefolde
     assert make_index.make_index(out).skipped.get("train") == 1
     os.remove(os.path.join(out, "dataset.json"))  # neither: shards made elsewhere, nothing known to be skipped
     assert make_index.make_index(out).skipped.get("train", 0) == 0
+
+
+@pytest.mark.parametrize("link", ["class folder", "subfolder", "file", "outside, from two classes"])
+def test_a_link_that_puts_an_image_under_two_classes_or_twice_is_one_line_naming_it(tiny_imagefolder, tmp_path, link):
+    """``train/a/extra -> ../b`` stored b's images as class a too, without a word (only links out of --src were
+    named): a link that makes an image reachable twice, under another class or the same, is refused in one line
+    naming the link, before anything is written."""
+    from vitlarge.errors import UserError
+
+    src = copy_imagefolder(tiny_imagefolder, str(tmp_path / "src"))
+    a, b = (os.path.join(src, "train", c) for c in SYNSETS[:2])
+    first_b = os.path.join(b, sorted(os.listdir(b))[0])
+    if link == "class folder":
+        at = os.path.join(src, "train", "n09999999")
+        os.symlink(b, at)
+        words = f"which would be stored as class 'n09999999' and as class '{SYNSETS[1]}' (a mislabel)"
+    elif link == "subfolder":
+        at = os.path.join(a, "extra")
+        os.symlink(os.path.join("..", SYNSETS[1]), at)
+        words = f"which would be stored as class '{SYNSETS[0]}' and as class '{SYNSETS[1]}' (a mislabel)"
+    elif link == "file":
+        at = os.path.join(b, "again.JPEG")
+        os.symlink(first_b, at)
+        words = f"which would be stored twice in class '{SYNSETS[1]}'"
+    else:
+        outside = tmp_path / "pool"
+        outside.mkdir()
+        shutil.copy(first_b, outside / "x.JPEG")
+        os.symlink(outside, os.path.join(a, "pool"))
+        at = os.path.join(b, "pool")  # both are links: the second found is named
+        os.symlink(outside, at)
+        words = f"which would be stored as class '{SYNSETS[1]}' and as class '{SYNSETS[0]}' (a mislabel)"
+    with pytest.raises(UserError) as e:
+        imagenet_to_tfrecord.convert(src, str(tmp_path / "out"), workers=0, progress=False)
+    assert str(e.value).startswith(f"{at}: a link that makes ") and words in str(e.value), str(e.value)
+    assert str(e.value).endswith("; remove the link, or copy the image where it belongs")
+    assert not os.path.exists(tmp_path / "out")

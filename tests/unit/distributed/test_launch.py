@@ -593,3 +593,15 @@ def test_a_lazy_module_runs_its_import_at_the_first_name_read_from_it_not_at_a_s
     finally:
         for name in ("vitlarge_lazy_ok", "vitlarge_lazy_broken"):
             sys.modules.pop(name, None)
+
+
+@pytest.mark.parametrize("bad", ["inf", "-inf", "nan", "1e300", "604801", "-1"])
+def test_a_rendezvous_timeout_no_timedelta_holds_is_one_line_with_the_range(bad):
+    """inf, nan and 1e300 overflowed a timedelta (a traceback): the variable's range is said instead."""
+    with pytest.raises(UserError) as e:
+        rendezvous_timeout_s({"VITLARGE_RENDEZVOUS_TIMEOUT": bad})
+    assert str(e.value) == (
+        f"environment variable VITLARGE_RENDEZVOUS_TIMEOUT={bad!r} must be a positive number of seconds, at most "
+        "604,800 (a week); unset it to wait train.init_timeout_s"
+    )
+    assert rendezvous_timeout_s({"VITLARGE_RENDEZVOUS_TIMEOUT": "604800"}) == 604800

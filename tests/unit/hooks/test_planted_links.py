@@ -10,7 +10,7 @@ import pytest
 
 from hooks import JsonlHook, TensorBoardHook
 from hooks.jsonl import read_metrics
-from tests.unit.hooks.test_hooks import EVAL, make_run, step_metrics
+from tests.helpers.events import EVAL, make_run, step_metrics
 from vitlarge.errors import UserError
 from vitlarge.report.plot import plot_run
 

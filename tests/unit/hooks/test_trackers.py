@@ -16,7 +16,7 @@ import pytest
 
 from hooks import _sender, _tracking
 from hooks._sender import Sender
-from tests.unit.hooks.test_hooks import make_run, step_metrics
+from tests.helpers.events import make_run, step_metrics
 from vitlarge.config.schema import Config
 
 

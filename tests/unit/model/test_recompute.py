@@ -14,6 +14,7 @@ import torch
 from benchmarks.harness.activations import held_after_forward
 from tests.helpers import ROOT
 from vitlarge.config.load import load_recipe
+from vitlarge.config.schema import OptimConfig
 from vitlarge.errors import UserError
 from vitlarge.model import recompute
 from vitlarge.model.vit import build_model
@@ -43,7 +44,7 @@ def batch(n: int = 8):
 def train(mode: str, steps: int = 3) -> tuple[list[float], dict[str, torch.Tensor]]:
     torch.manual_seed(0)
     model = build_model(cfg(mode))
-    opt = build_optimizer(model, "lamb", lr=1e-2, weight_decay=0.1)
+    opt = build_optimizer(model, OptimConfig(lr=1e-2, weight_decay=0.1))
     x, y = batch()
     losses = []
     torch.manual_seed(1)  # the dropout masks: the same draws in every mode
@@ -83,16 +84,6 @@ def test_the_modes_keep_the_blocks_classes_names_and_state_dict():
     for a, b in zip(plain.blocks, selective.blocks):
         assert isinstance(b, type(a)) and type(b).__name__ == type(a).__name__ and type(b) is not type(a)
     assert list(selective.state_dict()) == list(full.state_dict()) == list(plain.state_dict())
-
-
-def test_model_grad_checkpointing_is_full_and_clashes_with_selective():
-    c = cfg("off")
-    c.model.grad_checkpointing = True
-    assert c.recompute() == "full" and build_model(c).grad_checkpointing
-    c.train.activation_checkpointing = "selective"
-    problems = list(c.problems())
-    assert [p.keys[:2] for p in problems] == [("train.activation_checkpointing", "model.grad_checkpointing")]
-    assert "set model.grad_checkpointing=false" in problems[0].text
 
 
 def test_selective_needs_transformer_blocks():

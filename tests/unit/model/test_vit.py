@@ -72,11 +72,11 @@ def test_demo_model_shape_and_forward():
     assert y.shape == (2, 10) and torch.isfinite(y).all()
 
 
-def test_grad_checkpointing_flag():
+def test_full_recompute_is_timms_grad_checkpointing():
     cfg = demo()
-    cfg.model.grad_checkpointing = True
+    cfg.train.activation_checkpointing = "full"
     assert build_model(cfg, "meta").grad_checkpointing is True
-    cfg.model.grad_checkpointing = False
+    cfg.train.activation_checkpointing = "off"
     assert build_model(cfg, "meta").grad_checkpointing is False
 
 

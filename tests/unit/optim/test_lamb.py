@@ -15,6 +15,7 @@ import timm.optim
 import torch
 from torch import nn
 
+from vitlarge.config.schema import OptimConfig
 from vitlarge.errors import UserError
 from vitlarge.optim.lamb import Lamb, build_optimizer, param_groups
 
@@ -278,9 +279,9 @@ def test_layer_decay_one_is_the_two_plain_groups():
 
 def test_build_optimizer():
     model = _tiny_vit()
-    lamb = build_optimizer(model, "lamb", lr=1e-3, weight_decay=0.05)
+    lamb = build_optimizer(model, OptimConfig(lr=1e-3, weight_decay=0.05))
     assert isinstance(lamb, Lamb) and [g["trust_ratio"] for g in lamb.param_groups] == [True, False]
-    adamw = build_optimizer(model, "adamw", lr=1e-3, weight_decay=0.05, betas=(0.9, 0.95))
+    adamw = build_optimizer(model, OptimConfig(name="adamw", lr=1e-3, weight_decay=0.05, betas=(0.9, 0.95)))
     assert isinstance(adamw, torch.optim.AdamW) and adamw.defaults["foreach"]
     assert [g["weight_decay"] for g in adamw.param_groups] == [0.05, 0.0]
     # One real step through a model: finite and every parameter moved.
@@ -290,11 +291,11 @@ def test_build_optimizer():
     for name, p in model.named_parameters():
         assert torch.isfinite(p).all() and not torch.equal(p, before[name]), name
     with pytest.raises(UserError, match="lamb"):
-        build_optimizer(model, "lmab", lr=1e-3, weight_decay=0.05)
+        build_optimizer(model, OptimConfig(name="lmab", lr=1e-3, weight_decay=0.05))
     assert math.isclose(lamb.param_groups[0]["lr"], 1e-3)
     # Layer decay: the same groups for both optimizers, each with its lr scale (depth 2: head 1, blocks 1/2, 1/4).
     for name in ("lamb", "adamw"):
-        opt = build_optimizer(model, name, lr=1e-3, weight_decay=0.05, layer_decay=0.5)
+        opt = build_optimizer(model, OptimConfig(name=name, lr=1e-3, weight_decay=0.05, layer_decay=0.5))
         assert sorted({g["lr_scale"] for g in opt.param_groups}) == [0.125, 0.25, 0.5, 1.0]
 
 

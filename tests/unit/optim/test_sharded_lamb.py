@@ -13,6 +13,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from tests.helpers.lamb_parity import SETTINGS, mlp, parity, uncompiled
+from vitlarge.config.schema import OptimConfig
 from vitlarge.optim.lamb import build_optimizer
 from vitlarge.optim.sharded_lamb import ShardedLamb, local
 
@@ -31,15 +32,13 @@ def test_steps_equal_unsharded_lamb(implementation, monkeypatch):
 
 def test_like_keeps_the_groups_and_settings_and_moments_are_dtensors_like_their_parameters():
     model = fully_shard(mlp())
-    lamb = build_optimizer(model, "lamb", **SETTINGS)
+    lamb = build_optimizer(model, OptimConfig(**SETTINGS))
     lamb.chunk_numel = 7
     sharded = ShardedLamb.like(lamb)
     assert [len(g["params"]) for g in sharded.param_groups] == [len(g["params"]) for g in lamb.param_groups]
     assert [(g["weight_decay"], g["trust_ratio"]) for g in sharded.param_groups] == [(0.1, True), (0.0, False)]
     assert (sharded.defaults, sharded.fused, sharded.chunk_numel) == (lamb.defaults, lamb.fused, 7)
-    assert ShardedLamb.like(build_optimizer(model, "lamb", **SETTINGS, implementation="foreach")).implementation == (
-        "foreach"
-    )
+    assert ShardedLamb.like(build_optimizer(model, OptimConfig(**SETTINGS), "foreach")).implementation == ("foreach")
     model(torch.randn(4, 6)).sum().backward()
     sharded.step()
     for p in model.parameters():

@@ -208,3 +208,31 @@ def test_drawing_at_the_end_of_a_run_sets_off_no_collection_of_the_trainings_hea
             gc.enable()
     finally:
         gc.callbacks.remove(count)
+
+
+def write_hostile_run(workdir) -> None:
+    """A metrics.jsonl from elsewhere whose values no run writes: a 400-digit loss, a throughput of 1.7e308, a text
+    top-1, a missing top-5, a config that is a list and a label matplotlib would read as broken mathematics."""
+    lines = [
+        '{"event": "start", "step": 0, "world_size": "$\\\\frac{", "global_batch": [1], "config": [1]}',
+        *(
+            f'{{"event": "train", "step": {s}, "train_loss": {"9" * 400 if s == 3 else 1.5}, "lr": 0.1, '
+            f'"images_per_s": {"1.7e308" if s > 5 else 100.0}, "epoch": {s / 5}}}'
+            for s in range(1, 11)
+        ),
+        '{"event": "eval", "step": 10, "val_top1": "oops", "val_loss": 1e300, "val_images": 10}',
+    ]
+    workdir.mkdir(exist_ok=True)
+    (workdir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_values_no_run_writes_are_gaps_in_the_picture_never_a_traceback(tmp_path):
+    """A line's value that is not a number of a run (too many digits for a float, beyond what the axes can scale,
+    text, missing) is drawn as a gap, in the picture of one run and in a comparison."""
+    write_hostile_run(tmp_path / "hostile")
+    r = call_main("vitlarge.report.plot", str(tmp_path / "hostile"))
+    assert (r.returncode, r.stderr) == (0, "") and (tmp_path / "hostile" / PLOT_FILENAME).is_file()
+    write_run(tmp_path / "plain", steps=12, evals=(12,), plot=False)
+    out = tmp_path / "ab.png"
+    r = call_main("vitlarge.report.plot", str(tmp_path / "hostile"), str(tmp_path / "plain"), "--out", str(out))
+    assert (r.returncode, r.stderr) == (0, "") and out.is_file()

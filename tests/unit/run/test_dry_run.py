@@ -94,13 +94,14 @@ def test_the_memory_estimate_adds_the_gpus_own_needs_as_stated_constants(capsys)
     assert capsys.readouterr().out == ""
 
 
-def test_a_profile_window_after_the_plans_last_step_stops_the_dry_run_as_it_would_the_run(capsys):
-    recipe = str(ROOT / "recipes" / "demo_digits.py")
+def test_a_profile_window_after_the_plans_last_step_stops_the_dry_run_as_it_would_the_run(capsys, tmp_path):
+    # --data names a folder that is not there, so the plan takes the recipe's counts whatever data/digits holds
+    # (make demo writes it in the checkout)
+    recipe, data = str(ROOT / "recipes" / "demo_digits.py"), str(tmp_path / "absent")
+    argv = ["--dry-run", "--config", recipe, "--data", data, "train.profile_steps=655-665"]
     with pytest.raises(UserError, match=r"^train.profile_steps=655-665 ends after step 660, the run's last"):
-        cli.plan_or_train(
-            cli.parse_args(["--dry-run", "--config", recipe, "train.profile_steps=655-665"]), ONE_PROCESS, NO_THREADS
-        )
-    out, _ = dry_run(capsys, "--config", recipe, "train.profile_steps=655-660")
+        cli.plan_or_train(cli.parse_args(argv), ONE_PROCESS, NO_THREADS)
+    out, _ = dry_run(capsys, "--config", recipe, "--data", data, "train.profile_steps=655-660")
     assert out.startswith("plan:")
 
 

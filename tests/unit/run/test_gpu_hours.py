@@ -32,7 +32,7 @@ def h100_results(tmp_path):
                         "model": "vit_base_patch16_224",
                         "image_size": 224,
                         "micro_batch": 256,
-                        "grad_checkpointing": False,
+                        "activation_checkpointing": "off",
                         "rows": {
                             "compiled_fp16": {"precision": "fp16", "compiled": True, "images_per_s": 2000.0},
                             "eager_fp16": {"precision": "fp16", "compiled": False, "images_per_s": 1600.0},

@@ -115,12 +115,15 @@ def test_init_from_loads_the_pretrained_weights_and_a_resume_skips_it(tmp_path):
     assert any(not torch.equal(resumed[k], expected[k]) for k in expected)
 
 
-def test_a_build_logs_the_attention_kernel_it_chose_once(caplog):
+@pytest.mark.parametrize(("precision", "backend"), [("fp32", "cpu"), ("fp16", "unfused")])
+def test_a_build_logs_the_attention_kernel_it_chose_once(caplog, precision, backend):
+    """The precision is named, not ``auto``: auto is fp16 on a CPU with AVX512-FP16, where ``model.fused_attn=auto``
+    keeps timm's unfused attention (`vitlarge.model.vit.build_model`), and fp32 or bf16 elsewhere."""
     with caplog.at_level("INFO", logger="vitlarge"):
-        parts = assemble(demo())
+        parts = assemble(demo(precision=precision))
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("attention:")]
     assert parts.attention is not None and lines == [parts.attention.line]
-    assert parts.attention.backend == "cpu" and "3 heads x 17 tokens x 32 dims" in lines[0]
+    assert parts.attention.backend == backend and f"3 heads x 17 tokens x 32 dims, {precision}" in lines[0]
 
 
 def test_optim_implementation_auto_is_chunked_on_cpu_foreach_on_cuda_and_reaches_the_optimizer():

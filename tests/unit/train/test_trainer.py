@@ -124,7 +124,7 @@ def trainer(workdir, hooks: list[Hook], start_step: int = 0, loaders=None, resum
     s = parts.settings
     run = RunInfo(str(workdir), 0, True, "cpu", start_step, plan, cfg, precision=s.precision, compile=s.compile)
     loaders = (loaders or OnePhaseLoaders)(Batches(16), val)
-    return Trainer(cfg, plan, parts.engine, loaders, hooks, run, start_step, resumed_from=resumed_from)
+    return Trainer(cfg, plan, parts.engine, loaders, hooks, run, resumed_from=resumed_from)
 
 
 def test_events_come_in_the_documented_order_at_their_cadence(tmp_path):

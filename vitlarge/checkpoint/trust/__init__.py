@@ -12,6 +12,8 @@ One entry per file kind:
   `meta.problem_of`: every key's type and range, every listed name a plain file name of a kind a checkpoint
   holds, so every read it leads to stays in the folder); `layout.read_meta` raises it as `layout.Unusable`.
 * ``checkpoints/step_*`` folder names -- `layout` (``meta.STEP_DIR``; a step from a name, never a path).
+* a checkpoint folder as a whole -- `folder.verify`: never a symbolic link, meta.json, then every listed file's size
+  and CRC32C and the index below; the one check of the resume and of every reader of a checkpoint's weights.
 * ``.metadata`` (DCP's index, a pickle) -- `index.read_index`: a restricted unpickler admitting an exact list of
   (module, name) pairs, every opcode charged to `pickles.Budget`, then `index.index_problem` against
   meta.json's listing.

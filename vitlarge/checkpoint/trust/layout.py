@@ -28,10 +28,12 @@ def step_of(path: Path) -> int:
 
 
 def step_dirs(root: Path) -> list[Path]:
-    """The ``step_*`` folders in ``root``, oldest first."""
+    """The ``step_*`` folders in ``root``, oldest first, and the ``step_*`` symbolic links (to anything), listed so
+    that a resume names them and moves them aside (`vitlarge.checkpoint.trust.folder.verify` refuses them), never
+    followed."""
     if not root.is_dir():
         return []
-    return sorted((p for p in root.iterdir() if STEP_DIR.match(p.name) and p.is_dir()), key=step_of)
+    return sorted((p for p in root.iterdir() if STEP_DIR.match(p.name) and (p.is_symlink() or p.is_dir())), key=step_of)
 
 
 def list_checkpoints(workdir: str | Path) -> list[Path]:
@@ -40,8 +42,10 @@ def list_checkpoints(workdir: str | Path) -> list[Path]:
 
 
 def exists(workdir: str | Path, step: int) -> bool:
-    """Whether the workdir holds a published checkpoint of ``step`` (a name and its meta.json; no checksums)."""
-    return (Path(workdir) / CHECKPOINTS_DIR / step_name(step) / "meta.json").is_file()
+    """Whether the workdir holds a published checkpoint of ``step`` (a folder, not a link, and its meta.json; no
+    checksums)."""
+    folder = Path(workdir) / CHECKPOINTS_DIR / step_name(step)
+    return not folder.is_symlink() and (folder / "meta.json").is_file()
 
 
 def beside(path: Path) -> str:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from vitlarge import fileio
 from vitlarge.config.checks import check_read_back
+from vitlarge.config.renamed import upgrade_recorded
 from vitlarge.config.schema import MAX_PHASES, Config
 from vitlarge.errors import UserError
 
@@ -82,7 +83,11 @@ def read(path: Path) -> MetaRead:
     except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
         return MetaRead(None, f"meta.json is not JSON: {str(e).splitlines()[0]}")
     problem = problem_of(meta, path)
-    return MetaRead(None, problem) if problem else MetaRead(meta)
+    if problem:
+        return MetaRead(None, problem)
+    if "config" in meta:  # a key renamed since the checkpoint was written: read as its successor
+        meta = {**meta, "config": upgrade_recorded(meta["config"])}
+    return MetaRead(meta)
 
 
 def problem_of(meta, path: Path | None = None) -> str | None:

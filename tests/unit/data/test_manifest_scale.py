@@ -1,0 +1,105 @@
+"""dataset.json at ImageNet-21K's scale: what it holds grows with classes and shards, never with images (the images'
+sizes are in files beside it), so every manifest its writers write, its readers read."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+
+import pytest
+
+from vitlarge.data.manifest import (
+    MANIFEST_CAP,
+    ClassInfo,
+    Manifest,
+    ShardInfo,
+    load_manifest,
+    split_sizes,
+    write_manifest,
+)
+from vitlarge.errors import UserError
+
+IMAGENET_21K = {"classes": 21_841, "train": 14_197_122, "validation": 1_500_000}
+
+
+def shards(split: str, records: int, count: int, sized: bool = False) -> list[ShardInfo]:
+    """``count`` shards of ``records`` in all; with ``sized``, shard ``i``'s images are all ``(300, 500 + i)``
+    pixels (height, width): the split is in aspect order."""
+    out = []
+    for i in range(count):
+        n = records * (i + 1) // count - records * i // count
+        name = f"{split}-{i:05d}-of-{count:05d}"
+        sizes = ((300, 500 + i),) * n if sized else None
+        out.append(ShardInfo(name, name + ".idx", n, n * 110_000, "crc32c:1a2b3c4d", sizes))
+    return out
+
+
+def test_an_imagenet_21k_manifest_with_its_validation_sizes_is_written_and_read_back(tmp_path):
+    """21,841 classes, 14.2M training images in 1,024 shards and 1.5M validation images with their sizes (in 16
+    shards: each sizes file is written with an fsync): make_index wrote 27 MB of JSON for this, which its reader
+    refused (a 16 MiB cap) and told to run make_index again."""
+    m = Manifest(
+        num_classes=IMAGENET_21K["classes"],
+        label_offset=1,
+        classes=[ClassInfo(i + 1, f"n{i:08d}", "a lemma, another lemma, a third") for i in range(21_841)],
+        splits={
+            "train": shards("train", IMAGENET_21K["train"], 1024),
+            "validation": shards("validation", IMAGENET_21K["validation"], 16, sized=True),
+        },
+        order={"validation": "aspect"},
+        tool="data_tools.make_index",
+    )
+    write_manifest(m, str(tmp_path))
+    size = os.path.getsize(tmp_path / "dataset.json")
+    assert size < MANIFEST_CAP / 4, size  # ~2.4 MB
+    back = load_manifest(str(tmp_path))
+    assert (back.num_classes, back.num_examples("train"), back.num_examples("validation")) == tuple(
+        IMAGENET_21K.values()
+    )
+    read = split_sizes(back, "validation")
+    assert read is not None and len(read) == IMAGENET_21K["validation"]
+    assert (
+        read[0] == (300, 500)
+        and read[-1] == (300, 515)
+        and read == list(itertools.chain.from_iterable(s.sizes for s in m.splits["validation"]))
+    )
+    assert os.path.getsize(tmp_path / "validation-00000-of-00016.sizes") == 8 * (IMAGENET_21K["validation"] // 16)
+
+
+def test_a_sizes_file_from_elsewhere_is_one_line_naming_it(tmp_path):
+    """A sizes file is data: short, a side of 0 or out of the split's aspect order is one line naming it."""
+    m = Manifest(3, 1, [], {"validation": shards("validation", 4, 1)}, order={"validation": "aspect"})
+    m.splits["validation"][0] = dataclasses.replace(
+        m.splits["validation"][0], sizes=((10, 10), (10, 20), (10, 30), (10, 40))
+    )
+    write_manifest(m, str(tmp_path))
+    path = tmp_path / "validation-00000-of-00001.sizes"
+    good = path.read_bytes()
+    assert split_sizes(load_manifest(str(tmp_path)), "validation") == [(10, 10), (10, 20), (10, 30), (10, 40)]
+    for data, words in [
+        (good[:-8], "24 bytes, not 8 for each of the 4 records of validation-00000-of-00001"),
+        (good[:8] + bytes(8) + good[16:], "a side outside 1..1048576 pixels"),
+        (good[8:16] + good[:8] + good[16:], "validation record 1 (10 x 10) is narrower than the one before it"),
+    ]:
+        path.write_bytes(data)
+        with pytest.raises(UserError) as e:
+            split_sizes(load_manifest(str(tmp_path)), "validation")
+        assert len(str(e.value).splitlines()) == 1 and words in str(e.value), str(e.value)
+    os.remove(path)
+    os.symlink(tmp_path.parent / "elsewhere", path)
+    with pytest.raises(UserError, match="leads outside"):
+        split_sizes(load_manifest(str(tmp_path)), "validation")
+
+
+def test_a_manifest_over_the_cap_is_never_written(tmp_path):
+    """The writer takes the reader's cap: a manifest its readers would refuse is one line saying what it holds, and no
+    dataset.json (nor a sizes file) is left, so no rerun of make_index can loop on it."""
+    m = Manifest(1, 1, [ClassInfo(1, "n0", "x" * 4000)] * 5000, {"train": shards("train", 10, 1)})
+    with pytest.raises(UserError) as e:
+        write_manifest(m, str(tmp_path))
+    assert str(e.value).startswith(f"{tmp_path / 'dataset.json'}: would be ")
+    assert "more than the 16,777,216-byte cap its readers take (5,000 classes, 1 shard;" in str(e.value)
+    assert os.listdir(tmp_path) == []
+    assert json.loads(Manifest(1, 1, [], {"train": shards("train", 10, 1)}).to_json())["num_classes"] == 1
