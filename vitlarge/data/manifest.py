@@ -3,7 +3,7 @@
 A data directory holds TFRecord shards ``<split>-NNNNN-of-MMMMM``, a DALI index
 ``<shard>.idx`` next to each, and ``dataset.json``::
 
-    {"format": "vitlarge.tfrecord", "format_version": 1,
+    {"format": "vitlarge.tfrecord", "format_version": 2,
      "tool": "data_tools.imagenet_to_tfrecord", "tool_version": "1.0.0",
      "num_classes": 1000, "label_offset": 1,
      "classes": [{"label": 1, "synset": "n01440764", "text": "tench, Tinca tinca"}, ...],
@@ -57,6 +57,7 @@ from vitlarge.data.manifest_schema import (  # noqa: F401 (re-exported: the cons
     SIZES_SUFFIX,
     SPLITS,
     ManifestProblem,
+    NewerManifest,
     out_of_aspect_order,
 )
 from vitlarge.data.manifest_schema import SHARD_NAME_RE as SHARD_RE
@@ -188,9 +189,10 @@ class Manifest:
             docs = [x.to_dict() if isinstance(x, ShardInfo) else vars(x) for x in items]
             return "[\n" + ",\n".join(indent + " " + json.dumps(d) for d in docs) + "\n" + indent + "]"
 
+        sized = any("sizes" in s.to_dict() for shards in self.splits.values() for s in shards)
         head = {
             "format": FORMAT,
-            "format_version": FORMAT_VERSION,
+            "format_version": FORMAT_VERSION if sized else 1,  # 1 where its readers need nothing newer
             "tool": self.tool,
             "tool_version": self.tool_version,
             "num_classes": self.num_classes,
@@ -286,6 +288,10 @@ def load_manifest(data_dir: str) -> Manifest:
         raise UserError(f"{path}: {e.strerror}; {fix}") from None
     except OSError as e:
         raise UserError(f"{path}: unreadable ({e.strerror or e}); {fix}") from None
+    except NewerManifest as e:
+        raise UserError(
+            f"{path}: {e}; update vitlarge to read it (a data folder is read, never rewritten, by an older one)"
+        ) from None
     except ManifestProblem as e:
         raise UserError(f"{path}: invalid manifest ({e}); {fix}") from None
     return Manifest(

@@ -103,3 +103,49 @@ def test_a_manifest_over_the_cap_is_never_written(tmp_path):
     assert "more than the 16,777,216-byte cap its readers take (5,000 classes, 1 shard;" in str(e.value)
     assert os.listdir(tmp_path) == []
     assert json.loads(Manifest(1, 1, [], {"train": shards("train", 10, 1)}).to_json())["num_classes"] == 1
+
+
+def _sized_manifest(tmp_path) -> str:
+    m = Manifest(3, 1, [], {"validation": shards("validation", 2, 1, sized=True)}, order={"validation": "aspect"})
+    write_manifest(m, str(tmp_path))
+    return str(tmp_path / "dataset.json")
+
+
+def test_sizes_in_files_are_format_version_2_and_a_folder_without_them_stays_1(tmp_path):
+    """A reader of version 1 does not know a sizes file: a manifest naming one is version 2 (an older vitlarge then
+    refuses it rather than telling its user to rewrite it with its own make_index); one without stays 1, and this
+    vitlarge reads both."""
+    (tmp_path / "sized").mkdir()
+    (tmp_path / "plain").mkdir()
+    assert json.loads(open(_sized_manifest(tmp_path / "sized")).read())["format_version"] == 2
+    write_manifest(Manifest(3, 1, [], {"train": shards("train", 4, 1)}), str(tmp_path / "plain"))
+    assert json.loads((tmp_path / "plain" / "dataset.json").read_text())["format_version"] == 1
+    assert load_manifest(str(tmp_path / "plain")).num_examples("train") == 4
+    assert split_sizes(load_manifest(str(tmp_path / "sized")), "validation") is not None
+
+
+def test_a_manifest_newer_than_this_vitlarge_says_update_vitlarge_never_make_index(tmp_path):
+    path = _sized_manifest(tmp_path)
+    doc = json.loads(open(path).read())
+    doc.update(format_version=3, a_later_key=1)
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    with pytest.raises(UserError) as e:
+        load_manifest(str(tmp_path))
+    text = str(e.value)
+    assert len(text.splitlines()) == 1 and text.startswith(f"{path}: format version 3, newer than this vitlarge")
+    assert "update vitlarge" in text and "make_index" not in text, text
+
+
+@pytest.mark.parametrize("name", ["dataset.json", "validation-00000-of-00001.idx", "other.sizes", "notes.txt"])
+def test_a_shards_sizes_entry_names_only_its_own_sizes_file(tmp_path, name):
+    """The writer names a shard's sizes ``<shard>.sizes`` and nothing else: another file of the folder is never read
+    as sizes."""
+    path = _sized_manifest(tmp_path)
+    if not (tmp_path / name).exists():
+        (tmp_path / name).write_bytes(bytes(16))  # 8 bytes a record: only its name is wrong
+    text = open(path).read().replace('"validation-00000-of-00001.sizes"', json.dumps(name))
+    with open(path, "w") as f:
+        f.write(text)
+    with pytest.raises(UserError, match=r"sizes is '.*', expected validation-00000-of-00001\.sizes"):
+        load_manifest(str(tmp_path))
