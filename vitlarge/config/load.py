@@ -67,6 +67,29 @@ def _relative_import(path: Path) -> UserError:
     )
 
 
+def _sibling_import(path: Path, error: ModuleNotFoundError) -> UserError | None:
+    """The fix for a recipe whose import names its own folder (``from myrecipes.common import X``) or a sibling
+    file (``from common import X``), which resolved while the loader put the recipe's folder on ``sys.path``: it
+    no longer does (a planted ``timm.py`` there ran), so such a sibling is reached relatively, from a package;
+    None for any other missing module."""
+    folder, missing = path.resolve().parent, (error.name or "").split(".")
+    if not missing[0] or not (
+        missing[0] == folder.name or (folder / f"{missing[0]}.py").is_file() or (folder / missing[0]).is_dir()
+    ):
+        return None
+    sibling = missing[0] if missing[0] != folder.name else ".".join(missing[1:])
+    if not sibling:  # the folder by name: the sibling is the rest of the module the recipe's statement names
+        tree = ast.parse(path.read_text())
+        modules = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        modules += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        sibling = next((m.split(".", 1)[1] for m in modules if m.startswith(folder.name + ".")), "common")
+    fix = "" if (folder / "__init__.py").is_file() else f"add an __init__.py to {folder} and "
+    return UserError(
+        f"recipe {path} failed to load: {type(error).__name__}: {error}; {fix}import it as "
+        f"`from .{sibling} import ...` (vitlarge puts no recipe folder on sys.path; docs/RECIPES.md)"
+    )
+
+
 def _package(root: Path, package: list[str]) -> str:
     """The module name of the package ``root/package[0]/.../package[-1]`` that holds a recipe, imported so that
     the recipe's relative imports resolve, without putting ``root`` (or any folder) on ``sys.path``.
@@ -135,6 +158,8 @@ def load_recipe(path: str | Path) -> Config:
     except ImportError as e:
         if "relative import" in str(e):
             raise _relative_import(path) from None
+        if isinstance(e, ModuleNotFoundError) and (hint := _sibling_import(path, e)):
+            raise hint from None
         raise UserError(f"recipe {path} failed to load: {type(e).__name__}: {e}") from None
     except Exception as e:
         raise UserError(f"recipe {path} failed to load: {type(e).__name__}: {e}") from None

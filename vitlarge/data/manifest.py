@@ -3,7 +3,7 @@
 A data directory holds TFRecord shards ``<split>-NNNNN-of-MMMMM``, a DALI index
 ``<shard>.idx`` next to each, and ``dataset.json``::
 
-    {"format": "vitlarge.tfrecord", "format_version": 1,
+    {"format": "vitlarge.tfrecord", "format_version": 2,
      "tool": "data_tools.imagenet_to_tfrecord", "tool_version": "1.0.0",
      "num_classes": 1000, "label_offset": 1,
      "classes": [{"label": 1, "synset": "n01440764", "text": "tench, Tinca tinca"}, ...],
@@ -40,11 +40,12 @@ import array
 import errno
 import itertools
 import json
-import operator
 import os
 import stat
 import sys
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from vitlarge import command
 from vitlarge.data import manifest_schema
@@ -57,6 +58,7 @@ from vitlarge.data.manifest_schema import (  # noqa: F401 (re-exported: the cons
     SIZES_SUFFIX,
     SPLITS,
     ManifestProblem,
+    NewerManifest,
     out_of_aspect_order,
 )
 from vitlarge.data.manifest_schema import SHARD_NAME_RE as SHARD_RE
@@ -188,9 +190,10 @@ class Manifest:
             docs = [x.to_dict() if isinstance(x, ShardInfo) else vars(x) for x in items]
             return "[\n" + ",\n".join(indent + " " + json.dumps(d) for d in docs) + "\n" + indent + "]"
 
+        sized = any("sizes" in s.to_dict() for shards in self.splits.values() for s in shards)
         head = {
             "format": FORMAT,
-            "format_version": FORMAT_VERSION,
+            "format_version": FORMAT_VERSION if sized else 1,  # 1 where its readers need nothing newer
             "tool": self.tool,
             "tool_version": self.tool_version,
             "num_classes": self.num_classes,
@@ -286,6 +289,10 @@ def load_manifest(data_dir: str) -> Manifest:
         raise UserError(f"{path}: {e.strerror}; {fix}") from None
     except OSError as e:
         raise UserError(f"{path}: unreadable ({e.strerror or e}); {fix}") from None
+    except NewerManifest as e:
+        raise UserError(
+            f"{path}: {e}; update vitlarge to read it (a data folder is read, never rewritten, by an older one)"
+        ) from None
     except ManifestProblem as e:
         raise UserError(f"{path}: invalid manifest ({e}); {fix}") from None
     return Manifest(
@@ -315,16 +322,21 @@ def _shard_info(doc: dict) -> ShardInfo:
     )
 
 
-MAX_SIZED_RECORDS = 1 << 25
-"""The most records of a split whose sizes `split_sizes` reads: 33.5M, more than ImageNet-21K's 14.2M images
-(256 MiB of sizes files): the bound on what a manifest's ``num_records`` can make it read."""
+MAX_SIZED_RECORDS = 1 << 22
+"""The most records of a split whose sizes `split_sizes` reads: 4,194,304, ~2.8x ImageNet-21K's 1.5M validation
+images (rectangular validation reads the validation split's alone): the bound on what a manifest's ``num_records``
+can make it hold, 32 MiB (8 bytes a record)."""
+
+_SIZES_BLOCK = 1 << 18  # records compared at a time in the order check: its temporaries stay ~8 MB at any split size
+_read_sizes: dict[tuple, np.ndarray] = {}  # the last split read, by its files' identities: read once per process
 
 
-def split_sizes(manifest: Manifest, split: str) -> list[tuple[int, int]] | None:
-    """The ``(height, width)`` of each of the split's images in record order, or None where a shard has none
-    recorded. A sizes file is data from elsewhere: a regular file of the data directory (a link only to a file
-    inside it), of exactly 8 bytes a record, every side 1..`MAX_SIDE`; and a split whose ``order`` is ``aspect``
-    is in that order. Anything else is one UserError naming the file and the fix."""
+def split_sizes(manifest: Manifest, split: str) -> np.ndarray | None:
+    """The ``(height, width)`` of each of the split's images in record order, an ``(n, 2)`` uint32 array (8 bytes a
+    record, read-only: the one copy a process holds, shared by every caller that reads the same files), or None
+    where a shard has none recorded. A sizes file is data from elsewhere: a regular file of the data directory (a
+    link only to a file inside it), of exactly 8 bytes a record, every side 1..`MAX_SIDE`; and a split whose
+    ``order`` is ``aspect`` is in that order. Anything else is one UserError naming the file and the fix."""
     shards = manifest.shards(split)
     if any(s.sizes is None and s.sizes_file is None for s in shards):
         return None
@@ -336,46 +348,76 @@ def split_sizes(manifest: Manifest, split: str) -> list[tuple[int, int]] | None:
             f"{MAX_SIZED_RECORDS:,} whose sizes are read; check the manifest, or set data.rect_val=false"
         )
     root = os.path.realpath(d)
-    heights, widths = array.array("I"), array.array("I")
+    files: list[tuple[str, os.stat_result] | None] = []
     for s in shards:
-        if s.sizes is not None:
-            sides = array.array("I", itertools.chain.from_iterable(s.sizes))
-            heights.extend(sides[::2])
-            widths.extend(sides[1::2])
+        if s.sizes_file is None:
+            files.append(None)
             continue
-        assert s.sizes_file is not None
         path = os.path.join(d, s.sizes_file)
         try:
-            size = confined_size(path, root)
-            data = read_capped(path, 8 * s.num_records) if size == 8 * s.num_records else b""
+            confined_size(path, root)
+            files.append((path, os.stat(path)))
         except FileNotFoundError:
             raise UserError(f"{path}: missing (the image sizes of {s.file}); run {fix}") from None
         except OSError as e:
             raise UserError(f"{path}: {e.strerror or e}; {CONFINED_FIX}") from None
-        if len(data) != 8 * s.num_records:
+    key = None
+    if all(f is not None for f in files):  # sizes all in files: the same files (inode, size, time), the same sizes
+        ids = tuple((p, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) for p, st in filter(None, files))
+        key = (root, split, manifest.order.get(split), ids, tuple(s.num_records for s in shards))
+        if key in _read_sizes:
+            return _read_sizes[key]
+    out = np.empty((total, 2), dtype="<u4")  # the files' own layout: each read lands in place, no copy
+    at = 0
+    for s, f in zip(shards, files):
+        part = out[at : at + s.num_records]
+        at += s.num_records
+        if f is None:
+            part[:] = np.asarray(s.sizes, dtype="<u4").reshape(-1, 2)  # inline: bounded by MANIFEST_CAP
+            continue
+        path, st = f
+        try:
+            got = _read_into(path, part) if st.st_size == part.nbytes else -1
+        except OSError as e:
+            raise UserError(f"{path}: {e.strerror or e}; {CONFINED_FIX}") from None
+        if got != part.nbytes:
             raise UserError(
-                f"{path}: {size:,} bytes, not 8 for each of the {s.num_records:,} records of {s.file}; run {fix}"
+                f"{path}: {st.st_size:,} bytes, not 8 for each of the {s.num_records:,} records of {s.file}; run {fix}"
             )
-        sides = array.array("I")
-        sides.frombytes(data)
-        if sys.byteorder != "little":
-            sides.byteswap()
-        if sides and not (min(sides) >= 1 and max(sides) <= MAX_SIDE):
+        if part.size and not (part.min() >= 1 and part.max() <= MAX_SIDE):
             raise UserError(f"{path}: a side outside 1..{MAX_SIDE} pixels; run {fix}")
-        heights.extend(sides[::2])
-        widths.extend(sides[1::2])
-    out = list(zip(heights, widths))
-    # In order where no width / height is below the one before it, compared as products (exact): map over the
-    # arrays runs in C, ~20x the pace of out_of_aspect_order's loop, which then finds the record only for a message.
-    later, earlier = map(operator.mul, widths[1:], heights[:-1]), map(operator.mul, widths[:-1], heights[1:])
-    if manifest.order.get(split) == ASPECT_ORDER and any(map(operator.lt, later, earlier)):
-        bad = out_of_aspect_order(out)
-        if bad is not None:
-            raise UserError(
-                f"{os.path.join(d, MANIFEST_NAME)}: {split} record {bad} ({out[bad][1]} x {out[bad][0]}) is narrower "
-                f"than the one before it, but the split's order is {ASPECT_ORDER!r}; run {fix}"
-            )
+    bad = _first_narrower(out) if manifest.order.get(split) == ASPECT_ORDER else None
+    if bad is not None:
+        raise UserError(
+            f"{os.path.join(d, MANIFEST_NAME)}: {split} record {bad} ({out[bad, 1]} x {out[bad, 0]}) is narrower "
+            f"than the one before it, but the split's order is {ASPECT_ORDER!r}; run {fix}"
+        )
+    out.flags.writeable = False
+    if key is not None:
+        _read_sizes.clear()  # one split's sizes held at a time
+        _read_sizes[key] = out
     return out
+
+
+def _read_into(path: str, part: np.ndarray) -> int:
+    """Reads regular file ``path`` into ``part``'s bytes; how many it read, or -1 where the file holds more."""
+    view, got = part.data.cast("B"), 0  # part: rows of a C-ordered array, contiguous
+    with open_regular(path) as f:
+        while got < len(view) and (n := f.readinto(view[got:])):
+            got += n
+        return got if not f.read(1) else -1
+
+
+def _first_narrower(sizes: np.ndarray) -> int | None:
+    """The first of ``sizes`` (``(height, width)`` rows) narrower than the one before it (width / height compared
+    exactly, as products of integers below 2**21), as `out_of_aspect_order` finds it; None where in order."""
+    for lo in range(0, len(sizes) - 1, _SIZES_BLOCK):
+        block = sizes[lo : lo + _SIZES_BLOCK + 1].astype(np.int64)
+        h, w = block[:, 0], block[:, 1]
+        narrower = np.flatnonzero(w[1:] * h[:-1] < w[:-1] * h[1:])
+        if narrower.size:
+            return lo + int(narrower[0]) + 1
+    return None
 
 
 def sizes_bytes(sizes: tuple[tuple[int, int], ...]) -> bytes:

@@ -15,6 +15,11 @@ before that file existed have them, ``"sizes": [[height, width], ...]`` inline. 
 every shard's sizes, in that order across the split (checked here for inline sizes, where they are read for
 a file's).
 
+Versions (``format_version``, `VERSIONS`): 1, sizes inline or none; 2, a shard's sizes in its ``.sizes`` file,
+which a reader of version 1 does not know. The writer writes 2 only where a shard's sizes are in a file, so a
+folder without them stays readable by older checkouts; a version newer than `VERSIONS` is `NewerManifest`, whose
+fix is a newer vitlarge (rewriting the manifest with this one would undo the newer writer's work).
+
 Limits: ``MANIFEST_CAP`` bytes, shard names of five digits (``-of-99999`` at most), ``MAX_CLASSES``
 classes, ``MAX_RECORDS`` records per shard, sides of ``MAX_SIDE`` pixels, synsets of `MAX_SYNSET` and class
 texts of `MAX_CLASS_TEXT` characters. The cap fits ImageNet-21K with room to spare: its 21,841 classes take
@@ -29,7 +34,8 @@ import json
 import re
 
 FORMAT = "vitlarge.tfrecord"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # what this writes where a shard's sizes are in a file; it reads 1 and 2 (`VERSIONS`)
+VERSIONS = (1, 2)  # 1: sizes inline or none; 2: a shard's sizes may be a file (<shard>.sizes), which 1's readers lack
 SPLITS = ("train", "validation")
 MANIFEST_CAP = 16 << 20  # bytes: ~4x ImageNet-21K's (3.7 MB), ~50x ImageNet-1k's (300 KB); see the module's docstring
 MAX_SYNSET = 1024  # characters of a class's synset (a folder name is at most 255 bytes; WordNet's ids are 9)
@@ -49,6 +55,11 @@ _BARE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")  # no separato
 
 class ManifestProblem(ValueError):
     """What is wrong with a manifest document, in one line (without the file's name)."""
+
+
+class NewerManifest(ManifestProblem):
+    """A manifest of a format version this vitlarge does not know, newer than its own: the fix is a newer vitlarge,
+    never rewriting the manifest (its writer and this reader would then rewrite each other's folder)."""
 
 
 def _show(value) -> str:
@@ -105,10 +116,9 @@ def _sizes(v, where: str, num_records: int, file: str, index: str) -> list[tuple
     """The name of the shard's sizes file, or ``[[height, width], ...]`` inline: one pair of positive integers
     per record."""
     if isinstance(v, str):
-        name = _bare(v, where)
-        if name in (file, index):
-            raise ManifestProblem(f"{where} is {_show(name)}, the shard or its index, expected {file}{SIZES_SUFFIX}")
-        return name
+        if v != file + SIZES_SUFFIX:  # the one name the writer gives it: no other file of the folder is read as sizes
+            raise ManifestProblem(f"{where} is {_show(v)}, expected {file}{SIZES_SUFFIX}")
+        return v
     pairs = _list(v, where, num_records, num_records)
     for i, pair in enumerate(pairs):
         if not (isinstance(pair, list) and len(pair) == 2 and all(type(x) is int and 1 <= x <= MAX_SIDE for x in pair)):
@@ -140,7 +150,8 @@ def _shard(s, where: str, split: str) -> dict:
 
 
 def parse(data: bytes) -> dict:
-    """The checked document of a manifest's bytes: ``format``/``format_version`` match, ``num_classes``,
+    """The checked document of a manifest's bytes: ``format`` matches and ``format_version`` is one of `VERSIONS`
+    (`NewerManifest` for a later one), ``num_classes``,
     ``label_offset``, ``classes`` (label, synset, text), ``splits`` (train/validation, each with 1..99999
     shards of bare, distinct names; each split's ``order`` and its shards' ``sizes`` where given, in ``order``).
     `ManifestProblem` for anything else, including JSON errors and nesting too deep for the parser."""
@@ -150,15 +161,21 @@ def parse(data: bytes) -> dict:
         raise ManifestProblem("nested too deeply to be a manifest") from None
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
         raise ManifestProblem(f"not JSON ({e})") from None
+    version = doc.get("format_version") if isinstance(doc, dict) else None
+    if isinstance(doc, dict) and doc.get("format") == FORMAT and type(version) is int and version > VERSIONS[-1]:
+        # before the keys are checked: a later version may add some
+        raise NewerManifest(
+            f"format version {version}, newer than this vitlarge reads ({', '.join(map(str, VERSIONS))})"
+        )
     doc = _dict(
         doc,
         "",
         {"format", "format_version", "tool", "tool_version", "num_classes", "label_offset", "classes", "splits"},
     )
-    if doc.get("format") != FORMAT or doc.get("format_version") != FORMAT_VERSION:
+    if doc.get("format") != FORMAT or version not in VERSIONS or type(version) is not int:
         raise ManifestProblem(
-            f"format {_show(doc.get('format'))} version {_show(doc.get('format_version'))}, "
-            f"expected {FORMAT!r} version {FORMAT_VERSION}"
+            f"format {_show(doc.get('format'))} version {_show(version)}, "
+            f"expected {FORMAT!r} version {' or '.join(map(str, VERSIONS))}"
         )
     out = {
         "tool": _str(doc, "tool", "", default=""),

@@ -1,7 +1,8 @@
 """Rectangular validation (``data.rect_val``): fast.ai/DIUx imagenet18's ``rect_val`` for a ViT.
 
-The validation split is stored sorted by aspect ratio (width / height), with each image's size in
-``dataset.json`` (``"order": "aspect"``; the converter writes it so, `vitlarge.data.manifest`). It is cut
+The validation split is stored sorted by aspect ratio (width / height) (``"order": "aspect"`` in
+``dataset.json``), each image's size in its shard's ``.sizes`` file (the converter writes them so,
+`vitlarge.data.manifest`). It is cut
 into chunks of ``batch_size`` consecutive records in that order, and chunk ``c`` is batch ``c // world_size``
 of rank ``c % world_size`` (fast.ai's ``DistValSampler`` and ``map_idx2ar``): a batch is a chunk at any world
 size, so every image is cropped alike and a pass gives the same numbers at any world size, as the square
@@ -54,11 +55,14 @@ def crop_shape(aspect: float, image_size: int, patch: int) -> Size:
     return (image_size, side) if aspect >= 1 else (side, image_size)
 
 
-def chunk_shapes(sizes: list[Size], batch_size: int, image_size: int, patch: int) -> list[Size]:
-    """The crop of each chunk of ``batch_size`` consecutive ``sizes``: its images' mean width / height."""
+def chunk_shapes(sizes: np.ndarray | list[Size], batch_size: int, image_size: int, patch: int) -> list[Size]:
+    """The crop of each chunk of ``batch_size`` consecutive ``sizes`` (``(height, width)`` rows: `val_sizes`'
+    array, or a list of pairs): its images' mean width / height."""
+    sides = np.asarray(sizes).reshape(-1, 2)
+    aspects = sides[:, 1].astype(np.float64) / sides[:, 0]  # w / h of each image, rounded as Python's: the same means
     return [
-        crop_shape(float(np.mean([w / h for h, w in sizes[c : c + batch_size]])), image_size, patch)
-        for c in range(0, len(sizes), batch_size)
+        crop_shape(float(np.mean(aspects[c : c + batch_size])), image_size, patch)
+        for c in range(0, len(aspects), batch_size)
     ]
 
 
@@ -69,20 +73,31 @@ def rank_chunks(num_examples: int, rank: int, world_size: int, batch_size: int) 
     return [c if (c := i * world_size + rank) < chunks else None for i in range(runs)]
 
 
-def val_sizes(manifest: Manifest) -> list[Size]:
-    """The validation split's image sizes in record order; a one-line UserError with the fix where the split
-    is not stored sorted by aspect ratio with them (converted before vitlarge recorded them, or indexed by
-    ``make_index`` from shards made elsewhere)."""
-    sizes = split_sizes(manifest, "validation") if manifest.order.get("validation") == ASPECT_ORDER else None
-    if sizes is not None:
-        return sizes
-    d = manifest.data_dir
-    raise UserError(
-        f"{d}/{MANIFEST_NAME}: the validation split is not stored sorted by aspect ratio with its image sizes, "
-        f"which data.rect_val needs; convert it again with {convert_cmd()} --src ROOT --out {d} and the "
-        "arguments it was made with (the training shards are kept, only the validation shards are rewritten), "
-        "or set data.rect_val=false"
+def val_sizes_listed(manifest: Manifest) -> None:
+    """What ``dataset.json`` alone says of the validation split's sizes, no file read: a one-line UserError with the
+    fix where the split is not stored sorted by aspect ratio with its sizes recorded (converted before vitlarge
+    recorded them, or indexed by ``make_index`` from shards made elsewhere). The dry run's check (it plans where
+    the ``.sizes`` files may not be, a login node's copy of dataset.json); `val_sizes` reads them."""
+    listed = manifest.order.get("validation") == ASPECT_ORDER and all(
+        s.sizes is not None or s.sizes_file is not None for s in manifest.shards("validation")
     )
+    if not listed:
+        d = manifest.data_dir
+        raise UserError(
+            f"{d}/{MANIFEST_NAME}: the validation split is not stored sorted by aspect ratio with its image sizes, "
+            f"which data.rect_val needs; convert it again with {convert_cmd()} --src ROOT --out {d} and the "
+            "arguments it was made with (the training shards are kept, only the validation shards are rewritten), "
+            "or set data.rect_val=false"
+        )
+
+
+def val_sizes(manifest: Manifest) -> np.ndarray:
+    """The validation split's image sizes in record order (`split_sizes`' ``(n, 2)`` uint32 array, read once per
+    process, its files checked); `val_sizes_listed`'s UserError where dataset.json records none."""
+    val_sizes_listed(manifest)
+    sizes = split_sizes(manifest, "validation")
+    assert sizes is not None  # every shard lists its sizes (val_sizes_listed)
+    return sizes
 
 
 class RectBatches:
@@ -97,7 +112,7 @@ class RectBatches:
     def __init__(
         self,
         shards,
-        sizes: list[Size],
+        sizes: np.ndarray,
         *,
         rank: int,
         world_size: int,

@@ -18,7 +18,7 @@ from vitlarge.config.schema import Config
 from vitlarge.data import synthetic
 from vitlarge.data.manifest import Manifest, load_manifest, shard_files
 from vitlarge.data.randaugment import spec as randaugment_spec
-from vitlarge.data.rect import val_sizes
+from vitlarge.data.rect import val_sizes, val_sizes_listed
 from vitlarge.data.spec import TrainSpec, ValSpec, knob_values
 from vitlarge.distributed.threads import dali_threads
 from vitlarge.errors import UserError
@@ -63,13 +63,15 @@ def planning_manifest(cfg: Config) -> Manifest | None:
     run checks it (the manifest, its class count against ``data.num_classes``; a `UserError` otherwise), so the
     plan's steps are the run's; None where there is no folder (a plan made before the data is there, or for
     another machine: the recipe's ``data.num_train_examples``) or the source is synthetic. Reads dataset.json
-    alone, no shard."""
+    alone: no shard and no ``.sizes`` file (where a phase validates rectangular batches it checks that dataset.json
+    records the sizes, `val_sizes_listed`; the run's pre-flight, `checked_manifest`, reads them), so a login node
+    holding a copy of dataset.json without the shards and sizes files plans as the run will."""
     if cfg.data.source == "synthetic" or not cfg.data.path or not os.path.isdir(cfg.data.path):
         return None
     manifest = load_manifest(cfg.data.path)
     check_classes(cfg, manifest)
-    if rect_val_anywhere(cfg):  # the run's check too, from dataset.json alone
-        val_sizes(manifest)
+    if rect_val_anywhere(cfg):  # what dataset.json says of the sizes; their files are the run's to read
+        val_sizes_listed(manifest)
     return manifest
 
 

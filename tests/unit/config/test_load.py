@@ -1072,3 +1072,37 @@ def test_a_recipes_folder_never_goes_on_the_import_path(tmp_path, monkeypatch):
     assert load_recipe(tmp_path / "pkg" / "mine.py").schedule.total_epochs == 7
     assert not {str(tmp_path), str(tmp_path / "myrecipes"), str(tmp_path / "pkg")} & set(sys.path)
     assert importlib.util.find_spec(planted) is None
+
+
+@pytest.mark.parametrize("statement", ["from myrecipes.common import EPOCHS", "from common import EPOCHS"])
+def test_a_recipe_importing_a_sibling_through_its_folder_is_told_the_fix(tmp_path, monkeypatch, statement):
+    """``from myrecipes.common import ...`` (or ``from common import ...``) in ``D/myrecipes/mine.py`` resolved while
+    the loader put the folder on ``sys.path``; it no longer does (a planted module there ran), so the one line says
+    how such a recipe imports its sibling now, and the sibling (and any planted module) stays off the path."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    folder = tmp_path / "myrecipes"
+    folder.mkdir()
+    (folder / "common.py").write_text("EPOCHS = 7\n")
+    (folder / "mine.py").write_text(f"{statement}\n\n\ndef config():\n    return None\n")
+    with pytest.raises(UserError) as e:
+        load_recipe(folder / "mine.py")
+    assert str(e.value) == (
+        f"recipe {folder / 'mine.py'} failed to load: ModuleNotFoundError: No module named "
+        f"'{statement.split()[1].split('.')[0]}'; add an __init__.py to {folder} and import it as "
+        "`from .common import ...` (vitlarge puts no recipe folder on sys.path; docs/RECIPES.md)"
+    )
+    assert importlib.util.find_spec("common") is None and str(folder) not in sys.path
+    (folder / "__init__.py").write_text("")
+    (folder / "mine.py").write_text(
+        "from vitlarge.recipes.demo_digits import config as base\n\nfrom .common import EPOCHS\n\n\n"
+        "def config():\n    c = base()\n    c.schedule.total_epochs = EPOCHS\n    return c\n"
+    )
+    assert load_recipe(folder / "mine.py").schedule.total_epochs == 7, "the fix the line gives works"
+
+
+def test_a_recipe_missing_another_module_gets_no_sibling_hint(tmp_path):
+    f = tmp_path / "mine.py"
+    f.write_text("import does_not_exist_anywhere\n")
+    with pytest.raises(UserError) as e:
+        load_recipe(f)
+    assert "__init__" not in str(e.value) and "does_not_exist_anywhere" in str(e.value)

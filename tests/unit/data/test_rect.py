@@ -173,3 +173,21 @@ def test_rect_batches_read_the_records_they_name(aspect_ids):
     assert labels[:, 0].tolist() == last.records(0) and len(encoded) == 8
     assert np.all(crop_h == crop_h[0]) and (crop_h[0], crop_w[0]) == chunk_shapes(sizes, 8, 8, 4)[4]
     source.close(), idle.close(), last.close()
+
+
+def test_the_dry_run_plans_from_dataset_json_alone_where_the_sizes_files_are_not(tmp_path):
+    """A login node with a copy of dataset.json and neither the shards nor the ``.sizes`` files: ``--dry-run`` plans
+    from dataset.json (it records the sizes, in aspect order); the run's pre-flight reads the files, and one missing
+    is one line naming it."""
+    from vitlarge.config.load import load_config
+    from vitlarge.data.sources import checked_manifest, planning_manifest
+
+    data = make_id_dataset(str(tmp_path / "d"), train=2, train_shards=1, val_sizes=sizes_of(10, 1)).data_dir
+    cfg = load_config("demo_digits", [f"data.path={data}", "data.rect_val=true"])
+    sizes = tmp_path / "d" / "validation-00000-of-00001.sizes"
+    sizes.unlink()
+    manifest = planning_manifest(cfg)
+    assert manifest is not None and manifest.num_examples("validation") == 10
+    with pytest.raises(UserError) as e:
+        checked_manifest(cfg)
+    assert str(e.value).startswith(f"{sizes}: missing (the image sizes of validation-00000-of-00001); run ")
