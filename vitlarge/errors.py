@@ -2,8 +2,9 @@
 
 Contract: the message is a single line that names the file or config key at fault and says how to
 fix it. Entry points (train.py, data_tools, vitlarge.evaluate) print it as ``error: <message>`` and
-exit with status 2, without a traceback: `cli_main` for the single-process tools; train.py and vitlarge.evaluate
-share `vitlarge.train.command.exit_status`, which also maps exit statuses 3 (NaN guard) and 75 (preempted).
+exit with status 2 (its ``exit_status``; 69 for `RendezvousFailed`), without a traceback: `cli_main` for the
+single-process tools; train.py and vitlarge.evaluate share `vitlarge.train.command.exit_status`, which also maps exit
+statuses 3 (NaN guard) and 75 (preempted).
 Every exit status vitlarge chooses is named here (``EXIT_*``), and used by its name.
 """
 
@@ -28,12 +29,34 @@ class UserError(Exception):
         super().__init__(message)
         self.same_on_all_ranks = same_on_all_ranks
 
+    @property
+    def exit_status(self) -> int:
+        """The status the process leaves with after printing the line: `EXIT_BAD_INPUT`."""
+        return EXIT_BAD_INPUT
+
+
+class RendezvousFailed(UserError):
+    """The rendezvous did not complete: the processes did not all arrive within the timeout, or the master could
+    not be reached. Said as a `UserError` is (one line naming the master, host and time), but not bad input: a
+    peer pod still Pending, a slow image pull or a network blip ends here too, and the same command started again
+    may succeed; so its status is `EXIT_RENDEZVOUS`, which a controller may restart (scripts/k8s/trainjob.yaml
+    fails the job on 2 only)."""
+
+    @property
+    def exit_status(self) -> int:
+        return EXIT_RENDEZVOUS
+
 
 EXIT_BAD_INPUT = 2
 """Exit status for bad input a user can fix (`UserError`): one line ``error: <message>`` said what to fix."""
 
 EXIT_NAN_GUARD = 3
 """Exit status after the NaN guard stopped training (``train.nan_patience`` non-finite losses in a row)."""
+
+EXIT_RENDEZVOUS = 69
+"""Exit status after a failed rendezvous (`RendezvousFailed`; sysexits' EX_UNAVAILABLE): the peers did not all
+arrive in time, or the master was unreachable. One line ``error: rendezvous at HOST:PORT ...`` said where and how
+long; starting again may succeed, unlike after bad input (2)."""
 
 EXIT_PREEMPTED = 75
 """Exit status after a checkpoint on SIGTERM/SIGUSR1 (EX_TEMPFAIL): run the same command again to continue."""
@@ -74,5 +97,5 @@ def cli_main(work: Callable[[], object]) -> int:
         status = work()
     except UserError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
-        return EXIT_BAD_INPUT
+        return e.exit_status
     return status if isinstance(status, int) else 0

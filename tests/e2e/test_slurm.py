@@ -31,6 +31,7 @@ import pytest
 from tests.helpers import launcher
 from tests.helpers.launcher import assert_bitwise_equal, final_weights
 from tests.helpers.runs import demo_args, raw_metrics
+from vitlarge.errors import EXIT_RENDEZVOUS
 
 ROOT = launcher.ROOT
 CLUSTER = ROOT / "scripts" / "slurm" / "local_cluster.sh"
@@ -169,7 +170,7 @@ def test_missing_task_fails_at_the_rendezvous_naming_host_and_port(slurm, demo_d
         timeout=240,
     )
     elapsed = time.monotonic() - t0
-    assert r.returncode == 2, r.stderr[-3000:]
+    assert r.returncode == EXIT_RENDEZVOUS, r.stderr[-3000:]  # a failed rendezvous, not bad input (2)
     errors = _errors(r.stderr)
     assert errors and "Traceback" not in r.stderr, r.stderr[-3000:]
     host = subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip()

@@ -19,6 +19,7 @@ import yaml
 
 from tests.helpers import ROOT, controllers
 from vitlarge.distributed.launcher import pod_rendezvous
+from vitlarge.errors import EXIT_BAD_INPUT
 
 DATA = ROOT / "tests" / "data" / "k8s"
 TRAINJOB = ROOT / "scripts" / "k8s" / "trainjob.yaml"
@@ -195,8 +196,9 @@ def test_each_pod_gets_the_rendezvous_of_4_nodes_x_8_gpus_and_restarts_on_failur
         assert rendezvous.master_addr == master
         assert pod.restart and pod.backoff_limit >= 2 * len(pods)  # a lost node fails every pod once
         assert pod.command[:3] == ["python", "-m", "vitlarge.run.pod"] and pod.command[3] == "train.py"
-    if path == TRAINJOB:
-        assert pods[0].fail_job_on == {2}  # bad input fails the job instead of restarting it
+    if path == TRAINJOB:  # bad input fails the job instead of restarting it; a failed rendezvous (69), a checkpoint
+        # on SIGTERM (75) and a timed-out collective (124) are restarted
+        assert pods[0].fail_job_on == {EXIT_BAD_INPUT}
 
 
 def test_the_containerfile_installs_as_the_readme_says():

@@ -131,13 +131,14 @@ def test_the_commands_messages_name_are_the_checkouts_here_and_the_console_scrip
 
 
 def test_exit_statuses_are_named_in_one_place():
-    """The statuses vitlarge chooses (2 bad input, 3 NaN guard, 75 preempted, 124 collective timeout, 130 Ctrl-C) are
+    """The statuses vitlarge chooses (2 bad input, 3 NaN guard, 69 rendezvous, 75 preempted, 124 collective timeout,
+    130 Ctrl-C) are
     `vitlarge.errors`' ``EXIT_*`` constants: no return, exit, launcher report or status variable writes one bare."""
     import ast
 
     from vitlarge import errors
 
-    statuses = {2, 3, 75, 124, 130}
+    statuses = {2, 3, 69, 75, 124, 130}
     assert {v for k, v in vars(errors).items() if k.startswith("EXIT_")} == statuses
     exits = {"exit", "_exit", "SystemExit", "tell_launcher"}
     bare = []

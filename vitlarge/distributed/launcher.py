@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -33,7 +35,7 @@ def int_env(env: Mapping[str, str], key: str) -> int:
         return int(env[key])
     except ValueError:
         raise UserError(
-            f"environment variable {key}={env[key]!r} is not an integer; fix the launcher settings"
+            f"environment variable {key}={env[key][:40]!r} is not an integer; fix the launcher settings"
         ) from None
 
 
@@ -117,12 +119,21 @@ PET_RENDEZVOUS = ("PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_
 POD_RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
 
 
+MAX_PODS = 65_536
+"""The most pods (torchrun's nodes) a pod's rendezvous may name: far above any job, far below what overflows."""
+MAX_PROCS_PER_POD = 1024
+"""The most processes per pod ``PET_NPROC_PER_NODE`` may name (a node has 8 or 16 GPUs)."""
+NPROC_WORDS = ("auto", "gpu", "cpu")  # torchrun's --nproc_per_node words: from the GPUs, else the CPUs
+
+
 def pod_rendezvous(env: Mapping[str, str]) -> PodRendezvous:
     """The rendezvous in a pod's environment. Kubeflow Trainer's torch runtime (TrainJob) and the training operator
     from 1.8 (PyTorchJob) set ``PET_NNODES``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR``, ``PET_MASTER_PORT`` and, when
     known, ``PET_NPROC_PER_NODE`` (torchrun's own option variables); older PyTorchJobs set only ``MASTER_ADDR``,
     ``MASTER_PORT``, ``WORLD_SIZE`` (the pods) and ``RANK`` (this pod), one process per pod. Without either set
-    each pod would train a run of its own into the shared workdir: a ``UserError`` says so."""
+    each pod would train a run of its own into the shared workdir: a ``UserError`` says so. Every value is checked
+    here, as torchrun would refuse it later with a traceback: counts in range, a port 1..65535, the master a host
+    name or an IP address (it reaches torchrun as an argument, never through a shell)."""
     if any(k in env for k in PET_RENDEZVOUS):
         missing = [k for k in PET_RENDEZVOUS if k not in env]
         if missing:
@@ -131,12 +142,15 @@ def pod_rendezvous(env: Mapping[str, str]) -> PodRendezvous:
                 "start it from a TrainJob on the torch runtime or a PyTorchJob with a Master (scripts/k8s/), "
                 "whose controllers set all of them"
             )
-        nnodes, rank = int_env(env, "PET_NNODES"), int_env(env, "PET_NODE_RANK")
-        nproc = env.get("PET_NPROC_PER_NODE") or "1"
-        addr, port, source = env["PET_MASTER_ADDR"], int_env(env, "PET_MASTER_PORT"), "PET_*"
+        if ":" in env["PET_NNODES"]:
+            raise UserError(
+                f"environment variable PET_NNODES={env['PET_NNODES'][:40]!r} is a range of nodes (an elastic "
+                "PyTorchJob): elastic PyTorchJobs are not supported; set replicas and no elasticPolicy"
+            )
+        keys = ("PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
+        nproc = _nproc_per_node(env.get("PET_NPROC_PER_NODE") or "1")
     elif all(k in env for k in POD_RENDEZVOUS):
-        nnodes, rank, nproc = int_env(env, "WORLD_SIZE"), int_env(env, "RANK"), "1"
-        addr, port, source = env["MASTER_ADDR"], int_env(env, "MASTER_PORT"), "MASTER_*"
+        keys, nproc = ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"), "1"
     else:
         raise UserError(
             f"this pod has no rendezvous from a training controller (neither {', '.join(PET_RENDEZVOUS)} nor "
@@ -144,11 +158,57 @@ def pod_rendezvous(env: Mapping[str, str]) -> PodRendezvous:
             "scripts/k8s/trainjob.yaml (Kubeflow Trainer) or scripts/k8s/pytorchjob.yaml (PyTorchJob), whose "
             "controllers set them, or start train.py with torchrun"
         )
-    if nnodes < 1 or not 0 <= rank < nnodes:
+    source = "PET_*" if keys[0] == "PET_NNODES" else "MASTER_*"
+    nnodes, rank = int_env(env, keys[0]), int_env(env, keys[1])
+    addr, port = _master_host(keys[2], env[keys[2]]), int_env(env, keys[3])
+    if not 1 <= nnodes <= MAX_PODS:
+        raise UserError(
+            f"environment variable {keys[0]}={env[keys[0]][:40]!r} must be a count of pods 1..{MAX_PODS:,}; "
+            "check numNodes / replicas"
+        )
+    if not 0 <= rank < nnodes:
         raise UserError(
             f"inconsistent controller variables ({source}): pod {rank} of {nnodes}; check numNodes / replicas"
         )
+    if not 1 <= port <= 65535:
+        raise UserError(
+            f"environment variable {keys[3]}={env[keys[3]][:40]!r} is not a port (1..65535); "
+            "set the job's master port (PyTorchJob: the container port pytorchjob-port)"
+        )
     return PodRendezvous(nnodes, rank, nproc, addr, port, source)
+
+
+def _nproc_per_node(raw: str) -> str:
+    """``PET_NPROC_PER_NODE`` as torchrun takes it: a count 1..`MAX_PROCS_PER_POD`, or one of its words."""
+    if raw in NPROC_WORDS:
+        return raw
+    count = int(raw) if raw.isascii() and raw.isdigit() else 0
+    if not 1 <= count <= MAX_PROCS_PER_POD:
+        raise UserError(
+            f"environment variable PET_NPROC_PER_NODE={raw[:40]!r} must be a count of processes 1.."
+            f"{MAX_PROCS_PER_POD} or one of {', '.join(NPROC_WORDS)}; set numProcPerNode / nprocPerNode"
+        )
+    return str(count)
+
+
+_HOST_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+
+
+def _master_host(key: str, raw: str) -> str:
+    """The master's address as torch's ``parse_rendezvous_endpoint`` takes it: an IPv4 or IPv6 address, or a host
+    name (dot-separated labels of letters, digits, ``-`` and ``_``, at most 253 characters); else a `UserError`.
+    An IPv6 address may come in brackets; it is returned without them, as torch reads it."""
+    try:
+        return str(ipaddress.ip_address(raw[1:-1] if raw[:1] == "[" and raw[-1:] == "]" else raw))
+    except ValueError:
+        pass
+    labels = raw.removesuffix(".").split(".")
+    if not 0 < len(raw) <= 253 or not all(_HOST_LABEL.fullmatch(label) for label in labels):
+        raise UserError(
+            f"environment variable {key}={raw[:80]!r} is not a host name or an IP address; "
+            "the controller sets it to the first pod's name: start the pod from scripts/k8s/"
+        )
+    return raw
 
 
 def free_port() -> int:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, NoReturn
 from vitlarge.distributed import timeouts
 from vitlarge.distributed.launcher import DistEnv, launcher_rank
 from vitlarge.distributed.network import bind_interface
-from vitlarge.errors import EXIT_INTERRUPTED, UserError
+from vitlarge.errors import EXIT_INTERRUPTED, RendezvousFailed, UserError
 
 if TYPE_CHECKING:  # torch loads after the thread budgets are set (vitlarge.distributed.threads)
     import torch
@@ -257,7 +257,7 @@ def init_distributed(
         timeouts.record_timeout(collective_timeout_s)
         _KEEP_ALIVE.append(dist.group.WORLD)
     except (RuntimeError, dist.DistStoreError) as e:
-        raise UserError(
+        raise RendezvousFailed(
             rendezvous_error(dist_env, e, time.monotonic() - t0, timeout_s, ifname), same_on_all_ranks=False
         ) from None
 

@@ -7,7 +7,8 @@ the rendezvous in its environment (`vitlarge.distributed.launcher.pod_rendezvous
 ``python -m vitlarge.run`` (torchrun's agent, one worker per process of the pod) with it, so a pod's command is
 the same on both controllers and any number of nodes. A pod started without those variables (a bare Pod, a
 runtime that is not torch's) would train a run of its own into the shared workdir: it stops with one line and
-exit status 2 instead. Restarts are the controller's (torchrun's ``--max_restarts`` stays 0); each start
+exit status 2 instead, as does a variable torchrun would refuse with a traceback (a port out of range, a master
+that is no host name, an elastic range of nodes, ``PET_NPROC_PER_NODE=gpu`` without a GPU). Restarts are the controller's (torchrun's ``--max_restarts`` stays 0); each start
 resumes from the newest checkpoint in the workdir, as a requeued Slurm job does.
 """
 
@@ -27,8 +28,18 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
+    import torch  # lazy: keeps torch off the one-line error path
+
     from vitlarge.run import supervisor  # lazy: keeps torch off the one-line error path
 
+    if rendezvous.nproc_per_node == "gpu" and not torch.cuda.is_available():  # torchrun: "Cuda is not available."
+        print(
+            "error: PET_NPROC_PER_NODE='gpu' asks for one process per GPU, but CUDA sees no GPU in this pod; "
+            "request nvidia.com/gpu in the pod's resources, or set numProcPerNode / nprocPerNode to a count",
+            file=sys.stderr,
+            flush=True,
+        )
+        return EXIT_BAD_INPUT
     print(f"vitlarge.run.pod: {' '.join(rendezvous.torchrun_args())} (from {rendezvous.source})", flush=True)
     return supervisor.main([*rendezvous.torchrun_args(), *argv])
 

@@ -8,8 +8,12 @@ It takes torchrun's options, parsed by ``torch.distributed.run`` itself, and run
 differs:
 
 * a worker failed: one line, ``vitlarge.run: rank R exited with status S: <the worker's own line>``, and this
-  process exits with S (2 bad input, 3 NaN guard, 75 checkpointed on SIGTERM/SIGUSR1, 130 on Ctrl-C; a worker
-  ended by signal N counts as 128 + N), where torchrun prints a ``ChildFailedError`` traceback and exits 1;
+  process exits with S (2 bad input, 3 NaN guard, 69 a failed rendezvous, 75 checkpointed on SIGTERM/SIGUSR1,
+  130 on Ctrl-C; a worker ended by signal N counts as 128 + N), where torchrun prints a ``ChildFailedError``
+  traceback and exits 1;
+* the agents' own rendezvous failed (another node's agent did not arrive within the rendezvous timeout, or the
+  master's address could not be reached): one line, ``error: rendezvous of the agents at HOST:PORT failed ...``,
+  and 69, where torchrun prints a traceback and exits 1;
 * Ctrl-C or SIGTERM reaching this process: torchrun's agent passes it to the workers, which checkpoint and say so;
   this process then exits with their status (130, 75), without a traceback. A second Ctrl-C ends the workers
   at once (SIGKILL), as it ends ``python train.py``;
@@ -33,6 +37,7 @@ import uuid
 from dataclasses import dataclass
 
 import psutil
+from torch.distributed import DistError
 from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -46,8 +51,9 @@ from torch.distributed.elastic.rendezvous import (  # noqa: F401
 )
 from torch.distributed.launcher.api import launch_agent
 
+from vitlarge.errors import EXIT_BAD_INPUT, EXIT_RENDEZVOUS
+
 PROG = "python -m vitlarge.run"
-EXIT_BAD_INPUT = 2
 
 
 @dataclass(frozen=True)
@@ -194,15 +200,30 @@ def main(argv: list[str] | None = None) -> int:
         # The workers had the signal and have ended (they said why); their status is what they recorded.
         ends = ends_in_error_files(logs.root_log_dir, started)
         return ends[0].status if ends else 128 + int(e.sigval)
+    except DistError as e:
+        if busy_port(e):
+            return port_in_use(args)
+        first = str(e).strip().splitlines()[0].rstrip(".") if str(e).strip() else type(e).__name__
+        say(
+            f"error: rendezvous of the agents at {torchrun.get_rdzv_endpoint(args)} failed (node rank "
+            f"{args.node_rank} of {args.nnodes}): {first}; check that every node started and that the address "
+            "is reachable"
+        )
+        return EXIT_RENDEZVOUS
     except Exception as e:
         if not busy_port(e):
             raise
-        if args.rdzv_backend == "static":
-            where, fix = f"--master_port {args.master_port}", f"--master_port {free_port_now()}"
-        else:
-            where, fix = f"--rdzv-endpoint {args.rdzv_endpoint}", "another port in --rdzv-endpoint"
-        say(f"error: {where} is in use on this machine (another run?): give this run another port, e.g. {fix}")
-        return EXIT_BAD_INPUT
+        return port_in_use(args)
+
+
+def port_in_use(args) -> int:
+    """One line naming the rendezvous port already in use on this machine, and a free one: `EXIT_BAD_INPUT`."""
+    if args.rdzv_backend == "static":
+        where, fix = f"--master_port {args.master_port}", f"--master_port {free_port_now()}"
+    else:
+        where, fix = f"--rdzv-endpoint {args.rdzv_endpoint}", "another port in --rdzv-endpoint"
+    say(f"error: {where} is in use on this machine (another run?): give this run another port, e.g. {fix}")
+    return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from vitlarge.distributed.launcher import DistEnv
 from vitlarge.distributed.quiet import gloo_connected_lines_dropped
 from vitlarge.distributed.threads import NO_THREADS, ThreadPools
 from vitlarge.distributed.timeouts import collective_failure
-from vitlarge.errors import EXIT_BAD_INPUT, EXIT_NAN_GUARD, Preempted, UserError
+from vitlarge.errors import EXIT_NAN_GUARD, Preempted, UserError
 from vitlarge.events import StopTraining
 
 if TYPE_CHECKING:  # torch: `exit_status` runs before it loads (the thread pools are sized first)
@@ -62,9 +62,10 @@ def exit_status(work: Callable[[DistEnv], int]) -> int:
     """``work(env)`` with this process's launcher environment; its status, or how it stopped as a status and
     one line on stderr (also recorded for torchrun's summary, `vitlarge.distributed.process.tell_launcher`):
 
-    * bad input (`UserError`): 2, ``error: <message>``, printed once (by rank 0 for an error every rank
-      meets; a rank that fails alone before the process group names itself and stops the others:
-      `vitlarge.distributed.process.report_before_group`);
+    * bad input (`UserError`): 2, ``error: <message>``, printed once (by rank 0 for an error every rank meets; a
+      rank that fails alone before the process group names itself and stops the others:
+      `vitlarge.distributed.process.report_before_group`); a failed rendezvous (`RendezvousFailed`) the same way,
+      with 69: not bad input, a restart may succeed;
     * the NaN guard (`StopTraining`): 3, ``error: <message>`` from the main rank;
     * a checkpoint on a signal (`Preempted`): 75, or 130 on Ctrl-C, ``vitlarge: <message>`` from the main rank;
     * a collective that timed out or lost its peer: its status (124 on gloo), one line per rank
@@ -74,12 +75,11 @@ def exit_status(work: Callable[[DistEnv], int]) -> int:
         env = launcher.detect()
         return work(env)
     except UserError as e:
-        process.tell_launcher(
-            f"error: {e}", EXIT_BAD_INPUT
-        )  # the launcher's summary repeats the line (torchrun's error file)
+        # The launcher's summary repeats the line (torchrun's error file).
+        process.tell_launcher(f"error: {e}", e.exit_status)
         if process.report_before_group(e, env):  # once; a rank's own error named by it (and told to the others)
             process.say(f"error: {e}")
-        return EXIT_BAD_INPUT
+        return e.exit_status
     except StopTraining as e:
         process.tell_launcher(f"error: {e}", EXIT_NAN_GUARD)
         if env is None or env.is_main:

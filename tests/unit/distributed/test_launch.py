@@ -8,7 +8,7 @@ import torch
 from vitlarge.distributed.launcher import DistEnv, detect, launcher_rank
 from vitlarge.distributed.process import GPU_VARIABLES, choose_device, prints_error, rendezvous_timeout_s
 from vitlarge.distributed.threads import thread_budget
-from vitlarge.errors import UserError
+from vitlarge.errors import EXIT_RENDEZVOUS, RendezvousFailed, UserError
 
 TORCHRUN = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29511"}
 SLURM = {
@@ -155,7 +155,7 @@ def test_more_local_ranks_than_visible_gpus(monkeypatch):
 
 
 def test_rendezvous_nobody_listens(monkeypatch):
-    """Rank 1 of 2 waits for a master that never starts: a one-line UserError naming host:port, in time. In this
+    """Rank 1 of 2 waits for a master that never starts: a one-line RendezvousFailed (exit 69) naming host:port, in time. In this
     process: it leaves no group behind, and MASTER_ADDR/MASTER_PORT (which it sets) are put back after."""
     import torch.distributed as dist
 
@@ -167,8 +167,9 @@ def test_rendezvous_nobody_listens(monkeypatch):
         monkeypatch.delenv(name, raising=False)  # restored at teardown
     port = free_port()  # bound and released: nobody listens on it
     t0 = time.monotonic()
-    with pytest.raises(UserError) as e:
+    with pytest.raises(RendezvousFailed) as e:
         init_distributed(DistEnv(1, 2, 1, "127.0.0.1", port, "test"), "gloo", timeout_s=1)
+    assert e.value.exit_status == EXIT_RENDEZVOUS
     elapsed = time.monotonic() - t0
     message = str(e.value)
     assert "\n" not in message

@@ -1,10 +1,13 @@
-"""``python -m vitlarge.run``'s quiet agent log, in process."""
+"""``python -m vitlarge.run``'s quiet agent log and its line for a failed rendezvous of the agents, in process."""
 
 from __future__ import annotations
 
 import importlib
 import logging
 
+from tests.helpers import call_main
+from vitlarge.distributed.launcher import free_port
+from vitlarge.errors import EXIT_RENDEZVOUS
 from vitlarge.run import supervisor
 
 PREFIX = "torch.distributed.elastic"
@@ -24,3 +27,15 @@ def test_every_agent_logger_is_quiet_also_those_made_when_the_rendezvous_handler
     finally:
         for name, level in before.items():
             logging.getLogger(name).setLevel(level)
+
+
+def test_the_agents_rendezvous_timing_out_is_one_line_and_69():
+    """Node 1 of 2 waits for node 0's agent, which never starts (a peer pod still Pending): one line and
+    `EXIT_RENDEZVOUS`, which a controller restarts, where torchrun prints a traceback and exits 1. No worker starts;
+    a timeout of 0 s keeps the test short (torch's own store fails at once)."""
+    port = free_port()  # bound and released: nobody listens on it
+    args = ["--nnodes=2", "--node_rank=1", "--master_addr=127.0.0.1", f"--master_port={port}", "--rdzv_conf=timeout=0"]
+    r = call_main("vitlarge.run.supervisor", *args, "train.py")
+    assert r.returncode == EXIT_RENDEZVOUS
+    assert r.stderr.startswith(f"error: rendezvous of the agents at 127.0.0.1:{port} failed (node rank 1 of 2): ")
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr and ".;" not in r.stderr, r.stderr
