@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import math
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -50,6 +49,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from vitlarge.checkpoint.trust.index import METADATA, IndexProblem, read_index
+from vitlarge.checkpoint.trust.meta import is_number
 from vitlarge.distributed.plugins import unwrap
 from vitlarge.errors import UserError
 
@@ -222,13 +222,10 @@ def _same_kind(written, loaded, any_run: bool = False) -> bool:
     number for a number (or for None, an optional number), a sequence of as many such for a sequence, else the
     same type. ``any_run``: also None for a number (an optional setting this recipe sets and another left unset)."""
 
-    def number(x) -> bool:
-        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
     if isinstance(written, bool):
         return isinstance(loaded, bool)
-    if number(written) or written is None:
-        return number(loaded) or loaded is written or (any_run and loaded is None)
+    if is_number(written) or written is None:
+        return is_number(loaded) or loaded is written or (any_run and loaded is None)
     if isinstance(written, (tuple, list)):
         return (
             isinstance(loaded, (tuple, list))

@@ -182,7 +182,8 @@ def restore_problem(path: str | Path, optimizer=None) -> str | None:
         return str(e)
     except CheckpointException as e:
         return reason_of(e)
-    except (RuntimeError, TypeError, ValueError, KeyError) as e:  # entries DCP's planner cannot place, as in `apply`
+    # entries DCP's planner cannot place, as in `apply`; ArithmeticError: a number no check foresaw, never a traceback
+    except (RuntimeError, TypeError, ValueError, KeyError, ArithmeticError) as e:
         return f"its optimizer settings cannot be read ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:120]})"
     return None
 

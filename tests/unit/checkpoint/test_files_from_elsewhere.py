@@ -257,6 +257,8 @@ def test_meta_json_is_read_bounded(ckpt, kind):
         ({"config": {"data": {"image_size": 16384}}}, "'data.image_size' must be positive and at most 1,024"),
         ({"config": {"train": {"phases": [{"epoch": 0, "eval_size": 16384}]}}}, "eval_size=16384 must be positive"),
         ({"config": {"train": {"phases": [{}] * 1025}}}, "train.phases holds 1,025 entries, more than 1,024"),
+        # an int past a float's range: math.isfinite raised OverflowError, a traceback on every requeue
+        ({"schedule": {"continues": {"step": 0, "base_lr": 10**400}}}, "schedule.continues.base_lr is 1000"),
     ],
 )
 def test_meta_json_values_are_checked_before_use(ckpt, changes, expect):
@@ -767,23 +769,62 @@ def _craft_rank_data(ckpt: Path, _cfg) -> str:
     return "rank_00000.pt holds a data state that is not a string"
 
 
-def _craft_eps(ckpt: Path, cfg) -> str:
+def _save_eps(ckpt: Path, cfg, eps) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_state, optim_state = get_state_dict(*trained(cfg)[:2])
     for group in optim_state["param_groups"]:
-        group["eps"] = "oops"
+        group["eps"] = eps
     for f in [*ckpt.glob("*.distcp"), ckpt / ".metadata"]:
         f.unlink()
     dcp.save(
         {"model": model_state, "optimizer": optim_state}, storage_writer=dcp.FileSystemWriter(str(ckpt)), no_dist=True
     )
+
+
+def _craft_eps(ckpt: Path, cfg) -> str:
+    _save_eps(ckpt, cfg, "oops")
     return "optimizer settings this run's optimizer does not write: param_groups[0].eps is 'oops', a str; it writes 1e-06, a float"
 
 
+def _craft_eps_past_floats(ckpt: Path, cfg) -> str:
+    """An int no float holds: ``math.isfinite`` raised OverflowError inside the choice, a traceback per requeue."""
+    _save_eps(ckpt, cfg, 10**400)
+    return (
+        "optimizer settings this run's optimizer does not write: "
+        f"param_groups[0].eps is '{'1' + '0' * 39}', a int; it writes 1e-06, a float"
+    )
+
+
+def _scaler_craft(**values):
+    def craft(ckpt: Path, _cfg) -> str:
+        state = torch_load(ckpt, "rank_00000.pt")
+        torch.save({**state, "scaler": {**state["scaler"], **values}}, ckpt / "rank_00000.pt")
+        key, value = next(iter(values.items()))
+        want = "from 1 to 2,147,483,648" if key == "growth_interval" else "a finite number > 0"
+        return f"rank_00000.pt holds a loss-scaler {key} of {str(value)[:40]}, not {want}"
+
+    return craft
+
+
+CANNOT_RESTORE = {
+    "data state": _craft_rank_data,
+    "eps": _craft_eps,
+    "eps past floats": _craft_eps_past_floats,
+    # scale nan resumed and skipped every step (exit 0); 10**400 a traceback; 0.0 trained with no loss scale
+    "scale nan": _scaler_craft(scale=float("nan")),
+    "scale past floats": _scaler_craft(scale=10**400),
+    "scale 0": _scaler_craft(scale=0.0, growth_factor=0.0),
+    "growth factor 0": _scaler_craft(growth_factor=0.0),
+    "backoff factor inf": _scaler_craft(backoff_factor=float("inf")),
+    "growth interval 0": _scaler_craft(growth_interval=0),
+    "growth interval past int32": _scaler_craft(growth_interval=2**31 + 1),
+}
+
+
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # dcp.save in this one process, as intended
-@pytest.mark.parametrize("craft", [_craft_rank_data, _craft_eps], ids=["data state", "eps"])
+@pytest.mark.parametrize("craft", list(CANNOT_RESTORE.values()), ids=list(CANNOT_RESTORE))
 def test_a_checkpoint_that_passes_its_files_but_cannot_be_restored_is_passed_over(tmp_path, ckpt, cfg, caplog, craft):
     """Each requeue stopped at the restore (exit 2) and never used the valid checkpoint before it; now the restorable
     state is checked in rank 0's choice, before anything is loaded, and the checkpoint passed over in one line."""
