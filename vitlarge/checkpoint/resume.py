@@ -6,7 +6,8 @@ Contract (both functions are collectives: every rank calls ``choose``, then ``re
   ``store.verify`` (a folder, not a link; every file's size and CRC32C against meta.json) and
   ``store.restore_problem`` (what the restore would load: rank files, the optimizer settings' kinds), before
   anything is loaded, and logs one warning line for each newer one it passes over, naming it and why. With
-  ``--resume PATH`` (any checkpoint, in this workdir or another one): PATH must pass both, else a one-line error.
+  ``--resume PATH`` (any checkpoint, in this workdir or another one): PATH must pass both, else a one-line error;
+  a PATH that is a link (a user's own ``latest``) is resolved once and the folder it names is checked and used.
 * The chosen checkpoint must hold this recipe's model (name and parameter shapes), else a one-line
   error and nothing is moved.
 * The workdir's checkpoints newer than the chosen step (those passed over, and with ``--resume`` the
@@ -137,10 +138,12 @@ def _choose(
             log.info(f"--resume {requested}: this workdir continues its line; resuming from {continued}")
             _set_aside_newer(workdir, continued, meta["step"])
             return Choice(continued, lineage, meta.get("line"))
-        problem = store.verify(requested) or store.restore_problem(requested, optimizer)
+        # A path the user names (a `latest` link of their own) is resolved once and the folder it names checked and
+        # read; only the workdir's listed step_* links are refused (`store.verify`).
+        chosen = requested.resolve()
+        problem = store.verify(chosen) or store.restore_problem(chosen, optimizer)
         if problem:
             raise layout.Unusable(requested, problem)
-        chosen = requested
     else:
         newest = store.newest_verified(workdir, optimizer)
         chosen = newest.path

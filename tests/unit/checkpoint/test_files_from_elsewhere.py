@@ -895,3 +895,22 @@ def test_optimizer_settings_of_another_recipe_are_the_restores_error_never_passe
         checkpoints.resume(None, None)
     assert not [r for r in caplog.records if "passed over" in r.getMessage()]
     assert ckpt.is_dir() and not list(ckpt.parent.glob("abandoned_*"))
+
+
+def test_a_link_the_user_names_is_followed_once_to_the_folder_it_names(tmp_path, ckpt, cfg, caplog):
+    """A user's own ``latest -> .../checkpoints/step_0000001``: ``--resume``, ``vitlarge.evaluate --checkpoint`` and
+    ``model.init_from`` all refused it once the resume's step_* links were ("is a symbolic link, never followed"),
+    though it worked before. Links are refused only where the workdir is listed; a path the user names is resolved
+    once and the folder it names checked (sizes, CRC32C, index) and read."""
+    latest = tmp_path / "latest"
+    latest.symlink_to(ckpt, target_is_directory=True)
+    model, opt, scaler = make(cfg)
+    found = ckpt_checkpointer.Checkpointer(tmp_path / "mine", cfg).attach(model, opt, scaler).resume(latest, None)
+    assert found.loaded is not None and found.loaded.step == 1
+    assert found.path == tmp_path / "mine" / "checkpoints" / "step_0000001" and not found.path.is_symlink()
+    ckpt_weights.load_model_weights(latest, make(cfg)[0], cfg)  # vitlarge.evaluate --checkpoint
+    weights, _ = init_from.read_state_dict(latest)  # model.init_from
+    assert set(weights) == set(make(cfg)[0].state_dict())
+    _damage_weights_in_place(ckpt, cfg)  # what the link names is checked as a named folder is
+    with pytest.raises(UserError, match=r"fails its check \(__0_0.distcp has CRC32C "):
+        ckpt_weights.load_model_weights(latest, make(cfg)[0], cfg)
