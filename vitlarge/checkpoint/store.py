@@ -153,8 +153,9 @@ def save(workdir: str | Path, state: RunState, cfg: Config, keep: int) -> Path:
 
 def prune(workdir: str | Path, keep: int, step: int) -> None:
     """Rank 0, after publishing the checkpoint of ``step``: removes the oldest checkpoints older than it, so that
-    ``keep`` remain counting it. A newer checkpoint is never removed."""
-    older = [p for p in list_checkpoints(workdir) if step_of(p) < step]
+    ``keep`` remain counting it. A newer checkpoint is never removed; a ``step_*`` link is no checkpoint, never
+    counted (the next resume moves it aside)."""
+    older = [p for p in list_checkpoints(workdir, links=False) if step_of(p) < step]
     for old in older[: max(0, len(older) - (keep - 1))]:
         shutil.rmtree(old, ignore_errors=True)
 

@@ -8,10 +8,12 @@ prefix allow-list and ``getattr``.
 """
 
 import argparse
+import dataclasses
 import io
 import json
 import os
 import pickle
+import shutil
 import struct
 from pathlib import Path
 
@@ -914,3 +916,31 @@ def test_a_link_the_user_names_is_followed_once_to_the_folder_it_names(tmp_path,
     _damage_weights_in_place(ckpt, cfg)  # what the link names is checked as a named folder is
     with pytest.raises(UserError, match=r"fails its check \(__0_0.distcp has CRC32C "):
         ckpt_weights.load_model_weights(latest, make(cfg)[0], cfg)
+
+
+def test_step_links_count_as_no_checkpoint(tmp_path, ckpt, cfg):
+    """A fresh fine-tuning workdir holding only a dangling (or file) ``step_*`` link counted as a resume: init_from was
+    skipped and the first run stopped with "holds no usable checkpoint" after passing the link over. Links now count
+    toward nothing: not a resume, not ``keep`` when pruning, never a folder a hint suggests."""
+    from vitlarge.run.job import is_resume
+
+    fresh = tmp_path / "finetune"
+    (fresh / "checkpoints").mkdir(parents=True)
+    (fresh / "checkpoints" / "step_0000005").symlink_to("nowhere")
+    (fresh / "checkpoints" / "step_0000006").symlink_to(ckpt / "meta.json")
+    assert not ckpt_checkpointer.Checkpointer(fresh, cfg).any()
+    assert not is_resume(dataclasses.replace(cfg, workdir=str(fresh)), None)
+    with pytest.raises(layout.Unusable) as e:
+        layout.read_meta(fresh)
+    assert (
+        str(e.value)
+        == f"{fresh} is not a complete vitlarge checkpoint (no meta.json); pass a checkpoints/step_* folder"
+    )
+    # prune: real step_1 and step_2, a link step_3; keeping 2 with step 4 written keeps step_2, not the link
+    workdir, outside = ckpt.parent.parent, tmp_path / "outside"
+    shutil.copytree(ckpt, ckpt.parent / "step_0000002")
+    shutil.copytree(ckpt, outside)
+    (ckpt.parent / "step_0000003").symlink_to(outside, target_is_directory=True)
+    store.prune(workdir, keep=2, step=4)
+    assert [p.name for p in layout.list_checkpoints(workdir)] == ["step_0000002", "step_0000003"]
+    assert (ckpt.parent / "step_0000002" / "meta.json").is_file() and (outside / "meta.json").is_file()
