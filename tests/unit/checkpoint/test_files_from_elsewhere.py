@@ -30,7 +30,7 @@ from vitlarge.checkpoint import workdir as ckpt_workdir
 from vitlarge.checkpoint.state import RunState
 from vitlarge.checkpoint.trust import index as dcp_index
 from vitlarge.checkpoint.trust import layout
-from vitlarge.checkpoint.trust.torch_files import torch_load
+from vitlarge.checkpoint.trust.torch_files import rank_state_problem, torch_load
 from vitlarge.config.load import load_recipe
 from vitlarge.errors import UserError
 
@@ -799,6 +799,13 @@ def _craft_eps_past_floats(ckpt: Path, cfg) -> str:
     )
 
 
+def _craft_eps_object(ckpt: Path, cfg) -> str:
+    """An object where a number belongs: torch's "Weights only load failed ... do those steps only if you trust the
+    source", with ANSI escapes, was the passed-over line's reason."""
+    _save_eps(ckpt, cfg, argparse.Namespace(x=1))
+    return "its data holds objects other than tensors and numbers (refused)"
+
+
 def _scaler_craft(**values):
     def craft(ckpt: Path, _cfg) -> str:
         state = torch_load(ckpt, "rank_00000.pt")
@@ -814,14 +821,8 @@ CANNOT_RESTORE = {
     "data state": _craft_rank_data,
     "eps": _craft_eps,
     "eps past floats": _craft_eps_past_floats,
-    # scale nan resumed and skipped every step (exit 0); 10**400 a traceback; 0.0 trained with no loss scale
-    "scale nan": _scaler_craft(scale=float("nan")),
-    "scale past floats": _scaler_craft(scale=10**400),
-    "scale 0": _scaler_craft(scale=0.0, growth_factor=0.0),
-    "growth factor 0": _scaler_craft(growth_factor=0.0),
-    "backoff factor inf": _scaler_craft(backoff_factor=float("inf")),
-    "growth interval 0": _scaler_craft(growth_interval=0),
-    "growth interval past int32": _scaler_craft(growth_interval=2**31 + 1),
+    "eps an object": _craft_eps_object,
+    "scale nan": _scaler_craft(scale=float("nan")),  # resumed and skipped every step, exit 0
 }
 
 
@@ -847,6 +848,28 @@ def test_a_checkpoint_that_passes_its_files_but_cannot_be_restored_is_passed_ove
         f"warning: checkpoint {crafted} fails its check ({why}); passed over"
     ]
     assert not crafted.exists() and len(list(workdir.glob("checkpoints/abandoned_*/step_0000002"))) == 1
+
+
+@pytest.mark.parametrize(
+    "values, expect",
+    [
+        ({"scale": 10**400}, f"scale of {'1' + '0' * 39}, not a finite number > 0"),  # a traceback at the restore
+        ({"scale": 0.0, "growth_factor": 0.0}, "scale of 0.0, not a finite number > 0"),  # trained, unscaled
+        ({"scale": -1.0}, "scale of -1.0, not a finite number > 0"),
+        ({"growth_factor": 0.0}, "growth_factor of 0.0, not a finite number > 0"),
+        ({"backoff_factor": float("inf")}, "backoff_factor of inf, not a finite number > 0"),
+        ({"growth_interval": 0}, "growth_interval of 0, not from 1 to 2,147,483,648"),
+        ({"growth_interval": 2**31 + 1}, "growth_interval of 2147483649, not from 1 to 2,147,483,648"),
+        ({"growth_interval": 2.0}, "growth_interval of 2.0, not from 1"),
+    ],
+)
+def test_a_loss_scaler_state_no_run_can_continue_fails_the_check(original, values, expect):
+    """The rank file's check (`rank_state_problem`, in rank 0's choice as in the restore) of each scaler value; the
+    whole path, passed over by an automatic resume, is the test above's "scale nan"."""
+    state = torch_load(original, "rank_00000.pt")
+    assert rank_state_problem(state) is None and state["scaler"]
+    problem = rank_state_problem({**state, "scaler": {**state["scaler"], **values}})
+    assert problem is not None and problem.startswith(f"holds a loss-scaler {expect}"), problem
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

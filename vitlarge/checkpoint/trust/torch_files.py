@@ -18,6 +18,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from vitlarge import fileio
+from vitlarge.checkpoint.files import NOT_DATA
 from vitlarge.checkpoint.trust.index import archive_problem
 from vitlarge.checkpoint.trust.layout import Unusable
 from vitlarge.checkpoint.trust.meta import is_number
@@ -46,7 +47,7 @@ def torch_load(folder: Path, name: str):
     except pickle.UnpicklingError as e:
         # torch's message advises unpickling it anyway (weights_only=False): never passed on
         if "Unsupported global" in str(e):
-            raise Unusable(folder, f"{name} holds objects other than tensors and numbers (refused)") from None
+            raise Unusable(folder, f"{name} {NOT_DATA}") from None
         raise Unusable(folder, f"{name} is not a readable torch file (UnpicklingError)") from None
     except Exception as e:  # noqa: BLE001 - torch.load raises many types on a damaged file
         raise Unusable(folder, f"{name} is not a readable torch file ({type(e).__name__})") from None
