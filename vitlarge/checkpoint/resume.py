@@ -89,7 +89,8 @@ def lineage_of(requested: str | Path) -> str:
 def newest_of_lineage(workdir: str | Path, lineage: str, verified: bool = True, optimizer=None) -> Path | None:
     """The workdir's newest checkpoint that belongs to ``lineage`` (and passes its check, `store.verify` and
     `store.restore_problem` with ``optimizer``, unless ``verified`` is False: then its meta.json alone is read, no
-    checksum). A ``step_*`` link is never read through."""
+    checksum). A ``step_*`` link is never read through. Verified (rank 0, inside `choose`): each newer checkpoint of
+    the line that fails gets the automatic resume's one `passed_over` line."""
     for path in reversed(layout.list_checkpoints(workdir)):
         if path.is_symlink():
             continue
@@ -97,11 +98,18 @@ def newest_of_lineage(workdir: str | Path, lineage: str, verified: bool = True, 
             meta = layout.read_meta(path)
         except UserError:
             continue
-        if meta.get("line") == lineage and (
-            not verified or (store.verify(path) or store.restore_problem(path, optimizer)) is None
-        ):
+        if meta.get("line") != lineage:
+            continue
+        problem = (store.verify(path) or store.restore_problem(path, optimizer)) if verified else None
+        if problem is None:
             return path
+        passed_over(path, problem)
     return None
+
+
+def passed_over(path: Path, problem: str) -> None:
+    """The one line for a checkpoint a resume skips because it fails its check (rank 0's, inside `choose`)."""
+    log.warning(f"warning: checkpoint {path} fails its check ({problem}); passed over")
 
 
 def check_requested(workdir: str | Path, requested: str | Path) -> None:
@@ -148,7 +156,7 @@ def _choose(
         newest = store.newest_verified(workdir, optimizer)
         chosen = newest.path
         for path, problem in newest.passed_over:
-            log.warning(f"warning: checkpoint {path} fails its check ({problem}); passed over")
+            passed_over(path, problem)
     step, parent = 0, None
     if chosen is not None:
         meta = layout.read_meta(chosen)

@@ -967,3 +967,18 @@ def test_step_links_count_as_no_checkpoint(tmp_path, ckpt, cfg):
     store.prune(workdir, keep=2, step=4)
     assert [p.name for p in layout.list_checkpoints(workdir)] == ["step_0000002", "step_0000003"]
     assert (ckpt.parent / "step_0000002" / "meta.json").is_file() and (outside / "meta.json").is_file()
+
+
+def test_a_requeue_of_resume_names_the_checkpoint_of_its_line_it_passes_over(tmp_path, ckpt, cfg, caplog):
+    """``--resume X`` again (a requeue) continues X's line from its newest checkpoint that passes; a newer one that
+    fails was skipped without a word. Now it gets the automatic resume's one line, once."""
+    requested = tmp_path / "X"
+    edit_meta(ckpt, line=resume.lineage_of(requested))
+    crafted = _newer_copy(ckpt)
+    why = _craft_rank_data(crafted, cfg)
+    reseal(crafted)
+    chosen = resume.choose(ckpt.parent.parent, requested, make(cfg)[0], cfg, optimizer=make(cfg)[1])
+    assert chosen.path == ckpt
+    assert [r.getMessage() for r in caplog.records if "passed over" in r.getMessage()] == [
+        f"warning: checkpoint {crafted} fails its check ({why}); passed over"
+    ]
