@@ -982,3 +982,20 @@ def test_a_requeue_of_resume_names_the_checkpoint_of_its_line_it_passes_over(tmp
     assert [r.getMessage() for r in caplog.records if "passed over" in r.getMessage()] == [
         f"warning: checkpoint {crafted} fails its check ({why}); passed over"
     ]
+
+
+def test_the_choice_checks_only_the_rank_files_the_restore_reads(ckpt, cfg):
+    """A 2-rank checkpoint resumed by 1 rank reads rank_00000.pt alone (another world size starts the loaders
+    afresh), yet a damaged rank_00001.pt passed it over; and rank 0 read all of them, 20 ms each (~20 s a candidate
+    at 1,024 ranks)."""
+    state = torch_load(ckpt, "rank_00000.pt")
+    torch.save({**state, "data": 7}, ckpt / "rank_00001.pt")
+    meta = json.loads((ckpt / "meta.json").read_text())
+    meta["files"]["rank_00001.pt"] = {}
+    (ckpt / "meta.json").write_text(json.dumps({**meta, "world_size": 2}))
+    reseal(ckpt)
+    assert store.verify(ckpt) is None
+    assert store.restore_problem(ckpt, make(cfg)[1]) is None  # this process: world size 1
+    torch.save({**state, "data": 7}, ckpt / "rank_00000.pt")
+    reseal(ckpt)
+    assert store.restore_problem(ckpt) == "rank_00000.pt holds a data state that is not a string"
