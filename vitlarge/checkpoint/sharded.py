@@ -283,6 +283,50 @@ def saved_groups_problem(folder: Path, optimizer, files: dict | None = None, ind
     return param_groups_problem(written, groups, any_run=True)
 
 
+def index_gap(index, meta: dict) -> str | None:
+    """Why DCP's ``index`` lacks, or holds at another shape, an entry the restore asks for, or None (metadata
+    only, no tensor read): every parameter meta.json's ``param_shapes`` names, under ``model.`` and (meta.json's
+    ``ema``) ``ema.``, of that shape; with its optimizer state (``optimizer_state``), the same state names for every
+    parameter that has any (LAMB and AdamW: ``step``, ``exp_avg``, ``exp_avg_sq``), each tensor of more than one
+    element of its parameter's shape. DCP's load would stop on each, on every requeue ("Missing key ...")."""
+    entries = index.state_dict_metadata
+    shapes = {name: list(shape) for name, shape in meta["param_shapes"].items()}
+
+    def shape_problem(key: str, want: list[int]) -> str | None:
+        md = entries.get(key)
+        if not isinstance(md, TensorStorageMetadata):
+            return f"{METADATA} lacks {key}, which the restore reads"
+        if list(md.size) != want:
+            return f"{METADATA} holds {key} of shape {list(md.size)}, meta.json's param_shapes say {want}"
+        return None
+
+    for part in ("model", "ema") if meta.get("ema", False) else ("model",):
+        for name, want in shapes.items():
+            problem = shape_problem(f"{part}.{name}", want)
+            if problem:
+                return problem
+    if not meta.get("optimizer_state", True):
+        return None
+    prefix = "optimizer.state."
+    state: dict[str, set[str]] = {}
+    for key in entries:
+        if key.startswith(prefix):
+            name, _, moment = key.removeprefix(prefix).rpartition(".")
+            state.setdefault(name, set()).add(moment)
+    moments = set().union(*state.values()) if state else set()
+    for name, want in shapes.items():
+        for moment in sorted(moments) if name in state else []:
+            key = f"{prefix}{name}.{moment}"
+            md = entries.get(key)
+            if md is None:
+                return f"{METADATA} lacks {key}, which the restore reads"
+            if isinstance(md, TensorStorageMetadata) and md.size.numel() > 1:
+                problem = shape_problem(key, want)
+                if problem:
+                    return problem
+    return None
+
+
 def read_full_model(
     folder: Path,
     like: dict[str, torch.Tensor] | None = None,

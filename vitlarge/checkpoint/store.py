@@ -169,7 +169,8 @@ def rank_file_of(meta: dict, rank: int, world: int) -> str:
 def restore_problem(path: str | Path, optimizer=None) -> str | None:
     """Why a checkpoint that passes `verify` would still fail its restore (`read`, `apply`), or None: the contents
     (`rank_state_problem`) of every rank file the restore at this world size reads (`rank_file_of`: all of them at
-    the checkpoint's, rank 0's alone at another) and, given this run's ``optimizer``, the saved optimizer settings against
+    the checkpoint's, rank 0's alone at another), DCP's index against what the restore asks for
+    (`sharded.index_gap`: keys and shapes, metadata only) and, given this run's ``optimizer``, the saved optimizer settings against
     the kinds it writes (`sharded.saved_groups_problem`). Rank 0 runs it inside the resume's choice
     (vitlarge/checkpoint/resume.py), before anything is loaded into any part, so that an automatic resume passes such a
     checkpoint over as it does a damaged one, every rank alike (the choice is broadcast)."""
@@ -181,9 +182,14 @@ def restore_problem(path: str | Path, optimizer=None) -> str | None:
             problem = rank_state_problem(torch_load(path, name))
             if problem:
                 return f"{name} {problem}"
-        if optimizer is not None and meta["format_version"] >= 3 and meta.get("optimizer_state", True):
-            problem = sharded.saved_groups_problem(path, optimizer, files=meta["files"])
-            return problem and f"optimizer settings this run's optimizer does not write: {problem}"
+        if meta["format_version"] >= 3:
+            index = dcp_index.read_index(path, meta["files"])
+            problem = sharded.index_gap(index, meta)
+            if problem:
+                return problem
+            if optimizer is not None and meta.get("optimizer_state", True):
+                problem = sharded.saved_groups_problem(path, optimizer, files=meta["files"], index=index)
+                return problem and f"optimizer settings this run's optimizer does not write: {problem}"
     except Unusable as e:
         return e.problem
     except dcp_index.IndexProblem as e:

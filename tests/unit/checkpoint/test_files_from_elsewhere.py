@@ -999,3 +999,39 @@ def test_the_choice_checks_only_the_rank_files_the_restore_reads(ckpt, cfg):
     torch.save({**state, "data": 7}, ckpt / "rank_00000.pt")
     reseal(ckpt)
     assert store.restore_problem(ckpt) == "rank_00000.pt holds a data state that is not a string"
+
+
+@pytest.mark.parametrize(
+    "edit, expect",
+    [
+        (
+            lambda p: _index_with(
+                p, lambda md: md.state_dict_metadata.pop("optimizer.state.patch_embed.proj.weight.exp_avg")
+            ),
+            ".metadata lacks optimizer.state.patch_embed.proj.weight.exp_avg, which the restore reads",
+        ),
+        (
+            lambda p: _index_with(p, lambda md: md.state_dict_metadata.pop("model.pos_embed")),
+            ".metadata lacks model.pos_embed, which the restore reads",
+        ),
+        (  # meta.json and the index disagree: damage, not another model (that is check_compatible's one line)
+            lambda p: edit_meta(
+                p, param_shapes={**json.loads((p / "meta.json").read_text())["param_shapes"], "pos_embed": [1, 17, 95]}
+            ),
+            ".metadata holds model.pos_embed of shape [1, 17, 96], meta.json's param_shapes say [1, 17, 95]",
+        ),
+    ],
+    ids=["an exp_avg", "a weight", "a shape"],
+)
+def test_an_index_lacking_what_the_restore_reads_is_passed_over(ckpt, cfg, edit, expect, caplog):
+    """A resealed index lacking one ``exp_avg`` passed every check and stopped every requeue with "cannot read
+    checkpoint ... Missing key ...; check that every node sees it whole (shared file system)". The index's keys and
+    shapes are now compared with what the restore asks for (metadata only, no tensor read)."""
+    crafted = _newer_copy(ckpt)
+    edit(crafted)
+    assert store.verify(crafted) is None
+    assert store.restore_problem(crafted, make(cfg)[1]) == expect
+    assert resume.choose(ckpt.parent.parent, None, make(cfg)[0], cfg).path == ckpt
+    assert [r.getMessage() for r in caplog.records if "passed over" in r.getMessage()] == [
+        f"warning: checkpoint {crafted} fails its check ({expect}); passed over"
+    ]
