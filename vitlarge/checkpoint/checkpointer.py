@@ -56,8 +56,9 @@ class Checkpointer:
         return self.workdir / CHECKPOINTS_DIR
 
     def any(self) -> bool:
-        """Whether the workdir holds a published checkpoint (checked or not)."""
-        return bool(list_checkpoints(self.workdir))
+        """Whether the workdir holds a published checkpoint folder (checked or not; a ``step_*`` link is none: a
+        fresh fine-tuning workdir holding one still starts from ``model.init_from``)."""
+        return bool(list_checkpoints(self.workdir, links=False))
 
     def check_workdir(self, requested: str | Path | None = None) -> None:
         """Collective, before any work: the workdir is writable on every rank (its checkpoints folder no link

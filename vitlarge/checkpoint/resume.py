@@ -6,7 +6,8 @@ Contract (both functions are collectives: every rank calls ``choose``, then ``re
   ``store.verify`` (a folder, not a link; every file's size and CRC32C against meta.json) and
   ``store.restore_problem`` (what the restore would load: rank files, the optimizer settings' kinds), before
   anything is loaded, and logs one warning line for each newer one it passes over, naming it and why. With
-  ``--resume PATH`` (any checkpoint, in this workdir or another one): PATH must pass both, else a one-line error.
+  ``--resume PATH`` (any checkpoint, in this workdir or another one): PATH must pass both, else a one-line error;
+  a PATH that is a link (a user's own ``latest``) is resolved once and the folder it names is checked and used.
 * The chosen checkpoint must hold this recipe's model (name and parameter shapes), else a one-line
   error and nothing is moved.
 * The workdir's checkpoints newer than the chosen step (those passed over, and with ``--resume`` the
@@ -88,7 +89,8 @@ def lineage_of(requested: str | Path) -> str:
 def newest_of_lineage(workdir: str | Path, lineage: str, verified: bool = True, optimizer=None) -> Path | None:
     """The workdir's newest checkpoint that belongs to ``lineage`` (and passes its check, `store.verify` and
     `store.restore_problem` with ``optimizer``, unless ``verified`` is False: then its meta.json alone is read, no
-    checksum). A ``step_*`` link is never read through."""
+    checksum). A ``step_*`` link is never read through. Verified (rank 0, inside `choose`): each newer checkpoint of
+    the line that fails gets the automatic resume's one `passed_over` line."""
     for path in reversed(layout.list_checkpoints(workdir)):
         if path.is_symlink():
             continue
@@ -96,11 +98,18 @@ def newest_of_lineage(workdir: str | Path, lineage: str, verified: bool = True, 
             meta = layout.read_meta(path)
         except UserError:
             continue
-        if meta.get("line") == lineage and (
-            not verified or (store.verify(path) or store.restore_problem(path, optimizer)) is None
-        ):
+        if meta.get("line") != lineage:
+            continue
+        problem = (store.verify(path) or store.restore_problem(path, optimizer)) if verified else None
+        if problem is None:
             return path
+        passed_over(path, problem)
     return None
+
+
+def passed_over(path: Path, problem: str) -> None:
+    """The one line for a checkpoint a resume skips because it fails its check (rank 0's, inside `choose`)."""
+    log.warning(f"warning: checkpoint {path} fails its check ({problem}); passed over")
 
 
 def check_requested(workdir: str | Path, requested: str | Path) -> None:
@@ -137,15 +146,17 @@ def _choose(
             log.info(f"--resume {requested}: this workdir continues its line; resuming from {continued}")
             _set_aside_newer(workdir, continued, meta["step"])
             return Choice(continued, lineage, meta.get("line"))
-        problem = store.verify(requested) or store.restore_problem(requested, optimizer)
+        # A path the user names (a `latest` link of their own) is resolved once and the folder it names checked and
+        # read; only the workdir's listed step_* links are refused (`store.verify`).
+        chosen = requested.resolve()
+        problem = store.verify(chosen) or store.restore_problem(chosen, optimizer)
         if problem:
             raise layout.Unusable(requested, problem)
-        chosen = requested
     else:
         newest = store.newest_verified(workdir, optimizer)
         chosen = newest.path
         for path, problem in newest.passed_over:
-            log.warning(f"warning: checkpoint {path} fails its check ({problem}); passed over")
+            passed_over(path, problem)
     step, parent = 0, None
     if chosen is not None:
         meta = layout.read_meta(chosen)

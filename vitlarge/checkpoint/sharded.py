@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import math
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -50,6 +49,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from vitlarge.checkpoint.trust.index import METADATA, IndexProblem, read_index
+from vitlarge.checkpoint.trust.meta import is_number
 from vitlarge.distributed.plugins import unwrap
 from vitlarge.errors import UserError
 
@@ -222,13 +222,10 @@ def _same_kind(written, loaded, any_run: bool = False) -> bool:
     number for a number (or for None, an optional number), a sequence of as many such for a sequence, else the
     same type. ``any_run``: also None for a number (an optional setting this recipe sets and another left unset)."""
 
-    def number(x) -> bool:
-        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
     if isinstance(written, bool):
         return isinstance(loaded, bool)
-    if number(written) or written is None:
-        return number(loaded) or loaded is written or (any_run and loaded is None)
+    if is_number(written) or written is None:
+        return is_number(loaded) or loaded is written or (any_run and loaded is None)
     if isinstance(written, (tuple, list)):
         return (
             isinstance(loaded, (tuple, list))
@@ -284,6 +281,50 @@ def saved_groups_problem(folder: Path, optimizer, files: dict | None = None, ind
             no_dist=True,
         )
     return param_groups_problem(written, groups, any_run=True)
+
+
+def index_gap(index, meta: dict) -> str | None:
+    """Why DCP's ``index`` lacks, or holds at another shape, an entry the restore asks for, or None (metadata
+    only, no tensor read): every parameter meta.json's ``param_shapes`` names, under ``model.`` and (meta.json's
+    ``ema``) ``ema.``, of that shape; with its optimizer state (``optimizer_state``), the same state names for every
+    parameter that has any (LAMB and AdamW: ``step``, ``exp_avg``, ``exp_avg_sq``), each tensor of more than one
+    element of its parameter's shape. DCP's load would stop on each, on every requeue ("Missing key ...")."""
+    entries = index.state_dict_metadata
+    shapes = {name: list(shape) for name, shape in meta["param_shapes"].items()}
+
+    def shape_problem(key: str, want: list[int]) -> str | None:
+        md = entries.get(key)
+        if not isinstance(md, TensorStorageMetadata):
+            return f"{METADATA} lacks {key}, which the restore reads"
+        if list(md.size) != want:
+            return f"{METADATA} holds {key} of shape {list(md.size)}, meta.json's param_shapes say {want}"
+        return None
+
+    for part in ("model", "ema") if meta.get("ema", False) else ("model",):
+        for name, want in shapes.items():
+            problem = shape_problem(f"{part}.{name}", want)
+            if problem:
+                return problem
+    if not meta.get("optimizer_state", True):
+        return None
+    prefix = "optimizer.state."
+    state: dict[str, set[str]] = {}
+    for key in entries:
+        if key.startswith(prefix):
+            name, _, moment = key.removeprefix(prefix).rpartition(".")
+            state.setdefault(name, set()).add(moment)
+    moments = set().union(*state.values()) if state else set()
+    for name, want in shapes.items():
+        for moment in sorted(moments) if name in state else []:
+            key = f"{prefix}{name}.{moment}"
+            md = entries.get(key)
+            if md is None:
+                return f"{METADATA} lacks {key}, which the restore reads"
+            if isinstance(md, TensorStorageMetadata) and md.size.numel() > 1:
+                problem = shape_problem(key, want)
+                if problem:
+                    return problem
+    return None
 
 
 def read_full_model(

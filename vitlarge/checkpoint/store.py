@@ -153,36 +153,51 @@ def save(workdir: str | Path, state: RunState, cfg: Config, keep: int) -> Path:
 
 def prune(workdir: str | Path, keep: int, step: int) -> None:
     """Rank 0, after publishing the checkpoint of ``step``: removes the oldest checkpoints older than it, so that
-    ``keep`` remain counting it. A newer checkpoint is never removed."""
-    older = [p for p in list_checkpoints(workdir) if step_of(p) < step]
+    ``keep`` remain counting it. A newer checkpoint is never removed; a ``step_*`` link is no checkpoint, never
+    counted (the next resume moves it aside)."""
+    older = [p for p in list_checkpoints(workdir, links=False) if step_of(p) < step]
     for old in older[: max(0, len(older) - (keep - 1))]:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def rank_file_of(meta: dict, rank: int, world: int) -> str:
+    """The rank file rank ``rank`` of a run of ``world`` processes restores: its own at the checkpoint's world size;
+    rank 0's at another (its loader and RNG states do not map onto the new ranks: the loaders start afresh)."""
+    return f"rank_{rank:05d}.pt" if meta["world_size"] == world else "rank_00000.pt"
+
+
 def restore_problem(path: str | Path, optimizer=None) -> str | None:
-    """Why a checkpoint that passes `verify` would still fail its restore (`read`, `apply`), or None: every rank
-    file's contents (`rank_state_problem`) and, given this run's ``optimizer``, the saved optimizer settings against
+    """Why a checkpoint that passes `verify` would still fail its restore (`read`, `apply`), or None: the contents
+    (`rank_state_problem`) of every rank file the restore at this world size reads (`rank_file_of`: all of them at
+    the checkpoint's, rank 0's alone at another), DCP's index against what the restore asks for
+    (`sharded.index_gap`: keys and shapes, metadata only) and, given this run's ``optimizer``, the saved optimizer settings against
     the kinds it writes (`sharded.saved_groups_problem`). Rank 0 runs it inside the resume's choice
     (vitlarge/checkpoint/resume.py), before anything is loaded into any part, so that an automatic resume passes such a
     checkpoint over as it does a damaged one, every rank alike (the choice is broadcast)."""
     path = Path(path)
     meta = read_meta(path)
-    files = expected_files(meta)
+    world = rank_and_world()[1]
     try:
-        for name in sorted(n for n in files if n.startswith("rank_")):
+        for name in sorted({rank_file_of(meta, rank, world) for rank in range(world)}):
             problem = rank_state_problem(torch_load(path, name))
             if problem:
                 return f"{name} {problem}"
-        if optimizer is not None and meta["format_version"] >= 3 and meta.get("optimizer_state", True):
-            problem = sharded.saved_groups_problem(path, optimizer, files=meta["files"])
-            return problem and f"optimizer settings this run's optimizer does not write: {problem}"
+        if meta["format_version"] >= 3:
+            index = dcp_index.read_index(path, meta["files"])
+            problem = sharded.index_gap(index, meta)
+            if problem:
+                return problem
+            if optimizer is not None and meta.get("optimizer_state", True):
+                problem = sharded.saved_groups_problem(path, optimizer, files=meta["files"], index=index)
+                return problem and f"optimizer settings this run's optimizer does not write: {problem}"
     except Unusable as e:
         return e.problem
     except dcp_index.IndexProblem as e:
         return str(e)
     except CheckpointException as e:
         return reason_of(e)
-    except (RuntimeError, TypeError, ValueError, KeyError) as e:  # entries DCP's planner cannot place, as in `apply`
+    # entries DCP's planner cannot place, as in `apply`; ArithmeticError: a number no check foresaw, never a traceback
+    except (RuntimeError, TypeError, ValueError, KeyError, ArithmeticError) as e:
         return f"its optimizer settings cannot be read ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:120]})"
     return None
 
@@ -261,7 +276,7 @@ def read(path: str | Path, model, cfg: Config) -> ReadCheckpoint:
     # With another world size the per-rank loader and RNG states do not map onto the new ranks:
     # we keep weights, optimizer (re-sharded exactly) and step, and start the loaders afresh (documented; not bitwise).
     same_world = meta["world_size"] == world
-    rank_file = f"rank_{rank:05d}.pt" if same_world else "rank_00000.pt"
+    rank_file = rank_file_of(meta, rank, world)
     files = expected_files(meta)
     dcp_format = meta["format_version"] >= 3
     if dcp_format:  # which .distcp files this rank reads is DCP's plan: a stat of all of them is cheap

@@ -127,8 +127,10 @@ def weights_of(path: str | Path, meta: dict, like: dict[str, torch.Tensor] | Non
     CPU, no collective, after the check every resume runs (`vitlarge.checkpoint.trust.folder.verify`: every listed
     file's size and CRC32C, DCP's index and its byte ranges; ``Unusable`` if it fails). The one reader of a
     checkpoint's weights: ``vitlarge.evaluate`` and ``model.init_from`` come here.
-    ``like``: a plain model's state dict to fill (format 3); allocated from the checkpoint otherwise."""
-    path = Path(path)
+    ``like``: a plain model's state dict to fill (format 3); allocated from the checkpoint otherwise.
+    ``path`` is one the user named: a link (their own ``latest``) is resolved once, and the folder it names is
+    checked and read (`verify` refuses links, as an automatic resume's listing must)."""
+    path = Path(path).resolve()
     problem = verify(path)
     if problem:
         raise Unusable(path, problem)

@@ -8,10 +8,12 @@ prefix allow-list and ``getattr``.
 """
 
 import argparse
+import dataclasses
 import io
 import json
 import os
 import pickle
+import shutil
 import struct
 from pathlib import Path
 
@@ -28,7 +30,7 @@ from vitlarge.checkpoint import workdir as ckpt_workdir
 from vitlarge.checkpoint.state import RunState
 from vitlarge.checkpoint.trust import index as dcp_index
 from vitlarge.checkpoint.trust import layout
-from vitlarge.checkpoint.trust.torch_files import torch_load
+from vitlarge.checkpoint.trust.torch_files import rank_state_problem, torch_load
 from vitlarge.config.load import load_recipe
 from vitlarge.errors import UserError
 
@@ -257,6 +259,8 @@ def test_meta_json_is_read_bounded(ckpt, kind):
         ({"config": {"data": {"image_size": 16384}}}, "'data.image_size' must be positive and at most 1,024"),
         ({"config": {"train": {"phases": [{"epoch": 0, "eval_size": 16384}]}}}, "eval_size=16384 must be positive"),
         ({"config": {"train": {"phases": [{}] * 1025}}}, "train.phases holds 1,025 entries, more than 1,024"),
+        # an int past a float's range: math.isfinite raised OverflowError, a traceback on every requeue
+        ({"schedule": {"continues": {"step": 0, "base_lr": 10**400}}}, "schedule.continues.base_lr is 1000"),
     ],
 )
 def test_meta_json_values_are_checked_before_use(ckpt, changes, expect):
@@ -767,23 +771,63 @@ def _craft_rank_data(ckpt: Path, _cfg) -> str:
     return "rank_00000.pt holds a data state that is not a string"
 
 
-def _craft_eps(ckpt: Path, cfg) -> str:
+def _save_eps(ckpt: Path, cfg, eps) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_state, optim_state = get_state_dict(*trained(cfg)[:2])
     for group in optim_state["param_groups"]:
-        group["eps"] = "oops"
+        group["eps"] = eps
     for f in [*ckpt.glob("*.distcp"), ckpt / ".metadata"]:
         f.unlink()
     dcp.save(
         {"model": model_state, "optimizer": optim_state}, storage_writer=dcp.FileSystemWriter(str(ckpt)), no_dist=True
     )
+
+
+def _craft_eps(ckpt: Path, cfg) -> str:
+    _save_eps(ckpt, cfg, "oops")
     return "optimizer settings this run's optimizer does not write: param_groups[0].eps is 'oops', a str; it writes 1e-06, a float"
 
 
+def _craft_eps_past_floats(ckpt: Path, cfg) -> str:
+    """An int no float holds: ``math.isfinite`` raised OverflowError inside the choice, a traceback per requeue."""
+    _save_eps(ckpt, cfg, 10**400)
+    return (
+        "optimizer settings this run's optimizer does not write: "
+        f"param_groups[0].eps is '{'1' + '0' * 39}', a int; it writes 1e-06, a float"
+    )
+
+
+def _craft_eps_object(ckpt: Path, cfg) -> str:
+    """An object where a number belongs: torch's "Weights only load failed ... do those steps only if you trust the
+    source", with ANSI escapes, was the passed-over line's reason."""
+    _save_eps(ckpt, cfg, argparse.Namespace(x=1))
+    return "its data holds objects other than tensors and numbers (refused)"
+
+
+def _scaler_craft(**values):
+    def craft(ckpt: Path, _cfg) -> str:
+        state = torch_load(ckpt, "rank_00000.pt")
+        torch.save({**state, "scaler": {**state["scaler"], **values}}, ckpt / "rank_00000.pt")
+        key, value = next(iter(values.items()))
+        want = "from 1 to 2,147,483,648" if key == "growth_interval" else "a finite number > 0"
+        return f"rank_00000.pt holds a loss-scaler {key} of {str(value)[:40]}, not {want}"
+
+    return craft
+
+
+CANNOT_RESTORE = {
+    "data state": _craft_rank_data,
+    "eps": _craft_eps,
+    "eps past floats": _craft_eps_past_floats,
+    "eps an object": _craft_eps_object,
+    "scale nan": _scaler_craft(scale=float("nan")),  # resumed and skipped every step, exit 0
+}
+
+
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # dcp.save in this one process, as intended
-@pytest.mark.parametrize("craft", [_craft_rank_data, _craft_eps], ids=["data state", "eps"])
+@pytest.mark.parametrize("craft", list(CANNOT_RESTORE.values()), ids=list(CANNOT_RESTORE))
 def test_a_checkpoint_that_passes_its_files_but_cannot_be_restored_is_passed_over(tmp_path, ckpt, cfg, caplog, craft):
     """Each requeue stopped at the restore (exit 2) and never used the valid checkpoint before it; now the restorable
     state is checked in rank 0's choice, before anything is loaded, and the checkpoint passed over in one line."""
@@ -804,6 +848,28 @@ def test_a_checkpoint_that_passes_its_files_but_cannot_be_restored_is_passed_ove
         f"warning: checkpoint {crafted} fails its check ({why}); passed over"
     ]
     assert not crafted.exists() and len(list(workdir.glob("checkpoints/abandoned_*/step_0000002"))) == 1
+
+
+@pytest.mark.parametrize(
+    "values, expect",
+    [
+        ({"scale": 10**400}, f"scale of {'1' + '0' * 39}, not a finite number > 0"),  # a traceback at the restore
+        ({"scale": 0.0, "growth_factor": 0.0}, "scale of 0.0, not a finite number > 0"),  # trained, unscaled
+        ({"scale": -1.0}, "scale of -1.0, not a finite number > 0"),
+        ({"growth_factor": 0.0}, "growth_factor of 0.0, not a finite number > 0"),
+        ({"backoff_factor": float("inf")}, "backoff_factor of inf, not a finite number > 0"),
+        ({"growth_interval": 0}, "growth_interval of 0, not from 1 to 2,147,483,648"),
+        ({"growth_interval": 2**31 + 1}, "growth_interval of 2147483649, not from 1 to 2,147,483,648"),
+        ({"growth_interval": 2.0}, "growth_interval of 2.0, not from 1"),
+    ],
+)
+def test_a_loss_scaler_state_no_run_can_continue_fails_the_check(original, values, expect):
+    """The rank file's check (`rank_state_problem`, in rank 0's choice as in the restore) of each scaler value; the
+    whole path, passed over by an automatic resume, is the test above's "scale nan"."""
+    state = torch_load(original, "rank_00000.pt")
+    assert rank_state_problem(state) is None and state["scaler"]
+    problem = rank_state_problem({**state, "scaler": {**state["scaler"], **values}})
+    assert problem is not None and problem.startswith(f"holds a loss-scaler {expect}"), problem
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -854,3 +920,118 @@ def test_optimizer_settings_of_another_recipe_are_the_restores_error_never_passe
         checkpoints.resume(None, None)
     assert not [r for r in caplog.records if "passed over" in r.getMessage()]
     assert ckpt.is_dir() and not list(ckpt.parent.glob("abandoned_*"))
+
+
+def test_a_link_the_user_names_is_followed_once_to_the_folder_it_names(tmp_path, ckpt, cfg, caplog):
+    """A user's own ``latest -> .../checkpoints/step_0000001``: ``--resume``, ``vitlarge.evaluate --checkpoint`` and
+    ``model.init_from`` all refused it once the resume's step_* links were ("is a symbolic link, never followed"),
+    though it worked before. Links are refused only where the workdir is listed; a path the user names is resolved
+    once and the folder it names checked (sizes, CRC32C, index) and read."""
+    latest = tmp_path / "latest"
+    latest.symlink_to(ckpt, target_is_directory=True)
+    model, opt, scaler = make(cfg)
+    found = ckpt_checkpointer.Checkpointer(tmp_path / "mine", cfg).attach(model, opt, scaler).resume(latest, None)
+    assert found.loaded is not None and found.loaded.step == 1
+    assert found.path == tmp_path / "mine" / "checkpoints" / "step_0000001" and not found.path.is_symlink()
+    ckpt_weights.load_model_weights(latest, make(cfg)[0], cfg)  # vitlarge.evaluate --checkpoint
+    weights, _ = init_from.read_state_dict(latest)  # model.init_from
+    assert set(weights) == set(make(cfg)[0].state_dict())
+    _damage_weights_in_place(ckpt, cfg)  # what the link names is checked as a named folder is
+    with pytest.raises(UserError, match=r"fails its check \(__0_0.distcp has CRC32C "):
+        ckpt_weights.load_model_weights(latest, make(cfg)[0], cfg)
+
+
+def test_step_links_count_as_no_checkpoint(tmp_path, ckpt, cfg):
+    """A fresh fine-tuning workdir holding only a dangling (or file) ``step_*`` link counted as a resume: init_from was
+    skipped and the first run stopped with "holds no usable checkpoint" after passing the link over. Links now count
+    toward nothing: not a resume, not ``keep`` when pruning, never a folder a hint suggests."""
+    from vitlarge.run.job import is_resume
+
+    fresh = tmp_path / "finetune"
+    (fresh / "checkpoints").mkdir(parents=True)
+    (fresh / "checkpoints" / "step_0000005").symlink_to("nowhere")
+    (fresh / "checkpoints" / "step_0000006").symlink_to(ckpt / "meta.json")
+    assert not ckpt_checkpointer.Checkpointer(fresh, cfg).any()
+    assert not is_resume(dataclasses.replace(cfg, workdir=str(fresh)), None)
+    with pytest.raises(layout.Unusable) as e:
+        layout.read_meta(fresh)
+    assert (
+        str(e.value)
+        == f"{fresh} is not a complete vitlarge checkpoint (no meta.json); pass a checkpoints/step_* folder"
+    )
+    # prune: real step_1 and step_2, a link step_3; keeping 2 with step 4 written keeps step_2, not the link
+    workdir, outside = ckpt.parent.parent, tmp_path / "outside"
+    shutil.copytree(ckpt, ckpt.parent / "step_0000002")
+    shutil.copytree(ckpt, outside)
+    (ckpt.parent / "step_0000003").symlink_to(outside, target_is_directory=True)
+    store.prune(workdir, keep=2, step=4)
+    assert [p.name for p in layout.list_checkpoints(workdir)] == ["step_0000002", "step_0000003"]
+    assert (ckpt.parent / "step_0000002" / "meta.json").is_file() and (outside / "meta.json").is_file()
+
+
+def test_a_requeue_of_resume_names_the_checkpoint_of_its_line_it_passes_over(tmp_path, ckpt, cfg, caplog):
+    """``--resume X`` again (a requeue) continues X's line from its newest checkpoint that passes; a newer one that
+    fails was skipped without a word. Now it gets the automatic resume's one line, once."""
+    requested = tmp_path / "X"
+    edit_meta(ckpt, line=resume.lineage_of(requested))
+    crafted = _newer_copy(ckpt)
+    why = _craft_rank_data(crafted, cfg)
+    reseal(crafted)
+    chosen = resume.choose(ckpt.parent.parent, requested, make(cfg)[0], cfg, optimizer=make(cfg)[1])
+    assert chosen.path == ckpt
+    assert [r.getMessage() for r in caplog.records if "passed over" in r.getMessage()] == [
+        f"warning: checkpoint {crafted} fails its check ({why}); passed over"
+    ]
+
+
+def test_the_choice_checks_only_the_rank_files_the_restore_reads(ckpt, cfg):
+    """A 2-rank checkpoint resumed by 1 rank reads rank_00000.pt alone (another world size starts the loaders
+    afresh), yet a damaged rank_00001.pt passed it over; and rank 0 read all of them, 20 ms each (~20 s a candidate
+    at 1,024 ranks)."""
+    state = torch_load(ckpt, "rank_00000.pt")
+    torch.save({**state, "data": 7}, ckpt / "rank_00001.pt")
+    meta = json.loads((ckpt / "meta.json").read_text())
+    meta["files"]["rank_00001.pt"] = {}
+    (ckpt / "meta.json").write_text(json.dumps({**meta, "world_size": 2}))
+    reseal(ckpt)
+    assert store.verify(ckpt) is None
+    assert store.restore_problem(ckpt, make(cfg)[1]) is None  # this process: world size 1
+    torch.save({**state, "data": 7}, ckpt / "rank_00000.pt")
+    reseal(ckpt)
+    assert store.restore_problem(ckpt) == "rank_00000.pt holds a data state that is not a string"
+
+
+@pytest.mark.parametrize(
+    "edit, expect",
+    [
+        (
+            lambda p: _index_with(
+                p, lambda md: md.state_dict_metadata.pop("optimizer.state.patch_embed.proj.weight.exp_avg")
+            ),
+            ".metadata lacks optimizer.state.patch_embed.proj.weight.exp_avg, which the restore reads",
+        ),
+        (
+            lambda p: _index_with(p, lambda md: md.state_dict_metadata.pop("model.pos_embed")),
+            ".metadata lacks model.pos_embed, which the restore reads",
+        ),
+        (  # meta.json and the index disagree: damage, not another model (that is check_compatible's one line)
+            lambda p: edit_meta(
+                p, param_shapes={**json.loads((p / "meta.json").read_text())["param_shapes"], "pos_embed": [1, 17, 95]}
+            ),
+            ".metadata holds model.pos_embed of shape [1, 17, 96], meta.json's param_shapes say [1, 17, 95]",
+        ),
+    ],
+    ids=["an exp_avg", "a weight", "a shape"],
+)
+def test_an_index_lacking_what_the_restore_reads_is_passed_over(ckpt, cfg, edit, expect, caplog):
+    """A resealed index lacking one ``exp_avg`` passed every check and stopped every requeue with "cannot read
+    checkpoint ... Missing key ...; check that every node sees it whole (shared file system)". The index's keys and
+    shapes are now compared with what the restore asks for (metadata only, no tensor read)."""
+    crafted = _newer_copy(ckpt)
+    edit(crafted)
+    assert store.verify(crafted) is None
+    assert store.restore_problem(crafted, make(cfg)[1]) == expect
+    assert resume.choose(ckpt.parent.parent, None, make(cfg)[0], cfg).path == ckpt
+    assert [r.getMessage() for r in caplog.records if "passed over" in r.getMessage()] == [
+        f"warning: checkpoint {crafted} fails its check ({expect}); passed over"
+    ]

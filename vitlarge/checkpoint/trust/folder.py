@@ -17,7 +17,8 @@ from vitlarge.checkpoint.trust import meta as meta_json
 
 def verify(path: str | Path) -> str | None:
     """Why ``path`` is not a usable checkpoint, or None when it is a folder of its own (not a symbolic link: a
-    ``checkpoints/step_*`` link would take every read, and the resume's hard links, to wherever it points),
+    ``checkpoints/step_*`` link would take every read, and the resume's hard links, to wherever it points; a path
+    the user names, ``--resume``, ``--checkpoint``, ``model.init_from``, is resolved once by its caller first),
     meta.json parses and every file it lists has its recorded size and CRC32C, and (format 3) DCP's index reads as
     data and every byte range it names lies inside a listed file (`dcp_index.slices_problem`). Reads every byte
     (at 15 GB/s for the checksum itself)."""

@@ -27,18 +27,22 @@ def step_of(path: Path) -> int:
     return int(match.group(1))
 
 
-def step_dirs(root: Path) -> list[Path]:
-    """The ``step_*`` folders in ``root``, oldest first, and the ``step_*`` symbolic links (to anything), listed so
-    that a resume names them and moves them aside (`vitlarge.checkpoint.trust.folder.verify` refuses them), never
-    followed."""
+def step_dirs(root: Path, links: bool = True) -> list[Path]:
+    """The ``step_*`` folders in ``root``, oldest first, and (``links``) the ``step_*`` symbolic links (to anything),
+    listed so that a resume names them and moves them aside (`vitlarge.checkpoint.trust.folder.verify` refuses them),
+    never followed. Without ``links``: the folders alone, what counts as a checkpoint (a resume, ``keep``, a hint)."""
     if not root.is_dir():
         return []
-    return sorted((p for p in root.iterdir() if STEP_DIR.match(p.name) and (p.is_symlink() or p.is_dir())), key=step_of)
+    return sorted(
+        (p for p in root.iterdir() if STEP_DIR.match(p.name) and (links if p.is_symlink() else p.is_dir())),
+        key=step_of,
+    )
 
 
-def list_checkpoints(workdir: str | Path) -> list[Path]:
-    """Published checkpoint folders (``step_*``) of the workdir, oldest first, checked or not (see ``store.verify``)."""
-    return step_dirs(Path(workdir) / CHECKPOINTS_DIR)
+def list_checkpoints(workdir: str | Path, links: bool = True) -> list[Path]:
+    """Published checkpoint folders (``step_*``) of the workdir, oldest first, checked or not (see ``store.verify``);
+    ``links``: see `step_dirs`."""
+    return step_dirs(Path(workdir) / CHECKPOINTS_DIR, links)
 
 
 def exists(workdir: str | Path, step: int) -> bool:
@@ -51,7 +55,7 @@ def exists(workdir: str | Path, step: int) -> bool:
 def beside(path: Path) -> str:
     """``"; <folder> holds step_0000400, step_0000500"``: the checkpoints in the folder of a ``path`` that does not
     exist (a pruned one, a mistyped step), the newest five; "" where there are none."""
-    found = [p.name for p in step_dirs(path.parent)]
+    found = [p.name for p in step_dirs(path.parent, links=False)]
     if not found:
         return ""
     shown = ", ".join(found[-5:])
@@ -68,7 +72,7 @@ class Unusable(UserError):
                 f"checkpoint {path} does not exist{beside(path)}; check --resume, or omit it to resume from the workdir"
             )
         elif problem == "no meta.json":
-            found = step_dirs(path / CHECKPOINTS_DIR) or step_dirs(path)
+            found = step_dirs(path / CHECKPOINTS_DIR, links=False) or step_dirs(path, links=False)
             example = f", e.g. {found[-1]}" if found else ""
             message = (
                 f"{path} is not a complete vitlarge checkpoint (no meta.json); "

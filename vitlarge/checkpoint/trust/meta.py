@@ -55,6 +55,14 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def is_number(x: object) -> typing.TypeGuard[int | float]:
+    """A finite int or float, not a bool. An int beyond a float's range (``10**400``) is not one: every consumer
+    converts to float, and ``math.isfinite`` itself raises OverflowError on it."""
+    if isinstance(x, int) and not isinstance(x, bool):
+        return -(2**1023) <= x <= 2**1023
+    return isinstance(x, float) and math.isfinite(x)
+
+
 @dataclass(frozen=True)
 class MetaRead:
     """meta.json of a checkpoint folder (``meta``), or why there is no usable one (``problem``): exactly one is set."""
@@ -156,7 +164,7 @@ def schedule_problem(record, step: int) -> str | None:
     if not (isinstance(c, dict) and _is_int(c.get("step")) and 0 <= c["step"] <= step):
         return f"meta.json's schedule.continues is not {{'step': a step from 0 to {step}, 'base_lr': an lr}}"
     lr = c.get("base_lr")
-    if not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and math.isfinite(lr) and lr >= 0):
+    if not (is_number(lr) and lr >= 0):
         return f"meta.json's schedule.continues.base_lr is {str(lr)[:40]}, not a finite lr >= 0"
     return None
 

@@ -18,8 +18,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from vitlarge import fileio
+from vitlarge.checkpoint.files import NOT_DATA
 from vitlarge.checkpoint.trust.index import archive_problem
 from vitlarge.checkpoint.trust.layout import Unusable
+from vitlarge.checkpoint.trust.meta import is_number
 
 RANK_FILE_MAX_BYTES = 256 << 20
 """A rank file's cap: RNG and scaler states and the loader's position (a few KB to a few MB)."""
@@ -45,7 +47,7 @@ def torch_load(folder: Path, name: str):
     except pickle.UnpicklingError as e:
         # torch's message advises unpickling it anyway (weights_only=False): never passed on
         if "Unsupported global" in str(e):
-            raise Unusable(folder, f"{name} holds objects other than tensors and numbers (refused)") from None
+            raise Unusable(folder, f"{name} {NOT_DATA}") from None
         raise Unusable(folder, f"{name} is not a readable torch file (UnpicklingError)") from None
     except Exception as e:  # noqa: BLE001 - torch.load raises many types on a damaged file
         raise Unusable(folder, f"{name} is not a readable torch file ({type(e).__name__})") from None
@@ -70,12 +72,10 @@ def rank_state_problem(state) -> str | None:
         return "holds a data state that is not a string"
     if not isinstance(scaler, dict):
         return "holds a loss-scaler state that is not a map"
-    numbers = {"scale": float, "growth_factor": float, "backoff_factor": float, "growth_interval": int}
-    if scaler and not (
-        all(isinstance(scaler.get(k), (int, float)) and not isinstance(scaler.get(k), bool) for k in numbers)
-        and isinstance(scaler.get("_growth_tracker"), int)
-    ):  # {} is a disabled scaler's (bf16, fp32)
-        return "holds a malformed loss-scaler state"
+    if scaler:  # {} is a disabled scaler's (bf16, fp32)
+        problem = scaler_problem(scaler)
+        if problem:
+            return problem
     if not isinstance(rng, dict) or not isinstance(rng.get("torch"), torch.Tensor):
         return "holds no torch RNG state"
     if rng["torch"].dtype != torch.uint8 or rng["torch"].shape != torch.get_rng_state().shape:
@@ -105,6 +105,28 @@ def rank_state_problem(state) -> str | None:
         return "holds a malformed Python RNG state"
     if rng.get("python_gauss") is not None and not isinstance(rng["python_gauss"], float):
         return "holds a malformed Python RNG state"
+    return None
+
+
+SCALER_MAX_GROWTH_INTERVAL = 2**31
+"""The longest loss-scaler growth interval a rank file may state (torch keeps it as an int32 on the device)."""
+
+
+def scaler_problem(scaler: dict) -> str | None:
+    """Why ``scaler`` (an enabled ``GradScaler.state_dict()`` from a rank file) is not one a run can continue, or None:
+    its scale and growth and backoff factors finite and > 0, its growth interval from 1 to
+    `SCALER_MAX_GROWTH_INTERVAL`. A scale of nan resumed and skipped every step, exit 0; 10**400 a traceback."""
+    for key in ("scale", "growth_factor", "backoff_factor"):
+        value = scaler.get(key)
+        if not (is_number(value) and value > 0):
+            return f"holds a loss-scaler {key} of {str(value)[:40]}, not a finite number > 0"
+    interval = scaler.get("growth_interval")
+    if not (type(interval) is int and 1 <= interval <= SCALER_MAX_GROWTH_INTERVAL):
+        return (
+            f"holds a loss-scaler growth_interval of {str(interval)[:40]}, not from 1 to {SCALER_MAX_GROWTH_INTERVAL:,}"
+        )
+    if type(scaler.get("_growth_tracker")) is not int:
+        return "holds a malformed loss-scaler state"
     return None
 
 
