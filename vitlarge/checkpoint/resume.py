@@ -204,7 +204,7 @@ def _set_aside_newer(workdir: Path, chosen: Path | None, step: int) -> None:
         ) from None
     log.warning(
         f"moved {len(later)} checkpoint(s) newer than step {step} ({', '.join(p.name for p in later)}) "
-        f"aside to {dest}; this run continues from {chosen or 'scratch'}"
+        f"aside to {dest}; this run continues from {chosen or 'no checkpoint of this workdir (model.init_from or scratch)'}"
     )
 
 
