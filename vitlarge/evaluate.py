@@ -21,7 +21,7 @@ from typing import NoReturn, TypeGuard
 from vitlarge.checkpoint.trust import layout
 from vitlarge.config.load import load_config
 from vitlarge.config.phase_list import entries, final_eval_size, patch_size
-from vitlarge.config.schema import IMAGE_SIZE, MAX_EVAL_SCALE, DataConfig, rule_of
+from vitlarge.config.schema import IMAGE_SIZE, MAX_EVAL_TOKENS, DataConfig, rule_of
 from vitlarge.data.manifest import load_manifest
 from vitlarge.distributed import threads
 from vitlarge.distributed.process import main_then_leave
@@ -91,7 +91,8 @@ def exported_settings(folder: Path) -> dict:
     ``data.std``, ``data.val_crop_pct`` and the size it was evaluated at (``eval_size``: ``input_size``). The
     file is data: read up to `EXPORT_CONFIG_LIMIT`; a value of another type is left out (the weights' own check
     then says what does not fit), a number outside the schema's rule for its key (an image side past
-    `MAX_IMAGE_SIZE`, a std of 0) is one `UserError` naming the file and key, before anything is built from it;
+    `MAX_IMAGE_SIZE`, a std of 0) or a mean or std that is not three numbers is one `UserError` naming the file
+    and key, before anything is built from it;
     {} without a readable file."""
     from vitlarge.checkpoint.weights import EXPORT_CONFIG_LIMIT  # lazy: keeps torch off vitlarge-evaluate --help
 
@@ -124,7 +125,11 @@ def exported_settings(folder: Path) -> dict:
             if not 0 < value <= 1:
                 raise _refused(path, f"pretrained_cfg.{name}", value, "in (0, 1]")
             out[key] = float(value)
-        elif key != "data.val_crop_pct" and isinstance(value, list) and len(value) == 3 and all(map(_number, value)):
+        elif key != "data.val_crop_pct" and name in pre:
+            # Present, a mean or std is used or refused: left out, the recipe's would normalise the export's
+            # images without a word.
+            if not isinstance(value, list) or len(value) != 3 or not all(map(_number, value)):
+                raise _refused(path, f"pretrained_cfg.{name}", value, rule.words if rule else "three numbers")
             if rule is not None and not rule.test(*value):
                 raise _refused(path, f"pretrained_cfg.{name}", value, rule.words)
             out[key] = tuple(float(x) for x in value)
@@ -155,12 +160,13 @@ def as_exported(cfg, folder: Path) -> tuple[list[str], int | None]:
             [3, size, size],
             f"sides a multiple of the patch size {patch_size(cfg)}",
         )
-    if size is not None and size > MAX_EVAL_SCALE * cfg.data.image_size:
+    if size is not None and (size // patch_size(cfg)) ** 2 > MAX_EVAL_TOKENS:
         raise _refused(
             folder / "config.json",
             "pretrained_cfg.input_size",
             [3, size, size],
-            f"at most {MAX_EVAL_SCALE}x the model's side ({cfg.data.image_size} px)",
+            f"at most {MAX_EVAL_TOKENS:,} patches of {patch_size(cfg)} px (a side of at most "
+            f"{math.isqrt(MAX_EVAL_TOKENS) * patch_size(cfg)} px)",
         )
     if size is not None and size != cfg.data.image_size:
         cfg.model.kwargs = {**cfg.model.kwargs, "dynamic_img_size": True}
@@ -223,7 +229,10 @@ def main(argv: list[str] | None = None) -> int:
     def work(env) -> int:
         cfg = load_config(args.config, args.overrides, override_files=args.override_files, data__path=args.data)
         given = Path(args.checkpoint)
-        meta = layout.read_meta(given) if (given / "meta.json").is_file() else None
+        try:
+            meta = layout.read_meta(given) if (given / "meta.json").is_file() else None
+        except layout.Unusable as e:
+            raise ckpt_weights.evaluate_another(given, e.problem) from None
         changed, exported_at = (as_trained(cfg, meta.get("config", {})) if meta else []), None
         if meta is None and (given / "config.json").is_file():  # an export: its config.json says how it was trained
             changed, exported_at = as_exported(cfg, given)

@@ -40,7 +40,6 @@ def test_evaluate_refuses_a_crafted_checkpoint_in_one_line(tmp_path, ckpt):
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert lines == [
         f"error: checkpoint {ckpt} fails its check (.metadata refers to builtins.getattr, which a DCP "
-        "index never holds); --resume an older checkpoints/step_* folder, or omit --resume to take the "
-        "newest one that passes"
+        "index never holds); pass another checkpoints/step_* folder or an exported model folder as --checkpoint"
     ] or (len(lines) == 1 and "never holds" in lines[0]), r.stderr
     assert not marker.exists()

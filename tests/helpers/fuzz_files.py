@@ -777,8 +777,8 @@ def main(scratch: str, demo_data: str, seed: int, cases: int, only: list[str] | 
     from vitlarge.checkpoint.export import export
     from vitlarge.checkpoint.trust import layout
     from vitlarge.config.checks import check_read_back
-    from vitlarge.config.phase_list import final_eval_size
-    from vitlarge.config.schema import IMAGE_SIZE
+    from vitlarge.config.phase_list import final_eval_size, patch_size
+    from vitlarge.config.schema import IMAGE_SIZE, MAX_EVAL_TOKENS
     from vitlarge.evaluate import as_exported, as_trained
     from vitlarge.model.vit import build_model
     from vitlarge.plan.plan import evaluation_plan
@@ -792,7 +792,7 @@ def main(scratch: str, demo_data: str, seed: int, cases: int, only: list[str] | 
             check_read_back(c, "the config as read")
         except UserError as e:
             raise AssertionError(f"believed a value outside the schema's rules ({e})") from None
-        if size is not None and not IMAGE_SIZE.test(size):
+        if size is not None and (not IMAGE_SIZE.test(size) or (size // patch_size(c)) ** 2 > MAX_EVAL_TOKENS):
             raise AssertionError(f"believed an evaluation size of {size}")
 
     def export_config(case):

@@ -76,8 +76,8 @@ def test_an_export_is_evaluated_at_the_size_and_preprocessing_its_config_json_re
     "doc",
     [
         [],
-        {"model_args": {"img_size": "big"}, "pretrained_cfg": {"mean": [1, 2], "crop_pct": "7", "input_size": [3, 9]}},
-        {"model_args": {"img_size": [48, 32]}, "pretrained_cfg": {"std": ["a", 1, 2], "input_size": [3, 2, 4]}},
+        {"model_args": {"img_size": "big"}, "pretrained_cfg": {"crop_pct": "7", "input_size": [3, 9]}},
+        {"model_args": {"img_size": [48, 32]}, "pretrained_cfg": {"input_size": [3, 2, 4]}},
         {"model_args": {"img_size": True}, "pretrained_cfg": {"crop_pct": float("nan")}},
     ],
 )  # fmt: skip
@@ -149,9 +149,14 @@ def _export_with(tmp_path, **edits):
         ("pretrained_cfg__std", [0, 0, 0]),  # "top-1 9.72%, loss nan", exit 0
         ("pretrained_cfg__std", [1e-30, 1e-30, 1e-30]),
         ("pretrained_cfg__mean", [300, 0, 0]),
+        ("pretrained_cfg__std", [0.5, 0.5]),  # left out before: the recipe's std, exit 0
+        ("pretrained_cfg__mean", [1, 2]),
+        ("pretrained_cfg__std", ["a", 1, 2]),
+        ("pretrained_cfg__mean", None),
         ("pretrained_cfg__crop_pct", 7),
         ("pretrained_cfg__input_size", [3, 18, 18]),  # not whole patches of 4: timm's AssertionError
-        ("pretrained_cfg__input_size", [3, 256, 256]),  # 16x the 16 px grid: 1.6 GB blocks for 64 images
+        ("pretrained_cfg__input_size", [3, 1024, 1024]),  # 65,536 patches of 4 px: past MAX_EVAL_TOKENS
+        ("pretrained_cfg__input_size", [3, 260, 260]),  # 65x65 = 4,225 patches: the first side past it
     ],
 )
 def test_an_export_config_json_value_outside_the_schemas_rules_is_one_line_naming_it(tmp_path, key, value):
@@ -175,3 +180,34 @@ def test_an_export_evaluated_at_another_size_than_its_grid_runs_as_its_run_evalu
     synthetic = ["data.source=synthetic", "data.synthetic_val_examples=16"]  # 16 images: the size is what matters
     r = call_main("vitlarge.evaluate", "--config", str(DEMO), "--checkpoint", str(path), *synthetic)
     assert r.returncode == 0 and "16 validation images at 32 px" in r.stdout, r.stderr
+
+
+@pytest.mark.parametrize(
+    "grid, phases, size",
+    [
+        (16, [{"epoch": 0, "image_size": 8}, {"epoch": 2, "image_size": 16, "eval_size": 20}], 20),  # FixRes
+        (8, [{"epoch": 0, "image_size": 8}, {"epoch": 2, "image_size": 16, "eval_size": 24}], 24),  # 3x its grid
+    ],
+    ids=["a FixRes last phase", "a last phase past the model's grid"],
+)
+def test_a_phased_runs_own_export_is_evaluated_with_its_own_recipe(tmp_path, grid, phases, size):
+    """A phased run's export records its last phase's eval_size, which differs from data.image_size: evaluated
+    with the recipe that trained it, whose phases already ask for timm's ``dynamic_img_size`` as the export's
+    evaluation does (the two met as one keyword given twice: TypeError), at whatever ratio to the model's grid."""
+    from tests.helpers import call_main
+    from vitlarge.checkpoint.export import export
+    from vitlarge.model.vit import build_model
+
+    recipe = tmp_path / "phased.py"
+    recipe.write_text(
+        "from vitlarge.recipes.demo_digits import config as base\n\n\n"
+        "def config():\n"
+        "    c = base()\n"
+        f"    c.data.image_size = {grid}\n"
+        f"    c.train.phases = {phases!r}\n"
+        "    return c\n"
+    )
+    path = export(tmp_path / "run", build_model(load_config(recipe)), load_config(recipe))
+    synthetic = ["data.source=synthetic", "data.synthetic_val_examples=16"]
+    r = call_main("vitlarge.evaluate", "--config", str(recipe), "--checkpoint", str(path), *synthetic)
+    assert r.returncode == 0 and f"16 validation images at {size} px" in r.stdout, r.stderr

@@ -146,6 +146,16 @@ def weights_of(path: str | Path, meta: dict, like: dict[str, torch.Tensor] | Non
         raise Unusable(path, reason_of(e)) from None
 
 
+def evaluate_another(path: str | Path, problem: str) -> UserError:
+    """The line for a checkpoint that fails its check where ``vitlarge.evaluate --checkpoint`` named it: that
+    command's fix (`Unusable`'s is the resume's ``--resume``); every rank reads the same files."""
+    return UserError(
+        f"checkpoint {path} fails its check ({problem}); pass another checkpoints/step_* folder or an exported "
+        "model folder as --checkpoint",
+        same_on_all_ranks=True,
+    )
+
+
 def load_model_weights(path: str | Path, model: torch.nn.Module, cfg: Config) -> None:
     """Weights only, from a checkpoint folder, an export folder (`vitlarge.checkpoint.export`) or a ``model.safetensors``."""
     given = path = Path(path)
@@ -161,16 +171,13 @@ def load_model_weights(path: str | Path, model: torch.nn.Module, cfg: Config) ->
         like = {k: torch.empty_like(v, device="cpu") for k, v in target.state_dict().items()}
         try:
             weights = weights_of(path, meta, like)
-        except Unusable as e:  # evaluate's fix, not the resume's; every rank reads the same files
-            raise UserError(
-                f"checkpoint {path} fails its check ({e.problem}); pass another checkpoints/step_* folder or an "
-                "exported model folder",
-                same_on_all_ranks=True,
-            ) from None
+        except Unusable as e:
+            raise evaluate_another(path, e.problem) from None
         try:
             target.load_state_dict(weights)
         except (RuntimeError, TypeError) as e:  # a checkpoint whose index passed but whose entries do not fit
-            raise Unusable(path, f"its weights do not fit the model ({str(e).splitlines()[0][:120]})") from None
+            problem = f"its weights do not fit the model ({str(e).splitlines()[0][:120]})"
+            raise evaluate_another(path, problem) from None
         return
     if not path.is_file():
         raise UserError(

@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from vitlarge.config.schema import CROP_SCALE, IMAGE_SIZE, MAX_EVAL_SCALE, MAX_PHASES, PHASE_KEYS, Config, PhaseEntry
+from vitlarge.config.schema import CROP_SCALE, IMAGE_SIZE, MAX_PHASES, PHASE_KEYS, Config, PhaseEntry
 from vitlarge.errors import UserError
 
 
@@ -97,11 +97,6 @@ def resolve_phases(cfg: Config, origin: str = "config") -> list[PhaseEntry]:
                 raise UserError(
                     f"{origin}: {key}.{name}={v} is not a multiple of the patch size {patch}; {_fix_size(v, patch)}"
                 )
-        if cur["eval_size"] is not None and cur["eval_size"] > MAX_EVAL_SCALE * cur["image_size"]:
-            raise UserError(
-                f"{origin}: {key}.eval_size={cur['eval_size']} is more than {MAX_EVAL_SCALE}x its image_size="
-                f"{cur['image_size']}; evaluate at most at {MAX_EVAL_SCALE * cur['image_size']}"
-            )
         if cur["global_batch"] % cur["micro_batch"]:
             raise UserError(
                 f"{origin}: {key}: global_batch={cur['global_batch']} is not a multiple of "

@@ -71,11 +71,13 @@ export's config.json) may state: above every ImageNet ViT (timm's largest take 4
 1.5x its training size), while one evaluation batch at 4,096 px took more than 7 GiB. Checked before any model or
 pipeline is built at the size."""
 IMAGE_SIZE = Rule(lambda v: 1 <= v <= MAX_IMAGE_SIZE, f"positive and at most {MAX_IMAGE_SIZE:,}")
-MAX_EVAL_SCALE = 2
-"""An evaluation's side is at most this many times the side its model trains at (a phase's ``image_size``, an
-export's ``img_size``; FixRes evaluates at 1.15-1.75x): tokens grow with its square and attention with theirs, so
-the 16 px demo model's export evaluated at 256 px asked for 1.6 GB blocks for 64 images."""
-"""``data.image_size``'s rule, and a phase's ``image_size`` and ``eval_size`` (`vitlarge.config.phase_list`)."""
+"""``data.image_size``'s rule, and a phase's ``image_size`` and ``eval_size`` (`vitlarge.config.phase_list`): a
+phase may evaluate at any size within it (progressive training at 96 px evaluates at 224 px)."""
+MAX_EVAL_TOKENS = 4096
+"""The most patches an export's evaluation may ask of its model (``(input_size / patch)**2`` of its config.json,
+`vitlarge.evaluate.as_exported`): what ViT-B/16 at `MAX_IMAGE_SIZE` (64x64) and VOLO's patch 8 at 512 px take, above
+every shipped recipe's, while the 16 px demo model's export (patch 4) stating 1,024 px asked 65,536 (attention
+grows with their square). Checked before the model is built."""
 MAX_PHASES = 1024
 """The most entries ``train.phases`` may hold (a recipe's, or a meta.json's, counted before any entry is read):
 `vitlarge.config.phase_list.progressive` makes one per image size, at most `MAX_IMAGE_SIZE`; a million took each

@@ -19,7 +19,7 @@ def model_kwargs(cfg: Config) -> dict:
     m = cfg.model
     # timm 1.x: drop_rate is only the head dropout; the original example's single dropout=0.1 maps
     # to the embedding, attention and projection dropouts, which recipes set explicitly.
-    return dict(
+    kwargs = dict(
         num_classes=cfg.data.num_classes,
         img_size=cfg.data.image_size,
         drop_rate=m.head_drop_rate,
@@ -32,8 +32,11 @@ def model_kwargs(cfg: Config) -> dict:
         # each input's grid (vitlarge/plan/phases.py), by a cached matrix with a deterministic backward
         # (_deterministic_pos_embed_class). At the embedding's own grid the forward is the fixed-size one.
         **(dict(dynamic_img_size=True) if cfg.train.phases or rect_val_anywhere(cfg) else {}),
-        **m.kwargs,
     )
+    # The recipe's own kwargs win and may repeat a key set above: evaluating a phased run's export adds
+    # dynamic_img_size (vitlarge.evaluate.as_exported) to a recipe whose phases already set it.
+    kwargs.update(m.kwargs)
+    return kwargs
 
 
 def build_model(cfg: Config, device: torch.device | str = "cpu", precision: str | None = None) -> torch.nn.Module:

@@ -271,6 +271,31 @@ def test_meta_json_values_are_checked_before_use(ckpt, changes, expect):
     ), problem
 
 
+def test_a_meta_json_recording_a_phase_evaluated_past_twice_its_size_passes_its_check(ckpt):
+    """A run evaluating its 8 px phase at 20 px (progressive training validates at the final size): its
+    checkpoints pass their check, where a ratio bound on eval_size failed them all and the automatic resume moved
+    every one aside and started over, exit 0."""
+    meta = json.loads((ckpt / "meta.json").read_text())
+    meta["config"]["train"]["phases"] = [{"epoch": 0, "image_size": 8, "eval_size": 20}, {"epoch": 2, "image_size": 16}]
+    (ckpt / "meta.json").write_text(json.dumps(meta))
+    assert store.verify(ckpt) is None
+
+
+def test_evaluate_says_its_own_fix_for_a_recorded_config_that_fails_its_check(ckpt):
+    """vitlarge.evaluate's line for it named train.py's options (--resume an older folder, or omit --resume)."""
+    from tests.helpers import call_main
+
+    meta = json.loads((ckpt / "meta.json").read_text())
+    meta["config"]["train"]["micro_batch"] = 0
+    (ckpt / "meta.json").write_text(json.dumps(meta))
+    recipe = str(ROOT / "recipes" / "demo_digits.py")
+    r = call_main("vitlarge.evaluate", "--config", recipe, "--checkpoint", str(ckpt), "data.source=synthetic")
+    assert r.returncode == 2 and r.stderr.splitlines() == [
+        f"error: checkpoint {ckpt} fails its check (meta.json's config: 'train.micro_batch' must be positive, got 0); "
+        "pass another checkpoints/step_* folder or an exported model folder as --checkpoint"
+    ], r.stderr
+
+
 def test_deep_nesting_is_one_line(ckpt):
     (ckpt / "meta.json").write_text("[" * 200_000 + "]" * 200_000)
     assert store.verify(ckpt) == "meta.json is nested too deeply to be a checkpoint's"
@@ -758,7 +783,7 @@ def test_a_checkpoint_damaged_in_place_is_refused_by_every_reader_of_its_weights
         ckpt_weights.load_model_weights(ckpt, make(cfg)[0], cfg)
     assert str(e.value) == (
         f"checkpoint {ckpt} fails its check ({problem}); pass another checkpoints/step_* folder or an exported "
-        "model folder"
+        "model folder as --checkpoint"
     )
     with pytest.raises(UserError) as e:  # model.init_from
         init_from.read_state_dict(ckpt)
