@@ -85,6 +85,15 @@ def _refused(path: Path, key: str, value, rule: str) -> UserError:
     )
 
 
+def _beyond_exports(path: Path, value, rule: str) -> UserError:
+    """An evaluation size a run may state (its recipe allows it) but an export is not evaluated at: not damage. The
+    run's checkpoint folder is evaluated at its recorded sizes, bounded by `MAX_IMAGE_SIZE` alone."""
+    return UserError(
+        f"{path}: pretrained_cfg.input_size is {str(value)[:80]}; vitlarge.evaluate takes an export's evaluation "
+        f"size only with {rule}: evaluate the run's checkpoint folder (checkpoints/step_*) instead"
+    )
+
+
 def exported_settings(folder: Path) -> dict:
     """``{config key: value}`` of what an export folder's config.json (timm's, `vitlarge.checkpoint.export`) records
     of the run that wrote it: ``data.image_size`` (the model's grid: ``model_args.img_size``), ``data.mean``,
@@ -154,16 +163,12 @@ def as_exported(cfg, folder: Path) -> tuple[list[str], int | None]:
             setattr(getattr(cfg, section), name, value)
     size = found.get("eval_size")
     if size is not None and size % patch_size(cfg):
-        raise _refused(
-            folder / "config.json",
-            "pretrained_cfg.input_size",
-            [3, size, size],
-            f"sides a multiple of the patch size {patch_size(cfg)}",
+        raise _beyond_exports(
+            folder / "config.json", [3, size, size], f"sides a multiple of the patch size {patch_size(cfg)}"
         )
     if size is not None and (size // patch_size(cfg)) ** 2 > MAX_EVAL_TOKENS:
-        raise _refused(
+        raise _beyond_exports(
             folder / "config.json",
-            "pretrained_cfg.input_size",
             [3, size, size],
             f"at most {MAX_EVAL_TOKENS:,} patches of {patch_size(cfg)} px (a side of at most "
             f"{math.isqrt(MAX_EVAL_TOKENS) * patch_size(cfg)} px)",

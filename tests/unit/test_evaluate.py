@@ -171,6 +171,21 @@ def test_an_export_config_json_value_outside_the_schemas_rules_is_one_line_namin
     assert cfg.model.kwargs.get("dynamic_img_size") is None
 
 
+@pytest.mark.parametrize("side", [18, 260])  # not whole patches of 4; 65x65 = 4,225 patches, past MAX_EVAL_TOKENS
+def test_an_export_size_a_recipe_may_state_is_refused_without_calling_the_file_damaged(tmp_path, side):
+    """data.image_size=18 or 260 plans and trains on the demo recipe, and its export states it: the refusal names
+    the checkpoint folder as the way to evaluate that run, and does not say the run's own file was edited."""
+    from vitlarge.evaluate import as_exported
+
+    path = _export_with(tmp_path, pretrained_cfg__input_size=[3, side, side])
+    with pytest.raises(UserError) as e:
+        as_exported(load_config(DEMO), path)
+    message = str(e.value)
+    assert "edited or damaged" not in message and message.endswith(
+        "evaluate the run's checkpoint folder (checkpoints/step_*) instead"
+    )
+
+
 def test_an_export_evaluated_at_another_size_than_its_grid_runs_as_its_run_evaluated(tmp_path):
     """A run with phases evaluates at its last phase's eval_size (a FixRes-style 32 px after training at 16): its
     export's config.json says so, and evaluate used to meet timm's raw AssertionError on the model's fixed grid."""
