@@ -147,7 +147,7 @@ def pod_rendezvous(env: Mapping[str, str]) -> PodRendezvous:
                 f"environment variable PET_NNODES={env['PET_NNODES'][:40]!r} is a range of nodes (an elastic "
                 "PyTorchJob): elastic PyTorchJobs are not supported; set replicas and no elasticPolicy"
             )
-        keys = ("PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
+        keys = PET_RENDEZVOUS  # (pods, this pod, master address, master port), as the other branch's
         nproc = _nproc_per_node(env.get("PET_NPROC_PER_NODE") or "1")
     elif all(k in env for k in POD_RENDEZVOUS):
         keys, nproc = ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"), "1"
