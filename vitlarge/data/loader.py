@@ -217,7 +217,10 @@ class TrainLoader:
             # The workers die with the thread that starts them (PR_SET_PDEATHSIG follows the parent thread).
             raise RuntimeError("a TrainLoader with read_workers > 0 must be built in the main thread")
         if spec.repeats > 1:
-            self._records = RepeatedRecords(files, rank=rank, world_size=world_size, repeats=spec.repeats, seed=seed)
+            features = self.manifest.features
+            self._records = RepeatedRecords(
+                files, rank=rank, world_size=world_size, repeats=spec.repeats, seed=seed, features=features
+            )
             self.num_examples_this_rank = self._records.per_rank
         self._batches = _Batches(self.manifest, "train", device, spec.label_offset)
         dev = pipelines.dali_device(device)
@@ -236,6 +239,7 @@ class TrainLoader:
             decoder=dev.decoder,
             records=self._records,
             read_workers=self._read_workers,
+            features=self.manifest.features,
             batch_size=spec.batch_size,
             num_threads=spec.num_threads,
             device_id=dev.device_id,
@@ -354,6 +358,7 @@ class ValLoader:
                 batch_size=batch_size,
                 image_size=spec.image_size,
                 patch=spec.patch_size,
+                features=self.manifest.features,
             )
             self.num_examples_this_rank = rect.num_examples_this_rank  # 0 where the chunks run out before this rank
         else:
@@ -371,6 +376,7 @@ class ValLoader:
             num_shards=world_size,
             decoder=dev.decoder,
             batches=rect,
+            features=self.manifest.features,
             batch_size=batch_size,
             num_threads=spec.num_threads,
             device_id=dev.device_id,
