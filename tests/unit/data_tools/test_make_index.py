@@ -4,66 +4,22 @@ write: nothing is written there, the loaders read the shards where they are) and
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
 import shutil
-import stat
 
 import pytest
 import torch
 from PIL import Image
 
 from data_tools import make_index, tfds_layout
-from tests.helpers import call_main, mounts
+from tests.helpers import call_main
 from tests.helpers.loaders import open_val
+from tests.helpers.mounts import read_only, snapshot
 from vitlarge.data.manifest import load_manifest, shard_files, split_sizes, validate_data_dir
 from vitlarge.data.repeats import IndexedRecords
 from vitlarge.errors import UserError
-
-
-def snapshot(root) -> dict:
-    """Every entry under ``root``: its kind, size and modification time (what a write would change)."""
-    out = {}
-    for dirpath, dirs, files in os.walk(root):
-        for name in dirs + files:
-            st = os.lstat(os.path.join(dirpath, name))
-            out[os.path.relpath(os.path.join(dirpath, name), root)] = (
-                stat.S_IFMT(st.st_mode),
-                st.st_size,
-                st.st_mtime_ns,
-            )
-    return out
-
-
-@contextlib.contextmanager
-def read_only(folder):
-    """``folder`` made read-only for the block: ``chmod -R a-w``, and where that does not stop this process (root),
-    a read-only bind mount of it; skips where neither can be had."""
-    modes = {
-        p: os.stat(p).st_mode
-        for p in [str(folder)] + [os.path.join(d, n) for d, ds, fs in os.walk(folder) for n in ds + fs]
-    }
-    for p, mode in modes.items():
-        os.chmod(p, mode & ~0o222)
-    mounted = False
-    try:
-        if os.access(folder, os.W_OK):
-            try:
-                mounts.bind_read_only(folder)
-            except OSError as e:
-                pytest.skip(f"cannot make {folder} read-only here ({e})")
-            mounted = True
-        yield
-    finally:
-        if mounted:
-            try:
-                mounts.unmount(folder)
-            except OSError:  # a file still open (a failed assertion's loader): detached, gone when it closes
-                mounts.unmount(folder, lazy=True)
-        for p, mode in modes.items():
-            os.chmod(p, mode)
 
 
 @pytest.fixture
@@ -333,3 +289,31 @@ def test_a_set_written_by_tensorflow_datasets_is_indexed(tmp_path):
         2,
         2,
     ]
+
+
+def test_the_dry_run_plans_from_a_tfds_index_folders_counts(capsys, tmp_path):
+    """``--dry-run --data <index folder>``: the plan's counts are the TFDS folder's (dataset_info.json's, checked),
+    rectangular validation included (its sizes recorded from the headers)."""
+    from tests.helpers import ROOT
+    from vitlarge.distributed.launcher import DistEnv
+    from vitlarge.distributed.threads import NO_THREADS
+    from vitlarge.run import cli
+
+    src = small_tfds(tmp_path / "tinynet" / "1.0.0")
+    index = str(tmp_path / "index")
+    make_index.make_index(src, out=index, workers=1)
+    capsys.readouterr()
+    one = DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=29500, source="none")
+    argv = ["--dry-run", "--config", str(ROOT / "recipes" / "demo_digits.py"), "--data", index]
+    assert (
+        cli.plan_or_train(
+            cli.parse_args(
+                [*argv, "data.num_classes=3", "data.rect_val=true", "train.global_batch=4", "train.micro_batch=2"]
+            ),
+            one,
+            NO_THREADS,
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert out.startswith(f"data: {index}/dataset.json: 6 training images, 3 classes (the plan's counts)\n"), out
