@@ -30,6 +30,7 @@ FORMATS = (
     "loader state",
     "dataset.json",
     "TFRecord headers",
+    "TFDS folder",
 )
 TRACKERS = ("mlflow.db", "tracker names")
 OVERRIDES_AND_DATA = ("YAML overrides", ".py overrides", "loader state DALI fields", "TFRecord payloads")
