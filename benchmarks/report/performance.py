@@ -555,6 +555,50 @@ def launch_section(d: dict | None):
     ]
 
 
+def tfds_section(d: dict | None) -> tuple[list[str], list[tuple]]:
+    """TFDS read in place against the converter's TFRecords of the same images (benchmarks/bench_tfds.py, run on its
+    own); nothing when it has no result."""
+    if not d:
+        return [], []
+    im, cpu, ratio, ratio_cpu = (
+        d["images_per_s_median"],
+        d["images_per_cpu_s_median"],
+        d["tfds_vs_tfrecord"],
+        d["tfds_vs_tfrecord_per_cpu_s"],
+    )
+    sizes = d["image_size"]
+    lines = [
+        "## 14. TFDS read in place\n",
+        "`benchmarks/bench_tfds.py` (not part of `benchmarks.run`): `vitlarge.data.TrainLoader` as train.py builds it "
+        f"(random-resized crop, flip, normalize; batch {d['batch_size']}, {d['threads']} DALI threads) from the "
+        "converter's TFRecords and from the same images in TFDS's layout (`data_tools.tfds_layout.tfds_from_tfrecords`: "
+        "the same JPEG bytes, shards and order; TFDS's names, features and dataset_info.json) read in place through "
+        f"`make_index --out`; {d['repeats']} interleaved rounds of {d['timed_batches']} batches (medians). Machine: "
+        f"{d['machine']['cpu']}, {d['machine']['os_cpus']} CPUs, shared with other work (load average at the end "
+        f"{d['machine']['load_average'][0]}): read the per-CPU-second column.\n",
+        "| set | image size | TFRecords images/s | TFDS images/s | TFDS / TFRecords | per CPU-s: TFRecords | TFDS | TFDS / TFRecords |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {n} | {sizes[n]} | {im[n + '_tfrecord']} | {im[n + '_tfds']} | **{ratio[n]:.2f}x** | "
+        f"{cpu[n + '_tfrecord']} | {cpu[n + '_tfds']} | **{ratio_cpu[n]:.2f}x** |"
+        for n in ratio
+    ]
+    mi = d.get("make_index_imagenet_shaped")
+    if mi:
+        lines += [
+            "",
+            f"`make_index` of the ImageNet-shaped TFDS folder ({mi['records']:,} records, {mi['mb']} MB; every byte "
+            f"read once, each JPEG header through PIL): {mi['seconds']} s, {mi['records_per_s']} records/s, "
+            f"{mi['mb_per_s']} MB/s; at that rate ImageNet's 1,331,167 images take ~{mi['imagenet_minutes_at_this_rate']} "
+            "minutes (more where the disk, not the CPU, is the limit).",
+        ]
+    lines.append("")
+    worst = min(min(ratio[n], ratio_cpu[n]) for n in ratio)
+    best = min(max(ratio[n], ratio_cpu[n]) for n in ratio)
+    return lines, [("TFDS in place vs its TFRecords, images/s", ">= 0.95x", f"{worst:.2f}-{best:.2f}x", d["met"])]
+
+
 COMPILE_NOTES = [
     "What `train.compile=on` does and guarantees (`vitlarge/train/assemble.py`, tests/unit/train/test_compile.py): the model's forward is "
     "compiled in place (`nn.Module.compile`, before the Booster), so parameter names, checkpoints, the export and "
@@ -997,6 +1041,10 @@ def generate(results: Path | None = None, out: Path | None = None, img: Path | N
     goals += g
     recomputed = _load(results, "activation_checkpointing")
     sections += stamp(recompute_section(recomputed), recomputed, pinned)
+    tfds = _load(results, "tfds")
+    lines, g = tfds_section(tfds)
+    sections += stamp(lines, tfds, pinned)
+    goals += g
     machine = next((v["machine"] for v in r.values() if v and "machine" in v), None)
     head = [
         "# Performance\n",
