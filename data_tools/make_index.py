@@ -253,8 +253,9 @@ def make_index(
     _refuse_mixture(data_dir, {name: (size, checksum) for name, _, size, checksum, _, _ in results})
     if tfds:
         tfds_layout.check_counts(data_dir, tfds, {name: n for name, n, *_ in results})
-        if num_classes is not None:  # TFDS's own count: a label outside it is named with its shard
-            _check_labels(data_dir, results, label_offset, num_classes)
+        if num_classes is not None:  # known before reading: a label outside it is named with its shard
+            given = f"{tfds_layout.FEATURES_NAME} declares" if num_classes == tfds.num_classes else "--num-classes says"
+            _check_labels(data_dir, results, label_offset, num_classes, given)
     seen: dict[int, tuple[str, str]] = {}
     splits: dict[str, list[ShardInfo]] = {}
     for name, n, size, checksum, labels, sizes in results:
@@ -342,14 +343,14 @@ def _check_tfds_shards(data_dir: str, tfds: tfds_layout.TfdsInfo, names: list[st
         )
 
 
-def _check_labels(data_dir: str, results: list, label_offset: int, num_classes: int) -> None:
+def _check_labels(data_dir: str, results: list, label_offset: int, num_classes: int, given: str) -> None:
     """Every shard's labels within ``num_classes`` from ``label_offset``: the first outside is named by its shard."""
     for name, *_, labels, _ in results:
         bad = next((k for k in sorted(labels) if not label_offset <= k < label_offset + num_classes), None)
         if bad is not None:
             raise UserError(
                 f"{os.path.join(data_dir, name)}: a record has label {bad}, outside the {num_classes:,} classes "
-                f"{tfds_layout.FEATURES_NAME} declares ({label_offset}..{label_offset + num_classes - 1}); the shard "
+                f"{given} ({label_offset}..{label_offset + num_classes - 1}); the shard "
                 "is not of this data set: restore it from the copy the folder came from"
             )
 
