@@ -573,7 +573,9 @@ def tfds_section(d: dict | None) -> tuple[list[str], list[tuple]]:
         f"(random-resized crop, flip, normalize; batch {d['batch_size']}, {d['threads']} DALI threads) from the "
         "converter's TFRecords and from the same images in TFDS's layout (`data_tools.tfds_layout.tfds_from_tfrecords`: "
         "the same JPEG bytes, shards and order; TFDS's names, features and dataset_info.json) read in place through "
-        f"`make_index --out`; {d['repeats']} interleaved rounds of {d['timed_batches']} batches (medians). Machine: "
+        f"`make_index --out`; {d['repeats']} interleaved rounds, each a loader made afresh timed over "
+        + ", ".join(f"{n} batches of {k}" for k, n in d.get("timed_batches_per_set", {}).items())
+        + f" (medians). Machine: "
         f"{d['machine']['cpu']}, {d['machine']['os_cpus']} CPUs, shared with other work (load average at the end "
         f"{d['machine']['load_average'][0]}): read the per-CPU-second column.\n",
         "| set | image size | TFRecords images/s | TFDS images/s | TFDS / TFRecords | per CPU-s: TFRecords | TFDS | TFDS / TFRecords |",
