@@ -5,6 +5,8 @@
 - ``tiny_imagefolder``: a 3-class ImageNet-style JPEG tree (synset class names) of small photo
   crops, with the awkward cases real data has: a PNG named ``.JPEG``, a CMYK JPEG, a grayscale
   JPEG. Tests that damage it copy it first (``copy_imagefolder``). ``tiny_converted``: it as TFRecords.
+- ``small_tfds(out)``: a 9-record TFDS version folder written in TFDS's layout (a function: tests that damage it
+  write their own).
 """
 
 from __future__ import annotations
@@ -106,3 +108,24 @@ def id_datasets(tmp_path_factory):
 
 
 ID_SPLIT_SIZES = (24, 37, 50)  # 24 and 50 divide by some world sizes, 37 by none
+
+
+def jpeg(width: int, height: int, shade: int = 90) -> bytes:
+    """A flat-coloured RGB JPEG of ``width`` x ``height``."""
+    buf = io.BytesIO()
+    Image.new("RGB", (width, height), (shade, 40, 200)).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def small_tfds(out, *, val_label: int = 1, val_image: bytes | None = None) -> str:
+    """A 3-class TFDS version folder ``out`` in TFDS's layout (`data_tools.tfds_layout.write_tfds`): 2 train shards of 3
+    records, 1 validation shard of 3 (30 x 30, 30 x 31, and 50 x 20 or ``val_image``, labelled 0, 1, ``val_label``),
+    9 records in all."""
+    train = [[(jpeg(40 + i, 30), i % 3, f"t{s}{i}.JPEG") for i in range(3)] for s in range(2)]
+    val = [
+        [(jpeg(30, 30 + i), i, f"v{i}.JPEG") for i in range(2)] + [(val_image or jpeg(50, 20), val_label, "v2.JPEG")]
+    ]
+    from data_tools import tfds_layout  # lazy: keeps data_tools off importing these fixtures, as above
+
+    tfds_layout.write_tfds(str(out), "tinynet", {"train": train, "validation": val}, ["n01", "n02", "n03"])
+    return str(out)

@@ -503,26 +503,6 @@ def mutate_payload(payload: bytes, rng: random.Random) -> bytes:
     return tfrecord_io.encode_example(features)
 
 
-def tfds_template() -> Path:
-    """A 9-record, 3-class TFDS version folder in TFDS's layout (`data_tools.tfds_layout.write_tfds`), under SCRATCH."""
-    import io
-
-    from PIL import Image
-
-    from data_tools import tfds_layout
-
-    def jpeg(i: int) -> bytes:
-        buf = io.BytesIO()
-        Image.new("RGB", (16 + i, 12), (20 * i, 90, 160)).save(buf, "JPEG", quality=80)
-        return buf.getvalue()
-
-    out = SCRATCH / "tfds" / "tiny" / "1.0.0"
-    train = [[(jpeg(i), i % 3, f"{i}.JPEG") for i in range(s * 3, s * 3 + 3)] for s in range(2)]
-    val = [[(jpeg(i), i % 3, f"v{i}.JPEG") for i in range(3)]]
-    tfds_layout.write_tfds(str(out), "tiny", {"train": train, "validation": val}, ["n01", "n02", "n03"])
-    return out
-
-
 def overrides_and_data_formats(scratch: Path, data: Path, state: str, rng: random.Random, cases: int) -> dict:
     """The formats of this section, each ``name: (case function, number of cases)`` as `main` runs them."""
     import struct
@@ -794,7 +774,9 @@ def main(scratch: str, demo_data: str, seed: int, cases: int, only: list[str] | 
         manifest = load_manifest(str(d))
         shard_files(manifest, "train")
 
-    tfds_src = tfds_template()
+    from tests.helpers.data_fixtures import small_tfds
+
+    tfds_src = small_tfds(SCRATCH / "tfds" / "tinynet" / "1.0.0")
 
     def tfds_folder(case):
         """A TFDS version folder (dataset_info.json, features.json, label.labels.txt, shards) with one of them
@@ -802,7 +784,7 @@ def main(scratch: str, demo_data: str, seed: int, cases: int, only: list[str] | 
         from data_tools import tfds_layout
         from data_tools.make_index import make_index
 
-        d = SCRATCH / f"case{case}" / "tiny" / "1.0.0"
+        d = SCRATCH / f"case{case}" / "tinynet" / "1.0.0"
         shutil.copytree(tfds_src, d)
         name = rng.choice([tfds_layout.INFO_NAME, tfds_layout.INFO_NAME, tfds_layout.FEATURES_NAME, "label.labels.txt"])
         name = name if rng.random() < 0.8 else rng.choice(sorted(p.name for p in d.glob("*.tfrecord-*")))

@@ -4,17 +4,16 @@ write: nothing is written there, the loaders read the shards where they are) and
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
 
 import pytest
 import torch
-from PIL import Image
 
 from data_tools import make_index, tfds_layout
 from tests.helpers import call_main
+from tests.helpers.data_fixtures import jpeg, small_tfds
 from tests.helpers.loaders import open_val
 from tests.helpers.mounts import read_only, snapshot
 from vitlarge.data.manifest import load_manifest, shard_files, split_sizes, validate_data_dir
@@ -116,22 +115,6 @@ def test_a_manifest_without_data_dir_stays_version_1_or_2(foreign):
 
 
 # --- TFDS's layout, read in place ----------------------------------------------------------------------------
-
-
-def jpeg(width: int, height: int, shade: int = 90) -> bytes:
-    buf = io.BytesIO()
-    Image.new("RGB", (width, height), (shade, 40, 200)).save(buf, "JPEG", quality=90)
-    return buf.getvalue()
-
-
-def small_tfds(out, *, val_label: int = 1, val_image: bytes | None = None) -> str:
-    """A 3-class TFDS folder in TFDS's layout: 2 train shards of 3 records, 1 validation shard of 3."""
-    train = [[(jpeg(40 + i, 30), i % 3, f"t{s}{i}.JPEG") for i in range(3)] for s in range(2)]
-    val = [
-        [(jpeg(30, 30 + i), i, f"v{i}.JPEG") for i in range(2)] + [(val_image or jpeg(50, 20), val_label, "v2.JPEG")]
-    ]
-    tfds_layout.write_tfds(str(out), "tinynet", {"train": train, "validation": val}, ["n01", "n02", "n03"])
-    return str(out)
 
 
 def test_a_tfds_folder_is_indexed_in_place_with_its_counts_classes_and_sizes(tiny_converted, tmp_path):
@@ -289,31 +272,3 @@ def test_a_set_written_by_tensorflow_datasets_is_indexed(tmp_path):
         2,
         2,
     ]
-
-
-def test_the_dry_run_plans_from_a_tfds_index_folders_counts(capsys, tmp_path):
-    """``--dry-run --data <index folder>``: the plan's counts are the TFDS folder's (dataset_info.json's, checked),
-    rectangular validation included (its sizes recorded from the headers)."""
-    from tests.helpers import ROOT
-    from vitlarge.distributed.launcher import DistEnv
-    from vitlarge.distributed.threads import NO_THREADS
-    from vitlarge.run import cli
-
-    src = small_tfds(tmp_path / "tinynet" / "1.0.0")
-    index = str(tmp_path / "index")
-    make_index.make_index(src, out=index, workers=1)
-    capsys.readouterr()
-    one = DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=29500, source="none")
-    argv = ["--dry-run", "--config", str(ROOT / "recipes" / "demo_digits.py"), "--data", index]
-    assert (
-        cli.plan_or_train(
-            cli.parse_args(
-                [*argv, "data.num_classes=3", "data.rect_val=true", "train.global_batch=4", "train.micro_batch=2"]
-            ),
-            one,
-            NO_THREADS,
-        )
-        == 0
-    )
-    out = capsys.readouterr().out
-    assert out.startswith(f"data: {index}/dataset.json: 6 training images, 3 classes (the plan's counts)\n"), out

@@ -175,3 +175,21 @@ def test_with_data_a_class_count_that_does_not_match_is_the_runs_one_line(capsys
 def test_without_the_data_here_it_plans_from_the_recipe(capsys, tmp_path):
     out, _ = dry_run(capsys, "--config", str(ROOT / "recipes" / "demo_digits.py"), "--data", str(tmp_path / "none"))
     assert out.startswith("plan:") and "11 steps/epoch, 660 steps" in out
+
+
+def test_with_data_an_index_folder_of_a_tfds_folder_plans_from_its_counts(capsys, tmp_path):
+    """``--dry-run --data <index folder>`` (``make_index <tfds folder> --out``): the plan's counts are the TFDS
+    folder's, checked against dataset_info.json; rectangular validation passes (its sizes from the JPEG headers)."""
+    from data_tools import make_index
+    from tests.helpers.data_fixtures import small_tfds
+
+    src = small_tfds(tmp_path / "tinynet" / "1.0.0")
+    index = str(tmp_path / "index")
+    make_index.make_index(src, out=index, workers=1)
+    capsys.readouterr()
+    out, _ = dry_run(
+        capsys,
+        *("--config", str(ROOT / "recipes" / "demo_digits.py"), "--data", index, "data.num_classes=3"),
+        *("data.rect_val=true", "train.global_batch=4", "train.micro_batch=2"),
+    )
+    assert out.startswith(f"data: {index}/dataset.json: 6 training images, 3 classes (the plan's counts)\n"), out
