@@ -17,7 +17,7 @@ from vitlarge.config.load import load_config
 from vitlarge.distributed import launcher, process, quiet, threads
 from vitlarge.distributed.process import main_then_leave
 from vitlarge.plan.plan import make_plan
-from vitlarge.run.gpu_hours import print_gpu_time
+from vitlarge.run.gpu_hours import gpu_time_lines
 from vitlarge.run.job import build_run, init_from_warnings, is_resume
 from vitlarge.text import plural
 from vitlarge.train import memory
@@ -153,7 +153,10 @@ def plan_or_train(args, env, threads: ThreadPools, make_hooks: MakeHooks | None 
                 from vitlarge.train.settings import plan_settings  # lazy: keeps torch off train.py --help
 
                 settings = plan_settings(cfg, "cuda")
-                print_gpu_time(cfg, plan, settings.precision, settings.compile, args.gpu, args.gpu_results)
+                lines = gpu_time_lines(
+                    cfg, plan, settings.precision, settings.compile, args.gpu, args.gpu_results, manifest
+                )
+                print("\n".join(lines))
         return 0
     if cfg.data.source == "tfrecord":  # a data set that is not there: one line now, not after those 10-20 s
         from vitlarge.data.manifest import load_manifest  # lazy: keeps numpy (0.2 s) off train.py --help
