@@ -26,7 +26,7 @@ from vitlarge.config.schema import Config
 from vitlarge.constants import IMAGENET_VAL_EXAMPLES
 from vitlarge.errors import UserError
 from vitlarge.plan.plan import Plan, phase_config
-from vitlarge.run.run_costs import PhaseRate, pipeline_lines, run_costs, span
+from vitlarge.run.run_costs import PhaseRate, forwards_per_step, pipeline_lines, run_costs, span
 
 if TYPE_CHECKING:  # numpy, which the manifest module imports, stays off train.py --help
     from vitlarge.data.manifest import Manifest
@@ -339,7 +339,10 @@ def gpu_time_lines(
     out += pipeline_lines(fastest, plan.world_size, manifest, cfg.data.hw_decoder_load)
     rates = [
         PhaseRate(
-            p.images_per_s, flops.forward(cfg.model.name, ph.image_size), flops.forward(cfg.model.name, ph.eval_size)
+            p.images_per_s,
+            flops.forward(cfg.model.name, ph.image_size),
+            flops.forward(cfg.model.name, ph.eval_size),
+            forwards_per_step(cfg.train.activation_checkpointing),
         )
         for p, ph in zip(phases, plan.phases)
     ]

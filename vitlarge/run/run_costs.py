@@ -52,19 +52,26 @@ def bytes_per_image(manifest: Manifest | None) -> tuple[float, str]:
     )
 
 
+def forwards_per_step(recompute: str) -> int:
+    """A training image's FLOPs in forwards: the forward and a backward of about two, and under full activation
+    checkpointing (``train.activation_checkpointing=full``) the forward again (``selective`` recomputes little)."""
+    return 4 if recompute == "full" else 3
+
+
 @dataclass(frozen=True)
 class PhaseRate:
-    """One phase's training images/s per GPU and its forward FLOPs per image at its training and evaluation size."""
+    """One phase's training images/s per GPU, its forward FLOPs per image at its training and evaluation size, and
+    a training image's cost in forwards (`forwards_per_step`)."""
 
     images_per_s: float
     train_fwd_flops: float
     eval_fwd_flops: float
+    forwards: int
 
     @property
     def eval_images_per_s(self) -> float:
-        """Scaled, not measured: a validation image costs its forward only, a third of a training image's FLOPs
-        (backward about twice the forward) at the evaluation size."""
-        return self.images_per_s * 3 * self.train_fwd_flops / self.eval_fwd_flops
+        """Scaled, not measured: a validation image costs its forward only, at the evaluation size."""
+        return self.images_per_s * self.forwards * self.train_fwd_flops / self.eval_fwd_flops
 
 
 @dataclass(frozen=True)
@@ -112,7 +119,7 @@ def run_costs(cfg: Config, plan: Plan, rates: list[PhaseRate], params: int, val_
         checkpoint_s,
         (
             f"  evaluation: {len(at)} passes{ema} x {val_images:,} validation images at {speed} img/s per GPU "
-            f"(scaled: forward only, 3x the training rate by FLOPs; not measured) = {span(eval_s)}",
+            f"(scaled: forward only, {rates[0].forwards}x the training rate by FLOPs; not measured) = {span(eval_s)}",
             f"  checkpoints: {saves} x {size / 1e9:.2f} GB (fp32 weights and 2 optimizer moments"
             f"{', EMA' if copies == 2 else ''}) at {CHECKPOINT_WRITE_BPS / 1e9:g} GB/s (assumed: one NVMe drive or "
             f"parallel file system client; not measured) = {span(checkpoint_s)}",
