@@ -23,10 +23,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vitlarge.config.schema import Config
-from vitlarge.constants import IMAGENET_VAL_EXAMPLES
 from vitlarge.errors import UserError
 from vitlarge.plan.plan import Plan, phase_config
-from vitlarge.run.run_costs import PhaseRate, forwards_per_step, pipeline_lines, run_costs, span
+from vitlarge.run.run_costs import PhaseRate, data_figures, forwards_per_step, pipeline_lines, run_costs, span
 
 if TYPE_CHECKING:  # numpy, which the manifest module imports, stays off train.py --help
     from vitlarge.data.manifest import Manifest
@@ -336,7 +335,8 @@ def gpu_time_lines(
             f"all-reduce, {share:.1%}) = {p.steps * p.step_s / 3600:.2f} h"
         )
     fastest = max(p.images_per_s for p in phases)
-    out += pipeline_lines(fastest, plan.world_size, manifest, cfg.data.hw_decoder_load)
+    data = data_figures(cfg, plan, manifest)
+    out += pipeline_lines(fastest, plan.world_size, data, cfg.data.hw_decoder_load)
     rates = [
         PhaseRate(
             p.images_per_s,
@@ -346,10 +346,7 @@ def gpu_time_lines(
         )
         for p, ph in zip(phases, plan.phases)
     ]
-    val = (
-        IMAGENET_VAL_EXAMPLES if manifest is None else manifest.num_examples("val") if manifest.splits.get("val") else 0
-    )
-    costs = run_costs(cfg, plan, rates, flops.params, val)
+    costs = run_costs(cfg, plan, rates, flops.params, data.val_images)
     out += costs.lines
     wall = steps_s + costs.eval_s + costs.checkpoint_s
     out.append(
@@ -360,6 +357,6 @@ def gpu_time_lines(
     out.append(
         "  figures: measured: the kit's images/s (on its GPU, in its precision), the CPU decode rate; scaled: "
         "another GPU, precision, model or size, evaluation from training; assumed: network and checkpoint "
-        "bandwidths; stated: ImageNet's bytes where dataset.json is not here"
+        "bandwidths; stated: ImageNet's bytes and validation images where its dataset.json is not here"
     )
     return out

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from vitlarge.config.schema import Config
-from vitlarge.constants import IMAGENET_TRAIN_BYTES, IMAGENET_TRAIN_EXAMPLES
+from vitlarge.constants import IMAGENET_TRAIN_BYTES, IMAGENET_TRAIN_EXAMPLES, IMAGENET_VAL_EXAMPLES
 from vitlarge.plan.plan import Plan
+from vitlarge.text import plural
 
 if TYPE_CHECKING:  # numpy, which the manifest module imports, stays off train.py --help
     from vitlarge.data.manifest import Manifest
@@ -37,19 +38,34 @@ def passes(total_steps: int, every: int) -> int:
     return (total_steps - 1) // every + 1 if every else 1
 
 
-def bytes_per_image(manifest: Manifest | None) -> tuple[float, str]:
-    """Mean stored bytes of a training record, and where it comes from: the data set's dataset.json where it is
-    here (measured), else ImageNet-1K's JPEGs (stated)."""
+@dataclass(frozen=True)
+class DataFigures:
+    """What the dry run knows of the data set: mean stored bytes of a training record (0: nothing is read; None:
+    unknown), validation images (None: unknown), and where they come from."""
+
+    bytes_per_image: float | None
+    val_images: int | None
+    source: str
+
+
+def data_figures(cfg: Config, plan: Plan, manifest: Manifest | None) -> DataFigures:
+    """The data set's dataset.json where it is here (measured), else ImageNet-1K's figures where the plan is for
+    ImageNet's training count (stated), else unknown: never another data set's numbers."""
+    if cfg.data.source == "synthetic":
+        return DataFigures(0.0, cfg.data.synthetic_val_examples, "data.source=synthetic: made on the GPU")
     if manifest is not None:
         shards = manifest.shards("train")
-        n = sum(s.num_records for s in shards)
-        if n:
-            size = sum(s.bytes for s in shards) / n
-            return size, f"measured: {size / 1e3:,.1f} kB a record in dataset.json's training shards"
-    size = IMAGENET_TRAIN_BYTES / IMAGENET_TRAIN_EXAMPLES
-    return size, (
-        f"stated: {size / 1e3:,.1f} kB an image, ImageNet-1K's {IMAGENET_TRAIN_BYTES / 1e9:.1f} GB of training JPEGs"
-    )
+        size = sum(s.bytes for s in shards) / max(1, sum(s.num_records for s in shards))
+        val = manifest.num_examples("validation") if manifest.splits.get("validation") else 0
+        return DataFigures(size, val, f"measured: {size / 1e3:,.1f} kB a record in dataset.json's training shards")
+    if plan.num_train_examples == IMAGENET_TRAIN_EXAMPLES:
+        size = IMAGENET_TRAIN_BYTES / IMAGENET_TRAIN_EXAMPLES
+        return DataFigures(
+            size,
+            IMAGENET_VAL_EXAMPLES,
+            f"stated: {size / 1e3:,.1f} kB an image, ImageNet-1K's {IMAGENET_TRAIN_BYTES / 1e9:.1f} GB of training JPEGs",
+        )
+    return DataFigures(None, None, "no dataset.json here (--data) and not ImageNet's count: unknown")
 
 
 def forwards_per_step(recompute: str) -> int:
@@ -83,31 +99,37 @@ class Costs:
     lines: tuple[str, ...]
 
 
-def pipeline_lines(
-    images_per_s: float, world_size: int, manifest: Manifest | None, hw_decoder_load: float
-) -> list[str]:
+def pipeline_lines(images_per_s: float, world_size: int, data: DataFigures, hw_decoder_load: float) -> list[str]:
     """What the input pipeline must deliver for one GPU training at ``images_per_s``: CPU cores and storage."""
-    size, source = bytes_per_image(manifest)
-    per_gpu = images_per_s * size
+    if data.bytes_per_image == 0:
+        return [f"  input pipeline: none ({data.source}: nothing read or decoded)"]
+    if data.bytes_per_image is None:
+        storage = f"storage bytes/s {data.source}"
+    else:
+        per_gpu = images_per_s * data.bytes_per_image
+        storage = (
+            f"storage {per_gpu / 1e9:.2f} GB/s per GPU, {per_gpu * world_size / 1e9:.1f} GB/s for "
+            f"{plural(world_size, 'GPU')} ({data.source})"
+        )
     return [
-        f"  input pipeline per GPU at {images_per_s:,.1f} img/s: {images_per_s / DECODE_IMAGES_PER_CORE:.1f} CPU "
-        f"cores decoding on the CPU (measured: {DECODE_IMAGES_PER_CORE:g} img/s per core, {DECODE_SOURCE}); storage "
-        f"{per_gpu / 1e9:.2f} GB/s per GPU, {per_gpu * world_size / 1e9:.1f} GB/s for {world_size} GPUs ({source})",
+        f"  input pipeline per GPU at {images_per_s:,.1f} img/s: {images_per_s / DECODE_IMAGES_PER_CORE:,.1f} CPU "
+        f"cores decoding on the CPU (measured: {DECODE_IMAGES_PER_CORE:g} img/s per core, {DECODE_SOURCE}); {storage}",
         f"    a GPU run decodes with DALI's mixed decoder, data.hw_decoder_load {hw_decoder_load:g} of the JPEGs on "
         "the GPU's hardware JPEG decoder: fewer CPU cores than this, how many not yet measured",
     ]
 
 
-def run_costs(cfg: Config, plan: Plan, rates: list[PhaseRate], params: int, val_images: int) -> Costs:
+def run_costs(cfg: Config, plan: Plan, rates: list[PhaseRate], params: int, val_images: int | None) -> Costs:
     """Evaluation and checkpoint time of ``plan`` on ``plan.world_size`` GPUs (``rates``: one per phase, in
     order): the validation passes of the schedule (every ``plan.eval_every_steps`` and at the end, twice with an
     EMA), each at the phase it follows, and the checkpoints (every ``train.checkpoint_every_steps`` and at the
-    end), each the whole checkpoint at `CHECKPOINT_WRITE_BPS`."""
+    end), each the whole checkpoint at `CHECKPOINT_WRITE_BPS`. ``val_images`` None (unknown): passes not
+    counted, and said so."""
     every = plan.eval_every_steps
     at = [*range(every, plan.total_steps, every), plan.total_steps] if every else [plan.total_steps]
     copies = 2 if cfg.train.ema_decay > 0 else 1  # the EMA's weights are validated beside the raw ones
     speeds = [rates[plan.phase_at(s - 1).index].eval_images_per_s for s in at]  # the phase each pass follows
-    eval_s = sum(copies * val_images / (plan.world_size * v) for v in speeds)
+    eval_s = sum(copies * (val_images or 0) / (plan.world_size * v) for v in speeds)
     lo, hi = min(speeds), max(speeds)
     speed = f"{lo:,.0f}" if round(lo) == round(hi) else f"{lo:,.0f} to {hi:,.0f}"
     saves = passes(plan.total_steps, cfg.train.checkpoint_every_steps)
@@ -119,7 +141,9 @@ def run_costs(cfg: Config, plan: Plan, rates: list[PhaseRate], params: int, val_
         checkpoint_s,
         (
             f"  evaluation: {len(at)} passes{ema} x {val_images:,} validation images at {speed} img/s per GPU "
-            f"(scaled: forward only, {rates[0].forwards}x the training rate by FLOPs; not measured) = {span(eval_s)}",
+            f"(scaled: forward only, {rates[0].forwards}x the training rate by FLOPs; not measured) = {span(eval_s)}"
+            if val_images is not None
+            else f"  evaluation: {len(at)} passes{ema}, not counted: validation images unknown without dataset.json",
             f"  checkpoints: {saves} x {size / 1e9:.2f} GB (fp32 weights and 2 optimizer moments"
             f"{', EMA' if copies == 2 else ''}) at {CHECKPOINT_WRITE_BPS / 1e9:g} GB/s (assumed: one NVMe drive or "
             f"parallel file system client; not measured) = {span(checkpoint_s)}",

@@ -16,11 +16,12 @@ import pytest
 from benchmarks.report.performance import DRY_RUNS
 from tests.helpers import ROOT
 from tests.unit.run.test_dry_run import dry_run
+from vitlarge.config.load import load_config
 from vitlarge.constants import IMAGENET_TRAIN_BYTES, IMAGENET_TRAIN_EXAMPLES
-from vitlarge.data.manifest import Manifest, ShardInfo
 from vitlarge.errors import UserError
+from vitlarge.plan.plan import make_plan
 from vitlarge.run import cli
-from vitlarge.run.run_costs import DECODE_IMAGES_PER_CORE, bytes_per_image
+from vitlarge.run.run_costs import DECODE_IMAGES_PER_CORE, data_figures, pipeline_lines
 
 PARAMS, STEPS, BATCH = 86_567_656, 11_700, 32_768
 EVALS = 11_700 // 390  # 29 after steps 390 ... 11,310 and the final one
@@ -188,12 +189,21 @@ def test_the_decode_rate_is_the_data_benchmarks_measurement():
     assert DECODE_IMAGES_PER_CORE == measured["images_per_cpu_s_median"]["dali_trainloader"]
 
 
-def test_a_data_set_here_gives_its_own_record_size():
-    shards = [ShardInfo("train-0", "train-0.idx", 100, 5_000_000), ShardInfo("train-1", "train-1.idx", 50, 1_000_000)]
-    manifest = Manifest(num_classes=2, label_offset=0, classes=[], splits={"train": shards})
-    size, words = bytes_per_image(manifest)
-    assert size == 6_000_000 / 150 and words.startswith("measured: 40.0 kB a record in dataset.json")
-    assert bytes_per_image(None)[1].startswith("stated: 115.4 kB an image")
+def test_another_data_set_without_its_dataset_json_gets_no_imagenet_figures():
+    demo = load_config(ROOT / "recipes" / "demo_digits.py")  # 1,437 training images: not ImageNet
+    data = data_figures(demo, make_plan(demo, 2), None)
+    assert (data.bytes_per_image, data.val_images) == (None, None)
+    assert pipeline_lines(1000.0, 2, data, 0.65)[0].endswith(
+        "storage bytes/s no dataset.json here (--data) and not ImageNet's count: unknown"
+    )
+    vit = load_config(ROOT / "recipes" / "vit_b16.py")
+    data = data_figures(vit, make_plan(vit, 2), None)
+    assert data.bytes_per_image == IMAGENET_TRAIN_BYTES / IMAGENET_TRAIN_EXAMPLES and data.val_images == 50_000
+    synthetic = load_config(ROOT / "recipes" / "vit_b16.py", ["data.source=synthetic"])
+    data = data_figures(synthetic, make_plan(synthetic, 2), None)
+    assert data.val_images == 512 and pipeline_lines(1000.0, 2, data, 0.65) == [
+        "  input pipeline: none (data.source=synthetic: made on the GPU: nothing read or decoded)"
+    ]
 
 
 def test_evaluation_and_checkpoints_of_the_schedule_are_in_the_total(capsys, h100_results):
@@ -229,3 +239,13 @@ def test_under_full_activation_checkpointing_a_training_image_costs_four_forward
     out = vit_b16_on(capsys, "h100", 8, str(h100_results), "train.activation_checkpointing=full")
     assert "activation checkpointing off in the row" in out  # the kit's row, 2,000 img/s, taken as it is
     assert "validation images at 8,000 img/s per GPU (scaled: forward only, 4x the training rate" in out
+
+
+def test_a_data_set_here_gives_the_record_size_and_validation_count_of_its_dataset_json(capsys, tmp_path, h100_results):
+    from tests.unit.run.test_dry_run import _data_set
+
+    data = _data_set(tmp_path, 600, 10)  # 100 bytes a record, 36 validation records
+    demo = str(ROOT / "recipes" / "demo_digits.py")
+    out, _ = dry_run(capsys, "--config", demo, "--data", data, "--gpu", "h100", "--gpu-results", str(h100_results))
+    assert "(measured: 0.1 kB a record in dataset.json's training shards)" in out
+    assert " x 36 validation images at " in out
