@@ -6,7 +6,7 @@ Per phase: images/s per GPU from the kit's row for the phase's model, image size
 (the closest row where that exact one was not measured, said so), scaled by training FLOPs per image where the
 size or model differs, by the kit's own measured ratio between the precisions where only the other one was
 measured in that setting, and where the kit ran on another kind of GPU by the lower of the two datasheet ratios
-(dense bf16 TFLOP/s, HBM bandwidth: a step bound by either is no faster). A step is its compute (global batch /
+(dense bf16 TFLOP/s, HBM bandwidth: `kind_ratio`). A step is its compute (global batch /
 (GPUs x images/s)) plus one ring all-reduce of the fp32 gradients, 2(n-1)/n x their bytes at 150 GB/s inside a
 node (n <= 8), 20 GB/s across nodes, not overlapped with the backward: an upper bound for the training steps.
 Then `vitlarge.run.run_costs`: the input pipeline that rate needs, the validation passes and checkpoints of the
@@ -69,15 +69,16 @@ def kind_of(name: str) -> str | None:
 
 
 def kind_ratio(kind: str, measured: str) -> tuple[float, str]:
-    """The factor from a rate measured on a ``measured`` GPU to one on a ``kind``: the lower of the dense bf16
-    datasheet ratio and the HBM bandwidth ratio (a ViT step is partly bound by each, and no faster on ``kind`` than
-    the slower of them allows), and the words for it. Scaled, not measured."""
+    """The factor from a rate measured on a ``measured`` GPU to one on a ``kind``, and the words for it: the lower
+    of the dense bf16 datasheet ratio and the HBM bandwidth ratio. A step's time is partly math and partly memory
+    traffic, each scaling by its own ratio, so the step speeds up by at least the lower one: the time it gives is an
+    upper bound. Scaled, not measured."""
     (name, tflops, hbm), (src, src_tflops, src_hbm) = DATASHEET[kind], DATASHEET[measured]
     compute, memory = tflops / src_tflops, hbm / src_hbm
     return min(compute, memory), (
         f"{name} not measured: scaled x {min(compute, memory):.2f}, the lower of its datasheet ratios to the "
         f"{src}: dense bf16 {tflops:g} / {src_tflops:g} TFLOP/s = {compute:.2f}, HBM {hbm:g} / {src_hbm:g} TB/s "
-        f"= {memory:.2f}"
+        f"= {memory:.2f}; the time an upper bound"
     )
 
 
