@@ -18,7 +18,7 @@ from vitlarge.distributed import launcher, process, quiet, threads
 from vitlarge.distributed.process import main_then_leave
 from vitlarge.plan.plan import make_plan
 from vitlarge.run.gpu_hours import print_gpu_time
-from vitlarge.run.job import build_run, init_from_warnings, is_resume
+from vitlarge.run.job import build_run, init_from_notes, init_from_warnings, is_resume
 from vitlarge.text import plural
 from vitlarge.train import memory
 from vitlarge.train.command import exit_status
@@ -137,7 +137,9 @@ def plan_or_train(args, env, threads: ThreadPools, make_hooks: MakeHooks | None 
         from vitlarge.data.sources import planning_manifest  # lazy: keeps torch off train.py --help
         from vitlarge.run.dry_run import print_plan  # lazy: keeps torch and timm off train.py --help
 
-        warnings = init_from_warnings(cfg, is_resume(cfg, args.resume), dry_run=True)
+        resuming = is_resume(cfg, args.resume)
+        warnings = init_from_warnings(cfg, resuming, dry_run=True)
+        init_notes = init_from_notes(cfg, resuming)
         if env.is_main:
             for line in warnings:
                 process.say(f"warning: {line}")
@@ -148,7 +150,7 @@ def plan_or_train(args, env, threads: ThreadPools, make_hooks: MakeHooks | None 
                 images, classes = plural(n, "training image", grouped=True), plural(manifest.num_classes, "class")
                 print(f"data: {cfg.data.path}/dataset.json: {images}, {classes} (the plan's counts)")
             check_window(cfg, plan)  # as the run's preflight would
-            print_plan(cfg, plan, show_config=args.show_config, device=args.device)
+            print_plan(cfg, plan, show_config=args.show_config, device=args.device, init_from=init_notes)
             if args.gpu:
                 from vitlarge.train.settings import plan_settings  # lazy: keeps torch off train.py --help
 

@@ -184,3 +184,32 @@ def test_with_data_a_class_count_that_does_not_match_is_the_runs_one_line(capsys
 def test_without_the_data_here_it_plans_from_the_recipe(capsys, tmp_path):
     out, _ = dry_run(capsys, "--config", str(ROOT / "recipes" / "demo_digits.py"), "--data", str(tmp_path / "none"))
     assert out.startswith("plan:") and "11 steps/epoch, 660 steps" in out
+
+
+def test_a_fine_tuning_says_what_init_from_does_to_the_head_and_position_embedding(capsys, tmp_path):
+    """Issue 55 item 6: the plan names what the run will do with ``model.init_from`` (read from the source's shapes:
+    `vitlarge.checkpoint.init_from.plan_notes`); a resume does not read it."""
+    from vitlarge.checkpoint.export import export
+    from vitlarge.model.vit import build_model
+
+    demo = load_config(ROOT / "recipes" / "demo_digits.py")
+    source = export(tmp_path / "src", build_model(demo, "cpu"), demo, [str(i) for i in range(10)])
+    ft = str(ROOT / "recipes" / "demo_digits_ft24.py")
+    out, err = dry_run(capsys, "--config", ft, f"model.init_from={source}", "data.num_classes=5")
+    assert (
+        err == ""
+        and (
+            f"  model.init_from {source}: classifier re-initialised: 10 classes in the source, 5 here; position "
+            "embedding resampled from a 4x4 to a 6x6 token grid\n"
+        )
+        in out
+    )
+    out, _ = dry_run(capsys, "--config", ft, f"model.init_from={source}", "data.image_size=16")
+    assert (
+        f"  model.init_from {source}: classifier kept: 10 classes, as in the source; position embedding kept: a 4x4 "
+        "token grid, as in the source\n"
+    ) in out
+    out, _ = dry_run(capsys, "--config", ft, f"model.init_from={source}", "--resume", str(tmp_path / "step_0000007"))
+    assert (
+        f"  model.init_from {source}: not read: the run resumes from its checkpoint, which holds the weights\n" in out
+    )
