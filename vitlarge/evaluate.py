@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import NoReturn, TypeGuard
 
 from vitlarge.checkpoint.trust import layout
-from vitlarge.config.load import load_config
+from vitlarge.config.load import add_override_arguments, load_config
 from vitlarge.config.phase_list import entries, final_eval_size, patch_size
 from vitlarge.config.schema import IMAGE_SIZE, MAX_EVAL_TOKENS, DataConfig, rule_of
 from vitlarge.data.manifest import load_manifest
@@ -231,20 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         "(sets data.path; default: the recipe's)",
     )
     p.add_argument("--json", action="store_true", help="print the result as one JSON object instead of a table")
-    p.add_argument(
-        "--overrides",
-        dest="override_files",
-        action="append",
-        default=[],
-        metavar="FILE",
-        help="a .py (dotted.key = value lines) or .yaml file of overrides, applied before the command line's",
-    )
-    p.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="key=value",
-        help="dotted config overrides: data.image_size=24, data.num_classes=5",
-    )
+    add_override_arguments(p)
     args = p.parse_intermixed_args(argv)
     import torch.distributed as dist  # lazy: keeps torch off vitlarge-evaluate's argument errors and --help
 

@@ -240,7 +240,7 @@ def test_help_describes_every_argument_and_cites_no_source_file():
         "--config CONFIG the recipe the model was trained with",
         "--data DATA TFRecord directory with dataset.json whose validation split is evaluated",
         "--overrides FILE a .py (dotted.key = value lines) or .yaml file of overrides",
-        "key=value dotted config overrides",
+        "key=value dotted config overrides: optim.lr=0.01",
         "Evaluates a checkpoint or an exported model exactly",
     ):
         assert described in text, described

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from vitlarge import beside
 from vitlarge.config.key_docs import keys_help
-from vitlarge.config.load import load_config
+from vitlarge.config.load import add_override_arguments, load_config
 from vitlarge.distributed import launcher, process, quiet, threads
 from vitlarge.distributed.process import main_then_leave
 from vitlarge.plan.plan import make_plan
@@ -76,21 +76,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         metavar="FILE",
         help="with --gpu: the kit's gpu.json (default: the checkout's benchmarks/results/gpu.json)",
     )
-    p.add_argument(
-        "--overrides",
-        dest="override_files",
-        action="append",
-        default=[],
-        metavar="FILE",
-        help="a .py (dotted.key = value lines) or .yaml file of overrides, applied before the command line's",
-    )
-    p.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="key=value",
-        help="dotted config overrides: optim.lr=0.01, optim.betas=0.9,0.98, model.kwargs.depth=2, "
-        "train.phases.1.image_size=192",
-    )
+    add_override_arguments(p)
     args = p.parse_intermixed_args(argv)
     if (args.world_size is not None or args.show_config) and not args.dry_run:
         p.error("--world-size and --show-config go with --dry-run")
