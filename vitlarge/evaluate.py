@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import NoReturn, TypeGuard
 
 from vitlarge.checkpoint.trust import layout
-from vitlarge.config.load import load_config
+from vitlarge.config.load import add_override_arguments, load_config
 from vitlarge.config.phase_list import entries, final_eval_size, patch_size
 from vitlarge.config.schema import IMAGE_SIZE, MAX_EVAL_TOKENS, DataConfig, rule_of
 from vitlarge.data.manifest import load_manifest
@@ -210,17 +210,28 @@ def table(checkpoint: str, step: int | None, size: int, metrics: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--config", required=True)
+    p = argparse.ArgumentParser(
+        description="Evaluates a checkpoint or an exported model exactly: top-1, top-5 and loss on every validation "
+        "image, once each, with any number of processes (torchrun --nproc_per_node N -m vitlarge.evaluate ...)."
+    )
+    p.add_argument(
+        "--config",
+        required=True,
+        help="the recipe the model was trained with (a file or a shipped recipe's name): its model and data settings",
+    )
     p.add_argument(
         "--checkpoint",
         required=True,
         help="a checkpoints/step_* folder, an exported model folder (<workdir>/model) or a model.safetensors file",
     )
-    p.add_argument("--data", default=None)
+    p.add_argument(
+        "--data",
+        default=None,
+        help="TFRecord directory with dataset.json whose validation split is evaluated "
+        "(sets data.path; default: the recipe's)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as one JSON object instead of a table")
-    p.add_argument("--overrides", dest="override_files", action="append", default=[], metavar="FILE")
-    p.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    add_override_arguments(p)
     args = p.parse_intermixed_args(argv)
     import torch.distributed as dist  # lazy: keeps torch off vitlarge-evaluate's argument errors and --help
 

@@ -9,6 +9,7 @@ world size. This module imports nothing from torch, so recipes load fast and ``-
 
 from __future__ import annotations
 
+import argparse
 import ast
 import difflib
 import importlib.util
@@ -195,3 +196,23 @@ def load_config(
         cfg.log.experiment = Path(path).stem
     validate(cfg, origin=str(path), overridden=overridden)
     return cfg
+
+
+def add_override_arguments(parser: argparse.ArgumentParser) -> None:
+    """The two ways a command takes overrides for `load_config`, said the same in every command's ``--help``:
+    ``--overrides FILE`` (repeatable, as ``override_files``) and dotted ``key=value`` words (as ``overrides``)."""
+    parser.add_argument(
+        "--overrides",
+        dest="override_files",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a .py (dotted.key = value lines) or .yaml file of overrides, applied before the command line's",
+    )
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="dotted config overrides: optim.lr=0.01, optim.betas=0.9,0.98, model.kwargs.depth=2, "
+        "train.phases.1.image_size=192",
+    )
