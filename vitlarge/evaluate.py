@@ -237,11 +237,10 @@ def _configured(args, given: Path, export: model_of.ModelOf | None):
             f"{given}: --config is needed for a checkpoint folder or a model.safetensors file (an export folder's "
             "config.json is enough); pass the recipe that trained it"
         )
-    if args.data is None:
-        raise UserError(
-            "--data is needed without --config: pass the converted data folder (its dataset.json) to evaluate on"
-        )
-    return load_config(given / "config.json", args.overrides, base=model_of.build_config(export), **common)
+    cfg = load_config(given / "config.json", args.overrides, base=model_of.build_config(export), **common)
+    if cfg.data.source == "tfrecord" and not cfg.data.path:
+        raise UserError("--data is needed without --config: pass the converted data folder (its dataset.json)")
+    return cfg
 
 
 def main(argv: list[str] | None = None) -> int:
