@@ -218,15 +218,7 @@ def discover(src: str, val_labels: str | None, label_offset: int) -> tuple[list[
     def item(path: str, cls: str) -> Item:
         return Item(path, label_of[cls], cls, texts[cls], os.path.getsize(path))
 
-    splits = {"train": []}
-    found: list[tuple[_Found, str]] = []
-    for c in classes:
-        files = _files_below(os.path.join(train_dir, c))
-        if not files:
-            raise UserError(f"{os.path.join(train_dir, c)}: empty class directory; add images or remove it")
-        found += [(f, c) for f in files]
-    _refuse_twice(train_dir, found)
-    splits["train"] = [item(f.path, c) for f, c in found]
+    splits = {"train": [item(f.path, c) for f, c in _class_files(train_dir, classes)]}
 
     val_dir = os.path.join(src, "val")
     if os.path.isdir(val_dir):
@@ -271,6 +263,19 @@ def discover(src: str, val_labels: str | None, label_offset: int) -> tuple[list[
     return classes, splits
 
 
+def _class_files(split_dir: str, classes: list[str]) -> list[tuple[_Found, str]]:
+    """Every file of each class folder of ``split_dir`` with its class, each image once (`_refuse_twice`); an empty
+    class folder is a UserError naming it."""
+    found: list[tuple[_Found, str]] = []
+    for c in classes:
+        files = _files_below(os.path.join(split_dir, c))
+        if not files:
+            raise UserError(f"{os.path.join(split_dir, c)}: empty class directory; add images or remove it")
+        found += [(f, c) for f in files]
+    _refuse_twice(split_dir, found)
+    return found
+
+
 def evaluation_folder(src: str) -> str:
     """Where a source without ``train/`` holds its classes: ``ROOT/val`` where there is one, else ``ROOT`` itself (a
     flat folder of class folders, as a test set is often handed over)."""
@@ -288,13 +293,7 @@ def _validation_only(src: str, label_offset: int) -> tuple[list[str], dict[str, 
     if not classes:
         return None
     texts = class_texts(classes)
-    found: list[tuple[_Found, str]] = []
-    for c in classes:
-        files = _files_below(os.path.join(folder, c))
-        if not files:
-            raise UserError(f"{os.path.join(folder, c)}: empty class directory; add images or remove it")
-        found += [(f, c) for f in files]
-    _refuse_twice(folder, found)
+    found = _class_files(folder, classes)
     label_of = {c: i + label_offset for i, c in enumerate(classes)}
     items = [Item(f.path, label_of[c], c, texts[c], os.path.getsize(f.path)) for f, c in found]
     return classes, {"validation": items}
