@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.data.source != "synthetic" and "train" in (manifest := load_manifest(cfg.data.path)).splits:
             n_train = manifest.num_examples("train")
         step = meta["step"] if meta else None
-        if changed and env.is_main:
+        if changed and args.config is not None and env.is_main:  # without --config the model's own files are the config
             print(
                 f"warning: {args.checkpoint} was trained with other {', '.join(changed)} than --config gives; "
                 f"evaluating as it was trained (its {'meta.json' if meta else 'config.json'})",

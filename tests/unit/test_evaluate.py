@@ -341,5 +341,26 @@ def test_a_validation_only_set_of_some_of_the_exports_classes_evaluates_without_
     assert f"scoring 4 of the model's 5 classes by name: five, one, three, two ({data}/dataset.json has no four)" in (
         r.stderr.splitlines()
     )
+    assert not [line for line in r.stderr.splitlines() if line.startswith("warning:")]  # no --config to differ from
     assert [line.split()[0] for line in r.stdout.splitlines()] == ["evaluated", "images", "top-1", "loss"]
     assert "8 validation images at 16 px" in r.stdout
+
+
+def test_a_checkpoint_with_another_class_count_than_config_is_one_line_naming_the_key(tmp_path):
+    """A checkpoint folder's meta.json records its model: a --config of another class count (the data set's, say) is
+    one line naming data.num_classes, not training's "use another --workdir or --resume"."""
+    from tests.helpers import call_main
+    from tests.helpers.tiny_model import make
+    from vitlarge.checkpoint import store
+    from vitlarge.checkpoint.state import RunState
+
+    cfg = load_config(DEMO)
+    model, opt, scaler = make(cfg)
+    path = store.save(tmp_path, RunState(model, opt, scaler, step=1, data="state"), cfg, keep=1)
+    synthetic = ["data.source=synthetic", "data.num_classes=4"]
+    r = call_main("vitlarge.evaluate", "--config", str(DEMO), "--checkpoint", str(path), *synthetic)
+    assert (r.returncode, r.stderr) == (
+        2,
+        f"error: {path}/meta.json records another model than --config {DEMO} gives (data.num_classes=4); pass "
+        "data.num_classes=10 (or the recipe that trained it)\n",
+    )
