@@ -190,7 +190,7 @@ def _fitted_export(tmp_path, data: str, classes: list[str]):
     target = torch.nn.functional.one_hot(torch.cat(labels), len(classes)).double() * 10
     w = torch.linalg.lstsq(x, target).solution.float()
     model.head.weight.data, model.head.bias.data = w[:-1].T.contiguous(), w[-1].contiguous()
-    return export(tmp_path / "five", model, cfg, classes), model, cfg
+    return export(tmp_path / "run", model, cfg, classes), model, cfg
 
 
 def test_an_export_of_five_classes_on_a_set_of_four_of_them_is_scored_by_name(tmp_path):
