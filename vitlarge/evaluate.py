@@ -25,7 +25,7 @@ from vitlarge.config.load import load_config
 from vitlarge.config.phase_list import entries, final_eval_size, patch_size
 from vitlarge.config.schema import IMAGE_SIZE, MAX_EVAL_TOKENS, DataConfig, rule_of
 from vitlarge.data import class_map
-from vitlarge.data.manifest import MANIFEST_NAME, load_manifest
+from vitlarge.data.manifest import MANIFEST_NAME, Manifest, load_manifest
 from vitlarge.distributed import threads
 from vitlarge.distributed.process import main_then_leave
 from vitlarge.errors import UserError
@@ -210,12 +210,12 @@ def top5_or_none(metrics: dict, scored: int) -> dict:
     return {**metrics, "val_top5": None} if scored <= 5 else metrics
 
 
-def _data_classes(cfg, model: model_of.ModelOf):
-    """How the data set's classes are scored by ``model`` (`class_map.match`), from dataset.json's names and the
-    model's (an export's ``label_names``); None for the synthetic source (its classes are the config's)."""
-    if cfg.data.source == "synthetic":
+def _data_classes(cfg, model: model_of.ModelOf, manifest: Manifest | None) -> class_map.ClassMap | None:
+    """How the data set's classes are scored by ``model`` (`class_map.match`), from dataset.json's names
+    (``manifest``) and the model's (an export's ``label_names``); None for the synthetic source (no manifest: its
+    classes are the config's)."""
+    if manifest is None:
         return None
-    manifest = load_manifest(cfg.data.path)
     return class_map.match(
         model.names,
         model.num_classes or cfg.data.num_classes,
@@ -283,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
             raise mismatch
         if meta:  # the model its meta.json describes is the checkpoint's, before one is built
             ckpt_weights.check_compatible_config(meta, args.checkpoint, cfg)
-        classes = _data_classes(cfg, model)
+        manifest = None if cfg.data.source == "synthetic" else load_manifest(cfg.data.path)
+        classes = _data_classes(cfg, model, manifest)
         # As train.py starts: precision auto resolved, the kernels training's own evaluation ran with.
         settings = start(cfg, env, threads.size_thread_pools()).settings
         device = settings.device
@@ -292,9 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         # The size and preprocessing training evaluated this checkpoint at: its phase's (a FixRes-style
         # last phase evaluates above its training size); an export evaluates as its last phase.
         # (the training split's size sets the steps of each phase: a set converted for evaluation has none)
-        n_train = None
-        if cfg.data.source != "synthetic" and "train" in (manifest := load_manifest(cfg.data.path)).splits:
-            n_train = manifest.num_examples("train")
+        n_train = manifest.num_examples("train") if manifest is not None and "train" in manifest.splits else None
         step = meta["step"] if meta else None
         if changed and args.config is not None and env.is_main:  # without --config the model's own files are the config
             print(

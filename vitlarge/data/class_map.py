@@ -69,10 +69,11 @@ def match(
         if count == model_count:
             return ClassMap(None, None)
         unnamed = model_where if model_names is None else data_where
+        export = "its run's export (<workdir>/model: its config.json names the classes), or " if names else ""
         raise UserError(
             f"the model has {model_count:,} classes, {data_where} {count:,}, and {unnamed} records no class names to "
-            f"map them by: no correct top-1 can be computed; evaluate on a data set of the model's {model_count:,} "
-            "classes"
+            f"map them by: no correct top-1 can be computed; evaluate {export}on a data set of the model's "
+            f"{model_count:,} classes"
         )
     index = {n: i for i, n in enumerate(model_names)}
     unknown = [n for n in names if n not in index]
