@@ -178,11 +178,18 @@ def load_recipe(path: str | Path) -> Config:
 
 
 def load_config(
-    path: str | Path, overrides: Sequence[str] = (), override_files: Sequence[str | Path] = (), **direct: str | None
+    path: str | Path,
+    overrides: Sequence[str] = (),
+    override_files: Sequence[str | Path] = (),
+    *,
+    base: Config | None = None,
+    **direct: str | None,
 ) -> Config:
     """Recipe + direct settings (``data.path``, ``workdir``) + overrides files in order + dotted overrides (the
-    command line wins), validated; an error about a key an override set names the override's origin."""
-    cfg = load_recipe(path)
+    command line wins), validated; an error about a key an override set names the override's origin. ``base``: a
+    config made elsewhere (an export's, `vitlarge.evaluate.export_config`) in place of the recipe, ``path`` then
+    what errors and the trackers' experiment name it by."""
+    cfg = base if base is not None else load_recipe(path)
     overridden: dict[str, str] = {}
     for key, value in direct.items():
         if value is not None:
