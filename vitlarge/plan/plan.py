@@ -107,8 +107,8 @@ class Plan:
 
     def record(self) -> dict[str, Any]:
         """What a checkpoint's meta.json records of the plan (``schedule``), so that a later resume rebuilds the
-        checkpoint's own plan (vitlarge/plan/edits.py): the training images it was planned for and the
-        `Continuation`, if any."""
+        checkpoint's own plan (vitlarge/plan/edits.py): the training images it was planned for, the `Continuation`
+        and the `EpochCount`, if any."""
         c, e = self.continues, self.counted_from
         return {
             "num_train_examples": self.num_train_examples,
