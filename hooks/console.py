@@ -49,6 +49,16 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else math.nan
 
 
+class PipeSafeConsole(Console):
+    """A rich `Console` whose lines stop, not the process, when their reader is gone: rich ends the process with
+    status 1 on a broken pipe, and a launcher that exits before its workers (``colossalai run`` on SIGTERM), a
+    closed ``| head`` or a lost ``srun`` I/O would then cost the checkpoint a SIGTERM asked for and the run's own
+    status (75), as a line on a gone stderr must not (`vitlarge.distributed.process.say`)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True  # nothing more is written; rich's default also points fd 1 at /dev/null and exits 1
+
+
 class ConsoleHook(Hook):
     """Prints a line on the first step, every ``log_every`` steps, and the last step."""
 
@@ -56,7 +66,7 @@ class ConsoleHook(Hook):
         if log_every < 1:
             raise ValueError(f"log_every must be >= 1, got {log_every}")
         self.log_every = log_every
-        self.console = console or Console(stderr=False)
+        self.console = console or PipeSafeConsole(stderr=False)
         self._window: list[StepMetrics] = []
         self._first_step = 1
 
