@@ -68,7 +68,7 @@ from .done_records import PROGRESS_DIR
 from .imagefolder import DEFAULT_MAX_IMAGE_PIXELS, BadImage, Item
 
 TOOL = "data_tools.imagenet_to_tfrecord"
-TOOL_VERSION = "1.0.0"
+TOOL_VERSION = "1.1.0"  # 1.1: re-encoded images upright and transparent ones on white (`imagefolder.upright_rgb`)
 LABEL_OFFSET = 1  # TF ImageNet records reserve label 0 for "background"
 SKIPPED_LIST = "skipped.txt"
 
@@ -168,20 +168,22 @@ def _records_sizes(name: str) -> bool:
 
 
 def _write_records(path, name, items, skip_bad, check, max_pixels) -> dict:
-    skipped, reencoded, pending, sizes = [], 0, [0, 0], []
+    skipped, reencoded, transparent, pending, sizes = [], 0, [], [0, 0], []
     with tfrecord_io.ShardWriter(path) as writer:
         for item in items:
             try:
-                jpeg, height, width, was_reencoded = imagefolder.prepare_image(item.path, check, max_pixels)
+                image = imagefolder.prepare_image(item.path, check, max_pixels)
             except BadImage as e:
                 if not skip_bad:
                     raise
                 skipped.append([e.args[0], e.args[1]])
                 print(f"skipped {e.args[0]}: {e.args[1]}", file=sys.stderr)
                 continue
-            reencoded += was_reencoded
-            writer.write(tfrecord_io.encode_example(example_features(item, jpeg, height, width)))
-            sizes.append([height, width])
+            reencoded += image.reencoded
+            if image.transparent:
+                transparent.append(item.path)
+            writer.write(tfrecord_io.encode_example(example_features(item, image.data, image.height, image.width)))
+            sizes.append([image.height, image.width])
             pending[0] += 1
             pending[1] += item.size
             if pending[0] >= 32 and _progress_queue is not None:
@@ -199,6 +201,7 @@ def _write_records(path, name, items, skip_bad, check, max_pixels) -> dict:
         "checksum": written.checksum,
         "skipped": skipped,
         "reencoded": reencoded,
+        "transparent": transparent,
         "sizes": sizes,
     }
 
@@ -240,6 +243,8 @@ def _record_is_sound(rec: dict) -> bool:
         and CHECKSUM_RE.match(rec["checksum"]) is not None
         and isinstance(skipped, list)
         and all(isinstance(x, list) and len(x) == 2 and all(isinstance(y, str) for y in x) for x in skipped)
+        and isinstance(rec.get("transparent"), list)
+        and all(isinstance(x, str) for x in rec["transparent"])
     )
 
 
@@ -433,13 +438,26 @@ def convert(
         for s in plans
     )
     extra = f"; {plural(len(skipped), 'unreadable image')} skipped (listed in {skipped_list})" if skipped else ""
-    reenc = sum(r["reencoded"] for r in records.values())
     print(
         f"wrote {os.path.join(out, 'dataset.json')}: {counts}; {plural(manifest.num_classes, 'class')}; "
-        f"{plural(reenc, 'image')} re-encoded as RGB JPEG{extra}" + (f"; {rate}" if tasks else ""),
+        f"{reencoded_summary(list(records.values()))}{extra}" + (f"; {rate}" if tasks else ""),
         file=sys.stderr,
     )
     return load_manifest(out)
+
+
+def reencoded_summary(records: list[dict]) -> str:
+    """The summary's words on the images decoded and written again (`imagefolder.prepare_bytes`): how many, and
+    the transparent ones among them, counted and named (the first three), since their look depends on the
+    background they were composited on."""
+    reenc = sum(r["reencoded"] for r in records)
+    transparent = sorted(p for r in records for p in r["transparent"])
+    line = f"{plural(reenc, 'image')} re-encoded as RGB JPEG"
+    if transparent:
+        named = ", ".join(transparent[:3]) + (f" and {len(transparent) - 3:,} more" if len(transparent) > 3 else "")
+        background = "white" if imagefolder.BACKGROUND == (255, 255, 255) else str(imagefolder.BACKGROUND)
+        line += f" ({len(transparent):,} of them transparent, composited on {background}: {named})"
+    return line
 
 
 def _val_order(shards: list[ShardInfo] | None) -> dict[str, str]:
