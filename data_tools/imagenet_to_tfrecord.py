@@ -439,7 +439,7 @@ def convert_parquet(
     try:
         return write_plan(
             src, out, Plan(plans, digests, classes, {c: "" for c in classes}), opts,
-            workers=workers or os.cpu_count() or 1, progress=progress, before_writing=before_writing,
+            workers=(os.cpu_count() or 1) if workers is None else workers, progress=progress, before_writing=before_writing,
         )  # fmt: skip
     finally:
         if os.path.lexists(spill):
