@@ -222,7 +222,7 @@ def discover(src: str) -> tuple[list[str], dict[str, list[Source]]]:
 
 def _read(path: str, pf: pq.ParquetFile, group: int, columns: list[str]) -> pa.Table:
     try:
-        return pf.read_row_group(group, columns=columns)
+        return pf.read_row_group(group, columns=columns, use_threads=False)  # the workers are the parallelism
     except (OSError, ValueError, pa.ArrowException) as e:
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise UserError(_damaged(path, f"row group {group}: {why}")) from None
