@@ -19,17 +19,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-from benchmarks.bench_convert import ROOT, _warm, bench_images, bench_root
+from benchmarks.bench_convert import WORKERS, _warm, against_cp, bench_images, bench_root, timed_once
 from benchmarks.harness import results, timing
 
 REPEATS = 3
-WORKERS = 2
 
 
 def parquet_set(name: str, tree: Path) -> tuple[Path, int]:
@@ -60,41 +55,14 @@ def measure(src: Path, tree: Path, total: int, repeats: int) -> dict:
     work = bench_root() / "parquet-runs"
 
     def contender(name: str):
-        def once() -> float:
-            shutil.rmtree(work, ignore_errors=True)
-            work.mkdir(parents=True)
-            subprocess.run(["sync"], check=True)  # start each contender with no dirty pages pending
-            t = time.perf_counter()
-            if name.startswith("cp"):
-                subprocess.run(["cp", "-r", str(src), str(work / "copy")], check=True)
-                if name.endswith("sync"):
-                    subprocess.run(["sync"], check=True)
-            else:  # the CLI in its own process, as users run it (this one has torch: its workers would spawn)
-                subprocess.run(
-                    [sys.executable, "-m", "data_tools.imagenet_to_tfrecord"]
-                    + ["--src", str(src if name == "convert parquet" else tree)]
-                    + ["--out", str(work / "out"), "--train-shards", "16", "--val-shards", "2"]
-                    + ["--workers", str(WORKERS), "--no-progress"],
-                    check=True,
-                    stderr=subprocess.DEVNULL,
-                    cwd=ROOT,
-                )
-            return time.perf_counter() - t
-
-        return once
+        source = src if name == "convert parquet" else tree
+        args = ["--src", str(source), "--out", str(work / "out"), "--train-shards", "16", "--val-shards", "2"]
+        return lambda: timed_once(work, src, name, args)
 
     names = ("cp -r", "cp -r + sync", "convert parquet", "convert folder")
     timings = timing.interleaved({name: contender(name) for name in names}, repeats)
     shutil.rmtree(work, ignore_errors=True)
-    mbps = {k: total / statistics.median(v) / 1e6 for k, v in timings.items()}
-    return {
-        "source_mb": round(total / 1e6, 1),
-        "median_seconds": {k: round(statistics.median(v), 3) for k, v in timings.items()},
-        "all_seconds": {k: [round(x, 3) for x in v] for k, v in timings.items()},
-        "mb_per_s": {k: round(v, 1) for k, v in mbps.items()},
-        "ratio_vs_cp": {k: round(v / mbps["cp -r"], 2) for k, v in mbps.items() if k.startswith("convert")},
-        "ratio_vs_cp_sync": {k: round(v / mbps["cp -r + sync"], 2) for k, v in mbps.items() if k.startswith("convert")},
-    }
+    return {"source_mb": round(total / 1e6, 1), **against_cp(timings, total)}
 
 
 def run(quick: bool, tiny: bool = False) -> dict:

@@ -742,39 +742,15 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--train-shards and --val-shards must be >= 1")
     if a.max_image_pixels < 1:
         p.error("--max-image-pixels must be >= 1")
+    shared = ("train_shards", "val_shards", "workers", "skip_bad", "seed", "check", "max_image_pixels")
+    common = {k: getattr(a, k) for k in shared} | {"progress": not a.no_progress}
     if not os.path.isdir(os.path.join(a.src, "train")):
         from . import parquet_source  # lazy: pyarrow only where the source may be parquet
 
         if parquet_source.is_parquet_source(a.src):  # a Hugging Face data set's folder
-            return run_cli(
-                lambda: convert_parquet(
-                    a.src,
-                    a.out,
-                    train_shards=a.train_shards,
-                    val_shards=a.val_shards,
-                    workers=a.workers,
-                    skip_bad=a.skip_bad,
-                    seed=a.seed,
-                    check=a.check,
-                    progress=not a.no_progress,
-                    max_image_pixels=a.max_image_pixels,
-                )
-            )
+            return run_cli(lambda: convert_parquet(a.src, a.out, **common))
     return run_cli(
-        lambda: convert(
-            a.src,
-            a.out,
-            train_shards=a.train_shards,
-            val_shards=a.val_shards,
-            workers=a.workers,
-            skip_bad=a.skip_bad,
-            val_labels=a.val_labels,
-            seed=a.seed,
-            check=a.check,
-            progress=not a.no_progress,
-            max_image_pixels=a.max_image_pixels,
-            min_class_images=a.min_class_images,
-        )
+        lambda: convert(a.src, a.out, val_labels=a.val_labels, min_class_images=a.min_class_images, **common)
     )
 
 
