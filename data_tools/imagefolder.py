@@ -1,8 +1,9 @@
 """Find the images of an ImageFolder-style tree and their classes; prepare each for a record.
 
 Layout: ``ROOT/train/<class>/*`` and either ``ROOT/val/<class>/*`` or a flat ``ROOT/val/*`` with a
-labels file (Kaggle's ``LOC_val_solution.csv`` or ``filename class`` lines). Class names sort to
-labels; the ImageNet synsets get their WordNet lemmas (shipped with timm) as ``image/class/text``.
+labels file (Kaggle's ``LOC_val_solution.csv`` or ``filename class`` lines). Without ``train/``, ``ROOT/val/<class>/*``
+or ``ROOT/<class>/*`` is a set to evaluate on: a validation split alone (`_validation_only`). Class names sort to
+labels as text (``1, 10, 2``: torchvision's ImageFolder order; timm's reader sorts naturally, docs/DATA.md); the ImageNet synsets get their WordNet lemmas (shipped with timm) as ``image/class/text``.
 A class folder's images may sit in subfolders at any depth (``train/<class>/batch2/x.jpg``, as
 torchvision's ImageFolder takes them): each is labelled by the class folder that holds it. Links are
 followed, each image once: a link that makes an image reachable twice (under another class, or twice in
@@ -202,7 +203,13 @@ def discover(src: str, val_labels: str | None, label_offset: int) -> tuple[list[
         raise UserError(f"{src}: source directory does not exist; pass --src ROOT with ROOT/train/<class>/*")
     train_dir = os.path.join(src, "train")
     if not os.path.isdir(train_dir):
-        raise UserError(f"{train_dir}: missing; the source needs ROOT/train/<class>/* (ImageFolder layout)")
+        found = _validation_only(src, label_offset)
+        if found is None:
+            raise UserError(
+                f"{train_dir}: missing; the source needs ROOT/train/<class>/* (ImageFolder layout), or for a set to "
+                "evaluate on, ROOT/val/<class>/* or ROOT/<class>/*"
+            )
+        return found
     classes = _class_dirs(train_dir)
     if not classes:
         raise UserError(f"{train_dir}: no class directories; expected ROOT/train/<class>/<image>")
@@ -212,15 +219,7 @@ def discover(src: str, val_labels: str | None, label_offset: int) -> tuple[list[
     def item(path: str, cls: str) -> Item:
         return Item(path, label_of[cls], cls, texts[cls], os.path.getsize(path))
 
-    splits = {"train": []}
-    found: list[tuple[_Found, str]] = []
-    for c in classes:
-        files = _files_below(os.path.join(train_dir, c))
-        if not files:
-            raise UserError(f"{os.path.join(train_dir, c)}: empty class directory; add images or remove it")
-        found += [(f, c) for f in files]
-    _refuse_twice(train_dir, found)
-    splits["train"] = [item(f.path, c) for f, c in found]
+    splits = {"train": [item(f.path, c) for f, c in _class_files(train_dir, classes)]}
 
     val_dir = os.path.join(src, "val")
     if os.path.isdir(val_dir):
@@ -265,6 +264,42 @@ def discover(src: str, val_labels: str | None, label_offset: int) -> tuple[list[
     return classes, splits
 
 
+def _class_files(split_dir: str, classes: list[str]) -> list[tuple[_Found, str]]:
+    """Every file of each class folder of ``split_dir`` with its class, each image once (`_refuse_twice`); an empty
+    class folder is a UserError naming it."""
+    found: list[tuple[_Found, str]] = []
+    for c in classes:
+        files = _files_below(os.path.join(split_dir, c))
+        if not files:
+            raise UserError(f"{os.path.join(split_dir, c)}: empty class directory; add images or remove it")
+        found += [(f, c) for f in files]
+    _refuse_twice(split_dir, found)
+    return found
+
+
+def evaluation_folder(src: str) -> str:
+    """Where a source without ``train/`` holds its classes: ``ROOT/val`` where there is one, else ``ROOT`` itself (a
+    flat folder of class folders, as a test set is often handed over)."""
+    val_dir = os.path.join(src, "val")
+    return val_dir if os.path.isdir(val_dir) else src
+
+
+def _validation_only(src: str, label_offset: int) -> tuple[list[str], dict[str, list[Item]]] | None:
+    """`discover`'s answer for a source converted for evaluation alone: its class folders (`evaluation_folder`) as
+    the validation split, labelled by their names sorted as text as `discover` labels a training split's; None
+    where it has no class folder. Training on the result is refused naming the missing split
+    (`vitlarge.data.manifest.Manifest.shards`); ``vitlarge.evaluate`` matches its classes to a model's by name."""
+    folder = evaluation_folder(src)
+    classes = _class_dirs(folder)
+    if not classes:
+        return None
+    texts = class_texts(classes)
+    found = _class_files(folder, classes)
+    label_of = {c: i + label_offset for i, c in enumerate(classes)}
+    items = [Item(f.path, label_of[c], c, texts[c], os.path.getsize(f.path)) for f, c in found]
+    return classes, {"validation": items}
+
+
 MIN_CLASS_IMAGES = 10
 """Fewer training images than this in a class is warned about (a download that stopped, a misplaced folder)."""
 
@@ -282,9 +317,9 @@ def layout_warnings(
 
     lines = []
     counts = {c: 0 for c in classes}
-    for it in splits["train"]:
+    for it in splits.get("train", ()):
         counts[it.synset] += 1
-    few = [c for c in classes if counts[c] < min_images]
+    few = [c for c in classes if counts[c] < min_images] if "train" in splits else []
     if few:
         lines.append(
             f"{len(few)} of {len(classes)} classes {'has' if len(few) == 1 else 'have'} fewer than {min_images} "

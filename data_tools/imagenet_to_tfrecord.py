@@ -9,7 +9,8 @@ bytes, ``image/class/label`` = 1 + sorted class index), a DALI index ``<shard>.i
 and ``dataset.json`` (see vitlarge/data/manifest.py). Train examples are shuffled across shards
 with ``--seed``; validation examples are written sorted by aspect ratio, and each validation image's size is
 recorded beside its shard (``<shard>.sizes``, named by ``dataset.json``; `data_tools.val_order`: what rectangular
-validation, ``data.rect_val``, reads).
+validation, ``data.rect_val``, reads). A source without ``train/`` (``ROOT/val/<class>/*``, or class folders directly
+in ROOT) converts to a validation split alone, a set to evaluate an export on (``vitlarge-evaluate --data OUT``).
 
 Resumable: each committed shard gets a done-record in ``OUT/.progress/`` (`data_tools.done_records`);
 a rerun keeps shards whose record, size and index still match and whose input list is unchanged,
@@ -371,9 +372,11 @@ def convert(
     for line in imagefolder.layout_warnings(src, classes, splits, min_class_images):
         print(f"warning: {line}", file=sys.stderr)
     texts = imagefolder.class_texts(classes)
-    plans = {
-        "train": plan_shards(splits["train"], train_shards, "train", seed),
-    }
+    plans = {}
+    if "train" in splits:
+        plans["train"] = plan_shards(splits["train"], train_shards, "train", seed)
+    else:
+        print(_evaluation_only_note(src, out, len(classes)), file=sys.stderr)
     if splits.get("validation"):
         ordered = val_order.aspect_sorted(splits["validation"], max_image_pixels)
         plans["validation"] = plan_shards(ordered, val_shards, "validation", None)
@@ -573,6 +576,15 @@ def reencoded_summary(records: list[dict]) -> str:
     return line
 
 
+def _evaluation_only_note(src: str, out: str, num_classes: int) -> str:
+    """The line a conversion without ``train/`` prints: what it converts, and what the result is for."""
+    return (
+        f"{src} has no train/: converting the {plural(num_classes, 'class folder')} of "
+        f"{imagefolder.evaluation_folder(src)} as a validation split only, to evaluate on "
+        f"(vitlarge-evaluate --data {out}); training needs ROOT/train/<class>/*"
+    )
+
+
 def _val_order(shards: list[ShardInfo] | None) -> dict[str, str]:
     """The validation split's ``order`` for the manifest: by aspect ratio, as `val_order.aspect_sorted` planned it,
     where the sizes the writer read agree (an image whose header PIL could not parse, planned last, may
@@ -701,7 +713,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--src",
         required=True,
-        help="ROOT with ROOT/train/<class>/* and ROOT/val/..., or a Hugging Face data set's folder of parquet shards "
+        help="ROOT with ROOT/train/<class>/* and ROOT/val/...; without train/, ROOT/val/<class>/* or ROOT/<class>/* "
+        "converts a validation split only, to evaluate on; or a Hugging Face data set's folder of parquet shards "
         "(ROOT/data/train-NNNNN-of-NNNNN.parquet, ...: data_tools.parquet_source)",
     )
     p.add_argument("--out", required=True, help="output directory for shards, indexes and dataset.json")

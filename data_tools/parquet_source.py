@@ -215,8 +215,10 @@ def discover(src: str) -> tuple[list[str], dict[str, list[Source]]]:
         splits.setdefault(split, []).append(Source(path, os.path.getsize(path), groups, image, label))
     if left_out:
         print(f"left out {plural(len(left_out), 'unlabelled file')} ({left_out[0]}, ...): no labels", file=sys.stderr)
-    if classes is None or "train" not in splits:
-        raise UserError(f"{src}: no train-*.parquet file; the converter needs a training split")
+    if classes is None or not splits:
+        raise UserError(f"{src}: no train-*.parquet or validation-*.parquet file; name the files as the Hub does")
+    if "train" not in splits:  # as a folder without train/: a set to evaluate an export on
+        print(f"{src} has no train-*.parquet: converting its validation split only, to evaluate on", file=sys.stderr)
     return classes, splits
 
 

@@ -58,6 +58,11 @@ def _label(x: object) -> str:
     return x[:60].replace("$", r"\$") if isinstance(x, str) else "?"
 
 
+def _tail(path: str) -> str:
+    """A recorded path for a label: its last 60 characters (where it differs from another run's), as `_label`."""
+    return _label(path if len(path) <= 60 else "..." + path[-57:])
+
+
 def _records(workdir: Path) -> tuple[list[dict], list[dict], dict]:
     """``(train, evals, start)`` records of a run; UserError where it has none yet."""
     path = workdir / FILENAME
@@ -181,6 +186,8 @@ def plot_run(workdir: str | Path, out: str | Path | None = None) -> Path:
         f"{_label(workdir.name)}: {name}, global batch {_label(start.get('global_batch'))}, {train[-1]['step']} steps",
         fontsize=11,
     )
+    if isinstance(model, dict) and isinstance(model.get("init_from"), str) and model["init_from"]:
+        fig.supxlabel(f"initialised from {_tail(model['init_from'])} (model.init_from)", fontsize=8)
     fig.tight_layout()
 
     # The default picture stays inside the workdir (a planted metrics.png link is replaced, not written
@@ -236,7 +243,10 @@ def plot_runs(workdirs: list[str | Path], out: str | Path | None = None, x: str 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p = argparse.ArgumentParser(
+        description="A picture of a run: train loss, learning rate, validation accuracy and images/s against the step, "
+        "written to WORKDIR/metrics.png. With two or more runs, one picture compares them (compare.png here)."
+    )
     p.add_argument("workdir", nargs="+", help="a run's --workdir (holds metrics.jsonl); two or more: one picture")
     p.add_argument(
         "--out", help=f"PNG to write (default: WORKDIR/{PLOT_FILENAME}; for several runs {COMPARE_FILENAME} here)"

@@ -21,7 +21,7 @@ from vitlarge.report.metrics_log import PLOT_FILENAME
 from vitlarge.report.plot import _smooth, plot_run
 
 
-def run_info(workdir, start_step=0) -> RunInfo:
+def run_info(workdir, start_step=0, init_from: str | None = None) -> RunInfo:
     plan = one_phase_plan(
         world_size=2,
         global_batch=128,
@@ -35,6 +35,7 @@ def run_info(workdir, start_step=0) -> RunInfo:
     )
     cfg = Config()
     cfg.model.name = "vit_tiny_patch16_224"
+    cfg.model.init_from = init_from
     return RunInfo(
         workdir=str(workdir),
         rank=0,
@@ -74,11 +75,13 @@ def evaluation(s: int, ema: bool = False) -> EvalMetrics:
     return m
 
 
-def write_run(workdir, steps=40, evals=(11, 22, 33, 40), ema: bool = False, plot: bool = True) -> PlotHook | None:
+def write_run(
+    workdir, steps=40, evals=(11, 22, 33, 40), ema: bool = False, plot: bool = True, init_from: str | None = None
+) -> PlotHook | None:
     """A run as JsonlHook writes it, with one fp16 overflow and a non-finite loss, then the plot hook (its picture,
-    unless ``plot`` is false)."""
+    unless ``plot`` is false); ``init_from``: its ``model.init_from``."""
     hooks = [JsonlHook(str(workdir))] + ([PlotHook(str(workdir))] if plot else [])
-    run = run_info(workdir)
+    run = run_info(workdir, init_from=init_from)
     for h in hooks:
         h.on_train_start(run)
     for s in range(1, steps + 1):
@@ -236,3 +239,33 @@ def test_values_no_run_writes_are_gaps_in_the_picture_never_a_traceback(tmp_path
     out = tmp_path / "ab.png"
     r = call_main("vitlarge.report.plot", str(tmp_path / "hostile"), str(tmp_path / "plain"), "--out", str(out))
     assert (r.returncode, r.stderr) == (0, "") and out.is_file()
+
+
+def test_a_fine_tuned_runs_picture_says_where_it_was_initialised_from(tmp_path, monkeypatch):
+    """Issue 55 item 10: the picture names ``model.init_from`` (its last 60 characters) under the panels; a run from
+    scratch has no such line."""
+    import vitlarge.report.plot as plot
+
+    figures = []
+    monkeypatch.setattr(plot, "_save", lambda fig, target, root: figures.append(fig) or target)
+    source = "/scratch/" + "x" * 60 + "/runs/demo_digits/model"
+    for name, init_from in (("scratch", None), ("tuned", source)):
+        write_run(tmp_path / name, plot=False, init_from=init_from)
+        plot_run(tmp_path / name)
+    assert [f.get_supxlabel() for f in figures] == [
+        "",
+        f"initialised from ...{source[-57:]} (model.init_from)",
+    ]
+
+
+def test_help_says_what_it_draws_in_whole_sentences():
+    r = call_main("vitlarge.report.plot", "--help")
+    text = " ".join(r.stdout.split())
+    assert (
+        r.returncode == 0
+        and (
+            "A picture of a run: train loss, learning rate, validation accuracy and images/s against the step, written to "
+            "WORKDIR/metrics.png. With two or more runs, one picture compares them (compare.png here)."
+        )
+        in text
+    )
