@@ -165,3 +165,13 @@ def test_a_test_split_is_left_out_in_one_line(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "left out 1 unlabelled file" in done.stderr
     assert json.load(open(tmp_path / "out" / "dataset.json"))["num_classes"] == 2
+
+
+def test_a_set_of_validation_files_alone_converts_to_evaluate_on(tmp_path):
+    src = hub_file(tmp_path, name="validation-00000-of-00001.parquet", image=IMAGE, label=LABEL)
+    done = call_main(CONVERT, "--src", src, "--out", str(tmp_path / "out"), "--workers", "0", "--no-progress")
+    assert done.returncode == 0, done.stderr
+    assert "has no train-*.parquet: converting its validation split only" in done.stderr
+    m = load_manifest(str(tmp_path / "out"))
+    assert (m.num_examples("validation"), [c.synset for c in m.classes]) == (1, ["a", "b"])
+    assert list(m.splits) == ["validation"]
