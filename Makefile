@@ -1,6 +1,6 @@
 # vitlarge: two commands on a fresh machine. `make help` prints this block.
 #   make demo          creates .venv, installs requirements.txt, builds the digits data, trains on 2 CPU processes
-#   make test          the test suite (what CI runs: 23 min on 2 cores)
+#   make test          the test suite (CI runs make demo, then this: 23 min on 2 cores)
 #   make test-fast     the in-process tests only (tests/unit: under 2 minutes on 2 cores)
 #   make typecheck     pyright on vitlarge/ and hooks/ (pyproject.toml [tool.pyright])
 #   make install       the venv alone; install-trackers adds MLflow and W&B

@@ -68,6 +68,39 @@ def _warm(root: Path) -> None:
                     pass
 
 
+def timed_once(work: Path, src: Path, name: str, convert_args: list[str]) -> float:
+    """Wall seconds of one run of contender ``name`` into a fresh ``work``: ``cp -r`` of ``src`` (then ``sync`` for
+    ``cp -r + sync``: the converter fsyncs its shards, this cp pays for its writes too), or the converter's command
+    with ``convert_args`` and `WORKERS` workers, in its own process as users run it (as cp runs; this process has
+    loaded torch, which would make convert() spawn its workers instead of forking)."""
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    subprocess.run(["sync"], check=True)  # start each contender with no dirty pages pending
+    t = time.perf_counter()
+    if name.startswith("cp"):
+        subprocess.run(["cp", "-r", str(src), str(work / "copy")], check=True)
+        if name.endswith("sync"):
+            subprocess.run(["sync"], check=True)
+    else:
+        command = [sys.executable, "-m", "data_tools.imagenet_to_tfrecord", *convert_args]
+        command += ["--workers", str(WORKERS), "--no-progress"]
+        subprocess.run(command, check=True, stderr=subprocess.DEVNULL, cwd=ROOT)
+    return time.perf_counter() - t
+
+
+def against_cp(timings: dict[str, list[float]], total: int) -> dict:
+    """Each contender's seconds (median and all), source bytes/s, and the converters' (``convert ...``) ratio to
+    ``cp -r`` and to ``cp -r + sync``."""
+    mbps = {k: total / statistics.median(v) / 1e6 for k, v in timings.items()}
+    return {
+        "median_seconds": {k: round(statistics.median(v), 3) for k, v in timings.items()},
+        "all_seconds": {k: [round(x, 3) for x in v] for k, v in timings.items()},
+        "mb_per_s": {k: round(v, 1) for k, v in mbps.items()},
+        "ratio_vs_cp": {k: round(v / mbps["cp -r"], 2) for k, v in mbps.items() if k.startswith("convert")},
+        "ratio_vs_cp_sync": {k: round(v / mbps["cp -r + sync"], 2) for k, v in mbps.items() if k.startswith("convert")},
+    }
+
+
 def run(quick: bool, tiny: bool = False) -> dict:
     tiny = results.is_tiny(tiny)
     repeats = 1 if tiny else REPEATS
@@ -76,34 +109,13 @@ def run(quick: bool, tiny: bool = False) -> dict:
     work = bench_root() / "convert-runs"
 
     def contender(name: str):
-        def once() -> float:
-            shutil.rmtree(work, ignore_errors=True)
-            work.mkdir(parents=True)
-            subprocess.run(["sync"], check=True)  # start each contender with no dirty pages pending
-            t = time.perf_counter()
-            if name.startswith("cp"):
-                subprocess.run(["cp", "-r", str(src), str(work / "copy")], check=True)
-                if name.endswith("sync"):  # the converter fsyncs its shards; this cp pays for its writes too
-                    subprocess.run(["sync"], check=True)
-            else:
-                # The CLI in its own process, as users run it (and as cp runs): this process has
-                # loaded torch, which would make convert() spawn its workers instead of forking.
-                subprocess.run(
-                    [sys.executable, "-m", "data_tools.imagenet_to_tfrecord", "--src", str(src)]
-                    + ["--out", str(work / "out"), "--train-shards", "16", "--val-shards", "2"]
-                    + ["--workers", str(WORKERS), "--check", name.split()[1].split("-")[0], "--no-progress"],
-                    check=True,
-                    stderr=subprocess.DEVNULL,
-                    cwd=ROOT,
-                )
-            return time.perf_counter() - t
-
-        return once
+        check = ["--check", name.split()[1].split("-")[0]] if name.startswith("convert") else []
+        args = ["--src", str(src), "--out", str(work / "out"), "--train-shards", "16", "--val-shards", "2", *check]
+        return lambda: timed_once(work, src, name, args)
 
     names = ("cp -r", "cp -r + sync", "convert header-check", "convert decode-check")
     timings = timing.interleaved({name: contender(name) for name in names}, repeats)
     shutil.rmtree(work, ignore_errors=True)
-    mbps = {k: total / statistics.median(v) / 1e6 for k, v in timings.items()}
     result = {
         "benchmark": "convert",
         "quick": quick,
@@ -111,11 +123,7 @@ def run(quick: bool, tiny: bool = False) -> dict:
         "source_mb": round(total / 1e6, 1),
         "workers": WORKERS,
         "repeats": repeats,
-        "median_seconds": {k: round(statistics.median(v), 3) for k, v in timings.items()},
-        "all_seconds": {k: [round(x, 3) for x in v] for k, v in timings.items()},
-        "mb_per_s": {k: round(v, 1) for k, v in mbps.items()},
-        "ratio_vs_cp": {k: round(v / mbps["cp -r"], 2) for k, v in mbps.items() if k.startswith("convert")},
-        "ratio_vs_cp_sync": {k: round(v / mbps["cp -r + sync"], 2) for k, v in mbps.items() if k.startswith("convert")},
+        **against_cp(timings, total),
         "goal": "convert header-check >= 0.5x cp -r",
         "cpu_count": os.cpu_count(),
         "load_average_at_end": os.getloadavg(),

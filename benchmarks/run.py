@@ -52,6 +52,7 @@ class Benchmark:
 REGISTRY = (
     Benchmark("data", "Does the DALI TrainLoader feed >= 2x the images/s of torchvision?", suite=True),
     Benchmark("convert", "Does the TFRecord converter write >= 0.5x the bytes/s of cp -r?", suite=True),
+    Benchmark("parquet", "Does copying a Hugging Face parquet set into TFRecords run >= 0.8x as fast as cp -r?"),
     Benchmark("train", "Does train.py's step reach >= 0.97x a bare loop's images/s, and what MFU?", suite=True),
     Benchmark("optimizer", "Is our LAMB step >= 3x faster than Colossal-AI's on CPU?", suite=True),
     Benchmark("comm", "Is there one gradient all-reduce per DDP bucket, whatever the accumulation?", suite=True),

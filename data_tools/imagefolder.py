@@ -1,8 +1,9 @@
 """Find the images of an ImageFolder-style tree and their classes; prepare each for a record.
 
 Layout: ``ROOT/train/<class>/*`` and either ``ROOT/val/<class>/*`` or a flat ``ROOT/val/*`` with a
-labels file (Kaggle's ``LOC_val_solution.csv`` or ``filename class`` lines). Class names sort to
-labels; the ImageNet synsets get their WordNet lemmas (shipped with timm) as ``image/class/text``.
+labels file (Kaggle's ``LOC_val_solution.csv`` or ``filename class`` lines). Without ``train/``, ``ROOT/val/<class>/*``
+or ``ROOT/<class>/*`` is a set to evaluate on: a validation split alone (`_validation_only`). Class names sort to
+labels as text (``1, 10, 2``: torchvision's ImageFolder order; timm's reader sorts naturally, docs/DATA.md); the ImageNet synsets get their WordNet lemmas (shipped with timm) as ``image/class/text``.
 A class folder's images may sit in subfolders at any depth (``train/<class>/batch2/x.jpg``, as
 torchvision's ImageFolder takes them): each is labelled by the class folder that holds it. Links are
 followed, each image once: a link that makes an image reachable twice (under another class, or twice in
@@ -20,8 +21,9 @@ import re
 import stat
 import warnings
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from PIL import Image
+from PIL import Image, ImageOps
 
 from vitlarge.data.manifest_schema import MAX_SYNSET
 from vitlarge.errors import UserError
@@ -201,7 +203,13 @@ def discover(src: str, val_labels: str | None, label_offset: int) -> tuple[list[
         raise UserError(f"{src}: source directory does not exist; pass --src ROOT with ROOT/train/<class>/*")
     train_dir = os.path.join(src, "train")
     if not os.path.isdir(train_dir):
-        raise UserError(f"{train_dir}: missing; the source needs ROOT/train/<class>/* (ImageFolder layout)")
+        found = _validation_only(src, label_offset)
+        if found is None:
+            raise UserError(
+                f"{train_dir}: missing; the source needs ROOT/train/<class>/* (ImageFolder layout), or for a set to "
+                "evaluate on, ROOT/val/<class>/* or ROOT/<class>/*"
+            )
+        return found
     classes = _class_dirs(train_dir)
     if not classes:
         raise UserError(f"{train_dir}: no class directories; expected ROOT/train/<class>/<image>")
@@ -211,15 +219,7 @@ def discover(src: str, val_labels: str | None, label_offset: int) -> tuple[list[
     def item(path: str, cls: str) -> Item:
         return Item(path, label_of[cls], cls, texts[cls], os.path.getsize(path))
 
-    splits = {"train": []}
-    found: list[tuple[_Found, str]] = []
-    for c in classes:
-        files = _files_below(os.path.join(train_dir, c))
-        if not files:
-            raise UserError(f"{os.path.join(train_dir, c)}: empty class directory; add images or remove it")
-        found += [(f, c) for f in files]
-    _refuse_twice(train_dir, found)
-    splits["train"] = [item(f.path, c) for f, c in found]
+    splits = {"train": [item(f.path, c) for f, c in _class_files(train_dir, classes)]}
 
     val_dir = os.path.join(src, "val")
     if os.path.isdir(val_dir):
@@ -264,6 +264,42 @@ def discover(src: str, val_labels: str | None, label_offset: int) -> tuple[list[
     return classes, splits
 
 
+def _class_files(split_dir: str, classes: list[str]) -> list[tuple[_Found, str]]:
+    """Every file of each class folder of ``split_dir`` with its class, each image once (`_refuse_twice`); an empty
+    class folder is a UserError naming it."""
+    found: list[tuple[_Found, str]] = []
+    for c in classes:
+        files = _files_below(os.path.join(split_dir, c))
+        if not files:
+            raise UserError(f"{os.path.join(split_dir, c)}: empty class directory; add images or remove it")
+        found += [(f, c) for f in files]
+    _refuse_twice(split_dir, found)
+    return found
+
+
+def evaluation_folder(src: str) -> str:
+    """Where a source without ``train/`` holds its classes: ``ROOT/val`` where there is one, else ``ROOT`` itself (a
+    flat folder of class folders, as a test set is often handed over)."""
+    val_dir = os.path.join(src, "val")
+    return val_dir if os.path.isdir(val_dir) else src
+
+
+def _validation_only(src: str, label_offset: int) -> tuple[list[str], dict[str, list[Item]]] | None:
+    """`discover`'s answer for a source converted for evaluation alone: its class folders (`evaluation_folder`) as
+    the validation split, labelled by their names sorted as text as `discover` labels a training split's; None
+    where it has no class folder. Training on the result is refused naming the missing split
+    (`vitlarge.data.manifest.Manifest.shards`); ``vitlarge.evaluate`` matches its classes to a model's by name."""
+    folder = evaluation_folder(src)
+    classes = _class_dirs(folder)
+    if not classes:
+        return None
+    texts = class_texts(classes)
+    found = _class_files(folder, classes)
+    label_of = {c: i + label_offset for i, c in enumerate(classes)}
+    items = [Item(f.path, label_of[c], c, texts[c], os.path.getsize(f.path)) for f, c in found]
+    return classes, {"validation": items}
+
+
 MIN_CLASS_IMAGES = 10
 """Fewer training images than this in a class is warned about (a download that stopped, a misplaced folder)."""
 
@@ -281,9 +317,9 @@ def layout_warnings(
 
     lines = []
     counts = {c: 0 for c in classes}
-    for it in splits["train"]:
+    for it in splits.get("train", ()):
         counts[it.synset] += 1
-    few = [c for c in classes if counts[c] < min_images]
+    few = [c for c in classes if counts[c] < min_images] if "train" in splits else []
     if few:
         lines.append(
             f"{len(few)} of {len(classes)} classes {'has' if len(few) == 1 else 'have'} fewer than {min_images} "
@@ -371,59 +407,156 @@ def jpeg_frame(data: bytes) -> tuple[int, int, int] | None:
     return None
 
 
-def prepare_image(
-    path: str, check: str = "header", max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
-) -> tuple[bytes, int, int, bool]:
-    """Return (RGB JPEG bytes, height, width, re-encoded?) or raise BadImage.
+EXIF_ORIENTATION = 0x0112  # the EXIF tag
+TURNED = {5, 6, 7, 8}  # EXIF orientations that turn the image a quarter: its displayed height is its stored width
+
+
+def jpeg_orientation(data: bytes) -> int:
+    """The EXIF orientation (1-8) of a JPEG's first Exif segment, 1 where it has none or it cannot be read: the
+    tag DALI's decoders and PIL's ``exif_transpose`` apply. A marker walk as `jpeg_frame`'s, reading the few bytes
+    of IFD0's entries, bounded by the segment."""
+    i, n = 2, len(data)
+    while i + 4 <= n and data[i] == 0xFF:
+        marker = data[i + 1]
+        if marker == 0xFF:
+            i += 1
+            continue
+        if marker in (0xD9, 0xDA):
+            return 1
+        length = (data[i + 2] << 8) | data[i + 3]
+        if marker == 0xE1 and data[i + 4 : i + 10] == b"Exif\0\0":
+            return _ifd0_orientation(data[i + 10 : i + 2 + length])
+        i += 2 + length
+    return 1
+
+
+def _ifd0_orientation(tiff: bytes) -> int:
+    order = {b"II": "little", b"MM": "big"}.get(tiff[:2])
+    if order is None or len(tiff) < 8:
+        return 1
+
+    def num(at: int, size: int) -> int:
+        return int.from_bytes(tiff[at : at + size], order)  # type: ignore[arg-type]
+
+    ifd = num(4, 4)
+    if ifd + 2 > len(tiff):
+        return 1
+    for k in range(num(ifd, 2)):
+        entry = ifd + 2 + 12 * k
+        if entry + 12 > len(tiff):
+            return 1
+        if num(entry, 2) == EXIF_ORIENTATION:
+            value = num(entry + 8, 2)
+            return value if 1 <= value <= 8 else 1
+    return 1
+
+
+class Prepared(NamedTuple):
+    """What a record stores of one source image: RGB JPEG bytes whose decode (EXIF orientation applied, as DALI's
+    decoders and PIL's ``exif_transpose`` apply it) is the image as it looks, and its height and width as it looks
+    (after that rotation: DALI's ``peek_image_shape``, which rectangular validation's crops follow)."""
+
+    data: bytes
+    height: int
+    width: int
+    reencoded: bool  # decoded and written again as RGB JPEG (PNG, grayscale, CMYK, ...)
+    transparent: bool  # had transparency, composited on `BACKGROUND`
+
+
+BACKGROUND = (255, 255, 255)
+"""What a transparent image is composited on before training: white, as a browser or an image viewer shows a
+transparent PNG and as PIL's ``convert("RGB")`` users who paste on white expect (dropping the alpha instead turns a
+drawing held in its alpha into a blank picture)."""
+
+
+def upright_rgb(im: Image.Image) -> tuple[Image.Image, bool]:
+    """``(im as it looks, in RGB; whether it had transparency)``: its EXIF orientation applied (once: the result
+    carries no orientation tag), a transparent image (RGBA, LA, PA, or a palette or RGB/L image with a
+    transparent colour) composited on `BACKGROUND`. The one rule for images the converter decodes, and the rule
+    the docs' timm snippet writes out in PIL for images read outside vitlarge."""
+    im = ImageOps.exif_transpose(im) or im
+    transparent = im.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in im.info
+    if transparent:
+        rgba = im.convert("RGBA")
+        im = Image.alpha_composite(Image.new("RGBA", rgba.size, (*BACKGROUND, 255)), rgba)
+    return im.convert("RGB"), transparent
+
+
+def prepare_image(path: str, check: str = "header", max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> Prepared:
+    """`prepare_bytes` of the file at ``path``, or BadImage naming it.
 
     Source images are data: an image of more than ``max_pixels`` pixels is a BadImage naming the
     limit, judged from its header before anything is decoded (PIL's decompression-bomb guard, kept
     on at this limit; a 40000 x 40000 PNG header would otherwise allocate 4.8 GB); a file of more than
     `MAX_BYTES_PER_PIXEL` bytes a pixel of that limit is one from its size, before it is read. Only regular files
     are opened (a FIFO in the tree never blocks the converter).
-
-    Three-component 8-bit JPEGs keep their original bytes. Anything else PIL can read (PNG, CMYK
-    or grayscale JPEG, whatever the file extension says) is re-encoded as RGB JPEG.
-    ``check="header"`` parses the headers and requires the JPEG end marker, decoding only files
-    without it (truncated files fail the decode; files with trailing bytes pass);
-    ``check="decode"`` decodes every image.
     """
-    Image.MAX_IMAGE_PIXELS = max_pixels  # PIL reads its guard from this global; one value per process
     cap = MAX_BYTES_PER_PIXEL * max_pixels
     try:
         with open_regular(path) as f:
             size = os.fstat(f.fileno()).st_size
             data = f.read(cap + 1) if size <= cap else b""  # a file that grows meanwhile is read to the cap, no more
         if max(size, len(data)) > cap:
-            raise _TooLarge(
-                f"{max(size, len(data)):,} bytes, more than {MAX_BYTES_PER_PIXEL} a pixel of --max-image-pixels "
-                f"{max_pixels:,} (a memory guard; {MAX_PIXELS_FIX})"
-            )
+            raise _TooLarge(_too_many_bytes(max(size, len(data)), max_pixels))
+    except _TooLarge as e:
+        raise BadImage(path, str(e)) from None
+    except OSError as e:
+        raise BadImage(path, str(e)) from None
+    return prepare_bytes(data, path, check, max_pixels)
+
+
+def prepare_bytes(
+    data: bytes, name: str, check: str = "header", max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+) -> Prepared:
+    """The record's image for the encoded image ``data`` (``name``: what a BadImage names), or BadImage.
+
+    Three-component 8-bit JPEGs keep their original bytes, EXIF orientation tag included (DALI's decoders apply
+    it: ``adjust_orientation``, on by default). Anything else PIL can read (PNG, CMYK or grayscale JPEG, whatever
+    the file extension says) is decoded, made upright and opaque by `upright_rgb`, and re-encoded as RGB JPEG: the
+    re-encoded file has no tag, so the rotation is applied here, once. ``check="header"`` parses the headers and
+    requires the JPEG end marker, decoding only files without it (truncated files fail the decode; files with
+    trailing bytes pass); ``check="decode"`` decodes every image.
+    """
+    Image.MAX_IMAGE_PIXELS = max_pixels  # PIL reads its guard from this global; one value per process
+    try:
+        if len(data) > MAX_BYTES_PER_PIXEL * max_pixels:
+            raise _TooLarge(_too_many_bytes(len(data), max_pixels))
         frame = jpeg_frame(data)
         if frame is not None and frame[2] == 3 and frame[0] > 0 and frame[1] > 0:
             _check_pixels(frame[1], frame[0], max_pixels)
             if check == "decode" or not data.endswith(b"\xff\xd9"):
                 _open(data).load()
-            return data, frame[0], frame[1], False
+            height, width = frame[:2]
+            if jpeg_orientation(data) in TURNED:
+                height, width = width, height
+            return Prepared(data, height, width, False, False)
         im = _open(data)
-        width, height = im.size
-        _check_pixels(width, height, max_pixels)
+        _check_pixels(*im.size, max_pixels)
         im.load()
         if im.format == "JPEG" and im.mode == "RGB":  # e.g. arithmetic-coded: PIL reads it as is
-            return data, height, width, False
+            width, height = (ImageOps.exif_transpose(im) or im).size
+            return Prepared(data, height, width, False, False)
+        im, transparent = upright_rgb(im)
         out = io.BytesIO()
-        im.convert("RGB").save(out, "JPEG", quality=JPEG_QUALITY)
-        return out.getvalue(), height, width, True
+        im.save(out, "JPEG", quality=JPEG_QUALITY)
+        return Prepared(out.getvalue(), im.height, im.width, True, transparent)
     except _TooLarge as e:
-        raise BadImage(path, str(e)) from None
+        raise BadImage(name, str(e)) from None
     except Image.DecompressionBombError as e:  # PIL's own guard, at twice the limit, while parsing the header
         found = re.search(r"\((\d+) pixels\)", str(e))
         pixels = f"{int(found.group(1)):,} pixels" if found else str(e)
-        raise BadImage(path, _too_large(pixels, max_pixels)) from None
+        raise BadImage(name, _too_large(pixels, max_pixels)) from None
     except (OSError, SyntaxError, ValueError, IndexError) as e:
         # PIL names the in-memory buffer ("cannot identify image file <_io.BytesIO object at 0x...>"): the path says more
         why = re.sub(r"\s*<_io\.BytesIO object at 0x[0-9a-f]+>", "", str(e)).strip()
-        raise BadImage(path, why or type(e).__name__) from None
+        raise BadImage(name, why or type(e).__name__) from None
+
+
+def _too_many_bytes(size: int, max_pixels: int) -> str:
+    return (
+        f"{size:,} bytes, more than {MAX_BYTES_PER_PIXEL} a pixel of --max-image-pixels "
+        f"{max_pixels:,} (a memory guard; {MAX_PIXELS_FIX})"
+    )
 
 
 class _TooLarge(Exception):

@@ -9,7 +9,8 @@ bytes, ``image/class/label`` = 1 + sorted class index), a DALI index ``<shard>.i
 and ``dataset.json`` (see vitlarge/data/manifest.py). Train examples are shuffled across shards
 with ``--seed``; validation examples are written sorted by aspect ratio, and each validation image's size is
 recorded beside its shard (``<shard>.sizes``, named by ``dataset.json``; `data_tools.val_order`: what rectangular
-validation, ``data.rect_val``, reads).
+validation, ``data.rect_val``, reads). A source without ``train/`` (``ROOT/val/<class>/*``, or class folders directly
+in ROOT) converts to a validation split alone, a set to evaluate an export on (``vitlarge-evaluate --data OUT``).
 
 Resumable: each committed shard gets a done-record in ``OUT/.progress/`` (`data_tools.done_records`);
 a rerun keeps shards whose record, size and index still match and whose input list is unchanged,
@@ -44,6 +45,8 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 from vitlarge import command
 from vitlarge.data.manifest import (
@@ -65,10 +68,10 @@ from vitlarge.text import plural
 
 from . import done_records, imagefolder, tfrecord_io, val_order
 from .done_records import PROGRESS_DIR
-from .imagefolder import DEFAULT_MAX_IMAGE_PIXELS, BadImage, Item
+from .imagefolder import DEFAULT_MAX_IMAGE_PIXELS, BadImage, Item, Prepared
 
 TOOL = "data_tools.imagenet_to_tfrecord"
-TOOL_VERSION = "1.0.0"
+TOOL_VERSION = "1.1.0"  # 1.1: re-encoded images upright and transparent ones on white (`imagefolder.upright_rgb`)
 LABEL_OFFSET = 1  # TF ImageNet records reserve label 0 for "background"
 SKIPPED_LIST = "skipped.txt"
 
@@ -151,7 +154,7 @@ def write_shard(out_dir: str, name: str, items: list[Item], opts: dict, digest: 
     neither and counts as of no recorded conversion."""
     path = os.path.join(out_dir, name)
     try:
-        record = _write_records(path, name, items, opts["skip_bad"], opts["check"], opts["max_pixels"])
+        record = _write_records(path, name, items, opts)
     except OSError as e:  # name the file even when a buffered write or fsync failed
         raise OSError(e.errno, e.strerror, e.filename or path + tfrecord_io.TMP_SUFFIX) from None
     record.update(inputs=digest, conversion=opts["conversion"], src=opts["src"])
@@ -167,21 +170,42 @@ def _records_sizes(name: str) -> bool:
     return m is not None and m.group(1) == "validation"
 
 
-def _write_records(path, name, items, skip_bad, check, max_pixels) -> dict:
-    skipped, reencoded, pending, sizes = [], 0, [0, 0], []
+def folder_images(items: list[Item], opts: dict) -> Iterator[tuple[Item, Prepared | BadImage]]:
+    """Each image file of ``items`` prepared for its record (`imagefolder.prepare_image`), or why it cannot be."""
+    for item in items:
+        try:
+            yield item, imagefolder.prepare_image(item.path, opts["check"], opts["max_pixels"])
+        except BadImage as e:
+            yield item, e
+
+
+def _parquet_images(items: list, opts: dict) -> Iterator[tuple[Item, Prepared | BadImage]]:
+    from . import parquet_source  # lazy: pyarrow only where a parquet set is converted
+
+    return parquet_source.shard_images(items, opts)
+
+
+SOURCES = {"folder": folder_images, "parquet": _parquet_images}
+"""How a worker reads a shard's items, by ``opts["source"]``: an image-folder tree's files, or parquet rows."""
+
+
+def _write_records(path, name, items, opts) -> dict:
+    skip_bad = opts["skip_bad"]
+    images = SOURCES[opts["source"]](items, opts)
+    skipped, reencoded, transparent, pending, sizes = [], 0, [], [0, 0], []
     with tfrecord_io.ShardWriter(path) as writer:
-        for item in items:
-            try:
-                jpeg, height, width, was_reencoded = imagefolder.prepare_image(item.path, check, max_pixels)
-            except BadImage as e:
+        for item, image in images:
+            if isinstance(image, BadImage):
                 if not skip_bad:
-                    raise
-                skipped.append([e.args[0], e.args[1]])
-                print(f"skipped {e.args[0]}: {e.args[1]}", file=sys.stderr)
+                    raise image
+                skipped.append([image.args[0], image.args[1]])
+                print(f"skipped {image.args[0]}: {image.args[1]}", file=sys.stderr)
                 continue
-            reencoded += was_reencoded
-            writer.write(tfrecord_io.encode_example(example_features(item, jpeg, height, width)))
-            sizes.append([height, width])
+            reencoded += image.reencoded
+            if image.transparent:
+                transparent.append(item.path)
+            writer.write(tfrecord_io.encode_example(example_features(item, image.data, image.height, image.width)))
+            sizes.append([image.height, image.width])
             pending[0] += 1
             pending[1] += item.size
             if pending[0] >= 32 and _progress_queue is not None:
@@ -199,6 +223,7 @@ def _write_records(path, name, items, skip_bad, check, max_pixels) -> dict:
         "checksum": written.checksum,
         "skipped": skipped,
         "reencoded": reencoded,
+        "transparent": transparent,
         "sizes": sizes,
     }
 
@@ -240,6 +265,8 @@ def _record_is_sound(rec: dict) -> bool:
         and CHECKSUM_RE.match(rec["checksum"]) is not None
         and isinstance(skipped, list)
         and all(isinstance(x, list) and len(x) == 2 and all(isinstance(y, str) for y in x) for x in skipped)
+        and isinstance(rec.get("transparent"), list)
+        and all(isinstance(x, str) for x in rec["transparent"])
     )
 
 
@@ -345,20 +372,112 @@ def convert(
     for line in imagefolder.layout_warnings(src, classes, splits, min_class_images):
         print(f"warning: {line}", file=sys.stderr)
     texts = imagefolder.class_texts(classes)
-    plans = {
-        "train": plan_shards(splits["train"], train_shards, "train", seed),
-    }
+    plans = {}
+    if "train" in splits:
+        plans["train"] = plan_shards(splits["train"], train_shards, "train", seed)
+    else:
+        print(_evaluation_only_note(src, out, len(classes)), file=sys.stderr)
     if splits.get("validation"):
         ordered = val_order.aspect_sorted(splits["validation"], max_image_pixels)
         plans["validation"] = plan_shards(ordered, val_shards, "validation", None)
-    stale = _prepare_out_dir(out, [name for shards in plans.values() for name, _ in shards])
     digests = {
         name: inputs_digest(items, skip_bad, check, max_image_pixels)
         for shards in plans.values()
         for name, items in shards
     }
+    opts = dict(skip_bad=skip_bad, check=check, max_pixels=max_image_pixels, src=src, source="folder")
+    return write_plan(src, out, Plan(plans, digests, classes, texts), opts, workers=workers, progress=progress)
+
+
+def total_rows(sources) -> int:
+    return sum(sum(src.groups) for src in sources)
+
+
+def convert_parquet(
+    src: str,
+    out: str,
+    *,
+    train_shards: int | None = None,
+    val_shards: int | None = None,
+    workers: int | None = None,
+    progress: bool = True,
+    **options,
+) -> Manifest:
+    """Convert the Hugging Face parquet shards of ``src`` into ``out`` (`data_tools.parquet_source`: the layout,
+    what is read and how); return the manifest written. ``options``: ``skip_bad``, ``check``, ``max_image_pixels``
+    and ``seed``, as `convert` takes them."""
+    from . import parquet_source  # lazy: pyarrow only where a parquet set is converted
+
+    unknown = set(options) - {"skip_bad", "check", "max_image_pixels", "seed"}
+    if unknown:
+        raise TypeError(f"convert_parquet: unknown options {sorted(unknown)}")
+    skip_bad, check = options.get("skip_bad", False), options.get("check", "header")
+    max_pixels, seed = options.get("max_image_pixels", DEFAULT_MAX_IMAGE_PIXELS), options.get("seed", 0)
+    classes, splits = parquet_source.discover(src)
+    counts = {"train": train_shards, "validation": val_shards}
+    plans = {
+        split: (parquet_source.plan_train if split == "train" else parquet_source.plan_val)(
+            files,
+            counts[split] or default_shards(split, total_rows(files)),
+            *([seed] if split == "train" else []),
+        )
+        for split, files in splits.items()
+    }
+    sources = {s.path: s for files in splits.values() for s in files}
+    head = f"{TOOL_VERSION}|parquet|{skip_bad}|{check}|{max_pixels}|{seed}|" + "\n".join(classes)
+    digests = {
+        name: hashlib.sha256(f"{head}|{parquet_source.items_digest(items, sources)}".encode()).hexdigest()
+        for shards in plans.values()
+        for name, items in shards
+    }
+    spill = os.path.join(out, PROGRESS_DIR, parquet_source.SPILL)
+
+    def before_writing(tasks: list) -> dict:
+        if not any(isinstance(items[0], parquet_source.ValSlice) for _, items, _ in tasks):
+            return {}
+        return {"spill": spill, "spilled": parquet_source.spill_validation(splits["validation"], spill, max_pixels)}
+
+    opts = dict(skip_bad=skip_bad, check=check, max_pixels=max_pixels, src=src, source="parquet", seed=seed)
+    opts.update(classes=classes, label_offset=LABEL_OFFSET)
+    try:
+        return write_plan(
+            src, out, Plan(plans, digests, classes, {c: "" for c in classes}), opts,
+            workers=(os.cpu_count() or 1) if workers is None else workers, progress=progress, before_writing=before_writing,
+        )  # fmt: skip
+    finally:
+        if os.path.lexists(spill):
+            os.remove(spill)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a conversion writes: ``shards`` ({split: [(shard name, its items)]}), each shard's inputs digest, and
+    the classes (in label order) with their texts."""
+
+    shards: dict[str, list[tuple[str, list]]]
+    digests: dict[str, str]
+    classes: list[str]
+    texts: dict[str, str]
+
+
+def write_plan(
+    src: str,
+    out: str,
+    plan: Plan,
+    opts: dict,
+    *,
+    workers: int,
+    progress: bool,
+    before_writing=None,
+) -> Manifest:
+    """Write the shards of ``plan`` that have no matching done-record, then ``dataset.json``; return it. ``opts["source"]`` names
+    how a worker reads its items (`SOURCES`); ``before_writing(tasks)`` runs once the shards to write are known,
+    before any is (a source's preparation that only those need). Raises UserError on bad input and `Interrupted`
+    on Ctrl-C (after the shards in progress are complete)."""
+    plans, digests, classes, texts = plan.shards, plan.digests, plan.classes, plan.texts
+    stale = _prepare_out_dir(out, [name for shards in plans.values() for name, _ in shards])
     conversion = done_records.conversion_id(digests)
-    opts = dict(skip_bad=skip_bad, check=check, max_pixels=max_image_pixels, conversion=conversion, src=src)
+    opts = dict(opts, conversion=conversion)
     tasks, records = [], {}
     for shards in plans.values():
         for name, items in shards:
@@ -371,13 +490,15 @@ def convert(
                 write_atomic(done_records.record_path(out, name), json.dumps(rec), root=out)
             records[name] = rec
     _unpublish_before_replacing(out, [name for name, _, _ in tasks])
-    todo_images = sum(len(t[1]) for t in tasks)
+    todo_images = sum(getattr(it, "rows", 1) for t in tasks for it in t[1])  # an item is an image or ``rows`` of them
     if tasks:
         print(
             f"{src} -> {out}: {plural(len(tasks), 'shard')} to write ({plural(todo_images, 'image', grouped=True)}), "
             f"{plural(len(records), 'complete shard')} kept",
             file=sys.stderr,
         )
+    if tasks and before_writing is not None:
+        opts = dict(opts, **before_writing(tasks))
     rate = _Rate()
     kept = len(records)
     try:
@@ -433,13 +554,35 @@ def convert(
         for s in plans
     )
     extra = f"; {plural(len(skipped), 'unreadable image')} skipped (listed in {skipped_list})" if skipped else ""
-    reenc = sum(r["reencoded"] for r in records.values())
     print(
         f"wrote {os.path.join(out, 'dataset.json')}: {counts}; {plural(manifest.num_classes, 'class')}; "
-        f"{plural(reenc, 'image')} re-encoded as RGB JPEG{extra}" + (f"; {rate}" if tasks else ""),
+        f"{reencoded_summary(list(records.values()))}{extra}" + (f"; {rate}" if tasks else ""),
         file=sys.stderr,
     )
     return load_manifest(out)
+
+
+def reencoded_summary(records: list[dict]) -> str:
+    """The summary's words on the images decoded and written again (`imagefolder.prepare_bytes`): how many, and
+    the transparent ones among them, counted and named (the first three), since their look depends on the
+    background they were composited on."""
+    reenc = sum(r["reencoded"] for r in records)
+    transparent = sorted(p for r in records for p in r["transparent"])
+    line = f"{plural(reenc, 'image')} re-encoded as RGB JPEG"
+    if transparent:
+        named = ", ".join(transparent[:3]) + (f" and {len(transparent) - 3:,} more" if len(transparent) > 3 else "")
+        background = "white" if imagefolder.BACKGROUND == (255, 255, 255) else str(imagefolder.BACKGROUND)
+        line += f" ({len(transparent):,} of them transparent, composited on {background}: {named})"
+    return line
+
+
+def _evaluation_only_note(src: str, out: str, num_classes: int) -> str:
+    """The line a conversion without ``train/`` prints: what it converts, and what the result is for."""
+    return (
+        f"{src} has no train/: converting the {plural(num_classes, 'class folder')} of "
+        f"{imagefolder.evaluation_folder(src)} as a validation split only, to evaluate on "
+        f"(vitlarge-evaluate --data {out}); training needs ROOT/train/<class>/*"
+    )
 
 
 def _val_order(shards: list[ShardInfo] | None) -> dict[str, str]:
@@ -567,7 +710,13 @@ def _guard(fn):
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog=command("data_tools.imagenet_to_tfrecord"), description=__doc__.split("\n\n")[0])
-    p.add_argument("--src", required=True, help="ROOT with ROOT/train/<class>/* and ROOT/val/...")
+    p.add_argument(
+        "--src",
+        required=True,
+        help="ROOT with ROOT/train/<class>/* and ROOT/val/...; without train/, ROOT/val/<class>/* or ROOT/<class>/* "
+        "converts a validation split only, to evaluate on; or a Hugging Face data set's folder of parquet shards "
+        "(ROOT/data/train-NNNNN-of-NNNNN.parquet, ...: data_tools.parquet_source)",
+    )
     p.add_argument("--out", required=True, help="output directory for shards, indexes and dataset.json")
     p.add_argument(
         "--train-shards", type=int, help="default: ImageNet's shard size (1,252 images), at most 1024 shards"
@@ -606,21 +755,15 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--train-shards and --val-shards must be >= 1")
     if a.max_image_pixels < 1:
         p.error("--max-image-pixels must be >= 1")
+    shared = ("train_shards", "val_shards", "workers", "skip_bad", "seed", "check", "max_image_pixels")
+    common = {k: getattr(a, k) for k in shared} | {"progress": not a.no_progress}
+    if not os.path.isdir(os.path.join(a.src, "train")):
+        from . import parquet_source  # lazy: pyarrow only where the source may be parquet
+
+        if parquet_source.is_parquet_source(a.src):  # a Hugging Face data set's folder
+            return run_cli(lambda: convert_parquet(a.src, a.out, **common))
     return run_cli(
-        lambda: convert(
-            a.src,
-            a.out,
-            train_shards=a.train_shards,
-            val_shards=a.val_shards,
-            workers=a.workers,
-            skip_bad=a.skip_bad,
-            val_labels=a.val_labels,
-            seed=a.seed,
-            check=a.check,
-            progress=not a.no_progress,
-            max_image_pixels=a.max_image_pixels,
-            min_class_images=a.min_class_images,
-        )
+        lambda: convert(a.src, a.out, val_labels=a.val_labels, min_class_images=a.min_class_images, **common)
     )
 
 

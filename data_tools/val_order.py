@@ -18,17 +18,19 @@ from PIL import Image
 
 from vitlarge.fileio import open_regular
 
-from .imagefolder import DEFAULT_MAX_IMAGE_PIXELS, Item
+from .imagefolder import DEFAULT_MAX_IMAGE_PIXELS, EXIF_ORIENTATION, TURNED, Item
 
 
 def header_size(path: str, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> tuple[int, int] | None:
-    """``(height, width)`` from the image's header, as stored (before any EXIF rotation, as the records'
-    ``image/height`` and ``image/width``); None for a file that is no readable image or is larger than
+    """``(height, width)`` from the image's header as the image looks (after its EXIF orientation, as the records'
+    ``image/height`` and ``image/width`` and DALI's ``peek_image_shape``); None for a file that is no readable image or is larger than
     ``max_pixels`` (the shard writer names it, or skips it with ``--skip-bad``)."""
     Image.MAX_IMAGE_PIXELS = max_pixels  # PIL's decompression-bomb guard, as prepare_image sets it
     try:
         with open_regular(path) as f, Image.open(f) as im:
             width, height = im.size
+            if im.getexif().get(EXIF_ORIENTATION) in TURNED:
+                width, height = height, width
     except (OSError, SyntaxError, ValueError, IndexError, Image.DecompressionBombError):
         return None
     if width < 1 or height < 1 or width * height > max_pixels:

@@ -49,6 +49,16 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else math.nan
 
 
+class PipeSafeConsole(Console):
+    """A rich `Console` whose lines stop, not the process, when their reader is gone: rich ends the process with
+    status 1 on a broken pipe, and a launcher that exits before its workers (``colossalai run`` on SIGTERM), a
+    closed ``| head`` or a lost ``srun`` I/O would then cost the checkpoint a SIGTERM asked for and the run's own
+    status (75), as a line on a gone stderr must not (`vitlarge.distributed.process.say`)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True  # nothing more is written; rich's default also points fd 1 at /dev/null and exits 1
+
+
 class ConsoleHook(Hook):
     """Prints a line on the first step, every ``log_every`` steps, and the last step."""
 
@@ -56,7 +66,7 @@ class ConsoleHook(Hook):
         if log_every < 1:
             raise ValueError(f"log_every must be >= 1, got {log_every}")
         self.log_every = log_every
-        self.console = console or Console(stderr=False)
+        self.console = console or PipeSafeConsole(stderr=False)
         self._window: list[StepMetrics] = []
         self._first_step = 1
 
@@ -76,14 +86,10 @@ class ConsoleHook(Hook):
     def on_eval_end(self, run: RunInfo, m: EvalMetrics) -> None:
         if run.is_main:
             top1, top5 = m.val_top1_ema, m.val_top5_ema  # set together (has_ema), or both None
-            ema = (
-                f" | ema top-1 {100 * top1:.2f}% top-5 {100 * top5:.2f}%"
-                if top1 is not None and top5 is not None
-                else ""
-            )
+            ema = f" | ema top-1 {100 * top1:.2f}%{_top5(run, top5, ' ')}" if top1 is not None else ""
             self._print(
-                f"eval  step {m.step} | epoch {m.epoch:.2f} | top-1 {100 * m.val_top1:.2f}% | "
-                f"top-5 {100 * m.val_top5:.2f}% | loss {m.val_loss:.4f}{ema} | {m.val_images} images"
+                f"eval  step {m.step} | epoch {m.epoch:.2f} | top-1 {100 * m.val_top1:.2f}%"
+                f"{_top5(run, m.val_top5, ' | ')} | loss {m.val_loss:.4f}{ema} | {m.val_images} images"
             )
 
     def on_checkpoint(self, run: RunInfo, step: int, path: str) -> None:
@@ -93,10 +99,10 @@ class ConsoleHook(Hook):
     def on_train_end(self, run: RunInfo, summary: EvalMetrics) -> None:
         if not run.is_main:
             return
-        line = f"done  step {summary.step} | top-1 {100 * summary.val_top1:.2f}% | top-5 {100 * summary.val_top5:.2f}%"
+        line = f"done  step {summary.step} | top-1 {100 * summary.val_top1:.2f}%{_top5(run, summary.val_top5, ' | ')}"
         top1, top5 = summary.val_top1_ema, summary.val_top5_ema  # set together (has_ema), or both None
-        if top1 is not None and top5 is not None:
-            line += f" | ema top-1 {100 * top1:.2f}% top-5 {100 * top5:.2f}%"
+        if top1 is not None:
+            line += f" | ema top-1 {100 * top1:.2f}%{_top5(run, top5, ' ')}"
         self._print(line)
 
     @staticmethod
@@ -126,3 +132,9 @@ class ConsoleHook(Hook):
     def _print(self, line: str) -> None:
         # soft_wrap: never break a record across lines; markup off: paths may contain "[".
         self.console.print(line, soft_wrap=True, markup=False)
+
+
+def _top5(run: RunInfo, value: float | None, sep: str) -> str:
+    """``{sep}top-5 N%``, or nothing where the run has 5 classes or fewer (every image is in its top 5: a 100% that
+    measures nothing; metrics.jsonl keeps the value) or no value."""
+    return f"{sep}top-5 {100 * value:.2f}%" if value is not None and run.cfg.data.num_classes > 5 else ""

@@ -8,7 +8,8 @@ to the 6x6 token grid (vitlarge/checkpoint/init_from.py); the classifier is kept
 hyper-parameters follow the high-resolution fine-tunes of recipes/vit_b16_ft384.py at toy scale: a
 small lr (a tenth of the demo's) with a short warmup and cosine decay, tiny weight decay, no Mixup,
 gentle crops; the optimizer stays the demo's LAMB. Evaluated
-every epoch, at 24 px. Measured: docs/PROGRESSIVE.md.
+every epoch, at 24 px. Measured: docs/PROGRESSIVE.md. For other classes than the source's (a new classifier):
+recipes/demo_transfer.py.
 """
 
 from vitlarge.recipes.demo_digits import config as base

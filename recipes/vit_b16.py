@@ -6,7 +6,8 @@
 Hardware: 4x A100 80GB (256 images per GPU, 32 accumulation micro-steps); any world size that
 divides 32768 / 256 works, the accumulation follows.
 Expected: about 72.5% top-1 after 300 epochs, read off the accuracy plot of Colossal-AI's example
-(they published no number); 78.58 h on 4x A100 as they reported (~340 images/s per GPU).
+(they published no number); 78.58 h on 4x A100 as they reported (~340 images/s per GPU). vitlarge's own
+estimate: python train.py --config recipes/vit_b16.py --dry-run --gpu a100 --world-size 4 (README.md, Recipes).
 
 Schedule: the original warmed up linearly for 150 of 300 epochs and then decayed linearly to 0,
 stepping the lr once per epoch (39 optimizer steps at one lr). We keep that shape, which is what

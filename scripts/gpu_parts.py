@@ -4,7 +4,7 @@ install there.
 The GPU machines this project borrows take at most 64 MiB of files per command (the checkout included), keep
 what an earlier command left in an ignored folder only while they stay warm (about 30 s idle), and reach no
 network. DALI for CUDA 13 alone is about 190 MiB. So the wheels travel as parts, one part per command, back to
-back (docs/GPU.md, "DALI in parts"):
+back (docs/GPU_SESSION.md, "DALI in parts"):
 
     python3 scripts/gpu_parts.py download .gpu/wheels                # here: requirements/gpu-dali.txt and
                                                                      #   gpu-kit.txt, for CPython 3.12 x86-64

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The next GPU session, prepared: DALI's wheels in parts, the GPU tier with DALI, the data path through train.py
-# (issue 43), then the GPU kit (issue 44). docs/GPU.md "The GPU session, step by step" lists the device tool's calls;
+# (issue 43), then the GPU kit (issue 44). docs/GPU_SESSION.md "The GPU session, step by step" lists the device tool's calls;
 # `plan` prints them for the parts packed here.
 #
 #   scripts/gpu_session.sh prepare          # here, in the checkout the session calls the device from: wheels ->

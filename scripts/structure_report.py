@@ -68,12 +68,20 @@ TABLE_START = "<!-- the lines table: python -m scripts.structure_report --lines 
 TABLE_END = "<!-- end of the lines table -->"
 
 
+RUN_FOLDERS = ("data", "runs")
+"""The checkout's top-level folders that runs fill, not the project (``make demo``'s data set and run, a user's own;
+.gitignore's ``/data/`` and ``/runs/``): never counted here, never read by a unit test (tests/unit/conftest.py)."""
+
+
 def project_files(root: Path) -> list[Path]:
-    """The checkout's Python files: every ``*.py`` below ``root`` outside hidden folders (the venv, ``.git``) and
-    ``__pycache__``, links not followed."""
+    """The checkout's Python files: every ``*.py`` below ``root`` outside hidden folders (the venv, ``.git``),
+    ``__pycache__`` and `RUN_FOLDERS`, links not followed."""
     found = []
     for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
+        top = Path(folder) == root
+        dirs[:] = sorted(
+            d for d in dirs if not d.startswith(".") and d != "__pycache__" and not (top and d in RUN_FOLDERS)
+        )
         found += [Path(folder) / f for f in files if f.endswith(".py")]
     return sorted(found)
 

@@ -18,15 +18,17 @@ import sys
 from pathlib import Path
 from typing import NoReturn, TypeGuard
 
+from vitlarge.checkpoint import model_of
+from vitlarge.checkpoint.model_of import export_doc
 from vitlarge.checkpoint.trust import layout
-from vitlarge.config.load import load_config
+from vitlarge.config.load import add_override_arguments, load_config
 from vitlarge.config.phase_list import entries, final_eval_size, patch_size
 from vitlarge.config.schema import IMAGE_SIZE, MAX_EVAL_TOKENS, DataConfig, rule_of
-from vitlarge.data.manifest import load_manifest
+from vitlarge.data import class_map
+from vitlarge.data.manifest import MANIFEST_NAME, Manifest, load_manifest
 from vitlarge.distributed import threads
 from vitlarge.distributed.process import main_then_leave
 from vitlarge.errors import UserError
-from vitlarge.fileio import read_capped
 from vitlarge.plan.plan import evaluation_plan
 from vitlarge.train.command import exit_status, start
 
@@ -103,15 +105,7 @@ def exported_settings(folder: Path) -> dict:
     `MAX_IMAGE_SIZE`, a std of 0) or a mean or std that is not three numbers is one `UserError` naming the file
     and key, before anything is built from it;
     {} without a readable file."""
-    from vitlarge.checkpoint.weights import EXPORT_CONFIG_LIMIT  # lazy: keeps torch off vitlarge-evaluate --help
-
-    path = folder / "config.json"
-    try:
-        doc = json.loads(read_capped(path, EXPORT_CONFIG_LIMIT, follow=False))
-    except (OSError, ValueError, RecursionError):
-        return {}
-    if not isinstance(doc, dict):
-        return {}
+    path, doc = folder / "config.json", export_doc(folder)
     args, pre = doc.get("model_args"), doc.get("pretrained_cfg")
     args, pre = args if isinstance(args, dict) else {}, pre if isinstance(pre, dict) else {}
     out: dict = {}
@@ -197,30 +191,82 @@ def show(metrics: dict, checkpoint: str, step: int | None, size: int, as_json: b
 
 
 def table(checkpoint: str, step: int | None, size: int, metrics: dict) -> str:
-    """The result as a person reads it: what was evaluated, on what, and the three numbers."""
+    """The result as a person reads it: what was evaluated, on what, and the numbers. Top-5 only where it can
+    miss (more than 5 classes scored: ``val_top5`` is None otherwise, `top5_or_none`)."""
     what = f"{checkpoint} (step {step})" if step is not None else checkpoint
     rows = [
         ("evaluated", what),
         ("images", f"{metrics['val_images']:,} validation images at {size} px"),
         ("top-1", f"{100 * metrics['val_top1']:.2f}%"),
-        ("top-5", f"{100 * metrics['val_top5']:.2f}%"),
+        *([("top-5", f"{100 * metrics['val_top5']:.2f}%")] if metrics.get("val_top5") is not None else []),
         ("loss", f"{metrics['val_loss']:.4f}"),
     ]
     return "\n".join(f"{k:<10} {v}" for k, v in rows)
 
 
+def top5_or_none(metrics: dict, scored: int) -> dict:
+    """``metrics`` with ``val_top5`` None where ``scored`` classes are 5 or fewer: every image is then in its top 5,
+    a 100% that measures nothing (CHANGELOG.md)."""
+    return {**metrics, "val_top5": None} if scored <= 5 else metrics
+
+
+def _data_classes(cfg, model: model_of.ModelOf, manifest: Manifest | None) -> class_map.ClassMap | None:
+    """How the data set's classes are scored by ``model`` (`class_map.match`), from dataset.json's names
+    (``manifest``) and the model's (an export's ``label_names``); None for the synthetic source (no manifest: its
+    classes are the config's)."""
+    if manifest is None:
+        return None
+    return class_map.match(
+        model.names,
+        model.num_classes or cfg.data.num_classes,
+        class_map.data_names(manifest),
+        manifest.num_classes,
+        model_where=model.where,
+        data_where=f"{cfg.data.path}/{MANIFEST_NAME}",
+    )
+
+
+def _configured(args, given: Path, export: model_of.ModelOf | None):
+    """The config to evaluate with: ``--config`` and the overrides, or for an export without ``--config`` its own
+    config.json's model (`model_of.build_config`) and the overrides."""
+    common = dict(override_files=args.override_files, data__path=args.data)
+    if args.config is not None:
+        return load_config(args.config, args.overrides, **common)
+    if export is None:
+        raise UserError(
+            f"{given}: --config is needed for a checkpoint folder or a model.safetensors file (an export folder's "
+            "config.json is enough); pass the recipe that trained it"
+        )
+    cfg = load_config(given / "config.json", args.overrides, base=model_of.build_config(export), **common)
+    if cfg.data.source == "tfrecord" and not cfg.data.path:
+        raise UserError("--data is needed without --config: pass the converted data folder (its dataset.json)")
+    return cfg
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--config", required=True)
+    p = argparse.ArgumentParser(
+        description="Evaluates a checkpoint or an exported model exactly: top-1, top-5 (past 5 classes) and loss on every validation "
+        "image, once each, with any number of processes (torchrun --nproc_per_node N -m vitlarge.evaluate ...)."
+    )
+    p.add_argument(
+        "--config",
+        default=None,
+        help="the recipe the model was trained with (a file or a shipped recipe's name): its model and data settings; "
+        "optional for an exported model folder, whose config.json is enough",
+    )
     p.add_argument(
         "--checkpoint",
         required=True,
         help="a checkpoints/step_* folder, an exported model folder (<workdir>/model) or a model.safetensors file",
     )
-    p.add_argument("--data", default=None)
+    p.add_argument(
+        "--data",
+        default=None,
+        help="TFRecord directory with dataset.json whose validation split is evaluated "
+        "(sets data.path; default: the recipe's)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as one JSON object instead of a table")
-    p.add_argument("--overrides", dest="override_files", action="append", default=[], metavar="FILE")
-    p.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    add_override_arguments(p)
     args = p.parse_intermixed_args(argv)
     import torch.distributed as dist  # lazy: keeps torch off vitlarge-evaluate's argument errors and --help
 
@@ -232,33 +278,43 @@ def main(argv: list[str] | None = None) -> int:
     from vitlarge.train.validation import evaluate  # lazy: keeps torch off vitlarge-evaluate --help
 
     def work(env) -> int:
-        cfg = load_config(args.config, args.overrides, override_files=args.override_files, data__path=args.data)
         given = Path(args.checkpoint)
         try:
             meta = layout.read_meta(given) if (given / "meta.json").is_file() else None
         except layout.Unusable as e:
             raise ckpt_weights.evaluate_another(given, e.problem) from None
+        is_export = meta is None and (given / "config.json").is_file()
+        exported = model_of.of_export(given) if is_export else None
+        cfg = _configured(args, given, exported)
         changed, exported_at = (as_trained(cfg, meta.get("config", {})) if meta else []), None
-        if meta is None and (given / "config.json").is_file():  # an export: its config.json says how it was trained
+        if is_export:  # an export: its config.json says how it was trained
             changed, exported_at = as_exported(cfg, given)
+        model = exported or (model_of.of_checkpoint(given, meta) if meta else model_of.ModelOf(str(given)))
+        mismatch = model_of.config_mismatch(model, cfg, args.config, is_export) if args.config else None
+        if mismatch:
+            raise mismatch
         if meta:  # the model its meta.json describes is the checkpoint's, before one is built
             ckpt_weights.check_compatible_config(meta, args.checkpoint, cfg)
+        manifest = None if cfg.data.source == "synthetic" else load_manifest(cfg.data.path)
+        classes = _data_classes(cfg, model, manifest)
         # As train.py starts: precision auto resolved, the kernels training's own evaluation ran with.
         settings = start(cfg, env, threads.size_thread_pools()).settings
         device = settings.device
-        model = build_model(cfg, device, settings.precision)
-        ckpt_weights.load_model_weights(args.checkpoint, model, cfg)
+        net = build_model(cfg, device, settings.precision)
+        ckpt_weights.load_model_weights(args.checkpoint, net, cfg)
         # The size and preprocessing training evaluated this checkpoint at: its phase's (a FixRes-style
         # last phase evaluates above its training size); an export evaluates as its last phase.
-        # (the training split's size sets the steps of each phase; the loader checks the rest of the data)
-        n_train = None if cfg.data.source == "synthetic" else load_manifest(cfg.data.path).num_examples("train")
+        # (the training split's size sets the steps of each phase: a set converted for evaluation has none)
+        n_train = manifest.num_examples("train") if manifest is not None and "train" in manifest.splits else None
         step = meta["step"] if meta else None
-        if changed and env.is_main:
+        if changed and args.config is not None and env.is_main:  # without --config the model's own files are the config
             print(
                 f"warning: {args.checkpoint} was trained with other {', '.join(changed)} than --config gives; "
                 f"evaluating as it was trained (its {'meta.json' if meta else 'config.json'})",
                 file=sys.stderr,
             )
+        if classes is not None and classes.line and env.is_main:
+            print(classes.line, file=sys.stderr)
         try:
             phase, size = evaluated_phase(evaluation_plan(cfg, env.world_size, n_train), step), None
         except UserError:  # no plan on this data (fewer training images than a global batch): the last phase's size
@@ -266,10 +322,12 @@ def main(argv: list[str] | None = None) -> int:
         if exported_at is not None and exported_at != (phase.eval_size if phase else size):
             phase, size = None, exported_at  # the size the export's run evaluated at (its config.json)
         val = val_loader(cfg, env.rank, env.world_size, device, phase=phase, image_size=size)
-        metrics = evaluate(model, val, Precision(settings.precision, device))
+        index = classes.model_index if classes is not None else None
+        metrics = evaluate(net, val, Precision(settings.precision, device), index)
+        scored = (classes.scored if classes is not None else None) or cfg.data.num_classes
         if env.is_main:
             shown = phase.eval_size if phase else size or cfg.data.image_size
-            show(metrics, args.checkpoint, step, shown, args.json)
+            show(top5_or_none(metrics, scored), args.checkpoint, step, shown, args.json)
         dist.destroy_process_group()
         return 0
 

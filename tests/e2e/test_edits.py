@@ -84,9 +84,10 @@ def test_a_batch_edit_on_more_processes_says_what_changed_and_keeps_the_lr_conti
     demo_data, stopped_at_4, tmp_path
 ):
     """The 2-rank run stopped at step 4 (global batch 128: 11 steps per epoch, 55 warmup steps) resumed on 3 ranks
-    with ``train.global_batch=96`` (14 and 70): one line per change, old -> new, the lr of step 5 the checkpoint's
-    plan had (the recipe's would be lower: the warmup is longer), and the continuation recorded in meta.json, from
-    which a requeue plans the same lr (nothing changed then)."""
+    with ``train.global_batch=96`` (14 steps per epoch): one line per change, old -> new (the epochs count on from
+    the 4/11 done at 128: the 60 epochs end at step 839, the 5 warmup epochs at step 69), the lr of step 5 the
+    checkpoint's plan had (the recipe's would be lower: the warmup is longer), and the continuation and the epoch
+    count recorded in meta.json, from which a requeue plans the same lr and epochs (nothing changed then)."""
     import json
 
     from tests.helpers import ROOT
@@ -105,8 +106,8 @@ def test_a_batch_edit_on_more_processes_says_what_changed_and_keeps_the_lr_conti
     assert log[at + 1 : at + 5] == [
         "  global batch 128 -> 96",
         "  steps per epoch 11 -> 14",
-        "  total steps 660 -> 840",
-        "  warmup steps 55 -> 70",
+        "  total steps 660 -> 839",
+        "  warmup steps 55 -> 69",
     ]
     assert "  lr at step 5: 1.818e-03 in the checkpoint's plan, 1.429e-03 in this recipe's" in log[at + 5]
     ws = [line for line in log if "was written by 2 processes, this run has 3" in line]
@@ -116,9 +117,13 @@ def test_a_batch_edit_on_more_processes_says_what_changed_and_keeps_the_lr_conti
     assert lr[5] == pytest.approx(make_plan(old, 2, 1437).lr_at(old, 4), rel=1e-9)
     meta = json.loads((workdir / "checkpoints" / "step_0000006" / "meta.json").read_text())
     assert meta["schedule"]["continues"]["step"] == 4
+    assert meta["schedule"]["counted_from"] == {"step": 4, "epoch": pytest.approx(4 / 11)}
+    epochs = [m["epoch"] for m in read_metrics(str(workdir / "metrics.jsonl")) if m["event"] == "train"]
+    assert epochs == pytest.approx([1 / 11, 2 / 11, 3 / 11, 4 / 11, 4 / 11 + 1 / 14, 4 / 11 + 2 / 14])
     assert meta["line"] is None  # an automatic resume keeps the lineage; the schedule's warning lines are not it
     from vitlarge.plan.edits import resume_plan  # a requeue's plan, from what meta.json records
 
     new = load_config(ROOT / "recipes" / "demo_digits.py", [*COMMON, edit])
     again = resume_plan(new, make_plan(new, 3, 1437), "x", meta["config"], meta["schedule"], 6, meta["world_size"])
     assert again.exact and again.plan.lr_at(new, 5) == pytest.approx(lr[6], rel=1e-9)
+    assert again.plan.epoch_at(6) == pytest.approx(epochs[-1]) and again.plan.total_steps == 839

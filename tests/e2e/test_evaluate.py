@@ -166,3 +166,65 @@ def test_the_export_of_a_48_px_run_evaluates_as_trained_and_prints_a_table(demo_
     assert lines[:2] == [f"evaluated  {path}", "images     360 validation images at 48 px"]
     assert [line.split()[0] for line in lines[2:]] == ["top-1", "top-5", "loss"]
     assert lines[2].endswith("%") and 0 <= float(lines[2].split()[1][:-1]) <= 100
+
+
+FIVE = {"one": 0, "two": 70, "three": 140, "four": 210, "five": 280}  # sorted as text: five, four, one, three, two
+
+
+def _fitted_export(tmp_path, data: str, classes: list[str]):
+    """The demo's model on ``data``'s classes with its classifier fitted (least squares on the features of the
+    validation images), exported with ``classes`` as its label_names: a model that tells these images apart, as a
+    trained one does, in a second. Returns the export's folder and the model."""
+    from vitlarge.checkpoint.export import export
+    from vitlarge.config.load import load_config
+    from vitlarge.data.sources import val_loader
+    from vitlarge.model.vit import build_model
+
+    cfg = load_config(RECIPE, [f"data.num_classes={len(classes)}", "train.precision=fp32"], data__path=data)
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    images, labels = zip(*val_loader(cfg, 0, 1, torch.device("cpu")))
+    with torch.no_grad():
+        features = model.forward_head(model.forward_features(torch.cat(images)), pre_logits=True)
+    x = torch.cat([features, torch.ones(len(features), 1)], 1).double()
+    target = torch.nn.functional.one_hot(torch.cat(labels), len(classes)).double() * 10
+    w = torch.linalg.lstsq(x, target).solution.float()
+    model.head.weight.data, model.head.bias.data = w[:-1].T.contiguous(), w[-1].contiguous()
+    return export(tmp_path / "run", model, cfg, classes), model, cfg
+
+
+def test_an_export_of_five_classes_on_a_set_of_four_of_them_is_scored_by_name(tmp_path):
+    """Issue 55: an export of 5 classes evaluated on a converted set holding 4 of them (``four`` missing) printed
+    top-1 4.14% with exit 0: the set's labels 0..3 were taken for the model's 0..3. Scored by name, its top-1 is
+    the one of the same model with only those 4 outputs (its classifier's rows by name): computed here in the test
+    process, the same images through the same loader."""
+    from data_tools.imagenet_to_tfrecord import convert
+    from tests.helpers.data_fixtures import make_colour_folder
+    from vitlarge.data.sources import val_loader
+    from vitlarge.model.precision import Precision
+    from vitlarge.train.validation import evaluate
+
+    cpu = torch.device("cpu")
+    for name, kept in (("five", FIVE), ("four", {k: v for k, v in FIVE.items() if k != "four"})):
+        for split, n in (("train", 2), ("val", 12)):
+            make_colour_folder(str(tmp_path / f"{name}_src"), kept, n, split)
+        convert(str(tmp_path / f"{name}_src"), str(tmp_path / name), workers=0, progress=False, min_class_images=1)
+    path, model, cfg = _fitted_export(tmp_path, str(tmp_path / "five"), sorted(FIVE))
+    assert evaluate(model, val_loader(cfg, 0, 1, cpu), Precision("fp32", cpu))["val_top1"] > 0.9  # it tells them apart
+    four = sorted(k for k in FIVE if k != "four")
+    rows = [sorted(FIVE).index(k) for k in four]
+    model.head.weight.data, model.head.bias.data = model.head.weight.data[rows], model.head.bias.data[rows]
+    cfg.data.path, cfg.data.num_classes = str(tmp_path / "four"), 4
+    reference = evaluate(model, val_loader(cfg, 0, 1, cpu), Precision("fp32", cpu))
+
+    cmd = ["-m", "vitlarge.evaluate", "--config", RECIPE, "--data", str(tmp_path / "four"), "--checkpoint", str(path)]
+    r = launcher.python([*cmd, "--json", "data.num_classes=5", "train.precision=fp32"], timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert (got["val_images"], got["val_top1"]) == (48, reference["val_top1"])  # 4.14%-like before: four's labels shift
+    assert got["val_loss"] == pytest.approx(reference["val_loss"], rel=1e-4)
+    assert got["val_top5"] is None  # 4 classes scored: every image is in its top 5
+    assert (
+        f"scoring 4 of the model's 5 classes by name: five, one, three, two ({tmp_path / 'four'}/dataset.json has no "
+        "four)"
+    ) in r.stderr.splitlines()

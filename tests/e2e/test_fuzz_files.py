@@ -1,7 +1,7 @@
 """Random mutations of the real files vitlarge reads from elsewhere (meta.json, its phase list and schedule record,
 an export's config.json, DCP's .metadata, rank files, the loader state, dataset.json, TFRecord headers, a workdir's
 mlflow.db and the trackers' names beside it, overrides files, the loader state's DALI fields, TFRecord payloads, the
-GPU parts bundle's manifest), a fixed seed, a few hundred per format: each
+GPU parts bundle's manifest, a Hugging Face parquet set), a fixed seed, a few hundred per format: each
 ends in a clean pass or one line (`UserError`, exit 2 at the CLIs; a tracker's warning line), touches nothing
 outside its scratch folder, starts no process, connects to nothing, and answers within the driver's alarm; each
 case's peak memory stays bounded (tests/helpers/fuzz_files.py)."""
@@ -35,6 +35,7 @@ FORMATS = (
 TRACKERS = ("mlflow.db", "tracker names")
 OVERRIDES_AND_DATA = ("YAML overrides", ".py overrides", "loader state DALI fields", "TFRecord payloads")
 PARTS = ("parts manifest",)  # scripts/gpu_parts.py: receive and join (PartsError: the refusal)
+PARQUET = ("parquet",)  # a Hugging Face parquet set converted (data_tools.parquet_source)
 
 
 def test_files_from_elsewhere_fuzz(tmp_path, demo_data):
@@ -50,12 +51,12 @@ def test_files_from_elsewhere_fuzz(tmp_path, demo_data):
     )
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads(r.stdout[r.stdout.index("FUZZ ") + 5 :])
-    for name in FORMATS + TRACKERS + OVERRIDES_AND_DATA + PARTS:
+    for name in FORMATS + TRACKERS + OVERRIDES_AND_DATA + PARTS + PARQUET:
         result = report[name]
         assert result["failures"] == [], f"{name}: {result['failures'][:5]}"
         assert result["refused"] > 0  # the mutations reach the checks (not all swallowed as passes)
         assert result["peak_rss_mib"] < CASE_PEAK_MIB, f"{name}: {result['peak_rss_mib']} MiB"
-        if name in OVERRIDES_AND_DATA + PARTS:
+        if name in OVERRIDES_AND_DATA + PARTS + PARQUET:
             assert result["passed"] > 0  # and keep some files valid: the valid path runs too
     assert report["violations"] == []
     assert report["peak_rss_mib"] < 3072

@@ -28,6 +28,7 @@ import psutil
 import pytest
 
 from tests.helpers import ROOT, launcher
+from vitlarge.report.metrics_log import read_metrics
 
 RECIPE = "recipes/demo_digits.py"
 
@@ -197,6 +198,41 @@ def test_ctrl_c_checkpoints_the_step_in_progress_and_the_launcher_returns(how, d
         assert "death signal" not in text  # torchrun's agent log (W... Received 2 death signal, ...) left out
     else:  # both launchers report an interrupted run as 1; srun and python keep 130 (docs/CLUSTERS.md)
         assert status == 1
+
+
+def test_sigterm_to_colossalai_runs_group_records_and_says_the_checkpoint_after_it_returned(demo_data, tmp_path):
+    """SIGTERM to ``colossalai run``'s process group (``kill -- -PGID``, ``timeout``, a supervisor): Colossal-AI 0.5.0's
+    launcher has no handler and returns 143 at once (the limit, docs/CLUSTERS.md); torchrun passes the signal to the
+    workers, which checkpoint at the end of the step, record it in metrics.jsonl and say so on the launcher's own
+    stream, and are gone seconds later. Rich's console ended rank 0 with status 1 at the next line once the
+    launcher's pipes had no reader: no checkpoint record, no line."""
+    workdir, log = tmp_path / "run", tmp_path / "run.log"
+    args = ["--config", RECIPE, "--data", demo_data, "--workdir", str(workdir), "train.log_every_steps=1"]
+    args += ["train.max_steps=200", "train.checkpoint_every_steps=0", "train.eval_every_epochs=0"]
+    proc = launcher.start(args, nproc=2, launcher="colossalai", log=log)  # a session of its own: its group is ours
+    try:
+        metrics = workdir / "metrics.jsonl"
+        seen = lambda: metrics.exists() and '"step": 3' in metrics.read_text()  # noqa: E731
+        assert launcher.wait_for(seen, timeout=300, proc=proc), log.read_text()[-3000:]
+        tree = launcher.tree(proc)
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=10) == -signal.SIGTERM  # a shell's 143: returned before its workers
+        _, alive = psutil.wait_procs(tree, timeout=120)
+        assert alive == [], alive  # torchrun and the workers end once the checkpoint is written
+    finally:
+        launcher.kill_tree(proc.pid)
+    text = log.read_text()
+    stops = [x for x in text.splitlines() if x.startswith("vitlarge: stopped on signal after step ")]
+    assert len(stops) == 1, text[-3000:]
+    assert stops[0].endswith(
+        "(after colossalai run had returned 143: it does not wait for its workers on a SIGTERM; "
+        "python -m vitlarge.run, torchrun and srun do)"
+    )
+    step = int(stops[0].split("after step ")[1].split(";")[0])
+    path = workdir / "checkpoints" / f"step_{step:07d}"
+    assert step >= 3 and (path / "meta.json").is_file()
+    recorded = [m for m in read_metrics(str(metrics)) if m["event"] == "checkpoint"]
+    assert [(m["step"], m["path"]) for m in recorded] == [(step, str(path))]
 
 
 def test_the_second_ctrl_c_ends_a_worker_at_once(demo_data, tmp_path):

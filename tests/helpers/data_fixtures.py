@@ -58,6 +58,23 @@ def make_tiny_imagefolder(root: str) -> str:
     return root
 
 
+def make_colour_folder(root: str, classes: dict[str, int], per_class: int, split: str | None = "val") -> str:
+    """``root/<split>/<class>/`` (``split`` None: ``root/<class>/``, a flat folder) of ``per_class`` 24 x 24 JPEGs per
+    class, each class a hue of its own (``classes``: name -> hue 0..359) with noise: images a model tells apart by
+    class, so a score computed against the wrong class shows. The same arguments write the same images."""
+    from PIL import ImageColor
+
+    rng = np.random.default_rng(0)
+    for name, hue in classes.items():
+        d = os.path.join(root, *([split] if split else []), name)
+        os.makedirs(d, exist_ok=True)
+        colour = np.array(ImageColor.getrgb(f"hsl({hue}, 90%, 50%)"), dtype=np.float32)
+        for i in range(per_class):
+            pixels = np.clip(colour + rng.normal(0, 12, (24, 24, 3)), 0, 255).astype(np.uint8)
+            Image.fromarray(pixels).save(os.path.join(d, f"{name}_{i}.jpg"), "JPEG", quality=90)
+    return root
+
+
 def copy_imagefolder(src: str, dst: str) -> str:
     shutil.copytree(src, dst)
     return dst

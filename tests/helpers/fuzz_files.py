@@ -7,7 +7,7 @@ as a user's command would (evaluate's and init_from's weight reads, then an auto
 restore; an export's config.json as evaluate reads it; meta.json's phase list and schedule record; the loader;
 make_index and the manifest; a TFDS folder's metadata and shards through make_index --out; the MLflow hook over a workdir's own store; an overrides file's load and the model it
 sizes; a loader state's DALI fields and a shard's record payloads through the loader; the GPU parts bundle's receive
-and join).
+and join; a Hugging Face parquet set converted).
 ``FORMAT ...`` after CASES runs only those formats. Each case must end in a clean pass or a one-line `UserError`
 (what the CLIs turn into exit 2; for a tracker, its one warning line, training going on); anything else is
 reported as a traceback. An audit hook records every write, removal, rename, process start or network connection
@@ -613,6 +613,42 @@ def parts_bundle_formats(scratch: Path, cases: int, rng: random.Random) -> dict:
     return {"parts manifest": (manifest, cases)}
 
 
+def parquet_formats(scratch: Path, demo_data: str, cases: int, rng: random.Random) -> dict:
+    """A Hugging Face parquet set (`data_tools.parquet_source`) written once by ``datasets`` from a few of the demo's
+    images (two classes, two files a split, row groups of 3 rows); each case mutates one file of a copy, its bytes
+    or its ``huggingface`` metadata (the class names, the features), then converts it in process as
+    ``imagenet_to_tfrecord --src`` does."""
+    import pyarrow.parquet as pq
+
+    from data_tools.imagenet_to_tfrecord import convert_parquet
+    from data_tools.make_parquet_dataset import write_parquet
+
+    tree = scratch / "parquet-tree"
+    for split, per_class in (("train", 4), ("val", 2)):
+        for digit in ("0", "1"):
+            (tree / split / digit).mkdir(parents=True)
+            for f in sorted((Path(demo_data) / "src" / split / digit).iterdir())[:per_class]:
+                shutil.copyfile(f, tree / split / digit / f.name)
+    template = scratch / "parquet-template"
+    write_parquet(str(tree), str(template), files_per_split=2, rows_per_group=3)
+
+    def parquet(case):
+        d = scratch / f"case{case}"
+        shutil.copytree(template, d / "src")
+        target = rng.choice(sorted((d / "src" / "data").iterdir()))
+        if rng.random() < 0.6:
+            target.write_bytes(mutate_bytes(target.read_bytes(), rng))
+        else:
+            table = pq.read_table(target)
+            meta = dict(table.schema.metadata)
+            meta[b"huggingface"] = dump(mutate_doc(json.loads(meta[b"huggingface"]), rng))
+            pq.write_table(table.replace_schema_metadata(meta), target, row_group_size=3)
+        convert_parquet(str(d / "src"), str(d / "out"), workers=0, progress=False)
+
+    # Each case a conversion (~0.1 s): a quarter of the cases.
+    return {"parquet": (parquet, max(cases // 4, 10))}
+
+
 # The formats and their entry points ----------------------------------------------------------------
 
 
@@ -894,6 +930,7 @@ def main(scratch: str, demo_data: str, seed: int, cases: int, only: list[str] | 
         "tracker names": (lambda case: tracker_names(case, rng), max(cases // 20, 8)),
         **overrides_and_data_formats(SCRATCH, data, state, rng, cases),
         **parts_bundle_formats(SCRATCH, cases, rng),
+        **parquet_formats(SCRATCH, demo_data, cases, rng),
     }
     report = {}
     setup_peak = peak_rss_mib()  # before any reset: the setup's (a real checkpoint, the data, MLflow's store)

@@ -6,6 +6,14 @@
   setup to the end of its call (not its teardown: the session's last teardown also runs other tiers' session
   fixtures' finalizers, such as the Slurm test cluster's ``scancel``), through an audit hook (``sys.addaudithook``) and multiprocessing's one
   spawn path, which raises no audit event. Only the tools in `ALLOWED` may run.
+- A unit test that reads the checkout's own ``data/`` or ``runs/`` (what ``make demo`` or a user leaves there:
+  the demo's data, its run) fails at its teardown, naming the path: "tests/unit reads what the checkout holds:
+  <test> read <path>; give it its own data and workdir (tmp_path: --data, --workdir, data.path=, workdir=)". A
+  recipe's default ``data/digits`` or ``runs/<recipe>`` resolves there, so a test that leaves them unset passes
+  or fails by what the checkout holds (``make demo`` then ``make test``, the README's two commands). Watched
+  through the same audit hook: ``open``, ``os.listdir``, ``os.scandir`` and ``glob.glob`` on a path there. A
+  check of existence alone (``os.stat``) raises no event: where the folder is absent nothing is read, and where
+  ``make demo`` made it (CI runs it before the suite) the read that follows is seen.
 - Unit tests whose call took over `BUDGET_S` are listed at the end of the session, one line each. A report,
   not a failure: a loaded 2-core CI machine must not turn a correct test red.
 """
@@ -18,6 +26,9 @@ import sys
 
 import pytest
 
+from scripts.structure_report import RUN_FOLDERS
+from tests.helpers import ROOT
+
 # Executables a unit test may start, by name, each a short tool with no in-process API that is not a Python
 # interpreter. Mounts go through libc in the test's own process instead (tests/helpers/mounts.py).
 ALLOWED = {
@@ -27,6 +38,10 @@ BUDGET_S = 2.0  # a unit test's call, on a 2-core machine; the longer ones are l
 PROCESS_EVENTS = ("subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.spawn", "os.system")
 
 _started: list[str] | None = None  # what the running unit test started; None between unit tests
+_read: list[str] = []  # what the running unit test read of `CHECKOUT_STATE` (collected while `_started` is a list)
+# What make demo and a user's runs leave in the checkout; a test reads its own copies under tmp_path.
+CHECKOUT_STATE = tuple(os.path.join(str(ROOT), name) for name in RUN_FOLDERS)
+READ_EVENTS = ("open", "os.listdir", "os.scandir", "glob.glob")
 BUDGET = pytest.StashKey[float]()  # a session's budget where not `BUDGET_S` (the check's own test sets one)
 
 
@@ -46,7 +61,23 @@ def _command(event: str, args: tuple) -> str | None:
     return " ".join(os.fsdecode(a) for a in argv)[:200]
 
 
+def _checkout_path(args: tuple) -> str | None:
+    """The path a read event names, where it lies in `CHECKOUT_STATE` (relative paths resolve against the cwd)."""
+    path = args[0] if args else None
+    if path is None or isinstance(path, int):  # os.listdir() of the cwd, an fd: no path of ours
+        return None
+    path = os.path.abspath(os.fsdecode(path))
+    return path if any(path == top or path.startswith(top + os.sep) for top in CHECKOUT_STATE) else None
+
+
 def _audit(event: str, args: tuple) -> None:
+    if _started is not None and event in READ_EVENTS:
+        try:
+            path = _checkout_path(args)
+        except Exception:  # an audit hook that raised would fail the call it watches
+            path = None
+        if path is not None:
+            _read.append(path)
     if _started is not None and event in PROCESS_EVENTS:
         try:
             command = _command(event, args)
@@ -79,14 +110,22 @@ def tier_message(nodeid: str, commands: list[str]) -> str:
     )
 
 
+def checkout_message(nodeid: str, paths: list[str]) -> str:
+    more = f" (and {len(set(paths)) - 1} more)" if len(set(paths)) > 1 else ""
+    return (
+        f"tests/unit reads what the checkout holds: {nodeid} read {paths[0]}{more}; give it its own data and "
+        "workdir (tmp_path: --data, --workdir, data.path=, workdir=)"
+    )
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    global _started
-    outer, _started = _started, []  # nested: a pytester session inside a unit test keeps its own list
+    global _started, _read
+    (outer, outer_read), (_started, _read) = (_started, _read), ([], [])  # nested: a pytester session keeps its own
     try:
         yield
     finally:
-        _started = outer
+        _started, _read = outer, outer_read
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -107,6 +146,9 @@ def pytest_runtest_makereport(item, call):
     if call.when == "teardown" and _started and report.passed:
         report.outcome = "failed"
         report.longrepr = tier_message(item.nodeid, _started)
+    elif call.when == "teardown" and _read and report.passed:
+        report.outcome = "failed"
+        report.longrepr = checkout_message(item.nodeid, _read)
 
 
 class _Budget:

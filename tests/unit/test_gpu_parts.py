@@ -3,7 +3,7 @@
 Synthetic wheels (random bytes under wheel names, a few MiB; the real DALI wheel is ~190 MiB) and parts of
 1 MiB stand in for the real sizes: the cut, the join and the checks do not depend on them. The command is
 called through its ``main`` (tests/unit starts no process); ``pack`` is given the checkout's size instead of
-asking git, and ``install`` (pip, a process) runs in the prepared device sequence's dry run (docs/GPU.md).
+asking git, and ``install`` (pip, a process) runs in the prepared device sequence's dry run (docs/GPU_SESSION.md).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from scripts.structure_report import (
     lines_table,
     main,
     many_parameters,
+    project_files,
     report,
     table_in,
 )
@@ -91,3 +92,15 @@ def test_write_puts_the_table_between_the_markers_and_leaves_the_rest(tmp_path):
     text = docs.read_text()
     assert text.startswith(f"# before\n\n{start}\n| folder |") and text.endswith(f"{end}\n\nafter\n")
     assert table_in(text) == lines_table(tmp_path) and "| old |" not in text
+
+
+def test_the_folders_runs_fill_are_not_the_projects(tmp_path):
+    """``make demo`` leaves data/digits and runs/demo_digits in the checkout, and a user may keep scripts there: the
+    report and the parameter check count the project alone, whatever the checkout holds."""
+    for name in ("data/make_mine.py", "runs/mine/hook.py", "vitlarge/data/reader.py", "top.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x = 1\n")
+    assert [p.relative_to(tmp_path).as_posix() for p in project_files(tmp_path)] == [
+        "top.py",
+        "vitlarge/data/reader.py",
+    ]

@@ -101,3 +101,48 @@ def uses_cluster(cluster):
 """
     result = inner_session(pytester, "-k", "in_process", conftest=finalizer_starts_a_process)
     result.assert_outcomes(passed=1)
+
+
+CHECKOUT_READS = f"""
+import os
+import sys
+
+ROOT = {str(tier.ROOT)!r}
+
+
+def test_opens_the_demos_data():
+    sys.audit("open", os.path.join(ROOT, "data", "digits", "dataset.json"), "r", 0)
+
+
+def test_lists_a_run_relative_to_the_checkout():
+    os.chdir(ROOT)
+    try:
+        sys.audit("os.scandir", "runs/demo_digits/checkpoints")
+    finally:
+        os.chdir(os.environ["INNER_CWD"])
+
+
+def test_reads_its_own_data_folder():
+    sys.audit("open", "data/digits/dataset.json", "r", 0)  # the cwd is the session's folder, not the checkout
+    sys.audit("open", os.path.join(ROOT, "recipes", "demo_digits.py"), "r", 0)
+    sys.audit("open", os.path.join(ROOT, "database.json"), "r", 0)  # a sibling whose name starts "data"
+"""
+
+
+def test_a_unit_test_that_reads_the_checkouts_data_or_runs_fails_in_one_line_naming_it(pytester, monkeypatch):
+    """``make demo`` leaves data/digits and runs/demo_digits in the checkout; a unit test that reads them passes or
+    fails by what the checkout holds, so it fails at its teardown whether they are there or not."""
+    monkeypatch.setenv("INNER_CWD", str(pytester.path))
+    pytester.makeconftest("from tests.unit.conftest import *  # noqa: F403  (the unit tier's hooks)\n")
+    pytester.makepyfile(test_inner=CHECKOUT_READS)
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=3, errors=2)
+    root = str(tier.ROOT)
+    result.stdout.fnmatch_lines_random(
+        [
+            f"tests/unit reads what the checkout holds: test_inner.py::test_opens_the_demos_data read {root}/data/"
+            "digits/dataset.json; give it its own data and workdir (tmp_path: --data, --workdir, data.path=, workdir=)",
+            f"tests/unit reads what the checkout holds: test_inner.py::test_lists_a_run_relative_to_the_checkout read "
+            f"{root}/runs/demo_digits/checkpoints; give it its own data and workdir *",
+        ]
+    )

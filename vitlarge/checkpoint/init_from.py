@@ -20,6 +20,8 @@ Contract: every tensor of the recipe's model must be in the file with its shape,
 
 Anything else (a missing file, another architecture, a different patch size or width) is one
 line naming the file and the fix (`check_source`, run by train.py before any data is touched).
+``--dry-run`` says what the run will do to the head and the position embedding (`plan_notes`), from the source's
+shapes alone where its format records them apart from its weights.
 """
 
 from __future__ import annotations
@@ -221,3 +223,63 @@ def check_source(cfg: Config) -> None:
     """Fails (one line) when ``model.init_from`` cannot initialise the recipe's model; reads the file once
     but builds the model on the meta device, so it costs no memory for the model."""
     adapt(read_state_dict(cfg.model.init_from)[0], build_model(cfg, "meta"), cfg.model.init_from)
+
+
+def _header_shapes(f: Path, path: str | Path) -> dict[str, torch.Tensor]:
+    """Meta tensors of the shapes a safetensors file's header records: no weight is read (the format's own reader
+    refuses a header over 100 MB)."""
+    from safetensors import safe_open  # lazy: the dry run's alone
+
+    try:
+        with safe_open(str(f), framework="pt") as fh:
+            return {k: torch.empty(fh.get_slice(k).get_shape(), device="meta") for k in fh.keys()}  # noqa: SIM118
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error, OSError or ValueError on a foreign file
+        raise UserError(
+            f"model.init_from={path}: {f} is not a readable safetensors file ({type(e).__name__}); pass a "
+            "model.safetensors or a torch checkpoint of a timm model"
+        ) from None
+
+
+def source_shapes(path: str | Path) -> dict[str, torch.Tensor]:
+    """The source's tensors as meta tensors of their shapes, read as the format allows: a safetensors header (an
+    export, a format-2 checkpoint, a timm ``.safetensors``), a checkpoint's meta.json and DCP index (bounded reads,
+    `vitlarge.checkpoint.trust`), and for a torch file, whose pickle holds the shapes beside the weights, the state
+    dict as the run reads it (`read_state_dict`). One line (`UserError`) where the run's read would fail."""
+    p = Path(path)
+    if p.is_dir() and (p / "meta.json").is_file():
+        try:
+            meta = layout.read_meta(p)
+            if meta["format_version"] < 3:
+                return _header_shapes(p / "model.safetensors", path)
+            index = dcp_index.read_index(p, meta["files"])
+        except (layout.Unusable, dcp_index.IndexProblem) as e:
+            problem = e.problem if isinstance(e, layout.Unusable) else str(e)
+            raise UserError(
+                f"model.init_from={path}: {problem}; pass a complete checkpoint or an export folder"
+            ) from None
+        return {
+            k.removeprefix("model."): torch.empty(md.size, device="meta")
+            for k, md in index.state_dict_metadata.items()
+            if k.startswith("model.") and hasattr(md, "size")
+        }
+    f = weights_file(path)
+    if f.suffix == ".safetensors":
+        return _header_shapes(f, path)
+    return {k: torch.empty(v.shape, device="meta") for k, v in read_state_dict(path)[0].items()}
+
+
+def plan_notes(cfg: Config) -> list[str]:
+    """What ``model.init_from`` will do to the recipe's model, for ``--dry-run``: the classifier re-initialised (the
+    two class counts) or kept, the position embedding resampled (the two token grids) or kept, then any source
+    tensor dropped. The same `adapt` the run applies, on shapes alone (`source_shapes`, a model on the meta
+    device), so a source that does not fit is the run's one line here too."""
+    model = build_model(cfg, "meta")
+    _, notes = adapt(source_shapes(cfg.model.init_from), model, cfg.model.init_from)
+    target = model.state_dict()
+    head = next((n for n in notes if n.startswith("classifier")), None)
+    if head is None and HEAD_KEYS[0] in target:
+        head = f"classifier kept: {target[HEAD_KEYS[0]].shape[0]} classes, as in the source"
+    grid = next((n for n in notes if n.startswith("position embedding")), None)
+    if grid is None and POS_EMBED in target:
+        grid = "position embedding kept: a {}x{} token grid, as in the source".format(*_grid(model))
+    return [n for n in (head, grid) if n] + [n for n in notes if n not in (head, grid)]

@@ -17,6 +17,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from vitlarge import fileio
 from vitlarge.checkpoint import sharded
 from vitlarge.checkpoint.files import reason_of
+from vitlarge.checkpoint.model_of import EXPORT_CONFIG_LIMIT
 from vitlarge.checkpoint.trust import index as dcp_index
 from vitlarge.checkpoint.trust.folder import verify
 from vitlarge.checkpoint.trust.layout import Unusable, beside, read_meta
@@ -84,11 +85,6 @@ def _size_of_grid(pos_embed: list[int], model: torch.nn.Module) -> int | None:
     tokens = pos_embed[1] - (0 if getattr(m, "no_embed_class", False) else getattr(m, "num_prefix_tokens", 1))
     side = math.isqrt(max(tokens, 0))
     return side * patch[0] if tokens > 0 and side * side == tokens else None
-
-
-EXPORT_CONFIG_LIMIT = (
-    16 * 2**20
-)  # an export's config.json (1000 class names and texts: ~100 KB); a larger one is not read
 
 
 def _export_input_size(folder: Path) -> tuple[int, ...] | None:

@@ -9,6 +9,7 @@ world size. This module imports nothing from torch, so recipes load fast and ``-
 
 from __future__ import annotations
 
+import argparse
 import ast
 import difflib
 import importlib.util
@@ -177,11 +178,18 @@ def load_recipe(path: str | Path) -> Config:
 
 
 def load_config(
-    path: str | Path, overrides: Sequence[str] = (), override_files: Sequence[str | Path] = (), **direct: str | None
+    path: str | Path,
+    overrides: Sequence[str] = (),
+    override_files: Sequence[str | Path] = (),
+    *,
+    base: Config | None = None,
+    **direct: str | None,
 ) -> Config:
     """Recipe + direct settings (``data.path``, ``workdir``) + overrides files in order + dotted overrides (the
-    command line wins), validated; an error about a key an override set names the override's origin."""
-    cfg = load_recipe(path)
+    command line wins), validated; an error about a key an override set names the override's origin. ``base``: a
+    config made elsewhere (an export's, `vitlarge.evaluate.export_config`) in place of the recipe, ``path`` then
+    what errors and the trackers' experiment name it by."""
+    cfg = base if base is not None else load_recipe(path)
     overridden: dict[str, str] = {}
     for key, value in direct.items():
         if value is not None:
@@ -195,3 +203,23 @@ def load_config(
         cfg.log.experiment = Path(path).stem
     validate(cfg, origin=str(path), overridden=overridden)
     return cfg
+
+
+def add_override_arguments(parser: argparse.ArgumentParser) -> None:
+    """The two ways a command takes overrides for `load_config`, said the same in every command's ``--help``:
+    ``--overrides FILE`` (repeatable, as ``override_files``) and dotted ``key=value`` words (as ``overrides``)."""
+    parser.add_argument(
+        "--overrides",
+        dest="override_files",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a .py (dotted.key = value lines) or .yaml file of overrides, applied before the command line's",
+    )
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="dotted config overrides: optim.lr=0.01, optim.betas=0.9,0.98, model.kwargs.depth=2, "
+        "train.phases.1.image_size=192",
+    )

@@ -172,7 +172,10 @@ class DataConfig:
     hw_decoder_load: float = ruled(0.65, FRACTION)
     """On a GPU, the share of the training JPEGs that the ``mixed`` decoder hands to the GPU's hardware JPEG decoder
     where it has one (A100, H100, H200 and later; DALI's ``hw_decoder_load``, whose default is 0.65); the rest go
-    to nvJPEG's CUDA and CPU paths. No effect on the CPU. What it changes is measured in docs/PERFORMANCE.md."""
+    to nvJPEG's CUDA and CPU paths. No effect on the CPU. Not measured yet (DALI has not run on a GPU here: the GPU
+    kit's data step, benchmarks/gpu/data.py, measures 0 and 1 against it); until then it stays at DALI's default
+    (DALI kept 0.65 after measuring 0.90 at +1.8% iterations/s with a worse decode tail on ImageNet training, its
+    pull request 6366), and the dry run's CPU cores per GPU are those of decoding on the CPU, an upper bound."""
     rrc_decode: Literal["roi", "full"] = "roi"
     """How the random-resized crop (``crop="rrc"``) decodes: ``roi``, only the crop's window, straight from the
     JPEG (DALI's ``decoders.image_random_crop``); ``full``, the whole image, then the crop and resize on the

@@ -185,6 +185,11 @@ class Manifest:
         return sum(s.num_records for s in self.shards(split))
 
     def shards(self, split: str) -> list[ShardInfo]:
+        if split == "train" and not self.splits.get("train") and self.splits.get("validation"):
+            raise UserError(
+                f"{os.path.join(self.data_dir, MANIFEST_NAME)}: a validation split only (converted to evaluate on, "
+                "vitlarge-evaluate --data): training needs a 'train' split; convert ROOT/train/<class>/* into it"
+            )
         if split not in self.splits or not self.splits[split]:
             raise UserError(
                 f"{os.path.join(self.data_dir, MANIFEST_NAME)}: no '{split}' shards listed; "

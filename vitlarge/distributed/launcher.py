@@ -314,3 +314,40 @@ def release_colossalai_run_after_ctrl_c() -> None:
         )
     except OSError:
         pass
+
+
+_after_launcher: int | None = None  # what `colossalai run` writes its stderr to, opened by `keep_colossalai_run_stderr`
+
+
+def keep_colossalai_run_stderr() -> None:
+    """Under ``colossalai run``, opens (once) what its processes write their stderr to (a terminal or a file), for
+    `say_after_colossalai_run`. Colossal-AI 0.5.0's ``colossalai run`` has no SIGTERM handler: a SIGTERM to its
+    process group (``kill -- -PGID``, ``timeout``, a supervisor) ends it and its runner at once (status 143), and with
+    them the pipes the workers print through; torchrun passes the signal on (its workers run in sessions of their
+    own) and they checkpoint seconds later with no reader for their line. No-op elsewhere, and where the stream
+    cannot be opened (a socket, another user's, not Linux)."""
+    global _after_launcher
+    runner = _colossalai_runner(os.getpid()) if _after_launcher is None else None
+    if runner is None:
+        return
+    try:  # no controlling terminal taken, never inherited, never blocking on a full pipe
+        flags = os.O_WRONLY | os.O_APPEND | os.O_NOCTTY | os.O_CLOEXEC | os.O_NONBLOCK
+        _after_launcher = os.open(f"/proc/{runner}/fd/2", flags)
+    except OSError:
+        pass
+
+
+def say_after_colossalai_run(line: str) -> bool:
+    """Writes ``line``, and why it comes after ``colossalai run`` returned, to the stream kept by
+    `keep_colossalai_run_stderr`; whether it did (False: not under ``colossalai run``, or that stream is gone too)."""
+    if _after_launcher is None:
+        return False
+    why = (
+        " (after colossalai run had returned 143: it does not wait for its workers on a SIGTERM; "
+        "python -m vitlarge.run, torchrun and srun do)"
+    )
+    try:
+        os.write(_after_launcher, f"{line}{why}\n".encode())
+    except OSError:
+        return False
+    return True

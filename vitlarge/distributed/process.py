@@ -164,12 +164,14 @@ def leave(code: int) -> NoReturn:
     sys.exit(code)
 
 
-def say(line: str) -> None:
-    """``line`` on stderr, where a gone reader (srun's I/O, a killed ``| tee``) must not change the exit status."""
+def say(line: str) -> bool:
+    """``line`` on stderr, where a gone reader (srun's I/O, a killed ``| tee``) must not change the exit status;
+    whether it was written."""
     try:
         print(line, file=sys.stderr, flush=True)
     except (OSError, ValueError):
-        pass
+        return False
+    return True
 
 
 def tell_launcher(line: str, status: int) -> None:

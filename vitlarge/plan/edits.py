@@ -13,6 +13,9 @@ A checkpoint records the config it was trained under (meta.json's ``config``) an
   does from there. Where the two lrs differ, ``schedule.on_edit=continue`` (the default) keeps the checkpoint's lr
   and re-plans the rest of the warmup or decay from it (a `Continuation`: no jump), ``schedule.on_edit=recipe``
   takes this recipe's (timm's and torchtitan's behaviour when their scheduler is rebuilt from an edited config).
+  Where the global batch or the data set's size changed the epochs done at the resume step differ between the
+  plans: the run counts on from the checkpoint's (an `EpochCount`), so the epoch never jumps back and the run ends
+  when ``train.epochs`` passes of the loader are done, not after this recipe's step count at the new batch.
 
 The lr stays a pure function of the step, the recipe and meta.json: the continuation is recorded in every later
 checkpoint, so a requeue of the resumed run rebuilds the same plan (nothing changed then) and an older checkpoint
@@ -29,7 +32,7 @@ from dataclasses import dataclass, replace
 from vitlarge.config.phase_list import entries
 from vitlarge.config.schema import Config
 from vitlarge.errors import UserError
-from vitlarge.plan.plan import Continuation, Plan, make_plan
+from vitlarge.plan.plan import Continuation, EpochCount, Plan, make_plan
 from vitlarge.text import plural
 
 SCHEDULE_KEYS = (
@@ -82,10 +85,12 @@ def checkpoint_plan(
     try:
         old = checkpoint_config(cfg, saved)
         n = record.get("num_train_examples") or num_train_examples
+        e = record.get("counted_from")
+        counted = EpochCount(e["step"], e["epoch"]) if e else None
         try:
-            plan = make_plan(old, world_size, n)
+            plan = make_plan(old, world_size, n, counted)
         except UserError:  # its batches do not divide here: the step counts do not depend on the world size
-            plan = make_plan(old, 1, n)
+            plan = make_plan(old, 1, n, counted)
     except (UserError, TypeError, ValueError, KeyError, AttributeError):
         return None
     c = record.get("continues")
@@ -102,7 +107,7 @@ def resume_plan(cfg: Config, plan: Plan, path, saved: dict, record: dict, step: 
     if found is None:
         return ResumedPlan(plan)
     old_cfg, old = found
-    new = _continued(cfg, plan, old_cfg, old, step)
+    new = _continued(cfg, _counted(cfg, plan, old, step), old_cfg, old, step)
     if _curve(old_cfg, old) == _curve(cfg, new):
         return ResumedPlan(new)
     return ResumedPlan(new, tuple(_lines(cfg, new, plan, old_cfg, old, step, path)))
@@ -123,6 +128,24 @@ def frozen_lr_line(cfg: Config, plan: Plan, step: int, path) -> str | None:
         f"{plural(plan.total_steps - step, 'step')} left train at lr 0; resume with schedule.on_edit=recipe to take "
         "this recipe's lr"
     )
+
+
+def _counted(cfg: Config, plan: Plan, old: Plan, step: int) -> Plan:
+    """``plan``, counting its epochs on from those the checkpoint's plan has after ``step`` steps: the checkpoint's
+    own `EpochCount` where it still gives them (a requeue), else none where the recipe's plan gives them (no batch
+    or data set size edit before ``step``), else a new one at ``step`` (an edit of either: an epoch stays one pass
+    of the loader, so the run ends when ``train.epochs`` passes are done, not after its steps at the new batch)."""
+    was = old.epoch_at(step)
+    candidates = [old.counted_from] if old.counted_from is not None else []
+    for counted in [*candidates, None]:
+        p = replace(plan, counted_from=None) if counted is None else _recount(cfg, plan, counted)
+        if math.isclose(p.epoch_at(step), was, rel_tol=1e-12, abs_tol=1e-12):
+            return p
+    return _recount(cfg, plan, EpochCount(step, was))
+
+
+def _recount(cfg: Config, plan: Plan, counted: EpochCount) -> Plan:
+    return replace(make_plan(cfg, plan.world_size, plan.num_train_examples, counted), continues=plan.continues)
 
 
 def _continued(cfg: Config, plan: Plan, old_cfg: Config, old: Plan, step: int) -> Plan:
@@ -205,7 +228,7 @@ def _lines(cfg: Config, new: Plan, plan: Plan, old_cfg: Config, old: Plan, step:
         ("total steps", old.total_steps, new.total_steps),
         ("warmup steps", old.warmup_steps, new.warmup_steps),
     ):
-        if was != now:
+        if was != now and not (what == "warmup steps" and max(was, now) <= step):  # a warmup done in both: moot
             lines.append(f"  {what} {was} -> {now}")
     was, recipe, now = old.lr_at(old_cfg, step), plan.lr_at(cfg, step), new.lr_at(cfg, step)
     at = f"  lr at step {step + 1}:"

@@ -100,7 +100,7 @@ class Phase:
 
 
 def plan_phases(
-    cfg: Config, resolved: Sequence[PhaseEntry], world_size: int, num_train_examples: int
+    cfg: Config, resolved: Sequence[PhaseEntry], world_size: int, num_train_examples: int, offset: float = 0.0
 ) -> tuple[Phase, ...]:
     """Per-phase accumulation, steps per epoch and step range of ``cfg``'s phases, ``resolved``
     (`vitlarge.config.phase_list.resolve_phases`); UserError when a batch does not divide.
@@ -109,8 +109,9 @@ def plan_phases(
     per-device micro batch is a memory ceiling, so the same recipe runs on more devices (fewer
     accumulation steps) as a fixed-resolution recipe does. Step boundaries are rounded from the
     cumulative (fractional) step count at each absolute start epoch, so rounding never drifts: with
-    one steps-per-epoch throughout, the total equals the unphased plan's."""
-    phases, exact = [], 0.0  # exact: the fractional optimizer step where the current phase starts
+    one steps-per-epoch throughout, the total equals the unphased plan's. ``offset``: steps added to every
+    boundary (a resume that counts its epochs on from another batch's, `vitlarge.plan.plan.EpochCount`)."""
+    phases, exact = [], offset  # exact: the fractional optimizer step where the current phase starts
     listed = bool(cfg.train.phases)
     for i, p in enumerate(resolved):
         key = f"train.phases[{i}]"
@@ -176,15 +177,20 @@ def _undivided(names: tuple[str, str], gb: int, micro: int, world_size: int) -> 
     )
 
 
-def step_at_epoch(phases, epochs: float) -> int:
+def step_at_epoch(phases, epochs: float, offset: float = 0.0) -> int:
     """The optimizer step at which ``epochs`` of training are done (phase by phase, rounded once from
-    the cumulative fractional step count, as the phase boundaries are)."""
+    the cumulative fractional step count, as the phase boundaries are; ``offset`` as in `plan_phases`)."""
+    return epochs_to_steps(offset + exact_step(phases, epochs), 1)
+
+
+def exact_step(phases, epochs: float) -> float:
+    """The fractional optimizer step at which ``epochs`` of training are done, counted from step 0 at epoch 0."""
     exact = 0.0
     for ph in phases:
         if epochs <= ph.end_epoch or ph is phases[-1]:
-            return epochs_to_steps(exact + max(0.0, epochs - ph.start_epoch) * ph.steps_per_epoch, 1)
+            return exact + max(0.0, epochs - ph.start_epoch) * ph.steps_per_epoch
         exact += (ph.end_epoch - ph.start_epoch) * ph.steps_per_epoch
-    return 0
+    return 0.0
 
 
 def epochs_to_steps(epochs: float, steps_per_epoch: int) -> int:

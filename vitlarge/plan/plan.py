@@ -16,7 +16,7 @@ from typing import Any
 from vitlarge.config.phase_list import resolve_phases
 from vitlarge.config.schema import Config
 from vitlarge.errors import UserError
-from vitlarge.plan.phases import Phase, epochs_to_steps, plan_phases, step_at_epoch
+from vitlarge.plan.phases import Phase, epochs_to_steps, exact_step, plan_phases, step_at_epoch
 from vitlarge.plan.schedule import continued_lr, lr_at
 
 PHASE_SEED_STRIDE = 1000  # phase i's data stream uses train.seed + 1000 * i
@@ -35,6 +35,20 @@ class Continuation:
 
 
 @dataclass(frozen=True)
+class EpochCount:
+    """Where a resume under another global batch or data set size (vitlarge/plan/edits.py) counts the epochs on from:
+    ``epoch`` epochs were done after ``step`` optimizer steps, under the checkpoint's plan. An epoch is one pass of
+    the loader: its phase's steps per epoch, each of its global batch (the last partial batch dropped), whatever
+    batch the epochs before were trained at. From ``step`` on the plan's phase boundaries, warmup end and last step
+    (``train.epochs``) fall where those epochs are reached; the steps before it are the checkpoint's, and the plan
+    places them where its own batches would have (a first phase may start at a negative step). Each checkpoint of
+    the run records it (meta.json's ``schedule``), so every later resume counts the same epochs."""
+
+    step: int
+    epoch: float
+
+
+@dataclass(frozen=True)
 class Plan:
     """Step counts derived once from the config, the world size and the data set size."""
 
@@ -48,6 +62,8 @@ class Plan:
     num_train_examples: int
     continues: Continuation | None = None
     """The lr re-planned from a resume step on (None: the recipe's schedule at every step)."""
+    counted_from: EpochCount | None = None
+    """Where the epochs count on from another batch's (None: every step at this plan's batches)."""
 
     def phase_at(self, step: int) -> Phase:
         """The phase optimizer step ``step`` (0-based) belongs to (the last phase past the end)."""
@@ -57,8 +73,11 @@ class Plan:
         return self.phases[-1]
 
     def epoch_at(self, step: int) -> float:
-        """Epochs done after ``step`` optimizer steps."""
+        """Epochs done after ``step`` optimizer steps (from ``counted_from`` on: its epochs, then this plan's)."""
         ph = self.phase_at(max(0, step - 1)) if step else self.phases[0]
+        c = self.counted_from
+        if c is not None and step >= c.step and ph.start_step <= c.step:
+            return c.epoch + (step - c.step) / ph.steps_per_epoch
         return ph.start_epoch + (step - ph.start_step) / ph.steps_per_epoch
 
     def lr_at(self, cfg: Config, step: int) -> float:
@@ -88,12 +107,13 @@ class Plan:
 
     def record(self) -> dict[str, Any]:
         """What a checkpoint's meta.json records of the plan (``schedule``), so that a later resume rebuilds the
-        checkpoint's own plan (vitlarge/plan/edits.py): the training images it was planned for and the
-        `Continuation`, if any."""
-        c = self.continues
+        checkpoint's own plan (vitlarge/plan/edits.py): the training images it was planned for, the `Continuation`
+        and the `EpochCount`, if any."""
+        c, e = self.continues, self.counted_from
         return {
             "num_train_examples": self.num_train_examples,
             "continues": None if c is None else {"step": c.step, "base_lr": c.base_lr},
+            "counted_from": None if e is None else {"step": e.step, "epoch": e.epoch},
         }
 
     def describe(self, step: int = 0) -> str:
@@ -106,10 +126,18 @@ class Plan:
         )
 
 
-def make_plan(cfg: Config, world_size: int, num_train_examples: int | None = None) -> Plan:
-    """Derives each phase's accumulation and steps; raises UserError when a batch does not divide."""
+def make_plan(
+    cfg: Config, world_size: int, num_train_examples: int | None = None, counted_from: EpochCount | None = None
+) -> Plan:
+    """Derives each phase's accumulation and steps; raises UserError when a batch does not divide. ``counted_from``:
+    the epochs a resume goes on from (`EpochCount`)."""
     n = num_train_examples or cfg.data.num_train_examples
-    phases = plan_phases(cfg, resolve_phases(cfg), world_size, n)
+    resolved = resolve_phases(cfg)
+    phases = plan_phases(cfg, resolved, world_size, n)
+    offset = 0.0
+    if counted_from is not None:  # every boundary moves by the steps this plan's batches would have taken
+        offset = counted_from.step - exact_step(phases, counted_from.epoch)
+        phases = plan_phases(cfg, resolved, world_size, n, offset)
     t = cfg.train
     eval_every = 0
     if t.eval_every_epochs > 0:
@@ -118,9 +146,10 @@ def make_plan(cfg: Config, world_size: int, num_train_examples: int | None = Non
         world_size=world_size,
         phases=phases,
         total_steps=max(1, phases[-1].end_step),
-        warmup_steps=step_at_epoch(phases, cfg.schedule.warmup_epochs),
+        warmup_steps=step_at_epoch(phases, cfg.schedule.warmup_epochs, offset),
         eval_every_steps=eval_every,
         num_train_examples=n,
+        counted_from=counted_from,
     )
 
 

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, NoReturn
 
 from vitlarge import beside
 from vitlarge.config.key_docs import keys_help
-from vitlarge.config.load import load_config
+from vitlarge.config.load import add_override_arguments, load_config
 from vitlarge.distributed import launcher, process, quiet, threads
 from vitlarge.distributed.process import main_then_leave
 from vitlarge.plan.plan import make_plan
-from vitlarge.run.gpu_hours import print_gpu_time
-from vitlarge.run.job import build_run, init_from_warnings, is_resume
+from vitlarge.run.gpu_hours import gpu_time_lines
+from vitlarge.run.job import build_run, init_from_notes, init_from_warnings, is_resume
 from vitlarge.text import plural
 from vitlarge.train import memory
 from vitlarge.train.command import exit_status
@@ -76,21 +76,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         metavar="FILE",
         help="with --gpu: the kit's gpu.json (default: the checkout's benchmarks/results/gpu.json)",
     )
-    p.add_argument(
-        "--overrides",
-        dest="override_files",
-        action="append",
-        default=[],
-        metavar="FILE",
-        help="a .py (dotted.key = value lines) or .yaml file of overrides, applied before the command line's",
-    )
-    p.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="key=value",
-        help="dotted config overrides: optim.lr=0.01, optim.betas=0.9,0.98, model.kwargs.depth=2, "
-        "train.phases.1.image_size=192",
-    )
+    add_override_arguments(p)
     args = p.parse_intermixed_args(argv)
     if (args.world_size is not None or args.show_config) and not args.dry_run:
         p.error("--world-size and --show-config go with --dry-run")
@@ -137,7 +123,9 @@ def plan_or_train(args, env, threads: ThreadPools, make_hooks: MakeHooks | None 
         from vitlarge.data.sources import planning_manifest  # lazy: keeps torch off train.py --help
         from vitlarge.run.dry_run import print_plan  # lazy: keeps torch and timm off train.py --help
 
-        warnings = init_from_warnings(cfg, is_resume(cfg, args.resume), dry_run=True)
+        resuming = is_resume(cfg, args.resume)
+        warnings = init_from_warnings(cfg, resuming, dry_run=True)
+        init_notes = init_from_notes(cfg, resuming)
         if env.is_main:
             for line in warnings:
                 process.say(f"warning: {line}")
@@ -148,12 +136,15 @@ def plan_or_train(args, env, threads: ThreadPools, make_hooks: MakeHooks | None 
                 images, classes = plural(n, "training image", grouped=True), plural(manifest.num_classes, "class")
                 print(f"data: {cfg.data.path}/dataset.json: {images}, {classes} (the plan's counts)")
             check_window(cfg, plan)  # as the run's preflight would
-            print_plan(cfg, plan, show_config=args.show_config, device=args.device)
+            print_plan(cfg, plan, show_config=args.show_config, device=args.device, init_from=init_notes)
             if args.gpu:
                 from vitlarge.train.settings import plan_settings  # lazy: keeps torch off train.py --help
 
                 settings = plan_settings(cfg, "cuda")
-                print_gpu_time(cfg, plan, settings.precision, settings.compile, args.gpu, args.gpu_results)
+                lines = gpu_time_lines(
+                    cfg, plan, settings.precision, settings.compile, args.gpu, args.gpu_results, manifest
+                )
+                print("\n".join(lines))
         return 0
     if cfg.data.source == "tfrecord":  # a data set that is not there: one line now, not after those 10-20 s
         from vitlarge.data.manifest import load_manifest  # lazy: keeps numpy (0.2 s) off train.py --help

@@ -120,11 +120,14 @@ def print_gpu_overheads(cfg: Config, plan: Plan, settings: Settings, estimate: f
         print(f"    {what}: {source}")
 
 
-def print_plan(cfg: Config, plan: Plan, show_config: bool = False, device: str | None = None) -> None:
+def print_plan(
+    cfg: Config, plan: Plan, show_config: bool = False, device: str | None = None, init_from: list[str] | None = None
+) -> None:
     """The plan for ``plan.world_size`` processes (``--world-size`` may name more than are running) on the
     device `plan_device` picks (``device``: ``--device``), with the settings a run there resolves
     (`vitlarge.train.settings.plan_settings`); ``show_config``: the resolved config first, as JSON
-    (``--show-config``)."""
+    (``--show-config``); ``init_from``: what ``model.init_from`` will do (`vitlarge.run.job.init_from_notes`), a
+    line under the model's."""
     device, chosen_by = plan_device(cfg, device)
     settings = plan_settings(cfg, device)
     if show_config:
@@ -152,6 +155,8 @@ def print_plan(cfg: Config, plan: Plan, show_config: bool = False, device: str |
         f"  model {cfg.model.name}: {info['params'] / 1e6:.2f}M parameters, "
         f"{info['fwd_flops'] / 1e9:.2f} GFLOPs/image forward, {train_flops / 1e9:.2f} GFLOPs/image train step"
     )
+    if init_from:
+        print(f"  model.init_from {cfg.model.init_from}: {'; '.join(init_from)}")
     if cfg.train.phases:  # FLOPs and memory differ per phase: the table below
         print(f"  epochs {cfg.train.epochs} over {plan.num_train_examples} images in {len(plan.phases)} phases")
     else:

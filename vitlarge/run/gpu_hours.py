@@ -4,10 +4,14 @@ images/s the GPU kit measured (``python -m benchmarks.gpu``: benchmarks/results/
 
 Per phase: images/s per GPU from the kit's row for the phase's model, image size, precision and compile setting
 (the closest row where that exact one was not measured, said so), scaled by training FLOPs per image where the
-size or model differs, and by the dense bf16 datasheet ratio where the kit ran on another kind of GPU (said
-so). A step is its compute (global batch / (GPUs x images/s)) plus one ring all-reduce of the fp32 gradients,
-2(n-1)/n x their bytes at 150 GB/s inside a node (n <= 8), 20 GB/s across nodes, not overlapped with the
-backward: an upper bound for the training steps. Evaluation, checkpoints and start-up are not counted.
+size or model differs, by the kit's own measured ratio between the precisions where only the other one was
+measured in that setting, and where the kit ran on another kind of GPU by the lower of the two datasheet ratios
+(dense bf16 TFLOP/s, HBM bandwidth: `kind_ratio`). A step is its compute (global batch /
+(GPUs x images/s)) plus one ring all-reduce of the fp32 gradients, 2(n-1)/n x their bytes at 150 GB/s inside a
+node (n <= 8), 20 GB/s across nodes, not overlapped with the backward: an upper bound for the training steps.
+Then `vitlarge.run.run_costs`: the input pipeline that rate needs, the validation passes and checkpoints of the
+recipe's schedule. Start-up and compilation are not counted. Each figure is said to be measured, scaled or
+assumed.
 """
 
 from __future__ import annotations
@@ -16,16 +20,21 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vitlarge.config.schema import Config
 from vitlarge.errors import UserError
 from vitlarge.plan.plan import Plan, phase_config
+from vitlarge.run.run_costs import PhaseRate, data_figures, forwards_per_step, pipeline_lines, run_costs, span
 
-DATASHEET = {  # dense bf16/fp16 tensor-core TFLOP/s, NVIDIA's datasheets (no 2:4 sparsity)
-    "a100": ("A100 SXM4", 312.0),
-    "h100": ("H100 SXM", 989.4),
-    "h200": ("H200 SXM", 989.4),
-    "b200": ("B200", 2250.0),
+if TYPE_CHECKING:  # numpy, which the manifest module imports, stays off train.py --help
+    from vitlarge.data.manifest import Manifest
+
+DATASHEET = {  # dense bf16/fp16 tensor-core TFLOP/s (no 2:4 sparsity) and HBM TB/s, NVIDIA's datasheets
+    "a100": ("A100 SXM4", 312.0, 2.039),  # the 80 GB board's HBM2e
+    "h100": ("H100 SXM", 989.4, 3.35),
+    "h200": ("H200 SXM", 989.4, 4.8),
+    "b200": ("B200", 2250.0, 8.0),
 }
 KINDS = tuple(DATASHEET)
 BUSBW = {"inside a node": 150e9, "across nodes": 20e9}
@@ -56,6 +65,39 @@ def kind_of(name: str) -> str | None:
     for kind in ("b200", "h200", "h100", "a100"):
         if kind.upper() in words:
             return kind
+    return None
+
+
+def kind_ratio(kind: str, measured: str) -> tuple[float, str]:
+    """The factor from a rate measured on a ``measured`` GPU to one on a ``kind``, and the words for it: the lower
+    of the dense bf16 datasheet ratio and the HBM bandwidth ratio. A step's time is partly math and partly memory
+    traffic, each scaling by its own ratio, so the step speeds up by at least the lower one: the time it gives is an
+    upper bound. Scaled, not measured."""
+    (name, tflops, hbm), (src, src_tflops, src_hbm) = DATASHEET[kind], DATASHEET[measured]
+    compute, memory = tflops / src_tflops, hbm / src_hbm
+    return min(compute, memory), (
+        f"{name} not measured: scaled x {min(compute, memory):.2f}, the lower of its datasheet ratios to the "
+        f"{src}: dense bf16 {tflops:g} / {src_tflops:g} TFLOP/s = {compute:.2f}, HBM {hbm:g} / {src_hbm:g} TB/s "
+        f"= {memory:.2f}; the time an upper bound"
+    )
+
+
+def precision_ratio(rates: list[Rate], best: Rate, precision: str) -> tuple[float, str] | None:
+    """Where ``best`` is in another precision than ``precision``: the kit's measured ratio between the two in a
+    setting where it measured both (same model, size and recomputation; ``best``'s compile setting first), and
+    the words for it. None where it measured no such pair."""
+    same = [r for r in rates if (r.model, r.image_size, r.recompute) == (best.model, best.image_size, best.recompute)]
+    for compiled in (best.compiled, not best.compiled):
+        asked = [r for r in same if r.compiled == compiled and r.precision == precision]
+        other = [r for r in same if r.compiled == compiled and r.precision == best.precision]
+        if asked and other:
+            a, b = asked[0], other[0]
+            ratio = a.images_per_s / b.images_per_s
+            return ratio, (
+                f"{precision} not measured {'compiled' if best.compiled else 'eager'}: scaled x {ratio:.3f}, the kit's "
+                f"{'compiled' if compiled else 'eager'} {precision} / {best.precision} ({a.row} {a.images_per_s:,.1f} / "
+                f"{b.row} {b.images_per_s:,.1f} img/s)"
+            )
     return None
 
 
@@ -164,7 +206,8 @@ def allreduce_seconds(world_size: int, params: int) -> tuple[float, str]:
 def pick(
     rates: list[Rate], model: str, size: int, precision: str, compiled: bool, recompute: str
 ) -> tuple[Rate, list[str]]:
-    """The measured row closest to the asked setting, and what differs (the words the plan prints)."""
+    """The measured row closest to the asked setting, and what differs in model, size, compile setting and
+    recomputation (the words the plan prints; `estimate` scales and words a precision that differs)."""
 
     def score(r: Rate) -> tuple:
         return (
@@ -185,82 +228,136 @@ def pick(
         differs.append(
             f"{'compiled' if compiled else 'eager'} not measured: the {'compiled' if best.compiled else 'eager'} row"
         )
-    if best.precision != precision:
-        differs.append(f"{precision} not measured: the {best.precision} row")
     if best.recompute != recompute:
         differs.append(f"activation checkpointing {best.recompute} in the row")
     return best, differs
 
 
 def estimate(
-    cfg: Config, plan: Plan, precision: str, compiled: bool, kind: str, result: dict
+    cfg: Config, plan: Plan, precision: str, compiled: bool, kind: str, result: dict, flops: ModelFlops
 ) -> tuple[list[PhaseTime], list[str]]:
     """Per-phase step times on ``plan.world_size`` GPUs of ``kind``, and the lines that say where the figures
     come from."""
-    from vitlarge.model.vit import describe_model  # lazy: keeps torch off train.py until the thread pools are sized
-
     rates = measured_rates(result)
     device = result["device"]["name"]
     measured_kind = kind_of(device)
+    when = result.get("finished_at", "date not recorded")
     if kind == measured_kind:
-        ratio, on = 1.0, f"measured on an {device}"
+        ratio, on = 1.0, f"measured on an {device}, {when}"
     else:
-        src = measured_kind or "h100"
-        ratio = DATASHEET[kind][1] / DATASHEET[src][1]
-        on = (
-            f"measured on an {device}; {DATASHEET[kind][0]} not measured: x {ratio:.2f}, the dense bf16 datasheet ratio "
-            f"{DATASHEET[kind][0]} / {DATASHEET[src][0]} ({DATASHEET[kind][1]:g} / {DATASHEET[src][1]:g} TFLOP/s)"
-        )
-    params = describe_model(cfg)["params"]
-    comm_s, comm_words = allreduce_seconds(plan.world_size, params)
-    flops_of: dict[tuple[str, int], float] = {}
-
-    def flops(model: str, size: int) -> float:
-        if (model, size) not in flops_of:
-            c = phase_config(cfg, plan.phases[0])
-            c.model.name, c.data.image_size = model, size
-            if model != cfg.model.name:
-                c.model.kwargs = {}
-            flops_of[(model, size)] = describe_model(c)["fwd_flops"]
-        return flops_of[(model, size)]
-
-    out, lines = [], [f"  images/s per GPU from the GPU kit ({on}; {result.get('finished_at', 'date not recorded')}):"]
+        ratio, words = kind_ratio(kind, measured_kind or "h100")
+        on = f"measured on an {device}, {when}; {words}"
+    comm_s, comm_words = allreduce_seconds(plan.world_size, flops.params)
+    out, lines = [], [f"  images/s per GPU from the GPU kit ({on}):"]
     for ph in plan.phases:
         size = ph.image_size
         rate, differs = pick(rates, cfg.model.name, size, precision, compiled, cfg.train.activation_checkpointing)
-        ips = rate.images_per_s * flops(rate.model, rate.image_size) / flops(cfg.model.name, size) * ratio
+        ips = (
+            ratio * rate.images_per_s * flops.forward(rate.model, rate.image_size) / flops.forward(cfg.model.name, size)
+        )
+        if rate.precision != precision:
+            scaled = precision_ratio(rates, rate, precision)
+            if scaled:
+                ips *= scaled[0]
+                differs.append(scaled[1])
+            else:
+                differs.append(f"{precision} not measured: the {rate.precision} row as it is")
         how = (
-            f"{rate.row} {rate.images_per_s:,.1f} img/s ({rate.precision}, {'compiled' if rate.compiled else 'eager'})"
+            f"{rate.row} {rate.images_per_s:,.1f} img/s ({rate.precision}, "
+            f"{'compiled' if rate.compiled else 'eager'}; measured)"
         )
         how += "".join(f"; {d}" for d in differs)
         out.append(
             PhaseTime(ph.index, ph.steps, ph.global_batch, ips, how, ph.global_batch / (plan.world_size * ips), comm_s)
         )
         lines.append(f"    phase {ph.index} ({size} px): {ips:,.1f} img/s per GPU from {how}")
-    lines.append(f"  all-reduce per step: {comm_s * 1e3:.1f} ms ({comm_words}; not overlapped: an upper bound)")
+    lines.append(
+        f"  all-reduce per step: {comm_s * 1e3:.1f} ms ({comm_words}, assumed bandwidth; not overlapped: an upper "
+        "bound)"
+    )
     return out, lines
 
 
-def print_gpu_time(cfg: Config, plan: Plan, precision: str, compiled: bool, kind: str, results: Path | None) -> None:
-    """The dry run's lines for ``--gpu KIND``: per phase and in total, wall time and GPU-hours."""
+class ModelFlops:
+    """The recipe's parameter count and forward FLOPs per image of a model at a size, each counted once
+    (`vitlarge.model.vit.describe_model` builds the model to count them)."""
+
+    def __init__(self, cfg: Config, plan: Plan) -> None:
+        self.cfg, self.plan, self._flops = cfg, plan, {}
+        self.params = self._describe(cfg.model.name, cfg.data.image_size)["params"]
+
+    def _describe(self, model: str, size: int) -> dict:
+        from vitlarge.model.vit import describe_model  # lazy: keeps torch off train.py until the thread pools are sized
+
+        c = phase_config(self.cfg, self.plan.phases[0])
+        c.model.name, c.data.image_size = model, size
+        if model != self.cfg.model.name:
+            c.model.kwargs = {}
+        info = describe_model(c)
+        self._flops[(model, size)] = info["fwd_flops"]
+        return info
+
+    def forward(self, model: str, size: int) -> float:
+        """Forward FLOPs per image of ``model`` at ``size`` px (the recipe's model with its kwargs, another
+        without)."""
+        if (model, size) not in self._flops:
+            self._describe(model, size)
+        return self._flops[(model, size)]
+
+
+def gpu_time_lines(
+    cfg: Config,
+    plan: Plan,
+    precision: str,
+    compiled: bool,
+    kind: str,
+    results: Path | None,
+    manifest: Manifest | None = None,
+) -> list[str]:
+    """The dry run's lines for ``--gpu KIND``: per phase and in total, wall time and GPU-hours of the training
+    steps, the validation passes and the checkpoints, and the input pipeline each GPU needs (``manifest``: the
+    data set's dataset.json where it is here, for its record sizes and validation count). docs/PERFORMANCE.md
+    quotes them (benchmarks/report/performance.py)."""
     if kind not in DATASHEET:
         raise UserError(f"--gpu {kind}: use one of {', '.join(KINDS)}")
     result = load_results(results)
-    phases, lines = estimate(cfg, plan, precision, compiled, kind, result)
-    wall = sum(p.steps * p.step_s for p in phases)
-    print(
+    flops = ModelFlops(cfg, plan)
+    phases, lines = estimate(cfg, plan, precision, compiled, kind, result, flops)
+    steps_s = sum(p.steps * p.step_s for p in phases)
+    out = [
         f"gpu time (--gpu {kind}, {plan.world_size} GPUs, {precision}, {'compiled' if compiled else 'eager'}; "
-        f"{results or DEFAULT_RESULTS}):"
-    )
-    for line in lines:
-        print(line)
+        f"{results or DEFAULT_RESULTS}):",
+        *lines,
+    ]
     for p in phases:
         share = p.allreduce_s / p.step_s if p.step_s else 0.0
-        print(
+        out.append(
             f"    phase {p.index}: {p.steps:,} steps x ({p.compute_s:.3f} s compute + {p.allreduce_s * 1e3:.1f} ms "
             f"all-reduce, {share:.1%}) = {p.steps * p.step_s / 3600:.2f} h"
         )
-    print(
+    fastest = max(p.images_per_s for p in phases)
+    data = data_figures(cfg, plan, manifest)
+    out += pipeline_lines(fastest, plan.world_size, data, cfg.data.hw_decoder_load)
+    rates = [
+        PhaseRate(
+            p.images_per_s,
+            flops.forward(cfg.model.name, ph.image_size),
+            flops.forward(cfg.model.name, ph.eval_size),
+            forwards_per_step(cfg.train.activation_checkpointing),
+        )
+        for p, ph in zip(phases, plan.phases)
+    ]
+    costs = run_costs(cfg, plan, rates, flops.params, data.val_images)
+    out += costs.lines
+    wall = steps_s + costs.eval_s + costs.checkpoint_s
+    out.append(
         f"  total: {wall / 3600:.2f} h wall, {wall * plan.world_size / 3600:,.1f} GPU-hours on {plan.world_size} "
-        f"{DATASHEET[kind][0]} (training steps only: no evaluation, checkpoints or start-up)"
+        f"{DATASHEET[kind][0]} (training steps {span(steps_s)}, evaluation {span(costs.eval_s)}, checkpoints "
+        f"{span(costs.checkpoint_s)}; not start-up or compilation)"
     )
+    out.append(
+        "  figures: measured: the kit's images/s (on its GPU, in its precision), the CPU decode rate; scaled: "
+        "another GPU, precision, model or size, evaluation from training; assumed: network and checkpoint "
+        "bandwidths; stated: ImageNet's bytes and validation images where its dataset.json is not here"
+    )
+    return out

@@ -118,7 +118,9 @@ def init_from_warnings(cfg: Config, resuming: bool, dry_run: bool = False) -> li
     ``dry_run``, which plans a fine-tuning before its ``model.init_from`` exists (the pretraining's export)."""
     if not cfg.model.init_from or resuming:
         return []
-    if dry_run and not Path(cfg.model.init_from).exists():
+    if dry_run:  # an existing source is checked by `init_from_notes`, on its shapes
+        if Path(cfg.model.init_from).exists():
+            return []
         return [
             f"model.init_from={cfg.model.init_from} does not exist yet; the run needs it (a pretraining's export, "
             "<workdir>/model, or a checkpoint)"
@@ -127,6 +129,19 @@ def init_from_warnings(cfg: Config, resuming: bool, dry_run: bool = False) -> li
 
     check_source(cfg)
     return []
+
+
+def init_from_notes(cfg: Config, resuming: bool) -> list[str]:
+    """``--dry-run``'s account of ``model.init_from``: what the run will do to the head and the position embedding
+    (`vitlarge.checkpoint.init_from.plan_notes`, raising the run's one line for a source that does not fit), or that a
+    resume does not read it; nothing without one, or where it is not there yet (`init_from_warnings` says so)."""
+    if not cfg.model.init_from or (not resuming and not Path(cfg.model.init_from).exists()):
+        return []
+    if resuming:
+        return ["not read: the run resumes from its checkpoint, which holds the weights"]
+    from vitlarge.checkpoint.init_from import plan_notes  # lazy: torch, as in `is_resume`
+
+    return plan_notes(cfg)
 
 
 def preflight(cfg: Config, env: DistEnv, resuming: bool):

@@ -25,6 +25,7 @@ content is in the summary line. ``LOGLEVEL=INFO`` (torchrun's variable) shows it
 
 from __future__ import annotations
 
+import argparse
 import glob
 import json
 import logging
@@ -54,6 +55,14 @@ from torch.distributed.launcher.api import launch_agent
 from vitlarge.errors import EXIT_BAD_INPUT, EXIT_RENDEZVOUS
 
 PROG = "python -m vitlarge.run"
+DESCRIPTION = """torchrun that keeps the workers' exit statuses and says a failure in one line (vitlarge-run where
+vitlarge is installed). It takes torchrun's options, then the training script (or -m vitlarge) and its arguments,
+and ends with the first failed worker's own status: 2 bad input, 3 NaN guard, 69 a failed rendezvous,
+75 checkpointed on SIGTERM/SIGUSR1, 130 Ctrl-C."""
+EXAMPLES = """examples:
+  python -m vitlarge.run --nproc_per_node 4 train.py --config recipes/vit_b16.py --data /data/imagenet-tfrecord
+  vitlarge-run --nproc_per_node 4 -m vitlarge --config vit_b16 --data /data/imagenet-tfrecord   (installed)
+  vitlarge-run --nnodes 2 --node_rank 0 --master_addr node1 --nproc_per_node 8 -m vitlarge --config vit_b16 ..."""
 
 
 @dataclass(frozen=True)
@@ -173,11 +182,18 @@ def quiet_torchrun_log() -> None:
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
+def parser() -> argparse.ArgumentParser:
+    """torchrun's own parser (its options, parsed as torchrun parses them), with this command's name (as it was
+    started: ``vitlarge-run`` or `PROG`), `DESCRIPTION` and `EXAMPLES`."""
+    p = torchrun.get_args_parser()
+    installed = os.path.basename(sys.argv[0]) == "vitlarge-run"  # the console script (pyproject.toml)
+    p.prog, p.description, p.epilog = "vitlarge-run" if installed else PROG, DESCRIPTION, EXAMPLES
+    p.formatter_class = argparse.RawDescriptionHelpFormatter  # the examples' lines as written
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = torchrun.get_args_parser()
-    parser.prog = PROG
-    parser.description = (__doc__ or "").split("\n")[0].strip("`: ")  # __doc__ is None under python -OO
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     if args.standalone:  # as torch.distributed.run.run does
         args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
     quiet_torchrun_log()

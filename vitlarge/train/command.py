@@ -67,12 +67,16 @@ def exit_status(work: Callable[[DistEnv], int]) -> int:
       `vitlarge.distributed.process.report_before_group`); a failed rendezvous (`RendezvousFailed`) the same way,
       with 69: not bad input, a restart may succeed;
     * the NaN guard (`StopTraining`): 3, ``error: <message>`` from the main rank;
-    * a checkpoint on a signal (`Preempted`): 75, or 130 on Ctrl-C, ``vitlarge: <message>`` from the main rank;
+    * a checkpoint on a signal (`Preempted`): 75, or 130 on Ctrl-C, ``vitlarge: <message>`` from the main rank (on
+      the stream ``colossalai run`` wrote to where a SIGTERM to its group ended it first:
+      `vitlarge.distributed.launcher.keep_colossalai_run_stderr`);
     * a collective that timed out or lost its peer: its status (124 on gloo), one line per rank
       (`vitlarge.distributed.timeouts.collective_failure`). Any other error propagates."""
     env = None
     try:
         env = launcher.detect()
+        if env.is_main:  # its stop line has a reader after a SIGTERM that ended colossalai run
+            launcher.keep_colossalai_run_stderr()
         return work(env)
     except UserError as e:
         # The launcher's summary repeats the line (torchrun's error file).
@@ -87,8 +91,8 @@ def exit_status(work: Callable[[DistEnv], int]) -> int:
         return EXIT_NAN_GUARD
     except Preempted as e:
         process.tell_launcher(f"vitlarge: {e}", e.exit_status)
-        if env is None or env.is_main:
-            process.say(f"vitlarge: {e}")
+        if (env is None or env.is_main) and not process.say(f"vitlarge: {e}") and not e.interrupted:
+            launcher.say_after_colossalai_run(f"vitlarge: {e}")
         if e.interrupted and env is not None and env.local_rank == 0:
             launcher.release_colossalai_run_after_ctrl_c()
         return e.exit_status

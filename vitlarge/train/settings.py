@@ -81,7 +81,7 @@ def compile_choice(requested: str, device: torch.device, check_toolchain: bool =
             False,
             (
                 "compile auto -> off: CPU: measured slower than eager (ViT-S/16: 0.8x), and compiling takes minutes "
-                "(docs/PERFORMANCE.md)"
+                "(train.compile in vitlarge-train --help)"
             ),
         )
     missing = missing_toolchain(device) if check_toolchain else ""

@@ -240,3 +240,41 @@ def test_an_older_timm_without_data_config_exports_the_same_config_json(tmp_path
     assert json.loads((out / "config.json").read_text()) == native
     loaded = timm.create_model(f"local-dir:{out}", pretrained=True)
     assert tuple(timm.data.resolve_data_config(model=loaded)["input_size"]) == (3, 20, 20)
+
+
+def test_timms_reader_and_vitlarge_agree_on_each_images_class_by_name(tmp_path):
+    """Issue 55: class folders ``1, 2, 10`` are labelled 0, 1, 2 by timm's reader (natural sort) and 0, 2, 1 by the
+    converter (sorted as text, torchvision's order): comparing indices mislabels silently. Names carry the mapping:
+    dataset.json's classes and the export's label_names are in vitlarge's index order, so every image's class is the
+    same name through either, and timm's reader given the export's names (``class_map``) yields vitlarge's indices
+    (docs/DATA.md, "Class order")."""
+    from tfrecord.reader import tfrecord_loader
+
+    from data_tools.imagenet_to_tfrecord import convert
+    from tests.helpers.data_fixtures import make_colour_folder
+    from vitlarge.config.load import load_config
+    from vitlarge.data.manifest import load_manifest
+
+    src, out = tmp_path / "src", tmp_path / "tfr"
+    for split, n in (("train", 2), ("val", 2)):
+        make_colour_folder(str(src), {"1": 0, "2": 120, "10": 240}, n, split)
+    convert(str(src), str(out), workers=0, progress=False, min_class_images=1)
+    manifest = load_manifest(str(out))
+    names = [c.synset for c in manifest.classes]  # what a run exports (vitlarge/run/job.py)
+    assert names == ["1", "10", "2"]
+    cfg = load_config(DEMO, ["data.num_classes=3"])
+    path = export(tmp_path / "run", build_model(cfg), cfg, names)
+    label_names = timm.create_model(f"local-dir:{path}", pretrained=True).pretrained_cfg["label_names"]
+    assert label_names == names
+
+    fields = {"image/class/label": "int", "image/filename": "byte"}
+    records = [r for s in manifest.shards("validation") for r in tfrecord_loader(str(out / s.file), None, fields)]
+    ours = {r["image/filename"].decode(): int(r["image/class/label"][0]) - manifest.label_offset for r in records}
+    timms = timm.data.create_dataset("", root=str(src / "val"))
+    by_index = {i: c for c, i in timms.reader.class_to_idx.items()}
+    theirs = {Path(p).name: t for p, t in timms.reader.samples}
+    assert sorted(ours) == sorted(theirs) and len(ours) == 6
+    assert {n: by_index[theirs[n]] for n in ours} == {n: label_names[ours[n]] for n in ours}  # the same names
+    assert any(theirs[n] != ours[n] for n in ours)  # not the same indices: "10" is timm's 2, vitlarge's 1
+    mapped = timm.data.create_dataset("", root=str(src / "val"), class_map={c: i for i, c in enumerate(label_names)})
+    assert {Path(p).name: t for p, t in mapped.reader.samples} == ours

@@ -8,7 +8,7 @@ from timm.layers import resample_abs_pos_embed
 from tests.helpers import ROOT
 from vitlarge.checkpoint import store
 from vitlarge.checkpoint.export import export
-from vitlarge.checkpoint.init_from import check_source, load_into
+from vitlarge.checkpoint.init_from import check_source, load_into, plan_notes
 from vitlarge.checkpoint.state import RunState
 from vitlarge.config.load import load_recipe
 from vitlarge.config.schema import OptimConfig
@@ -90,6 +90,36 @@ def test_a_checkpoint_folder_and_a_timm_checkpoint_file_load_the_same_weights(so
     c.model.init_from = str(ckpt)
     with pytest.raises(UserError, match=r"__0_0.distcp has [\d,]+ bytes, meta.json records [\d,]+; pass a complete"):
         check_source(c)
+
+
+def test_the_dry_runs_notes_say_what_the_run_does_to_the_head_and_position_embedding(source, tmp_path):
+    """``--dry-run`` (`plan_notes`) says what `load_into` will do, for each kind of source: an export, its
+    model.safetensors, a checkpoint folder (format 3: its DCP index) and a timm ``.pth``, from their shapes."""
+    src, export_dir = source
+    ckpt = store.save(
+        tmp_path / "run",
+        RunState(src, build_optimizer(src, OptimConfig(lr=1e-2)), torch.amp.GradScaler("cpu"), step=7),
+        cfg(),
+        keep=1,
+    )
+    torch.save({"state_dict": src.state_dict()}, tmp_path / "timm.pth")
+    for path in (export_dir, export_dir / "model.safetensors", ckpt, tmp_path / "timm.pth"):
+        assert plan_notes(cfg(model__init_from=str(path))) == [
+            "classifier kept: 10 classes, as in the source",
+            "position embedding kept: a 4x4 token grid, as in the source",
+        ], path
+        c = cfg(model__init_from=str(path), data__num_classes=5, data__image_size=24)
+        notes = plan_notes(c)
+        assert notes == [
+            "classifier re-initialised: 10 classes in the source, 5 here",
+            "position embedding resampled from a 4x4 to a 6x6 token grid",
+        ], path
+        if path == ckpt:  # the run's own notes, in its order (one source kind: the others read the same weights)
+            assert load_into(fresh(c), c)[1:] == notes[::-1]
+    c = cfg(model__init_from=str(export_dir))
+    c.model.kwargs = dict(patch_size=2, embed_dim=96, depth=4, num_heads=3)
+    with pytest.raises(UserError, match="its patch embedding is 4x4 px, 96 wide; the recipe's model is 2x2 px"):
+        plan_notes(c)  # the run's one line, before any data
 
 
 def test_a_timm_training_checkpoint_with_args_loads_its_ema_weights_and_says_so(source, tmp_path):

@@ -29,6 +29,7 @@ ALL_RECIPES = [
     "demo_digits",
     "demo_digits_progressive",
     "demo_digits_ft24",
+    "demo_transfer",
     "demo_aspect",
     "vit_b16_progressive",
     "vit_b16_ft384",

@@ -465,3 +465,43 @@ def test_a_link_that_puts_an_image_under_two_classes_or_twice_is_one_line_naming
     assert str(e.value).startswith(f"{at}: a link that makes ") and words in str(e.value), str(e.value)
     assert str(e.value).endswith("; remove the link, or copy the image where it belongs")
     assert not os.path.exists(tmp_path / "out")
+
+
+@pytest.mark.parametrize("layout", ["val", None], ids=["ROOT/val/<class>", "ROOT/<class>"])
+def test_a_folder_without_train_converts_to_a_validation_split_to_evaluate_on(tmp_path, capsys, layout):
+    """Issue 55: a test folder of images could not be converted (``train/`` missing; the workaround was a
+    ``train -> val`` link and converting twice). It is now a validation split alone, said in one line; training
+    on it is refused in one line naming the missing split (evaluating on it: tests/e2e/test_evaluate.py)."""
+    from tests.helpers.data_fixtures import make_colour_folder
+    from vitlarge.config.load import load_config
+    from vitlarge.data.sources import checked_manifest
+    from vitlarge.errors import UserError
+
+    src, out = str(tmp_path / "src"), str(tmp_path / "out")
+    make_colour_folder(src, {"1": 0, "2": 120, "10": 240}, 3, layout)
+    m = imagenet_to_tfrecord.convert(src, out, workers=0, progress=False)
+    assert list(m.splits) == ["validation"] and m.num_examples("validation") == 9
+    assert [c.synset for c in m.classes] == ["1", "10", "2"]  # sorted as text, as a training split's are
+    folder = os.path.join(src, "val") if layout else src
+    assert (
+        f"{src} has no train/: converting the 3 class folders of {folder} as a validation split only, to evaluate on "
+        f"(vitlarge-evaluate --data {out}); training needs ROOT/train/<class>/*"
+    ) in capsys.readouterr().err.splitlines()
+    cfg = load_config("recipes/demo_digits.py", ["data.num_classes=3"], data__path=out)
+    with pytest.raises(UserError) as e:
+        checked_manifest(cfg)
+    assert str(e.value) == (
+        f"{out}/dataset.json: a validation split only (converted to evaluate on, vitlarge-evaluate --data): training "
+        "needs a 'train' split; convert ROOT/train/<class>/* into it"
+    )
+
+
+def test_a_folder_with_neither_train_nor_class_folders_is_one_line(tmp_path):
+    from vitlarge.errors import UserError
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "x.jpg").write_bytes(b"")
+    with pytest.raises(
+        UserError, match=r"/src/train: missing; the source needs ROOT/train/<class>/\* .* ROOT/<class>/\*$"
+    ):
+        imagenet_to_tfrecord.convert(str(tmp_path / "src"), str(tmp_path / "out"), workers=0, progress=False)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
 import logging
+import os
+import sys
 
 import pytest
 from rich.console import Console
@@ -97,6 +100,27 @@ def test_total_batch_says_where_train_max_steps_stops_the_run(tmp_path, caplog):
     assert "train.max_steps=3: this run stops at step 3 of the schedule's 11700" in caplog.text
 
 
+def test_console_reports_top5_only_past_5_classes(tmp_path):
+    """Of 5 classes every image is in the top 5: the eval and done lines leave out a 100% that measures nothing
+    (issue 55; metrics.jsonl keeps the value)."""
+    from dataclasses import replace
+
+    lines = {}
+    for classes in (5, 6):
+        cfg = Config()
+        cfg.data.num_classes = classes
+        out = io.StringIO()
+        hook, run = ConsoleHook(log_every=100, console=Console(file=out, width=300)), make_run(tmp_path, cfg=cfg)
+        ema = replace(EVAL, val_top1_ema=0.5, val_top5_ema=0.9)
+        hook.on_eval_end(run, ema)
+        hook.on_train_end(run, ema)
+        lines[classes] = out.getvalue().splitlines()
+    assert "top-5" not in "".join(lines[5]) and "| top-1 76.54% | loss 0.9877 | ema top-1 50.00% |" in lines[5][0]
+    assert "| top-1 76.54% | top-5 93.22% | loss 0.9877 | ema top-1 50.00% top-5 90.00% |" in lines[6][0]
+    assert lines[5][1].endswith("| top-1 76.54% | ema top-1 50.00%")
+    assert lines[6][1].endswith("| top-1 76.54% | top-5 93.22% | ema top-1 50.00% top-5 90.00%")
+
+
 def test_console_prints_last_step_eval_and_plain_text_when_piped(tmp_path, capsys):
     hook = ConsoleHook(log_every=100)  # default Console on stdout, which capsys makes a non-TTY
     run = make_run(tmp_path, total_steps=3, start_step=1)
@@ -112,6 +136,27 @@ def test_console_prints_last_step_eval_and_plain_text_when_piped(tmp_path, capsy
     assert "mem 300 MiB | skipped 0" in lines[1] and "eta 0:00:00" in lines[1]  # CPU: max RSS alone
     assert "top-1 76.54% | top-5 93.22% | loss 0.9877 | 50000 images" in lines[2]
     assert lines[3].endswith("/runs/x/ckpt[3]")
+
+
+def test_console_lines_to_a_gone_reader_stop_without_ending_the_process(tmp_path, monkeypatch):
+    """stdout a pipe whose reader is gone (``colossalai run`` killed before its workers): rich's default ended the
+    process with status 1 at the next line, before the checkpoint a SIGTERM asked for; the lines stop instead."""
+    read, write = os.pipe()
+    os.close(read)
+    gone = os.fdopen(write, "w")
+    monkeypatch.setattr(sys, "stdout", gone)
+    try:
+        hook = ConsoleHook(log_every=1)  # its default Console, on sys.stdout
+        run = make_run(tmp_path, total_steps=3)
+        hook.on_train_start(run)
+        for s in (1, 2):
+            hook.on_step_end(run, step_metrics(s))
+        hook.on_checkpoint(run, 2, "/runs/x/ckpt")
+        assert hook.console.quiet
+    finally:
+        monkeypatch.undo()
+        with contextlib.suppress(BrokenPipeError):  # the line rich could not write is still in the buffer
+            gone.close()
 
 
 def test_console_mem_on_cuda_is_the_allocated_and_the_reserved_peak(tmp_path):

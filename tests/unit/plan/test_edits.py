@@ -51,7 +51,8 @@ def test_another_world_size_alone_resumes_exactly_bitwise(old_world, new_world, 
 
 
 def test_a_batch_edit_at_1_to_3_processes_says_each_change_and_keeps_the_lr_continuous():
-    """The issue's case: 1 process at global batch 64, resumed on 3 with 48 (22 -> 29 steps per epoch)."""
+    """The issue's case: 1 process at global batch 64, resumed on 3 with 48 (22 -> 29 steps per epoch). The epochs
+    count on from the 2 done at 64, so the lr, a function of the epoch, is the same at step 44 in both plans."""
     old, new = (
         config("schedule.warmup_epochs=1", "train.epochs=4"),
         config("schedule.warmup_epochs=1", "train.epochs=4", "train.global_batch=48"),
@@ -61,23 +62,19 @@ def test_a_batch_edit_at_1_to_3_processes_says_each_change_and_keeps_the_lr_cont
     assert not out.exact
     head, *rest = out.lines
     assert head.startswith(f"warning: the schedule changed since {PATH} (train.global_batch 64 -> 48)")
-    assert rest[:4] == [
+    was = old_plan.lr_at(old, 44)
+    assert rest == [
         "  global batch 64 -> 48",
         "  steps per epoch 22 -> 29",
-        "  total steps 88 -> 116",
-        "  warmup steps 22 -> 29",
+        "  total steps 88 -> 102",  # the 2 epochs left at 29 steps each; the warmup ended before step 44 in both
+        f"  lr at step 45: {was:.3e} in both plans, then the cosine decay to 0.000e+00 at step 102",
     ]
-    was, recipe = old_plan.lr_at(old, 44), make_plan(new, 3, N).lr_at(new, 44)
-    assert abs(recipe - was) > 1e-3  # the jump the edit would make
-    assert rest[4] == (
-        f"  lr at step 45: {was:.3e} in the checkpoint's plan, {recipe:.3e} in this recipe's; the run keeps {was:.3e} "
-        f"(schedule.on_edit=continue; schedule.on_edit=recipe would take {recipe:.3e}), then the cosine decay, "
-        "re-planned from step 45, to 0.000e+00 at step 116"
-    )
-    got = lrs(new, out.plan, range(44, 117))
+    assert out.plan.continues is None
+    got = lrs(new, out.plan, range(44, 103))
     assert got[0] == pytest.approx(was, rel=1e-12)  # no jump
     assert all(b <= a for a, b in zip(got, got[1:]))  # it decays from there, monotonically
     assert got[-1] == 0.0  # to the recipe's floor at its own last step
+    assert out.plan.epoch_at(73) == pytest.approx(3.0) and old_plan.epoch_at(66) == 3.0
 
 
 def test_extending_epochs_at_4_to_2_processes_continues_the_cosine_then_a_requeue_resumes_it_exactly():
@@ -188,6 +185,9 @@ def test_another_data_set_size_is_named():
         ({"continues": {"step": 4, "base_lr": float("nan")}}, "base_lr is nan"),
         ({"continues": {"step": 4, "base_lr": -1.0}}, "base_lr is -1.0"),
         ({"continues": [4, 0.1]}, "schedule.continues is not"),
+        ({"counted_from": {"step": 45, "epoch": 2.0}}, "schedule.counted_from is not"),
+        ({"counted_from": {"step": 4, "epoch": float("inf")}}, "counted_from.epoch is inf"),
+        ({"counted_from": {"step": 4, "epoch": -1}}, "counted_from.epoch is -1"),
     ],
 )
 def test_a_crafted_schedule_record_is_one_line(record, says):
@@ -214,3 +214,29 @@ def test_a_continuation_from_lr_0_is_said_at_every_resume_not_only_the_first():
     assert frozen_lr_line(new, resume(new, 2, new, 2, step=44, record=crafted).plan, 44, PATH) is not None
     positive = make_plan(new, 2, N).record() | {"continues": {"step": 40, "base_lr": 1e-3}}
     assert frozen_lr_line(new, resume(new, 2, new, 2, step=44, record=positive).plan, 44, PATH) is None
+
+
+def test_a_batch_edit_counts_epochs_in_the_batches_seen_and_ends_at_the_epochs_asked():
+    """The issue's case: the demo at global batch 128 (11 steps per epoch) stopped at step 154, epoch 14, resumed at
+    96 (14 steps per epoch) with ``train.epochs=30``. The epoch went back to 11.07 at step 155 and the run ended at
+    step 420 ("epoch 30.00") after 33 epochs of batches; it goes on from 14 and ends after the 16 epochs left."""
+    old, new = config("train.global_batch=128"), config("train.global_batch=96", "train.epochs=30")
+    out = resume(old, 2, new, 3, step=154)
+    plan = out.plan
+    assert plan.epoch_at(154) == 14.0
+    assert plan.epoch_at(155) == pytest.approx(14 + 1 / 14)
+    assert plan.total_steps == 154 + 16 * 14
+    assert plan.epoch_at(plan.total_steps) == pytest.approx(30.0)
+    assert "  total steps 660 -> 378" in out.lines
+    assert plan.warmup_steps < 154  # the warmup's 5 epochs were done at batch 128
+    assert plan.lr_at(new, plan.total_steps - 1) > 0 == plan.lr_at(new, plan.total_steps)  # the decay ends there
+    # Its checkpoints record where the count goes on from: a requeue resumes exactly, with the same epochs.
+    for world in (3, 2):
+        again = resume(new, 3, new, world, step=300, record=plan.record())
+        assert again.exact, again.lines
+        assert again.plan.total_steps == plan.total_steps
+        assert [again.plan.epoch_at(s) for s in range(300, 379)] == [plan.epoch_at(s) for s in range(300, 379)]
+    # A second edit goes on from the epoch the first left (epoch 25 at step 308), not from step 308 at 96.
+    later = resume(new, 3, config("train.global_batch=64", "train.epochs=30"), 2, step=308, record=plan.record())
+    assert later.plan.epoch_at(308) == pytest.approx(25.0)
+    assert later.plan.total_steps == 308 + 5 * 22

@@ -7,21 +7,25 @@ import gc
 import math
 
 import matplotlib.figure
+import matplotlib.pyplot as plt
 import pytest
 from PIL import Image
 
 from hooks.jsonl import JsonlHook
 from hooks.plot import PlotHook
-from tests.helpers import call_main
+from tests.helpers import ROOT, call_main
 from tests.helpers.plans import one_phase_plan
+from vitlarge.config.load import load_config
 from vitlarge.config.schema import Config
 from vitlarge.errors import UserError
 from vitlarge.events import EvalMetrics, RunInfo, StepMetrics
-from vitlarge.report.metrics_log import PLOT_FILENAME
-from vitlarge.report.plot import _smooth, plot_run
+from vitlarge.plan.edits import resume_plan
+from vitlarge.plan.plan import make_plan
+from vitlarge.report.metrics_log import PLOT_FILENAME, read_metrics
+from vitlarge.report.plot import _compare_figure, _epoch_scale, _run_figure, _segments, _smooth, plot_run
 
 
-def run_info(workdir, start_step=0) -> RunInfo:
+def run_info(workdir, start_step=0, init_from: str | None = None) -> RunInfo:
     plan = one_phase_plan(
         world_size=2,
         global_batch=128,
@@ -35,6 +39,7 @@ def run_info(workdir, start_step=0) -> RunInfo:
     )
     cfg = Config()
     cfg.model.name = "vit_tiny_patch16_224"
+    cfg.model.init_from = init_from
     return RunInfo(
         workdir=str(workdir),
         rank=0,
@@ -74,11 +79,13 @@ def evaluation(s: int, ema: bool = False) -> EvalMetrics:
     return m
 
 
-def write_run(workdir, steps=40, evals=(11, 22, 33, 40), ema: bool = False, plot: bool = True) -> PlotHook | None:
+def write_run(
+    workdir, steps=40, evals=(11, 22, 33, 40), ema: bool = False, plot: bool = True, init_from: str | None = None
+) -> PlotHook | None:
     """A run as JsonlHook writes it, with one fp16 overflow and a non-finite loss, then the plot hook (its picture,
-    unless ``plot`` is false)."""
+    unless ``plot`` is false); ``init_from``: its ``model.init_from``."""
     hooks = [JsonlHook(str(workdir))] + ([PlotHook(str(workdir))] if plot else [])
-    run = run_info(workdir)
+    run = run_info(workdir, init_from=init_from)
     for h in hooks:
         h.on_train_start(run)
     for s in range(1, steps + 1):
@@ -236,3 +243,82 @@ def test_values_no_run_writes_are_gaps_in_the_picture_never_a_traceback(tmp_path
     out = tmp_path / "ab.png"
     r = call_main("vitlarge.report.plot", str(tmp_path / "hostile"), str(tmp_path / "plain"), "--out", str(out))
     assert (r.returncode, r.stderr) == (0, "") and out.is_file()
+
+
+def test_a_fine_tuned_runs_picture_says_where_it_was_initialised_from(tmp_path, monkeypatch):
+    """Issue 55 item 10: the picture names ``model.init_from`` (its last 60 characters) under the panels; a run from
+    scratch has no such line."""
+    import vitlarge.report.plot as plot
+
+    figures = []
+    monkeypatch.setattr(plot, "_save", lambda fig, target, root: figures.append(fig) or target)
+    source = "/scratch/" + "x" * 60 + "/runs/demo_digits/model"
+    for name, init_from in (("scratch", None), ("tuned", source)):
+        write_run(tmp_path / name, plot=False, init_from=init_from)
+        plot_run(tmp_path / name)
+    assert [f.get_supxlabel() for f in figures] == [
+        "",
+        f"initialised from ...{source[-57:]} (model.init_from)",
+    ]
+
+
+def test_help_says_what_it_draws_in_whole_sentences():
+    r = call_main("vitlarge.report.plot", "--help")
+    text = " ".join(r.stdout.split())
+    assert (
+        r.returncode == 0
+        and (
+            "A picture of a run: train loss, learning rate, validation accuracy and images/s against the step, written to "
+            "WORKDIR/metrics.png. With two or more runs, one picture compares them (compare.png here)."
+        )
+        in text
+    )
+
+
+def write_resumed_run(workdir) -> None:
+    """The issue's run as JsonlHook writes it, with the plans a run makes: the demo at global batch 128 on 2 devices
+    stopped at step 154 (epoch 14), resumed on 3 with ``train.global_batch=96 train.epochs=30`` to its end."""
+    demo = ROOT / "recipes" / "demo_digits.py"
+    old, new = load_config(demo, []), load_config(demo, ["train.global_batch=96", "train.epochs=30"])
+    first = make_plan(old, 2, 1437)
+    resumed = resume_plan(new, make_plan(new, 3, 1437), "ckpt", old.to_dict(), first.record(), 154, 2).plan
+    hook = JsonlHook(str(workdir))
+    for cfg, plan, start, end in ((old, first, 0, 154), (new, resumed, 154, resumed.total_steps)):
+        run = dataclasses.replace(run_info(workdir, start), plan=plan, cfg=cfg)
+        hook.on_train_start(run)
+        for s in range(start + 1, end + 1):
+            hook.on_step_end(run, dataclasses.replace(step(s), epoch=plan.epoch_at(s)))
+            if s % 110 == 0 or s == end:
+                hook.on_eval_end(run, dataclasses.replace(evaluation(s), epoch=plan.epoch_at(s)))
+        hook.on_close(run)
+
+
+def test_a_resume_under_another_batch_and_world_size_is_drawn_as_its_records_count_it(tmp_path):
+    """Issue 55's run: its epochs count on from 14 at 14 steps per epoch; the epoch axis ends at 30 (one factor from
+    the first start's 11 steps per epoch put 38 there), the title names the last segment's batch and devices (it
+    kept "global batch 128"), a dotted line marks the change at step 154; `--x epoch` draws the same epochs."""
+    write_resumed_run(tmp_path)
+    records = read_metrics(str(tmp_path / "metrics.jsonl"))
+    train = [r for r in records if r["event"] == "train"]
+    epochs = [r["epoch"] for r in train]
+    assert epochs == sorted(epochs) and epochs[153] == 14.0 and epochs[-1] == pytest.approx(30.0)
+    starts = [r for r in records if r["event"] == "start"]
+    to_epoch, to_step = _epoch_scale(train, starts[-1])
+    assert [float(to_epoch(s)) for s in (0, 154, 378, 392)] == pytest.approx([0.0, 14.0, 30.0, 31.0])
+    assert float(to_step(30.0)) == pytest.approx(378)
+    assert _segments(starts) == ("global batch 96 on 3 devices", [(154, "global batch 128 -> 96, 2 -> 3 devices")])
+    fig = _run_figure(tmp_path, plt)
+    try:
+        assert fig.get_suptitle() == f"{tmp_path.name}: vit_tiny_patch16_224, global batch 96 on 3 devices, 378 steps"
+        ax_lr, ax_speed = fig.axes[1], fig.axes[3]
+        assert ax_speed.get_ylabel() == "images/s (3 devices)"
+        assert [t.get_text() for t in ax_lr.texts] == ["global batch 128 -> 96, 2 -> 3 devices"]
+        assert any(list(line.get_xdata()) == [154, 154] for line in ax_lr.lines)  # the marker
+    finally:
+        plt.close(fig)
+    fig = _compare_figure([tmp_path, tmp_path], "epoch", plt)
+    try:
+        xs = fig.axes[1].lines[0].get_xdata()
+        assert xs[0] == pytest.approx(1 / 11) and xs[-1] == pytest.approx(30.0)
+    finally:
+        plt.close(fig)

@@ -1,5 +1,10 @@
 """``--dry-run`` in process: the plan for any ``--world-size``, printed once, naming the recipe's optimizer; a
-fine-tuning's missing ``model.init_from`` is a warning there (an error in a run)."""
+fine-tuning's missing ``model.init_from`` is a warning there (an error in a run).
+
+Each test runs in an empty folder of its own (`in_an_empty_folder`): a recipe's relative ``data.path`` and
+``workdir`` (``data/digits``, ``runs/demo_digits``) resolve there, not in the checkout, where ``make demo`` leaves
+its data and run; `dry_run` names an absent ``--data`` where a test gives none (vit_b16's ``/data/...`` is
+absolute), so the plan is the recipe's whatever the machine holds."""
 
 from __future__ import annotations
 
@@ -16,8 +21,14 @@ from vitlarge.run.job import init_from_warnings
 ONE_PROCESS = DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=29500, source="none")
 
 
+@pytest.fixture(autouse=True)
+def in_an_empty_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+
+
 def dry_run(capsys, *args: str) -> tuple[str, str]:
-    assert cli.plan_or_train(cli.parse_args(["--dry-run", *args]), ONE_PROCESS, NO_THREADS) == 0
+    data = () if "--data" in args else ("--data", "absent")
+    assert cli.plan_or_train(cli.parse_args(["--dry-run", *data, *args]), ONE_PROCESS, NO_THREADS) == 0
     out = capsys.readouterr()
     return out.out, out.err
 
@@ -95,8 +106,6 @@ def test_the_memory_estimate_adds_the_gpus_own_needs_as_stated_constants(capsys)
 
 
 def test_a_profile_window_after_the_plans_last_step_stops_the_dry_run_as_it_would_the_run(capsys, tmp_path):
-    # --data names a folder that is not there, so the plan takes the recipe's counts whatever data/digits holds
-    # (make demo writes it in the checkout)
     recipe, data = str(ROOT / "recipes" / "demo_digits.py"), str(tmp_path / "absent")
     argv = ["--dry-run", "--config", recipe, "--data", data, "train.profile_steps=655-665"]
     with pytest.raises(UserError, match=r"^train.profile_steps=655-665 ends after step 660, the run's last"):
@@ -175,6 +184,35 @@ def test_with_data_a_class_count_that_does_not_match_is_the_runs_one_line(capsys
 def test_without_the_data_here_it_plans_from_the_recipe(capsys, tmp_path):
     out, _ = dry_run(capsys, "--config", str(ROOT / "recipes" / "demo_digits.py"), "--data", str(tmp_path / "none"))
     assert out.startswith("plan:") and "11 steps/epoch, 660 steps" in out
+
+
+def test_a_fine_tuning_says_what_init_from_does_to_the_head_and_position_embedding(capsys, tmp_path):
+    """Issue 55 item 6: the plan names what the run will do with ``model.init_from`` (read from the source's shapes:
+    `vitlarge.checkpoint.init_from.plan_notes`); a resume does not read it."""
+    from vitlarge.checkpoint.export import export
+    from vitlarge.model.vit import build_model
+
+    demo = load_config(ROOT / "recipes" / "demo_digits.py")
+    source = export(tmp_path / "src", build_model(demo, "cpu"), demo, [str(i) for i in range(10)])
+    ft = str(ROOT / "recipes" / "demo_digits_ft24.py")
+    out, err = dry_run(capsys, "--config", ft, f"model.init_from={source}", "data.num_classes=5")
+    assert (
+        err == ""
+        and (
+            f"  model.init_from {source}: classifier re-initialised: 10 classes in the source, 5 here; position "
+            "embedding resampled from a 4x4 to a 6x6 token grid\n"
+        )
+        in out
+    )
+    out, _ = dry_run(capsys, "--config", ft, f"model.init_from={source}", "data.image_size=16")
+    assert (
+        f"  model.init_from {source}: classifier kept: 10 classes, as in the source; position embedding kept: a 4x4 "
+        "token grid, as in the source\n"
+    ) in out
+    out, _ = dry_run(capsys, "--config", ft, f"model.init_from={source}", "--resume", str(tmp_path / "step_0000007"))
+    assert (
+        f"  model.init_from {source}: not read: the run resumes from its checkpoint, which holds the weights\n" in out
+    )
 
 
 def test_with_data_an_index_folder_of_a_tfds_folder_plans_from_its_counts(capsys, tmp_path):

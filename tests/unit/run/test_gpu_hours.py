@@ -1,8 +1,10 @@
-"""``--dry-run --gpu KIND``: wall time and GPU-hours from the GPU kit's images/s, against a hand computation.
+"""``--dry-run --gpu KIND``: wall time and GPU-hours from the GPU kit's images/s, against a hand computation: the
+training steps, the validation passes and checkpoints of the recipe's schedule, the input pipeline a GPU needs, each
+figure named measured, scaled or assumed; and the docs quote what the dry run prints.
 
 The kit's results are a file made here (an H100 row set), so the arithmetic is checked on known numbers: ViT-B/16
 (86,567,656 parameters) for vit_b16's 300 epochs of ImageNet at 32,768 images a step: 39 steps an epoch, 11,700
-steps."""
+steps, an evaluation every 390 (10 epochs) and a checkpoint every 200."""
 
 from __future__ import annotations
 
@@ -11,12 +13,41 @@ import re
 
 import pytest
 
+from benchmarks.report.performance import DRY_RUNS
 from tests.helpers import ROOT
 from tests.unit.run.test_dry_run import dry_run
+from vitlarge.config.load import load_config
+from vitlarge.constants import IMAGENET_TRAIN_BYTES, IMAGENET_TRAIN_EXAMPLES
 from vitlarge.errors import UserError
+from vitlarge.plan.plan import make_plan
 from vitlarge.run import cli
+from vitlarge.run.run_costs import DECODE_IMAGES_PER_CORE, data_figures, pipeline_lines
 
 PARAMS, STEPS, BATCH = 86_567_656, 11_700, 32_768
+EVALS = 11_700 // 390  # 29 after steps 390 ... 11,310 and the final one
+CHECKPOINTS = 11_699 // 200 + 1  # 58 after steps 200 ... 11,600 and the final one
+CHECKPOINT_BYTES = PARAMS * (4 + 8)  # fp32 weights and LAMB's two fp32 moments
+
+
+def kit_results(tmp_path, device: str, rows: dict) -> str:
+    """A gpu.json of the kit's ``recipes`` section for vit_b16 with ``rows`` (name -> (precision, compiled, img/s))."""
+    path = tmp_path / "kit.json"
+    recipe = {"model": "vit_base_patch16_224", "image_size": 224, "micro_batch": 256, "activation_checkpointing": "off"}
+    recipe["rows"] = {name: {"precision": p, "compiled": c, "images_per_s": ips} for name, (p, c, ips) in rows.items()}
+    path.write_text(json.dumps({"device": {"type": "cuda", "name": device}, "recipes": {"vit_b16": recipe}}))
+    return str(path)
+
+
+def vit_b16_on(capsys, kind: str, world: int, results: str | None, *overrides: str) -> str:
+    args = ["--config", str(ROOT / "recipes" / "vit_b16.py"), "--world-size", str(world), "--gpu", kind]
+    out, _ = dry_run(capsys, *args, *(["--gpu-results", results] if results else []), *overrides)
+    return out.split("gpu time (")[1]
+
+
+def phase_rate(out: str) -> float:
+    m = re.search(r"phase 0 \(224 px\): ([\d,.]+) img/s per GPU", out)
+    assert m, out
+    return float(m[1].replace(",", ""))
 
 
 @pytest.fixture
@@ -46,9 +77,10 @@ def h100_results(tmp_path):
 
 
 def totals(out: str) -> tuple[float, float]:
-    m = re.search(r"total: ([\d.]+) h wall, ([\d,.]+) GPU-hours", out)
+    """The training steps' hours and the GPU-hours of the whole run, from the total line."""
+    m = re.search(r"total: ([\d.]+) h wall, ([\d,.]+) GPU-hours .*\(training steps ([\d.]+) h", out)
     assert m, out
-    return float(m[1]), float(m[2].replace(",", ""))
+    return float(m[3]), float(m[2].replace(",", ""))
 
 
 def test_measured_kind_inside_a_node(capsys, h100_results):
@@ -64,11 +96,14 @@ def test_measured_kind_inside_a_node(capsys, h100_results):
         str(h100_results),
     )
     step = BATCH / (8 * 2000.0) + 2 * 7 / 8 * PARAMS * 4 / 150e9  # vit_b16 compiles on CUDA: the compiled fp16 row
-    wall, gpu_hours = totals(out)
-    assert wall == pytest.approx(STEPS * step / 3600, abs=0.005)  # 6.67 h
-    assert gpu_hours == pytest.approx(8 * STEPS * step / 3600, abs=0.05)  # 53.4
-    gpu_time = out.split("gpu time (")[1]
-    assert "recipes.vit_b16.compiled_fp16 2,000.0 img/s" in gpu_time and "not measured" not in gpu_time
+    evals = EVALS * 50_000 / (8 * 3 * 2000.0)  # forward only: 3x the training rate
+    saves = CHECKPOINTS * CHECKPOINT_BYTES / 1e9
+    steps_h, gpu_hours = totals(out)
+    assert steps_h == pytest.approx(STEPS * step / 3600, abs=0.005)  # 6.67 h
+    assert gpu_hours == pytest.approx(8 * (STEPS * step + evals + saves) / 3600, abs=0.05)  # 53.7
+    rates = out.split("gpu time (")[1].split("all-reduce per step")[0]
+    assert "recipes.vit_b16.compiled_fp16 2,000.0 img/s" in rates and "not measured" not in rates
+    assert "measured on an NVIDIA H100 80GB HBM3, 2026-12-01 10:00:00):" in rates
 
 
 def test_another_kind_across_nodes_takes_the_datasheet_ratio_and_says_so(capsys, h100_results):
@@ -84,12 +119,14 @@ def test_another_kind_across_nodes_takes_the_datasheet_ratio_and_says_so(capsys,
         str(h100_results),
         "train.compile=off",
     )
-    ips = 1600.0 * 312.0 / 989.4  # the eager row, at the A100's share of the H100's dense bf16 peak
+    ips = 1600.0 * 312.0 / 989.4  # the eager row, at the A100's share of the H100's dense bf16 peak (HBM: 0.61)
     step = BATCH / (16 * ips) + 2 * 15 / 16 * PARAMS * 4 / 20e9  # 16 GPUs: the ring crosses nodes
-    wall, gpu_hours = totals(out)
-    assert wall == pytest.approx(STEPS * step / 3600, abs=0.005)
-    assert gpu_hours == pytest.approx(16 * STEPS * step / 3600, abs=0.05)
-    assert "A100 SXM4 not measured: x 0.32, the dense bf16 datasheet ratio" in out
+    steps_h, gpu_hours = totals(out)
+    assert steps_h == pytest.approx(STEPS * step / 3600, abs=0.005)
+    evals = EVALS * 50_000 / (16 * 3 * ips)
+    saves = CHECKPOINTS * CHECKPOINT_BYTES / 1e9
+    assert gpu_hours == pytest.approx(16 * (STEPS * step + evals + saves) / 3600, abs=0.05)
+    assert "A100 SXM4 not measured: scaled x 0.32, the lower of its datasheet ratios to the H100 SXM" in out
     assert "at 20 GB/s across nodes" in out
 
 
@@ -106,3 +143,109 @@ def test_without_results_or_a_dry_run_it_says_what_to_do(tmp_path):
         with pytest.raises(SystemExit) as e:
             cli.parse_args(["--config", "recipes/vit_b16.py", *argv])
         assert e.value.code == 2
+
+
+def test_h200_figures_for_an_h100_take_the_hbm_bandwidth_ratio_and_say_so(capsys, tmp_path):
+    # the same dense bf16 peak (989.4 TFLOP/s) but 3.35 against 4.8 TB/s of HBM: not x 1.00
+    results = kit_results(tmp_path, "NVIDIA H200", {"compiled_fp16": ("fp16", True, 3000.0)})
+    out = vit_b16_on(capsys, "h100", 8, results)
+    assert phase_rate(out) == pytest.approx(3000.0 * 3.35 / 4.8, abs=0.06)
+    assert "H100 SXM not measured: scaled x 0.70" in out
+    assert "dense bf16 989.4 / 989.4 TFLOP/s = 1.00, HBM 3.35 / 4.8 TB/s = 0.70" in out
+    assert "(fp16, compiled; measured)" in out
+
+
+def test_an_fp16_recipe_from_bf16_rows_scales_by_the_precision_ratio_the_kit_measured(capsys, tmp_path):
+    rows = {
+        "compiled_bf16": ("bf16", True, 3000.0),
+        "eager_bf16": ("bf16", False, 2400.0),
+        "eager_fp16": ("fp16", False, 2340.0),
+    }
+    out = vit_b16_on(capsys, "h100", 8, kit_results(tmp_path, "NVIDIA H100 80GB HBM3", rows))
+    assert phase_rate(out) == pytest.approx(3000.0 * 2340.0 / 2400.0, abs=0.06)  # vit_b16 is fp16 and compiled
+    assert "fp16 not measured compiled: scaled x 0.975, the kit's eager fp16 / bf16" in out
+    assert "the bf16 row" not in out  # no bf16 figure taken for fp16 as it is
+
+
+def test_without_any_fp16_row_the_bf16_row_is_taken_and_the_line_says_so(capsys, tmp_path):
+    out = vit_b16_on(capsys, "h100", 8, kit_results(tmp_path, "NVIDIA H100", {"c": ("bf16", True, 3000.0)}))
+    assert phase_rate(out) == pytest.approx(3000.0) and "fp16 not measured: the bf16 row as it is" in out
+
+
+def test_the_input_pipeline_a_gpu_needs_at_its_rate(capsys, h100_results):
+    out = vit_b16_on(capsys, "h100", 8, str(h100_results))
+    per_image = IMAGENET_TRAIN_BYTES / IMAGENET_TRAIN_EXAMPLES  # 115.4 kB
+    cores, per_gpu = 2000.0 / 383.2, 2000.0 * per_image / 1e9
+    assert (
+        f"input pipeline per GPU at 2,000.0 img/s: {cores:.1f} CPU cores decoding on the CPU (measured: 383.2 img/s "
+        f"per core, benchmarks/bench_data.py on a 2-core Intel Xeon); storage {per_gpu:.2f} GB/s per GPU, "
+        f"{8 * per_gpu:.1f} GB/s for 8 GPUs (stated: 115.4 kB an image" in out
+    )
+    assert "data.hw_decoder_load 0.65" in out and "not yet measured" in out
+
+
+def test_the_decode_rate_is_the_data_benchmarks_measurement():
+    measured = json.loads((ROOT / "benchmarks" / "results" / "data.json").read_text())
+    assert DECODE_IMAGES_PER_CORE == measured["images_per_cpu_s_median"]["dali_trainloader"]
+
+
+def test_another_data_set_without_its_dataset_json_gets_no_imagenet_figures():
+    demo = load_config(ROOT / "recipes" / "demo_digits.py")  # 1,437 training images: not ImageNet
+    data = data_figures(demo, make_plan(demo, 2), None)
+    assert (data.bytes_per_image, data.val_images) == (None, None)
+    assert pipeline_lines(1000.0, 2, data, 0.65)[0].endswith(
+        "storage bytes/s no dataset.json here (--data) and not ImageNet's count: unknown"
+    )
+    vit = load_config(ROOT / "recipes" / "vit_b16.py")
+    data = data_figures(vit, make_plan(vit, 2), None)
+    assert data.bytes_per_image == IMAGENET_TRAIN_BYTES / IMAGENET_TRAIN_EXAMPLES and data.val_images == 50_000
+    synthetic = load_config(ROOT / "recipes" / "vit_b16.py", ["data.source=synthetic"])
+    data = data_figures(synthetic, make_plan(synthetic, 2), None)
+    assert data.val_images == 512 and pipeline_lines(1000.0, 2, data, 0.65) == [
+        "  input pipeline: none (data.source=synthetic: made on the GPU: nothing read or decoded)"
+    ]
+
+
+def test_evaluation_and_checkpoints_of_the_schedule_are_in_the_total(capsys, h100_results):
+    out = vit_b16_on(capsys, "h100", 8, str(h100_results))
+    evals = EVALS * 50_000 / (8 * 3 * 2000.0)
+    assert f"evaluation: {EVALS} passes x 50,000 validation images at 6,000 img/s per GPU (scaled: forward only" in out
+    assert f"checkpoints: {CHECKPOINTS} x 1.04 GB (fp32 weights and 2 optimizer moments) at 1 GB/s (assumed" in out
+    assert f"evaluation {evals / 60:.1f} min, checkpoints {CHECKPOINTS * CHECKPOINT_BYTES / 1e9 / 60:.1f} min" in out
+    assert "figures: measured: the kit's images/s" in out and "assumed: network and checkpoint bandwidths" in out
+
+
+def test_an_ema_is_validated_and_saved_beside_the_weights_and_without_periodic_checkpoints_only_the_last(
+    capsys, h100_results
+):
+    out = vit_b16_on(capsys, "h100", 8, str(h100_results), "train.ema_decay=0.9998", "train.checkpoint_every_steps=0")
+    assert f"evaluation: {EVALS} passes (and the EMA's)" in out
+    assert "checkpoints: 1 x 1.39 GB (fp32 weights and 2 optimizer moments, EMA)" in out
+
+
+@pytest.mark.parametrize(("kind", "world"), DRY_RUNS)
+def test_the_docs_quote_the_dry_runs_run_time(capsys, kind, world):
+    out = vit_b16_on(capsys, kind, world, None)  # the checkout's benchmarks/results/gpu.json
+    total = re.search(r"total: [^\n]*", out)
+    assert total, out
+    command = f"python train.py --config recipes/vit_b16.py --dry-run --gpu {kind} --world-size {world}"
+    for name in ("README.md", "docs/PERFORMANCE.md"):
+        doc = (ROOT / name).read_text()
+        assert command in doc, f"{name} does not show {command}"
+        assert total[0] in doc, f"{name} does not quote what {command} prints: {total[0]}"
+
+
+def test_under_full_activation_checkpointing_a_training_image_costs_four_forwards(capsys, h100_results):
+    out = vit_b16_on(capsys, "h100", 8, str(h100_results), "train.activation_checkpointing=full")
+    assert "activation checkpointing off in the row" in out  # the kit's row, 2,000 img/s, taken as it is
+    assert "validation images at 8,000 img/s per GPU (scaled: forward only, 4x the training rate" in out
+
+
+def test_a_data_set_here_gives_the_record_size_and_validation_count_of_its_dataset_json(capsys, tmp_path, h100_results):
+    from tests.unit.run.test_dry_run import _data_set
+
+    data = _data_set(tmp_path, 600, 10)  # 100 bytes a record, 36 validation records
+    demo = str(ROOT / "recipes" / "demo_digits.py")
+    out, _ = dry_run(capsys, "--config", demo, "--data", data, "--gpu", "h100", "--gpu-results", str(h100_results))
+    assert "(measured: 0.1 kB a record in dataset.json's training shards)" in out
+    assert " x 36 validation images at " in out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 
 from tests.helpers import call_main
 from vitlarge.distributed.launcher import free_port
@@ -39,3 +40,18 @@ def test_the_agents_rendezvous_timing_out_is_one_line_and_69():
     assert r.returncode == EXIT_RENDEZVOUS
     assert r.stderr.startswith(f"error: rendezvous of the agents at 127.0.0.1:{port} failed (node rank 1 of 2): ")
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr and ".;" not in r.stderr, r.stderr
+
+
+def test_help_begins_with_what_the_command_is_under_the_name_it_was_started_by(monkeypatch):
+    """Issue 55 item 10: the installed ``vitlarge-run`` and ``python -m vitlarge.run`` each say their own name, what
+    the command is in whole sentences (not a fragment of the module docstring's markup) and how to start it."""
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/vitlarge-run", "--help"])
+    text = supervisor.parser().format_help()
+    usage, description = text.split("\n\n")[:2]
+    assert usage.startswith("usage: vitlarge-run [-h] ")
+    assert description.startswith(
+        "torchrun that keeps the workers' exit statuses and says a failure in one line (vitlarge-run where\n"
+    ) and description.endswith("130 Ctrl-C.")
+    assert "``" not in text and "vitlarge-run --nproc_per_node 4 -m vitlarge --config vit_b16 " in text
+    monkeypatch.setattr(sys, "argv", ["/checkout/vitlarge/run/__main__.py", "--help"])
+    assert supervisor.parser().format_help().startswith("usage: python -m vitlarge.run [-h] ")

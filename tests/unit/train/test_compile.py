@@ -38,6 +38,7 @@ def test_auto_is_on_with_cuda_off_on_cpu_and_the_log_line_says_why(monkeypatch, 
     monkeypatch.setenv("TRITON_LIBCUDA_PATH", str(tmp_path))  # no GPU driver here: Triton's libcuda found
     on, why = compile_choice("auto", torch.device("cpu"))
     assert not on and why.startswith("compile auto -> off: CPU: ")
+    assert why.endswith("(train.compile in vitlarge-train --help)")  # installed, there is no docs/ to point at
     on, why = compile_choice("auto", torch.device("cuda"))
     assert on and why.startswith("compile auto -> on: CUDA")
     assert compile_choice("on", torch.device("cpu")) == (True, "compile on: set by the recipe")

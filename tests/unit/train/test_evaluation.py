@@ -58,3 +58,22 @@ def test_rectangular_batches_run_a_compiled_model_eagerly_with_the_same_numbers(
     assert evaluate(model, batches, fp32) == eager and compiled.frame_count == 0
     evaluate(model, list(batches), fp32)  # the same batches from a square loader: one graph per shape
     assert compiled.frame_count == 4
+
+
+def test_logits_taken_at_the_classes_indices_score_as_a_model_of_those_outputs():
+    """``evaluate(..., classes)`` (a data set of some of the model's classes, `vitlarge.data.class_map`): the
+    numbers of a model whose classifier holds only those rows, in that order."""
+    import torch
+
+    from vitlarge.model.precision import Precision
+    from vitlarge.train.validation import evaluate
+
+    torch.manual_seed(0)
+    full = torch.nn.Linear(8, 5)
+    rows = [4, 0, 2]
+    part = torch.nn.Linear(8, 3)
+    part.weight.data, part.bias.data = full.weight.data[rows], full.bias.data[rows]
+    batches = [(torch.randn(16, 8), torch.randint(0, 3, (16,))) for _ in range(3)]
+    cpu = Precision("fp32", torch.device("cpu"))
+    assert evaluate(full, batches, cpu, classes=rows) == evaluate(part, batches, cpu)
+    assert evaluate(full, batches, cpu) != evaluate(part, batches, cpu)  # scored by index: other numbers

@@ -24,7 +24,7 @@ from pathlib import Path
 from vitlarge import fileio
 from vitlarge.config.checks import check_read_back
 from vitlarge.config.renamed import upgrade_recorded
-from vitlarge.config.schema import MAX_PHASES, Config
+from vitlarge.config.schema import MAX_EPOCHS, MAX_PHASES, Config
 from vitlarge.errors import UserError
 
 FORMAT_VERSION = 3
@@ -158,6 +158,15 @@ def schedule_problem(record, step: int) -> str | None:
         return (
             f"meta.json's schedule.num_train_examples is {str(n)[:40]}, not a whole number from 1 to {MAX_EXAMPLES:,}"
         )
+    e = record.get("counted_from")
+    if e is not None:
+        if not (isinstance(e, dict) and _is_int(e.get("step")) and 0 <= e["step"] <= step):
+            return f"meta.json's schedule.counted_from is not {{'step': a step from 0 to {step}, 'epoch': an epoch}}"
+        epoch = e.get("epoch")
+        if not (is_number(epoch) and 0 <= epoch <= MAX_EPOCHS):
+            return (
+                f"meta.json's schedule.counted_from.epoch is {str(epoch)[:40]}, not an epoch from 0 to {MAX_EPOCHS:g}"
+            )
     c = record.get("continues")
     if c is None:
         return None

@@ -1,0 +1,93 @@
+"""Parquet -> TFRecord copy: ``imagenet_to_tfrecord --src <parquet folder>`` (2 workers) vs ``cp -r`` of the same bytes.
+
+Question: Does copying a Hugging Face parquet set into TFRecords (no decode, no re-encode) run near the speed of
+copying its files? And against the folder converter on the same images?
+Goal: ``ratio_vs_cp`` >= 0.8 (bytes/s of the parquet files, converter against ``cp -r``).
+
+Run: ``python -m benchmarks.bench_parquet [--quick]`` (CPU, 2 worker processes). Two sets, each written once as
+the Hub lays it out (`data_tools.make_parquet_dataset`: row groups of 100 rows, 4 files a split): the digits demo
+(1,797 images of ~1 KB: a set where per-image costs dominate) and the ImageNet-shaped set of
+`benchmarks.bench_convert` (1,200 photos of ~60 KB with ``--quick``, 6,000 without). Both sides read a
+page-cached source and write to the same file system; the converter fsyncs every shard, so ``cp -r`` is timed
+alone (the goal's baseline) and followed by ``sync``. ``REPEATS`` interleaved runs, each into a fresh folder;
+medians of source bytes / wall seconds (the converter's whole command, Python's start-up included, as ``cp``'s;
+16 training and 2 validation shards, as `benchmarks.bench_convert` writes).
+Writes ``benchmarks/results/parquet.json``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from benchmarks.bench_convert import WORKERS, _warm, against_cp, bench_images, bench_root, timed_once
+from benchmarks.harness import results, timing
+
+REPEATS = 3
+
+
+def parquet_set(name: str, tree: Path) -> tuple[Path, int]:
+    """``tree`` written as the Hub's parquet layout under the bench folder (once); (folder, its bytes)."""
+    from data_tools.make_parquet_dataset import write_parquet
+
+    out = bench_root() / f"parquet-{name}"
+    if not (out / ".complete").exists():
+        shutil.rmtree(out, ignore_errors=True)
+        write_parquet(str(tree), str(out), files_per_split=4, rows_per_group=100)
+        (out / ".complete").write_text("ok\n")
+    return out, sum(f.stat().st_size for f in (out / "data").iterdir())
+
+
+def digits_tree() -> Path:
+    from data_tools.make_demo_dataset import write_digit_jpegs
+
+    tree = bench_root() / "digits-src"
+    write_digit_jpegs(str(tree))
+    return tree
+
+
+def measure(src: Path, tree: Path, total: int, repeats: int) -> dict:
+    """Each contender's seconds on the parquet set ``src`` (``tree``: its images as a folder, which the folder
+    converter takes: the same records from the other source)."""
+    _warm(src)
+    _warm(tree)
+    work = bench_root() / "parquet-runs"
+
+    def contender(name: str):
+        source = src if name == "convert parquet" else tree
+        args = ["--src", str(source), "--out", str(work / "out"), "--train-shards", "16", "--val-shards", "2"]
+        return lambda: timed_once(work, src, name, args)
+
+    names = ("cp -r", "cp -r + sync", "convert parquet", "convert folder")
+    timings = timing.interleaved({name: contender(name) for name in names}, repeats)
+    shutil.rmtree(work, ignore_errors=True)
+    return {"source_mb": round(total / 1e6, 1), **against_cp(timings, total)}
+
+
+def run(quick: bool, tiny: bool = False) -> dict:
+    tiny = results.is_tiny(tiny)
+    repeats = 1 if tiny else REPEATS
+    photos = bench_images(quick, tiny)[0]
+    sets = {"imagenet-shaped": (photos, *parquet_set(f"photos-{'tiny' if tiny else quick}", photos))}
+    if not tiny:
+        sets = {"digits": (digits_tree(), *parquet_set("digits", digits_tree())), **sets}
+    result = {
+        "benchmark": "parquet",
+        "quick": quick,
+        "workers": WORKERS,
+        "repeats": repeats,
+        "sets": {
+            name: {"folder": str(src), **measure(src, tree, total, repeats)}
+            for name, (tree, src, total) in sets.items()
+        },
+        "goal": "convert parquet >= 0.8x cp -r",
+        "cpu_count": os.cpu_count(),
+        "load_average_at_end": os.getloadavg(),
+    }
+    results.write_result("parquet", result)
+    return result
+
+
+if __name__ == "__main__":
+    results.cli(run, __doc__)

@@ -1,0 +1,375 @@
+"""Hugging Face parquet shards as the converter's source: the image bytes copied into TFRecords as they are.
+
+    python -m data_tools.imagenet_to_tfrecord --src /data/imagenet-1k --out /data/imagenet-tfr --workers 16
+
+The layout of the Hub's ``ILSVRC/imagenet-1k`` (and of ``datasets``' ``to_parquet`` / ``push_to_hub``):
+``SRC/data/<split>-NNNNN-of-NNNNN.parquet`` (or the parquet files in SRC itself), an ``image`` column (a struct
+of the encoded ``bytes`` and the file's ``path``: ``datasets.Image``) and a ``label`` column whose class names
+are in the schema's ``huggingface`` metadata (``datasets.ClassLabel``). Splits by file name: ``train``, and
+``validation`` (or ``val``, ``valid``); ``test`` files carry no labels and are left out, said in one line.
+
+Each image is what the folder converter makes of a file (`imagefolder.prepare_bytes`): a colour JPEG's bytes
+unchanged, anything else upright, opaque and re-encoded. Parquet is read with pyarrow one row group at a time,
+only the image and label columns: a row group's uncompressed size is bounded (`MAX_ROW_GROUP_BYTES`) and so is a
+file's footer (`MAX_FOOTER`). Training shards take the row groups in a seeded random order, each row group's rows
+in a seeded random order (a shard of ImageNet's 1,252 images draws from about 13 places of the set where the
+Hub's row groups hold 100 rows; the loader shuffles again every epoch). The validation split is written sorted by
+aspect ratio with each image's size, as the folder converter writes it (``data.rect_val``): its images are read
+once for their sizes and copied to a spill file in ``OUT/.progress`` (removed at the end), from which its shards
+are written in that order. Resumable as the folder converter: done-records, the same command resumes. This module reads; the converter
+(`imagenet_to_tfrecord.convert_parquet`) plans and writes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from fractions import Fraction
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from vitlarge.data.manifest import shard_name
+from vitlarge.data.manifest_schema import MAX_CLASSES, MAX_SYNSET
+from vitlarge.errors import UserError
+from vitlarge.fileio import open_new, open_regular
+from vitlarge.text import plural
+
+from . import imagefolder
+from .imagefolder import BadImage, Item, Prepared
+
+SPLITS = {"train": "train", "validation": "validation", "val": "validation", "valid": "validation"}
+UNLABELLED = ("test",)
+MAX_FOOTER = 64 << 20  # bytes of a file's metadata; the Hub's ImageNet files hold ~3,000 row groups in ~2 MB
+MAX_ROW_GROUP_BYTES = 1 << 30  # uncompressed; the Hub writes image sets in row groups of 100 rows (~11 MB)
+SPILL = "validation.spill"
+_NAME_RE = re.compile(r"^([A-Za-z]+)[-_.]")
+
+
+def parquet_files(src: str) -> list[str]:
+    """The parquet files of a Hub data set folder (``SRC/data/*.parquet``, else ``SRC/*.parquet``), sorted; [] where
+    ``src`` is not one (an image-folder tree)."""
+    for folder in (os.path.join(src, "data"), src):
+        if os.path.isdir(folder):
+            found = sorted(
+                os.path.join(folder, imagefolder.check_name(folder, n, "file name"))
+                for n in os.listdir(folder)
+                if n.endswith(".parquet") and not n.startswith(".")
+            )
+            if found:
+                return found
+    return []
+
+
+def is_parquet_source(src: str) -> bool:
+    """Whether ``src`` is a folder of parquet shards rather than an ImageFolder tree (which has ``train/``)."""
+    return os.path.isdir(src) and not os.path.isdir(os.path.join(src, "train")) and bool(parquet_files(src))
+
+
+@dataclass(frozen=True)
+class Source:
+    """One parquet file: its row groups' row counts, and its image and label columns' names."""
+
+    path: str
+    size: int
+    groups: tuple[int, ...]
+    image: str
+    label: str
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Rows ``[start, stop)`` of a row group (in its seeded row order) that a training shard takes."""
+
+    path: str
+    group: int
+    start: int
+    stop: int
+    size: int  # an estimate of its bytes, for progress
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class ValSlice:
+    """Validation images ``[start, stop)`` in aspect order (resolved from the spill's index once written)."""
+
+    start: int
+    stop: int
+    size: int = 0
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+
+def _open(path: str) -> pq.ParquetFile:
+    """The file's reader after a bounded look at its footer; a UserError naming the file where it is no parquet."""
+    try:
+        with open_regular(path) as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < 12:
+                raise UserError(_damaged(path, f"{size} bytes"))
+            f.seek(size - 8)
+            tail = f.read(8)
+        footer = int.from_bytes(tail[:4], "little")
+        if tail[4:] != b"PAR1":
+            raise UserError(_damaged(path, "no parquet end marker"))
+        if footer > min(MAX_FOOTER, size - 12):
+            raise UserError(
+                f"{path}: a parquet footer of {footer:,} bytes, more than the file or the {MAX_FOOTER:,} bytes read "
+                "from one (a memory guard); download the file again"
+            )
+        return pq.ParquetFile(path, memory_map=False)
+    except UserError:
+        raise
+    except (OSError, ValueError, pa.ArrowException) as e:
+        raise UserError(_damaged(path, str(e).splitlines()[0] if str(e) else type(e).__name__)) from None
+
+
+def _damaged(path: str, why: str) -> str:
+    return f"{path}: not a readable parquet file ({why}); download it again or remove it"
+
+
+def _features(path: str, pf: pq.ParquetFile) -> tuple[str, str, list[str]]:
+    """(image column, label column, class names) from the ``huggingface`` schema metadata."""
+    meta = (pf.schema_arrow.metadata or {}).get(b"huggingface")
+    features = {}
+    if meta is not None:
+        try:
+            features = json.loads(meta).get("info", {}).get("features", {})
+        except (ValueError, AttributeError, RecursionError):
+            raise UserError(f"{path}: its 'huggingface' metadata is not JSON; write the file with datasets") from None
+    if not isinstance(features, dict):
+        features = {}
+    typed = {k: v.get("_type") for k, v in features.items() if isinstance(v, dict)}
+    images = [k for k, t in typed.items() if t == "Image"] or [
+        k for k in ("image", "img") if k in pf.schema_arrow.names
+    ]
+    labels = [k for k, t in typed.items() if t == "ClassLabel"]
+    fix = "write it with datasets (an Image and a ClassLabel feature), as the Hub's ILSVRC/imagenet-1k"
+    if len(images) != 1 or images[0] not in pf.schema_arrow.names:
+        raise UserError(f"{path}: no image column (datasets' Image feature: a struct of bytes and path); {fix}")
+    column = pf.schema_arrow.field(images[0]).type
+    if not (pa.types.is_struct(column) and column.get_field_index("bytes") >= 0):
+        raise UserError(f"{path}: the column {images[0]!r} is {column}, not a struct of bytes and path; {fix}")
+    if len(labels) != 1 or labels[0] not in pf.schema_arrow.names:
+        raise UserError(f"{path}: no label column with class names (datasets' ClassLabel feature); {fix}")
+    if not pa.types.is_integer(pf.schema_arrow.field(labels[0]).type):
+        raise UserError(f"{path}: the label column {labels[0]!r} is not an integer column; {fix}")
+    names = features[labels[0]].get("names")
+    if not (isinstance(names, list) and 1 <= len(names) <= MAX_CLASSES and all(isinstance(n, str) for n in names)):
+        raise UserError(f"{path}: the label column {labels[0]!r} lists no class names; {fix}")
+    for n in names:
+        imagefolder.check_name(path, n, "class name")
+        if not n or len(n) > MAX_SYNSET:
+            raise UserError(f"{path}: a class name of {len(n):,} characters (1 to {MAX_SYNSET:,}); fix the metadata")
+    if len(set(names)) != len(names):
+        raise UserError(f"{path}: class names listed twice in its ClassLabel; fix the metadata")
+    return images[0], labels[0], names
+
+
+def discover(src: str) -> tuple[list[str], dict[str, list[Source]]]:
+    """(class names in label order, {split: its files}); UserError naming the file for any that cannot be read,
+    lacks a column, disagrees on the classes or holds a label outside them (label columns only are read)."""
+    files = parquet_files(src)
+    if not files:
+        raise UserError(f"{src}: no parquet files in it or in its data/ folder; pass the data set's folder as --src")
+    classes: list[str] | None = None
+    splits: dict[str, list[Source]] = {}
+    left_out = []
+    for path in files:
+        prefix = _NAME_RE.match(os.path.basename(path))
+        split = SPLITS.get(prefix.group(1).lower()) if prefix else None
+        if prefix and prefix.group(1).lower() in UNLABELLED:
+            left_out.append(path)
+            continue
+        if split is None:
+            raise UserError(
+                f"{path}: no split in its name; name it train-NNNNN-of-NNNNN.parquet or validation-..., as the Hub "
+                "does, or move it out of --src"
+            )
+        pf = _open(path)
+        image, label, names = _features(path, pf)
+        if classes is None:
+            classes = names
+        elif names != classes:
+            raise UserError(f"{path}: its class names differ from {files[0]}'s; convert files of one data set")
+        meta = pf.metadata
+        groups = tuple(meta.row_group(g).num_rows for g in range(meta.num_row_groups))
+        for g in range(meta.num_row_groups):
+            if meta.row_group(g).total_byte_size > MAX_ROW_GROUP_BYTES:
+                raise UserError(
+                    f"{path}: row group {g} holds {meta.row_group(g).total_byte_size:,} bytes, more than the "
+                    f"{MAX_ROW_GROUP_BYTES:,} read at a time (a memory guard); rewrite it with smaller row groups"
+                )
+            _check_labels(path, pf, g, label, len(names))
+        splits.setdefault(split, []).append(Source(path, os.path.getsize(path), groups, image, label))
+    if left_out:
+        print(f"left out {plural(len(left_out), 'unlabelled file')} ({left_out[0]}, ...): no labels", file=sys.stderr)
+    if classes is None or not splits:
+        raise UserError(f"{src}: no train-*.parquet or validation-*.parquet file; name the files as the Hub does")
+    if "train" not in splits:  # as a folder without train/: a set to evaluate an export on
+        print(f"{src} has no train-*.parquet: converting its validation split only, to evaluate on", file=sys.stderr)
+    return classes, splits
+
+
+def _read(path: str, pf: pq.ParquetFile, group: int, columns: list[str]) -> pa.Table:
+    try:
+        return pf.read_row_group(group, columns=columns, use_threads=False)  # the workers are the parallelism
+    except (OSError, ValueError, pa.ArrowException) as e:
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserError(_damaged(path, f"row group {group}: {why}")) from None
+
+
+def _check_labels(path: str, pf: pq.ParquetFile, group: int, column: str, num_classes: int) -> None:
+    labels = _read(path, pf, group, [column]).column(0).to_pylist()
+    for row, v in enumerate(labels):
+        if v is None or not 0 <= v < num_classes:
+            raise UserError(
+                f"{path}: row group {group}, row {row}: label {v} outside the {num_classes:,} classes of its "
+                "ClassLabel; fix the label or remove the row (an unlabelled test split is named test-*.parquet)"
+            )
+
+
+def _row_order(path: str, group: int, rows: int, seed: int | None) -> list[int]:
+    order = list(range(rows))
+    if seed is not None:
+        random.Random(f"{seed}:{os.path.basename(path)}:{group}").shuffle(order)
+    return order
+
+
+def plan_train(sources: list[Source], num_shards: int, seed: int) -> list[tuple[str, list[Piece]]]:
+    """``num_shards`` training shards (fewer where there are fewer rows) of near-equal size, cut from the row groups
+    in a seeded random order."""
+    groups = [(s, g, n) for s in sources for g, n in enumerate(s.groups) if n]
+    random.Random(seed).shuffle(groups)
+    total = sum(n for _, _, n in groups)
+    count = min(total, num_shards)
+    bounds = [i * total // count for i in range(count + 1)]
+    shards: list[list[Piece]] = [[] for _ in range(count)]
+    at, shard = 0, 0
+    for s, g, n in groups:
+        per_row = s.size / max(1, sum(s.groups))
+        start = 0
+        while start < n:
+            while at + start >= bounds[shard + 1]:
+                shard += 1
+            stop = min(n, bounds[shard + 1] - at)
+            shards[shard].append(Piece(s.path, g, start, stop, int(per_row * (stop - start))))
+            start = stop
+        at += n
+    return [(shard_name("train", i, count), pieces) for i, pieces in enumerate(shards)]
+
+
+def plan_val(sources: list[Source], num_shards: int) -> list[tuple[str, list[ValSlice]]]:
+    """``num_shards`` validation shards of near-equal size, slices of the split in aspect order."""
+    total = sum(sum(s.groups) for s in sources)
+    count = min(total, num_shards)
+    name = shard_name
+    return [
+        (name("validation", i, count), [ValSlice(i * total // count, (i + 1) * total // count)]) for i in range(count)
+    ]
+
+
+def items_digest(items: list, sources: dict[str, Source]) -> str:
+    """What a shard's items read, for its inputs digest: each piece's file (path, size), row group and rows; a
+    validation shard's slice and every validation file (``sources``: the split's files by path)."""
+    h = hashlib.sha256()
+    if items and isinstance(items[0], ValSlice):  # its images depend on every validation file
+        for s in sorted(sources.values(), key=lambda s: s.path):
+            h.update(os.fsencode(f"\n{s.path}|{s.size}|{s.groups}"))
+    for it in items:
+        if isinstance(it, Piece):
+            h.update(os.fsencode(f"\n{it.path}|{sources[it.path].size}|{it.group}|{it.start}|{it.stop}"))
+        else:
+            h.update(f"\n{it.start}|{it.stop}".encode())
+    return h.hexdigest()
+
+
+def spill_validation(sources: list[Source], spill: str, max_pixels: int) -> list[tuple]:
+    """Copy every validation image, in source order, to ``spill``; return them in aspect order as
+    ``(offset, length, label, name)``, images whose size cannot be read from their header last (as
+    `val_order.aspect_sorted` places them)."""
+    rows = []
+    unreadable = Fraction(2**64)
+    if os.path.lexists(spill):  # a stopped run's
+        os.remove(spill)
+    with open_new(spill) as f:
+        for s in sources:
+            pf = _open(s.path)
+            for g in range(len(s.groups)):
+                table = _read(s.path, pf, g, [s.image, s.label])
+                images, labels = table.column(0).combine_chunks(), table.column(1).to_pylist()
+                data, paths = images.field("bytes").to_pylist(), _paths(images)
+                for row, (payload, label) in enumerate(zip(data, labels)):
+                    payload = payload or b""
+                    size = _displayed_size(payload, max_pixels)
+                    key = Fraction(size[1], size[0]) if size else unreadable
+                    name = _item_path(s.path, g, row, paths[row])
+                    rows.append((key, len(rows), f.tell(), len(payload), label, name))
+                    f.write(payload)
+    rows.sort(key=lambda r: (r[0], r[1]))
+    return [(offset, length, label, name) for _, _, offset, length, label, name in rows]
+
+
+def _paths(images: pa.StructArray) -> list:
+    return images.field("path").to_pylist() if images.type.get_field_index("path") >= 0 else [None] * len(images)
+
+
+def _item_path(path: str, group: int, row: int, name: str | None) -> str:
+    """How a row is named in messages and its record's ``image/filename`` (the basename): the image's own path
+    inside the parquet file where it has one, else its row group and row."""
+    inner = os.path.basename(name) if isinstance(name, str) and name else f"group{group}-row{row}"
+    return os.path.join(path, imagefolder.check_name(path, inner, "image path"))
+
+
+def _displayed_size(data: bytes, max_pixels: int) -> tuple[int, int] | None:
+    """(height, width) as the image looks, from its header (no decode); None where it cannot be read."""
+    frame = imagefolder.jpeg_frame(data)
+    if frame is not None and frame[0] > 0 and frame[1] > 0:
+        h, w = frame[:2]
+        return (w, h) if imagefolder.jpeg_orientation(data) in imagefolder.TURNED else (h, w)
+    try:
+        image = imagefolder.prepare_bytes(data, "", "header", max_pixels)
+    except BadImage:
+        return None
+    return image.height, image.width
+
+
+def shard_images(items: list, opts: dict) -> Iterator[tuple[Item, Prepared | BadImage]]:
+    """A shard's rows, each prepared for its record (`imagefolder.prepare_bytes`) or why it cannot be: a training
+    shard's pieces read one row group at a time, a validation shard's images from the spill."""
+    classes, offset = opts["classes"], opts["label_offset"]
+
+    def prepared(payload: bytes, label: int, name: str) -> tuple[Item, Prepared | BadImage]:
+        item = Item(name, label + offset, classes[label], "", len(payload))
+        try:
+            return item, imagefolder.prepare_bytes(payload, name, opts["check"], opts["max_pixels"])
+        except BadImage as e:
+            return item, e
+
+    opened: dict[str, pq.ParquetFile] = {}
+    for it in items:
+        if isinstance(it, ValSlice):
+            with open_regular(opts["spill"]) as f:
+                for at, length, label, name in opts["spilled"][it.start : it.stop]:
+                    yield prepared(os.pread(f.fileno(), length, at), label, name)
+            continue
+        if it.path not in opened:
+            opened[it.path] = _open(it.path)
+        pf = opened[it.path]
+        table = _read(it.path, pf, it.group, list(_features(it.path, pf)[:2]))
+        images, labels = table.column(0).combine_chunks(), table.column(1).to_pylist()
+        data, paths = images.field("bytes"), _paths(images)
+        for row in _row_order(it.path, it.group, table.num_rows, opts["seed"])[it.start : it.stop]:
+            payload = data[row].as_py() or b""
+            yield prepared(payload, labels[row], _item_path(it.path, it.group, row, paths[row]))

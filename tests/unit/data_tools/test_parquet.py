@@ -1,0 +1,177 @@
+"""The parquet source in process: a Hugging Face data set (written by ``datasets``) converted to the same records as
+its image folder, resumable, and its bad input one line (exit 2) with nothing written under a final name."""
+
+from __future__ import annotations
+
+import collections
+import io
+import json
+import os
+import shutil
+
+import datasets
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+from tfrecord.reader import tfrecord_loader
+
+from data_tools.make_parquet_dataset import write_parquet
+from tests.helpers import call_main
+from vitlarge.data.manifest import load_manifest
+
+CONVERT = "data_tools.imagenet_to_tfrecord"
+
+
+def records(out: str, split: str) -> list[tuple]:
+    m = load_manifest(out)
+    got = []
+    for shard in m.shards(split):
+        for r in tfrecord_loader(os.path.join(out, shard.file), None):
+            got.append(
+                (
+                    bytes(r["image/encoded"]),
+                    int(r["image/class/label"][0]),
+                    bytes(r["image/class/synset"]).decode(),
+                    bytes(r["image/filename"]).decode(),
+                    (int(r["image/height"][0]), int(r["image/width"][0])),
+                )
+            )
+    return got
+
+
+@pytest.fixture(scope="module")
+def hub_set(tiny_imagefolder, tmp_path_factory) -> str:
+    """The tiny tree (a PNG, a CMYK and a grey JPEG among its JPEGs) as the Hub lays it out: two files a split,
+    row groups of 2 rows (a shard of 6 images takes 3)."""
+    out = str(tmp_path_factory.mktemp("hub"))
+    write_parquet(tiny_imagefolder, out, files_per_split=2, rows_per_group=2)
+    return out
+
+
+@pytest.fixture(scope="module")
+def from_parquet(hub_set, tmp_path_factory) -> str:
+    out = str(tmp_path_factory.mktemp("from_parquet"))
+    done = call_main(CONVERT, "--src", hub_set, "--out", out, "--workers", "0", "--no-progress", "--train-shards", "3")
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def test_the_same_records_as_the_image_folder_and_the_class_names_from_the_metadata(
+    tiny_imagefolder, tiny_converted, from_parquet
+):
+    for split in ("train", "validation"):
+        want, got = records(tiny_converted, split), records(from_parquet, split)
+        assert collections.Counter(got) == collections.Counter(want), split
+    assert [c.synset for c in load_manifest(from_parquet).classes] == sorted(os.listdir(f"{tiny_imagefolder}/train"))
+    # validation in the folder converter's order (by aspect ratio, sizes recorded): rect_val reads it
+    assert [r[4] for r in records(from_parquet, "validation")] == [r[4] for r in records(tiny_converted, "validation")]
+    assert load_manifest(from_parquet).order == load_manifest(tiny_converted).order
+    assert not os.path.exists(os.path.join(from_parquet, ".progress", "validation.spill"))
+
+
+def test_training_shards_mix_the_classes_the_files_hold_in_order(from_parquet):
+    """The Hub's files hold the classes one after another here (each row group one class); no training shard holds
+    one class only."""
+    m = load_manifest(from_parquet)
+    for shard in m.shards("train"):
+        labels = {int(r["image/class/label"][0]) for r in tfrecord_loader(os.path.join(from_parquet, shard.file), None)}
+        assert len(labels) >= 2, shard.file
+
+
+def test_a_rerun_keeps_complete_shards_and_rewrites_a_removed_one(hub_set, from_parquet, tmp_path):
+    out = str(tmp_path / "out")
+    shutil.copytree(from_parquet, out)
+    before = records(out, "train")
+    os.remove(os.path.join(out, "train-00001-of-00003"))
+    done = call_main(CONVERT, "--src", hub_set, "--out", out, "--workers", "0", "--no-progress", "--train-shards", "3")
+    assert done.returncode == 0, done.stderr
+    assert "1 shard to write" in done.stderr and "3 complete shards kept" in done.stderr
+    assert records(out, "train") == before
+
+
+def hub_file(tmp_path, name="train-00000-of-00001.parquet", **columns) -> str:
+    src = tmp_path / "src"
+    os.makedirs(src / "data", exist_ok=True)
+    ds = datasets.Dataset.from_dict(
+        {k: v for k, (v, _) in columns.items()}, features=datasets.Features({k: f for k, (_, f) in columns.items()})
+    )
+    ds.to_parquet(str(src / "data" / name))
+    return str(src)
+
+
+def jpeg() -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (8, 8), (10, 20, 30)).save(out, "JPEG")
+    return out.getvalue()
+
+
+IMAGE = ([{"bytes": jpeg(), "path": "a.JPEG"}], datasets.Image())
+LABEL = ([0], datasets.ClassLabel(names=["a", "b"]))
+
+
+def bad_sources(tmp_path) -> dict:
+    """name -> (source folder, the words the one line must hold)."""
+    no_image = hub_file(tmp_path / "no_image", label=LABEL, other=(["x"], datasets.Value("string")))
+    no_label = hub_file(tmp_path / "no_label", image=IMAGE, label=([0], datasets.Value("int64")))
+    outside = hub_file(tmp_path / "outside", image=IMAGE, label=([5], datasets.Value("int64")))
+    meta = pq.read_schema(os.path.join(hub_file(tmp_path / "ref", image=IMAGE, label=LABEL), "data", os.listdir(tmp_path / "ref" / "src" / "data")[0])).metadata  # fmt: skip
+    table = pq.read_table(os.path.join(outside, "data", "train-00000-of-00001.parquet"))
+    pq.write_table(table.replace_schema_metadata(meta), os.path.join(outside, "data", "train-00000-of-00001.parquet"))
+    not_image = hub_file(tmp_path / "not_image", image=([{"bytes": b"<html>", "path": "a.JPEG"}], datasets.Image()), label=LABEL)  # fmt: skip
+    damaged = hub_file(tmp_path / "damaged", image=IMAGE, label=LABEL)
+    path = os.path.join(damaged, "data", "train-00000-of-00001.parquet")
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[:4] + bytes(60) + data[64:])  # the first page header overwritten, the footer kept
+    truncated = hub_file(tmp_path / "truncated", image=IMAGE, label=LABEL)
+    path = os.path.join(truncated, "data", "train-00000-of-00001.parquet")
+    open(path, "r+b").truncate(os.path.getsize(path) // 2)
+    return {
+        "no image column": (no_image, "no image column"),
+        "no class names": (no_label, "no label column with class names"),
+        "a label outside the classes": (outside, "label 5 outside the 2 classes"),
+        "a non-image payload": (not_image, "a.JPEG: unreadable image"),
+        "a damaged page": (damaged, "not a readable parquet file"),
+        "a truncated file": (truncated, "not a readable parquet file"),
+    }
+
+
+def test_bad_input_is_one_line_naming_the_file_and_exit_2_with_nothing_written(tmp_path):
+    for case, (src, words) in bad_sources(tmp_path).items():
+        out = tmp_path / "out" / case.replace(" ", "_")
+        done = call_main(CONVERT, "--src", src, "--out", str(out), "--workers", "0", "--no-progress")
+        lines = [line for line in done.stderr.splitlines() if "error" in line]
+        assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), (case, done.stderr)
+        assert words in lines[0] and os.path.join(src, "data", "train-00000-of-00001.parquet") in lines[0], (
+            case,
+            lines,
+        )
+        written = [n for n in (os.listdir(out) if out.exists() else []) if n != ".progress"]
+        assert written == [], (case, written)
+
+
+def test_a_row_group_past_the_bound_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    from data_tools import parquet_source
+
+    src = hub_file(tmp_path, image=IMAGE, label=LABEL)
+    monkeypatch.setattr(parquet_source, "MAX_ROW_GROUP_BYTES", 100)
+    done = call_main(CONVERT, "--src", src, "--out", str(tmp_path / "out"), "--workers", "0", "--no-progress")
+    assert done.returncode == 2 and "read at a time (a memory guard); rewrite it with smaller row groups" in done.stderr
+
+
+def test_a_test_split_is_left_out_in_one_line(tmp_path):
+    src = hub_file(tmp_path, image=IMAGE, label=LABEL)
+    shutil.copy(os.path.join(src, "data", "train-00000-of-00001.parquet"), os.path.join(src, "data", "test-00000-of-00001.parquet"))  # fmt: skip
+    done = call_main(CONVERT, "--src", src, "--out", str(tmp_path / "out"), "--workers", "0", "--no-progress")
+    assert done.returncode == 0, done.stderr
+    assert "left out 1 unlabelled file" in done.stderr
+    assert json.load(open(tmp_path / "out" / "dataset.json"))["num_classes"] == 2
+
+
+def test_a_set_of_validation_files_alone_converts_to_evaluate_on(tmp_path):
+    src = hub_file(tmp_path, name="validation-00000-of-00001.parquet", image=IMAGE, label=LABEL)
+    done = call_main(CONVERT, "--src", src, "--out", str(tmp_path / "out"), "--workers", "0", "--no-progress")
+    assert done.returncode == 0, done.stderr
+    assert "has no train-*.parquet: converting its validation split only" in done.stderr
+    m = load_manifest(str(tmp_path / "out"))
+    assert (m.num_examples("validation"), [c.synset for c in m.classes]) == (1, ["a", "b"])
+    assert list(m.splits) == ["validation"]
