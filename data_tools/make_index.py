@@ -439,17 +439,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-classes", type=int, help="default: inferred from the largest label")
     p.add_argument("--workers", type=int, default=os.cpu_count())
     a = p.parse_args(argv)
-    return cli_main(
-        lambda: make_index(
-            a.data_dir,
-            out=a.out,
-            label_offset=a.label_offset,
-            num_classes=a.num_classes,
-            workers=a.workers,
-            image_key=a.image_key,
-            label_key=a.label_key,
-        )
-    )
+    options = ("out", "label_offset", "num_classes", "workers", "image_key", "label_key")  # make_index's keywords
+    return cli_main(lambda: make_index(a.data_dir, **{k: getattr(a, k) for k in options}))
 
 
 if __name__ == "__main__":
