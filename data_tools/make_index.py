@@ -1,6 +1,7 @@
 """Write DALI indexes and ``dataset.json`` for TFRecord shards made elsewhere (e.g. TensorFlow).
 
     python -m data_tools.make_index /data/imagenet-tf      # shards train-* and validation-*
+    python -m data_tools.make_index /data/imagenet-1k-wds  # WebDataset tars in timm's layout (`wds_index`)
 
 Reads every record once (checking framing and CRCs, so a truncated shard is reported by name),
 writes ``<shard>.idx`` next to each shard and a manifest inferred from what it saw: splits from
@@ -59,7 +60,7 @@ from vitlarge.data.manifest_schema import (
 from vitlarge.errors import UserError, cli_main
 from vitlarge.text import plural
 
-from . import done_records, tfrecord_io
+from . import done_records, tfrecord_io, wds_index
 
 TOOL = "data_tools.make_index"
 TOOL_VERSION = "1.0.0"
@@ -110,6 +111,8 @@ def make_index(data_dir: str, *, label_offset: int = 1, num_classes: int | None 
         raise UserError(f"--label-offset {label_offset}: expected {-MAX_LABEL}..{MAX_LABEL}")
     if not os.path.isdir(data_dir):
         raise UserError(f"{data_dir}: directory does not exist; pass the directory holding train-*/validation-* shards")
+    if wds_index.is_webdataset(data_dir) and not any(SHARD_RE.match(n) for n in os.listdir(data_dir)):
+        return wds_index.make_index(data_dir, num_classes=num_classes, workers=workers)
     names = sorted(n for n in os.listdir(data_dir) if SHARD_RE.match(n))
     if not names:
         raise UserError(

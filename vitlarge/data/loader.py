@@ -33,7 +33,15 @@ from vitlarge.data.common import (  # noqa: F401
     older_state_version,
     val_forwards,
 )
-from vitlarge.data.manifest import MANIFEST_NAME, Manifest, convert_cmd, load_manifest, make_index_fix, shard_files
+from vitlarge.data.manifest import (
+    MANIFEST_NAME,
+    WDS_FORMAT,
+    Manifest,
+    convert_cmd,
+    load_manifest,
+    make_index_fix,
+    shard_files,
+)
 from vitlarge.data.rect import RectBatches, val_sizes
 from vitlarge.data.repeats import RepeatedRecords
 from vitlarge.data.spec import LoaderSpec, TrainSpec, ValSpec, pipe_seed
@@ -212,6 +220,12 @@ class TrainLoader:
         if self.num_examples_this_rank < 1:
             raise UserError(f"{data_dir}: {n} training examples cannot be split over world_size={world_size}")
         self._records = None
+        tars = self.manifest.format == WDS_FORMAT
+        if tars and spec.repeats > 1:
+            raise UserError(
+                f"{data_dir}: data.repeats={spec.repeats} reads TFRecord shards by index, and this folder holds "
+                f"WebDataset tars; set data.repeats=1, or convert the images to TFRecords ({convert_cmd()})"
+            )
         self._read_workers = read_workers if spec.repeats > 1 else 0
         if self._read_workers and threading.current_thread() is not threading.main_thread():
             # The workers die with the thread that starts them (PR_SET_PDEATHSIG follows the parent thread).
@@ -236,6 +250,7 @@ class TrainLoader:
             decoder=dev.decoder,
             records=self._records,
             read_workers=self._read_workers,
+            tars=tars,
             batch_size=spec.batch_size,
             num_threads=spec.num_threads,
             device_id=dev.device_id,
@@ -354,6 +369,7 @@ class ValLoader:
                 batch_size=batch_size,
                 image_size=spec.image_size,
                 patch=spec.patch_size,
+                tars=self.manifest.format == WDS_FORMAT,
             )
             self.num_examples_this_rank = rect.num_examples_this_rank  # 0 where the chunks run out before this rank
         else:
@@ -371,6 +387,7 @@ class ValLoader:
             num_shards=world_size,
             decoder=dev.decoder,
             batches=rect,
+            tars=self.manifest.format == WDS_FORMAT,
             batch_size=batch_size,
             num_threads=spec.num_threads,
             device_id=dev.device_id,

@@ -57,6 +57,9 @@ from vitlarge.data.manifest_schema import (  # noqa: F401 (re-exported: the cons
     MAX_SIDE,
     SIZES_SUFFIX,
     SPLITS,
+    TAR_INDEX_LINE_MAX,
+    TAR_INDEX_VERSION,
+    WDS_FORMAT,
     ManifestProblem,
     NewerManifest,
     out_of_aspect_order,
@@ -171,6 +174,7 @@ class Manifest:
     tool: str = ""
     tool_version: str = ""
     data_dir: str = ""
+    format: str = FORMAT  # or WDS_FORMAT: WebDataset tars in place (`vitlarge.data.wds_shards`)
 
     def num_examples(self, split: str) -> int:
         return sum(s.num_records for s in self.shards(split))
@@ -192,7 +196,7 @@ class Manifest:
 
         sized = any("sizes" in s.to_dict() for shards in self.splits.values() for s in shards)
         head = {
-            "format": FORMAT,
+            "format": self.format,
             "format_version": FORMAT_VERSION if sized else 1,  # 1 where its readers need nothing newer
             "tool": self.tool,
             "tool_version": self.tool_version,
@@ -305,6 +309,7 @@ def load_manifest(data_dir: str) -> Manifest:
         tool=doc["tool"],
         tool_version=doc["tool_version"],
         data_dir=data_dir,
+        format=doc["format"],
     )
 
 
@@ -472,6 +477,8 @@ def shard_files(manifest: Manifest, split: str) -> list[tuple[str, str]]:
     length header agrees with the index. Content checksums are not verified here (that reads every byte);
     ``make_index`` recomputes them.
     """
+    if manifest.format == WDS_FORMAT:
+        return _tar_files(manifest, split)
     d = manifest.data_dir
     fix = make_index_fix(d)
     listed = [s.file for s in manifest.shards(split)]
@@ -533,6 +540,58 @@ def shard_files(manifest: Manifest, split: str) -> list[tuple[str, str]]:
         if not _record_fits(shard, last_off, last_size):
             raise UserError(f"{index}: stale DALI index (does not match {shard}); run {fix}")
         out.append((shard, index))
+    return out
+
+
+def _tar_index_count(path: str, num_records: int) -> int | None:
+    """The sample count of DALI index ``path``'s first line (``v1.2 <samples>``), or None where it has none; an
+    index larger than `TAR_INDEX_LINE_MAX` bytes a sample is never read (`UnsafeFile`)."""
+    if os.path.getsize(path) > TAR_INDEX_LINE_MAX * (num_records + 1):
+        raise UnsafeFile(0, f"larger than {num_records:,} samples' lines", path)
+    with open_regular(path) as f:
+        head = f.readline(64).split()
+    if len(head) != 2 or head[0] != TAR_INDEX_VERSION.encode() or not head[1].isdigit():
+        return None
+    return int(head[1])
+
+
+def _tar_files(manifest: Manifest, split: str) -> list[tuple[str, str]]:
+    """`shard_files` of WebDataset tars (`WDS_FORMAT`): the split's ``[(tar, index)]`` paths, after the checks
+    `shard_files` makes of a TFRecord set: each tar and index a regular file of the data folder (a link only inside it), each tar of the
+    size ``dataset.json`` records (else truncated or replaced), each index of the recorded sample count."""
+    d = manifest.data_dir
+    fix = make_index_fix(d)
+    root = os.path.realpath(d)
+    out = []
+    for s in manifest.shards(split):
+        tar, index = os.path.join(d, s.file), os.path.join(d, s.index)
+        try:
+            size = confined_size(tar, root)
+        except FileNotFoundError:
+            raise UserError(
+                f"{tar}: tar listed in {MANIFEST_NAME} is missing; restore it (the set is named by its _info.json), "
+                f"then rerun {fix}"
+            ) from None
+        except OSError as e:
+            raise UserError(f"{tar}: {e.strerror}; {CONFINED_FIX}") from None
+        if size < s.bytes:
+            raise UserError(
+                f"{tar}: truncated tar ({size} bytes, {MANIFEST_NAME} records {s.bytes}); re-copy this shard"
+            )
+        if size != s.bytes:
+            raise UserError(
+                f"{tar}: shard changed since {MANIFEST_NAME} was written ({size} bytes, expected {s.bytes}); run {fix}"
+            )
+        try:
+            confined_size(index, root)
+            count = _tar_index_count(index, s.num_records)
+        except FileNotFoundError:
+            raise UserError(f"{index}: missing DALI index for {tar}; run {fix}") from None
+        except OSError as e:
+            raise UserError(f"{index}: {e.strerror}; {CONFINED_FIX}") from None
+        if count != s.num_records:
+            raise UserError(f"{index}: stale DALI index (not the {s.num_records:,} samples of {tar}); run {fix}")
+        out.append((tar, index))
     return out
 
 

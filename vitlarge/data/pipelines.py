@@ -22,6 +22,7 @@ from vitlarge.data import deit_augment
 from vitlarge.data import randaugment as rand_augment
 from vitlarge.data.common import shard_range  # noqa: F401 (the readers' rank slices; loaders import it from here)
 from vitlarge.data.spec import TrainSpec, ValSpec, pipe_seed
+from vitlarge.data.wds_shards import IMAGE_EXTS, LABEL_EXT, LABEL_MAX_BYTES
 from vitlarge.errors import UserError
 
 if TYPE_CHECKING:
@@ -89,6 +90,7 @@ def _reader(
     training: bool,
     initial_fill: int = 1,
     file_order_seed: int = 0,
+    tars: bool = False,
 ) -> dict[str, DataNode]:
     """The TFRecord reader both pipelines share; ``training`` picks the sample order.
 
@@ -99,6 +101,7 @@ def _reader(
     A buffer of ``initial_fill`` records (seeded per rank by ``seed``) shuffles within that.
     Validation: each rank keeps its slice in stored order; DALI pads the slice to the largest
     rank's size and then to whole batches (``pad_last_batch``), the loader drops the padding.
+    ``tars``: ``files`` are WebDataset tars and their DALI indexes (`_tar_reader`), read in the same order.
     """
     order: _ReadOrder
     if training:
@@ -111,6 +114,8 @@ def _reader(
         )
     else:
         order = _ReadOrder(random_shuffle=False, stick_to_shard=True, pad_last_batch=True)
+    if tars:
+        return _tar_reader(files, shard_id=shard_id, num_shards=num_shards, seed=seed, order=order)
     # DALI's stub types every reader's result as `DataNode | Sequence[DataNode] | None`; tfrecord's is a dict by feature
     return cast(
         "dict[str, DataNode]",
@@ -126,6 +131,43 @@ def _reader(
             **order,  # pyright: ignore[reportCallIssue]
         ),
     )
+
+
+def _tar_reader(
+    files: list[tuple[str, str]], *, shard_id: int, num_shards: int, seed: int, order: _ReadOrder
+) -> dict[str, DataNode]:
+    """WebDataset tars in timm's layout through ``fn.readers.webdataset``: the image member (``jpg``, ``jpeg``,
+    ``png`` or ``webp``) and the label, the ASCII integer of the ``.cls`` member, as the TFRecord reader's two
+    features. The reader takes the same order options, pads alike and checkpoints the same loader state, so the
+    loaders and `vitlarge.data.dali_state` treat both readers as one. ``make_index`` checked that every sample
+    has one image and one integer label; a sample without either fails here rather than yield an empty one."""
+    encoded, raw = cast(
+        "list[DataNode]",
+        fn.readers.webdataset(
+            paths=[f for f, _ in files],
+            index_paths=[i for _, i in files],
+            ext=[";".join(IMAGE_EXTS), LABEL_EXT],
+            missing_component_behavior="error",
+            shard_id=shard_id,
+            num_shards=num_shards,
+            seed=seed,
+            name=READER,
+            **order,
+        ),
+    )
+    return {"image/encoded": encoded, "image/class/label": _ascii_label(raw)}
+
+
+def _ascii_label(raw: DataNode) -> DataNode:
+    """The non-negative integer of ASCII digits in ``raw`` (uint8 bytes, at most `LABEL_MAX_BYTES`), as int64
+    ``[1]``: padded with spaces, then Horner's rule over the digits, which skips whitespace."""
+    digits = fn.cast(fn.pad(raw, fill_value=32, shape=[LABEL_MAX_BYTES]), dtype=types.DALIDataType.INT64)
+    value: DataNode | int = 0
+    for i in range(LABEL_MAX_BYTES):
+        c = digits[i]
+        is_digit = fn.cast((c >= 48) & (c <= 57), dtype=types.DALIDataType.INT64)
+        value = value * (1 + 9 * is_digit) + is_digit * (c - 48)
+    return cast("DataNode", fn.reshape(value, shape=[1]))
 
 
 def train_pipeline(spec: TrainSpec, files: list[tuple[str, str]], **kwargs) -> Pipeline:
@@ -155,13 +197,15 @@ def train_graph(
     decoder: str,
     records: RepeatedRecords | None = None,
     read_workers: int = 0,
+    tars: bool = False,
 ) -> tuple[DataNode, DataNode]:
     """Training images of ``spec`` (`vitlarge.data.spec.TrainSpec`) from ``files`` (``(shard, index)`` paths):
     ``spec.crop`` (``rrc``: random-resized crop; ``src``: DeiT III's simple random crop), flip, then RandAugment,
     3-Augment and colour jitter where asked (`vitlarge.data.deit_augment`); rank ``shard_id`` of ``num_shards``.
     ``records``: a batch source of ``(encoded, label)`` by iteration (`vitlarge.data.repeats.RepeatedRecords`,
     repeated augmentation) read instead of the TFRecord reader's own order, by ``read_workers`` processes (0: in
-    the thread that runs the pipeline). The pipeline is then built with ``py_num_workers=read_workers``."""
+    the thread that runs the pipeline). The pipeline is then built with ``py_num_workers=read_workers``.
+    ``tars``: ``files`` are WebDataset tars (`_tar_reader`)."""
     image_size, interp = spec.image_size, interp_type(spec.interpolation)
     randaugment = rand_augment.spec(spec.randaugment)
     mean, std = spec.pixels()
@@ -185,6 +229,7 @@ def train_graph(
             training=True,
             initial_fill=spec.initial_fill,
             file_order_seed=spec.seed % (2**31 - 1),  # one file order for all ranks
+            tars=tars,
         )
         encoded, label = data["image/encoded"], data["image/class/label"]
     hw = _HwLoad(hw_decoder_load=spec.hw_decoder_load) if spec.hw_decoder_load != HW_DECODER_LOAD else _HwLoad()
@@ -259,15 +304,17 @@ def val_pipeline(
     num_shards: int,
     decoder: str,
     batches: RectBatches | None = None,
+    tars: bool = False,
 ) -> tuple[DataNode, DataNode]:
     """Validation images of ``spec`` (`vitlarge.data.spec.ValSpec`) from ``files``, in stored order: rank
     ``shard_id``'s slice, square crops. ``batches``: rectangular validation's source instead
-    (`vitlarge.data.rect.RectBatches`: its records and each batch's crop, ``spec.rect_val``)."""
+    (`vitlarge.data.rect.RectBatches`: its records and each batch's crop, ``spec.rect_val``). ``tars``: ``files``
+    are WebDataset tars (`_tar_reader`)."""
     image_size, interp = spec.image_size, interp_type(spec.interpolation)
     mean, std = spec.pixels()
     shorter = float(int(image_size / spec.crop_pct))  # timm's eval transform: the shorter side to this, then a crop
     if batches is None:
-        data = _reader(files, shard_id=shard_id, num_shards=num_shards, seed=0, training=False)
+        data = _reader(files, shard_id=shard_id, num_shards=num_shards, seed=0, training=False, tars=tars)
         encoded, label = data["image/encoded"], data["image/class/label"]
         crop = _Crop(crop=(image_size, image_size))
         resize_shorter: float | DataNode = shorter

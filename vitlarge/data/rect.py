@@ -30,7 +30,7 @@ import numpy as np
 
 from vitlarge.data.common import val_forwards
 from vitlarge.data.manifest import MANIFEST_NAME, Manifest, convert_cmd, split_sizes
-from vitlarge.data.manifest_schema import ASPECT_ORDER
+from vitlarge.data.manifest_schema import ASPECT_ORDER, WDS_FORMAT
 from vitlarge.errors import UserError
 
 if TYPE_CHECKING:
@@ -78,9 +78,9 @@ def val_sizes_listed(manifest: Manifest) -> None:
     fix where the split is not stored sorted by aspect ratio with its sizes recorded (converted before vitlarge
     recorded them, or indexed by ``make_index`` from shards made elsewhere). The dry run's check (it plans where
     the ``.sizes`` files may not be, a login node's copy of dataset.json); `val_sizes` reads them."""
-    listed = manifest.order.get("validation") == ASPECT_ORDER and all(
-        s.sizes is not None or s.sizes_file is not None for s in manifest.shards("validation")
-    )
+    # WebDataset tars stay in their writer's order: `RectBatches` reads them in aspect order by index
+    sortable = manifest.order.get("validation") == ASPECT_ORDER or manifest.format == WDS_FORMAT
+    listed = sortable and all(s.sizes is not None or s.sizes_file is not None for s in manifest.shards("validation"))
     if not listed:
         d = manifest.data_dir
         raise UserError(
@@ -107,7 +107,9 @@ class RectBatches:
     ``batch_size`` with its last record; a padding-only batch repeats the split's last record.
 
     ``shards``: ``[(shard path, index path)]`` of the split in the manifest's order; ``sizes``: its images'
-    ``(height, width)`` in record order (`val_sizes`)."""
+    ``(height, width)`` in record order (`val_sizes`). ``tars``: the shards are WebDataset tars, stored in their
+    writer's order: their samples are read by index (`vitlarge.data.wds_shards.IndexedSamples`) in aspect order
+    (`vitlarge.data.wds_shards.aspect_order`), the same pass at any world size."""
 
     def __init__(
         self,
@@ -119,11 +121,16 @@ class RectBatches:
         batch_size: int,
         image_size: int,
         patch: int,
+        tars: bool = False,
     ):
         # lazy: keeps tfrecord off the dry run and a run's pre-flight checks (they use val_sizes)
         from vitlarge.data.repeats import IndexedRecords
+        from vitlarge.data.wds_shards import IndexedSamples, aspect_order  # lazy: as above
 
-        self._records = IndexedRecords(shards, world_size=world_size)
+        self._order = aspect_order(sizes) if tars else None
+        if self._order is not None:
+            sizes = sizes[self._order]
+        self._records = IndexedSamples(shards) if tars else IndexedRecords(shards, world_size=world_size)
         n = self._records.num_examples
         if n != len(sizes):  # the manifest's counts were checked against the indexes (`shard_files`)
             raise RuntimeError(f"{len(sizes)} validation sizes for {n} records")
@@ -153,7 +160,7 @@ class RectBatches:
         height, width = self._shapes[-1 if chunk is None else chunk]
         encoded, labels = [], []
         for record in self.records(run):
-            image, label = self._records.read(record)
+            image, label = self._records.read(record if self._order is None else int(self._order[record]))
             encoded.append(np.frombuffer(image, dtype=np.uint8))
             labels.append([label])
         crop = np.ones(self.batch_size, dtype=np.float32)
