@@ -19,6 +19,12 @@ unreadable images (``--skip-bad``) from its done-records (or the ``dataset.json`
 shards) when the shards are the converter's.
 Rerun it whenever a loader reports a missing or stale index.
 
+    python -m data_tools.make_index /mnt/ro/imagenet-tf --out ~/index/imagenet   # writes nothing into /mnt/ro
+
+``--out``: a data folder it may not (or should not) write, e.g. a read-only shared mount. The indexes, sizes
+files and ``dataset.json`` go into the index folder, whose manifest names the data folder once (``data_dir``);
+``train.py --data <index folder>`` then reads the shards where they are.
+
 Shards are files from elsewhere: each must be a regular file of the directory (a link only to a
 file inside it; a FIFO or device is refused, never opened), every record a ``tf.train.Example`` with
 an integer label in range, and the converter's output must hold one conversion's shards (a
@@ -85,10 +91,14 @@ def _label_info(payload: bytes) -> tuple[int | None, str, str, tuple[int, int] |
     return (labels[0] if labels else None), text("image/class/synset"), text("image/class/text"), size
 
 
-def index_shard(path: str) -> tuple[str, int, int, str, dict, tuple | None]:
-    """Index one shard; return (name, records, bytes, checksum, {label: (synset, text)}, the records' image
-    sizes or None where a record has none)."""
-    n, size, checksum, labels = tfrecord_io.write_index_for(path, parse=_label_info)
+def index_shard(job: tuple[str, str]) -> tuple[str, int, int, str, dict, tuple | None]:
+    """Index one shard, ``(shard path, index path)``; return (name, records, bytes, checksum, {label: (synset,
+    text)}, the records' image sizes or None where a record has none)."""
+    path, index_path = job
+    try:
+        n, size, checksum, labels = tfrecord_io.write_index_for(path, parse=_label_info, index_path=index_path)
+    except OSError as e:  # the index folder turned unwritable (or full) after the check before reading
+        raise UserError(f"{index_path}: cannot write ({e.strerror or e}); {_WRITE_FIX}") from None
     if n == 0:
         raise UserError(f"{path}: holds no records (DALI cannot read an empty shard); re-convert its set")
     seen: dict[int, tuple[str, str]] = {}
@@ -104,16 +114,52 @@ def index_shard(path: str) -> tuple[str, int, int, str, dict, tuple | None]:
     return os.path.basename(path), n, size, checksum, seen, (sizes if all(sizes) else None)
 
 
-def make_index(data_dir: str, *, label_offset: int = 1, num_classes: int | None = None, workers: int = 1) -> Manifest:
+_WRITE_FIX = (
+    "make it writable, or write the indexes and dataset.json elsewhere with --out <index folder> (nothing is "
+    "written into the data folder then)"
+)
+
+
+def _index_folder(data_dir: str, out: str | None) -> tuple[str, str]:
+    """``(index folder, manifest's data_dir)``: ``data_dir`` itself and "" without ``out`` (or where ``out`` is the
+    same folder); else ``out``, made where missing, and ``data_dir`` as an absolute path. Nothing is written into
+    ``data_dir`` then: a read-only mount is indexed as it is."""
+    if out is None or (os.path.isdir(out) and os.path.samefile(out, data_dir)):
+        return data_dir, ""
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"{out}: cannot make the index folder ({e.strerror}); pass a writable --out") from None
+    return out, os.path.abspath(data_dir)
+
+
+def _writable_index_folder(data_dir: str, out: str | None) -> tuple[str, str]:
+    """`_index_folder`, checked writable (access(2) also says EROFS: a read-only mount, before any shard is read)."""
+    index_dir, shard_dir = _index_folder(data_dir, out)
+    if not os.access(index_dir, os.W_OK):
+        raise UserError(f"{index_dir}: not writable; {_WRITE_FIX}")
+    return index_dir, shard_dir
+
+
+def make_index(
+    data_dir: str,
+    *,
+    out: str | None = None,
+    label_offset: int = 1,
+    num_classes: int | None = None,
+    workers: int = 1,
+) -> Manifest:
+    """Index ``data_dir``'s shards and write its manifest (module docstring); with ``out``, the indexes, sizes and
+    ``dataset.json`` go into ``out``, whose manifest names ``data_dir`` (``--data out`` reads the shards there)."""
     if num_classes is not None and not 1 <= num_classes <= MAX_CLASSES:
         raise UserError(f"--num-classes {num_classes}: expected 1..{MAX_CLASSES}")
     if not -MAX_LABEL <= label_offset <= MAX_LABEL:
         raise UserError(f"--label-offset {label_offset}: expected {-MAX_LABEL}..{MAX_LABEL}")
     if not os.path.isdir(data_dir):
         raise UserError(f"{data_dir}: directory does not exist; pass the directory holding train-*/validation-* shards")
-    if wds_index.is_webdataset(data_dir) and not any(SHARD_RE.match(n) for n in os.listdir(data_dir)):
-        return wds_index.make_index(data_dir, num_classes=num_classes, workers=workers)
     names = sorted(n for n in os.listdir(data_dir) if SHARD_RE.match(n))
+    if not names and wds_index.is_webdataset(data_dir):
+        return wds_index.make_index(data_dir, lambda: _writable_index_folder(data_dir, out), num_classes, workers)
     if not names:
         raise UserError(
             f"{data_dir}: no shards named train-NNNNN-of-NNNNN or validation-NNNNN-of-NNNNN; rename the shards "
@@ -130,7 +176,8 @@ def make_index(data_dir: str, *, label_offset: int = 1, num_classes: int | None 
         except OSError as e:
             raise UserError(f"{os.path.join(data_dir, n)}: {e.strerror}; {CONFINED_FIX}") from None
     _refuse_mixture(data_dir, {n: (sizes[n], None) for n in names}, unknown=False)
-    paths = [os.path.join(data_dir, n) for n in names]
+    index_dir, shard_dir = _writable_index_folder(data_dir, out)
+    paths = [(os.path.join(data_dir, n), os.path.join(index_dir, n + ".idx")) for n in names]
     if workers > 1 and len(paths) > 1:
         with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
             results = list(pool.map(index_shard, paths))
@@ -176,27 +223,29 @@ def make_index(data_dir: str, *, label_offset: int = 1, num_classes: int | None 
         classes=classes,
         splits=splits,
         order=_order(splits.get("validation")),
-        skipped=_skipped(data_dir, splits),
+        skipped=_skipped(data_dir, index_dir, splits),
         tool=TOOL,
         tool_version=TOOL_VERSION,
-        data_dir=data_dir,
+        data_dir=index_dir,
+        shard_dir=shard_dir,
     )
     try:
-        write_manifest(m, data_dir)
+        write_manifest(m, index_dir)
     except OSError as e:
         raise UserError(
-            f"{os.path.join(data_dir, MANIFEST_NAME)}: cannot write ({e.strerror}); make the directory writable"
+            f"{os.path.join(index_dir, MANIFEST_NAME)}: cannot write ({e.strerror}); {_WRITE_FIX}"
         ) from None
     counts = ", ".join(
         f"{s}: {plural(m.num_examples(s), 'record', grouped=True)} in {plural(len(v), 'shard')}"
         for s, v in splits.items()
     )
     print(
-        f"wrote {plural(len(paths), 'index', 'indexes')} and {os.path.join(data_dir, MANIFEST_NAME)}: {counts}; "
-        f"{plural(num_classes, 'class')}, label offset {label_offset}",
+        f"wrote {plural(len(paths), 'index', 'indexes')} and {os.path.join(index_dir, MANIFEST_NAME)}: {counts}; "
+        f"{plural(num_classes, 'class')}, label offset {label_offset}"
+        + (f"; train with --data {index_dir} (it reads the shards in {shard_dir})" if shard_dir else ""),
         file=sys.stderr,
     )
-    return load_manifest(data_dir)
+    return load_manifest(index_dir)
 
 
 def _too_long(seen: dict[int, tuple[str, str]]) -> str | None:
@@ -223,13 +272,14 @@ def _order(shards: list[ShardInfo] | None) -> dict[str, str]:
     )
 
 
-def _skipped(data_dir: str, splits: dict[str, list[ShardInfo]]) -> dict[str, int]:
-    """Per split, the images the converter skipped as unreadable: from the done-records of the shards when every
-    shard of the split has one that matches it (size and checksum), else from the ``dataset.json`` this replaces
-    when it lists the same shards; a split of shards made elsewhere counts none."""
+def _skipped(data_dir: str, index_dir: str, splits: dict[str, list[ShardInfo]]) -> dict[str, int]:
+    """Per split, the images the converter skipped as unreadable: from the done-records of the shards (in
+    ``data_dir``) when every shard of the split has one that matches it (size and checksum), else from the
+    ``dataset.json`` this replaces (in ``index_dir``) when it lists the same shards; a split of shards made
+    elsewhere counts none."""
     previous: dict[str, int] = {}
     try:
-        old = load_manifest(data_dir)
+        old = load_manifest(index_dir)
         same = {
             s: old.skipped.get(s, 0)
             for s in splits
@@ -268,12 +318,20 @@ def _refuse_mixture(data_dir: str, shards: dict[str, tuple[int, str | None]], un
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog=command("data_tools.make_index"), description=__doc__.split("\n\n")[0])
     p.add_argument("data_dir")
+    p.add_argument(
+        "--out",
+        metavar="INDEX_FOLDER",
+        help="write the indexes and dataset.json here, nothing into data_dir (a read-only mount); "
+        "then pass --data INDEX_FOLDER",
+    )
     p.add_argument("--label-offset", type=int, default=1, help="stored label of class 0 (TF ImageNet: 1)")
     p.add_argument("--num-classes", type=int, help="default: inferred from the largest label")
     p.add_argument("--workers", type=int, default=os.cpu_count())
     a = p.parse_args(argv)
     return cli_main(
-        lambda: make_index(a.data_dir, label_offset=a.label_offset, num_classes=a.num_classes, workers=a.workers)
+        lambda: make_index(
+            a.data_dir, out=a.out, label_offset=a.label_offset, num_classes=a.num_classes, workers=a.workers
+        )
     )
 
 

@@ -205,8 +205,10 @@ def _truncated(path: str, offset: int, size: int) -> UserError:
     )
 
 
-def write_index_for(shard_path: str, *, parse=None) -> tuple[int, int, str, list]:
-    """Scan a shard, write ``<shard>.idx`` atomically; return (records, bytes, checksum, parsed)."""
+def write_index_for(shard_path: str, *, parse=None, index_path: str | None = None) -> tuple[int, int, str, list]:
+    """Scan a shard, write its DALI index atomically (``index_path``, default ``<shard>.idx``: an index folder's
+    name for a shard in a folder not written, `data_tools.make_index` ``--out``); return (records, bytes, checksum,
+    parsed)."""
     lines, parsed, crc = [], [], 0
     for offset, rec, item in scan_records(shard_path, parse=parse):
         lines.append(f"{offset} {rec}\n")
@@ -215,5 +217,5 @@ def write_index_for(shard_path: str, *, parse=None) -> tuple[int, int, str, list
     with open_regular(shard_path) as f:
         for block in iter(lambda: f.read(1 << 22), b""):
             crc = crc32c.crc32c(block, value=crc)
-    write_atomic(shard_path + ".idx", "".join(lines))
+    write_atomic(index_path or shard_path + ".idx", "".join(lines))
     return len(lines), os.path.getsize(shard_path), f"crc32c:{crc:08x}", parsed

@@ -29,6 +29,7 @@ import os
 import re
 import sys
 import tarfile
+from collections.abc import Callable
 
 from vitlarge.data.manifest import (
     CONFINED_FIX,
@@ -237,8 +238,13 @@ def _member_bytes(tar: tarfile.TarFile, m: tarfile.TarInfo, cap: int) -> bytes:
     return f.read(cap) if f is not None else b""
 
 
-def make_index(data_dir: str, *, num_classes: int | None = None, workers: int = 1) -> Manifest:
-    """Indexes WebDataset folder ``data_dir`` (the module's docstring) and writes its ``dataset.json``."""
+def make_index(
+    data_dir: str, index_folder: Callable[[], tuple[str, str]], num_classes: int | None = None, workers: int = 1
+) -> Manifest:
+    """Indexes WebDataset folder ``data_dir`` (the module's docstring) and writes its ``dataset.json``.
+    ``index_folder()``: where the indexes, sizes and ``dataset.json`` go and the manifest's ``data_dir`` (the
+    folder of the tars where not that one, `data_tools.make_index`'s ``--out``), asked once the set is checked
+    whole: nothing is written into ``data_dir`` itself then."""
     if num_classes is not None and not 1 <= num_classes <= MAX_CLASSES:
         raise UserError(f"--num-classes {num_classes}: expected 1..{MAX_CLASSES}")
     files, lengths, totals, info_classes = _split_files(data_dir)
@@ -261,8 +267,9 @@ def make_index(data_dir: str, *, num_classes: int | None = None, workers: int = 
                 ) from None
             except OSError as e:
                 raise UserError(f"{p}: {e.strerror}; {CONFINED_FIX}") from None
+    index_dir, shard_dir = index_folder()
     jobs = [
-        (os.path.join(data_dir, n), os.path.join(data_dir, index_name(n)), split == "validation")
+        (os.path.join(data_dir, n), os.path.join(index_dir, index_name(n)), split == "validation")
         for split, names in files.items()
         for n in names
     ]
@@ -319,22 +326,24 @@ def make_index(data_dir: str, *, num_classes: int | None = None, workers: int = 
         splits=splits,
         tool="data_tools.make_index",
         tool_version="1.0.0",
-        data_dir=data_dir,
+        data_dir=index_dir,
+        shard_dir=shard_dir,
         format=WDS_FORMAT,
     )
     try:
-        write_manifest(m, data_dir)
+        write_manifest(m, index_dir)
     except OSError as e:
         raise UserError(
-            f"{os.path.join(data_dir, MANIFEST_NAME)}: cannot write ({e.strerror}); make the directory writable"
+            f"{os.path.join(index_dir, MANIFEST_NAME)}: cannot write ({e.strerror}); pass a writable --out"
         ) from None
     counts = ", ".join(
         f"{s}: {plural(m.num_examples(s), 'sample', grouped=True)} in {plural(len(v), 'tar')}"
         for s, v in splits.items()
     )
     print(
-        f"wrote {plural(len(results), 'index', 'indexes')} and {os.path.join(data_dir, MANIFEST_NAME)} "
-        f"(WebDataset, read in place): {counts}; {plural(want, 'class')}",
+        f"wrote {plural(len(results), 'index', 'indexes')} and {os.path.join(index_dir, MANIFEST_NAME)} "
+        f"(WebDataset, read in place): {counts}; {plural(want, 'class')}"
+        + (f"; train with --data {index_dir} (it reads the tars in {shard_dir})" if shard_dir else ""),
         file=sys.stderr,
     )
-    return load_manifest(data_dir)
+    return load_manifest(index_dir)

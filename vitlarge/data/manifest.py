@@ -25,8 +25,11 @@ size of its classes and shards (ImageNet-21K's: ~3.7 MB), whatever the number of
 Every name the manifest lists is a file of the data directory itself, resolving inside it: the
 data directory is where ``--data`` (``data.path``) resolves, so shards kept on another disk are
 reached by making the data directory itself (or ``--data``) a symbolic link to the folder holding
-them and ``dataset.json``, never by a link or path per shard leading out (docs/DATA.md). The schema
-and size cap are `vitlarge.data.manifest_schema`'s.
+them and ``dataset.json``, never by a link or path per shard leading out (docs/DATA.md). The one exception is
+a manifest's ``data_dir``: an index folder (``make_index <folder> --out <index folder>``, for a data folder it
+may not write) holds ``dataset.json``, the indexes and the sizes files, and names once, as an absolute path, the
+folder holding the shards; every shard then resolves inside that folder (`shard_path`, the one place a shard's
+name becomes a path). The schema and size cap are `vitlarge.data.manifest_schema`'s.
 
 Stored labels are ``label_offset + class index`` (TF ImageNet records reserve 0 for
 "background", so the offset is 1); loaders subtract the offset to yield 0..num_classes-1.
@@ -59,10 +62,12 @@ from vitlarge.data.manifest_schema import (  # noqa: F401 (re-exported: the cons
     SPLITS,
     TAR_INDEX_LINE_MAX,
     TAR_INDEX_VERSION,
+    TF_SLIM_FEATURES,
     WDS_FORMAT,
     ManifestProblem,
     NewerManifest,
     out_of_aspect_order,
+    shard_parts,
 )
 from vitlarge.data.manifest_schema import SHARD_NAME_RE as SHARD_RE
 from vitlarge.errors import UserError
@@ -85,7 +90,8 @@ def make_index_fix(data_dir: str) -> str:
 
 
 def shard_name(split: str, index: int, count: int) -> str:
-    """``train-00000-of-01024``: the names TensorFlow's ImageNet scripts use."""
+    """``train-00000-of-01024``: the names TensorFlow's ImageNet scripts use (with a TFDS set's name for ``split``,
+    ``imagenet2012-train.tfrecord-00000-of-01024``, TFDS's)."""
     return f"{split}-{index:05d}-of-{count:05d}"
 
 
@@ -96,29 +102,30 @@ def shard_set_problem(names) -> tuple[str, str] | None:
     second ``-of-M`` set is a leftover of another conversion (reading both trains on every image
     twice), a missing index is a partial copy. Names that are not shard names are ignored.
     """
-    sets: dict[str, dict[int, set[int]]] = {}
+    sets: dict[str, dict[tuple[str, int], set[int]]] = {}
     for name in names:
-        m = SHARD_RE.match(os.path.basename(name))
-        if m:
-            sets.setdefault(m.group(1), {}).setdefault(int(m.group(3)), set()).add(int(m.group(2)))
+        parts = shard_parts(os.path.basename(name))
+        if parts:
+            stem, split, index, count = parts
+            sets.setdefault(split, {}).setdefault((stem, count), set()).add(index)
     for split, by_count in sorted(sets.items()):
         if len(by_count) > 1:
             found = " and ".join(
-                f"{split}-*-of-{count:05d} ({plural(len(ix), 'file')})" for count, ix in sorted(by_count.items())
+                f"{stem}-*-of-{count:05d} ({plural(len(ix), 'file')})" for (stem, count), ix in sorted(by_count.items())
             )
             return (
                 f"{len(by_count)} {split} shard sets, {found}",
                 "delete the set you do not want (or convert into an empty --out)",
             )
-        ((count, ix),) = by_count.items()
+        (((stem, count), ix),) = by_count.items()
         missing = sorted(set(range(count)) - ix)
         extra = sorted(i for i in ix if i >= count)
         if missing or extra:
-            bad = [shard_name(split, i, count) for i in (missing or extra)]
+            bad = [shard_name(stem, i, count) for i in (missing or extra)]
             more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
             what = "lacks" if missing else "has an index past its count:"
             return (
-                f"the {split}-*-of-{count:05d} set {what} {bad[0]}{more}",
+                f"the {stem}-*-of-{count:05d} set {what} {bad[0]}{more}",
                 "restore the missing shards or re-convert" if missing else "rename or remove it",
             )
     return None
@@ -175,6 +182,8 @@ class Manifest:
     tool_version: str = ""
     data_dir: str = ""
     format: str = FORMAT  # or WDS_FORMAT: WebDataset tars in place (`vitlarge.data.wds_shards`)
+    shard_dir: str = ""  # the manifest's "data_dir": the absolute folder of the shards, where not data_dir itself
+    features: tuple[str, str] = TF_SLIM_FEATURES  # (image, label) feature names of each tf.train.Example
 
     def num_examples(self, split: str) -> int:
         return sum(s.num_records for s in self.shards(split))
@@ -195,14 +204,20 @@ class Manifest:
             return "[\n" + ",\n".join(indent + " " + json.dumps(d) for d in docs) + "\n" + indent + "]"
 
         sized = any("sizes" in s.to_dict() for shards in self.splits.values() for s in shards)
-        head = {
+        tfds = any(not SHARD_RE.match(s.file) for shards in self.splits.values() for s in shards)
+        newest = self.format == WDS_FORMAT or bool(self.shard_dir) or self.features != TF_SLIM_FEATURES or tfds
+        head: dict = {
             "format": self.format,
-            "format_version": FORMAT_VERSION if sized else 1,  # 1 where its readers need nothing newer
+            "format_version": 3 if newest else 2 if sized else 1,  # the lowest whose readers know every key
             "tool": self.tool,
             "tool_version": self.tool_version,
             "num_classes": self.num_classes,
             "label_offset": self.label_offset,
         }
+        if self.shard_dir:
+            head["data_dir"] = self.shard_dir
+        if self.features != TF_SLIM_FEATURES:
+            head["features"] = dict(zip(("image", "label"), self.features))
         parts = [f" {json.dumps(k)}: {json.dumps(v)}" for k, v in head.items()]
         parts.append(f' "classes": {rows(self.classes, " ")}')
         splits = [
@@ -236,7 +251,7 @@ def _image_folder_hint(data_dir: str) -> str | None:
         return [e for e in entries if e.is_dir()][:3]
 
     top = names(data_dir)
-    if any(SHARD_RE.match(e.name) for e in top):
+    if any(shard_parts(e.name) for e in top):
         return None
     convert = f"{convert_cmd()} --src {{src}} --out {{src}}-tfrecord, then pass --data {{src}}-tfrecord"
     split_dirs = [e for e in top if e.name in ("train", "val") and e.is_dir()]
@@ -310,7 +325,21 @@ def load_manifest(data_dir: str) -> Manifest:
         tool_version=doc["tool_version"],
         data_dir=data_dir,
         format=doc["format"],
+        shard_dir=doc["data_dir"],
+        features=doc["features"],
     )
+
+
+def shard_root(manifest: Manifest) -> str:
+    """The folder holding the manifest's shards: its ``data_dir`` where it names one (an index folder's), else the
+    folder of ``dataset.json`` itself."""
+    return manifest.shard_dir or manifest.data_dir
+
+
+def shard_path(manifest: Manifest, name: str) -> str:
+    """Where shard ``name`` (a bare name the manifest lists, `manifest_schema` checks it) is: the one place a shard's
+    name becomes a path. Whether it is a regular file inside `shard_root` is `shard_files`' check (`confined_size`)."""
+    return os.path.join(shard_root(manifest), name)
 
 
 def _shard_info(doc: dict) -> ShardInfo:
@@ -479,9 +508,14 @@ def shard_files(manifest: Manifest, split: str) -> list[tuple[str, str]]:
     """
     if manifest.format == WDS_FORMAT:
         return _tar_files(manifest, split)
-    d = manifest.data_dir
-    fix = make_index_fix(d)
+    d, shards_at = manifest.data_dir, shard_root(manifest)
+    fix = make_index_fix(d) if shards_at == d else f"{make_index_fix(shards_at)} --out {d}"
     listed = [s.file for s in manifest.shards(split)]
+    if not os.path.isdir(shards_at):
+        raise UserError(
+            f"{os.path.join(d, MANIFEST_NAME)}: its data_dir {shards_at} is not a folder here; mount the data set "
+            f"there, or index it where it is with {make_index_fix('<folder>')} --out {d}"
+        )
     problem = shard_set_problem(listed)
     if problem:
         raise UserError(
@@ -489,23 +523,23 @@ def shard_files(manifest: Manifest, split: str) -> list[tuple[str, str]]:
             f"({problem[0]}); {problem[1]}, then run {fix}"
         )
     try:
-        present = os.listdir(d)
+        present = os.listdir(shards_at)
     except OSError:
         present = []
-    others = sorted(n for n in present if n not in set(listed) and (m := SHARD_RE.match(n)) and m.group(1) == split)
+    others = sorted(n for n in present if n not in set(listed) and (p := shard_parts(n)) and p[1] == split)
     if others:
         problem = shard_set_problem(listed + others)
         what = problem[0] if problem else f"{split} shards it does not list ({others[0]})"
         raise UserError(
-            f"{d}: holds {what}, but {MANIFEST_NAME} was built for {len(listed)} of them; delete the "
+            f"{shards_at}: holds {what}, but {MANIFEST_NAME} was built for {len(listed)} of them; delete the "
             f"set you do not use, then run {fix}"
         )
-    root = os.path.realpath(d)
+    root, shard_root_real = os.path.realpath(d), os.path.realpath(shards_at)
     out = []
     for s in manifest.shards(split):
-        shard, index = os.path.join(d, s.file), os.path.join(d, s.index)
+        shard, index = shard_path(manifest, s.file), os.path.join(d, s.index)
         try:
-            size = confined_size(shard, root)
+            size = confined_size(shard, shard_root_real)
         except FileNotFoundError:
             raise UserError(
                 f"{shard}: shard listed in {MANIFEST_NAME} is missing; restore it, or re-convert and rerun {fix}"
@@ -557,16 +591,17 @@ def _tar_index_count(path: str, num_records: int) -> int | None:
 
 def _tar_files(manifest: Manifest, split: str) -> list[tuple[str, str]]:
     """`shard_files` of WebDataset tars (`WDS_FORMAT`): the split's ``[(tar, index)]`` paths, after the checks
-    `shard_files` makes of a TFRecord set: each tar and index a regular file of the data folder (a link only inside it), each tar of the
-    size ``dataset.json`` records (else truncated or replaced), each index of the recorded sample count."""
-    d = manifest.data_dir
-    fix = make_index_fix(d)
-    root = os.path.realpath(d)
+    `shard_files` makes of a TFRecord set: each tar and index a regular file of its folder (a link only inside it), each tar of the
+    size ``dataset.json`` records (else truncated or replaced), each index of the recorded sample count. The tars
+    are in `shard_root` (an index folder's ``data_dir``), the indexes beside ``dataset.json``."""
+    d, shards_at = manifest.data_dir, shard_root(manifest)
+    fix = make_index_fix(d) if shards_at == d else f"{make_index_fix(shards_at)} --out {d}"
+    root, tars_root = os.path.realpath(d), os.path.realpath(shards_at)
     out = []
     for s in manifest.shards(split):
-        tar, index = os.path.join(d, s.file), os.path.join(d, s.index)
+        tar, index = shard_path(manifest, s.file), os.path.join(d, s.index)
         try:
-            size = confined_size(tar, root)
+            size = confined_size(tar, tars_root)
         except FileNotFoundError:
             raise UserError(
                 f"{tar}: tar listed in {MANIFEST_NAME} is missing; restore it (the set is named by its _info.json), "

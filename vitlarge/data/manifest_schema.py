@@ -15,9 +15,18 @@ before that file existed have them, ``"sizes": [[height, width], ...]`` inline. 
 every shard's sizes, in that order across the split (checked here for inline sizes, where they are read for
 a file's).
 
+A manifest may also say where its shards are and how their records name the image and the label (version 3):
+``"data_dir": "/datasets/imagenet2012/5.1.0"`` (an absolute path, normalized: no ``..``), the one folder holding
+every shard it lists, when ``dataset.json``, the DALI indexes and the sizes files sit in another folder (an index
+folder, ``make_index <folder> --out <index folder>``, for a data folder that is read-only); ``"features": {"image":
+"image", "label": "label"}``, the feature names of each ``tf.train.Example`` where they are not TF-slim's
+(``image/encoded``, ``image/class/label``, `TF_SLIM_FEATURES`). Shard names are TF-slim's
+(``train-00000-of-01024``) or TFDS's (``imagenet2012-train.tfrecord-00000-of-01024``, `TFDS_SHARD_RE`).
+
 Versions (``format_version``, `VERSIONS`): 1, sizes inline or none; 2, a shard's sizes in its ``.sizes`` file,
-which a reader of version 1 does not know. The writer writes 2 only where a shard's sizes are in a file, so a
-folder without them stays readable by older checkouts; a version newer than `VERSIONS` is `NewerManifest`, whose
+which a reader of version 1 does not know; 3, ``data_dir``, ``features`` and TFDS's shard names, which a reader of
+version 2 does not know. The writer writes the lowest version its content needs, so a folder without them stays
+readable by older checkouts; a version newer than `VERSIONS` is `NewerManifest`, whose
 fix is a newer vitlarge (rewriting the manifest with this one would undo the newer writer's work).
 
 Limits: ``MANIFEST_CAP`` bytes, shard names of five digits (``-of-99999`` at most), ``MAX_CLASSES``
@@ -31,6 +40,7 @@ files, never in the JSON: what the manifest holds grows with classes and shards,
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 
 FORMAT = "vitlarge.tfrecord"
@@ -38,8 +48,11 @@ WDS_FORMAT = "vitlarge.webdataset"  # WebDataset tars read in place (timm's layo
 FORMATS = (FORMAT, WDS_FORMAT)
 TAR_INDEX_VERSION = "v1.2"  # DALI's wds2idx index of a tar: "<ext> <offset> <size> <name>" per member of a sample
 TAR_INDEX_LINE_MAX = 4096  # bytes of a sample's index line: a few members, each a name of at most 255 bytes
-FORMAT_VERSION = 2  # what this writes where a shard's sizes are in a file; it reads 1 and 2 (`VERSIONS`)
-VERSIONS = (1, 2)  # 1: sizes inline or none; 2: a shard's sizes may be a file (<shard>.sizes), which 1's readers lack
+FORMAT_VERSION = 3  # the newest this writes (where data_dir, features or TFDS names need it); it reads `VERSIONS`
+VERSIONS = (1, 2, 3)  # 1: sizes inline or none; 2: a shard's sizes may be a file (<shard>.sizes); 3: data_dir, features
+TF_SLIM_FEATURES = ("image/encoded", "image/class/label")  # (image, label): the converter's, TensorFlow's ImageNet's
+MAX_FEATURE_NAME = 256  # characters of a feature name (TF-slim's are 17; TFDS's a few)
+MAX_PATH = 4096  # characters of data_dir (Linux's PATH_MAX)
 SPLITS = ("train", "validation")
 MANIFEST_CAP = 16 << 20  # bytes: ~4x ImageNet-21K's (3.7 MB), ~50x ImageNet-1k's (300 KB); see the module's docstring
 MAX_SYNSET = 1024  # characters of a class's synset (a folder name is at most 255 bytes; WordNet's ids are 9)
@@ -53,6 +66,8 @@ MAX_SIDE = 1 << 20  # pixels; JPEG's limit is 65,535
 ASPECT_ORDER = "aspect"  # a split's "order": by width / height, non-decreasing
 ORDERS = ("stored", ASPECT_ORDER)  # "stored": as written, nothing promised (a split without "order")
 SHARD_NAME_RE = re.compile(r"^(train|validation)-(\d{5})-of-(\d{5})$")
+TFDS_SHARD_RE = re.compile(r"^([a-z0-9_]{1,128})-(train|validation)\.tfrecord-(\d{5})-of-(\d{5})$")
+_FEATURE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]*$")
 CHECKSUM_RE = re.compile(r"^crc32c:[0-9a-f]{8}$")
 _BARE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")  # no separator, no "..", no leading dot
 
@@ -130,12 +145,25 @@ def _sizes(v, where: str, num_records: int, file: str, index: str) -> list[tuple
     return [(h, w) for h, w in pairs]
 
 
-def _shard(s, where: str, split: str) -> dict:
+def shard_parts(name: str) -> tuple[str, str, int, int] | None:
+    """``(set, split, index, count)`` of a shard file name, TF-slim's (``train-00003-of-01024``: set ``train``) or
+    TFDS's (``imagenet2012-train.tfrecord-00003-of-01024``: set ``imagenet2012-train.tfrecord``); None for any
+    other name. Shards of one split form one set: one name before the index, one count."""
+    m = SHARD_NAME_RE.match(name)
+    if m:
+        return m.group(1), m.group(1), int(m.group(2)), int(m.group(3))
+    m = TFDS_SHARD_RE.match(name)
+    if m:
+        return f"{m.group(1)}-{m.group(2)}.tfrecord", m.group(2), int(m.group(3)), int(m.group(4))
+    return None
+
+
+def _shard(s, where: str, split: str, version: int) -> dict:
     s = _dict(s, where, {"file", "index", "num_records", "bytes", "checksum", "sizes"})
     where += "."
     file = _bare(_str(s, "file", where, max_len=255), where + "file")
-    m = SHARD_NAME_RE.match(file)
-    if not m or m.group(1) != split:
+    parts = shard_parts(file)
+    if not parts or parts[1] != split or (version < 3 and not SHARD_NAME_RE.match(file)):
         raise ManifestProblem(
             f"{where}file is {_show(file)}, expected a {split} shard name like {split}-00000-of-00001"
         )
@@ -156,7 +184,7 @@ def _shard(s, where: str, split: str) -> dict:
 TAR_NAME_RE = re.compile(r"^.+\.tar$")
 
 
-def _tar_shard(s, where: str, split: str) -> dict:
+def _tar_shard(s, where: str, split: str, version: int) -> dict:
     """A WebDataset shard: any bare ``*.tar`` name (the names are its writer's, e.g. timm's
     ``imagenet1k-train-0000.tar``), its DALI index, and the fields a TFRecord shard has."""
     s = dict(_dict(s, where, {"file", "index", "num_records", "bytes", "checksum", "sizes"}))
@@ -165,7 +193,7 @@ def _tar_shard(s, where: str, split: str) -> dict:
         raise ManifestProblem(f"{where}.file is {_show(file)}, expected a tar file's name (<name>.tar)")
     sizes = s.pop("sizes", None)
     s["file"] = f"{split}-00000-of-00001"  # its other fields checked as a TFRecord shard's, under a stand-in name
-    out = _shard(s, where, split)
+    out = _shard(s, where, split, version)
     if out["index"] == file:
         raise ManifestProblem(f"{where}.index is the shard itself ({file}), expected its DALI index")
     out["file"] = file
@@ -195,7 +223,8 @@ def parse(data: bytes) -> dict:
     doc = _dict(
         doc,
         "",
-        {"format", "format_version", "tool", "tool_version", "num_classes", "label_offset", "classes", "splits"},
+        {"format", "format_version", "tool", "tool_version", "num_classes", "label_offset", "classes", "splits"}
+        | ({"data_dir", "features"} if version == 3 else set()),
     )
     if doc.get("format") not in FORMATS or version not in VERSIONS or type(version) is not int:
         raise ManifestProblem(
@@ -208,6 +237,8 @@ def parse(data: bytes) -> dict:
         "tool_version": _str(doc, "tool_version", "", default=""),
         "num_classes": _int(doc, "num_classes", "", 1, MAX_CLASSES),
         "label_offset": _int(doc, "label_offset", "", -MAX_LABEL, MAX_LABEL),
+        "data_dir": _data_dir(doc["data_dir"]) if "data_dir" in doc else "",
+        "features": _features(doc["features"]) if "features" in doc else TF_SLIM_FEATURES,
     }
     classes = []
     for i, c in enumerate(_list(doc.get("classes", []), "classes", 0, MAX_CLASSES)):
@@ -231,7 +262,7 @@ def parse(data: bytes) -> dict:
         if "shards" not in body:
             raise ManifestProblem(f"{where}.shards is missing")
         shards = [
-            (_tar_shard if out["format"] == WDS_FORMAT else _shard)(s, f"{where}.shards[{i}]", split)
+            (_tar_shard if out["format"] == WDS_FORMAT else _shard)(s, f"{where}.shards[{i}]", split, version)
             for i, s in enumerate(_list(body["shards"], where + ".shards", 1, 99_999))
         ]
         seen: set[str] = set()
@@ -246,6 +277,27 @@ def parse(data: bytes) -> dict:
             orders[split] = _order(body["order"], where, shards)
     out["splits"], out["skipped"], out["order"] = splits, skipped, orders
     return out
+
+
+def _data_dir(v) -> str:
+    """``data_dir``: an absolute, normalized path (no ``..``, no ``.``, no doubled ``/``), the folder of the shards."""
+    if not isinstance(v, str) or not 1 <= len(v) <= MAX_PATH or "\0" in v or not v.startswith("/"):
+        raise ManifestProblem(f"data_dir is {_show(v)}, expected an absolute path of at most {MAX_PATH} characters")
+    if posixpath.normpath(v) != v or v.startswith("//"):
+        raise ManifestProblem(f"data_dir is {_show(v)}, expected a normalized path (no '..', '.' or '//')")
+    return v
+
+
+def _features(v) -> tuple[str, str]:
+    """``features``: ``{"image": name, "label": name}``, two distinct feature names."""
+    v = _dict(v, "features", {"image", "label"})
+    names = tuple(_str(v, k, "features.", max_len=MAX_FEATURE_NAME) for k in ("image", "label"))
+    for k, name in zip(("image", "label"), names):
+        if not _FEATURE_RE.match(name):
+            raise ManifestProblem(f"features.{k} is {_show(name)}, expected a feature name ([A-Za-z0-9_./-])")
+    if names[0] == names[1]:
+        raise ManifestProblem(f"features.image and features.label are both {names[0]!r}, expected two features")
+    return names[0], names[1]
 
 
 def out_of_aspect_order(sizes: list[tuple[int, int]]) -> int | None:

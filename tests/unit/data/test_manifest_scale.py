@@ -22,6 +22,7 @@ from vitlarge.data.manifest import (
     split_sizes,
     write_manifest,
 )
+from vitlarge.data.manifest_schema import VERSIONS
 from vitlarge.errors import UserError
 
 IMAGENET_21K = {"classes": 21_841, "train": 14_197_122, "validation": 1_500_000}
@@ -131,13 +132,15 @@ def test_sizes_in_files_are_format_version_2_and_a_folder_without_them_stays_1(t
 def test_a_manifest_newer_than_this_vitlarge_says_update_vitlarge_never_make_index(tmp_path):
     path = _sized_manifest(tmp_path)
     doc = json.loads(open(path).read())
-    doc.update(format_version=3, a_later_key=1)
+    doc.update(format_version=VERSIONS[-1] + 1, a_later_key=1)
     with open(path, "w") as f:
         json.dump(doc, f)
     with pytest.raises(UserError) as e:
         load_manifest(str(tmp_path))
     text = str(e.value)
-    assert len(text.splitlines()) == 1 and text.startswith(f"{path}: format version 3, newer than this vitlarge")
+    assert len(text.splitlines()) == 1 and text.startswith(
+        f"{path}: format version {VERSIONS[-1] + 1}, newer than this vitlarge"
+    )
     assert "update vitlarge" in text and "make_index" not in text, text
 
 

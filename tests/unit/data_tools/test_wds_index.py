@@ -141,3 +141,28 @@ def test_a_loader_refuses_a_tar_changed_after_indexing(timm_set, tmp_path):
     os.remove(os.path.join(d, "tiny-train-0000.idx"))
     with pytest.raises(UserError, match=r"tiny-train-0000.idx: missing DALI index"):
         shard_files(load_manifest(d), "train")
+
+
+def test_out_indexes_a_read_only_webdataset_folder_and_the_loaders_read_the_tars_there(tmp_path):
+    from tests.helpers.loaders import open_val
+    from tests.unit.data_tools.test_make_index import read_only, snapshot
+
+    d, out = write_edited(tmp_path), tmp_path / "index"
+    before = snapshot(d)
+    with read_only(d):
+        m = make_index.make_index(d, out=str(out), workers=1)
+        assert snapshot(d) == before
+        assert json.loads((out / MANIFEST_NAME).read_text())["data_dir"] == d
+        assert sorted(os.listdir(out)) == [
+            MANIFEST_NAME,
+            "tiny-train-0000.idx",
+            "tiny-train-0001.idx",
+            "tiny-validation-0000.idx",
+            "tiny-validation-0000.tar.sizes",
+        ]
+        assert [os.path.dirname(t) for t, _ in shard_files(m, "train")] == [d, d]
+        for rect in (False, True):
+            v = open_val(str(out), 3, 32, rect_val=rect, patch_size=16)
+            assert [x for _, labels in v for x in labels.tolist()] == [0, 1, 2, 0]
+            del v  # its tars closed before the mount goes
+        assert snapshot(d) == before
