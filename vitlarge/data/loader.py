@@ -176,6 +176,12 @@ def _run(
                 f"can batch ({reason[0].rpartition(' failed: ')[2][:200]}); python -m data_tools.make_index "
                 f"{manifest.data_dir} reads every record and names each bad one: re-copy or re-convert its shard"
             ) from None
+        if "readers.webdataset" in text:  # a tar that changed under its index (make_index checked each sample)
+            reason = text.partition("encountered:")[2].strip().splitlines()[:1] or ["reader error"]
+            raise UserError(
+                f"{manifest.data_dir}: a sample of the {split} tars cannot be read ({reason[0][:200]}); python -m "
+                f"data_tools.make_index {manifest.data_dir} reads every sample and names each bad one"
+            ) from None
         if "decoders." not in text:
             raise
         lines = [ln.strip() for ln in text.splitlines() if ln.strip() and "no longer valid" not in ln]

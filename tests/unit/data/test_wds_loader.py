@@ -11,20 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from data_tools import make_index
-from data_tools.make_wds_copy import make_wds_copy
 from tests.helpers.loaders import open_train, open_val
 from vitlarge.data import load_manifest
 from vitlarge.errors import UserError
 
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(scope="module")
-def demo_wds(demo_data, tmp_path_factory) -> str:
-    d = make_wds_copy(demo_data, str(tmp_path_factory.mktemp("demo_wds") / "digits-wds"))
-    make_index.make_index(d, workers=1)
-    return d
 
 
 def val_pass(d, batch_size, rank, world_size, **kw):
