@@ -268,6 +268,15 @@ def _image_folder_hint(data_dir: str) -> str | None:
     return None
 
 
+def _holds_tars(data_dir: str, limit: int = 200) -> bool:
+    """Whether ``data_dir`` has an ``_info.json`` or a ``.tar`` among its first ``limit`` names (a WebDataset set)."""
+    try:
+        with os.scandir(data_dir) as it:
+            return any(e.name == "_info.json" or e.name.endswith(".tar") for _, e in zip(range(limit), it))
+    except OSError:
+        return False
+
+
 def _missing_fix(data_dir: str) -> str:
     """What to do when ``data_dir`` or its manifest is missing: make the demo data, convert the images
     found there, or (the general case) convert or index."""
@@ -281,6 +290,11 @@ def _missing_fix(data_dir: str) -> str:
         return (
             f"the demo's digits data set is made with {command('data_tools.make_demo_dataset')} {data_dir} (a few "
             f"seconds); for other images convert with {convert_cmd()}"
+        )
+    if _holds_tars(data_dir):
+        return (
+            f"a WebDataset folder (tars and _info.json, timm's layout) is read in place once indexed: run "
+            f"{make_index_fix(data_dir)} (with --out <index folder> where it is read-only)"
         )
     return _image_folder_hint(data_dir) or (
         f"convert images with {convert_cmd()}, or for existing shards run {make_index_fix(data_dir)}"

@@ -166,3 +166,9 @@ def test_out_indexes_a_read_only_webdataset_folder_and_the_loaders_read_the_tars
             assert [x for _, labels in v for x in labels.tolist()] == [0, 1, 2, 0]
             del v  # its tars closed before the mount goes
         assert snapshot(d) == before
+
+
+def test_a_webdataset_folder_not_yet_indexed_names_make_index(tmp_path):
+    d = write_edited(tmp_path)
+    with pytest.raises(UserError, match=r"a WebDataset folder .* run python -m data_tools.make_index"):
+        load_manifest(d)
