@@ -159,7 +159,10 @@ def make_index(
         raise UserError(f"{data_dir}: directory does not exist; pass the directory holding train-*/validation-* shards")
     names = sorted(n for n in os.listdir(data_dir) if SHARD_RE.match(n))
     if not names and wds_index.is_webdataset(data_dir):
-        return wds_index.make_index(data_dir, lambda: _writable_index_folder(data_dir, out), num_classes, workers)
+        m = wds_index.make_index(data_dir, lambda: _writable_index_folder(data_dir, out), num_classes, workers)
+        return publish(
+            m, sum(len(v) for v in m.splits.values()), ("sample", "tar"), (" (WebDataset, read in place)", "")
+        )
     if not names:
         raise UserError(
             f"{data_dir}: no shards named train-NNNNN-of-NNNNN or validation-NNNNN-of-NNNNN; rename the shards "
@@ -229,20 +232,26 @@ def make_index(
         data_dir=index_dir,
         shard_dir=shard_dir,
     )
+    return publish(m, len(paths), ("record", "shard"), ("", f", label offset {label_offset}"))
+
+
+def publish(m: Manifest, indexes: int, units: tuple[str, str], notes: tuple[str, str]) -> Manifest:
+    """Writes ``m``'s sizes files and ``dataset.json`` into its ``data_dir`` (the index folder) and says so in one
+    line (``units``: what a split counts, in what; ``notes``: said after the manifest's name and the classes);
+    returns the manifest read back."""
+    index_dir, path = m.data_dir, os.path.join(m.data_dir, MANIFEST_NAME)
     try:
         write_manifest(m, index_dir)
     except OSError as e:
-        raise UserError(
-            f"{os.path.join(index_dir, MANIFEST_NAME)}: cannot write ({e.strerror}); {_WRITE_FIX}"
-        ) from None
+        raise UserError(f"{path}: cannot write ({e.strerror}); {_WRITE_FIX}") from None
     counts = ", ".join(
-        f"{s}: {plural(m.num_examples(s), 'record', grouped=True)} in {plural(len(v), 'shard')}"
-        for s, v in splits.items()
+        f"{s}: {plural(m.num_examples(s), units[0], grouped=True)} in {plural(len(v), units[1])}"
+        for s, v in m.splits.items()
     )
     print(
-        f"wrote {plural(len(paths), 'index', 'indexes')} and {os.path.join(index_dir, MANIFEST_NAME)}: {counts}; "
-        f"{plural(num_classes, 'class')}, label offset {label_offset}"
-        + (f"; train with --data {index_dir} (it reads the shards in {shard_dir})" if shard_dir else ""),
+        f"wrote {plural(indexes, 'index', 'indexes')} and {path}{notes[0]}: {counts}; "
+        f"{plural(m.num_classes, 'class')}{notes[1]}"
+        + (f"; train with --data {index_dir} (it reads the {units[1]}s in {m.shard_dir})" if m.shard_dir else ""),
         file=sys.stderr,
     )
     return load_manifest(index_dir)

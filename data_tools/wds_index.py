@@ -38,15 +38,12 @@ from vitlarge.data.manifest import (
     Manifest,
     ShardInfo,
     confined_size,
-    load_manifest,
     make_index_fix,
-    write_manifest,
 )
 from vitlarge.data.manifest_schema import MAX_CLASS_TEXT, MAX_CLASSES, MAX_LABEL, MAX_SYNSET, WDS_FORMAT
 from vitlarge.data.wds_shards import IMAGE_EXTS, INDEX_VERSION, LABEL_EXT, LABEL_MAX_BYTES, index_name, parse_label
 from vitlarge.errors import UserError
 from vitlarge.fileio import UnsafeFile, open_regular, read_capped, write_atomic
-from vitlarge.text import plural
 
 INFO_NAMES = ("_info.json", "info.json")  # timm's `_load_info` tries these
 INFO_CAP = 64 << 20  # bytes of _info.json read: ImageNet-1k's is ~60 kB
@@ -241,7 +238,8 @@ def _member_bytes(tar: tarfile.TarFile, m: tarfile.TarInfo, cap: int) -> bytes:
 def make_index(
     data_dir: str, index_folder: Callable[[], tuple[str, str]], num_classes: int | None = None, workers: int = 1
 ) -> Manifest:
-    """Indexes WebDataset folder ``data_dir`` (the module's docstring) and writes its ``dataset.json``.
+    """Indexes WebDataset folder ``data_dir`` (the module's docstring): writes each tar's index and returns its
+    manifest, which `data_tools.make_index.publish` writes.
     ``index_folder()``: where the indexes, sizes and ``dataset.json`` go and the manifest's ``data_dir`` (the
     folder of the tars where not that one, `data_tools.make_index`'s ``--out``), asked once the set is checked
     whole: nothing is written into ``data_dir`` itself then."""
@@ -330,20 +328,4 @@ def make_index(
         shard_dir=shard_dir,
         format=WDS_FORMAT,
     )
-    try:
-        write_manifest(m, index_dir)
-    except OSError as e:
-        raise UserError(
-            f"{os.path.join(index_dir, MANIFEST_NAME)}: cannot write ({e.strerror}); pass a writable --out"
-        ) from None
-    counts = ", ".join(
-        f"{s}: {plural(m.num_examples(s), 'sample', grouped=True)} in {plural(len(v), 'tar')}"
-        for s, v in splits.items()
-    )
-    print(
-        f"wrote {plural(len(results), 'index', 'indexes')} and {os.path.join(index_dir, MANIFEST_NAME)} "
-        f"(WebDataset, read in place): {counts}; {plural(want, 'class')}"
-        + (f"; train with --data {index_dir} (it reads the tars in {shard_dir})" if shard_dir else ""),
-        file=sys.stderr,
-    )
-    return load_manifest(index_dir)
+    return m

@@ -552,24 +552,7 @@ def shard_files(manifest: Manifest, split: str) -> list[tuple[str, str]]:
     out = []
     for s in manifest.shards(split):
         shard, index = shard_path(manifest, s.file), os.path.join(d, s.index)
-        try:
-            size = confined_size(shard, shard_root_real)
-        except FileNotFoundError:
-            raise UserError(
-                f"{shard}: shard listed in {MANIFEST_NAME} is missing; restore it, or re-convert and rerun {fix}"
-            ) from None
-        except OSError as e:
-            raise UserError(f"{shard}: {e.strerror}; {CONFINED_FIX}") from None
-        if size < s.bytes:
-            raise UserError(
-                f"{shard}: truncated TFRecord ({size} bytes, {MANIFEST_NAME} records {s.bytes}); "
-                "re-copy or re-convert this shard"
-            )
-        if size != s.bytes:
-            raise UserError(
-                f"{shard}: shard changed since {MANIFEST_NAME} was written ({size} bytes, "
-                f"expected {s.bytes}); run {fix}"
-            )
+        size = _listed_size(shard, shard_root_real, s, fix, ("shard", "TFRecord", "restore it, or re-convert"))
         try:
             if confined_size(index, root) > index_max_bytes(s.num_records):  # not a line per record: never read
                 raise UserError(
@@ -591,6 +574,28 @@ def shard_files(manifest: Manifest, split: str) -> list[tuple[str, str]]:
     return out
 
 
+def _listed_size(path: str, root: str, s: ShardInfo, fix: str, words: tuple[str, str, str]) -> int:
+    """The size of shard ``path``, a regular file inside ``root`` of the size ``s`` records; else a one-line
+    UserError: missing, truncated, changed, or not a regular file. ``words``: what a shard is called, what it is
+    when truncated, and how to get a missing one back."""
+    noun, kind, restore = words
+    try:
+        size = confined_size(path, root)
+    except FileNotFoundError:
+        raise UserError(f"{path}: {noun} listed in {MANIFEST_NAME} is missing; {restore} and rerun {fix}") from None
+    except OSError as e:
+        raise UserError(f"{path}: {e.strerror}; {CONFINED_FIX}") from None
+    if size < s.bytes:
+        raise UserError(
+            f"{path}: truncated {kind} ({size} bytes, {MANIFEST_NAME} records {s.bytes}); re-copy or re-convert this shard"
+        )
+    if size != s.bytes:
+        raise UserError(
+            f"{path}: shard changed since {MANIFEST_NAME} was written ({size} bytes, expected {s.bytes}); run {fix}"
+        )
+    return size
+
+
 def _tar_index_count(path: str, num_records: int) -> int | None:
     """The sample count of DALI index ``path``'s first line (``v1.2 <samples>``), or None where it has none; an
     index larger than `TAR_INDEX_LINE_MAX` bytes a sample is never read (`UnsafeFile`)."""
@@ -610,29 +615,11 @@ def _tar_files(manifest: Manifest, split: str) -> list[tuple[str, str]]:
     are in `shard_root` (an index folder's ``data_dir``), the indexes beside ``dataset.json``."""
     d, shards_at = manifest.data_dir, shard_root(manifest)
     fix = make_index_fix(d) if shards_at == d else f"{make_index_fix(shards_at)} --out {d}"
-    root, tars_root = os.path.realpath(d), os.path.realpath(shards_at)
-    out = []
-    for s in manifest.shards(split):
-        tar, index = shard_path(manifest, s.file), os.path.join(d, s.index)
+    listed = [(shard_path(manifest, s.file), os.path.join(d, s.index), s) for s in manifest.shards(split)]
+    for tar, index, s in listed:
+        _listed_size(tar, os.path.realpath(shards_at), s, fix, ("tar", "tar", "restore it (its _info.json names it)"))
         try:
-            size = confined_size(tar, tars_root)
-        except FileNotFoundError:
-            raise UserError(
-                f"{tar}: tar listed in {MANIFEST_NAME} is missing; restore it (the set is named by its _info.json), "
-                f"then rerun {fix}"
-            ) from None
-        except OSError as e:
-            raise UserError(f"{tar}: {e.strerror}; {CONFINED_FIX}") from None
-        if size < s.bytes:
-            raise UserError(
-                f"{tar}: truncated tar ({size} bytes, {MANIFEST_NAME} records {s.bytes}); re-copy this shard"
-            )
-        if size != s.bytes:
-            raise UserError(
-                f"{tar}: shard changed since {MANIFEST_NAME} was written ({size} bytes, expected {s.bytes}); run {fix}"
-            )
-        try:
-            confined_size(index, root)
+            confined_size(index, os.path.realpath(d))
             count = _tar_index_count(index, s.num_records)
         except FileNotFoundError:
             raise UserError(f"{index}: missing DALI index for {tar}; run {fix}") from None
@@ -640,8 +627,7 @@ def _tar_files(manifest: Manifest, split: str) -> list[tuple[str, str]]:
             raise UserError(f"{index}: {e.strerror}; {CONFINED_FIX}") from None
         if count != s.num_records:
             raise UserError(f"{index}: stale DALI index (not the {s.num_records:,} samples of {tar}); run {fix}")
-        out.append((tar, index))
-    return out
+    return [(tar, index) for tar, index, _ in listed]
 
 
 CONFINED_FIX = (

@@ -29,8 +29,8 @@ from vitlarge.fileio import UnsafeFile, open_regular, read_capped
 INDEX_VERSION, INDEX_LINE_MAX = TAR_INDEX_VERSION, TAR_INDEX_LINE_MAX
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")  # timm's wds reader takes "jpg;png;webp"; DALI decodes each
 LABEL_EXT = "cls"
-LABEL_MAX_BYTES = 20  # an ASCII integer below 2**63, with a newline
-LABEL_RE = re.compile(rb"^\s*(\d{1,19})\s*$")
+LABEL_MAX_BYTES = 16  # a label's ASCII digits (at most 10: labels are below 2**31) and trailing whitespace
+LABEL_RE = re.compile(rb"^(\d{1,10})\s*$")  # digits first: the pipeline weighs each by its place from the start
 
 
 def index_name(tar: str) -> str:
@@ -39,7 +39,7 @@ def index_name(tar: str) -> str:
 
 
 def parse_label(raw: bytes) -> int | None:
-    """The label a ``.cls`` member holds (an ASCII integer, surrounding whitespace allowed), or None."""
+    """The label a ``.cls`` member holds (ASCII digits from its first byte, trailing whitespace allowed), or None."""
     m = LABEL_RE.match(raw) if len(raw) <= LABEL_MAX_BYTES else None
     return int(m.group(1)) if m else None
 

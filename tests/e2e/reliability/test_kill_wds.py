@@ -8,16 +8,7 @@ its checkpoint across kill -9, the validation of all 360 images once and the exp
 from __future__ import annotations
 
 from hooks.jsonl import read_metrics
-from tests.helpers import launcher
-from tests.helpers.runs import (
-    REFERENCE_STEPS,
-    assert_bitwise_equal,
-    final_weights,
-    metrics_has_step,
-    reference_run,
-    resumed_at,
-    train_args,
-)
+from tests.helpers import launcher, runs
 
 TIMEOUT = 600
 
@@ -27,21 +18,21 @@ def test_kill_9_mid_epoch_on_webdataset_resumes_to_the_tfrecord_reference_bitwis
 ):
     import timm
 
-    ref = reference_run(demo_data, tmp_path_factory)
+    ref = runs.reference_run(demo_data, tmp_path_factory)
     workdir = tmp_path / "run"
-    args = train_args(demo_wds, workdir)
+    args = runs.train_args(demo_wds, workdir)
     log = tmp_path / "killed.log"
     proc = launcher.start(args, nproc=2, launcher="fork", log=log)
     try:  # after step 7: checkpoint 6 on disk, mid-epoch (11 steps an epoch)
-        assert launcher.wait_for(metrics_has_step(workdir, 7), TIMEOUT, proc), log.read_text()[-3000:]
+        assert launcher.wait_for(runs.metrics_has_step(workdir, 7), TIMEOUT, proc), log.read_text()[-3000:]
     finally:
         launcher.kill_tree(proc)
     proc.wait(timeout=60)
     r = launcher.run(args, nproc=2, timeout=TIMEOUT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert resumed_at(r.stdout + r.stderr) == [(str(workdir / "checkpoints" / "step_0000006"), 6)]
-    assert_bitwise_equal(final_weights(ref), final_weights(workdir))
+    assert runs.resumed_at(r.stdout + r.stderr) == [(str(workdir / "checkpoints" / "step_0000006"), 6)]
+    runs.assert_bitwise_equal(runs.final_weights(ref), runs.final_weights(workdir))
     evals = [m for m in read_metrics(str(workdir / "metrics.jsonl")) if m["event"] == "eval"]
-    assert evals[-1]["step"] == REFERENCE_STEPS and evals[-1]["val_images"] == 360
+    assert evals[-1]["step"] == runs.REFERENCE_STEPS and evals[-1]["val_images"] == 360
     model = timm.create_model(f"local-dir:{workdir / 'model'}", pretrained=True)
     assert model.pretrained_cfg["label_names"] == [str(i) for i in range(10)]  # the .json members' class names

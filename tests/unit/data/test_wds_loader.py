@@ -59,3 +59,20 @@ def test_train_stream_is_the_tfrecords_and_resumes_bitwise(demo_data, demo_wds):
 def test_repeated_augmentation_needs_tfrecords(demo_wds):
     with pytest.raises(UserError, match="data.repeats=3 reads TFRecord shards by index"):
         open_train(demo_wds, 32, 32, device=CPU, seed=0, repeats=3)
+
+
+def test_the_pipeline_reads_each_cls_integer_as_make_index_does(tmp_path):
+    """Labels of 1 to 7 digits, some with a trailing newline, through DALI's reader and the in-pipeline parse."""
+    from data_tools import make_index
+    from tests.helpers.wds_sets import write_timm_wds
+
+    labels = [0, 7, 12, 999, 1000, 123456, 5]
+
+    def edit(split, i, sample):
+        return {**sample, "cls": str(labels[i]) + "\n" * (i % 2)}
+
+    d = write_timm_wds(str(tmp_path / "set"), {"train": 7, "validation": 7}, edit=edit)
+    make_index.make_index(d, workers=1)
+    assert [x for _, lab in open_val(d, 4, 16, device=CPU) for x in lab.tolist()] == labels
+    train = open_train(d, 7, 16, device=CPU, seed=0)
+    assert sorted(next(train)[1].tolist()) == sorted(labels)
