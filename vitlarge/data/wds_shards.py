@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 from fractions import Fraction
+from typing import BinaryIO
 
 import numpy as np
 
@@ -52,6 +53,7 @@ class IndexedSamples:
 
     def __init__(self, shards, *, world_size: int = 1):
         self._paths: list[str] = []
+        self._files: dict[int, BinaryIO] = {}
         rows: list[tuple[int, int, int, int, int]] = []  # owner, image offset, size, label offset, size
         for owner, (path, index) in enumerate(shards):
             size = os.path.getsize(path)
@@ -77,15 +79,21 @@ class IndexedSamples:
 
     def read(self, sample: int) -> tuple[bytes, int]:
         owner, image_at, image_size, label_at, label_size = (int(x) for x in self._rows[sample])
-        with open_regular(self._paths[owner]) as f:
-            f.seek(image_at)
-            image = f.read(image_size)
-            f.seek(label_at)
-            label = parse_label(f.read(min(label_size, LABEL_MAX_BYTES + 1)))
+        if owner not in self._files:  # a validation split's tars, each opened once (ImageNet's: 64)
+            self._files[owner] = open_regular(self._paths[owner])
+        f = self._files[owner]
+        f.seek(image_at)
+        image = f.read(image_size)
+        f.seek(label_at)
+        label = parse_label(f.read(min(label_size, LABEL_MAX_BYTES + 1)))
         return image, (-1 if label is None else label)
 
     def close(self) -> None:
-        pass
+        for f in getattr(self, "_files", {}).values():
+            f.close()
+        self._files = {}
+
+    __del__ = close
 
 
 def sample_members(line: str) -> dict[str, tuple[int, int]]:
