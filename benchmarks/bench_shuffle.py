@@ -92,9 +92,8 @@ def reader_streams(
                 seed=(seed * 7919 + rank) % (2**31 - 1),
             )
         else:  # the TrainLoader's seeds: one file order for all ranks, a buffer seed per rank
-            data = pipelines._reader(
-                [f for f, _ in files],
-                [i for _, i in files],
+            _, label = pipelines._reader(
+                files,
                 shard_id=rank,
                 num_shards=ranks,
                 seed=(seed * 7919 + rank) % (2**31 - 1),
@@ -102,6 +101,7 @@ def reader_streams(
                 initial_fill=initial_fill,
                 file_order_seed=seed % (2**31 - 1),
             )
+            return label
         return data["image/class/label"]
 
     streams = []

@@ -25,6 +25,19 @@ Rerun it whenever a loader reports a missing or stale index.
 files and ``dataset.json`` go into the index folder, whose manifest names the data folder once (``data_dir``);
 ``train.py --data <index folder>`` then reads the shards where they are.
 
+TFDS's layout, read in place (`data_tools.tfds_layout`)::
+
+    python -m data_tools.make_index ~/tensorflow_datasets/imagenet2012/5.1.0 --out ~/index/imagenet2012
+
+A folder holding ``dataset_info.json`` beside ``<name>-<split>.tfrecord-NNNNN-of-NNNNN`` shards is a TFDS
+version folder: the splits (train, validation) and each shard's record count come from dataset_info.json
+(checked against the records read; a shard it lists that is missing, or a count that disagrees, is refused),
+the image and label features from its supervised keys (``image``, ``label``), the number of classes and their
+names from features.json and ``label.labels.txt``, the label offset is 0, and every image's size comes from
+its own header (PIL reads the header, never decodes: the validation split's ``.sizes`` for rectangular
+validation; a payload that is no image is refused). ``--image-key`` and ``--label-key`` do the same for any
+TFRecord set whose records name their features otherwise (pass ``--label-offset 0`` where its labels start at 0).
+
 Shards are files from elsewhere: each must be a regular file of the directory (a link only to a
 file inside it; a FIFO or device is refused, never opened), every record a ``tf.train.Example`` with
 an integer label in range, and the converter's output must hold one conversion's shards (a
@@ -36,9 +49,13 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import io
 import multiprocessing as mp
 import os
 import sys
+from dataclasses import dataclass
+
+from PIL import Image
 
 from vitlarge import command
 from vitlarge.data.manifest import (
@@ -52,6 +69,7 @@ from vitlarge.data.manifest import (
     confined_size,
     load_manifest,
     make_index_fix,
+    shard_parts,
     shard_set_problem,
     write_manifest,
 )
@@ -61,21 +79,52 @@ from vitlarge.data.manifest_schema import (
     MAX_LABEL,
     MAX_SIDE,
     MAX_SYNSET,
+    TF_SLIM_FEATURES,
     out_of_aspect_order,
 )
 from vitlarge.errors import UserError, cli_main
 from vitlarge.text import plural
 
-from . import done_records, tfrecord_io, wds_index
+from . import done_records, tfds_layout, tfrecord_io, wds_index
 
 TOOL = "data_tools.make_index"
 TOOL_VERSION = "1.0.0"
 
 
-def _label_info(payload: bytes) -> tuple[int | None, str, str, tuple[int, int] | None]:
+@dataclass(frozen=True)
+class RecordReader:
+    """What `index_shard` takes of each record (a picklable parse for `tfrecord_io.scan_records`): ``(label or None,
+    synset, text, (height, width) or None)``. ``features``: the image and label feature names. ``headers``: the
+    image's size from its own header (PIL reads the header only, no decode), and a payload that is no image
+    refused (ValueError, which the scan names by shard and byte); for shards made without ``image/height`` and
+    ``image/width`` (TFDS's, ``--image-key``'s)."""
+
+    features: tuple[str, str] = TF_SLIM_FEATURES
+    headers: bool = False
+
+    def __call__(self, payload: bytes) -> tuple[int | None, str, str, tuple[int, int] | None]:
+        return _label_info(payload, self.features, self.headers)
+
+
+def _header_size(image: bytes, key: str) -> tuple[int, int]:
+    """``(height, width)`` from an encoded image's header; ValueError where ``image`` is not an image PIL knows."""
+    try:
+        with Image.open(io.BytesIO(image)) as im:
+            width, height = im.size
+    except Exception as e:  # noqa: BLE001 (PIL's UnidentifiedImageError, a decompression bomb, a short header)
+        raise ValueError(f"feature {key!r} holds no image ({type(e).__name__}); re-convert this shard") from None
+    if not (1 <= height <= MAX_SIDE and 1 <= width <= MAX_SIDE):
+        raise ValueError(f"feature {key!r} holds an image of {width} x {height}, sides outside 1..{MAX_SIDE}")
+    return height, width
+
+
+def _label_info(
+    payload: bytes, features: tuple[str, str] = TF_SLIM_FEATURES, headers: bool = False
+) -> tuple[int | None, str, str, tuple[int, int] | None]:
     ex = tfrecord_io._EXAMPLE()
     ex.ParseFromString(payload)
     feat = ex.features.feature
+    image_key, label_key = features
 
     def text(key: str) -> str:
         values = feat[key].bytes_list.value if key in feat else []
@@ -85,18 +134,25 @@ def _label_info(payload: bytes) -> tuple[int | None, str, str, tuple[int, int] |
         values = feat[key].int64_list.value if key in feat else []
         return values[0] if values and 1 <= values[0] <= MAX_SIDE else None
 
-    labels = feat["image/class/label"].int64_list.value if "image/class/label" in feat else []
-    height, width = side("image/height"), side("image/width")
-    size = (height, width) if height and width else None
+    labels = feat[label_key].int64_list.value if label_key in feat else []
+    if headers:
+        images = feat[image_key].bytes_list.value if image_key in feat else []
+        if not images:
+            raise ValueError(f"no feature {image_key!r} (--image-key names the image's feature)")
+        size = _header_size(images[0], image_key)
+    else:
+        height, width = side("image/height"), side("image/width")
+        size = (height, width) if height and width else None
     return (labels[0] if labels else None), text("image/class/synset"), text("image/class/text"), size
 
 
-def index_shard(job: tuple[str, str]) -> tuple[str, int, int, str, dict, tuple | None]:
-    """Index one shard, ``(shard path, index path)``; return (name, records, bytes, checksum, {label: (synset,
-    text)}, the records' image sizes or None where a record has none)."""
-    path, index_path = job
+def index_shard(job: tuple[str, str, RecordReader]) -> tuple[str, int, int, str, dict, tuple | None]:
+    """Index one shard, ``(shard path, index path, reader)``; return (name, records, bytes, checksum, {label:
+    (synset, text)}, the records' image sizes or None where a record has none)."""
+    path, index_path, reader = job
+    label_key = reader.features[1]
     try:
-        n, size, checksum, labels = tfrecord_io.write_index_for(path, parse=_label_info, index_path=index_path)
+        n, size, checksum, labels = tfrecord_io.write_index_for(path, parse=reader, index_path=index_path)
     except OSError as e:  # the index folder turned unwritable (or full) after the check before reading
         raise UserError(f"{index_path}: cannot write ({e.strerror or e}); {_WRITE_FIX}") from None
     if n == 0:
@@ -105,7 +161,10 @@ def index_shard(job: tuple[str, str]) -> tuple[str, int, int, str, dict, tuple |
     sizes = tuple(s for *_, s in labels)
     for label, synset, text, _ in labels:
         if label is None:
-            raise UserError(f"{path}: record without 'image/class/label'; not an image classification shard")
+            raise UserError(
+                f"{path}: record without {label_key!r}; not an image classification shard (--label-key names the "
+                "label's feature)"
+            )
         if not -MAX_LABEL <= label <= MAX_LABEL:
             raise UserError(
                 f"{path}: a record has label {label}, outside +-{MAX_LABEL}; not an image classification shard"
@@ -145,19 +204,33 @@ def make_index(
     data_dir: str,
     *,
     out: str | None = None,
-    label_offset: int = 1,
+    label_offset: int | None = None,
     num_classes: int | None = None,
     workers: int = 1,
+    image_key: str | None = None,
+    label_key: str | None = None,
 ) -> Manifest:
     """Index ``data_dir``'s shards and write its manifest (module docstring); with ``out``, the indexes, sizes and
-    ``dataset.json`` go into ``out``, whose manifest names ``data_dir`` (``--data out`` reads the shards there)."""
+    ``dataset.json`` go into ``out``, whose manifest names ``data_dir`` (``--data out`` reads the shards there).
+    ``label_offset``: None is TFDS's 0 for a TFDS folder, TF ImageNet's 1 otherwise; ``image_key``/``label_key``:
+    the records' feature names where not TF-slim's (TFDS's: from its dataset_info.json)."""
+    tfds = tfds_layout.read_info(data_dir, (image_key, label_key)) if tfds_layout.is_tfds(data_dir) else None
+    if label_offset is None:
+        label_offset = 0 if tfds else 1
+    features = tfds.features if tfds else (image_key or TF_SLIM_FEATURES[0], label_key or TF_SLIM_FEATURES[1])
+    if features[0] == features[1]:
+        raise UserError(f"--image-key and --label-key are both {features[0]!r}; name the two features")
+    if tfds and num_classes is None:
+        num_classes = tfds.num_classes or (len(tfds.class_names) if tfds.class_names else None)
     if num_classes is not None and not 1 <= num_classes <= MAX_CLASSES:
         raise UserError(f"--num-classes {num_classes}: expected 1..{MAX_CLASSES}")
     if not -MAX_LABEL <= label_offset <= MAX_LABEL:
         raise UserError(f"--label-offset {label_offset}: expected {-MAX_LABEL}..{MAX_LABEL}")
     if not os.path.isdir(data_dir):
         raise UserError(f"{data_dir}: directory does not exist; pass the directory holding train-*/validation-* shards")
-    names = sorted(n for n in os.listdir(data_dir) if SHARD_RE.match(n))
+    names = sorted(n for n in os.listdir(data_dir) if (SHARD_RE.match(n) or tfds and shard_parts(n)))
+    if tfds:
+        _check_tfds_shards(data_dir, tfds, names)
     if not names and wds_index.is_webdataset(data_dir):
         m = wds_index.make_index(data_dir, lambda: _writable_index_folder(data_dir, out), num_classes, workers)
         return publish(
@@ -165,8 +238,9 @@ def make_index(
         )
     if not names:
         raise UserError(
-            f"{data_dir}: no shards named train-NNNNN-of-NNNNN or validation-NNNNN-of-NNNNN; rename the shards "
-            "to that scheme (TensorFlow's ImageNet script uses it)"
+            f"{data_dir}: no shards named train-NNNNN-of-NNNNN or validation-NNNNN-of-NNNNN (nor a TFDS folder: "
+            "dataset_info.json beside <name>-train.tfrecord-NNNNN-of-NNNNN); rename the shards to that scheme "
+            "(TensorFlow's ImageNet script uses it)"
         )
     problem = shard_set_problem(names)
     if problem:
@@ -180,7 +254,8 @@ def make_index(
             raise UserError(f"{os.path.join(data_dir, n)}: {e.strerror}; {CONFINED_FIX}") from None
     _refuse_mixture(data_dir, {n: (sizes[n], None) for n in names}, unknown=False)
     index_dir, shard_dir = _writable_index_folder(data_dir, out)
-    paths = [(os.path.join(data_dir, n), os.path.join(index_dir, n + ".idx")) for n in names]
+    reader = RecordReader(features, headers=features != TF_SLIM_FEATURES)
+    paths = [(os.path.join(data_dir, n), os.path.join(index_dir, n + ".idx"), reader) for n in names]
     if workers > 1 and len(paths) > 1:
         with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
             results = list(pool.map(index_shard, paths))
@@ -188,12 +263,17 @@ def make_index(
         results = [index_shard(p) for p in paths]
 
     _refuse_mixture(data_dir, {name: (size, checksum) for name, _, size, checksum, _, _ in results})
+    if tfds:
+        tfds_layout.check_counts(data_dir, tfds, {name: n for name, n, *_ in results})
+        if num_classes is not None:  # known before reading: a label outside it is named with its shard
+            given = f"{tfds_layout.FEATURES_NAME} declares" if num_classes == tfds.num_classes else "--num-classes says"
+            _check_labels(data_dir, results, label_offset, num_classes, given)
     seen: dict[int, tuple[str, str]] = {}
     splits: dict[str, list[ShardInfo]] = {}
     for name, n, size, checksum, labels, sizes in results:
         for k, v in labels.items():
             seen.setdefault(k, v)
-        split = SHARD_RE.match(name).group(1)
+        split = shard_parts(name)[1]  # pyright: ignore[reportOptionalSubscript] (names were matched above)
         sizes = sizes if split == "validation" else None  # what rectangular validation reads; train's would be MBs
         splits.setdefault(split, []).append(ShardInfo(name, name + ".idx", n, size, checksum, sizes))
     lo, hi = min(seen), max(seen)
@@ -215,6 +295,8 @@ def make_index(
             f"{data_dir}: label {hi} is outside --num-classes {num_classes} with offset {label_offset}; "
             f"pass --num-classes {inferred} or more"
         )
+    if tfds and tfds.class_names:  # TFDS's names of every class, seen or not; the records carry none
+        seen = {label_offset + i: (name, "") for i, name in enumerate(tfds.class_names)}
     classes = [ClassInfo(k, *seen[k]) for k in sorted(seen)] if all(s for s, _ in seen.values()) else []
     too_long = _too_long(seen)
     if classes and too_long:
@@ -231,6 +313,7 @@ def make_index(
         tool_version=TOOL_VERSION,
         data_dir=index_dir,
         shard_dir=shard_dir,
+        features=features,
     )
     return publish(m, len(paths), ("record", "shard"), ("", f", label offset {label_offset}"))
 
@@ -255,6 +338,39 @@ def publish(m: Manifest, indexes: int, units: tuple[str, str], notes: tuple[str,
         file=sys.stderr,
     )
     return load_manifest(index_dir)
+
+
+def _check_tfds_shards(data_dir: str, tfds: tfds_layout.TfdsInfo, names: list[str]) -> None:
+    """The TFDS shards of ``names`` against dataset_info.json: every shard it lists is there (the first missing one
+    named), and no train or validation shard it does not list."""
+    for split in tfds.shard_lengths:
+        for shard in tfds.shard_names(split):
+            if shard not in names:
+                raise UserError(
+                    f"{os.path.join(data_dir, shard)}: missing ({tfds_layout.INFO_NAME} lists "
+                    f"{len(tfds.shard_lengths[split]):,} {split} shards); restore it from the copy the folder came "
+                    "from (a partial copy trains on part of the data)"
+                )
+    listed = {n for split in tfds.shard_lengths for n in tfds.shard_names(split)}
+    extra = sorted(set(names) - listed)
+    if extra:
+        raise UserError(
+            f"{os.path.join(data_dir, extra[0])}: a shard {tfds_layout.INFO_NAME} does not list (it lists "
+            f"{', '.join(f'{len(v):,} {k}' for k, v in tfds.shard_lengths.items())} shards); remove it, or restore "
+            f"the {tfds_layout.INFO_NAME} of its preparation"
+        )
+
+
+def _check_labels(data_dir: str, results: list, label_offset: int, num_classes: int, given: str) -> None:
+    """Every shard's labels within ``num_classes`` from ``label_offset``: the first outside is named by its shard."""
+    for name, *_, labels, _ in results:
+        bad = next((k for k in sorted(labels) if not label_offset <= k < label_offset + num_classes), None)
+        if bad is not None:
+            raise UserError(
+                f"{os.path.join(data_dir, name)}: a record has label {bad}, outside the {num_classes:,} classes "
+                f"{given} ({label_offset}..{label_offset + num_classes - 1}); the shard "
+                "is not of this data set: restore it from the copy the folder came from"
+            )
 
 
 def _too_long(seen: dict[int, tuple[str, str]]) -> str | None:
@@ -333,13 +449,23 @@ def main(argv: list[str] | None = None) -> int:
         help="write the indexes and dataset.json here, nothing into data_dir (a read-only mount); "
         "then pass --data INDEX_FOLDER",
     )
-    p.add_argument("--label-offset", type=int, default=1, help="stored label of class 0 (TF ImageNet: 1)")
+    p.add_argument(
+        "--label-offset", type=int, help="stored label of class 0 (default: TF ImageNet's 1; a TFDS folder's 0)"
+    )
+    p.add_argument("--image-key", help="the image's feature name (default: image/encoded; a TFDS folder's own)")
+    p.add_argument("--label-key", help="the label's feature name (default: image/class/label; a TFDS folder's own)")
     p.add_argument("--num-classes", type=int, help="default: inferred from the largest label")
     p.add_argument("--workers", type=int, default=os.cpu_count())
     a = p.parse_args(argv)
     return cli_main(
         lambda: make_index(
-            a.data_dir, out=a.out, label_offset=a.label_offset, num_classes=a.num_classes, workers=a.workers
+            a.data_dir,
+            out=a.out,
+            label_offset=a.label_offset,
+            num_classes=a.num_classes,
+            workers=a.workers,
+            image_key=a.image_key,
+            label_key=a.label_key,
         )
     )
 

@@ -555,6 +555,50 @@ def launch_section(d: dict | None):
     ]
 
 
+def tfds_section(d: dict | None) -> tuple[list[str], list[tuple]]:
+    """TFDS read in place against the converter's TFRecords of the same images (benchmarks/bench_tfds.py, run on its
+    own); nothing when it has no result."""
+    if not d:
+        return [], []
+    im, cpu, ratio, ratio_cpu = (
+        d["images_per_s_median"],
+        d["images_per_cpu_s_median"],
+        d["tfds_vs_tfrecord"],
+        d["tfds_vs_tfrecord_per_cpu_s"],
+    )
+    sizes = d["image_size"]
+    lines = [
+        "## 14. TFDS read in place\n",
+        "`benchmarks/bench_tfds.py` (not part of `benchmarks.run`): `vitlarge.data.TrainLoader` as train.py builds it "
+        f"(random-resized crop, flip, normalize; batch {d['batch_size']}, {d['threads']} DALI threads) from the "
+        "converter's TFRecords and from the same images in TFDS's layout (`data_tools.tfds_layout.tfds_from_tfrecords`: "
+        "the same JPEG bytes, shards and order; TFDS's names, features and dataset_info.json) read in place through "
+        f"`make_index --out`; {d['repeats']} interleaved rounds of {d['timed_batches']} batches (medians). Machine: "
+        f"{d['machine']['cpu']}, {d['machine']['os_cpus']} CPUs, shared with other work (load average at the end "
+        f"{d['machine']['load_average'][0]}): read the per-CPU-second column.\n",
+        "| set | image size | TFRecords images/s | TFDS images/s | TFDS / TFRecords | per CPU-s: TFRecords | TFDS | TFDS / TFRecords |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {n} | {sizes[n]} | {im[n + '_tfrecord']} | {im[n + '_tfds']} | **{ratio[n]:.2f}x** | "
+        f"{cpu[n + '_tfrecord']} | {cpu[n + '_tfds']} | **{ratio_cpu[n]:.2f}x** |"
+        for n in ratio
+    ]
+    mi = d.get("make_index_imagenet_shaped")
+    if mi:
+        lines += [
+            "",
+            f"`make_index --workers 1` of the ImageNet-shaped TFDS folder ({mi['records']:,} records, {mi['mb']} MB; "
+            f"every byte read once, each JPEG header through PIL): {mi['seconds']} s, {mi['records_per_s']} records/s, "
+            f"{mi['mb_per_s']} MB/s on one core; at that rate TFDS's ImageNet (~155 GB) takes ~"
+            f"{mi['imagenet_minutes_one_core']} minutes on one core, divided by `--workers` (where the disk keeps up).",
+        ]
+    lines.append("")
+    worst = min(min(ratio[n], ratio_cpu[n]) for n in ratio)
+    best = min(max(ratio[n], ratio_cpu[n]) for n in ratio)
+    return lines, [("TFDS in place vs its TFRecords, images/s", ">= 0.95x", f"{worst:.2f}-{best:.2f}x", d["met"])]
+
+
 COMPILE_NOTES = [
     "What `train.compile=on` does and guarantees (`vitlarge/train/assemble.py`, tests/unit/train/test_compile.py): the model's forward is "
     "compiled in place (`nn.Module.compile`, before the Booster), so parameter names, checkpoints, the export and "
@@ -805,7 +849,7 @@ def wds_section(d: dict | None) -> tuple[list[str], list[tuple]]:
     m, wall, cpu = d["machine"], d["images_per_s_median"], d["images_per_cpu_s_median"]
     sets = list(d["webdataset_vs_tfrecord"])
     lines = [
-        "## 14. WebDataset in place against TFRecords\n",
+        "## 15. WebDataset in place against TFRecords\n",
         "`benchmarks/bench_wds.py` (issue 54): `vitlarge.data.TrainLoader` images/s, batch "
         f"{d['batch_size']}, {d['threads']} DALI threads, on each set as TFRecords and as its WebDataset copy in "
         "timm's layout (`data_tools.make_wds_copy`: the same records, tar for shard; read in place by DALI's "
@@ -1037,6 +1081,10 @@ def generate(results: Path | None = None, out: Path | None = None, img: Path | N
     goals += g
     recomputed = _load(results, "activation_checkpointing")
     sections += stamp(recompute_section(recomputed), recomputed, pinned)
+    tfds = _load(results, "tfds")
+    lines, g = tfds_section(tfds)
+    sections += stamp(lines, tfds, pinned)
+    goals += g
     tars = _load(results, "wds")
     lines, g = wds_section(tars)
     sections += stamp(lines, tars, pinned)

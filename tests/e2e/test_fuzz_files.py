@@ -31,6 +31,7 @@ FORMATS = (
     "dataset.json",
     "TFRecord headers",
     "WebDataset tars",
+    "TFDS folder",
 )
 TRACKERS = ("mlflow.db", "tracker names")
 OVERRIDES_AND_DATA = ("YAML overrides", ".py overrides", "loader state DALI fields", "TFRecord payloads")

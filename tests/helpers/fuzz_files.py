@@ -5,7 +5,7 @@ and data set under SCRATCH, then for each format feeds ``CASES`` random mutation
 fixed seed per format: a format's first N cases do not depend on CASES) to the entry points that read it,
 as a user's command would (evaluate's and init_from's weight reads, then an automatic resume and its
 restore; an export's config.json as evaluate reads it; meta.json's phase list and schedule record; the loader;
-make_index and the manifest; WebDataset tars through make_index and the loader; the MLflow hook over a workdir's own store; an overrides file's load and the model it
+make_index and the manifest; a TFDS folder's metadata and shards through make_index --out; WebDataset tars through make_index and the loader; the MLflow hook over a workdir's own store; an overrides file's load and the model it
 sizes; a loader state's DALI fields and a shard's record payloads through the loader; the GPU parts bundle's receive
 and join).
 ``FORMAT ...`` after CASES runs only those formats. Each case must end in a clean pass or a one-line `UserError`
@@ -503,6 +503,26 @@ def mutate_payload(payload: bytes, rng: random.Random) -> bytes:
     return tfrecord_io.encode_example(features)
 
 
+def tfds_template() -> Path:
+    """A 9-record, 3-class TFDS version folder in TFDS's layout (`data_tools.tfds_layout.write_tfds`), under SCRATCH."""
+    import io
+
+    from PIL import Image
+
+    from data_tools import tfds_layout
+
+    def jpeg(i: int) -> bytes:
+        buf = io.BytesIO()
+        Image.new("RGB", (16 + i, 12), (20 * i, 90, 160)).save(buf, "JPEG", quality=80)
+        return buf.getvalue()
+
+    out = SCRATCH / "tfds" / "tiny" / "1.0.0"
+    train = [[(jpeg(i), i % 3, f"{i}.JPEG") for i in range(s * 3, s * 3 + 3)] for s in range(2)]
+    val = [[(jpeg(i), i % 3, f"v{i}.JPEG") for i in range(3)]]
+    tfds_layout.write_tfds(str(out), "tiny", {"train": train, "validation": val}, ["n01", "n02", "n03"])
+    return out
+
+
 def overrides_and_data_formats(scratch: Path, data: Path, state: str, rng: random.Random, cases: int) -> dict:
     """The formats of this section, each ``name: (case function, number of cases)`` as `main` runs them."""
     import struct
@@ -796,6 +816,29 @@ def main(scratch: str, demo_data: str, seed: int, cases: int, only: list[str] | 
         for _ in open_val(str(d), 2, 16, device=cpu):
             pass
 
+    tfds_src = tfds_template()
+
+    def tfds_folder(case):
+        """A TFDS version folder (dataset_info.json, features.json, label.labels.txt, shards) with one of them
+        mutated, indexed read-in-place into an index folder and read back as the loaders check it."""
+        from data_tools import tfds_layout
+        from data_tools.make_index import make_index
+
+        d = SCRATCH / f"case{case}" / "tiny" / "1.0.0"
+        shutil.copytree(tfds_src, d)
+        name = rng.choice([tfds_layout.INFO_NAME, tfds_layout.INFO_NAME, tfds_layout.FEATURES_NAME, "label.labels.txt"])
+        name = name if rng.random() < 0.8 else rng.choice(sorted(p.name for p in d.glob("*.tfrecord-*")))
+        raw = (d / name).read_bytes()
+        if name.endswith(".json") and rng.random() < 0.7:
+            (d / name).write_bytes(dump(mutate_doc(json.loads(raw), rng)))
+        else:
+            (d / name).write_bytes(mutate_bytes(raw, rng))
+        index = SCRATCH / f"case{case}" / "index"
+        make_index(str(d), out=str(index))
+        manifest = load_manifest(str(index))
+        shard_files(manifest, "train")
+        shard_files(manifest, "validation")
+
     from vitlarge.checkpoint.export import export
     from vitlarge.checkpoint.trust import layout
     from vitlarge.config.checks import check_read_back
@@ -886,6 +929,8 @@ def main(scratch: str, demo_data: str, seed: int, cases: int, only: list[str] | 
         "TFRecord headers": (tfrecord, max(cases // 4, 10)),
         # Each case indexes a copy of 3 small tars and reads its validation split (~0.25 s): an eighth.
         "WebDataset tars": (webdataset, max(cases // 8, 10)),
+        # Each case indexes a 9-record TFDS folder (~30 ms): a quarter.
+        "TFDS folder": (tfds_folder, max(cases // 4, 10)),
         # Each case drives the MLflow hook over a copy of one tracked workdir (~1 s): a twentieth of the cases.
         "mlflow.db": (lambda case: mlflow_store(case, rng), max(cases // 20, 8)),
         "tracker names": (lambda case: tracker_names(case, rng), max(cases // 20, 8)),

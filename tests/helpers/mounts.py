@@ -1,4 +1,5 @@
-"""Mounts a test makes from its own process (root, or CAP_SYS_ADMIN): a small tmpfs and a read-only bind mount.
+"""Mounts a test makes from its own process (root, or CAP_SYS_ADMIN): a small tmpfs and a read-only bind mount;
+`read_only`, a data folder no write can change for a block (and `snapshot`, to show none did).
 
 mount(2) and umount2(2) through libc, the calls the ``mount`` and ``umount`` commands make, so a unit test
 starts no process for them (tests/unit/conftest.py). Each raises OSError where the system refuses; the
@@ -7,8 +8,12 @@ callers skip then, as they did when the command failed.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+import stat
+
+import pytest
 
 MS_RDONLY, MS_REMOUNT, MS_BIND = 1, 32, 4096  # <sys/mount.h>
 MNT_DETACH = 2
@@ -43,3 +48,46 @@ def bind_read_only(path) -> None:
 def unmount(path, lazy: bool = False) -> None:
     """``umount PATH`` (``umount -l`` with ``lazy``: detached now, gone when the last file on it closes)."""
     _call(_libc.umount2(os.fsencode(path), MNT_DETACH if lazy else 0), "umount", path)
+
+
+def snapshot(root) -> dict:
+    """Every entry under ``root``: its kind, size and modification time (what a write would change)."""
+    out = {}
+    for dirpath, dirs, files in os.walk(root):
+        for name in dirs + files:
+            st = os.lstat(os.path.join(dirpath, name))
+            out[os.path.relpath(os.path.join(dirpath, name), root)] = (
+                stat.S_IFMT(st.st_mode),
+                st.st_size,
+                st.st_mtime_ns,
+            )
+    return out
+
+
+@contextlib.contextmanager
+def read_only(folder):
+    """``folder`` made read-only for the block: ``chmod -R a-w``, and where that does not stop this process (root),
+    a read-only bind mount of it (`bind_read_only`); skips the test where neither can be had."""
+    modes = {
+        p: os.stat(p).st_mode
+        for p in [str(folder)] + [os.path.join(d, n) for d, ds, fs in os.walk(folder) for n in ds + fs]
+    }
+    for p, mode in modes.items():
+        os.chmod(p, mode & ~0o222)
+    mounted = False
+    try:
+        if os.access(folder, os.W_OK):
+            try:
+                bind_read_only(folder)
+            except OSError as e:
+                pytest.skip(f"cannot make {folder} read-only here ({e})")
+            mounted = True
+        yield
+    finally:
+        if mounted:
+            try:
+                unmount(folder)
+            except OSError:  # a file still open (a failed assertion's loader): detached, gone when it closes
+                unmount(folder, lazy=True)
+        for p, mode in modes.items():
+            os.chmod(p, mode)

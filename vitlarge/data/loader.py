@@ -45,6 +45,7 @@ from vitlarge.data.manifest import (
 from vitlarge.data.rect import RectBatches, val_sizes
 from vitlarge.data.repeats import RepeatedRecords
 from vitlarge.data.spec import LoaderSpec, TrainSpec, ValSpec, pipe_seed
+from vitlarge.data.wds_shards import record_keys
 from vitlarge.errors import UserError
 
 if TYPE_CHECKING:
@@ -226,8 +227,7 @@ class TrainLoader:
         if self.num_examples_this_rank < 1:
             raise UserError(f"{data_dir}: {n} training examples cannot be split over world_size={world_size}")
         self._records = None
-        tars = self.manifest.format == WDS_FORMAT
-        if tars and spec.repeats > 1:
+        if self.manifest.format == WDS_FORMAT and spec.repeats > 1:
             raise UserError(
                 f"{data_dir}: data.repeats={spec.repeats} reads TFRecord shards by index, and this folder holds "
                 f"WebDataset tars; set data.repeats=1, or convert the images to TFRecords ({convert_cmd()})"
@@ -237,7 +237,10 @@ class TrainLoader:
             # The workers die with the thread that starts them (PR_SET_PDEATHSIG follows the parent thread).
             raise RuntimeError("a TrainLoader with read_workers > 0 must be built in the main thread")
         if spec.repeats > 1:
-            self._records = RepeatedRecords(files, rank=rank, world_size=world_size, repeats=spec.repeats, seed=seed)
+            features = self.manifest.features
+            self._records = RepeatedRecords(
+                files, rank=rank, world_size=world_size, repeats=spec.repeats, seed=seed, features=features
+            )
             self.num_examples_this_rank = self._records.per_rank
         self._batches = _Batches(self.manifest, "train", device, spec.label_offset)
         dev = pipelines.dali_device(device)
@@ -256,7 +259,7 @@ class TrainLoader:
             decoder=dev.decoder,
             records=self._records,
             read_workers=self._read_workers,
-            tars=tars,
+            features=record_keys(self.manifest),
             batch_size=spec.batch_size,
             num_threads=spec.num_threads,
             device_id=dev.device_id,
@@ -375,7 +378,7 @@ class ValLoader:
                 batch_size=batch_size,
                 image_size=spec.image_size,
                 patch=spec.patch_size,
-                tars=self.manifest.format == WDS_FORMAT,
+                features=record_keys(self.manifest),
             )
             self.num_examples_this_rank = rect.num_examples_this_rank  # 0 where the chunks run out before this rank
         else:
@@ -393,7 +396,7 @@ class ValLoader:
             num_shards=world_size,
             decoder=dev.decoder,
             batches=rect,
-            tars=self.manifest.format == WDS_FORMAT,
+            features=record_keys(self.manifest),
             batch_size=batch_size,
             num_threads=spec.num_threads,
             device_id=dev.device_id,

@@ -1,6 +1,7 @@
 """DALI pipeline definitions for training and validation over TFRecord shards.
 
-Both pipelines read ``image/encoded`` and ``image/class/label`` and return
+Both pipelines read each record's image and label features (TF-slim's ``image/encoded`` and ``image/class/label``,
+or those the manifest names: TFDS's ``image`` and ``label``, `vitlarge.data.manifest.Manifest.features`) and return
 ``(images float32 [B,3,S,S] normalized, labels int64 [B,1] as stored)`` (rectangular validation:
 ``[B,3,H,W]``, one ``H x W`` per batch); images live on the DALI device (CPU or GPU), labels always on
 the CPU. The device is chosen once, in ``dali_device``; everything below is the same code for both.
@@ -21,8 +22,9 @@ from nvidia.dali import pipeline_def
 from vitlarge.data import deit_augment
 from vitlarge.data import randaugment as rand_augment
 from vitlarge.data.common import shard_range  # noqa: F401 (the readers' rank slices; loaders import it from here)
+from vitlarge.data.manifest_schema import TF_SLIM_FEATURES
 from vitlarge.data.spec import TrainSpec, ValSpec, pipe_seed
-from vitlarge.data.wds_shards import IMAGE_EXTS, LABEL_EXT, LABEL_MAX_BYTES
+from vitlarge.data.wds_shards import LABEL_MAX_BYTES, TAR_MEMBERS
 from vitlarge.errors import UserError
 
 if TYPE_CHECKING:
@@ -36,7 +38,15 @@ if TYPE_CHECKING:
 FEATURES = {
     "image/encoded": tfrec.FixedLenFeature([], tfrec.string, ""),
     "image/class/label": tfrec.FixedLenFeature([1], tfrec.int64, -1),
-}
+}  # TF-slim's names (`TF_SLIM_FEATURES`); `_features` gives the same two for the names a manifest lists
+
+
+def _features(names: tuple[str, str]) -> dict:
+    """The reader's features for ``(image, label)`` feature names: encoded bytes and one int64."""
+    image, label = names
+    return {image: FEATURES["image/encoded"], label: FEATURES["image/class/label"]}
+
+
 READER = "Reader"  # reader op name, for reader_meta()
 READ_AHEAD = 2  # batches of records the read workers prepare ahead (DALI's parallel external source)
 
@@ -90,9 +100,10 @@ def _reader(
     training: bool,
     initial_fill: int = 1,
     file_order_seed: int = 0,
-    tars: bool = False,
-) -> dict[str, DataNode]:
-    """The TFRecord reader both pipelines share; ``training`` picks the sample order.
+    features: tuple[str, str] = TF_SLIM_FEATURES,
+) -> tuple[DataNode, DataNode]:
+    """The TFRecord reader both pipelines share: ``(encoded image, label)`` of the ``features`` named;
+    ``training`` picks the sample order.
 
     Training: every epoch the reader permutes the order of the shard files with
     ``file_order_seed`` (which must be the same on every rank) and each rank reads its contiguous
@@ -101,7 +112,8 @@ def _reader(
     A buffer of ``initial_fill`` records (seeded per rank by ``seed``) shuffles within that.
     Validation: each rank keeps its slice in stored order; DALI pads the slice to the largest
     rank's size and then to whole batches (``pad_last_batch``), the loader drops the padding.
-    ``tars``: ``files`` are WebDataset tars and their DALI indexes (`_tar_reader`), read in the same order.
+    ``features`` `vitlarge.data.wds_shards.TAR_MEMBERS`: ``files`` are WebDataset tars and their DALI indexes
+    (`_tar_reader`), read in the same order.
     """
     order: _ReadOrder
     if training:
@@ -114,15 +126,15 @@ def _reader(
         )
     else:
         order = _ReadOrder(random_shuffle=False, stick_to_shard=True, pad_last_batch=True)
-    if tars:
+    if features == TAR_MEMBERS:
         return _tar_reader(files, shard_id=shard_id, num_shards=num_shards, seed=seed, order=order)
     # DALI's stub types every reader's result as `DataNode | Sequence[DataNode] | None`; tfrecord's is a dict by feature
-    return cast(
+    data = cast(
         "dict[str, DataNode]",
         fn.readers.tfrecord(
             path=[f for f, _ in files],
             index_path=[i for _, i in files],
-            features=FEATURES,
+            features=_features(features),
             shard_id=shard_id,
             num_shards=num_shards,
             seed=seed,
@@ -131,14 +143,14 @@ def _reader(
             **order,  # pyright: ignore[reportCallIssue]
         ),
     )
+    return data[features[0]], data[features[1]]
 
 
 def _tar_reader(
     files: list[tuple[str, str]], *, shard_id: int, num_shards: int, seed: int, order: _ReadOrder
-) -> dict[str, DataNode]:
+) -> tuple[DataNode, DataNode]:
     """WebDataset tars in timm's layout through ``fn.readers.webdataset``: the image member (``jpg``, ``jpeg``,
-    ``png`` or ``webp``) and the label, the ASCII integer of the ``.cls`` member, as the TFRecord reader's two
-    features. The reader takes the same order options, pads alike and checkpoints the same loader state, so the
+    ``png`` or ``webp``) and the label, the ASCII integer of the ``.cls`` member, as `_reader` returns a record's. The reader takes the same order options, pads alike and checkpoints the same loader state, so the
     loaders and `vitlarge.data.dali_state` treat both readers as one. ``make_index`` checked that every sample
     has one image and one integer label; a sample without either fails here rather than yield an empty one."""
     encoded, raw = cast(
@@ -146,7 +158,7 @@ def _tar_reader(
         fn.readers.webdataset(
             paths=[f for f, _ in files],
             index_paths=[i for _, i in files],
-            ext=[";".join(IMAGE_EXTS), LABEL_EXT],
+            ext=list(TAR_MEMBERS),
             missing_component_behavior="error",
             shard_id=shard_id,
             num_shards=num_shards,
@@ -155,7 +167,7 @@ def _tar_reader(
             **order,
         ),
     )
-    return {"image/encoded": encoded, "image/class/label": _ascii_label(raw)}
+    return encoded, _ascii_label(raw)
 
 
 def _ascii_label(raw: DataNode) -> DataNode:
@@ -200,7 +212,7 @@ def train_graph(
     decoder: str,
     records: RepeatedRecords | None = None,
     read_workers: int = 0,
-    tars: bool = False,
+    features: tuple[str, str] = TF_SLIM_FEATURES,
 ) -> tuple[DataNode, DataNode]:
     """Training images of ``spec`` (`vitlarge.data.spec.TrainSpec`) from ``files`` (``(shard, index)`` paths):
     ``spec.crop`` (``rrc``: random-resized crop; ``src``: DeiT III's simple random crop), flip, then RandAugment,
@@ -208,7 +220,8 @@ def train_graph(
     ``records``: a batch source of ``(encoded, label)`` by iteration (`vitlarge.data.repeats.RepeatedRecords`,
     repeated augmentation) read instead of the TFRecord reader's own order, by ``read_workers`` processes (0: in
     the thread that runs the pipeline). The pipeline is then built with ``py_num_workers=read_workers``.
-    ``tars``: ``files`` are WebDataset tars (`_tar_reader`)."""
+    ``features``: the records' (image, label) feature names (the manifest's; `vitlarge.data.wds_shards.TAR_MEMBERS`:
+    WebDataset tars, `_tar_reader`)."""
     image_size, interp = spec.image_size, interp_type(spec.interpolation)
     randaugment = rand_augment.spec(spec.randaugment)
     mean, std = spec.pixels()
@@ -224,7 +237,7 @@ def train_graph(
             dtype=[types.DALIDataType.UINT8, types.DALIDataType.INT64],
         )
     else:
-        data = _reader(
+        encoded, label = _reader(
             files,
             shard_id=shard_id,
             num_shards=num_shards,
@@ -232,9 +245,8 @@ def train_graph(
             training=True,
             initial_fill=spec.initial_fill,
             file_order_seed=spec.seed % (2**31 - 1),  # one file order for all ranks
-            tars=tars,
+            features=features,
         )
-        encoded, label = data["image/encoded"], data["image/class/label"]
     hw = _HwLoad(hw_decoder_load=spec.hw_decoder_load) if spec.hw_decoder_load != HW_DECODER_LOAD else _HwLoad()
     if spec.crop == "src":  # the whole image, shorter side to image_size (antialiased, as PIL's resize)
         images = fn.decoders.image(encoded, device=decoder, output_type=types.DALIImageType.RGB, **hw)
@@ -307,18 +319,20 @@ def val_pipeline(
     num_shards: int,
     decoder: str,
     batches: RectBatches | None = None,
-    tars: bool = False,
+    features: tuple[str, str] = TF_SLIM_FEATURES,
 ) -> tuple[DataNode, DataNode]:
     """Validation images of ``spec`` (`vitlarge.data.spec.ValSpec`) from ``files``, in stored order: rank
     ``shard_id``'s slice, square crops. ``batches``: rectangular validation's source instead
-    (`vitlarge.data.rect.RectBatches`: its records and each batch's crop, ``spec.rect_val``). ``tars``: ``files``
-    are WebDataset tars (`_tar_reader`)."""
+    (`vitlarge.data.rect.RectBatches`: its records and each batch's crop, ``spec.rect_val``). ``features``: the
+    records' (image, label) feature names (the manifest's; `vitlarge.data.wds_shards.TAR_MEMBERS`: WebDataset tars,
+    `_tar_reader`)."""
     image_size, interp = spec.image_size, interp_type(spec.interpolation)
     mean, std = spec.pixels()
     shorter = float(int(image_size / spec.crop_pct))  # timm's eval transform: the shorter side to this, then a crop
     if batches is None:
-        data = _reader(files, shard_id=shard_id, num_shards=num_shards, seed=0, training=False, tars=tars)
-        encoded, label = data["image/encoded"], data["image/class/label"]
+        encoded, label = _reader(
+            files, shard_id=shard_id, num_shards=num_shards, seed=0, training=False, features=features
+        )
         crop = _Crop(crop=(image_size, image_size))
         resize_shorter: float | DataNode = shorter
     else:

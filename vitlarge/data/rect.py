@@ -2,7 +2,8 @@
 
 The validation split is stored sorted by aspect ratio (width / height) (``"order": "aspect"`` in
 ``dataset.json``), each image's size in its shard's ``.sizes`` file (the converter writes them so,
-`vitlarge.data.manifest`). It is cut
+`vitlarge.data.manifest`); a split stored in another order whose sizes are recorded (TFDS's, read in place:
+`data_tools.make_index` reads them from the JPEG headers) is read in that order by index, the same chunks. It is cut
 into chunks of ``batch_size`` consecutive records in that order, and chunk ``c`` is batch ``c // world_size``
 of rank ``c % world_size`` (fast.ai's ``DistValSampler`` and ``map_idx2ar``): a batch is a chunk at any world
 size, so every image is cropped alike and a pass gives the same numbers at any world size, as the square
@@ -30,7 +31,7 @@ import numpy as np
 
 from vitlarge.data.common import val_forwards
 from vitlarge.data.manifest import MANIFEST_NAME, Manifest, convert_cmd, split_sizes
-from vitlarge.data.manifest_schema import ASPECT_ORDER, WDS_FORMAT
+from vitlarge.data.manifest_schema import TF_SLIM_FEATURES
 from vitlarge.errors import UserError
 
 if TYPE_CHECKING:
@@ -75,12 +76,11 @@ def rank_chunks(num_examples: int, rank: int, world_size: int, batch_size: int) 
 
 def val_sizes_listed(manifest: Manifest) -> None:
     """What ``dataset.json`` alone says of the validation split's sizes, no file read: a one-line UserError with the
-    fix where the split is not stored sorted by aspect ratio with its sizes recorded (converted before vitlarge
-    recorded them, or indexed by ``make_index`` from shards made elsewhere). The dry run's check (it plans where
+    fix where the split's sizes are not recorded (converted before vitlarge recorded them, or indexed by
+    ``make_index`` from TF-slim shards made elsewhere without ``image/height``); a split in another order than by
+    aspect ratio is read in that order (`RectBatches`). The dry run's check (it plans where
     the ``.sizes`` files may not be, a login node's copy of dataset.json); `val_sizes` reads them."""
-    # WebDataset tars stay in their writer's order: `RectBatches` reads them in aspect order by index
-    sortable = manifest.order.get("validation") == ASPECT_ORDER or manifest.format == WDS_FORMAT
-    listed = sortable and all(s.sizes is not None or s.sizes_file is not None for s in manifest.shards("validation"))
+    listed = all(s.sizes is not None or s.sizes_file is not None for s in manifest.shards("validation"))
     if not listed:
         d = manifest.data_dir
         raise UserError(
@@ -107,9 +107,9 @@ class RectBatches:
     ``batch_size`` with its last record; a padding-only batch repeats the split's last record.
 
     ``shards``: ``[(shard path, index path)]`` of the split in the manifest's order; ``sizes``: its images'
-    ``(height, width)`` in record order (`val_sizes`). ``tars``: the shards are WebDataset tars, stored in their
-    writer's order: their samples are read by index (`vitlarge.data.wds_shards.IndexedSamples`) in aspect order
-    (`vitlarge.data.wds_shards.aspect_order`), the same pass at any world size."""
+    ``(height, width)`` in record order (`val_sizes`). ``features``: the records' (image, label) feature names, or
+    `vitlarge.data.wds_shards.TAR_MEMBERS` for WebDataset tars, whose samples are read by index
+    (`vitlarge.data.wds_shards.IndexedSamples`)."""
 
     def __init__(
         self,
@@ -121,21 +121,24 @@ class RectBatches:
         batch_size: int,
         image_size: int,
         patch: int,
-        tars: bool = False,
+        features: tuple[str, str] = TF_SLIM_FEATURES,
     ):
         # lazy: keeps tfrecord off the dry run and a run's pre-flight checks (they use val_sizes)
         from vitlarge.data.repeats import IndexedRecords
-        from vitlarge.data.wds_shards import IndexedSamples, aspect_order  # lazy: as above
+        from vitlarge.data.wds_shards import TAR_MEMBERS, IndexedSamples  # lazy: as above
 
-        self._order = aspect_order(sizes) if tars else None
-        if self._order is not None:
-            sizes = sizes[self._order]
-        self._records = IndexedSamples(shards) if tars else IndexedRecords(shards, world_size=world_size)
+        if features == TAR_MEMBERS:
+            self._records: IndexedRecords | IndexedSamples = IndexedSamples(shards)
+        else:
+            self._records = IndexedRecords(shards, world_size=world_size, features=features)
         n = self._records.num_examples
         if n != len(sizes):  # the manifest's counts were checked against the indexes (`shard_files`)
             raise RuntimeError(f"{len(sizes)} validation sizes for {n} records")
         self.batch_size = batch_size
-        self._shapes = chunk_shapes(sizes, batch_size, image_size, patch)
+        # Position k of the pass reads record _order[k]: the records by aspect ratio, stable (the identity for a split
+        # stored in that order: float ratios keep the order of exact ones), the same on every rank.
+        self._order = np.argsort(sizes[:, 1].astype(np.float64) / sizes[:, 0], kind="stable")
+        self._shapes = chunk_shapes(sizes[self._order], batch_size, image_size, patch)
         self._chunks = rank_chunks(n, rank, world_size, batch_size)
         self.runs = len(self._chunks)
         self.num_examples_this_rank = sum(min(batch_size, n - c * batch_size) for c in self._chunks if c is not None)
@@ -149,9 +152,9 @@ class RectBatches:
         """The ``batch_size`` records batch ``run`` of the pass holds, padding included."""
         n, chunk = self._records.num_examples, self._chunks[run % self.runs]
         if chunk is None:
-            return [n - 1] * self.batch_size
+            return [int(self._order[n - 1])] * self.batch_size
         first = chunk * self.batch_size
-        real = list(range(first, min(n, first + self.batch_size)))
+        real = [int(k) for k in self._order[first : min(n, first + self.batch_size)]]
         return real + [real[-1]] * (self.batch_size - len(real))
 
     def __call__(self, info: BatchInfo) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
@@ -160,7 +163,7 @@ class RectBatches:
         height, width = self._shapes[-1 if chunk is None else chunk]
         encoded, labels = [], []
         for record in self.records(run):
-            image, label = self._records.read(record if self._order is None else int(self._order[record]))
+            image, label = self._records.read(record)
             encoded.append(np.frombuffer(image, dtype=np.uint8))
             labels.append([label])
         crop = np.ones(self.batch_size, dtype=np.float32)

@@ -38,6 +38,7 @@ from google.protobuf.message import DecodeError
 from tfrecord import example_pb2
 
 from vitlarge.data.manifest import index_max_bytes, make_index_fix
+from vitlarge.data.manifest_schema import TF_SLIM_FEATURES
 from vitlarge.errors import UserError
 from vitlarge.fileio import UnsafeFile, read_capped
 
@@ -132,15 +133,16 @@ def die_with_parent(parent: int) -> None:
 
 class IndexedRecords:
     """A split's records read by index: record ``k`` is the ``k``-th record of the shards' concatenation, read at
-    the offset its DALI index gives. ``read(k)`` is ``(encoded JPEG, stored label)``; a missing
-    ``image/class/label`` reads as -1 and a missing image as empty bytes, as DALI's reader does (the loader then
-    refuses the label).
+    the offset its DALI index gives. ``read(k)`` is ``(encoded JPEG, stored label)`` of the ``features`` named
+    (``(image, label)``, the manifest's); a missing label reads as -1 and a missing image as empty bytes, as DALI's
+    reader does (the loader then refuses the label).
 
     ``shards``: ``[(shard path, index path)]`` in the manifest's order. At most ``max_open`` shard files are kept
     open (`shard_files_to_keep_open`), least recently used closed first. Picklable: a copy (DALI's spawned read
     workers get one) opens its own files."""
 
-    def __init__(self, shards, *, world_size: int):
+    def __init__(self, shards, *, world_size: int, features: tuple[str, str] = TF_SLIM_FEATURES):
+        self.features = features
         self._files: dict[int, int] = {}  # shard -> open descriptor, least recently used first (`max_open`)
         self._paths, offsets, sizes, owners = [], [], [], []
         for i, (path, index) in enumerate(shards):
@@ -185,8 +187,9 @@ class IndexedRecords:
             raise ValueError(
                 f"Error while parsing TFRecord file: {self._paths[owner]} at index {offset} (not an Example: {e})"
             ) from None
-        image = features["image/encoded"].bytes_list.value if "image/encoded" in features else []
-        label = features["image/class/label"].int64_list.value if "image/class/label" in features else []
+        image_key, label_key = self.features
+        image = features[image_key].bytes_list.value if image_key in features else []
+        label = features[label_key].int64_list.value if label_key in features else []
         return (image[0] if image else b""), (label[0] if label else -1)
 
     def close(self) -> None:
@@ -202,8 +205,17 @@ class RepeatedRecords(IndexedRecords):
     int64)`` of the ``k``-th record of the rank's stream, read by `IndexedRecords`. Two epochs' orders are kept
     in memory. Picklable (DALI's spawned workers get a copy without the open files and cached orders)."""
 
-    def __init__(self, shards, *, rank: int, world_size: int, repeats: int, seed: int):
-        super().__init__(shards, world_size=world_size)
+    def __init__(
+        self,
+        shards,
+        *,
+        rank: int,
+        world_size: int,
+        repeats: int,
+        seed: int,
+        features: tuple[str, str] = TF_SLIM_FEATURES,
+    ):
+        super().__init__(shards, world_size=world_size, features=features)
         self._orders: dict[int, list[int]] = {}
         self.rank, self.world_size, self.repeats, self.seed = rank, world_size, repeats, seed
         self.per_rank = per_rank(self.num_examples, world_size)

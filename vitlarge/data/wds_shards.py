@@ -17,21 +17,29 @@ from __future__ import annotations
 
 import os
 import re
-from fractions import Fraction
 from typing import BinaryIO
 
 import numpy as np
 
-from vitlarge.data.manifest import make_index_fix
-from vitlarge.data.manifest_schema import TAR_INDEX_LINE_MAX, TAR_INDEX_VERSION
+from vitlarge.data.manifest import Manifest, make_index_fix
+from vitlarge.data.manifest_schema import TAR_INDEX_LINE_MAX, TAR_INDEX_VERSION, WDS_FORMAT
 from vitlarge.errors import UserError
 from vitlarge.fileio import UnsafeFile, open_regular, read_capped
 
 INDEX_VERSION, INDEX_LINE_MAX = TAR_INDEX_VERSION, TAR_INDEX_LINE_MAX
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")  # timm's wds reader takes "jpg;png;webp"; DALI decodes each
 LABEL_EXT = "cls"
+TAR_MEMBERS = (";".join(IMAGE_EXTS), LABEL_EXT)
+"""A sample's (image, label): its members' extensions, in the place of the (image, label) features a TFRecord's
+reader takes (`record_keys`), so the pipelines and readers take one value for both formats."""
 LABEL_MAX_BYTES = 16  # a label's ASCII digits (at most 10: labels are below 2**31) and trailing whitespace
 LABEL_RE = re.compile(rb"^(\d{1,10})\s*$")  # digits first: the pipeline weighs each by its place from the start
+
+
+def record_keys(manifest: Manifest) -> tuple[str, str]:
+    """What ``manifest``'s records hold their image and label under: `TAR_MEMBERS` for WebDataset tars, else the
+    TFRecord features the manifest names."""
+    return TAR_MEMBERS if manifest.format == WDS_FORMAT else manifest.features
 
 
 def index_name(tar: str) -> str:
@@ -108,10 +116,3 @@ def sample_members(line: str) -> dict[str, tuple[int, int]]:
             return {}
         out[ext.lower()] = (int(at), int(size))
     return out
-
-
-def aspect_order(sizes: np.ndarray) -> np.ndarray:
-    """The samples' positions sorted by width / height (exact fractions; ties in stored order): rectangular
-    validation's order (`vitlarge.data.rect`) for a split stored in another (a tar's order is its writer's)."""
-    keys = [Fraction(int(w), int(h)) for h, w in sizes]
-    return np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)

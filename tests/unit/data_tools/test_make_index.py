@@ -4,63 +4,22 @@ write: nothing is written there, the loaders read the shards where they are) and
 
 from __future__ import annotations
 
-import contextlib
+import io
 import json
 import os
 import shutil
-import stat
 
 import pytest
 import torch
+from PIL import Image
 
-from data_tools import make_index
-from tests.helpers import call_main, mounts
+from data_tools import make_index, tfds_layout
+from tests.helpers import call_main
 from tests.helpers.loaders import open_val
-from vitlarge.data.manifest import load_manifest, shard_files, validate_data_dir
+from tests.helpers.mounts import read_only, snapshot
+from vitlarge.data.manifest import load_manifest, shard_files, split_sizes, validate_data_dir
+from vitlarge.data.repeats import IndexedRecords
 from vitlarge.errors import UserError
-
-
-def snapshot(root) -> dict:
-    """Every entry under ``root``: its kind, size and modification time (what a write would change)."""
-    out = {}
-    for dirpath, dirs, files in os.walk(root):
-        for name in dirs + files:
-            st = os.lstat(os.path.join(dirpath, name))
-            out[os.path.relpath(os.path.join(dirpath, name), root)] = (
-                stat.S_IFMT(st.st_mode),
-                st.st_size,
-                st.st_mtime_ns,
-            )
-    return out
-
-
-@contextlib.contextmanager
-def read_only(folder):
-    """``folder`` made read-only for the block: ``chmod -R a-w``, and where that does not stop this process (root),
-    a read-only bind mount of it; skips where neither can be had."""
-    modes = {
-        p: os.stat(p).st_mode
-        for p in [str(folder)] + [os.path.join(d, n) for d, ds, fs in os.walk(folder) for n in ds + fs]
-    }
-    for p, mode in modes.items():
-        os.chmod(p, mode & ~0o222)
-    mounted = False
-    try:
-        if os.access(folder, os.W_OK):
-            try:
-                mounts.bind_read_only(folder)
-            except OSError as e:
-                pytest.skip(f"cannot make {folder} read-only here ({e})")
-            mounted = True
-        yield
-    finally:
-        if mounted:
-            try:
-                mounts.unmount(folder)
-            except OSError:  # a file still open (a failed assertion's loader): detached, gone when it closes
-                mounts.unmount(folder, lazy=True)
-        for p, mode in modes.items():
-            os.chmod(p, mode)
 
 
 @pytest.fixture
@@ -87,11 +46,7 @@ def test_out_indexes_a_read_only_folder_and_the_loaders_read_the_shards_there(fo
         validate_data_dir(str(index))
         assert [os.path.dirname(s) for s, _ in shard_files(m, "train")] == [str(foreign)] * 3
         assert [os.path.dirname(i) for _, i in shard_files(m, "train")] == [str(index)] * 3
-        v = open_val(str(index), 4, 32)
-        labels = torch.cat([lab for _, lab in v])
-        assert len(labels) == m.num_examples("validation")
-        del v  # its shards closed before the mount goes
-        assert snapshot(foreign) == before
+        assert snapshot(foreign) == before  # the loaders reading through an index folder: the TFDS test below
 
 
 def test_without_out_a_read_only_folder_is_one_line_naming_out(foreign):
@@ -158,3 +113,207 @@ def test_a_manifest_without_data_dir_stays_version_1_or_2(foreign):
     make_index.make_index(str(foreign), workers=1)
     doc = json.loads((foreign / "dataset.json").read_text())
     assert doc["format_version"] in (1, 2) and "data_dir" not in doc and "features" not in doc
+
+
+# --- TFDS's layout, read in place ----------------------------------------------------------------------------
+
+
+def jpeg(width: int, height: int, shade: int = 90) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (width, height), (shade, 40, 200)).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def small_tfds(out, *, val_label: int = 1, val_image: bytes | None = None) -> str:
+    """A 3-class TFDS folder in TFDS's layout: 2 train shards of 3 records, 1 validation shard of 3."""
+    train = [[(jpeg(40 + i, 30), i % 3, f"t{s}{i}.JPEG") for i in range(3)] for s in range(2)]
+    val = [
+        [(jpeg(30, 30 + i), i, f"v{i}.JPEG") for i in range(2)] + [(val_image or jpeg(50, 20), val_label, "v2.JPEG")]
+    ]
+    tfds_layout.write_tfds(str(out), "tinynet", {"train": train, "validation": val}, ["n01", "n02", "n03"])
+    return str(out)
+
+
+def test_a_tfds_folder_is_indexed_in_place_with_its_counts_classes_and_sizes(tiny_converted, tmp_path):
+    """The tiny set in TFDS's layout (the converter's image bytes, labels 0-based), indexed read-only with --out:
+    the loaders read the same images and labels as from the converter's shards; the validation sizes come from the
+    JPEG headers and equal the ones the converter recorded."""
+    src = tmp_path / "tiny" / "1.0.0"
+    tfds_layout.tfds_from_tfrecords(tiny_converted, str(src), "tiny")
+    index = tmp_path / "index"
+    before = snapshot(src)
+    with read_only(src):
+        m = make_index.make_index(str(src), out=str(index), workers=1)
+        assert snapshot(src) == before
+        ref = load_manifest(tiny_converted)
+        assert (m.features, m.label_offset, m.num_classes) == (("image", "label"), 0, 3)
+        assert [c.synset for c in m.classes] == [c.synset for c in ref.classes]
+        assert m.num_examples("train") == ref.num_examples("train") == 18
+        assert (split_sizes(m, "validation") == split_sizes(ref, "validation")).all()
+        assert m.shards("validation")[0].file == "tiny-validation.tfrecord-00000-of-00002"
+        got = [torch.cat([lab for _, lab in open_val(d, 4, 32)]) for d in (str(index), tiny_converted)]
+        assert torch.equal(got[0], got[1])
+        rect = [torch.cat([lab for _, lab in open_val(d, 4, 32, rect_val=True)]) for d in (str(index), tiny_converted)]
+        assert torch.equal(rect[0], rect[1])
+        assert snapshot(src) == before
+
+
+def test_rect_val_reads_a_tfds_split_not_in_aspect_order_by_aspect_each_image_once(tmp_path):
+    """TFDS's validation split is in its own order: rectangular validation reads it by aspect ratio (the records'
+    sizes from their JPEG headers), at any world size each image once."""
+    src = small_tfds(tmp_path / "tinynet" / "1.0.0")  # validation: 30 x 30, 30 x 31, 50 x 20 (w x h)
+    make_index.make_index(src, out=str(tmp_path / "index"), workers=1)
+    m = load_manifest(str(tmp_path / "index"))
+    assert m.order == {} and [tuple(x) for x in split_sizes(m, "validation")] == [(30, 30), (31, 30), (20, 50)]
+    one = [(tuple(x.shape[2:]), lab.tolist()) for x, lab in open_val(str(tmp_path / "index"), 2, 32, rect_val=True)]
+    # by width / height: record 1 (30/31, label 1), record 0 (30/30, label 0), then record 2 (50/20, label 1)
+    assert one == [((33, 32), [1, 0]), ((32, 80), [1])]
+    ranks = [open_val(str(tmp_path / "index"), 2, 32, rect_val=True, rank=r, world_size=2) for r in range(2)]
+    assert sorted(x for v in ranks for _, lab in v for x in lab.tolist()) == [0, 1, 1]
+
+
+def test_the_cli_says_where_to_train_from(tmp_path):
+    src = small_tfds(tmp_path / "tinynet" / "1.0.0")
+    r = call_main("data_tools.make_index", src, "--out", str(tmp_path / "index"), "--workers", "1")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.rstrip().endswith(f"train with --data {tmp_path / 'index'} (it reads the shards in {src})")
+
+
+def refused(src, *args) -> str:
+    """make_index's one line for ``src`` (exit 2), with nothing written into the index folder."""
+    index = os.path.join(os.path.dirname(src), "index")
+    r = call_main("data_tools.make_index", src, "--out", index, "--workers", "1", *args)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    assert not os.path.exists(os.path.join(index, "dataset.json"))
+    return r.stderr.strip()
+
+
+def test_a_tfds_folder_missing_a_shard_is_refused_naming_it(tmp_path):
+    src = small_tfds(tmp_path / "tinynet" / "1.0.0")
+    os.remove(os.path.join(src, "tinynet-train.tfrecord-00001-of-00002"))
+    assert refused(src) == (
+        f"error: {src}/tinynet-train.tfrecord-00001-of-00002: missing (dataset_info.json lists 2 train shards); "
+        "restore it from the copy the folder came from (a partial copy trains on part of the data)"
+    )
+    assert not os.path.exists(os.path.join(os.path.dirname(src), "index"))
+
+
+def test_dataset_info_counts_that_disagree_with_the_shards_are_refused(tmp_path):
+    src = small_tfds(tmp_path / "tinynet" / "1.0.0")
+    info = json.loads(open(os.path.join(src, "dataset_info.json")).read())
+    info["splits"][1]["shardLengths"] = ["4"]
+    open(os.path.join(src, "dataset_info.json"), "w").write(json.dumps(info))
+    assert refused(src).startswith(
+        f"error: {src}/tinynet-validation.tfrecord-00000-of-00001: 3 records, but dataset_info.json lists 4 (its "
+        "validation shardLengths); "
+    )
+
+
+def test_a_label_outside_the_classes_is_refused_naming_the_shard(tmp_path):
+    src = small_tfds(tmp_path / "tinynet" / "1.0.0", val_label=3)
+    assert refused(src).startswith(
+        f"error: {src}/tinynet-validation.tfrecord-00000-of-00001: a record has label 3, outside the 3 classes "
+        "features.json declares (0..2); "
+    )
+
+
+def test_a_payload_that_is_no_image_is_refused_naming_the_shard_and_record(tmp_path):
+    src = small_tfds(tmp_path / "tinynet" / "1.0.0", val_image=b"<html>not found</html>")
+    line = refused(src)
+    assert line.startswith(f"error: {src}/tinynet-validation.tfrecord-00000-of-00001: the record at byte ")
+    assert "feature 'image' holds no image (UnidentifiedImageError)" in line
+
+
+def test_other_feature_names_are_read_with_image_key_and_label_key(tmp_path):
+    """A TFRecord set in TF-slim's file names whose records name their features otherwise."""
+    from tfrecord.writer import TFRecordWriter
+
+    src = tmp_path / "shards"
+    src.mkdir()
+    for split, n in (("train", 4), ("validation", 3)):
+        w = TFRecordWriter(str(src / f"{split}-00000-of-00001"))
+        for i in range(n):
+            w.write({"jpg": (jpeg(32, 24 + i), "byte"), "cls": (i % 2, "int")})
+        w.close()
+    assert "record without 'image/class/label'" in refused(str(src))
+    make_index.make_index(str(src), image_key="jpg", label_key="cls", label_offset=0, workers=1)
+    m = load_manifest(str(src))
+    assert (m.features, m.num_classes, m.label_offset) == (("jpg", "cls"), 2, 0)
+    assert [tuple(x) for x in split_sizes(m, "validation")] == [(24, 32), (25, 32), (26, 32)]
+    labels = torch.cat([lab for _, lab in open_val(str(src), 2, 32)])
+    assert labels.tolist() == [0, 1, 0]
+    records = IndexedRecords(shard_files(m, "train"), world_size=1, features=m.features)  # repeats' and rect_val's
+    assert [records.read(i)[1] for i in range(4)] == [0, 1, 0, 1] and records.read(0)[0][:2] == b"\xff\xd8"
+
+
+def test_a_set_written_by_tensorflow_datasets_is_indexed(tmp_path):
+    """TFDS's own writer, where TensorFlow and tensorflow-datasets are installed (not in CI: the layout test above
+    writes the same files with the tfrecord package)."""
+    tfds = pytest.importorskip("tensorflow_datasets")
+    import numpy as np
+
+    class Tinynet(tfds.core.GeneratorBasedBuilder):
+        VERSION = tfds.core.Version("1.0.0")
+
+        def _info(self):
+            return tfds.core.DatasetInfo(
+                builder=self,
+                features=tfds.features.FeaturesDict(
+                    {
+                        "image": tfds.features.Image(encoding_format="jpeg"),
+                        "label": tfds.features.ClassLabel(names=["n01", "n02", "n03"]),
+                        "file_name": tfds.features.Text(),
+                    }
+                ),
+                supervised_keys=("image", "label"),
+            )
+
+        def _split_generators(self, dl_manager):
+            return {"train": self._generate(9), "validation": self._generate(6)}
+
+        def _generate(self, n):
+            for i in range(n):
+                image = np.full((20 + i, 30, 3), 10 * i, dtype=np.uint8)
+                yield f"{i}", {"image": image, "label": i % 3, "file_name": f"{i}.JPEG"}
+
+    builder = Tinynet(data_dir=str(tmp_path / "tfds"))
+    builder.download_and_prepare()
+    m = make_index.make_index(builder.data_dir, out=str(tmp_path / "index"), workers=1)
+    assert (m.num_examples("train"), m.num_examples("validation"), m.num_classes) == (9, 6, 3)
+    assert [c.synset for c in m.classes] == ["n01", "n02", "n03"]
+    assert sorted(torch.cat([lab for _, lab in open_val(str(tmp_path / "index"), 4, 32)]).tolist()) == [
+        0,
+        0,
+        1,
+        1,
+        2,
+        2,
+    ]
+
+
+def test_the_dry_run_plans_from_a_tfds_index_folders_counts(capsys, tmp_path):
+    """``--dry-run --data <index folder>``: the plan's counts are the TFDS folder's (dataset_info.json's, checked),
+    rectangular validation included (its sizes recorded from the headers)."""
+    from tests.helpers import ROOT
+    from vitlarge.distributed.launcher import DistEnv
+    from vitlarge.distributed.threads import NO_THREADS
+    from vitlarge.run import cli
+
+    src = small_tfds(tmp_path / "tinynet" / "1.0.0")
+    index = str(tmp_path / "index")
+    make_index.make_index(src, out=index, workers=1)
+    capsys.readouterr()
+    one = DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=29500, source="none")
+    argv = ["--dry-run", "--config", str(ROOT / "recipes" / "demo_digits.py"), "--data", index]
+    assert (
+        cli.plan_or_train(
+            cli.parse_args(
+                [*argv, "data.num_classes=3", "data.rect_val=true", "train.global_batch=4", "train.micro_batch=2"]
+            ),
+            one,
+            NO_THREADS,
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert out.startswith(f"data: {index}/dataset.json: 6 training images, 3 classes (the plan's counts)\n"), out
