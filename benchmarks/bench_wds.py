@@ -42,20 +42,11 @@ def _sets(quick: bool, tiny: bool) -> dict[str, tuple[str, str, int]]:
     return sets
 
 
-def _trainloader(data_dir: str, batch: int, size: int):
-    import torch
-
-    from vitlarge.data import TrainLoader, TrainSpec
-
-    spec = TrainSpec(data_dir, batch, size, seed=0, num_threads=THREADS, initial_fill=1024)
-    loader = TrainLoader(spec, rank=0, world_size=1, device=torch.device("cpu"))
-    return lambda: next(loader)
-
-
 def run(quick: bool, tiny: bool = False) -> dict:
     import torch
 
     from benchmarks.bench_data import _measure
+    from benchmarks.bench_tfds import _trainloader  # the TrainLoader as the trainer uses it, one per set and format
 
     tiny = results.is_tiny(tiny)
     torch.set_num_threads(1)  # the main process only copies; leave the cores to the pipelines
