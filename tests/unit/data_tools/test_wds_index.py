@@ -145,7 +145,7 @@ def test_a_loader_refuses_a_tar_changed_after_indexing(timm_set, tmp_path):
 
 def test_out_indexes_a_read_only_webdataset_folder_and_the_loaders_read_the_tars_there(tmp_path):
     from tests.helpers.loaders import open_val
-    from tests.unit.data_tools.test_make_index import read_only, snapshot
+    from tests.helpers.mounts import read_only, snapshot
 
     d, out = write_edited(tmp_path), tmp_path / "index"
     before = snapshot(d)
