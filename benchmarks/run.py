@@ -72,6 +72,7 @@ REGISTRY = (
     Benchmark("fsdp_collectives", "How many collectives per micro-step and per step does fsdp issue?"),
     Benchmark("repeats", "Do read workers keep data.repeats' record reads off the training thread?"),
     Benchmark("tfds", "Does the TrainLoader read a TFDS folder in place at >= 0.95x its TFRecords' images/s?"),
+    Benchmark("wds", "Does the TrainLoader read WebDataset tars in place at >= 0.95x the images/s of TFRecords?"),
     Benchmark("launch", "Does srun start the demo as fast as colossalai run? (needs root and Slurm)"),
     Benchmark("shuffle", "How well does the reader shuffle an ImageNet-shaped epoch?", own_cli=True),
     Benchmark("progressive", "Is progressive resolution as accurate as fixed, and faster?", own_cli=True),

@@ -1,6 +1,7 @@
 """Write DALI indexes and ``dataset.json`` for TFRecord shards made elsewhere (e.g. TensorFlow).
 
     python -m data_tools.make_index /data/imagenet-tf      # shards train-* and validation-*
+    python -m data_tools.make_index /data/imagenet-1k-wds  # WebDataset tars in timm's layout (`wds_index`)
 
 Reads every record once (checking framing and CRCs, so a truncated shard is reported by name),
 writes ``<shard>.idx`` next to each shard and a manifest inferred from what it saw: splits from
@@ -84,7 +85,7 @@ from vitlarge.data.manifest_schema import (
 from vitlarge.errors import UserError, cli_main
 from vitlarge.text import plural
 
-from . import done_records, tfds_layout, tfrecord_io
+from . import done_records, tfds_layout, tfrecord_io, wds_index
 
 TOOL = "data_tools.make_index"
 TOOL_VERSION = "1.0.0"
@@ -191,6 +192,14 @@ def _index_folder(data_dir: str, out: str | None) -> tuple[str, str]:
     return out, os.path.abspath(data_dir)
 
 
+def _writable_index_folder(data_dir: str, out: str | None) -> tuple[str, str]:
+    """`_index_folder`, checked writable (access(2) also says EROFS: a read-only mount, before any shard is read)."""
+    index_dir, shard_dir = _index_folder(data_dir, out)
+    if not os.access(index_dir, os.W_OK):
+        raise UserError(f"{index_dir}: not writable; {_WRITE_FIX}")
+    return index_dir, shard_dir
+
+
 def make_index(
     data_dir: str,
     *,
@@ -222,6 +231,11 @@ def make_index(
     names = sorted(n for n in os.listdir(data_dir) if (SHARD_RE.match(n) or tfds and shard_parts(n)))
     if tfds:
         _check_tfds_shards(data_dir, tfds, names)
+    if not names and wds_index.is_webdataset(data_dir):
+        m = wds_index.make_index(data_dir, lambda: _writable_index_folder(data_dir, out), num_classes, workers)
+        return publish(
+            m, sum(len(v) for v in m.splits.values()), ("sample", "tar"), (" (WebDataset, read in place)", "")
+        )
     if not names:
         raise UserError(
             f"{data_dir}: no shards named train-NNNNN-of-NNNNN or validation-NNNNN-of-NNNNN (nor a TFDS folder: "
@@ -239,9 +253,7 @@ def make_index(
         except OSError as e:
             raise UserError(f"{os.path.join(data_dir, n)}: {e.strerror}; {CONFINED_FIX}") from None
     _refuse_mixture(data_dir, {n: (sizes[n], None) for n in names}, unknown=False)
-    index_dir, shard_dir = _index_folder(data_dir, out)
-    if not os.access(index_dir, os.W_OK):  # access(2) also says EROFS: a read-only mount, before any shard is read
-        raise UserError(f"{index_dir}: not writable; {_WRITE_FIX}")
+    index_dir, shard_dir = _writable_index_folder(data_dir, out)
     reader = RecordReader(features, headers=features != TF_SLIM_FEATURES)
     paths = [(os.path.join(data_dir, n), os.path.join(index_dir, n + ".idx"), reader) for n in names]
     if workers > 1 and len(paths) > 1:
@@ -303,20 +315,26 @@ def make_index(
         shard_dir=shard_dir,
         features=features,
     )
+    return publish(m, len(paths), ("record", "shard"), ("", f", label offset {label_offset}"))
+
+
+def publish(m: Manifest, indexes: int, units: tuple[str, str], notes: tuple[str, str]) -> Manifest:
+    """Writes ``m``'s sizes files and ``dataset.json`` into its ``data_dir`` (the index folder) and says so in one
+    line (``units``: what a split counts, in what; ``notes``: said after the manifest's name and the classes);
+    returns the manifest read back."""
+    index_dir, path = m.data_dir, os.path.join(m.data_dir, MANIFEST_NAME)
     try:
         write_manifest(m, index_dir)
     except OSError as e:
-        raise UserError(
-            f"{os.path.join(index_dir, MANIFEST_NAME)}: cannot write ({e.strerror}); {_WRITE_FIX}"
-        ) from None
+        raise UserError(f"{path}: cannot write ({e.strerror}); {_WRITE_FIX}") from None
     counts = ", ".join(
-        f"{s}: {plural(m.num_examples(s), 'record', grouped=True)} in {plural(len(v), 'shard')}"
-        for s, v in splits.items()
+        f"{s}: {plural(m.num_examples(s), units[0], grouped=True)} in {plural(len(v), units[1])}"
+        for s, v in m.splits.items()
     )
     print(
-        f"wrote {plural(len(paths), 'index', 'indexes')} and {os.path.join(index_dir, MANIFEST_NAME)}: {counts}; "
-        f"{plural(num_classes, 'class')}, label offset {label_offset}"
-        + (f"; train with --data {index_dir} (it reads the shards in {shard_dir})" if shard_dir else ""),
+        f"wrote {plural(indexes, 'index', 'indexes')} and {path}{notes[0]}: {counts}; "
+        f"{plural(m.num_classes, 'class')}{notes[1]}"
+        + (f"; train with --data {index_dir} (it reads the {units[1]}s in {m.shard_dir})" if m.shard_dir else ""),
         file=sys.stderr,
     )
     return load_manifest(index_dir)

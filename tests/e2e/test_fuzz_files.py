@@ -1,5 +1,5 @@
 """Random mutations of the real files vitlarge reads from elsewhere (meta.json, its phase list and schedule record,
-an export's config.json, DCP's .metadata, rank files, the loader state, dataset.json, TFRecord headers, a workdir's
+an export's config.json, DCP's .metadata, rank files, the loader state, dataset.json, TFRecord headers, WebDataset tars, a workdir's
 mlflow.db and the trackers' names beside it, overrides files, the loader state's DALI fields, TFRecord payloads, the
 GPU parts bundle's manifest, a Hugging Face parquet set), a fixed seed, a few hundred per format: each
 ends in a clean pass or one line (`UserError`, exit 2 at the CLIs; a tracker's warning line), touches nothing
@@ -30,6 +30,7 @@ FORMATS = (
     "loader state",
     "dataset.json",
     "TFRecord headers",
+    "WebDataset tars",
     "TFDS folder",
 )
 TRACKERS = ("mlflow.db", "tracker names")

@@ -7,6 +7,7 @@
   JPEG. Tests that damage it copy it first (``copy_imagefolder``). ``tiny_converted``: it as TFRecords.
 - ``small_tfds(out)``: a 9-record TFDS version folder written in TFDS's layout (a function: tests that damage it
   write their own).
+- ``demo_wds``: the digits data set as WebDataset tars in timm's layout (the same records), indexed in place.
 """
 
 from __future__ import annotations
@@ -110,6 +111,18 @@ def demo_data(tmp_path_factory) -> str:
     out = str(tmp_path_factory.mktemp("demo_data"))
     make_demo_dataset(out, workers=0)
     return out
+
+
+@pytest.fixture(scope="session")
+def demo_wds(demo_data, tmp_path_factory) -> str:
+    """The digits demo as a WebDataset set in timm's layout (`data_tools.make_wds_copy`: the same records, tar for
+    shard), indexed in place by make_index."""
+    from data_tools import make_index
+    from data_tools.make_wds_copy import make_wds_copy
+
+    d = make_wds_copy(demo_data, str(tmp_path_factory.mktemp("demo_wds") / "digits-wds"))
+    make_index.make_index(d, workers=1)
+    return d
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ and data set under SCRATCH, then for each format feeds ``CASES`` random mutation
 fixed seed per format: a format's first N cases do not depend on CASES) to the entry points that read it,
 as a user's command would (evaluate's and init_from's weight reads, then an automatic resume and its
 restore; an export's config.json as evaluate reads it; meta.json's phase list and schedule record; the loader;
-make_index and the manifest; a TFDS folder's metadata and shards through make_index --out; the MLflow hook over a workdir's own store; an overrides file's load and the model it
+make_index and the manifest; a TFDS folder's metadata and shards through make_index --out; WebDataset tars through make_index and the loader; the MLflow hook over a workdir's own store; an overrides file's load and the model it
 sizes; a loader state's DALI fields and a shard's record payloads through the loader; the GPU parts bundle's receive
 and join; a Hugging Face parquet set converted).
 ``FORMAT ...`` after CASES runs only those formats. Each case must end in a clean pass or a one-line `UserError`
@@ -658,8 +658,9 @@ def main(scratch: str, demo_data: str, seed: int, cases: int, only: list[str] | 
     sys.addaudithook(_audit)
     torch.set_num_threads(1)
     from tests.helpers import ROOT
-    from tests.helpers.loaders import open_train
+    from tests.helpers.loaders import open_train, open_val
     from tests.helpers.tiny_model import make, trained
+    from tests.helpers.wds_sets import write_timm_wds
     from vitlarge.checkpoint import init_from, resume, store
     from vitlarge.checkpoint import weights as ckpt_weights
     from vitlarge.checkpoint.state import RunState
@@ -814,6 +815,27 @@ def main(scratch: str, demo_data: str, seed: int, cases: int, only: list[str] | 
 
     tfds_src = small_tfds(SCRATCH / "tfds" / "tinynet" / "1.0.0")
 
+    tars = SCRATCH / "tars"  # a WebDataset set in timm's layout: 9 train, 4 validation samples, 2 + 1 tars
+    write_timm_wds(str(tars), {"train": 9, "validation": 4})
+
+    def webdataset(case):
+        """A tar of the set mutated (its headers, most often), then make_index and the validation pass on it."""
+        from data_tools.make_index import make_index
+
+        d = SCRATCH / f"case{case}" / "tars"
+        shutil.copytree(tars, d)
+        tar = d / rng.choice(["tiny-train-0000.tar", "tiny-validation-0000.tar"])
+        raw = bytearray(tar.read_bytes())
+        if rng.random() < 0.6:  # a member's 512-byte header: its name, mode, size, type or checksum fields
+            for _ in range(rng.randint(1, 4)):
+                raw[512 * rng.randrange(len(raw) // 512 // 4) + rng.randrange(512)] = rng.randrange(256)
+            tar.write_bytes(bytes(raw))
+        else:
+            tar.write_bytes(mutate_bytes(bytes(raw), rng))
+        make_index(str(d), workers=1)
+        for _ in open_val(str(d), 2, 16, device=cpu):
+            pass
+
     def tfds_folder(case):
         """A TFDS version folder (dataset_info.json, features.json, label.labels.txt, shards) with one of them
         mutated, indexed read-in-place into an index folder and read back as the loaders check it."""
@@ -923,6 +945,8 @@ def main(scratch: str, demo_data: str, seed: int, cases: int, only: list[str] | 
         "loader state": (loader_state, cases),
         "dataset.json": (dataset_json, cases),
         "TFRecord headers": (tfrecord, max(cases // 4, 10)),
+        # Each case indexes a copy of 3 small tars and reads its validation split (~0.25 s): an eighth.
+        "WebDataset tars": (webdataset, max(cases // 8, 10)),
         # Each case indexes a 9-record TFDS folder (~30 ms): a quarter.
         "TFDS folder": (tfds_folder, max(cases // 4, 10)),
         # Each case drives the MLflow hook over a copy of one tracked workdir (~1 s): a twentieth of the cases.

@@ -33,10 +33,19 @@ from vitlarge.data.common import (  # noqa: F401
     older_state_version,
     val_forwards,
 )
-from vitlarge.data.manifest import MANIFEST_NAME, Manifest, convert_cmd, load_manifest, make_index_fix, shard_files
+from vitlarge.data.manifest import (
+    MANIFEST_NAME,
+    WDS_FORMAT,
+    Manifest,
+    convert_cmd,
+    load_manifest,
+    make_index_fix,
+    shard_files,
+)
 from vitlarge.data.rect import RectBatches, val_sizes
 from vitlarge.data.repeats import RepeatedRecords
 from vitlarge.data.spec import LoaderSpec, TrainSpec, ValSpec, pipe_seed
+from vitlarge.data.wds_shards import record_keys
 from vitlarge.errors import UserError
 
 if TYPE_CHECKING:
@@ -168,6 +177,12 @@ def _run(
                 f"can batch ({reason[0].rpartition(' failed: ')[2][:200]}); python -m data_tools.make_index "
                 f"{manifest.data_dir} reads every record and names each bad one: re-copy or re-convert its shard"
             ) from None
+        if "readers.webdataset" in text:  # a tar that changed under its index (make_index checked each sample)
+            reason = text.partition("encountered:")[2].strip().splitlines()[:1] or ["reader error"]
+            raise UserError(
+                f"{manifest.data_dir}: a sample of the {split} tars cannot be read ({reason[0][:200]}); python -m "
+                f"data_tools.make_index {manifest.data_dir} reads every sample and names each bad one"
+            ) from None
         if "decoders." not in text:
             raise
         lines = [ln.strip() for ln in text.splitlines() if ln.strip() and "no longer valid" not in ln]
@@ -212,6 +227,11 @@ class TrainLoader:
         if self.num_examples_this_rank < 1:
             raise UserError(f"{data_dir}: {n} training examples cannot be split over world_size={world_size}")
         self._records = None
+        if self.manifest.format == WDS_FORMAT and spec.repeats > 1:
+            raise UserError(
+                f"{data_dir}: data.repeats={spec.repeats} reads TFRecord shards by index, and this folder holds "
+                f"WebDataset tars; set data.repeats=1, or convert the images to TFRecords ({convert_cmd()})"
+            )
         self._read_workers = read_workers if spec.repeats > 1 else 0
         if self._read_workers and threading.current_thread() is not threading.main_thread():
             # The workers die with the thread that starts them (PR_SET_PDEATHSIG follows the parent thread).
@@ -239,7 +259,7 @@ class TrainLoader:
             decoder=dev.decoder,
             records=self._records,
             read_workers=self._read_workers,
-            features=self.manifest.features,
+            features=record_keys(self.manifest),
             batch_size=spec.batch_size,
             num_threads=spec.num_threads,
             device_id=dev.device_id,
@@ -358,7 +378,7 @@ class ValLoader:
                 batch_size=batch_size,
                 image_size=spec.image_size,
                 patch=spec.patch_size,
-                features=self.manifest.features,
+                features=record_keys(self.manifest),
             )
             self.num_examples_this_rank = rect.num_examples_this_rank  # 0 where the chunks run out before this rank
         else:
@@ -376,7 +396,7 @@ class ValLoader:
             num_shards=world_size,
             decoder=dev.decoder,
             batches=rect,
-            features=self.manifest.features,
+            features=record_keys(self.manifest),
             batch_size=batch_size,
             num_threads=spec.num_threads,
             device_id=dev.device_id,

@@ -60,7 +60,10 @@ from vitlarge.data.manifest_schema import (  # noqa: F401 (re-exported: the cons
     MAX_SIDE,
     SIZES_SUFFIX,
     SPLITS,
+    TAR_INDEX_LINE_MAX,
+    TAR_INDEX_VERSION,
     TF_SLIM_FEATURES,
+    WDS_FORMAT,
     ManifestProblem,
     NewerManifest,
     out_of_aspect_order,
@@ -178,6 +181,7 @@ class Manifest:
     tool: str = ""
     tool_version: str = ""
     data_dir: str = ""
+    format: str = FORMAT  # or WDS_FORMAT: WebDataset tars in place (`vitlarge.data.wds_shards`)
     shard_dir: str = ""  # the manifest's "data_dir": the absolute folder of the shards, where not data_dir itself
     features: tuple[str, str] = TF_SLIM_FEATURES  # (image, label) feature names of each tf.train.Example
 
@@ -206,9 +210,9 @@ class Manifest:
 
         sized = any("sizes" in s.to_dict() for shards in self.splits.values() for s in shards)
         tfds = any(not SHARD_RE.match(s.file) for shards in self.splits.values() for s in shards)
-        newest = bool(self.shard_dir) or self.features != TF_SLIM_FEATURES or tfds
+        newest = self.format == WDS_FORMAT or bool(self.shard_dir) or self.features != TF_SLIM_FEATURES or tfds
         head: dict = {
-            "format": FORMAT,
+            "format": self.format,
             "format_version": 3 if newest else 2 if sized else 1,  # the lowest whose readers know every key
             "tool": self.tool,
             "tool_version": self.tool_version,
@@ -269,6 +273,15 @@ def _image_folder_hint(data_dir: str) -> str | None:
     return None
 
 
+def _holds_tars(data_dir: str, limit: int = 200) -> bool:
+    """Whether ``data_dir`` has an ``_info.json`` or a ``.tar`` among its first ``limit`` names (a WebDataset set)."""
+    try:
+        with os.scandir(data_dir) as it:
+            return any(e.name == "_info.json" or e.name.endswith(".tar") for _, e in zip(range(limit), it))
+    except OSError:
+        return False
+
+
 def _missing_fix(data_dir: str) -> str:
     """What to do when ``data_dir`` or its manifest is missing: make the demo data, convert the images
     found there, or (the general case) convert or index."""
@@ -282,6 +295,11 @@ def _missing_fix(data_dir: str) -> str:
         return (
             f"the demo's digits data set is made with {command('data_tools.make_demo_dataset')} {data_dir} (a few "
             f"seconds); for other images convert with {convert_cmd()}"
+        )
+    if _holds_tars(data_dir):
+        return (
+            f"a WebDataset folder (tars and _info.json, timm's layout) is read in place once indexed: run "
+            f"{make_index_fix(data_dir)} (with --out <index folder> where it is read-only)"
         )
     return _image_folder_hint(data_dir) or (
         f"convert images with {convert_cmd()}, or for existing shards run {make_index_fix(data_dir)}"
@@ -325,6 +343,7 @@ def load_manifest(data_dir: str) -> Manifest:
         tool=doc["tool"],
         tool_version=doc["tool_version"],
         data_dir=data_dir,
+        format=doc["format"],
         shard_dir=doc["data_dir"],
         features=doc["features"],
     )
@@ -506,6 +525,8 @@ def shard_files(manifest: Manifest, split: str) -> list[tuple[str, str]]:
     length header agrees with the index. Content checksums are not verified here (that reads every byte);
     ``make_index`` recomputes them.
     """
+    if manifest.format == WDS_FORMAT:
+        return _tar_files(manifest, split)
     d, shards_at = manifest.data_dir, shard_root(manifest)
     fix = make_index_fix(d) if shards_at == d else f"{make_index_fix(shards_at)} --out {d}"
     listed = [s.file for s in manifest.shards(split)]
@@ -536,24 +557,7 @@ def shard_files(manifest: Manifest, split: str) -> list[tuple[str, str]]:
     out = []
     for s in manifest.shards(split):
         shard, index = shard_path(manifest, s.file), os.path.join(d, s.index)
-        try:
-            size = confined_size(shard, shard_root_real)
-        except FileNotFoundError:
-            raise UserError(
-                f"{shard}: shard listed in {MANIFEST_NAME} is missing; restore it, or re-convert and rerun {fix}"
-            ) from None
-        except OSError as e:
-            raise UserError(f"{shard}: {e.strerror}; {CONFINED_FIX}") from None
-        if size < s.bytes:
-            raise UserError(
-                f"{shard}: truncated TFRecord ({size} bytes, {MANIFEST_NAME} records {s.bytes}); "
-                "re-copy or re-convert this shard"
-            )
-        if size != s.bytes:
-            raise UserError(
-                f"{shard}: shard changed since {MANIFEST_NAME} was written ({size} bytes, "
-                f"expected {s.bytes}); run {fix}"
-            )
+        size = _listed_size(shard, shard_root_real, s, fix, ("shard", "TFRecord", "restore it, or re-convert"))
         try:
             if confined_size(index, root) > index_max_bytes(s.num_records):  # not a line per record: never read
                 raise UserError(
@@ -573,6 +577,62 @@ def shard_files(manifest: Manifest, split: str) -> list[tuple[str, str]]:
             raise UserError(f"{index}: stale DALI index (does not match {shard}); run {fix}")
         out.append((shard, index))
     return out
+
+
+def _listed_size(path: str, root: str, s: ShardInfo, fix: str, words: tuple[str, str, str]) -> int:
+    """The size of shard ``path``, a regular file inside ``root`` of the size ``s`` records; else a one-line
+    UserError: missing, truncated, changed, or not a regular file. ``words``: what a shard is called, what it is
+    when truncated, and how to get a missing one back."""
+    noun, kind, restore = words
+    try:
+        size = confined_size(path, root)
+    except FileNotFoundError:
+        raise UserError(f"{path}: {noun} listed in {MANIFEST_NAME} is missing; {restore} and rerun {fix}") from None
+    except OSError as e:
+        raise UserError(f"{path}: {e.strerror}; {CONFINED_FIX}") from None
+    if size < s.bytes:
+        raise UserError(
+            f"{path}: truncated {kind} ({size} bytes, {MANIFEST_NAME} records {s.bytes}); re-copy or re-convert this shard"
+        )
+    if size != s.bytes:
+        raise UserError(
+            f"{path}: shard changed since {MANIFEST_NAME} was written ({size} bytes, expected {s.bytes}); run {fix}"
+        )
+    return size
+
+
+def _tar_index_count(path: str, num_records: int) -> int | None:
+    """The sample count of DALI index ``path``'s first line (``v1.2 <samples>``), or None where it has none; an
+    index larger than `TAR_INDEX_LINE_MAX` bytes a sample is never read (`UnsafeFile`)."""
+    if os.path.getsize(path) > TAR_INDEX_LINE_MAX * (num_records + 1):
+        raise UnsafeFile(0, f"larger than {num_records:,} samples' lines", path)
+    with open_regular(path) as f:
+        head = f.readline(64).split()
+    if len(head) != 2 or head[0] != TAR_INDEX_VERSION.encode() or not head[1].isdigit():
+        return None
+    return int(head[1])
+
+
+def _tar_files(manifest: Manifest, split: str) -> list[tuple[str, str]]:
+    """`shard_files` of WebDataset tars (`WDS_FORMAT`): the split's ``[(tar, index)]`` paths, after the checks
+    `shard_files` makes of a TFRecord set: each tar and index a regular file of its folder (a link only inside it), each tar of the
+    size ``dataset.json`` records (else truncated or replaced), each index of the recorded sample count. The tars
+    are in `shard_root` (an index folder's ``data_dir``), the indexes beside ``dataset.json``."""
+    d, shards_at = manifest.data_dir, shard_root(manifest)
+    fix = make_index_fix(d) if shards_at == d else f"{make_index_fix(shards_at)} --out {d}"
+    listed = [(shard_path(manifest, s.file), os.path.join(d, s.index), s) for s in manifest.shards(split)]
+    for tar, index, s in listed:
+        _listed_size(tar, os.path.realpath(shards_at), s, fix, ("tar", "tar", "restore it (its _info.json names it)"))
+        try:
+            confined_size(index, os.path.realpath(d))
+            count = _tar_index_count(index, s.num_records)
+        except FileNotFoundError:
+            raise UserError(f"{index}: missing DALI index for {tar}; run {fix}") from None
+        except OSError as e:
+            raise UserError(f"{index}: {e.strerror}; {CONFINED_FIX}") from None
+        if count != s.num_records:
+            raise UserError(f"{index}: stale DALI index (not the {s.num_records:,} samples of {tar}); run {fix}")
+    return [(tar, index) for tar, index, _ in listed]
 
 
 CONFINED_FIX = (

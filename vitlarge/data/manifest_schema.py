@@ -44,6 +44,10 @@ import posixpath
 import re
 
 FORMAT = "vitlarge.tfrecord"
+WDS_FORMAT = "vitlarge.webdataset"  # WebDataset tars read in place (timm's layout), `vitlarge.data.wds_shards`
+FORMATS = (FORMAT, WDS_FORMAT)
+TAR_INDEX_VERSION = "v1.2"  # DALI's wds2idx index of a tar: "<ext> <offset> <size> <name>" per member of a sample
+TAR_INDEX_LINE_MAX = 4096  # bytes of a sample's index line: a few members, each a name of at most 255 bytes
 FORMAT_VERSION = 3  # the newest this writes (where data_dir, features or TFDS names need it); it reads `VERSIONS`
 VERSIONS = (1, 2, 3)  # 1: sizes inline or none; 2: a shard's sizes may be a file (<shard>.sizes); 3: data_dir, features
 TF_SLIM_FEATURES = ("image/encoded", "image/class/label")  # (image, label): the converter's, TensorFlow's ImageNet's
@@ -177,6 +181,27 @@ def _shard(s, where: str, split: str, version: int) -> dict:
     return out
 
 
+TAR_NAME_RE = re.compile(r"^.+\.tar$")
+
+
+def _tar_shard(s, where: str, split: str, version: int) -> dict:
+    """A WebDataset shard: any bare ``*.tar`` name (the names are its writer's, e.g. timm's
+    ``imagenet1k-train-0000.tar``), its DALI index, and the fields a TFRecord shard has."""
+    s = dict(_dict(s, where, {"file", "index", "num_records", "bytes", "checksum", "sizes"}))
+    file = _bare(_str(s, "file", where + ".", max_len=255), where + ".file")
+    if not TAR_NAME_RE.match(file):
+        raise ManifestProblem(f"{where}.file is {_show(file)}, expected a tar file's name (<name>.tar)")
+    sizes = s.pop("sizes", None)
+    s["file"] = f"{split}-00000-of-00001"  # its other fields checked as a TFRecord shard's, under a stand-in name
+    out = _shard(s, where, split, version)
+    if out["index"] == file:
+        raise ManifestProblem(f"{where}.index is the shard itself ({file}), expected its DALI index")
+    out["file"] = file
+    if sizes is not None:
+        out["sizes"] = _sizes(sizes, where + ".sizes", out["num_records"], file, out["index"])
+    return out
+
+
 def parse(data: bytes) -> dict:
     """The checked document of a manifest's bytes: ``format`` matches and ``format_version`` is one of `VERSIONS`
     (`NewerManifest` for a later one), ``num_classes``,
@@ -190,7 +215,7 @@ def parse(data: bytes) -> dict:
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
         raise ManifestProblem(f"not JSON ({e})") from None
     version = doc.get("format_version") if isinstance(doc, dict) else None
-    if isinstance(doc, dict) and doc.get("format") == FORMAT and type(version) is int and version > VERSIONS[-1]:
+    if isinstance(doc, dict) and doc.get("format") in FORMATS and type(version) is int and version > VERSIONS[-1]:
         # before the keys are checked: a later version may add some
         raise NewerManifest(
             f"format version {version}, newer than this vitlarge reads ({', '.join(map(str, VERSIONS))})"
@@ -201,12 +226,13 @@ def parse(data: bytes) -> dict:
         {"format", "format_version", "tool", "tool_version", "num_classes", "label_offset", "classes", "splits"}
         | ({"data_dir", "features"} if version == 3 else set()),
     )
-    if doc.get("format") != FORMAT or version not in VERSIONS or type(version) is not int:
+    if doc.get("format") not in FORMATS or version not in VERSIONS or type(version) is not int:
         raise ManifestProblem(
             f"format {_show(doc.get('format'))} version {_show(version)}, "
-            f"expected {FORMAT!r} version {' or '.join(map(str, VERSIONS))}"
+            f"expected {' or '.join(map(repr, FORMATS))} version {' or '.join(map(str, VERSIONS))}"
         )
     out = {
+        "format": doc["format"],
         "tool": _str(doc, "tool", "", default=""),
         "tool_version": _str(doc, "tool_version", "", default=""),
         "num_classes": _int(doc, "num_classes", "", 1, MAX_CLASSES),
@@ -236,7 +262,7 @@ def parse(data: bytes) -> dict:
         if "shards" not in body:
             raise ManifestProblem(f"{where}.shards is missing")
         shards = [
-            _shard(s, f"{where}.shards[{i}]", split, version)
+            (_tar_shard if out["format"] == WDS_FORMAT else _shard)(s, f"{where}.shards[{i}]", split, version)
             for i, s in enumerate(_list(body["shards"], where + ".shards", 1, 99_999))
         ]
         seen: set[str] = set()

@@ -24,6 +24,7 @@ from vitlarge.data import randaugment as rand_augment
 from vitlarge.data.common import shard_range  # noqa: F401 (the readers' rank slices; loaders import it from here)
 from vitlarge.data.manifest_schema import TF_SLIM_FEATURES
 from vitlarge.data.spec import TrainSpec, ValSpec, pipe_seed
+from vitlarge.data.wds_shards import LABEL_MAX_BYTES, TAR_MEMBERS
 from vitlarge.errors import UserError
 
 if TYPE_CHECKING:
@@ -111,6 +112,8 @@ def _reader(
     A buffer of ``initial_fill`` records (seeded per rank by ``seed``) shuffles within that.
     Validation: each rank keeps its slice in stored order; DALI pads the slice to the largest
     rank's size and then to whole batches (``pad_last_batch``), the loader drops the padding.
+    ``features`` `vitlarge.data.wds_shards.TAR_MEMBERS`: ``files`` are WebDataset tars and their DALI indexes
+    (`_tar_reader`), read in the same order.
     """
     order: _ReadOrder
     if training:
@@ -123,6 +126,8 @@ def _reader(
         )
     else:
         order = _ReadOrder(random_shuffle=False, stick_to_shard=True, pad_last_batch=True)
+    if features == TAR_MEMBERS:
+        return _tar_reader(files, shard_id=shard_id, num_shards=num_shards, seed=seed, order=order)
     # DALI's stub types every reader's result as `DataNode | Sequence[DataNode] | None`; tfrecord's is a dict by feature
     data = cast(
         "dict[str, DataNode]",
@@ -139,6 +144,45 @@ def _reader(
         ),
     )
     return data[features[0]], data[features[1]]
+
+
+def _tar_reader(
+    files: list[tuple[str, str]], *, shard_id: int, num_shards: int, seed: int, order: _ReadOrder
+) -> tuple[DataNode, DataNode]:
+    """WebDataset tars in timm's layout through ``fn.readers.webdataset``: the image member (``jpg``, ``jpeg``,
+    ``png`` or ``webp``) and the label, the ASCII integer of the ``.cls`` member, as `_reader` returns a record's. The reader takes the same order options, pads alike and checkpoints the same loader state, so the
+    loaders and `vitlarge.data.dali_state` treat both readers as one. ``make_index`` checked that every sample
+    has one image and one integer label; a sample without either fails here rather than yield an empty one."""
+    encoded, raw = cast(
+        "list[DataNode]",
+        fn.readers.webdataset(
+            paths=[f for f, _ in files],
+            index_paths=[i for _, i in files],
+            ext=list(TAR_MEMBERS),
+            missing_component_behavior="error",
+            shard_id=shard_id,
+            num_shards=num_shards,
+            seed=seed,
+            name=READER,
+            **order,
+        ),
+    )
+    return encoded, _ascii_label(raw)
+
+
+def _ascii_label(raw: DataNode) -> DataNode:
+    """The integer of the ASCII digits that open ``raw`` (uint8 bytes, at most `LABEL_MAX_BYTES`, trailing whitespace
+    allowed: `vitlarge.data.wds_shards.parse_label`'s rule, which make_index checked), as int64 ``[1]``: digit ``i``
+    of ``n`` weighs ``10 ** (n - 1 - i)``, a handful of whole-vector operators per batch (a digit at a time took
+    ~100, an eighth of the TFRecord reader's images/s on the demo's 32-pixel images)."""
+    width, i64 = LABEL_MAX_BYTES, types.DALIDataType.INT64
+    chars = fn.cast(fn.pad(raw, fill_value=32, shape=[width]), dtype=i64)
+    digit = fn.cast((chars >= 48) & (chars <= 57), dtype=i64)
+    # DALI's stub leaves out fn.constant, which DALI has (a tensor repeated for every sample)
+    place = fn.constant(idata=list(range(width)), shape=[width], dtype=i64)  # pyright: ignore[reportAttributeAccessIssue]
+    ten = fn.constant(idata=[10] * width, shape=[width], dtype=i64)  # pyright: ignore[reportAttributeAccessIssue]
+    weight = dmath.pow(ten, dmath.max(fn.reductions.sum(digit) - 1 - place, 0))
+    return cast("DataNode", fn.reshape(fn.reductions.sum(digit * (chars - 48) * weight), shape=[1]))
 
 
 def train_pipeline(spec: TrainSpec, files: list[tuple[str, str]], **kwargs) -> Pipeline:
@@ -176,7 +220,8 @@ def train_graph(
     ``records``: a batch source of ``(encoded, label)`` by iteration (`vitlarge.data.repeats.RepeatedRecords`,
     repeated augmentation) read instead of the TFRecord reader's own order, by ``read_workers`` processes (0: in
     the thread that runs the pipeline). The pipeline is then built with ``py_num_workers=read_workers``.
-    ``features``: the records' (image, label) feature names (the manifest's)."""
+    ``features``: the records' (image, label) feature names (the manifest's; `vitlarge.data.wds_shards.TAR_MEMBERS`:
+    WebDataset tars, `_tar_reader`)."""
     image_size, interp = spec.image_size, interp_type(spec.interpolation)
     randaugment = rand_augment.spec(spec.randaugment)
     mean, std = spec.pixels()
@@ -279,7 +324,8 @@ def val_pipeline(
     """Validation images of ``spec`` (`vitlarge.data.spec.ValSpec`) from ``files``, in stored order: rank
     ``shard_id``'s slice, square crops. ``batches``: rectangular validation's source instead
     (`vitlarge.data.rect.RectBatches`: its records and each batch's crop, ``spec.rect_val``). ``features``: the
-    records' (image, label) feature names (the manifest's)."""
+    records' (image, label) feature names (the manifest's; `vitlarge.data.wds_shards.TAR_MEMBERS`: WebDataset tars,
+    `_tar_reader`)."""
     image_size, interp = spec.image_size, interp_type(spec.interpolation)
     mean, std = spec.pixels()
     shorter = float(int(image_size / spec.crop_pct))  # timm's eval transform: the shorter side to this, then a crop

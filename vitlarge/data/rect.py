@@ -107,7 +107,9 @@ class RectBatches:
     ``batch_size`` with its last record; a padding-only batch repeats the split's last record.
 
     ``shards``: ``[(shard path, index path)]`` of the split in the manifest's order; ``sizes``: its images'
-    ``(height, width)`` in record order (`val_sizes`)."""
+    ``(height, width)`` in record order (`val_sizes`). ``features``: the records' (image, label) feature names, or
+    `vitlarge.data.wds_shards.TAR_MEMBERS` for WebDataset tars, whose samples are read by index
+    (`vitlarge.data.wds_shards.IndexedSamples`)."""
 
     def __init__(
         self,
@@ -123,8 +125,12 @@ class RectBatches:
     ):
         # lazy: keeps tfrecord off the dry run and a run's pre-flight checks (they use val_sizes)
         from vitlarge.data.repeats import IndexedRecords
+        from vitlarge.data.wds_shards import TAR_MEMBERS, IndexedSamples  # lazy: as above
 
-        self._records = IndexedRecords(shards, world_size=world_size, features=features)
+        if features == TAR_MEMBERS:
+            self._records: IndexedRecords | IndexedSamples = IndexedSamples(shards)
+        else:
+            self._records = IndexedRecords(shards, world_size=world_size, features=features)
         n = self._records.num_examples
         if n != len(sizes):  # the manifest's counts were checked against the indexes (`shard_files`)
             raise RuntimeError(f"{len(sizes)} validation sizes for {n} records")

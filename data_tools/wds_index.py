@@ -1,0 +1,331 @@
+"""DALI indexes and ``dataset.json`` for a WebDataset folder in timm's layout, read in place.
+
+    python -m data_tools.make_index /data/imagenet-1k-wds     # timm/imagenet-1k-wds as downloaded
+
+The layout is the Hugging Face Hub's ``timm/imagenet-1k-wds`` (timm's ``wds/`` reader): tars
+``imagenet1k-train-NNNN.tar`` and ``imagenet1k-validation-NN.tar``, each sample ``<key>.jpg`` (or ``.jpeg``,
+``.png``, ``.webp``), ``<key>.cls`` (the label, an ASCII integer from 0) and optionally ``<key>.json`` (timm's
+holds ``filename``, ``label`` and ``class_name``), beside ``_info.json`` naming each split's ``filenames``,
+``shard_lengths`` and ``num_samples``. Without ``_info.json`` the splits are the tars named
+``...train-N.tar`` and ``...validation-N.tar`` (or ``val``).
+
+Each tar is read once, header by header: its regular members are grouped into samples as DALI's ``wds2idx``
+groups them (the name up to the first dot of its last part), and its DALI index (``<name>.idx``, `wds2idx`'s
+format) is written beside it. Each sample must have exactly one image whose header PIL reads (only the header:
+nothing is decoded; the validation images' sizes go to ``<tar>.sizes`` for ``data.rect_val``) and a ``.cls``
+integer; members that are links or devices, absolute names or names with ``..``, a member past the end of the
+file (a truncated tar) and counts that disagree with ``_info.json`` are refused. Class names come from the
+``.json`` members (``synset`` or ``wnid``, ``class_name``) or from ``_info.json``'s ``classes`` (a list, index =
+label) where present. Every refusal is one line naming the file and the fix, exit status 2, with no
+``dataset.json`` written; the indexes written before it are complete files and are rewritten by the next run.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import multiprocessing as mp
+import os
+import re
+import sys
+import tarfile
+from collections.abc import Callable
+
+from vitlarge.data.manifest import (
+    CONFINED_FIX,
+    MANIFEST_NAME,
+    ClassInfo,
+    Manifest,
+    ShardInfo,
+    confined_size,
+    make_index_fix,
+)
+from vitlarge.data.manifest_schema import MAX_CLASS_TEXT, MAX_CLASSES, MAX_LABEL, MAX_SYNSET, WDS_FORMAT
+from vitlarge.data.wds_shards import IMAGE_EXTS, INDEX_VERSION, LABEL_EXT, LABEL_MAX_BYTES, index_name, parse_label
+from vitlarge.errors import UserError
+from vitlarge.fileio import UnsafeFile, open_regular, read_capped, write_atomic
+
+INFO_NAMES = ("_info.json", "info.json")  # timm's `_load_info` tries these
+INFO_CAP = 64 << 20  # bytes of _info.json read: ImageNet-1k's is ~60 kB
+JSON_CAP = 1 << 20  # bytes of a sample's .json member parsed for its class name
+IMAGE_MAX_BYTES = 1 << 30  # a member larger than this is no image this reads
+SPLIT_NAMES = {"train": "train", "validation": "validation", "val": "validation"}
+TAR_SPLIT_RE = re.compile(r"^(?:.*[-_])?(train|validation|val)[-_]?\d+\.tar$")
+SYNSET_KEYS, TEXT_KEYS = ("synset", "wnid"), ("class_name", "label_name", "text")
+
+
+def info_path(data_dir: str) -> str | None:
+    return next((p for n in INFO_NAMES if os.path.lexists(p := os.path.join(data_dir, n))), None)
+
+
+def is_webdataset(data_dir: str) -> bool:
+    """Whether ``data_dir`` holds a WebDataset set (an ``_info.json``, or tars named by split) rather than
+    TFRecord shards."""
+    if not os.path.isdir(data_dir):
+        return False
+    return info_path(data_dir) is not None or any(TAR_SPLIT_RE.match(n) for n in os.listdir(data_dir))
+
+
+def _split_files(data_dir: str) -> tuple[dict[str, list[str]], dict[str, list[int] | None], dict[str, int], list]:
+    """Per split, its tars in order, their sample counts and the split's count as ``_info.json`` states them
+    (None / absent without one), and ``_info.json``'s class names (``[]`` where it names none)."""
+    info = info_path(data_dir)
+    if info is None:
+        files: dict[str, list[str]] = {}
+        for n in sorted(os.listdir(data_dir)):
+            if m := TAR_SPLIT_RE.match(n):
+                files.setdefault(SPLIT_NAMES[m.group(1)], []).append(n)
+        return files, {s: None for s in files}, {}, []
+    fix = "re-download it with the data set, or remove it to index the tars named *-train-N.tar / *-validation-N.tar"
+    try:
+        doc = json.loads(read_capped(info, INFO_CAP))
+    except UnsafeFile as e:
+        raise UserError(f"{info}: {e.strerror}; {fix}") from None
+    except (ValueError, RecursionError) as e:
+        raise UserError(f"{info}: not JSON ({str(e)[:80]}); {fix}") from None
+    splits = doc.get("splits") if isinstance(doc, dict) else None
+    if not isinstance(splits, dict):
+        raise UserError(f"{info}: no 'splits' object (timm's layout names each split's filenames there); {fix}")
+    files, lengths, totals = {}, {}, {}
+    for name, body in splits.items():
+        split = SPLIT_NAMES.get(name)
+        if split is None:  # a split vitlarge does not train or validate on (e.g. test)
+            continue
+        names = body.get("filenames") if isinstance(body, dict) else None
+        if not (isinstance(names, list) and names and all(isinstance(n, str) for n in names)):
+            raise UserError(f"{info}: splits.{name}.filenames is not a list of tar names; {fix}")
+        for n in names:
+            if os.path.basename(n) != n or n.startswith(".") or not n.endswith(".tar"):
+                raise UserError(
+                    f"{info}: splits.{name}.filenames holds {n[:80]!r}, not a tar file of its folder; {fix}"
+                )
+        stated = body.get("shard_lengths")
+        ok = isinstance(stated, list) and len(stated) == len(names) and all(type(x) is int for x in stated)
+        lengths[split] = list(stated) if isinstance(stated, list) and ok else None
+        if type(body.get("num_samples")) is int:
+            totals[split] = body["num_samples"]
+        files[split] = list(names)
+    classes = doc.get("classes")
+    return files, lengths, totals, [c for c in classes if isinstance(c, str)] if isinstance(classes, list) else []
+
+
+def _member_problem(m: tarfile.TarInfo, size: int) -> str | None:
+    """Why tar member ``m`` is refused (a link, a device, a name leading out, past the file's end), or None."""
+    if m.issym() or m.islnk():
+        return f"member {m.name[:120]!r} is a link; a data set's tar holds its files, not links"
+    if m.ischr() or m.isblk() or m.isfifo():
+        return f"member {m.name[:120]!r} is a device or FIFO; a data set's tar holds regular files"
+    if m.name.startswith("/") or ".." in m.name.split("/"):
+        return f"member {m.name[:120]!r} is an absolute name or leads out with '..'"
+    if any(c.isspace() for c in m.name):
+        return f"member {m.name[:120]!r} has whitespace in its name, which DALI's index cannot hold"
+    if m.isreg() and m.offset_data + m.size > size:
+        return f"truncated: member {m.name[:120]!r} ends at byte {m.offset_data + m.size:,}, past the file's {size:,}"
+    return None
+
+
+def scan_tar(path: str, index_path: str, sized: bool) -> tuple[str, int, int, int, dict, tuple | None]:
+    """Reads tar ``path`` once and writes its DALI index to ``index_path``; returns (name, samples, bytes,
+    largest label, {label: (synset, text)}, the images' ``(height, width)`` where ``sized``). `UserError` naming ``path`` for
+    anything `_member_problem` or the module's rules refuse."""
+    from PIL import Image  # lazy: keeps PIL off make_index's TFRecord path
+
+    from .imagefolder import DEFAULT_MAX_IMAGE_PIXELS  # lazy: as above (it imports PIL)
+
+    Image.MAX_IMAGE_PIXELS = DEFAULT_MAX_IMAGE_PIXELS
+    fix = "re-copy or re-download this tar"
+    size = os.path.getsize(path)
+    samples: list[list[tarfile.TarInfo]] = []
+    keys: list[str] = []
+    names: dict[int, tuple[str, str]] = {}
+    sizes: list[tuple[int, int]] = []
+    try:
+        with open_regular(path) as f, tarfile.open(fileobj=f, mode="r:") as tar:
+            for m in tar:
+                problem = _member_problem(m, size)
+                if problem:
+                    raise UserError(f"{path}: {problem}; {fix}")
+                if not m.isreg():
+                    continue
+                cut = m.name.find(".", m.name.rfind("/") + 1)
+                key = m.name[:cut] if cut >= 0 else m.name
+                if not key or key.endswith("/"):  # hidden: DALI skips it
+                    continue
+                if not keys or keys[-1] != key:
+                    keys.append(key)
+                    samples.append([])
+                samples[-1].append(m)
+            end = tar.offset
+            top = max(
+                (_sample(path, tar, k, ms, names, sizes if sized else None) for k, ms in zip(keys, samples)), default=0
+            )
+            f.seek(end)
+            if f.read(512) != bytes(512):  # a tar ends with zero blocks: a cut at a member's end leaves none
+                raise UserError(f"{path}: truncated (no end-of-archive blocks after its last member); {fix}")
+    except tarfile.TarError as e:
+        raise UserError(f"{path}: not a readable tar ({e}); {fix}") from None
+    except OSError as e:
+        raise UserError(f"{path}: {e.strerror or e}; {CONFINED_FIX}") from None
+    if not samples:
+        raise UserError(f"{path}: holds no samples (DALI cannot read an empty tar); {fix}")
+    lines = [f"{INDEX_VERSION} {len(samples)}"]
+    lines += [" ".join(f"{_ext(m)} {m.offset_data} {m.size} {m.name}" for m in members) for members in samples]
+    write_atomic(index_path, "\n".join(lines) + "\n", root=os.path.dirname(index_path) or ".")
+    return os.path.basename(path), len(samples), size, top, names, (tuple(sizes) if sized else None)
+
+
+def _ext(m: tarfile.TarInfo) -> str:
+    return m.name[m.name.find(".", m.name.rfind("/") + 1) + 1 :]
+
+
+def _sample(path: str, tar: tarfile.TarFile, key: str, members: list, names: dict, sizes: list | None) -> int:
+    """Checks one sample (one image, one integer ``.cls``); returns its label, adds its class name to ``names``
+    (``{label: (synset, text)}``) and its image's ``(height, width)`` to ``sizes``."""
+    from PIL import Image, UnidentifiedImageError  # lazy: as in scan_tar
+
+    by_ext: dict[str, tarfile.TarInfo] = {}
+    for m in members:
+        if _ext(m) in by_ext:
+            raise UserError(f"{path}: sample {key!r} has two {_ext(m)!r} members; re-write the tar with one each")
+        by_ext[_ext(m)] = m
+    images = [by_ext[e] for e in IMAGE_EXTS if e in by_ext]
+    if len(images) != 1 or LABEL_EXT not in by_ext:
+        what = "no image (.jpg, .jpeg, .png or .webp)" if not images else "two images" if len(images) > 1 else "no .cls"
+        raise UserError(
+            f"{path}: sample {key!r} has {what} (members: {', '.join(sorted(by_ext))[:120]}); a sample in timm's "
+            "layout is <key>.jpg and <key>.cls: re-write the tar or drop the sample"
+        )
+    cls = by_ext[LABEL_EXT]
+    label = parse_label(_member_bytes(tar, cls, LABEL_MAX_BYTES + 1)) if cls.size <= LABEL_MAX_BYTES else None
+    if label is None or label > MAX_LABEL:
+        raise UserError(f"{path}: {cls.name}: not a class index (an ASCII integer 0..{MAX_LABEL}); fix the sample")
+    image = images[0]
+    try:
+        if image.size > IMAGE_MAX_BYTES:
+            raise ValueError(f"{image.size:,} bytes")
+        member = tar.extractfile(image)
+        if member is None:
+            raise ValueError("not a regular member")
+        with Image.open(member) as im:  # the header only: nothing is decoded
+            width, height = im.size
+            if im.format not in ("JPEG", "PNG", "WEBP"):
+                raise ValueError(f"a {im.format} image")
+    except (UnidentifiedImageError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+        raise UserError(
+            f"{path}: {image.name}: not an image DALI decodes ({str(e)[:80]}); re-write the sample with its JPEG"
+        ) from None
+    if sizes is not None:
+        sizes.append((height, width))
+    if label not in names and "json" in by_ext and by_ext["json"].size <= JSON_CAP:
+        try:
+            doc = json.loads(_member_bytes(tar, by_ext["json"], JSON_CAP))
+        except (ValueError, RecursionError):
+            doc = None
+        if isinstance(doc, dict):
+            synset = next((doc[k] for k in SYNSET_KEYS if isinstance(doc.get(k), str)), "")
+            text = next((doc[k] for k in TEXT_KEYS if isinstance(doc.get(k), str)), "")
+            if synset or text:
+                names[label] = (synset or text, text if synset else "")
+    return label
+
+
+def _member_bytes(tar: tarfile.TarFile, m: tarfile.TarInfo, cap: int) -> bytes:
+    """At most ``cap`` bytes of regular member ``m``."""
+    f = tar.extractfile(m)
+    return f.read(cap) if f is not None else b""
+
+
+def make_index(
+    data_dir: str, index_folder: Callable[[], tuple[str, str]], num_classes: int | None = None, workers: int = 1
+) -> Manifest:
+    """Indexes WebDataset folder ``data_dir`` (the module's docstring): writes each tar's index and returns its
+    manifest, which `data_tools.make_index.publish` writes.
+    ``index_folder()``: where the indexes, sizes and ``dataset.json`` go and the manifest's ``data_dir`` (the
+    folder of the tars where not that one, `data_tools.make_index`'s ``--out``), asked once the set is checked
+    whole: nothing is written into ``data_dir`` itself then."""
+    if num_classes is not None and not 1 <= num_classes <= MAX_CLASSES:
+        raise UserError(f"--num-classes {num_classes}: expected 1..{MAX_CLASSES}")
+    files, lengths, totals, info_classes = _split_files(data_dir)
+    info = info_path(data_dir) or data_dir
+    if not files:
+        raise UserError(
+            f"{info}: names no train or validation tars; a WebDataset folder in timm's layout holds "
+            "*-train-N.tar and *-validation-N.tar (and _info.json naming them)"
+        )
+    root = os.path.realpath(data_dir)
+    for split, names in files.items():  # before any tar is opened: the set must be whole, each a regular file
+        for n in names:
+            p = os.path.join(data_dir, n)
+            try:
+                confined_size(p, root)
+            except FileNotFoundError:
+                raise UserError(
+                    f"{info}: the {split} split names {n}, which {data_dir} lacks; restore it (re-download the "
+                    "missing tars), then rerun " + make_index_fix(data_dir)
+                ) from None
+            except OSError as e:
+                raise UserError(f"{p}: {e.strerror}; {CONFINED_FIX}") from None
+    index_dir, shard_dir = index_folder()
+    jobs = [
+        (os.path.join(data_dir, n), os.path.join(index_dir, index_name(n)), split == "validation")
+        for split, names in files.items()
+        for n in names
+    ]
+    if workers > 1 and len(jobs) > 1:
+        with cf.ProcessPoolExecutor(min(workers, len(jobs)), mp_context=mp.get_context("spawn")) as pool:
+            results = list(pool.map(scan_tar, *zip(*jobs)))
+    else:
+        results = [scan_tar(*job) for job in jobs]
+    by_name = {r[0]: r for r in results}
+    splits: dict[str, list[ShardInfo]] = {}
+    seen: dict[int, tuple[str, str]] = {}
+    for split, names in files.items():
+        counts = [by_name[n][1] for n in names]
+        stated = lengths.get(split)
+        for n, count, want in zip(names, counts, stated or []):
+            if count != want:
+                raise UserError(
+                    f"{info}: states {want:,} samples for {n}, which holds {count:,}; re-download {n} (or the "
+                    f"_info.json that goes with these tars)"
+                )
+        if split in totals and totals[split] != sum(counts):
+            raise UserError(
+                f"{info}: states {totals[split]:,} {split} samples, the tars hold {sum(counts):,}; re-download the "
+                "tars that differ (or the _info.json that goes with them)"
+            )
+        for n in names:
+            _, count, size, _, labels, sizes = by_name[n]
+            for k, v in labels.items():
+                seen.setdefault(k, v)
+            splits[split] = splits.get(split, []) + [ShardInfo(n, index_name(n), count, size, None, sizes)]
+    top = max(r[3] for r in results)
+    inferred = top + 1
+    want = num_classes or max(inferred, len(info_classes))
+    if inferred > want:
+        bad = next(os.path.join(data_dir, r[0]) for r in results if r[3] == top)
+        raise UserError(
+            f"{bad}: a sample has label {top}, outside the {want:,} classes "
+            f"({'_info.json classes' if info_classes else '--num-classes'}); fix the sample's .cls, or pass "
+            f"--num-classes {inferred}"
+        )
+    if info_classes:
+        classes = [ClassInfo(i, name) for i, name in enumerate(info_classes)]
+    elif seen and len(seen) == want:
+        classes = [ClassInfo(k, *seen[k]) for k in sorted(seen)]
+    else:
+        classes = []
+    if any(len(c.synset) > MAX_SYNSET or len(c.text) > MAX_CLASS_TEXT for c in classes):
+        print(f"warning: {data_dir}: a class name is longer than {MANIFEST_NAME} holds; it lists none", file=sys.stderr)
+        classes = []
+    m = Manifest(
+        num_classes=want,
+        label_offset=0,
+        classes=classes,
+        splits=splits,
+        tool="data_tools.make_index",
+        tool_version="1.0.0",
+        data_dir=index_dir,
+        shard_dir=shard_dir,
+        format=WDS_FORMAT,
+    )
+    return m

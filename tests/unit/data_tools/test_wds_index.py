@@ -1,0 +1,174 @@
+"""make_index on WebDataset folders in timm's layout: sets written by the webdataset library, read back by timm."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tarfile
+
+import pytest
+
+from data_tools import make_index
+from tests.helpers.wds_sets import CLASSES, member_tar, write_timm_wds
+from vitlarge.data.manifest import MANIFEST_NAME, load_manifest, shard_files, split_sizes
+from vitlarge.data.manifest_schema import WDS_FORMAT
+from vitlarge.data.wds_shards import IndexedSamples
+from vitlarge.errors import UserError
+
+
+def index(d: str, *args: str) -> None:
+    make_index.make_index(d, workers=1, **dict(a.split("=") for a in args))  # in-process: no pool
+
+
+@pytest.fixture(scope="module")
+def timm_set(tmp_path_factory) -> str:
+    d = write_timm_wds(str(tmp_path_factory.mktemp("wds") / "tiny"))
+    index(d)
+    return d
+
+
+def test_make_index_reads_timms_layout_in_place(timm_set):
+    m = load_manifest(timm_set)
+    assert m.format == WDS_FORMAT and m.label_offset == 0 and m.num_classes == 3
+    assert [s.file for s in m.splits["train"]] == [f"tiny-train-{i:04d}.tar" for i in range(3)]
+    assert (m.num_examples("train"), m.num_examples("validation")) == (20, 11)
+    assert [c.synset for c in m.classes] == list(CLASSES)  # timm's class_name, for the export's label_names
+    sizes = split_sizes(m, "validation")  # from the JPEG headers, for data.rect_val
+    assert sizes is not None and [tuple(x) for x in sizes[:3]] == [(16, 16), (20, 20), (24, 24)]
+    samples = IndexedSamples(shard_files(m, "validation"))
+    assert [samples.read(i)[1] for i in range(11)] == [i % 3 for i in range(11)]
+    assert samples.read(4)[0][:2] == b"\xff\xd8"
+
+
+def test_timms_own_reader_reads_the_same_set(timm_set):
+    """The layout is timm's: its wds/ reader (webdataset underneath) yields the same labels, in order."""
+    from timm.data import create_dataset
+
+    ds = create_dataset("wds/tiny", root=timm_set, split="validation", is_training=False, batch_size=1)
+    labels = [int(target) for _, target in ds]
+    assert labels == [i % 3 for i in range(11)]
+
+
+def write_edited(tmp_path, edit=None, per_tar=7) -> str:
+    return write_timm_wds(str(tmp_path / "set"), {"train": 9, "validation": 4}, per_tar=per_tar, edit=edit)
+
+
+def refused(d: str, capsys, *args: str) -> str:
+    """make_index's command line on ``d``: exit status 2, one line naming a file of ``d``; no dataset.json."""
+    rc = make_index.main([d, "--workers", "1", *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and d in err[0], err
+    assert not os.path.exists(os.path.join(d, MANIFEST_NAME))
+    return err[0]
+
+
+def drop(ext):
+    def edit(split, i, sample):
+        if split == "train" and i == 3:
+            sample.pop(ext)
+        return sample
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        (drop("cls"), "has no .cls"),
+        (drop("jpg"), "has no image"),
+        (lambda s, i, x: {**x, "cls": "7"} if i == 2 else x, "label 7, outside the 3 classes"),
+        (lambda s, i, x: {**x, "cls": "two"} if i == 2 else x, "not a class index"),
+        (lambda s, i, x: {**x, "jpg": b"GIF89a not really"} if i == 5 else x, "not an image DALI decodes"),
+        (lambda s, i, x: {**x, "jpg": b"<html>a download error page</html>"} if i == 5 else x, "not an image"),
+    ],
+)
+def test_a_bad_sample_is_one_line_naming_its_tar(tmp_path, capsys, edit, words):
+    d = write_edited(tmp_path, edit)
+    args = ("--num-classes", "3") if "outside" in words else ()
+    line = refused(d, capsys, *args)
+    assert words in line and "tiny-train-0000.tar" in line, line
+
+
+def test_info_counts_that_disagree_with_the_tars_are_refused(tmp_path, capsys):
+    d = write_edited(tmp_path)
+    info = json.load(open(os.path.join(d, "_info.json")))
+    info["splits"]["train"]["shard_lengths"][1] += 1
+    json.dump(info, open(os.path.join(d, "_info.json"), "w"))
+    assert "states 3 samples for tiny-train-0001.tar, which holds 2" in refused(d, capsys)
+    info["splits"]["train"]["shard_lengths"][1] -= 1
+    info["splits"]["train"]["num_samples"] = 10
+    json.dump(info, open(os.path.join(d, "_info.json"), "w"))
+    assert "states 10 train samples, the tars hold 9" in refused(d, capsys)
+
+
+def test_a_missing_tar_is_refused_before_any_is_read(tmp_path, capsys):
+    d = write_edited(tmp_path)
+    os.remove(os.path.join(d, "tiny-train-0001.tar"))
+    assert "names tiny-train-0001.tar" in refused(d, capsys)
+    assert not any(n.endswith(".idx") for n in os.listdir(d))
+
+
+@pytest.mark.parametrize("cut", ["mid-member", "at-a-member"])
+def test_a_truncated_tar_is_refused(tmp_path, capsys, cut):
+    d = write_edited(tmp_path)
+    path = os.path.join(d, "tiny-train-0001.tar")
+    with tarfile.open(path) as tar:
+        last = tar.getmembers()[-1]
+    with open(path, "r+b") as f:  # into the last member's bytes, or just before its header (no end blocks)
+        f.truncate(last.offset_data + 10 if cut == "mid-member" else last.offset)
+    line = refused(d, capsys)
+    assert "tiny-train-0001.tar" in line and ("truncated" in line or "not a readable tar" in line), line
+
+
+@pytest.mark.parametrize("kind", ["symlink", "hardlink", "device", "absolute", "dotdot"])
+def test_a_member_that_is_a_link_a_device_or_leads_out_is_refused(tmp_path, capsys, kind):
+    d = write_edited(tmp_path, per_tar=9)
+    os.remove(os.path.join(d, "_info.json"))  # the tars by name: *-train-N.tar
+    member_tar(os.path.join(d, "tiny-train-0000.tar"), kind)
+    line = refused(d, capsys)
+    assert "tiny-train-0000.tar" in line
+    assert {"symlink": "is a link", "hardlink": "is a link", "device": "device"}.get(kind, "leads out") in line
+
+
+def test_a_loader_refuses_a_tar_changed_after_indexing(timm_set, tmp_path):
+    d = str(tmp_path / "copy")
+    shutil.copytree(timm_set, d)
+    with open(os.path.join(d, "tiny-validation-0001.tar"), "r+b") as f:
+        f.truncate(1024)
+    with pytest.raises(UserError, match=r"tiny-validation-0001.tar: truncated tar"):
+        shard_files(load_manifest(d), "validation")
+    os.remove(os.path.join(d, "tiny-train-0000.idx"))
+    with pytest.raises(UserError, match=r"tiny-train-0000.idx: missing DALI index"):
+        shard_files(load_manifest(d), "train")
+
+
+def test_out_indexes_a_read_only_webdataset_folder_and_the_loaders_read_the_tars_there(tmp_path):
+    from tests.helpers.loaders import open_val
+    from tests.helpers.mounts import read_only, snapshot
+
+    d, out = write_edited(tmp_path), tmp_path / "index"
+    before = snapshot(d)
+    with read_only(d):
+        m = make_index.make_index(d, out=str(out), workers=1)
+        assert snapshot(d) == before
+        assert json.loads((out / MANIFEST_NAME).read_text())["data_dir"] == d
+        assert sorted(os.listdir(out)) == [
+            MANIFEST_NAME,
+            "tiny-train-0000.idx",
+            "tiny-train-0001.idx",
+            "tiny-validation-0000.idx",
+            "tiny-validation-0000.tar.sizes",
+        ]
+        assert [os.path.dirname(t) for t, _ in shard_files(m, "train")] == [d, d]
+        for rect in (False, True):
+            v = open_val(str(out), 3, 32, rect_val=rect, patch_size=16)
+            assert [x for _, labels in v for x in labels.tolist()] == [0, 1, 2, 0]
+            del v  # its tars closed before the mount goes
+        assert snapshot(d) == before
+
+
+def test_a_webdataset_folder_not_yet_indexed_names_make_index(tmp_path):
+    d = write_edited(tmp_path)
+    with pytest.raises(UserError, match=r"a WebDataset folder .* run python -m data_tools.make_index"):
+        load_manifest(d)

@@ -1,0 +1,118 @@
+"""WebDataset shards read in place: the checks before DALI opens them, and their samples read by index.
+
+A WebDataset folder in timm's layout (``timm/imagenet-1k-wds``) holds tars of samples ``<key>.jpg``,
+``<key>.cls`` (the label, an ASCII integer) and ``<key>.json``; ``python -m data_tools.make_index`` writes a DALI
+index per tar (``<name>.idx``, DALI's ``wds2idx`` format `INDEX_VERSION`: a line ``v1.2 <samples>``, then per
+sample ``<ext> <data offset> <size> <member name>`` for each of its members) and ``dataset.json`` with
+``"format": "vitlarge.webdataset"``. DALI's ``fn.readers.webdataset`` then reads the tars where they are
+(`vitlarge.data.pipelines`), with the same order, padding and checkpoint as the TFRecord reader.
+
+The tars and indexes are files from elsewhere, held here to what ``make_index`` recorded before DALI reads them
+(`vitlarge.data.manifest.shard_files`: a stat and one bounded line per file), and read by index (`IndexedSamples`, rectangular
+validation's source) only within their recorded size, each index read with a cap of `INDEX_LINE_MAX` bytes a
+sample. Nothing here imports DALI.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import BinaryIO
+
+import numpy as np
+
+from vitlarge.data.manifest import Manifest, make_index_fix
+from vitlarge.data.manifest_schema import TAR_INDEX_LINE_MAX, TAR_INDEX_VERSION, WDS_FORMAT
+from vitlarge.errors import UserError
+from vitlarge.fileio import UnsafeFile, open_regular, read_capped
+
+INDEX_VERSION, INDEX_LINE_MAX = TAR_INDEX_VERSION, TAR_INDEX_LINE_MAX
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")  # timm's wds reader takes "jpg;png;webp"; DALI decodes each
+LABEL_EXT = "cls"
+TAR_MEMBERS = (";".join(IMAGE_EXTS), LABEL_EXT)
+"""A sample's (image, label): its members' extensions, in the place of the (image, label) features a TFRecord's
+reader takes (`record_keys`), so the pipelines and readers take one value for both formats."""
+LABEL_MAX_BYTES = 16  # a label's ASCII digits (at most 10: labels are below 2**31) and trailing whitespace
+LABEL_RE = re.compile(rb"^(\d{1,10})\s*$")  # digits first: the pipeline weighs each by its place from the start
+
+
+def record_keys(manifest: Manifest) -> tuple[str, str]:
+    """What ``manifest``'s records hold their image and label under: `TAR_MEMBERS` for WebDataset tars, else the
+    TFRecord features the manifest names."""
+    return TAR_MEMBERS if manifest.format == WDS_FORMAT else manifest.features
+
+
+def index_name(tar: str) -> str:
+    """The DALI index of tar ``tar`` (a bare name): ``<name without .tar>.idx``, as ``wds2idx`` names it."""
+    return tar[: -len(".tar")] + ".idx"
+
+
+def parse_label(raw: bytes) -> int | None:
+    """The label a ``.cls`` member holds (ASCII digits from its first byte, trailing whitespace allowed), or None."""
+    m = LABEL_RE.match(raw) if len(raw) <= LABEL_MAX_BYTES else None
+    return int(m.group(1)) if m else None
+
+
+class IndexedSamples:
+    """A split's samples read by index, as `vitlarge.data.repeats.IndexedRecords` reads TFRecords: sample ``k``
+    is the ``k``-th of the tars' concatenation; ``read(k)`` is ``(encoded image, label)``. Each member is read
+    at the offset its index gives, which must lie inside its tar; a label that is no integer reads as -1 (the
+    loader then refuses it). ``shards``: `vitlarge.data.manifest.shard_files`' ``[(tar, index)]``."""
+
+    def __init__(self, shards, *, world_size: int = 1):
+        self._paths: list[str] = []
+        self._files: dict[int, BinaryIO] = {}
+        rows: list[tuple[int, int, int, int, int]] = []  # owner, image offset, size, label offset, size
+        for owner, (path, index) in enumerate(shards):
+            size = os.path.getsize(path)
+            fix = make_index_fix(os.path.dirname(path))
+            try:
+                lines = read_capped(index, INDEX_LINE_MAX * (size // 512 + 1)).decode().splitlines()
+            except (UnsafeFile, UnicodeDecodeError) as e:
+                raise UserError(
+                    f"{index}: {getattr(e, 'strerror', e)}; a stale or padded DALI index: run {fix}"
+                ) from None
+            self._paths.append(path)
+            for line in lines[1:]:
+                members = sample_members(line)
+                image = next((members[e] for e in IMAGE_EXTS if e in members), None)
+                label = members.get(LABEL_EXT)
+                if image is None or label is None or max(o + n for o, n in (image, label)) > size:
+                    raise UserError(
+                        f"{index}: stale DALI index (a sample without its image or label in {path}); run {fix}"
+                    )
+                rows.append((owner, *image, *label))
+        self._rows = np.array(rows, dtype=np.int64).reshape(-1, 5)
+        self.num_examples = len(self._rows)
+
+    def read(self, sample: int) -> tuple[bytes, int]:
+        owner, image_at, image_size, label_at, label_size = (int(x) for x in self._rows[sample])
+        if owner not in self._files:  # a validation split's tars, each opened once (ImageNet's: 64)
+            self._files[owner] = open_regular(self._paths[owner])
+        f = self._files[owner]
+        f.seek(image_at)
+        image = f.read(image_size)
+        f.seek(label_at)
+        label = parse_label(f.read(min(label_size, LABEL_MAX_BYTES + 1)))
+        return image, (-1 if label is None else label)
+
+    def close(self) -> None:
+        for f in getattr(self, "_files", {}).values():
+            f.close()
+        self._files = {}
+
+    __del__ = close
+
+
+def sample_members(line: str) -> dict[str, tuple[int, int]]:
+    """``{ext: (data offset, size)}`` of one sample's index line; empty where the line is not DALI's format."""
+    parts = line.split()
+    if len(parts) % 4:
+        return {}
+    out = {}
+    for i in range(0, len(parts), 4):
+        ext, at, size = parts[i : i + 3]
+        if not (at.isdigit() and size.isdigit()):
+            return {}
+        out[ext.lower()] = (int(at), int(size))
+    return out
