@@ -204,7 +204,7 @@ def _write_records(path, name, items, opts) -> dict:
             reencoded += image.reencoded
             if image.transparent:
                 transparent.append(item.path)
-            writer.write(tfrecord_io.encode_example(example_features(item, image.data, image.height, image.width)))
+            writer.write(tfrecord_io.example_parts(example_features(item, image.data, image.height, image.width)))
             sizes.append([image.height, image.width])
             pending[0] += 1
             pending[1] += item.size

@@ -3,8 +3,9 @@
 A TFRecord file is a sequence of records framed as
 ``uint64 length | uint32 masked_crc32c(length) | payload | uint32 masked_crc32c(payload)``
 (little endian); TensorFlow, DALI and the ``tfrecord`` package all read this framing. The payload
-is a serialized ``tf.train.Example`` built with the ``tfrecord`` package's protobuf classes; the
-tests read every shard back with that package's reader.
+is a serialized ``tf.train.Example``, encoded directly (`example_parts`: the bytes the ``tfrecord`` package's
+protobuf classes give, without their copies of the image); the tests read every shard back with that package's
+reader.
 
 A DALI index file (``<shard>.idx``) has one line ``offset size`` per record, where ``size``
 includes the 16 bytes of framing -- the format DALI's ``tfrecord2idx`` writes.
@@ -66,19 +67,77 @@ def frame(payload: bytes) -> bytes:
 
 
 def encode_example(features: dict[str, tuple[object, str]]) -> bytes:
-    """Serialize a ``tf.train.Example``; ``features`` maps name -> (value, "byte"|"int"|"float").
+    """Serialize a ``tf.train.Example``; ``features`` maps name -> (value, "byte"|"int"|"float"): `example_parts`,
+    joined."""
+    return b"".join(example_parts(features))
 
-    Uses the ``tfrecord`` package's protobuf classes with deterministic serialization (map keys
-    sorted), so the same inputs give the same bytes in any process: a resumed conversion matches
-    an uninterrupted one byte for byte.
+
+_BIG = 1024  # bytes; a value at least this long is handed on as its own part, not copied
+_FLOAT = struct.Struct("<f")
+
+
+def example_parts(features: dict[str, tuple[object, str]]) -> list[bytes]:
+    """A serialized ``tf.train.Example`` as a list of parts whose concatenation is exactly what the ``tfrecord``
+    package's protobuf classes give with ``SerializeToString(deterministic=True)`` (map keys sorted: the same inputs,
+    the same bytes in any process, so a resumed conversion matches an uninterrupted one byte for byte;
+    tests/unit/data_tools/test_tfrecord_io.py checks it against protobuf). Written out because it is the converter's
+    hot path: protobuf copies each image into a message and again into the serialized string, and takes ~50 us a
+    record in Python; here a value of `_BIG` bytes or more (the image) stays the caller's object, a part of its
+    own, and `ShardWriter.write` takes the parts as they are (measured in docs/PERFORMANCE.md, parquet).
+
+    The wire format: Example{1: Features{1: repeated entry{1: key, 2: Feature}}}, Feature{1: BytesList{1: repeated
+    bytes} | 2: FloatList{1: packed float} | 3: Int64List{1: packed int64}} (tensorflow/core/example/feature.proto).
     """
-    ex = _EXAMPLE()
-    fmap = ex.features.feature
-    for key, (value, kind) in features.items():
+    body: list[bytes] = []  # the Features message; small pieces are joined before they are returned
+    for key in sorted(features, key=lambda k: k.encode()):
+        value, kind = features[key]
         values = value if isinstance(value, (list, tuple)) else (value,)
-        feat = fmap[key]
-        {"byte": feat.bytes_list, "int": feat.int64_list, "float": feat.float_list}[kind].value.extend(values)
-    return ex.SerializeToString(deterministic=True)
+        if kind == "byte":
+            inner: list[bytes] = []
+            for v in values:
+                inner += (b"\n", _varint(len(v)), v)  # type: ignore[arg-type]
+            field = 0x0A
+        elif kind == "int":
+            packed = b"".join(_varint(int(v) & 0xFFFFFFFFFFFFFFFF) for v in values)  # type: ignore[call-overload]
+            inner = [b"\n", _varint(len(packed)), packed] if values else []
+            field = 0x1A
+        else:
+            packed = b"".join(_FLOAT.pack(v) for v in values)
+            inner = [b"\n", _varint(len(packed)), packed] if values else []
+            field = 0x12
+        inner_len = sum(len(x) for x in inner)
+        feature = [bytes((field,)), _varint(inner_len), *inner]
+        feature_len = sum(len(x) for x in feature)
+        k = key.encode()
+        entry = [b"\n", _varint(len(k)), k, b"\x12", _varint(feature_len), *feature]
+        body += (b"\n", _varint(sum(len(x) for x in entry)), *entry)
+    if not body:
+        return []  # protobuf leaves an Example without features empty
+    parts = [b"\n", _varint(sum(len(x) for x in body)), *body]
+    out: list[bytes] = []
+    small: list[bytes] = []
+    for x in parts:
+        if len(x) >= _BIG:
+            if small:
+                out.append(b"".join(small))
+                small = []
+            out.append(x)
+        else:
+            small.append(x)
+    if small:
+        out.append(b"".join(small))
+    return out
+
+
+def _varint(n: int) -> bytes:
+    if n < 0x80:
+        return bytes((n,))
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
 
 
 @dataclass(frozen=True)
@@ -107,14 +166,20 @@ class ShardWriter:
         self._offset = 0
         self._crc = 0
 
-    def write(self, payload: bytes) -> None:
-        """Append one record (a serialized Example)."""
-        record_size = len(payload) + FRAMING_BYTES
-        head = struct.pack("<Q", len(payload))
-        pieces = (head + _masked_crc(head), payload, _masked_crc(payload))
-        self._file.writelines(pieces)  # no join: the payload is not copied again
+    def write(self, payload: bytes | list[bytes]) -> None:
+        """Append one record: a serialized Example, whole or as the parts `example_parts` gives (written as they
+        are: the image is not copied into a joined payload)."""
+        parts = [payload] if isinstance(payload, (bytes, bytearray, memoryview)) else payload
+        length, crc = 0, 0
+        for p in parts:
+            length += len(p)
+            crc = crc32c.crc32c(p, value=crc)
+        head = struct.pack("<Q", length)
+        pieces = [head + _masked_crc(head), *parts, _mask(crc)]
+        self._file.writelines(pieces)
         for p in pieces:
             self._crc = crc32c.crc32c(p, value=self._crc)
+        record_size = length + FRAMING_BYTES
         self._lines.append(f"{self._offset} {record_size}\n")
         self._offset += record_size
 
