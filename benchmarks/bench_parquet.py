@@ -11,14 +11,17 @@ the Hub lays it out (`data_tools.make_parquet_dataset`: row groups of 100 rows, 
 page-cached source and write to the same file system; the converter fsyncs every shard, so ``cp -r`` is timed
 alone (the goal's baseline) and followed by ``sync``. ``REPEATS`` interleaved runs, each into a fresh folder;
 medians of source bytes / wall seconds (the converter's whole command, Python's start-up included, as ``cp``'s;
-16 training and 2 validation shards, as `benchmarks.bench_convert` writes).
+16 training and 2 validation shards, as `benchmarks.bench_convert` writes), and each contender's CPU seconds (user +
+system, of the processes it ran: on a shared machine the wall time counts the other users' load, the CPU time less).
 Writes ``benchmarks/results/parquet.json``.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import shutil
+import statistics
 from pathlib import Path
 
 from benchmarks.bench_convert import WORKERS, _warm, against_cp, bench_images, bench_root, timed_once
@@ -54,15 +57,28 @@ def measure(src: Path, tree: Path, total: int, repeats: int) -> dict:
     _warm(tree)
     work = bench_root() / "parquet-runs"
 
+    cpu: dict[str, list[float]] = {}
+
     def contender(name: str):
         source = src if name == "convert parquet" else tree
         args = ["--src", str(source), "--out", str(work / "out"), "--train-shards", "16", "--val-shards", "2"]
-        return lambda: timed_once(work, src, name, args)
+
+        def once() -> float:
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            seconds = timed_once(work, src, name, args)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu.setdefault(name, []).append(
+                after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+            )  # the processes it ran and waited for: the converter's workers too, and the rm/sync around them
+            return seconds
+
+        return once
 
     names = ("cp -r", "cp -r + sync", "convert parquet", "convert folder")
     timings = timing.interleaved({name: contender(name) for name in names}, repeats)
     shutil.rmtree(work, ignore_errors=True)
-    return {"source_mb": round(total / 1e6, 1), **against_cp(timings, total)}
+    cpu_seconds = {k: round(statistics.median(v), 3) for k, v in cpu.items()}
+    return {"source_mb": round(total / 1e6, 1), **against_cp(timings, total), "median_cpu_seconds": cpu_seconds}
 
 
 def run(quick: bool, tiny: bool = False) -> dict:

@@ -128,21 +128,22 @@ def inputs_digest(items: list[Item], skip_bad: bool, check: str, max_pixels: int
 
 _progress_queue = None
 _stop = None  # set by the parent on Ctrl-C: shards not yet started are not started
+_opts: dict = {}  # the conversion's options, handed to each worker once (a parquet set's carry its validation index)
 
 
-def _init_worker(q, stop) -> None:
-    global _progress_queue, _stop
-    _progress_queue, _stop = q, stop
+def _init_worker(q, stop, opts: dict) -> None:
+    global _progress_queue, _stop, _opts
+    _progress_queue, _stop, _opts = q, stop, opts
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and cleans up
 
 
-def _write_shard_unless_stopped(out_dir: str, name: str, items: list[Item], opts: dict, digest: str) -> dict | None:
-    """`write_shard`, or None where the parent was interrupted before this shard started. The pool hands a
-    worker more shards than it runs (its call queue holds workers + 1), which ``cancel_futures`` cannot take
-    back: without this, Ctrl-C would wait for those too."""
+def _write_shard_unless_stopped(out_dir: str, name: str, items: list[Item], digest: str) -> dict | None:
+    """`write_shard` with the worker's options, or None where the parent was interrupted before this shard started.
+    The pool hands a worker more shards than it runs (its call queue holds workers + 1), which ``cancel_futures``
+    cannot take back: without this, Ctrl-C would wait for those too."""
     if _stop is not None and _stop.is_set():
         return None
-    return write_shard(out_dir, name, items, opts, digest)
+    return write_shard(out_dir, name, items, _opts, digest)
 
 
 def write_shard(out_dir: str, name: str, items: list[Item], opts: dict, digest: str) -> dict:
@@ -204,7 +205,7 @@ def _write_records(path, name, items, opts) -> dict:
             reencoded += image.reencoded
             if image.transparent:
                 transparent.append(item.path)
-            writer.write(tfrecord_io.encode_example(example_features(item, image.data, image.height, image.width)))
+            writer.write(tfrecord_io.example_parts(example_features(item, image.data, image.height, image.width)))
             sizes.append([image.height, image.width])
             pending[0] += 1
             pending[1] += item.size
@@ -644,12 +645,10 @@ def _run_tasks(out, tasks, opts, workers, todo_images, rate, progress, records: 
         q, stop = ctx.Queue(), ctx.Event()
         futures: dict = {}
         pool = cf.ProcessPoolExecutor(
-            min(workers, len(tasks)), mp_context=ctx, initializer=_init_worker, initargs=(q, stop)
-        )
+            min(workers, len(tasks)), mp_context=ctx, initializer=_init_worker, initargs=(q, stop, opts)
+        )  # the options once a worker (forked: not even copied), not pickled with each of 1,152 ImageNet shards
         try:
-            futures = {
-                pool.submit(_write_shard_unless_stopped, out, n, items, opts, d): (n, items) for n, items, d in tasks
-            }
+            futures = {pool.submit(_write_shard_unless_stopped, out, n, items, d): (n, items) for n, items, d in tasks}
             pending = set(futures)
             while pending:
                 done, pending = cf.wait(pending, timeout=0.2, return_when=cf.FIRST_COMPLETED)

@@ -308,7 +308,7 @@ def spill_validation(sources: list[Source], spill: str, max_pixels: int) -> list
             pf = _open(s.path)
             for g in range(len(s.groups)):
                 table = _read(s.path, pf, g, [s.image, s.label])
-                images, labels = table.column(0).combine_chunks(), table.column(1).to_pylist()
+                images, labels = _one_chunk(table.column(0)), table.column(1).to_pylist()
                 data, paths = images.field("bytes").to_pylist(), _paths(images)
                 for row, (payload, label) in enumerate(zip(data, labels)):
                     payload = payload or b""
@@ -368,8 +368,13 @@ def shard_images(items: list, opts: dict) -> Iterator[tuple[Item, Prepared | Bad
             opened[it.path] = _open(it.path)
         pf = opened[it.path]
         table = _read(it.path, pf, it.group, list(_features(it.path, pf)[:2]))
-        images, labels = table.column(0).combine_chunks(), table.column(1).to_pylist()
-        data, paths = images.field("bytes"), _paths(images)
+        images, labels = _one_chunk(table.column(0)), table.column(1).to_pylist()
+        data, paths = images.field("bytes").to_pylist(), _paths(images)
         for row in _row_order(it.path, it.group, table.num_rows, opts["seed"])[it.start : it.stop]:
-            payload = data[row].as_py() or b""
-            yield prepared(payload, labels[row], _item_path(it.path, it.group, row, paths[row]))
+            yield prepared(data[row] or b"", labels[row], _item_path(it.path, it.group, row, paths[row]))
+
+
+def _one_chunk(column: pa.ChunkedArray) -> pa.StructArray:
+    """A row group's column as one array: its only chunk where it has one (as pyarrow reads a row group), without
+    `combine_chunks`' copy of every image."""
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
