@@ -27,6 +27,7 @@ shapes alone where its format records them apart from its weights.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import zipfile
@@ -41,6 +42,7 @@ from vitlarge import fileio
 from vitlarge.checkpoint import weights as ckpt_weights
 from vitlarge.checkpoint.trust import index as dcp_index
 from vitlarge.checkpoint.trust import layout
+from vitlarge.checkpoint.trust.meta import expected_files
 from vitlarge.config.schema import Config
 from vitlarge.errors import UserError
 from vitlarge.model.vit import build_model
@@ -49,6 +51,11 @@ log = logging.getLogger("vitlarge")
 HEAD_KEYS = ("head.weight", "head.bias")
 POS_EMBED = "pos_embed"
 PATCH_WEIGHT = "patch_embed.proj.weight"
+HEADER_MAX_BYTES = 4 << 20
+"""The largest safetensors header the dry run reads for shapes: a ViT-H's is ~50 KB (safetensors' own reader
+takes 100 MB, whose JSON of empty tensors took 13 s and 1.7 GB to parse)."""
+HEADER_MAX_TENSORS = 1 << 16
+"""The most tensors a header may list for the dry run's shapes: a ViT-H has ~400, a ViT-22B ~1,000."""
 
 
 def _checkpoint_weights(path: str | Path) -> dict[str, torch.Tensor] | None:
@@ -86,23 +93,25 @@ def weights_file(path: str | Path) -> Path:
     return p
 
 
-def _check_archive(f: Path, path: str | Path) -> None:
+def _check_archive(f: Path, path: str | Path) -> bool:
     """A zip ``torch.save`` file is the archive torch.save writes (`vitlarge.checkpoint.trust.index.archive_problem`: entries stored, not
     compressed, and a pickle in proportion to its size) before ``torch.load`` inflates anything; else UserError.
-    A file of torch's format before 1.6 (not a zip) is left to ``torch.load``."""
+    A file of torch's format before 1.6 (not a zip) is left to ``torch.load``. True for a zip archive."""
     with fileio.open_regular(f) as fh:
         if not zipfile.is_zipfile(fh):
-            return
+            return False
         problem = dcp_index.archive_problem(fh, os.fstat(fh.fileno()).st_size)
     if problem:
         raise UserError(
             f"model.init_from={path}: {f} {problem}; pass a model.safetensors or a torch checkpoint of a timm model"
         )
+    return True
 
 
-def read_state_dict(path: str | Path) -> tuple[dict[str, torch.Tensor], str | None]:
+def read_state_dict(path: str | Path, *, mapped: bool = False) -> tuple[dict[str, torch.Tensor], str | None]:
     """The state dict in PATH (see the module docstring), on the CPU, and the checkpoint key it came
-    from (``state_dict_ema``, ``state_dict``, ``model``; None for a bare state dict)."""
+    from (``state_dict_ema``, ``state_dict``, ``model``; None for a bare state dict). ``mapped``: a torch zip
+    file's tensors are memory-mapped, not read (the dry run's shapes: a ViT-H's GBs never enter memory)."""
     sd = _checkpoint_weights(path)
     if sd is not None:
         if not all(isinstance(v, torch.Tensor) for v in sd.values()):
@@ -114,12 +123,12 @@ def read_state_dict(path: str | Path) -> tuple[dict[str, torch.Tensor], str | No
         if f.suffix == ".safetensors":
             sd = load_file(str(f), device="cpu")
         else:
-            _check_archive(f, path)
+            is_zip = _check_archive(f, path)
             # timm, DeiT and MAE training checkpoints carry their argparse.Namespace 'args': allowed for
             # this load only (a plain attribute bag, no code runs); weights_only stays on, so any other
             # object in a foreign file is still refused.
             with torch.serialization.safe_globals([argparse.Namespace]):
-                sd = torch.load(f, map_location="cpu", weights_only=True)
+                sd = torch.load(f, map_location="cpu", weights_only=True, mmap=mapped and is_zip)
             for k in ("state_dict_ema", "state_dict", "model"):  # timm train.py / DeiT / MAE checkpoints
                 if isinstance(sd, dict) and isinstance(sd.get(k), dict):
                     sd, key = sd[k], k
@@ -225,32 +234,64 @@ def check_source(cfg: Config) -> None:
     adapt(read_state_dict(cfg.model.init_from)[0], build_model(cfg, "meta"), cfg.model.init_from)
 
 
-def _header_shapes(f: Path, path: str | Path) -> dict[str, torch.Tensor]:
-    """Meta tensors of the shapes a safetensors file's header records: no weight is read (the format's own reader
-    refuses a header over 100 MB)."""
-    from safetensors import safe_open  # lazy: the dry run's alone
+def _header_shapes(f: Path, path: str | Path, *, follow: bool = True) -> dict[str, torch.Tensor]:
+    """Meta tensors of the shapes a safetensors file's header records, no weight read: a regular file (``follow``
+    False: not a link either), a header of at most `HEADER_MAX_BYTES` listing at most `HEADER_MAX_TENSORS`
+    tensors, each a shape of whole numbers, its bytes within the file; else one line naming the file."""
+
+    def refused(why: str) -> UserError:
+        return UserError(
+            f"model.init_from={path}: {f} {why}; pass a model.safetensors or a torch checkpoint of a timm model"
+        )
 
     try:
-        with safe_open(str(f), framework="pt") as fh:
-            return {k: torch.empty(fh.get_slice(k).get_shape(), device="meta") for k in fh.keys()}  # noqa: SIM118
-    except Exception as e:  # noqa: BLE001 - safetensors raises its own error, OSError or ValueError on a foreign file
-        raise UserError(
-            f"model.init_from={path}: {f} is not a readable safetensors file ({type(e).__name__}); pass a "
-            "model.safetensors or a torch checkpoint of a timm model"
-        ) from None
+        with fileio.open_regular(f, follow=follow) as fh:
+            size, head = os.fstat(fh.fileno()).st_size, fh.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else 0
+            if n > HEADER_MAX_BYTES:
+                raise refused(f"has a header of {n:,} bytes, more than the {HEADER_MAX_BYTES:,} a model's takes")
+            if not 2 <= n <= size - 8:
+                raise refused("is not a safetensors file (no header)")
+            doc = json.loads(fh.read(n))
+    except fileio.UnsafeFile as e:
+        raise refused(e.strerror or "is not a regular file") from None
+    except OSError as e:
+        raise refused(f"cannot be read ({e.strerror})") from None
+    except (ValueError, RecursionError):
+        raise refused("is not a safetensors file (its header is not JSON)") from None
+    if not isinstance(doc, dict):
+        raise refused("is not a safetensors file (its header is not a JSON object)")
+    tensors = {k: v for k, v in doc.items() if k != "__metadata__"}
+    if len(tensors) > HEADER_MAX_TENSORS:
+        raise refused(f"lists {len(tensors):,} tensors, more than the {HEADER_MAX_TENSORS:,} a model has")
+    out = {}
+    for k, v in tensors.items():
+        shape, ends = (v.get("shape"), v.get("data_offsets")) if isinstance(v, dict) else (None, None)
+        whole = isinstance(shape, list) and all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        )
+        if not whole or not (isinstance(ends, list) and len(ends) == 2 and all(isinstance(e, int) for e in ends)):
+            raise refused(f"is not a safetensors file (its tensor {k[:80]!r} has no shape and offsets)")
+        if not 0 <= ends[0] <= ends[1] <= size - 8 - n:
+            raise refused(f"is cut short (its tensor {k[:80]!r} ends past the file)")
+        out[k] = torch.empty(shape, device="meta")
+    return out
 
 
 def source_shapes(path: str | Path) -> dict[str, torch.Tensor]:
     """The source's tensors as meta tensors of their shapes, read as the format allows: a safetensors header (an
     export, a format-2 checkpoint, a timm ``.safetensors``), a checkpoint's meta.json and DCP index (bounded reads,
     `vitlarge.checkpoint.trust`), and for a torch file, whose pickle holds the shapes beside the weights, the state
-    dict as the run reads it (`read_state_dict`). One line (`UserError`) where the run's read would fail."""
+    dict as the run reads it (`read_state_dict`), its tensors memory-mapped. One line (`UserError`) where the run's read would fail."""
     p = Path(path)
     if p.is_dir() and (p / "meta.json").is_file():
         try:
             meta = layout.read_meta(p)
-            if meta["format_version"] < 3:
-                return _header_shapes(p / "model.safetensors", path)
+            if meta["format_version"] < 3:  # the run's own check of the file first (`weights_of`): no link, no FIFO
+                problem = fileio.size_problem(p / "model.safetensors", expected_files(meta)["model.safetensors"])
+                if problem:
+                    raise layout.Unusable(p, problem)
+                return _header_shapes(p / "model.safetensors", path, follow=False)
             index = dcp_index.read_index(p, meta["files"])
         except (layout.Unusable, dcp_index.IndexProblem) as e:
             problem = e.problem if isinstance(e, layout.Unusable) else str(e)
@@ -265,7 +306,7 @@ def source_shapes(path: str | Path) -> dict[str, torch.Tensor]:
     f = weights_file(path)
     if f.suffix == ".safetensors":
         return _header_shapes(f, path)
-    return {k: torch.empty(v.shape, device="meta") for k, v in read_state_dict(path)[0].items()}
+    return {k: torch.empty(v.shape, device="meta") for k, v in read_state_dict(path, mapped=True)[0].items()}
 
 
 def plan_notes(cfg: Config) -> list[str]:
