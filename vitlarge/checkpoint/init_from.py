@@ -267,14 +267,15 @@ def _header_shapes(f: Path, path: str | Path, *, follow: bool = True) -> dict[st
     out = {}
     for k, v in tensors.items():
         shape, ends = (v.get("shape"), v.get("data_offsets")) if isinstance(v, dict) else (None, None)
-        whole = isinstance(shape, list) and all(
+        if not isinstance(shape, list) or not all(
             isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-        )
-        if not whole or not (isinstance(ends, list) and len(ends) == 2 and all(isinstance(e, int) for e in ends)):
+        ):
+            shape = None
+        if shape is None or not (isinstance(ends, list) and len(ends) == 2 and all(isinstance(e, int) for e in ends)):
             raise refused(f"is not a safetensors file (its tensor {k[:80]!r} has no shape and offsets)")
         if not 0 <= ends[0] <= ends[1] <= size - 8 - n:
             raise refused(f"is cut short (its tensor {k[:80]!r} ends past the file)")
-        out[k] = torch.empty(shape, device="meta")
+        out[k] = torch.empty(cast(list[int], shape), device="meta")
     return out
 
 

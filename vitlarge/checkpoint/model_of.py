@@ -94,7 +94,8 @@ def of_export(folder: Path) -> ModelOf:
 def of_checkpoint(folder: Path, meta: dict) -> ModelOf:
     """What a checkpoint's meta.json (``meta``, read and checked: `vitlarge.checkpoint.trust.layout.read_meta`)
     records of its model: the name, the classifier's outputs (its ``head.weight`` shape, else the recorded
-    ``data.num_classes``) and the recipe's model kwargs. A checkpoint records no class names."""
+    ``data.num_classes``) and the recipe's model kwargs, and the class names its run's data set had (``classes``,
+    checked by `vitlarge.checkpoint.trust.meta.classes_problem`; None in a checkpoint written before they were)."""
     config = _dict(meta.get("config"))
     data, model = _dict(config.get("data")), _dict(config.get("model"))
     head = _dict(meta.get("param_shapes")).get("head.weight")
@@ -104,7 +105,9 @@ def of_checkpoint(folder: Path, meta: dict) -> ModelOf:
     kwargs = _dict(model.get("kwargs"))
     name = meta.get("model") if isinstance(meta.get("model"), str) else None
     kwargs = {k: v for k, v in kwargs.items() if isinstance(v, (int, float, str, bool))}
-    return ModelOf(str(folder / "meta.json"), name, count, kwargs)
+    names = meta.get("classes")
+    names = tuple(names) if isinstance(names, list) and len(names) == count else None
+    return ModelOf(str(folder / "meta.json"), name, count, kwargs, names)
 
 
 def build_config(model: ModelOf) -> Config:
