@@ -294,6 +294,11 @@ def main(argv: list[str] | None = None) -> int:
         mismatch = model_of.config_mismatch(model, cfg, args.config, is_export) if args.config else None
         if mismatch:
             raise mismatch
+        if meta is None:  # an export's or a bare model.safetensors' model, on the meta device, against its header
+            weights = given / "model.safetensors" if given.is_dir() else given
+            misfit = model_of.weights_misfit(cfg, weights, None if args.config else folder / "config.json")
+            if misfit:
+                raise misfit
         if meta:  # the model its meta.json describes is the checkpoint's, before one is built
             ckpt_weights.check_compatible_config(meta, args.checkpoint, cfg)
         manifest = None if cfg.data.source == "synthetic" else load_manifest(cfg.data.path)

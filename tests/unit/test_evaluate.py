@@ -412,3 +412,29 @@ def test_a_bare_model_safetensors_is_mapped_by_the_names_in_its_folders_config_j
     r = call_main("vitlarge.evaluate", "--checkpoint", str(path / "model.safetensors"), "--data", data)
     assert (r.returncode, r.stdout) == (2, "")
     assert f"are not among the model's 5 (five, four, one, three, two; {path}/config.json)" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "args, key, said",
+    [
+        ({"embed_dim": 65535, "depth": 64}, "embed_dim", "embed_dim is 65535, its model.safetensors holds 96"),
+        ({"depth": 9}, "depth", "depth is 9, its model.safetensors holds 4"),
+        ({"patch_size": 2}, "patch_size", "patch_size is 2, its model.safetensors holds 4"),
+    ],
+)
+def test_an_export_config_json_that_does_not_describe_its_weights_is_one_line_before_a_model_is_built(
+    tmp_path, args, key, said
+):
+    """Review of issue 55: a config.json of embed_dim 65536 and depth 64 tried to allocate 51 GB, and the line
+    blamed model.kwargs, which the user never set. The model is now built on the meta device and compared with the
+    weights file's header first; the line names config.json's key."""
+    from tests.helpers import call_main
+
+    path = _export_with(tmp_path)
+    doc = json.loads((path / "config.json").read_text())
+    doc["model_args"].update(args)
+    (path / "config.json").write_text(json.dumps(doc))
+    r = call_main("vitlarge.evaluate", "--checkpoint", str(path), "data.source=synthetic")
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr.startswith(f"error: {path}/config.json: model_args.{key} ") and said in r.stderr, r.stderr
+    assert len(r.stderr.splitlines()) == 1

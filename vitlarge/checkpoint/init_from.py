@@ -234,15 +234,13 @@ def check_source(cfg: Config) -> None:
     adapt(read_state_dict(cfg.model.init_from)[0], build_model(cfg, "meta"), cfg.model.init_from)
 
 
-def _header_shapes(f: Path, path: str | Path, *, follow: bool = True) -> dict[str, torch.Tensor]:
+def header_shapes(f: Path, lead: str, *, follow: bool = True) -> dict[str, torch.Tensor]:
     """Meta tensors of the shapes a safetensors file's header records, no weight read: a regular file (``follow``
     False: not a link either), a header of at most `HEADER_MAX_BYTES` listing at most `HEADER_MAX_TENSORS`
-    tensors, each a shape of whole numbers, its bytes within the file; else one line naming the file."""
+    tensors, each a shape of whole numbers, its bytes within the file; else one line, ``lead`` then the file."""
 
     def refused(why: str) -> UserError:
-        return UserError(
-            f"model.init_from={path}: {f} {why}; pass a model.safetensors or a torch checkpoint of a timm model"
-        )
+        return UserError(f"{lead}: {f} {why}; pass a model.safetensors or a torch checkpoint of a timm model")
 
     try:
         with fileio.open_regular(f, follow=follow) as fh:
@@ -292,7 +290,7 @@ def source_shapes(path: str | Path) -> dict[str, torch.Tensor]:
                 problem = fileio.size_problem(p / "model.safetensors", expected_files(meta)["model.safetensors"])
                 if problem:
                     raise layout.Unusable(p, problem)
-                return _header_shapes(p / "model.safetensors", path, follow=False)
+                return header_shapes(p / "model.safetensors", f"model.init_from={path}", follow=False)
             index = dcp_index.read_index(p, meta["files"])
         except (layout.Unusable, dcp_index.IndexProblem) as e:
             problem = e.problem if isinstance(e, layout.Unusable) else str(e)
@@ -306,7 +304,7 @@ def source_shapes(path: str | Path) -> dict[str, torch.Tensor]:
         }
     f = weights_file(path)
     if f.suffix == ".safetensors":
-        return _header_shapes(f, path)
+        return header_shapes(f, f"model.init_from={path}")
     return {k: torch.empty(v.shape, device="meta") for k, v in read_state_dict(path, mapped=True)[0].items()}
 
 
