@@ -140,11 +140,11 @@ def _depth(shapes: dict) -> int:
 def weights_misfit(cfg: Config, weights: Path, config_json: Path | None) -> UserError | None:
     """A one-line `UserError` where ``cfg``'s model does not have the shapes of the tensors in safetensors file
     ``weights``, found before anything is allocated: the model built on the meta device, the weights' header read
-    (bounded: `vitlarge.checkpoint.init_from.header_shapes`). ``config_json``: the export's config.json that ``cfg``
+    (bounded: `vitlarge.checkpoint.trust.torch_files.header_shapes`). ``config_json``: the export's config.json that ``cfg``
     was built from (no ``--config``): the line names its ``model_args.<key>``; None: the ``model.kwargs.<key>`` to
     set. A key the shapes show (width, depth, patch size, channels) is named with both values, else the first
     tensor that differs. None where they fit, or where there is no such file (the weights' reader then says so)."""
-    from vitlarge.checkpoint.init_from import header_shapes  # lazy: torch, off vitlarge-evaluate --help
+    from vitlarge.checkpoint.trust.torch_files import header_shapes  # lazy: torch, off vitlarge-evaluate --help
     from vitlarge.model.vit import build_model  # lazy: torch and timm, off vitlarge-evaluate --help
 
     if not weights.is_file():

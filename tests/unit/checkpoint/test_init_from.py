@@ -298,7 +298,8 @@ def test_the_dry_runs_shape_reads_are_bounded_in_absolute_terms(tmp_path):
     import json
     import struct
 
-    from vitlarge.checkpoint.init_from import HEADER_MAX_BYTES, HEADER_MAX_TENSORS, source_shapes
+    from vitlarge.checkpoint.init_from import source_shapes
+    from vitlarge.checkpoint.trust.torch_files import HEADER_MAX_BYTES, HEADER_MAX_TENSORS
 
     pth = tmp_path / "big.pth"
     torch.save({"state_dict": {"w": torch.ones(8 << 20)}}, pth)  # 32 MB
