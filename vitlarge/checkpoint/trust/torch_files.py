@@ -4,7 +4,9 @@ Nothing is unpickled beyond tensors and numbers (``torch.load(weights_only=True)
 archive is one ``torch.save`` writes and that its pickle makes objects in proportion to its size,
 `vitlarge.checkpoint.trust.index.archive_problem`); a rank file is capped at `RANK_FILE_MAX_BYTES` and checked key by
 key (`rank_state_problem`) before any of it is applied; a format-1/2 optimizer file is checked for the shape
-``Optimizer.state_dict()`` gives (`optimizer_state_problem`) before its indices are used.
+``Optimizer.state_dict()`` gives (`optimizer_state_problem`) before its indices are used. Where only shapes are
+needed (the dry run's ``model.init_from`` notes, ``vitlarge.evaluate``'s check of an export), a safetensors header
+is read alone, capped (`header_shapes`).
 """
 
 from __future__ import annotations
