@@ -284,6 +284,21 @@ def evaluation_folder(src: str) -> str:
     return val_dir if os.path.isdir(val_dir) else src
 
 
+def check_out(src: str, out: str) -> None:
+    """A UserError (one line, before anything is read or removed) where ``out`` is inside a folder whose subfolders
+    are read as classes (``ROOT/train``, ``ROOT/val``, or a flat ``ROOT`` itself: `evaluation_folder`): a rerun
+    would read the converted folder as a class and remove its dataset.json. ``ROOT/tfrecords`` beside ``train/``
+    is fine."""
+    train_dir = os.path.join(src, "train")
+    folders = [train_dir, os.path.join(src, "val")] if os.path.isdir(train_dir) else [evaluation_folder(src)]
+    for folder in folders:
+        if os.path.isdir(folder) and is_inside(out, folder):
+            raise UserError(
+                f"{out}: --out is inside {os.path.normpath(folder)}, whose folders are read as classes; choose an "
+                "--out outside it"
+            )
+
+
 def _validation_only(src: str, label_offset: int) -> tuple[list[str], dict[str, list[Item]]] | None:
     """`discover`'s answer for a source converted for evaluation alone: its class folders (`evaluation_folder`) as
     the validation split, labelled by their names sorted as text as `discover` labels a training split's; None

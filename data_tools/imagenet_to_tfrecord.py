@@ -369,6 +369,7 @@ def convert(
     `Interrupted` on Ctrl-C (after the shards in progress are complete)."""
     if workers is None:
         workers = os.cpu_count() or 1
+    imagefolder.check_out(src, out)
     classes, splits = imagefolder.discover(src, val_labels, LABEL_OFFSET)
     for line in imagefolder.layout_warnings(src, classes, splits, min_class_images):
         print(f"warning: {line}", file=sys.stderr)

@@ -283,16 +283,22 @@ def main(argv: list[str] | None = None) -> int:
             meta = layout.read_meta(given) if (given / "meta.json").is_file() else None
         except layout.Unusable as e:
             raise ckpt_weights.evaluate_another(given, e.problem) from None
-        is_export = meta is None and (given / "config.json").is_file()
-        exported = model_of.of_export(given) if is_export else None
-        cfg = _configured(args, given, exported)
+        folder = given.parent if given.suffix == ".safetensors" and given.is_file() else given
+        is_export = meta is None and (folder / "config.json").is_file()  # a model.safetensors: its folder's
+        exported = model_of.of_export(folder) if is_export else None
+        cfg = _configured(args, folder, exported)
         changed, exported_at = (as_trained(cfg, meta.get("config", {})) if meta else []), None
         if is_export:  # an export: its config.json says how it was trained
-            changed, exported_at = as_exported(cfg, given)
+            changed, exported_at = as_exported(cfg, folder)
         model = exported or (model_of.of_checkpoint(given, meta) if meta else model_of.ModelOf(str(given)))
         mismatch = model_of.config_mismatch(model, cfg, args.config, is_export) if args.config else None
         if mismatch:
             raise mismatch
+        if meta is None:  # an export's or a bare model.safetensors' model, on the meta device, against its header
+            weights = given / "model.safetensors" if given.is_dir() else given
+            misfit = model_of.weights_misfit(cfg, weights, None if args.config else folder / "config.json")
+            if misfit:
+                raise misfit
         if meta:  # the model its meta.json describes is the checkpoint's, before one is built
             ckpt_weights.check_compatible_config(meta, args.checkpoint, cfg)
         manifest = None if cfg.data.source == "synthetic" else load_manifest(cfg.data.path)

@@ -160,6 +160,7 @@ def test_the_export_of_a_48_px_run_evaluates_as_trained_and_prints_a_table(demo_
     assert r.stderr.strip().splitlines() == [
         f"warning: {path} was trained with other data.image_size than --config gives; evaluating as it was trained "
         "(its config.json)",
+        f"classes matched by index: {path}/config.json records no class names",  # exported without label_names
         JSON_MOVED,  # stdout is a pipe here: a script reads it
     ]
     lines = r.stdout.strip().splitlines()

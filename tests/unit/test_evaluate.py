@@ -382,3 +382,59 @@ def test_a_checkpoint_with_another_class_count_than_config_is_one_line_naming_th
         f"error: {path}/meta.json records another model than --config {DEMO} gives (data.num_classes=4); pass "
         "data.num_classes=10 (or the recipe that trained it)\n",
     )
+
+
+def test_a_checkpoint_of_other_classes_is_one_line_and_exit_2_not_scored_by_index(tmp_path):
+    """Review of issue 55: a checkpoint recorded no class names, so a set of as many other classes was scored by
+    index (a wrong top-1, exit 0). Its meta.json now records the data set's names, compared as an export's are."""
+    from tests.helpers import call_main
+    from tests.helpers.tiny_model import make
+    from vitlarge.checkpoint import store
+    from vitlarge.checkpoint.state import RunState
+
+    cfg = load_config(DEMO, ["data.num_classes=5"])
+    model, opt, scaler = make(cfg)
+    path = store.save(tmp_path, RunState(model, opt, scaler, step=1, classes=sorted(COLOURS)), cfg, keep=1)
+    data = _converted(tmp_path, {"one": 0, "six": 30, "seven": 60, "eight": 90, "nine": 120})
+    args = ("--config", str(DEMO), "--checkpoint", str(path), "--data", data, "data.num_classes=5")
+    r = call_main("vitlarge.evaluate", *args)
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr.startswith(f"error: {data}/dataset.json: 4 of its 5 classes (eight, nine, seven, six) are not ")
+    assert f"{path}/meta.json" in r.stderr
+
+
+def test_a_bare_model_safetensors_is_mapped_by_the_names_in_its_folders_config_json(tmp_path):
+    """Review of issue 55: a ``model.safetensors`` path skipped the config.json beside it (its ``label_names``)."""
+    from tests.helpers import call_main
+
+    path = _named_export(tmp_path, sorted(COLOURS))
+    data = _converted(tmp_path, {"one": 0, "six": 30, "seven": 60, "eight": 90, "nine": 120})
+    r = call_main("vitlarge.evaluate", "--checkpoint", str(path / "model.safetensors"), "--data", data)
+    assert (r.returncode, r.stdout) == (2, "")
+    assert f"are not among the model's 5 (five, four, one, three, two; {path}/config.json)" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "args, key, said",
+    [
+        ({"embed_dim": 65535, "depth": 64}, "embed_dim", "embed_dim is 65535, its model.safetensors holds 96"),
+        ({"depth": 9}, "depth", "depth is 9, its model.safetensors holds 4"),
+        ({"patch_size": 2}, "patch_size", "patch_size is 2, its model.safetensors holds 4"),
+    ],
+)
+def test_an_export_config_json_that_does_not_describe_its_weights_is_one_line_before_a_model_is_built(
+    tmp_path, args, key, said
+):
+    """Review of issue 55: a config.json of embed_dim 65536 and depth 64 tried to allocate 51 GB, and the line
+    blamed model.kwargs, which the user never set. The model is now built on the meta device and compared with the
+    weights file's header first; the line names config.json's key."""
+    from tests.helpers import call_main
+
+    path = _export_with(tmp_path)
+    doc = json.loads((path / "config.json").read_text())
+    doc["model_args"].update(args)
+    (path / "config.json").write_text(json.dumps(doc))
+    r = call_main("vitlarge.evaluate", "--checkpoint", str(path), "data.source=synthetic")
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr.startswith(f"error: {path}/config.json: model_args.{key} ") and said in r.stderr, r.stderr
+    assert len(r.stderr.splitlines()) == 1

@@ -46,8 +46,9 @@ class Checkpointer:
     """The checkpoints of the run in ``workdir`` under ``cfg`` on ``rank``: the workdir's checks before any work,
     the resume, the save (which prunes to ``train.keep_checkpoints``)."""
 
-    def __init__(self, workdir: str | Path, cfg: Config, rank: int = 0):
+    def __init__(self, workdir: str | Path, cfg: Config, rank: int = 0, classes: list[str] | None = None):
         self.workdir, self.cfg, self.rank = Path(workdir), cfg, rank
+        self.classes = classes  # the data set's class names, recorded in each meta.json (`RunState.classes`)
         self._parts: dict[str, Any] | None = None
 
     @property
@@ -122,4 +123,6 @@ class Checkpointer:
         schedule: dict | None = None,
     ) -> RunState:
         assert self._parts is not None, "attach the run's parts first"
-        return RunState(**self._parts, step=step, data=data, lineage=lineage, config=config, schedule=schedule)
+        return RunState(
+            **self._parts, step=step, data=data, lineage=lineage, config=config, schedule=schedule, classes=self.classes
+        )

@@ -41,6 +41,8 @@ from vitlarge import fileio
 from vitlarge.checkpoint import weights as ckpt_weights
 from vitlarge.checkpoint.trust import index as dcp_index
 from vitlarge.checkpoint.trust import layout
+from vitlarge.checkpoint.trust.meta import expected_files
+from vitlarge.checkpoint.trust.torch_files import header_shapes
 from vitlarge.config.schema import Config
 from vitlarge.errors import UserError
 from vitlarge.model.vit import build_model
@@ -86,23 +88,25 @@ def weights_file(path: str | Path) -> Path:
     return p
 
 
-def _check_archive(f: Path, path: str | Path) -> None:
+def _check_archive(f: Path, path: str | Path) -> bool:
     """A zip ``torch.save`` file is the archive torch.save writes (`vitlarge.checkpoint.trust.index.archive_problem`: entries stored, not
     compressed, and a pickle in proportion to its size) before ``torch.load`` inflates anything; else UserError.
-    A file of torch's format before 1.6 (not a zip) is left to ``torch.load``."""
+    A file of torch's format before 1.6 (not a zip) is left to ``torch.load``. True for a zip archive."""
     with fileio.open_regular(f) as fh:
         if not zipfile.is_zipfile(fh):
-            return
+            return False
         problem = dcp_index.archive_problem(fh, os.fstat(fh.fileno()).st_size)
     if problem:
         raise UserError(
             f"model.init_from={path}: {f} {problem}; pass a model.safetensors or a torch checkpoint of a timm model"
         )
+    return True
 
 
-def read_state_dict(path: str | Path) -> tuple[dict[str, torch.Tensor], str | None]:
+def read_state_dict(path: str | Path, *, mapped: bool = False) -> tuple[dict[str, torch.Tensor], str | None]:
     """The state dict in PATH (see the module docstring), on the CPU, and the checkpoint key it came
-    from (``state_dict_ema``, ``state_dict``, ``model``; None for a bare state dict)."""
+    from (``state_dict_ema``, ``state_dict``, ``model``; None for a bare state dict). ``mapped``: a torch zip
+    file's tensors are memory-mapped, not read (the dry run's shapes: a ViT-H's GBs never enter memory)."""
     sd = _checkpoint_weights(path)
     if sd is not None:
         if not all(isinstance(v, torch.Tensor) for v in sd.values()):
@@ -114,12 +118,12 @@ def read_state_dict(path: str | Path) -> tuple[dict[str, torch.Tensor], str | No
         if f.suffix == ".safetensors":
             sd = load_file(str(f), device="cpu")
         else:
-            _check_archive(f, path)
+            is_zip = _check_archive(f, path)
             # timm, DeiT and MAE training checkpoints carry their argparse.Namespace 'args': allowed for
             # this load only (a plain attribute bag, no code runs); weights_only stays on, so any other
             # object in a foreign file is still refused.
             with torch.serialization.safe_globals([argparse.Namespace]):
-                sd = torch.load(f, map_location="cpu", weights_only=True)
+                sd = torch.load(f, map_location="cpu", weights_only=True, mmap=mapped and is_zip)
             for k in ("state_dict_ema", "state_dict", "model"):  # timm train.py / DeiT / MAE checkpoints
                 if isinstance(sd, dict) and isinstance(sd.get(k), dict):
                     sd, key = sd[k], k
@@ -225,32 +229,20 @@ def check_source(cfg: Config) -> None:
     adapt(read_state_dict(cfg.model.init_from)[0], build_model(cfg, "meta"), cfg.model.init_from)
 
 
-def _header_shapes(f: Path, path: str | Path) -> dict[str, torch.Tensor]:
-    """Meta tensors of the shapes a safetensors file's header records: no weight is read (the format's own reader
-    refuses a header over 100 MB)."""
-    from safetensors import safe_open  # lazy: the dry run's alone
-
-    try:
-        with safe_open(str(f), framework="pt") as fh:
-            return {k: torch.empty(fh.get_slice(k).get_shape(), device="meta") for k in fh.keys()}  # noqa: SIM118
-    except Exception as e:  # noqa: BLE001 - safetensors raises its own error, OSError or ValueError on a foreign file
-        raise UserError(
-            f"model.init_from={path}: {f} is not a readable safetensors file ({type(e).__name__}); pass a "
-            "model.safetensors or a torch checkpoint of a timm model"
-        ) from None
-
-
 def source_shapes(path: str | Path) -> dict[str, torch.Tensor]:
     """The source's tensors as meta tensors of their shapes, read as the format allows: a safetensors header (an
     export, a format-2 checkpoint, a timm ``.safetensors``), a checkpoint's meta.json and DCP index (bounded reads,
     `vitlarge.checkpoint.trust`), and for a torch file, whose pickle holds the shapes beside the weights, the state
-    dict as the run reads it (`read_state_dict`). One line (`UserError`) where the run's read would fail."""
+    dict as the run reads it (`read_state_dict`), its tensors memory-mapped. One line (`UserError`) where the run's read would fail."""
     p = Path(path)
     if p.is_dir() and (p / "meta.json").is_file():
         try:
             meta = layout.read_meta(p)
-            if meta["format_version"] < 3:
-                return _header_shapes(p / "model.safetensors", path)
+            if meta["format_version"] < 3:  # the run's own check of the file first (`weights_of`): no link, no FIFO
+                problem = fileio.size_problem(p / "model.safetensors", expected_files(meta)["model.safetensors"])
+                if problem:
+                    raise layout.Unusable(p, problem)
+                return header_shapes(p / "model.safetensors", f"model.init_from={path}", follow=False)
             index = dcp_index.read_index(p, meta["files"])
         except (layout.Unusable, dcp_index.IndexProblem) as e:
             problem = e.problem if isinstance(e, layout.Unusable) else str(e)
@@ -264,8 +256,8 @@ def source_shapes(path: str | Path) -> dict[str, torch.Tensor]:
         }
     f = weights_file(path)
     if f.suffix == ".safetensors":
-        return _header_shapes(f, path)
-    return {k: torch.empty(v.shape, device="meta") for k, v in read_state_dict(path)[0].items()}
+        return header_shapes(f, f"model.init_from={path}")
+    return {k: torch.empty(v.shape, device="meta") for k, v in read_state_dict(path, mapped=True)[0].items()}
 
 
 def plan_notes(cfg: Config) -> list[str]:

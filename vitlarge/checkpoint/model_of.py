@@ -94,7 +94,8 @@ def of_export(folder: Path) -> ModelOf:
 def of_checkpoint(folder: Path, meta: dict) -> ModelOf:
     """What a checkpoint's meta.json (``meta``, read and checked: `vitlarge.checkpoint.trust.layout.read_meta`)
     records of its model: the name, the classifier's outputs (its ``head.weight`` shape, else the recorded
-    ``data.num_classes``) and the recipe's model kwargs. A checkpoint records no class names."""
+    ``data.num_classes``) and the recipe's model kwargs, and the class names its run's data set had (``classes``,
+    checked by `vitlarge.checkpoint.trust.meta.classes_problem`; None in a checkpoint written before they were)."""
     config = _dict(meta.get("config"))
     data, model = _dict(config.get("data")), _dict(config.get("model"))
     head = _dict(meta.get("param_shapes")).get("head.weight")
@@ -104,7 +105,9 @@ def of_checkpoint(folder: Path, meta: dict) -> ModelOf:
     kwargs = _dict(model.get("kwargs"))
     name = meta.get("model") if isinstance(meta.get("model"), str) else None
     kwargs = {k: v for k, v in kwargs.items() if isinstance(v, (int, float, str, bool))}
-    return ModelOf(str(folder / "meta.json"), name, count, kwargs)
+    names = meta.get("classes")
+    names = tuple(names) if isinstance(names, list) and len(names) == count else None
+    return ModelOf(str(folder / "meta.json"), name, count, kwargs, names)
 
 
 def build_config(model: ModelOf) -> Config:
@@ -120,6 +123,56 @@ def build_config(model: ModelOf) -> Config:
     cfg.model.name, cfg.model.kwargs, cfg.data.num_classes = model.name, dict(model.kwargs), model.num_classes
     cfg.train.precision = "auto"  # fp16 only where the CPU or GPU computes it fast
     return cfg
+
+
+# What a ViT's tensors say of the model_args that shaped them: (key, tensor, read the value from its shape).
+_SHAPED_BY = (
+    ("embed_dim", "patch_embed.proj.weight", lambda s: s[0]),
+    ("patch_size", "patch_embed.proj.weight", lambda s: s[-1]),
+    ("in_chans", "patch_embed.proj.weight", lambda s: s[1]),
+)
+
+
+def _depth(shapes: dict) -> int:
+    return len({k.split(".")[1] for k in shapes if k.startswith("blocks.")})
+
+
+def weights_misfit(cfg: Config, weights: Path, config_json: Path | None) -> UserError | None:
+    """A one-line `UserError` where ``cfg``'s model does not have the shapes of the tensors in safetensors file
+    ``weights``, found before anything is allocated: the model built on the meta device, the weights' header read
+    (bounded: `vitlarge.checkpoint.trust.torch_files.header_shapes`). ``config_json``: the export's config.json that ``cfg``
+    was built from (no ``--config``): the line names its ``model_args.<key>``; None: the ``model.kwargs.<key>`` to
+    set. A key the shapes show (width, depth, patch size, channels) is named with both values, else the first
+    tensor that differs. None where they fit, or where there is no such file (the weights' reader then says so)."""
+    from vitlarge.checkpoint.trust.torch_files import header_shapes  # lazy: torch, off vitlarge-evaluate --help
+    from vitlarge.model.vit import build_model  # lazy: torch and timm, off vitlarge-evaluate --help
+
+    if not weights.is_file():
+        return None
+    where = f"{config_json}: model_args" if config_json else "model.kwargs"
+    try:
+        built = {k: tuple(v.shape) for k, v in build_model(cfg, "meta").state_dict().items()}
+    except UserError as e:
+        if config_json is None:
+            raise
+        return UserError(f"{config_json}: its model_args build no model ({str(e)[:300]}); {_DAMAGED}")
+    held = {k: tuple(v.shape) for k, v in header_shapes(weights, str(weights), follow=False).items()}
+    if all(held.get(k) == v for k, v in built.items()):
+        return None
+    if not held.keys() & built.keys():
+        return UserError(f"{weights} holds none of the {len(built):,} tensors of a {cfg.model.name}; {_DAMAGED}")
+    found = [(key, read(built[t]), read(held[t])) for key, t, read in _SHAPED_BY if t in built and t in held]
+    found.append(("depth", _depth(built), _depth(held)))
+    key, ours, theirs = next(((k, a, b) for k, a, b in found if a != b), (None, None, None))
+    fix = _DAMAGED if config_json else f"pass model.kwargs.{key}={theirs} or the recipe that trained it"
+    if key is not None:
+        return UserError(f"{where}.{key} is {ours}, its {weights.name} holds {theirs}; {fix}")
+    name = next(k for k, v in built.items() if held.get(k) != v)
+    shown = "missing" if name not in held else f"{list(held[name])}"
+    return UserError(f"{where} build {name} {list(built[name])}, its {weights.name} holds {shown}; {fix}")
+
+
+_DAMAGED = "the file was edited or damaged: use another export or the run's checkpoint folder"
 
 
 def config_mismatch(model: ModelOf, cfg: Config, recipe: str, export: bool) -> UserError | None:

@@ -99,6 +99,9 @@ class RunState:
     schedule: dict[str, Any] | None = None
     """What the run's plan records beside the config (meta.json's ``schedule``, `vitlarge.plan.plan.Plan.record`);
     None: not written."""
+    classes: list[str] | None = None
+    """The data set's class names in label order (meta.json's ``classes``: what ``vitlarge.evaluate`` maps a data set
+    by, `vitlarge.data.class_map`); None: not written."""
 
     def sharded_parts(self, with_optimizer: bool = True, with_ema: bool = True) -> dict[str, Stateful]:
         """The parts DCP saves and loads (``.distcp``), by the key each is stored under: the weights, the

@@ -63,7 +63,7 @@ from vitlarge.checkpoint.trust.layout import (
     step_name,
     step_of,
 )
-from vitlarge.checkpoint.trust.meta import FORMAT_VERSION, expected_files
+from vitlarge.checkpoint.trust.meta import FORMAT_VERSION, expected_files, recordable_classes
 from vitlarge.checkpoint.trust.torch_files import rank_state_problem, torch_load
 from vitlarge.checkpoint.weights import (
     check_compatible,
@@ -114,6 +114,7 @@ def save(workdir: str | Path, state: RunState, cfg: Config, keep: int) -> Path:
             "ema": state.ema is not None,
             "line": state.lineage,
             **({"schedule": state.schedule} if state.schedule is not None else {}),
+            **({"classes": state.classes} if recordable_classes(state.classes) else {}),
             "files": dict(sorted(files.items())),
         }
         fileio.write_atomic(tmp / "meta.json", json.dumps(meta, indent=1))  # also fsyncs tmp's names

@@ -1,7 +1,8 @@
 """Which of a model's classes a data set's labels are, by name: what `vitlarge.evaluate` scores.
 
-A model's classes are an export's ``label_names`` (config.json, in index order; `vitlarge.checkpoint.export`) or,
-for a checkpoint, only their count. A data set's are dataset.json's ``classes`` (`vitlarge.data.manifest`: the
+A model's classes are an export's ``label_names`` (config.json, in index order; `vitlarge.checkpoint.export`) or a
+checkpoint's meta.json ``classes`` (its run's data set's names; a checkpoint written before records only their count,
+scored by index when the counts agree and said in one line). A data set's are dataset.json's ``classes`` (`vitlarge.data.manifest`: the
 class folder names in label order). Names are compared, never indices: a data set holding 4 of a model's 5
 classes labels them 0..3, which are not the model's 0..3 when the missing class sorts before another, and
 its folders may sort in another order than the model's training set did (timm's reader sorts them naturally,
@@ -66,9 +67,9 @@ def match(
     files the names come from, for the lines. A `UserError` where the data set holds classes the model does not
     know, or where the counts differ and one side has no names to map them by."""
     if model_names is None or names is None:
-        if count == model_count:
-            return ClassMap(None, None)
         unnamed = model_where if model_names is None else data_where
+        if count == model_count:  # an older checkpoint, a data set of unnamed classes: as before, never silently
+            return ClassMap(None, f"classes matched by index: {unnamed} records no class names")
         export = "its run's export (<workdir>/model: its config.json names the classes), or " if names else ""
         raise UserError(
             f"the model has {model_count:,} classes, {data_where} {count:,}, and {unnamed} records no class names to "

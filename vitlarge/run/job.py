@@ -173,6 +173,7 @@ def build_run(
     """Everything before the first step (see the module docstring); ``resume``: a ``--resume`` path."""
     # lazy: torch loads after the "loading PyTorch" line (vitlarge.run.cli)
     from vitlarge.checkpoint.checkpointer import Checkpointer
+    from vitlarge.data.class_map import data_names  # lazy: numpy, as above
     from vitlarge.data.phased import PhasedLoaders  # lazy: torch, as above
     from vitlarge.distributed.collective import agree, check_same, rank0_decides  # lazy: torch, as above
     from vitlarge.train.assemble import build  # lazy: torch, as above
@@ -200,7 +201,7 @@ def build_run(
         "settings (train.precision / train.compile auto, resolved on each node)",
         "give every node the same GPUs and toolchain, or set train.precision and train.compile explicitly",
     )
-    checkpoints = Checkpointer(workdir, cfg, env.rank)
+    checkpoints = Checkpointer(workdir, cfg, env.rank, classes=data_names(manifest))
     checkpoints.check_workdir(resume)  # writable on every rank, the same folder on every node, --resume readable
     if env.is_main:
         for message in [*settings.lines(), started.determinism]:

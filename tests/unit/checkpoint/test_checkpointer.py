@@ -66,3 +66,14 @@ def test_check_workdir_refuses_a_linked_checkpoints_folder_before_a_missing_resu
     (work / "checkpoints").unlink()
     with pytest.raises(UserError, match="missing"):
         Checkpointer(work, cfg).check_workdir(tmp_path / "missing")
+
+
+def test_each_checkpoint_records_the_data_sets_class_names_for_evaluate(tmp_path, cfg):
+    """``vitlarge.evaluate`` maps a data set by name (`vitlarge.data.class_map`): the run's checkpoints carry the
+    names its Checkpointer was given (the manifest's, `vitlarge.run.job`)."""
+    from tests.helpers.tiny_model import make
+    from vitlarge.checkpoint.trust.layout import read_meta
+
+    names = [f"n{i:02d}" for i in range(cfg.data.num_classes)]
+    path = Checkpointer(tmp_path, cfg, classes=names).attach(*make(cfg)).save(3)
+    assert read_meta(path)["classes"] == names

@@ -239,3 +239,79 @@ def test_a_missing_init_from_is_one_line_before_timm_loads(monkeypatch, tmp_path
     missing = tmp_path / "nowhere.pt"
     with pytest.raises(UserError, match=f"model.init_from={missing} does not exist"):
         fresh.check_source(cfg(model__init_from=str(missing)))
+
+
+def test_the_dry_run_refuses_a_format2_checkpoints_linked_or_fifo_weights_as_the_run_does(source, tmp_path):
+    """The dry run reads a format-2 checkpoint's model.safetensors only as the run's `weights_of` would: a link out of
+    the folder or a FIFO (which blocked the header read for ever) is the run's one line, nothing read."""
+    import os
+
+    from tests.helpers.tiny_model import trained
+    from tests.unit.checkpoint.test_store import write_format2
+
+    c = cfg()
+    ckpt = tmp_path / "run" / "checkpoints" / "step_0000002"
+    write_format2(ckpt, *trained(c), c, 2)
+    weights = ckpt / "model.safetensors"
+    weights.rename(tmp_path / "outside.safetensors")
+    os.symlink(tmp_path / "outside.safetensors", weights)
+    with pytest.raises(
+        UserError, match=r"model.safetensors is a symbolic link \(refused.*; pass a complete checkpoint"
+    ):
+        plan_notes(cfg(model__init_from=str(ckpt)))
+    weights.unlink()
+    os.mkfifo(weights)
+    with pytest.raises(UserError, match="model.safetensors is not a regular file; pass a complete checkpoint"):
+        plan_notes(cfg(model__init_from=str(ckpt)))
+
+
+def _peak_rss_during(fn):
+    """``fn()``'s result and the most this process's resident memory grew while it ran (sampled each 0.5 ms)."""
+    import os
+    import threading
+    import time
+
+    def rss() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    before, peak, done = rss(), [0], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], rss())
+            time.sleep(0.0005)
+
+    t = threading.Thread(target=sample)
+    t.start()
+    try:
+        out = fn()
+    finally:
+        done.set()
+        t.join()
+    return out, max(peak[0], rss()) - before
+
+
+def test_the_dry_runs_shape_reads_are_bounded_in_absolute_terms(tmp_path):
+    """Shapes alone: a .pth's tensors are mapped, not read (32 MB of weights add a few MB at most); a safetensors
+    header past `HEADER_MAX_BYTES` or listing more than `HEADER_MAX_TENSORS` tensors is one line, never parsed."""
+    import json
+    import struct
+
+    from vitlarge.checkpoint.init_from import source_shapes
+    from vitlarge.checkpoint.trust.torch_files import HEADER_MAX_BYTES, HEADER_MAX_TENSORS
+
+    pth = tmp_path / "big.pth"
+    torch.save({"state_dict": {"w": torch.ones(8 << 20)}}, pth)  # 32 MB
+    shapes, grew = _peak_rss_during(lambda: source_shapes(pth))
+    assert shapes["w"].shape == (8 << 20,) and grew < 12 << 20, grew
+    big = tmp_path / "big.safetensors"
+    big.write_bytes(struct.pack("<Q", HEADER_MAX_BYTES + 1) + b" " * 16)
+    with pytest.raises(UserError, match=rf"big.safetensors has a header of {HEADER_MAX_BYTES + 1:,} bytes, more than"):
+        source_shapes(big)
+    many = tmp_path / "many.safetensors"
+    empty = {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}
+    header = json.dumps({f"{i}": empty for i in range(HEADER_MAX_TENSORS + 1)}, separators=(",", ":"))
+    many.write_bytes(struct.pack("<Q", len(header)) + header.encode())
+    with pytest.raises(UserError, match=rf"many.safetensors lists {HEADER_MAX_TENSORS + 1:,} tensors, more than"):
+        source_shapes(many)

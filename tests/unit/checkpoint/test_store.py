@@ -538,3 +538,28 @@ def test_a_checkpoint_that_does_not_exist_names_those_beside_it(tmp_path):
     with pytest.raises(UserError) as e:  # nothing beside it: the line as it was
         ckpt_layout.read_meta(lone)
     assert str(e.value) == f"checkpoint {lone} does not exist; check --resume, or omit it to resume from the workdir"
+
+
+@pytest.mark.parametrize(
+    "classes, expect",
+    [
+        ("abc", "classes is not a list of"),
+        (["a", "a"], "classes is not a list of"),
+        (["a", 3], "classes is not a list of"),
+        (["x" * 1025], "classes is not a list of"),
+        (["a", "b"], "classes lists 2 names, its head.weight has 10 outputs"),
+    ],
+)
+def test_the_class_names_a_checkpoint_records_are_checked_before_use(tmp_path, classes, expect):
+    """meta.json's ``classes`` (the data set's class names, what ``vitlarge.evaluate`` maps by): one distinct name of
+    at most `MAX_SYNSET` characters per output, at most `MAX_CLASSES`; a checkpoint without them still reads."""
+    cfg = load_recipe(ROOT / "recipes" / "demo_digits.py")
+    model, opt, scaler = make(cfg)
+    names = [str(i) for i in range(10)]
+    path = store.save(tmp_path, RunState(model, opt, scaler, step=1, data="s", classes=names), cfg, keep=1)
+    assert ckpt_layout.read_meta(path)["classes"] == names
+    meta = json.loads((path / "meta.json").read_text())
+    problem = meta_json.problem_of({**meta, "classes": classes}, path)
+    assert problem is not None and expect in problem, problem
+    del meta["classes"]
+    assert meta_json.problem_of(meta, path) is None

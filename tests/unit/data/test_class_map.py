@@ -47,9 +47,15 @@ def test_counts_that_differ_with_no_names_to_map_them_by_are_one_line(model_name
         match(model_names, 5, names, 4, **WHERE)
 
 
-@pytest.mark.parametrize("model_names, names", [(None, MODEL), (MODEL, None)])
-def test_equal_counts_with_names_on_one_side_are_scored_by_index_as_before(model_names, names):
-    assert match(model_names, 5, names, 5, **WHERE) == ClassMap(None, None)
+@pytest.mark.parametrize(
+    "model_names, names, unnamed",
+    [(None, MODEL, "runs/ft/model/config.json"), (MODEL, None, "data/four/dataset.json")],
+)
+def test_equal_counts_with_names_on_one_side_are_scored_by_index_and_said_in_one_line(model_names, names, unnamed):
+    """An older checkpoint records no class names: scored by index as before, never silently."""
+    assert match(model_names, 5, names, 5, **WHERE) == ClassMap(
+        None, f"classes matched by index: {unnamed} records no class names"
+    )
 
 
 def _manifest(classes: list[ClassInfo], num_classes: int) -> Manifest:

@@ -505,3 +505,27 @@ def test_a_folder_with_neither_train_nor_class_folders_is_one_line(tmp_path):
         UserError, match=r"/src/train: missing; the source needs ROOT/train/<class>/\* .* ROOT/<class>/\*$"
     ):
         imagenet_to_tfrecord.convert(str(tmp_path / "src"), str(tmp_path / "out"), workers=0, progress=False)
+
+
+@pytest.mark.parametrize("split, out", [(None, "tfrecords"), ("val", "val/tfrecords"), ("train", "train/tfrecords")])
+def test_an_out_inside_the_folder_of_class_folders_is_refused_before_anything_is_removed(tmp_path, split, out):
+    """Review of issue 55: a flat set converted to ``--out SRC/tfrecords`` read tfrecords/ as a class on the rerun,
+    removed the good dataset.json, then failed on it as an unreadable image. Refused in one line, exit 2, before
+    anything is read or removed: where the class folders are read (``SRC``, ``SRC/val``, ``SRC/train``)."""
+    from tests.helpers.data_fixtures import make_colour_folder
+
+    src = tmp_path / "src"
+    make_colour_folder(str(src), {"one": 0, "two": 90}, 2, split)
+    if split == "train":
+        make_colour_folder(str(src), {"one": 0, "two": 90}, 2, "val")
+    dest = src / out
+    dest.mkdir()
+    (dest / "dataset.json").write_text("{}")  # an earlier conversion's, left as it is
+    r = call_main("data_tools.imagenet_to_tfrecord", "--src", str(src), "--out", str(dest), "--workers", "0")
+    folder = src / (split or "")
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == (
+        f"error: {dest}: --out is inside {os.path.normpath(folder)}, whose folders are read as classes; choose an "
+        "--out outside it\n"
+    )
+    assert (dest / "dataset.json").read_text() == "{}"

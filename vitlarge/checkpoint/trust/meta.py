@@ -25,6 +25,7 @@ from vitlarge import fileio
 from vitlarge.config.checks import check_read_back
 from vitlarge.config.renamed import upgrade_recorded
 from vitlarge.config.schema import MAX_EPOCHS, MAX_PHASES, Config
+from vitlarge.data.manifest_schema import MAX_CLASSES, MAX_SYNSET
 from vitlarge.errors import UserError
 
 FORMAT_VERSION = 3
@@ -49,6 +50,10 @@ LISTED_NAME = re.compile(
 )
 """Every file name a checkpoint of any readable format lists: plain names, so every read stays in the folder."""
 CRC = re.compile(r"^[0-9a-f]{8}$")
+CLASSES_MAX_BYTES = 1 << 20
+"""The most bytes of JSON the class names in meta.json (``classes``) take: ImageNet-21k's 21,841 synsets take
+~0.3 MB. A data set whose names take more is recorded without them (evaluated by index, said in one line), so
+meta.json stays within `META_MAX_BYTES` with its config, shapes and file list."""
 
 
 def _is_int(x) -> bool:
@@ -126,6 +131,10 @@ def problem_of(meta, path: Path | None = None) -> str | None:
         isinstance(s, list) and all(_is_int(d) and d >= 0 for d in s) for s in shapes.values()
     ):
         return "meta.json's param_shapes is not a map of names to shapes"
+    if "classes" in meta:
+        problem = classes_problem(meta["classes"], shapes)
+        if problem:
+            return problem
     for key in ("optimizer_state", "ema"):
         if key in meta and not isinstance(meta[key], bool):
             return f"meta.json's {key} is not true or false"
@@ -175,6 +184,32 @@ def schedule_problem(record, step: int) -> str | None:
     lr = c.get("base_lr")
     if not (is_number(lr) and lr >= 0):
         return f"meta.json's schedule.continues.base_lr is {str(lr)[:40]}, not a finite lr >= 0"
+    return None
+
+
+def recordable_classes(names) -> bool:
+    """Whether ``names`` (a data set's class names in label order) are class names meta.json may record: a list of
+    at most `MAX_CLASSES` distinct names of 1 to `MAX_SYNSET` characters, at most `CLASSES_MAX_BYTES` as JSON."""
+    return (
+        isinstance(names, list)
+        and 0 < len(names) <= MAX_CLASSES
+        and all(isinstance(n, str) and 0 < len(n) <= MAX_SYNSET for n in names)
+        and len(set(names)) == len(names)
+        and len(json.dumps(names)) <= CLASSES_MAX_BYTES
+    )
+
+
+def classes_problem(names, shapes: dict) -> str | None:
+    """Why meta.json's ``classes`` are not the class names of the checkpoint's outputs (`recordable_classes`, one per
+    row of its ``head.weight`` in ``shapes``), or None. A checkpoint written before it recorded them has none."""
+    if not recordable_classes(names):
+        return (
+            f"meta.json's classes is not a list of at most {MAX_CLASSES:,} distinct class names of at most "
+            f"{MAX_SYNSET:,} characters ({CLASSES_MAX_BYTES:,} bytes in all)"
+        )
+    head = shapes.get("head.weight")
+    if head and head[0] != len(names):
+        return f"meta.json's classes lists {len(names):,} names, its head.weight has {head[0]:,} outputs"
     return None
 
 

@@ -4,14 +4,18 @@ Nothing is unpickled beyond tensors and numbers (``torch.load(weights_only=True)
 archive is one ``torch.save`` writes and that its pickle makes objects in proportion to its size,
 `vitlarge.checkpoint.trust.index.archive_problem`); a rank file is capped at `RANK_FILE_MAX_BYTES` and checked key by
 key (`rank_state_problem`) before any of it is applied; a format-1/2 optimizer file is checked for the shape
-``Optimizer.state_dict()`` gives (`optimizer_state_problem`) before its indices are used.
+``Optimizer.state_dict()`` gives (`optimizer_state_problem`) before its indices are used. Where only shapes are
+needed (the dry run's ``model.init_from`` notes, ``vitlarge.evaluate``'s check of an export), a safetensors header
+is read alone, capped (`header_shapes`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 from pathlib import Path
+from typing import cast
 
 import torch
 from safetensors import SafetensorError
@@ -22,9 +26,15 @@ from vitlarge.checkpoint.files import NOT_DATA
 from vitlarge.checkpoint.trust.index import archive_problem
 from vitlarge.checkpoint.trust.layout import Unusable
 from vitlarge.checkpoint.trust.meta import is_number
+from vitlarge.errors import UserError
 
 RANK_FILE_MAX_BYTES = 256 << 20
 """A rank file's cap: RNG and scaler states and the loader's position (a few KB to a few MB)."""
+HEADER_MAX_BYTES = 4 << 20
+"""The largest safetensors header read for its shapes alone: a ViT-H's is ~50 KB (safetensors' own reader
+takes 100 MB, whose JSON of empty tensors took 13 s and 1.7 GB to parse)."""
+HEADER_MAX_TENSORS = 1 << 16
+"""The most tensors a header may list for its shapes: a ViT-H has ~400, a ViT-22B ~1,000."""
 
 
 def torch_load(folder: Path, name: str):
@@ -147,3 +157,46 @@ def optimizer_state_problem(state: object, params: int | None = None) -> str | N
     if not all(isinstance(s, dict) for s in state["state"].values()):
         return "holds per-parameter state that is not a dict"
     return None
+
+
+def header_shapes(f: Path, lead: str, *, follow: bool = True) -> dict[str, torch.Tensor]:
+    """Meta tensors of the shapes a safetensors file's header records, no weight read: a regular file (``follow``
+    False: not a link either), a header of at most `HEADER_MAX_BYTES` listing at most `HEADER_MAX_TENSORS`
+    tensors, each a shape of whole numbers, its bytes within the file; else one line, ``lead`` then the file."""
+
+    def refused(why: str) -> UserError:
+        return UserError(f"{lead}: {f} {why}; pass a model.safetensors or a torch checkpoint of a timm model")
+
+    try:
+        with fileio.open_regular(f, follow=follow) as fh:
+            size, head = os.fstat(fh.fileno()).st_size, fh.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else 0
+            if n > HEADER_MAX_BYTES:
+                raise refused(f"has a header of {n:,} bytes, more than the {HEADER_MAX_BYTES:,} a model's takes")
+            if not 2 <= n <= size - 8:
+                raise refused("is not a safetensors file (no header)")
+            doc = json.loads(fh.read(n))
+    except fileio.UnsafeFile as e:
+        raise refused(e.strerror or "is not a regular file") from None
+    except OSError as e:
+        raise refused(f"cannot be read ({e.strerror})") from None
+    except (ValueError, RecursionError):
+        raise refused("is not a safetensors file (its header is not JSON)") from None
+    if not isinstance(doc, dict):
+        raise refused("is not a safetensors file (its header is not a JSON object)")
+    tensors = {k: v for k, v in doc.items() if k != "__metadata__"}
+    if len(tensors) > HEADER_MAX_TENSORS:
+        raise refused(f"lists {len(tensors):,} tensors, more than the {HEADER_MAX_TENSORS:,} a model has")
+    out = {}
+    for k, v in tensors.items():
+        shape, ends = (v.get("shape"), v.get("data_offsets")) if isinstance(v, dict) else (None, None)
+        if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        ):
+            shape = None
+        if shape is None or not (isinstance(ends, list) and len(ends) == 2 and all(isinstance(e, int) for e in ends)):
+            raise refused(f"is not a safetensors file (its tensor {k[:80]!r} has no shape and offsets)")
+        if not 0 <= ends[0] <= ends[1] <= size - 8 - n:
+            raise refused(f"is cut short (its tensor {k[:80]!r} ends past the file)")
+        out[k] = torch.empty(cast(list[int], shape), device="meta")
+    return out
