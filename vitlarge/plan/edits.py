@@ -107,10 +107,11 @@ def resume_plan(cfg: Config, plan: Plan, path, saved: dict, record: dict, step: 
     if found is None:
         return ResumedPlan(plan)
     old_cfg, old = found
-    new = _continued(cfg, _counted(cfg, plan, old, step), old_cfg, old, step)
+    counted = _counted(cfg, plan, old, step)
+    new = _continued(cfg, counted, old_cfg, old, step)
     if _curve(old_cfg, old) == _curve(cfg, new):
         return ResumedPlan(new)
-    return ResumedPlan(new, tuple(_lines(cfg, new, plan, old_cfg, old, step, path)))
+    return ResumedPlan(new, tuple(_lines(cfg, new, counted, old_cfg, old, step, path)))
 
 
 def frozen_lr_line(cfg: Config, plan: Plan, step: int, path) -> str | None:
@@ -215,7 +216,8 @@ def _rest(cfg: Config, plan: Plan, step: int, replanned: bool = False) -> str:
 
 
 def _lines(cfg: Config, new: Plan, plan: Plan, old_cfg: Config, old: Plan, step: int, path) -> list[str]:
-    """The warning line and one line per consequence (see the module docstring)."""
+    """The warning line and one line per consequence (see the module docstring); ``plan``: this recipe's, its epochs
+    counted as the run counts them, so its lr is the one ``schedule.on_edit=recipe`` takes."""
     edits = edited_keys(old_cfg, cfg, old, plan)
     if not edits and old.continues is not None and new.continues != old.continues:
         edits = [f"the lr re-planned at step {old.continues.step + 1} by an earlier resume is dropped"]

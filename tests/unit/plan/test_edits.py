@@ -240,3 +240,17 @@ def test_a_batch_edit_counts_epochs_in_the_batches_seen_and_ends_at_the_epochs_a
     later = resume(new, 3, config("train.global_batch=64", "train.epochs=30"), 2, step=308, record=plan.record())
     assert later.plan.epoch_at(308) == pytest.approx(25.0)
     assert later.plan.total_steps == 308 + 5 * 22
+
+
+def test_on_edit_recipe_after_a_batch_edit_quotes_the_lr_the_counted_plan_takes():
+    """The review's case: the demo at batch 64 resumed at step 150 with batch 192. Epochs count on from the 6.82 done at
+    64, so on_edit=recipe takes the counted plan's lr there; the on_edit=continue message quoted the plan counted from
+    step 0 instead (0.000e+00, past its end) as "this recipe's" and what on_edit=recipe "would take"."""
+    old, new = config("train.epochs=10"), config("train.global_batch=192", "train.epochs=10")
+    taken = resume(old, 1, config("train.global_batch=192", "train.epochs=10", "schedule.on_edit=recipe"), 1, 150)
+    lr = taken.plan.lr_at(new, 150)
+    assert lr > 0
+    assert taken.lines[-1].startswith(f"  lr at step 151: {make_plan(old, 1, N).lr_at(old, 150):.3e} -> {lr:.3e} (")
+    kept = resume(old, 1, new, 1, 150).lines[-1]
+    assert f", {lr:.3e} in this recipe's;" in kept
+    assert f"(schedule.on_edit=continue; schedule.on_edit=recipe would take {lr:.3e})" in kept
