@@ -254,3 +254,20 @@ def test_on_edit_recipe_after_a_batch_edit_quotes_the_lr_the_counted_plan_takes(
     kept = resume(old, 1, new, 1, 150).lines[-1]
     assert f", {lr:.3e} in this recipe's;" in kept
     assert f"(schedule.on_edit=continue; schedule.on_edit=recipe would take {lr:.3e})" in kept
+
+
+def test_edits_of_batch_and_world_size_end_at_the_epochs_asked_not_short_of_them():
+    """The review's case: 64 -> 48 -> 96 -> 64 on 1 -> 3 -> 2 -> 4 processes, ``train.epochs=10``. The last step was
+    rounded to the nearest, so the segment at 48 ended at epoch 9.98 ("epoch 9.98" on the console); it is rounded up:
+    each plan's last step is the first that reaches 10 epochs."""
+    prev, step = None, 0
+    for batch, world, stop in ((64, 1, 30), (48, 3, 70), (96, 2, 110), (64, 4, 150)):
+        cfg = config(f"train.global_batch={batch}", "train.epochs=10")
+        if prev is None:
+            plan = make_plan(cfg, world, N)
+        else:
+            old_cfg, old_world, old = prev
+            plan = resume(old_cfg, old_world, cfg, world, step, record=old.record()).plan
+        total = plan.total_steps
+        assert plan.epoch_at(total) >= 10 > plan.epoch_at(total - 1), (batch, world, plan.epoch_at(total))
+        prev, step = (cfg, world, plan), stop
