@@ -109,7 +109,7 @@ def test_a_batch_edit_on_more_processes_says_what_changed_and_keeps_the_lr_conti
         "  total steps 660 -> 839",
         "  warmup steps 55 -> 69",
     ]
-    assert "  lr at step 5: 1.818e-03 in the checkpoint's plan, 1.429e-03 in this recipe's" in log[at + 5]
+    assert "  lr at step 5: 1.818e-03 in the checkpoint's plan, 1.449e-03 in this recipe's" in log[at + 5]
     ws = [line for line in log if "was written by 2 processes, this run has 3" in line]
     assert len(ws) == 1 and "resume exactly" not in ws[0] and "1 micro-steps" not in ws[0], ws
     lr = {m["step"]: m["lr"] for m in read_metrics(str(workdir / "metrics.jsonl")) if m["event"] == "train"}

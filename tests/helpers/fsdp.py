@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import torch
 
-RECIPE = "recipes/demo_digits.py"
+from tests.helpers import ROOT
+
+RECIPE = ROOT / "recipes" / "demo_digits.py"
 
 
 def recipe(precision: str, checkpointing: bool = False, **train):

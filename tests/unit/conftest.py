@@ -14,6 +14,10 @@
   through the same audit hook: ``open``, ``os.listdir``, ``os.scandir`` and ``glob.glob`` on a path there. A
   check of existence alone (``os.stat``) raises no event: where the folder is absent nothing is read, and where
   ``make demo`` made it (CI runs it before the suite) the read that follows is seen.
+- Each unit test runs in an empty folder of its own (`own_cwd`), so a recipe's relative defaults resolve to
+  nothing rather than into the checkout: reads made in native code (safetensors, DALI's C++ readers) raise no
+  audit event, so the check above is the message, and the cwd is the guard. A test that needs the checkout's files
+  names them from ``ROOT`` (tests/helpers).
 - Unit tests whose call took over `BUDGET_S` are listed at the end of the session, one line each. A report,
   not a failure: a loaded 2-core CI machine must not turn a correct test red.
 """
@@ -116,6 +120,13 @@ def checkout_message(nodeid: str, paths: list[str]) -> str:
         f"tests/unit reads what the checkout holds: {nodeid} read {paths[0]}{more}; give it its own data and "
         "workdir (tmp_path: --data, --workdir, data.path=, workdir=)"
     )
+
+
+@pytest.fixture(autouse=True)
+def own_cwd(tmp_path_factory, monkeypatch):
+    """The test's cwd: an empty folder of its own (not its ``tmp_path``, which a test may expect to hold only what it
+    wrote there)."""
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -302,10 +302,10 @@ def test_another_recipes_config_for_an_export_is_one_line_naming_the_keys_to_set
 
     path = _named_export(tmp_path, sorted(COLOURS))
     data = _converted(tmp_path, COLOURS)
-    r = call_main("vitlarge.evaluate", "--config", "recipes/vit_b16.py", "--checkpoint", str(path), "--data", data)
+    r = call_main("vitlarge.evaluate", "--config", "vit_b16", "--checkpoint", str(path), "--data", data)
     assert (r.returncode, r.stdout) == (2, "")
     assert r.stderr.splitlines() == [
-        f"error: {path}/config.json records another model than --config recipes/vit_b16.py gives "
+        f"error: {path}/config.json records another model than --config vit_b16 gives "
         "(model.name=vit_base_patch16_224, data.num_classes=1000); pass model.name=vit_tiny_patch16_224 "
         "data.num_classes=5, or leave out --config: the export's config.json is enough"
     ]

@@ -9,6 +9,7 @@ this test starts nothing itself.
 from __future__ import annotations
 
 import multiprocessing.util
+import os
 
 from tests.unit import conftest as tier
 
@@ -146,3 +147,13 @@ def test_a_unit_test_that_reads_the_checkouts_data_or_runs_fails_in_one_line_nam
             f"{root}/runs/demo_digits/checkpoints; give it its own data and workdir *",
         ]
     )
+
+
+def test_each_unit_test_runs_in_an_empty_folder_of_its_own_not_the_checkout():
+    """A recipe's relative defaults (``data/digits``, ``runs/<recipe>``) resolve against the cwd; in the checkout they
+    found what ``make demo`` left there, and reads made in native code (safetensors, DALI's readers) raise no audit
+    event for the check above to see. Each unit test's cwd is a folder of its own, so they resolve to nothing."""
+    cwd = os.getcwd()
+    assert os.path.commonpath([cwd, str(tier.ROOT)]) != str(tier.ROOT), cwd
+    assert os.listdir(cwd) == []
+    assert not os.path.abspath("data/digits").startswith(str(tier.ROOT) + os.sep)

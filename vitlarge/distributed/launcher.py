@@ -339,15 +339,21 @@ def keep_colossalai_run_stderr() -> None:
 
 def say_after_colossalai_run(line: str) -> bool:
     """Writes ``line``, and why it comes after ``colossalai run`` returned, to the stream kept by
-    `keep_colossalai_run_stderr`; whether it did (False: not under ``colossalai run``, or that stream is gone too)."""
+    `keep_colossalai_run_stderr`, then closes it; whether it did (False: not under ``colossalai run``, said already,
+    or that stream is gone too). Closed at once: where the stream is a pipe (``| tee``, a supervisor capturing the
+    output), its reader sees the end with the line, not when this process exits."""
+    global _after_launcher
     if _after_launcher is None:
         return False
+    fd, _after_launcher = _after_launcher, None
     why = (
         " (after colossalai run had returned 143: it does not wait for its workers on a SIGTERM; "
         "python -m vitlarge.run, torchrun and srun do)"
     )
     try:
-        os.write(_after_launcher, f"{line}{why}\n".encode())
+        os.write(fd, f"{line}{why}\n".encode())
     except OSError:
         return False
+    finally:
+        os.close(fd)
     return True

@@ -107,10 +107,19 @@ def resume_plan(cfg: Config, plan: Plan, path, saved: dict, record: dict, step: 
     if found is None:
         return ResumedPlan(plan)
     old_cfg, old = found
-    new = _continued(cfg, _counted(cfg, plan, old, step), old_cfg, old, step)
+    recorded = record.get("epoch")
+    if recorded is not None and not math.isclose(old.epoch_at(step), recorded, rel_tol=1e-9, abs_tol=1e-9):
+        raise UserError(
+            f"{path}/meta.json's schedule gives epoch {old.epoch_at(step):.4g} at step {step}, not the {recorded:.4g} "
+            "it records (schedule.counted_from contradicts its step); move the checkpoint aside to resume from an "
+            "earlier one",
+            same_on_all_ranks=True,
+        )
+    counted = _counted(cfg, plan, old, step)
+    new = _continued(cfg, counted, old_cfg, old, step)
     if _curve(old_cfg, old) == _curve(cfg, new):
         return ResumedPlan(new)
-    return ResumedPlan(new, tuple(_lines(cfg, new, plan, old_cfg, old, step, path)))
+    return ResumedPlan(new, tuple(_lines(cfg, new, counted, old_cfg, old, step, path)))
 
 
 def frozen_lr_line(cfg: Config, plan: Plan, step: int, path) -> str | None:
@@ -127,6 +136,17 @@ def frozen_lr_line(cfg: Config, plan: Plan, step: int, path) -> str | None:
         f"warning: {path}'s meta.json continues the lr from 0 at step {c.step + 1} (schedule.continues): the "
         f"{plural(plan.total_steps - step, 'step')} left train at lr 0; resume with schedule.on_edit=recipe to take "
         "this recipe's lr"
+    )
+
+
+def finished_line(plan: Plan, step: int, path) -> str | None:
+    """One warning line when ``plan`` (the one a run resumed at ``step`` from checkpoint ``path`` continues with) has
+    no step left to train, else None: the run then ends at once, and says why rather than exiting 0 in silence."""
+    if step < plan.total_steps:
+        return None
+    return (
+        f"warning: {path} is at step {step} and this run's plan ends at step {plan.total_steps} (epoch "
+        f"{plan.epoch_at(plan.total_steps):.2f}): nothing is left to train; raise train.epochs to train on"
     )
 
 
@@ -215,7 +235,8 @@ def _rest(cfg: Config, plan: Plan, step: int, replanned: bool = False) -> str:
 
 
 def _lines(cfg: Config, new: Plan, plan: Plan, old_cfg: Config, old: Plan, step: int, path) -> list[str]:
-    """The warning line and one line per consequence (see the module docstring)."""
+    """The warning line and one line per consequence (see the module docstring); ``plan``: this recipe's, its epochs
+    counted as the run counts them, so its lr is the one ``schedule.on_edit=recipe`` takes."""
     edits = edited_keys(old_cfg, cfg, old, plan)
     if not edits and old.continues is not None and new.continues != old.continues:
         edits = [f"the lr re-planned at step {old.continues.step + 1} by an earlier resume is dropped"]

@@ -110,7 +110,8 @@ def plan_phases(
     accumulation steps) as a fixed-resolution recipe does. Step boundaries are rounded from the
     cumulative (fractional) step count at each absolute start epoch, so rounding never drifts: with
     one steps-per-epoch throughout, the total equals the unphased plan's. ``offset``: steps added to every
-    boundary (a resume that counts its epochs on from another batch's, `vitlarge.plan.plan.EpochCount`)."""
+    boundary (a resume that counts its epochs on from another batch's, `vitlarge.plan.plan.EpochCount`); with one,
+    the last boundary is rounded up, so the run ends at ``train.epochs`` passes of the loader, not a step short."""
     phases, exact = [], offset  # exact: the fractional optimizer step where the current phase starts
     listed = bool(cfg.train.phases)
     for i, p in enumerate(resolved):
@@ -132,6 +133,9 @@ def plan_phases(
         end_epoch = filled(resolved[i + 1].epoch) if i + 1 < len(resolved) else cfg.train.epochs
         start_step = epochs_to_steps(exact, 1)
         exact += (end_epoch - epoch) * spe
+        end_step = epochs_to_steps(exact, 1)
+        if offset and i + 1 == len(resolved):  # counted on from other batches: the last step is the first at or
+            end_step = math.ceil(exact - 1e-9)  # past train.epochs, never short of them (float noise aside)
         phases.append(
             Phase(
                 index=i,
@@ -148,7 +152,7 @@ def plan_phases(
                 rect_val=filled(p.rect_val),
                 steps_per_epoch=spe,
                 start_step=start_step,
-                end_step=epochs_to_steps(exact, 1),
+                end_step=end_step,
                 entry=p,
             )
         )

@@ -105,13 +105,15 @@ class Plan:
             step, peak_lr=peak, total_steps=total, warmup_steps=warmup, decay=s.decay, min_lr_ratio=s.min_lr_ratio
         )
 
-    def record(self) -> dict[str, Any]:
-        """What a checkpoint's meta.json records of the plan (``schedule``), so that a later resume rebuilds the
-        checkpoint's own plan (vitlarge/plan/edits.py): the training images it was planned for, the `Continuation`
-        and the `EpochCount`, if any."""
+    def record(self, step: int) -> dict[str, Any]:
+        """What the meta.json of a checkpoint at ``step`` records of the plan (``schedule``), so that a later resume
+        rebuilds the checkpoint's own plan (vitlarge/plan/edits.py): the training images it was planned for, the
+        `Continuation` and the `EpochCount`, if any, and the epochs done at ``step`` (which the rebuilt plan must
+        give: an `EpochCount` that contradicts its step is refused, not trained on)."""
         c, e = self.continues, self.counted_from
         return {
             "num_train_examples": self.num_train_examples,
+            "epoch": self.epoch_at(step),
             "continues": None if c is None else {"step": c.step, "base_lr": c.base_lr},
             "counted_from": None if e is None else {"step": e.step, "epoch": e.epoch},
         }

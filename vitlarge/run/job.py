@@ -26,7 +26,7 @@ from vitlarge.distributed.launcher import DistEnv
 from vitlarge.distributed.threads import NO_THREADS, ThreadPools
 from vitlarge.errors import UserError
 from vitlarge.events import Hook, RunInfo
-from vitlarge.plan.edits import frozen_lr_line, resume_plan
+from vitlarge.plan.edits import finished_line, frozen_lr_line, resume_plan
 from vitlarge.plan.plan import Plan, make_plan, rng_seed
 from vitlarge.train.command import start
 from vitlarge.train.memory import gpu_start_line
@@ -248,6 +248,8 @@ def build_run(
                 log.warning(change)
             if schedule.exact and (frozen := frozen_lr_line(cfg, plan, start_step, resumed.path)):
                 log.warning(frozen)
+            if finished := finished_line(plan, start_step, resumed.path):
+                log.warning(finished)
 
     # Each phase's loaders are built at its first step (a recipe without train.phases is one phase).
     loaders = PhasedLoaders(cfg, plan, env.rank, env.world_size, device, state=data_state)

@@ -134,7 +134,11 @@ class Trainer:
         # meta.json's config is the run's record: precision and compile as resolved, not the recipe's "auto"
         assert self.train_loader is not None, "saved before a phase's loaders were made"
         path = self.checkpoints.save(
-            self.step, self.train_loader.state(), self.lineage, config=self.info.record, schedule=self.plan.record()
+            self.step,
+            self.train_loader.state(),
+            self.lineage,
+            config=self.info.record,
+            schedule=self.plan.record(self.step),
         )
         self._emit(Event.CHECKPOINT, self.step, str(path))
         return path

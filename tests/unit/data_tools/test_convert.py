@@ -16,7 +16,7 @@ from tfrecord.reader import tfrecord_loader
 from tfrecord.tools.tfrecord2idx import create_index
 
 from data_tools import imagefolder, imagenet_to_tfrecord, make_bench_dataset, make_index
-from tests.helpers import call_main
+from tests.helpers import ROOT, call_main
 from tests.helpers.data_fixtures import SYNSETS, TINY_TRAIN_PER_CLASS, TINY_VAL_PER_CLASS, copy_imagefolder
 from vitlarge.data.manifest import load_manifest, split_sizes
 
@@ -487,7 +487,7 @@ def test_a_folder_without_train_converts_to_a_validation_split_to_evaluate_on(tm
         f"{src} has no train/: converting the 3 class folders of {folder} as a validation split only, to evaluate on "
         f"(vitlarge-evaluate --data {out}); training needs ROOT/train/<class>/*"
     ) in capsys.readouterr().err.splitlines()
-    cfg = load_config("recipes/demo_digits.py", ["data.num_classes=3"], data__path=out)
+    cfg = load_config(ROOT / "recipes" / "demo_digits.py", ["data.num_classes=3"], data__path=out)
     with pytest.raises(UserError) as e:
         checked_manifest(cfg)
     assert str(e.value) == (

@@ -1,10 +1,13 @@
 """vitlarge/distributed/process.py: launcher detection from the environment, device choice, rendezvous errors."""
 
+import contextlib
+import os
 import time
 
 import pytest
 import torch
 
+from vitlarge.distributed import launcher
 from vitlarge.distributed.launcher import DistEnv, detect, launcher_rank
 from vitlarge.distributed.process import GPU_VARIABLES, choose_device, prints_error, rendezvous_timeout_s
 from vitlarge.distributed.threads import thread_budget
@@ -606,3 +609,21 @@ def test_a_rendezvous_timeout_no_timedelta_holds_is_one_line_with_the_range(bad)
         "604,800 (a week); unset it to wait train.init_timeout_s"
     )
     assert rendezvous_timeout_s({"VITLARGE_RENDEZVOUS_TIMEOUT": "604800"}) == 604800
+
+
+def test_the_stop_line_after_colossalai_run_lets_go_of_its_stream(monkeypatch):
+    """Rank 0 keeps ``colossalai run``'s stderr for the line a SIGTERM to its group leaves without a reader. Where that
+    stderr is a pipe (``subprocess.run(capture_output=True)``, ``| tee``), the reader sees its end once the line is
+    written, not when the worker exits (before: it held the pipe to its last instruction)."""
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+    monkeypatch.setattr(launcher, "_after_launcher", write)
+    try:
+        assert launcher.say_after_colossalai_run("vitlarge: stopped on signal after step 5")
+        assert os.read(read, 4096).startswith(b"vitlarge: stopped on signal after step 5 (after colossalai run had")
+        assert os.read(read, 4096) == b""  # the end of the stream: no writer is left
+        assert launcher._after_launcher is None and not launcher.say_after_colossalai_run("again")
+    finally:
+        os.close(read)
+        with contextlib.suppress(OSError):
+            os.close(write)

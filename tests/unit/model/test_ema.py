@@ -8,6 +8,7 @@ import pytest
 import torch
 from timm.utils import ModelEmaV3
 
+from tests.helpers import ROOT
 from vitlarge.config.load import load_recipe, validate
 from vitlarge.distributed.plugins import unwrap
 from vitlarge.model.ema import ModelEma, ema_decay
@@ -22,7 +23,7 @@ def one_thread_group(process_group):
 
 
 def demo_cfg(plugin="ddp", precision="fp32", decay=0.99, warmup=False):
-    cfg = load_recipe("recipes/demo_digits.py")
+    cfg = load_recipe(ROOT / "recipes" / "demo_digits.py")
     cfg.train.plugin, cfg.train.precision, cfg.train.global_batch, cfg.train.micro_batch = plugin, precision, 16, 8
     cfg.train.ema_decay, cfg.train.ema_warmup = decay, warmup
     cfg.augment.mixup_alpha, cfg.schedule.warmup_epochs = 0.0, 0

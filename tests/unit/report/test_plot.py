@@ -281,7 +281,7 @@ def write_resumed_run(workdir) -> None:
     demo = ROOT / "recipes" / "demo_digits.py"
     old, new = load_config(demo, []), load_config(demo, ["train.global_batch=96", "train.epochs=30"])
     first = make_plan(old, 2, 1437)
-    resumed = resume_plan(new, make_plan(new, 3, 1437), "ckpt", old.to_dict(), first.record(), 154, 2).plan
+    resumed = resume_plan(new, make_plan(new, 3, 1437), "ckpt", old.to_dict(), first.record(154), 154, 2).plan
     hook = JsonlHook(str(workdir))
     for cfg, plan, start, end in ((old, first, 0, 154), (new, resumed, 154, resumed.total_steps)):
         run = dataclasses.replace(run_info(workdir, start), plan=plan, cfg=cfg)

@@ -50,7 +50,7 @@ def test_show_config_prints_the_resolved_config_first(capsys):
 def test_world_size_goes_with_dry_run():
     for argv in (["--world-size", "8"], ["--dry-run", "--world-size", "0"], ["--show-config"]):
         with pytest.raises(SystemExit) as e:
-            cli.parse_args(["--config", "recipes/vit_b16.py", *argv])
+            cli.parse_args(["--config", str(ROOT / "recipes" / "vit_b16.py"), *argv])
         assert e.value.code == 2
 
 

@@ -132,7 +132,15 @@ def test_another_kind_across_nodes_takes_the_datasheet_ratio_and_says_so(capsys,
 
 def test_without_results_or_a_dry_run_it_says_what_to_do(tmp_path):
     args = cli.parse_args(
-        ["--config", "recipes/vit_b16.py", "--dry-run", "--gpu", "h200", "--gpu-results", str(tmp_path / "none.json")]
+        [
+            "--config",
+            str(ROOT / "recipes" / "vit_b16.py"),
+            "--dry-run",
+            "--gpu",
+            "h200",
+            "--gpu-results",
+            str(tmp_path / "none.json"),
+        ]
     )
     from tests.unit.run.test_dry_run import ONE_PROCESS
     from vitlarge.distributed.threads import NO_THREADS
@@ -141,7 +149,7 @@ def test_without_results_or_a_dry_run_it_says_what_to_do(tmp_path):
         cli.plan_or_train(args, ONE_PROCESS, NO_THREADS)
     for argv in (["--gpu", "h100"], ["--dry-run", "--gpu-results", "x.json"], ["--dry-run", "--gpu", "v100"]):
         with pytest.raises(SystemExit) as e:
-            cli.parse_args(["--config", "recipes/vit_b16.py", *argv])
+            cli.parse_args(["--config", str(ROOT / "recipes" / "vit_b16.py"), *argv])
         assert e.value.code == 2
 
 

@@ -13,6 +13,7 @@ from timm.data import Mixup
 from timm.data.random_erasing import RandomErasing
 from timm.loss import BinaryCrossEntropy
 
+from tests.helpers import ROOT
 from vitlarge.config.load import load_recipe, validate
 from vitlarge.config.schema import Config
 from vitlarge.plan.plan import make_plan
@@ -33,7 +34,7 @@ def make_engine(
 ):
     """The engine as train.py builds it (`vitlarge.train.assemble.build`), for the demo recipe on CPU.
     ``augment_or_optim``: further ``augment.*`` / ``optim.*`` fields, e.g. ``loss="bce"``, ``layer_decay=0.75``."""
-    cfg = load_recipe("recipes/demo_digits.py")
+    cfg = load_recipe(ROOT / "recipes" / "demo_digits.py")
     cfg.train.precision, cfg.train.global_batch, cfg.train.micro_batch = precision, global_batch, micro_batch
     cfg.train.init_loss_scale = init_scale
     cfg.optim.clip_grad_norm = clip
@@ -213,7 +214,7 @@ def test_a_tiny_deit3_trains_with_bce_and_layer_decay(plugin):
     """A DeiT III-shaped model (timm's ``deit3_*``: LayerScale, position embedding without the class token),
     made small through ``model.kwargs``, built as train.py builds it and trained a few steps on one batch:
     the loss falls and the LayerScale gammas (no decay, no trust ratio, lowest lr at block 0) move."""
-    cfg = load_recipe("recipes/demo_digits.py")
+    cfg = load_recipe(ROOT / "recipes" / "demo_digits.py")
     cfg.model.name = "deit3_base_patch16_224"
     cfg.model.kwargs = dict(patch_size=4, embed_dim=32, depth=2, num_heads=2)
     cfg.train.plugin, cfg.train.precision, cfg.train.global_batch, cfg.train.micro_batch = plugin, "fp32", 16, 8
@@ -262,7 +263,7 @@ def test_layer_decay_scales_are_the_recipes_after_loading_another_runs_optimizer
 def _erasing_engine(p: float, micro_batch: int = 8, mixup: float = 0.0):
     """The demo engine with ``augment.random_erase_prob=p`` and no drop path, so the torch generator between
     two micro-batches' erasing is touched by nothing else; and a list that receives every model input."""
-    cfg = load_recipe("recipes/demo_digits.py")
+    cfg = load_recipe(ROOT / "recipes" / "demo_digits.py")
     cfg.train.precision, cfg.train.global_batch, cfg.train.micro_batch = "fp32", 32, micro_batch
     cfg.model.drop_path_rate = 0.0
     cfg.augment.mixup_alpha, cfg.augment.random_erase_prob = mixup, p

@@ -176,6 +176,10 @@ def schedule_problem(record, step: int) -> str | None:
             return (
                 f"meta.json's schedule.counted_from.epoch is {str(epoch)[:40]}, not an epoch from 0 to {MAX_EPOCHS:g}"
             )
+        if "epoch" not in record:  # what `vitlarge.plan.edits.resume_plan` checks the count against
+            return "meta.json's schedule.counted_from without schedule.epoch (the epochs done at its step)"
+    if "epoch" in record and not (is_number(record["epoch"]) and 0 <= record["epoch"] <= MAX_EPOCHS):
+        return f"meta.json's schedule.epoch is {str(record['epoch'])[:40]}, not an epoch from 0 to {MAX_EPOCHS:g}"
     c = record.get("continues")
     if c is None:
         return None
