@@ -41,6 +41,7 @@ def test_run_and_train_use_the_checkpointer_and_nothing_else_of_checkpoint_but_e
         "export.weights_to_export",
         "init_from.check_source",
         "init_from.load_into",
+        "init_from.plan_notes",
     }
 
 
