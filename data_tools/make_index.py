@@ -49,13 +49,10 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import io
 import multiprocessing as mp
 import os
 import sys
 from dataclasses import dataclass
-
-from PIL import Image
 
 from vitlarge import command
 from vitlarge.data.manifest import (
@@ -86,6 +83,7 @@ from vitlarge.errors import UserError, cli_main
 from vitlarge.text import plural
 
 from . import done_records, tfds_layout, tfrecord_io, wds_index
+from .imagefolder import displayed_header
 
 TOOL = "data_tools.make_index"
 TOOL_VERSION = "1.0.0"
@@ -107,14 +105,17 @@ class RecordReader:
 
 
 def _header_size(image: bytes, key: str) -> tuple[int, int]:
-    """``(height, width)`` from an encoded image's header; ValueError where ``image`` is not an image PIL knows."""
+    """``(height, width)`` as the image looks, from its header (`imagefolder.displayed_header`); ValueError where
+    ``image`` is not an image PIL knows, or is transparent (read in place, it would train otherwise than it looks)."""
     try:
-        with Image.open(io.BytesIO(image)) as im:
-            width, height = im.size
+        header = displayed_header(image)
     except Exception as e:  # noqa: BLE001 (PIL's UnidentifiedImageError, a decompression bomb, a short header)
         raise ValueError(f"feature {key!r} holds no image ({type(e).__name__}); re-convert this shard") from None
+    height, width = header[:2]
     if not (1 <= height <= MAX_SIDE and 1 <= width <= MAX_SIDE):
         raise ValueError(f"feature {key!r} holds an image of {width} x {height}, sides outside 1..{MAX_SIDE}")
+    if header.transparent:
+        raise ValueError(f"feature {key!r} holds {wds_index.TRANSPARENT_IN_PLACE}")
     return height, width
 
 
@@ -139,7 +140,10 @@ def _label_info(
         images = feat[image_key].bytes_list.value if image_key in feat else []
         if not images:
             raise ValueError(f"no feature {image_key!r} (--image-key names the image's feature)")
-        size = _header_size(images[0], image_key)
+        try:
+            size = _header_size(images[0], image_key)
+        except ValueError as e:  # the record's own name, where it has one (TFDS's file_name), finds the image
+            raise ValueError(f"{text('file_name')}: {e}" if text("file_name") else str(e)) from None
     else:
         height, width = side("image/height"), side("image/width")
         size = (height, width) if height and width else None

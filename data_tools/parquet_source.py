@@ -34,6 +34,7 @@ from fractions import Fraction
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from PIL import Image
 
 from vitlarge.data.manifest import shard_name
 from vitlarge.data.manifest_schema import MAX_CLASSES, MAX_SYNSET
@@ -333,16 +334,14 @@ def _item_path(path: str, group: int, row: int, name: str | None) -> str:
 
 
 def _displayed_size(data: bytes, max_pixels: int) -> tuple[int, int] | None:
-    """(height, width) as the image looks, from its header (no decode); None where it cannot be read."""
-    frame = imagefolder.jpeg_frame(data)
-    if frame is not None and frame[0] > 0 and frame[1] > 0:
-        h, w = frame[:2]
-        return (w, h) if imagefolder.jpeg_orientation(data) in imagefolder.TURNED else (h, w)
+    """(height, width) as the image looks, from its header (`imagefolder.displayed_header`: no decode); None where
+    it cannot be read or holds more than ``max_pixels`` pixels."""
+    Image.MAX_IMAGE_PIXELS = max_pixels  # PIL's decompression-bomb guard, as prepare_bytes sets it
     try:
-        image = imagefolder.prepare_bytes(data, "", "header", max_pixels)
-    except BadImage:
+        height, width = imagefolder.displayed_header(data)[:2]
+    except (OSError, SyntaxError, ValueError, IndexError, Image.DecompressionBombError):
         return None
-    return image.height, image.width
+    return (height, width) if 1 <= height * width <= max_pixels else None
 
 
 def shard_images(items: list, opts: dict) -> Iterator[tuple[Item, Prepared | BadImage]]:
