@@ -263,25 +263,33 @@ def _batches(path: str, pf: pq.ParquetFile, group: int, columns: list[str]) -> l
     return batches
 
 
-def _rows(batches: list[pa.RecordBatch]) -> list[tuple[pa.Scalar | None, pa.Scalar | None, int]]:
-    """Each row of ``batches`` (image, label columns) as ``(its bytes, its path, its label)``, the first two Arrow
-    scalars, turned into Python values one row at a time."""
+def _rows(batches: list[pa.RecordBatch]) -> list[tuple[tuple, tuple, int]]:
+    """Each row of ``batches`` (image, label columns) as ``(its bytes, its path, its label)``, the first two as
+    `_value` references turned into Python values (`_py`) one row at a time."""
     rows = []
     for batch in batches:
         images, labels = batch.column(0), batch.column(1).to_pylist()
-        data = _values(images.field("bytes"))
-        paths = _values(images.field("path")) if images.type.get_field_index("path") >= 0 else [None] * len(labels)
+        data = _value(images.field("bytes"))
+        paths = (
+            _value(images.field("path")) if images.type.get_field_index("path") >= 0 else [(None, None)] * len(labels)
+        )
         rows += zip(data, paths, labels)
     return rows
 
 
-def _values(column: pa.Array) -> list:
-    """``column``'s values as Arrow scalars, a dictionary-encoded column's by index into its dictionary (a shared
-    value stays one buffer; and indexing the dictionary is ~2x faster than a DictionaryScalar per row)."""
+def _value(column: pa.Array) -> list[tuple]:
+    """``(array, index)`` of each of ``column``'s values: a dictionary-encoded column's index into its dictionary.
+    Nothing is copied here (an Arrow scalar of a binary value is a copy: 50 rows sharing one 20 MB value would be
+    1 GB again), and indexing the dictionary is ~2x faster than a DictionaryScalar a row."""
     if isinstance(column, pa.DictionaryArray):
-        values = column.dictionary
-        return [values[i] if i is not None else None for i in column.indices.to_pylist()]
-    return [column[i] for i in range(len(column))]
+        return [(column.dictionary, i) for i in column.indices.to_pylist()]
+    return [(column, i) for i in range(len(column))]
+
+
+def _py(ref: tuple):
+    """The Python value (bytes, str, or None) that a `_value` reference names."""
+    array, index = ref
+    return None if array is None or index is None else array.slice(index, 1).to_pylist()[0]
 
 
 def _check_labels(path: str, pf: pq.ParquetFile, group: int, column: str, num_classes: int) -> None:
@@ -362,10 +370,10 @@ def spill_validation(sources: list[Source], spill: str, max_pixels: int) -> list
             pf = _open_images(s.path, s.image)
             for g in range(len(s.groups)):
                 for row, (data, path, label) in enumerate(_rows(_batches(s.path, pf, g, [s.image, s.label]))):
-                    payload = (data.as_py() if data is not None else None) or b""
+                    payload = _py(data) or b""
                     size = _displayed_size(payload, max_pixels)
                     key = Fraction(size[1], size[0]) if size else unreadable
-                    name = _item_path(s.path, g, row, path.as_py() if path is not None else None, bool(payload))
+                    name = _item_path(s.path, g, row, _py(path), bool(payload))
                     rows.append((key, len(rows), f.tell(), len(payload), label, name))
                     f.write(payload)
     rows.sort(key=lambda r: (r[0], r[1]))
@@ -420,6 +428,6 @@ def shard_images(items: list, opts: dict) -> Iterator[tuple[Item, Prepared | Bad
         rows = _rows(_batches(it.path, pf, it.group, columns))
         for row in _row_order(it.path, it.group, len(rows), opts["seed"])[it.start : it.stop]:
             data, path, label = rows[row]
-            payload = (data.as_py() if data is not None else None) or b""
-            name = _item_path(it.path, it.group, row, path.as_py() if path is not None else None, bool(payload))
+            payload = _py(data) or b""
+            name = _item_path(it.path, it.group, row, _py(path), bool(payload))
             yield prepared(payload, label, name)
