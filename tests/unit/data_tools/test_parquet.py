@@ -200,11 +200,19 @@ def test_a_value_shared_by_many_rows_is_held_once_not_once_a_row(tmp_path):
     del table
     assert pq.ParquetFile(path).metadata.row_group(0).total_byte_size < 4 << 20
     opts = {"classes": ["a", "b"], "label_offset": 0, "check": "header", "max_pixels": 1 << 20, "seed": 0}
-    held = []
+    held, grown, before = [], [], resident()
     for _, image in parquet_source.shard_images([parquet_source.Piece(path, 0, 0, rows, 0)], opts):
-        held.append(pa.total_allocated_bytes())
+        held.append(pa.total_allocated_bytes())  # Arrow's pool: the batches
+        grown.append(resident() - before)  # and what Arrow copies outside its pool (a binary scalar's value)
         assert isinstance(image, BadImage), image
     assert len(held) == rows and max(held) < 25 << 20, f"{max(held):,} bytes held by Arrow"
+    assert max(grown) < 50 << 20, f"{max(grown):,} bytes more resident"
+
+
+def resident() -> int:
+    """This process's resident bytes now (not its peak: the peak may be an earlier test's)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def test_a_row_with_a_path_and_no_bytes_says_paths_are_never_read(tmp_path):
