@@ -414,7 +414,7 @@ def shard_images(items: list, opts: dict) -> Iterator[tuple[Item, Prepared | Bad
         except BadImage as e:
             return item, e
 
-    opened: dict[str, pq.ParquetFile] = {}
+    opened: dict[str, tuple[pq.ParquetFile, list[str]]] = {}
     for it in items:
         if isinstance(it, ValSlice):
             with open_regular(opts["spill"]) as f:
