@@ -563,9 +563,7 @@ def prepare_bytes(
             _check_pixels(frame[1], frame[0], max_pixels)
             if check == "decode" or not data.endswith(b"\xff\xd9"):
                 _open(data).load()
-            height, width = frame[:2]
-            if jpeg_orientation(data) in TURNED:
-                height, width = width, height
+            height, width = displayed_header(data)[:2]
             return Prepared(data, height, width, False, False)
         im = _open(data)
         _check_pixels(*im.size, max_pixels)
