@@ -21,7 +21,7 @@ import re
 import stat
 import warnings
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import IO, NamedTuple
 
 from PIL import Image, ImageOps
 
@@ -466,6 +466,43 @@ def _ifd0_orientation(tiff: bytes) -> int:
     return 1
 
 
+TRANSPARENT_MODES = ("RGBA", "LA", "PA", "RGBa", "La")  # PIL modes with an alpha channel
+HEAD_BYTES = 1 << 16  # of a file read for its JPEG frame header: its Exif segment (at most 64 KiB) comes before
+
+
+class Header(NamedTuple):
+    """What an encoded image's header says of it as it looks, nothing decoded."""
+
+    height: int  # after its EXIF orientation: DALI's ``peek_image_shape``, the records' ``image/height``
+    width: int
+    transparent: bool  # has an alpha channel or a transparent colour: `upright_rgb` composites it, DALI drops it
+    format: str  # PIL's name: "JPEG", "PNG", "WEBP", ...
+
+
+def displayed_header(source: bytes | IO[bytes]) -> Header:
+    """The `Header` of an encoded image (its bytes, or a seekable file at its start), the one rule for "its size
+    as it looks" wherever an image is read in place or sorted (the converter's `val_order`, parquet's spill,
+    make_index on TFDS, ``--image-key`` and WebDataset sets): a plain JPEG from its frame header and its first
+    Exif segment (`jpeg_frame`, `jpeg_orientation`, what DALI applies), anything else from PIL's header parse and
+    its EXIF orientation tag. Raises what PIL raises (OSError, SyntaxError, ValueError, IndexError,
+    ``Image.DecompressionBombError`` at ``Image.MAX_IMAGE_PIXELS``) where it is no image PIL knows."""
+    head = source if isinstance(source, bytes) else source.read(HEAD_BYTES)
+    frame = jpeg_frame(head)
+    if frame is not None and frame[0] > 0 and frame[1] > 0:
+        height, width = frame[:2]
+        if jpeg_orientation(head) in TURNED:
+            height, width = width, height
+        return Header(height, width, False, "JPEG")
+    if not isinstance(source, bytes):
+        source.seek(0)
+    with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as im:
+        width, height = im.size
+        if im.getexif().get(EXIF_ORIENTATION) in TURNED:
+            width, height = height, width
+        transparent = im.mode in TRANSPARENT_MODES or "transparency" in im.info
+        return Header(height, width, transparent, im.format or "")
+
+
 class Prepared(NamedTuple):
     """What a record stores of one source image: RGB JPEG bytes whose decode (EXIF orientation applied, as DALI's
     decoders and PIL's ``exif_transpose`` apply it) is the image as it looks, and its height and width as it looks
@@ -490,7 +527,7 @@ def upright_rgb(im: Image.Image) -> tuple[Image.Image, bool]:
     transparent colour) composited on `BACKGROUND`. The one rule for images the converter decodes, and the rule
     the docs' timm snippet writes out in PIL for images read outside vitlarge."""
     im = ImageOps.exif_transpose(im) or im
-    transparent = im.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in im.info
+    transparent = im.mode in TRANSPARENT_MODES or "transparency" in im.info
     if transparent:
         rgba = im.convert("RGBA")
         im = Image.alpha_composite(Image.new("RGBA", rgba.size, (*BACKGROUND, 255)), rgba)
@@ -541,9 +578,7 @@ def prepare_bytes(
             _check_pixels(frame[1], frame[0], max_pixels)
             if check == "decode" or not data.endswith(b"\xff\xd9"):
                 _open(data).load()
-            height, width = frame[:2]
-            if jpeg_orientation(data) in TURNED:
-                height, width = width, height
+            height, width = displayed_header(data)[:2]
             return Prepared(data, height, width, False, False)
         im = _open(data)
         _check_pixels(*im.size, max_pixels)

@@ -49,13 +49,11 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import io
+import dataclasses
 import multiprocessing as mp
 import os
 import sys
 from dataclasses import dataclass
-
-from PIL import Image
 
 from vitlarge import command
 from vitlarge.data.manifest import (
@@ -86,6 +84,7 @@ from vitlarge.errors import UserError, cli_main
 from vitlarge.text import plural
 
 from . import done_records, tfds_layout, tfrecord_io, wds_index
+from .imagefolder import Header, displayed_header
 
 TOOL = "data_tools.make_index"
 TOOL_VERSION = "1.0.0"
@@ -96,30 +95,33 @@ class RecordReader:
     """What `index_shard` takes of each record (a picklable parse for `tfrecord_io.scan_records`): ``(label or None,
     synset, text, (height, width) or None)``. ``features``: the image and label feature names. ``headers``: the
     image's size from its own header (PIL reads the header only, no decode), and a payload that is no image
-    refused (ValueError, which the scan names by shard and byte); for shards made without ``image/height`` and
-    ``image/width`` (TFDS's, ``--image-key``'s)."""
+    refused (ValueError, which the scan names by shard and byte), a transparent one too (a UserError naming
+    ``shard`` and the record's ``file_name``); for shards made without ``image/height`` and ``image/width`` (TFDS's,
+    ``--image-key``'s)."""
 
     features: tuple[str, str] = TF_SLIM_FEATURES
     headers: bool = False
+    shard: str = ""  # the shard being read (`index_shard` sets it), for messages
 
     def __call__(self, payload: bytes) -> tuple[int | None, str, str, tuple[int, int] | None]:
-        return _label_info(payload, self.features, self.headers)
+        return _label_info(payload, self.features, self.headers, self.shard)
 
 
-def _header_size(image: bytes, key: str) -> tuple[int, int]:
-    """``(height, width)`` from an encoded image's header; ValueError where ``image`` is not an image PIL knows."""
+def _header_size(image: bytes, key: str) -> Header:
+    """The image's `Header` (its size as it looks: `imagefolder.displayed_header`); ValueError where ``image`` is
+    not an image PIL knows."""
     try:
-        with Image.open(io.BytesIO(image)) as im:
-            width, height = im.size
+        header = displayed_header(image)
     except Exception as e:  # noqa: BLE001 (PIL's UnidentifiedImageError, a decompression bomb, a short header)
         raise ValueError(f"feature {key!r} holds no image ({type(e).__name__}); re-convert this shard") from None
+    height, width = header[:2]
     if not (1 <= height <= MAX_SIDE and 1 <= width <= MAX_SIDE):
         raise ValueError(f"feature {key!r} holds an image of {width} x {height}, sides outside 1..{MAX_SIDE}")
-    return height, width
+    return header
 
 
 def _label_info(
-    payload: bytes, features: tuple[str, str] = TF_SLIM_FEATURES, headers: bool = False
+    payload: bytes, features: tuple[str, str] = TF_SLIM_FEATURES, headers: bool = False, shard: str = ""
 ) -> tuple[int | None, str, str, tuple[int, int] | None]:
     ex = tfrecord_io._EXAMPLE()
     ex.ParseFromString(payload)
@@ -139,7 +141,11 @@ def _label_info(
         images = feat[image_key].bytes_list.value if image_key in feat else []
         if not images:
             raise ValueError(f"no feature {image_key!r} (--image-key names the image's feature)")
-        size = _header_size(images[0], image_key)
+        header = _header_size(images[0], image_key)
+        if header.transparent:  # read in place, it would train otherwise than it looks
+            name = text("file_name") or "a record"
+            raise UserError(f"{shard}: {name}: feature {image_key!r} holds {wds_index.TRANSPARENT_IN_PLACE}")
+        size = header.height, header.width
     else:
         height, width = side("image/height"), side("image/width")
         size = (height, width) if height and width else None
@@ -150,6 +156,7 @@ def index_shard(job: tuple[str, str, RecordReader]) -> tuple[str, int, int, str,
     """Index one shard, ``(shard path, index path, reader)``; return (name, records, bytes, checksum, {label:
     (synset, text)}, the records' image sizes or None where a record has none)."""
     path, index_path, reader = job
+    reader = dataclasses.replace(reader, shard=path)
     label_key = reader.features[1]
     try:
         n, size, checksum, labels = tfrecord_io.write_index_for(path, parse=reader, index_path=index_path)

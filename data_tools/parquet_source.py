@@ -10,8 +10,9 @@ are in the schema's ``huggingface`` metadata (``datasets.ClassLabel``). Splits b
 
 Each image is what the folder converter makes of a file (`imagefolder.prepare_bytes`): a colour JPEG's bytes
 unchanged, anything else upright, opaque and re-encoded. Parquet is read with pyarrow one row group at a time,
-only the image and label columns: a row group's uncompressed size is bounded (`MAX_ROW_GROUP_BYTES`) and so is a
-file's footer (`MAX_FOOTER`). Training shards take the row groups in a seeded random order, each row group's rows
+only the image and label columns, `READ_ROWS` rows at a time with the image's bytes kept dictionary-encoded (a value
+many rows share is held once): what a row group reads is bounded (`MAX_ROW_GROUP_BYTES`) and so is a file's footer
+(`MAX_FOOTER`). Training shards take the row groups in a seeded random order, each row group's rows
 in a seeded random order (a shard of ImageNet's 1,252 images draws from about 13 places of the set where the
 Hub's row groups hold 100 rows; the loader shuffles again every epoch). The validation split is written sorted by
 aspect ratio with each image's size, as the folder converter writes it (``data.rect_val``): its images are read
@@ -34,6 +35,7 @@ from fractions import Fraction
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from PIL import Image
 
 from vitlarge.data.manifest import shard_name
 from vitlarge.data.manifest_schema import MAX_CLASSES, MAX_SYNSET
@@ -48,6 +50,8 @@ SPLITS = {"train": "train", "validation": "validation", "val": "validation", "va
 UNLABELLED = ("test",)
 MAX_FOOTER = 64 << 20  # bytes of a file's metadata; the Hub's ImageNet files hold ~3,000 row groups in ~2 MB
 MAX_ROW_GROUP_BYTES = 1 << 30  # uncompressed; the Hub writes image sets in row groups of 100 rows (~11 MB)
+READ_ROWS = 32  # rows of a row group read at a time
+NO_BYTES = "no image bytes (a path-only image: vitlarge never reads paths from a parquet file)"
 SPILL = "validation.spill"
 _NAME_RE = re.compile(r"^([A-Za-z]+)[-_.]")
 
@@ -111,8 +115,9 @@ class ValSlice:
         return self.stop - self.start
 
 
-def _open(path: str) -> pq.ParquetFile:
-    """The file's reader after a bounded look at its footer; a UserError naming the file where it is no parquet."""
+def _open(path: str, dictionary: tuple[str, ...] = ()) -> pq.ParquetFile:
+    """The file's reader after a bounded look at its footer; a UserError naming the file where it is no parquet.
+    ``dictionary``: columns read dictionary-encoded (`_open_images`)."""
     try:
         with open_regular(path) as f:
             size = os.fstat(f.fileno()).st_size
@@ -128,7 +133,7 @@ def _open(path: str) -> pq.ParquetFile:
                 f"{path}: a parquet footer of {footer:,} bytes, more than the file or the {MAX_FOOTER:,} bytes read "
                 "from one (a memory guard); download the file again"
             )
-        return pq.ParquetFile(path, memory_map=False)
+        return pq.ParquetFile(path, memory_map=False, read_dictionary=list(dictionary) or None)
     except UserError:
         raise
     except (OSError, ValueError, pa.ArrowException) as e:
@@ -230,6 +235,63 @@ def _read(path: str, pf: pq.ParquetFile, group: int, columns: list[str]) -> pa.T
         raise UserError(_damaged(path, f"row group {group}: {why}")) from None
 
 
+def _open_images(path: str, image: str) -> pq.ParquetFile:
+    """``path``'s reader with the image column's ``bytes`` and ``path`` read dictionary-encoded, as they may be
+    stored: a value that many rows share is then held once, where Arrow would otherwise copy it into every row
+    (50 rows sharing one 20 MB value: a footer of 20 MB, 2.2 GB read)."""
+    column = _open(path).schema_arrow.field(image).type
+    names = [column.field(i).name for i in range(column.num_fields)]
+    return _open(path, tuple(f"{image}.{n}" for n in ("bytes", "path") if n in names))
+
+
+def _batches(path: str, pf: pq.ParquetFile, group: int, columns: list[str]) -> list[pa.RecordBatch]:
+    """Row group ``group``'s ``columns``, `READ_ROWS` rows a batch; a UserError naming the file where the batches
+    hold more than `MAX_ROW_GROUP_BYTES` in all (the footer's sizes are the file's claim: this is what is read)."""
+    batches, held = [], 0
+    try:
+        for batch in pf.iter_batches(READ_ROWS, row_groups=[group], columns=columns, use_threads=False):
+            held += batch.nbytes
+            if held > MAX_ROW_GROUP_BYTES:
+                raise UserError(
+                    f"{path}: row group {group} reads as more than {MAX_ROW_GROUP_BYTES:,} bytes (a memory guard); "
+                    "rewrite it with smaller row groups"
+                )
+            batches.append(batch)
+    except (OSError, ValueError, pa.ArrowException) as e:
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserError(_damaged(path, f"row group {group}: {why}")) from None
+    return batches
+
+
+def _rows(batches: list[pa.RecordBatch]) -> list[tuple[tuple, tuple, int]]:
+    """Each row of ``batches`` (image, label columns) as ``(its bytes, its path, its label)``, the first two as
+    `_value` references turned into Python values (`_py`) one row at a time."""
+    rows = []
+    for batch in batches:
+        images, labels = batch.column(0), batch.column(1).to_pylist()
+        data = _value(images.field("bytes"))
+        paths = (
+            _value(images.field("path")) if images.type.get_field_index("path") >= 0 else [(None, None)] * len(labels)
+        )
+        rows += zip(data, paths, labels)
+    return rows
+
+
+def _value(column: pa.Array) -> list[tuple]:
+    """``(array, index)`` of each of ``column``'s values: a dictionary-encoded column's index into its dictionary.
+    Nothing is copied here (an Arrow scalar of a binary value is a copy: 50 rows sharing one 20 MB value would be
+    1 GB again), and indexing the dictionary is ~2x faster than a DictionaryScalar a row."""
+    if isinstance(column, pa.DictionaryArray):
+        return [(column.dictionary, i) for i in column.indices.to_pylist()]
+    return [(column, i) for i in range(len(column))]
+
+
+def _py(ref: tuple):
+    """The Python value (bytes, str, or None) that a `_value` reference names."""
+    array, index = ref
+    return None if array is None or index is None else array.slice(index, 1).to_pylist()[0]
+
+
 def _check_labels(path: str, pf: pq.ParquetFile, group: int, column: str, num_classes: int) -> None:
     labels = _read(path, pf, group, [column]).column(0).to_pylist()
     for row, v in enumerate(labels):
@@ -305,44 +367,37 @@ def spill_validation(sources: list[Source], spill: str, max_pixels: int) -> list
         os.remove(spill)
     with open_new(spill) as f:
         for s in sources:
-            pf = _open(s.path)
+            pf = _open_images(s.path, s.image)
             for g in range(len(s.groups)):
-                table = _read(s.path, pf, g, [s.image, s.label])
-                images, labels = _one_chunk(table.column(0)), table.column(1).to_pylist()
-                data, paths = images.field("bytes").to_pylist(), _paths(images)
-                for row, (payload, label) in enumerate(zip(data, labels)):
-                    payload = payload or b""
+                for row, (data, path, label) in enumerate(_rows(_batches(s.path, pf, g, [s.image, s.label]))):
+                    payload = _py(data) or b""
                     size = _displayed_size(payload, max_pixels)
                     key = Fraction(size[1], size[0]) if size else unreadable
-                    name = _item_path(s.path, g, row, paths[row])
+                    name = _item_path(s.path, g, row, _py(path), bool(payload))
                     rows.append((key, len(rows), f.tell(), len(payload), label, name))
                     f.write(payload)
     rows.sort(key=lambda r: (r[0], r[1]))
     return [(offset, length, label, name) for _, _, offset, length, label, name in rows]
 
 
-def _paths(images: pa.StructArray) -> list:
-    return images.field("path").to_pylist() if images.type.get_field_index("path") >= 0 else [None] * len(images)
-
-
-def _item_path(path: str, group: int, row: int, name: str | None) -> str:
+def _item_path(path: str, group: int, row: int, name: str | None, has_bytes: bool = True) -> str:
     """How a row is named in messages and its record's ``image/filename`` (the basename): the image's own path
-    inside the parquet file where it has one, else its row group and row."""
-    inner = os.path.basename(name) if isinstance(name, str) and name else f"group{group}-row{row}"
+    inside the parquet file where it has one, else its row group and row. A row without bytes is named by its row
+    group and row whatever its path says: vitlarge never reads a path from a parquet file, and a message naming
+    ``<file>.parquet/passwd`` would present one as read."""
+    inner = os.path.basename(name) if isinstance(name, str) and name and has_bytes else f"group{group}-row{row}"
     return os.path.join(path, imagefolder.check_name(path, inner, "image path"))
 
 
 def _displayed_size(data: bytes, max_pixels: int) -> tuple[int, int] | None:
-    """(height, width) as the image looks, from its header (no decode); None where it cannot be read."""
-    frame = imagefolder.jpeg_frame(data)
-    if frame is not None and frame[0] > 0 and frame[1] > 0:
-        h, w = frame[:2]
-        return (w, h) if imagefolder.jpeg_orientation(data) in imagefolder.TURNED else (h, w)
+    """(height, width) as the image looks, from its header (`imagefolder.displayed_header`: no decode); None where
+    it cannot be read or holds more than ``max_pixels`` pixels."""
+    Image.MAX_IMAGE_PIXELS = max_pixels  # PIL's decompression-bomb guard, as prepare_bytes sets it
     try:
-        image = imagefolder.prepare_bytes(data, "", "header", max_pixels)
-    except BadImage:
+        height, width = imagefolder.displayed_header(data)[:2]
+    except (OSError, SyntaxError, ValueError, IndexError, Image.DecompressionBombError):
         return None
-    return image.height, image.width
+    return (height, width) if 1 <= height * width <= max_pixels else None
 
 
 def shard_images(items: list, opts: dict) -> Iterator[tuple[Item, Prepared | BadImage]]:
@@ -352,12 +407,14 @@ def shard_images(items: list, opts: dict) -> Iterator[tuple[Item, Prepared | Bad
 
     def prepared(payload: bytes, label: int, name: str) -> tuple[Item, Prepared | BadImage]:
         item = Item(name, label + offset, classes[label], "", len(payload))
+        if not payload:
+            return item, BadImage(name, NO_BYTES)
         try:
             return item, imagefolder.prepare_bytes(payload, name, opts["check"], opts["max_pixels"])
         except BadImage as e:
             return item, e
 
-    opened: dict[str, pq.ParquetFile] = {}
+    opened: dict[str, tuple[pq.ParquetFile, list[str]]] = {}
     for it in items:
         if isinstance(it, ValSlice):
             with open_regular(opts["spill"]) as f:
@@ -365,16 +422,12 @@ def shard_images(items: list, opts: dict) -> Iterator[tuple[Item, Prepared | Bad
                     yield prepared(os.pread(f.fileno(), length, at), label, name)
             continue
         if it.path not in opened:
-            opened[it.path] = _open(it.path)
-        pf = opened[it.path]
-        table = _read(it.path, pf, it.group, list(_features(it.path, pf)[:2]))
-        images, labels = _one_chunk(table.column(0)), table.column(1).to_pylist()
-        data, paths = images.field("bytes").to_pylist(), _paths(images)
-        for row in _row_order(it.path, it.group, table.num_rows, opts["seed"])[it.start : it.stop]:
-            yield prepared(data[row] or b"", labels[row], _item_path(it.path, it.group, row, paths[row]))
-
-
-def _one_chunk(column: pa.ChunkedArray) -> pa.StructArray:
-    """A row group's column as one array: its only chunk where it has one (as pyarrow reads a row group), without
-    `combine_chunks`' copy of every image."""
-    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+            columns = list(_features(it.path, _open(it.path))[:2])
+            opened[it.path] = (_open_images(it.path, columns[0]), columns)
+        pf, columns = opened[it.path]
+        rows = _rows(_batches(it.path, pf, it.group, columns))
+        for row in _row_order(it.path, it.group, len(rows), opts["seed"])[it.start : it.stop]:
+            data, path, label = rows[row]
+            payload = _py(data) or b""
+            name = _item_path(it.path, it.group, row, _py(path), bool(payload))
+            yield prepared(payload, label, name)

@@ -165,9 +165,7 @@ def _class_names(data_dir: str, label: str, num_classes: int | None) -> list[str
         raise UserError(f"{path}: {e.strerror}; {_FIX}") from None
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"{path}: unreadable ({getattr(e, 'strerror', None) or e}); {_FIX}") from None
-    names = text.splitlines()
-    while names and not names[-1]:
-        names.pop()
+    names = [n.strip() for n in text.split("\n") if n.strip()]  # as TFDS's ClassLabel reads its names file
     if num_classes is not None and len(names) != num_classes:
         raise UserError(f"{path}: {len(names):,} class names, but {FEATURES_NAME} says {num_classes:,} classes; {_FIX}")
     return names

@@ -18,7 +18,7 @@ from PIL import Image
 
 from vitlarge.fileio import open_regular
 
-from .imagefolder import DEFAULT_MAX_IMAGE_PIXELS, EXIF_ORIENTATION, TURNED, Item
+from .imagefolder import DEFAULT_MAX_IMAGE_PIXELS, Item, displayed_header
 
 
 def header_size(path: str, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> tuple[int, int] | None:
@@ -27,10 +27,8 @@ def header_size(path: str, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> tuple[
     ``max_pixels`` (the shard writer names it, or skips it with ``--skip-bad``)."""
     Image.MAX_IMAGE_PIXELS = max_pixels  # PIL's decompression-bomb guard, as prepare_image sets it
     try:
-        with open_regular(path) as f, Image.open(f) as im:
-            width, height = im.size
-            if im.getexif().get(EXIF_ORIENTATION) in TURNED:
-                width, height = height, width
+        with open_regular(path) as f:
+            height, width = displayed_header(f)[:2]
     except (OSError, SyntaxError, ValueError, IndexError, Image.DecompressionBombError):
         return None
     if width < 1 or height < 1 or width * height > max_pixels:

@@ -49,6 +49,11 @@ INFO_NAMES = ("_info.json", "info.json")  # timm's `_load_info` tries these
 INFO_CAP = 64 << 20  # bytes of _info.json read: ImageNet-1k's is ~60 kB
 JSON_CAP = 1 << 20  # bytes of a sample's .json member parsed for its class name
 IMAGE_MAX_BYTES = 1 << 30  # a member larger than this is no image this reads
+TRANSPARENT_IN_PLACE = (
+    "a transparent image, which DALI would read in place with its alpha dropped (on black) where the converter "
+    "composites it on white (docs/DATA.md: images are trained as they look); convert the set with python -m "
+    "data_tools.imagenet_to_tfrecord, or re-write the image opaque"
+)
 SPLIT_NAMES = {"train": "train", "validation": "validation", "val": "validation"}
 TAR_SPLIT_RE = re.compile(r"^(?:.*[-_])?(train|validation|val)[-_]?\d+\.tar$")
 SYNSET_KEYS, TEXT_KEYS = ("synset", "wnid"), ("class_name", "label_name", "text")
@@ -183,6 +188,8 @@ def _sample(path: str, tar: tarfile.TarFile, key: str, members: list, names: dic
     (``{label: (synset, text)}``) and its image's ``(height, width)`` to ``sizes``."""
     from PIL import Image, UnidentifiedImageError  # lazy: as in scan_tar
 
+    from .imagefolder import displayed_header  # lazy: as above (it imports PIL)
+
     by_ext: dict[str, tarfile.TarInfo] = {}
     for m in members:
         if _ext(m) in by_ext:
@@ -206,14 +213,16 @@ def _sample(path: str, tar: tarfile.TarFile, key: str, members: list, names: dic
         member = tar.extractfile(image)
         if member is None:
             raise ValueError("not a regular member")
-        with Image.open(member) as im:  # the header only: nothing is decoded
-            width, height = im.size
-            if im.format not in ("JPEG", "PNG", "WEBP"):
-                raise ValueError(f"a {im.format} image")
-    except (UnidentifiedImageError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+        header = displayed_header(member)  # the header only: nothing is decoded
+        if header.format not in ("JPEG", "PNG", "WEBP"):
+            raise ValueError(f"a {header.format} image")
+    except (UnidentifiedImageError, ValueError, SyntaxError, IndexError, Image.DecompressionBombError) as e:
         raise UserError(
             f"{path}: {image.name}: not an image DALI decodes ({str(e)[:80]}); re-write the sample with its JPEG"
         ) from None
+    if header.transparent:
+        raise UserError(f"{path}: {image.name}: {TRANSPARENT_IN_PLACE}")
+    height, width = header[:2]
     if sizes is not None:
         sizes.append((height, width))
     if label not in names and "json" in by_ext and by_ext["json"].size <= JSON_CAP:

@@ -176,3 +176,71 @@ def test_the_summary_counts_and_names_the_transparent_images(kinds_converted, tm
     # re-encoded, in train and val each: 4 grey and 2 CMYK JPEGs, 4 PNGs
     assert "20 images re-encoded as RGB JPEG (6 of them transparent, composited on white: " in summary[0]
     assert os.path.join(src, "train", "la_png", "la_png.img") in summary[0]
+
+
+def peeked_shape(data: bytes) -> tuple[int, int]:
+    """DALI's ``peek_image_shape`` of ``data``: what the loaders and rectangular validation take for its size."""
+    import nvidia.dali.fn as fn
+    from nvidia.dali import pipeline_def
+
+    @pipeline_def(batch_size=1, num_threads=1, device_id=None, exec_async=False, exec_pipelined=False)
+    def pipe():
+        return fn.peek_image_shape(fn.external_source(source=[[np.frombuffer(data, dtype=np.uint8)]], cycle=True))
+
+    p = pipe()
+    p.build()
+    (out,) = p.run()
+    height, width, _ = np.array(out[0]).tolist()
+    return height, width
+
+
+def test_an_image_read_in_place_has_the_size_it_looks_as_converted(tmp_path):
+    """Stored 40 wide, 20 high, orientation 6: 40 high, 20 wide as it looks, from the converter, DALI, and
+    make_index's header read on a TFDS folder and on a WebDataset folder (their ``.sizes``, for rect_val)."""
+    from data_tools import make_index
+    from tests.helpers.data_fixtures import small_tfds
+    from tests.helpers.wds_sets import write_timm_wds
+    from vitlarge.data.manifest import split_sizes
+
+    data = jpeg(Image.new("RGB", (20, 40), (200, 10, 10)), 6)
+    converted = imagefolder.prepare_bytes(data, "turned")
+    tfds = small_tfds(tmp_path / "tinynet" / "1.0.0", val_image=data)  # its third validation record
+    wds = write_timm_wds(
+        str(tmp_path / "wds"),
+        {"train": 3, "validation": 2},
+        edit=lambda s, i, x: {**x, "jpg": data} if s == "validation" and i == 0 else x,
+    )
+    for d in (tfds, wds):
+        make_index.make_index(d, workers=1)
+    sizes = {
+        "converter": (converted.height, converted.width),
+        "dali": peeked_shape(data),
+        "tfds": tuple(split_sizes(load_manifest(tfds), "validation")[2]),
+        "wds": tuple(split_sizes(load_manifest(wds), "validation")[0]),
+        "header": imagefolder.displayed_header(data)[:2],
+    }
+    assert set(sizes.values()) == {(40, 20)}, sizes
+
+
+@pytest.mark.parametrize("where", ["tfds", "wds"])
+@pytest.mark.parametrize("mode", ["RGBA", "P"])
+def test_a_transparent_image_read_in_place_is_one_line_naming_it_and_the_converter(tmp_path, capsys, where, mode):
+    """DALI drops an alpha channel (a transparent drawing reads black on black), the converter composites it on
+    white: read in place, a transparent image would train otherwise than it looks, so make_index refuses it."""
+    from data_tools import make_index
+    from tests.helpers.data_fixtures import small_tfds
+    from tests.helpers.wds_sets import write_timm_wds
+
+    data = png(alpha_drawing(mode))
+    if where == "tfds":
+        d, name = small_tfds(tmp_path / "tinynet" / "1.0.0", val_image=data), "v2.JPEG"
+    else:
+        swap = lambda s, i, x: (
+            {**{k: v for k, v in x.items() if k != "jpg"}, "png": data} if s == "train" and i == 1 else x
+        )  # noqa: E731
+        d, name = write_timm_wds(str(tmp_path / "wds"), {"train": 3, "validation": 2}, edit=swap), "train_000001.png"
+    rc = make_index.main([d, "--workers", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert name in err[0] and "transparent" in err[0] and "data_tools.imagenet_to_tfrecord" in err[0], err[0]
+    assert not os.path.exists(os.path.join(d, "dataset.json"))

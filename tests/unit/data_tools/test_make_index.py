@@ -272,3 +272,12 @@ def test_a_set_written_by_tensorflow_datasets_is_indexed(tmp_path):
         2,
         2,
     ]
+
+
+def test_the_class_names_file_is_read_as_tfds_reads_it(tmp_path):
+    """TFDS's ClassLabel reads its names file split on newlines, each name stripped, blank lines dropped."""
+    src = small_tfds(tmp_path / "tinynet" / "1.0.0")
+    with open(os.path.join(src, "label" + tfds_layout.LABELS_SUFFIX), "w") as f:
+        f.write(" n01 \nn02\r\n\nn03\n\n")
+    make_index.make_index(src, workers=1)
+    assert [c.synset for c in load_manifest(src).classes] == ["n01", "n02", "n03"]

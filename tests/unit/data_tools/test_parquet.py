@@ -15,6 +15,7 @@ import pytest
 from PIL import Image
 from tfrecord.reader import tfrecord_loader
 
+from data_tools.imagefolder import BadImage
 from data_tools.make_parquet_dataset import write_parquet
 from tests.helpers import call_main
 from vitlarge.data.manifest import load_manifest
@@ -175,3 +176,51 @@ def test_a_set_of_validation_files_alone_converts_to_evaluate_on(tmp_path):
     m = load_manifest(str(tmp_path / "out"))
     assert (m.num_examples("validation"), [c.synset for c in m.classes]) == (1, ["a", "b"])
     assert list(m.splits) == ["validation"]
+
+
+def test_a_value_shared_by_many_rows_is_held_once_not_once_a_row(tmp_path):
+    """A dictionary-encoded image column whose 50 rows all point at one 2 MB value: the footer says ~2 MB, read
+    whole the row group expands to 100 MB (/tmp/review54/t6.py: 20 MB, 2.2 GB). The rows are read in bounded
+    batches with the image bytes kept dictionary-encoded, so what Arrow holds while a shard's rows are taken stays
+    near one value, not one a row."""
+    import pyarrow as pa
+
+    from data_tools import parquet_source
+
+    rows, value = 50, b"\xff\xd8" + bytes(2 << 20)  # zeros: no image, and a small file
+    meta = {"info": {"features": {"image": {"_type": "Image"}, "label": {"_type": "ClassLabel", "names": ["a", "b"]}}}}
+    table = pa.table({"image": [{"bytes": value, "path": "a.jpg"}] * rows, "label": [0] * rows})
+    path = str(tmp_path / "train-00000-of-00001.parquet")
+    pq.write_table(
+        table.replace_schema_metadata({"huggingface": json.dumps(meta)}),
+        path,
+        dictionary_pagesize_limit=1 << 30,
+        compression="zstd",
+    )
+    del table
+    assert pq.ParquetFile(path).metadata.row_group(0).total_byte_size < 4 << 20
+    opts = {"classes": ["a", "b"], "label_offset": 0, "check": "header", "max_pixels": 1 << 20, "seed": 0}
+    held, grown, before = [], [], resident()
+    for _, image in parquet_source.shard_images([parquet_source.Piece(path, 0, 0, rows, 0)], opts):
+        held.append(pa.total_allocated_bytes())  # Arrow's pool: the batches
+        grown.append(resident() - before)  # and what Arrow copies outside its pool (a binary scalar's value)
+        assert isinstance(image, BadImage), image
+    assert len(held) == rows and max(held) < 25 << 20, f"{max(held):,} bytes held by Arrow"
+    assert max(grown) < 50 << 20, f"{max(grown):,} bytes more resident"
+
+
+def resident() -> int:
+    """This process's resident bytes now (not its peak: the peak may be an earlier test's)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_a_row_with_a_path_and_no_bytes_says_paths_are_never_read(tmp_path):
+    src = hub_file(
+        tmp_path, image=([{"bytes": None, "path": "/etc/passwd"}], datasets.Image(decode=False)), label=LABEL
+    )
+    done = call_main(CONVERT, "--src", src, "--out", str(tmp_path / "out"), "--workers", "0", "--no-progress")
+    lines = [line for line in done.stderr.splitlines() if "error" in line]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert "train-00000-of-00001.parquet/group0-row0: " in lines[0] and "passwd" not in lines[0], lines[0]
+    assert "no image bytes (a path-only image: vitlarge never reads paths from a parquet file)" in lines[0]
