@@ -495,9 +495,15 @@ def write_manifest(manifest: Manifest, data_dir: str) -> str:
     """Write the sizes files of the shards that hold sizes, then ``dataset.json``, each atomically
     (`vitlarge.fileio.write_atomic`, inside ``data_dir``); return its path. A manifest larger than
     `MANIFEST_CAP` (more classes and shards than its readers take) is a UserError naming what it holds, and
-    nothing is written."""
+    nothing is written; so is one `manifest_schema.parse` refuses (as `load_manifest` would), naming its problem."""
     path = os.path.join(data_dir, MANIFEST_NAME)
     text = manifest.to_json()
+    try:  # a writer's "wrote" followed by its reader's refusal would leave an invalid file under the final name
+        manifest_schema.parse(text.encode())
+    except ManifestProblem as e:
+        raise UserError(
+            f"{path}: would be an invalid manifest ({e}); nothing written: fix the data set's source it names"
+        ) from None
     if len(text.encode()) > MANIFEST_CAP:
         shards = sum(len(v) for v in manifest.splits.values())
         raise UserError(

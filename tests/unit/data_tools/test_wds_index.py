@@ -172,3 +172,92 @@ def test_a_webdataset_folder_not_yet_indexed_names_make_index(tmp_path):
     d = write_edited(tmp_path)
     with pytest.raises(UserError, match=r"a WebDataset folder .* run python -m data_tools.make_index"):
         load_manifest(d)
+
+
+def edit_info(d: str, change) -> None:
+    path = os.path.join(d, "_info.json")
+    info = json.load(open(path))
+    change(info)
+    json.dump(info, open(path, "w"))
+
+
+@pytest.mark.parametrize("where", ["one split", "two splits"])
+def test_a_tar_listed_twice_in_info_json_is_refused_before_any_is_read(tmp_path, capsys, where):
+    d = write_edited(tmp_path)
+
+    def twice(info):
+        names = info["splits"]["train" if where == "one split" else "validation"]["filenames"]
+        names.append("tiny-train-0000.tar")
+
+    edit_info(d, twice)
+    line = refused(d, capsys)
+    assert "_info.json" in line and "tiny-train-0000.tar" in line and "twice" in line, line
+    assert not any(n.endswith(".idx") for n in os.listdir(d))
+
+
+def test_a_label_past_the_class_cap_is_refused_naming_its_sample(tmp_path, capsys):
+    d = write_edited(tmp_path, lambda s, i, x: {**x, "cls": "20000000"} if s == "train" and i == 2 else x)
+    line = refused(d, capsys)
+    assert "tiny-train-0000.tar" in line and "20000000" in line and "wrote" not in line, line
+
+
+@pytest.mark.parametrize(
+    ("classes", "words"),
+    [(["tench", None, "great white shark"], "classes[1]"), (["tench", "tench", "great white shark"], "classes[1]")],
+)
+def test_info_json_classes_not_distinct_strings_are_refused(tmp_path, capsys, classes, words):
+    d = write_edited(tmp_path)
+    edit_info(d, lambda info: info.update(classes=classes))
+    line = refused(d, capsys)
+    assert "_info.json" in line and words in line, line
+
+
+def test_json_class_names_that_disagree_for_one_label_are_refused(tmp_path, capsys):
+    def edit(split, i, sample):
+        return {**sample, "json": {**sample["json"], "class_name": "WRONG"}} if split == "validation" else sample
+
+    line = refused(write_edited(tmp_path, edit), capsys)
+    assert "WRONG" in line and "tiny-validation-0000.tar" in line, line
+
+
+def member_of(path: str, info: tarfile.TarInfo, data: bytes, **kw) -> None:
+    """Tar ``path``: one good sample ``a``, then member ``info`` with ``data``."""
+    import io
+
+    from tests.helpers.wds_sets import jpeg
+
+    with tarfile.open(path, "w", **kw) as tar:
+        for name, body in (("a.jpg", jpeg(16, 16, 9)), ("a.cls", b"0")):
+            good = tarfile.TarInfo(name)
+            good.size = len(body)
+            tar.addfile(good, io.BytesIO(body))
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+
+
+def one_tar_set(tmp_path) -> tuple[str, str]:
+    d = tmp_path / "set"
+    d.mkdir()
+    return str(d), str(d / "x-train-0.tar")
+
+
+def test_a_sparse_member_is_refused(tmp_path, capsys):
+    d, tar = one_tar_set(tmp_path)
+    info = tarfile.TarInfo("b.jpg")
+    info.type = tarfile.GNUTYPE_SPARSE
+    member_of(tar, info, b"", format=tarfile.GNU_FORMAT)
+    assert "sparse" in refused(d, capsys).partition(tar)[2]
+
+
+def test_a_huge_pax_header_is_refused_before_it_is_read(tmp_path, capsys):
+    d, tar = one_tar_set(tmp_path)
+    info = tarfile.TarInfo("b.cls")
+    info.pax_headers = {"comment": "x" * (1 << 20)}
+    member_of(tar, info, b"1", format=tarfile.PAX_FORMAT)
+    assert "header" in refused(d, capsys).partition(tar)[2]
+
+
+def test_a_member_name_not_utf8_is_refused(tmp_path, capsys):
+    d, tar = one_tar_set(tmp_path)
+    member_of(tar, tarfile.TarInfo("k\udcff.cls"), b"1", format=tarfile.GNU_FORMAT, errors="surrogateescape")
+    assert "UTF-8" in refused(d, capsys).partition(tar)[2]
