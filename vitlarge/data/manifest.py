@@ -44,6 +44,7 @@ import errno
 import itertools
 import json
 import os
+import shlex
 import stat
 import sys
 from dataclasses import dataclass, field
@@ -85,8 +86,18 @@ def convert_cmd() -> str:
     return command("data_tools.imagenet_to_tfrecord")
 
 
-def make_index_fix(data_dir: str) -> str:
-    return f"{command('data_tools.make_index')} {data_dir}"
+def make_index_fix(data_dir: str, out: str | None = None) -> str:
+    """The make_index command line for ``data_dir`` (``--out``: the index folder where it is another), its paths
+    quoted for a shell."""
+    line = f"{command('data_tools.make_index')} {shlex.quote(data_dir)}"
+    return f"{line} --out {shlex.quote(out)}" if out is not None else line
+
+
+def reindex_fix(manifest: Manifest) -> str:
+    """The make_index command that writes ``manifest``'s indexes and ``dataset.json`` again: on its shards' folder,
+    with ``--out`` its index folder where that is another (a read-only data set's)."""
+    d, shards_at = manifest.data_dir, shard_root(manifest)
+    return make_index_fix(d) if shards_at == d else make_index_fix(shards_at, d)
 
 
 def shard_name(split: str, index: int, count: int) -> str:
@@ -282,6 +293,16 @@ def _holds_tars(data_dir: str, limit: int = 200) -> bool:
         return False
 
 
+def _holds_only_indexes(data_dir: str) -> bool:
+    """Whether ``data_dir`` holds ``.idx`` files and none of their shards (``<shard>.idx``, ``<tar stem>.idx``)."""
+    try:
+        names = set(os.listdir(data_dir))
+    except OSError:
+        return False
+    indexes = [n[: -len(".idx")] for n in names if n.endswith(".idx")]
+    return bool(indexes) and not any(n in names or n + ".tar" in names for n in indexes)
+
+
 def _missing_fix(data_dir: str) -> str:
     """What to do when ``data_dir`` or its manifest is missing: make the demo data, convert the images
     found there, or (the general case) convert or index."""
@@ -295,6 +316,11 @@ def _missing_fix(data_dir: str) -> str:
         return (
             f"the demo's digits data set is made with {command('data_tools.make_demo_dataset')} {data_dir} (a few "
             f"seconds); for other images convert with {convert_cmd()}"
+        )
+    if _holds_only_indexes(data_dir):
+        return (
+            f"it holds DALI indexes but no shards: an index folder whose make_index --out did not finish; rerun "
+            f"{command('data_tools.make_index')} <data folder> --out {shlex.quote(data_dir)}"
         )
     if _holds_tars(data_dir):
         return (
@@ -534,12 +560,12 @@ def shard_files(manifest: Manifest, split: str) -> list[tuple[str, str]]:
     if manifest.format == WDS_FORMAT:
         return _tar_files(manifest, split)
     d, shards_at = manifest.data_dir, shard_root(manifest)
-    fix = make_index_fix(d) if shards_at == d else f"{make_index_fix(shards_at)} --out {d}"
+    fix = reindex_fix(manifest)
     listed = [s.file for s in manifest.shards(split)]
     if not os.path.isdir(shards_at):
         raise UserError(
             f"{os.path.join(d, MANIFEST_NAME)}: its data_dir {shards_at} is not a folder here; mount the data set "
-            f"there, or index it where it is with {make_index_fix('<folder>')} --out {d}"
+            f"there, or index it where it is with {command('data_tools.make_index')} <folder> --out {shlex.quote(d)}"
         )
     problem = shard_set_problem(listed)
     if problem:
@@ -625,7 +651,7 @@ def _tar_files(manifest: Manifest, split: str) -> list[tuple[str, str]]:
     size ``dataset.json`` records (else truncated or replaced), each index of the recorded sample count. The tars
     are in `shard_root` (an index folder's ``data_dir``), the indexes beside ``dataset.json``."""
     d, shards_at = manifest.data_dir, shard_root(manifest)
-    fix = make_index_fix(d) if shards_at == d else f"{make_index_fix(shards_at)} --out {d}"
+    fix = reindex_fix(manifest)
     listed = [(shard_path(manifest, s.file), os.path.join(d, s.index), s) for s in manifest.shards(split)]
     for tar, index, s in listed:
         _listed_size(tar, os.path.realpath(shards_at), s, fix, ("tar", "tar", "restore it (its _info.json names it)"))
