@@ -11,7 +11,7 @@ import pytest
 
 from data_tools import make_index
 from tests.helpers.wds_sets import CLASSES, member_tar, write_timm_wds
-from vitlarge.data.manifest import MANIFEST_NAME, load_manifest, shard_files, split_sizes
+from vitlarge.data.manifest import MANIFEST_NAME, load_manifest, reindex_fix, shard_files, split_sizes
 from vitlarge.data.manifest_schema import WDS_FORMAT
 from vitlarge.data.wds_shards import IndexedSamples
 from vitlarge.errors import UserError
@@ -161,6 +161,7 @@ def test_out_indexes_a_read_only_webdataset_folder_and_the_loaders_read_the_tars
             "tiny-validation-0000.tar.sizes",
         ]
         assert [os.path.dirname(t) for t, _ in shard_files(m, "train")] == [d, d]
+        assert reindex_fix(m).endswith(f"make_index {d} --out {out}")  # what the loaders' messages say to run
         for rect in (False, True):
             v = open_val(str(out), 3, 32, rect_val=rect, patch_size=16)
             assert [x for _, labels in v for x in labels.tolist()] == [0, 1, 2, 0]
@@ -261,3 +262,18 @@ def test_a_member_name_not_utf8_is_refused(tmp_path, capsys):
     d, tar = one_tar_set(tmp_path)
     member_of(tar, tarfile.TarInfo("k\udcff.cls"), b"1", format=tarfile.GNU_FORMAT, errors="surrogateescape")
     assert "UTF-8" in refused(d, capsys).partition(tar)[2]
+
+
+def test_an_index_folder_whose_make_index_out_did_not_finish_names_the_command(tmp_path):
+    (tmp_path / "tiny-train-0000.idx").write_text("v1.2 1\n")  # indexes written, dataset.json not yet
+    with pytest.raises(UserError, match=r"did not finish; rerun .*make_index <data folder> --out " + str(tmp_path)):
+        load_manifest(str(tmp_path))
+
+
+def test_a_data_dir_with_a_control_character_is_refused(timm_set, tmp_path):
+    out = tmp_path / "index"
+    make_index.make_index(timm_set, out=str(out), workers=1)
+    doc = json.loads((out / MANIFEST_NAME).read_text())
+    (out / MANIFEST_NAME).write_text(json.dumps({**doc, "data_dir": timm_set + "\nrm -rf ~"}))
+    with pytest.raises(UserError, match=r"data_dir is .*control character"):
+        load_manifest(str(out))
