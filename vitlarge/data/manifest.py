@@ -61,8 +61,10 @@ from vitlarge.data.manifest_schema import (  # noqa: F401 (re-exported: the cons
     MAX_SIDE,
     SIZES_SUFFIX,
     SPLITS,
+    TAR_IMAGE_EXTS,
     TAR_INDEX_LINE_MAX,
     TAR_INDEX_VERSION,
+    TAR_LABEL_EXT,
     TF_SLIM_FEATURES,
     WDS_FORMAT,
     ManifestProblem,
@@ -633,16 +635,45 @@ def _listed_size(path: str, root: str, s: ShardInfo, fix: str, words: tuple[str,
     return size
 
 
-def _tar_index_count(path: str, num_records: int) -> int | None:
-    """The sample count of DALI index ``path``'s first line (``v1.2 <samples>``), or None where it has none; an
-    index larger than `TAR_INDEX_LINE_MAX` bytes a sample is never read (`UnsafeFile`)."""
-    if os.path.getsize(path) > TAR_INDEX_LINE_MAX * (num_records + 1):
-        raise UnsafeFile(0, f"larger than {num_records:,} samples' lines", path)
-    with open_regular(path) as f:
-        head = f.readline(64).split()
-    if len(head) != 2 or head[0] != TAR_INDEX_VERSION.encode() or not head[1].isdigit():
-        return None
-    return int(head[1])
+def sample_members(line: str) -> dict[str, tuple[int, int]]:
+    """``{ext: (data offset, size)}`` of one sample's line of a DALI tar index; empty where the line is not DALI's
+    format."""
+    parts = line.split()
+    if len(parts) % 4:
+        return {}
+    out = {}
+    for i in range(0, len(parts), 4):
+        ext, at, size = parts[i : i + 3]
+        if not (at.isdigit() and size.isdigit()):
+            return {}
+        out[ext.lower()] = (int(at), int(size))
+    return out
+
+
+def tar_sample_problem(members: dict[str, tuple[int, int]], tar_size: int) -> bool:
+    """Whether a sample's index entry (`sample_members`) lacks its image or ``.cls``, or names bytes past its tar's
+    ``tar_size``: the index is stale."""
+    image = next((members[e] for e in TAR_IMAGE_EXTS if e in members), None)
+    label = members.get(TAR_LABEL_EXT)
+    return image is None or label is None or max(o + n for o, n in (image, label)) > tar_size
+
+
+def _tar_index_fits(path: str, num_records: int, tar_size: int) -> bool:
+    """Whether DALI index ``path`` is ``num_records`` samples of a tar of ``tar_size`` bytes: its first line
+    (``v1.2 <samples>``) and as many sample lines, each with its image and ``.cls`` inside the tar (DALI's own
+    error on a stale one is a raw RuntimeError). An index larger than `TAR_INDEX_LINE_MAX` bytes a sample is never
+    read (`UnsafeFile`)."""
+    lines = read_capped(path, TAR_INDEX_LINE_MAX * (num_records + 1)).split(b"\n")
+    head = lines[0].split()
+    if len(head) != 2 or head[0] != TAR_INDEX_VERSION.encode() or head[1] != str(num_records).encode():
+        return False
+    samples = [ln for ln in lines[1:] if ln.strip()]
+    if len(samples) != num_records:
+        return False
+    try:
+        return not any(tar_sample_problem(sample_members(ln.decode()), tar_size) for ln in samples)
+    except UnicodeDecodeError:
+        return False
 
 
 def _tar_files(manifest: Manifest, split: str) -> list[tuple[str, str]]:
@@ -654,16 +685,21 @@ def _tar_files(manifest: Manifest, split: str) -> list[tuple[str, str]]:
     fix = reindex_fix(manifest)
     listed = [(shard_path(manifest, s.file), os.path.join(d, s.index), s) for s in manifest.shards(split)]
     for tar, index, s in listed:
-        _listed_size(tar, os.path.realpath(shards_at), s, fix, ("tar", "tar", "restore it (its _info.json names it)"))
+        size = _listed_size(
+            tar, os.path.realpath(shards_at), s, fix, ("tar", "tar", "restore it (its _info.json names it)")
+        )
         try:
             confined_size(index, os.path.realpath(d))
-            count = _tar_index_count(index, s.num_records)
+            fits = _tar_index_fits(index, s.num_records, size)
         except FileNotFoundError:
             raise UserError(f"{index}: missing DALI index for {tar}; run {fix}") from None
         except OSError as e:
             raise UserError(f"{index}: {e.strerror}; {CONFINED_FIX}") from None
-        if count != s.num_records:
-            raise UserError(f"{index}: stale DALI index (not the {s.num_records:,} samples of {tar}); run {fix}")
+        if not fits:
+            raise UserError(
+                f"{index}: stale DALI index (not the {s.num_records:,} samples of {tar}, each image and .cls inside "
+                f"it); run {fix}"
+            )
     return [(tar, index) for tar, index, _ in listed]
 
 

@@ -277,3 +277,20 @@ def test_a_data_dir_with_a_control_character_is_refused(timm_set, tmp_path):
     (out / MANIFEST_NAME).write_text(json.dumps({**doc, "data_dir": timm_set + "\nrm -rf ~"}))
     with pytest.raises(UserError, match=r"data_dir is .*control character"):
         load_manifest(str(out))
+
+
+@pytest.mark.parametrize("cut", ["a line missing", "a member past the tar", "no image"])
+def test_a_stale_index_with_its_header_intact_is_refused_before_dali_reads_it(timm_set, tmp_path, cut):
+    d = str(tmp_path / "copy")
+    shutil.copytree(timm_set, d)
+    path = os.path.join(d, "tiny-validation-0000.idx")
+    lines = open(path).read().splitlines()
+    if cut == "a line missing":
+        lines.pop()
+    else:
+        parts = lines[2].split()
+        parts[6 if cut == "a member past the tar" else 4] = "99999999" if cut == "a member past the tar" else "txt"
+        lines[2] = " ".join(parts)
+    open(path, "w").write("\n".join(lines) + "\n")
+    with pytest.raises(UserError, match=r"tiny-validation-0000.idx: stale DALI index .* run .*make_index"):
+        shard_files(load_manifest(d), "validation")
