@@ -13,10 +13,12 @@ Each tar is read once, header by header: its regular members are grouped into sa
 groups them (the name up to the first dot of its last part), and its DALI index (``<name>.idx``, `wds2idx`'s
 format) is written beside it. Each sample must have exactly one image whose header PIL reads (only the header:
 nothing is decoded; the validation images' sizes go to ``<tar>.sizes`` for ``data.rect_val``) and a ``.cls``
-integer; members that are links or devices, absolute names or names with ``..``, a member past the end of the
-file (a truncated tar) and counts that disagree with ``_info.json`` are refused. Class names come from the
-``.json`` members (``synset`` or ``wnid``, ``class_name``) or from ``_info.json``'s ``classes`` (a list, index =
-label) where present. Every refusal is one line naming the file and the fix, exit status 2, with no
+integer below `MAX_CLASSES`; members that are links, devices or sparse files, absolute names, names with ``..``
+or not UTF-8, a pax or long-name header over `META_MAX_BYTES` (refused before `tarfile` reads it whole), a member
+past the end of the file (a truncated tar), a tar ``_info.json`` lists twice (in one split or two) and counts that
+disagree with ``_info.json`` are refused. Class names come from the ``.json`` members (``synset`` or ``wnid``,
+``class_name``; two tars naming one label differently are refused) or from ``_info.json``'s ``classes`` (a list of
+distinct names, index = label) where present. Every refusal is one line naming the file and the fix, exit status 2, with no
 ``dataset.json`` written; the indexes written before it are complete files and are rewritten by the next run.
 """
 
