@@ -281,12 +281,17 @@ def parse(data: bytes) -> dict:
     return out
 
 
+def has_control_character(path: str) -> bool:
+    """Whether ``path`` holds a control character (a newline would split the fix commands messages print)."""
+    return any(ord(c) < 32 or ord(c) == 127 for c in path)
+
+
 def _data_dir(v) -> str:
     """``data_dir``: an absolute, normalized path (no ``..``, no ``.``, no doubled ``/``, no control characters), the
     folder of the shards."""
     if not isinstance(v, str) or not 1 <= len(v) <= MAX_PATH or "\0" in v or not v.startswith("/"):
         raise ManifestProblem(f"data_dir is {_show(v)}, expected an absolute path of at most {MAX_PATH} characters")
-    if any(ord(c) < 32 or ord(c) == 127 for c in v):  # a newline would split the fix commands messages print
+    if has_control_character(v):
         raise ManifestProblem(f"data_dir is {_show(v)}, a path with a control character; index the folder again")
     if posixpath.normpath(v) != v or v.startswith("//"):
         raise ManifestProblem(f"data_dir is {_show(v)}, expected a normalized path (no '..', '.' or '//')")

@@ -294,3 +294,10 @@ def test_a_stale_index_with_its_header_intact_is_refused_before_dali_reads_it(ti
     open(path, "w").write("\n".join(lines) + "\n")
     with pytest.raises(UserError, match=r"tiny-validation-0000.idx: stale DALI index .* run .*make_index"):
         shard_files(load_manifest(d), "validation")
+
+
+def test_a_folder_whose_path_has_a_control_character_is_refused_before_any_index_is_written(tmp_path, capsys):
+    d = write_timm_wds(str(tmp_path / "a\nb"), {"train": 3, "validation": 3})
+    rc = make_index.main([d, "--workers", "1"])
+    assert rc == 2 and "control character" in capsys.readouterr().err
+    assert sorted(os.listdir(d)) == ["_info.json", "tiny-train-0000.tar", "tiny-validation-0000.tar"]
