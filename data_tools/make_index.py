@@ -78,6 +78,7 @@ from vitlarge.data.manifest_schema import (
     MAX_SIDE,
     MAX_SYNSET,
     TF_SLIM_FEATURES,
+    has_control_character,
     out_of_aspect_order,
 )
 from vitlarge.errors import UserError, cli_main
@@ -233,6 +234,11 @@ def make_index(
         raise UserError(f"--num-classes {num_classes}: expected 1..{MAX_CLASSES}")
     if not -MAX_LABEL <= label_offset <= MAX_LABEL:
         raise UserError(f"--label-offset {label_offset}: expected {-MAX_LABEL}..{MAX_LABEL}")
+    bad = next((p for p in (data_dir, out) if p and has_control_character(os.path.abspath(p))), None)
+    if bad is not None:  # dataset.json's data_dir could not hold it
+        raise UserError(
+            f"{bad!r}: a folder path with a control character, which {MANIFEST_NAME} cannot record; rename it"
+        )
     if not os.path.isdir(data_dir):
         raise UserError(f"{data_dir}: directory does not exist; pass the directory holding train-*/validation-* shards")
     names = sorted(n for n in os.listdir(data_dir) if (SHARD_RE.match(n) or tfds and shard_parts(n)))

@@ -13,10 +13,12 @@ Each tar is read once, header by header: its regular members are grouped into sa
 groups them (the name up to the first dot of its last part), and its DALI index (``<name>.idx``, `wds2idx`'s
 format) is written beside it. Each sample must have exactly one image whose header PIL reads (only the header:
 nothing is decoded; the validation images' sizes go to ``<tar>.sizes`` for ``data.rect_val``) and a ``.cls``
-integer; members that are links or devices, absolute names or names with ``..``, a member past the end of the
-file (a truncated tar) and counts that disagree with ``_info.json`` are refused. Class names come from the
-``.json`` members (``synset`` or ``wnid``, ``class_name``) or from ``_info.json``'s ``classes`` (a list, index =
-label) where present. Every refusal is one line naming the file and the fix, exit status 2, with no
+integer below `MAX_CLASSES`; members that are links, devices or sparse files, absolute names, names with ``..``
+or not UTF-8, a pax or long-name header over `META_MAX_BYTES` (refused before `tarfile` reads it whole), a member
+past the end of the file (a truncated tar), a tar ``_info.json`` lists twice (in one split or two) and counts that
+disagree with ``_info.json`` are refused. Class names come from the ``.json`` members (``synset`` or ``wnid``,
+``class_name``; two tars naming one label differently are refused) or from ``_info.json``'s ``classes`` (a list of
+distinct names, index = label) where present. Every refusal is one line naming the file and the fix, exit status 2, with no
 ``dataset.json`` written; the indexes written before it are complete files and are rewritten by the next run.
 """
 
@@ -30,6 +32,7 @@ import re
 import sys
 import tarfile
 from collections.abc import Callable
+from typing import BinaryIO
 
 from vitlarge.data.manifest import (
     CONFINED_FIX,
@@ -54,6 +57,7 @@ TRANSPARENT_IN_PLACE = (
     "composites it on white (docs/DATA.md: images are trained as they look); convert the set with python -m "
     "data_tools.imagenet_to_tfrecord, or re-write the image opaque"
 )
+META_MAX_BYTES = 64 << 10  # a pax or long-name header larger than this is refused: tarfile reads it whole
 SPLIT_NAMES = {"train": "train", "validation": "validation", "val": "validation"}
 TAR_SPLIT_RE = re.compile(r"^(?:.*[-_])?(train|validation|val)[-_]?\d+\.tar$")
 SYNSET_KEYS, TEXT_KEYS = ("synset", "wnid"), ("class_name", "label_name", "text")
@@ -92,6 +96,7 @@ def _split_files(data_dir: str) -> tuple[dict[str, list[str]], dict[str, list[in
     if not isinstance(splits, dict):
         raise UserError(f"{info}: no 'splits' object (timm's layout names each split's filenames there); {fix}")
     files, lengths, totals = {}, {}, {}
+    listed: dict[str, str] = {}  # tar -> the split naming it: a tar read twice trains or validates on it twice
     for name, body in splits.items():
         split = SPLIT_NAMES.get(name)
         if split is None:  # a split vitlarge does not train or validate on (e.g. test)
@@ -104,14 +109,26 @@ def _split_files(data_dir: str) -> tuple[dict[str, list[str]], dict[str, list[in
                 raise UserError(
                     f"{info}: splits.{name}.filenames holds {n[:80]!r}, not a tar file of its folder; {fix}"
                 )
+            if n in listed:
+                where = "twice" if listed[n] == name else f"twice (also in splits.{listed[n]}.filenames)"
+                raise UserError(f"{info}: splits.{name}.filenames lists {n} {where}; {fix}")
+            listed[n] = name
         stated = body.get("shard_lengths")
         ok = isinstance(stated, list) and len(stated) == len(names) and all(type(x) is int for x in stated)
         lengths[split] = list(stated) if isinstance(stated, list) and ok else None
         if type(body.get("num_samples")) is int:
             totals[split] = body["num_samples"]
         files[split] = list(names)
-    classes = doc.get("classes")
-    return files, lengths, totals, [c for c in classes if isinstance(c, str)] if isinstance(classes, list) else []
+    classes = doc.get("classes", [])
+    if not isinstance(classes, list):
+        raise UserError(f"{info}: classes is not a list of class names (index = label); {fix}")
+    named: set[str] = set()
+    for i, c in enumerate(classes):  # one entry dropped or repeated would give every later label another's name
+        if not isinstance(c, str) or not c or c in named:
+            what = "a repeat of an earlier name" if isinstance(c, str) and c else "not a class name"
+            raise UserError(f"{info}: classes[{i}] is {json.dumps(c)[:80]}, {what}; {fix}")
+        named.add(c)
+    return files, lengths, totals, classes
 
 
 def _member_problem(m: tarfile.TarInfo, size: int) -> str | None:
@@ -124,9 +141,42 @@ def _member_problem(m: tarfile.TarInfo, size: int) -> str | None:
         return f"member {m.name[:120]!r} is an absolute name or leads out with '..'"
     if any(c.isspace() for c in m.name):
         return f"member {m.name[:120]!r} has whitespace in its name, which DALI's index cannot hold"
+    if any("\udc80" <= c <= "\udcff" for c in m.name):  # tarfile's surrogateescape of bytes that are not UTF-8
+        return f"member {m.name[:120]!r} has a name that is not UTF-8; re-write the tar with UTF-8 names"
+    if m.issparse():  # its data is a map of holes: the bytes at offset_data are not the file
+        return f"member {m.name[:120]!r} is a sparse file; re-write the tar without --sparse"
+    if m.isreg() and m.type not in (tarfile.REGTYPE, tarfile.AREGTYPE):  # e.g. a contiguous file: DALI reads regular
+        return f"member {m.name[:120]!r} is not a plain regular file (type {m.type!r}); re-write the tar"
     if m.isreg() and m.offset_data + m.size > size:
         return f"truncated: member {m.name[:120]!r} ends at byte {m.offset_data + m.size:,}, past the file's {size:,}"
     return None
+
+
+def _check_headers(path: str, f: BinaryIO) -> BinaryIO:
+    """``f`` (open on tar ``path``) at its start, once its 512-byte header blocks are walked: a pax or GNU
+    long-name header (types x, g, L, K) is read whole by `tarfile`, so one over `META_MAX_BYTES` is refused here
+    (a 400 MB pax comment took 1.27 GB). The walk stops at the end blocks, at a block that is no header (`tarfile`
+    then names it) or at a sparse member (`_member_problem` refuses it)."""
+    offset, size = 0, os.fstat(f.fileno()).st_size
+    while offset + 512 <= size:
+        f.seek(offset)
+        block = f.read(512)
+        try:
+            length = tarfile.nti(block[124:136])  # pyright: ignore[reportAttributeAccessIssue] (public in fact, not in the stub)
+        except tarfile.HeaderError:
+            break
+        kind = block[156:157]
+        if block == bytes(512) or kind == tarfile.GNUTYPE_SPARSE or length < 0:
+            break
+        if kind in (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK):
+            if length > META_MAX_BYTES:
+                raise UserError(
+                    f"{path}: a {length:,}-byte header record at byte {offset:,} (at most {META_MAX_BYTES:,} read); "
+                    "re-write the tar without it"
+                )
+        offset += 512 + -(-length // 512) * 512
+    f.seek(0)
+    return f
 
 
 def scan_tar(path: str, index_path: str, sized: bool) -> tuple[str, int, int, int, dict, tuple | None]:
@@ -145,7 +195,7 @@ def scan_tar(path: str, index_path: str, sized: bool) -> tuple[str, int, int, in
     names: dict[int, tuple[str, str]] = {}
     sizes: list[tuple[int, int]] = []
     try:
-        with open_regular(path) as f, tarfile.open(fileobj=f, mode="r:") as tar:
+        with open_regular(path) as f, tarfile.open(fileobj=_check_headers(path, f), mode="r:") as tar:
             for m in tar:
                 problem = _member_problem(m, size)
                 if problem:
@@ -161,9 +211,15 @@ def scan_tar(path: str, index_path: str, sized: bool) -> tuple[str, int, int, in
                     samples.append([])
                 samples[-1].append(m)
             end = tar.offset
-            top = max(
-                (_sample(path, tar, k, ms, names, sizes if sized else None) for k, ms in zip(keys, samples)), default=0
-            )
+            top = 0
+            for k, ms in zip(keys, samples):
+                label = _sample(path, tar, k, ms, names, sizes if sized else None)
+                if label >= MAX_CLASSES:  # labels from 0: no manifest holds this many classes
+                    raise UserError(
+                        f"{path}: sample {k!r} has label {label}, past the {MAX_CLASSES:,} classes a data set may "
+                        "have; fix the sample's .cls"
+                    )
+                top = max(top, label)
             f.seek(end)
             if f.read(512) != bytes(512):  # a tar ends with zero blocks: a cut at a member's end leaves none
                 raise UserError(f"{path}: truncated (no end-of-archive blocks after its last member); {fix}")
@@ -305,7 +361,11 @@ def make_index(
         for n in names:
             _, count, size, _, labels, sizes = by_name[n]
             for k, v in labels.items():
-                seen.setdefault(k, v)
+                if seen.setdefault(k, v) != v:  # one of them names the wrong class: which, only the user knows
+                    raise UserError(
+                        f"{os.path.join(data_dir, n)}: a sample's .json names label {k} {v[0][:80]!r}, another tar's "
+                        f"{seen[k][0][:80]!r}; fix the .json members of the wrong one"
+                    )
             splits[split] = splits.get(split, []) + [ShardInfo(n, index_name(n), count, size, None, sizes)]
     top = max(r[3] for r in results)
     inferred = top + 1

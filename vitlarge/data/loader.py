@@ -39,7 +39,7 @@ from vitlarge.data.manifest import (
     Manifest,
     convert_cmd,
     load_manifest,
-    make_index_fix,
+    reindex_fix,
     shard_files,
 )
 from vitlarge.data.rect import RectBatches, val_sizes
@@ -76,14 +76,19 @@ class _Batches:
         lab = feed_ndarray(labels, torch.empty(labels.shape(), dtype=torch.int64)).view(-1)
         lab = lab - self.label_offset
         lo, hi = int(lab.min()), int(lab.max())
+        d = self.manifest.data_dir
+        if self.manifest.format == WDS_FORMAT and lo + self.label_offset == -1:  # the pipeline's "no integer"
+            raise UserError(
+                f"{d}: a .cls that is no integer: the tar changed since make_index; rerun "
+                f"{reindex_fix(self.manifest)}, which names the sample"
+            )
         if lo < 0 or hi >= self.manifest.num_classes:
             bad = lo if lo < 0 else hi
-            d = self.manifest.data_dir
             raise UserError(
                 f"{d}: stored label {bad + self.label_offset} in the {self.split} shards maps to class {bad}, "
                 f"outside 0..{self.manifest.num_classes - 1} (num_classes {self.manifest.num_classes}, label offset "
                 f"{self.label_offset}); fix num_classes/label_offset in {d}/{MANIFEST_NAME} or rerun "
-                f"{make_index_fix(d)} --label-offset N --num-classes C"
+                f"{reindex_fix(self.manifest)} --label-offset N --num-classes C"
             )
         return out, lab.to(self.device, non_blocking=True)
 
@@ -163,8 +168,8 @@ def _run(
         if record is not None:  # the reader's (or `RepeatedRecords`'s) parse of a record that passed the index
             raise UserError(
                 f"{record['file']}: the record at byte {record['offset']} is not a tf.train.Example with an image and "
-                f"a label ({record['why']}); re-copy or re-convert this shard (python -m data_tools.make_index "
-                f"{manifest.data_dir} reads every record and names each bad one)"
+                f"a label ({record['why']}); re-copy or re-convert this shard ({reindex_fix(manifest)} "
+                "reads every record and names each bad one)"
             ) from None
         if not isinstance(e, RuntimeError):
             raise
@@ -174,14 +179,14 @@ def _run(
             reason = text.partition("encountered:")[2].strip().splitlines()[:1] or ["reader error"]
             raise UserError(
                 f"{manifest.data_dir}: a record of the {split} shards holds no image and single integer label DALI "
-                f"can batch ({reason[0].rpartition(' failed: ')[2][:200]}); python -m data_tools.make_index "
-                f"{manifest.data_dir} reads every record and names each bad one: re-copy or re-convert its shard"
+                f"can batch ({reason[0].rpartition(' failed: ')[2][:200]}); {reindex_fix(manifest)} "
+                "reads every record and names each bad one: re-copy or re-convert its shard"
             ) from None
         if "readers.webdataset" in text:  # a tar that changed under its index (make_index checked each sample)
             reason = text.partition("encountered:")[2].strip().splitlines()[:1] or ["reader error"]
             raise UserError(
-                f"{manifest.data_dir}: a sample of the {split} tars cannot be read ({reason[0][:200]}); python -m "
-                f"data_tools.make_index {manifest.data_dir} reads every sample and names each bad one"
+                f"{manifest.data_dir}: a sample of the {split} tars cannot be read ({reason[0][:200]}); "
+                f"{reindex_fix(manifest)} reads every sample and names each bad one"
             ) from None
         if "decoders." not in text:
             raise

@@ -44,6 +44,7 @@ import errno
 import itertools
 import json
 import os
+import shlex
 import stat
 import sys
 from dataclasses import dataclass, field
@@ -60,8 +61,10 @@ from vitlarge.data.manifest_schema import (  # noqa: F401 (re-exported: the cons
     MAX_SIDE,
     SIZES_SUFFIX,
     SPLITS,
+    TAR_IMAGE_EXTS,
     TAR_INDEX_LINE_MAX,
     TAR_INDEX_VERSION,
+    TAR_LABEL_EXT,
     TF_SLIM_FEATURES,
     WDS_FORMAT,
     ManifestProblem,
@@ -85,8 +88,18 @@ def convert_cmd() -> str:
     return command("data_tools.imagenet_to_tfrecord")
 
 
-def make_index_fix(data_dir: str) -> str:
-    return f"{command('data_tools.make_index')} {data_dir}"
+def make_index_fix(data_dir: str, out: str | None = None) -> str:
+    """The make_index command line for ``data_dir`` (``--out``: the index folder where it is another), its paths
+    quoted for a shell."""
+    line = f"{command('data_tools.make_index')} {shlex.quote(data_dir)}"
+    return f"{line} --out {shlex.quote(out)}" if out is not None else line
+
+
+def reindex_fix(manifest: Manifest) -> str:
+    """The make_index command that writes ``manifest``'s indexes and ``dataset.json`` again: on its shards' folder,
+    with ``--out`` its index folder where that is another (a read-only data set's)."""
+    d, shards_at = manifest.data_dir, shard_root(manifest)
+    return make_index_fix(d) if shards_at == d else make_index_fix(shards_at, d)
 
 
 def shard_name(split: str, index: int, count: int) -> str:
@@ -282,6 +295,16 @@ def _holds_tars(data_dir: str, limit: int = 200) -> bool:
         return False
 
 
+def _holds_only_indexes(data_dir: str) -> bool:
+    """Whether ``data_dir`` holds ``.idx`` files and none of their shards (``<shard>.idx``, ``<tar stem>.idx``)."""
+    try:
+        names = set(os.listdir(data_dir))
+    except OSError:
+        return False
+    indexes = [n[: -len(".idx")] for n in names if n.endswith(".idx")]
+    return bool(indexes) and not any(n in names or n + ".tar" in names for n in indexes)
+
+
 def _missing_fix(data_dir: str) -> str:
     """What to do when ``data_dir`` or its manifest is missing: make the demo data, convert the images
     found there, or (the general case) convert or index."""
@@ -295,6 +318,11 @@ def _missing_fix(data_dir: str) -> str:
         return (
             f"the demo's digits data set is made with {command('data_tools.make_demo_dataset')} {data_dir} (a few "
             f"seconds); for other images convert with {convert_cmd()}"
+        )
+    if _holds_only_indexes(data_dir):
+        return (
+            f"it holds DALI indexes but no shards: an index folder whose make_index --out did not finish; rerun "
+            f"{command('data_tools.make_index')} <data folder> --out {shlex.quote(data_dir)}"
         )
     if _holds_tars(data_dir):
         return (
@@ -495,9 +523,15 @@ def write_manifest(manifest: Manifest, data_dir: str) -> str:
     """Write the sizes files of the shards that hold sizes, then ``dataset.json``, each atomically
     (`vitlarge.fileio.write_atomic`, inside ``data_dir``); return its path. A manifest larger than
     `MANIFEST_CAP` (more classes and shards than its readers take) is a UserError naming what it holds, and
-    nothing is written."""
+    nothing is written; so is one `manifest_schema.parse` refuses (as `load_manifest` would), naming its problem."""
     path = os.path.join(data_dir, MANIFEST_NAME)
     text = manifest.to_json()
+    try:  # a writer's "wrote" followed by its reader's refusal would leave an invalid file under the final name
+        manifest_schema.parse(text.encode())
+    except ManifestProblem as e:
+        raise UserError(
+            f"{path}: would be an invalid manifest ({e}); nothing written: fix the data set's source it names"
+        ) from None
     if len(text.encode()) > MANIFEST_CAP:
         shards = sum(len(v) for v in manifest.splits.values())
         raise UserError(
@@ -528,12 +562,12 @@ def shard_files(manifest: Manifest, split: str) -> list[tuple[str, str]]:
     if manifest.format == WDS_FORMAT:
         return _tar_files(manifest, split)
     d, shards_at = manifest.data_dir, shard_root(manifest)
-    fix = make_index_fix(d) if shards_at == d else f"{make_index_fix(shards_at)} --out {d}"
+    fix = reindex_fix(manifest)
     listed = [s.file for s in manifest.shards(split)]
     if not os.path.isdir(shards_at):
         raise UserError(
             f"{os.path.join(d, MANIFEST_NAME)}: its data_dir {shards_at} is not a folder here; mount the data set "
-            f"there, or index it where it is with {make_index_fix('<folder>')} --out {d}"
+            f"there, or index it where it is with {command('data_tools.make_index')} <folder> --out {shlex.quote(d)}"
         )
     problem = shard_set_problem(listed)
     if problem:
@@ -601,16 +635,45 @@ def _listed_size(path: str, root: str, s: ShardInfo, fix: str, words: tuple[str,
     return size
 
 
-def _tar_index_count(path: str, num_records: int) -> int | None:
-    """The sample count of DALI index ``path``'s first line (``v1.2 <samples>``), or None where it has none; an
-    index larger than `TAR_INDEX_LINE_MAX` bytes a sample is never read (`UnsafeFile`)."""
-    if os.path.getsize(path) > TAR_INDEX_LINE_MAX * (num_records + 1):
-        raise UnsafeFile(0, f"larger than {num_records:,} samples' lines", path)
-    with open_regular(path) as f:
-        head = f.readline(64).split()
-    if len(head) != 2 or head[0] != TAR_INDEX_VERSION.encode() or not head[1].isdigit():
-        return None
-    return int(head[1])
+def sample_members(line: str) -> dict[str, tuple[int, int]]:
+    """``{ext: (data offset, size)}`` of one sample's line of a DALI tar index; empty where the line is not DALI's
+    format."""
+    parts = line.split()
+    if len(parts) % 4:
+        return {}
+    out = {}
+    for i in range(0, len(parts), 4):
+        ext, at, size = parts[i : i + 3]
+        if not (at.isdigit() and size.isdigit()):
+            return {}
+        out[ext.lower()] = (int(at), int(size))
+    return out
+
+
+def tar_sample_problem(members: dict[str, tuple[int, int]], tar_size: int) -> bool:
+    """Whether a sample's index entry (`sample_members`) lacks its image or ``.cls``, or names bytes past its tar's
+    ``tar_size``: the index is stale."""
+    image = next((members[e] for e in TAR_IMAGE_EXTS if e in members), None)
+    label = members.get(TAR_LABEL_EXT)
+    return image is None or label is None or max(o + n for o, n in (image, label)) > tar_size
+
+
+def _tar_index_fits(path: str, num_records: int, tar_size: int) -> bool:
+    """Whether DALI index ``path`` is ``num_records`` samples of a tar of ``tar_size`` bytes: its first line
+    (``v1.2 <samples>``) and as many sample lines, each with its image and ``.cls`` inside the tar (DALI's own
+    error on a stale one is a raw RuntimeError). An index larger than `TAR_INDEX_LINE_MAX` bytes a sample is never
+    read (`UnsafeFile`)."""
+    lines = read_capped(path, TAR_INDEX_LINE_MAX * (num_records + 1)).split(b"\n")
+    head = lines[0].split()
+    if len(head) != 2 or head[0] != TAR_INDEX_VERSION.encode() or head[1] != str(num_records).encode():
+        return False
+    samples = [ln for ln in lines[1:] if ln.strip()]
+    if len(samples) != num_records:
+        return False
+    try:
+        return not any(tar_sample_problem(sample_members(ln.decode()), tar_size) for ln in samples)
+    except UnicodeDecodeError:
+        return False
 
 
 def _tar_files(manifest: Manifest, split: str) -> list[tuple[str, str]]:
@@ -619,19 +682,24 @@ def _tar_files(manifest: Manifest, split: str) -> list[tuple[str, str]]:
     size ``dataset.json`` records (else truncated or replaced), each index of the recorded sample count. The tars
     are in `shard_root` (an index folder's ``data_dir``), the indexes beside ``dataset.json``."""
     d, shards_at = manifest.data_dir, shard_root(manifest)
-    fix = make_index_fix(d) if shards_at == d else f"{make_index_fix(shards_at)} --out {d}"
+    fix = reindex_fix(manifest)
     listed = [(shard_path(manifest, s.file), os.path.join(d, s.index), s) for s in manifest.shards(split)]
     for tar, index, s in listed:
-        _listed_size(tar, os.path.realpath(shards_at), s, fix, ("tar", "tar", "restore it (its _info.json names it)"))
+        size = _listed_size(
+            tar, os.path.realpath(shards_at), s, fix, ("tar", "tar", "restore it (its _info.json names it)")
+        )
         try:
             confined_size(index, os.path.realpath(d))
-            count = _tar_index_count(index, s.num_records)
+            fits = _tar_index_fits(index, s.num_records, size)
         except FileNotFoundError:
             raise UserError(f"{index}: missing DALI index for {tar}; run {fix}") from None
         except OSError as e:
             raise UserError(f"{index}: {e.strerror}; {CONFINED_FIX}") from None
-        if count != s.num_records:
-            raise UserError(f"{index}: stale DALI index (not the {s.num_records:,} samples of {tar}); run {fix}")
+        if not fits:
+            raise UserError(
+                f"{index}: stale DALI index (not the {s.num_records:,} samples of {tar}, each image and .cls inside "
+                f"it); run {fix}"
+            )
     return [(tar, index) for tar, index, _ in listed]
 
 

@@ -48,6 +48,8 @@ WDS_FORMAT = "vitlarge.webdataset"  # WebDataset tars read in place (timm's layo
 FORMATS = (FORMAT, WDS_FORMAT)
 TAR_INDEX_VERSION = "v1.2"  # DALI's wds2idx index of a tar: "<ext> <offset> <size> <name>" per member of a sample
 TAR_INDEX_LINE_MAX = 4096  # bytes of a sample's index line: a few members, each a name of at most 255 bytes
+TAR_IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")  # timm's wds reader takes "jpg;png;webp"; DALI decodes each
+TAR_LABEL_EXT = "cls"
 FORMAT_VERSION = 3  # the newest this writes (where data_dir, features or TFDS names need it); it reads `VERSIONS`
 VERSIONS = (1, 2, 3)  # 1: sizes inline or none; 2: a shard's sizes may be a file (<shard>.sizes); 3: data_dir, features
 TF_SLIM_FEATURES = ("image/encoded", "image/class/label")  # (image, label): the converter's, TensorFlow's ImageNet's
@@ -279,10 +281,18 @@ def parse(data: bytes) -> dict:
     return out
 
 
+def has_control_character(path: str) -> bool:
+    """Whether ``path`` holds a control character (a newline would split the fix commands messages print)."""
+    return any(ord(c) < 32 or ord(c) == 127 for c in path)
+
+
 def _data_dir(v) -> str:
-    """``data_dir``: an absolute, normalized path (no ``..``, no ``.``, no doubled ``/``), the folder of the shards."""
+    """``data_dir``: an absolute, normalized path (no ``..``, no ``.``, no doubled ``/``, no control characters), the
+    folder of the shards."""
     if not isinstance(v, str) or not 1 <= len(v) <= MAX_PATH or "\0" in v or not v.startswith("/"):
         raise ManifestProblem(f"data_dir is {_show(v)}, expected an absolute path of at most {MAX_PATH} characters")
+    if has_control_character(v):
+        raise ManifestProblem(f"data_dir is {_show(v)}, a path with a control character; index the folder again")
     if posixpath.normpath(v) != v or v.startswith("//"):
         raise ManifestProblem(f"data_dir is {_show(v)}, expected a normalized path (no '..', '.' or '//')")
     return v

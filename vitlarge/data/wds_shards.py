@@ -21,14 +21,19 @@ from typing import BinaryIO
 
 import numpy as np
 
-from vitlarge.data.manifest import Manifest, make_index_fix
-from vitlarge.data.manifest_schema import TAR_INDEX_LINE_MAX, TAR_INDEX_VERSION, WDS_FORMAT
+from vitlarge.data.manifest import Manifest, make_index_fix, sample_members, tar_sample_problem
+from vitlarge.data.manifest_schema import (
+    TAR_IMAGE_EXTS,
+    TAR_INDEX_LINE_MAX,
+    TAR_INDEX_VERSION,
+    TAR_LABEL_EXT,
+    WDS_FORMAT,
+)
 from vitlarge.errors import UserError
 from vitlarge.fileio import UnsafeFile, open_regular, read_capped
 
 INDEX_VERSION, INDEX_LINE_MAX = TAR_INDEX_VERSION, TAR_INDEX_LINE_MAX
-IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")  # timm's wds reader takes "jpg;png;webp"; DALI decodes each
-LABEL_EXT = "cls"
+IMAGE_EXTS, LABEL_EXT = TAR_IMAGE_EXTS, TAR_LABEL_EXT
 TAR_MEMBERS = (";".join(IMAGE_EXTS), LABEL_EXT)
 """A sample's (image, label): its members' extensions, in the place of the (image, label) features a TFRecord's
 reader takes (`record_keys`), so the pipelines and readers take one value for both formats."""
@@ -75,13 +80,12 @@ class IndexedSamples:
             self._paths.append(path)
             for line in lines[1:]:
                 members = sample_members(line)
-                image = next((members[e] for e in IMAGE_EXTS if e in members), None)
-                label = members.get(LABEL_EXT)
-                if image is None or label is None or max(o + n for o, n in (image, label)) > size:
+                if tar_sample_problem(members, size):
                     raise UserError(
                         f"{index}: stale DALI index (a sample without its image or label in {path}); run {fix}"
                     )
-                rows.append((owner, *image, *label))
+                image = next(members[e] for e in IMAGE_EXTS if e in members)
+                rows.append((owner, *image, *members[LABEL_EXT]))
         self._rows = np.array(rows, dtype=np.int64).reshape(-1, 5)
         self.num_examples = len(self._rows)
 
@@ -102,17 +106,3 @@ class IndexedSamples:
         self._files = {}
 
     __del__ = close
-
-
-def sample_members(line: str) -> dict[str, tuple[int, int]]:
-    """``{ext: (data offset, size)}`` of one sample's index line; empty where the line is not DALI's format."""
-    parts = line.split()
-    if len(parts) % 4:
-        return {}
-    out = {}
-    for i in range(0, len(parts), 4):
-        ext, at, size = parts[i : i + 3]
-        if not (at.isdigit() and size.isdigit()):
-            return {}
-        out[ext.lower()] = (int(at), int(size))
-    return out

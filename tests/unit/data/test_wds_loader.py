@@ -76,3 +76,29 @@ def test_the_pipeline_reads_each_cls_integer_as_make_index_does(tmp_path):
     assert [x for _, lab in open_val(d, 4, 16, device=CPU) for x in lab.tolist()] == labels
     train = open_train(d, 7, 16, device=CPU, seed=0)
     assert sorted(next(train)[1].tolist()) == sorted(labels)
+
+
+@pytest.mark.parametrize("payload", [b"x", b"1 2", b"1x", b" 1"])
+def test_a_cls_changed_after_indexing_to_no_integer_is_refused(tmp_path, payload):
+    """The tar keeps its size (make_index's record) but a .cls is no longer an integer: the pipeline reads it as -1
+    (never 0, nor 12 from "1 2") and the loader names the cause, on both validation paths."""
+    import os
+    import tarfile
+
+    from data_tools import make_index
+    from tests.helpers.wds_sets import write_timm_wds
+
+    width = len(payload)
+    d = write_timm_wds(
+        str(tmp_path / "set"), {"train": 3, "validation": 3}, edit=lambda s, i, x: {**x, "cls": "1" * width}
+    )
+    make_index.make_index(d, workers=1)
+    tar = os.path.join(d, "tiny-validation-0000.tar")
+    with tarfile.open(tar) as t:
+        cls = next(m for m in t.getmembers() if m.name.endswith(".cls"))
+    with open(tar, "r+b") as f:
+        f.seek(cls.offset_data)
+        f.write(payload)
+    for rect in (False, True):
+        with pytest.raises(UserError, match=r"a \.cls that is no integer: the tar changed since make_index; rerun"):
+            list(open_val(d, 3, 16, device=CPU, rect_val=rect, patch_size=16))

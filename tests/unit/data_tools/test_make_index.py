@@ -281,3 +281,26 @@ def test_the_class_names_file_is_read_as_tfds_reads_it(tmp_path):
         f.write(" n01 \nn02\r\n\nn03\n\n")
     make_index.make_index(src, workers=1)
     assert [c.synset for c in load_manifest(src).classes] == ["n01", "n02", "n03"]
+
+
+def test_publish_refuses_a_manifest_its_readers_would_refuse_before_writing_it(tmp_path, capsys):
+    """The document is checked as load_manifest checks it before it is written: no "wrote" line, no dataset.json."""
+    from vitlarge.data.manifest import MANIFEST_NAME, Manifest, ShardInfo
+    from vitlarge.data.manifest_schema import WDS_FORMAT
+
+    shard = ShardInfo("x-train-0.tar", "x-train-0.idx", 3, 1024, None, None)
+    m = Manifest(
+        num_classes=3,
+        label_offset=0,
+        classes=[],
+        splits={"train": [shard, shard]},
+        tool="t",
+        tool_version="1",
+        data_dir=str(tmp_path),
+        format=WDS_FORMAT,
+    )
+    with pytest.raises(
+        UserError, match=r"dataset.json: would be an invalid manifest \(splits.train.shards lists x-train-0.tar twice"
+    ):
+        make_index.publish(m, 2, ("sample", "tar"), ("", ""))
+    assert "wrote" not in capsys.readouterr().err and not os.path.exists(tmp_path / MANIFEST_NAME)

@@ -11,7 +11,7 @@ import pytest
 
 from data_tools import make_index
 from tests.helpers.wds_sets import CLASSES, member_tar, write_timm_wds
-from vitlarge.data.manifest import MANIFEST_NAME, load_manifest, shard_files, split_sizes
+from vitlarge.data.manifest import MANIFEST_NAME, load_manifest, reindex_fix, shard_files, split_sizes
 from vitlarge.data.manifest_schema import WDS_FORMAT
 from vitlarge.data.wds_shards import IndexedSamples
 from vitlarge.errors import UserError
@@ -161,6 +161,7 @@ def test_out_indexes_a_read_only_webdataset_folder_and_the_loaders_read_the_tars
             "tiny-validation-0000.tar.sizes",
         ]
         assert [os.path.dirname(t) for t, _ in shard_files(m, "train")] == [d, d]
+        assert reindex_fix(m).endswith(f"make_index {d} --out {out}")  # what the loaders' messages say to run
         for rect in (False, True):
             v = open_val(str(out), 3, 32, rect_val=rect, patch_size=16)
             assert [x for _, labels in v for x in labels.tolist()] == [0, 1, 2, 0]
@@ -172,3 +173,131 @@ def test_a_webdataset_folder_not_yet_indexed_names_make_index(tmp_path):
     d = write_edited(tmp_path)
     with pytest.raises(UserError, match=r"a WebDataset folder .* run python -m data_tools.make_index"):
         load_manifest(d)
+
+
+def edit_info(d: str, change) -> None:
+    path = os.path.join(d, "_info.json")
+    info = json.load(open(path))
+    change(info)
+    json.dump(info, open(path, "w"))
+
+
+@pytest.mark.parametrize("where", ["one split", "two splits"])
+def test_a_tar_listed_twice_in_info_json_is_refused_before_any_is_read(tmp_path, capsys, where):
+    d = write_edited(tmp_path)
+
+    def twice(info):
+        names = info["splits"]["train" if where == "one split" else "validation"]["filenames"]
+        names.append("tiny-train-0000.tar")
+
+    edit_info(d, twice)
+    line = refused(d, capsys)
+    assert "_info.json" in line and "tiny-train-0000.tar" in line and "twice" in line, line
+    assert not any(n.endswith(".idx") for n in os.listdir(d))
+
+
+def test_a_label_past_the_class_cap_is_refused_naming_its_sample(tmp_path, capsys):
+    d = write_edited(tmp_path, lambda s, i, x: {**x, "cls": "20000000"} if s == "train" and i == 2 else x)
+    line = refused(d, capsys)
+    assert "tiny-train-0000.tar" in line and "20000000" in line and "wrote" not in line, line
+
+
+@pytest.mark.parametrize(
+    ("classes", "words"),
+    [(["tench", None, "great white shark"], "classes[1]"), (["tench", "tench", "great white shark"], "classes[1]")],
+)
+def test_info_json_classes_not_distinct_strings_are_refused(tmp_path, capsys, classes, words):
+    d = write_edited(tmp_path)
+    edit_info(d, lambda info: info.update(classes=classes))
+    line = refused(d, capsys)
+    assert "_info.json" in line and words in line, line
+
+
+def test_json_class_names_that_disagree_for_one_label_are_refused(tmp_path, capsys):
+    def edit(split, i, sample):
+        return {**sample, "json": {**sample["json"], "class_name": "WRONG"}} if split == "validation" else sample
+
+    line = refused(write_edited(tmp_path, edit), capsys)
+    assert "WRONG" in line and "tiny-validation-0000.tar" in line, line
+
+
+def member_of(path: str, info: tarfile.TarInfo, data: bytes, **kw) -> None:
+    """Tar ``path``: one good sample ``a``, then member ``info`` with ``data``."""
+    import io
+
+    from tests.helpers.wds_sets import jpeg
+
+    with tarfile.open(path, "w", **kw) as tar:
+        for name, body in (("a.jpg", jpeg(16, 16, 9)), ("a.cls", b"0")):
+            good = tarfile.TarInfo(name)
+            good.size = len(body)
+            tar.addfile(good, io.BytesIO(body))
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+
+
+def one_tar_set(tmp_path) -> tuple[str, str]:
+    d = tmp_path / "set"
+    d.mkdir()
+    return str(d), str(d / "x-train-0.tar")
+
+
+def test_a_sparse_member_is_refused(tmp_path, capsys):
+    d, tar = one_tar_set(tmp_path)
+    info = tarfile.TarInfo("b.jpg")
+    info.type = tarfile.GNUTYPE_SPARSE
+    member_of(tar, info, b"", format=tarfile.GNU_FORMAT)
+    assert "sparse" in refused(d, capsys).partition(tar)[2]
+
+
+def test_a_huge_pax_header_is_refused_before_it_is_read(tmp_path, capsys):
+    d, tar = one_tar_set(tmp_path)
+    info = tarfile.TarInfo("b.cls")
+    info.pax_headers = {"comment": "x" * (1 << 20)}
+    member_of(tar, info, b"1", format=tarfile.PAX_FORMAT)
+    assert "header" in refused(d, capsys).partition(tar)[2]
+
+
+def test_a_member_name_not_utf8_is_refused(tmp_path, capsys):
+    d, tar = one_tar_set(tmp_path)
+    member_of(tar, tarfile.TarInfo("k\udcff.cls"), b"1", format=tarfile.GNU_FORMAT, errors="surrogateescape")
+    assert "UTF-8" in refused(d, capsys).partition(tar)[2]
+
+
+def test_an_index_folder_whose_make_index_out_did_not_finish_names_the_command(tmp_path):
+    (tmp_path / "tiny-train-0000.idx").write_text("v1.2 1\n")  # indexes written, dataset.json not yet
+    with pytest.raises(UserError, match=r"did not finish; rerun .*make_index <data folder> --out " + str(tmp_path)):
+        load_manifest(str(tmp_path))
+
+
+def test_a_data_dir_with_a_control_character_is_refused(timm_set, tmp_path):
+    out = tmp_path / "index"
+    make_index.make_index(timm_set, out=str(out), workers=1)
+    doc = json.loads((out / MANIFEST_NAME).read_text())
+    (out / MANIFEST_NAME).write_text(json.dumps({**doc, "data_dir": timm_set + "\nrm -rf ~"}))
+    with pytest.raises(UserError, match=r"data_dir is .*control character"):
+        load_manifest(str(out))
+
+
+@pytest.mark.parametrize("cut", ["a line missing", "a member past the tar", "no image"])
+def test_a_stale_index_with_its_header_intact_is_refused_before_dali_reads_it(timm_set, tmp_path, cut):
+    d = str(tmp_path / "copy")
+    shutil.copytree(timm_set, d)
+    path = os.path.join(d, "tiny-validation-0000.idx")
+    lines = open(path).read().splitlines()
+    if cut == "a line missing":
+        lines.pop()
+    else:
+        parts = lines[2].split()
+        parts[6 if cut == "a member past the tar" else 4] = "99999999" if cut == "a member past the tar" else "txt"
+        lines[2] = " ".join(parts)
+    open(path, "w").write("\n".join(lines) + "\n")
+    with pytest.raises(UserError, match=r"tiny-validation-0000.idx: stale DALI index .* run .*make_index"):
+        shard_files(load_manifest(d), "validation")
+
+
+def test_a_folder_whose_path_has_a_control_character_is_refused_before_any_index_is_written(tmp_path, capsys):
+    d = write_timm_wds(str(tmp_path / "a\nb"), {"train": 3, "validation": 3})
+    rc = make_index.main([d, "--workers", "1"])
+    assert rc == 2 and "control character" in capsys.readouterr().err
+    assert sorted(os.listdir(d)) == ["_info.json", "tiny-train-0000.tar", "tiny-validation-0000.tar"]
