@@ -925,10 +925,13 @@ def wds_section(d: dict | None) -> tuple[list[str], list[tuple]]:
         )
     lines += [
         "",
-        "The label is the `.cls` member's ASCII integer, parsed inside the pipeline: parsed a digit at a time (~100 "
-        "operators a batch) it ran at 0.13x on the digits, whose 32-pixel images cost little else; in a few "
-        "whole-vector operators (`vitlarge.data.pipelines._ascii_label`) the reader costs what the TFRecord reader "
-        "does.\n",
+        "The label is the `.cls` member's ASCII integer, parsed inside the pipeline in a few whole-vector operators "
+        "(`vitlarge.data.pipelines._ascii_label`, which also refuses a `.cls` that is no integer; parsed a digit at a "
+        "time, ~100 operators a batch, it ran at 0.13x on the digits). At 224 pixels the tars cost what TFRecords "
+        "do; on the digits' 32-pixel images, which cost little to decode, what each sample costs the webdataset "
+        "reader (two members, the label parse) shows: about 0.6-0.7x, measured on a quiet machine (load below 1), "
+        "before and after that parse was made strict. An earlier run under load (15) read 1.56x wall, 0.95x CPU: "
+        "noise, not the reader. ImageNet's images are the 224-pixel case.\n",
     ]
     best = [max(d["webdataset_vs_tfrecord"][s], d["webdataset_vs_tfrecord_per_cpu_s"][s]) for s in sets]
     measured = ", ".join(
