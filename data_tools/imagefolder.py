@@ -489,18 +489,19 @@ def displayed_header(source: bytes | IO[bytes]) -> Header:
     head = source if isinstance(source, bytes) else source.read(HEAD_BYTES)
     frame = jpeg_frame(head)
     if frame is not None and frame[0] > 0 and frame[1] > 0:
-        height, width = frame[:2]
-        if jpeg_orientation(head) in TURNED:
-            height, width = width, height
-        return Header(height, width, False, "JPEG")
+        return Header(*_as_it_looks(frame[0], frame[1], jpeg_orientation(head)), False, "JPEG")
     if not isinstance(source, bytes):
         source.seek(0)
     with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as im:
-        width, height = im.size
-        if im.getexif().get(EXIF_ORIENTATION) in TURNED:
-            width, height = height, width
+        height, width = _as_it_looks(im.height, im.width, im.getexif().get(EXIF_ORIENTATION))
         transparent = im.mode in TRANSPARENT_MODES or "transparency" in im.info
         return Header(height, width, transparent, im.format or "")
+
+
+def _as_it_looks(height: int, width: int, orientation: int | None) -> tuple[int, int]:
+    """``(height, width)`` of an image stored at ``height`` x ``width`` with EXIF ``orientation``, as it looks:
+    the sides swapped for the orientations that turn it a quarter (`TURNED`)."""
+    return (width, height) if orientation in TURNED else (height, width)
 
 
 class Prepared(NamedTuple):
@@ -578,13 +579,13 @@ def prepare_bytes(
             _check_pixels(frame[1], frame[0], max_pixels)
             if check == "decode" or not data.endswith(b"\xff\xd9"):
                 _open(data).load()
-            height, width = displayed_header(data)[:2]
+            height, width = _as_it_looks(frame[0], frame[1], jpeg_orientation(data))
             return Prepared(data, height, width, False, False)
         im = _open(data)
         _check_pixels(*im.size, max_pixels)
         im.load()
         if im.format == "JPEG" and im.mode == "RGB":  # e.g. arithmetic-coded: PIL reads it as is
-            width, height = (ImageOps.exif_transpose(im) or im).size
+            height, width = _as_it_looks(im.height, im.width, im.getexif().get(EXIF_ORIENTATION))
             return Prepared(data, height, width, False, False)
         im, transparent = upright_rgb(im)
         out = io.BytesIO()

@@ -34,6 +34,8 @@ import tarfile
 from collections.abc import Callable
 from typing import BinaryIO
 
+from PIL import Image, UnidentifiedImageError
+
 from vitlarge.data.manifest import (
     CONFINED_FIX,
     MANIFEST_NAME,
@@ -47,6 +49,8 @@ from vitlarge.data.manifest_schema import MAX_CLASS_TEXT, MAX_CLASSES, MAX_LABEL
 from vitlarge.data.wds_shards import IMAGE_EXTS, INDEX_VERSION, LABEL_EXT, LABEL_MAX_BYTES, index_name, parse_label
 from vitlarge.errors import UserError
 from vitlarge.fileio import UnsafeFile, open_regular, read_capped, write_atomic
+
+from .imagefolder import DEFAULT_MAX_IMAGE_PIXELS, displayed_header
 
 INFO_NAMES = ("_info.json", "info.json")  # timm's `_load_info` tries these
 INFO_CAP = 64 << 20  # bytes of _info.json read: ImageNet-1k's is ~60 kB
@@ -183,10 +187,6 @@ def scan_tar(path: str, index_path: str, sized: bool) -> tuple[str, int, int, in
     """Reads tar ``path`` once and writes its DALI index to ``index_path``; returns (name, samples, bytes,
     largest label, {label: (synset, text)}, the images' ``(height, width)`` where ``sized``). `UserError` naming ``path`` for
     anything `_member_problem` or the module's rules refuse."""
-    from PIL import Image  # lazy: keeps PIL off make_index's TFRecord path
-
-    from .imagefolder import DEFAULT_MAX_IMAGE_PIXELS  # lazy: as above (it imports PIL)
-
     Image.MAX_IMAGE_PIXELS = DEFAULT_MAX_IMAGE_PIXELS
     fix = "re-copy or re-download this tar"
     size = os.path.getsize(path)
@@ -242,10 +242,6 @@ def _ext(m: tarfile.TarInfo) -> str:
 def _sample(path: str, tar: tarfile.TarFile, key: str, members: list, names: dict, sizes: list | None) -> int:
     """Checks one sample (one image, one integer ``.cls``); returns its label, adds its class name to ``names``
     (``{label: (synset, text)}``) and its image's ``(height, width)`` to ``sizes``."""
-    from PIL import Image, UnidentifiedImageError  # lazy: as in scan_tar
-
-    from .imagefolder import displayed_header  # lazy: as above (it imports PIL)
-
     by_ext: dict[str, tarfile.TarInfo] = {}
     for m in members:
         if _ext(m) in by_ext:
@@ -308,8 +304,6 @@ def make_index(
     ``index_folder()``: where the indexes, sizes and ``dataset.json`` go and the manifest's ``data_dir`` (the
     folder of the tars where not that one, `data_tools.make_index`'s ``--out``), asked once the set is checked
     whole: nothing is written into ``data_dir`` itself then."""
-    if num_classes is not None and not 1 <= num_classes <= MAX_CLASSES:
-        raise UserError(f"--num-classes {num_classes}: expected 1..{MAX_CLASSES}")
     files, lengths, totals, info_classes = _split_files(data_dir)
     info = info_path(data_dir) or data_dir
     if not files:

@@ -684,12 +684,11 @@ def _tar_files(manifest: Manifest, split: str) -> list[tuple[str, str]]:
     d, shards_at = manifest.data_dir, shard_root(manifest)
     fix = reindex_fix(manifest)
     listed = [(shard_path(manifest, s.file), os.path.join(d, s.index), s) for s in manifest.shards(split)]
+    real_shards_at, real_d = os.path.realpath(shards_at), os.path.realpath(d)
     for tar, index, s in listed:
-        size = _listed_size(
-            tar, os.path.realpath(shards_at), s, fix, ("tar", "tar", "restore it (its _info.json names it)")
-        )
+        size = _listed_size(tar, real_shards_at, s, fix, ("tar", "tar", "restore it (its _info.json names it)"))
         try:
-            confined_size(index, os.path.realpath(d))
+            confined_size(index, real_d)
             fits = _tar_index_fits(index, s.num_records, size)
         except FileNotFoundError:
             raise UserError(f"{index}: missing DALI index for {tar}; run {fix}") from None

@@ -64,7 +64,7 @@ class IndexedSamples:
     at the offset its index gives, which must lie inside its tar; a label that is no integer reads as -1 (the
     loader then refuses it). ``shards``: `vitlarge.data.manifest.shard_files`' ``[(tar, index)]``."""
 
-    def __init__(self, shards, *, world_size: int = 1):
+    def __init__(self, shards):
         self._paths: list[str] = []
         self._files: dict[int, BinaryIO] = {}
         rows: list[tuple[int, int, int, int, int]] = []  # owner, image offset, size, label offset, size
