@@ -31,11 +31,9 @@ import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
-from fractions import Fraction
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from PIL import Image
 
 from vitlarge.data.manifest import shard_name
 from vitlarge.data.manifest_schema import MAX_CLASSES, MAX_SYNSET
@@ -43,7 +41,7 @@ from vitlarge.errors import UserError
 from vitlarge.fileio import open_new, open_regular
 from vitlarge.text import plural
 
-from . import imagefolder
+from . import imagefolder, val_order
 from .imagefolder import BadImage, Item, Prepared
 
 SPLITS = {"train": "train", "validation": "validation", "val": "validation", "valid": "validation"}
@@ -235,11 +233,12 @@ def _read(path: str, pf: pq.ParquetFile, group: int, columns: list[str]) -> pa.T
         raise UserError(_damaged(path, f"row group {group}: {why}")) from None
 
 
-def _open_images(path: str, image: str) -> pq.ParquetFile:
+def _open_images(path: str, image: str, opened: pq.ParquetFile | None = None) -> pq.ParquetFile:
     """``path``'s reader with the image column's ``bytes`` and ``path`` read dictionary-encoded, as they may be
     stored: a value that many rows share is then held once, where Arrow would otherwise copy it into every row
-    (50 rows sharing one 20 MB value: a footer of 20 MB, 2.2 GB read)."""
-    column = _open(path).schema_arrow.field(image).type
+    (50 rows sharing one 20 MB value: a footer of 20 MB, 2.2 GB read). ``opened``: a plain reader of ``path``
+    already open, whose schema names the image's fields."""
+    column = (opened or _open(path)).schema_arrow.field(image).type
     names = [column.field(i).name for i in range(column.num_fields)]
     return _open(path, tuple(f"{image}.{n}" for n in ("bytes", "path") if n in names))
 
@@ -362,7 +361,6 @@ def spill_validation(sources: list[Source], spill: str, max_pixels: int) -> list
     ``(offset, length, label, name)``, images whose size cannot be read from their header last (as
     `val_order.aspect_sorted` places them)."""
     rows = []
-    unreadable = Fraction(2**64)
     if os.path.lexists(spill):  # a stopped run's
         os.remove(spill)
     with open_new(spill) as f:
@@ -371,8 +369,7 @@ def spill_validation(sources: list[Source], spill: str, max_pixels: int) -> list
             for g in range(len(s.groups)):
                 for row, (data, path, label) in enumerate(_rows(_batches(s.path, pf, g, [s.image, s.label]))):
                     payload = _py(data) or b""
-                    size = _displayed_size(payload, max_pixels)
-                    key = Fraction(size[1], size[0]) if size else unreadable
+                    key = val_order.aspect_key(val_order.header_size(payload, max_pixels))
                     name = _item_path(s.path, g, row, _py(path), bool(payload))
                     rows.append((key, len(rows), f.tell(), len(payload), label, name))
                     f.write(payload)
@@ -387,17 +384,6 @@ def _item_path(path: str, group: int, row: int, name: str | None, has_bytes: boo
     ``<file>.parquet/passwd`` would present one as read."""
     inner = os.path.basename(name) if isinstance(name, str) and name and has_bytes else f"group{group}-row{row}"
     return os.path.join(path, imagefolder.check_name(path, inner, "image path"))
-
-
-def _displayed_size(data: bytes, max_pixels: int) -> tuple[int, int] | None:
-    """(height, width) as the image looks, from its header (`imagefolder.displayed_header`: no decode); None where
-    it cannot be read or holds more than ``max_pixels`` pixels."""
-    Image.MAX_IMAGE_PIXELS = max_pixels  # PIL's decompression-bomb guard, as prepare_bytes sets it
-    try:
-        height, width = imagefolder.displayed_header(data)[:2]
-    except (OSError, SyntaxError, ValueError, IndexError, Image.DecompressionBombError):
-        return None
-    return (height, width) if 1 <= height * width <= max_pixels else None
 
 
 def shard_images(items: list, opts: dict) -> Iterator[tuple[Item, Prepared | BadImage]]:
@@ -422,8 +408,9 @@ def shard_images(items: list, opts: dict) -> Iterator[tuple[Item, Prepared | Bad
                     yield prepared(os.pread(f.fileno(), length, at), label, name)
             continue
         if it.path not in opened:
-            columns = list(_features(it.path, _open(it.path))[:2])
-            opened[it.path] = (_open_images(it.path, columns[0]), columns)
+            plain = _open(it.path)
+            columns = list(_features(it.path, plain)[:2])
+            opened[it.path] = (_open_images(it.path, columns[0], plain), columns)
         pf, columns = opened[it.path]
         rows = _rows(_batches(it.path, pf, it.group, columns))
         for row in _row_order(it.path, it.group, len(rows), opts["seed"])[it.start : it.stop]:
