@@ -27,7 +27,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from vitlarge.data.manifest_schema import MAX_CLASSES, MAX_RECORDS, TFDS_SHARD_RE
+from vitlarge.data.manifest_schema import MAX_CLASSES, MAX_RECORDS, SPLITS, TFDS_SHARD_RE
 from vitlarge.errors import UserError
 from vitlarge.fileio import UnsafeFile, read_capped, write_atomic
 
@@ -35,7 +35,6 @@ INFO_NAME = "dataset_info.json"
 FEATURES_NAME = "features.json"
 LABELS_SUFFIX = ".labels.txt"  # ClassLabel's names file: <label feature>.labels.txt
 INFO_CAP = 16 << 20  # bytes of each metadata file: ImageNet-21K's 21,841 names are ~250 KB, its shard lengths ~10 KB
-SPLITS = ("train", "validation")
 _FEATURE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]{0,255}$")
 
 

@@ -45,8 +45,17 @@ from vitlarge.data.manifest import (
     confined_size,
     make_index_fix,
 )
-from vitlarge.data.manifest_schema import MAX_CLASS_TEXT, MAX_CLASSES, MAX_LABEL, MAX_SYNSET, WDS_FORMAT
-from vitlarge.data.wds_shards import IMAGE_EXTS, INDEX_VERSION, LABEL_EXT, LABEL_MAX_BYTES, index_name, parse_label
+from vitlarge.data.manifest_schema import (
+    MAX_CLASS_TEXT,
+    MAX_CLASSES,
+    MAX_LABEL,
+    MAX_SYNSET,
+    TAR_IMAGE_EXTS,
+    TAR_INDEX_VERSION,
+    TAR_LABEL_EXT,
+    WDS_FORMAT,
+)
+from vitlarge.data.wds_shards import LABEL_MAX_BYTES, index_name, parse_label
 from vitlarge.errors import UserError
 from vitlarge.fileio import UnsafeFile, open_regular, read_capped, write_atomic
 
@@ -229,7 +238,7 @@ def scan_tar(path: str, index_path: str, sized: bool) -> tuple[str, int, int, in
         raise UserError(f"{path}: {e.strerror or e}; {CONFINED_FIX}") from None
     if not samples:
         raise UserError(f"{path}: holds no samples (DALI cannot read an empty tar); {fix}")
-    lines = [f"{INDEX_VERSION} {len(samples)}"]
+    lines = [f"{TAR_INDEX_VERSION} {len(samples)}"]
     lines += [" ".join(f"{_ext(m)} {m.offset_data} {m.size} {m.name}" for m in members) for members in samples]
     write_atomic(index_path, "\n".join(lines) + "\n", root=os.path.dirname(index_path) or ".")
     return os.path.basename(path), len(samples), size, top, names, (tuple(sizes) if sized else None)
@@ -247,14 +256,14 @@ def _sample(path: str, tar: tarfile.TarFile, key: str, members: list, names: dic
         if _ext(m) in by_ext:
             raise UserError(f"{path}: sample {key!r} has two {_ext(m)!r} members; re-write the tar with one each")
         by_ext[_ext(m)] = m
-    images = [by_ext[e] for e in IMAGE_EXTS if e in by_ext]
-    if len(images) != 1 or LABEL_EXT not in by_ext:
+    images = [by_ext[e] for e in TAR_IMAGE_EXTS if e in by_ext]
+    if len(images) != 1 or TAR_LABEL_EXT not in by_ext:
         what = "no image (.jpg, .jpeg, .png or .webp)" if not images else "two images" if len(images) > 1 else "no .cls"
         raise UserError(
             f"{path}: sample {key!r} has {what} (members: {', '.join(sorted(by_ext))[:120]}); a sample in timm's "
             "layout is <key>.jpg and <key>.cls: re-write the tar or drop the sample"
         )
-    cls = by_ext[LABEL_EXT]
+    cls = by_ext[TAR_LABEL_EXT]
     label = parse_label(_member_bytes(tar, cls, LABEL_MAX_BYTES + 1)) if cls.size <= LABEL_MAX_BYTES else None
     if label is None or label > MAX_LABEL:
         raise UserError(f"{path}: {cls.name}: not a class index (an ASCII integer 0..{MAX_LABEL}); fix the sample")

@@ -2,14 +2,14 @@
 
 A WebDataset folder in timm's layout (``timm/imagenet-1k-wds``) holds tars of samples ``<key>.jpg``,
 ``<key>.cls`` (the label, an ASCII integer) and ``<key>.json``; ``python -m data_tools.make_index`` writes a DALI
-index per tar (``<name>.idx``, DALI's ``wds2idx`` format `INDEX_VERSION`: a line ``v1.2 <samples>``, then per
+index per tar (``<name>.idx``, DALI's ``wds2idx`` format `TAR_INDEX_VERSION`: a line ``v1.2 <samples>``, then per
 sample ``<ext> <data offset> <size> <member name>`` for each of its members) and ``dataset.json`` with
 ``"format": "vitlarge.webdataset"``. DALI's ``fn.readers.webdataset`` then reads the tars where they are
 (`vitlarge.data.pipelines`), with the same order, padding and checkpoint as the TFRecord reader.
 
 The tars and indexes are files from elsewhere, held here to what ``make_index`` recorded before DALI reads them
 (`vitlarge.data.manifest.shard_files`: a stat and one bounded line per file), and read by index (`IndexedSamples`, rectangular
-validation's source) only within their recorded size, each index read with a cap of `INDEX_LINE_MAX` bytes a
+validation's source) only within their recorded size, each index read with a cap of `TAR_INDEX_LINE_MAX` bytes a
 sample. Nothing here imports DALI.
 """
 
@@ -25,16 +25,13 @@ from vitlarge.data.manifest import Manifest, make_index_fix, sample_members, tar
 from vitlarge.data.manifest_schema import (
     TAR_IMAGE_EXTS,
     TAR_INDEX_LINE_MAX,
-    TAR_INDEX_VERSION,
     TAR_LABEL_EXT,
     WDS_FORMAT,
 )
 from vitlarge.errors import UserError
 from vitlarge.fileio import UnsafeFile, open_regular, read_capped
 
-INDEX_VERSION, INDEX_LINE_MAX = TAR_INDEX_VERSION, TAR_INDEX_LINE_MAX
-IMAGE_EXTS, LABEL_EXT = TAR_IMAGE_EXTS, TAR_LABEL_EXT
-TAR_MEMBERS = (";".join(IMAGE_EXTS), LABEL_EXT)
+TAR_MEMBERS = (";".join(TAR_IMAGE_EXTS), TAR_LABEL_EXT)
 """A sample's (image, label): its members' extensions, in the place of the (image, label) features a TFRecord's
 reader takes (`record_keys`), so the pipelines and readers take one value for both formats."""
 LABEL_MAX_BYTES = 16  # a label's ASCII digits (at most 10: labels are below 2**31) and trailing whitespace
@@ -72,7 +69,7 @@ class IndexedSamples:
             size = os.path.getsize(path)
             fix = make_index_fix(os.path.dirname(path))
             try:
-                lines = read_capped(index, INDEX_LINE_MAX * (size // 512 + 1)).decode().splitlines()
+                lines = read_capped(index, TAR_INDEX_LINE_MAX * (size // 512 + 1)).decode().splitlines()
             except (UnsafeFile, UnicodeDecodeError) as e:
                 raise UserError(
                     f"{index}: {getattr(e, 'strerror', e)}; a stale or padded DALI index: run {fix}"
@@ -84,8 +81,8 @@ class IndexedSamples:
                     raise UserError(
                         f"{index}: stale DALI index (a sample without its image or label in {path}); run {fix}"
                     )
-                image = next(members[e] for e in IMAGE_EXTS if e in members)
-                rows.append((owner, *image, *members[LABEL_EXT]))
+                image = next(members[e] for e in TAR_IMAGE_EXTS if e in members)
+                rows.append((owner, *image, *members[TAR_LABEL_EXT]))
         self._rows = np.array(rows, dtype=np.int64).reshape(-1, 5)
         self.num_examples = len(self._rows)
 
