@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vitlarge.config.schema import Config
-from vitlarge.data.manifest_schema import MAX_CLASSES, MAX_SYNSET
+from vitlarge.data.manifest_schema import MAX_CLASSES, MAX_SYNSET, distinct_names
 from vitlarge.errors import UserError
 from vitlarge.fileio import read_capped
 
@@ -77,13 +77,7 @@ def of_export(folder: Path) -> ModelOf:
     kwargs = {k: v for k, v in args.items() if k not in _DERIVED_ARGS and isinstance(v, (int, float, str, bool))}
     names = doc.get("label_names")
     if names is not None:
-        fine = (
-            isinstance(names, list)
-            and len(names) == count
-            and all(isinstance(n, str) and 0 < len(n) <= MAX_SYNSET for n in names)
-            and len(set(names)) == len(names)
-        )
-        if not fine:
+        if not (distinct_names(names) and len(names) == count):
             raise UserError(
                 f"{path}: label_names is not {count or 'num_classes'} distinct class names of at most {MAX_SYNSET:,} "
                 "characters; the file was edited or damaged: use another export or the run's checkpoint folder"

@@ -91,9 +91,7 @@ def newest_of_lineage(workdir: str | Path, lineage: str, verified: bool = True, 
     `store.restore_problem` with ``optimizer``, unless ``verified`` is False: then its meta.json alone is read, no
     checksum). A ``step_*`` link is never read through. Verified (rank 0, inside `choose`): each newer checkpoint of
     the line that fails gets the automatic resume's one `passed_over` line."""
-    for path in reversed(layout.list_checkpoints(workdir)):
-        if path.is_symlink():
-            continue
+    for path in reversed(layout.list_checkpoints(workdir, links=False)):
         try:
             meta = layout.read_meta(path)
         except UserError:

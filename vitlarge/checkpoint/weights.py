@@ -7,7 +7,6 @@ override that fixes a rerun at another image size.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from vitlarge import fileio
 from vitlarge.checkpoint import sharded
 from vitlarge.checkpoint.files import reason_of
-from vitlarge.checkpoint.model_of import EXPORT_CONFIG_LIMIT
+from vitlarge.checkpoint.model_of import export_doc
 from vitlarge.checkpoint.trust import index as dcp_index
 from vitlarge.checkpoint.trust.folder import verify
 from vitlarge.checkpoint.trust.layout import Unusable, beside, read_meta
@@ -88,13 +87,10 @@ def _size_of_grid(pos_embed: list[int], model: torch.nn.Module) -> int | None:
 
 
 def _export_input_size(folder: Path) -> tuple[int, ...] | None:
-    """``pretrained_cfg.input_size`` that an export's config.json records (timm's), or None: the file is data,
-    a regular file of the folder (never a link) read up to `EXPORT_CONFIG_LIMIT`, and only for this message."""
-    try:
-        raw = fileio.read_capped(folder / "config.json", EXPORT_CONFIG_LIMIT, follow=False)
-        size = json.loads(raw)["pretrained_cfg"]["input_size"]
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
-        return None
+    """``pretrained_cfg.input_size`` that an export's config.json records (timm's), or None: the file read as data
+    (`export_doc`), and only for this message."""
+    pre = export_doc(folder).get("pretrained_cfg")
+    size = pre.get("input_size") if isinstance(pre, dict) else None
     return tuple(size) if isinstance(size, list) and all(isinstance(x, int) for x in size) else None
 
 

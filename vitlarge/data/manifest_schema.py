@@ -281,6 +281,16 @@ def parse(data: bytes) -> dict:
     return out
 
 
+def distinct_names(names) -> bool:
+    """Whether ``names`` is a list of distinct class names of 1 to `MAX_SYNSET` characters each: what a checkpoint's
+    meta.json and an export's ``label_names`` may hold (each adds its own bounds on the count)."""
+    return (
+        isinstance(names, list)
+        and all(isinstance(n, str) and 0 < len(n) <= MAX_SYNSET for n in names)
+        and len(set(names)) == len(names)
+    )
+
+
 def has_control_character(path: str) -> bool:
     """Whether ``path`` holds a control character (a newline would split the fix commands messages print)."""
     return any(ord(c) < 32 or ord(c) == 127 for c in path)

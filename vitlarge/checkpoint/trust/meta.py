@@ -25,7 +25,7 @@ from vitlarge import fileio
 from vitlarge.config.checks import check_read_back
 from vitlarge.config.renamed import upgrade_recorded
 from vitlarge.config.schema import MAX_EPOCHS, MAX_PHASES, Config
-from vitlarge.data.manifest_schema import MAX_CLASSES, MAX_SYNSET
+from vitlarge.data.manifest_schema import MAX_CLASSES, MAX_SYNSET, distinct_names
 from vitlarge.errors import UserError
 
 FORMAT_VERSION = 3
@@ -194,13 +194,7 @@ def schedule_problem(record, step: int) -> str | None:
 def recordable_classes(names) -> bool:
     """Whether ``names`` (a data set's class names in label order) are class names meta.json may record: a list of
     at most `MAX_CLASSES` distinct names of 1 to `MAX_SYNSET` characters, at most `CLASSES_MAX_BYTES` as JSON."""
-    return (
-        isinstance(names, list)
-        and 0 < len(names) <= MAX_CLASSES
-        and all(isinstance(n, str) and 0 < len(n) <= MAX_SYNSET for n in names)
-        and len(set(names)) == len(names)
-        and len(json.dumps(names)) <= CLASSES_MAX_BYTES
-    )
+    return distinct_names(names) and 0 < len(names) <= MAX_CLASSES and len(json.dumps(names)) <= CLASSES_MAX_BYTES
 
 
 def classes_problem(names, shapes: dict) -> str | None:
