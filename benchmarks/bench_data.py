@@ -100,7 +100,7 @@ def _dali_variant(
     return p.run
 
 
-def _trainloader(data_dir: str, batch: int, interpolation: str = "bilinear"):
+def _trainloader(data_dir: str, batch: int, interpolation: str = "bilinear", size: int = SIZE):
     import torch
 
     from vitlarge.data import TrainLoader, TrainSpec
@@ -108,7 +108,7 @@ def _trainloader(data_dir: str, batch: int, interpolation: str = "bilinear"):
     spec = TrainSpec(
         data_dir,
         batch,
-        SIZE,
+        size,
         seed=0,
         num_threads=THREADS,
         initial_fill=1024,

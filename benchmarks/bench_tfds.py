@@ -78,20 +78,10 @@ def _time_make_index(version: str) -> dict:
     }
 
 
-def _trainloader(data_dir: str, batch: int, size: int):
-    import torch
-
-    from vitlarge.data import TrainLoader, TrainSpec
-
-    spec = TrainSpec(data_dir, batch, size, seed=0, num_threads=THREADS, initial_fill=1024)
-    loader = TrainLoader(spec, rank=0, world_size=1, device=torch.device("cpu"))
-    return lambda: next(loader)
-
-
 def run(quick: bool, tiny: bool = False) -> dict:
     import torch
 
-    from benchmarks.bench_data import _measure
+    from benchmarks.bench_data import _measure, _trainloader
 
     tiny = results.is_tiny(tiny)
     torch.set_num_threads(1)  # the main process only copies; the cores go to the pipelines
@@ -104,7 +94,7 @@ def run(quick: bool, tiny: bool = False) -> dict:
         size = SETS[name]
         n = batches * LONGER.get(name, 1)
         for kind, d in (("tfrecord", tfrecords), ("tfds", index)):
-            contenders[f"{name}_{kind}"] = lambda d=d, s=size, n=n: _measure(_trainloader(d, b, s), b, n, warmup)
+            contenders[f"{name}_{kind}"] = lambda d=d, s=size, n=n: _measure(_trainloader(d, b, size=s), b, n, warmup)
     times = timing.interleaved_wall_cpu(contenders, repeats)
     wall = {k: statistics.median(t["wall_s"]) for k, t in times.items()}  # images/s here, not seconds
     cpu = {k: statistics.median(t["cpu_s"]) for k, t in times.items()}

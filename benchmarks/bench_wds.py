@@ -45,8 +45,7 @@ def _sets(quick: bool, tiny: bool) -> dict[str, tuple[str, str, int]]:
 def run(quick: bool, tiny: bool = False) -> dict:
     import torch
 
-    from benchmarks.bench_data import _measure
-    from benchmarks.bench_tfds import _trainloader  # the TrainLoader as the trainer uses it, one per set and format
+    from benchmarks.bench_data import _measure, _trainloader  # the TrainLoader as the trainer uses it
 
     tiny = results.is_tiny(tiny)
     torch.set_num_threads(1)  # the main process only copies; leave the cores to the pipelines
@@ -55,7 +54,9 @@ def run(quick: bool, tiny: bool = False) -> dict:
     contenders = {}
     for name, (tfrecord, wds, size) in _sets(quick, tiny).items():
         for fmt, d in (("tfrecord", tfrecord), ("webdataset", wds)):
-            contenders[f"{name}/{fmt}"] = lambda d=d, size=size: _measure(_trainloader(d, b, size), b, batches, warmup)
+            contenders[f"{name}/{fmt}"] = lambda d=d, size=size: _measure(
+                _trainloader(d, b, size=size), b, batches, warmup
+            )
     times = timing.interleaved_wall_cpu(contenders, repeats)
     med = {k: statistics.median(t["wall_s"]) for k, t in times.items()}  # images/s here, not seconds
     med_cpu = {k: statistics.median(t["cpu_s"]) for k, t in times.items()}
