@@ -87,7 +87,8 @@ def run(quick: bool, tiny: bool = False) -> dict:
     photos = bench_images(quick, tiny)[0]
     sets = {"imagenet-shaped": (photos, *parquet_set(f"photos-{'tiny' if tiny else quick}", photos))}
     if not tiny:
-        sets = {"digits": (digits_tree(), *parquet_set("digits", digits_tree())), **sets}
+        tree = digits_tree()
+        sets = {"digits": (tree, *parquet_set("digits", tree)), **sets}
     result = {
         "benchmark": "parquet",
         "quick": quick,
