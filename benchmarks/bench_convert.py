@@ -89,15 +89,15 @@ def timed_once(work: Path, src: Path, name: str, convert_args: list[str]) -> flo
 
 
 def against_cp(timings: dict[str, list[float]], total: int) -> dict:
-    """Each contender's seconds (median and all), source bytes/s, and the converters' (``convert ...``) ratio to
+    """Each contender's seconds (median and all), source bytes/s, and the others' (converters, floors) ratio to
     ``cp -r`` and to ``cp -r + sync``."""
     mbps = {k: total / statistics.median(v) / 1e6 for k, v in timings.items()}
     return {
         "median_seconds": {k: round(statistics.median(v), 3) for k, v in timings.items()},
         "all_seconds": {k: [round(x, 3) for x in v] for k, v in timings.items()},
         "mb_per_s": {k: round(v, 1) for k, v in mbps.items()},
-        "ratio_vs_cp": {k: round(v / mbps["cp -r"], 2) for k, v in mbps.items() if k.startswith("convert")},
-        "ratio_vs_cp_sync": {k: round(v / mbps["cp -r + sync"], 2) for k, v in mbps.items() if k.startswith("convert")},
+        "ratio_vs_cp": {k: round(v / mbps["cp -r"], 2) for k, v in mbps.items() if not k.startswith("cp")},
+        "ratio_vs_cp_sync": {k: round(v / mbps["cp -r + sync"], 2) for k, v in mbps.items() if not k.startswith("cp")},
     }
 
 

@@ -7,7 +7,9 @@ Goal: ``ratio_vs_cp`` >= 0.8 (bytes/s of the parquet files, converter against ``
 Run: ``python -m benchmarks.bench_parquet [--quick]`` (CPU, 2 worker processes). Two sets, each written once as
 the Hub lays it out (`data_tools.make_parquet_dataset`: row groups of 100 rows, 4 files a split): the digits demo
 (1,797 images of ~1 KB: a set where per-image costs dominate) and the ImageNet-shaped set of
-`benchmarks.bench_convert` (1,200 photos of ~60 KB with ``--quick``, 6,000 without). Both sides read a
+`benchmarks.bench_convert` (1,200 photos of ~60 KB with ``--quick``, 6,000 without). Beside them, the floor of
+any copy through pyarrow and Python (`benchmarks.parquet_floor`: the same reads, the two CRC32Cs, the writes
+and fsyncs, with nothing else). Both sides read a
 page-cached source and write to the same file system; the converter fsyncs every shard, so ``cp -r`` is timed
 alone (the goal's baseline) and followed by ``sync``. ``REPEATS`` interleaved runs, each into a fresh folder;
 medians of source bytes / wall seconds (the converter's whole command, Python's start-up included, as ``cp``'s;
@@ -22,12 +24,28 @@ import os
 import resource
 import shutil
 import statistics
+import subprocess
+import sys
+import time
 from pathlib import Path
 
-from benchmarks.bench_convert import WORKERS, _warm, against_cp, bench_images, bench_root, timed_once
+from benchmarks.bench_convert import ROOT, WORKERS, _warm, against_cp, bench_images, bench_root, timed_once
 from benchmarks.harness import results, timing
 
 REPEATS = 3
+FLOOR = "pyarrow floor"  # benchmarks.parquet_floor: the least a copy through pyarrow costs
+
+
+def floor_once(work: Path, src: Path) -> float:
+    """Wall seconds of `benchmarks.parquet_floor` (`WORKERS` processes) copying ``src``'s image bytes into a fresh
+    ``work``, timed as `timed_once` times the others."""
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    subprocess.run(["sync"], check=True)
+    t = time.perf_counter()
+    command = [sys.executable, "-m", "benchmarks.parquet_floor", str(src), str(work / "floor")]
+    subprocess.run([*command, "--workers", str(WORKERS)], check=True, stderr=subprocess.DEVNULL, cwd=ROOT)
+    return time.perf_counter() - t
 
 
 def parquet_set(name: str, tree: Path) -> tuple[Path, int]:
@@ -65,7 +83,7 @@ def measure(src: Path, tree: Path, total: int, repeats: int) -> dict:
 
         def once() -> float:
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            seconds = timed_once(work, src, name, args)
+            seconds = floor_once(work, src) if name == FLOOR else timed_once(work, src, name, args)
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             cpu.setdefault(name, []).append(
                 after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
@@ -74,7 +92,7 @@ def measure(src: Path, tree: Path, total: int, repeats: int) -> dict:
 
         return once
 
-    names = ("cp -r", "cp -r + sync", "convert parquet", "convert folder")
+    names = ("cp -r", "cp -r + sync", FLOOR, "convert parquet", "convert folder")
     timings = timing.interleaved({name: contender(name) for name in names}, repeats)
     shutil.rmtree(work, ignore_errors=True)
     cpu_seconds = {k: round(statistics.median(v), 3) for k, v in cpu.items()}

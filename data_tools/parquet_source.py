@@ -10,9 +10,8 @@ are in the schema's ``huggingface`` metadata (``datasets.ClassLabel``). Splits b
 
 Each image is what the folder converter makes of a file (`imagefolder.prepare_bytes`): a colour JPEG's bytes
 unchanged, anything else upright, opaque and re-encoded. Parquet is read with pyarrow one row group at a time,
-only the image and label columns, `READ_ROWS` rows at a time with the image's bytes kept dictionary-encoded (a value
-many rows share is held once): what a row group reads is bounded (`MAX_ROW_GROUP_BYTES`) and so is a file's footer
-(`MAX_FOOTER`). Training shards take the row groups in a seeded random order, each row group's rows
+only the image and label columns, `READ_ROWS` rows at a time: what a row group reads is bounded
+(`MAX_ROW_GROUP_BYTES`, `_plain_is_bounded`) and so is a file's footer (`MAX_FOOTER`). Training shards take the row groups in a seeded random order, each row group's rows
 in a seeded random order (a shard of ImageNet's 1,252 images draws from about 13 places of the set where the
 Hub's row groups hold 100 rows; the loader shuffles again every epoch). The validation split is written sorted by
 aspect ratio with each image's size, as the folder converter writes it (``data.rect_val``): its images are read
@@ -31,6 +30,7 @@ import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -49,6 +49,8 @@ UNLABELLED = ("test",)
 MAX_FOOTER = 64 << 20  # bytes of a file's metadata; the Hub's ImageNet files hold ~3,000 row groups in ~2 MB
 MAX_ROW_GROUP_BYTES = 1 << 30  # uncompressed; the Hub writes image sets in row groups of 100 rows (~11 MB)
 READ_ROWS = 32  # rows of a row group read at a time
+PLAIN_CHUNK_MAX = MAX_ROW_GROUP_BYTES // READ_ROWS  # file bytes of a row group's image fields read as plain values
+PLAIN_ENCODINGS = {"PLAIN", "RLE", "BIT_PACKED"}  # values as stored (RLE, BIT_PACKED: the struct's levels)
 NO_BYTES = "no image bytes (a path-only image: vitlarge never reads paths from a parquet file)"
 SPILL = "validation.spill"
 _NAME_RE = re.compile(r"^([A-Za-z]+)[-_.]")
@@ -243,6 +245,45 @@ def _open_images(path: str, image: str, opened: pq.ParquetFile | None = None) ->
     return _open(path, tuple(f"{image}.{n}" for n in ("bytes", "path") if n in names))
 
 
+class Reader:
+    """One parquet file's row groups of (image, label), each read the cheaper way that stays bounded: plain
+    (`_plain_is_bounded`), else with the image's fields dictionary-encoded (`_open_images`, opened on first need)."""
+
+    def __init__(self, path: str):
+        self.path, self.plain = path, _open(path)
+        self.columns = list(_features(path, self.plain)[:2])
+        self._dictionary: pq.ParquetFile | None = None
+
+    def rows(self, group: int) -> list[tuple[object, object, int]]:
+        """Row group ``group`` as `_rows` gives it."""
+        pf = self.plain
+        if not _plain_is_bounded(self.plain.metadata.row_group(group), self.columns[0]):
+            if self._dictionary is None:
+                self._dictionary = _open_images(self.path, self.columns[0], self.plain)
+            pf = self._dictionary
+        return _rows(_batches(self.path, pf, group, self.columns))
+
+
+def _plain_is_bounded(group: pq.RowGroupMetaData, image: str) -> bool:
+    """Whether row group ``group``'s ``image`` fields may be read as plain values: their column chunks are stored
+    uncompressed, plainly encoded, with no dictionary page, in at most `PLAIN_CHUNK_MAX` bytes of the file together
+    (``datasets``' writer: image bytes plain and uncompressed). Such a chunk's pages are read as the file holds
+    them, so a value holds no more bytes than its chunk whatever its pages say (a footer that hides a dictionary
+    page: a value repeats at most once a row), and a batch of `READ_ROWS` rows at most `MAX_ROW_GROUP_BYTES`.
+    Reading plain skips what the dictionary-encoded read costs (each value hashed and copied into a dictionary:
+    ~40% of the copy's CPU, docs/PERFORMANCE.md section 2); other chunks keep it, where a value many rows share
+    (a dictionary page, or a compressed page that decompresses to one) is then held once."""
+    chunks = [group.column(i) for i in range(group.num_columns)]
+    chunks = [c for c in chunks if c.path_in_schema.split(".")[0] == image]
+    return (
+        all(
+            c.compression == "UNCOMPRESSED" and not c.has_dictionary_page and set(c.encodings) <= PLAIN_ENCODINGS
+            for c in chunks
+        )
+        and sum(c.total_compressed_size for c in chunks) <= PLAIN_CHUNK_MAX
+    )
+
+
 def _batches(path: str, pf: pq.ParquetFile, group: int, columns: list[str]) -> list[pa.RecordBatch]:
     """Row group ``group``'s ``columns``, `READ_ROWS` rows a batch; a UserError naming the file where the batches
     hold more than `MAX_ROW_GROUP_BYTES` in all (the footer's sizes are the file's claim: this is what is read)."""
@@ -262,33 +303,34 @@ def _batches(path: str, pf: pq.ParquetFile, group: int, columns: list[str]) -> l
     return batches
 
 
-def _rows(batches: list[pa.RecordBatch]) -> list[tuple[tuple, tuple, int]]:
+def _rows(batches: list[pa.RecordBatch]) -> list[tuple[object, object, int]]:
     """Each row of ``batches`` (image, label columns) as ``(its bytes, its path, its label)``, the first two as
-    `_value` references turned into Python values (`_py`) one row at a time."""
+    `_values` gives them (`_py` turns each into its Python value)."""
     rows = []
     for batch in batches:
         images, labels = batch.column(0), batch.column(1).to_pylist()
-        data = _value(images.field("bytes"))
-        paths = (
-            _value(images.field("path")) if images.type.get_field_index("path") >= 0 else [(None, None)] * len(labels)
-        )
+        data = _values(images.field("bytes"))
+        paths = _values(images.field("path")) if images.type.get_field_index("path") >= 0 else [None] * len(labels)
         rows += zip(data, paths, labels)
     return rows
 
 
-def _value(column: pa.Array) -> list[tuple]:
-    """``(array, index)`` of each of ``column``'s values: a dictionary-encoded column's index into its dictionary.
-    Nothing is copied here (an Arrow scalar of a binary value is a copy: 50 rows sharing one 20 MB value would be
-    1 GB again), and indexing the dictionary is ~2x faster than a DictionaryScalar a row."""
+def _values(column: pa.Array) -> list:
+    """``column``'s values: a plain column's as Python values (bytes, str or None: one copy each, of a batch
+    `_batches` bounded), a dictionary-encoded column's as ``(dictionary, index)`` references, each copied only
+    when `_py` takes it (an Arrow scalar of a binary value is a copy: 50 rows sharing one 20 MB value would be
+    1 GB again; indexing the dictionary is ~2x faster than a DictionaryScalar a row)."""
     if isinstance(column, pa.DictionaryArray):
         return [(column.dictionary, i) for i in column.indices.to_pylist()]
-    return [(column, i) for i in range(len(column))]
+    return column.to_pylist()
 
 
-def _py(ref: tuple):
-    """The Python value (bytes, str, or None) that a `_value` reference names."""
-    array, index = ref
-    return None if array is None or index is None else array.slice(index, 1).to_pylist()[0]
+def _py(value: object) -> Any:
+    """The Python value (bytes, str, or None) of a `_values` entry."""
+    if not isinstance(value, tuple):
+        return value
+    array, index = value
+    return None if index is None else array.slice(index, 1).to_pylist()[0]
 
 
 def _check_labels(path: str, pf: pq.ParquetFile, group: int, column: str, num_classes: int) -> None:
@@ -365,9 +407,9 @@ def spill_validation(sources: list[Source], spill: str, max_pixels: int) -> list
         os.remove(spill)
     with open_new(spill) as f:
         for s in sources:
-            pf = _open_images(s.path, s.image)
+            reader = Reader(s.path)
             for g in range(len(s.groups)):
-                for row, (data, path, label) in enumerate(_rows(_batches(s.path, pf, g, [s.image, s.label]))):
+                for row, (data, path, label) in enumerate(reader.rows(g)):
                     payload = _py(data) or b""
                     key = val_order.aspect_key(val_order.header_size(payload, max_pixels))
                     name = _item_path(s.path, g, row, _py(path), bool(payload))
@@ -400,7 +442,7 @@ def shard_images(items: list, opts: dict) -> Iterator[tuple[Item, Prepared | Bad
         except BadImage as e:
             return item, e
 
-    opened: dict[str, tuple[pq.ParquetFile, list[str]]] = {}
+    opened: dict[str, Reader] = {}
     for it in items:
         if isinstance(it, ValSlice):
             with open_regular(opts["spill"]) as f:
@@ -408,11 +450,8 @@ def shard_images(items: list, opts: dict) -> Iterator[tuple[Item, Prepared | Bad
                     yield prepared(os.pread(f.fileno(), length, at), label, name)
             continue
         if it.path not in opened:
-            plain = _open(it.path)
-            columns = list(_features(it.path, plain)[:2])
-            opened[it.path] = (_open_images(it.path, columns[0], plain), columns)
-        pf, columns = opened[it.path]
-        rows = _rows(_batches(it.path, pf, it.group, columns))
+            opened[it.path] = Reader(it.path)
+        rows = opened[it.path].rows(it.group)
         for row in _row_order(it.path, it.group, len(rows), opts["seed"])[it.start : it.stop]:
             data, path, label = rows[row]
             payload = _py(data) or b""

@@ -129,6 +129,17 @@ def own_cwd(tmp_path_factory, monkeypatch):
     monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
 
 
+@pytest.fixture(autouse=True)
+def pil_bomb_guard(monkeypatch):
+    """PIL's decompression-bomb limit back to what it was after each test: the converter sets that process-wide
+    global to its ``--max-image-pixels`` (``imagefolder.prepare_bytes``), and a test's small limit must not turn
+    a later test's plot into a "decompression bomb" (seen: 12,000 pixels set by one, a 931,700-pixel PNG refused
+    in another run by the same worker)."""
+    from PIL import Image
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", Image.MAX_IMAGE_PIXELS)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     global _started, _read

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from nvidia.dali.plugin.pytorch import feed_ndarray
+from nvidia.dali.types import DALIDataType
 
 from vitlarge.data import dali_state, pipelines
 from vitlarge.data.common import (  # noqa: F401
@@ -45,7 +46,7 @@ from vitlarge.data.manifest import (
 from vitlarge.data.rect import RectBatches, val_sizes
 from vitlarge.data.repeats import RepeatedRecords
 from vitlarge.data.spec import LoaderSpec, TrainSpec, ValSpec, pipe_seed
-from vitlarge.data.wds_shards import record_keys
+from vitlarge.data.wds_shards import ascii_labels, record_keys
 from vitlarge.errors import UserError
 
 if TYPE_CHECKING:
@@ -68,20 +69,25 @@ class _Batches:
         self.label_offset = manifest.label_offset if label_offset is None else label_offset
 
     def convert(self, images, labels) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(images, labels)`` of one DALI batch as torch tensors on the device: labels are int64, or the
+        webdataset reader's ``.cls`` bytes (uint8 ``[B, W]``), parsed here (`wds_shards.ascii_labels`)."""
+        tar_labels = labels.dtype == DALIDataType.UINT8
+        if tar_labels and not labels.is_dense_tensor():  # a .cls longer than the reader pads to
+            raise self._no_integer()
         images, labels = images.as_tensor(), labels.as_tensor()
         # The output tensor comes from torch's caching allocator, whose blocks are reused in the order
         # of torch's current stream: DALI's copy must be queued on that stream, not DALI's own.
         out = torch.empty(images.shape(), dtype=torch.float32, device=self.device)
         out = feed_ndarray(images, out, cuda_stream=torch_stream(self.device))
-        lab = feed_ndarray(labels, torch.empty(labels.shape(), dtype=torch.int64)).view(-1)
+        if tar_labels:
+            lab = ascii_labels(feed_ndarray(labels, torch.empty(labels.shape(), dtype=torch.uint8)))
+        else:
+            lab = feed_ndarray(labels, torch.empty(labels.shape(), dtype=torch.int64)).view(-1)
         lab = lab - self.label_offset
         lo, hi = int(lab.min()), int(lab.max())
+        if self.manifest.format == WDS_FORMAT and lo + self.label_offset == -1:  # ascii_labels' "no integer"
+            raise self._no_integer()
         d = self.manifest.data_dir
-        if self.manifest.format == WDS_FORMAT and lo + self.label_offset == -1:  # the pipeline's "no integer"
-            raise UserError(
-                f"{d}: a .cls that is no integer: the tar changed since make_index; rerun "
-                f"{reindex_fix(self.manifest)}, which names the sample"
-            )
         if lo < 0 or hi >= self.manifest.num_classes:
             bad = lo if lo < 0 else hi
             raise UserError(
@@ -91,6 +97,12 @@ class _Batches:
                 f"{reindex_fix(self.manifest)} --label-offset N --num-classes C"
             )
         return out, lab.to(self.device, non_blocking=True)
+
+    def _no_integer(self) -> UserError:
+        return UserError(
+            f"{self.manifest.data_dir}: a .cls that is no integer: the tar changed since make_index; rerun "
+            f"{reindex_fix(self.manifest)}, which names the sample"
+        )
 
 
 SHM = "/dev/shm"  # where DALI's parallel external source passes batches

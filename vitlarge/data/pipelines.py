@@ -150,9 +150,13 @@ def _tar_reader(
     files: list[tuple[str, str]], *, shard_id: int, num_shards: int, seed: int, order: _ReadOrder
 ) -> tuple[DataNode, DataNode]:
     """WebDataset tars in timm's layout through ``fn.readers.webdataset``: the image member (``jpg``, ``jpeg``,
-    ``png`` or ``webp``) and the label, the ASCII integer of the ``.cls`` member, as `_reader` returns a record's. The reader takes the same order options, pads alike and checkpoints the same loader state, so the
-    loaders and `vitlarge.data.dali_state` treat both readers as one. ``make_index`` checked that every sample
-    has one image and one integer label; a sample without either fails here rather than yield an empty one."""
+    ``png`` or ``webp``) and the label, the ``.cls`` member's bytes padded with spaces to `LABEL_MAX_BYTES` (a
+    longer one stays longer), which the loader parses per batch (`vitlarge.data.wds_shards.ascii_labels`): one
+    operator here, where parsing in the pipeline takes ~20 a batch, a third of the reader's time on small images
+    (docs/PERFORMANCE.md section 15). The reader takes the same order options, pads alike and checkpoints the same
+    loader state, so the loaders and `vitlarge.data.dali_state` treat both readers as one. ``make_index`` checked
+    that every sample has one image and one integer label; a sample without either fails here rather than yield
+    an empty one."""
     encoded, raw = cast(
         "list[DataNode]",
         fn.readers.webdataset(
@@ -167,32 +171,7 @@ def _tar_reader(
             **order,
         ),
     )
-    return encoded, _ascii_label(raw)
-
-
-_NOT_LABEL = 1 << 20  # a byte that is neither digit nor whitespace: more than any label's digits
-
-
-def _ascii_label(raw: DataNode) -> DataNode:
-    """The integer of ``raw`` (uint8 bytes, at most `LABEL_MAX_BYTES`) as int64 ``[1]`` where it is 1 to 10 ASCII
-    digits followed only by whitespace (`vitlarge.data.wds_shards.parse_label`'s rule, which make_index checked),
-    else -1, which the loader's range check refuses (a tar changed since make_index: "x" must not read as 0, nor
-    "1 2" as 12). Whole-vector operators, a handful per batch (a digit at a time took ~100, an eighth of the
-    TFRecord reader's images/s on the demo's 32-pixel images): each byte is looked up as a digit (1), whitespace
-    (0) or anything else (`_NOT_LABEL`, which no count of digits reaches); the ``n`` digits are the first ``n``
-    bytes exactly when their places sum to ``n (n - 1) / 2``; digit ``i`` weighs ``10 ** (n - 1 - i)``."""
-    width, i64 = LABEL_MAX_BYTES, types.DALIDataType.INT64
-    chars = fn.pad(raw, fill_value=32, shape=[width])  # the pad is whitespace
-    digits, spaces = list(range(48, 58)), [9, 10, 11, 12, 13, 32]  # Python's bytes \d and \s
-    kind = fn.lookup_table(chars, keys=digits + spaces, values=[1] * 10 + [0] * 6, default_value=_NOT_LABEL, dtype=i64)
-    value = fn.lookup_table(chars, keys=digits, values=list(range(10)), default_value=0, dtype=i64)
-    # DALI's stub leaves out fn.constant, which DALI has (a tensor repeated for every sample)
-    place = fn.constant(idata=list(range(width)), shape=[width], dtype=i64)  # pyright: ignore[reportAttributeAccessIssue]
-    ten = fn.constant(idata=[10] * width, shape=[width], dtype=i64)  # pyright: ignore[reportAttributeAccessIssue]
-    n = fn.reductions.sum(kind)
-    valid = fn.cast((n >= 1) & (n <= 10) & (fn.reductions.sum(kind * place) * 2 == n * (n - 1)), dtype=i64)
-    number = fn.reductions.sum(value * dmath.pow(ten, dmath.max(n - 1 - place, 0)))
-    return cast("DataNode", fn.reshape(valid * (number + 1) - 1, shape=[1]))
+    return encoded, fn.pad(raw, fill_value=32, shape=[LABEL_MAX_BYTES])
 
 
 def train_pipeline(spec: TrainSpec, files: list[tuple[str, str]], **kwargs) -> Pipeline:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 
@@ -31,11 +31,14 @@ from vitlarge.data.manifest_schema import (
 from vitlarge.errors import UserError
 from vitlarge.fileio import UnsafeFile, open_regular, read_capped
 
+if TYPE_CHECKING:
+    import torch
+
 TAR_MEMBERS = (";".join(TAR_IMAGE_EXTS), TAR_LABEL_EXT)
 """A sample's (image, label): its members' extensions, in the place of the (image, label) features a TFRecord's
 reader takes (`record_keys`), so the pipelines and readers take one value for both formats."""
 LABEL_MAX_BYTES = 16  # a label's ASCII digits (at most 10: labels are below 2**31) and trailing whitespace
-LABEL_RE = re.compile(rb"^(\d{1,10})\s*$")  # digits first: the pipeline weighs each by its place from the start
+LABEL_RE = re.compile(rb"^(\d{1,10})\s*$")  # digits first: `ascii_labels` weighs each by its place
 
 
 def record_keys(manifest: Manifest) -> tuple[str, str]:
@@ -53,6 +56,24 @@ def parse_label(raw: bytes) -> int | None:
     """The label a ``.cls`` member holds (ASCII digits from its first byte, trailing whitespace allowed), or None."""
     m = LABEL_RE.match(raw) if len(raw) <= LABEL_MAX_BYTES else None
     return int(m.group(1)) if m else None
+
+
+def ascii_labels(raw: torch.Tensor) -> torch.Tensor:
+    """`parse_label` over a batch: ``raw`` is uint8 ``[B, W]``, each row a ``.cls`` member's bytes padded with spaces
+    (`vitlarge.data.pipelines`' webdataset reader, ``W`` = `LABEL_MAX_BYTES`); int64 ``[B]``, -1 for a row that
+    `parse_label` would not read, which the loader refuses (a tar changed since make_index: "x" must not read as
+    0, nor "1 2" as 12). A row is a label when its first ``n`` bytes (1 to 10) are digits and the rest whitespace;
+    digit ``i`` weighs ``10 ** (n - 1 - i)``."""
+    import torch  # lazy: torch off make_index's path, which imports this module
+
+    place = torch.arange(raw.shape[1])
+    digit = (raw >= ord("0")) & (raw <= ord("9"))
+    space = (raw == ord(" ")) | ((raw >= ord("\t")) & (raw <= ord("\r")))  # Python's bytes \s
+    n = digit.sum(1, keepdim=True)
+    lead = place < n
+    valid = (n[:, 0] >= 1) & (n[:, 0] <= 10) & (digit == lead).all(1) & (space | lead).all(1)
+    weight = torch.pow(10, (n - 1 - place).clamp(min=0)) * lead
+    return torch.where(valid, ((raw.long() - ord("0")) * weight).sum(1), -1)
 
 
 class IndexedSamples:

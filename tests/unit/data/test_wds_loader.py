@@ -102,3 +102,45 @@ def test_a_cls_changed_after_indexing_to_no_integer_is_refused(tmp_path, payload
     for rect in (False, True):
         with pytest.raises(UserError, match=r"a \.cls that is no integer: the tar changed since make_index; rerun"):
             list(open_val(d, 3, 16, device=CPU, rect_val=rect, patch_size=16))
+
+
+def test_the_loaders_batch_parse_is_make_indexs_rule():
+    """`ascii_labels` (a batch of padded .cls bytes, in torch) reads each row as `parse_label` (make_index's regex)
+    reads it: edge cases (10 and 11 digits, leading zeros, each whitespace byte, NUL, bytes past ASCII, digits
+    after a space) and 20,000 random rows drawn from digits, whitespace and other bytes."""
+    import random
+
+    from vitlarge.data.wds_shards import LABEL_MAX_BYTES, ascii_labels, parse_label
+
+    rows = [b"", b"0", b"007", b"4294967295", b"99999999999", b"1\t", b"1\x0b\x0c\r\n", b"1\x00", b"\xb9", b"12 3"]
+    rng = random.Random(0)
+    alphabet = b"0123456789" * 3 + b" \t\n\x0b\x0c\r" + b"x\x00\x80\xff-+."
+    for _ in range(20_000):
+        rows.append(bytes(rng.choice(alphabet) for _ in range(rng.randint(0, LABEL_MAX_BYTES))))
+    padded = torch.tensor([list(r.ljust(LABEL_MAX_BYTES, b" ")) for r in rows], dtype=torch.uint8)
+    want = [-1 if parse_label(r) is None else parse_label(r) for r in rows]
+    assert ascii_labels(padded).tolist() == want
+    assert sum(x >= 0 for x in want) > 2_000  # the draw reaches the labels, not only the refusals
+
+
+def test_a_cls_read_longer_than_a_label_is_refused(tmp_path):
+    """An index edited to give a .cls more bytes than a label has: DALI's reader reads them (the batch's rows then
+    differ in width) and the loader names the cause in one line instead of DALI's shape error."""
+    import os
+
+    from data_tools import make_index
+    from tests.helpers.wds_sets import write_timm_wds
+
+    d = write_timm_wds(str(tmp_path / "set"), {"train": 3, "validation": 3})
+    make_index.make_index(d, workers=1)
+    index = os.path.join(d, "tiny-validation-0000.idx")
+    with open(index) as f:
+        lines = f.read().splitlines()
+    fields = lines[1].split(" ")
+    at = fields.index("cls")
+    fields[at + 2] = "40"  # the size DALI reads: the tar's block padding follows the member
+    lines[1] = " ".join(fields)
+    with open(index, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    with pytest.raises(UserError, match=r"a \.cls that is no integer: the tar changed since make_index; rerun"):
+        list(open_val(d, 3, 16, device=CPU))

@@ -178,11 +178,12 @@ def test_a_set_of_validation_files_alone_converts_to_evaluate_on(tmp_path):
     assert list(m.splits) == ["validation"]
 
 
-def test_a_value_shared_by_many_rows_is_held_once_not_once_a_row(tmp_path):
+@pytest.mark.parametrize("compression", ["zstd", "none"])
+def test_a_value_shared_by_many_rows_is_held_once_not_once_a_row(tmp_path, compression):
     """A dictionary-encoded image column whose 50 rows all point at one 2 MB value: the footer says ~2 MB, read
     whole the row group expands to 100 MB (/tmp/review54/t6.py: 20 MB, 2.2 GB). The rows are read in bounded
     batches with the image bytes kept dictionary-encoded, so what Arrow holds while a shard's rows are taken stays
-    near one value, not one a row."""
+    near one value, not one a row; compressed or not, a chunk with a dictionary page is not read plain."""
     import pyarrow as pa
 
     from data_tools import parquet_source
@@ -195,10 +196,11 @@ def test_a_value_shared_by_many_rows_is_held_once_not_once_a_row(tmp_path):
         table.replace_schema_metadata({"huggingface": json.dumps(meta)}),
         path,
         dictionary_pagesize_limit=1 << 30,
-        compression="zstd",
+        compression=compression,
     )
     del table
     assert pq.ParquetFile(path).metadata.row_group(0).total_byte_size < 4 << 20
+    assert not parquet_source._plain_is_bounded(pq.ParquetFile(path).metadata.row_group(0), "image")
     opts = {"classes": ["a", "b"], "label_offset": 0, "check": "header", "max_pixels": 1 << 20, "seed": 0}
     held, grown, before = [], [], resident()
     for _, image in parquet_source.shard_images([parquet_source.Piece(path, 0, 0, rows, 0)], opts):
@@ -207,6 +209,27 @@ def test_a_value_shared_by_many_rows_is_held_once_not_once_a_row(tmp_path):
         assert isinstance(image, BadImage), image
     assert len(held) == rows and max(held) < 25 << 20, f"{max(held):,} bytes held by Arrow"
     assert max(grown) < 50 << 20, f"{max(grown):,} bytes more resident"
+
+
+def test_datasets_row_groups_are_read_plain_and_the_other_read_gives_the_same_records(
+    hub_set, from_parquet, tmp_path, monkeypatch
+):
+    """``datasets`` writes image bytes uncompressed and plain: every row group of its files is read plain (no
+    dictionary to build: 40% less CPU, docs/PERFORMANCE.md section 2). Past `PLAIN_CHUNK_MAX` a row group is read
+    dictionary-encoded instead, and the records are the same, byte for byte."""
+    from data_tools import parquet_source
+
+    for path in parquet_source.parquet_files(hub_set):
+        meta = pq.ParquetFile(path).metadata
+        assert all(parquet_source._plain_is_bounded(meta.row_group(g), "image") for g in range(meta.num_row_groups))
+    monkeypatch.setattr(parquet_source, "PLAIN_CHUNK_MAX", 1)
+    meta = pq.ParquetFile(parquet_source.parquet_files(hub_set)[0]).metadata
+    assert not parquet_source._plain_is_bounded(meta.row_group(0), "image")
+    out = str(tmp_path / "dictionary")
+    done = call_main(CONVERT, "--src", hub_set, "--out", out, "--workers", "0", "--no-progress", "--train-shards", "3")
+    assert done.returncode == 0, done.stderr
+    for split in ("train", "validation"):
+        assert records(out, split) == records(from_parquet, split)
 
 
 def resident() -> int:
