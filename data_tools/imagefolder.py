@@ -25,7 +25,7 @@ from typing import IO, NamedTuple
 
 from PIL import Image, ImageOps
 
-from vitlarge.data.manifest_schema import MAX_SYNSET
+from vitlarge.data.manifest_schema import CONTROL_RE, MAX_SYNSET
 from vitlarge.errors import UserError
 from vitlarge.fileio import is_inside, open_regular
 
@@ -52,16 +52,11 @@ class BadImage(Exception):
     """A source file that is not a readable image; ``args[0]`` is its path, ``args[1]`` why."""
 
 
-# Characters that would make a printed name forge or hide a line of the log: C0 and C1 controls (a newline, a
-# carriage return, a terminal's escape), Unicode's line and paragraph separators and its bidirectional controls.
-_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
-
-
 def check_name(folder: str, name: str, what: str = "name") -> str:
     """``name`` (of an entry of ``folder``), or a UserError, with the name shown escaped (``repr``), where it holds
     a control character: the converter prints names (a skipped image, an unreadable one, a class of few images),
     and a newline in one would print a line of its own (``error: ...``) that the log's reader takes for ours."""
-    found = _CONTROL_RE.search(name)
+    found = CONTROL_RE.search(name)
     if found:
         raise UserError(
             f"{folder}: the {what} {name!r} holds the control character {found.group()!r}, which would forge or hide "

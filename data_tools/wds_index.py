@@ -17,7 +17,7 @@ integer below `MAX_CLASSES`; members that are links, devices or sparse files, ab
 or not UTF-8, a pax or long-name header over `META_MAX_BYTES` (refused before `tarfile` reads it whole), a member
 past the end of the file (a truncated tar), a tar ``_info.json`` lists twice (in one split or two) and counts that
 disagree with ``_info.json`` are refused. Class names come from the ``.json`` members (``synset`` or ``wnid``,
-``class_name``; two tars naming one label differently are refused) or from ``_info.json``'s ``classes`` (a list of
+``class_name``; two samples naming one label differently are refused) or from ``_info.json``'s ``classes`` (a list of
 distinct names, index = label) where present. Every refusal is one line naming the file and the fix, exit status 2, with no
 ``dataset.json`` written; the indexes written before it are complete files and are rewritten by the next run.
 """
@@ -286,7 +286,7 @@ def _sample(path: str, tar: tarfile.TarFile, key: str, members: list, names: dic
     height, width = header[:2]
     if sizes is not None:
         sizes.append((height, width))
-    if label not in names and "json" in by_ext and by_ext["json"].size <= JSON_CAP:
+    if "json" in by_ext and by_ext["json"].size <= JSON_CAP:
         try:
             doc = json.loads(_member_bytes(tar, by_ext["json"], JSON_CAP))
         except (ValueError, RecursionError):
@@ -295,7 +295,14 @@ def _sample(path: str, tar: tarfile.TarFile, key: str, members: list, names: dic
             synset = next((doc[k] for k in SYNSET_KEYS if isinstance(doc.get(k), str)), "")
             text = next((doc[k] for k in TEXT_KEYS if isinstance(doc.get(k), str)), "")
             if synset or text:
-                names[label] = (synset or text, text if synset else "")
+                named = (synset or text, text if synset else "")
+                if (
+                    names.setdefault(label, named) != named
+                ):  # as between tars (`make_index`): which is wrong, only the user knows
+                    raise UserError(
+                        f"{path}: {by_ext['json'].name} names label {label} {named[0][:80]!r}, an earlier sample "
+                        f"{names[label][0][:80]!r}; fix the .json members of the wrong one"
+                    )
     return label
 
 

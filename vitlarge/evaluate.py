@@ -16,11 +16,12 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import NoReturn, TypeGuard
+from typing import NoReturn
 
 from vitlarge.checkpoint import model_of
 from vitlarge.checkpoint.model_of import export_doc
 from vitlarge.checkpoint.trust import layout
+from vitlarge.checkpoint.trust.meta import is_number
 from vitlarge.config.load import add_override_arguments, load_config
 from vitlarge.config.phase_list import entries, final_eval_size, patch_size
 from vitlarge.config.schema import IMAGE_SIZE, MAX_EVAL_TOKENS, DataConfig, rule_of
@@ -76,10 +77,6 @@ def as_trained(cfg, saved: dict) -> list[str]:
 EXPORTED = (("mean", "data.mean"), ("std", "data.std"), ("crop_pct", "data.val_crop_pct"))
 
 
-def _number(x) -> TypeGuard[float]:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
 def _refused(path: Path, key: str, value, rule: str) -> UserError:
     return UserError(
         f"{path}: {key} is {str(value)[:80]}, not {rule}; the file was edited or damaged: use another export "
@@ -124,14 +121,16 @@ def exported_settings(folder: Path) -> dict:
     rules = {f.name: rule_of(f) for f in dataclasses.fields(DataConfig)}
     for name, key in EXPORTED:
         value, rule = pre.get(name), rules.get(key.split(".")[1])
-        if key == "data.val_crop_pct" and _number(value):
-            if not 0 < value <= 1:
+        if key == "data.val_crop_pct" and (
+            is_number(value) or (isinstance(value, int) and not isinstance(value, bool))
+        ):
+            if not (is_number(value) and 0 < value <= 1):  # an int past a float's range is a number, refused
                 raise _refused(path, f"pretrained_cfg.{name}", value, "in (0, 1]")
             out[key] = float(value)
         elif key != "data.val_crop_pct" and name in pre:
             # Present, a mean or std is used or refused: left out, the recipe's would normalise the export's
             # images without a word.
-            if not isinstance(value, list) or len(value) != 3 or not all(map(_number, value)):
+            if not isinstance(value, list) or len(value) != 3 or not all(map(is_number, value)):
                 raise _refused(path, f"pretrained_cfg.{name}", value, rule.words if rule else "three numbers")
             if rule is not None and not rule.test(*value):
                 raise _refused(path, f"pretrained_cfg.{name}", value, rule.words)

@@ -167,6 +167,8 @@ def _export_with(tmp_path, **edits):
         ("pretrained_cfg__std", [0.5, 0.5]),  # left out before: the recipe's std, exit 0
         ("pretrained_cfg__mean", [1, 2]),
         ("pretrained_cfg__std", ["a", 1, 2]),
+        ("pretrained_cfg__mean", [10**400, 0, 0]),  # math.isfinite's OverflowError: a traceback before
+        ("pretrained_cfg__crop_pct", 10**400),
         ("pretrained_cfg__mean", None),
         ("pretrained_cfg__crop_pct", 7),
         ("pretrained_cfg__input_size", [3, 18, 18]),  # not whole patches of 4: timm's AssertionError

@@ -561,14 +561,9 @@ def shard_files(manifest: Manifest, split: str) -> list[tuple[str, str]]:
     """
     if manifest.format == WDS_FORMAT:
         return _tar_files(manifest, split)
-    d, shards_at = manifest.data_dir, shard_root(manifest)
+    d, shards_at = manifest.data_dir, _shard_root_here(manifest)
     fix = reindex_fix(manifest)
     listed = [s.file for s in manifest.shards(split)]
-    if not os.path.isdir(shards_at):
-        raise UserError(
-            f"{os.path.join(d, MANIFEST_NAME)}: its data_dir {shards_at} is not a folder here; mount the data set "
-            f"there, or index it where it is with {command('data_tools.make_index')} <folder> --out {shlex.quote(d)}"
-        )
     problem = shard_set_problem(listed)
     if problem:
         raise UserError(
@@ -676,12 +671,23 @@ def _tar_index_fits(path: str, num_records: int, tar_size: int) -> bool:
         return False
 
 
+def _shard_root_here(manifest: Manifest) -> str:
+    """`shard_root`, or a one-line `UserError` where it is no folder here (an index folder's data set not mounted)."""
+    d, shards_at = manifest.data_dir, shard_root(manifest)
+    if not os.path.isdir(shards_at):
+        raise UserError(
+            f"{os.path.join(d, MANIFEST_NAME)}: its data_dir {shards_at} is not a folder here; mount the data set "
+            f"there, or index it where it is with {command('data_tools.make_index')} <folder> --out {shlex.quote(d)}"
+        )
+    return shards_at
+
+
 def _tar_files(manifest: Manifest, split: str) -> list[tuple[str, str]]:
     """`shard_files` of WebDataset tars (`WDS_FORMAT`): the split's ``[(tar, index)]`` paths, after the checks
     `shard_files` makes of a TFRecord set: each tar and index a regular file of its folder (a link only inside it), each tar of the
     size ``dataset.json`` records (else truncated or replaced), each index of the recorded sample count. The tars
     are in `shard_root` (an index folder's ``data_dir``), the indexes beside ``dataset.json``."""
-    d, shards_at = manifest.data_dir, shard_root(manifest)
+    d, shards_at = manifest.data_dir, _shard_root_here(manifest)
     fix = reindex_fix(manifest)
     listed = [(shard_path(manifest, s.file), os.path.join(d, s.index), s) for s in manifest.shards(split)]
     real_shards_at, real_d = os.path.realpath(shards_at), os.path.realpath(d)

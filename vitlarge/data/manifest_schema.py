@@ -291,9 +291,14 @@ def distinct_names(names) -> bool:
     )
 
 
+CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+"""Characters that would make a printed name or path forge or hide a line of a log: C0 and C1 controls (a newline,
+a carriage return, a terminal's escape), Unicode's line and paragraph separators and its bidirectional controls."""
+
+
 def has_control_character(path: str) -> bool:
-    """Whether ``path`` holds a control character (a newline would split the fix commands messages print)."""
-    return any(ord(c) < 32 or ord(c) == 127 for c in path)
+    """Whether ``path`` holds a `CONTROL_RE` character (a newline would split the fix commands messages print)."""
+    return CONTROL_RE.search(path) is not None
 
 
 def _data_dir(v) -> str:

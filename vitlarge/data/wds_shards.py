@@ -88,7 +88,8 @@ class IndexedSamples:
         rows: list[tuple[int, int, int, int, int]] = []  # owner, image offset, size, label offset, size
         for owner, (path, index) in enumerate(shards):
             size = os.path.getsize(path)
-            fix = make_index_fix(os.path.dirname(path))
+            data_dir, index_dir = os.path.dirname(path), os.path.dirname(index)
+            fix = make_index_fix(data_dir, index_dir if index_dir != data_dir else None)  # --out: a read-only set's
             try:
                 lines = read_capped(index, TAR_INDEX_LINE_MAX * (size // 512 + 1)).decode().splitlines()
             except (UnsafeFile, UnicodeDecodeError) as e:

@@ -90,7 +90,9 @@ def test_a_cls_changed_after_indexing_to_no_integer_is_refused(tmp_path, payload
 
     width = len(payload)
     d = write_timm_wds(
-        str(tmp_path / "set"), {"train": 3, "validation": 3}, edit=lambda s, i, x: {**x, "cls": "1" * width}
+        str(tmp_path / "set"),
+        {"train": 3, "validation": 3},
+        edit=lambda s, i, x: {**x, "cls": "1" * width, "json": {**x["json"], "class_name": "one"}},  # one class
     )
     make_index.make_index(d, workers=1)
     tar = os.path.join(d, "tiny-validation-0000.tar")

@@ -270,11 +270,13 @@ def test_an_index_folder_whose_make_index_out_did_not_finish_names_the_command(t
         load_manifest(str(tmp_path))
 
 
-def test_a_data_dir_with_a_control_character_is_refused(timm_set, tmp_path):
+@pytest.mark.parametrize("control", ["\nrm -rf ~", "\u202egnp.", "\x9b2J"])  # a newline, a bidi override, C1's CSI
+def test_a_data_dir_with_a_control_character_is_refused(timm_set, tmp_path, control):
+    """Refused with the converter's rule for names (`CONTROL_RE`): before, only C0 controls and DEL were."""
     out = tmp_path / "index"
     make_index.make_index(timm_set, out=str(out), workers=1)
     doc = json.loads((out / MANIFEST_NAME).read_text())
-    (out / MANIFEST_NAME).write_text(json.dumps({**doc, "data_dir": timm_set + "\nrm -rf ~"}))
+    (out / MANIFEST_NAME).write_text(json.dumps({**doc, "data_dir": timm_set + control}))
     with pytest.raises(UserError, match=r"data_dir is .*control character"):
         load_manifest(str(out))
 
@@ -294,6 +296,50 @@ def test_a_stale_index_with_its_header_intact_is_refused_before_dali_reads_it(ti
     open(path, "w").write("\n".join(lines) + "\n")
     with pytest.raises(UserError, match=r"tiny-validation-0000.idx: stale DALI index .* run .*make_index"):
         shard_files(load_manifest(d), "validation")
+
+
+def test_an_index_folder_whose_tars_are_not_mounted_says_so_not_that_a_tar_is_missing(timm_set, tmp_path):
+    """A read-only set indexed with --out, its mount gone: the loaders' check names the data folder as not there
+    (mount it), as for TFRecords, rather than the first tar as missing (restore it)."""
+    d, out = str(tmp_path / "mnt" / "wds"), tmp_path / "index"
+    shutil.copytree(timm_set, d)
+    m = make_index.make_index(d, out=str(out), workers=1)
+    shutil.rmtree(tmp_path / "mnt")
+    for split in ("train", "validation"):
+        with pytest.raises(UserError) as e:
+            shard_files(m, split)
+        assert str(e.value).startswith(f"{out / MANIFEST_NAME}: its data_dir {d} is not a folder here; mount ")
+
+
+@pytest.mark.parametrize("edited,tar", [(3, "tiny-train-0000.tar"), (9, "tiny-train-0001.tar")])  # its tar, another
+def test_a_json_naming_a_label_unlike_another_sample_is_one_line_naming_the_tar(tmp_path, capsys, edited, tar):
+    """Sample ``edited`` (label 0, as sample 0) names another class in its .json: refused whether the samples share
+    a tar (read before: only a tar's first .json of a label was) or not; nothing written."""
+
+    def edit(split, i, sample):
+        return (
+            {**sample, "json": {**sample["json"], "class_name": "other"}} if (split, i) == ("train", edited) else sample
+        )
+
+    d = write_timm_wds(str(tmp_path / "set"), {"train": 12, "validation": 3}, edit=edit)
+    assert make_index.main([d, "--workers", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: {os.path.join(d, tar)}: ") and "label 0" in err
+    assert not os.path.exists(os.path.join(d, MANIFEST_NAME))
+
+
+def test_a_padded_index_in_an_index_folder_names_make_index_with_out(timm_set, tmp_path):
+    """Rectangular validation reads a read-only set's samples by the index in its index folder: a stale or padded
+    index there is refused with the make_index line that writes it again, ``--out`` and all (without ``--out`` it
+    would write into the read-only data folder)."""
+    out = tmp_path / "index"
+    m = make_index.make_index(timm_set, out=str(out), workers=1)
+    (tar, index), *_ = shard_files(m, "validation")
+    with open(index, "ab") as f:
+        f.write(b"x" * (1 << 20))
+    with pytest.raises(UserError, match="stale or padded DALI index") as e:
+        IndexedSamples([(tar, index)])
+    assert str(e.value).endswith(f"make_index {timm_set} --out {out}")
 
 
 def test_a_folder_whose_path_has_a_control_character_is_refused_before_any_index_is_written(tmp_path, capsys):
