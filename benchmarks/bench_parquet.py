@@ -9,7 +9,8 @@ the Hub lays it out (`data_tools.make_parquet_dataset`: row groups of 100 rows, 
 (1,797 images of ~1 KB: a set where per-image costs dominate) and the ImageNet-shaped set of
 `benchmarks.bench_convert` (1,200 photos of ~60 KB with ``--quick``, 6,000 without). Beside them, the floor of
 any copy through pyarrow and Python (`benchmarks.parquet_floor`: the same reads, the two CRC32Cs, the writes
-and fsyncs, with nothing else). Both sides read a
+and fsyncs, with nothing else), and the converter with every row group read dictionary-encoded (`DICTIONARY`:
+what plain reads save). Both sides read a
 page-cached source and write to the same file system; the converter fsyncs every shard, so ``cp -r`` is timed
 alone (the goal's baseline) and followed by ``sync``. ``REPEATS`` interleaved runs, each into a fresh folder;
 medians of source bytes / wall seconds (the converter's whole command, Python's start-up included, as ``cp``'s;
@@ -34,6 +35,25 @@ from benchmarks.harness import results, timing
 
 REPEATS = 3
 FLOOR = "pyarrow floor"  # benchmarks.parquet_floor: the least a copy through pyarrow costs
+DICTIONARY = "convert parquet, dictionary read"  # the converter as it read every file before plain reads
+# The converter with every row group read dictionary-encoded, set here at the benchmark's edge (no switch in the
+# converter): its forked workers inherit the module's value.
+DICTIONARY_CODE = (
+    "import sys; import data_tools.parquet_source as p; p.PLAIN_CHUNK_MAX = -1; "
+    "from data_tools.imagenet_to_tfrecord import main; sys.exit(main(sys.argv[1:]))"
+)
+
+
+def dictionary_once(work: Path, args: list[str]) -> float:
+    """Wall seconds of the converter's command with ``args`` and `DICTIONARY_CODE`'s setting, timed as
+    `timed_once` times the converter."""
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    subprocess.run(["sync"], check=True)
+    t = time.perf_counter()
+    command = [sys.executable, "-c", DICTIONARY_CODE, *args, "--workers", str(WORKERS), "--no-progress"]
+    subprocess.run(command, check=True, stderr=subprocess.DEVNULL, cwd=ROOT)
+    return time.perf_counter() - t
 
 
 def floor_once(work: Path, src: Path) -> float:
@@ -78,12 +98,17 @@ def measure(src: Path, tree: Path, total: int, repeats: int) -> dict:
     cpu: dict[str, list[float]] = {}
 
     def contender(name: str):
-        source = src if name == "convert parquet" else tree
+        source = src if name.startswith("convert parquet") else tree
         args = ["--src", str(source), "--out", str(work / "out"), "--train-shards", "16", "--val-shards", "2"]
 
         def once() -> float:
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            seconds = floor_once(work, src) if name == FLOOR else timed_once(work, src, name, args)
+            if name == FLOOR:
+                seconds = floor_once(work, src)
+            elif name == DICTIONARY:
+                seconds = dictionary_once(work, args)
+            else:
+                seconds = timed_once(work, src, name, args)
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             cpu.setdefault(name, []).append(
                 after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
@@ -92,7 +117,7 @@ def measure(src: Path, tree: Path, total: int, repeats: int) -> dict:
 
         return once
 
-    names = ("cp -r", "cp -r + sync", FLOOR, "convert parquet", "convert folder")
+    names = ("cp -r", "cp -r + sync", FLOOR, "convert parquet", DICTIONARY, "convert folder")
     timings = timing.interleaved({name: contender(name) for name in names}, repeats)
     shutil.rmtree(work, ignore_errors=True)
     cpu_seconds = {k: round(statistics.median(v), 3) for k, v in cpu.items()}

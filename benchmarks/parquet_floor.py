@@ -3,12 +3,12 @@
 
     python -m benchmarks.parquet_floor SRC OUT [--workers N]
 
-Each parquet file under ``SRC/data`` is read as the converter reads one (pyarrow, `READ_ROWS` rows a batch,
-the image and label columns, each image's bytes copied into Python once), every image's bytes get the two
-CRC32Cs the converter computes (its record's and its shard's) and are written to one file per parquet file
-under ``OUT``, which is fsynced; ``N`` worker processes (forked) take the files. Left out, to be a floor: the
-TFRecord framing, the JPEG header checks, the shuffle, the validation split's aspect order, the DALI index and
-the done-records.
+Each parquet file under ``SRC/data`` is read with the converter's own reader (`data_tools.parquet_source.Reader`:
+the data set's image and label columns, row group by row group, plain or dictionary-encoded as the file stores
+them), every image's bytes get the two CRC32Cs the converter computes (its record's and its shard's) and are
+written to one file per parquet file under ``OUT``, which is fsynced; ``N`` worker processes (forked) take the
+files. Left out, to be a floor: the TFRecord framing, the JPEG header checks, the shuffle, the validation split's
+aspect order, the DALI index and the done-records.
 """
 
 from __future__ import annotations
@@ -18,20 +18,19 @@ import multiprocessing as mp
 import os
 import sys
 
-READ_ROWS = 32  # data_tools.parquet_source.READ_ROWS
-
 
 def copy_file(src: str, out: str) -> int:
     """Copy ``src``'s image bytes to ``out`` as described above; the bytes written."""
     import crc32c
-    import pyarrow.parquet as pq
+
+    from data_tools.parquet_source import Reader, _py
 
     written = 0
-    pf = pq.ParquetFile(src, memory_map=False)
-    columns = pf.schema_arrow.names[:2]
+    reader = Reader(src)
     with open(out, "wb") as f:
-        for batch in pf.iter_batches(READ_ROWS, columns=columns, use_threads=False):
-            for value in batch.column(0).field("bytes").to_pylist():
+        for group in range(reader.plain.metadata.num_row_groups):
+            for data, _, _ in reader.rows(group):
+                value = _py(data) or b""
                 crc32c.crc32c(value, crc32c.crc32c(value))
                 written += f.write(value)
         f.flush()

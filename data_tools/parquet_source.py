@@ -11,7 +11,7 @@ are in the schema's ``huggingface`` metadata (``datasets.ClassLabel``). Splits b
 Each image is what the folder converter makes of a file (`imagefolder.prepare_bytes`): a colour JPEG's bytes
 unchanged, anything else upright, opaque and re-encoded. Parquet is read with pyarrow one row group at a time,
 only the image and label columns, `READ_ROWS` rows at a time: what a row group reads is bounded
-(`MAX_ROW_GROUP_BYTES`, `_plain_is_bounded`) and so is a file's footer (`MAX_FOOTER`). Training shards take the row groups in a seeded random order, each row group's rows
+(`MAX_ROW_GROUP_BYTES`, `plain_bytes`) and so is a file's footer (`MAX_FOOTER`). Training shards take the row groups in a seeded random order, each row group's rows
 in a seeded random order (a shard of ImageNet's 1,252 images draws from about 13 places of the set where the
 Hub's row groups hold 100 rows; the loader shuffles again every epoch). The validation split is written sorted by
 aspect ratio with each image's size, as the folder converter writes it (``data.rect_val``): its images are read
@@ -48,8 +48,10 @@ SPLITS = {"train": "train", "validation": "validation", "val": "validation", "va
 UNLABELLED = ("test",)
 MAX_FOOTER = 64 << 20  # bytes of a file's metadata; the Hub's ImageNet files hold ~3,000 row groups in ~2 MB
 MAX_ROW_GROUP_BYTES = 1 << 30  # uncompressed; the Hub writes image sets in row groups of 100 rows (~11 MB)
+MAX_ROW_GROUP_ROWS = 1 << 20  # pyarrow's default row group; a footer may claim billions of run-length rows
 READ_ROWS = 32  # rows of a row group read at a time
-PLAIN_CHUNK_MAX = MAX_ROW_GROUP_BYTES // READ_ROWS  # file bytes of a row group's image fields read as plain values
+PLAIN_CHUNK_MAX = 32 << 20  # file bytes of a row group's image fields read as plain values (the Hub's: ~11 MB)
+PLAIN_BATCH_BYTES = 64 << 20  # the most a batch of plain values holds: fewer rows a batch past 2 MiB a row group
 PLAIN_ENCODINGS = {"PLAIN", "RLE", "BIT_PACKED"}  # values as stored (RLE, BIT_PACKED: the struct's levels)
 NO_BYTES = "no image bytes (a path-only image: vitlarge never reads paths from a parquet file)"
 SPILL = "validation.spill"
@@ -216,6 +218,11 @@ def discover(src: str) -> tuple[list[str], dict[str, list[Source]]]:
                     f"{path}: row group {g} holds {meta.row_group(g).total_byte_size:,} bytes, more than the "
                     f"{MAX_ROW_GROUP_BYTES:,} read at a time (a memory guard); rewrite it with smaller row groups"
                 )
+            if meta.row_group(g).num_rows > MAX_ROW_GROUP_ROWS:  # its labels are read whole, next
+                raise UserError(
+                    f"{path}: row group {g} holds {meta.row_group(g).num_rows:,} rows, more than the "
+                    f"{MAX_ROW_GROUP_ROWS:,} read at a time (a memory guard); rewrite it with smaller row groups"
+                )
             _check_labels(path, pf, g, label, len(names))
         splits.setdefault(split, []).append(Source(path, os.path.getsize(path), groups, image, label))
     if left_out:
@@ -246,42 +253,71 @@ def _open_images(path: str, image: str, opened: pq.ParquetFile | None = None) ->
 
 
 class Reader:
-    """One parquet file's row groups of (image, label), each read the cheaper way that stays bounded: plain
-    (`_plain_is_bounded`), else with the image's fields dictionary-encoded (`_open_images`, opened on first need)."""
+    """One parquet file's row groups of (image, label), each read the cheaper way that stays bounded: plain where
+    `plain_bytes` allows it (`_plain_rows`), else with the image's fields dictionary-encoded (`_open_images`,
+    opened on first need)."""
 
     def __init__(self, path: str):
         self.path, self.plain = path, _open(path)
         self.columns = list(_features(path, self.plain)[:2])
+        column = self.plain.schema_arrow.field(self.columns[0]).type
+        self.image_paths = {f"{self.columns[0]}.{column.field(i).name}" for i in range(column.num_fields)}
         self._dictionary: pq.ParquetFile | None = None
 
     def rows(self, group: int) -> list[tuple[object, object, int]]:
         """Row group ``group`` as `_rows` gives it."""
-        pf = self.plain
-        if not _plain_is_bounded(self.plain.metadata.row_group(group), self.columns[0]):
-            if self._dictionary is None:
-                self._dictionary = _open_images(self.path, self.columns[0], self.plain)
-            pf = self._dictionary
-        return _rows(_batches(self.path, pf, group, self.columns))
+        stored = plain_bytes(self.plain.metadata.row_group(group), self.image_paths)
+        if stored is not None:
+            return self._plain_rows(group, stored)
+        if self._dictionary is None:
+            self._dictionary = _open_images(self.path, self.columns[0], self.plain)
+        return _rows(_batches(self.path, self._dictionary, group, self.columns))
+
+    def _plain_rows(self, group: int, stored: int) -> list[tuple[object, object, int]]:
+        """Row group ``group`` read plain, in batches of at most `PLAIN_BATCH_BYTES` (a value holds at most the
+        ``stored`` bytes of its chunks), each turned into Python values as it is read; a UserError naming the file
+        where the values come to more than ``stored``, which plain values never do (a crafted or damaged file)."""
+        batch_rows = max(1, min(READ_ROWS, PLAIN_BATCH_BYTES // max(stored, 1)))
+        rows, held = [], 0
+        try:
+            for batch in self.plain.iter_batches(
+                batch_rows, row_groups=[group], columns=self.columns, use_threads=False
+            ):
+                values = _rows([batch])
+                held += sum(len(data or b"") + len(path or "") for data, path, _ in values)
+                if held > stored:
+                    raise UserError(
+                        f"{self.path}: row group {group} reads as more than the {stored:,} bytes its image column "
+                        "holds in the file (a crafted or damaged file); download it again"
+                    )
+                rows += values
+        except (OSError, ValueError, pa.ArrowException) as e:
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise UserError(_damaged(self.path, f"row group {group}: {why}")) from None
+        return rows
 
 
-def _plain_is_bounded(group: pq.RowGroupMetaData, image: str) -> bool:
-    """Whether row group ``group``'s ``image`` fields may be read as plain values: their column chunks are stored
-    uncompressed, plainly encoded, with no dictionary page, in at most `PLAIN_CHUNK_MAX` bytes of the file together
-    (``datasets``' writer: image bytes plain and uncompressed). Such a chunk's pages are read as the file holds
-    them, so a value holds no more bytes than its chunk whatever its pages say (a footer that hides a dictionary
-    page: a value repeats at most once a row), and a batch of `READ_ROWS` rows at most `MAX_ROW_GROUP_BYTES`.
-    Reading plain skips what the dictionary-encoded read costs (each value hashed and copied into a dictionary:
-    ~40% of the copy's CPU, docs/PERFORMANCE.md section 2); other chunks keep it, where a value many rows share
-    (a dictionary page, or a compressed page that decompresses to one) is then held once."""
+def plain_bytes(group: pq.RowGroupMetaData, fields: set[str]) -> int | None:
+    """The file bytes of row group ``group``'s image ``fields`` (their dotted paths: ``image.bytes``, ``image.path``)
+    where they may be read as plain values, else None: each field's column chunk stored uncompressed, plainly
+    encoded, with no dictionary page, all in at most `PLAIN_CHUNK_MAX` bytes (``datasets``' writer: image bytes
+    plain and uncompressed). Such a chunk's pages are read as the file holds them, within the chunk's bytes
+    (Arrow's "Page was smaller than expected" past them), so whatever its pages say (a footer that hides a
+    dictionary page or another encoding) a value holds no more bytes than the chunks, and the plain values of a
+    row group, together, no more than the chunks either (`Reader._plain_rows` checks it). Reading plain skips what
+    the dictionary-encoded read costs (each value hashed and copied into a dictionary; docs/PERFORMANCE.md section
+    2); other chunks keep it, where a value many rows share (a dictionary page, or a compressed page that
+    decompresses to one) is then held once."""
     chunks = [group.column(i) for i in range(group.num_columns)]
-    chunks = [c for c in chunks if c.path_in_schema.split(".")[0] == image]
-    return (
-        all(
-            c.compression == "UNCOMPRESSED" and not c.has_dictionary_page and set(c.encodings) <= PLAIN_ENCODINGS
-            for c in chunks
-        )
-        and sum(c.total_compressed_size for c in chunks) <= PLAIN_CHUNK_MAX
+    chunks = [c for c in chunks if c.path_in_schema in fields]
+    if {c.path_in_schema for c in chunks} != fields:  # a field not found as one column chunk: read as stored
+        return None
+    plain = all(
+        c.compression == "UNCOMPRESSED" and not c.has_dictionary_page and set(c.encodings) <= PLAIN_ENCODINGS
+        for c in chunks
     )
+    stored = sum(c.total_compressed_size for c in chunks)
+    return stored if plain and stored <= PLAIN_CHUNK_MAX else None
 
 
 def _batches(path: str, pf: pq.ParquetFile, group: int, columns: list[str]) -> list[pa.RecordBatch]:

@@ -46,7 +46,7 @@ from vitlarge.data.manifest import (
 from vitlarge.data.rect import RectBatches, val_sizes
 from vitlarge.data.repeats import RepeatedRecords
 from vitlarge.data.spec import LoaderSpec, TrainSpec, ValSpec, pipe_seed
-from vitlarge.data.wds_shards import ascii_labels, record_keys
+from vitlarge.data.wds_shards import LABEL_MAX_BYTES, ascii_labels, record_keys
 from vitlarge.errors import UserError
 
 if TYPE_CHECKING:
@@ -75,6 +75,8 @@ class _Batches:
         if tar_labels and not labels.is_dense_tensor():  # a .cls longer than the reader pads to
             raise self._no_integer()
         images, labels = images.as_tensor(), labels.as_tensor()
+        if tar_labels and labels.shape()[1:] != [LABEL_MAX_BYTES]:  # every .cls of the batch that long
+            raise self._no_integer()
         # The output tensor comes from torch's caching allocator, whose blocks are reused in the order
         # of torch's current stream: DALI's copy must be queued on that stream, not DALI's own.
         out = torch.empty(images.shape(), dtype=torch.float32, device=self.device)

@@ -1,10 +1,10 @@
-"""DALI pipeline definitions for training and validation over TFRecord shards.
+"""DALI pipeline definitions for training and validation over TFRecord shards and WebDataset tars.
 
 Both pipelines read each record's image and label features (TF-slim's ``image/encoded`` and ``image/class/label``,
 or those the manifest names: TFDS's ``image`` and ``label``, `vitlarge.data.manifest.Manifest.features`) and return
 ``(images float32 [B,3,S,S] normalized, labels int64 [B,1] as stored)`` (rectangular validation:
-``[B,3,H,W]``, one ``H x W`` per batch); images live on the DALI device (CPU or GPU), labels always on
-the CPU. The device is chosen once, in ``dali_device``; everything below is the same code for both.
+``[B,3,H,W]``, one ``H x W`` per batch; a tar's labels: its ``.cls`` bytes, uint8 ``[B,16]``, `_tar_reader`);
+images live on the DALI device (CPU or GPU), labels always on the CPU. The device is chosen once, in ``dali_device``; everything below is the same code for both.
 """
 
 from __future__ import annotations

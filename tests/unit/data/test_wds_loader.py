@@ -125,9 +125,11 @@ def test_the_loaders_batch_parse_is_make_indexs_rule():
     assert sum(x >= 0 for x in want) > 2_000  # the draw reaches the labels, not only the refusals
 
 
-def test_a_cls_read_longer_than_a_label_is_refused(tmp_path):
+@pytest.mark.parametrize("edited", ["one", "every"])
+def test_a_cls_read_longer_than_a_label_is_refused(tmp_path, edited):
     """An index edited to give a .cls more bytes than a label has: DALI's reader reads them (the batch's rows then
-    differ in width) and the loader names the cause in one line instead of DALI's shape error."""
+    differ in width, or are all wider than a label) and the loader names the cause in one line instead of DALI's
+    shape error, or a label read from a 40-byte .cls."""
     import os
 
     from data_tools import make_index
@@ -138,10 +140,15 @@ def test_a_cls_read_longer_than_a_label_is_refused(tmp_path):
     index = os.path.join(d, "tiny-validation-0000.idx")
     with open(index) as f:
         lines = f.read().splitlines()
-    fields = lines[1].split(" ")
-    at = fields.index("cls")
-    fields[at + 2] = "40"  # the size DALI reads: the tar's block padding follows the member
-    lines[1] = " ".join(fields)
+    for i in range(1, len(lines) if edited == "every" else 2):
+        fields = lines[i].split(" ")
+        at = fields.index("cls")
+        fields[at + 2] = "40"  # the size DALI reads: the tar's block padding follows the member
+        lines[i] = " ".join(fields)
+        if edited == "every":  # spaces in that padding: "0" and 39 spaces, which parse_label refuses, not 0
+            with open(os.path.join(d, "tiny-validation-0000.tar"), "r+b") as f:
+                f.seek(int(fields[at + 1]) + 1)
+                f.write(b" " * 39)
     with open(index, "w") as f:
         f.write("\n".join(lines) + "\n")
     with pytest.raises(UserError, match=r"a \.cls that is no integer: the tar changed since make_index; rerun"):

@@ -19,6 +19,7 @@ from data_tools.imagefolder import BadImage
 from data_tools.make_parquet_dataset import write_parquet
 from tests.helpers import call_main
 from vitlarge.data.manifest import load_manifest
+from vitlarge.errors import UserError
 
 CONVERT = "data_tools.imagenet_to_tfrecord"
 
@@ -150,11 +151,13 @@ def test_bad_input_is_one_line_naming_the_file_and_exit_2_with_nothing_written(t
         assert written == [], (case, written)
 
 
-def test_a_row_group_past_the_bound_is_refused_before_it_is_read(tmp_path, monkeypatch):
+@pytest.mark.parametrize("bound", ["MAX_ROW_GROUP_BYTES", "MAX_ROW_GROUP_ROWS"])
+def test_a_row_group_past_the_bound_is_refused_before_it_is_read(tmp_path, monkeypatch, bound):
+    """Bytes or rows (a footer may claim billions of rows whose run-length labels take a few bytes)."""
     from data_tools import parquet_source
 
     src = hub_file(tmp_path, image=IMAGE, label=LABEL)
-    monkeypatch.setattr(parquet_source, "MAX_ROW_GROUP_BYTES", 100)
+    monkeypatch.setattr(parquet_source, bound, 0 if bound.endswith("ROWS") else 100)  # the file: 1 row
     done = call_main(CONVERT, "--src", src, "--out", str(tmp_path / "out"), "--workers", "0", "--no-progress")
     assert done.returncode == 2 and "read at a time (a memory guard); rewrite it with smaller row groups" in done.stderr
 
@@ -178,32 +181,45 @@ def test_a_set_of_validation_files_alone_converts_to_evaluate_on(tmp_path):
     assert list(m.splits) == ["validation"]
 
 
-@pytest.mark.parametrize("compression", ["zstd", "none"])
-def test_a_value_shared_by_many_rows_is_held_once_not_once_a_row(tmp_path, compression):
+SHARED_META = {"info": {"features": {"label": {"_type": "ClassLabel", "names": ["a", "b"]}}}}
+
+
+def shared_value_file(tmp_path, rows: int, size: int, column: str = "image", **write) -> str:
+    """A parquet file of ``rows`` rows whose images are all one ``size``-byte value (zeros after a JPEG marker: no
+    image, and a small file where the value is stored once), written by pyarrow with ``write``."""
+    import pyarrow as pa
+
+    meta = {"info": {"features": {column: {"_type": "Image"}, **SHARED_META["info"]["features"]}}}
+    value = b"\xff\xd8" + bytes(size - 2)
+    table = pa.table({column: [{"bytes": value, "path": "a.jpg"}] * rows, "label": [0] * rows})
+    path = str(tmp_path / "train-00000-of-00001.parquet")
+    pq.write_table(table.replace_schema_metadata({"huggingface": json.dumps(meta)}), path, **write)
+    return path
+
+
+OPTS = {"classes": ["a", "b"], "label_offset": 0, "check": "header", "max_pixels": 1 << 20, "seed": 0}
+
+
+@pytest.mark.parametrize("compression,column", [("zstd", "image"), ("none", "image"), ("zstd", "im.g")])
+def test_a_value_shared_by_many_rows_is_held_once_not_once_a_row(tmp_path, compression, column):
     """A dictionary-encoded image column whose 50 rows all point at one 2 MB value: the footer says ~2 MB, read
     whole the row group expands to 100 MB (/tmp/review54/t6.py: 20 MB, 2.2 GB). The rows are read in bounded
     batches with the image bytes kept dictionary-encoded, so what Arrow holds while a shard's rows are taken stays
-    near one value, not one a row; compressed or not, a chunk with a dictionary page is not read plain."""
+    near one value, not one a row; compressed or not, a chunk with a dictionary page is not read plain, nor is a
+    column whose name holds a dot (its chunks' dotted paths, ``im.g.bytes``, are matched whole)."""
     import pyarrow as pa
 
     from data_tools import parquet_source
 
-    rows, value = 50, b"\xff\xd8" + bytes(2 << 20)  # zeros: no image, and a small file
-    meta = {"info": {"features": {"image": {"_type": "Image"}, "label": {"_type": "ClassLabel", "names": ["a", "b"]}}}}
-    table = pa.table({"image": [{"bytes": value, "path": "a.jpg"}] * rows, "label": [0] * rows})
-    path = str(tmp_path / "train-00000-of-00001.parquet")
-    pq.write_table(
-        table.replace_schema_metadata({"huggingface": json.dumps(meta)}),
-        path,
-        dictionary_pagesize_limit=1 << 30,
-        compression=compression,
+    rows = 50
+    path = shared_value_file(
+        tmp_path, rows, 2 << 20, column, dictionary_pagesize_limit=1 << 30, compression=compression
     )
-    del table
     assert pq.ParquetFile(path).metadata.row_group(0).total_byte_size < 4 << 20
-    assert not parquet_source._plain_is_bounded(pq.ParquetFile(path).metadata.row_group(0), "image")
-    opts = {"classes": ["a", "b"], "label_offset": 0, "check": "header", "max_pixels": 1 << 20, "seed": 0}
+    reader = parquet_source.Reader(path)
+    assert parquet_source.plain_bytes(reader.plain.metadata.row_group(0), reader.image_paths) is None
     held, grown, before = [], [], resident()
-    for _, image in parquet_source.shard_images([parquet_source.Piece(path, 0, 0, rows, 0)], opts):
+    for _, image in parquet_source.shard_images([parquet_source.Piece(path, 0, 0, rows, 0)], OPTS):
         held.append(pa.total_allocated_bytes())  # Arrow's pool: the batches
         grown.append(resident() - before)  # and what Arrow copies outside its pool (a binary scalar's value)
         assert isinstance(image, BadImage), image
@@ -211,25 +227,62 @@ def test_a_value_shared_by_many_rows_is_held_once_not_once_a_row(tmp_path, compr
     assert max(grown) < 50 << 20, f"{max(grown):,} bytes more resident"
 
 
+@pytest.mark.parametrize(
+    "write",
+    [
+        {"dictionary_pagesize_limit": 1 << 30},  # a dictionary page the footer hides
+        {"use_dictionary": False, "column_encoding": {"image.bytes": "DELTA_BYTE_ARRAY"}},  # a prefix per value
+    ],
+)
+def test_a_footer_that_calls_its_image_chunks_plain_reads_no_more_than_they_hold(tmp_path, write):
+    """A crafted file whose footer says its uncompressed image chunks are PLAIN, without a dictionary page, while
+    their pages share one 256 KiB value among 64 rows (a dictionary page, or DELTA_BYTE_ARRAY's prefixes): read
+    plain, and refused in one line naming the file at the first batch that holds more than the chunks do, a few
+    MiB, not the 16 MiB the rows would expand to."""
+    from data_tools import parquet_source
+    from tests.helpers.parquet_footer import claim_plain
+
+    rows = 64
+    path = shared_value_file(tmp_path, rows, 256 << 10, compression="none", **write)
+    claim_plain(path, "image")
+    reader = parquet_source.Reader(path)
+    stored = parquet_source.plain_bytes(reader.plain.metadata.row_group(0), reader.image_paths)
+    assert stored is not None and stored < 1 << 20  # read plain: the footer's claim
+    before = resident()
+    with pytest.raises(UserError) as e:
+        list(parquet_source.shard_images([parquet_source.Piece(path, 0, 0, rows, 0)], OPTS))
+    assert str(e.value) == (
+        f"{path}: row group 0 reads as more than the {stored:,} bytes its image column holds in the file (a crafted "
+        "or damaged file); download it again"
+    )
+    assert resident() - before < 64 << 20
+
+
 def test_datasets_row_groups_are_read_plain_and_the_other_read_gives_the_same_records(
     hub_set, from_parquet, tmp_path, monkeypatch
 ):
     """``datasets`` writes image bytes uncompressed and plain: every row group of its files is read plain (no
-    dictionary to build: 40% less CPU, docs/PERFORMANCE.md section 2). Past `PLAIN_CHUNK_MAX` a row group is read
-    dictionary-encoded instead, and the records are the same, byte for byte."""
+    dictionary to build, docs/PERFORMANCE.md section 2). Past `PLAIN_CHUNK_MAX` a row group is read
+    dictionary-encoded instead, and the records are the same, byte for byte; so they are read plain in batches
+    of fewer rows (`PLAIN_BATCH_BYTES`)."""
     from data_tools import parquet_source
 
     for path in parquet_source.parquet_files(hub_set):
-        meta = pq.ParquetFile(path).metadata
-        assert all(parquet_source._plain_is_bounded(meta.row_group(g), "image") for g in range(meta.num_row_groups))
-    monkeypatch.setattr(parquet_source, "PLAIN_CHUNK_MAX", 1)
-    meta = pq.ParquetFile(parquet_source.parquet_files(hub_set)[0]).metadata
-    assert not parquet_source._plain_is_bounded(meta.row_group(0), "image")
-    out = str(tmp_path / "dictionary")
-    done = call_main(CONVERT, "--src", hub_set, "--out", out, "--workers", "0", "--no-progress", "--train-shards", "3")
-    assert done.returncode == 0, done.stderr
-    for split in ("train", "validation"):
-        assert records(out, split) == records(from_parquet, split)
+        reader = parquet_source.Reader(path)
+        meta = reader.plain.metadata
+        assert all(
+            parquet_source.plain_bytes(meta.row_group(g), reader.image_paths) for g in range(meta.num_row_groups)
+        )
+    for name, value in (("PLAIN_CHUNK_MAX", 1), ("PLAIN_BATCH_BYTES", 1)):
+        with monkeypatch.context() as m:
+            m.setattr(parquet_source, name, value)
+            out = str(tmp_path / name)
+            done = call_main(
+                CONVERT, "--src", hub_set, "--out", out, "--workers", "0", "--no-progress", "--train-shards", "3"
+            )
+            assert done.returncode == 0, done.stderr
+            for split in ("train", "validation"):
+                assert records(out, split) == records(from_parquet, split)
 
 
 def resident() -> int:
