@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import struct
 
+from data_tools.tfrecord_io import _varint as _enc_varint  # protobuf's varint is thrift compact's
+
 # FileMetaData 4: row_groups; RowGroup 1: columns; ColumnChunk 3: meta_data; ColumnMetaData 2: encodings,
 # 3: path_in_schema, 7: total_compressed_size, 9: data_page_offset, 11: dictionary_page_offset, 13: encoding_stats
 ROW_GROUPS, COLUMNS, META_DATA = 4, 1, 3
@@ -34,15 +36,6 @@ def _unzigzag(n: int) -> int:
 
 def _zigzag(n: int) -> int:
     return ((n << 1) ^ (n >> 63)) & ((1 << 64) - 1)
-
-
-def _enc_varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def _read_value(buf: bytes, i: int, t: int):
