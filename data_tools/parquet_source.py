@@ -53,6 +53,7 @@ READ_ROWS = 32  # rows of a row group read at a time
 PLAIN_CHUNK_MAX = 32 << 20  # file bytes of a row group's image fields read as plain values (the Hub's: ~11 MB)
 PLAIN_BATCH_BYTES = 64 << 20  # the most a batch of plain values holds: fewer rows a batch past 2 MiB a row group
 PLAIN_ENCODINGS = {"PLAIN", "RLE", "BIT_PACKED"}  # values as stored (RLE, BIT_PACKED: the struct's levels)
+NAME_MAX = 255  # characters of a file name (ext4's limit is 255 bytes)
 NO_BYTES = "no image bytes (a path-only image: vitlarge never reads paths from a parquet file)"
 SPILL = "validation.spill"
 _NAME_RE = re.compile(r"^([A-Za-z]+)[-_.]")
@@ -117,9 +118,9 @@ class ValSlice:
         return self.stop - self.start
 
 
-def _open(path: str, dictionary: tuple[str, ...] = ()) -> pq.ParquetFile:
+def _open(path: str, dictionary: tuple[int, ...] = ()) -> pq.ParquetFile:
     """The file's reader after a bounded look at its footer; a UserError naming the file where it is no parquet.
-    ``dictionary``: columns read dictionary-encoded (`_open_images`)."""
+    ``dictionary``: leaf columns read dictionary-encoded, by index (`Reader`)."""
     try:
         with open_regular(path) as f:
             size = os.fstat(f.fileno()).st_size
@@ -181,7 +182,68 @@ def _features(path: str, pf: pq.ParquetFile) -> tuple[str, str, list[str]]:
             raise UserError(f"{path}: a class name of {len(n):,} characters (1 to {MAX_SYNSET:,}); fix the metadata")
     if len(set(names)) != len(names):
         raise UserError(f"{path}: class names listed twice in its ClassLabel; fix the metadata")
+    if pf.schema_arrow.names.count(images[0]) != 1 or pf.schema_arrow.names.count(labels[0]) != 1:
+        raise UserError(f"{path}: two columns named {images[0]!r} or {labels[0]!r}; {fix}")
+    for field, types in (("bytes", (pa.binary(), pa.large_binary())), ("path", (pa.string(), pa.large_string()))):
+        found = [f.type for f in column if f.name == field]
+        if (found or field == "bytes") and (len(found) != 1 or found[0] not in types):
+            what = f"{len(found)} fields" if len(found) != 1 else f"of type {found[0]}"
+            raise UserError(f"{path}: the image's {field!r} is {what}, not one {types[0]} field; {fix}")
     return images[0], labels[0], names
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Where a file's image and label are: their names, and the leaf columns read, by index: the image's
+    ``bytes`` and ``path`` fields, the label. Indices come from the schema's structure, never from dotted names,
+    which a crafted file makes ambiguous (a column named ``image.nest`` beside a field ``nest`` of ``image``):
+    nothing else of the file is read."""
+
+    image: str
+    label: str
+    data: int
+    path: int | None
+    label_leaf: int
+
+    @property
+    def image_leaves(self) -> tuple[int, ...]:
+        return (self.data,) if self.path is None else (self.data, self.path)
+
+    @property
+    def read(self) -> list[int]:
+        """The leaves read, image first (a batch's columns are then ``(image, label)``)."""
+        return [*self.image_leaves, self.label_leaf]
+
+
+def _leaves(t: pa.DataType) -> int:
+    """The parquet leaf columns an Arrow type of a parquet file's schema takes, in the schema's order."""
+    if pa.types.is_struct(t):
+        return sum(_leaves(t.field(i).type) for i in range(t.num_fields))
+    if pa.types.is_map(t):
+        return _leaves(t.key_type) + _leaves(t.item_type)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return _leaves(t.value_type)
+    return 1
+
+
+def columns(path: str, pf: pq.ParquetFile) -> Columns:
+    """`_features`' image and label columns of ``pf`` and their leaf indices; a UserError naming the file where
+    its Arrow schema does not give its parquet leaves one for one."""
+    image, label, _ = _features(path, pf)
+    start, at = 0, {}
+    for field in pf.schema_arrow:
+        at[field.name] = start
+        start += _leaves(field.type)
+    if start != pf.metadata.num_columns:
+        raise UserError(
+            _damaged(path, f"its schema has {start:,} leaf columns, its footer {pf.metadata.num_columns:,}")
+        )
+    column = pf.schema_arrow.field(image).type
+    leaf, children = at[image], {}
+    for child in column:
+        children[child.name] = leaf
+        leaf += _leaves(child.type)
+    return Columns(image, label, children["bytes"], children.get("path"), at[label])
 
 
 def discover(src: str) -> tuple[list[str], dict[str, list[Source]]]:
@@ -206,6 +268,7 @@ def discover(src: str) -> tuple[list[str], dict[str, list[Source]]]:
             )
         pf = _open(path)
         image, label, names = _features(path, pf)
+        where = columns(path, pf)
         if classes is None:
             classes = names
         elif names != classes:
@@ -223,7 +286,7 @@ def discover(src: str) -> tuple[list[str], dict[str, list[Source]]]:
                     f"{path}: row group {g} holds {meta.row_group(g).num_rows:,} rows, more than the "
                     f"{MAX_ROW_GROUP_ROWS:,} read at a time (a memory guard); rewrite it with smaller row groups"
                 )
-            _check_labels(path, pf, g, label, len(names))
+            _check_labels(path, pf, g, where.label_leaf, len(names))
         splits.setdefault(split, []).append(Source(path, os.path.getsize(path), groups, image, label))
     if left_out:
         print(f"left out {plural(len(left_out), 'unlabelled file')} ({left_out[0]}, ...): no labels", file=sys.stderr)
@@ -234,44 +297,25 @@ def discover(src: str) -> tuple[list[str], dict[str, list[Source]]]:
     return classes, splits
 
 
-def _read(path: str, pf: pq.ParquetFile, group: int, columns: list[str]) -> pa.Table:
-    try:
-        return pf.read_row_group(group, columns=columns, use_threads=False)  # the workers are the parallelism
-    except (OSError, ValueError, pa.ArrowException) as e:
-        why = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise UserError(_damaged(path, f"row group {group}: {why}")) from None
-
-
-def _open_images(path: str, image: str, opened: pq.ParquetFile | None = None) -> pq.ParquetFile:
-    """``path``'s reader with the image column's ``bytes`` and ``path`` read dictionary-encoded, as they may be
-    stored: a value that many rows share is then held once, where Arrow would otherwise copy it into every row
-    (50 rows sharing one 20 MB value: a footer of 20 MB, 2.2 GB read). ``opened``: a plain reader of ``path``
-    already open, whose schema names the image's fields."""
-    column = (opened or _open(path)).schema_arrow.field(image).type
-    names = [column.field(i).name for i in range(column.num_fields)]
-    return _open(path, tuple(f"{image}.{n}" for n in ("bytes", "path") if n in names))
-
-
 class Reader:
     """One parquet file's row groups of (image, label), each read the cheaper way that stays bounded: plain where
-    `plain_bytes` allows it (`_plain_rows`), else with the image's fields dictionary-encoded (`_open_images`,
-    opened on first need)."""
+    `plain_bytes` allows it (`_plain_rows`), else with the image's fields dictionary-encoded (a reader opened on
+    first need), a value many rows share then held once (50 rows sharing one 20 MB value: a footer of 20 MB,
+    2.2 GB read plain). Only the leaves `Columns` names are read."""
 
     def __init__(self, path: str):
         self.path, self.plain = path, _open(path)
-        self.columns = list(_features(path, self.plain)[:2])
-        column = self.plain.schema_arrow.field(self.columns[0]).type
-        self.image_paths = {f"{self.columns[0]}.{column.field(i).name}" for i in range(column.num_fields)}
+        self.columns = columns(path, self.plain)
         self._dictionary: pq.ParquetFile | None = None
 
     def rows(self, group: int) -> list[tuple[object, object, int]]:
         """Row group ``group`` as `_rows` gives it."""
-        stored = plain_bytes(self.plain.metadata.row_group(group), self.image_paths)
+        stored = plain_bytes(self.plain.metadata.row_group(group), self.columns.image_leaves)
         if stored is not None:
             return self._plain_rows(group, stored)
         if self._dictionary is None:
-            self._dictionary = _open_images(self.path, self.columns[0], self.plain)
-        return _rows(_batches(self.path, self._dictionary, group, self.columns))
+            self._dictionary = _open(self.path, self.columns.image_leaves)
+        return _rows(_batches(self.path, self._dictionary, group, self.columns.read))
 
     def _plain_rows(self, group: int, stored: int) -> list[tuple[object, object, int]]:
         """Row group ``group`` read plain, in batches of at most `PLAIN_BATCH_BYTES` (a value holds at most the
@@ -280,8 +324,8 @@ class Reader:
         batch_rows = max(1, min(READ_ROWS, PLAIN_BATCH_BYTES // max(stored, 1)))
         rows, held = [], 0
         try:
-            for batch in self.plain.iter_batches(
-                batch_rows, row_groups=[group], columns=self.columns, use_threads=False
+            for batch in self.plain.reader.iter_batches(
+                batch_rows, row_groups=[group], column_indices=self.columns.read, use_threads=False
             ):
                 values = _rows([batch])
                 held += sum(len(data or b"") + len(path or "") for data, path, _ in values)
@@ -297,9 +341,9 @@ class Reader:
         return rows
 
 
-def plain_bytes(group: pq.RowGroupMetaData, fields: set[str]) -> int | None:
-    """The file bytes of row group ``group``'s image ``fields`` (their dotted paths: ``image.bytes``, ``image.path``)
-    where they may be read as plain values, else None: each field's column chunk stored uncompressed, plainly
+def plain_bytes(group: pq.RowGroupMetaData, leaves: tuple[int, ...]) -> int | None:
+    """The file bytes of row group ``group``'s image fields (``leaves``: `Columns.image_leaves`) where they may be
+    read as plain values, else None: each field's column chunk stored uncompressed, plainly
     encoded, with no dictionary page, all in at most `PLAIN_CHUNK_MAX` bytes (``datasets``' writer: image bytes
     plain and uncompressed). Such a chunk's pages are read as the file holds them, within the chunk's bytes
     (Arrow's "Page was smaller than expected" past them), so whatever its pages say (a footer that hides a
@@ -308,10 +352,7 @@ def plain_bytes(group: pq.RowGroupMetaData, fields: set[str]) -> int | None:
     the dictionary-encoded read costs (each value hashed and copied into a dictionary; docs/PERFORMANCE.md section
     2); other chunks keep it, where a value many rows share (a dictionary page, or a compressed page that
     decompresses to one) is then held once."""
-    chunks = [group.column(i) for i in range(group.num_columns)]
-    chunks = [c for c in chunks if c.path_in_schema in fields]
-    if {c.path_in_schema for c in chunks} != fields:  # a field not found as one column chunk: read as stored
-        return None
+    chunks = [group.column(i) for i in leaves]
     plain = all(
         c.compression == "UNCOMPRESSED" and not c.has_dictionary_page and set(c.encodings) <= PLAIN_ENCODINGS
         for c in chunks
@@ -320,12 +361,13 @@ def plain_bytes(group: pq.RowGroupMetaData, fields: set[str]) -> int | None:
     return stored if plain and stored <= PLAIN_CHUNK_MAX else None
 
 
-def _batches(path: str, pf: pq.ParquetFile, group: int, columns: list[str]) -> list[pa.RecordBatch]:
-    """Row group ``group``'s ``columns``, `READ_ROWS` rows a batch; a UserError naming the file where the batches
-    hold more than `MAX_ROW_GROUP_BYTES` in all (the footer's sizes are the file's claim: this is what is read)."""
+def _batches(path: str, pf: pq.ParquetFile, group: int, leaves: list[int]) -> list[pa.RecordBatch]:
+    """Row group ``group``'s ``leaves`` (`Columns.read`), `READ_ROWS` rows a batch; a UserError naming the file
+    where the batches hold more than `MAX_ROW_GROUP_BYTES` in all (the footer's sizes are the file's claim: this
+    is what is read)."""
     batches, held = [], 0
     try:
-        for batch in pf.iter_batches(READ_ROWS, row_groups=[group], columns=columns, use_threads=False):
+        for batch in pf.reader.iter_batches(READ_ROWS, row_groups=[group], column_indices=leaves, use_threads=False):
             held += batch.nbytes
             if held > MAX_ROW_GROUP_BYTES:
                 raise UserError(
@@ -369,8 +411,19 @@ def _py(value: object) -> Any:
     return None if index is None else array.slice(index, 1).to_pylist()[0]
 
 
-def _check_labels(path: str, pf: pq.ParquetFile, group: int, column: str, num_classes: int) -> None:
-    labels = _read(path, pf, group, [column]).column(0).to_pylist()
+def _check_labels(path: str, pf: pq.ParquetFile, group: int, leaf: int, num_classes: int) -> None:
+    """Every label of row group ``group`` (leaf column ``leaf``) is one of the classes, and there are as many as
+    its footer says rows (fewer: a shard would find its rows missing and call its images unreadable)."""
+    try:  # the workers are the parallelism
+        labels = pf.reader.read_row_group(group, column_indices=[leaf], use_threads=False).column(0).to_pylist()
+    except (OSError, ValueError, pa.ArrowException) as e:
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserError(_damaged(path, f"row group {group}: {why}")) from None
+    rows = pf.metadata.row_group(group).num_rows
+    if len(labels) != rows:
+        raise UserError(
+            _damaged(path, f"row group {group} holds {len(labels):,} labels, its footer says {rows:,} rows")
+        )
     for row, v in enumerate(labels):
         if v is None or not 0 <= v < num_classes:
             raise UserError(
@@ -459,8 +512,10 @@ def _item_path(path: str, group: int, row: int, name: str | None, has_bytes: boo
     """How a row is named in messages and its record's ``image/filename`` (the basename): the image's own path
     inside the parquet file where it has one, else its row group and row. A row without bytes is named by its row
     group and row whatever its path says: vitlarge never reads a path from a parquet file, and a message naming
-    ``<file>.parquet/passwd`` would present one as read."""
-    inner = os.path.basename(name) if isinstance(name, str) and name and has_bytes else f"group{group}-row{row}"
+    ``<file>.parquet/passwd`` would present one as read; so is one whose path's last part is longer than
+    `NAME_MAX` characters, which no file has (it would go into every message and its record)."""
+    base = os.path.basename(name) if isinstance(name, str) and has_bytes else ""
+    inner = base if 0 < len(base) <= NAME_MAX else f"group{group}-row{row}"
     return os.path.join(path, imagefolder.check_name(path, inner, "image path"))
 
 

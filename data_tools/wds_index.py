@@ -73,7 +73,7 @@ TRANSPARENT_IN_PLACE = (
 META_MAX_BYTES = 64 << 10  # a pax or long-name header larger than this is refused: tarfile reads it whole
 SPLIT_NAMES = {"train": "train", "validation": "validation", "val": "validation"}
 TAR_SPLIT_RE = re.compile(r"^(?:.*[-_])?(train|validation|val)[-_]?\d+\.tar$")
-SYNSET_KEYS, TEXT_KEYS = ("synset", "wnid"), ("class_name", "label_name", "text")
+SYNSET_KEYS, TEXT_KEYS = ("synset", "wnid"), ("class_name", "label_name")  # not "text": a caption, per sample
 
 
 def info_path(data_dir: str) -> str | None:

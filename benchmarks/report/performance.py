@@ -329,7 +329,7 @@ def _parquet_floor_note(d: dict) -> str:
         "system time of the processes a contender ran (the converter's workers included). The image bytes are "
         "read plain where the file stores them so (`datasets`' writer: uncompressed, no dictionary page; "
         "`parquet_source.plain_bytes`) and dictionary-encoded elsewhere, where a value many rows share is then held "
-        f"once; `{dictionary}` is the same command with every row group read so: the plain read takes "
+        f"once; `{dictionary}` is the same command with every row group read so: read plain, the whole copy takes "
         f"{saved:.0%} less CPU. At ImageNet's size (140 GB) Python's start-up vanishes and the copy's rate is what "
         f"its workers do: {rate:.0f} MB per CPU-second here (page-cached, start-up included), so 16 workers would "
         f"copy ~{16 * rate / 1000:.1f} GB/s where the disks keep up: a projection from this 2-core machine, not a "

@@ -12,9 +12,10 @@ import struct
 
 from data_tools.tfrecord_io import _varint as _enc_varint  # protobuf's varint is thrift compact's
 
-# FileMetaData 4: row_groups; RowGroup 1: columns; ColumnChunk 3: meta_data; ColumnMetaData 2: encodings,
-# 3: path_in_schema, 7: total_compressed_size, 9: data_page_offset, 11: dictionary_page_offset, 13: encoding_stats
-ROW_GROUPS, COLUMNS, META_DATA = 4, 1, 3
+# FileMetaData 3: num_rows, 4: row_groups; RowGroup 1: columns, 3: num_rows; ColumnChunk 3: meta_data;
+# ColumnMetaData 2: encodings, 3: path_in_schema, 7: total_compressed_size, 9: data_page_offset,
+# 11: dictionary_page_offset, 13: encoding_stats
+FILE_ROWS, ROW_GROUPS, COLUMNS, GROUP_ROWS, META_DATA = 3, 4, 1, 3, 3
 ENCODINGS, PATH, COMPRESSED_SIZE, DATA_PAGE, DICTIONARY_PAGE, ENCODING_STATS = 2, 3, 7, 9, 11, 13
 PLAIN, RLE = 0, 3  # parquet.thrift's Encoding
 

@@ -10,6 +10,7 @@ import os
 import shutil
 
 import datasets
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
@@ -127,7 +128,15 @@ def bad_sources(tmp_path) -> dict:
     truncated = hub_file(tmp_path / "truncated", image=IMAGE, label=LABEL)
     path = os.path.join(truncated, "data", "train-00000-of-00001.parquet")
     open(path, "r+b").truncate(os.path.getsize(path) // 2)
+    typed = {}
+    for field, value in (("path", 7), ("bytes", "a string")):  # an int path, text bytes: a traceback before
+        src = tmp_path / f"typed_{field}" / "src"
+        os.makedirs(src / "data")
+        image = {"bytes": jpeg(), "path": "a.JPEG", field: value}
+        pq.write_table(pa.table({"image": [image], "label": [0]}).replace_schema_metadata(meta), src / "data" / "train-00000-of-00001.parquet")  # fmt: skip
+        typed[f"a {field} field of another type"] = (str(src), f"the image's {field!r} is of type ")
     return {
+        **typed,
         "no image column": (no_image, "no image column"),
         "no class names": (no_label, "no label column with class names"),
         "a label outside the classes": (outside, "label 5 outside the 2 classes"),
@@ -217,10 +226,10 @@ def test_a_value_shared_by_many_rows_is_held_once_not_once_a_row(tmp_path, compr
     )
     assert pq.ParquetFile(path).metadata.row_group(0).total_byte_size < 4 << 20
     reader = parquet_source.Reader(path)
-    assert parquet_source.plain_bytes(reader.plain.metadata.row_group(0), reader.image_paths) is None
-    held, grown, before = [], [], resident()
+    assert parquet_source.plain_bytes(reader.plain.metadata.row_group(0), reader.columns.image_leaves) is None
+    held, grown, before, pool = [], [], resident(), pa.total_allocated_bytes()
     for _, image in parquet_source.shard_images([parquet_source.Piece(path, 0, 0, rows, 0)], OPTS):
-        held.append(pa.total_allocated_bytes())  # Arrow's pool: the batches
+        held.append(pa.total_allocated_bytes() - pool)  # Arrow's pool: the batches
         grown.append(resident() - before)  # and what Arrow copies outside its pool (a binary scalar's value)
         assert isinstance(image, BadImage), image
     assert len(held) == rows and max(held) < 25 << 20, f"{max(held):,} bytes held by Arrow"
@@ -246,7 +255,7 @@ def test_a_footer_that_calls_its_image_chunks_plain_reads_no_more_than_they_hold
     path = shared_value_file(tmp_path, rows, 256 << 10, compression="none", **write)
     claim_plain(path, "image")
     reader = parquet_source.Reader(path)
-    stored = parquet_source.plain_bytes(reader.plain.metadata.row_group(0), reader.image_paths)
+    stored = parquet_source.plain_bytes(reader.plain.metadata.row_group(0), reader.columns.image_leaves)
     assert stored is not None and stored < 1 << 20  # read plain: the footer's claim
     before = resident()
     with pytest.raises(UserError) as e:
@@ -256,6 +265,62 @@ def test_a_footer_that_calls_its_image_chunks_plain_reads_no_more_than_they_hold
         "or damaged file); download it again"
     )
     assert resident() - before < 64 << 20
+
+
+def test_only_the_images_bytes_and_path_and_the_label_are_read(tmp_path):
+    """Another field of the image struct holding one 2 MiB value in each of 50 rows (dictionary-encoded and
+    compressed: a small file), and a column named ``image.nest`` beside it (dotted names are ambiguous: a
+    column's name or a field's path): neither is read, so Arrow holds the JPEGs and labels only (4 GB from a
+    47 KB file before, review 62)."""
+    from data_tools import parquet_source
+
+    rows, shared = 50, b"\0" * (2 << 20)
+    meta = {"info": {"features": {"image": {"_type": "Image"}, **SHARED_META["info"]["features"]}}}
+    image = {"bytes": jpeg(), "path": "a.JPEG", "nest": {"v": shared}}
+    table = pa.table({"image": [image] * rows, "image.nest": [shared] * rows, "label": [0] * rows})
+    path = str(tmp_path / "train-00000-of-00001.parquet")
+    write = {"dictionary_pagesize_limit": 1 << 30, "compression": "zstd"}
+    pq.write_table(table.replace_schema_metadata({"huggingface": json.dumps(meta)}), path, **write)
+    del table
+    reader = parquet_source.Reader(path)
+    assert reader.columns.read == [0, 1, 4]  # image.bytes, image.path, label: not image.nest.v (2), image.nest (3)
+    held, before, pool = [], resident(), pa.total_allocated_bytes()  # the pool: what earlier tests left there too
+    for _, image in parquet_source.shard_images([parquet_source.Piece(path, 0, 0, rows, 0)], OPTS):
+        held.append(pa.total_allocated_bytes() - pool)
+        assert not isinstance(image, BadImage) and image.data == jpeg()
+    assert len(held) == rows and max(held) < 4 << 20, f"{max(held):,} bytes held by Arrow"
+    assert resident() - before < 50 << 20
+
+
+def test_a_path_longer_than_a_file_name_names_the_row_instead(tmp_path):
+    """A row's ``path`` whose last part is longer than any file name (`NAME_MAX`) is not copied into every record
+    and message: the row is named by its row group and row, as one without a path."""
+    from data_tools import parquet_source
+
+    long = "a" * (parquet_source.NAME_MAX + 1) + ".JPEG"
+    src = hub_file(tmp_path, image=([{"bytes": jpeg(), "path": long}], datasets.Image()), label=LABEL)
+    files = parquet_source.parquet_files(src)
+    ((item, _),) = parquet_source.shard_images([parquet_source.Piece(files[0], 0, 0, 1, 0)], OPTS)
+    assert item.path == os.path.join(files[0], "group0-row0")
+
+
+def test_a_footer_counting_more_rows_than_its_pages_hold_is_one_line(tmp_path):
+    """Rows the footer counts but no page holds: named as a damaged file when the labels are checked (before, each
+    shard that drew them said its images were unreadable)."""
+    from tests.helpers import parquet_footer
+
+    src = hub_file(tmp_path, image=IMAGE, label=LABEL)
+    path = os.path.join(src, "data", "train-00000-of-00001.parquet")
+    body, footer = parquet_footer.read(path)
+    group = footer[parquet_footer.ROW_GROUPS][1][1][0]
+    group[parquet_footer.GROUP_ROWS] = (group[parquet_footer.GROUP_ROWS][0], 5)
+    footer[parquet_footer.FILE_ROWS] = (footer[parquet_footer.FILE_ROWS][0], 5)
+    parquet_footer.write(path, body, footer)
+    done = call_main(CONVERT, "--src", src, "--out", str(tmp_path / "out"), "--workers", "0", "--no-progress")
+    assert done.returncode == 2 and done.stderr.strip() == (
+        f"error: {path}: not a readable parquet file (row group 0 holds 1 labels, its footer says 5 rows); download "
+        "it again or remove it"
+    )
 
 
 def test_datasets_row_groups_are_read_plain_and_the_other_read_gives_the_same_records(
@@ -271,7 +336,8 @@ def test_datasets_row_groups_are_read_plain_and_the_other_read_gives_the_same_re
         reader = parquet_source.Reader(path)
         meta = reader.plain.metadata
         assert all(
-            parquet_source.plain_bytes(meta.row_group(g), reader.image_paths) for g in range(meta.num_row_groups)
+            parquet_source.plain_bytes(meta.row_group(g), reader.columns.image_leaves)
+            for g in range(meta.num_row_groups)
         )
     for name, value in (("PLAIN_CHUNK_MAX", 1), ("PLAIN_BATCH_BYTES", 1)):
         with monkeypatch.context() as m:
