@@ -9,14 +9,15 @@ are in the schema's ``huggingface`` metadata (``datasets.ClassLabel``). Splits b
 ``validation`` (or ``val``, ``valid``); ``test`` files carry no labels and are left out, said in one line.
 
 Each image is what the folder converter makes of a file (`imagefolder.prepare_bytes`): a colour JPEG's bytes
-unchanged, anything else upright, opaque and re-encoded. Parquet is read with pyarrow one row group at a time,
-only the image and label columns, `READ_ROWS` rows at a time: what a row group reads is bounded
-(`MAX_ROW_GROUP_BYTES`, `plain_bytes`) and so is a file's footer (`MAX_FOOTER`). Training shards take the row groups in a seeded random order, each row group's rows
-in a seeded random order (a shard of ImageNet's 1,252 images draws from about 13 places of the set where the
-Hub's row groups hold 100 rows; the loader shuffles again every epoch). The validation split is written sorted by
-aspect ratio with each image's size, as the folder converter writes it (``data.rect_val``): its images are read
-once for their sizes and copied to a spill file in ``OUT/.progress`` (removed at the end), from which its shards
-are written in that order. Resumable as the folder converter: done-records, the same command resumes. This module reads; the converter
+unchanged, anything else upright, opaque and re-encoded. Parquet is read with pyarrow one row group at a time, only
+the image's bytes and path and the label (`Columns`), a few rows at a time: what a row group reads is bounded
+(`MAX_ROW_GROUP_BYTES`, `MAX_ROW_GROUP_ROWS`, `plain_bytes`) and so is a file's footer (`MAX_FOOTER`). Training
+shards take the row groups in a seeded random order, each row group's rows in a seeded random order (a shard of
+ImageNet's 1,252 images draws from about 13 places of the set where the Hub's row groups hold 100 rows; the loader
+shuffles again every epoch). The validation split is written sorted by aspect ratio with each image's size, as the
+folder converter writes it (``data.rect_val``): its images are read once for their sizes and copied to a spill file
+in ``OUT/.progress`` (removed at the end), from which its shards are written in that order. Resumable as the folder
+converter: done-records, the same command resumes. This module reads; the converter
 (`imagenet_to_tfrecord.convert_parquet`) plans and writes.
 """
 
