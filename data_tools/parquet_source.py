@@ -82,13 +82,11 @@ def is_parquet_source(src: str) -> bool:
 
 @dataclass(frozen=True)
 class Source:
-    """One parquet file: its row groups' row counts, and its image and label columns' names."""
+    """One parquet file: its size and its row groups' row counts."""
 
     path: str
     size: int
     groups: tuple[int, ...]
-    image: str
-    label: str
 
 
 @dataclass(frozen=True)
@@ -227,10 +225,9 @@ def _leaves(t: pa.DataType) -> int:
     return 1
 
 
-def columns(path: str, pf: pq.ParquetFile) -> Columns:
-    """`_features`' image and label columns of ``pf`` and their leaf indices; a UserError naming the file where
+def columns(path: str, pf: pq.ParquetFile, image: str, label: str) -> Columns:
+    """``pf``'s image and label columns (`_features`') and their leaf indices; a UserError naming the file where
     its Arrow schema does not give its parquet leaves one for one."""
-    image, label, _ = _features(path, pf)
     start, at = 0, {}
     for field in pf.schema_arrow:
         at[field.name] = start
@@ -269,7 +266,7 @@ def discover(src: str) -> tuple[list[str], dict[str, list[Source]]]:
             )
         pf = _open(path)
         image, label, names = _features(path, pf)
-        where = columns(path, pf)
+        where = columns(path, pf, image, label)
         if classes is None:
             classes = names
         elif names != classes:
@@ -288,7 +285,7 @@ def discover(src: str) -> tuple[list[str], dict[str, list[Source]]]:
                     f"{MAX_ROW_GROUP_ROWS:,} read at a time (a memory guard); rewrite it with smaller row groups"
                 )
             _check_labels(path, pf, g, where.label_leaf, len(names))
-        splits.setdefault(split, []).append(Source(path, os.path.getsize(path), groups, image, label))
+        splits.setdefault(split, []).append(Source(path, os.path.getsize(path), groups))
     if left_out:
         print(f"left out {plural(len(left_out), 'unlabelled file')} ({left_out[0]}, ...): no labels", file=sys.stderr)
     if classes is None or not splits:
@@ -306,7 +303,7 @@ class Reader:
 
     def __init__(self, path: str):
         self.path, self.plain = path, _open(path)
-        self.columns = columns(path, self.plain)
+        self.columns = columns(path, self.plain, *_features(path, self.plain)[:2])
         self._dictionary: pq.ParquetFile | None = None
 
     def rows(self, group: int) -> list[tuple[object, object, int]]:
