@@ -73,18 +73,25 @@ def timed_once(work: Path, src: Path, name: str, convert_args: list[str]) -> flo
     ``cp -r + sync``: the converter fsyncs its shards, this cp pays for its writes too), or the converter's command
     with ``convert_args`` and `WORKERS` workers, in its own process as users run it (as cp runs; this process has
     loaded torch, which would make convert() spawn its workers instead of forking)."""
+    if name.startswith("cp"):
+        synced = [["sync"]] if name.endswith("sync") else []
+        return timed_commands(work, ["cp", "-r", str(src), str(work / "copy")], *synced, quiet=False)
+    return timed_commands(work, [sys.executable, "-m", "data_tools.imagenet_to_tfrecord", *convert_args, *CONVERT_RUN])
+
+
+CONVERT_RUN = ["--workers", str(WORKERS), "--no-progress"]  # how the benchmarks run a converter
+
+
+def timed_commands(work: Path, *commands: list[str], quiet: bool = True) -> float:
+    """Wall seconds of ``commands``, one after another, from the checkout's root, into a fresh ``work``, after a
+    ``sync`` (each contender starts with no dirty pages pending); ``quiet``: their stderr (a converter's summary)
+    not shown."""
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    subprocess.run(["sync"], check=True)  # start each contender with no dirty pages pending
+    subprocess.run(["sync"], check=True)
     t = time.perf_counter()
-    if name.startswith("cp"):
-        subprocess.run(["cp", "-r", str(src), str(work / "copy")], check=True)
-        if name.endswith("sync"):
-            subprocess.run(["sync"], check=True)
-    else:
-        command = [sys.executable, "-m", "data_tools.imagenet_to_tfrecord", *convert_args]
-        command += ["--workers", str(WORKERS), "--no-progress"]
-        subprocess.run(command, check=True, stderr=subprocess.DEVNULL, cwd=ROOT)
+    for command in commands:
+        subprocess.run(command, check=True, stderr=subprocess.DEVNULL if quiet else None, cwd=ROOT)
     return time.perf_counter() - t
 
 

@@ -182,6 +182,24 @@ def _measure(step, batch: int, batches: int, warmup: int = 3) -> tuple[float, fl
     return images / (time.perf_counter() - t), images / max(_cpu_seconds() - c, 1e-9)
 
 
+def compare_loaders(contenders: dict[str, tuple[str, int, int]], batch: int, warmup: int, repeats: int):
+    """`vitlarge.data.TrainLoader` as the trainer uses it (`_trainloader`) on each contender ``{key: (data folder,
+    image size, batches timed)}``, interleaved ``repeats`` times (`timing.interleaved_wall_cpu`), torch on one
+    thread (the main process only copies; the cores go to the pipelines): ``(timings, median images per wall
+    second, median images per CPU second)``, each by key."""
+    import torch
+
+    torch.set_num_threads(1)
+    runs = {
+        k: lambda d=d, s=s, n=n: _measure(_trainloader(d, batch, size=s), batch, n, warmup)
+        for k, (d, s, n) in contenders.items()
+    }
+    times = timing.interleaved_wall_cpu(runs, repeats)
+    wall = {k: statistics.median(t["wall_s"]) for k, t in times.items()}
+    cpu = {k: statistics.median(t["cpu_s"]) for k, t in times.items()}
+    return times, wall, cpu
+
+
 def run(quick: bool, tiny: bool = False) -> dict:
     import torch
 

@@ -25,12 +25,19 @@ import os
 import resource
 import shutil
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-from benchmarks.bench_convert import ROOT, WORKERS, _warm, against_cp, bench_images, bench_root, timed_once
+from benchmarks.bench_convert import (
+    CONVERT_RUN,
+    WORKERS,
+    _warm,
+    against_cp,
+    bench_images,
+    bench_root,
+    timed_commands,
+    timed_once,
+)
 from benchmarks.harness import results, timing
 
 REPEATS = 3
@@ -42,30 +49,6 @@ DICTIONARY_CODE = (
     "import sys; import data_tools.parquet_source as p; p.PLAIN_CHUNK_MAX = -1; "
     "from data_tools.imagenet_to_tfrecord import main; sys.exit(main(sys.argv[1:]))"
 )
-
-
-def dictionary_once(work: Path, args: list[str]) -> float:
-    """Wall seconds of the converter's command with ``args`` and `DICTIONARY_CODE`'s setting, timed as
-    `timed_once` times the converter."""
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    subprocess.run(["sync"], check=True)
-    t = time.perf_counter()
-    command = [sys.executable, "-c", DICTIONARY_CODE, *args, "--workers", str(WORKERS), "--no-progress"]
-    subprocess.run(command, check=True, stderr=subprocess.DEVNULL, cwd=ROOT)
-    return time.perf_counter() - t
-
-
-def floor_once(work: Path, src: Path) -> float:
-    """Wall seconds of `benchmarks.parquet_floor` (`WORKERS` processes) copying ``src``'s image bytes into a fresh
-    ``work``, timed as `timed_once` times the others."""
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    subprocess.run(["sync"], check=True)
-    t = time.perf_counter()
-    command = [sys.executable, "-m", "benchmarks.parquet_floor", str(src), str(work / "floor")]
-    subprocess.run([*command, "--workers", str(WORKERS)], check=True, stderr=subprocess.DEVNULL, cwd=ROOT)
-    return time.perf_counter() - t
 
 
 def parquet_set(name: str, tree: Path) -> tuple[Path, int]:
@@ -103,10 +86,11 @@ def measure(src: Path, tree: Path, total: int, repeats: int) -> dict:
 
         def once() -> float:
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            if name == FLOOR:
-                seconds = floor_once(work, src)
-            elif name == DICTIONARY:
-                seconds = dictionary_once(work, args)
+            if name == FLOOR:  # benchmarks.parquet_floor with the converter's workers
+                floor = [sys.executable, "-m", "benchmarks.parquet_floor", str(src), str(work / "floor")]
+                seconds = timed_commands(work, [*floor, "--workers", str(WORKERS)])
+            elif name == DICTIONARY:  # the converter's command, run with DICTIONARY_CODE's setting
+                seconds = timed_commands(work, [sys.executable, "-c", DICTIONARY_CODE, *args, *CONVERT_RUN])
             else:
                 seconds = timed_once(work, src, name, args)
             after = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -19,9 +19,8 @@ CPU-second, what an idle machine shows).
 from __future__ import annotations
 
 import os
-import statistics
 
-from benchmarks.harness import results, timing
+from benchmarks.harness import results
 
 REPEATS = 5
 BATCH, THREADS = 64, 2
@@ -79,25 +78,19 @@ def _time_make_index(version: str) -> dict:
 
 
 def run(quick: bool, tiny: bool = False) -> dict:
-    import torch
-
-    from benchmarks.bench_data import _measure, _trainloader
+    from benchmarks.bench_data import compare_loaders
 
     tiny = results.is_tiny(tiny)
-    torch.set_num_threads(1)  # the main process only copies; the cores go to the pipelines
     b = 8 if tiny else BATCH
     batches, warmup, repeats = (2, 1, 1) if tiny else (15 if quick else 60, 3, REPEATS)
-    contenders = {}
     sets = _sets(quick, tiny)
     indexing = _time_make_index(sets["imagenet_shaped"][1])
-    for name, (tfrecords, _, index) in sets.items():
-        size = SETS[name]
-        n = batches * LONGER.get(name, 1)
-        for kind, d in (("tfrecord", tfrecords), ("tfds", index)):
-            contenders[f"{name}_{kind}"] = lambda d=d, s=size, n=n: _measure(_trainloader(d, b, size=s), b, n, warmup)
-    times = timing.interleaved_wall_cpu(contenders, repeats)
-    wall = {k: statistics.median(t["wall_s"]) for k, t in times.items()}  # images/s here, not seconds
-    cpu = {k: statistics.median(t["cpu_s"]) for k, t in times.items()}
+    contenders = {
+        f"{name}_{kind}": (d, SETS[name], batches * LONGER.get(name, 1))
+        for name, (tfrecords, _, index) in sets.items()
+        for kind, d in (("tfrecord", tfrecords), ("tfds", index))
+    }
+    times, wall, cpu = compare_loaders(contenders, b, warmup, repeats)
     ratio = {n: round(wall[f"{n}_tfds"] / wall[f"{n}_tfrecord"], 3) for n in SETS}
     ratio_cpu = {n: round(cpu[f"{n}_tfds"] / cpu[f"{n}_tfrecord"], 3) for n in SETS}
     result = {

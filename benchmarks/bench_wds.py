@@ -15,9 +15,8 @@ one per format, interleaved, ``REPEATS`` times; medians in images/s. Writes ``be
 from __future__ import annotations
 
 import os
-import statistics
 
-from benchmarks.harness import results, timing
+from benchmarks.harness import results
 
 REPEATS = 3
 BATCH, THREADS = 64, 2
@@ -43,23 +42,17 @@ def _sets(quick: bool, tiny: bool) -> dict[str, tuple[str, str, int]]:
 
 
 def run(quick: bool, tiny: bool = False) -> dict:
-    import torch
-
-    from benchmarks.bench_data import _measure, _trainloader  # the TrainLoader as the trainer uses it
+    from benchmarks.bench_data import compare_loaders
 
     tiny = results.is_tiny(tiny)
-    torch.set_num_threads(1)  # the main process only copies; leave the cores to the pipelines
     b = 8 if tiny else BATCH
     batches, warmup, repeats = (2, 1, 1) if tiny else (15 if quick else 60, 3, REPEATS)
-    contenders = {}
-    for name, (tfrecord, wds, size) in _sets(quick, tiny).items():
-        for fmt, d in (("tfrecord", tfrecord), ("webdataset", wds)):
-            contenders[f"{name}/{fmt}"] = lambda d=d, size=size: _measure(
-                _trainloader(d, b, size=size), b, batches, warmup
-            )
-    times = timing.interleaved_wall_cpu(contenders, repeats)
-    med = {k: statistics.median(t["wall_s"]) for k, t in times.items()}  # images/s here, not seconds
-    med_cpu = {k: statistics.median(t["cpu_s"]) for k, t in times.items()}
+    contenders = {
+        f"{name}/{fmt}": (d, size, batches)
+        for name, (tfrecord, wds, size) in _sets(quick, tiny).items()
+        for fmt, d in (("tfrecord", tfrecord), ("webdataset", wds))
+    }
+    times, med, med_cpu = compare_loaders(contenders, b, warmup, repeats)
     sets = sorted({k.split("/")[0] for k in med})
     result = {
         "benchmark": "wds",
