@@ -517,12 +517,30 @@ transparent PNG and as PIL's ``convert("RGB")`` users who paste on white expect 
 drawing held in its alpha into a blank picture)."""
 
 
+WIDE_GREY_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")  # PIL's modes of a 16-bit grey PNG or TIFF
+_TO_8_BIT = [(v * 255 + 32767) // 65535 for v in range(65536)]  # round(v * 255 / 65535), as DALI decodes 16 bits
+
+
+def _eight_bit(im: Image.Image) -> Image.Image:
+    """A 16-bit grey image at 8 bits as DALI reads the same file in place (``round(v * 255 / 65535)``), its
+    transparent grey (``info["transparency"]``, a 16-bit value) kept as an alpha channel ("LA"). PIL's own
+    ``convert("L")``/``convert("RGB")`` clips every value past 255 instead: a 16-bit photo reads white."""
+    wide = im if im.mode == "I" else im.convert("I")
+    out = wide.point(_TO_8_BIT, "L")
+    key = im.info.get("transparency")
+    if isinstance(key, int):
+        out.putalpha(wide.point([0 if v == key else 255 for v in range(65536)], "L"))
+    return out
+
+
 def upright_rgb(im: Image.Image) -> tuple[Image.Image, bool]:
     """``(im as it looks, in RGB; whether it had transparency)``: its EXIF orientation applied (once: the result
-    carries no orientation tag), a transparent image (RGBA, LA, PA, or a palette or RGB/L image with a
-    transparent colour) composited on `BACKGROUND`. The one rule for images the converter decodes, and the rule
+    carries no orientation tag), a 16-bit grey image scaled to 8 bits (`_eight_bit`), a transparent image (RGBA,
+    LA, PA, or a palette or RGB/L image with a transparent colour) composited on `BACKGROUND`. The one rule for images the converter decodes, and the rule
     the docs' timm snippet writes out in PIL for images read outside vitlarge."""
     im = ImageOps.exif_transpose(im) or im
+    if im.mode in WIDE_GREY_MODES:
+        im = _eight_bit(im)
     transparent = im.mode in TRANSPARENT_MODES or "transparency" in im.info
     if transparent:
         rgba = im.convert("RGBA")
