@@ -110,11 +110,16 @@ class RecordReader:
 
 def _header_size(image: bytes, key: str) -> Header:
     """The image's `Header` (its size as it looks: `imagefolder.displayed_header`); ValueError where ``image`` is
-    not an image PIL knows."""
+    not an image PIL knows, or one DALI does not decode (`wds_index.IN_PLACE_FORMATS`, as a WebDataset's)."""
     try:
         header = displayed_header(image)
     except Exception as e:  # noqa: BLE001 (PIL's UnidentifiedImageError, a decompression bomb, a short header)
         raise ValueError(f"feature {key!r} holds no image ({type(e).__name__}); re-convert this shard") from None
+    if header.format not in wds_index.IN_PLACE_FORMATS:  # PIL reads it, DALI's decoder would stop on it in training
+        raise ValueError(
+            f"feature {key!r} holds a {header.format} image, which DALI does not decode in place (JPEG, PNG or WebP); "
+            "re-write the record with the image as JPEG"
+        )
     height, width = header[:2]
     if not (1 <= height <= MAX_SIDE and 1 <= width <= MAX_SIDE):
         raise ValueError(f"feature {key!r} holds an image of {width} x {height}, sides outside 1..{MAX_SIDE}")

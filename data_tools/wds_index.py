@@ -65,10 +65,15 @@ INFO_NAMES = ("_info.json", "info.json")  # timm's `_load_info` tries these
 INFO_CAP = 64 << 20  # bytes of _info.json read: ImageNet-1k's is ~60 kB
 JSON_CAP = 1 << 20  # bytes of a sample's .json member parsed for its class name
 IMAGE_MAX_BYTES = 1 << 30  # a member larger than this is no image this reads
+IN_PLACE_FORMATS = (
+    "JPEG",
+    "PNG",
+    "WEBP",
+)  # PIL's names of the formats an image read in place may have: DALI decodes them
 TRANSPARENT_IN_PLACE = (
     "a transparent image, which DALI would read in place with its alpha dropped (on black) where the converter "
-    "composites it on white (docs/DATA.md: images are trained as they look); convert the set with python -m "
-    "data_tools.imagenet_to_tfrecord, or re-write the image opaque"
+    "composites it on white (docs/DATA.md: images are trained as they look); re-write the image opaque, or unpack "
+    "the set's images into ROOT/train/<class>/* and convert that with python -m data_tools.imagenet_to_tfrecord"
 )
 META_MAX_BYTES = 64 << 10  # a pax or long-name header larger than this is refused: tarfile reads it whole
 SPLIT_NAMES = {"train": "train", "validation": "validation", "val": "validation"}
@@ -275,7 +280,7 @@ def _sample(path: str, tar: tarfile.TarFile, key: str, members: list, names: dic
         if member is None:
             raise ValueError("not a regular member")
         header = displayed_header(member)  # the header only: nothing is decoded
-        if header.format not in ("JPEG", "PNG", "WEBP"):
+        if header.format not in IN_PLACE_FORMATS:
             raise ValueError(f"a {header.format} image")
     except (UnidentifiedImageError, ValueError, SyntaxError, IndexError, Image.DecompressionBombError) as e:
         raise UserError(

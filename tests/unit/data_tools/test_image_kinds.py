@@ -250,6 +250,8 @@ def test_a_transparent_image_read_in_place_is_one_line_naming_it_and_the_convert
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1, err
     assert name in err[0] and "transparent" in err[0] and "data_tools.imagenet_to_tfrecord" in err[0], err[0]
+    # the converter reads image folders and parquet, not tars or TFDS: the fix names what it converts
+    assert "convert the set" not in err[0] and "ROOT/train/<class>/*" in err[0], err[0]
     assert not os.path.exists(os.path.join(d, "dataset.json"))
 
 

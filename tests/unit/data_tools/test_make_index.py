@@ -4,12 +4,14 @@ write: nothing is written there, the loaders read the shards where they are) and
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 
 import pytest
 import torch
+from PIL import Image
 
 from data_tools import make_index, tfds_layout
 from tests.helpers import call_main
@@ -205,6 +207,18 @@ def test_a_payload_that_is_no_image_is_refused_naming_the_shard_and_record(tmp_p
     line = refused(src)
     assert line.startswith(f"error: {src}/tinynet-validation.tfrecord-00000-of-00001: the record at byte ")
     assert "feature 'image' holds no image (UnidentifiedImageError)" in line
+
+
+@pytest.mark.parametrize("kind", ["GIF", "TGA"])
+def test_an_image_dali_does_not_decode_is_refused_as_a_webdataset_one_is(tmp_path, kind):
+    """A GIF (or TGA) PIL reads but DALI does not decode: refused here as WebDataset's reader refuses it, before a
+    dataset.json exists (indexed before, the loader stopped on it at the first validation: 'cannot be decoded')."""
+    out = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(out, kind)
+    src = small_tfds(tmp_path / "tinynet" / "1.0.0", val_image=out.getvalue())
+    line = refused(src)
+    assert line.startswith(f"error: {src}/tinynet-validation.tfrecord-00000-of-00001: the record at byte ")
+    assert f"feature 'image' holds a {kind} image, which DALI does not decode in place" in line
 
 
 def test_other_feature_names_are_read_with_image_key_and_label_key(tmp_path):
