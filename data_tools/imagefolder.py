@@ -488,7 +488,9 @@ def displayed_header(source: bytes | IO[bytes]) -> Header:
     if not isinstance(source, bytes):
         source.seek(0)
     with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as im:
-        height, width = _as_it_looks(im.height, im.width, im.getexif().get(EXIF_ORIENTATION))
+        # PIL's TIFF plugin reports a TIFF's size already turned by its orientation tag (and turns it on load)
+        orientation = None if im.format == "TIFF" else im.getexif().get(EXIF_ORIENTATION)
+        height, width = _as_it_looks(im.height, im.width, orientation)
         transparent = im.mode in TRANSPARENT_MODES or "transparency" in im.info
         return Header(height, width, transparent, im.format or "")
 

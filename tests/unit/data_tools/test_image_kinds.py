@@ -287,3 +287,15 @@ def test_the_docs_snippet_reads_each_kind_as_the_converter_does(tmp_path):
         ):
             wrong[name] = (centres, colours)
     assert not wrong, f"the docs' snippet reads these otherwise than they look or the converter reads them: {wrong}"
+
+
+def test_a_turned_tiffs_header_size_is_the_size_it_is_converted_at():
+    """PIL reports a TIFF's size already turned by its orientation tag (and turns it on load): the header read
+    (the converter's validation sort) must not turn it a second time. Stored 40 wide, 20 high, orientation 6."""
+    pixels, exif = stored(Image.new("RGB", (20, 40), (200, 10, 10)), 6)
+    out = io.BytesIO()
+    pixels.save(out, "TIFF", exif=exif)
+    converted = imagefolder.prepare_bytes(out.getvalue(), "turned.tif")
+    assert (converted.height, converted.width) == (40, 20)
+    assert imagefolder.displayed_header(out.getvalue())[:2] == (40, 20)
+    assert peeked_shape(out.getvalue()) == (40, 20)
