@@ -633,9 +633,18 @@ def _too_large(pixels: str, max_pixels: int) -> str:
     return f"{pixels}, more than --max-image-pixels {max_pixels:,} (a decompression-bomb guard; {MAX_PIXELS_FIX})"
 
 
-def _check_pixels(width: int, height: int, max_pixels: int) -> None:
+def too_many_pixels(width: int, height: int, max_pixels: int) -> str | None:
+    """Why an image of ``width`` x ``height`` is refused (the decompression-bomb guard, ``--max-image-pixels``), or
+    None: the one rule for the converter and for images indexed in place (`data_tools.make_index`)."""
     if width * height > max_pixels:
-        raise _TooLarge(_too_large(f"{width} x {height} = {width * height:,} pixels", max_pixels))
+        return _too_large(f"{width} x {height} = {width * height:,} pixels", max_pixels)
+    return None
+
+
+def _check_pixels(width: int, height: int, max_pixels: int) -> None:
+    why = too_many_pixels(width, height, max_pixels)
+    if why:
+        raise _TooLarge(why)
 
 
 def _open(data: bytes) -> Image.Image:

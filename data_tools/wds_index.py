@@ -59,7 +59,7 @@ from vitlarge.data.wds_shards import LABEL_MAX_BYTES, index_name, parse_label
 from vitlarge.errors import UserError
 from vitlarge.fileio import UnsafeFile, open_regular, read_capped, write_atomic
 
-from .imagefolder import DEFAULT_MAX_IMAGE_PIXELS, displayed_header
+from .imagefolder import DEFAULT_MAX_IMAGE_PIXELS, displayed_header, too_many_pixels
 
 INFO_NAMES = ("_info.json", "info.json")  # timm's `_load_info` tries these
 INFO_CAP = 64 << 20  # bytes of _info.json read: ImageNet-1k's is ~60 kB
@@ -197,11 +197,14 @@ def _check_headers(path: str, f: BinaryIO) -> BinaryIO:
     return f
 
 
-def scan_tar(path: str, index_path: str, sized: bool) -> tuple[str, int, int, int, dict, tuple | None]:
+def scan_tar(
+    path: str, index_path: str, sized: bool, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+) -> tuple[str, int, int, int, dict, tuple | None]:
     """Reads tar ``path`` once and writes its DALI index to ``index_path``; returns (name, samples, bytes,
     largest label, {label: (synset, text)}, the images' ``(height, width)`` where ``sized``). `UserError` naming ``path`` for
-    anything `_member_problem` or the module's rules refuse."""
-    Image.MAX_IMAGE_PIXELS = DEFAULT_MAX_IMAGE_PIXELS
+    anything `_member_problem` or the module's rules refuse, an image of more than ``max_pixels`` pixels among them
+    (the converter's ``--max-image-pixels``)."""
+    Image.MAX_IMAGE_PIXELS = max_pixels
     fix = "re-copy or re-download this tar"
     size = os.path.getsize(path)
     samples: list[list[tarfile.TarInfo]] = []
@@ -227,7 +230,7 @@ def scan_tar(path: str, index_path: str, sized: bool) -> tuple[str, int, int, in
             end = tar.offset
             top = 0
             for k, ms in zip(keys, samples):
-                label = _sample(path, tar, k, ms, names, sizes if sized else None)
+                label = _sample(path, tar, k, ms, names, sizes if sized else None, max_pixels)
                 if label >= MAX_CLASSES:  # labels from 0: no manifest holds this many classes
                     raise UserError(
                         f"{path}: sample {k!r} has label {label}, past the {MAX_CLASSES:,} classes a data set may "
@@ -253,7 +256,9 @@ def _ext(m: tarfile.TarInfo) -> str:
     return m.name[m.name.find(".", m.name.rfind("/") + 1) + 1 :]
 
 
-def _sample(path: str, tar: tarfile.TarFile, key: str, members: list, names: dict, sizes: list | None) -> int:
+def _sample(
+    path: str, tar: tarfile.TarFile, key: str, members: list, names: dict, sizes: list | None, max_pixels: int
+) -> int:
     """Checks one sample (one image, one integer ``.cls``); returns its label, adds its class name to ``names``
     (``{label: (synset, text)}``) and its image's ``(height, width)`` to ``sizes``."""
     by_ext: dict[str, tarfile.TarInfo] = {}
@@ -289,6 +294,9 @@ def _sample(path: str, tar: tarfile.TarFile, key: str, members: list, names: dic
     if header.transparent:
         raise UserError(f"{path}: {image.name}: {TRANSPARENT_IN_PLACE}")
     height, width = header[:2]
+    too_large = too_many_pixels(width, height, max_pixels)
+    if too_large:
+        raise UserError(f"{path}: {image.name}: {too_large}")
     if sizes is not None:
         sizes.append((height, width))
     if "json" in by_ext and by_ext["json"].size <= JSON_CAP:
@@ -318,7 +326,11 @@ def _member_bytes(tar: tarfile.TarFile, m: tarfile.TarInfo, cap: int) -> bytes:
 
 
 def make_index(
-    data_dir: str, index_folder: Callable[[], tuple[str, str]], num_classes: int | None = None, workers: int = 1
+    data_dir: str,
+    index_folder: Callable[[], tuple[str, str]],
+    num_classes: int | None = None,
+    workers: int = 1,
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
 ) -> Manifest:
     """Indexes WebDataset folder ``data_dir`` (the module's docstring): writes each tar's index and returns its
     manifest, which `data_tools.make_index.publish` writes.
@@ -347,7 +359,7 @@ def make_index(
                 raise UserError(f"{p}: {e.strerror}; {CONFINED_FIX}") from None
     index_dir, shard_dir = index_folder()
     jobs = [
-        (os.path.join(data_dir, n), os.path.join(index_dir, index_name(n)), split == "validation")
+        (os.path.join(data_dir, n), os.path.join(index_dir, index_name(n)), split == "validation", max_pixels)
         for split, names in files.items()
         for n in names
     ]

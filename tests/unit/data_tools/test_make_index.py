@@ -15,7 +15,7 @@ from PIL import Image
 
 from data_tools import make_index, tfds_layout
 from tests.helpers import call_main
-from tests.helpers.data_fixtures import jpeg, small_tfds
+from tests.helpers.data_fixtures import bomb_jpeg, jpeg, small_tfds
 from tests.helpers.loaders import open_val
 from tests.helpers.mounts import read_only, snapshot
 from vitlarge.data.manifest import load_manifest, shard_files, split_sizes, validate_data_dir
@@ -219,6 +219,20 @@ def test_an_image_dali_does_not_decode_is_refused_as_a_webdataset_one_is(tmp_pat
     line = refused(src)
     assert line.startswith(f"error: {src}/tinynet-validation.tfrecord-00000-of-00001: the record at byte ")
     assert f"feature 'image' holds a {kind} image, which DALI does not decode in place" in line
+
+
+def test_an_image_past_the_converters_pixel_guard_is_refused_naming_the_shard(tmp_path):
+    """A record whose JPEG header says 60,000 x 60,000 is refused as the converter refuses it (--max-image-pixels),
+    not indexed for DALI to decode (10.8 GB); the option raises the guard."""
+    src = small_tfds(tmp_path / "tinynet" / "1.0.0", val_image=bomb_jpeg())
+    line = refused(src)
+    assert line.startswith(f"error: {src}/tinynet-validation.tfrecord-00000-of-00001: the record at byte ")
+    assert "60000 x 60000 = 3,600,000,000 pixels, more than --max-image-pixels 89,478,485" in line
+    index = os.path.join(os.path.dirname(src), "index")
+    accepted = call_main(
+        "data_tools.make_index", src, "--out", index, "--workers", "1", "--max-image-pixels", "3600000000"
+    )
+    assert accepted.returncode == 0, accepted.stderr
 
 
 def test_other_feature_names_are_read_with_image_key_and_label_key(tmp_path):
