@@ -20,6 +20,7 @@ import os
 import re
 import stat
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, NamedTuple
 
@@ -501,6 +502,27 @@ def _as_it_looks(height: int, width: int, orientation: int | None) -> tuple[int,
     return (width, height) if orientation in TURNED else (height, width)
 
 
+IMAGE_ENDS = {"JPEG": b"\xff\xd9", "PNG": b"IEND\xaeB`\x82"}  # the bytes a whole file of these formats ends with
+"""A JPEG's end-of-image marker and a PNG's IEND chunk: a file that lacks them was cut short (a download that stopped)
+or carries bytes after its end; `check_whole` decodes it to tell which."""
+
+
+def check_whole(header: Header, tail: bytes, read: Callable[[], bytes]) -> None:
+    """Raise ValueError where an image read in place (`make_index`) is truncated or damaged, as the converter's
+    ``--check header`` finds it: a JPEG or PNG whose last bytes (``tail``) are not its format's end (`IMAGE_ENDS`) is
+    decoded (its bytes from ``read()``), and a decode PIL cannot finish is refused; one with bytes after its end
+    decodes and passes, as it does in DALI. DALI would stop a run on a truncated image in training."""
+    end = IMAGE_ENDS.get(header.format)
+    if end is None or tail.endswith(end):
+        return
+    try:
+        with _open(read()) as im:
+            im.load()
+    except (OSError, SyntaxError, ValueError, IndexError) as e:
+        why = re.sub(r"\s*<_io\.BytesIO object at 0x[0-9a-f]+>", "", str(e)).strip() or type(e).__name__
+        raise ValueError(f"a truncated or damaged image ({why[:80]})") from None
+
+
 class Prepared(NamedTuple):
     """What a record stores of one source image: RGB JPEG bytes whose decode (EXIF orientation applied, as DALI's
     decoders and PIL's ``exif_transpose`` apply it) is the image as it looks, and its height and width as it looks
@@ -592,7 +614,7 @@ def prepare_bytes(
         frame = jpeg_frame(data)
         if frame is not None and frame[2] == 3 and frame[0] > 0 and frame[1] > 0:
             _check_pixels(frame[1], frame[0], max_pixels)
-            if check == "decode" or not data.endswith(b"\xff\xd9"):
+            if check == "decode" or not data.endswith(IMAGE_ENDS["JPEG"]):
                 _open(data).load()
             height, width = _as_it_looks(frame[0], frame[1], jpeg_orientation(data))
             return Prepared(data, height, width, False, False)

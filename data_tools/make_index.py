@@ -85,7 +85,7 @@ from vitlarge.errors import UserError, cli_main
 from vitlarge.text import plural
 
 from . import done_records, tfds_layout, tfrecord_io, wds_index
-from .imagefolder import DEFAULT_MAX_IMAGE_PIXELS, Header, displayed_header, too_many_pixels
+from .imagefolder import DEFAULT_MAX_IMAGE_PIXELS, Header, check_whole, displayed_header, too_many_pixels
 
 TOOL = "data_tools.make_index"
 TOOL_VERSION = "1.0.0"
@@ -112,7 +112,8 @@ class RecordReader:
 def _header_size(image: bytes, key: str, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> Header:
     """The image's `Header` (its size as it looks: `imagefolder.displayed_header`); ValueError where ``image`` is
     not an image PIL knows, one DALI does not decode (`wds_index.IN_PLACE_FORMATS`, as a WebDataset's), or one of
-    more than ``max_pixels`` pixels (`imagefolder.too_many_pixels`, the converter's guard)."""
+    more than ``max_pixels`` pixels (`imagefolder.too_many_pixels`, the converter's guard), or a truncated one
+    (`imagefolder.check_whole`, the converter's header check)."""
     try:
         header = displayed_header(image)
     except Exception as e:  # noqa: BLE001 (PIL's UnidentifiedImageError, a decompression bomb, a short header)
@@ -128,6 +129,10 @@ def _header_size(image: bytes, key: str, max_pixels: int = DEFAULT_MAX_IMAGE_PIX
     too_large = too_many_pixels(width, height, max_pixels)
     if too_large:
         raise ValueError(f"feature {key!r} holds an image of {too_large}")
+    try:
+        check_whole(header, image[-8:], lambda: image)
+    except ValueError as e:
+        raise ValueError(f"feature {key!r} holds {e}") from None
     return header
 
 

@@ -59,7 +59,7 @@ from vitlarge.data.wds_shards import LABEL_MAX_BYTES, index_name, parse_label
 from vitlarge.errors import UserError
 from vitlarge.fileio import UnsafeFile, open_regular, read_capped, write_atomic
 
-from .imagefolder import DEFAULT_MAX_IMAGE_PIXELS, displayed_header, too_many_pixels
+from .imagefolder import DEFAULT_MAX_IMAGE_PIXELS, check_whole, displayed_header, too_many_pixels
 
 INFO_NAMES = ("_info.json", "info.json")  # timm's `_load_info` tries these
 INFO_CAP = 64 << 20  # bytes of _info.json read: ImageNet-1k's is ~60 kB
@@ -297,6 +297,10 @@ def _sample(
     too_large = too_many_pixels(width, height, max_pixels)
     if too_large:
         raise UserError(f"{path}: {image.name}: {too_large}")
+    try:
+        check_whole(header, _member_tail(tar, image, 8), lambda: _member_bytes(tar, image, IMAGE_MAX_BYTES))
+    except ValueError as e:
+        raise UserError(f"{path}: {image.name}: {e}; re-write the sample with its whole image") from None
     if sizes is not None:
         sizes.append((height, width))
     if "json" in by_ext and by_ext["json"].size <= JSON_CAP:
@@ -317,6 +321,15 @@ def _sample(
                         f"{names[label][0][:80]!r}; fix the .json members of the wrong one"
                     )
     return label
+
+
+def _member_tail(tar: tarfile.TarFile, m: tarfile.TarInfo, count: int) -> bytes:
+    """The last ``count`` bytes of regular member ``m`` (one seek, not a read of the member)."""
+    f = tar.extractfile(m)
+    if f is None:
+        return b""
+    f.seek(max(0, m.size - count))
+    return f.read(count)
 
 
 def _member_bytes(tar: tarfile.TarFile, m: tarfile.TarInfo, cap: int) -> bytes:

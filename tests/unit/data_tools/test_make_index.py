@@ -235,6 +235,16 @@ def test_an_image_past_the_converters_pixel_guard_is_refused_naming_the_shard(tm
     assert accepted.returncode == 0, accepted.stderr
 
 
+def test_a_truncated_jpeg_is_refused_naming_the_shard(tmp_path):
+    """A record whose JPEG is cut short is refused as the converter refuses it, not indexed for DALI to stop on in
+    training."""
+    whole = jpeg(48, 40)
+    src = small_tfds(tmp_path / "tinynet" / "1.0.0", val_image=whole[: len(whole) // 2])
+    line = refused(src)
+    assert line.startswith(f"error: {src}/tinynet-validation.tfrecord-00000-of-00001: the record at byte ")
+    assert "feature 'image' holds a truncated or damaged image" in line
+
+
 def test_other_feature_names_are_read_with_image_key_and_label_key(tmp_path):
     """A TFRecord set in TF-slim's file names whose records name their features otherwise."""
     from tfrecord.writer import TFRecordWriter
