@@ -436,6 +436,7 @@ def main(argv=None) -> None:
         contenders=contenders,
         launchers=a.launchers,
         baseline=a.baseline,
+        baseline_rev=_rev(Path(a.baseline)) if a.baseline else None,
         steps=STEPS,
         timm=f"{parity.TIMM_REPO}@{parity.TIMM_COMMIT}",
         summary=summary,
@@ -447,6 +448,14 @@ def main(argv=None) -> None:
     print()
     show(cpu, "rank 0's CPU seconds (median)")
     print(f"wrote {out}")
+
+
+def _rev(checkout: Path) -> str | None:
+    """The commit a ``--baseline`` checkout holds (short), for the report to name; None where it is no git checkout."""
+    done = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    if done.returncode != 0:
+        return None
+    return done.stdout.strip() or None
 
 
 if __name__ == "__main__":

@@ -877,50 +877,133 @@ def timm_parity_section(named: dict[str, dict | None]) -> tuple[list[str], list[
     return lines, goals
 
 
+STARTUP_LIGHT = (
+    "What stays light, each checked in a fresh interpreter (`tests/e2e/test_process_start.py::test_light_paths`): "
+    "`train.py --help` and a bad argument, the data tools, `vitlarge-plot` and `vitlarge-evaluate`'s argument errors "
+    "load none of torch, DALI, Colossal-AI, timm, TensorBoard, MLflow, W&B (matplotlib: the plot alone); a run loads "
+    "nothing of torch until its thread pools are sized (their size is read as torch loads); the dry run loads torch "
+    "and timm, none of the rest; the supervisor's parent (`python -m vitlarge.run`) torch alone. A run's pre-flight "
+    "data checks come before timm and DALI load, so a bad data set fails before those seconds. An import inside a "
+    "function of vitlarge/, hooks/ or data_tools/ is there for one of these and says which (`# lazy: keeps torch off "
+    "train.py until the thread pools are sized`; `tests/unit/test_layout.py`); every other import is at its module's "
+    "top.\n"
+)
+
+
 def startup_section(d: dict | None) -> tuple[list[str], list[tuple]]:
     """`benchmarks/bench_startup.py`'s result (``startup``): each phase's median, wall and rank 0's CPU seconds, per
-    contender; the goal: vitlarge's time outside the loop at most timm's."""
+    contender; the goal: vitlarge's time outside the loop at most timm's, under timm's own launcher (torchrun), with
+    what `colossalai run` adds beside it."""
     if not d:  # not in benchmarks.run's suite: no section and no goal row rather than "not run" (as section 11)
         return [], []
     m, wall, cpu = d["machine"], d["summary"], d["cpu_summary"]
     names = list(wall)
     loads = [r["load_avg"] for r in d["runs"]]
+    baseline = ""
+    if d.get("baseline"):
+        baseline = f" `baseline`: {d.get('baseline_rev') or 'another checkout'} (`--baseline`), side by side."
     lines = [
         "## 12. Start-up against timm's train.py\n",
         "`benchmarks/bench_startup.py` (issue 46): the time a run spends outside its training loop, by phase, on the "
         f"digits demo for {d['steps']} optimizer steps on 2 gloo processes, each rank under "
         "`benchmarks/harness/startup_probe.py`; vitlarge as `make demo` starts it (`colossalai run`; "
         f"`(torchrun)`: under torchrun, as timm's), timm's own train.py ({d['timm']}) under torchrun; contenders "
-        f"interleaved, medians of {min(s['rounds'] for s in wall.values())} rounds. Machine: {m['cpu']}, "
+        f"interleaved, medians of {min(s['rounds'] for s in wall.values())} rounds.{baseline} Machine: {m['cpu']}, "
         f"{m['os_cpus']} cores shared with other work (load average {min(loads):.1f} to {max(loads):.1f} during the "
         "runs): read the CPU seconds.\n",
     ]
     for title, table in (("wall seconds", wall), ("rank 0's CPU seconds", cpu)):
         keys = list(dict.fromkeys(k for v in table.values() for k in v if k != "rounds"))
         lines += [f"| {title} (median) | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
-        lines += [f"| {k} | " + " | ".join(_fmt(table[n].get(k)) for n in names) + " |" for k in keys]
+        rows = [[table[n].get(k) for n in names] for k in keys]  # None: a phase that contender has not
+        lines += [f"| {k} | " + " | ".join("-" if v is None else _fmt(v) for v in r) + " |" for k, r in zip(keys, rows)]
         lines.append("")
-    if d.get("baseline"):
-        lines.append(
-            "`baseline`: the checkout before the start-up changes (`--baseline`), side by side. A phase moves when a "
-            "package's first importer changes: without transformers, TensorBoard and timm import shared dependencies "
-            "themselves. What is left above timm's is at the end (vitlarge's picture, timm export and TensorBoard "
-            "flush, which timm's train.py does not make) and, under `colossalai run`, its launcher, whose own command "
-            "imports torch before it starts torchrun.\n"
-        )
     goals = []
-    if "timm" in wall and "vitlarge" in wall:
-        key = "outside the loop"
-        ratios = [wall["vitlarge"][key] / wall["timm"][key], cpu["vitlarge"][key] / cpu["timm"][key]]
-        goals.append(
-            (
-                "Start-up: time outside the training loop vs timm's train.py",
-                "<= 1x",
-                f"{ratios[0]:.2f}x wall, {ratios[1]:.2f}x rank 0's CPU",
-                min(ratios) <= 1.0,
-            )
-        )
+    ours = "vitlarge (torchrun)" if "vitlarge (torchrun)" in wall else "vitlarge"
+    if "timm" in wall and ours in wall:
+        lines.append(_startup_reading(d, ours))
+        goals.append(_startup_goal(d, ours))
+    lines.append(STARTUP_LIGHT)
     return lines, goals
+
+
+def _startup_goal(d: dict, ours: str) -> tuple:
+    """The start-up goal row: ``ours`` (vitlarge under torchrun where measured so) against timm's train.py outside the
+    loop, wall and rank 0's CPU (met where either is at most timm's, as every goal here); CPU "even" where timm's
+    median lies inside ``ours``' rounds; `colossalai run` beside it, with its launcher's seconds."""
+    wall, cpu, key = d["summary"], d["cpu_summary"], "outside the loop"
+    w, c = wall[ours][key] / wall["timm"][key], cpu[ours][key] / cpu["timm"][key]
+    rounds = [r["cpu_phases"][key] for r in d["runs"] if r["contender"] == ours]
+    even = c > 1.0 and min(rounds) <= cpu["timm"][key] <= max(rounds)
+    torchrun = ours != "vitlarge"
+    where = "under torchrun, as timm's: " if torchrun else ""
+    measured = (
+        f"{where}{w:.2f}x wall, {c:.2f}x rank 0's CPU (rounds {min(rounds):.1f}-{max(rounds):.1f} s against "
+        f"{cpu['timm'][key]:.1f})"
+    )
+    met = min(w, c) <= 1.0
+    verdict = _yes(met)
+    if met and (w <= 1.0) != (c <= 1.0):
+        verdict += " in wall time" if w <= 1.0 else " in CPU time"
+    if torchrun:
+        verdict += " under the same launcher"
+    verdict += "; CPU even" if even else ""
+    if torchrun and "vitlarge" in wall:
+        w2, c2 = wall["vitlarge"][key] / wall["timm"][key], cpu["vitlarge"][key] / cpu["timm"][key]
+        launcher = _launcher_seconds(wall["vitlarge"])
+        measured += f"; under `colossalai run`: {w2:.2f}x wall (its launcher's {sum(launcher):.1f} s), {c2:.2f}x CPU"
+        verdict += "; not under `colossalai run`" if min(w2, c2) > 1.0 else "; under `colossalai run` too"
+    return ("Start-up: time outside the training loop vs timm's train.py", "<= 1x", measured, verdict)
+
+
+def _launcher_seconds(phases: dict) -> tuple[float, float]:
+    """`colossalai run`'s own wall seconds: before it starts torchrun, and from torchrun's exit to its own."""
+    return phases["launch: until torchrun starts"], phases["launch: torchrun exit to the command's exit"]
+
+
+def _startup_reading(d: dict, ours: str) -> str:
+    """The section's reading of its tables, every figure taken from them: ``ours`` against timm's train.py, what of
+    it is end-of-run work timm's train.py does not do, and what `colossalai run` adds."""
+    wall, cpu, key = d["summary"], d["cpu_summary"], "outside the loop"
+    rounds = [r["cpu_phases"][key] for r in d["runs"] if r["contender"] == ours]
+    ow, tw, oc, tc = wall[ours][key], wall["timm"][key], cpu[ours][key], cpu["timm"][key]
+
+    def compared(a: float, b: float) -> str:
+        return "less" if a < b else "more"
+
+    if min(rounds) <= tc <= max(rounds):
+        cpu_words = f"the same of rank 0's CPU ({oc:.1f} s against {tc:.1f} s, inside the rounds' spread)"
+    else:
+        cpu_words = f"{compared(oc, tc)} of rank 0's CPU ({oc:.1f} s against {tc:.1f} s)"
+    extra = [
+        cpu[ours].get(k) or 0.0
+        for k in (
+            "end: the hooks' on_train_end (the picture, TensorBoard's close)",
+            "end: timm export",
+            "end: import matplotlib",
+        )
+    ]
+    text = (
+        f"{'Under the launcher timm uses (torchrun)' if ours != 'vitlarge' else 'Under `colossalai run`'}, vitlarge "
+        f"spends {compared(ow, tw)} wall time outside its loop than timm's train.py ({ow:.1f} s against {tw:.1f} s) "
+        f"and {cpu_words}, with the Booster and with end-of-run work timm's train.py does not do: the picture of the "
+        f"run, TensorBoard's close and the timm export ({sum(extra[:2]):.1f} to {sum(extra):.1f} CPU s; without them "
+        f"{oc - sum(extra):.1f} s against {tc:.1f} s)."
+    )
+    if ours != "vitlarge" and "vitlarge" in wall:
+        before, after = _launcher_seconds(wall["vitlarge"])
+        own_cpu = wall["vitlarge"].get("CPU of colossalai run (all its processes)")
+        text += (
+            f" Under `colossalai run`, as `make demo` starts it, the run is the same and the launcher adds "
+            f"{before + after:.1f} s of wall time: Colossal-AI's command takes {before:.1f} s before it starts torchrun "
+            f"and {after:.1f} s after torchrun exits (its own imports and the per-host runner it starts torchrun "
+            f"through{f': {own_cpu:.1f} CPU s in all its processes' if own_cpu is not None else ''}), which vitlarge "
+            "does not control; `srun` and torchrun start vitlarge without it (section 9)."
+        )
+    return text + (
+        " A phase moves when a package's first importer changes (an import early in one contender loads shared "
+        "dependencies that another loads later); compare the totals.\n"
+    )
 
 
 def wds_section(d: dict | None) -> tuple[list[str], list[tuple]]:
@@ -1256,7 +1339,10 @@ def generate(results: Path | None = None, out: Path | None = None, img: Path | N
         "| goal | target | measured | status |",
         "|---|---|---|---|",
     ]
-    head += [f"| {name} | {target} | {measured} | {_yes(ok)} |" for name, target, measured, ok in goals]
+    head += [
+        f"| {name} | {target} | {measured} | {ok if isinstance(ok, str) else _yes(ok)} |"
+        for name, target, measured, ok in goals
+    ]
     head.append("")
     if plt is None:
         head.append("_matplotlib is not installed: plots were not regenerated._\n")
