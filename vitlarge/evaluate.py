@@ -231,6 +231,8 @@ def _configured(args, given: Path, export: model_of.ModelOf | None):
     common = dict(override_files=args.override_files, data__path=args.data)
     if args.config is not None:
         return load_config(args.config, args.overrides, **common)
+    if export is None and not given.exists():
+        raise layout.missing(given)
     if export is None:
         raise UserError(
             f"{given}: --config is needed for a checkpoint folder or a model.safetensors file (an export folder's "

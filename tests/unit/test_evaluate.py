@@ -332,8 +332,23 @@ def test_a_checkpoint_folder_still_needs_its_recipe(tmp_path):
     from tests.helpers import call_main
 
     (tmp_path / "meta.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"")
     r = call_main("vitlarge.evaluate", "--checkpoint", str(tmp_path / "model.safetensors"))
-    assert r.returncode == 2 and r.stderr.startswith(f"error: {tmp_path / 'model.safetensors'}: --config is needed")
+    assert r.returncode == 2 and r.stderr.startswith(f"error: {tmp_path}: --config is needed")
+
+
+def test_a_checkpoint_that_does_not_exist_is_said_so_not_that_config_is_needed(tmp_path):
+    """A mistyped step without --config was told "--config is needed for a checkpoint folder"."""
+    from tests.helpers import call_main
+
+    (tmp_path / "checkpoints" / "step_0000110").mkdir(parents=True)
+    typo = tmp_path / "checkpoints" / "step_000011"
+    r = call_main("vitlarge.evaluate", "--checkpoint", str(typo), "--data", str(tmp_path))
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == (
+        f"error: checkpoint {typo} does not exist; {typo.parent} holds step_0000110; pass a checkpoints/step_* "
+        "folder or an exported model folder\n"
+    )
 
 
 @pytest.mark.parametrize("names", [["a"] * 5, ["a", "b"], [1, 2, 3, 4, 5], "abcde"])

@@ -19,7 +19,7 @@ from vitlarge.checkpoint.files import reason_of
 from vitlarge.checkpoint.model_of import export_doc
 from vitlarge.checkpoint.trust import index as dcp_index
 from vitlarge.checkpoint.trust.folder import verify
-from vitlarge.checkpoint.trust.layout import Unusable, beside, read_meta
+from vitlarge.checkpoint.trust.layout import Unusable, missing, read_meta
 from vitlarge.checkpoint.trust.torch_files import safetensors_file
 from vitlarge.config.schema import Config
 from vitlarge.distributed.plugins import unwrap
@@ -174,10 +174,7 @@ def load_model_weights(path: str | Path, model: torch.nn.Module, cfg: Config) ->
             raise evaluate_another(path, f"its {name} holds NaN or inf")
         return
     if not path.is_file():
-        raise UserError(
-            f"checkpoint {path} does not exist{beside(path)}; pass a checkpoints/step_* folder or an exported model "
-            "folder"
-        )
+        raise missing(path)
     problem = fileio.regular_file_problem(path)
     if problem:
         raise UserError(f"{given}: {problem}; pass an exported model folder or a checkpoints/step_* folder")
