@@ -112,6 +112,21 @@ def test_a_script_reading_the_table_is_told_once_on_stderr_that_the_json_is_json
     assert out.startswith("evaluated  runs/x/model\n") and err == ""
 
 
+def test_json_is_json_where_the_loss_is_not_finite(capsys):
+    """fp16 logits past its range give a loss of inf: --json printed ``Infinity`` (``NaN``), which strict JSON readers
+    (jq, JSON.parse) refuse; null, as metrics.jsonl writes it (hooks.jsonl)."""
+    from vitlarge.evaluate import show
+
+    for bad in (float("inf"), float("nan")):
+        show({**METRICS, "val_loss": bad}, "runs/x/model", None, 16, as_json=True)
+        out = capsys.readouterr().out
+
+        def refuse(constant):
+            raise ValueError(f"not JSON: {constant}")
+
+        assert json.loads(out, parse_constant=refuse) == {**METRICS, "val_loss": None}
+
+
 def test_top5_is_reported_only_where_it_can_miss():
     """Of 5 classes or fewer every image is in the top 5: a 100% that measures nothing (issue 55), left out of the
     table and None in the JSON (CHANGELOG.md)."""
