@@ -156,7 +156,9 @@ def _rate(
     precision = row.get("precision")
     if precision not in PRECISIONS:
         raise _refused(where, f"{key}.precision", precision, f"one of {', '.join(PRECISIONS)}")
-    compiled = bool(row.get("compiled"))
+    compiled = row.get("compiled", False)
+    if not isinstance(compiled, bool):  # "false" is a true string: the row would be taken as compiled
+        raise _refused(where, f"{key}.compiled", compiled, "true or false")
     return Rate(model, size, precision, compiled, recompute, float(ips), label, f"{where}: {setting['model']}")
 
 

@@ -299,6 +299,7 @@ BF16 = {"precision": "bf16", "compiled": True}
             "recipes.a.model",
         ),
         (_kit({"precision": 16, "images_per_s": 100.0}), "recipes.vit_b16.rows.c.precision is 16"),
+        (_kit({"precision": "fp16", "compiled": "false", "images_per_s": 9.0}), "rows.c.compiled is false, not true"),
         # the containers: AttributeErrors
         ({"device": [1], "recipes": {}}, "device is [1]"),
         ({"device": {"type": "cuda", "name": "H100"}, "recipes": {"a": {"rows": [1, 2]}}}, "recipes.a.rows is [1, 2]"),
