@@ -1078,3 +1078,17 @@ def test_an_export_whose_weights_hold_nan_or_inf_is_one_line(tmp_path, cfg, bad)
     line = str(e.value)
     assert "model.safetensors" in line and "head.bias holds NaN or inf" in line and "\n" not in line
     assert e.value.same_on_all_ranks  # every rank reads the same file: printed once
+
+
+def test_a_checkpoint_whose_weights_hold_nan_is_one_line(tmp_path, cfg):
+    """The checkpoint folder's read (DCP) gets the export's check: such weights are not scored."""
+    model, opt, scaler = trained(cfg)
+    with torch.no_grad():
+        model.head.bias[2] = float("nan")
+    path = store.save(tmp_path, RunState(model, opt, scaler, step=1, data="loader-state"), cfg, keep=3)
+    with pytest.raises(UserError) as e:
+        ckpt_weights.load_model_weights(path, make(cfg)[0], cfg)
+    assert str(e.value) == (
+        f"checkpoint {path} fails its check (its head.bias holds NaN or inf); pass another checkpoints/step_* folder "
+        "or an exported model folder as --checkpoint"
+    )
