@@ -220,6 +220,11 @@ def load_results(path: Path | None) -> dict:
         raise UserError(f"{where}: no training row measured on a CUDA device; give a GPU run's gpu.json")
     if not isinstance(device.get("name"), str) or not 0 < len(device["name"]) <= 200:
         raise _refused(where, "device.name", device.get("name"), "the GPU's name")
+    if kind_of(device["name"]) is None:  # scaled as an H100's: a slower GPU's rates, or a faster one's, said nothing
+        raise UserError(
+            f"{where}: measured on an {device['name'][:80]}, a GPU of none of the kinds whose datasheet figures scale "
+            f"its rates ({', '.join(KINDS)}); run python -m benchmarks.gpu on one of them and give its gpu.json"
+        )
     return result
 
 
@@ -292,7 +297,8 @@ def estimate(
     if kind == measured_kind:
         ratio, on = 1.0, f"measured on an {device}, {when}"
     else:
-        ratio, words = kind_ratio(kind, measured_kind or "h100")
+        assert measured_kind is not None  # load_results refuses a GPU of another kind
+        ratio, words = kind_ratio(kind, measured_kind)
         on = f"measured on an {device}, {when}; {words}"
     comm_s, comm_words = allreduce_seconds(plan.world_size, flops.params)
     out, lines = [], [f"  images/s per GPU from the GPU kit ({on}):"]
