@@ -20,6 +20,7 @@ import os
 import re
 import stat
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, NamedTuple
 
@@ -522,7 +523,9 @@ def displayed_header(source: bytes | IO[bytes]) -> Header:
     if not isinstance(source, bytes):
         source.seek(0)
     with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as im:
-        height, width = _as_it_looks(im.height, im.width, im.getexif().get(EXIF_ORIENTATION))
+        # PIL's TIFF plugin reports a TIFF's size already turned by its orientation tag (and turns it on load)
+        orientation = None if im.format == "TIFF" else im.getexif().get(EXIF_ORIENTATION)
+        height, width = _as_it_looks(im.height, im.width, orientation)
         transparent = im.mode in TRANSPARENT_MODES or "transparency" in im.info
         return Header(height, width, transparent, im.format or "")
 
@@ -531,6 +534,27 @@ def _as_it_looks(height: int, width: int, orientation: int | None) -> tuple[int,
     """``(height, width)`` of an image stored at ``height`` x ``width`` with EXIF ``orientation``, as it looks:
     the sides swapped for the orientations that turn it a quarter (`TURNED`)."""
     return (width, height) if orientation in TURNED else (height, width)
+
+
+IMAGE_ENDS = {"JPEG": b"\xff\xd9", "PNG": b"IEND\xaeB`\x82"}  # the bytes a whole file of these formats ends with
+"""A JPEG's end-of-image marker and a PNG's IEND chunk: a file that lacks them was cut short (a download that stopped)
+or carries bytes after its end; `check_whole` decodes it to tell which."""
+
+
+def check_whole(header: Header, tail: bytes, read: Callable[[], bytes]) -> None:
+    """Raise ValueError where an image read in place (`make_index`) is truncated or damaged, as the converter's
+    ``--check header`` finds it: a JPEG or PNG whose last bytes (``tail``) are not its format's end (`IMAGE_ENDS`) is
+    decoded (its bytes from ``read()``), and a decode PIL cannot finish is refused; one with bytes after its end
+    decodes and passes, as it does in DALI. DALI would stop a run on a truncated image in training."""
+    end = IMAGE_ENDS.get(header.format)
+    if end is None or tail.endswith(end):
+        return
+    try:
+        with _open(read()) as im:
+            im.load()
+    except (OSError, SyntaxError, ValueError, IndexError) as e:
+        why = re.sub(r"\s*<_io\.BytesIO object at 0x[0-9a-f]+>", "", str(e)).strip() or type(e).__name__
+        raise ValueError(f"a truncated or damaged image ({why[:80]})") from None
 
 
 class Prepared(NamedTuple):
@@ -551,12 +575,30 @@ transparent PNG and as PIL's ``convert("RGB")`` users who paste on white expect 
 drawing held in its alpha into a blank picture)."""
 
 
+WIDE_GREY_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")  # PIL's modes of a 16-bit grey PNG or TIFF
+_TO_8_BIT = [(v * 255 + 32767) // 65535 for v in range(65536)]  # round(v * 255 / 65535), as DALI decodes 16 bits
+
+
+def _eight_bit(im: Image.Image) -> Image.Image:
+    """A 16-bit grey image at 8 bits as DALI reads the same file in place (``round(v * 255 / 65535)``), its
+    transparent grey (``info["transparency"]``, a 16-bit value) kept as an alpha channel ("LA"). PIL's own
+    ``convert("L")``/``convert("RGB")`` clips every value past 255 instead: a 16-bit photo reads white."""
+    wide = im if im.mode == "I" else im.convert("I")
+    out = wide.point(_TO_8_BIT, "L")
+    key = im.info.get("transparency")
+    if isinstance(key, int):
+        out.putalpha(wide.point([0 if v == key else 255 for v in range(65536)], "L"))
+    return out
+
+
 def upright_rgb(im: Image.Image) -> tuple[Image.Image, bool]:
     """``(im as it looks, in RGB; whether it had transparency)``: its EXIF orientation applied (once: the result
-    carries no orientation tag), a transparent image (RGBA, LA, PA, or a palette or RGB/L image with a
-    transparent colour) composited on `BACKGROUND`. The one rule for images the converter decodes, and the rule
+    carries no orientation tag), a 16-bit grey image scaled to 8 bits (`_eight_bit`), a transparent image (RGBA,
+    LA, PA, or a palette or RGB/L image with a transparent colour) composited on `BACKGROUND`. The one rule for images the converter decodes, and the rule
     the docs' timm snippet writes out in PIL for images read outside vitlarge."""
     im = ImageOps.exif_transpose(im) or im
+    if im.mode in WIDE_GREY_MODES:
+        im = _eight_bit(im)
     transparent = im.mode in TRANSPARENT_MODES or "transparency" in im.info
     if transparent:
         rgba = im.convert("RGBA")
@@ -606,7 +648,7 @@ def prepare_bytes(
         frame = jpeg_frame(data)
         if frame is not None and frame[2] == 3 and frame[0] > 0 and frame[1] > 0:
             _check_pixels(frame[1], frame[0], max_pixels)
-            if check == "decode" or not data.endswith(b"\xff\xd9"):
+            if check == "decode" or not data.endswith(IMAGE_ENDS["JPEG"]):
                 _open(data).load()
             height, width = _as_it_looks(frame[0], frame[1], jpeg_orientation(data))
             return Prepared(data, height, width, False, False)
@@ -647,9 +689,18 @@ def _too_large(pixels: str, max_pixels: int) -> str:
     return f"{pixels}, more than --max-image-pixels {max_pixels:,} (a decompression-bomb guard; {MAX_PIXELS_FIX})"
 
 
-def _check_pixels(width: int, height: int, max_pixels: int) -> None:
+def too_many_pixels(width: int, height: int, max_pixels: int) -> str | None:
+    """Why an image of ``width`` x ``height`` is refused (the decompression-bomb guard, ``--max-image-pixels``), or
+    None: the one rule for the converter and for images indexed in place (`data_tools.make_index`)."""
     if width * height > max_pixels:
-        raise _TooLarge(_too_large(f"{width} x {height} = {width * height:,} pixels", max_pixels))
+        return _too_large(f"{width} x {height} = {width * height:,} pixels", max_pixels)
+    return None
+
+
+def _check_pixels(width: int, height: int, max_pixels: int) -> None:
+    why = too_many_pixels(width, height, max_pixels)
+    if why:
+        raise _TooLarge(why)
 
 
 def _open(data: bytes) -> Image.Image:

@@ -85,7 +85,7 @@ from vitlarge.errors import UserError, cli_main
 from vitlarge.text import plural
 
 from . import done_records, tfds_layout, tfrecord_io, wds_index
-from .imagefolder import Header, displayed_header
+from .imagefolder import DEFAULT_MAX_IMAGE_PIXELS, Header, check_whole, displayed_header, too_many_pixels
 
 TOOL = "data_tools.make_index"
 TOOL_VERSION = "1.0.0"
@@ -103,26 +103,45 @@ class RecordReader:
     features: tuple[str, str] = TF_SLIM_FEATURES
     headers: bool = False
     shard: str = ""  # the shard being read (`index_shard` sets it), for messages
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS  # an image past it is refused, as the converter refuses it
 
     def __call__(self, payload: bytes) -> tuple[int | None, str, str, tuple[int, int] | None]:
-        return _label_info(payload, self.features, self.headers, self.shard)
+        return _label_info(payload, self.features, self.headers, self.shard, self.max_pixels)
 
 
-def _header_size(image: bytes, key: str) -> Header:
+def _header_size(image: bytes, key: str, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> Header:
     """The image's `Header` (its size as it looks: `imagefolder.displayed_header`); ValueError where ``image`` is
-    not an image PIL knows."""
+    not an image PIL knows, one DALI does not decode (`wds_index.IN_PLACE_FORMATS`, as a WebDataset's), or one of
+    more than ``max_pixels`` pixels (`imagefolder.too_many_pixels`, the converter's guard), or a truncated one
+    (`imagefolder.check_whole`, the converter's header check)."""
     try:
         header = displayed_header(image)
     except Exception as e:  # noqa: BLE001 (PIL's UnidentifiedImageError, a decompression bomb, a short header)
         raise ValueError(f"feature {key!r} holds no image ({type(e).__name__}); re-convert this shard") from None
+    if header.format not in wds_index.IN_PLACE_FORMATS:  # PIL reads it, DALI's decoder would stop on it in training
+        raise ValueError(
+            f"feature {key!r} holds a {header.format} image, which DALI does not decode in place (JPEG, PNG or WebP); "
+            "re-write the record with the image as JPEG"
+        )
     height, width = header[:2]
     if not (1 <= height <= MAX_SIDE and 1 <= width <= MAX_SIDE):
         raise ValueError(f"feature {key!r} holds an image of {width} x {height}, sides outside 1..{MAX_SIDE}")
+    too_large = too_many_pixels(width, height, max_pixels)
+    if too_large:
+        raise ValueError(f"feature {key!r} holds an image of {too_large}")
+    try:
+        check_whole(header, image[-8:], lambda: image)
+    except ValueError as e:
+        raise ValueError(f"feature {key!r} holds {e}") from None
     return header
 
 
 def _label_info(
-    payload: bytes, features: tuple[str, str] = TF_SLIM_FEATURES, headers: bool = False, shard: str = ""
+    payload: bytes,
+    features: tuple[str, str] = TF_SLIM_FEATURES,
+    headers: bool = False,
+    shard: str = "",
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
 ) -> tuple[int | None, str, str, tuple[int, int] | None]:
     ex = tfrecord_io._EXAMPLE()
     ex.ParseFromString(payload)
@@ -142,7 +161,7 @@ def _label_info(
         images = feat[image_key].bytes_list.value if image_key in feat else []
         if not images:
             raise ValueError(f"no feature {image_key!r} (--image-key names the image's feature)")
-        header = _header_size(images[0], image_key)
+        header = _header_size(images[0], image_key, max_pixels)
         if header.transparent:  # read in place, it would train otherwise than it looks
             name = text("file_name") or "a record"
             raise UserError(f"{shard}: {name}: feature {image_key!r} holds {wds_index.TRANSPARENT_IN_PLACE}")
@@ -217,11 +236,13 @@ def make_index(
     workers: int = 1,
     image_key: str | None = None,
     label_key: str | None = None,
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
 ) -> Manifest:
     """Index ``data_dir``'s shards and write its manifest (module docstring); with ``out``, the indexes, sizes and
     ``dataset.json`` go into ``out``, whose manifest names ``data_dir`` (``--data out`` reads the shards there).
     ``label_offset``: None is TFDS's 0 for a TFDS folder, TF ImageNet's 1 otherwise; ``image_key``/``label_key``:
-    the records' feature names where not TF-slim's (TFDS's: from its dataset_info.json)."""
+    the records' feature names where not TF-slim's (TFDS's: from its dataset_info.json). ``max_image_pixels``: the
+    converter's guard, for the images whose headers are read (TFDS, ``--image-key``, WebDataset)."""
     tfds = tfds_layout.read_info(data_dir, (image_key, label_key)) if tfds_layout.is_tfds(data_dir) else None
     if label_offset is None:
         label_offset = 0 if tfds else 1
@@ -245,7 +266,9 @@ def make_index(
     if tfds:
         _check_tfds_shards(data_dir, tfds, names)
     if not names and wds_index.is_webdataset(data_dir):
-        m = wds_index.make_index(data_dir, lambda: _writable_index_folder(data_dir, out), num_classes, workers)
+        m = wds_index.make_index(
+            data_dir, lambda: _writable_index_folder(data_dir, out), num_classes, workers, max_image_pixels
+        )
         return publish(
             m, sum(len(v) for v in m.splits.values()), ("sample", "tar"), (" (WebDataset, read in place)", "")
         )
@@ -267,7 +290,7 @@ def make_index(
             raise UserError(f"{os.path.join(data_dir, n)}: {e.strerror}; {CONFINED_FIX}") from None
     _refuse_mixture(data_dir, {n: (sizes[n], None) for n in names}, unknown=False)
     index_dir, shard_dir = _writable_index_folder(data_dir, out)
-    reader = RecordReader(features, headers=features != TF_SLIM_FEATURES)
+    reader = RecordReader(features, headers=features != TF_SLIM_FEATURES, max_pixels=max_image_pixels)
     paths = [(os.path.join(data_dir, n), os.path.join(index_dir, n + ".idx"), reader) for n in names]
     if workers > 1 and len(paths) > 1:
         with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
@@ -469,8 +492,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--label-key", help="the label's feature name (default: image/class/label; a TFDS folder's own)")
     p.add_argument("--num-classes", type=int, help="default: inferred from the largest label")
     p.add_argument("--workers", type=int, default=os.cpu_count())
+    p.add_argument(
+        "--max-image-pixels",
+        type=int,
+        default=DEFAULT_MAX_IMAGE_PIXELS,
+        help="an image read in place with more pixels is refused, as the converter refuses it (a decompression-bomb "
+        "guard); raise it for trusted, very large images",
+    )
     a = p.parse_args(argv)
-    options = ("out", "label_offset", "num_classes", "workers", "image_key", "label_key")  # make_index's keywords
+    if a.max_image_pixels < 1:
+        p.error("--max-image-pixels must be >= 1")
+    options = ("out", "label_offset", "num_classes", "workers", "image_key", "label_key", "max_image_pixels")
     return cli_main(lambda: make_index(a.data_dir, **{k: getattr(a, k) for k in options}))
 
 

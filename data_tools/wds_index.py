@@ -59,16 +59,21 @@ from vitlarge.data.wds_shards import LABEL_MAX_BYTES, index_name, parse_label
 from vitlarge.errors import UserError
 from vitlarge.fileio import UnsafeFile, open_regular, read_capped, write_atomic
 
-from .imagefolder import DEFAULT_MAX_IMAGE_PIXELS, displayed_header
+from .imagefolder import DEFAULT_MAX_IMAGE_PIXELS, check_whole, displayed_header, too_many_pixels
 
 INFO_NAMES = ("_info.json", "info.json")  # timm's `_load_info` tries these
 INFO_CAP = 64 << 20  # bytes of _info.json read: ImageNet-1k's is ~60 kB
 JSON_CAP = 1 << 20  # bytes of a sample's .json member parsed for its class name
 IMAGE_MAX_BYTES = 1 << 30  # a member larger than this is no image this reads
+IN_PLACE_FORMATS = (
+    "JPEG",
+    "PNG",
+    "WEBP",
+)  # PIL's names of the formats an image read in place may have: DALI decodes them
 TRANSPARENT_IN_PLACE = (
     "a transparent image, which DALI would read in place with its alpha dropped (on black) where the converter "
-    "composites it on white (docs/DATA.md: images are trained as they look); convert the set with python -m "
-    "data_tools.imagenet_to_tfrecord, or re-write the image opaque"
+    "composites it on white (docs/DATA.md: images are trained as they look); re-write the image opaque, or unpack "
+    "the set's images into ROOT/train/<class>/* and convert that with python -m data_tools.imagenet_to_tfrecord"
 )
 META_MAX_BYTES = 64 << 10  # a pax or long-name header larger than this is refused: tarfile reads it whole
 SPLIT_NAMES = {"train": "train", "validation": "validation", "val": "validation"}
@@ -192,11 +197,14 @@ def _check_headers(path: str, f: BinaryIO) -> BinaryIO:
     return f
 
 
-def scan_tar(path: str, index_path: str, sized: bool) -> tuple[str, int, int, int, dict, tuple | None]:
+def scan_tar(
+    path: str, index_path: str, sized: bool, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+) -> tuple[str, int, int, int, dict, tuple | None]:
     """Reads tar ``path`` once and writes its DALI index to ``index_path``; returns (name, samples, bytes,
     largest label, {label: (synset, text)}, the images' ``(height, width)`` where ``sized``). `UserError` naming ``path`` for
-    anything `_member_problem` or the module's rules refuse."""
-    Image.MAX_IMAGE_PIXELS = DEFAULT_MAX_IMAGE_PIXELS
+    anything `_member_problem` or the module's rules refuse, an image of more than ``max_pixels`` pixels among them
+    (the converter's ``--max-image-pixels``)."""
+    Image.MAX_IMAGE_PIXELS = max_pixels
     fix = "re-copy or re-download this tar"
     size = os.path.getsize(path)
     samples: list[list[tarfile.TarInfo]] = []
@@ -222,7 +230,7 @@ def scan_tar(path: str, index_path: str, sized: bool) -> tuple[str, int, int, in
             end = tar.offset
             top = 0
             for k, ms in zip(keys, samples):
-                label = _sample(path, tar, k, ms, names, sizes if sized else None)
+                label = _sample(path, tar, k, ms, names, sizes if sized else None, max_pixels)
                 if label >= MAX_CLASSES:  # labels from 0: no manifest holds this many classes
                     raise UserError(
                         f"{path}: sample {k!r} has label {label}, past the {MAX_CLASSES:,} classes a data set may "
@@ -248,7 +256,9 @@ def _ext(m: tarfile.TarInfo) -> str:
     return m.name[m.name.find(".", m.name.rfind("/") + 1) + 1 :]
 
 
-def _sample(path: str, tar: tarfile.TarFile, key: str, members: list, names: dict, sizes: list | None) -> int:
+def _sample(
+    path: str, tar: tarfile.TarFile, key: str, members: list, names: dict, sizes: list | None, max_pixels: int
+) -> int:
     """Checks one sample (one image, one integer ``.cls``); returns its label, adds its class name to ``names``
     (``{label: (synset, text)}``) and its image's ``(height, width)`` to ``sizes``."""
     by_ext: dict[str, tarfile.TarInfo] = {}
@@ -275,7 +285,7 @@ def _sample(path: str, tar: tarfile.TarFile, key: str, members: list, names: dic
         if member is None:
             raise ValueError("not a regular member")
         header = displayed_header(member)  # the header only: nothing is decoded
-        if header.format not in ("JPEG", "PNG", "WEBP"):
+        if header.format not in IN_PLACE_FORMATS:
             raise ValueError(f"a {header.format} image")
     except (UnidentifiedImageError, ValueError, SyntaxError, IndexError, Image.DecompressionBombError) as e:
         raise UserError(
@@ -284,6 +294,13 @@ def _sample(path: str, tar: tarfile.TarFile, key: str, members: list, names: dic
     if header.transparent:
         raise UserError(f"{path}: {image.name}: {TRANSPARENT_IN_PLACE}")
     height, width = header[:2]
+    too_large = too_many_pixels(width, height, max_pixels)
+    if too_large:
+        raise UserError(f"{path}: {image.name}: {too_large}")
+    try:
+        check_whole(header, _member_tail(tar, image, 8), lambda: _member_bytes(tar, image, IMAGE_MAX_BYTES))
+    except ValueError as e:
+        raise UserError(f"{path}: {image.name}: {e}; re-write the sample with its whole image") from None
     if sizes is not None:
         sizes.append((height, width))
     if "json" in by_ext and by_ext["json"].size <= JSON_CAP:
@@ -306,6 +323,15 @@ def _sample(path: str, tar: tarfile.TarFile, key: str, members: list, names: dic
     return label
 
 
+def _member_tail(tar: tarfile.TarFile, m: tarfile.TarInfo, count: int) -> bytes:
+    """The last ``count`` bytes of regular member ``m`` (one seek, not a read of the member)."""
+    f = tar.extractfile(m)
+    if f is None:
+        return b""
+    f.seek(max(0, m.size - count))
+    return f.read(count)
+
+
 def _member_bytes(tar: tarfile.TarFile, m: tarfile.TarInfo, cap: int) -> bytes:
     """At most ``cap`` bytes of regular member ``m``."""
     f = tar.extractfile(m)
@@ -313,7 +339,11 @@ def _member_bytes(tar: tarfile.TarFile, m: tarfile.TarInfo, cap: int) -> bytes:
 
 
 def make_index(
-    data_dir: str, index_folder: Callable[[], tuple[str, str]], num_classes: int | None = None, workers: int = 1
+    data_dir: str,
+    index_folder: Callable[[], tuple[str, str]],
+    num_classes: int | None = None,
+    workers: int = 1,
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
 ) -> Manifest:
     """Indexes WebDataset folder ``data_dir`` (the module's docstring): writes each tar's index and returns its
     manifest, which `data_tools.make_index.publish` writes.
@@ -342,7 +372,7 @@ def make_index(
                 raise UserError(f"{p}: {e.strerror}; {CONFINED_FIX}") from None
     index_dir, shard_dir = index_folder()
     jobs = [
-        (os.path.join(data_dir, n), os.path.join(index_dir, index_name(n)), split == "validation")
+        (os.path.join(data_dir, n), os.path.join(index_dir, index_name(n)), split == "validation", max_pixels)
         for split, names in files.items()
         for n in names
     ]

@@ -13,7 +13,8 @@
 #   bash scripts/gpu_session.sh kit [DIR] [ARGS]  # there: python -m benchmarks.gpu within its time budget (DIR: the
 #                                           #   Colossal-AI wheels carried with the call, in a session of its own)
 #   scripts/gpu_session.sh dry-run [parts]  # here: the device side of every step on the CPU (no CUDA); PYTHON312:
-#                                           #   a Python 3.12 with numpy, Pillow, six, packaging (the machine's)
+#                                           #   a Python 3.12 standing for the machine's python3: numpy, Pillow, six,
+#                                           #   packaging, typing-extensions, protobuf (DALI, tfrecord), torch, psutil
 #
 # There, what a step installs or makes lives in one folder of the user's own, VITLARGE_GPU_HOME (default
 # ~/.cache/vitlarge-gpu: parts/, the stage gpu_parts.py checks is private; site/; bench/), never a fixed name in the
@@ -112,7 +113,7 @@ dry-run)
     echo "gpu_session: dry run: kit $(($(date +%s) - s)) s"
     ;;
 *)
-    sed -n '2,21p' "$0" >&2
+    awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" >&2 # the header comment, whatever its length
     exit 2
     ;;
 esac

@@ -147,6 +147,15 @@ def jpeg(width: int, height: int, shade: int = 90) -> bytes:
     return buf.getvalue()
 
 
+def bomb_jpeg(side: int = 60_000) -> bytes:
+    """A few-hundred-byte JPEG whose frame header says ``side`` x ``side`` (60,000: 3.6 G pixels, 10.8 GB decoded):
+    what a header read sees of a decompression bomb, nothing decoded."""
+    data = bytearray(jpeg(8, 8))
+    sof = data.index(b"\xff\xc0")
+    data[sof + 5 : sof + 9] = side.to_bytes(2, "big") * 2
+    return bytes(data)
+
+
 def small_tfds(out, *, val_label: int = 1, val_image: bytes | None = None) -> str:
     """A 3-class TFDS version folder ``out`` in TFDS's layout (`data_tools.tfds_layout.write_tfds`): 2 train shards of 3
     records, 1 validation shard of 3 (30 x 30, 30 x 31, and 50 x 20 or ``val_image``, labelled 0, 1, ``val_label``),

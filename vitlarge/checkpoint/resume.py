@@ -46,6 +46,7 @@ from vitlarge.checkpoint.state import LoadedCheckpoint, RunState
 from vitlarge.checkpoint.trust import layout
 from vitlarge.checkpoint.trust import meta as meta_json
 from vitlarge.config.schema import Config
+from vitlarge.data.sources import source_changed
 from vitlarge.distributed.collective import first_failure, rank0_decides
 from vitlarge.errors import UserError
 from vitlarge.plan.phases import new_boundaries_before
@@ -120,11 +121,15 @@ def check_requested(workdir: str | Path, requested: str | Path) -> None:
 
 
 def check_edits(meta: dict, path: Path, cfg: Config, num_train_examples: int | None) -> None:
-    """The edits a checkpoint cannot continue under (one ``UserError``): a phase boundary moved or added before
-    its step (`vitlarge.plan.phases.new_boundaries_before`), layer-wise lr decay turned on or off
-    (`optimizer_groups_changed`). On rank 0 inside `choose`, before any checkpoint is moved or copied."""
+    """The edits a checkpoint cannot continue under (one ``UserError``): another ``data.source``
+    (`vitlarge.data.sources.source_changed`; a meta.json without one was written by a TFRecord run), a phase boundary
+    moved or added before its step (`vitlarge.plan.phases.new_boundaries_before`), layer-wise lr decay turned on or
+    off (`optimizer_groups_changed`). On rank 0 inside `choose`, before any checkpoint is moved or copied."""
     saved = meta.get("config", {})
-    edited = new_boundaries_before(saved, cfg, num_train_examples, meta["step"]) if num_train_examples else None
+    edited = source_changed(str(saved.get("data", {}).get("source", "tfrecord")), cfg)
+    edited = edited or (
+        new_boundaries_before(saved, cfg, num_train_examples, meta["step"]) if num_train_examples else None
+    )
     edited = edited or optimizer_groups_changed(meta, cfg)
     if edited:
         raise UserError(f"{path}: {edited}", same_on_all_ranks=True)

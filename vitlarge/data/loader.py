@@ -43,6 +43,7 @@ from vitlarge.data.manifest import (
     reindex_fix,
     shard_files,
 )
+from vitlarge.data.manifest_schema import TF_SLIM_FEATURES
 from vitlarge.data.rect import RectBatches, val_sizes
 from vitlarge.data.repeats import RepeatedRecords
 from vitlarge.data.spec import LoaderSpec, TrainSpec, ValSpec, pipe_seed
@@ -206,9 +207,12 @@ def _run(
             raise
         lines = [ln.strip() for ln in text.splitlines() if ln.strip() and "no longer valid" not in ln]
         d = manifest.data_dir
+        fix = f"re-convert the source with {convert_cmd()} --check decode --skip-bad"
+        if manifest.format == WDS_FORMAT or manifest.features != TF_SLIM_FEATURES:  # read in place: no source here
+            holder = "tar" if manifest.format == WDS_FORMAT else "shard"
+            fix = f"re-write or re-download the {holder} that holds it, then rerun {reindex_fix(manifest)}"
         raise UserError(
-            f"{d}: an image in the {split} shards cannot be decoded ({lines[-1] if lines else 'decoder error'}); "
-            f"re-convert the source with {convert_cmd()} --check decode --skip-bad"
+            f"{d}: an image in the {split} shards cannot be decoded ({lines[-1] if lines else 'decoder error'}); {fix}"
         ) from None
 
 

@@ -84,17 +84,25 @@ def num_threads(cfg: Config) -> int:
     return dali_threads(os.environ, len(os.sched_getaffinity(0)))[0]
 
 
+def source_changed(written: str, cfg: Config) -> str | None:
+    """The line refusing a resume under another ``data.source`` than ``written``, the checkpoint's; None where
+    they agree. A checkpoint continues only the source that wrote it (a synthetic position means nothing to DALI,
+    and weights trained on noise are not a start for real data, nor the reverse)."""
+    if written == cfg.data.source:
+        return None
+    return (
+        f"the checkpoint being resumed was trained with data.source={written}, this run has "
+        f"data.source={cfg.data.source}; resume with data.source={written}, or pass another --workdir"
+    )
+
+
 def _check_state_source(cfg: Config, state: str | None) -> None:
-    """A checkpoint's data state continues only the source that wrote it (a synthetic position means
-    nothing to DALI, and weights trained on noise are not a start for real data, nor the reverse)."""
+    """`source_changed` for a checkpoint's data state (the source that wrote it, read from the state itself)."""
     if not state:
         return
-    written = "synthetic" if synthetic.is_state(state) else "tfrecord"
-    if written != cfg.data.source:
-        raise UserError(
-            f"the checkpoint being resumed was trained with data.source={written}, this run has "
-            f"data.source={cfg.data.source}; resume with data.source={written}, or pass another --workdir"
-        )
+    why = source_changed("synthetic" if synthetic.is_state(state) else "tfrecord", cfg)
+    if why:
+        raise UserError(why)
 
 
 def _common(cfg: Config, batch_size: int, image_size: int, num_examples: int) -> dict:

@@ -153,8 +153,11 @@ class Engine:
         self.lr_scales = [g.get("lr_scale", 1.0) for g in self.torch_optimizer.param_groups]
         self.comm = CommCounter()
         ddp = getattr(model, "module", None)
-        if isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
+        is_ddp = isinstance(ddp, torch.nn.parallel.DistributedDataParallel)
+        if is_ddp:
             ddp.register_comm_hook(self.comm, CommCounter.hook)
+        # 2 ranks sum a + b == b + a in any layout; from 3 the layout decides the rounding (`_settle_buckets`).
+        self._buckets_unsettled = is_ddp and torch.distributed.get_world_size() >= 3
         # FSDP2: each rank holds a piece of every gradient (DTensors); the global norm sums them over the ranks.
         self.fsdp = isinstance(ddp, FSDPModule)
         self.reduce_every_micro_step = self.fsdp and settings.fsdp_reduce_every_micro_step
@@ -165,6 +168,24 @@ class Engine:
 
     def lr(self, step: int) -> float:
         return self.plan.lr_at(self.cfg, step)
+
+    def _settle_buckets(self, images: torch.Tensor) -> None:
+        """DDP's gradient buckets as every step of an uninterrupted run after its first has them, before this
+        process's first step, so that a resumed run sums each gradient over the ranks in the same order.
+
+        torch's DDP all-reduces its first synced backward in one buffer (parameters in reverse order) and then
+        rebuilds its buckets in the order the gradients became ready. Without this, the first step after a
+        resume took the first layout where the uninterrupted run had the rebuilt one: every gradient at another
+        offset, summed over 3+ ranks in another order, and the weights left it in the last bit. One backward of
+        a zero micro-batch of the step's shape (the same graph, so the same ready order and, compiled, the same
+        graph), with the RNGs restored after it and its gradients discarded, records that order."""
+        self._buckets_unsettled = False
+        device = images.device
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type=device.type):
+            with self.precision.autocast():
+                logits = self.model(torch.zeros_like(images))
+            logits.float().sum().backward()
+        self.torch_optimizer.zero_grad(set_to_none=True)
 
     def step(self, step: int, next_batch: Callable[[], tuple]) -> StepResult:
         self.model.train()
@@ -180,6 +201,9 @@ class Engine:
             t0 = time.perf_counter()
             images, labels = next_batch()
             data_time += time.perf_counter() - t0
+            if self._buckets_unsettled:
+                self._settle_buckets(images)
+                calls_before = self.comm.calls
             images, labels = augment_batch(images, labels, self.mixup, self.erase)
             sync = micro == accum - 1 or self.reduce_every_micro_step
             with contextlib.nullcontext() if sync else self.booster.no_sync(self.model, self.optimizer):

@@ -263,3 +263,22 @@ def test_a_checkpoint_recorded_with_model_grad_checkpointing_resumes_with_full_r
         stored = layout.read_meta(ROOT / "tests" / "data" / "torch251" / plugin / "step_0000020")
         assert "grad_checkpointing" not in stored["config"]["model"]
         assert stored["config"]["train"].get("activation_checkpointing", "off") == "off"
+
+
+def test_another_data_source_is_refused_in_one_line_before_the_checkpoint_is_copied(tmp_path, cfg, parts):
+    """A checkpoint of a TFRecord run resumed with data.source=synthetic (or the reverse): one line naming both and
+    the fix, before anything is copied into this workdir (it was refused only once the loader was built, after
+    `copied ...` and `resumed from ...` lines, leaving the copy behind for every later run there to trip on)."""
+    import copy
+
+    ckpt = line(tmp_path / "a", cfg, parts, (4,))[0]
+    synthetic = copy.deepcopy(cfg)
+    synthetic.data.source = "synthetic"
+    here = tmp_path / "b"
+    with pytest.raises(UserError) as e:
+        resume.choose(here, ckpt, parts[0], synthetic)
+    assert str(e.value) == (
+        f"{ckpt}: the checkpoint being resumed was trained with data.source=tfrecord, this run has "
+        "data.source=synthetic; resume with data.source=tfrecord, or pass another --workdir"
+    )
+    assert not (here / "checkpoints").exists() or names(here / "checkpoints") == []

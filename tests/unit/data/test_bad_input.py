@@ -342,6 +342,25 @@ def test_undecodable_image_inside_a_shard(tmp_path):
     )
 
 
+def test_undecodable_image_read_in_place_names_the_fix_for_its_tars(tmp_path):
+    """A WebDataset image that passes make_index's header check but does not decode (cut short, an end marker
+    appended): the loader's line names the tar set's fix, not the converter, which reads no tars."""
+    from tests.helpers.wds_sets import write_timm_wds
+
+    bad = corrupt_jpeg_bytes() + b"\xff\xd9"
+    d = write_timm_wds(
+        str(tmp_path / "wds"), {"train": 3, "validation": 2}, edit=lambda s, i, x: {**x, "jpg": bad} if i == 1 else x
+    )
+    make_index.make_index(d)
+    with pytest.raises(UserError) as e:
+        list(open_val(d, 2, 16, device=CPU))
+    msg = str(e.value)
+    assert msg.startswith(f"{d}: an image in the validation shards cannot be decoded (") and "\n" not in msg
+    assert "imagenet_to_tfrecord" not in msg and msg.endswith(
+        f"re-write or re-download the tar that holds it, then rerun python -m data_tools.make_index {d}"
+    ), msg
+
+
 def _tiny_jpeg() -> bytes:
     import io
 

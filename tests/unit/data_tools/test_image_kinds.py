@@ -68,6 +68,11 @@ def png(im: Image.Image, orientation: int = 1) -> bytes:
     return out.getvalue()
 
 
+def grey16(values) -> Image.Image:
+    """A 16-bit grey picture (PIL's I;16) holding ``values`` scaled to 16 bits: ``g * 257`` reads ``g`` at 8 bits."""
+    return Image.fromarray(np.asarray(quadrants(values, "L")).astype(np.uint16) * 257)
+
+
 def alpha_drawing(mode: str) -> Image.Image:
     """Black ink everywhere; only the top-left quadrant opaque: the drawing is the alpha channel."""
     alpha = quadrants((255, 0, 0, 0), "L")
@@ -100,6 +105,8 @@ KINDS = {
     "cmyk_jpeg": (lambda: jpeg(quadrants(COLOURS).convert("CMYK")), CMYK_RGB),
     "cmyk_jpeg_exif6": (lambda: jpeg(quadrants(COLOURS).convert("CMYK"), 6), CMYK_RGB),
     "rgb_png_exif8": (lambda: png(quadrants(COLOURS), 8), RGB),
+    "grey16_png": (lambda: png(grey16(GREYS)), GREY),
+    "grey16_png_exif6": (lambda: png(grey16(GREYS), 6), GREY),
     "rgba_png": (lambda: png(alpha_drawing("RGBA")), INK),
     "la_png": (lambda: png(alpha_drawing("LA")), INK),
     "p_png": (lambda: png(alpha_drawing("P")), INK),
@@ -173,8 +180,8 @@ def test_the_summary_counts_and_names_the_transparent_images(kinds_converted, tm
     assert done.returncode == 0, done.stderr
     summary = [line for line in done.stderr.splitlines() if line.startswith("wrote ")]
     assert len(summary) == 1
-    # re-encoded, in train and val each: 4 grey and 2 CMYK JPEGs, 4 PNGs
-    assert "20 images re-encoded as RGB JPEG (6 of them transparent, composited on white: " in summary[0]
+    # re-encoded, in train and val each: 4 grey and 2 CMYK JPEGs, 6 PNGs
+    assert "24 images re-encoded as RGB JPEG (6 of them transparent, composited on white: " in summary[0]
     assert os.path.join(src, "train", "la_png", "la_png.img") in summary[0]
 
 
@@ -243,4 +250,52 @@ def test_a_transparent_image_read_in_place_is_one_line_naming_it_and_the_convert
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1, err
     assert name in err[0] and "transparent" in err[0] and "data_tools.imagenet_to_tfrecord" in err[0], err[0]
+    # the converter reads image folders and parquet, not tars or TFDS: the fix names what it converts
+    assert "convert the set" not in err[0] and "ROOT/train/<class>/*" in err[0], err[0]
     assert not os.path.exists(os.path.join(d, "dataset.json"))
+
+
+def docs_snippet(doc: str) -> str:
+    """The lines of ``doc``'s inference snippet that make an image as trained, from its ``exif_transpose`` line to
+    the one that converts it to RGB (``image = ...convert("RGB")``), the path and what follows left out."""
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "..", doc)) as f:
+        lines = f.read().splitlines()
+    start = next(i for i, line in enumerate(lines) if "ImageOps.exif_transpose(Image.open(" in line)
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("image = "))
+    return "\n".join(lines[start + 1 : end])
+
+
+def test_the_docs_snippet_reads_each_kind_as_the_converter_does(tmp_path):
+    """The snippet users classify with outside vitlarge (README, RECIPES.md, DATA.md: the same lines) gives each
+    kind as it looks, and the converter's picture pixel for pixel (both PIL): a 16-bit grey PNG read white in both
+    before."""
+    from PIL import ImageOps
+
+    snippets = {doc: docs_snippet(doc) for doc in ("README.md", "docs/RECIPES.md", "docs/DATA.md")}
+    assert len(set(snippets.values())) == 1, snippets
+    body = snippets["docs/DATA.md"]
+    wrong = {}
+    for name, (make, colours) in KINDS.items():
+        scope = {"Image": Image, "image": ImageOps.exif_transpose(Image.open(io.BytesIO(make())))}
+        exec(body, scope)  # noqa: S102 (the docs' own lines, run as users run them)
+        got = np.asarray(scope["image"].convert("RGB"))
+        converter, _ = imagefolder.upright_rgb(Image.open(io.BytesIO(make())))
+        q = SIDE // 4
+        centres = [tuple(int(v) for v in got[r * 2 * q + q, c * 2 * q + q]) for r, c in QUADRANTS]
+        if not np.array_equal(got, np.asarray(converter)) or any(
+            abs(a - b) > TOLERANCE for g, e in zip(centres, colours) for a, b in zip(g, e)
+        ):
+            wrong[name] = (centres, colours)
+    assert not wrong, f"the docs' snippet reads these otherwise than they look or the converter reads them: {wrong}"
+
+
+def test_a_turned_tiffs_header_size_is_the_size_it_is_converted_at():
+    """PIL reports a TIFF's size already turned by its orientation tag (and turns it on load): the header read
+    (the converter's validation sort) must not turn it a second time. Stored 40 wide, 20 high, orientation 6."""
+    pixels, exif = stored(Image.new("RGB", (20, 40), (200, 10, 10)), 6)
+    out = io.BytesIO()
+    pixels.save(out, "TIFF", exif=exif)
+    converted = imagefolder.prepare_bytes(out.getvalue(), "turned.tif")
+    assert (converted.height, converted.width) == (40, 20)
+    assert imagefolder.displayed_header(out.getvalue())[:2] == (40, 20)
+    assert peeked_shape(out.getvalue()) == (40, 20)

@@ -4,16 +4,18 @@ write: nothing is written there, the loaders read the shards where they are) and
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 
 import pytest
 import torch
+from PIL import Image
 
 from data_tools import make_index, tfds_layout
 from tests.helpers import call_main
-from tests.helpers.data_fixtures import jpeg, small_tfds
+from tests.helpers.data_fixtures import bomb_jpeg, jpeg, small_tfds
 from tests.helpers.loaders import open_val
 from tests.helpers.mounts import read_only, snapshot
 from vitlarge.data.manifest import load_manifest, shard_files, split_sizes, validate_data_dir
@@ -205,6 +207,42 @@ def test_a_payload_that_is_no_image_is_refused_naming_the_shard_and_record(tmp_p
     line = refused(src)
     assert line.startswith(f"error: {src}/tinynet-validation.tfrecord-00000-of-00001: the record at byte ")
     assert "feature 'image' holds no image (UnidentifiedImageError)" in line
+
+
+@pytest.mark.parametrize("kind", ["GIF", "TGA"])
+def test_an_image_dali_does_not_decode_is_refused_as_a_webdataset_one_is(tmp_path, kind):
+    """A GIF (or TGA) PIL reads but DALI does not decode: refused here as WebDataset's reader refuses it, before a
+    dataset.json exists (indexed before, the loader stopped on it at the first validation: 'cannot be decoded')."""
+    out = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(out, kind)
+    src = small_tfds(tmp_path / "tinynet" / "1.0.0", val_image=out.getvalue())
+    line = refused(src)
+    assert line.startswith(f"error: {src}/tinynet-validation.tfrecord-00000-of-00001: the record at byte ")
+    assert f"feature 'image' holds a {kind} image, which DALI does not decode in place" in line
+
+
+def test_an_image_past_the_converters_pixel_guard_is_refused_naming_the_shard(tmp_path):
+    """A record whose JPEG header says 60,000 x 60,000 is refused as the converter refuses it (--max-image-pixels),
+    not indexed for DALI to decode (10.8 GB); the option raises the guard."""
+    src = small_tfds(tmp_path / "tinynet" / "1.0.0", val_image=bomb_jpeg())
+    line = refused(src)
+    assert line.startswith(f"error: {src}/tinynet-validation.tfrecord-00000-of-00001: the record at byte ")
+    assert "60000 x 60000 = 3,600,000,000 pixels, more than --max-image-pixels 89,478,485" in line
+    index = os.path.join(os.path.dirname(src), "index")
+    accepted = call_main(
+        "data_tools.make_index", src, "--out", index, "--workers", "1", "--max-image-pixels", "3600000000"
+    )
+    assert accepted.returncode == 0, accepted.stderr
+
+
+def test_a_truncated_jpeg_is_refused_naming_the_shard(tmp_path):
+    """A record whose JPEG is cut short is refused as the converter refuses it, not indexed for DALI to stop on in
+    training."""
+    whole = jpeg(48, 40)
+    src = small_tfds(tmp_path / "tinynet" / "1.0.0", val_image=whole[: len(whole) // 2])
+    line = refused(src)
+    assert line.startswith(f"error: {src}/tinynet-validation.tfrecord-00000-of-00001: the record at byte ")
+    assert "feature 'image' holds a truncated or damaged image" in line
 
 
 def test_other_feature_names_are_read_with_image_key_and_label_key(tmp_path):

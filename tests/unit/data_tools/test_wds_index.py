@@ -10,6 +10,7 @@ import tarfile
 import pytest
 
 from data_tools import make_index
+from tests.helpers.data_fixtures import bomb_jpeg, jpeg
 from tests.helpers.wds_sets import CLASSES, member_tar, write_timm_wds
 from vitlarge.data.manifest import MANIFEST_NAME, load_manifest, reindex_fix, shard_files, split_sizes
 from vitlarge.data.manifest_schema import WDS_FORMAT
@@ -347,3 +348,30 @@ def test_a_folder_whose_path_has_a_control_character_is_refused_before_any_index
     rc = make_index.main([d, "--workers", "1"])
     assert rc == 2 and "control character" in capsys.readouterr().err
     assert sorted(os.listdir(d)) == ["_info.json", "tiny-train-0000.tar", "tiny-validation-0000.tar"]
+
+
+def test_an_image_past_the_converters_pixel_guard_is_refused_naming_it(tmp_path, capsys):
+    """A JPEG whose header says 60,000 x 60,000 (a decompression bomb: 10.8 GB once DALI decodes it) is refused as
+    the converter refuses it (--max-image-pixels, the same default), not indexed for the loader to decode; the option
+    raises the guard for trusted images."""
+    d = write_edited(tmp_path, lambda s, i, x: {**x, "jpg": bomb_jpeg()} if s == "validation" and i == 1 else x)
+    line = refused(d, capsys)
+    assert (
+        "validation_000001.jpg: 60000 x 60000 = 3,600,000,000 pixels, more than --max-image-pixels 89,478,485" in line
+    )
+    assert make_index.main([d, "--workers", "1", "--max-image-pixels", "3600000000"]) == 0
+
+
+@pytest.mark.parametrize("kind", ["cut", "trailing"])
+def test_a_truncated_jpeg_is_refused_as_the_converter_refuses_it(tmp_path, capsys, kind):
+    """A JPEG cut short (a download that stopped) is refused naming it, as the converter's header check refuses it
+    (no end marker: decoded, and the decode fails), not indexed for the loader to stop on in training; one with bytes
+    after its end marker decodes and is kept, as the converter keeps it."""
+    whole = jpeg(48, 40)
+    image = whole[: len(whole) // 2] if kind == "cut" else whole + b"\0" * 7
+    d = write_edited(tmp_path, lambda s, i, x: {**x, "jpg": image} if s == "validation" and i == 1 else x)
+    if kind == "trailing":
+        index(d)
+        return
+    line = refused(d, capsys)
+    assert "validation_000001.jpg: a truncated or damaged image" in line and "re-write the sample" in line, line
