@@ -20,7 +20,6 @@ import importlib
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 import warnings
@@ -97,9 +96,7 @@ def run_one(name: str, quick: bool, tiny: bool) -> dict:
 def run_all(quick: bool, tiny: bool = False, only: tuple[str, ...] = BENCHMARKS, report: bool = True) -> dict:
     """Runs the named benchmarks; returns ``{name: {"ok", "seconds", "error"}}`` and writes the report."""
     tiny = harness_results.is_tiny(tiny)
-    if tiny and "VITLARGE_BENCH_RESULTS" not in os.environ:
-        os.environ["VITLARGE_BENCH_RESULTS"] = tempfile.mkdtemp(prefix="vitlarge-bench-tiny-")
-    results = harness_results.results_dir()
+    results = harness_results.tiny_results_dir() if tiny else harness_results.results_dir()
     status = {}
     for name in only:
         t = time.perf_counter()

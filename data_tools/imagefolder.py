@@ -28,7 +28,7 @@ from PIL import Image, ImageOps
 
 from vitlarge.data.manifest_schema import CONTROL_RE, MAX_SYNSET
 from vitlarge.errors import UserError
-from vitlarge.fileio import is_inside, open_regular
+from vitlarge.fileio import UnsafeFile, is_inside, open_regular, read_capped
 
 DEFAULT_MAX_IMAGE_PIXELS = 89_478_485  # PIL's own default (~9459 x 9459); ImageNet's largest is ~32M pixels
 # A file larger than this many bytes a pixel of the pixel limit holds no image within it (8-bit RGBA unpacked is 4):
@@ -357,30 +357,64 @@ def layout_warnings(
     return lines
 
 
+VAL_LABELS_MAX_BYTES = 64 << 20
+"""The most bytes of a ``--val-labels`` file read: Kaggle's LOC_val_solution.csv (50,000 rows) is ~2.4 MB."""
+
+
 def read_val_labels(path: str) -> dict[str, str]:
-    """{filename or stem: class} from Kaggle's LOC_val_solution.csv or ``filename class`` lines."""
+    """{filename or stem: class} from Kaggle's LOC_val_solution.csv or ``filename class`` lines. The file is data:
+    read up to `VAL_LABELS_MAX_BYTES`; an image labelled twice with two classes, a row without its class and bytes
+    that are not UTF-8 are each one `UserError` naming the file (and line)."""
     if not os.path.isfile(path):
         raise UserError(f"{path}: validation labels file not found; pass an existing --val-labels")
+    try:
+        text = read_capped(path, VAL_LABELS_MAX_BYTES).decode("utf-8-sig")
+    except UnsafeFile as e:
+        raise UserError(
+            f"--val-labels {path} {e.strerror}; pass Kaggle's LOC_val_solution.csv or a file of 'filename class' lines"
+        ) from None
+    except UnicodeDecodeError as e:
+        raise UserError(
+            f"{path}: not UTF-8 text (byte {e.start:,}); pass Kaggle's LOC_val_solution.csv or a file "
+            "of 'filename class' lines"
+        ) from None
     out: dict[str, str] = {}
-    with open(path, newline="") as f:
-        first = f.readline()
-        f.seek(0)
-        if first.startswith("ImageId,PredictionString"):
-            for row in csv.DictReader(f):
-                tokens = row["PredictionString"].split()
-                if tokens:
-                    out[row["ImageId"]] = tokens[0]
-        else:
-            for n, line in enumerate(f, 1):
-                parts = line.replace(",", " ").split()
-                if not parts:
-                    continue
-                if len(parts) != 2:
-                    raise UserError(
-                        f"{path}:{n}: expected 'filename class', got {line.strip()!r}; "
-                        "fix the line or use Kaggle's LOC_val_solution.csv"
-                    )
-                out[parts[0]] = parts[1]
+    where: dict[str, int] = {}
+
+    def label(n: int, name: str, cls: str) -> None:
+        if out.get(name, cls) != cls:
+            raise UserError(
+                f"{path}:{n}: {name[:80]} is labelled {cls[:60]} here and {out[name][:60]} on line {where[name]}; "
+                "keep one line per image"
+            )
+        out[name], where[name] = cls, where.get(name, n)
+
+    f = io.StringIO(text, newline="")
+    if text.startswith("ImageId,PredictionString"):
+        rows = csv.reader(f)
+        next(rows)
+        for row in rows:
+            if not row:
+                continue
+            if len(row) != 2:
+                raise UserError(
+                    f"{path}:{rows.line_num}: expected 'ImageId,PredictionString' (an image and its class first), got "
+                    f"{','.join(row)[:80]!r}; fix the row or use Kaggle's LOC_val_solution.csv as it is"
+                )
+            tokens = row[1].split()
+            if tokens:
+                label(rows.line_num, row[0], tokens[0])
+    else:
+        for n, line in enumerate(f, 1):
+            parts = line.replace(",", " ").split()
+            if not parts:
+                continue
+            if len(parts) != 2:
+                raise UserError(
+                    f"{path}:{n}: expected 'filename class', got {line.strip()[:80]!r}; "
+                    "fix the line or use Kaggle's LOC_val_solution.csv"
+                )
+            label(n, parts[0], parts[1])
     if not out:
         raise UserError(f"{path}: no labels found; expected 'filename class' lines or LOC_val_solution.csv")
     return out

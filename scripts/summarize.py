@@ -12,8 +12,14 @@ from vitlarge.checkpoint.export import EXPORT_DIR
 from vitlarge.report.metrics_log import FILENAME, PLOT_FILENAME, STEP_MAX, TB_DIRNAME, read_metrics, value
 
 
+def _fraction(x: object) -> float | None:
+    """A recorded accuracy, a fraction in [0, 1] (`value`); None where the record has none: no run writes 1.7."""
+    f = value(x)
+    return f if f is not None and 0.0 <= f <= 1.0 else None
+
+
 def _percent(fraction: float | None) -> str:
-    """A recorded accuracy (a fraction) as a percentage; "?" where the record has none (`value`)."""
+    """A recorded accuracy (a fraction) as a percentage; "?" where the record has none (`_fraction`)."""
     return "?" if fraction is None else f"{100 * fraction:.2f}%"
 
 
@@ -33,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         starts = [r for r in records if r.get("event") == "start"]
         steps = [r["step"] for r in records if r.get("event") == "train" and isinstance(r.get("step"), int)]
         total = starts[-1].get("total_steps") if starts else None
+        total = total if type(total) is int and 0 < total <= STEP_MAX else None  # data: no text printed from it
         at = max(steps, default=starts[-1].get("step", 0) if starts else 0)
         print(f"the run has not ended: it stopped at step {at}" + (f" of {total}" if total else ""))
     evals = [r for r in records if r.get("event") == "eval"]
@@ -40,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {path} has no evaluation yet", file=sys.stderr)
         return 2
     last = evals[-1]
-    top1, top5, loss = (value(last.get(k)) for k in ("val_top1", "val_top5", "val_loss"))
+    top1, top5, loss = _fraction(last.get("val_top1")), _fraction(last.get("val_top5")), value(last.get("val_loss"))
     images = last.get("val_images")
     print(
         f"{'final' if ended else 'latest'} validation top-1 {_percent(top1)} (top-5 {_percent(top5)}, loss "
@@ -62,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     print("  ".join(where))
     model = w / EXPORT_DIR
     if (model / "config.json").is_file():
-        earlier = f" (exported at step {ends[-1].get('step')}, before the last start)" if ends and not ended else ""
+        step = ends[-1].get("step") if ends else None  # an end record's step is not checked when read: data
+        step = step if type(step) is int and 0 <= step <= STEP_MAX else "?"
+        earlier = f" (exported at step {step}, before the last start)" if ends and not ended else ""
         print(f'model: {model}{earlier}  (timm.create_model("local-dir:{model}", pretrained=True))')
     return 0
 

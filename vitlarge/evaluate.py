@@ -179,10 +179,10 @@ JSON line before): the table is what a person reads, and a script that parsed th
 
 
 def show(metrics: dict, checkpoint: str, step: int | None, size: int, as_json: bool) -> None:
-    """The result on stdout: one JSON object (``--json``) or the `table`, with `JSON_MOVED` once on stderr where
-    no terminal reads stdout."""
-    if as_json:
-        print(json.dumps(metrics))
+    """The result on stdout: one JSON object (``--json``; a value that is not finite is null) or the `table`, with
+    `JSON_MOVED` once on stderr where no terminal reads stdout."""
+    if as_json:  # a loss past a float's range (fp16 logits) is null, as metrics.jsonl writes it: NaN is not JSON
+        print(json.dumps({k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in metrics.items()}))
         return
     if not sys.stdout.isatty():
         print(JSON_MOVED, file=sys.stderr)
@@ -231,6 +231,8 @@ def _configured(args, given: Path, export: model_of.ModelOf | None):
     common = dict(override_files=args.override_files, data__path=args.data)
     if args.config is not None:
         return load_config(args.config, args.overrides, **common)
+    if export is None and not given.exists():
+        raise layout.missing(given)
     if export is None:
         raise UserError(
             f"{given}: --config is needed for a checkpoint folder or a model.safetensors file (an export folder's "

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import platform
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +28,15 @@ def threads(tiny: bool) -> int:
 
 def is_tiny(tiny: bool = False) -> bool:
     return tiny or os.environ.get(TINY_ENV, "") not in ("", "0")
+
+
+def tiny_results_dir() -> Path:
+    """Where a smoke run (``--tiny``) writes: ``VITLARGE_BENCH_RESULTS`` where set, else a new temporary folder,
+    set in the environment so that the rest of the run (its other benchmarks, the report) finds it. Its numbers
+    mean nothing: in benchmarks/results they would be what docs/PERFORMANCE.md is generated from."""
+    if "VITLARGE_BENCH_RESULTS" not in os.environ:
+        os.environ["VITLARGE_BENCH_RESULTS"] = tempfile.mkdtemp(prefix="vitlarge-bench-tiny-")
+    return results_dir()
 
 
 def results_dir() -> Path:
@@ -75,6 +86,8 @@ def cli(run: Callable[[bool, bool], dict], doc: str, show: Callable[[dict], None
     p.add_argument("--quick", action="store_true", help="fewer repeats and smaller inputs")
     p.add_argument("--tiny", action="store_true", help="smoke-test sizes; the numbers mean nothing")
     a = p.parse_args()
+    if a.tiny:
+        print(f"--tiny: results under {tiny_results_dir()} (the numbers mean nothing)", file=sys.stderr)
     warnings.filterwarnings("ignore")
     result = run(a.quick, a.tiny)
     if show is None:
@@ -84,7 +97,10 @@ def cli(run: Callable[[bool, bool], dict], doc: str, show: Callable[[dict], None
 
 
 def write_result(name: str, result: dict) -> Path:
-    """Writes ``<results>/<name>.json`` atomically (`vitlarge.fileio.write_atomic`), with the machine added."""
+    """Writes ``<results>/<name>.json`` atomically (`vitlarge.fileio.write_atomic`), with the machine added; a
+    smoke run's (``tiny`` in ``result`` or the environment) under `tiny_results_dir`."""
+    if is_tiny(result.get("tiny") is True):
+        tiny_results_dir()
     result = {**result, "machine": machine(), "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     from vitlarge.fileio import write_atomic
 

@@ -112,6 +112,21 @@ def test_a_script_reading_the_table_is_told_once_on_stderr_that_the_json_is_json
     assert out.startswith("evaluated  runs/x/model\n") and err == ""
 
 
+def test_json_is_json_where_the_loss_is_not_finite(capsys):
+    """fp16 logits past its range give a loss of inf: --json printed ``Infinity`` (``NaN``), which strict JSON readers
+    (jq, JSON.parse) refuse; null, as metrics.jsonl writes it (hooks.jsonl)."""
+    from vitlarge.evaluate import show
+
+    for bad in (float("inf"), float("nan")):
+        show({**METRICS, "val_loss": bad}, "runs/x/model", None, 16, as_json=True)
+        out = capsys.readouterr().out
+
+        def refuse(constant):
+            raise ValueError(f"not JSON: {constant}")
+
+        assert json.loads(out, parse_constant=refuse) == {**METRICS, "val_loss": None}
+
+
 def test_top5_is_reported_only_where_it_can_miss():
     """Of 5 classes or fewer every image is in the top 5: a 100% that measures nothing (issue 55), left out of the
     table and None in the JSON (CHANGELOG.md)."""
@@ -332,8 +347,23 @@ def test_a_checkpoint_folder_still_needs_its_recipe(tmp_path):
     from tests.helpers import call_main
 
     (tmp_path / "meta.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"")
     r = call_main("vitlarge.evaluate", "--checkpoint", str(tmp_path / "model.safetensors"))
-    assert r.returncode == 2 and r.stderr.startswith(f"error: {tmp_path / 'model.safetensors'}: --config is needed")
+    assert r.returncode == 2 and r.stderr.startswith(f"error: {tmp_path}: --config is needed")
+
+
+def test_a_checkpoint_that_does_not_exist_is_said_so_not_that_config_is_needed(tmp_path):
+    """A mistyped step without --config was told "--config is needed for a checkpoint folder"."""
+    from tests.helpers import call_main
+
+    (tmp_path / "checkpoints" / "step_0000110").mkdir(parents=True)
+    typo = tmp_path / "checkpoints" / "step_000011"
+    r = call_main("vitlarge.evaluate", "--checkpoint", str(typo), "--data", str(tmp_path))
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == (
+        f"error: checkpoint {typo} does not exist; {typo.parent} holds step_0000110; pass a checkpoints/step_* "
+        "folder or an exported model folder\n"
+    )
 
 
 @pytest.mark.parametrize("names", [["a"] * 5, ["a", "b"], [1, 2, 3, 4, 5], "abcde"])

@@ -76,3 +76,31 @@ def test_values_no_run_writes_are_question_marks_and_a_missing_top1_is_one_line_
     assert r.returncode == 0 and r.stdout.splitlines()[0] == (
         "final validation top-1 50.00% (top-5 75.00%, loss ?) at step 5 on 9 images"
     )
+
+
+def test_an_accuracy_outside_0_1_and_a_total_that_is_no_step_count_are_not_printed(tmp_path):
+    """A top-1 of 1.7 printed "170.00%" with exit 0; a total_steps of text was printed whole (500 kB of it, or a
+    terminal escape: no run writes either)."""
+    write_run(tmp_path, (0, 5, False), total=88)
+    path = tmp_path / "metrics.jsonl"
+    lines = path.read_text().splitlines()
+    lines[0] = json.dumps({"event": "start", "step": 0, "total_steps": "\x1b[2J" + "x" * 500_000})
+    lines[-1] = json.dumps({"event": "eval", "step": 5, "val_top1": 1.7, "val_top5": -0.5, "val_loss": 1.0})
+    path.write_text("\n".join(lines) + "\n")
+    r = call_main("scripts.summarize", str(tmp_path))
+    assert r.stdout.splitlines()[:2] == [
+        "the run has not ended: it stopped at step 5",
+        "latest validation top-1 ? (top-5 ?, loss 1.0000) at step 5 on ? images",
+    ]
+    assert r.returncode == 2 and "records no val_top1 (missing, not a number or out of range)" in r.stderr
+
+
+def test_an_end_records_step_that_is_no_step_is_a_question_mark(tmp_path):
+    """An ``end`` record is read whatever its step holds; the model line printed it as it was."""
+    write_run(tmp_path, (0, 5, True), (3, 5, False))
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(path.read_text().replace('{"event": "end", "step": 5', '{"event": "end", "step": "\\u001b[2J"'))
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    r = call_main("scripts.summarize", str(tmp_path))
+    assert "(exported at step ?, before the last start)" in r.stdout and "\x1b" not in r.stdout, r.stdout

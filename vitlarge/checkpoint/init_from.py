@@ -219,6 +219,12 @@ def load_into(model: torch.nn.Module, cfg: Config) -> list[str]:
         target = model.state_dict()
         for k, v in sd.items():
             target[k].copy_(v.to(target[k].device, target[k].dtype))
+    if (name := ckpt_weights.non_finite(model)) is not None:  # else nan losses, and the NaN guard blames the lr
+        raise UserError(
+            f"model.init_from={cfg.model.init_from}: {name} holds NaN or inf (the file was damaged, or its run "
+            "diverged); pass another model's weights",
+            same_on_all_ranks=True,
+        )
     where = f" (its '{key}')" if key else ""
     return [f"initialised from {cfg.model.init_from}{where}"] + notes
 

@@ -19,7 +19,7 @@ from vitlarge.checkpoint.files import reason_of
 from vitlarge.checkpoint.model_of import export_doc
 from vitlarge.checkpoint.trust import index as dcp_index
 from vitlarge.checkpoint.trust.folder import verify
-from vitlarge.checkpoint.trust.layout import Unusable, beside, read_meta
+from vitlarge.checkpoint.trust.layout import Unusable, missing, read_meta
 from vitlarge.checkpoint.trust.torch_files import safetensors_file
 from vitlarge.config.schema import Config
 from vitlarge.distributed.plugins import unwrap
@@ -170,12 +170,11 @@ def load_model_weights(path: str | Path, model: torch.nn.Module, cfg: Config) ->
         except (RuntimeError, TypeError) as e:  # a checkpoint whose index passed but whose entries do not fit
             problem = f"its weights do not fit the model ({str(e).splitlines()[0][:120]})"
             raise evaluate_another(path, problem) from None
+        if (name := non_finite(target)) is not None:
+            raise evaluate_another(path, f"its {name} holds NaN or inf")
         return
     if not path.is_file():
-        raise UserError(
-            f"checkpoint {path} does not exist{beside(path)}; pass a checkpoints/step_* folder or an exported model "
-            "folder"
-        )
+        raise missing(path)
     problem = fileio.regular_file_problem(path)
     if problem:
         raise UserError(f"{given}: {problem}; pass an exported model folder or a checkpoints/step_* folder")
@@ -184,3 +183,19 @@ def load_model_weights(path: str | Path, model: torch.nn.Module, cfg: Config) ->
         unwrap(model).load_state_dict(tensors)
     except RuntimeError as e:
         raise UserError(_does_not_fit(given, tensors, model, cfg, e)) from None
+    if (name := non_finite(unwrap(model))) is not None:
+        raise UserError(
+            f"{path}: {name} holds NaN or inf (the file was damaged, or its run diverged): no figure scored from it "
+            "means anything; pass another exported model folder or a checkpoints/step_* folder",
+            same_on_all_ranks=True,
+        )
+
+
+def non_finite(model: torch.nn.Module) -> str | None:
+    """The name of ``model``'s first parameter or buffer holding NaN or inf, None where every value is finite: what
+    `load_model_weights` refuses, since no figure scored from such weights means anything (their top-1 is the
+    order topk gives NaN logits)."""
+    for name, t in (*model.named_parameters(), *model.named_buffers()):
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            return name
+    return None

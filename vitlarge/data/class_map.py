@@ -11,8 +11,9 @@ top-1 with exit 0.
 
 `match` says how each data class is scored: ``model_index[j]`` is the model's output for the data's class ``j``,
 and the evaluation takes the model's logits at those indices (a subset, or the same classes in another order),
-so top-1 is correct by name. Names the model does not know, or class counts that differ with no names on
-one side to map them by, are a `UserError`: such a set has no correct figure.
+so top-1 is correct by name. Names the model does not know, class counts that differ with no names on
+one side to map them by, and a set of one of the model's classes (scored over itself, always right) are a
+`UserError`: such a set has no correct figure.
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ def match(
     """`ClassMap` of a data set of ``count`` classes (``names`` in label order, or None) scored by a model of
     ``model_count`` outputs (``model_names`` in index order, or None). ``model_where`` and ``data_where`` name the
     files the names come from, for the lines. A `UserError` where the data set holds classes the model does not
-    know, or where the counts differ and one side has no names to map them by."""
+    know, where the counts differ and one side has no names to map them by, or where it holds one of the model's
+    several classes (scored over itself: always right)."""
     if model_names is None or names is None:
         unnamed = model_where if model_names is None else data_where
         if count == model_count:  # an older checkpoint, a data set of unnamed classes: as before, never silently
@@ -86,6 +88,12 @@ def match(
         )
     if list(names) == list(model_names):
         return ClassMap(None, None)
+    if count == 1:  # the logits taken at one index: its softmax is 1, the top-1 right and the loss 0 for any model
+        raise UserError(
+            f"{data_where} holds one of the model's {model_count:,} classes ({_some(names)}): scored over its own "
+            "classes every image is right whatever the model (top-1 100%, loss 0); evaluate on a data set of 2 or "
+            "more of the model's classes"
+        )
     order = tuple(index[n] for n in names)
     if count == model_count:
         line = f"scoring the model's {model_count:,} classes by name: {data_where} lists them in another order"

@@ -21,6 +21,7 @@ average, the learning rate, the validation top-1 and the throughput, against the
 from __future__ import annotations
 
 import argparse
+import errno
 import io
 import math
 import sys
@@ -142,6 +143,12 @@ def _save(fig, target: Path, root: Path | None) -> Path:
         write_atomic(target, png.getvalue(), root=root)
     except UnsafeFile as e:
         raise UserError(f"{e.filename}: {e.strerror}; remove it and draw again") from None
+    except OSError as e:  # a folder that is not there or not writable: the figure is drawn, the file not written
+        where, fix = (
+            (f"--out {target}", "pass a PNG file") if root is None else (str(target), "draw it with --out FILE")
+        )
+        folder = "a folder that exists" if e.errno == errno.ENOENT else "a folder you can write"
+        raise UserError(f"{where}: {e.strerror}; {fix} in {folder}") from None
     return target
 
 

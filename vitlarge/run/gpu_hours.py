@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vitlarge.config.schema import Config
+from vitlarge import fileio
+from vitlarge.checkpoint.trust.meta import is_number
+from vitlarge.config.schema import IMAGE_SIZE, Config
 from vitlarge.errors import UserError
 from vitlarge.plan.plan import Plan, phase_config
 from vitlarge.run.run_costs import PhaseRate, data_figures, forwards_per_step, pipeline_lines, run_costs, span
@@ -57,6 +59,8 @@ class Rate:
     """``train.activation_checkpointing`` of the row (``off``, ``full``, ``selective``)."""
     images_per_s: float
     row: str
+    model_at: str = ""
+    """The file and key that name ``model``, for the line that refuses a model vitlarge cannot build."""
 
 
 def kind_of(name: str) -> str | None:
@@ -110,69 +114,117 @@ def recompute_of(recipe: dict) -> str:
     return "full" if recipe.get("grad_checkpointing") is True else "off"
 
 
-def measured_rates(result: dict) -> list[Rate]:
+RESULTS_CAP = 16 << 20
+"""The most bytes of a gpu.json read (the kit's is ~50 kB): a file from elsewhere never costs more."""
+MAX_RATE = 1e9
+"""The largest images/s per GPU a kit row may state: far above any ViT on any GPU; with the smallest, 1e-3, the
+hours it gives stay a number to print."""
+PRECISIONS = ("fp16", "bf16", "fp32")
+
+
+def _refused(where: str, key: str, value: object, rule: str) -> UserError:
+    return UserError(
+        f"{where}: {key} is {str(value)[:80]}, not {rule}; the file was edited or damaged: give a gpu.json the GPU "
+        "kit wrote"
+    )
+
+
+def _section(where: str, key: str, value: object) -> dict:
+    """``value``, a JSON object, or the one line naming ``key``; a missing or null section is empty."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _refused(where, key, value, "a JSON object")
+    return value
+
+
+def _rate(
+    where: str, key: str, label: str, row: dict, setting: dict, model: object, size: object, recompute: str
+) -> Rate | None:
+    """The `Rate` of kit row ``row`` (at ``key``; ``label``: its name in the printed lines) of ``model`` at ``size``
+    px (``setting``: the keys of those two, for the lines), None where the row measured nothing (no images_per_s, or 0: a failed or skipped
+    row). Each value checked before any figure is made of it: a file from elsewhere is data."""
+    ips = row.get("images_per_s")
+    if ips is None or ips == 0:
+        return None
+    if not (is_number(ips) and 1e-3 <= ips <= MAX_RATE):
+        raise _refused(where, f"{key}.images_per_s", ips, f"a rate in images/s from 0.001 to {MAX_RATE:g}")
+    if not isinstance(model, str) or not 0 < len(model) <= 200:
+        raise _refused(where, setting["model"], model, "a timm model name")
+    if not (isinstance(size, int) and not isinstance(size, bool) and IMAGE_SIZE.test(size)):
+        raise _refused(where, setting["image_size"], size, f"an image side {IMAGE_SIZE.words}")
+    precision = row.get("precision")
+    if precision not in PRECISIONS:
+        raise _refused(where, f"{key}.precision", precision, f"one of {', '.join(PRECISIONS)}")
+    compiled = row.get("compiled", False)
+    if not isinstance(compiled, bool):  # "false" is a true string: the row would be taken as compiled
+        raise _refused(where, f"{key}.compiled", compiled, "true or false")
+    return Rate(model, size, precision, compiled, recompute, float(ips), label, f"{where}: {setting['model']}")
+
+
+def measured_rates(result: dict, where: str) -> list[Rate]:
     """The kit's training rows from its gpu.json: ``recipes`` (each recipe's configuration, eager and compiled)
-    where the kit wrote them, and the older ``train`` (ViT-B/16) and ``large`` (L/16, H/14) sections."""
-    rates = []
-    for name, r in (result.get("recipes") or {}).items():
-        for row, v in (r.get("rows") or {}).items():
-            if v.get("images_per_s"):
-                rates.append(
-                    Rate(
-                        r["model"],
-                        int(r["image_size"]),
-                        str(v["precision"]),
-                        bool(v.get("compiled")),
-                        recompute_of(r),
-                        float(v["images_per_s"]),
-                        f"recipes.{name}.{row}",
-                    )
-                )
-    t = result.get("train")
-    if t:
-        for row, v in t["results"].items():
-            if row.startswith("vitlarge") and v.get("images_per_s"):
-                compiled = bool(v.get("compiled", row.startswith("vitlarge_compiled")))
-                rates.append(
-                    Rate(
-                        t["model"],
-                        int(t["image_size"]),
-                        v["precision"],
-                        compiled,
-                        "off",
-                        v["images_per_s"],
-                        f"train.{row}",
-                    )
-                )
-    for name, v in (result.get("large") or {}).items():
-        if v.get("images_per_s"):
-            rates.append(
-                Rate(
-                    v["model"],
-                    int(v["image_size"]),
-                    v["precision"],
-                    False,
-                    recompute_of(v),
-                    v["images_per_s"],
-                    f"large.{name}",
-                )
-            )
-    return rates
+    where the kit wrote them, and the older ``train`` (ViT-B/16) and ``large`` (L/16, H/14) sections. A value of
+    another type or out of its range is one `UserError` naming ``where`` (the file) and its key."""
+    rates: list[Rate | None] = []
+    for name, r in _section(where, "recipes", result.get("recipes")).items():
+        r = _section(where, f"recipes.{name}", r)
+        at = {"model": f"recipes.{name}.model", "image_size": f"recipes.{name}.image_size"}
+        for row, v in _section(where, f"recipes.{name}.rows", r.get("rows")).items():
+            key = f"recipes.{name}.rows.{row}"
+            v = _section(where, key, v)
+            label = f"recipes.{name}.{row}"
+            rates.append(_rate(where, key, label, v, at, r.get("model"), r.get("image_size"), recompute_of(r)))
+    t = _section(where, "train", result.get("train"))
+    at = {"model": "train.model", "image_size": "train.image_size"}
+    for row, v in _section(where, "train.results", t.get("results")).items():
+        if row.startswith("vitlarge"):
+            v = _section(where, f"train.results.{row}", v)
+            v = {**v, "compiled": v.get("compiled", row.startswith("vitlarge_compiled"))}
+            key, label = f"train.results.{row}", f"train.{row}"
+            rates.append(_rate(where, key, label, v, at, t.get("model"), t.get("image_size"), "off"))
+    for name, v in _section(where, "large", result.get("large")).items():
+        v = _section(where, f"large.{name}", v)
+        at = {"model": f"large.{name}.model", "image_size": f"large.{name}.image_size"}
+        v = {**v, "compiled": False}
+        key = f"large.{name}"
+        rates.append(_rate(where, key, key, v, at, v.get("model"), v.get("image_size"), recompute_of(v)))
+    return [r for r in rates if r is not None]
+
+
+def results_name(path: Path | None) -> str:
+    """How the lines name the gpu.json read (``path``, or the checkout's)."""
+    return f"--gpu-results {path or DEFAULT_RESULTS}"
 
 
 def load_results(path: Path | None) -> dict:
+    """The gpu.json at ``path`` (default: the checkout's), read up to `RESULTS_CAP` and checked (`measured_rates`,
+    its ``device``): what the dry run's figures are made of."""
     p = path or DEFAULT_RESULTS
+    where = results_name(p)
     try:
-        result = json.loads(p.read_bytes()[: 16 * 2**20])
+        result = json.loads(fileio.read_capped(p, RESULTS_CAP))
     except FileNotFoundError:
         raise UserError(
             f"--gpu: no GPU kit results at {p}; run python -m benchmarks.gpu on a GPU (it writes benchmarks/results/"
             "gpu.json) or pass --gpu-results FILE"
         ) from None
-    except ValueError:
-        raise UserError(f"--gpu-results {p}: not JSON; give a gpu.json the GPU kit wrote") from None
-    if not isinstance(result, dict) or result.get("device", {}).get("type") != "cuda" or not measured_rates(result):
-        raise UserError(f"--gpu-results {p}: no training row measured on a CUDA device; give a GPU run's gpu.json")
+    except OSError as e:  # fileio.UnsafeFile among them: a FIFO, a folder, a file over the cap
+        raise UserError(f"{where} {e.strerror}; give a gpu.json the GPU kit wrote") from None
+    except (ValueError, RecursionError):
+        raise UserError(f"{where}: not JSON; give a gpu.json the GPU kit wrote") from None
+    if not isinstance(result, dict):
+        raise UserError(f"{where}: no training row measured on a CUDA device; give a GPU run's gpu.json")
+    device = _section(where, "device", result.get("device"))
+    if device.get("type") != "cuda" or not measured_rates(result, where):
+        raise UserError(f"{where}: no training row measured on a CUDA device; give a GPU run's gpu.json")
+    if not isinstance(device.get("name"), str) or not 0 < len(device["name"]) <= 200:
+        raise _refused(where, "device.name", device.get("name"), "the GPU's name")
+    if kind_of(device["name"]) is None:  # scaled as an H100's: a slower GPU's rates, or a faster one's, said nothing
+        raise UserError(
+            f"{where}: measured on an {device['name'][:80]}, a GPU of none of the kinds whose datasheet figures scale "
+            f"its rates ({', '.join(KINDS)}); run python -m benchmarks.gpu on one of them and give its gpu.json"
+        )
     return result
 
 
@@ -234,27 +286,33 @@ def pick(
 
 
 def estimate(
-    cfg: Config, plan: Plan, precision: str, compiled: bool, kind: str, result: dict, flops: ModelFlops
+    cfg: Config, plan: Plan, precision: str, compiled: bool, kind: str, result: dict, flops: ModelFlops, where: str
 ) -> tuple[list[PhaseTime], list[str]]:
     """Per-phase step times on ``plan.world_size`` GPUs of ``kind``, and the lines that say where the figures
-    come from."""
-    rates = measured_rates(result)
+    come from (``where``: the file ``result`` was read from, `results_name`)."""
+    rates = measured_rates(result, where)
     device = result["device"]["name"]
     measured_kind = kind_of(device)
     when = result.get("finished_at", "date not recorded")
     if kind == measured_kind:
         ratio, on = 1.0, f"measured on an {device}, {when}"
     else:
-        ratio, words = kind_ratio(kind, measured_kind or "h100")
+        assert measured_kind is not None  # load_results refuses a GPU of another kind
+        ratio, words = kind_ratio(kind, measured_kind)
         on = f"measured on an {device}, {when}; {words}"
     comm_s, comm_words = allreduce_seconds(plan.world_size, flops.params)
     out, lines = [], [f"  images/s per GPU from the GPU kit ({on}):"]
     for ph in plan.phases:
         size = ph.image_size
         rate, differs = pick(rates, cfg.model.name, size, precision, compiled, cfg.train.activation_checkpointing)
-        ips = (
-            ratio * rate.images_per_s * flops.forward(rate.model, rate.image_size) / flops.forward(cfg.model.name, size)
-        )
+        try:
+            measured = flops.forward(rate.model, rate.image_size)
+        except UserError:  # its line names model.name and model.kwargs: keys of no recipe here
+            raise UserError(
+                f"{rate.model_at} is {rate.model[:80]}, not a ViT vitlarge builds at {rate.image_size} px; the file "
+                "was edited or damaged: give a gpu.json the GPU kit wrote"
+            ) from None
+        ips = ratio * rate.images_per_s * measured / flops.forward(cfg.model.name, size)
         if rate.precision != precision:
             scaled = precision_ratio(rates, rate, precision)
             if scaled:
@@ -322,7 +380,7 @@ def gpu_time_lines(
         raise UserError(f"--gpu {kind}: use one of {', '.join(KINDS)}")
     result = load_results(results)
     flops = ModelFlops(cfg, plan)
-    phases, lines = estimate(cfg, plan, precision, compiled, kind, result, flops)
+    phases, lines = estimate(cfg, plan, precision, compiled, kind, result, flops, results_name(results))
     steps_s = sum(p.steps * p.step_s for p in phases)
     out = [
         f"gpu time (--gpu {kind}, {plan.world_size} GPUs, {precision}, {'compiled' if compiled else 'eager'}; "

@@ -1060,3 +1060,35 @@ def test_an_index_lacking_what_the_restore_reads_is_passed_over(ckpt, cfg, edit,
     assert [r.getMessage() for r in caplog.records if "passed over" in r.getMessage()] == [
         f"warning: checkpoint {crafted} fails its check ({expect}); passed over"
     ]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_an_export_whose_weights_hold_nan_or_inf_is_one_line(tmp_path, cfg, bad):
+    """Scored, such weights gave a top-1 of 10% and a loss of NaN (invalid JSON under --json) with exit 0."""
+    from safetensors.torch import save_file
+
+    export = tmp_path / "model"
+    export.mkdir()
+    (export / "config.json").write_text("{}")
+    weights = {k: v.clone().contiguous() for k, v in make(cfg)[0].state_dict().items()}
+    weights["head.bias"][3] = bad
+    save_file(weights, str(export / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(UserError) as e:
+        ckpt_weights.load_model_weights(export, make(cfg)[0], cfg)
+    line = str(e.value)
+    assert "model.safetensors" in line and "head.bias holds NaN or inf" in line and "\n" not in line
+    assert e.value.same_on_all_ranks  # every rank reads the same file: printed once
+
+
+def test_a_checkpoint_whose_weights_hold_nan_is_one_line(tmp_path, cfg):
+    """The checkpoint folder's read (DCP) gets the export's check: such weights are not scored."""
+    model, opt, scaler = trained(cfg)
+    with torch.no_grad():
+        model.head.bias[2] = float("nan")
+    path = store.save(tmp_path, RunState(model, opt, scaler, step=1, data="loader-state"), cfg, keep=3)
+    with pytest.raises(UserError) as e:
+        ckpt_weights.load_model_weights(path, make(cfg)[0], cfg)
+    assert str(e.value) == (
+        f"checkpoint {path} fails its check (its head.bias holds NaN or inf); pass another checkpoints/step_* folder "
+        "or an exported model folder as --checkpoint"
+    )

@@ -315,3 +315,21 @@ def test_the_dry_runs_shape_reads_are_bounded_in_absolute_terms(tmp_path):
     many.write_bytes(struct.pack("<Q", len(header)) + header.encode())
     with pytest.raises(UserError, match=rf"many.safetensors lists {HEADER_MAX_TENSORS + 1:,} tensors, more than"):
         source_shapes(many)
+
+
+def test_weights_holding_nan_are_one_line_at_load_not_a_nan_guard_stop(tmp_path):
+    """A source with a NaN weight trained 5 steps of nan losses, then stopped with exit 3 and "lower the lr or use
+    bf16": the cause was the file."""
+    c = cfg()
+    model = fresh(c)
+    with torch.no_grad():
+        model.blocks[0].attn.qkv.weight[0, 0] = float("nan")
+    path = export(tmp_path / "src", model, c, [str(i) for i in range(10)])
+    c = cfg(model__init_from=str(path))
+    with pytest.raises(UserError) as e:
+        load_into(fresh(c), c)
+    assert str(e.value) == (
+        f"model.init_from={path}: blocks.0.attn.qkv.weight holds NaN or inf (the file was damaged, or its run "
+        "diverged); pass another model's weights"
+    )
+    assert e.value.same_on_all_ranks  # every rank loads the same file: printed once

@@ -19,6 +19,7 @@ from data_tools import imagefolder, imagenet_to_tfrecord, make_bench_dataset, ma
 from tests.helpers import ROOT, call_main
 from tests.helpers.data_fixtures import SYNSETS, TINY_TRAIN_PER_CLASS, TINY_VAL_PER_CLASS, copy_imagefolder
 from vitlarge.data.manifest import load_manifest, split_sizes
+from vitlarge.errors import UserError
 
 DESCRIPTION = {
     "image/encoded": "byte",
@@ -529,3 +530,42 @@ def test_an_out_inside_the_folder_of_class_folders_is_refused_before_anything_is
         "--out outside it\n"
     )
     assert (dest / "dataset.json").read_text() == "{}"
+
+
+@pytest.mark.parametrize(
+    ("content", "expect"),
+    [
+        # an image labelled twice, differently: the last line won silently (a validation label changed, exit 0)
+        (
+            b"a0 n01\na1 n01\na0 n02\n",
+            "labels.txt:3: a0 is labelled n02 here and n01 on line 1; keep one line per image",
+        ),
+        (
+            b"ImageId,PredictionString\na0,n01 1 2 3 4\na0,n02 1 2 3 4\n",
+            "labels.txt:3: a0 is labelled n02 here and n01 on line 2",
+        ),
+        # a Kaggle row without its PredictionString: AttributeError; bytes that are no UTF-8: UnicodeDecodeError
+        (b"ImageId,PredictionString\na0,n01 1 2 3 4\na1\n", "labels.txt:3: expected 'ImageId,PredictionString'"),
+        (b"a0 n01\na1 \xff\xfen01\n", "labels.txt: not UTF-8 text"),
+    ],
+)
+def test_a_validation_labels_file_from_elsewhere_is_data(tmp_path, content, expect):
+    path = tmp_path / "labels.txt"
+    path.write_bytes(content)
+    with pytest.raises(UserError) as e:
+        imagefolder.read_val_labels(str(path))
+    assert expect in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_validation_labels_file_is_read_up_to_its_cap(tmp_path):
+    path = tmp_path / "labels.txt"
+    with open(path, "wb") as f:  # one line of 2 GiB, sparse: read whole by readline() before (2 GiB and more)
+        f.truncate(2 << 30)
+    with pytest.raises(UserError, match=r"labels\.txt is larger than the [\d,]+-byte cap"):
+        imagefolder.read_val_labels(str(path))
+
+
+def test_the_same_label_twice_and_a_bom_are_fine(tmp_path):
+    path = tmp_path / "labels.txt"
+    path.write_bytes("\ufeffImageId,PredictionString\na0,n01 1 2\na0,n01 5 6\na1,n02 1 2\n".encode())
+    assert imagefolder.read_val_labels(str(path)) == {"a0": "n01", "a1": "n02"}

@@ -322,3 +322,14 @@ def test_a_resume_under_another_batch_and_world_size_is_drawn_as_its_records_cou
         assert xs[0] == pytest.approx(1 / 11) and xs[-1] == pytest.approx(30.0)
     finally:
         plt.close(fig)
+
+
+def test_an_out_in_a_folder_that_does_not_exist_is_one_line(tmp_path):
+    """It was a FileNotFoundError traceback, exit 1 (the picture is drawn before it is written)."""
+    write_run(tmp_path / "a", steps=20, evals=(20,), plot=False)
+    out = tmp_path / "no" / "such" / "ab.png"
+    for runs in ([tmp_path / "a"], [tmp_path / "a", tmp_path / "a"]):
+        r = call_main("vitlarge.report.plot", *map(str, runs), "--out", str(out))
+        assert (r.returncode, r.stdout) == (2, "") and r.stderr == (
+            f"error: --out {out}: No such file or directory; pass a PNG file in a folder that exists\n"
+        ), r.stderr

@@ -257,3 +257,83 @@ def test_a_data_set_here_gives_the_record_size_and_validation_count_of_its_datas
     out, _ = dry_run(capsys, "--config", demo, "--data", data, "--gpu", "h100", "--gpu-results", str(h100_results))
     assert "(measured: 0.1 kB a record in dataset.json's training shards)" in out
     assert " x 36 validation images at " in out
+
+
+def _refusal(tmp_path, doc) -> str:
+    """The one line a --gpu-results file ``doc`` (a JSON value, or the file's text) is refused with."""
+    path = tmp_path / "kit.json"
+    path.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    args = ["--config", str(ROOT / "recipes" / "vit_b16.py"), "--dry-run", "--world-size", "64"]
+    args += ["--gpu", "h100", "--gpu-results", str(path)]
+    from tests.unit.run.test_dry_run import ONE_PROCESS
+    from vitlarge.distributed.threads import NO_THREADS
+
+    with pytest.raises(UserError) as e:
+        cli.plan_or_train(cli.parse_args(args), ONE_PROCESS, NO_THREADS)
+    line = str(e.value)
+    assert "\n" not in line and str(path) in line and "gpu.json" in line, line
+    return line
+
+
+def _kit(row: dict, **recipe) -> dict:
+    recipe = {"model": "vit_base_patch16_224", "image_size": 224, **recipe, "rows": {"c": row}}
+    return {"device": {"type": "cuda", "name": "NVIDIA H100"}, "recipes": {"vit_b16": recipe}}
+
+
+BF16 = {"precision": "bf16", "compiled": True}
+
+
+@pytest.mark.parametrize(
+    ("doc", "names"),
+    [
+        # a rate that is no positive rate: -332 h (exit 0), 5e299 s a step, a NaN traceback, a str traceback
+        (_kit({**BF16, "images_per_s": -5.0}), "recipes.vit_b16.rows.c.images_per_s is -5.0"),
+        (_kit({**BF16, "images_per_s": 1e-300}), "recipes.vit_b16.rows.c.images_per_s is 1e-300"),
+        (json.dumps(_kit({**BF16, "images_per_s": 7.5})).replace("7.5", "NaN"), "images_per_s is nan"),
+        (_kit({**BF16, "images_per_s": "fast"}), "recipes.vit_b16.rows.c.images_per_s is fast"),
+        # the row's model and size: a ValueError, an overflowing meta tensor, a KeyError
+        (_kit({**BF16, "images_per_s": 100.0}, image_size="big"), "recipes.vit_b16.image_size is big"),
+        (_kit({**BF16, "images_per_s": 100.0}, image_size=10**6), "recipes.vit_b16.image_size is 1000000"),
+        (
+            {"device": {"type": "cuda", "name": "H100"}, "recipes": {"a": {"rows": {"r": {"images_per_s": 5}}}}},
+            "recipes.a.model",
+        ),
+        (_kit({"precision": 16, "images_per_s": 100.0}), "recipes.vit_b16.rows.c.precision is 16"),
+        (_kit({"precision": "fp16", "compiled": "false", "images_per_s": 9.0}), "rows.c.compiled is false, not true"),
+        # the containers: AttributeErrors
+        ({"device": [1], "recipes": {}}, "device is [1]"),
+        ({"device": {"type": "cuda", "name": "H100"}, "recipes": {"a": {"rows": [1, 2]}}}, "recipes.a.rows is [1, 2]"),
+        ({"device": {"type": "cuda", "name": "H100"}, "large": {"x": 3}}, "large.x is 3"),
+        ({"device": {"type": "cuda"}, "recipes": _kit({**BF16, "images_per_s": 10.0})["recipes"]}, "device.name"),
+        # a GPU of no kind the datasheet table holds: its rates were taken as an H100's (x 1.00, "an upper bound")
+        (
+            {
+                "device": {"type": "cuda", "name": "NVIDIA A10G"},
+                "recipes": _kit({**BF16, "images_per_s": 10.0})["recipes"],
+            },
+            "measured on an NVIDIA A10G, a GPU of none of the kinds whose datasheet figures scale its rates (a100, h100, h200, b200)",
+        ),
+    ],
+)
+def test_a_gpu_results_file_from_elsewhere_is_data_one_line_naming_the_key(tmp_path, doc, names):
+    assert names in _refusal(tmp_path, doc)
+
+
+def test_a_gpu_results_row_of_a_model_that_is_no_vit_names_the_row(tmp_path):
+    doc = {"device": {"type": "cuda", "name": "H100"}, "large": {"x": {**BF16, "model": "resnet50", "image_size": 224}}}
+    doc["large"]["x"]["images_per_s"] = 10.0
+    line = _refusal(tmp_path, doc)  # was "model.name='resnet50' / model.kwargs: ...": keys the user never set
+    assert "large.x.model is resnet50" in line and "model.kwargs" not in line
+
+
+def test_a_gpu_results_file_is_read_up_to_its_cap(tmp_path):
+    path = tmp_path / "kit.json"
+    with open(path, "wb") as f:  # sparse: 64 GiB declared, read whole (then cut at 16 MiB) before
+        f.truncate(64 << 30)
+    args = ["--config", str(ROOT / "recipes" / "vit_b16.py"), "--dry-run", "--gpu", "h100", "--gpu-results", str(path)]
+    from tests.unit.run.test_dry_run import ONE_PROCESS
+    from vitlarge.distributed.threads import NO_THREADS
+
+    with pytest.raises(UserError, match=r"--gpu-results \S*kit\.json is larger than the 16,777,216-byte cap") as e:
+        cli.plan_or_train(cli.parse_args(args), ONE_PROCESS, NO_THREADS)
+    assert "\n" not in str(e.value)

@@ -62,6 +62,13 @@ def beside(path: Path) -> str:
     return f"; {path.parent} holds {'..., ' if len(found) > 5 else ''}{shown}"
 
 
+def missing(path: Path) -> UserError:
+    """The line for a ``--checkpoint`` (of `vitlarge.evaluate`) that does not exist, with the checkpoints beside it."""
+    return UserError(
+        f"checkpoint {path} does not exist{beside(path)}; pass a checkpoints/step_* folder or an exported model folder"
+    )
+
+
 class Unusable(UserError):
     """A checkpoint that fails its check; ``problem`` says why in a few words ("no meta.json")."""
 
