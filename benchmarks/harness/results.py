@@ -39,6 +39,20 @@ def tiny_results_dir() -> Path:
     return results_dir()
 
 
+_process_tiny_dir: list[Path] = []  # write_result's folder for a tiny result where no run set one (made once)
+
+
+def _tiny_dir_here() -> Path:
+    """A tiny result's folder for `write_result`: the run's (``VITLARGE_BENCH_RESULTS``) where set, else one temporary
+    folder for this process, left out of the environment so that a full-size result written later in the same
+    process still goes to benchmarks/results."""
+    if "VITLARGE_BENCH_RESULTS" in os.environ:
+        return results_dir()
+    if not _process_tiny_dir:
+        _process_tiny_dir.append(Path(tempfile.mkdtemp(prefix="vitlarge-bench-tiny-")))
+    return _process_tiny_dir[0]
+
+
 def results_dir() -> Path:
     """``VITLARGE_BENCH_RESULTS`` redirects results (the smoke test must not overwrite real ones)."""
     return Path(os.environ.get("VITLARGE_BENCH_RESULTS", str(RESULTS_DIR)))
@@ -98,13 +112,12 @@ def cli(run: Callable[[bool, bool], dict], doc: str, show: Callable[[dict], None
 
 def write_result(name: str, result: dict) -> Path:
     """Writes ``<results>/<name>.json`` atomically (`vitlarge.fileio.write_atomic`), with the machine added; a
-    smoke run's (``tiny`` in ``result`` or the environment) under `tiny_results_dir`."""
-    if is_tiny(result.get("tiny") is True):
-        tiny_results_dir()
+    smoke run's (``tiny`` in ``result`` or the environment) outside benchmarks/results (`_tiny_dir_here`)."""
+    folder = _tiny_dir_here() if is_tiny(result.get("tiny") is True) else results_dir()
     result = {**result, "machine": machine(), "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     from vitlarge.fileio import write_atomic
 
-    out = results_dir() / f"{name}.json"
+    out = folder / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out, json.dumps(result, indent=1) + "\n")
     return out

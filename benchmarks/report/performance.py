@@ -951,14 +951,20 @@ def _startup_goal(d: dict, ours: str) -> tuple:
     if torchrun and "vitlarge" in wall:
         w2, c2 = wall["vitlarge"][key] / wall["timm"][key], cpu["vitlarge"][key] / cpu["timm"][key]
         launcher = _launcher_seconds(wall["vitlarge"])
-        measured += f"; under `colossalai run`: {w2:.2f}x wall (its launcher's {sum(launcher):.1f} s), {c2:.2f}x CPU"
+        own = f" (its launcher's {sum(launcher):.1f} s)" if launcher else ""
+        measured += f"; under `colossalai run`: {w2:.2f}x wall{own}, {c2:.2f}x CPU"
         verdict += "; not under `colossalai run`" if min(w2, c2) > 1.0 else "; under `colossalai run` too"
     return ("Start-up: time outside the training loop vs timm's train.py", "<= 1x", measured, verdict)
 
 
-def _launcher_seconds(phases: dict) -> tuple[float, float]:
-    """`colossalai run`'s own wall seconds: before it starts torchrun, and from torchrun's exit to its own."""
-    return phases["launch: until torchrun starts"], phases["launch: torchrun exit to the command's exit"]
+def _launcher_seconds(phases: dict) -> tuple[float, float] | None:
+    """`colossalai run`'s own wall seconds: before it starts torchrun, and from torchrun's exit to its own; None for a
+    result that did not time them (bench_startup before the launcher phases)."""
+    before, after = (
+        phases.get("launch: until torchrun starts"),
+        phases.get("launch: torchrun exit to the command's exit"),
+    )
+    return None if before is None or after is None else (before, after)
 
 
 def _startup_reading(d: dict, ours: str) -> str:
@@ -990,8 +996,9 @@ def _startup_reading(d: dict, ours: str) -> str:
         f"run, TensorBoard's close and the timm export ({sum(extra[:2]):.1f} to {sum(extra):.1f} CPU s; without them "
         f"{oc - sum(extra):.1f} s against {tc:.1f} s)."
     )
-    if ours != "vitlarge" and "vitlarge" in wall:
-        before, after = _launcher_seconds(wall["vitlarge"])
+    launcher = _launcher_seconds(wall["vitlarge"]) if ours != "vitlarge" and "vitlarge" in wall else None
+    if launcher:
+        before, after = launcher
         own_cpu = wall["vitlarge"].get("CPU of colossalai run (all its processes)")
         text += (
             f" Under `colossalai run`, as `make demo` starts it, the run is the same and the launcher adds "

@@ -61,3 +61,12 @@ def test_without_a_torchrun_column_the_goal_is_colossalai_runs():
         del d[table]["vitlarge (torchrun)"]
     measured, verdict = goal(d)
     assert measured.startswith("1.19x wall, 1.10x rank 0's CPU") and verdict == "**not met**"
+
+
+def test_a_result_without_the_launcher_phases_is_read_without_them():
+    d = startup()
+    for table in ("summary", "cpu_summary"):
+        d[table]["vitlarge"] = {k: v for k, v in d[table]["vitlarge"].items() if not k.startswith("launch:")}
+    lines, [(_, _, measured, _)] = report.startup_section(d)
+    assert "under `colossalai run`: 1.19x wall, 1.10x CPU" in measured and "launcher's" not in measured
+    assert not any("Colossal-AI's command takes" in line for line in lines)

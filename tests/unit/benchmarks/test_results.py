@@ -37,6 +37,7 @@ def test_a_tiny_result_is_written_outside_the_checkouts_results(no_results_env):
         assert results.RESULTS_DIR not in out.resolve().parents and json.loads(out.read_text())["x"] == 1
     finally:
         (results.RESULTS_DIR / f"{NAME}.json").unlink(missing_ok=True)
+        out.unlink(missing_ok=True)
 
 
 def test_a_benchmarks_own_tiny_flag_writes_outside_the_checkouts_results(no_results_env, monkeypatch, capsys):
@@ -54,3 +55,11 @@ def test_a_benchmarks_own_tiny_flag_writes_outside_the_checkouts_results(no_resu
         assert str(written[0].parent) in capsys.readouterr().err  # says where the smoke run's numbers went
     finally:
         (results.RESULTS_DIR / f"{NAME}.json").unlink(missing_ok=True)
+
+
+def test_a_full_size_result_after_a_tiny_one_in_one_process_goes_to_the_results(no_results_env, monkeypatch, tmp_path):
+    monkeypatch.setattr(results, "RESULTS_DIR", tmp_path / "results")
+    monkeypatch.setattr(results, "_process_tiny_dir", [tmp_path / "tiny"])
+    tiny = results.write_result(NAME, {"tiny": True})
+    full = results.write_result(NAME, {"tiny": False})
+    assert tiny.parent == tmp_path / "tiny" and full.parent == tmp_path / "results"  # the redirect stuck (review 63)
