@@ -522,7 +522,10 @@ def displayed_header(source: bytes | IO[bytes]) -> Header:
         return Header(*_as_it_looks(frame[0], frame[1], jpeg_orientation(head)), False, "JPEG")
     if not isinstance(source, bytes):
         source.seek(0)
-    with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as im:
+    with warnings.catch_warnings():  # PIL warns past Image.MAX_IMAGE_PIXELS: the callers' own guard says it in one line
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        opened = Image.open(io.BytesIO(source) if isinstance(source, bytes) else source)
+    with opened as im:
         # PIL's TIFF plugin reports a TIFF's size already turned by its orientation tag (and turns it on load)
         orientation = None if im.format == "TIFF" else im.getexif().get(EXIF_ORIENTATION)
         height, width = _as_it_looks(im.height, im.width, orientation)
@@ -695,6 +698,19 @@ def too_many_pixels(width: int, height: int, max_pixels: int) -> str | None:
     if width * height > max_pixels:
         return _too_large(f"{width} x {height} = {width * height:,} pixels", max_pixels)
     return None
+
+
+def too_many_bytes(size: int, max_pixels: int) -> str | None:
+    """Why an encoded image of ``size`` bytes is refused before a byte of it is read (more than `MAX_BYTES_PER_PIXEL`
+    a pixel of ``max_pixels``: a memory guard), or None: the converter's rule, and make_index's for images in place."""
+    return _too_many_bytes(size, max_pixels) if size > MAX_BYTES_PER_PIXEL * max_pixels else None
+
+
+def bomb_refusal(e: Image.DecompressionBombError, max_pixels: int) -> str:
+    """`too_many_pixels`' line for an image whose header PIL's own guard refused (past twice ``Image.MAX_IMAGE_PIXELS``,
+    before its size is known to the caller): its pixels as PIL's message gives them."""
+    pixels = re.search(r"\((\d+) pixels\)", str(e))
+    return _too_large(f"{int(pixels[1]):,} pixels" if pixels else "an image past PIL's own pixel guard", max_pixels)
 
 
 def _check_pixels(width: int, height: int, max_pixels: int) -> None:

@@ -55,6 +55,8 @@ import os
 import sys
 from dataclasses import dataclass
 
+from PIL import Image
+
 from vitlarge import command
 from vitlarge.data.manifest import (
     ASPECT_ORDER,
@@ -85,7 +87,15 @@ from vitlarge.errors import UserError, cli_main
 from vitlarge.text import plural
 
 from . import done_records, tfds_layout, tfrecord_io, wds_index
-from .imagefolder import DEFAULT_MAX_IMAGE_PIXELS, Header, check_whole, displayed_header, too_many_pixels
+from .imagefolder import (
+    DEFAULT_MAX_IMAGE_PIXELS,
+    Header,
+    bomb_refusal,
+    check_whole,
+    displayed_header,
+    too_many_bytes,
+    too_many_pixels,
+)
 
 TOOL = "data_tools.make_index"
 TOOL_VERSION = "1.0.0"
@@ -111,15 +121,21 @@ class RecordReader:
 
 def _header_size(image: bytes, key: str, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> Header:
     """The image's `Header` (its size as it looks: `imagefolder.displayed_header`); ValueError where ``image`` is
-    not an image PIL knows, one DALI does not decode (`wds_index.IN_PLACE_FORMATS`, as a WebDataset's), or one of
-    more than ``max_pixels`` pixels (`imagefolder.too_many_pixels`, the converter's guard), or a truncated one
+    not an image PIL knows; `tfrecord_io.RecordRefused` where it is one DALI does not decode
+    (`wds_index.IN_PLACE_FORMATS`, as a WebDataset's), one past ``max_pixels`` pixels or its bytes
+    (`imagefolder.too_many_pixels`, `too_many_bytes`: the converter's guards), or a truncated one
     (`imagefolder.check_whole`, the converter's header check)."""
+    too_large = too_many_bytes(len(image), max_pixels)
+    if too_large:
+        raise tfrecord_io.RecordRefused(f"feature {key!r} holds an image of {too_large}")
     try:
         header = displayed_header(image)
-    except Exception as e:  # noqa: BLE001 (PIL's UnidentifiedImageError, a decompression bomb, a short header)
+    except Image.DecompressionBombError as e:  # past twice Image.MAX_IMAGE_PIXELS, which `index_shard` sets
+        raise tfrecord_io.RecordRefused(f"feature {key!r} holds an image of {bomb_refusal(e, max_pixels)}") from None
+    except Exception as e:  # noqa: BLE001 (PIL's UnidentifiedImageError, a short header)
         raise ValueError(f"feature {key!r} holds no image ({type(e).__name__}); re-convert this shard") from None
     if header.format not in wds_index.IN_PLACE_FORMATS:  # PIL reads it, DALI's decoder would stop on it in training
-        raise ValueError(
+        raise tfrecord_io.RecordRefused(
             f"feature {key!r} holds a {header.format} image, which DALI does not decode in place (JPEG, PNG or WebP); "
             "re-write the record with the image as JPEG"
         )
@@ -128,11 +144,13 @@ def _header_size(image: bytes, key: str, max_pixels: int = DEFAULT_MAX_IMAGE_PIX
         raise ValueError(f"feature {key!r} holds an image of {width} x {height}, sides outside 1..{MAX_SIDE}")
     too_large = too_many_pixels(width, height, max_pixels)
     if too_large:
-        raise ValueError(f"feature {key!r} holds an image of {too_large}")
+        raise tfrecord_io.RecordRefused(f"feature {key!r} holds an image of {too_large}")
     try:
         check_whole(header, image[-8:], lambda: image)
     except ValueError as e:
-        raise ValueError(f"feature {key!r} holds {e}") from None
+        raise tfrecord_io.RecordRefused(
+            f"feature {key!r} holds {e}; re-write the record with its whole image"
+        ) from None
     return header
 
 
@@ -177,6 +195,7 @@ def index_shard(job: tuple[str, str, RecordReader]) -> tuple[str, int, int, str,
     (synset, text)}, the records' image sizes or None where a record has none)."""
     path, index_path, reader = job
     reader = dataclasses.replace(reader, shard=path)
+    Image.MAX_IMAGE_PIXELS = reader.max_pixels  # PIL's guard at a header follows the option (a worker starts at PIL's)
     label_key = reader.features[1]
     try:
         n, size, checksum, labels = tfrecord_io.write_index_for(path, parse=reader, index_path=index_path)

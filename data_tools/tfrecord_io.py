@@ -274,6 +274,8 @@ def scan_records(path: str, *, parse=None):
                     payload = parse(payload)
                 except UserError:
                     raise
+                except RecordRefused as e:
+                    raise UserError(f"{path}: the record at byte {offset}: {e}") from None
                 except Exception as e:  # noqa: BLE001 (protobuf's DecodeError and whatever a junk record raises)
                     raise UserError(
                         f"{path}: the record at byte {offset} is not a tf.train.Example with an image and "
@@ -282,6 +284,12 @@ def scan_records(path: str, *, parse=None):
                     ) from None
             yield offset, rec, payload
             offset += rec
+
+
+class RecordRefused(Exception):
+    """A ``parse``'s refusal of a well-formed record (its image past a guard, cut short, or in a format DALI does not
+    decode), its message the fix: the shard's line names the record by its byte and says this, where any other
+    exception from ``parse`` reads as a record that is no tf.train.Example."""
 
 
 def _truncated(path: str, offset: int, size: int) -> UserError:

@@ -59,12 +59,19 @@ from vitlarge.data.wds_shards import LABEL_MAX_BYTES, index_name, parse_label
 from vitlarge.errors import UserError
 from vitlarge.fileio import UnsafeFile, open_regular, read_capped, write_atomic
 
-from .imagefolder import DEFAULT_MAX_IMAGE_PIXELS, check_whole, displayed_header, too_many_pixels
+from .imagefolder import (
+    DEFAULT_MAX_IMAGE_PIXELS,
+    MAX_BYTES_PER_PIXEL,
+    bomb_refusal,
+    check_whole,
+    displayed_header,
+    too_many_bytes,
+    too_many_pixels,
+)
 
 INFO_NAMES = ("_info.json", "info.json")  # timm's `_load_info` tries these
 INFO_CAP = 64 << 20  # bytes of _info.json read: ImageNet-1k's is ~60 kB
 JSON_CAP = 1 << 20  # bytes of a sample's .json member parsed for its class name
-IMAGE_MAX_BYTES = 1 << 30  # a member larger than this is no image this reads
 IN_PLACE_FORMATS = (
     "JPEG",
     "PNG",
@@ -278,16 +285,19 @@ def _sample(
     if label is None or label > MAX_LABEL:
         raise UserError(f"{path}: {cls.name}: not a class index (an ASCII integer 0..{MAX_LABEL}); fix the sample")
     image = images[0]
+    too_large = too_many_bytes(image.size, max_pixels)  # before a byte is read, as the converter refuses a file
+    if too_large:
+        raise UserError(f"{path}: {image.name}: {too_large}")
     try:
-        if image.size > IMAGE_MAX_BYTES:
-            raise ValueError(f"{image.size:,} bytes")
         member = tar.extractfile(image)
         if member is None:
             raise ValueError("not a regular member")
         header = displayed_header(member)  # the header only: nothing is decoded
         if header.format not in IN_PLACE_FORMATS:
             raise ValueError(f"a {header.format} image")
-    except (UnidentifiedImageError, ValueError, SyntaxError, IndexError, Image.DecompressionBombError) as e:
+    except Image.DecompressionBombError as e:  # past twice Image.MAX_IMAGE_PIXELS (`scan_tar` sets it)
+        raise UserError(f"{path}: {image.name}: {bomb_refusal(e, max_pixels)}") from None
+    except (UnidentifiedImageError, ValueError, SyntaxError, IndexError) as e:
         raise UserError(
             f"{path}: {image.name}: not an image DALI decodes ({str(e)[:80]}); re-write the sample with its JPEG"
         ) from None
@@ -298,7 +308,9 @@ def _sample(
     if too_large:
         raise UserError(f"{path}: {image.name}: {too_large}")
     try:
-        check_whole(header, _member_tail(tar, image, 8), lambda: _member_bytes(tar, image, IMAGE_MAX_BYTES))
+        check_whole(
+            header, _member_tail(tar, image, 8), lambda: _member_bytes(tar, image, MAX_BYTES_PER_PIXEL * max_pixels)
+        )
     except ValueError as e:
         raise UserError(f"{path}: {image.name}: {e}; re-write the sample with its whole image") from None
     if sizes is not None:

@@ -156,6 +156,26 @@ def bomb_jpeg(side: int = 60_000) -> bytes:
     return bytes(data)
 
 
+def big_png(side: int) -> bytes:
+    """A PNG of a hundred bytes whose IHDR says ``side`` x ``side`` (grey, 8 bits), an empty eXIf before its data and
+    its IEND in place: what a header read sees of a PNG decompression bomb (PIL's own guard raises at its header past
+    twice its limit; the eXIf spares PIL's ``getexif`` a decode of the data to look for one after it)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", ihdr)
+        + chunk(b"eXIf", b"MM\0*\0\0\0\x08\0\0")
+        + chunk(b"IDAT", zlib.compress(b"\0"))
+        + chunk(b"IEND", b"")
+    )
+
+
 def small_tfds(out, *, val_label: int = 1, val_image: bytes | None = None) -> str:
     """A 3-class TFDS version folder ``out`` in TFDS's layout (`data_tools.tfds_layout.write_tfds`): 2 train shards of 3
     records, 1 validation shard of 3 (30 x 30, 30 x 31, and 50 x 20 or ``val_image``, labelled 0, 1, ``val_label``),

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import shutil
+import warnings
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from PIL import Image
 
 from data_tools import make_index, tfds_layout
 from tests.helpers import call_main
-from tests.helpers.data_fixtures import bomb_jpeg, jpeg, small_tfds
+from tests.helpers.data_fixtures import big_png, bomb_jpeg, jpeg, small_tfds
 from tests.helpers.loaders import open_val
 from tests.helpers.mounts import read_only, snapshot
 from vitlarge.data.manifest import load_manifest, shard_files, split_sizes, validate_data_dir
@@ -235,6 +236,32 @@ def test_an_image_past_the_converters_pixel_guard_is_refused_naming_the_shard(tm
     assert accepted.returncode == 0, accepted.stderr
 
 
+@pytest.mark.parametrize("side", [11_000, 15_000])  # past PIL's limit (it warns), past twice it (it raises)
+def test_a_png_past_the_pixel_guard_is_one_line_and_the_option_raises_it(tmp_path, side):
+    """A PNG header (read by PIL, not by the JPEG frame parse) past --max-image-pixels is refused in the pixel guard's
+    line, not as a record that is no tf.train.Example nor with PIL's warning lines; the option raises PIL's guard too
+    (it ignored it: a 15,000 x 15,000 PNG was refused at any --max-image-pixels)."""
+    src = small_tfds(tmp_path / "tinynet" / "1.0.0", val_image=big_png(side))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        line = refused(src)
+        accepted = call_main(
+            "data_tools.make_index",
+            src,
+            "--out",
+            str(tmp_path / "index"),
+            "--workers",
+            "1",
+            "--max-image-pixels",
+            "400000000",
+        )
+    assert line.startswith(f"error: {src}/tinynet-validation.tfrecord-00000-of-00001: the record at byte ")
+    assert f"{side * side:,} pixels, more than --max-image-pixels 89,478,485" in line, line
+    assert "tf.train.Example" not in line
+    assert accepted.returncode == 0, accepted.stderr
+    assert not [w for w in seen if issubclass(w.category, Image.DecompressionBombWarning)]
+
+
 def test_a_truncated_jpeg_is_refused_naming_the_shard(tmp_path):
     """A record whose JPEG is cut short is refused as the converter refuses it, not indexed for DALI to stop on in
     training."""
@@ -242,7 +269,7 @@ def test_a_truncated_jpeg_is_refused_naming_the_shard(tmp_path):
     src = small_tfds(tmp_path / "tinynet" / "1.0.0", val_image=whole[: len(whole) // 2])
     line = refused(src)
     assert line.startswith(f"error: {src}/tinynet-validation.tfrecord-00000-of-00001: the record at byte ")
-    assert "feature 'image' holds a truncated or damaged image" in line
+    assert "feature 'image' holds a truncated or damaged image" in line and "tf.train.Example" not in line
 
 
 def test_other_feature_names_are_read_with_image_key_and_label_key(tmp_path):

@@ -362,6 +362,18 @@ def test_an_image_past_the_converters_pixel_guard_is_refused_naming_it(tmp_path,
     assert make_index.main([d, "--workers", "1", "--max-image-pixels", "3600000000"]) == 0
 
 
+def test_an_image_past_the_converters_byte_guard_is_refused_before_it_is_read(tmp_path, capsys):
+    """An image member of more than 4 bytes a pixel of --max-image-pixels is refused from its size, as the converter
+    refuses such a file unread, where one without its end marker was read whole (up to 1 GiB) to decode."""
+    small = jpeg(8, 8)  # 64 pixels, 634 bytes: within 200 pixels and 800 bytes
+    d = write_edited(
+        tmp_path, lambda s, i, x: {**x, "jpg": small + b"\0" * 400 if s == "validation" and i == 1 else small}
+    )
+    line = refused(d, capsys, "--max-image-pixels", "200")
+    assert f"validation_000001.jpg: {len(small) + 400:,} bytes, more than 4 a pixel of --max-image-pixels 200" in line
+    assert make_index.main([d, "--workers", "1", "--max-image-pixels", "300"]) == 0  # 1,034 bytes within 1,200
+
+
 @pytest.mark.parametrize("kind", ["cut", "trailing"])
 def test_a_truncated_jpeg_is_refused_as_the_converter_refuses_it(tmp_path, capsys, kind):
     """A JPEG cut short (a download that stopped) is refused naming it, as the converter's header check refuses it
