@@ -16,26 +16,14 @@ Main rank only. Contract (keys and units are listed in docs/LOGS.md):
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from typing import Any
 
 from vitlarge.errors import UserError
-from vitlarge.events import EvalMetrics, Hook, RunInfo, StepMetrics
+from vitlarge.events import EvalMetrics, Hook, RunInfo, StepMetrics, finite_or_none
 from vitlarge.fileio import UnsafeFile, open_append
 from vitlarge.report.metrics_log import FILENAME, read_metrics  # noqa: F401 (read_metrics re-exported)
-
-
-def _finite_or_none(x: Any) -> Any:
-    """Replace nan/inf (also nested) by None; leave everything else alone."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _finite_or_none(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_finite_or_none(v) for v in x]
-    return x
 
 
 class JsonlHook(Hook):
@@ -108,6 +96,6 @@ class JsonlHook(Hook):
     def _write(self, record: dict[str, Any]) -> None:
         if self._file is None:  # not the main rank, or train start was never called
             return
-        record = {**_finite_or_none(record), "time": round(time.time(), 3)}
+        record = {**finite_or_none(record), "time": round(time.time(), 3)}
         # allow_nan=False guarantees strict JSON; default=str keeps odd config values loggable.
         self._file.write(json.dumps(record, allow_nan=False, default=str) + "\n")

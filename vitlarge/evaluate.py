@@ -30,6 +30,7 @@ from vitlarge.data.manifest import MANIFEST_NAME, Manifest, load_manifest
 from vitlarge.distributed import threads
 from vitlarge.distributed.process import main_then_leave
 from vitlarge.errors import UserError
+from vitlarge.events import finite_or_none
 from vitlarge.plan.plan import evaluation_plan
 from vitlarge.train.command import exit_status, start
 
@@ -182,7 +183,7 @@ def show(metrics: dict, checkpoint: str, step: int | None, size: int, as_json: b
     """The result on stdout: one JSON object (``--json``; a value that is not finite is null) or the `table`, with
     `JSON_MOVED` once on stderr where no terminal reads stdout."""
     if as_json:  # a loss past a float's range (fp16 logits) is null, as metrics.jsonl writes it: NaN is not JSON
-        print(json.dumps({k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in metrics.items()}))
+        print(json.dumps(finite_or_none(metrics)))
         return
     if not sys.stdout.isatty():
         print(JSON_MOVED, file=sys.stderr)

@@ -24,11 +24,24 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from vitlarge.config.schema import Config
 from vitlarge.plan.plan import Plan
+
+
+def finite_or_none(x: Any) -> Any:
+    """``x`` with every NaN or inf float (nested in dicts, lists and tuples too) replaced by None: JSON has no
+    NaN, so metrics.jsonl and `vitlarge.evaluate --json` write null for a value that is not finite."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: finite_or_none(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite_or_none(v) for v in x]
+    return x
 
 
 class StopTraining(Exception):
